@@ -1,0 +1,73 @@
+"""Compute-path selection for QuantLinear: GPU kernels when they apply, else the reference.
+
+The reference path (dequantize the whole weight, then ``F.linear``) runs on any
+device and is the numerics oracle. GPU kernels register here with a predicate
+saying when they apply (format, device capability, shapes); QuantLinear asks
+``select`` on every call, which costs a dict lookup and a few attribute reads.
+
+Kernels live in ``quarl_kernels`` (Triton) and register themselves on import;
+``load_kernels()`` imports them lazily the first time a CUDA tensor is seen, so
+CPU-only installs never import Triton.
+
+``QUARL_KERNELS=reference`` forces the reference path everywhere (for A/B runs
+and for debugging a kernel).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+
+# fn(x [.., K], layer) -> y [.., N], without bias, without LoRA
+KernelFn = Callable[[torch.Tensor, "torch.nn.Module"], torch.Tensor]
+Predicate = Callable[[torch.Tensor, "torch.nn.Module"], bool]
+
+
+@dataclass
+class Kernel:
+    name: str
+    format: str
+    fn: KernelFn
+    applies: Predicate
+    priority: int = 0
+
+
+_KERNELS: dict[str, list[Kernel]] = {}
+_loaded = False
+
+
+def register_kernel(kernel: Kernel) -> None:
+    lst = _KERNELS.setdefault(kernel.format, [])
+    lst[:] = [k for k in lst if k.name != kernel.name] + [kernel]
+    lst.sort(key=lambda k: -k.priority)
+
+
+def load_kernels() -> None:
+    """Import the Triton kernels once (they register themselves); never on CPU-only paths."""
+    global _loaded
+    if _loaded:
+        return
+    _loaded = True
+    try:
+        import quarl_kernels  # noqa: F401
+    except Exception:  # no Triton / no GPU build: the reference path serves
+        pass
+
+
+def select(x: torch.Tensor, layer: torch.nn.Module) -> Kernel | None:
+    """The first registered kernel whose predicate accepts (x, layer); None = reference."""
+    if not x.is_cuda or os.environ.get("QUARL_KERNELS", "auto") == "reference":
+        return None
+    load_kernels()
+    fmt = layer.format_name
+    for k in _KERNELS.get(fmt, ()):
+        if k.applies(x, layer):
+            return k
+    return None
+
+
+def registered() -> dict[str, list[str]]:
+    return {f: [k.name for k in ks] for f, ks in _KERNELS.items()}

@@ -1,0 +1,215 @@
+"""QuantLinear: the one linear layer that training, rollout, eval and export share.
+
+Because the trainer and the rollout call the *same* module, the precision flow
+is identical by construction (Jet-RL's on-policy point), and AQN noise merged
+into the RMSNorm weights reaches the rollout unchanged (QeRL's point).
+
+Two modes:
+
+* ``frozen`` (QeRL, QLoRA, eval): the base weight is stored packed as
+  non-trainable buffers named as compressed-tensors names them (``weight_packed``,
+  ``weight_scale`` ...), so ``state_dict()`` is already an export. With a format
+  of ``None`` the base is a frozen high-precision ``weight`` buffer: the "BF16
+  LoRA" baseline uses the same code path.
+* ``qat`` (QAD, Reasoning-QAT, Jet-RL full-parameter): a high-precision master
+  ``weight`` Parameter, fake-quantized in every forward with a straight-through
+  estimator. ``freeze()`` packs it for export or rollout.
+
+Optional parts: a LoRA branch (A: [r, K], B: [N, r]; B starts at zero so the
+adapter is a no-op until trained), and an activation quantizer (``fp8-1x128``:
+per-token groups of 128, the Jet-RL / DeepSeek-V3 activation format).
+
+The compute path is chosen per call by ``quarl.quant.dispatch``: a registered
+GPU kernel when one applies, else the reference path below (dequantize, then
+``F.linear``), which is also the oracle the kernels are tested against.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from quarl.quant import dispatch
+from quarl.quant.base import FormatConfig, QTensor, QuantError, get_format
+from quarl.quant.spec import make_config, spec_string
+
+DEFAULT_LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+ACT_QUANTIZERS = ("fp8-1x128",)
+
+
+@dataclass
+class LoRAConfig:
+    """LoRA hyper-parameters; names follow peft.LoraConfig so adapters round-trip."""
+
+    r: int = 32
+    alpha: float = 64.0
+    dropout: float = 0.0
+    targets: list[str] = field(default_factory=lambda: list(DEFAULT_LORA_TARGETS))
+
+    @property
+    def scaling(self) -> float:
+        return self.alpha / self.r
+
+
+def _act_quant(name: str | None):
+    if name is None:
+        return None
+    if name not in ACT_QUANTIZERS:
+        raise QuantError(f"unknown activation quantizer {name!r}; known: {', '.join(ACT_QUANTIZERS)} (or null)")
+    from quarl.quant.formats.fp8 import fake_quant_act_1x128
+
+    return fake_quant_act_1x128
+
+
+class QuantLinear(nn.Module):
+    """Drop-in replacement for ``nn.Linear`` with a quantized (or frozen) base."""
+
+    def __init__(
+        self,
+        in_features: int,
+        out_features: int,
+        config: FormatConfig | None,
+        *,
+        bias: bool = False,
+        mode: str = "frozen",
+        lora: LoRAConfig | None = None,
+        act_quant: str | None = None,
+        device=None,
+        dtype: torch.dtype = torch.float32,
+    ):
+        super().__init__()
+        if mode not in ("frozen", "qat"):
+            raise QuantError(f"QuantLinear mode must be 'frozen' or 'qat', got {mode!r}")
+        if mode == "qat" and config is None:
+            raise QuantError("mode='qat' needs a weight format to fake-quantize to")
+        self.in_features, self.out_features = in_features, out_features
+        self.config, self.mode, self.act_quant = config, mode, act_quant
+        self.compute_dtype = dtype
+        self._act_fn = _act_quant(act_quant)
+        self.cache_dequantized = False  # rollout on CPU: trade memory for speed
+        self._wcache: torch.Tensor | None = None
+        self.bias = nn.Parameter(torch.zeros(out_features, device=device, dtype=dtype), requires_grad=False) if bias else None
+        self.lora_cfg = lora
+        if lora is not None:
+            self.lora_A = nn.Parameter(torch.empty(lora.r, in_features, device=device, dtype=dtype))  # [r, K]
+            self.lora_B = nn.Parameter(torch.zeros(out_features, lora.r, device=device, dtype=dtype))  # [N, r]
+            nn.init.kaiming_uniform_(self.lora_A, a=math.sqrt(5))  # as peft does
+            self.lora_dropout = nn.Dropout(lora.dropout) if lora.dropout > 0 else nn.Identity()
+
+    # --- construction ---------------------------------------------------------
+    @classmethod
+    def from_linear(
+        cls,
+        linear: nn.Linear,
+        config: FormatConfig | str | dict | None,
+        *,
+        mode: str = "frozen",
+        lora: LoRAConfig | None = None,
+        act_quant: str | None = None,
+        state: dict | None = None,
+    ) -> "QuantLinear":
+        cfg = make_config(config)
+        w = linear.weight.detach()
+        m = cls(linear.in_features, linear.out_features, cfg, bias=linear.bias is not None, mode=mode,
+                lora=lora, act_quant=act_quant, device=w.device, dtype=w.dtype)
+        if linear.bias is not None:
+            m.bias.data.copy_(linear.bias.detach())
+        if mode == "qat":
+            m.weight = nn.Parameter(w.clone())
+            m._qat_state = state
+        elif cfg is None:
+            m.register_buffer("weight", w.clone())
+        else:
+            m.set_qtensor(get_format(cfg.name).quantize(w, cfg, state=state))
+        return m
+
+    def set_qtensor(self, q: QTensor) -> None:
+        """Install a packed weight (from quantization, calibration or a checkpoint)."""
+        if tuple(q.shape) != (self.out_features, self.in_features):
+            raise QuantError(f"packed weight shape {q.shape} != layer shape {(self.out_features, self.in_features)}")
+        self.config = q.config
+        for name, t in q.tensors.items():
+            self.register_buffer(name, t)
+        self._tensor_names = tuple(q.tensors)
+        self._wcache = None
+
+    def qtensor(self) -> QTensor:
+        if self.mode != "frozen" or self.config is None:
+            raise QuantError("qtensor() needs a frozen quantized layer; call freeze() on a QAT layer first")
+        return QTensor(self.config, (self.out_features, self.in_features),
+                       {n: getattr(self, n) for n in self._tensor_names})
+
+    @property
+    def format_name(self) -> str:
+        return "bf16" if self.config is None else self.config.name
+
+    # --- weights ------------------------------------------------------------------
+    def dequantized_weight(self, dtype: torch.dtype | None = None) -> torch.Tensor:
+        """The effective base weight [N, K] (no LoRA). Differentiable in QAT mode."""
+        dtype = dtype or self.compute_dtype
+        if self.mode == "qat":
+            fmt = get_format(self.config.name)
+            return fmt.fake_quant(self.weight, self.config, state=getattr(self, "_qat_state", None)).to(dtype)
+        if self.config is None:
+            return self.weight.to(dtype)
+        if self._wcache is not None and self._wcache.dtype == dtype:
+            return self._wcache
+        w = self.qtensor().dequantize(dtype)
+        if self.cache_dequantized:
+            self._wcache = w
+        return w
+
+    def freeze(self) -> None:
+        """QAT -> frozen: pack the master weight (what a QAT stage exports)."""
+        if self.mode != "qat":
+            return
+        w = self.weight.detach()
+        del self.weight
+        self.mode = "frozen"
+        self.set_qtensor(get_format(self.config.name).quantize(w, self.config, state=getattr(self, "_qat_state", None)))
+
+    def lora_delta(self) -> torch.Tensor | None:
+        """B @ A * scaling, [N, K]: what merging the adapter adds to the base."""
+        if self.lora_cfg is None:
+            return None
+        return (self.lora_B @ self.lora_A) * self.lora_cfg.scaling
+
+    def to_linear(self, merge_lora: bool = True, dtype: torch.dtype | None = None) -> nn.Linear:
+        """A plain nn.Linear holding the dequantized (optionally LoRA-merged) weight."""
+        dtype = dtype or self.compute_dtype
+        w = self.dequantized_weight(torch.float32).detach()
+        if merge_lora and self.lora_cfg is not None:
+            w = w + self.lora_delta().detach().float()
+        lin = nn.Linear(self.in_features, self.out_features, bias=self.bias is not None, device=w.device, dtype=dtype)
+        lin.weight.data.copy_(w)
+        if self.bias is not None:
+            lin.bias.data.copy_(self.bias.detach())
+        return lin
+
+    # --- forward ------------------------------------------------------------------
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # x [..., K] -> [..., N]
+        xq = self._act_fn(x) if self._act_fn is not None else x
+        kernel = dispatch.select(xq, self) if self.mode == "frozen" else None
+        if kernel is not None:
+            y = kernel.fn(xq, self)
+        else:  # reference path: the numerics oracle
+            y = F.linear(xq, self.dequantized_weight(x.dtype))
+        if self.bias is not None:
+            y = y + self.bias.to(y.dtype)
+        if self.lora_cfg is not None:
+            # LoRA sees the unquantized activation, as in QLoRA/QeRL: the adapter is BF16.
+            a = F.linear(self.lora_dropout(x), self.lora_A.to(x.dtype))  # [..., r]
+            y = y + F.linear(a, self.lora_B.to(x.dtype)) * self.lora_cfg.scaling
+        return y
+
+    def extra_repr(self) -> str:
+        s = f"in={self.in_features}, out={self.out_features}, format={spec_string(self.config)}, mode={self.mode}"
+        if self.lora_cfg is not None:
+            s += f", lora_r={self.lora_cfg.r}"
+        if self.act_quant:
+            s += f", act={self.act_quant}"
+        return s
