@@ -24,14 +24,15 @@ from __future__ import annotations
 
 import functools
 import logging
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 from quarl.rewards.extract import extract_answer
 from quarl.rewards.timelimit import score_items
 
 log = logging.getLogger(__name__)
 
-__all__ = ["parse_math", "answers_match", "score_one", "accuracy_reward", "completion_text"]
+__all__ = ["accuracy_reward", "answers_match", "completion_text", "parse_math", "score_one"]
 
 DEFAULT_TIMEOUT_S = 5.0  # math-verify's own default per operation
 DEFAULT_MAX_ANSWER_CHARS = 1000
@@ -137,8 +138,5 @@ def accuracy_reward(
             f"accuracy_reward got {len(completions)} completions but {len(answers)} answers; "
             "repeat each answer once per completion (e.g. G times for a GRPO group)"
         )
-    items = [
-        (completion_text(c), str(a), fallback_last_number, max_answer_chars)
-        for c, a in zip(completions, answers)
-    ]
+    items = [(completion_text(c), str(a), fallback_last_number, max_answer_chars) for c, a in zip(completions, answers)]
     return score_items(score_one, items, timeout_s, timeout_mode)

@@ -24,11 +24,11 @@ from __future__ import annotations
 import re
 
 __all__ = [
-    "extract_answer",
-    "extract_tag",
-    "extract_boxed",
     "extract_all_boxed",
+    "extract_answer",
+    "extract_boxed",
     "extract_hash",
+    "extract_tag",
     "last_number",
     "strip_thousands",
 ]
@@ -51,8 +51,8 @@ def _tag_patterns(tag: str) -> tuple[re.Pattern, re.Pattern]:
     if tag not in _TAG_CACHE:
         t = re.escape(tag)
         _TAG_CACHE[tag] = (
-            re.compile(rf"<{t}>(.*?)</{t}>", re.S | re.I),
-            re.compile(rf"<{t}>", re.I),
+            re.compile(rf"<{t}>(.*?)</{t}>", re.DOTALL | re.IGNORECASE),
+            re.compile(rf"<{t}>", re.IGNORECASE),
         )
     return _TAG_CACHE[tag]
 
@@ -71,7 +71,7 @@ def extract_tag(text: str, tag: str = "answer") -> str | None:
     if last_closed is not None and last_closed.start() >= last_open.start():
         return last_closed.group(1).strip()
     # The last opening tag has no closing tag after it: truncated generation.
-    rest = text[last_open.end():]
+    rest = text[last_open.end() :]
     return rest.strip()
 
 

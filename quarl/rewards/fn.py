@@ -11,8 +11,9 @@ first need to learn the tag structure.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any
 
 from quarl.rewards.accuracy import DEFAULT_MAX_ANSWER_CHARS, DEFAULT_TIMEOUT_S, accuracy_reward
 from quarl.rewards.format import format_reward

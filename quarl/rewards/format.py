@@ -19,11 +19,12 @@ no regex backtracking, so no time limit is needed.
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 from quarl.rewards.accuracy import completion_text
 
-__all__ = ["is_well_formatted", "format_reward"]
+__all__ = ["format_reward", "is_well_formatted"]
 
 _TAGS = ("<think>", "</think>", "<answer>", "</answer>")
 # Special tokens that may trail a decoded completion when skip_special_tokens=False.
@@ -62,5 +63,4 @@ def is_well_formatted(text: str, *, think_in_prompt: bool = False) -> bool:
 
 def format_reward(completions: Sequence[Any], *, think_in_prompt: bool = False) -> list[float]:
     """Batched format reward: 1.0 per well-formatted completion, else 0.0."""
-    return [1.0 if is_well_formatted(completion_text(c), think_in_prompt=think_in_prompt) else 0.0
-            for c in completions]
+    return [1.0 if is_well_formatted(completion_text(c), think_in_prompt=think_in_prompt) else 0.0 for c in completions]

@@ -39,7 +39,7 @@ import multiprocessing as mp
 import signal
 import threading
 import time
-from typing import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 
 log = logging.getLogger(__name__)
 
@@ -80,7 +80,7 @@ def time_limit(seconds: float | None) -> Iterator[None]:
         yield
         return
 
-    def _handler(signum, frame):  # noqa: ARG001
+    def _handler(signum, frame):
         raise RewardTimeout(f"reward item exceeded {seconds:g}s")
 
     start = time.monotonic()
@@ -114,7 +114,7 @@ def _score_items_with_signal(fn: ItemFn, items: Sequence[tuple], seconds: float 
                 out.append(float(fn(*args)))
         except RewardTimeout:
             out.append(0.0)
-        except Exception:  # noqa: BLE001 - a reward never raises; bad items score 0
+        except Exception:
             log.debug("reward item failed", exc_info=True)
             out.append(0.0)
     return out

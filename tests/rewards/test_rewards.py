@@ -21,8 +21,8 @@ from quarl.rewards import (
 )
 from quarl.rewards.timelimit import ProcessScorer, resolve_mode
 
-
 # ---------------------------------------------------------------- extraction
+
 
 @pytest.mark.parametrize(
     "text, expected",
@@ -111,6 +111,7 @@ def test_over_long_candidate_scores_zero_without_parsing():
 
 # ---------------------------------------------------------------- format
 
+
 @pytest.mark.parametrize(
     "text, think_in_prompt, expected",
     [
@@ -134,6 +135,7 @@ def test_format_reward(text, think_in_prompt, expected):
 
 
 # ---------------------------------------------------------------- combined
+
 
 def test_reward_fn_weights_and_components():
     fn = RewardFn(RewardConfig(accuracy_weight=1.0, format_weight=0.25))
@@ -229,22 +231,18 @@ def test_time_limit_nests_and_restores():
     handler_before = signal.getsignal(signal.SIGALRM)
     timer_before = signal.getitimer(signal.ITIMER_REAL)[0]
     t_start = time.monotonic()
-    with pytest.raises(RewardTimeout):
-        with time_limit(0.2):
-            time.sleep(2)
+    with pytest.raises(RewardTimeout), time_limit(0.2):
+        time.sleep(2)
     # The inner limit finishes early and the outer one still fires afterwards.
     t0 = time.monotonic()
-    with pytest.raises(RewardTimeout):
-        with time_limit(0.4):
-            with time_limit(5):
-                pass
-            time.sleep(3)
+    with pytest.raises(RewardTimeout), time_limit(0.4):
+        with time_limit(5):
+            pass
+        time.sleep(3)
     assert time.monotonic() - t0 < 2
     # An outer limit tighter than the inner one stays in charge.
-    with pytest.raises(RewardTimeout):
-        with time_limit(0.2):
-            with time_limit(5):
-                time.sleep(3)
+    with pytest.raises(RewardTimeout), time_limit(0.2), time_limit(5):
+        time.sleep(3)
     assert signal.getsignal(signal.SIGALRM) is handler_before
     timer_after = signal.getitimer(signal.ITIMER_REAL)[0]
     if timer_before == 0:
