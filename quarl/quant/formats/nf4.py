@@ -48,6 +48,9 @@ the 256-wide flat block it falls in, so ``tensor_state`` computes those from the
 whole (original) weight, and ``block_scales`` must then be called once per group
 in K order: the state carries a cursor (``"next_group"``) telling it which column
 of absmax codes it is producing. Call ``tensor_state`` again to restart.
+``quantize(w, state=...)`` uses a double-quant state only if it was computed for a
+weight of the same shape: bitsandbytes has no notion of statistics shared across
+fused q/k/v shards, so a state computed over concatenated shards is ignored.
 """
 
 from __future__ import annotations
@@ -184,7 +187,11 @@ class NF4Format(Format):
         absmax = self._absmax(w, cfg)  # [N, G]
         tensors: dict[str, torch.Tensor] = {}
         if cfg.double_quant:
-            st = state if state and "offset" in state else self.tensor_state(w, cfg)
+            # bitsandbytes double-quantizes each weight on its own: a state computed over
+            # several fused shards (quantize_model's shared scales) has another shape and
+            # does not apply, so only a state for exactly this weight is used.
+            use = state is not None and state.get("shape") == tuple(w.shape)
+            st = state if use else self.tensor_state(w, cfg)
             offset, absmax2 = st["offset"].to(w.device), st["absmax2"].to(w.device)
             per = absmax2.repeat_interleave(cfg.dq_block_size)[: n * g].view(n, g)  # [N, G]
             qa = _dq_encode(absmax, offset, per)
@@ -215,7 +222,8 @@ class NF4Format(Format):
             return {}
         check_weight(w, cfg.block_size, "nf4")
         offset, absmax2 = _dq_stats(self._absmax(w, cfg).flatten(), cfg)
-        return {"offset": offset, "absmax2": absmax2, "n_groups": w.shape[1] // cfg.block_size, "next_group": 0}
+        return {"offset": offset, "absmax2": absmax2, "shape": tuple(w.shape),
+                "n_groups": w.shape[1] // cfg.block_size, "next_group": 0}  # fmt: skip
 
     def block_scales(self, w_block: torch.Tensor, cfg: NF4Config, state: dict) -> torch.Tensor:
         """Decoded absmax [N, 1] (fp32) for one group of ``block_size`` columns."""

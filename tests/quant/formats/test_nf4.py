@@ -184,3 +184,14 @@ def test_gptq_hooks_equal_fake_quant(dq):
     if dq:
         with pytest.raises(QuantError, match="tensor_state again"):
             FORMAT.block_scales(w[:, :64], cfg, state)
+
+
+def test_double_quant_state_from_fused_shards_is_ignored():
+    torch.manual_seed(4)
+    cfg = NF4Config(double_quant=True)
+    q_w, k_w = torch.randn(64, 256), torch.randn(32, 256) * 3
+    shared = FORMAT.tensor_state(torch.cat([q_w, k_w]), cfg)  # what quantize_model's fused sharing computes
+    for w in (q_w, k_w):
+        assert torch.equal(FORMAT.quantize(w, cfg, state=shared).dequantize(), FORMAT.fake_quant(w, cfg))
+    own = FORMAT.tensor_state(k_w, cfg)
+    assert torch.equal(FORMAT.quantize(k_w, cfg, state=own).tensors["weight_scale_absmax"], own["absmax2"])

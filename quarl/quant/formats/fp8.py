@@ -1,0 +1,196 @@
+"""FP8 E4M3 weights (per-tensor or 128x128 blockwise) and the 1x128 activation quantizer.
+
+Number system: ``torch.float8_e4m3fn`` (max 448, no inf, subnormals down to 2**-9).
+Values are scaled into range, clamped to [-448, 448] (saturating: torch before 2.x
+turned overflow into NaN, so we never rely on the cast to saturate) and cast with
+torch's round-to-nearest-even.
+
+Granularities
+  * ``"tensor"``: one fp32 ``weight_scale`` ``[1]`` = amax(|W|) / 448; ``q = W / s``.
+    This is compressed-tensors' FP8 scheme (``float-quantized``; symmetric, scale =
+    max|x| / (bit_range / 2) with bit_range = 896), so the dequantized values match
+    ``compressed_tensors...fake_quantize`` bit for bit.
+  * ``"block"`` (DeepSeek-V3 / Jet-RL): ``weight_scale`` ``[ceil(N/128), K/128]``, one
+    fp32 scale per 128x128 tile (the last row-tile may be short: N need not be a
+    multiple of 128, K must). Activations are quantized on the fly per 1x128 group
+    along K with :func:`quantize_act_1x128`; :func:`fake_quant_act_1x128` is the STE
+    version QuantLinear applies on the FP8 training flow.
+
+A scale of 0 (all-zero tensor/tile/group) is replaced by float32 eps, as
+compressed-tensors does, so zeros round-trip to exact zeros without NaN.
+
+torch._scaled_mm layouts (for the GPU path; the CPU oracle is
+:func:`fp8_blockwise_matmul_reference`)::
+
+    y[M, N] = _scaled_mm(x_fp8 [M, K] row-major, w_fp8.t() [K, N] column-major,
+                         scale_a = x_scale [M, K/128]      (BlockWise1x128; cuBLAS wants
+                                                            it M-major: stride (1, M)),
+                         scale_b = w_scale.t() [K/128, N/128] (BlockWise128x128),
+                         out_dtype=torch.bfloat16)
+
+i.e. our activation scales are ``[M, K/128]`` and weight scales ``[N/128, K/128]``;
+per-tensor mode passes the two ``[1]`` scales (tensorwise).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from quarl.quant.base import Format, FormatConfig, QTensor, QuantError, check_weight, register
+
+FP8_DTYPE = torch.float8_e4m3fn
+FP8_MAX = 448.0
+_EPS = torch.finfo(torch.float32).eps
+ACT_GROUP = 128
+
+
+@dataclass(frozen=True)
+class FP8Config(FormatConfig):
+    """FP8 E4M3 weights; ``granularity`` "tensor" (one scale) or "block" (block_size x block_size tiles)."""
+
+    name = "fp8"
+    granularity: str = "tensor"
+    block_size: int = 128
+
+    def __post_init__(self) -> None:
+        if self.granularity not in ("tensor", "block"):
+            raise QuantError(f"fp8: unknown granularity {self.granularity!r}; use 'tensor' or 'block'")
+        if self.block_size <= 0:
+            raise QuantError(f"fp8: block_size must be positive (DeepSeek-V3 uses 128), got {self.block_size}")
+
+    @property
+    def bits(self) -> float:
+        return 8.0
+
+    @property
+    def scale_bits(self) -> float:
+        # per-tensor: one fp32 for the whole matrix (negligible)
+        return 32 / self.block_size**2 if self.granularity == "block" else 0.0
+
+    @property
+    def memory_bits(self) -> float:
+        return self.bits + self.scale_bits
+
+
+def _scale_from_amax(amax: torch.Tensor) -> torch.Tensor:
+    s = amax.float() / FP8_MAX
+    return torch.where(s == 0, torch.full_like(s, _EPS), s)
+
+
+def _to_fp8(x: torch.Tensor) -> torch.Tensor:
+    return x.clamp(-FP8_MAX, FP8_MAX).to(FP8_DTYPE)
+
+
+def _row_scales(scales: torch.Tensor, n: int, block: int) -> torch.Tensor:
+    """[ceil(N/B), ...] tile scales -> [N, ...] one per row."""
+    return scales.repeat_interleave(block, dim=0)[:n]
+
+
+# --- activations: 1 x 128 groups along K ------------------------------------------
+def quantize_act_1x128(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``x`` [..., K] -> (``x_fp8`` [..., K] float8_e4m3fn, ``scale`` [..., K/128] fp32).
+
+    One scale per token per 128 consecutive K elements, scale = amax / 448 (DeepSeek-V3
+    ``act_quant``), so ``x ~= x_fp8 * scale`` group-wise.
+    """
+    k = x.shape[-1]
+    if k % ACT_GROUP:
+        raise QuantError(
+            f"fp8 1x128 activation quantization needs the feature size to be a multiple of {ACT_GROUP}, "
+            f"got {k}; keep this layer in bf16 or use per-tensor fp8"
+        )
+    xg = x.float().unflatten(-1, (k // ACT_GROUP, ACT_GROUP))  # [..., K/128, 128]
+    scale = _scale_from_amax(xg.abs().amax(dim=-1))  # [..., K/128]
+    q = _to_fp8(xg / scale.unsqueeze(-1)).flatten(-2)  # [..., K]
+    return q, scale
+
+
+def dequantize_act_1x128(x_fp8: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    xg = x_fp8.float().unflatten(-1, (scale.shape[-1], ACT_GROUP))
+    return (xg * scale.unsqueeze(-1)).flatten(-2).to(dtype)
+
+
+def fake_quant_act_1x128(x: torch.Tensor) -> torch.Tensor:
+    """Quantize-dequantize activations per 1x128 group; straight-through gradient."""
+    q = dequantize_act_1x128(*quantize_act_1x128(x.detach()), dtype=x.dtype)
+    return x + (q - x).detach()
+
+
+def fp8_blockwise_matmul_reference(x: torch.Tensor, qweight: QTensor) -> torch.Tensor:
+    """Numerics oracle for the FP8 GEMM: ``x`` [..., K] -> [..., N] fp32.
+
+    Quantizes ``x`` per 1x128 group, dequantizes both operands exactly (fp8 * fp32
+    scale is exact in fp32 up to one rounding) and multiplies in fp32. A scaled-mm
+    kernel computes the same sum with per-K-block partial products, so it agrees up
+    to fp32 summation order.
+    """
+    if qweight.config.name != "fp8":
+        raise QuantError(f"fp8_blockwise_matmul_reference needs an fp8 weight, got {qweight.config.name!r}")
+    x_dq = dequantize_act_1x128(*quantize_act_1x128(x))  # [..., K]
+    return x_dq @ FORMAT.dequantize(qweight, torch.float32).t()
+
+
+# --- weights -----------------------------------------------------------------------
+class FP8Format(Format):
+    name = "fp8"
+    config_cls = FP8Config
+
+    @staticmethod
+    def _check(w: torch.Tensor, cfg: FP8Config) -> None:
+        check_weight(w, cfg.block_size if cfg.granularity == "block" else 1, f"fp8-{cfg.granularity}")
+
+    def _tile_scales(self, w: torch.Tensor, cfg: FP8Config) -> torch.Tensor:
+        n, k = w.shape
+        b = cfg.block_size
+        nb = -(-n // b)
+        # pad rows with zeros (they do not change any tile's amax)
+        wp = torch.nn.functional.pad(w.float().abs(), (0, 0, 0, nb * b - n))
+        return _scale_from_amax(wp.view(nb, b, k // b, b).amax(dim=(1, 3)))  # [N/B, K/B]
+
+    def quantize(self, w: torch.Tensor, cfg: FP8Config, *, state: dict | None = None) -> QTensor:
+        self._check(w, cfg)
+        n, k = w.shape
+        if cfg.granularity == "tensor":
+            scale = (state or self.tensor_state(w, cfg))["scale"].to(w.device).reshape(1)
+            q = _to_fp8(w.float() / scale)
+        else:
+            scale = self._tile_scales(w, cfg)  # [N/B, K/B]
+            s_full = _row_scales(scale, n, cfg.block_size).repeat_interleave(cfg.block_size, dim=1)  # [N, K]
+            q = _to_fp8(w.float() / s_full)
+        return QTensor(cfg, (n, k), {"weight": q, "weight_scale": scale})
+
+    def dequantize(self, q: QTensor, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        cfg: FP8Config = q.config  # type: ignore[assignment]
+        w, s = q.tensors["weight"].float(), q.tensors["weight_scale"]
+        if cfg.granularity == "block":
+            s = _row_scales(s, q.shape[0], cfg.block_size).repeat_interleave(cfg.block_size, dim=1)
+        return (w * s).to(dtype)
+
+    # --- GPTQ hooks ----------------------------------------------------------
+    def tensor_state(self, w: torch.Tensor, cfg: FP8Config) -> dict:
+        if cfg.granularity == "block":
+            return {}
+        self._check(w, cfg)
+        return {"scale": _scale_from_amax(w.detach().abs().amax()).reshape(1)}
+
+    def block_scales(self, w_block: torch.Tensor, cfg: FP8Config, state: dict) -> torch.Tensor:
+        """Per-tensor: the state's ``[1]`` scale. Block: ``[ceil(N/B)]`` scales of this column tile."""
+        if cfg.granularity == "tensor":
+            if "scale" not in state:
+                raise QuantError("fp8 per-tensor: block_scales needs the state from tensor_state(w, cfg)")
+            return state["scale"]
+        n, b = w_block.shape
+        if b != cfg.block_size:
+            raise QuantError(f"fp8-block: block_scales expects {cfg.block_size} columns, got {b}")
+        nb = -(-n // b)
+        wp = torch.nn.functional.pad(w_block.float().abs(), (0, 0, 0, nb * b - n))
+        return _scale_from_amax(wp.view(nb, b * b).amax(dim=1))  # [N/B]
+
+    def qdq_with_scales(self, w_cols: torch.Tensor, scales: torch.Tensor, cfg: FP8Config, state: dict) -> torch.Tensor:
+        s = scales.reshape(1, 1) if cfg.granularity == "tensor" else _row_scales(scales, w_cols.shape[0], cfg.block_size)[:, None]
+        return (_to_fp8(w_cols.float() / s).float() * s).to(w_cols.dtype)
+
+
+FORMAT = register(FP8Format())
