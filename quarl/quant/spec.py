@@ -6,13 +6,15 @@ must be nameable by a string. Grammar (case-insensitive):
     bf16 | none                 keep the layer in high precision (no QTensor)
     nvfp4                       E2M1, block 16, E4M3 block scales, FP32 global scale
     mxfp4                       E2M1, block 32, E8M0 scales
-    nf4[-dq][-b64]              NF4 codebook, block 64, optional double quantization
-    fp8 | fp8-block             E4M3 per-tensor | 128x128 blockwise weights
+    nf4[-dq[256]][-b64]         NF4 codebook, block 64, optional double quantization
+                                (-dq<n>: n absmax values per second-level block, default 256)
+    fp8 | fp8-block[-b128]      E4M3 per-tensor | 128x128 blockwise weights
     int{2,3,4,8}[-g128][-sym]   group-wise integer, asymmetric unless -sym
     w{bits}g{group}             Reasoning-QAT's spelling: w3g128 == int3-g128
 
 A dict ``{"format": "int", "bits": 3, "group_size": 128}`` is also accepted, as
-is a FormatConfig instance (returned unchanged).
+is a FormatConfig instance (returned unchanged). ``spec_string`` is the inverse:
+``make_config(spec_string(cfg)) == cfg`` for every config the grammar can express.
 """
 
 from __future__ import annotations
@@ -57,18 +59,24 @@ def make_config(spec: str | dict | FormatConfig | None) -> FormatConfig | None:
         return get_format("nvfp4").config_cls()
     if s == "mxfp4":
         return get_format("mxfp4").config_cls()
-    m = re.fullmatch(r"nf4((?:-dq)?)((?:-b\d+)?)", s)
+    m = re.fullmatch(r"nf4(?:-(dq)(\d*))?(?:-b(\d+))?", s)
     if m:
         kw = {"double_quant": bool(m[1])}
         if m[2]:
-            kw["block_size"] = int(m[2][2:])
+            kw["dq_block_size"] = int(m[2])
+        if m[3]:
+            kw["block_size"] = int(m[3])
         return get_format("nf4").config_cls(**kw)
     if s in ("fp8", "fp8-tensor"):
         return get_format("fp8").config_cls(granularity="tensor")
-    if s in ("fp8-block", "fp8-blockwise"):
-        return get_format("fp8").config_cls(granularity="block")
+    m = re.fullmatch(r"fp8-block(?:wise)?(?:-b(\d+))?", s)
+    if m:
+        kw = {"granularity": "block"}
+        if m[1]:
+            kw["block_size"] = int(m[1])
+        return get_format("fp8").config_cls(**kw)
     raise QuantError(
-        f"unknown format spec {spec!r}; use one of bf16, nvfp4, mxfp4, nf4[-dq], fp8, fp8-block, "
+        f"unknown format spec {spec!r}; use one of bf16, nvfp4, mxfp4, nf4[-dq][-b<block>], fp8, fp8-block, "
         f"int{{2,3,4,8}}[-g<group>][-sym], w<bits>g<group> (registered formats: {available_formats()})"
     )
 
@@ -80,7 +88,10 @@ def spec_string(cfg: FormatConfig | None) -> str:
     if cfg.name == "int":
         return f"int{cfg.bits}-g{cfg.group_size}" + ("-sym" if cfg.symmetric else "")
     if cfg.name == "nf4":
-        return "nf4" + ("-dq" if cfg.double_quant else "") + ("" if cfg.block_size == 64 else f"-b{cfg.block_size}")
+        dq = "" if not cfg.double_quant else "-dq" if cfg.dq_block_size == 256 else f"-dq{cfg.dq_block_size}"
+        return "nf4" + dq + ("" if cfg.block_size == 64 else f"-b{cfg.block_size}")
     if cfg.name == "fp8":
-        return "fp8" if cfg.granularity == "tensor" else "fp8-block"
+        if cfg.granularity == "tensor":
+            return "fp8"
+        return "fp8-block" + ("" if cfg.block_size == 128 else f"-b{cfg.block_size}")
     return cfg.name

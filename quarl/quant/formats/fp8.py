@@ -189,7 +189,11 @@ class FP8Format(Format):
         return _scale_from_amax(wp.view(nb, b * b).amax(dim=1))  # [N/B]
 
     def qdq_with_scales(self, w_cols: torch.Tensor, scales: torch.Tensor, cfg: FP8Config, state: dict) -> torch.Tensor:
-        s = scales.reshape(1, 1) if cfg.granularity == "tensor" else _row_scales(scales, w_cols.shape[0], cfg.block_size)[:, None]
+        s = (
+            scales.reshape(1, 1)
+            if cfg.granularity == "tensor"
+            else _row_scales(scales, w_cols.shape[0], cfg.block_size)[:, None]
+        )
         return (_to_fp8(w_cols.float() / s).float() * s).to(w_cols.dtype)
 
 

@@ -55,6 +55,7 @@ fused q/k/v shards, so a state computed over concatenated shards is ignored.
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass
 
 import torch
@@ -70,7 +71,7 @@ NF4_CODE: tuple[float, ...] = (
 )  # fmt: skip
 _CODE = torch.tensor(NF4_CODE, dtype=torch.float32)
 # float64 midpoints rounded to float32: the constants of bitsandbytes' dQuantizeNF4 tree
-_MIDS = torch.tensor([(a + b) / 2 for a, b in zip(NF4_CODE, NF4_CODE[1:])], dtype=torch.float64).float()
+_MIDS = torch.tensor([(a + b) / 2 for a, b in itertools.pairwise(NF4_CODE)], dtype=torch.float64).float()
 
 
 def dynamic_map_signed() -> torch.Tensor:
@@ -106,7 +107,9 @@ class NF4Config(FormatConfig):
 
     def __post_init__(self) -> None:
         if self.block_size <= 0 or self.block_size % 2:
-            raise QuantError(f"nf4: block_size must be a positive even number (bitsandbytes uses 64), got {self.block_size}")
+            raise QuantError(
+                f"nf4: block_size must be a positive even number (bitsandbytes uses 64), got {self.block_size}"
+            )
         if self.dq_block_size <= 0:
             raise QuantError(f"nf4: dq_block_size must be positive (bitsandbytes uses 256), got {self.dq_block_size}")
 

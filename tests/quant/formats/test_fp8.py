@@ -84,7 +84,7 @@ def test_act_1x128_matches_compressed_tensors_dynamic_group():
     args = QuantizationArgs(num_bits=8, type="float", symmetric=True, strategy="group", group_size=128, dynamic=True)
     scale, _ = compute_dynamic_scales_and_zp(x, args, None)
     assert torch.equal(xs, scale.reshape(xs.shape))
-    ref = (torch.clamp(x.view(2, 5, 3, 128) / xs[..., None], -448, 448).to(torch.float8_e4m3fn).float() * xs[..., None])
+    ref = torch.clamp(x.view(2, 5, 3, 128) / xs[..., None], -448, 448).to(torch.float8_e4m3fn).float() * xs[..., None]
     assert torch.equal(fp8.dequantize_act_1x128(xq, xs), ref.view_as(x))
     assert sqnr_db(x[..., :128], fp8.fake_quant_act_1x128(x)[..., :128]) > 30  # small group unaffected by big ones
 

@@ -64,7 +64,10 @@ def test_nibble_order_high_first():
     assert packed.dtype == torch.uint8 and packed.shape == (1, 32)
     assert packed[0, 0].item() == 0xF0  # code 15 (1.0) high, code 0 (-1.0) low
     assert packed[0, 1].item() == 0x7E  # code 7 (0.0) high, code 14 low
-    assert torch.equal(nf4.unpack_nibbles(nf4.pack_nibbles(torch.arange(16).repeat(3, 4))), torch.arange(16).repeat(3, 4).to(torch.uint8))
+    assert torch.equal(
+        nf4.unpack_nibbles(nf4.pack_nibbles(torch.arange(16).repeat(3, 4))),
+        torch.arange(16).repeat(3, 4).to(torch.uint8),
+    )
 
 
 def test_exact_value_set_and_ties_go_to_lower_code():
@@ -115,7 +118,9 @@ def test_double_quant_matches_reference():
     assert torch.equal(q.tensors["weight_scale_absmax"], a2)
     assert torch.equal(q.tensors["weight_scale"].flatten().long(), codes)
     decoded = dyn[codes] * per + offset
-    ref_codes = torch.argmin(((w.view(-1, 64) * (1 / decoded[:, None]))[..., None] - torch.tensor(nf4.NF4_CODE)).abs(), -1)
+    ref_codes = torch.argmin(
+        ((w.view(-1, 64) * (1 / decoded[:, None]))[..., None] - torch.tensor(nf4.NF4_CODE)).abs(), -1
+    )
     assert torch.equal(q.dequantize(), (torch.tensor(nf4.NF4_CODE)[ref_codes] * decoded[:, None]).view(w.shape))
     # the 8-bit dynamic map keeps the decoded absmax within ~1% of the true one
     assert (decoded - a).abs().max() < 0.01 * a2.max()
