@@ -88,7 +88,8 @@ class Format(abc.ABC):
     def fake_quant(self, w: torch.Tensor, cfg: FormatConfig, *, state: dict | None = None) -> torch.Tensor:
         """Quantize-dequantize with a straight-through estimator (grad = identity)."""
         q = self.dequantize(self.quantize(w.detach(), cfg, state=state), w.dtype)
-        return w + (q - w).detach()
+        # q + (w - w.detach()) is bit-exact q in the forward (w + (q - w) can round).
+        return q + (w - w.detach())
 
     # --- hooks for column-wise calibration (GPTQ) ---------------------------
     def tensor_state(self, w: torch.Tensor, cfg: FormatConfig) -> dict:
