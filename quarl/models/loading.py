@@ -1,0 +1,216 @@
+"""``load_model(ref)``: one entry point from a model reference to ``(model, tokenizer)``.
+
+A reference is resolved to a local directory first, then loaded the same way
+whatever its origin, so "works from a local dir" means "works from S3 / the hub":
+
+    "tiny-llama" | "tiny-qwen2" | "tiny-qwen3"   seeded random test models (no directory)
+    "default" | "smollm2-135m-instruct"           the embedded SmolLM2, converted once from GGUF
+    "s3://bucket/prefix/"                         downloaded via quarl.storage; if it is an
+                                                  artifact (manifest.json), opened through
+                                                  quarl.artifacts so checksums are verified
+    "/path/to/dir" | "./dir" | Path               config.json + *.safetensors + tokenizer
+    "org/name"                                    Hugging Face hub (snapshot into the HF cache)
+
+Choices:
+
+* **safetensors only.** ``*.bin`` checkpoints are pickles that can run code on
+  load; a directory without safetensors is refused with how to convert it.
+* **Architecture checked from config.json before any weight is read**, so a
+  wrong model fails in milliseconds (see :mod:`quarl.models.hf`).
+* **No remote code** unless ``trust_remote_code=True`` is passed explicitly.
+* Local directories that hold a ``manifest.json`` are quarl artifacts: they are
+  verified through ``quarl.artifacts.open_artifact`` too, so a truncated copy
+  fails with the artifact's own "incomplete/corrupt ... re-run <stage>" error
+  instead of a confusing safetensors one.
+* ``quarl.storage`` / ``quarl.artifacts`` are imported inside the functions that
+  need them: loading local or tiny models never touches boto3.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import tempfile
+from pathlib import Path
+
+import torch
+
+from quarl.models.default import DEFAULT_MODEL_ALIASES, cache_dir, default_model_dir
+from quarl.models.errors import ModelError
+from quarl.models.hf import check_architecture, prepare_tokenizer
+from quarl.models.tiny import TINY_MODELS, tiny_model
+
+# "org/name" or "name": what huggingface_hub accepts as a repo id.
+_HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*(/[\w.-]+)?$")
+# Files a causal LM needs from a hub repo (skips ONNX/GGUF/pickle duplicates).
+_HUB_PATTERNS = ["*.json", "*.safetensors", "*.txt", "*.model", "*.jinja", "*.tiktoken", "*.py"]
+
+_DTYPES = {
+    "float32": torch.float32, "fp32": torch.float32, "float": torch.float32,
+    "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
+    "float16": torch.float16, "fp16": torch.float16, "half": torch.float16,
+}  # fmt: skip
+
+
+def load_model(ref, dtype=torch.float32, device="cpu", trust_remote_code: bool = False):
+    """Load a causal LM and its tokenizer -> ``(model, tokenizer)``.
+
+    ``ref``: see the module docstring. ``dtype``: a ``torch.dtype``, a name
+    (``"bfloat16"``, ``"bf16"``, ...) or ``"auto"`` (the checkpoint's own).
+    ``device``: where the model ends up. The model is in eval mode; the
+    tokenizer pads on the left with a pad token (eos if it had none)."""
+    ref_str = os.fspath(ref) if isinstance(ref, os.PathLike) else str(ref)
+    torch_dtype = _parse_dtype(dtype)
+    if not isinstance(ref, os.PathLike) and ref_str.lower() in TINY_MODELS:
+        model, tokenizer = tiny_model(ref_str.lower())
+        if torch_dtype != "auto":
+            model = model.to(dtype=torch_dtype)
+        return model.to(device), tokenizer
+
+    path = resolve_model_dir(ref, trust_remote_code=trust_remote_code)
+    return _load_dir(path, ref_str, torch_dtype, device, trust_remote_code)
+
+
+def resolve_model_dir(ref, trust_remote_code: bool = False) -> Path:
+    """The local directory holding model ``ref`` (downloading or converting it
+    if needed). Tiny models have none and raise :class:`ModelError`."""
+    if isinstance(ref, os.PathLike):
+        return _local_dir(Path(ref), os.fspath(ref))
+    ref = str(ref).strip()
+    if not ref:
+        raise ModelError("empty model reference; pass a local directory, an s3:// URI, a Hugging Face id or 'default'")
+    low = ref.lower()
+    if low in TINY_MODELS:
+        raise ModelError(f"{ref} is built in memory and has no directory; save it with quarl.models.save_model first")
+    if low in DEFAULT_MODEL_ALIASES:
+        return default_model_dir()
+    if low.startswith("s3://"):
+        return _fetch_s3(ref)
+    local = Path(ref).expanduser()
+    if local.exists() or _looks_like_path(ref):
+        return _local_dir(local, ref)
+    if _HUB_ID.match(ref):
+        return _fetch_hub(ref)
+    raise ModelError(
+        f"cannot interpret model reference {ref!r}: it is not an existing directory, an s3:// URI, "
+        f"a Hugging Face id (org/name), 'default' or one of {', '.join(TINY_MODELS)}"
+    )
+
+
+# --------------------------------------------------------------------- resolution
+
+
+def _looks_like_path(ref: str) -> bool:
+    return ref.startswith(("/", "./", "../", "~", ".\\")) or "\\" in ref or ref.count("/") > 1 or ref in (".", "..")
+
+
+def _local_dir(path: Path, ref: str) -> Path:
+    path = path.expanduser()
+    if not path.exists():
+        raise ModelError(f"model directory {ref} does not exist; pass a directory with config.json and *.safetensors")
+    if not path.is_dir():
+        hint = " (GGUF files are not loaded directly; convert to safetensors first)" if path.suffix == ".gguf" else ""
+        raise ModelError(f"{ref} is a file, not a model directory{hint}; pass the directory holding config.json")
+    if not os.access(path, os.R_OK | os.X_OK):
+        raise ModelError(f"cannot read model directory {ref} (permission denied); fix its permissions or copy it")
+    if (path / "manifest.json").is_file():
+        from quarl.artifacts import open_artifact
+
+        path = Path(open_artifact(str(path), kind="model").path)
+    return path
+
+
+def _fetch_s3(uri: str) -> Path:
+    """Artifact (has manifest.json) -> open_artifact (download + verify);
+    a bare prefix -> download into ``cache_dir()/s3/<bucket>/<key>``, replacing
+    any earlier copy atomically so a stale file never mixes in."""
+    from quarl.storage import S3Settings, S3Store, split_s3
+
+    uri = uri.rstrip("/")
+    store = S3Store(S3Settings.from_env())
+    if store.exists(uri + "/manifest.json"):
+        from quarl.artifacts import open_artifact
+
+        return Path(open_artifact(uri, kind="model").path)
+    bucket, key = split_s3(uri)
+    target = cache_dir() / "s3" / bucket / key
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".tmp-{target.name}-", dir=target.parent))
+    try:
+        store.download_dir(uri, tmp)
+        if not any(tmp.iterdir()):
+            raise ModelError(
+                f"no objects under {uri}/; check the URI (a model prefix holds config.json, *.safetensors)"
+            )
+        if target.exists():
+            old = Path(tempfile.mkdtemp(prefix=f".tmp-{target.name}-old-", dir=target.parent))
+            os.rename(target, old / "d")
+            shutil.rmtree(old, ignore_errors=True)
+        os.rename(tmp, target)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return target
+
+
+def _fetch_hub(repo_id: str) -> Path:
+    try:
+        from huggingface_hub import snapshot_download
+
+        return Path(snapshot_download(repo_id, allow_patterns=_HUB_PATTERNS))
+    except Exception as e:
+        raise ModelError(
+            f"could not load {repo_id} from the Hugging Face hub (offline?); pass a local directory or s3:// URI "
+            f"(no local directory {repo_id} exists either; hub said {type(e).__name__}: "
+            f"{str(e).splitlines()[0] if str(e) else '-'})"
+        ) from e
+
+
+# --------------------------------------------------------------------- loading
+
+
+def _parse_dtype(dtype):
+    if isinstance(dtype, torch.dtype) or dtype == "auto":
+        return dtype
+    if isinstance(dtype, str) and dtype.lower().removeprefix("torch.") in _DTYPES:
+        return _DTYPES[dtype.lower().removeprefix("torch.")]
+    raise ModelError(f"unknown dtype {dtype!r}; use a torch.dtype, 'auto' or one of {', '.join(_DTYPES)}")
+
+
+def _load_dir(path: Path, ref: str, dtype, device, trust_remote_code: bool):
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+
+    if not (path / "config.json").is_file():
+        raise ModelError(f"{ref} ({path}) has no config.json; expected a Hugging Face model directory")
+    if not any(path.glob("*.safetensors")):
+        pickles = sorted(p.name for p in path.glob("*.bin"))
+        hint = (
+            f" It has pickle weights {pickles[:3]}, which quarl does not load (they can run code); convert them "
+            f"with AutoModelForCausalLM.from_pretrained(dir).save_pretrained(new_dir) in a trusted environment."
+            if pickles
+            else ""
+        )
+        raise ModelError(f"{ref} ({path}) has no *.safetensors weights.{hint}")
+    try:
+        config = AutoConfig.from_pretrained(path, trust_remote_code=trust_remote_code)
+    except Exception as e:
+        raise ModelError(f"{ref}: cannot read {path / 'config.json'}: {e}") from e
+    check_architecture(config, ref)
+
+    kwargs = {"dtype": dtype, "trust_remote_code": trust_remote_code, "use_safetensors": True}
+    if torch.device(device).type != "cpu":
+        kwargs["device_map"] = {"": torch.device(device)}  # load straight onto the accelerator
+    try:
+        model = AutoModelForCausalLM.from_pretrained(path, config=config, **kwargs)
+    except Exception as e:
+        raise ModelError(f"{ref}: failed to load the weights in {path}: {type(e).__name__}: {e}") from e
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=trust_remote_code)
+    except Exception as e:
+        raise ModelError(
+            f"{ref}: no usable tokenizer in {path} ({type(e).__name__}: {e}); save the tokenizer beside the "
+            f"weights (quarl.models.save_model does both)"
+        ) from e
+    model = model.to(device).eval()
+    prepare_tokenizer(tokenizer, model, ref=ref)
+    return model, tokenizer
