@@ -1,9 +1,9 @@
 """FP8 E4M3 weights (per-tensor or 128x128 blockwise) and the 1x128 activation quantizer.
 
 Number system: ``torch.float8_e4m3fn`` (max 448, no inf, subnormals down to 2**-9).
-Values are scaled into range, clamped to [-448, 448] (saturating: torch before 2.x
-turned overflow into NaN, so we never rely on the cast to saturate) and cast with
-torch's round-to-nearest-even.
+Values are scaled into range, clamped to [-448, 448] (saturating; we clamp rather
+than rely on the cast's overflow behaviour, which has differed between torch
+releases) and cast with torch's round-to-nearest-even.
 
 Granularities
   * ``"tensor"``: one fp32 ``weight_scale`` ``[1]`` = amax(|W|) / 448; ``q = W / s``.
@@ -19,17 +19,21 @@ Granularities
 A scale of 0 (all-zero tensor/tile/group) is replaced by float32 eps, as
 compressed-tensors does, so zeros round-trip to exact zeros without NaN.
 
-torch._scaled_mm layouts (for the GPU path; the CPU oracle is
-:func:`fp8_blockwise_matmul_reference`)::
+GPU layouts (verified on an H200 with torch 2.11 + CUDA 13, test marked ``gpu``)::
 
-    y[M, N] = _scaled_mm(x_fp8 [M, K] row-major, w_fp8.t() [K, N] column-major,
-                         scale_a = x_scale [M, K/128]      (BlockWise1x128; cuBLAS wants
-                                                            it M-major: stride (1, M)),
-                         scale_b = w_scale.t() [K/128, N/128] (BlockWise128x128),
-                         out_dtype=torch.bfloat16)
+    y[M, N] = torch.nn.functional.scaled_mm(
+        x_fp8 [M, K] row-major,           ScalingType.BlockWise1x128 with x_scale [M, K/128]
+                                          stored M-major (stride (1, M)),
+        w_fp8.t() [K, N] column-major,    ScalingType.BlockWise128x128 with w_scale [N/128, K/128]
+                                          padded to [N/128, L4], L4 = round_up(K/128, 4), then .t(),
+        output_dtype=torch.bfloat16)
 
-i.e. our activation scales are ``[M, K/128]`` and weight scales ``[N/128, K/128]``;
-per-tensor mode passes the two ``[1]`` scales (tensorwise).
+:func:`cublas_blockwise_scales` builds both scale operands. The L4 padding matters:
+the legacy ``torch._scaled_mm`` accepts the unpadded ``[K/128, N/128]`` shape and
+silently returns garbage when K/128 is not a multiple of 4. cuBLAS also needs M a
+multiple of 4 (M = 5 or 6 is rejected: pad the tokens) and N a multiple of 16; a short
+last row tile (N = 272, three scale rows) is accepted. Per-tensor mode passes the two
+scalar scales (tensorwise).
 """
 
 from __future__ import annotations
@@ -116,6 +120,15 @@ def fake_quant_act_1x128(x: torch.Tensor) -> torch.Tensor:
     """Quantize-dequantize activations per 1x128 group; straight-through gradient."""
     q = dequantize_act_1x128(*quantize_act_1x128(x.detach()), dtype=x.dtype)
     return x + (q - x).detach()
+
+
+def cublas_blockwise_scales(x_scale: torch.Tensor, w_scale: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(``x_scale`` [M, K/128], ``w_scale`` [N/128, K/128]) -> the scale operands of
+    ``F.scaled_mm(..., BlockWise1x128, ..., BlockWise128x128)``: ``x_scale`` M-major,
+    ``w_scale`` K-blocks zero-padded to a multiple of 4 and transposed to [L4, N/128]."""
+    kb = w_scale.shape[1]
+    pad = -kb % 4
+    return x_scale.t().contiguous().t(), torch.nn.functional.pad(w_scale, (0, pad)).t()
 
 
 def fp8_blockwise_matmul_reference(x: torch.Tensor, qweight: QTensor) -> torch.Tensor:
