@@ -32,7 +32,7 @@ from quarl.rewards.timelimit import score_items
 
 log = logging.getLogger(__name__)
 
-__all__ = ["accuracy_reward", "answers_match", "completion_text", "parse_math", "score_one"]
+__all__ = ["parses", "accuracy_reward", "answers_match", "completion_text", "parse_math", "score_one"]
 
 DEFAULT_TIMEOUT_S = 5.0  # math-verify's own default per operation
 DEFAULT_MAX_ANSWER_CHARS = 1000
@@ -76,6 +76,12 @@ def parse_math(text: str) -> list:
         if parsed:
             return parsed
     return mv.parse(s, parsing_timeout=None)
+
+
+def parses(text: str) -> bool:
+    """True when math-verify turns ``text`` into a math object (not just its
+    string fallback, which ``parse`` returns for anything that looks like LaTeX)."""
+    return any(not isinstance(x, str) for x in parse_math(text))
 
 
 @functools.lru_cache(maxsize=4096)

@@ -30,6 +30,7 @@ __all__ = [
     "extract_hash",
     "extract_tag",
     "last_number",
+    "match_braces",
     "strip_thousands",
 ]
 
@@ -75,7 +76,7 @@ def extract_tag(text: str, tag: str = "answer") -> str | None:
     return rest.strip()
 
 
-def _match_braces(text: str, open_idx: int) -> int | None:
+def match_braces(text: str, open_idx: int) -> int | None:
     """Index just past the ``}`` closing the ``{`` at ``open_idx``; None if unbalanced.
     Escaped braces (``\\{``) do not count."""
     depth = 0
@@ -107,7 +108,7 @@ def extract_all_boxed(text: str) -> list[str]:
             return out
         j = m.end()
         if j < len(text) and text[j] == "{":
-            end = _match_braces(text, j)
+            end = match_braces(text, j)
             if end is None:  # unbalanced: take nothing from this box
                 pos = j + 1
                 continue
