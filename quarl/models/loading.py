@@ -23,11 +23,17 @@ Choices:
   fails with the artifact's own "incomplete/corrupt ... re-run <stage>" error
   instead of a confusing safetensors one.
 * ``quarl.storage`` / ``quarl.artifacts`` are imported inside the functions that
-  need them: loading local or tiny models never touches boto3.
+  need them: loading local or tiny models never touches boto3. Their errors
+  (``StorageError``: endpoint/credentials/bucket; ``ArtifactError``: incomplete
+  or corrupt artifact) pass through unchanged, since they already name the fix;
+  everything else about the model itself is a :class:`ModelError`.
+* A plain ``s3://`` prefix without ``manifest.json`` (uploaded by hand) is
+  loaded with a warning: nothing proves it is complete.
 """
 
 from __future__ import annotations
 
+import logging
 import os
 import re
 import shutil
@@ -40,6 +46,8 @@ from quarl.models.default import DEFAULT_MODEL_ALIASES, cache_dir, default_model
 from quarl.models.errors import ModelError
 from quarl.models.hf import check_architecture, prepare_tokenizer
 from quarl.models.tiny import TINY_MODELS, tiny_model
+
+log = logging.getLogger(__name__)
 
 # "org/name" or "name": what huggingface_hub accepts as a repo id.
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*(/[\w.-]+)?$")
@@ -125,24 +133,27 @@ def _fetch_s3(uri: str) -> Path:
     """Artifact (has manifest.json) -> open_artifact (download + verify);
     a bare prefix -> download into ``cache_dir()/s3/<bucket>/<key>``, replacing
     any earlier copy atomically so a stale file never mixes in."""
-    from quarl.storage import S3Settings, S3Store, split_s3
+    from quarl.storage import NoSuchKeyError, S3Settings, S3Store, split_s3
 
     uri = uri.rstrip("/")
     store = S3Store(S3Settings.from_env())
     if store.exists(uri + "/manifest.json"):
         from quarl.artifacts import open_artifact
 
-        return Path(open_artifact(uri, kind="model").path)
+        return Path(open_artifact(uri, kind="model", store=store).path)
+    log.warning("%s has no manifest.json (not a quarl artifact): downloading it without an integrity check", uri)
     bucket, key = split_s3(uri)
     target = cache_dir() / "s3" / bucket / key
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".tmp-{target.name}-", dir=target.parent))
     try:
-        store.download_dir(uri, tmp)
-        if not any(tmp.iterdir()):
+        try:
+            store.download_dir(uri, tmp)
+        except NoSuchKeyError as e:
             raise ModelError(
-                f"no objects under {uri}/; check the URI (a model prefix holds config.json, *.safetensors)"
-            )
+                f"no model at {uri}/: nothing is stored under that prefix; check the URI "
+                f"(a model prefix holds config.json, *.safetensors and tokenizer files)"
+            ) from e
         if target.exists():
             old = Path(tempfile.mkdtemp(prefix=f".tmp-{target.name}-old-", dir=target.parent))
             os.rename(target, old / "d")

@@ -212,3 +212,22 @@ def test_s3_round_trip_artifact(s3_env, tmp_path, monkeypatch):
         save_model(model, tok, art.path)
     loaded, ltok = load_model(uri)
     assert torch.equal(_logits(model, tok), _logits(loaded, ltok))
+
+
+@pytest.mark.s3
+def test_s3_empty_prefix_and_incomplete_artifact(s3_env, tmp_path, monkeypatch):
+    artifacts = _artifacts()
+    from quarl.storage import S3Settings, S3Store
+
+    monkeypatch.setenv("QUARL_CACHE", str(tmp_path / "cache"))
+    store = S3Store(S3Settings.from_env())
+    store.ensure_bucket("quarl-models-test")
+    with pytest.raises(ModelError, match="no model at s3://quarl-models-test/nothing-here/"):
+        load_model("s3://quarl-models-test/nothing-here")
+    # an artifact whose manifest says it is not complete is refused, not loaded as a plain prefix
+    model, tok = tiny_model("llama")
+    local = save_model(model, tok, tmp_path / "m")
+    (local / "manifest.json").write_text(json.dumps({"kind": "model", "stage": "rl", "files": {}, "complete": False}))
+    store.upload_dir(local, "s3://quarl-models-test/crashed")
+    with pytest.raises(artifacts.ArtifactError, match="incomplete"):
+        load_model("s3://quarl-models-test/crashed")
