@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from quarl.artifacts import ArtifactError, write_artifact
 from quarl.models import ModelError, load_model, resolve_model_dir, save_model, tiny_model
 
 KINDS = ["llama", "qwen2", "qwen3"]
@@ -145,49 +146,31 @@ def test_remote_code_not_trusted_by_default(tmp_path):
 
 
 # ----------------------------------------------------------------- artifacts and S3
-
-
-def _artifacts():
-    return pytest.importorskip("quarl.artifacts", reason="quarl.artifacts not available yet")
+# `s3_bucket` (tests/conftest.py): a fresh bucket on a session SeaweedFS, AWS_* env set.
 
 
 def test_local_artifact_is_verified(tmp_path):
-    artifacts = _artifacts()
     model, tok = tiny_model("qwen2", seed=5)
     uri = str(tmp_path / "art")
-    with artifacts.write_artifact(uri, "model", "test") as art:
+    with write_artifact(uri, "model", "test") as art:
         save_model(model, tok, art.path)
     loaded, ltok = load_model(uri)
     assert torch.equal(_logits(model, tok), _logits(loaded, ltok))
     # truncate a payload file: the artifact check, not safetensors, must complain
     weights = next(Path(uri).glob("*.safetensors"))
     weights.write_bytes(weights.read_bytes()[:100])
-    with pytest.raises(artifacts.ArtifactError):
+    with pytest.raises(ArtifactError, match="corrupt: model.safetensors"):
         load_model(uri)
 
 
-@pytest.fixture
-def s3_env(request, monkeypatch):
-    try:
-        s3 = request.getfixturevalue("s3")
-    except pytest.FixtureLookupError:
-        pytest.skip("the session `s3` fixture (tests/conftest.py) is not available yet")
-    env = s3.env() if hasattr(s3, "env") else dict(s3)
-    for k, v in env.items():
-        monkeypatch.setenv(k, v)
-    return s3
-
-
-@pytest.mark.s3
-def test_s3_round_trip_plain_prefix(s3_env, tmp_path, monkeypatch):
-    from quarl.storage import S3Settings, S3Store
+def test_s3_round_trip_plain_prefix(s3_bucket, tmp_path, monkeypatch):
+    from quarl.storage import S3Store
 
     monkeypatch.setenv("QUARL_CACHE", str(tmp_path / "cache"))
-    store = S3Store(S3Settings.from_env())
-    store.ensure_bucket("quarl-models-test")
+    store = S3Store()
     model, tok = tiny_model("qwen3", seed=9)
     local = save_model(model, tok, tmp_path / "m")
-    uri = "s3://quarl-models-test/plain/tiny-qwen3"
+    uri = f"s3://{s3_bucket}/plain/tiny-qwen3"
     store.upload_dir(local, uri)
     loaded, ltok = load_model(uri + "/")
     assert torch.equal(_logits(model, tok), _logits(loaded, ltok))
@@ -199,35 +182,32 @@ def test_s3_round_trip_plain_prefix(s3_env, tmp_path, monkeypatch):
     assert torch.equal(_logits(other, otok), _logits(reloaded, rtok))
 
 
-@pytest.mark.s3
-def test_s3_round_trip_artifact(s3_env, tmp_path, monkeypatch):
-    artifacts = _artifacts()
-    from quarl.storage import S3Settings, S3Store
-
+def test_s3_round_trip_artifact(s3_bucket, tmp_path, monkeypatch):
     monkeypatch.setenv("QUARL_CACHE", str(tmp_path / "cache"))
-    S3Store(S3Settings.from_env()).ensure_bucket("quarl-models-test")
     model, tok = tiny_model("llama", seed=11)
-    uri = "s3://quarl-models-test/run-1/test/model"
-    with artifacts.write_artifact(uri, "model", "test") as art:
+    uri = f"s3://{s3_bucket}/run-1/test/model"
+    with write_artifact(uri, "model", "test") as art:
         save_model(model, tok, art.path)
     loaded, ltok = load_model(uri)
     assert torch.equal(_logits(model, tok), _logits(loaded, ltok))
+    # a non-model artifact is refused by kind, before anything is downloaded
+    data_uri = f"s3://{s3_bucket}/run-1/data-prep/train"
+    with write_artifact(data_uri, "dataset", "data-prep") as art:
+        (art.path / "train.jsonl").write_text("{}\n")
+    with pytest.raises(ArtifactError, match="is a dataset artifact.*model artifact was expected"):
+        load_model(data_uri)
 
 
-@pytest.mark.s3
-def test_s3_empty_prefix_and_incomplete_artifact(s3_env, tmp_path, monkeypatch):
-    artifacts = _artifacts()
-    from quarl.storage import S3Settings, S3Store
+def test_s3_empty_prefix_and_incomplete_artifact(s3_bucket, tmp_path, monkeypatch):
+    from quarl.storage import S3Store
 
     monkeypatch.setenv("QUARL_CACHE", str(tmp_path / "cache"))
-    store = S3Store(S3Settings.from_env())
-    store.ensure_bucket("quarl-models-test")
-    with pytest.raises(ModelError, match="no model at s3://quarl-models-test/nothing-here/"):
-        load_model("s3://quarl-models-test/nothing-here")
+    with pytest.raises(ModelError, match=f"no model at s3://{s3_bucket}/nothing-here/"):
+        load_model(f"s3://{s3_bucket}/nothing-here")
     # an artifact whose manifest says it is not complete is refused, not loaded as a plain prefix
     model, tok = tiny_model("llama")
     local = save_model(model, tok, tmp_path / "m")
     (local / "manifest.json").write_text(json.dumps({"kind": "model", "stage": "rl", "files": {}, "complete": False}))
-    store.upload_dir(local, "s3://quarl-models-test/crashed")
-    with pytest.raises(artifacts.ArtifactError, match="incomplete"):
-        load_model("s3://quarl-models-test/crashed")
+    S3Store().upload_dir(local, f"s3://{s3_bucket}/crashed")
+    with pytest.raises(ArtifactError, match="incomplete"):
+        load_model(f"s3://{s3_bucket}/crashed")
