@@ -18,7 +18,7 @@ from typing import Any
 
 from quarl.data.templates import TEMPLATES
 
-__all__ = ["SourceConfig", "FilterConfig", "SplitConfig", "ValidationConfig", "DataPrepConfig", "SOURCE_NAMES"]
+__all__ = ["SOURCE_NAMES", "DataPrepConfig", "FilterConfig", "SourceConfig", "SplitConfig", "ValidationConfig"]
 
 # name -> what it reads (see quarl.data.sources for the field mappings).
 SOURCE_NAMES = ("synthetic", "gsm8k", "math", "bigmath", "deepmath", "openr1", "custom")

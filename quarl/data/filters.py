@@ -34,7 +34,7 @@ from quarl.data.templates import PromptTemplate
 from quarl.rewards.accuracy import parses
 from quarl.rewards.timelimit import score_items
 
-__all__ = ["Row", "normalize_text", "answers_parse", "process_rows"]
+__all__ = ["Row", "answers_parse", "normalize_text", "process_rows"]
 
 ANSWER_PARSE_TIMEOUT_S = 5.0
 
@@ -132,8 +132,19 @@ def process_rows(
     rows: list[Row] = []
     for assign, r in kept:
         prompt, messages = template.render(r.problem)
-        rows.append(Row(make_id(r.source, r.problem), r.problem, prompt, messages, r.answer, r.solution,
-                        r.source, r.difficulty, assign))
+        rows.append(
+            Row(
+                make_id(r.source, r.problem),
+                r.problem,
+                prompt,
+                messages,
+                r.answer,
+                r.solution,
+                r.source,
+                r.difficulty,
+                assign,
+            )
+        )
     if f.max_prompt_tokens is not None and rows:
         lens = template.count_tokens([r.prompt for r in rows])
         before = len(rows)
@@ -151,8 +162,7 @@ def process_rows(
     train = [r for r in rows if r.split == "train"]
     evals = [r for r in rows if r.split == "eval"]
     rng.shuffle(train)  # mixed sources interleave; RL samplers may reshuffle anyway
-    for name, part, cap in (("train", train, cfg.split.max_train_samples),
-                            ("eval", evals, cfg.split.max_eval_samples)):
+    for name, part, cap in (("train", train, cfg.split.max_train_samples), ("eval", evals, cfg.split.max_eval_samples)):
         if cap is not None and len(part) > cap:
             drops[f"{name}_over_max_samples"] += len(part) - cap
             del part[cap:]

@@ -30,12 +30,36 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from fractions import Fraction as F
 
-__all__ = ["GeneratedProblem", "generate_problems", "format_number", "LEVELS"]
+__all__ = ["LEVELS", "GeneratedProblem", "format_number", "generate_problems"]
 
 LEVELS = (1, 2, 3, 4, 5)
 
-NAMES = ["Ava", "Ben", "Chloe", "Diego", "Emma", "Farid", "Grace", "Hiro", "Ines", "Jonas", "Kira", "Liam",
-         "Maya", "Noah", "Olga", "Priya", "Quinn", "Rosa", "Sam", "Tariq", "Uma", "Victor", "Wen", "Yara"]
+NAMES = [
+    "Ava",
+    "Ben",
+    "Chloe",
+    "Diego",
+    "Emma",
+    "Farid",
+    "Grace",
+    "Hiro",
+    "Ines",
+    "Jonas",
+    "Kira",
+    "Liam",
+    "Maya",
+    "Noah",
+    "Olga",
+    "Priya",
+    "Quinn",
+    "Rosa",
+    "Sam",
+    "Tariq",
+    "Uma",
+    "Victor",
+    "Wen",
+    "Yara",
+]
 ITEMS = ["apples", "marbles", "stickers", "books", "pencils", "cookies", "shells", "cards", "stamps", "coins"]
 GOODS = ["jacket", "bicycle", "lamp", "backpack", "guitar", "watch", "chair", "printer"]
 
@@ -77,10 +101,17 @@ _SYM = {"+": "+", "-": "-", "*": "×", "/": "÷"}
 
 
 def _apply(a: F, op: str, b: F) -> F:
-    return {"+": a + b, "-": a - b, "*": a * b, "/": a / b}[op]
+    if op == "+":
+        return a + b
+    if op == "-":
+        return a - b
+    if op == "*":
+        return a * b
+    return a / b  # callers guarantee b != 0
 
 
 # ---------------------------------------------------------------- level 1
+
 
 def _level1(r: random.Random) -> tuple[str, _Steps, F]:
     op = r.choice("+-*/")
@@ -101,6 +132,7 @@ def _level1(r: random.Random) -> tuple[str, _Steps, F]:
 
 
 # ---------------------------------------------------------------- level 2
+
 
 def _level2(r: random.Random) -> tuple[str, _Steps, F]:
     """(a op b) op c, or a op (b op c) — always with explicit parentheses so the
@@ -133,6 +165,7 @@ def _level2(r: random.Random) -> tuple[str, _Steps, F]:
 
 # ---------------------------------------------------------------- level 3
 
+
 def _level3(r: random.Random) -> tuple[str, _Steps, F]:
     name, item = r.choice(NAMES), r.choice(ITEMS)
     kind = r.randrange(5)
@@ -142,8 +175,10 @@ def _level3(r: random.Random) -> tuple[str, _Steps, F]:
         c = r.randint(1, a + b - 1)
         t = s.add(f"{a} + {b}", F(a + b))
         ans = s.add(f"{_q(t)} - {c}", t - c)
-        text = (f"{name} has {a} {item}. {name} gets {b} more and then gives {c} away. "
-                f"How many {item} does {name} have now?")
+        text = (
+            f"{name} has {a} {item}. {name} gets {b} more and then gives {c} away. "
+            f"How many {item} does {name} have now?"
+        )
     elif kind == 1:
         v, h = r.randint(30, 90), r.randint(2, 9)
         ans = s.add(f"{v} * {h}", F(v * h))
@@ -151,26 +186,30 @@ def _level3(r: random.Random) -> tuple[str, _Steps, F]:
     elif kind == 2:
         k, m = r.randint(3, 12), r.randint(3, 25)
         ans = s.add(f"{k * m} / {k}", F(m))
-        text = (f"{name} packs {k * m} {item} into bags of {k}. "
-                f"How many bags does {name} fill?")
+        text = f"{name} packs {k * m} {item} into bags of {k}. How many bags does {name} fill?"
     elif kind == 3:
         p, n = r.randint(3, 15), r.randint(2, 6)
         bill = r.choice([x for x in (20, 50, 100) if x >= p * n] or [100])
         cost = s.add(f"{p} * {n}", F(p * n))
         ans = s.add(f"{bill} - {_q(cost)}", bill - cost)
-        text = (f"Tickets cost ${p} each. {name} buys {n} tickets and pays with a ${bill} bill. "
-                f"How many dollars of change does {name} get?")
+        text = (
+            f"Tickets cost ${p} each. {name} buys {n} tickets and pays with a ${bill} bill. "
+            f"How many dollars of change does {name} get?"
+        )
     else:
         w, d = r.randint(4, 15), r.randint(3, 7)
         extra = r.randint(2, 20)
         t = s.add(f"{w} * {d}", F(w * d))
         ans = s.add(f"{_q(t)} + {extra}", t + extra)
-        text = (f"{name} reads {w} pages every day for {d} days and then {extra} more pages on the weekend. "
-                f"How many pages does {name} read in total?")
+        text = (
+            f"{name} reads {w} pages every day for {d} days and then {extra} more pages on the weekend. "
+            f"How many pages does {name} read in total?"
+        )
     return text, s, ans
 
 
 # ---------------------------------------------------------------- level 4
+
 
 def _level4(r: random.Random) -> tuple[str, _Steps, F]:
     name, item = r.choice(NAMES), r.choice(ITEMS)
@@ -187,11 +226,13 @@ def _level4(r: random.Random) -> tuple[str, _Steps, F]:
         b = r.choice([2, 3, 4, 5, 6, 8])
         a = r.randint(1, b - 1)
         n = b * r.randint(3, 15)
-        given = s.add(f"{n} * {a} / {b}", F(n * a, b))
+        frac = F(a, b)  # written in lowest terms, in the text and in the steps
+        given = s.add(f"{n} * {frac.numerator} / {frac.denominator}", n * frac)
         ans = s.add(f"{n} - {_q(given)}", n - given)
-        frac = F(a, b)
-        text = (f"{name} has {n} {item} and gives {format_number(frac)} of them to a friend. "
-                f"How many {item} does {name} have left?")
+        text = (
+            f"{name} has {n} {item} and gives {format_number(frac)} of them to a friend. "
+            f"How many {item} does {name} have left?"
+        )
     elif kind == 2:
         while True:
             b, d = r.choice([2, 3, 4, 5, 6, 8]), r.choice([2, 3, 4, 5, 6, 8])
@@ -200,8 +241,10 @@ def _level4(r: random.Random) -> tuple[str, _Steps, F]:
                 break
         ans = s.add(f"{_q(x)} + {_q(y)}", x + y)
         friend = r.choice([n for n in NAMES if n != name])
-        text = (f"{name} eats {format_number(x)} of a pizza and {friend} eats {format_number(y)} of the same pizza. "
-                f"What fraction of the pizza do they eat together?")
+        text = (
+            f"{name} eats {format_number(x)} of a pizza and {friend} eats {format_number(y)} of the same pizza. "
+            f"What fraction of the pizza do they eat together?"
+        )
     else:
         pct = r.choice([5, 10, 20, 25, 50])
         total = 20 * r.randint(2, 20)
@@ -211,6 +254,7 @@ def _level4(r: random.Random) -> tuple[str, _Steps, F]:
 
 
 # ---------------------------------------------------------------- level 5
+
 
 def _level5(r: random.Random) -> tuple[str, _Steps, F]:
     name, item = r.choice(NAMES), r.choice(ITEMS)
@@ -224,10 +268,13 @@ def _level5(r: random.Random) -> tuple[str, _Steps, F]:
         n = 20 * b * r.randint(1, 8)  # n*p/100 and the remainder*a/b stay integral for p % 5 == 0
         sold1 = s.add(f"{n} * {p} / 100", F(n * p, 100))
         left1 = s.add(f"{n} - {_q(sold1)}", n - sold1)
-        sold2 = s.add(f"{_q(left1)} * {a} / {b}", left1 * F(a, b))
+        frac = F(a, b)
+        sold2 = s.add(f"{_q(left1)} * {frac.numerator} / {frac.denominator}", left1 * frac)
         ans = s.add(f"{_q(left1)} - {_q(sold2)}", left1 - sold2)
-        text = (f"A shop has {n} {item}. On Monday it sells {p}% of them, and on Tuesday it sells "
-                f"{format_number(F(a, b))} of the remaining {item}. How many {item} are left?")
+        text = (
+            f"A shop has {n} {item}. On Monday it sells {p}% of them, and on Tuesday it sells "
+            f"{format_number(frac)} of the remaining {item}. How many {item} are left?"
+        )
     elif kind == 1:
         # Tank: a/b full, add L liters -> c/d full. Capacity = L / (c/d - a/b).
         while True:
@@ -239,8 +286,10 @@ def _level5(r: random.Random) -> tuple[str, _Steps, F]:
         liters = cap * (y - x)
         diff = s.add(f"{_q(y)} - {_q(x)}", y - x)
         ans = s.add(f"{_q(liters)} / {_q(diff)}", liters / diff)
-        text = (f"A water tank is {format_number(x)} full. After {format_number(liters)} liters are added, "
-                f"it is {format_number(y)} full. How many liters does the full tank hold?")
+        text = (
+            f"A water tank is {format_number(x)} full. After {format_number(liters)} liters are added, "
+            f"it is {format_number(y)} full. How many liters does the full tank hold?"
+        )
     elif kind == 2:
         # Two pipes filling together: a*b/(a+b) hours (often a simple fraction).
         a, b = r.randint(2, 12), r.randint(2, 12)
@@ -248,8 +297,10 @@ def _level5(r: random.Random) -> tuple[str, _Steps, F]:
         rb = s.add(f"1 / {b}", F(1, b))
         both = s.add(f"{_q(ra)} + {_q(rb)}", ra + rb)
         ans = s.add(f"1 / {_q(both)}", 1 / both)
-        text = (f"Pipe A can fill a pool in {a} hours and pipe B can fill it in {b} hours. "
-                f"Working together, how many hours do they take to fill the pool? Give the exact value.")
+        text = (
+            f"Pipe A can fill a pool in {a} hours and pipe B can fill it in {b} hours. "
+            f"Working together, how many hours do they take to fill the pool? Give the exact value."
+        )
     else:
         # Price up by p%, then down by q%, then a coupon; integral by construction.
         p, q = r.choice([10, 20, 25, 50]), r.choice([10, 20, 25, 50])
@@ -259,13 +310,19 @@ def _level5(r: random.Random) -> tuple[str, _Steps, F]:
         down = s.add(f"{_q(up)} * (100 - {q}) / 100", up * F(100 - q, 100))
         ans = s.add(f"{_q(down)} - {coupon}", down - coupon)
         good = r.choice(GOODS)
-        text = (f"A {good} costs ${price}. Its price rises by {p}%, and later the new price is cut by {q}%. "
-                f"{name} then uses a ${coupon} coupon. How many dollars does {name} pay?")
+        text = (
+            f"A {good} costs ${price}. Its price rises by {p}%, and later the new price is cut by {q}%. "
+            f"{name} then uses a ${coupon} coupon. How many dollars does {name} pay?"
+        )
     return text, s, ans
 
 
 _MAKERS: dict[int, Callable[[random.Random], tuple[str, _Steps, F]]] = {
-    1: _level1, 2: _level2, 3: _level3, 4: _level4, 5: _level5,
+    1: _level1,
+    2: _level2,
+    3: _level3,
+    4: _level4,
+    5: _level5,
 }
 
 
@@ -280,7 +337,7 @@ def generate_problems(
     Raises ValueError when a level cannot produce enough distinct problems
     (level 1 has a few thousand) instead of silently returning fewer.
     """
-    levels = sorted(set(int(x) for x in levels))
+    levels = sorted({int(x) for x in levels})
     bad = [x for x in levels if x not in _MAKERS]
     if bad or not levels:
         raise ValueError(f"generator levels must be a non-empty subset of {list(LEVELS)}, got {levels}")
@@ -301,6 +358,7 @@ def generate_problems(
                 f"({len(out)} made); ask for fewer problems or include more levels"
             )
         seen.add(text)
-        out.append(GeneratedProblem(problem=text, answer=format_number(ans), solution=steps.render(ans),
-                                    difficulty=level))
+        out.append(
+            GeneratedProblem(problem=text, answer=format_number(ans), solution=steps.render(ans), difficulty=level)
+        )
     return out

@@ -15,7 +15,7 @@ import pyarrow.parquet as pq
 
 from quarl.data.schema import COLUMNS, SCHEMA_VERSION
 
-__all__ = ["read_split", "read_dataset"]
+__all__ = ["read_dataset", "read_split"]
 
 SPLITS = ("train", "eval")
 

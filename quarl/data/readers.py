@@ -29,7 +29,7 @@ import os
 import tempfile
 from pathlib import Path
 
-__all__ = ["read_records", "SourceError", "SUPPORTED_SUFFIXES"]
+__all__ = ["SUPPORTED_SUFFIXES", "SourceError", "read_records"]
 
 SUPPORTED_SUFFIXES = (".jsonl", ".ndjson", ".json", ".parquet", ".jsonl.gz", ".ndjson.gz", ".json.gz")
 
@@ -135,7 +135,7 @@ def _read_hub(repo: str, subset: str | None, split: str | None) -> list[dict]:
         raise SourceError("reading hf:// sources needs the `datasets` package") from e
     try:
         ds = datasets.load_dataset(repo, subset, split=split or "train")
-    except Exception as e:  # noqa: BLE001 - offline errors come in many types
+    except Exception as e:
         raise SourceError(
             f"cannot load hf://{repo} (subset={subset}, split={split or 'train'}) from the Hugging Face hub: "
             f"{type(e).__name__}: {str(e)[:300]}. If the hub is unreachable (offline cluster, CI), download the "
@@ -153,6 +153,5 @@ def read_records(path: str, hf_subset: str | None = None, hf_split: str | None =
         return _read_s3(path)
     if path.startswith("hf://"):
         return _read_hub(path[len("hf://") :], hf_subset, hf_split)
-    if path.startswith("file://"):
-        path = path[len("file://") :]
+    path = path.removeprefix("file://")
     return _read_local(path)

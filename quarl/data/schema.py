@@ -26,7 +26,7 @@ import hashlib
 
 import pyarrow as pa
 
-__all__ = ["SCHEMA", "COLUMNS", "SCHEMA_VERSION", "make_id"]
+__all__ = ["COLUMNS", "SCHEMA", "SCHEMA_VERSION", "make_id"]
 
 SCHEMA_VERSION = 1
 

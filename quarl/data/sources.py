@@ -41,9 +41,9 @@ from dataclasses import dataclass
 from quarl.data.config import SourceConfig
 from quarl.data.generator import generate_problems
 from quarl.data.readers import SourceError, read_records
-from quarl.rewards.extract import match_braces, extract_boxed, extract_hash, strip_thousands
+from quarl.rewards.extract import extract_boxed, extract_hash, match_braces, strip_thousands
 
-__all__ = ["RawProblem", "load_source", "normalize_answer", "HUB_DEFAULTS", "parse_level"]
+__all__ = ["HUB_DEFAULTS", "RawProblem", "load_source", "normalize_answer", "parse_level"]
 
 
 @dataclass
@@ -115,9 +115,9 @@ def parse_level(v) -> int | None:
     if isinstance(v, bool):
         return None
     if isinstance(v, (int, float)):
-        return None if isinstance(v, float) and math.isnan(v) else int(math.floor(v))
+        return None if isinstance(v, float) and math.isnan(v) else math.floor(v)
     m = re.search(r"-?\d+(?:\.\d+)?", str(v))
-    return int(math.floor(float(m.group(0)))) if m else None
+    return math.floor(float(m.group(0))) if m else None
 
 
 def _text(v) -> str | None:
@@ -148,7 +148,7 @@ def _quintile_levels(rates: list[float | None]) -> list[int | None]:
     edges = []
     for q in (0.2, 0.4, 0.6, 0.8):
         pos = q * (len(vals) - 1)
-        lo = int(math.floor(pos))
+        lo = math.floor(pos)
         hi = min(lo + 1, len(vals) - 1)
         edges.append(vals[lo] + (vals[hi] - vals[lo]) * (pos - lo))
     out: list[int | None] = []
@@ -191,8 +191,15 @@ def _map_records(cfg: SourceConfig, records: list[dict]) -> list[RawProblem]:
             answer = extract_boxed(solution)
         elif cfg.name == "bigmath" and ans_field == "solution":
             solution = None  # open-r1's "solution" column is the answer, not a worked solution
-        out.append(RawProblem(problem=problem, answer=normalize_answer(answer), solution=solution,
-                              difficulty=parse_level(difficulty), source=cfg.name))
+        out.append(
+            RawProblem(
+                problem=problem,
+                answer=normalize_answer(answer),
+                solution=solution,
+                difficulty=parse_level(difficulty),
+                source=cfg.name,
+            )
+        )
     if cfg.name == "bigmath" and records and all(p.difficulty is None for p in out):
         levels = _quintile_levels([r.get("llama8b_solve_rate") for r in records])
         for p, lv in zip(out, levels):

@@ -41,7 +41,7 @@ from quarl.data.summary import build_summary, summary_markdown
 from quarl.data.templates import PromptTemplate
 from quarl.data.validation import DataValidationError, validate_rows
 
-__all__ = ["run_data_prep", "failed_report_uri", "STAGE"]
+__all__ = ["STAGE", "failed_report_uri", "run_data_prep"]
 
 STAGE = "data_prep"
 log = logging.getLogger(__name__)
@@ -97,8 +97,9 @@ def run_data_prep(cfg: DataPrepConfig, *, output_uri: str, overwrite: bool = Fal
         report = validate_rows(df, cfg, answer_parses=answers_parse(df["answer"].tolist()))
         if not report.success:
             uri = failed_report_uri(output_uri)
-            with write_artifact(uri, kind="report", stage=STAGE, config=cfg, inputs=_input_uris(cfg),
-                                overwrite=True) as art:
+            with write_artifact(
+                uri, kind="report", stage=STAGE, config=cfg, inputs=_input_uris(cfg), overwrite=True
+            ) as art:
                 (art.path / "validation.json").write_text(report.to_json())
                 (art.path / "validation.md").write_text(report.to_markdown())
                 art.metadata["validation"] = "failed"
@@ -106,11 +107,13 @@ def run_data_prep(cfg: DataPrepConfig, *, output_uri: str, overwrite: bool = Fal
             raise DataValidationError(report, report_uri=uri)
 
     prompt_tokens = template.count_tokens(df["prompt"].tolist()) if template.tokenizer is not None else None
-    summary = build_summary(df, source_counts=source_counts, drops=drops, prompt_tokens=prompt_tokens,
-                            template=cfg.template)
+    summary = build_summary(
+        df, source_counts=source_counts, drops=drops, prompt_tokens=prompt_tokens, template=cfg.template
+    )
     split_rows = {s: int((df["split"] == s).sum()) for s in ("train", "eval")}
-    with write_artifact(output_uri, kind="dataset", stage=STAGE, config=cfg, inputs=_input_uris(cfg),
-                        overwrite=overwrite) as art:
+    with write_artifact(
+        output_uri, kind="dataset", stage=STAGE, config=cfg, inputs=_input_uris(cfg), overwrite=overwrite
+    ) as art:
         for split in ("train", "eval"):
             _write_table(df[df["split"] == split], art.path / f"{split}.parquet")
         (art.path / "summary.json").write_text(json.dumps(summary, indent=2, ensure_ascii=False) + "\n")

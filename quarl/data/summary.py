@@ -45,7 +45,7 @@ def build_summary(
         part = df[df["split"] == split]
         diff = Counter("unknown" if pd.isna(d) else str(int(d)) for d in part["difficulty"])
         entry = {
-            "rows": int(len(part)),
+            "rows": len(part),
             "by_source": {k: int(v) for k, v in sorted(Counter(part["source"]).items())},
             "difficulty_histogram": dict(sorted(diff.items())),
             "problem_chars": _stats(part["problem"].str.len()),
@@ -60,7 +60,7 @@ def build_summary(
     for _, r in df[df["split"] == "train"].head(examples).iterrows():
         ex.append({"id": r["id"], "source": r["source"], "problem": r["problem"], "answer": r["answer"]})
     return {
-        "rows": int(len(df)),
+        "rows": len(df),
         "template": template,
         "splits": splits,
         "sources": source_counts,

@@ -39,7 +39,7 @@ import functools
 import json
 from typing import Any
 
-__all__ = ["QERL_INSTRUCTION", "TEMPLATES", "PromptTemplate", "load_tokenizer", "TemplateError"]
+__all__ = ["QERL_INSTRUCTION", "TEMPLATES", "PromptTemplate", "TemplateError", "load_tokenizer"]
 
 QERL_INSTRUCTION = (
     "Solve the following math problem step by step. The reasoning process and direct answer are enclosed "

@@ -214,7 +214,9 @@ def _result_dict(batch: str, r) -> dict:
     return out
 
 
-def validate_rows(df: pd.DataFrame, cfg: DataPrepConfig, answer_parses: dict[str, bool] | None = None) -> ValidationReport:
+def validate_rows(
+    df: pd.DataFrame, cfg: DataPrepConfig, answer_parses: dict[str, bool] | None = None
+) -> ValidationReport:
     """Run the suites over ``df`` (schema columns). ``answer_parses`` maps answers
     to parse results already known (recomputed for the others)."""
     from quarl.data.filters import answers_parse

@@ -32,7 +32,7 @@ from quarl.rewards.timelimit import score_items
 
 log = logging.getLogger(__name__)
 
-__all__ = ["parses", "accuracy_reward", "answers_match", "completion_text", "parse_math", "score_one"]
+__all__ = ["accuracy_reward", "answers_match", "completion_text", "parse_math", "parses", "score_one"]
 
 DEFAULT_TIMEOUT_S = 5.0  # math-verify's own default per operation
 DEFAULT_MAX_ANSWER_CHARS = 1000
