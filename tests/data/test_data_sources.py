@@ -204,30 +204,19 @@ def test_hub_unreachable_says_to_pass_a_local_path():
     assert "local path" in out and "s3://" in out
 
 
-@pytest.mark.s3
-def test_s3_source(tmp_path, monkeypatch):
-    """A jsonl object and a parquet prefix read from a local SeaweedFS."""
-    from quarl.storage import SeaweedFS, find_weed
-
-    try:
-        find_weed()
-    except Exception as e:  # noqa: BLE001 - no weed binary: skip, do not fail
-        pytest.skip(f"SeaweedFS unavailable: {e}")
-    with SeaweedFS(tmp_path / "weed") as s3:
-        for k, v in s3.env().items():
-            monkeypatch.setenv(k, v)
-        store = s3.store()
-        store.ensure_bucket("quarl-data")
-        f = tmp_path / "train.jsonl"
-        write_jsonl(f, [{"question": "q1", "answer": "#### 1"}, {"question": "q2", "answer": "#### 2"}])
-        store.upload_file(f, "s3://quarl-data/gsm8k/train.jsonl")
-        p = tmp_path / "part.parquet"
-        write_parquet(p, [{"problem": "p", "answer": "3"}])
-        store.upload_file(p, "s3://quarl-data/custom/part-0.parquet")
-        rows, _ = load_source(SourceConfig(name="gsm8k", path="s3://quarl-data/gsm8k/train.jsonl"))
-        assert [r.answer for r in rows] == ["1", "2"]
-        rows, _ = load_source(SourceConfig(name="custom", path="s3://quarl-data/custom"))
-        assert [r.answer for r in rows] == ["3"]
+def test_s3_source(tmp_path, s3, s3_bucket):
+    """A jsonl object and a parquet prefix read from the suite's SeaweedFS."""
+    store = s3.store()
+    f = tmp_path / "train.jsonl"
+    write_jsonl(f, [{"question": "q1", "answer": "#### 1"}, {"question": "q2", "answer": "#### 2"}])
+    store.upload_file(f, f"s3://{s3_bucket}/gsm8k/train.jsonl")
+    p = tmp_path / "part.parquet"
+    write_parquet(p, [{"problem": "p", "answer": "3"}])
+    store.upload_file(p, f"s3://{s3_bucket}/custom/part-0.parquet")
+    rows, _ = load_source(SourceConfig(name="gsm8k", path=f"s3://{s3_bucket}/gsm8k/train.jsonl"))
+    assert [r.answer for r in rows] == ["1", "2"]
+    rows, _ = load_source(SourceConfig(name="custom", path=f"s3://{s3_bucket}/custom"))
+    assert [r.answer for r in rows] == ["3"]
 
 
 # ------------------------------------------------------------------ the real GSM8K

@@ -162,6 +162,21 @@ def test_validation_failure_leaves_a_report_and_no_dataset(tmp_path):
     assert f"`{bad_id}`" in rep.file("validation.md").read_text()
 
 
+def test_stage_to_s3_and_failed_report_on_s3(s3, s3_bucket):
+    uri = f"s3://{s3_bucket}/run-1/data_prep/dataset"
+    res = run_data_prep(small_default(), output_uri=uri)
+    data = read_dataset(uri)
+    assert len(data["train"]) == res["rows"]["train"] and len(data["eval"]) == res["rows"]["eval"]
+    bad = load_config(DataPrepConfig, None, ["sources=[{name: synthetic, num_samples: 20}]",
+                                             "validation.min_train_rows=1000"])  # fmt: skip
+    with pytest.raises(DataValidationError) as ei:
+        run_data_prep(bad, output_uri=f"s3://{s3_bucket}/run-2/data_prep/dataset")
+    assert ei.value.report_uri == f"s3://{s3_bucket}/run-2/data_prep/dataset-validation-failed"
+    rep = open_artifact(ei.value.report_uri, kind="report")
+    assert "expect_table_row_count_to_be_between" in rep.file("validation.md").read_text()
+    assert not s3.store().exists(f"s3://{s3_bucket}/run-2/data_prep/dataset/")
+
+
 @pytest.mark.skipif(not (GSM8K_DIR / "train.jsonl").exists(), reason="GSM8K not present at /work/shared/data/gsm8k")
 def test_gsm8k_end_to_end(tmp_path):
     cfg = load_config(
