@@ -1,0 +1,88 @@
+"""The calibrate stage's config. Defaults follow the papers; ``None`` sizes resolve per device.
+
+QeRL calibrates NVFP4 with 256 sequences of 2048 tokens; that is the default on
+a GPU. On a CPU (tests, laptops, the 2-core CI box) the same ``None`` resolves
+to 32 x 256, which keeps a SmolLM2-135M calibration in minutes. The resolved
+values are what the artifact records.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+Method = Literal["rtn", "gptq", "awq", "awq+gptq"]
+
+
+@dataclass
+class CalibDataConfig:
+    """Calibration text: a data_prep artifact (``data_uri``) or a local text file (``path``)."""
+
+    path: str | None = None  # .txt/.jsonl/.json/.parquet, used when no data artifact is given
+    text_field: str = "text"  # field of .jsonl/.json/.parquet records holding the text
+    columns: list[str] = field(default_factory=lambda: ["prompt"])  # data_prep columns, joined per row
+    split: str = "train"
+    num_samples: int | None = None  # windows; None: 256 on GPU (QeRL), 32 on CPU
+    seq_len: int | None = None  # tokens per window; None: 2048 on GPU (QeRL), 256 on CPU
+    batch_size: int = 4  # windows per forward pass during calibration
+    seed: int = 0  # document shuffle
+
+    def __post_init__(self) -> None:
+        if self.num_samples is not None and self.num_samples < 1:
+            raise ValueError(f"data.num_samples must be >= 1, got {self.num_samples}")
+        if self.batch_size < 1:
+            raise ValueError(f"data.batch_size must be >= 1, got {self.batch_size}")
+
+
+@dataclass
+class HeldOutConfig:
+    """Held-out text for KL / perplexity (see quarl.calibrate.data for the defaults)."""
+
+    enabled: bool = True
+    path: str | None = None
+    text_field: str = "text"
+    columns: list[str] = field(default_factory=lambda: ["prompt"])
+    split: str = "eval"
+    num_samples: int = 8
+    seq_len: int | None = None  # None: the calibration seq_len
+    batch_size: int = 1
+    holdout_fraction: float = 0.1  # of the calibration documents, when there is no other held-out source
+
+    def __post_init__(self) -> None:
+        if not 0 < self.holdout_fraction < 1:
+            raise ValueError(f"eval.holdout_fraction must be in (0, 1), got {self.holdout_fraction}")
+
+
+@dataclass
+class GPTQConfig:
+    block_size: int = 128  # columns per lazy-batch block (GPTQ paper)
+    percdamp: float = 0.01  # dampening, fraction of mean(diag(H))
+    act_order: bool = True  # with static groups (compressed-tensors actorder "static")
+
+
+@dataclass
+class AWQConfig:
+    n_grid: int = 20  # alpha in {0, 1/20, ..., 19/20} (AWQ paper / AutoAWQ)
+    duo_scaling: bool = False  # AutoAWQ's option: s = x^a / w^(1-a)
+
+    def __post_init__(self) -> None:
+        if self.n_grid < 1:
+            raise ValueError(f"awq.n_grid must be >= 1, got {self.n_grid}")
+
+
+@dataclass
+class CalibrateConfig:
+    method: Method = "gptq"
+    format: str = "nvfp4"  # shorthand for a recipe {default: <format>} (lm_head and embeddings excluded)
+    recipe: dict | None = None  # inline quarl.quant.QuantRecipe; a recipe_uri input overrides both
+    data: CalibDataConfig = field(default_factory=CalibDataConfig)
+    eval: HeldOutConfig = field(default_factory=HeldOutConfig)
+    gptq: GPTQConfig = field(default_factory=GPTQConfig)
+    awq: AWQConfig = field(default_factory=AWQConfig)
+    device: str = "auto"  # auto | cpu | cuda | cuda:N
+    dtype: str = "float32"  # compute dtype of the model during calibration
+    propagate_quantized: bool = True  # feed each block the outputs of the quantized blocks before it
+    save_dtype: str | None = None  # dense tensors in the checkpoint (None: the compute dtype)
+    max_shard_size: str = "5GB"
+    overwrite: bool = False
+    progress: bool = True

@@ -1,0 +1,212 @@
+"""GPTQ (Frantar et al., 2022) for every quarl weight format, through the format hooks.
+
+GPTQ quantizes a linear layer's weight ``W`` [N, K] one input column at a time
+and spreads each column's rounding error over the columns not yet quantized,
+weighted by the inverse Hessian of the layer's reconstruction loss
+``||W X - W_hat X||^2``, whose Hessian is ``H = 2 X X^T`` [K, K] (X: the
+layer's calibration inputs, one column per token).
+
+The algorithm below is the GPTQ repository's (``gptq.py: fasterquant``):
+
+  * dead inputs (``diag(H) == 0``: a channel that is always zero) get
+    ``H[i, i] = 1`` and their weight column is zeroed -- it can never matter;
+  * dampening ``H += percdamp * mean(diag(H)) * I`` (percdamp 0.01) keeps the
+    Cholesky factorisation stable;
+  * ``Hinv`` is the *upper* Cholesky factor of ``H^-1``; a column's error is
+    ``(w - q) / Hinv[i, i]`` and the update of the remaining columns is that
+    error times row ``i`` of ``Hinv``;
+  * columns go in blocks of ``block_size`` (128): inside a block updates are
+    applied column by column to a small copy, and the rest of the matrix is
+    updated once per block (the "lazy batch" trick: same arithmetic, far less
+    memory traffic);
+  * optional act-order: columns in order of decreasing ``diag(H)``, so the
+    columns that matter most are quantized while the most freedom is left.
+
+Scales. A format decides its own numbers only through three hooks of
+:class:`quarl.quant.base.Format`: ``tensor_state`` (e.g. NVFP4's global
+scale; fixed once per layer, and shared by the fused q/k/v or gate/up shards
+when the caller passes a shared state), ``block_scales`` (the scales of one
+group of ``cfg.block_size`` columns, computed from the *current, already
+error-updated* weights when GPTQ reaches the group's first column) and
+``qdq_with_scales`` (round one column with those scales frozen). So the same
+code serves NVFP4, MXFP4, NF4 (with or without double quantization), INT-k
+group-wise and FP8 (per-tensor: one "group" of K columns; 128x128 blockwise:
+``block_scales`` already returns per-row-tile scales, which we pass through).
+
+Act-order with groups. Quantizing in a permuted order while scales belong to
+contiguous groups of the *original* order is what the GPTQ repository calls
+``static_groups``: every group's scales are computed up front from the
+(dead-column-cleaned) original weights, then each column uses the scales of
+the group it belongs to. No ``g_idx`` is needed, so the checkpoint layout is
+unchanged (compressed-tensors calls this ``actorder: static``). The trade-off:
+static scales cannot follow the error updates, which act-order usually more
+than pays for. We therefore force static groups whenever act-order is on.
+
+The result is ``Q`` (the dequantized weight, exactly on the format's grid)
+plus the per-group scales; :mod:`quarl.calibrate.pack` turns those into a
+:class:`~quarl.quant.base.QTensor` with the format's exact bytes.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from quarl.quant.base import FormatConfig, QTensor, QuantError, check_weight, get_format
+
+
+def group_size(cfg: FormatConfig, k: int) -> int:
+    """Columns that share one set of scales: the format's block, or all of K for FP8 per-tensor."""
+    if cfg.name == "fp8" and getattr(cfg, "granularity", "") == "tensor":
+        return k
+    return int(cfg.block_size)
+
+
+class HessianAccumulator:
+    """Running ``H = 2/n * sum_t x_t x_t^T`` over calibration tokens (float32 [K, K]).
+
+    Kept as a mean so that adding more data never changes the scale of H (and
+    so that ``percdamp`` means the same thing for any sample count). The
+    normalisation cancels in GPTQ and in the relative reconstruction error.
+    """
+
+    def __init__(self, in_features: int, device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32):
+        self.H = torch.zeros(in_features, in_features, device=device, dtype=dtype)
+        self.n = 0
+
+    def add(self, x: torch.Tensor) -> None:
+        x = x.detach().reshape(-1, x.shape[-1]).to(self.H.dtype)  # [T, K]
+        t = x.shape[0]
+        if t == 0:
+            return
+        self.H.mul_(self.n / (self.n + t))
+        self.n += t
+        x = x * math.sqrt(2.0 / self.n)
+        self.H.addmm_(x.t(), x)  # [K, T] @ [T, K]
+
+
+@dataclass
+class GPTQResult:
+    q: torch.Tensor  # [N, K] dequantized weight on the format's grid (float32)
+    scales: list[Any]  # per group, in K order: what block_scales returned
+    state: dict  # the tensor state used (fixed before the first group)
+    loss: float  # GPTQ's own objective: sum of (w - q)^2 / Hinv_ii^2 / 2
+    qtensor: QTensor | None = None
+
+
+def relative_error(w: torch.Tensor, w_hat: torch.Tensor, H: torch.Tensor) -> float:
+    """``||W X - W_hat X||^2 / ||W X||^2`` from the (undamped) Hessian, without X."""
+    d = (w - w_hat).to(H.dtype)
+    num = ((d @ H) * d).sum()
+    den = ((w.to(H.dtype) @ H) * w.to(H.dtype)).sum()
+    return float(num / den) if den > 0 else float(num > 0)
+
+
+def gptq_quantize(
+    w: torch.Tensor,
+    H: torch.Tensor,
+    cfg: FormatConfig,
+    *,
+    state: dict | None = None,
+    block_size: int = 128,
+    percdamp: float = 0.01,
+    act_order: bool = False,
+    pack: bool = True,
+) -> GPTQResult:
+    """GPTQ-quantize ``w`` [N, K] given its Hessian ``H`` [K, K]; returns Q, scales and the QTensor.
+
+    ``state``: per-tensor format state to use (e.g. shared by fused shards);
+    defaults to ``tensor_state(w)``. Neither ``w`` nor ``H`` is modified.
+    """
+    fmt = get_format(cfg.name)
+    if w.dim() != 2 or H.shape != (w.shape[1], w.shape[1]):
+        raise QuantError(f"gptq: weight {tuple(w.shape)} and Hessian {tuple(H.shape)} do not match ([N, K] and [K, K])")
+    if block_size <= 0 or percdamp < 0:
+        raise QuantError(f"gptq: block_size must be > 0 and percdamp >= 0, got {block_size}, {percdamp}")
+    n, k = w.shape
+    g = group_size(cfg, k)
+    check_weight(w, g, f"gptq/{cfg.name}")
+    dev = w.device
+    W = w.detach().to(torch.float32).clone()  # [N, K], updated in place
+    H = H.detach().to(device=dev, dtype=torch.float32).clone()  # [K, K]
+    if not torch.isfinite(H).all():
+        raise QuantError(
+            "gptq: the Hessian has NaN/Inf entries; the calibration activations overflowed "
+            "(calibrate in float32, or check the model for NaNs)"
+        )
+
+    if state is None:
+        state = fmt.tensor_state(W, cfg)
+    else:
+        state = dict(state)  # a private copy: some states carry a cursor (NF4 double quant)
+    if "next_group" in state:
+        state["next_group"] = 0
+
+    dead = torch.diag(H) == 0
+    H[dead, dead] = 1.0
+    W[:, dead] = 0.0
+
+    static = act_order  # act-order needs scales fixed per original group (see module docstring)
+    groups: list[Any] = []
+    if static:
+        groups = [fmt.block_scales(W[:, j : j + g], cfg, state) for j in range(0, k, g)]
+    perm = invperm = None
+    if act_order:
+        perm = torch.argsort(torch.diag(H), descending=True)
+        W, H = W[:, perm], H[perm][:, perm]
+        invperm = torch.argsort(perm)
+
+    damp = percdamp * torch.mean(torch.diag(H))
+    H.diagonal().add_(damp)
+    try:
+        L = torch.linalg.cholesky(H)
+        Hinv = torch.linalg.cholesky(torch.cholesky_inverse(L), upper=True)  # [K, K] upper
+    except torch.linalg.LinAlgError as e:
+        raise QuantError(
+            f"gptq: the damped Hessian is not positive definite ({e}); raise percdamp "
+            f"(now {percdamp}) or use more calibration data"
+        ) from None
+
+    Q = torch.zeros_like(W)
+    losses = torch.zeros(n, device=dev, dtype=torch.float32)
+    scales_in_order: list[Any] = []
+    scales = None
+    for i1 in range(0, k, block_size):
+        i2 = min(i1 + block_size, k)
+        cnt = i2 - i1
+        W1 = W[:, i1:i2].clone()  # [N, B]
+        Q1 = torch.zeros_like(W1)
+        Err1 = torch.zeros_like(W1)
+        Hinv1 = Hinv[i1:i2, i1:i2]  # [B, B]
+        for i in range(cnt):
+            col = i1 + i
+            if static:
+                scales = groups[(int(perm[col]) if perm is not None else col) // g]
+            elif col % g == 0:
+                # scales from the current weights of this group: columns inside the
+                # block live (updated) in W1, later ones in W (updated once per block)
+                cur = W1[:, i : i + g] if i + g <= cnt else torch.cat([W1[:, i:], W[:, i2 : col + g]], dim=1)
+                scales = fmt.block_scales(cur, cfg, state)
+                scales_in_order.append(scales)
+            wc = W1[:, i : i + 1]  # [N, 1]
+            qc = fmt.qdq_with_scales(wc, scales, cfg, state).to(torch.float32)  # [N, 1]
+            d = Hinv1[i, i]
+            Q1[:, i : i + 1] = qc
+            err = (wc - qc) / d  # [N, 1]
+            losses += (err.squeeze(1) ** 2) / 2
+            W1[:, i:] -= err @ Hinv1[i : i + 1, i:]  # [N, 1] @ [1, B-i]
+            Err1[:, i : i + 1] = err
+        Q[:, i1:i2] = Q1
+        W[:, i2:] -= Err1 @ Hinv[i1:i2, i2:]  # lazy batch update of the remaining columns
+
+    if invperm is not None:
+        Q = Q[:, invperm]
+    res = GPTQResult(q=Q, scales=groups if static else scales_in_order, state=state, loss=float(losses.sum()))
+    if pack:
+        from quarl.calibrate.pack import pack_qtensor
+
+        res.qtensor = pack_qtensor(cfg, Q, res.scales, state)
+    return res

@@ -1,0 +1,291 @@
+"""The layer-by-layer calibration loop (the GPTQ repository's ``llama_sequential``).
+
+    cache = capture_block_inputs(model, batches)     # run the model up to block 0, then stop
+    for each decoder block:
+        AWQ: capture the linears' inputs, search + fold scales            (awq, awq+gptq)
+        one pass: accumulate H = 2 X X^T for every linear of the block     (all methods)
+        quantize every linear of the block (RTN or GPTQ), swap in QuantLinear
+        run the *quantized* block on the cache -> inputs of the next block
+
+Why block by block: the whole model stays where it is (CPU or one GPU) while
+only one block's activations exist at a time -- ``num_samples x seq_len x
+hidden`` for the cache, plus the block's Hessians ``[K, K]`` and, for AWQ, the
+inputs of its four linear groups. Feeding each block the outputs of the
+already-quantized blocks before it lets later layers compensate for earlier
+quantization error (``propagate_quantized``; turn it off to calibrate every
+block on full-precision inputs, as AutoAWQ does).
+
+Inputs of block 0 are captured with a forward pre-hook that records the
+hidden states and the keyword arguments the model passes (rotary
+``position_embeddings``, ``attention_mask``, ``position_ids`` ...) and then
+raises to stop the forward: nothing after the embeddings is computed. The
+captured kwargs are replayed verbatim when each block runs on the cache, so the
+blocks see exactly what they would inside the model.
+
+All linears of a block are calibrated from one pass of the block with its
+current weights (not "true sequential" within the block): one forward per
+block instead of four, at a small cost in accuracy for the later sublayers.
+Linear layers in the plan that are not inside a decoder block (e.g. an
+explicitly included ``lm_head``) are quantized with RTN after the loop.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import nn
+from tqdm.auto import tqdm
+
+from quarl.calibrate.awq import fold_scales, scaling_groups, search_group
+from quarl.calibrate.gptq import HessianAccumulator, gptq_quantize, relative_error
+from quarl.quant.base import FormatConfig, QuantError, get_format
+from quarl.quant.linear import QuantLinear
+from quarl.quant.model import _shared_states
+from quarl.quant.spec import spec_string
+
+log = logging.getLogger(__name__)
+METHODS = ("rtn", "gptq", "awq", "awq+gptq")
+
+
+class _StopForward(Exception):
+    pass
+
+
+@dataclass
+class LayerStats:
+    name: str
+    format: str
+    method: str
+    rel_error: float  # ||WX - W_hat X||^2 / ||WX||^2 on the calibration inputs
+    seconds: float
+    awq_alpha: float | None = None
+
+
+@dataclass
+class CalibrationResult:
+    layers: list[LayerStats] = field(default_factory=list)
+    awq: dict[str, dict] = field(default_factory=dict)  # "<block>.<prev>" -> {alpha, layers}
+    seconds: float = 0.0
+
+
+def decoder_blocks(model: nn.Module) -> tuple[str, nn.ModuleList]:
+    """``("model.layers", ModuleList)`` of a Llama/Qwen-style causal LM."""
+    for name in ("model.layers", "model.model.layers", "transformer.h"):
+        try:
+            mod = model.get_submodule(name)
+        except AttributeError:
+            continue
+        if isinstance(mod, nn.ModuleList) and len(mod):
+            return name, mod
+    raise QuantError(
+        f"calibration: cannot find the decoder layers of {type(model).__name__} (looked for "
+        f"model.layers); quarl calibrates Llama/Qwen2/Qwen3-style causal LMs"
+    )
+
+
+@torch.no_grad()
+def capture_block_inputs(model: nn.Module, batches: list[torch.Tensor]) -> list[tuple[torch.Tensor, dict]]:
+    """Hidden states entering block 0 and the kwargs the model passes it, per batch."""
+    _, blocks = decoder_blocks(model)
+    cache: list[tuple[torch.Tensor, dict]] = []
+
+    def hook(_mod, args, kwargs):
+        hs = args[0] if args else kwargs.pop("hidden_states")
+        kw = {k: v for k, v in kwargs.items() if k not in ("past_key_values", "past_key_value", "use_cache")}
+        cache.append((hs.detach(), kw))
+        raise _StopForward
+
+    h = blocks[0].register_forward_pre_hook(hook, with_kwargs=True)
+    dev = next(model.parameters()).device
+    try:
+        for ids in batches:
+            try:
+                model(input_ids=ids.to(dev), use_cache=False)
+            except _StopForward:
+                pass
+    finally:
+        h.remove()
+    if len(cache) != len(batches):
+        raise QuantError("calibration: block 0 was not reached for every batch; the model's forward is unusual")
+    return cache
+
+
+def _block_out(out: Any) -> torch.Tensor:
+    return out[0] if isinstance(out, (tuple, list)) else out
+
+
+@torch.no_grad()
+def run_block(block: nn.Module, cache: list[tuple[torch.Tensor, dict]]) -> list[torch.Tensor]:
+    return [_block_out(block(hs, **kw)) for hs, kw in cache]
+
+
+def _linear_names(block: nn.Module, prefix: str, plan: dict[str, Any]) -> dict[str, str]:
+    """relative name -> full name for the block's plain nn.Linear layers that the plan covers."""
+    return {
+        n: f"{prefix}.{n}"
+        for n, m in block.named_modules()
+        if isinstance(m, nn.Linear) and not isinstance(m, QuantLinear) and f"{prefix}.{n}" in plan
+    }
+
+
+@torch.no_grad()
+def _capture_inputs(block: nn.Module, cache, names: list[str]) -> dict[str, list[torch.Tensor]]:
+    feats: dict[str, list[torch.Tensor]] = {n: [] for n in names}
+    hooks = [
+        block.get_submodule(n).register_forward_pre_hook(lambda _m, args, n=n: feats[n].append(args[0].detach()))
+        for n in names
+    ]
+    try:
+        run_block(block, cache)
+    finally:
+        for h in hooks:
+            h.remove()
+    return feats
+
+
+@torch.no_grad()
+def _hessians(block: nn.Module, cache, names: list[str]) -> tuple[dict[str, HessianAccumulator], list[torch.Tensor]]:
+    """Accumulate every linear's Hessian in one pass; also returns the (full-precision) block outputs."""
+    acc = {n: HessianAccumulator(block.get_submodule(n).in_features, device=cache[0][0].device) for n in names}
+    hooks = [block.get_submodule(n).register_forward_pre_hook(lambda _m, args, n=n: acc[n].add(args[0])) for n in names]
+    try:
+        outs = run_block(block, cache)
+    finally:
+        for h in hooks:
+            h.remove()
+    return acc, outs
+
+
+def _calib_states(block: nn.Module, rel_plan: dict[str, FormatConfig | None]) -> dict[str, dict]:
+    """Shared per-tensor states of fused shards (NVFP4 global scale, FP8 per-tensor scale).
+
+    States with a cursor (NF4 double quantization) are per layer: bitsandbytes has
+    no shared statistics, and a cursor cannot be shared between layers."""
+    return {n: st for n, st in _shared_states(block, rel_plan).items() if "next_group" not in st}
+
+
+def _install(parent_mod: nn.Module, leaf: str, lin: nn.Linear, qt) -> QuantLinear:
+    w = lin.weight
+    q = QuantLinear(
+        lin.in_features, lin.out_features, qt.config, bias=lin.bias is not None, device=w.device, dtype=w.dtype
+    )
+    if lin.bias is not None:
+        q.bias.data.copy_(lin.bias.detach())
+    q.set_qtensor(qt.to(w.device))
+    setattr(parent_mod, leaf, q)
+    return q
+
+
+def _replace(root: nn.Module, name: str, lin: nn.Linear, cfg: FormatConfig | None, qt) -> None:
+    if cfg is None:  # high precision: the plain nn.Linear stays (a dense tensor in the checkpoint)
+        return
+    parent_name, _, leaf = name.rpartition(".")
+    _install(root.get_submodule(parent_name) if parent_name else root, leaf, lin, qt)
+
+
+@torch.no_grad()
+def calibrate_model(
+    model: nn.Module,
+    plan: dict[str, FormatConfig | None],
+    batches: list[torch.Tensor],
+    *,
+    method: str = "gptq",
+    gptq: dict | None = None,
+    awq: dict | None = None,
+    propagate_quantized: bool = True,
+    progress: bool = True,
+) -> CalibrationResult:
+    """Quantize ``model`` in place, block by block, following ``plan`` (full name -> format or None)."""
+    if method not in METHODS:
+        raise QuantError(f"unknown calibration method {method!r}; choose one of {', '.join(METHODS)}")
+    gptq = {"block_size": 128, "percdamp": 0.01, "act_order": True, **(gptq or {})}
+    awq = {"n_grid": 20, "duo_scaling": False, **(awq or {})}
+    t_start = time.perf_counter()
+    result = CalibrationResult()
+    prefix, blocks = decoder_blocks(model)
+    cache = capture_block_inputs(model, batches)
+    use_awq, use_gptq = method.startswith("awq"), method.endswith("gptq")
+    done: set[str] = set()
+
+    for bi, block in enumerate(tqdm(blocks, desc=f"calibrate ({method})", disable=not progress, unit="block")):
+        bprefix = f"{prefix}.{bi}"
+        names = _linear_names(block, bprefix, plan)  # rel -> full
+        rel_plan = {r: plan[f] for r, f in names.items()}
+        alphas: dict[str, float] = {}
+        if use_awq and any(c is not None for c in rel_plan.values()):
+            groups = scaling_groups(block)
+            feats = _capture_inputs(block, cache, sorted({g.inp for g in groups}))
+            for g in groups:
+                if g.inspect == "self_attn":
+                    attn = block.get_submodule("self_attn")
+
+                    def run(i, x, attn=attn, cache=cache):
+                        return _block_out(attn(hidden_states=x, **cache[i][1]))
+                else:
+                    mod = block.get_submodule(g.inspect or g.layers[0])
+
+                    def run(i, x, mod=mod):
+                        return mod(x)
+
+                search_group(block, g, feats[g.inp], run, rel_plan, **awq)
+            del feats
+            for g in groups:  # fold after every search (AutoAWQ's order)
+                if g.scales is not None:
+                    fold_scales(block, g, g.scales)
+                    result.awq[f"{bprefix}.{g.prev}"] = {"alpha": g.alpha, "layers": g.layers}
+                    for n in g.layers:
+                        alphas[n] = g.alpha
+        acc, fp_outs = _hessians(block, cache, list(names))
+        states = _calib_states(block, rel_plan)
+        for rel, full in names.items():
+            t0 = time.perf_counter()
+            lin = block.get_submodule(rel)
+            cfg = rel_plan[rel]
+            w = lin.weight.detach().float()
+            H = acc[rel].H
+            if cfg is None:
+                qt, err, how = None, 0.0, "none"
+            elif use_gptq:
+                try:
+                    r = gptq_quantize(w, H, cfg, state=states.get(rel), **gptq)
+                except QuantError as e:
+                    raise QuantError(f"layer {full}: {e}") from None
+                qt, how = r.qtensor, method
+                err = relative_error(w, r.q, H)
+            else:
+                try:
+                    qt = get_format(cfg.name).quantize(w, cfg, state=states.get(rel))
+                except QuantError as e:
+                    raise QuantError(f"layer {full}: {e}") from None
+                how = method
+                err = relative_error(w, qt.dequantize(torch.float32), H)
+            _replace(block, rel, lin, cfg, qt)
+            done.add(full)
+            result.layers.append(
+                LayerStats(full, spec_string(cfg), how, err, time.perf_counter() - t0, alphas.get(rel))
+            )
+        del acc
+        if bi + 1 < len(blocks):
+            outs = run_block(block, cache) if propagate_quantized else fp_outs
+            cache = [(o, kw) for o, (_, kw) in zip(outs, cache)]
+        del fp_outs
+
+    # Linears outside the decoder blocks (rare: e.g. an explicitly included lm_head): RTN.
+    for full, cfg in plan.items():
+        if full in done:
+            continue
+        lin = model.get_submodule(full)
+        if not isinstance(lin, nn.Linear) or isinstance(lin, QuantLinear):
+            continue
+        t0 = time.perf_counter()
+        qt = None if cfg is None else get_format(cfg.name).quantize(lin.weight.detach().float(), cfg)
+        _replace(model, full, lin, cfg, qt)
+        result.layers.append(
+            LayerStats(full, spec_string(cfg), "rtn" if cfg else "none", float("nan"), time.perf_counter() - t0)
+        )
+    result.seconds = time.perf_counter() - t_start
+    return result

@@ -1,0 +1,288 @@
+"""The calibrate stage: full-precision model + calibration text -> quantized model artifact.
+
+    run_calibrate(cfg, model_uri=..., data_uri=None, recipe_uri=None, output_uri=...) -> metrics
+
+1. resolve the recipe: ``recipe_uri`` (a YAML/JSON file, or a ``recipe``
+   artifact written by a precision search) > ``cfg.recipe`` (inline) >
+   ``{default: cfg.format}``; plan the format of every linear layer;
+2. build calibration windows (``quarl.calibrate.data``) and, separately,
+   held-out windows;
+3. calibrate block by block (``quarl.calibrate.sequential``) with RTN, GPTQ,
+   AWQ or AWQ+GPTQ;
+4. measure: per-layer relative reconstruction error on the calibration inputs,
+   KL to the full-precision model and perplexity on the held-out windows,
+   memory by format;
+5. write a ``model`` artifact: the compressed-tensors checkpoint
+   (``quarl.calibrate.checkpoint``), ``metrics.json`` and ``report.md``.
+
+The full-precision reference for the metrics is loaded again from
+``model_uri`` after calibration (calibration replaces the layers in place), so
+peak memory is two models only while the held-out metrics run.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import math
+import time
+from pathlib import Path
+
+import torch
+
+from quarl.calibrate.checkpoint import save_quantized
+from quarl.calibrate.config import CalibrateConfig
+from quarl.calibrate.data import (
+    CalibrationDataError,
+    batches,
+    make_windows,
+    read_artifact_split,
+    read_text_file,
+    shuffled,
+)  # fmt: skip
+from quarl.calibrate.metrics import compare_models
+from quarl.calibrate.sequential import calibrate_model
+from quarl.quant.base import QuantError
+from quarl.quant.model import QuantRecipe, memory_report, plan_formats
+from quarl.quant.spec import spec_string
+
+log = logging.getLogger(__name__)
+STAGE = "calibrate"
+DTYPES = {
+    "float32": torch.float32,
+    "fp32": torch.float32,
+    "bfloat16": torch.bfloat16,
+    "bf16": torch.bfloat16,
+    "float16": torch.float16,
+    "fp16": torch.float16,
+}
+
+
+def resolve_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    dev = torch.device(name)
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise QuantError(f"device {name!r} requested but CUDA is not available; use device=cpu or auto")
+    return dev
+
+
+def resolve_config(cfg: CalibrateConfig, device: torch.device) -> CalibrateConfig:
+    """Fill the device-dependent ``None`` sizes (QeRL's 256 x 2048 on GPU, 32 x 256 on CPU)."""
+    gpu = device.type == "cuda"
+    data = dataclasses.replace(
+        cfg.data,
+        num_samples=cfg.data.num_samples or (256 if gpu else 32),
+        seq_len=cfg.data.seq_len or (2048 if gpu else 256),
+    )
+    ev = dataclasses.replace(cfg.eval, seq_len=cfg.eval.seq_len or data.seq_len)
+    return dataclasses.replace(cfg, data=data, eval=ev)
+
+
+def _dtype(name: str | None) -> torch.dtype | None:
+    if name is None:
+        return None
+    try:
+        return DTYPES[name.lower()]
+    except KeyError:
+        raise QuantError(f"unknown dtype {name!r}; use one of {sorted(DTYPES)}") from None
+
+
+def load_recipe(cfg: CalibrateConfig, recipe_uri: str | None) -> QuantRecipe:
+    """recipe_uri (file or recipe artifact) > cfg.recipe > {default: cfg.format}."""
+    if recipe_uri:
+        path = Path(recipe_uri)
+        if str(recipe_uri).startswith("s3://") or (path.is_dir() and (path / "manifest.json").exists()):
+            from quarl.artifacts import open_artifact
+
+            root = open_artifact(recipe_uri, kind="recipe").path
+            cands = [root / n for n in ("recipe.yaml", "recipe.yml", "recipe.json")] + sorted(root.glob("*.yaml"))
+            path = next((c for c in cands if c.is_file()), None)
+            if path is None:
+                raise QuantError(f"recipe artifact {recipe_uri} holds no recipe.yaml/recipe.json")
+        recipe = QuantRecipe.load(path)
+    elif cfg.recipe is not None:
+        recipe = QuantRecipe.load(dict(cfg.recipe))
+    else:
+        recipe = QuantRecipe.load({"default": cfg.format})
+    if recipe.mode != "frozen":
+        raise QuantError(
+            f"calibration produces frozen quantized weights; the recipe says mode={recipe.mode!r} "
+            f"(QAT belongs to the training stages) -- set mode: frozen"
+        )
+    if recipe.act_quant:
+        raise QuantError(
+            f"act_quant={recipe.act_quant!r} is applied at training/rollout time, not stored by "
+            f"weight calibration; remove it from the calibration recipe"
+        )
+    if recipe.lora:
+        log.warning("calibrate: ignoring the recipe's lora section (adapters are attached by the RL stage)")
+        recipe = dataclasses.replace(recipe, lora=None)
+    return recipe
+
+
+def _texts(cfg: CalibrateConfig, data_uri: str | None) -> tuple[list[str], list[str] | None, dict]:
+    """(calibration documents, held-out documents or None, provenance)."""
+    d, e = cfg.data, cfg.eval
+    src: dict = {}
+    root = None
+    if data_uri:
+        from quarl.artifacts import open_artifact
+
+        root = open_artifact(data_uri, kind="dataset").path
+        calib = read_artifact_split(root, d.split, d.columns)
+        src["calibration"] = f"{data_uri} [{d.split}] columns={d.columns}"
+    elif d.path:
+        calib = read_text_file(d.path, d.text_field)
+        src["calibration"] = f"{d.path} (field {d.text_field!r})" if not d.path.endswith(".txt") else d.path
+    else:
+        raise CalibrationDataError(
+            "calibration needs text: pass a data_prep artifact (data_uri / --data) or set "
+            "data.path to a local .txt/.jsonl/.json/.parquet file"
+        )
+    calib = shuffled(calib, d.seed)
+    held = None
+    if e.enabled:
+        if e.path:
+            held = read_text_file(e.path, e.text_field)
+            src["held_out"] = f"{e.path} (field {e.text_field!r})"
+        elif root is not None:
+            try:
+                held = read_artifact_split(root, e.split, e.columns)
+                src["held_out"] = f"{data_uri} [{e.split}] columns={e.columns}"
+            except CalibrationDataError:
+                held = None
+        if held is None:
+            k = max(1, int(len(calib) * e.holdout_fraction))
+            if len(calib) - k < 1:
+                raise CalibrationDataError("too little calibration text to hold any out; set eval.path or add data")
+            calib, held = calib[:-k], calib[-k:]
+            src["held_out"] = f"last {k} of the shuffled calibration documents (not used for calibration)"
+    return calib, held, src
+
+
+def _report(metrics: dict) -> str:
+    c, q = metrics["calibration"], metrics.get("quality", {})
+    lines = [
+        f"# Calibration: {c['method']} -> {c['recipe_default']}",
+        "",
+        f"- model: `{metrics['inputs']['model']}`",
+        f"- calibration data: {c['data']['calibration']} -- {c['windows']} x {c['seq_len']} tokens",
+        f"- held-out data: {c['data'].get('held_out', 'none')}",
+        f"- device: {c['device']}, wall time {c['seconds']:.1f} s",
+        "",
+    ]
+    if q:
+        lines += ["## Quality on held-out text", "", "| metric | value |", "|---|---|"]
+        for k in ("kl", "ppl", "ref_ppl", "kl_max_token", "tokens"):
+            if k in q:
+                v = q[k]
+                lines.append(f"| {k} | {v:.5g} |" if isinstance(v, float) else f"| {k} | {v} |")
+        lines.append("")
+    m = metrics["memory"]
+    lines += ["## Memory by format", "", "| format | params | MiB | bits/param |", "|---|---:|---:|---:|"]
+    for f, r in sorted(m["by_format"].items()):
+        lines.append(f"| {f} | {r['params']:,} | {r['bytes'] / 2**20:.2f} | {r['bits_per_param']:.3f} |")
+    lines += [
+        f"| total | {m['total_params']:,} | {m['total_bytes'] / 2**20:.2f} | |",
+        "",
+        "## Per-layer relative reconstruction error ||WX - Q(W)X||^2 / ||WX||^2",
+        "",
+        "| layer | format | method | rel. error | AWQ alpha |",
+        "|---|---|---|---:|---:|",
+    ]
+    for r in metrics["layers"]:
+        a = "" if r["awq_alpha"] is None else f"{r['awq_alpha']:.2f}"
+        lines.append(f"| {r['name']} | {r['format']} | {r['method']} | {r['rel_error']:.3e} | {a} |")
+    return "\n".join(lines) + "\n"
+
+
+def run_calibrate(
+    cfg: CalibrateConfig, *, model_uri: str, data_uri: str | None = None, recipe_uri: str | None = None, output_uri: str
+) -> dict:
+    """Calibrate ``model_uri`` and write a quantized ``model`` artifact to ``output_uri``; returns metrics."""
+    from quarl.artifacts import write_artifact
+    from quarl.models import load_model
+
+    device = resolve_device(cfg.device)
+    cfg = resolve_config(cfg, device)
+    dtype = _dtype(cfg.dtype)
+    recipe = load_recipe(cfg, recipe_uri)
+    inputs = [u for u in (model_uri, data_uri, recipe_uri) if u]
+    with write_artifact(output_uri, "model", STAGE, config=cfg, inputs=inputs, overwrite=cfg.overwrite) as art:
+        t0 = time.perf_counter()
+        model, tok = load_model(model_uri, dtype=dtype, device=device)
+        model.eval()
+        plan = plan_formats(model, recipe)
+        if not plan or all(c is None for c in plan.values()):
+            raise QuantError("the recipe quantizes no linear layer: check its default/overrides/exclude")
+        calib_docs, held_docs, provenance = _texts(cfg, data_uri)
+        windows = make_windows(calib_docs, tok, cfg.data.num_samples, cfg.data.seq_len)
+        if windows.shape[0] < cfg.data.num_samples:
+            log.warning(
+                "calibrate: only %d of %d windows of %d tokens available",
+                windows.shape[0],
+                cfg.data.num_samples,
+                cfg.data.seq_len,
+            )
+        result = calibrate_model(
+            model,
+            plan,
+            batches(windows, cfg.data.batch_size),
+            method=cfg.method,
+            gptq=dataclasses.asdict(cfg.gptq),
+            awq=dataclasses.asdict(cfg.awq),
+            propagate_quantized=cfg.propagate_quantized,
+            progress=cfg.progress,
+        )
+        quality: dict = {}
+        if held_docs is not None:
+            held = make_windows(held_docs, tok, cfg.eval.num_samples, cfg.eval.seq_len)
+            ref, _ = load_model(model_uri, dtype=dtype, device=device)
+            quality = compare_models(model, ref.eval(), held, cfg.eval.batch_size)
+            del ref
+        mem = memory_report(model)
+        errs = [r.rel_error for r in result.layers if r.method != "none" and math.isfinite(r.rel_error)]
+        metrics = {
+            "stage": STAGE,
+            "inputs": {"model": model_uri, "data": data_uri, "recipe": recipe_uri},
+            "calibration": {
+                "method": cfg.method,
+                "recipe_default": spec_string(plan_default(recipe)),
+                "windows": int(windows.shape[0]),
+                "seq_len": int(windows.shape[1]),
+                "device": str(device),
+                "dtype": cfg.dtype,
+                "seconds": result.seconds,
+                "data": provenance,
+                "gptq": dataclasses.asdict(cfg.gptq) if cfg.method.endswith("gptq") else None,
+                "awq": dataclasses.asdict(cfg.awq) if cfg.method.startswith("awq") else None,
+            },
+            "quality": quality,
+            "rel_error": {"mean": sum(errs) / len(errs) if errs else None, "max": max(errs) if errs else None},
+            "memory": mem,
+            "layers": [dataclasses.asdict(r) for r in result.layers],
+            "awq_scales": result.awq,
+        }
+        save_quantized(
+            model,
+            tok,
+            art.path,
+            max_shard_size=cfg.max_shard_size,
+            dtype=_dtype(cfg.save_dtype),
+            extra={"method": cfg.method, "recipe": recipe.to_dict(), "source_model": model_uri},
+        )
+        (art.path / "metrics.json").write_text(json.dumps(metrics, indent=2, default=str))
+        (art.path / "report.md").write_text(_report(metrics))
+        metrics["calibration"]["total_seconds"] = time.perf_counter() - t0
+        art.metadata["metrics"] = {k: quality[k] for k in ("kl", "ppl", "ref_ppl") if k in quality}
+        art.metadata["method"] = cfg.method
+    log.info("calibrate: %s -> %s (%s)", model_uri, output_uri, metrics["quality"] or "no held-out metrics")
+    return metrics
+
+
+def plan_default(recipe: QuantRecipe):
+    from quarl.quant.spec import make_config
+
+    return make_config(recipe.default)
