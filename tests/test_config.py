@@ -1,0 +1,158 @@
+"""quarl.config: YAML + overrides -> typed dataclasses, with errors that name the key and the fix."""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Literal
+
+import pytest
+
+from quarl.config import ConfigError, config_to_dict, dump_config, load_config
+
+
+class Mode(enum.Enum):
+    TRAIN = "train"
+    EVAL = "eval"
+
+
+@dataclass
+class Optim:
+    lr: float = 1e-6
+    betas: tuple[float, float] = (0.9, 0.999)
+    schedule: Literal["cosine", "constant"] = "cosine"
+
+
+@dataclass
+class Lora:
+    rank: int = 16
+    alpha: float = 32.0
+    targets: list[str] = field(default_factory=lambda: ["q_proj", "v_proj"])
+
+
+@dataclass
+class Cfg:
+    name: str = "run"
+    steps: int = 100
+    use_aqn: bool = False
+    seed: int | None = None
+    optim: Optim = field(default_factory=Optim)
+    lora: Lora | None = field(default_factory=Lora)
+    extra: dict[str, float] = field(default_factory=dict)
+    out: Path = Path("runs")
+    mode: Mode = Mode.TRAIN
+
+
+@dataclass
+class Needs:
+    model: str
+    batch: int = 8
+
+    def __post_init__(self):
+        if self.batch <= 0:
+            raise ValueError(f"batch must be positive, got {self.batch}")
+
+
+def test_defaults_without_file_or_overrides():
+    assert load_config(Cfg) == Cfg()
+
+
+def test_nested_yaml_then_overrides(tmp_path):
+    p = tmp_path / "c.yaml"
+    # PyYAML reads `1e-5` (no dot) as a string; a float field must still get 1e-5.
+    p.write_text("name: base\nsteps: 5\noptim:\n  lr: 1e-5\n  schedule: constant\nlora:\n  rank: 8\nmode: eval\n")
+    cfg = load_config(
+        Cfg,
+        p,
+        [
+            "steps=1e3",
+            "use_aqn=true",
+            "lora.targets=[a, b]",
+            "optim.betas=[0.8, 0.95]",
+            "extra.kl=0.1",
+            "name=0.10",
+            "seed=7",
+            "out=/tmp/x",
+        ],
+    )
+    assert cfg.optim.lr == 1e-5 and isinstance(cfg.optim.lr, float)
+    assert cfg.optim.schedule == "constant"
+    assert cfg.steps == 1000 and isinstance(cfg.steps, int)  # override wins over the file's 5
+    assert cfg.use_aqn is True
+    assert cfg.lora == Lora(rank=8, targets=["a", "b"])  # file's rank kept, alpha default kept
+    assert cfg.optim.betas == (0.8, 0.95)
+    assert cfg.extra == {"kl": 0.1}
+    assert cfg.name == "0.10"  # typed text kept verbatim for a str field, not the float 0.1
+    assert cfg.seed == 7 and cfg.out == Path("/tmp/x") and cfg.mode is Mode.EVAL
+
+
+def test_override_to_null_and_optional_section():
+    cfg = load_config(Cfg, None, ["seed=null", "lora=null", "optim.lr=3e-4"])
+    assert cfg.seed is None and cfg.lora is None and cfg.optim.lr == pytest.approx(3e-4)
+
+
+def test_unknown_keys_suggest_and_list_valid(tmp_path):
+    with pytest.raises(ConfigError) as e:
+        load_config(Cfg, None, ["optim.lrr=1"])
+    msg = str(e.value)
+    assert "'optim.lrr'" in msg and "did you mean 'optim.lr'" in msg and "lr, betas, schedule" in msg
+    p = tmp_path / "c.yaml"
+    p.write_text("stpes: 3\n")
+    with pytest.raises(ConfigError, match=r"unknown config key 'stpes'.*did you mean 'steps'.*valid keys: name, steps"):
+        load_config(Cfg, p)
+    with pytest.raises(ConfigError, match="unknown config key 'zzz' for Cfg; valid keys"):
+        load_config(Cfg, None, ["zzz=1"])
+
+
+@pytest.mark.parametrize(
+    ("override", "pattern"),
+    [
+        ("steps=abc", r"'steps': expected int, got 'abc'"),
+        ("steps=1.5", r"'steps': expected int, got 1.5"),
+        ("steps=true", r"'steps': expected int, got True"),
+        ("use_aqn=2", r"'use_aqn': expected bool, got 2"),
+        ("optim.lr=fast", r"'optim.lr': expected float, got 'fast'"),
+        ("optim.schedule=linear", r"'optim.schedule'.*allowed: 'cosine', 'constant'"),
+        ("optim.betas=[0.9]", r"'optim.betas'.*expected 2 items"),
+        ("lora.targets=q_proj", r"'lora.targets': expected list\[str\]"),
+        ("lora.rank=[1]", r"'lora.rank': expected int"),
+        ("extra.kl=high", r"'extra.kl': expected float"),
+        ("mode=test", r"'mode'.*allowed: 'train', 'eval'"),
+        ("optim=3", r"optim must be a mapping for Optim"),
+        ("steps.sub=1", r"'steps': expected int, got \{'sub': 1\}"),
+        ("steps", r"must look like key.sub=value"),
+    ],
+)
+def test_type_errors_name_key_and_type(override, pattern):
+    with pytest.raises(ConfigError, match=pattern):
+        load_config(Cfg, None, [override])
+
+
+def test_required_fields_and_post_init_validation():
+    with pytest.raises(ConfigError, match="missing required config key"):
+        load_config(Needs)
+    assert load_config(Needs, None, ["model=tiny-llama"]) == Needs("tiny-llama")
+    with pytest.raises(ConfigError, match="batch must be positive"):
+        load_config(Needs, None, ["model=m", "batch=0"])
+
+
+def test_bad_files(tmp_path):
+    with pytest.raises(ConfigError, match="does not exist"):
+        load_config(Cfg, tmp_path / "missing.yaml")
+    (tmp_path / "list.yaml").write_text("- 1\n- 2\n")
+    with pytest.raises(ConfigError, match="must hold a mapping"):
+        load_config(Cfg, tmp_path / "list.yaml")
+    (tmp_path / "bad.yaml").write_text("a: [1,\n")
+    with pytest.raises(ConfigError, match="not valid YAML"):
+        load_config(Cfg, tmp_path / "bad.yaml")
+    (tmp_path / "empty.yaml").write_text("")
+    assert load_config(Cfg, tmp_path / "empty.yaml") == Cfg()
+
+
+def test_dump_and_reload_round_trip(tmp_path):
+    cfg = load_config(Cfg, None, ["steps=7", "optim.betas=[0.5, 0.6]", "mode=eval", "extra.x=2", "out=o/p"])
+    d = config_to_dict(cfg)
+    assert d["optim"]["betas"] == [0.5, 0.6] and d["mode"] == "eval" and d["out"] == "o/p"
+    path = dump_config(cfg, tmp_path / "sub" / "resolved.yaml")
+    assert load_config(Cfg, path) == cfg
