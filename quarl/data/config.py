@@ -47,6 +47,10 @@ class SourceConfig:
     max_difficulty: int | None = None
     drop_unknown_difficulty: bool = False
     max_samples: int | None = None  # cap on this source's rows (seeded sample), before mixing
+    # bigmath without a level column: recompute open-r1's levels from the
+    # llama8b_solve_rate quintiles of the loaded rows (exact for the full "all"
+    # subset; relative to what is loaded otherwise).
+    levels_from_solve_rate: bool = False
     # synthetic only
     num_samples: int = 2000
     seed: int | None = None  # None: the stage seed

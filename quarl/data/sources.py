@@ -7,8 +7,7 @@
     math       HuggingFaceH4/MATH-500                         problem; answer or last \\boxed{} of solution;
                                                               level "Level 3" | 3 -> 3 (MATH and MATH-500)
     bigmath    open-r1/Big-Math-RL-Verified-Processed,         problem|prompt; answer|solution (open-r1 renamed
-               subset "level_3_4_5"                            answer -> solution); level|difficulty, else the
-                                                              quintile of llama8b_solve_rate (below)
+               subset "level_3_4_5"                            answer -> solution); level|difficulty (below)
     deepmath   zwhe99/DeepMath-103K                           question; final_answer; difficulty (1-10 float,
                                                               floored); r1_solution_1
     openr1     open-r1/OpenR1-Math-220k, subset "default"     problem; answer; solution; (no difficulty)
@@ -19,11 +18,13 @@
 
 BigMath difficulty: open-r1's processed set derives levels 1-5 from
 ``llama8b_solve_rate`` quintiles (level 5 = lowest solve rate) over the whole
-set, and ships each level as a separate subset without a level column. Rows
-that carry ``level``/``difficulty`` use it; otherwise we recompute the quintiles
-over the rows loaded — identical to open-r1's levels when the full ``all``
-subset is loaded, relative to the loaded rows otherwise (prefer loading the
-``level_*`` subset you want and no difficulty filter in that case).
+set, and ships level ranges as subsets (``level_3_4_5``, ``level_4_5``, ...)
+without a level column. So: a ``level``/``difficulty`` column is used when
+present; a single-level subset (``hf_subset: level_4``) gives that level; with
+``levels_from_solve_rate: true`` the quintiles are recomputed over the loaded
+rows (identical to open-r1's levels when the full ``all`` subset is loaded);
+otherwise the difficulty is unknown — select levels by loading the subset
+(QeRL: ``level_3_4_5`` for 7B/14B, ``level_4_5`` for 32B).
 
 Reference answers are normalized by :func:`normalize_answer`: math delimiters,
 a wrapping ``\\boxed{}``, thousands separators and currency signs go; the
@@ -201,7 +202,11 @@ def _map_records(cfg: SourceConfig, records: list[dict]) -> list[RawProblem]:
             )
         )
     if cfg.name == "bigmath" and records and all(p.difficulty is None for p in out):
-        levels = _quintile_levels([r.get("llama8b_solve_rate") for r in records])
+        if cfg.levels_from_solve_rate:
+            levels = _quintile_levels([r.get("llama8b_solve_rate") for r in records])
+        else:  # a single-level subset ("level_4") still tells us the level
+            m = re.fullmatch(r"level_(\d)", cfg.hf_subset or "")
+            levels = [int(m.group(1)) if m else None] * len(out)
         for p, lv in zip(out, levels):
             p.difficulty = lv
     return out

@@ -109,9 +109,13 @@ def test_bigmath_parquet_openr1_layout_and_solve_rate_levels(tmp_path):
     rows, _ = load_source(SourceConfig(name="bigmath", path=path))
     assert [r.answer for r in rows] == [str(i) for i in range(10)]
     assert all(r.solution is None for r in rows)  # open-r1's "solution" is the answer
+    assert all(r.difficulty is None for r in rows)  # no level column, no single-level subset: unknown
+    rows, _ = load_source(SourceConfig(name="bigmath", path=path, hf_subset="level_4"))
+    assert {r.difficulty for r in rows} == {4}
+    rows, _ = load_source(SourceConfig(name="bigmath", path=path, levels_from_solve_rate=True))
     assert [r.difficulty for r in rows] == [5, 5, 4, 4, 3, 3, 2, 2, 1, 1]
     # QeRL's 32B setting: levels 4-5 only.
-    rows, counts = load_source(SourceConfig(name="bigmath", path=path, min_difficulty=4))
+    rows, counts = load_source(SourceConfig(name="bigmath", path=path, levels_from_solve_rate=True, min_difficulty=4))
     assert [r.problem for r in rows] == ["Problem 0", "Problem 1", "Problem 2", "Problem 3"]
     assert counts["dropped_difficulty"] == 6
 

@@ -10,6 +10,7 @@ import pyarrow.parquet as pq
 import pytest
 from typer.testing import CliRunner
 
+import quarl
 from quarl.artifacts import ArtifactExistsError, open_artifact
 from quarl.config import load_config
 from quarl.data import (
@@ -177,14 +178,30 @@ def test_stage_to_s3_and_failed_report_on_s3(s3, s3_bucket):
     assert not s3.store().exists(f"s3://{s3_bucket}/run-2/data_prep/dataset/")
 
 
+RECIPES = Path(quarl.__file__).parent / "recipes" / "data"
+
+
+def test_data_recipes_load():
+    names = sorted(p.name for p in RECIPES.glob("*.yaml"))
+    assert names == ["bigmath-l345.yaml", "bigmath-l45.yaml", "default.yaml", "gsm8k.yaml"]
+    cfgs = {n: load_config(DataPrepConfig, RECIPES / n) for n in names}
+    assert [(s.name, s.split, s.hf_split) for s in cfgs["gsm8k.yaml"].sources] == [
+        ("gsm8k", "train", "train"),
+        ("gsm8k", "eval", "test"),
+    ]
+    assert cfgs["bigmath-l345.yaml"].sources[0].hf_subset == "level_3_4_5"
+    assert cfgs["bigmath-l45.yaml"].sources[0].hf_subset == "level_4_5"
+    assert all(c.filters.max_problem_chars == 1024 for c in cfgs.values())  # QeRL's prompt-length filter
+    assert cfgs["default.yaml"] == DataPrepConfig()  # the recipe spells out the defaults
+
+
 @pytest.mark.skipif(not (GSM8K_DIR / "train.jsonl").exists(), reason="GSM8K not present at /work/shared/data/gsm8k")
-def test_gsm8k_end_to_end(tmp_path):
-    cfg = load_config(
-        DataPrepConfig,
-        None,
-        [(f"sources=[{{name: gsm8k, path: {GSM8K_DIR / 'train.jsonl'}, split: train}},"
-          f" {{name: gsm8k, path: {GSM8K_DIR / 'test.jsonl'}, split: eval}}]")],
-    )  # fmt: skip
+def test_gsm8k_recipe_end_to_end_on_local_files(tmp_path):
+    local = (
+        f"sources=[{{name: gsm8k, path: {GSM8K_DIR / 'train.jsonl'}, split: train}},"
+        f" {{name: gsm8k, path: {GSM8K_DIR / 'test.jsonl'}, split: eval}}]"
+    )
+    cfg = load_config(DataPrepConfig, RECIPES / "gsm8k.yaml", [local])
     res = run_data_prep(cfg, output_uri=str(tmp_path / "gsm8k"))
     data = read_dataset(str(tmp_path / "gsm8k"))
     assert res["rows"] == {"train": len(data["train"]), "eval": len(data["eval"])}
@@ -192,6 +209,7 @@ def test_gsm8k_end_to_end(tmp_path):
     assert len(data["train"]) >= 7400  # train minus rare duplicates of test problems
     first = data["eval"].iloc[0]
     assert first["answer"] == "18" and "Janet" in first["problem"]
+    assert set(data["train"]["problem"]).isdisjoint(data["eval"]["problem"])
 
 
 # ------------------------------------------------------------------ CLI
