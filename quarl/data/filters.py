@@ -74,11 +74,22 @@ def _answer_parses(answer: str) -> float:  # module level: runs in the scorer pr
     return 1.0 if parses(answer) else 0.0
 
 
+# Parse results by answer string: the filter step and validation ask about the
+# same answers, and parsing costs ~1 ms each (sympy), so a 250k-row BigMath
+# would otherwise pay minutes twice. Bounded: cleared when it grows past 1M.
+_PARSE_CACHE: dict[str, bool] = {}
+
+
 def answers_parse(answers: list[str], timeout_s: float = ANSWER_PARSE_TIMEOUT_S) -> dict[str, bool]:
     """``{answer: math-verify parses it}`` for each distinct non-empty answer."""
-    distinct = sorted({a for a in answers if a and a.strip()})
-    ok = score_items(_answer_parses, [(a,) for a in distinct], timeout_s, "auto")
-    return {a: bool(v) for a, v in zip(distinct, ok)}
+    distinct = {a for a in answers if isinstance(a, str) and a.strip()}
+    todo = sorted(a for a in distinct if a not in _PARSE_CACHE)
+    if todo:
+        if len(_PARSE_CACHE) + len(todo) > 1_000_000:
+            _PARSE_CACHE.clear()
+        ok = score_items(_answer_parses, [(a,) for a in todo], timeout_s, "auto")
+        _PARSE_CACHE.update({a: bool(v) for a, v in zip(todo, ok)})
+    return {a: _PARSE_CACHE[a] for a in distinct}
 
 
 def process_rows(

@@ -94,7 +94,7 @@ def run_data_prep(cfg: DataPrepConfig, *, output_uri: str, overwrite: bool = Fal
 
     report = None
     if cfg.validation.enabled:
-        report = validate_rows(df, cfg, answer_parses=answers_parse(df["answer"].tolist()))
+        report = validate_rows(df, cfg, answer_parses=answers_parse(df["answer"].tolist()))  # cached
         if not report.success:
             uri = failed_report_uri(output_uri)
             with write_artifact(
