@@ -144,18 +144,9 @@ def process_rows(
     for assign, r in kept:
         prompt, messages = template.render(r.problem)
         rows.append(
-            Row(
-                make_id(r.source, r.problem),
-                r.problem,
-                prompt,
-                messages,
-                r.answer,
-                r.solution,
-                r.source,
-                r.difficulty,
-                assign,
-            )
-        )
+            Row(id=make_id(r.source, r.problem), problem=r.problem, prompt=prompt, messages=messages,
+                answer=r.answer, solution=r.solution, source=r.source, difficulty=r.difficulty, split=assign)
+        )  # fmt: skip
     if f.max_prompt_tokens is not None and rows:
         lens = template.count_tokens([r.prompt for r in rows])
         before = len(rows)
