@@ -1,0 +1,59 @@
+"""``quarl rl``: GRPO/DAPO on a quantized base with LoRA and AQN (QeRL).
+
+    quarl rl --config quarl/recipes/rl/smollm2-cpu.yaml --model default \\
+             --data runs/r1/data_prep/dataset --output runs/r1/rl/adapter
+    quarl rl --config quarl/recipes/rl/qerl-gsm8k-grpo-7b.yaml --model Qwen/Qwen2.5-7B-Instruct \\
+             --data s3://quarl/r1/data_prep/gsm8k --output s3://quarl/r1/rl/adapter --set policy.format=mxfp4
+
+A thin face over :func:`quarl.rl.run_rl`. Re-running the same command after an
+interruption resumes from the newest checkpoint. On success the result is printed
+as JSON; expected failures (bad config, missing/corrupt artifact, storage,
+divergence) are one ``error:`` line on stderr and exit status 1.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+
+import typer
+
+
+def rl(
+    config: str = typer.Option(None, "--config", "-c", help="YAML file with RLConfig fields (see quarl/recipes/rl)"),
+    overrides: list[str] = typer.Option(None, "--set", "-s", help="override a field: key.sub=value (repeatable)"),
+    model: str = typer.Option("default", "--model", "-m", help="model: default | tiny-llama | HF id | dir | s3://"),
+    data: str = typer.Option(None, "--data", "-d", help="dataset artifact URI written by `quarl data-prep`"),
+    output: str = typer.Option(None, "--output", "-o", help="artifact URI: local directory or s3://bucket/prefix"),
+    init_adapter: str = typer.Option(None, "--init-adapter", help="adapter artifact to start the LoRA from"),
+    overwrite: bool = typer.Option(False, "--overwrite", help="replace a complete artifact at --output"),
+    print_config: bool = typer.Option(False, "--print-config", help="print the resolved config and exit"),
+) -> None:
+    """Reinforcement learning (GRPO/DAPO) of a quantized policy with LoRA and adaptive quantization noise."""
+    from quarl.artifacts import ArtifactError
+    from quarl.config import ConfigError, config_to_dict, load_config
+    from quarl.models import ModelError
+    from quarl.quant import QuantError
+    from quarl.rl import RLConfig, RLDivergedError, run_rl
+    from quarl.storage import StorageError
+
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    try:
+        cfg = load_config(RLConfig, config, overrides or [])
+        if print_config:
+            import yaml
+
+            typer.echo(yaml.safe_dump(config_to_dict(cfg.resolved()), sort_keys=False))
+            return
+        if not data or not output:
+            raise ConfigError("quarl rl needs --data (a data-prep artifact) and --output")
+        result = run_rl(cfg, model_uri=model, data_uri=data, output_uri=output, init_adapter_uri=init_adapter,
+                        overwrite=overwrite)
+    except (ConfigError, ValueError, ArtifactError, StorageError, ModelError, QuantError, RLDivergedError) as e:
+        typer.echo(f"error: {e}", err=True)
+        raise typer.Exit(1) from e
+    typer.echo(json.dumps(result, indent=2, default=str))
+
+
+def register(app: typer.Typer) -> None:
+    app.command("rl")(rl)

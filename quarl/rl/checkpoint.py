@@ -1,0 +1,170 @@
+"""RL checkpoints: everything needed to continue a run at exactly the next step.
+
+Layout (one directory per checkpoint, under the run's checkpoint root)::
+
+    step-000050/
+        trainable.safetensors   every parameter that trains (LoRA A/B, or all weights for Full)
+        adapter/                the same LoRA as a PEFT adapter (LoRA runs; for people and export)
+        metrics.jsonl           the metrics history up to this step (so a fresh pod resuming from S3 keeps it)
+        optimizer.pt            optimizer.state_dict()
+        rng.pt                  torch CPU/CUDA, python, numpy and the run's own generators
+        state.json              step, data position, AQN schedule state, lr, config digest
+    latest                      text file: the newest complete checkpoint's directory name
+
+Crash safety. A checkpoint is written into ``.tmp-step-N-<pid>`` and renamed into
+place only when every file is on disk; ``latest`` is then replaced atomically.
+A crash at any moment leaves the previous checkpoint and a valid ``latest``
+(plus, at worst, a ``.tmp-*`` directory that the next save removes). When the
+run's output is ``s3://``, each completed checkpoint is uploaded to
+``<root uri>/step-N/`` and ``latest`` is uploaded *after* it, so the remote
+pointer never names a partial upload either.
+
+The learning-rate schedule is a pure function of the step (see the trainer), so
+"scheduler state" is the step itself. Loading uses ``torch.load(weights_only=True)``:
+a checkpoint cannot execute code.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import shutil
+from pathlib import Path
+
+import numpy as np
+import torch
+from safetensors.torch import load_file, save_file
+from torch import nn
+
+LATEST = "latest"
+
+
+def _dir_name(step: int) -> str:
+    return f"step-{step:06d}"
+
+
+def trainable_state(model: nn.Module) -> dict[str, torch.Tensor]:
+    """Trainable parameters by name, each storage once (tied embeddings are saved under one name)."""
+    out, seen = {}, set()
+    for name, p in model.named_parameters():  # named_parameters already skips tied duplicates
+        if p.requires_grad and p.data_ptr() not in seen:
+            seen.add(p.data_ptr())
+            out[name] = p.detach().contiguous().cpu()
+    return out
+
+
+def rng_state(generators: dict[str, torch.Generator]) -> dict:
+    np_state = np.random.get_state()
+    st = {
+        "torch": torch.get_rng_state(),
+        "python": [list(x) if isinstance(x, tuple) else x for x in random.getstate()],
+        "numpy": [np_state[0], torch.from_numpy(np_state[1].astype(np.int64)), *np_state[2:]],
+        "generators": {k: g.get_state() for k, g in generators.items()},
+    }
+    if torch.cuda.is_available():
+        st["cuda"] = torch.cuda.get_rng_state_all()
+    return st
+
+
+def set_rng_state(st: dict, generators: dict[str, torch.Generator]) -> None:
+    torch.set_rng_state(st["torch"])
+    py = st["python"]
+    random.setstate((py[0], tuple(py[1]), py[2]))
+    n = st["numpy"]
+    np.random.set_state((n[0], n[1].numpy().astype(np.uint32), *n[2:]))
+    for k, g in generators.items():
+        g.set_state(st["generators"][k])
+    if "cuda" in st and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(st["cuda"])
+
+
+class CheckpointManager:
+    """Saves/loads checkpoints under a local ``root``; mirrors them to ``remote`` (s3://) when given."""
+
+    def __init__(self, root: str | Path, remote: str | None = None, keep: int = 2):
+        self.root, self.remote, self.keep = Path(root), remote, max(keep, 1)
+        self.root.mkdir(parents=True, exist_ok=True)
+
+    # -- save ------------------------------------------------------------------
+    def save(self, step: int, model: nn.Module, optimizer: torch.optim.Optimizer, state: dict,
+             generators: dict[str, torch.Generator], extras=None) -> Path:
+        for stale in self.root.glob(".tmp-*"):
+            shutil.rmtree(stale, ignore_errors=True)
+        final = self.root / _dir_name(step)
+        tmp = self.root / f".tmp-{_dir_name(step)}-{os.getpid()}"
+        tmp.mkdir(parents=True)
+        save_file(trainable_state(model), str(tmp / "trainable.safetensors"))
+        if extras is not None:  # caller's extra files (PEFT adapter, metrics history)
+            extras(tmp)
+        torch.save(optimizer.state_dict(), tmp / "optimizer.pt")
+        torch.save(rng_state(generators), tmp / "rng.pt")
+        (tmp / "state.json").write_text(json.dumps({**state, "step": step}, indent=2, sort_keys=True))
+        if final.exists():
+            shutil.rmtree(final)
+        os.replace(tmp, final)
+        self._write_latest(final.name)
+        if self.remote:
+            self._upload(final)
+        self._prune()
+        return final
+
+    def _write_latest(self, name: str) -> None:
+        tmp = self.root / f".{LATEST}.tmp"
+        tmp.write_text(name + "\n")
+        os.replace(tmp, self.root / LATEST)
+
+    def _upload(self, ckpt: Path) -> None:
+        from quarl.storage import S3Store
+
+        store = S3Store()
+        base = self.remote.rstrip("/")
+        store.upload_dir(ckpt, f"{base}/{ckpt.name}")
+        store.upload_file(self.root / LATEST, f"{base}/{LATEST}")
+
+    def _prune(self) -> None:
+        ckpts = sorted(p for p in self.root.glob("step-*") if p.is_dir())
+        for old in ckpts[:-self.keep]:
+            shutil.rmtree(old, ignore_errors=True)
+
+    # -- load ------------------------------------------------------------------
+    def latest(self) -> Path | None:
+        """The newest complete checkpoint: local first, else fetched from the remote mirror."""
+        p = self.root / LATEST
+        if p.exists():
+            ckpt = self.root / p.read_text().strip()
+            if (ckpt / "state.json").exists():
+                return ckpt
+        if self.remote:
+            from quarl.storage import S3Store
+
+            store = S3Store()
+            base = self.remote.rstrip("/")
+            if store.exists(f"{base}/{LATEST}"):
+                name = store.get_bytes(f"{base}/{LATEST}").decode().strip()
+                dest = self.root / name
+                store.download_dir(f"{base}/{name}", dest)
+                self._write_latest(name)
+                return dest
+        return None
+
+    @staticmethod
+    def load(ckpt: Path, model: nn.Module, optimizer: torch.optim.Optimizer,
+             generators: dict[str, torch.Generator]) -> dict:
+        """Restore weights, optimizer and RNG from ``ckpt``; returns its state.json."""
+        sd = load_file(str(ckpt / "trainable.safetensors"))
+        params = dict(model.named_parameters())
+        missing = [k for k in sd if k not in params]
+        if missing:
+            raise ValueError(f"checkpoint {ckpt} has parameters this model lacks ({missing[:3]} ...): it was written "
+                             f"by a different policy (format / LoRA targets / model); use a fresh output")
+        expect = set(trainable_state(model))
+        if set(sd) != expect:
+            raise ValueError(f"checkpoint {ckpt} trains {len(sd)} tensors but this policy trains {len(expect)}; "
+                             f"resume with the same policy settings or use a fresh output")
+        with torch.no_grad():
+            for k, v in sd.items():
+                params[k].copy_(v.to(params[k].dtype))
+        optimizer.load_state_dict(torch.load(ckpt / "optimizer.pt", weights_only=True, map_location="cpu"))
+        set_rng_state(torch.load(ckpt / "rng.pt", weights_only=True), generators)
+        return json.loads((ckpt / "state.json").read_text())

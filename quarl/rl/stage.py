@@ -1,0 +1,145 @@
+"""``run_rl``: the RL stage -- dataset artifact + model in, one adapter (or model) artifact out.
+
+    run_rl(cfg, model_uri="default", data_uri="runs/r1/data_prep/dataset",
+           output_uri="runs/r1/rl/adapter") -> dict
+
+Flow: read the data-prep split (``quarl.data.read_split``, verified), load the
+model (``quarl.models.load_model``), build the policy and train
+(:class:`quarl.rl.trainer.RLTrainer`), then write one artifact:
+
+    kind "adapter" (policy.mode=lora)         kind "model" (policy.mode=full)
+        adapter_config.json                      config.json, model.safetensors,
+        adapter_model.safetensors  (PEFT)        tokenizer files
+        quant_recipe.json  -- the base quantization the adapter was trained on
+    and in both:
+        metrics.jsonl, samples.jsonl, summary.json, config.yaml (resolved),
+        report.md, report.html, tensorboard/
+
+The PEFT files sit at the artifact root, so ``PeftModel.from_pretrained(base, dir)``
+and vLLM's LoRA loader take the artifact directory as is. The adapter was trained
+against the *quantized* base named in ``quant_recipe.json``; evaluation should
+rebuild that policy (``quantize_model`` with the recipe, then ``load_adapter``).
+
+Work directory and checkpoints. Training state lives beside the output so an
+interrupted stage resumes: for a local output ``<output>.work/`` (checkpoints in
+``<output>.work/checkpoints``); for ``s3://`` outputs the work directory is in the
+local cache and each checkpoint is mirrored to ``<output>.checkpoints/`` in the
+bucket -- a fresh pod (a retried Kubeflow step) finds it there and continues.
+A complete artifact at the output is never overwritten unless ``overwrite=True``,
+and that is checked *before* training, not after hours of it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import time
+from pathlib import Path
+
+from quarl.artifacts import ArtifactExistsError, cache_root, open_artifact, write_artifact
+from quarl.config import dump_config
+from quarl.rl.config import RLConfig
+from quarl.rl.metrics import read_metrics
+from quarl.rl.report import summarize, write_report
+from quarl.rl.trainer import RLTrainer, resolve_device, resolve_dtype
+from quarl.storage import is_s3, local_path
+
+log = logging.getLogger(__name__)
+STAGE = "rl"
+
+
+def work_dir_for(output_uri: str) -> Path:
+    if is_s3(output_uri):
+        return cache_root() / "rl-work" / hashlib.sha256(output_uri.rstrip("/").encode()).hexdigest()[:24]
+    p = local_path(output_uri).absolute()
+    return p.parent / f"{p.name}.work"
+
+
+def checkpoint_remote_for(output_uri: str) -> str | None:
+    return f"{output_uri.rstrip('/')}.checkpoints" if is_s3(output_uri) else None
+
+
+def _refuse_existing(output_uri: str, overwrite: bool) -> None:
+    if overwrite:
+        return
+    if is_s3(output_uri):
+        from quarl.storage import S3Store
+
+        exists = S3Store().exists(f"{output_uri.rstrip('/')}/manifest.json")
+    else:
+        m = local_path(output_uri) / "manifest.json"
+        exists = m.exists() and json.loads(m.read_text()).get("complete") is True
+    if exists:
+        raise ArtifactExistsError(f"{output_uri} already holds a complete artifact; pass overwrite=True "
+                                  f"(CLI: --overwrite) to train again into it, or choose a new output")
+
+
+def run_rl(cfg: RLConfig, *, model_uri: str, data_uri: str, output_uri: str, init_adapter_uri: str | None = None,
+           overwrite: bool = False, stop_after: int | None = None) -> dict:
+    """Train with GRPO/DAPO and write the adapter (or full model) artifact. Returns a result dict.
+
+    ``stop_after`` ends the run early after that many steps (a checkpoint is left,
+    no artifact is written) -- for tests and for splitting long runs into jobs.
+    """
+    from quarl.data import read_split
+    from quarl.models import load_model, save_model
+    from quarl.quant import save_adapter
+
+    t0 = time.time()
+    cfg = cfg.resolved()
+    _refuse_existing(output_uri, overwrite)
+    df = read_split(data_uri, cfg.train.split)
+    if df.empty:
+        raise ValueError(f"{data_uri}: the {cfg.train.split!r} split is empty; re-run data-prep with more data")
+    init_dir = None
+    if init_adapter_uri:
+        init_dir = open_artifact(init_adapter_uri, kind="adapter").path
+    device = resolve_device(cfg.train.device)
+    model, tokenizer = load_model(model_uri, dtype=resolve_dtype(cfg.policy.dtype, device), device=str(device))
+    work = work_dir_for(output_uri)
+    trainer = RLTrainer(cfg, model, tokenizer, df["prompt"].tolist(), df["answer"].astype(str).tolist(), work,
+                        checkpoint_remote=checkpoint_remote_for(output_uri), init_adapter=init_dir)
+    summary = trainer.train(stop_after=stop_after)
+    if summary["end_step"] < summary["total_steps"]:
+        log.info("stopped after step %d of %d; checkpoint %s", summary["end_step"], summary["total_steps"],
+                 summary["last_checkpoint"])
+        return {"output_uri": None, "complete": False, **summary}
+
+    rows = read_metrics(work / "metrics.jsonl")
+    summary.update(summarize(rows))
+    summary.update({"model_uri": model_uri, "data_uri": data_uri, "init_adapter_uri": init_adapter_uri,
+                    "algo": cfg.algo.algo, "policy_mode": cfg.policy.mode, "policy_format": cfg.policy.format,
+                    "wall_s": time.time() - t0})
+    kind = "adapter" if cfg.policy.mode == "lora" else "model"
+    inputs = [model_uri, data_uri] + ([init_adapter_uri] if init_adapter_uri else [])
+    with write_artifact(output_uri, kind, STAGE, config=cfg, inputs=inputs, overwrite=overwrite) as art:
+        if kind == "adapter":
+            save_adapter(trainer.model, art.path, base_model_name_or_path=str(model_uri))
+            (art.path / "quant_recipe.json").write_text(json.dumps(getattr(trainer.model, "quarl_recipe", {}),
+                                                                   indent=2))
+        else:
+            save_model(trainer.model, tokenizer, art.path)
+        for name in ("metrics.jsonl", "samples.jsonl"):
+            if (work / name).exists():
+                (art.path / name).write_bytes((work / name).read_bytes())
+        _copy_tree(work / "tensorboard", art.path / "tensorboard")
+        dump_config(cfg, art.path / "config.yaml")
+        (art.path / "summary.json").write_text(json.dumps(summary, indent=2, default=str) + "\n")
+        title = f"quarl RL: {cfg.algo.algo.upper()} {cfg.policy.mode} {cfg.policy.format} on {model_uri}"
+        write_report(art.path, rows, summary, title=title)
+        art.metadata.update({"algo": cfg.algo.algo, "policy_format": cfg.policy.format,
+                             "steps": summary["total_steps"],
+                             "reward_last": rows[-1].get("reward/mean") if rows else None,
+                             "accuracy_last": rows[-1].get("reward/accuracy") if rows else None})
+    return {"output_uri": output_uri, "kind": kind, "complete": True, "work_dir": str(work), **summary}
+
+
+def _copy_tree(src: Path, dst: Path) -> None:
+    if not src.is_dir():
+        return
+    for p in src.rglob("*"):
+        if p.is_file():
+            q = dst / p.relative_to(src)
+            q.parent.mkdir(parents=True, exist_ok=True)
+            q.write_bytes(p.read_bytes())

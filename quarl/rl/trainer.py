@@ -1,0 +1,494 @@
+"""The RL loop: one flat, readable step -- sample, score, advantage, log-probs, update, log, save.
+
+    for step in range(start, total_steps):
+        prompts   <- PromptSampler (resumable order)
+        rollout   <- generator.generate(prompts x G)   inside aqn.perturb(step)   (noisy norms)
+        rewards   <- quarl.rewards (accuracy + format, weighted) [+ DAPO overlong penalty]
+                     DAPO: drop flat groups, draw again (dynamic sampling)
+        adv       <- group-normalized rewards
+        old, ref  <- no-grad forwards of the *clean* policy (only when needed)
+        mu times:    loss = GRPO/DAPO surrogate over micro-batches; clip grads; AdamW step
+        log       -> metrics.jsonl, TensorBoard, tqdm
+        save      -> checkpoint every N steps (atomic; mirrored to S3)
+
+Policy. ``policy.mode=lora``: the model's linears become QuantLinear with a frozen
+base in ``policy.format`` (nvfp4 = QeRL, nf4 = QLoRA, bf16 = the 16-bit LoRA
+baseline, mxfp4) and a LoRA branch on q/k/v/o/gate/up/down; only LoRA trains.
+``policy.mode=full``: no quantization, every parameter trains (the paper's "Full").
+
+Optimizer. QeRL uses 8-bit AdamW (bitsandbytes). It is used when asked for, on
+CUDA, with bitsandbytes importable; otherwise torch's AdamW (fp32 states) is used
+and the summary records which one ran -- 8-bit states change memory, not the
+algorithm. The learning rate is a pure function of the step (linear warmup, then
+cosine or constant), constant within a step's ``mu`` updates, so resuming needs
+only the step number.
+
+Determinism. Sampling and noise draw from the run's own generators (seeded from
+``train.seed``, saved in checkpoints), the data order from the PromptSampler, and
+the LoRA init from the global seed set before the policy is built; so a run that
+is stopped after a checkpoint and resumed takes exactly the steps the
+uninterrupted run takes (tested).
+
+Divergence. A NaN/Inf reward, loss or gradient norm stops the run with
+:class:`RLDivergedError` *before* the optimizer step, so the weights in memory
+and every checkpoint on disk are from good steps.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import hashlib
+import json
+import logging
+import math
+import random
+import resource
+import shutil
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch import nn
+
+from quarl.config import config_to_dict
+from quarl.quant import QuantLinear, load_adapter, quantize_model, save_adapter
+from quarl.rewards import RewardFn
+from quarl.rl.aqn import AQN
+from quarl.rl.checkpoint import CheckpointManager
+from quarl.rl.config import OptimConfig, PolicyConfig, RLConfig
+from quarl.rl.logprobs import completion_logprobs, mismatch
+from quarl.rl.losses import group_advantages, overlong_penalty, policy_loss
+from quarl.rl.metrics import MetricsLogger
+from quarl.rl.rollout import Generator, HFGenerator, Rollout, SamplingParams
+from quarl.rl.sampling import PromptSampler, ScoredBatch, dynamic_sample
+
+log = logging.getLogger(__name__)
+
+
+class RLDivergedError(RuntimeError):
+    """A non-finite reward, loss or gradient: the run stops before corrupting the weights."""
+
+
+# --------------------------------------------------------------------------- setup helpers
+def resolve_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    dev = torch.device(name)
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"train.device={name} but CUDA is not available; use train.device=cpu or auto")
+    return dev
+
+
+def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
+    if name == "auto":
+        return torch.bfloat16 if device.type == "cuda" else torch.float32
+    return {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[name]
+
+
+def build_policy(model: nn.Module, cfg: PolicyConfig) -> dict:
+    """Quantize + LoRA (mode=lora) or unfreeze everything (mode=full), in place. Returns a small report."""
+    if cfg.mode == "full":
+        for p in model.parameters():
+            p.requires_grad_(True)
+        return {"mode": "full", "trainable_params": sum(p.numel() for p in model.parameters())}
+    recipe = dict(cfg.quant_recipe) if cfg.quant_recipe else {"default": cfg.format}
+    recipe["lora"] = {"r": cfg.lora_r, "alpha": cfg.lora_alpha, "dropout": cfg.lora_dropout,
+                      "targets": list(cfg.lora_targets)}
+    report = quantize_model(model, recipe)
+    trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
+    if trainable == 0:
+        raise ValueError(f"no LoRA parameters were created: policy.lora_targets={cfg.lora_targets} match no "
+                         f"quantized linear layer of this model")
+    return {"mode": "lora", "format": cfg.format, "trainable_params": trainable, "layers": len(report.layers),
+            "memory_bytes": report.memory["total_bytes"]}
+
+
+@contextlib.contextmanager
+def lora_disabled(model: nn.Module):
+    """The frozen base policy (reference for the KL term): LoRA branches switched off."""
+    stash = {}
+    for name, m in model.named_modules():
+        if isinstance(m, QuantLinear) and m.lora_cfg is not None:
+            stash[name], m.lora_cfg = m.lora_cfg, None
+    try:
+        yield
+    finally:
+        mods = dict(model.named_modules())
+        for name, c in stash.items():
+            mods[name].lora_cfg = c
+
+
+def make_optimizer(params: list[nn.Parameter], cfg: OptimConfig, device: torch.device):
+    """-> (optimizer, name actually used)."""
+    kw = dict(lr=cfg.lr, betas=tuple(cfg.betas), weight_decay=cfg.weight_decay)
+    if cfg.optimizer == "adamw8bit" and device.type == "cuda":
+        try:
+            import bitsandbytes as bnb
+
+            return bnb.optim.AdamW8bit(params, **kw), "adamw8bit"
+        except ImportError:
+            log.warning("optim.optimizer=adamw8bit but bitsandbytes is not installed; using torch AdamW")
+    return torch.optim.AdamW(params, **kw), "adamw"
+
+
+def lr_at(step: int, total_steps: int, cfg: OptimConfig) -> float:
+    """Linear warmup over ceil(warmup_ratio * total) steps (never 0 on the first step), then cosine/constant."""
+    warm = math.ceil(cfg.warmup_ratio * total_steps)
+    if step < warm:
+        return cfg.lr * (step + 1) / (warm + 1)
+    if cfg.schedule == "constant":
+        return cfg.lr
+    progress = (step - warm) / max(1, total_steps - warm)
+    return cfg.lr * 0.5 * (1.0 + math.cos(math.pi * progress))
+
+
+def stop_token_ids(model: nn.Module, tokenizer) -> list[int]:
+    """EOS ids from the tokenizer and the generation config (Qwen lists two: <|im_end|>, <|endoftext|>)."""
+    ids = {tokenizer.eos_token_id}
+    gen = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
+    ids |= set(gen) if isinstance(gen, (list, tuple)) else {gen}
+    ids.discard(None)
+    if not ids:
+        raise ValueError("the tokenizer has no EOS token, so rollouts could never stop; set tokenizer.eos_token")
+    return sorted(ids)
+
+
+def _peak_memory_gb(device: torch.device) -> float:
+    if device.type == "cuda":
+        return torch.cuda.max_memory_allocated(device) / 2**30
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # Linux: KiB -> GiB
+
+
+def config_digest(cfg: RLConfig) -> str:
+    return hashlib.sha256(json.dumps(config_to_dict(cfg), sort_keys=True).encode()).hexdigest()[:16]
+
+
+# --------------------------------------------------------------------------- the trainer
+class RLTrainer:
+    """Owns the policy, optimizer, generators and the loop. ``cfg`` is resolved here."""
+
+    def __init__(self, cfg: RLConfig, model: nn.Module, tokenizer, prompts: list[str], answers: list[str],
+                 out_dir: str | Path, *, checkpoint_remote: str | None = None, reward_fn=None,
+                 generator: Generator | None = None, init_adapter: str | Path | None = None):
+        self.cfg = cfg = cfg.resolved()
+        self.tok, self.out = tokenizer, Path(out_dir)
+        self.out.mkdir(parents=True, exist_ok=True)
+        self.device = resolve_device(cfg.train.device)
+        dtype = resolve_dtype(cfg.policy.dtype, self.device)
+
+        # Policy: seeded so the LoRA init (and everything after) is reproducible.
+        seed = cfg.train.seed
+        random.seed(seed)
+        np.random.seed(seed)
+        torch.manual_seed(seed)
+        self.model = model.to(device=self.device, dtype=dtype)
+        self.policy_report = build_policy(self.model, cfg.policy)
+        if init_adapter is not None:  # continue from an earlier stage's LoRA (e.g. a cold-start SFT)
+            if cfg.policy.mode != "lora":
+                raise ValueError("an initial adapter needs policy.mode=lora")
+            load_adapter(self.model, init_adapter)
+            self.policy_report["init_adapter"] = str(init_adapter)
+        if cfg.policy.gradient_checkpointing:
+            self.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        cache_deq = str(cfg.rollout.cache_dequantized).lower()
+        if cache_deq == "true" or (cache_deq == "auto" and self.device.type == "cpu"):
+            for m in self.model.modules():
+                if isinstance(m, QuantLinear) and m.mode == "frozen":
+                    m.cache_dequantized = True  # the base never changes: dequantize once
+        self.params = [p for p in self.model.parameters() if p.requires_grad]
+        if not self.params:
+            raise ValueError("the policy has no trainable parameters")
+        self.ref_model = None
+        if cfg.algo.beta > 0 and cfg.policy.mode == "full":
+            self.ref_model = copy.deepcopy(self.model).eval().requires_grad_(False)
+        self.optimizer, self.optimizer_name = make_optimizer(self.params, cfg.optim, self.device)
+
+        # Data: tokenize once; over-long prompts are skipped and counted, never truncated.
+        self.prompt_ids, self.answers, self.skipped_prompts = [], [], 0
+        for p, a in zip(prompts, answers):
+            ids = tokenizer(p, add_special_tokens=False)["input_ids"]
+            if 0 < len(ids) <= cfg.rollout.max_prompt_tokens:
+                self.prompt_ids.append(ids)
+                self.answers.append(a)
+            else:
+                self.skipped_prompts += 1
+        if not self.prompt_ids:
+            raise ValueError(f"every prompt is empty or longer than rollout.max_prompt_tokens="
+                             f"{cfg.rollout.max_prompt_tokens}; raise the limit or check the dataset")
+        t = cfg.train
+        self.total_steps = t.steps or max(1, int(t.epochs * len(self.prompt_ids)) // t.prompts_per_step)
+        self.sampler = PromptSampler(len(self.prompt_ids), seed)
+        self.aqn = AQN(self.model, cfg.aqn, self.total_steps)
+        self.rollout_gen = torch.Generator(self.device).manual_seed(seed + 1)  # token sampling
+        self.noise_gen = torch.Generator().manual_seed(seed + 2)  # AQN noise (CPU: device-independent)
+        self.generators = {"rollout": self.rollout_gen, "noise": self.noise_gen}
+        self.generator = generator or HFGenerator(self.model, tokenizer.pad_token_id, cache=cfg.rollout.cache,
+                                                  batch_size=cfg.rollout.batch_size or None)
+        self.sampling = SamplingParams(cfg.rollout.temperature, cfg.rollout.top_p, cfg.rollout.max_new_tokens,
+                                       stop_token_ids(self.model, tokenizer))
+        self.reward_fn = reward_fn or RewardFn(cfg.reward)
+        self.ckpt = CheckpointManager(self.out / "checkpoints", checkpoint_remote, keep=t.keep_checkpoints)
+        self.start_step = 0
+        self.last_checkpoint: Path | None = None
+
+    # ----------------------------------------------------------------------- pieces
+    def _draw(self, step: int) -> ScoredBatch:
+        """Sample prompts_per_step prompts x G answers under AQN and score them."""
+        cfg, G = self.cfg, self.cfg.rollout.group_size
+        idx = self.sampler.next(cfg.train.prompts_per_step)
+        with self.aqn.perturb(step, self.noise_gen):
+            r = self.generator.generate([self.prompt_ids[i] for i in idx], self.sampling, G, self.rollout_gen)
+        rows = [i for i in idx for _ in range(G)]
+        texts = [self.tok.decode(r.completion_ids[j, :int(n)].tolist(), skip_special_tokens=True)
+                 for j, n in enumerate(r.lengths.tolist())]
+        comps = self.reward_fn.components(texts, [self.answers[i] for i in rows])
+        rewards = torch.tensor(comps["reward"], dtype=torch.float32)
+        if cfg.algo.overlong == "penalty":
+            rewards = rewards + overlong_penalty(r.lengths.cpu(), cfg.rollout.max_new_tokens,
+                                                 cfg.algo.overlong_buffer)
+        if not torch.isfinite(rewards).all():
+            bad = int((~torch.isfinite(rewards)).sum())
+            raise RLDivergedError(f"step {step}: the reward function returned {bad} NaN/Inf rewards; fix the reward "
+                                  f"(reward.* settings, answers in the dataset). {self._last_good()}")
+        return ScoredBatch(r, rewards, torch.tensor(comps["accuracy"], dtype=torch.float32),
+                           torch.tensor(comps["format"], dtype=torch.float32), rows, texts)
+
+    def _forward(self, model: nn.Module, r: Rollout, rows: slice, with_entropy: bool):
+        """Log-probs of rows[...] with padding trimmed -> ([m, T], [m, T] | None), T = rollout width."""
+        pm = r.prompt_mask[rows]
+        first = int(torch.nonzero(pm.sum(0) > 0)[0])  # drop columns that are padding in every row
+        T_full = r.completion_ids.shape[1]
+        T = max(int(r.completion_mask[rows].sum(1).max()), 1)
+        ids = torch.cat([r.prompt_ids[rows, first:], r.completion_ids[rows, :T]], dim=1)
+        mask = torch.cat([pm[:, first:], r.completion_mask[rows, :T]], dim=1)
+        logp, ent = completion_logprobs(model, ids, mask, T, self.cfg.rollout.temperature, with_entropy)
+        pad = (0, T_full - T)
+        return torch.nn.functional.pad(logp, pad), (torch.nn.functional.pad(ent, pad) if ent is not None else None)
+
+    def _micro_batches(self, n: int):
+        mb = self.cfg.optim.micro_batch_size
+        return [slice(i, min(i + mb, n)) for i in range(0, n, mb)]
+
+    @torch.no_grad()
+    def _no_grad_logprobs(self, model: nn.Module, r: Rollout, with_entropy: bool):
+        model.eval()
+        lps, ents = [], []
+        for rows in self._micro_batches(len(r)):
+            lp, ent = self._forward(model, r, rows, with_entropy)
+            lps.append(lp)
+            ents.append(ent)
+        return torch.cat(lps), (torch.cat(ents) if with_entropy else None)
+
+    def _last_good(self) -> str:
+        if self.last_checkpoint is None:
+            return "No checkpoint was written yet."
+        return f"The last good checkpoint is {self.last_checkpoint} (resume continues from it)."
+
+    def _save(self, step_done: int) -> None:
+        state = {"sampler": self.sampler.state_dict(), "total_steps": self.total_steps,
+                 "aqn": {"sigma": self.aqn.sigma(step_done - 1), "stage": self.aqn.stage(step_done - 1),
+                         "num_stages": self.cfg.aqn.num_stages},
+                 "lr": lr_at(step_done - 1, self.total_steps, self.cfg.optim), "optimizer": self.optimizer_name,
+                 "config_digest": config_digest(self.cfg)}
+        lora = self.cfg.policy.mode == "lora"
+
+        def extras(d: Path) -> None:
+            if lora:
+                save_adapter(self.model, d / "adapter")
+            for name in ("metrics.jsonl", "samples.jsonl"):  # the history travels with the weights
+                if (self.out / name).exists():
+                    shutil.copy2(self.out / name, d / name)
+
+        self.last_checkpoint = self.ckpt.save(step_done, self.model, self.optimizer, state, self.generators, extras)
+
+    def maybe_resume(self) -> int:
+        """Load the newest checkpoint if ``train.resume``; returns the step to start at."""
+        if not self.cfg.train.resume:
+            return 0
+        ckpt = self.ckpt.latest()
+        if ckpt is None:
+            return 0
+        state = CheckpointManager.load(ckpt, self.model, self.optimizer, self.generators)
+        if state["total_steps"] != self.total_steps:
+            raise ValueError(f"checkpoint {ckpt} belongs to a run of {state['total_steps']} steps, this one has "
+                             f"{self.total_steps}: the LR and AQN schedules would differ; keep train.steps the same "
+                             f"or use a fresh output")
+        if state.get("config_digest") != config_digest(self.cfg):
+            log.warning("resuming from %s with a different config than it was written with", ckpt)
+        self.sampler.load_state_dict(state["sampler"])
+        for name in ("metrics.jsonl", "samples.jsonl"):  # the history up to the checkpoint, exactly
+            if (ckpt / name).exists():
+                shutil.copy2(ckpt / name, self.out / name)
+        self.last_checkpoint = ckpt
+        self.start_step = state["step"]
+        log.info("resumed from %s at step %d", ckpt, self.start_step)
+        return self.start_step
+
+    # ----------------------------------------------------------------------- the loop
+    def train(self, stop_after: int | None = None) -> dict:
+        """Run to ``total_steps`` (or until ``stop_after`` steps are done, for tests). Returns the summary."""
+        from tqdm.auto import tqdm
+
+        cfg, a, G = self.cfg, self.cfg.algo, self.cfg.rollout.group_size
+        start = self.maybe_resume()
+        end = self.total_steps if stop_after is None else min(self.total_steps, stop_after)
+        logger = MetricsLogger(self.out, resume_step=start)
+        samples_path = self.out / "samples.jsonl"
+        if samples_path.exists():  # keep one consistent history, as metrics.jsonl does
+            keep = [ln for ln in samples_path.read_text().splitlines() if ln and json.loads(ln)["step"] < start]
+            samples_path.write_text("".join(ln + "\n" for ln in keep))
+        bar = tqdm(total=self.total_steps, initial=start, desc="rl", unit="step", disable=None)
+        try:
+            for step in range(start, end):
+                t0 = time.perf_counter()
+                if self.device.type == "cuda":
+                    torch.cuda.reset_peak_memory_stats(self.device)
+                lr = lr_at(step, self.total_steps, cfg.optim)
+                for g in self.optimizer.param_groups:
+                    g["lr"] = lr
+
+                # 1) rollout (+ rewards; DAPO: refill flat groups)
+                if a.dynamic_sampling:
+                    batch, drawn, sstats = dynamic_sample(lambda: self._draw(step), G,
+                                                          cfg.train.prompts_per_step, a.max_sampling_rounds)
+                else:
+                    batch = drawn = self._draw(step)
+                    sstats = {}
+                t_roll = time.perf_counter() - t0
+
+                m = {"lr": lr, "aqn/sigma": self.aqn.sigma(step), "aqn/stage": self.aqn.stage(step), **sstats}
+                m.update(self._rollout_metrics(drawn))
+                m["time/rollout_s"] = t_roll
+                m["rollout/tokens_per_s"] = float(drawn.rollout.lengths.sum()) / max(t_roll, 1e-9)
+
+                t1 = time.perf_counter()
+                t_lp = t_upd = 0.0
+                if batch is None:
+                    m["update/skipped"] = 1.0  # no informative group at all this step
+                else:
+                    r = batch.rollout
+                    adv = group_advantages(batch.rewards, G, a.adv_eps, a.scale_advantages).to(self.device)  # [N]
+                    loss_mask = r.completion_mask.float()  # [N, T]
+                    if a.overlong == "filter":
+                        loss_mask = loss_mask * (~r.truncated).float().unsqueeze(1)
+                    n_tok, n_seq = float(loss_mask.sum()), float((loss_mask.sum(1) > 0).sum())
+
+                    # 2) log-probs that do not change during the updates (clean policy, no grad)
+                    need_old = a.updates_per_rollout > 1 and a.old_logprobs == "trainer"
+                    old_lp = ent = train_lp = None
+                    if need_old:
+                        old_lp, ent = self._no_grad_logprobs(self.model, r, with_entropy=True)
+                        train_lp = old_lp
+                    elif a.old_logprobs == "rollout":
+                        old_lp = r.logprobs
+                    ref_lp = None
+                    if a.beta > 0:
+                        if self.ref_model is not None:
+                            ref_lp, _ = self._no_grad_logprobs(self.ref_model, r, with_entropy=False)
+                        else:
+                            with lora_disabled(self.model):
+                                ref_lp, _ = self._no_grad_logprobs(self.model, r, with_entropy=False)
+                    t_lp = time.perf_counter() - t1
+
+                    # 3) mu policy updates on this batch
+                    t2 = time.perf_counter()
+                    if n_tok == 0:
+                        m["update/skipped"] = 1.0  # e.g. every answer truncated and overlong filtering on
+                    else:
+                        m.update(self._updates(step, r, adv, loss_mask, n_tok, n_seq, old_lp, ref_lp, train_lp, ent))
+                        m["update/skipped"] = 0.0
+                    t_upd = time.perf_counter() - t2
+                    m["train/answers"] = len(r)
+                    m["train/loss_tokens"] = n_tok
+
+                dt = time.perf_counter() - t0
+                m.update({"time/logprob_s": t_lp, "time/update_s": t_upd, "time/step_s": dt,
+                          "throughput/tokens_per_s": float(drawn.rollout.attention_mask.sum()) / max(dt, 1e-9),
+                          "memory/peak_gb": _peak_memory_gb(self.device), "data/epoch": self.sampler.epochs_done})
+                logger.log(step, m)
+                if cfg.train.sample_every and step % cfg.train.sample_every == 0:
+                    self._write_samples(samples_path, step, drawn)
+                bar.update(1)
+                bar.set_postfix(reward=f"{m['reward/mean']:.3f}", acc=f"{m['reward/accuracy']:.3f}",
+                                sigma=f"{m['aqn/sigma']:.1e}")
+                done = step + 1
+                if done == self.total_steps or (cfg.train.checkpoint_every and done % cfg.train.checkpoint_every == 0):
+                    self._save(done)
+                elif stop_after is not None and done == end:
+                    self._save(done)  # an interrupted test run leaves a checkpoint to resume from
+        finally:
+            bar.close()
+            logger.close()
+        return {"total_steps": self.total_steps, "start_step": start, "end_step": end,
+                "optimizer": self.optimizer_name, "policy": self.policy_report,
+                "skipped_prompts": self.skipped_prompts, "train_prompts": len(self.prompt_ids),
+                "last_checkpoint": str(self.last_checkpoint) if self.last_checkpoint else None}
+
+    def _updates(self, step, r, adv, loss_mask, n_tok, n_seq, old_lp, ref_lp, train_lp, ent) -> dict:
+        """mu optimizer steps over micro-batches; returns the update metrics."""
+        a = self.cfg.algo
+        mbs = self._micro_batches(len(r))
+        capture = train_lp is None  # first pass doubles as the clean trainer log-probs for the mismatch
+        cap_lp, cap_ent = [], []
+        clipped = ratio = kl = toks = 0.0
+        losses, norms = [], []
+        self.model.train()
+        for u in range(a.updates_per_rollout):
+            self.optimizer.zero_grad(set_to_none=True)
+            loss_sum = 0.0
+            for rows in mbs:
+                logp, e = self._forward(self.model, r, rows, with_entropy=capture and u == 0)
+                if capture and u == 0:
+                    cap_lp.append(logp.detach())
+                    cap_ent.append(e)
+                old = old_lp[rows] if old_lp is not None else logp.detach()
+                out = policy_loss(logp, old, adv[rows], loss_mask[rows], eps_low=a.eps_low, eps_high=a.eps_high,
+                                  beta=a.beta, ref_logp=ref_lp[rows] if ref_lp is not None else None,
+                                  aggregation=a.loss_agg, num_tokens=n_tok, num_sequences=n_seq)
+                if not torch.isfinite(out.loss):
+                    raise RLDivergedError(f"step {step}: the policy loss is {float(out.loss.detach())} (update {u + 1}); "
+                                          f"the weights were not changed. Lower optim.lr or check the rewards. "
+                                          f"{self._last_good()}")
+                out.loss.backward()
+                loss_sum += float(out.loss.detach())
+                clipped += out.clipped_tokens
+                ratio += out.ratio_sum
+                kl += out.kl_sum
+                toks += out.tokens
+            max_norm = self.cfg.optim.max_grad_norm if self.cfg.optim.max_grad_norm > 0 else float("inf")
+            gn = float(torch.nn.utils.clip_grad_norm_(self.params, max_norm))
+            if not math.isfinite(gn):
+                raise RLDivergedError(f"step {step}: gradient norm is {gn} (update {u + 1}); the weights were not "
+                                      f"changed. Lower optim.lr. {self._last_good()}")
+            self.optimizer.step()
+            losses.append(loss_sum)
+            norms.append(gn)
+        self.model.eval()
+        if capture:
+            train_lp, ent = torch.cat(cap_lp), torch.cat(cap_ent)
+        cm = r.completion_mask.bool()
+        m = {"loss": float(np.mean(losses)), "grad_norm": float(np.mean(norms)),
+             "policy/clip_fraction": clipped / max(toks, 1.0), "policy/ratio_mean": ratio / max(toks, 1.0),
+             "policy/entropy": float(ent[cm].mean()) if ent is not None and cm.any() else float("nan"),
+             "adv/abs_mean": float(adv.abs().mean())}
+        if a.beta > 0:
+            m["policy/kl_ref"] = kl / max(toks, 1.0)
+        m.update(mismatch(r.logprobs, train_lp, r.completion_mask))
+        return m
+
+    @staticmethod
+    def _rollout_metrics(b: ScoredBatch) -> dict:
+        lengths = b.rollout.lengths.float()
+        return {"reward/mean": float(b.rewards.mean()), "reward/std": float(b.rewards.std()) if len(b) > 1 else 0.0,
+                "reward/accuracy": float(b.accuracy.mean()), "reward/format": float(b.format.mean()),
+                "response/length_mean": float(lengths.mean()), "response/length_max": float(lengths.max()),
+                "response/truncated_fraction": float(b.rollout.truncated.float().mean())}
+
+    def _write_samples(self, path: Path, step: int, b: ScoredBatch, k: int = 4) -> None:
+        with path.open("a") as f:
+            for j in range(min(k, len(b))):
+                f.write(json.dumps({"step": step, "prompt_index": b.prompt_index[j], "completion": b.texts[j],
+                                    "answer": self.answers[b.prompt_index[j]], "reward": float(b.rewards[j]),
+                                    "accuracy": float(b.accuracy[j])}) + "\n")

@@ -1,0 +1,136 @@
+"""The RL loop on the tiny random model: it learns something, resumes exactly, stops on NaN."""
+
+import json
+
+import pytest
+import torch
+
+from quarl.rl.checkpoint import CheckpointManager
+from quarl.rl.metrics import read_metrics
+from quarl.rl.trainer import RLDivergedError, RLTrainer, lr_at
+from tests.rl.conftest import ANSWERS, PROMPTS, ParityReward, small_tiny_model, tiny_cfg
+
+VOLATILE = ("time/", "throughput/", "memory/", "rollout/tokens_per_s")
+
+
+def _trainer(cfg, out, reward=None):
+    model, tok = small_tiny_model()
+    return RLTrainer(cfg, model, tok, PROMPTS, ANSWERS, out, reward_fn=reward or ParityReward())
+
+
+def _stable(rows):
+    return [{k: v for k, v in r.items() if not k.startswith(VOLATILE)} for r in rows]
+
+
+def test_grpo_steps_update_only_lora_and_log_everything(tmp_path):
+    tr = _trainer(tiny_cfg("algo.updates_per_rollout=2"), tmp_path)
+    base = {n: p.detach().clone() for n, p in tr.model.named_parameters() if not p.requires_grad}
+    base_bufs = {n: b.clone() for n, b in tr.model.named_buffers()}
+    lora = {n: p.detach().clone() for n, p in tr.model.named_parameters() if p.requires_grad}
+    assert lora and all("lora_" in n for n in lora)
+    summary = tr.train()
+    assert summary["end_step"] == 3 and summary["optimizer"] == "adamw"
+    now = dict(tr.model.named_parameters())
+    assert all(torch.equal(now[n], v) for n, v in base.items())  # frozen base and norms untouched (AQN restored)
+    assert all(torch.equal(b, base_bufs[n]) for n, b in tr.model.named_buffers() if n in base_bufs)
+    assert any(not torch.equal(now[n], v) for n, v in lora.items())  # LoRA moved
+    rows = read_metrics(tmp_path / "metrics.jsonl")
+    assert [r["step"] for r in rows] == [0, 1, 2]
+    for key in ("reward/mean", "reward/std", "reward/accuracy", "policy/entropy", "response/length_mean",
+                "policy/clip_fraction", "grad_norm", "aqn/sigma", "time/rollout_s", "time/logprob_s",
+                "time/update_s", "rollout/tokens_per_s", "memory/peak_gb", "mismatch/abs_logprob_diff",
+                "mismatch/kl", "lr", "loss"):
+        assert key in rows[-1], key
+    assert [r["aqn/sigma"] for r in rows] == pytest.approx([0.0, 1e-2, 5e-4])  # 3 stages over 3 steps
+    assert rows[0]["mismatch/abs_logprob_diff"] < 1e-4  # stage 0: no noise, rollout == trainer
+    assert rows[1]["mismatch/abs_logprob_diff"] > rows[0]["mismatch/abs_logprob_diff"]  # noise only in the rollout
+    assert (tmp_path / "tensorboard").is_dir() and (tmp_path / "samples.jsonl").exists()
+    ckpt = tmp_path / "checkpoints" / "step-000003"
+    assert (ckpt / "adapter" / "adapter_config.json").exists()
+    assert json.loads((ckpt / "state.json").read_text())["sampler"] == {"epoch": 0, "position": 6, "n": 6, "seed": 2025}
+
+
+def test_resume_is_identical_to_a_straight_run(tmp_path):
+    cfg = tiny_cfg("algo.updates_per_rollout=2")
+    straight = _trainer(cfg, tmp_path / "a")
+    straight.train()
+
+    first = _trainer(cfg, tmp_path / "b")
+    first.train(stop_after=2)
+    assert (tmp_path / "b" / "checkpoints" / "step-000002" / "state.json").exists()
+    resumed = _trainer(cfg, tmp_path / "b")  # a fresh process would rebuild everything like this
+    summary = resumed.train()
+    assert summary["start_step"] == 2
+
+    pa = dict(straight.model.named_parameters())
+    for n, p in resumed.model.named_parameters():
+        assert torch.equal(p, pa[n]), n
+    ra, rb = read_metrics(tmp_path / "a" / "metrics.jsonl"), read_metrics(tmp_path / "b" / "metrics.jsonl")
+    assert _stable(ra) == _stable(rb)
+
+
+def test_dapo_dynamic_sampling_and_overlong_filter(tmp_path):
+    cfg = tiny_cfg("algo.algo=dapo", "algo.updates_per_rollout=1", "train.steps=2", "rollout.max_new_tokens=4")
+    assert cfg.resolved().algo.loss_agg == "token" and cfg.resolved().algo.dynamic_sampling
+    tr = _trainer(cfg, tmp_path)
+    tr.train()
+    rows = read_metrics(tmp_path / "metrics.jsonl")
+    for r in rows:
+        assert 1 <= r["sampling/rounds"] <= 3
+        assert r["sampling/groups_kept"] <= 2
+        # on-policy: ratio exactly 1
+        if r["update/skipped"] == 0.0:
+            assert r["policy/ratio_mean"] == pytest.approx(1.0, abs=1e-6)
+    # 4 new tokens and an EOS that a random model never picks: every answer truncated -> all masked out
+    assert all(r["response/truncated_fraction"] == 1.0 for r in rows)
+    assert all(r["update/skipped"] == 1.0 for r in rows)
+
+
+def test_nan_reward_stops_with_last_checkpoint_intact(tmp_path):
+    class NaNAtSecondStep(ParityReward):
+        def components(self, texts, answers):
+            out = super().components(texts, answers)
+            if self.calls == 2:
+                out["reward"] = [float("nan")] * len(texts)
+            return out
+
+    tr = _trainer(tiny_cfg("train.checkpoint_every=1"), tmp_path, NaNAtSecondStep())
+    with pytest.raises(RLDivergedError, match="NaN/Inf rewards.*step-000001"):
+        tr.train()
+    mgr = CheckpointManager(tmp_path / "checkpoints")
+    assert mgr.latest().name == "step-000001"
+    assert [r["step"] for r in read_metrics(tmp_path / "metrics.jsonl")] == [0]
+
+
+def test_nan_loss_stops_before_the_optimizer_step(tmp_path):
+    holder = {}
+
+    class PoisonAtSecondStep(ParityReward):
+        def components(self, texts, answers):
+            if self.calls == 1:  # second rollout done: corrupt a LoRA weight so the loss is NaN
+                p = dict(holder["tr"].model.named_parameters())["model.layers.1.mlp.down_proj.lora_B"]
+                with torch.no_grad():
+                    p.fill_(float("nan"))
+            return super().components(texts, answers)
+
+    tr = _trainer(tiny_cfg("train.checkpoint_every=1"), tmp_path, PoisonAtSecondStep())
+    holder["tr"] = tr
+    with pytest.raises(RLDivergedError, match="policy loss is nan.*weights were not changed"):
+        tr.train()
+    sd = CheckpointManager(tmp_path / "checkpoints").latest()
+    from safetensors.torch import load_file
+
+    assert sd.name == "step-000001"
+    assert all(torch.isfinite(t).all() for t in load_file(str(sd / "trainable.safetensors")).values())
+
+
+def test_lr_schedule():
+    from quarl.rl.config import OptimConfig
+
+    c = OptimConfig(lr=1.0, warmup_ratio=0.1, schedule="cosine")
+    # 20 steps: 2 warmup steps at 1/3, 2/3, then cosine from 1 down (never 0 on the last step)
+    assert [lr_at(s, 20, c) for s in (0, 1)] == pytest.approx([1 / 3, 2 / 3])
+    assert lr_at(2, 20, c) == pytest.approx(1.0)
+    assert lr_at(11, 20, c) == pytest.approx(0.5)
+    assert 0 < lr_at(19, 20, c) < 0.01
+    assert lr_at(19, 20, OptimConfig(lr=1.0, warmup_ratio=0, schedule="constant")) == 1.0
