@@ -151,7 +151,8 @@ class Artifact:
 
 @dataclasses.dataclass
 class ArtifactWriter:
-    """Yielded by ``write_artifact``: write payload files under ``path``; add fields to ``metadata``."""
+    """Yielded by ``write_artifact``: write payload files under ``path``; add fields to ``metadata``.
+    After a clean exit ``path`` names the published copy (the target dir, or the s3 read cache)."""
 
     uri: str
     kind: str
@@ -265,9 +266,10 @@ def write_artifact(
     manifest.update(files=files, completed=_now(), complete=True)
     _write_json(staging / MANIFEST, manifest)
     if s3:
-        _publish_s3(store, staging, uri, files, replace_existing=old is not None or store.exists(uri))
+        writer.path = _publish_s3(store, staging, uri, files, replace_existing=old is not None or store.exists(uri))
     else:
         _publish_local(staging, target)
+        writer.path = target
     log.info("wrote %s artifact %s (%d files, %d bytes)", kind, uri, len(files), sum(f["size"] for f in files.values()))
 
 
@@ -282,7 +284,7 @@ def _publish_local(staging: Path, target: Path) -> None:
     shutil.rmtree(aside, ignore_errors=True)
 
 
-def _publish_s3(store: S3Store, staging: Path, uri: str, files: dict, replace_existing: bool) -> None:
+def _publish_s3(store: S3Store, staging: Path, uri: str, files: dict, replace_existing: bool) -> Path:
     if replace_existing:
         # Unmark first, so a crash mid-replacement leaves an incomplete artifact, never a wrong complete one.
         store.delete_prefix(f"{uri}/{MANIFEST}")
@@ -295,8 +297,9 @@ def _publish_s3(store: S3Store, staging: Path, uri: str, files: dict, replace_ex
     cache.parent.mkdir(parents=True, exist_ok=True)
     try:
         os.rename(staging, cache)  # the written copy is a valid read cache for this uri
-    except OSError:
-        shutil.rmtree(staging, ignore_errors=True)
+    except OSError:  # a concurrent reader filled the cache first: keep our (complete) copy where it is
+        return staging
+    return cache
 
 
 def _read_s3_manifest(store: S3Store, uri: str) -> dict | None:

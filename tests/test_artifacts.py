@@ -55,6 +55,7 @@ def test_local_round_trip_and_manifest(tmp_path, monkeypatch):
         _fill(art.path)
         art.metadata["reward_mean"] = 0.61
     git_commit.cache_clear()
+    assert art.path == out  # after the block: the published copy
 
     a = open_artifact(str(out), kind="model")
     m = a.manifest
@@ -192,6 +193,7 @@ def test_s3_round_trip_manifest_last_and_cache(s3_bucket, monkeypatch):
     uri = f"s3://{s3_bucket}/runs/r1/rl/model"
     with write_artifact(uri, "model", "rl", config=StageCfg(), inputs=["s3://x/y"]) as art:
         _fill(art.path)
+    assert art.path == artifact_cache_dir(uri)
     store = S3Store()
     assert sorted(o.removeprefix(uri + "/") for o in store.list(uri)) == sorted([*PAYLOAD, MANIFEST])
     remote = json.loads(store.get_bytes(f"{uri}/{MANIFEST}"))

@@ -244,11 +244,13 @@ class S3Store:
                 self.client.create_bucket(Bucket=name, **kw)
         except StorageError as e:
             c = e.__cause__
-            if isinstance(c, ClientError) and c.response["Error"].get("Code") in (
-                "BucketAlreadyOwnedByYou",
-                "BucketAlreadyExists",
-            ):
-                return False  # created concurrently
+            code = c.response["Error"].get("Code") if isinstance(c, ClientError) else None
+            if code == "BucketAlreadyOwnedByYou" or (code == "BucketAlreadyExists" and self.bucket_exists(name)):
+                return False  # created concurrently by us
+            if code == "BucketAlreadyExists":
+                raise StorageError(
+                    f"bucket name {name!r} is taken (by another account) at {self.endpoint}; choose another name"
+                ) from c
             raise
         log.info("created bucket %s at %s", name, self.endpoint)
         return True

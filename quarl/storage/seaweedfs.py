@@ -11,20 +11,24 @@ venv's ``bin/``) runs master + volume + filer + S3 gateway in one process. Choic
   Lance listeners are disabled, so parallel sessions never fight over ports. A
   fixed ``s3_port`` (``quarl s3 serve``) derives the others from it, so a persistent
   data directory always comes back on the same addresses.
-- Startup is ~3 s on 2 cores, most of it weed's built-in raft bootstrap wait.
-  ``master.toml`` in the working directory sets volume growth to 1 volume per
-  bucket (weed's default is 7), and a small volume size limit keeps disk use tiny:
-  each test bucket is one sparse volume file.
+- Startup is ~3.5 s on 2 cores (measured), most of it weed's built-in raft
+  bootstrap wait. ``master.toml`` in the working directory sets volume growth to 1
+  volume per bucket (weed's default is 7) and volumes are small (64 MB limit, up
+  to 1000 of them; a fixed count, because ``-volume.max=0`` costs a 5 s stall on
+  the first write), so each test bucket is one small sparse file on disk.
 - Auth: an identity file (``s3.config.json``, mode 0600) with one admin key pair,
   so signed boto3 requests work exactly as against AWS. The secret is random for
   a new data dir unless given (a reused dir keeps its own), and is never logged.
   Buckets are not auto-created on write, as on AWS.
-- Readiness: poll the S3 port, then an authenticated ListBuckets, within
-  ``start_timeout``; on failure the error carries the tail of weed's log.
-- Shutdown: SIGTERM to the process group, then SIGKILL after ``stop_timeout``
-  (the filer's gRPC drain alone waits 15 s, and objects are already on disk when
-  a PUT returns, so a short grace loses nothing). On Linux the child also gets
-  PDEATHSIG so it dies with its parent instead of leaking a server.
+- Readiness: poll the S3 port, then an authenticated ListBuckets, and on a reused
+  data dir a one-byte read of an old object (the filer learns old volumes' places
+  seconds after S3 answers), all within ``start_timeout``; on failure the error
+  carries the tail of weed's log.
+- Shutdown: SIGTERM to the process group, then SIGKILL after ``stop_timeout``.
+  The filer's gRPC drain alone waits 15 s, and a PUT has written its bytes to the
+  volume files (the OS page cache) before it returns, so killing the process loses
+  nothing (a power cut could). On Linux the child also gets PDEATHSIG(SIGTERM),
+  so if its parent dies it exits (after that drain) instead of leaking a server.
 """
 
 from __future__ import annotations
@@ -191,7 +195,7 @@ class SeaweedFS:
         self.stop()
 
     # ---------------------------------------------------------------- process
-    def start(self) -> SeaweedFS:
+    def start(self) -> Self:
         if self.proc is not None:
             return self
         weed = self.weed or find_weed()
@@ -205,9 +209,11 @@ class SeaweedFS:
             try:
                 self._wait_ready()
                 break
-            except SeaweedFSError as e:
+            except BaseException as e:  # incl. Ctrl-C: never leave a half-started server behind
                 tail = self.log_tail()
                 self._kill()
+                if not isinstance(e, SeaweedFSError):
+                    raise
                 if "address already in use" in tail and attempt + 1 < attempts:
                     log.warning("SeaweedFS port clash, retrying with new ports")
                     continue
@@ -215,9 +221,13 @@ class SeaweedFS:
                 raise SeaweedFSError(f"{e}\n--- last lines of {self.log_path} ---\n{tail}") from None
         self.startup_seconds = time.monotonic() - t0
         atexit.register(self.stop)
-        store = self.store()
-        for b in self.buckets:
-            store.ensure_bucket(b)
+        try:
+            store = self.store()
+            for b in self.buckets:
+                store.ensure_bucket(b)
+        except BaseException:
+            self.stop()
+            raise
         log.info("SeaweedFS S3 at %s ready in %.1fs (data in %s)", self.endpoint, self.startup_seconds, self.data_dir)
         return self
 
