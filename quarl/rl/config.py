@@ -108,6 +108,7 @@ class TrainConfig:
     log_every: int = 1
     sample_every: int = 10  # write example completions to samples.jsonl every N steps (0 = never)
     device: str = "auto"  # auto | cpu | cuda | cuda:N
+    threads: int = 0  # CPU intra-op threads (torch.set_num_threads); 0 = torch's default
 
 
 @dataclass

@@ -176,6 +176,8 @@ class RLTrainer:
         self.tok, self.out = tokenizer, Path(out_dir)
         self.out.mkdir(parents=True, exist_ok=True)
         self.device = resolve_device(cfg.train.device)
+        if cfg.train.threads > 0:
+            torch.set_num_threads(cfg.train.threads)
         dtype = resolve_dtype(cfg.policy.dtype, self.device)
 
         # Policy: seeded so the LoRA init (and everything after) is reproducible.

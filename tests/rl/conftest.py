@@ -1,4 +1,5 @@
 import pytest
+import torch
 
 from quarl.config import load_config
 from quarl.rl.config import RLConfig
@@ -43,6 +44,16 @@ def small_tiny_model(kind: str = "llama"):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         return tiny_model(kind, vocab_size=SMALL_VOCAB)
+
+
+@pytest.fixture(autouse=True)
+def _one_thread():
+    """The tiny models here gain nothing from intra-op threads, and on a shared 2-core machine
+    OpenMP spin-waiting makes them several times slower; restored after each test."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
 
 
 @pytest.fixture
