@@ -1,0 +1,76 @@
+"""``quarl eval``: score a model on math benchmarks and write a metrics artifact.
+
+    quarl eval --model default --output runs/r1/eval/bf16                      # built-in held-out split
+    quarl eval --model default --set quant=nvfp4 --data gsm8k=/data/gsm8k/test.jsonl --output out
+    quarl eval --config quarl/recipes/eval/gsm8k.yaml --model s3://quarl/r1/calibrate/model \
+               --adapter s3://quarl/r1/rl/adapter --output s3://quarl/r1/eval/metrics
+
+A thin face over :func:`quarl.eval.run_eval`: on success it prints the summary
+(accuracy, pass@k per benchmark) as JSON on stdout; any expected failure (bad
+config, unknown benchmark, unreadable data or model, existing artifact) is one
+``error:`` line on stderr and exit status 1.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from typing import Annotated
+
+import typer
+
+
+def eval_cmd(
+    model: Annotated[
+        str, typer.Option("--model", "-m", help="model: local dir | s3:// | HF id | default | tiny-llama")
+    ],
+    output: Annotated[str, typer.Option("--output", "-o", help="artifact URI: local directory or s3://bucket/prefix")],
+    data: Annotated[
+        list[str] | None,
+        typer.Option("--data", "-d", help="benchmark data: name=URI, or a data-prep artifact URI (repeatable)"),
+    ] = None,
+    adapter: Annotated[
+        str | None, typer.Option("--adapter", "-a", help="LoRA adapter: PEFT dir | artifact | s3://")
+    ] = None,
+    config: Annotated[str | None, typer.Option("--config", "-c", help="YAML file with EvalConfig fields")] = None,
+    overrides: Annotated[
+        list[str] | None, typer.Option("--set", "-s", help="override a field: key.sub=value (repeatable)")
+    ] = None,
+    overwrite: Annotated[bool, typer.Option("--overwrite", help="replace a complete artifact at --output")] = False,
+    no_progress: Annotated[bool, typer.Option("--no-progress", help="no progress bars (logs only)")] = False,
+    print_config: Annotated[bool, typer.Option("--print-config", help="print the resolved config and exit")] = False,
+) -> None:
+    """Evaluate a model (full precision, RTN-quantized or calibrated; optional LoRA) on math benchmarks."""
+    from quarl.artifacts import ArtifactError
+    from quarl.config import ConfigError, config_to_dict, load_config
+    from quarl.eval import EvalConfig, EvalError, resolve_benchmarks, run_eval
+    from quarl.storage import StorageError
+
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    try:
+        cfg = load_config(EvalConfig, config, overrides or [])
+        if print_config:
+            import dataclasses
+
+            import yaml
+
+            cfg = dataclasses.replace(cfg, benchmarks=resolve_benchmarks(cfg, data))
+            typer.echo(yaml.safe_dump(config_to_dict(cfg), sort_keys=False))
+            return
+        result = run_eval(
+            cfg,
+            model_uri=model,
+            data_uris=data,
+            adapter_uri=adapter,
+            output_uri=output,
+            overwrite=overwrite,
+            progress=not no_progress,
+        )
+    except (ConfigError, EvalError, ArtifactError, StorageError) as e:
+        typer.echo(f"error: {e}", err=True)
+        raise typer.Exit(1) from e
+    typer.echo(json.dumps(result, indent=2))
+
+
+def register(app: typer.Typer) -> None:
+    app.command("eval")(eval_cmd)
