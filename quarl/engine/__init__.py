@@ -1,0 +1,47 @@
+"""quarl.engine: the fast generation engine for rollouts and eval on GPU.
+
+    FastGenerator(model, pad_id, *, max_batch_size=None, cuda_graphs=None, compile=False,
+                  kv_block=256, sync_every=16, keep_cache=True)
+        .generate(prompts, params, n, generator) -> quarl.rl.rollout.Rollout
+    make_generator(model, pad_id, *, engine="auto", **kw) -> Generator
+        "auto": FastGenerator on CUDA for Llama/Qwen2/Qwen3, else the reference HFGenerator
+    DecoderRunner(model)   the minimal forward over the HF model's own modules (prefill / decode)
+    sample(logits, temperature, top_p, generator) -> (tokens, logprobs);  top_p_mask(logits, top_p)
+
+See ``docs/engine.md`` and the module docstrings (``model``, ``generator``, ``sampling``).
+"""
+
+from __future__ import annotations
+
+from torch import nn
+
+from quarl.engine.generator import FastGenerator
+from quarl.engine.model import SUPPORTED_MODEL_TYPES, DecodeState, DecoderRunner, EngineError
+from quarl.engine.sampling import GREEDY_TOP_P, sample, top_p_mask
+
+ENGINES = ("auto", "fast", "reference")
+
+
+def make_generator(model: nn.Module, pad_id: int, *, engine: str = "auto", cache: str = "static",
+                   batch_size: int | None = None, **fast_kwargs):
+    """The rollout engine for ``model``: ``"fast"`` (:class:`FastGenerator`), ``"reference"``
+    (:class:`quarl.rl.rollout.HFGenerator` with ``cache``), or ``"auto"`` -- fast when the model
+    sits on a CUDA device and is a Llama/Qwen2/Qwen3, the reference otherwise (CPU runs keep
+    the simple engine). ``batch_size`` caps the rows per forward for either engine."""
+    from quarl.rl.rollout import HFGenerator
+
+    if engine not in ENGINES:
+        raise ValueError(f"unknown rollout engine {engine!r}; choose one of {', '.join(ENGINES)}")
+    if engine == "auto":
+        on_cuda = next(model.parameters()).device.type == "cuda"
+        mtype = getattr(getattr(model, "config", None), "model_type", None)
+        engine = "fast" if on_cuda and mtype in SUPPORTED_MODEL_TYPES else "reference"
+    if engine == "fast":
+        return FastGenerator(model, pad_id, max_batch_size=batch_size, **fast_kwargs)
+    return HFGenerator(model, pad_id, cache=cache, batch_size=batch_size)
+
+
+__all__ = [
+    "DecodeState", "DecoderRunner", "ENGINES", "EngineError", "FastGenerator", "GREEDY_TOP_P",
+    "SUPPORTED_MODEL_TYPES", "make_generator", "sample", "top_p_mask",
+]

@@ -1,0 +1,279 @@
+"""FastGenerator: the GPU rollout/eval engine behind quarl's ``Generator`` interface.
+
+``FastGenerator(model, pad_id).generate(prompts, params, n, generator) -> Rollout``
+is a drop-in for :class:`quarl.rl.rollout.HFGenerator` (same arguments, same
+``Rollout``: left-padded prompts, right-padded completions ending at the stop
+token, masks, per-token log-probs, ``truncated``), so the RL trainer and eval
+take it through their ``generator=`` argument. The model is the trainer's own
+module (see :mod:`quarl.engine.model`); the engine owns only the KV cache, the
+CUDA graphs and the loop. Design, after gpt-fast:
+
+* **static KV cache**, preallocated once and reused across calls while it is
+  large enough (grown, never shrunk; :meth:`release` frees it, and
+  ``keep_cache=False`` frees it after every call -- the RL trainer needs that
+  memory for its backward pass);
+* **CUDA graphs** (default on CUDA): the decode step of one ``(batch, kv_len)``
+  shape is captured once and replayed, so a step costs one graph launch
+  instead of ~15 kernel launches per layer from Python. Batches are padded up
+  to a power of two with inert rows, and the attention length to a multiple of
+  ``kv_block``, so a handful of graphs serves every call. The graphs read the
+  weights in place: LoRA updates by the optimizer and AQN noise copied into
+  the norms are seen by the next replay. If a weight tensor is *replaced*
+  (``model.to(...)``, a new adapter object), a fingerprint of the weights'
+  addresses changes and the graphs are re-captured. A layer whose compute
+  path cannot be captured (e.g. a format with no GPU kernel whose reference
+  dequantization checks values on the host) makes the capture fail once; the
+  engine then warns and decodes eagerly -- correct, just slower.
+  ``compile=True`` additionally runs the step through ``torch.compile``
+  (fusing the norms, RoPE and residual adds) before capture; it costs a
+  compile per graph shape, so it pays off for long runs only.
+* **no per-token host syncs**: sampling (:mod:`quarl.engine.sampling`), the
+  stop test and the bookkeeping are device ops; whether every row has stopped
+  is read back only every ``sync_every`` steps (a row that stopped keeps
+  stepping inertly until then; its outputs are masked);
+* **bucketing by prompt length**: with ``max_batch_size`` set, rows are sorted
+  by prompt length and cut into batches, so each batch pads little; the
+  ``Rollout`` comes back in the caller's row order.
+
+The CPU path is the same code without graphs (eager decode with the exact
+attention length); :class:`~quarl.rl.rollout.HFGenerator` remains the simple
+reference, and the tests hold the two (and HF ``generate``) to the same tokens.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import time
+import warnings
+
+import torch
+from torch import nn
+
+from quarl.engine.model import DecodeState, DecoderRunner
+from quarl.engine.sampling import check_generator, sample
+from quarl.rl.rollout import Rollout, SamplingParams, left_pad
+
+
+def _pow2(n: int) -> int:
+    return 1 << max(0, n - 1).bit_length()
+
+
+def _round_up(n: int, m: int) -> int:
+    return -(-n // m) * m
+
+
+class FastGenerator:
+    """Static-KV-cache, CUDA-graph rollout engine (see the module docstring)."""
+
+    def __init__(
+        self,
+        model: nn.Module,
+        pad_id: int,
+        *,
+        max_batch_size: int | None = None,
+        cuda_graphs: bool | None = None,
+        compile: bool = False,
+        compile_backend: str = "inductor",
+        kv_block: int = 256,
+        sync_every: int = 16,
+        keep_cache: bool = True,
+    ):
+        if kv_block < 1 or sync_every < 1:
+            raise ValueError(f"kv_block and sync_every must be >= 1, got {kv_block}, {sync_every}")
+        if max_batch_size is not None and max_batch_size < 1:
+            raise ValueError(f"max_batch_size must be >= 1 or None (all rows at once), got {max_batch_size}")
+        self.model, self.pad_id = model, int(pad_id)
+        self.runner = DecoderRunner(model)
+        self.max_batch_size, self.kv_block, self.sync_every = max_batch_size, kv_block, sync_every
+        self.cuda_graphs, self.keep_cache = cuda_graphs, keep_cache
+        self._decode = self.runner.decode
+        if compile:
+            self._decode = torch.compile(self.runner.decode, dynamic=False, backend=compile_backend)
+        self._state: DecodeState | None = None
+        self._graphs: dict[tuple[int, int], torch.cuda.CUDAGraph] = {}
+        self._pool = None
+        self._weights_key: tuple | None = None
+        self.graph_error: str | None = None  # why graphs were switched off, if they were
+        self.last_stats: dict = {}
+
+    # --- public ---------------------------------------------------------------
+    def generate(self, prompts: list[list[int]], params: SamplingParams, n: int,
+                 generator: torch.Generator | None = None) -> Rollout:
+        """``n`` samples per prompt, rows ``[p0 a0, p0 a1, ..., p1 a0, ...]`` (HFGenerator's contract)."""
+        params.validate()
+        if n < 1:
+            raise ValueError(f"n (samples per prompt) must be >= 1, got {n}")
+        check_generator(generator, self.runner.device)
+        rows = [list(p) for p in prompts for _ in range(n)]
+        bs = self.max_batch_size or len(rows)
+        order = list(range(len(rows)))
+        if bs < len(rows):  # bucket by length; the sort is stable, so a prompt's n rows stay together
+            order.sort(key=lambda i: len(rows[i]))
+        t0 = time.perf_counter()
+        self.last_stats = {"rows": len(rows), "batches": 0, "steps": 0, "graph_captures": 0}
+        was_training = self.model.training
+        self.model.eval()
+        try:
+            parts = [self._generate_batch([rows[i] for i in order[s:s + bs]], params, generator)
+                     for s in range(0, len(rows), bs)]
+        finally:
+            self.model.train(was_training)
+            if not self.keep_cache:
+                self.release()
+        out = Rollout.cat(parts) if len(parts) > 1 else parts[0]
+        if order != sorted(order):
+            inverse = [0] * len(order)
+            for pos, i in enumerate(order):
+                inverse[i] = pos
+            out = out.select(inverse)
+        st = self.last_stats
+        st["generated_tokens"] = int(out.completion_mask.sum())  # one sync, at the end
+        st["seconds"] = time.perf_counter() - t0
+        st["cuda_graphs"] = self._graphs_on()
+        st["graph_error"] = self.graph_error
+        return out
+
+    def release(self) -> None:
+        """Free the KV cache and the captured graphs (the next call re-allocates and re-captures)."""
+        self._state, self._graphs, self._pool, self._weights_key = None, {}, None, None
+
+    @property
+    def cache_bytes(self) -> int:
+        return 0 if self._state is None else self._state.nbytes()
+
+    # --- one batch ------------------------------------------------------------
+    @torch.no_grad()
+    def _generate_batch(self, rows: list[list[int]], params: SamplingParams,
+                        generator: torch.Generator | None) -> Rollout:
+        r, dev = self.runner, self.runner.device
+        ids, mask = left_pad(rows, self.pad_id, dev)  # [N, P]
+        N, P = ids.shape
+        T = params.max_new_tokens
+        r.check_length(P + T)
+        graphs = self._graphs_on()
+        B = _pow2(N) if graphs else N  # graph batch; rows [N, B) are inert
+        S = _round_up(P + T, self.kv_block) if graphs else P + T
+        st = self._ensure_state(B, S)
+
+        logits = r.prefill(st, ids, mask)  # [N, V]
+        st.pos[:N] = mask.sum(dim=1, keepdim=True)  # position of the first generated token
+        st.slot.fill_(P)
+        if B > N:
+            st.kv_valid[N:B].zero_()
+            st.pos[N:B].zero_()
+            st.tok[N:B].fill_(self.pad_id)
+        if graphs:
+            self._check_weights()
+
+        stop = torch.tensor(sorted(set(params.stop_token_ids)) or [-1], device=dev)
+        tokens = torch.full((N, T), self.pad_id, dtype=torch.long, device=dev)
+        logps = torch.zeros((N, T), dtype=torch.float32, device=dev)
+        cmask = torch.zeros((N, T), dtype=torch.long, device=dev)
+        done = torch.zeros(N, dtype=torch.bool, device=dev)
+        pad = torch.full((N,), self.pad_id, dtype=torch.long, device=dev)
+        for t in range(T):
+            if t:
+                L = min(S, _round_up(P + t, self.kv_block)) if graphs else P + t  # slots [0, P + t) are live
+                self._step(st, B, L, graphs)
+                logits = st.logits[:N]
+                st.slot.add_(1)
+                st.pos.add_(1)
+            tok, lp = sample(logits, params.temperature, params.top_p, generator)  # [N], [N]
+            live = ~done
+            tokens[:, t] = torch.where(live, tok, pad)
+            logps[:, t] = torch.where(live, lp, 0.0)
+            cmask[:, t] = live.long()
+            done = done | (live & torch.isin(tok, stop))
+            st.tok[:N, 0] = tok
+            if (t + 1) % self.sync_every == 0 and t + 1 < T and bool(done.all()):
+                break
+        steps = int(cmask.any(dim=0).sum())  # live columns form a prefix
+        stats = self.last_stats
+        stats["batches"] += 1
+        stats["steps"] += steps
+        return Rollout(
+            prompt_ids=ids,
+            prompt_mask=mask,
+            completion_ids=tokens[:, :steps],
+            completion_mask=cmask[:, :steps],
+            logprobs=logps[:, :steps],
+            truncated=~done,
+            pad_id=self.pad_id,
+        )
+
+    # --- state and graphs ------------------------------------------------------
+    def _graphs_on(self) -> bool:
+        on = self.runner.device.type == "cuda" if self.cuda_graphs is None else self.cuda_graphs
+        if on and self.runner.device.type != "cuda":
+            raise ValueError(f"cuda_graphs=True needs the model on a CUDA device, it is on {self.runner.device}")
+        return on and self.graph_error is None
+
+    def _ensure_state(self, B: int, S: int) -> DecodeState:
+        st = self._state
+        r = self.runner
+        if (st is not None and st.batch >= B and st.length >= S and st.k[0].device == r.device
+                and st.k[0].dtype == r.dtype and len(st.k) == len(r.layers)):
+            return st
+        if st is not None:  # grow; graphs captured on the old buffers are void
+            B, S = max(B, st.batch), max(S, st.length)
+        self.release()
+        self._state = r.new_state(B, S)
+        return self._state
+
+    def _fingerprint(self) -> tuple:
+        """Addresses of every tensor a captured graph reads, and the kernel switch."""
+        m = self.model
+        ptrs = [t.data_ptr() for t in itertools.chain(m.parameters(), m.buffers())]
+        ptrs += [getattr(x, "_wcache", None).data_ptr() for x in m.modules() if getattr(x, "_wcache", None) is not None]
+        return (len(ptrs), hash(tuple(ptrs)), os.environ.get("QUARL_KERNELS", "auto"))
+
+    def _check_weights(self) -> None:
+        key = self._fingerprint()
+        if key != self._weights_key:
+            self._graphs.clear()
+            self._weights_key = key
+
+    def _step(self, st: DecodeState, B: int, L: int, graphs: bool) -> None:
+        if not graphs or self.graph_error is not None:
+            self._decode(st, B, L)
+            return
+        g = self._graphs.get((B, L))
+        if g is not None:
+            g.replay()
+        else:
+            self._capture(st, B, L)
+
+    def _capture(self, st: DecodeState, B: int, L: int) -> None:
+        """Run the step eagerly (warm-up, on a side stream: cuBLAS handles, Triton compiles, lazy
+        caches), then capture it. The warm-up already produced this step's outputs and the step is
+        idempotent, so nothing is replayed here; on failure graphs are switched off for good."""
+        side = torch.cuda.Stream(device=self.runner.device)
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            for _ in range(2):
+                self._decode(st, B, L)
+        torch.cuda.current_stream().wait_stream(side)
+        g = torch.cuda.CUDAGraph()
+        try:
+            with torch.cuda.graph(g, pool=self._pool):
+                self._decode(st, B, L)
+        except Exception as e:  # noqa: BLE001 - any capture failure means "run this model eagerly"
+            first = str(e).splitlines()[0] if str(e) else ""
+            self.graph_error = f"{type(e).__name__}: {first}"
+            self._graphs.clear()
+            warnings.warn(
+                f"CUDA graph capture of the decode step failed ({self.graph_error}); decoding eagerly. A layer's "
+                f"compute path syncs with the host -- typically a quantized format without a GPU kernel for "
+                f"this dtype (see quarl.quant.dispatch); expect lower tokens/s",
+                RuntimeWarning,
+                stacklevel=5,
+            )
+            torch.cuda.synchronize(self.runner.device)
+            return
+        self._pool = g.pool()
+        self._graphs[(B, L)] = g
+        self.last_stats["graph_captures"] = self.last_stats.get("graph_captures", 0) + 1
+
+
+__all__ = ["FastGenerator"]

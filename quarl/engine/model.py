@@ -1,0 +1,264 @@
+"""A minimal Llama / Qwen2 / Qwen3 forward over a static KV cache, on the HF model's own modules.
+
+The engine does not copy or convert weights. :class:`DecoderRunner` keeps
+references to the Hugging Face model's submodules -- ``embed_tokens``, every
+layer's RMSNorms, ``q/k/v/o_proj`` (``nn.Linear`` or quarl's ``QuantLinear``
+with its LoRA branch and kernel dispatch), Qwen3's ``q_norm``/``k_norm``, the
+MLP, the final norm and ``lm_head`` -- and calls them. What it replaces is only
+the glue between them: RoPE from a precomputed table, and attention over a
+preallocated cache with ``F.scaled_dot_product_attention``. So whatever the
+policy is at rollout time (packed NVFP4 base, LoRA being trained, AQN noise
+written into the norm weights in place), the engine computes with it, exactly
+as the trainer's forward does.
+
+Cache layout (:class:`DecodeState`), gpt-fast style: per layer ``k, v`` of
+``[B, H_kv, S, D]``, zero-initialised (a masked slot is multiplied by an exact
+0, and ``0 * NaN`` from uninitialised memory would still be NaN), plus
+``kv_valid [B, S]`` saying which slots a row may attend to. Prompts are *left*
+padded, so all rows share one write column: the prompt fills ``[0, P)`` and
+decode step ``t`` writes column ``P + t - 1``. RoPE positions are per row,
+``cumsum(mask) - 1`` as in HF generate, so padding never shifts a position.
+
+Attention:
+* **prefill** (eager, any length): ``q [B, H, P, D]`` against the prompt's own
+  ``k, v`` expanded to ``H`` heads (as HF's sdpa path does), with mask
+  ``causal & (key is real | key == query)``. The diagonal keeps fully padded
+  query rows finite; their outputs are never read, only their (finite) K/V,
+  which every real query masks.
+* **decode** (one token, static shapes for CUDA graphs): grouped-query heads are
+  folded into the query-length dimension -- ``q [B, H_kv, G, D]`` against
+  ``k [B, H_kv, L, D]`` -- so GQA needs neither ``repeat_kv`` copies of the
+  cache nor SDPA's ``enable_gqa``. ``L`` is a bucket of the cache length
+  (multiples of ``kv_block``): attention reads the filled prefix, not all of
+  ``S``, and each bucket is one captured graph.
+
+RoPE: the table ``cos, sin [S, D]`` is built the way HF's rotary module builds
+it (fp32 ``position * inv_freq``, duplicated halves, times
+``attention_scaling``, cast to the model dtype), from the module's own
+``inv_freq``. That covers every rope type whose frequencies do not depend on
+the sequence length -- ``default``, ``linear``, ``llama3``, ``yarn`` -- and
+``dynamic``/``longrope`` while the sequence stays within
+``original_max_position_embeddings`` (where they are static too). Longer
+dynamic-RoPE sequences and sliding-window layers that the sequence would
+exceed raise :class:`EngineError` pointing at the reference generator.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+SUPPORTED_MODEL_TYPES = ("llama", "qwen2", "qwen3")
+STATIC_ROPE_TYPES = ("default", "linear", "llama3", "yarn")
+LENGTH_BOUNDED_ROPE_TYPES = ("dynamic", "longrope")
+
+
+class EngineError(ValueError):
+    """The engine cannot run this model or request; the message names the fix."""
+
+
+def _rope_params(config) -> dict:
+    rp = getattr(config, "rope_parameters", None) or getattr(config, "rope_scaling", None) or {}
+    return dict(rp) if isinstance(rp, dict) else {}
+
+
+def _rotate_half(x: torch.Tensor) -> torch.Tensor:
+    x1, x2 = x.chunk(2, dim=-1)
+    return torch.cat((-x2, x1), dim=-1)
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """``x [B, H, L, D]``, ``cos/sin [B, L, D]`` -> rotated ``x`` (HF's formula, op for op)."""
+    cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)  # [B, 1, L, D]
+    return (x * cos) + (_rotate_half(x) * sin)
+
+
+@dataclass
+class DecodeState:
+    """Static buffers of one cache allocation; CUDA graphs capture their addresses."""
+
+    k: list[torch.Tensor]  # per layer [B, H_kv, S, D]
+    v: list[torch.Tensor]  # per layer [B, H_kv, S, D]
+    kv_valid: torch.Tensor  # [B, S] bool: slot may be attended to
+    cos: torch.Tensor  # [S, D] model dtype
+    sin: torch.Tensor  # [S, D]
+    tok: torch.Tensor  # [B, 1] long: the token fed to the next decode step
+    pos: torch.Tensor  # [B, 1] long: its RoPE position
+    slot: torch.Tensor  # [1] long: the cache column it is written to
+    logits: torch.Tensor  # [B, V] fp32: output of the last decode step
+
+    @property
+    def batch(self) -> int:
+        return self.kv_valid.shape[0]
+
+    @property
+    def length(self) -> int:
+        return self.kv_valid.shape[1]
+
+    def nbytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in self.k + self.v)
+
+
+class DecoderRunner:
+    """Prefill and decode of a HF Llama/Qwen2/Qwen3 causal LM over a :class:`DecodeState`."""
+
+    def __init__(self, model: nn.Module):
+        cfg = getattr(model, "config", None)
+        mtype = getattr(cfg, "model_type", None)
+        if mtype not in SUPPORTED_MODEL_TYPES:
+            raise EngineError(
+                f"the fast engine supports model_type {', '.join(SUPPORTED_MODEL_TYPES)}, got {mtype!r}; "
+                f"use quarl.rl.rollout.HFGenerator (the reference engine) for other architectures"
+            )
+        base = getattr(model, "model", None)
+        if base is None or not hasattr(base, "layers") or not hasattr(base, "rotary_emb"):
+            raise EngineError(
+                f"{type(model).__name__} has no .model.layers/.model.rotary_emb; pass the transformers "
+                f"*ForCausalLM itself (not a PEFT or DDP wrapper: unwrap it first)"
+            )
+        self.model, self.config = model, cfg
+        self.embed, self.layers, self.norm = base.embed_tokens, list(base.layers), base.norm
+        self.lm_head = model.get_output_embeddings()
+        self.rotary = base.rotary_emb
+        attn = self.layers[0].self_attn
+        self.n_heads = cfg.num_attention_heads
+        self.n_kv = cfg.num_key_value_heads
+        self.head_dim = attn.head_dim
+        self.group = self.n_heads // self.n_kv
+        self.scaling = attn.scaling
+        self.qk_norm = hasattr(attn, "q_norm")
+        self.vocab = self.lm_head.weight.shape[0] if hasattr(self.lm_head, "weight") else cfg.vocab_size
+        rp = _rope_params(cfg)
+        self.rope_type = rp.get("rope_type", rp.get("type", "default")) or "default"
+        self.original_max = rp.get("original_max_position_embeddings", cfg.max_position_embeddings)
+
+    # --- static facts -----------------------------------------------------------
+    @property
+    def device(self) -> torch.device:
+        return self.embed.weight.device
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.embed.weight.dtype
+
+    def check_length(self, total: int) -> None:
+        """Raise unless prompt + completion of ``total`` tokens is computed exactly as HF would."""
+        if self.rope_type not in STATIC_ROPE_TYPES + LENGTH_BOUNDED_ROPE_TYPES:
+            raise EngineError(f"RoPE type {self.rope_type!r} is not supported by the fast engine "
+                              f"(supported: {', '.join(STATIC_ROPE_TYPES + LENGTH_BOUNDED_ROPE_TYPES)}); "
+                              f"use quarl.rl.rollout.HFGenerator")
+        if self.rope_type in LENGTH_BOUNDED_ROPE_TYPES and total > self.original_max:
+            raise EngineError(
+                f"RoPE type {self.rope_type!r} changes its frequencies beyond original_max_position_embeddings="
+                f"{self.original_max} tokens and this request needs {total}; lower max_new_tokens or the "
+                f"prompt length, or use quarl.rl.rollout.HFGenerator"
+            )
+        window = getattr(self.config, "sliding_window", None)
+        types = getattr(self.config, "layer_types", None) or []
+        if window and "sliding_attention" in types and total > window:
+            raise EngineError(
+                f"layers with sliding_window={window} are not implemented by the fast engine and this request "
+                f"needs {total} tokens; lower the length or use quarl.rl.rollout.HFGenerator"
+            )
+
+    # --- state ------------------------------------------------------------------
+    def rope_table(self, length: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """``cos, sin [length, D]`` for positions ``0..length-1``, as HF's rotary module computes them."""
+        r = self.rotary
+        inv_freq = r.inv_freq
+        if self.rope_type in LENGTH_BOUNDED_ROPE_TYPES and hasattr(r, "original_inv_freq"):
+            inv_freq = r.original_inv_freq  # within original_max the frequencies are the original ones
+        pos = torch.arange(length, device=self.device)
+        freqs = pos[:, None].float() * inv_freq.to(device=self.device, dtype=torch.float)  # [S, D/2]
+        emb = torch.cat((freqs, freqs), dim=-1)  # [S, D]
+        scale = getattr(r, "attention_scaling", 1.0)
+        return (emb.cos() * scale).to(self.dtype), (emb.sin() * scale).to(self.dtype)
+
+    def new_state(self, batch: int, length: int) -> DecodeState:
+        dev, dt = self.device, self.dtype
+        shape = (batch, self.n_kv, length, self.head_dim)
+        cos, sin = self.rope_table(length)
+        return DecodeState(
+            k=[torch.zeros(shape, device=dev, dtype=dt) for _ in self.layers],
+            v=[torch.zeros(shape, device=dev, dtype=dt) for _ in self.layers],
+            kv_valid=torch.zeros((batch, length), device=dev, dtype=torch.bool),
+            cos=cos,
+            sin=sin,
+            tok=torch.zeros((batch, 1), device=dev, dtype=torch.long),
+            pos=torch.zeros((batch, 1), device=dev, dtype=torch.long),
+            slot=torch.zeros(1, device=dev, dtype=torch.long),
+            logits=torch.zeros((batch, self.vocab), device=dev, dtype=torch.float32),
+        )
+
+    # --- shared pieces ------------------------------------------------------------
+    def _qkv(self, attn: nn.Module, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
+        """``x [B, L, hidden]`` -> rotated ``q [B, H, L, D]``, ``k, v [B, H_kv, L, D]``."""
+        B, L, _ = x.shape
+        q = attn.q_proj(x).view(B, L, self.n_heads, self.head_dim)
+        k = attn.k_proj(x).view(B, L, self.n_kv, self.head_dim)
+        v = attn.v_proj(x).view(B, L, self.n_kv, self.head_dim)
+        if self.qk_norm:  # Qwen3: RMSNorm over each head's D, before RoPE
+            q, k = attn.q_norm(q), attn.k_norm(k)
+        q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
+        return apply_rope(q, cos, sin), apply_rope(k, cos, sin), v
+
+    def _logits(self, h: torch.Tensor) -> torch.Tensor:  # h [B, hidden] -> [B, V] fp32
+        return self.lm_head(self.norm(h)).float()
+
+    # --- prefill --------------------------------------------------------------------
+    def prefill(self, st: DecodeState, ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        """Run left-padded prompts ``ids, mask [N, P]`` (rows ``[:N]`` of the state), fill
+        cache columns ``[0, P)`` and return the last position's logits ``[N, V]`` (fp32)."""
+        N, P = ids.shape
+        real = mask.bool()  # [N, P]
+        pos = (mask.long().cumsum(dim=1) - 1).clamp(min=0)  # [N, P]
+        st.kv_valid[:N].zero_()
+        st.kv_valid[:N, :P] = real
+        idx = torch.arange(P, device=ids.device)
+        causal = idx[None, :] <= idx[:, None]  # [P, P] key <= query
+        amask = (causal & (real[:, None, :] | torch.eye(P, dtype=torch.bool, device=ids.device)))[:, None]  # [N,1,P,P]
+        cos, sin = st.cos[pos], st.sin[pos]  # [N, P, D]
+        h = self.embed(ids)  # [N, P, hidden]
+        for i, layer in enumerate(self.layers):
+            attn = layer.self_attn
+            x = layer.input_layernorm(h)
+            q, k, v = self._qkv(attn, x, cos, sin)
+            st.k[i][:N, :, :P] = k
+            st.v[i][:N, :, :P] = v
+            if self.group > 1:  # [N, H_kv, P, D] -> [N, H, P, D], HF's repeat_kv
+                k = k[:, :, None].expand(N, self.n_kv, self.group, P, self.head_dim).reshape(N, self.n_heads, P, -1)
+                v = v[:, :, None].expand(N, self.n_kv, self.group, P, self.head_dim).reshape(N, self.n_heads, P, -1)
+            o = F.scaled_dot_product_attention(q, k, v, attn_mask=amask, scale=self.scaling)  # [N, H, P, D]
+            h = h + attn.o_proj(o.transpose(1, 2).reshape(N, P, self.n_heads * self.head_dim))
+            h = h + layer.mlp(layer.post_attention_layernorm(h))
+        return self._logits(h[:, -1])
+
+    # --- decode -----------------------------------------------------------------------
+    def decode(self, st: DecodeState, batch: int, kv_len: int) -> None:
+        """One token for rows ``[:batch]``: reads ``st.tok/pos/slot``, writes K/V at ``slot``,
+        marks the slot valid and leaves ``[batch, V]`` logits in ``st.logits``. Static
+        shapes and no host syncs: this is what a CUDA graph captures (and it is
+        idempotent, so the warm-up runs before capture are harmless)."""
+        B, G, D = batch, self.group, self.head_dim
+        tok, pos, slot = st.tok[:B], st.pos[:B], st.slot
+        valid = st.kv_valid[:B]
+        valid.index_fill_(1, slot, True)
+        amask = valid[:, None, None, :kv_len]  # [B, 1, 1, L]
+        cos, sin = st.cos[pos], st.sin[pos]  # [B, 1, D]
+        h = self.embed(tok)  # [B, 1, hidden]
+        for i, layer in enumerate(self.layers):
+            attn = layer.self_attn
+            x = layer.input_layernorm(h)
+            q, k, v = self._qkv(attn, x, cos, sin)  # q [B, H, 1, D]; k, v [B, H_kv, 1, D]
+            kc, vc = st.k[i][:B], st.v[i][:B]  # [B, H_kv, S, D]
+            kc.index_copy_(2, slot, k)
+            vc.index_copy_(2, slot, v)
+            qg = q.reshape(B, self.n_kv, G, D)  # the G query heads of a KV head as G query rows
+            o = F.scaled_dot_product_attention(qg, kc[:, :, :kv_len], vc[:, :, :kv_len], attn_mask=amask,
+                                               scale=self.scaling)  # [B, H_kv, G, D]
+            h = h + attn.o_proj(o.reshape(B, 1, self.n_heads * D))
+            h = h + layer.mlp(layer.post_attention_layernorm(h))
+        st.logits[:B].copy_(self._logits(h[:, 0]))

@@ -1,0 +1,83 @@
+"""On-device token sampling: temperature, nucleus (top-p), greedy, per-token log-probs.
+
+Everything here is tensor ops on the logits' device with no host round trip, so
+a decode loop can enqueue step after step without waiting for the GPU:
+
+* **the draw** uses the Gumbel-max trick: ``argmax(logits / T + g)`` with
+  ``g = -log(-log(u))``, ``u ~ U(0, 1)`` from the caller's ``torch.Generator``
+  (on the logits' device), is an exact sample of ``softmax(logits / T)``.
+  Unlike ``torch.multinomial`` it is one elementwise pass and an argmax, never
+  validates the distribution on the host, and tokens outside the nucleus
+  (``-inf``) can never win. (gpt-fast divides by ``Exponential(1)`` noise
+  instead; an exponential draw of exactly 0 there gives ``0/0 = NaN``, which
+  the clamped Gumbel form cannot.)
+* **top-p** keeps the smallest prefix of the sorted distribution whose mass
+  reaches ``top_p``: a token stays when the mass strictly before it is
+  ``< top_p`` -- the rule of :func:`quarl.rl.rollout.top_p_filter` (the
+  reference engine), so both engines sample from the same nucleus.
+* **greedy** is ``top_p < GREEDY_TOP_P``: the nucleus of a tiny ``top_p`` is
+  the single most likely token (its mass alone is ``>= 1/V``), which is how
+  :mod:`quarl.eval.generate` asks for greedy decoding (``top_p = 1e-9``)
+  through the rollout sampler's interface. It is computed as a plain argmax
+  (no sort, no noise), so it is deterministic and skips the ``[B, V]`` sort.
+* **log-probs** are ``log_softmax(logits / T)`` at the chosen token, *before*
+  top-p truncation: the quantity the trainer recomputes (see
+  :mod:`quarl.rl.rollout`).
+"""
+
+from __future__ import annotations
+
+import torch
+
+# Below this, the nucleus is the argmax for any vocabulary under 1e6 tokens
+# (the top token's probability is >= 1/V > top_p).
+GREEDY_TOP_P = 1e-6
+
+
+def top_p_mask(logits: torch.Tensor, top_p: float) -> torch.Tensor:
+    """``[B, V]`` logits -> the same logits with ``-inf`` outside each row's nucleus."""
+    if top_p >= 1.0:
+        return logits
+    sorted_logits, sorted_idx = torch.sort(logits, dim=-1, descending=True)  # [B, V]
+    probs = sorted_logits.softmax(dim=-1)
+    mass_before = probs.cumsum(dim=-1) - probs  # [B, V]: mass of the strictly more likely tokens
+    sorted_logits = sorted_logits.masked_fill(mass_before >= top_p, float("-inf"))
+    return torch.full_like(logits, float("-inf")).scatter(-1, sorted_idx, sorted_logits)
+
+
+def gumbel_noise(shape, device, generator: torch.Generator | None) -> torch.Tensor:
+    """Standard Gumbel noise ``[*shape]`` (fp32) from ``generator``."""
+    u = torch.rand(shape, device=device, dtype=torch.float32, generator=generator)
+    u = u.clamp_(min=torch.finfo(torch.float32).tiny)  # u = 0 would give +inf
+    return -torch.log(-torch.log(u))
+
+
+def check_generator(generator: torch.Generator | None, device: torch.device) -> None:
+    """A generator must live where the logits do (a CPU generator cannot draw CUDA noise)."""
+    if generator is None:
+        return
+    gdev = torch.device(generator.device)
+    if gdev.type != device.type or (gdev.type == "cuda" and (gdev.index or 0) != (device.index or 0)):
+        raise ValueError(
+            f"the sampling torch.Generator is on {gdev} but the model runs on {device}; "
+            f"create it with torch.Generator(device={str(device)!r}).manual_seed(seed)"
+        )
+
+
+def sample(
+    logits: torch.Tensor,
+    temperature: float,
+    top_p: float,
+    generator: torch.Generator | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``[B, V]`` logits -> (``[B]`` token ids, ``[B]`` fp32 log-probs under ``softmax(logits / T)``)."""
+    if temperature <= 0:
+        raise ValueError(f"temperature must be > 0, got {temperature}; use top_p < {GREEDY_TOP_P} for greedy")
+    scaled = logits.float() / temperature  # [B, V]
+    logp = torch.log_softmax(scaled, dim=-1)  # [B, V]
+    if top_p < GREEDY_TOP_P:
+        tok = scaled.argmax(dim=-1)  # [B]
+    else:
+        filtered = top_p_mask(scaled, top_p)
+        tok = (filtered + gumbel_noise(filtered.shape, filtered.device, generator)).argmax(dim=-1)  # [B]
+    return tok, logp.gather(-1, tok[:, None]).squeeze(-1)
