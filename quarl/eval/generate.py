@@ -134,7 +134,8 @@ def sample_completions(
 
 
 def _device(model) -> torch.device:
-    try:
-        return next(model.parameters()).device
-    except StopIteration:  # pragma: no cover - a model without parameters
+    """Where the sampling RNG must live: the model's device (cpu for an external engine)."""
+    params = getattr(model, "parameters", None)
+    if params is None:
         return torch.device("cpu")
+    return next(params(), torch.zeros(0)).device

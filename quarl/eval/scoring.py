@@ -109,7 +109,7 @@ def benchmark_metrics(bench: Benchmark, results: list[list[SampleResult]], pass_
         "accuracy_stderr": stderr,
         "pass_at_k": {str(k): mean_pass_at_k(counts, ns, k) for k in sorted({k for k in pass_k if k <= n} | {n})},
         "format_rate": float(np.mean([s.formatted for s in samples])),
-        "answer_found_rate": float(np.mean([s.extraction_method != "none" for s in samples])),
+        "answer_found_rate": float(np.mean([s.extracted_answer is not None for s in samples])),
         "extraction": dict(Counter(s.extraction_method for s in samples).most_common()),
         "response_tokens": {
             "mean": float(lengths.mean()),

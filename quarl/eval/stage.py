@@ -55,29 +55,30 @@ STAGE = "eval"
 log = logging.getLogger(__name__)
 
 
-def _is_dataset_artifact(uri: str) -> bool:
+def _manifest(uri: str) -> dict | None:
+    """The manifest at ``uri`` (local or s3), None if there is none or it is unreadable."""
     import json
 
     from quarl.storage import is_s3
 
-    if is_s3(uri):
-        from quarl.storage import NoSuchKeyError, S3Store
-
-        try:
-            raw = S3Store().get_bytes(uri.rstrip("/") + "/manifest.json")
-        except NoSuchKeyError:
-            return False
-        try:
-            return json.loads(raw).get("kind") == "dataset"
-        except ValueError:
-            return False
-    m = Path(uri).expanduser() / "manifest.json"
-    if not m.is_file():
-        return False
     try:
-        return json.loads(m.read_text()).get("kind") == "dataset"
+        if is_s3(uri):
+            from quarl.storage import NoSuchKeyError, S3Store
+
+            try:
+                raw = S3Store().get_bytes(uri.rstrip("/") + "/manifest.json")
+            except NoSuchKeyError:
+                return None
+            return json.loads(raw)
+        path = Path(uri).expanduser() / "manifest.json"
+        return json.loads(path.read_text()) if path.is_file() else None
     except ValueError:
-        return False
+        return None
+
+
+def _is_dataset_artifact(uri: str) -> bool:
+    m = _manifest(uri)
+    return isinstance(m, dict) and m.get("kind") == "dataset"
 
 
 def _name_for(uri: str) -> str:
@@ -158,6 +159,19 @@ def _input_uri(b: BenchmarkConfig) -> str:
     )
 
 
+def _check_output_free(uri: str, overwrite: bool) -> None:
+    """Refuse a complete artifact at ``uri`` *before* the (long) evaluation, not after it;
+    write_artifact re-checks at the end."""
+    from quarl.artifacts import ArtifactExistsError
+
+    m = _manifest(uri)
+    if not overwrite and isinstance(m, dict) and m.get("complete") is True:
+        raise ArtifactExistsError(
+            f"{uri} already holds a complete {m.get('kind')} artifact (stage {m.get('stage')}, completed "
+            f"{m.get('completed')}); pass overwrite=True (CLI: --overwrite) or write to a new URI"
+        )
+
+
 def run_eval(
     cfg: EvalConfig,
     *,
@@ -172,6 +186,7 @@ def run_eval(
     from quarl.artifacts import write_artifact
 
     t0 = time.monotonic()
+    _check_output_free(str(output_uri), overwrite)
     bench_cfgs = resolve_benchmarks(cfg, data_uris)
     cfg = dataclasses.replace(cfg, benchmarks=bench_cfgs)  # the artifact records what actually ran
     benches: list[Benchmark] = [load_benchmark(b) for b in bench_cfgs]
