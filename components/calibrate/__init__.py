@@ -1,0 +1,3 @@
+from quarl_components.calibrate.component import calibrate
+
+__all__ = ["calibrate"]

@@ -1,0 +1,3 @@
+from quarl_components.eval.component import eval
+
+__all__ = ["eval"]

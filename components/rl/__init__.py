@@ -1,0 +1,3 @@
+from quarl_components.rl.component import rl
+
+__all__ = ["rl"]
