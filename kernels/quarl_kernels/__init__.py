@@ -1,0 +1,21 @@
+"""quarl_kernels: Triton GPU kernels for quarl (Hopper first; sm_80+ where it applies).
+
+Importing this package
+
+  * defines the ``torch.ops.quarl.*`` custom ops (``ops``) -- usable on any
+    device: CUDA runs Triton, everything else the reference path;
+  * registers the weight-only 4-bit GEMMs with ``quarl.quant.dispatch``
+    (``registration``), so a frozen ``QuantLinear`` in NVFP4 / MXFP4 / INT4 on
+    a CUDA bf16 input runs them automatically. ``QUARL_KERNELS=reference``
+    switches them off.
+
+Triton itself is imported only when a CUDA kernel first runs, so this package
+imports (and its ops trace) on CPU-only installs.
+"""
+
+from quarl_kernels import ops
+from quarl_kernels.registration import applies, register
+
+KERNELS = register()
+
+__all__ = ["KERNELS", "applies", "ops", "register"]

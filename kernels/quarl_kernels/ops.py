@@ -1,0 +1,128 @@
+"""torch.library custom ops around the weight-only GEMMs, with autograd.
+
+    torch.ops.quarl.wo_linear(x, packed, scale, zero, gscale, fmt, group, n, k) -> y
+        y[..., N] = x[..., K] @ dequant(W)^T                        (no bias)
+    torch.ops.quarl.wo_linear_t(dy, packed, scale, zero, gscale, fmt, group, n, k) -> dx
+        dx[..., K] = dy[..., N] @ dequant(W)                        (the backward)
+
+``fmt`` is a quarl format name ("nvfp4", "mxfp4", "int"), ``group`` its block /
+group size; the tensors are exactly the layer's compressed-tensors buffers
+(``weight_packed``, ``weight_scale``, ``weight_zero_point`` or None,
+``weight_global_scale`` or None). Being custom ops with fake (meta)
+implementations, they trace through ``torch.compile`` as single opaque nodes.
+
+Devices. CUDA runs the Triton kernels; every other device runs the reference
+(``quarl.quant`` dequantize, then matmul), so the ops are correct anywhere and
+the GPU path is checked against exactly what QuantLinear's reference computes.
+
+Autograd. ``wo_linear`` gets ``dx = wo_linear_t(dy, ...)``; the packed weight
+and its scales are frozen (no gradient), as in QLoRA / QeRL: LoRA adapters
+train on top, upstream layers still receive dx.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from quarl_kernels.formats import FORMAT_IDS
+
+_LIB = "quarl"
+
+
+def _packed_weight(packed, scale, zero, gscale, fmt: str, group: int, n: int, k: int):
+    from quarl_kernels.wo_gemm import PackedWeight
+
+    words = packed if packed.dtype == torch.int32 else packed.view(torch.int32)  # FP4: uint8 [N, K/2] -> [N, K/8]
+    if fmt == "nvfp4":
+        scale = scale.view(torch.uint8)  # e4m3 bits; the kernel decodes them
+    return PackedWeight(FORMAT_IDS[fmt], group, n, k, words, scale, zero, gscale)
+
+
+def _reference_weight(packed, scale, zero, gscale, fmt: str, group: int, n: int, k: int, dtype) -> torch.Tensor:
+    """The numerics oracle: the format's own dequantize (what QuantLinear's reference uses)."""
+    from quarl.quant.base import QTensor, get_format
+    from quarl.quant.spec import make_config
+
+    if fmt == "int":
+        cfg = make_config({"format": "int", "bits": 4, "group_size": group, "symmetric": zero is None})
+        tensors = {"weight_packed": packed, "weight_scale": scale}
+        if zero is not None:
+            tensors["weight_zero_point"] = zero
+    else:
+        cfg = make_config({"format": fmt, "block_size": group})
+        tensors = {"weight_packed": packed, "weight_scale": scale}
+        if gscale is not None:
+            tensors["weight_global_scale"] = gscale
+    return get_format(fmt).dequantize(QTensor(cfg, (n, k), tensors), dtype)
+
+
+@torch.library.custom_op(f"{_LIB}::wo_linear", mutates_args=())
+def wo_linear(
+    x: torch.Tensor, packed: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor | None,
+    gscale: torch.Tensor | None, fmt: str, group: int, n: int, k: int,
+) -> torch.Tensor:
+    w = _reference_weight(packed, scale, zero, gscale, fmt, group, n, k, x.dtype)
+    return torch.nn.functional.linear(x, w)
+
+
+@wo_linear.register_kernel("cuda")
+def _wo_linear_cuda(x, packed, scale, zero, gscale, fmt, group, n, k):
+    from quarl_kernels.wo_gemm import wo_matmul
+
+    x2 = x.reshape(-1, k)  # [M, K]
+    y = wo_matmul(x2, _packed_weight(packed, scale, zero, gscale, fmt, group, n, k))
+    return y.reshape(*x.shape[:-1], n)
+
+
+@wo_linear.register_fake
+def _wo_linear_fake(x, packed, scale, zero, gscale, fmt, group, n, k):
+    return x.new_empty((*x.shape[:-1], n))
+
+
+@torch.library.custom_op(f"{_LIB}::wo_linear_t", mutates_args=())
+def wo_linear_t(
+    dy: torch.Tensor, packed: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor | None,
+    gscale: torch.Tensor | None, fmt: str, group: int, n: int, k: int,
+) -> torch.Tensor:
+    w = _reference_weight(packed, scale, zero, gscale, fmt, group, n, k, dy.dtype)
+    return dy @ w
+
+
+@wo_linear_t.register_kernel("cuda")
+def _wo_linear_t_cuda(dy, packed, scale, zero, gscale, fmt, group, n, k):
+    from quarl_kernels.wo_gemm import wo_matmul_t
+
+    dy2 = dy.reshape(-1, n)  # [M, N]
+    dx = wo_matmul_t(dy2, _packed_weight(packed, scale, zero, gscale, fmt, group, n, k))
+    return dx.reshape(*dy.shape[:-1], k)
+
+
+@wo_linear_t.register_fake
+def _wo_linear_t_fake(dy, packed, scale, zero, gscale, fmt, group, n, k):
+    return dy.new_empty((*dy.shape[:-1], k))
+
+
+def _setup_context(ctx, inputs, output):
+    _, packed, scale, zero, gscale, fmt, group, n, k = inputs
+    ctx.save_for_backward(packed, scale, zero, gscale)
+    ctx.meta = (fmt, group, n, k)
+
+
+def _backward(ctx, dy):
+    packed, scale, zero, gscale = ctx.saved_tensors
+    dx = torch.ops.quarl.wo_linear_t(dy.contiguous(), packed, scale, zero, gscale, *ctx.meta)
+    return dx, None, None, None, None, None, None, None, None
+
+
+torch.library.register_autograd(f"{_LIB}::wo_linear", _backward, setup_context=_setup_context)
+
+
+def layer_args(layer) -> tuple:
+    """The op arguments after ``x`` for a frozen QuantLinear with a supported format."""
+    cfg = layer.config
+    if cfg.name == "int":
+        return (layer.weight_packed, layer.weight_scale, getattr(layer, "weight_zero_point", None), None,
+                "int", cfg.group_size, layer.out_features, layer.in_features)
+    gs = layer.weight_global_scale if cfg.name == "nvfp4" else None
+    return (layer.weight_packed, layer.weight_scale, None, gs, cfg.name, cfg.block_size,
+            layer.out_features, layer.in_features)

@@ -1,0 +1,80 @@
+"""Hook the Triton weight-only GEMMs into ``quarl.quant.dispatch``.
+
+``register()`` (called on ``import quarl_kernels``) adds one ``Kernel`` per
+format -- NVFP4, MXFP4 and INT4 (group-wise, symmetric or not). Each predicate
+accepts a call only when the kernel computes the same function as the
+reference path and can run:
+
+  * a CUDA tensor in bf16 (fp16 / fp32 activations keep the reference path:
+    the tensor-core operand would round them to bf16);
+  * compute capability >= 8.0 (``fma.rn.bf16x2``); the kernels are tuned for
+    sm_90, and Triton must be importable;
+  * a frozen layer whose buffers sit on the activation's device, with
+    K % 8 == 0 and a block / group size that is a multiple of 8 (a 32-bit word
+    of 8 codes never straddles two scales), FP4 bytes 4-aligned (read as int32),
+    and the scale dtypes the formats produce.
+
+Anything else falls through to the reference (dequantize, then matmul), so
+enabling the kernels can never change which inputs are accepted.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib.util
+
+import torch
+
+KERNEL_PRIORITY = 10
+
+
+@functools.cache
+def _capable(index: int) -> bool:
+    return importlib.util.find_spec("triton") is not None and torch.cuda.get_device_capability(index) >= (8, 0)
+
+
+def _shapes_ok(layer, block: int) -> bool:
+    return layer.in_features % 8 == 0 and block % 8 == 0 and layer.in_features % block == 0
+
+
+def applies(x: torch.Tensor, layer) -> bool:
+    """True when the Triton kernel computes this call (see the module docstring)."""
+    if not x.is_cuda or x.dtype != torch.bfloat16 or getattr(layer, "mode", "frozen") != "frozen":
+        return False
+    cfg = layer.config
+    if cfg is None or x.shape[-1] != layer.in_features or not _capable(x.device.index or 0):
+        return False
+    packed = getattr(layer, "weight_packed", None)
+    if packed is None or packed.device != x.device or not packed.is_contiguous():
+        return False
+    scale = layer.weight_scale
+    if cfg.name == "nvfp4":
+        ok = (scale.dtype == torch.float8_e4m3fn and packed.dtype == torch.uint8
+              and getattr(layer, "weight_global_scale", None) is not None and _shapes_ok(layer, cfg.block_size))
+    elif cfg.name == "mxfp4":
+        ok = scale.dtype == torch.uint8 and packed.dtype == torch.uint8 and _shapes_ok(layer, cfg.block_size)
+    elif cfg.name == "int":
+        ok = (cfg.bits == 4 and packed.dtype == torch.int32 and scale.is_floating_point()
+              and _shapes_ok(layer, cfg.group_size))
+    else:
+        return False
+    return ok and packed.data_ptr() % 4 == 0 and scale.device == x.device
+
+
+def forward(x: torch.Tensor, layer) -> torch.Tensor:
+    """``dispatch.KernelFn``: x [..., K] -> y [..., N] through ``torch.ops.quarl.wo_linear``."""
+    from quarl_kernels.ops import layer_args
+
+    return torch.ops.quarl.wo_linear(x, *layer_args(layer))
+
+
+def register() -> list[str]:
+    """Register the kernels with quarl's dispatcher; returns their names."""
+    from quarl.quant import dispatch
+
+    names = []
+    for fmt in ("nvfp4", "mxfp4", "int"):
+        name = f"triton-wo-{fmt}"
+        dispatch.register_kernel(dispatch.Kernel(name, fmt, forward, applies, KERNEL_PRIORITY))
+        names.append(name)
+    return names

@@ -1,0 +1,366 @@
+"""Weight-only 4-bit GEMMs for Hopper: ``y = x @ W^T`` and ``dx = dy @ W``.
+
+Hopper has FP8 but no FP4 tensor cores, so NVFP4 / MXFP4 / INT4 weights are
+dequantized in registers (``dequant.load_dequant_tile``) and multiplied on the
+BF16 tensor cores; the weight is read once per output tile from its packed
+layout and never exists as a BF16 copy in memory.
+
+Kernels
+  ``_fwd_kernel``  y[M, N] = x[M, K] @ W[N, K]^T. One kernel for both regimes:
+      * decode (M <= 64): one M tile covers all rows (BM = 16/32/64), so each
+        weight byte is read exactly once; split-K spreads small-N layers over
+        every SM. Partials go to an fp32 workspace [S, M, N] and a tiny
+        ``_splitk_reduce_kernel`` sums them in a fixed order (deterministic,
+        unlike atomics).
+      * prefill / training (M > 64): classic tiled MMA, grouped-M launch order
+        for L2 reuse of the weight tiles.
+  ``_bwd_kernel``  dx[M, K] = dy[M, N] @ W[N, K], for LoRA training through the
+      frozen base: the same tile decode, reduction over N, no weight gradient.
+
+Cost model (the "two numbers", per call): bytes = K*N*bits/8 (+ scales) +
+2*M*K + 2*M*N, flops = 2*M*N*K. At M <= 64 the weight bytes dominate (memory
+bound: time ~ bytes / HBM bandwidth); at M >= 1024 the BF16 tensor-core rate
+does (compute bound), and the in-register decode (~2 integer ops per weight
+per M tile) is the overhead to hide behind the MMAs -- which is why prefill
+tiles are 128 rows tall. docs/kernels.md has the measured numbers.
+
+Config choice is a small table (``DECODE_CONFIGS`` / ``PREFILL_CONFIGS``):
+the first entry is the default, ``tune=True`` (or ``QUARL_KERNELS_TUNE=1``)
+times every candidate once per (format, M bucket, N, K) and keeps the fastest.
+Each candidate costs one Triton compile, so the tables stay short.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import torch
+import triton
+import triton.language as tl
+
+from quarl_kernels.dequant import FMT_INT4, FMT_NVFP4, FP4_ACC_FACTOR, load_dequant_tile, pair_order_rows
+
+
+# ---------------------------------------------------------------------------
+@triton.jit
+def _fwd_kernel(
+    x_ptr, wp_ptr, s_ptr, z_ptr, gs_ptr, out_ptr,
+    M, N, KW, KW_PER_SPLIT,
+    stride_xm, stride_xk, stride_wn, stride_sn, stride_sk, stride_zn, stride_zk,
+    stride_os, stride_om, stride_on,
+    FMT: tl.constexpr, GROUP: tl.constexpr, HAS_ZP: tl.constexpr, USE_ASM: tl.constexpr, PAIR_ORDER: tl.constexpr,
+    BM: tl.constexpr, BN: tl.constexpr, BKW: tl.constexpr, GROUP_M: tl.constexpr, INTERPRET: tl.constexpr,
+):
+    BK: tl.constexpr = BKW * 8
+    pid = tl.program_id(0)
+    pid_k = tl.program_id(1)
+    num_pid_m = tl.cdiv(M, BM)
+    num_pid_n = tl.cdiv(N, BN)
+    # grouped ordering: GROUP_M consecutive M tiles share each weight tile in L2
+    num_in_group = GROUP_M * num_pid_n
+    first_m = (pid // num_in_group) * GROUP_M
+    group_rows = min(num_pid_m - first_m, GROUP_M)
+    pid_m = first_m + (pid % num_in_group) % group_rows
+    pid_n = (pid % num_in_group) // group_rows
+
+    offs_m = pid_m * BM + tl.arange(0, BM)  # [BM]
+    offs_n = pid_n * BN + tl.arange(0, BN)  # [BN]
+    kw_lo = pid_k * KW_PER_SPLIT
+    kw_hi = min(kw_lo + KW_PER_SPLIT, KW)
+    xT_cols = x_ptr + offs_m.to(tl.int64)[None, :] * stride_xm  # [1, BM]
+    m_ok = offs_m[None, :] < M  # [1, BM]
+    n_ok = offs_n[:, None] < N  # [BN, 1]
+
+    # Swapped operands: acc^T[BN, BM] = W[BN, BK] @ x^T[BK, BM]. The dequantized
+    # tile is the K-contiguous A operand (16-byte shared stores, wgmma-eligible
+    # even when M is 16), x^T is a K-major B operand that Triton pipelines.
+    acc = tl.zeros((BN, BM), dtype=tl.float32)
+    for kw0 in range(kw_lo, kw_hi, BKW):
+        offs_kw = kw0 + tl.arange(0, BKW)  # [BKW] words
+        offs_k = kw0 * 8 + tl.arange(0, BK)  # [BK] elements
+        xT = tl.load(xT_cols + offs_k[:, None] * stride_xk, mask=m_ok & (offs_k[:, None] < kw_hi * 8), other=0.0)
+        if PAIR_ORDER:
+            xT = pair_order_rows(xT)  # [BK, BM], rows in the weight tile's column order
+        w = load_dequant_tile(
+            wp_ptr, s_ptr, z_ptr, offs_n, offs_kw, n_ok, kw_hi,
+            stride_wn, stride_sn, stride_sk, stride_zn, stride_zk, FMT, GROUP, HAS_ZP, USE_ASM, PAIR_ORDER,
+        )  # [BN, BK] bf16
+        if INTERPRET:  # the CPU interpreter multiplies raw bf16 bits; its fp32 dot is right
+            acc = tl.dot(w.to(tl.float32), xT.to(tl.float32), acc)
+        else:
+            acc = tl.dot(w, xT, acc)  # [BN, BM] fp32
+
+    if FMT == 0:
+        acc = acc * (65536.0 / tl.load(gs_ptr).to(tl.float32))
+    elif FMT == 1:
+        acc = acc * 65536.0
+    # y [M, N] in x's dtype, or (split-K) fp32 partials [S, M, N]: the pointer type decides
+    out = out_ptr + pid_k * stride_os + offs_m.to(tl.int64)[None, :] * stride_om + offs_n[:, None] * stride_on
+    tl.store(out, acc.to(out_ptr.dtype.element_ty), mask=m_ok & n_ok)
+
+
+@triton.jit
+def _splitk_reduce_kernel(ws_ptr, y_ptr, MN, SPLIT_K: tl.constexpr, BLOCK: tl.constexpr):
+    """y[i] = sum_s ws[s, i] in split order (deterministic). ws [S, M*N] fp32."""
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < MN
+    acc = tl.load(ws_ptr + offs, mask=mask, other=0.0)
+    for s in tl.static_range(1, SPLIT_K):
+        acc += tl.load(ws_ptr + s * MN + offs, mask=mask, other=0.0)
+    tl.store(y_ptr + offs, acc.to(y_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _bwd_kernel(
+    dy_ptr, wp_ptr, s_ptr, z_ptr, gs_ptr, dx_ptr,
+    M, N, KW,
+    stride_dym, stride_dyn, stride_wn, stride_sn, stride_sk, stride_zn, stride_zk,
+    stride_dxm, stride_dxk,
+    FMT: tl.constexpr, GROUP: tl.constexpr, HAS_ZP: tl.constexpr, USE_ASM: tl.constexpr, PAIR_ORDER: tl.constexpr,
+    BM: tl.constexpr, BN: tl.constexpr, BKW: tl.constexpr, GROUP_M: tl.constexpr, INTERPRET: tl.constexpr,
+):
+    """dx[M, K] = dy[M, N] @ W[N, K]: tiles of dx over (M, K), loop over N. With
+    PAIR_ORDER the accumulator's columns come in the weight tile's pair order and
+    the epilogue stores them through permuted column offsets."""
+    BK: tl.constexpr = BKW * 8
+    pid = tl.program_id(0)
+    num_pid_m = tl.cdiv(M, BM)
+    num_pid_k = tl.cdiv(KW, BKW)
+    num_in_group = GROUP_M * num_pid_k
+    first_m = (pid // num_in_group) * GROUP_M
+    group_rows = min(num_pid_m - first_m, GROUP_M)
+    pid_m = first_m + (pid % num_in_group) % group_rows
+    pid_k = (pid % num_in_group) // group_rows
+
+    offs_m = pid_m * BM + tl.arange(0, BM)  # [BM]
+    offs_kw = pid_k * BKW + tl.arange(0, BKW)  # [BKW]
+    offs_k = pid_k * BK + tl.arange(0, BK)  # [BK]
+    dy_rows = dy_ptr + offs_m.to(tl.int64)[:, None] * stride_dym
+    m_ok = offs_m[:, None] < M
+
+    acc = tl.zeros((BM, BK), dtype=tl.float32)
+    for n0 in range(0, N, BN):
+        offs_n = n0 + tl.arange(0, BN)  # [BN]
+        dy = tl.load(dy_rows + offs_n[None, :] * stride_dyn, mask=m_ok & (offs_n[None, :] < N), other=0.0)
+        w = load_dequant_tile(
+            wp_ptr, s_ptr, z_ptr, offs_n, offs_kw, offs_n[:, None] < N, KW,
+            stride_wn, stride_sn, stride_sk, stride_zn, stride_zk, FMT, GROUP, HAS_ZP, USE_ASM, PAIR_ORDER,
+        )  # [BN, BK] bf16
+        if INTERPRET:
+            acc = tl.dot(dy.to(tl.float32), w.to(tl.float32), acc)
+        else:
+            acc = tl.dot(dy, w, acc)  # [BM, BK] fp32
+
+    if FMT == 0:
+        acc = acc * (65536.0 / tl.load(gs_ptr).to(tl.float32))
+    elif FMT == 1:
+        acc = acc * 65536.0
+    if PAIR_ORDER:  # column 8w + 2j + h of the tile holds k = 8w + j + 4h
+        c = offs_k % 8
+        offs_k = offs_k - c + c // 2 + (c % 2) * 4
+    dx = dx_ptr + offs_m.to(tl.int64)[:, None] * stride_dxm + offs_k[None, :] * stride_dxk
+    tl.store(dx, acc.to(dx_ptr.dtype.element_ty), mask=m_ok & (offs_k[None, :] < KW * 8))
+
+
+# ---------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Config:
+    bm: int
+    bn: int
+    bkw: int  # K tile in 32-bit words (8 weights each)
+    warps: int
+    stages: int
+    group_m: int = 8
+
+    def __str__(self) -> str:
+        return f"BM{self.bm}xBN{self.bn}xBK{self.bkw * 8}w{self.warps}s{self.stages}"
+
+
+# Decode: BM is set to cover M; BN x BK sizes the weight tile each CTA streams.
+DECODE_CONFIGS = (
+    Config(16, 64, 32, 4, 4),
+    Config(16, 128, 16, 4, 4),
+    Config(16, 128, 32, 8, 3),
+)
+PREFILL_CONFIGS = (
+    Config(128, 128, 8, 8, 4),
+    Config(128, 256, 8, 8, 3),
+    Config(128, 128, 16, 8, 3),
+    Config(64, 128, 16, 4, 4),
+)
+BWD_CONFIGS = (
+    Config(128, 64, 16, 8, 3),
+    Config(128, 128, 16, 8, 3),
+    Config(64, 128, 16, 4, 4),
+)
+DECODE_MAX_M = 64
+
+
+@dataclass(frozen=True)
+class PackedWeight:
+    """The raw tensors of one packed [N, K] weight, as the kernels read them."""
+
+    fmt: int
+    group: int
+    n: int
+    k: int
+    words: torch.Tensor  # int32 [N, K/8]
+    scale: torch.Tensor  # [N, K/group] e4m3 | uint8 | fp32/bf16
+    zero: torch.Tensor | None  # int8 [N, K/group] (INT4 asymmetric) or None
+    gscale: torch.Tensor | None  # fp32 [1] (NVFP4) or None
+
+
+def _num_sms(device: torch.device) -> int:
+    if device.type != "cuda":  # TRITON_INTERPRET=1 runs on CPU tensors: pretend an H100
+        return 132
+    return torch.cuda.get_device_properties(device).multi_processor_count
+
+
+def _interpreting() -> bool:
+    return os.environ.get("TRITON_INTERPRET", "0") == "1"
+
+
+def _decode_bm(m: int) -> int:
+    return max(16, triton.next_power_of_2(m))
+
+
+def _split_k(cfg: Config, m: int, n: int, kw: int, sms: int) -> tuple[int, int]:
+    """(split count, words per split): enough CTAs for ~2 waves, >= 2 K tiles each."""
+    tiles = triton.cdiv(m, cfg.bm) * triton.cdiv(n, cfg.bn)
+    k_tiles = triton.cdiv(kw, cfg.bkw)
+    split = max(1, min(16, triton.cdiv(2 * sms, tiles), k_tiles // 2))
+    per = triton.cdiv(k_tiles, split) * cfg.bkw
+    return triton.cdiv(kw, per), per
+
+
+def launch_fwd(
+    x2: torch.Tensor, pw: PackedWeight, cfg: Config, *, use_asm: bool = True, pair_order: bool = True
+) -> torch.Tensor:
+    """y [M, N] = x2 [M, K] @ W^T with an explicit config (no tuning)."""
+    m = x2.shape[0]
+    kw = pw.k // 8
+    y = torch.empty((m, pw.n), device=x2.device, dtype=x2.dtype)
+    if m == 0:
+        return y
+    if m <= DECODE_MAX_M:
+        cfg = Config(_decode_bm(m), cfg.bn, cfg.bkw, cfg.warps, cfg.stages, 1)
+        split, per = _split_k(cfg, m, pw.n, kw, _num_sms(x2.device))
+    else:
+        split, per = 1, kw
+    out = y if split == 1 else torch.empty((split, m, pw.n), device=x2.device, dtype=torch.float32)
+    so, sm_, sn = (0, y.stride(0), y.stride(1)) if split == 1 else out.stride()
+    z = pw.zero if pw.zero is not None else pw.scale
+    gs = pw.gscale if pw.gscale is not None else pw.scale
+    grid = (triton.cdiv(m, cfg.bm) * triton.cdiv(pw.n, cfg.bn), split)
+    _fwd_kernel[grid](
+        x2, pw.words, pw.scale, z, gs, out,
+        m, pw.n, kw, per,
+        x2.stride(0), x2.stride(1), pw.words.stride(0), pw.scale.stride(0), pw.scale.stride(1),
+        z.stride(0), z.stride(1) if z.dim() > 1 else 0,
+        so, sm_, sn,
+        FMT=pw.fmt, GROUP=pw.group, HAS_ZP=pw.zero is not None, USE_ASM=use_asm, PAIR_ORDER=pair_order,
+        BM=cfg.bm, BN=cfg.bn, BKW=cfg.bkw, GROUP_M=cfg.group_m, INTERPRET=_interpreting(),
+        num_warps=cfg.warps, num_stages=cfg.stages,
+    )
+    if split > 1:
+        mn = m * pw.n
+        _splitk_reduce_kernel[(triton.cdiv(mn, 1024),)](out, y, mn, SPLIT_K=split, BLOCK=1024, num_warps=4)
+    return y
+
+
+def launch_bwd(
+    dy2: torch.Tensor, pw: PackedWeight, cfg: Config, *, use_asm: bool = True, pair_order: bool = True
+) -> torch.Tensor:
+    """dx [M, K] = dy2 [M, N] @ W with an explicit config."""
+    m = dy2.shape[0]
+    kw = pw.k // 8
+    dx = torch.empty((m, pw.k), device=dy2.device, dtype=dy2.dtype)
+    if m == 0:
+        return dx
+    bm = min(cfg.bm, _decode_bm(m))
+    z = pw.zero if pw.zero is not None else pw.scale
+    gs = pw.gscale if pw.gscale is not None else pw.scale
+    grid = (triton.cdiv(m, bm) * triton.cdiv(kw, cfg.bkw),)
+    _bwd_kernel[grid](
+        dy2, pw.words, pw.scale, z, gs, dx,
+        m, pw.n, kw,
+        dy2.stride(0), dy2.stride(1), pw.words.stride(0), pw.scale.stride(0), pw.scale.stride(1),
+        z.stride(0), z.stride(1) if z.dim() > 1 else 0,
+        dx.stride(0), dx.stride(1),
+        FMT=pw.fmt, GROUP=pw.group, HAS_ZP=pw.zero is not None, USE_ASM=use_asm, PAIR_ORDER=pair_order,
+        BM=bm, BN=cfg.bn, BKW=cfg.bkw, GROUP_M=cfg.group_m, INTERPRET=_interpreting(),
+        num_warps=cfg.warps if bm >= 64 else 4, num_stages=cfg.stages,
+    )
+    return dx
+
+
+# ---------------------------------------------------------------------------
+# Tiny autotuner: candidates are timed once per key, the winner is cached.
+_CHOICE: dict[tuple, Config] = {}
+
+
+def _tuning_enabled(tune: bool | None) -> bool:
+    if tune is not None:
+        return tune
+    return os.environ.get("QUARL_KERNELS_TUNE", "0") == "1"
+
+
+def _time_ms(fn, reps: int = 20) -> float:
+    fn()
+    torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(reps):
+        fn()
+    end.record()
+    torch.cuda.synchronize()
+    return start.elapsed_time(end) / reps
+
+
+def _m_bucket(m: int) -> int:
+    return _decode_bm(m) if m <= DECODE_MAX_M else min(triton.next_power_of_2(m), 4096)
+
+
+def _choose(kind: str, key: tuple, candidates: tuple[Config, ...], run, tune: bool | None) -> Config:
+    full = (kind,) + key
+    cfg = _CHOICE.get(full)
+    if cfg is not None:
+        return cfg
+    if not _tuning_enabled(tune) or torch.cuda.is_current_stream_capturing():
+        return candidates[0]
+    best = min(candidates, key=lambda c: _time_ms(lambda: run(c)))
+    _CHOICE[full] = best
+    return best
+
+
+def wo_matmul(x2: torch.Tensor, pw: PackedWeight, *, tune: bool | None = None) -> torch.Tensor:
+    """y [M, N] = x2 [M, K] @ dequant(W)^T, config picked by M regime (and tuning)."""
+    m = x2.shape[0]
+    cands = DECODE_CONFIGS if m <= DECODE_MAX_M else PREFILL_CONFIGS
+    key = (pw.fmt, pw.group, _m_bucket(m), pw.n, pw.k, x2.device.index)
+    cfg = _choose("fwd", key, cands, lambda c: launch_fwd(x2, pw, c), tune)
+    return launch_fwd(x2, pw, cfg)
+
+
+def wo_matmul_t(dy2: torch.Tensor, pw: PackedWeight, *, tune: bool | None = None) -> torch.Tensor:
+    """dx [M, K] = dy2 [M, N] @ dequant(W)."""
+    key = (pw.fmt, pw.group, _m_bucket(dy2.shape[0]), pw.n, pw.k, dy2.device.index)
+    cfg = _choose("bwd", key, BWD_CONFIGS, lambda c: launch_bwd(dy2, pw, c), tune)
+    return launch_bwd(dy2, pw, cfg)
+
+
+__all__ = [
+    "BWD_CONFIGS",
+    "DECODE_CONFIGS",
+    "FMT_INT4",
+    "FMT_NVFP4",
+    "FP4_ACC_FACTOR",
+    "PREFILL_CONFIGS",
+    "Config",
+    "PackedWeight",
+    "launch_bwd",
+    "launch_fwd",
+    "wo_matmul",
+    "wo_matmul_t",
+]
