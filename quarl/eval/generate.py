@@ -15,12 +15,15 @@ What this module adds is the evaluation side:
   samples), so a batch pads to similar lengths; results are put back in the
   original order. The first batch is the longest, so an out-of-memory shows at
   once, not after an hour.
-* **greedy decoding** as the ``top_p -> 0`` limit of nucleus sampling: with
-  ``top_p = 1e-9`` the nucleus is the single most likely token (the top token's
-  mass alone is at least ``1/V >> 1e-9``), so the generator's multinomial draw
-  returns the argmax with probability 1. The rollout sampler refuses
-  ``temperature = 0`` on purpose (it must return log-probs to train on), and
-  this limit needs no change to it.
+* **greedy decoding** as the ``temperature -> 0`` limit of sampling: at
+  ``T = 1e-8`` the softmax of ``logits / T`` is exactly one-hot in float32
+  whenever the top two logits differ by more than ~1e-6 (``exp(-1e-6 / 1e-8)``
+  underflows to 0) -- below float32's resolution at the magnitude logits have --
+  so the generator's multinomial draw returns the argmax. ``top_p = 1`` skips
+  the nucleus sort over the vocabulary, which costs as much as a small decode
+  step on CPU. The rollout sampler refuses ``temperature = 0`` on purpose (it
+  must return log-probs to train on); this limit needs no change to it. Exact
+  ties (real in bf16 logits) are broken by the seeded draw instead of by index.
 * **progress** with tqdm: sequences done, generated tokens per second.
 * **decoding** each completion to text (special tokens dropped), with its
   token count and whether it hit ``max_new_tokens``.
@@ -42,9 +45,9 @@ from tqdm.auto import tqdm
 from quarl.eval.config import SamplingConfig
 from quarl.rl.rollout import Generator, HFGenerator, SamplingParams
 
-__all__ = ["GREEDY_TOP_P", "Completion", "sample_completions", "stop_token_ids"]
+__all__ = ["GREEDY_TEMPERATURE", "Completion", "sample_completions", "sampling_params", "stop_token_ids"]
 
-GREEDY_TOP_P = 1e-9
+GREEDY_TEMPERATURE = 1e-8
 
 
 @dataclass
@@ -71,7 +74,7 @@ def stop_token_ids(tokenizer, model=None) -> list[int]:
 def sampling_params(cfg: SamplingConfig, stop_ids: list[int]) -> SamplingParams:
     if cfg.greedy:
         return SamplingParams(
-            temperature=1.0, top_p=GREEDY_TOP_P, max_new_tokens=cfg.max_new_tokens, stop_token_ids=stop_ids
+            temperature=GREEDY_TEMPERATURE, top_p=1.0, max_new_tokens=cfg.max_new_tokens, stop_token_ids=stop_ids
         )
     return SamplingParams(
         temperature=cfg.temperature, top_p=cfg.top_p, max_new_tokens=cfg.max_new_tokens, stop_token_ids=stop_ids

@@ -183,6 +183,16 @@ def run_eval(
     progress: bool = True,
 ) -> dict:
     """Evaluate and write the metrics artifact; returns a small summary dict."""
+    threads = torch.get_num_threads()
+    if cfg.cpu_threads is not None:
+        torch.set_num_threads(cfg.cpu_threads)
+    try:
+        return _run(cfg, model_uri, data_uris, adapter_uri, output_uri, overwrite, progress)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _run(cfg, model_uri, data_uris, adapter_uri, output_uri, overwrite, progress) -> dict:
     from quarl.artifacts import write_artifact
 
     t0 = time.monotonic()

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from quarl.eval.config import SamplingConfig
-from quarl.eval.generate import GREEDY_TOP_P, sample_completions, stop_token_ids
+from quarl.eval.generate import GREEDY_TEMPERATURE, sample_completions, stop_token_ids
 from quarl.rl.rollout import Rollout
 
 PROMPTS = [
@@ -41,13 +41,17 @@ def test_greedy_matches_transformers_generate(tiny):
         assert group[0].text == ref_text, prompt
 
 
-def test_greedy_top_p_keeps_only_the_argmax():
-    from quarl.rl.rollout import top_p_filter
+def test_greedy_limit_is_one_hot_on_the_argmax():
+    from quarl.eval.generate import sampling_params
 
-    logits = torch.randn(64, 1000) * 3
-    kept = torch.isfinite(top_p_filter(logits, GREEDY_TOP_P))
-    assert kept.sum(dim=1).eq(1).all()
-    assert kept.float().argmax(dim=1).equal(logits.argmax(dim=1))
+    p = sampling_params(SamplingConfig(greedy=True), [2])
+    assert p.top_p == 1.0 and p.temperature == GREEDY_TEMPERATURE
+    g = torch.Generator().manual_seed(0)
+    logits = torch.randn(256, 1000, generator=g) * 4
+    logits[:, 7] = logits.max(dim=1).values + 2e-6  # a near-tie at float32 resolution still resolves to the max
+    probs = (logits / p.temperature).softmax(dim=-1)
+    assert probs.eq(0).logical_or(probs.eq(1)).all() and probs.sum(dim=1).eq(1).all()
+    assert torch.multinomial(probs, 1, generator=g).squeeze(1).equal(logits.argmax(dim=1))
 
 
 class _EchoEngine:
