@@ -16,14 +16,21 @@ from __future__ import annotations
 from torch import nn
 
 from quarl.engine.generator import FastGenerator
-from quarl.engine.model import SUPPORTED_MODEL_TYPES, DecodeState, DecoderRunner, EngineError
+from quarl.engine.model import SUPPORTED_MODEL_TYPES, DecoderRunner, DecodeState, EngineError
 from quarl.engine.sampling import GREEDY_TOP_P, sample, top_p_mask
 
 ENGINES = ("auto", "fast", "reference")
 
 
-def make_generator(model: nn.Module, pad_id: int, *, engine: str = "auto", cache: str = "static",
-                   batch_size: int | None = None, **fast_kwargs):
+def make_generator(
+    model: nn.Module,
+    pad_id: int,
+    *,
+    engine: str = "auto",
+    cache: str = "static",
+    batch_size: int | None = None,
+    **fast_kwargs,
+):
     """The rollout engine for ``model``: ``"fast"`` (:class:`FastGenerator`), ``"reference"``
     (:class:`quarl.rl.rollout.HFGenerator` with ``cache``), or ``"auto"`` -- fast when the model
     sits on a CUDA device and is a Llama/Qwen2/Qwen3, the reference otherwise (CPU runs keep
@@ -42,6 +49,14 @@ def make_generator(model: nn.Module, pad_id: int, *, engine: str = "auto", cache
 
 
 __all__ = [
-    "DecodeState", "DecoderRunner", "ENGINES", "EngineError", "FastGenerator", "GREEDY_TOP_P",
-    "SUPPORTED_MODEL_TYPES", "make_generator", "sample", "top_p_mask",
+    "ENGINES",
+    "GREEDY_TOP_P",
+    "SUPPORTED_MODEL_TYPES",
+    "DecodeState",
+    "DecoderRunner",
+    "EngineError",
+    "FastGenerator",
+    "make_generator",
+    "sample",
+    "top_p_mask",
 ]

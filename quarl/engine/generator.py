@@ -42,6 +42,7 @@ reference, and the tests hold the two (and HF ``generate``) to the same tokens.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import os
 import time
@@ -50,9 +51,20 @@ import warnings
 import torch
 from torch import nn
 
-from quarl.engine.model import DecodeState, DecoderRunner
+from quarl.engine.model import DecoderRunner, DecodeState
 from quarl.engine.sampling import check_generator, sample
 from quarl.rl.rollout import Rollout, SamplingParams, left_pad
+
+
+@contextlib.contextmanager
+def _eval_mode(model: nn.Module):
+    """Dropout off while sampling (LoRA dropout included); the caller's mode is restored."""
+    was_training = model.training
+    model.eval()
+    try:
+        yield
+    finally:
+        model.train(was_training)
 
 
 def _pow2(n: int) -> int:
@@ -98,8 +110,9 @@ class FastGenerator:
         self.last_stats: dict = {}
 
     # --- public ---------------------------------------------------------------
-    def generate(self, prompts: list[list[int]], params: SamplingParams, n: int,
-                 generator: torch.Generator | None = None) -> Rollout:
+    def generate(
+        self, prompts: list[list[int]], params: SamplingParams, n: int, generator: torch.Generator | None = None
+    ) -> Rollout:
         """``n`` samples per prompt, rows ``[p0 a0, p0 a1, ..., p1 a0, ...]`` (HFGenerator's contract)."""
         params.validate()
         if n < 1:
@@ -112,13 +125,13 @@ class FastGenerator:
             order.sort(key=lambda i: len(rows[i]))
         t0 = time.perf_counter()
         self.last_stats = {"rows": len(rows), "batches": 0, "steps": 0, "graph_captures": 0}
-        was_training = self.model.training
-        self.model.eval()
         try:
-            parts = [self._generate_batch([rows[i] for i in order[s:s + bs]], params, generator)
-                     for s in range(0, len(rows), bs)]
+            with _eval_mode(self.model):
+                parts = [
+                    self._generate_batch([rows[i] for i in order[s : s + bs]], params, generator)
+                    for s in range(0, len(rows), bs)
+                ]
         finally:
-            self.model.train(was_training)
             if not self.keep_cache:
                 self.release()
         out = Rollout.cat(parts) if len(parts) > 1 else parts[0]
@@ -134,6 +147,34 @@ class FastGenerator:
         st["graph_error"] = self.graph_error
         return out
 
+    @torch.no_grad()
+    def warmup(self, rows: int, prompt_len: int, max_new_tokens: int) -> int:
+        """Capture every decode graph that a batch of ``rows`` prompts padded to ``prompt_len``
+        will replay over ``max_new_tokens`` steps, so the first real call pays no capture time
+        (e.g. before an RL run's first step, or before a timed benchmark). Returns the number
+        of graphs captured; 0 when graphs are off. The cache content it writes is garbage, but
+        finite and invisible: every call's prefill resets which slots are valid."""
+        if not self._graphs_on():
+            return 0
+        self.runner.check_length(prompt_len + max_new_tokens)
+        B, S = _pow2(rows), _round_up(prompt_len + max_new_tokens, self.kv_block)
+        st = self._ensure_state(B, S)
+        self._check_weights()
+        st.tok[:B].fill_(self.pad_id)
+        st.pos[:B].zero_()
+        buckets = sorted({min(S, _round_up(prompt_len + t, self.kv_block)) for t in range(1, max_new_tokens)})
+        before = len(self._graphs)
+        with _eval_mode(self.model):
+            for L in buckets:
+                st.kv_valid[:B].zero_()
+                st.slot.fill_(L - 1)
+                if (B, L) not in self._graphs:
+                    self._capture(st, B, L)
+                if self.graph_error is not None:
+                    return 0
+        st.kv_valid[:B].zero_()
+        return len(self._graphs) - before
+
     def release(self) -> None:
         """Free the KV cache and the captured graphs (the next call re-allocates and re-captures)."""
         self._state, self._graphs, self._pool, self._weights_key = None, {}, None, None
@@ -144,8 +185,9 @@ class FastGenerator:
 
     # --- one batch ------------------------------------------------------------
     @torch.no_grad()
-    def _generate_batch(self, rows: list[list[int]], params: SamplingParams,
-                        generator: torch.Generator | None) -> Rollout:
+    def _generate_batch(
+        self, rows: list[list[int]], params: SamplingParams, generator: torch.Generator | None
+    ) -> Rollout:
         r, dev = self.runner, self.runner.device
         ids, mask = left_pad(rows, self.pad_id, dev)  # [N, P]
         N, P = ids.shape
@@ -212,8 +254,14 @@ class FastGenerator:
     def _ensure_state(self, B: int, S: int) -> DecodeState:
         st = self._state
         r = self.runner
-        if (st is not None and st.batch >= B and st.length >= S and st.k[0].device == r.device
-                and st.k[0].dtype == r.dtype and len(st.k) == len(r.layers)):
+        if (
+            st is not None
+            and st.batch >= B
+            and st.length >= S
+            and st.k[0].device == r.device
+            and st.k[0].dtype == r.dtype
+            and len(st.k) == len(r.layers)
+        ):
             return st
         if st is not None:  # grow; graphs captured on the old buffers are void
             B, S = max(B, st.batch), max(S, st.length)
@@ -255,6 +303,7 @@ class FastGenerator:
                 self._decode(st, B, L)
         torch.cuda.current_stream().wait_stream(side)
         g = torch.cuda.CUDAGraph()
+        stream = torch.cuda.current_stream(self.runner.device)
         try:
             with torch.cuda.graph(g, pool=self._pool):
                 self._decode(st, B, L)
@@ -269,6 +318,7 @@ class FastGenerator:
                 RuntimeWarning,
                 stacklevel=5,
             )
+            torch.cuda.set_stream(stream)  # a failed capture_end skips the graph context's stream restore
             torch.cuda.synchronize(self.runner.device)
             return
         self._pool = g.pool()

@@ -147,9 +147,11 @@ class DecoderRunner:
     def check_length(self, total: int) -> None:
         """Raise unless prompt + completion of ``total`` tokens is computed exactly as HF would."""
         if self.rope_type not in STATIC_ROPE_TYPES + LENGTH_BOUNDED_ROPE_TYPES:
-            raise EngineError(f"RoPE type {self.rope_type!r} is not supported by the fast engine "
-                              f"(supported: {', '.join(STATIC_ROPE_TYPES + LENGTH_BOUNDED_ROPE_TYPES)}); "
-                              f"use quarl.rl.rollout.HFGenerator")
+            raise EngineError(
+                f"RoPE type {self.rope_type!r} is not supported by the fast engine "
+                f"(supported: {', '.join(STATIC_ROPE_TYPES + LENGTH_BOUNDED_ROPE_TYPES)}); "
+                f"use quarl.rl.rollout.HFGenerator"
+            )
         if self.rope_type in LENGTH_BOUNDED_ROPE_TYPES and total > self.original_max:
             raise EngineError(
                 f"RoPE type {self.rope_type!r} changes its frequencies beyond original_max_position_embeddings="
@@ -257,8 +259,9 @@ class DecoderRunner:
             kc.index_copy_(2, slot, k)
             vc.index_copy_(2, slot, v)
             qg = q.reshape(B, self.n_kv, G, D)  # the G query heads of a KV head as G query rows
-            o = F.scaled_dot_product_attention(qg, kc[:, :, :kv_len], vc[:, :, :kv_len], attn_mask=amask,
-                                               scale=self.scaling)  # [B, H_kv, G, D]
+            o = F.scaled_dot_product_attention(
+                qg, kc[:, :, :kv_len], vc[:, :, :kv_len], attn_mask=amask, scale=self.scaling
+            )  # [B, H_kv, G, D]
             h = h + attn.o_proj(o.reshape(B, 1, self.n_heads * D))
             h = h + layer.mlp(layer.post_attention_layernorm(h))
         st.logits[:B].copy_(self._logits(h[:, 0]))

@@ -1,0 +1,63 @@
+"""Tiny models for the engine tests, built from quarl's tiny configs without a tokenizer.
+
+A 2048-token vocabulary keeps the LM head (49152 wide in the real tiny models) from
+dominating the cost; tests feed token ids directly. ``pad = eos = 2`` as in the configs.
+The LM head is *untied*: a tiny random model with tied embeddings greedily repeats its
+last prompt token forever, which would make "same tokens as HF" a vacuous check.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from quarl.models import tiny_config
+from quarl.rl.rollout import left_pad
+
+VOCAB = 2048
+PAD = 2
+
+
+def make_model(kind: str = "llama", seed: int = 0, dtype=torch.float32, device="cpu", rope: dict | None = None):
+    """Seeded random tiny ``kind`` model (fp32, eval mode); ``rope`` replaces ``config.rope_parameters``."""
+    from transformers import AutoModelForCausalLM
+
+    cfg = tiny_config(kind, vocab_size=VOCAB)
+    cfg.tie_word_embeddings = False
+    if rope is not None:
+        cfg.rope_parameters = {"rope_theta": cfg.rope_parameters["rope_theta"], **rope}
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = AutoModelForCausalLM.from_config(cfg, dtype=dtype)
+    return model.to(device).eval()
+
+
+def prompts(lengths=(5, 11, 2, 8), seed: int = 0) -> list[list[int]]:
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randint(3, VOCAB, (n,), generator=g).tolist() for n in lengths]
+
+
+def hf_greedy(model, rows: list[list[int]], max_new_tokens: int, eos: list[int] | None = None) -> torch.Tensor:
+    """HF ``generate(do_sample=False)`` on left-padded rows -> ``[N, T]`` completions (pad after EOS)."""
+    dev = next(model.parameters()).device
+    ids, mask = left_pad(rows, PAD, dev)
+    out = model.generate(
+        input_ids=ids,
+        attention_mask=mask,
+        do_sample=False,
+        max_new_tokens=max_new_tokens,
+        pad_token_id=PAD,
+        eos_token_id=eos or None,
+        min_new_tokens=0,
+    )
+    return out[:, ids.shape[1] :]
+
+
+def full_forward_logprobs(model, roll, temperature: float = 1.0) -> torch.Tensor:
+    """``log_softmax(logits / T)`` of the sampled tokens from one forward over prompt + completion."""
+    ids, am = roll.input_ids, roll.attention_mask
+    pos = (am.cumsum(1) - 1).clamp(min=0)
+    P = roll.prompt_ids.shape[1]
+    with torch.no_grad():
+        logits = model(input_ids=ids, attention_mask=am, position_ids=pos).logits.float()
+    lp = torch.log_softmax(logits[:, P - 1 : -1] / temperature, dim=-1)
+    return lp.gather(-1, roll.completion_ids[..., None]).squeeze(-1) * roll.completion_mask

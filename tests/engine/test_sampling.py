@@ -1,0 +1,93 @@
+"""On-device sampling: the nucleus equals the reference engine's and a brute-force one, draws
+follow the (truncated) distribution, greedy is the argmax, log-probs are pre-truncation."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from quarl.engine.sampling import GREEDY_TOP_P, check_generator, gumbel_noise, sample, top_p_mask
+from quarl.rl.rollout import top_p_filter
+
+
+def _brute_force_nucleus(probs: torch.Tensor, top_p: float) -> set[int]:
+    """Smallest most-likely-first prefix whose mass reaches top_p (one row, python loop)."""
+    kept, mass = set(), 0.0
+    for i in sorted(range(len(probs)), key=lambda j: -float(probs[j])):
+        if mass >= top_p:
+            break
+        kept.add(i)
+        mass += float(probs[i])
+    return kept
+
+
+@pytest.mark.parametrize("top_p", [0.05, 0.3, 0.5, 0.9, 0.999])
+def test_top_p_mask_keeps_exactly_the_nucleus(top_p):
+    logits = torch.randn(6, 40, generator=torch.Generator().manual_seed(0)) * 2
+    masked = top_p_mask(logits, top_p)
+    torch.testing.assert_close(masked, top_p_filter(logits, top_p))  # same rule as the reference engine
+    for row in range(logits.shape[0]):
+        kept = set(torch.isfinite(masked[row]).nonzero().flatten().tolist())
+        assert kept == _brute_force_nucleus(logits[row].softmax(-1), top_p)
+        assert (masked[row][list(kept)] == logits[row][list(kept)]).all()  # kept logits untouched
+
+
+def test_top_p_one_is_the_identity():
+    logits = torch.randn(2, 10)
+    assert top_p_mask(logits, 1.0) is logits
+
+
+def test_draws_follow_the_truncated_distribution():
+    # one row, 6 tokens; top_p = 0.7 keeps tokens 0, 1, 2 (mass before token 2 is 0.6 < 0.7)
+    probs = torch.tensor([0.4, 0.2, 0.15, 0.1, 0.1, 0.05])
+    logits = probs.log()[None].expand(20000, 6).contiguous()
+    gen = torch.Generator().manual_seed(0)
+    tok, lp = sample(logits, 1.0, 0.7, gen)
+    counts = torch.bincount(tok, minlength=6).float() / tok.numel()
+    assert counts[3:].sum() == 0  # nothing outside the nucleus
+    expected = torch.tensor([0.4, 0.2, 0.15]) / 0.75
+    torch.testing.assert_close(counts[:3], expected, atol=0.015, rtol=0)  # ~5 sigma at n = 20000
+    # log-probs are of the full tempered distribution, not the renormalised nucleus
+    torch.testing.assert_close(lp, probs.log()[tok], atol=1e-6, rtol=0)
+
+
+def test_temperature_scales_the_distribution():
+    probs = torch.tensor([0.5, 0.3, 0.2])
+    T = 0.5
+    logits = probs.log()[None].expand(20000, 3).contiguous()
+    tok, lp = sample(logits, T, 1.0, torch.Generator().manual_seed(1))
+    tempered = (probs.log() / T).softmax(-1)
+    counts = torch.bincount(tok, minlength=3).float() / tok.numel()
+    torch.testing.assert_close(counts, tempered, atol=0.015, rtol=0)
+    torch.testing.assert_close(lp, tempered.log()[tok], atol=1e-5, rtol=0)
+
+
+def test_greedy_is_the_argmax_and_ignores_the_generator():
+    logits = torch.randn(5, 50, generator=torch.Generator().manual_seed(3))
+    tok, lp = sample(logits, 1.0, GREEDY_TOP_P / 2)
+    assert torch.equal(tok, logits.argmax(-1))
+    torch.testing.assert_close(lp, logits.log_softmax(-1).max(-1).values)
+    # the eval stage's greedy spelling (top_p = 1e-9) takes the same path
+    assert torch.equal(sample(logits, 1.0, 1e-9, torch.Generator().manual_seed(9))[0], tok)
+
+
+def test_seeded_draws_are_reproducible():
+    logits = torch.randn(4, 100)
+    a = sample(logits, 1.0, 0.9, torch.Generator().manual_seed(11))[0]
+    b = sample(logits, 1.0, 0.9, torch.Generator().manual_seed(11))[0]
+    c = sample(logits, 1.0, 0.9, torch.Generator().manual_seed(12))[0]
+    assert torch.equal(a, b) and not torch.equal(a, c)
+
+
+def test_gumbel_noise_is_finite():
+    g = gumbel_noise((1000, 100), "cpu", torch.Generator().manual_seed(0))
+    assert torch.isfinite(g).all()
+    assert abs(float(g.mean()) - 0.5772) < 0.02  # Euler-Mascheroni constant
+
+
+def test_bad_arguments():
+    with pytest.raises(ValueError, match="temperature must be > 0"):
+        sample(torch.zeros(1, 3), 0.0, 1.0)
+    check_generator(torch.Generator(), torch.device("cpu"))
+    with pytest.raises(ValueError, match="torch.Generator is on cpu but the model runs on cuda"):
+        check_generator(torch.Generator(), torch.device("cuda", 0))
