@@ -84,5 +84,3 @@ class CalibrateConfig:
     propagate_quantized: bool = True  # feed each block the outputs of the quantized blocks before it
     save_dtype: str | None = None  # dense tensors in the checkpoint (None: the compute dtype)
     max_shard_size: str = "5GB"
-    overwrite: bool = False
-    progress: bool = True

@@ -199,7 +199,14 @@ def _report(metrics: dict) -> str:
 
 
 def run_calibrate(
-    cfg: CalibrateConfig, *, model_uri: str, data_uri: str | None = None, recipe_uri: str | None = None, output_uri: str
+    cfg: CalibrateConfig,
+    *,
+    model_uri: str,
+    data_uri: str | None = None,
+    recipe_uri: str | None = None,
+    output_uri: str,
+    overwrite: bool = False,
+    progress: bool = True,
 ) -> dict:
     """Calibrate ``model_uri`` and write a quantized ``model`` artifact to ``output_uri``; returns metrics."""
     from quarl.artifacts import write_artifact
@@ -210,7 +217,7 @@ def run_calibrate(
     dtype = _dtype(cfg.dtype)
     recipe = load_recipe(cfg, recipe_uri)
     inputs = [u for u in (model_uri, data_uri, recipe_uri) if u]
-    with write_artifact(output_uri, "model", STAGE, config=cfg, inputs=inputs, overwrite=cfg.overwrite) as art:
+    with write_artifact(output_uri, "model", STAGE, config=cfg, inputs=inputs, overwrite=overwrite) as art:
         t0 = time.perf_counter()
         model, tok = load_model(model_uri, dtype=dtype, device=device)
         model.eval()
@@ -234,7 +241,7 @@ def run_calibrate(
             gptq=dataclasses.asdict(cfg.gptq),
             awq=dataclasses.asdict(cfg.awq),
             propagate_quantized=cfg.propagate_quantized,
-            progress=cfg.progress,
+            progress=progress,
         )
         quality: dict = {}
         if held_docs is not None:

@@ -1,0 +1,223 @@
+"""CPU benchmark of the PTQ methods: RTN, GPTQ, AWQ, AWQ+GPTQ x weight formats on SmolLM2-135M-Instruct.
+
+    .venv/bin/python -m benchmarks.calibration [--formats nvfp4,int4-g128] [--methods rtn,gptq]
+                                               [--num-samples 32] [--seq-len 256] [--eval-samples 16]
+                                               [--write-results]
+
+For every (format, method): a fresh copy of the full-precision model is
+calibrated in place with ``quarl.calibrate.calibrate_model`` (the same loop the
+calibrate stage runs), then compared with the full-precision model on held-out
+text: mean per-token KL(fp || quantized) and perplexity. Wall time is the
+calibration itself (capture + per-block statistics + quantization), not model
+loading or evaluation.
+
+Data: calibration windows are packed from GSM8K *train* (question + worked
+answer: in-domain, as Reasoning-QAT recommends); held-out text is GSM8K *test*
+answers (``/work/shared/data/gsm8k``), disjoint from calibration.
+
+INT-k with group 128 needs K % 128 == 0, but SmolLM2-135M's hidden size is 576
+(= 4.5 x 128), so q/k/v/gate/up (K = 576) use group 64 in the "int*-g128" rows;
+o_proj (K = 576) too; only down_proj (K = 1536) has group 128. The table says so.
+
+Results go to ``benchmarks/results/calibration_cpu.json`` after every run (a
+partial run keeps what it finished); ``--write-results`` rewrites the
+"## Calibration (CPU)" section of ``benchmarks/RESULTS.md`` from that file.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import datetime
+import json
+import os
+import platform
+import random
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from quarl.calibrate.data import make_windows
+from quarl.calibrate.metrics import compare_models
+from quarl.calibrate.sequential import calibrate_model
+from quarl.quant import QuantRecipe
+from quarl.quant.model import memory_report, plan_formats
+
+ROOT = Path(__file__).resolve().parent
+OUT = ROOT / "results" / "calibration_cpu.json"
+RESULTS = ROOT / "RESULTS.md"
+SECTION = "## Calibration (CPU)"
+GSM8K = Path(os.environ.get("QUARL_GSM8K", "/work/shared/data/gsm8k"))
+FORMATS = ["nvfp4", "mxfp4", "nf4", "int4-g128", "int3-g128", "int2-g128"]
+METHODS = ["rtn", "gptq", "awq", "awq+gptq"]
+
+
+def recipe_for(fmt: str) -> dict:
+    """The format as a recipe; INT-g128 falls back to g64 where in_features (576) is not a multiple of 128."""
+    r: dict = {"default": fmt}
+    if fmt.startswith("int") and fmt.endswith("-g128"):
+        r["overrides"] = [
+            {"pattern": p, "format": fmt.replace("-g128", "-g64")}
+            for p in ("*.q_proj", "*.k_proj", "*.v_proj", "*.o_proj", "*.gate_proj", "*.up_proj")
+        ]
+    return r
+
+
+def _jsonl(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", default="default")
+    ap.add_argument("--formats", default=",".join(FORMATS))
+    ap.add_argument("--methods", default=",".join(METHODS))
+    ap.add_argument("--num-samples", type=int, default=32)
+    ap.add_argument("--seq-len", type=int, default=256)
+    ap.add_argument("--eval-samples", type=int, default=16)
+    ap.add_argument("--batch-size", type=int, default=4)
+    # 1 thread: on a shared, oversubscribed 2-core box two OpenMP threads spin against other jobs and
+    # small GEMMs get ~10x slower; one thread per process is both faster and more repeatable there.
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--out", type=Path, default=OUT)
+    ap.add_argument("--write-results", action="store_true", help="rewrite the RESULTS.md section from --out")
+    ap.add_argument("--only-write", action="store_true", help="do not run; just rewrite RESULTS.md")
+    args = ap.parse_args(argv)
+    if args.only_write:
+        write_results(json.loads(args.out.read_text()))
+        return 0
+    if not (GSM8K / "train.jsonl").is_file():
+        print(f"GSM8K not found under {GSM8K}; set QUARL_GSM8K", file=sys.stderr)
+        return 2
+    torch.set_num_threads(args.threads)
+    from quarl.models import load_model
+
+    fp, tok = load_model(args.model)
+    fp.eval()
+    train = _jsonl(GSM8K / "train.jsonl")
+    random.Random(0).shuffle(train)
+    calib = make_windows([f"{r['question']}\n{r['answer']}" for r in train], tok, args.num_samples, args.seq_len)
+    held = make_windows([r["answer"] for r in _jsonl(GSM8K / "test.jsonl")], tok, args.eval_samples, args.seq_len)
+    batches = [calib[i : i + args.batch_size] for i in range(0, calib.shape[0], args.batch_size)]
+
+    prev = json.loads(args.out.read_text()) if args.out.is_file() else {}
+    res = {
+        "command": "python -m benchmarks.calibration " + " ".join(argv if argv is not None else sys.argv[1:]),
+        "date": datetime.date.today().isoformat(),
+        "machine": f"{platform.machine()}, {os.cpu_count()} CPU cores "
+        f"(shared with other jobs), torch {torch.__version__}, {torch.get_num_threads()} torch thread(s)",
+        "model": args.model,
+        "calibration": f"GSM8K train question+answer, {calib.shape[0]} x {calib.shape[1]} tokens",
+        "held_out": f"GSM8K test answers, {held.shape[0]} x {held.shape[1]} tokens",
+        "runs": prev.get("runs", {}) if prev.get("model") == args.model else {},
+    }
+    ref = compare_models(fp, None, held)
+    res["fp_ppl"] = ref["ppl"]
+    print(f"full precision: ppl {ref['ppl']:.3f}", flush=True)
+    for fmt in args.formats.split(","):
+        for method in args.methods.split(","):
+            model = copy.deepcopy(fp)
+            plan = plan_formats(model, QuantRecipe.load(recipe_for(fmt)))
+            t0 = time.perf_counter()
+            r = calibrate_model(model, plan, batches, method=method, progress=False)
+            secs = time.perf_counter() - t0
+            q = compare_models(model, fp, held)
+            mem = memory_report(model)
+            qbits = {k: v["bits_per_param"] for k, v in mem["by_format"].items() if not k.startswith("float")}
+            errs = [x.rel_error for x in r.layers]
+            res["runs"][f"{fmt}/{method}"] = {
+                "format": fmt,
+                "method": method,
+                "seconds": secs,
+                "kl": q["kl"],
+                "ppl": q["ppl"],
+                "rel_error_mean": sum(errs) / len(errs),
+                "bits_per_param": qbits,
+            }
+            print(f"{fmt:10s} {method:9s} {secs:7.1f}s  KL {q['kl']:.4f}  ppl {q['ppl']:.3f}", flush=True)
+            args.out.parent.mkdir(parents=True, exist_ok=True)
+            args.out.write_text(json.dumps(res, indent=2))
+            del model
+    if args.write_results:
+        write_results(res)
+    return 0
+
+
+def render(res: dict) -> str:
+    runs = res["runs"]
+    fmts = list(dict.fromkeys(v["format"] for v in runs.values()))
+    methods = [m for m in METHODS if any(v["method"] == m for v in runs.values())]
+
+    def cell(f, m, key, fmt):
+        v = runs.get(f"{f}/{m}")
+        return fmt.format(v[key]) if v else "-"
+
+    lines = [
+        SECTION,
+        "",
+        f"Command: `{res['command'].strip()}`  ",
+        f"Date: {res['date']}  ",
+        (
+            f"Machine: {res['machine']}; timings were taken while other jobs shared the 2 cores, so they are "
+            f"indicative only.  "
+        ),
+        (
+            f'Model: SmolLM2-135M-Instruct (`load_model("{res["model"]}")`, dequantized from the Q4_1 GGUF = our '
+            f"full-precision reference), float32 on CPU.  "
+        ),
+        (
+            f"Calibration: {res['calibration']} (batch 4); GPTQ block 128, percdamp 0.01, act-order with static "
+            f"groups; AWQ grid 20; quantized block outputs propagated.  "
+        ),
+        f"Held-out text: {res['held_out']}; full-precision perplexity {res['fp_ppl']:.3f}.  ",
+        (
+            "int*-g128 rows use group 64 on the K = 576 layers (q/k/v/o/gate/up: 576 is not a multiple of 128) "
+            "and group 128 on down_proj (K = 1536)."
+        ),
+        "",
+        "KL(fp || quantized), nats per token (lower is better):",
+        "",
+        "| format | " + " | ".join(methods) + " |",
+        "|---|" + "---:|" * len(methods),
+    ]
+    for f in fmts:
+        lines.append(f"| {f} | " + " | ".join(cell(f, m, "kl", "{:.4f}") for m in methods) + " |")
+    lines += [
+        "",
+        "Perplexity on the held-out text:",
+        "",
+        "| format | " + " | ".join(methods) + " |",
+        "|---|" + "---:|" * len(methods),
+    ]
+    for f in fmts:
+        lines.append(f"| {f} | " + " | ".join(cell(f, m, "ppl", "{:.3f}") for m in methods) + " |")
+    lines += [
+        "",
+        "Calibration wall time, seconds (one torch thread on the shared 2-core box):",
+        "",
+        "| format | " + " | ".join(methods) + " |",
+        "|---|" + "---:|" * len(methods),
+    ]
+    for f in fmts:
+        lines.append(f"| {f} | " + " | ".join(cell(f, m, "seconds", "{:.0f}") for m in methods) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def write_results(res: dict) -> None:
+    """Replace (or append) only our section of RESULTS.md; other sections are left as they are."""
+    text = RESULTS.read_text() if RESULTS.is_file() else "# Benchmark results\n"
+    body = render(res)
+    start = text.find(SECTION)
+    if start < 0:
+        text = text.rstrip("\n") + "\n\n" + body
+    else:
+        nxt = text.find("\n## ", start + len(SECTION))
+        rest = "" if nxt < 0 else text[nxt + 1 :]
+        text = text[:start] + body + ("\n" + rest if rest else "")
+    RESULTS.write_text(text)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

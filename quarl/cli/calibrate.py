@@ -1,0 +1,82 @@
+"""``quarl calibrate``: post-training quantization (RTN / GPTQ / AWQ / AWQ+GPTQ) -> a model artifact.
+
+    quarl calibrate --model default --data runs/r1/data_prep/dataset --output runs/r1/calibrate/model
+    quarl calibrate --model default --set data.path=/data/c4.jsonl --set method=awq --set format=int4-g128 -o out
+    quarl calibrate --config quarl/recipes/calibrate/qerl-nvfp4.yaml --model Qwen/Qwen2.5-7B-Instruct \\
+                    --data s3://quarl/r1/data_prep/gsm8k --recipe s3://quarl/r1/search/recipe -o s3://...
+
+A thin face over :func:`quarl.calibrate.run_calibrate`: on success it prints
+the metrics summary (KL, perplexity, memory) as JSON on stdout; any expected
+failure (bad config or recipe, missing data, unsupported layer shape, existing
+artifact) is one ``error:`` line on stderr and exit status 1.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from typing import Annotated
+
+import typer
+
+
+def calibrate(
+    model: Annotated[
+        str,
+        typer.Option("--model", "-m", help="full-precision model: local dir | s3:// | HF id | default | tiny-llama"),
+    ],
+    output: Annotated[str, typer.Option("--output", "-o", help="artifact URI: local directory or s3://bucket/prefix")],
+    data: Annotated[
+        str | None, typer.Option("--data", "-d", help="data-prep artifact URI (calibration prompts); or set data.path")
+    ] = None,
+    recipe: Annotated[
+        str | None, typer.Option("--recipe", "-r", help="mixed-precision recipe: YAML/JSON file or recipe artifact")
+    ] = None,
+    config: Annotated[str | None, typer.Option("--config", "-c", help="YAML file with CalibrateConfig fields")] = None,
+    overrides: Annotated[
+        list[str] | None, typer.Option("--set", "-s", help="override a field: key.sub=value (repeatable)")
+    ] = None,
+    overwrite: Annotated[bool, typer.Option("--overwrite", help="replace a complete artifact at --output")] = False,
+    no_progress: Annotated[bool, typer.Option("--no-progress", help="no progress bars (logs only)")] = False,
+    print_config: Annotated[bool, typer.Option("--print-config", help="print the resolved config and exit")] = False,
+) -> None:
+    """Calibrate a full-precision model into quantized weights (compressed-tensors checkpoint + metrics)."""
+    from quarl.artifacts import ArtifactError
+    from quarl.calibrate import CalibrateConfig, run_calibrate
+    from quarl.calibrate.stage import resolve_config, resolve_device
+    from quarl.config import ConfigError, config_to_dict, load_config
+    from quarl.models import ModelError
+    from quarl.quant import QuantError
+    from quarl.storage import StorageError
+
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    try:
+        cfg = load_config(CalibrateConfig, config, overrides or [])
+        if print_config:
+            import yaml
+
+            cfg = resolve_config(cfg, resolve_device(cfg.device))
+            typer.echo(yaml.safe_dump(config_to_dict(cfg), sort_keys=False))
+            return
+        result = run_calibrate(
+            cfg,
+            model_uri=model,
+            data_uri=data,
+            recipe_uri=recipe,
+            output_uri=output,
+            overwrite=overwrite,
+            progress=not no_progress,
+        )
+    except (ConfigError, QuantError, ModelError, ArtifactError, StorageError) as e:
+        typer.echo(f"error: {e}", err=True)
+        raise typer.Exit(1) from e
+    summary = {k: result[k] for k in ("inputs", "calibration", "quality", "rel_error")}
+    summary["memory"] = {
+        "total_bytes": result["memory"]["total_bytes"],
+        "by_format": {f: r["bits_per_param"] for f, r in result["memory"]["by_format"].items()},
+    }
+    typer.echo(json.dumps(summary, indent=2, default=str))
+
+
+def register(app: typer.Typer) -> None:
+    app.command("calibrate")(calibrate)

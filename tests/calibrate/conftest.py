@@ -1,0 +1,44 @@
+"""Shared fixtures: tiny models built once per session (copied per test), calibration token batches."""
+
+import copy
+
+import pytest
+import torch
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _one_thread():
+    """The many tiny GEMMs of calibration run ~10x slower with 2 OpenMP threads on a busy 2-core box."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+@pytest.fixture(scope="session")
+def _tiny_models():
+    from quarl.models import load_model
+
+    return {k: load_model(f"tiny-{k}") for k in ("llama", "qwen2", "qwen3")}
+
+
+@pytest.fixture
+def tiny(_tiny_models):
+    """tiny("llama") -> (a fresh copy of the model, its tokenizer)."""
+
+    def get(kind: str = "llama"):
+        m, tok = _tiny_models[kind]
+        return copy.deepcopy(m), tok
+
+    return get
+
+
+@pytest.fixture(scope="session")
+def calib_batches():
+    g = torch.Generator().manual_seed(0)
+    return [torch.randint(0, 49152, (4, 32), generator=g) for _ in range(2)]
+
+
+@pytest.fixture(scope="session")
+def eval_ids():
+    return torch.randint(0, 49152, (2, 32), generator=torch.Generator().manual_seed(1))
