@@ -106,7 +106,7 @@ def bench_point(spec: str, n: int, k: int, m: int, l2: int, ref_cache: dict) -> 
     pws = [pw0] + [
         wo_gemm.PackedWeight(pw0.fmt, pw0.group, n, k, pw0.words.clone(), pw0.scale.clone(),
                              None if pw0.zero is None else pw0.zero.clone(),
-                             None if pw0.gscale is None else pw0.gscale.clone())
+                             None if pw0.gscale is None else pw0.gscale.clone(), pw0.bytes32)
         for _ in range(reps - 1)
     ]
     x = torch.randn(m, k, device="cuda").to(torch.bfloat16)
@@ -168,7 +168,8 @@ def bench_backward(spec: str, n: int, k: int, m: int, l2: int) -> dict:
 
 
 def variants(l2: int) -> list[dict]:
-    """Decode-path variants at one shape: fast PTX vs portable decode, pair vs natural order."""
+    """Open questions at one shape: PTX vs portable decode (forward), pair vs natural
+    tile order (backward). Each with its default config."""
     out = []
     n, k = 3584, 18944
     for spec in ("nvfp4", "int4-g128"):
@@ -177,21 +178,24 @@ def variants(l2: int) -> list[dict]:
         t = q.tensors
         args = (t["weight_packed"], t["weight_scale"], t.get("weight_zero_point"), t.get("weight_global_scale"),
                 cfg.name, cfg.block_size, n, k)
-        pws = [_packed_weight(*args)]
-        reps = _copies(q.nbytes, l2)
-        pws += [wo_gemm.PackedWeight(pws[0].fmt, pws[0].group, n, k, pws[0].words.clone(), pws[0].scale.clone(),
-                                     None if pws[0].zero is None else pws[0].zero.clone(),
-                                     None if pws[0].gscale is None else pws[0].gscale.clone())
-                for _ in range(reps - 1)]
-        for m in (1, 16, 2048):
+        p0 = _packed_weight(*args)
+        pws = [p0] + [wo_gemm.PackedWeight(p0.fmt, p0.group, n, k, p0.words.clone(), p0.scale.clone(),
+                                           None if p0.zero is None else p0.zero.clone(),
+                                           None if p0.gscale is None else p0.gscale.clone(), p0.bytes32)
+                      for _ in range(_copies(q.nbytes, l2) - 1)]
+        for m in (1, 2048):
             x = torch.randn(m, k, device="cuda").to(torch.bfloat16)
             c = wo_gemm.DECODE_CONFIGS[0] if m <= wo_gemm.DECODE_MAX_M else wo_gemm.PREFILL_CONFIGS[0]
-            for asm, pair in ((True, True), (True, False), (False, True)):
-                us = graph_time_us([lambda p=p, x=x, c=c, a=asm, o=pair: wo_gemm.launch_fwd(x, p, c, use_asm=a,
-                                                                                           pair_order=o)
-                                    for p in pws])
-                out.append({"format": spec, "N": n, "K": k, "M": m, "config": str(c), "asm": asm, "pair": pair,
-                            "us": us, "GBps": (q.nbytes + 2 * m * k + 2 * m * n) / us / 1e3})
+            for asm in (True, False):
+                us = graph_time_us([lambda p=p, x=x, c=c, a=asm: wo_gemm.launch_fwd(x, p, c, use_asm=a) for p in pws])
+                out.append({"kind": "fwd", "format": spec, "N": n, "K": k, "M": m, "config": str(c), "asm": asm,
+                            "pair": c.pair, "us": us, "GBps": (q.nbytes + 2 * m * k + 2 * m * n) / us / 1e3})
+        dy = torch.randn(2048, n, device="cuda").to(torch.bfloat16)
+        for pair in (True, False):
+            c = wo_gemm.BWD_CONFIGS[0]
+            us = graph_time_us([lambda p=p, o=pair: wo_gemm.launch_bwd(dy, p, c, pair_order=o) for p in pws[:4]])
+            out.append({"kind": "bwd", "format": spec, "N": n, "K": k, "M": 2048, "config": str(c), "asm": True,
+                        "pair": pair, "us": us, "GBps": (q.nbytes + 2 * 2048 * (k + n)) / us / 1e3})
     return out
 
 
@@ -228,7 +232,7 @@ def main() -> None:
               f"{r['TFLOPs']:6.1f} TF/s x{r['speedup']:.2f} best {r['best']['config']} err {r['max_err']:.1e}")
     var = [] if args.quick else variants(l2)
     for v in var:
-        print(f"variant {v['format']:10s} M={v['M']:4d} asm={v['asm']!s:5s} pair={v['pair']!s:5s} "
+        print(f"variant {v['kind']} {v['format']:10s} M={v['M']:4d} asm={v['asm']!s:5s} pair={v['pair']!s:5s} "
               f"{v['us']:8.1f} us {v['GBps']:6.0f} GB/s")
     info["wall_s"] = time.time() - t0
     os.makedirs(args.out, exist_ok=True)

@@ -26,7 +26,7 @@ from quarl_kernels.dequant import FMT_INT4, FMT_MXFP4, FMT_NVFP4
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
-SCALE_T = {FMT_NVFP4: "*u8", FMT_MXFP4: "*u8", FMT_INT4: "*fp32"}
+SCALE_T = {FMT_NVFP4: "*i32", FMT_MXFP4: "*i32", FMT_INT4: "*fp32"}  # byte scales as int32 views
 GROUP = {FMT_NVFP4: 16, FMT_MXFP4: 32, FMT_INT4: 128}
 NAMES = {FMT_NVFP4: "nvfp4", FMT_MXFP4: "mxfp4", FMT_INT4: "int4"}
 
@@ -43,21 +43,23 @@ def _div16(sig: dict, except_: tuple[str, ...]) -> dict:
             if t != "constexpr" and k not in except_}
 
 
-def compile_fwd(fmt: int, cfg: wo_gemm.Config, split: int, use_asm: bool, pair: bool = True, out_t: str = "*bf16"):
+def compile_fwd(fmt: int, cfg: wo_gemm.Config, split: int, use_asm: bool, pair: bool = False, swap: bool = False,
+                out_t: str = "*bf16"):
     sig = {
-        "x_ptr": "*bf16", "wp_ptr": "*i32", "s_ptr": SCALE_T[fmt], "z_ptr": "*i8" if fmt == FMT_INT4 else SCALE_T[fmt],
+        "x_ptr": "*bf16", "wp_ptr": "*i32", "s_ptr": SCALE_T[fmt], "z_ptr": "*i32" if fmt == FMT_INT4 else SCALE_T[fmt],
         "gs_ptr": "*fp32" if fmt == FMT_NVFP4 else SCALE_T[fmt], "out_ptr": out_t if split == 1 else "*fp32",
     }
-    ints = ["M", "N", "KW", "KW_PER_SPLIT", "stride_xm", "stride_xk", "stride_wn", "stride_sn", "stride_sk",
-            "stride_zn", "stride_zk", "stride_os", "stride_om", "stride_on"]
+    ints = ["M", "N", "KW", "KW_PER_SPLIT", "stride_xm", "stride_xk", "stride_wn", "stride_sn",
+            "stride_zn", "stride_os", "stride_om", "stride_on"]
     sig.update({k: "i32" for k in ints})
     const = {"FMT": fmt, "GROUP": GROUP[fmt], "HAS_ZP": fmt == FMT_INT4, "USE_ASM": use_asm, "PAIR_ORDER": pair,
-             "BM": cfg.bm, "BN": cfg.bn, "BKW": cfg.bkw, "GROUP_M": cfg.group_m, "INTERPRET": False}
+             "BM": cfg.bm, "BN": cfg.bn, "BKW": cfg.bkw, "GROUP_M": cfg.group_m, "INTERPRET": False, "BYTES32": True,
+             "SWAP_AB": swap}
     sig.update({k: "constexpr" for k in const})
     # unit strides are specialized on a real launch too (stride_xk = stride_on = 1)
-    const.update(stride_xk=1, stride_on=1, stride_sk=1, stride_zk=1)
-    sig.update({k: "constexpr" for k in ("stride_xk", "stride_on", "stride_sk", "stride_zk")})
-    odd = ("M", "stride_sn", "stride_zn") if fmt == FMT_INT4 else ("M",)  # int4: K/128 = 28 per row
+    const.update(stride_xk=1, stride_on=1)
+    sig.update({k: "constexpr" for k in ("stride_xk", "stride_on")})
+    odd = ("M", "stride_sn", "stride_zn")  # K/64, K/128, K/512 words per row: 56, 28, 7 at K = 3584
     src = ASTSource(fn=wo_gemm._fwd_kernel, signature=sig, constexprs=const, attrs=_div16(sig, odd))
     return triton.compile(src, target=GPUTarget("cuda", 90, 32),
                           options={"num_warps": cfg.warps, "num_stages": cfg.stages})
@@ -65,17 +67,16 @@ def compile_fwd(fmt: int, cfg: wo_gemm.Config, split: int, use_asm: bool, pair: 
 
 def compile_bwd(fmt: int, cfg: wo_gemm.Config, use_asm: bool, pair: bool = True):
     sig = {
-        "dy_ptr": "*bf16", "wp_ptr": "*i32", "s_ptr": SCALE_T[fmt], "z_ptr": "*i8" if fmt == FMT_INT4 else SCALE_T[fmt],
+        "dy_ptr": "*bf16", "wp_ptr": "*i32", "s_ptr": SCALE_T[fmt], "z_ptr": "*i32" if fmt == FMT_INT4 else SCALE_T[fmt],
         "gs_ptr": "*fp32" if fmt == FMT_NVFP4 else SCALE_T[fmt], "dx_ptr": "*bf16",
     }
-    ints = ["M", "N", "KW", "stride_dym", "stride_wn", "stride_sn", "stride_sk", "stride_zn", "stride_zk",
-            "stride_dxm"]
+    ints = ["M", "N", "KW", "stride_dym", "stride_wn", "stride_sn", "stride_zn", "stride_dxm"]
     sig.update({k: "i32" for k in ints})
     const = {"FMT": fmt, "GROUP": GROUP[fmt], "HAS_ZP": fmt == FMT_INT4, "USE_ASM": use_asm, "PAIR_ORDER": pair,
              "BM": cfg.bm, "BN": cfg.bn, "BKW": cfg.bkw, "GROUP_M": cfg.group_m, "INTERPRET": False,
-             "stride_dyn": 1, "stride_dxk": 1, "stride_sk": 1, "stride_zk": 1}
+             "BYTES32": True, "stride_dyn": 1, "stride_dxk": 1}
     sig.update({k: "constexpr" for k in const})
-    odd = ("M", "stride_sn", "stride_zn") if fmt == FMT_INT4 else ("M",)
+    odd = ("M", "stride_sn", "stride_zn")
     src = ASTSource(fn=wo_gemm._bwd_kernel, signature=sig, constexprs=const, attrs=_div16(sig, odd))
     return triton.compile(src, target=GPUTarget("cuda", 90, 32),
                           options={"num_warps": cfg.warps, "num_stages": cfg.stages})
@@ -111,6 +112,7 @@ def report(kernel, label: str, dump: str | None) -> dict:
         os.unlink(path)
     loop = _main_loop(sass)
     lops = collections.Counter(loop)
+    lbar = lops["BAR"]
     ops = collections.Counter(m.group(1).split(".")[0] for m in re.finditer(r"/\*[0-9a-f]{4}\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]+)", sass))
     regs = re.search(r"REG:(\d+)", res)
     stack = re.search(r"STACK:(\d+)", res)
@@ -123,6 +125,7 @@ def report(kernel, label: str, dump: str | None) -> dict:
         "ld_st": sum(ops[o] for o in ("LDG", "LDS", "LDSM", "STS", "LDGSTS", "UTMALDG")),
         "loop_len": len(loop), "loop_int": sum(lops[o] for o in INT_OPS), "loop_fma": sum(lops[o] for o in FMA_OPS),
         "loop_sts": lops["STS"], "loop_lds": lops["LDS"] + lops["LDSM"], "loop_ldg": lops["LDG"] + lops["LDGSTS"],
+        "loop_bar": lbar, "loop_mma": lops["HGMMA"] + lops["HMMA"], "loop_sync_ldg": lops["LDG"],
     }
     if dump:
         os.makedirs(dump, exist_ok=True)
@@ -151,21 +154,22 @@ def main() -> None:
         for fmt in fmts:
             for cfg in wo_gemm.DECODE_CONFIGS:
                 for bm in (16, 32, 64):
-                    c = wo_gemm.Config(bm, cfg.bn, cfg.bkw, cfg.warps, cfg.stages, 1)
-                    add(lambda fmt=fmt, c=c: compile_fwd(fmt, c, 2, True, True), f"{NAMES[fmt]}_dec_{c}")
+                    c = wo_gemm.Config(bm, cfg.bn, cfg.bkw, cfg.warps, cfg.stages, 1, cfg.swap, cfg.pair)
+                    add(lambda fmt=fmt, c=c: compile_fwd(fmt, c, 2, True, c.pair, c.swap), f"{NAMES[fmt]}_dec_{c}")
             for cfg in wo_gemm.PREFILL_CONFIGS:
-                add(lambda fmt=fmt, cfg=cfg: compile_fwd(fmt, cfg, 1, True, True), f"{NAMES[fmt]}_pre_{cfg}")
+                add(lambda fmt=fmt, cfg=cfg: compile_fwd(fmt, cfg, 1, True, cfg.pair, cfg.swap),
+                    f"{NAMES[fmt]}_pre_{cfg}")
             for cfg in wo_gemm.BWD_CONFIGS:
                 add(lambda fmt=fmt, cfg=cfg: compile_bwd(fmt, cfg, True), f"{NAMES[fmt]}_bwd_{cfg}")
         fmts = []
     for fmt in fmts:
-        for asm, pair in ((True, True), (True, False), (False, True)):
-            tag = f"asm{int(asm)}_pair{int(pair)}"
-            for cfg in wo_gemm.DECODE_CONFIGS[:1]:
-                add(lambda fmt=fmt, cfg=cfg, asm=asm, pair=pair: compile_fwd(fmt, cfg, 4, asm, pair),
+        for asm, pair, swap in ((True, False, False), (True, True, False), (True, False, True), (False, False, False)):
+            tag = f"asm{int(asm)}_pair{int(pair)}_swap{int(swap)}"
+            for cfg in wo_gemm.DECODE_CONFIGS[:2]:
+                add(lambda fmt=fmt, cfg=cfg, asm=asm, pair=pair, swap=swap: compile_fwd(fmt, cfg, 4, asm, pair, swap),
                     f"{NAMES[fmt]}_dec_{cfg}_{tag}")
-            for cfg in wo_gemm.PREFILL_CONFIGS[:1]:
-                add(lambda fmt=fmt, cfg=cfg, asm=asm, pair=pair: compile_fwd(fmt, cfg, 1, asm, pair),
+            for cfg in wo_gemm.PREFILL_CONFIGS[:2]:
+                add(lambda fmt=fmt, cfg=cfg, asm=asm, pair=pair, swap=swap: compile_fwd(fmt, cfg, 1, asm, pair, swap),
                     f"{NAMES[fmt]}_pre_{cfg}_{tag}")
         for cfg in wo_gemm.BWD_CONFIGS[:1]:
             add(lambda fmt=fmt, cfg=cfg: compile_bwd(fmt, cfg, True), f"{NAMES[fmt]}_bwd_{cfg}_asm1")

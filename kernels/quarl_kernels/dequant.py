@@ -182,19 +182,36 @@ def _decode_int4_word(w, s, z, USE_ASM: tl.constexpr):
 
 
 @triton.jit
+def _group_bytes(ptr, offs_n, offs_g, mask, stride_n, AS_WORDS: tl.constexpr):
+    """Bytes ``t[n, g]`` of a byte tensor [N, G] (FP4 scales, INT4 zero points) as int32 0..255.
+
+    With ``AS_WORDS`` the tensor is passed as its int32 view [N, G/4] and each byte is
+    pulled out of its word in registers: 4-byte loads are what Triton can turn into
+    cp.async and pipeline; 1-byte loads stay synchronous and stall every K step."""
+    if AS_WORDS:
+        w = tl.load(ptr + offs_n * stride_n + offs_g // 4, mask=mask, other=0)
+        return (w >> ((offs_g % 4) * 8)) & 0xFF
+    else:
+        return tl.load(ptr + offs_n * stride_n + offs_g, mask=mask, other=0).to(tl.int32) & 0xFF
+
+
+@triton.jit
 def load_dequant_tile(
     wp_ptr, s_ptr, z_ptr,
     offs_n, offs_kw, n_ok, kw_hi,
-    stride_wn, stride_sn, stride_sk, stride_zn, stride_zk,
+    stride_wn, stride_sn, stride_zn,
     FMT: tl.constexpr, GROUP: tl.constexpr, HAS_ZP: tl.constexpr, USE_ASM: tl.constexpr,
-    PAIR_ORDER: tl.constexpr,
+    PAIR_ORDER: tl.constexpr, BYTES32: tl.constexpr,
 ):
     """Load and dequantize a weight tile: rows ``offs_n`` [BN], words ``offs_kw`` [BKW]
-    (contiguous, starting at a multiple of BKW) -> bf16 [BN, 8*BKW] in natural K order
-    (times 2**-16 for FP4 formats). ``n_ok`` [BN, 1] masks rows, words >= ``kw_hi`` are off.
+    (contiguous, starting at a multiple of BKW) -> bf16 [BN, 8*BKW] (times 2**-16 for
+    the FP4 formats). ``n_ok`` [BN, 1] masks rows, words >= ``kw_hi`` are off.
+
+    Scales (and INT4 zero points) are contiguous along their group axis; byte-typed
+    ones (FP4 scales, zero points) come as int32 views when ``BYTES32``.
     With ``PAIR_ORDER`` the 8 columns of each word come as codes 0, 4, 1, 5, 2, 6, 3, 7
     (no register permutes); the other operand's K rows must then go through
-    ``pair_order_rows``.
+    ``pair_order_rows``. Otherwise columns are in natural K order.
 
     Masked-off elements decode from word 0 (finite values); callers zero the
     matching activations so they contribute nothing.
@@ -205,37 +222,43 @@ def load_dequant_tile(
     mask = n_ok & (offs_kw[None, :] < kw_hi)
     w = tl.load(wp_ptr + offs_n[:, None] * stride_wn + offs_kw[None, :], mask=mask, other=0)  # [BN, BKW] i32
     if WPG <= BKW:
-        # one scale per group, loaded contiguously along K, repeated per word in registers
+        # one scale per group, loaded along K, repeated per word in registers
         NG: tl.constexpr = BKW // WPG
-        offs_g = tl.min(offs_kw, axis=0) // WPG + tl.arange(0, NG)  # [NG]
-        gmask = n_ok & (offs_g[None, :] * WPG < kw_hi)  # [BN, NG]
-        s_g = tl.load(s_ptr + offs_n[:, None] * stride_sn + offs_g[None, :] * stride_sk, mask=gmask, other=0)
+        offs_g = (tl.min(offs_kw, axis=0) // WPG + tl.arange(0, NG))[None, :]  # [1, NG]
+        gmask = n_ok & (offs_g * WPG < kw_hi)  # [BN, NG]
+        rows = offs_n[:, None]
+        if FMT == 2:
+            s_g = tl.load(s_ptr + rows * stride_sn + offs_g, mask=gmask, other=0)
+        else:
+            s_g = _group_bytes(s_ptr, rows, offs_g, gmask, stride_sn, BYTES32)
         s_raw = tl.broadcast_to(s_g[:, :, None], (BN, NG, WPG)).reshape(BN, BKW)
         if HAS_ZP:
-            zp_g = tl.load(z_ptr + offs_n[:, None] * stride_zn + offs_g[None, :] * stride_zk, mask=gmask, other=0)
+            zp_g = _group_bytes(z_ptr, rows, offs_g, gmask, stride_zn, BYTES32)
             zp = tl.broadcast_to(zp_g[:, :, None], (BN, NG, WPG)).reshape(BN, BKW)
     else:  # the tile lies inside one group: one scale per row, broadcast along K
         # (a 1-D load: a [BN, BKW] gather here makes Triton lay the whole tile out
         # N-fastest, which turns the operand's shared-memory stores into 2-byte ones)
         g0 = tl.min(offs_kw, axis=0) // WPG
         row_ok = n_ok.reshape(BN) & (g0 * WPG < kw_hi)  # [BN]
-        s_raw = tl.broadcast_to(tl.load(s_ptr + offs_n * stride_sn + g0 * stride_sk, mask=row_ok, other=0)[:, None],
-                                (BN, BKW))
+        if FMT == 2:
+            s_r = tl.load(s_ptr + offs_n * stride_sn + g0, mask=row_ok, other=0)
+        else:
+            s_r = _group_bytes(s_ptr, offs_n, g0, row_ok, stride_sn, BYTES32)
+        s_raw = tl.broadcast_to(s_r[:, None], (BN, BKW))
         if HAS_ZP:
-            zp = tl.broadcast_to(tl.load(z_ptr + offs_n * stride_zn + g0 * stride_zk, mask=row_ok, other=0)[:, None],
-                                 (BN, BKW))
-    if FMT == 0:  # NVFP4: e4m3 block scale (passed as raw uint8), global scale applied by the caller
-        s_e4m3 = s_raw.to(tl.float8e4nv, bitcast=True).to(tl.float32)
+            zp = tl.broadcast_to(_group_bytes(z_ptr, offs_n, g0, row_ok, stride_zn, BYTES32)[:, None], (BN, BKW))
+    if FMT == 0:  # NVFP4: e4m3 block scale bits, global scale applied by the caller
+        s_e4m3 = s_raw.to(tl.uint8).to(tl.float8e4nv, bitcast=True).to(tl.float32)
         s = (s_e4m3 * 1.298074214633707e33).to(tl.bfloat16)  # * 2**110, exact
         p0, p1, p2, p3, p4, p5, p6, p7 = _decode_fp4_word(w, s, USE_ASM)
-    elif FMT == 1:  # MXFP4: uint8 E8M0 exponent e -> S = 2**(e - 17) built from bits
-        e = tl.minimum(s_raw.to(tl.int32), 144)
+    elif FMT == 1:  # MXFP4: E8M0 exponent e -> S = 2**(e - 17) built from bits
+        e = tl.minimum(s_raw, 144)
         s = ((e + 110) << 7).to(tl.int16).to(tl.bfloat16, bitcast=True)
         p0, p1, p2, p3, p4, p5, p6, p7 = _decode_fp4_word(w, s, USE_ASM)
     else:  # INT4: (u - 8 - zp) * scale; z carries 128 + 8 + zp for the bf16 magic-number trick
         s = s_raw.to(tl.float32).to(tl.bfloat16)
         if HAS_ZP:
-            z = (zp.to(tl.int32) + 136).to(tl.float32).to(tl.bfloat16)
+            z = (((zp ^ 128) - 128) + 136).to(tl.float32).to(tl.bfloat16)  # zp: int8 byte, sign-extended
         else:
             z = tl.full(w.shape, 136, tl.int32).to(tl.float32).to(tl.bfloat16)
         p0, p1, p2, p3, p4, p5, p6, p7 = _decode_int4_word(w, s, z, USE_ASM)

@@ -29,13 +29,34 @@ from quarl_kernels.formats import FORMAT_IDS
 _LIB = "quarl"
 
 
+def _as_words(t: torch.Tensor) -> torch.Tensor | None:
+    """int32 view [N, G/4] of a contiguous byte tensor [N, G], or None when G % 4 or alignment forbid."""
+    if t.shape[-1] % 4 or not t.is_contiguous() or t.data_ptr() % 4:
+        return None
+    return t.view(torch.int32)
+
+
 def _packed_weight(packed, scale, zero, gscale, fmt: str, group: int, n: int, k: int):
+    """The kernels' view of a layer's tensors: no copies except for non-contiguous scales."""
     from quarl_kernels.wo_gemm import PackedWeight
 
     words = packed if packed.dtype == torch.int32 else packed.view(torch.int32)  # FP4: uint8 [N, K/2] -> [N, K/8]
-    if fmt == "nvfp4":
-        scale = scale.view(torch.uint8)  # e4m3 bits; the kernel decodes them
-    return PackedWeight(FORMAT_IDS[fmt], group, n, k, words, scale, zero, gscale)
+    scale = scale.contiguous()
+    if fmt == "int":
+        byte_t = None if zero is None else zero.contiguous()
+    else:
+        byte_t = scale = scale.view(torch.uint8)  # e4m3 / e8m0 bits; the kernel decodes them
+    # byte tensors travel as int32 words when they can: 4-byte loads pipeline, 1-byte loads stall
+    as_words = None if byte_t is None else _as_words(byte_t)
+    bytes32 = byte_t is not None and as_words is not None
+    if bytes32:
+        if fmt == "int":
+            zero = as_words
+        else:
+            scale = as_words
+    elif fmt == "int" and zero is not None:
+        zero = byte_t
+    return PackedWeight(FORMAT_IDS[fmt], group, n, k, words, scale, zero, gscale, bytes32)
 
 
 def _reference_weight(packed, scale, zero, gscale, fmt: str, group: int, n: int, k: int, dtype) -> torch.Tensor:

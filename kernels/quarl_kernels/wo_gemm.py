@@ -47,9 +47,10 @@ from quarl_kernels.dequant import FMT_INT4, FMT_NVFP4, FP4_ACC_FACTOR, load_dequ
 def _fwd_kernel(
     x_ptr, wp_ptr, s_ptr, z_ptr, gs_ptr, out_ptr,
     M, N, KW, KW_PER_SPLIT,
-    stride_xm, stride_xk, stride_wn, stride_sn, stride_sk, stride_zn, stride_zk,
+    stride_xm, stride_xk, stride_wn, stride_sn, stride_zn,
     stride_os, stride_om, stride_on,
     FMT: tl.constexpr, GROUP: tl.constexpr, HAS_ZP: tl.constexpr, USE_ASM: tl.constexpr, PAIR_ORDER: tl.constexpr,
+    BYTES32: tl.constexpr, SWAP_AB: tl.constexpr,
     BM: tl.constexpr, BN: tl.constexpr, BKW: tl.constexpr, GROUP_M: tl.constexpr, INTERPRET: tl.constexpr,
 ):
     BK: tl.constexpr = BKW * 8
@@ -68,36 +69,45 @@ def _fwd_kernel(
     offs_n = pid_n * BN + tl.arange(0, BN)  # [BN]
     kw_lo = pid_k * KW_PER_SPLIT
     kw_hi = min(kw_lo + KW_PER_SPLIT, KW)
-    xT_cols = x_ptr + offs_m.to(tl.int64)[None, :] * stride_xm  # [1, BM]
-    m_ok = offs_m[None, :] < M  # [1, BM]
+    x_rows = x_ptr + offs_m.to(tl.int64)[:, None] * stride_xm  # [BM, 1]
+    m_ok = offs_m[:, None] < M  # [BM, 1]
     n_ok = offs_n[:, None] < N  # [BN, 1]
 
-    # Swapped operands: acc^T[BN, BM] = W[BN, BK] @ x^T[BK, BM]. The dequantized
-    # tile is the K-contiguous A operand (16-byte shared stores, wgmma-eligible
-    # even when M is 16), x^T is a K-major B operand that Triton pipelines.
-    acc = tl.zeros((BN, BM), dtype=tl.float32)
+    # The dequantized tile must be the MMA's B operand: Triton stores it to shared
+    # memory once per K step (one barrier) and wgmma / mma.sync read it there. As the
+    # A operand (SWAP_AB, acc^T = W @ x^T) Triton 3.6 keeps it in registers and
+    # converts it k16 slice by k16 slice, a barrier and a wgmma wait each (v2 notes).
+    if SWAP_AB:
+        acc = tl.zeros((BN, BM), dtype=tl.float32)
+    else:
+        acc = tl.zeros((BM, BN), dtype=tl.float32)
     for kw0 in range(kw_lo, kw_hi, BKW):
         offs_kw = kw0 + tl.arange(0, BKW)  # [BKW] words
         offs_k = kw0 * 8 + tl.arange(0, BK)  # [BK] elements
-        xT = tl.load(xT_cols + offs_k[:, None] * stride_xk, mask=m_ok & (offs_k[:, None] < kw_hi * 8), other=0.0)
+        x = tl.load(x_rows + offs_k[None, :] * stride_xk, mask=m_ok & (offs_k[None, :] < kw_hi * 8), other=0.0)
         if PAIR_ORDER:
-            xT = pair_order_rows(xT)  # [BK, BM], rows in the weight tile's column order
+            x = tl.trans(pair_order_rows(tl.trans(x)))  # [BM, BK], columns in the weight tile's order
         w = load_dequant_tile(
             wp_ptr, s_ptr, z_ptr, offs_n, offs_kw, n_ok, kw_hi,
-            stride_wn, stride_sn, stride_sk, stride_zn, stride_zk, FMT, GROUP, HAS_ZP, USE_ASM, PAIR_ORDER,
+            stride_wn, stride_sn, stride_zn, FMT, GROUP, HAS_ZP, USE_ASM, PAIR_ORDER, BYTES32,
         )  # [BN, BK] bf16
         if INTERPRET:  # the CPU interpreter multiplies raw bf16 bits; its fp32 dot is right
-            acc = tl.dot(w.to(tl.float32), xT.to(tl.float32), acc)
+            x = x.to(tl.float32)
+            w = w.to(tl.float32)
+        if SWAP_AB:
+            acc = tl.dot(w, tl.trans(x), acc)  # [BN, BM]
         else:
-            acc = tl.dot(w, xT, acc)  # [BN, BM] fp32
+            acc = tl.dot(x, tl.trans(w), acc)  # [BM, BN] fp32
+    if SWAP_AB:
+        acc = tl.trans(acc)  # [BM, BN]
 
     if FMT == 0:
         acc = acc * (65536.0 / tl.load(gs_ptr).to(tl.float32))
     elif FMT == 1:
         acc = acc * 65536.0
     # y [M, N] in x's dtype, or (split-K) fp32 partials [S, M, N]: the pointer type decides
-    out = out_ptr + pid_k * stride_os + offs_m.to(tl.int64)[None, :] * stride_om + offs_n[:, None] * stride_on
-    tl.store(out, acc.to(out_ptr.dtype.element_ty), mask=m_ok & n_ok)
+    out = out_ptr + pid_k * stride_os + offs_m.to(tl.int64)[:, None] * stride_om + offs_n[None, :] * stride_on
+    tl.store(out, acc.to(out_ptr.dtype.element_ty), mask=m_ok & (offs_n[None, :] < N))
 
 
 @triton.jit
@@ -115,9 +125,10 @@ def _splitk_reduce_kernel(ws_ptr, y_ptr, MN, SPLIT_K: tl.constexpr, BLOCK: tl.co
 def _bwd_kernel(
     dy_ptr, wp_ptr, s_ptr, z_ptr, gs_ptr, dx_ptr,
     M, N, KW,
-    stride_dym, stride_dyn, stride_wn, stride_sn, stride_sk, stride_zn, stride_zk,
+    stride_dym, stride_dyn, stride_wn, stride_sn, stride_zn,
     stride_dxm, stride_dxk,
     FMT: tl.constexpr, GROUP: tl.constexpr, HAS_ZP: tl.constexpr, USE_ASM: tl.constexpr, PAIR_ORDER: tl.constexpr,
+    BYTES32: tl.constexpr,
     BM: tl.constexpr, BN: tl.constexpr, BKW: tl.constexpr, GROUP_M: tl.constexpr, INTERPRET: tl.constexpr,
 ):
     """dx[M, K] = dy[M, N] @ W[N, K]: tiles of dx over (M, K), loop over N. With
@@ -145,7 +156,7 @@ def _bwd_kernel(
         dy = tl.load(dy_rows + offs_n[None, :] * stride_dyn, mask=m_ok & (offs_n[None, :] < N), other=0.0)
         w = load_dequant_tile(
             wp_ptr, s_ptr, z_ptr, offs_n, offs_kw, offs_n[:, None] < N, KW,
-            stride_wn, stride_sn, stride_sk, stride_zn, stride_zk, FMT, GROUP, HAS_ZP, USE_ASM, PAIR_ORDER,
+            stride_wn, stride_sn, stride_zn, FMT, GROUP, HAS_ZP, USE_ASM, PAIR_ORDER, BYTES32,
         )  # [BN, BK] bf16
         if INTERPRET:
             acc = tl.dot(dy.to(tl.float32), w.to(tl.float32), acc)
@@ -172,22 +183,29 @@ class Config:
     warps: int
     stages: int
     group_m: int = 8
+    swap: bool = False  # forward only: dequantized tile as the MMA's A operand (acc^T = W @ x^T)
+    pair: bool = False  # forward only: pair-order weight tile, x columns permuted to match
 
     def __str__(self) -> str:
-        return f"BM{self.bm}xBN{self.bn}xBK{self.bkw * 8}w{self.warps}s{self.stages}"
+        tag = ("-swap" if self.swap else "") + ("-pair" if self.pair else "")
+        return f"BM{self.bm}xBN{self.bn}xBK{self.bkw * 8}w{self.warps}s{self.stages}{tag}"
 
 
 # Decode: BM is set to cover M; BN x BK sizes the weight tile each CTA streams.
 DECODE_CONFIGS = (
-    Config(16, 64, 32, 4, 4),
     Config(16, 128, 16, 4, 4),
+    Config(16, 64, 32, 4, 4),
     Config(16, 128, 32, 8, 3),
+    Config(16, 128, 16, 4, 4, swap=True),
+    Config(16, 64, 32, 4, 4, swap=True),
+    Config(16, 128, 16, 4, 4, pair=True),
 )
 PREFILL_CONFIGS = (
     Config(128, 128, 8, 8, 4),
     Config(128, 256, 8, 8, 3),
     Config(128, 128, 16, 8, 3),
-    Config(64, 128, 16, 4, 4),
+    Config(128, 256, 8, 8, 3, swap=True),
+    Config(128, 128, 8, 8, 4, swap=True),
 )
 BWD_CONFIGS = (
     Config(128, 64, 16, 8, 3),
@@ -206,9 +224,10 @@ class PackedWeight:
     n: int
     k: int
     words: torch.Tensor  # int32 [N, K/8]
-    scale: torch.Tensor  # [N, K/group] e4m3 | uint8 | fp32/bf16
-    zero: torch.Tensor | None  # int8 [N, K/group] (INT4 asymmetric) or None
+    scale: torch.Tensor  # [N, G] fp32/bf16 (INT4); FP4: uint8 bytes [N, G] or their int32 view [N, G/4]
+    zero: torch.Tensor | None  # INT4 asymmetric: int8 bytes [N, G] or int32 view [N, G/4]; else None
     gscale: torch.Tensor | None  # fp32 [1] (NVFP4) or None
+    bytes32: bool = False  # byte tensors above are passed as int32 views (pipelinable loads)
 
 
 def _num_sms(device: torch.device) -> int:
@@ -228,6 +247,8 @@ def _decode_bm(m: int) -> int:
 def _split_k(cfg: Config, m: int, n: int, kw: int, sms: int) -> tuple[int, int]:
     """(split count, words per split): enough CTAs for ~2 waves, >= 2 K tiles each."""
     tiles = triton.cdiv(m, cfg.bm) * triton.cdiv(n, cfg.bn)
+    if tiles >= 2 * sms:
+        return 1, kw
     k_tiles = triton.cdiv(kw, cfg.bkw)
     split = max(1, min(16, triton.cdiv(2 * sms, tiles), k_tiles // 2))
     per = triton.cdiv(k_tiles, split) * cfg.bkw
@@ -235,19 +256,21 @@ def _split_k(cfg: Config, m: int, n: int, kw: int, sms: int) -> tuple[int, int]:
 
 
 def launch_fwd(
-    x2: torch.Tensor, pw: PackedWeight, cfg: Config, *, use_asm: bool = True, pair_order: bool = True
+    x2: torch.Tensor, pw: PackedWeight, cfg: Config, *, use_asm: bool = True, pair_order: bool | None = None,
+    swap_ab: bool | None = None,
 ) -> torch.Tensor:
-    """y [M, N] = x2 [M, K] @ W^T with an explicit config (no tuning)."""
+    """y [M, N] = x2 [M, K] @ W^T with an explicit config (no tuning); ``pair_order`` /
+    ``swap_ab`` override the config's ``pair`` / ``swap`` (see docs/kernels.md)."""
+    pair_order = cfg.pair if pair_order is None else pair_order
+    swap_ab = cfg.swap if swap_ab is None else swap_ab
     m = x2.shape[0]
     kw = pw.k // 8
     y = torch.empty((m, pw.n), device=x2.device, dtype=x2.dtype)
     if m == 0:
         return y
-    if m <= DECODE_MAX_M:
-        cfg = Config(_decode_bm(m), cfg.bn, cfg.bkw, cfg.warps, cfg.stages, 1)
-        split, per = _split_k(cfg, m, pw.n, kw, _num_sms(x2.device))
-    else:
-        split, per = 1, kw
+    if m <= DECODE_MAX_M:  # one M tile: every weight byte is read once
+        cfg = Config(_decode_bm(m), cfg.bn, cfg.bkw, cfg.warps, cfg.stages, 1, cfg.swap, cfg.pair)
+    split, per = _split_k(cfg, m, pw.n, kw, _num_sms(x2.device))
     out = y if split == 1 else torch.empty((split, m, pw.n), device=x2.device, dtype=torch.float32)
     so, sm_, sn = (0, y.stride(0), y.stride(1)) if split == 1 else out.stride()
     z = pw.zero if pw.zero is not None else pw.scale
@@ -256,10 +279,10 @@ def launch_fwd(
     _fwd_kernel[grid](
         x2, pw.words, pw.scale, z, gs, out,
         m, pw.n, kw, per,
-        x2.stride(0), x2.stride(1), pw.words.stride(0), pw.scale.stride(0), pw.scale.stride(1),
-        z.stride(0), z.stride(1) if z.dim() > 1 else 0,
+        x2.stride(0), x2.stride(1), pw.words.stride(0), pw.scale.stride(0), z.stride(0),
         so, sm_, sn,
         FMT=pw.fmt, GROUP=pw.group, HAS_ZP=pw.zero is not None, USE_ASM=use_asm, PAIR_ORDER=pair_order,
+        BYTES32=pw.bytes32, SWAP_AB=swap_ab,
         BM=cfg.bm, BN=cfg.bn, BKW=cfg.bkw, GROUP_M=cfg.group_m, INTERPRET=_interpreting(),
         num_warps=cfg.warps, num_stages=cfg.stages,
     )
@@ -285,10 +308,10 @@ def launch_bwd(
     _bwd_kernel[grid](
         dy2, pw.words, pw.scale, z, gs, dx,
         m, pw.n, kw,
-        dy2.stride(0), dy2.stride(1), pw.words.stride(0), pw.scale.stride(0), pw.scale.stride(1),
-        z.stride(0), z.stride(1) if z.dim() > 1 else 0,
+        dy2.stride(0), dy2.stride(1), pw.words.stride(0), pw.scale.stride(0), z.stride(0),
         dx.stride(0), dx.stride(1),
         FMT=pw.fmt, GROUP=pw.group, HAS_ZP=pw.zero is not None, USE_ASM=use_asm, PAIR_ORDER=pair_order,
+        BYTES32=pw.bytes32,
         BM=bm, BN=cfg.bn, BKW=cfg.bkw, GROUP_M=cfg.group_m, INTERPRET=_interpreting(),
         num_warps=cfg.warps if bm >= 64 else 4, num_stages=cfg.stages,
     )

@@ -33,16 +33,23 @@ pytestmark = [
 SPECS = ["nvfp4", "mxfp4", "int4-g128", "int4-g128-sym"]
 TOL = 5e-3
 D, P, B = wo_gemm.DECODE_CONFIGS, wo_gemm.PREFILL_CONFIGS, wo_gemm.BWD_CONFIGS
-FWD_CASES = [  # M, N, K, config
-    (1, 512, 3584, D[0]),  # decode GEMV, split-K
-    (7, 520, 1024, D[1]),  # odd M, N tail
-    (16, 640, 384, D[2]),  # K ends inside a tile (BK 512)
-    (33, 256, 4096, D[0]),  # BM 64, split-K
-    (64, 384, 128, D[1]),  # K = one INT4 group / four NVFP4 blocks
-    (100, 520, 1024, P[0]),  # prefill, odd M, N tail
-    (257, 768, 3584, P[1]),
-    (512, 1024, 2048, P[2]),
-    (130, 256, 640, P[3]),  # K = 5 INT4 groups: tail
+DECODE_SHAPES = [  # M, N, K -- one per decode config, round robin
+    (1, 512, 3584),  # GEMV, split-K
+    (7, 520, 1024),  # odd M, N tail
+    (16, 640, 384),  # K ends inside a 256/512 tile
+    (33, 256, 4096),  # BM 64, split-K
+    (64, 384, 128),  # K = one INT4 group / four NVFP4 blocks
+    (5, 1000, 2048),
+]
+PREFILL_SHAPES = [
+    (100, 520, 1024),  # odd M, N tail
+    (257, 768, 3584),
+    (512, 1024, 2048),
+    (130, 256, 640),  # K = 5 INT4 groups: tail
+    (300, 1000, 1024),
+]
+FWD_CASES = [(*DECODE_SHAPES[i % len(DECODE_SHAPES)], c) for i, c in enumerate(D)] + [
+    (*PREFILL_SHAPES[i % len(PREFILL_SHAPES)], c) for i, c in enumerate(P)
 ]
 
 
@@ -80,15 +87,15 @@ def test_forward_matches_reference(spec, m, n, k, cfg):
 
 
 @pytest.mark.parametrize("spec", SPECS)
-@pytest.mark.parametrize("use_asm,pair_order", [(False, True), (True, False), (False, False)])
-def test_forward_paths_agree(spec, use_asm, pair_order):
-    """The portable decode and the natural tile order compute what the fast path does."""
+@pytest.mark.parametrize("use_asm,pair_order,swap", [(False, False, False), (False, True, True), (True, True, True)])
+def test_forward_paths_agree(spec, use_asm, pair_order, swap):
+    """The portable decode, both tile orders and both operand orders compute the same."""
     torch.manual_seed(1)
     args, w = _qweight(spec, 384, 1024)
     pw = _packed_weight(*args)
     for m, cfg in ((5, D[0]), (150, P[0])):
         x = torch.randn(m, 1024, device="cuda").to(torch.bfloat16)
-        y = wo_gemm.launch_fwd(x, pw, cfg, use_asm=use_asm, pair_order=pair_order)
+        y = wo_gemm.launch_fwd(x, pw, cfg, use_asm=use_asm, pair_order=pair_order, swap_ab=swap)
         fast = wo_gemm.launch_fwd(x, pw, cfg)
         assert _rel(y, x.double() @ w.T) < TOL
         # identical decoded weights -> identical products, up to accumulation order

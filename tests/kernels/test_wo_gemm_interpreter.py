@@ -37,11 +37,11 @@ SCRIPT = textwrap.dedent("""
 
     C = wo_gemm.Config
     CASES = [  # spec, M, N, K, config, forward?, pair order?
-        ("nvfp4", 3, 48, 256, C(16, 32, 16, 4, 1), True, True),
+        ("nvfp4", 3, 48, 256, C(16, 32, 16, 4, 1, swap=True), True, True),
         ("mxfp4", 5, 40, 384, C(16, 32, 32, 4, 1), True, True),       # K tail inside a tile
-        ("int4-g128", 2, 40, 256, C(16, 32, 16, 4, 1), True, False),
-        ("int4-g128-sym", 70, 40, 384, C(64, 32, 8, 4, 1), True, True),  # M > 64: prefill path
-        ("nvfp4", 7, 72, 2048, C(16, 32, 16, 4, 1), True, True),      # split-K 4, N tail
+        ("int4-g128", 2, 40, 512, C(16, 32, 16, 4, 1), True, False),  # zero points as int32 words
+        ("int4-g128-sym", 70, 40, 384, C(64, 32, 8, 4, 1, swap=True), True, False),  # M > 64, split-K
+        ("nvfp4", 7, 72, 2048, C(16, 32, 16, 4, 1), True, False),     # split-K 4, N tail
         ("nvfp4", 33, 40, 384, C(64, 32, 8, 4, 1), False, True),
         ("int4-g128", 40, 72, 384, C(64, 32, 32, 4, 1), False, True),
         ("mxfp4", 9, 40, 384, C(16, 32, 32, 4, 1), False, False),
