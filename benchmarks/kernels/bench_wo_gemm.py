@@ -193,7 +193,8 @@ def variants(l2: int) -> list[dict]:
         dy = torch.randn(2048, n, device="cuda").to(torch.bfloat16)
         for pair in (True, False):
             c = wo_gemm.BWD_CONFIGS[0]
-            us = graph_time_us([lambda p=p, o=pair: wo_gemm.launch_bwd(dy, p, c, pair_order=o) for p in pws[:4]])
+            us = graph_time_us([lambda p=p, o=pair, dy=dy, c=c: wo_gemm.launch_bwd(dy, p, c, pair_order=o)
+                                for p in pws[:4]])
             out.append({"kind": "bwd", "format": spec, "N": n, "K": k, "M": 2048, "config": str(c), "asm": True,
                         "pair": pair, "us": us, "GBps": (q.nbytes + 2 * 2048 * (k + n)) / us / 1e3})
     return out
