@@ -468,7 +468,7 @@ def load_quantized(path: str | Path, *, device: str | torch.device = "cpu", dtyp
     sd: dict[str, torch.Tensor] = {}
     for f in info.files:
         with safe_open(str(d / f), framework="pt", device="cpu") as fh:
-            for k in fh:
+            for k in fh.keys():  # noqa: SIM118  (safe_open is not iterable)
                 sd[k] = fh.get_tensor(k)
                 if dense_dtype is None and k.endswith("norm.weight"):
                     dense_dtype = sd[k].dtype
