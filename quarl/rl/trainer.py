@@ -192,8 +192,12 @@ class RLTrainer:
                 raise ValueError("an initial adapter needs policy.mode=lora")
             load_adapter(self.model, init_adapter)
             self.policy_report["init_adapter"] = str(init_adapter)
-        if cfg.policy.gradient_checkpointing:
-            self.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        if cfg.policy.gradient_checkpointing:  # non-reentrant: works although the inputs need no grad (LoRA)
+            kw = {"use_reentrant": False}
+            if hasattr(self.model, "activation_checkpointing_enable"):  # transformers >= 5.x name
+                self.model.activation_checkpointing_enable(activation_checkpointing_kwargs=kw)
+            else:
+                self.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kw)
         cache_deq = str(cfg.rollout.cache_dequantized).lower()
         if cache_deq == "true" or (cache_deq == "auto" and self.device.type == "cpu"):
             for m in self.model.modules():

@@ -134,3 +134,49 @@ def test_lr_schedule():
     assert lr_at(11, 20, c) == pytest.approx(0.5)
     assert 0 < lr_at(19, 20, c) < 0.01
     assert lr_at(19, 20, OptimConfig(lr=1.0, warmup_ratio=0, schedule="constant")) == 1.0
+
+
+def test_full_finetuning_with_kl_to_a_frozen_reference(tmp_path):
+    cfg = tiny_cfg("policy.mode=full", "policy.format=bf16", "algo.beta=0.1", "train.steps=2", "optim.lr=1e-3",
+                   "algo.updates_per_rollout=1")
+    tr = _trainer(cfg, tmp_path)
+    before = {n: p.detach().clone() for n, p in tr.model.named_parameters()}
+    assert all(p.requires_grad for p in tr.model.parameters()) and tr.ref_model is not None
+    tr.train()
+    rows = read_metrics(tmp_path / "metrics.jsonl")
+    assert rows[0]["policy/kl_ref"] == pytest.approx(0.0, abs=1e-9)  # policy == reference before any update
+    assert rows[1]["policy/kl_ref"] > 0
+    changed = [n for n, p in tr.model.named_parameters() if not torch.equal(p, before[n])]
+    assert any("mlp" in n for n in changed) and any("layernorm" in n for n in changed)  # every weight trains
+    ref = dict(tr.ref_model.named_parameters())
+    assert all(torch.equal(ref[n], before[n]) for n in ref)  # the reference never moves
+
+
+@pytest.mark.parametrize("fmt", ["mxfp4", "nf4", "bf16"])
+def test_other_base_formats_and_lora_reference(tmp_path, fmt):
+    cfg = tiny_cfg(f"policy.format={fmt}", "algo.beta=0.05", "train.steps=2", "algo.updates_per_rollout=1",
+                   "policy.gradient_checkpointing=true")
+    tr = _trainer(cfg, tmp_path)
+    summary = tr.train()
+    assert summary["policy"]["format"] == fmt
+    rows = read_metrics(tmp_path / "metrics.jsonl")
+    assert rows[0]["policy/kl_ref"] == pytest.approx(0.0, abs=1e-9)  # LoRA B starts at 0: policy == base
+    assert rows[0]["policy/ratio_mean"] == pytest.approx(1.0, abs=1e-6)  # on-policy
+    assert all(torch.isfinite(torch.tensor(r["loss"])) for r in rows)
+
+
+def test_resume_from_the_s3_mirror_on_a_fresh_machine(tmp_path, s3_bucket):
+    remote = f"s3://{s3_bucket}/run/rl/adapter.checkpoints"
+    cfg = tiny_cfg("train.steps=2")
+    model, tok = small_tiny_model()
+    first = RLTrainer(cfg, model, tok, PROMPTS, ANSWERS, tmp_path / "pod1", reward_fn=ParityReward(),
+                      checkpoint_remote=remote)
+    first.train(stop_after=1)
+    model, tok = small_tiny_model()  # a new pod: empty local disk, same remote
+    second = RLTrainer(cfg, model, tok, PROMPTS, ANSWERS, tmp_path / "pod2", reward_fn=ParityReward(),
+                       checkpoint_remote=remote)
+    summary = second.train()
+    assert summary["start_step"] == 1 and summary["end_step"] == 2
+    rows = read_metrics(tmp_path / "pod2" / "metrics.jsonl")
+    assert [r["step"] for r in rows] == [0, 1]  # the history came back with the checkpoint
+    assert (tmp_path / "pod2" / "checkpoints" / "step-000001" / "trainable.safetensors").exists()
