@@ -183,19 +183,22 @@ class Recipe:
         out = {}
         for name, p in spec.params.items():
             keys = p.key.split(".")
-            found, v = _get_path(sec, keys)
-            if not found:
-                _, v = _get_path(cfg, keys)
+            _, v = _get_path(cfg, keys)  # the validated, type-coerced value ("3e-4" -> 0.0003)
+            found, raw = _get_path(sec, keys)
+            if found and isinstance(v, (list, dict)):
+                v = raw  # keep the recipe's compact form ("gsm8k:/path") rather than every expanded field
             out[name] = p.from_config(v)
         return out
 
     def rest_yaml(self, step: str, stage: str) -> str:
-        """YAML of the fields the recipe sets for ``step`` that no typed knob covers ("" if none)."""
+        """YAML (one line) of the fields the recipe sets for ``step`` that no typed knob covers ("" if none)."""
         spec = get_stage(stage)
         sec = self.section(step)
         for p in spec.params.values():
             _del_path(sec, p.key.split("."))
-        return yaml.safe_dump(sec, sort_keys=False, default_flow_style=False) if sec else ""
+        # One line of flow-style YAML: KFP's compiler copies defaults into the YAML header comment
+        # unescaped, so a multi-line default would break the compiled file.
+        return yaml.safe_dump(sec, sort_keys=False, default_flow_style=True, width=1 << 30).strip() if sec else ""
 
     def resources_for(self, step: str, spec: StageSpec) -> Resources:
         try:

@@ -250,12 +250,25 @@ def _numeric_leaves(d: Any, prefix: str = "") -> dict[str, float]:
     return out
 
 
+def select_metrics(spec: StageSpec, result: dict | None) -> dict[str, float]:
+    """Numeric leaves of a step result picked by ``spec.metrics`` prefixes, in the prefixes' order."""
+    leaves = _numeric_leaves(result or {})
+    if spec.metrics is None:
+        return leaves
+    out: dict[str, float] = {}
+    for p in spec.metrics:
+        for k, v in leaves.items():
+            if k not in out and (k == p or k.startswith((p + ".", p + "/"))):
+                out[k] = v
+    return out
+
+
 def _render_report(spec: StageSpec, step: str, rec: dict) -> str:
     lines = [f"# {step} ({spec.name})", "", spec.description, "", f"- status: {rec['status']}",
              f"- seconds: {rec.get('seconds')}", f"- output: `{rec['outputs'].get(spec.output.name)}`"]
     for k, v in rec.get("inputs", {}).items():
         lines.append(f"- input {k}: `{v}`")
-    metrics = _numeric_leaves(rec.get("result") or {})
+    metrics = select_metrics(spec, rec.get("result"))
     if metrics:
         lines += ["", "| metric | value |", "|---|---|"] + [f"| {k} | {v:g} |" for k, v in metrics.items()]
     return "\n".join(lines) + "\n"
@@ -272,9 +285,8 @@ def _fill_outputs(spec: StageSpec, step: str, outputs: dict, rec: dict) -> None:
                               "step": step, "run_id": rec["run_id"]})
     metrics = outputs.get("metrics")
     if metrics is not None:
-        for k, v in _numeric_leaves(rec.get("result") or {}).items():
-            if spec.metrics is None or any(k == p or k.startswith(p + ".") for p in spec.metrics):
-                metrics.log_metric(k, v)
+        for k, v in select_metrics(spec, rec.get("result")).items():
+            metrics.log_metric(k, v)
         metrics.metadata["quarl_uri"] = out_uri
     report = outputs.get("report")
     if report is not None:

@@ -175,6 +175,7 @@ STAGES: dict[str, StageSpec] = {
                 "seed": Param("seed"),
             },
             report_file="summary.md",
+            metrics=("rows", "dropped", "sources"),
             resources=Resources(image="cpu", cpu="2", memory="8Gi", timeout_s=2 * 3600),
             description="Sources -> filtered, deduplicated, split and validated prompts (parquet).",
         ),
@@ -196,7 +197,8 @@ STAGES: dict[str, StageSpec] = {
                 "device": Param("device"),
             },
             report_file="report.md",
-            metrics=("quality", "rel_error", "memory.total_bytes", "calibration.windows", "calibration.seconds"),
+            metrics=("quality.kl", "quality.ppl", "quality.ref_ppl", "rel_error", "quality", "memory.total_bytes",
+                     "calibration.windows", "calibration.seconds"),
             resources=GPU.with_(memory="96Gi", timeout_s=4 * 3600),
             description="Full-precision model -> quantized compressed-tensors checkpoint (RTN/GPTQ/AWQ), with "
                         "held-out KL and perplexity.",
@@ -231,8 +233,8 @@ STAGES: dict[str, StageSpec] = {
                 "device": Param("train.device"),
             },
             report_file="report.md",
-            metrics=("reward", "policy", "response", "mismatch", "time/total_s", "time/step_s_mean",
-                     "rollout/tokens_per_s_mean", "memory", "total_steps"),
+            metrics=("reward/accuracy", "reward/mean", "reward", "response", "policy/entropy", "mismatch",
+                     "total_steps", "time/step_s_mean", "time/total_s", "rollout/tokens_per_s_mean", "memory"),
             resources=GPU.with_(memory="128Gi", timeout_s=48 * 3600),
             description="GRPO/DAPO on the quantized policy (frozen low-bit base + LoRA) with adaptive quantization "
                         "noise; resumable from checkpoints mirrored to S3.",
@@ -258,7 +260,7 @@ STAGES: dict[str, StageSpec] = {
                 "device": Param("device"),
             },
             report_file="report.md",
-            metrics=("benchmarks",),
+            metrics=("benchmarks",),  # <name>.accuracy, .accuracy_stderr, .pass_at_k.<k>, .format_rate
             resources=GPU.with_(timeout_s=6 * 3600),
             description="Model (+ LoRA adapter) on math benchmarks: avg@n and unbiased pass@k, report with examples.",
         ),

@@ -111,14 +111,11 @@ def _fmt_v(v: Any) -> str:
 
 
 def _metrics(stage: str, result: dict | None) -> dict[str, float]:
-    from quarl.pipeline.runtime import _numeric_leaves
+    from quarl.pipeline.runtime import _numeric_leaves, select_metrics
     from quarl.pipeline.stages import STAGES
 
-    leaves = _numeric_leaves(result or {})
     spec = STAGES.get(stage)
-    if spec is None or spec.metrics is None:
-        return leaves
-    return {k: v for k, v in leaves.items() if any(k == p or k.startswith(p + ".") for p in spec.metrics)}
+    return select_metrics(spec, result) if spec is not None else _numeric_leaves(result or {})
 
 
 def collect_summary(s3_root: str, run_id: str, steps: list[tuple[str, str]], *, pipeline: str = "", recipe: str = "",
