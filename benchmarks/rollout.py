@@ -20,7 +20,8 @@ What is measured, per (model, variant, batch):
   (a ``max_new_tokens=1`` call), **decode tokens/s** = rows x (new - 1) /
   (total - prefill) and end-to-end tokens/s including the prefill;
 * HF ``generate`` (BF16, dynamic cache, SDPA, sampling with top-k off) is the
-  floor, over ``hf_new_tokens`` tokens -- fewer than the engine's, which
+  floor, over ``hf_new_tokens`` tokens (sized to its budget share like the
+  engine cells) -- fewer than the engine's, which
   flatters HF slightly (shorter attention), since its tokens/s is flat in the
   length otherwise;
 * checks on the GPU, 7B only: engine greedy vs HF greedy (BF16, batch 8,
@@ -206,7 +207,7 @@ def engine_cell(model, batch: int, prompt: int, new_tokens: int, share_s: float)
     return out
 
 
-def hf_cell(model, batch: int, prompt: int, new_tokens: int) -> dict:
+def hf_cell(model, batch: int, prompt: int, new_tokens: int, share_s: float) -> dict:
     ids = torch.tensor(_prompts(batch, prompt, model.config.vocab_size), device=DEVICE)
     mask = torch.ones_like(ids)
 
@@ -226,8 +227,16 @@ def hf_cell(model, batch: int, prompt: int, new_tokens: int) -> dict:
 
     if DEVICE == "cuda":
         torch.cuda.reset_peak_memory_stats()
+    t0 = time.perf_counter()
     gen(2)
     _, prefill_s = _sync_time(lambda: gen(1))
+    _, probe_s = _sync_time(lambda: gen(9))
+    step_s = max(probe_s - prefill_s, 1e-6) / 8
+    left = share_s - (time.perf_counter() - t0)
+    n = min(new_tokens, int((left - prefill_s) / step_s))
+    if n < 16:
+        return {"skipped": f"needs ~{prefill_s + 16 * step_s:.1f}s for 16 tokens, {left:.1f}s left in its share"}
+    new_tokens = n
     out, total_s = _sync_time(lambda: gen(new_tokens))
     assert out.shape == (batch, prompt + new_tokens), out.shape
     return {
@@ -368,10 +377,8 @@ def run(args) -> dict:
             try:
                 if engine == "engine":
                     cell.update(engine_cell(model, b, args.prompt, args.new_tokens, share))
-                elif share < 15:
-                    cell["skipped"] = f"{share:.1f}s share left"
                 else:
-                    cell.update(hf_cell(model, b, args.prompt, args.hf_new_tokens))
+                    cell.update(hf_cell(model, b, args.prompt, args.hf_new_tokens, share))
             except Exception as e:  # noqa: BLE001 - record and go on: one failure must not lose the run
                 cell["error"] = f"{type(e).__name__}: {e}"
                 traceback.print_exc()
