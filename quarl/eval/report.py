@@ -207,11 +207,12 @@ def accuracy_plot_svg(doc: dict) -> str:
                 capsize=3,
                 label=label,
             )
-            for b, v in zip(bars, vals):
+            for j, (b, v) in enumerate(zip(bars, vals)):
                 if not math.isnan(v):
+                    top_of_bar = b.get_height() + (100 * err[j] if err is not None else 0.0)  # above the error bar
                     ax.annotate(
                         f"{100 * v:.1f}",
-                        (b.get_x() + b.get_width() / 2, b.get_height()),
+                        (b.get_x() + b.get_width() / 2, top_of_bar),
                         ha="center",
                         va="bottom",
                         fontsize=7,

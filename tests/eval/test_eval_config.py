@@ -96,3 +96,15 @@ def test_duplicate_names_and_bad_fields():
         load_config(EvalConfig, None, ["sampling.topp=0.9"])
     with pytest.raises(ConfigError, match="dtype"):
         load_config(EvalConfig, None, ["dtype=int8"])
+
+
+def test_recipes_load():
+    from pathlib import Path
+
+    import quarl
+
+    recipes = sorted((Path(quarl.__file__).parent / "recipes" / "eval").glob("*.yaml"))
+    assert len(recipes) >= 4
+    for p in recipes:
+        cfg = load_config(EvalConfig, p)
+        assert cfg.benchmarks, p.name
