@@ -93,6 +93,7 @@ class OptimConfig:
     schedule: str = "cosine"  # cosine | constant
     warmup_ratio: float = 0.1
     micro_batch_size: int = 8  # rows per forward/backward (memory knob; does not change the math)
+    logprob_chunk: int = 1024  # completion positions projected to the vocabulary at once (0 = all)
 
 
 @dataclass
@@ -121,7 +122,7 @@ class RLConfig:
     reward: RewardConfig = field(default_factory=RewardConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
 
-    def resolved(self) -> "RLConfig":
+    def resolved(self) -> RLConfig:
         """A copy with the algorithm-dependent ``None`` fields filled in, validated."""
         c = copy.deepcopy(self)
         a = c.algo

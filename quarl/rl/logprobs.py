@@ -2,9 +2,12 @@
 
 One forward over ``[prompt | completion]`` (left-padded prompt, right-padded
 completion) with the same ``cumsum(mask) - 1`` positions the rollout used. Only
-the last ``T + 1`` positions are projected to the vocabulary (``logits_to_keep``),
-and ``log p(token)`` is ``logit[token] - logsumexp(logits)`` -- no ``[B, T, V]``
-log-softmax copy is materialized beyond the logits themselves.
+completion positions are projected to the vocabulary, ``chunk`` positions at a
+time, and ``log p(token) = logit[token] - logsumexp(logits)``. Why chunks: the
+float32 logits of one 8192-token answer over Qwen2.5's 152k vocabulary are 5 GB;
+projecting ``chunk`` positions at a time under activation checkpointing keeps
+only ``[B, chunk, V]`` alive and recomputes each chunk's projection in the
+backward pass (one extra LM-head matmul, a few percent of the step).
 
 Mismatch. The rollout keeps the log-probs it sampled with; the trainer recomputes
 them. They differ by (a) AQN noise, present only during the rollout (by design,
@@ -21,8 +24,21 @@ from __future__ import annotations
 
 import torch
 from torch import nn
+from torch.utils.checkpoint import checkpoint
 
 from quarl.rl.rollout import position_ids_from_mask
+
+
+def _project(lm_head: nn.Module, h: torch.Tensor, targets: torch.Tensor, temperature: float, with_entropy: bool):
+    """``[B, c, H]`` hidden states -> ``[B, c]`` log-probs of ``targets`` (and detached entropy)."""
+    logits = lm_head(h).float() / temperature  # [B, c, V]
+    lse = torch.logsumexp(logits, dim=-1)  # [B, c]
+    logp = logits.gather(-1, targets.unsqueeze(-1)).squeeze(-1) - lse
+    if not with_entropy:
+        return logp, torch.zeros_like(logp)
+    with torch.no_grad():
+        ent = lse - (torch.softmax(logits, dim=-1) * logits).sum(dim=-1)  # H = logsumexp - E_p[logit]
+    return logp, ent
 
 
 def completion_logprobs(
@@ -32,26 +48,34 @@ def completion_logprobs(
     n_completion: int,
     temperature: float = 1.0,
     with_entropy: bool = False,
+    chunk: int = 1024,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """``[B, P + T]`` ids/mask -> (``[B, T]`` log-probs of the last T tokens, ``[B, T]`` entropy or None).
 
     Differentiable unless called under ``torch.no_grad()``; the entropy is always
-    detached (a metric, not a loss term).
+    detached (a metric, not a loss term). ``chunk``: positions projected to the
+    vocabulary at once (``<= 0``: all).
     """
     T = n_completion
     pos = position_ids_from_mask(attention_mask)
-    out = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=pos, use_cache=False,
-                logits_to_keep=T + 1)
-    logits = out.logits[:, -(T + 1):-1, :].float() / temperature  # [B, T, V]: position t predicts token t
+    hidden = model.get_decoder()(input_ids=input_ids, attention_mask=attention_mask, position_ids=pos,
+                                 use_cache=False).last_hidden_state
+    hidden = hidden[:, -(T + 1):-1, :]  # [B, T, H]: position t predicts completion token t
     targets = input_ids[:, -T:]  # [B, T]
-    lse = torch.logsumexp(logits, dim=-1)  # [B, T]
-    logp = logits.gather(-1, targets.unsqueeze(-1)).squeeze(-1) - lse
-    ent = None
-    if with_entropy:
-        with torch.no_grad():
-            p = torch.softmax(logits, dim=-1)
-            ent = lse - (p * logits).sum(dim=-1)  # H = logsumexp - E_p[logit]
-    return logp, ent
+    lm_head = model.get_output_embeddings()
+    step = T if chunk <= 0 else chunk
+    grad = torch.is_grad_enabled()
+    lps, ents = [], []
+    for s in range(0, T, step):
+        h, tg = hidden[:, s:s + step], targets[:, s:s + step]
+        if grad and T > step:  # recompute the chunk's logits in backward instead of keeping them
+            lp, ent = checkpoint(_project, lm_head, h, tg, temperature, with_entropy, use_reentrant=False)
+        else:
+            lp, ent = _project(lm_head, h, tg, temperature, with_entropy)
+        lps.append(lp)
+        ents.append(ent)
+    logp = torch.cat(lps, dim=1)
+    return logp, (torch.cat(ents, dim=1).detach() if with_entropy else None)
 
 
 def mismatch(rollout_logp: torch.Tensor, train_logp: torch.Tensor, mask: torch.Tensor) -> dict[str, float]:

@@ -85,13 +85,13 @@ class Rollout:
     def attention_mask(self) -> torch.Tensor:  # [N, P + T]
         return torch.cat([self.prompt_mask, self.completion_mask], dim=1)
 
-    def select(self, idx: torch.Tensor | list[int]) -> "Rollout":
+    def select(self, idx: torch.Tensor | list[int]) -> Rollout:
         idx = torch.as_tensor(idx, dtype=torch.long, device=self.prompt_ids.device)
         return Rollout(self.prompt_ids[idx], self.prompt_mask[idx], self.completion_ids[idx],
                        self.completion_mask[idx], self.logprobs[idx], self.truncated[idx], self.pad_id)
 
     @staticmethod
-    def cat(parts: list["Rollout"]) -> "Rollout":
+    def cat(parts: list[Rollout]) -> Rollout:
         """Concatenate rows, re-padding prompts (left) and completions (right) to the widest."""
         if not parts:
             raise ValueError("Rollout.cat needs at least one rollout")

@@ -20,8 +20,8 @@ informative, rather than looping forever as an unbounded refill could).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
 
 import torch
 
@@ -86,14 +86,14 @@ class ScoredBatch:
     def __len__(self) -> int:
         return len(self.rollout)
 
-    def select_groups(self, groups: torch.Tensor, group_size: int) -> "ScoredBatch":
+    def select_groups(self, groups: torch.Tensor, group_size: int) -> ScoredBatch:
         """Keep the groups where ``groups`` ([N/G] bool) is true."""
         rows = [g * group_size + j for g in torch.nonzero(groups).flatten().tolist() for j in range(group_size)]
         return ScoredBatch(self.rollout.select(rows), self.rewards[rows], self.accuracy[rows], self.format[rows],
                            [self.prompt_index[i] for i in rows], [self.texts[i] for i in rows] if self.texts else [])
 
     @staticmethod
-    def cat(parts: list["ScoredBatch"]) -> "ScoredBatch":
+    def cat(parts: list[ScoredBatch]) -> ScoredBatch:
         return ScoredBatch(
             Rollout.cat([p.rollout for p in parts]),
             torch.cat([p.rewards for p in parts]),

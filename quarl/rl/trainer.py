@@ -14,7 +14,10 @@
 Policy. ``policy.mode=lora``: the model's linears become QuantLinear with a frozen
 base in ``policy.format`` (nvfp4 = QeRL, nf4 = QLoRA, bf16 = the 16-bit LoRA
 baseline, mxfp4) and a LoRA branch on q/k/v/o/gate/up/down; only LoRA trains.
-``policy.mode=full``: no quantization, every parameter trains (the paper's "Full").
+The LoRA weights are float32 whatever the compute dtype (PEFT's default; QuantLinear
+casts them to the activation dtype in the forward), so small updates are not lost
+to bf16 rounding. ``policy.mode=full``: no quantization, every parameter trains in
+the model dtype (the paper's "Full"; bf16 on GPU, as the release trains it).
 
 Optimizer. QeRL uses 8-bit AdamW (bitsandbytes). It is used when asked for, on
 CUDA, with bitsandbytes importable; otherwise torch's AdamW (fp32 states) is used
@@ -97,6 +100,9 @@ def build_policy(model: nn.Module, cfg: PolicyConfig) -> dict:
     recipe["lora"] = {"r": cfg.lora_r, "alpha": cfg.lora_alpha, "dropout": cfg.lora_dropout,
                       "targets": list(cfg.lora_targets)}
     report = quantize_model(model, recipe)
+    for p in model.parameters():  # fp32 adapter weights (PEFT's default): a 1e-5 step vanishes in bf16
+        if p.requires_grad and p.dtype != torch.float32:
+            p.data = p.data.float()
     trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
     if trainable == 0:
         raise ValueError(f"no LoRA parameters were created: policy.lora_targets={cfg.lora_targets} match no "
@@ -122,7 +128,7 @@ def lora_disabled(model: nn.Module):
 
 def make_optimizer(params: list[nn.Parameter], cfg: OptimConfig, device: torch.device):
     """-> (optimizer, name actually used)."""
-    kw = dict(lr=cfg.lr, betas=tuple(cfg.betas), weight_decay=cfg.weight_decay)
+    kw = {"lr": cfg.lr, "betas": tuple(cfg.betas), "weight_decay": cfg.weight_decay}
     if cfg.optimizer == "adamw8bit" and device.type == "cuda":
         try:
             import bitsandbytes as bnb
@@ -269,7 +275,8 @@ class RLTrainer:
         T = max(int(r.completion_mask[rows].sum(1).max()), 1)
         ids = torch.cat([r.prompt_ids[rows, first:], r.completion_ids[rows, :T]], dim=1)
         mask = torch.cat([pm[:, first:], r.completion_mask[rows, :T]], dim=1)
-        logp, ent = completion_logprobs(model, ids, mask, T, self.cfg.rollout.temperature, with_entropy)
+        logp, ent = completion_logprobs(model, ids, mask, T, self.cfg.rollout.temperature, with_entropy,
+                                        chunk=self.cfg.optim.logprob_chunk)
         pad = (0, T_full - T)
         return torch.nn.functional.pad(logp, pad), (torch.nn.functional.pad(ent, pad) if ent is not None else None)
 
@@ -357,7 +364,7 @@ class RLTrainer:
 
                 # 1) rollout (+ rewards; DAPO: refill flat groups)
                 if a.dynamic_sampling:
-                    batch, drawn, sstats = dynamic_sample(lambda: self._draw(step), G,
+                    batch, drawn, sstats = dynamic_sample(lambda step=step: self._draw(step), G,
                                                           cfg.train.prompts_per_step, a.max_sampling_rounds)
                 else:
                     batch = drawn = self._draw(step)

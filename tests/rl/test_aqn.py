@@ -93,9 +93,8 @@ def test_restored_even_if_the_rollout_raises(tiny):
     model, _ = tiny
     aqn = AQN(model, AQNConfig(), total_steps=10)
     before = _snapshot(model)
-    with pytest.raises(RuntimeError):
-        with aqn.perturb(step=5, generator=torch.Generator().manual_seed(0)):
-            raise RuntimeError("rollout failed")
+    with pytest.raises(RuntimeError), aqn.perturb(step=5, generator=torch.Generator().manual_seed(0)):
+        raise RuntimeError("rollout failed")
     assert all(torch.equal(v, before[k]) for k, v in model.state_dict().items())
 
 

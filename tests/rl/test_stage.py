@@ -47,7 +47,7 @@ def test_run_rl_writes_a_verified_adapter_artifact(dataset, tmp_path):
     from quarl.models import load_model
     from quarl.quant import load_adapter, quantize_model
 
-    m, tok = load_model("tiny-llama")
+    m, _ = load_model("tiny-llama")
     quantize_model(m, json.loads((art.path / "quant_recipe.json").read_text()))
     load_adapter(m, art.path)
     from safetensors.torch import load_file

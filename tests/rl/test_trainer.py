@@ -180,3 +180,14 @@ def test_resume_from_the_s3_mirror_on_a_fresh_machine(tmp_path, s3_bucket):
     rows = read_metrics(tmp_path / "pod2" / "metrics.jsonl")
     assert [r["step"] for r in rows] == [0, 1]  # the history came back with the checkpoint
     assert (tmp_path / "pod2" / "checkpoints" / "step-000001" / "trainable.safetensors").exists()
+
+
+def test_bf16_policy_keeps_fp32_lora_weights(tmp_path):
+    tr = _trainer(tiny_cfg("policy.dtype=bfloat16", "train.steps=1", "algo.updates_per_rollout=1"), tmp_path)
+    lora = [p for n, p in tr.model.named_parameters() if p.requires_grad]
+    assert lora and all(p.dtype == torch.float32 for p in lora)
+    assert tr.model.model.embed_tokens.weight.dtype == torch.bfloat16
+    before = [p.detach().clone() for p in lora]
+    tr.train()
+    assert any(not torch.equal(a, b) for a, b in zip(before, lora))
+    assert all(p.dtype == torch.float32 for p in lora)
