@@ -5,7 +5,9 @@
     quarl eval --config quarl/recipes/eval/gsm8k.yaml --model s3://quarl/r1/calibrate/model \
                --adapter s3://quarl/r1/rl/adapter --output s3://quarl/r1/eval/metrics
 
-A thin face over :func:`quarl.eval.run_eval`: on success it prints the summary
+    quarl eval-compare runs/r1/eval/bf16 runs/r1/eval/nvfp4                 # paired comparison table
+
+A thin face over :func:`quarl.eval.run_eval` (and :mod:`quarl.eval.compare`): on success it prints the summary
 (accuracy, pass@k per benchmark) as JSON on stdout; any expected failure (bad
 config, unknown benchmark, unreadable data or model, existing artifact) is one
 ``error:`` line on stderr and exit status 1.
@@ -72,5 +74,23 @@ def eval_cmd(
     typer.echo(json.dumps(result, indent=2))
 
 
+def eval_compare(
+    runs: Annotated[list[str], typer.Argument(help="eval artifact URIs; the first is the baseline")],
+    as_json: Annotated[bool, typer.Option("--json", help="print the rows as JSON instead of a table")] = False,
+) -> None:
+    """Compare eval artifacts problem by problem (paired accuracy delta, answer agreement)."""
+    from quarl.artifacts import ArtifactError
+    from quarl.eval.compare import compare_markdown, compare_runs
+    from quarl.storage import StorageError
+
+    try:
+        rows = compare_runs(runs)
+    except (ArtifactError, StorageError, ValueError) as e:
+        typer.echo(f"error: {e}", err=True)
+        raise typer.Exit(1) from e
+    typer.echo(json.dumps(rows, indent=2) if as_json else compare_markdown(rows))
+
+
 def register(app: typer.Typer) -> None:
     app.command("eval")(eval_cmd)
+    app.command("eval-compare")(eval_compare)
