@@ -117,6 +117,8 @@ class FastGenerator:
         params.validate()
         if n < 1:
             raise ValueError(f"n (samples per prompt) must be >= 1, got {n}")
+        if not prompts:
+            raise ValueError("no prompts to generate from; pass at least one list of token ids")
         check_generator(generator, self.runner.device)
         rows = [list(p) for p in prompts for _ in range(n)]
         bs = self.max_batch_size or len(rows)

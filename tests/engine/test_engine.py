@@ -208,6 +208,8 @@ def test_bad_inputs_have_clear_errors():
     eng = FastGenerator(model, PAD)
     with pytest.raises(ValueError, match="cuda_graphs=True needs the model on a CUDA device"):
         FastGenerator(model, PAD, cuda_graphs=True).generate(prompts((3,)), greedy(2), n=1)
+    with pytest.raises(ValueError, match="no prompts"):
+        eng.generate([], greedy(2), n=1)
     with pytest.raises(ValueError, match="at least one token"):
         eng.generate([[]], greedy(2), n=1)
     with pytest.raises(ValueError, match="temperature must be > 0"):
