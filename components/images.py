@@ -58,7 +58,7 @@ class Image:
 
 IMAGES: dict[str, Image] = {
     "cpu": Image("cpu", f"{REGISTRY}/quarl-cpu", quarl.__version__, DIGESTS["cpu"],
-                 "CPU stages (data_prep, export): python 3.11-slim, torch CPU, quarl"),
+                 "CPU stages (data_prep, export): python 3.11-slim, torch 2.13 CPU, quarl"),
     "cuda": Image("cuda", f"{REGISTRY}/quarl-cuda", quarl.__version__, DIGESTS["cuda"],
-                  "GPU stages (calibrate, rl, eval): CUDA 12.8, torch, triton, vllm, quarl kernels pre-compiled for sm_90"),
+                  "GPU stages (calibrate, rl, eval): torch 2.14 (CUDA 13), triton, vllm, quarl kernels pre-compiled for sm_90a"),
 }

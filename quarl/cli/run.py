@@ -145,19 +145,31 @@ def submit(
 
 
 def schedule(
-    recipe: Recipe,
-    host: Host,
+    recipe: Annotated[str | None, typer.Argument(help="recipe name or path (or use --from)")] = None,
+    host: Annotated[str, typer.Option("--host", help="Kubeflow Pipelines API endpoint")] = "",
     cron: Annotated[str, typer.Option("--cron", help="6-field cron with seconds (default: daily 02:00)")] = "0 0 2 * * *",
     name: Annotated[str | None, typer.Option("--name", help="recurring run name (default: nightly-<recipe>)")] = None,
+    from_: Annotated[
+        Path | None, typer.Option("--from", help="a RecurringRun manifest (manifests/nightly-recurring-run.yaml)")
+    ] = None,
     namespace: Namespace = None,
     experiment: Experiment = "quarl",
     overrides: Overrides = None,
     profile: Profile = PAPER,
 ) -> None:
     """Create (or re-create on a new pipeline version) the recurring run of a recipe."""
+    from quarl.pipeline.remote import load_recurring_spec
     from quarl.pipeline.remote import schedule as do_schedule
 
     try:
+        if not host:
+            raise ValueError("--host is required (the Kubeflow Pipelines API endpoint)")
+        if from_ is not None:
+            spec = load_recurring_spec(from_)
+            recipe, cron, name, experiment = spec["recipe"], spec["cron"], spec["name"], spec["experiment"]
+            profile, overrides, namespace = spec["profile"] or PAPER, spec["overrides"], namespace or spec["namespace"]
+        if not recipe:
+            raise ValueError("name a recipe or pass --from MANIFEST")
         r = _recipe(recipe, profile, overrides)
         out = do_schedule(r, _client(host, namespace), cron=cron, name=name, experiment=experiment)
     except _expected_errors() as e:

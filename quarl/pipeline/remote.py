@@ -31,7 +31,7 @@ from typing import Any
 
 from quarl.pipeline.recipes import Recipe
 
-__all__ = ["Uploaded", "compile_recipe", "schedule", "submit", "upload"]
+__all__ = ["Uploaded", "compile_recipe", "load_recurring_spec", "schedule", "submit", "upload"]
 
 log = logging.getLogger(__name__)
 
@@ -152,3 +152,24 @@ def schedule(recipe: Recipe, client: Any, *, cron: str, name: str | None = None,
     )
     return {"recurring_run_id": rr.recurring_run_id, "action": action, "version": up.version_name,
             "version_id": up.version_id, "pipeline_id": up.pipeline_id}
+
+
+RECURRING_KIND = ("quarl.dev/v1", "RecurringRun")
+
+
+def load_recurring_spec(path: str | Path) -> dict:
+    """Read a ``kind: RecurringRun`` manifest (manifests/nightly-recurring-run.yaml) into schedule() arguments."""
+    import yaml
+
+    doc = yaml.safe_load(Path(path).read_text()) or {}
+    if (doc.get("apiVersion"), doc.get("kind")) != RECURRING_KIND:
+        raise ValueError(f"{path}: expected apiVersion {RECURRING_KIND[0]}, kind {RECURRING_KIND[1]}; "
+                         f"got {doc.get('apiVersion')}, {doc.get('kind')}")
+    meta, spec = doc.get("metadata") or {}, doc.get("spec") or {}
+    known = {"recipe", "profile", "overrides", "cron", "experiment", "maxConcurrency", "noCatchup"}
+    unknown = sorted(set(spec) - known)
+    if unknown or not spec.get("recipe") or not spec.get("cron"):
+        raise ValueError(f"{path}: spec needs recipe and cron (known keys: {sorted(known)}); unknown: {unknown}")
+    return {"name": meta.get("name"), "namespace": meta.get("namespace"), "recipe": spec["recipe"],
+            "profile": spec.get("profile"), "overrides": list(spec.get("overrides") or []), "cron": str(spec["cron"]),
+            "experiment": spec.get("experiment", "quarl")}
