@@ -182,8 +182,18 @@ def load_eval_model(model_uri: str, cfg: EvalConfig, adapter_uri: str | None = N
     model.eval()
     for p in model.parameters():
         p.requires_grad_(False)
-    info["parameters"] = sum(p.numel() for p in model.parameters())
+    info["parameters"] = _logical_parameters(model)
     return model, tokenizer, info
+
+
+def _logical_parameters(model) -> int:
+    """Weights the model computes with, quantized ones included (they are buffers, not
+    parameters, in a frozen QuantLinear); LoRA factors are counted apart in ``adapter``."""
+    from quarl.quant import QuantLinear
+
+    n = sum(p.numel() for name, p in model.named_parameters() if "lora_A" not in name and "lora_B" not in name)
+    return n + sum(m.in_features * m.out_features for m in model.modules() if isinstance(m, QuantLinear)
+                   and not isinstance(getattr(m, "weight", None), torch.nn.Parameter))  # fmt: skip
 
 
 def _format_counts(layers: dict[str, str]) -> dict[str, int]:

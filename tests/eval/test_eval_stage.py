@@ -97,8 +97,9 @@ def test_rtn_nvfp4_and_calibrated_checkpoint_agree(data, tmp_path):
     cal = str(tmp_path / "cal")
     run_eval(_cfg("sampling.greedy=true"), model_uri=str(ckpt), data_uris=[f"toy={data}"], output_uri=cal,
              progress=False)  # fmt: skip
-    m = json.loads((open_artifact(cal).path / "metrics.json").read_text())["model"]
-    assert m["quantization"] == "calibrated checkpoint" and m["layers"] == {"nvfp4": 14}
+    m_cal = json.loads((open_artifact(cal).path / "metrics.json").read_text())["model"]
+    assert m_cal["quantization"] == "calibrated checkpoint" and m_cal["layers"] == {"nvfp4": 14}
+    assert m_cal["parameters"] == m["parameters"]  # quantized weights counted, not only nn.Parameters
     assert _completions(cal) == _completions(rtn)
 
     fp = str(tmp_path / "fp")
