@@ -182,17 +182,30 @@ def _decode_int4_word(w, s, z, USE_ASM: tl.constexpr):
 
 
 @triton.jit
-def _group_bytes(ptr, offs_n, offs_g, mask, stride_n, AS_WORDS: tl.constexpr):
-    """Bytes ``t[n, g]`` of a byte tensor [N, G] (FP4 scales, INT4 zero points) as int32 0..255.
+def _row_group_bytes(ptr, rows, g0, row_ok, g_hi, stride_n, NG: tl.constexpr, AS_WORDS: tl.constexpr):
+    """Bytes ``t[n, g0 : g0 + NG]`` of a byte tensor [N, G] (FP4 scales, INT4 zero
+    points) as int32 0..255, shape [BN, NG]; ``g0`` is a multiple of NG, groups
+    >= ``g_hi`` are not read.
 
-    With ``AS_WORDS`` the tensor is passed as its int32 view [N, G/4] and each byte is
-    pulled out of its word in registers: 4-byte loads are what Triton can turn into
-    cp.async and pipeline; 1-byte loads stay synchronous and stall every K step."""
+    With ``AS_WORDS`` the tensor comes as its int32 view [N, G/4]: each row's distinct
+    words are loaded once (4-byte loads pipeline through cp.async; a byte gather is
+    one request per group, which outnumbered the weight loads 2:1 for NVFP4, v2
+    notes) and the bytes are pulled out in registers."""
     if AS_WORDS:
-        w = tl.load(ptr + offs_n * stride_n + offs_g // 4, mask=mask, other=0)
-        return (w >> ((offs_g % 4) * 8)) & 0xFF
+        if NG >= 4:
+            NW: tl.constexpr = NG // 4
+            offs_w = g0 // 4 + tl.arange(0, NW)  # [NW]
+            wd = tl.load(ptr + rows[:, None] * stride_n + offs_w[None, :],
+                         mask=row_ok[:, None] & (offs_w * 4 < g_hi)[None, :], other=0)  # [BN, NW]
+            b = (wd[:, :, None] >> (tl.arange(0, 4) * 8)[None, None, :]) & 0xFF  # [BN, NW, 4]
+            return b.reshape(rows.shape[0], NG)
+        else:  # the NG bytes sit inside one word
+            wd = tl.load(ptr + rows * stride_n + g0 // 4, mask=row_ok, other=0)  # [BN]
+            return (wd[:, None] >> (((g0 % 4) + tl.arange(0, NG)) * 8)[None, :]) & 0xFF
     else:
-        return tl.load(ptr + offs_n * stride_n + offs_g, mask=mask, other=0).to(tl.int32) & 0xFF
+        offs_g = g0 + tl.arange(0, NG)
+        return tl.load(ptr + rows[:, None] * stride_n + offs_g[None, :],
+                       mask=row_ok[:, None] & (offs_g < g_hi)[None, :], other=0).to(tl.int32) & 0xFF
 
 
 @triton.jit
@@ -219,49 +232,38 @@ def load_dequant_tile(
     WPG: tl.constexpr = GROUP // 8  # words per scale group
     BKW: tl.constexpr = offs_kw.shape[0]
     BN: tl.constexpr = offs_n.shape[0]
+    NG: tl.constexpr = BKW // WPG if WPG <= BKW else 1  # scale groups the tile touches
     mask = n_ok & (offs_kw[None, :] < kw_hi)
     w = tl.load(wp_ptr + offs_n[:, None] * stride_wn + offs_kw[None, :], mask=mask, other=0)  # [BN, BKW] i32
-    if WPG <= BKW:
-        # one scale per group, loaded along K, repeated per word in registers
-        NG: tl.constexpr = BKW // WPG
-        offs_g = (tl.min(offs_kw, axis=0) // WPG + tl.arange(0, NG))[None, :]  # [1, NG]
-        gmask = n_ok & (offs_g * WPG < kw_hi)  # [BN, NG]
-        rows = offs_n[:, None]
-        if FMT == 2:
-            s_g = tl.load(s_ptr + rows * stride_sn + offs_g, mask=gmask, other=0)
-        else:
-            s_g = _group_bytes(s_ptr, rows, offs_g, gmask, stride_sn, BYTES32)
-        s_raw = tl.broadcast_to(s_g[:, :, None], (BN, NG, WPG)).reshape(BN, BKW)
-        if HAS_ZP:
-            zp_g = _group_bytes(z_ptr, rows, offs_g, gmask, stride_zn, BYTES32)
-            zp = tl.broadcast_to(zp_g[:, :, None], (BN, NG, WPG)).reshape(BN, BKW)
-    else:  # the tile lies inside one group: one scale per row, broadcast along K
-        # (a 1-D load: a [BN, BKW] gather here makes Triton lay the whole tile out
-        # N-fastest, which turns the operand's shared-memory stores into 2-byte ones)
-        g0 = tl.min(offs_kw, axis=0) // WPG
-        row_ok = n_ok.reshape(BN) & (g0 * WPG < kw_hi)  # [BN]
-        if FMT == 2:
-            s_r = tl.load(s_ptr + offs_n * stride_sn + g0, mask=row_ok, other=0)
-        else:
-            s_r = _group_bytes(s_ptr, offs_n, g0, row_ok, stride_sn, BYTES32)
-        s_raw = tl.broadcast_to(s_r[:, None], (BN, BKW))
-        if HAS_ZP:
-            zp = tl.broadcast_to(_group_bytes(z_ptr, offs_n, g0, row_ok, stride_zn, BYTES32)[:, None], (BN, BKW))
+    g0 = tl.min(offs_kw, axis=0) // WPG  # first group of the tile (a multiple of NG)
+    g_hi = (kw_hi + WPG - 1) // WPG  # groups at or past this one hold no live word
+    row_ok = n_ok.reshape(BN) & (g0 < g_hi)  # [BN]
+    # Per-group values [BN, NG] first, converted once per group, then repeated per word.
+    # (A [BN, BKW] gather here would also make Triton lay the tile out N-fastest, which
+    # turns the operand's shared-memory stores into 2-byte ones.)
     if FMT == 0:  # NVFP4: e4m3 block scale bits, global scale applied by the caller
-        s_e4m3 = s_raw.to(tl.uint8).to(tl.float8e4nv, bitcast=True).to(tl.float32)
-        s = (s_e4m3 * 1.298074214633707e33).to(tl.bfloat16)  # * 2**110, exact
-        p0, p1, p2, p3, p4, p5, p6, p7 = _decode_fp4_word(w, s, USE_ASM)
+        sb = _row_group_bytes(s_ptr, offs_n, g0, row_ok, g_hi, stride_sn, NG, BYTES32)
+        s_e4m3 = sb.to(tl.uint8).to(tl.float8e4nv, bitcast=True).to(tl.float32)
+        s_g = (s_e4m3 * 1.298074214633707e33).to(tl.bfloat16)  # * 2**110, exact
     elif FMT == 1:  # MXFP4: E8M0 exponent e -> S = 2**(e - 17) built from bits
-        e = tl.minimum(s_raw, 144)
-        s = ((e + 110) << 7).to(tl.int16).to(tl.bfloat16, bitcast=True)
-        p0, p1, p2, p3, p4, p5, p6, p7 = _decode_fp4_word(w, s, USE_ASM)
+        e = tl.minimum(_row_group_bytes(s_ptr, offs_n, g0, row_ok, g_hi, stride_sn, NG, BYTES32), 144)
+        s_g = ((e + 110) << 7).to(tl.int16).to(tl.bfloat16, bitcast=True)
     else:  # INT4: (u - 8 - zp) * scale; z carries 128 + 8 + zp for the bf16 magic-number trick
-        s = s_raw.to(tl.float32).to(tl.bfloat16)
+        offs_g = g0 + tl.arange(0, NG)
+        s_g = tl.load(s_ptr + offs_n[:, None] * stride_sn + offs_g[None, :],
+                      mask=row_ok[:, None] & (offs_g < g_hi)[None, :], other=0).to(tl.float32).to(tl.bfloat16)
         if HAS_ZP:
-            z = (((zp ^ 128) - 128) + 136).to(tl.float32).to(tl.bfloat16)  # zp: int8 byte, sign-extended
+            zb = _row_group_bytes(z_ptr, offs_n, g0, row_ok, g_hi, stride_zn, NG, BYTES32)
+            z_g = (((zb ^ 128) - 128) + 136).to(tl.float32).to(tl.bfloat16)  # int8 byte, sign-extended
         else:
-            z = tl.full(w.shape, 136, tl.int32).to(tl.float32).to(tl.bfloat16)
+            z_g = tl.full((BN, NG), 136, tl.int32).to(tl.float32).to(tl.bfloat16)
+    REP: tl.constexpr = BKW // NG  # words per group inside this tile
+    s = tl.broadcast_to(s_g[:, :, None], (BN, NG, REP)).reshape(BN, BKW)
+    if FMT == 2:
+        z = tl.broadcast_to(z_g[:, :, None], (BN, NG, REP)).reshape(BN, BKW)
         p0, p1, p2, p3, p4, p5, p6, p7 = _decode_int4_word(w, s, z, USE_ASM)
+    else:
+        p0, p1, p2, p3, p4, p5, p6, p7 = _decode_fp4_word(w, s, USE_ASM)
     # p0..p7 = codes 0, 4, 1, 5, 2, 6, 3, 7 of each word
     if PAIR_ORDER:  # tile[8w + 2j + h] = code j + 4h: each register pair stays together
         lo = tl.interleave(tl.interleave(p0, p4), tl.interleave(p2, p6))  # codes 0..3

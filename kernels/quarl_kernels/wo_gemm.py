@@ -192,25 +192,23 @@ class Config:
 
 
 # Decode: BM is set to cover M; BN x BK sizes the weight tile each CTA streams.
+# Candidates in order of v2's measurements (docs/kernels.md): the first is the default.
 DECODE_CONFIGS = (
-    Config(16, 128, 16, 4, 4),
-    Config(16, 64, 32, 4, 4),
-    Config(16, 128, 32, 8, 3),
     Config(16, 128, 16, 4, 4, swap=True),
     Config(16, 64, 32, 4, 4, swap=True),
-    Config(16, 128, 16, 4, 4, pair=True),
+    Config(16, 128, 16, 4, 4),
+    Config(16, 64, 16, 4, 6, swap=True),
 )
 PREFILL_CONFIGS = (
     Config(128, 128, 8, 8, 4),
-    Config(128, 256, 8, 8, 3),
-    Config(128, 128, 16, 8, 3),
-    Config(128, 256, 8, 8, 3, swap=True),
+    Config(256, 128, 8, 8, 3),
     Config(128, 128, 8, 8, 4, swap=True),
+    Config(256, 128, 8, 8, 3, swap=True),
 )
 BWD_CONFIGS = (
-    Config(128, 64, 16, 8, 3),
     Config(128, 128, 16, 8, 3),
-    Config(64, 128, 16, 4, 4),
+    Config(128, 64, 16, 8, 3),
+    Config(128, 128, 8, 8, 4),
 )
 DECODE_MAX_M = 64
 
@@ -293,7 +291,7 @@ def launch_fwd(
 
 
 def launch_bwd(
-    dy2: torch.Tensor, pw: PackedWeight, cfg: Config, *, use_asm: bool = True, pair_order: bool = True
+    dy2: torch.Tensor, pw: PackedWeight, cfg: Config, *, use_asm: bool = True, pair_order: bool = False
 ) -> torch.Tensor:
     """dx [M, K] = dy2 [M, N] @ W with an explicit config."""
     m = dy2.shape[0]
