@@ -10,6 +10,7 @@ its ``component.py`` (signature + one call, see ``_base.py``), and one line belo
 from quarl_components.calibrate import calibrate
 from quarl_components.data_prep import data_prep
 from quarl_components.eval import eval
+from quarl_components.export import export
 from quarl_components.rl import rl
 
 COMPONENTS = {
@@ -17,6 +18,7 @@ COMPONENTS = {
     "calibrate": calibrate,
     "rl": rl,
     "eval": eval,
+    "export": export,
 }
 
 __all__ = ["COMPONENTS"]

@@ -18,6 +18,6 @@ QAD = PipelineDef(
         Step("calibrate", inputs={"data": "data_prep.dataset"}),
         Step("distill", inputs={"model": "calibrate.model", "data": "data_prep.dataset"}),
         Step("eval", inputs={"model": "distill.model", "data": "data_prep.dataset"}),
-        Step("export", inputs={"model": "distill.model"}),
+        Step("export", inputs={"base": "distill.model"}),
     ),
 )

@@ -22,6 +22,6 @@ QERL = PipelineDef(
         Step("calibrate", inputs={"data": "data_prep.dataset"}),
         Step("rl", inputs={"model": "calibrate.model", "data": "data_prep.dataset"}),
         Step("eval", inputs={"model": "calibrate.model", "adapter": "rl.adapter", "data": "data_prep.dataset"}),
-        Step("export", inputs={"model": "calibrate.model", "adapter": "rl.adapter"}),
+        Step("export", inputs={"base": "calibrate.model", "adapter": "rl.adapter"}),
     ),
 )

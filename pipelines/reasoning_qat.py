@@ -19,6 +19,6 @@ REASONING_QAT = PipelineDef(
         Step("kd_coldstart", inputs={"model": "calibrate.model", "data": "data_prep.dataset"}),
         Step("rl", inputs={"model": "kd_coldstart.model", "data": "data_prep.dataset"}),
         Step("eval", inputs={"model": "kd_coldstart.model", "adapter": "rl.adapter", "data": "data_prep.dataset"}),
-        Step("export", inputs={"model": "kd_coldstart.model", "adapter": "rl.adapter"}),
+        Step("export", inputs={"base": "kd_coldstart.model", "adapter": "rl.adapter"}),
     ),
 )

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import shutil
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -31,7 +32,7 @@ from typing import Any
 
 from quarl.pipeline.recipes import Recipe
 
-__all__ = ["Uploaded", "compile_recipe", "load_recurring_spec", "schedule", "submit", "upload"]
+__all__ = ["Uploaded", "compile_recipe", "load_recurring_spec", "schedule", "spec_body", "submit", "upload"]
 
 log = logging.getLogger(__name__)
 
@@ -52,8 +53,24 @@ def compile_recipe(recipe: Recipe, path: str | Path) -> Path:
 
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    compiler.Compiler().compile(get_pipeline(recipe.pipeline).build(recipe), str(path))
+    with tempfile.TemporaryDirectory() as d:
+        tmp = Path(d) / path.name
+        compiler.Compiler().compile(get_pipeline(recipe.pipeline).build(recipe), str(tmp))
+        # KFP's leading "# Inputs:" comment prints dict-valued defaults in protobuf map order, which
+        # varies between processes; the spec itself is stable. Keep an existing file whose spec is
+        # identical so recompiling never churns the committed YAML.
+        if not (path.is_file() and spec_body(path.read_text()) == spec_body(tmp.read_text())):
+            shutil.copyfile(tmp, path)
     return path
+
+
+def spec_body(text: str) -> str:
+    """A compiled KFP YAML without its leading ``#`` comment block (the part that is not stable)."""
+    lines = text.splitlines(keepends=True)
+    i = 0
+    while i < len(lines) and lines[i].startswith("#"):
+        i += 1
+    return "".join(lines[i:])
 
 
 def _pipeline_name(recipe: Recipe) -> str:
@@ -77,7 +94,7 @@ def upload(recipe: Recipe, client: Any, pipeline_name: str | None = None) -> Upl
     name = pipeline_name or _pipeline_name(recipe)
     with tempfile.TemporaryDirectory() as d:
         path = compile_recipe(recipe, Path(d) / f"{recipe.name}.yaml")
-        digest = hashlib.sha256(path.read_bytes()).hexdigest()[:12]
+        digest = hashlib.sha256(spec_body(path.read_text()).encode()).hexdigest()[:12]
         version = f"{name}-{digest}"
         pid = client.get_pipeline_id(name)
         if pid is None:

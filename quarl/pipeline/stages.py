@@ -264,6 +264,27 @@ STAGES: dict[str, StageSpec] = {
             resources=GPU.with_(timeout_s=6 * 3600),
             description="Model (+ LoRA adapter) on math benchmarks: avg@n and unbiased pass@k, report with examples.",
         ),
+        StageSpec(
+            name="export",
+            run="quarl.export:run_export",
+            config="quarl.export:ExportConfig",
+            output=OutputSpec("model", "model"),
+            inputs=(
+                InputSpec("base", "model", "model_uri", ref_param="base_model"),
+                InputSpec("adapter", "adapter", "adapter_uri", optional=True),
+            ),
+            params={
+                "verify": Param("verify"),
+                "merge": Param("merge"),
+                "requant_format": Param("requant_format", none=""),
+                "model_name": Param("model_name", none=""),
+            },
+            report_file="README.md",  # the model card
+            metrics=("verification",),
+            resources=Resources(image="cpu", cpu="8", memory="64Gi", timeout_s=4 * 3600),
+            description="Quantized base (+ LoRA adapter, optionally merged) -> compressed-tensors/PEFT checkpoints "
+                        "that vLLM and transformers load unchanged, verified by reloading them.",
+        ),
     )
 }
 

@@ -1,0 +1,3 @@
+from quarl_components.export.component import export
+
+__all__ = ["export"]
