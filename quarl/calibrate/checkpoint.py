@@ -402,6 +402,14 @@ def check_checkpoint(path: str | Path, *, require_quantized: bool = True) -> Che
         for k, v in _read_header(d / f).items():
             if k != "__metadata__":
                 info.tensors[k] = (f, v["dtype"], v["shape"])
+    if not qcfg:
+        packed = [k for k in info.tensors if k.endswith((".weight_packed", ".weight_scale"))]
+        if packed:
+            raise CheckpointError(
+                f"{d}: holds quantized tensors (e.g. {packed[0]}) but config.json has no "
+                f"quantization_config; the config was lost or overwritten -- restore it or re-run "
+                f"calibrate"
+            )
     if wmap is not None:
         lost = [k for k, f in wmap.items() if k not in info.tensors]
         if lost:

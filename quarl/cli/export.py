@@ -1,0 +1,75 @@
+"""``quarl export``: a calibrated (and RL-adapted) model -> verified checkpoints + model card.
+
+    quarl export --model runs/r1/calibrate/model --output runs/r1/export/model
+    quarl export --model s3://quarl/r1/calibrate/model --adapter s3://quarl/r1/rl/adapter \\
+                 --set merge=true --output s3://quarl/r1/export/model
+
+A thin face over :func:`quarl.export.run_export`: on success it prints the
+verification summary as JSON on stdout; any expected failure (a corrupt or
+partial input, an NF4 checkpoint, a failed verification, an existing export)
+is one ``error:`` line on stderr and exit status 1.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from typing import Annotated
+
+import typer
+
+
+def export(
+    model: Annotated[
+        str, typer.Option("--model", "-m", help="quantized model: calibrate artifact | local dir | s3://")
+    ],
+    output: Annotated[str, typer.Option("--output", "-o", help="artifact URI: local directory or s3://bucket/prefix")],
+    adapter: Annotated[
+        str | None, typer.Option("--adapter", "-a", help="LoRA adapter: adapter artifact | PEFT dir | s3://")
+    ] = None,
+    config: Annotated[str | None, typer.Option("--config", "-c", help="YAML file with ExportConfig fields")] = None,
+    overrides: Annotated[
+        list[str] | None, typer.Option("--set", "-s", help="override a field: key.sub=value (repeatable)")
+    ] = None,
+    overwrite: Annotated[bool, typer.Option("--overwrite", help="replace a complete export at --output")] = False,
+    print_config: Annotated[bool, typer.Option("--print-config", help="print the resolved config and exit")] = False,
+) -> None:
+    """Export a quantized model (+ adapter) as compressed-tensors / PEFT checkpoints, verified, with a model card."""
+    from quarl.artifacts import ArtifactError
+    from quarl.config import ConfigError, config_to_dict, load_config
+    from quarl.export import ExportConfig, run_export
+    from quarl.models import ModelError
+    from quarl.quant import QuantError
+    from quarl.storage import StorageError
+
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    try:
+        cfg = load_config(ExportConfig, config, overrides or [])
+        if print_config:
+            import yaml
+
+            typer.echo(yaml.safe_dump(config_to_dict(cfg), sort_keys=False))
+            return
+        report = run_export(cfg, model_uri=model, adapter_uri=adapter, output_uri=output, overwrite=overwrite)
+    except (ConfigError, QuantError, ModelError, ArtifactError, StorageError) as e:
+        typer.echo(f"error: {e}", err=True)
+        raise typer.Exit(1) from e
+    summary = {
+        "output": output,
+        "files": report["files"],
+        "adapter": report["adapter"],
+        "merged": None if not report["merged"] else {k: v for k, v in report["merged"].items() if k != "recipe"},
+        "verification": {
+            k: {
+                "passed": v["passed"],
+                "logits_max_abs": v["logits"]["max_abs"],
+                "tolerance": v["tolerance"]["logits_max_abs"],
+            }
+            for k, v in report["verification"].items()
+        },
+    }
+    typer.echo(json.dumps(summary, indent=2, default=str))
+
+
+def register(app: typer.Typer) -> None:
+    app.command("export")(export)

@@ -1,0 +1,236 @@
+"""Export: round trips through compressed-tensors/transformers and PEFT, merge, model card, broken inputs, CLI."""
+
+import json
+import shutil
+
+import pytest
+import torch
+
+from quarl.artifacts import ArtifactExistsError, open_artifact
+from quarl.calibrate import CalibrateConfig, load_quantized, run_calibrate, save_quantized
+from quarl.config import load_config
+from quarl.export import ExportConfig, ExportError, load_with_compressed_tensors, run_export
+from quarl.export.verify import verify_checkpoint
+from quarl.quant import QuantLinear, quantize_model, save_adapter
+
+SMALL = ["data.num_samples=4", "data.seq_len=32", "data.batch_size=2", "eval.num_samples=2"]
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _one_thread():
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+@pytest.fixture(scope="session")
+def corpus(tmp_path_factory):
+    p = tmp_path_factory.mktemp("text") / "corpus.jsonl"
+    rows = [{"text": f"Question {i}: Sam has {i} pens and buys {2 * i + 1} more. Answer: {3 * i + 1}."}
+            for i in range(60)]  # fmt: skip
+    p.write_text("\n".join(json.dumps(r) for r in rows))
+    return str(p)
+
+
+@pytest.fixture(scope="session")
+def calibrated(tmp_path_factory, corpus):
+    """fmt -> calibrate artifact URI (tiny Llama, GPTQ), built once per session and per format."""
+    cache = {}
+
+    def get(fmt: str, model: str = "tiny-llama") -> str:
+        if (fmt, model) not in cache:
+            out = tmp_path_factory.mktemp("cal") / "model"
+            cfg = load_config(CalibrateConfig, None, ["method=gptq", f"format={fmt}", f"data.path={corpus}", *SMALL])
+            run_calibrate(cfg, model_uri=model, output_uri=str(out), progress=False)
+            cache[(fmt, model)] = str(out)
+        return cache[(fmt, model)]
+
+    return get
+
+
+@pytest.fixture(scope="session")
+def adapter_dir(tmp_path_factory):
+    """A PEFT adapter for tiny-llama with non-zero B (so it changes the outputs)."""
+    from quarl.models import load_model
+
+    m, _ = load_model("tiny-llama")
+    quantize_model(m, {"default": "bf16", "lora": {"r": 4, "alpha": 8}})
+    g = torch.Generator().manual_seed(0)
+    for n, p in m.named_parameters():
+        if "lora_B" in n:
+            p.data.normal_(0, 0.05, generator=g)
+    d = tmp_path_factory.mktemp("adapter") / "adapter"
+    save_adapter(m, d, base_model_name_or_path="tiny-llama")
+    return d
+
+
+IDS = torch.randint(0, 49152, (2, 24), generator=torch.Generator().manual_seed(3))
+
+
+@pytest.mark.parametrize("fmt", ["nvfp4", "int4-g32", "fp8", "fp8-block-b32", "mxfp4"])
+def test_export_round_trips_through_compressed_tensors(tmp_path, calibrated, fmt):
+    out = tmp_path / "export"
+    rep = run_export(ExportConfig(), model_uri=calibrated(fmt), output_uri=str(out))
+    v = rep["verification"]["base"]
+    assert v["passed"] and v["weights"]["layers"] == 14 and not v["weights"]["failed_layers"]
+    assert v["logits"]["argmax_agreement"] == 1.0
+    if fmt == "nvfp4":  # compressed-tensors decompresses FP4 in bf16: small, stated error
+        assert 0 < v["weights"]["max_elem_rel"] <= 2**-7 and v["tolerance"]["rtol"] == 0.05
+    elif fmt == "mxfp4":  # also bf16, but E2M1 x 2^k is exact in bf16
+        assert v["weights"]["max_elem_rel"] == 0 and v["tolerance"]["rtol"] == 0.05
+    else:  # float32 decompression: identical weights
+        assert v["weights"]["max_elem_rel"] == 0 and v["tolerance"]["rtol"] == 1e-5
+    # independently of run_export: the ecosystem's loader vs quarl's reader on the exported files
+    hf = load_with_compressed_tensors(out)
+    assert all(type(m) is torch.nn.Linear for n, m in hf.named_modules() if n.endswith("proj"))
+    ours, _ = load_quantized(out)
+    with torch.no_grad():
+        a, b = ours(IDS).logits, hf(IDS).logits
+    tol = 1e-3 + (0.05 if fmt in ("nvfp4", "mxfp4") else 1e-5) * float(a.abs().max())
+    assert float((a - b).abs().max()) <= tol
+    # checksums by the artifact layer; the quantized payload is the calibrate artifact's, byte for byte
+    art = open_artifact(str(out), kind="model")
+    src = open_artifact(calibrated(fmt), kind="model")
+    assert art.manifest["files"]["model.safetensors"]["sha256"] == src.manifest["files"]["model.safetensors"]["sha256"]
+    assert art.manifest["inputs"] == [calibrated(fmt)]
+    card = (out / "README.md").read_text()
+    for must in ("## Verification", "## Lineage", "## Metrics", "gptq", calibrated(fmt), "vllm serve"):
+        assert must in card, must
+    assert json.loads((out / "config.json").read_text())["quantization_config"]["quant_method"] == "compressed-tensors"
+
+
+def test_adapter_copy_verify_and_merge(tmp_path, calibrated, adapter_dir):
+    out = tmp_path / "export"
+    cfg = load_config(ExportConfig, None, ["merge=true"])
+    rep = run_export(cfg, model_uri=calibrated("nvfp4"), adapter_uri=str(adapter_dir), output_uri=str(out))
+    assert rep["adapter"]["r"] == 4 and rep["adapter"]["tensors"] == 28
+    assert rep["verification"]["adapter"]["passed"] and rep["verification"]["merged"]["passed"]
+    assert (out / "adapter" / "adapter_model.safetensors").read_bytes() == (
+        adapter_dir / "adapter_model.safetensors"
+    ).read_bytes()
+    # PEFT on the decompressed base differs from the base alone: the adapter really is applied
+    from peft import PeftModel
+
+    base = load_with_compressed_tensors(out)
+    with torch.no_grad():
+        plain = base(IDS).logits
+        adapted = PeftModel.from_pretrained(base, str(out / "adapter"))(IDS).logits
+    assert float((plain - adapted).abs().max()) > 1e-3
+    # merged/: a compressed-tensors checkpoint whose layers keep their format, close to base + LoRA
+    merged, _ = load_quantized(out / "merged")
+    assert merged.model.layers[0].mlp.up_proj.format_name == "nvfp4"
+    assert (
+        json.loads((out / "merged" / "config.json").read_text())["quantization_config"]["format"]
+        == "nvfp4-pack-quantized"
+    )
+    assert rep["merged"]["base"].startswith("full-precision source model") and rep["merged"]["vs_lora"]["max_abs"] < 1
+    assert "adapter/" in (out / "README.md").read_text() and "--enable-lora" in (out / "README.md").read_text()
+    with pytest.raises(ExportError, match="needs an adapter"):
+        run_export(cfg, model_uri=calibrated("nvfp4"), output_uri=str(tmp_path / "x"))
+
+
+def test_merge_into_dequantized_base_with_a_new_format(tmp_path, calibrated, adapter_dir):
+    cfg = load_config(ExportConfig, None, ["merge=true", "merge_base=dequantized", "requant_format=int8-g64"])
+    out = tmp_path / "e"
+    rep = run_export(cfg, model_uri=calibrated("int4-g32"), adapter_uri=str(adapter_dir), output_uri=str(out))
+    assert rep["verification"]["merged"]["weights"]["max_elem_rel"] == 0
+    assert load_quantized(out / "merged")[0].model.layers[1].self_attn.o_proj.format_name == "int"
+
+
+def test_overwrite_is_refused_unless_asked(tmp_path, calibrated):
+    out = str(tmp_path / "e")
+    run_export(ExportConfig(verify=False), model_uri=calibrated("int4-g32"), output_uri=out)
+    with pytest.raises(ArtifactExistsError):
+        run_export(ExportConfig(verify=False), model_uri=calibrated("int4-g32"), output_uri=out)
+    run_export(ExportConfig(verify=False), model_uri=calibrated("int4-g32"), output_uri=out, overwrite=True)
+
+
+def _plain_copy(src: str, dst):
+    shutil.copytree(src, dst, ignore=shutil.ignore_patterns("manifest.json"))
+    return dst
+
+
+def test_broken_inputs_are_refused_with_clear_errors(tmp_path, calibrated):
+    src = calibrated("int4-g32")
+    # an artifact with a flipped byte: the checksum catches it
+    bad = _plain_copy(src, tmp_path / "bad_art")
+    shutil.copy2(f"{src}/manifest.json", bad / "manifest.json")
+    data = bytearray((bad / "model.safetensors").read_bytes())
+    data[-10] ^= 0xFF
+    (bad / "model.safetensors").write_bytes(bytes(data))
+    with pytest.raises(ExportError, match="sha256|checksum|corrupt"):
+        run_export(ExportConfig(), model_uri=str(bad), output_uri=str(tmp_path / "o1"))
+    # plain directories: truncated safetensors, quantization_config lost, missing config
+    d = _plain_copy(src, tmp_path / "trunc")
+    raw = (d / "model.safetensors").read_bytes()
+    (d / "model.safetensors").write_bytes(raw[:-64])
+    with pytest.raises(ExportError, match="truncated"):
+        run_export(ExportConfig(), model_uri=str(d), output_uri=str(tmp_path / "o2"))
+    d = _plain_copy(src, tmp_path / "noqc")
+    cfg = json.loads((d / "config.json").read_text())
+    del cfg["quantization_config"]
+    (d / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(ExportError, match="no quantization_config"):
+        run_export(ExportConfig(), model_uri=str(d), output_uri=str(tmp_path / "o3"))
+    assert not (tmp_path / "o3").exists()  # nothing published
+
+
+def test_missing_shard_is_refused(tmp_path, tiny_sharded):
+    shard = max(set(json.loads((tiny_sharded / "model.safetensors.index.json").read_text())["weight_map"].values()))
+    (tiny_sharded / shard).unlink()
+    with pytest.raises(ExportError, match="missing.*partial"):
+        run_export(ExportConfig(), model_uri=str(tiny_sharded), output_uri=str(tmp_path / "o"))
+
+
+@pytest.fixture
+def tiny_sharded(tmp_path):
+    from quarl.models import load_model
+
+    m, tok = load_model("tiny-qwen2")
+    quantize_model(m, {"default": "int8-g64"})
+    return save_quantized(m, tok, tmp_path / "sharded", max_shard_size="1MB")
+
+
+def test_nf4_and_bad_adapters_are_refused(tmp_path, calibrated, adapter_dir):
+    with pytest.raises(ExportError, match="not a compressed-tensors checkpoint.*NF4"):
+        run_export(ExportConfig(), model_uri=calibrated("nf4"), output_uri=str(tmp_path / "o"))
+    bad = tmp_path / "ad"
+    shutil.copytree(adapter_dir, bad)
+    raw = (bad / "adapter_model.safetensors").read_bytes()
+    (bad / "adapter_model.safetensors").write_bytes(raw[: len(raw) // 2])
+    with pytest.raises(ExportError, match="corrupt or truncated"):
+        run_export(ExportConfig(), model_uri=calibrated("nvfp4"), adapter_uri=str(bad), output_uri=str(tmp_path / "p"))
+    (bad / "adapter_model.safetensors").unlink()
+    with pytest.raises(ExportError, match="partial"):
+        run_export(ExportConfig(), model_uri=calibrated("nvfp4"), adapter_uri=str(bad), output_uri=str(tmp_path / "q"))
+
+
+def test_verification_catches_a_wrong_byte(tmp_path, calibrated):
+    out = tmp_path / "e"
+    run_export(ExportConfig(), model_uri=calibrated("int4-g32"), output_uri=str(out))
+    ours, _ = load_quantized(out)
+    lin = ours.model.layers[1].mlp.down_proj
+    assert isinstance(lin, QuantLinear)
+    lin.weight_packed[0, 0] ^= 0x7  # the checkpoint no longer matches this model
+    with pytest.raises(ExportError, match="decodes different weights.*layers.1.mlp.down_proj"):
+        verify_checkpoint(
+            ours, out, IDS, atol=1e-3, rtol=1e-5, rtol_fp4=0.05, weights_rtol=1e-6, weights_rtol_fp4=2**-7
+        )
+
+
+def test_cli(tmp_path, calibrated):
+    from typer.testing import CliRunner
+
+    from quarl.cli.main import app
+
+    runner = CliRunner()
+    out = tmp_path / "cli"
+    r = runner.invoke(app, ["export", "--model", calibrated("fp8"), "--output", str(out)])
+    assert r.exit_code == 0, r.output
+    summary = json.loads(r.stdout[r.stdout.index("{") :])
+    assert summary["verification"]["base"]["passed"] and "model.safetensors" in summary["files"]
+    r = runner.invoke(app, ["export", "--model", calibrated("fp8"), "--output", str(out)])
+    assert r.exit_code == 1 and "error:" in r.output
+    r = runner.invoke(app, ["export", "--model", str(tmp_path / "nope"), "--output", str(tmp_path / "z")])
+    assert r.exit_code == 1 and "neither an artifact nor a local directory" in r.output
