@@ -196,8 +196,10 @@ class Config:
 DECODE_CONFIGS = (
     Config(16, 128, 16, 4, 4, swap=True),
     Config(16, 64, 32, 4, 4, swap=True),
-    Config(16, 128, 16, 4, 4),
     Config(16, 64, 16, 4, 6, swap=True),
+    Config(16, 128, 8, 4, 6, swap=True),  # BK 64: 2 barriers per K step instead of 9-17
+    Config(64, 128, 16, 4, 4),  # M padded to 64: SS wgmma, dequant tile stored once
+    Config(64, 128, 8, 4, 6),
 )
 PREFILL_CONFIGS = (
     Config(128, 128, 8, 8, 4),
@@ -267,7 +269,7 @@ def launch_fwd(
     if m == 0:
         return y
     if m <= DECODE_MAX_M:  # one M tile: every weight byte is read once
-        cfg = Config(_decode_bm(m), cfg.bn, cfg.bkw, cfg.warps, cfg.stages, 1, cfg.swap, cfg.pair)
+        cfg = Config(max(cfg.bm, _decode_bm(m)), cfg.bn, cfg.bkw, cfg.warps, cfg.stages, 1, cfg.swap, cfg.pair)
     split, per = _split_k(cfg, m, pw.n, kw, _num_sms(x2.device))
     out = y if split == 1 else torch.empty((split, m, pw.n), device=x2.device, dtype=torch.float32)
     so, sm_, sn = (0, y.stride(0), y.stride(1)) if split == 1 else out.stride()
