@@ -61,7 +61,8 @@ class RolloutConfig:
     top_p: float = 1.0
     max_new_tokens: int = 4096
     max_prompt_tokens: int = 1024  # longer prompts are skipped (logged), never silently cut
-    cache: str = "static"  # static | dynamic (HFGenerator KV cache)
+    engine: str = "auto"  # auto (quarl.engine.FastGenerator on CUDA, else reference) | fast | reference
+    cache: str = "static"  # static | dynamic (the reference HFGenerator's KV cache)
     batch_size: int = 0  # rows per generate call; 0 = all at once
     cache_dequantized: str = "auto"  # auto (on CPU) | true | false: keep dequantized base weights in memory
 
@@ -151,6 +152,8 @@ class RLConfig:
             raise ValueError(f"policy.dtype must be auto|float32|bfloat16|float16, got {p.dtype!r}")
         if r.group_size < 2:
             raise ValueError(f"rollout.group_size must be >= 2 (GRPO's baseline is the group mean), got {r.group_size}")
+        if r.engine not in ("auto", "fast", "reference"):
+            raise ValueError(f"rollout.engine must be auto|fast|reference, got {r.engine!r}")
         if r.cache not in ("static", "dynamic"):
             raise ValueError(f"rollout.cache must be static|dynamic, got {r.cache!r}")
         if str(r.cache_dequantized).lower() not in ("auto", "true", "false"):

@@ -19,6 +19,11 @@ casts them to the activation dtype in the forward), so small updates are not los
 to bf16 rounding. ``policy.mode=full``: no quantization, every parameter trains in
 the model dtype (the paper's "Full"; bf16 on GPU, as the release trains it).
 
+Rollout engine. ``rollout.engine=auto`` samples with :class:`quarl.engine.FastGenerator`
+(static KV cache, CUDA graphs, over these same modules) on CUDA and with the
+reference :class:`quarl.rl.rollout.HFGenerator` elsewhere; both return the same
+``Rollout`` and read the live weights, so LoRA updates and AQN noise reach them.
+
 Optimizer. QeRL uses 8-bit AdamW (bitsandbytes). It is used when asked for, on
 CUDA, with bitsandbytes importable; otherwise torch's AdamW (fp32 states) is used
 and the summary records which one ran -- 8-bit states change memory, not the
@@ -64,7 +69,7 @@ from quarl.rl.config import OptimConfig, PolicyConfig, RLConfig
 from quarl.rl.logprobs import completion_logprobs, mismatch
 from quarl.rl.losses import group_advantages, overlong_penalty, policy_loss
 from quarl.rl.metrics import MetricsLogger
-from quarl.rl.rollout import Generator, HFGenerator, Rollout, SamplingParams
+from quarl.rl.rollout import Generator, Rollout, SamplingParams
 from quarl.rl.sampling import PromptSampler, ScoredBatch, dynamic_sample
 
 log = logging.getLogger(__name__)
@@ -236,8 +241,12 @@ class RLTrainer:
         self.rollout_gen = torch.Generator(self.device).manual_seed(seed + 1)  # token sampling
         self.noise_gen = torch.Generator().manual_seed(seed + 2)  # AQN noise (CPU: device-independent)
         self.generators = {"rollout": self.rollout_gen, "noise": self.noise_gen}
-        self.generator = generator or HFGenerator(self.model, tokenizer.pad_token_id, cache=cfg.rollout.cache,
-                                                  batch_size=cfg.rollout.batch_size or None)
+        from quarl.engine import make_generator  # here, not at the top: quarl.engine imports quarl.rl.rollout
+
+        # keep_cache=False: the fast engine frees its KV cache after each rollout, the backward pass needs it
+        self.generator = generator or make_generator(self.model, tokenizer.pad_token_id, engine=cfg.rollout.engine,
+                                                     cache=cfg.rollout.cache,
+                                                     batch_size=cfg.rollout.batch_size or None, keep_cache=False)
         self.sampling = SamplingParams(cfg.rollout.temperature, cfg.rollout.top_p, cfg.rollout.max_new_tokens,
                                        stop_token_ids(self.model, tokenizer))
         self.reward_fn = reward_fn or RewardFn(cfg.reward)
