@@ -153,7 +153,10 @@ class SamplingConfig:
     greedy: bool = False  # argmax decoding (n is forced to 1)
     max_new_tokens: int = 4096  # QeRL's GSM8K response budget; lower it for CPU runs
     batch_size: int = 32  # sequences per generation batch (prompts x samples)
-    cache: str = "static"  # KV cache of the generator: static (preallocated) | dynamic
+    # Generation engine (quarl.engine.make_generator): auto (the CUDA-graph FastGenerator
+    # for Llama/Qwen on a GPU, else the reference) | fast | reference (quarl.rl.rollout.HFGenerator).
+    engine: str = "auto"
+    cache: str = "static"  # KV cache of the reference engine: static (preallocated) | dynamic
     seed: int = 0
 
     def __post_init__(self) -> None:
@@ -171,6 +174,8 @@ class SamplingConfig:
             raise ValueError(f"sampling.max_new_tokens must be >= 1, got {self.max_new_tokens}")
         if self.batch_size < 1:
             raise ValueError(f"sampling.batch_size must be >= 1, got {self.batch_size}")
+        if self.engine not in ("auto", "fast", "reference"):
+            raise ValueError(f"sampling.engine={self.engine!r}; use auto, fast or reference")
         if self.cache not in ("static", "dynamic"):
             raise ValueError(f"sampling.cache={self.cache!r}; use static or dynamic")
 

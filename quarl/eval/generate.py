@@ -1,12 +1,13 @@
-"""Batched sampling for evaluation, on the RL stage's own generator.
+"""Batched sampling for evaluation, on the RL stage's generation engines.
 
-Eval does not carry a second decoding loop: it drives
-:class:`quarl.rl.rollout.HFGenerator` -- the engine the RL stage samples its
-rollouts with (left padding, RoPE positions that skip the padding, static or
-dynamic KV cache, per-row stop at EOS, top-p) -- so "the model eval scored"
-and "the model RL trained" decode identically, quantized layers and LoRA
-included. Any other :class:`~quarl.rl.rollout.Generator` (a GPU engine) can be
-passed instead.
+Eval does not carry a decoding loop of its own: it drives the engines the RL
+stage samples its rollouts with (``quarl.engine.make_generator``): the
+reference :class:`quarl.rl.rollout.HFGenerator` (left padding, RoPE positions
+that skip the padding, static or dynamic KV cache, per-row stop at EOS, top-p)
+and, on a GPU, the CUDA-graph :class:`quarl.engine.FastGenerator` that samples
+from the same nucleus. So "the model eval scored" and "the model RL trained"
+decode identically, quantized layers and LoRA included. Any other
+:class:`~quarl.rl.rollout.Generator` can be passed in.
 
 What this module adds is the evaluation side:
 
@@ -15,15 +16,18 @@ What this module adds is the evaluation side:
   samples), so a batch pads to similar lengths; results are put back in the
   original order. The first batch is the longest, so an out-of-memory shows at
   once, not after an hour.
-* **greedy decoding** as the ``temperature -> 0`` limit of sampling: at
-  ``T = 1e-8`` the softmax of ``logits / T`` is exactly one-hot in float32
+* **greedy decoding** through the rollout sampler's interface, which refuses
+  ``temperature = 0`` on purpose (it must return log-probs to train on):
+  ``top_p = 1e-9`` makes the nucleus the single most likely token (its mass
+  alone is ``>= 1/V``), valid for any correct top-p sampler and recognised by
+  the fast engine as a plain argmax. The reference engine would sort the
+  ``[B, V]`` logits for that nucleus every step -- as costly as a small decode
+  step on CPU -- so for it greedy is the ``temperature -> 0`` limit instead:
+  at ``T = 1e-8`` the softmax of ``logits / T`` is exactly one-hot in float32
   whenever the top two logits differ by more than ~1e-6 (``exp(-1e-6 / 1e-8)``
-  underflows to 0) -- below float32's resolution at the magnitude logits have --
-  so the generator's multinomial draw returns the argmax. ``top_p = 1`` skips
-  the nucleus sort over the vocabulary, which costs as much as a small decode
-  step on CPU. The rollout sampler refuses ``temperature = 0`` on purpose (it
-  must return log-probs to train on); this limit needs no change to it. Exact
-  ties (real in bf16 logits) are broken by the seeded draw instead of by index.
+  underflows to 0), below float32's resolution at the magnitude logits have,
+  and ``top_p = 1`` skips the sort. Exact ties (real in bf16 logits) are broken
+  by the seeded draw instead of by index.
 * **progress** with tqdm: sequences done, generated tokens per second.
 * **decoding** each completion to text (special tokens dropped), with its
   token count and whether it hit ``max_new_tokens``.
@@ -45,9 +49,17 @@ from tqdm.auto import tqdm
 from quarl.eval.config import SamplingConfig
 from quarl.rl.rollout import Generator, HFGenerator, SamplingParams
 
-__all__ = ["GREEDY_TEMPERATURE", "Completion", "sample_completions", "sampling_params", "stop_token_ids"]
+__all__ = [
+    "GREEDY_TEMPERATURE",
+    "GREEDY_TOP_P",
+    "Completion",
+    "sample_completions",
+    "sampling_params",
+    "stop_token_ids",
+]
 
-GREEDY_TEMPERATURE = 1e-8
+GREEDY_TEMPERATURE = 1e-8  # reference engine: the T -> 0 limit, no nucleus sort
+GREEDY_TOP_P = 1e-9  # any other engine: the top_p -> 0 limit (the fast engine takes an argmax)
 
 
 @dataclass
@@ -71,14 +83,14 @@ def stop_token_ids(tokenizer, model=None) -> list[int]:
     return sorted(ids)
 
 
-def sampling_params(cfg: SamplingConfig, stop_ids: list[int]) -> SamplingParams:
+def sampling_params(cfg: SamplingConfig, stop_ids: list[int], reference: bool = True) -> SamplingParams:
+    """The rollout sampler's parameters for ``cfg``; greedy per engine (module docstring)."""
     if cfg.greedy:
-        return SamplingParams(
-            temperature=GREEDY_TEMPERATURE, top_p=1.0, max_new_tokens=cfg.max_new_tokens, stop_token_ids=stop_ids
-        )
-    return SamplingParams(
-        temperature=cfg.temperature, top_p=cfg.top_p, max_new_tokens=cfg.max_new_tokens, stop_token_ids=stop_ids
-    )
+        temperature, top_p = (GREEDY_TEMPERATURE, 1.0) if reference else (1.0, GREEDY_TOP_P)
+        return SamplingParams(temperature=temperature, top_p=top_p, max_new_tokens=cfg.max_new_tokens,
+                              stop_token_ids=stop_ids)  # fmt: skip
+    return SamplingParams(temperature=cfg.temperature, top_p=cfg.top_p, max_new_tokens=cfg.max_new_tokens,
+                          stop_token_ids=stop_ids)  # fmt: skip
 
 
 def sample_completions(
@@ -96,8 +108,12 @@ def sample_completions(
         raise ValueError("no prompts to generate from")
     n = cfg.n
     stop_ids = stop_token_ids(tokenizer, model)
-    params = sampling_params(cfg, stop_ids)
-    engine = generator or HFGenerator(model, pad_id=int(tokenizer.pad_token_id), cache=cfg.cache)
+    if generator is None:
+        from quarl.engine import make_generator
+
+        generator = make_generator(model, int(tokenizer.pad_token_id), engine=cfg.engine, cache=cfg.cache)
+    engine = generator
+    params = sampling_params(cfg, stop_ids, reference=isinstance(engine, HFGenerator))
     ids = tokenizer(prompts, add_special_tokens=False)["input_ids"]  # list[list[int]]
     empty = [i for i, x in enumerate(ids) if not x]
     if empty:

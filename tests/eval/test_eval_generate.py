@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from quarl.eval.config import SamplingConfig
-from quarl.eval.generate import GREEDY_TEMPERATURE, sample_completions, stop_token_ids
+from quarl.eval.generate import GREEDY_TEMPERATURE, GREEDY_TOP_P, sample_completions, stop_token_ids
 from quarl.rl.rollout import Rollout
 
 PROMPTS = [
@@ -53,6 +53,8 @@ def test_greedy_matches_transformers_generate(tiny):
 def test_greedy_limit_is_one_hot_on_the_argmax():
     from quarl.eval.generate import sampling_params
 
+    other = sampling_params(SamplingConfig(greedy=True), [2], reference=False)
+    assert (other.temperature, other.top_p) == (1.0, GREEDY_TOP_P)  # nucleus of one token on any engine
     p = sampling_params(SamplingConfig(greedy=True), [2])
     assert p.top_p == 1.0 and p.temperature == GREEDY_TEMPERATURE
     g = torch.Generator().manual_seed(0)
@@ -61,6 +63,10 @@ def test_greedy_limit_is_one_hot_on_the_argmax():
     probs = (logits / p.temperature).softmax(dim=-1)
     assert probs.eq(0).logical_or(probs.eq(1)).all() and probs.sum(dim=1).eq(1).all()
     assert torch.multinomial(probs, 1, generator=g).squeeze(1).equal(logits.argmax(dim=1))
+    from quarl.rl.rollout import top_p_filter
+
+    kept = torch.isfinite(top_p_filter(logits, GREEDY_TOP_P))
+    assert kept.sum(dim=1).eq(1).all() and kept.float().argmax(dim=1).equal(logits.argmax(dim=1))
 
 
 class _EchoEngine:
@@ -142,3 +148,25 @@ def test_empty_inputs_rejected(tiny):
         sample_completions(model, tok, [], SamplingConfig(max_new_tokens=2), progress=False)
     with pytest.raises(ValueError, match="tokenize to nothing"):
         sample_completions(model, tok, ["ok", ""], SamplingConfig(max_new_tokens=2), progress=False)
+
+
+def test_both_greedy_conventions_decode_the_same(tiny):
+    """T -> 0 (reference engine) and top_p -> 0 (what any other engine gets) pick the same tokens."""
+    from quarl.rl.rollout import HFGenerator
+
+    model, tok = tiny
+
+    class Wrapped:  # not an HFGenerator: sample_completions sends it the top_p -> 0 form
+        def __init__(self):
+            self.inner, self.seen = HFGenerator(model, tok.pad_token_id), []
+
+        def generate(self, prompts, params, n, generator=None):
+            self.seen.append((params.temperature, params.top_p))
+            return self.inner.generate(prompts, params, n, generator)
+
+    cfg = SamplingConfig(greedy=True, max_new_tokens=6, batch_size=2)
+    w = Wrapped()
+    a, _ = sample_completions(model, tok, PROMPTS, cfg, generator=w, progress=False)
+    b, _ = sample_completions(model, tok, PROMPTS, cfg, progress=False)
+    assert set(w.seen) == {(1.0, GREEDY_TOP_P)}
+    assert [g[0].text for g in a] == [g[0].text for g in b]
