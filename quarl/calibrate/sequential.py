@@ -269,10 +269,14 @@ def calibrate_model(
                 LayerStats(full, spec_string(cfg), how, err, time.perf_counter() - t0, alphas.get(rel))
             )
         del acc
+        if propagate_quantized:
+            del fp_outs  # at most two activation sets alive: the cache and the next block's inputs
+            fp_outs = None
         if bi + 1 < len(blocks):
             outs = run_block(block, cache) if propagate_quantized else fp_outs
             cache = [(o, kw) for o, (_, kw) in zip(outs, cache)]
-        del fp_outs
+            del outs
+        fp_outs = None
 
     # Linears outside the decoder blocks (rare: e.g. an explicitly included lm_head): RTN.
     for full, cfg in plan.items():
