@@ -148,7 +148,8 @@ def run_local(
         if external_s3:
             store = S3Store()
         else:
-            s3 = stack.enter_context(SeaweedFS(run_dir / "s3", buckets=(bucket,)))
+            # Objects are on disk when a PUT returns, so a short stop grace loses nothing.
+            s3 = stack.enter_context(SeaweedFS(run_dir / "s3", buckets=(bucket,), stop_timeout=2.0))
             stack.enter_context(_env(s3.env()))
             store = s3.store()
             console.write(f"[quarl] local S3 (SeaweedFS) at {s3.endpoint}, data in {run_dir / 's3'}\n")
@@ -165,6 +166,8 @@ def run_local(
             with contextlib.redirect_stdout(tee), contextlib.redirect_stderr(tee), warnings.catch_warnings():
                 # The SubprocessRunner warns when an image name lacks "python"; it ignores images anyway.
                 warnings.filterwarnings("ignore", message=".*non-Python base image.*")
+                # ... and says so about Kubernetes-only settings (resources, accelerators) it skips.
+                warnings.filterwarnings("ignore", message=".*have no effect in the current local runner.*")
                 pipeline(run_id=run_id)
         except Exception as e:  # noqa: BLE001 - kfp.local raises RuntimeError naming the failed task; report, not hide
             error = _ANSI.sub("", str(e)).strip()
