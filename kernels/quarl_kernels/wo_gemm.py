@@ -24,10 +24,11 @@ does (compute bound), and the in-register decode (~2 integer ops per weight
 per M tile) is the overhead to hide behind the MMAs -- which is why prefill
 tiles are 128 rows tall. docs/kernels.md has the measured numbers.
 
-Config choice is a small table (``DECODE_CONFIGS`` / ``PREFILL_CONFIGS``):
-the first entry is the default, ``tune=True`` (or ``QUARL_KERNELS_TUNE=1``)
-times every candidate once per (format, M bucket, N, K) and keeps the fastest.
-Each candidate costs one Triton compile, so the tables stay short.
+Config choice: ``default_config`` encodes the measured winners per regime (M,
+weight size); ``tune=True`` (or ``QUARL_KERNELS_TUNE=1``) instead times every
+candidate in ``DECODE_CONFIGS`` / ``PREFILL_CONFIGS`` / ``BWD_CONFIGS`` once per
+(format, M bucket, N, K) and keeps the fastest. Each candidate costs one Triton
+compile, so the tables hold only configs that won somewhere.
 """
 
 from __future__ import annotations
@@ -192,25 +193,22 @@ class Config:
 
 
 # Decode: BM is set to cover M; BN x BK sizes the weight tile each CTA streams.
-# Candidates in order of v2's measurements (docs/kernels.md): the first is the default.
+# Candidates: the configs that won at least one (format, shape, M) point on the H200
+# (docs/kernels.md v3/v4 has the full sweep, including the ones dropped here).
+# ``default_config`` picks among them by M and shape; ``tune=True`` times them all.
 DECODE_CONFIGS = (
-    Config(16, 128, 16, 4, 4, swap=True),
-    Config(16, 64, 32, 4, 4, swap=True),
-    Config(16, 64, 16, 4, 6, swap=True),
-    Config(16, 128, 8, 4, 6, swap=True),  # BK 64: 2 barriers per K step instead of 9-17
-    Config(64, 128, 16, 4, 4),  # M padded to 64: SS wgmma, dequant tile stored once
-    Config(64, 128, 8, 4, 6),
+    Config(16, 128, 16, 4, 4, swap=True),  # M <= 4
+    Config(16, 64, 32, 4, 4, swap=True),  # M <= 16
+    Config(16, 64, 16, 4, 6, swap=True),  # M <= 64
 )
 PREFILL_CONFIGS = (
-    Config(128, 128, 8, 8, 4),
-    Config(256, 128, 8, 8, 3),
-    Config(128, 128, 8, 8, 4, swap=True),
-    Config(256, 128, 8, 8, 3, swap=True),
+    Config(128, 128, 8, 8, 4),  # M > 256, small weights
+    Config(128, 128, 8, 8, 4, swap=True),  # 64 < M <= 256
+    Config(256, 128, 8, 8, 3, swap=True),  # M >= 1024, N * K >= 32M
 )
 BWD_CONFIGS = (
+    Config(128, 64, 16, 8, 3),  # fastest at every measured shape (M = 2048)
     Config(128, 128, 16, 8, 3),
-    Config(128, 64, 16, 8, 3),
-    Config(128, 128, 8, 8, 4),
 )
 DECODE_MAX_M = 64
 
@@ -345,13 +343,25 @@ def _m_bucket(m: int) -> int:
     return _decode_bm(m) if m <= DECODE_MAX_M else min(triton.next_power_of_2(m), 4096)
 
 
-def _choose(kind: str, key: tuple, candidates: tuple[Config, ...], run, tune: bool | None) -> Config:
+def default_config(kind: str, m: int, n: int, k: int) -> Config:
+    """The measured winner for this regime (H200 sweep, docs/kernels.md)."""
+    if kind == "bwd":
+        return BWD_CONFIGS[0]
+    if m <= DECODE_MAX_M:
+        return DECODE_CONFIGS[0 if m <= 4 else 1 if m <= 16 else 2]
+    if m >= 1024 and n * k >= (32 << 20):
+        return PREFILL_CONFIGS[2]
+    return PREFILL_CONFIGS[1 if m <= 256 else 0]
+
+
+def _choose(kind: str, key: tuple, candidates: tuple[Config, ...], run, tune: bool | None,
+            default: Config) -> Config:
     full = (kind,) + key
     cfg = _CHOICE.get(full)
     if cfg is not None:
         return cfg
     if not _tuning_enabled(tune) or torch.cuda.is_current_stream_capturing():
-        return candidates[0]
+        return default
     best = min(candidates, key=lambda c: _time_ms(lambda: run(c)))
     _CHOICE[full] = best
     return best
@@ -362,14 +372,16 @@ def wo_matmul(x2: torch.Tensor, pw: PackedWeight, *, tune: bool | None = None) -
     m = x2.shape[0]
     cands = DECODE_CONFIGS if m <= DECODE_MAX_M else PREFILL_CONFIGS
     key = (pw.fmt, pw.group, _m_bucket(m), pw.n, pw.k, x2.device.index)
-    cfg = _choose("fwd", key, cands, lambda c: launch_fwd(x2, pw, c), tune)
+    default = default_config("fwd", m, pw.n, pw.k)
+    cfg = _choose("fwd", key, cands, lambda c: launch_fwd(x2, pw, c), tune, default)
     return launch_fwd(x2, pw, cfg)
 
 
 def wo_matmul_t(dy2: torch.Tensor, pw: PackedWeight, *, tune: bool | None = None) -> torch.Tensor:
     """dx [M, K] = dy2 [M, N] @ dequant(W)."""
     key = (pw.fmt, pw.group, _m_bucket(dy2.shape[0]), pw.n, pw.k, dy2.device.index)
-    cfg = _choose("bwd", key, BWD_CONFIGS, lambda c: launch_bwd(dy2, pw, c), tune)
+    default = default_config("bwd", dy2.shape[0], pw.n, pw.k)
+    cfg = _choose("bwd", key, BWD_CONFIGS, lambda c: launch_bwd(dy2, pw, c), tune, default)
     return launch_bwd(dy2, pw, cfg)
 
 
@@ -382,6 +394,7 @@ __all__ = [
     "PREFILL_CONFIGS",
     "Config",
     "PackedWeight",
+    "default_config",
     "launch_bwd",
     "launch_fwd",
     "wo_matmul",

@@ -78,6 +78,20 @@ def test_opcheck_schema_fake_and_autograd(spec):
     torch.library.opcheck(torch.ops.quarl.wo_linear_t.default, (dy, *layer_args(q)), test_utils=utils)
 
 
+def test_default_config_follows_the_measured_regimes():
+    pytest.importorskip("triton")
+    from quarl_kernels import wo_gemm
+
+    d, p = wo_gemm.DECODE_CONFIGS, wo_gemm.PREFILL_CONFIGS
+    assert wo_gemm.default_config("fwd", 1, 3584, 3584) == d[0]
+    assert wo_gemm.default_config("fwd", 16, 3584, 3584) == d[1]
+    assert wo_gemm.default_config("fwd", 64, 3584, 3584) == d[2]
+    assert wo_gemm.default_config("fwd", 128, 3584, 3584) == p[1]
+    assert wo_gemm.default_config("fwd", 2048, 3584, 3584) == p[0]
+    assert wo_gemm.default_config("fwd", 2048, 18944, 3584) == p[2]
+    assert wo_gemm.default_config("bwd", 2048, 18944, 3584) == wo_gemm.BWD_CONFIGS[0]
+
+
 def test_traces_under_torch_compile_fullgraph():
     q = _layer("nvfp4")
     args = layer_args(q)

@@ -18,12 +18,14 @@ import pytest
 import quarl_kernels
 import torch
 import torch.nn.functional as F
-from quarl_kernels import wo_gemm
 from quarl_kernels.ops import _packed_weight, layer_args
 from torch import nn
 
 from quarl.quant import QuantLinear, dispatch, get_format, make_config
 from quarl.quant.linear import LoRAConfig
+
+pytest.importorskip("triton", reason="the GPU kernels need Triton (CPU CI has none)")
+from quarl_kernels import wo_gemm  # after the skip: it imports Triton
 
 pytestmark = [
     pytest.mark.gpu,
@@ -139,6 +141,15 @@ def test_quantlinear_dispatches_and_trains_lora(spec):
     assert _rel(gx, x.grad.double()) < TOL
     assert _rel(gA, q.lora_A.grad.double()) < TOL
     assert all(b.grad is None for b in q.buffers())
+
+
+@pytest.mark.parametrize("m,n,k", [(1, 1024, 4096), (12, 1024, 4096), (200, 1024, 4096), (1100, 4096, 8192)])
+def test_op_default_config_per_regime(m, n, k):
+    """torch.ops.quarl.wo_linear with the per-regime default config (incl. BM=256 prefill)."""
+    torch.manual_seed(m)
+    args, w = _qweight("nvfp4", n, k)
+    x = torch.randn(m, k, device="cuda").to(torch.bfloat16)
+    assert _rel(torch.ops.quarl.wo_linear(x, *args), x.double() @ w.T) < TOL
 
 
 def test_cuda_graph_capture_of_split_k_decode():
