@@ -16,14 +16,15 @@ def render(d: dict) -> str:
     info, rows, bwd = d["info"], d["forward"], d["backward"]
     hbm = info["hbm_copy_GBps"]
     out = [
-        "| format | N x K | M | time us | GB/s | % of HBM copy | TFLOP/s | cuBLAS BF16 us | speedup | config |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "| format | N x K | M | time us | GB/s | % of HBM copy | TFLOP/s | cuBLAS BF16 us | speedup | "
+        "best config | default: us, speedup |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         out.append(
             f"| {r['format']} | {r['N']}x{r['K']} | {r['M']} | {r['us']:.1f} | {r['GBps']:.0f} | "
             f"{100 * r['GBps'] / hbm:.0f}% | {r['TFLOPs']:.1f} | {r['bf16_us']:.1f} | {r['speedup']:.2f}x | "
-            f"{r['best']['config']} |"
+            f"{r['best']['config']} | {r['default']['us']:.1f}, {r['speedup_default']:.2f}x |"
         )
     out += ["", "| format | N x K | M | dX time us | TFLOP/s | cuBLAS BF16 us | speedup | config |",
             "|---|---|---|---|---|---|---|---|"]
