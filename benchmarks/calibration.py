@@ -78,6 +78,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seq-len", type=int, default=256)
     ap.add_argument("--eval-samples", type=int, default=16)
     ap.add_argument("--batch-size", type=int, default=4)
+    ap.add_argument(
+        "--awq-search-batches",
+        type=int,
+        default=2,
+        help="batches the AWQ alpha search evaluates (statistics use all); bounds AWQ's CPU time",
+    )
+    ap.add_argument("--rerun", action="store_true", help="re-run (format, method) pairs already in --out")
     # 1 thread: on a shared, oversubscribed 2-core box two OpenMP threads spin against other jobs and
     # small GEMMs get ~10x slower; one thread per process is both faster and more repeatable there.
     ap.add_argument("--threads", type=int, default=1)
@@ -111,6 +118,8 @@ def main(argv: list[str] | None = None) -> int:
         "model": args.model,
         "calibration": f"GSM8K train question+answer, {calib.shape[0]} x {calib.shape[1]} tokens",
         "held_out": f"GSM8K test answers, {held.shape[0]} x {held.shape[1]} tokens",
+        "awq_search": f"alpha searched on the first {args.awq_search_batches} batches "
+        f"({args.awq_search_batches * args.batch_size} windows), activation statistics on all",
         "runs": prev.get("runs", {}) if prev.get("model") == args.model else {},
     }
     ref = compare_models(fp, None, held)
@@ -118,10 +127,15 @@ def main(argv: list[str] | None = None) -> int:
     print(f"full precision: ppl {ref['ppl']:.3f}", flush=True)
     for fmt in args.formats.split(","):
         for method in args.methods.split(","):
+            if f"{fmt}/{method}" in res["runs"] and not args.rerun:
+                print(f"{fmt:10s} {method:9s} done before, kept (--rerun to redo)", flush=True)
+                continue
             model = copy.deepcopy(fp)
             plan = plan_formats(model, QuantRecipe.load(recipe_for(fmt)))
             t0 = time.perf_counter()
-            r = calibrate_model(model, plan, batches, method=method, progress=False)
+            r = calibrate_model(
+                model, plan, batches, method=method, progress=False, awq={"search_batches": args.awq_search_batches}
+            )
             secs = time.perf_counter() - t0
             q = compare_models(model, fp, held)
             mem = memory_report(model)
@@ -169,7 +183,8 @@ def render(res: dict) -> str:
         ),
         (
             f"Calibration: {res['calibration']} (batch 4); GPTQ block 128, percdamp 0.01, act-order with static "
-            f"groups; AWQ grid 20; quantized block outputs propagated.  "
+            f"groups; AWQ grid 20, {res.get('awq_search', 'alpha searched on all batches')}; quantized block "
+            "outputs propagated.  "
         ),
         f"Held-out text: {res['held_out']}; full-precision perplexity {res['fp_ppl']:.3f}.  ",
         (

@@ -155,11 +155,15 @@ def search_group(
     *,
     n_grid: int = 20,
     duo_scaling: bool = False,
+    search_batches: int | None = None,
 ) -> ScalingGroup:
     """Grid-search alpha for one group; sets ``group.scales``/``alpha``/``losses`` (weights restored).
 
     ``x``: the group's input per calibration batch (``[b, L, K]``);
     ``run_inspect(i, x_i)`` runs the inspected module on batch ``i``'s input.
+    ``search_batches``: evaluate the loss on the first this-many batches only (the
+    activation statistics always use all of them); the search costs ``n_grid``
+    forward passes of the inspected module, so this bounds AWQ's time on CPU.
     """
     if all(plan.get(n) is None for n in group.layers):
         return group  # nothing in this group is quantized: no scaling
@@ -174,6 +178,8 @@ def search_group(
         w_all = torch.cat([block.get_submodule(n).weight.detach().float() for n in group.layers])
         w_mean = (w_all.abs() / w_all.abs().amax(dim=1, keepdim=True).clamp(min=1e-8)).mean(0)  # [K]
 
+    if search_batches is not None:
+        x = x[: max(1, search_batches)]
     fp_out = [run_inspect(i, xi).float() for i, xi in enumerate(x)]
     originals = {n: block.get_submodule(n).weight.detach().clone() for n in group.layers}
     shared = len(group.layers) > 1

@@ -64,10 +64,13 @@ class GPTQConfig:
 class AWQConfig:
     n_grid: int = 20  # alpha in {0, 1/20, ..., 19/20} (AWQ paper / AutoAWQ)
     duo_scaling: bool = False  # AutoAWQ's option: s = x^a / w^(1-a)
+    search_batches: int | None = None  # batches the alpha search evaluates (None: all); statistics use all
 
     def __post_init__(self) -> None:
         if self.n_grid < 1:
             raise ValueError(f"awq.n_grid must be >= 1, got {self.n_grid}")
+        if self.search_batches is not None and self.search_batches < 1:
+            raise ValueError(f"awq.search_batches must be >= 1 or null, got {self.search_batches}")
 
 
 @dataclass

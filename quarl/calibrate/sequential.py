@@ -203,7 +203,7 @@ def calibrate_model(
     if method not in METHODS:
         raise QuantError(f"unknown calibration method {method!r}; choose one of {', '.join(METHODS)}")
     gptq = {"block_size": 128, "percdamp": 0.01, "act_order": True, **(gptq or {})}
-    awq = {"n_grid": 20, "duo_scaling": False, **(awq or {})}
+    awq = {"n_grid": 20, "duo_scaling": False, "search_batches": None, **(awq or {})}
     t_start = time.perf_counter()
     result = CalibrationResult()
     prefix, blocks = decoder_blocks(model)
