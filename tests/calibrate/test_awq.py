@@ -129,3 +129,21 @@ def test_fused_shards_are_searched_with_their_shared_global_scale():
     run = lambda i, x: block.self_attn(hidden_states=x, **cache[i][1])[0]
     search_group(block, grp, feats, run, plan, n_grid=4)
     assert grp.scales is not None and torch.isfinite(torch.tensor(grp.losses)).all()
+
+
+@torch.no_grad()
+def test_search_batches_limits_the_loss_not_the_statistics():
+    toy = _Toy()
+    g = torch.Generator().manual_seed(5)
+    xs = [torch.randn(2, 16, 128, generator=g) * (1 + 10 * (i == 1)) for i in range(3)]
+    plan = {"lin": make_config("int4-g128")}
+
+    def search(x, **kw):
+        grp = ScalingGroup("norm", ["lin"], "", "lin")
+        return search_group(toy, grp, x, lambda i, xi: toy.lin(xi), plan, n_grid=6, **kw)
+
+    limited, first_only, full = search(xs, search_batches=1), search(xs[:1]), search(xs)
+    assert limited.losses[0] == pytest.approx(first_only.losses[0])  # alpha = 0 (RTN): loss on batch 0 only
+    assert limited.losses[0] != pytest.approx(full.losses[0])
+    # for alpha > 0 the scales come from all batches' statistics, not from batch 0 alone
+    assert limited.losses[3] != pytest.approx(first_only.losses[3])
