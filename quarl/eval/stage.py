@@ -145,7 +145,8 @@ def machine_info() -> dict:
     }
     if torch.cuda.is_available():
         info["gpu"] = torch.cuda.get_device_name(0)
-    where = info.get("gpu") or f"{info['cpus']} CPU cores ({info['torch_threads']} torch threads)"
+    threads = info["torch_threads"]
+    where = info.get("gpu") or f"{info['cpus']} CPU cores ({threads} torch thread{'s' if threads != 1 else ''})"
     info["summary"] = f"{platform.system()} {info['machine']}, {where}, torch {info['torch']}"
     return info
 
