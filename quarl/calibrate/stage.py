@@ -90,8 +90,15 @@ def _dtype(name: str | None) -> torch.dtype | None:
 
 
 def load_recipe(cfg: CalibrateConfig, recipe_uri: str | None) -> QuantRecipe:
-    """recipe_uri (file or recipe artifact) > cfg.recipe > {default: cfg.format}."""
-    if recipe_uri:
+    """recipe_uri (a local or s3:// YAML/JSON file, or a recipe artifact) > cfg.recipe > {default: cfg.format}."""
+    if recipe_uri and str(recipe_uri).startswith("s3://") and str(recipe_uri).endswith((".yaml", ".yml", ".json")):
+        import yaml
+
+        from quarl.storage import S3Store
+
+        data = yaml.safe_load(S3Store().get_bytes(str(recipe_uri)).decode("utf-8")) or {}
+        recipe = QuantRecipe.load(data)
+    elif recipe_uri:
         path = Path(recipe_uri)
         if str(recipe_uri).startswith("s3://") or (path.is_dir() and (path / "manifest.json").exists()):
             from quarl.artifacts import open_artifact

@@ -138,23 +138,37 @@ def model_card(
         "## Verification",
         "",
         (
-            "The export was reloaded by transformers + compressed-tensors' own decompression into a plain dense "
-            "model and compared with the in-memory quantized model on a fixed prompt:"
+            "The export was decoded by compressed-tensors' own decompressors into a plain dense transformers "
+            "model (and loaded by transformers' CompressedTensorsConfig(dequantize=True) path where that path "
+            "applies) and compared with the in-memory quantized model on a fixed prompt:"
         ),
         "",
         "| checkpoint | loader | max abs logit delta | tolerance | max elem. rel. weight delta | argmax agreement |",
         "|---|---|---:|---:|---:|---:|",
     ]
+    rows = []
     for key in ("base", "adapter", "merged"):
         v = verification.get(key)
         if not v:
             continue
+        rows.append((key, v))
+        t = v.get("transformers") or {}
+        if "logits" in t:
+            rows.append((f"{key} (transformers)", {**t, "tolerance": v["tolerance"], "weights": {}}))
+    skipped = [
+        f"{k}: {v['transformers']['skipped']}"
+        for k, v in verification.items()
+        if isinstance(v, dict) and "skipped" in (v.get("transformers") or {})
+    ]
+    for key, v in rows:
         w = v.get("weights", {})
         out.append(
             f"| {key} | {v['loader']} | {v['logits']['max_abs']:.3g} | "
             f"{v['tolerance']['logits_max_abs']:.3g} | {_fmt(w.get('max_elem_rel', '-'))} | "
             f"{v['logits']['argmax_agreement']:.3f} |"
         )
+    if skipped:
+        out += ["", "transformers' loader not run -- " + "; ".join(skipped)]
     if verification.get("base"):
         t = verification["base"]["tolerance"]
         out += [

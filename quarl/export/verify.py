@@ -2,12 +2,25 @@
 
 A quarl checkpoint is written by quarl and read back by quarl in every other
 stage, so a symmetric bug (say, a nibble order swapped in both writer and
-reader) would go unnoticed there. Here the export is loaded the way users will
-load it -- ``transformers.AutoModelForCausalLM.from_pretrained`` with
-``CompressedTensorsConfig(dequantize=True)``, which runs compressed-tensors'
-own decompressors (``PackedQuantizationCompressor``, ``NVFP4PackedCompressor``
-...) into a plain dense HF model -- and compared with the in-memory quantized
-model that produced it:
+reader) would go unnoticed there. Here the export is decoded by the libraries
+users run, and compared with the in-memory quantized model that produced it:
+
+  1. compressed-tensors itself: every quantized layer's tensors go through the
+     compressor its scheme names (``PackedQuantizationCompressor``,
+     ``NVFP4PackedCompressor`` ...), the scheme picked by compressed-tensors'
+     own target matching, into a plain dense transformers model. This works
+     for any mix of schemes and is the check of the bytes;
+  2. the users' path: ``AutoModelForCausalLM.from_pretrained(dir,
+     quantization_config=CompressedTensorsConfig(dequantize=True))``. In
+     transformers 5.x that path applies ONE scheme to every dense layer
+     (``get_dense_scheme``), so it is run for single-scheme checkpoints and
+     recorded as skipped for mixed-precision ones. (Its other route,
+     ``dequantize=False``, cannot load asymmetric INT checkpoints with
+     compressed-tensors 0.20: on the meta device its compressor leaves the
+     zero point unpacked, so the packed tensor mismatches; vLLM and the
+     decompressors expect it packed, as we write it.)
+
+Checks:
 
   * weights, element by element: ``|W_ct - W_quarl| <= rtol * |W_quarl|``.
     compressed-tensors decompresses INT and FP8 weights in float32 (identical
@@ -46,13 +59,83 @@ class ExportError(QuantError):
     """The export cannot be written or failed its own verification; the message has the numbers."""
 
 
+def _config_and_tensors(path: Path) -> tuple[dict, dict[str, torch.Tensor]]:
+    from safetensors.torch import load_file
+
+    cfg = json.loads((path / "config.json").read_text())
+    sd: dict[str, torch.Tensor] = {}
+    for f in sorted(path.glob("*.safetensors")):
+        sd.update(load_file(str(f)))
+    return cfg, sd
+
+
 def load_with_compressed_tensors(path: str | Path, dtype: torch.dtype = torch.float32):
-    """A plain dense HF model from a checkpoint, decompressed by compressed-tensors (if quantized)."""
+    """A plain dense HF model whose quantized weights were decompressed by compressed-tensors itself.
+
+    The skeleton comes from transformers (``from_config``); each quantized linear's
+    tensors go through the compressor its scheme names
+    (``BaseCompressor.get_value_from_registry(format).decompress``), the scheme being
+    chosen by compressed-tensors' own matching (``match_named_modules`` /
+    ``match_targets``, ignore list honoured) -- what ``apply_quantization_config`` +
+    ``decompress_model`` do, for any mix of schemes. (transformers' ``dequantize=True``
+    path applies one scheme to every dense layer; it is checked separately, where it
+    applies, by :func:`load_with_transformers`.)
+    """
+    from collections import OrderedDict
+
+    from compressed_tensors.compressors import BaseCompressor
+    from compressed_tensors.quantization import QuantizationConfig
+    from compressed_tensors.utils.match import match_named_modules, match_targets
+    from transformers import AutoConfig, AutoModelForCausalLM
+    from transformers.initialization import no_init_weights
+
+    path = Path(path)
+    raw_cfg, sd = _config_and_tensors(path)
+    qc = raw_cfg.get("quantization_config")
+    config = AutoConfig.from_pretrained(str(path))
+    if hasattr(config, "quantization_config"):
+        del config.quantization_config
+    with no_init_weights():
+        model = AutoModelForCausalLM.from_config(config, dtype=dtype)
+    if qc:
+        try:
+            qcfg = QuantizationConfig.model_validate(qc)
+        except Exception as e:  # (pydantic's message says what is wrong)
+            raise ExportError(f"{path}: compressed-tensors rejects the quantization_config: {e}") from e
+        target_to_scheme = OrderedDict((t, sch) for sch in qcfg.config_groups.values() for t in sch.targets)
+        for name, module in list(match_named_modules(model, target_to_scheme, qcfg.ignore)):
+            scheme = target_to_scheme[match_targets(name, module, target_to_scheme)[0]]
+            local = {k[len(name) + 1 :]: sd.pop(k) for k in [k for k in sd if k.startswith(name + ".")]}
+            bias = local.pop("bias", None)
+            fmt = scheme.format or qcfg.format
+            try:
+                out = BaseCompressor.get_value_from_registry(fmt).decompress(local, scheme)
+            except Exception as e:  # (a layout compressed-tensors cannot read is the finding)
+                raise ExportError(
+                    f"{path}: compressed-tensors cannot decompress {name} ({fmt}): {type(e).__name__}: {e}"
+                ) from e
+            sd[f"{name}.weight"] = out["weight"].to(dtype)
+            if bias is not None:
+                sd[f"{name}.bias"] = bias
+    missing, unexpected = model.load_state_dict(sd, strict=False)
+    if getattr(config, "tie_word_embeddings", False):
+        model.tie_weights()
+        missing = [k for k in missing if not k.startswith("lm_head")]
+    if missing or unexpected:
+        raise ExportError(
+            f"{path}: after decompression the weights do not fit {type(model).__name__}: "
+            f"missing {missing[:5]}, unexpected {list(unexpected)[:5]}"
+        )
+    return model.eval()
+
+
+def load_with_transformers(path: str | Path, dtype: torch.dtype = torch.float32):
+    """What users run: ``AutoModelForCausalLM.from_pretrained(dir, quantization_config=
+    CompressedTensorsConfig(dequantize=True))`` (a plain load for a dense checkpoint)."""
     from transformers import AutoModelForCausalLM
 
     kw = {}
-    cfg = json.loads((Path(path) / "config.json").read_text())
-    if cfg.get("quantization_config"):
+    if json.loads((Path(path) / "config.json").read_text()).get("quantization_config"):
         from transformers import CompressedTensorsConfig
 
         kw["quantization_config"] = CompressedTensorsConfig(dequantize=True)
@@ -60,11 +143,16 @@ def load_with_compressed_tensors(path: str | Path, dtype: torch.dtype = torch.fl
         with warnings.catch_warnings():  # "the model's quantization_config will be used": yes, on purpose
             warnings.filterwarnings("ignore", message="You passed `quantization_config`")
             model = AutoModelForCausalLM.from_pretrained(str(path), dtype=dtype, **kw)
-    except Exception as e:
-        raise ExportError(
-            f"transformers/compressed-tensors cannot load the export at {path}: {type(e).__name__}: {e}"
-        ) from e
+    except Exception as e:  # (any loader failure means users cannot load it: say so)
+        raise ExportError(f"transformers cannot load the export at {path}: {type(e).__name__}: {str(e)[:2000]}") from e
     return model.eval()
+
+
+def transformers_can_dequantize(path: str | Path) -> bool:
+    """transformers 5.x's dequantize=True path applies ONE scheme to all dense layers
+    (``get_dense_scheme``): it serves single-scheme checkpoints, not mixed-precision ones."""
+    qc = json.loads((Path(path) / "config.json").read_text()).get("quantization_config") or {}
+    return len(qc.get("config_groups") or {}) <= 1
 
 
 def _has_fp4(model: nn.Module) -> bool:
@@ -119,15 +207,18 @@ def verify_checkpoint(
     weights_rtol: float,
     weights_rtol_fp4: float,
 ) -> dict:
-    """Load ``path`` through compressed-tensors and compare with ``ours``; raise ExportError beyond tolerance."""
+    """Reload ``path`` by compressed-tensors (and transformers, where it can) and compare with ``ours``.
+
+    Raises ExportError when a layer decodes differently or the logits leave the tolerance."""
     theirs = load_with_compressed_tensors(path)
     fp4 = _has_fp4(ours)
     lrtol = rtol_fp4 if fp4 else rtol
     weights = compare_weights(ours, theirs, rtol=weights_rtol, rtol_fp4=weights_rtol_fp4)
     logits = compare_logits(ours, theirs, ids)
+    del theirs
     tol = atol + lrtol * logits["max_logit"]
     report = {
-        "loader": "transformers AutoModelForCausalLM + CompressedTensorsConfig(dequantize=True)",
+        "loader": "compressed-tensors compressors (per-layer scheme) into a transformers model",
         "tolerance": {
             "logits_max_abs": tol,
             "atol": atol,
@@ -141,18 +232,31 @@ def verify_checkpoint(
         "logits": logits,
         "tokens": int(ids.numel()),
     }
-    report["passed"] = logits["max_abs"] <= tol and not weights["failed_layers"]
-    del theirs
     if weights["failed_layers"]:
         raise ExportError(
             f"export at {path}: compressed-tensors decodes different weights than quarl in "
             f"{len(weights['failed_layers'])} layer(s), e.g. {weights['failed_layers'][:3]} (max "
             f"element-wise relative delta {weights['max_elem_rel']:.3g}); not publishing it"
         )
+    if transformers_can_dequantize(path):  # the users' own loading path must work as well
+        hf = load_with_transformers(path)
+        tl = compare_logits(ours, hf, ids)
+        del hf
+        report["transformers"] = {
+            "loader": "AutoModelForCausalLM.from_pretrained + CompressedTensorsConfig(dequantize=True)",
+            "logits": tl,
+        }
+    else:
+        report["transformers"] = {
+            "skipped": "mixed-precision: transformers' dequantize path applies one scheme to all dense layers; "
+            "compressed-tensors (above) and vLLM read the schemes per layer"
+        }
+    worst = max(logits["max_abs"], report["transformers"].get("logits", {}).get("max_abs", 0.0))
+    report["passed"] = worst <= tol
     if not report["passed"]:
         raise ExportError(
-            f"export at {path} does not reproduce the model: max |logit delta| "
-            f"{logits['max_abs']:.4g} > tolerance {tol:.4g}; not publishing it"
+            f"export at {path} does not reproduce the model: max |logit delta| {worst:.4g} > tolerance "
+            f"{tol:.4g}; not publishing it"
         )
     return report
 
