@@ -119,14 +119,20 @@ def model_card(
             out.append(f"| {f} | {r['params']:,} | {r['bytes'] / 2**20:.2f} | {r['bits_per_param']:.3f} |")
         out.append("")
     if adapter_info:
-        am = (adapter_manifest or {}).get("metrics") or (adapter_manifest or {}).get("final_metrics")
+        from quarl.artifacts import RESERVED
+
+        am = {
+            k: v
+            for k, v in (adapter_manifest or {}).items()
+            if k not in RESERVED and (v is None or isinstance(v, (int, float, str, bool, dict)))
+        }
         out.append(
             f"Adapter: r={adapter_info['r']}, alpha={adapter_info['alpha']}, targets {adapter_info['target_modules']}."
         )
         if am:
             out += [
                 "",
-                "Training metrics recorded by the adapter's stage:",
+                "Recorded by the adapter's stage (artifact metadata):",
                 "",
                 "```json",
                 json.dumps(am, indent=2, default=str)[:4000],

@@ -45,6 +45,7 @@ from quarl.quant.linear import QuantLinear
 
 log = logging.getLogger(__name__)
 STAGE = "export"
+ADAPTER_FILES = ("adapter_config.json", "adapter_model.safetensors", "summary.json", "quant_recipe.json")
 NOT_COPIED = {"manifest.json", "metrics.json", "report.md", "README.md", "export_report.json"}
 
 
@@ -181,7 +182,10 @@ def run_export(
         adapter_info = merged = None
         if adapter_dir is not None:
             adapter_info = check_adapter_files(adapter_dir, ours)
-            shutil.copytree(adapter_dir, out / "adapter", ignore=shutil.ignore_patterns("manifest.json"))
+            (out / "adapter").mkdir()
+            for f in ADAPTER_FILES:  # the PEFT files, plus the training stage's summary for provenance
+                if (adapter_dir / f).is_file():
+                    shutil.copy2(adapter_dir / f, out / "adapter" / f)
             attach_adapter(ours, out / "adapter")
             if cfg.verify:
                 verification["adapter"] = verify_adapter(ours, out, out / "adapter", ids, **tol)

@@ -257,3 +257,25 @@ def test_s3_calibrate_then_export(s3_bucket, corpus):
     assert art.manifest["inputs"] == [cal] and (art.path / "README.md").is_file()
     model, _ = load_quantized(art.path)
     assert model.model.layers[1].self_attn.q_proj.format_name == "int"
+
+
+def test_adapter_artifact_from_the_rl_stage(tmp_path, calibrated, adapter_dir):
+    """An RL adapter artifact: PEFT files + training files; only the PEFT files (+ summary) are exported,
+    and the stage's metadata and lineage reach the model card."""
+    from quarl.artifacts import write_artifact
+
+    uri = tmp_path / "rl" / "adapter"
+    with write_artifact(uri, "adapter", "rl", config={"algo": "dapo"}, inputs=[calibrated("int4-g32"), "data"]) as art:
+        for f in adapter_dir.iterdir():
+            shutil.copy2(f, art.path / f.name)
+        (art.path / "tensorboard").mkdir()
+        (art.path / "tensorboard" / "events.out").write_text("x")
+        (art.path / "summary.json").write_text('{"total_steps": 3}')
+        art.metadata.update(reward_last=0.61, accuracy_last=0.5, steps=3)
+    out = tmp_path / "e"
+    rep = run_export(ExportConfig(), model_uri=calibrated("int4-g32"), adapter_uri=str(uri), output_uri=str(out))
+    assert rep["verification"]["adapter"]["passed"]
+    assert sorted(p.name for p in (out / "adapter").iterdir()) == [
+        "adapter_config.json", "adapter_model.safetensors", "summary.json"]  # fmt: skip
+    card = (out / "README.md").read_text()
+    assert "reward_last" in card and "0.61" in card and "stage `rl`" in card and "algo: dapo" in card
