@@ -91,9 +91,24 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", type=Path, default=OUT)
     ap.add_argument("--write-results", action="store_true", help="rewrite the RESULTS.md section from --out")
     ap.add_argument("--only-write", action="store_true", help="do not run; just rewrite RESULTS.md")
+    ap.add_argument(
+        "--merge",
+        type=Path,
+        nargs="*",
+        default=[],
+        help="with --only-write: also take the runs of these result files (from processes run side by side)",
+    )
     args = ap.parse_args(argv)
     if args.only_write:
-        write_results(json.loads(args.out.read_text()))
+        res = json.loads(args.out.read_text())
+        for extra in args.merge:
+            other = json.loads(extra.read_text())
+            res["runs"].update(other["runs"])
+            res["command"] = f"{res['command'].strip()} ; {other['command'].strip()}"
+        if args.merge:
+            res["machine"] += "; the result files were produced by processes running side by side"
+            args.out.write_text(json.dumps(res, indent=2))
+        write_results(res)
         return 0
     if not (GSM8K / "train.jsonl").is_file():
         print(f"GSM8K not found under {GSM8K}; set QUARL_GSM8K", file=sys.stderr)
