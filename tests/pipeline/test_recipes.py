@@ -47,7 +47,7 @@ def test_local_profile_is_the_embedded_default_on_cpu():
     assert r.model == "default" and r.profile == "local"
     rl = r.typed_params("rl", "rl")
     assert rl["device"] == "cpu" and rl["optimizer"] == "adamw" and rl["steps"] <= 5
-    assert r.typed_params("data_prep", "data_prep")["sources"] == [{"name": "synthetic", "num_samples": 400}]
+    assert r.typed_params("data_prep", "data_prep")["sources"][0]["name"] == "synthetic"
     # the paper settings stay underneath
     paper = load_recipe("qerl")
     assert paper.model == "Qwen/Qwen2.5-7B-Instruct"
