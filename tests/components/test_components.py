@@ -7,6 +7,7 @@ Models are the seeded tiny-llama; data is the built-in generator.
 """
 
 import json
+from pathlib import Path
 
 import pytest
 import torch
@@ -67,8 +68,8 @@ def check_step(root, stage, o):
     assert uri == f"{root}/{RUN}/{stage}/{spec.output.name}"
     rec = read_step_record(root, RUN, stage)
     assert rec["status"] == "succeeded" and rec["outputs"][spec.output.name] == uri
-    assert json.loads((o[spec.output.name].path and open(o[spec.output.name].path).read()))["quarl_uri"] == uri
-    assert o["report"].path and open(o["report"].path).read().strip()
+    assert json.loads(Path(o[spec.output.name].path).read_text())["quarl_uri"] == uri  # the pointer file
+    assert Path(o["report"].path).read_text().strip()
     return uri
 
 
@@ -79,7 +80,7 @@ def test_data_prep(s3_env, tmp_path):
     art = open_artifact(uri, kind="dataset")
     assert art.metadata["rows"] == {"train": 52, "eval": 8}
     assert o["metrics"].metadata["rows.train"] == 52.0
-    assert open(o["report"].path).read() == (art.path / "summary.md").read_text()  # the stage's own summary
+    assert Path(o["report"].path).read_text() == (art.path / "summary.md").read_text()  # the stage's own summary
     STATE["dataset"] = downstream(o["dataset"])
 
 
@@ -123,7 +124,7 @@ def test_export(s3_env, tmp_path):
     art = open_artifact(uri, kind="model")
     assert (art.path / "adapter" / "adapter_config.json").is_file() and (art.path / "README.md").is_file()
     assert all(k.startswith("verification.") for k in o["metrics"].metadata if k != "quarl_uri")
-    assert open(o["report"].path).read() == (art.path / "README.md").read_text()  # the model card
+    assert Path(o["report"].path).read_text() == (art.path / "README.md").read_text()  # the model card
 
 
 def test_bad_data_fails_clearly_and_marks_nothing_done(s3_env, tmp_path, capsys):
