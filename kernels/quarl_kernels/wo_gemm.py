@@ -44,6 +44,7 @@ import torch
 import triton
 import triton.language as tl
 
+from quarl_kernels import gemv
 from quarl_kernels.dequant import FMT_INT4, FMT_NVFP4, FP4_ACC_FACTOR, load_dequant_tile, pair_order_rows
 
 
@@ -372,8 +373,16 @@ def _choose(kind: str, key: tuple, candidates: tuple[Config, ...], run, tune: bo
 
 
 def wo_matmul(x2: torch.Tensor, pw: PackedWeight, *, tune: bool | None = None) -> torch.Tensor:
-    """y [M, N] = x2 [M, K] @ dequant(W)^T, config picked by M regime (and tuning)."""
+    """y [M, N] = x2 [M, K] @ dequant(W)^T, config picked by M regime (and tuning).
+
+    M <= ``gemv.GEMV_MAX_M`` (bf16, power-of-two group words) runs the CUDA-core
+    GEMV (``gemv.py``), larger M the tensor-core kernel below."""
     m = x2.shape[0]
+    if gemv.gemv_supported(x2, pw):
+        gkey = (pw.fmt, pw.group, m, pw.n, pw.k, x2.device.index)
+        gdefault = gemv.default_gemv_config(m, pw.n, pw.k)
+        gcfg = _choose("gemv", gkey, gemv.GEMV_CONFIGS, lambda c: gemv.launch_gemv(x2, pw, c), tune, gdefault)
+        return gemv.launch_gemv(x2, pw, gcfg)
     cands = DECODE_CONFIGS if m <= DECODE_MAX_M else PREFILL_CONFIGS
     key = (pw.fmt, pw.group, _m_bucket(m), pw.n, pw.k, x2.device.index)
     default = default_config("fwd", m, pw.n, pw.k)

@@ -1,0 +1,444 @@
+"""Decode GEMV for weight-only 4-bit weights: ``y = x @ W^T`` for M <= 16 tokens on CUDA cores.
+
+Why a second forward kernel. At M = 1..16 the product is purely memory-bound
+(0.53-0.56 bytes per weight against 2*M flops), so the only job is to stream the
+packed weight at HBM speed. The tensor-core path (``wo_gemm._fwd_kernel``) pays
+for moving every dequantized tile into the MMA (Triton 3.6 converts the register
+tile k16 slice by k16 slice, a barrier and a wgmma wait each: docs/kernels.md,
+v1-v5) and stays at ~28% of HBM bandwidth. Here there is no MMA: each program
+owns ``BN`` output rows and a K range, streams ``[BN, BKW]`` tiles of 32-bit
+words (8 codes each, read straight from the packed layout, no repacking), decodes
+them in registers to fp32 and accumulates ``w * x`` with FFMAs into a
+``[BN, BKW]`` fp32 accumulator per token; one ``tl.sum`` along K at the end.
+
+Cost per weight, issue slots (the budget is ~4.4 for HBM speed on an H200:
+~29 NVFP4 weights/clk/SM against 128 thread-instructions/clk/SM, of which
+integer ALU ops get half):
+
+  decode   FP4: 1 ALU ``and`` + 1 IMAD (copies a code to two bit positions)
+           + 1 ALU ``and`` per *pair* of codes (codes j, j+4 share a 16-bit
+           offset), giving both as exact bf16 ``e2m1 * 2**-126``; then per code
+           one ``fma.rn.bf16x2`` by ``{0, S}`` that both applies the block scale
+           (``S = scale * 2**110``, exact: <= 6 significant bits) and leaves a
+           clean fp32 in the register (the low half becomes +0) -- so the bf16 ->
+           fp32 split costs no integer op. ~1.1 ALU + 0.5 IMAD + 1 HFMA2.
+           INT4: ``(w >> 4j) & 0x000F000F | 0x43004300`` is the bf16 pair
+           ``128 + u`` (1-2 ALU per pair); one ``fma.rn.bf16x2`` per code gives
+           ``u - 8 - zero`` exactly as fp32. The fp32 group scale multiplies the
+           per-word partial sum (exact scale, unlike the tensor-core path's bf16
+           rounding of it).
+  multiply M FFMAs (fp32 accumulate) -- the term that grows with M: the SM's
+           128 FFMA/clk bound this kernel to ~4 tokens at full HBM speed, and at
+           M >= 8 the tensor cores (``wo_gemm``) take over again (the threshold is
+           measured: ``GEMV_MAX_M``).
+  x        bf16 pairs loaded as int32 (4 loads per word column and token, L1/L2
+           hits), split to fp32 with a shift / mask, amortized over the
+           ``BN * BKW / (threads * VEC)`` rows each thread holds.
+
+Block scales are loaded once per group (``[BN, NG]`` bytes / floats), converted at
+group granularity and broadcast to words in registers. ``VEC`` sets how many
+consecutive words of a row one thread holds (16-byte loads at 4; fewer keeps the
+x registers ``8 * VEC * M`` small when M is larger). ``PREFETCH`` issues the next
+tile's loads before decoding the current one (a register double buffer: Triton
+3.6 does not software-pipeline loads that feed no ``tl.dot``).
+
+Split-K. When ``cdiv(N, BN)`` programs do not fill the GPU (``waves * SMs``),
+the K range is split; each split writes fp32 partials ``[S, M, N]`` and
+``wo_gemm._splitk_reduce_kernel`` sums them in split order -- deterministic,
+unlike atomics -- and casts to the output dtype.
+
+Numerics are those of ``dequant.py`` (FP4 weights exact; MXFP4 exact for E8M0
+exponents in [2**-110, 2**17]), with fp32 accumulation in a different order than
+the tensor-core path. A portable decode in plain Triton (``USE_ASM=False``)
+computes bit-identical weights; it is the test oracle for the PTX and what runs
+under ``TRITON_INTERPRET=1``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import triton
+import triton.language as tl
+
+from quarl_kernels.formats import FMT_INT4, FMT_MXFP4, FMT_NVFP4
+
+# ---------------------------------------------------------------------------
+# Inline PTX: $0..$7 = the fp32 values of codes 0..7 of the word $8 (natural order).
+#
+# FP4 ($9 = S as fp32 bits: {lo 16 bits: 0, hi: bf16 S}). Pair j holds codes j (low
+# half) and j + 4 (high half) as bf16 ``e2m1 * 2**-126`` (see dequant.py for the
+# and / mul / and placement). ``fma.rn.bf16x2 d, a, {0, S}, 0``: the high half of d
+# is ``a.hi * S`` (exact), the low half ``a.lo * 0 + 0 = +0`` -- so d *is* the fp32
+# of code j + 4. For code j, the low half is first broadcast ({l, l}).
+_FP4_GEMV_PAIR = """
+    and.b32 a, {src}, {mask};
+    mul.lo.u32 a, a, {mul};
+    and.b32 a, a, 0x81C081C0;
+    fma.rn.bf16x2 ${hi}, a, $9, z;
+    mov.b32 {{l, h}}, a;
+    mov.b32 a, {{l, l}};
+    fma.rn.bf16x2 ${lo}, a, $9, z;"""
+
+
+def _fp4_gemv_asm() -> str:
+    body = []
+    for j in range(4):
+        src = "$8" if j < 2 else "w8"
+        mask, mul = ("0x000F000F", "0x1040") if j % 2 == 0 else ("0x00F000F0", "0x104")
+        body.append(_FP4_GEMV_PAIR.format(src=src, mask=mask, mul=mul, lo=j, hi=j + 4))
+    return "{\n .reg .b32 w8, a, z;\n .reg .b16 l, h;\n mov.b32 z, 0;\n shr.u32 w8, $8, 8;" + "".join(body) + "\n}"
+
+
+# INT4 ($9 = Z as fp32 bits: {lo: 0, hi: bf16 -(136 + zero)}). Pair j is the bf16 pair
+# (128 + u_j, 128 + u_{j+4}); ``fma.rn.bf16x2 d, t, {0, 1.0}, Z`` gives the high half
+# ``128 + u - 136 - zero = u - 8 - zero`` exactly and a +0 low half.
+_INT4_GEMV_PAIR = """
+    {shift}
+    lop3.b32 a, a, 0x000F000F, 0x43004300, 0xEA;
+    fma.rn.bf16x2 ${hi}, a, one, $9;
+    mov.b32 {{l, h}}, a;
+    mov.b32 a, {{l, l}};
+    fma.rn.bf16x2 ${lo}, a, one, $9;"""
+
+
+def _int4_gemv_asm() -> str:
+    body = []
+    for j in range(4):
+        shift = "mov.b32 a, $8;" if j == 0 else f"shr.u32 a, $8, {4 * j};"
+        body.append(_INT4_GEMV_PAIR.format(shift=shift, lo=j, hi=j + 4))
+    return "{\n .reg .b32 a, one;\n .reg .b16 l, h;\n mov.b32 one, 0x3F800000;" + "".join(body) + "\n}"
+
+
+FP4_GEMV_ASM = tl.constexpr(_fp4_gemv_asm())
+INT4_GEMV_ASM = tl.constexpr(_int4_gemv_asm())
+
+
+# ---------------------------------------------------------------------------
+@triton.jit
+def _e2m1_value(code):
+    """Portable: E2M1 ``code`` (int32, 0..15) -> its fp32 value."""
+    mag = code & 7
+    normal = ((mag << 22) + 0x3F000000).to(tl.float32, bitcast=True)  # 2**(e-1) * (1 + m/2), e >= 1
+    val = tl.where(mag < 2, mag.to(tl.float32) * 0.5, normal)
+    return tl.where((code & 8) != 0, -val, val)
+
+
+@triton.jit
+def _decode_fp4_fp32(w, s_bits, USE_ASM: tl.constexpr):
+    """int32 words [..] and S bits [..] (fp32 ``scale * 2**110``) -> 8 fp32 ``e2m1 * scale * 2**-16``."""
+    if USE_ASM:
+        d = tl.inline_asm_elementwise(FP4_GEMV_ASM, "=r,=r,=r,=r,=r,=r,=r,=r,r,r", [w, s_bits],
+                                      dtype=(tl.int32,) * 8, is_pure=True, pack=1)
+        return (d[0].to(tl.float32, bitcast=True), d[1].to(tl.float32, bitcast=True),
+                d[2].to(tl.float32, bitcast=True), d[3].to(tl.float32, bitcast=True),
+                d[4].to(tl.float32, bitcast=True), d[5].to(tl.float32, bitcast=True),
+                d[6].to(tl.float32, bitcast=True), d[7].to(tl.float32, bitcast=True))
+    else:
+        s = s_bits.to(tl.float32, bitcast=True) * 1.1754943508222875e-38  # * 2**-126: scale * 2**-16, exact
+        return (_e2m1_value(w & 15) * s, _e2m1_value((w >> 4) & 15) * s,
+                _e2m1_value((w >> 8) & 15) * s, _e2m1_value((w >> 12) & 15) * s,
+                _e2m1_value((w >> 16) & 15) * s, _e2m1_value((w >> 20) & 15) * s,
+                _e2m1_value((w >> 24) & 15) * s, _e2m1_value((w >> 28) & 15) * s)
+
+
+@triton.jit
+def _decode_int4_fp32(w, z_bits, USE_ASM: tl.constexpr):
+    """int32 words [..] and Z bits [..] (fp32 ``-(136 + zero)``) -> 8 fp32 ``u - 8 - zero``."""
+    if USE_ASM:
+        d = tl.inline_asm_elementwise(INT4_GEMV_ASM, "=r,=r,=r,=r,=r,=r,=r,=r,r,r", [w, z_bits],
+                                      dtype=(tl.int32,) * 8, is_pure=True, pack=1)
+        return (d[0].to(tl.float32, bitcast=True), d[1].to(tl.float32, bitcast=True),
+                d[2].to(tl.float32, bitcast=True), d[3].to(tl.float32, bitcast=True),
+                d[4].to(tl.float32, bitcast=True), d[5].to(tl.float32, bitcast=True),
+                d[6].to(tl.float32, bitcast=True), d[7].to(tl.float32, bitcast=True))
+    else:
+        z = z_bits.to(tl.float32, bitcast=True) + 128.0
+        return (((w & 15).to(tl.float32) + z), (((w >> 4) & 15).to(tl.float32) + z),
+                (((w >> 8) & 15).to(tl.float32) + z), (((w >> 12) & 15).to(tl.float32) + z),
+                (((w >> 16) & 15).to(tl.float32) + z), (((w >> 20) & 15).to(tl.float32) + z),
+                (((w >> 24) & 15).to(tl.float32) + z), (((w >> 28) & 15).to(tl.float32) + z))
+
+
+@triton.jit
+def _load_tile(wp_ptr, s_ptr, z_ptr, rows, kw0, kw_hi, ar, ag,
+               stride_wn, stride_sn, stride_zn,
+               FMT: tl.constexpr, WPG: tl.constexpr, ONE_GROUP: tl.constexpr, HAS_ZP: tl.constexpr,
+               EVEN_K: tl.constexpr):
+    """Raw loads of one K step at word ``kw0``: words [BN, BKW] i32 and the tile's
+    group values: FP4 scale bytes (i32), INT4 fp32 scales and zero bytes (i32) --
+    [BN] when the tile sits inside one group, else [BN, NG]."""
+    offs_kw = kw0 + ar  # [BKW] words
+    wptr = wp_ptr + rows[:, None] * stride_wn + offs_kw[None, :]
+    if EVEN_K:
+        w = tl.load(wptr)  # [BN, BKW]
+    else:
+        w = tl.load(wptr, mask=(offs_kw < kw_hi)[None, :], other=0)
+    if ONE_GROUP:
+        g = kw0 // WPG  # one group: a [BN] vector (Triton loads it straight in the row layout)
+        sp = s_ptr + rows * stride_sn + g
+        zp = z_ptr + rows * stride_zn + g
+        g_ok = g * WPG < kw_hi
+    else:
+        offs_g = kw0 // WPG + ag  # [NG]; ag has contiguity VEC / WPG, like the words per thread
+        sp = s_ptr + rows[:, None] * stride_sn + offs_g[None, :]
+        zp = z_ptr + rows[:, None] * stride_zn + offs_g[None, :]
+        g_ok = (offs_g * WPG < kw_hi)[None, :]
+    # K % GROUP == 0: a group is wholly live or wholly past kw_hi (only without EVEN_K)
+    if FMT == 2:
+        if EVEN_K:
+            sg = tl.load(sp).to(tl.float32)
+        else:
+            sg = tl.load(sp, mask=g_ok, other=0).to(tl.float32)
+        if HAS_ZP:
+            if EVEN_K:
+                zg = tl.load(zp).to(tl.int32)
+            else:
+                zg = tl.load(zp, mask=g_ok, other=0).to(tl.int32)
+        else:
+            zg = tl.zeros(sg.shape, tl.int32)
+    else:
+        if EVEN_K:
+            sg = tl.load(sp).to(tl.int32)
+        else:
+            sg = tl.load(sp, mask=g_ok, other=0).to(tl.int32)
+        zg = sg
+    return w, sg, zg
+
+
+@triton.jit(do_not_specialize=["stride_sn_u", "stride_zn_u"])
+def _gemv_kernel(
+    x_ptr, wp_ptr, s_ptr, z_ptr, gs_ptr, out_ptr,
+    N, KW, KW_PER_SPLIT,
+    stride_xm, stride_wn, stride_sn, stride_zn, stride_sn_u, stride_zn_u, stride_os, stride_om,
+    M: tl.constexpr, FMT: tl.constexpr, GROUP: tl.constexpr, HAS_ZP: tl.constexpr, USE_ASM: tl.constexpr,
+    BN: tl.constexpr, BKW: tl.constexpr, VEC: tl.constexpr, PREFETCH: tl.constexpr, EVEN_K: tl.constexpr,
+):
+    """y[M, N] (or fp32 split partials [S, M, N]) = x[M, K] @ W[N, K]^T for small M.
+
+    x comes as int32 [M, K/2] (bf16 pairs); FP4 scales / INT4 zero points as bytes
+    [N, G]; INT4 scales as floats [N, G]. Each split's K range is a multiple of BKW
+    words; with EVEN_K so is KW (no masks in the loop)."""
+    WPG: tl.constexpr = GROUP // 8  # words per scale group
+    ONE_GROUP: tl.constexpr = BKW <= WPG  # the tile lies inside one group
+    NG: tl.constexpr = 1 if ONE_GROUP else BKW // WPG  # groups per tile (tiles start on a group boundary)
+    GV: tl.constexpr = 1 if ONE_GROUP else max(VEC // WPG, 1)  # groups per thread
+    NARROW: tl.constexpr = GV == 1 and not ONE_GROUP
+    pid_n = tl.program_id(0)
+    pid_k = tl.program_id(1)
+    offs_n = pid_n * BN + tl.arange(0, BN)  # [BN]
+    rows = tl.minimum(offs_n, N - 1)  # rows past N re-read row N - 1 (never stored): no load masks
+    kw_lo = pid_k * KW_PER_SPLIT
+    kw_hi = min(kw_lo + KW_PER_SPLIT, KW)
+    # The same index ranges, written so that Triton's alignment analysis sees exactly VEC
+    # contiguous words (GV groups) per thread: the word and the group loads then get the
+    # same thread layout, and the per-group scales broadcast to words in registers.
+    ar = tl.arange(0, BKW)
+    ar = (ar // VEC) * VEC + ar % VEC  # [BKW]
+    ag = tl.arange(0, NG)
+    ag = (ag // GV) * GV + ag % GV  # [NG]
+    # With one group per thread (GV == 1) the identity above still reads as contiguous:
+    # the group loads then use copies of the row strides that Triton does not specialize
+    # (unknown alignment -> one element per thread, the words' thread layout).
+    if NARROW:
+        stride_sn = stride_sn_u
+        stride_zn = stride_zn_u
+
+    accs = ()
+    for m in tl.static_range(M):
+        accs = accs + (tl.zeros((BN, BKW), dtype=tl.float32),)
+    kw_last = kw_lo + ((kw_hi - kw_lo - 1) // BKW) * BKW  # start of the split's last tile
+    if PREFETCH:
+        nxt = _load_tile(wp_ptr, s_ptr, z_ptr, rows, kw_lo, kw_hi, ar, ag, stride_wn, stride_sn, stride_zn,
+                         FMT, WPG, ONE_GROUP, HAS_ZP, EVEN_K)
+    for kw0 in range(kw_lo, kw_hi, BKW):
+        offs_kw = kw0 + ar  # [BKW]
+        # x first (L1/L2 hits, independent of the decode below): 4 bf16 pairs per word and token
+        xs = ()
+        for m in tl.static_range(M):
+            xr = x_ptr + m * stride_xm + offs_kw * 4  # [BKW] pointers to pair 0 of each word
+            if EVEN_K:
+                xs = xs + ((tl.load(xr), tl.load(xr + 1), tl.load(xr + 2), tl.load(xr + 3)),)
+            else:
+                k_ok = offs_kw < kw_hi
+                xs = xs + ((tl.load(xr, mask=k_ok, other=0), tl.load(xr + 1, mask=k_ok, other=0),
+                            tl.load(xr + 2, mask=k_ok, other=0), tl.load(xr + 3, mask=k_ok, other=0)),)
+        if PREFETCH:  # the next tile (the last one again at the end: in bounds, unused)
+            w, sg, zg = nxt
+            nxt = _load_tile(wp_ptr, s_ptr, z_ptr, rows, min(kw0 + BKW, kw_last), kw_hi, ar, ag,
+                             stride_wn, stride_sn, stride_zn, FMT, WPG, ONE_GROUP, HAS_ZP, EVEN_K)
+        else:
+            w, sg, zg = _load_tile(wp_ptr, s_ptr, z_ptr, rows, kw0, kw_hi, ar, ag, stride_wn, stride_sn, stride_zn,
+                                   FMT, WPG, ONE_GROUP, HAS_ZP, EVEN_K)
+        # per-group values -> per word [BN, BKW] (a register broadcast)
+        if FMT == 0:  # NVFP4: S = e4m3 * 2**110 (exact in bf16: the fp32's low half is 0)
+            sv = (sg.to(tl.uint8).to(tl.float8e4nv, bitcast=True).to(tl.float32) * 1.298074214633707e33)
+            sv = sv.to(tl.int32, bitcast=True)
+        elif FMT == 1:  # MXFP4: S = 2**(e - 17) from the E8M0 byte
+            sv = (tl.minimum(sg, 144) + 110) << 23
+        else:  # INT4: Z = -(136 + zero) (zero: the int8 byte, sign-extended)
+            sv = (-136.0 - zg.to(tl.float32)).to(tl.int32, bitcast=True)
+        if ONE_GROUP:
+            sw = tl.broadcast_to(sv[:, None], (BN, BKW))
+            scw = tl.broadcast_to(sg[:, None], (BN, BKW))
+        else:
+            sw = tl.broadcast_to(sv[:, :, None], (BN, NG, BKW // NG)).reshape(BN, BKW)
+            scw = tl.broadcast_to(sg[:, :, None], (BN, NG, BKW // NG)).reshape(BN, BKW)
+        if FMT == 2:
+            d0, d1, d2, d3, d4, d5, d6, d7 = _decode_int4_fp32(w, sw, USE_ASM)
+        else:
+            d0, d1, d2, d3, d4, d5, d6, d7 = _decode_fp4_fp32(w, sw, USE_ASM)
+        new = ()
+        for m in tl.static_range(M):
+            x01, x23, x45, x67 = xs[m]  # [BKW] i32 bf16 pairs -> fp32 (low half = even element)
+            # FP4 weights carry their scale: FFMA straight into the accumulator. INT4: a per-word
+            # partial first (starts with an FMUL), then one FFMA by the fp32 group scale.
+            if FMT == 2:
+                p = d0 * (x01 << 16).to(tl.float32, bitcast=True)[None, :]
+            else:
+                p = accs[m] + d0 * (x01 << 16).to(tl.float32, bitcast=True)[None, :]
+            p += d1 * (x01 & -65536).to(tl.float32, bitcast=True)[None, :]
+            p += d2 * (x23 << 16).to(tl.float32, bitcast=True)[None, :]
+            p += d3 * (x23 & -65536).to(tl.float32, bitcast=True)[None, :]
+            p += d4 * (x45 << 16).to(tl.float32, bitcast=True)[None, :]
+            p += d5 * (x45 & -65536).to(tl.float32, bitcast=True)[None, :]
+            p += d6 * (x67 << 16).to(tl.float32, bitcast=True)[None, :]
+            p += d7 * (x67 & -65536).to(tl.float32, bitcast=True)[None, :]
+            if FMT == 2:
+                new = new + (accs[m] + scw * p,)
+            else:
+                new = new + (p,)
+        accs = new
+
+    if FMT == 0:
+        factor = 65536.0 / tl.load(gs_ptr).to(tl.float32)
+    elif FMT == 1:
+        factor = 65536.0
+    else:
+        factor = 1.0
+    for m in tl.static_range(M):
+        y = tl.sum(accs[m], axis=1) * factor  # [BN]
+        tl.store(out_ptr + pid_k * stride_os + m * stride_om + offs_n, y.to(out_ptr.dtype.element_ty), mask=offs_n < N)
+
+
+# ---------------------------------------------------------------------------
+@dataclass(frozen=True)
+class GemvConfig:
+    bn: int  # output rows per program
+    bkw: int  # K step in 32-bit words (8 weights each)
+    vec: int  # consecutive words of a row per thread (4 = 16-byte loads)
+    warps: int
+    prefetch: bool = True
+    waves: int = 4  # split K until cdiv(N, bn) * split >= waves * SMs
+
+    def __str__(self) -> str:
+        return f"gemv-BN{self.bn}xBK{self.bkw * 8}v{self.vec}w{self.warps}{'p' if self.prefetch else ''}W{self.waves}"
+
+
+# Candidates (docs/kernels.md v6 has the sweep): tile [BN, BKW] words per K step over
+# 32 * warps threads, VEC consecutive words of a row per thread.
+GEMV_CONFIGS = (
+    GemvConfig(64, 32, 4, 4),  # 16 words / thread, 16-byte loads
+    GemvConfig(32, 32, 4, 4),  # 8 words / thread
+    GemvConfig(32, 32, 2, 4),  # 8 words / thread, 8-byte loads (x: 8 * 2 * M registers)
+    GemvConfig(64, 32, 4, 4, prefetch=False),
+    GemvConfig(128, 32, 4, 8),
+    GemvConfig(16, 64, 4, 4, waves=8),
+)
+# Largest M the GEMV serves; above it wo_gemm's tensor-core decode tile wins (measured).
+GEMV_MAX_M = 4
+GEMV_LIMIT_M = 16  # hard limit: the token loop is unrolled, x registers grow as 8 * VEC * M
+
+
+def effective_tile(cfg: GemvConfig, group: int) -> tuple[int, int, int]:
+    """(BN, BKW, VEC) that ``cfg`` runs with for a scale group of ``group`` weights.
+
+    A thread's words must cover whole groups (VEC % WPG == 0) or a tile must lie in
+    one group (BKW <= WPG), so that group values broadcast to words in registers:
+    small groups raise VEC to WPG (<= 4), large ones (INT4 g128: 16 words) cut the
+    K step to one group."""
+    wpg = group // 8
+    bn, bkw, vec = cfg.bn, cfg.bkw, cfg.vec
+    if bkw <= wpg or vec % wpg == 0:
+        return bn, bkw, vec
+    if wpg <= 4:
+        return bn, bkw, wpg
+    return bn, wpg, vec  # the [BN] group vector loads in the row layout only while BN < threads
+
+
+def default_gemv_config(m: int, n: int, k: int) -> GemvConfig:
+    """The measured winner per M (H200 sweep, docs/kernels.md v6)."""
+    if m <= 2:
+        return GEMV_CONFIGS[0]
+    if m <= 4:
+        return GEMV_CONFIGS[1]
+    return GEMV_CONFIGS[2]
+
+
+def gemv_supported(x2: torch.Tensor, pw) -> bool:
+    """True when ``wo_gemm.wo_matmul`` should run the GEMV for this call: 1 <= M <=
+    ``GEMV_MAX_M``, bf16 activations, and a group of 8 * 2**i weights."""
+    wpg = pw.group // 8
+    return (1 <= x2.shape[0] <= GEMV_MAX_M and x2.dtype == torch.bfloat16 and pw.group % 8 == 0
+            and wpg & (wpg - 1) == 0)
+
+
+def _gemv_split(cfg: GemvConfig, n: int, kw: int, sms: int) -> tuple[int, int]:
+    """(split count, words per split): about ``waves * sms`` programs, >= 1 K step each."""
+    tiles = triton.cdiv(n, cfg.bn)
+    k_steps = triton.cdiv(kw, cfg.bkw)
+    split = max(1, min(64, triton.cdiv(cfg.waves * sms, tiles), k_steps))
+    per = triton.cdiv(k_steps, split) * cfg.bkw
+    return triton.cdiv(kw, per), per
+
+
+def launch_gemv(x2: torch.Tensor, pw, cfg: GemvConfig, *, use_asm: bool = True) -> torch.Tensor:
+    """y [M, N] = x2 [M, K] @ dequant(W)^T on CUDA cores; ``pw`` is a ``wo_gemm.PackedWeight``.
+
+    M must be 1..``GEMV_LIMIT_M`` (each M compiles its own kernel: the token loop is
+    unrolled); x2 must be bf16 (its rows are read as int32 pairs)."""
+    from quarl_kernels.wo_gemm import _interpreting, _num_sms, _splitk_reduce_kernel
+
+    m, k = x2.shape
+    if not 1 <= m <= GEMV_LIMIT_M:
+        raise ValueError(f"launch_gemv: M={m} rows; the GEMV serves 1..{GEMV_LIMIT_M} (use wo_gemm.launch_fwd)")
+    if x2.dtype != torch.bfloat16 or k != pw.k:
+        raise ValueError(f"launch_gemv: x must be bf16 [M, {pw.k}], got {x2.dtype} {tuple(x2.shape)}")
+    kw = k // 8
+    x32 = x2.contiguous().view(torch.int32)  # [M, K/2] bf16 pairs
+    if pw.fmt == FMT_INT4:
+        s = pw.scale  # [N, G] float
+        z = pw.zero.view(torch.int8) if pw.zero is not None else s
+    else:
+        s = pw.scale.view(torch.uint8)  # [N, G] e4m3 / e8m0 bytes
+        z = s
+    gs = pw.gscale if pw.gscale is not None else s
+    if pw.group % 8 or (pw.group // 8) & (pw.group // 8 - 1):
+        raise ValueError(f"launch_gemv: group size {pw.group} must be 8 * a power of two (use wo_gemm.launch_fwd)")
+    bn, bkw, vec = effective_tile(cfg, pw.group)
+    cfg = GemvConfig(bn, bkw, vec, cfg.warps, cfg.prefetch, cfg.waves)
+    split, per = _gemv_split(cfg, pw.n, kw, _num_sms(x2.device))
+    y = torch.empty((m, pw.n), device=x2.device, dtype=x2.dtype)
+    out = y if split == 1 else torch.empty((split, m, pw.n), device=x2.device, dtype=torch.float32)
+    so, som = (0, y.stride(0)) if split == 1 else (out.stride(0), out.stride(1))
+    grid = (triton.cdiv(pw.n, cfg.bn), split)
+    _gemv_kernel[grid](
+        x32, pw.words, s, z, gs, out,
+        pw.n, kw, per,
+        x32.stride(0), pw.words.stride(0), s.stride(0), z.stride(0), s.stride(0), z.stride(0), so, som,
+        M=m, FMT=pw.fmt, GROUP=pw.group, HAS_ZP=pw.fmt == FMT_INT4 and pw.zero is not None,
+        USE_ASM=use_asm and not _interpreting(),
+        BN=bn, BKW=bkw, VEC=vec, PREFETCH=cfg.prefetch, EVEN_K=kw % bkw == 0,
+        num_warps=cfg.warps, num_stages=1,
+    )
+    if split > 1:
+        mn = m * pw.n
+        _splitk_reduce_kernel[(triton.cdiv(mn, 1024),)](out, y, mn, SPLIT_K=split, BLOCK=1024, num_warps=4)
+    return y
+
+
+__all__ = [
+    "FMT_INT4", "FMT_MXFP4", "FMT_NVFP4", "GEMV_CONFIGS", "GEMV_LIMIT_M", "GEMV_MAX_M", "GemvConfig",
+    "default_gemv_config", "effective_tile", "gemv_supported", "launch_gemv",
+]

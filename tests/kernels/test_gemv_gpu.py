@@ -1,0 +1,158 @@
+"""GPU correctness of the decode GEMV (``quarl_kernels.gemv``) against the format's reference.
+
+Same contract as ``test_wo_gemm_gpu.py``: fresh random weights and activations,
+the output memory poisoned with NaN first, and ``||out - ref|| / ||ref|| < 5e-3``
+against a float64 product of the activations and the reference dequantized
+weight. Cases cover every format, every token count 1..16 (odd ones included),
+N not a multiple of BN (rows past N are re-read, never stored), K ending exactly
+on a block / group boundary and K ending inside a K step (masked tail), split-K
+(the deterministic reduction), every candidate config, INT4 group sizes whose
+tiles take each scale path (several groups per thread, one group per thread,
+one group per tile), the portable decode (bit-identical to the PTX), and the
+dispatch from ``wo_matmul`` / ``torch.ops.quarl.wo_linear`` incl. CUDA graphs.
+
+Run on a CUDA machine: ``pytest -q -m gpu tests/kernels``. Skips without CUDA.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from quarl_kernels.ops import _packed_weight
+
+from quarl.quant import get_format, make_config
+
+pytest.importorskip("triton", reason="the GPU kernels need Triton (CPU CI has none)")
+from quarl_kernels import gemv, wo_gemm  # after the skip: they import Triton
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device"),
+]
+
+SPECS = ["nvfp4", "mxfp4", "int4-g128", "int4-g128-sym"]
+TOL = 5e-3
+G = gemv.GEMV_CONFIGS
+SHAPES = [  # M, N, K
+    (1, 512, 3584),  # k/v GEMV: split-K
+    (3, 520, 1024),  # odd M, N tail
+    (16, 256, 384),  # M at the limit; K = 3 INT4 groups = 24 NVFP4 blocks
+    (5, 1000, 640),  # K = 80 words: a masked tail with 32-word steps; N tail
+    (7, 64, 128),  # K = one INT4 group / four MXFP4 blocks
+    (2, 3584, 4096),
+]
+CASES = [(*SHAPES[i % len(SHAPES)], c) for i, c in enumerate(G)] + [  # every M with its default config
+    (m, 384, 1280, gemv.default_gemv_config(m, 384, 1280)) for m in range(1, gemv.GEMV_LIMIT_M + 1)
+]
+
+
+def _qweight(spec: str, n: int, k: int, device="cuda"):
+    cfg = make_config(spec)
+    w = torch.randn(n, k, device=device) * 0.03
+    q = get_format(cfg.name).quantize(w, cfg)
+    t = q.tensors
+    args = (t["weight_packed"], t["weight_scale"], t.get("weight_zero_point"), t.get("weight_global_scale"),
+            cfg.name, cfg.block_size, n, k)
+    return args, q.dequantize(torch.float64)
+
+
+def _poison(shape, dtype):
+    """Fill the block the next same-size allocation will reuse with NaN."""
+    junk = torch.full(shape, float("nan"), device="cuda", dtype=dtype)
+    del junk
+
+
+def _rel(out: torch.Tensor, ref: torch.Tensor) -> float:
+    assert not torch.isnan(out).any(), "NaN in output: an element was not written (or decoded to NaN)"
+    return ((out.double() - ref).norm() / ref.norm()).item()
+
+
+@pytest.mark.parametrize("spec", SPECS)
+@pytest.mark.parametrize("m,n,k,cfg", CASES, ids=[f"M{c[0]}N{c[1]}K{c[2]}-{c[3]}" for c in CASES])
+def test_gemv_matches_reference(spec, m, n, k, cfg):
+    torch.manual_seed(m * 7 + n + k)
+    args, w = _qweight(spec, n, k)
+    x = torch.randn(m, k, device="cuda").to(torch.bfloat16)
+    _poison((m, n), torch.bfloat16)
+    y = gemv.launch_gemv(x, _packed_weight(*args), cfg)
+    torch.cuda.synchronize()
+    assert _rel(y, x.double() @ w.T) < TOL
+
+
+@pytest.mark.parametrize("spec", SPECS)
+@pytest.mark.parametrize("cfg", G[:3], ids=str)
+def test_portable_decode_is_bit_identical(spec, cfg):
+    """The plain-Triton decode computes the same fp32 weights in the same order: equal outputs."""
+    torch.manual_seed(3)
+    args, w = _qweight(spec, 520, 2048)
+    pw = _packed_weight(*args)
+    for m in (1, 4, 9):
+        x = torch.randn(m, 2048, device="cuda").to(torch.bfloat16)
+        fast = gemv.launch_gemv(x, pw, cfg)
+        port = gemv.launch_gemv(x, pw, cfg, use_asm=False)
+        assert torch.equal(fast, port)
+        assert _rel(port, x.double() @ w.T) < TOL
+
+
+@pytest.mark.parametrize("group", [32, 64, 128, 256])
+@pytest.mark.parametrize("sym", [False, True])
+def test_int4_group_sizes(group, sym):
+    """INT4 groups of 4..32 words: several groups / one group per thread, one group per tile."""
+    torch.manual_seed(group)
+    spec = f"int4-g{group}" + ("-sym" if sym else "")
+    args, w = _qweight(spec, 300, 1024)
+    pw = _packed_weight(*args)
+    for cfg in G[:3]:
+        for m in (1, 6):
+            x = torch.randn(m, 1024, device="cuda").to(torch.bfloat16)
+            assert _rel(gemv.launch_gemv(x, pw, cfg), x.double() @ w.T) < TOL
+
+
+def test_split_k_is_deterministic():
+    torch.manual_seed(0)
+    args, _ = _qweight("nvfp4", 512, 3584)
+    pw = _packed_weight(*args)
+    x = torch.randn(2, 3584, device="cuda").to(torch.bfloat16)
+    y0 = gemv.launch_gemv(x, pw, G[0])
+    assert gemv._gemv_split(G[0], 512, 3584 // 8, torch.cuda.get_device_properties(0).multi_processor_count)[0] > 1
+    for _ in range(5):
+        assert torch.equal(gemv.launch_gemv(x, pw, G[0]), y0)
+
+
+def test_rejects_what_it_cannot_run():
+    args, _ = _qweight("nvfp4", 64, 256)
+    pw = _packed_weight(*args)
+    with pytest.raises(ValueError, match="GEMV serves"):
+        gemv.launch_gemv(torch.zeros(17, 256, device="cuda", dtype=torch.bfloat16), pw, G[0])
+    with pytest.raises(ValueError, match="bf16"):
+        gemv.launch_gemv(torch.zeros(2, 256, device="cuda", dtype=torch.float16), pw, G[0])
+    assert not gemv.gemv_supported(torch.zeros(2, 256, device="cuda", dtype=torch.float16), pw)
+
+
+@pytest.mark.parametrize("spec", ["nvfp4", "int4-g128"])
+@pytest.mark.parametrize("m", [1, 2, 3, 4, 8, 16])
+def test_op_dispatch_by_m(spec, m):
+    """torch.ops.quarl.wo_linear: GEMV up to GEMV_MAX_M, the tensor-core kernel above; same answer."""
+    torch.manual_seed(m)
+    args, w = _qweight(spec, 1024, 4096)
+    x = torch.randn(m, 4096, device="cuda").to(torch.bfloat16)
+    pw = _packed_weight(*args)
+    assert gemv.gemv_supported(x, pw) == (m <= gemv.GEMV_MAX_M)
+    y = torch.ops.quarl.wo_linear(x, *args)
+    assert _rel(y, x.double() @ w.T) < TOL
+    tc = wo_gemm.launch_fwd(x, pw, wo_gemm.default_config("fwd", m, 1024, 4096))
+    assert (y.float() - tc.float()).abs().max() <= 1e-2 * tc.float().abs().max()
+
+
+def test_cuda_graph_capture_of_split_k_gemv():
+    torch.manual_seed(0)
+    args, w = _qweight("mxfp4", 512, 3584)
+    x = torch.randn(2, 3584, device="cuda").to(torch.bfloat16)
+    torch.ops.quarl.wo_linear(x, *args)  # compile outside the capture
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        y = torch.ops.quarl.wo_linear(x, *args)
+    x.copy_(torch.randn_like(x))
+    g.replay()
+    torch.cuda.synchronize()
+    assert _rel(y, x.double() @ w.T) < TOL
