@@ -3,7 +3,7 @@
     PYTHONPATH=.:kernels python benchmarks/kernels/bench_gemv.py --out DIR [--quick]
 
 Qwen2.5-7B linear shapes (N x K = 3584x3584, 512x3584, 18944x3584, 3584x18944),
-M = 1, 2, 4, 8, 16 tokens, NVFP4 / MXFP4 / INT4-g128 (asymmetric).
+M = 1, 2, 3, 4, 8, 16 tokens, NVFP4 / MXFP4 / INT4-g128 (asymmetric).
 
 Method (docs/kernels.md):
   * ceilings first: HBM bandwidth from a 2 GiB device-to-device copy (bytes read +
@@ -39,7 +39,7 @@ import time
 import torch
 
 SHAPES = [(3584, 3584), (512, 3584), (18944, 3584), (3584, 18944)]  # N x K: q/o, k/v, gate/up, down
-MS = [1, 2, 4, 8, 16]
+MS = [1, 2, 3, 4, 8, 16]
 SPECS = ["nvfp4", "mxfp4", "int4-g128"]
 L2_MULT = 4
 
@@ -49,7 +49,7 @@ def _candidates(m: int) -> list:
     its registers fit (docs/kernels.md v6 compile report)."""
     from quarl_kernels import gemv
 
-    idx = {1: [0, 1, 3, 4, 5], 2: [0, 1, 4], 4: [0, 1, 2]}.get(m, [1, 2])
+    idx = {1: [0, 1, 3, 4, 5, 6, 7, 8, 9], 2: [0, 3, 5, 6, 7, 9], 3: [0, 3, 5, 7], 4: [0, 2, 3, 5, 7]}.get(m, [2, 7])
     return [gemv.GEMV_CONFIGS[i] for i in idx]
 
 

@@ -165,10 +165,11 @@ def _decode_int4_fp32(w, z_bits, USE_ASM: tl.constexpr):
 def _load_tile(wp_ptr, s_ptr, z_ptr, rows, kw0, kw_hi, ar, ag,
                stride_wn, stride_sn, stride_zn,
                FMT: tl.constexpr, WPG: tl.constexpr, ONE_GROUP: tl.constexpr, HAS_ZP: tl.constexpr,
-               EVEN_K: tl.constexpr):
+               EVEN_K: tl.constexpr, ZW: tl.constexpr):
     """Raw loads of one K step at word ``kw0``: words [BN, BKW] i32 and the tile's
-    group values: FP4 scale bytes (i32), INT4 fp32 scales and zero bytes (i32) --
-    [BN] when the tile sits inside one group, else [BN, NG]."""
+    group values: FP4 scale bytes (i32), INT4 fp32 scales and zero points (i32) --
+    [BN] when the tile sits inside one group, else [BN, NG]. With ``ZW`` the INT4
+    zero points come as their int32 view [N, G/4] (4-byte loads can be cp.async'd)."""
     offs_kw = kw0 + ar  # [BKW] words
     wptr = wp_ptr + rows[:, None] * stride_wn + offs_kw[None, :]
     if EVEN_K:
@@ -176,14 +177,16 @@ def _load_tile(wp_ptr, s_ptr, z_ptr, rows, kw0, kw_hi, ar, ag,
     else:
         w = tl.load(wptr, mask=(offs_kw < kw_hi)[None, :], other=0)
     if ONE_GROUP:
-        g = kw0 // WPG  # one group: a [BN] vector (Triton loads it straight in the row layout)
+        g = kw0 // WPG  # one group: a [BN] vector
         sp = s_ptr + rows * stride_sn + g
-        zp = z_ptr + rows * stride_zn + g
+        zp = z_ptr + rows * stride_zn + (g // 4 if ZW else g)
+        zshift = (g % 4) * 8
         g_ok = g * WPG < kw_hi
     else:
         offs_g = kw0 // WPG + ag  # [NG]; ag has contiguity VEC / WPG, like the words per thread
         sp = s_ptr + rows[:, None] * stride_sn + offs_g[None, :]
-        zp = z_ptr + rows[:, None] * stride_zn + offs_g[None, :]
+        zp = z_ptr + rows[:, None] * stride_zn + (offs_g // 4 if ZW else offs_g)[None, :]
+        zshift = ((offs_g % 4) * 8)[None, :]
         g_ok = (offs_g * WPG < kw_hi)[None, :]
     # K % GROUP == 0: a group is wholly live or wholly past kw_hi (only without EVEN_K)
     if FMT == 2:
@@ -196,6 +199,8 @@ def _load_tile(wp_ptr, s_ptr, z_ptr, rows, kw0, kw_hi, ar, ag,
                 zg = tl.load(zp).to(tl.int32)
             else:
                 zg = tl.load(zp, mask=g_ok, other=0).to(tl.int32)
+            if ZW:  # the int8 byte of the word, sign-extended
+                zg = (((zg >> zshift) & 0xFF) ^ 0x80) - 0x80
         else:
             zg = tl.zeros(sg.shape, tl.int32)
     else:
@@ -213,7 +218,8 @@ def _gemv_kernel(
     N, KW, KW_PER_SPLIT,
     stride_xm, stride_wn, stride_sn, stride_zn, stride_sn_u, stride_zn_u, stride_os, stride_om,
     M: tl.constexpr, FMT: tl.constexpr, GROUP: tl.constexpr, HAS_ZP: tl.constexpr, USE_ASM: tl.constexpr,
-    BN: tl.constexpr, BKW: tl.constexpr, VEC: tl.constexpr, PREFETCH: tl.constexpr, EVEN_K: tl.constexpr,
+    BN: tl.constexpr, BKW: tl.constexpr, VEC: tl.constexpr, PREFETCH: tl.constexpr, STAGES: tl.constexpr,
+    EVEN_K: tl.constexpr, ZW: tl.constexpr,
 ):
     """y[M, N] (or fp32 split partials [S, M, N]) = x[M, K] @ W[N, K]^T for small M.
 
@@ -237,11 +243,12 @@ def _gemv_kernel(
     ar = tl.arange(0, BKW)
     ar = (ar // VEC) * VEC + ar % VEC  # [BKW]
     ag = tl.arange(0, NG)
-    ag = (ag // GV) * GV + ag % GV  # [NG]
+    if STAGES <= 1:
+        ag = (ag // GV) * GV + ag % GV  # [NG]
     # With one group per thread (GV == 1) the identity above still reads as contiguous:
     # the group loads then use copies of the row strides that Triton does not specialize
     # (unknown alignment -> one element per thread, the words' thread layout).
-    if NARROW:
+    if NARROW and STAGES <= 1:
         stride_sn = stride_sn_u
         stride_zn = stride_zn_u
 
@@ -251,8 +258,8 @@ def _gemv_kernel(
     kw_last = kw_lo + ((kw_hi - kw_lo - 1) // BKW) * BKW  # start of the split's last tile
     if PREFETCH:
         nxt = _load_tile(wp_ptr, s_ptr, z_ptr, rows, kw_lo, kw_hi, ar, ag, stride_wn, stride_sn, stride_zn,
-                         FMT, WPG, ONE_GROUP, HAS_ZP, EVEN_K)
-    for kw0 in range(kw_lo, kw_hi, BKW):
+                         FMT, WPG, ONE_GROUP, HAS_ZP, EVEN_K, ZW)
+    for kw0 in tl.range(kw_lo, kw_hi, BKW, num_stages=STAGES):
         offs_kw = kw0 + ar  # [BKW]
         # x first (L1/L2 hits, independent of the decode below): 4 bf16 pairs per word and token
         xs = ()
@@ -267,10 +274,10 @@ def _gemv_kernel(
         if PREFETCH:  # the next tile (the last one again at the end: in bounds, unused)
             w, sg, zg = nxt
             nxt = _load_tile(wp_ptr, s_ptr, z_ptr, rows, min(kw0 + BKW, kw_last), kw_hi, ar, ag,
-                             stride_wn, stride_sn, stride_zn, FMT, WPG, ONE_GROUP, HAS_ZP, EVEN_K)
+                             stride_wn, stride_sn, stride_zn, FMT, WPG, ONE_GROUP, HAS_ZP, EVEN_K, ZW)
         else:
             w, sg, zg = _load_tile(wp_ptr, s_ptr, z_ptr, rows, kw0, kw_hi, ar, ag, stride_wn, stride_sn, stride_zn,
-                                   FMT, WPG, ONE_GROUP, HAS_ZP, EVEN_K)
+                                   FMT, WPG, ONE_GROUP, HAS_ZP, EVEN_K, ZW)
         # per-group values -> per word [BN, BKW] (a register broadcast)
         if FMT == 0:  # NVFP4: S = e4m3 * 2**110 (exact in bf16: the fp32's low half is 0)
             sv = (sg.to(tl.uint8).to(tl.float8e4nv, bitcast=True).to(tl.float32) * 1.298074214633707e33)
@@ -329,22 +336,28 @@ class GemvConfig:
     bkw: int  # K step in 32-bit words (8 weights each)
     vec: int  # consecutive words of a row per thread (4 = 16-byte loads)
     warps: int
-    prefetch: bool = True
+    prefetch: bool = True  # register double buffer (only without stages)
     waves: int = 4  # split K until cdiv(N, bn) * split >= waves * SMs
+    stages: int = 1  # > 1: cp.async pipeline of that depth (tl.range num_stages)
 
     def __str__(self) -> str:
-        return f"gemv-BN{self.bn}xBK{self.bkw * 8}v{self.vec}w{self.warps}{'p' if self.prefetch else ''}W{self.waves}"
+        pre = f"s{self.stages}" if self.stages > 1 else "p" if self.prefetch else ""
+        return f"gemv-BN{self.bn}xBK{self.bkw * 8}v{self.vec}w{self.warps}{pre}W{self.waves}"
 
 
 # Candidates (docs/kernels.md v6 has the sweep): tile [BN, BKW] words per K step over
 # 32 * warps threads, VEC consecutive words of a row per thread.
 GEMV_CONFIGS = (
-    GemvConfig(64, 32, 4, 4),  # 16 words / thread, 16-byte loads
-    GemvConfig(32, 32, 4, 4),  # 8 words / thread
-    GemvConfig(32, 32, 2, 4),  # 8 words / thread, 8-byte loads (x: 8 * 2 * M registers)
-    GemvConfig(64, 32, 4, 4, prefetch=False),
-    GemvConfig(128, 32, 4, 8),
-    GemvConfig(16, 64, 4, 4, waves=8),
+    GemvConfig(64, 32, 4, 4),  # 0: register prefetch (v6)
+    GemvConfig(64, 32, 4, 4, prefetch=False),  # 1
+    GemvConfig(32, 32, 2, 4),  # 2: 8 words / thread, 8-byte loads (x: 8 * 2 * M registers)
+    GemvConfig(64, 32, 4, 4, stages=3),  # 3: cp.async pipeline
+    GemvConfig(64, 32, 4, 4, stages=4),  # 4
+    GemvConfig(64, 32, 4, 4, stages=3, waves=2),  # 5
+    GemvConfig(128, 32, 4, 4, stages=3, waves=2),  # 6: 32 words / thread
+    GemvConfig(32, 32, 4, 4, stages=3),  # 7: 8 words / thread
+    GemvConfig(128, 32, 4, 8, stages=3),  # 8
+    GemvConfig(64, 64, 4, 4, stages=3),  # 9: 32 words / thread along K
 )
 # Largest M the GEMV serves; above it wo_gemm's tensor-core decode tile wins (measured).
 GEMV_MAX_M = 4
@@ -360,7 +373,7 @@ def effective_tile(cfg: GemvConfig, group: int) -> tuple[int, int, int]:
     K step to one group."""
     wpg = group // 8
     bn, bkw, vec = cfg.bn, cfg.bkw, cfg.vec
-    if bkw <= wpg or vec % wpg == 0:
+    if cfg.stages > 1 or bkw <= wpg or vec % wpg == 0:  # cp.async: tiles reach registers via smem
         return bn, bkw, vec
     if wpg <= 4:
         return bn, bkw, wpg
@@ -369,10 +382,8 @@ def effective_tile(cfg: GemvConfig, group: int) -> tuple[int, int, int]:
 
 def default_gemv_config(m: int, n: int, k: int) -> GemvConfig:
     """The measured winner per M (H200 sweep, docs/kernels.md v6)."""
-    if m <= 2:
-        return GEMV_CONFIGS[0]
     if m <= 4:
-        return GEMV_CONFIGS[1]
+        return GEMV_CONFIGS[3]
     return GEMV_CONFIGS[2]
 
 
@@ -407,9 +418,11 @@ def launch_gemv(x2: torch.Tensor, pw, cfg: GemvConfig, *, use_asm: bool = True) 
         raise ValueError(f"launch_gemv: x must be bf16 [M, {pw.k}], got {x2.dtype} {tuple(x2.shape)}")
     kw = k // 8
     x32 = x2.contiguous().view(torch.int32)  # [M, K/2] bf16 pairs
+    zw = False
     if pw.fmt == FMT_INT4:
         s = pw.scale  # [N, G] float
-        z = pw.zero.view(torch.int8) if pw.zero is not None else s
+        zw = cfg.stages > 1 and pw.zero is not None and pw.zero.dtype == torch.int32  # [N, G/4] words
+        z = (pw.zero if zw else pw.zero.view(torch.int8)) if pw.zero is not None else s
     else:
         s = pw.scale.view(torch.uint8)  # [N, G] e4m3 / e8m0 bytes
         z = s
@@ -417,7 +430,7 @@ def launch_gemv(x2: torch.Tensor, pw, cfg: GemvConfig, *, use_asm: bool = True) 
     if pw.group % 8 or (pw.group // 8) & (pw.group // 8 - 1):
         raise ValueError(f"launch_gemv: group size {pw.group} must be 8 * a power of two (use wo_gemm.launch_fwd)")
     bn, bkw, vec = effective_tile(cfg, pw.group)
-    cfg = GemvConfig(bn, bkw, vec, cfg.warps, cfg.prefetch, cfg.waves)
+    cfg = GemvConfig(bn, bkw, vec, cfg.warps, cfg.prefetch and cfg.stages <= 1, cfg.waves, cfg.stages)
     split, per = _gemv_split(cfg, pw.n, kw, _num_sms(x2.device))
     y = torch.empty((m, pw.n), device=x2.device, dtype=x2.dtype)
     out = y if split == 1 else torch.empty((split, m, pw.n), device=x2.device, dtype=torch.float32)
@@ -429,8 +442,8 @@ def launch_gemv(x2: torch.Tensor, pw, cfg: GemvConfig, *, use_asm: bool = True) 
         x32.stride(0), pw.words.stride(0), s.stride(0), z.stride(0), s.stride(0), z.stride(0), so, som,
         M=m, FMT=pw.fmt, GROUP=pw.group, HAS_ZP=pw.fmt == FMT_INT4 and pw.zero is not None,
         USE_ASM=use_asm and not _interpreting(),
-        BN=bn, BKW=bkw, VEC=vec, PREFETCH=cfg.prefetch, EVEN_K=kw % bkw == 0,
-        num_warps=cfg.warps, num_stages=1,
+        BN=bn, BKW=bkw, VEC=vec, PREFETCH=cfg.prefetch, STAGES=cfg.stages, EVEN_K=kw % bkw == 0, ZW=zw,
+        num_warps=cfg.warps, num_stages=cfg.stages,
     )
     if split > 1:
         mn = m * pw.n
