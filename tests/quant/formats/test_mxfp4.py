@@ -3,7 +3,7 @@ its E8M0 scale rule, accuracy, STE, GPTQ-hook consistency and input checks."""
 
 import pytest
 import torch
-from _fp4_ct_reference import bits_equal, ct_compress, sqnr_db
+from tests.quant.formats._fp4_ct_reference import bits_equal, ct_compress, sqnr_db
 
 from quarl.quant.base import QTensor, QuantError, get_format
 from quarl.quant.formats.fp4 import E2M1_VALUES
