@@ -49,7 +49,7 @@ def _candidates(m: int) -> list:
     its registers fit (docs/kernels.md v6 compile report)."""
     from quarl_kernels import gemv
 
-    idx = {1: [0, 1, 3, 4, 5, 6, 7, 8, 9], 2: [0, 3, 5, 6, 7, 9], 3: [0, 3, 5, 7], 4: [0, 2, 3, 5, 7]}.get(m, [2, 7])
+    idx = {1: [0, 1, 3, 4, 5, 6, 7, 8], 2: [0, 3, 4, 5, 7, 8], 3: [0, 2, 3, 4, 5], 4: [0, 2, 3, 4, 5]}.get(m, [2, 3])
     return [gemv.GEMV_CONFIGS[i] for i in idx]
 
 

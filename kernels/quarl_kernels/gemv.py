@@ -348,16 +348,15 @@ class GemvConfig:
 # Candidates (docs/kernels.md v6 has the sweep): tile [BN, BKW] words per K step over
 # 32 * warps threads, VEC consecutive words of a row per thread.
 GEMV_CONFIGS = (
-    GemvConfig(64, 32, 4, 4),  # 0: register prefetch (v6)
+    GemvConfig(64, 32, 4, 4),  # 0: 16 words / thread, register prefetch
     GemvConfig(64, 32, 4, 4, prefetch=False),  # 1
     GemvConfig(32, 32, 2, 4),  # 2: 8 words / thread, 8-byte loads (x: 8 * 2 * M registers)
     GemvConfig(64, 32, 4, 4, stages=3),  # 3: cp.async pipeline
-    GemvConfig(64, 32, 4, 4, stages=4),  # 4
-    GemvConfig(64, 32, 4, 4, stages=3, waves=2),  # 5
-    GemvConfig(128, 32, 4, 4, stages=3, waves=2),  # 6: 32 words / thread
-    GemvConfig(32, 32, 4, 4, stages=3),  # 7: 8 words / thread
-    GemvConfig(128, 32, 4, 8, stages=3),  # 8
-    GemvConfig(64, 64, 4, 4, stages=3),  # 9: 32 words / thread along K
+    GemvConfig(128, 32, 4, 4, stages=3, waves=2),  # 4: 32 words / thread
+    GemvConfig(32, 32, 4, 4, prefetch=False),  # 5: 8 words / thread, 56 registers: 9 programs / SM
+    GemvConfig(64, 32, 4, 8, prefetch=False),  # 6: 8 warps
+    GemvConfig(16, 128, 4, 4, stages=3),  # 7: a warp reads 512 contiguous bytes of a row
+    GemvConfig(32, 64, 4, 4, stages=3),  # 8: 256 bytes
 )
 # Largest M the GEMV serves; above it wo_gemm's tensor-core decode tile wins (measured).
 GEMV_MAX_M = 4
