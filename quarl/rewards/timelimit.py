@@ -120,8 +120,20 @@ def _score_items_with_signal(fn: ItemFn, items: Sequence[tuple], seconds: float 
     return out
 
 
+def _warm_up() -> None:
+    """Pay math-verify's lazy set-up (sympy, LaTeX grammar) before the first item, so a
+    tight per-item limit does not time out a good answer on a cold worker."""
+    try:
+        from math_verify import parse, verify
+
+        verify(parse("$\\frac{1}{2}$"), parse("0.5"))
+    except Exception:  # scoring still works, only the first item pays the set-up
+        log.debug("math-verify warm-up failed", exc_info=True)
+
+
 def _worker_main(conn) -> None:  # runs in the child process
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent owns Ctrl-C
+    _warm_up()
     while True:
         try:
             msg = conn.recv()
