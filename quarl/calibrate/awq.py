@@ -145,6 +145,30 @@ def _fake_quant_layers(
     return out
 
 
+class ChannelMeanAbs:
+    """Running per-input-channel mean of |x| (float64 sums), fed batch by batch."""
+
+    def __init__(self) -> None:
+        self.sum: torch.Tensor | None = None
+        self.count = 0
+
+    def add(self, x: torch.Tensor) -> None:
+        x = x.detach().reshape(-1, x.shape[-1])  # [T, K]
+        s = x.abs().double().sum(0)
+        self.sum = s if self.sum is None else self.sum + s
+        self.count += x.shape[0]
+
+    def mean(self) -> torch.Tensor:
+        return (self.sum / max(self.count, 1)).float()
+
+
+def channel_mean_abs(x: list[torch.Tensor]) -> torch.Tensor:
+    acc = ChannelMeanAbs()
+    for xi in x:
+        acc.add(xi)
+    return acc.mean()
+
+
 @torch.no_grad()
 def search_group(
     block: nn.Module,
@@ -156,6 +180,7 @@ def search_group(
     n_grid: int = 20,
     duo_scaling: bool = False,
     search_batches: int | None = None,
+    x_mean: torch.Tensor | None = None,
 ) -> ScalingGroup:
     """Grid-search alpha for one group; sets ``group.scales``/``alpha``/``losses`` (weights restored).
 
@@ -164,16 +189,15 @@ def search_group(
     ``search_batches``: evaluate the loss on the first this-many batches only (the
     activation statistics always use all of them); the search costs ``n_grid``
     forward passes of the inspected module, so this bounds AWQ's time on CPU.
+    ``x_mean``: the per-channel mean |x| over *all* calibration tokens when ``x`` holds
+    only the searched batches (the block loop accumulates it while capturing, so it
+    never stores more activations than the search needs); default: from ``x``.
     """
     if all(plan.get(n) is None for n in group.layers):
         return group  # nothing in this group is quantized: no scaling
-    k = x[0].shape[-1]
-    x_mean = torch.zeros(k, dtype=torch.float64, device=x[0].device)
-    count = 0
-    for xi in x:
-        x_mean += xi.detach().abs().reshape(-1, k).double().sum(0)
-        count += xi.numel() // k
-    x_mean = (x_mean / max(count, 1)).float()  # [K] mean |x| per input channel
+    if x_mean is None:
+        x_mean = channel_mean_abs(x)  # [K] mean |x| per input channel
+    x_mean = x_mean.float()
     if duo_scaling:  # AutoAWQ's option: also divide by the normalised weight magnitude
         w_all = torch.cat([block.get_submodule(n).weight.detach().float() for n in group.layers])
         w_mean = (w_all.abs() / w_all.abs().amax(dim=1, keepdim=True).clamp(min=1e-8)).mean(0)  # [K]

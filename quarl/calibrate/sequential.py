@@ -40,7 +40,7 @@ import torch
 from torch import nn
 from tqdm.auto import tqdm
 
-from quarl.calibrate.awq import fold_scales, scaling_groups, search_group
+from quarl.calibrate.awq import ChannelMeanAbs, fold_scales, scaling_groups, search_group
 from quarl.calibrate.gptq import HessianAccumulator, gptq_quantize, relative_error
 from quarl.quant.base import FormatConfig, QuantError, get_format
 from quarl.quant.linear import QuantLinear
@@ -133,18 +133,26 @@ def _linear_names(block: nn.Module, prefix: str, plan: dict[str, Any]) -> dict[s
 
 
 @torch.no_grad()
-def _capture_inputs(block: nn.Module, cache, names: list[str]) -> dict[str, list[torch.Tensor]]:
+def _capture_awq_inputs(
+    block: nn.Module, cache, names: list[str], keep: int | None
+) -> tuple[dict[str, list[torch.Tensor]], dict[str, torch.Tensor]]:
+    """Inputs of ``names`` for the first ``keep`` batches (what the AWQ search evaluates on) and
+    their per-channel mean |x| over all batches (what AWQ's scales are built from)."""
     feats: dict[str, list[torch.Tensor]] = {n: [] for n in names}
-    hooks = [
-        block.get_submodule(n).register_forward_pre_hook(lambda _m, args, n=n: feats[n].append(args[0].detach()))
-        for n in names
-    ]
+    means = {n: ChannelMeanAbs() for n in names}
+
+    def hook(_m, args, n):
+        means[n].add(args[0])
+        if keep is None or len(feats[n]) < keep:
+            feats[n].append(args[0].detach())
+
+    hooks = [block.get_submodule(n).register_forward_pre_hook(lambda m, a, n=n: hook(m, a, n)) for n in names]
     try:
         run_block(block, cache)
     finally:
         for h in hooks:
             h.remove()
-    return feats
+    return feats, {n: m.mean() for n, m in means.items()}
 
 
 @torch.no_grad()
@@ -218,7 +226,7 @@ def calibrate_model(
         alphas: dict[str, float] = {}
         if use_awq and any(c is not None for c in rel_plan.values()):
             groups = scaling_groups(block)
-            feats = _capture_inputs(block, cache, sorted({g.inp for g in groups}))
+            feats, means = _capture_awq_inputs(block, cache, sorted({g.inp for g in groups}), awq["search_batches"])
             for g in groups:
                 if g.inspect == "self_attn":
                     attn = block.get_submodule("self_attn")
@@ -231,7 +239,7 @@ def calibrate_model(
                     def run(i, x, mod=mod):
                         return mod(x)
 
-                search_group(block, g, feats[g.inp], run, rel_plan, **awq)
+                search_group(block, g, feats[g.inp], run, rel_plan, x_mean=means[g.inp], **awq)
             del feats
             for g in groups:  # fold after every search (AutoAWQ's order)
                 if g.scales is not None:

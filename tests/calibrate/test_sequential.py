@@ -128,3 +128,18 @@ def test_bad_inputs_are_refused(tiny, calib_batches):
     plan = plan_formats(m, QuantRecipe.load({"default": "int4-g128"}))  # K = 64: not a multiple of 128
     with pytest.raises(QuantError, match="model.layers.0.*multiple of the block size"):
         calibrate_model(m, plan, calib_batches, method="gptq", progress=False)
+
+
+def test_awq_capture_keeps_only_the_searched_batches_but_averages_all(tiny, calib_batches):
+    from quarl.calibrate.awq import channel_mean_abs
+    from quarl.calibrate.sequential import _capture_awq_inputs
+
+    m, _ = tiny("llama")
+    cache = capture_block_inputs(m, calib_batches)
+    names = ["mlp.down_proj", "self_attn.q_proj"]
+    all_feats, all_means = _capture_awq_inputs(m.model.layers[0], cache, names, keep=None)
+    feats, means = _capture_awq_inputs(m.model.layers[0], cache, names, keep=1)
+    assert len(all_feats["mlp.down_proj"]) == len(calib_batches) and len(feats["mlp.down_proj"]) == 1
+    for n in names:
+        torch.testing.assert_close(means[n], all_means[n])
+        torch.testing.assert_close(means[n], channel_mean_abs(all_feats[n]))
