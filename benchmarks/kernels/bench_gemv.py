@@ -45,11 +45,11 @@ L2_MULT = 4
 
 
 def _candidates(m: int) -> list:
-    """GEMV configs timed at this M (indices into gemv.GEMV_CONFIGS): every config where
-    its registers fit (docs/kernels.md v6 compile report)."""
+    """GEMV configs timed at this M: all at M = 1, those that fit their registers above
+    (docs/kernels.md v6)."""
     from quarl_kernels import gemv
 
-    idx = {1: [0, 1, 3, 4, 5, 6, 7, 8], 2: [0, 3, 4, 5, 7, 8], 3: [0, 2, 3, 4, 5], 4: [0, 2, 3, 4, 5]}.get(m, [2, 3])
+    idx = list(range(len(gemv.GEMV_CONFIGS))) if m == 1 else [1, 2, 3, 4, 5, 6] if m <= 4 else [2, 6]
     return [gemv.GEMV_CONFIGS[i] for i in idx]
 
 
@@ -167,7 +167,7 @@ def bench_shape(spec: str, n: int, k: int, ms: list[int], l2: int, bf16_cache: d
         tc_err = _rel(wo_gemm.launch_fwd(x, pw0, tc_cfg), ref)
         tc_us = graph_us([lambda p=p, x=x, c=tc_cfg: wo_gemm.launch_fwd(x, p, c) for p in pws])
         best = min(res, key=lambda r: r["us"])
-        dflt = str(gemv.default_gemv_config(m, n, k))
+        dflt = str(gemv.default_gemv_config(pw0.fmt, m, n, k))
         default = next((r for r in res if r["config"] == dflt), None)
         rows.append({
             "format": spec, "N": n, "K": k, "M": m, "weight_bytes": wbytes, "bytes": nbytes, "copies": reps,

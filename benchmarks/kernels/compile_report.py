@@ -5,7 +5,7 @@ counts, spills, shared memory, whether the MMAs are wgmma (HGMMA) or mma.sync
 (HMMA), whether the weight loads were pipelined (cp.async / TMA) and the
 instruction mix of the kernel can all be read here at no device time:
 
-    PYTHONPATH=kernels python benchmarks/kernels/compile_report.py [--dump DIR]
+    PYTHONPATH=kernels python benchmarks/kernels/compile_report.py [--dump DIR] [--gemv]
 
 Needs ``triton`` importable (the CUDA images have it; on a CPU box
 ``pip install --target /tmp/t triton`` and add it to PYTHONPATH).
@@ -82,6 +82,32 @@ def compile_bwd(fmt: int, cfg: wo_gemm.Config, use_asm: bool, pair: bool = True)
                           options={"num_warps": cfg.warps, "num_stages": cfg.stages})
 
 
+def compile_gemv(fmt: int, cfg, m: int, use_asm: bool = True, split: bool = True):
+    """The decode GEMV (``gemv._gemv_kernel``) as ``launch_gemv`` specializes it at the
+    Qwen2.5 shapes (K a multiple of the K step; INT4 zero points as int32 words when
+    pipelined)."""
+    from quarl_kernels import gemv
+
+    bn, bkw, vec = gemv.effective_tile(cfg, GROUP[fmt])
+    zw = fmt == FMT_INT4 and cfg.stages > 1
+    sig = {
+        "x_ptr": "*i32", "wp_ptr": "*i32", "s_ptr": "*fp32" if fmt == FMT_INT4 else "*u8",
+        "z_ptr": ("*i32" if zw else "*i8") if fmt == FMT_INT4 else "*u8",
+        "gs_ptr": "*fp32", "out_ptr": "*fp32" if split else "*bf16",
+    }
+    ints = ["N", "KW", "KW_PER_SPLIT", "stride_xm", "stride_wn", "stride_sn", "stride_zn", "stride_sn_u",
+            "stride_zn_u", "stride_os", "stride_om"]
+    sig.update({k: "i32" for k in ints})
+    const = {"M": m, "FMT": fmt, "GROUP": GROUP[fmt], "HAS_ZP": fmt == FMT_INT4, "USE_ASM": use_asm, "BN": bn,
+             "BKW": bkw, "VEC": vec, "PREFETCH": cfg.prefetch and cfg.stages <= 1, "STAGES": cfg.stages,
+             "EVEN_K": True, "ZW": zw}
+    sig.update({k: "constexpr" for k in const})
+    src = ASTSource(fn=gemv._gemv_kernel, signature=sig, constexprs=const,
+                    attrs=_div16(sig, ("stride_sn_u", "stride_zn_u")))  # those two are never specialized
+    return triton.compile(src, target=GPUTarget("cuda", 90, 32),
+                          options={"num_warps": cfg.warps, "num_stages": cfg.stages})
+
+
 INT_OPS = ("LOP3", "SHF", "IADD3", "IMAD", "PRMT", "SEL", "ISETP", "LEA", "IMNMX", "VIMNMX")
 FMA_OPS = ("HFMA2", "HMUL2", "FFMA", "FMUL", "FADD", "F2FP", "F2F", "HADD2")
 
@@ -140,6 +166,7 @@ def main() -> None:
     ap.add_argument("--dump", default=None, help="write ttgir/ptx/sass of every variant here")
     ap.add_argument("--fmt", default="all", choices=["all", "nvfp4", "mxfp4", "int4"])
     ap.add_argument("--all-configs", action="store_true", help="every candidate config (fast path only)")
+    ap.add_argument("--gemv", action="store_true", help="the decode GEMV: every candidate config, M = 1..4")
     args = ap.parse_args()
     fmts = [f for f in NAMES if args.fmt in ("all", NAMES[f])]
     rows = []
@@ -150,6 +177,14 @@ def main() -> None:
         except Exception as e:  # noqa: BLE001  (keep going: one bad variant must not hide the others)
             print(f"FAILED {label}: {str(e).splitlines()[0][:200]}")
 
+    if args.gemv:
+        from quarl_kernels import gemv
+
+        for fmt in fmts:
+            for i, c in enumerate(gemv.GEMV_CONFIGS):
+                for m in (1, 2, 4):
+                    add(lambda fmt=fmt, c=c, m=m: compile_gemv(fmt, c, m), f"{NAMES[fmt]}_gemv{i}_M{m}_{c}")
+        fmts = []
     if args.all_configs:
         for fmt in fmts:
             for cfg in wo_gemm.DECODE_CONFIGS:

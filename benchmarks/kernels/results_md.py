@@ -16,8 +16,8 @@ def render(d: dict) -> str:
     info, rows, bwd = d["info"], d["forward"], d["backward"]
     hbm = info["hbm_copy_GBps"]
     out = [
-        "| format | N x K | M | time us | GB/s | % of HBM copy | TFLOP/s | cuBLAS BF16 us | speedup | "
-        "best config | default: us, speedup |",
+        ("| format | N x K | M | time us | GB/s | % of HBM copy | TFLOP/s | cuBLAS BF16 us | speedup | "
+         "best config | default: us, speedup |"),
         "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:

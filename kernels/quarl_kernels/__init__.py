@@ -6,7 +6,9 @@ Importing this package
     device: CUDA runs Triton, everything else the reference path;
   * registers the weight-only 4-bit GEMMs with ``quarl.quant.dispatch``
     (``registration``), so a frozen ``QuantLinear`` in NVFP4 / MXFP4 / INT4 on
-    a CUDA bf16 input runs them automatically. ``QUARL_KERNELS=reference``
+    a CUDA bf16 input runs them automatically (decode-sized inputs, M <= 3
+    tokens, through the CUDA-core GEMV in ``gemv``; larger M through the
+    tensor-core kernels in ``wo_gemm``). ``QUARL_KERNELS=reference``
     switches them off.
 
 Triton itself is imported only when a CUDA kernel first runs, so this package

@@ -1,15 +1,16 @@
 """Decode GEMV for weight-only 4-bit weights: ``y = x @ W^T`` for M <= 16 tokens on CUDA cores.
 
-Why a second forward kernel. At M = 1..16 the product is purely memory-bound
-(0.53-0.56 bytes per weight against 2*M flops), so the only job is to stream the
-packed weight at HBM speed. The tensor-core path (``wo_gemm._fwd_kernel``) pays
-for moving every dequantized tile into the MMA (Triton 3.6 converts the register
-tile k16 slice by k16 slice, a barrier and a wgmma wait each: docs/kernels.md,
-v1-v5) and stays at ~28% of HBM bandwidth. Here there is no MMA: each program
-owns ``BN`` output rows and a K range, streams ``[BN, BKW]`` tiles of 32-bit
-words (8 codes each, read straight from the packed layout, no repacking), decodes
-them in registers to fp32 and accumulates ``w * x`` with FFMAs into a
-``[BN, BKW]`` fp32 accumulator per token; one ``tl.sum`` along K at the end.
+Why a second forward kernel. At small M the product is memory-bound (0.53-0.56
+bytes per weight against 2*M flops), so the job is to stream the packed weight at
+HBM speed. The tensor-core path (``wo_gemm._fwd_kernel``) pays for moving every
+dequantized tile into the MMA (Triton 3.6 converts the register tile k16 slice by
+k16 slice, a barrier and a wgmma wait each: docs/kernels.md, v1-v5) and stays at
+~28% of HBM bandwidth. Here there is no MMA: each program owns ``BN`` output rows
+and a K range, streams ``[BN, BKW]`` tiles of 32-bit words (8 codes each, read
+straight from the packed layout, no repacking), decodes them in registers to fp32
+and accumulates ``w * x`` with FFMAs into a ``[BN, BKW]`` fp32 accumulator per
+token; one ``tl.sum`` along K at the end. ``wo_gemm.wo_matmul`` sends M <=
+``GEMV_MAX_M`` here.
 
 Cost per weight, issue slots (the budget is ~4.4 for HBM speed on an H200:
 ~29 NVFP4 weights/clk/SM against 128 thread-instructions/clk/SM, of which
@@ -21,26 +22,38 @@ integer ALU ops get half):
            one ``fma.rn.bf16x2`` by ``{0, S}`` that both applies the block scale
            (``S = scale * 2**110``, exact: <= 6 significant bits) and leaves a
            clean fp32 in the register (the low half becomes +0) -- so the bf16 ->
-           fp32 split costs no integer op. ~1.1 ALU + 0.5 IMAD + 1 HFMA2.
+           fp32 split costs no integer op (ptxas folds the low-half broadcast into
+           the HFMA2 operand). ~1.1 ALU + 0.5 IMAD + 1 HFMA2.
            INT4: ``(w >> 4j) & 0x000F000F | 0x43004300`` is the bf16 pair
            ``128 + u`` (1-2 ALU per pair); one ``fma.rn.bf16x2`` per code gives
            ``u - 8 - zero`` exactly as fp32. The fp32 group scale multiplies the
            per-word partial sum (exact scale, unlike the tensor-core path's bf16
            rounding of it).
-  multiply M FFMAs (fp32 accumulate) -- the term that grows with M: the SM's
-           128 FFMA/clk bound this kernel to ~4 tokens at full HBM speed, and at
-           M >= 8 the tensor cores (``wo_gemm``) take over again (the threshold is
-           measured: ``GEMV_MAX_M``).
+  multiply M FFMAs (fp32 accumulate) -- the term that grows with M.
   x        bf16 pairs loaded as int32 (4 loads per word column and token, L1/L2
-           hits), split to fp32 with a shift / mask, amortized over the
-           ``BN * BKW / (threads * VEC)`` rows each thread holds.
+           hits), split to fp32 with a shift / mask, amortized over the rows each
+           thread holds.
 
-Block scales are loaded once per group (``[BN, NG]`` bytes / floats), converted at
-group granularity and broadcast to words in registers. ``VEC`` sets how many
-consecutive words of a row one thread holds (16-byte loads at 4; fewer keeps the
-x registers ``8 * VEC * M`` small when M is larger). ``PREFETCH`` issues the next
-tile's loads before decoding the current one (a register double buffer: Triton
-3.6 does not software-pipeline loads that feed no ``tl.dot``).
+Measured (H200, docs/kernels.md v6): ~4.6 loop instructions per weight at M = 1
+(+1.4 per extra token), issued at ~66% of the peak rate with 26% occupancy and
+long-scoreboard stalls (ncu) -> 45% of the HBM copy bandwidth, 2.2x cuBLAS BF16
+and 1.65x the tensor-core path on the large layers at M = 1; the FFMA term makes
+the tensor cores faster again from M = 4 on, hence ``GEMV_MAX_M = 3``.
+
+Layouts. Block scales are loaded once per group (``[BN, NG]`` bytes / floats),
+converted at group granularity and broadcast to words in registers. Without a
+cp.async pipeline, that broadcast is free only when the group loads get the
+words' thread layout; the index arithmetic below is written so that Triton's
+alignment analysis makes them match (see ``_gemv_kernel``), else Triton inserts a
+shared-memory ``convert_layout`` and two barriers per K step. ``VEC`` sets how many
+consecutive words of a row one thread holds (16-byte loads at 4). Loads overlap
+the decode in one of three ways (``GemvConfig``): none (occupancy alone), a
+register double buffer (``prefetch``; ptxas tends to sink those loads to the end
+of the loop body), or a cp.async pipeline ``stages`` deep (``tl.range(...,
+num_stages)``: Triton 3.6 pipelines loads that feed no ``tl.dot`` only when the
+loop asks for it) -- then every tile reaches registers through shared memory in
+whatever layout the math needs, and the INT4 zero points travel as int32 words
+(1-byte loads cannot be cp.async'd).
 
 Split-K. When ``cdiv(N, BN)`` programs do not fill the GPU (``waves * SMs``),
 the K range is split; each split writes fp32 partials ``[S, M, N]`` and
@@ -345,21 +358,22 @@ class GemvConfig:
         return f"gemv-BN{self.bn}xBK{self.bkw * 8}v{self.vec}w{self.warps}{pre}W{self.waves}"
 
 
-# Candidates (docs/kernels.md v6 has the sweep): tile [BN, BKW] words per K step over
-# 32 * warps threads, VEC consecutive words of a row per thread.
+# Candidates: the configs that won at least one (format, shape, M) point of the H200
+# sweep (docs/kernels.md v6, benchmarks/kernels/runs/v6_gemv_h200.json). Tile [BN, BKW]
+# words per K step over 32 * warps threads, VEC consecutive words of a row per thread.
 GEMV_CONFIGS = (
-    GemvConfig(64, 32, 4, 4),  # 0: 16 words / thread, register prefetch
-    GemvConfig(64, 32, 4, 4, prefetch=False),  # 1
-    GemvConfig(32, 32, 2, 4),  # 2: 8 words / thread, 8-byte loads (x: 8 * 2 * M registers)
-    GemvConfig(64, 32, 4, 4, stages=3),  # 3: cp.async pipeline
+    GemvConfig(64, 32, 4, 4, prefetch=False),  # 0: FP4 at M = 1 (96 registers, 5 programs / SM)
+    GemvConfig(16, 128, 4, 4, stages=3),  # 1: INT4 at M = 1; a warp reads 512 contiguous bytes of a row
+    GemvConfig(64, 32, 4, 4, stages=3),  # 2: M = 2..4, cp.async pipeline 3 deep
+    GemvConfig(32, 64, 4, 4, stages=3),  # 3
     GemvConfig(128, 32, 4, 4, stages=3, waves=2),  # 4: 32 words / thread
-    GemvConfig(32, 32, 4, 4, prefetch=False),  # 5: 8 words / thread, 56 registers: 9 programs / SM
-    GemvConfig(64, 32, 4, 8, prefetch=False),  # 6: 8 warps
-    GemvConfig(16, 128, 4, 4, stages=3),  # 7: a warp reads 512 contiguous bytes of a row
-    GemvConfig(32, 64, 4, 4, stages=3),  # 8: 256 bytes
+    GemvConfig(64, 32, 4, 4),  # 5: register prefetch
+    GemvConfig(32, 32, 2, 4),  # 6: M > 4: 8 words / thread, 8-byte loads (x: 8 * 2 * M registers)
 )
-# Largest M the GEMV serves; above it wo_gemm's tensor-core decode tile wins (measured).
-GEMV_MAX_M = 4
+# Largest M that wo_matmul sends to the GEMV. Measured (H200, v6): the GEMV wins every
+# Qwen2.5-7B layer at M = 1..3; at M = 4 the tensor-core decode tile is as fast or
+# faster (one FFMA per weight and token caps the CUDA cores), at M >= 8 it is 2-5x faster.
+GEMV_MAX_M = 3
 GEMV_LIMIT_M = 16  # hard limit: the token loop is unrolled, x registers grow as 8 * VEC * M
 
 
@@ -379,11 +393,13 @@ def effective_tile(cfg: GemvConfig, group: int) -> tuple[int, int, int]:
     return bn, wpg, vec  # the [BN] group vector loads in the row layout only while BN < threads
 
 
-def default_gemv_config(m: int, n: int, k: int) -> GemvConfig:
-    """The measured winner per M (H200 sweep, docs/kernels.md v6)."""
-    if m <= 4:
-        return GEMV_CONFIGS[3]
-    return GEMV_CONFIGS[2]
+def default_gemv_config(fmt: int, m: int, n: int, k: int) -> GemvConfig:
+    """The measured choice per format and M (H200 sweep, docs/kernels.md v7): at M = 1
+    within 0-13% of the best candidate at every measured point, at M = 2..4 within
+    0-15% on the large layers (up to 31% on the 3584x3584 and 512x3584 ones)."""
+    if m == 1:
+        return GEMV_CONFIGS[1 if fmt == FMT_INT4 else 0]
+    return GEMV_CONFIGS[2] if m <= 4 else GEMV_CONFIGS[6]
 
 
 def gemv_supported(x2: torch.Tensor, pw) -> bool:

@@ -13,6 +13,8 @@ Kernels
         N side, so M=1 wastes no tensor-core work).
       * prefill / training (M > 64): tiled MMA with 128- or 256-row token tiles,
         grouped-M launch order for L2 reuse of the weight tiles.
+      (``wo_matmul`` sends M <= ``gemv.GEMV_MAX_M`` to the CUDA-core GEMV in
+      ``gemv.py`` instead: faster there, docs/kernels.md v6.)
       Whenever the tile grid is under two waves, split-K spreads the work over
       every SM: partials go to an fp32 workspace [S, M, N] and a tiny
       ``_splitk_reduce_kernel`` sums them in a fixed order (deterministic,
@@ -380,7 +382,7 @@ def wo_matmul(x2: torch.Tensor, pw: PackedWeight, *, tune: bool | None = None) -
     m = x2.shape[0]
     if gemv.gemv_supported(x2, pw):
         gkey = (pw.fmt, pw.group, m, pw.n, pw.k, x2.device.index)
-        gdefault = gemv.default_gemv_config(m, pw.n, pw.k)
+        gdefault = gemv.default_gemv_config(pw.fmt, m, pw.n, pw.k)
         gcfg = _choose("gemv", gkey, gemv.GEMV_CONFIGS, lambda c: gemv.launch_gemv(x2, pw, c), tune, gdefault)
         return gemv.launch_gemv(x2, pw, gcfg)
     cands = DECODE_CONFIGS if m <= DECODE_MAX_M else PREFILL_CONFIGS

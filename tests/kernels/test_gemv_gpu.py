@@ -42,7 +42,7 @@ SHAPES = [  # M, N, K
     (2, 3584, 4096),
 ]
 CASES = [(*SHAPES[i % len(SHAPES)], c) for i, c in enumerate(G)] + [  # every M with its default config
-    (m, 384, 1280, gemv.default_gemv_config(m, 384, 1280)) for m in range(1, gemv.GEMV_LIMIT_M + 1)
+    (m, 384, 1280, gemv.default_gemv_config(gemv.FMT_NVFP4, m, 384, 1280)) for m in range(1, gemv.GEMV_LIMIT_M + 1)
 ]
 
 
@@ -80,7 +80,7 @@ def test_gemv_matches_reference(spec, m, n, k, cfg):
 
 
 @pytest.mark.parametrize("spec", SPECS)
-@pytest.mark.parametrize("cfg", (G[0], G[2], G[3]), ids=str)
+@pytest.mark.parametrize("cfg", (G[0], G[1], G[5], G[6]), ids=str)
 def test_portable_decode_is_bit_identical(spec, cfg):
     """The plain-Triton decode computes the same fp32 weights in the same order: equal outputs."""
     torch.manual_seed(3)
@@ -102,7 +102,7 @@ def test_int4_group_sizes(group, sym):
     spec = f"int4-g{group}" + ("-sym" if sym else "")
     args, w = _qweight(spec, 300, 1024)
     pw = _packed_weight(*args)
-    for cfg in (G[0], G[2], G[3]):
+    for cfg in (G[0], G[1], G[2], G[6]):
         for m in (1, 6):
             x = torch.randn(m, 1024, device="cuda").to(torch.bfloat16)
             assert _rel(gemv.launch_gemv(x, pw, cfg), x.double() @ w.T) < TOL
@@ -113,7 +113,7 @@ def test_split_k_is_deterministic():
     args, _ = _qweight("nvfp4", 512, 3584)
     pw = _packed_weight(*args)
     x = torch.randn(2, 3584, device="cuda").to(torch.bfloat16)
-    cfg = gemv.default_gemv_config(2, 512, 3584)
+    cfg = gemv.default_gemv_config(gemv.FMT_NVFP4, 2, 512, 3584)
     y0 = gemv.launch_gemv(x, pw, cfg)
     assert gemv._gemv_split(cfg, 512, 3584 // 8, torch.cuda.get_device_properties(0).multi_processor_count)[0] > 1
     for _ in range(5):
