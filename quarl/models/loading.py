@@ -207,6 +207,9 @@ def _load_dir(path: Path, ref: str, dtype, device, trust_remote_code: bool):
     except Exception as e:
         raise ModelError(f"{ref}: cannot read {path / 'config.json'}: {e}") from e
     check_architecture(config, ref)
+    qc = getattr(config, "quantization_config", None)
+    if qc is not None:
+        return _load_quantized_dir(path, ref, qc, dtype, device)
 
     kwargs = {"dtype": dtype, "trust_remote_code": trust_remote_code, "use_safetensors": True}
     if torch.device(device).type != "cpu":
@@ -223,5 +226,25 @@ def _load_dir(path: Path, ref: str, dtype, device, trust_remote_code: bool):
             f"weights (quarl.models.save_model does both)"
         ) from e
     model = model.to(device).eval()
+    prepare_tokenizer(tokenizer, model, ref=ref)
+    return model, tokenizer
+
+
+def _load_quantized_dir(path: Path, ref: str, qc, dtype, device):
+    """A compressed-tensors checkpoint (what `quarl calibrate` writes): rebuild its QuantLinear
+    layers with quarl's own reader, so every stage trains/evaluates the calibrated weights
+    through the same modules (transformers' compressed Linear has no ``.weight`` to train on)."""
+    method = qc.get("quant_method") if isinstance(qc, dict) else getattr(qc, "quant_method", None)
+    if method != "compressed-tensors":
+        raise ModelError(
+            f"{ref}: quantization_config.quant_method={method!r} is not supported; quarl reads "
+            f"compressed-tensors checkpoints (quarl calibrate / quarl export write them)"
+        )
+    from quarl.calibrate.checkpoint import load_quantized
+
+    model, tokenizer = load_quantized(path, device=device, dtype=None if dtype == "auto" else dtype)
+    if tokenizer is None:
+        raise ModelError(f"{ref}: the quantized checkpoint in {path} has no tokenizer; save it beside the weights")
+    model = model.eval()
     prepare_tokenizer(tokenizer, model, ref=ref)
     return model, tokenizer

@@ -5,12 +5,12 @@
 
 from quarl.quant.base import Format, FormatConfig, QTensor, QuantError, available_formats, get_format
 from quarl.quant.linear import LoRAConfig, QuantLinear
-from quarl.quant.lora import load_adapter, merge_lora, save_adapter
+from quarl.quant.lora import attach_lora, load_adapter, merge_lora, save_adapter
 from quarl.quant.model import QuantRecipe, QuantReport, memory_report, quantize_model
 from quarl.quant.spec import make_config, spec_string
 
 __all__ = [
     "Format", "FormatConfig", "QTensor", "QuantError", "available_formats", "get_format", "LoRAConfig",
-    "QuantLinear", "load_adapter", "merge_lora", "save_adapter", "QuantRecipe", "QuantReport",
+    "QuantLinear", "attach_lora", "load_adapter", "merge_lora", "save_adapter", "QuantRecipe", "QuantReport",
     "memory_report", "quantize_model", "make_config", "spec_string",
 ]

@@ -15,6 +15,7 @@ trade-off (the quantization error is not undone by the adapter).
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 import torch
@@ -107,11 +108,38 @@ def load_adapter(model: nn.Module, adapter_dir: str | Path, strict: bool = True)
 
 
 def _add_lora(m: QuantLinear, cfg: LoRAConfig) -> None:
+    """A fresh LoRA branch as PEFT initializes one: A Kaiming-uniform, B zero (a no-op until trained)."""
     dev, dt = next(m.buffers()).device, m.compute_dtype
     m.lora_cfg = cfg
-    m.lora_A = nn.Parameter(torch.zeros(cfg.r, m.in_features, device=dev, dtype=dt))
+    m.lora_A = nn.Parameter(torch.empty(cfg.r, m.in_features, device=dev, dtype=dt))
+    nn.init.kaiming_uniform_(m.lora_A, a=math.sqrt(5))
     m.lora_B = nn.Parameter(torch.zeros(m.out_features, cfg.r, device=dev, dtype=dt))
     m.lora_dropout = nn.Dropout(cfg.dropout) if cfg.dropout > 0 else nn.Identity()
+
+
+def attach_lora(model: nn.Module, cfg: LoRAConfig, exclude: tuple[str, ...] = ("lm_head",)) -> int:
+    """Add LoRA to an *already quantized* model (e.g. a calibrated checkpoint): every
+    QuantLinear whose leaf name is in ``cfg.targets`` gets a branch; a plain nn.Linear in
+    the targets (a layer the recipe kept in high precision) is wrapped as a frozen
+    high-precision QuantLinear first. Everything but LoRA is frozen. Returns the layer count."""
+    n = 0
+    for name, m in list(model.named_modules()):
+        leaf = name.rsplit(".", 1)[-1]
+        if leaf not in cfg.targets or leaf in exclude or not isinstance(m, nn.Linear | QuantLinear):
+            continue
+        if isinstance(m, nn.Linear):
+            parent_name, _, _ = name.rpartition(".")
+            parent = model.get_submodule(parent_name) if parent_name else model
+            m = QuantLinear.from_linear(m, None)
+            setattr(parent, leaf, m)
+        if m.mode != "frozen":
+            raise QuantError(f"{name}: LoRA needs a frozen base, got a {m.mode} layer")
+        if m.lora_cfg is None:
+            _add_lora(m, cfg)
+        n += 1
+    for pname, p in model.named_parameters():
+        p.requires_grad_("lora_A" in pname or "lora_B" in pname)
+    return n
 
 
 def merge_lora(model: nn.Module) -> nn.Module:

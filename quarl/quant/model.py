@@ -152,6 +152,9 @@ def quantize_model(model: nn.Module, recipe: QuantRecipe | dict | str | Path | N
     lora = recipe.lora_config()
     plan = plan_formats(model, recipe)
     if not plan:
+        if any(isinstance(m, QuantLinear) for m in model.modules()):
+            raise QuantError("the model is already quantized (a calibrated checkpoint?); add LoRA to it with "
+                             "quarl.quant.lora.attach_lora instead of quantizing it again")
         raise QuantError("the recipe selects no linear layers: check 'exclude' and the model")
     states = _shared_states(model, plan) if recipe.share_fused_scales else {}
     for name, cfg in plan.items():

@@ -61,7 +61,7 @@ import torch
 from torch import nn
 
 from quarl.config import config_to_dict
-from quarl.quant import QuantLinear, load_adapter, quantize_model, save_adapter
+from quarl.quant import LoRAConfig, QuantLinear, QuantReport, attach_lora, load_adapter, memory_report, quantize_model, save_adapter
 from quarl.rewards import RewardFn
 from quarl.rl.aqn import AQN
 from quarl.rl.checkpoint import CheckpointManager
@@ -101,10 +101,19 @@ def build_policy(model: nn.Module, cfg: PolicyConfig) -> dict:
         for p in model.parameters():
             p.requires_grad_(True)
         return {"mode": "full", "trainable_params": sum(p.numel() for p in model.parameters())}
-    recipe = dict(cfg.quant_recipe) if cfg.quant_recipe else {"default": cfg.format}
-    recipe["lora"] = {"r": cfg.lora_r, "alpha": cfg.lora_alpha, "dropout": cfg.lora_dropout,
-                      "targets": list(cfg.lora_targets)}
-    report = quantize_model(model, recipe)
+    lora = {"r": cfg.lora_r, "alpha": cfg.lora_alpha, "dropout": cfg.lora_dropout, "targets": list(cfg.lora_targets)}
+    if any(isinstance(m, QuantLinear) for m in model.modules()):
+        # A calibrated checkpoint (quarl calibrate -> rl, the QeRL DAG): keep its weights, add LoRA.
+        n = attach_lora(model, LoRAConfig(**lora))
+        report = QuantReport(layers={f"{i}": "calibrated" for i in range(n)}, memory=memory_report(model))
+        fmt = "calibrated checkpoint"
+        if not getattr(model, "quarl_recipe", None):
+            model.quarl_recipe = {"base": fmt, "layers": getattr(model, "quarl_layers", {})}
+    else:
+        fmt = cfg.format
+        recipe = dict(cfg.quant_recipe) if cfg.quant_recipe else {"default": cfg.format}
+        recipe["lora"] = lora
+        report = quantize_model(model, recipe)
     for p in model.parameters():  # fp32 adapter weights (PEFT's default): a 1e-5 step vanishes in bf16
         if p.requires_grad and p.dtype != torch.float32:
             p.data = p.data.float()
@@ -112,7 +121,7 @@ def build_policy(model: nn.Module, cfg: PolicyConfig) -> dict:
     if trainable == 0:
         raise ValueError(f"no LoRA parameters were created: policy.lora_targets={cfg.lora_targets} match no "
                          f"quantized linear layer of this model")
-    return {"mode": "lora", "format": cfg.format, "trainable_params": trainable, "layers": len(report.layers),
+    return {"mode": "lora", "format": fmt, "trainable_params": trainable, "layers": len(report.layers),
             "memory_bytes": report.memory["total_bytes"]}
 
 

@@ -38,15 +38,7 @@ TINY = [
 def test_qerl_dag_end_to_end(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     recipe = load_recipe("qerl", profile="local", overrides=TINY)
-    try:
-        s = run_local(recipe, run_id="t-qerl", runs_dir=tmp_path / "runs")
-    except RunFailed as e:
-        bad = e.summary.failed_step
-        if bad is not None and bad.step == "rl" and "has no attribute 'weight'" in (bad.error or ""):
-            pytest.xfail("rl cannot train on a calibrated (compressed-tensors) checkpoint yet: it loads it "
-                         "through transformers, whose compressed Linear has no .weight; quarl.rl needs to "
-                         "load it with quarl.calibrate.checkpoint.load_quantized, as eval and export do")
-        raise
+    s = run_local(recipe, run_id="t-qerl", runs_dir=tmp_path / "runs")
     assert s.status == "succeeded" and [x.step for x in s.steps] == ["data_prep", "calibrate", "rl", "eval", "export"]
     run = tmp_path / "runs" / "t-qerl"
     for x in s.steps:
