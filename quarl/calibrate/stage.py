@@ -31,6 +31,7 @@ from pathlib import Path
 
 import torch
 
+from quarl import devices
 from quarl.calibrate.checkpoint import save_quantized
 from quarl.calibrate.config import CalibrateConfig
 from quarl.calibrate.data import (
@@ -43,29 +44,17 @@ from quarl.calibrate.data import (
 )  # fmt: skip
 from quarl.calibrate.metrics import compare_models
 from quarl.calibrate.sequential import calibrate_model
+from quarl.devices import DTYPES
 from quarl.quant.base import QuantError
 from quarl.quant.model import QuantRecipe, memory_report, plan_formats
 from quarl.quant.spec import spec_string
 
 log = logging.getLogger(__name__)
 STAGE = "calibrate"
-DTYPES = {
-    "float32": torch.float32,
-    "fp32": torch.float32,
-    "bfloat16": torch.bfloat16,
-    "bf16": torch.bfloat16,
-    "float16": torch.float16,
-    "fp16": torch.float16,
-}
 
 
 def resolve_device(name: str) -> torch.device:
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    dev = torch.device(name)
-    if dev.type == "cuda" and not torch.cuda.is_available():
-        raise QuantError(f"device {name!r} requested but CUDA is not available; use device=cpu or auto")
-    return dev
+    return devices.resolve_device(name, error=QuantError)
 
 
 def resolve_config(cfg: CalibrateConfig, device: torch.device) -> CalibrateConfig:

@@ -36,6 +36,7 @@ from typing import Any
 
 import torch
 
+from quarl import devices
 from quarl.eval.benchmarks import EvalError
 from quarl.eval.config import EvalConfig
 
@@ -43,29 +44,12 @@ __all__ = ["load_eval_model", "resolve_adapter_dir", "resolve_device", "resolve_
 
 log = logging.getLogger(__name__)
 
-_DTYPES = {
-    "float32": torch.float32,
-    "fp32": torch.float32,
-    "bfloat16": torch.bfloat16,
-    "bf16": torch.bfloat16,
-    "float16": torch.float16,
-    "fp16": torch.float16,
-}
-
-
 def resolve_device(device: str) -> torch.device:
-    if device == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    dev = torch.device(device)
-    if dev.type == "cuda" and not torch.cuda.is_available():
-        raise EvalError(f"device={device} but no CUDA device is available; use device=cpu or auto")
-    return dev
+    return devices.resolve_device(device, error=EvalError)
 
 
 def resolve_dtype(dtype: str, device: torch.device) -> torch.dtype:
-    if dtype == "auto":
-        return torch.bfloat16 if device.type == "cuda" else torch.float32
-    return _DTYPES[dtype]
+    return devices.resolve_dtype(dtype, device, error=EvalError)
 
 
 def _quantization_config(model_uri: str) -> tuple[Path | None, dict | None]:

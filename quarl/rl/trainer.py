@@ -60,8 +60,18 @@ import numpy as np
 import torch
 from torch import nn
 
+from quarl import devices
 from quarl.config import config_to_dict
-from quarl.quant import LoRAConfig, QuantLinear, QuantReport, attach_lora, load_adapter, memory_report, quantize_model, save_adapter
+from quarl.quant import (
+    LoRAConfig,
+    QuantLinear,
+    QuantReport,
+    attach_lora,
+    load_adapter,
+    memory_report,
+    quantize_model,
+    save_adapter,
+)
 from quarl.rewards import RewardFn
 from quarl.rl.aqn import AQN
 from quarl.rl.checkpoint import CheckpointManager
@@ -81,18 +91,11 @@ class RLDivergedError(RuntimeError):
 
 # --------------------------------------------------------------------------- setup helpers
 def resolve_device(name: str) -> torch.device:
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    dev = torch.device(name)
-    if dev.type == "cuda" and not torch.cuda.is_available():
-        raise ValueError(f"train.device={name} but CUDA is not available; use train.device=cpu or auto")
-    return dev
+    return devices.resolve_device(name, key="train.device")
 
 
 def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
-    if name == "auto":
-        return torch.bfloat16 if device.type == "cuda" else torch.float32
-    return {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[name]
+    return devices.resolve_dtype(name, device, key="policy.dtype")
 
 
 def build_policy(model: nn.Module, cfg: PolicyConfig) -> dict:
