@@ -19,7 +19,10 @@ Per-block time: a forward pre-hook on each decoder block notes (after a device
 synchronize) when the block is first entered; block ``i`` costs the time from
 its first entry to block ``i+1``'s -- its Hessian pass, the GPTQ solves of its
 7 linears and the forward of the quantized block that makes the next block's
-inputs. ``capture`` is the embedding pass before block 0.
+inputs. ``capture`` is the embedding pass before block 0. Each GPTQ solve
+(``gptq_quantize``, wrapped with synchronizes) is timed too, so a block's time
+splits into solves vs. the rest (Hessian pass and forwards); these two fields
+were added after the 2026-11-21 H100 run, whose JSON lacks them.
 
 Budget: the same hook stops a format's run (by raising) when entering another
 block would pass that format's share of ``--deadline``; the result then says
@@ -59,7 +62,14 @@ def _sync(dev: torch.device) -> None:
         torch.cuda.synchronize(dev)
 
 
+def names_in_block(block, plan: dict, seq) -> list[str]:
+    """The linears of one decoder block that the plan quantizes (GPTQ solves per block)."""
+    prefix = next(n for n in plan if ".layers.0." in n).split(".layers.0.")[0] + ".layers.0"
+    return [n for n, c in seq._linear_names(block, prefix, plan).items() if plan[c] is not None]
+
+
 def run_format(fmt: str, args, stop_at: float) -> dict:
+    import quarl.calibrate.sequential as seq
     from quarl.calibrate.sequential import calibrate_model, decoder_blocks
     from quarl.quant.model import QuantRecipe, plan_formats
 
@@ -76,6 +86,7 @@ def run_format(fmt: str, args, stop_at: float) -> dict:
     batches = [ids[i : i + args.batch] for i in range(0, args.samples, args.batch)]
     n_batches = len(batches)
     _, blocks = decoder_blocks(model)
+    per_block = len(names_in_block(blocks[0], plan, seq))  # before calibration replaces the linears
     entered: dict[int, float] = {}
     calls: dict[int, int] = defaultdict(int)
 
@@ -96,6 +107,18 @@ def run_format(fmt: str, args, stop_at: float) -> dict:
         return hook
 
     hooks = [b.register_forward_pre_hook(pre_hook(i), with_kwargs=True) for i, b in enumerate(blocks)]
+    solves: list[tuple[str, float]] = []  # ("NxK", seconds) per GPTQ solve, in order (kept if the run stops)
+    original = seq.gptq_quantize
+
+    def timed_gptq(w, H, cfg, **kw):  # the loop calls seq.gptq_quantize by name: time each solve
+        _sync(dev)
+        t = time.perf_counter()
+        out = original(w, H, cfg, **kw)
+        _sync(dev)
+        solves.append((f"{w.shape[0]}x{w.shape[1]}", time.perf_counter() - t))
+        return out
+
+    seq.gptq_quantize = timed_gptq
     _sync(dev)
     t0 = time.perf_counter()
     complete, result = True, None
@@ -111,6 +134,7 @@ def run_format(fmt: str, args, stop_at: float) -> dict:
     except _OutOfTime:
         complete = False
     finally:
+        seq.gptq_quantize = original
         for h in hooks:
             h.remove()
     _sync(dev)
@@ -118,10 +142,10 @@ def run_format(fmt: str, args, stop_at: float) -> dict:
     starts = [entered[i] for i in sorted(entered)]
     block_s = [b - a for a, b in itertools.pairwise(starts)] + ([t_end - starts[-1]] if complete and starts else [])
     capture_s = (starts[0] - t0) if starts else None
-    per_type = defaultdict(list)
-    if result is not None:
-        for r in result.layers:
-            per_type[r.name.rsplit(".", 1)[-1]].append(r.seconds)
+    per_shape = defaultdict(list)
+    for shape, sec in solves:
+        per_shape[shape].append(sec)
+    solve_per_block = [sum(x for _, x in solves[i * per_block : (i + 1) * per_block]) for i in range(len(block_s))]
     n = cfg.num_hidden_layers
     res = {
         "format": fmt,
@@ -135,7 +159,10 @@ def run_format(fmt: str, args, stop_at: float) -> dict:
         "total_s": round(t_end - t0, 1) if complete else None,
         "elapsed_s": round(t_end - t0, 1),
         "total_est_s": round((capture_s or 0) + n * statistics.mean(block_s), 1) if block_s else None,
-        "gptq_solve_s_per_layer_type": {k: round(statistics.mean(v), 3) for k, v in sorted(per_type.items())},
+        # GPTQ solves alone (gptq_quantize, synchronized), per weight shape [N x K] and per block;
+        # the rest of a block's time is its Hessian pass and forwards
+        "gptq_solve_s_by_shape": {k: round(statistics.mean(v), 3) for k, v in sorted(per_shape.items())},
+        "gptq_solve_s_per_block": [round(x, 2) for x in solve_per_block],
         "rel_error_mean": (round(statistics.mean(r.rel_error for r in result.layers), 5) if result else None),
         "peak_gb": round(torch.cuda.max_memory_allocated(dev) / 2**30, 1) if dev.type == "cuda" else None,
     }
