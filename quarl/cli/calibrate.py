@@ -19,26 +19,26 @@ from typing import Annotated
 
 import typer
 
+from quarl.cli.common import ConfigOpt, NoProgressOpt, OutputOpt, OverwriteOpt, PrintConfigOpt, SetOpt
+
 
 def calibrate(
     model: Annotated[
         str,
         typer.Option("--model", "-m", help="full-precision model: local dir | s3:// | HF id | default | tiny-llama"),
     ],
-    output: Annotated[str, typer.Option("--output", "-o", help="artifact URI: local directory or s3://bucket/prefix")],
+    output: OutputOpt,
     data: Annotated[
         str | None, typer.Option("--data", "-d", help="data-prep artifact URI (calibration prompts); or set data.path")
     ] = None,
     recipe: Annotated[
         str | None, typer.Option("--recipe", "-r", help="mixed-precision recipe: YAML/JSON file or recipe artifact")
     ] = None,
-    config: Annotated[str | None, typer.Option("--config", "-c", help="YAML file with CalibrateConfig fields")] = None,
-    overrides: Annotated[
-        list[str] | None, typer.Option("--set", "-s", help="override a field: key.sub=value (repeatable)")
-    ] = None,
-    overwrite: Annotated[bool, typer.Option("--overwrite", help="replace a complete artifact at --output")] = False,
-    no_progress: Annotated[bool, typer.Option("--no-progress", help="no progress bars (logs only)")] = False,
-    print_config: Annotated[bool, typer.Option("--print-config", help="print the resolved config and exit")] = False,
+    config: ConfigOpt = None,
+    overrides: SetOpt = None,
+    overwrite: OverwriteOpt = False,
+    no_progress: NoProgressOpt = False,
+    print_config: PrintConfigOpt = False,
 ) -> None:
     """Calibrate a full-precision model into quantized weights (compressed-tensors checkpoint + metrics)."""
     from quarl.artifacts import ArtifactError

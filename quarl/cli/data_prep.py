@@ -14,19 +14,18 @@ from __future__ import annotations
 
 import json
 import logging
-from typing import Annotated
 
 import typer
 
+from quarl.cli.common import ConfigOpt, OutputOpt, OverwriteOpt, PrintConfigOpt, SetOpt
+
 
 def data_prep(
-    output: Annotated[str, typer.Option("--output", "-o", help="artifact URI: local directory or s3://bucket/prefix")],
-    config: Annotated[str | None, typer.Option("--config", "-c", help="YAML file with DataPrepConfig fields")] = None,
-    overrides: Annotated[
-        list[str] | None, typer.Option("--set", "-s", help="override a field: key.sub=value (repeatable)")
-    ] = None,
-    overwrite: Annotated[bool, typer.Option("--overwrite", help="replace a complete artifact at --output")] = False,
-    print_config: Annotated[bool, typer.Option("--print-config", help="print the resolved config and exit")] = False,
+    output: OutputOpt,
+    config: ConfigOpt = None,
+    overrides: SetOpt = None,
+    overwrite: OverwriteOpt = False,
+    print_config: PrintConfigOpt = False,
 ) -> None:
     """Prepare, validate and write a math RL dataset (parquet + summary) as a dataset artifact."""
     from quarl.artifacts import ArtifactError

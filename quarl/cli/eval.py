@@ -21,12 +21,14 @@ from typing import Annotated
 
 import typer
 
+from quarl.cli.common import ConfigOpt, NoProgressOpt, OutputOpt, OverwriteOpt, PrintConfigOpt, SetOpt
+
 
 def eval_cmd(
     model: Annotated[
         str, typer.Option("--model", "-m", help="model: local dir | s3:// | HF id | default | tiny-llama")
     ],
-    output: Annotated[str, typer.Option("--output", "-o", help="artifact URI: local directory or s3://bucket/prefix")],
+    output: OutputOpt,
     data: Annotated[
         list[str] | None,
         typer.Option("--data", "-d", help="benchmark data: name=URI, or a data-prep artifact URI (repeatable)"),
@@ -34,13 +36,11 @@ def eval_cmd(
     adapter: Annotated[
         str | None, typer.Option("--adapter", "-a", help="LoRA adapter: PEFT dir | artifact | s3://")
     ] = None,
-    config: Annotated[str | None, typer.Option("--config", "-c", help="YAML file with EvalConfig fields")] = None,
-    overrides: Annotated[
-        list[str] | None, typer.Option("--set", "-s", help="override a field: key.sub=value (repeatable)")
-    ] = None,
-    overwrite: Annotated[bool, typer.Option("--overwrite", help="replace a complete artifact at --output")] = False,
-    no_progress: Annotated[bool, typer.Option("--no-progress", help="no progress bars (logs only)")] = False,
-    print_config: Annotated[bool, typer.Option("--print-config", help="print the resolved config and exit")] = False,
+    config: ConfigOpt = None,
+    overrides: SetOpt = None,
+    overwrite: OverwriteOpt = False,
+    no_progress: NoProgressOpt = False,
+    print_config: PrintConfigOpt = False,
 ) -> None:
     """Evaluate a model (full precision, RTN-quantized or calibrated; optional LoRA) on math benchmarks."""
     from quarl.artifacts import ArtifactError

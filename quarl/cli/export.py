@@ -18,21 +18,21 @@ from typing import Annotated
 
 import typer
 
+from quarl.cli.common import ConfigOpt, OutputOpt, OverwriteOpt, PrintConfigOpt, SetOpt
+
 
 def export(
     model: Annotated[
         str, typer.Option("--model", "-m", help="quantized model: calibrate artifact | local dir | s3://")
     ],
-    output: Annotated[str, typer.Option("--output", "-o", help="artifact URI: local directory or s3://bucket/prefix")],
+    output: OutputOpt,
     adapter: Annotated[
         str | None, typer.Option("--adapter", "-a", help="LoRA adapter: adapter artifact | PEFT dir | s3://")
     ] = None,
-    config: Annotated[str | None, typer.Option("--config", "-c", help="YAML file with ExportConfig fields")] = None,
-    overrides: Annotated[
-        list[str] | None, typer.Option("--set", "-s", help="override a field: key.sub=value (repeatable)")
-    ] = None,
-    overwrite: Annotated[bool, typer.Option("--overwrite", help="replace a complete export at --output")] = False,
-    print_config: Annotated[bool, typer.Option("--print-config", help="print the resolved config and exit")] = False,
+    config: ConfigOpt = None,
+    overrides: SetOpt = None,
+    overwrite: OverwriteOpt = False,
+    print_config: PrintConfigOpt = False,
 ) -> None:
     """Export a quantized model (+ adapter) as compressed-tensors / PEFT checkpoints, verified, with a model card."""
     from quarl.artifacts import ArtifactError
