@@ -118,3 +118,14 @@ def qdq_e2m1(x: torch.Tensor, divisor: torch.Tensor) -> torch.Tensor:
 def blocks(w: torch.Tensor, block: int) -> torch.Tensor:
     """``[N, K]`` -> ``[N, K/block, block]`` view (K already checked divisible)."""
     return w.unflatten(-1, (w.shape[-1] // block, block))
+
+
+def check_fp4_block(fmt: str, block_size, default: int) -> None:
+    """Shared config check of the FP4 formats: two codes per byte need an even block."""
+    from quarl.quant.base import QuantError
+
+    if not isinstance(block_size, int) or block_size < 2 or block_size % 2:
+        raise QuantError(
+            f"{fmt}: block_size must be a positive even integer (two FP4 codes per byte), "
+            f"got {block_size!r}; use the default {default}"
+        )

@@ -42,7 +42,16 @@ from typing import ClassVar
 import torch
 
 from quarl.quant.base import Format, FormatConfig, QTensor, QuantError, check_weight, register
-from quarl.quant.formats.fp4 import E2M1_EMAX, blocks, decode_e2m1, encode_e2m1, pack_fp4, qdq_e2m1, unpack_fp4
+from quarl.quant.formats.fp4 import (
+    E2M1_EMAX,
+    blocks,
+    check_fp4_block,
+    decode_e2m1,
+    encode_e2m1,
+    pack_fp4,
+    qdq_e2m1,
+    unpack_fp4,
+)
 
 E8M0_BIAS = 127
 E8M0_MAX_EXP = 254  # 255 is NaN in E8M0 (unreachable from finite fp32 amax: at most 253)
@@ -58,11 +67,7 @@ class MXFP4Config(FormatConfig):
     block_size: int = 32
 
     def __post_init__(self) -> None:
-        if not isinstance(self.block_size, int) or self.block_size < 2 or self.block_size % 2:
-            raise QuantError(
-                f"mxfp4: block_size must be a positive even integer (two FP4 codes per byte), "
-                f"got {self.block_size!r}; use the default 32"
-            )
+        check_fp4_block("mxfp4", self.block_size, 32)
 
     @property
     def bits(self) -> float:

@@ -49,7 +49,16 @@ from typing import ClassVar
 import torch
 
 from quarl.quant.base import Format, FormatConfig, QTensor, QuantError, check_weight, register
-from quarl.quant.formats.fp4 import E2M1_MAX, blocks, decode_e2m1, encode_e2m1, pack_fp4, qdq_e2m1, unpack_fp4
+from quarl.quant.formats.fp4 import (
+    E2M1_MAX,
+    blocks,
+    check_fp4_block,
+    decode_e2m1,
+    encode_e2m1,
+    pack_fp4,
+    qdq_e2m1,
+    unpack_fp4,
+)
 
 FP8_E4M3_MAX = 448.0  # torch.finfo(torch.float8_e4m3fn).max
 FP8_SCALE_EPS = 0.125  # compressed-tensors' replacement for a zero E4M3 scale
@@ -65,11 +74,7 @@ class NVFP4Config(FormatConfig):
     block_size: int = 16
 
     def __post_init__(self) -> None:
-        if not isinstance(self.block_size, int) or self.block_size < 2 or self.block_size % 2:
-            raise QuantError(
-                f"nvfp4: block_size must be a positive even integer (two FP4 codes per byte), "
-                f"got {self.block_size!r}; use the default 16"
-            )
+        check_fp4_block("nvfp4", self.block_size, 16)
 
     @property
     def bits(self) -> float:
