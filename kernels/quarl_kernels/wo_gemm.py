@@ -14,7 +14,8 @@ Kernels
       * prefill / training (M > 64): tiled MMA with 128- or 256-row token tiles,
         grouped-M launch order for L2 reuse of the weight tiles.
       (``wo_matmul`` sends M <= ``gemv.GEMV_MAX_M`` to the CUDA-core GEMV in
-      ``gemv.py`` instead: faster there, docs/kernels.md v6.)
+      ``gemv.py`` instead: faster there, docs/kernels.md v6; and M >= ``dense_min_m()``
+      to ``dense.py``, a transient BF16 weight for cuBLAS, docs/kernels.md v8.)
       Whenever the tile grid is under two waves, split-K spreads the work over
       every SM: partials go to an fp32 workspace [S, M, N] and a tiny
       ``_splitk_reduce_kernel`` sums them in a fixed order (deterministic,
@@ -46,7 +47,7 @@ import torch
 import triton
 import triton.language as tl
 
-from quarl_kernels import gemv
+from quarl_kernels import dense, gemv
 from quarl_kernels.dequant import FMT_INT4, FMT_NVFP4, FP4_ACC_FACTOR, load_dequant_tile, pair_order_rows
 
 
@@ -378,8 +379,11 @@ def wo_matmul(x2: torch.Tensor, pw: PackedWeight, *, tune: bool | None = None) -
     """y [M, N] = x2 [M, K] @ dequant(W)^T, config picked by M regime (and tuning).
 
     M <= ``gemv.GEMV_MAX_M`` (bf16, power-of-two group words) runs the CUDA-core
-    GEMV (``gemv.py``), larger M the tensor-core kernel below."""
+    GEMV (``gemv.py``), M >= ``dense.dense_min_m()`` dequantizes to a transient
+    BF16 weight for cuBLAS (``dense.py``), the rest the tensor-core kernel below."""
     m = x2.shape[0]
+    if dense.use_dense(m):
+        return dense.dense_matmul(x2, pw)
     if gemv.gemv_supported(x2, pw):
         gkey = (pw.fmt, pw.group, m, pw.n, pw.k, x2.device.index)
         gdefault = gemv.default_gemv_config(pw.fmt, m, pw.n, pw.k)
@@ -393,7 +397,9 @@ def wo_matmul(x2: torch.Tensor, pw: PackedWeight, *, tune: bool | None = None) -
 
 
 def wo_matmul_t(dy2: torch.Tensor, pw: PackedWeight, *, tune: bool | None = None) -> torch.Tensor:
-    """dx [M, K] = dy2 [M, N] @ dequant(W)."""
+    """dx [M, K] = dy2 [M, N] @ dequant(W) (large M: ``dense.py``, as in ``wo_matmul``)."""
+    if dense.use_dense(dy2.shape[0]):
+        return dense.dense_matmul_t(dy2, pw)
     key = (pw.fmt, pw.group, _m_bucket(dy2.shape[0]), pw.n, pw.k, dy2.device.index)
     default = default_config("bwd", dy2.shape[0], pw.n, pw.k)
     cfg = _choose("bwd", key, BWD_CONFIGS, lambda c: launch_bwd(dy2, pw, c), tune, default)

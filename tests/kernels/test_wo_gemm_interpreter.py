@@ -66,6 +66,19 @@ SCRIPT = textwrap.dedent("""
         err = ((y - ref).norm() / ref.norm()).item()
         print(spec, m, n, k, fwd, pair, err)
         assert err < 1.5e-2 and not torch.isnan(y).any(), (spec, m, n, k, fwd, pair, err)
+    from quarl_kernels import dense  # the large-M path's dequantize: equal to the reference
+    for spec, n, k in (("nvfp4", 40, 400), ("mxfp4", 33, 384), ("int4-g128", 24, 384)):
+        torch.manual_seed(1)
+        c = make_config(spec)
+        q = get_format(c.name).quantize(torch.randn(n, k) * 0.05, c)
+        t = q.tensors
+        pw = _packed_weight(t["weight_packed"], t["weight_scale"], t.get("weight_zero_point"),
+                            t.get("weight_global_scale"), c.name, c.block_size, n, k)
+        w = dense.dequantize(pw, use_asm=False).float()
+        ref = q.dequantize(torch.float32)
+        err = ((w - ref).norm() / ref.norm()).item()
+        print("dequantize", spec, n, k, err)
+        assert w.shape == (n, k) and err < 1e-2, (spec, err)
     print("OK")
 """)
 

@@ -1,0 +1,123 @@
+"""Large-M path: dequantize the packed weight to a transient BF16 copy, then cuBLAS.
+
+Why this exists. At prefill / training sizes (M >= ~1k tokens) a weight-only
+GEMM is compute-bound: the BF16 tensor cores, not HBM, set the time. The fused
+kernel (``wo_gemm._fwd_kernel``) must then hide ~2 integer ops per weight per
+M tile plus a shared-memory store of the decoded tile behind the wgmma issue,
+and in Triton 3.6 it does not (0.4-0.6x cuBLAS at M = 2048 on the H200,
+docs/kernels.md). Decoding the weight *once* into a BF16 buffer costs one pass
+over memory -- 0.56 B read + 2 B written per weight, ~40 us for a 7B MLP
+projection on an H200 -- after which cuBLAS runs at its own speed. At
+M = 2048 that is ~10% over cuBLAS instead of ~2x; at decode sizes it would be
+~4x *slower* than the fused kernels (which read 0.56 B per weight instead of
+4.6), so ``wo_gemm.wo_matmul`` takes this path only from ``dense_min_m()``
+tokens up (measured crossover, ``benchmarks/kernels/bench_dispatch.py``).
+
+Trade-off, stated plainly: the BF16 copy of *one* layer's weight lives for the
+duration of one matmul (``[N, K]`` bf16: 136 MB for Qwen2.5-7B's gate/up, 283
+MB for 32B's), allocated from PyTorch's caching allocator and released right
+after -- never a BF16 copy of the model. ``QUARL_KERNELS_DENSE_MIN_M=0``
+disables the path (every M then runs the fused kernels, zero transient memory).
+
+Numerics. The decode is the fused kernels' own (``dequant.load_dequant_tile``);
+for NVFP4 the exact ``e2m1 * e4m3 * 2**-16`` tile is multiplied by
+``2**16 / global_scale`` in fp32 and rounded once to BF16, i.e. the reference
+dequantize's BF16 weight (up to the last fp32 bit of the reciprocal, which moves
+a BF16 rounding in ~1e-6 of the weights). MXFP4 is exact. INT4 uses the fused
+kernels' BF16-rounded group scale (<= 2**-9 relative, docs/kernels.md).
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+import triton
+import triton.language as tl
+
+from quarl_kernels.dequant import load_dequant_tile
+
+DEFAULT_DENSE_MIN_M = 256  # measured crossover (H200, docs/kernels.md "v8"); env QUARL_KERNELS_DENSE_MIN_M
+
+
+def dense_min_m() -> int:
+    """Smallest M that takes the dequantize-then-cuBLAS path (0 = never)."""
+    raw = os.environ.get("QUARL_KERNELS_DENSE_MIN_M")
+    if raw is None or raw == "":
+        return DEFAULT_DENSE_MIN_M
+    try:
+        v = int(raw)
+    except ValueError:
+        raise ValueError(
+            f"QUARL_KERNELS_DENSE_MIN_M={raw!r} is not an integer; set a token count (e.g. 1024) or 0 to "
+            f"disable the dequantize-then-cuBLAS path"
+        ) from None
+    if v < 0:
+        raise ValueError(f"QUARL_KERNELS_DENSE_MIN_M={v} is negative; use 0 to disable the dense path")
+    return v
+
+
+def use_dense(m: int) -> bool:
+    t = dense_min_m()
+    return t > 0 and m >= t
+
+
+@triton.jit
+def _dequant_kernel(
+    wp_ptr, s_ptr, z_ptr, gs_ptr, out_ptr,
+    N, KW,
+    stride_wn, stride_sn, stride_zn, stride_on,
+    FMT: tl.constexpr, GROUP: tl.constexpr, HAS_ZP: tl.constexpr, USE_ASM: tl.constexpr, BYTES32: tl.constexpr,
+    BN: tl.constexpr, BKW: tl.constexpr,
+):
+    """out [N, K] bf16 = dequant(W); one [BN, 8*BKW] tile per program."""
+    BK: tl.constexpr = BKW * 8
+    offs_n = tl.program_id(0) * BN + tl.arange(0, BN)  # [BN]
+    offs_kw = tl.program_id(1) * BKW + tl.arange(0, BKW)  # [BKW] words
+    n_ok = offs_n[:, None] < N  # [BN, 1]
+    tile = load_dequant_tile(
+        wp_ptr, s_ptr, z_ptr, offs_n, offs_kw, n_ok, KW,
+        stride_wn, stride_sn, stride_zn, FMT, GROUP, HAS_ZP, USE_ASM, False, BYTES32,
+    )  # [BN, BK] bf16; FP4 formats carry a 2**-16 factor
+    if FMT == 0:  # NVFP4: exact e2m1*e4m3*2**-16, times 2**16 / global scale, one rounding
+        w = (tile.to(tl.float32) * (65536.0 / tl.load(gs_ptr).to(tl.float32))).to(tl.bfloat16)
+    elif FMT == 1:  # MXFP4: a power-of-two factor, exact
+        w = (tile.to(tl.float32) * 65536.0).to(tl.bfloat16)
+    else:
+        w = tile
+    offs_k = tl.program_id(1) * BK + tl.arange(0, BK)  # [BK]
+    out = out_ptr + offs_n.to(tl.int64)[:, None] * stride_on + offs_k[None, :]
+    tl.store(out, w, mask=n_ok & (offs_k[None, :] < KW * 8))
+
+
+def dequantize(pw, *, use_asm: bool = True, bn: int = 32, bkw: int = 16) -> torch.Tensor:
+    """BF16 ``[N, K]`` copy of a ``wo_gemm.PackedWeight`` (the transient of the dense path)."""
+    kw = pw.k // 8
+    out = torch.empty((pw.n, pw.k), device=pw.words.device, dtype=torch.bfloat16)
+    z = pw.zero if pw.zero is not None else pw.scale
+    gs = pw.gscale if pw.gscale is not None else pw.scale
+    interpret = os.environ.get("TRITON_INTERPRET", "0") == "1"
+    grid = (triton.cdiv(pw.n, bn), triton.cdiv(kw, bkw))
+    _dequant_kernel[grid](
+        pw.words, pw.scale, z, gs, out,
+        pw.n, kw,
+        pw.words.stride(0), pw.scale.stride(0), z.stride(0), out.stride(0),
+        FMT=pw.fmt, GROUP=pw.group, HAS_ZP=pw.zero is not None, USE_ASM=use_asm and not interpret,
+        BYTES32=pw.bytes32, BN=bn, BKW=bkw, num_warps=4,
+    )
+    return out
+
+
+def dense_matmul(x2: torch.Tensor, pw) -> torch.Tensor:
+    """y [M, N] = x2 [M, K] @ dequant(W)^T through a transient BF16 weight and cuBLAS."""
+    w = dequantize(pw)  # [N, K] bf16, freed on return
+    return x2 @ w.T
+
+
+def dense_matmul_t(dy2: torch.Tensor, pw) -> torch.Tensor:
+    """dx [M, K] = dy2 [M, N] @ dequant(W)."""
+    w = dequantize(pw)
+    return dy2 @ w
+
+
+__all__ = ["DEFAULT_DENSE_MIN_M", "dense_matmul", "dense_matmul_t", "dense_min_m", "dequantize", "use_dense"]
