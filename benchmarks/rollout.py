@@ -1,8 +1,8 @@
 """GPU benchmark of the rollout engine: tokens/s on Qwen2.5-7B / 14B shapes, BF16 vs NVFP4 vs MXFP4.
 
     PYTHONPATH=$PWD:$PWD/kernels python benchmarks/rollout.py [--models 7b,14b] [--batches 1,8,64]
-        [--prompt 256] [--new-tokens 512] [--variants bf16,nvfp4,mxfp4,nvfp4+lora] [--hf-new-tokens 64]
-        [--budget-s 360] [--out DIR]
+        [--prompt 256] [--new-tokens 2048] [--variants bf16,nvfp4,mxfp4,nvfp4+lora] [--hf-new-tokens 256]
+        [--budget-s 540] [--out DIR]
     python benchmarks/rollout.py --report DIR/rollout.json      # markdown table from a finished run
 
 What is measured, per (model, variant, batch):
@@ -432,10 +432,10 @@ def main(argv=None):
     ap.add_argument("--models", default="7b,14b")
     ap.add_argument("--batches", default="1,8,64")
     ap.add_argument("--prompt", type=int, default=256)
-    ap.add_argument("--new-tokens", type=int, default=512)
+    ap.add_argument("--new-tokens", type=int, default=2048)
     ap.add_argument("--variants", default="bf16,nvfp4,mxfp4,nvfp4+lora")
-    ap.add_argument("--hf-new-tokens", type=int, default=64)
-    ap.add_argument("--budget-s", type=float, default=360.0)
+    ap.add_argument("--hf-new-tokens", type=int, default=256)
+    ap.add_argument("--budget-s", type=float, default=540.0)
     ap.add_argument("--out", default=os.environ.get("OUT", "benchmarks/results"))
     ap.add_argument("--device", default="cuda", help="cuda, or cpu for a smoke test with --models tiny")
     ap.add_argument("--report", help="print the markdown table of a finished run's JSON and exit")

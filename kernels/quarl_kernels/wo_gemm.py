@@ -29,18 +29,23 @@ bound: time ~ bytes / HBM bandwidth); at M >= 1024 the BF16 tensor-core rate
 does (compute bound), and the in-register decode (~2 integer ops per weight
 per M tile) is the overhead to hide behind the MMAs -- which is why prefill
 tiles are 128-256 rows tall. docs/kernels.md has the measured numbers (H200:
-~1.2x cuBLAS BF16 at M=1, 0.4-0.6x at M=2048) and what limits them.
+GEMV ~2x cuBLAS BF16 at M=1, this kernel 0.4-0.6x at M=2048, hence the dense
+path there) and what limits them.
 
 Config choice: ``default_config`` encodes the measured winners per regime (M,
 weight size); ``tune=True`` (or ``QUARL_KERNELS_TUNE=1``) instead times every
 candidate in ``DECODE_CONFIGS`` / ``PREFILL_CONFIGS`` / ``BWD_CONFIGS`` once per
-(format, M bucket, N, K) and keeps the fastest. Each candidate costs one Triton
-compile, so the tables hold only configs that won somewhere.
+(format, M bucket, N, K) and keeps the fastest, in memory and in a JSON file per
+GPU model and Triton version (``QUARL_KERNELS_CACHE``), so a later process starts
+tuned. Each candidate costs one Triton compile, so the tables hold only configs
+that won somewhere.
 """
 
 from __future__ import annotations
 
+import json
 import os
+import warnings
 from dataclasses import dataclass
 
 import torch
@@ -325,8 +330,57 @@ def launch_bwd(
 
 
 # ---------------------------------------------------------------------------
-# Tiny autotuner: candidates are timed once per key, the winner is cached.
+# Tiny autotuner: candidates are timed once per key, the winner is cached in memory
+# and on disk (JSON, keyed by GPU name and Triton version, so a tuned config is never
+# reused on another device or compiler). ``QUARL_KERNELS_CACHE`` names the file
+# (default ~/.cache/quarl/kernel_configs.json; "" or "off" keeps it in memory only).
 _CHOICE: dict[tuple, Config] = {}
+_DISK: dict[str, str] | None = None
+
+
+def _cache_path() -> str | None:
+    raw = os.environ.get("QUARL_KERNELS_CACHE")
+    if raw is not None and raw.strip().lower() in ("", "off", "0", "none"):
+        return None
+    return raw or os.path.join(os.path.expanduser("~"), ".cache", "quarl", "kernel_configs.json")
+
+
+def _disk_key(full: tuple) -> str:
+    dev = full[-1] if isinstance(full[-1], int) else 0
+    name = torch.cuda.get_device_name(dev) if torch.cuda.is_available() else "cpu"
+    return "|".join([name, triton.__version__, *map(str, full[:-1])])
+
+
+def _disk_load() -> dict[str, str]:
+    global _DISK
+    if _DISK is None:
+        _DISK = {}
+        path = _cache_path()
+        if path and os.path.exists(path):
+            try:
+                with open(path) as f:
+                    _DISK = {str(k): str(v) for k, v in json.load(f).items()}
+            except (OSError, ValueError) as e:  # a corrupt cache must not stop a run: re-tune
+                warnings.warn(f"ignoring unreadable kernel config cache {path} ({e}); delete it to silence this",
+                              stacklevel=3)
+    return _DISK
+
+
+def _disk_store(key: str, cfg) -> None:
+    disk = _disk_load()
+    disk[key] = str(cfg)
+    path = _cache_path()
+    if not path:
+        return
+    try:
+        os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+        tmp = f"{path}.{os.getpid()}.tmp"
+        with open(tmp, "w") as f:
+            json.dump(disk, f, indent=1, sort_keys=True)
+        os.replace(tmp, path)  # atomic: concurrent writers never leave a torn file
+    except OSError as e:
+        warnings.warn(f"could not write kernel config cache {path} ({e}); set QUARL_KERNELS_CACHE to a writable "
+                      f"file or 'off'", stacklevel=3)
 
 
 def _tuning_enabled(tune: bool | None) -> bool:
@@ -368,10 +422,19 @@ def _choose(kind: str, key: tuple, candidates: tuple[Config, ...], run, tune: bo
     cfg = _CHOICE.get(full)
     if cfg is not None:
         return cfg
-    if not _tuning_enabled(tune) or torch.cuda.is_current_stream_capturing():
+    if not _tuning_enabled(tune):
+        return default
+    dkey = _disk_key(full)
+    saved = _disk_load().get(dkey)
+    hit = next((c for c in candidates if str(c) == saved), None)
+    if hit is not None:  # tuned before on this GPU and Triton version
+        _CHOICE[full] = hit
+        return hit
+    if torch.cuda.is_current_stream_capturing():  # no timing inside a graph capture
         return default
     best = min(candidates, key=lambda c: _time_ms(lambda: run(c)))
     _CHOICE[full] = best
+    _disk_store(dkey, best)
     return best
 
 

@@ -104,3 +104,26 @@ def test_bad_threshold_setting_names_the_fix(raw, msg, monkeypatch):
     monkeypatch.setenv("QUARL_KERNELS_DENSE_MIN_M", raw)
     with pytest.raises(ValueError, match=msg):
         dense.dense_min_m()
+
+
+def test_tuned_configs_persist_to_disk_and_are_reused(tmp_path, monkeypatch):
+    """QUARL_KERNELS_TUNE=1 times the candidates once; a fresh process (simulated by
+    clearing the in-memory choice) reads the winner back from the JSON cache."""
+    cache = tmp_path / "kc.json"
+    monkeypatch.setenv("QUARL_KERNELS_CACHE", str(cache))
+    monkeypatch.setattr(wo_gemm, "_CHOICE", {})
+    monkeypatch.setattr(wo_gemm, "_DISK", None)
+    args, q = _q("nvfp4", 512, 1024)
+    pw = _packed_weight(*args)
+    x = torch.randn(12, 1024, device="cuda").to(torch.bfloat16)
+    wo_gemm.wo_matmul(x, pw, tune=True)
+    import json
+
+    saved = json.loads(cache.read_text())
+    assert len(saved) == 1 and torch.cuda.get_device_name(0) in next(iter(saved))
+    monkeypatch.setattr(wo_gemm, "_CHOICE", {})
+    monkeypatch.setattr(wo_gemm, "_DISK", None)
+    monkeypatch.setattr(wo_gemm, "_time_ms", lambda fn, reps=20: (_ for _ in ()).throw(AssertionError("re-timed")))
+    y = wo_gemm.wo_matmul(x, pw, tune=True)  # from the file: no timing
+    ref = x.double() @ q.dequantize(torch.float64).T
+    assert ((y.double() - ref).norm() / ref.norm()).item() < 5e-3
