@@ -75,8 +75,8 @@ def forward_table(l2: int, hbm: float, shapes, ms) -> list[dict]:
                 y = wo_gemm.wo_matmul(x, pws[0])
                 ref = x.double() @ wref.T
                 err = ((y.double() - ref).norm() / ref.norm()).item()
-                us = graph_time_us([lambda p=p: wo_gemm.wo_matmul(x, p) for p in pws])
-                us_bf16 = graph_time_us([lambda w=w: x @ w.T for w in wbs])
+                us = graph_time_us([lambda p=p, x=x: wo_gemm.wo_matmul(x, p) for p in pws])
+                us_bf16 = graph_time_us([lambda w=w, x=x: x @ w.T for w in wbs])
                 nbytes = wbytes + 2 * m * k + 2 * m * n
                 row = {"format": spec, "N": n, "K": k, "M": m, "path": _path(x, pws[0]), "us": us,
                        "bf16_us": us_bf16, "GBps": nbytes / us / 1e3, "pct_hbm": 100 * nbytes / us / 1e3 / hbm,
@@ -100,12 +100,12 @@ def crossover_table(l2: int, ms) -> list[dict]:
             cb = wo_gemm.default_config("bwd", m, n, k)
             row = {
                 "N": n, "K": k, "M": m,
-                "fwd_fused_us": graph_time_us([lambda p=p: wo_gemm.launch_fwd(x, p, cf) for p in pws]),
-                "fwd_dense_us": graph_time_us([lambda p=p: dense.dense_matmul(x, p) for p in pws]),
-                "fwd_bf16_us": graph_time_us([lambda w=w: x @ w.T for w in wbs]),
-                "bwd_fused_us": graph_time_us([lambda p=p: wo_gemm.launch_bwd(dy, p, cb) for p in pws]),
-                "bwd_dense_us": graph_time_us([lambda p=p: dense.dense_matmul_t(dy, p) for p in pws]),
-                "bwd_bf16_us": graph_time_us([lambda w=w: dy @ w for w in wbs]),
+                "fwd_fused_us": graph_time_us([lambda p=p, x=x, c=cf: wo_gemm.launch_fwd(x, p, c) for p in pws]),
+                "fwd_dense_us": graph_time_us([lambda p=p, x=x: dense.dense_matmul(x, p) for p in pws]),
+                "fwd_bf16_us": graph_time_us([lambda w=w, x=x: x @ w.T for w in wbs]),
+                "bwd_fused_us": graph_time_us([lambda p=p, d=dy, c=cb: wo_gemm.launch_bwd(d, p, c) for p in pws]),
+                "bwd_dense_us": graph_time_us([lambda p=p, d=dy: dense.dense_matmul_t(d, p) for p in pws]),
+                "bwd_bf16_us": graph_time_us([lambda w=w, d=dy: d @ w for w in wbs]),
                 "dequant_us": graph_time_us([lambda p=p: dense.dequantize(p) for p in pws]),
             }
             rows.append(row)
@@ -129,10 +129,10 @@ def to_markdown(info: dict, fwd: list[dict], cross: list[dict]) -> str:
                      f"{r['speedup']:.2f}x | {r['err']:.1e} |")
     if cross:
         lines += ["", "Large-M crossover, NVFP4 (speedup over cuBLAS BF16 in brackets):", "",
-                  "| N x K | M | fwd fused us | fwd dense us | fwd bf16 us | bwd fused us | bwd dense us | bwd bf16 us "
-                  "| dequantize us |", "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+                  ("| N x K | M | fwd fused us | fwd dense us | fwd bf16 us | bwd fused us | bwd dense us | bwd bf16 us "
+                   "| dequantize us |"), "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
         for r in cross:
-            def c(a, b):
+            def c(a, b, r=r):
                 return f"{r[a]:.1f} ({r[b] / r[a]:.2f}x)"
             lines.append(f"| {r['N']}x{r['K']} | {r['M']} | {c('fwd_fused_us', 'fwd_bf16_us')} | "
                          f"{c('fwd_dense_us', 'fwd_bf16_us')} | {r['fwd_bf16_us']:.1f} | "
