@@ -98,6 +98,32 @@ def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
     return devices.resolve_dtype(name, device, key="policy.dtype")
 
 
+def place_policy(model: nn.Module, device: torch.device, dtype: torch.dtype) -> nn.Module:
+    """``model.to(device, dtype)`` that leaves packed quantized weights in their storage dtypes.
+
+    ``Module.to(dtype=...)`` casts *every* floating tensor, and FP8 counts as floating: on
+    a model that arrives already quantized (a calibrated checkpoint, a model quantized
+    layer by layer to fit the GPU) it would turn NVFP4's E4M3 block scales and FP32
+    global scale into ``dtype`` -- the global scale loses bits in bf16 (every weight
+    moves), the scales double in size, and the GPU kernels, which take E4M3 scales only,
+    stop applying, so every call falls back to dequantizing the whole weight. So: move
+    everything to ``device``; cast parameters and buffers to ``dtype`` except the tensors
+    a frozen QuantLinear packs (``weight_packed``, ``weight_scale``, ...); set each
+    QuantLinear's compute dtype (a LoRA branch attached later is created in it)."""
+    model.to(device=device)
+    for m in model.modules():
+        packed = set(getattr(m, "_tensor_names", ())) if isinstance(m, QuantLinear) and m.mode == "frozen" else set()
+        for name, p in m.named_parameters(recurse=False):
+            if p.is_floating_point() and p.dtype != dtype:
+                p.data = p.data.to(dtype)
+        for name, b in m.named_buffers(recurse=False):
+            if name not in packed and b.is_floating_point() and b.dtype != dtype:
+                setattr(m, name, b.to(dtype))
+        if isinstance(m, QuantLinear):
+            m.compute_dtype = dtype
+    return model
+
+
 def build_policy(model: nn.Module, cfg: PolicyConfig) -> dict:
     """Quantize + LoRA (mode=lora) or unfreeze everything (mode=full), in place. Returns a small report."""
     if cfg.mode == "full":
@@ -208,7 +234,7 @@ class RLTrainer:
         random.seed(seed)
         np.random.seed(seed)
         torch.manual_seed(seed)
-        self.model = model.to(device=self.device, dtype=dtype)
+        self.model = place_policy(model, self.device, dtype)  # packed 4-bit tensors keep their dtypes
         self.policy_report = build_policy(self.model, cfg.policy)
         if init_adapter is not None:  # continue from an earlier stage's LoRA (e.g. a cold-start SFT)
             if cfg.policy.mode != "lora":
