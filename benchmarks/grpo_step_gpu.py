@@ -80,7 +80,7 @@ LoRA r32 = 268 M fp32 parameters, 4.0 GiB with their gradients and AdamW
 states; rollout KV cache (8 rows x 2304 slots) 4.5 GiB -> rollout ~25 GiB;
 update: + checkpointed layer inputs (64 x m x 2304 x 5120 BF16, 1.4 GiB per row)
 + the LM-head chunk's working set (~5 fp32 ``[m, 1024, V]`` tensors: logits,
-exp/softmax, gradients; 0.58 GiB per row) -> ~41 GiB at m = 4, ~58 GiB at m = 8.
+exp/softmax, gradients; 2.9 GiB per row) -> ~41 GiB at m = 4, ~58 GiB at m = 8.
 32B BF16: weights alone are 61.0 GiB; with LoRA states 65.0 GiB; the rollout
 adds 4.5 GiB and the update ~17 GiB at m = 4: it does not fit on 79.2 GiB
 (at m = 1 the estimate is ~70 GiB -- on the edge, fragmentation decides).
