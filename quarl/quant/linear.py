@@ -127,6 +127,36 @@ class QuantLinear(nn.Module):
             m.set_qtensor(get_format(cfg.name).quantize(w, cfg, state=state))
         return m
 
+    def _apply(self, fn, recurse: bool = True):
+        """``Module.to / cuda / half / to_empty`` without casting the packed tensors.
+
+        ``Module.to(dtype)`` casts every floating tensor, and FP8 counts as floating: it
+        would turn NVFP4's E4M3 block scales and FP32 global scale into the new dtype
+        (the global scale loses bits in bf16 so every weight moves, the scales double in
+        size, and the GPU kernels, which take E4M3 scales only, stop applying). So the
+        packed tensors of a frozen layer get ``fn`` only where it keeps their dtype
+        (device moves, ``to_empty``, sharing); where it would cast them they follow its
+        device only, and the new floating dtype becomes the layer's compute dtype."""
+        names = getattr(self, "_tensor_names", ()) if self.mode == "frozen" and self.config is not None else ()
+        held = {n: self._buffers.pop(n) for n in names if self._buffers.get(n) is not None}
+        try:
+            super()._apply(fn, recurse)
+        except BaseException:
+            self._buffers.update(held)
+            raise
+        for n, t in held.items():
+            probe = fn(torch.empty(0, dtype=t.dtype, device=t.device))
+            if probe.dtype == t.dtype:
+                self._buffers[n] = fn(t)
+            elif t.is_meta:
+                self._buffers[n] = torch.empty_like(t, device=probe.device)
+            else:
+                self._buffers[n] = t.to(probe.device)
+        probe = fn(torch.empty(0, dtype=self.compute_dtype))
+        if probe.is_floating_point():
+            self.compute_dtype = probe.dtype
+        return self
+
     def set_qtensor(self, q: QTensor) -> None:
         """Install a packed weight (from quantization, calibration or a checkpoint)."""
         if tuple(q.shape) != (self.out_features, self.in_features):

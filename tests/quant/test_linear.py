@@ -125,3 +125,25 @@ def test_dequant_cache_is_opt_in_and_consistent():
     q.cache_dequantized = True
     torch.testing.assert_close(q(x), y)
     assert q._wcache is not None
+
+
+@pytest.mark.parametrize("spec", ["nvfp4", "fp8-block", "int4-g128"])
+def test_module_to_dtype_keeps_packed_tensors_bit_exact(spec):
+    """model.to(bf16) must not cast FP8 scales / the FP32 global scale (lossy, and the GPU
+    kernels only take the packed dtypes); it changes the compute dtype instead."""
+    torch.manual_seed(0)
+    q = QuantLinear.from_linear(nn.Linear(256, 64, bias=True), spec)
+    before = {n: getattr(q, n).clone() for n in q._tensor_names}
+    x = torch.randn(3, 256)
+    y32 = q(x)
+    model = nn.Sequential(q).to(torch.bfloat16)
+    for n, t in before.items():
+        got = getattr(q, n)
+        assert got.dtype == t.dtype, (n, got.dtype, t.dtype)
+        assert torch.equal(got.view(torch.uint8), t.view(torch.uint8)), n
+    assert q.compute_dtype == torch.bfloat16 and q.bias.dtype == torch.bfloat16
+    y16 = model(x.to(torch.bfloat16))
+    assert y16.dtype == torch.bfloat16
+    assert ((y16.float() - y32).norm() / y32.norm()).item() < 1e-2
+    model.to(device="meta").to_empty(device="cpu")  # device moves still apply to packed tensors
+    assert all(getattr(q, n).device.type == "cpu" and getattr(q, n).dtype == t.dtype for n, t in before.items())

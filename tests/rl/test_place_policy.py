@@ -18,9 +18,9 @@ def test_place_policy_keeps_packed_tensors_and_casts_the_rest():
     before = {n: t.clone() for n, t in q.named_buffers()}
     w_ref = q.dequantized_weight(torch.float32)
 
-    naive = copy.deepcopy(model).to(dtype=torch.bfloat16)  # what the trainer did before
-    nq = naive.model.layers[0].self_attn.q_proj
-    assert nq.weight_scale.dtype == torch.bfloat16 and nq.weight_global_scale.dtype == torch.bfloat16
+    plain = copy.deepcopy(model).to(dtype=torch.bfloat16)  # QuantLinear._apply protects them in Module.to too
+    nq = plain.model.layers[0].self_attn.q_proj
+    assert nq.weight_scale.dtype == torch.float8_e4m3fn and nq.weight_global_scale.dtype == torch.float32
 
     place_policy(model, torch.device("cpu"), torch.bfloat16)
     for n, t in q.named_buffers():
