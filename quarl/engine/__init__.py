@@ -1,11 +1,12 @@
 """quarl.engine: the fast generation engine for rollouts and eval on GPU.
 
     FastGenerator(model, pad_id, *, max_batch_size=None, cuda_graphs=None, compile=False,
-                  kv_block=256, sync_every=16, keep_cache=True)
+                  kv_block=256, sync_every=16, keep_cache=True, fused=None)
         .generate(prompts, params, n, generator) -> quarl.rl.rollout.Rollout
     make_generator(model, pad_id, *, engine="auto", **kw) -> Generator
         "auto": FastGenerator on CUDA for Llama/Qwen2/Qwen3, else the reference HFGenerator
-    DecoderRunner(model)   the minimal forward over the HF model's own modules (prefill / decode)
+    DecoderRunner(model, fused=None)   the minimal forward over the HF model's own modules (prefill / decode);
+        fused: Triton norm/RoPE/SiLU kernels on CUDA bf16 (None: $QUARL_ENGINE_FUSED, default on)
     sample(logits, temperature, top_p, generator) -> (tokens, logprobs);  top_p_mask(logits, top_p)
 
 See ``docs/engine.md`` and the module docstrings (``model``, ``generator``, ``sampling``).

@@ -27,6 +27,11 @@ CUDA graphs and the loop. Design, after gpt-fast:
   ``compile=True`` additionally runs the step through ``torch.compile``
   (fusing the norms, RoPE and residual adds) before capture; it costs a
   compile per graph shape, so it pays off for long runs only.
+* **fused kernels** (``fused=None``: ``$QUARL_ENGINE_FUSED``, default on): on
+  CUDA bf16/fp16 the norms with their residual adds, RoPE and ``silu * up``
+  run as Triton kernels (:mod:`quarl.engine.fused`): one kernel per norm and
+  its residual add, one for RoPE on q and k, one for ``silu(gate) * up`` --
+  no compile step, the same HF modules; ``fused=False`` keeps PyTorch.
 * **no per-token host syncs**: sampling (:mod:`quarl.engine.sampling`), the
   stop test and the bookkeeping are device ops; whether every row has stopped
   is read back only every ``sync_every`` steps (a row that stopped keeps
@@ -90,13 +95,14 @@ class FastGenerator:
         kv_block: int = 256,
         sync_every: int = 16,
         keep_cache: bool = True,
+        fused: bool | None = None,
     ):
         if kv_block < 1 or sync_every < 1:
             raise ValueError(f"kv_block and sync_every must be >= 1, got {kv_block}, {sync_every}")
         if max_batch_size is not None and max_batch_size < 1:
             raise ValueError(f"max_batch_size must be >= 1 or None (all rows at once), got {max_batch_size}")
         self.model, self.pad_id = model, int(pad_id)
-        self.runner = DecoderRunner(model)
+        self.runner = DecoderRunner(model, fused=fused)
         self.max_batch_size, self.kv_block, self.sync_every = max_batch_size, kv_block, sync_every
         self.cuda_graphs, self.keep_cache = cuda_graphs, keep_cache
         self._decode = self.runner.decode

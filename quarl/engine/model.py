@@ -41,6 +41,16 @@ the sequence length -- ``default``, ``linear``, ``llama3``, ``yarn`` -- and
 ``original_max_position_embeddings`` (where they are static too). Longer
 dynamic-RoPE sequences and sliding-window layers that the sequence would
 exceed raise :class:`EngineError` pointing at the reference generator.
+
+Fused kernels (:mod:`quarl.engine.fused`, on by default on CUDA bf16/fp16): the
+glue between projections runs as a few Triton kernels -- each residual add is
+fused into the RMSNorm that follows it (the block's MLP output stays *pending*
+and is added by the next layer's ``input_layernorm``, the last one by the final
+norm), RoPE rotates q and k in one kernel, and HF's SiLU MLP is unrolled to
+``down_proj(silu_mul(gate_proj(x), up_proj(x)))``. Every projection is still
+called as a module, and the norm kernels read ``module.weight`` at each call.
+With ``fused=False`` (or ``QUARL_ENGINE_FUSED=0``, or on CPU / fp32) each of
+those calls is the modules' own PyTorch code, in the same order as before.
 """
 
 from __future__ import annotations
@@ -50,6 +60,9 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+from quarl.engine import fused as fz
+from quarl.engine.fused import apply_rope  # noqa: F401  (the reference lives in fused.py; kept importable here)
 
 SUPPORTED_MODEL_TYPES = ("llama", "qwen2", "qwen3")
 STATIC_ROPE_TYPES = ("default", "linear", "llama3", "yarn")
@@ -63,17 +76,6 @@ class EngineError(ValueError):
 def _rope_params(config) -> dict:
     rp = getattr(config, "rope_parameters", None) or getattr(config, "rope_scaling", None) or {}
     return dict(rp) if isinstance(rp, dict) else {}
-
-
-def _rotate_half(x: torch.Tensor) -> torch.Tensor:
-    x1, x2 = x.chunk(2, dim=-1)
-    return torch.cat((-x2, x1), dim=-1)
-
-
-def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """``x [B, H, L, D]``, ``cos/sin [B, L, D]`` -> rotated ``x`` (HF's formula, op for op)."""
-    cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)  # [B, 1, L, D]
-    return (x * cos) + (_rotate_half(x) * sin)
 
 
 @dataclass
@@ -105,7 +107,7 @@ class DecodeState:
 class DecoderRunner:
     """Prefill and decode of a HF Llama/Qwen2/Qwen3 causal LM over a :class:`DecodeState`."""
 
-    def __init__(self, model: nn.Module):
+    def __init__(self, model: nn.Module, fused: bool | None = None):
         cfg = getattr(model, "config", None)
         mtype = getattr(cfg, "model_type", None)
         if mtype not in SUPPORTED_MODEL_TYPES:
@@ -134,6 +136,18 @@ class DecoderRunner:
         rp = _rope_params(cfg)
         self.rope_type = rp.get("rope_type", rp.get("type", "default")) or "default"
         self.original_max = rp.get("original_max_position_embeddings", cfg.max_position_embeddings)
+        self.fused = fz.resolve(fused)  # requested; used where fz.kernels_available(device)
+        self._fused_at: tuple[torch.device, bool] | None = None  # (device, available there)
+
+    def fused_on(self) -> bool:
+        """Whether this step uses the fused kernels: requested, and they run on the model's device
+        (decided once per device, so a compiled decode step only reads an attribute)."""
+        if not self.fused:
+            return False
+        dev = self.device
+        if self._fused_at is None or self._fused_at[0] != dev:
+            self._fused_at = (dev, fz.kernels_available(dev))
+        return self._fused_at[1]
 
     # --- static facts -----------------------------------------------------------
     @property
@@ -196,19 +210,29 @@ class DecoderRunner:
         )
 
     # --- shared pieces ------------------------------------------------------------
-    def _qkv(self, attn: nn.Module, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
+    def _qkv(self, attn: nn.Module, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, fused: bool):
         """``x [B, L, hidden]`` -> rotated ``q [B, H, L, D]``, ``k, v [B, H_kv, L, D]``."""
         B, L, _ = x.shape
         q = attn.q_proj(x).view(B, L, self.n_heads, self.head_dim)
         k = attn.k_proj(x).view(B, L, self.n_kv, self.head_dim)
         v = attn.v_proj(x).view(B, L, self.n_kv, self.head_dim)
         if self.qk_norm:  # Qwen3: RMSNorm over each head's D, before RoPE
-            q, k = attn.q_norm(q), attn.k_norm(k)
+            q, k = fz.rms_norm(attn.q_norm, q, fused=fused), fz.rms_norm(attn.k_norm, k, fused=fused)
         q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
-        return apply_rope(q, cos, sin), apply_rope(k, cos, sin), v
+        q, k = fz.rope_qk(q, k, cos, sin, fused=fused)
+        return q, k, v
 
-    def _logits(self, h: torch.Tensor) -> torch.Tensor:  # h [B, hidden] -> [B, V] fp32
-        return self.lm_head(self.norm(h)).float()
+    @staticmethod
+    def _add_norm(norm: nn.Module, h: torch.Tensor, delta: torch.Tensor | None, fused: bool):
+        """``(norm(h + delta), h + delta)`` -- one kernel when fused; ``delta=None``: ``(norm(h), h)``."""
+        if delta is None:
+            return fz.rms_norm(norm, h, fused=fused), h
+        return fz.rms_norm(norm, delta, residual=h, fused=fused)
+
+    def _logits(self, h: torch.Tensor, pending: torch.Tensor | None, fused: bool) -> torch.Tensor:
+        """``h, pending [B, hidden]`` -> ``[B, V]`` fp32: the last residual add, final norm, LM head."""
+        x, _ = self._add_norm(self.norm, h, pending, fused)
+        return self.lm_head(x).float()
 
     # --- prefill --------------------------------------------------------------------
     def prefill(self, st: DecodeState, ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
@@ -223,20 +247,23 @@ class DecoderRunner:
         causal = idx[None, :] <= idx[:, None]  # [P, P] key <= query
         amask = (causal & (real[:, None, :] | torch.eye(P, dtype=torch.bool, device=ids.device)))[:, None]  # [N,1,P,P]
         cos, sin = st.cos[pos], st.sin[pos]  # [N, P, D]
-        h = self.embed(ids)  # [N, P, hidden]
+        fused = self.fused_on()
+        h = self.embed(ids)  # [N, P, hidden] residual stream
+        pending = None  # the previous block's MLP output, added to h by the next norm
         for i, layer in enumerate(self.layers):
             attn = layer.self_attn
-            x = layer.input_layernorm(h)
-            q, k, v = self._qkv(attn, x, cos, sin)
+            x, h = self._add_norm(layer.input_layernorm, h, pending, fused)
+            q, k, v = self._qkv(attn, x, cos, sin, fused)
             st.k[i][:N, :, :P] = k
             st.v[i][:N, :, :P] = v
             if self.group > 1:  # [N, H_kv, P, D] -> [N, H, P, D], HF's repeat_kv
                 k = k[:, :, None].expand(N, self.n_kv, self.group, P, self.head_dim).reshape(N, self.n_heads, P, -1)
                 v = v[:, :, None].expand(N, self.n_kv, self.group, P, self.head_dim).reshape(N, self.n_heads, P, -1)
             o = F.scaled_dot_product_attention(q, k, v, attn_mask=amask, scale=self.scaling)  # [N, H, P, D]
-            h = h + attn.o_proj(o.transpose(1, 2).reshape(N, P, self.n_heads * self.head_dim))
-            h = h + layer.mlp(layer.post_attention_layernorm(h))
-        return self._logits(h[:, -1])
+            o = attn.o_proj(o.transpose(1, 2).reshape(N, P, self.n_heads * self.head_dim))
+            x, h = self._add_norm(layer.post_attention_layernorm, h, o, fused)  # h = h + o; x = norm(h)
+            pending = fz.mlp(layer.mlp, x, fused=fused)
+        return self._logits(h[:, -1], None if pending is None else pending[:, -1], fused)  # the last position only
 
     # --- decode -----------------------------------------------------------------------
     def decode(self, st: DecodeState, batch: int, kv_len: int) -> None:
@@ -250,11 +277,13 @@ class DecoderRunner:
         valid.index_fill_(1, slot, True)
         amask = valid[:, None, None, :kv_len]  # [B, 1, 1, L]
         cos, sin = st.cos[pos], st.sin[pos]  # [B, 1, D]
-        h = self.embed(tok)  # [B, 1, hidden]
+        fused = self.fused_on()
+        h = self.embed(tok)  # [B, 1, hidden] residual stream
+        pending = None  # the previous block's MLP output, added to h by the next norm
         for i, layer in enumerate(self.layers):
             attn = layer.self_attn
-            x = layer.input_layernorm(h)
-            q, k, v = self._qkv(attn, x, cos, sin)  # q [B, H, 1, D]; k, v [B, H_kv, 1, D]
+            x, h = self._add_norm(layer.input_layernorm, h, pending, fused)
+            q, k, v = self._qkv(attn, x, cos, sin, fused)  # q [B, H, 1, D]; k, v [B, H_kv, 1, D]
             kc, vc = st.k[i][:B], st.v[i][:B]  # [B, H_kv, S, D]
             kc.index_copy_(2, slot, k)
             vc.index_copy_(2, slot, v)
@@ -262,6 +291,7 @@ class DecoderRunner:
             o = F.scaled_dot_product_attention(
                 qg, kc[:, :, :kv_len], vc[:, :, :kv_len], attn_mask=amask, scale=self.scaling
             )  # [B, H_kv, G, D]
-            h = h + attn.o_proj(o.reshape(B, 1, self.n_heads * D))
-            h = h + layer.mlp(layer.post_attention_layernorm(h))
-        st.logits[:B].copy_(self._logits(h[:, 0]))
+            o = attn.o_proj(o.reshape(B, 1, self.n_heads * D))  # [B, 1, hidden]
+            x, h = self._add_norm(layer.post_attention_layernorm, h, o, fused)  # h = h + o; x = norm(h)
+            pending = fz.mlp(layer.mlp, x, fused=fused)
+        st.logits[:B].copy_(self._logits(h[:, 0], None if pending is None else pending[:, 0], fused))
