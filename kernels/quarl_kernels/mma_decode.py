@@ -1,0 +1,366 @@
+"""Decode GEMM on register-operand tensor cores: ``y = x @ W^T`` for M = 4..16 tokens (Gluon).
+
+Why. At decode sizes the product is memory-bound: the job is to stream the packed
+4-bit weight at HBM speed. The Triton tensor-core path (``wo_gemm._fwd_kernel``)
+moves every dequantized tile through shared memory with barriers before the MMA
+and reaches ~25% of HBM at M = 8 (docs/kernels.md, "Where the remaining time
+goes", path (2)); the CUDA-core GEMV (``gemv.py``) pays one FFMA per weight and
+token. Here the weight is the A operand of ``mma.sync.m16n8k16`` (bf16, fp32
+accumulate), decoded by each thread from its *own* packed words straight into
+its own A fragment registers -- no shared memory, no barrier, no layout
+conversion for the weight. Written in Gluon (``triton.experimental.gluon``),
+Triton's explicit-layout dialect, because plain Triton cannot pin the register
+layout of a loaded tile.
+
+K order is free. An MMA sums over k, so any permutation of K inside a tile is
+fine as long as both operands use it. Gluon's ``DotOperandLayout(k_width=8)``
+gives each thread 8 consecutive k of its rows per 32-k block, at lane ``t =
+lane % 4`` and block ``j``: logical ``k = 32 j + 8 t + e``. We map logical word
+``(j, t)`` to real word ``J t + j`` of the tile (``J = BKW / 4``), so thread
+``t`` holds the ``J`` *contiguous* real words ``J t .. J t + J - 1`` of each of
+its rows (one 16-byte load at J = 4), and inside a word logical ``e = 2 i + h``
+is code ``i + 4 h`` -- the "pair order" of ``dequant.py``, in which the inline
+PTX decode emits each 32-bit register as (code i, code i + 4) with no byte
+permutes. The activations (B operand, ``x^T``: K x 8 or K x 16 tokens) are
+loaded with the same permutation: 16-byte loads of 8 natural-order bf16, the
+in-word reorder done in registers (PRMT), shared by all rows of a warp.
+
+Layouts are built as explicit linear layouts (``_layouts``): the word tile
+``[R, BKW]``, its per-group scale tile, and the ``x`` tile ``[NT, BKW, 8]`` are
+placed so that after decode + join / reshape / permute they *are* the dot
+operand layouts; ``convert_layout`` then moves no data (checked at compile
+time with ``assert_trivial`` where Gluon can prove it, and in the SASS: no
+shared memory, no ``BAR`` in the main loop -- ``benchmarks/kernels/
+bench_mma_decode.py --compile-report``).
+
+Work split. A CTA of ``W`` warps owns ``R`` output rows (``R / W`` per warp,
+``R / (16 W)`` m16 tiles each) and a K range; K steps of ``BKW`` words (8 codes
+each). The next step's words and scales are loaded into registers before the
+current one is decoded (register double buffer). When ``cdiv(N, R)`` CTAs do
+not fill the GPU, K is split over CTAs: fp32 partials ``[S, M, N]`` summed in
+split order by ``wo_gemm._splitk_reduce_kernel`` (deterministic).
+
+Numerics are those of ``dequant.py`` (same PTX decode): NVFP4 weights exact
+(``e2m1 * e4m3 * 2**-16`` in bf16, ``2**16 / global_scale`` applied to the fp32
+accumulator), MXFP4 exact for E8M0 exponents in [2**-110, 2**17], INT4 with the
+fp32 group scale rounded to bf16 (<= 2**-9 relative). fp32 accumulation in MMA
+order. There is no portable / interpreter path: Gluon compiles for NVIDIA
+sm_80+ only; ``mma_decode_supported`` says when this kernel applies and the
+callers keep ``wo_gemm`` / the reference otherwise.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import triton
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.ampere import mma_v2
+
+from quarl_kernels.dequant import _fp4_asm, _int4_asm
+from quarl_kernels.formats import FMT_INT4, FMT_MXFP4, FMT_NVFP4
+
+FP4_ASM = gl.constexpr(_fp4_asm())  # word, bf16 S -> 8 bf16 in pair order (codes 0, 4, 1, 5, 2, 6, 3, 7)
+INT4_ASM = gl.constexpr(_int4_asm())  # word, bf16 S, bf16 (128 + 8 + zero) -> 8 bf16, pair order
+
+MIN_M = 1
+MAX_M = 16  # one or two n8 tiles of tokens
+
+
+# ---------------------------------------------------------------------------
+# Layouts. Bit-level maps (linear layouts): each basis vector says which tensor
+# coordinate one bit of (register, lane, warp) index moves. All derive from the
+# mma.sync A / B fragment with k_width = 8 (see the module docstring):
+#   A [R, BK]:  reg k1 k2 k4 | r8 | k32.. | r(16W)..   lane k8 k16 r1 r2 r4   warp r16..
+#   B [BK, NT]: reg k1 k2 k4 | k32.. | n8              lane k8 k16 n1 n2 n4   warp -
+@gluon.constexpr_function
+def _log2(v):
+    assert v > 0 and v & (v - 1) == 0, f"{v} is not a power of two"
+    return v.bit_length() - 1
+
+
+@gluon.constexpr_function
+def _word_layout(R, BKW, W):
+    """Packed words [R, BKW] (real word order): thread (g, t) of warp w holds rows
+    g, g + 8 (+ 16 W i) + 16 w and the J = BKW / 4 contiguous words J t .. J t + J - 1."""
+    J = BKW // 4
+    reg = [[0, 1 << i] for i in range(_log2(J))] + [[8, 0]] + [[16 * W << i, 0] for i in range(_log2(R // (16 * W)))]
+    lane = [[0, J], [0, 2 * J], [1, 0], [2, 0], [4, 0]]
+    warp = [[16 << i, 0] for i in range(_log2(W))]
+    return gl.DistributedLinearLayout(reg, lane, warp, [], [R, BKW])
+
+
+@gluon.constexpr_function
+def _group_layout(R, BKW, W, WT):
+    """[R, BKW / WT, WT]: the word layout with the word index split into (group, word in
+    group); a SliceLayout(2, .) of it holds one value per (row, group) a thread needs."""
+    J = BKW // 4
+    lw = _log2(WT)
+
+    def word(v):  # word-index basis 2**p -> (group, word-in-group) basis
+        p = _log2(v)
+        return [0, 1 << (p - lw), 0] if p >= lw else [0, 0, 1 << p]
+
+    reg = ([word(1 << i) for i in range(_log2(J))] + [[8, 0, 0]]
+           + [[16 * W << i, 0, 0] for i in range(_log2(R // (16 * W)))])
+    lane = [word(J), word(2 * J), [1, 0, 0], [2, 0, 0], [4, 0, 0]]
+    warp = [[16 << i, 0, 0] for i in range(_log2(W))]
+    return gl.DistributedLinearLayout(reg, lane, warp, [], [R, BKW // WT, WT])
+
+
+@gluon.constexpr_function
+def _x_layout(NT, BKW, W):
+    """Activations [NT, BKW, 8] (token, real word, code in word), 16-byte loads:
+    thread (g, t) holds token g (+ 8) and words J t .. J t + J - 1, all 8 codes."""
+    J = BKW // 4
+    reg = [[0, 0, 1], [0, 0, 2], [0, 0, 4]] + [[0, 1 << i, 0] for i in range(_log2(J))]
+    if NT == 16:
+        reg.append([8, 0, 0])
+    lane = [[0, J, 0], [0, 2 * J, 0], [1, 0, 0], [2, 0, 0], [4, 0, 0]]
+    warp = [[0, 0, 0] for _ in range(_log2(W))]
+    return gl.DistributedLinearLayout(reg, lane, warp, [], [NT, BKW, 8])
+
+
+# ---------------------------------------------------------------------------
+@gluon.jit
+def _load_step(wp_ptr, s_ptr, z_ptr, rows_w, offs_w, rows_g, offs_g, kw0, kw_hi,
+               stride_wn, stride_sn, stride_zn,
+               FMT: gl.constexpr, WPG: gl.constexpr, WT: gl.constexpr, HAS_ZP: gl.constexpr,
+               EVEN_K: gl.constexpr):
+    """Raw loads of one K step at word ``kw0``: words [R, BKW] i32 and the step's group
+    values [R, NG] (FP4: scale bytes; INT4: fp32 scales, zero-point bytes)."""
+    kw = kw0 + offs_w  # [BKW]
+    wptr = wp_ptr + rows_w[:, None] * stride_wn + kw[None, :]  # [R, BKW]
+    if WT == WPG:  # whole groups in a step: contiguous group indices (vector loads)
+        gi = kw0 // WPG + offs_g  # [NG]
+    else:  # the step lies inside one group
+        gi = (kw0 + offs_g * WT) // WPG  # [NG]
+    sptr = s_ptr + rows_g[:, None] * stride_sn + gi[None, :]  # [R, NG]
+    zptr = z_ptr + rows_g[:, None] * stride_zn + gi[None, :]
+    if EVEN_K:
+        w = gl.load(wptr)
+        sg = gl.load(sptr)
+        if HAS_ZP:
+            zg = gl.load(zptr)
+        else:
+            zg = sg
+    else:  # K tail: words past kw_hi read as 0, their groups too (K % 8 == 0: whole words)
+        w = gl.load(wptr, mask=(kw < kw_hi)[None, :], other=0)
+        g_ok = (gi * WPG < kw_hi)[None, :]
+        sg = gl.load(sptr, mask=g_ok, other=0)
+        if HAS_ZP:
+            zg = gl.load(zptr, mask=g_ok, other=0)
+        else:
+            zg = sg
+    return w, sg, zg
+
+
+@gluon.jit
+def _per_word(v, LW: gl.constexpr, R: gl.constexpr, BKW: gl.constexpr, WT: gl.constexpr):
+    """Group values [R, NG] (SliceLayout(2, group layout)) -> per word [R, BKW] in LW."""
+    NG: gl.constexpr = BKW // WT
+    v3 = gl.broadcast(gl.expand_dims(v, 2), gl.full([R, NG, WT], 0, v.dtype, v.type.layout.parent))[0]
+    return gl.convert_layout(gl.reshape(v3, [R, BKW]), LW)
+
+
+@gluon.jit
+def _mma_decode_kernel(
+    x_ptr, wp_ptr, s_ptr, z_ptr, gs_ptr, out_ptr,
+    M, N, KW, TILES_PER_SPLIT,
+    stride_xm, stride_wn, stride_sn, stride_zn, stride_os, stride_om,
+    FMT: gl.constexpr, GROUP: gl.constexpr, HAS_ZP: gl.constexpr,
+    R: gl.constexpr, BKW: gl.constexpr, NT: gl.constexpr, W: gl.constexpr,
+    PREFETCH: gl.constexpr, EVEN_K: gl.constexpr,
+):
+    """y[M, N] (or fp32 split partials [S, M, N]) = x[M, K] @ W[N, K]^T, M <= NT.
+
+    x bf16 [M, K]; words int32 [N, K/8]; FP4 scales uint8 [N, G]; INT4 fp32 scales
+    [N, G] and int8 zero points [N, G]. Program (pid_n, pid_k) owns rows
+    pid_n * R .. + R and K steps pid_k * TILES_PER_SPLIT .. + TILES_PER_SPLIT."""
+    BK: gl.constexpr = BKW * 8
+    J: gl.constexpr = BKW // 4
+    WPG: gl.constexpr = GROUP // 8  # words per scale group
+    WT: gl.constexpr = WPG if WPG < BKW else BKW  # words per group slot inside a step
+    NG: gl.constexpr = BKW // WT  # group slots per step
+    MMA: gl.constexpr = gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[W, 1], instr_shape=[16, 8])
+    A_L: gl.constexpr = gl.DotOperandLayout(0, MMA, 8)
+    B_L: gl.constexpr = gl.DotOperandLayout(1, MMA, 8)
+    LW: gl.constexpr = _word_layout(R, BKW, W)
+    LG: gl.constexpr = gl.SliceLayout(2, _group_layout(R, BKW, W, WT))
+    LX: gl.constexpr = _x_layout(NT, BKW, W)
+
+    pid_n = gl.program_id(0)
+    pid_k = gl.program_id(1)
+    # rows past N re-read row N - 1 (never stored): no masks on the weight loads
+    rows_w = gl.minimum(pid_n * R + gl.arange(0, R, layout=gl.SliceLayout(1, LW)), N - 1)  # [R]
+    rows_g = gl.minimum(pid_n * R + gl.arange(0, R, layout=gl.SliceLayout(1, LG)), N - 1)  # [R]
+    offs_w = gl.arange(0, BKW, layout=gl.SliceLayout(0, LW))  # [BKW] real word in step
+    offs_g = gl.arange(0, NG, layout=gl.SliceLayout(0, LG))  # [NG]
+    kw_lo = pid_k * (TILES_PER_SPLIT * BKW)
+    kw_hi = gl.minimum(kw_lo + TILES_PER_SPLIT * BKW, KW)
+    # activations [NT, BKW, 8]: token n, real word, code c (natural order, 16-byte loads)
+    xn = gl.arange(0, NT, layout=gl.SliceLayout(1, gl.SliceLayout(2, LX)))
+    xw = gl.arange(0, BKW, layout=gl.SliceLayout(0, gl.SliceLayout(2, LX)))
+    xc = gl.arange(0, 8, layout=gl.SliceLayout(0, gl.SliceLayout(1, LX)))
+    # tokens past M re-read token M - 1: their accumulator columns are never stored (no masks)
+    xn = gl.minimum(xn, M - 1)
+    x_off = (xn[:, None, None] * stride_xm + xw[None, :, None] * 8 + xc[None, None, :])  # [NT, BKW, 8]
+
+    acc = gl.zeros([R, NT], gl.float32, MMA)
+    kw_last = kw_lo + ((kw_hi - kw_lo - 1) // BKW) * BKW  # start of the split's last step
+    if PREFETCH:
+        nxt = _load_step(wp_ptr, s_ptr, z_ptr, rows_w, offs_w, rows_g, offs_g, kw_lo, kw_hi,
+                         stride_wn, stride_sn, stride_zn, FMT, WPG, WT, HAS_ZP, EVEN_K)
+    for kw0 in range(kw_lo, kw_hi, BKW):
+        # x^T step first (L1/L2 hits), permuted like the weight tile
+        xp = x_ptr + kw0 * 8 + x_off
+        if EVEN_K:
+            xt = gl.load(xp)  # [NT, BKW, 8]
+        else:  # K tail: activations past kw_hi are 0 (the words there decode to finite values)
+            xt = gl.load(xp, mask=((kw0 + xw) < kw_hi)[None, :, None], other=0.0)
+        # [NT, 4 (t), J (j), 2 (h), 4 (i)] -> [NT, J, 4, 4, 2]: logical k = 32 j + 8 t + 2 i + h
+        xt = gl.permute(gl.reshape(xt, [NT, 4, J, 2, 4]), [0, 2, 1, 4, 3])
+        b = gl.convert_layout(gl.permute(gl.reshape(xt, [NT, BK]), [1, 0]), B_L)  # [BK, NT]
+
+        if PREFETCH:  # this step's raw loads were issued one step ago; issue the next one's
+            w, sg, zg = nxt
+            nxt = _load_step(wp_ptr, s_ptr, z_ptr, rows_w, offs_w, rows_g, offs_g,
+                             gl.minimum(kw0 + BKW, kw_last), kw_hi,  # the last again at the end: unused
+                             stride_wn, stride_sn, stride_zn, FMT, WPG, WT, HAS_ZP, EVEN_K)
+        else:
+            w, sg, zg = _load_step(wp_ptr, s_ptr, z_ptr, rows_w, offs_w, rows_g, offs_g, kw0, kw_hi,
+                                   stride_wn, stride_sn, stride_zn, FMT, WPG, WT, HAS_ZP, EVEN_K)
+        # group values -> bf16 per group, then per word (register broadcast)
+        if FMT == 0:  # NVFP4: S = e4m3 * 2**110 (exact in bf16)
+            s_g = (sg.to(gl.float8e4nv, bitcast=True).to(gl.float32) * 1.298074214633707e33).to(gl.bfloat16)
+        elif FMT == 1:  # MXFP4: S = 2**(e - 17) from the E8M0 byte
+            e = gl.minimum(sg.to(gl.int32), 144)
+            s_g = ((e + 110) << 7).to(gl.int16).to(gl.bfloat16, bitcast=True)
+        else:  # INT4: bf16 scale, and 128 + 8 + zero for the magic-number subtraction
+            s_g = sg.to(gl.bfloat16)
+        s = _per_word(s_g, LW, R, BKW, WT)  # [R, BKW]
+        if FMT == 2:
+            if HAS_ZP:
+                z_g = (zg.to(gl.int32) + 136).to(gl.float32).to(gl.bfloat16)
+            else:
+                z_g = gl.full(sg.shape, 136.0, gl.bfloat16, sg.type.layout)
+            z = _per_word(z_g, LW, R, BKW, WT)
+            p0, p1, p2, p3, p4, p5, p6, p7 = gl.inline_asm_elementwise(
+                INT4_ASM, "=h,=h,=h,=h,=h,=h,=h,=h,r,h,h", [w, s, z],
+                dtype=(gl.bfloat16,) * 8, is_pure=True, pack=1)
+        else:
+            p0, p1, p2, p3, p4, p5, p6, p7 = gl.inline_asm_elementwise(
+                FP4_ASM, "=h,=h,=h,=h,=h,=h,=h,=h,r,h", [w, s],
+                dtype=(gl.bfloat16,) * 8, is_pure=True, pack=1)
+        # [R, BKW, a, b, c] = p[a + 2b + 4c] -> [R, BKW, 8] in pair order (e = a + 2b + 4c)
+        q = gl.join(gl.join(gl.join(p0, p1), gl.join(p2, p3)), gl.join(gl.join(p4, p5), gl.join(p6, p7)))
+        q = gl.reshape(gl.permute(q, [0, 1, 4, 3, 2]), [R, 4, J, 8])  # real word = J t + j
+        a = gl.convert_layout(gl.reshape(gl.permute(q, [0, 2, 1, 3]), [R, BK]), A_L)  # logical k = 32 j + 8 t + e
+        acc = mma_v2(a, b, acc)
+
+    if FMT == 0:
+        acc = acc * (65536.0 / gl.load(gs_ptr).to(gl.float32))
+    elif FMT == 1:
+        acc = acc * 65536.0
+    offs_r = pid_n * R + gl.arange(0, R, layout=gl.SliceLayout(1, MMA))  # [R]
+    offs_t = gl.arange(0, NT, layout=gl.SliceLayout(0, MMA))  # [NT]
+    # y [M, N] in x's dtype, or (split-K) fp32 partials [S, M, N]: the pointer type decides
+    out = out_ptr + pid_k * stride_os + offs_t[None, :] * stride_om + offs_r[:, None]  # [R, NT]
+    gl.store(out, acc.to(out_ptr.dtype.element_ty), mask=(offs_r[:, None] < N) & (offs_t[None, :] < M))
+
+
+# ---------------------------------------------------------------------------
+@dataclass(frozen=True)
+class MmaDecodeConfig:
+    rows: int  # output rows per CTA (R): rows / warps / 16 m16 tiles per warp
+    bkw: int  # K step in 32-bit words (8 codes each); thread t reads bkw / 4 contiguous words per row
+    warps: int = 4
+    prefetch: bool = True  # register double buffer of the next step's words and scales
+    waves: int = 4  # split K until cdiv(N, rows) * split >= waves * SMs
+
+    def __str__(self) -> str:
+        return f"mma-R{self.rows}xBK{self.bkw * 8}w{self.warps}{'p' if self.prefetch else ''}W{self.waves}"
+
+
+# Candidates (none measured yet: bench_mma_decode.py times them all). Per thread and K
+# step: (rows / warps / 8) rows x bkw / 4 words -- 16 words (128 weights) in the first
+# three, so the A fragments of a step take 64 registers.
+MMA_DECODE_CONFIGS = (
+    MmaDecodeConfig(128, 16, 4),  # 0: 2 m16 tiles per warp, 16-byte word loads
+    MmaDecodeConfig(64, 32, 4),  # 1: 1 m16 tile per warp, 2 x 16-byte loads per row
+    MmaDecodeConfig(256, 8, 4),  # 2: 4 m16 tiles per warp (x shared by 64 rows), 8-byte loads
+    MmaDecodeConfig(256, 16, 8),  # 3: 8 warps, 2 m16 tiles each
+    MmaDecodeConfig(128, 16, 4, prefetch=False),  # 4: occupancy alone hides latency
+    MmaDecodeConfig(128, 16, 4, waves=2),  # 5: fewer, longer splits
+)
+
+
+def mma_decode_supported(x2: torch.Tensor, pw) -> bool:
+    """True when ``launch_mma_decode`` can run this call: CUDA bf16 activations with
+    MIN_M <= M <= MAX_M, a weight in NVFP4 / MXFP4 / INT4 with a group of 8 * 2**i
+    weights and K a multiple of 8 (whole packed words)."""
+    wpg = pw.group // 8
+    return (x2.is_cuda and x2.dtype == torch.bfloat16 and x2.dim() == 2 and MIN_M <= x2.shape[0] <= MAX_M
+            and x2.shape[1] == pw.k and pw.fmt in (FMT_NVFP4, FMT_MXFP4, FMT_INT4)
+            and pw.group % 8 == 0 and wpg & (wpg - 1) == 0 and pw.k % 8 == 0)
+
+
+def _split(cfg: MmaDecodeConfig, n: int, kw: int, sms: int) -> tuple[int, int]:
+    """(split count, K steps per split): about ``waves * sms`` CTAs, >= 1 step each."""
+    tiles = triton.cdiv(n, cfg.rows)
+    steps = triton.cdiv(kw, cfg.bkw)
+    split = max(1, min(64, triton.cdiv(cfg.waves * sms, tiles), steps))
+    per = triton.cdiv(steps, split)
+    return triton.cdiv(steps, per), per
+
+
+def _byte_view(t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """[N, G] bytes of a byte tensor passed either as bytes or as its int32 view [N, G/4]."""
+    return t.view(dtype) if t.dtype in (torch.int32, torch.uint8, torch.int8, torch.float8_e4m3fn) else t
+
+
+def launch_mma_decode(x2: torch.Tensor, pw, cfg: MmaDecodeConfig) -> torch.Tensor:
+    """y [M, N] = x2 [M, K] @ dequant(W)^T on mma.sync with register-decoded weights.
+
+    ``pw`` is a ``wo_gemm.PackedWeight`` (byte tensors as bytes or int32 views);
+    ``x2`` bf16 [M, K] with 1 <= M <= 16 (``mma_decode_supported``)."""
+    from quarl_kernels.wo_gemm import _num_sms, _splitk_reduce_kernel
+
+    if not mma_decode_supported(x2, pw):
+        raise ValueError(
+            f"launch_mma_decode: needs CUDA bf16 x [M, {pw.k}] with {MIN_M} <= M <= {MAX_M}, K % 8 == 0 and a "
+            f"group of 8 * 2**i weights; got {x2.dtype} {tuple(x2.shape)} on {x2.device}, group {pw.group} "
+            f"(use wo_gemm.launch_fwd)")
+    m = x2.shape[0]
+    kw = pw.k // 8
+    x2 = x2.contiguous()
+    if pw.fmt == FMT_INT4:
+        s = pw.scale  # [N, G] fp32 (or bf16)
+        z = _byte_view(pw.zero, torch.int8) if pw.zero is not None else s
+    else:
+        s = _byte_view(pw.scale, torch.uint8)  # [N, G] e4m3 / e8m0 bytes
+        z = s
+    gs = pw.gscale if pw.gscale is not None else s
+    split, per = _split(cfg, pw.n, kw, _num_sms(x2.device))
+    y = torch.empty((m, pw.n), device=x2.device, dtype=x2.dtype)
+    out = y if split == 1 else torch.empty((split, m, pw.n), device=x2.device, dtype=torch.float32)
+    so, som = (0, y.stride(0)) if split == 1 else (out.stride(0), out.stride(1))
+    grid = (triton.cdiv(pw.n, cfg.rows), split)
+    _mma_decode_kernel[grid](
+        x2, pw.words, s, z, gs, out,
+        m, pw.n, kw, per,
+        x2.stride(0), pw.words.stride(0), s.stride(0), z.stride(0), so, som,
+        FMT=pw.fmt, GROUP=pw.group, HAS_ZP=pw.fmt == FMT_INT4 and pw.zero is not None,
+        R=cfg.rows, BKW=cfg.bkw, NT=8 if m <= 8 else 16, W=cfg.warps,
+        PREFETCH=cfg.prefetch, EVEN_K=kw % cfg.bkw == 0,
+        num_warps=cfg.warps,
+    )
+    if split > 1:
+        mn = m * pw.n
+        _splitk_reduce_kernel[(triton.cdiv(mn, 1024),)](out, y, mn, SPLIT_K=split, BLOCK=1024, num_warps=4)
+    return y
+
+
+__all__ = ["MAX_M", "MIN_M", "MMA_DECODE_CONFIGS", "MmaDecodeConfig", "launch_mma_decode", "mma_decode_supported"]
