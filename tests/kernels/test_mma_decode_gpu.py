@@ -1,0 +1,138 @@
+"""GPU correctness of the Gluon mma.sync decode GEMM (``quarl_kernels.mma_decode``).
+
+Same contract as ``test_wo_gemm_gpu.py``: fresh random weights and activations,
+the output memory poisoned with NaN first (an unwritten element fails), and
+``||out - ref|| / ||ref|| < 5e-3`` against a float64 product of the activations
+and the format's reference dequantized weight. Cases cover every format (NVFP4,
+MXFP4, INT4 g128 asymmetric and symmetric), token counts 1..16 (odd ones, both
+token tiles: NT = 8 for M <= 8, 16 above), N not a multiple of the CTA's rows
+(rows past N are re-read, never stored), K ending inside a K step (masked tail)
+and exactly on a scale-block / group boundary, split-K (the deterministic
+reduction) and a single split (bf16 stored directly), every candidate config,
+agreement with the Triton tensor-core path, the support predicate, and CUDA
+graph capture.
+
+Run on a CUDA machine: ``pytest -q -m gpu tests/kernels/test_mma_decode_gpu.py``.
+Skips without CUDA or without Triton's Gluon.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from quarl_kernels.ops import _packed_weight
+
+from quarl.quant import get_format, make_config
+
+pytest.importorskip("triton", reason="the GPU kernels need Triton (CPU CI has none)")
+pytest.importorskip("triton.experimental.gluon", reason="mma_decode is written in Gluon (Triton >= 3.5)")
+from quarl_kernels import mma_decode, wo_gemm  # after the skip: they import Triton
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device"),
+]
+
+SPECS = ["nvfp4", "mxfp4", "int4-g128", "int4-g128-sym"]
+FP4 = ["nvfp4", "mxfp4"]
+TOL = 5e-3
+C = mma_decode.MMA_DECODE_CONFIGS
+SHAPES = [  # M, N, K (K a multiple of 128 so that every spec applies)
+    (8, 512, 3584),  # k/v layer: split-K
+    (5, 520, 1024),  # odd M, N tail (520 = 4 * 128 + 8)
+    (16, 640, 384),  # NT = 16; K = 48 words: a 16-word tail for 32-word steps
+    (13, 1000, 2048),  # N tail inside the last CTA's second warp
+    (4, 256, 128),  # K = one INT4 group = 16 words: one K step, no split (bf16 stored directly)
+    (9, 3584, 1280),  # NT = 16 at M = 9
+]
+CASES = [(*SHAPES[i % len(SHAPES)], c) for i, c in enumerate(C)] + [
+    (m, 384, 1280, C[0]) for m in (1, 3, 4, 6, 7, 8, 11, 15, 16)  # every token-tile path with the first config
+]
+
+
+def _qweight(spec: str, n: int, k: int, device="cuda"):
+    cfg = make_config(spec)
+    w = torch.randn(n, k, device=device) * 0.03
+    q = get_format(cfg.name).quantize(w, cfg)
+    t = q.tensors
+    args = (t["weight_packed"], t["weight_scale"], t.get("weight_zero_point"), t.get("weight_global_scale"),
+            cfg.name, cfg.block_size, n, k)
+    return args, q.dequantize(torch.float64)
+
+
+def _poison(shape, dtype):
+    """Fill the block the next same-size allocation will reuse with NaN."""
+    junk = torch.full(shape, float("nan"), device="cuda", dtype=dtype)
+    del junk
+
+
+def _rel(out: torch.Tensor, ref: torch.Tensor) -> float:
+    assert not torch.isnan(out).any(), "NaN in output: an element was not written (or decoded to NaN)"
+    return ((out.double() - ref).norm() / ref.norm()).item()
+
+
+@pytest.mark.parametrize("spec", SPECS)
+@pytest.mark.parametrize("m,n,k,cfg", CASES, ids=[f"M{c[0]}N{c[1]}K{c[2]}-{c[3]}" for c in CASES])
+def test_mma_decode_matches_reference(spec, m, n, k, cfg):
+    torch.manual_seed(m * 7 + n + k)
+    args, w = _qweight(spec, n, k)
+    x = torch.randn(m, k, device="cuda").to(torch.bfloat16)
+    _poison((m, n), torch.bfloat16)
+    y = mma_decode.launch_mma_decode(x, _packed_weight(*args), cfg)
+    torch.cuda.synchronize()
+    assert y.shape == (m, n) and y.dtype == torch.bfloat16
+    assert _rel(y, x.double() @ w.T) < TOL
+
+
+@pytest.mark.parametrize("spec", FP4)
+@pytest.mark.parametrize("cfg", C[:3], ids=str)
+@pytest.mark.parametrize("k", [1088, 1056])  # 136 / 132 words: 8- / 4-word tails (whole blocks)
+def test_fp4_k_tail_inside_a_step(spec, cfg, k):
+    torch.manual_seed(k)
+    args, w = _qweight(spec, 384, k)
+    x = torch.randn(7, k, device="cuda").to(torch.bfloat16)
+    _poison((7, 384), torch.bfloat16)
+    y = mma_decode.launch_mma_decode(x, _packed_weight(*args), cfg)
+    torch.cuda.synchronize()
+    assert _rel(y, x.double() @ w.T) < TOL
+
+
+@pytest.mark.parametrize("spec", SPECS)
+def test_agrees_with_tensor_core_path(spec):
+    """Same decoded weights as wo_gemm (same PTX): outputs differ only by accumulation order."""
+    torch.manual_seed(3)
+    args, w = _qweight(spec, 1024, 2048)
+    pw = _packed_weight(*args)
+    for m in (4, 8, 16):
+        x = torch.randn(m, 2048, device="cuda").to(torch.bfloat16)
+        y = mma_decode.launch_mma_decode(x, pw, C[0]).float()
+        ref = wo_gemm.launch_fwd(x, pw, wo_gemm.default_config("fwd", m, 1024, 2048)).float()
+        assert (y - ref).abs().max() <= 1e-2 * ref.abs().max()
+
+
+def test_supported_predicate_and_errors():
+    args, _ = _qweight("nvfp4", 256, 512)
+    pw = _packed_weight(*args)
+    ok = torch.randn(8, 512, device="cuda").to(torch.bfloat16)
+    assert mma_decode.mma_decode_supported(ok, pw)
+    assert not mma_decode.mma_decode_supported(torch.randn(17, 512, device="cuda").to(torch.bfloat16), pw)
+    assert not mma_decode.mma_decode_supported(ok.float(), pw)
+    assert not mma_decode.mma_decode_supported(ok.cpu(), pw)
+    with pytest.raises(ValueError, match="wo_gemm.launch_fwd"):
+        mma_decode.launch_mma_decode(torch.randn(17, 512, device="cuda").to(torch.bfloat16), pw, C[0])
+
+
+@pytest.mark.parametrize("spec", ["nvfp4", "int4-g128"])
+def test_cuda_graph_capture_of_split_k(spec):
+    torch.manual_seed(0)
+    args, w = _qweight(spec, 512, 3584)
+    pw = _packed_weight(*args)
+    x = torch.randn(8, 3584, device="cuda").to(torch.bfloat16)
+    mma_decode.launch_mma_decode(x, pw, C[0])  # compile outside the capture
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        y = mma_decode.launch_mma_decode(x, pw, C[0])
+    x.copy_(torch.randn_like(x))
+    g.replay()
+    torch.cuda.synchronize()
+    assert _rel(y, x.double() @ w.T) < TOL
