@@ -80,7 +80,8 @@ def compile_table(dump: str | None = None) -> list[dict]:
                          int_per_weight=round(r["loop_int"] / wpt, 2), fma_per_weight=round(r["loop_fma"] / wpt, 2),
                          hmma_per_step=r["loop_mma"])
                 if dump:
-                    sass = open(os.path.join(dump, f"{label}.sass")).read()
+                    with open(os.path.join(dump, f"{label}.sass")) as f:
+                        sass = f.read()
                     r["loop_mix"] = dict(collections.Counter(cr._main_loop(sass)).most_common(12))
                 rows.append(r)
                 print(json.dumps(r), flush=True)
@@ -127,22 +128,22 @@ def bench(out_dir: str, shapes, ms, specs) -> dict:
                 ref = x.double() @ wref.T
                 nbytes = q.nbytes + 2 * m * k + 2 * m * n
 
-                def err(y):
+                def err(y, ref=ref):
                     return ((y.double() - ref).norm() / ref.norm()).item()
 
                 if m not in bf16_cache:  # the same for every format
                     wb = w.to(torch.bfloat16)
                     wbs = [wb] + [wb.clone() for _ in range(_copies(wb.numel() * 2, l2) - 1)]
-                    bf16_cache[m] = graph_time_us([lambda wi=wi: x @ wi.T for wi in wbs])
+                    bf16_cache[m] = graph_time_us([lambda wi=wi, x=x: x @ wi.T for wi in wbs])
                     del wbs, wb
                 t_bf16 = bf16_cache[m]
                 dcfg = wo_gemm.default_config("fwd", m, n, k)
                 e_tc = err(wo_gemm.launch_fwd(x, p0, dcfg))
-                t_tc = graph_time_us([lambda p=p: wo_gemm.launch_fwd(x, p, dcfg) for p in pws])
+                t_tc = graph_time_us([lambda p=p, x=x, c=dcfg: wo_gemm.launch_fwd(x, p, c) for p in pws])
                 res = []
                 for i, c in enumerate(mma_decode.MMA_DECODE_CONFIGS):
                     e = err(mma_decode.launch_mma_decode(x, p0, c))
-                    us = graph_time_us([lambda p=p, c=c: mma_decode.launch_mma_decode(x, p, c) for p in pws])
+                    us = graph_time_us([lambda p=p, c=c, x=x: mma_decode.launch_mma_decode(x, p, c) for p in pws])
                     res.append({"config": str(c), "index": i, "us": us, "err": e,
                                 "pct_hbm": 100 * nbytes / us / 1e3 / hbm})
                 best = min(res, key=lambda r: r["us"])

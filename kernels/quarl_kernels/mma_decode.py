@@ -182,7 +182,7 @@ def _mma_decode_kernel(
     BK: gl.constexpr = BKW * 8
     J: gl.constexpr = BKW // 4
     WPG: gl.constexpr = GROUP // 8  # words per scale group
-    WT: gl.constexpr = WPG if WPG < BKW else BKW  # words per group slot inside a step
+    WT: gl.constexpr = WPG if WPG < BKW else BKW  # noqa: FURB136  words per group slot inside a step
     NG: gl.constexpr = BKW // WT  # group slots per step
     MMA: gl.constexpr = gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[W, 1], instr_shape=[16, 8])
     A_L: gl.constexpr = gl.DotOperandLayout(0, MMA, 8)

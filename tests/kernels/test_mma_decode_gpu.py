@@ -101,7 +101,7 @@ def test_fp4_k_tail_inside_a_step(spec, cfg, k):
 def test_agrees_with_tensor_core_path(spec):
     """Same decoded weights as wo_gemm (same PTX): outputs differ only by accumulation order."""
     torch.manual_seed(3)
-    args, w = _qweight(spec, 1024, 2048)
+    args, _ = _qweight(spec, 1024, 2048)
     pw = _packed_weight(*args)
     for m in (4, 8, 16):
         x = torch.randn(m, 2048, device="cuda").to(torch.bfloat16)
