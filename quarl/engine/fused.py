@@ -92,6 +92,10 @@ def _ops_module():
     return _OPS
 
 
+def _ops():
+    return _OPS if _OPS is not None else _ops_module()
+
+
 def kernels_available(device: torch.device) -> bool:
     """True when the fused kernels can run on ``device`` (or the test seam is set and the ops import)."""
     if _FORCE_OPS:
@@ -166,7 +170,7 @@ def rms_norm(norm: nn.Module, x: torch.Tensor, residual: torch.Tensor | None = N
     if (fused and _kernel_input(x) and norm_eligible(norm, x) and _no_grad_needed(x, norm.weight)
             and (residual is None or (residual.shape == x.shape and residual.dtype == x.dtype
                                       and residual.device == x.device and _no_grad_needed(residual)))):
-        return (_OPS if _OPS is not None else _ops_module()).rms_norm(x, norm.weight, norm.variance_epsilon, residual=residual)
+        return _ops().rms_norm(x, norm.weight, norm.variance_epsilon, residual=residual)
     if residual is None:
         return norm(x)
     h = residual + x
@@ -177,7 +181,7 @@ def rope_qk(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tens
     """``q [B, H, L, D]``, ``k [B, H_kv, L, D]``, ``cos/sin [B, L, D]`` -> both rotated (one kernel when fused)."""
     if (fused and _kernel_input(q) and q.dtype == k.dtype == cos.dtype == sin.dtype and q.device == k.device
             and _no_grad_needed(q, k)):
-        return (_OPS if _OPS is not None else _ops_module()).rope_qk(q, k, cos, sin)
+        return _ops().rope_qk(q, k, cos, sin)
     return apply_rope(q, cos, sin), apply_rope(k, cos, sin)
 
 
@@ -187,7 +191,7 @@ def mlp(module: nn.Module, x: torch.Tensor, *, fused: bool = True) -> torch.Tens
         gate = module.gate_proj(x)  # [.., I]
         up = module.up_proj(x)  # [.., I]
         if gate.shape == up.shape and gate.dtype == up.dtype and _no_grad_needed(gate, up):
-            return module.down_proj((_OPS if _OPS is not None else _ops_module()).silu_mul(gate, up))
+            return module.down_proj(_ops().silu_mul(gate, up))
         return module.down_proj(module.act_fn(gate) * up)  # what HF's forward computes from the same values
     return module(x)
 
