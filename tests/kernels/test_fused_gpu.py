@@ -100,8 +100,10 @@ def test_rms_norm_matches_reference(dtype, shape, res, noisy):
         assert torch.equal(s, sr) and torch.equal(q.view(torch.uint8), qr.view(torch.uint8))
     if noisy:  # passing Z == AQN writing (w.float() + Z).to(w.dtype) into the weight
         w_aqn = (w.float() + z).to(dtype)
-        again = fused_ops.rms_norm(x, w_aqn, 1e-6, residual=r)
-        assert torch.equal(again[0] if res else again, y)
+        # the same kernel variant: fp8_out compiles another reduction order (H200: 2-ulp differences)
+        again = fused_ops.rms_norm(x, w_aqn, 1e-6, residual=r, fp8_out=fp8)
+        again = again if isinstance(again, tuple) else (again,)
+        assert torch.equal(again[0], y)
 
 
 def test_rms_norm_strided_rows_and_zero_rows():
