@@ -4,8 +4,9 @@
 
 ``bench_wo_gemm.py`` and ``bench_gemv.py`` sweep the candidate configs of each
 kernel; this script times the *dispatched* call -- the path
-``torch.ops.quarl.wo_linear`` takes for that M (CUDA-core GEMV at M <= 3, the
-fused tensor-core kernel, or the dequantize-then-cuBLAS path at
+``torch.ops.quarl.wo_linear`` takes for that M (CUDA-core GEMV at M = 1, the
+Gluon register-operand mma.sync kernel at M = 2..16, the fused tensor-core
+kernel, or the dequantize-then-cuBLAS path at
 M >= ``dense.dense_min_m()``) -- which is the number a model sees. Same method
 as ``bench_wo_gemm.py``: measured ceilings first, rotating weight copies (>= 4x
 L2), R calls captured in one CUDA graph, median per call.
@@ -59,9 +60,14 @@ def _weights(spec: str, n: int, k: int, l2: int):
 
 
 def _path(x2: torch.Tensor, pw) -> str:
-    if gemv.gemv_supported(x2, pw):
-        return "gemv"
-    return "dense" if dense.use_dense(x2.shape[0]) else "fused"
+    """Which kernel ``wo_matmul`` runs for this call (mirrors its dispatch order)."""
+    m = x2.shape[0]
+    if dense.use_dense(m):
+        return "dense"
+    md = wo_gemm._mma_decode()
+    if md is not None and m >= wo_gemm.MMA_DECODE_MIN_M and md.mma_decode_supported(x2, pw):
+        return "mma"
+    return "gemv" if gemv.gemv_supported(x2, pw) else "fused"
 
 
 def forward_table(l2: int, hbm: float, shapes, ms) -> list[dict]:
@@ -145,6 +151,8 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
     ap.add_argument("--quick", action="store_true", help="one shape, M in (1, 2048); crossover at 2 sizes")
+    ap.add_argument("--ms", default=None, help="comma-separated M values of the forward table (default 1,8,32,128,2048)")
+    ap.add_argument("--no-crossover", action="store_true", help="skip the large-M fused/dense/cuBLAS sweep")
     args = ap.parse_args()
     t0 = time.time()
     props = torch.cuda.get_device_properties(0)
@@ -155,8 +163,10 @@ def main() -> None:
     info.update(measure_ceilings())
     print(json.dumps(info), flush=True)
     shapes, ms, cms = (SHAPES[2:3], [1, 2048], [512, 2048]) if args.quick else (SHAPES, MS, CROSS_MS)
+    if args.ms:
+        ms = [int(v) for v in args.ms.split(",")]
     fwd = forward_table(l2, info["hbm_copy_GBps"], shapes, ms)
-    cross = crossover_table(l2, cms)
+    cross = [] if args.no_crossover else crossover_table(l2, cms)
     info["wall_s"] = time.time() - t0
     os.makedirs(args.out, exist_ok=True)
     with open(os.path.join(args.out, "dispatch.json"), "w") as f:

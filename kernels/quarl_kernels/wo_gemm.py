@@ -438,15 +438,38 @@ def _choose(kind: str, key: tuple, candidates: tuple[Config, ...], run, tune: bo
     return best
 
 
+MMA_DECODE_MIN_M = 2  # M = 1 stays on the GEMV (47% vs ~43% of HBM on the 7B MLP layers, H200)
+
+
+def _mma_decode():
+    """The Gluon register-operand decode kernel module, or None (disabled by
+    ``QUARL_KERNELS_MMA_DECODE=0``, or a Triton without Gluon)."""
+    if os.environ.get("QUARL_KERNELS_MMA_DECODE", "1") == "0" or _interpreting():
+        return None
+    try:
+        from quarl_kernels import mma_decode
+    except ImportError:  # Triton < 3.5 has no triton.experimental.gluon
+        return None
+    return mma_decode
+
+
 def wo_matmul(x2: torch.Tensor, pw: PackedWeight, *, tune: bool | None = None) -> torch.Tensor:
     """y [M, N] = x2 [M, K] @ dequant(W)^T, config picked by M regime (and tuning).
 
-    M <= ``gemv.GEMV_MAX_M`` (bf16, power-of-two group words) runs the CUDA-core
-    GEMV (``gemv.py``), M >= ``dense.dense_min_m()`` dequantizes to a transient
-    BF16 weight for cuBLAS (``dense.py``), the rest the tensor-core kernel below."""
+    By M: 1 token runs the CUDA-core GEMV (``gemv.py``), 2..16 the Gluon
+    register-operand ``mma.sync`` kernel (``mma_decode.py``), M >= ``dense.dense_min_m()``
+    dequantizes to a transient BF16 weight for cuBLAS (``dense.py``), the rest the
+    tensor-core kernel below (which also covers any call the others do not support)."""
     m = x2.shape[0]
     if dense.use_dense(m):
         return dense.dense_matmul(x2, pw)
+    md = _mma_decode()
+    if md is not None and MMA_DECODE_MIN_M <= m and md.mma_decode_supported(x2, pw):
+        mkey = (pw.fmt, pw.group, _decode_bm(m), pw.n, pw.k, x2.device.index)
+        mdefault = md.MMA_DECODE_CONFIGS[1 if pw.n <= 1024 else 4]  # measured winners (docs/kernels.md v9)
+        mcfg = _choose("mma", mkey, md.MMA_DECODE_CONFIGS, lambda c: md.launch_mma_decode(x2, pw, c), tune,
+                       mdefault)
+        return md.launch_mma_decode(x2, pw, mcfg)
     if gemv.gemv_supported(x2, pw):
         gkey = (pw.fmt, pw.group, m, pw.n, pw.k, x2.device.index)
         gdefault = gemv.default_gemv_config(pw.fmt, m, pw.n, pw.k)
