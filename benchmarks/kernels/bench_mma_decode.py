@@ -1,19 +1,21 @@
 """Benchmark the Gluon mma.sync decode GEMM (``quarl_kernels.mma_decode``) at Qwen2.5-7B shapes.
 
-    PYTHONPATH=.:kernels:benchmarks/kernels python benchmarks/kernels/bench_mma_decode.py --out DIR
+    PYTHONPATH=.:kernels:benchmarks/kernels python benchmarks/kernels/bench_mma_decode.py --out DIR [--ms 4,8,16,32,64]
     PYTHONPATH=.:kernels:benchmarks/kernels python benchmarks/kernels/bench_mma_decode.py --compile-report
 
 Timing (GPU): the method of ``bench_wo_gemm.py`` (its helpers are imported):
 measured ceilings first, rotating weight copies (>= 4x L2) so every call reads
 its weight from HBM, R calls captured in one CUDA graph, median per call. Per
-(format, N x K, M in 4 / 8 / 16): every ``MMA_DECODE_CONFIGS`` entry, the current
+(format, N x K, M in ``--ms``, default 4 / 8 / 16 / 32 / 64): the
+``MMA_DECODE_CONFIGS`` entries meant for M's token tile
+(``mma_decode.candidate_configs``; ``default_config``'s pick is marked), the
 tensor-core path (``wo_gemm.launch_fwd`` with its default config, what
-``wo_matmul`` runs at these M today) and cuBLAS BF16, each output checked
+``wo_matmul`` runs at M > 16 without this kernel) and cuBLAS BF16, each output checked
 against a float64 reference first. Prints one JSON line per point and writes
 ``mma_decode.json`` to ``--out`` (default ``$OUT``).
 
-``--compile-report`` (no GPU): compiles every config x format x token tile (8 /
-16) for sm_90 with the bundled ptxas and prints registers, spills (stack),
+``--compile-report`` (no GPU): compiles every config x format x token tile it is a
+candidate for (8 / 16 / 32 / 64) for sm_90 with the bundled ptxas and prints registers, spills (stack),
 shared memory, and the main loop's SASS mix per weight (``compile_report.py``'s
 loop finder): instructions, integer ops, FMA-pipe ops, HMMA, loads, barriers.
 """
@@ -32,7 +34,7 @@ from quarl_kernels import mma_decode
 from quarl_kernels.formats import FMT_INT4, FMT_MXFP4, FMT_NVFP4
 
 SHAPES = [(3584, 3584), (512, 3584), (18944, 3584), (3584, 18944)]  # N x K: q/o, k/v, gate/up, down
-MS = [4, 8, 16]
+MS = [4, 8, 16, 32, 64]
 SPECS = ["nvfp4", "mxfp4", "int4-g128"]
 GROUP = {FMT_NVFP4: 16, FMT_MXFP4: 32, FMT_INT4: 128}
 NAMES = {FMT_NVFP4: "nvfp4", FMT_MXFP4: "mxfp4", FMT_INT4: "int4"}
@@ -66,7 +68,9 @@ def compile_table(dump: str | None = None) -> list[dict]:
     rows = []
     for fmt in (FMT_NVFP4, FMT_MXFP4, FMT_INT4):
         for i, cfg in enumerate(mma_decode.MMA_DECODE_CONFIGS):
-            for nt in (8, 16):
+            for nt in (8, 16, 32, 64):
+                if cfg not in mma_decode.candidate_configs(nt):
+                    continue
                 label = f"{NAMES[fmt]}_cfg{i}_{cfg}_NT{nt}"
                 try:
                     k = compile_mma_decode(fmt, cfg, nt)
@@ -78,7 +82,7 @@ def compile_table(dump: str | None = None) -> list[dict]:
                 wpt = cfg.rows * cfg.bkw * 8 // (32 * cfg.warps)
                 r.update(weights_per_thread_step=wpt, instr_per_weight=round(r["loop_len"] / wpt, 2),
                          int_per_weight=round(r["loop_int"] / wpt, 2), fma_per_weight=round(r["loop_fma"] / wpt, 2),
-                         hmma_per_step=r["loop_mma"])
+                         hmma_per_step=r["loop_mma"], nt=nt, index=i)
                 if dump:
                     with open(os.path.join(dump, f"{label}.sass")) as f:
                         sass = f.read()
@@ -141,15 +145,19 @@ def bench(out_dir: str, shapes, ms, specs) -> dict:
                 e_tc = err(wo_gemm.launch_fwd(x, p0, dcfg))
                 t_tc = graph_time_us([lambda p=p, x=x, c=dcfg: wo_gemm.launch_fwd(x, p, c) for p in pws])
                 res = []
-                for i, c in enumerate(mma_decode.MMA_DECODE_CONFIGS):
+                mdef = mma_decode.default_config(m, n)
+                for c in mma_decode.candidate_configs(m):
+                    i = mma_decode.MMA_DECODE_CONFIGS.index(c)
                     e = err(mma_decode.launch_mma_decode(x, p0, c))
                     us = graph_time_us([lambda p=p, c=c, x=x: mma_decode.launch_mma_decode(x, p, c) for p in pws])
-                    res.append({"config": str(c), "index": i, "us": us, "err": e,
+                    res.append({"config": str(c), "index": i, "us": us, "err": e, "default": c == mdef,
                                 "pct_hbm": 100 * nbytes / us / 1e3 / hbm})
                 best = min(res, key=lambda r: r["us"])
+                dflt = next(r for r in res if r["default"])
                 row = {"format": spec, "N": n, "K": k, "M": m, "bytes": nbytes, "bf16_us": t_bf16,
                        "tc_us": t_tc, "tc_config": str(dcfg), "tc_err": e_tc, "tc_pct_hbm": 100 * nbytes / t_tc / 1e3 / hbm,
                        "best_us": best["us"], "best_config": best["config"], "best_pct_hbm": best["pct_hbm"],
+                       "default_us": dflt["us"], "default_config": dflt["config"], "default_pct_hbm": dflt["pct_hbm"],
                        "speedup_vs_bf16": t_bf16 / best["us"], "speedup_vs_tc": t_tc / best["us"],
                        "max_err": max(r["err"] for r in res), "all": res}
                 rows.append(row)
@@ -162,7 +170,8 @@ def bench(out_dir: str, shapes, ms, specs) -> dict:
         json.dump(result, f, indent=1)
     for r in rows:
         print(f"{r['format']:10s} {r['N']:5d}x{r['K']:5d} M={r['M']:2d}  best {r['best_us']:7.1f} us "
-              f"({r['best_pct_hbm']:4.0f}% HBM, {r['best_config']})  tc {r['tc_us']:7.1f} us ({r['tc_pct_hbm']:4.0f}%)  "
+              f"({r['best_pct_hbm']:4.0f}% HBM, {r['best_config']})  default {r['default_us']:7.1f} us "
+              f"({r['default_pct_hbm']:4.0f}%)  tc {r['tc_us']:7.1f} us ({r['tc_pct_hbm']:4.0f}%)  "
               f"bf16 {r['bf16_us']:7.1f} us  x{r['speedup_vs_bf16']:.2f} vs bf16  x{r['speedup_vs_tc']:.2f} vs tc  "
               f"err {r['max_err']:.1e}", flush=True)
     return result
@@ -171,15 +180,19 @@ def bench(out_dir: str, shapes, ms, specs) -> dict:
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
-    ap.add_argument("--quick", action="store_true", help="18944x3584 only, M = 8")
+    ap.add_argument("--quick", action="store_true", help="18944x3584 only (M from --ms, default 8)")
+    ap.add_argument("--ms", default=None, help="comma-separated token counts (1..64), default 4,8,16,32,64")
+    ap.add_argument("--formats", default=",".join(SPECS), help=f"comma-separated, default {','.join(SPECS)}")
     ap.add_argument("--compile-report", action="store_true", help="compile for sm_90 and report SASS (no GPU)")
     ap.add_argument("--dump", default=None, help="with --compile-report: write ttgir/ptx/sass here")
     args = ap.parse_args()
     if args.compile_report:
         compile_table(args.dump)
         return
-    shapes, ms = (SHAPES[2:3], [8]) if args.quick else (SHAPES, MS)
-    bench(args.out, shapes, ms, SPECS)
+    ms = [int(v) for v in args.ms.split(",")] if args.ms else ([8] if args.quick else MS)
+    for m in ms:
+        mma_decode.token_tile(m)  # ValueError naming the range for M outside 1..64
+    bench(args.out, SHAPES[2:3] if args.quick else SHAPES, ms, args.formats.split(","))
 
 
 if __name__ == "__main__":

@@ -1,4 +1,4 @@
-"""Decode GEMM on register-operand tensor cores: ``y = x @ W^T`` for M = 4..16 tokens (Gluon).
+"""Decode GEMM on register-operand tensor cores: ``y = x @ W^T`` for M = 2..64 tokens (Gluon).
 
 Why. At decode sizes the product is memory-bound: the job is to stream the packed
 4-bit weight at HBM speed. The Triton tensor-core path (``wo_gemm._fwd_kernel``)
@@ -21,9 +21,11 @@ lane % 4`` and block ``j``: logical ``k = 32 j + 8 t + e``. We map logical word
 its rows (one 16-byte load at J = 4), and inside a word logical ``e = 2 i + h``
 is code ``i + 4 h`` -- the "pair order" of ``dequant.py``, in which the inline
 PTX decode emits each 32-bit register as (code i, code i + 4) with no byte
-permutes. The activations (B operand, ``x^T``: K x 8 or K x 16 tokens) are
+permutes. The activations (B operand, ``x^T``: K x NT tokens) are
 loaded with the same permutation: 16-byte loads of 8 natural-order bf16, the
 in-word reorder done in registers (PRMT), shared by all rows of a warp.
+The token tile NT (the MMA n extent) is 8, 16, 32 or 64 (``token_tile``): one to
+eight n8 tiles, each one more register bit of the ``x`` layout.
 
 Layouts are built as explicit linear layouts (``_layouts``): the word tile
 ``[R, BKW]``, its per-group scale tile, and the ``x`` tile ``[NT, BKW, 8]`` are
@@ -39,6 +41,20 @@ each). The next step's words and scales are loaded into registers before the
 current one is decoded (register double buffer). When ``cdiv(N, R)`` CTAs do
 not fill the GPU, K is split over CTAs: fp32 partials ``[S, M, N]`` summed in
 split order by ``wo_gemm._splitk_reduce_kernel`` (deterministic).
+
+Large M (17..64, NT = 32 / 64). Per thread, a K step holds the B fragments
+(``NT * BKW / 8`` registers), the accumulators (``R / W * NT / 32``), the decoded A
+fragments (``R / W * BKW / 8``) and the raw words (``R / W * BKW / 32``, twice with
+the prefetch). The M <= 16 configs (BKW 16-32) spill at NT = 64, so the large-M
+configs take BKW = 8 (or 4: 168-188 registers at NT = 64). Rows per warp set the activation
+traffic: every warp loads the whole ``x`` step (L1 hits after the first warp of
+the CTA), ``4 * NT / (R / W)`` times the bytes of its weight words -- 8x at NT = 64
+with 32 rows per warp, 16x with 16 -- and the in-word PRMT reorder costs one
+instruction per ``x`` register per warp: at NT = 64 the x side is as large as the
+decode (sm_90: ~5.6-6.4 instructions per weight vs ~4.1-4.6 at NT <= 32). 64 rows
+per warp would halve it but needs 128 accumulator registers and spills. At M = 64
+the ``mma.sync`` work itself (half of wgmma's rate on Hopper) is about as long as
+the weight read at full HBM speed, so this regime is bounded near half of HBM.
 
 Numerics are those of ``dequant.py`` (same PTX decode): NVFP4 weights exact
 (``e2m1 * e4m3 * 2**-16`` in bf16, ``2**16 / global_scale`` applied to the fp32
@@ -66,7 +82,7 @@ FP4_ASM = gl.constexpr(_fp4_asm())  # word, bf16 S -> 8 bf16 in pair order (code
 INT4_ASM = gl.constexpr(_int4_asm())  # word, bf16 S, bf16 (128 + 8 + zero) -> 8 bf16, pair order
 
 MIN_M = 1
-MAX_M = 16  # one or two n8 tiles of tokens
+MAX_M = 64  # token tiles of 8, 16, 32, 64 (1, 2, 4, 8 n8 MMA tiles)
 
 
 # ---------------------------------------------------------------------------
@@ -113,11 +129,10 @@ def _group_layout(R, BKW, W, WT):
 @gluon.constexpr_function
 def _x_layout(NT, BKW, W):
     """Activations [NT, BKW, 8] (token, real word, code in word), 16-byte loads:
-    thread (g, t) holds token g (+ 8) and words J t .. J t + J - 1, all 8 codes."""
+    thread (g, t) holds tokens g, g + 8, .. (NT / 8 of them) and words J t .. J t + J - 1, all 8 codes."""
     J = BKW // 4
-    reg = [[0, 0, 1], [0, 0, 2], [0, 0, 4]] + [[0, 1 << i, 0] for i in range(_log2(J))]
-    if NT == 16:
-        reg.append([8, 0, 0])
+    reg = ([[0, 0, 1], [0, 0, 2], [0, 0, 4]] + [[0, 1 << i, 0] for i in range(_log2(J))]
+           + [[8 << i, 0, 0] for i in range(_log2(NT // 8))])
     lane = [[0, J, 0], [0, 2 * J, 0], [1, 0, 0], [2, 0, 0], [4, 0, 0]]
     warp = [[0, 0, 0] for _ in range(_log2(W))]
     return gl.DistributedLinearLayout(reg, lane, warp, [], [NT, BKW, 8])
@@ -284,9 +299,11 @@ class MmaDecodeConfig:
         return f"mma-R{self.rows}xBK{self.bkw * 8}w{self.warps}{'p' if self.prefetch else ''}W{self.waves}"
 
 
-# Candidates (none measured yet: bench_mma_decode.py times them all). Per thread and K
-# step: (rows / warps / 8) rows x bkw / 4 words -- 16 words (128 weights) in the first
-# three, so the A fragments of a step take 64 registers.
+# Candidates. Per thread and K step: (rows / warps / 8) rows x bkw / 4 words. 0-5 are the
+# M <= 16 set (token tile NT = 8 / 16; wo_gemm's measured defaults are 1 and 4), 6-10 (and
+# 0 at NT = 32) the M = 17..64 set, where the B fragments (x^T, NT * bkw / 8 registers)
+# and the accumulators (rows / warps * NT / 32) crowd the register file: a K step of 8
+# words (64 B registers at NT = 64) and 32 rows per warp (the docstring's "Large M").
 MMA_DECODE_CONFIGS = (
     MmaDecodeConfig(128, 16, 4),  # 0: 2 m16 tiles per warp, 16-byte word loads
     MmaDecodeConfig(64, 32, 4),  # 1: 1 m16 tile per warp, 2 x 16-byte loads per row
@@ -294,12 +311,45 @@ MMA_DECODE_CONFIGS = (
     MmaDecodeConfig(256, 16, 8),  # 3: 8 warps, 2 m16 tiles each
     MmaDecodeConfig(128, 16, 4, prefetch=False),  # 4: occupancy alone hides latency
     MmaDecodeConfig(128, 16, 4, waves=2),  # 5: fewer, longer splits
+    MmaDecodeConfig(128, 8, 4),  # 6: M 17..64: 2 m16 tiles per warp, 8-byte loads (NT = 32: 32 B registers)
+    MmaDecodeConfig(128, 8, 4, prefetch=False),  # 7: M 17..64: no double buffer (NT = 64: 220-244 registers)
+    MmaDecodeConfig(256, 8, 8),  # 8: M 17..64: 8 warps of 6's shape (fewer, larger CTAs)
+    MmaDecodeConfig(256, 8, 8, prefetch=False),  # 9: M 33..64: 8 warps of 7's shape
+    MmaDecodeConfig(128, 4, 4),  # 10: M 33..64: one k32 block per step (4-byte loads), 168-188 registers
 )
+# Which configs make sense per token tile: the candidates a tuner / the bench tries at M.
+# The M <= 16 configs spill at NT = 64 (128 B registers + 64 accumulators + 64 A).
+_CANDIDATES = {8: (0, 1, 2, 3, 4, 5), 16: (0, 1, 2, 3, 4, 5), 32: (0, 6, 7, 8), 64: (6, 7, 8, 9, 10)}
+
+
+def token_tile(m: int) -> int:
+    """Token tile NT (MMA n extent) for M tokens: 8, 16, 32 or 64."""
+    if not MIN_M <= m <= MAX_M:
+        raise ValueError(f"mma_decode: M = {m} tokens is outside {MIN_M}..{MAX_M} (use wo_gemm.launch_fwd)")
+    return 8 if m <= 8 else 16 if m <= 16 else 32 if m <= 32 else 64
+
+
+def candidate_configs(m: int) -> tuple[MmaDecodeConfig, ...]:
+    """The ``MMA_DECODE_CONFIGS`` entries worth trying at M tokens (all of them run at any
+    M; the others spill registers or waste the register file at this token tile)."""
+    return tuple(MMA_DECODE_CONFIGS[i] for i in _CANDIDATES[token_tile(m)])
+
+
+def default_config(m: int, n: int) -> MmaDecodeConfig:
+    """Config for M tokens and N output rows without tuning. M <= 16: the H200 winners of
+    ``bench_mma_decode.py`` (docs/kernels.md v9): 1 for N <= 1024, 4 above. M = 17..64:
+    picked from the sm_90 compile report (no spills, fewest instructions per weight)
+    until measured: 6 at NT = 32 (142-168 registers, 4.4-4.6 instructions per weight),
+    7 at NT = 64 (220-244 registers, 5.6-5.8 per weight)."""
+    nt = token_tile(m)
+    if nt <= 16:
+        return MMA_DECODE_CONFIGS[1 if n <= 1024 else 4]
+    return MMA_DECODE_CONFIGS[6 if nt == 32 else 7]
 
 
 def mma_decode_supported(x2: torch.Tensor, pw) -> bool:
     """True when ``launch_mma_decode`` can run this call: CUDA bf16 activations with
-    MIN_M <= M <= MAX_M, a weight in NVFP4 / MXFP4 / INT4 with a group of 8 * 2**i
+    MIN_M <= M <= MAX_M (64), a weight in NVFP4 / MXFP4 / INT4 with a group of 8 * 2**i
     weights and K a multiple of 8 (whole packed words)."""
     wpg = pw.group // 8
     return (x2.is_cuda and x2.dtype == torch.bfloat16 and x2.dim() == 2 and MIN_M <= x2.shape[0] <= MAX_M
@@ -325,7 +375,8 @@ def launch_mma_decode(x2: torch.Tensor, pw, cfg: MmaDecodeConfig) -> torch.Tenso
     """y [M, N] = x2 [M, K] @ dequant(W)^T on mma.sync with register-decoded weights.
 
     ``pw`` is a ``wo_gemm.PackedWeight`` (byte tensors as bytes or int32 views);
-    ``x2`` bf16 [M, K] with 1 <= M <= 16 (``mma_decode_supported``)."""
+    ``x2`` bf16 [M, K] with 1 <= M <= 64 (``mma_decode_supported``); ``cfg`` from
+    ``default_config`` / ``candidate_configs`` (any entry runs at any M)."""
     from quarl_kernels.wo_gemm import _num_sms, _splitk_reduce_kernel
 
     if not mma_decode_supported(x2, pw):
@@ -353,7 +404,7 @@ def launch_mma_decode(x2: torch.Tensor, pw, cfg: MmaDecodeConfig) -> torch.Tenso
         m, pw.n, kw, per,
         x2.stride(0), pw.words.stride(0), s.stride(0), z.stride(0), so, som,
         FMT=pw.fmt, GROUP=pw.group, HAS_ZP=pw.fmt == FMT_INT4 and pw.zero is not None,
-        R=cfg.rows, BKW=cfg.bkw, NT=8 if m <= 8 else 16, W=cfg.warps,
+        R=cfg.rows, BKW=cfg.bkw, NT=token_tile(m), W=cfg.warps,
         PREFETCH=cfg.prefetch, EVEN_K=kw % cfg.bkw == 0,
         num_warps=cfg.warps,
     )
@@ -363,4 +414,5 @@ def launch_mma_decode(x2: torch.Tensor, pw, cfg: MmaDecodeConfig) -> torch.Tenso
     return y
 
 
-__all__ = ["MAX_M", "MIN_M", "MMA_DECODE_CONFIGS", "MmaDecodeConfig", "launch_mma_decode", "mma_decode_supported"]
+__all__ = ["MAX_M", "MIN_M", "MMA_DECODE_CONFIGS", "MmaDecodeConfig", "candidate_configs", "default_config",
+           "launch_mma_decode", "mma_decode_supported", "token_tile"]
