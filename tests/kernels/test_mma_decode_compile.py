@@ -1,0 +1,58 @@
+"""The Gluon mma.sync decode GEMM's config helpers and its sm_90 build, without a GPU.
+
+``mma_decode.default_config`` sends M = 17..64 to token tiles of 32 / 64, where the
+B fragments and accumulators crowd the register file; a config that spills there
+would still be correct but slow. Triton compiles Gluon for sm_90 with its bundled
+ptxas on any machine, so the registers, local-memory stack and shared memory of
+the default large-M configs are checked here (what ``bench_mma_decode.py
+--compile-report`` prints for every config): no spills, no shared memory (every
+layout conversion stays in registers).
+
+Skipped unless Triton with Gluon (>= 3.5) is importable (the CPU CI has no Triton).
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("triton.experimental.gluon", reason="mma_decode is written in Gluon (Triton >= 3.5)")
+from quarl_kernels import mma_decode  # after the skip: it imports Triton
+from quarl_kernels.formats import FMT_INT4, FMT_MXFP4, FMT_NVFP4
+
+ROOT = Path(__file__).resolve().parents[2]
+C = mma_decode.MMA_DECODE_CONFIGS
+
+
+def test_token_tiles_and_defaults():
+    assert [mma_decode.token_tile(m) for m in (1, 8, 9, 16, 17, 32, 33, 64)] == [8, 8, 16, 16, 32, 32, 64, 64]
+    assert mma_decode.MAX_M == 64
+    # M <= 16 keeps wo_gemm's measured choice: 1 for N <= 1024, 4 above
+    assert mma_decode.default_config(2, 512) is C[1] and mma_decode.default_config(16, 1024) is C[1]
+    assert mma_decode.default_config(8, 18944) is C[4] and mma_decode.default_config(16, 3584) is C[4]
+    for m in (2, 8, 16, 17, 32, 33, 64):
+        for n in (512, 18944):
+            assert mma_decode.default_config(m, n) in mma_decode.candidate_configs(m)
+    assert mma_decode.candidate_configs(8) == C[:6]  # the M <= 16 set is unchanged
+    assert all(c in C for m in (24, 48) for c in mma_decode.candidate_configs(m))
+    for bad in (0, 65):
+        with pytest.raises(ValueError, match="wo_gemm.launch_fwd"):
+            mma_decode.token_tile(bad)
+
+
+@pytest.mark.parametrize("fmt", [FMT_NVFP4, FMT_MXFP4, FMT_INT4], ids=["nvfp4", "mxfp4", "int4"])
+@pytest.mark.parametrize("m", [32, 64])
+def test_large_m_default_compiles_without_spills(fmt, m):
+    sys.path.insert(0, str(ROOT / "benchmarks" / "kernels"))
+    try:
+        import compile_report as cr
+        from bench_mma_decode import compile_mma_decode
+    finally:
+        sys.path.pop(0)
+    cfg = mma_decode.default_config(m, 18944)
+    r = cr.report(compile_mma_decode(fmt, cfg, mma_decode.token_tile(m)), f"{cfg}-M{m}", None)
+    assert r["stack"] == 0, f"{cfg} at M = {m} spills ({r['regs']} registers, {r['stack']} B stack)"
+    assert r["smem"] == 0 and r["loop_bar"] == 0, f"{cfg} at M = {m} goes through shared memory"
+    assert r["hmma"] > 0 and r["regs"] <= 255
