@@ -54,7 +54,7 @@ def compile_mma_decode(fmt: int, cfg: mma_decode.MmaDecodeConfig, nt: int, split
               "stride_om"):
         sig[k] = "i32"
     const = {"FMT": fmt, "GROUP": GROUP[fmt], "HAS_ZP": fmt == FMT_INT4, "R": cfg.rows, "BKW": cfg.bkw, "NT": nt,
-             "W": cfg.warps, "PREFETCH": cfg.prefetch, "EVEN_K": even_k}
+             "W": cfg.warps, "PREFETCH": cfg.prefetch, "EVEN_K": even_k, "XS": cfg.xsmem}
     sig.update({k: "constexpr" for k in const})
     odd = ("M", "TILES_PER_SPLIT") + (("stride_sn", "stride_zn") if fmt == FMT_INT4 else ())
     attrs = {(i,): [["tt.divisibility", 16]] for i, (k, t) in enumerate(sig.items()) if t != "constexpr" and k not in odd}

@@ -52,7 +52,24 @@ the CTA), ``4 * NT / (R / W)`` times the bytes of its weight words -- 8x at NT =
 with 32 rows per warp, 16x with 16 -- and the in-word PRMT reorder costs one
 instruction per ``x`` register per warp: at NT = 64 the x side is as large as the
 decode (sm_90: ~5.6-6.4 instructions per weight vs ~4.1-4.6 at NT <= 32). 64 rows
-per warp would halve it but needs 128 accumulator registers and spills. At M = 64
+per warp would halve it but needs 128 accumulator registers and spills.
+
+Shared x (``xsmem``, configs 11-13). Instead, the CTA loads each x step once: every
+warp loads and reorders (PRMT) its share of the tokens and stores it to a double
+buffer ``[2, NT, BK]`` in shared memory; after a barrier every warp reads its B
+fragments with 16-byte ``LDS`` at constant offsets (no per-load address math). The
+buffer stores a token's values in the order (t, p, j, h) of logical ``k = 32 j +
+8 t + 2 p + h``: Triton lowers ``k_width = 8`` at ``BKW = 8`` so that one HMMA takes
+the 32-bit pairs (p, j = 0) and (p, j = 1) of a thread as its two B registers, and
+with them adjacent each 16-byte load lands in HMMA operand registers (with the
+plain (j, t, e) order ptxas adds a register move per B register); 16-byte chunks
+are XOR-swizzled by token parity (``SwizzledSharedLayout(8, 1, 2)``) so that the
+two tokens of a quarter warp hit different banks. sm_90: 4.5-5.0 instructions per
+weight at NT = 64 (vs 5.6-6.4) and 103-168 registers (vs 220-254), for 8-16 KB of
+shared memory and, in the SASS, two barriers per K step (the explicit one and one
+Triton's membar pass adds before the store: it cannot tell the two buffers apart).
+Whether the barriers cost more than the instructions saved is for the GPU
+benchmark to say. At M = 64
 the ``mma.sync`` work itself (half of wgmma's rate on Hopper) is about as long as
 the weight read at full HBM speed, so this regime is bounded near half of HBM.
 
@@ -138,6 +155,33 @@ def _x_layout(NT, BKW, W):
     return gl.DistributedLinearLayout(reg, lane, warp, [], [NT, BKW, 8])
 
 
+@gluon.constexpr_function
+def _xcoop_layout(NT, BKW, W):
+    """Activations [NT, BKW, 8] split over the CTA (XS): as ``_x_layout``, with the
+    token octets spread over the warps first (replicated where W > NT / 8)."""
+    J = BKW // 4
+    lw = min(_log2(W), _log2(NT // 8))
+    reg = ([[0, 0, 1], [0, 0, 2], [0, 0, 4]] + [[0, 1 << i, 0] for i in range(_log2(J))]
+           + [[8 << i, 0, 0] for i in range(lw, _log2(NT // 8))])
+    lane = [[0, J, 0], [0, 2 * J, 0], [1, 0, 0], [2, 0, 0], [4, 0, 0]]
+    warp = [[8 << i, 0, 0] for i in range(lw)] + [[0, 0, 0] for _ in range(_log2(W) - lw)]
+    return gl.DistributedLinearLayout(reg, lane, warp, [], [NT, BKW, 8])
+
+
+@gluon.constexpr_function
+def _xfrag_layout(NT, BKW, W):
+    """B fragments as read from shared memory (XS): [NT, 32 J] per token in the order
+    (t, p, j, h) of logical k = 32 j + 8 t + 2 p + h -- thread (g, t) reads tokens
+    g + 8 i, 8 J contiguous values (two 16-byte loads at J = 2) whose 32-bit pairs
+    (p, j = 0), (p, j = 1) are the two B registers of one HMMA as Triton lowers
+    k_width = 8 (checked in the SASS: no register moves before the HMMAs)."""
+    J = BKW // 4
+    reg = [[0, 1 << i] for i in range(_log2(8 * J))] + [[8 << i, 0] for i in range(_log2(NT // 8))]
+    lane = [[0, 8 * J], [0, 16 * J], [1, 0], [2, 0], [4, 0]]
+    warp = [[0, 0] for _ in range(_log2(W))]
+    return gl.DistributedLinearLayout(reg, lane, warp, [], [NT, 32 * J])
+
+
 # ---------------------------------------------------------------------------
 @gluon.jit
 def _load_step(wp_ptr, s_ptr, z_ptr, rows_w, offs_w, rows_g, offs_g, kw0, kw_hi,
@@ -173,6 +217,32 @@ def _load_step(wp_ptr, s_ptr, z_ptr, rows_w, offs_w, rows_g, offs_g, kw0, kw_hi,
 
 
 @gluon.jit
+def _x_step(x_ptr, x_off, xw, kw0, kw_hi, EVEN_K: gl.constexpr):
+    """Activations of the K step at word ``kw0``: [NT, BKW, 8] bf16, natural order."""
+    xp = x_ptr + kw0 * 8 + x_off
+    if EVEN_K:
+        return gl.load(xp)
+    else:  # K tail: activations past kw_hi are 0 (the words there decode to finite values)
+        return gl.load(xp, mask=((kw0 + xw) < kw_hi)[None, :, None], other=0.0)
+
+
+@gluon.jit
+def _x_frag(xt, NT: gl.constexpr, J: gl.constexpr):
+    """[NT, BKW, 8] natural order -> [NT, 32 J] in shared-memory order (XS): real word
+    J t + j, code i + 4 h is logical k = 32 j + 8 t + 2 i + h (the weight's pair order),
+    stored at (t, p = i, j, h) (PRMTs in registers)."""
+    # [NT, 4 (t), J (j), 2 (h), 4 (i)] -> [NT, 4 (t), 4 (i), J (j), 2 (h)]
+    return gl.reshape(gl.permute(gl.reshape(xt, [NT, 4, J, 2, 4]), [0, 1, 4, 2, 3]), [NT, 32 * J])
+
+
+@gluon.jit
+def _x_unfrag(b2, NT: gl.constexpr, J: gl.constexpr, BK: gl.constexpr):
+    """[NT, 32 J] in (t, p, j, h) order -> [BK, NT] in logical k order (B operand)."""
+    b5 = gl.permute(gl.reshape(b2, [NT, 4, 4, J, 2]), [0, 3, 1, 2, 4])  # [NT, J, 4 (t), 4 (p), 2 (h)]
+    return gl.permute(gl.reshape(b5, [NT, BK]), [1, 0])
+
+
+@gluon.jit
 def _per_word(v, LW: gl.constexpr, R: gl.constexpr, BKW: gl.constexpr, WT: gl.constexpr):
     """Group values [R, NG] (SliceLayout(2, group layout)) -> per word [R, BKW] in LW."""
     NG: gl.constexpr = BKW // WT
@@ -187,7 +257,7 @@ def _mma_decode_kernel(
     stride_xm, stride_wn, stride_sn, stride_zn, stride_os, stride_om,
     FMT: gl.constexpr, GROUP: gl.constexpr, HAS_ZP: gl.constexpr,
     R: gl.constexpr, BKW: gl.constexpr, NT: gl.constexpr, W: gl.constexpr,
-    PREFETCH: gl.constexpr, EVEN_K: gl.constexpr,
+    PREFETCH: gl.constexpr, EVEN_K: gl.constexpr, XS: gl.constexpr = False,
 ):
     """y[M, N] (or fp32 split partials [S, M, N]) = x[M, K] @ W[N, K]^T, M <= NT.
 
@@ -215,10 +285,12 @@ def _mma_decode_kernel(
     offs_g = gl.arange(0, NG, layout=gl.SliceLayout(0, LG))  # [NG]
     kw_lo = pid_k * (TILES_PER_SPLIT * BKW)
     kw_hi = gl.minimum(kw_lo + TILES_PER_SPLIT * BKW, KW)
-    # activations [NT, BKW, 8]: token n, real word, code c (natural order, 16-byte loads)
-    xn = gl.arange(0, NT, layout=gl.SliceLayout(1, gl.SliceLayout(2, LX)))
-    xw = gl.arange(0, BKW, layout=gl.SliceLayout(0, gl.SliceLayout(2, LX)))
-    xc = gl.arange(0, 8, layout=gl.SliceLayout(0, gl.SliceLayout(1, LX)))
+    # activations [NT, BKW, 8]: token n, real word, code c (natural order, 16-byte loads);
+    # XS: each warp loads its share of the step once, into shared memory
+    LXL: gl.constexpr = _xcoop_layout(NT, BKW, W) if XS else LX
+    xn = gl.arange(0, NT, layout=gl.SliceLayout(1, gl.SliceLayout(2, LXL)))
+    xw = gl.arange(0, BKW, layout=gl.SliceLayout(0, gl.SliceLayout(2, LXL)))
+    xc = gl.arange(0, 8, layout=gl.SliceLayout(0, gl.SliceLayout(1, LXL)))
     # tokens past M re-read token M - 1: their accumulator columns are never stored (no masks)
     xn = gl.minimum(xn, M - 1)
     x_off = (xn[:, None, None] * stride_xm + xw[None, :, None] * 8 + xc[None, None, :])  # [NT, BKW, 8]
@@ -228,16 +300,25 @@ def _mma_decode_kernel(
     if PREFETCH:
         nxt = _load_step(wp_ptr, s_ptr, z_ptr, rows_w, offs_w, rows_g, offs_g, kw_lo, kw_hi,
                          stride_wn, stride_sn, stride_zn, FMT, WPG, WT, HAS_ZP, EVEN_K)
+    if XS:  # double buffer [2, NT, BK] of B fragments (_xfrag_layout order), step 0's now
+        gl.static_assert(J == 2, "XS: the B register pairing is that of 8-word steps")
+        # 16-byte chunk c of token n at c ^ (n % 2): tokens g, g + 1 of a quarter warp hit other banks
+        xs = gl.allocate_shared_memory(gl.bfloat16, [2, NT, BK], gl.SwizzledSharedLayout(8, 1, 2, [1, 0]))
+        xs.index(0).store(_x_frag(_x_step(x_ptr, x_off, xw, kw_lo, kw_hi, EVEN_K), NT, J))
     for kw0 in range(kw_lo, kw_hi, BKW):
-        # x^T step first (L1/L2 hits), permuted like the weight tile
-        xp = x_ptr + kw0 * 8 + x_off
-        if EVEN_K:
-            xt = gl.load(xp)  # [NT, BKW, 8]
-        else:  # K tail: activations past kw_hi are 0 (the words there decode to finite values)
-            xt = gl.load(xp, mask=((kw0 + xw) < kw_hi)[None, :, None], other=0.0)
-        # [NT, 4 (t), J (j), 2 (h), 4 (i)] -> [NT, J, 4, 4, 2]: logical k = 32 j + 8 t + 2 i + h
-        xt = gl.permute(gl.reshape(xt, [NT, 4, J, 2, 4]), [0, 2, 1, 4, 3])
-        b = gl.convert_layout(gl.permute(gl.reshape(xt, [NT, BK]), [1, 0]), B_L)  # [BK, NT]
+        if XS:
+            # one barrier per step: buffer s % 2 was written by all warps before it (step s - 1),
+            # and every warp finished reading buffer (s + 1) % 2 (step s - 1) before it is rewritten
+            gl.thread_barrier()
+            buf = ((kw0 - kw_lo) // BKW) % 2
+            b = gl.convert_layout(_x_unfrag(xs.index(buf).load(_xfrag_layout(NT, BKW, W)), NT, J, BK), B_L)
+            xg = _x_step(x_ptr, x_off, xw, gl.minimum(kw0 + BKW, kw_last), kw_hi, EVEN_K)  # next step's share
+        else:
+            # x^T step first (L1/L2 hits), permuted like the weight tile
+            xt = _x_step(x_ptr, x_off, xw, kw0, kw_hi, EVEN_K)  # [NT, BKW, 8]
+            # [NT, 4 (t), J (j), 2 (h), 4 (i)] -> [NT, J, 4, 4, 2]: logical k = 32 j + 8 t + 2 i + h
+            xt = gl.permute(gl.reshape(xt, [NT, 4, J, 2, 4]), [0, 2, 1, 4, 3])
+            b = gl.convert_layout(gl.permute(gl.reshape(xt, [NT, BK]), [1, 0]), B_L)  # [BK, NT]
 
         if PREFETCH:  # this step's raw loads were issued one step ago; issue the next one's
             w, sg, zg = nxt
@@ -274,6 +355,8 @@ def _mma_decode_kernel(
         q = gl.reshape(gl.permute(q, [0, 1, 4, 3, 2]), [R, 4, J, 8])  # real word = J t + j
         a = gl.convert_layout(gl.reshape(gl.permute(q, [0, 2, 1, 3]), [R, BK]), A_L)  # logical k = 32 j + 8 t + e
         acc = mma_v2(a, b, acc)
+        if XS:  # the next step's activations, after this step's MMAs are issued
+            xs.index(1 - buf).store(_x_frag(xg, NT, J))
 
     if FMT == 0:
         acc = acc * (65536.0 / gl.load(gs_ptr).to(gl.float32))
@@ -294,16 +377,23 @@ class MmaDecodeConfig:
     warps: int = 4
     prefetch: bool = True  # register double buffer of the next step's words and scales
     waves: int = 4  # split K until cdiv(N, rows) * split >= waves * SMs
+    xsmem: bool = False  # stage x through shared memory (once per CTA; barriers per step); bkw 8 only
+
+    def __post_init__(self) -> None:
+        if self.xsmem and self.bkw != 8:
+            raise ValueError(f"MmaDecodeConfig: xsmem needs bkw = 8 (its B register pairing), got bkw = {self.bkw}")
 
     def __str__(self) -> str:
-        return f"mma-R{self.rows}xBK{self.bkw * 8}w{self.warps}{'p' if self.prefetch else ''}W{self.waves}"
+        return (f"mma-R{self.rows}xBK{self.bkw * 8}w{self.warps}{'p' if self.prefetch else ''}W{self.waves}"
+                f"{'xs' if self.xsmem else ''}")
 
 
 # Candidates. Per thread and K step: (rows / warps / 8) rows x bkw / 4 words. 0-5 are the
-# M <= 16 set (token tile NT = 8 / 16; wo_gemm's measured defaults are 1 and 4), 6-10 (and
+# M <= 16 set (token tile NT = 8 / 16; wo_gemm's measured defaults are 1 and 4), 6-13 (and
 # 0 at NT = 32) the M = 17..64 set, where the B fragments (x^T, NT * bkw / 8 registers)
 # and the accumulators (rows / warps * NT / 32) crowd the register file: a K step of 8
-# words (64 B registers at NT = 64) and 32 rows per warp (the docstring's "Large M").
+# words (64 B registers at NT = 64), 32 rows per warp, and 11-13 stage x through shared
+# memory (the docstring's "Large M").
 MMA_DECODE_CONFIGS = (
     MmaDecodeConfig(128, 16, 4),  # 0: 2 m16 tiles per warp, 16-byte word loads
     MmaDecodeConfig(64, 32, 4),  # 1: 1 m16 tile per warp, 2 x 16-byte loads per row
@@ -316,10 +406,15 @@ MMA_DECODE_CONFIGS = (
     MmaDecodeConfig(256, 8, 8),  # 8: M 17..64: 8 warps of 6's shape (fewer, larger CTAs)
     MmaDecodeConfig(256, 8, 8, prefetch=False),  # 9: M 33..64: 8 warps of 7's shape
     MmaDecodeConfig(128, 4, 4),  # 10: M 33..64: one k32 block per step (4-byte loads), 168-188 registers
+    MmaDecodeConfig(128, 8, 4, prefetch=False, xsmem=True),  # 11: M 17..64: x through shared memory
+    MmaDecodeConfig(256, 8, 8, prefetch=False, xsmem=True),  # 12: M 33..64: 8 warps share each x step
+    MmaDecodeConfig(256, 8, 8, xsmem=True),  # 13: M 17..32: 12 with the register double buffer
 )
 # Which configs make sense per token tile: the candidates a tuner / the bench tries at M.
 # The M <= 16 configs spill at NT = 64 (128 B registers + 64 accumulators + 64 A).
-_CANDIDATES = {8: (0, 1, 2, 3, 4, 5), 16: (0, 1, 2, 3, 4, 5), 32: (0, 6, 7, 8), 64: (6, 7, 8, 9, 10)}
+_CANDIDATES = {8: (0, 1, 2, 3, 4, 5), 16: (0, 1, 2, 3, 4, 5), 32: (0, 6, 7, 8, 11, 13), 64: (6, 7, 8, 9, 10, 11, 12)}
+# Defaults per token tile where they do not depend on N (M <= 16: see default_config).
+_DEFAULTS = {32: 6, 64: 7}
 
 
 def token_tile(m: int) -> int:
@@ -344,7 +439,7 @@ def default_config(m: int, n: int) -> MmaDecodeConfig:
     nt = token_tile(m)
     if nt <= 16:
         return MMA_DECODE_CONFIGS[1 if n <= 1024 else 4]
-    return MMA_DECODE_CONFIGS[6 if nt == 32 else 7]
+    return MMA_DECODE_CONFIGS[_DEFAULTS[nt]]
 
 
 def mma_decode_supported(x2: torch.Tensor, pw) -> bool:
@@ -405,7 +500,7 @@ def launch_mma_decode(x2: torch.Tensor, pw, cfg: MmaDecodeConfig) -> torch.Tenso
         x2.stride(0), pw.words.stride(0), s.stride(0), z.stride(0), so, som,
         FMT=pw.fmt, GROUP=pw.group, HAS_ZP=pw.fmt == FMT_INT4 and pw.zero is not None,
         R=cfg.rows, BKW=cfg.bkw, NT=token_tile(m), W=cfg.warps,
-        PREFETCH=cfg.prefetch, EVEN_K=kw % cfg.bkw == 0,
+        PREFETCH=cfg.prefetch, EVEN_K=kw % cfg.bkw == 0, XS=cfg.xsmem,
         num_warps=cfg.warps,
     )
     if split > 1:

@@ -6,7 +6,8 @@ would still be correct but slow. Triton compiles Gluon for sm_90 with its bundle
 ptxas on any machine, so the registers, local-memory stack and shared memory of
 the default large-M configs are checked here (what ``bench_mma_decode.py
 --compile-report`` prints for every config): no spills, no shared memory (every
-layout conversion stays in registers).
+layout conversion stays in registers); and that the shared-x configs read their B
+fragments with 16-byte loads straight into the HMMA operands.
 
 Skipped unless Triton with Gluon (>= 3.5) is importable (the CPU CI has no Triton).
 """
@@ -42,17 +43,38 @@ def test_token_tiles_and_defaults():
             mma_decode.token_tile(bad)
 
 
-@pytest.mark.parametrize("fmt", [FMT_NVFP4, FMT_MXFP4, FMT_INT4], ids=["nvfp4", "mxfp4", "int4"])
-@pytest.mark.parametrize("m", [32, 64])
-def test_large_m_default_compiles_without_spills(fmt, m):
+def _report(fmt, cfg, m, even_k=True):
     sys.path.insert(0, str(ROOT / "benchmarks" / "kernels"))
     try:
         import compile_report as cr
         from bench_mma_decode import compile_mma_decode
     finally:
         sys.path.pop(0)
+    return cr.report(compile_mma_decode(fmt, cfg, mma_decode.token_tile(m), even_k=even_k), f"{cfg}-M{m}", None)
+
+
+@pytest.mark.parametrize("fmt", [FMT_NVFP4, FMT_MXFP4, FMT_INT4], ids=["nvfp4", "mxfp4", "int4"])
+@pytest.mark.parametrize("m", [32, 64])
+def test_large_m_default_compiles_without_spills(fmt, m):
     cfg = mma_decode.default_config(m, 18944)
-    r = cr.report(compile_mma_decode(fmt, cfg, mma_decode.token_tile(m)), f"{cfg}-M{m}", None)
+    r = _report(fmt, cfg, m)
     assert r["stack"] == 0, f"{cfg} at M = {m} spills ({r['regs']} registers, {r['stack']} B stack)"
     assert r["smem"] == 0 and r["loop_bar"] == 0, f"{cfg} at M = {m} goes through shared memory"
     assert r["hmma"] > 0 and r["regs"] <= 255
+
+
+@pytest.mark.parametrize("idx,m", [(11, 32), (12, 64), (13, 32)])
+def test_shared_x_configs_compile_as_designed(idx, m):
+    """x staged in shared memory: no spills, 16-byte LDS straight into HMMA operands (the
+    B pairing holds: far fewer instructions than the register path), at most 2 barriers."""
+    cfg = C[idx]
+    r = _report(FMT_INT4, cfg, m, even_k=False)
+    plain = _report(FMT_INT4, mma_decode.MmaDecodeConfig(cfg.rows, cfg.bkw, cfg.warps, cfg.prefetch), m, even_k=False)
+    assert r["stack"] == 0 and 0 < r["smem"] <= 16384 and 1 <= r["loop_bar"] <= 2
+    assert r["loop_lds"] == mma_decode.token_tile(m) // 4  # [NT, 64] bf16 per thread: NT / 8 octets x 2 LDS.128
+    assert r["loop_len"] < 0.9 * plain["loop_len"], (r["loop_len"], plain["loop_len"])
+
+
+def test_shared_x_needs_8_word_steps():
+    with pytest.raises(ValueError, match="bkw = 8"):
+        mma_decode.MmaDecodeConfig(128, 16, 4, xsmem=True)

@@ -6,7 +6,7 @@ the output memory poisoned with NaN first (an unwritten element fails), and
 and the format's reference dequantized weight. Cases cover every format (NVFP4,
 MXFP4, INT4 g128 asymmetric and symmetric), token counts 1..64 (odd ones, every
 token tile: NT = 8 / 16 / 32 / 64 for M <= 8 / 16 / 32 / 64, each with the configs
-meant for it), N not a multiple of the CTA's rows
+meant for it, x staged through shared memory or not), N not a multiple of the CTA's rows
 (rows past N are re-read, never stored), K ending inside a K step (masked tail)
 and exactly on a scale-block / group boundary, split-K (the deterministic
 reduction) and a single split (bf16 stored directly), every candidate config,
@@ -59,6 +59,10 @@ LARGE_CASES = [  # M = 17..64 (NT = 32 / 64): every candidate config of each til
     (63, 3584, 1280, C[8]),
     (64, 256, 128, C[9]),  # K = one INT4 group
     (64, 640, 3584, C[10]),  # 4-word steps
+    (20, 520, 2048, C[11]),  # x through shared memory (double buffer, barriers): NT = 32
+    (40, 1000, 1280, C[11]),  # ... NT = 64, 4 warps: two token octets per warp
+    (64, 3584, 3584, C[12]),  # ... 8 warps, one octet each
+    (31, 640, 384, C[13]),  # ... 8 warps at NT = 32: two warps per octet (same values stored twice)
 ]
 
 
@@ -103,8 +107,9 @@ def test_mma_decode_large_m_matches_reference(spec, m, n, k, cfg):
 
 
 @pytest.mark.parametrize("spec", FP4)
-@pytest.mark.parametrize("m,k,cfg", [(24, 1056, C[6]), (48, 1056, C[7]), (40, 1040, C[10]), (64, 64, C[7])],
-                         ids=["M24K1056", "M48K1056", "M40K1040", "M64K64"])
+@pytest.mark.parametrize("m,k,cfg", [(24, 1056, C[6]), (48, 1056, C[7]), (40, 1040, C[10]), (64, 64, C[7]),
+                                     (24, 1056, C[13]), (56, 1056, C[12]), (64, 64, C[11])],
+                         ids=["M24K1056", "M48K1056", "M40K1040", "M64K64", "M24K1056-xs", "M56K1056-xs", "M64K64-xs"])
 def test_fp4_large_m_k_tail(spec, m, k, cfg):
     """132 / 130 words: 4- / 2-word tails of 8- / 4-word steps; K = 64: one step, no split
     (bf16 stored directly). MXFP4 needs K % 32 == 0: 1040 only for NVFP4."""
@@ -159,13 +164,13 @@ def test_supported_predicate_and_errors():
 
 
 @pytest.mark.parametrize("spec", ["nvfp4", "int4-g128"])
-@pytest.mark.parametrize("m", [8, 64])
-def test_cuda_graph_capture_of_split_k(spec, m):
+@pytest.mark.parametrize("m,cfg", [(8, C[0]), (64, None), (64, C[12])], ids=["M8", "M64-default", "M64-xs"])
+def test_cuda_graph_capture_of_split_k(spec, m, cfg):
     torch.manual_seed(m)
     args, w = _qweight(spec, 512, 3584)
     pw = _packed_weight(*args)
     x = torch.randn(m, 3584, device="cuda").to(torch.bfloat16)
-    cfg = C[0] if m <= 16 else mma_decode.default_config(m, 512)
+    cfg = cfg or mma_decode.default_config(m, 512)
     mma_decode.launch_mma_decode(x, pw, cfg)  # compile outside the capture
     g = torch.cuda.CUDAGraph()
     with torch.cuda.graph(g):
