@@ -5,7 +5,7 @@
 ``bench_wo_gemm.py`` and ``bench_gemv.py`` sweep the candidate configs of each
 kernel; this script times the *dispatched* call -- the path
 ``torch.ops.quarl.wo_linear`` takes for that M (CUDA-core GEMV at M = 1, the
-Gluon register-operand mma.sync kernel at M = 2..16, the fused tensor-core
+Gluon register-operand mma.sync kernel at M = 2..64, the fused tensor-core
 kernel, or the dequantize-then-cuBLAS path at
 M >= ``dense.dense_min_m()``) -- which is the number a model sees. Same method
 as ``bench_wo_gemm.py``: measured ceilings first, rotating weight copies (>= 4x
@@ -65,7 +65,7 @@ def _path(x2: torch.Tensor, pw) -> str:
     if dense.use_dense(m):
         return "dense"
     md = wo_gemm._mma_decode()
-    if md is not None and m >= wo_gemm.MMA_DECODE_MIN_M and md.mma_decode_supported(x2, pw):
+    if md is not None and m >= wo_gemm.MMA_DECODE_MIN_M and md.preferred(m, pw.n, pw.k) and md.mma_decode_supported(x2, pw):
         return "mma"
     return "gemv" if gemv.gemv_supported(x2, pw) else "fused"
 

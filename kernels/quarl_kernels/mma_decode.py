@@ -414,7 +414,16 @@ MMA_DECODE_CONFIGS = (
 # The M <= 16 configs spill at NT = 64 (128 B registers + 64 accumulators + 64 A).
 _CANDIDATES = {8: (0, 1, 2, 3, 4, 5), 16: (0, 1, 2, 3, 4, 5), 32: (0, 6, 7, 8, 11, 13), 64: (6, 7, 8, 9, 10, 11, 12)}
 # Defaults per token tile where they do not depend on N (M <= 16: see default_config).
-_DEFAULTS = {32: 6, 64: 7}
+_DEFAULTS = {32: 11, 64: 11}  # H200 bench (docs/kernels.md v10): best geo-mean on the large layers
+# Above 16 tokens the kernel beats the Triton tensor-core path only on large weights
+# (H200, M = 32/64: 1.10x / 1.37x geo-mean on the 7B MLP layers, 0.79x / 0.85x on the
+# 3584x3584 and 512x3584 ones), so ``wo_matmul`` uses it there only.
+LARGE_M_MIN_WEIGHTS = 20 << 20
+
+
+def preferred(m: int, n: int, k: int) -> bool:
+    """Whether ``wo_matmul`` should take this kernel for an [M, K] x [N, K]^T call by default."""
+    return MIN_M <= m <= MAX_M and (m <= 16 or n * k >= LARGE_M_MIN_WEIGHTS)
 
 
 def token_tile(m: int) -> int:
@@ -433,9 +442,9 @@ def candidate_configs(m: int) -> tuple[MmaDecodeConfig, ...]:
 def default_config(m: int, n: int) -> MmaDecodeConfig:
     """Config for M tokens and N output rows without tuning. M <= 16: the H200 winners of
     ``bench_mma_decode.py`` (docs/kernels.md v9): 1 for N <= 1024, 4 above. M = 17..64:
-    picked from the sm_90 compile report (no spills, fewest instructions per weight)
-    until measured: 6 at NT = 32 (142-168 registers, 4.4-4.6 instructions per weight),
-    7 at NT = 64 (220-244 registers, 5.6-5.8 per weight)."""
+    11 (x staged through shared memory) at NT = 32 and 64, the measured geo-mean winner on
+    the large layers (docs/kernels.md v10); ``preferred`` keeps small layers off this kernel
+    above 16 tokens."""
     nt = token_tile(m)
     if nt <= 16:
         return MMA_DECODE_CONFIGS[1 if n <= 1024 else 4]
@@ -509,5 +518,16 @@ def launch_mma_decode(x2: torch.Tensor, pw, cfg: MmaDecodeConfig) -> torch.Tenso
     return y
 
 
-__all__ = ["MAX_M", "MIN_M", "MMA_DECODE_CONFIGS", "MmaDecodeConfig", "candidate_configs", "default_config",
-           "launch_mma_decode", "mma_decode_supported", "token_tile"]
+__all__ = [
+    "LARGE_M_MIN_WEIGHTS",
+    "MAX_M",
+    "MIN_M",
+    "MMA_DECODE_CONFIGS",
+    "MmaDecodeConfig",
+    "candidate_configs",
+    "default_config",
+    "launch_mma_decode",
+    "mma_decode_supported",
+    "preferred",
+    "token_tile",
+]

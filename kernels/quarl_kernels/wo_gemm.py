@@ -456,7 +456,7 @@ def _mma_decode():
 def wo_matmul(x2: torch.Tensor, pw: PackedWeight, *, tune: bool | None = None) -> torch.Tensor:
     """y [M, N] = x2 [M, K] @ dequant(W)^T, config picked by M regime (and tuning).
 
-    By M: 1 token runs the CUDA-core GEMV (``gemv.py``), 2..16 the Gluon
+    By M: 1 token runs the CUDA-core GEMV (``gemv.py``), 2..64 the Gluon
     register-operand ``mma.sync`` kernel (``mma_decode.py``), M >= ``dense.dense_min_m()``
     dequantizes to a transient BF16 weight for cuBLAS (``dense.py``), the rest the
     tensor-core kernel below (which also covers any call the others do not support)."""
@@ -464,10 +464,11 @@ def wo_matmul(x2: torch.Tensor, pw: PackedWeight, *, tune: bool | None = None) -
     if dense.use_dense(m):
         return dense.dense_matmul(x2, pw)
     md = _mma_decode()
-    if md is not None and MMA_DECODE_MIN_M <= m and md.mma_decode_supported(x2, pw):
+    if (md is not None and MMA_DECODE_MIN_M <= m and md.preferred(m, pw.n, pw.k)
+            and md.mma_decode_supported(x2, pw)):
         mkey = (pw.fmt, pw.group, _decode_bm(m), pw.n, pw.k, x2.device.index)
-        mdefault = md.MMA_DECODE_CONFIGS[1 if pw.n <= 1024 else 4]  # measured winners (docs/kernels.md v9)
-        mcfg = _choose("mma", mkey, md.MMA_DECODE_CONFIGS, lambda c: md.launch_mma_decode(x2, pw, c), tune,
+        mdefault = md.default_config(m, pw.n)  # measured winners per token tile (docs/kernels.md v9-v10)
+        mcfg = _choose("mma", mkey, md.candidate_configs(m), lambda c: md.launch_mma_decode(x2, pw, c), tune,
                        mdefault)
         return md.launch_mma_decode(x2, pw, mcfg)
     if gemv.gemv_supported(x2, pw):

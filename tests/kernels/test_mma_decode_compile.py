@@ -59,7 +59,10 @@ def test_large_m_default_compiles_without_spills(fmt, m):
     cfg = mma_decode.default_config(m, 18944)
     r = _report(fmt, cfg, m)
     assert r["stack"] == 0, f"{cfg} at M = {m} spills ({r['regs']} registers, {r['stack']} B stack)"
-    assert r["smem"] == 0 and r["loop_bar"] == 0, f"{cfg} at M = {m} goes through shared memory"
+    if cfg.xsmem:  # x staged through shared memory (the measured default above 16 tokens): weights never are
+        assert 0 < r["smem"] <= 2 * 64 * cfg.bkw * 8 * 2 and r["loop_bar"] <= 2, (cfg, r["smem"], r["loop_bar"])
+    else:
+        assert r["smem"] == 0 and r["loop_bar"] == 0, f"{cfg} at M = {m} goes through shared memory"
     assert r["hmma"] > 0 and r["regs"] <= 255
 
 
