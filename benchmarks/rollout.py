@@ -84,6 +84,7 @@ RECIPES = {
     "nvfp4": {"default": "nvfp4"},
     "mxfp4": {"default": "mxfp4"},
     "nvfp4+lora": {"default": "nvfp4", "lora": {"r": 32, "alpha": 64.0}},
+    "bf16+lora": {"default": "bf16", "lora": {"r": 32, "alpha": 64.0}},  # QeRL's baseline: BF16 base + LoRA
 }
 # "tiny": a smoke-test shape (``--models tiny --device cpu`` checks the script in seconds on a CPU)
 MODELS["tiny"] = {
