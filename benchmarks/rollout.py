@@ -318,6 +318,8 @@ def selected_kernel(model) -> str:
     layer = next((m for m in model.modules() if isinstance(m, QuantLinear)), None)
     if layer is None:
         return "cuBLAS (nn.Linear)"
+    if layer.config is None:  # frozen high-precision base (bf16+lora): F.linear on its weight
+        return "cuBLAS (frozen BF16 QuantLinear)"
     x = torch.zeros(1, layer.in_features, device=DEVICE, dtype=torch.bfloat16)
     k = dispatch.select(x, layer)
     return k.name if k is not None else "reference (dequantize + matmul)"
