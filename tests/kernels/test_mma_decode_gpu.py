@@ -23,7 +23,7 @@ import pytest
 import torch
 from quarl_kernels.ops import _packed_weight
 
-from quarl.quant import get_format, make_config
+from tests.kernels.helpers import poison, qweight, rel
 
 pytest.importorskip("triton", reason="the GPU kernels need Triton (CPU CI has none)")
 pytest.importorskip("triton.experimental.gluon", reason="mma_decode is written in Gluon (Triton >= 3.5)")
@@ -66,25 +66,7 @@ LARGE_CASES = [  # M = 17..64 (NT = 32 / 64): every candidate config of each til
 ]
 
 
-def _qweight(spec: str, n: int, k: int, device="cuda"):
-    cfg = make_config(spec)
-    w = torch.randn(n, k, device=device) * 0.03
-    q = get_format(cfg.name).quantize(w, cfg)
-    t = q.tensors
-    args = (t["weight_packed"], t["weight_scale"], t.get("weight_zero_point"), t.get("weight_global_scale"),
-            cfg.name, cfg.block_size, n, k)
-    return args, q.dequantize(torch.float64)
-
-
-def _poison(shape, dtype):
-    """Fill the block the next same-size allocation will reuse with NaN."""
-    junk = torch.full(shape, float("nan"), device="cuda", dtype=dtype)
-    del junk
-
-
-def _rel(out: torch.Tensor, ref: torch.Tensor) -> float:
-    assert not torch.isnan(out).any(), "NaN in output: an element was not written (or decoded to NaN)"
-    return ((out.double() - ref).norm() / ref.norm()).item()
+_qweight, _poison, _rel = qweight, poison, rel  # shared scaffolding (tests/kernels/helpers.py)
 
 
 @pytest.mark.parametrize("spec", SPECS)
