@@ -31,11 +31,8 @@ import time
 
 import torch
 import triton
-from bench_wo_gemm import SHAPES, SPECS, _copies, graph_time_us, measure_ceilings
+from bench_wo_gemm import SHAPES, SPECS, _copies, graph_time_us, measure_ceilings, rotating_packed
 from quarl_kernels import dense, gemv, wo_gemm
-from quarl_kernels.ops import _packed_weight
-
-from quarl.quant import get_format, make_config
 
 MS = [1, 8, 32, 128, 2048]
 CROSS_MS = [128, 256, 512, 1024, 2048, 4096]
@@ -43,17 +40,7 @@ CROSS_MS = [128, 256, 512, 1024, 2048, 4096]
 
 def _weights(spec: str, n: int, k: int, l2: int):
     """(packed weights rotated to defeat L2, bf16 weights likewise, float64 reference weight, packed bytes)."""
-    cfg = make_config(spec)
-    q = get_format(cfg.name).quantize(torch.randn(n, k, device="cuda") * 0.03, cfg)
-    t = q.tensors
-    p0 = _packed_weight(t["weight_packed"], t["weight_scale"], t.get("weight_zero_point"),
-                        t.get("weight_global_scale"), cfg.name, cfg.block_size, n, k)
-    pws = [p0] + [
-        wo_gemm.PackedWeight(p0.fmt, p0.group, n, k, p0.words.clone(), p0.scale.clone(),
-                             None if p0.zero is None else p0.zero.clone(),
-                             None if p0.gscale is None else p0.gscale.clone(), p0.bytes32)
-        for _ in range(_copies(q.nbytes, l2) - 1)
-    ]
+    pws, q = rotating_packed(spec, torch.randn(n, k, device="cuda") * 0.03, l2)
     wb = q.dequantize(torch.bfloat16)
     wbs = [wb] + [wb.clone() for _ in range(_copies(wb.numel() * 2, l2) - 1)]
     return pws, wbs, q.dequantize(torch.float64), q.nbytes

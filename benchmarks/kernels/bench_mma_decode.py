@@ -95,11 +95,8 @@ def compile_table(dump: str | None = None) -> list[dict]:
 # ---------------------------------------------------------------------------
 def bench(out_dir: str, shapes, ms, specs) -> dict:
     import torch
-    from bench_wo_gemm import _copies, graph_time_us, measure_ceilings
+    from bench_wo_gemm import _copies, graph_time_us, measure_ceilings, rotating_packed
     from quarl_kernels import wo_gemm
-    from quarl_kernels.ops import _packed_weight
-
-    from quarl.quant import get_format, make_config
 
     t0 = time.time()
     props = torch.cuda.get_device_properties(0)
@@ -113,19 +110,10 @@ def bench(out_dir: str, shapes, ms, specs) -> dict:
     for n, k in shapes:
         bf16_cache: dict = {}
         for spec in specs:
-            cfg = make_config(spec)
             torch.manual_seed(n + k)
             w = torch.randn(n, k, device="cuda") * 0.03
-            q = get_format(cfg.name).quantize(w, cfg)
-            t = q.tensors
-            p0 = _packed_weight(t["weight_packed"], t["weight_scale"], t.get("weight_zero_point"),
-                                t.get("weight_global_scale"), cfg.name, cfg.block_size, n, k)
-            pws = [p0] + [
-                wo_gemm.PackedWeight(p0.fmt, p0.group, n, k, p0.words.clone(), p0.scale.clone(),
-                                     None if p0.zero is None else p0.zero.clone(),
-                                     None if p0.gscale is None else p0.gscale.clone(), p0.bytes32)
-                for _ in range(_copies(q.nbytes, l2) - 1)
-            ]
+            pws, q = rotating_packed(spec, w, l2)
+            p0 = pws[0]
             wref = q.dequantize(torch.float64)
             for m in ms:
                 x = torch.randn(m, k, device="cuda").to(torch.bfloat16)

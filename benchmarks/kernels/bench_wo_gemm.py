@@ -91,6 +91,25 @@ def _copies(nbytes: int, l2: int) -> int:
     return max(2, min(256, -(-L2_MULT * l2 // max(nbytes, 1))))
 
 
+def rotating_packed(spec: str, w: torch.Tensor, l2: int):
+    """``w`` [N, K] quantized to ``spec``: (packed weights as ``wo_gemm.PackedWeight``, the
+    first followed by copies so that all together cover >= ``L2_MULT`` x the L2 -- each
+    timed call then streams its weight from HBM -- and the ``QTensor``)."""
+    cfg = make_config(spec)
+    n, k = w.shape
+    q = get_format(cfg.name).quantize(w, cfg)
+    t = q.tensors
+    p0 = _packed_weight(t["weight_packed"], t["weight_scale"], t.get("weight_zero_point"),
+                        t.get("weight_global_scale"), cfg.name, cfg.block_size, n, k)
+    pws = [p0] + [
+        wo_gemm.PackedWeight(p0.fmt, p0.group, n, k, p0.words.clone(), p0.scale.clone(),
+                             None if p0.zero is None else p0.zero.clone(),
+                             None if p0.gscale is None else p0.gscale.clone(), p0.bytes32)
+        for _ in range(_copies(q.nbytes, l2) - 1)
+    ]
+    return pws, q
+
+
 def bench_point(spec: str, n: int, k: int, m: int, l2: int, ref_cache: dict) -> dict:
     cfg = make_config(spec)
     fmt = get_format(cfg.name)
