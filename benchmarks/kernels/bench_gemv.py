@@ -37,11 +37,11 @@ import subprocess
 import time
 
 import torch
+from bench_wo_gemm import _copies, _sync_ms  # same L2-defeating copies and event timer
 
 SHAPES = [(3584, 3584), (512, 3584), (18944, 3584), (3584, 18944)]  # N x K: q/o, k/v, gate/up, down
 MS = [1, 2, 3, 4, 8, 16]
 SPECS = ["nvfp4", "mxfp4", "int4-g128"]
-L2_MULT = 4
 
 
 def _candidates(m: int) -> list:
@@ -83,24 +83,12 @@ def _warm(task) -> str:
     return f"{spec} {n}x{k}"
 
 
-def _events_ms(fn, iters: int) -> list[float]:
-    out = []
-    for _ in range(iters):
-        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        s.record()
-        fn()
-        e.record()
-        torch.cuda.synchronize()
-        out.append(s.elapsed_time(e))
-    return out
-
-
 def hbm_copy_GBps() -> float:
     n = 1 << 30
     src = torch.empty(n, dtype=torch.uint16, device="cuda").random_(0, 1 << 15)
     dst = torch.empty_like(src)
     dst.copy_(src)
-    t = statistics.median(_events_ms(lambda: dst.copy_(src), 20))
+    t = statistics.median(_sync_ms(lambda: dst.copy_(src), 20))
     return 2 * src.numel() * 2 / (t * 1e-3) / 1e9
 
 
@@ -122,10 +110,6 @@ def graph_us(fns: list) -> float:
     torch.cuda.synchronize()
     ms = triton.testing.do_bench(g.replay, warmup=10, rep=40, return_mode="median")
     return ms * 1e3 / len(fns)
-
-
-def _copies(nbytes: int, l2: int) -> int:
-    return max(2, min(256, -(-L2_MULT * l2 // max(nbytes, 1))))
 
 
 def _rel(y: torch.Tensor, ref: torch.Tensor) -> float:
