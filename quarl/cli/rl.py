@@ -15,19 +15,32 @@ from __future__ import annotations
 
 import json
 import logging
+from typing import Annotated
 
 import typer
 
+from quarl.cli.common import ConfigOpt, OverwriteOpt, PrintConfigOpt, SetOpt
+
+# --data / --output are checked in the body (not required by typer) so --print-config works without them
+DataOpt = Annotated[str | None, typer.Option("--data", "-d", help="dataset artifact URI written by `quarl data-prep`")]
+RLOutputOpt = Annotated[
+    str | None, typer.Option("--output", "-o", help="artifact URI: local directory or s3://bucket/prefix")
+]
+
 
 def rl(
-    config: str = typer.Option(None, "--config", "-c", help="YAML file with RLConfig fields (see quarl/recipes/rl)"),
-    overrides: list[str] = typer.Option(None, "--set", "-s", help="override a field: key.sub=value (repeatable)"),
-    model: str = typer.Option("default", "--model", "-m", help="model: default | tiny-llama | HF id | dir | s3://"),
-    data: str = typer.Option(None, "--data", "-d", help="dataset artifact URI written by `quarl data-prep`"),
-    output: str = typer.Option(None, "--output", "-o", help="artifact URI: local directory or s3://bucket/prefix"),
-    init_adapter: str = typer.Option(None, "--init-adapter", help="adapter artifact to start the LoRA from"),
-    overwrite: bool = typer.Option(False, "--overwrite", help="replace a complete artifact at --output"),
-    print_config: bool = typer.Option(False, "--print-config", help="print the resolved config and exit"),
+    config: ConfigOpt = None,
+    overrides: SetOpt = None,
+    model: Annotated[str, typer.Option("--model", "-m", help="model: default | tiny-llama | HF id | dir | s3://")] = (
+        "default"
+    ),
+    data: DataOpt = None,
+    output: RLOutputOpt = None,
+    init_adapter: Annotated[
+        str | None, typer.Option("--init-adapter", help="adapter artifact to start the LoRA from")
+    ] = None,
+    overwrite: OverwriteOpt = False,
+    print_config: PrintConfigOpt = False,
 ) -> None:
     """Reinforcement learning (GRPO/DAPO) of a quantized policy with LoRA and adaptive quantization noise."""
     from quarl.artifacts import ArtifactError
