@@ -9,7 +9,8 @@ Triton version and target. Triton lowers to PTX and runs its bundled ``ptxas`` o
 any machine, so the build (which has no GPU) can produce the cubins a launch on an
 H100/H200 will look up: every format (NVFP4, MXFP4, INT4) x the default configs
 (first entries of ``DECODE_CONFIGS`` / ``PREFILL_CONFIGS`` / ``BWD_CONFIGS``; all
-of them with ``--all-configs``) x decode tile heights 16/32/64 x split-K on/off.
+of them with ``--all-configs``) x decode tile heights 16/32/64 x split-K on/off, and
+the Gluon ``mma_decode`` kernel's default configs per token tile.
 
 The signatures come from ``benchmarks/kernels/compile_report.py`` (the kernels'
 own compile harness, kept next to the kernels by their authors), so this script
@@ -53,6 +54,25 @@ def variants(all_configs: bool):
                        lambda fmt=fmt, cfg=cfg, split=split: compile_fwd(fmt, cfg, split, True, cfg.pair, cfg.swap))
         for cfg in pick(wo_gemm.BWD_CONFIGS):
             yield f"{name}/bwd/{cfg}", lambda fmt=fmt, cfg=cfg: compile_bwd(fmt, cfg, True)
+    yield from _mma_decode_variants(all_configs)
+
+
+def _mma_decode_variants(all_configs: bool):
+    """The Gluon decode kernel (M = 2..64): its defaults per token tile, split-K on/off. Gluon is
+    Triton's experimental dialect; compiling it here is what catches API drift of a newer Triton
+    at image build time (at run time ``wo_gemm`` would fall back to the Triton TC kernel)."""
+    from quarl_kernels import mma_decode
+
+    from benchmarks.kernels.bench_mma_decode import NAMES, compile_mma_decode
+
+    for fmt, name in NAMES.items():
+        for nt in (8, 16, 32, 64):  # M = nt tokens lands on token tile nt
+            cfgs = mma_decode.candidate_configs(nt) if all_configs else {
+                mma_decode.default_config(nt, 512), mma_decode.default_config(nt, 18944)}
+            for cfg in cfgs:
+                for split in (True, False):
+                    yield (f"{name}/mma_decode/{cfg}/NT{nt}/split{int(split)}",
+                           lambda fmt=fmt, cfg=cfg, nt=nt, split=split: compile_mma_decode(fmt, cfg, nt, split))
 
 
 def main() -> int:

@@ -441,16 +441,31 @@ def _choose(kind: str, key: tuple, candidates: tuple[Config, ...], run, tune: bo
 MMA_DECODE_MIN_M = 2  # M = 1 stays on the GEMV (47% vs ~43% of HBM on the 7B MLP layers, H200)
 
 
+_MMA_DECODE_BROKEN: str | None = None  # why the Gluon kernel is off for this process, once it failed
+
+
 def _mma_decode():
     """The Gluon register-operand decode kernel module, or None (disabled by
-    ``QUARL_KERNELS_MMA_DECODE=0``, or a Triton without Gluon)."""
-    if os.environ.get("QUARL_KERNELS_MMA_DECODE", "1") == "0" or _interpreting():
+    ``QUARL_KERNELS_MMA_DECODE=0``, a Triton without Gluon, or an earlier failure)."""
+    global _MMA_DECODE_BROKEN
+    if os.environ.get("QUARL_KERNELS_MMA_DECODE", "1") == "0" or _interpreting() or _MMA_DECODE_BROKEN:
         return None
     try:
         from quarl_kernels import mma_decode
-    except ImportError:  # Triton < 3.5 has no triton.experimental.gluon
+    except (ImportError, AttributeError) as e:  # Triton < 3.5 has no Gluon; a newer one may have moved its API
+        _MMA_DECODE_BROKEN = f"{type(e).__name__}: {e}"
         return None
     return mma_decode
+
+
+def _mma_decode_failed(e: Exception) -> None:
+    """Gluon is Triton's experimental dialect: if a Triton version cannot compile the kernel,
+    say so once and let every later call take the Triton tensor-core kernel instead."""
+    global _MMA_DECODE_BROKEN
+    _MMA_DECODE_BROKEN = f"{type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}"
+    warnings.warn(f"quarl_kernels: the Gluon decode kernel failed to build ({_MMA_DECODE_BROKEN}); decode at "
+                  f"M = 2..64 falls back to the Triton tensor-core kernel (slower). Set "
+                  f"QUARL_KERNELS_MMA_DECODE=0 to silence this.", stacklevel=3)
 
 
 def wo_matmul(x2: torch.Tensor, pw: PackedWeight, *, tune: bool | None = None) -> torch.Tensor:
@@ -468,9 +483,12 @@ def wo_matmul(x2: torch.Tensor, pw: PackedWeight, *, tune: bool | None = None) -
             and md.mma_decode_supported(x2, pw)):
         mkey = (pw.fmt, pw.group, _decode_bm(m), pw.n, pw.k, x2.device.index)
         mdefault = md.default_config(m, pw.n)  # measured winners per token tile (docs/kernels.md v9-v10)
-        mcfg = _choose("mma", mkey, md.candidate_configs(m), lambda c: md.launch_mma_decode(x2, pw, c), tune,
-                       mdefault)
-        return md.launch_mma_decode(x2, pw, mcfg)
+        try:
+            mcfg = _choose("mma", mkey, md.candidate_configs(m), lambda c: md.launch_mma_decode(x2, pw, c), tune,
+                           mdefault)
+            return md.launch_mma_decode(x2, pw, mcfg)
+        except triton.compiler.errors.CompilationError as e:
+            _mma_decode_failed(e)
     if gemv.gemv_supported(x2, pw):
         gkey = (pw.fmt, pw.group, m, pw.n, pw.k, x2.device.index)
         gdefault = gemv.default_gemv_config(pw.fmt, m, pw.n, pw.k)
