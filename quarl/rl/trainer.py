@@ -99,29 +99,15 @@ def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
 
 
 def place_policy(model: nn.Module, device: torch.device, dtype: torch.dtype) -> nn.Module:
-    """``model.to(device, dtype)`` that leaves packed quantized weights in their storage dtypes.
+    """Move the policy to ``device`` and cast it to ``dtype``, packed 4-bit weights excepted.
 
-    ``Module.to(dtype=...)`` casts *every* floating tensor, and FP8 counts as floating: on
-    a model that arrives already quantized (a calibrated checkpoint, a model quantized
-    layer by layer to fit the GPU) it would turn NVFP4's E4M3 block scales and FP32
-    global scale into ``dtype`` -- the global scale loses bits in bf16 (every weight
-    moves), the scales double in size, and the GPU kernels, which take E4M3 scales only,
-    stop applying, so every call falls back to dequantizing the whole weight. So: move
-    everything to ``device``; cast parameters and buffers to ``dtype`` except the tensors
-    a frozen QuantLinear packs (``weight_packed``, ``weight_scale``, ...); set each
-    QuantLinear's compute dtype (a LoRA branch attached later is created in it)."""
-    model.to(device=device)
-    for m in model.modules():
-        packed = set(getattr(m, "_tensor_names", ())) if isinstance(m, QuantLinear) and m.mode == "frozen" else set()
-        for name, p in m.named_parameters(recurse=False):
-            if p.is_floating_point() and p.dtype != dtype:
-                p.data = p.data.to(dtype)
-        for name, b in m.named_buffers(recurse=False):
-            if name not in packed and b.is_floating_point() and b.dtype != dtype:
-                setattr(m, name, b.to(dtype))
-        if isinstance(m, QuantLinear):
-            m.compute_dtype = dtype
-    return model
+    A model can arrive already quantized (a calibrated checkpoint, or one quantized layer by
+    layer to fit the GPU). ``QuantLinear._apply`` keeps its packed tensors (codes, E4M3
+    block scales, FP32 global scale) in their storage dtypes under ``Module.to`` -- casting
+    them would move every weight and take the GPU kernels out of play -- and makes ``dtype``
+    the layers' compute dtype, so a plain ``to`` is right here; this name says why it is
+    safe."""
+    return model.to(device=device, dtype=dtype)
 
 
 def build_policy(model: nn.Module, cfg: PolicyConfig) -> dict:
