@@ -17,7 +17,9 @@ Trade-off, stated plainly: the BF16 copy of *one* layer's weight lives for the
 duration of one matmul (``[N, K]`` bf16: 136 MB for Qwen2.5-7B's gate/up, 283
 MB for 32B's), allocated from PyTorch's caching allocator and released right
 after -- never a BF16 copy of the model. ``QUARL_KERNELS_DENSE_MIN_M=0``
-disables the path (every M then runs the fused kernels, zero transient memory).
+disables the path (every M then runs the fused kernels, zero transient memory), and
+a call that finds no memory for the transient falls back to the fused kernel by
+itself (``wo_gemm.wo_matmul``, with one warning).
 
 Numerics. The decode is the fused kernels' own (``dequant.load_dequant_tile``);
 for NVFP4 the exact ``e2m1 * e4m3 * 2**-16`` tile is multiplied by

@@ -438,6 +438,20 @@ def _choose(kind: str, key: tuple, candidates: tuple[Config, ...], run, tune: bo
     return best
 
 
+_DENSE_OOM_WARNED = False
+
+
+def _dense_oom(pw: PackedWeight) -> None:
+    """The dense path could not allocate its transient [N, K] BF16 weight: this call (and any
+    later one that hits the same wall) runs the fused kernel, which needs no extra memory."""
+    global _DENSE_OOM_WARNED
+    if not _DENSE_OOM_WARNED:
+        _DENSE_OOM_WARNED = True
+        warnings.warn(f"quarl_kernels: no memory for the dense path's transient {pw.n}x{pw.k} BF16 weight "
+                      f"({pw.n * pw.k * 2 / 2**20:.0f} MiB); using the fused kernel for such calls (slower at "
+                      f"large M). QUARL_KERNELS_DENSE_MIN_M=0 makes that the rule.", stacklevel=3)
+
+
 MMA_DECODE_MIN_M = 2  # M = 1 stays on the GEMV (47% vs ~43% of HBM on the 7B MLP layers, H200)
 
 
@@ -477,7 +491,10 @@ def wo_matmul(x2: torch.Tensor, pw: PackedWeight, *, tune: bool | None = None) -
     tensor-core kernel below (which also covers any call the others do not support)."""
     m = x2.shape[0]
     if dense.use_dense(m):
-        return dense.dense_matmul(x2, pw)
+        try:
+            return dense.dense_matmul(x2, pw)
+        except torch.cuda.OutOfMemoryError:  # no room for the transient BF16 weight: the fused kernel needs none
+            _dense_oom(pw)
     md = _mma_decode()
     if (md is not None and MMA_DECODE_MIN_M <= m and md.preferred(m, pw.n, pw.k)
             and md.mma_decode_supported(x2, pw)):
@@ -504,7 +521,10 @@ def wo_matmul(x2: torch.Tensor, pw: PackedWeight, *, tune: bool | None = None) -
 def wo_matmul_t(dy2: torch.Tensor, pw: PackedWeight, *, tune: bool | None = None) -> torch.Tensor:
     """dx [M, K] = dy2 [M, N] @ dequant(W) (large M: ``dense.py``, as in ``wo_matmul``)."""
     if dense.use_dense(dy2.shape[0]):
-        return dense.dense_matmul_t(dy2, pw)
+        try:
+            return dense.dense_matmul_t(dy2, pw)
+        except torch.cuda.OutOfMemoryError:
+            _dense_oom(pw)
     key = (pw.fmt, pw.group, _m_bucket(dy2.shape[0]), pw.n, pw.k, dy2.device.index)
     default = default_config("bwd", dy2.shape[0], pw.n, pw.k)
     cfg = _choose("bwd", key, BWD_CONFIGS, lambda c: launch_bwd(dy2, pw, c), tune, default)

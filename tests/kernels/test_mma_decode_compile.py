@@ -82,33 +82,3 @@ def test_shared_x_needs_8_word_steps():
     with pytest.raises(ValueError, match="bkw = 8"):
         mma_decode.MmaDecodeConfig(128, 16, 4, xsmem=True)
 
-
-def test_wo_matmul_falls_back_when_gluon_fails_to_compile(monkeypatch):
-    """A Triton whose Gluon cannot build the kernel must not take decode down: wo_matmul warns
-    once and sends the call (and every later one) to the Triton tensor-core kernel."""
-    import torch
-    import triton
-    from quarl_kernels import wo_gemm
-    from quarl_kernels.ops import _packed_weight
-
-    from quarl.quant import get_format, make_config
-
-    cfg = make_config("nvfp4")
-    q = get_format("nvfp4").quantize(torch.randn(64, 128) * 0.05, cfg)
-    t = q.tensors
-    pw = _packed_weight(t["weight_packed"], t["weight_scale"], None, t["weight_global_scale"], "nvfp4", 16, 64, 128)
-    x = torch.randn(4, 128).to(torch.bfloat16)
-
-    def broken(*a, **k):
-        raise triton.compiler.errors.CompilationError("src", None, "gluon API moved")
-
-    taken = []
-    monkeypatch.setattr(wo_gemm, "_MMA_DECODE_BROKEN", None)
-    monkeypatch.setattr(wo_gemm, "_interpreting", lambda: False)
-    monkeypatch.setattr(mma_decode, "mma_decode_supported", lambda x2, pw: True)
-    monkeypatch.setattr(mma_decode, "launch_mma_decode", broken)
-    monkeypatch.setattr(wo_gemm, "launch_fwd", lambda x2, pw, c: taken.append(c) or "tc")
-    with pytest.warns(UserWarning, match="falls back to the Triton tensor-core kernel"):
-        assert wo_gemm.wo_matmul(x, pw) == "tc"
-    assert wo_gemm._MMA_DECODE_BROKEN and wo_gemm._mma_decode() is None
-    assert wo_gemm.wo_matmul(x, pw) == "tc" and len(taken) == 2  # no second try, no second warning
