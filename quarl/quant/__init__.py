@@ -10,7 +10,22 @@ from quarl.quant.model import QuantRecipe, QuantReport, memory_report, quantize_
 from quarl.quant.spec import make_config, spec_string
 
 __all__ = [
-    "Format", "FormatConfig", "QTensor", "QuantError", "available_formats", "get_format", "LoRAConfig",
-    "QuantLinear", "attach_lora", "load_adapter", "merge_lora", "save_adapter", "QuantRecipe", "QuantReport",
-    "memory_report", "quantize_model", "make_config", "spec_string",
+    "Format",
+    "FormatConfig",
+    "LoRAConfig",
+    "QTensor",
+    "QuantError",
+    "QuantLinear",
+    "QuantRecipe",
+    "QuantReport",
+    "attach_lora",
+    "available_formats",
+    "get_format",
+    "load_adapter",
+    "make_config",
+    "memory_report",
+    "merge_lora",
+    "quantize_model",
+    "save_adapter",
+    "spec_string",
 ]

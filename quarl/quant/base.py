@@ -63,7 +63,7 @@ class QTensor:
     def nbytes(self) -> int:
         return sum(t.numel() * t.element_size() for t in self.tensors.values())
 
-    def to(self, device: torch.device | str) -> "QTensor":
+    def to(self, device: torch.device | str) -> QTensor:
         return QTensor(self.config, self.shape, {k: v.to(device) for k, v in self.tensors.items()})
 
     def dequantize(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:

@@ -15,9 +15,11 @@ and for debugging a kernel).
 
 from __future__ import annotations
 
+import logging
 import os
+import warnings
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 import torch
 
@@ -53,8 +55,12 @@ def load_kernels() -> None:
     _loaded = True
     try:
         import quarl_kernels  # noqa: F401
-    except Exception:  # no Triton / no GPU build: the reference path serves
-        pass
+    except ImportError as e:  # no Triton / no kernels package (a CPU install): the reference path serves
+        logging.getLogger(__name__).debug("quarl_kernels not importable (%s): reference path", e)
+    except Exception as e:  # noqa: BLE001 -- a broken kernels build must not stop a run, but must be seen
+        warnings.warn(f"quarl_kernels failed to import ({type(e).__name__}: {e}); every quantized layer runs the "
+                      f"slow reference path (dequantize + matmul). Fix the Triton install, or set "
+                      f"QUARL_KERNELS=reference to choose that path explicitly.", stacklevel=2)
 
 
 def select(x: torch.Tensor, layer: torch.nn.Module) -> Kernel | None:

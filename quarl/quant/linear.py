@@ -111,7 +111,7 @@ class QuantLinear(nn.Module):
         lora: LoRAConfig | None = None,
         act_quant: str | None = None,
         state: dict | None = None,
-    ) -> "QuantLinear":
+    ) -> QuantLinear:
         cfg = make_config(config)
         w = linear.weight.detach()
         m = cls(linear.in_features, linear.out_features, cfg, bias=linear.bias is not None, mode=mode,

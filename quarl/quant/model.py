@@ -55,7 +55,7 @@ class QuantRecipe:
     share_fused_scales: bool = True
 
     @classmethod
-    def load(cls, src: "QuantRecipe | dict | str | Path | None") -> "QuantRecipe":
+    def load(cls, src: QuantRecipe | dict | str | Path | None) -> QuantRecipe:
         if src is None:
             return cls()
         if isinstance(src, QuantRecipe):

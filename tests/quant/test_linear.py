@@ -5,8 +5,7 @@ import pytest
 import torch
 from torch import nn
 
-from quarl.quant import QuantError, QuantLinear, get_format, make_config
-from quarl.quant import dispatch
+from quarl.quant import QuantError, QuantLinear, dispatch, get_format, make_config
 from quarl.quant.linear import LoRAConfig
 
 FORMATS = ["nvfp4", "mxfp4", "nf4", "nf4-dq", "fp8", "fp8-block", "int4-g128", "int3-g128", "int8-g128-sym", "int2-g128"]

@@ -3,7 +3,6 @@ its E8M0 scale rule, accuracy, STE, GPTQ-hook consistency and input checks."""
 
 import pytest
 import torch
-from tests.quant.formats._fp4_ct_reference import bits_equal, ct_compress, sqnr_db
 
 from quarl.quant.base import QTensor, QuantError, get_format
 from quarl.quant.formats.fp4 import E2M1_VALUES
@@ -11,6 +10,7 @@ from quarl.quant.formats.mxfp4 import MXFP4_FORMAT as M
 from quarl.quant.formats.mxfp4 import MXFP4Config, e8m0_exponents, e8m0_to_float
 from quarl.quant.formats.nvfp4 import NVFP4_FORMAT, NVFP4Config
 from quarl.quant.spec import make_config, spec_string
+from tests.quant.formats._fp4_ct_reference import bits_equal, ct_compress, sqnr_db
 
 CFG = MXFP4Config()
 

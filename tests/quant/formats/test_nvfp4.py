@@ -3,13 +3,13 @@ plus accuracy, STE, GPTQ-hook consistency, fused-shard global scale and input ch
 
 import pytest
 import torch
-from tests.quant.formats._fp4_ct_reference import bits_equal, ct_compress, sqnr_db
 
 from quarl.quant.base import QTensor, QuantError, get_format
 from quarl.quant.formats.fp4 import E2M1_VALUES
 from quarl.quant.formats.nvfp4 import NVFP4_FORMAT as F
 from quarl.quant.formats.nvfp4 import NVFP4Config, shared_global_state
 from quarl.quant.spec import make_config, spec_string
+from tests.quant.formats._fp4_ct_reference import bits_equal, ct_compress, sqnr_db
 
 CFG = NVFP4Config()
 
