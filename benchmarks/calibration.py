@@ -209,32 +209,15 @@ def render(res: dict) -> str:
             "int*-g128 rows use group 64 on the K = 576 layers (q/k/v/o/gate/up: 576 is not a multiple of 128) "
             "and group 128 on down_proj (K = 1536)."
         ),
-        "",
-        "KL(fp || quantized), nats per token (lower is better):",
-        "",
-        "| format | " + " | ".join(methods) + " |",
-        "|---|" + "---:|" * len(methods),
     ]
-    for f in fmts:
-        lines.append(f"| {f} | " + " | ".join(cell(f, m, "kl", "{:.4f}") for m in methods) + " |")
-    lines += [
-        "",
-        "Perplexity on the held-out text:",
-        "",
-        "| format | " + " | ".join(methods) + " |",
-        "|---|" + "---:|" * len(methods),
-    ]
-    for f in fmts:
-        lines.append(f"| {f} | " + " | ".join(cell(f, m, "ppl", "{:.3f}") for m in methods) + " |")
-    lines += [
-        "",
-        "Calibration wall time, seconds (one torch thread on the shared 2-core box):",
-        "",
-        "| format | " + " | ".join(methods) + " |",
-        "|---|" + "---:|" * len(methods),
-    ]
-    for f in fmts:
-        lines.append(f"| {f} | " + " | ".join(cell(f, m, "seconds", "{:.0f}") for m in methods) + " |")
+
+    def table(title: str, key: str, fmt: str) -> list[str]:  # one format x method table of ``key``
+        rows = ["", title, "", "| format | " + " | ".join(methods) + " |", "|---|" + "---:|" * len(methods)]
+        return rows + [f"| {f} | " + " | ".join(cell(f, m, key, fmt) for m in methods) + " |" for f in fmts]
+
+    lines += table("KL(fp || quantized), nats per token (lower is better):", "kl", "{:.4f}")
+    lines += table("Perplexity on the held-out text:", "ppl", "{:.3f}")
+    lines += table("Calibration wall time, seconds (one torch thread on the shared 2-core box):", "seconds", "{:.0f}")
     lines += ["", *observations(runs, fmts)]
     return "\n".join(lines) + "\n"
 

@@ -37,7 +37,7 @@ import subprocess
 import time
 
 import torch
-from bench_wo_gemm import _copies, _sync_ms  # same L2-defeating copies and event timer
+from bench_wo_gemm import _copies, _sync_ms, capture_graph  # same L2-defeating copies, timer, capture
 
 SHAPES = [(3584, 3584), (512, 3584), (18944, 3584), (3584, 18944)]  # N x K: q/o, k/v, gate/up, down
 MS = [1, 2, 3, 4, 8, 16]
@@ -96,18 +96,7 @@ def graph_us(fns: list) -> float:
     """Median time per call of ``fns`` (one call per rotating input), as one CUDA graph."""
     import triton
 
-    for f in fns[:2]:
-        f()
-    torch.cuda.synchronize()
-    g = torch.cuda.CUDAGraph()
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s), torch.cuda.graph(g):
-        for f in fns:
-            f()
-    torch.cuda.current_stream().wait_stream(s)
-    g.replay()
-    torch.cuda.synchronize()
+    g = capture_graph(fns)
     ms = triton.testing.do_bench(g.replay, warmup=10, rep=40, return_mode="median")
     return ms * 1e3 / len(fns)
 

@@ -69,8 +69,8 @@ def measure_ceilings() -> dict:
     return {"hbm_copy_GBps": hbm, "bf16_matmul_TFLOPs": mm}
 
 
-def graph_time_us(fns: list, replays: int = 10) -> float:
-    """Median time per call of ``fns`` (rotating inputs), captured as one CUDA graph."""
+def capture_graph(fns: list) -> torch.cuda.CUDAGraph:
+    """``fns`` (one call per rotating input) warmed up, captured as one CUDA graph, replayed once."""
     for f in fns[:2]:
         f()
     torch.cuda.synchronize()
@@ -83,6 +83,12 @@ def graph_time_us(fns: list, replays: int = 10) -> float:
     torch.cuda.current_stream().wait_stream(s)
     g.replay()
     torch.cuda.synchronize()
+    return g
+
+
+def graph_time_us(fns: list, replays: int = 10) -> float:
+    """Median time per call of ``fns`` (rotating inputs), captured as one CUDA graph."""
+    g = capture_graph(fns)
     ts = _sync_ms(g.replay, replays)
     return statistics.median(ts) * 1e3 / len(fns)
 
