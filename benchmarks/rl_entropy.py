@@ -61,11 +61,39 @@ def load_prompts(tokenizer, n: int) -> list[list[int]]:
     return [tokenizer(p.prompt, add_special_tokens=False)["input_ids"] for p in bench.problems]
 
 
-def policy(base: torch.nn.Module, fmt: str) -> torch.nn.Module:
+def perturbed(base: torch.nn.Module, fmt: str, seed: int) -> tuple[torch.nn.Module, float]:
+    """The control for QeRL's entropy claim: ``base`` with Gaussian noise in every linear that ``fmt``
+    would quantize, each layer's noise scaled to the Frobenius norm of that layer's own quantization
+    error ``||Q(W) - W||`` -- the same relative size of perturbation, with none of the structure
+    (rounding to a grid, block scales). Returns (model, mean relative error ||Q(W)-W|| / ||W||)."""
+    from quarl.quant import QuantLinear, quantize_model
+
+    q = copy.deepcopy(base)
+    quantize_model(q, {"default": fmt})
+    qmods = {n: m for n, m in q.named_modules() if isinstance(m, QuantLinear)}
+    m = copy.deepcopy(base)
+    gen = torch.Generator(device="cpu").manual_seed(seed)
+    rels = []
+    with torch.no_grad():
+        for name, lin in m.named_modules():
+            if name not in qmods:
+                continue
+            w = lin.weight
+            err = (qmods[name].dequantized_weight().to(torch.float32) - w.float()).norm()
+            noise = torch.randn(w.shape, generator=gen, dtype=torch.float32)
+            w.add_((noise * (err / noise.norm())).to(device=w.device, dtype=w.dtype))
+            rels.append(float(err / w.float().norm()))
+    del q
+    return m, sum(rels) / max(len(rels), 1)
+
+
+def policy(base: torch.nn.Module, fmt: str, seed: int = 0) -> torch.nn.Module:
     from quarl.quant import quantize_model
 
     if fmt in ("bf16", "none", "fp32"):
         return base
+    if fmt.startswith("perturb-"):
+        return perturbed(base, fmt.removeprefix("perturb-"), seed)[0]
     m = copy.deepcopy(base)
     quantize_model(m, {"default": fmt})
     for mod in m.modules():  # decode once: the base never changes (eval/RL do the same on CPU)
@@ -111,6 +139,7 @@ def main(argv=None) -> dict:
     ap.add_argument("--samples", type=int, default=2, help="answers per prompt")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--device", default="cpu", help="cpu | cuda (float32 on CPU, bfloat16 on CUDA)")
     ap.add_argument("--out", default=str(RESULTS / "rl_entropy.json"))
     args = ap.parse_args(argv)
     from quarl.models import load_model
@@ -118,7 +147,8 @@ def main(argv=None) -> dict:
     from quarl.rl.trainer import stop_token_ids
 
     torch.set_num_threads(args.threads)
-    base, tok = load_model(args.model, dtype=torch.float32)
+    dev = torch.device(args.device)
+    base, tok = load_model(args.model, dtype=torch.float32 if dev.type == "cpu" else torch.bfloat16, device=dev)
     base.eval()
     prompts = load_prompts(tok, args.prompts)
     sp = SamplingParams(1.0, 1.0, args.new_tokens, stop_token_ids(base, tok))
@@ -131,8 +161,8 @@ def main(argv=None) -> dict:
     ref_rollout = ref_own = ref_fixed = None
     for fmt in fmts:
         t0 = time.time()
-        m = policy(base, fmt)
-        gen = torch.Generator().manual_seed(args.seed)
+        m = policy(base, fmt, args.seed)
+        gen = torch.Generator(dev).manual_seed(args.seed)
         r = HFGenerator(m, tok.pad_token_id, cache="dynamic", batch_size=32).generate(prompts, sp, args.samples, gen)
         mask = r.completion_mask.float()
         own = per_prompt_mean(token_entropy(m, r), mask, args.samples)  # [P]
