@@ -11,7 +11,7 @@ measures that on one model, untrained (step 0), with nothing else varying:
 * the same ``--prompts`` problems: the first N of the built-in generator's
   held-out split (levels 1-5, exactly what ``quarl eval`` calls ``heldout``),
   rendered with the model's chat template and QeRL's instruction;
-* the same sampler: the RL rollout engine (``quarl.rl.rollout.HFGenerator``),
+* the same sampler: the RL rollout engine (``quarl.engine.rollout.HFGenerator``),
   temperature 1, top-p 1, ``--new-tokens`` new tokens, ``--samples`` answers per
   prompt, one seeded ``torch.Generator`` per format (same seed);
 * the same entropy: the trainer's own (``quarl.rl.logprobs.completion_logprobs``,
@@ -142,8 +142,8 @@ def main(argv=None) -> dict:
     ap.add_argument("--device", default="cpu", help="cpu | cuda (float32 on CPU, bfloat16 on CUDA)")
     ap.add_argument("--out", default=str(RESULTS / "rl_entropy.json"))
     args = ap.parse_args(argv)
+    from quarl.engine.rollout import HFGenerator, SamplingParams
     from quarl.models import load_model
-    from quarl.rl.rollout import HFGenerator, SamplingParams
     from quarl.rl.trainer import stop_token_ids
 
     torch.set_num_threads(args.threads)

@@ -161,7 +161,7 @@ class Budget:
 
 def engine_cell(model, batch: int, prompt: int, new_tokens: int, share_s: float) -> dict:
     from quarl.engine import FastGenerator
-    from quarl.rl.rollout import SamplingParams
+    from quarl.engine.rollout import SamplingParams
 
     rows = _prompts(batch, prompt, model.config.vocab_size)
     eng = FastGenerator(model, PAD, kv_block=256, sync_every=64)
@@ -255,7 +255,7 @@ def hf_cell(model, batch: int, prompt: int, new_tokens: int, share_s: float) -> 
 def checks(model, variant: str, prompt: int) -> dict:
     """Rollout log-probs vs the trainer's forward; for BF16 also greedy tokens vs HF generate."""
     from quarl.engine import GREEDY_TOP_P, FastGenerator
-    from quarl.rl.rollout import SamplingParams
+    from quarl.engine.rollout import SamplingParams
 
     B, T = 8, 32
     rows = _prompts(B, prompt, model.config.vocab_size, seed=1)

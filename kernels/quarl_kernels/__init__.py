@@ -4,8 +4,8 @@ Importing this package
 
   * defines the ``torch.ops.quarl.*`` custom ops (``ops``) -- usable on any
     device: CUDA runs Triton, everything else the reference path;
-  * registers the weight-only 4-bit GEMMs with ``quarl.quant.dispatch``
-    (``registration``), so a frozen ``QuantLinear`` in NVFP4 / MXFP4 / INT4 on
+  * lists the weight-only 4-bit GEMMs (``registration.kernel_specs``) that
+    ``quarl.quant.dispatch.load_kernels`` registers on first CUDA use, so a frozen ``QuantLinear`` in NVFP4 / MXFP4 / INT4 on
     a CUDA bf16 input runs them automatically (decode-sized inputs, M <= 3
     tokens, through the CUDA-core GEMV in ``gemv``; larger M through the
     tensor-core kernels in ``wo_gemm``). ``QUARL_KERNELS=reference``
@@ -16,8 +16,8 @@ imports (and its ops trace) on CPU-only installs.
 """
 
 from quarl_kernels import ops
-from quarl_kernels.registration import applies, register
+from quarl_kernels.registration import applies, kernel_specs
 
-KERNELS = register()
+KERNELS = [k["name"] for k in kernel_specs()]
 
-__all__ = ["KERNELS", "applies", "ops", "register"]
+__all__ = ["KERNELS", "applies", "kernel_specs", "ops"]

@@ -57,7 +57,7 @@ whatever layout the math needs, and the INT4 zero points travel as int32 words
 
 Split-K. When ``cdiv(N, BN)`` programs do not fill the GPU (``waves * SMs``),
 the K range is split; each split writes fp32 partials ``[S, M, N]`` and
-``wo_gemm._splitk_reduce_kernel`` sums them in split order -- deterministic,
+``launch.splitk_reduce_kernel`` sums them in split order -- deterministic,
 unlike atomics -- and casts to the output dtype.
 
 Numerics are those of ``dequant.py`` (FP4 weights exact; MXFP4 exact for E8M0
@@ -76,6 +76,7 @@ import triton
 import triton.language as tl
 
 from quarl_kernels.formats import FMT_INT4, FMT_MXFP4, FMT_NVFP4
+from quarl_kernels.launch import interpreting, num_sms, splitk_reduce_kernel
 
 # ---------------------------------------------------------------------------
 # Inline PTX: $0..$7 = the fp32 values of codes 0..7 of the word $8 (natural order).
@@ -424,8 +425,6 @@ def launch_gemv(x2: torch.Tensor, pw, cfg: GemvConfig, *, use_asm: bool = True) 
 
     M must be 1..``GEMV_LIMIT_M`` (each M compiles its own kernel: the token loop is
     unrolled); x2 must be bf16 (its rows are read as int32 pairs)."""
-    from quarl_kernels.wo_gemm import _interpreting, _num_sms, _splitk_reduce_kernel
-
     m, k = x2.shape
     if not 1 <= m <= GEMV_LIMIT_M:
         raise ValueError(f"launch_gemv: M={m} rows; the GEMV serves 1..{GEMV_LIMIT_M} (use wo_gemm.launch_fwd)")
@@ -446,7 +445,7 @@ def launch_gemv(x2: torch.Tensor, pw, cfg: GemvConfig, *, use_asm: bool = True) 
         raise ValueError(f"launch_gemv: group size {pw.group} must be 8 * a power of two (use wo_gemm.launch_fwd)")
     bn, bkw, vec = effective_tile(cfg, pw.group)
     cfg = GemvConfig(bn, bkw, vec, cfg.warps, cfg.prefetch and cfg.stages <= 1, cfg.waves, cfg.stages)
-    split, per = _gemv_split(cfg, pw.n, kw, _num_sms(x2.device))
+    split, per = _gemv_split(cfg, pw.n, kw, num_sms(x2.device))
     y = torch.empty((m, pw.n), device=x2.device, dtype=x2.dtype)
     out = y if split == 1 else torch.empty((split, m, pw.n), device=x2.device, dtype=torch.float32)
     so, som = (0, y.stride(0)) if split == 1 else (out.stride(0), out.stride(1))
@@ -456,13 +455,13 @@ def launch_gemv(x2: torch.Tensor, pw, cfg: GemvConfig, *, use_asm: bool = True) 
         pw.n, kw, per,
         x32.stride(0), pw.words.stride(0), s.stride(0), z.stride(0), s.stride(0), z.stride(0), so, som,
         M=m, FMT=pw.fmt, GROUP=pw.group, HAS_ZP=pw.fmt == FMT_INT4 and pw.zero is not None,
-        USE_ASM=use_asm and not _interpreting(),
+        USE_ASM=use_asm and not interpreting(),
         BN=bn, BKW=bkw, VEC=vec, PREFETCH=cfg.prefetch, STAGES=cfg.stages, EVEN_K=kw % bkw == 0, ZW=zw,
         num_warps=cfg.warps, num_stages=cfg.stages,
     )
     if split > 1:
         mn = m * pw.n
-        _splitk_reduce_kernel[(triton.cdiv(mn, 1024),)](out, y, mn, SPLIT_K=split, BLOCK=1024, num_warps=4)
+        splitk_reduce_kernel[(triton.cdiv(mn, 1024),)](out, y, mn, SPLIT_K=split, BLOCK=1024, num_warps=4)
     return y
 
 

@@ -40,7 +40,7 @@ Work split. A CTA of ``W`` warps owns ``R`` output rows (``R / W`` per warp,
 each). The next step's words and scales are loaded into registers before the
 current one is decoded (register double buffer). When ``cdiv(N, R)`` CTAs do
 not fill the GPU, K is split over CTAs: fp32 partials ``[S, M, N]`` summed in
-split order by ``wo_gemm._splitk_reduce_kernel`` (deterministic).
+split order by ``launch.splitk_reduce_kernel`` (deterministic).
 
 Large M (17..64, NT = 32 / 64). Per thread, a K step holds the B fragments
 (``NT * BKW / 8`` registers), the accumulators (``R / W * NT / 32``), the decoded A
@@ -94,6 +94,7 @@ from triton.experimental.gluon.language.nvidia.ampere import mma_v2
 
 from quarl_kernels.dequant import _fp4_asm, _int4_asm
 from quarl_kernels.formats import FMT_INT4, FMT_MXFP4, FMT_NVFP4
+from quarl_kernels.launch import num_sms, splitk_reduce_kernel
 
 FP4_ASM = gl.constexpr(_fp4_asm())  # word, bf16 S -> 8 bf16 in pair order (codes 0, 4, 1, 5, 2, 6, 3, 7)
 INT4_ASM = gl.constexpr(_int4_asm())  # word, bf16 S, bf16 (128 + 8 + zero) -> 8 bf16, pair order
@@ -481,8 +482,6 @@ def launch_mma_decode(x2: torch.Tensor, pw, cfg: MmaDecodeConfig) -> torch.Tenso
     ``pw`` is a ``wo_gemm.PackedWeight`` (byte tensors as bytes or int32 views);
     ``x2`` bf16 [M, K] with 1 <= M <= 64 (``mma_decode_supported``); ``cfg`` from
     ``default_config`` / ``candidate_configs`` (any entry runs at any M)."""
-    from quarl_kernels.wo_gemm import _num_sms, _splitk_reduce_kernel
-
     if not mma_decode_supported(x2, pw):
         raise ValueError(
             f"launch_mma_decode: needs CUDA bf16 x [M, {pw.k}] with {MIN_M} <= M <= {MAX_M}, K % 8 == 0 and a "
@@ -498,7 +497,7 @@ def launch_mma_decode(x2: torch.Tensor, pw, cfg: MmaDecodeConfig) -> torch.Tenso
         s = _byte_view(pw.scale, torch.uint8)  # [N, G] e4m3 / e8m0 bytes
         z = s
     gs = pw.gscale if pw.gscale is not None else s
-    split, per = _split(cfg, pw.n, kw, _num_sms(x2.device))
+    split, per = _split(cfg, pw.n, kw, num_sms(x2.device))
     y = torch.empty((m, pw.n), device=x2.device, dtype=x2.dtype)
     out = y if split == 1 else torch.empty((split, m, pw.n), device=x2.device, dtype=torch.float32)
     so, som = (0, y.stride(0)) if split == 1 else (out.stride(0), out.stride(1))
@@ -514,7 +513,7 @@ def launch_mma_decode(x2: torch.Tensor, pw, cfg: MmaDecodeConfig) -> torch.Tenso
     )
     if split > 1:
         mn = m * pw.n
-        _splitk_reduce_kernel[(triton.cdiv(mn, 1024),)](out, y, mn, SPLIT_K=split, BLOCK=1024, num_warps=4)
+        splitk_reduce_kernel[(triton.cdiv(mn, 1024),)](out, y, mn, SPLIT_K=split, BLOCK=1024, num_warps=4)
     return y
 
 

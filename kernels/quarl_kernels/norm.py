@@ -44,12 +44,11 @@ compiler cannot merge a product into the sum.
 
 from __future__ import annotations
 
-import os
-
 import torch
 import triton
 import triton.language as tl
 
+from quarl_kernels.launch import interpreting as _interpreting
 from quarl_kernels.rounding import FP8_MAX, FP32_EPS, INV_FP8_MAX, round_to, round_to_fp8
 
 ACT_GROUP = 128  # Jet-RL / DeepSeek-V3 activation block
@@ -106,10 +105,6 @@ def _rms_norm_kernel(
         blk = tl.arange(0, NB)
         tl.store(s_ptr + rows[:, None] * stride_sm + blk[None, :], scale,
                  mask=row_ok[:, None] & (blk < N // 128)[None, :])
-
-
-def _interpreting() -> bool:
-    return os.environ.get("TRITON_INTERPRET", "0") == "1"
 
 
 def tile_config(m: int, n: int) -> tuple[int, int, int]:

@@ -1,6 +1,6 @@
-"""Hook the Triton weight-only GEMMs into ``quarl.quant.dispatch``.
+"""The Triton weight-only GEMMs as entries for ``quarl.quant.dispatch``.
 
-``register()`` (called on ``import quarl_kernels``) adds one ``Kernel`` per
+``kernel_specs()`` describes one kernel per
 format -- NVFP4, MXFP4 and INT4 (group-wise, symmetric or not). Each predicate
 accepts a call only when the kernel computes the same function as the
 reference path and can run:
@@ -16,6 +16,10 @@ reference path and can run:
 
 Anything else falls through to the reference (dequantize, then matmul), so
 enabling the kernels can never change which inputs are accepted.
+
+The dependency points one way: ``quarl.quant.dispatch.load_kernels`` imports this
+package and registers what ``kernel_specs()`` lists; nothing here imports the
+dispatcher (it used to call back into it, an import circle).
 """
 
 from __future__ import annotations
@@ -68,13 +72,7 @@ def forward(x: torch.Tensor, layer) -> torch.Tensor:
     return torch.ops.quarl.wo_linear(x, *layer_args(layer))
 
 
-def register() -> list[str]:
-    """Register the kernels with quarl's dispatcher; returns their names."""
-    from quarl.quant import dispatch
-
-    names = []
-    for fmt in ("nvfp4", "mxfp4", "int"):
-        name = f"triton-wo-{fmt}"
-        dispatch.register_kernel(dispatch.Kernel(name, fmt, forward, applies, KERNEL_PRIORITY))
-        names.append(name)
-    return names
+def kernel_specs() -> list[dict]:
+    """The kernels for ``quarl.quant.dispatch.Kernel(**spec)``: name, format, fn, applies, priority."""
+    return [{"name": f"triton-wo-{fmt}", "format": fmt, "fn": forward, "applies": applies, "priority": KERNEL_PRIORITY}
+            for fmt in ("nvfp4", "mxfp4", "int")]

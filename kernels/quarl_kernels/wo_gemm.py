@@ -18,7 +18,7 @@ Kernels
       to ``dense.py``, a transient BF16 weight for cuBLAS, docs/kernels.md v8.)
       Whenever the tile grid is under two waves, split-K spreads the work over
       every SM: partials go to an fp32 workspace [S, M, N] and a tiny
-      ``_splitk_reduce_kernel`` sums them in a fixed order (deterministic,
+      ``launch.splitk_reduce_kernel`` sums them in a fixed order (deterministic,
       unlike atomics).
   ``_bwd_kernel``  dx[M, K] = dy[M, N] @ W[N, K], for LoRA training through the
       frozen base: the same tile decode, reduction over N, no weight gradient.
@@ -54,6 +54,9 @@ import triton.language as tl
 
 from quarl_kernels import dense, gemv
 from quarl_kernels.dequant import FMT_INT4, FMT_NVFP4, FP4_ACC_FACTOR, load_dequant_tile, pair_order_rows
+from quarl_kernels.launch import interpreting as _interpreting
+from quarl_kernels.launch import num_sms as _num_sms
+from quarl_kernels.launch import splitk_reduce_kernel as _splitk_reduce_kernel
 
 
 # ---------------------------------------------------------------------------
@@ -122,17 +125,6 @@ def _fwd_kernel(
     # y [M, N] in x's dtype, or (split-K) fp32 partials [S, M, N]: the pointer type decides
     out = out_ptr + pid_k * stride_os + offs_m.to(tl.int64)[:, None] * stride_om + offs_n[None, :] * stride_on
     tl.store(out, acc.to(out_ptr.dtype.element_ty), mask=m_ok & (offs_n[None, :] < N))
-
-
-@triton.jit
-def _splitk_reduce_kernel(ws_ptr, y_ptr, MN, SPLIT_K: tl.constexpr, BLOCK: tl.constexpr):
-    """y[i] = sum_s ws[s, i] in split order (deterministic). ws [S, M*N] fp32."""
-    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
-    mask = offs < MN
-    acc = tl.load(ws_ptr + offs, mask=mask, other=0.0)
-    for s in tl.static_range(1, SPLIT_K):
-        acc += tl.load(ws_ptr + s * MN + offs, mask=mask, other=0.0)
-    tl.store(y_ptr + offs, acc.to(y_ptr.dtype.element_ty), mask=mask)
 
 
 @triton.jit
@@ -239,16 +231,6 @@ class PackedWeight:
     zero: torch.Tensor | None  # INT4 asymmetric: int8 bytes [N, G] or int32 view [N, G/4]; else None
     gscale: torch.Tensor | None  # fp32 [1] (NVFP4) or None
     bytes32: bool = False  # byte tensors above are passed as int32 views (pipelinable loads)
-
-
-def _num_sms(device: torch.device) -> int:
-    if device.type != "cuda":  # TRITON_INTERPRET=1 runs on CPU tensors: pretend an H100
-        return 132
-    return torch.cuda.get_device_properties(device).multi_processor_count
-
-
-def _interpreting() -> bool:
-    return os.environ.get("TRITON_INTERPRET", "0") == "1"
 
 
 def _decode_bm(m: int) -> int:

@@ -12,11 +12,11 @@ block-by-block loop), ``pack`` (exact packing of calibrated weights), ``checkpoi
 (compressed-tensors layout, integrity checks, the reader), ``data``, ``metrics``.
 """
 
-from quarl.calibrate.checkpoint import CheckpointError, check_checkpoint, load_quantized, save_quantized
 from quarl.calibrate.config import AWQConfig, CalibDataConfig, CalibrateConfig, GPTQConfig, HeldOutConfig
 from quarl.calibrate.gptq import HessianAccumulator, gptq_quantize, relative_error
 from quarl.calibrate.sequential import METHODS, calibrate_model
 from quarl.calibrate.stage import run_calibrate
+from quarl.quant.checkpoint import CheckpointError, check_checkpoint, load_quantized, save_quantized
 
 __all__ = [
     "METHODS",

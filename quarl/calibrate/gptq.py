@@ -43,7 +43,7 @@ static scales cannot follow the error updates, which act-order usually more
 than pays for. We therefore force static groups whenever act-order is on.
 
 The result is ``Q`` (the dequantized weight, exactly on the format's grid)
-plus the per-group scales; :mod:`quarl.calibrate.pack` turns those into a
+plus the per-group scales; :mod:`quarl.quant.pack` turns those into a
 :class:`~quarl.quant.base.QTensor` with the format's exact bytes.
 """
 
@@ -209,7 +209,7 @@ def gptq_quantize(
         Q = Q[:, invperm]
     res = GPTQResult(q=Q, scales=groups if static else scales_in_order, state=state, loss=float(losses.sum()))
     if pack:
-        from quarl.calibrate.pack import pack_qtensor
+        from quarl.quant.pack import pack_qtensor
 
         res.qtensor = pack_qtensor(cfg, Q, res.scales, state)
     return res

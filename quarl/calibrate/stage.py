@@ -13,7 +13,7 @@
    KL to the full-precision model and perplexity on the held-out windows,
    memory by format;
 5. write a ``model`` artifact: the compressed-tensors checkpoint
-   (``quarl.calibrate.checkpoint``), ``metrics.json`` and ``report.md``.
+   (``quarl.quant.checkpoint``), ``metrics.json`` and ``report.md``.
 
 The full-precision reference for the metrics is loaded again from
 ``model_uri`` after calibration (calibration replaces the layers in place), so
@@ -32,7 +32,6 @@ from pathlib import Path
 import torch
 
 from quarl import devices
-from quarl.calibrate.checkpoint import save_quantized
 from quarl.calibrate.config import CalibrateConfig
 from quarl.calibrate.data import (
     CalibrationDataError,
@@ -46,6 +45,7 @@ from quarl.calibrate.metrics import compare_models
 from quarl.calibrate.sequential import calibrate_model
 from quarl.devices import DTYPES
 from quarl.quant.base import QuantError
+from quarl.quant.checkpoint import save_quantized
 from quarl.quant.model import QuantRecipe, memory_report, plan_formats
 from quarl.quant.spec import spec_string
 

@@ -1,15 +1,19 @@
-"""quarl.engine: the fast generation engine for rollouts and eval on GPU.
+"""quarl.engine: generation for rollouts and eval -- the contract, the reference sampler, the fast engine.
+
+    rollout.Generator / Rollout / SamplingParams   the generation contract every engine meets
+    rollout.HFGenerator                            the reference KV-cache sampler (any device)
 
     FastGenerator(model, pad_id, *, max_batch_size=None, cuda_graphs=None, compile=False,
                   kv_block=256, sync_every=16, keep_cache=True, fused=None)
-        .generate(prompts, params, n, generator) -> quarl.rl.rollout.Rollout
+        .generate(prompts, params, n, generator) -> quarl.engine.rollout.Rollout
     make_generator(model, pad_id, *, engine="auto", **kw) -> Generator
         "auto": FastGenerator on CUDA for Llama/Qwen2/Qwen3, else the reference HFGenerator
     DecoderRunner(model, fused=None)   the minimal forward over the HF model's own modules (prefill / decode);
         fused: Triton norm/RoPE/SiLU kernels on CUDA bf16 (None: $QUARL_ENGINE_FUSED, default on)
     sample(logits, temperature, top_p, generator) -> (tokens, logprobs);  top_p_mask(logits, top_p)
 
-See ``docs/engine.md`` and the module docstrings (``model``, ``generator``, ``sampling``).
+See ``docs/engine.md`` and the module docstrings (``rollout``, ``model``, ``generator``, ``sampling``).
+The contract lives here rather than in ``quarl.rl`` because rl, eval and distillation all generate.
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ from torch import nn
 
 from quarl.engine.generator import FastGenerator
 from quarl.engine.model import SUPPORTED_MODEL_TYPES, DecoderRunner, DecodeState, EngineError
+from quarl.engine.rollout import Generator, HFGenerator, Rollout, SamplingParams
 from quarl.engine.sampling import GREEDY_TOP_P, sample, top_p_mask
 
 ENGINES = ("auto", "fast", "reference")
@@ -33,11 +38,9 @@ def make_generator(
     **fast_kwargs,
 ):
     """The rollout engine for ``model``: ``"fast"`` (:class:`FastGenerator`), ``"reference"``
-    (:class:`quarl.rl.rollout.HFGenerator` with ``cache``), or ``"auto"`` -- fast when the model
+    (:class:`quarl.engine.rollout.HFGenerator` with ``cache``), or ``"auto"`` -- fast when the model
     sits on a CUDA device and is a Llama/Qwen2/Qwen3, the reference otherwise (CPU runs keep
     the simple engine). ``batch_size`` caps the rows per forward for either engine."""
-    from quarl.rl.rollout import HFGenerator
-
     if engine not in ENGINES:
         raise ValueError(f"unknown rollout engine {engine!r}; choose one of {', '.join(ENGINES)}")
     if engine == "auto":
@@ -57,6 +60,10 @@ __all__ = [
     "DecoderRunner",
     "EngineError",
     "FastGenerator",
+    "Generator",
+    "HFGenerator",
+    "Rollout",
+    "SamplingParams",
     "make_generator",
     "sample",
     "top_p_mask",

@@ -1,7 +1,7 @@
 """FastGenerator: the GPU rollout/eval engine behind quarl's ``Generator`` interface.
 
 ``FastGenerator(model, pad_id).generate(prompts, params, n, generator) -> Rollout``
-is a drop-in for :class:`quarl.rl.rollout.HFGenerator` (same arguments, same
+is a drop-in for :class:`quarl.engine.rollout.HFGenerator` (same arguments, same
 ``Rollout``: left-padded prompts, right-padded completions ending at the stop
 token, masks, per-token log-probs, ``truncated``), so the RL trainer and eval
 take it through their ``generator=`` argument. The model is the trainer's own
@@ -41,7 +41,7 @@ CUDA graphs and the loop. Design, after gpt-fast:
   ``Rollout`` comes back in the caller's row order.
 
 The CPU path is the same code without graphs (eager decode with the exact
-attention length); :class:`~quarl.rl.rollout.HFGenerator` remains the simple
+attention length); :class:`~quarl.engine.rollout.HFGenerator` remains the simple
 reference, and the tests hold the two (and HF ``generate``) to the same tokens.
 """
 
@@ -57,8 +57,8 @@ import torch
 from torch import nn
 
 from quarl.engine.model import DecoderRunner, DecodeState
+from quarl.engine.rollout import Rollout, SamplingParams, left_pad
 from quarl.engine.sampling import check_generator, sample
-from quarl.rl.rollout import Rollout, SamplingParams, left_pad
 
 
 @contextlib.contextmanager

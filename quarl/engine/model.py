@@ -113,7 +113,7 @@ class DecoderRunner:
         if mtype not in SUPPORTED_MODEL_TYPES:
             raise EngineError(
                 f"the fast engine supports model_type {', '.join(SUPPORTED_MODEL_TYPES)}, got {mtype!r}; "
-                f"use quarl.rl.rollout.HFGenerator (the reference engine) for other architectures"
+                f"use quarl.engine.rollout.HFGenerator (the reference engine) for other architectures"
             )
         base = getattr(model, "model", None)
         if base is None or not hasattr(base, "layers") or not hasattr(base, "rotary_emb"):
@@ -164,20 +164,20 @@ class DecoderRunner:
             raise EngineError(
                 f"RoPE type {self.rope_type!r} is not supported by the fast engine "
                 f"(supported: {', '.join(STATIC_ROPE_TYPES + LENGTH_BOUNDED_ROPE_TYPES)}); "
-                f"use quarl.rl.rollout.HFGenerator"
+                f"use quarl.engine.rollout.HFGenerator"
             )
         if self.rope_type in LENGTH_BOUNDED_ROPE_TYPES and total > self.original_max:
             raise EngineError(
                 f"RoPE type {self.rope_type!r} changes its frequencies beyond original_max_position_embeddings="
                 f"{self.original_max} tokens and this request needs {total}; lower max_new_tokens or the "
-                f"prompt length, or use quarl.rl.rollout.HFGenerator"
+                f"prompt length, or use quarl.engine.rollout.HFGenerator"
             )
         window = getattr(self.config, "sliding_window", None)
         types = getattr(self.config, "layer_types", None) or []
         if window and "sliding_attention" in types and total > window:
             raise EngineError(
                 f"layers with sliding_window={window} are not implemented by the fast engine and this request "
-                f"needs {total} tokens; lower the length or use quarl.rl.rollout.HFGenerator"
+                f"needs {total} tokens; lower the length or use quarl.engine.rollout.HFGenerator"
             )
 
     # --- state ------------------------------------------------------------------

@@ -13,7 +13,7 @@ a decode loop can enqueue step after step without waiting for the GPU:
   the clamped Gumbel form cannot.)
 * **top-p** keeps the smallest prefix of the sorted distribution whose mass
   reaches ``top_p``: a token stays when the mass strictly before it is
-  ``< top_p`` -- the rule of :func:`quarl.rl.rollout.top_p_filter` (the
+  ``< top_p`` -- the rule of :func:`quarl.engine.rollout.top_p_filter` (the
   reference engine), so both engines sample from the same nucleus.
 * **greedy** is ``top_p < GREEDY_TOP_P``: the nucleus of a tiny ``top_p`` is
   the single most likely token (its mass alone is ``>= 1/V``), which is how
@@ -22,7 +22,7 @@ a decode loop can enqueue step after step without waiting for the GPU:
   (no sort, no noise), so it is deterministic and skips the ``[B, V]`` sort.
 * **log-probs** are ``log_softmax(logits / T)`` at the chosen token, *before*
   top-p truncation: the quantity the trainer recomputes (see
-  :mod:`quarl.rl.rollout`).
+  :mod:`quarl.engine.rollout`).
 """
 
 from __future__ import annotations

@@ -154,7 +154,7 @@ class SamplingConfig:
     max_new_tokens: int = 4096  # QeRL's GSM8K response budget; lower it for CPU runs
     batch_size: int = 32  # sequences per generation batch (prompts x samples)
     # Generation engine (quarl.engine.make_generator): auto (the CUDA-graph FastGenerator
-    # for Llama/Qwen on a GPU, else the reference) | fast | reference (quarl.rl.rollout.HFGenerator).
+    # for Llama/Qwen on a GPU, else the reference) | fast | reference (quarl.engine.rollout.HFGenerator).
     engine: str = "auto"
     cache: str = "static"  # KV cache of the reference engine: static (preallocated) | dynamic
     seed: int = 0

@@ -2,12 +2,12 @@
 
 Eval does not carry a decoding loop of its own: it drives the engines the RL
 stage samples its rollouts with (``quarl.engine.make_generator``): the
-reference :class:`quarl.rl.rollout.HFGenerator` (left padding, RoPE positions
+reference :class:`quarl.engine.rollout.HFGenerator` (left padding, RoPE positions
 that skip the padding, static or dynamic KV cache, per-row stop at EOS, top-p)
 and, on a GPU, the CUDA-graph :class:`quarl.engine.FastGenerator` that samples
 from the same nucleus. So "the model eval scored" and "the model RL trained"
 decode identically, quantized layers and LoRA included. Any other
-:class:`~quarl.rl.rollout.Generator` can be passed in.
+:class:`~quarl.engine.rollout.Generator` can be passed in.
 
 What this module adds is the evaluation side:
 
@@ -46,8 +46,8 @@ from dataclasses import dataclass
 import torch
 from tqdm.auto import tqdm
 
+from quarl.engine.rollout import Generator, HFGenerator, SamplingParams
 from quarl.eval.config import SamplingConfig
-from quarl.rl.rollout import Generator, HFGenerator, SamplingParams
 
 __all__ = [
     "GREEDY_TEMPERATURE",

@@ -11,7 +11,7 @@ Four ways a model reaches eval, all ending as the same ``nn.Module``:
   calibration data; QeRL's NVFP4 policy is exactly this;
 * **calibrated** (GPTQ/AWQ from the calibrate stage): the directory's
   ``config.json`` carries a ``quantization_config``, and
-  ``quarl.calibrate.checkpoint.load_quantized`` rebuilds its QuantLinear layers
+  ``quarl.quant.checkpoint.load_quantized`` rebuilds its QuantLinear layers
   from the packed tensors (not re-quantizing: the calibrated bytes are what is
   scored). Asking to RTN-quantize such a model again is refused;
 * **+ LoRA** (``adapter_uri``: a PEFT directory, an ``adapter`` artifact, or an
@@ -131,7 +131,7 @@ def load_eval_model(model_uri: str, cfg: EvalConfig, adapter_uri: str | None = N
                     f"{model_uri} is already quantized ({qc.get('format', qc.get('quant_method', '?'))}); "
                     "unset quant/quant_recipe to evaluate it as calibrated, or pass the full-precision model to RTN it"
                 )
-            from quarl.calibrate.checkpoint import load_quantized
+            from quarl.quant.checkpoint import load_quantized
 
             model, tokenizer = load_quantized(path, device=device, dtype=dtype)
             if tokenizer is None:

@@ -37,10 +37,10 @@ from pathlib import Path
 
 import torch
 
-from quarl.calibrate.checkpoint import QUARL_META, CheckpointError, check_checkpoint, load_quantized
 from quarl.export.card import model_card
 from quarl.export.config import ExportConfig
 from quarl.export.verify import ExportError, attach_adapter, check_adapter_files, verify_adapter, verify_checkpoint
+from quarl.quant.checkpoint import QUARL_META, CheckpointError, check_checkpoint, load_quantized
 from quarl.quant.linear import QuantLinear
 
 log = logging.getLogger(__name__)
@@ -190,7 +190,7 @@ def run_export(
             if cfg.verify:
                 verification["adapter"] = verify_adapter(ours, out, out / "adapter", ids, **tol)
         if cfg.merge:
-            from quarl.calibrate.checkpoint import save_quantized
+            from quarl.quant.checkpoint import save_quantized
 
             merged_model, merged = _merge(cfg, ours, quant_meta, model_manifest, model_uri)
             if not any(isinstance(m, QuantLinear) and m.config is not None for m in merged_model.modules()):

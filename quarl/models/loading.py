@@ -240,7 +240,7 @@ def _load_quantized_dir(path: Path, ref: str, qc, dtype, device):
             f"{ref}: quantization_config.quant_method={method!r} is not supported; quarl reads "
             f"compressed-tensors checkpoints (quarl calibrate / quarl export write them)"
         )
-    from quarl.calibrate.checkpoint import load_quantized
+    from quarl.quant.checkpoint import load_quantized
 
     model, tokenizer = load_quantized(path, device=device, dtype=None if dtype == "auto" else dtype)
     if tokenizer is None:

@@ -5,9 +5,10 @@ device and is the numerics oracle. GPU kernels register here with a predicate
 saying when they apply (format, device capability, shapes); QuantLinear asks
 ``select`` on every call, which costs a dict lookup and a few attribute reads.
 
-Kernels live in ``quarl_kernels`` (Triton) and register themselves on import;
-``load_kernels()`` imports them lazily the first time a CUDA tensor is seen, so
-CPU-only installs never import Triton.
+Kernels live in ``quarl_kernels`` (Triton), which lists them
+(``quarl_kernels.kernel_specs()``) without importing this module; ``load_kernels()``
+imports that package lazily the first time a CUDA tensor is seen and registers
+them, so CPU-only installs never import Triton and the dependency points one way.
 
 ``QUARL_KERNELS=reference`` forces the reference path everywhere (for A/B runs
 and for debugging a kernel).
@@ -54,7 +55,10 @@ def load_kernels() -> None:
         return
     _loaded = True
     try:
-        import quarl_kernels  # noqa: F401
+        import quarl_kernels
+
+        for spec in quarl_kernels.kernel_specs():
+            register_kernel(Kernel(**spec))
     except ImportError as e:  # no Triton / no kernels package (a CPU install): the reference path serves
         logging.getLogger(__name__).debug("quarl_kernels not importable (%s): reference path", e)
     except Exception as e:  # noqa: BLE001 -- a broken kernels build must not stop a run, but must be seen

@@ -2,11 +2,10 @@
 
     run_rl(cfg: RLConfig, *, model_uri, data_uri, output_uri, init_adapter_uri=None) -> dict
 
-Modules, one concept each:
+Modules, one concept each (generation itself -- Generator, HFGenerator, Rollout -- is quarl.engine.rollout):
     config      RLConfig (defaults = QeRL Table 4) and its per-algorithm resolution
     losses      group advantages, clipped surrogate (GRPO/DAPO), k3 KL, overlong penalty
     aqn         Adaptive Quantization Noise: schedule and rollout-only norm noise
-    rollout     Generator interface, the reference KV-cache sampler, Rollout batches
     logprobs    trainer-side log-probs/entropy and the rollout/trainer mismatch
     sampling    resumable prompt order, DAPO dynamic sampling
     checkpoint  atomic, resumable checkpoints (mirrored to S3)
@@ -16,10 +15,10 @@ Modules, one concept each:
     stage       run_rl: artifacts in, one artifact out
 """
 
+from quarl.engine.rollout import Generator, HFGenerator, Rollout, SamplingParams
 from quarl.rl.aqn import AQN, AQNConfig, sigma_at
 from quarl.rl.config import AlgoConfig, OptimConfig, PolicyConfig, RLConfig, RolloutConfig, TrainConfig
 from quarl.rl.losses import group_advantages, kl_k3, overlong_penalty, policy_loss
-from quarl.rl.rollout import Generator, HFGenerator, Rollout, SamplingParams
 from quarl.rl.stage import run_rl
 from quarl.rl.trainer import RLDivergedError, RLTrainer
 

@@ -26,7 +26,7 @@ import torch
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-from quarl.rl.rollout import position_ids_from_mask
+from quarl.engine.rollout import position_ids_from_mask
 
 
 def _project(lm_head: nn.Module, h: torch.Tensor, targets: torch.Tensor, temperature: float, with_entropy: bool):

@@ -25,8 +25,8 @@ from dataclasses import dataclass, field
 
 import torch
 
+from quarl.engine.rollout import Rollout
 from quarl.rl.losses import informative_groups
-from quarl.rl.rollout import Rollout
 
 
 class PromptSampler:

@@ -21,7 +21,7 @@ the model dtype (the paper's "Full"; bf16 on GPU, as the release trains it).
 
 Rollout engine. ``rollout.engine=auto`` samples with :class:`quarl.engine.FastGenerator`
 (static KV cache, CUDA graphs, over these same modules) on CUDA and with the
-reference :class:`quarl.rl.rollout.HFGenerator` elsewhere; both return the same
+reference :class:`quarl.engine.rollout.HFGenerator` elsewhere; both return the same
 ``Rollout`` and read the live weights, so LoRA updates and AQN noise reach them.
 
 Optimizer. QeRL uses 8-bit AdamW (bitsandbytes). It is used when asked for, on
@@ -62,6 +62,7 @@ from torch import nn
 
 from quarl import devices
 from quarl.config import config_to_dict
+from quarl.engine.rollout import Generator, Rollout, SamplingParams
 from quarl.quant import (
     LoRAConfig,
     QuantLinear,
@@ -79,7 +80,6 @@ from quarl.rl.config import OptimConfig, PolicyConfig, RLConfig
 from quarl.rl.logprobs import completion_logprobs, mismatch
 from quarl.rl.losses import group_advantages, overlong_penalty, policy_loss
 from quarl.rl.metrics import MetricsLogger
-from quarl.rl.rollout import Generator, Rollout, SamplingParams
 from quarl.rl.sampling import PromptSampler, ScoredBatch, dynamic_sample
 
 log = logging.getLogger(__name__)
@@ -265,7 +265,7 @@ class RLTrainer:
         self.rollout_gen = torch.Generator(self.device).manual_seed(seed + 1)  # token sampling
         self.noise_gen = torch.Generator().manual_seed(seed + 2)  # AQN noise (CPU: device-independent)
         self.generators = {"rollout": self.rollout_gen, "noise": self.noise_gen}
-        from quarl.engine import make_generator  # here, not at the top: quarl.engine imports quarl.rl.rollout
+        from quarl.engine import make_generator  # lazy: only building a rollout engine needs it
 
         # keep_cache=False: the fast engine frees its KV cache after each rollout, the backward pass needs it
         self.generator = generator or make_generator(self.model, tokenizer.pad_token_id, engine=cfg.rollout.engine,

@@ -6,9 +6,9 @@ import shutil
 import pytest
 import torch
 
-from quarl.calibrate.checkpoint import CheckpointError, check_checkpoint, load_quantized, save_quantized
 from quarl.calibrate.sequential import calibrate_model
 from quarl.quant import QuantLinear, QuantRecipe, quantize_model
+from quarl.quant.checkpoint import CheckpointError, check_checkpoint, load_quantized, save_quantized
 from quarl.quant.model import plan_formats
 
 

@@ -4,8 +4,8 @@ import pytest
 import torch
 
 from quarl.calibrate.gptq import HessianAccumulator, gptq_quantize, group_size, relative_error
-from quarl.calibrate.pack import pack_qtensor
 from quarl.quant import QuantError, get_format, make_config
+from quarl.quant.pack import pack_qtensor
 
 ALL_FORMATS = ["nvfp4", "mxfp4", "nf4", "nf4-dq", "int4-g128", "int3-g128", "int2-g128", "int8-g128",
                "int4-g128-sym", "fp8", "fp8-block"]  # fmt: skip

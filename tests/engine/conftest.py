@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import torch
 
+from quarl.engine.rollout import left_pad
 from quarl.models import tiny_config
-from quarl.rl.rollout import left_pad
 
 VOCAB = 2048
 PAD = 2

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from quarl.engine import GREEDY_TOP_P, EngineError, FastGenerator, make_generator
-from quarl.rl.rollout import HFGenerator, SamplingParams
+from quarl.engine.rollout import HFGenerator, SamplingParams
 from tests.engine.conftest import PAD, full_forward_logprobs, hf_greedy, make_model, prompts
 
 KINDS = ["llama", "qwen2", "qwen3"]

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from quarl.engine import GREEDY_TOP_P, FastGenerator, make_generator
-from quarl.rl.rollout import SamplingParams
+from quarl.engine.rollout import SamplingParams
 from tests.engine.conftest import PAD, full_forward_logprobs, hf_greedy, make_model, prompts
 
 pytestmark = [

@@ -16,7 +16,7 @@ from torch import nn
 
 from quarl.engine import GREEDY_TOP_P, DecoderRunner, FastGenerator, make_generator
 from quarl.engine import fused as fz
-from quarl.rl.rollout import SamplingParams
+from quarl.engine.rollout import SamplingParams
 from tests.engine.conftest import PAD, hf_greedy, make_model, prompts
 
 KINDS = ["llama", "qwen2", "qwen3"]

@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 
+from quarl.engine.rollout import top_p_filter
 from quarl.engine.sampling import GREEDY_TOP_P, check_generator, gumbel_noise, sample, top_p_mask
-from quarl.rl.rollout import top_p_filter
 
 
 def _brute_force_nucleus(probs: torch.Tensor, top_p: float) -> set[int]:

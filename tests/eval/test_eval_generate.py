@@ -6,9 +6,9 @@ from __future__ import annotations
 import pytest
 import torch
 
+from quarl.engine.rollout import Rollout
 from quarl.eval.config import SamplingConfig
 from quarl.eval.generate import GREEDY_TEMPERATURE, GREEDY_TOP_P, sample_completions, stop_token_ids
-from quarl.rl.rollout import Rollout
 
 PROMPTS = [
     "What is 2 + 3?",
@@ -63,7 +63,7 @@ def test_greedy_limit_is_one_hot_on_the_argmax():
     probs = (logits / p.temperature).softmax(dim=-1)
     assert probs.eq(0).logical_or(probs.eq(1)).all() and probs.sum(dim=1).eq(1).all()
     assert torch.multinomial(probs, 1, generator=g).squeeze(1).equal(logits.argmax(dim=1))
-    from quarl.rl.rollout import top_p_filter
+    from quarl.engine.rollout import top_p_filter
 
     kept = torch.isfinite(top_p_filter(logits, GREEDY_TOP_P))
     assert kept.sum(dim=1).eq(1).all() and kept.float().argmax(dim=1).equal(logits.argmax(dim=1))
@@ -152,7 +152,7 @@ def test_empty_inputs_rejected(tiny):
 
 def test_both_greedy_conventions_decode_the_same(tiny):
     """T -> 0 (reference engine) and top_p -> 0 (what any other engine gets) pick the same tokens."""
-    from quarl.rl.rollout import HFGenerator
+    from quarl.engine.rollout import HFGenerator
 
     model, tok = tiny
 

@@ -91,9 +91,9 @@ def test_full_precision_end_to_end(data, tmp_path):
 def test_rtn_nvfp4_and_calibrated_checkpoint_agree(data, tmp_path):
     """quant=nvfp4 on the fly and the same NVFP4 model saved as a compressed-tensors checkpoint
     (the calibrate stage's output format) must decode identically."""
-    from quarl.calibrate.checkpoint import save_quantized
     from quarl.models import load_model
     from quarl.quant import quantize_model
+    from quarl.quant.checkpoint import save_quantized
 
     rtn = str(tmp_path / "rtn")
     run_eval(_cfg("sampling.greedy=true", "quant=nvfp4"), model_uri="tiny-llama", data_uris=[f"toy={data}"],

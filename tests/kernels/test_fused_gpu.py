@@ -36,8 +36,8 @@ from quarl_kernels import fused_ops
 from quarl_kernels.fused_ops import rms_norm_reference, rope_reference, silu_mul_reference
 
 from quarl.engine import GREEDY_TOP_P, DecoderRunner, FastGenerator
+from quarl.engine.rollout import SamplingParams, left_pad
 from quarl.quant.formats.fp8 import quantize_act_1x128
-from quarl.rl.rollout import SamplingParams, left_pad
 from tests.engine.conftest import PAD, VOCAB, make_model, prompts
 
 pytestmark = [

@@ -28,6 +28,7 @@ def _layer(spec: str, n: int = 48, k: int = 256, seed: int = 0) -> QuantLinear:
 
 
 def test_kernels_registered_for_each_format():
+    dispatch.load_kernels()  # what the first CUDA call does: import quarl_kernels, register its kernel_specs()
     reg = dispatch.registered()
     for fmt in ("nvfp4", "mxfp4", "int"):
         assert f"triton-wo-{fmt}" in reg.get(fmt, []), reg

@@ -6,9 +6,9 @@ import math
 import pytest
 import torch
 
+from quarl.engine.rollout import HFGenerator, SamplingParams
 from quarl.models import load_model
 from quarl.rl.aqn import AQN, AQNConfig, sigma_at, sigma_for_stage, stage_of
-from quarl.rl.rollout import HFGenerator, SamplingParams
 
 
 def _release_sigma(step, total_steps, start, end, num_stages):

@@ -3,9 +3,9 @@
 
 import torch
 
-from quarl.calibrate.checkpoint import save_quantized
 from quarl.models import load_model
 from quarl.quant import QuantLinear, quantize_model
+from quarl.quant.checkpoint import save_quantized
 from quarl.rl.config import PolicyConfig
 from quarl.rl.trainer import build_policy
 

@@ -6,8 +6,8 @@ import math
 import pytest
 import torch
 
+from quarl.engine.rollout import HFGenerator, Rollout, SamplingParams, left_pad, top_p_filter
 from quarl.rl.logprobs import completion_logprobs, mismatch
-from quarl.rl.rollout import HFGenerator, Rollout, SamplingParams, left_pad, top_p_filter
 from tests.rl.conftest import PROMPTS, small_tiny_model
 
 

@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from quarl.rl.rollout import Rollout
+from quarl.engine.rollout import Rollout
 from quarl.rl.sampling import PromptSampler, ScoredBatch, dynamic_sample
 
 

@@ -124,6 +124,6 @@ def pack_qtensor(cfg: FormatConfig, q: torch.Tensor, scales: list[Any], state: d
         bad = (back != q).sum().item()
         raise QuantError(
             f"{cfg.name}: packing the calibrated weight is not exact ({bad} of {q.numel()} values "
-            f"differ, max {float((back - q).abs().max()):.3g}); this is a bug in quarl.calibrate.pack"
+            f"differ, max {float((back - q).abs().max()):.3g}); this is a bug in quarl.quant.pack"
         )
     return qt
