@@ -41,7 +41,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from quarl.pipeline.stages import StageSpec, StageUnavailableError, get_stage, stage_available
+from quarl.pipeline.stages import StageSpec, StageUnavailableError, form_params, get_stage, stage_available
 
 if TYPE_CHECKING:
     from quarl.pipeline.recipes import Recipe
@@ -119,18 +119,15 @@ class PipelineDef:
 
     def parameters(self, recipe: Recipe) -> list[tuple[str, type, Any]]:
         """(name, type, default) of every pipeline parameter, defaults from ``recipe``."""
-        from quarl_components import COMPONENTS
-
         params: list[tuple[str, type, Any]] = [
             ("model", str, recipe.model),
             ("s3_root", str, recipe.s3_root),
             ("run_id", str, ""),
         ]
         for s in self.steps:
-            sig = inspect.signature(COMPONENTS[s.stage].python_func).parameters
             values = recipe.typed_params(s.id, s.stage)
-            for knob in get_stage(s.stage).params:
-                params.append((f"{s.id}_{knob}", sig[knob].annotation, values[knob]))
+            for p in form_params(get_stage(s.stage)):  # types from the stage's config, as the component's
+                params.append((f"{s.id}_{p.name}", p.type, values[p.name]))
             params.append((f"{s.id}_config", str, recipe.rest_yaml(s.id, s.stage)))
         return params
 

@@ -1,6 +1,7 @@
 """Running quarl stages as Kubeflow pipelines: the library side.
 
-    stages.py    the stage registry: library function, config, inputs/outputs, typed knobs, resources
+    stages.py    the stage registry (collects quarl/<area>/spec.py) and the run form derived from the configs
+    codegen.py   components/<stage>/component.py generated from a stage spec
     runtime.py   what a component runs: config resolution, S3 layout, pointers, step records, idempotency
     recipes.py   recipe YAML (papers' settings as stage configs, profiles, --set overrides)
     local.py     ``quarl run``: SeaweedFS + kfp.local on this machine

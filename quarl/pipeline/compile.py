@@ -1,7 +1,9 @@
 """Compiled YAML: what ``make compile`` writes and what the repo commits.
 
     pipelines/compiled/<recipe>.yaml        one per recipe whose stages all exist (the Kubeflow upload)
+    components/<stage>/component.py         the component function, generated from quarl/<area>/spec.py
     components/<stage>/component.yaml       one per component (kfp.components.load_component_from_file)
+    components/<stage>/README.md            its documentation, generated from the same declaration
 
 Compilation is deterministic (same code + recipe -> same bytes), which is what
 lets tests/pipeline compare a fresh compile with the committed files.
@@ -18,9 +20,10 @@ __all__ = ["compile_all", "compile_components", "compile_one", "component_readme
 
 
 def components_dir() -> Path:
-    import quarl_components
+    """The ``quarl_components`` folder, found without importing it (its components may be stale)."""
+    import importlib.util
 
-    return Path(quarl_components.__file__).resolve().parent
+    return Path(importlib.util.find_spec("quarl_components").submodule_search_locations[0]).resolve()
 
 
 def compile_one(recipe: Recipe, out_dir: str | Path | None = None) -> Path:
@@ -32,48 +35,33 @@ def compile_one(recipe: Recipe, out_dir: str | Path | None = None) -> Path:
     return compile_recipe(recipe, Path(out_dir or COMPILED_DIR) / f"{recipe.name}.yaml")
 
 
-def _type_name(t) -> str:
-    name = getattr(t, "__name__", None) or str(t)
-    return name.replace("typing.", "")
+def _spec_file(spec) -> str:
+    """The repo-relative file declaring ``spec`` (quarl/rl/spec.py), for generated headers."""
+    from quarl.pipeline.stages import SPEC_FILES
 
-
-def _arg_help(doc: str) -> dict[str, str]:
-    """``name -> text`` from a Google-style ``Args:`` section."""
-    helps: dict[str, str] = {}
-    cur = None
-    for line in doc.split("Args:", 1)[-1].splitlines():
-        s = line.strip()
-        indent = len(line) - len(line.lstrip())
-        if s and indent <= 4 and ":" in s and not s.startswith(("http", "s3:")):
-            cur, _, text = s.partition(":")
-            helps[cur] = text.strip()
-        elif cur and s:
-            helps[cur] += " " + s
-    return {k: v.replace("|", "\\|") for k, v in helps.items()}  # inside a markdown table
+    return SPEC_FILES.get(spec.name, "its spec.py")
 
 
 def component_readme(stage: str) -> str:
-    """The README of ``components/<stage>/``: generated from the component and its StageSpec, never stale."""
-    import inspect
-
-    from kfp.dsl.types.type_annotations import InputAnnotation, OutputAnnotation
-    from quarl_components import COMPONENTS
+    """The README of ``components/<stage>/``: generated from the stage's spec and config, never stale."""
     from quarl_components._base import S3_SECRET, S3_SECRET_KEYS
     from quarl_components.images import IMAGES
 
-    from quarl.pipeline.stages import COMMON_PARAMS, get_stage
+    from quarl.pipeline.codegen import component_args
+    from quarl.pipeline.stages import get_stage
 
     spec = get_stage(stage)
-    comp = COMPONENTS[stage]
-    doc = inspect.getdoc(comp.python_func) or ""
-    summary = " ".join(doc.split("\n\n")[0].split())
-    helps = _arg_help(doc)
-    sig = inspect.signature(comp.python_func).parameters
+    args = {a.name: a for a in component_args(spec)}
     r = spec.resources
     img = IMAGES[r.image]
+    doc = (spec.doc or spec.description).strip()
+    summary = " ".join(doc.split("\n\n")[0].split())
 
-    def role(p):
-        return getattr(p.annotation, "__metadata__", (None,))[0]
+    def cell(text: str) -> str:
+        return text.replace("|", "\\|")  # inside a markdown table
+
+    def kfp(annotation: str) -> str:
+        return annotation.partition("[")[2].rstrip("]") or annotation
 
     lines = [
         f"# Component `{stage}`",
@@ -91,24 +79,22 @@ def component_readme(stage: str) -> str:
         "|---|---|---|---|---|",
     ]
     for i in spec.inputs:
-        t = _type_name(sig[i.name].annotation.__origin__)
         req = f"or `{i.ref_param}`" if i.ref_param else ("no" if i.optional else "yes")
-        lines.append(f"| `{i.name}` | {t} | {i.kind} | {req} | {helps.get(i.name, '')} |")
+        lines.append(f"| `{i.name}` | {i.kfp_type} | {i.kind} | {req} | {cell(i.help)} |")
     lines += ["", "## Outputs", "", "| name | type | |", "|---|---|---|"]
-    for name, p in sig.items():
-        if role(p) is OutputAnnotation:
+    for a in args.values():
+        if a.role == "output":
             what = {"metrics": "numeric results of the stage (KFP Metrics)",
                     "report": "markdown report" + (f" (the artifact's {spec.report_file})" if spec.report_file
                                                    else "")}.get(
-                name, f"pointer to the quarl artifact at `<s3_root>/<run_id>/<step>/{name}/`")
-            lines.append(f"| `{name}` | {_type_name(p.annotation.__origin__)} | {what} |")
+                a.name, f"pointer to the quarl artifact at `<s3_root>/<run_id>/<step>/{a.name}/`")
+            lines.append(f"| `{a.name}` | {kfp(a.annotation)} | {what} |")
     lines += ["", "## Parameters", "", "| name | type | default | config key | |", "|---|---|---|---|---|"]
-    for name, p in sig.items():
-        if role(p) in (InputAnnotation, OutputAnnotation):
+    for a in args.values():
+        if a.role in ("input", "output"):
             continue
-        key = spec.params[name].key if name in spec.params else ("(common)" if name in COMMON_PARAMS else "(model)")
-        default = "" if p.default is inspect.Parameter.empty else f"`{p.default!r}`"
-        lines.append(f"| `{name}` | {_type_name(p.annotation)} | {default} | {key} | {helps.get(name, '')} |")
+        key = a.key if a.role == "param" else ("(common)" if a.role == "common" else "(model)")
+        lines.append(f"| `{a.name}` | {a.annotation} | `{a.default!r}` | {key} | {cell(a.help)} |")
     lines += [
         "",
         "Precedence: config dataclass defaults < `config_yaml` < typed parameters < `overrides`.",
@@ -127,19 +113,48 @@ def component_readme(stage: str) -> str:
     return "\n".join(lines)
 
 
-def compile_components(root: str | Path | None = None) -> list[Path]:
-    """Write ``<root>/<stage>/component.yaml`` and its README.md for every component."""
-    from kfp import compiler
-    from quarl_components import COMPONENTS
+def _load_component(stage: str, path: Path, real: bool):
+    """Import the component function from ``path`` (the committed module when ``real``)."""
+    import importlib.util
+    import sys
 
+    name = f"quarl_components.{stage}.component" if real else f"_quarl_generated_{stage}_component"
+    spec = importlib.util.spec_from_file_location(name, path)
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[name] = mod
+    spec.loader.exec_module(mod)
+    return getattr(mod, stage)
+
+
+def compile_components(root: str | Path | None = None) -> list[Path]:
+    """Generate ``<root>/<stage>/`` for every stage: component.py, __init__.py, component.yaml, README.md.
+
+    The Python files are written first and the YAML compiled from them, so a stale
+    component (one that no longer matches its spec) is regenerated, never imported.
+    """
+    import sys
+
+    from kfp import compiler
+
+    from quarl.pipeline.codegen import component_source, init_source
+    from quarl.pipeline.stages import STAGES
+
+    real = root is None or Path(root).resolve() == components_dir()
     root = Path(root or components_dir())
     out = []
-    for stage, comp in COMPONENTS.items():
-        path = root / stage / "component.yaml"
-        path.parent.mkdir(parents=True, exist_ok=True)
-        compiler.Compiler().compile(comp, str(path))
-        (root / stage / "README.md").write_text(component_readme(stage))
-        out += [path, root / stage / "README.md"]
+    comps = {}
+    for stage, spec in STAGES.items():
+        folder = root / stage
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / "component.py").write_text(component_source(spec, _spec_file(spec)))
+        (folder / "__init__.py").write_text(init_source(stage))
+        comps[stage] = _load_component(stage, folder / "component.py", real)
+        path = folder / "component.yaml"
+        compiler.Compiler().compile(comps[stage], str(path))
+        (folder / "README.md").write_text(component_readme(stage))
+        out += [folder / "component.py", path, folder / "README.md"]
+    if real and "quarl_components" in sys.modules:  # later users in this process see the fresh functions
+        sys.modules["quarl_components"].__dict__["COMPONENTS"] = comps
     return out
 
 

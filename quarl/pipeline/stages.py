@@ -1,26 +1,40 @@
-"""The stage registry: what a pipeline step is, in one table.
+"""The stage registry: what a pipeline step is, declared once per stage in its own folder.
 
-Each :class:`StageSpec` says how a library stage (``run_<stage>`` in ``quarl/<area>``)
-is driven from a pipeline:
+A stage is one folder ``quarl/<area>/`` holding its config dataclass, ``run_<stage>``
+and ``spec.py``, which declares the stage once::
+
+    # quarl/rl/spec.py  (imports nothing but this module)
+    SPEC = StageSpec(
+        name="rl", run="quarl.rl.stage:run_rl", config="quarl.rl.config:RLConfig",
+        output=OutputSpec("adapter", None),
+        inputs=(InputSpec("data", "dataset", "data_uri", help="a data_prep dataset (train split)."), ...),
+        params={"lr": Param("optim.lr", help="learning rate."), ...},
+        resources=GPU.with_(memory="128Gi"), doc="Train a quantized policy ...",
+    )
+
+Each :class:`StageSpec` says how the library stage is driven from a pipeline:
 
 - ``run`` / ``config``: the library function and its config dataclass
-  (``"module:name"``, imported lazily, so this module imports nothing heavy and a
-  stage that has not landed yet is simply *unavailable*, never an import error);
+  (``"module:name"``, imported lazily, so a spec imports nothing heavy);
 - ``inputs``: the upstream artifacts it reads, each mapped to a ``run_<stage>``
   keyword; a model input may instead be named by a string reference (an HF id,
   ``default``, ``tiny-llama``, an ``s3://`` prefix) through ``ref_param``;
 - ``output``: the one artifact it writes, stored at
   ``<s3_root>/<run_id>/<step>/<output.name>/``;
-- ``params``: the typed parameters a component shows (the Kubeflow run form),
-  each naming the dotted config key it sets. KFP parameters cannot be null, so a
-  config field whose default is ``None`` is exposed with a stand-in value
+- ``params``: which config fields are run-form parameters (the typed parameters
+  the component and the pipeline show), each naming the dotted config key it sets
+  and its description. Their **type and default come from the config dataclass**
+  (:func:`form_params`), so they cannot drift from it. KFP parameters cannot be
+  null, so a field whose default is ``None`` is exposed with a stand-in value
   (``none=0``: "0 means no limit");
 - ``resources``: image kind, CPU/memory, accelerators, retries and timeout of the
   step (recipes may override them per step).
 
-The KFP component (``components/<stage>/``) is a typed signature whose body calls
-:func:`quarl.pipeline.runtime.run_component`; the runtime reads this table. So
-adding a stage is: one ``StageSpec`` here and one short component function.
+Everything else is derived: ``quarl compile`` generates ``components/<stage>/``
+(component.py, component.yaml, README.md) from the spec and the config
+(:mod:`quarl.pipeline.codegen`), the pipelines' run form comes from
+:func:`form_params`, and tests fail when a generated file is stale. The registry
+(``STAGES``) collects every ``quarl/<area>/spec.py``; nothing is listed by hand.
 
 This module is part of the library on purpose: the runtime executes inside the
 component's container and must not need ``kfp``.
@@ -28,19 +42,26 @@ component's container and must not need ``kfp``.
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
+import types
+import typing
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal, Union
 
 __all__ = [
     "COMMON_PARAMS",
+    "GPU",
+    "PLANNED_STAGES",
     "STAGES",
+    "FormParam",
     "InputSpec",
     "OutputSpec",
     "Param",
     "Resources",
     "StageSpec",
     "StageUnavailableError",
+    "form_params",
     "get_stage",
     "stage_available",
 ]
@@ -57,10 +78,15 @@ class StageUnavailableError(RuntimeError):
 
 @dataclass(frozen=True)
 class Param:
-    """A typed component parameter that sets one config field."""
+    """A run-form parameter that sets one config field; its type and default are the field's."""
 
     key: str  # dotted key in the stage config, e.g. "optim.lr"
     none: Any = _UNSET  # the parameter value that stands for None in the config (e.g. 0 = "no limit")
+    help: str = ""  # one line for the component docstring, the README and the Kubeflow UI
+    # The default in the form when the field's default is a structure with a shorter spelling
+    # (data_prep's sources: ["synthetic"] for [SourceConfig(name="synthetic")]). tests/pipeline
+    # checks that it resolves to exactly the dataclass default.
+    form_default: Any = _UNSET
 
     def to_config(self, value: Any) -> Any:
         if self.none is not _UNSET and value == self.none:
@@ -83,6 +109,14 @@ class InputSpec:
     optional: bool = False
     ref_param: str | None = None  # a str parameter naming the input instead of an artifact (model refs)
     as_list: bool = False  # the library takes a list of URIs (e.g. eval's data_uris)
+    help: str = ""  # the input's description
+    ref_default: str = "default"  # default of ref_param
+    ref_help: str = ""  # description of ref_param
+
+    @property
+    def kfp_type(self) -> str:
+        """How the Kubeflow UI types it: Dataset | Model | Artifact."""
+        return {"dataset": "Dataset", "model": "Model", "adapter": "Model"}.get(self.kind, "Artifact")
 
 
 @dataclass(frozen=True)
@@ -118,6 +152,9 @@ class Resources:
         return Resources(**{**self.__dict__, **changes})
 
 
+GPU = Resources(image="cuda", cpu="8", memory="64Gi", accelerator="nvidia.com/gpu", accelerators=1)
+
+
 @dataclass(frozen=True)
 class StageSpec:
     name: str
@@ -133,7 +170,8 @@ class StageSpec:
     # (None: all of them). Keeps per-layer tables out of the UI's metrics view.
     metrics: tuple[str, ...] | None = None
     resources: Resources = field(default_factory=Resources)
-    description: str = ""
+    description: str = ""  # one line: the step report's subtitle
+    doc: str = ""  # the component's docstring before its Args (the Kubeflow UI's description); "" = description
 
     def load_run(self):
         return _load(self.run, self.name)
@@ -156,140 +194,184 @@ def _load(target: str, stage: str):
         raise StageUnavailableError(f"stage {stage} is not implemented yet ({module} has no {attr})") from None
 
 
-GPU = Resources(image="cuda", cpu="8", memory="64Gi", accelerator="nvidia.com/gpu", accelerators=1)
+# ---------------------------------------------------------------- the run form, derived from the config
 
-STAGES: dict[str, StageSpec] = {
-    s.name: s
-    for s in (
-        StageSpec(
-            name="data_prep",
-            run="quarl.data:run_data_prep",
-            config="quarl.data:DataPrepConfig",
-            output=OutputSpec("dataset", "dataset", kfp_type="Dataset"),
-            params={
-                "sources": Param("sources"),
-                "template": Param("template"),
-                "eval_size": Param("split.eval_size"),
-                "max_train_samples": Param("split.max_train_samples", none=0),
-                "max_eval_samples": Param("split.max_eval_samples", none=0),
-                "seed": Param("seed"),
-            },
-            report_file="summary.md",
-            metrics=("rows", "dropped", "sources"),
-            resources=Resources(image="cpu", cpu="2", memory="8Gi", timeout_s=2 * 3600),
-            description="Sources -> filtered, deduplicated, split and validated prompts (parquet).",
-        ),
-        StageSpec(
-            name="calibrate",
-            run="quarl.calibrate:run_calibrate",
-            config="quarl.calibrate:CalibrateConfig",
-            output=OutputSpec("model", "model"),
-            inputs=(
-                InputSpec("base", "model", "model_uri", ref_param="base_model"),
-                InputSpec("data", "dataset", "data_uri", optional=True),
-                InputSpec("recipe", "recipe", "recipe_uri", optional=True),
-            ),
-            params={
-                "method": Param("method"),
-                "format": Param("format"),
-                "num_samples": Param("data.num_samples", none=0),
-                "seq_len": Param("data.seq_len", none=0),
-                "device": Param("device"),
-            },
-            report_file="report.md",
-            metrics=("quality.kl", "quality.ppl", "quality.ref_ppl", "rel_error", "quality", "memory.total_bytes",
-                     "calibration.windows", "calibration.seconds"),
-            resources=GPU.with_(memory="96Gi", timeout_s=4 * 3600),
-            description="Full-precision model -> quantized compressed-tensors checkpoint (RTN/GPTQ/AWQ), with "
-                        "held-out KL and perplexity.",
-        ),
-        StageSpec(
-            name="rl",
-            run="quarl.rl.stage:run_rl",
-            config="quarl.rl.config:RLConfig",
-            # kind "adapter" (policy.mode=lora) or "model" (policy.mode=full)
-            output=OutputSpec("adapter", None),
-            inputs=(
-                InputSpec("model", "model", "model_uri", ref_param="base_model"),
-                InputSpec("data", "dataset", "data_uri"),
-                InputSpec("init_adapter", "adapter", "init_adapter_uri", optional=True),
-            ),
-            params={
-                "algo": Param("algo.algo"),
-                "mode": Param("policy.mode"),
-                "format": Param("policy.format"),
-                "lora_r": Param("policy.lora_r"),
-                "lr": Param("optim.lr"),
-                "optimizer": Param("optim.optimizer"),
-                "steps": Param("train.steps"),
-                "prompts_per_step": Param("train.prompts_per_step"),
-                "group_size": Param("rollout.group_size"),
-                "max_new_tokens": Param("rollout.max_new_tokens"),
-                "temperature": Param("rollout.temperature"),
-                "updates_per_rollout": Param("algo.updates_per_rollout"),
-                "aqn": Param("aqn.enabled"),
-                "aqn_sigma_start": Param("aqn.sigma_start"),
-                "aqn_sigma_end": Param("aqn.sigma_end"),
-                "device": Param("train.device"),
-            },
-            report_file="report.md",
-            metrics=("reward/accuracy", "reward/mean", "reward", "response", "policy/entropy", "mismatch",
-                     "total_steps", "time/step_s_mean", "time/total_s", "rollout/tokens_per_s_mean", "memory"),
-            resources=GPU.with_(memory="128Gi", timeout_s=48 * 3600),
-            description="GRPO/DAPO on the quantized policy (frozen low-bit base + LoRA) with adaptive quantization "
-                        "noise; resumable from checkpoints mirrored to S3.",
-        ),
-        StageSpec(
-            name="eval",
-            run="quarl.eval:run_eval",
-            config="quarl.eval:EvalConfig",
-            output=OutputSpec("results", "metrics", kfp_type="Artifact"),
-            inputs=(
-                InputSpec("model", "model", "model_uri", ref_param="base_model"),
-                InputSpec("adapter", "adapter", "adapter_uri", optional=True),
-                InputSpec("data", "dataset", "data_uris", optional=True, as_list=True),
-            ),
-            params={
-                "benchmarks": Param("benchmarks"),
-                "samples": Param("sampling.n"),
-                "temperature": Param("sampling.temperature"),
-                "top_p": Param("sampling.top_p"),
-                "greedy": Param("sampling.greedy"),
-                "max_new_tokens": Param("sampling.max_new_tokens"),
-                "quant": Param("quant", none=""),
-                "device": Param("device"),
-            },
-            report_file="report.md",
-            metrics=("benchmarks",),  # <name>.accuracy, .accuracy_stderr, .pass_at_k.<k>, .format_rate
-            resources=GPU.with_(timeout_s=6 * 3600),
-            description="Model (+ LoRA adapter) on math benchmarks: avg@n and unbiased pass@k, report with examples.",
-        ),
-        StageSpec(
-            name="export",
-            run="quarl.export:run_export",
-            config="quarl.export:ExportConfig",
-            output=OutputSpec("model", "model"),
-            inputs=(
-                InputSpec("base", "model", "model_uri", ref_param="base_model"),
-                InputSpec("adapter", "adapter", "adapter_uri", optional=True),
-            ),
-            params={
-                "verify": Param("verify"),
-                "merge": Param("merge"),
-                "requant_format": Param("requant_format", none=""),
-                "model_name": Param("model_name", none=""),
-            },
-            report_file="README.md",  # the model card
-            metrics=("verification",),
-            resources=Resources(image="cpu", cpu="8", memory="64Gi", timeout_s=4 * 3600),
-            description="Quantized base (+ LoRA adapter, optionally merged) -> compressed-tensors/PEFT checkpoints "
-                        "that vLLM and transformers load unchanged, verified by reloading them.",
-        ),
-    )
-}
+
+@dataclass(frozen=True)
+class FormParam:
+    """One typed run-form parameter as the component and the pipeline show it."""
+
+    name: str
+    key: str  # dotted config key
+    type: type  # str | int | float | bool | list | dict (what KFP can type)
+    default: Any
+    help: str
+
+
+_FORM_TYPES = (str, int, float, bool, list, dict)
+
+
+def _form_type(tp: Any, where: str) -> type:
+    """The KFP type of a config field's annotation: Optional/Literal/list[...] folded to a plain type."""
+    origin, args = typing.get_origin(tp), typing.get_args(tp)
+    if origin in (Union, types.UnionType):
+        opts = [a for a in args if a is not type(None)]
+        kinds = {_form_type(a, where) for a in opts}
+        if len(kinds) == 1:
+            return kinds.pop()
+        if list in kinds:  # e.g. list[SourceConfig | str] | str: the form takes the list
+            return list
+        if kinds == {int, float}:
+            return float
+        raise TypeError(f"{where}: cannot type {tp} as one KFP parameter type; expose a simpler field")
+    if origin is Literal:
+        kinds = {type(a) for a in args}
+        if len(kinds) == 1 and kinds.pop() in _FORM_TYPES:
+            return type(args[0])
+        raise TypeError(f"{where}: a Literal of mixed types ({tp}) cannot be one KFP parameter")
+    if origin in (list, tuple, set, frozenset) or tp in (list, tuple):
+        return list
+    if origin is dict or tp is dict:
+        return dict
+    if isinstance(tp, type) and issubclass(tp, _FORM_TYPES):
+        for t in (bool, int, float, str):  # bool before int: bool is an int
+            if issubclass(tp, t):
+                return t
+    if dataclasses.is_dataclass(tp):
+        raise TypeError(f"{where}: is a section ({tp.__name__}); a parameter sets one field of it")
+    raise TypeError(f"{where}: type {tp} has no KFP parameter type")
+
+
+def _field_at(cls: type, key: str, stage: str) -> tuple[Any, Any]:
+    """(annotation, default value) of dotted field ``key`` of config class ``cls``."""
+    from quarl.config import config_to_dict
+
+    obj: Any = cls()
+    tp: Any = cls
+    for part in key.split("."):
+        if not dataclasses.is_dataclass(tp):
+            raise TypeError(f"stage {stage}: config key {key!r}: {part!r} is inside a value, not a section")
+        hints = typing.get_type_hints(tp)
+        if part not in hints:
+            raise TypeError(f"stage {stage}: {tp.__name__} has no field {part!r} (config key {key!r}); "
+                            f"fields: {', '.join(hints)}")
+        tp = hints[part]
+        opts = [a for a in typing.get_args(tp) if a is not type(None)]
+        if typing.get_origin(tp) in (Union, types.UnionType) and len(opts) == 1 and dataclasses.is_dataclass(opts[0]):
+            tp = opts[0]
+        obj = getattr(obj, part)
+    return tp, config_to_dict(obj)
+
+
+def form_params(spec: StageSpec) -> list[FormParam]:
+    """The stage's typed run-form parameters: names and help from the spec, type and default from the config."""
+    cls = spec.load_config_class()
+    out = []
+    for name, p in spec.params.items():
+        where = f"stage {spec.name}, parameter {name} ({p.key})"
+        tp, value = _field_at(cls, p.key, spec.name)
+        ftype = _form_type(tp, where)
+        default = p.form_default if p.form_default is not _UNSET else p.from_config(value)
+        if default is None:
+            raise TypeError(f"{where}: the config default is None and KFP parameters cannot be null; give the "
+                            f"Param a stand-in (none=0 or none=\"\") that means None")
+        if ftype is float and isinstance(default, int) and not isinstance(default, bool):
+            default = float(default)
+        out.append(FormParam(name, p.key, ftype, default, p.help))
+    return out
+
+
+# ---------------------------------------------------------------- the registry
+
+# Packages whose ``spec.py`` declares stages (``SPEC = StageSpec(...)`` or ``SPECS = (...)``) are
+# discovered, not listed: a new ``quarl/<area>/spec.py`` registers its stage(s) with no edit here.
+# The order stages are listed in (docs, compile output); others follow by name.
+_ORDER = ("data_prep", "calibrate", "rl", "eval", "export")
+
+
+SPEC_FILES: dict[str, str] = {}  # stage -> the file declaring it (for generated headers and errors)
+
+
+def _discover() -> list[StageSpec]:
+    """Every StageSpec declared by a ``quarl/<area>/spec.py``."""
+    import pkgutil
+    from pathlib import Path
+
+    import quarl
+
+    out: list[StageSpec] = []
+    for info in pkgutil.iter_modules(quarl.__path__):
+        if not info.ispkg or not (Path(info.module_finder.path) / info.name / "spec.py").is_file():
+            continue
+        mod = importlib.import_module(f"quarl.{info.name}.spec")
+        specs = getattr(mod, "SPECS", None) or ((mod.SPEC,) if hasattr(mod, "SPEC") else ())
+        for spec in specs:  # none: a spec.py of another kind (quarl/quant/spec.py is the format grammar)
+            if not isinstance(spec, StageSpec):
+                raise TypeError(f"quarl/{info.name}/spec.py: SPEC/SPECS must hold StageSpec objects, got {spec!r}")
+            out.append(spec)
+            SPEC_FILES[spec.name] = f"quarl/{info.name}/spec.py"
+    rank = {n: i for i, n in enumerate(_ORDER)}
+    return sorted(out, key=lambda sp: (rank.get(sp.name, len(rank)), sp.name))
+
+
+class _Registry(dict):
+    """``STAGES``: name -> StageSpec, filled from the stage folders on first use.
+
+    Lazy because importing a stage's package (``quarl.rl``) imports torch; ``quarl --help``
+    and this module stay light. An entry set before the first use (a test's fake stage) is kept.
+    """
+
+    _loaded = False
+
+    def _load(self) -> None:
+        if not self._loaded:
+            self._loaded = True
+            for spec in _discover():
+                if super().get(spec.name, spec) is not spec:
+                    raise TypeError(f"stage {spec.name!r} is declared twice; rename one")
+                super().__setitem__(spec.name, spec)
+
+    def __getitem__(self, k):
+        self._load()
+        return super().__getitem__(k)
+
+    def __contains__(self, k):
+        self._load()
+        return super().__contains__(k)
+
+    def __iter__(self):
+        self._load()
+        return super().__iter__()
+
+    def __len__(self):
+        self._load()
+        return super().__len__()
+
+    def __repr__(self):
+        self._load()
+        return super().__repr__()
+
+    def get(self, k, default=None):
+        self._load()
+        return super().get(k, default)
+
+    def keys(self):
+        self._load()
+        return super().keys()
+
+    def values(self):
+        self._load()
+        return super().values()
+
+    def items(self):
+        self._load()
+        return super().items()
+
+
+STAGES: dict[str, StageSpec] = _Registry()
 
 # Stages the papers' pipelines use whose library function is still to be written.
-# Pipelines naming them compile only once a StageSpec and a component exist.
+# Pipelines naming them compile only once the stage's folder (spec.py) exists.
 PLANNED_STAGES = {
     "distill": "quarl.distill:run_distill",
     "kd_coldstart": "quarl.distill:run_kd_coldstart",

@@ -38,8 +38,13 @@ def test_committed_pipelines_are_up_to_date(tmp_path):
 
 
 def test_committed_components_are_up_to_date(tmp_path):
+    """component.py, __init__.py, component.yaml and README.md are what the stage's spec.py generates."""
     compile_components(tmp_path)
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(COMPONENTS)
     for stage in COMPONENTS:
+        for name in ("component.py", "__init__.py"):
+            committed = components_dir() / stage / name
+            assert committed.read_text() == (tmp_path / stage / name).read_text(), f"{committed} {STALE}"
         committed = components_dir() / stage / "component.yaml"
         assert committed.is_file(), f"{committed} is missing: run `make compile`"
         assert committed.read_text() == (tmp_path / stage / "component.yaml").read_text(), f"{committed} {STALE}"

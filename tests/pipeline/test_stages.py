@@ -1,0 +1,67 @@
+"""The stage declarations (quarl/<area>/spec.py): one source for the component, the CLI and the run form.
+
+A component's parameter names, types and defaults are derived from its spec and its config
+dataclass; these tests fail when a committed component drifts from either.
+"""
+
+import dataclasses
+import inspect
+
+import pytest
+from quarl_components import COMPONENTS
+from quarl_components._base import _check_signature
+
+from quarl.config import config_to_dict
+from quarl.pipeline.runtime import resolve_config
+from quarl.pipeline.stages import PLANNED_STAGES, SPEC_FILES, STAGES, Param, form_params, get_stage
+
+STAGE_NAMES = ["data_prep", "calibrate", "rl", "eval", "export"]
+
+
+def test_every_stage_is_discovered_from_its_folder():
+    assert [s for s in STAGES if s in STAGE_NAMES] == STAGE_NAMES
+    assert SPEC_FILES["rl"] == "quarl/rl/spec.py" and SPEC_FILES["data_prep"] == "quarl/data/spec.py"
+    assert set(COMPONENTS) == set(STAGES)  # every declared stage has its generated component
+    assert not set(PLANNED_STAGES) & set(STAGES) or all(s in COMPONENTS for s in set(PLANNED_STAGES) & set(STAGES))
+
+
+@pytest.mark.parametrize("stage", STAGE_NAMES)
+def test_component_matches_spec_and_config(stage):
+    """Names, order, annotations and defaults of the committed component == what the spec + config derive."""
+    _check_signature(get_stage(stage), COMPONENTS[stage].python_func)
+
+
+@pytest.mark.parametrize("stage", STAGE_NAMES)
+def test_component_defaults_are_the_config_defaults(stage):
+    """Passing every typed parameter at its component default gives exactly the dataclass's default config."""
+    spec = get_stage(stage)
+    sig = inspect.signature(COMPONENTS[stage].python_func).parameters
+    typed = {name: sig[name].default for name in spec.params}
+    cfg = resolve_config(spec, "", typed)
+    assert config_to_dict(cfg) == config_to_dict(spec.load_config_class()())
+    for p in form_params(spec):  # the type too: KFP would coerce a drifted type silently
+        assert sig[p.name].annotation is p.type, (stage, p.name)
+
+
+def _respec(stage, **params):
+    spec = get_stage(stage)
+    return dataclasses.replace(spec, params={**spec.params, **params})
+
+
+def test_a_drifted_default_type_or_name_fails_at_import():
+    fn = COMPONENTS["rl"].python_func
+    with pytest.raises(TypeError, match="lr defaults to 1e-05, the config says 0.1"):
+        _check_signature(_respec("rl", lr=Param("optim.weight_decay", help="x")), fn)  # default drift
+    with pytest.raises(TypeError, match="lr is annotated float, expected int"):
+        _check_signature(_respec("rl", lr=Param("train.steps", help="x")), fn)  # type drift
+    with pytest.raises(TypeError, match="quarl compile --all"):
+        _check_signature(_respec("rl", beta=Param("algo.beta", none=0.0, help="x")), fn)  # a new name
+
+
+def test_a_param_must_name_a_config_field_and_stand_in_for_none():
+    with pytest.raises(TypeError, match="has no field 'lrr'"):
+        form_params(_respec("rl", lr=Param("optim.lrr")))
+    with pytest.raises(TypeError, match="stand-in"):
+        form_params(_respec("calibrate", seq_len=Param("data.seq_len")))  # default None, no none=
+    with pytest.raises(TypeError, match="is a section"):
+        form_params(_respec("rl", aqn=Param("aqn")))
