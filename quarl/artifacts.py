@@ -46,7 +46,7 @@ from typing import Any
 
 import quarl
 from quarl.config import config_to_dict
-from quarl.storage import NoSuchKeyError, S3Store, is_s3, join_uri, local_path, sha256_file
+from quarl.storage import NoSuchKeyError, S3Store, is_s3, local_path, sha256_file
 
 log = logging.getLogger(__name__)
 
@@ -75,14 +75,6 @@ def cache_root() -> Path:
 def artifact_cache_dir(uri: str) -> Path:
     """Where ``open_artifact`` keeps the local copy of an s3 artifact."""
     return cache_root() / "artifacts" / hashlib.sha256(uri.rstrip("/").encode()).hexdigest()[:24]
-
-
-def resolve_output_uri(base: str | Path, run_id: str, stage: str, name: str) -> str:
-    """``<base>/<run_id>/<stage>/<name>`` for a local base dir or an ``s3://bucket/prefix`` base."""
-    for label, seg in (("run_id", run_id), ("stage", stage), ("name", name)):
-        if not seg or "/" in seg or seg in (".", ".."):
-            raise ArtifactError(f"{label} {seg!r} must be a non-empty path segment without '/' (e.g. 'run-001')")
-    return join_uri(base, run_id, stage, name)
 
 
 @functools.lru_cache(maxsize=1)

@@ -49,30 +49,58 @@ def load_config(cls: type[T], path: str | Path | None = None, overrides: typing.
     """Build ``cls`` from an optional YAML file, then ``key.sub=value`` overrides (YAML-parsed values)."""
     data: dict = {}
     if path is not None:
-        try:
-            loaded = yaml.safe_load(Path(path).read_text())
-        except FileNotFoundError:
-            raise ConfigError(f"config file {path} does not exist") from None
-        except yaml.YAMLError as e:
-            raise ConfigError(f"config file {path} is not valid YAML: {e}") from None
-        if loaded is not None and not isinstance(loaded, dict):
-            raise ConfigError(f"config file {path} must hold a mapping of keys to values, got {type(loaded).__name__}")
-        data = loaded or {}
+        data = read_yaml_mapping(path)
+    return build_config(cls, data, overrides)
+
+
+def build_config(cls: type[T], data: dict | None = None, overrides: typing.Iterable[str] = ()) -> T:
+    """Build ``cls`` from a mapping (a parsed YAML document), then ``key.sub=value`` overrides.
+
+    What ``load_config``, the pipeline runtime and the recipes all use: one path from
+    dicts to a validated config, no temporary files."""
+    import copy
+
+    data = copy.deepcopy(data) if data else {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"a {cls.__name__} must be built from a mapping of its fields, got {data!r}")
     for item in overrides:
         key, sep, text = item.partition("=")
         if not sep or not key.strip():
             raise ConfigError(f"override {item!r} must look like key.sub=value")
-        _set_path(data, key.strip().split("."), _Raw(text))
+        set_path(data, key.strip().split("."), _Raw(text))
     return _build(cls, data, "")
 
 
-def _set_path(data: dict, keys: list[str], value: Any) -> None:
+def read_yaml_mapping(path: str | Path) -> dict:
+    """A YAML file holding a mapping (or nothing) -> dict; ConfigError naming the file otherwise."""
+    try:
+        loaded = yaml.safe_load(Path(path).read_text())
+    except FileNotFoundError:
+        raise ConfigError(f"config file {path} does not exist") from None
+    except yaml.YAMLError as e:
+        raise ConfigError(f"config file {path} is not valid YAML: {e}") from None
+    if loaded is not None and not isinstance(loaded, dict):
+        raise ConfigError(f"config file {path} must hold a mapping of keys to values, got {type(loaded).__name__}")
+    return loaded or {}
+
+
+def set_path(data: dict, keys: list[str], value: Any) -> None:
+    """``data[k0][k1]... = value``, creating sections; ConfigError when a prefix is a value."""
     for i, k in enumerate(keys[:-1]):
         nxt = data.setdefault(k, {})
         if not isinstance(nxt, dict):
             raise ConfigError(f"cannot set {'.'.join(keys)}: {'.'.join(keys[: i + 1])} is a value, not a section")
         data = nxt
     data[keys[-1]] = value
+
+
+def get_path(data: Any, keys: list[str]) -> tuple[bool, Any]:
+    """``(True, data[k0][k1]...)`` or ``(False, None)`` when a key is missing."""
+    for k in keys:
+        if not isinstance(data, dict) or k not in data:
+            return False, None
+        data = data[k]
+    return True, data
 
 
 def _join(prefix: str, key: Any) -> str:

@@ -28,6 +28,21 @@ def resolve_device(name: str, *, key: str = "device", error: type[Exception] = V
     return dev
 
 
+def check_device_name(name: str, *, key: str = "device") -> None:
+    """Syntax only (a config is validated where it is written, maybe on a machine without the GPU)."""
+    if name == "auto":
+        return
+    try:
+        torch.device(name)
+    except RuntimeError:
+        raise ValueError(f"{key}={name!r} is not a device name; use cpu, cuda, cuda:N or auto") from None
+
+
+def check_dtype_name(name: str, *, key: str = "dtype", auto: bool = True) -> None:
+    if not (name in DTYPES or (auto and name == "auto")):
+        raise ValueError(f"{key}={name!r} is not a dtype; use one of {', '.join(DTYPES)}{' or auto' if auto else ''}")
+
+
 def resolve_dtype(name: str, device: torch.device, *, key: str = "dtype",
                   error: type[Exception] = ValueError) -> torch.dtype:
     if name == "auto":

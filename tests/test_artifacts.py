@@ -18,7 +18,6 @@ from quarl.artifacts import (
     artifact_cache_dir,
     git_commit,
     open_artifact,
-    resolve_output_uri,
     write_artifact,
 )
 from quarl.storage import NoSuchBucketError, S3Store
@@ -177,14 +176,6 @@ def test_kind_and_reserved_names(tmp_path):
         (art.path / "m.json").write_text("{}")
     with pytest.raises(ArtifactError, match=r"is a metrics artifact \(from stage eval\), but a model"):
         open_artifact(tmp_path / "m", kind="model")
-
-
-def test_resolve_output_uri(tmp_path):
-    assert resolve_output_uri("s3://quarl/runs/", "r-7", "rl", "model") == "s3://quarl/runs/r-7/rl/model"
-    assert resolve_output_uri(tmp_path, "r-7", "eval", "metrics") == str(tmp_path / "r-7" / "eval" / "metrics")
-    for bad in ("", "a/b", ".."):
-        with pytest.raises(ArtifactError, match="path segment"):
-            resolve_output_uri("s3://quarl/runs", bad, "rl", "model")
 
 
 # --------------------------------------------------------------------------------------------------- s3

@@ -89,3 +89,17 @@ class CalibrateConfig:
     propagate_quantized: bool = True  # feed each block the outputs of the quantized blocks before it
     save_dtype: str | None = None  # dense tensors in the checkpoint (None: the compute dtype)
     max_shard_size: str = "5GB"
+
+    def __post_init__(self) -> None:
+        # Checked here, at construction, so `quarl compile`/`submit` reject what the pod would.
+        from quarl.devices import check_device_name, check_dtype_name
+        from quarl.quant.model import QuantRecipe
+        from quarl.quant.spec import check_format
+
+        check_format(self.format)
+        if self.recipe is not None:
+            QuantRecipe.load(self.recipe)
+        check_device_name(self.device)
+        check_dtype_name(self.dtype, auto=False)
+        if self.save_dtype is not None:
+            check_dtype_name(self.save_dtype, key="save_dtype", auto=False)

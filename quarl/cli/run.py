@@ -27,9 +27,17 @@ PAPER = "paper"  # --profile value meaning "no profile: the recipe's own (paper)
 
 
 def _recipe(name: str, profile: str | None, overrides: list[str] | None):
+    """The recipe with every step's config validated, before any cluster or S3 is contacted."""
+    from quarl_pipelines import get_pipeline
+
     from quarl.pipeline.recipes import load_recipe
 
-    return load_recipe(name, profile=None if profile in (None, "", PAPER) else profile, overrides=overrides or [])
+    r = load_recipe(name, profile=None if profile in (None, "", PAPER) else profile, overrides=overrides or [])
+    pipeline = get_pipeline(r.pipeline)
+    pipeline.check_available()  # StageUnavailableError names the missing stage
+    pipeline.validate()
+    r.check_steps(pipeline)  # each stage config built and validated as its pod would (RecipeError)
+    return r
 
 
 def _fail(e: Exception) -> None:

@@ -226,3 +226,11 @@ class EvalConfig:
             raise ValueError(f"cpu_threads must be >= 1 (or null for torch's default), got {self.cpu_threads}")
         if self.examples_in_report < 0:
             raise ValueError("examples_in_report must be >= 0")
+        # Checked here so `quarl compile`/`submit` reject what the pod would (syntax only: no GPU needed).
+        from quarl.devices import check_device_name
+
+        check_device_name(self.device)
+        if self.quant is not None and self.quant_recipe is None:
+            from quarl.quant.spec import check_format
+
+            check_format(self.quant, "quant")

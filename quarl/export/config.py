@@ -29,3 +29,17 @@ class ExportConfig:
     base_model: str | None = None  # the source model for merge_base=source (default: from the model's lineage)
     requant_format: str | None = None  # merged model's format (default: each layer's format in the input)
     model_name: str | None = None  # title of the model card (default: derived from the lineage)
+
+    def __post_init__(self) -> None:
+        # Checked here, at construction, so `quarl compile`/`submit` reject what the pod would.
+        if self.verify_tokens < 1:
+            raise ValueError(f"verify_tokens must be >= 1, got {self.verify_tokens}")
+        tols = {k: getattr(self, k) for k in ("logits_atol", "logits_rtol", "logits_rtol_fp4", "weights_rtol",
+                                              "weights_rtol_fp4")}
+        bad = {k: v for k, v in tols.items() if not v >= 0}
+        if bad:
+            raise ValueError(f"tolerances must be >= 0, got {bad}")
+        if self.requant_format is not None:
+            from quarl.quant.spec import check_format
+
+            check_format(self.requant_format, "requant_format")

@@ -37,7 +37,7 @@ from typing import Any
 
 import yaml
 
-from quarl.config import ConfigError, config_to_dict
+from quarl.config import ConfigError, config_to_dict, get_path, set_path
 from quarl.pipeline.stages import Resources, StageSpec, get_stage
 
 __all__ = ["RECIPE_DIR", "Recipe", "RecipeError", "list_recipes", "load_recipe", "recipe_path"]
@@ -60,21 +60,11 @@ def _deep_merge(base: dict, delta: dict) -> dict:
     return out
 
 
-def _set_path(d: dict, keys: list[str], value: Any, what: str) -> None:
-    for i, k in enumerate(keys[:-1]):
-        nxt = d.setdefault(k, {})
-        if not isinstance(nxt, dict):
-            raise RecipeError(f"cannot set {what}: {'.'.join(keys[: i + 1])} is a value, not a section")
-        d = nxt
-    d[keys[-1]] = value
-
-
-def _get_path(d: Any, keys: list[str]) -> tuple[bool, Any]:
-    for k in keys:
-        if not isinstance(d, dict) or k not in d:
-            return False, None
-        d = d[k]
-    return True, d
+def _set_path(d: dict, keys: list[str], value: Any) -> None:
+    try:
+        set_path(d, keys, value)
+    except ConfigError as e:
+        raise RecipeError(str(e)) from None
 
 
 def _del_path(d: dict, keys: list[str]) -> None:
@@ -152,9 +142,9 @@ class Recipe:
             if key in ("model", "s3_root"):
                 setattr(r, key, str(text.strip()))
             elif parts[0] == "resources" and len(parts) == 3:
-                _set_path(r.resources, parts[1:], value, key)
+                _set_path(r.resources, parts[1:], value)
             elif len(parts) >= 2:
-                _set_path(r.stages, parts, value, key)
+                _set_path(r.stages, parts, value)
             else:
                 raise RecipeError(f"override {item!r}: use model=..., s3_root=..., <step>.<field>=... or "
                                   f"resources.<step>.<field>=...")
@@ -167,11 +157,10 @@ class Recipe:
 
     def stage_config(self, step: str, stage: str) -> Any:
         """The step's config dataclass (validated) built from its recipe section."""
-        from quarl.pipeline.runtime import resolve_config
+        from quarl.config import build_config
 
-        spec = get_stage(stage)
         try:
-            return resolve_config(spec, yaml.safe_dump(self.section(step)))
+            return build_config(get_stage(stage).load_config_class(), self.section(step))
         except ConfigError as e:
             raise RecipeError(f"recipe {self.name}, stages.{step}: {e}") from None
 
@@ -183,8 +172,8 @@ class Recipe:
         out = {}
         for name, p in spec.params.items():
             keys = p.key.split(".")
-            _, v = _get_path(cfg, keys)  # the validated, type-coerced value ("3e-4" -> 0.0003)
-            found, raw = _get_path(sec, keys)
+            _, v = get_path(cfg, keys)  # the validated, type-coerced value ("3e-4" -> 0.0003)
+            found, raw = get_path(sec, keys)
             if found and isinstance(v, (list, dict)):
                 v = raw  # keep the recipe's compact form ("gsm8k:/path") rather than every expanded field
             out[name] = p.from_config(v)

@@ -51,7 +51,6 @@ import logging
 import os
 import socket
 import sys
-import tempfile
 import time
 import traceback
 from datetime import UTC, datetime
@@ -154,20 +153,9 @@ def _jsonable(x: Any) -> Any:
 # ---------------------------------------------------------------- config
 
 
-def _get_path(d: Any, keys: list[str]) -> Any:
-    for k in keys:
-        if not isinstance(d, dict) or k not in d:
-            return _MISSING
-        d = d[k]
-    return d
-
-
-_MISSING = object()
-
-
 def resolve_config(spec: StageSpec, config_yaml: str = "", params: dict | None = None, overrides=()) -> Any:
     """The stage config: dataclass defaults < config_yaml < typed params < overrides."""
-    from quarl.config import ConfigError, load_config
+    from quarl.config import ConfigError, build_config, get_path
 
     params = params or {}
     base = yaml.safe_load(config_yaml) if config_yaml and config_yaml.strip() else {}
@@ -181,19 +169,12 @@ def resolve_config(spec: StageSpec, config_yaml: str = "", params: dict | None =
         if p is None:
             raise ConfigError(f"stage {spec.name} has no typed parameter {name!r}; valid: {', '.join(spec.params)}")
         v = p.to_config(value)
-        given = _get_path(base, p.key.split("."))
-        if given is not _MISSING and given != v:
+        found, given = get_path(base, p.key.split("."))
+        if found and given != v:
             log.warning("%s: config_yaml sets %s=%r but the typed parameter %s=%r wins; change the parameter instead",
                         spec.name, p.key, given, name, v)
         typed.append(f"{p.key}={json.dumps(v)}")
-    cls = spec.load_config_class()
-    with tempfile.NamedTemporaryFile("w", suffix=".yaml", delete=False) as f:
-        yaml.safe_dump(base, f, sort_keys=False)
-        path = f.name
-    try:
-        return load_config(cls, path, [*typed, *(overrides or [])])
-    finally:
-        os.unlink(path)
+    return build_config(spec.load_config_class(), base, [*typed, *(overrides or [])])
 
 
 def _fingerprint(stage: str, cfg: Any, inputs: dict) -> str:

@@ -27,7 +27,6 @@ embeddings, norms and lm_head are frozen.
 from __future__ import annotations
 
 import fnmatch
-import json
 import re
 from collections import defaultdict
 from dataclasses import asdict, dataclass, field
@@ -205,5 +204,6 @@ def memory_report(model: nn.Module) -> dict:
     return {"by_format": dict(by), "total_bytes": total_b, "total_params": total_p}
 
 
-def save_recipe(recipe: QuantRecipe, path: str | Path) -> None:
-    Path(path).write_text(json.dumps(recipe.to_dict(), indent=2))
+def quantized_formats(model: nn.Module) -> list[str]:
+    """The format specs (``spec_string``) of the model's quantized linear layers, sorted; [] if none."""
+    return sorted({spec_string(m.config) for m in model.modules() if isinstance(m, QuantLinear) and m.config})

@@ -95,3 +95,11 @@ def spec_string(cfg: FormatConfig | None) -> str:
             return "fp8"
         return "fp8-block" + ("" if cfg.block_size == 128 else f"-b{cfg.block_size}")
     return cfg.name
+
+
+def check_format(spec: str | dict | FormatConfig | None, key: str = "format") -> None:
+    """Config validation: ``spec`` parses (None/bf16 included); ValueError naming the config key otherwise."""
+    try:
+        make_config(spec)
+    except QuantError as e:
+        raise ValueError(f"{key}={spec!r}: {e}") from None

@@ -229,15 +229,6 @@ def score_in_process(fn: ItemFn, items: Sequence[tuple], seconds: float | None) 
         return _SCORER.score(fn, items, seconds)
 
 
-def shutdown_scorer() -> None:
-    """Stop the shared worker process (it is a daemon, so this is optional)."""
-    global _SCORER
-    with _SCORER_LOCK:
-        if _SCORER is not None:
-            _SCORER.close()
-            _SCORER = None
-
-
 def score_items(fn: ItemFn, items: Sequence[tuple], seconds: float | None, mode: str = "auto") -> list[float]:
     """Score every item with ``fn`` under a per-item limit; errors and timeouts -> 0.0."""
     mode = resolve_mode(mode)

@@ -62,6 +62,9 @@ class AQNConfig:
     schedule: str = "exponential"
     targets: list[str] = field(default_factory=lambda: list(DEFAULT_TARGETS))
 
+    def __post_init__(self) -> None:
+        self.validate()  # at construction: a bad schedule fails `quarl compile`, not the GPU pod
+
     def validate(self) -> None:
         if self.schedule not in SCHEDULES:
             raise ValueError(f"aqn.schedule must be one of {SCHEDULES}, got {self.schedule!r}")

@@ -123,6 +123,15 @@ class RLConfig:
     reward: RewardConfig = field(default_factory=RewardConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
 
+    def __post_init__(self) -> None:
+        # Validate at construction (the resolved copy: algorithm defaults filled in), so `quarl compile`/`submit`
+        # reject `algo.algo=ppo` or a bad AQN schedule instead of the GPU pod.
+        self.resolved()
+        if self.policy.mode == "lora" and self.policy.quant_recipe is None:
+            from quarl.quant.spec import check_format
+
+            check_format(self.policy.format, "policy.format")
+
     def resolved(self) -> RLConfig:
         """A copy with the algorithm-dependent ``None`` fields filled in, validated."""
         c = copy.deepcopy(self)

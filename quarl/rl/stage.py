@@ -100,6 +100,7 @@ def run_rl(cfg: RLConfig, *, model_uri: str, data_uri: str, output_uri: str, ini
     work = work_dir_for(output_uri)
     trainer = RLTrainer(cfg, model, tokenizer, df["prompt"].tolist(), df["answer"].astype(str).tolist(), work,
                         checkpoint_remote=checkpoint_remote_for(output_uri), init_adapter=init_dir)
+    policy_format = _policy_format(trainer.model, cfg)
     summary = trainer.train(stop_after=stop_after)
     if summary["end_step"] < summary["total_steps"]:
         log.info("stopped after step %d of %d; checkpoint %s", summary["end_step"], summary["total_steps"],
@@ -109,8 +110,8 @@ def run_rl(cfg: RLConfig, *, model_uri: str, data_uri: str, output_uri: str, ini
     rows = read_metrics(work / "metrics.jsonl")
     summary.update(summarize(rows))
     summary.update({"model_uri": model_uri, "data_uri": data_uri, "init_adapter_uri": init_adapter_uri,
-                    "algo": cfg.algo.algo, "policy_mode": cfg.policy.mode, "policy_format": cfg.policy.format,
-                    "wall_s": time.time() - t0})
+                    "algo": cfg.algo.algo, "policy_mode": cfg.policy.mode, "policy_format": policy_format,
+                    "policy_format_requested": cfg.policy.format, "wall_s": time.time() - t0})
     kind = "adapter" if cfg.policy.mode == "lora" else "model"
     inputs = [model_uri, data_uri] + ([init_adapter_uri] if init_adapter_uri else [])
     with write_artifact(output_uri, kind, STAGE, config=cfg, inputs=inputs, overwrite=overwrite) as art:
@@ -126,13 +127,34 @@ def run_rl(cfg: RLConfig, *, model_uri: str, data_uri: str, output_uri: str, ini
         _copy_tree(work / "tensorboard", art.path / "tensorboard")
         dump_config(cfg, art.path / "config.yaml")
         (art.path / "summary.json").write_text(json.dumps(summary, indent=2, default=str) + "\n")
-        title = f"quarl RL: {cfg.algo.algo.upper()} {cfg.policy.mode} {cfg.policy.format} on {model_uri}"
+        title = f"quarl RL: {cfg.algo.algo.upper()} {cfg.policy.mode} {policy_format} on {model_uri}"
         write_report(art.path, rows, summary, title=title)
-        art.metadata.update({"algo": cfg.algo.algo, "policy_format": cfg.policy.format,
+        art.metadata.update({"algo": cfg.algo.algo, "policy_format": policy_format,
                              "steps": summary["total_steps"],
                              "reward_last": rows[-1].get("reward/mean") if rows else None,
                              "accuracy_last": rows[-1].get("reward/accuracy") if rows else None})
     return {"output_uri": output_uri, "kind": kind, "complete": True, "work_dir": str(work), **summary}
+
+
+def _policy_format(model, cfg: RLConfig) -> str:
+    """The base format the policy actually trains on, warning when it is not ``policy.format``.
+
+    A calibrated checkpoint keeps its own format (re-quantizing it would throw the
+    calibration away), so ``policy.format`` is only a request; the artifact must say what
+    was used. Mixed formats are joined with "+" (e.g. ``int8-g64+nvfp4``)."""
+    from quarl.quant.model import quantized_formats
+    from quarl.quant.spec import make_config, spec_string
+
+    if cfg.policy.mode == "full":
+        return "bf16"
+    used = "+".join(quantized_formats(model)) or "bf16"
+    if cfg.policy.quant_recipe is None:
+        wanted = spec_string(make_config(cfg.policy.format))
+        if used != wanted:
+            log.warning("rl: the base model arrived quantized as %s but policy.format=%s; training on %s (the "
+                        "checkpoint's format) and recording that. Set policy.format=%s, or pass an unquantized "
+                        "model to quantize it to %s.", used, cfg.policy.format, used, used, cfg.policy.format)
+    return used
 
 
 def _copy_tree(src: Path, dst: Path) -> None:

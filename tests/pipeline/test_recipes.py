@@ -4,8 +4,8 @@ import pytest
 import yaml
 from quarl_pipelines import PIPELINES
 
-from quarl.config import config_to_dict
-from quarl.pipeline.recipes import RecipeError, _get_path, list_recipes, load_recipe
+from quarl.config import config_to_dict, get_path
+from quarl.pipeline.recipes import RecipeError, list_recipes, load_recipe
 from quarl.pipeline.runtime import resolve_config
 from quarl.pipeline.stages import STAGES, get_stage, stage_available
 
@@ -39,7 +39,7 @@ def test_run_form_reproduces_the_recipe(name, profile):
         # each field lives in exactly one place of the form
         rest_d = yaml.safe_load(rest) or {}
         for p in spec.params.values():
-            assert not _get_path(rest_d, p.key.split("."))[0], f"{step.id}: {p.key} is both typed and in the YAML"
+            assert not get_path(rest_d, p.key.split("."))[0], f"{step.id}: {p.key} is both typed and in the YAML"
 
 
 def test_local_profile_is_the_embedded_default_on_cpu():

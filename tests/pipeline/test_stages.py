@@ -6,6 +6,7 @@ dataclass; these tests fail when a committed component drifts from either.
 
 import dataclasses
 import inspect
+import re
 
 import pytest
 from quarl_components import COMPONENTS
@@ -65,3 +66,43 @@ def test_a_param_must_name_a_config_field_and_stand_in_for_none():
         form_params(_respec("calibrate", seq_len=Param("data.seq_len")))  # default None, no none=
     with pytest.raises(TypeError, match="is a section"):
         form_params(_respec("rl", aqn=Param("aqn")))
+
+
+# ---------------------------------------------------------------- validated at construction
+
+BAD = {  # stage -> (a value its pod would reject, words the error must contain)
+    "data_prep": ("template=nope", "template='nope'"),
+    "calibrate": ("format=nvfp5", "format='nvfp5'"),
+    "rl": ("algo.algo=ppo", "algo.algo must be one of"),
+    "eval": ("device=gpu0", "device='gpu0' is not a device name"),
+    "export": ("requant_format=int9", "requant_format='int9'"),
+}
+
+
+@pytest.mark.parametrize("stage", STAGE_NAMES)
+def test_every_stage_config_is_validated_when_built(stage):
+    from quarl.config import ConfigError, build_config
+
+    bad, words = BAD[stage]
+    with pytest.raises(ConfigError, match=re.escape(words)):
+        build_config(get_stage(stage).load_config_class(), {}, [bad])
+
+
+@pytest.mark.parametrize("bad,words", [
+    ("rl.algo.algo=ppo", "algo.algo must be one of"),
+    ("rl.aqn.schedule=step", "aqn.schedule must be one of"),
+    ("rl.aqn.num_stages=2", "aqn.num_stages must be >= 3"),
+    ("rl.policy.format=nvfp5", "policy.format='nvfp5'"),
+    ("calibrate.method=hqq", "method"),
+])
+def test_compile_and_submit_reject_what_the_pod_would(bad, words, tmp_path):
+    from typer.testing import CliRunner
+
+    from quarl.cli.main import app
+
+    res = CliRunner().invoke(app, ["compile", "qerl", "--set", bad, "--out", str(tmp_path)])
+    assert res.exit_code == 1 and words in res.output, res.output
+    assert not list(tmp_path.glob("*.yaml"))
+    # submit fails the same way before it contacts any Kubeflow (nothing listens on this port)
+    res = CliRunner().invoke(app, ["submit", "qerl", "--host", "http://127.0.0.1:9", "--set", bad])
+    assert res.exit_code == 1 and words in res.output and "healthz" not in res.output, res.output

@@ -32,3 +32,18 @@ def test_build_policy_on_a_calibrated_checkpoint_keeps_weights_and_adds_lora(tmp
         torch.testing.assert_close(loaded(ids).logits, ref, atol=1e-4, rtol=1e-4)
     loaded(ids).logits.sum().backward()
     assert q.lora_B.grad is not None and q.lora_B.grad.abs().sum() > 0
+
+
+def test_a_calibrated_base_in_another_format_is_labelled_with_the_format_used(caplog):
+    from quarl.rl.config import RLConfig
+    from quarl.rl.stage import _policy_format
+
+    model, _ = load_model("tiny-llama")
+    quantize_model(model, {"default": "int4-g32"})  # what calibrate produced
+    cfg = RLConfig(policy=PolicyConfig(format="nvfp4"))  # what rl was asked for
+    with caplog.at_level("WARNING"):
+        assert _policy_format(model, cfg) == "int4-g32"
+    assert "arrived quantized as int4-g32 but policy.format=nvfp4" in caplog.text
+    caplog.clear()
+    assert _policy_format(model, RLConfig(policy=PolicyConfig(format="int4-g32"))) == "int4-g32"
+    assert not caplog.text  # no warning when they agree
