@@ -5,10 +5,11 @@
 Jet-RL's finding is that BF16 training with FP8 rollout (the common speed-up)
 makes the rollout policy drift from the trained one, and that using the *same*
 FP8 quantization in the training forward pass and in rollout removes the
-mismatch. quarl's rl stage runs both through the same QuantLinear modules, so
-the baseline (BF16 train / FP8 rollout) is one parameter away
-(``rl_rollout_format``). No calibration step: FP8 (E4M3, block scales) is
-quantized on the fly. Recipe: quarl/recipes/pipelines/jetrl.yaml.
+mismatch. quarl's rl stage runs both through the same QuantLinear modules
+(``rl_format``: the base weight format, FP8 block-scaled here). The BF16-train /
+FP8-rollout baseline needs a rollout format separate from the training one, which
+the rl stage does not have yet (README, "Not yet"). No calibration step: FP8 (E4M3,
+block scales) is quantized on the fly. Recipe: quarl/recipes/pipelines/jetrl.yaml.
 """
 
 from quarl_pipelines._builder import PipelineDef, Step

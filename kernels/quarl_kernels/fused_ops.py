@@ -57,9 +57,15 @@ def rms_norm_reference(x: torch.Tensor, weight: torch.Tensor, eps: float, residu
 
 
 def rope_reference(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
-    from quarl.engine.fused import apply_rope
+    """HF's rotary formula op for op (as ``quarl.engine.fused.apply_rope``; kept here so the kernels
+    package does not import the engine that imports it). q/k [B, H, L, D], cos/sin [B, L, D]."""
+    cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)  # [B, 1, L, D]
 
-    return apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+    def rot(x: torch.Tensor) -> torch.Tensor:
+        x1, x2 = x.chunk(2, dim=-1)
+        return torch.cat((-x2, x1), dim=-1)
+
+    return q * cos + rot(q) * sin, k * cos + rot(k) * sin
 
 
 def silu_mul_reference(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:

@@ -13,13 +13,11 @@ artifact) is one ``error:`` line on stderr and exit status 1.
 
 from __future__ import annotations
 
-import json
-import logging
 from typing import Annotated
 
 import typer
 
-from quarl.cli.common import ConfigOpt, NoProgressOpt, OutputOpt, OverwriteOpt, PrintConfigOpt, SetOpt
+from quarl.cli.common import ConfigOpt, NoProgressOpt, OutputOpt, OverwriteOpt, PrintConfigOpt, SetOpt, run_stage
 
 
 def calibrate(
@@ -41,41 +39,22 @@ def calibrate(
     print_config: PrintConfigOpt = False,
 ) -> None:
     """Calibrate a full-precision model into quantized weights (compressed-tensors checkpoint + metrics)."""
-    from quarl.artifacts import ArtifactError
-    from quarl.calibrate import CalibrateConfig, run_calibrate
+    from quarl.calibrate import run_calibrate
     from quarl.calibrate.stage import resolve_config, resolve_device
-    from quarl.config import ConfigError, config_to_dict, load_config
-    from quarl.models import ModelError
-    from quarl.quant import QuantError
-    from quarl.storage import StorageError
 
-    logging.basicConfig(level=logging.INFO, format="%(message)s")
-    try:
-        cfg = load_config(CalibrateConfig, config, overrides or [])
-        if print_config:
-            import yaml
+    run_stage("calibrate", config, overrides, print_config,
+              lambda cfg: run_calibrate(cfg, model_uri=model, data_uri=data, recipe_uri=recipe, output_uri=output,
+                                        overwrite=overwrite, progress=not no_progress),
+              show=lambda cfg: resolve_config(cfg, resolve_device(cfg.device)), summarize=_summary)
 
-            cfg = resolve_config(cfg, resolve_device(cfg.device))
-            typer.echo(yaml.safe_dump(config_to_dict(cfg), sort_keys=False))
-            return
-        result = run_calibrate(
-            cfg,
-            model_uri=model,
-            data_uri=data,
-            recipe_uri=recipe,
-            output_uri=output,
-            overwrite=overwrite,
-            progress=not no_progress,
-        )
-    except (ConfigError, QuantError, ModelError, ArtifactError, StorageError) as e:
-        typer.echo(f"error: {e}", err=True)
-        raise typer.Exit(1) from e
+
+def _summary(result: dict) -> dict:
     summary = {k: result[k] for k in ("inputs", "calibration", "quality", "rel_error")}
     summary["memory"] = {
         "total_bytes": result["memory"]["total_bytes"],
         "by_format": {f: r["bits_per_param"] for f, r in result["memory"]["by_format"].items()},
     }
-    typer.echo(json.dumps(summary, indent=2, default=str))
+    return summary
 
 
 def register(app: typer.Typer) -> None:

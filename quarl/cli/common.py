@@ -1,8 +1,9 @@
-"""Options every stage subcommand shares, declared once so their flags and help agree."""
+"""What every stage subcommand shares, declared once: its options (flags and help agree) and its body."""
 
 from __future__ import annotations
 
-from typing import Annotated
+from collections.abc import Callable
+from typing import Annotated, Any
 
 import typer
 
@@ -14,3 +15,41 @@ SetOpt = Annotated[list[str] | None, typer.Option("--set", "-s", help="override 
 OverwriteOpt = Annotated[bool, typer.Option("--overwrite", help="replace a complete artifact at --output")]
 NoProgressOpt = Annotated[bool, typer.Option("--no-progress", help="no progress bars (logs only)")]
 PrintConfigOpt = Annotated[bool, typer.Option("--print-config", help="print the resolved config and exit")]
+
+
+def run_stage(stage: str, config: str | None, overrides: list[str] | None, print_config: bool,
+              run: Callable[[Any], Any], *, errors: tuple[type[Exception], ...] = (),
+              show: Callable[[Any], Any] | None = None, summarize: Callable[[Any], Any] | None = None) -> None:
+    """The body every stage command shares, written once.
+
+    Loads the stage's config class (named by its spec, quarl/<area>/spec.py) from
+    ``--config`` and ``--set`` (validated at construction), prints it for
+    ``--print-config`` (``show`` may resolve it first), else calls ``run(cfg)`` and prints
+    the result (or ``summarize(result)``) as JSON. Expected failures -- a bad config,
+    a missing or corrupt artifact, storage, a model or format error, plus ``errors`` --
+    are one ``error:`` line on stderr and exit status 1; anything else is a bug and
+    keeps its traceback.
+    """
+    import json
+    import logging
+
+    from quarl.artifacts import ArtifactError
+    from quarl.config import ConfigError, config_to_dict, load_config
+    from quarl.models import ModelError
+    from quarl.pipeline.stages import get_stage
+    from quarl.quant import QuantError
+    from quarl.storage import StorageError
+
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    try:
+        cfg = load_config(get_stage(stage).load_config_class(), config, overrides or [])
+        if print_config:
+            import yaml
+
+            typer.echo(yaml.safe_dump(config_to_dict(show(cfg) if show else cfg), sort_keys=False))
+            return
+        result = run(cfg)
+    except (ConfigError, ArtifactError, StorageError, ModelError, QuantError, *errors) as e:
+        typer.echo(f"error: {e}", err=True)
+        raise typer.Exit(1) from e
+    typer.echo(json.dumps(summarize(result) if summarize else result, indent=2, default=str))

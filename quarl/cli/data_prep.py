@@ -12,12 +12,9 @@ status 1 — a failed validation also names the report artifact it left.
 
 from __future__ import annotations
 
-import json
-import logging
-
 import typer
 
-from quarl.cli.common import ConfigOpt, OutputOpt, OverwriteOpt, PrintConfigOpt, SetOpt
+from quarl.cli.common import ConfigOpt, OutputOpt, OverwriteOpt, PrintConfigOpt, SetOpt, run_stage
 
 
 def data_prep(
@@ -28,24 +25,11 @@ def data_prep(
     print_config: PrintConfigOpt = False,
 ) -> None:
     """Prepare, validate and write a math RL dataset (parquet + summary) as a dataset artifact."""
-    from quarl.artifacts import ArtifactError
-    from quarl.config import ConfigError, config_to_dict, load_config
-    from quarl.data import DataPrepConfig, DataValidationError, SourceError, TemplateError, run_data_prep
-    from quarl.storage import StorageError
+    from quarl.data import DataValidationError, SourceError, TemplateError, run_data_prep
 
-    logging.basicConfig(level=logging.INFO, format="%(message)s")
-    try:
-        cfg = load_config(DataPrepConfig, config, overrides or [])
-        if print_config:
-            import yaml
-
-            typer.echo(yaml.safe_dump(config_to_dict(cfg), sort_keys=False))
-            return
-        result = run_data_prep(cfg, output_uri=output, overwrite=overwrite)
-    except (ConfigError, DataValidationError, SourceError, TemplateError, ArtifactError, StorageError) as e:
-        typer.echo(f"error: {e}", err=True)
-        raise typer.Exit(1) from e
-    typer.echo(json.dumps(result, indent=2))
+    run_stage("data_prep", config, overrides, print_config,
+              lambda cfg: run_data_prep(cfg, output_uri=output, overwrite=overwrite),
+              errors=(DataValidationError, SourceError, TemplateError))
 
 
 def register(app: typer.Typer) -> None:

@@ -16,12 +16,11 @@ config, unknown benchmark, unreadable data or model, existing artifact) is one
 from __future__ import annotations
 
 import json
-import logging
 from typing import Annotated
 
 import typer
 
-from quarl.cli.common import ConfigOpt, NoProgressOpt, OutputOpt, OverwriteOpt, PrintConfigOpt, SetOpt
+from quarl.cli.common import ConfigOpt, NoProgressOpt, OutputOpt, OverwriteOpt, PrintConfigOpt, SetOpt, run_stage
 
 
 def eval_cmd(
@@ -43,35 +42,15 @@ def eval_cmd(
     print_config: PrintConfigOpt = False,
 ) -> None:
     """Evaluate a model (full precision, RTN-quantized or calibrated; optional LoRA) on math benchmarks."""
-    from quarl.artifacts import ArtifactError
-    from quarl.config import ConfigError, config_to_dict, load_config
-    from quarl.eval import EvalConfig, EvalError, resolve_benchmarks, run_eval
-    from quarl.storage import StorageError
+    import dataclasses
 
-    logging.basicConfig(level=logging.INFO, format="%(message)s")
-    try:
-        cfg = load_config(EvalConfig, config, overrides or [])
-        if print_config:
-            import dataclasses
+    from quarl.eval import EvalError, resolve_benchmarks, run_eval
 
-            import yaml
-
-            cfg = dataclasses.replace(cfg, benchmarks=resolve_benchmarks(cfg, data))
-            typer.echo(yaml.safe_dump(config_to_dict(cfg), sort_keys=False))
-            return
-        result = run_eval(
-            cfg,
-            model_uri=model,
-            data_uris=data,
-            adapter_uri=adapter,
-            output_uri=output,
-            overwrite=overwrite,
-            progress=not no_progress,
-        )
-    except (ConfigError, EvalError, ArtifactError, StorageError) as e:
-        typer.echo(f"error: {e}", err=True)
-        raise typer.Exit(1) from e
-    typer.echo(json.dumps(result, indent=2))
+    run_stage("eval", config, overrides, print_config,
+              lambda cfg: run_eval(cfg, model_uri=model, data_uris=data, adapter_uri=adapter, output_uri=output,
+                                   overwrite=overwrite, progress=not no_progress),
+              errors=(EvalError,),
+              show=lambda cfg: dataclasses.replace(cfg, benchmarks=resolve_benchmarks(cfg, data)))
 
 
 def eval_compare(

@@ -12,13 +12,11 @@ is one ``error:`` line on stderr and exit status 1.
 
 from __future__ import annotations
 
-import json
-import logging
 from typing import Annotated
 
 import typer
 
-from quarl.cli.common import ConfigOpt, OutputOpt, OverwriteOpt, PrintConfigOpt, SetOpt
+from quarl.cli.common import ConfigOpt, OutputOpt, OverwriteOpt, PrintConfigOpt, SetOpt, run_stage
 
 
 def export(
@@ -35,26 +33,16 @@ def export(
     print_config: PrintConfigOpt = False,
 ) -> None:
     """Export a quantized model (+ adapter) as compressed-tensors / PEFT checkpoints, verified, with a model card."""
-    from quarl.artifacts import ArtifactError
-    from quarl.config import ConfigError, config_to_dict, load_config
-    from quarl.export import ExportConfig, run_export
-    from quarl.models import ModelError
-    from quarl.quant import QuantError
-    from quarl.storage import StorageError
+    from quarl.export import run_export
 
-    logging.basicConfig(level=logging.INFO, format="%(message)s")
-    try:
-        cfg = load_config(ExportConfig, config, overrides or [])
-        if print_config:
-            import yaml
+    run_stage("export", config, overrides, print_config,
+              lambda cfg: run_export(cfg, model_uri=model, adapter_uri=adapter, output_uri=output,
+                                     overwrite=overwrite),
+              summarize=lambda report: _summary(report, output))
 
-            typer.echo(yaml.safe_dump(config_to_dict(cfg), sort_keys=False))
-            return
-        report = run_export(cfg, model_uri=model, adapter_uri=adapter, output_uri=output, overwrite=overwrite)
-    except (ConfigError, QuantError, ModelError, ArtifactError, StorageError) as e:
-        typer.echo(f"error: {e}", err=True)
-        raise typer.Exit(1) from e
-    summary = {
+
+def _summary(report: dict, output: str) -> dict:
+    return {
         "output": output,
         "files": report["files"],
         "adapter": report["adapter"],
@@ -68,7 +56,6 @@ def export(
             for k, v in report["verification"].items()
         },
     }
-    typer.echo(json.dumps(summary, indent=2, default=str))
 
 
 def register(app: typer.Typer) -> None:

@@ -13,13 +13,11 @@ divergence) are one ``error:`` line on stderr and exit status 1.
 
 from __future__ import annotations
 
-import json
-import logging
 from typing import Annotated
 
 import typer
 
-from quarl.cli.common import ConfigOpt, OverwriteOpt, PrintConfigOpt, SetOpt
+from quarl.cli.common import ConfigOpt, OverwriteOpt, PrintConfigOpt, SetOpt, run_stage
 
 # --data / --output are checked in the body (not required by typer) so --print-config works without them
 DataOpt = Annotated[str | None, typer.Option("--data", "-d", help="dataset artifact URI written by `quarl data-prep`")]
@@ -43,29 +41,17 @@ def rl(
     print_config: PrintConfigOpt = False,
 ) -> None:
     """Reinforcement learning (GRPO/DAPO) of a quantized policy with LoRA and adaptive quantization noise."""
-    from quarl.artifacts import ArtifactError
-    from quarl.config import ConfigError, config_to_dict, load_config
-    from quarl.models import ModelError
-    from quarl.quant import QuantError
-    from quarl.rl import RLConfig, RLDivergedError, run_rl
-    from quarl.storage import StorageError
+    from quarl.config import ConfigError
+    from quarl.rl import RLDivergedError, run_rl
 
-    logging.basicConfig(level=logging.INFO, format="%(message)s")
-    try:
-        cfg = load_config(RLConfig, config, overrides or [])
-        if print_config:
-            import yaml
-
-            typer.echo(yaml.safe_dump(config_to_dict(cfg.resolved()), sort_keys=False))
-            return
+    def run(cfg):
         if not data or not output:
             raise ConfigError("quarl rl needs --data (a data-prep artifact) and --output")
-        result = run_rl(cfg, model_uri=model, data_uri=data, output_uri=output, init_adapter_uri=init_adapter,
-                        overwrite=overwrite)
-    except (ConfigError, ValueError, ArtifactError, StorageError, ModelError, QuantError, RLDivergedError) as e:
-        typer.echo(f"error: {e}", err=True)
-        raise typer.Exit(1) from e
-    typer.echo(json.dumps(result, indent=2, default=str))
+        return run_rl(cfg, model_uri=model, data_uri=data, output_uri=output, init_adapter_uri=init_adapter,
+                      overwrite=overwrite)
+
+    run_stage("rl", config, overrides, print_config, run, errors=(ValueError, RLDivergedError),
+              show=lambda cfg: cfg.resolved())
 
 
 def register(app: typer.Typer) -> None:

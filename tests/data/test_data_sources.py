@@ -15,8 +15,7 @@ import pytest
 
 from quarl.data import SourceConfig, SourceError, load_source, normalize_answer, read_records
 from quarl.data.sources import _quintile_levels, parse_level
-
-GSM8K_DIR = Path("/work/shared/data/gsm8k")
+from tests.data_paths import GSM8K_DIR
 
 
 def write_jsonl(path: Path, rows: list[dict]) -> str:
@@ -226,7 +225,7 @@ def test_s3_source(tmp_path, s3, s3_bucket):
 # ------------------------------------------------------------------ the real GSM8K
 
 
-@pytest.mark.skipif(not (GSM8K_DIR / "train.jsonl").exists(), reason="GSM8K not present at /work/shared/data/gsm8k")
+@pytest.mark.skipif(not (GSM8K_DIR / "train.jsonl").exists(), reason=f"GSM8K not present at {GSM8K_DIR} (set QUARL_GSM8K_DIR)")
 def test_real_gsm8k():
     rows, counts = load_source(SourceConfig(name="gsm8k", path=str(GSM8K_DIR / "train.jsonl")))
     assert counts["read"] == len(rows) == 7473

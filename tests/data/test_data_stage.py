@@ -26,8 +26,7 @@ from quarl.data import (
 )
 from quarl.data.filters import normalize_text, process_rows
 from quarl.data.sources import RawProblem
-
-GSM8K_DIR = Path("/work/shared/data/gsm8k")
+from tests.data_paths import GSM8K_DIR
 
 
 def small_default(**over) -> DataPrepConfig:
@@ -195,7 +194,7 @@ def test_data_recipes_load():
     assert cfgs["default.yaml"] == DataPrepConfig()  # the recipe spells out the defaults
 
 
-@pytest.mark.skipif(not (GSM8K_DIR / "train.jsonl").exists(), reason="GSM8K not present at /work/shared/data/gsm8k")
+@pytest.mark.skipif(not (GSM8K_DIR / "train.jsonl").exists(), reason=f"GSM8K not present at {GSM8K_DIR} (set QUARL_GSM8K_DIR)")
 def test_gsm8k_recipe_end_to_end_on_local_files(tmp_path):
     local = (
         f"sources=[{{name: gsm8k, path: {GSM8K_DIR / 'train.jsonl'}, split: train}},"

@@ -7,11 +7,12 @@ not a score (135M parameters: near zero on GSM8K is the honest expectation)."""
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import pytest
 
-GSM8K_TEST = Path("/work/shared/data/gsm8k/test.jsonl")
+from tests.data_paths import GSM8K_DIR
+
+GSM8K_TEST = GSM8K_DIR / "test.jsonl"
 
 
 @pytest.mark.slow

@@ -106,3 +106,47 @@ def test_compile_and_submit_reject_what_the_pod_would(bad, words, tmp_path):
     # submit fails the same way before it contacts any Kubeflow (nothing listens on this port)
     res = CliRunner().invoke(app, ["submit", "qerl", "--host", "http://127.0.0.1:9", "--set", bad])
     assert res.exit_code == 1 and words in res.output and "healthz" not in res.output, res.output
+
+
+@pytest.mark.parametrize("stage", STAGE_NAMES)
+def test_every_stage_has_its_cli_command_reading_its_config(stage):
+    """`quarl <stage> --print-config` loads the config class the spec names (through cli.common.run_stage)."""
+    import yaml
+    from typer.testing import CliRunner
+
+    from quarl.cli.main import app
+
+    if stage == "rl":
+        args = ["rl", "--print-config", "--set", "algo.algo=dapo"]
+    else:
+        args = [stage.replace("_", "-"), "--print-config", "--output", "x"]
+        args += ["--model", "tiny-llama"] if stage in ("calibrate", "eval", "export") else []
+        args += ["--set", "device=cpu"] if stage in ("calibrate", "eval") else []
+    res = CliRunner().invoke(app, args)
+    assert res.exit_code == 0, res.output
+    printed = yaml.safe_load(res.output)
+    fields = {f.name for f in dataclasses.fields(get_stage(stage).load_config_class())}
+    assert set(printed) == fields
+    res = CliRunner().invoke(app, [*args, "--set", "nope=1"])
+    assert res.exit_code == 1 and "unknown config key 'nope'" in res.output
+
+
+def test_pipeline_docstrings_name_only_parameters_that_exist():
+    """A ``<step>_<param>`` named in a pipeline module's docstring is a parameter of its run form."""
+    import importlib
+    import re
+
+    from quarl_pipelines import PIPELINES
+
+    from quarl.pipeline.recipes import list_recipes, load_recipe
+
+    for name in list_recipes():
+        recipe = load_recipe(name)
+        pipe = PIPELINES[recipe.pipeline]
+        if pipe.missing_stages():
+            continue
+        params = {n for n, _, _ in pipe.parameters(recipe)}
+        doc = importlib.import_module(f"quarl_pipelines.{pipe.name}").__doc__
+        steps = tuple(f"{s.id}_" for s in pipe.steps)
+        named = {t for t in re.findall(r"``(\w+)``", doc) if t.startswith(steps)}
+        assert named <= params, f"pipelines/{pipe.name}.py names {sorted(named - params)}, not parameters"
