@@ -412,7 +412,7 @@ def run_format(fmt: str, args, work: Path) -> dict:
     """One format's run; never raises for a failed phase -- the result says where and why it failed."""
     from quarl.config import load_config
     from quarl.rl import RLConfig, RLTrainer
-    from quarl.rl.metrics import read_metrics
+    from quarl.train.metrics import read_metrics
 
     dev = torch.device(args.device)
     dtype = torch.bfloat16 if dev.type == "cuda" else torch.float32

@@ -144,7 +144,7 @@ def evaluate(
 
 # --------------------------------------------------------------------------- report
 def _metric_rows(run: Path) -> list[dict]:
-    from quarl.rl.metrics import read_metrics
+    from quarl.train.metrics import read_metrics
 
     return read_metrics(run / "metrics.jsonl")
 

@@ -189,7 +189,7 @@ def per_level(data: str, eval_dir: Path) -> dict[str, float]:
 
 def collect(args, policies: list[str]) -> dict:
     from quarl.eval import compare_runs
-    from quarl.rl.metrics import read_metrics
+    from quarl.train.metrics import read_metrics
 
     work = Path(args.work)
     res = {"task": args.task, "date": datetime.now(UTC).strftime("%Y-%m-%d"), "command": "python3 " + " ".join(

@@ -2,14 +2,13 @@
 
     run_rl(cfg: RLConfig, *, model_uri, data_uri, output_uri, init_adapter_uri=None) -> dict
 
-Modules, one concept each (generation itself -- Generator, HFGenerator, Rollout -- is quarl.engine.rollout):
+Modules, one concept each (generation -- Generator, HFGenerator, Rollout -- is quarl.engine.rollout; policy
+building, optimizer, LR schedule, checkpoints and metrics logging are shared in quarl.train):
     config      RLConfig (defaults = QeRL Table 4) and its per-algorithm resolution
     losses      group advantages, clipped surrogate (GRPO/DAPO), k3 KL, overlong penalty
     aqn         Adaptive Quantization Noise: schedule and rollout-only norm noise
     logprobs    trainer-side log-probs/entropy and the rollout/trainer mismatch
     sampling    resumable prompt order, DAPO dynamic sampling
-    checkpoint  atomic, resumable checkpoints (mirrored to S3)
-    metrics     metrics.jsonl + TensorBoard
     trainer     the flat training loop
     report      summary numbers, markdown/HTML report with SVG curves
     stage       run_rl: artifacts in, one artifact out

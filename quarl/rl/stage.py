@@ -40,10 +40,11 @@ from pathlib import Path
 from quarl.artifacts import ArtifactExistsError, cache_root, open_artifact, write_artifact
 from quarl.config import dump_config
 from quarl.rl.config import RLConfig
-from quarl.rl.metrics import read_metrics
 from quarl.rl.report import summarize, write_report
-from quarl.rl.trainer import RLTrainer, resolve_device, resolve_dtype
+from quarl.rl.trainer import RLTrainer
 from quarl.storage import is_s3, local_path
+from quarl.train.metrics import read_metrics
+from quarl.train.policy import resolve_device, resolve_dtype
 
 log = logging.getLogger(__name__)
 STAGE = "rl"

@@ -44,7 +44,6 @@ and every checkpoint on disk are from good steps.
 
 from __future__ import annotations
 
-import contextlib
 import copy
 import hashlib
 import json
@@ -60,27 +59,23 @@ import numpy as np
 import torch
 from torch import nn
 
-from quarl import devices
 from quarl.config import config_to_dict
 from quarl.engine.rollout import Generator, Rollout, SamplingParams
 from quarl.quant import (
-    LoRAConfig,
     QuantLinear,
-    QuantReport,
-    attach_lora,
     load_adapter,
-    memory_report,
-    quantize_model,
     save_adapter,
 )
 from quarl.rewards import RewardFn
 from quarl.rl.aqn import AQN
-from quarl.rl.checkpoint import CheckpointManager
-from quarl.rl.config import OptimConfig, PolicyConfig, RLConfig
+from quarl.rl.config import RLConfig
 from quarl.rl.logprobs import completion_logprobs, mismatch
 from quarl.rl.losses import group_advantages, overlong_penalty, policy_loss
-from quarl.rl.metrics import MetricsLogger
 from quarl.rl.sampling import PromptSampler, ScoredBatch, dynamic_sample
+from quarl.train.checkpoint import CheckpointManager
+from quarl.train.metrics import MetricsLogger
+from quarl.train.optim import lr_at, make_optimizer
+from quarl.train.policy import build_policy, lora_disabled, place_policy, resolve_device, resolve_dtype
 
 log = logging.getLogger(__name__)
 
@@ -90,95 +85,6 @@ class RLDivergedError(RuntimeError):
 
 
 # --------------------------------------------------------------------------- setup helpers
-def resolve_device(name: str) -> torch.device:
-    return devices.resolve_device(name, key="train.device")
-
-
-def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
-    return devices.resolve_dtype(name, device, key="policy.dtype")
-
-
-def place_policy(model: nn.Module, device: torch.device, dtype: torch.dtype) -> nn.Module:
-    """Move the policy to ``device`` and cast it to ``dtype``, packed 4-bit weights excepted.
-
-    A model can arrive already quantized (a calibrated checkpoint, or one quantized layer by
-    layer to fit the GPU). ``QuantLinear._apply`` keeps its packed tensors (codes, E4M3
-    block scales, FP32 global scale) in their storage dtypes under ``Module.to`` -- casting
-    them would move every weight and take the GPU kernels out of play -- and makes ``dtype``
-    the layers' compute dtype, so a plain ``to`` is right here; this name says why it is
-    safe."""
-    return model.to(device=device, dtype=dtype)
-
-
-def build_policy(model: nn.Module, cfg: PolicyConfig) -> dict:
-    """Quantize + LoRA (mode=lora) or unfreeze everything (mode=full), in place. Returns a small report."""
-    if cfg.mode == "full":
-        for p in model.parameters():
-            p.requires_grad_(True)
-        return {"mode": "full", "trainable_params": sum(p.numel() for p in model.parameters())}
-    lora = {"r": cfg.lora_r, "alpha": cfg.lora_alpha, "dropout": cfg.lora_dropout, "targets": list(cfg.lora_targets)}
-    if any(isinstance(m, QuantLinear) for m in model.modules()):
-        # A calibrated checkpoint (quarl calibrate -> rl, the QeRL DAG): keep its weights, add LoRA.
-        n = attach_lora(model, LoRAConfig(**lora))
-        report = QuantReport(layers={f"{i}": "calibrated" for i in range(n)}, memory=memory_report(model))
-        fmt = "calibrated checkpoint"
-        if not getattr(model, "quarl_recipe", None):
-            model.quarl_recipe = {"base": fmt, "layers": getattr(model, "quarl_layers", {})}
-    else:
-        fmt = cfg.format
-        recipe = dict(cfg.quant_recipe) if cfg.quant_recipe else {"default": cfg.format}
-        recipe["lora"] = lora
-        report = quantize_model(model, recipe)
-    for p in model.parameters():  # fp32 adapter weights (PEFT's default): a 1e-5 step vanishes in bf16
-        if p.requires_grad and p.dtype != torch.float32:
-            p.data = p.data.float()
-    trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
-    if trainable == 0:
-        raise ValueError(f"no LoRA parameters were created: policy.lora_targets={cfg.lora_targets} match no "
-                         f"quantized linear layer of this model")
-    return {"mode": "lora", "format": fmt, "trainable_params": trainable, "layers": len(report.layers),
-            "memory_bytes": report.memory["total_bytes"]}
-
-
-@contextlib.contextmanager
-def lora_disabled(model: nn.Module):
-    """The frozen base policy (reference for the KL term): LoRA branches switched off."""
-    stash = {}
-    for name, m in model.named_modules():
-        if isinstance(m, QuantLinear) and m.lora_cfg is not None:
-            stash[name], m.lora_cfg = m.lora_cfg, None
-    try:
-        yield
-    finally:
-        mods = dict(model.named_modules())
-        for name, c in stash.items():
-            mods[name].lora_cfg = c
-
-
-def make_optimizer(params: list[nn.Parameter], cfg: OptimConfig, device: torch.device):
-    """-> (optimizer, name actually used)."""
-    kw = {"lr": cfg.lr, "betas": tuple(cfg.betas), "weight_decay": cfg.weight_decay}
-    if cfg.optimizer == "adamw8bit" and device.type == "cuda":
-        try:
-            import bitsandbytes as bnb
-
-            return bnb.optim.AdamW8bit(params, **kw), "adamw8bit"
-        except ImportError:
-            log.warning("optim.optimizer=adamw8bit but bitsandbytes is not installed; using torch AdamW")
-    return torch.optim.AdamW(params, **kw), "adamw"
-
-
-def lr_at(step: int, total_steps: int, cfg: OptimConfig) -> float:
-    """Linear warmup over ceil(warmup_ratio * total) steps (never 0 on the first step), then cosine/constant."""
-    warm = math.ceil(cfg.warmup_ratio * total_steps)
-    if step < warm:
-        return cfg.lr * (step + 1) / (warm + 1)
-    if cfg.schedule == "constant":
-        return cfg.lr
-    progress = (step - warm) / max(1, total_steps - warm)
-    return cfg.lr * 0.5 * (1.0 + math.cos(math.pi * progress))
-
-
 def stop_token_ids(model: nn.Module, tokenizer) -> list[int]:
     """EOS ids from the tokenizer and the generation config (Qwen lists two: <|im_end|>, <|endoftext|>)."""
     ids = {tokenizer.eos_token_id}

@@ -7,7 +7,7 @@ from quarl.models import load_model
 from quarl.quant import QuantLinear, quantize_model
 from quarl.quant.checkpoint import save_quantized
 from quarl.rl.config import PolicyConfig
-from quarl.rl.trainer import build_policy
+from quarl.train.policy import build_policy
 
 
 def test_build_policy_on_a_calibrated_checkpoint_keeps_weights_and_adds_lora(tmp_path):

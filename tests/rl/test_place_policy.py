@@ -7,7 +7,7 @@ import copy
 import torch
 
 from quarl.quant import QuantLinear, quantize_model
-from quarl.rl.trainer import place_policy
+from quarl.train.policy import place_policy
 from tests.rl.conftest import small_tiny_model
 
 

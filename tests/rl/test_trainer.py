@@ -5,9 +5,10 @@ import json
 import pytest
 import torch
 
-from quarl.rl.checkpoint import CheckpointManager
-from quarl.rl.metrics import read_metrics
-from quarl.rl.trainer import RLDivergedError, RLTrainer, lr_at
+from quarl.rl.trainer import RLDivergedError, RLTrainer
+from quarl.train.checkpoint import CheckpointManager
+from quarl.train.metrics import read_metrics
+from quarl.train.optim import lr_at
 from tests.rl.conftest import ANSWERS, PROMPTS, ParityReward, small_tiny_model, tiny_cfg
 
 VOLATILE = ("time/", "throughput/", "memory/", "rollout/tokens_per_s")

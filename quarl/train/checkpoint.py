@@ -1,4 +1,4 @@
-"""RL checkpoints: everything needed to continue a run at exactly the next step.
+"""Trainer checkpoints: everything needed to continue a run at exactly the next step (rl today, every trainer next).
 
 Layout (one directory per checkpoint, under the run's checkpoint root)::
 

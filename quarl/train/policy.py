@@ -1,0 +1,87 @@
+"""Building the trained policy: device and dtype, quantized base + LoRA (or every weight), placement.
+
+Shared by every stage that trains a policy (rl today; distill, kd_coldstart and
+precision_search next): what a second trainer would otherwise copy from the RL
+trainer. Moved here unchanged from ``quarl.rl.trainer``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import TYPE_CHECKING
+
+import torch
+from torch import nn
+
+from quarl import devices
+from quarl.quant import LoRAConfig, QuantLinear, QuantReport, attach_lora, memory_report, quantize_model
+
+if TYPE_CHECKING:  # the policy section of a trainer's config (today quarl.rl.config.PolicyConfig)
+    from quarl.rl.config import PolicyConfig
+
+__all__ = ["build_policy", "lora_disabled", "place_policy", "resolve_device", "resolve_dtype"]
+
+
+def resolve_device(name: str) -> torch.device:
+    return devices.resolve_device(name, key="train.device")
+
+
+def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
+    return devices.resolve_dtype(name, device, key="policy.dtype")
+
+
+def place_policy(model: nn.Module, device: torch.device, dtype: torch.dtype) -> nn.Module:
+    """Move the policy to ``device`` and cast it to ``dtype``, packed 4-bit weights excepted.
+
+    A model can arrive already quantized (a calibrated checkpoint, or one quantized layer by
+    layer to fit the GPU). ``QuantLinear._apply`` keeps its packed tensors (codes, E4M3
+    block scales, FP32 global scale) in their storage dtypes under ``Module.to`` -- casting
+    them would move every weight and take the GPU kernels out of play -- and makes ``dtype``
+    the layers' compute dtype, so a plain ``to`` is right here; this name says why it is
+    safe."""
+    return model.to(device=device, dtype=dtype)
+
+
+def build_policy(model: nn.Module, cfg: PolicyConfig) -> dict:
+    """Quantize + LoRA (mode=lora) or unfreeze everything (mode=full), in place. Returns a small report."""
+    if cfg.mode == "full":
+        for p in model.parameters():
+            p.requires_grad_(True)
+        return {"mode": "full", "trainable_params": sum(p.numel() for p in model.parameters())}
+    lora = {"r": cfg.lora_r, "alpha": cfg.lora_alpha, "dropout": cfg.lora_dropout, "targets": list(cfg.lora_targets)}
+    if any(isinstance(m, QuantLinear) for m in model.modules()):
+        # A calibrated checkpoint (quarl calibrate -> rl, the QeRL DAG): keep its weights, add LoRA.
+        n = attach_lora(model, LoRAConfig(**lora))
+        report = QuantReport(layers={f"{i}": "calibrated" for i in range(n)}, memory=memory_report(model))
+        fmt = "calibrated checkpoint"
+        if not getattr(model, "quarl_recipe", None):
+            model.quarl_recipe = {"base": fmt, "layers": getattr(model, "quarl_layers", {})}
+    else:
+        fmt = cfg.format
+        recipe = dict(cfg.quant_recipe) if cfg.quant_recipe else {"default": cfg.format}
+        recipe["lora"] = lora
+        report = quantize_model(model, recipe)
+    for p in model.parameters():  # fp32 adapter weights (PEFT's default): a 1e-5 step vanishes in bf16
+        if p.requires_grad and p.dtype != torch.float32:
+            p.data = p.data.float()
+    trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
+    if trainable == 0:
+        raise ValueError(f"no LoRA parameters were created: policy.lora_targets={cfg.lora_targets} match no "
+                         f"quantized linear layer of this model")
+    return {"mode": "lora", "format": fmt, "trainable_params": trainable, "layers": len(report.layers),
+            "memory_bytes": report.memory["total_bytes"]}
+
+
+@contextlib.contextmanager
+def lora_disabled(model: nn.Module):
+    """The frozen base policy (reference for the KL term): LoRA branches switched off."""
+    stash = {}
+    for name, m in model.named_modules():
+        if isinstance(m, QuantLinear) and m.lora_cfg is not None:
+            stash[name], m.lora_cfg = m.lora_cfg, None
+    try:
+        yield
+    finally:
+        mods = dict(model.named_modules())
+        for name, c in stash.items():
+            mods[name].lora_cfg = c
