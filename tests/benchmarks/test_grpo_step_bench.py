@@ -84,12 +84,12 @@ def test_trainer_takes_the_streamed_model_as_built(tmp_path, monkeypatch):
     """Same policy either way (base and LoRA init); the streamed one is not quantized again."""
     cfg = bench.qwen25_config("tiny")
     dense = _trainer(bench.build_model(cfg, "cpu", torch.float32), tmp_path / "dense").model
-    import quarl.rl.trainer as trainer_mod
+    import quarl.train.policy as policy_mod  # where build_policy (and its quantize_model) lives
 
     def no_requantize(*a, **k):
         raise AssertionError("the trainer quantized a model that was already quantized")
 
-    monkeypatch.setattr(trainer_mod, "quantize_model", no_requantize)
+    monkeypatch.setattr(policy_mod, "quantize_model", no_requantize)
     streamed_model = bench.build_model(cfg, "cpu", torch.float32, quant_format="nvfp4")
     packed = streamed_model.model.layers[0].self_attn.q_proj.weight_packed
     tr = _trainer(streamed_model, tmp_path / "streamed")
