@@ -4,7 +4,9 @@ A *format* (NVFP4, MXFP4, NF4, FP8, INT-k) is one module under
 ``quarl/quant/formats/`` holding a config dataclass and one ``Format`` object.
 Everything above this layer -- QuantLinear, calibration (RTN/GPTQ/AWQ), export,
 the precision search -- talks to formats only through the methods below, so a
-new format is one new module plus one ``register()`` call.
+new format is one new module plus one ``register()`` call: the module also owns its
+spec grammar (``parse_spec``/``spec_string``), its GPTQ packer (``pack_with_scales``) and
+its compressed-tensors mapping (``ct_*``), which the shared layers only dispatch to.
 
 Layout conventions (shared by all formats, and by the GPU kernels):
   * a weight is ``[N, K]`` = ``[out_features, in_features]`` as in nn.Linear;
@@ -104,6 +106,46 @@ class Format(abc.ABC):
     @abc.abstractmethod
     def qdq_with_scales(self, w_cols: torch.Tensor, scales: Any, cfg: FormatConfig, state: dict) -> torch.Tensor:
         """Quantize-dequantize ``[N, c]`` columns (c <= block) with frozen scales."""
+
+    # --- what else a format module owns: its spelling, its packer, its compressed-tensors mapping -----
+    # (quarl.quant.spec, quarl.quant.pack and quarl.quant.checkpoint ask these; a new format is its
+    # module plus its kernel, nothing elsewhere.)
+    def parse_spec(self, s: str) -> FormatConfig | None:
+        """The config a lower-case spec string names in this format's grammar, else None."""
+        return self.config_cls() if s == self.name else None
+
+    def spec_string(self, cfg: FormatConfig) -> str:
+        """Inverse of ``parse_spec``: ``parse_spec(spec_string(cfg)) == cfg``."""
+        return self.name
+
+    def pack_with_scales(self, cfg: FormatConfig, q: torch.Tensor, scales: list, state: dict) -> dict:
+        """``q`` [N, K] exactly on the grid of the frozen per-group ``scales`` (GPTQ) -> QTensor tensors."""
+        raise QuantError(f"calibration cannot pack format {self.name!r} yet (no pack_with_scales)")
+
+    def ct_unrepresentable(self, cfg: FormatConfig) -> str | None:
+        """None if compressed-tensors can store ``cfg``, else why not."""
+        return f"format {self.name!r} has no compressed-tensors mapping"
+
+    def ct_scheme(self, cfg: FormatConfig, targets: list[str]):
+        """compressed-tensors ``QuantizationScheme`` (weight-only) for ``cfg``, its ``format`` set."""
+        raise QuantError(self.ct_unrepresentable(cfg) or f"format {self.name!r}: no compressed-tensors scheme")
+
+    def from_ct_weights(self, w: dict) -> FormatConfig | None:
+        """The config a compressed-tensors ``weights`` args dict describes, if it is this format's; else None."""
+        return None
+
+    def to_ct_tensors(self, q: QTensor) -> dict[str, torch.Tensor]:
+        """The QTensor's tensors under compressed-tensors' names and layout (default: as stored)."""
+        return dict(q.tensors)
+
+    def from_ct_tensors(self, cfg: FormatConfig, shape: tuple[int, int], t: dict) -> dict[str, torch.Tensor]:
+        """Inverse of ``to_ct_tensors`` (``weight_shape`` already dropped)."""
+        return t
+
+
+def cat_group_scales(scales: list[torch.Tensor]) -> torch.Tensor:
+    """Per-group scales recorded column block by column block (GPTQ) -> one [N, G] tensor."""
+    return torch.cat([s.reshape(s.shape[0], -1) for s in scales], dim=1)
 
 
 _REGISTRY: dict[str, Format] = {}

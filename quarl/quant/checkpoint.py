@@ -54,7 +54,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from quarl.quant.base import FormatConfig, QTensor, QuantError
+from quarl.quant.base import FormatConfig, QTensor, QuantError, available_formats, get_format
 from quarl.quant.linear import QuantLinear
 from quarl.quant.spec import make_config, spec_string
 
@@ -62,71 +62,24 @@ log = logging.getLogger(__name__)
 QUARL_META = "quarl_quantization.json"
 INDEX = "model.safetensors.index.json"
 SINGLE = "model.safetensors"
-CT_FORMATS = {
-    "nvfp4": "nvfp4-pack-quantized",
-    "mxfp4": "mxfp4-pack-quantized",
-    "int": "pack-quantized",
-    "fp8": "float-quantized",
-}
 
 
 class CheckpointError(QuantError):
     """A checkpoint that is missing, partial, corrupt or not quantized as expected."""
 
 
-# --- format <-> compressed-tensors scheme -------------------------------------------
+# --- format <-> compressed-tensors scheme (each format module owns its mapping: Format.ct_*) ------------
 def ct_representable(cfg: FormatConfig) -> str | None:
     """None if compressed-tensors can store ``cfg``, else the reason it cannot."""
-    if cfg.name == "nf4":
-        return "NF4 has no compressed-tensors format (vLLM reads NF4 only from bitsandbytes checkpoints)"
-    if cfg.name == "nvfp4" and cfg.block_size != 16:
-        return f"nvfp4 with block_size {cfg.block_size} (compressed-tensors/vLLM load only 16)"
-    if cfg.name == "mxfp4" and cfg.block_size != 32:
-        return f"mxfp4 with block_size {cfg.block_size} (the MX format is 32)"
-    if cfg.name not in CT_FORMATS:
-        return f"format {cfg.name!r} has no compressed-tensors mapping"
-    return None
+    return get_format(cfg.name).ct_unrepresentable(cfg)
 
 
 def ct_scheme(cfg: FormatConfig, targets: list[str]):
     """compressed-tensors ``QuantizationScheme`` for a quarl weight format (weight-only)."""
-    from compressed_tensors.quantization import QuantizationArgs, QuantizationScheme, preset_name_to_scheme
-
     why = ct_representable(cfg)
     if why:
         raise CheckpointError(f"cannot describe {spec_string(cfg)} in compressed-tensors: {why}")
-    fmt = CT_FORMATS[cfg.name]
-    if cfg.name == "nvfp4":
-        s = preset_name_to_scheme("NVFP4A16", targets)
-    elif cfg.name == "mxfp4":
-        s = preset_name_to_scheme("MXFP4A16", targets)
-    elif cfg.name == "int":
-        s = QuantizationScheme(
-            targets=targets,
-            weights=QuantizationArgs(
-                num_bits=cfg.bits,
-                type="int",
-                symmetric=cfg.symmetric,
-                strategy="group",
-                group_size=cfg.group_size,
-                dynamic=False,
-            ),
-        )
-    else:  # fp8
-        if cfg.granularity == "tensor":
-            args = QuantizationArgs(num_bits=8, type="float", symmetric=True, strategy="tensor", dynamic=False)
-        else:
-            args = QuantizationArgs(
-                num_bits=8,
-                type="float",
-                symmetric=True,
-                strategy="block",
-                dynamic=False,
-                block_structure=[cfg.block_size, cfg.block_size],
-            )
-        s = QuantizationScheme(targets=targets, weights=args)
-    s.format = fmt
-    return s
+    return get_format(cfg.name).ct_scheme(cfg, targets)
 
 
 def format_from_scheme(scheme: dict) -> FormatConfig:
@@ -137,21 +90,13 @@ def format_from_scheme(scheme: dict) -> FormatConfig:
             "activation-quantized compressed-tensors schemes (W*A*) are not supported by quarl's "
             "reader; load this checkpoint with vLLM or transformers"
         )
-    bits, typ, strat = w.get("num_bits"), w.get("type"), w.get("strategy")
-    gs = w.get("group_size")
-    if typ == "float" and bits == 4 and gs == 16 and strat == "tensor_group":
-        return make_config("nvfp4")
-    if typ == "float" and bits == 4 and gs == 32:
-        return make_config("mxfp4")
-    if typ == "int" and strat == "group":
-        return make_config({"format": "int", "bits": bits, "group_size": gs, "symmetric": bool(w.get("symmetric"))})
-    if typ == "float" and bits == 8 and strat == "tensor":
-        return make_config("fp8")
-    if typ == "float" and bits == 8 and strat == "block":
-        b = w.get("block_structure") or [128, 128]
-        if b[0] != b[1]:
-            raise CheckpointError(f"fp8 block structure {b} is not square; quarl's fp8-block uses square tiles")
-        return make_config({"format": "fp8", "granularity": "block", "block_size": b[0]})
+    for name in available_formats():
+        try:
+            cfg = get_format(name).from_ct_weights(w)
+        except QuantError as e:
+            raise CheckpointError(str(e)) from None
+        if cfg is not None:
+            return cfg
     raise CheckpointError(
         f"unsupported compressed-tensors weight scheme {w}; quarl reads nvfp4, mxfp4, "
         f"int group-wise and fp8 (tensor/block) weights"
@@ -160,23 +105,14 @@ def format_from_scheme(scheme: dict) -> FormatConfig:
 
 def to_ct_tensors(q: QTensor) -> dict[str, torch.Tensor]:
     """A QTensor's tensors under compressed-tensors' checkpoint names and layout."""
-    if q.config.name == "int":
-        from quarl.quant.formats.intk import to_compressed_tensors
-
-        return to_compressed_tensors(q)
-    return dict(q.tensors)
+    return get_format(q.config.name).to_ct_tensors(q)
 
 
 def from_ct_tensors(cfg: FormatConfig, shape: tuple[int, int], t: dict[str, torch.Tensor]) -> QTensor:
     """Inverse of :func:`to_ct_tensors` (unpacks INT zero points, drops ``weight_shape``)."""
     t = dict(t)
     t.pop("weight_shape", None)
-    if cfg.name == "int" and "weight_zero_point" in t:
-        from quarl.quant.formats.intk import unpack_int32
-
-        zp = t["weight_zero_point"]  # int32 [ceil(N*bits/32), G], packed along N
-        t["weight_zero_point"] = (unpack_int32(zp.t().contiguous(), cfg.bits, shape[0]).t() + cfg.qmin).to(torch.int8)
-    return QTensor(cfg, shape, t)
+    return QTensor(cfg, shape, get_format(cfg.name).from_ct_tensors(cfg, shape, t))
 
 
 # --- writing ----------------------------------------------------------------------------

@@ -12,15 +12,13 @@ must be nameable by a string. Grammar (case-insensitive):
     int{2,3,4,8}[-g128][-sym]   group-wise integer, asymmetric unless -sym
     w{bits}g{group}             Reasoning-QAT's spelling: w3g128 == int3-g128
 
-A dict ``{"format": "int", "bits": 3, "group_size": 128}`` is also accepted, as
+Each spelling is parsed by its format's module (``Format.parse_spec`` / ``spec_string``),
+so a new format brings its own. A dict ``{"format": "int", "bits": 3, "group_size": 128}`` is also accepted, as
 is a FormatConfig instance (returned unchanged). ``spec_string`` is the inverse:
 ``make_config(spec_string(cfg)) == cfg`` for every config the grammar can express.
 """
 
 from __future__ import annotations
-
-import re
-from typing import Any
 
 from quarl.quant.base import FormatConfig, QuantError, available_formats, get_format
 
@@ -46,35 +44,10 @@ def make_config(spec: str | dict | FormatConfig | None) -> FormatConfig | None:
     s = spec.strip().lower()
     if s in HIGH_PRECISION:
         return None
-    m = re.fullmatch(r"w(\d)g(\d+)", s)
-    if m:
-        return get_format("int").config_cls(bits=int(m[1]), group_size=int(m[2]), symmetric=False)
-    m = re.fullmatch(r"int(\d)((?:-g\d+)?)((?:-sym)?)", s)
-    if m:
-        kw: dict[str, Any] = {"bits": int(m[1]), "symmetric": bool(m[3])}
-        if m[2]:
-            kw["group_size"] = int(m[2][2:])
-        return get_format("int").config_cls(**kw)
-    if s == "nvfp4":
-        return get_format("nvfp4").config_cls()
-    if s == "mxfp4":
-        return get_format("mxfp4").config_cls()
-    m = re.fullmatch(r"nf4(?:-(dq)(\d*))?(?:-b(\d+))?", s)
-    if m:
-        kw = {"double_quant": bool(m[1])}
-        if m[2]:
-            kw["dq_block_size"] = int(m[2])
-        if m[3]:
-            kw["block_size"] = int(m[3])
-        return get_format("nf4").config_cls(**kw)
-    if s in ("fp8", "fp8-tensor"):
-        return get_format("fp8").config_cls(granularity="tensor")
-    m = re.fullmatch(r"fp8-block(?:wise)?(?:-b(\d+))?", s)
-    if m:
-        kw = {"granularity": "block"}
-        if m[1]:
-            kw["block_size"] = int(m[1])
-        return get_format("fp8").config_cls(**kw)
+    for name in available_formats():  # each format module owns its spellings (Format.parse_spec)
+        cfg = get_format(name).parse_spec(s)
+        if cfg is not None:
+            return cfg
     raise QuantError(
         f"unknown format spec {spec!r}; use one of bf16, nvfp4, mxfp4, nf4[-dq][-b<block>], fp8, fp8-block, "
         f"int{{2,3,4,8}}[-g<group>][-sym], w<bits>g<group> (registered formats: {available_formats()})"
@@ -82,19 +55,10 @@ def make_config(spec: str | dict | FormatConfig | None) -> FormatConfig | None:
 
 
 def spec_string(cfg: FormatConfig | None) -> str:
-    """Inverse of make_config for reports and recipes."""
+    """Inverse of make_config for reports and recipes (each format writes its own spelling)."""
     if cfg is None:
         return "bf16"
-    if cfg.name == "int":
-        return f"int{cfg.bits}-g{cfg.group_size}" + ("-sym" if cfg.symmetric else "")
-    if cfg.name == "nf4":
-        dq = "" if not cfg.double_quant else "-dq" if cfg.dq_block_size == 256 else f"-dq{cfg.dq_block_size}"
-        return "nf4" + dq + ("" if cfg.block_size == 64 else f"-b{cfg.block_size}")
-    if cfg.name == "fp8":
-        if cfg.granularity == "tensor":
-            return "fp8"
-        return "fp8-block" + ("" if cfg.block_size == 128 else f"-b{cfg.block_size}")
-    return cfg.name
+    return get_format(cfg.name).spec_string(cfg)
 
 
 def check_format(spec: str | dict | FormatConfig | None, key: str = "format") -> None:

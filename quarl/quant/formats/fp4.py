@@ -86,6 +86,12 @@ def round_e2m1(x: torch.Tensor) -> torch.Tensor:
     return decode_e2m1(encode_e2m1(x))
 
 
+def e2m1_codes_signed(x: torch.Tensor) -> torch.Tensor:
+    """E2M1 codes of values already on the grid, keeping the sign of -0.0 (code 8):
+    ``quantize`` emits -0 for small negatives that round to zero, and packing must match its bytes."""
+    return encode_e2m1(x) | (torch.signbit(x).to(torch.uint8) << 3)
+
+
 def pack_fp4(codes: torch.Tensor) -> torch.Tensor:
     """``[..., K]`` uint8 codes -> ``[..., K/2]`` bytes, even column in the low nibble."""
     if codes.dtype != torch.uint8:

@@ -38,6 +38,7 @@ scalar scales (tensorwise).
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 import torch
@@ -208,6 +209,56 @@ class FP8Format(Format):
             else _row_scales(scales, w_cols.shape[0], cfg.block_size)[:, None]
         )
         return (_to_fp8(w_cols.float() / s).float() * s).to(w_cols.dtype)
+
+    # --- owned here as well: the spec grammar, the GPTQ packer and the compressed-tensors mapping -----------------
+    def parse_spec(self, s: str) -> FormatConfig | None:
+        if s in ("fp8", "fp8-tensor"):
+            return FP8Config(granularity="tensor")
+        m = re.fullmatch(r"fp8-block(?:wise)?(?:-b(\d+))?", s)  # fp8-block[-b128]
+        if m:
+            return FP8Config(granularity="block", **({"block_size": int(m[1])} if m[1] else {}))
+        return None
+
+    def spec_string(self, cfg: FormatConfig) -> str:
+        if cfg.granularity == "tensor":
+            return "fp8"
+        return "fp8-block" + ("" if cfg.block_size == 128 else f"-b{cfg.block_size}")
+
+    def pack_with_scales(self, cfg: FormatConfig, q: torch.Tensor, scales: list, state: dict) -> dict:
+        n, _k = q.shape
+        if cfg.granularity == "tensor":
+            s = state["scale"].to(q.device).reshape(1)
+            return {"weight": _to_fp8(q / s), "weight_scale": s}
+        tiles = torch.stack([s.reshape(-1) for s in scales], dim=1)  # [N/B, K/B]
+        s_full = _row_scales(tiles, n, cfg.block_size).repeat_interleave(cfg.block_size, dim=1)  # [N, K]
+        return {"weight": _to_fp8(q / s_full), "weight_scale": tiles}
+
+    def ct_unrepresentable(self, cfg: FormatConfig) -> str | None:
+        return None
+
+    def ct_scheme(self, cfg: FormatConfig, targets: list[str]):
+        from compressed_tensors.quantization import QuantizationArgs, QuantizationScheme
+
+        if cfg.granularity == "tensor":
+            args = QuantizationArgs(num_bits=8, type="float", symmetric=True, strategy="tensor", dynamic=False)
+        else:
+            args = QuantizationArgs(num_bits=8, type="float", symmetric=True, strategy="block", dynamic=False,
+                                    block_structure=[cfg.block_size, cfg.block_size])
+        s = QuantizationScheme(targets=targets, weights=args)
+        s.format = "float-quantized"
+        return s
+
+    def from_ct_weights(self, w: dict) -> FormatConfig | None:
+        if w.get("type") != "float" or w.get("num_bits") != 8:
+            return None
+        if w.get("strategy") == "tensor":
+            return FP8Config(granularity="tensor")
+        if w.get("strategy") == "block":
+            b = w.get("block_structure") or [128, 128]
+            if b[0] != b[1]:
+                raise QuantError(f"fp8 block structure {b} is not square; quarl's fp8-block uses square tiles")
+            return FP8Config(granularity="block", block_size=b[0])
+        return None
 
 
 FORMAT = register(FP8Format())

@@ -33,11 +33,12 @@ pack-quantized checkpoint format stores it).
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 import torch
 
-from quarl.quant.base import Format, FormatConfig, QTensor, QuantError, check_weight, register
+from quarl.quant.base import Format, FormatConfig, QTensor, QuantError, cat_group_scales, check_weight, register
 
 SUPPORTED_BITS = (2, 3, 4, 8)
 _EPS = torch.finfo(torch.float32).eps
@@ -180,6 +181,63 @@ class IntFormat(Format):
     def qdq_with_scales(self, w_cols: torch.Tensor, scales, cfg: IntConfig, state: dict) -> torch.Tensor:
         scale, zp = scales
         return _dequant(_quant(w_cols.float(), scale, zp, cfg), scale, zp).to(w_cols.dtype)
+
+    # --- owned here as well: the spec grammar, the GPTQ packer and the compressed-tensors mapping -----------------
+    def parse_spec(self, s: str) -> FormatConfig | None:
+        m = re.fullmatch(r"w(\d)g(\d+)", s)  # Reasoning-QAT's spelling: w3g128 == int3-g128
+        if m:
+            return IntConfig(bits=int(m[1]), group_size=int(m[2]), symmetric=False)
+        m = re.fullmatch(r"int(\d)((?:-g\d+)?)((?:-sym)?)", s)  # int{2,3,4,8}[-g128][-sym]
+        if m:
+            kw: dict = {"bits": int(m[1]), "symmetric": bool(m[3])}
+            if m[2]:
+                kw["group_size"] = int(m[2][2:])
+            return IntConfig(**kw)
+        return None
+
+    def spec_string(self, cfg: FormatConfig) -> str:
+        return f"int{cfg.bits}-g{cfg.group_size}" + ("-sym" if cfg.symmetric else "")
+
+    def pack_with_scales(self, cfg: FormatConfig, q: torch.Tensor, scales: list, state: dict) -> dict:
+        n, k = q.shape
+        scale = cat_group_scales([s for s, _ in scales])  # [N, G] fp32
+        zp = None if cfg.symmetric else cat_group_scales([z for _, z in scales])  # [N, G] fp32 holding ints
+        qg = q.view(n, -1, cfg.group_size) / scale.unsqueeze(-1)  # [N, G, g]
+        if zp is not None:
+            qg = qg + zp.unsqueeze(-1)
+        codes = torch.round(qg.clamp(cfg.qmin, cfg.qmax)).view(n, k)
+        out = {"weight_packed": pack_int32((codes - cfg.qmin).to(torch.int64), cfg.bits), "weight_scale": scale}
+        if zp is not None:
+            out["weight_zero_point"] = zp.to(torch.int8)
+        return out
+
+    def ct_unrepresentable(self, cfg: FormatConfig) -> str | None:
+        return None
+
+    def ct_scheme(self, cfg: FormatConfig, targets: list[str]):
+        from compressed_tensors.quantization import QuantizationArgs, QuantizationScheme
+
+        args = QuantizationArgs(num_bits=cfg.bits, type="int", symmetric=cfg.symmetric, strategy="group",
+                                group_size=cfg.group_size, dynamic=False)
+        s = QuantizationScheme(targets=targets, weights=args)
+        s.format = "pack-quantized"
+        return s
+
+    def from_ct_weights(self, w: dict) -> FormatConfig | None:
+        if w.get("type") == "int" and w.get("strategy") == "group":
+            return IntConfig(bits=w.get("num_bits"), group_size=w.get("group_size"),
+                             symmetric=bool(w.get("symmetric")))
+        return None
+
+    def to_ct_tensors(self, q: QTensor) -> dict[str, torch.Tensor]:
+        return to_compressed_tensors(q)
+
+    def from_ct_tensors(self, cfg: FormatConfig, shape: tuple[int, int], t: dict) -> dict[str, torch.Tensor]:
+        if "weight_zero_point" in t:
+            zp = t["weight_zero_point"]  # int32 [ceil(N*bits/32), G], packed along N
+            t["weight_zero_point"] = (unpack_int32(zp.t().contiguous(), cfg.bits, shape[0]).t() + cfg.qmin).to(
+                torch.int8)
+        return t
 
 
 def quantization_args(cfg: IntConfig) -> dict:

@@ -41,12 +41,13 @@ from typing import ClassVar
 
 import torch
 
-from quarl.quant.base import Format, FormatConfig, QTensor, QuantError, check_weight, register
+from quarl.quant.base import Format, FormatConfig, QTensor, QuantError, cat_group_scales, check_weight, register
 from quarl.quant.formats.fp4 import (
     E2M1_EMAX,
     blocks,
     check_fp4_block,
     decode_e2m1,
+    e2m1_codes_signed,
     encode_e2m1,
     pack_fp4,
     qdq_e2m1,
@@ -151,6 +152,28 @@ class MXFP4(Format):
                 f"mxfp4: qdq_with_scales takes [N, 1..{cfg.block_size}] columns, got {tuple(w_cols.shape)}"
             )
         return qdq_e2m1(w_cols, e8m0_to_float(scales.reshape(-1, 1))).to(w_cols.dtype)
+
+    # --- owned here as well: the GPTQ packer and the compressed-tensors mapping -----------------
+    def pack_with_scales(self, cfg: FormatConfig, q: torch.Tensor, scales: list, state: dict) -> dict:
+        exp = cat_group_scales(scales).to(torch.uint8)  # [N, G]
+        codes = e2m1_codes_signed(blocks(q, cfg.block_size) / e8m0_to_float(exp)[..., None])
+        return {"weight_packed": pack_fp4(codes.flatten(-2)), "weight_scale": exp}
+
+    def ct_unrepresentable(self, cfg: FormatConfig) -> str | None:
+        if cfg.block_size != 32:
+            return f"mxfp4 with block_size {cfg.block_size} (the MX format is 32)"
+        return None
+
+    def ct_scheme(self, cfg: FormatConfig, targets: list[str]):
+        from compressed_tensors.quantization import preset_name_to_scheme
+
+        s = preset_name_to_scheme("MXFP4A16", targets)
+        s.format = "mxfp4-pack-quantized"
+        return s
+
+    def from_ct_weights(self, w: dict) -> FormatConfig | None:
+        hit = (w.get("type"), w.get("num_bits"), w.get("group_size")) == ("float", 4, 32)
+        return self.config_cls() if hit else None
 
 
 MXFP4_FORMAT = register(MXFP4())

@@ -56,11 +56,12 @@ fused q/k/v shards, so a state computed over concatenated shards is ignored.
 from __future__ import annotations
 
 import itertools
+import re
 from dataclasses import dataclass
 
 import torch
 
-from quarl.quant.base import Format, FormatConfig, QTensor, QuantError, check_weight, register
+from quarl.quant.base import Format, FormatConfig, QTensor, QuantError, cat_group_scales, check_weight, register
 
 # bitsandbytes' NF4 table, index = 4-bit code.
 NF4_CODE: tuple[float, ...] = (
@@ -249,6 +250,47 @@ class NF4Format(Format):
 
     def qdq_with_scales(self, w_cols: torch.Tensor, scales: torch.Tensor, cfg: NF4Config, state: dict) -> torch.Tensor:
         return _decode(_encode(w_cols.float(), scales), scales).to(w_cols.dtype)
+
+    # --- owned here as well: the spec grammar, the GPTQ packer and the compressed-tensors mapping -----------------
+    def parse_spec(self, s: str) -> FormatConfig | None:
+        m = re.fullmatch(r"nf4(?:-(dq)(\d*))?(?:-b(\d+))?", s)  # nf4[-dq[256]][-b64]
+        if not m:
+            return None
+        kw: dict = {"double_quant": bool(m[1])}
+        if m[2]:
+            kw["dq_block_size"] = int(m[2])
+        if m[3]:
+            kw["block_size"] = int(m[3])
+        return NF4Config(**kw)
+
+    def spec_string(self, cfg: FormatConfig) -> str:
+        dq = "" if not cfg.double_quant else "-dq" if cfg.dq_block_size == 256 else f"-dq{cfg.dq_block_size}"
+        return "nf4" + dq + ("" if cfg.block_size == 64 else f"-b{cfg.block_size}")
+
+    def pack_with_scales(self, cfg: FormatConfig, q: torch.Tensor, scales: list, state: dict) -> dict:
+        n, k = q.shape
+        absmax = cat_group_scales(scales).float()  # [N, G] (decoded, when double-quantized)
+        g = absmax.shape[1]
+        codes = _encode(q.view(n, g, cfg.block_size), absmax.unsqueeze(-1)).view(n, k)
+        out = {"weight_packed": pack_nibbles(codes)}
+        if not cfg.double_quant:
+            out["weight_scale"] = absmax
+            return out
+        # Recover each group's 8-bit code: the one whose decoded value is *exactly* the
+        # scale GPTQ used (re-encoding could flip a tie between two close map entries).
+        offset, absmax2 = state["offset"].to(q.device), state["absmax2"].to(q.device)
+        per = absmax2.repeat_interleave(cfg.dq_block_size)[: n * g].view(n, g)  # [N, G]
+        cand = _DYN.to(q.device)[None, None, :] * per[..., None] + offset  # [N, G, 256]
+        hit = cand == absmax[..., None]
+        if not hit.any(-1).all():
+            raise QuantError("nf4 double-quant: a GPTQ scale is not on the second-level grid; the state does not "
+                             "match")
+        out.update(weight_scale=hit.float().argmax(-1).to(torch.uint8), weight_scale_absmax=absmax2,
+                   weight_scale_offset=offset)
+        return out
+
+    def ct_unrepresentable(self, cfg: FormatConfig) -> str | None:
+        return "NF4 has no compressed-tensors format (vLLM reads NF4 only from bitsandbytes checkpoints)"
 
 
 FORMAT = register(NF4Format())

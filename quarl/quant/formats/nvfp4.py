@@ -48,12 +48,13 @@ from typing import ClassVar
 
 import torch
 
-from quarl.quant.base import Format, FormatConfig, QTensor, QuantError, check_weight, register
+from quarl.quant.base import Format, FormatConfig, QTensor, QuantError, cat_group_scales, check_weight, register
 from quarl.quant.formats.fp4 import (
     E2M1_MAX,
     blocks,
     check_fp4_block,
     decode_e2m1,
+    e2m1_codes_signed,
     encode_e2m1,
     pack_fp4,
     qdq_e2m1,
@@ -198,6 +199,30 @@ class NVFP4(Format):
         gs = _global_scale(state, w_cols.device)
         div = _divisor(scales.reshape(-1, 1), gs)  # [N, 1]
         return qdq_e2m1(w_cols, div).to(w_cols.dtype)
+
+    # --- owned here as well: the GPTQ packer and the compressed-tensors mapping -----------------
+    def pack_with_scales(self, cfg: FormatConfig, q: torch.Tensor, scales: list, state: dict) -> dict:
+        gs = _global_scale(state, q.device)  # [1]
+        scale = cat_group_scales(scales)  # [N, G] float8_e4m3fn
+        codes = e2m1_codes_signed(blocks(q, cfg.block_size) / _divisor(scale, gs)[..., None])  # [N, G, B]
+        return {"weight_packed": pack_fp4(codes.flatten(-2)), "weight_scale": scale, "weight_global_scale": gs}
+
+    def ct_unrepresentable(self, cfg: FormatConfig) -> str | None:
+        if cfg.block_size != 16:
+            return f"nvfp4 with block_size {cfg.block_size} (compressed-tensors/vLLM load only 16)"
+        return None
+
+    def ct_scheme(self, cfg: FormatConfig, targets: list[str]):
+        from compressed_tensors.quantization import preset_name_to_scheme
+
+        s = preset_name_to_scheme("NVFP4A16", targets)
+        s.format = "nvfp4-pack-quantized"
+        return s
+
+    def from_ct_weights(self, w: dict) -> FormatConfig | None:
+        hit = (w.get("type"), w.get("num_bits"), w.get("group_size"), w.get("strategy")) == (
+            "float", 4, 16, "tensor_group")
+        return self.config_cls() if hit else None
 
 
 NVFP4_FORMAT = register(NVFP4())
