@@ -57,17 +57,18 @@ CURVE_KEYS = ("reward/mean", "reward/accuracy", "policy/entropy", "response/leng
 
 
 def policy_spec(name: str) -> tuple[list[str], str | None]:
+    """``<policy>[-dapo][@<lr>]`` -> (rl overrides, quant of its own base); ``@<lr>`` overrides --lr."""
+    name, _, lr = name.partition("@")
     base, dapo = (name[:-5], True) if name.endswith("-dapo") else (name, False)
     if base not in POLICIES:
         raise SystemExit(f"unknown policy {name!r}; known: {', '.join(POLICIES)} (each may end in -dapo)")
     ov, quant = POLICIES[base]
-    return ov + (DAPO if dapo else []), quant
+    return ov + (DAPO if dapo else []) + ([f"optim.lr={float(lr)}"] if lr else []), quant
 
 
 def rl_overrides(args, name: str) -> list[str]:
     ov, _ = policy_spec(name)
     return [
-        *ov,
         f"train.steps={args.steps}",
         f"train.prompts_per_step={args.prompts_per_step}",
         f"rollout.group_size={args.group_size}",
@@ -77,6 +78,8 @@ def rl_overrides(args, name: str) -> list[str]:
         f"optim.lr={args.lr}",
         "optim.optimizer=adamw",
         f"optim.warmup_ratio={args.warmup}",
+        f"optim.schedule={args.schedule}",
+        f"train.max_time_s={args.train_seconds}",
         f"optim.micro_batch_size={args.micro_batch}",
         f"algo.updates_per_rollout={args.updates}",
         f"policy.lora_r={args.lora_r}",
@@ -86,6 +89,7 @@ def rl_overrides(args, name: str) -> list[str]:
         "train.sample_every=20",
         f"train.device={args.device}",
         *args.rl_set,
+        *ov,  # last: a policy's own settings (and an @lr) win
     ]
 
 
@@ -222,6 +226,11 @@ def collect(args, policies: list[str]) -> dict:
         if (run / "metrics.jsonl").exists():
             rows = read_metrics(run / "metrics.jsonl")
             entry["curves"] = {k: [r.get(k) for r in rows] for k in ("step", *CURVE_KEYS)}
+        sf = run / "summary.json"
+        if sf.exists():
+            sm = json.loads(sf.read_text())
+            entry.update(steps_done=sm.get("end_step"), steps_planned=sm.get("total_steps"),
+                         timed_out=sm.get("timed_out"))
         tf = work / "timings" / f"train-{name}.json"
         if tf.exists():
             entry["timings"] = json.loads(tf.read_text())
@@ -244,10 +253,11 @@ def plot(res: dict, path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    panels = [("reward/accuracy", "train accuracy (mean of the step's answers)"),
+    panels = [("reward/mean", "train reward (accuracy + 0.2 format)"),
+              ("reward/accuracy", "train accuracy (mean of the step's answers)"),
               ("policy/entropy", "policy entropy (nats/token)"),
               ("response/length_mean", "response length (tokens)"), ("time/step_s", "step time (s)")]
-    fig, axes = plt.subplots(1, len(panels), figsize=(5 * len(panels), 3.6))
+    fig, axes = plt.subplots(1, len(panels), figsize=(4.4 * len(panels), 3.6))
     for ax, (key, title) in zip(axes, panels):
         for e in res["policies"]:
             c = e.get("curves")
@@ -265,8 +275,9 @@ def plot(res: dict, path: Path) -> None:
 def markdown(res: dict) -> str:
     L = [f"Task `{res['task']}`, {res.get('gpu', '?')}, {res['date']}", "",
          "| policy | base acc % | trained acc % | delta (pts) | paired s.e. | delta / s.e. | gained / lost | "
-         "train acc first 20 -> last 20 steps | entropy first -> last | step s (rollout / logprob / update) |",
-         "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+         "steps | train acc first 20 -> last 20 steps | entropy first 10 -> last 10 | "
+         "step s (rollout / logprob / update) |",
+         "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for e in res["policies"]:
         c = e.get("curves") or {}
         acc = [x for x in c.get("reward/accuracy", []) if x is not None]
@@ -282,11 +293,29 @@ def markdown(res: dict) -> str:
             d, se = e["delta"], e["paired_se"]
             L.append(f"| {e['policy']} | {100 * e['base_accuracy']:.1f} | {100 * e['trained_accuracy']:.1f} | "
                      f"{100 * d:+.1f} | {100 * se:.1f} | {d / se if se else float('nan'):.1f} | "
-                     f"{e['gained']} / {e['lost']} | {mean(acc[:20]):.3f} -> {mean(acc[-20:]):.3f} | "
+                     f"{e['gained']} / {e['lost']} | {len(acc)} | {mean(acc[:20]):.3f} -> {mean(acc[-20:]):.3f} | "
                      f"{mean(ent[:10]):.3f} -> {mean(ent[-10:]):.3f} | {tsplit()} |")
         else:
-            L.append(f"| {e['policy']} | - | - | - | - | - | - | {mean(acc[:20]):.3f} -> {mean(acc[-20:]):.3f} | "
+            L.append(f"| {e['policy']} | - | - | - | - | - | - | {len(acc)} | {mean(acc[:20]):.3f} -> {mean(acc[-20:]):.3f} | "
                      f"- | {tsplit() if c else '-'} |")
+    L += ["", equal_steps(res)]
+    return "\n".join(L)
+
+
+def equal_steps(res: dict, window: int = 20) -> str:
+    """QeRL Fig. 1/6's comparison: every policy's train reward over the same step windows, up to the
+    last step that *all* policies reached (a time budget may end them at different steps)."""
+    curves = {e["policy"]: e["curves"]["reward/mean"] for e in res["policies"] if e.get("curves")}
+    if not curves:
+        return ""
+    n = min(len(v) for v in curves.values())
+    edges = sorted({min(n, k) for k in (window, n // 2, n)} - {0})
+    head = " | ".join(f"reward, steps {max(0, k - window)}-{k - 1}" for k in edges)
+    L = [f"Train reward at equal steps (mean over {window}-step windows; all policies reached step {n - 1}):", "",
+         f"| policy | {head} |", "|---|" + "---:|" * len(edges)]
+    for p, v in curves.items():
+        cells = [sum(v[max(0, k - window):k]) / len(v[max(0, k - window):k]) for k in edges]
+        L.append(f"| {p} | " + " | ".join(f"{x:.3f}" for x in cells) + " |")
     return "\n".join(L)
 
 
@@ -301,6 +330,9 @@ def main(argv=None) -> None:
     ap.add_argument("--max-new-tokens", type=int, default=256)
     ap.add_argument("--lr", type=float, default=1e-4)
     ap.add_argument("--warmup", type=float, default=0.05)
+    ap.add_argument("--schedule", default="constant", help="optim.schedule (constant: a time budget may end the run)")
+    ap.add_argument("--train-seconds", type=float, default=0.0,
+                    help="train.max_time_s: each run stops at the first step past this (0 = all --steps)")
     ap.add_argument("--updates", type=int, default=1, help="algo.updates_per_rollout")
     ap.add_argument("--micro-batch", type=int, default=64)
     ap.add_argument("--lora-r", type=int, default=32)
