@@ -187,7 +187,7 @@ def per_level(data: str, eval_dir: Path) -> dict[str, float]:
     for line in (eval_dir / "samples.jsonl").read_text().splitlines():
         s = json.loads(line)
         lv = level.get(s["problem_id"])
-        hits.setdefault(str(lv if lv == lv else "none"), []).append(float(s["correct"]))
+        hits.setdefault("none" if pd.isna(lv) else str(lv), []).append(float(s["correct"]))  # GSM8K: no levels
     return {k: sum(v) / len(v) for k, v in sorted(hits.items())}
 
 
@@ -334,7 +334,7 @@ def main(argv=None) -> None:
     ap.add_argument("--train-seconds", type=float, default=0.0,
                     help="train.max_time_s: each run stops at the first step past this (0 = all --steps)")
     ap.add_argument("--updates", type=int, default=1, help="algo.updates_per_rollout")
-    ap.add_argument("--micro-batch", type=int, default=64)
+    ap.add_argument("--micro-batch", type=int, default=32)
     ap.add_argument("--lora-r", type=int, default=32)
     ap.add_argument("--seed", type=int, default=2025)
     ap.add_argument("--eval-problems", type=int, default=500)

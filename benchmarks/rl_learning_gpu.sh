@@ -14,6 +14,7 @@ set -u
 T0=$SECONDS
 DEADLINE=${DEADLINE:-560}  # seconds after start: copy whatever exists and stop (a device call ends at 600)
 export OMP_NUM_THREADS=2    # a dozen processes on 16 cores
+export PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True  # a dozen processes share the GPU's memory
 LR=${LR:-2e-4}
 TRAIN_S=${TRAIN_S:-300}
 W=${WORK:-/tmp/rll}
@@ -32,8 +33,8 @@ python3 benchmarks/rl_learning.py --task gsm8k --data "$DATA/gsm8k" \
     --steps 150 --prompts-per-step 16 --group-size 8 --max-new-tokens 256 --lr "$LR" \
     --train-seconds "$TRAIN_S" --eval-problems 400 --parallel 5 --work "$W/gsm8k" --out "$OUT" \
     > "$OUT/gsm8k.log" 2>&1 &
-python3 -m benchmarks.rl_entropy --device cuda --formats bf16,nvfp4,perturb-nvfp4 --prompts 128 \
-    --new-tokens 128 --samples 4 --out "$OUT/rl_entropy_h100.json" > "$OUT/entropy.log" 2>&1 &
+python3 -m benchmarks.rl_entropy --device cuda --formats bf16,nvfp4,perturb-nvfp4 --prompts 64 \
+    --new-tokens 128 --samples 4 --out "$OUT/rl_entropy_gpu.json" > "$OUT/entropy.log" 2>&1 &
 # the rl stage from the command line, as a user runs it (QeRL's policy, this recipe, 60 steps)
 python3 -m quarl.cli.main rl --config quarl/recipes/rl/smollm2-gpu.yaml --model default \
     --data "$DATA/builtin-l1" --output "$W/cli/adapter" --set train.steps=60 --set train.device=cuda \
@@ -42,17 +43,10 @@ while [ -n "$(jobs -rp)" ] && [ $((SECONDS - T0)) -lt "$DEADLINE" ]; do sleep 5;
 for p in $(jobs -rp); do echo "deadline: stopping $p"; pkill -TERM -P "$p"; kill -TERM "$p"; done
 sleep 2
 
-# the work trees without weights, so the report can be rebuilt anywhere (--report-only --work)
-(cd "$W" && tar czf "$OUT/work.tgz" --exclude='*.safetensors' --exclude='*.pt' --exclude=checkpoints \
-    --exclude=tensorboard .)
-# per-run logs and sampled completions, for the record (names without '@')
-for t in builtin gsm8k; do
-    for d in "$W/$t"/rl/*/; do
-        n=$(basename "$d" | tr '@' '_')
-        mkdir -p "$OUT/runs/$t/$n"
-        cp "$d"/summary.json "$d"/samples.jsonl "$d"/report.md "$OUT/runs/$t/$n/" 2>/dev/null
-    done
-    for f in "$W/$t"/logs/*.log; do cp "$f" "$OUT/runs/$t/$(basename "$f" | tr '@' '_')"; done
-done
+# everything but the weights in one file (a device call returns at most 8 files)
 cp "$W"/cli/adapter/report.html "$W"/cli/adapter/summary.json "$OUT/" 2>/dev/null
-tail -n 30 "$OUT"/builtin.log "$OUT"/gsm8k.log "$OUT"/entropy.log
+mv "$OUT"/report.html "$OUT"/cli_report.html 2>/dev/null; mv "$OUT"/summary.json "$OUT"/cli_summary.json 2>/dev/null
+tar czf /tmp/results.tgz --exclude='*.safetensors' --exclude='*.pt' --exclude=checkpoints --exclude=tensorboard \
+    -C "$W" . -C "$OUT" . && rm -rf "${OUT:?}"/* && mv /tmp/results.tgz "$OUT/"
+tar xzf "$OUT/results.tgz" -O ./builtin.log ./gsm8k.log 2>/dev/null | grep -v '^\s' | tail -n 60
+tar xzf "$OUT/results.tgz" -O ./entropy.log 2>/dev/null | grep -E '^(bf16|nvfp4|perturb)'
