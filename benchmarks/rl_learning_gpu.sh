@@ -26,11 +26,13 @@ python3 -c "from quarl.models import load_model; load_model('default')" > "$OUT/
 python3 benchmarks/rl_learning.py --task builtin --data "$DATA/builtin-l1" \
     --policies "bf16-lora,nvfp4-lora,nvfp4-lora-aqn,bf16-lora-dapo,bf16-lora@${LR_HI:-5e-4}" \
     --steps 200 --prompts-per-step 16 --group-size 8 --max-new-tokens 128 --lr "$LR" \
+    --micro-batch 16 --rl-set optim.logprob_chunk=256 \
     --train-seconds "$TRAIN_S" --eval-problems 400 --parallel 7 --work "$W/builtin" --out "$OUT" \
     > "$OUT/builtin.log" 2>&1 &
 python3 benchmarks/rl_learning.py --task gsm8k --data "$DATA/gsm8k" \
     --policies bf16-lora,nvfp4-lora,nvfp4-lora-aqn \
     --steps 150 --prompts-per-step 16 --group-size 8 --max-new-tokens 256 --lr "$LR" \
+    --micro-batch 16 --rl-set optim.logprob_chunk=256 \
     --train-seconds "$TRAIN_S" --eval-problems 400 --parallel 5 --work "$W/gsm8k" --out "$OUT" \
     > "$OUT/gsm8k.log" 2>&1 &
 python3 -m benchmarks.rl_entropy --device cuda --formats bf16,nvfp4,perturb-nvfp4 --prompts 64 \
@@ -38,6 +40,7 @@ python3 -m benchmarks.rl_entropy --device cuda --formats bf16,nvfp4,perturb-nvfp
 # the rl stage from the command line, as a user runs it (QeRL's policy, this recipe, 60 steps)
 python3 -m quarl.cli.main rl --config quarl/recipes/rl/smollm2-gpu.yaml --model default \
     --data "$DATA/builtin-l1" --output "$W/cli/adapter" --set train.steps=60 --set train.device=cuda \
+    --set optim.micro_batch_size=16 --set optim.logprob_chunk=256 \
     --set "train.max_time_s=$TRAIN_S" > "$OUT/cli_rl.log" 2>&1 &
 while [ -n "$(jobs -rp)" ] && [ $((SECONDS - T0)) -lt "$DEADLINE" ]; do sleep 5; done
 for p in $(jobs -rp); do echo "deadline: stopping $p"; pkill -TERM -P "$p"; kill -TERM "$p"; done
