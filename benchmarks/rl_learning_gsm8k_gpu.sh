@@ -3,7 +3,8 @@
 # with a NaN gradient (finite loss) in the first call. Runs (1) benchmarks/rl_nan_probe.py, replaying
 # the failing bf16-lora run (micro-batches of 16 rows = 2 prompts, so left padding inside a micro-batch)
 # with the attention backward instrumented, and (2) the three GSM8K policies with micro-batches of
-# 8 rows = one prompt's group (identical prompts: no left padding, no fully-masked query rows).
+# 8 rows = one prompt's group (identical prompts: no left padding, so quarl.rl.logprobs runs them with
+# no attention mask at all since the fix in completion_logprobs).
 #   OUT=/tmp/out DATA=/path/to/datasets LR=2e-4 TRAIN_S=300 bash benchmarks/rl_learning_gsm8k_gpu.sh
 set -u
 : "${OUT:?}" "${DATA:?}"
