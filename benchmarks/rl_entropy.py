@@ -79,10 +79,10 @@ def perturbed(base: torch.nn.Module, fmt: str, seed: int) -> tuple[torch.nn.Modu
             if name not in qmods:
                 continue
             w = lin.weight
-            err = (qmods[name].dequantized_weight().to(torch.float32) - w.float()).norm()
+            err = (qmods[name].dequantized_weight().to(torch.float32) - w.float()).norm().cpu()
             noise = torch.randn(w.shape, generator=gen, dtype=torch.float32)
             w.add_((noise * (err / noise.norm())).to(device=w.device, dtype=w.dtype))
-            rels.append(float(err / w.float().norm()))
+            rels.append(float(err / w.float().norm().cpu()))
     del q
     return m, sum(rels) / max(len(rels), 1)
 

@@ -1,8 +1,12 @@
 """Does quarl's GRPO/DAPO improve a model? QeRL's learning claims on SmolLM2-135M-Instruct, on one GPU.
 
     PYTHONPATH=$PWD:$PWD/kernels python3 benchmarks/rl_learning.py --task builtin \
-        --data .devdata/builtin-l12 --policies bf16-lora,nvfp4-lora,nvfp4-lora-aqn \
-        --steps 200 --prompts-per-step 32 --lr 1e-4 --work /tmp/rll --out $OUT
+        --data DATA/builtin-l1 --policies bf16-lora,nvfp4-lora,nvfp4-lora-aqn,bf16-lora-dapo \
+        --steps 200 --prompts-per-step 16 --max-new-tokens 128 --lr 2e-4 --micro-batch 16 \
+        --train-seconds 330 --work /tmp/rll/builtin --out $OUT
+
+(``benchmarks/rl_learning_gpu.sh`` runs both tasks, the entropy control and a CLI run in
+one device call; the measured table is in ``benchmarks/RESULTS.md``, "RL that learns".)
 
 Every policy is trained by the product's own stage (:func:`quarl.rl.run_rl`, the
 function behind ``quarl rl`` and the ``rl`` component) and evaluated by
@@ -15,6 +19,7 @@ order, sampler and hyper-parameters are shared:
     bf16-lora        frozen BF16 base + LoRA                  (QeRL's "16-bit LoRA")
     nvfp4-lora       frozen NVFP4 (RTN) base + LoRA           (QeRL without AQN)
     nvfp4-lora-aqn   ... + adaptive quantization noise        (QeRL: exponential sigma 1e-2 -> 5e-4)
+    <policy>@<lr>    the same policy at another learning rate
     <policy>-dapo    the same policy under DAPO (clip-higher 0.28, token-level loss,
                      dynamic sampling, overlong filtering) instead of GRPO
 
@@ -34,6 +39,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import subprocess
 import sys
@@ -57,17 +63,18 @@ CURVE_KEYS = ("reward/mean", "reward/accuracy", "policy/entropy", "response/leng
 
 
 def policy_spec(name: str) -> tuple[list[str], str | None]:
+    """``<policy>[-dapo][@<lr>]`` -> (rl overrides, quant of its own base); ``@<lr>`` overrides --lr."""
+    name, _, lr = name.partition("@")
     base, dapo = (name[:-5], True) if name.endswith("-dapo") else (name, False)
     if base not in POLICIES:
         raise SystemExit(f"unknown policy {name!r}; known: {', '.join(POLICIES)} (each may end in -dapo)")
     ov, quant = POLICIES[base]
-    return ov + (DAPO if dapo else []), quant
+    return ov + (DAPO if dapo else []) + ([f"optim.lr={float(lr)}"] if lr else []), quant
 
 
 def rl_overrides(args, name: str) -> list[str]:
     ov, _ = policy_spec(name)
     return [
-        *ov,
         f"train.steps={args.steps}",
         f"train.prompts_per_step={args.prompts_per_step}",
         f"rollout.group_size={args.group_size}",
@@ -77,6 +84,8 @@ def rl_overrides(args, name: str) -> list[str]:
         f"optim.lr={args.lr}",
         "optim.optimizer=adamw",
         f"optim.warmup_ratio={args.warmup}",
+        f"optim.schedule={args.schedule}",
+        f"train.max_time_s={args.train_seconds}",
         f"optim.micro_batch_size={args.micro_batch}",
         f"algo.updates_per_rollout={args.updates}",
         f"policy.lora_r={args.lora_r}",
@@ -86,6 +95,7 @@ def rl_overrides(args, name: str) -> list[str]:
         "train.sample_every=20",
         f"train.device={args.device}",
         *args.rl_set,
+        *ov,  # last: a policy's own settings (and an @lr) win
     ]
 
 
@@ -183,7 +193,7 @@ def per_level(data: str, eval_dir: Path) -> dict[str, float]:
     for line in (eval_dir / "samples.jsonl").read_text().splitlines():
         s = json.loads(line)
         lv = level.get(s["problem_id"])
-        hits.setdefault(str(lv if lv == lv else "none"), []).append(float(s["correct"]))
+        hits.setdefault("none" if pd.isna(lv) else str(lv), []).append(float(s["correct"]))  # GSM8K: no levels
     return {k: sum(v) / len(v) for k, v in sorted(hits.items())}
 
 
@@ -195,13 +205,10 @@ def collect(args, policies: list[str]) -> dict:
     res = {"task": args.task, "date": datetime.now(UTC).strftime("%Y-%m-%d"), "command": "python3 " + " ".join(
         a for a in sys.argv if not a.startswith("--job")), "settings": {k: v for k, v in vars(args).items()
                                                                       if k not in ("job",)}, "policies": []}
-    try:
-        import torch
+    import torch
 
-        res["gpu"] = torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"
-        res["torch"] = torch.__version__
-    except Exception:  # noqa: BLE001 - report context only
-        pass
+    res["gpu"] = torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"
+    res["torch"] = torch.__version__
     res["bases"] = {b.name: per_level(args.data, b) for b in sorted((work / "eval").glob("base-*")) if _complete(b)}
     for name in policies:
         _, quant = policy_spec(name)
@@ -222,6 +229,11 @@ def collect(args, policies: list[str]) -> dict:
         if (run / "metrics.jsonl").exists():
             rows = read_metrics(run / "metrics.jsonl")
             entry["curves"] = {k: [r.get(k) for r in rows] for k in ("step", *CURVE_KEYS)}
+        sf = run / "summary.json"
+        if sf.exists():
+            sm = json.loads(sf.read_text())
+            entry.update(steps_done=sm.get("end_step"), steps_planned=sm.get("total_steps"),
+                         timed_out=sm.get("timed_out"))
         tf = work / "timings" / f"train-{name}.json"
         if tf.exists():
             entry["timings"] = json.loads(tf.read_text())
@@ -233,7 +245,7 @@ def _smooth(v: list, k: int = 10) -> list[float]:
     out, acc = [], []
     for x in v:
         acc.append(float("nan") if x is None else x)
-        w = [a for a in acc[-k:] if a == a]
+        w = [a for a in acc[-k:] if not math.isnan(a)]
         out.append(sum(w) / len(w) if w else float("nan"))
     return out
 
@@ -244,10 +256,11 @@ def plot(res: dict, path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    panels = [("reward/accuracy", "train accuracy (mean of the step's answers)"),
+    panels = [("reward/mean", "train reward (accuracy + 0.2 format)"),
+              ("reward/accuracy", "train accuracy (mean of the step's answers)"),
               ("policy/entropy", "policy entropy (nats/token)"),
               ("response/length_mean", "response length (tokens)"), ("time/step_s", "step time (s)")]
-    fig, axes = plt.subplots(1, len(panels), figsize=(5 * len(panels), 3.6))
+    fig, axes = plt.subplots(1, len(panels), figsize=(4.4 * len(panels), 3.6))
     for ax, (key, title) in zip(axes, panels):
         for e in res["policies"]:
             c = e.get("curves")
@@ -262,16 +275,20 @@ def plot(res: dict, path: Path) -> None:
     fig.savefig(path, dpi=110)
 
 
+def mean(v: list) -> float:
+    return sum(v) / len(v) if v else float("nan")
+
+
 def markdown(res: dict) -> str:
     L = [f"Task `{res['task']}`, {res.get('gpu', '?')}, {res['date']}", "",
-         "| policy | base acc % | trained acc % | delta (pts) | paired s.e. | delta / s.e. | gained / lost | "
-         "train acc first 20 -> last 20 steps | entropy first -> last | step s (rollout / logprob / update) |",
-         "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+         ("| policy | base acc % | trained acc % | delta (pts) | paired s.e. | delta / s.e. | gained / lost | "
+          "steps | train acc first 20 -> last 20 steps | entropy first 10 -> last 10 | "
+          "step s (rollout / logprob / update) |"),
+         "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for e in res["policies"]:
         c = e.get("curves") or {}
         acc = [x for x in c.get("reward/accuracy", []) if x is not None]
-        ent = [x for x in c.get("policy/entropy", []) if x is not None and x == x]
-        mean = lambda v: sum(v) / len(v) if v else float("nan")  # noqa: E731
+        ent = [x for x in c.get("policy/entropy", []) if x is not None and not math.isnan(x)]
 
         def tsplit(c=c):
             parts = [mean([x for x in c.get(k, []) if x is not None]) for k in
@@ -282,11 +299,29 @@ def markdown(res: dict) -> str:
             d, se = e["delta"], e["paired_se"]
             L.append(f"| {e['policy']} | {100 * e['base_accuracy']:.1f} | {100 * e['trained_accuracy']:.1f} | "
                      f"{100 * d:+.1f} | {100 * se:.1f} | {d / se if se else float('nan'):.1f} | "
-                     f"{e['gained']} / {e['lost']} | {mean(acc[:20]):.3f} -> {mean(acc[-20:]):.3f} | "
+                     f"{e['gained']} / {e['lost']} | {len(acc)} | {mean(acc[:20]):.3f} -> {mean(acc[-20:]):.3f} | "
                      f"{mean(ent[:10]):.3f} -> {mean(ent[-10:]):.3f} | {tsplit()} |")
         else:
-            L.append(f"| {e['policy']} | - | - | - | - | - | - | {mean(acc[:20]):.3f} -> {mean(acc[-20:]):.3f} | "
+            L.append(f"| {e['policy']} | - | - | - | - | - | - | {len(acc)} | {mean(acc[:20]):.3f} -> {mean(acc[-20:]):.3f} | "
                      f"- | {tsplit() if c else '-'} |")
+    L += ["", equal_steps(res)]
+    return "\n".join(L)
+
+
+def equal_steps(res: dict, window: int = 20) -> str:
+    """QeRL Fig. 1/6's comparison: every policy's train reward over the same step windows, up to the
+    last step that *all* policies reached (a time budget may end them at different steps)."""
+    curves = {e["policy"]: e["curves"]["reward/mean"] for e in res["policies"] if e.get("curves")}
+    if not curves:
+        return ""
+    n = min(len(v) for v in curves.values())
+    edges = sorted({min(n, k) for k in (window, n // 2, n)} - {0})
+    head = " | ".join(f"reward, steps {max(0, k - window)}-{k - 1}" for k in edges)
+    L = [f"Train reward at equal steps (mean over {window}-step windows; all policies reached step {n - 1}):", "",
+         f"| policy | {head} |", "|---|" + "---:|" * len(edges)]
+    for p, v in curves.items():
+        cells = [sum(v[max(0, k - window):k]) / len(v[max(0, k - window):k]) for k in edges]
+        L.append(f"| {p} | " + " | ".join(f"{x:.3f}" for x in cells) + " |")
     return "\n".join(L)
 
 
@@ -301,8 +336,11 @@ def main(argv=None) -> None:
     ap.add_argument("--max-new-tokens", type=int, default=256)
     ap.add_argument("--lr", type=float, default=1e-4)
     ap.add_argument("--warmup", type=float, default=0.05)
+    ap.add_argument("--schedule", default="constant", help="optim.schedule (constant: a time budget may end the run)")
+    ap.add_argument("--train-seconds", type=float, default=0.0,
+                    help="train.max_time_s: each run stops at the first step past this (0 = all --steps)")
     ap.add_argument("--updates", type=int, default=1, help="algo.updates_per_rollout")
-    ap.add_argument("--micro-batch", type=int, default=64)
+    ap.add_argument("--micro-batch", type=int, default=32)
     ap.add_argument("--lora-r", type=int, default=32)
     ap.add_argument("--seed", type=int, default=2025)
     ap.add_argument("--eval-problems", type=int, default=500)

@@ -111,6 +111,10 @@ class TrainConfig:
     sample_every: int = 10  # write example completions to samples.jsonl every N steps (0 = never)
     device: str = "auto"  # auto | cpu | cuda | cuda:N
     threads: int = 0  # CPU intra-op threads (torch.set_num_threads); 0 = torch's default
+    # Wall-clock budget (seconds of training in this process; 0 = none). The run ends at the first
+    # step boundary past it and the stage writes its artifact from the steps done; the LR and AQN
+    # schedules still span train.steps (use optim.schedule=constant when the budget decides the length).
+    max_time_s: float = 0.0
 
 
 @dataclass
@@ -188,6 +192,8 @@ class RLConfig:
             raise ValueError(f"optim.betas must be two numbers, got {o.betas!r}")
         if o.micro_batch_size < 1 or t.prompts_per_step < 1:
             raise ValueError("optim.micro_batch_size and train.prompts_per_step must be >= 1")
+        if t.max_time_s < 0:
+            raise ValueError(f"train.max_time_s must be >= 0 (0 = no limit), got {t.max_time_s}")
         if t.steps < 0 or (t.steps == 0 and t.epochs <= 0):
             raise ValueError("set train.steps > 0 or train.epochs > 0")
         self.aqn.validate()

@@ -18,6 +18,17 @@ estimate of ``KL(pi_rollout || pi_train)`` (samples come from the rollout
 policy, so ``r = pi_train / pi_rollout`` and ``k3 = r - 1 - log r``). Without
 noise these are ~1e-6 in float32; large values flag a broken engine or a bad
 noise level.
+
+No mask when none is needed. A batch whose only padding is *trailing* (no row is
+left-padded: e.g. a micro-batch of one prompt's G answers, whose identical prompts
+leave no padding column once trimmed) goes through the model with
+``attention_mask=None``, i.e. plain causal attention: every real token sees exactly
+the keys it saw with the mask (the pads come after it), so the log-probs are the
+same, and SDPA takes its mask-free kernels. Why it matters: with a mask, left
+padding makes query rows with no key at all, and the masked memory-efficient SDPA
+backward on CUDA can return NaN gradients from a finite loss (pytorch/pytorch#178251,
+#103749); GRPO on GSM8K (prompts of 89-294 tokens) stopped on exactly that symptom
+(benchmarks/RESULTS.md, "RL that learns (GPU)").
 """
 
 from __future__ import annotations
@@ -58,8 +69,10 @@ def completion_logprobs(
     """
     T = n_completion
     pos = position_ids_from_mask(attention_mask)
-    hidden = model.get_decoder()(input_ids=input_ids, attention_mask=attention_mask, position_ids=pos,
-                                 use_cache=False).last_hidden_state
+    # trailing padding only (each row is 1...1 0...0): causal attention needs no mask (module docstring)
+    trailing_only = bool((attention_mask[:, 1:] <= attention_mask[:, :-1]).all())
+    hidden = model.get_decoder()(input_ids=input_ids, attention_mask=None if trailing_only else attention_mask,
+                                 position_ids=pos, use_cache=False).last_hidden_state
     hidden = hidden[:, -(T + 1):-1, :]  # [B, T, H]: position t predicts completion token t
     targets = input_ids[:, -T:]  # [B, T]
     lm_head = model.get_output_embeddings()

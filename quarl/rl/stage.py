@@ -103,7 +103,7 @@ def run_rl(cfg: RLConfig, *, model_uri: str, data_uri: str, output_uri: str, ini
                         checkpoint_remote=checkpoint_remote_for(output_uri), init_adapter=init_dir)
     policy_format = _policy_format(trainer.model, cfg)
     summary = trainer.train(stop_after=stop_after)
-    if summary["end_step"] < summary["total_steps"]:
+    if summary["end_step"] < summary["total_steps"] and not summary["timed_out"]:
         log.info("stopped after step %d of %d; checkpoint %s", summary["end_step"], summary["total_steps"],
                  summary["last_checkpoint"])
         return {"output_uri": None, "complete": False, **summary}

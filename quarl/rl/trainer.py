@@ -292,6 +292,7 @@ class RLTrainer:
             keep = [ln for ln in samples_path.read_text().splitlines() if ln and json.loads(ln)["step"] < start]
             samples_path.write_text("".join(ln + "\n" for ln in keep))
         bar = tqdm(total=self.total_steps, initial=start, desc="rl", unit="step", disable=None)
+        t_start, timed_out = time.monotonic(), False
         try:
             for step in range(start, end):
                 t0 = time.perf_counter()
@@ -364,16 +365,23 @@ class RLTrainer:
                     self._write_samples(samples_path, step, drawn)
                 bar.update(1)
                 bar.set_postfix(reward=f"{m['reward/mean']:.3f}", acc=f"{m['reward/accuracy']:.3f}",
-                                sigma=f"{m['aqn/sigma']:.1e}")
+                                tok_s=f"{m['rollout/tokens_per_s']:.0f}", sigma=f"{m['aqn/sigma']:.1e}")
                 done = step + 1
+                # wall-clock budget: end at this step boundary (the LR / AQN schedules keep total_steps)
+                timed_out = bool(cfg.train.max_time_s) and time.monotonic() - t_start > cfg.train.max_time_s
                 if done == self.total_steps or (cfg.train.checkpoint_every and done % cfg.train.checkpoint_every == 0):
                     self._save(done)
-                elif stop_after is not None and done == end:
-                    self._save(done)  # an interrupted test run leaves a checkpoint to resume from
+                elif timed_out or (stop_after is not None and done == end):
+                    self._save(done)  # an interrupted run leaves a checkpoint to resume from
+                if timed_out and done < end:
+                    log.warning("train.max_time_s=%s reached after step %d of %d; stopping here",
+                                cfg.train.max_time_s, done, self.total_steps)
+                    end = done
+                    break
         finally:
             bar.close()
             logger.close()
-        return {"total_steps": self.total_steps, "start_step": start, "end_step": end,
+        return {"total_steps": self.total_steps, "start_step": start, "end_step": end, "timed_out": timed_out,
                 "optimizer": self.optimizer_name, "policy": self.policy_report,
                 "skipped_prompts": self.skipped_prompts, "train_prompts": len(self.prompt_ids),
                 "last_checkpoint": str(self.last_checkpoint) if self.last_checkpoint else None}

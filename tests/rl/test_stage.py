@@ -62,6 +62,17 @@ def test_run_rl_writes_a_verified_adapter_artifact(dataset, tmp_path):
         run_rl(cfg, model_uri="tiny-llama", data_uri=dataset, output_uri=str(out))
 
 
+def test_a_wall_clock_budget_ends_the_run_with_an_artifact(dataset, tmp_path):
+    # a budget that the first step already exceeds: one step, then a complete artifact of it
+    cfg = load_config(RLConfig, None, [*TINY_OVERRIDES, "train.max_time_s=1e-6"])
+    res = run_rl(cfg, model_uri="tiny-llama", data_uri=dataset, output_uri=str(tmp_path / "a"))
+    assert res["complete"] and res["timed_out"] and res["end_step"] == 1 and res["total_steps"] == 3
+    art = open_artifact(str(tmp_path / "a"), kind="adapter")
+    assert [json.loads(x)["step"] for x in (art.path / "metrics.jsonl").read_text().splitlines()] == [0]
+    with pytest.raises(ValueError, match="max_time_s"):
+        load_config(RLConfig, None, ["train.max_time_s=-1"]).resolved()
+
+
 def test_cli_print_config_and_errors(dataset, tmp_path):
     from quarl.cli.main import app
 
