@@ -23,8 +23,8 @@ LoRA in the blocks has to learn to point the hidden state along it.
 import pytest
 import torch
 
-from quarl.rl.metrics import read_metrics
 from quarl.rl.trainer import RLTrainer
+from quarl.train.metrics import read_metrics
 from tests.rl.conftest import ANSWERS, PROMPTS, small_tiny_model, tiny_cfg
 
 STEPS = 12
