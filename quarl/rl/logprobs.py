@@ -19,16 +19,18 @@ policy, so ``r = pi_train / pi_rollout`` and ``k3 = r - 1 - log r``). Without
 noise these are ~1e-6 in float32; large values flag a broken engine or a bad
 noise level.
 
-No mask when none is needed. A batch whose only padding is *trailing* (no row is
-left-padded: e.g. a micro-batch of one prompt's G answers, whose identical prompts
-leave no padding column once trimmed) goes through the model with
-``attention_mask=None``, i.e. plain causal attention: every real token sees exactly
-the keys it saw with the mask (the pads come after it), so the log-probs are the
-same, and SDPA takes its mask-free kernels. Why it matters: with a mask, left
-padding makes query rows with no key at all, and the masked memory-efficient SDPA
-backward on CUDA can return NaN gradients from a finite loss (pytorch/pytorch#178251,
-#103749); GRPO on GSM8K (prompts of 89-294 tokens) stopped on exactly that symptom
-(benchmarks/RESULTS.md, "RL that learns (GPU)").
+No mask at all. Left padding is moved to the end before the forward: each row is
+rolled left by its number of leading pad columns, so every row reads ``prompt |
+completion | pads``, and plain causal attention (``attention_mask=None``) gives every
+real token exactly the keys it saw with the mask (pads only ever come after it), with
+the same ``cumsum(mask) - 1`` positions; the completion's hidden states are then
+gathered per row. Why it matters: with a mask, left padding makes query rows with no
+key at all, and the masked memory-efficient SDPA backward on CUDA can return NaN
+gradients from a finite loss (pytorch/pytorch#178251, #103749); GRPO on GSM8K
+(prompts of 89-294 tokens, so up to ~200 pad columns in a micro-batch of two prompts)
+stopped on exactly that symptom (benchmarks/RESULTS.md, "RL that learns (GPU)"). A
+mask with holes inside a row (never made by quarl's rollouts) still takes the masked
+forward.
 """
 
 from __future__ import annotations
@@ -68,12 +70,18 @@ def completion_logprobs(
     vocabulary at once (``<= 0``: all).
     """
     T = n_completion
-    pos = position_ids_from_mask(attention_mask)
-    # trailing padding only (each row is 1...1 0...0): causal attention needs no mask (module docstring)
-    trailing_only = bool((attention_mask[:, 1:] <= attention_mask[:, :-1]).all())
-    hidden = model.get_decoder()(input_ids=input_ids, attention_mask=None if trailing_only else attention_mask,
-                                 position_ids=pos, use_cache=False).last_hidden_state
-    hidden = hidden[:, -(T + 1):-1, :]  # [B, T, H]: position t predicts completion token t
+    L = input_ids.shape[1]
+    lead = (attention_mask.cumsum(1) == 0).sum(1)  # [B] leading pad columns
+    roll = (torch.arange(L, device=input_ids.device)[None, :] + lead[:, None]) % L  # [B, L]: pads to the end
+    ids_r, mask_r = input_ids.gather(1, roll), attention_mask.gather(1, roll)
+    trailing_only = bool((mask_r[:, 1:] <= mask_r[:, :-1]).all())  # each row 1...1 0...0 after the roll
+    if not trailing_only:  # holes inside a row: keep the original layout and the mask
+        ids_r, mask_r, lead = input_ids, attention_mask, torch.zeros_like(lead)
+    hidden = model.get_decoder()(input_ids=ids_r, attention_mask=None if trailing_only else mask_r,
+                                 position_ids=position_ids_from_mask(mask_r), use_cache=False).last_hidden_state
+    # position t predicts completion token t; rolled row b holds completion token 0 at L - T - lead[b]
+    at = (L - T - 1 - lead)[:, None] + torch.arange(T, device=input_ids.device)[None, :]  # [B, T]
+    hidden = hidden.gather(1, at[..., None].expand(-1, -1, hidden.shape[-1]))  # [B, T, H]
     targets = input_ids[:, -T:]  # [B, T]
     lm_head = model.get_output_embeddings()
     step = T if chunk <= 0 else chunk

@@ -42,10 +42,10 @@ def test_chunked_projection_matches_full_with_gradients():
     torch.testing.assert_close(out[3][0][1:], ref, atol=1e-5, rtol=0)
 
 
-def test_trailing_padding_runs_without_a_mask_and_gives_the_masked_log_probs(monkeypatch):
-    """Rows padded only at the end (one prompt's answers of different lengths) go through plain causal
-    attention (no mask: no fully-masked query rows for the SDPA backward), with the same log-probs and
-    gradients on every real token as the masked forward."""
+def test_padded_rows_run_without_a_mask_and_give_the_masked_log_probs(monkeypatch):
+    """Left padding (prompts of different lengths) and trailing padding (answers of different lengths)
+    both go through plain causal attention -- no mask, so no fully-masked query rows for the SDPA
+    backward -- with the same log-probs and gradients on every real token as the masked HF forward."""
     model, _ = small_tiny_model()
     quantize_model(model, {"default": "nvfp4", "lora": {"r": 4, "alpha": 8}})
     with torch.no_grad():
@@ -53,27 +53,30 @@ def test_trailing_padding_runs_without_a_mask_and_gives_the_masked_log_probs(mon
             if "lora_B" in n:
                 p.normal_(0, 0.02)
     g = torch.Generator().manual_seed(1)
-    ids = torch.randint(3, 2048, (3, 14), generator=g)
+    ids = torch.randint(3, 2048, (4, 14), generator=g)
     mask = torch.ones_like(ids)
-    mask[1, 10:] = 0  # answers of different lengths: trailing padding only
+    mask[1, 10:] = 0  # answers of different lengths: trailing padding
     mask[2, 12:] = 0
+    mask[2, :3] = 0  # shorter prompts: left padding
+    mask[3, :2] = 0
     decoder = model.get_decoder()
     seen = []
     real_forward = decoder.forward
     monkeypatch.setattr(decoder, "forward", lambda *a, **kw: seen.append(kw["attention_mask"]) or real_forward(*a, **kw))
+    real = mask[:, -9:].bool()
     model.zero_grad()
     lp, _ = completion_logprobs(model, ids, mask, 9)
-    (lp * mask[:, -9:]).sum().backward()
+    lp[real].sum().backward()
     grads = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
-    assert seen[-1] is None  # no mask was needed
-    # the reference: the same forward with the mask forced on (a left-padded dummy column makes it needed)
-    ids2, mask2 = torch.cat([ids[:, :1], ids], 1), torch.cat([torch.zeros_like(mask[:, :1]), mask], 1)
-    model.zero_grad()
-    lp2, _ = completion_logprobs(model, ids2, mask2, 9)
-    (lp2 * mask[:, -9:]).sum().backward()
-    assert seen[-1] is not None
-    real = mask[:, -9:].bool()
-    torch.testing.assert_close(lp[real], lp2[real], atol=1e-5, rtol=0)
+    assert seen == [None]  # no mask was needed
+    monkeypatch.undo()
+    model.zero_grad()  # the reference: HF's own masked forward on the original layout
+    pos = (mask.cumsum(1) - 1).clamp(min=0)
+    logits = model(ids, attention_mask=mask, position_ids=pos).logits[:, -10:-1].float()
+    ref = torch.log_softmax(logits, -1).gather(-1, ids[:, -9:, None]).squeeze(-1)
+    ref[real].sum().backward()
+    torch.testing.assert_close(lp[real], ref[real], atol=1e-5, rtol=0)
+    assert len(grads) > 0
     for n, gr in grads.items():
         torch.testing.assert_close(gr, dict(model.named_parameters())[n].grad, atol=1e-5 * float(gr.abs().max()),
                                    rtol=1e-4)
