@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Second device call of the learning benchmark: GSM8K again, after all three policies stopped at step 12
+# Second device call of the learning benchmark (PROBE=1 adds the NaN probe; MB = micro-batch rows): GSM8K again, after all three policies stopped at step 12
 # with a NaN gradient (finite loss) in the first call. Runs (1) benchmarks/rl_nan_probe.py, replaying
 # the failing bf16-lora run (micro-batches of 16 rows = 2 prompts, so left padding inside a micro-batch)
 # with the attention backward instrumented, and (2) the three GSM8K policies with micro-batches of
@@ -14,10 +14,12 @@ export OMP_NUM_THREADS=2 PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True
 W=${WORK:-/tmp/rll}
 mkdir -p "$W" "$OUT"
 python3 -c "from quarl.models import load_model; load_model('default')" > "$OUT/warm.log" 2>&1
-python3 benchmarks/rl_nan_probe.py --data "$DATA/gsm8k" --out "$OUT/rl_nan_probe.json" > "$OUT/probe.log" 2>&1 &
+if [ "${PROBE:-0}" = 1 ]; then
+    python3 benchmarks/rl_nan_probe.py --data "$DATA/gsm8k" --out "$OUT/rl_nan_probe.json" > "$OUT/probe.log" 2>&1 &
+fi
 python3 benchmarks/rl_learning.py --task gsm8k --data "$DATA/gsm8k" --policies bf16-lora,nvfp4-lora,nvfp4-lora-aqn \
     --steps 150 --prompts-per-step 16 --group-size 8 --max-new-tokens 256 --lr "${LR:-2e-4}" \
-    --micro-batch 8 --rl-set optim.logprob_chunk=256 --train-seconds "${TRAIN_S:-300}" --eval-problems 400 \
+    --micro-batch "${MB:-16}" --rl-set optim.logprob_chunk=256 --train-seconds "${TRAIN_S:-300}" --eval-problems 400 \
     --parallel 5 --work "$W/gsm8k" --out "$OUT" > "$OUT/gsm8k.log" 2>&1 &
 while [ -n "$(jobs -rp)" ] && [ $((SECONDS - T0)) -lt "$DEADLINE" ]; do sleep 5; done
 for p in $(jobs -rp); do echo "deadline: stopping $p"; pkill -TERM -P "$p"; kill -TERM "$p"; done
