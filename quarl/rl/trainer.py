@@ -79,6 +79,7 @@ from quarl.rl.config import OptimConfig, PolicyConfig, RLConfig
 from quarl.rl.logprobs import completion_logprobs, mismatch
 from quarl.rl.losses import group_advantages, overlong_penalty, policy_loss
 from quarl.rl.metrics import MetricsLogger
+from quarl.rl.precision import Precision
 from quarl.rl.rollout import Generator, Rollout, SamplingParams
 from quarl.rl.sampling import PromptSampler, ScoredBatch, dynamic_sample
 
@@ -113,9 +114,13 @@ def place_policy(model: nn.Module, device: torch.device, dtype: torch.dtype) -> 
 def build_policy(model: nn.Module, cfg: PolicyConfig) -> dict:
     """Quantize + LoRA (mode=lora) or unfreeze everything (mode=full), in place. Returns a small report."""
     if cfg.mode == "full":
+        fmt = "bf16"
+        if cfg.quant_recipe and cfg.quant_recipe.get("mode") == "qat":  # Jet-RL: master weights, FP8 GEMMs
+            quantize_model(model, dict(cfg.quant_recipe, lora=None))
+            fmt = f"{cfg.format} (qat)"
         for p in model.parameters():
             p.requires_grad_(True)
-        return {"mode": "full", "trainable_params": sum(p.numel() for p in model.parameters())}
+        return {"mode": "full", "format": fmt, "trainable_params": sum(p.numel() for p in model.parameters())}
     lora = {"r": cfg.lora_r, "alpha": cfg.lora_alpha, "dropout": cfg.lora_dropout, "targets": list(cfg.lora_targets)}
     if any(isinstance(m, QuantLinear) for m in model.modules()):
         # A calibrated checkpoint (quarl calibrate -> rl, the QeRL DAG): keep its weights, add LoRA.
@@ -274,6 +279,7 @@ class RLTrainer:
         self.sampling = SamplingParams(cfg.rollout.temperature, cfg.rollout.top_p, cfg.rollout.max_new_tokens,
                                        stop_token_ids(self.model, tokenizer))
         self.reward_fn = reward_fn or RewardFn(cfg.reward)
+        self.precision = Precision(cfg.precision)  # fp8-rollout: FP8-cast rollouts; IS correction
         self.ckpt = CheckpointManager(self.out / "checkpoints", checkpoint_remote, keep=t.keep_checkpoints)
         self.start_step = 0
         self.last_checkpoint: Path | None = None
@@ -283,7 +289,7 @@ class RLTrainer:
         """Sample prompts_per_step prompts x G answers under AQN and score them."""
         cfg, G = self.cfg, self.cfg.rollout.group_size
         idx = self.sampler.next(cfg.train.prompts_per_step)
-        with self.aqn.perturb(step, self.noise_gen):
+        with self.aqn.perturb(step, self.noise_gen), self.precision.rollout(self.model):
             r = self.generator.generate([self.prompt_ids[i] for i in idx], self.sampling, G, self.rollout_gen)
         rows = [i for i in idx for _ in range(G)]
         texts = [self.tok.decode(r.completion_ids[j, :int(n)].tolist(), skip_special_tokens=True)
@@ -490,7 +496,9 @@ class RLTrainer:
                     cap_lp.append(logp.detach())
                     cap_ent.append(e)
                 old = old_lp[rows] if old_lp is not None else logp.detach()
-                out = policy_loss(logp, old, adv[rows], loss_mask[rows], eps_low=a.eps_low, eps_high=a.eps_high,
+                isw = self.precision.is_weights(old, r.logprobs[rows], loss_mask[rows])  # rollout mismatch
+                out = policy_loss(logp, old, adv[rows], loss_mask[rows], weights=isw, eps_low=a.eps_low,
+                                  eps_high=a.eps_high,
                                   beta=a.beta, ref_logp=ref_lp[rows] if ref_lp is not None else None,
                                   aggregation=a.loss_agg, num_tokens=n_tok, num_sequences=n_seq)
                 if not torch.isfinite(out.loss):
@@ -522,6 +530,7 @@ class RLTrainer:
         if a.beta > 0:
             m["policy/kl_ref"] = kl / max(toks, 1.0)
         m.update(mismatch(r.logprobs, train_lp, r.completion_mask))
+        m.update(self.precision.is_metrics(train_lp, r.logprobs, loss_mask))
         return m
 
     @staticmethod
