@@ -4,10 +4,11 @@
 
 Jet-RL's finding is that BF16 training with FP8 rollout (the common speed-up)
 makes the rollout policy drift from the trained one, and that using the *same*
-FP8 quantization in the training forward pass and in rollout removes the
-mismatch. quarl's rl stage runs both through the same QuantLinear modules, so
-the baseline (BF16 train / FP8 rollout) is one parameter away
-(``rl_rollout_format``). No calibration step: FP8 (E4M3, block scales) is
+FP8 quantization in the training GEMMs and in rollout removes the mismatch.
+quarl's rl stage runs both through the same modules (``quarl.quant.fp8_linear``),
+and the baseline is one setting away: ``rl.precision.mode`` = ``jetrl`` (default
+here) | ``fp8-rollout`` (BF16 train / FP8 rollout) | ``bf16``; see
+``quarl/rl/precision.py``. No calibration step: FP8 (E4M3, block scales) is
 quantized on the fly. Recipe: quarl/recipes/pipelines/jetrl.yaml.
 """
 

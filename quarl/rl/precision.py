@@ -145,15 +145,14 @@ def fp8_cast_rollout(model: nn.Module):
 
     The FP8 tiles are written in place into tensors kept on each module, so a CUDA graph the
     fast engine captured in an earlier rollout reads the new weights (their addresses never change)."""
-    from quarl.quant.fp8_linear import BLOCK, _pad2, _round_up, quantize_weight_128x128
+    from quarl.quant.fp8_linear import quantize_weight_padded
 
     mods = _rollout_linears(model)
     with torch.no_grad():
         for m in mods:
             w = _effective_weight(m)
-            n, k = w.shape
-            q, s = quantize_weight_128x128(w)
-            q = _pad2(q, _round_up(n, BLOCK), _round_up(k, BLOCK))  # [Np, Kp]
+            n = w.shape[0]
+            q, s = quantize_weight_padded(w)  # [Np, Kp] zero-padded to multiples of 128, [Np/128, Kp/128]
             held = getattr(m, "_quarl_rollout_fp8", None)
             if held is not None and held[0].shape == q.shape and held[0].device == q.device:
                 held[0].copy_(q)

@@ -10,7 +10,7 @@ from quarl.quant import QuantLinear
 from quarl.quant.base import QuantError
 from quarl.quant.formats import fp8
 from quarl.quant.formats.fp8 import FORMAT, FP8Config
-from quarl.quant.fp8_linear import blockwise_gemm, fp8_linear, quantize_weight_128x128
+from quarl.quant.fp8_linear import blockwise_gemm, fp8_linear, quantize_weight_128x128, quantize_weight_padded
 
 # Gradient tolerance vs. the FP32 layer (stated in docs/rl.md): FP8 E4M3 on both operands of every
 # GEMM gives ~3-4 % relative L2 error on Gaussian data (measured 2.8 % forward, 3.7 % DGrad/WGrad).
@@ -49,6 +49,10 @@ def test_block_layouts_1x128_128x1_128x128():
     assert ws.shape == (2, 3) and ws[1, 2] == w[128:, 256:].abs().max() / 448
     wtq, wts = quantize_weight_128x128(w.t().contiguous())
     assert torch.equal(wts, ws.t()) and torch.equal(wtq.view(torch.uint8), wq.t().view(torch.uint8))
+    # the GEMM-layout quantizer (padded, 4-D view) is the format's quantizer bit for bit
+    qp, sp = quantize_weight_padded(w)
+    assert qp.shape == (256, 384) and torch.equal(sp, ws)
+    assert torch.equal(qp[:200].view(torch.uint8), wq.view(torch.uint8)) and not qp[200:].view(torch.uint8).any()
 
 
 @pytest.mark.parametrize("b_tiles", [True, False])
@@ -176,6 +180,9 @@ def test_gpu_path_equals_emulated(m, n, k):
     qc, sc = torch.compile(fp8.quantize_act_1x128, dynamic=True)(x.t())
     qe, se = fp8.quantize_act_1x128(x.t())
     assert torch.equal(qc.contiguous().view(torch.uint8), qe.contiguous().view(torch.uint8)) and torch.equal(sc, se)
+    qw, sw = quantize_weight_padded(w)  # compiled on CUDA
+    qr, sr = quantize_weight_128x128(w)
+    assert torch.equal(sw, sr) and torch.equal(qw[:n, :k].view(torch.uint8), qr.view(torch.uint8))
     outs = {}
     for mode in ("auto", "emulate"):
         os.environ["QUARL_FP8_GEMM"] = mode
