@@ -43,6 +43,7 @@ from __future__ import annotations
 
 import functools
 import os
+import warnings
 
 import torch
 import torch.nn.functional as F
@@ -147,6 +148,17 @@ def _dequant_tiles(q: torch.Tensor, s: torch.Tensor) -> torch.Tensor:
     return out
 
 
+CUBLAS_FALLBACKS: dict[str, str] = {}  # scaling pair -> why cuBLAS refused it (then emulated)
+
+
+def _note_fallback(msg: str) -> None:
+    key = msg.split(":", 1)[0]
+    if key not in CUBLAS_FALLBACKS:
+        CUBLAS_FALLBACKS[key] = msg
+        warnings.warn(f"FP8 blockwise GEMM {msg}; using the emulated FP32 path for it (slow)", RuntimeWarning,
+                      stacklevel=3)
+
+
 def blockwise_gemm(a: torch.Tensor, sa: torch.Tensor, b: torch.Tensor, sb: torch.Tensor, b_tiles: bool,
                    out_dtype: torch.dtype) -> torch.Tensor:
     """``a`` [M, K] E4M3 (1x128 scales ``sa`` [M, K/128]) times ``b`` [N, K] E4M3 transposed -> [M, N].
@@ -165,7 +177,10 @@ def blockwise_gemm(a: torch.Tensor, sa: torch.Tensor, b: torch.Tensor, sb: torch
         else:  # 1x128 on B: the check reads scale_b.t() as [N, K/128] N-major
             sb_mm = sb.t().contiguous()
             tb = F.ScalingType.BlockWise1x128
-        return F.scaled_mm(a, b.t(), sa_mm, F.ScalingType.BlockWise1x128, sb_mm, tb, output_dtype=out_dtype)
+        try:
+            return F.scaled_mm(a, b.t(), sa_mm, F.ScalingType.BlockWise1x128, sb_mm, tb, output_dtype=out_dtype)
+        except RuntimeError as e:  # a cuBLAS without this scaling pair: the same numbers, emulated
+            _note_fallback(f"{'1x128 x 128x128' if b_tiles else '1x128 x 1x128'}: {str(e).splitlines()[0]}")
     a32 = dequantize_act_1x128(a, sa)  # [M, K] exact in fp32
     b32 = _dequant_tiles(b, sb) if b_tiles else dequantize_act_1x128(b, sb)  # [N, K]
     return (a32 @ b32.t()).to(out_dtype)
@@ -204,7 +219,7 @@ class FP8LinearFunction(torch.autograd.Function):
     @staticmethod
     def backward(ctx, dy):
         wq_p, ws, xtq, xts = ctx.saved_tensors
-        lead, m, n, k, kp, np_ = ctx.shape
+        lead, m, n, k, _, np_ = ctx.shape
         dy2 = dy.reshape(-1, n)  # [M, N]
         dx = dw = db = None
         if ctx.needs_input_grad[0]:  # DGrad: dX = dY W, reduction over N; W^T tiles = transposed W tiles

@@ -39,9 +39,9 @@ def test_block_layouts_1x128_128x1_128x128():
     x = torch.randn(256, 384) * torch.logspace(-2, 2, 256)[:, None]  # rows of very different range
     # 1x128: one scale per row per 128 columns
     q, s = fp8.quantize_act_1x128(x)
-    assert s.shape == (256, 3) and s[7, 2] == x[7, 256:].abs().max() / 448
+    assert q.dtype == torch.float8_e4m3fn and s.shape == (256, 3) and s[7, 2] == x[7, 256:].abs().max() / 448
     # 128x1 (X^T for WGrad): one scale per column per 128 rows, i.e. 1x128 of the transpose
-    qt, st = fp8.quantize_act_1x128(x.t())
+    _, st = fp8.quantize_act_1x128(x.t())
     assert st.shape == (384, 2) and st[5, 1] == x[128:, 5].abs().max() / 448
     # 128x128 tiles of W, and W^T's tiles are the transpose of W's (DGrad reuses the forward's bits)
     w = torch.randn(200, 384)
@@ -176,7 +176,6 @@ def test_gpu_path_equals_emulated(m, n, k):
     w = torch.randn(n, k, device="cuda") * 0.05
     g = torch.randn(m, n, device="cuda", dtype=torch.bfloat16)
     # the compiled quantizer is bit-identical to the eager one
-    q, s = fp8.quantize_act_1x128(x)
     qc, sc = torch.compile(fp8.quantize_act_1x128, dynamic=True)(x.t())
     qe, se = fp8.quantize_act_1x128(x.t())
     assert torch.equal(qc.contiguous().view(torch.uint8), qe.contiguous().view(torch.uint8)) and torch.equal(sc, se)
