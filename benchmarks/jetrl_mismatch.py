@@ -15,7 +15,7 @@ chat template), sampler and hyper-parameters; only ``precision.mode`` differs:
 The figures per step are the trainer's own ``mismatch/*`` metrics: mean and max
 |log p_train - log p_rollout| over the sampled tokens, the k3 estimate of
 KL(rollout || train), and the fraction of tokens with pi_train / pi_rollout outside
-[0.5, 2]. ``random:H,L,I`` builds a seeded random Qwen2 model (hidden H, L layers,
+[0.5, 2]. ``random:H,L,I`` (with ``--tokenizer DIR``) builds a seeded random Qwen2 model (hidden H, L layers,
 MLP I; SmolLM2 tokenizer) for a GPU run with no model upload; its distributions are
 those of random weights, so only the ordering of the modes carries over, not the values.
 
@@ -43,15 +43,15 @@ KEYS = ("mismatch/abs_logprob_diff", "mismatch/max_abs_logprob_diff", "mismatch/
         "reward/mean", "reward/accuracy", "response/length_mean", "time/rollout_s", "time/update_s")
 
 
-def build_model(ref: str, device: str):
+def build_model(ref: str, tokenizer: str | None = None):
     from quarl.models import load_model, tiny_model
 
     if not ref.startswith("random:"):
         return load_model(ref, dtype=torch.float32, device="cpu")
     h, layers, inter = (int(v) for v in ref.split(":", 1)[1].split(","))
-    from transformers import AutoConfig, AutoModelForCausalLM
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
-    _, tok = tiny_model("qwen2")
+    tok = AutoTokenizer.from_pretrained(tokenizer) if tokenizer else tiny_model("qwen2")[1]
     cfg = AutoConfig.for_model("qwen2", vocab_size=len(tok), hidden_size=h, intermediate_size=inter,
                                num_hidden_layers=layers, num_attention_heads=h // 64, num_key_value_heads=2,
                                max_position_embeddings=4096, tie_word_embeddings=True,
@@ -87,7 +87,7 @@ def run_mode(mode: str, args, prompts, answers, work: Path) -> list[dict]:
     if args.device == "cpu":
         sets.append("rollout.cache=dynamic")
     cfg = load_config(RLConfig, None, sets)
-    model, tok = build_model(args.model, args.device)
+    model, tok = build_model(args.model, args.tokenizer)
     tr = RLTrainer(cfg, model, tok, prompts, answers, work / mode)
     tr.train()
     rows = read_metrics(work / mode / "metrics.jsonl")
@@ -115,6 +115,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default="default")
     ap.add_argument("--device", default="cpu")
+    ap.add_argument("--tokenizer", default=None, help="tokenizer dir for random: models (default: SmolLM2's)")
     ap.add_argument("--policy", default="lora", choices=("lora", "full"))
     ap.add_argument("--engine", default="auto")
     ap.add_argument("--steps", type=int, default=6)
@@ -132,8 +133,9 @@ def main() -> None:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     tag = args.tag or f"{args.device}_{args.model.replace(':', '-').replace(',', 'x')}_{args.policy}"
-    _, tok = build_model(args.model, args.device) if args.model.startswith("random:") else (None, None)
-    if tok is None:
+    if args.model.startswith("random:"):
+        tok = build_model(args.model, args.tokenizer)[1]
+    else:
         from quarl.models import load_model
 
         tok = load_model(args.model)[1]
