@@ -172,15 +172,19 @@ def blockwise_gemm(a: torch.Tensor, sa: torch.Tensor, b: torch.Tensor, sb: torch
     if _cublas_ok(a) and a.shape[0] % 4 == 0 and b.shape[0] % 16 == 0:
         sa_mm = sa.t().contiguous().t()  # [M, K/128], M-major
         if b_tiles:  # [N/128, K/128] -> K-blocks padded to a multiple of 4, transposed (see fp8.py)
-            sb_mm = F.pad(sb, (0, -sb.shape[1] % 4)).t()
+            layouts = [F.pad(sb, (0, -sb.shape[1] % 4)).t()]
             tb = F.ScalingType.BlockWise128x128
-        else:  # 1x128 on B: the check reads scale_b.t() as [N, K/128] N-major
-            sb_mm = sb.t().contiguous()
+        else:  # 1x128 on B: [N, K/128] like A's (torch 2.11 asks for this shape); N-major as A's
+            layouts = [sb.t().contiguous().t(), sb.contiguous()]
             tb = F.ScalingType.BlockWise1x128
-        try:
-            return F.scaled_mm(a, b.t(), sa_mm, F.ScalingType.BlockWise1x128, sb_mm, tb, output_dtype=out_dtype)
-        except RuntimeError as e:  # a cuBLAS without this scaling pair: the same numbers, emulated
-            _note_fallback(f"{'1x128 x 128x128' if b_tiles else '1x128 x 1x128'}: {str(e).splitlines()[0]}")
+        err = None
+        for sb_mm in layouts:
+            try:
+                return F.scaled_mm(a, b.t(), sa_mm, F.ScalingType.BlockWise1x128, sb_mm, tb, output_dtype=out_dtype)
+            except (RuntimeError, ValueError) as e:  # a layout this torch/cuBLAS refuses: try the next
+                err = e
+        # a cuBLAS without this scaling pair: the same numbers, emulated
+        _note_fallback(f"{'1x128 x 128x128' if b_tiles else '1x128 x 1x128'}: {str(err).splitlines()[0]}")
     a32 = dequantize_act_1x128(a, sa)  # [M, K] exact in fp32
     b32 = _dequant_tiles(b, sb) if b_tiles else dequantize_act_1x128(b, sb)  # [N, K]
     return (a32 @ b32.t()).to(out_dtype)
