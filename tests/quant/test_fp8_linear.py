@@ -175,13 +175,18 @@ def test_gpu_path_equals_emulated(m, n, k):
     x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
     w = torch.randn(n, k, device="cuda") * 0.05
     g = torch.randn(m, n, device="cuda", dtype=torch.bfloat16)
-    # the compiled quantizer is bit-identical to the eager one
+    # the compiled quantizers (the CUDA default) vs the eager ones: scales exact; codes equal but for
+    # rare near-ties of the division (measured on the H100: 2 of 14.7M activation bytes, 10 of 68M
+    # weight bytes), each one E4M3 step apart
     qc, sc = torch.compile(fp8.quantize_act_1x128, dynamic=True)(x.t())
     qe, se = fp8.quantize_act_1x128(x.t())
-    assert torch.equal(qc.contiguous().view(torch.uint8), qe.contiguous().view(torch.uint8)) and torch.equal(sc, se)
-    qw, sw = quantize_weight_padded(w)  # compiled on CUDA
+    qw, sw = quantize_weight_padded(w)
     qr, sr = quantize_weight_128x128(w)
-    assert torch.equal(sw, sr) and torch.equal(qw[:n, :k].view(torch.uint8), qr.view(torch.uint8))
+    assert torch.equal(sc, se) and torch.equal(sw, sr)
+    for a, b in ((qc.contiguous(), qe.contiguous()), (qw[:n, :k], qr)):
+        diff = a.view(torch.uint8) != b.view(torch.uint8)
+        assert diff.float().mean() < 1e-6
+        assert ((a.float() - b.float()).abs()[diff] <= b.float().abs()[diff] / 8 + 2**-9).all()  # one step
     outs = {}
     for mode in ("auto", "emulate"):
         os.environ["QUARL_FP8_GEMM"] = mode
