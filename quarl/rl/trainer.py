@@ -24,6 +24,11 @@ Rollout engine. ``rollout.engine=auto`` samples with :class:`quarl.engine.FastGe
 reference :class:`quarl.rl.rollout.HFGenerator` elsewhere; both return the same
 ``Rollout`` and read the live weights, so LoRA updates and AQN noise reach them.
 
+Precision. ``precision.mode`` (:mod:`quarl.rl.precision`) picks the flow: the policy's own
+(default), ``bf16``, ``fp8-rollout`` (rollouts inside an FP8 cast of the weights) or ``jetrl``
+(FP8 GEMMs in training and rollout); with ``precision.rollout_is_threshold`` the policy-gradient
+term is reweighted by the truncated / masked ratio pi_train / pi_rollout.
+
 Optimizer. QeRL uses 8-bit AdamW (bitsandbytes). It is used when asked for, on
 CUDA, with bitsandbytes importable; otherwise torch's AdamW (fp32 states) is used
 and the summary records which one ran -- 8-bit states change memory, not the
