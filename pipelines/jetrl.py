@@ -4,12 +4,12 @@
 
 Jet-RL's finding is that BF16 training with FP8 rollout (the common speed-up)
 makes the rollout policy drift from the trained one, and that using the *same*
-FP8 quantization in the training forward pass and in rollout removes the
-mismatch. quarl's rl stage runs both through the same QuantLinear modules
-(``rl_format``: the base weight format, FP8 block-scaled here). The BF16-train /
-FP8-rollout baseline needs a rollout format separate from the training one, which
-the rl stage does not have yet (README, "Not yet"). No calibration step: FP8 (E4M3,
-block scales) is quantized on the fly. Recipe: quarl/recipes/pipelines/jetrl.yaml.
+FP8 quantization in the training GEMMs and in rollout removes the mismatch.
+quarl's rl stage runs both through the same modules (``quarl.quant.fp8_linear``),
+and the baseline is one setting away: ``rl.precision.mode`` = ``jetrl`` (default
+here) | ``fp8-rollout`` (BF16 train / FP8 rollout) | ``bf16``; see
+``quarl/rl/precision.py``. No calibration step: FP8 (E4M3, block scales) is
+quantized on the fly. Recipe: quarl/recipes/pipelines/jetrl.yaml.
 """
 
 from quarl_pipelines._builder import PipelineDef, Step

@@ -60,6 +60,14 @@ def _open_dir(uri: str, kind: str) -> tuple[Path, dict | None]:
         except ArtifactError as e:
             raise ExportError(f"{kind} input {uri} is not usable: {e}") from e
         return Path(art.path), art.manifest
+    if not p.is_dir() and kind == "model":  # a model reference: "default", a Hugging Face id
+        from quarl.models import ModelError, resolve_model_dir
+
+        try:
+            return resolve_model_dir(str(uri)), None
+        except ModelError as e:
+            raise ExportError(f"model input {uri} is neither an artifact, a local directory nor a model "
+                              f"reference: {e}") from e
     if not p.is_dir():
         raise ExportError(f"{kind} input {uri} is neither an artifact nor a local directory")
     return p, None

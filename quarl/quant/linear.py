@@ -17,7 +17,11 @@ Two modes:
 
 Optional parts: a LoRA branch (A: [r, K], B: [N, r]; B starts at zero so the
 adapter is a no-op until trained), and an activation quantizer (``fp8-1x128``:
-per-token groups of 128, the Jet-RL / DeepSeek-V3 activation format).
+per-token groups of 128, the Jet-RL / DeepSeek-V3 activation format). An
+``fp8-block`` (128x128) weight with ``fp8-1x128`` activations is the Jet-RL flow:
+the base GEMM then runs through :func:`quarl.quant.fp8_linear.fp8_linear` -- real
+FP8 GEMMs in the forward pass and in both gradients (DGrad, and WGrad for a QAT
+master weight) -- in training and in rollout alike.
 
 The compute path is chosen per call by ``quarl.quant.dispatch``: a registered
 GPU kernel when one applies, else the reference path below (dequantize, then
@@ -221,13 +225,25 @@ class QuantLinear(nn.Module):
         return lin
 
     # --- forward ------------------------------------------------------------------
+    @property
+    def fp8_flow(self) -> bool:
+        """FP8 weights in 128x128 tiles and FP8 1x128 activations: every GEMM in FP8 (Jet-RL)."""
+        c = self.config
+        return (self.act_quant == "fp8-1x128" and c is not None and c.name == "fp8"
+                and getattr(c, "granularity", None) == "block" and getattr(c, "block_size", None) == 128)
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # x [..., K] -> [..., N]
-        xq = self._act_fn(x) if self._act_fn is not None else x
-        kernel = dispatch.select(xq, self) if self.mode == "frozen" else None
-        if kernel is not None:
-            y = kernel.fn(xq, self)
-        else:  # reference path: the numerics oracle
-            y = F.linear(xq, self.dequantized_weight(x.dtype))
+        if self.fp8_flow:
+            from quarl.quant.fp8_linear import fp8_linear
+
+            y = fp8_linear(x, self.weight if self.mode == "qat" else self.qtensor())
+        else:
+            xq = self._act_fn(x) if self._act_fn is not None else x
+            kernel = dispatch.select(xq, self) if self.mode == "frozen" else None
+            if kernel is not None:
+                y = kernel.fn(xq, self)
+            else:  # reference path: the numerics oracle
+                y = F.linear(xq, self.dequantized_weight(x.dtype))
         if self.bias is not None:
             y = y + self.bias.to(y.dtype)
         if self.lora_cfg is not None:

@@ -34,6 +34,7 @@ from dataclasses import dataclass, field
 from quarl.quant.linear import DEFAULT_LORA_TARGETS
 from quarl.rewards import RewardConfig
 from quarl.rl.aqn import AQNConfig
+from quarl.rl.precision import PrecisionConfig, policy_fields
 
 ALGOS = ("grpo", "dapo")
 OVERLONG = ("none", "filter", "penalty")
@@ -126,6 +127,7 @@ class RLConfig:
     optim: OptimConfig = field(default_factory=OptimConfig)
     reward: RewardConfig = field(default_factory=RewardConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
+    precision: PrecisionConfig = field(default_factory=PrecisionConfig)  # training/rollout precision flow
 
     def __post_init__(self) -> None:
         # Validate at construction (the resolved copy: algorithm defaults filled in), so `quarl compile`/`submit`
@@ -151,6 +153,8 @@ class RLConfig:
             a.dynamic_sampling = dapo
         if a.overlong is None:
             a.overlong = "filter" if dapo else "none"
+        c.policy.format, c.policy.quant_recipe = policy_fields(c.precision, c.policy.mode, c.policy.format,
+                                                               c.policy.quant_recipe)
         c.validate()
         return c
 
@@ -158,7 +162,8 @@ class RLConfig:
         p, r, a, o, t = self.policy, self.rollout, self.algo, self.optim, self.train
         if p.mode not in ("lora", "full"):
             raise ValueError(f"policy.mode must be 'lora' or 'full', got {p.mode!r}")
-        if p.mode == "full" and str(p.format).lower() not in ("bf16", "none", "full", "fp32", "fp16"):
+        full_qat = (p.quant_recipe or {}).get("mode") == "qat"  # full-parameter through fake/FP8 GEMMs (Jet-RL)
+        if p.mode == "full" and not full_qat and str(p.format).lower() not in ("bf16", "none", "full", "fp32", "fp16"):
             raise ValueError(f"policy.mode=full trains every weight in high precision; set policy.format=bf16 "
                              f"(got {p.format!r}), or use policy.mode=lora for a quantized base")
         if p.dtype not in ("auto", "float32", "bfloat16", "float16"):
@@ -197,3 +202,4 @@ class RLConfig:
         if t.steps < 0 or (t.steps == 0 and t.epochs <= 0):
             raise ValueError("set train.steps > 0 or train.epochs > 0")
         self.aqn.validate()
+        self.precision.validate()

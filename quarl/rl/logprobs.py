@@ -100,13 +100,16 @@ def completion_logprobs(
 
 
 def mismatch(rollout_logp: torch.Tensor, train_logp: torch.Tensor, mask: torch.Tensor) -> dict[str, float]:
-    """Rollout vs. trainer log-probs over masked tokens: mean |diff|, k3 KL(rollout || train), max |diff|."""
-    m = mask.bool()
+    """Rollout vs. trainer log-probs over masked tokens: mean |diff|, k3 KL(rollout || train), max |diff|,
+    and the fraction of tokens whose ratio pi_train / pi_rollout is outside [0.5, 2] (Jet-RL's measure)."""
+    m = mask.bool().to(train_logp.device)
     if not m.any():
-        return {"mismatch/abs_logprob_diff": 0.0, "mismatch/kl": 0.0, "mismatch/max_abs_logprob_diff": 0.0}
-    d = (train_logp - rollout_logp)[m].double()  # log r
+        return {"mismatch/abs_logprob_diff": 0.0, "mismatch/kl": 0.0, "mismatch/max_abs_logprob_diff": 0.0,
+                "mismatch/ratio_outside_0.5_2": 0.0}
+    d = (train_logp - rollout_logp.to(train_logp.device))[m].double()  # log r
     return {
         "mismatch/abs_logprob_diff": float(d.abs().mean()),
         "mismatch/kl": float((d.exp() - 1 - d).mean()),
         "mismatch/max_abs_logprob_diff": float(d.abs().max()),
+        "mismatch/ratio_outside_0.5_2": float((d.abs() > torch.log(torch.tensor(2.0, dtype=d.dtype))).float().mean()),
     }

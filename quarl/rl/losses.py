@@ -119,12 +119,15 @@ def policy_loss(
     aggregation: str = "token",
     num_tokens: float | None = None,
     num_sequences: float | None = None,
+    weights: torch.Tensor | None = None,
 ) -> LossOutput:
     """The clipped surrogate, to *minimize*.
 
     logp, old_logp, ref_logp, mask: ``[B, T]`` (completion tokens; mask 1 = counts)
     advantages: ``[B]`` (one per answer, broadcast over its tokens)
     num_tokens / num_sequences: batch-wide normalizers (default: this micro-batch).
+    weights: ``[B, T]`` constant per-token factors on the policy-gradient term (rollout importance
+    sampling, :mod:`quarl.rl.precision`); None = 1.
     """
     if aggregation not in LOSS_AGGREGATIONS:
         raise ValueError(f"loss aggregation must be one of {LOSS_AGGREGATIONS}, got {aggregation!r}")
@@ -136,6 +139,8 @@ def policy_loss(
     surr1 = ratio * adv
     surr2 = ratio.clamp(1.0 - eps_low, 1.0 + eps_high) * adv
     per_token = -torch.minimum(surr1, surr2)  # [B, T]
+    if weights is not None:
+        per_token = per_token * weights.detach().to(per_token.dtype)
     kl = None
     if beta > 0:
         kl = kl_k3(logp, ref_logp)

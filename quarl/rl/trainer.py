@@ -24,6 +24,11 @@ Rollout engine. ``rollout.engine=auto`` samples with :class:`quarl.engine.FastGe
 reference :class:`quarl.engine.rollout.HFGenerator` elsewhere; both return the same
 ``Rollout`` and read the live weights, so LoRA updates and AQN noise reach them.
 
+Precision. ``precision.mode`` (:mod:`quarl.rl.precision`) picks the flow: the policy's own
+(default), ``bf16``, ``fp8-rollout`` (rollouts inside an FP8 cast of the weights) or ``jetrl``
+(FP8 GEMMs in training and rollout); with ``precision.rollout_is_threshold`` the policy-gradient
+term is reweighted by the truncated / masked ratio pi_train / pi_rollout.
+
 Optimizer. QeRL uses 8-bit AdamW (bitsandbytes). It is used when asked for, on
 CUDA, with bitsandbytes importable; otherwise torch's AdamW (fp32 states) is used
 and the summary records which one ran -- 8-bit states change memory, not the
@@ -71,6 +76,7 @@ from quarl.rl.aqn import AQN
 from quarl.rl.config import RLConfig
 from quarl.rl.logprobs import completion_logprobs, mismatch
 from quarl.rl.losses import group_advantages, overlong_penalty, policy_loss
+from quarl.rl.precision import Precision
 from quarl.rl.sampling import PromptSampler, ScoredBatch, dynamic_sample
 from quarl.train.checkpoint import CheckpointManager
 from quarl.train.metrics import MetricsLogger
@@ -180,6 +186,7 @@ class RLTrainer:
         self.sampling = SamplingParams(cfg.rollout.temperature, cfg.rollout.top_p, cfg.rollout.max_new_tokens,
                                        stop_token_ids(self.model, tokenizer))
         self.reward_fn = reward_fn or RewardFn(cfg.reward)
+        self.precision = Precision(cfg.precision)  # fp8-rollout: FP8-cast rollouts; IS correction
         self.ckpt = CheckpointManager(self.out / "checkpoints", checkpoint_remote, keep=t.keep_checkpoints)
         self.start_step = 0
         self.last_checkpoint: Path | None = None
@@ -189,7 +196,7 @@ class RLTrainer:
         """Sample prompts_per_step prompts x G answers under AQN and score them."""
         cfg, G = self.cfg, self.cfg.rollout.group_size
         idx = self.sampler.next(cfg.train.prompts_per_step)
-        with self.aqn.perturb(step, self.noise_gen):
+        with self.aqn.perturb(step, self.noise_gen), self.precision.rollout(self.model):
             r = self.generator.generate([self.prompt_ids[i] for i in idx], self.sampling, G, self.rollout_gen)
         rows = [i for i in idx for _ in range(G)]
         texts = [self.tok.decode(r.completion_ids[j, :int(n)].tolist(), skip_special_tokens=True)
@@ -404,7 +411,9 @@ class RLTrainer:
                     cap_lp.append(logp.detach())
                     cap_ent.append(e)
                 old = old_lp[rows] if old_lp is not None else logp.detach()
-                out = policy_loss(logp, old, adv[rows], loss_mask[rows], eps_low=a.eps_low, eps_high=a.eps_high,
+                isw = self.precision.is_weights(old, r.logprobs[rows], loss_mask[rows])  # rollout mismatch
+                out = policy_loss(logp, old, adv[rows], loss_mask[rows], weights=isw, eps_low=a.eps_low,
+                                  eps_high=a.eps_high,
                                   beta=a.beta, ref_logp=ref_lp[rows] if ref_lp is not None else None,
                                   aggregation=a.loss_agg, num_tokens=n_tok, num_sequences=n_seq)
                 if not torch.isfinite(out.loss):
@@ -436,6 +445,7 @@ class RLTrainer:
         if a.beta > 0:
             m["policy/kl_ref"] = kl / max(toks, 1.0)
         m.update(mismatch(r.logprobs, train_lp, r.completion_mask))
+        m.update(self.precision.is_metrics(train_lp, r.logprobs, loss_mask))
         return m
 
     @staticmethod

@@ -45,9 +45,13 @@ def place_policy(model: nn.Module, device: torch.device, dtype: torch.dtype) -> 
 def build_policy(model: nn.Module, cfg: PolicyConfig) -> dict:
     """Quantize + LoRA (mode=lora) or unfreeze everything (mode=full), in place. Returns a small report."""
     if cfg.mode == "full":
+        fmt = "bf16"
+        if cfg.quant_recipe and cfg.quant_recipe.get("mode") == "qat":  # Jet-RL: master weights, FP8 GEMMs
+            quantize_model(model, dict(cfg.quant_recipe, lora=None))
+            fmt = f"{cfg.format} (qat)"
         for p in model.parameters():
             p.requires_grad_(True)
-        return {"mode": "full", "trainable_params": sum(p.numel() for p in model.parameters())}
+        return {"mode": "full", "format": fmt, "trainable_params": sum(p.numel() for p in model.parameters())}
     lora = {"r": cfg.lora_r, "alpha": cfg.lora_alpha, "dropout": cfg.lora_dropout, "targets": list(cfg.lora_targets)}
     if any(isinstance(m, QuantLinear) for m in model.modules()):
         # A calibrated checkpoint (quarl calibrate -> rl, the QeRL DAG): keep its weights, add LoRA.

@@ -279,3 +279,16 @@ def test_adapter_artifact_from_the_rl_stage(tmp_path, calibrated, adapter_dir):
         "adapter_config.json", "adapter_model.safetensors", "summary.json"]  # fmt: skip
     card = (out / "README.md").read_text()
     assert "reward_last" in card and "0.61" in card and "stage `rl`" in card and "algo: dapo" in card
+
+
+def test_model_input_may_be_a_model_reference(tmp_path):
+    """`quarl run jetrl` passes the base as "default" (no calibrate step): export resolves the reference."""
+    from quarl.export.stage import _open_dir
+    from quarl.models import default_model_dir
+
+    path, manifest = _open_dir("default", "model")
+    assert path == default_model_dir() and manifest is None
+    with pytest.raises(ExportError, match="neither an artifact, a local directory nor a model reference"):
+        _open_dir("tiny-llama", "model")  # built in memory: no directory to export from
+    with pytest.raises(ExportError, match="neither an artifact nor a local directory"):
+        _open_dir(str(tmp_path / "missing"), "adapter")

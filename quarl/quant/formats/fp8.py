@@ -10,11 +10,15 @@ Granularities
     This is compressed-tensors' FP8 scheme (``float-quantized``; symmetric, scale =
     max|x| / (bit_range / 2) with bit_range = 896), so the dequantized values match
     ``compressed_tensors...fake_quantize`` bit for bit.
-  * ``"block"`` (DeepSeek-V3 / Jet-RL): ``weight_scale`` ``[ceil(N/128), K/128]``, one
-    fp32 scale per 128x128 tile (the last row-tile may be short: N need not be a
-    multiple of 128, K must). Activations are quantized on the fly per 1x128 group
-    along K with :func:`quantize_act_1x128`; :func:`fake_quant_act_1x128` is the STE
-    version QuantLinear applies on the FP8 training flow.
+  * ``"block"`` (DeepSeek-V3 / Jet-RL): ``weight_scale`` ``[ceil(N/128), ceil(K/128)]``,
+    one fp32 scale per 128x128 tile. The last row tile and the last column tile may
+    be short (SmolLM2's hidden size is 576 = 4.5 x 128): the tile is treated as if it
+    were padded with zeros, which change no amax, so a short tile's scale is its own
+    amax / 448 and every full tile is bit-identical to compressed-tensors. Activations
+    are quantized on the fly per 1x128 group along K with :func:`quantize_act_1x128`
+    (the last group padded the same way); :func:`fake_quant_act_1x128` is the STE
+    version. The real FP8 GEMMs of the training flow (forward, DGrad, WGrad) are in
+    :mod:`quarl.quant.fp8_linear`.
 
 A scale of 0 (all-zero tensor/tile/group) is replaced by float32 eps, as
 compressed-tensors does, so zeros round-trip to exact zeros without NaN.
@@ -95,26 +99,32 @@ def _row_scales(scales: torch.Tensor, n: int, block: int) -> torch.Tensor:
 
 # --- activations: 1 x 128 groups along K ------------------------------------------
 def quantize_act_1x128(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """``x`` [..., K] -> (``x_fp8`` [..., K] float8_e4m3fn, ``scale`` [..., K/128] fp32).
+    """``x`` [..., K] -> (``x_fp8`` [..., K] float8_e4m3fn, ``scale`` [..., ceil(K/128)] fp32).
 
     One scale per token per 128 consecutive K elements, scale = amax / 448 (DeepSeek-V3
-    ``act_quant``), so ``x ~= x_fp8 * scale`` group-wise.
+    ``act_quant``), so ``x ~= x_fp8 * scale`` group-wise. A K that is not a multiple of
+    128 gets a short last group (zero padding, which changes no amax).
     """
     k = x.shape[-1]
-    if k % ACT_GROUP:
-        raise QuantError(
-            f"fp8 1x128 activation quantization needs the feature size to be a multiple of {ACT_GROUP}, "
-            f"got {k}; keep this layer in bf16 or use per-tensor fp8"
-        )
-    xg = x.float().unflatten(-1, (k // ACT_GROUP, ACT_GROUP))  # [..., K/128, 128]
-    scale = _scale_from_amax(xg.abs().amax(dim=-1))  # [..., K/128]
-    q = _to_fp8(xg / scale.unsqueeze(-1)).flatten(-2)  # [..., K]
-    return q, scale
+    pad = -k % ACT_GROUP
+    xf = x.float()
+    if pad:
+        xf = torch.nn.functional.pad(xf, (0, pad))
+    xg = xf.unflatten(-1, ((k + pad) // ACT_GROUP, ACT_GROUP))  # [..., ceil(K/128), 128]
+    scale = _scale_from_amax(xg.abs().amax(dim=-1))  # [..., ceil(K/128)]
+    q = _to_fp8(xg / scale.unsqueeze(-1)).flatten(-2)  # [..., K (+pad)]
+    return (q[..., :k] if pad else q), scale
 
 
 def dequantize_act_1x128(x_fp8: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype = torch.float32) -> torch.Tensor:
-    xg = x_fp8.float().unflatten(-1, (scale.shape[-1], ACT_GROUP))
-    return (xg * scale.unsqueeze(-1)).flatten(-2).to(dtype)
+    k = x_fp8.shape[-1]
+    pad = -k % ACT_GROUP
+    xf = x_fp8.float()
+    if pad:
+        xf = torch.nn.functional.pad(xf, (0, pad))
+    xg = xf.unflatten(-1, (scale.shape[-1], ACT_GROUP))
+    out = (xg * scale.unsqueeze(-1)).flatten(-2)
+    return (out[..., :k] if pad else out).to(dtype)
 
 
 def fake_quant_act_1x128(x: torch.Tensor) -> torch.Tensor:
@@ -153,15 +163,16 @@ class FP8Format(Format):
 
     @staticmethod
     def _check(w: torch.Tensor, cfg: FP8Config) -> None:
-        check_weight(w, cfg.block_size if cfg.granularity == "block" else 1, f"fp8-{cfg.granularity}")
+        # block: a short last column tile is padded (see the module docstring), so any K is accepted
+        check_weight(w, 1, f"fp8-{cfg.granularity}")
 
     def _tile_scales(self, w: torch.Tensor, cfg: FP8Config) -> torch.Tensor:
         n, k = w.shape
         b = cfg.block_size
-        nb = -(-n // b)
-        # pad rows with zeros (they do not change any tile's amax)
-        wp = torch.nn.functional.pad(w.float().abs(), (0, 0, 0, nb * b - n))
-        return _scale_from_amax(wp.view(nb, b, k // b, b).amax(dim=(1, 3)))  # [N/B, K/B]
+        nb, kb = -(-n // b), -(-k // b)
+        # pad rows and columns with zeros (they do not change any tile's amax)
+        wp = torch.nn.functional.pad(w.float().abs(), (0, kb * b - k, 0, nb * b - n))
+        return _scale_from_amax(wp.view(nb, b, kb, b).amax(dim=(1, 3)))  # [ceil(N/B), ceil(K/B)]
 
     def quantize(self, w: torch.Tensor, cfg: FP8Config, *, state: dict | None = None) -> QTensor:
         self._check(w, cfg)
@@ -171,7 +182,7 @@ class FP8Format(Format):
             q = _to_fp8(w.float() / scale)
         else:
             scale = self._tile_scales(w, cfg)  # [N/B, K/B]
-            s_full = _row_scales(scale, n, cfg.block_size).repeat_interleave(cfg.block_size, dim=1)  # [N, K]
+            s_full = _row_scales(scale, n, cfg.block_size).repeat_interleave(cfg.block_size, dim=1)[:, :k]  # [N, K]
             q = _to_fp8(w.float() / s_full)
         return QTensor(cfg, (n, k), {"weight": q, "weight_scale": scale})
 
@@ -179,7 +190,7 @@ class FP8Format(Format):
         cfg: FP8Config = q.config  # type: ignore[assignment]
         w, s = q.tensors["weight"].float(), q.tensors["weight_scale"]
         if cfg.granularity == "block":
-            s = _row_scales(s, q.shape[0], cfg.block_size).repeat_interleave(cfg.block_size, dim=1)
+            s = _row_scales(s, q.shape[0], cfg.block_size).repeat_interleave(cfg.block_size, dim=1)[:, :q.shape[1]]
         return (w * s).to(dtype)
 
     # --- GPTQ hooks ----------------------------------------------------------
@@ -196,11 +207,12 @@ class FP8Format(Format):
                 raise QuantError("fp8 per-tensor: block_scales needs the state from tensor_state(w, cfg)")
             return state["scale"]
         n, b = w_block.shape
-        if b != cfg.block_size:
-            raise QuantError(f"fp8-block: block_scales expects {cfg.block_size} columns, got {b}")
-        nb = -(-n // b)
-        wp = torch.nn.functional.pad(w_block.float().abs(), (0, 0, 0, nb * b - n))
-        return _scale_from_amax(wp.view(nb, b * b).amax(dim=1))  # [N/B]
+        if b > cfg.block_size:  # the last column tile of a K that is not a multiple of 128 is short
+            raise QuantError(f"fp8-block: block_scales expects at most {cfg.block_size} columns, got {b}")
+        rb = cfg.block_size
+        nb = -(-n // rb)
+        wp = torch.nn.functional.pad(w_block.float().abs(), (0, 0, 0, nb * rb - n))
+        return _scale_from_amax(wp.view(nb, rb * b).amax(dim=1))  # [N/B]
 
     def qdq_with_scales(self, w_cols: torch.Tensor, scales: torch.Tensor, cfg: FP8Config, state: dict) -> torch.Tensor:
         s = (

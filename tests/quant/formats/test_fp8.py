@@ -106,8 +106,13 @@ def test_act_ste_zero_groups_and_bad_shape():
     g = torch.randn_like(y)
     y.backward(g)
     assert torch.equal(x.grad, g)
-    with pytest.raises(QuantError, match="multiple of 128"):
-        fp8.quantize_act_1x128(torch.randn(3, 100))
+    # a K that is not a multiple of 128: the last group is short, as if padded with zeros
+    x = torch.randn(3, 200)
+    q, s = fp8.quantize_act_1x128(x)
+    qp, sp = fp8.quantize_act_1x128(torch.nn.functional.pad(x, (0, 56)))
+    assert q.shape == (3, 200) and s.shape == (3, 2)
+    assert torch.equal(s, sp) and torch.equal(q.view(torch.uint8), qp[:, :200].view(torch.uint8))
+    assert torch.equal(fp8.dequantize_act_1x128(q, s), fp8.dequantize_act_1x128(qp, sp)[:, :200])
 
 
 def _blockwise_sum(x, q):
@@ -151,8 +156,13 @@ def test_zero_weights_no_nan_and_ste(gran):
 def test_bad_input():
     with pytest.raises(QuantError, match="granularity 'channel'"):
         FP8Config("channel")
-    with pytest.raises(QuantError, match="multiple of the block size 128"):
-        FORMAT.quantize(torch.randn(128, 200), FP8Config("block"))
+    # K not a multiple of 128 (SmolLM2: 576): the last column tile is short, scaled by its own amax
+    w = torch.randn(130, 200)
+    q = FORMAT.quantize(w, FP8Config("block"))
+    qp = FORMAT.quantize(torch.nn.functional.pad(w, (0, 56)), FP8Config("block"))
+    assert q.tensors["weight_scale"].shape == (2, 2) and torch.equal(q.tensors["weight_scale"], qp.tensors["weight_scale"])
+    assert q.tensors["weight_scale"][1, 1] == w[128:, 128:].abs().max() / 448
+    assert torch.equal(q.dequantize(), qp.dequantize()[:, :200])
     FORMAT.quantize(torch.randn(5, 200), FP8Config())  # per-tensor has no K constraint
     w = torch.randn(4, 128)
     w[0, 0] = float("nan")

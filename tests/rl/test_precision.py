@@ -1,0 +1,125 @@
+"""Precision flows (bf16 / fp8-rollout / jetrl), rollout importance sampling and the mismatch metrics."""
+
+import math
+
+import pytest
+import torch
+from quarl.rl.metrics import read_metrics
+
+from quarl.quant import QuantLinear
+from quarl.quant.fp8_linear import fp8_linear
+from quarl.rl.config import RLConfig
+from quarl.rl.logprobs import mismatch
+from quarl.rl.losses import policy_loss
+from quarl.rl.precision import Precision, PrecisionConfig, fp8_cast_rollout
+from quarl.rl.trainer import RLTrainer
+from tests.rl.conftest import ANSWERS, PROMPTS, ParityReward, small_tiny_model, tiny_cfg
+
+
+def _lp(*vals):
+    return torch.tensor([list(vals)], dtype=torch.float32)
+
+
+def test_is_weights_token_truncate_and_mask():
+    train, roll = _lp(0.0, math.log(3.0), math.log(0.25), 0.0), torch.zeros(1, 4)
+    mask = torch.tensor([[1.0, 1.0, 1.0, 0.0]])
+    tis = Precision(PrecisionConfig(rollout_is_threshold=2.0)).is_weights(train, roll, mask)
+    torch.testing.assert_close(tis, torch.tensor([[1.0, 2.0, 0.25, 1.0]]))  # capped at 2, low weights kept
+    mis = Precision(PrecisionConfig(rollout_is_threshold=2.0, rollout_is_mode="mask")).is_weights(train, roll, mask)
+    torch.testing.assert_close(mis, torch.tensor([[1.0, 0.0, 0.0, 1.0]]))  # outside [1/2, 2] -> 0
+    assert Precision(PrecisionConfig()).is_weights(train, roll, mask) is None  # no threshold: no correction
+    assert Precision(PrecisionConfig(rollout_is_threshold=2.0, rollout_is=False)).is_weights(train, roll, mask) is None
+    m = Precision(PrecisionConfig(rollout_is_threshold=2.0, rollout_is=False)).is_metrics(train, roll, mask)
+    assert m["mismatch/rollout_is_max"] == pytest.approx(3.0) and m["mismatch/rollout_is_truncated_fraction"] == \
+        pytest.approx(1 / 3)
+
+
+def test_is_weights_sequence_level():
+    train = torch.tensor([[0.1, 0.2, 0.0], [0.5, 0.5, 0.5]])
+    mask = torch.tensor([[1.0, 1.0, 0.0], [1.0, 1.0, 1.0]])  # row 0's padding must not count
+    p = Precision(PrecisionConfig(rollout_is_threshold=2.0, rollout_is_level="sequence", rollout_is_mode="mask"))
+    w = p.is_weights(train, torch.zeros(2, 3), mask)
+    torch.testing.assert_close(w[0], torch.full((3,), math.exp(0.3)))  # the product over the answer
+    assert (w[1] == 0).all()  # exp(1.5) = 4.5 > 2: the whole answer is masked
+    tr = Precision(PrecisionConfig(rollout_is_threshold=2.0, rollout_is_level="sequence"))
+    torch.testing.assert_close(tr.is_weights(train, torch.zeros(2, 3), mask)[1], torch.full((3,), 2.0))
+
+
+def test_weights_scale_the_policy_gradient_term_only():
+    logp = torch.tensor([[-1.0, -2.0]], requires_grad=True)
+    adv, mask = torch.tensor([1.0]), torch.ones(1, 2)
+    w = torch.tensor([[2.0, 0.0]])
+    out = policy_loss(logp, logp.detach(), adv, mask, weights=w, aggregation="token")
+    out.loss.backward()
+    torch.testing.assert_close(logp.grad, torch.tensor([[-1.0, 0.0]]))  # -w * A / n_tokens
+
+
+def test_mismatch_reports_the_fraction_outside_half_to_two():
+    roll = torch.zeros(1, 4)
+    train = _lp(0.0, math.log(2.5), math.log(0.4), math.log(1.5))
+    m = mismatch(roll, train, torch.ones(1, 4))
+    assert m["mismatch/ratio_outside_0.5_2"] == pytest.approx(0.5)
+    assert m["mismatch/max_abs_logprob_diff"] == pytest.approx(math.log(2.5))
+
+
+def test_config_modes_set_the_policy_and_reject_contradictions():
+    from quarl.config import load_config
+
+    c = load_config(RLConfig, None, ["precision.mode=jetrl"]).resolved()
+    assert c.policy.format == "fp8-block" and c.policy.quant_recipe == {"default": "fp8-block", "act_quant": "fp8-1x128"}
+    c = load_config(RLConfig, None, ["precision.mode=jetrl", "policy.mode=full"]).resolved()
+    assert c.policy.quant_recipe["mode"] == "qat"
+    assert load_config(RLConfig, None, ["precision.mode=fp8-rollout"]).resolved().policy.format == "bf16"
+    assert c.resolved() == c  # idempotent (the trainer resolves again)
+    with pytest.raises(ValueError, match="precision.mode=jetrl trains with policy.format=fp8-block"):
+        load_config(RLConfig, None, ["precision.mode=jetrl", "policy.format=nf4"]).resolved()
+    with pytest.raises(ValueError, match="rollout_is_threshold must be > 1"):
+        PrecisionConfig(rollout_is_threshold=0.5)
+    with pytest.raises(ValueError, match="precision.mode must be one of"):
+        PrecisionConfig(mode="fp4")
+
+
+def test_fp8_cast_rollout_runs_the_merged_weight_in_fp8_and_restores():
+    torch.manual_seed(0)
+    from quarl.quant import LoRAConfig
+
+    lin = torch.nn.Linear(192, 96, bias=True)
+    q = QuantLinear.from_linear(lin, None, lora=LoRAConfig(r=4, alpha=8))
+    with torch.no_grad():
+        q.lora_B.normal_()
+    model = torch.nn.Sequential(q)
+    x = torch.randn(5, 192)
+    before = model(x)
+    with torch.no_grad(), fp8_cast_rollout(model):
+        y = model(x)
+    w_eff = (lin.weight + q.lora_delta()).detach()
+    torch.testing.assert_close(y, fp8_linear(x, w_eff, lin.bias.detach()), rtol=1e-5, atol=1e-5)
+    assert 0 < (y - before).norm() / before.norm() < 0.06
+    torch.testing.assert_close(model(x), before, rtol=0, atol=0)  # the BF16 module is back
+
+
+def _run(tmp_path, *extra):
+    model, tok = small_tiny_model()
+    cfg = tiny_cfg("algo.updates_per_rollout=1", "aqn.enabled=false", "train.steps=2", *extra)
+    tr = RLTrainer(cfg, model, tok, PROMPTS, ANSWERS, tmp_path, reward_fn=ParityReward())
+    tr.train()
+    return tr, read_metrics(tmp_path / "metrics.jsonl")
+
+
+def test_modes_mismatch_ordering_on_the_tiny_model(tmp_path):
+    """bf16: rollout == trainer; fp8-rollout: a clear gap; jetrl: the same FP8 flow on both sides."""
+    _, bf16 = _run(tmp_path / "bf16", "precision.mode=bf16")
+    _, cast = _run(tmp_path / "cast", "precision.mode=fp8-rollout", "precision.rollout_is_threshold=2.0")
+    jet, unified = _run(tmp_path / "jet", "precision.mode=jetrl")
+    gap = {name: max(r["mismatch/abs_logprob_diff"] for r in rows)
+           for name, rows in (("bf16", bf16), ("cast", cast), ("jet", unified))}
+    assert gap["bf16"] < 1e-5 and gap["cast"] > 1e-3 and gap["jet"] < gap["cast"] / 10, gap
+    assert "mismatch/rollout_is_mean" in cast[0] and "mismatch/ratio_outside_0.5_2" in unified[0]
+    assert all(m.fp8_flow for m in jet.model.modules() if isinstance(m, QuantLinear))
+
+
+def test_jetrl_full_parameter_trains_master_weights(tmp_path):
+    tr, rows = _run(tmp_path, "precision.mode=jetrl", "policy.mode=full")
+    qls = [m for m in tr.model.modules() if isinstance(m, QuantLinear)]
+    assert qls and all(m.mode == "qat" and m.fp8_flow and m.weight.requires_grad for m in qls)
+    assert tr.policy_report["format"] == "fp8-block (qat)" and rows[-1]["grad_norm"] > 0
