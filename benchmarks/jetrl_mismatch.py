@@ -73,11 +73,10 @@ def prompts_and_answers(tok, n: int):
 
 
 def run_mode(mode: str, args, prompts, answers, work: Path) -> list[dict]:
-    from quarl.rl.metrics import read_metrics
-
     from quarl.config import load_config
     from quarl.rl.config import RLConfig
     from quarl.rl.trainer import RLTrainer
+    from quarl.train.metrics import read_metrics
 
     sets = [f"precision.mode={mode}", f"policy.mode={args.policy}", "aqn.enabled=false",
             f"rollout.group_size={args.group_size}", f"rollout.max_new_tokens={args.max_new_tokens}",

@@ -4,7 +4,6 @@ import math
 
 import pytest
 import torch
-from quarl.rl.metrics import read_metrics
 
 from quarl.quant import QuantLinear
 from quarl.quant.fp8_linear import fp8_linear
@@ -13,6 +12,7 @@ from quarl.rl.logprobs import mismatch
 from quarl.rl.losses import policy_loss
 from quarl.rl.precision import Precision, PrecisionConfig, fp8_cast_rollout
 from quarl.rl.trainer import RLTrainer
+from quarl.train.metrics import read_metrics
 from tests.rl.conftest import ANSWERS, PROMPTS, ParityReward, small_tiny_model, tiny_cfg
 
 
