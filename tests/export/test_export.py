@@ -234,7 +234,7 @@ def test_cli(tmp_path, calibrated):
     r = runner.invoke(app, ["export", "--model", calibrated("fp8"), "--output", str(out)])
     assert r.exit_code == 1 and "error:" in r.output
     r = runner.invoke(app, ["export", "--model", str(tmp_path / "nope"), "--output", str(tmp_path / "z")])
-    assert r.exit_code == 1 and "neither an artifact nor a local directory" in r.output
+    assert r.exit_code == 1 and "is neither an artifact, a local directory nor a model" in r.output
 
 
 def test_s3_calibrate_then_export(s3_bucket, corpus):
