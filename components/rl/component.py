@@ -34,6 +34,7 @@ def rl(
     aqn: bool = True,
     aqn_sigma_start: float = 0.01,
     aqn_sigma_end: float = 0.0005,
+    precision: str = "policy",
     device: str = "auto",
     config_yaml: str = "",
     overrides: list = [],  # noqa: B006 - KFP needs a literal default
@@ -63,6 +64,8 @@ def rl(
         aqn: adaptive quantization noise on/off.
         aqn_sigma_start: AQN noise std at the first noisy stage.
         aqn_sigma_end: AQN noise std at the last stage.
+        precision: precision flow: policy (the base format's own) | bf16 | fp8-rollout (BF16 train, FP8 rollout) |
+            jetrl (FP8 in both).
         device: auto | cpu | cuda | cuda:N.
         s3_root: where artifacts go: <s3_root>/<run_id>/<step>/adapter.
         run_id: run id in the S3 layout; empty = the Kubeflow run id (kfp_run_id).

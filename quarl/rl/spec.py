@@ -39,6 +39,8 @@ SPEC = StageSpec(
         "aqn": Param("aqn.enabled", help="adaptive quantization noise on/off."),
         "aqn_sigma_start": Param("aqn.sigma_start", help="AQN noise std at the first noisy stage."),
         "aqn_sigma_end": Param("aqn.sigma_end", help="AQN noise std at the last stage."),
+        "precision": Param("precision.mode", help="precision flow: policy (the base format's own) | bf16 | "
+                                                  "fp8-rollout (BF16 train, FP8 rollout) | jetrl (FP8 in both)."),
         "device": Param("train.device", help="auto | cpu | cuda | cuda:N."),
     },
     report_file="report.md",
