@@ -9,13 +9,17 @@ its ``component.py`` (signature + one call, see ``_base.py``), and one line belo
 
 from quarl_components.calibrate import calibrate
 from quarl_components.data_prep import data_prep
+from quarl_components.distill import distill
 from quarl_components.eval import eval
 from quarl_components.export import export
+from quarl_components.kd_coldstart import kd_coldstart
 from quarl_components.rl import rl
 
 COMPONENTS = {
     "data_prep": data_prep,
     "calibrate": calibrate,
+    "distill": distill,
+    "kd_coldstart": kd_coldstart,
     "rl": rl,
     "eval": eval,
     "export": export,

@@ -88,7 +88,11 @@ class DistillTrainer:
         self.model = student.to(device=self.device, dtype=dtype)
         self.student_report = build_student(self.model, cfg.student)
         if cfg.student.gradient_checkpointing:
-            self.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+            kw = {"use_reentrant": False}  # non-reentrant: works although the inputs need no grad (LoRA)
+            if hasattr(self.model, "activation_checkpointing_enable"):  # transformers >= 5.x name
+                self.model.activation_checkpointing_enable(activation_checkpointing_kwargs=kw)
+            else:
+                self.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kw)
         self.teacher = teacher.to(device=self.device, dtype=t_dtype).eval().requires_grad_(False)
         self.params = [p for p in self.model.parameters() if p.requires_grad]
         self.optimizer, self.optimizer_name = make_optimizer(self.params, cfg.optim, self.device)

@@ -158,6 +158,20 @@ def _load(target: str, stage: str):
 
 GPU = Resources(image="cuda", cpu="8", memory="64Gi", accelerator="nvidia.com/gpu", accelerators=1)
 
+# The run form of both distillation stages (same machinery, different defaults).
+_DISTILL_PARAMS = {
+    "objective": Param("loss.objective"),
+    "mode": Param("student.mode"),
+    "source": Param("data.source"),
+    "num_sequences": Param("data.num_sequences"),
+    "seq_len": Param("data.seq_len"),
+    "lr": Param("optim.lr"),
+    "batch_size": Param("optim.batch_size"),
+    "steps": Param("train.steps"),
+    "teacher_dtype": Param("teacher.dtype"),
+    "device": Param("train.device"),
+}
+
 STAGES: dict[str, StageSpec] = {
     s.name: s
     for s in (
@@ -240,6 +254,43 @@ STAGES: dict[str, StageSpec] = {
                         "noise; resumable from checkpoints mirrored to S3.",
         ),
         StageSpec(
+            name="distill",
+            run="quarl.distill:run_distill",
+            config="quarl.distill:DistillConfig",
+            output=OutputSpec("model", "model"),
+            inputs=(
+                InputSpec("student", "model", "model_uri", ref_param="base_model"),
+                InputSpec("data", "dataset", "data_uri"),
+                InputSpec("teacher", "model", "teacher_uri", optional=True, ref_param="teacher_model"),
+            ),
+            params=_DISTILL_PARAMS,
+            report_file="report.md",
+            metrics=("eval_before", "eval_after", "accuracy_before", "accuracy_after", "total_steps", "wall_s",
+                     "memory_bytes"),
+            resources=GPU.with_(memory="128Gi", timeout_s=24 * 3600),
+            description="Quantization-aware distillation: the quantized student (calibrated, trained with "
+                        "straight-through fake quantization or LoRA) matches its full-precision teacher's token "
+                        "distributions (KL over the full vocabulary); re-quantized at the end.",
+        ),
+        StageSpec(
+            name="kd_coldstart",
+            run="quarl.distill:run_kd_coldstart",
+            config="quarl.distill:KDColdStartConfig",
+            output=OutputSpec("model", "model"),
+            inputs=(
+                InputSpec("student", "model", "model_uri", ref_param="base_model"),
+                InputSpec("data", "dataset", "data_uri"),
+                InputSpec("teacher", "model", "teacher_uri", optional=True, ref_param="teacher_model"),
+            ),
+            params=_DISTILL_PARAMS,
+            report_file="report.md",
+            metrics=("eval_before", "eval_after", "accuracy_before", "accuracy_after", "total_steps", "wall_s",
+                     "memory_bytes"),
+            resources=GPU.with_(memory="128Gi", timeout_s=24 * 3600),
+            description="Reasoning-QAT's KD cold start: the low-bit (GPTQ W3G128) student distilled from the "
+                        "teacher's own reasoning traces before RL; the rl stage starts from its model.",
+        ),
+        StageSpec(
             name="eval",
             run="quarl.eval:run_eval",
             config="quarl.eval:EvalConfig",
@@ -291,8 +342,6 @@ STAGES: dict[str, StageSpec] = {
 # Stages the papers' pipelines use whose library function is still to be written.
 # Pipelines naming them compile only once a StageSpec and a component exist.
 PLANNED_STAGES = {
-    "distill": "quarl.distill:run_distill",
-    "kd_coldstart": "quarl.distill:run_kd_coldstart",
     "precision_search": "quarl.search:run_precision_search",
 }
 
