@@ -53,10 +53,10 @@ SOURCES = ("sft", "teacher", "teacher_correct", "bos", "random")
 
 def settings(quick: bool, device: str) -> dict:
     if quick:
-        return dict(train_rows=48, heldout=8, seq_len=96, steps=4, batch=4, micro=4, acc=4, new_tokens=24,
-                    gen_new=24, calib=(4, 64), lr=1e-5)
-    return dict(train_rows=512, heldout=64, seq_len=256, steps=60, batch=16, micro=16, acc=64, new_tokens=96,
-                gen_new=160, calib=(32, 256), lr=1e-5)
+        return {"train_rows": 48, "heldout": 8, "seq_len": 96, "steps": 4, "batch": 4, "micro": 4, "acc": 4,
+                "new_tokens": 24, "gen_new": 24, "calib": (4, 64), "lr": 1e-5}
+    return {"train_rows": 256, "heldout": 64, "seq_len": 192, "steps": 50, "batch": 16, "micro": 16, "acc": 64,
+            "new_tokens": 64, "gen_new": 128, "calib": (16, 256), "lr": 1e-4}
 
 
 def make_dataset(root: Path, s: dict) -> str:
@@ -94,7 +94,7 @@ def distill_cfg(s: dict, device: str, objective: str, source: str):
 
     return load_config(DistillConfig, None, [
         f"loss.objective={objective}", f"data.source={source}", f"data.seq_len={s['seq_len']}",
-        f"data.max_new_tokens={s['gen_new']}", "data.gen_batch_size=64", f"data.num_sequences={s['train_rows']}",
+        f"data.max_new_tokens={s['gen_new']}", "data.gen_batch_size=128", f"data.num_sequences={s['train_rows']}",
         f"optim.lr={s['lr']}", f"optim.batch_size={s['batch']}", f"optim.micro_batch_size={s['micro']}",
         "optim.warmup_ratio=0.05", f"eval.num_sequences={s['heldout']}", f"eval.seq_len={s['seq_len']}",
         "eval.every=0", f"train.steps={s['steps']}", "train.checkpoint_every=0", "train.resume=false",
@@ -111,6 +111,7 @@ def main(argv=None) -> dict:
     ap.add_argument("--steps", type=int, default=0, help="override the training steps")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--peak-7b", action="store_true", help="also measure a Qwen2.5-7B-shaped QAD step's peak memory")
+    ap.add_argument("--peak-shape", default="7b", help="shape of the memory step (tiny: a CPU check)")
     ap.add_argument("--skip-table", action="store_true")
     ap.add_argument("--out", default="")
     a = ap.parse_args(argv)
@@ -122,7 +123,13 @@ def main(argv=None) -> dict:
                  "gpu": torch.cuda.get_device_name() if a.device.startswith("cuda") else None, "rows": []}
     t_all = time.time()
     if a.peak_7b:
-        res["peak_7b"] = peak_memory_7b(a.device)
+        try:
+            res["peak_7b"] = peak_memory_7b(a.device, a.peak_shape)
+        except Exception as e:  # noqa: BLE001 - the table still runs
+            import traceback
+
+            traceback.print_exc()
+            res["peak_7b"] = {"error": f"{type(e).__name__}: {e}"}
         print(json.dumps(res["peak_7b"]), flush=True)
     if not a.skip_table:
         table(a, s, res)
@@ -134,11 +141,11 @@ def main(argv=None) -> dict:
 
 
 def table(a, s: dict, res: dict) -> None:
+    from quarl.data import read_dataset
     from quarl.distill.data import generate_sequences, sft_sequences
     from quarl.distill.stage import heldout_accuracy
     from quarl.distill.student import finalize_student
     from quarl.distill.trainer import DistillTrainer
-    from quarl.data import read_dataset
     from quarl.models import load_model
 
     root = Path(tempfile.mkdtemp(prefix="distill-table-"))
@@ -153,7 +160,7 @@ def table(a, s: dict, res: dict) -> None:
     acc_p = ev["prompt"].astype(str).tolist()[:s["acc"]]
     acc_a = ev["answer"].astype(str).tolist()[:s["acc"]]
     t0 = time.time()
-    res["teacher"] = {"accuracy": heldout_accuracy(teacher, tok, acc_p, acc_a, s["new_tokens"])}
+    res["teacher"] = {"accuracy": heldout_accuracy(teacher, tok, acc_p, acc_a, s["new_tokens"], batch_size=64)}
     print(f"teacher accuracy {res['teacher']['accuracy']:.3f} ({time.time() - t0:.1f}s)", flush=True)
 
     seqs = {"sft": sft_sequences(train_df, tok, ["prompt", "solution"], s["seq_len"], s["train_rows"])}
@@ -192,24 +199,26 @@ def table(a, s: dict, res: dict) -> None:
             finalize_student(m)
             ev0 = tr.evaluate(m)
             res["rows"].append({**row, "method": "PTQ", "kl": ev0["kl"], "ce": ev0["ce"],
-                                "accuracy": heldout_accuracy(m, tok, acc_p, acc_a, s["new_tokens"])})
+                                "accuracy": heldout_accuracy(m, tok, acc_p, acc_a, s["new_tokens"], batch_size=64)})
             del m
         summ = tr.train()
         finalize_student(tr.model)
         after = tr.evaluate(tr.model)
         out = {**row, "method": "QAD" if objective != "ce" else "QAT", "objective": objective, "kl": after["kl"],
-               "ce": after["ce"], "accuracy": heldout_accuracy(tr.model, tok, acc_p, acc_a, s["new_tokens"]),
+               "ce": after["ce"], "accuracy": heldout_accuracy(tr.model, tok, acc_p, acc_a, s["new_tokens"], batch_size=64),
                "kl_step0": summ["eval_before"]["kl"], "train_sequences": len(tr.train_seqs),
                "seconds": time.time() - t}
         res["rows"].append(out)
         print(json.dumps(out), flush=True)
+        if a.out:  # partial results survive a time limit
+            Path(a.out).write_text(json.dumps(res, indent=2, default=str))
         del tr, student
         if dev.type == "cuda":
             torch.cuda.empty_cache()
         return out
 
-    for fmt in a.formats.split(","):
-        for init in ("rtn", "gptq"):
+    for init in ("gptq", "rtn"):  # most important first: a run cut by a time limit keeps them
+        for fmt in a.formats.split(","):
             t = time.time()
             uri, q = calibrate(root, data_uri, fmt, init, s, a.device, a.model)
             res.setdefault("calibration", {})[f"{fmt}/{init}"] = {"kl": q.get("kl"), "seconds": time.time() - t}
@@ -217,10 +226,19 @@ def table(a, s: dict, res: dict) -> None:
             run(fmt, init, uri, "forward_kl", "sft")
             if fmt == a.sources_format and init == "gptq":
                 for source in SOURCES[1:]:
-                    run(fmt, init, uri, "forward_kl", source)
+                    try:
+                        run(fmt, init, uri, "forward_kl", source)
+                    except ValueError as e:  # e.g. teacher_correct when the teacher solves nothing
+                        res["rows"].append({"format": fmt, "init": init, "source": source, "method": "QAD",
+                                            "error": str(e)})
+                        print(f"{source}: {e}", flush=True)
 
 
-def peak_memory_7b(device: str) -> dict:
+def _cuda(device: str) -> bool:
+    return device.startswith("cuda")
+
+
+def peak_memory_7b(device: str, shape: str = "7b") -> dict:
     """One QAD step of a Qwen2.5-7B-shaped student (NVFP4 frozen base + LoRA r=32) against a BF16 teacher."""
     from benchmarks.grpo_step_gpu import build_model, qwen25_config
     from quarl.config import load_config
@@ -229,44 +247,49 @@ def peak_memory_7b(device: str) -> dict:
     from quarl.distill.trainer import DistillTrainer
 
     out = {}
-    cfg_m = qwen25_config("7b")
+    cfg_m = qwen25_config(shape)
+    cuda = _cuda(device)
     for chunk in (512, 0):
-        torch.cuda.empty_cache()
-        torch.cuda.reset_peak_memory_stats()
+        if cuda:
+            torch.cuda.empty_cache()
+            torch.cuda.reset_peak_memory_stats()
         teacher = build_model(cfg_m, device, torch.bfloat16)
         student = build_model(cfg_m, device, torch.bfloat16, quant_format="nvfp4")
-        base = torch.cuda.memory_allocated() / 2**30
+        base = torch.cuda.memory_allocated() / 2**30 if cuda else float("nan")
 
         class Tok:
             pad_token_id = 0
 
-        L = 2048
+        L = 2048 if cuda else 64
         g = torch.Generator().manual_seed(0)
-        seqs = Sequences(ids=torch.randint(1, 150000, (2, L), generator=g).tolist(), prompt_len=[0, 0])
+        seqs = Sequences(ids=torch.randint(1, cfg_m.vocab_size, (2, L), generator=g).tolist(), prompt_len=[0, 0])
         cfg = load_config(DistillConfig, None, [
             "student.mode=lora", "student.dtype=bfloat16", "student.gradient_checkpointing=true", "teacher.dtype=bfloat16",
             f"loss.chunk={chunk}", "optim.batch_size=1", "optim.micro_batch_size=1", "train.steps=1",
             f"train.device={device}"])
         try:
             tr = DistillTrainer(cfg, student, teacher, Tok(), seqs, seqs, tempfile.mkdtemp())
-            torch.cuda.reset_peak_memory_stats()
+            if cuda:
+                torch.cuda.reset_peak_memory_stats()
             t = time.time()
             m = tr.step(0)
-            torch.cuda.synchronize()
-            out[f"chunk={chunk or 'none'}"] = {"peak_gb": torch.cuda.max_memory_allocated() / 2**30,
+            if cuda:
+                torch.cuda.synchronize()
+            out[f"chunk={chunk or 'none'}"] = {"peak_gb": torch.cuda.max_memory_allocated() / 2**30 if cuda else None,
                                                "weights_gb": base, "step_s": time.time() - t, "tokens": L,
                                                "kl": m["train/kl"]}
         except torch.OutOfMemoryError as e:
             out[f"chunk={chunk or 'none'}"] = {"oom": str(e)[:200], "weights_gb": base}
         finally:
             tr = teacher = student = None
-            torch.cuda.empty_cache()
+            if cuda:
+                torch.cuda.empty_cache()
     n_lin = sum(cfg_m.num_hidden_layers * x for x in [
         cfg_m.hidden_size * cfg_m.hidden_size * 2 + 2 * cfg_m.hidden_size * 512,  # q, o, k, v (GQA 4 x 128)
         3 * cfg_m.hidden_size * cfg_m.intermediate_size])
     out["full_qat_estimate_gb"] = {"linear_params_b": n_lin / 1e9,
                                    "fp32_latent+grad+adamw": 16 * n_lin / 2**30,
-                                   "teacher_bf16": 2 * 7.6e9 / 2**30}
+                                   "teacher_bf16": 2 * 7.6e9 / 2**30} if shape == "7b" else None
     return out
 
 
@@ -277,6 +300,9 @@ def print_table(res: dict) -> None:
     print("\n| format | init | method | data | KL(teacher‖student) | CE | accuracy |")
     print("|---|---|---|---|---:|---:|---:|")
     for r in rows:
+        if "error" in r:
+            print(f"| {r['format']} | {r['init'].upper()} | {r['method']} | {r['source']} | {r['error'][:60]} | | |")
+            continue
         print(f"| {r['format']} | {r['init'].upper()} | {r['method']} | {r['source']} | {r['kl']:.4f} | "
               f"{r['ce']:.4f} | {r['accuracy']:.3f} |")
     if "teacher" in res:

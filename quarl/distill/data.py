@@ -54,6 +54,12 @@ class Sequences:
 
 
 # --------------------------------------------------------------------------- text sources
+def _missing(v) -> bool:
+    import pandas as pd
+
+    return v is None or (not isinstance(v, str) and bool(pd.isna(v)))
+
+
 def texts_from_frame(df, columns: list[str]) -> tuple[list[str], list[str]]:
     """(full texts, prompts) from a dataset split: columns joined, a missing solution -> the answer."""
     missing = [c for c in columns if c not in df.columns]
@@ -64,9 +70,9 @@ def texts_from_frame(df, columns: list[str]) -> tuple[list[str], list[str]]:
         parts = []
         for c in columns:
             v = row[c]
-            if (v is None or (isinstance(v, float) and v != v)) and c == "solution" and "answer" in df.columns:
+            if _missing(v) and c == "solution" and "answer" in df.columns:
                 v = f"The answer is {row['answer']}."
-            if v is not None and not (isinstance(v, float) and v != v) and str(v):
+            if not _missing(v) and str(v):
                 parts.append(str(v))
         # a rendered prompt ends where the answer starts (chat template / "Answer:"), so no separator after it
         sep = "" if columns[0] == "prompt" else "\n"

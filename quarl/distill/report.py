@@ -67,10 +67,10 @@ def write_report(out_dir: str | Path, rows: list[dict], summary: dict, title: st
     has_png = plot_curves(rows, out / "curves.png", summary.get("eval_before"))
     b, a = summary.get("eval_before") or {}, summary.get("eval_after") or {}
     lines = [f"# {title}", "",
-             f"- teacher: `{summary.get('teacher_uri')}`; student init: `{summary.get('model_uri')}` "
-             f"({summary.get('student', {}).get('init')})",
-             f"- objective: {summary.get('objective')}; student mode: {summary.get('student', {}).get('mode')}; "
-             f"data: {summary.get('data_source')} ({summary.get('train_sequences')} sequences)",
+             (f"- teacher: `{summary.get('teacher_uri')}`; student init: `{summary.get('model_uri')}` "
+              f"({summary.get('student', {}).get('init')})"),
+             (f"- objective: {summary.get('objective')}; student mode: {summary.get('student', {}).get('mode')}; "
+              f"data: {summary.get('data_source')} ({summary.get('train_sequences')} sequences)"),
              f"- steps: {summary.get('total_steps')}; wall time {_fmt(summary.get('wall_s'))} s", "",
              "## Held-out text (the student after re-quantization)", "",
              "| metric | before | after |", "|---|---:|---:|"]

@@ -72,7 +72,8 @@ def _source_model(model_uri: str) -> str | None:
     return None
 
 
-def heldout_accuracy(model, tokenizer, prompts: list[str], answers: list[str], max_new_tokens: int) -> float:
+def heldout_accuracy(model, tokenizer, prompts: list[str], answers: list[str], max_new_tokens: int,
+                     batch_size: int = 16) -> float:
     """Greedy answers to held-out prompts, scored by quarl.rewards accuracy (a frozen copy of a QAT model)."""
     from quarl.eval.config import SamplingConfig
     from quarl.eval.generate import sample_completions
@@ -89,8 +90,8 @@ def heldout_accuracy(model, tokenizer, prompts: list[str], answers: list[str], m
     model.eval()
     try:
         comps, _ = sample_completions(model, tokenizer, prompts,
-                                      SamplingConfig(greedy=True, max_new_tokens=max_new_tokens, batch_size=16,
-                                                     cache="dynamic"), desc="accuracy", progress=False)
+                                      SamplingConfig(greedy=True, max_new_tokens=max_new_tokens, batch_size=batch_size,
+                                                     engine="reference", cache="dynamic"), desc="accuracy", progress=False)
     finally:
         model.train(was)
         for m in model.modules():
