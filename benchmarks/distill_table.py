@@ -63,7 +63,7 @@ def make_dataset(root: Path, s: dict) -> str:
     from quarl.config import load_config
     from quarl.data import DataPrepConfig, run_data_prep
 
-    out = root / "dataset"
+    out = root / "dataset" if root.name != "dataset" else root
     n = s["train_rows"] + max(s["heldout"], s["acc"]) + 64
     cfg = load_config(DataPrepConfig, None, [
         f"sources=[{{name: synthetic, num_samples: {n}, max_difficulty: 2}}]", "template=chat", "tokenizer=default",
@@ -107,18 +107,24 @@ def main(argv=None) -> dict:
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--quick", action="store_true", help="tiny settings: a smoke run of the whole table")
     ap.add_argument("--formats", default="nvfp4,int3-g128")
+    ap.add_argument("--inits", default="gptq,rtn", help="calibrations to start from (the first also runs the sources)")
     ap.add_argument("--sources-format", default="int3-g128", help="format of the data-source comparison")
     ap.add_argument("--steps", type=int, default=0, help="override the training steps")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--peak-7b", action="store_true", help="also measure a Qwen2.5-7B-shaped QAD step's peak memory")
     ap.add_argument("--peak-shape", default="7b", help="shape of the memory step (tiny: a CPU check)")
     ap.add_argument("--skip-table", action="store_true")
+    ap.add_argument("--data", default="", help="a data_prep dataset built beforehand (--make-data writes one)")
+    ap.add_argument("--make-data", default="", help="only build the dataset at this path and exit")
     ap.add_argument("--out", default="")
     a = ap.parse_args(argv)
     torch.set_num_threads(a.threads)
     s = settings(a.quick, a.device)
     if a.steps:
         s["steps"] = a.steps
+    if a.make_data:  # data_prep needs great_expectations, which GPU images may lack: build it here, carry it there
+        print(make_dataset(Path(a.make_data), s))
+        return {}
     res: dict = {"model": a.model, "settings": s, "device": a.device, "date": time.strftime("%Y-%m-%d"), "host": platform.node(),
                  "gpu": torch.cuda.get_device_name() if a.device.startswith("cuda") else None, "rows": []}
     t_all = time.time()
@@ -150,7 +156,7 @@ def table(a, s: dict, res: dict) -> None:
 
     root = Path(tempfile.mkdtemp(prefix="distill-table-"))
     dev = torch.device(a.device)
-    data_uri = make_dataset(root, s)
+    data_uri = a.data or make_dataset(root, s)
     frames = read_dataset(data_uri)
     train_df, ev = frames["train"], frames["eval"]
     teacher, tok = load_model(a.model, dtype=torch.float32, device=a.device)
@@ -189,7 +195,13 @@ def table(a, s: dict, res: dict) -> None:
 
     def run(fmt: str, init: str, calib_uri: str, objective: str, source: str, ptq: bool = False) -> dict:
         t = time.time()
-        student, _ = load_model(calib_uri, dtype=torch.float32, device=a.device)
+        if init == "rtn":  # RTN needs no calibration data: quantize in memory (no checkpoint round trip)
+            from quarl.quant import quantize_model
+
+            student, _ = load_model(a.model, dtype=torch.float32, device=a.device)
+            quantize_model(student, FORMATS[fmt])
+        else:
+            student, _ = load_model(calib_uri, dtype=torch.float32, device=a.device)
         cfg = distill_cfg(s, a.device, objective, source)
         tr = DistillTrainer(cfg, student, teacher, tok, sequences(source), held, root / "work" /
                             f"{fmt}-{init}-{objective}-{source}")
@@ -217,14 +229,16 @@ def table(a, s: dict, res: dict) -> None:
             torch.cuda.empty_cache()
         return out
 
-    for init in ("gptq", "rtn"):  # most important first: a run cut by a time limit keeps them
+    for init in a.inits.split(","):  # most important first: a run cut by a time limit keeps them
         for fmt in a.formats.split(","):
-            t = time.time()
-            uri, q = calibrate(root, data_uri, fmt, init, s, a.device, a.model)
-            res.setdefault("calibration", {})[f"{fmt}/{init}"] = {"kl": q.get("kl"), "seconds": time.time() - t}
+            uri = None
+            if init != "rtn":
+                t = time.time()
+                uri, q = calibrate(root, data_uri, fmt, init, s, a.device, a.model)
+                res.setdefault("calibration", {})[f"{fmt}/{init}"] = {"kl": q.get("kl"), "seconds": time.time() - t}
             run(fmt, init, uri, "ce", "sft", ptq=True)
             run(fmt, init, uri, "forward_kl", "sft")
-            if fmt == a.sources_format and init == "gptq":
+            if fmt == a.sources_format and init == a.inits.split(",")[0]:
                 for source in SOURCES[1:]:
                     try:
                         run(fmt, init, uri, "forward_kl", source)
