@@ -189,8 +189,21 @@ class DistillConfig:
                              "labels -- use a distillation objective (forward_kl) with data.source=random")
 
 
-def _kd_student() -> StudentConfig:
-    return StudentConfig(mode="qat", format="w3g128")
+# Reasoning-QAT's defaults as subclasses (not default factories): a config file that sets one field of a
+# section builds that section from its *type*, so the type must carry the defaults.
+@dataclass
+class KDStudentConfig(StudentConfig):
+    format: str = "w3g128"  # W3G128 asymmetric (used when the student input is not already calibrated)
+
+
+@dataclass
+class KDDataConfig(DataConfig):
+    source: str = "teacher"  # the teacher's own reasoning traces on the RL prompts
+
+
+@dataclass
+class KDOptimConfig(OptimConfig):
+    warmup_ratio: float = 0.05  # cosine with warmup
 
 
 @dataclass
@@ -198,6 +211,6 @@ class KDColdStartConfig(DistillConfig):
     """Reasoning-QAT's KD cold start: low-bit (W3G128 asymmetric by GPTQ upstream), forward KL on the
     teacher's own reasoning traces, cosine LR with warmup."""
 
-    student: StudentConfig = field(default_factory=_kd_student)
-    data: DataConfig = field(default_factory=lambda: DataConfig(source="teacher"))
-    optim: OptimConfig = field(default_factory=lambda: OptimConfig(warmup_ratio=0.05))
+    student: KDStudentConfig = field(default_factory=KDStudentConfig)
+    data: KDDataConfig = field(default_factory=KDDataConfig)
+    optim: KDOptimConfig = field(default_factory=KDOptimConfig)
