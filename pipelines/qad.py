@@ -4,7 +4,7 @@
 
 Calibration gives the low-bit student a good start; distillation then trains it
 (QAT with straight-through fake quantization) to match the teacher's token
-distributions. Declared now; builds once the ``distill`` stage exists.
+distributions.
 """
 
 from quarl_pipelines._builder import PipelineDef, Step
@@ -16,7 +16,7 @@ QAD = PipelineDef(
     steps=(
         Step("data_prep"),
         Step("calibrate", inputs={"data": "data_prep.dataset"}),
-        Step("distill", inputs={"model": "calibrate.model", "data": "data_prep.dataset"}),
+        Step("distill", inputs={"student": "calibrate.model", "data": "data_prep.dataset"}),
         Step("eval", inputs={"model": "distill.model", "data": "data_prep.dataset"}),
         Step("export", inputs={"base": "distill.model"}),
     ),

@@ -4,9 +4,7 @@
 
 GPTQ gives a low-bit (e.g. W3/W4 g128) start; a knowledge-distillation cold
 start recovers the reasoning format from the full-precision teacher; RL then
-optimizes the quantized policy directly. Declared now; builds once the
-``kd_coldstart`` stage exists.
-"""
+optimizes the quantized policy directly. """
 
 from quarl_pipelines._builder import PipelineDef, Step
 
@@ -16,7 +14,7 @@ REASONING_QAT = PipelineDef(
     steps=(
         Step("data_prep"),
         Step("calibrate", inputs={"data": "data_prep.dataset"}),
-        Step("kd_coldstart", inputs={"model": "calibrate.model", "data": "data_prep.dataset"}),
+        Step("kd_coldstart", inputs={"student": "calibrate.model", "data": "data_prep.dataset"}),
         Step("rl", inputs={"model": "kd_coldstart.model", "data": "data_prep.dataset"}),
         Step("eval", inputs={"model": "kd_coldstart.model", "adapter": "rl.adapter", "data": "data_prep.dataset"}),
         Step("export", inputs={"base": "kd_coldstart.model", "adapter": "rl.adapter"}),

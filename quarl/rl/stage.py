@@ -31,49 +31,22 @@ and that is checked *before* training, not after hours of it.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import time
 from pathlib import Path
 
-from quarl.artifacts import ArtifactExistsError, cache_root, open_artifact, write_artifact
+from quarl.artifacts import open_artifact, write_artifact
 from quarl.config import dump_config
 from quarl.rl.config import RLConfig
 from quarl.rl.report import summarize, write_report
 from quarl.rl.trainer import RLTrainer
-from quarl.storage import is_s3, local_path
 from quarl.train.metrics import read_metrics
+from quarl.train.outputs import checkpoint_remote_for, refuse_existing, work_dir_for
 from quarl.train.policy import resolve_device, resolve_dtype
 
 log = logging.getLogger(__name__)
 STAGE = "rl"
-
-
-def work_dir_for(output_uri: str) -> Path:
-    if is_s3(output_uri):
-        return cache_root() / "rl-work" / hashlib.sha256(output_uri.rstrip("/").encode()).hexdigest()[:24]
-    p = local_path(output_uri).absolute()
-    return p.parent / f"{p.name}.work"
-
-
-def checkpoint_remote_for(output_uri: str) -> str | None:
-    return f"{output_uri.rstrip('/')}.checkpoints" if is_s3(output_uri) else None
-
-
-def _refuse_existing(output_uri: str, overwrite: bool) -> None:
-    if overwrite:
-        return
-    if is_s3(output_uri):
-        from quarl.storage import S3Store
-
-        exists = S3Store().exists(f"{output_uri.rstrip('/')}/manifest.json")
-    else:
-        m = local_path(output_uri) / "manifest.json"
-        exists = m.exists() and json.loads(m.read_text()).get("complete") is True
-    if exists:
-        raise ArtifactExistsError(f"{output_uri} already holds a complete artifact; pass overwrite=True "
-                                  f"(CLI: --overwrite) to train again into it, or choose a new output")
 
 
 def run_rl(cfg: RLConfig, *, model_uri: str, data_uri: str, output_uri: str, init_adapter_uri: str | None = None,
@@ -89,7 +62,7 @@ def run_rl(cfg: RLConfig, *, model_uri: str, data_uri: str, output_uri: str, ini
 
     t0 = time.time()
     cfg = cfg.resolved()
-    _refuse_existing(output_uri, overwrite)
+    refuse_existing(output_uri, overwrite)
     df = read_split(data_uri, cfg.train.split)
     if df.empty:
         raise ValueError(f"{data_uri}: the {cfg.train.split!r} split is empty; re-run data-prep with more data")

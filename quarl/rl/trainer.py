@@ -55,7 +55,6 @@ import json
 import logging
 import math
 import random
-import resource
 import shutil
 import time
 from pathlib import Path
@@ -79,7 +78,7 @@ from quarl.rl.losses import group_advantages, overlong_penalty, policy_loss
 from quarl.rl.precision import Precision
 from quarl.rl.sampling import PromptSampler, ScoredBatch, dynamic_sample
 from quarl.train.checkpoint import CheckpointManager
-from quarl.train.metrics import MetricsLogger
+from quarl.train.metrics import MetricsLogger, peak_memory_gb
 from quarl.train.optim import lr_at, make_optimizer
 from quarl.train.policy import build_policy, lora_disabled, place_policy, resolve_device, resolve_dtype
 
@@ -100,12 +99,6 @@ def stop_token_ids(model: nn.Module, tokenizer) -> list[int]:
     if not ids:
         raise ValueError("the tokenizer has no EOS token, so rollouts could never stop; set tokenizer.eos_token")
     return sorted(ids)
-
-
-def _peak_memory_gb(device: torch.device) -> float:
-    if device.type == "cuda":
-        return torch.cuda.max_memory_allocated(device) / 2**30
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # Linux: KiB -> GiB
 
 
 def config_digest(cfg: RLConfig) -> str:
@@ -366,7 +359,7 @@ class RLTrainer:
                 dt = time.perf_counter() - t0
                 m.update({"time/logprob_s": t_lp, "time/update_s": t_upd, "time/step_s": dt,
                           "throughput/tokens_per_s": float(drawn.rollout.attention_mask.sum()) / max(dt, 1e-9),
-                          "memory/peak_gb": _peak_memory_gb(self.device), "data/epoch": self.sampler.epochs_done})
+                          "memory/peak_gb": peak_memory_gb(self.device), "data/epoch": self.sampler.epochs_done})
                 logger.log(step, m)
                 if cfg.train.sample_every and step % cfg.train.sample_every == 0:
                     self._write_samples(samples_path, step, drawn)

@@ -10,7 +10,10 @@ from __future__ import annotations
 
 import json
 import math
+import resource
 from pathlib import Path
+
+import torch
 
 
 def _clean(v):
@@ -56,3 +59,10 @@ class MetricsLogger:
     def close(self) -> None:
         if self._tb is not None:
             self._tb.close()
+
+
+def peak_memory_gb(device: torch.device) -> float:
+    """Peak memory of this process so far: CUDA allocations on a GPU, max resident set size on CPU."""
+    if device.type == "cuda":
+        return torch.cuda.max_memory_allocated(device) / 2**30
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # Linux: KiB -> GiB

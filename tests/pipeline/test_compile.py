@@ -75,13 +75,17 @@ def test_unavailable_pipeline_says_which_stage(name, tmp_path):
     assert not list(tmp_path.glob("*.yaml"))
 
 
-def test_qad_waits_for_distill():
-    missing = PIPELINES["qad"].missing_stages()
-    assert missing[0] == "distill"
-    res = CliRunner().invoke(app, ["compile", "qad"])
+def test_precision_search_waits_for_its_stage():
+    missing = PIPELINES["precision_search"].missing_stages()
+    assert missing == ["precision_search"]
+    res = CliRunner().invoke(app, ["compile", "precision_search"])
     assert res.exit_code == 1
-    want = "stage distill is not implemented yet" if missing == ["distill"] else "distill, "
-    assert want in res.output
+    assert "stage precision_search is not implemented yet" in res.output
+
+
+def test_distillation_pipelines_build():
+    for name in ("qad", "reasoning_qat"):
+        assert PIPELINES[name].missing_stages() == []
 
 
 def test_run_form_and_task_settings(core_recipe, tmp_path):

@@ -70,8 +70,8 @@ def test_failing_step_stops_the_dag(tmp_path):
 def test_cli_errors_are_one_line(tmp_path):
     from quarl.cli.main import app
 
-    res = CliRunner().invoke(app, ["run", "qad", "--runs-dir", str(tmp_path)])
-    assert res.exit_code == 1 and "distill" in res.output and "not implemented yet" in res.output
+    res = CliRunner().invoke(app, ["run", "precision_search", "--runs-dir", str(tmp_path)])
+    assert res.exit_code == 1 and "precision_search" in res.output and "not implemented yet" in res.output
     res = CliRunner().invoke(app, ["run", "qerl", "--set", "rl.optim.lrr=1", "--runs-dir", str(tmp_path)])
     assert res.exit_code == 1 and "unknown config key 'optim.lrr'" in res.output
 

@@ -76,6 +76,8 @@ BAD = {  # stage -> (a value its pod would reject, words the error must contain)
     "rl": ("algo.algo=ppo", "algo.algo must be one of"),
     "eval": ("device=gpu0", "device='gpu0' is not a device name"),
     "export": ("requant_format=int9", "requant_format='int9'"),
+    "distill": ("loss.objective=kl", "loss.objective must be one of"),
+    "kd_coldstart": ("loss.objective=kl", "loss.objective must be one of"),
 }
 
 

@@ -1,0 +1,3 @@
+from quarl_components.distill.component import distill
+
+__all__ = ["distill"]

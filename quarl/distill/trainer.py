@@ -1,0 +1,260 @@
+"""The distillation loop: teacher forward (no grad), student forward, chunked divergence, update, log, save.
+
+    for step in range(start, total_steps):
+        rows   <- PromptSampler over the training sequences (resumable order)
+        for each micro-batch:
+            h_t  <- teacher hidden states [b, L, H] (no grad; its logits exist one chunk at a time)
+            h_s  <- student hidden states (QAT: straight-through fake-quant weights; LoRA: frozen base + adapter)
+            loss <- sum over positions of D(teacher || student), chunked over positions / tokens in the batch
+            backward
+        clip grads; AdamW step                     (LR: quarl.rl's warmup + cosine, a function of the step)
+        every eval.every steps: held-out KL to the teacher and CE (QAD Table 1's two columns)
+        log -> metrics.jsonl, TensorBoard, tqdm;   save -> checkpoint (atomic, mirrored to S3)
+
+The loss is normalised by the number of trained positions in the whole batch
+(not per micro-batch), so ``optim.micro_batch_size`` changes memory, not the
+step. The teacher runs in ``teacher.dtype`` (bf16 halves its memory) and is
+never differentiated. Nothing random happens in a step besides the data
+order, which the sampler's saved position fixes; so a run stopped after a
+checkpoint and resumed takes exactly the step the uninterrupted run takes
+(tested), with checkpoints from quarl.train.checkpoint.
+
+Divergence: a non-finite loss or gradient norm stops the run before the
+optimizer step, with the last good checkpoint named.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import math
+import random
+import shutil
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch import nn
+
+from quarl.config import config_to_dict
+from quarl.distill.config import DistillConfig
+from quarl.distill.data import Sequences, collate
+from quarl.distill.losses import ChunkedLoss, chunked_loss
+from quarl.distill.student import build_student
+from quarl.rl.sampling import PromptSampler
+from quarl.train.checkpoint import CheckpointManager
+from quarl.train.metrics import MetricsLogger, peak_memory_gb
+from quarl.train.optim import lr_at, make_optimizer
+from quarl.train.policy import resolve_device, resolve_dtype
+
+log = logging.getLogger(__name__)
+
+
+class DistillDivergedError(RuntimeError):
+    """A non-finite loss or gradient: the run stops before corrupting the weights."""
+
+
+def config_digest(cfg: DistillConfig) -> str:
+    return hashlib.sha256(json.dumps(config_to_dict(cfg), sort_keys=True).encode()).hexdigest()[:16]
+
+
+def hidden_states(model: nn.Module, ids: torch.Tensor, attn: torch.Tensor) -> torch.Tensor:
+    """Final hidden states [b, L, H] of a causal LM (its decoder, without the LM head)."""
+    return model.get_decoder()(input_ids=ids, attention_mask=attn, use_cache=False).last_hidden_state
+
+
+def head_fn(model: nn.Module):
+    head = model.get_output_embeddings()
+    return lambda h: head(h.to(head.weight.dtype))
+
+
+class DistillTrainer:
+    """Owns the student, the teacher, the optimizer and the loop."""
+
+    def __init__(self, cfg: DistillConfig, student: nn.Module, teacher: nn.Module, tokenizer, train: Sequences,
+                 heldout: Sequences, out_dir: str | Path, *, checkpoint_remote: str | None = None):
+        self.cfg, self.tok, self.out = cfg, tokenizer, Path(out_dir)
+        self.out.mkdir(parents=True, exist_ok=True)
+        self.device = resolve_device(cfg.train.device)
+        if cfg.train.threads > 0:
+            torch.set_num_threads(cfg.train.threads)
+        dtype = resolve_dtype(cfg.student.dtype, self.device)
+        t_dtype = dtype if cfg.teacher.dtype == "auto" else resolve_dtype(cfg.teacher.dtype, self.device)
+        seed = cfg.train.seed
+        random.seed(seed)
+        np.random.seed(seed)
+        torch.manual_seed(seed)  # LoRA init
+        self.model = student.to(device=self.device, dtype=dtype)
+        self.student_report = build_student(self.model, cfg.student)
+        if cfg.student.gradient_checkpointing:
+            kw = {"use_reentrant": False}  # non-reentrant: works although the inputs need no grad (LoRA)
+            if hasattr(self.model, "activation_checkpointing_enable"):  # transformers >= 5.x name
+                self.model.activation_checkpointing_enable(activation_checkpointing_kwargs=kw)
+            else:
+                self.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kw)
+        self.teacher = teacher.to(device=self.device, dtype=t_dtype).eval().requires_grad_(False)
+        self.params = [p for p in self.model.parameters() if p.requires_grad]
+        self.optimizer, self.optimizer_name = make_optimizer(self.params, cfg.optim, self.device)
+        self.train_seqs, self.heldout = train, heldout
+        o, t = cfg.optim, cfg.train
+        self.total_steps = t.steps or max(1, math.ceil(t.epochs * len(train) / o.batch_size))
+        self.sampler = PromptSampler(len(train), seed)
+        self.ckpt = CheckpointManager(self.out / "checkpoints", checkpoint_remote, keep=t.keep_checkpoints)
+        self.pad_id = int(tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0)
+        self.last_checkpoint: Path | None = None
+        self.eval_before: dict | None = None
+        self.uses_teacher = cfg.loss.objective != "ce"
+
+    # ----------------------------------------------------------------------- forward pieces
+    def _batch(self, seqs: Sequences, rows: list[int]):
+        ids, attn, labels, mask = collate(seqs, rows, self.pad_id, self.cfg.loss.tokens == "completion")
+        d = self.device
+        return ids.to(d), attn.to(d), labels.to(d), mask.to(d)
+
+    def batch_loss(self, model: nn.Module, seqs: Sequences, rows: list[int], *, grad: bool,
+                   with_teacher: bool = True) -> ChunkedLoss:
+        """Summed loss of ``rows``; the student graph is kept only with ``grad``."""
+        ids, attn, labels, mask = self._batch(seqs, rows)
+        ht = None
+        if with_teacher:
+            with torch.no_grad():
+                ht = hidden_states(self.teacher, ids, attn)[mask]  # [n, Ht]: only trained positions are kept
+        with torch.set_grad_enabled(grad):
+            hs = hidden_states(model, ids, attn)[mask]  # [n, H]
+            return chunked_loss(hs, head_fn(model), ht, head_fn(self.teacher) if with_teacher else None,
+                                labels[mask], self.cfg.loss)
+
+    @torch.no_grad()
+    def evaluate(self, model: nn.Module | None = None) -> dict:
+        """Held-out forward KL(teacher || student) per token and student CE (nats/token)."""
+        model = model or self.model
+        was = model.training
+        model.eval()
+        kl = ce = 0.0
+        n = 0
+        mb = self.cfg.optim.micro_batch_size
+        rows = list(range(len(self.heldout)))
+        try:
+            for i in range(0, len(rows), mb):
+                r = self.batch_loss(model, self.heldout, rows[i:i + mb], grad=False)
+                kl, ce, n = kl + r.kl_sum, ce + r.ce_sum, n + r.count
+        finally:
+            model.train(was)
+        return {"kl": kl / max(n, 1), "ce": ce / max(n, 1), "ppl": math.exp(min(ce / max(n, 1), 50.0)), "tokens": n}
+
+    # ----------------------------------------------------------------------- checkpoints
+    def _last_good(self) -> str:
+        return (f"The last good checkpoint is {self.last_checkpoint}." if self.last_checkpoint else
+                "No checkpoint was written yet.")
+
+    def _save(self, done: int) -> None:
+        state = {"sampler": {"epoch": self.sampler.epoch, "position": self.sampler.position},
+                 "total_steps": self.total_steps, "config_digest": config_digest(self.cfg),
+                 "eval_before": self.eval_before, "optimizer": self.optimizer_name}
+
+        def extras(d: Path) -> None:
+            if (self.out / "metrics.jsonl").exists():
+                shutil.copy2(self.out / "metrics.jsonl", d / "metrics.jsonl")
+
+        self.last_checkpoint = self.ckpt.save(done, self.model, self.optimizer, state, {}, extras)
+
+    def maybe_resume(self) -> int:
+        if not self.cfg.train.resume:
+            return 0
+        ckpt = self.ckpt.latest()
+        if ckpt is None:
+            return 0
+        state = CheckpointManager.load(ckpt, self.model, self.optimizer, {})
+        if state["total_steps"] != self.total_steps:
+            raise ValueError(f"checkpoint {ckpt} belongs to a run of {state['total_steps']} steps, this one has "
+                             f"{self.total_steps}: the LR schedule would differ; keep train.steps (and the data "
+                             f"size) the same or use a fresh output")
+        if state.get("config_digest") != config_digest(self.cfg):
+            log.warning("resuming from %s with a different config than it was written with", ckpt)
+        s = state["sampler"]
+        self.sampler.epoch, self.sampler.position = s["epoch"], s["position"]
+        self.sampler._order = self.sampler._permutation(self.sampler.epoch)
+        self.eval_before = state.get("eval_before")
+        if (ckpt / "metrics.jsonl").exists():
+            shutil.copy2(ckpt / "metrics.jsonl", self.out / "metrics.jsonl")
+        self.last_checkpoint = ckpt
+        log.info("resumed from %s at step %d", ckpt, state["step"])
+        return int(state["step"])
+
+    # ----------------------------------------------------------------------- one step
+    def step(self, step: int) -> dict:
+        cfg = self.cfg
+        lr = lr_at(step, self.total_steps, cfg.optim)
+        for g in self.optimizer.param_groups:
+            g["lr"] = lr
+        rows = self.sampler.next(cfg.optim.batch_size)
+        _, _, _, mask = collate(self.train_seqs, rows, self.pad_id, cfg.loss.tokens == "completion")
+        n_tok = int(mask.sum())
+        if n_tok == 0:
+            raise ValueError(f"step {step}: the batch has no trained position (loss.tokens={cfg.loss.tokens}); "
+                             f"use longer sequences or loss.tokens=all")
+        self.model.train()
+        self.optimizer.zero_grad(set_to_none=True)
+        loss = kl = ce = 0.0
+        mb = cfg.optim.micro_batch_size
+        for i in range(0, len(rows), mb):
+            r = self.batch_loss(self.model, self.train_seqs, rows[i:i + mb], grad=True,
+                                with_teacher=self.uses_teacher)
+            part = r.loss_sum / n_tok
+            if not torch.isfinite(part):
+                raise DistillDivergedError(f"step {step}: the loss is {float(part.detach())}; the weights were not "
+                                           f"changed. Lower optim.lr. {self._last_good()}")
+            part.backward()
+            loss += float(part.detach())
+            kl += r.kl_sum
+            ce += r.ce_sum
+        max_norm = cfg.optim.max_grad_norm if cfg.optim.max_grad_norm > 0 else float("inf")
+        gn = float(torch.nn.utils.clip_grad_norm_(self.params, max_norm))
+        if not math.isfinite(gn):
+            raise DistillDivergedError(f"step {step}: gradient norm is {gn}; the weights were not changed. Lower "
+                                       f"optim.lr. {self._last_good()}")
+        self.optimizer.step()
+        return {"loss": loss, "train/kl": kl / n_tok, "train/ce": ce / n_tok, "grad_norm": gn, "lr": lr,
+                "train/tokens": n_tok, "data/epoch": self.sampler.epochs_done}
+
+    # ----------------------------------------------------------------------- the loop
+    def train(self, stop_after: int | None = None) -> dict:
+        from tqdm.auto import tqdm
+
+        cfg = self.cfg
+        start = self.maybe_resume()
+        if self.eval_before is None:
+            self.eval_before = self.evaluate()
+        end = self.total_steps if stop_after is None else min(self.total_steps, stop_after)
+        logger = MetricsLogger(self.out, resume_step=start)
+        bar = tqdm(total=self.total_steps, initial=start, desc=f"distill ({cfg.loss.objective})", unit="step",
+                   disable=None)
+        try:
+            for step in range(start, end):
+                t0 = time.perf_counter()
+                if self.device.type == "cuda":
+                    torch.cuda.reset_peak_memory_stats(self.device)
+                m = self.step(step)
+                m["time/step_s"] = time.perf_counter() - t0
+                m["memory/peak_gb"] = peak_memory_gb(self.device)
+                done = step + 1
+                if cfg.eval.every and (done % cfg.eval.every == 0 or done == self.total_steps):
+                    ev = self.evaluate()
+                    m.update({"eval/kl": ev["kl"], "eval/ce": ev["ce"]})
+                logger.log(step, m)
+                bar.update(1)
+                bar.set_postfix(loss=f"{m['loss']:.4f}", kl=f"{m['train/kl']:.4f}")
+                if done == self.total_steps or (cfg.train.checkpoint_every and done % cfg.train.checkpoint_every == 0):
+                    self._save(done)
+                elif stop_after is not None and done == end:
+                    self._save(done)  # an interrupted run leaves a checkpoint to resume from
+        finally:
+            bar.close()
+            logger.close()
+        return {"total_steps": self.total_steps, "start_step": start, "end_step": end,
+                "optimizer": self.optimizer_name, "student": self.student_report,
+                "train_sequences": len(self.train_seqs), "heldout_sequences": len(self.heldout),
+                "eval_before": self.eval_before,
+                "last_checkpoint": str(self.last_checkpoint) if self.last_checkpoint else None}

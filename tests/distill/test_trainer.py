@@ -1,0 +1,110 @@
+"""The loop on a tiny model: it lowers the KL, resume reproduces the uninterrupted step exactly, QAT and
+LoRA students re-quantize into their format, and a mismatched teacher is refused before any work."""
+
+import json
+
+import pytest
+import torch
+
+from quarl.distill.student import PairingError, build_student, check_pairing, finalize_student, to_qat
+from quarl.distill.trainer import DistillTrainer
+from quarl.quant import QuantLinear, quantize_model
+from tests.distill.conftest import small_tiny_model, tiny_cfg, token_sequences
+
+
+def _trainer(tmp_path, *extra, student=None):
+    cfg = tiny_cfg(*extra)
+    s, tok = student or small_tiny_model()
+    t, _ = small_tiny_model()
+    return DistillTrainer(cfg, s, t, tok, token_sequences(8), token_sequences(4, seed=9), tmp_path)
+
+
+def _weights(model):
+    return {k: v.detach().clone() for k, v in model.named_parameters() if v.requires_grad}
+
+
+def test_qad_lowers_the_kl_and_logs_every_step(tmp_path):
+    s, tok = small_tiny_model()
+    t, _ = small_tiny_model()
+    seqs = token_sequences(8)  # random tokens: the KL is measured on the sequences it trains on
+    cfg = tiny_cfg("train.steps=6", "optim.lr=1e-4", "optim.batch_size=8", "optim.micro_batch_size=8",
+                   "eval.every=3")
+    tr = DistillTrainer(cfg, s, t, tok, seqs, seqs, tmp_path)
+    res = tr.train()
+    after = tr.evaluate()
+    assert res["eval_before"]["kl"] > 0 and after["kl"] < 0.7 * res["eval_before"]["kl"]
+    rows = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == list(range(6)) and "eval/kl" in rows[2] and "eval/kl" not in rows[0]
+    assert rows[-1]["train/kl"] < rows[0]["train/kl"]
+
+
+def test_resume_gives_the_identical_next_step(tmp_path):
+    full = _trainer(tmp_path / "a")
+    full.train()
+    part = _trainer(tmp_path / "b")
+    part.train(stop_after=2)  # leaves a checkpoint at step 2
+    resumed = _trainer(tmp_path / "b")
+    res = resumed.train()
+    assert res["start_step"] == 2 and res["end_step"] == 3
+    wa, wb = _weights(full.model), _weights(resumed.model)
+    assert wa.keys() == wb.keys()
+    for k in wa:
+        assert torch.equal(wa[k], wb[k]), k
+    la = (tmp_path / "a" / "metrics.jsonl").read_text().splitlines()
+    lb = (tmp_path / "b" / "metrics.jsonl").read_text().splitlines()
+    strip = [json.loads(x) for x in la], [json.loads(x) for x in lb]
+    assert [r["loss"] for r in strip[0]] == [r["loss"] for r in strip[1]]
+
+
+def test_ce_objective_needs_no_teacher_forward(tmp_path):
+    tr = _trainer(tmp_path, "loss.objective=ce", "train.steps=1")
+    calls = []
+    tr.teacher.register_forward_hook(lambda *a: calls.append(1))
+    tr.step(0)
+    assert calls == []
+
+
+def test_calibrated_student_starts_at_the_calibrated_point_and_requantizes():
+    model, _ = small_tiny_model()
+    quantize_model(model, {"default": "int4-g32"})  # stands in for a calibrate artifact (frozen packed layers)
+    x = torch.randint(3, 2000, (1, 10))
+    ref = model(input_ids=x).logits
+    packed = {n: m.weight_packed.clone() for n, m in model.named_modules() if isinstance(m, QuantLinear)}
+    assert to_qat(model) == len(packed)
+    torch.testing.assert_close(model(input_ids=x).logits, ref, rtol=1e-4, atol=1e-4)  # RTN codes re-derived
+    finalize_student(model)
+    for n, m in model.named_modules():
+        if isinstance(m, QuantLinear):
+            assert m.mode == "frozen" and torch.equal(m.weight_packed, packed[n])
+
+
+@pytest.mark.parametrize("mode", ["qat", "lora"])
+def test_student_modes_train_the_right_parameters(mode):
+    model, _ = small_tiny_model()
+    rep = build_student(model, tiny_cfg(f"student.mode={mode}").student)
+    names = [n for n, p in model.named_parameters() if p.requires_grad]
+    if mode == "qat":
+        assert names and all(n.endswith("proj.weight") for n in names)
+    else:
+        assert names and all("lora_" in n for n in names)
+    assert rep["trainable_params"] == sum(p.numel() for p in model.parameters() if p.requires_grad)
+    with torch.no_grad():
+        for n, p in model.named_parameters():
+            if p.requires_grad:
+                p.add_(0.01)
+    finalize_student(model)
+    assert all(m.mode == "frozen" and m.lora_cfg is None and m.config is not None
+               for m in model.modules() if isinstance(m, QuantLinear))
+    assert not any(p.requires_grad for p in model.parameters())
+
+
+def test_bad_pairing_is_refused():
+    a, tok_a = small_tiny_model()
+    b, tok_b = small_tiny_model(vocab=1024)
+    with pytest.raises(PairingError, match="different vocabularies"):
+        check_pairing(a, tok_a, b, tok_b)
+    c, tok_c = small_tiny_model()
+    tok_c.add_tokens(["<zzz-new-token>"])
+    with pytest.raises(PairingError, match="tokenizers differ"):
+        check_pairing(a, tok_a, c, tok_c)
+    check_pairing(a, tok_a, c, tok_a)
