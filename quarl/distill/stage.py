@@ -159,8 +159,8 @@ def _publish_generated(cfg, seqs_path: Path, output_uri: str, inputs: list[str],
 def run_distill(cfg: DistillConfig, *, model_uri: str, data_uri: str, output_uri: str, teacher_uri: str | None = None,
                 overwrite: bool = False, stop_after: int | None = None, stage: str = "distill") -> dict:
     """Distill the quantized student from its teacher; write the re-quantized model artifact. Returns a result."""
-    from quarl.quant.checkpoint import save_quantized
     from quarl.models import load_model
+    from quarl.quant.checkpoint import save_quantized
 
     t0 = time.time()
     refuse_existing(output_uri, overwrite)
