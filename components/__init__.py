@@ -11,10 +11,12 @@ from quarl_components.calibrate import calibrate
 from quarl_components.data_prep import data_prep
 from quarl_components.eval import eval
 from quarl_components.export import export
+from quarl_components.precision_search import precision_search
 from quarl_components.rl import rl
 
 COMPONENTS = {
     "data_prep": data_prep,
+    "precision_search": precision_search,
     "calibrate": calibrate,
     "rl": rl,
     "eval": eval,

@@ -204,6 +204,33 @@ STAGES: dict[str, StageSpec] = {
                         "held-out KL and perplexity.",
         ),
         StageSpec(
+            name="precision_search",
+            run="quarl.search:run_precision_search",
+            config="quarl.search:PrecisionSearchConfig",
+            output=OutputSpec("recipe", "recipe", kfp_type="Artifact"),
+            inputs=(
+                InputSpec("base", "model", "model_uri", ref_param="base_model"),
+                InputSpec("data", "dataset", "data_uri", optional=True),
+            ),
+            params={
+                "formats": Param("formats"),
+                "granularity": Param("granularity"),
+                "method": Param("method"),
+                "budget_bits": Param("budget_bits", none=0.0),
+                "episodes": Param("ppo.episodes"),
+                "w_perf": Param("reward.w_perf"),
+                "w_kl": Param("reward.w_kl"),
+                "w_ent": Param("reward.w_ent"),
+                "w_mem": Param("reward.w_mem"),
+                "device": Param("device"),
+            },
+            report_file="report.md",
+            metrics=("searched", "seconds.total", "evaluations.unique"),
+            resources=Resources(image="cpu", cpu="4", memory="16Gi", timeout_s=6 * 3600),
+            description="Per-layer weight formats chosen by a PPO agent under an average-bits budget -> a "
+                        "mixed-precision recipe for calibrate, with uniform/greedy/random baselines.",
+        ),
+        StageSpec(
             name="rl",
             run="quarl.rl.stage:run_rl",
             config="quarl.rl.config:RLConfig",
@@ -293,7 +320,6 @@ STAGES: dict[str, StageSpec] = {
 PLANNED_STAGES = {
     "distill": "quarl.distill:run_distill",
     "kd_coldstart": "quarl.distill:run_kd_coldstart",
-    "precision_search": "quarl.search:run_precision_search",
 }
 
 

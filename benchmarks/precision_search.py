@@ -1,0 +1,115 @@
+"""RL precision search on SmolLM2-135M-Instruct (CPU): searched recipe vs uniform, greedy and random.
+
+    .venv/bin/python -m benchmarks.precision_search [--budgets nvfp4,int8-g64] [--episodes 128]
+                                                    [--threads 2] [--skip-calibrate]
+
+For each budget (named by the uniform format whose average bits it equals):
+
+1. ``quarl.search.run_precision_search`` with the default formats (nf4, nvfp4,
+   int8-g64, bf16), one decision per decoder block (30), RTN weights, reward
+   weights at their defaults (loss gap 1, KL 1, entropy 0, memory 0.01); the
+   search batch is 2 x 64 tokens of GSM8K *train* worked answers, the held-out
+   batch 4 x 64 tokens of later (unused) train answers. The artifact (recipe,
+   search.json, report.md, reward_curve.png, formats.png) is written to
+   ``benchmarks/results/precision_search/<budget>/``.
+2. (first budget only) ``quarl.calibrate.run_calibrate`` (GPTQ, 16 x 128-token
+   GSM8K train windows) with the searched recipe and with uniform NVFP4, then
+   their held-out KL / perplexity from calibrate's own metrics (8 x 128 tokens
+   of GSM8K *test*): the "eval against uniform NVFP4 at equal bits".
+
+Results: ``benchmarks/results/precision_search.json``. RESULTS.md's section is
+written by hand from it (the figures are copied, not retyped: ``--print``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import platform
+import shutil
+import time
+from datetime import UTC, datetime
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parent.parent
+RESULTS = ROOT / "benchmarks/results"
+GSM8K = Path("/work/shared/data/gsm8k")
+OUT_JSON = RESULTS / "precision_search.json"
+
+
+def _bits(fmt: str) -> float:
+    """Average storage bits of ``fmt`` on SmolLM2's linears (what the uniform recipe measures)."""
+    return {"nvfp4": 4.5001, "nf4": 4.5, "int8-g64": 8.625}[fmt]
+
+
+def run_search(budget: str, episodes: int, threads: int) -> dict:
+    from quarl.search import PrecisionSearchConfig
+    from quarl.search.config import PPOConfig, SearchDataConfig
+    from quarl.search.stage import run_precision_search
+
+    out = RESULTS / "precision_search" / budget
+    cfg = PrecisionSearchConfig(
+        budget_bits=_bits(budget),
+        ppo=PPOConfig(episodes=episodes, episodes_per_update=16),
+        data=SearchDataConfig(path=str(GSM8K / "train.jsonl"), text_field="answer", num_samples=2, seq_len=64,
+                              heldout_samples=4),
+        checkpoint_dir=str(RESULTS / "precision_search" / f"{budget}.ckpt"),
+        threads=threads,
+    )
+    t0 = time.perf_counter()
+    res = run_precision_search(cfg, model_uri="default", output_uri=str(out), overwrite=True)
+    res["wall_s"] = time.perf_counter() - t0
+    res["search_json"] = str((out / "search.json").relative_to(ROOT))
+    return res
+
+
+def run_calibrations(recipe_dir: Path) -> dict:
+    from quarl.calibrate import CalibrateConfig, run_calibrate
+    from quarl.calibrate.config import CalibDataConfig, HeldOutConfig
+
+    rows = {}
+    for name, recipe_uri, fmt in (("searched", str(recipe_dir), "nvfp4"),
+                                  ("uniform nvfp4", None, "nvfp4")):
+        cfg = CalibrateConfig(method="gptq", format=fmt, device="cpu",
+                              data=CalibDataConfig(path=str(GSM8K / "train.jsonl"), text_field="answer",
+                                                   num_samples=16, seq_len=128),
+                              eval=HeldOutConfig(path=str(GSM8K / "test.jsonl"), text_field="answer", num_samples=8))
+        out = RESULTS / "precision_search" / f"calibrated-{name.replace(' ', '-')}"
+        t0 = time.perf_counter()
+        m = run_calibrate(cfg, model_uri="default", recipe_uri=recipe_uri, output_uri=str(out), overwrite=True)
+        mem = m["memory"]["by_format"]
+        lin = {k: v for k, v in mem.items() if k not in ("float32", "bfloat16", "lora")}
+        lin_bits = 8 * sum(v["bytes"] for v in lin.values()) / max(sum(v["params"] for v in lin.values()), 1)
+        rows[name] = {"kl": m["quality"]["kl"], "ppl": m["quality"]["ppl"], "ref_ppl": m["quality"]["ref_ppl"],
+                      "linear_avg_bits": lin_bits, "total_mib": m["memory"]["total_bytes"] / 2**20,
+                      "seconds": time.perf_counter() - t0}
+        shutil.rmtree(out / "model", ignore_errors=True)
+    return rows
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--budgets", default="nvfp4,int8-g64")
+    ap.add_argument("--episodes", type=int, default=128)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--skip-calibrate", action="store_true")
+    a = ap.parse_args()
+    logging.basicConfig(level=logging.INFO)
+    torch.set_num_threads(a.threads)
+    data = json.loads(OUT_JSON.read_text()) if OUT_JSON.exists() else {}
+    data["machine"] = f"{platform.processor() or platform.machine()}, {a.threads} threads (2 shared cores)"
+    data["date"] = datetime.now(UTC).strftime("%Y-%m-%d")
+    for i, b in enumerate(a.budgets.split(",")):
+        data.setdefault("searches", {})[b] = run_search(b, a.episodes, a.threads)
+        OUT_JSON.write_text(json.dumps(data, indent=1, default=str))
+        if i == 0 and not a.skip_calibrate:
+            data["calibrate"] = run_calibrations(RESULTS / "precision_search" / b)
+            OUT_JSON.write_text(json.dumps(data, indent=1, default=str))
+    print(json.dumps({k: v for k, v in data.items() if k != "searches"}, indent=1, default=str))
+
+
+if __name__ == "__main__":
+    main()
