@@ -54,7 +54,7 @@ def run_search(budget: str, episodes: int, threads: int) -> dict:
     cfg = PrecisionSearchConfig(
         budget_bits=_bits(budget),
         ppo=PPOConfig(episodes=episodes, episodes_per_update=16),
-        data=SearchDataConfig(path=str(GSM8K / "train.jsonl"), text_field="answer", num_samples=2, seq_len=64,
+        data=SearchDataConfig(path=str(GSM8K / "train.jsonl"), text_field="answer", num_samples=2, seq_len=32,
                               heldout_samples=4),
         checkpoint_dir=str(RESULTS / "precision_search" / f"{budget}.ckpt"),
         threads=threads,
@@ -75,7 +75,7 @@ def run_calibrations(recipe_dir: Path) -> dict:
                                   ("uniform nvfp4", None, "nvfp4")):
         cfg = CalibrateConfig(method="gptq", format=fmt, device="cpu",
                               data=CalibDataConfig(path=str(GSM8K / "train.jsonl"), text_field="answer",
-                                                   num_samples=16, seq_len=128),
+                                                   num_samples=8, seq_len=128),
                               eval=HeldOutConfig(path=str(GSM8K / "test.jsonl"), text_field="answer", num_samples=8))
         out = RESULTS / "precision_search" / f"calibrated-{name.replace(' ', '-')}"
         t0 = time.perf_counter()
@@ -92,8 +92,8 @@ def run_calibrations(recipe_dir: Path) -> dict:
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--budgets", default="nvfp4,int8-g64")
-    ap.add_argument("--episodes", type=int, default=128)
+    ap.add_argument("--budgets", default="nvfp4")
+    ap.add_argument("--episodes", type=int, default=96)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--skip-calibrate", action="store_true")
     a = ap.parse_args()

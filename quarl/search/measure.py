@@ -161,6 +161,7 @@ class ModelEvaluator:
     def _entropy_hook(self, mod, args, out) -> None:
         p = out[1] if isinstance(out, tuple) and len(out) > 1 else None
         if p is not None:  # [B, H, L, L], rows sum to 1 (causal: zeros above the diagonal)
+            p = p.detach()
             self._ent.append(float(-(p * p.clamp_min(1e-12).log()).sum(-1).mean()))
 
     @torch.no_grad()
@@ -280,12 +281,13 @@ class ModelEvaluator:
         for g in gains:
             g.requires_grad_(True)
         opt = torch.optim.Adam(gains, lr=self.recovery_lr)
-        for _ in range(self.recovery_steps):
-            lq = self.model(input_ids=self.ids, use_cache=False).logits.float().log_softmax(-1)
-            loss = F.kl_div(lq, self.ref_logp, log_target=True, reduction="batchmean")
-            opt.zero_grad()
-            loss.backward()
-            opt.step()
+        with torch.enable_grad():  # measure() may be called under no_grad (the agent's rollout)
+            for _ in range(self.recovery_steps):
+                lq = self.model(input_ids=self.ids, use_cache=False).logits.float().log_softmax(-1)  # [B, L, V]
+                loss = F.kl_div(lq, self.ref_logp, log_target=True, reduction="batchmean")  # KL(ref || quant)
+                opt.zero_grad()
+                loss.backward()
+                opt.step()
         with torch.no_grad():
             self._ent.clear()
             out = self.model(input_ids=self.ids, use_cache=False)

@@ -129,7 +129,7 @@ class PPO:
             loss.backward()
             nn.utils.clip_grad_norm_(self.net.parameters(), c.max_grad_norm)
             self.opt.step()
-            stats = {"pg_loss": float(pg), "v_loss": float(v_loss), "entropy": float(ent)}
+            stats = {"pg_loss": float(pg.detach()), "v_loss": float(v_loss.detach()), "entropy": float(ent.detach())}
         return stats
 
     # ---------------------------------------------------------------- train
