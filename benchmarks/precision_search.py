@@ -17,8 +17,10 @@ For each budget (named by the uniform format whose average bits it equals):
    their held-out KL / perplexity from calibrate's own metrics (8 x 128 tokens
    of GSM8K *test*): the "eval against uniform NVFP4 at equal bits".
 
-Results: ``benchmarks/results/precision_search.json``. RESULTS.md's section is
-written by hand from it (the figures are copied, not retyped: ``--print``).
+Results: ``benchmarks/results/precision_search.json`` (after every part), and
+``--write-results`` rewrites the "## Precision search (CPU)" section of
+``benchmarks/RESULTS.md`` from it (``--only-write``: no run). The observations
+in that section are computed from the numbers, not typed.
 """
 
 from __future__ import annotations
@@ -38,6 +40,8 @@ ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks/results"
 GSM8K = Path("/work/shared/data/gsm8k")
 OUT_JSON = RESULTS / "precision_search.json"
+RESULTS_MD = ROOT / "benchmarks/RESULTS.md"
+SECTION = "## Precision search (CPU)"
 
 
 def _bits(fmt: str) -> float:
@@ -90,13 +94,91 @@ def run_calibrations(recipe_dir: Path) -> dict:
     return rows
 
 
+def render(data: dict) -> str:
+    from quarl.search.report import comparison_markdown
+
+    lines = [SECTION, "",
+             (f"`.venv/bin/python -m benchmarks.precision_search --write-results` -- {data['date']}, "
+             f"{data['machine']}; SmolLM2-135M-Instruct (fp32 reference), 30 decisions (one per decoder block), "
+             "formats nf4 / nvfp4 / int8-g64 / bf16, RTN, reward weights w_perf 1, w_kl 1, w_ent 0, w_mem 0.01. "
+             "Search batch 2 x 32 tokens of GSM8K train answers; held-out batch 4 x 32 tokens of other GSM8K train "
+             "answers (never used to choose). Every row except the uniform ones respects the budget."), ""]
+    for budget, r in data.get("searches", {}).items():
+        s = json.loads((ROOT / r["search_json"]).read_text())
+        sec = s["seconds"]
+        lines += [f"### Budget: average bits <= {s['budget_bits']} (= uniform {budget})", "",
+                  (f"Search wall time {sec['total']:.0f} s (weights + sensitivity table {sec['setup']:.0f} s + "
+                  f"{s['evaluations']['sensitivity']} evaluations, random {sec['random']:.0f} s, PPO {sec['ppo']:.0f} s; "
+                  f"{s['evaluations']['unique']} unique recipes measured, "
+                  f"{s['evaluations']['forward_equivalents']:.0f} forward-pass equivalents with the prefix cache); "
+                  f"PPO {len(s['ppo']['episode_returns'])} episodes, random search as many."), "",
+                  comparison_markdown(s["comparison"]),
+                  (f"Reward curve: [`{Path(r['search_json']).parent}/reward_curve.png`]"
+                  f"({Path(r['search_json']).parent.relative_to('benchmarks')}/reward_curve.png); "
+                  f"per-block formats: [`formats.png`]({Path(r['search_json']).parent.relative_to('benchmarks')}"
+                  "/formats.png)."), ""]
+        lines += _observations(s, budget) + [""]
+    c = data.get("calibrate")
+    if c:
+        lines += ["### Calibrate with the searched recipe vs uniform NVFP4", "",
+                  ("`run_calibrate` GPTQ, 8 x 128-token windows of GSM8K train answers; held-out: 8 x 128 tokens of "
+                  "GSM8K test answers (calibrate's own KL(ref || quant) and perplexity)."), "",
+                  "| recipe | quantized-linear avg bits | model MiB | held-out KL(ref‖q) | ppl | ref ppl | seconds |",
+                  "|---|---:|---:|---:|---:|---:|---:|"]
+        for name, v in c.items():
+            lines.append(f"| {name} | {v['linear_avg_bits']:.4f} | {v['total_mib']:.1f} | {v['kl']:.4f} | "
+                         f"{v['ppl']:.3f} | {v['ref_ppl']:.3f} | {v['seconds']:.0f} |")
+        a, b = c.get("searched"), c.get("uniform nvfp4")
+        if a and b:
+            verdict = "lower" if a["kl"] < b["kl"] else "higher"
+            lines += ["", (f"The searched recipe's held-out KL after GPTQ is {verdict} than uniform NVFP4's "
+                          f"({a['kl']:.4f} vs {b['kl']:.4f}, {100 * (a['kl'] / b['kl'] - 1):+.1f}%).")]
+    return "\n".join(lines) + "\n"
+
+
+def _observations(s: dict, budget: str) -> list[str]:
+    rows = {r["name"]: r for r in s["comparison"]}
+    ppo = rows["PPO (best episode)"]
+    out = []
+    for name, r in rows.items():
+        if name == "PPO (best episode)" or "heldout" not in r:
+            continue
+        same_bits = abs(r["avg_bits"] - ppo["avg_bits"]) < 0.02 or r["avg_bits"] >= ppo["avg_bits"]
+        if not same_bits:
+            continue
+        better_s = ppo["kl"] < r["kl"]
+        better_h = ppo["heldout"]["kl"] < r["heldout"]["kl"]
+        out.append(f"- vs {name} ({r['avg_bits']:.3f} bits): KL on the search batch {ppo['kl']:.4f} vs {r['kl']:.4f} "
+                   f"({'lower' if better_s else 'not lower'}), held-out {ppo['heldout']['kl']:.4f} vs "
+                   f"{r['heldout']['kl']:.4f} ({'lower' if better_h else 'NOT lower'}).")
+    return out
+
+
+def write_results(data: dict) -> None:
+    text = RESULTS_MD.read_text()
+    body = render(data)
+    start = text.find(SECTION)
+    if start < 0:
+        text = text.rstrip("\n") + "\n\n" + body
+    else:
+        nxt = text.find("\n## ", start + len(SECTION))
+        rest = "" if nxt < 0 else text[nxt + 1:]
+        text = text[:start] + body + ("\n" + rest if rest else "")
+    RESULTS_MD.write_text(text)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--budgets", default="nvfp4")
     ap.add_argument("--episodes", type=int, default=96)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--skip-calibrate", action="store_true")
+    ap.add_argument("--write-results", action="store_true", help="rewrite the RESULTS.md section")
+    ap.add_argument("--only-write", action="store_true", help="do not run; just rewrite RESULTS.md")
     a = ap.parse_args()
+    if a.only_write:
+        write_results(json.loads(OUT_JSON.read_text()))
+        return
     logging.basicConfig(level=logging.INFO)
     torch.set_num_threads(a.threads)
     data = json.loads(OUT_JSON.read_text()) if OUT_JSON.exists() else {}
@@ -108,6 +190,8 @@ def main() -> None:
         if i == 0 and not a.skip_calibrate:
             data["calibrate"] = run_calibrations(RESULTS / "precision_search" / b)
             OUT_JSON.write_text(json.dumps(data, indent=1, default=str))
+    if a.write_results:
+        write_results(data)
     print(json.dumps({k: v for k, v in data.items() if k != "searches"}, indent=1, default=str))
 
 

@@ -152,13 +152,13 @@ def _report(out: dict, model_uri: str) -> str:
     lines = [
         f"# Precision search: {model_uri}",
         "",
-        f"- formats: {', '.join(out['formats'])}; budget: {out['budget_bits']} average bits; "
-        f"{len(out['units'])} units ({out['units'][0]['kind']} granularity)",
+        (f"- formats: {', '.join(out['formats'])}; budget: {out['budget_bits']} average bits; "
+        f"{len(out['units'])} units ({out['units'][0]['kind']} granularity)"),
         f"- search batch {out['search_batch']} tokens, held-out batch {out['heldout_batch']}",
-        f"- PPO: {len(out['ppo']['episode_returns'])} episodes, best R = {out['ppo']['best_return']:.4f}; "
-        f"wall time {s['total']:.0f} s (setup {s['setup']:.0f}, random {s['random']:.0f}, PPO {s['ppo']:.0f})",
-        f"- evaluations: {out['evaluations']['unique']} unique recipes, "
-        f"{out['evaluations']['forward_equivalents']:.0f} forward-pass equivalents",
+        (f"- PPO: {len(out['ppo']['episode_returns'])} episodes, best R = {out['ppo']['best_return']:.4f}; "
+        f"wall time {s['total']:.0f} s (setup {s['setup']:.0f}, random {s['random']:.0f}, PPO {s['ppo']:.0f})"),
+        (f"- evaluations: {out['evaluations']['unique']} unique recipes, "
+        f"{out['evaluations']['forward_equivalents']:.0f} forward-pass equivalents"),
         "",
         "## Comparison",
         "",

@@ -38,7 +38,7 @@ def test_step_mode_measures_every_prefix_and_telescopes(table_ev):
     env.reset()
     total = 0.0
     for a in [1, 0, 1, 2]:
-        _, _, r, done, info = env.step(a)
+        _, _, r, _done, info = env.step(a)
         total += r
     assert table_ev.calls == [(1, None, None, None), (1, 0, None, None), (1, 0, 1, None), (1, 0, 1, 2)]
     assert total == pytest.approx(info["R"])

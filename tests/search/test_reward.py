@@ -10,10 +10,10 @@ Q = Measurement(loss=2.3, kl=0.2, entropy=1.7, avg_bits=4.0)
 
 
 @pytest.mark.parametrize("term,weights,expected", [
-    ("perf", dict(w_perf=2.0, w_kl=0, w_ent=0, w_mem=0), 2.0 * (2.0 - 2.3)),
-    ("kl", dict(w_perf=0, w_kl=3.0, w_ent=0, w_mem=0), -3.0 * 0.2),
-    ("ent", dict(w_perf=0, w_kl=0, w_ent=0.5, w_mem=0), 0.5 * (1.7 - 1.5)),
-    ("mem", dict(w_perf=0, w_kl=0, w_ent=0, w_mem=0.1), 0.1 * (1 - 4.0 / 16)),
+    ("perf", {"w_perf": 2.0, "w_kl": 0, "w_ent": 0, "w_mem": 0}, 2.0 * (2.0 - 2.3)),
+    ("kl", {"w_perf": 0, "w_kl": 3.0, "w_ent": 0, "w_mem": 0}, -3.0 * 0.2),
+    ("ent", {"w_perf": 0, "w_kl": 0, "w_ent": 0.5, "w_mem": 0}, 0.5 * (1.7 - 1.5)),
+    ("mem", {"w_perf": 0, "w_kl": 0, "w_ent": 0, "w_mem": 0.1}, 0.1 * (1 - 4.0 / 16)),
 ])
 def test_each_term_alone(term, weights, expected):
     w = RewardConfig(**weights)
