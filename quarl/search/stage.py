@@ -191,6 +191,8 @@ def run_precision_search(cfg: PrecisionSearchConfig, *, model_uri: str, data_uri
     search_ids = search_ids.to(device)
     held_ids = held_ids.to(device) if held_ids is not None else None
     ckpt = _checkpoint_path(cfg, model_uri, search_ids)
+    if not cfg.resume and ckpt.is_file():
+        ckpt.unlink()  # start over: the agent would otherwise continue from it
     inputs = [u for u in (model_uri, data_uri) if u]
     with write_artifact(output_uri, "recipe", STAGE, config=cfg, inputs=inputs, overwrite=overwrite) as art:
         out = search(cfg, model, tok, search_ids, held_ids, ckpt, progress=progress)
