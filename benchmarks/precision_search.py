@@ -8,11 +8,11 @@ For each budget (named by the uniform format whose average bits it equals):
 1. ``quarl.search.run_precision_search`` with the default formats (nf4, nvfp4,
    int8-g64, bf16), one decision per decoder block (30), RTN weights, reward
    weights at their defaults (loss gap 1, KL 1, entropy 0, memory 0.01); the
-   search batch is 2 x 64 tokens of GSM8K *train* worked answers, the held-out
-   batch 4 x 64 tokens of later (unused) train answers. The artifact (recipe,
+   search batch is 2 x 32 tokens of GSM8K *train* worked answers, the held-out
+   batch 4 x 32 tokens of later (unused) train answers; 64 PPO episodes. The artifact (recipe,
    search.json, report.md, reward_curve.png, formats.png) is written to
    ``benchmarks/results/precision_search/<budget>/``.
-2. (first budget only) ``quarl.calibrate.run_calibrate`` (GPTQ, 16 x 128-token
+2. (first budget only) ``quarl.calibrate.run_calibrate`` (RTN, 8 x 128-token
    GSM8K train windows) with the searched recipe and with uniform NVFP4, then
    their held-out KL / perplexity from calibrate's own metrics (8 x 128 tokens
    of GSM8K *test*): the "eval against uniform NVFP4 at equal bits".
@@ -77,7 +77,7 @@ def run_calibrations(recipe_dir: Path) -> dict:
     rows = {}
     for name, recipe_uri, fmt in (("searched", str(recipe_dir), "nvfp4"),
                                   ("uniform nvfp4", None, "nvfp4")):
-        cfg = CalibrateConfig(method="gptq", format=fmt, device="cpu",
+        cfg = CalibrateConfig(method="rtn", format=fmt, device="cpu",
                               data=CalibDataConfig(path=str(GSM8K / "train.jsonl"), text_field="answer",
                                                    num_samples=8, seq_len=128),
                               eval=HeldOutConfig(path=str(GSM8K / "test.jsonl"), text_field="answer", num_samples=8))
@@ -121,7 +121,7 @@ def render(data: dict) -> str:
     c = data.get("calibrate")
     if c:
         lines += ["### Calibrate with the searched recipe vs uniform NVFP4", "",
-                  ("`run_calibrate` GPTQ, 8 x 128-token windows of GSM8K train answers; held-out: 8 x 128 tokens of "
+                  ("`run_calibrate` RTN (calibration windows unused by RTN); held-out: 8 x 128 tokens of "
                   "GSM8K test answers (calibrate's own KL(ref || quant) and perplexity)."), "",
                   "| recipe | quantized-linear avg bits | model MiB | held-out KL(ref‖q) | ppl | ref ppl | seconds |",
                   "|---|---:|---:|---:|---:|---:|---:|"]
@@ -131,7 +131,7 @@ def render(data: dict) -> str:
         a, b = c.get("searched"), c.get("uniform nvfp4")
         if a and b:
             verdict = "lower" if a["kl"] < b["kl"] else "higher"
-            lines += ["", (f"The searched recipe's held-out KL after GPTQ is {verdict} than uniform NVFP4's "
+            lines += ["", (f"The searched recipe's held-out KL after calibrate (RTN) is {verdict} than uniform NVFP4's "
                           f"({a['kl']:.4f} vs {b['kl']:.4f}, {100 * (a['kl'] / b['kl'] - 1):+.1f}%).")]
     return "\n".join(lines) + "\n"
 
@@ -170,7 +170,7 @@ def write_results(data: dict) -> None:
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--budgets", default="nvfp4")
-    ap.add_argument("--episodes", type=int, default=96)
+    ap.add_argument("--episodes", type=int, default=64)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--skip-calibrate", action="store_true")
     ap.add_argument("--write-results", action="store_true", help="rewrite the RESULTS.md section")

@@ -117,6 +117,9 @@ class PrecisionSearchConfig:
     recovery_lr: float = 1e-3
     measure_entropy: bool = True  # eager attention, to measure attention entropy (slower)
     baselines: list[str] = field(default_factory=lambda: ["uniform", "greedy", "random"])
+    # the single-unit sensitivity table (units x formats evaluations): greedy's ranking and part of the
+    # agent's observation; off saves those evaluations (the observation then carries zeros there)
+    sensitivity: bool = True
     reward: RewardConfig = field(default_factory=RewardConfig)
     ppo: PPOConfig = field(default_factory=PPOConfig)
     data: SearchDataConfig = field(default_factory=SearchDataConfig)
@@ -149,5 +152,8 @@ class PrecisionSearchConfig:
         unknown = set(self.baselines) - {"uniform", "greedy", "random"}
         if unknown:
             raise ValueError(f"unknown baselines {sorted(unknown)}; choose from uniform, greedy, random")
+        if "greedy" in self.baselines and not self.sensitivity:
+            raise ValueError("the greedy baseline ranks units by the sensitivity table: set sensitivity: true or "
+                             "drop greedy from baselines")
         if self.reward.w_ent > 0 and not self.measure_entropy:
             raise ValueError("reward.w_ent > 0 needs measure_entropy: true (attention entropy is not measured)")

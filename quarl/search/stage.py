@@ -87,7 +87,7 @@ def search(cfg: PrecisionSearchConfig, model, tok, search_ids: torch.Tensor, hel
                         measure_entropy=cfg.measure_entropy, recovery_steps=cfg.recovery_steps,
                         recovery_lr=cfg.recovery_lr, progress=progress)
     t_setup = time.perf_counter() - t0
-    sens = sensitivity_table(ev, cfg.formats, progress=progress)
+    sens = sensitivity_table(ev, cfg.formats, progress=progress) if cfg.sensitivity else None
     n_sens = ev.evaluations
     env = PrecisionEnv(ev, cfg.formats, cfg.reward, cfg.budget_bits, sensitivity=sens)
     rows: dict[str, dict] = {}
@@ -133,7 +133,7 @@ def search(cfg: PrecisionSearchConfig, model, tok, search_ids: torch.Tensor, hel
         "formats": cfg.formats,
         "bits": ev.bits,
         "reference": {"loss": ev.ref.loss, "entropy": ev.ref.entropy},
-        "sensitivity_kl": [[m.kl for m in r] for r in sens],
+        "sensitivity_kl": [[m.kl for m in r] for r in sens] if sens else None,
         "comparison": list(rows.values()),
         "ppo": {"episode_returns": res.episode_returns, "best_return": res.best_return, "updates": res.updates},
         "random": {"episode_returns": rand["returns"]} if rand else None,

@@ -61,7 +61,8 @@ def test_search_writes_a_recipe_that_calibrate_takes(tmp_path, data_artifact):
 def test_gptq_recovery_and_step_rewards_run(tmp_path, data_artifact):
     cfg = load_config(PrecisionSearchConfig, None, [
         *SMALL, "method=gptq", "recovery_steps=1", "reward.mode=step", "granularity=group", "ppo.episodes=4",
-        "ppo.episodes_per_update=4", "baselines=[uniform]", "data.heldout_samples=0", "resume=false",
+        "ppo.episodes_per_update=4", "baselines=[uniform]", "sensitivity=false", "data.heldout_samples=0",
+        "resume=false",
         f"checkpoint_dir={tmp_path / 'ck'}"])
     res = run_precision_search(cfg, model_uri="tiny-llama", data_uri=data_artifact, output_uri=str(tmp_path / "r"),
                                progress=False)
@@ -77,6 +78,7 @@ def test_gptq_recovery_and_step_rewards_run(tmp_path, data_artifact):
     ("reward.w_ent=0.5", "needs measure_entropy"),
     ("ppo.clip=1.5", "ppo.clip must be in"),
     ("baselines=[uniform, grid]", "unknown baselines"),
+    ("sensitivity=false", "greedy baseline ranks units by the sensitivity table"),
 ])
 def test_config_errors_name_the_fix(override, match):
     extra = ["measure_entropy=false"] if "w_ent" in override else []
