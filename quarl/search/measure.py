@@ -220,7 +220,7 @@ class ModelEvaluator:
         out = self.model(input_ids=self.ids, use_cache=False)
         h.remove()
         self.layer_kwargs = dict(captured["kwargs"])
-        self._prefix[()] = (captured["hidden"], 0.0)
+        self._embeddings = captured["hidden"]  # [B, L, D]: the input of block 0, for every recipe
         self.ref_logp = out.logits.float().log_softmax(-1)  # [B, L, V]
         loss, _, _ = _logits_metrics(out.logits, self.ids, None)
         ent = sum(self._ent) / len(self._ent) if self._ent else 0.0
@@ -251,9 +251,12 @@ class ModelEvaluator:
     @torch.no_grad()
     def _measure_cached(self, a: tuple) -> Measurement:
         nb = len(self.blocks)
-        start = next(b for b in range(nb, -1, -1) if a[: self.first_unit[b]] in self._prefix)
-        hidden, ent = self._prefix[a[: self.first_unit[start]]]
-        self._prefix.move_to_end(a[: self.first_unit[start]])
+        start = next((b for b in range(nb, 0, -1) if a[: self.first_unit[b]] in self._prefix), 0)
+        if start:
+            hidden, ent = self._prefix[a[: self.first_unit[start]]]
+            self._prefix.move_to_end(a[: self.first_unit[start]])
+        else:
+            hidden, ent = self._embeddings, 0.0  # never evicted
         for b in range(start, nb):
             for i in range(self.first_unit[b], self.first_unit[b + 1]):
                 self._set_unit(i, a[i])

@@ -31,7 +31,7 @@ def test_cached_replay_matches_full_forward_and_quantize_model(tiny):
     model, _ = tiny
     units = build_units(model, EXCLUDE, "group")
     ids = torch.randint(0, 1000, (2, 16), generator=torch.Generator().manual_seed(0))
-    ev = ModelEvaluator(model, units, FORMATS, ids, progress=False)
+    ev = ModelEvaluator(model, units, FORMATS, ids, progress=False, max_cached=3)  # tiny LRU: evictions happen
     assert ev.measure((None,) * len(units)).kl == pytest.approx(0.0, abs=1e-6)
     a = tuple(i % 3 for i in range(len(units)))
     m = ev.measure(a)
