@@ -150,9 +150,16 @@ def _observations(s: dict, budget: str) -> list[str]:
             continue
         better_s = ppo["kl"] < r["kl"]
         better_h = ppo["heldout"]["kl"] < r["heldout"]["kl"]
-        out.append(f"- vs {name} ({r['avg_bits']:.3f} bits): KL on the search batch {ppo['kl']:.4f} vs {r['kl']:.4f} "
+        more = " -- more bits, not an equal-bits comparison (no search ran at its budget)" if (
+            r["avg_bits"] > ppo["avg_bits"] + 0.02) else ""
+        out.append(f"- vs {name} ({r['avg_bits']:.3f} bits{more}): KL on the search batch {ppo['kl']:.4f} vs {r['kl']:.4f} "
                    f"({'lower' if better_s else 'not lower'}), held-out {ppo['heldout']['kl']:.4f} vs "
                    f"{r['heldout']['kl']:.4f} ({'lower' if better_h else 'NOT lower'}).")
+    pr, rr = s["ppo"]["episode_returns"], (s.get("random") or {}).get("episode_returns") or []
+    if rr:
+        k = min(16, len(pr))
+        out.append(f"- learning: PPO's mean return over its last {k} episodes {sum(pr[-k:]) / k:.4f} vs random "
+                   f"search's mean {sum(rr) / len(rr):.4f} (best {max(pr):.4f} vs {max(rr):.4f}).")
     return out
 
 
