@@ -373,7 +373,6 @@ STAGES: dict[str, StageSpec] = _Registry()
 # Stages the papers' pipelines use whose library function is still to be written.
 # Pipelines naming them compile only once the stage's folder (spec.py) exists.
 PLANNED_STAGES = {
-    "precision_search": "quarl.search:run_precision_search",
 }
 
 

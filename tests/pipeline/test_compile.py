@@ -75,9 +75,14 @@ def test_unavailable_pipeline_says_which_stage(name, tmp_path):
     assert not list(tmp_path.glob("*.yaml"))
 
 
-def test_precision_search_waits_for_its_stage():
-    missing = PIPELINES["precision_search"].missing_stages()
-    assert missing == ["precision_search"]
+def test_a_pipeline_waits_for_a_planned_stage(monkeypatch):
+    """A pipeline naming a stage whose folder has not landed yet refuses to compile and says which."""
+    from quarl.pipeline import stages
+
+    assert "precision_search" in stages.STAGES  # loads the registry before taking the stage out of it
+    monkeypatch.delitem(stages.STAGES, "precision_search")
+    monkeypatch.setitem(stages.PLANNED_STAGES, "precision_search", "quarl.search:run_precision_search")
+    assert PIPELINES["precision_search"].missing_stages() == ["precision_search"]
     res = CliRunner().invoke(app, ["compile", "precision_search"])
     assert res.exit_code == 1
     assert "stage precision_search is not implemented yet" in res.output

@@ -67,9 +67,13 @@ def test_failing_step_stops_the_dag(tmp_path):
         assert json.loads(store.get_bytes("s3://quarl/runs/t-bad/data_prep/step.json"))["status"] == "failed"
 
 
-def test_cli_errors_are_one_line(tmp_path):
+def test_cli_errors_are_one_line(tmp_path, monkeypatch):
     from quarl.cli.main import app
+    from quarl.pipeline import stages
 
+    assert "precision_search" in stages.STAGES  # a stage not landed yet: taken out of the loaded registry
+    monkeypatch.delitem(stages.STAGES, "precision_search")
+    monkeypatch.setitem(stages.PLANNED_STAGES, "precision_search", "quarl.search:run_precision_search")
     res = CliRunner().invoke(app, ["run", "precision_search", "--runs-dir", str(tmp_path)])
     assert res.exit_code == 1 and "precision_search" in res.output and "not implemented yet" in res.output
     res = CliRunner().invoke(app, ["run", "qerl", "--set", "rl.optim.lrr=1", "--runs-dir", str(tmp_path)])

@@ -78,6 +78,7 @@ BAD = {  # stage -> (a value its pod would reject, words the error must contain)
     "export": ("requant_format=int9", "requant_format='int9'"),
     "distill": ("loss.objective=kl", "loss.objective must be one of"),
     "kd_coldstart": ("loss.objective=kl", "loss.objective must be one of"),
+    "precision_search": ("granularity=layer", "granularity"),
 }
 
 

@@ -1,0 +1,3 @@
+from quarl_components.precision_search.component import precision_search
+
+__all__ = ["precision_search"]

@@ -1,0 +1,86 @@
+"""PrecisionEnv: step semantics, step-mode telescoping, budget enforcement; baselines on the same table."""
+
+import pytest
+import torch
+
+from quarl.search import baselines
+from quarl.search.config import RewardConfig
+from quarl.search.env import BudgetError, PrecisionEnv, sensitivity_table
+from quarl.search.reward import reward
+
+FORMATS = ["int4", "int8", "bf16"]
+
+
+def test_episode_walks_units_and_rewards_at_the_end(table_ev):
+    w = RewardConfig()
+    env = PrecisionEnv(table_ev, FORMATS, w)
+    obs, mask = env.reset()
+    assert obs.shape == (env.obs_dim(),) and mask.all()
+    rewards = []
+    for t, a in enumerate([0, 1, 2, 0]):
+        obs, mask, r, done, info = env.step(a)
+        assert obs.shape == (env.obs_dim(),)
+        rewards.append(r)
+        assert done == (t == 3)
+    assert rewards[:3] == [0.0, 0.0, 0.0]  # episode mode: one measurement, at the last unit
+    assert info["assignment"] == (0, 1, 2, 0)
+    assert table_ev.calls == [(0, 1, 2, 0)]
+    assert rewards[3] == pytest.approx(reward(table_ev.measure((0, 1, 2, 0)), table_ev.ref, w))
+    with pytest.raises(RuntimeError, match="after the episode ended"):
+        env.step(0)
+    env.reset()
+    assert env.t == 0 and env.assignment == []
+
+
+def test_step_mode_measures_every_prefix_and_telescopes(table_ev):
+    w = RewardConfig(mode="step", w_ent=0.2, w_mem=0.05)
+    env = PrecisionEnv(table_ev, FORMATS, w)
+    env.reset()
+    total = 0.0
+    for a in [1, 0, 1, 2]:
+        _, _, r, _done, info = env.step(a)
+        total += r
+    assert table_ev.calls == [(1, None, None, None), (1, 0, None, None), (1, 0, 1, None), (1, 0, 1, 2)]
+    assert total == pytest.approx(info["R"])
+    assert info["R"] == pytest.approx(reward(table_ev.measure((1, 0, 1, 2)), table_ev.ref, w))
+
+
+def test_budget_mask_keeps_every_episode_feasible(table_ev):
+    env = PrecisionEnv(table_ev, FORMATS, RewardConfig(), budget_bits=6.0)  # 4 units: at most one at 8 bits + ...
+    gen = torch.Generator().manual_seed(0)
+    for _ in range(50):
+        _, mask = env.reset()
+        done = False
+        while not done:
+            allowed = mask.nonzero().flatten()
+            a = int(allowed[torch.randint(len(allowed), (1,), generator=gen)])
+            _, mask, _, done, info = env.step(a)
+        m = table_ev.measure(info["assignment"])
+        assert m.avg_bits <= 6.0 + 1e-9
+    # 6 bits over 4 equal units leaves room for two 8-bit units; after two, only 4 bits remain allowed
+    env.reset()
+    env.step(1)
+    assert env.mask().tolist() == [True, True, False]
+    env.step(1)
+    assert env.mask().tolist() == [True, False, False]
+    with pytest.raises(BudgetError, match="breaks the budget"):
+        env.step(2)
+
+
+def test_unreachable_budget_fails_at_construction(table_ev):
+    with pytest.raises(BudgetError, match="below the cheapest recipe"):
+        PrecisionEnv(table_ev, FORMATS, RewardConfig(), budget_bits=3.0)
+
+
+def test_greedy_spends_bits_on_the_sensitive_unit(table_ev):
+    sens = sensitivity_table(table_ev, FORMATS, progress=False)
+    a = baselines.greedy(table_ev.bits, table_ev.params, sens, budget_bits=6.0)
+    assert table_ev.measure(a).avg_bits <= 6.0
+    assert a == (0, 1, 1, 0)  # room for two 8-bit units: the two that lose most at 4 bits keep 8 bits
+
+
+def test_random_search_respects_budget_and_counts_episodes(table_ev):
+    env = PrecisionEnv(table_ev, FORMATS, RewardConfig(), budget_bits=6.0)
+    res = baselines.random_search(env, episodes=20, seed=0, progress=False)
+    assert len(res["returns"]) == 20 and res["return"] == max(res["returns"])
+    assert table_ev.measure(res["assignment"]).avg_bits <= 6.0
