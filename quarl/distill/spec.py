@@ -43,35 +43,23 @@ _PARAMS = {
 
 _METRICS = ("eval_before", "eval_after", "accuracy_before", "accuracy_after", "total_steps", "wall_s", "memory_bytes")
 
+
+def _spec(name: str, config: str, description: str, doc: str) -> StageSpec:
+    """The two stages differ only in name, config class (their defaults) and words."""
+    return StageSpec(name=name, run=f"quarl.distill:run_{name}", config=f"quarl.distill:{config}",
+                     output=OutputSpec("model", "model"), inputs=_INPUTS, params=_PARAMS, report_file="report.md",
+                     metrics=_METRICS, resources=GPU.with_(memory="128Gi", timeout_s=24 * 3600),
+                     description=description, doc=doc)
+
+
 SPECS = (
-    StageSpec(
-        name="distill",
-        run="quarl.distill:run_distill",
-        config="quarl.distill:DistillConfig",
-        output=OutputSpec("model", "model"),
-        inputs=_INPUTS,
-        params=_PARAMS,
-        report_file="report.md",
-        metrics=_METRICS,
-        resources=GPU.with_(memory="128Gi", timeout_s=24 * 3600),
-        description="Quantization-aware distillation: the quantized student (calibrated, trained with "
-                    "straight-through fake quantization or LoRA) matches its full-precision teacher's token "
-                    "distributions (KL over the full vocabulary); re-quantized at the end.",
-        doc="Quantization-aware distillation (QAD): train the quantized student to match its full-precision "
-            "teacher.",
-    ),
-    StageSpec(
-        name="kd_coldstart",
-        run="quarl.distill:run_kd_coldstart",
-        config="quarl.distill:KDColdStartConfig",
-        output=OutputSpec("model", "model"),
-        inputs=_INPUTS,
-        params=_PARAMS,
-        report_file="report.md",
-        metrics=_METRICS,
-        resources=GPU.with_(memory="128Gi", timeout_s=24 * 3600),
-        description="Reasoning-QAT's KD cold start: the low-bit (GPTQ W3G128) student distilled from the "
-                    "teacher's own reasoning traces before RL; the rl stage starts from its model.",
-        doc="Reasoning-QAT's KD cold start: distill the low-bit student from the teacher's own traces before RL.",
-    ),
+    _spec("distill", "DistillConfig",
+          "Quantization-aware distillation: the quantized student (calibrated, trained with straight-through fake "
+          "quantization or LoRA) matches its full-precision teacher's token distributions (KL over the full "
+          "vocabulary); re-quantized at the end.",
+          "Quantization-aware distillation (QAD): train the quantized student to match its full-precision teacher."),
+    _spec("kd_coldstart", "KDColdStartConfig",
+          "Reasoning-QAT's KD cold start: the low-bit (GPTQ W3G128) student distilled from the teacher's own "
+          "reasoning traces before RL; the rl stage starts from its model.",
+          "Reasoning-QAT's KD cold start: distill the low-bit student from the teacher's own traces before RL."),
 )
