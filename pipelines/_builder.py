@@ -52,7 +52,6 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from quarl.pipeline.stages import (
-    STAGES,
     Resources,
     StageSpec,
     StageUnavailableError,
@@ -154,16 +153,8 @@ class PipelineDef:
         return params
 
     def step_resources(self, recipe: Recipe, step: Step) -> Resources:
-        """The step's resources; several GPUs only for a stage that runs under torchrun."""
-        from quarl.pipeline.recipes import RecipeError
-
-        spec = get_stage(step.stage)
-        res = recipe.resources_for(step.id, spec)
-        if res.num_nodes > 1 and not spec.distributed:
-            able = ", ".join(n for n in STAGES if STAGES[n].distributed)
-            raise RecipeError(f"recipe {recipe.name}, resources.{step.id}: num_nodes={res.num_nodes}, but stage "
-                              f"{step.stage} runs in one pod; only {able} run on several nodes")
-        return res  # a non-distributed stage with several GPUs keeps them in its one pod, as before
+        """The step's resources (:meth:`Recipe.resources_for`: several nodes only for a distributed stage)."""
+        return recipe.resources_for(step.id, get_stage(step.stage))
 
     def trainjob_steps(self, recipe: Recipe) -> list[str]:
         """Steps that ``recipe`` runs as Kubeflow Trainer TrainJobs."""
