@@ -254,7 +254,7 @@ class KubeClient:
             if e.status == 409:
                 raise FileExistsError(body["metadata"]["name"]) from None
             raise TrainJobError(f"cannot create TrainJob {self.namespace}/{body['metadata']['name']}: "
-                                f"{e.status} {e.reason}: {_api_message(e)}{_hint(e.status)}") from None
+                                f"{_api_message(e)}{_hint(e.status)}") from None
 
     def get(self, name: str) -> dict | None:
         from kubernetes.client.exceptions import ApiException
@@ -264,8 +264,8 @@ class KubeClient:
         except ApiException as e:
             if e.status == 404:
                 return None
-            raise TrainJobError(f"cannot read TrainJob {self.namespace}/{name}: {e.status} {e.reason}: "
-                                f"{_api_message(e)}{_hint(e.status)}") from None
+            raise TrainJobError(f"cannot read TrainJob {self.namespace}/{name}: {_api_message(e)}"
+                                f"{_hint(e.status)}") from None
 
     def delete(self, name: str) -> None:
         from kubernetes.client.exceptions import ApiException
@@ -275,7 +275,7 @@ class KubeClient:
                                                          propagation_policy="Background")
         except ApiException as e:
             if e.status != 404:
-                raise TrainJobError(f"cannot delete TrainJob {self.namespace}/{name}: {e.status} {e.reason}"
+                raise TrainJobError(f"cannot delete TrainJob {self.namespace}/{name}: {_api_message(e)}"
                                     f"{_hint(e.status)}") from None
 
     def pods(self, name: str) -> list[dict]:
@@ -303,10 +303,13 @@ class KubeClient:
 
 
 def _api_message(e: Exception) -> str:
+    """``<status> <reason>[: <the API server's message>]`` of an ApiException."""
+    head = f"{getattr(e, 'status', '?')} {getattr(e, 'reason', '')}".strip()
     try:
-        return json.loads(getattr(e, "body", "") or "{}").get("message", "") or str(e)
-    except ValueError:
-        return str(e)
+        msg = json.loads(getattr(e, "body", "") or "{}").get("message", "")
+    except (ValueError, AttributeError):
+        msg = ""
+    return f"{head}: {msg}" if msg else head
 
 
 def _hint(status: int | None) -> str:

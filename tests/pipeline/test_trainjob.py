@@ -486,3 +486,31 @@ def test_quarl_run_refuses_a_step_on_several_gpus():
     r = load_recipe("qerl", profile="local", overrides=["resources.rl.accelerators=2"])
     with pytest.raises(RecipeError, match=r"step rl asks for 1 node\(s\) x 2 GPU\(s\) .*quarl run runs every step"):
         PIPELINES["qerl"].build(r, retries=False, trainjobs=False)
+
+
+def test_kube_client_maps_api_errors_to_what_the_loop_expects():
+    """409 -> FileExistsError (attach), 404 -> None / nothing to delete, 403 -> an error naming the RBAC manifest."""
+    from kubernetes.client.exceptions import ApiException
+
+    class Api:
+        def __init__(self, status):
+            self.status = status
+
+        def _raise(self, *a, **k):
+            raise ApiException(status=self.status, reason="Nope")
+
+        create_namespaced_custom_object = get_namespaced_custom_object = delete_namespaced_custom_object = _raise
+
+    def client(status):
+        c = tj.KubeClient.__new__(tj.KubeClient)  # no cluster config: the API objects are stand-ins
+        c.namespace, c._custom, c._core = "quarl", Api(status), None
+        return c
+
+    with pytest.raises(FileExistsError):
+        client(409).create(job())
+    assert client(404).get("x") is None
+    client(404).delete("x")  # already gone: fine
+    with pytest.raises(tj.TrainJobError, match="403 Nope.*trainjob-launcher-rbac.yaml"):
+        client(403).create(job())
+    with pytest.raises(tj.TrainJobError, match="Kubeflow Trainer v2 installed"):
+        client(404).create(job())
