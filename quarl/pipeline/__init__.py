@@ -8,7 +8,8 @@
     remote.py    ``quarl submit`` / ``quarl schedule``: a Kubeflow Pipelines endpoint through kfp.Client
     summary.py   run summaries read back from the step records
     trainjob.py  a distributed stage's step on several GPUs: a Kubeflow Trainer v2 TrainJob the step's pod
-                 creates, follows and fails with (the ``kubernetes`` client, imported only when used)
+                 creates, follows and fails with
+    kube.py      the Kubernetes calls that needs (the ``kubernetes`` client, imported only when used)
 
 The KFP objects themselves live in ``quarl_components`` (components/) and
 ``quarl_pipelines`` (pipelines/); this package does not import kfp at import

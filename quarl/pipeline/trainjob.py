@@ -29,8 +29,8 @@ component): a small CPU pod that resolves the config and inputs as any step does
    ``keep_job`` (it is deleted too when the launcher times out or its run is cancelled, so no GPU
    stays held by an orphan).
 
-Everything that talks to the cluster goes through :class:`KubeClient` (the ``kubernetes`` Python
-client); tests drive the same loop with a fake one. The launcher's service account needs the Role
+Everything that talks to the cluster goes through :class:`quarl.pipeline.kube.KubeClient` (the
+``kubernetes`` Python client); tests drive the same loop with a fake one. The launcher's service account needs the Role
 in manifests/trainjob-launcher-rbac.yaml.
 """
 
@@ -44,8 +44,10 @@ import signal
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from quarl.pipeline.kube import Cluster
 
 __all__ = [
     "GROUP",
@@ -55,7 +57,6 @@ __all__ = [
     "S3_KEYS",
     "S3_SECRET",
     "VERSION",
-    "KubeClient",
     "LogFollower",
     "TrainJobError",
     "TrainJobFailedError",
@@ -199,126 +200,6 @@ def job_state(job: dict) -> tuple[str, dict]:
     if conds.get("Suspended", {}).get("status") == "True":
         return "Suspended", conds["Suspended"]
     return "Running", {}
-
-
-# ---------------------------------------------------------------- the cluster, behind one small interface
-
-
-class Cluster(Protocol):
-    """What the launcher needs from Kubernetes (:class:`KubeClient`; tests use a fake)."""
-
-    namespace: str
-
-    def create(self, body: dict) -> None: ...  # raises FileExistsError when the name is taken
-    def get(self, name: str) -> dict | None: ...  # None when absent
-    def delete(self, name: str) -> None: ...
-    def pods(self, name: str) -> list[dict]: ...  # {"name", "phase", "rjob", "index", "reason"}
-    def logs(self, pod: str, *, since_s: int | None = None, tail: int | None = None) -> list[str]: ...
-
-
-def _own_namespace() -> str:
-    p = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
-    return p.read_text().strip() if p.is_file() else ""
-
-
-class KubeClient:
-    """:class:`Cluster` on the ``kubernetes`` client: in-cluster credentials in a pod, else the kube config.
-
-    ``namespace`` empty = the pod's own namespace (a Kubeflow run's namespace, where the ``quarl-s3``
-    secret is), else the kube config context's, else ``default``.
-    """
-
-    def __init__(self, namespace: str = ""):
-        from kubernetes import client, config
-
-        try:
-            config.load_incluster_config()
-            ns = _own_namespace()
-        except config.ConfigException:
-            config.load_kube_config()
-            ns = (config.list_kube_config_contexts()[1] or {}).get("context", {}).get("namespace", "")
-        self.namespace = namespace or ns or "default"
-        api = client.ApiClient()
-        self._custom, self._core = client.CustomObjectsApi(api), client.CoreV1Api(api)
-
-    @staticmethod
-    def _status(e: Exception) -> int | None:
-        return getattr(e, "status", None)
-
-    def create(self, body: dict) -> None:
-        from kubernetes.client.exceptions import ApiException
-
-        try:
-            self._custom.create_namespaced_custom_object(GROUP, VERSION, self.namespace, PLURAL, body)
-        except ApiException as e:
-            if e.status == 409:
-                raise FileExistsError(body["metadata"]["name"]) from None
-            raise TrainJobError(f"cannot create TrainJob {self.namespace}/{body['metadata']['name']}: "
-                                f"{_api_message(e)}{_hint(e.status)}") from None
-
-    def get(self, name: str) -> dict | None:
-        from kubernetes.client.exceptions import ApiException
-
-        try:
-            return self._custom.get_namespaced_custom_object(GROUP, VERSION, self.namespace, PLURAL, name)
-        except ApiException as e:
-            if e.status == 404:
-                return None
-            raise TrainJobError(f"cannot read TrainJob {self.namespace}/{name}: {_api_message(e)}"
-                                f"{_hint(e.status)}") from None
-
-    def delete(self, name: str) -> None:
-        from kubernetes.client.exceptions import ApiException
-
-        try:
-            self._custom.delete_namespaced_custom_object(GROUP, VERSION, self.namespace, PLURAL, name,
-                                                         propagation_policy="Background")
-        except ApiException as e:
-            if e.status != 404:
-                raise TrainJobError(f"cannot delete TrainJob {self.namespace}/{name}: {_api_message(e)}"
-                                    f"{_hint(e.status)}") from None
-
-    def pods(self, name: str) -> list[dict]:
-        out = []
-        for p in self._core.list_namespaced_pod(self.namespace, label_selector=f"{JOBSET_LABEL}={name}").items:
-            labels = p.metadata.labels or {}
-            out.append({"name": p.metadata.name, "phase": p.status.phase, "rjob": labels.get(RJOB_LABEL, ""),
-                        "index": labels.get(INDEX_LABEL, ""), "reason": p.status.reason or ""})
-        return out
-
-    def logs(self, pod: str, *, since_s: int | None = None, tail: int | None = None) -> list[str]:
-        from kubernetes.client.exceptions import ApiException
-
-        kw: dict[str, Any] = {"container": NODE, "timestamps": True}
-        if since_s:
-            kw["since_seconds"] = since_s
-        if tail:
-            kw["tail_lines"] = tail
-        try:
-            return self._core.read_namespaced_pod_log(pod, self.namespace, **kw).splitlines()
-        except ApiException as e:
-            if e.status in (400, 404):  # container not started yet / pod gone
-                return []
-            raise
-
-
-def _api_message(e: Exception) -> str:
-    """``<status> <reason>[: <the API server's message>]`` of an ApiException."""
-    head = f"{getattr(e, 'status', '?')} {getattr(e, 'reason', '')}".strip()
-    try:
-        msg = json.loads(getattr(e, "body", "") or "{}").get("message", "")
-    except (ValueError, AttributeError):
-        msg = ""
-    return f"{head}: {msg}" if msg else head
-
-
-def _hint(status: int | None) -> str:
-    if status == 403:
-        return ("; the launcher's service account may not manage TrainJobs: apply "
-                "manifests/trainjob-launcher-rbac.yaml in this namespace")
-    if status == 404:
-        return ("; is Kubeflow Trainer v2 installed (CRD trainjobs.trainer.kubeflow.org)? see manifests/README.md")
-    return ""
 
 
 # ---------------------------------------------------------------- logs
@@ -480,6 +361,8 @@ def launch_component(stage: str, *, cluster: Cluster | None = None, poll_s: floa
 
         if not spec.distributed:
             raise TrainJobError(f"stage {spec.name} does not run under torchrun (its spec.py has no distributed=True)")
+        from quarl.pipeline.kube import KubeClient
+
         c = cluster or KubeClient()
         name = trainjob_name(rec["step"], rec["run_id"], rec.get("fingerprint", ""))
         body = render_trainjob(

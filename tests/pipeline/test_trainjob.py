@@ -492,6 +492,8 @@ def test_kube_client_maps_api_errors_to_what_the_loop_expects():
     """409 -> FileExistsError (attach), 404 -> None / nothing to delete, 403 -> an error naming the RBAC manifest."""
     from kubernetes.client.exceptions import ApiException
 
+    from quarl.pipeline.kube import KubeClient
+
     class Api:
         def __init__(self, status):
             self.status = status
@@ -502,7 +504,7 @@ def test_kube_client_maps_api_errors_to_what_the_loop_expects():
         create_namespaced_custom_object = get_namespaced_custom_object = delete_namespaced_custom_object = _raise
 
     def client(status):
-        c = tj.KubeClient.__new__(tj.KubeClient)  # no cluster config: the API objects are stand-ins
+        c = KubeClient.__new__(KubeClient)  # no cluster config: the API objects are stand-ins
         c.namespace, c._custom, c._core = "quarl", Api(status), None
         return c
 
