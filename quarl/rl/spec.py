@@ -47,6 +47,7 @@ SPEC = StageSpec(
     metrics=("reward/accuracy", "reward/mean", "reward", "response", "policy/entropy", "mismatch",
              "total_steps", "time/step_s_mean", "time/total_s", "rollout/tokens_per_s_mean", "memory"),
     resources=GPU.with_(memory="128Gi", timeout_s=48 * 3600),
+    distributed=True,  # torchrun on N GPUs: rollouts and LoRA gradients data-parallel (docs/distributed.md)
     description="GRPO/DAPO on the quantized policy (frozen low-bit base + LoRA) with adaptive quantization "
                 "noise; resumable from checkpoints mirrored to S3.",
     doc="Train a quantized policy with GRPO or DAPO: frozen low-bit base + LoRA, adaptive quantization noise.\n\n"
