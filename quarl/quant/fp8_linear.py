@@ -244,8 +244,11 @@ def blockwise_gemm(a: torch.Tensor, sa: torch.Tensor, b: torch.Tensor, sb: torch
                          f"multiples of {BLOCK} (pad before quantizing)")
     if _cublas_ok(a) and a.shape[0] % 4 == 0 and b.shape[0] % 16 == 0:
         sa_mm = sa.t().contiguous().t()  # [M, K/128], M-major
-        if b_tiles:  # [N/128, K/128] -> K-blocks padded to a multiple of 4, transposed (see fp8.py)
-            layouts = [F.pad(sb, (0, -sb.shape[1] % 4)).t()]
+        if b_tiles:  # [N/128, K/128] -> K-blocks padded to a multiple of 4, transposed (see fp8.py); already a
+            # multiple (every 7B/8B projection): the transposed view of the same storage, no copy kernel. Not
+            # cached when padding is needed: a CUDA graph must re-read scales that rollout rewrites in place
+            pad = -sb.shape[1] % 4
+            layouts = [sb.t() if pad == 0 and sb.is_contiguous() else F.pad(sb, (0, pad)).t()]
             tb = F.ScalingType.BlockWise128x128
         else:  # 1x128 on B: [N, K/128] like A's (torch 2.11 asks for this shape); N-major as A's
             layouts = [sb.t().contiguous().t(), sb.contiguous()]
@@ -357,7 +360,9 @@ def fp8_linear(x: torch.Tensor, weight: torch.Tensor | QTensor, bias: torch.Tens
     if ACT_GROUP != BLOCK:  # pragma: no cover - a constant; the GEMM layouts assume it
         raise QuantError("fp8_linear assumes 1x128 activation groups")
     wq, ws = _master_tiles(weight)
-    return FP8LinearFunction.apply(x, weight, bias, wq, ws, weight.shape[0])
+    # no autograd graph (rollout, eval): pass no master weight, so the forward skips X^T's quantization for a
+    # WGrad that never comes (inside the Function, needs_input_grad still says True under no_grad)
+    return FP8LinearFunction.apply(x, weight if torch.is_grad_enabled() else None, bias, wq, ws, weight.shape[0])
 
 
 __all__ = ["FP8LinearFunction", "blockwise_gemm", "fp8_linear", "quantize_weight_128x128"]
