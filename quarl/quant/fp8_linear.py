@@ -22,8 +22,10 @@ groups or 128x128 tiles.
 * CUDA, compute capability 9.0 (Hopper): ``torch.nn.functional.scaled_mm`` with
   ``ScalingType.BlockWise1x128`` / ``BlockWise128x128`` (cuBLASLt), the scale layouts
   that :func:`quarl.quant.formats.fp8.cublas_blockwise_scales` documents; the
-  quantizers run through ``torch.compile`` (one fused kernel each; ``QUARL_FP8_COMPILE=0``
-  keeps them eager).
+  quantizers are fused Triton kernels (``quarl_kernels.fp8_quant``: one pass per operand,
+  X and dY in both groupings at once, codes and scales written in these layouts; bit-identical
+  to the eager quantizers). ``QUARL_FP8_QUANT=compile`` / ``eager`` selects the PyTorch ones
+  (see :func:`quant_backend`).
 * anywhere else (CPU tests, other GPUs, ``QUARL_FP8_GEMM=emulate``): the *same* FP8
   operands dequantized exactly to FP32 and multiplied in FP32. It differs from the
   cuBLAS result by FP32 summation order only (tested on the device).
