@@ -1,0 +1,201 @@
+"""The fused FP8 quantizers (``quarl_kernels.fp8_quant``) on CPU through ``TRITON_INTERPRET=1``.
+
+Bit-for-bit against the PyTorch quantizers on the same device (the oracle): codes compared
+as bytes, scales with ``torch.equal``. Covered: every layout the FP8 linear needs (1x128
+along K, 1x128 along the tokens of the transpose, 128x128 tiles and their transpose), rows
+padded to 4 and to 128, K not a multiple of 128 (SmolLM2's 576), strided inputs, bf16 /
+fp16 / fp32, all-zero groups and tiles, and *exact ties*: values at the midpoint between two
+E4M3 codes (and scaled by a power of two, so ``x / scale`` lands on the tie), which must
+round to the even code as ``torch``'s cast does. Then ``fp8_linear`` forward + both
+gradients with the Triton quantizers (``QUARL_FP8_QUANT=triton``) against the eager ones:
+equal, bit for bit, since the GEMM operands are equal.
+
+Skipped unless Triton is importable and NumPy < 2.3 (as the other interpreter tests; CPU CI
+has no Triton). Run here with a side venv that has it (docs/kernels.md).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+pytestmark = pytest.mark.skipif(
+    importlib.util.find_spec("triton") is None or tuple(map(int, np.__version__.split(".")[:2])) >= (2, 3),
+    reason="needs Triton and NumPy < 2.3 for the Triton interpreter",
+)
+
+SCRIPT = textwrap.dedent("""
+    import os
+    import time
+    import torch
+    T0 = time.time()
+    from quarl_kernels import fp8_quant as fq
+    from quarl.quant.formats.fp8 import FP8_DTYPE, quantize_act_1x128
+    from quarl.quant.fp8_linear import _pad2, _round_up, quantize_weight_128x128, quantize_weight_padded
+
+    def same(a, b):
+        return torch.equal(a.contiguous().view(torch.uint8), b.contiguous().view(torch.uint8))
+
+    # exact ties: the midpoints between consecutive positive E4M3 values (representable in bf16 / fp32)
+    codes = torch.arange(0, 0x7F, dtype=torch.uint8).view(FP8_DTYPE).float()  # 0 .. 448, increasing
+    mids = (codes[:-1] + codes[1:]) / 2
+    tie_row = torch.cat([torch.tensor([448.0]), mids, -mids, torch.tensor([-0.0])])  # amax 448: scale 1 (x 2^e)
+
+    def act_cases():
+        torch.manual_seed(0)
+        for m, k, dt in ((1, 128, torch.bfloat16), (5, 576, torch.bfloat16), (130, 256, torch.float32),
+                         (260, 384, torch.float16), (64, 384, torch.bfloat16)):
+            x = torch.randn(m, k) * torch.logspace(-3, 3, m)[:, None]  # rows of very different range
+            if m > 3:
+                x[2, :] = 0  # zero groups along K
+            if k > 128:
+                x[:, :128] = 0  # a zero column block: zero groups along the tokens too
+            yield f"rand {m}x{k} {dt}", x.to(dt)
+        t = tie_row * 2.0 ** -7  # [254]: amax 448 * 2^-7, so the scale is 2^-7 and x / scale is the tie
+        x = torch.stack([t, t.flip(0), t * 2.0 ** -5, t.roll(7)])  # [4, 254]; a K group of 128 may lack the
+        # 448 (its own amax, so other ties), t * 2^-5 keeps subnormal ties
+        yield "ties fp32", x
+        yield "ties bf16", x.to(torch.bfloat16)
+        yield "ties^T", x.t().contiguous()  # the ties along the token axis
+        base = torch.randn(40, 600).to(torch.bfloat16)
+        yield "strided view", base[3:33:2, 7:583]  # row stride 1200, K = 576
+        yield "transposed view", base.t()[:300]  # column-major input
+
+    for name, x in act_cases():
+        m, k = x.shape
+        for rows, t_rows in ((m, None), (_round_up(m, 4), _round_up(m, 128)), (None, _round_up(m, 128))):
+            kp = _round_up(k, 128)
+            q, s, qt, st = fq.quantize_act(x, rows or m, kp, t_rows, row_groups=rows is not None)
+            if rows is not None:
+                rq, rs = quantize_act_1x128(_pad2(x, rows, kp))
+                assert q.shape == (rows, kp) and s.shape == (rows, kp // 128) and s.stride() == (1, rows)
+                assert same(q, rq) and torch.equal(s, rs), (name, rows, "1x128 along K")
+            if t_rows is not None:
+                rqt, rst = quantize_act_1x128(_pad2(x, t_rows, kp).t())
+                assert qt.shape == (kp, t_rows) and st.shape == (kp, t_rows // 128) and st.stride() == (1, kp)
+                assert same(qt, rqt) and torch.equal(st, rst), (name, t_rows, "1x128 along tokens")
+        print("act", name, "ok", round(time.time() - T0, 1))
+    # the ties were ties and went to the even neighbour: some down, some up (not half-up, not half-down)
+    row = torch.cat([torch.tensor([448.0]), mids])[None, :]  # [1, 127]: one group, scale exactly 1
+    q, s, _, _ = fq.quantize_act(row, 1, 128)
+    got = q.float()[0, 1:127]  # the 126 midpoints' codes
+    assert s.item() == 1.0 and same(q[:, :127], quantize_act_1x128(row)[0])
+    assert ((got == codes[:-1]) | (got == codes[1:])).all()
+    assert (got == codes[:-1]).sum() > 20 and (got == codes[1:]).sum() > 20
+
+    torch.manual_seed(1)
+    for n, k, dt in ((200, 576, torch.float32), (128, 128, torch.bfloat16), (129, 130, torch.float16),
+                     (256, 384, torch.float32)):
+        w = torch.randn(n, k).to(dt)
+        w[:128, 128:] = 0  # a zero tile (where there is one)
+        for tr in (False, True):
+            q, s, qt = fq.quantize_tiles(w, tr)
+            rq, rs = quantize_weight_padded(w)
+            fq8, fs = quantize_weight_128x128(w)  # the weight format itself (compressed-tensors' bits)
+            assert same(q, rq) and torch.equal(s, rs) and same(q[:n, :k], fq8) and torch.equal(s, fs), (n, k)
+            assert not q[n:].view(torch.uint8).any() and not q[:, k:].view(torch.uint8).any()
+            assert (qt is None) == (not tr) and (qt is None or same(qt, rq.t()))
+        print("tiles", n, k, dt, "ok", round(time.time() - T0, 1))
+    wt = torch.cat([tie_row[:254], tie_row[:2]])[None, :].repeat(3, 1) * 2.0 ** 3  # ties in a weight tile
+    assert same(fq.quantize_tiles(wt)[0], quantize_weight_padded(wt)[0])
+
+    # the FP8 linear: Triton quantizers == eager quantizers, end to end (forward, DGrad, WGrad, bias)
+    from quarl.quant import QTensor
+    from quarl.quant.formats.fp8 import FP8Config
+    from quarl.quant.fp8_linear import fp8_linear, quant_backend
+
+    def run(backend, x, w, b, g):
+        os.environ["QUARL_FP8_QUANT"] = backend
+        assert quant_backend(x) == backend
+        xx = x.clone().requires_grad_()
+        ww = w.clone().requires_grad_() if not isinstance(w, QTensor) else w
+        bb = b.clone().requires_grad_()
+        y = fp8_linear(xx, ww, bb)
+        y.backward(g)
+        return y, xx.grad, ww.grad if not isinstance(w, QTensor) else None, bb.grad
+
+    torch.manual_seed(2)
+    for m, n, k, dt in ((100, 200, 576, torch.float32), (17, 384, 256, torch.bfloat16), (64, 128, 128, torch.float32)):
+        x = torch.randn(2, m, k).to(dt)  # 200 / 34 / 128 tokens: two token groups, one short, one full
+        w = (torch.randn(n, k) * 0.05).to(dt)
+        b, g = torch.randn(n).to(dt), torch.randn(2, m, n).to(dt)
+        outs = {be: run(be, x, w, b, g) for be in ("eager", "triton")}
+        for a, e in zip(outs["triton"], outs["eager"]):
+            assert a.dtype == e.dtype and torch.equal(a, e), (m, n, k, dt)
+        qw, sw = quantize_weight_padded(w)
+        frozen = QTensor(FP8Config("block"), (n, k), {"weight": qw[:n, :k].contiguous(), "weight_scale": sw})
+        outs = {be: run(be, x, frozen, b, g) for be in ("eager", "triton")}
+        assert all(a is None and e is None or torch.equal(a, e) for a, e in zip(outs["triton"], outs["eager"]))
+        print("fp8_linear", m, n, k, dt, "ok", round(time.time() - T0, 1))
+    print("OK")
+""")
+
+
+def test_fp8_quantizers_under_triton_interpreter():
+    path = os.pathsep.join([str(ROOT), str(ROOT / "kernels"), *sys.path])  # keep where numpy/triton came from
+    env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=path)
+    r = subprocess.run([sys.executable, "-W", "ignore", "-c", SCRIPT], env=env, capture_output=True, text=True,
+                       timeout=300, check=False)
+    assert r.returncode == 0 and r.stdout.rstrip().endswith("OK"), r.stdout + r.stderr[-3000:]
+
+
+# --- they lower for Hopper (no GPU needed) --------------------------------------------------------
+@pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="needs Triton (CPU CI has none)")
+def test_fp8_quantizers_compile_for_sm90():
+    """The PTX has the exact division, the saturating RNE E4M3 cast and CUDA PyTorch's fp32(1/448); with the
+    launch's specializations (unit K stride, 16-divisible sizes) ptxas spills nothing."""
+    import shutil
+    import tempfile
+
+    import triton
+    from quarl_kernels import fp8_quant as fq
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    def compile_sm90(fn, sig, const, div16):
+        names = list(fn.arg_names)
+        src = ASTSource(fn=fn, signature={**sig, **{k: "constexpr" for k in const}}, constexprs=const,
+                        attrs={(names.index(n),): [["tt.divisibility", 16]] for n in div16})
+        return triton.compile(src, target=GPUTarget("cuda", 90, 32),
+                              options={"num_warps": fq.WARPS, "enable_fp_fusion": False})
+
+    cuobjdump = Path(triton.__file__).parent / "backends/nvidia/bin/cuobjdump"
+
+    def stack_bytes(k) -> int | None:  # ptxas' spill space, when the wheel ships cuobjdump
+        if not cuobjdump.exists() or shutil.which(str(cuobjdump)) is None:
+            return None
+        with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+            f.write(k.asm["cubin"])
+            f.flush()
+            out = subprocess.run([str(cuobjdump), "-res-usage", f.name], capture_output=True, text=True,
+                                 check=False).stdout
+        return int(out.split("STACK:")[1].split()[0])
+
+    i32 = lambda *names: {n: "i32" for n in names}
+    asig = {"x_ptr": "*bf16", "q_ptr": "*fp8e4nv", "s_ptr": "*fp32", "qt_ptr": "*fp8e4nv", "st_ptr": "*fp32",
+            **i32("M", "K", "stride_xm", "RQ", "CQ", "RT", "stride_qm", "stride_sm", "stride_sg", "stride_qtk",
+                  "stride_stk", "stride_stg")}
+    adiv = ("x_ptr", "q_ptr", "s_ptr", "qt_ptr", "st_ptr", "K", "stride_xm", "CQ", "RT", "stride_qm", "stride_qtk")
+    wsig = {"w_ptr": "*bf16", "q_ptr": "*fp8e4nv", "qt_ptr": "*fp8e4nv", "s_ptr": "*fp32",
+            **i32("N", "K", "stride_wn", "stride_qn", "stride_qtk", "stride_sn", "stride_sk")}
+    wdiv = ("w_ptr", "q_ptr", "qt_ptr", "K", "stride_wn", "stride_qn", "stride_qtk")
+    kernels = [compile_sm90(fq._act_kernel, asig, {"stride_xk": 1, "ROWS": rows, "COLS": cols, "SCALE_RECIP": True,
+                                                   "BLOCK_M": 128 if cols else fq.SUB, "SUB": fq.SUB,
+                                                   "INTERPRET": False}, adiv)
+               for rows, cols in ((True, True), (True, False), (False, True))]
+    kernels += [compile_sm90(fq._tile_kernel, wsig, {"stride_wk": 1, "TRANS": tr, "SCALE_RECIP": True, "SUB": fq.SUB,
+                                                     "INTERPRET": False}, wdiv) for tr in (True, False)]
+    for k in kernels:
+        ptx = k.asm["ptx"]
+        assert "div.rn.f32" in ptx and "div.full" not in ptx and "div.approx" not in ptx
+        assert "cvt.rn.satfinite.e4m3x2.f32" in ptx and "0f3B124925" in ptx  # fp32(1/448)
+        assert stack_bytes(k) in (None, 0), "ptxas spilled registers"
