@@ -263,8 +263,8 @@ def _load_streamed(path: Path, ref: str, config, recipe, dtype, device):
 
     try:
         model, report = load_streamed(path, config, recipe, dtype, torch.device(device))
-    except CheckpointError as e:
-        raise ModelError(f"{ref}: {e}") from None
+    except CheckpointError as e:  # its message names the directory already
+        raise ModelError(str(e) if str(e).startswith(str(path)) else f"{ref}: {e}") from None
     model.quarl_load = {"mode": "stream", **(report.build or {})}
     return model
 

@@ -413,7 +413,8 @@ def load_quantized(path: str | Path, *, device: str | torch.device = "cpu", dtyp
     if unknown:
         raise CheckpointError(f"{d}: quantized layers {unknown[:3]} do not exist in the {config.model_type} model")
     with TensorReader(info) as reader:
-        build_streamed(model, checkpoint_filler(model, reader, device, dtype, packed=formats), None, device=device)
+        report = build_streamed(model, checkpoint_filler(model, reader, device, dtype, packed=formats), None,
+                                device=device)
         unexpected = reader.unused()
     if unexpected:
         raise CheckpointError(
@@ -422,6 +423,7 @@ def load_quantized(path: str | Path, *, device: str | torch.device = "cpu", dtyp
         )
     model.eval()
     model.quarl_layers = {n: spec_string(c) for n, c in formats.items()}
+    model.quarl_load = {"mode": "packed", **report.build}
     tok = AutoTokenizer.from_pretrained(d) if (d / "tokenizer_config.json").is_file() else None
     if tok is not None:
         prepare_tokenizer(tok, model, ref=str(d))
