@@ -147,10 +147,8 @@ def build_streamed(model: nn.Module, fill: Fill, recipe: QuantRecipe | dict | No
 
     left = [n for n, t in chain(model.named_parameters(), model.named_buffers()) if t.is_meta]
     if left:
-        raise QuantError(f"{left[:3]} (and {len(left) - 3} more) are still on the meta device after the "
-                         f"streamed build; the fill did not materialize them" if len(left) > 3 else
-                         f"{left} are still on the meta device after the streamed build; the fill did not "
-                         f"materialize them")
+        raise QuantError(f"{len(left)} tensor(s) (e.g. {left[:3]}) are still on the meta device after the streamed "
+                         f"build; the fill did not materialize them")
     model.to(dev)  # the non-persistent buffers (RoPE) built on the host; every parameter is there already
     if recipe is not None:
         finish_quantized(model, recipe)

@@ -150,12 +150,14 @@ def test_a_calibrated_checkpoint_loads_packed_without_a_dense_copy(tmp_path):
     assert b["mode"] == "packed" and b["peak_bytes"] <= b["final_bytes"] < b["dense_bytes"]
 
 
-def test_streamed_build_refuses_lora_and_qat_recipes():
+def test_streamed_build_refuses_lora_and_qat_recipes_and_a_fill_that_leaves_meta():
     cfg = tiny_config("llama", vocab_size=VOCAB)
     for recipe, what in (({"default": "nvfp4", "lora": {"r": 4}}, "no lora"),
                          ({"default": "nvfp4", "mode": "qat"}, "mode=frozen")):
         with pytest.raises(QuantError, match=what):
             build_streamed(empty_model(cfg, torch.float32), lambda m, p: None, recipe)
+    with pytest.raises(QuantError, match="still on the meta device"):  # a fill that forgets a part
+        build_streamed(empty_model(cfg, torch.float32), lambda m, p: None, None)
 
 
 # --------------------------------------------------------------------------- bad checkpoints
