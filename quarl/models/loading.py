@@ -29,6 +29,10 @@ Choices:
   everything else about the model itself is a :class:`ModelError`.
 * A plain ``s3://`` prefix without ``manifest.json`` (uploaded by hand) is
   loaded with a warning: nothing proves it is complete.
+* **Big models stream.** ``quantize=recipe`` builds the model on the meta device
+  and reads it one decoder layer at a time, quantizing each before the next
+  (:mod:`quarl.quant.stream`): the way a 32B base fits one 80 GB GPU. Calibrated
+  (quantized) checkpoints are always read that way, straight into packed layers.
 """
 
 from __future__ import annotations
