@@ -4,7 +4,9 @@
            output_uri="runs/r1/rl/adapter") -> dict
 
 Flow: read the data-prep split (``quarl.data.read_split``, verified), load the
-model (``quarl.models.load_model``), build the policy and train
+model (``quarl.train.policy.load_policy_model``: dense, or with ``policy.load=stream``
+-- the default for a quantized base on CUDA -- built layer by layer and quantized as
+read, so a 32B base fits one 80 GB GPU), build the policy and train
 (:class:`quarl.rl.trainer.RLTrainer`), then write one artifact:
 
     kind "adapter" (policy.mode=lora)         kind "model" (policy.mode=full)
@@ -43,7 +45,7 @@ from quarl.rl.report import summarize, write_report
 from quarl.rl.trainer import RLTrainer
 from quarl.train.metrics import read_metrics
 from quarl.train.outputs import checkpoint_remote_for, refuse_existing, work_dir_for
-from quarl.train.policy import resolve_device, resolve_dtype
+from quarl.train.policy import load_policy_model, resolve_device, resolve_dtype
 
 log = logging.getLogger(__name__)
 STAGE = "rl"
@@ -57,7 +59,7 @@ def run_rl(cfg: RLConfig, *, model_uri: str, data_uri: str, output_uri: str, ini
     no artifact is written) -- for tests and for splitting long runs into jobs.
     """
     from quarl.data import read_split
-    from quarl.models import load_model, save_model
+    from quarl.models import save_model
     from quarl.quant import save_adapter
 
     t0 = time.time()
@@ -70,7 +72,11 @@ def run_rl(cfg: RLConfig, *, model_uri: str, data_uri: str, output_uri: str, ini
     if init_adapter_uri:
         init_dir = open_artifact(init_adapter_uri, kind="adapter").path
     device = resolve_device(cfg.train.device)
-    model, tokenizer = load_model(model_uri, dtype=resolve_dtype(cfg.policy.dtype, device), device=str(device))
+    # policy.load: a quantized base on CUDA is built layer by layer, each layer packed as it is read
+    # (quarl.quant.stream), so a 32B model never exists in BF16 -- the difference between fitting one 80 GB GPU
+    # and not. build_policy then only adds LoRA; the policy is the one the dense load gives.
+    model, tokenizer, load_how = load_policy_model(model_uri, cfg.policy, device,
+                                                   resolve_dtype(cfg.policy.dtype, device))
     work = work_dir_for(output_uri)
     trainer = RLTrainer(cfg, model, tokenizer, df["prompt"].tolist(), df["answer"].astype(str).tolist(), work,
                         checkpoint_remote=checkpoint_remote_for(output_uri), init_adapter=init_dir)
@@ -85,7 +91,8 @@ def run_rl(cfg: RLConfig, *, model_uri: str, data_uri: str, output_uri: str, ini
     summary.update(summarize(rows))
     summary.update({"model_uri": model_uri, "data_uri": data_uri, "init_adapter_uri": init_adapter_uri,
                     "algo": cfg.algo.algo, "policy_mode": cfg.policy.mode, "policy_format": policy_format,
-                    "policy_format_requested": cfg.policy.format, "wall_s": time.time() - t0})
+                    "policy_format_requested": cfg.policy.format, "policy_load": load_how,
+                    "policy_load_build": getattr(model, "quarl_load", None), "wall_s": time.time() - t0})
     kind = "adapter" if cfg.policy.mode == "lora" else "model"
     inputs = [model_uri, data_uri] + ([init_adapter_uri] if init_adapter_uri else [])
     with write_artifact(output_uri, kind, STAGE, config=cfg, inputs=inputs, overwrite=overwrite) as art:
