@@ -136,8 +136,35 @@ def rl_full(d: Dist, out: Path) -> dict:
     return {"weights": _weights(tr.model), "metrics": metrics(out), "sharded": res["sharded"]}
 
 
+# --------------------------------------------------------------------------- whole stages (artifact on rank 0)
+RL_STAGE = ["rollout.group_size=4", "rollout.max_new_tokens=8", "rollout.cache=dynamic", "train.prompts_per_step=2",
+            "train.steps=2", "optim.micro_batch_size=4", "train.device=cpu", "policy.mode=full",
+            "policy.format=bf16", "optim.lr=1e-3"]
+DISTILL_STAGE = ["train.steps=2", "train.device=cpu", "optim.batch_size=4", "optim.micro_batch_size=2",
+                 "data.num_sequences=4", "data.seq_len=48", "data.max_new_tokens=8", "eval.num_sequences=2",
+                 "eval.seq_len=48", "eval.accuracy_samples=2", "eval.max_new_tokens=4", "loss.chunk=32",
+                 "data.source=bos", "student.mode=qat"]
+
+
+def stage_rl_full(d: Dist, out: Path) -> dict:
+    from quarl.config import load_config
+    from quarl.rl import RLConfig, run_rl
+
+    cfg = load_config(RLConfig, None, RL_STAGE)
+    return run_rl(cfg, model_uri="tiny-llama", data_uri=str(out.parent / "dataset"), output_uri=str(out / "model"))
+
+
+def stage_distill_qat(d: Dist, out: Path) -> dict:
+    from quarl.config import load_config
+    from quarl.distill import DistillConfig, run_distill
+
+    cfg = load_config(DistillConfig, None, DISTILL_STAGE)
+    return run_distill(cfg, model_uri="tiny-llama", teacher_uri="tiny-llama", data_uri=str(out.parent / "dataset"),
+                       output_uri=str(out / "model"))
+
+
 SCENARIOS = {"distill_lora": distill_lora, "distill_qat": distill_qat, "rl_lora": rl_lora, "rl_dapo": rl_dapo,
-             "rl_full": rl_full}
+             "rl_full": rl_full, "stage_rl_full": stage_rl_full, "stage_distill_qat": stage_distill_qat}
 
 
 # --------------------------------------------------------------------------- two gloo processes
@@ -160,17 +187,28 @@ def _worker(rank: int, world: int, port: int, root: str, names: list[str]) -> No
         for name in names:
             out = Path(root) / name
             res = SCENARIOS[name](d, out)
-            if d.is_main:
-                torch.save(res, Path(root) / f"{name}.pt")
+            torch.save(res, Path(root) / f"{name}-rank{d.rank}.pt")
+
+
+def make_dataset(out: Path) -> None:
+    from quarl.config import load_config
+    from quarl.data import DataPrepConfig, run_data_prep
+
+    cfg = load_config(DataPrepConfig, None, ["sources=[{name: synthetic, num_samples: 24}]", "split.eval_size=4"])
+    run_data_prep(cfg, output_uri=str(out))
 
 
 def run_two_ranks(root: Path, names: list[str]) -> dict[str, dict]:
-    """Every scenario in ``names`` on 2 gloo processes (one spawn); rank 0's results by name."""
+    """Every scenario in ``names`` on 2 gloo processes (one spawn). Rank 0's results by name, rank 1's
+    under ``"<name>@1"``. ``root/dataset`` is the data-prep artifact the stage scenarios read."""
     import torch.multiprocessing as mp
 
     root.mkdir(parents=True, exist_ok=True)
+    make_dataset(root / "dataset")
     mp.start_processes(_worker, args=(2, free_port(), str(root), names), nprocs=2, join=True, start_method="spawn")
-    return {n: torch.load(root / f"{n}.pt", weights_only=False) for n in names}
+    out = {n: torch.load(root / f"{n}-rank0.pt", weights_only=False) for n in names}
+    out.update({f"{n}@1": torch.load(root / f"{n}-rank1.pt", weights_only=False) for n in names})
+    return out
 
 
 def checkpoint_copy(src: Path, dst: Path, step: int) -> None:

@@ -117,3 +117,45 @@ def test_rl_full_parameters_fsdp2_matches_one_process(two, tmp_path):
     assert_metrics_close(one["metrics"], res["metrics"])
     assert_weights_close(one["weights"], res["weights"])
     assert one["metrics"][1]["policy/kl_ref"] > 0  # the sharded reference model took part
+
+
+def test_stages_under_two_ranks_write_one_artifact_on_rank_0(two):
+    from quarl.artifacts import open_artifact
+    from quarl.quant import QuantLinear
+
+    for name, kind in (("stage_rl_full", "model"), ("stage_distill_qat", "model")):
+        main, other = two[name], two[f"{name}@1"]
+        assert main["complete"] and main["output_uri"] and main["world_size"] == 2 and main["sharded"], name
+        assert other["complete"] and other["output_uri"] is None and other["rank"] == 1, name
+        art = open_artifact(main["output_uri"], kind=kind)  # checksums verified
+        assert [r["step"] for r in sc.metrics(art.path)] == [0, 1]
+    # the distilled student was gathered from its FSDP2 shards and re-quantized into NVFP4 on rank 0
+    from quarl.models import load_model
+
+    model, _ = load_model(two["stage_distill_qat"]["output_uri"])
+    assert all(m.mode == "frozen" and m.format_name == "nvfp4" for m in model.modules() if isinstance(m, QuantLinear))
+    assert two["stage_distill_qat"]["accuracy_before"] is not None and two["stage_distill_qat"]["eval_after"]["tokens"]
+
+
+@pytest.mark.slow
+def test_torchrun_runs_the_rl_command_unchanged(tmp_path):
+    """The command a Kubeflow TrainJob runs: ``torchrun ... -m quarl.cli.main rl`` with the stage's own arguments."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    sc.make_dataset(tmp_path / "dataset")
+    sets = [x for kv in ["rollout.group_size=4", "rollout.max_new_tokens=8", "rollout.cache=dynamic",
+                         "train.prompts_per_step=2", "train.steps=2", "optim.micro_batch_size=4", "train.device=cpu"]
+            for x in ("--set", kv)]
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port",
+           str(sc.free_port()), "-m", "quarl.cli.main", "rl", "--model", "tiny-llama", "--data",
+           str(tmp_path / "dataset"), "--output", str(tmp_path / "adapter"), *sets]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    p = subprocess.run(cmd, check=False, capture_output=True, text=True, timeout=600, env=env)
+    assert p.returncode == 0, p.stderr[-3000:]
+    result = json.loads(p.stdout)  # printed once, by rank 0
+    assert result["complete"] and result["world_size"] == 2 and result["output_uri"] == str(tmp_path / "adapter")
+    ckpt = tmp_path / "adapter.work" / "checkpoints" / "step-000002"
+    assert (ckpt / "rng-rank1.pt").exists() and (ckpt / "trainable.safetensors").exists()
