@@ -131,9 +131,24 @@ def rl_dapo(d: Dist, out: Path) -> dict:
 
 def rl_full(d: Dist, out: Path) -> dict:
     tr = _rl(d, out, "policy.mode=full", "policy.format=bf16", "algo.beta=0.1", "train.steps=2", "optim.lr=1e-3",
-             "algo.updates_per_rollout=1")
+             "algo.updates_per_rollout=1", "policy.gradient_checkpointing=true")
     res = tr.train()
     return {"weights": _weights(tr.model), "metrics": metrics(out), "sharded": res["sharded"]}
+
+
+def rl_jetrl_full(d: Dist, out: Path) -> dict:
+    """Jet-RL's full mode: FP8 GEMMs (QuantLinear QAT master weights through quarl.quant.fp8_linear) under FSDP2.
+
+    One step: after it the 1- and 2-process weights differ by reduction order (~1e-8), and the next
+    rollout quantizes them to FP8 with per-128x128-tile scales, where such a difference can move a
+    tile's amax and so every code in the tile; the sampled answers then part (seen at step 1: reward
+    0.5 vs 0.375). That is FP8 rounding amplifying summation order, not a distributed bug; the bf16
+    full-parameter scenario above stays equal over 2 steps."""
+    tr = _rl(d, out, "policy.mode=full", "precision.mode=jetrl", "train.steps=1", "optim.lr=1e-3",
+             "algo.updates_per_rollout=1", "aqn.enabled=false")
+    res = tr.train()
+    return {"weights": _weights(tr.model), "metrics": metrics(out), "sharded": res["sharded"],
+            "fp8_layers": sum(1 for m in tr.model.modules() if getattr(m, "fp8_flow", False))}
 
 
 # --------------------------------------------------------------------------- whole stages (artifact on rank 0)
@@ -164,7 +179,7 @@ def stage_distill_qat(d: Dist, out: Path) -> dict:
 
 
 SCENARIOS = {"distill_lora": distill_lora, "distill_qat": distill_qat, "rl_lora": rl_lora, "rl_dapo": rl_dapo,
-             "rl_full": rl_full, "stage_rl_full": stage_rl_full, "stage_distill_qat": stage_distill_qat}
+             "rl_full": rl_full, "rl_jetrl_full": rl_jetrl_full, "stage_rl_full": stage_rl_full, "stage_distill_qat": stage_distill_qat}
 
 
 # --------------------------------------------------------------------------- two gloo processes

@@ -119,6 +119,14 @@ def test_rl_full_parameters_fsdp2_matches_one_process(two, tmp_path):
     assert one["metrics"][1]["policy/kl_ref"] > 0  # the sharded reference model took part
 
 
+def test_rl_jetrl_fp8_full_parameters_fsdp2_matches_one_process(two, tmp_path):
+    res = two["rl_jetrl_full"]
+    assert res["sharded"] and res["fp8_layers"] == 14  # every projection of the 2 layers runs the FP8 linear
+    one = sc.rl_jetrl_full(SINGLE, tmp_path)
+    assert_metrics_close(one["metrics"], res["metrics"])
+    assert_weights_close(one["weights"], res["weights"])
+
+
 def test_stages_under_two_ranks_write_one_artifact_on_rank_0(two):
     from quarl.artifacts import open_artifact
     from quarl.quant import QuantLinear
