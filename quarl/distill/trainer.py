@@ -100,7 +100,11 @@ class DistillTrainer:
         random.seed(seed)
         np.random.seed(seed)
         torch.manual_seed(seed)  # LoRA init
-        self.model = student.to(device=self.device, dtype=dtype)
+        # QAT trains every linear weight: on several ranks student and teacher are built on the CPU and sharded
+        # with FSDP2 (each rank's shard moves to the device); a LoRA student is replicated
+        self.sharded = dist.enabled and cfg.student.mode == "qat"
+        home = torch.device("cpu") if self.sharded else self.device
+        self.model = student.to(device=home, dtype=dtype)
         self.student_report = build_student(self.model, cfg.student)
         if cfg.student.gradient_checkpointing:
             kw = {"use_reentrant": False}  # non-reentrant: works although the inputs need no grad (LoRA)
@@ -108,12 +112,10 @@ class DistillTrainer:
                 self.model.activation_checkpointing_enable(activation_checkpointing_kwargs=kw)
             else:
                 self.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kw)
-        self.teacher = teacher.to(device=self.device, dtype=t_dtype).eval().requires_grad_(False)
-        # QAT trains every linear weight: shard student and teacher (FSDP2); a LoRA student is replicated
-        self.sharded = dist.enabled and cfg.student.mode == "qat"
+        self.teacher = teacher.to(device=home, dtype=t_dtype).eval().requires_grad_(False)
         if self.sharded:
-            shard_model(self.model, dist)
-            shard_model(self.teacher, dist)
+            shard_model(self.model, dist, self.device)
+            shard_model(self.teacher, dist, self.device)
         elif dist.enabled:
             dist.broadcast_params([p for p in self.model.parameters() if p.requires_grad])
         self.params = [p for p in self.model.parameters() if p.requires_grad]

@@ -83,7 +83,9 @@ def _run_rl(cfg: RLConfig, d: Dist, *, model_uri: str, data_uri: str, output_uri
     with d.main_first():  # downloads into the node's cache happen once
         df = read_split(data_uri, cfg.train.split)
         init_dir = open_artifact(init_adapter_uri, kind="adapter").path if init_adapter_uri else None
-        model, tokenizer = load_model(model_uri, dtype=dtype, device=str(device))
+        # full parameters on several ranks: loaded on the CPU, FSDP2 moves each rank's shard to the GPU
+        home = "cpu" if d.enabled and cfg.policy.mode == "full" else str(device)
+        model, tokenizer = load_model(model_uri, dtype=dtype, device=home)
     if df.empty:
         raise ValueError(f"{data_uri}: the {cfg.train.split!r} split is empty; re-run data-prep with more data")
     work = work_dir_for(output_uri)

@@ -149,7 +149,10 @@ class RLTrainer:
         random.seed(seed)
         np.random.seed(seed)
         torch.manual_seed(seed)
-        self.model = place_policy(model, self.device, dtype)  # packed 4-bit tensors keep their dtypes
+        # full parameters on several ranks: built on the CPU, then FSDP2 moves only each rank's shard to the device
+        self.sharded = dist.enabled and cfg.policy.mode == "full"
+        home = torch.device("cpu") if self.sharded else self.device
+        self.model = place_policy(model, home, dtype)  # packed 4-bit tensors keep their dtypes
         self.policy_report = build_policy(self.model, cfg.policy)
         if init_adapter is not None:  # continue from an earlier stage's LoRA (e.g. a cold-start SFT)
             if cfg.policy.mode != "lora":
@@ -173,11 +176,10 @@ class RLTrainer:
         if cfg.algo.beta > 0 and cfg.policy.mode == "full":
             self.ref_model = copy.deepcopy(self.model).eval().requires_grad_(False)
         # full parameters: FSDP2 shards policy and reference; LoRA on a frozen base: replicated
-        self.sharded = dist.enabled and cfg.policy.mode == "full"
         if self.sharded:
-            shard_model(self.model, dist)
+            shard_model(self.model, dist, self.device)
             if self.ref_model is not None:
-                shard_model(self.ref_model, dist)
+                shard_model(self.ref_model, dist, self.device)
         elif dist.enabled:
             dist.broadcast_params([p for p in self.model.parameters() if p.requires_grad])
         self.params = [p for p in self.model.parameters() if p.requires_grad]

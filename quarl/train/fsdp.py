@@ -69,22 +69,24 @@ def is_sharded(model: nn.Module) -> bool:
     return isinstance(model, FSDPModule)
 
 
-def shard_model(model: nn.Module, d: Dist) -> nn.Module:
-    """``fully_shard`` each decoder layer, then the root, on a 1-D mesh of every rank; in place.
+def shard_model(model: nn.Module, d: Dist, device: torch.device) -> nn.Module:
+    """``fully_shard`` each decoder layer, then the root, on a 1-D mesh of every rank over ``device``; in place.
 
-    The model must already be on its device (``cuda:LOCAL_RANK`` or cpu) with its final
-    trainable flags: FSDP2 shards what is there and the optimizer must be built after."""
+    The model must have its final trainable flags (the optimizer is built after). It may sit
+    on the CPU: FSDP2 moves each rank's shard (and the buffers) to ``device`` (``cuda:LOCAL_RANK``),
+    so the whole model is never on one GPU -- it is in each rank's host memory once, while
+    it is built (docs/distributed.md, "Limits")."""
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
 
-    dev = next(model.parameters()).device
-    mesh = init_device_mesh(dev.type, (d.world_size,))
+    mesh = init_device_mesh(device.type, (d.world_size,))
     for layer in model.get_decoder().layers:
         fully_shard(layer, mesh=mesh)
     fully_shard(model, mesh=mesh)
     for m in _fsdp_modules(model):
         m.set_gradient_divide_factor(1.0)  # sum, not mean: the losses carry the global normaliser
-        m.set_force_sum_reduction_for_comms(True)  # a plain SUM (gloo has no PREMUL_SUM; NCCL: zero-copy)
+        if hasattr(m, "set_force_sum_reduction_for_comms"):  # a plain SUM: gloo has no PREMUL_SUM (torch >= 2.9)
+            m.set_force_sum_reduction_for_comms(True)
     return model
 
 
