@@ -169,17 +169,18 @@ def stage_rl_full(d: Dist, out: Path) -> dict:
     return run_rl(cfg, model_uri="tiny-llama", data_uri=str(out.parent / "dataset"), output_uri=str(out / "model"))
 
 
-def stage_distill_qat(d: Dist, out: Path) -> dict:
+def stage_distill_qat(d: Dist, out: Path, *extra: str) -> dict:
     from quarl.config import load_config
     from quarl.distill import DistillConfig, run_distill
 
-    cfg = load_config(DistillConfig, None, DISTILL_STAGE)
+    cfg = load_config(DistillConfig, None, [*DISTILL_STAGE, *extra])
     return run_distill(cfg, model_uri="tiny-llama", teacher_uri="tiny-llama", data_uri=str(out.parent / "dataset"),
                        output_uri=str(out / "model"))
 
 
 SCENARIOS = {"distill_lora": distill_lora, "distill_qat": distill_qat, "rl_lora": rl_lora, "rl_dapo": rl_dapo,
-             "rl_full": rl_full, "rl_jetrl_full": rl_jetrl_full, "stage_rl_full": stage_rl_full, "stage_distill_qat": stage_distill_qat}
+             "rl_full": rl_full, "rl_jetrl_full": rl_jetrl_full, "stage_rl_full": stage_rl_full, "stage_distill_qat": stage_distill_qat,
+             "stage_distill_lora": lambda d, out: stage_distill_qat(d, out, "student.mode=lora")}
 
 
 # --------------------------------------------------------------------------- two gloo processes

@@ -131,11 +131,12 @@ def test_stages_under_two_ranks_write_one_artifact_on_rank_0(two):
     from quarl.artifacts import open_artifact
     from quarl.quant import QuantLinear
 
-    for name, kind in (("stage_rl_full", "model"), ("stage_distill_qat", "model")):
+    for name, sharded in (("stage_rl_full", True), ("stage_distill_qat", True), ("stage_distill_lora", False)):
         main, other = two[name], two[f"{name}@1"]
-        assert main["complete"] and main["output_uri"] and main["world_size"] == 2 and main["sharded"], name
+        assert main["complete"] and main["output_uri"] and main["world_size"] == 2, name
+        assert main["sharded"] == sharded, name
         assert other["complete"] and other["output_uri"] is None and other["rank"] == 1, name
-        art = open_artifact(main["output_uri"], kind=kind)  # checksums verified
+        art = open_artifact(main["output_uri"], kind="model")  # checksums verified
         assert [r["step"] for r in sc.metrics(art.path)] == [0, 1]
     # the distilled student was gathered from its FSDP2 shards and re-quantized into NVFP4 on rank 0
     from quarl.models import load_model
