@@ -35,6 +35,11 @@ scale; ``shared_global_state(shards)`` returns the state to pass to
 ``quantize(w, cfg, state=...)`` for each shard (amax over all shards, i.e.
 the same value as llm-compressor's min over the per-shard global scales).
 
+Frozen block scales: a ``state`` that also carries ``weight_scale`` (a QTensor's E4M3 scales)
+makes ``quantize`` and ``fake_quant`` round onto that grid instead of recomputing it from the
+weight -- QAT from a calibrated (e.g. GPTQ) model keeps the calibrated grid, so its step 0 is
+the calibrated model exactly.
+
 GPTQ hooks: ``tensor_state`` fixes gs; ``block_scales`` gives the E4M3 scale
 of each row of one 16-column group; ``qdq_with_scales`` rounds 1..16 columns
 with those scales frozen. Applied group by group to unchanged weights this
@@ -146,7 +151,13 @@ class NVFP4(Format):
         w32 = blocks(w.detach().float(), cfg.block_size)  # [N, G, B]
         state = self.tensor_state(w, cfg) if state is None else state
         gs = _global_scale(state, w.device)  # [1]
-        scale = _e4m3_scales(w32.abs().amax(-1), gs)  # [N, G] e4m3
+        if "weight_scale" in state:  # frozen block scales (QAT that keeps a calibrated grid)
+            scale = state["weight_scale"]
+            if tuple(scale.shape) != tuple(w32.shape[:2]) or scale.dtype != torch.float8_e4m3fn:
+                raise QuantError(f"nvfp4: state weight_scale must be float8_e4m3fn {tuple(w32.shape[:2])}, got "
+                                 f"{scale.dtype} {tuple(scale.shape)}")
+        else:
+            scale = _e4m3_scales(w32.abs().amax(-1), gs)  # [N, G] e4m3
         return cfg, w32, gs, scale
 
     def quantize(self, w: torch.Tensor, cfg: FormatConfig, *, state: dict | None = None) -> QTensor:
