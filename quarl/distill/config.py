@@ -48,6 +48,9 @@ class StudentConfig:
     # The format used when the student input is a full-precision model (quantized here by RTN);
     # a calibrated model keeps the formats it was calibrated to.
     format: str = "nvfp4"
+    # qat from a calibrated model: calibrated (keep its block/group scales: step 0 = the calibrated model) |
+    # recompute (scales from the latent weight at every forward)
+    scales: str = "calibrated"
     lora_r: int = 32
     lora_alpha: float = 32.0
     lora_targets: list[str] = field(default_factory=lambda: list(DEFAULT_LORA_TARGETS))
@@ -57,6 +60,8 @@ class StudentConfig:
 
     def __post_init__(self) -> None:
         _check(self.mode in ("qat", "lora"), f"student.mode must be qat|lora, got {self.mode!r}")
+        _check(self.scales in ("calibrated", "recompute"), f"student.scales must be calibrated|recompute, got "
+                                                           f"{self.scales!r}")
         _check(self.dtype in DTYPES, f"student.dtype must be one of {DTYPES}, got {self.dtype!r}")
         _check(self.lora_r >= 1, f"student.lora_r must be >= 1, got {self.lora_r}")
 

@@ -163,6 +163,7 @@ def run_distill(cfg: DistillConfig, *, model_uri: str, data_uri: str, output_uri
     from quarl.quant.checkpoint import save_quantized
 
     t0 = time.time()
+    timing: dict[str, float] = {}  # seconds per phase, in the summary (where a run's time goes)
     refuse_existing(output_uri, overwrite)
     teacher_uri = teacher_uri or _source_model(model_uri)
     if not teacher_uri:
@@ -174,11 +175,14 @@ def run_distill(cfg: DistillConfig, *, model_uri: str, data_uri: str, output_uri
     teacher, t_tok = load_model(teacher_uri, dtype=t_dtype, device=str(device))
     student, tok = load_model(model_uri, dtype=dtype, device=str(device))
     check_pairing(teacher, t_tok, student, tok)  # before any generation or training
+    timing["load_s"] = time.time() - t0
 
     work = work_dir_for(output_uri, stage=stage)
     work.mkdir(parents=True, exist_ok=True)
     vocab = int(student.get_output_embeddings().weight.shape[0])
+    t1 = time.time()
     train, held, acc_p, acc_a, generated = _train_sequences(cfg, data_uri, tok, teacher, work, vocab)
+    timing["data_s"] = time.time() - t1
     data_out = None
     if generated and cfg.data.save:
         stats = json.loads((work / "generated.json").read_text()) if (work / "generated.json").exists() else {}
@@ -187,26 +191,35 @@ def run_distill(cfg: DistillConfig, *, model_uri: str, data_uri: str, output_uri
 
     teacher_eval = {}
     acc_before = None
+    t1 = time.time()
     if acc_p:
         teacher_eval["accuracy"] = heldout_accuracy(teacher, tok, acc_p, acc_a, cfg.eval.max_new_tokens)
     trainer = DistillTrainer(cfg, student, teacher, tok, train, held, work,
                              checkpoint_remote=checkpoint_remote_for(output_uri))
     if acc_p and not (cfg.train.resume and trainer.ckpt.latest()):  # the step-0 student (before any update)
         acc_before = heldout_accuracy(trainer.model, tok, acc_p, acc_a, cfg.eval.max_new_tokens)
+    timing["accuracy_s"] = time.time() - t1
+    t1 = time.time()
     summary = trainer.train(stop_after=stop_after)
+    timing["loop_s"] = time.time() - t1  # steps + held-out evaluations + checkpoints (summary["timing"])
     if summary["end_step"] < summary["total_steps"]:
         return {"output_uri": None, "complete": False, **summary}
 
+    t1 = time.time()
     mem = finalize_student(trainer.model)  # re-quantize into the student's format
     after = trainer.evaluate(trainer.model)
+    timing["requantize_eval_s"] = time.time() - t1
+    t1 = time.time()
     acc_after = heldout_accuracy(trainer.model, tok, acc_p, acc_a, cfg.eval.max_new_tokens) if acc_p else None
-    teacher_eval["ce"] = trainer.evaluate(trainer.teacher)["ce"]
+    timing["accuracy_s"] += time.time() - t1
+    teacher_eval["ce"] = trainer.teacher_ce  # from the held-out teacher pass every evaluation shares
+    t1 = time.time()
     rows = read_metrics(work / "metrics.jsonl")
     summary.update({"eval_after": after, "accuracy_before": acc_before, "accuracy_after": acc_after,
                     "teacher_eval": teacher_eval, "model_uri": model_uri, "teacher_uri": teacher_uri,
                     "data_uri": data_uri, "data_source": train.source, "generated_data_uri": data_out,
                     "generated_stats": train.stats or None, "objective": cfg.loss.objective,
-                    "memory_bytes": mem["total_bytes"], "wall_s": time.time() - t0})
+                    "memory_bytes": mem["total_bytes"], "wall_s": time.time() - t0, "phases": timing})
     inputs = [model_uri, data_uri, teacher_uri]
     with write_artifact(output_uri, "model", stage, config=cfg, inputs=inputs, overwrite=overwrite) as art:
         save_quantized(trainer.model, tok, art.path,
@@ -220,6 +233,8 @@ def run_distill(cfg: DistillConfig, *, model_uri: str, data_uri: str, output_uri
         write_report(art.path, rows, summary, title)
         art.metadata.update({"objective": cfg.loss.objective, "steps": summary["total_steps"],
                              "kl_before": summary["eval_before"]["kl"], "kl_after": after["kl"]})
+        timing["write_s"] = time.time() - t1  # the artifact's files (its upload follows when the block exits)
+        log.info("%s: %s", stage, ", ".join(f"{k} {v:.1f}" for k, v in {**timing, **summary["timing"]}.items()))
     return {"output_uri": output_uri, "kind": "model", "complete": True, "work_dir": str(work), **summary}
 
 
