@@ -48,9 +48,10 @@ class StudentConfig:
     # The format used when the student input is a full-precision model (quantized here by RTN);
     # a calibrated model keeps the formats it was calibrated to.
     format: str = "nvfp4"
-    # qat from a calibrated model: calibrated (keep its block/group scales: step 0 = the calibrated model) |
-    # recompute (scales from the latent weight at every forward)
-    scales: str = "calibrated"
+    # qat from a calibrated model: recompute (block/group scales from the latent weight at every forward, as
+    # ModelOpt's NVFP4 QAT and torchao's QAT do) | calibrated (keep the calibrated grid: step 0 = the calibrated
+    # model exactly; a code changes only when its weight crosses a rounding midpoint, which needs a larger lr)
+    scales: str = "recompute"
     lora_r: int = 32
     lora_alpha: float = 32.0
     lora_targets: list[str] = field(default_factory=lambda: list(DEFAULT_LORA_TARGETS))

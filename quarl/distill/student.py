@@ -10,18 +10,20 @@ frozen ``QuantLinear`` layers (RTN/GPTQ/AWQ codes and scales). For
 weight is the *dequantized* calibrated weight, so training starts at the
 calibrated point; the forward fake-quantizes the latent weight with the
 format's own quantizer and a straight-through gradient
-(``Format.fake_quant``). With ``student.scales=calibrated`` (the default) the
-layer's quantization state carries its calibrated grid -- NVFP4's global and
-block scales, INT's group scales and zero points -- so fake quantization and the
-final re-quantization round onto exactly that grid: the step-0 student *is* the
-calibrated model, and a code changes only when training moves its latent weight
-across a rounding midpoint. ``scales=recompute`` derives block/group scales from
-the latent weight at every forward (dynamic scales; NVFP4 still keeps its global
-scale). That loses part of a GPTQ init at once: re-deriving the scales of a
+(``Format.fake_quant``). ``student.scales=recompute`` (the default) derives the
+block/group scales from the latent weight at every forward, as ModelOpt's NVFP4
+QAT (dynamic block scales, a calibrated global scale, which NVFP4 keeps here too)
+and torchao's QAT do: moving a group's extreme weights moves its whole grid. The
+price is paid at step 0 by a GPTQ/AWQ init: re-deriving the scales of a
 dequantized GPTQ weight picks a smaller range wherever GPTQ's error feedback left
-a group's extreme code unused, and re-rounds the group (measured on SmolLM2 INT3
+a group's extreme code unused, and re-rounds that group (measured on SmolLM2 INT3
 in a CPU dry run of benchmarks/distill_table.py: held-out KL 0.109 of the GPTQ
-model, 0.204 at step 0 with recomputed scales).
+model, 0.204 at step 0). ``scales=calibrated`` keeps the calibrated grid --
+NVFP4's global and block scales, INT's group scales and zero points travel in the
+layer's quantization state -- so the step-0 student *is* the calibrated model and
+a code changes only when training moves its latent weight across a rounding
+midpoint of that grid (half a grid step: far more than lr x steps at QAD's usual
+learning rates, so this mode needs a larger one).
 
 A full-precision student input (no calibrate step) is quantized here by RTN
 into ``student.format``.
@@ -70,7 +72,7 @@ def check_pairing(teacher: nn.Module, t_tok, student: nn.Module, s_tok) -> None:
 FROZEN_SCALES = {"nvfp4": ("weight_scale",), "int": ("weight_scale", "weight_zero_point")}
 
 
-def to_qat(model: nn.Module, scales: str = "calibrated") -> int:
+def to_qat(model: nn.Module, scales: str = "recompute") -> int:
     """Frozen quantized QuantLinears -> QAT layers with the dequantized weight as latent weight. Returns count.
 
     ``scales="calibrated"`` keeps every layer's calibrated grid (block/group scales, zero points):
