@@ -193,8 +193,9 @@ class IntFormat(Format):
 
         The same group parameters and rounding as ``quantize`` without the bit packing and unpacking
         (codes and zero points are small integers held exactly in fp32, scales stay fp32): a QAT
-        forward pays a dozen elementwise kernels per layer instead of the packer's ~60."""
-        check_weight(w, cfg.group_size, f"int{cfg.bits}")
+        forward pays a dozen elementwise kernels per layer instead of the packer's ~60, and no device
+        sync (no value check: a non-finite weight shows up in the loss, which the trainers check)."""
+        check_weight(w, cfg.group_size, f"int{cfg.bits}", finite=False)
         n, k = w.shape
         wg = w.detach().float().view(n, k // cfg.group_size, cfg.group_size)  # [N, G, g]
         scale, zp = _qparams(wg, cfg, state)  # [N, G, 1]

@@ -110,14 +110,16 @@ def shared_global_state(weights: list[torch.Tensor]) -> dict:
     return {"global_scale": _global_scale_from_amax(amax)}
 
 
-def _global_scale(state: dict, device: torch.device) -> torch.Tensor:
+def _global_scale(state: dict, device: torch.device, check: bool = True) -> torch.Tensor:
+    """The state's global scale as fp32 [1]; ``check=False`` skips the value check (a device sync) on
+    hot paths whose state was built by ``tensor_state``/``shared_global_state`` or read from a checkpoint."""
     if "global_scale" not in state:
         raise QuantError(
             f"nvfp4: state has no 'global_scale' (keys: {sorted(state)}); "
             f"build it with NVFP4.tensor_state(w, cfg) or shared_global_state([...])"
         )
     gs = torch.as_tensor(state["global_scale"], dtype=torch.float32, device=device).reshape(-1)
-    if gs.numel() != 1 or not torch.isfinite(gs).all() or (gs <= 0).any():
+    if gs.numel() != 1 or (check and (not torch.isfinite(gs).all() or (gs <= 0).any())):
         raise QuantError(f"nvfp4: global_scale must be one finite positive number, got {gs.tolist()}")
     return gs
 
@@ -145,12 +147,12 @@ class NVFP4(Format):
     def tensor_state(self, w: torch.Tensor, cfg: FormatConfig) -> dict:
         return {"global_scale": _global_scale_from_amax(w.detach().abs().amax())}
 
-    def _prepare(self, w: torch.Tensor, cfg: FormatConfig, state: dict | None):
+    def _prepare(self, w: torch.Tensor, cfg: FormatConfig, state: dict | None, check: bool = True):
         cfg = self._check_cfg(cfg)
-        check_weight(w, cfg.block_size, self.name)
+        check_weight(w, cfg.block_size, self.name, finite=check)
         w32 = blocks(w.detach().float(), cfg.block_size)  # [N, G, B]
         state = self.tensor_state(w, cfg) if state is None else state
-        gs = _global_scale(state, w.device)  # [1]
+        gs = _global_scale(state, w.device, check)  # [1]
         if "weight_scale" in state:  # frozen block scales (QAT that keeps a calibrated grid)
             scale = state["weight_scale"]
             if tuple(scale.shape) != tuple(w32.shape[:2]) or scale.dtype != torch.float8_e4m3fn:
@@ -184,8 +186,11 @@ class NVFP4(Format):
         return (vals * _divisor(scale, gs)[..., None]).flatten(-2).to(dtype)
 
     def fake_quant(self, w: torch.Tensor, cfg: FormatConfig, *, state: dict | None = None) -> torch.Tensor:
-        """STE fake quantization; forward values equal ``dequantize(quantize(w))`` exactly."""
-        cfg, w32, gs, scale = self._prepare(w, cfg, state)
+        """STE fake quantization; forward values equal ``dequantize(quantize(w))`` exactly.
+
+        No value checks (device syncs) here: this runs for every layer in every QAT forward; a
+        non-finite weight shows up in the loss, which the trainers check, and ``quantize`` checks."""
+        cfg, w32, gs, scale = self._prepare(w, cfg, state, check=False)
         q = qdq_e2m1(w32, _divisor(scale, gs)[..., None]).flatten(-2).to(w.dtype)  # [N, K]
         # q + (w - w.detach()) is q bit for bit in forward, identity in backward.
         return q + (w - w.detach()) if w.requires_grad else q
@@ -207,7 +212,7 @@ class NVFP4(Format):
             raise QuantError(
                 f"nvfp4: qdq_with_scales takes [N, 1..{cfg.block_size}] columns, got {tuple(w_cols.shape)}"
             )
-        gs = _global_scale(state, w_cols.device)
+        gs = _global_scale(state, w_cols.device, check=False)  # once per column: block_scales checked it
         div = _divisor(scales.reshape(-1, 1), gs)  # [N, 1]
         return qdq_e2m1(w_cols, div).to(w_cols.dtype)
 
