@@ -123,6 +123,15 @@ def distill_cfg(s: dict, device: str, objective: str, source: str, scales: str =
         f"train.device={device}", "student.dtype=float32", "loss.chunk=1024"])
 
 
+def cache_weights(model) -> None:
+    """A frozen quantized model dequantizes each layer once, not in every forward (it never changes)."""
+    from quarl.quant import QuantLinear
+
+    for m in model.modules():
+        if isinstance(m, QuantLinear) and m.mode == "frozen":
+            m.cache_dequantized = True
+
+
 class Worker:
     """One job's process: the teacher, the held-out text and the row runner."""
 
@@ -195,6 +204,7 @@ class Worker:
         t = time.time()
         tr = DistillTrainer(distill_cfg(self.s, self.a.device, "forward_kl", "sft"), copy.deepcopy(base),
                             self.teacher, self.tok, self.held, self.held, self.work / f"ptq-{fmt}-{init}")
+        cache_weights(base)
         ev = tr.evaluate(base)  # the quantized model as calibrated: its own codes
         self.emit({"format": fmt, "init": init, "source": "-", "method": "PTQ", "kl": ev["kl"], "ce": ev["ce"],
                    "accuracy": self.accuracy(base), "teacher_ce": tr.teacher_ce, "seconds": time.time() - t,
@@ -218,6 +228,7 @@ class Worker:
                             self.work / f"{fmt}-{init}-{objective}-{source}-{scales}")
         summ = tr.train()
         finalize_student(tr.model)
+        cache_weights(tr.model)
         after = tr.evaluate(tr.model)
         acc = self.accuracy(tr.model)
         self.last_row_s = time.time() - t
@@ -312,7 +323,9 @@ def orchestrate(a, s: dict) -> dict:
     deadline = t0 + a.budget
     jobs = [j for j in job_list() if not a.jobs or j["name"] in a.jobs.split(",")]
     pending, running, done = list(jobs), {}, {}
-    env = {**os.environ, "OMP_NUM_THREADS": str(a.threads), "PYTHONUNBUFFERED": "1",
+    # QUARL_KERNELS=reference: a frozen model is measured with the same F.linear as the QAT forward (a fused
+    # low-bit kernel would compute in another precision and blur PTQ vs QAT/QAD)
+    env = {**os.environ, "OMP_NUM_THREADS": str(a.threads), "PYTHONUNBUFFERED": "1", "QUARL_KERNELS": "reference",
            "PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "kernels"), os.environ.get("PYTHONPATH", "")])}
     base = [sys.executable, str(Path(__file__).resolve()), "--device", a.device, "--data", a.data, "--out", a.out,
             "--model", a.model, "--threads", str(a.threads), "--deadline", str(deadline),

@@ -160,6 +160,7 @@ def run_distill(cfg: DistillConfig, *, model_uri: str, data_uri: str, output_uri
                 overwrite: bool = False, stop_after: int | None = None, stage: str = "distill") -> dict:
     """Distill the quantized student from its teacher; write the re-quantized model artifact. Returns a result."""
     from quarl.models import load_model
+    from quarl.quant import QuantLinear
     from quarl.quant.checkpoint import save_quantized
 
     t0 = time.time()
@@ -207,6 +208,9 @@ def run_distill(cfg: DistillConfig, *, model_uri: str, data_uri: str, output_uri
 
     t1 = time.time()
     mem = finalize_student(trainer.model)  # re-quantize into the student's format
+    for m in trainer.model.modules():  # frozen from here on: dequantize each layer once, not per forward
+        if isinstance(m, QuantLinear):
+            m.cache_dequantized = True
     after = trainer.evaluate(trainer.model)
     timing["requantize_eval_s"] = time.time() - t1
     t1 = time.time()
