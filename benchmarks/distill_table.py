@@ -49,6 +49,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import gc
 import json
 import math
 import os
@@ -223,10 +224,26 @@ class Worker:
                                        f"~{self.last_row_s:.0f}s"})
             return
         t = time.time()
-        tr = DistillTrainer(distill_cfg(self.s, self.a.device, objective, source, scales, lr), copy.deepcopy(base),
-                            self.teacher, self.tok, seqs, self.held,
-                            self.work / f"{fmt}-{init}-{objective}-{source}-{scales}")
-        summ = tr.train()
+        cfg = distill_cfg(self.s, self.a.device, objective, source, scales, lr)
+        tr = summ = None
+        try:
+            tr = DistillTrainer(cfg, copy.deepcopy(base), self.teacher, self.tok, seqs, self.held,
+                                self.work / f"{fmt}-{init}-{objective}-{source}-{scales}")
+            tr._save = lambda done: None  # a row never resumes: no 1.3 GB final checkpoint per row
+            summ = tr.train()
+        except torch.OutOfMemoryError:  # processes share the GPU: the same step in two micro-batches
+            pass  # (retried below, once this frame's traceback no longer holds the tensors)
+        if summ is None:
+            tr = None
+            gc.collect()
+            torch.cuda.empty_cache()
+            cfg.optim.micro_batch_size = max(1, cfg.optim.micro_batch_size // 2)
+            row["micro_batch"] = cfg.optim.micro_batch_size
+            print(f"out of memory: retrying {row} with micro-batch {cfg.optim.micro_batch_size}", flush=True)
+            tr = DistillTrainer(cfg, copy.deepcopy(base), self.teacher, self.tok, seqs, self.held,
+                                self.work / f"{fmt}-{init}-{objective}-{source}-{scales}-mb")
+            tr._save = lambda done: None
+            summ = tr.train()
         finalize_student(tr.model)
         cache_weights(tr.model)
         after = tr.evaluate(tr.model)

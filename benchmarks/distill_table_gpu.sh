@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The distillation table (PTQ vs QAT vs QAD, NVFP4 and INT3, RTN and GPTQ init; QAD's data
-# sources) in one GPU call: benchmarks/distill_table.py runs its nine jobs as processes side by
+# sources) in one GPU call: benchmarks/distill_table.py runs its ten jobs as processes side by
 # side on one GPU (a 135M model leaves an H100 mostly idle) and stops at BUDGET seconds.
 #
 #   OUT=/tmp/out DATA=.dev/distill-data BUDGET=200 bash benchmarks/distill_table_gpu.sh
@@ -17,16 +17,18 @@
 set -u
 : "${OUT:?}" "${DATA:?}"
 BUDGET=${BUDGET:-200}
-PARALLEL=${PARALLEL:-$([ "$(nproc)" -ge 12 ] && echo 9 || echo 6)}  # 9 = every job at once
+# 6 jobs at once: a training job holds ~10 GB (fp32 teacher, latent weights, AdamW, 16 x 192-token
+# activations), and ~3 launch-bound jobs already keep the GPU busy; the source jobs wait for the GPTQ student
+PARALLEL=${PARALLEL:-6}
 W=${WORK:-/tmp/distill-table}
 export PYTHONPATH="$PWD:$PWD/kernels${PYTHONPATH:+:$PYTHONPATH}"
-export PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True  # nine processes share the GPU's memory
+export PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True  # six processes share the GPU's memory
 [ -d "$DATA" ] || { echo "DATA=$DATA is not a directory: build it first with" \
     "python benchmarks/distill_table.py --make-data $DATA (on a host with great_expectations)"; exit 2; }
 rm -rf "$W" && mkdir -p "$W" "$OUT"
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv > "$W/gpu.txt" 2>&1
 echo "nproc $(nproc), PARALLEL $PARALLEL, BUDGET $BUDGET" >> "$W/gpu.txt"
-# convert the embedded GGUF into the cache once, before nine processes race to do it
+# convert the embedded GGUF into the cache once, before six processes race to do it
 "${PY:-python3}" -c "from quarl.models import load_model; load_model('${MODEL:-default}')" > "$W/warm.log" 2>&1 \
     || { echo "loading the default model failed:"; tail -n 20 "$W/warm.log"; }
 timeout --signal=TERM $((${BUDGET%.*} + 40)) "${PY:-python3}" benchmarks/distill_table.py --device "${DEVICE:-cuda}" \
