@@ -38,12 +38,21 @@ def test_qad_lowers_the_kl_and_logs_every_step(tmp_path):
     assert rows[-1]["train/kl"] < rows[0]["train/kl"]
 
 
-def test_resume_gives_the_identical_next_step(tmp_path):
-    full = _trainer(tmp_path / "a")
+def _calibrated_student():
+    model, tok = small_tiny_model()
+    quantize_model(model, {"default": "nvfp4"})  # frozen packed layers, as a calibrate artifact loads
+    return model, tok
+
+
+@pytest.mark.parametrize("student", ["full-precision", "calibrated-grid"])
+def test_resume_gives_the_identical_next_step(tmp_path, student):
+    extra, make = ((), lambda: None) if student == "full-precision" else (("student.scales=calibrated",),
+                                                                          _calibrated_student)
+    full = _trainer(tmp_path / "a", *extra, student=make())
     full.train()
-    part = _trainer(tmp_path / "b")
+    part = _trainer(tmp_path / "b", *extra, student=make())
     part.train(stop_after=2)  # leaves a checkpoint at step 2
-    resumed = _trainer(tmp_path / "b")
+    resumed = _trainer(tmp_path / "b", *extra, student=make())
     res = resumed.train()
     assert res["start_step"] == 2 and res["end_step"] == 3
     wa, wb = _weights(full.model), _weights(resumed.model)
