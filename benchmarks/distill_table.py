@@ -393,6 +393,12 @@ def collect(out: Path) -> dict:
 
 
 # ----------------------------------------------------------------------------------------- rendering
+def _g(r: dict, key: str, fmt: str = "g") -> str:
+    """A row's number formatted, or '?' (rows from older runs lack some fields)."""
+    v = r.get(key)
+    return "?" if v is None else format(v, fmt)
+
+
 def _find(rows, scales: str = "recompute", **kw):
     return next((r for r in rows if all(r.get(k) == v for k, v in kw.items()) and "error" not in r
                  and r.get("scales", "recompute") in (scales, None)), None)
@@ -400,7 +406,7 @@ def _find(rows, scales: str = "recompute", **kw):
 
 def render(res: dict) -> str:
     """The RESULTS.md table and the seeds' claims, checked against the rows (whichever way they go)."""
-    rows = res["rows"]
+    rows = [{**r, "source": "-"} if r.get("method") == "PTQ" else r for r in res["rows"]]
     fmt_name = {"nvfp4": "NVFP4", "int3-g128": "INT3 (g128/g64)"}
     src_name = {"sft": "sft text", "teacher": "teacher completions (all)",
                 "teacher_correct": "teacher completions (correct only)", "bos": "BOS-sampled", "random": "random tokens"}
@@ -414,7 +420,7 @@ def render(res: dict) -> str:
     for r in table:
         name = "QAT (CE on labels)" if r["method"] == "QAT" else "QAD (forward KL)" if r["method"] == "QAD" else "PTQ"
         if r.get("scales") == "calibrated":
-            name = name[:-1] + f", GPTQ's grid kept, lr {r['lr']:g})"
+            name = name[:-1] + f", GPTQ's grid kept, lr {_g(r, 'lr')})"
         src = src_name.get(r["source"], "-")
         if r["source"] not in ("-", "sft") and r.get("train_sequences") is not None:
             src += f" ({r['train_sequences']})"
@@ -459,9 +465,9 @@ def render(res: dict) -> str:
             claims.append(f"- QAD on {src_name[src]}: not measured")
     cal = _find(rows, scales="calibrated", format=SRC_FORMAT, init=SRC_INIT, method="QAD", source="sft")
     if cal and sft:
-        claims.append(f"- QAD from GPTQ {fmt_name[SRC_FORMAT]} keeping GPTQ's grid (lr {cal['lr']:g}) vs recomputing "
-                      f"the scales (lr {sft['lr']:g}): KL {cal['kl']:.3f} vs {sft['kl']:.3f}; at step 0 "
-                      f"{cal['kl_step0']:.3f} vs {sft['kl_step0']:.3f}")
+        claims.append(f"- QAD from GPTQ {fmt_name[SRC_FORMAT]} keeping GPTQ's grid (lr {_g(cal, 'lr')}) vs "
+                      f"recomputing the scales (lr {_g(sft, 'lr')}): KL {cal['kl']:.3f} vs {sft['kl']:.3f}; at "
+                      f"step 0 {_g(cal, 'kl_step0', '.3f')} vs {_g(sft, 'kl_step0', '.3f')}")
     for fmt, fname in fmt_name.items():
         for m, src in (("PTQ", "-"), ("QAT", "sft"), ("QAD", "sft")):
             a, b = _find(rows, format=fmt, init="gptq", method=m, source=src), _find(rows, format=fmt, init="rtn",
