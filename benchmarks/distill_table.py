@@ -285,8 +285,8 @@ class Worker:
             base = self.rtn(fmt)
         self.ptq_row(base, fmt, init, extra)
         sft = self.sft()
+        self.train_row(base, fmt, init, "forward_kl", "sft", sft)  # QAD first: the method under test
         self.train_row(base, fmt, init, "ce", "sft", sft)
-        self.train_row(base, fmt, init, "forward_kl", "sft", sft)
 
     def generate(self) -> None:
         from quarl.distill.data import generate_sequences
