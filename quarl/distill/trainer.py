@@ -51,7 +51,7 @@ from torch import nn
 from quarl.config import config_to_dict
 from quarl.distill.config import DistillConfig
 from quarl.distill.data import Sequences, collate
-from quarl.distill.losses import ChunkedLoss, chunked_loss
+from quarl.distill.losses import ChunkedLoss, chunked_loss, kl_terms
 from quarl.distill.student import build_student
 from quarl.rl.sampling import PromptSampler
 from quarl.train.checkpoint import CheckpointManager
@@ -129,6 +129,9 @@ class DistillTrainer:
         self.last_checkpoint: Path | None = None
         self.eval_before: dict | None = None
         self.uses_teacher = cfg.loss.objective != "ce"
+        self._held_h: list[torch.Tensor] | None = None  # the teacher's held-out hidden states (see evaluate)
+        self.teacher_ce: float | None = None  # the teacher's held-out CE, known after the first evaluate()
+        self.timing = {"eval_s": 0.0, "checkpoint_s": 0.0, "train_s": 0.0}  # seconds, for the stage summary
 
     # ----------------------------------------------------------------------- forward pieces
     def _batch(self, seqs: Sequences, rows: list[int]):
@@ -136,14 +139,18 @@ class DistillTrainer:
         d = self.device
         return ids.to(d), attn.to(d), labels.to(d), mask.to(d)
 
+    def teacher_hidden(self, ids: torch.Tensor, attn: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        with torch.no_grad():
+            return hidden_states(self.teacher, ids, attn)[mask]  # [n, Ht]: only trained positions are kept
+
     def batch_loss(self, model: nn.Module, seqs: Sequences, rows: list[int], *, grad: bool,
-                   with_teacher: bool = True) -> ChunkedLoss:
-        """Summed loss of ``rows``; the student graph is kept only with ``grad``."""
+                   with_teacher: bool = True, teacher_h: torch.Tensor | None = None) -> ChunkedLoss:
+        """Summed loss of ``rows``; the student graph is kept only with ``grad``. ``teacher_h``: the
+        teacher's hidden states at the trained positions, when already known (the held-out set's)."""
         ids, attn, labels, mask = self._batch(seqs, rows)
         ht = None
         if with_teacher:
-            with torch.no_grad():
-                ht = hidden_states(self.teacher, ids, attn)[mask]  # [n, Ht]: only trained positions are kept
+            ht = teacher_h if teacher_h is not None else self.teacher_hidden(ids, attn, mask)
         with torch.set_grad_enabled(grad):
             hs = hidden_states(model, ids, attn)[mask]  # [n, H]
             return chunked_loss(hs, head_fn(model), ht, head_fn(self.teacher) if with_teacher else None,
@@ -160,33 +167,61 @@ class DistillTrainer:
         return parts
 
     @torch.no_grad()
+    def _heldout_teacher(self) -> list[torch.Tensor]:
+        """The teacher's hidden states on every held-out micro-batch, computed once: the teacher never
+        changes, so each evaluation runs only the student (and the final teacher CE costs no forward).
+        Kept where they fit (under 1 GiB), else recomputed per evaluation."""
+        if self._held_h is None:
+            mb = self.cfg.optim.micro_batch_size
+            rows = list(range(len(self.heldout)))
+            hs, self.teacher_ce = [], 0.0
+            for i in range(0, len(rows), mb):
+                ids, attn, labels, mask = self._batch(self.heldout, rows[i:i + mb])
+                h = self.teacher_hidden(ids, attn, mask)  # [n, Ht]
+                head = head_fn(self.teacher)
+                self.teacher_ce += sum(kl_terms(head(h[j:j + 1024]), None, labels[mask][j:j + 1024])[1]
+                                       for j in range(0, h.shape[0], 1024))
+                hs.append(h)
+            size = sum(h.numel() * h.element_size() for h in hs)
+            self._held_h = hs if size <= 2**30 else []
+            self.teacher_ce /= max(sum(h.shape[0] for h in hs), 1)
+            return hs
+        return self._held_h
+
+    @torch.no_grad()
     def evaluate(self, model: nn.Module | None = None, *, local: bool = False) -> dict:
         """Held-out forward KL(teacher || student) per token and student CE (nats/token).
 
         Under torchrun the held-out rows are split over the ranks (a collective: every rank
         calls it); ``local=True`` evaluates every row here with no collective (rank 0 alone,
-        on a gathered model after training)."""
+        on a gathered model after training). One process (or ``local``) reuses the teacher's
+        held-out hidden states, computed once (:meth:`_heldout_teacher`)."""
         model = model or self.model
+        t0 = time.perf_counter()
+        use_cache = local or not self.dist.enabled  # every held-out row here, in _heldout_teacher's batches
+        cached = self._heldout_teacher() if use_cache else None
         was = model.training
         model.eval()
         kl = ce = 0.0
         n = 0
         rows = list(range(len(self.heldout)))
-        if local:
+        if use_cache:
             mb = self.cfg.optim.micro_batch_size
-            parts = [rows[i:i + mb] for i in range(0, len(rows), mb)]
+            parts: list[list[int] | None] = [rows[i:i + mb] for i in range(0, len(rows), mb)]
         else:
             parts = self._micro_batches(rows, model)
         try:
-            for part in parts:
-                r = self.batch_loss(model, self.heldout, part or rows[:1], grad=False)
+            for k, part in enumerate(parts):
+                r = self.batch_loss(model, self.heldout, part or rows[:1], grad=False,
+                                    teacher_h=cached[k] if cached else None)
                 if part is not None:
                     kl, ce, n = kl + r.kl_sum, ce + r.ce_sum, n + r.count
         finally:
             model.train(was)
-        if not local and self.dist.enabled:
+        if not use_cache and self.dist.enabled:
             kl, ce, n = (self.dist.all_reduce(x) for x in (kl, ce, n))
             n = int(n)
+        self.timing["eval_s"] += time.perf_counter() - t0
         return {"kl": kl / max(n, 1), "ce": ce / max(n, 1), "ppl": math.exp(min(ce / max(n, 1), 50.0)), "tokens": n}
 
     # ----------------------------------------------------------------------- checkpoints
@@ -203,8 +238,10 @@ class DistillTrainer:
             if (self.out / "metrics.jsonl").exists():
                 shutil.copy2(self.out / "metrics.jsonl", d / "metrics.jsonl")
 
+        t0 = time.perf_counter()
         self.last_checkpoint = self.ckpt.save(done, self.model, self.optimizer, state, {}, extras, dist=self.dist,
                                               sharded=self.sharded)
+        self.timing["checkpoint_s"] += time.perf_counter() - t0
 
     def maybe_resume(self) -> int:
         if not self.cfg.train.resume:
@@ -291,6 +328,7 @@ class DistillTrainer:
                     torch.cuda.reset_peak_memory_stats(self.device)
                 m = self.step(step)
                 m["time/step_s"] = time.perf_counter() - t0
+                self.timing["train_s"] += m["time/step_s"]
                 m["memory/peak_gb"] = peak_memory_gb(self.device)
                 done = step + 1
                 if cfg.eval.every and (done % cfg.eval.every == 0 or done == self.total_steps):
@@ -309,7 +347,6 @@ class DistillTrainer:
         return {"total_steps": self.total_steps, "start_step": start, "end_step": end,
                 "optimizer": self.optimizer_name, "student": self.student_report,
                 "train_sequences": len(self.train_seqs), "heldout_sequences": len(self.heldout),
-                "eval_before": self.eval_before,
+                "eval_before": self.eval_before, "timing": dict(self.timing),
                 "last_checkpoint": str(self.last_checkpoint) if self.last_checkpoint else None,
                 "world_size": self.dist.world_size, "sharded": self.sharded}
-
