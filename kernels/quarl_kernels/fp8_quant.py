@@ -158,8 +158,8 @@ def _tile_kernel(
     N, K, stride_wn, stride_wk, stride_qn, stride_qtk, stride_sn, stride_sk,
     TRANS: tl.constexpr, SCALE_RECIP: tl.constexpr, SUB: tl.constexpr, INTERPRET: tl.constexpr,
 ):
-    # one program: the 128x128 tile (pid_n, pid_k) of the padded [Np, Kp] weight, in two passes of
-    # SUB-row chunks (amax, then codes)
+    # one program: the 128x128 tile (pid_n, pid_k) of the padded [Np, Kp] weight, in passes of
+    # SUB-row chunks (amax, codes, and with TRANS the transposed codes)
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
     cols = (pid_k * 128 + tl.arange(0, 128)).to(tl.int64)
@@ -180,7 +180,7 @@ def _tile_kernel(
         # over the tile (L2 hits) with codes of its own. Not the same codes stored twice in one loop:
         # for fp32 input ptxas (CUDA 12.8, Triton 3.6's) miscompiles that loop -- the bytes it stages
         # through shared memory for the transposed store are read from registers before this
-        # iteration writes them, so W^T's rows k = 1 mod 4 got stale codes (H100 test, 2026-11-25;
+        # iteration writes them: W^T's rows k = 1 mod 4 (by the SASS) got stale codes (H100, 2026-11-25;
         # docs/kernels.md "The W^T bug"); tests/kernels/test_fp8_quant_interpreter.py checks the SASS
         for i in tl.range(0, 128 // SUB):
             rows = (pid_n * 128 + i * SUB + tl.arange(0, SUB)).to(tl.int64)
