@@ -15,11 +15,19 @@ rounded up to 128 (a short last block is zero-padded: zeros change no amax, so i
 scale of its own values). The PyTorch path does each of these as ~6 kernels (pad, abs,
 amax, divide, clamp, cast, plus a transpose copy): ~80 % of the FP8 layer's time on an
 H100 (benchmarks/RESULTS.md, "Jet-RL"). Here each operand is one kernel that reads the
-high-precision tensor once: :func:`quantize_act` loads a ``[BLOCK_M, 128]`` tile, reduces
+high-precision tensor from HBM once: :func:`quantize_act` loads a ``[BLOCK_M, 128]`` tile, reduces
 it along K for the row groups and (``t_rows``) along the tokens for the column groups, and
-stores both code tiles (the second transposed) and both scale vectors; :func:`quantize_tiles`
-does a 128x128 weight tile and optionally its transpose. Padding is done by the masks
-(no padded copy of the input); any input strides are accepted.
+stores both code tiles (the second transposed, in a second pass over the tile: L2 hits) and both
+scale vectors; :func:`quantize_tiles` does a 128x128 weight tile (amax pass, codes pass) and
+optionally its transpose (a third pass). Padding is done by the masks (no padded copy of the
+input); any input strides are accepted.
+
+A transposed code tile is always stored from codes computed in its own loop, never as the
+``tl.trans`` of codes the same loop also stores row-major: for that pattern ptxas (CUDA 12.8, the
+one Triton 3.6 bundles for sm_90) emits SASS that reads a quarter of the transposed bytes from
+registers *before* the loop iteration writes them (stale codes of the previous chunk). It hit the
+fp32-input weight kernel on the H100 (W^T rows k = 1 mod 4 wrong; docs/kernels.md, "The W^T
+bug"); ``tests/kernels/test_fp8_quant_interpreter.py`` checks every variant's SASS for it on CPU.
 
 Scale layouts. A scale of a 1x128 operand is stored *outer-major* (storage
 ``[groups, rows]``, returned as the ``[rows, groups]`` view with strides ``(1, rows)``):
@@ -46,6 +54,8 @@ interpreter :func:`quarl_kernels.rounding.round_to_fp8` rounds in software first
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
 import triton
 import triton.language as tl
@@ -66,6 +76,21 @@ WARPS = 8
 
 def _round_up(n: int, m: int) -> int:
     return -(-n // m) * m
+
+
+class Launch(NamedTuple):
+    """One kernel launch as :func:`quantize_act` / :func:`quantize_tiles` make it: the tests compile
+    exactly these arguments for sm_90 on a CPU (``tests/kernels/sm90_sass.py``)."""
+
+    kernel: object  # the @triton.jit function
+    grid: tuple
+    args: tuple  # positional runtime arguments (tensors, ints)
+    constexprs: dict
+    num_warps: int
+
+
+def _launch(la: Launch) -> None:
+    la.kernel[la.grid](*la.args, **la.constexprs, num_warps=la.num_warps, enable_fp_fusion=False)
 
 
 @triton.jit
@@ -133,8 +158,8 @@ def _tile_kernel(
     N, K, stride_wn, stride_wk, stride_qn, stride_qtk, stride_sn, stride_sk,
     TRANS: tl.constexpr, SCALE_RECIP: tl.constexpr, SUB: tl.constexpr, INTERPRET: tl.constexpr,
 ):
-    # one program: the 128x128 tile (pid_n, pid_k) of the padded [Np, Kp] weight, in two passes of
-    # SUB-row chunks (amax, then codes)
+    # one program: the 128x128 tile (pid_n, pid_k) of the padded [Np, Kp] weight, in passes of
+    # SUB-row chunks (amax, codes, and with TRANS the transposed codes)
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
     cols = (pid_k * 128 + tl.arange(0, 128)).to(tl.int64)
@@ -151,8 +176,18 @@ def _tile_kernel(
                     mask=(rows < N)[:, None] & (cols < K)[None, :], other=0.0)
         q = _codes(w.to(tl.float32), s, INTERPRET)  # [SUB, 128]
         tl.store(q_ptr + rows[:, None] * stride_qn + cols[None, :], q)
-        if TRANS:  # W^T's 128x128 tiles are W's transposed: DGrad's B operand, same bits
-            tl.store(qt_ptr + cols[:, None] * stride_qtk + rows[None, :], tl.trans(q))
+    if TRANS:  # W^T's 128x128 tiles are W's transposed (DGrad's B operand, same bits): a third pass
+        # over the tile (L2 hits) with codes of its own. Not the same codes stored twice in one loop:
+        # for fp32 input ptxas (CUDA 12.8, Triton 3.6's) miscompiles that loop -- the bytes it stages
+        # through shared memory for the transposed store are read from registers before this
+        # iteration writes them: W^T's rows k = 1 mod 4 (by the SASS) got stale codes (H100, 2026-11-25;
+        # docs/kernels.md "The W^T bug"); tests/kernels/test_fp8_quant_interpreter.py checks the SASS
+        for i in tl.range(0, 128 // SUB):
+            rows = (pid_n * 128 + i * SUB + tl.arange(0, SUB)).to(tl.int64)
+            w = tl.load(w_ptr + rows[:, None] * stride_wn + cols[None, :] * stride_wk,
+                        mask=(rows < N)[:, None] & (cols < K)[None, :], other=0.0)
+            qc = tl.trans(_codes(w.to(tl.float32), s, INTERPRET))  # [128 (K), SUB (N)]
+            tl.store(qt_ptr + cols[:, None] * stride_qtk + rows[None, :], qc)
     tl.store(s_ptr + pid_n * stride_sn + pid_k * stride_sk, s)
 
 
@@ -183,14 +218,7 @@ def quantize_act(x: torch.Tensor, rows: int | None = None, cols: int | None = No
         raise ValueError(f"quantize_act: cols={cols} must be a multiple of {GROUP} >= K={k}, rows={rows} >= M={m}")
     if t_rows is not None and (t_rows % GROUP or t_rows < m):
         raise ValueError(f"quantize_act: t_rows={t_rows} must be a multiple of {GROUP} >= M={m}")
-    dev = x.device
-    q = s = qt = st = None
-    if row_groups:
-        q = torch.empty(rows, cols, device=dev, dtype=torch.float8_e4m3fn)
-        s = _outer_major(rows, cols // GROUP, dev)
-    if t_rows is not None:
-        qt = torch.empty(cols, t_rows, device=dev, dtype=torch.float8_e4m3fn)
-        st = _outer_major(cols, t_rows // GROUP, dev)
+    q, s, qt, st = _act_outputs(x, rows, cols, t_rows, row_groups)
     extent = max(rows if row_groups else 0, t_rows or 0)
     if extent == 0 or m == 0 or (q is None and qt is None):
         if q is not None:  # no tokens: zero codes, eps scales (what the reference gives for padding rows)
@@ -200,43 +228,70 @@ def quantize_act(x: torch.Tensor, rows: int | None = None, cols: int | None = No
             qt.view(torch.uint8).zero_()
             st.fill_(torch.finfo(torch.float32).eps)
         return q, s, qt, st
+    _launch(_act_launch(x, q, s, qt, st, rows, cols, t_rows, sub, warps))
+    return q, s, qt, st
+
+
+def _act_outputs(x, rows: int, cols: int, t_rows: int | None, row_groups: bool):
+    dev = x.device
+    q = s = qt = st = None
+    if row_groups:
+        q = torch.empty(rows, cols, device=dev, dtype=torch.float8_e4m3fn)
+        s = _outer_major(rows, cols // GROUP, dev)
+    if t_rows is not None:
+        qt = torch.empty(cols, t_rows, device=dev, dtype=torch.float8_e4m3fn)
+        st = _outer_major(cols, t_rows // GROUP, dev)
+    return q, s, qt, st
+
+
+def _act_launch(x, q, s, qt, st, rows: int, cols: int, t_rows: int | None, sub: int, warps: int) -> Launch:
     # a token group per program when the transpose is wanted; else short row blocks (decode: M <= 64)
+    m, k = x.shape
+    extent = max(rows if q is not None else 0, t_rows or 0)
     block_m = 128 if t_rows is not None else min(sub, max(16, triton.next_power_of_2(extent)))
     dq, ds = (q, s) if q is not None else (qt, st)  # placeholders for the pointers a pass does not use
     dqt, dst = (qt, st) if qt is not None else (q, s)
-    grid = (triton.cdiv(extent, block_m), cols // GROUP)
-    _act_kernel[grid](
-        x, dq, ds, dqt, dst,
-        m, k, x.stride(0), x.stride(1),
-        rows, cols, t_rows or 0,
-        dq.stride(0), ds.stride(0), ds.stride(1), dqt.stride(0), dst.stride(0), dst.stride(1),
-        ROWS=row_groups, COLS=t_rows is not None, SCALE_RECIP=x.is_cuda,
-        BLOCK_M=block_m, SUB=min(sub, block_m), INTERPRET=_interpreting(),
-        num_warps=warps, enable_fp_fusion=False,
+    return Launch(
+        _act_kernel, (triton.cdiv(extent, block_m), cols // GROUP),
+        (x, dq, ds, dqt, dst, m, k, x.stride(0), x.stride(1), rows, cols, t_rows or 0,
+         dq.stride(0), ds.stride(0), ds.stride(1), dqt.stride(0), dst.stride(0), dst.stride(1)),
+        {"ROWS": q is not None, "COLS": t_rows is not None, "SCALE_RECIP": x.is_cuda, "BLOCK_M": block_m,
+         "SUB": min(sub, block_m), "INTERPRET": _interpreting()},
+        warps,
     )
-    return q, s, qt, st
 
 
 def quantize_tiles(w: torch.Tensor, transpose: bool = False, *, sub: int = SUB, warps: int = WARPS):
     """``w`` [N, K] -> ``(q [Np, Kp], s [Np/128, Kp/128], qt [Kp, Np] or None)``: 128x128 tiles,
     zero-padded to multiples of 128; ``qt`` (``transpose``) is ``q.t().contiguous()`` written by the
-    same pass. Equal to ``quantize_weight_padded`` on the same device, bit for bit."""
+    same kernel. Equal to ``quantize_weight_padded`` on the same device, bit for bit."""
     if w.dim() != 2:
         raise ValueError(f"quantize_tiles: w must be 2-D [N, K], got {tuple(w.shape)}")
     n, k = w.shape
     if n == 0 or k == 0:
         raise ValueError(f"quantize_tiles: empty weight {tuple(w.shape)}")
-    np_, kp = _round_up(n, GROUP), _round_up(k, GROUP)
-    q = torch.empty(np_, kp, device=w.device, dtype=torch.float8_e4m3fn)
-    s = torch.empty(np_ // GROUP, kp // GROUP, device=w.device, dtype=torch.float32)
-    qt = torch.empty(kp, np_, device=w.device, dtype=torch.float8_e4m3fn) if transpose else None
-    _tile_kernel[(np_ // GROUP, kp // GROUP)](
-        w, q, qt if qt is not None else q, s,
-        n, k, w.stride(0), w.stride(1), q.stride(0), (qt if qt is not None else q).stride(0), s.stride(0), s.stride(1),
-        TRANS=transpose, SCALE_RECIP=w.is_cuda, SUB=sub, INTERPRET=_interpreting(),
-        num_warps=warps, enable_fp_fusion=False,
-    )
+    q, qt, s = _tile_outputs(w, transpose)
+    _launch(_tile_launch(w, q, qt, s, sub, warps))
     return q, s, qt
+
+
+def _tile_outputs(w, transpose: bool):
+    np_, kp = _round_up(w.shape[0], GROUP), _round_up(w.shape[1], GROUP)
+    q = torch.empty(np_, kp, device=w.device, dtype=torch.float8_e4m3fn)
+    qt = torch.empty(kp, np_, device=w.device, dtype=torch.float8_e4m3fn) if transpose else None
+    s = torch.empty(np_ // GROUP, kp // GROUP, device=w.device, dtype=torch.float32)
+    return q, qt, s
+
+
+def _tile_launch(w, q, qt, s, sub: int, warps: int) -> Launch:
+    n, k = w.shape
+    dqt = qt if qt is not None else q  # placeholder pointer without the transpose
+    return Launch(
+        _tile_kernel, (q.shape[0] // GROUP, q.shape[1] // GROUP),
+        (w, q, dqt, s, n, k, w.stride(0), w.stride(1), q.stride(0), dqt.stride(0), s.stride(0), s.stride(1)),
+        {"TRANS": qt is not None, "SCALE_RECIP": w.is_cuda, "SUB": sub, "INTERPRET": _interpreting()},
+        warps,
+    )
 
 
 __all__ = ["GROUP", "quantize_act", "quantize_tiles"]

@@ -83,17 +83,22 @@ def test_tile_quantizer_equals_eager(n, k, dtype):
     fq8, fs = quantize_weight_128x128(w)  # the fp8-block format
     assert torch.equal(s, rs) and torch.equal(s, fs)
     assert same(q, rq), f"{ndiff(q, rq)} of {q.numel()} weight codes differ"
-    assert same(q[:n, :k], fq8) and same(qt, rq.t())
+    assert same(q[:n, :k], fq8)
+    bad = (qt.view(torch.uint8) != rq.t().contiguous().view(torch.uint8)).any(dim=1).nonzero().flatten()
+    # the W^T bug (ptxas, fp32 input, fixed 2026-11-25): by its SASS, rows k = 1 mod 4 -- name the rows
+    assert bad.numel() == 0, f"W^T rows differ: {bad.numel()} of {qt.shape[0]}, first {bad[:8].tolist()}"
 
 
 @pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.get_device_capability() != (9, 0),
                     reason="blockwise FP8 scaled_mm needs an SM90 GPU")
-@pytest.mark.parametrize("m,n,k", [(4096, 1536, 576), (300, 512, 640), (2048, 18944, 3584)])
-def test_fp8_linear_triton_quantizers_equal_eager(m, n, k):
-    """Forward, DGrad and WGrad on cuBLAS: Triton quantizers vs eager ones give the same bits."""
+@pytest.mark.parametrize("m,n,k,wdt", [(4096, 1536, 576, torch.bfloat16), (4096, 1536, 576, torch.float32),
+                                        (300, 512, 640, torch.bfloat16), (2048, 18944, 3584, torch.bfloat16)])
+def test_fp8_linear_triton_quantizers_equal_eager(m, n, k, wdt):
+    """Forward, DGrad and WGrad on cuBLAS: Triton quantizers vs eager ones give the same bits (an fp32 master
+    weight at SmolLM2's K = 576 too: full-parameter Jet-RL's DGrad reads the kernel's W^T tiles)."""
     torch.manual_seed(3)
     x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
-    w = torch.randn(n, k, device="cuda", dtype=torch.bfloat16) * 0.05
+    w = (torch.randn(n, k, device="cuda") * 0.05).to(wdt)
     g = torch.randn(m, n, device="cuda", dtype=torch.bfloat16)
     outs = {}
     for backend in ("triton", "eager"):
