@@ -1,11 +1,11 @@
 """How far a QAT student's codes are from flipping, by init (RTN, GPTQ) and scales mode: a CPU probe.
 
-    python benchmarks/qat_code_mobility.py --data .dev/data/distill      # ~2 min on one CPU thread
+    python benchmarks/qat_code_mobility.py --data .dev/data/distill      # ~4 min on one CPU thread
 
 Written to look into one row of the 2026-11-25 distillation table (RESULTS.md, "Distillation"):
 QAT of the GPTQ INT3 student with ``student.scales=recompute`` at lr 1e-4 moved far from the
-teacher (held-out KL 0.156 -> 4.860, CE 2.485 -> 0.234) while the RTN INT3 and GPTQ NVFP4 students
-moved little at the same lr. Hypothesis: re-deriving the group scales from a *dequantized GPTQ*
+teacher (held-out KL 0.156 -> 4.860, CE 2.485 -> 0.234) while the RTN INT3 and GPTQ NVFP4 students'
+QAT lowered their KL at the same lr. Hypothesis: re-deriving the group scales from a *dequantized GPTQ*
 weight (the QAT latent at step 0) puts many latents on or near a rounding midpoint of the new grid
 (wherever GPTQ left a group's extreme code unused, the range shrinks and the old grid points land
 between new ones), so an AdamW step of ~lr flips their codes by a whole INT3 level. RTN's latents
