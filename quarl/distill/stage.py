@@ -242,19 +242,10 @@ def _run_distill(cfg: DistillConfig, d: Dist, *, model_uri: str, data_uri: str, 
     if trainer.sharded:  # the whole student on rank 0 (a collective), in a plain copy; the teacher reloaded there
         _gather_to_main(trainer, cfg, model_uri, teacher_uri, dtype, t_dtype, device, d)
 
-    result = err = None
-    if d.is_main:
-        try:
-            result = _finish(cfg, trainer, tok, summary, work, t0, acc_before, teacher_eval, acc_p, acc_a,
-                             stage=stage, model_uri=model_uri, data_uri=data_uri, output_uri=output_uri,
-                             teacher_uri=teacher_uri, data_out=data_out, train=train, overwrite=overwrite,
-                             timing=timing)
-        except BaseException as e:  # noqa: BLE001 -- re-raised below, after telling the other ranks
-            err = e
-    if not d.broadcast_object(err is None):  # the other ranks wait for the artifact, so the job ends with it
-        if err is not None:
-            raise err
-        raise RuntimeError(f"rank 0 failed to write the {stage} artifact; its log has the error")
+    result = d.on_main(lambda: _finish(cfg, trainer, tok, summary, work, t0, acc_before, teacher_eval, acc_p, acc_a,
+                                       stage=stage, model_uri=model_uri, data_uri=data_uri, output_uri=output_uri,
+                                       teacher_uri=teacher_uri, data_out=data_out, train=train,
+                                       overwrite=overwrite, timing=timing), f"{stage} artifact")
     return result or {"output_uri": None, "complete": True, "rank": d.rank, **summary}
 
 

@@ -107,18 +107,9 @@ def _run_rl(cfg: RLConfig, d: Dist, *, model_uri: str, data_uri: str, output_uri
     out_model = trainer.model
     if trainer.sharded:  # FSDP2: the whole policy on rank 0 (a collective), loaded into a plain copy there
         out_model = _gathered_policy(trainer, cfg, model_uri, dtype, d)
-    result = err = None
-    if d.is_main:
-        try:
-            result = _write(cfg, trainer, out_model, tokenizer, summary, work, policy_format, t0, model_uri=model_uri,
-                            data_uri=data_uri, output_uri=output_uri, init_adapter_uri=init_adapter_uri,
-                            overwrite=overwrite)
-        except BaseException as e:  # noqa: BLE001 -- re-raised below, after telling the other ranks
-            err = e
-    if not d.broadcast_object(err is None):  # the other ranks wait for the artifact, so the job ends with it
-        if err is not None:
-            raise err
-        raise RuntimeError("rank 0 failed to write the rl artifact; its log has the error")
+    result = d.on_main(lambda: _write(cfg, trainer, out_model, tokenizer, summary, work, policy_format, t0,
+                                      model_uri=model_uri, data_uri=data_uri, output_uri=output_uri,
+                                      init_adapter_uri=init_adapter_uri, overwrite=overwrite), "rl artifact")
     return result or {"output_uri": None, "complete": True, "rank": d.rank, **summary}
 
 

@@ -113,13 +113,7 @@ class CheckpointManager:
         torch.save(optimizer.state_dict(), tmp / "optimizer.pt")
         torch.save(rng_state(generators), tmp / "rng.pt")
         (tmp / "state.json").write_text(json.dumps({**state, "step": step}, indent=2, sort_keys=True))
-        if final.exists():
-            shutil.rmtree(final)
-        os.replace(tmp, final)
-        self._write_latest(final.name)
-        if self.remote:
-            self._upload(final)
-        self._prune()
+        self._publish(tmp, final)
         return final
 
     def _save_distributed(self, step: int, model: nn.Module, optimizer: torch.optim.Optimizer, state: dict,
@@ -155,15 +149,20 @@ class CheckpointManager:
                                        f"ranks do not share one filesystem. Sharded (full-parameter) checkpoints on "
                                        f"several nodes need the work directory on a shared volume (ReadWriteMany) "
                                        f"mounted at the same path on every node (QUARL_CACHE for s3:// outputs)")
-            if final.exists():
-                shutil.rmtree(final)
-            os.replace(tmp, final)
-            self._write_latest(final.name)
-            if self.remote:
-                self._upload(final)
-            self._prune()
+            self._publish(tmp, final)
         dist.barrier()
         return final
+
+    def _publish(self, tmp: Path, final: Path) -> None:
+        """A complete ``tmp`` becomes checkpoint ``final``: renamed into place, then ``latest`` names it, then
+        the remote copy (``latest`` uploaded after it), then old checkpoints pruned."""
+        if final.exists():
+            shutil.rmtree(final)
+        os.replace(tmp, final)
+        self._write_latest(final.name)
+        if self.remote:
+            self._upload(final)
+        self._prune()
 
     def _write_latest(self, name: str) -> None:
         tmp = self.root / f".{LATEST}.tmp"

@@ -156,6 +156,22 @@ class Dist:
         dist.broadcast_object_list(box, src=src)
         return box[0]
 
+    def on_main(self, fn, what: str):
+        """``fn()`` on rank 0 alone (writing the artifact); every rank learns whether it succeeded, so the
+        others wait for it and the job ends with it. Rank 0's result (None elsewhere); a failure raises on
+        every rank (rank 0 re-raises its own error)."""
+        result = err = None
+        if self.is_main:
+            try:
+                result = fn()
+            except BaseException as e:  # noqa: BLE001 -- re-raised below, after telling the other ranks
+                err = e
+        if not self.broadcast_object(err is None):
+            if err is not None:
+                raise err
+            raise RuntimeError(f"rank 0 failed to write the {what}; its log has the error")
+        return result
+
     @torch.no_grad()
     def broadcast_params(self, params: list[nn.Parameter], src: int = 0) -> None:
         """Make every rank's ``params`` rank ``src``'s (the trainable tensors only; they are small)."""
