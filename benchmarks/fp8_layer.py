@@ -53,9 +53,9 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "kernels"))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-import fp8_linear_v0  # noqa: E402 - main's FP8 linear (frozen copy)
+import fp8_linear_v0  # main's FP8 linear (frozen copy)
 
-from quarl.quant import fp8_linear as fl  # noqa: E402
+from quarl.quant import fp8_linear as fl
 
 # (hidden, intermediate, q out, kv out)
 MODELS = {"Qwen2.5-7B": (3584, 18944, 3584, 512), "Qwen3-8B": (4096, 12288, 4096, 1024),
@@ -243,9 +243,7 @@ def bench_shape(model: str, m: int, arms: list[str], ablations: bool, a: argpars
             for arm in ("fp8-main", "fp8"):
                 if row.get(f"{arm}_{kind}_ms"):
                     row[f"speedup_{arm}_{kind}"] = row[f"bf16_{kind}_ms"] / row[f"{arm}_{kind}_ms"]
-    del layer
-    if cuda:
-        torch.cuda.empty_cache()
+    layer.leaves.clear()  # the caller's empty_cache frees the shape's tensors once this frame is gone
     return row
 
 
@@ -255,8 +253,8 @@ def _f(r: dict, k: str, fmt: str = "{:.2f}") -> str:
 
 
 def tables(res: dict) -> str:
-    L = [f"# one decoder layer's 7 projections fwd+bwd, {res.get('gpu')}, torch {res.get('torch')}, "
-         f"wall {res.get('wall_s', 0):.0f} s"]
+    L = [(f"# one decoder layer's 7 projections fwd+bwd, {res.get('gpu')}, torch {res.get('torch')}, "
+          f"wall {res.get('wall_s', 0):.0f} s")]
     rows = res.get("rows", [])
     if rows:
         L += ["", "layer step (weights updated every step), ms per step; x = BF16 / FP8; host = launch time of one step",
@@ -347,6 +345,8 @@ def main() -> None:
                 continue
             try:
                 row = bench_shape(model, m, arms, first, a, budget)
+                if cuda:
+                    torch.cuda.empty_cache()
             except Exception as e:  # noqa: BLE001 - e.g. out of memory at one shape: keep the others
                 row = {"model": model, "tokens": m, "shape_error": f"{type(e).__name__}: {str(e)[:400]}"}
             first = False

@@ -129,7 +129,7 @@ def pick_setting(key: tuple, settings: tuple, make, timer=None) -> tuple[int, in
     for st in settings:
         try:
             ms[st] = timer(make(*st))
-        except Exception:  # noqa: BLE001 - e.g. out of shared memory / registers for this setting: not a candidate
+        except Exception:  # noqa: BLE001, S112 - e.g. out of registers / shared memory here: not a candidate
             continue
     best = min(ms, key=ms.get) if ms else settings[0]
     TUNED[key] = {"best": best, "ms": ms}

@@ -150,14 +150,17 @@ def quantize_act_gemm(x: torch.Tensor, rows: int, cols: int, t_rows: int | None 
 _X_SLOT: list = [None]  # [(weakref to x, key, (q, s, qt, st))]
 
 
-def _memo_on() -> bool:
+def memo_on() -> bool:
+    """Whether a call now may use the memo: under autograd (asked outside the autograd Function, whose
+    forward runs with grad mode off) and not ``QUARL_FP8_MEMO=0``."""
     return torch.is_grad_enabled() and os.environ.get("QUARL_FP8_MEMO", "1") != "0"
 
 
-def quantize_input(x: torch.Tensor, x2: torch.Tensor, rows: int, cols: int, t_rows: int | None):
+def quantize_input(x: torch.Tensor, x2: torch.Tensor, rows: int, cols: int, t_rows: int | None, memo: bool = True):
     """``x2`` = ``x`` as [M, K] -> :func:`quantize_act_gemm`'s ``(q, s, qt, st)`` (row groups, and X^T when
-    ``t_rows``), reusing the previous call's operands when it quantized the same, unchanged ``x``."""
-    if not _memo_on():
+    ``t_rows``); with ``memo``, reusing the previous call's operands when it quantized the same, unchanged
+    ``x``, and leaving its own for the next call."""
+    if not memo:
         return quantize_act_gemm(x2, rows, cols, t_rows)
     key = (x2.data_ptr(), x._version, tuple(x2.shape), x2.stride(), x2.dtype, x2.device, rows, cols)
     slot = _X_SLOT[0]
@@ -337,10 +340,12 @@ def blockwise_gemm(a: torch.Tensor, sa: torch.Tensor, b: torch.Tensor, sb: torch
 class FP8LinearFunction(torch.autograd.Function):
     """``y = x @ W^T + b`` with the three GEMMs in FP8 (module docstring). Inputs:
     ``x`` [..., K]; ``wq, ws`` the weight's FP8 tiles padded to multiples of 128; ``weight`` the master
-    [N, K] (None for a frozen base: no WGrad); ``n`` the true out features."""
+    [N, K] (None for a frozen base: no WGrad); ``n`` the true out features; ``memo``: reuse / leave X's
+    quantization for the next projection reading the same X (:func:`quantize_input`; :func:`fp8_linear` passes
+    :func:`memo_on`)."""
 
     @staticmethod
-    def forward(ctx, x, weight, bias, wq, ws, n):
+    def forward(ctx, x, weight, bias, wq, ws, n, memo=False):
         # wq [Np, Kp] (padded to multiples of 128), ws [Np/128, Kp/128], n: the true out features
         lead, k = x.shape[:-1], x.shape[-1]
         x2 = x.reshape(-1, k)  # [M, K]
@@ -350,7 +355,7 @@ class FP8LinearFunction(torch.autograd.Function):
         need_w = weight is not None and ctx.needs_input_grad[1]
         # X in 1x128 groups along K for this GEMM and, for WGrad, X^T in 1x128 groups along the tokens
         # (128x1 of X), saved in FP8: xq [Mp, Kp], xs [Mp, Kp/128], xtq [Kp, M128], xts [Kp, M128/128]
-        xq, xs, xtq, xts = quantize_input(x, x2, mp, kp, _round_up(m, BLOCK) if need_w else None)
+        xq, xs, xtq, xts = quantize_input(x, x2, mp, kp, _round_up(m, BLOCK) if need_w else None, memo)
         y = blockwise_gemm(xq, xs, wq, ws, True, x.dtype)[:m, :n]  # [M, N]
         if bias is not None:
             y = y + bias.to(y.dtype)
@@ -382,7 +387,7 @@ class FP8LinearFunction(torch.autograd.Function):
             dw = dw if dw.is_contiguous() else dw.contiguous()
         if ctx.b_dtype is not None and ctx.needs_input_grad[2]:
             db = dy2.float().sum(0).to(ctx.b_dtype)
-        return dx, dw, db, None, None, None
+        return (dx, dw, db, None, None, None, None)[:len(ctx.needs_input_grad)]  # memo given or not
 
 
 def _master_tiles(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -424,13 +429,14 @@ def fp8_linear(x: torch.Tensor, weight: torch.Tensor | QTensor, bias: torch.Tens
         if cfg.name != "fp8" or cfg.granularity != "block" or cfg.block_size != BLOCK:
             raise QuantError(f"fp8_linear needs an fp8-block (128x128) weight, got {cfg}")
         wq, ws = _frozen_tiles(weight)
-        return FP8LinearFunction.apply(x, None, bias, wq, ws, weight.shape[0])
+        return FP8LinearFunction.apply(x, None, bias, wq, ws, weight.shape[0], memo_on())
     if ACT_GROUP != BLOCK:  # pragma: no cover - a constant; the GEMM layouts assume it
         raise QuantError("fp8_linear assumes 1x128 activation groups")
     wq, ws = _master_tiles(weight)
     # no autograd graph (rollout, eval): pass no master weight, so the forward skips X^T's quantization for a
     # WGrad that never comes (inside the Function, needs_input_grad still says True under no_grad)
-    return FP8LinearFunction.apply(x, weight if torch.is_grad_enabled() else None, bias, wq, ws, weight.shape[0])
+    grad = torch.is_grad_enabled()
+    return FP8LinearFunction.apply(x, weight if grad else None, bias, wq, ws, weight.shape[0], grad and memo_on())
 
 
 __all__ = ["FP8LinearFunction", "blockwise_gemm", "clear_input_memo", "fp8_linear", "quantize_input",
