@@ -247,6 +247,46 @@ def bench_shape(model: str, m: int, arms: list[str], ablations: bool, a: argpars
     return row
 
 
+def profiles(model: str, m_kernels: int, m_host: int, device: str) -> str:
+    """Where the time goes: a kernel profile of one layer step per arm (GPU time by kernel) at ``m_kernels``
+    tokens, and a host profile (cProfile, by own time) of fp8 layer steps at ``m_host`` tokens."""
+    import cProfile
+    import io
+    import pstats
+
+    out = []
+    layer = Layer(model, m_kernels, device)
+    act = torch.profiler.ProfilerActivity.CUDA if device == "cuda" else torch.profiler.ProfilerActivity.CPU
+    key = "cuda_time_total" if device == "cuda" else "cpu_time_total"
+    for arm in ("bf16", "fp8-main", "fp8"):
+        lin = ARMS[arm][0]
+        for _ in range(2):
+            layer.step(lin)
+        sync(device)
+        with torch.profiler.profile(activities=[act]) as prof:
+            layer.step(lin)
+            sync(device)
+        out += [f"== kernels, {arm}, {model} M={m_kernels}, one layer step",
+                prof.key_averages().table(sort_by=key, row_limit=18, max_name_column_width=60)]
+    del layer
+    layer = Layer(model, m_host, device)
+    for arm in ("fp8-main", "fp8", "bf16"):
+        lin = ARMS[arm][0]
+        layer.step(lin)
+        sync(device)
+        pr = cProfile.Profile()
+        for _ in range(3):
+            sync(device)
+            pr.enable()
+            layer.step(lin)
+            pr.disable()
+        sync(device)
+        buf = io.StringIO()
+        pstats.Stats(pr, stream=buf).sort_stats("tottime").print_stats(22)
+        out += [f"== host (cProfile, 3 steps, each started on an idle GPU), {arm}, {model} M={m_host}", buf.getvalue()]
+    return "\n".join(out)
+
+
 def _f(r: dict, k: str, fmt: str = "{:.2f}") -> str:
     v = r.get(k)
     return fmt.format(v) if isinstance(v, (int, float)) else "-"
@@ -300,6 +340,7 @@ def main() -> None:
     ap.add_argument("--proj-iters", type=int, default=6)
     ap.add_argument("--quick", action="store_true", help="layer timings only (no proj-sum / no-update)")
     ap.add_argument("--no-graph", action="store_true")
+    ap.add_argument("--no-profile", action="store_true", help="skip the kernel / host profiles at the end")
     ap.add_argument("--budget-s", type=float, default=150.0, help="stop starting new measurements after this")
     ap.add_argument("--render", default="", help="print the tables of an earlier run's fp8_layer.json and exit")
     a = ap.parse_args()
@@ -354,6 +395,16 @@ def main() -> None:
             save()
             print(f"layer {model} M={m}: " + "  ".join(f"{k} {v:.2f}" for k, v in row.items()
                                                          if k.endswith("_ms") and isinstance(v, float)), flush=True)
+    if not a.no_profile and budget.ok(12):
+        try:
+            text = profiles(models[0], 8192 if cuda else tokens[0], 4096 if cuda else tokens[0], a.device)
+            (out / "fp8_layer_profile.txt").write_text(text)
+            res["profile"] = "fp8_layer_profile.txt"
+        except Exception as e:  # noqa: BLE001 - a diagnostic: record it, keep the tables
+            res["profile_error"] = f"{type(e).__name__}: {str(e)[:400]}"
+            print("profile failed:", res["profile_error"], flush=True)
+    else:
+        res.setdefault("skipped", []).append("profile")
     save()
     print()
     print(tables(res))

@@ -326,3 +326,22 @@ def test_dgrad_tile_scales_are_kept_per_weight_version():
     assert torch.equal(st, s.t()) and st.is_contiguous() and fl._scales_t(s) is st
     s.mul_(2.0)
     assert torch.equal(fl._scales_t(s), s.t())
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.get_device_capability() != (9, 0),
+                    reason="blockwise FP8 scaled_mm needs an SM90 GPU")
+def test_gpu_memo_changes_no_bit(monkeypatch):
+    """On cuBLAS with the fused quantizers: q/k/v on one X, memoized vs not, equal y, dX and dW bit for bit."""
+    torch.manual_seed(13)
+    x0 = torch.randn(3000, 3584, device="cuda", dtype=torch.bfloat16)
+    ws0 = [torch.randn(n, 3584, device="cuda", dtype=torch.bfloat16) * 0.02 for n in (3584, 512, 512)]
+    g = [torch.randn(3000, w.shape[0], device="cuda", dtype=torch.bfloat16) for w in ws0]
+    runs = {}
+    for memo in ("1", "0"):
+        monkeypatch.setenv("QUARL_FP8_MEMO", memo)
+        x = x0.clone().requires_grad_()
+        ws = [torch.nn.Parameter(w.clone()) for w in ws0]
+        ys, dx, dws = _qkv(x, ws, g)
+        runs[memo] = [*ys, dx, *dws]
+    assert all(torch.equal(a, b) for a, b in zip(runs["1"], runs["0"]))
