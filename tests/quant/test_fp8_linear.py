@@ -345,3 +345,32 @@ def test_gpu_memo_changes_no_bit(monkeypatch):
         ys, dx, dws = _qkv(x, ws, g)
         runs[memo] = [*ys, dx, *dws]
     assert all(torch.equal(a, b) for a, b in zip(runs["1"], runs["0"]))
+
+
+def test_jetrl_model_quantizes_each_layer_input_once(monkeypatch):
+    """What ``precision.mode=jetrl`` full-parameter trains (quantize_model with the Jet-RL recipe, QuantLinear
+    "qat" in a Llama): per layer 4 activation quantizations in the forward (q/k/v share one, gate/up one, o,
+    down) instead of 7, plus the 7 dY ones in the backward; logits and every gradient equal to the unmemoized
+    model, bit for bit."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from quarl.quant import quantize_model
+    from quarl.rl.precision import JETRL_RECIPE
+
+    calls = _count_quant(monkeypatch)
+    cfg = LlamaConfig(vocab_size=256, hidden_size=128, intermediate_size=256, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64)
+    ids = torch.randint(0, 256, (2, 9))
+    runs = {}
+    for memo in ("1", "0"):
+        monkeypatch.setenv("QUARL_FP8_MEMO", memo)
+        torch.manual_seed(0)
+        m = LlamaForCausalLM(cfg)
+        quantize_model(m, dict(JETRL_RECIPE, mode="qat"))
+        calls.clear()
+        logits = m(ids).logits
+        logits.float().square().mean().backward()
+        runs[memo] = [logits.detach()] + [p.grad for p in m.parameters() if p.grad is not None]
+        assert len(calls) == (2 * (4 + 7) if memo == "1" else 2 * (7 + 7)), calls
+    assert len(runs["1"]) == len(runs["0"]) > 10
+    assert all(torch.equal(a, b) for a, b in zip(runs["1"], runs["0"]))
