@@ -336,7 +336,7 @@ def main() -> None:
     ap.add_argument("--models", default=None, help="default Qwen2.5-7B,Qwen3-8B (cuda) / tiny (cpu)")
     ap.add_argument("--tokens", default=None, help="default 8192,16384,4096 (cuda) / 64,128 (cpu), in this order")
     ap.add_argument("--arms", default="bf16,fp8-main,fp8")
-    ap.add_argument("--iters", type=int, default=10)
+    ap.add_argument("--iters", type=int, default=16)
     ap.add_argument("--proj-iters", type=int, default=6)
     ap.add_argument("--quick", action="store_true", help="layer timings only (no proj-sum / no-update)")
     ap.add_argument("--no-graph", action="store_true")
