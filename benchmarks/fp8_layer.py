@@ -287,6 +287,25 @@ def profiles(model: str, m_kernels: int, m_host: int, device: str) -> str:
     return "\n".join(out)
 
 
+def tuned_entry(key: tuple, v: dict) -> dict:
+    """One launch-setting choice of the fused quantizers, with the HBM bandwidth of each candidate: bytes
+    read (the input) + written (codes; scales ignored) over time. Activation keys carry the token count
+    rounded up to a power of two (the benchmark's are powers of two: exact)."""
+    e = {"key": [str(x) for x in key], "best": list(v["best"]), "ms": {str(s): round(t, 4) for s, t in v["ms"].items()}}
+    el = {torch.bfloat16: 2, torch.float16: 2, torch.float32: 4}.get(key[3] if key[0] == "act" else key[2])
+    if key[0] == "act" and el:
+        _, rows, cols_g, _, extent, cols, _ = key
+        nbytes = extent * cols * (el + int(rows) + int(cols_g))
+    elif key[0] == "tiles" and el:
+        _, trans, _, n, k, _ = key
+        nbytes = n * k * (el + 1 + int(trans))
+    else:
+        return e
+    e["bytes"] = nbytes
+    e["GBps"] = {str(s): round(nbytes / t / 1e6) for s, t in v["ms"].items() if t > 0}
+    return e
+
+
 def _f(r: dict, k: str, fmt: str = "{:.2f}") -> str:
     v = r.get(k)
     return fmt.format(v) if isinstance(v, (int, float)) else "-"
@@ -324,8 +343,14 @@ def tables(res: dict) -> str:
         errs = [f"{r['model']} {r['tokens']} {k}: {v}" for r in rows for k, v in r.items() if k.endswith("_error")]
         L += [""] + [f"error: {e}" for e in errs] if errs else []
     if res.get("tuned"):
-        L += ["", "launch settings chosen (key -> best (rows per chunk, warps)):"]
-        L += [f"  {k} -> {v['best']}  {v['ms']}" for k, v in res["tuned"].items()]
+        L += ["", "fused quantizers: launch setting chosen per shape class, GB/s of the default (32, 8) and of the best",
+              "", "| operand (kind, rows, cols groupings, dtype, tokens / N, cols / K) | MB | default GB/s | best | GB/s |",
+              "|---|---:|---:|---|---:|"]
+        for e in res["tuned"]:
+            gb = e.get("GBps", {})
+            best = str(tuple(e["best"]))
+            L.append(f"| {' '.join(e['key'][:-1])} | {e.get('bytes', 0) / 1e6:.0f} | {gb.get('(32, 8)', '-')} | "
+                     f"{best} | {gb.get(best, '-')} |")
     return "\n".join(L)
 
 
@@ -371,8 +396,7 @@ def main() -> None:
     def save():
         res["wall_s"] = time.time() - budget.t0
         fq = fl._fused_module() if triton_version else None
-        res["tuned"] = {str(k): {"best": list(v["best"]), "ms": {str(s): round(t, 4) for s, t in v["ms"].items()}}
-                        for k, v in (fq.TUNED.items() if fq is not None else ())}
+        res["tuned"] = [tuned_entry(k, v) for k, v in (fq.TUNED.items() if fq is not None else ())]
         res["scale_layout"] = {str(k): v for k, v in fl.SCALE_LAYOUT.items()}
         res["cublas_fallbacks"] = dict(fl.CUBLAS_FALLBACKS) | dict(fp8_linear_v0.CUBLAS_FALLBACKS)
         (out / "fp8_layer.json").write_text(json.dumps(res, indent=1))
