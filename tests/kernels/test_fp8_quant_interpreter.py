@@ -189,11 +189,13 @@ LAUNCHES = {  # name: (kind, dtype, shape, transpose / t_rows)
 # The other launch settings the kernels may choose at run time (quarl_kernels.fp8_quant.ACT_SETTINGS /
 # TILE_SETTINGS after the default; test_launch_settings_are_all_checked keeps these lists equal), compiled for
 # the launches that store transposed codes (the W^T bug's pattern): (rows per chunk, warps)
-ACT_SETTINGS = ((32, 8), (32, 4), (64, 8), (16, 4))
+ACT_SETTINGS = ((32, 8), (32, 4), (64, 8), (64, 16), (128, 16))
 TILE_SETTINGS = ((32, 8), (32, 4), (64, 8))
 for _st in ACT_SETTINGS[1:]:
     LAUNCHES[f"act bf16 8192x3584 K+T {_st}"] = ("act", "bfloat16", (8192, 3584), True, _st)
     LAUNCHES[f"act fp32 300x640 K+T {_st}"] = ("act", "float32", (300, 640), True, _st)
+    LAUNCHES[f"act bf16 4099x576 K {_st}"] = ("act", "bfloat16", (4099, 576), None, _st)
+    LAUNCHES[f"act bf16 1000x18944 T {_st}"] = ("act", "bfloat16", (1000, 18944), "t-only", _st)
 for _st in TILE_SETTINGS[1:]:
     LAUNCHES[f"tiles fp32 1536x576 +T {_st}"] = ("tiles", "float32", (1536, 576), True, _st)
     LAUNCHES[f"tiles bf16 18944x3584 +T {_st}"] = ("tiles", "bfloat16", (18944, 3584), True, _st)
@@ -244,11 +246,11 @@ def test_pick_setting_takes_the_fastest_and_keeps_it():
             raise RuntimeError("out of resources")  # a setting that cannot run is no candidate
         return {(32, 8): 2.0, (32, 4): 1.5, (16, 4): 3.0}[la]
 
-    key = ("test", id(timer))
+    key, settings = ("test", id(timer)), ((32, 8), (32, 4), (64, 8), (16, 4))
     try:
-        assert fq.pick_setting(key, fq.ACT_SETTINGS, lambda s, w: (s, w), timer) == (32, 4)
+        assert fq.pick_setting(key, settings, lambda s, w: (s, w), timer) == (32, 4)
         assert fq.TUNED[key]["ms"] == {(32, 8): 2.0, (32, 4): 1.5, (16, 4): 3.0}
-        assert fq.pick_setting(key, fq.ACT_SETTINGS, lambda s, w: (s, w), timer) == (32, 4) and len(timed) == 4
+        assert fq.pick_setting(key, settings, lambda s, w: (s, w), timer) == (32, 4) and len(timed) == 4
         assert fq.pick_setting(("none",), ((32, 8),), lambda s, w: (s, w), lambda la: 1 / 0) == (32, 8)
     finally:
         fq.TUNED.pop(key, None)
