@@ -386,7 +386,7 @@ class FP8LinearFunction(torch.autograd.Function):
             dw = blockwise_gemm(dytq, dyts, xtq, xts, False, ctx.w_dtype)[:n, :k]
             dw = dw if dw.is_contiguous() else dw.contiguous()
         if ctx.b_dtype is not None and ctx.needs_input_grad[2]:
-            db = dy2.float().sum(0).to(ctx.b_dtype)
+            db = dy2.sum(0, dtype=torch.float32).to(ctx.b_dtype)  # fp32 accumulation, no fp32 copy of dY
         return (dx, dw, db, None, None, None, None)[:len(ctx.needs_input_grad)]  # memo given or not
 
 
