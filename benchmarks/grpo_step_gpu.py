@@ -104,7 +104,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import gc
-import hashlib
 import importlib.util
 import json
 import platform
@@ -119,6 +118,8 @@ ROOT = Path(__file__).resolve().parent.parent
 for p in (ROOT, ROOT / "kernels"):
     if str(p) not in sys.path:
         sys.path.insert(0, str(p))
+
+from quarl.quant.synthetic import build_random, init_params, param_seed  # noqa: F401  (seeded construction)
 
 SHAPES = {
     "32b": {"hidden_size": 5120, "intermediate_size": 27648, "num_hidden_layers": 64, "num_attention_heads": 40,
@@ -163,24 +164,6 @@ def qwen25_config(shape: str, num_layers: int | None = None):
 
 
 # --------------------------------------------------------------------------- construction
-def param_seed(seed: int, name: str) -> int:
-    """A 63-bit seed from the run seed and a parameter's qualified name (stable across processes)."""
-    digest = hashlib.sha256(f"{seed}:{name}".encode()).digest()
-    return int.from_bytes(digest[:8], "little") & (2**63 - 1)
-
-
-@torch.no_grad()
-def init_params(module: torch.nn.Module, prefix: str, seed: int) -> None:
-    """Fill ``module``'s parameters in place: RMSNorm weights 1, everything else ``normal_(0, 0.02)``
-    from a generator seeded by the parameter's full name (``prefix`` + local name), so a parameter
-    gets the same values whether the model is built whole or layer by layer."""
-    for name, p in module.named_parameters(prefix=prefix):
-        if p.dim() == 1 and not name.endswith("bias"):
-            p.fill_(1.0)  # RMSNorm weights
-        else:
-            p.normal_(0.0, 0.02, generator=torch.Generator(p.device).manual_seed(param_seed(seed, name)))
-
-
 @torch.no_grad()
 def build_model(cfg, device: str, dtype=torch.bfloat16, seed: int = 0, quant_format: str | None = None):
     """Random Qwen2 model on ``device``, never on the host, built by the library's streamed
@@ -194,19 +177,10 @@ def build_model(cfg, device: str, dtype=torch.bfloat16, seed: int = 0, quant_for
     ``dtype`` at a time; the model carries ``quarl_recipe`` as ``quantize_model`` leaves it, and
     the trainer's ``build_policy`` only adds LoRA.
     """
-    from quarl.quant.stream import build_streamed, empty_model
-
-    def fill(module: torch.nn.Module, prefix: str) -> None:
-        module.to_empty(device=device)
-        init_params(module, prefix, seed)
-
-    model = empty_model(cfg, dtype)
-    build_streamed(model, fill, None if quant_format is None else {"default": quant_format}, device=device)
-    for name, t in list(model.named_parameters()) + list(model.named_buffers()):
-        if t.is_floating_point() and t.dtype.itemsize > 1 and not torch.isfinite(t).all():
-            raise RuntimeError(f"{name} is not initialised after to_empty; rebuild it in build_model")
+    model, _ = build_random(cfg, None if quant_format is None else {"default": quant_format}, seed=seed,
+                            device=device, dtype=dtype)
     model.generation_config.eos_token_id = EOS
-    return model.eval().requires_grad_(False)
+    return model
 
 
 # --------------------------------------------------------------------------- arithmetic

@@ -54,6 +54,7 @@ interpreter :func:`quarl_kernels.rounding.round_to_fp8` rounds in software first
 
 from __future__ import annotations
 
+import os
 from typing import NamedTuple
 
 import torch
@@ -68,10 +69,29 @@ GROUP = 128  # 1x128 activation groups, 128x128 weight tiles (DeepSeek-V3 / Jet-
 # 128x128 tile in registers needs 255 registers per thread and spills (ptxas for sm_90), while a
 # [32, 128] chunk at 8 warps needs 39 (rows only), 63 (weight tile + transpose) and 112 (both
 # activation groupings) with unit-stride inputs, no spills: several programs per SM to keep
-# enough loads in flight for HBM bandwidth. Not tuned on a GPU yet (benchmarks/fp8_linear.py times
-# a few settings).
+# enough loads in flight for HBM bandwidth. (SUB, WARPS) is the default; the H100 run of
+# 2026-11-25 found other settings up to 1.4x faster per operand (X: 32 rows x 4 warps, dY: 64 x 8),
+# so on CUDA the setting is chosen by shape at run time (below).
 SUB = 32
 WARPS = 8
+
+# Launch-setting choice. Every setting computes the same bits (each element's arithmetic is the same and
+# a max-reduction is exact in any order), so a setting is picked by time alone: the first launch of a
+# shape class on a GPU times each candidate (compile, warm-up, TUNE_REPS launches between CUDA events),
+# keeps the fastest for the process and records the timings in TUNED -- what triton.autotune does, with a
+# key of our own (operand kind, groupings, dtype, tokens rounded up to a power of two, columns) so a new
+# micro-batch length rarely re-tunes. No timing while a CUDA graph is being captured (a choice made before
+# serves, else the default, not remembered), none below TUNE_MIN_ROWS rows (decode: launch-bound), and
+# QUARL_FP8_TUNE=0 always takes the default. Each candidate is compiled and its SASS checked on CPU
+# (tests/kernels/test_fp8_quant_interpreter.py); the GPU test checks all of them give the same bits.
+# Activation candidates: the two best of the four timed on the H100 (X: (32, 4), dY: (64, 8)) and two with 16
+# warps per program (ptxas for sm_90: 99-101 registers for both groupings, no spills; one program per SM with
+# a whole [64 or 128, 128] chunk of loads in flight, against (32, 8)'s two programs of [32, 128]).
+ACT_SETTINGS = ((SUB, WARPS), (32, 4), (64, 8), (64, 16), (128, 16))
+TILE_SETTINGS = ((SUB, WARPS), (32, 4), (64, 8))
+TUNE_REPS = 3
+TUNE_MIN_ROWS = 1024
+TUNED: dict[tuple, dict] = {}  # key -> {"best": (sub, warps), "ms": {setting: ms}}
 
 
 def _round_up(n: int, m: int) -> int:
@@ -91,6 +111,54 @@ class Launch(NamedTuple):
 
 def _launch(la: Launch) -> None:
     la.kernel[la.grid](*la.args, **la.constexprs, num_warps=la.num_warps, enable_fp_fusion=False)
+
+
+def tuning_on(t: torch.Tensor) -> bool:
+    """Whether a launch on ``t``'s device may time candidate settings now."""
+    return (t.is_cuda and os.environ.get("QUARL_FP8_TUNE", "1") != "0"
+            and not torch.cuda.is_current_stream_capturing())
+
+
+def pick_setting(key: tuple, settings: tuple, make, timer=None) -> tuple[int, int]:
+    """The (rows per chunk, warps) for ``key``: the cached choice, else the fastest of ``settings`` by
+    ``timer(launch) -> ms`` (default: CUDA events over TUNE_REPS launches after a warm-up one) on the
+    launches ``make(sub, warps)`` builds. A candidate that fails to compile or launch is skipped. The
+    launches write the caller's outputs (all settings write the same bits)."""
+    hit = TUNED.get(key)
+    if hit is not None:
+        return hit["best"]
+    timer = timer or _cuda_ms
+    ms = {}
+    for st in settings:
+        try:
+            ms[st] = timer(make(*st))
+        except Exception:  # noqa: BLE001, S112 - e.g. out of registers / shared memory here: not a candidate
+            continue
+    best = min(ms, key=ms.get) if ms else settings[0]
+    TUNED[key] = {"best": best, "ms": ms}
+    return best
+
+
+def _setting(key: tuple, settings: tuple, t: torch.Tensor, make) -> tuple[int, int]:
+    """The chosen setting for ``key`` (also inside a CUDA-graph capture), else a new choice when timing is
+    allowed now, else the default (not remembered: a later eager launch still tunes)."""
+    if os.environ.get("QUARL_FP8_TUNE", "1") == "0":
+        return settings[0]
+    hit = TUNED.get(key)
+    if hit is not None:
+        return hit["best"]
+    return pick_setting(key, settings, make) if tuning_on(t) else settings[0]
+
+
+def _cuda_ms(la: Launch) -> float:
+    _launch(la)  # compile (or load from Triton's cache) and warm
+    a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    a.record()
+    for _ in range(TUNE_REPS):
+        _launch(la)
+    b.record()
+    b.synchronize()
+    return a.elapsed_time(b) / TUNE_REPS
 
 
 @triton.jit
@@ -197,7 +265,7 @@ def _outer_major(rows: int, groups: int, device) -> torch.Tensor:
 
 
 def quantize_act(x: torch.Tensor, rows: int | None = None, cols: int | None = None, t_rows: int | None = None,
-                 *, row_groups: bool = True, sub: int = SUB, warps: int = WARPS):
+                 *, row_groups: bool = True, sub: int | None = None, warps: int | None = None):
     """``x`` [M, K] (bf16 / fp16 / fp32, any strides) -> ``(q, s, qt, st)`` in one pass.
 
     * ``row_groups``: ``q`` [rows, cols] E4M3 row-major (1x128 groups along K) and ``s`` [rows, cols/128]
@@ -207,7 +275,8 @@ def quantize_act(x: torch.Tensor, rows: int | None = None, cols: int | None = No
       quantization of x^T along the tokens, and ``st`` [cols, t_rows/128] fp32 stored ``cols``-major.
 
     Entries not requested are None. Equal to ``quantize_act_1x128`` of the zero-padded ``x`` (and
-    of its transpose) on the same device, bit for bit.
+    of its transpose) on the same device, bit for bit, whatever the launch setting: ``sub`` / ``warps``
+    given, else chosen by shape (:func:`pick_setting`) on CUDA, else (SUB, WARPS).
     """
     if x.dim() != 2:
         raise ValueError(f"quantize_act: x must be 2-D [M, K], got {tuple(x.shape)}")
@@ -228,6 +297,13 @@ def quantize_act(x: torch.Tensor, rows: int | None = None, cols: int | None = No
             qt.view(torch.uint8).zero_()
             st.fill_(torch.finfo(torch.float32).eps)
         return q, s, qt, st
+    if sub is None or warps is None:
+        sub, warps = SUB, WARPS
+        if extent >= TUNE_MIN_ROWS and x.is_cuda:
+            key = ("act", q is not None, t_rows is not None, x.dtype, triton.next_power_of_2(extent), cols,
+                   x.stride(1) == 1)
+            sub, warps = _setting(key, ACT_SETTINGS, x,
+                                  lambda b, w: _act_launch(x, q, s, qt, st, rows, cols, t_rows, b, w))
     _launch(_act_launch(x, q, s, qt, st, rows, cols, t_rows, sub, warps))
     return q, s, qt, st
 
@@ -261,16 +337,22 @@ def _act_launch(x, q, s, qt, st, rows: int, cols: int, t_rows: int | None, sub: 
     )
 
 
-def quantize_tiles(w: torch.Tensor, transpose: bool = False, *, sub: int = SUB, warps: int = WARPS):
+def quantize_tiles(w: torch.Tensor, transpose: bool = False, *, sub: int | None = None, warps: int | None = None):
     """``w`` [N, K] -> ``(q [Np, Kp], s [Np/128, Kp/128], qt [Kp, Np] or None)``: 128x128 tiles,
     zero-padded to multiples of 128; ``qt`` (``transpose``) is ``q.t().contiguous()`` written by the
-    same kernel. Equal to ``quantize_weight_padded`` on the same device, bit for bit."""
+    same kernel. Equal to ``quantize_weight_padded`` on the same device, bit for bit (any launch setting;
+    chosen as :func:`quantize_act`'s)."""
     if w.dim() != 2:
         raise ValueError(f"quantize_tiles: w must be 2-D [N, K], got {tuple(w.shape)}")
     n, k = w.shape
     if n == 0 or k == 0:
         raise ValueError(f"quantize_tiles: empty weight {tuple(w.shape)}")
     q, qt, s = _tile_outputs(w, transpose)
+    if sub is None or warps is None:
+        sub, warps = SUB, WARPS
+        if n >= TUNE_MIN_ROWS and w.is_cuda:
+            key = ("tiles", transpose, w.dtype, n, k, w.stride(1) == 1)
+            sub, warps = _setting(key, TILE_SETTINGS, w, lambda b, wa: _tile_launch(w, q, qt, s, b, wa))
     _launch(_tile_launch(w, q, qt, s, sub, warps))
     return q, s, qt
 
@@ -294,4 +376,4 @@ def _tile_launch(w, q, qt, s, sub: int, warps: int) -> Launch:
     )
 
 
-__all__ = ["GROUP", "quantize_act", "quantize_tiles"]
+__all__ = ["ACT_SETTINGS", "GROUP", "TILE_SETTINGS", "TUNED", "pick_setting", "quantize_act", "quantize_tiles"]

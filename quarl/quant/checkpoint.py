@@ -134,10 +134,8 @@ def _quant_layers(model: nn.Module) -> dict[str, QuantLinear]:
     return out
 
 
-def quantization_config(model: nn.Module) -> tuple[dict, dict[str, str]]:
-    """(``quantization_config`` for config.json, layer -> format spec)."""
-    from compressed_tensors.quantization import QuantizationConfig
-
+def layer_specs(model: nn.Module) -> tuple[dict[str, str], list[str]]:
+    """(quantized layer -> format spec, sorted names of the linears kept in high precision)."""
     qlayers = _quant_layers(model)
     layers = {n: spec_string(m.config) for n, m in qlayers.items() if m.config is not None}
     dense = sorted(
@@ -149,6 +147,18 @@ def quantization_config(model: nn.Module) -> tuple[dict, dict[str, str]]:
     )
     if not layers:
         raise CheckpointError("the model has no quantized layers; nothing to save as a quantized checkpoint")
+    return layers, dense
+
+
+def quantization_config(model: nn.Module) -> tuple[dict, dict[str, str]]:
+    """(``quantization_config`` for config.json, layer -> format spec)."""
+    layers, dense = layer_specs(model)
+    return checkpoint_quantization_config(layers, dense), layers
+
+
+def checkpoint_quantization_config(layers: dict[str, str], dense: list[str]) -> dict:
+    """``quantization_config`` for layers ``{name: spec}`` and high-precision linears ``dense``.
+    Needs compressed-tensors (its schema classes); :func:`check_quantization_config` does not."""
     by_spec: dict[str, list[str]] = {}
     for n, s in layers.items():
         by_spec.setdefault(s, []).append(n)
@@ -161,7 +171,9 @@ def quantization_config(model: nn.Module) -> tuple[dict, dict[str, str]]:
             "layers": layers,
             "ignore": dense,
             "note": f"not a compressed-tensors checkpoint ({why}); read it with quarl.calibrate.load_quantized",
-        }, layers
+        }
+    from compressed_tensors.quantization import QuantizationConfig
+
     groups = {}
     for i, (s, names) in enumerate(sorted(by_spec.items())):
         targets = ["Linear"] if len(by_spec) == 1 else sorted(names)
@@ -170,12 +182,35 @@ def quantization_config(model: nn.Module) -> tuple[dict, dict[str, str]]:
     qc = QuantizationConfig(config_groups=groups, format=fmt, ignore=dense, quantization_status="compressed")
     import compressed_tensors
 
-    d = {
+    return {
         "quant_method": "compressed-tensors",
         "version": compressed_tensors.__version__,
         **qc.model_dump(exclude={"quant_method"}, mode="json"),
     }
-    return d, layers
+
+
+def check_quantization_config(qc: dict, layers: dict[str, str], dense: list[str]) -> None:
+    """Raise CheckpointError unless ``qc`` (a ``quantization_config`` made elsewhere) describes exactly
+    ``layers`` and ``dense``: every layer's format, the targets, the ignore list. No compressed-tensors
+    import: the reader's own parsing (:func:`format_from_scheme`) is the check."""
+    if qc.get("quant_method") == "quarl":
+        ok = qc.get("layers") == layers and sorted(qc.get("ignore") or []) == dense
+    elif qc.get("quant_method") == "compressed-tensors":
+        groups = list((qc.get("config_groups") or {}).values())
+        ok = sorted(qc.get("ignore") or []) == dense and bool(groups)
+        if ok and len(groups) == 1 and groups[0].get("targets") == ["Linear"]:
+            spec = spec_string(format_from_scheme(groups[0]))
+            ok = all(s == spec for s in layers.values())
+        elif ok:
+            got = {n: spec_string(format_from_scheme(g)) for g in groups for n in g.get("targets", [])}
+            ok = got == layers
+    else:
+        ok = False
+    if not ok:
+        raise CheckpointError(
+            "the given quantization_config does not describe this model's layers (formats, targets or the "
+            "ignore list differ); compute it for this model with checkpoint_quantization_config(*layer_specs(model))"
+        )
 
 
 def checkpoint_state_dict(model: nn.Module, dtype: torch.dtype | None = None) -> dict[str, torch.Tensor]:
@@ -216,14 +251,24 @@ def save_quantized(
     extra: dict | None = None,
     max_shard_size: str | int = "5GB",
     dtype: torch.dtype | None = None,
+    qconfig: dict | None = None,
 ) -> Path:
-    """Write a compressed-tensors checkpoint (or quarl's, for NF4) of a model with QuantLinear layers."""
+    """Write a compressed-tensors checkpoint (or quarl's, for NF4) of a model with QuantLinear layers.
+
+    ``qconfig``: a ``quantization_config`` computed beforehand (on a machine with compressed-tensors,
+    by :func:`checkpoint_quantization_config`), for a writer without that package; it must describe
+    this model's layers (:func:`check_quantization_config`)."""
     from huggingface_hub import split_torch_state_dict_into_shards
     from safetensors.torch import save_file
 
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    qcfg, layers = quantization_config(model)
+    if qconfig is None:
+        qcfg, layers = quantization_config(model)
+    else:
+        layers, dense = layer_specs(model)
+        check_quantization_config(qconfig, layers, dense)
+        qcfg = qconfig
     sd = checkpoint_state_dict(model, dtype)
     split = split_torch_state_dict_into_shards(sd, max_shard_size=max_shard_size)
     for fname, keys in split.filename_to_tensors.items():

@@ -46,6 +46,7 @@ from __future__ import annotations
 import functools
 import os
 import warnings
+import weakref
 
 import torch
 import torch.nn.functional as F
@@ -136,6 +137,49 @@ def quantize_act_gemm(x: torch.Tensor, rows: int, cols: int, t_rows: int | None 
     return q, s, qt, st
 
 
+# --------------------------------------------------------------------------- one activation, quantized once
+# q, k and v read the same normed hidden state, gate and up another: their forward A operand and WGrad's
+# X^T are the same bits, so the first projection's quantization serves the next ones -- one pass over X
+# instead of three (two), and the X^T saved for backward is one tensor shared by the three, not three
+# copies. One slot, keyed by the tensor itself (a weak reference: the slot never keeps X alive, and a new
+# tensor at a recycled id or address never hits), its version counter (every in-place write through
+# PyTorch moves it), data pointer, shape, strides and the layout asked for. Only under autograd
+# (training): rollout and eval run under no_grad and may refill static buffers (CUDA-graph inputs) with
+# kernels that move no version counter, so they never memoize. The backward pass empties the slot, so the
+# last forward's operands are not held through it. ``QUARL_FP8_MEMO=0`` turns it off.
+_X_SLOT: list = [None]  # [(weakref to x, key, (q, s, qt, st))]
+
+
+def memo_on() -> bool:
+    """Whether a call now may use the memo: under autograd (asked outside the autograd Function, whose
+    forward runs with grad mode off) and not ``QUARL_FP8_MEMO=0``."""
+    return torch.is_grad_enabled() and os.environ.get("QUARL_FP8_MEMO", "1") != "0"
+
+
+def quantize_input(x: torch.Tensor, x2: torch.Tensor, rows: int, cols: int, t_rows: int | None, memo: bool = True):
+    """``x2`` = ``x`` as [M, K] -> :func:`quantize_act_gemm`'s ``(q, s, qt, st)`` (row groups, and X^T when
+    ``t_rows``); with ``memo``, reusing the previous call's operands when it quantized the same, unchanged
+    ``x``, and leaving its own for the next call."""
+    if not memo:
+        return quantize_act_gemm(x2, rows, cols, t_rows)
+    key = (x2.data_ptr(), x._version, tuple(x2.shape), x2.stride(), x2.dtype, x2.device, rows, cols)
+    slot = _X_SLOT[0]
+    if slot is not None and slot[0]() is x and slot[1] == key and (t_rows is None or slot[2][2] is not None):
+        q, s, qt, st = slot[2]
+        if t_rows is None:
+            return q, s, None, None
+        if qt.shape[1] == t_rows:
+            return q, s, qt, st
+    out = quantize_act_gemm(x2, rows, cols, t_rows)
+    _X_SLOT[0] = (weakref.ref(x), key, out)
+    return out
+
+
+def clear_input_memo() -> None:
+    """Drop the memoized activation operands (the backward pass does; tests)."""
+    _X_SLOT[0] = None
+
+
 def quantize_weight_128x128(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """``w`` [N, K] -> (q [N, K] E4M3, s [ceil(N/128), ceil(K/128)] fp32): the ``fp8-block`` format."""
     qt = FORMAT.quantize(w.detach(), _WCFG)
@@ -187,6 +231,17 @@ def _transposed(q: torch.Tensor) -> torch.Tensor:
     return q.t().contiguous()
 
 
+def _scales_t(s: torch.Tensor) -> torch.Tensor:
+    """Tile scales [Np/128, Kp/128] -> [Kp/128, Np/128] contiguous (DGrad's B scales), kept beside ``s``
+    while it is unchanged: once per weight version (a frozen base: once), not once per backward."""
+    hit = getattr(s, "_quarl_t", None)
+    if hit is not None and hit[0] == s._version:
+        return hit[1]
+    st = s.t().contiguous()
+    s._quarl_t = (s._version, st)
+    return st
+
+
 def _round_up(n: int, m: int) -> int:
     return -(-n // m) * m
 
@@ -205,7 +260,12 @@ def _pad2(x: torch.Tensor, rows: int, cols: int) -> torch.Tensor:
 def _cublas_ok(t: torch.Tensor) -> bool:
     if not t.is_cuda or os.environ.get("QUARL_FP8_GEMM", "auto") == "emulate":
         return False
-    return hasattr(F, "scaled_mm") and torch.cuda.get_device_capability(t.device) == (9, 0)
+    return _sm90(t.device.index if t.device.index is not None else torch.cuda.current_device())
+
+
+@functools.cache
+def _sm90(index: int) -> bool:
+    return hasattr(F, "scaled_mm") and torch.cuda.get_device_capability(index) == (9, 0)
 
 
 # Caches ride on the tensors themselves (a tensor attribute lives and dies with the tensor; a
@@ -224,6 +284,7 @@ def _dequant_tiles(q: torch.Tensor, s: torch.Tensor) -> torch.Tensor:
 
 
 CUBLAS_FALLBACKS: dict[str, str] = {}  # scaling pair -> why cuBLAS refused it (then emulated)
+SCALE_LAYOUT: dict[bool, int] = {}  # b_tiles -> index of the B-scale layout this torch/cuBLAS took (tried first)
 
 
 def _note_fallback(msg: str) -> None:
@@ -245,22 +306,29 @@ def blockwise_gemm(a: torch.Tensor, sa: torch.Tensor, b: torch.Tensor, sb: torch
         raise QuantError(f"blockwise_gemm: reduction sizes {a.shape[1]} / {b.shape[1]} must match and be "
                          f"multiples of {BLOCK} (pad before quantizing)")
     if _cublas_ok(a) and a.shape[0] % 4 == 0 and b.shape[0] % 16 == 0:
-        sa_mm = sa.t().contiguous().t()  # [M, K/128], M-major
+        sa_mm = sa if sa.stride(0) == 1 else sa.t().contiguous().t()  # [M, K/128], M-major (the kernels' layout)
         if b_tiles:  # [N/128, K/128] -> K-blocks padded to a multiple of 4, transposed (see fp8.py); already a
             # multiple (every 7B/8B projection): the transposed view of the same storage, no copy kernel. Not
             # cached when padding is needed: a CUDA graph must re-read scales that rollout rewrites in place
             pad = -sb.shape[1] % 4
-            layouts = [sb.t() if pad == 0 and sb.is_contiguous() else F.pad(sb, (0, pad)).t()]
+            layouts = (lambda: sb.t() if pad == 0 and sb.is_contiguous() else F.pad(sb, (0, pad)).t(),)
             tb = F.ScalingType.BlockWise128x128
-        else:  # 1x128 on B: [N, K/128] like A's (torch 2.11 asks for this shape); N-major as A's
-            layouts = [sb.t().contiguous().t(), sb.contiguous()]
+        else:  # 1x128 on B: [N, K/128] like A's (torch 2.11 asks for this shape); N-major as A's, else row-major
+            layouts = (lambda: sb if sb.stride(0) == 1 else sb.t().contiguous().t(), sb.contiguous)
             tb = F.ScalingType.BlockWise1x128
+        # built lazily, the one that worked before first: no copy kernel and no raised error per call
+        order = range(len(layouts))
+        if SCALE_LAYOUT.get(b_tiles, 0) != 0:
+            order = [SCALE_LAYOUT[b_tiles], *(i for i in order if i != SCALE_LAYOUT[b_tiles])]
         err = None
-        for sb_mm in layouts:
+        for i in order:
             try:
-                return F.scaled_mm(a, b.t(), sa_mm, F.ScalingType.BlockWise1x128, sb_mm, tb, output_dtype=out_dtype)
+                y = F.scaled_mm(a, b.t(), sa_mm, F.ScalingType.BlockWise1x128, layouts[i](), tb, output_dtype=out_dtype)
             except (RuntimeError, ValueError) as e:  # a layout this torch/cuBLAS refuses: try the next
                 err = e
+                continue
+            SCALE_LAYOUT[b_tiles] = i
+            return y
         # a cuBLAS without this scaling pair: the same numbers, emulated
         _note_fallback(f"{'1x128 x 128x128' if b_tiles else '1x128 x 1x128'}: {str(err).splitlines()[0]}")
     a32 = dequantize_act_1x128(a, sa)  # [M, K] exact in fp32
@@ -272,10 +340,12 @@ def blockwise_gemm(a: torch.Tensor, sa: torch.Tensor, b: torch.Tensor, sb: torch
 class FP8LinearFunction(torch.autograd.Function):
     """``y = x @ W^T + b`` with the three GEMMs in FP8 (module docstring). Inputs:
     ``x`` [..., K]; ``wq, ws`` the weight's FP8 tiles padded to multiples of 128; ``weight`` the master
-    [N, K] (None for a frozen base: no WGrad); ``n`` the true out features."""
+    [N, K] (None for a frozen base: no WGrad); ``n`` the true out features; ``memo``: reuse / leave X's
+    quantization for the next projection reading the same X (:func:`quantize_input`; :func:`fp8_linear` passes
+    :func:`memo_on`)."""
 
     @staticmethod
-    def forward(ctx, x, weight, bias, wq, ws, n):
+    def forward(ctx, x, weight, bias, wq, ws, n, memo=False):
         # wq [Np, Kp] (padded to multiples of 128), ws [Np/128, Kp/128], n: the true out features
         lead, k = x.shape[:-1], x.shape[-1]
         x2 = x.reshape(-1, k)  # [M, K]
@@ -285,7 +355,7 @@ class FP8LinearFunction(torch.autograd.Function):
         need_w = weight is not None and ctx.needs_input_grad[1]
         # X in 1x128 groups along K for this GEMM and, for WGrad, X^T in 1x128 groups along the tokens
         # (128x1 of X), saved in FP8: xq [Mp, Kp], xs [Mp, Kp/128], xtq [Kp, M128], xts [Kp, M128/128]
-        xq, xs, xtq, xts = quantize_act_gemm(x2, mp, kp, _round_up(m, BLOCK) if need_w else None)
+        xq, xs, xtq, xts = quantize_input(x, x2, mp, kp, _round_up(m, BLOCK) if need_w else None, memo)
         y = blockwise_gemm(xq, xs, wq, ws, True, x.dtype)[:m, :n]  # [M, N]
         if bias is not None:
             y = y + bias.to(y.dtype)
@@ -299,6 +369,7 @@ class FP8LinearFunction(torch.autograd.Function):
     @staticmethod
     def backward(ctx, dy):
         wq_p, ws, xtq, xts = ctx.saved_tensors
+        clear_input_memo()  # the forward's operands need not outlive it (the saved ones are in ctx)
         lead, m, n, k, _, np_ = ctx.shape
         dy2 = dy.reshape(-1, n)  # [M, N]
         dx = dw = db = None
@@ -309,14 +380,14 @@ class FP8LinearFunction(torch.autograd.Function):
         dyq, dys, dytq, dyts = quantize_act_gemm(dy2, mp, np_, xtq.shape[1] if need_w else None, row_groups=need_x)
         if need_x:  # DGrad: dX = dY W, reduction over N; W^T tiles = transposed W tiles
             wtq = _transposed(wq_p)  # [Kp, Np]
-            dx = blockwise_gemm(dyq, dys, wtq, ws.t().contiguous(), True, ctx.x_dtype)[:m, :k]
+            dx = blockwise_gemm(dyq, dys, wtq, _scales_t(ws), True, ctx.x_dtype)[:m, :k]
             dx = dx.reshape(*lead, k)
         if need_w:  # WGrad: dW = dY^T X, reduction over tokens, written in the master weight's dtype
             dw = blockwise_gemm(dytq, dyts, xtq, xts, False, ctx.w_dtype)[:n, :k]
             dw = dw if dw.is_contiguous() else dw.contiguous()
         if ctx.b_dtype is not None and ctx.needs_input_grad[2]:
-            db = dy2.float().sum(0).to(ctx.b_dtype)
-        return dx, dw, db, None, None, None
+            db = dy2.sum(0, dtype=torch.float32).to(ctx.b_dtype)  # fp32 accumulation, no fp32 copy of dY
+        return (dx, dw, db, None, None, None, None)[:len(ctx.needs_input_grad)]  # memo given or not
 
 
 def _master_tiles(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -358,13 +429,15 @@ def fp8_linear(x: torch.Tensor, weight: torch.Tensor | QTensor, bias: torch.Tens
         if cfg.name != "fp8" or cfg.granularity != "block" or cfg.block_size != BLOCK:
             raise QuantError(f"fp8_linear needs an fp8-block (128x128) weight, got {cfg}")
         wq, ws = _frozen_tiles(weight)
-        return FP8LinearFunction.apply(x, None, bias, wq, ws, weight.shape[0])
+        return FP8LinearFunction.apply(x, None, bias, wq, ws, weight.shape[0], memo_on())
     if ACT_GROUP != BLOCK:  # pragma: no cover - a constant; the GEMM layouts assume it
         raise QuantError("fp8_linear assumes 1x128 activation groups")
     wq, ws = _master_tiles(weight)
     # no autograd graph (rollout, eval): pass no master weight, so the forward skips X^T's quantization for a
     # WGrad that never comes (inside the Function, needs_input_grad still says True under no_grad)
-    return FP8LinearFunction.apply(x, weight if torch.is_grad_enabled() else None, bias, wq, ws, weight.shape[0])
+    grad = torch.is_grad_enabled()
+    return FP8LinearFunction.apply(x, weight if grad else None, bias, wq, ws, weight.shape[0], grad and memo_on())
 
 
-__all__ = ["FP8LinearFunction", "blockwise_gemm", "fp8_linear", "quantize_weight_128x128"]
+__all__ = ["FP8LinearFunction", "blockwise_gemm", "clear_input_memo", "fp8_linear", "quantize_input",
+           "quantize_weight_128x128"]

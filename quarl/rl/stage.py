@@ -91,7 +91,9 @@ def _run_rl(cfg: RLConfig, d: Dist, *, model_uri: str, data_uri: str, output_uri
         # policy.load: a quantized base on CUDA is built layer by layer, each layer packed as it is read
         # (quarl.quant.stream), so a 32B model never exists in BF16 -- the difference between fitting one 80 GB
         # GPU and not. build_policy then only adds LoRA; the policy is the one the dense load gives.
+        t_load = time.time()
         model, tokenizer, load_how = load_policy_model(model_uri, cfg.policy, home, dtype)
+        t_load = time.time() - t_load
     if df.empty:
         raise ValueError(f"{data_uri}: the {cfg.train.split!r} split is empty; re-run data-prep with more data")
     work = work_dir_for(output_uri)
@@ -99,7 +101,8 @@ def _run_rl(cfg: RLConfig, d: Dist, *, model_uri: str, data_uri: str, output_uri
                         checkpoint_remote=checkpoint_remote_for(output_uri), init_adapter=init_dir, dist=d)
     policy_format = _policy_format(trainer.model, cfg)
     summary = trainer.train(stop_after=stop_after)
-    summary.update({"policy_load": load_how, "policy_load_build": getattr(model, "quarl_load", None)})
+    summary.update({"policy_load": load_how, "policy_load_build": getattr(model, "quarl_load", None),
+                    "policy_load_s": round(t_load, 2)})
     if summary["end_step"] < summary["total_steps"] and not summary["timed_out"]:
         log.info("stopped after step %d of %d; checkpoint %s", summary["end_step"], summary["total_steps"],
                  summary["last_checkpoint"])

@@ -114,3 +114,37 @@ def test_fp8_linear_triton_quantizers_equal_eager(m, n, k, wdt):
     for name, a, e in zip(("y", "dx", "dw"), outs["triton"], outs["eager"]):
         assert a.dtype == e.dtype and a.shape == e.shape
         assert torch.equal(a, e), f"{name}: max |diff| {(a.float() - e.float()).abs().max().item()}"
+
+
+def test_every_launch_setting_gives_the_same_bits():
+    """The run-time choice of (rows per chunk, warps) changes no bit: each candidate against the eager oracle,
+    activations in both groupings and weight tiles with their transpose (bf16 and the fp32 W^T-bug shape)."""
+    torch.manual_seed(4)
+    x = (torch.randn(4099, 3584, device="cuda") * torch.logspace(-3, 3, 4099, device="cuda")[:, None]).to(torch.bfloat16)
+    mp, mt, kp = _round_up(4099, 4), _round_up(4099, 128), 3584
+    rq, rs = quantize_act_1x128(_pad2(x, mp, kp))
+    rqt, rst = quantize_act_1x128(_pad2(x, mt, kp).t())
+    for sub, warps in fq.ACT_SETTINGS:
+        q, s, qt, st = fq.quantize_act(x, mp, kp, mt, sub=sub, warps=warps)
+        assert same(q, rq) and same(qt, rqt) and torch.equal(s, rs) and torch.equal(st, rst), (sub, warps)
+    for n, k, dt in ((1536, 576, torch.float32), (4096, 3584, torch.bfloat16)):
+        w = (torch.randn(n, k, device="cuda") * 0.02).to(dt)
+        rq, rs = _tiles_padded(_pad2(w, _round_up(n, 128), _round_up(k, 128)))
+        for sub, warps in fq.TILE_SETTINGS:
+            q, s, qt = fq.quantize_tiles(w, transpose=True, sub=sub, warps=warps)
+            assert same(q, rq) and torch.equal(s, rs) and same(qt, rq.t()), (n, k, dt, sub, warps)
+
+
+def test_launch_setting_is_chosen_by_shape_and_kept(monkeypatch):
+    monkeypatch.setenv("QUARL_FP8_TUNE", "1")  # (the device script runs the other tests at the default setting)
+    torch.manual_seed(5)
+    x = torch.randn(3000, 2560, device="cuda", dtype=torch.bfloat16)
+    keys = set(fq.TUNED)
+    q, s, _, _ = fq.quantize_act(x, 3000, 2560, 3072)
+    new = [k for k in fq.TUNED if k not in keys]
+    assert len(new) == 1 and new[0][0] == "act" and fq.TUNED[new[0]]["best"] in fq.ACT_SETTINGS
+    assert len(fq.TUNED[new[0]]["ms"]) >= 1  # the candidates that ran, with their times
+    fq.quantize_act(x[:2900], 2900, 2560, 2944)  # the same class (tokens rounded up to 4096): no new tuning
+    assert len(fq.TUNED) == len(keys) + 1
+    rq, rs = quantize_act_1x128(x)
+    assert same(q, rq) and torch.equal(s, rs)

@@ -147,6 +147,21 @@ SCRIPT = textwrap.dedent("""
         outs = {be: run(be, x, frozen, b, g) for be in ("eager", "triton")}
         assert all(a is None and e is None or torch.equal(a, e) for a, e in zip(outs["triton"], outs["eager"]))
         print("fp8_linear", m, n, k, dt, "ok", round(time.time() - T0, 1))
+
+    # every launch setting the run-time choice may take gives the same bits (the rows per chunk change the
+    # loops; warps do not exist in the interpreter: the sm_90 SASS test below covers them)
+    x = (torch.randn(300, 640) * torch.logspace(-2, 2, 300)[:, None]).to(torch.bfloat16)
+    ref = fq.quantize_act(x, 300, 640, 384, sub=fq.SUB, warps=fq.WARPS)
+    for sub, warps in fq.ACT_SETTINGS:
+        got = fq.quantize_act(x, 300, 640, 384, sub=sub, warps=warps)
+        assert same(got[0], ref[0]) and same(got[2], ref[2]), (sub, warps)
+        assert torch.equal(got[1], ref[1]) and torch.equal(got[3], ref[3]), (sub, warps)
+    w = torch.randn(256, 384)
+    ref = fq.quantize_tiles(w, True, sub=fq.SUB, warps=fq.WARPS)
+    for sub, warps in fq.TILE_SETTINGS:
+        got = fq.quantize_tiles(w, True, sub=sub, warps=warps)
+        assert same(got[0], ref[0]) and same(got[2], ref[2]) and torch.equal(got[1], ref[1]), (sub, warps)
+    print("settings ok", round(time.time() - T0, 1))
     print("OK")
 """)
 
@@ -171,6 +186,19 @@ LAUNCHES = {  # name: (kind, dtype, shape, transpose / t_rows)
     "act bf16 4099x576 K": ("act", "bfloat16", (4099, 576), None),  # rows only (frozen base, decode)
     "act bf16 1000x18944 T": ("act", "bfloat16", (1000, 18944), "t-only"),  # dY^T only (no DGrad wanted)
 }
+# The other launch settings the kernels may choose at run time (quarl_kernels.fp8_quant.ACT_SETTINGS /
+# TILE_SETTINGS after the default; test_launch_settings_are_all_checked keeps these lists equal), compiled for
+# the launches that store transposed codes (the W^T bug's pattern): (rows per chunk, warps)
+ACT_SETTINGS = ((32, 8), (32, 4), (64, 8), (64, 16), (128, 16))
+TILE_SETTINGS = ((32, 8), (32, 4), (64, 8))
+for _st in ACT_SETTINGS[1:]:
+    LAUNCHES[f"act bf16 8192x3584 K+T {_st}"] = ("act", "bfloat16", (8192, 3584), True, _st)
+    LAUNCHES[f"act fp32 300x640 K+T {_st}"] = ("act", "float32", (300, 640), True, _st)
+    LAUNCHES[f"act bf16 4099x576 K {_st}"] = ("act", "bfloat16", (4099, 576), None, _st)
+    LAUNCHES[f"act bf16 1000x18944 T {_st}"] = ("act", "bfloat16", (1000, 18944), "t-only", _st)
+for _st in TILE_SETTINGS[1:]:
+    LAUNCHES[f"tiles fp32 1536x576 +T {_st}"] = ("tiles", "float32", (1536, 576), True, _st)
+    LAUNCHES[f"tiles bf16 18944x3584 +T {_st}"] = ("tiles", "bfloat16", (18944, 3584), True, _st)
 
 
 @functools.cache
@@ -180,20 +208,53 @@ def _compiled(name: str):
 
     from tests.kernels.sm90_sass import compile_launch
 
-    kind, dt, (m, k), t = LAUNCHES[name]
+    kind, dt, (m, k), t, *setting = LAUNCHES[name]
+    sub, warps = setting[0] if setting else (fq.SUB, fq.WARPS)
     x = torch.empty(m, k, dtype=getattr(torch, dt))
     if kind == "tiles":
         q, qt, s = fq._tile_outputs(x, t)
-        launch = fq._tile_launch(x, q, qt, s, fq.SUB, fq.WARPS)
+        launch = fq._tile_launch(x, q, qt, s, sub, warps)
     else:
         rows, cols = -(-m // 4) * 4, -(-k // 128) * 128
         t_rows = -(-m // 128) * 128 if t else None
         launch = fq._act_launch(x, *fq._act_outputs(x, rows, cols, t_rows, t != "t-only"), rows, cols, t_rows,
-                                fq.SUB, fq.WARPS)
+                                sub, warps)
     return compile_launch(launch, SCALE_RECIP=True, INTERPRET=False)
 
 
 needs_triton = pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="needs Triton (CPU CI has none)")
+
+
+@needs_triton
+def test_launch_settings_are_all_checked():
+    """A setting added to the run-time choice must be added to the sm_90 checks here too."""
+    from quarl_kernels import fp8_quant as fq
+
+    assert fq.ACT_SETTINGS == ACT_SETTINGS and fq.TILE_SETTINGS == TILE_SETTINGS
+    assert fq.ACT_SETTINGS[0] == fq.TILE_SETTINGS[0] == (fq.SUB, fq.WARPS)
+
+
+@needs_triton
+def test_pick_setting_takes_the_fastest_and_keeps_it():
+    from quarl_kernels import fp8_quant as fq
+
+    timed = []
+
+    def timer(la):
+        timed.append(la)
+        if la == (64, 8):
+            raise RuntimeError("out of resources")  # a setting that cannot run is no candidate
+        return {(32, 8): 2.0, (32, 4): 1.5, (16, 4): 3.0}[la]
+
+    key, settings = ("test", id(timer)), ((32, 8), (32, 4), (64, 8), (16, 4))
+    try:
+        assert fq.pick_setting(key, settings, lambda s, w: (s, w), timer) == (32, 4)
+        assert fq.TUNED[key]["ms"] == {(32, 8): 2.0, (32, 4): 1.5, (16, 4): 3.0}
+        assert fq.pick_setting(key, settings, lambda s, w: (s, w), timer) == (32, 4) and len(timed) == 4
+        assert fq.pick_setting(("none",), ((32, 8),), lambda s, w: (s, w), lambda la: 1 / 0) == (32, 8)
+    finally:
+        fq.TUNED.pop(key, None)
+        fq.TUNED.pop(("none",), None)
 
 
 @needs_triton

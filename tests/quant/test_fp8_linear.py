@@ -219,3 +219,158 @@ def test_gpu_path_equals_emulated(m, n, k):
     for a, e in zip(outs["auto"], outs["emulate"]):
         # bf16 outputs: one bf16 rounding of an fp32 sum that differs by summation order
         assert rel(a, e) < 5e-3, rel(a, e)
+
+
+# --- one activation quantized once (q/k/v and gate/up read the same X) ----------------------------------------
+def _count_quant(monkeypatch):
+    from quarl.quant import fp8_linear as fl
+
+    calls, orig = [], fl.quantize_act_gemm
+
+    def spy(x, rows, cols, t=None, row_groups=True):
+        calls.append((tuple(x.shape), t))
+        return orig(x, rows, cols, t, row_groups)
+
+    monkeypatch.setattr(fl, "quantize_act_gemm", spy)
+    fl.clear_input_memo()
+    return calls
+
+
+def _qkv(x, ws, g):
+    ys = [fp8_linear(x, w) for w in ws]
+    torch.autograd.backward(ys, g)
+    return [y.detach() for y in ys], x.grad.clone(), [w.grad.clone() for w in ws]
+
+
+def test_memo_quantizes_a_shared_input_once_and_changes_no_bit(monkeypatch):
+    """q, k, v on one X: one quantization of X (both groupings) in the forward, outputs and all gradients equal
+    to the unmemoized layer bit for bit (the same operands)."""
+    calls = _count_quant(monkeypatch)
+    torch.manual_seed(11)
+    x0 = torch.randn(2, 70, 576)  # K = 576: padded; 140 tokens: two token groups
+    ws0 = [torch.randn(n, 576) * 0.05 for n in (192, 64, 64)]
+    g = [torch.randn(2, 70, w.shape[0]) for w in ws0]
+    runs = {}
+    for memo in ("1", "0"):
+        monkeypatch.setenv("QUARL_FP8_MEMO", memo)
+        calls.clear()
+        x = x0.clone().requires_grad_()
+        ws = [torch.nn.Parameter(w.clone()) for w in ws0]
+        runs[memo] = _qkv(x, ws, g)
+        fwd = [c for c in calls if c[0] == (140, 576)]
+        assert len(fwd) == (1 if memo == "1" else 3) and all(t == 256 for _, t in fwd), calls
+    for a, b in zip(runs["1"], runs["0"]):
+        for u, v in zip(a if isinstance(a, list) else [a], b if isinstance(b, list) else [b]):
+            assert torch.equal(u, v)
+
+
+def test_memo_is_invalidated_when_x_changes_in_place(monkeypatch):
+    calls = _count_quant(monkeypatch)
+    torch.manual_seed(12)
+    x = torch.randn(8, 256)
+    w1, w2 = torch.nn.Parameter(torch.randn(128, 256)), torch.nn.Parameter(torch.randn(128, 256))
+    y1 = fp8_linear(x, w1)
+    x.mul_(2.0)  # in place: the version counter moves; the memoized codes are stale
+    y2 = fp8_linear(x, w2)
+    assert len(calls) == 2
+    fresh = fp8_linear(x.clone(), w2)  # another tensor: quantized anew
+    assert len(calls) == 3 and torch.equal(y2, fresh)
+    assert not torch.equal(y1, fp8_linear(x.clone(), w1))  # (the change mattered)
+
+
+def test_memo_only_under_autograd_and_never_for_another_tensor(monkeypatch):
+    calls = _count_quant(monkeypatch)
+    x = torch.randn(8, 256)
+    w = torch.nn.Parameter(torch.randn(128, 256))
+    with torch.no_grad():  # rollout / eval: static buffers may be rewritten by kernels that move no version
+        fp8_linear(x, w)
+        fp8_linear(x, w)
+    assert len(calls) == 2
+    fp8_linear(x, w)
+    fp8_linear(x[:], w)  # a view is another tensor object: no hit (the memo keys on identity)
+    fp8_linear(x.clone(), w)
+    assert len(calls) == 5
+    fp8_linear(x, w)  # the slot holds the last tensor only
+    assert len(calls) == 6
+
+
+def test_memo_is_emptied_by_backward(monkeypatch):
+    from quarl.quant import fp8_linear as fl
+
+    calls = _count_quant(monkeypatch)
+    x = torch.randn(8, 256, requires_grad=True)
+    w = torch.nn.Parameter(torch.randn(128, 256))
+    fp8_linear(x, w).sum().backward()
+    assert fl._X_SLOT[0] is None  # the next step's X is never served the previous step's codes
+    fp8_linear(x, w)
+    assert len(calls) == 3  # forward, the backward's dY, the second forward
+
+
+def test_frozen_base_lora_memo_rows_only(monkeypatch):
+    """LoRA on an FP8 base (no WGrad): the shared X is quantized once, rows only (no X^T)."""
+    calls = _count_quant(monkeypatch)
+    lin = torch.nn.Linear(256, 128, bias=False)
+    wq = QuantLinear.from_linear(lin, "fp8-block", act_quant="fp8-1x128").qtensor()
+    x = torch.randn(5, 256, requires_grad=True)
+    ys = [fp8_linear(x, wq) for _ in range(3)]
+    assert [c for c in calls] == [((5, 256), None)]
+    torch.autograd.backward(ys, [torch.ones_like(y) for y in ys])
+    assert x.grad is not None and x.grad.abs().sum() > 0
+
+
+def test_dgrad_tile_scales_are_kept_per_weight_version():
+    from quarl.quant import fp8_linear as fl
+
+    s = torch.rand(3, 5)
+    st = fl._scales_t(s)
+    assert torch.equal(st, s.t()) and st.is_contiguous() and fl._scales_t(s) is st
+    s.mul_(2.0)
+    assert torch.equal(fl._scales_t(s), s.t())
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.get_device_capability() != (9, 0),
+                    reason="blockwise FP8 scaled_mm needs an SM90 GPU")
+def test_gpu_memo_changes_no_bit(monkeypatch):
+    """On cuBLAS with the fused quantizers: q/k/v on one X, memoized vs not, equal y, dX and dW bit for bit."""
+    torch.manual_seed(13)
+    x0 = torch.randn(3000, 3584, device="cuda", dtype=torch.bfloat16)
+    ws0 = [torch.randn(n, 3584, device="cuda", dtype=torch.bfloat16) * 0.02 for n in (3584, 512, 512)]
+    g = [torch.randn(3000, w.shape[0], device="cuda", dtype=torch.bfloat16) for w in ws0]
+    runs = {}
+    for memo in ("1", "0"):
+        monkeypatch.setenv("QUARL_FP8_MEMO", memo)
+        x = x0.clone().requires_grad_()
+        ws = [torch.nn.Parameter(w.clone()) for w in ws0]
+        ys, dx, dws = _qkv(x, ws, g)
+        runs[memo] = [*ys, dx, *dws]
+    assert all(torch.equal(a, b) for a, b in zip(runs["1"], runs["0"]))
+
+
+def test_jetrl_model_quantizes_each_layer_input_once(monkeypatch):
+    """What ``precision.mode=jetrl`` full-parameter trains (quantize_model with the Jet-RL recipe, QuantLinear
+    "qat" in a Llama): per layer 4 activation quantizations in the forward (q/k/v share one, gate/up one, o,
+    down) instead of 7, plus the 7 dY ones in the backward; logits and every gradient equal to the unmemoized
+    model, bit for bit."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from quarl.quant import quantize_model
+    from quarl.rl.precision import JETRL_RECIPE
+
+    calls = _count_quant(monkeypatch)
+    cfg = LlamaConfig(vocab_size=256, hidden_size=128, intermediate_size=256, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64)
+    ids = torch.randint(0, 256, (2, 9))
+    runs = {}
+    for memo in ("1", "0"):
+        monkeypatch.setenv("QUARL_FP8_MEMO", memo)
+        torch.manual_seed(0)
+        m = LlamaForCausalLM(cfg)
+        quantize_model(m, dict(JETRL_RECIPE, mode="qat"))
+        calls.clear()
+        logits = m(ids).logits
+        logits.float().square().mean().backward()
+        runs[memo] = [logits.detach()] + [p.grad for p in m.parameters() if p.grad is not None]
+        assert len(calls) == (2 * (4 + 7) if memo == "1" else 2 * (7 + 7)), calls
+    assert len(runs["1"]) == len(runs["0"]) > 10
+    assert all(torch.equal(a, b) for a, b in zip(runs["1"], runs["0"]))
