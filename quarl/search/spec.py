@@ -27,7 +27,9 @@ SPEC = StageSpec(
         "method": Param("method", help="how a chosen format is applied while searching: rtn | gptq (Hessians of "
                                        "the search batch)."),
         "budget_bits": Param("budget_bits", none=0.0, help="average storage bits per searched weight must stay <= "
-                                                           "this (0 = no budget)."),
+                                                           "this (0 = budget_format decides)."),
+        "budget_format": Param("budget_format", none="", help="without budget_bits: at most the average bits of "
+                                                              "this format applied uniformly (empty = no budget)."),
         "episodes": Param("ppo.episodes", help="PPO episodes (= measured recipes; random search gets as many)."),
         "w_perf": Param("reward.w_perf", help="reward weight of the loss gap L_ref - L_quant."),
         "w_kl": Param("reward.w_kl", help="reward weight of -KL(p_quant || p_ref)."),

@@ -12,7 +12,7 @@ FORMATS = ["int4", "int8", "bf16"]
 
 
 def test_episode_walks_units_and_rewards_at_the_end(table_ev):
-    w = RewardConfig()
+    w = RewardConfig(mode="episode")
     env = PrecisionEnv(table_ev, FORMATS, w)
     obs, mask = env.reset()
     assert obs.shape == (env.obs_dim(),) and mask.all()
@@ -46,7 +46,7 @@ def test_step_mode_measures_every_prefix_and_telescopes(table_ev):
 
 
 def test_budget_mask_keeps_every_episode_feasible(table_ev):
-    env = PrecisionEnv(table_ev, FORMATS, RewardConfig(), budget_bits=6.0)  # 4 units: at most one at 8 bits + ...
+    env = PrecisionEnv(table_ev, FORMATS, RewardConfig(mode="episode"), budget_bits=6.0)  # 4 units: at most one at 8 bits + ...
     gen = torch.Generator().manual_seed(0)
     for _ in range(50):
         _, mask = env.reset()
@@ -69,18 +69,18 @@ def test_budget_mask_keeps_every_episode_feasible(table_ev):
 
 def test_unreachable_budget_fails_at_construction(table_ev):
     with pytest.raises(BudgetError, match="below the cheapest recipe"):
-        PrecisionEnv(table_ev, FORMATS, RewardConfig(), budget_bits=3.0)
+        PrecisionEnv(table_ev, FORMATS, RewardConfig(mode="episode"), budget_bits=3.0)
 
 
 def test_greedy_spends_bits_on_the_sensitive_unit(table_ev):
     sens = sensitivity_table(table_ev, FORMATS, progress=False)
-    a = baselines.greedy(table_ev.bits, table_ev.params, sens, budget_bits=6.0)
+    a = baselines.greedy(table_ev.bits, table_ev.params, [[m.kl for m in r] for r in sens], budget_bits=6.0)
     assert table_ev.measure(a).avg_bits <= 6.0
     assert a == (0, 1, 1, 0)  # room for two 8-bit units: the two that lose most at 4 bits keep 8 bits
 
 
 def test_random_search_respects_budget_and_counts_episodes(table_ev):
-    env = PrecisionEnv(table_ev, FORMATS, RewardConfig(), budget_bits=6.0)
+    env = PrecisionEnv(table_ev, FORMATS, RewardConfig(mode="episode"), budget_bits=6.0)
     res = baselines.random_search(env, episodes=20, seed=0, progress=False)
     assert len(res["returns"]) == 20 and res["return"] == max(res["returns"])
     assert table_ev.measure(res["assignment"]).avg_bits <= 6.0

@@ -66,7 +66,7 @@ def test_gptq_recovery_and_step_rewards_run(tmp_path, data_artifact):
         f"checkpoint_dir={tmp_path / 'ck'}"])
     res = run_precision_search(cfg, model_uri="tiny-llama", data_uri=data_artifact, output_uri=str(tmp_path / "r"),
                                progress=False)
-    assert set(res["comparison"]) == {"uniform nvfp4", "uniform int8-g64", "PPO (best episode)",
+    assert set(res["comparison"]) == {"uniform nvfp4", "uniform int8-g64", "PPO (selected)", "PPO (best episode)",
                                       "PPO policy (argmax)"}
     assert res["comparison"]["uniform int8-g64"]["kl"] < res["comparison"]["uniform nvfp4"]["kl"]
 
@@ -78,9 +78,14 @@ def test_gptq_recovery_and_step_rewards_run(tmp_path, data_artifact):
     ("reward.w_ent=0.5", "needs measure_entropy"),
     ("ppo.clip=1.5", "ppo.clip must be in"),
     ("baselines=[uniform, grid]", "unknown baselines"),
-    ("sensitivity=false", "greedy baseline ranks units by the sensitivity table"),
+    ("sensitivity=false", "reward.mode=shaped pays each step its estimate from the sensitivity table"),
+    ("reward.mode=episode", "greedy baseline ranks units by the sensitivity table"),
+    ("reward.kl=ref", "reward.kl.*allowed: 'quant_ref', 'ref_quant'"),
+    ("select_top=0", "select_top must be >= 1"),
+    ("granularity=head", "granularity.*allowed: 'block', 'group', 'fused', 'linear'"),
 ])
 def test_config_errors_name_the_fix(override, match):
-    extra = ["measure_entropy=false"] if "w_ent" in override else []
+    extra = {"w_ent": ["measure_entropy=false"], "reward.mode=episode": ["sensitivity=false"]}
+    extra = next((v for k, v in extra.items() if k in override), [])
     with pytest.raises(ConfigError, match=match):
         load_config(PrecisionSearchConfig, None, [override, *extra])
