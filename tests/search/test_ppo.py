@@ -80,3 +80,23 @@ def test_resume_from_checkpoint_is_exact(tmp_path):
     resumed = resumed_agent.train(env, checkpoint=ck, progress=False)
     assert resumed.episode_returns == straight.episode_returns
     assert resumed.best_actions == straight.best_actions and resumed.updates == 4
+
+
+def test_shared_head_scores_each_action_from_its_own_features():
+    from quarl.search.ppo import ActorCritic
+
+    net = ActorCritic(obs_dim=5 + 3 * 4, n_actions=3, hidden=16, action_dim=4)
+    obs = torch.randn(7, 5 + 3 * 4)
+    perm = [2, 0, 1]
+    blocks = obs[:, 5:].view(7, 3, 4)
+    swapped = torch.cat([obs[:, :5], blocks[:, perm].reshape(7, 12)], 1)
+    assert torch.allclose(net.logits(swapped), net.logits(obs)[:, perm], atol=1e-6)  # permuting blocks permutes logits
+    mask = torch.tensor([[True, False, True]] * 7)
+    assert (net.dist(obs, mask).probs[:, 1] == 0).all()
+    with pytest.raises(ValueError, match="action features"):
+        ActorCritic(obs_dim=5, n_actions=3, action_dim=4)
+
+
+def test_entropy_bonus_decays_linearly():
+    agent = PPO(4, 2, PPOConfig(entropy_coef=0.02, entropy_final=0.0), seed=0)
+    assert [agent.entropy_coef(u, 5) for u in range(5)] == pytest.approx([0.02, 0.015, 0.01, 0.005, 0.0])
