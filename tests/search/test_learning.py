@@ -24,7 +24,8 @@ def _env(mode: str):
 @pytest.mark.parametrize("mode,episodes", [("shaped", 48), ("episode", 192)])
 def test_ppo_finds_the_budgeted_optimum_and_beats_random(mode, episodes):
     ev, env = _env(mode)
-    agent = PPO(env.obs_dim(), 2, PPOConfig(episodes=episodes, checkpoint_every=0), seed=0,
+    lam = 0.5 if mode == "shaped" else 0.95  # end-only reward: credit must travel the whole episode
+    agent = PPO(env.obs_dim(), 2, PPOConfig(episodes=episodes, checkpoint_every=0, gae_lambda=lam), seed=0,
                 action_dim=env.action_feature_dim())
     res = agent.train(env, progress=False)
     rand = baselines.random_search(env, episodes, seed=1, progress=False)
