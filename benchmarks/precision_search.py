@@ -1,20 +1,26 @@
 """RL precision search on SmolLM2-135M-Instruct (CPU): searched recipe vs uniform, greedy and random.
 
-    .venv/bin/python -m benchmarks.precision_search [--episodes 128] [--threads 2] [--skip-calibrate]
+    .venv/bin/python -m benchmarks.precision_search [--menus default,servable] [--episodes 128]
+                                                    [--threads 1] [--reuse] [--skip-calibrate]
                                                     [--write-results] [--only-write]
 
-1. ``quarl.search.run_precision_search`` with the stage's defaults -- formats nf4-dq / nvfp4 /
-   int8-g64 / bf16, one decision per fused projection (qkv, o, gate_up, down: 120 units), RTN
-   weights, budget = uniform NVFP4's average bits on this model, reward KL(ref || quant), shaped
-   per-step credit, top-8 selection on a separate batch -- on GSM8K *train* worked answers: search
-   batch 4 x 128 tokens, selection batch the next 4 x 128, held-out batch 8 x 128 tokens of the last
-   fifth of the (shuffled) train answers, never used to choose. ``--episodes`` PPO episodes, random
-   search as many; attention entropy not measured (sdpa). The artifact (recipe, search.json,
-   report.md, reward_curve.png, formats.png) goes to ``benchmarks/results/precision_search/nvfp4/``.
-2. ``quarl.calibrate.run_calibrate`` (RTN) with the searched recipe and with every uniform format
-   of at most its bits (``--uniform``), then their held-out KL(ref || quant) and perplexity from
-   calibrate's own metrics on 8 x 128 tokens of GSM8K *test* answers: the "calibrate with the
-   searched recipe and eval it against uniform NVFP4 at equal bits".
+1. For each format menu (``--menus``): ``quarl.search.run_precision_search`` with the stage's
+   defaults -- one decision per fused projection (qkv, o, gate_up, down: 120 units), RTN weights,
+   budget = uniform NVFP4's average bits on this model, reward KL(ref || quant), shaped per-step
+   credit, top-8 selection on a separate batch -- on GSM8K *train* worked answers: search batch
+   4 x 128 tokens, selection batch the next 4 x 128, held-out batch 8 x 128 tokens of the last fifth
+   of the (shuffled) train answers, never used to choose. ``--episodes`` PPO episodes, random search
+   as many; attention entropy not measured (sdpa). Menus: ``default`` (the stage's formats: nf4-dq /
+   nvfp4 / int8-g64 / bf16) and ``servable`` (what export can write for vLLM, the pipeline's: mxfp4 /
+   nvfp4 / int8-g64 / bf16). Each artifact (recipe, search.json, report.md, reward_curve.png,
+   formats.png) goes to ``benchmarks/results/precision_search/<menu>/``.
+2. ``quarl.calibrate.run_calibrate`` (RTN) with each searched recipe and with uniform formats
+   (``--uniform``), then their held-out KL(ref || quant), NLL and perplexity from calibrate's own
+   metrics on 8 x 128 tokens of GSM8K *test* answers: the "calibrate with the searched recipe and
+   eval it against uniform NVFP4 at equal bits".
+
+Sizes: about 450 forward passes of 512 tokens per menu plus 6 calibrations: ~10 min per menu on an
+idle 2-core box; under the shared box's load it has taken 47 min (2 threads, oversubscribed).
 
 Results: ``benchmarks/results/precision_search.json`` (after every part), and
 ``--write-results`` rewrites the "## Precision search (CPU)" section of
@@ -43,45 +49,55 @@ RESULTS_MD = ROOT / "benchmarks/RESULTS.md"
 SECTION = "## Precision search (CPU)"
 
 
-def run_search(episodes: int, threads: int) -> dict:
+MENUS = {  # the formats a search may pick: the stage's default, and what export (compressed-tensors) can write
+    "default": None,
+    "servable": ["mxfp4", "nvfp4", "int8-g64", "bf16"],
+}
+
+
+def run_search(menu: str, episodes: int, threads: int) -> dict:
     from quarl.search import PrecisionSearchConfig
     from quarl.search.config import PPOConfig, SearchDataConfig
     from quarl.search.stage import run_precision_search
 
-    out = RESULTS / "precision_search" / "nvfp4"
+    out = RESULTS / "precision_search" / menu
+    ckpt = RESULTS / "precision_search" / f"{menu}.ckpt"
+    kw = {"formats": MENUS[menu]} if MENUS[menu] else {}
     cfg = PrecisionSearchConfig(
+        **kw,
         budget_format="nvfp4",
         ppo=PPOConfig(episodes=episodes),
         data=SearchDataConfig(path=str(GSM8K / "train.jsonl"), text_field="answer", num_samples=4, seq_len=128,
                               select_samples=4, heldout_samples=8),
         measure_entropy=False,  # sdpa attention: the shared 2-core box is the bottleneck
-        checkpoint_dir=str(RESULTS / "precision_search" / "nvfp4.ckpt"),
+        checkpoint_dir=str(ckpt),
         resume=False,
         threads=threads,
     )
     t0 = time.perf_counter()
     res = run_precision_search(cfg, model_uri="default", output_uri=str(out), overwrite=True)
     res["wall_s"] = time.perf_counter() - t0
+    res["formats"] = cfg.formats
     res["search_json"] = str((out / "search.json").relative_to(ROOT))
-    shutil.rmtree(RESULTS / "precision_search" / "nvfp4.ckpt", ignore_errors=True)
+    shutil.rmtree(ckpt, ignore_errors=True)
     return res
 
 
-def run_calibrations(recipe_dir: Path, uniform: list[str], done: dict) -> dict:
-    """RTN calibrate + held-out metrics for the searched recipe and each uniform format (skips those in done)."""
+def run_calibrations(jobs: list[tuple[str, str | None, str]], done: dict):
+    """RTN calibrate + held-out metrics for each (name, recipe dir or None, format); skips names in done."""
     from quarl.calibrate import CalibrateConfig, run_calibrate
     from quarl.calibrate.config import CalibDataConfig, HeldOutConfig
 
     rows = dict(done)
-    for name, recipe_uri, fmt in [("searched", str(recipe_dir), "nvfp4")] + [(f"uniform {f}", None, f)
-                                                                               for f in uniform]:
+    for name, recipe_uri, fmt in jobs:
         if name in rows:
             continue
         cfg = CalibrateConfig(method="rtn", format=fmt, device="cpu",
                               data=CalibDataConfig(path=str(GSM8K / "train.jsonl"), text_field="answer",
                                                    num_samples=8, seq_len=128),
                               eval=HeldOutConfig(path=str(GSM8K / "test.jsonl"), text_field="answer", num_samples=8))
-        out = RESULTS / "precision_search" / f"calibrated-{name.replace(' ', '-')}"
+        slug = name.replace(" (", "-").replace(")", "").replace(" ", "-")
+        out = RESULTS / "precision_search" / f"calibrated-{slug}"
         shutil.rmtree(out, ignore_errors=True)  # this benchmark's own output (kept: metrics.json, report.md)
         t0 = time.perf_counter()
         m = run_calibrate(cfg, model_uri="default", recipe_uri=recipe_uri, output_uri=str(out), overwrite=True)
@@ -105,34 +121,36 @@ def render(data: dict) -> str:
 
     lines = [SECTION, "",
              (f"`.venv/bin/python -m benchmarks.precision_search --write-results` -- {data['date']}, "
-              f"{data['machine']}; SmolLM2-135M-Instruct (fp32 reference). The stage's defaults: formats nf4-dq / "
-              "nvfp4 / int8-g64 / bf16, one decision per fused projection (qkv, o, gate_up, down of each of 30 "
-              "blocks: 120 units), RTN, budget = uniform NVFP4's average bits on this model, reward -KL(ref‖q) "
-              "(w_kl 1, w_perf 0, w_ent 0, w_mem 0.01) paid with priced per-step shaping, searched recipe = the best "
-              "of PPO's top 8 episodes on a separate selection batch. Search batch 4 x 128 tokens of GSM8K train "
-              "answers, selection batch the next 4 x 128; held-out batch 8 x 128 tokens of other GSM8K train "
-              "answers (never used to choose). Attention entropy not measured (sdpa, for speed). Every row "
-              "except the uniform ones respects the budget."), ""]
-    r = data.get("search")
-    if r:
+              f"{data['machine']}; SmolLM2-135M-Instruct (fp32 reference). The stage's defaults: one decision per "
+              "fused projection (qkv, o, gate_up, down of each of 30 blocks: 120 units), RTN, budget = uniform "
+              "NVFP4's average bits on this model, reward -KL(ref‖q) (w_kl 1, w_perf 0, w_ent 0, w_mem 0.01) paid "
+              "with priced per-step shaping, searched recipe = the best of PPO's top 8 episodes on a separate "
+              "selection batch. Two format menus: `default` (the stage's: nf4-dq / nvfp4 / int8-g64 / bf16) and "
+              "`servable` (what export can write as compressed-tensors for vLLM, the precision_search pipeline's: "
+              "mxfp4 / nvfp4 / int8-g64 / bf16; NF4 has no compressed-tensors format). Search batch 4 x 128 tokens "
+              "of GSM8K train answers, selection batch the next 4 x 128; held-out batch 8 x 128 tokens of other "
+              "GSM8K train answers (never used to choose). Attention entropy not measured (sdpa, for speed). "
+              "Every row except the uniform ones respects the budget."), ""]
+    for menu, r in data.get("searches", {}).items():
         s = json.loads((ROOT / r["search_json"]).read_text())
         sec = s["seconds"]
         rel = Path(r["search_json"]).parent.relative_to("benchmarks")
-        lines += [f"### Search: average bits <= {s['budget_bits']:.5f} (= uniform nvfp4)", "",
-                  (f"Search wall time {sec['total']:.0f} s: quantize every (linear, format) {sec['quantize']:.0f} s, "
-                   f"sensitivity table {sec['setup'] - sec['quantize']:.0f} s ({s['evaluations']['sensitivity']} "
-                   f"evaluations), random search {sec['random']:.0f} s, PPO {sec['ppo']:.0f} s; "
-                   f"{s['evaluations']['unique']} unique recipes measured, "
-                   f"{s['evaluations']['forward_equivalents']:.0f} forward-pass equivalents with the prefix cache. "
-                   f"PPO {len(s['ppo']['episode_returns'])} episodes ({s['ppo']['updates']} updates), random search "
-                   "as many; each selection re-measures its top 8 on the selection batch."), "",
+        lines += [(f"### Search, `{menu}` formats ({' / '.join(s['formats'])}): average bits <= "
+                   f"{s['budget_bits']:.5f} (= uniform nvfp4)"), "",
+                  (f"Search wall time {sec['total']:.0f} s ({r.get('threads', data.get('threads', '?'))} threads): "
+                   f"quantize every (linear, format) {sec['quantize']:.0f} s, sensitivity table "
+                   f"{sec['setup'] - sec['quantize']:.0f} s ({s['evaluations']['sensitivity']} evaluations), random "
+                   f"search {sec['random']:.0f} s, PPO {sec['ppo']:.0f} s; {s['evaluations']['unique']} unique "
+                   f"recipes measured, {s['evaluations']['forward_equivalents']:.0f} forward-pass equivalents with the "
+                   f"prefix cache. PPO {len(s['ppo']['episode_returns'])} episodes ({s['ppo']['updates']} updates), "
+                   "random search as many; each selection re-measures its top 8 on the selection batch."), "",
                   comparison_markdown(s["comparison"]),
                   (f"Reward curve: [`reward_curve.png`]({rel}/reward_curve.png); per-unit formats: "
                    f"[`formats.png`]({rel}/formats.png); searched recipe: [`recipe.yaml`]({rel}/recipe.yaml)."), ""]
         lines += _learning(s) + [""] + _observations(s) + [""]
     c = data.get("calibrate")
     if c:
-        lines += ["### Calibrate with the searched recipe vs uniform formats of at most its bits", "",
+        lines += ["### Calibrate with the searched recipes vs uniform formats", "",
                   ("`run_calibrate` RTN (the calibration windows are unused by RTN); held-out: 8 x 128 tokens of "
                    "GSM8K *test* answers (calibrate's own KL(ref‖q), NLL and perplexity)."), "",
                   "| recipe | quantized-linear avg bits | model MiB | held-out KL(ref‖q) | NLL | ppl | ref ppl | seconds |",
@@ -140,19 +158,20 @@ def render(data: dict) -> str:
         for name, v in c.items():
             lines.append(f"| {name} | {v['linear_avg_bits']:.5f} | {v['total_mib']:.1f} | {v['kl']:.4f} | "
                          f"{v['nll']:.4f} | {v['ppl']:.3f} | {v['ref_ppl']:.3f} | {v['seconds']:.0f} |")
-        a = c.get("searched")
-        if a:
+        for me, a in c.items():
+            if not me.startswith("searched"):
+                continue
             lines.append("")
             for name, v in c.items():
-                if name == "searched":
+                if name.startswith("searched"):
                     continue
                 bits = "equal or more bits" if v["linear_avg_bits"] >= a["linear_avg_bits"] - 1e-9 else \
                     "FEWER bits (not an equal-bits comparison)"
                 kl = "lower" if a["kl"] < v["kl"] else "NOT lower"
                 nll = "lower" if a["nll"] < v["nll"] else "NOT lower"
-                lines.append(f"- vs {name} ({v['linear_avg_bits']:.5f} bits, {bits}): KL {a['kl']:.4f} vs "
-                             f"{v['kl']:.4f} ({kl}, {100 * (a['kl'] / v['kl'] - 1):+.1f}%), NLL {a['nll']:.4f} vs "
-                             f"{v['nll']:.4f} ({nll}).")
+                lines.append(f"- {me} ({a['linear_avg_bits']:.5f} bits) vs {name} ({v['linear_avg_bits']:.5f} bits, "
+                             f"{bits}): KL {a['kl']:.4f} vs {v['kl']:.4f} ({kl}, {100 * (a['kl'] / v['kl'] - 1):+.1f}%), "
+                             f"NLL {a['nll']:.4f} vs {v['nll']:.4f} ({nll}).")
     return "\n".join(lines) + "\n"
 
 
@@ -211,11 +230,13 @@ def write_results(data: dict) -> None:
 
 def main() -> None:
     ap = argparse.ArgumentParser()
+    ap.add_argument("--menus", default="default,servable", help=f"format menus to search: {', '.join(MENUS)}")
     ap.add_argument("--episodes", type=int, default=128)
-    ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--uniform", default="nvfp4,nf4,int4-g64-sym",
-                    help="uniform formats to calibrate beside the searched recipe")
-    ap.add_argument("--skip-search", action="store_true", help="reuse the last search (calibrate only)")
+    ap.add_argument("--threads", type=int, default=1,
+                    help="torch threads (1: on a shared 2-core box 2 threads oversubscribe and run ~2x slower)")
+    ap.add_argument("--uniform", default="nvfp4,nf4,mxfp4,int4-g64-sym",
+                    help="uniform formats to calibrate beside the searched recipes")
+    ap.add_argument("--reuse", action="store_true", help="keep searches and calibrations already in the JSON")
     ap.add_argument("--skip-calibrate", action="store_true")
     ap.add_argument("--write-results", action="store_true", help="rewrite the RESULTS.md section")
     ap.add_argument("--only-write", action="store_true", help="do not run; just rewrite RESULTS.md")
@@ -225,20 +246,27 @@ def main() -> None:
         return
     logging.basicConfig(level=logging.INFO)
     torch.set_num_threads(a.threads)
-    data = json.loads(OUT_JSON.read_text()) if OUT_JSON.exists() and a.skip_search else {}
-    data["machine"] = f"{platform.processor() or platform.machine()}, {a.threads} threads (2 shared cores)"
+    data = json.loads(OUT_JSON.read_text()) if OUT_JSON.exists() and a.reuse else {}
+    data["machine"] = f"{platform.processor() or platform.machine()} (2 shared cores)"
     data["date"] = datetime.now(UTC).strftime("%Y-%m-%d")
-    if not a.skip_search:
-        data["search"] = run_search(a.episodes, a.threads)
+    searches, calib = data.setdefault("searches", {}), data.setdefault("calibrate", {})
+    for menu in a.menus.split(","):
+        if menu not in MENUS:
+            raise SystemExit(f"unknown menu {menu!r}; choose from {', '.join(MENUS)}")
+        if menu in searches and a.reuse:
+            continue
+        searches[menu] = run_search(menu, a.episodes, a.threads) | {"threads": a.threads}
+        calib.pop(f"searched ({menu})", None)  # a new search: its calibration is stale
         OUT_JSON.write_text(json.dumps(data, indent=1, default=str))
     if not a.skip_calibrate:
-        done = {k: v for k, v in data.get("calibrate", {}).items() if k != "searched"} if a.skip_search else {}
-        for rows in run_calibrations(RESULTS / "precision_search" / "nvfp4", a.uniform.split(","), done):
-            data["calibrate"] = rows
+        jobs = [(f"searched ({m})", str(ROOT / Path(searches[m]["search_json"]).parent), "nvfp4") for m in searches]
+        jobs += [(f"uniform {f}", None, f) for f in a.uniform.split(",")]
+        for rows in run_calibrations(jobs, calib if a.reuse else {}):
+            data["calibrate"] = {n: rows[n] for n, _, _ in jobs if n in rows}
             OUT_JSON.write_text(json.dumps(data, indent=1, default=str))
     if a.write_results:
         write_results(data)
-    print(json.dumps({k: v for k, v in data.items() if k != "search"}, indent=1, default=str))
+    print(json.dumps({k: v for k, v in data.items() if k != "searches"}, indent=1, default=str))
 
 
 if __name__ == "__main__":
