@@ -172,7 +172,10 @@ def render(data: dict) -> str:
                 lines.append(f"- {me} ({a['linear_avg_bits']:.5f} bits) vs {name} ({v['linear_avg_bits']:.5f} bits, "
                              f"{bits}): KL {a['kl']:.4f} vs {v['kl']:.4f} ({kl}, {100 * (a['kl'] / v['kl'] - 1):+.1f}%), "
                              f"NLL {a['nll']:.4f} vs {v['nll']:.4f} ({nll}).")
-    return "\n".join(lines) + "\n"
+        lines.append("")
+    if data.get("pipeline_run"):
+        lines += _pipeline(data["pipeline_run"])
+    return "\n".join(lines).rstrip("\n") + "\n"
 
 
 def _learning(s: dict) -> list[str]:
@@ -215,6 +218,27 @@ def _observations(s: dict) -> list[str]:
     return out
 
 
+def pipeline_times(summary: dict) -> dict:
+    """What RESULTS.md shows of a local pipeline run: status, wall time, each step's seconds and key metrics."""
+    keep = ("searched.avg_bits", "searched.kl", "quality.kl", "quality.ppl", "benchmarks.heldout.accuracy")
+    steps = [{"step": s["step"], "status": s["status"], "seconds": s["seconds"],
+              "metrics": {k: v for k, v in (s.get("metrics") or {}).items() if k in keep}} for s in summary["steps"]]
+    return {"status": summary["status"], "wall_seconds": summary["wall_seconds"], "profile": summary["profile"],
+            "model": summary["model"], "steps": steps}
+
+
+def _pipeline(p: dict) -> list[str]:
+    out = ["### `quarl run precision_search` (local profile)", "",
+           (f"{p['status']} in {p['wall_seconds']:.0f} s on the idle 2-core box (profile {p['profile']}, model "
+            f"{p['model']}: a block-granularity search of 32 episodes on 2 x 32 tokens with the servable formats, "
+            "GPTQ on 4 x 64 tokens, greedy eval of the 16 eval problems, export to compressed-tensors)."), "",
+           "| step | status | seconds | metrics |", "|---|---|---:|---|"]
+    for s in p["steps"]:
+        m = ", ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in s["metrics"].items())
+        out.append(f"| {s['step']} | {s['status']} | {s['seconds']:.1f} | {m} |")
+    return out + [""]
+
+
 def write_results(data: dict) -> None:
     text = RESULTS_MD.read_text()
     body = render(data)
@@ -240,7 +264,13 @@ def main() -> None:
     ap.add_argument("--skip-calibrate", action="store_true")
     ap.add_argument("--write-results", action="store_true", help="rewrite the RESULTS.md section")
     ap.add_argument("--only-write", action="store_true", help="do not run; just rewrite RESULTS.md")
+    ap.add_argument("--pipeline-summary", type=Path,
+                    help="record the step times of a `quarl run precision_search` (its runs/<id>/summary.json)")
     a = ap.parse_args()
+    if a.pipeline_summary:
+        data = json.loads(OUT_JSON.read_text())
+        data["pipeline_run"] = pipeline_times(json.loads(a.pipeline_summary.read_text()))
+        OUT_JSON.write_text(json.dumps(data, indent=1, default=str))
     if a.only_write:
         write_results(json.loads(OUT_JSON.read_text()))
         return
