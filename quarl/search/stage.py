@@ -2,19 +2,25 @@
 
     run_precision_search(cfg, model_uri=..., data_uri=None, output_uri=...) -> metrics
 
-1. two fixed token batches: the *search* batch (every reward is measured on
-   it) and a *held-out* batch (only for the final comparison table); from the
-   data_prep artifact's train and eval splits, or ``data.path``;
+1. three fixed token batches: the *search* batch (every reward is measured
+   on it), the *selection* batch (the next windows of the same text: the
+   search's top recipes are re-measured there) and a *held-out* batch (only
+   for the final comparison table); from the data_prep artifact's train and
+   eval splits, or ``data.path``;
 2. decision units (``granularity``) and every (linear, format) weight,
-   quantized once (``quarl.search.measure``);
+   quantized once (``quarl.search.measure``); the budget (``budget_bits``, or
+   uniform ``budget_format``'s bits on this model);
 3. the single-unit sensitivity table (each unit alone in each format): the
-   greedy baseline's ranking and part of the agent's observation;
+   greedy baseline's ranking, the shaped per-step reward and part of the
+   agent's observation;
 4. baselines: uniform recipes, greedy at the budget, random search with as
    many episodes as the agent;
 5. PPO (``quarl.search.ppo``) on :class:`~quarl.search.env.PrecisionEnv`,
    checkpointed every update under ``checkpoint_dir`` (resumed when present);
-   the best episode is the searched recipe;
-6. every recipe measured again on the held-out batch; the artifact holds
+6. selection: the ``select_top`` best distinct episodes of the agent (and of
+   random search) re-measured on the selection batch; the best there is the
+   searched recipe (the search batch's very best is partly its noise);
+7. every recipe measured again on the held-out batch; the artifact holds
    ``recipe.yaml`` (a quarl.quant recipe: ``calibrate --recipe`` / the
    ``recipe`` input), ``search.json`` (everything measured), ``report.md``,
    ``reward_curve.png`` and ``formats.png``.
@@ -174,6 +180,7 @@ def search(cfg: PrecisionSearchConfig, model, tok, search_ids: torch.Tensor, hel
         "assignment": {u.name: cfg.formats[a] for u, a in zip(units, best, strict=True)},
         "units": [{"name": u.name, "pattern": u.pattern, "kind": u.kind, "params": u.params} for u in units],
         "formats": cfg.formats,
+        "granularity": cfg.granularity,
         "bits": ev.bits,
         "reference": {"loss": ev.ref.loss, "entropy": ev.ref.entropy},
         "sensitivity_kl": [[m.kl for m in r] for r in sens] if sens else None,
@@ -200,10 +207,12 @@ def _report(out: dict, model_uri: str) -> str:
         f"# Precision search: {model_uri}",
         "",
         (f"- formats: {', '.join(out['formats'])}; budget: {out['budget_bits']} average bits; "
-        f"{len(out['units'])} units ({out['units'][0]['kind']} granularity)"),
-        f"- search batch {out['search_batch']} tokens, held-out batch {out['heldout_batch']}",
+        f"{len(out['units'])} units ({out['granularity']} granularity)"),
+        (f"- search batch {out['search_batch']} tokens, selection batch {out['select_batch']}, held-out batch "
+         f"{out['heldout_batch']}"),
         (f"- PPO: {len(out['ppo']['episode_returns'])} episodes, best R = {out['ppo']['best_return']:.4f}; "
         f"wall time {s['total']:.0f} s (setup {s['setup']:.0f}, random {s['random']:.0f}, PPO {s['ppo']:.0f})"),
+        f"- searched recipe: {out['searched']}",
         (f"- evaluations: {out['evaluations']['unique']} unique recipes, "
         f"{out['evaluations']['forward_equivalents']:.0f} forward-pass equivalents"),
         "",
