@@ -143,7 +143,7 @@ def search(cfg: PrecisionSearchConfig, model, tok, search_ids: torch.Tensor, hel
     t1 = time.perf_counter()
     if "greedy" in cfg.baselines:
         cost = [[-e for e in r] for r in env.est]
-        row("greedy (sensitivity)", baselines.greedy(ev.bits, ev.params, cost, budget), n_sens + 1)
+        row("greedy (sensitivity)", baselines.greedy(ev.bits, ev.params, cost, budget), f"{n_sens} sens. + 1")
     t_greedy = time.perf_counter() - t1
     t1 = time.perf_counter()
     rand, rand_scored = None, []
@@ -159,12 +159,13 @@ def search(cfg: PrecisionSearchConfig, model, tok, search_ids: torch.Tensor, hel
     res = agent.train(env, checkpoint=checkpoint, progress=progress)
     t_ppo = time.perf_counter() - t1
     greedy_traj, _ = agent.run_episode(env, greedy=True)
+    sens_n = f"{n_sens} sens. + " if sens is not None else ""  # the agent's shaping and observation use the table
     cands = _top(res.episode_returns, res.episode_actions, k)
     best, ppo_scored = select(ev, select_ids, cands, cfg.reward)
     if ppo_scored:
-        row("PPO (selected)", best, f"{cfg.ppo.episodes} + {len(ppo_scored)} sel.")
-    row("PPO (best episode)", res.best_actions, cfg.ppo.episodes)
-    row("PPO policy (argmax)", tuple(greedy_traj["act"]), 1)
+        row("PPO (selected)", best, f"{sens_n}{cfg.ppo.episodes} + {len(ppo_scored)} sel.")
+    row("PPO (best episode)", res.best_actions, f"{sens_n}{cfg.ppo.episodes}")
+    row("PPO policy (argmax)", tuple(greedy_traj["act"]), f"{sens_n}{cfg.ppo.episodes} + 1")
     searched = "PPO (selected)" if ppo_scored else "PPO (best episode)"
     if held_ids is not None:
         ref_h = ev.reference_on(held_ids)
