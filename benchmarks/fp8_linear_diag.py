@@ -4,9 +4,11 @@
 
 1. Which compiled quantizer differs from the eager one (bytes that differ), per quantizer.
 2. One decoder layer (Qwen2.5-7B shapes) forward + backward at M tokens: eager-launched
-   (CUDA events; includes host gaps) with compiled and with eager quantizers, and the same
+   (CUDA events; includes host gaps) with the fused (Triton), compiled and eager quantizers
+   (``QUARL_FP8_QUANT``), and the same
    step captured in a CUDA graph (GPU time only, no host overhead), FP8 vs BF16.
-3. The CUDA kernels of one FP8 forward + backward of the gate projection, by total time.
+3. The CUDA kernels of one FP8 forward + backward of the gate projection, by total time
+   (fused quantizers; ``PROFILE_QUANT=eager`` for the earlier profile).
 """
 
 from __future__ import annotations
@@ -90,10 +92,10 @@ def main() -> None:
     print(json.dumps(res["bit_identity"]), flush=True)
     for m in (int(t) for t in args.tokens.split(",")):
         row = {"model": "Qwen2.5-7B", "tokens": m}
-        for kind, comp in (("bf16", "1"), ("fp8", "1"), ("fp8", "0")):
-            os.environ["QUARL_FP8_COMPILE"] = comp
+        for kind, quant in (("bf16", "triton"), ("fp8", "triton"), ("fp8", "compile"), ("fp8", "eager")):
+            os.environ["QUARL_FP8_QUANT"] = quant
             step = layer_step(kind, m, "Qwen2.5-7B")
-            key = kind if kind == "bf16" else f"fp8_compile{comp}"
+            key = kind if kind == "bf16" else f"fp8_{quant}"
             row[f"{key}_eager_ms"] = cuda_time(step, args.iters)
             try:
                 row[f"{key}_graph_ms"] = graphed(step, args.iters)
@@ -103,7 +105,7 @@ def main() -> None:
             torch.cuda.empty_cache()
         res["layer"].append(row)
         print(json.dumps(row), flush=True)
-    os.environ["QUARL_FP8_COMPILE"] = "0"
+    os.environ["QUARL_FP8_QUANT"] = os.environ.get("PROFILE_QUANT", "triton")
     x = torch.randn(8192, 3584, device="cuda", dtype=torch.bfloat16, requires_grad=True)
     w = torch.nn.Parameter(torch.randn(18944, 3584, device="cuda", dtype=torch.bfloat16) * 0.02)
     g = torch.randn(8192, 18944, device="cuda", dtype=torch.bfloat16)

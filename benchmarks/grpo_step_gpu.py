@@ -33,11 +33,12 @@ depend on the order in which they are made. Two constructions
 * **dense**: the whole BF16 model is materialized, then the trainer quantizes it
   (``policy.format``) and adds LoRA;
 * **stream**: the model stays on the meta device and is materialized one decoder
-  layer at a time, each layer quantized with ``quarl.quant.quantize_model`` (the
-  call the trainer makes, same recipe) before the next exists; embeddings,
-  final norm and ``lm_head`` stay BF16 as the trainer leaves them. The trainer
-  then takes the model as a pre-quantized (calibrated-style) checkpoint:
-  ``build_policy`` attaches LoRA without quantizing again. Peak while building =
+  layer at a time, each layer quantized with the policy's recipe before the next
+  exists -- the library's :func:`quarl.quant.stream.build_streamed`, which ``quarl
+  rl`` runs on a real checkpoint with ``policy.load=stream`` (here its fill draws
+  random weights); embeddings, final norm and ``lm_head`` stay BF16 as the trainer
+  leaves them. ``build_policy`` sees a base quantized with its own recipe and
+  only attaches LoRA. Peak while building =
   final model + one BF16 layer + quantization temporaries, instead of the whole
   BF16 model: 32B in BF16 is ~61 GiB, which on an 80 GB GPU would leave nothing
   for the step. Same weights, same packed tensors, same LoRA init as dense
@@ -182,43 +183,26 @@ def init_params(module: torch.nn.Module, prefix: str, seed: int) -> None:
 
 @torch.no_grad()
 def build_model(cfg, device: str, dtype=torch.bfloat16, seed: int = 0, quant_format: str | None = None):
-    """Random Qwen2 model on ``device``, never on the host.
+    """Random Qwen2 model on ``device``, never on the host, built by the library's streamed
+    construction (:func:`quarl.quant.stream.build_streamed`, what ``quarl rl`` runs with
+    ``policy.load=stream``) with a fill that draws seeded random weights instead of reading a
+    checkpoint: embeddings, final norm and ``lm_head`` first, then one decoder layer at a time.
 
-    ``quant_format=None``: dense -- every parameter materialized at once (the trainer quantizes later).
-    ``quant_format="nvfp4"`` (any quarl.quant spec): streamed -- embeddings, final norm and
-    ``lm_head`` are materialized in ``dtype``, then each decoder layer in turn is materialized,
-    filled and quantized with ``quantize_model(layer, {"default": quant_format})``, so at most
-    one layer exists in ``dtype`` at a time. The model carries ``quarl_recipe`` as a model that
-    ``quantize_model`` produced would.
+    ``quant_format=None``: dense -- every layer stays in ``dtype`` (the trainer quantizes later).
+    ``quant_format="nvfp4"`` (any quarl.quant spec): each layer is quantized with
+    ``{"default": quant_format}`` as soon as it is filled, so at most one layer exists in
+    ``dtype`` at a time; the model carries ``quarl_recipe`` as ``quantize_model`` leaves it, and
+    the trainer's ``build_policy`` only adds LoRA.
     """
-    from transformers import AutoModelForCausalLM
+    from quarl.quant.stream import build_streamed, empty_model
 
-    from quarl.quant import QuantRecipe, quantize_model
+    def fill(module: torch.nn.Module, prefix: str) -> None:
+        module.to_empty(device=device)
+        init_params(module, prefix, seed)
 
-    with torch.device("meta"):
-        model = AutoModelForCausalLM.from_config(cfg, dtype=dtype)
-    base = model.model
-    if quant_format is None:
-        model.to_empty(device=device)
-        init_params(model, "", seed)
-    else:
-        recipe = QuantRecipe.load({"default": quant_format})
-        for prefix in ("model.embed_tokens", "model.norm", "lm_head"):
-            part = model.get_submodule(prefix)
-            part.to_empty(device=device)
-            init_params(part, prefix, seed)
-        for i, layer in enumerate(base.layers):
-            layer.to_empty(device=device)
-            init_params(layer, f"model.layers.{i}", seed)
-            quantize_model(layer, recipe)  # the layer's BF16 linears are dropped here
-            del layer.quarl_recipe  # the recipe belongs to the whole model (below)
-        model.quarl_recipe = recipe.to_dict()
-    rotary = base.rotary_emb  # non-persistent buffers are empty after to_empty (or still meta): rebuild on the device
-    with torch.device(device):
-        base.rotary_emb = type(rotary)(config=cfg)
+    model = empty_model(cfg, dtype)
+    build_streamed(model, fill, None if quant_format is None else {"default": quant_format}, device=device)
     for name, t in list(model.named_parameters()) + list(model.named_buffers()):
-        if t.is_meta:
-            raise RuntimeError(f"{name} is still on the meta device after build_model; materialize it there")
         if t.is_floating_point() and t.dtype.itemsize > 1 and not torch.isfinite(t).all():
             raise RuntimeError(f"{name} is not initialised after to_empty; rebuild it in build_model")
     model.generation_config.eos_token_id = EOS

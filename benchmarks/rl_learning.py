@@ -54,11 +54,20 @@ POLICIES: dict[str, tuple[list[str], str | None]] = {
     "bf16-lora": (["policy.format=bf16", "aqn.enabled=false"], None),
     "nvfp4-lora": (["policy.format=nvfp4", "aqn.enabled=false"], "nvfp4"),
     "nvfp4-lora-aqn": (["policy.format=nvfp4", "aqn.enabled=true"], "nvfp4"),
+    # Jet-RL's three precision flows (quarl/rl/precision.py), LoRA r32 on the same base and seed:
+    # BF16 train + rollout; BF16 train + FP8-cast rollout (evaluated in BF16, the precision it was
+    # trained in); FP8 train + rollout on a frozen FP8 base (evaluated on that FP8 base, act quant on)
+    "bf16": (["precision.mode=bf16", "aqn.enabled=false"], None),
+    "fp8-rollout": (["precision.mode=fp8-rollout", "aqn.enabled=false"], None),
+    "jetrl": (["precision.mode=jetrl", "aqn.enabled=false"], "fp8-jetrl"),
 }
+# eval bases that a format spec cannot name: their eval overrides
+EVAL_BASES = {"fp8-jetrl": ["quant=null", "quant_recipe={default: fp8-block, act_quant: fp8-1x128}"]}
 DAPO = ["algo.algo=dapo"]
 CURVE_KEYS = ("reward/mean", "reward/accuracy", "policy/entropy", "response/length_mean",
               "response/truncated_fraction", "grad_norm", "policy/clip_fraction", "aqn/sigma",
-              "mismatch/abs_logprob_diff", "time/rollout_s", "time/logprob_s", "time/update_s", "time/step_s",
+              "mismatch/abs_logprob_diff", "mismatch/max_abs_logprob_diff", "mismatch/kl",
+              "mismatch/ratio_outside_0.5_2", "time/rollout_s", "time/logprob_s", "time/update_s", "time/step_s",
               "rollout/tokens_per_s", "update/skipped", "sampling/rounds")
 
 
@@ -100,13 +109,14 @@ def rl_overrides(args, name: str) -> list[str]:
 
 
 def eval_overrides(args, quant: str | None) -> list[str]:
+    base = EVAL_BASES.get(quant, [f"quant={quant or 'null'}"])
     return [
         f"benchmarks=[{{name: heldout, source: dataset, template: dataset, max_problems: {args.eval_problems}}}]",
         "sampling.greedy=true",
         f"sampling.max_new_tokens={args.max_new_tokens}",
         "sampling.batch_size=256",
         f"device={args.device}",
-        f"quant={quant or 'null'}",
+        *base,
     ]
 
 
@@ -133,20 +143,20 @@ def job(args) -> None:
         cfg = load_config(EvalConfig, None, eval_overrides(args, quant))
         out = work / "eval" / f"base-{name}"
         if not _complete(out):
-            run_eval(cfg, model_uri="default", data_uris={"heldout": args.data}, output_uri=str(out), progress=False)
+            run_eval(cfg, model_uri=args.model, data_uris={"heldout": args.data}, output_uri=str(out), progress=False)
         timings["eval_s"] = time.time() - t0
     else:
         out = work / "rl" / name
         if not _complete(out):
             cfg = load_config(RLConfig, None, rl_overrides(args, name))
-            run_rl(cfg, model_uri="default", data_uri=args.data, output_uri=str(out))
+            run_rl(cfg, model_uri=args.model, data_uri=args.data, output_uri=str(out))
         timings["train_s"] = time.time() - t0
         t1 = time.time()
         _, quant = policy_spec(name)
         ev = work / "eval" / name
         if not _complete(ev):
             cfg = load_config(EvalConfig, None, eval_overrides(args, quant))
-            run_eval(cfg, model_uri="default", data_uris={"heldout": args.data}, adapter_uri=str(out),
+            run_eval(cfg, model_uri=args.model, data_uris={"heldout": args.data}, adapter_uri=str(out),
                      output_uri=str(ev), progress=False)
         timings["eval_s"] = time.time() - t1
     if torch.cuda.is_available():
@@ -226,8 +236,11 @@ def collect(args, policies: list[str]) -> dict:
                          trained_mean_tokens=t["mean_tokens"])
             entry["base_accuracy_by_level"] = per_level(args.data, base)
             entry["trained_accuracy_by_level"] = per_level(args.data, ev)
-        if (run / "metrics.jsonl").exists():
-            rows = read_metrics(run / "metrics.jsonl")
+        mf = run / "metrics.jsonl"
+        if not mf.exists():  # stopped before the artifact was written: the live log in the work directory
+            mf = run.parent / (run.name + ".work") / "metrics.jsonl"
+        if mf.exists():
+            rows = read_metrics(mf)
             entry["curves"] = {k: [r.get(k) for r in rows] for k in ("step", *CURVE_KEYS)}
         sf = run / "summary.json"
         if sf.exists():
@@ -260,6 +273,8 @@ def plot(res: dict, path: Path) -> None:
               ("reward/accuracy", "train accuracy (mean of the step's answers)"),
               ("policy/entropy", "policy entropy (nats/token)"),
               ("response/length_mean", "response length (tokens)"), ("time/step_s", "step time (s)")]
+    if any(any(x for x in (e.get("curves") or {}).get("mismatch/abs_logprob_diff") or [] if x) for e in res["policies"]):
+        panels.insert(2, ("mismatch/abs_logprob_diff", "rollout/train mismatch, mean |d log p|"))
     fig, axes = plt.subplots(1, len(panels), figsize=(4.4 * len(panels), 3.6))
     for ax, (key, title) in zip(axes, panels):
         for e in res["policies"]:
@@ -267,10 +282,14 @@ def plot(res: dict, path: Path) -> None:
             if c and c.get(key):
                 ax.plot(c["step"], _smooth(c[key]), label=e["policy"], lw=1.4)
         ax.set_title(title, fontsize=10)
+        if key.startswith("mismatch/"):
+            ax.set_yscale("log")  # bf16 ~1e-3, FP8 flows ~1e-2..1e-1
         ax.set_xlabel("step")
         ax.grid(alpha=0.3)
     axes[0].legend(fontsize=8)
-    fig.suptitle(f"GRPO on SmolLM2-135M-Instruct, task {res['task']} (10-step moving mean)", fontsize=11)
+    model = res.get("settings", {}).get("model", "default")
+    model = "SmolLM2-135M-Instruct" if model == "default" else model
+    fig.suptitle(f"GRPO on {model}, task {res['task']} (10-step moving mean)", fontsize=11)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
 
@@ -345,6 +364,7 @@ def main(argv=None) -> None:
     ap.add_argument("--seed", type=int, default=2025)
     ap.add_argument("--eval-problems", type=int, default=500)
     ap.add_argument("--device", default="cuda")
+    ap.add_argument("--model", default="default", help="model for training and eval (tiny-qwen2: a CPU dry run)")
     ap.add_argument("--parallel", type=int, default=4, help="processes on the GPU at once")
     ap.add_argument("--rl-set", action="append", default=[], help="extra rl override key=value (repeatable)")
     ap.add_argument("--work", default="runs/bench/rl_learning")
@@ -364,7 +384,8 @@ def main(argv=None) -> None:
         bases = sorted({f"base:{policy_spec(p)[1] or 'bf16'}" for p in policies})
         run_jobs(args, ([] if args.bases_only else [f"train:{p}" for p in policies]) + bases)
     res = collect(args, policies)
-    res["wall_s"] = round(time.time() - t0, 1)
+    if not args.report_only:
+        res["wall_s"] = round(time.time() - t0, 1)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     stem = args.name or f"rl_learning_{args.task}"

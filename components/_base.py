@@ -35,22 +35,28 @@ from kfp import dsl
 from quarl_components.images import IMAGES
 
 from quarl.pipeline.stages import Resources, StageSpec, get_stage
+from quarl.pipeline.trainjob import S3_KEYS, S3_SECRET, WAIT_MARGIN_S
 
-__all__ = ["S3_SECRET", "S3_SECRET_KEYS", "SCRATCH", "configure_task", "stage_component"]
+__all__ = ["LAUNCHER", "S3_SECRET", "S3_SECRET_KEYS", "SCRATCH", "configure_task", "launcher_resources",
+           "stage_component", "stage_launcher"]
 
-# The namespace secret holding S3 access (template: manifests/s3-secret.yaml).
-S3_SECRET = "quarl-s3"
-S3_SECRET_KEYS = {k: k for k in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_ENDPOINT_URL", "AWS_REGION")}
+# The namespace secret holding S3 access (template: manifests/s3-secret.template.yaml); TrainJob nodes get
+# the same keys (quarl.pipeline.trainjob).
+S3_SECRET_KEYS = {k: k for k in S3_KEYS}
+# The pod of a step that runs as a TrainJob: it resolves the config, creates the job, follows its logs.
+LAUNCHER = Resources(image="cpu", cpu="1", memory="2Gi")
+# The launcher pod's deadline: past the TrainJob's, and past the launcher's own wait for it.
+SCHEDULING_MARGIN_S = 2 * WAIT_MARGIN_S
 SCRATCH = "/scratch"  # emptyDir for the model/artifact cache (QUARL_CACHE): keeps the container layer small
 
 
 
-def _check_signature(spec: StageSpec, func: Callable) -> None:
+def _check_signature(spec: StageSpec, func: Callable, launcher: bool = False) -> None:
     """The component's parameters are exactly what the spec and the config derive: names, types, defaults."""
-    from quarl.pipeline.codegen import component_args
+    from quarl.pipeline.codegen import component_args, launcher_args
 
     params = inspect.signature(func).parameters
-    want = component_args(spec)
+    want = launcher_args(spec) if launcher else component_args(spec)
     fix = "; run `quarl compile --all` (the component is generated from the stage's spec.py and its config)"
     if [a.name for a in want] != list(params):
         raise TypeError(f"component {func.__name__} does not match StageSpec {spec.name!r}: parameters "
@@ -86,6 +92,26 @@ def stage_component(stage: str) -> Callable:
         return dsl.component(func=func, base_image=IMAGES[spec.resources.image].ref, install_kfp_package=False)
 
     return deco
+
+
+def stage_launcher(stage: str) -> Callable:
+    """Decorator: the stage's TrainJob launcher (``components/<stage>/launcher.py``), a component in the CPU image."""
+    spec = get_stage(stage)
+    if not spec.distributed:
+        raise TypeError(f"stage {stage} has no launcher: its spec.py does not declare distributed=True")
+
+    def deco(func: Callable):
+        _check_signature(spec, func, launcher=True)
+        return dsl.component(func=func, base_image=IMAGES[LAUNCHER.image].ref, install_kfp_package=False)
+
+    return deco
+
+
+def launcher_resources(res: Resources) -> Resources:
+    """The launcher pod of a step whose ``res`` go to its TrainJob: small, no GPU, the step's retries."""
+    return LAUNCHER.with_(retries=res.retries, backoff=res.backoff, backoff_factor=res.backoff_factor,
+                          backoff_max=res.backoff_max,
+                          timeout_s=res.timeout_s + SCHEDULING_MARGIN_S if res.timeout_s else 0)
 
 
 def configure_task(task: dsl.PipelineTask, step: str, res: Resources) -> dsl.PipelineTask:

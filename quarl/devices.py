@@ -7,6 +7,9 @@ bf16 there (fp32 on CPU, where bf16 matmuls are not faster and only lose precisi
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
+
 import torch
 
 DTYPES = {
@@ -51,3 +54,18 @@ def resolve_dtype(name: str, device: torch.device, *, key: str = "dtype",
         return DTYPES[name]
     except KeyError:
         raise error(f"{key}={name!r} is not a dtype; use one of {', '.join(DTYPES)} or auto") from None
+
+
+@contextlib.contextmanager
+def cpu_threads(n: int) -> Iterator[None]:
+    """torch's intra-op CPU threads set to ``n`` inside the block and restored after; ``n <= 0`` keeps them.
+
+    On a shared host, OpenMP threads spin against other jobs: the local qad DAG's RTN calibrate step
+    measured 177 CPU-seconds with 2 threads on a loaded 2-core machine and 20 with 1."""
+    old = torch.get_num_threads()
+    if n > 0:
+        torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(old)

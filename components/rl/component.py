@@ -22,6 +22,7 @@ def rl(
     algo: str = "grpo",
     mode: str = "lora",
     format: str = "nvfp4",
+    load: str = "auto",
     lora_r: int = 32,
     lr: float = 1e-05,
     optimizer: str = "adamw8bit",
@@ -52,6 +53,8 @@ def rl(
         algo: grpo | dapo.
         mode: lora (quantized frozen base + LoRA) | full (every weight, high precision).
         format: base weight format: nvfp4 (QeRL), mxfp4, nf4 (QLoRA), fp8-block, bf16.
+        load: how the base is loaded: auto (stream a quantized base on CUDA) | dense | stream (layer by layer, each
+            layer quantized as read: 32B on one 80 GB GPU).
         lora_r: LoRA rank.
         lr: learning rate.
         optimizer: adamw8bit (bitsandbytes, CUDA) | adamw.

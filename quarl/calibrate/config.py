@@ -85,6 +85,7 @@ class CalibrateConfig:
     gptq: GPTQConfig = field(default_factory=GPTQConfig)
     awq: AWQConfig = field(default_factory=AWQConfig)
     device: str = "auto"  # auto | cpu | cuda | cuda:N
+    threads: int = 0  # torch CPU threads for the run (0: torch's default, one per core; 1 on a shared host)
     dtype: str = "float32"  # compute dtype of the model during calibration
     propagate_quantized: bool = True  # feed each block the outputs of the quantized blocks before it
     save_dtype: str | None = None  # dense tensors in the checkpoint (None: the compute dtype)
@@ -100,6 +101,8 @@ class CalibrateConfig:
         if self.recipe is not None:
             QuantRecipe.load(self.recipe)
         check_device_name(self.device)
+        if self.threads < 0:
+            raise ValueError(f"threads must be >= 0 (0 = torch's default), got {self.threads}")
         check_dtype_name(self.dtype, auto=False)
         if self.save_dtype is not None:
             check_dtype_name(self.save_dtype, key="save_dtype", auto=False)

@@ -97,6 +97,13 @@ class GPTQResult:
     qtensor: QTensor | None = None
 
 
+def _to(x: Any, device: torch.device) -> Any:
+    """A scale (a tensor, or a tuple of tensors / None) moved to ``device``."""
+    if isinstance(x, tuple):
+        return tuple(_to(y, device) for y in x)
+    return x.to(device) if torch.is_tensor(x) else x
+
+
 def relative_error(w: torch.Tensor, w_hat: torch.Tensor, H: torch.Tensor) -> float:
     """``||W X - W_hat X||^2 / ||W X||^2`` from the (undamped) Hessian, without X."""
     d = (w - w_hat).to(H.dtype)
@@ -115,12 +122,24 @@ def gptq_quantize(
     percdamp: float = 0.01,
     act_order: bool = False,
     pack: bool = True,
+    device: str | torch.device | None = None,
 ) -> GPTQResult:
     """GPTQ-quantize ``w`` [N, K] given its Hessian ``H`` [K, K]; returns Q, scales and the QTensor.
 
     ``state``: per-tensor format state to use (e.g. shared by fused shards);
     defaults to ``tensor_state(w)``. Neither ``w`` nor ``H`` is modified.
+    ``device``: where the column loop runs (default: ``w``'s device); the results come back
+    on ``w``'s device. The loop is a few dozen tiny kernels per column, so on a GPU it is
+    launch-bound: a small model's layers run faster on the host (``device="cpu"``).
     """
+    home = w.device
+    if device is not None and torch.device(device) != home:
+        st = None if state is None else {k: _to(v, torch.device(device)) for k, v in state.items()}
+        r = gptq_quantize(w.to(device), H.to(device), cfg, state=st, block_size=block_size, percdamp=percdamp,
+                          act_order=act_order, pack=pack)
+        return GPTQResult(q=r.q.to(home), scales=[_to(s, home) for s in r.scales],
+                          state={k: _to(v, home) for k, v in r.state.items()}, loss=r.loss,
+                          qtensor=r.qtensor.to(home) if r.qtensor is not None else None)
     fmt = get_format(cfg.name)
     if w.dim() != 2 or H.shape != (w.shape[1], w.shape[1]):
         raise QuantError(f"gptq: weight {tuple(w.shape)} and Hessian {tuple(H.shape)} do not match ([N, K] and [K, K])")
@@ -184,6 +203,7 @@ def gptq_quantize(
         Q1 = torch.zeros_like(W1)
         Err1 = torch.zeros_like(W1)
         Hinv1 = Hinv[i1:i2, i1:i2]  # [B, B]
+        diag1 = Hinv1.diagonal().clone()  # [B]: the per-column divisors, read once per block
         for i in range(cnt):
             col = i1 + i
             if static:
@@ -195,13 +215,12 @@ def gptq_quantize(
                 scales = fmt.block_scales(cur, cfg, state)
                 scales_in_order.append(scales)
             wc = W1[:, i : i + 1]  # [N, 1]
-            qc = fmt.qdq_with_scales(wc, scales, cfg, state).to(torch.float32)  # [N, 1]
-            d = Hinv1[i, i]
+            qc = fmt.qdq_with_scales(wc, scales, cfg, state)  # [N, 1] float32 (W is)
             Q1[:, i : i + 1] = qc
-            err = (wc - qc) / d  # [N, 1]
-            losses += (err.squeeze(1) ** 2) / 2
+            err = (wc - qc) / diag1[i]  # [N, 1]
             W1[:, i:] -= err @ Hinv1[i : i + 1, i:]  # [N, 1] @ [1, B-i]
             Err1[:, i : i + 1] = err
+        losses += (Err1**2).sum(1) / 2  # GPTQ's objective (a report; per block rather than per column)
         Q[:, i1:i2] = Q1
         W[:, i2:] -= Err1 @ Hinv[i1:i2, i2:]  # lazy batch update of the remaining columns
 

@@ -195,6 +195,66 @@ def _replace(root: nn.Module, name: str, lin: nn.Linear, cfg: FormatConfig | Non
     _install(root.get_submodule(parent_name) if parent_name else root, leaf, lin, qt)
 
 
+# Formats whose GPTQ scales are per row (block_scales -> [N, 1] tensors, or tuples of them): rows of
+# several layers can go through one column loop and be split afterwards.
+_ROW_SCALED = ("nvfp4", "mxfp4", "int")
+
+
+def _rows(x: Any, a: int, b: int) -> Any:
+    """Rows a:b of a per-row scale (a tensor, or a tuple of tensors / None)."""
+    if isinstance(x, tuple):
+        return tuple(_rows(y, a, b) for y in x)
+    return x[a:b] if torch.is_tensor(x) else x
+
+
+@torch.no_grad()
+def _gptq_fused(block: nn.Module, names: dict[str, str], rel_plan: dict, states: dict, acc: dict,
+                gptq: dict) -> dict[str, tuple[tuple[Any, torch.Tensor], float]]:
+    """GPTQ once per set of layers that read the same input (q/k/v; gate/up): rel -> ((QTensor, Q), s).
+
+    GPTQ treats every row of W alone given H (error feedback runs along a row; a row's scales are its
+    own), so the rows of layers with one Hessian, one format and one per-tensor state can share a
+    column loop: the same numbers for every row (up to the summation order of the block update's
+    matmul), in one loop over K columns instead of one per layer -- the loop's cost is per column,
+    not per row. Layers qualify when their Hessians are equal (they saw the same activations), their
+    formats and shared state are the same, and the format's scales are per row."""
+    from quarl.quant.pack import pack_qtensor
+
+    groups: list[list[str]] = []
+    for rel in names:
+        cfg = rel_plan[rel]
+        if cfg is None or cfg.name not in _ROW_SCALED:
+            continue
+        st = states.get(rel)  # a state shared by fused shards, else None (then the layer's own is used)
+        if st is None and get_format(cfg.name).tensor_state(block.get_submodule(rel).weight[:1], cfg):
+            continue  # a per-layer tensor state (e.g. NVFP4's global scale of a lone layer): alone
+        for grp in groups:
+            r0 = grp[0]
+            if rel_plan[r0] == cfg and states.get(r0) is st and torch.equal(acc[r0].H, acc[rel].H):
+                grp.append(rel)
+                break
+        else:
+            groups.append([rel])
+    out = {}
+    for grp in (g for g in groups if len(g) > 1):
+        t0 = time.perf_counter()
+        ws = [block.get_submodule(r).weight.detach().float() for r in grp]
+        cfg = rel_plan[grp[0]]
+        try:
+            r = gptq_quantize(torch.cat(ws), acc[grp[0]].H, cfg, state=states.get(grp[0]), pack=False, **gptq)
+        except QuantError as e:
+            raise QuantError(f"layers {', '.join(names[x] for x in grp)}: {e}") from None
+        a = 0
+        n_all = sum(w.shape[0] for w in ws)
+        for rel, w in zip(grp, ws):
+            b = a + w.shape[0]
+            q = r.q[a:b]
+            qt = pack_qtensor(cfg, q, [_rows(sc, a, b) for sc in r.scales], r.state)
+            out[rel] = ((qt, q), (time.perf_counter() - t0) * w.shape[0] / n_all)
+            a = b
+    return out
+
+
 @torch.no_grad()
 def calibrate_model(
     model: nn.Module,
@@ -249,6 +309,7 @@ def calibrate_model(
                         alphas[n] = g.alpha
         acc, fp_outs = _hessians(block, cache, list(names))
         states = _calib_states(block, rel_plan)
+        fused = _gptq_fused(block, names, rel_plan, states, acc, gptq) if use_gptq else {}
         for rel, full in names.items():
             t0 = time.perf_counter()
             lin = block.get_submodule(rel)
@@ -257,6 +318,9 @@ def calibrate_model(
             H = acc[rel].H
             if cfg is None:
                 qt, err, how = None, 0.0, "none"
+            elif rel in fused:
+                (qt, q), secs = fused[rel]
+                how, err, t0 = method, relative_error(w, q, H), t0 - secs
             elif use_gptq:
                 try:
                     r = gptq_quantize(w, H, cfg, state=states.get(rel), **gptq)

@@ -205,6 +205,13 @@ def run_calibrate(
     progress: bool = True,
 ) -> dict:
     """Calibrate ``model_uri`` and write a quantized ``model`` artifact to ``output_uri``; returns metrics."""
+    with devices.cpu_threads(cfg.threads):
+        return _run_calibrate(cfg, model_uri=model_uri, data_uri=data_uri, recipe_uri=recipe_uri,
+                              output_uri=output_uri, overwrite=overwrite, progress=progress)
+
+
+def _run_calibrate(cfg: CalibrateConfig, *, model_uri: str, data_uri: str | None, recipe_uri: str | None,
+                   output_uri: str, overwrite: bool, progress: bool) -> dict:
     from quarl.artifacts import write_artifact
     from quarl.models import load_model
 

@@ -32,6 +32,7 @@ def run_stage(stage: str, config: str | None, overrides: list[str] | None, print
     """
     import json
     import logging
+    import os
 
     from quarl.artifacts import ArtifactError
     from quarl.config import ConfigError, config_to_dict, load_config
@@ -52,4 +53,6 @@ def run_stage(stage: str, config: str | None, overrides: list[str] | None, print
     except (ConfigError, ArtifactError, StorageError, ModelError, QuantError, *errors) as e:
         typer.echo(f"error: {e}", err=True)
         raise typer.Exit(1) from e
+    if int(os.environ.get("RANK", "0") or 0) != 0:  # under torchrun the result is printed once, by rank 0
+        return
     typer.echo(json.dumps(summarize(result) if summarize else result, indent=2, default=str))

@@ -48,6 +48,10 @@ class StudentConfig:
     # The format used when the student input is a full-precision model (quantized here by RTN);
     # a calibrated model keeps the formats it was calibrated to.
     format: str = "nvfp4"
+    # qat from a calibrated model: recompute (block/group scales from the latent weight at every forward, as
+    # ModelOpt's NVFP4 QAT and torchao's QAT do) | calibrated (keep the calibrated grid: step 0 = the calibrated
+    # model exactly; a code changes only when its weight crosses a rounding midpoint, which needs a larger lr)
+    scales: str = "recompute"
     lora_r: int = 32
     lora_alpha: float = 32.0
     lora_targets: list[str] = field(default_factory=lambda: list(DEFAULT_LORA_TARGETS))
@@ -57,6 +61,8 @@ class StudentConfig:
 
     def __post_init__(self) -> None:
         _check(self.mode in ("qat", "lora"), f"student.mode must be qat|lora, got {self.mode!r}")
+        _check(self.scales in ("calibrated", "recompute"), f"student.scales must be calibrated|recompute, got "
+                                                           f"{self.scales!r}")
         _check(self.dtype in DTYPES, f"student.dtype must be one of {DTYPES}, got {self.dtype!r}")
         _check(self.lora_r >= 1, f"student.lora_r must be >= 1, got {self.lora_r}")
 

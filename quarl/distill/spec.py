@@ -49,6 +49,7 @@ def _spec(name: str, config: str, description: str, doc: str) -> StageSpec:
     return StageSpec(name=name, run=f"quarl.distill:run_{name}", config=f"quarl.distill:{config}",
                      output=OutputSpec("model", "model"), inputs=_INPUTS, params=_PARAMS, report_file="report.md",
                      metrics=_METRICS, resources=GPU.with_(memory="128Gi", timeout_s=24 * 3600),
+                     distributed=True,  # torchrun on N GPUs (docs/distributed.md)
                      description=description, doc=doc)
 
 

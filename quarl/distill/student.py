@@ -10,13 +10,20 @@ frozen ``QuantLinear`` layers (RTN/GPTQ/AWQ codes and scales). For
 weight is the *dequantized* calibrated weight, so training starts at the
 calibrated point; the forward fake-quantizes the latent weight with the
 format's own quantizer and a straight-through gradient
-(``Format.fake_quant``). NVFP4 keeps the calibrated per-tensor global scale
-(passed as the layer's quantization state) so re-quantizing does not move the
-grid; block scales (and INT's group scales/zero points) are recomputed from the
-latent weight, as QAT does. Re-quantizing a dequantized GPTQ weight can pick a
-slightly different scale where GPTQ's error feedback left a group's extreme
-code unused; the stage measures the held-out KL of the step-0 student, so any
-such drift is visible next to the calibrate stage's own KL.
+(``Format.fake_quant``). ``student.scales=recompute`` (the default) derives the
+block/group scales from the latent weight at every forward, as ModelOpt's NVFP4
+QAT (dynamic block scales, a calibrated global scale, which NVFP4 keeps here too)
+and torchao's QAT do: moving a group's extreme weights moves its whole grid. The
+price is paid at step 0 by a GPTQ/AWQ init: re-deriving the scales of a
+dequantized GPTQ weight picks a smaller range wherever GPTQ's error feedback left
+a group's extreme code unused, and re-rounds that group (measured on SmolLM2 INT3
+in a CPU dry run of benchmarks/distill_table.py: held-out KL 0.109 of the GPTQ
+model, 0.204 at step 0). ``scales=calibrated`` keeps the calibrated grid --
+NVFP4's global and block scales, INT's group scales and zero points travel in the
+layer's quantization state -- so the step-0 student *is* the calibrated model and
+a code changes only when training moves its latent weight across a rounding
+midpoint of that grid (half a grid step: far more than lr x steps at QAD's usual
+learning rates, so this mode needs a larger one).
 
 A full-precision student input (no calibrate step) is quantized here by RTN
 into ``student.format``.
@@ -61,8 +68,19 @@ def check_pairing(teacher: nn.Module, t_tok, student: nn.Module, s_tok) -> None:
                            f"the student was quantized from")
 
 
-def to_qat(model: nn.Module) -> int:
-    """Frozen quantized QuantLinears -> QAT layers with the dequantized weight as latent weight. Returns count."""
+# The QTensor tensors that fix a format's grid (all but the codes): what scales=calibrated keeps.
+FROZEN_SCALES = {"nvfp4": ("weight_scale",), "int": ("weight_scale", "weight_zero_point")}
+
+
+def to_qat(model: nn.Module, scales: str = "recompute") -> int:
+    """Frozen quantized QuantLinears -> QAT layers with the dequantized weight as latent weight. Returns count.
+
+    ``scales="calibrated"`` keeps every layer's calibrated grid (block/group scales, zero points):
+    the step-0 student is the calibrated model exactly and a code changes only when its latent
+    weight crosses a rounding midpoint of that grid. ``"recompute"`` derives the scales from the
+    latent weight at every forward (NVFP4 keeps its calibrated per-tensor scale either way)."""
+    if scales not in ("calibrated", "recompute"):
+        raise ValueError(f"student.scales must be calibrated|recompute, got {scales!r}")
     n = 0
     for m in model.modules():
         if isinstance(m, QuantLinear) and m.mode == "frozen" and m.config is not None:
@@ -70,6 +88,13 @@ def to_qat(model: nn.Module) -> int:
             state = None
             if "weight_global_scale" in m._tensor_names:  # NVFP4: keep the calibrated tensor scale
                 state = {"global_scale": m.weight_global_scale.detach().clone()}
+            if scales == "calibrated":
+                keep = FROZEN_SCALES.get(m.config.name)
+                if keep is None:
+                    raise ValueError(f"student.scales=calibrated keeps the grid of {sorted(FROZEN_SCALES)} layers; "
+                                     f"{m.config.name} is not one -- use student.scales=recompute")
+                state = {**(state or {}), **{k: getattr(m, k).detach().clone() for k in keep
+                                             if k in m._tensor_names}}
             for name in m._tensor_names:
                 delattr(m, name)
             m._tensor_names = ()
@@ -93,7 +118,7 @@ def build_student(model: nn.Module, cfg: StudentConfig) -> dict:
     else:
         init = "calibrated checkpoint"
         if cfg.mode == "qat":
-            to_qat(model)
+            to_qat(model, cfg.scales)
         else:
             attach_lora(model, LoRAConfig(r=cfg.lora_r, alpha=cfg.lora_alpha, targets=list(cfg.lora_targets)))
     for name, p in model.named_parameters():

@@ -192,6 +192,11 @@ class EvalConfig:
     # quantized (its config.json has quantization_config) and needs none.
     quant: str | None = None
     quant_recipe: dict | None = None  # a full quarl.quant QuantRecipe; overrides `quant`
+    # An rl adapter records the base it was trained on (quant_recipe.json: QeRL's NVFP4, Jet-RL's FP8).
+    # With a full-precision base and neither quant nor quant_recipe set, eval rebuilds that base before
+    # loading the adapter, so the policy scored is the policy trained; false scores the adapter on the
+    # model as given.
+    adapter_recipe: bool = True
     dtype: str = "auto"  # auto (bfloat16 on CUDA, float32 on CPU) | float32 | bfloat16 | float16
     device: str = "auto"  # auto (cuda if available) | cpu | cuda | cuda:1
     # torch CPU threads for the run (null: torch's default, one per core). On a

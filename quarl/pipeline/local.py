@@ -133,7 +133,8 @@ def run_local(
         "pipeline": recipe.pipeline, "recipe": recipe.name, "profile": recipe.profile, "model": recipe.model,
         "s3_root": recipe.s3_root, "stages": recipe.stages, "resources": recipe.resources,
     }, sort_keys=False))
-    pipeline = pdef.build(recipe, retries=False)  # fails on a bad recipe before any server starts
+    # fails on a bad recipe before any server starts; a step on several GPUs needs a cluster (TrainJob)
+    pipeline = pdef.build(recipe, retries=False, trainjobs=False)
     steps = [(s.id, s.stage) for s in pdef.steps]
     failures: list[dict] = []
 

@@ -190,10 +190,18 @@ class Recipe:
         return yaml.safe_dump(sec, sort_keys=False, default_flow_style=True, width=1 << 30).strip() if sec else ""
 
     def resources_for(self, step: str, spec: StageSpec) -> Resources:
+        """The step's resources: the stage's, with the recipe's changes; several nodes only for a distributed stage."""
+        from quarl.pipeline.stages import STAGES
+
         try:
-            return spec.resources.with_(**(self.resources.get(step) or {}))
+            res = spec.resources.with_(**(self.resources.get(step) or {}))
         except ValueError as e:
             raise RecipeError(f"recipe {self.name}, resources.{step}: {e}") from None
+        if res.num_nodes > 1 and not spec.distributed:
+            able = ", ".join(n for n in STAGES if STAGES[n].distributed)
+            raise RecipeError(f"recipe {self.name}, resources.{step}: num_nodes={res.num_nodes}, but stage "
+                              f"{spec.name} runs in one pod; only {able} run on several nodes")
+        return res
 
     def check_steps(self, pipeline) -> None:
         """Every section names a step of ``pipeline`` and loads as that stage's config."""

@@ -53,6 +53,7 @@ import socket
 import sys
 import time
 import traceback
+from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -280,11 +281,15 @@ def _fill_outputs(spec: StageSpec, step: str, outputs: dict, rec: dict) -> None:
 # ---------------------------------------------------------------- the entry point
 
 
-def run_component(stage: str, **kwargs: Any) -> dict:
+def run_component(stage: str, executor: Callable[..., dict] | None = None, **kwargs: Any) -> dict:
     """Run stage ``stage`` from a component's arguments (``**locals()`` of the component function).
 
     Returns the step record. On failure prints one ``QUARL_STEP_FAILED {json}`` line,
     records the error in step.json when storage is reachable, and re-raises.
+
+    ``executor(spec, cfg, output_uri, inputs, record) -> result`` runs the stage somewhere else
+    than in this process (:func:`quarl.pipeline.trainjob.launch_component`: a TrainJob); ``inputs``
+    maps input names to resolved URIs. Everything around it (config, record, reuse) is the same.
     """
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s", force=True)
     spec = get_stage(stage)
@@ -300,7 +305,7 @@ def run_component(stage: str, **kwargs: Any) -> dict:
             raise StepError(f"step {step}: no run id (set the run_id parameter, or pass kfp_run_id from the pipeline)")
         if not s3_root:
             raise StepError(f"step {step}: s3_root is empty; set it to s3://<bucket>/<prefix> (e.g. s3://quarl/runs)")
-        return _run(spec, step, run_id, s3_root, common, kwargs, rec, t0)
+        return _run(spec, step, run_id, s3_root, common, kwargs, rec, t0, executor)
     except BaseException as e:
         rec.update(status="failed", finished=_now(), seconds=round(time.monotonic() - t0, 2),
                    error=f"{type(e).__name__}: {e}", traceback=traceback.format_exc()[-8000:])
@@ -315,7 +320,7 @@ def run_component(stage: str, **kwargs: Any) -> dict:
 
 
 def _run(spec: StageSpec, step: str, run_id: str, s3_root: str, common: dict, kwargs: dict, rec: dict,
-         t0: float) -> dict:
+         t0: float, executor: Callable[..., dict] | None = None) -> dict:
     from quarl.config import config_to_dict
     from quarl.storage import join_uri
 
@@ -362,13 +367,16 @@ def _run(spec: StageSpec, step: str, run_id: str, s3_root: str, common: dict, kw
 
     _write_text(rec_uri, json.dumps(_jsonable(rec), indent=2))
     log.info("[quarl] step %s (%s) run %s -> %s", step, spec.name, run_id, out_uri)
-    fn = spec.load_run()
-    call = {}
-    for i in spec.inputs:
-        uri = in_uris.get(i.name)
-        if uri is not None or not i.optional:
-            call[i.kwarg] = [uri] if i.as_list else uri
-    result = fn(cfg, output_uri=out_uri, **call)
+    if executor is not None:
+        result = executor(spec, cfg, out_uri, dict(in_uris), rec)
+    else:
+        fn = spec.load_run()
+        call = {}
+        for i in spec.inputs:
+            uri = in_uris.get(i.name)
+            if uri is not None or not i.optional:
+                call[i.kwarg] = [uri] if i.as_list else uri
+        result = fn(cfg, output_uri=out_uri, **call)
     rec.update(status="succeeded", finished=_now(), seconds=round(time.monotonic() - t0, 2),
                result=_jsonable(result if isinstance(result, dict) else {"result": result}))
     _write_text(rec_uri, json.dumps(_jsonable(rec), indent=2))

@@ -28,7 +28,10 @@ Each :class:`StageSpec` says how the library stage is driven from a pipeline:
   null, so a field whose default is ``None`` is exposed with a stand-in value
   (``none=0``: "0 means no limit");
 - ``resources``: image kind, CPU/memory, accelerators, retries and timeout of the
-  step (recipes may override them per step).
+  step (recipes may override them per step);
+- ``distributed``: the stage runs under ``torchrun`` on any number of GPUs, so a recipe may give
+  its step ``num_nodes`` x ``accelerators`` > 1 and the step becomes a Kubeflow Trainer
+  ``TrainJob`` (:mod:`quarl.pipeline.trainjob`).
 
 Everything else is derived: ``quarl compile`` generates ``components/<stage>/``
 (component.py, component.yaml, README.md) from the spec and the config
@@ -136,12 +139,33 @@ class Resources:
     cpu: str = "2"
     memory: str = "8Gi"
     accelerator: str | None = None  # e.g. "nvidia.com/gpu"
-    accelerators: int = 0
+    accelerators: int = 0  # GPUs of the step's pod; of each node's pod when num_nodes > 1
+    # Nodes of a distributed stage's world (StageSpec.distributed). When num_nodes x accelerators > 1
+    # the step runs as a Kubeflow Trainer TrainJob of num_nodes pods x accelerators GPUs (torchrun),
+    # and the step's own pod only launches and waits for it (quarl.pipeline.trainjob).
+    num_nodes: int = 1
     retries: int = 2  # a stage is idempotent (see runtime), so a retry after a node loss is safe
     backoff: str = "60s"
     backoff_factor: float = 2.0
     backoff_max: str = "3600s"
     timeout_s: int = 6 * 3600
+
+    def __post_init__(self) -> None:
+        for name in ("accelerators", "retries", "timeout_s"):
+            v = getattr(self, name)
+            if not isinstance(v, int) or isinstance(v, bool) or v < 0:
+                raise ValueError(f"resources {name} must be an integer >= 0, got {v!r}")
+        if not isinstance(self.num_nodes, int) or isinstance(self.num_nodes, bool) or self.num_nodes < 1:
+            raise ValueError(f"resources num_nodes must be an integer >= 1 (nodes of the step's TrainJob; 1 = the "
+                             f"step's own pod), got {self.num_nodes!r}")
+        if self.num_nodes > 1 and self.accelerators < 1:
+            raise ValueError(f"resources num_nodes={self.num_nodes} needs accelerators >= 1 (GPUs per node), "
+                             f"got {self.accelerators}")
+
+    @property
+    def launches_trainjob(self) -> bool:
+        """Several GPUs: the step runs as a TrainJob (only for a stage declared ``distributed``)."""
+        return self.num_nodes * max(self.accelerators, 1) > 1
 
     def with_(self, **changes: Any) -> Resources:
         unknown = set(changes) - set(self.__dataclass_fields__)
@@ -172,6 +196,10 @@ class StageSpec:
     resources: Resources = field(default_factory=Resources)
     description: str = ""  # one line: the step report's subtitle
     doc: str = ""  # the component's docstring before its Args (the Kubeflow UI's description); "" = description
+    # Runs under torchrun with any number of processes (rank 0 writes the artifact; docs/distributed.md),
+    # so a pipeline may run it on several GPUs and nodes as a Kubeflow Trainer TrainJob: its
+    # components/<stage>/launcher.py is generated and recipes may set resources.<step>.num_nodes.
+    distributed: bool = False
 
     def load_run(self):
         return _load(self.run, self.name)

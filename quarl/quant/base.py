@@ -176,8 +176,10 @@ def get_format(name: str) -> Format:
         ) from None
 
 
-def check_weight(w: torch.Tensor, block: int, fmt: str) -> None:
-    """Shared input validation: 2-D, K a multiple of the block, finite values."""
+def check_weight(w: torch.Tensor, block: int, fmt: str, *, finite: bool = True) -> None:
+    """Shared input validation: 2-D, K a multiple of the block, finite values (``finite=False``: not
+    checked -- the check reads a value back, a device sync, which a training forward must not pay per
+    layer; the trainer checks its loss and gradients instead)."""
     if w.dim() != 2:
         raise QuantError(f"{fmt}: expected a 2-D weight [out, in], got shape {tuple(w.shape)}")
     if w.shape[1] % block:
@@ -185,6 +187,6 @@ def check_weight(w: torch.Tensor, block: int, fmt: str) -> None:
             f"{fmt}: in_features={w.shape[1]} is not a multiple of the block size {block}; "
             f"exclude this layer in the quantization recipe or pick a format with a smaller block"
         )
-    if not torch.isfinite(w).all():
+    if finite and not torch.isfinite(w).all():
         bad = (~torch.isfinite(w)).sum().item()
         raise QuantError(f"{fmt}: weight has {bad} NaN/Inf values; fix the checkpoint before quantizing")

@@ -387,12 +387,15 @@ def load_quantized(path: str | Path, *, device: str | torch.device = "cpu", dtyp
 
     Reads what :func:`save_quantized` writes (and compressed-tensors checkpoints of
     the formats quarl has). ``dtype``: compute dtype of the model (default: the
-    checkpoint's dense dtype)."""
-    from safetensors import safe_open
-    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
-    from transformers.initialization import no_init_weights
+    checkpoint's dense dtype). The model is built on the meta device and filled one
+    decoder layer at a time straight onto ``device`` (:mod:`quarl.quant.stream`): the
+    quantized layers take their stored codes and scales as they are, so no dense copy
+    of the model exists at any point, on the host or the device -- a 32B NVFP4
+    checkpoint needs its ~19 GiB, not the 61 GiB of its BF16 form."""
+    from transformers import AutoConfig, AutoTokenizer, GenerationConfig
 
     from quarl.models.hf import check_architecture, prepare_tokenizer
+    from quarl.quant.stream import TensorReader, build_streamed, checkpoint_filler, dense_dtype, empty_model
 
     d = Path(path)
     info = check_checkpoint(d)
@@ -400,58 +403,27 @@ def load_quantized(path: str | Path, *, device: str | torch.device = "cpu", dtyp
     check_architecture(config, str(d))
     if hasattr(config, "quantization_config"):
         del config.quantization_config
-    with no_init_weights():
-        model = AutoModelForCausalLM.from_config(config)
+    dtype = dtype or dense_dtype(info) or torch.float32
+    model = empty_model(config, dtype)
+    if (d / "generation_config.json").is_file():
+        model.generation_config = GenerationConfig.from_pretrained(d)
     linears = [n for n, m in model.named_modules() if isinstance(m, nn.Linear)]
     formats = layer_formats(info, linears)
     unknown = sorted(set(formats) - set(linears))
     if unknown:
         raise CheckpointError(f"{d}: quantized layers {unknown[:3]} do not exist in the {config.model_type} model")
-
-    dense_dtype = None
-    sd: dict[str, torch.Tensor] = {}
-    for f in info.files:
-        with safe_open(str(d / f), framework="pt", device="cpu") as fh:
-            for k in fh.keys():  # noqa: SIM118  (safe_open is not iterable)
-                sd[k] = fh.get_tensor(k)
-                if dense_dtype is None and k.endswith("norm.weight"):
-                    dense_dtype = sd[k].dtype
-    dtype = dtype or dense_dtype or torch.float32
-    model.to(dtype)
-    for name, cfg in formats.items():
-        lin = model.get_submodule(name)
-        pre = name + "."
-        tensors = {k[len(pre) :]: sd.pop(k) for k in [k for k in sd if k.startswith(pre)]}
-        bias = tensors.pop("bias", None)
-        if not tensors:
-            raise CheckpointError(f"{d}: no tensors for quantized layer {name}; the checkpoint is partial")
-        q = QuantLinear(lin.in_features, lin.out_features, cfg, bias=bias is not None, dtype=dtype)
-        try:
-            q.set_qtensor(from_ct_tensors(cfg, (lin.out_features, lin.in_features), tensors))
-        except (QuantError, KeyError, RuntimeError) as e:
-            raise CheckpointError(f"{d}: layer {name} does not hold a valid {spec_string(cfg)} weight ({e})") from None
-        if bias is not None:
-            q.bias.data.copy_(bias)
-        parent, _, leaf = name.rpartition(".")
-        setattr(model.get_submodule(parent) if parent else model, leaf, q)
-    missing, unexpected = model.load_state_dict(sd, strict=False)
-    tied = set()
-    if getattr(config, "tie_word_embeddings", False):
-        model.tie_weights()
-        tied = {k for k in missing if k.startswith("lm_head")}
-    qnames = {
-        f"{n}.{b}"
-        for n, m in model.named_modules()
-        if isinstance(m, QuantLinear)
-        for b, _ in list(m.named_buffers(recurse=False)) + list(m.named_parameters(recurse=False))
-    }
-    missing = [k for k in missing if k not in tied and k not in qnames]
-    if missing or unexpected:
+    with TensorReader(info) as reader:
+        report = build_streamed(model, checkpoint_filler(model, reader, device, dtype, packed=formats), None,
+                                device=device)
+        unexpected = reader.unused()
+    if unexpected:
         raise CheckpointError(
-            f"{d}: the weights do not fit the model: missing {missing[:5]}, unexpected {list(unexpected)[:5]}"
+            f"{d}: the weights do not fit the model: unexpected {unexpected[:5]} (config.json describes "
+            f"another model, or the checkpoint was written by something else)"
         )
-    model.to(device).eval()
+    model.eval()
     model.quarl_layers = {n: spec_string(c) for n, c in formats.items()}
+    model.quarl_load = {"mode": "packed", **report.build}
     tok = AutoTokenizer.from_pretrained(d) if (d / "tokenizer_config.json").is_file() else None
     if tok is not None:
         prepare_tokenizer(tok, model, ref=str(d))

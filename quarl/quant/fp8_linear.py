@@ -22,8 +22,10 @@ groups or 128x128 tiles.
 * CUDA, compute capability 9.0 (Hopper): ``torch.nn.functional.scaled_mm`` with
   ``ScalingType.BlockWise1x128`` / ``BlockWise128x128`` (cuBLASLt), the scale layouts
   that :func:`quarl.quant.formats.fp8.cublas_blockwise_scales` documents; the
-  quantizers run through ``torch.compile`` (one fused kernel each; ``QUARL_FP8_COMPILE=0``
-  keeps them eager).
+  quantizers are fused Triton kernels (``quarl_kernels.fp8_quant``: one pass per operand,
+  X and dY in both groupings at once, codes and scales written in these layouts; bit-identical
+  to the eager quantizers). ``QUARL_FP8_QUANT=compile`` / ``eager`` selects the PyTorch ones
+  (see :func:`quant_backend`).
 * anywhere else (CPU tests, other GPUs, ``QUARL_FP8_GEMM=emulate``): the *same* FP8
   operands dequantized exactly to FP32 and multiplied in FP32. It differs from the
   cuBLAS result by FP32 summation order only (tested on the device).
@@ -64,19 +66,74 @@ _WCFG = FP8Config("block", BLOCK)
 
 
 # --------------------------------------------------------------------------- quantizers
+# Three implementations of the same quantizers, picked per call by QUARL_FP8_QUANT (CUDA):
+#   triton   (the CUDA default) quarl_kernels.fp8_quant: one kernel per operand that reads it once and
+#            writes the codes and scales in the GEMM layouts -- X and dY in both groupings (1x128 along
+#            K / N and along the tokens) in one pass, W's tiles and their transpose in one pass;
+#            bit-identical to eager (tested on CPU through the Triton interpreter and on the GPU)
+#   compile  the PyTorch quantizers through torch.compile (the previous default; its approximate
+#            division rounds rare near-ties the other way, benchmarks/RESULTS.md "Jet-RL")
+#   eager    the PyTorch quantizers as written: the oracle (``QUARL_FP8_COMPILE=0`` also selects it)
+# CPU runs eager, except ``QUARL_FP8_QUANT=triton`` under ``TRITON_INTERPRET=1`` (the kernels' CPU test).
+QUANT_BACKENDS = ("triton", "compile", "eager")
+
+
+@functools.cache
+def _fused_module():
+    """``quarl_kernels.fp8_quant``, or None (no Triton / quarl_kernels: the compiled path serves)."""
+    try:
+        from quarl_kernels import fp8_quant
+    except Exception as e:  # noqa: BLE001 - any import failure means: no fused kernels here
+        warnings.warn(f"quarl_kernels.fp8_quant unavailable ({type(e).__name__}: {e}); FP8 quantizers fall back "
+                      f"to torch.compile", RuntimeWarning, stacklevel=2)
+        return None
+    return fp8_quant
+
+
+def quant_backend(t: torch.Tensor) -> str:
+    """The quantizer implementation for tensors on ``t``'s device: triton | compile | eager."""
+    b = os.environ.get("QUARL_FP8_QUANT", "").strip().lower()
+    if b and b not in QUANT_BACKENDS:
+        raise QuantError(f"QUARL_FP8_QUANT={b!r}: use one of {', '.join(QUANT_BACKENDS)}")
+    if not t.is_cuda:
+        return "triton" if b == "triton" and os.environ.get("TRITON_INTERPRET") == "1" else "eager"
+    if not b:
+        b = "eager" if os.environ.get("QUARL_FP8_COMPILE", "1") == "0" else "triton"
+    if b == "triton" and _fused_module() is None:
+        return "compile"
+    return b
+
+
 @functools.cache
 def _compiled_quant():
     return torch.compile(quantize_act_1x128, dynamic=True)
 
 
-def _quant_1x128(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """``x`` [R, C] -> (q [R, C] E4M3 contiguous, s [R, C/128] fp32): ``quantize_act_1x128``,
-    compiled on CUDA (one fused kernel reading ``x`` once, also when ``x`` is a transposed view)."""
-    if x.is_cuda and os.environ.get("QUARL_FP8_COMPILE", "1") != "0":
-        q, s = _compiled_quant()(x)
-    else:
-        q, s = quantize_act_1x128(x)
+def _quant_1x128(x: torch.Tensor, backend: str = "eager") -> tuple[torch.Tensor, torch.Tensor]:
+    """``x`` [R, C] -> (q [R, C] E4M3 contiguous, s [R, C/128] fp32): ``quantize_act_1x128``, eager or
+    compiled (one fused kernel reading ``x`` once, also when ``x`` is a transposed view)."""
+    q, s = _compiled_quant()(x) if backend == "compile" else quantize_act_1x128(x)
     return q.contiguous(), s.contiguous()
+
+
+def quantize_act_gemm(x: torch.Tensor, rows: int, cols: int, t_rows: int | None = None, row_groups: bool = True):
+    """``x`` [M, C] -> ``(q, s, qt, st)``, the GEMM operands of one activation or gradient:
+
+    * ``row_groups``: ``q`` [rows, cols] E4M3, ``s`` [rows, cols/128]: 1x128 groups along C (rows >= M
+      and cols >= C zero-padded; forward X, DGrad dY);
+    * ``t_rows`` (a multiple of 128): ``qt`` [cols, t_rows], ``st`` [cols, t_rows/128]: x^T in 1x128
+      groups along the tokens, i.e. 128x1 of x (WGrad's X^T and dY^T).
+
+    One kernel for both on the ``triton`` backend; the PyTorch quantizers otherwise."""
+    backend = quant_backend(x)
+    if backend == "triton":
+        return _fused_module().quantize_act(x, rows, cols, t_rows, row_groups=row_groups)
+    q = s = qt = st = None
+    if row_groups:
+        q, s = _quant_1x128(_pad2(x, rows, cols), backend)
+    if t_rows is not None:
+        qt, st = _quant_1x128(_pad2(x, t_rows, cols).t(), backend)
+    return q, s, qt, st
 
 
 def quantize_weight_128x128(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -102,14 +159,32 @@ def _compiled_tiles():
     return torch.compile(_tiles_padded, dynamic=True)
 
 
-def quantize_weight_padded(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """``w`` [N, K] -> (q [Np, Kp] zero-padded to multiples of 128, s [Np/128, Kp/128]), the layout the
-    GEMMs take; compiled on CUDA."""
+def _weight_tiles(w: torch.Tensor, transpose: bool = False):
+    """``w`` [N, K] -> (q [Np, Kp], s [Np/128, Kp/128], qt [Kp, Np] or None): the padded tiles and, on
+    the ``triton`` backend with ``transpose``, their transpose from the same pass (else None)."""
+    backend = quant_backend(w)
+    if backend == "triton":
+        return _fused_module().quantize_tiles(w.detach(), transpose)
     n, k = w.shape
     wp = _pad2(w.detach(), _round_up(n, BLOCK), _round_up(k, BLOCK))
-    if w.is_cuda and os.environ.get("QUARL_FP8_COMPILE", "1") != "0":
-        return _compiled_tiles()(wp)
-    return _tiles_padded(wp)
+    q, s = _compiled_tiles()(wp) if backend == "compile" else _tiles_padded(wp)
+    return q, s, None
+
+
+def quantize_weight_padded(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``w`` [N, K] -> (q [Np, Kp] zero-padded to multiples of 128, s [Np/128, Kp/128]), the layout the
+    GEMMs take (Triton kernel on CUDA, see :func:`quant_backend`)."""
+    q, s, _ = _weight_tiles(w)
+    return q, s
+
+
+def _transposed(q: torch.Tensor) -> torch.Tensor:
+    """``q`` [Np, Kp] FP8 tiles -> [Kp, Np] contiguous (DGrad's B operand): the copy the quantizer
+    wrote beside them when it is current, else a transpose."""
+    hit = getattr(q, "_quarl_t", None)
+    if hit is not None and hit[0] == q._version:
+        return hit[1]
+    return q.t().contiguous()
 
 
 def _round_up(n: int, m: int) -> int:
@@ -171,8 +246,11 @@ def blockwise_gemm(a: torch.Tensor, sa: torch.Tensor, b: torch.Tensor, sb: torch
                          f"multiples of {BLOCK} (pad before quantizing)")
     if _cublas_ok(a) and a.shape[0] % 4 == 0 and b.shape[0] % 16 == 0:
         sa_mm = sa.t().contiguous().t()  # [M, K/128], M-major
-        if b_tiles:  # [N/128, K/128] -> K-blocks padded to a multiple of 4, transposed (see fp8.py)
-            layouts = [F.pad(sb, (0, -sb.shape[1] % 4)).t()]
+        if b_tiles:  # [N/128, K/128] -> K-blocks padded to a multiple of 4, transposed (see fp8.py); already a
+            # multiple (every 7B/8B projection): the transposed view of the same storage, no copy kernel. Not
+            # cached when padding is needed: a CUDA graph must re-read scales that rollout rewrites in place
+            pad = -sb.shape[1] % 4
+            layouts = [sb.t() if pad == 0 and sb.is_contiguous() else F.pad(sb, (0, pad)).t()]
             tb = F.ScalingType.BlockWise128x128
         else:  # 1x128 on B: [N, K/128] like A's (torch 2.11 asks for this shape); N-major as A's
             layouts = [sb.t().contiguous().t(), sb.contiguous()]
@@ -204,16 +282,14 @@ class FP8LinearFunction(torch.autograd.Function):
         m = x2.shape[0]
         kp, np_ = wq.shape[1], wq.shape[0]
         mp = _round_up(m, 4) if x.is_cuda else m
-        wq_p = wq
-        xq, xs = _quant_1x128(_pad2(x2, mp, kp))  # [Mp, Kp], [Mp, Kp/128]
-        y = blockwise_gemm(xq, xs, wq_p, ws, True, x.dtype)[:m, :n]  # [M, N]
+        need_w = weight is not None and ctx.needs_input_grad[1]
+        # X in 1x128 groups along K for this GEMM and, for WGrad, X^T in 1x128 groups along the tokens
+        # (128x1 of X), saved in FP8: xq [Mp, Kp], xs [Mp, Kp/128], xtq [Kp, M128], xts [Kp, M128/128]
+        xq, xs, xtq, xts = quantize_act_gemm(x2, mp, kp, _round_up(m, BLOCK) if need_w else None)
+        y = blockwise_gemm(xq, xs, wq, ws, True, x.dtype)[:m, :n]  # [M, N]
         if bias is not None:
             y = y + bias.to(y.dtype)
-        need_w = weight is not None and ctx.needs_input_grad[1]
-        xtq = xts = None
-        if need_w:  # X^T in 1x128 groups along tokens (128x1 of X) for WGrad: saved in FP8
-            xtq, xts = _quant_1x128(_pad2(x2, _round_up(m, BLOCK), kp).t())  # [Kp, M128], [Kp, M128/128]
-        ctx.save_for_backward(wq_p, ws, xtq, xts)
+        ctx.save_for_backward(wq, ws, xtq, xts)
         ctx.shape = (lead, m, n, k, kp, np_)
         ctx.x_dtype = x.dtype
         ctx.w_dtype = weight.dtype if weight is not None else None
@@ -226,15 +302,18 @@ class FP8LinearFunction(torch.autograd.Function):
         lead, m, n, k, _, np_ = ctx.shape
         dy2 = dy.reshape(-1, n)  # [M, N]
         dx = dw = db = None
-        if ctx.needs_input_grad[0]:  # DGrad: dX = dY W, reduction over N; W^T tiles = transposed W tiles
-            mp = _round_up(m, 4) if dy.is_cuda else m
-            dyq, dys = _quant_1x128(_pad2(dy2, mp, np_))  # [Mp, Np], [Mp, Np/128]
-            wtq = wq_p.t().contiguous()  # [Kp, Np]
+        need_x, need_w = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
+        mp = _round_up(m, 4) if dy.is_cuda else m
+        # dY in 1x128 groups along N (DGrad) and dY^T along the tokens (WGrad), one pass:
+        # dyq [Mp, Np], dys [Mp, Np/128], dytq [Np, M128], dyts [Np, M128/128]
+        dyq, dys, dytq, dyts = quantize_act_gemm(dy2, mp, np_, xtq.shape[1] if need_w else None, row_groups=need_x)
+        if need_x:  # DGrad: dX = dY W, reduction over N; W^T tiles = transposed W tiles
+            wtq = _transposed(wq_p)  # [Kp, Np]
             dx = blockwise_gemm(dyq, dys, wtq, ws.t().contiguous(), True, ctx.x_dtype)[:m, :k]
             dx = dx.reshape(*lead, k)
-        if ctx.needs_input_grad[1]:  # WGrad: dW = dY^T X, reduction over tokens
-            dytq, dyts = _quant_1x128(_pad2(dy2, xtq.shape[1], np_).t())  # [Np, M128], [Np, M128/128]
-            dw = blockwise_gemm(dytq, dyts, xtq, xts, False, torch.float32)[:n, :k].to(ctx.w_dtype)
+        if need_w:  # WGrad: dW = dY^T X, reduction over tokens, written in the master weight's dtype
+            dw = blockwise_gemm(dytq, dyts, xtq, xts, False, ctx.w_dtype)[:n, :k]
+            dw = dw if dw.is_contiguous() else dw.contiguous()
         if ctx.b_dtype is not None and ctx.needs_input_grad[2]:
             db = dy2.float().sum(0).to(ctx.b_dtype)
         return dx, dw, db, None, None, None
@@ -246,12 +325,15 @@ def _master_tiles(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     hit = getattr(w, "_quarl_fp8", None)
     if hit is not None and hit[0] == w._version and hit[1].device == w.device:
         return hit[1], hit[2]
-    qp, s = quantize_weight_padded(w)  # [Np, Kp], [Np/128, Kp/128]
+    # [Np, Kp], [Np/128, Kp/128], and DGrad's transposed tiles [Kp, Np] when the kernel writes them
+    qp, s, qt = _weight_tiles(w, transpose=w.requires_grad)
     if hit is not None and hit[1].shape == qp.shape and hit[1].device == qp.device:
         # in place: the addresses stay, so a CUDA graph captured on them (rollout) reads the new weight
         hit[1].copy_(qp)
         hit[2].copy_(s)
         qp, s = hit[1], hit[2]
+    if qt is not None:
+        qp._quarl_t = (qp._version, qt)
     w._quarl_fp8 = (w._version, qp, s)
     return qp, s
 
@@ -280,7 +362,9 @@ def fp8_linear(x: torch.Tensor, weight: torch.Tensor | QTensor, bias: torch.Tens
     if ACT_GROUP != BLOCK:  # pragma: no cover - a constant; the GEMM layouts assume it
         raise QuantError("fp8_linear assumes 1x128 activation groups")
     wq, ws = _master_tiles(weight)
-    return FP8LinearFunction.apply(x, weight, bias, wq, ws, weight.shape[0])
+    # no autograd graph (rollout, eval): pass no master weight, so the forward skips X^T's quantization for a
+    # WGrad that never comes (inside the Function, needs_input_grad still says True under no_grad)
+    return FP8LinearFunction.apply(x, weight if torch.is_grad_enabled() else None, bias, wq, ws, weight.shape[0])
 
 
 __all__ = ["FP8LinearFunction", "blockwise_gemm", "fp8_linear", "quantize_weight_128x128"]

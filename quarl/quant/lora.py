@@ -117,15 +117,19 @@ def _add_lora(m: QuantLinear, cfg: LoRAConfig) -> None:
     m.lora_dropout = nn.Dropout(cfg.dropout) if cfg.dropout > 0 else nn.Identity()
 
 
-def attach_lora(model: nn.Module, cfg: LoRAConfig, exclude: tuple[str, ...] = ("lm_head",)) -> int:
+def attach_lora(model: nn.Module, cfg: LoRAConfig, exclude: tuple[str, ...] = ("lm_head",),
+                wrap_linear: bool = True) -> int:
     """Add LoRA to an *already quantized* model (e.g. a calibrated checkpoint): every
     QuantLinear whose leaf name is in ``cfg.targets`` gets a branch; a plain nn.Linear in
     the targets (a layer the recipe kept in high precision) is wrapped as a frozen
-    high-precision QuantLinear first. Everything but LoRA is frozen. Returns the layer count."""
+    high-precision QuantLinear first, unless ``wrap_linear=False`` (then the branches go
+    exactly where ``quantize_model`` with a LoRA recipe puts them: on its planned layers).
+    Everything but LoRA is frozen. Returns the layer count."""
     n = 0
+    kinds = nn.Linear | QuantLinear if wrap_linear else QuantLinear
     for name, m in list(model.named_modules()):
         leaf = name.rsplit(".", 1)[-1]
-        if leaf not in cfg.targets or leaf in exclude or not isinstance(m, nn.Linear | QuantLinear):
+        if leaf not in cfg.targets or leaf in exclude or not isinstance(m, kinds):
             continue
         if isinstance(m, nn.Linear):
             parent_name, _, _ = name.rpartition(".")

@@ -134,6 +134,7 @@ def _shared_states(model: nn.Module, plan: dict[str, Any]) -> dict[str, dict]:
 class QuantReport:
     layers: dict[str, str]  # name -> format spec
     memory: dict
+    build: dict | None = None  # quarl.quant.stream.build_streamed: peak / dense / final bytes, layers, seconds
 
     def summary(self) -> str:
         m = self.memory
@@ -148,13 +149,29 @@ class QuantReport:
 def quantize_model(model: nn.Module, recipe: QuantRecipe | dict | str | Path | None = None) -> QuantReport:
     """Replace eligible nn.Linear layers in place; returns what was done and the memory."""
     recipe = QuantRecipe.load(recipe)
-    lora = recipe.lora_config()
+    plan = checked_plan(model, recipe)
+    quantize_planned(model, plan, recipe)
+    finish_quantized(model, recipe)
+    return QuantReport(layers={n: spec_string(c) for n, c in plan.items()}, memory=memory_report(model))
+
+
+def checked_plan(model: nn.Module, recipe: QuantRecipe) -> dict[str, Any]:
+    """:func:`plan_formats`, refusing an empty plan with the reason (works on a meta-device model too)."""
     plan = plan_formats(model, recipe)
     if not plan:
         if any(isinstance(m, QuantLinear) for m in model.modules()):
             raise QuantError("the model is already quantized (a calibrated checkpoint?); add LoRA to it with "
                              "quarl.quant.lora.attach_lora instead of quantizing it again")
         raise QuantError("the recipe selects no linear layers: check 'exclude' and the model")
+    return plan
+
+
+def quantize_planned(model: nn.Module, plan: dict[str, Any], recipe: QuantRecipe) -> None:
+    """Swap the planned layers (qualified names in ``model``) for QuantLinear, fused shards sharing
+    their per-tensor state. A part of a whole model's plan gives the same layers as the whole plan
+    as long as it holds whole parents (q/k/v and gate/up decide their shared scale together):
+    :func:`quarl.quant.stream.build_streamed` passes one decoder layer's part at a time."""
+    lora = recipe.lora_config()
     states = _shared_states(model, plan) if recipe.share_fused_scales else {}
     for name, cfg in plan.items():
         parent_name, _, leaf = name.rpartition(".")
@@ -167,13 +184,17 @@ def quantize_model(model: nn.Module, recipe: QuantRecipe | dict | str | Path | N
         except QuantError as e:
             raise QuantError(f"layer {name}: {e}") from None
         setattr(parent, leaf, q)
+
+
+def finish_quantized(model: nn.Module, recipe: QuantRecipe) -> None:
+    """After every planned layer is swapped: freeze what the recipe does not train, record the recipe."""
+    lora = recipe.lora_config()
     if lora is not None or recipe.mode == "frozen":
         for n, p in model.named_parameters():
             trainable = (lora is not None and ("lora_A" in n or "lora_B" in n)) or (
                 recipe.mode == "qat" and n.endswith(".weight") and isinstance(model.get_submodule(n.rsplit(".", 1)[0]), QuantLinear))
             p.requires_grad_(trainable)
     model.quarl_recipe = recipe.to_dict()  # travels with the model to export
-    return QuantReport(layers={n: spec_string(c) for n, c in plan.items()}, memory=memory_report(model))
 
 
 def memory_report(model: nn.Module) -> dict:

@@ -53,6 +53,10 @@ class PolicyConfig:
     lora_targets: list[str] = field(default_factory=lambda: list(DEFAULT_LORA_TARGETS))
     dtype: str = "auto"  # auto (bfloat16 on CUDA, float32 on CPU) | float32 | bfloat16
     gradient_checkpointing: bool = False
+    # How the base is loaded (quarl.train.policy.resolve_load): dense (whole model in `dtype`, then quantized) |
+    # stream (built layer by layer, each quantized as read: a 32B NVFP4 base fits one 80 GB GPU) |
+    # auto (stream for a quantized lora base on CUDA, else dense). The policy is the same either way.
+    load: str = "auto"
 
 
 @dataclass
@@ -166,6 +170,11 @@ class RLConfig:
         if p.mode == "full" and not full_qat and str(p.format).lower() not in ("bf16", "none", "full", "fp32", "fp16"):
             raise ValueError(f"policy.mode=full trains every weight in high precision; set policy.format=bf16 "
                              f"(got {p.format!r}), or use policy.mode=lora for a quantized base")
+        if p.load not in ("auto", "dense", "stream"):
+            raise ValueError(f"policy.load must be auto|dense|stream, got {p.load!r}")
+        if p.load == "stream" and (p.mode != "lora" or full_qat):
+            raise ValueError("policy.load=stream quantizes the frozen base while loading it; it needs policy.mode=lora "
+                             "with a frozen (not qat) recipe. Use policy.load=dense (or auto) here")
         if p.dtype not in ("auto", "float32", "bfloat16", "float16"):
             raise ValueError(f"policy.dtype must be auto|float32|bfloat16|float16, got {p.dtype!r}")
         if r.group_size < 2:

@@ -40,6 +40,7 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from quarl.engine.rollout import position_ids_from_mask
+from quarl.train.fsdp import decoder_hidden
 
 
 def _project(lm_head: nn.Module, h: torch.Tensor, targets: torch.Tensor, temperature: float, with_entropy: bool):
@@ -77,8 +78,8 @@ def completion_logprobs(
     trailing_only = bool((mask_r[:, 1:] <= mask_r[:, :-1]).all())  # each row 1...1 0...0 after the roll
     if not trailing_only:  # holes inside a row: keep the original layout and the mask
         ids_r, mask_r, lead = input_ids, attention_mask, torch.zeros_like(lead)
-    hidden = model.get_decoder()(input_ids=ids_r, attention_mask=None if trailing_only else mask_r,
-                                 position_ids=position_ids_from_mask(mask_r), use_cache=False).last_hidden_state
+    hidden = decoder_hidden(model, input_ids=ids_r, attention_mask=None if trailing_only else mask_r,
+                            position_ids=position_ids_from_mask(mask_r), use_cache=False)  # [B, L, H]
     # position t predicts completion token t; rolled row b holds completion token 0 at L - T - lead[b]
     at = (L - T - 1 - lead)[:, None] + torch.arange(T, device=input_ids.device)[None, :]  # [B, T]
     hidden = hidden.gather(1, at[..., None].expand(-1, -1, hidden.shape[-1]))  # [B, T, H]

@@ -16,6 +16,11 @@ over any ``draw()`` that returns a :class:`ScoredBatch`; it stops after
 -- small models early in training produce many flat groups; the trainer logs
 the shortfall and trains on what there is, or skips the update if nothing is
 informative, rather than looping forever as an unbounded refill could).
+
+Under torchrun each rank draws its share of every round's prompts; the informative
+flags of all ranks are gathered in rank order and the first ``target`` of them are kept,
+exactly the groups one process drawing the same rollouts would keep. So every rank
+stops after the same round, and a rank may end with none of the kept groups.
 """
 
 from __future__ import annotations
@@ -27,6 +32,7 @@ import torch
 
 from quarl.engine.rollout import Rollout
 from quarl.rl.losses import informative_groups
+from quarl.train.distributed import SINGLE, Dist
 
 
 class PromptSampler:
@@ -109,12 +115,14 @@ def dynamic_sample(
     group_size: int,
     target_groups: int,
     max_rounds: int,
+    dist: Dist = SINGLE,
 ) -> tuple[ScoredBatch | None, ScoredBatch, dict]:
     """Draw until ``target_groups`` informative groups are collected or ``max_rounds`` draws were made.
 
     Returns ``(kept, drawn, stats)``: ``kept`` has at most ``target_groups`` groups
     (``None`` if no group was informative); ``drawn`` is everything sampled (for
-    honest reward/accuracy metrics); ``stats`` counts rounds and groups.
+    honest reward/accuracy metrics); ``stats`` counts rounds and groups. Under torchrun
+    (``dist``) ``kept`` and ``drawn`` are this rank's, ``stats`` the whole run's.
     """
     if max_rounds < 1:
         raise ValueError(f"max_sampling_rounds must be >= 1, got {max_rounds}")
@@ -125,7 +133,9 @@ def dynamic_sample(
         b = draw()
         rounds += 1
         drawn.append(b)
-        good = informative_groups(b.rewards, group_size)  # [groups in b]
+        mine = informative_groups(b.rewards, group_size)  # [groups in b]
+        good = dist.all_gather_rows(mine)  # [groups of every rank], rank order
+        offset = sum(dist.all_gather_object(mine.numel())[:dist.rank])
         n_drawn += good.numel()
         if good.any():
             # keep only as many as still needed, in draw order
@@ -133,8 +143,10 @@ def dynamic_sample(
             idx = torch.nonzero(good).flatten()[:need]
             mask = torch.zeros_like(good)
             mask[idx] = True
-            kept.append(b.select_groups(mask, group_size))
             n_kept += int(mask.sum())
+            mask = mask[offset:offset + mine.numel()]  # this rank's part of the selection
+            if mask.any():
+                kept.append(b.select_groups(mask, group_size))
     stats = {
         "sampling/rounds": rounds,
         "sampling/groups_drawn": n_drawn,

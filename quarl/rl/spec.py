@@ -27,6 +27,9 @@ SPEC = StageSpec(
         "algo": Param("algo.algo", help="grpo | dapo."),
         "mode": Param("policy.mode", help="lora (quantized frozen base + LoRA) | full (every weight, high precision)."),
         "format": Param("policy.format", help="base weight format: nvfp4 (QeRL), mxfp4, nf4 (QLoRA), fp8-block, bf16."),
+        "load": Param("policy.load", help="how the base is loaded: auto (stream a quantized base on CUDA) | dense | "
+                                          "stream (layer by layer, each layer quantized as read: 32B on one 80 GB "
+                                          "GPU)."),
         "lora_r": Param("policy.lora_r", help="LoRA rank."),
         "lr": Param("optim.lr", help="learning rate."),
         "optimizer": Param("optim.optimizer", help="adamw8bit (bitsandbytes, CUDA) | adamw."),
@@ -47,6 +50,7 @@ SPEC = StageSpec(
     metrics=("reward/accuracy", "reward/mean", "reward", "response", "policy/entropy", "mismatch",
              "total_steps", "time/step_s_mean", "time/total_s", "rollout/tokens_per_s_mean", "memory"),
     resources=GPU.with_(memory="128Gi", timeout_s=48 * 3600),
+    distributed=True,  # torchrun on N GPUs: rollouts and LoRA gradients data-parallel (docs/distributed.md)
     description="GRPO/DAPO on the quantized policy (frozen low-bit base + LoRA) with adaptive quantization "
                 "noise; resumable from checkpoints mirrored to S3.",
     doc="Train a quantized policy with GRPO or DAPO: frozen low-bit base + LoRA, adaptive quantization noise.\n\n"

@@ -4,7 +4,9 @@
            output_uri="runs/r1/rl/adapter") -> dict
 
 Flow: read the data-prep split (``quarl.data.read_split``, verified), load the
-model (``quarl.models.load_model``), build the policy and train
+model (``quarl.train.policy.load_policy_model``: dense, or with ``policy.load=stream``
+-- the default for a quantized base on CUDA -- built layer by layer and quantized as
+read, so a 32B base fits one 80 GB GPU), build the policy and train
 (:class:`quarl.rl.trainer.RLTrainer`), then write one artifact:
 
     kind "adapter" (policy.mode=lora)         kind "model" (policy.mode=full)
@@ -27,6 +29,13 @@ local cache and each checkpoint is mirrored to ``<output>.checkpoints/`` in the
 bucket -- a fresh pod (a retried Kubeflow step) finds it there and continues.
 A complete artifact at the output is never overwritten unless ``overwrite=True``,
 and that is checked *before* training, not after hours of it.
+
+Under ``torchrun`` (``WORLD_SIZE > 1``; docs/distributed.md) the stage joins the process
+group, every rank loads the model and data (rank 0 first, so a shared cache is filled
+once) and trains its share (:class:`RLTrainer`), and rank 0 alone writes the artifact;
+the other ranks return ``{"complete": True, "rank": r, "output_uri": None}``. A sharded
+full-parameter policy is gathered to rank 0 first (its CPU memory holds the whole model
+once).
 """
 
 from __future__ import annotations
@@ -36,14 +45,17 @@ import logging
 import time
 from pathlib import Path
 
+import torch
+
 from quarl.artifacts import open_artifact, write_artifact
 from quarl.config import dump_config
 from quarl.rl.config import RLConfig
 from quarl.rl.report import summarize, write_report
 from quarl.rl.trainer import RLTrainer
+from quarl.train.distributed import Dist, distributed
 from quarl.train.metrics import read_metrics
 from quarl.train.outputs import checkpoint_remote_for, refuse_existing, work_dir_for
-from quarl.train.policy import resolve_device, resolve_dtype
+from quarl.train.policy import load_policy_model, resolve_device, resolve_dtype
 
 log = logging.getLogger(__name__)
 STAGE = "rl"
@@ -55,31 +67,73 @@ def run_rl(cfg: RLConfig, *, model_uri: str, data_uri: str, output_uri: str, ini
 
     ``stop_after`` ends the run early after that many steps (a checkpoint is left,
     no artifact is written) -- for tests and for splitting long runs into jobs.
+    Under torchrun every rank calls it (the module docstring says who does what).
     """
+    with distributed(cfg.train.device) as d:
+        return _run_rl(cfg, d, model_uri=model_uri, data_uri=data_uri, output_uri=output_uri,
+                       init_adapter_uri=init_adapter_uri, overwrite=overwrite, stop_after=stop_after)
+
+
+def _run_rl(cfg: RLConfig, d: Dist, *, model_uri: str, data_uri: str, output_uri: str, init_adapter_uri: str | None,
+            overwrite: bool, stop_after: int | None) -> dict:
     from quarl.data import read_split
-    from quarl.models import load_model, save_model
-    from quarl.quant import save_adapter
 
     t0 = time.time()
     cfg = cfg.resolved()
     refuse_existing(output_uri, overwrite)
-    df = read_split(data_uri, cfg.train.split)
+    device = d.device(resolve_device(cfg.train.device))
+    dtype = resolve_dtype(cfg.policy.dtype, device)
+    with d.main_first():  # downloads into the node's cache happen once
+        df = read_split(data_uri, cfg.train.split)
+        init_dir = open_artifact(init_adapter_uri, kind="adapter").path if init_adapter_uri else None
+        # full parameters on several ranks: loaded on the CPU, FSDP2 moves each rank's shard to the GPU
+        home = torch.device("cpu") if d.enabled and cfg.policy.mode == "full" else device
+        # policy.load: a quantized base on CUDA is built layer by layer, each layer packed as it is read
+        # (quarl.quant.stream), so a 32B model never exists in BF16 -- the difference between fitting one 80 GB
+        # GPU and not. build_policy then only adds LoRA; the policy is the one the dense load gives.
+        model, tokenizer, load_how = load_policy_model(model_uri, cfg.policy, home, dtype)
     if df.empty:
         raise ValueError(f"{data_uri}: the {cfg.train.split!r} split is empty; re-run data-prep with more data")
-    init_dir = None
-    if init_adapter_uri:
-        init_dir = open_artifact(init_adapter_uri, kind="adapter").path
-    device = resolve_device(cfg.train.device)
-    model, tokenizer = load_model(model_uri, dtype=resolve_dtype(cfg.policy.dtype, device), device=str(device))
     work = work_dir_for(output_uri)
     trainer = RLTrainer(cfg, model, tokenizer, df["prompt"].tolist(), df["answer"].astype(str).tolist(), work,
-                        checkpoint_remote=checkpoint_remote_for(output_uri), init_adapter=init_dir)
+                        checkpoint_remote=checkpoint_remote_for(output_uri), init_adapter=init_dir, dist=d)
     policy_format = _policy_format(trainer.model, cfg)
     summary = trainer.train(stop_after=stop_after)
+    summary.update({"policy_load": load_how, "policy_load_build": getattr(model, "quarl_load", None)})
     if summary["end_step"] < summary["total_steps"] and not summary["timed_out"]:
         log.info("stopped after step %d of %d; checkpoint %s", summary["end_step"], summary["total_steps"],
                  summary["last_checkpoint"])
         return {"output_uri": None, "complete": False, **summary}
+    out_model = trainer.model
+    if trainer.sharded:  # FSDP2: the whole policy on rank 0 (a collective), loaded into a plain copy there
+        out_model = _gathered_policy(trainer, cfg, model_uri, dtype, d)
+    result = d.on_main(lambda: _write(cfg, trainer, out_model, tokenizer, summary, work, policy_format, t0,
+                                      model_uri=model_uri, data_uri=data_uri, output_uri=output_uri,
+                                      init_adapter_uri=init_adapter_uri, overwrite=overwrite), "rl artifact")
+    return result or {"output_uri": None, "complete": True, "rank": d.rank, **summary}
+
+
+def _gathered_policy(trainer: RLTrainer, cfg: RLConfig, model_uri: str, dtype, d: Dist):
+    """The FSDP-sharded full policy as one plain model on rank 0's CPU (None elsewhere)."""
+    from quarl.models import load_model
+    from quarl.train.fsdp import full_state_dict
+    from quarl.train.policy import build_policy
+
+    sd = full_state_dict(trainer.model)
+    if not d.is_main:
+        return None
+    plain, _ = load_model(model_uri, dtype=dtype, device="cpu")
+    build_policy(plain, cfg.policy)
+    plain.load_state_dict(sd)
+    return plain
+
+
+def _write(cfg: RLConfig, trainer: RLTrainer, out_model, tokenizer, summary: dict, work: Path, policy_format: str,
+           t0: float, *, model_uri: str, data_uri: str, output_uri: str, init_adapter_uri: str | None,
+           overwrite: bool) -> dict:
+    """Rank 0: the artifact."""
+    from quarl.models import save_model
+    from quarl.quant import save_adapter
 
     rows = read_metrics(work / "metrics.jsonl")
     summary.update(summarize(rows))
@@ -90,11 +144,10 @@ def run_rl(cfg: RLConfig, *, model_uri: str, data_uri: str, output_uri: str, ini
     inputs = [model_uri, data_uri] + ([init_adapter_uri] if init_adapter_uri else [])
     with write_artifact(output_uri, kind, STAGE, config=cfg, inputs=inputs, overwrite=overwrite) as art:
         if kind == "adapter":
-            save_adapter(trainer.model, art.path, base_model_name_or_path=str(model_uri))
-            (art.path / "quant_recipe.json").write_text(json.dumps(getattr(trainer.model, "quarl_recipe", {}),
-                                                                   indent=2))
+            save_adapter(out_model, art.path, base_model_name_or_path=str(model_uri))
+            (art.path / "quant_recipe.json").write_text(json.dumps(getattr(out_model, "quarl_recipe", {}), indent=2))
         else:
-            save_model(trainer.model, tokenizer, art.path)
+            save_model(out_model, tokenizer, art.path)
         for name in ("metrics.jsonl", "samples.jsonl"):
             if (work / name).exists():
                 (art.path / name).write_bytes((work / name).read_bytes())

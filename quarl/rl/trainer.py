@@ -45,10 +45,26 @@ uninterrupted run takes (tested).
 Divergence. A NaN/Inf reward, loss or gradient norm stops the run with
 :class:`RLDivergedError` *before* the optimizer step, so the weights in memory
 and every checkpoint on disk are from good steps.
+
+Several processes (``torchrun``; :mod:`quarl.train.distributed`, docs/distributed.md).
+Every rank draws the step's prompts from the replicated sampler and rolls out its
+contiguous share of them, whole groups of G answers, so group normalisation stays on
+one rank. Token / sequence counts are summed over ranks before the loss divides by them
+and gradients are summed, so the update is the one-process update of the same rollouts
+up to the order of additions (tested). LoRA (``policy.mode=lora``): the frozen base is
+replicated and the LoRA gradients are all-reduced once per optimizer step; each rank
+samples with its own stream (``train.seed + 1 + 10007 * rank``; rank 0's is the
+one-process stream) while the AQN noise is drawn identically everywhere. Full
+parameters (``policy.mode=full``): FSDP2 shards the policy (and the KL reference); the
+rollout runs the gathered model through the reference engine (the CUDA-graph engine
+captures weight addresses that FSDP frees), and checkpoints are DCP shards. DAPO's
+dynamic sampling selects the kept groups from every rank's draws in rank order, as one
+process would. Metrics are computed over the whole batch; rank 0 writes them.
 """
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import hashlib
 import json
@@ -78,7 +94,9 @@ from quarl.rl.losses import group_advantages, overlong_penalty, policy_loss
 from quarl.rl.precision import Precision
 from quarl.rl.sampling import PromptSampler, ScoredBatch, dynamic_sample
 from quarl.train.checkpoint import CheckpointManager
-from quarl.train.metrics import MetricsLogger, peak_memory_gb
+from quarl.train.distributed import Dist, current
+from quarl.train.fsdp import clip_grad_norm, gathered, shard_model
+from quarl.train.metrics import MetricsLogger, NullLogger, peak_memory_gb
 from quarl.train.optim import lr_at, make_optimizer
 from quarl.train.policy import build_policy, lora_disabled, place_policy, resolve_device, resolve_dtype
 
@@ -111,11 +129,17 @@ class RLTrainer:
 
     def __init__(self, cfg: RLConfig, model: nn.Module, tokenizer, prompts: list[str], answers: list[str],
                  out_dir: str | Path, *, checkpoint_remote: str | None = None, reward_fn=None,
-                 generator: Generator | None = None, init_adapter: str | Path | None = None):
+                 generator: Generator | None = None, init_adapter: str | Path | None = None,
+                 dist: Dist | None = None):
         self.cfg = cfg = cfg.resolved()
         self.tok, self.out = tokenizer, Path(out_dir)
+        self.dist = dist = dist or current()
+        if dist.enabled and cfg.train.prompts_per_step < dist.world_size:
+            raise ValueError(f"train.prompts_per_step={cfg.train.prompts_per_step} is smaller than the "
+                             f"{dist.world_size} ranks: every rank rolls out whole prompt groups; raise it to at "
+                             f"least the number of processes (a multiple of it balances the ranks)")
         self.out.mkdir(parents=True, exist_ok=True)
-        self.device = resolve_device(cfg.train.device)
+        self.device = dist.device(resolve_device(cfg.train.device))
         if cfg.train.threads > 0:
             torch.set_num_threads(cfg.train.threads)
         dtype = resolve_dtype(cfg.policy.dtype, self.device)
@@ -125,7 +149,10 @@ class RLTrainer:
         random.seed(seed)
         np.random.seed(seed)
         torch.manual_seed(seed)
-        self.model = place_policy(model, self.device, dtype)  # packed 4-bit tensors keep their dtypes
+        # full parameters on several ranks: built on the CPU, then FSDP2 moves only each rank's shard to the device
+        self.sharded = dist.enabled and cfg.policy.mode == "full"
+        home = torch.device("cpu") if self.sharded else self.device
+        self.model = place_policy(model, home, dtype)  # packed 4-bit tensors keep their dtypes
         self.policy_report = build_policy(self.model, cfg.policy)
         if init_adapter is not None:  # continue from an earlier stage's LoRA (e.g. a cold-start SFT)
             if cfg.policy.mode != "lora":
@@ -143,12 +170,19 @@ class RLTrainer:
             for m in self.model.modules():
                 if isinstance(m, QuantLinear) and m.mode == "frozen":
                     m.cache_dequantized = True  # the base never changes: dequantize once
-        self.params = [p for p in self.model.parameters() if p.requires_grad]
-        if not self.params:
+        if not any(p.requires_grad for p in self.model.parameters()):
             raise ValueError("the policy has no trainable parameters")
         self.ref_model = None
         if cfg.algo.beta > 0 and cfg.policy.mode == "full":
             self.ref_model = copy.deepcopy(self.model).eval().requires_grad_(False)
+        # full parameters: FSDP2 shards policy and reference; LoRA on a frozen base: replicated
+        if self.sharded:
+            shard_model(self.model, dist, self.device)
+            if self.ref_model is not None:
+                shard_model(self.ref_model, dist, self.device)
+        elif dist.enabled:
+            dist.broadcast_params([p for p in self.model.parameters() if p.requires_grad])
+        self.params = [p for p in self.model.parameters() if p.requires_grad]
         self.optimizer, self.optimizer_name = make_optimizer(self.params, cfg.optim, self.device)
 
         # Data: tokenize once; over-long prompts are skipped and counted, never truncated.
@@ -167,13 +201,17 @@ class RLTrainer:
         self.total_steps = t.steps or max(1, int(t.epochs * len(self.prompt_ids)) // t.prompts_per_step)
         self.sampler = PromptSampler(len(self.prompt_ids), seed)
         self.aqn = AQN(self.model, cfg.aqn, self.total_steps)
-        self.rollout_gen = torch.Generator(self.device).manual_seed(seed + 1)  # token sampling
+        self.rollout_gen = torch.Generator(self.device).manual_seed(seed + 1 + 10007 * dist.rank)  # token sampling
         self.noise_gen = torch.Generator().manual_seed(seed + 2)  # AQN noise (CPU: device-independent)
         self.generators = {"rollout": self.rollout_gen, "noise": self.noise_gen}
         from quarl.engine import make_generator  # lazy: only building a rollout engine needs it
 
         # keep_cache=False: the fast engine frees its KV cache after each rollout, the backward pass needs it
-        self.generator = generator or make_generator(self.model, tokenizer.pad_token_id, engine=cfg.rollout.engine,
+        engine = cfg.rollout.engine
+        if self.sharded and engine != "reference":  # graphs would capture weights FSDP frees between rollouts
+            log.info("rl: rollout.engine=%s -> reference under FSDP (policy.mode=full on several ranks)", engine)
+            engine = "reference"
+        self.generator = generator or make_generator(self.model, tokenizer.pad_token_id, engine=engine,
                                                      cache=cfg.rollout.cache,
                                                      batch_size=cfg.rollout.batch_size or None, keep_cache=False)
         self.sampling = SamplingParams(cfg.rollout.temperature, cfg.rollout.top_p, cfg.rollout.max_new_tokens,
@@ -188,8 +226,10 @@ class RLTrainer:
     def _draw(self, step: int) -> ScoredBatch:
         """Sample prompts_per_step prompts x G answers under AQN and score them."""
         cfg, G = self.cfg, self.cfg.rollout.group_size
-        idx = self.sampler.next(cfg.train.prompts_per_step)
-        with self.aqn.perturb(step, self.noise_gen), self.precision.rollout(self.model):
+        idx = self.sampler.next(cfg.train.prompts_per_step)  # the global batch, the same on every rank
+        idx = idx[self.dist.shard(len(idx))]  # this rank's whole groups
+        full = gathered(self.model) if self.sharded else contextlib.nullcontext()
+        with full, self.aqn.perturb(step, self.noise_gen), self.precision.rollout(self.model):
             r = self.generator.generate([self.prompt_ids[i] for i in idx], self.sampling, G, self.rollout_gen)
         rows = [i for i in idx for _ in range(G)]
         texts = [self.tok.decode(r.completion_ids[j, :int(n)].tolist(), skip_special_tokens=True)
@@ -219,15 +259,24 @@ class RLTrainer:
         pad = (0, T_full - T)
         return torch.nn.functional.pad(logp, pad), (torch.nn.functional.pad(ent, pad) if ent is not None else None)
 
-    def _micro_batches(self, n: int):
+    def _micro_batches(self, n: int) -> list[slice | None]:
+        """Row slices of this rank's rollout; a sharded policy pads with ``None`` (a zero-weight stand-in
+        forward) to the largest count of any rank, since every FSDP forward is a collective."""
         mb = self.cfg.optim.micro_batch_size
-        return [slice(i, min(i + mb, n)) for i in range(0, n, mb)]
+        parts: list[slice | None] = [slice(i, min(i + mb, n)) for i in range(0, n, mb)]
+        if self.sharded:
+            parts += [None] * (int(self.dist.all_reduce(len(parts), "max")) - len(parts))
+        return parts
 
     @torch.no_grad()
     def _no_grad_logprobs(self, model: nn.Module, r: Rollout, with_entropy: bool):
         model.eval()
-        lps, ents = [], []
+        T = r.completion_ids.shape[1]
+        lps, ents = [torch.zeros(0, T, device=self.device)], [torch.zeros(0, T, device=self.device)]
         for rows in self._micro_batches(len(r)):
+            if rows is None:
+                self._forward(model, self._pad_rollout, slice(0, 1), False)
+                continue
             lp, ent = self._forward(model, r, rows, with_entropy)
             lps.append(lp)
             ents.append(ent)
@@ -253,16 +302,21 @@ class RLTrainer:
                 if (self.out / name).exists():
                     shutil.copy2(self.out / name, d / name)
 
-        self.last_checkpoint = self.ckpt.save(step_done, self.model, self.optimizer, state, self.generators, extras)
+        self.last_checkpoint = self.ckpt.save(step_done, self.model, self.optimizer, state, self.generators, extras,
+                                              dist=self.dist, sharded=self.sharded)
 
     def maybe_resume(self) -> int:
         """Load the newest checkpoint if ``train.resume``; returns the step to start at."""
         if not self.cfg.train.resume:
             return 0
-        ckpt = self.ckpt.latest()
+        ckpt = self.ckpt.latest(dist=self.dist)
         if ckpt is None:
             return 0
-        state = CheckpointManager.load(ckpt, self.model, self.optimizer, self.generators)
+        state = CheckpointManager.load(ckpt, self.model, self.optimizer, self.generators, dist=self.dist)
+        if not state["rng_restored"]:  # more ranks than the checkpoint was written by: a fresh stream of its own
+            log.warning("rank %d: %s has no sampling state for this rank; it continues with a fresh stream",
+                        self.dist.rank, ckpt)
+            self.rollout_gen.manual_seed(self.cfg.train.seed + 1 + 10007 * self.dist.rank + 7919 * state["step"])
         if state["total_steps"] != self.total_steps:
             raise ValueError(f"checkpoint {ckpt} belongs to a run of {state['total_steps']} steps, this one has "
                              f"{self.total_steps}: the LR and AQN schedules would differ; keep train.steps the same "
@@ -271,7 +325,7 @@ class RLTrainer:
             log.warning("resuming from %s with a different config than it was written with", ckpt)
         self.sampler.load_state_dict(state["sampler"])
         for name in ("metrics.jsonl", "samples.jsonl"):  # the history up to the checkpoint, exactly
-            if (ckpt / name).exists():
+            if (ckpt / name).exists() and self.dist.is_main:
                 shutil.copy2(ckpt / name, self.out / name)
         self.last_checkpoint = ckpt
         self.start_step = state["step"]
@@ -286,12 +340,13 @@ class RLTrainer:
         cfg, a, G = self.cfg, self.cfg.algo, self.cfg.rollout.group_size
         start = self.maybe_resume()
         end = self.total_steps if stop_after is None else min(self.total_steps, stop_after)
-        logger = MetricsLogger(self.out, resume_step=start)
+        main, d = self.dist.is_main, self.dist  # rank 0 alone logs, samples and shows progress
+        logger = MetricsLogger(self.out, resume_step=start) if main else NullLogger()
         samples_path = self.out / "samples.jsonl"
-        if samples_path.exists():  # keep one consistent history, as metrics.jsonl does
+        if samples_path.exists() and main:  # keep one consistent history, as metrics.jsonl does
             keep = [ln for ln in samples_path.read_text().splitlines() if ln and json.loads(ln)["step"] < start]
             samples_path.write_text("".join(ln + "\n" for ln in keep))
-        bar = tqdm(total=self.total_steps, initial=start, desc="rl", unit="step", disable=None)
+        bar = tqdm(total=self.total_steps, initial=start, desc="rl", unit="step", disable=None if main else True)
         t_start, timed_out = time.monotonic(), False
         try:
             for step in range(start, end):
@@ -305,7 +360,7 @@ class RLTrainer:
                 # 1) rollout (+ rewards; DAPO: refill flat groups)
                 if a.dynamic_sampling:
                     batch, drawn, sstats = dynamic_sample(lambda step=step: self._draw(step), G,
-                                                          cfg.train.prompts_per_step, a.max_sampling_rounds)
+                                                          cfg.train.prompts_per_step, a.max_sampling_rounds, dist=d)
                 else:
                     batch = drawn = self._draw(step)
                     sstats = {}
@@ -314,19 +369,24 @@ class RLTrainer:
                 m = {"lr": lr, "aqn/sigma": self.aqn.sigma(step), "aqn/stage": self.aqn.stage(step), **sstats}
                 m.update(self._rollout_metrics(drawn))
                 m["time/rollout_s"] = t_roll
-                m["rollout/tokens_per_s"] = float(drawn.rollout.lengths.sum()) / max(t_roll, 1e-9)
+                m["rollout/tokens_per_s"] = d.all_reduce(float(drawn.rollout.lengths.sum())) / max(t_roll, 1e-9)
 
                 t1 = time.perf_counter()
                 t_lp = t_upd = 0.0
-                if batch is None:
-                    m["update/skipped"] = 1.0  # no informative group at all this step
+                self._pad_rollout = drawn.rollout.select([0])  # input of a sharded rank's stand-in forwards
+                if batch is None and not (d.enabled and sstats.get("sampling/groups_kept", 0) > 0):
+                    m["update/skipped"] = 1.0  # no informative group at all this step (on any rank)
                 else:
+                    if batch is None:  # DAPO kept groups on other ranks only: this rank adds no rows
+                        batch = drawn.select_groups(torch.zeros(len(drawn) // G, dtype=torch.bool), G)
                     r = batch.rollout
                     adv = group_advantages(batch.rewards, G, a.adv_eps, a.scale_advantages).to(self.device)  # [N]
                     loss_mask = r.completion_mask.float()  # [N, T]
                     if a.overlong == "filter":
                         loss_mask = loss_mask * (~r.truncated).float().unsqueeze(1)
-                    n_tok, n_seq = float(loss_mask.sum()), float((loss_mask.sum(1) > 0).sum())
+                    # the loss divides by counts over the whole batch (every rank's rows)
+                    n_tok = d.all_reduce(float(loss_mask.sum()))
+                    n_seq = d.all_reduce(float((loss_mask.sum(1) > 0).sum()))
 
                     # 2) log-probs that do not change during the updates (clean policy, no grad)
                     need_old = a.updates_per_rollout > 1 and a.old_logprobs == "trainer"
@@ -353,15 +413,17 @@ class RLTrainer:
                         m.update(self._updates(step, r, adv, loss_mask, n_tok, n_seq, old_lp, ref_lp, train_lp, ent))
                         m["update/skipped"] = 0.0
                     t_upd = time.perf_counter() - t2
-                    m["train/answers"] = len(r)
+                    m["train/answers"] = int(d.all_reduce(len(r)))
                     m["train/loss_tokens"] = n_tok
 
                 dt = time.perf_counter() - t0
+                tokens = d.all_reduce(float(drawn.rollout.attention_mask.sum()))
                 m.update({"time/logprob_s": t_lp, "time/update_s": t_upd, "time/step_s": dt,
-                          "throughput/tokens_per_s": float(drawn.rollout.attention_mask.sum()) / max(dt, 1e-9),
-                          "memory/peak_gb": peak_memory_gb(self.device), "data/epoch": self.sampler.epochs_done})
+                          "throughput/tokens_per_s": tokens / max(dt, 1e-9),
+                          "memory/peak_gb": d.all_reduce(peak_memory_gb(self.device), "max"),
+                          "data/epoch": self.sampler.epochs_done})
                 logger.log(step, m)
-                if cfg.train.sample_every and step % cfg.train.sample_every == 0:
+                if main and cfg.train.sample_every and step % cfg.train.sample_every == 0:
                     self._write_samples(samples_path, step, drawn)
                 bar.update(1)
                 bar.set_postfix(reward=f"{m['reward/mean']:.3f}", acc=f"{m['reward/accuracy']:.3f}",
@@ -369,6 +431,8 @@ class RLTrainer:
                 done = step + 1
                 # wall-clock budget: end at this step boundary (the LR / AQN schedules keep total_steps)
                 timed_out = bool(cfg.train.max_time_s) and time.monotonic() - t_start > cfg.train.max_time_s
+                if cfg.train.max_time_s and d.enabled:  # one decision for every rank (rank clocks differ)
+                    timed_out = bool(d.all_reduce(float(timed_out), "max"))
                 if done == self.total_steps or (cfg.train.checkpoint_every and done % cfg.train.checkpoint_every == 0):
                     self._save(done)
                 elif timed_out or (stop_after is not None and done == end):
@@ -384,14 +448,16 @@ class RLTrainer:
         return {"total_steps": self.total_steps, "start_step": start, "end_step": end, "timed_out": timed_out,
                 "optimizer": self.optimizer_name, "policy": self.policy_report,
                 "skipped_prompts": self.skipped_prompts, "train_prompts": len(self.prompt_ids),
-                "last_checkpoint": str(self.last_checkpoint) if self.last_checkpoint else None}
+                "last_checkpoint": str(self.last_checkpoint) if self.last_checkpoint else None,
+                "world_size": self.dist.world_size, "sharded": self.sharded}
 
     def _updates(self, step, r, adv, loss_mask, n_tok, n_seq, old_lp, ref_lp, train_lp, ent) -> dict:
-        """mu optimizer steps over micro-batches; returns the update metrics."""
-        a = self.cfg.algo
+        """mu optimizer steps over micro-batches of this rank's rows; returns the update metrics (whole batch)."""
+        a, d = self.cfg.algo, self.dist
         mbs = self._micro_batches(len(r))
         capture = train_lp is None  # first pass doubles as the clean trainer log-probs for the mismatch
-        cap_lp, cap_ent = [], []
+        T = r.completion_ids.shape[1]
+        cap_lp, cap_ent = [torch.zeros(0, T, device=self.device)], [torch.zeros(0, T, device=self.device)]
         clipped = ratio = kl = toks = 0.0
         losses, norms = [], []
         self.model.train()
@@ -399,6 +465,10 @@ class RLTrainer:
             self.optimizer.zero_grad(set_to_none=True)
             loss_sum = 0.0
             for rows in mbs:
+                if rows is None:  # sharded policy, this rank has no rows left: the collectives, zero gradient
+                    logp, _ = self._forward(self.model, self._pad_rollout, slice(0, 1), with_entropy=False)
+                    (logp.sum() * 0.0).backward()
+                    continue
                 logp, e = self._forward(self.model, r, rows, with_entropy=capture and u == 0)
                 if capture and u == 0:
                     cap_lp.append(logp.detach())
@@ -419,36 +489,44 @@ class RLTrainer:
                 ratio += out.ratio_sum
                 kl += out.kl_sum
                 toks += out.tokens
+            if d.enabled and not self.sharded:
+                d.all_reduce_grads(self.params)  # the batch gradient: every rank's share summed (FSDP2 sums itself)
             max_norm = self.cfg.optim.max_grad_norm if self.cfg.optim.max_grad_norm > 0 else float("inf")
-            gn = float(torch.nn.utils.clip_grad_norm_(self.params, max_norm))
+            gn = clip_grad_norm(self.params, max_norm)
             if not math.isfinite(gn):
                 raise RLDivergedError(f"step {step}: gradient norm is {gn} (update {u + 1}); the weights were not "
                                       f"changed. Lower optim.lr. {self._last_good()}")
             self.optimizer.step()
-            losses.append(loss_sum)
+            losses.append(d.all_reduce(loss_sum))
             norms.append(gn)
         self.model.eval()
         if capture:
             train_lp, ent = torch.cat(cap_lp), torch.cat(cap_ent)
-        cm = r.completion_mask.bool()
+        clipped, ratio, kl, toks = (d.all_reduce(x) for x in (clipped, ratio, kl, toks))
+        # whole-batch views for the metrics (every rank's rows, in rank order; identity on one process)
+        g = d.all_gather_rows
+        cmask, rollout_lp, lmask, adv = g(r.completion_mask), g(r.logprobs), g(loss_mask), g(adv)
+        train_lp, ent = g(train_lp), (g(ent) if ent is not None else None)
+        cm = cmask.bool()
         m = {"loss": float(np.mean(losses)), "grad_norm": float(np.mean(norms)),
              "policy/clip_fraction": clipped / max(toks, 1.0), "policy/ratio_mean": ratio / max(toks, 1.0),
              "policy/entropy": float(ent[cm].mean()) if ent is not None and cm.any() else float("nan"),
              "adv/abs_mean": float(adv.abs().mean())}
         if a.beta > 0:
             m["policy/kl_ref"] = kl / max(toks, 1.0)
-        m.update(mismatch(r.logprobs, train_lp, r.completion_mask))
-        m.update(self.precision.is_metrics(train_lp, r.logprobs, loss_mask))
+        m.update(mismatch(rollout_lp, train_lp, cmask))
+        m.update(self.precision.is_metrics(train_lp, rollout_lp, lmask))
         return m
 
-    @staticmethod
-    def _rollout_metrics(b: ScoredBatch) -> dict:
-        lengths = b.rollout.lengths.float()
-        return {"reward/mean": float(b.rewards.mean()), "reward/std": float(b.rewards.std()) if len(b) > 1 else 0.0,
-                "reward/accuracy": float(b.accuracy.mean()), "reward/format": float(b.format.mean()),
+    def _rollout_metrics(self, b: ScoredBatch) -> dict:
+        """Reward and length statistics of everything drawn this step (every rank's answers)."""
+        g = self.dist.all_gather_rows
+        rewards, accuracy, fmt = g(b.rewards), g(b.accuracy), g(b.format)
+        lengths, truncated = g(b.rollout.lengths.float()), g(b.rollout.truncated)
+        return {"reward/mean": float(rewards.mean()), "reward/std": float(rewards.std()) if len(rewards) > 1 else 0.0,
+                "reward/accuracy": float(accuracy.mean()), "reward/format": float(fmt.mean()),
                 "response/length_mean": float(lengths.mean()), "response/length_max": float(lengths.max()),
-                "response/truncated_fraction": float(b.rollout.truncated.float().mean())}
-
+                "response/truncated_fraction": float(truncated.float().mean())}
     def _write_samples(self, path: Path, step: int, b: ScoredBatch, k: int = 4) -> None:
         with path.open("a") as f:
             for j in range(min(k, len(b))):

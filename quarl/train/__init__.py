@@ -5,6 +5,8 @@
     optim       make_optimizer (AdamW / AdamW-8bit), lr_at (warmup + cosine, a pure function of the step)
     checkpoint  CheckpointManager: atomic, resumable checkpoints mirrored to S3; trainable_state, RNG state
     metrics     MetricsLogger (metrics.jsonl + TensorBoard), read_metrics
+    distributed torchrun: init_distributed / distributed, Dist (shares of a batch, summed LoRA gradients)
+    fsdp        FSDP2 for full-parameter training (shard_model, gathered rollouts), DCP sharded checkpoints
 
 A trainer owns its loop and its losses; what is here carries no algorithm.
 """

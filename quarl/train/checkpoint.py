@@ -11,6 +11,13 @@ Layout (one directory per checkpoint, under the run's checkpoint root)::
         state.json              step, data position, AQN schedule state, lr, config digest
     latest                      text file: the newest complete checkpoint's directory name
 
+Under torchrun (``dist`` given, :mod:`quarl.train.distributed`) rank 0 writes the
+directory and every rank's RNG state (``rng-rank<r>.pt`` beside rank 0's ``rng.pt``;
+each rank samples its own rollouts). Replicated trainable weights (data-parallel LoRA)
+keep the files above; sharded ones (FSDP2, ``sharded=True``) are written by every rank
+through torch.distributed.checkpoint into ``dcp/`` instead of ``trainable.safetensors``
+and ``optimizer.pt`` (:mod:`quarl.train.fsdp`), and load into any world size.
+
 Crash safety. A checkpoint is written into ``.tmp-step-N-<pid>`` and renamed into
 place only when every file is on disk; ``latest`` is then replaced atomically.
 A crash at any moment leaves the previous checkpoint and a valid ``latest``
@@ -37,7 +44,10 @@ import torch
 from safetensors.torch import load_file, save_file
 from torch import nn
 
+from quarl.train.distributed import SINGLE, Dist
+
 LATEST = "latest"
+DCP_DIR = "dcp"
 
 
 def _dir_name(step: int) -> str:
@@ -88,7 +98,10 @@ class CheckpointManager:
 
     # -- save ------------------------------------------------------------------
     def save(self, step: int, model: nn.Module, optimizer: torch.optim.Optimizer, state: dict,
-             generators: dict[str, torch.Generator], extras=None) -> Path:
+             generators: dict[str, torch.Generator], extras=None, *, dist: Dist = SINGLE,
+             sharded: bool = False) -> Path:
+        if dist.enabled or sharded:
+            return self._save_distributed(step, model, optimizer, state, generators, extras, dist, sharded)
         for stale in self.root.glob(".tmp-*"):
             shutil.rmtree(stale, ignore_errors=True)
         final = self.root / _dir_name(step)
@@ -100,6 +113,49 @@ class CheckpointManager:
         torch.save(optimizer.state_dict(), tmp / "optimizer.pt")
         torch.save(rng_state(generators), tmp / "rng.pt")
         (tmp / "state.json").write_text(json.dumps({**state, "step": step}, indent=2, sort_keys=True))
+        self._publish(tmp, final)
+        return final
+
+    def _save_distributed(self, step: int, model: nn.Module, optimizer: torch.optim.Optimizer, state: dict,
+                          generators: dict[str, torch.Generator], extras, dist: Dist, sharded: bool) -> Path:
+        """Every rank calls this; rank 0 writes all but the DCP shards and publishes the directory."""
+        rngs = dist.all_gather_object(rng_state(generators))  # [world] of each rank's RNG state
+        final = self.root / _dir_name(step)
+        tmp = self.root / f".tmp-{_dir_name(step)}-{dist.broadcast_object(os.getpid())}"
+        if dist.is_main:
+            for stale in self.root.glob(".tmp-*"):
+                shutil.rmtree(stale, ignore_errors=True)
+            tmp.mkdir(parents=True)
+        dist.barrier()
+        if sharded:
+            from quarl.train.fsdp import save_sharded
+
+            save_sharded(tmp / DCP_DIR, model, optimizer)  # a collective: every rank writes its shard
+        if dist.is_main:
+            if not sharded:
+                save_file(trainable_state(model), str(tmp / "trainable.safetensors"))
+                torch.save(optimizer.state_dict(), tmp / "optimizer.pt")
+            if extras is not None:
+                extras(tmp)
+            torch.save(rngs[0], tmp / "rng.pt")
+            for r in range(1, len(rngs)):
+                torch.save(rngs[r], tmp / f"rng-rank{r}.pt")
+            (tmp / "state.json").write_text(json.dumps({**state, "step": step, "world_size": dist.world_size},
+                                                       indent=2, sort_keys=True))
+            if sharded:
+                missing = [r for r in range(dist.world_size) if not list((tmp / DCP_DIR).glob(f"__{r}_*"))]
+                if missing:
+                    raise RuntimeError(f"the checkpoint directory {tmp} holds no DCP shard of rank(s) {missing}: the "
+                                       f"ranks do not share one filesystem. Sharded (full-parameter) checkpoints on "
+                                       f"several nodes need the work directory on a shared volume (ReadWriteMany) "
+                                       f"mounted at the same path on every node (QUARL_CACHE for s3:// outputs)")
+            self._publish(tmp, final)
+        dist.barrier()
+        return final
+
+    def _publish(self, tmp: Path, final: Path) -> None:
+        """A complete ``tmp`` becomes checkpoint ``final``: renamed into place, then ``latest`` names it, then
+        the remote copy (``latest`` uploaded after it), then old checkpoints pruned."""
         if final.exists():
             shutil.rmtree(final)
         os.replace(tmp, final)
@@ -107,7 +163,6 @@ class CheckpointManager:
         if self.remote:
             self._upload(final)
         self._prune()
-        return final
 
     def _write_latest(self, name: str) -> None:
         tmp = self.root / f".{LATEST}.tmp"
@@ -128,8 +183,23 @@ class CheckpointManager:
             shutil.rmtree(old, ignore_errors=True)
 
     # -- load ------------------------------------------------------------------
-    def latest(self) -> Path | None:
-        """The newest complete checkpoint: local first, else fetched from the remote mirror."""
+    def latest(self, *, dist: Dist = SINGLE) -> Path | None:
+        """The newest complete checkpoint: local first, else fetched from the remote mirror.
+
+        Under torchrun every rank calls it; rank 0 looks (and downloads) first, and every
+        rank must find the same one (a node that cannot see the work directory would not)."""
+        if not dist.enabled:
+            return self._latest()
+        with dist.main_first():
+            ckpt = self._latest()
+        names = dist.all_gather_object(ckpt.name if ckpt is not None else None)
+        if len(set(names)) > 1:
+            raise RuntimeError(f"ranks found different checkpoints to resume from ({names}): the work directory is "
+                               f"not shared by every node; use an s3:// output (checkpoints are mirrored there) or "
+                               f"a shared volume")
+        return ckpt
+
+    def _latest(self) -> Path | None:
         p = self.root / LATEST
         if p.exists():
             ckpt = self.root / p.read_text().strip()
@@ -150,8 +220,31 @@ class CheckpointManager:
 
     @staticmethod
     def load(ckpt: Path, model: nn.Module, optimizer: torch.optim.Optimizer,
-             generators: dict[str, torch.Generator]) -> dict:
-        """Restore weights, optimizer and RNG from ``ckpt``; returns its state.json."""
+             generators: dict[str, torch.Generator], *, dist: Dist = SINGLE) -> dict:
+        """Restore weights, optimizer and RNG from ``ckpt``; returns its state.json.
+
+        Under torchrun every rank calls it. A rank restores its own RNG file when the
+        checkpoint has one; ``state["rng_restored"]`` is False when it had to take rank
+        0's (a run resumed on more ranks than it was saved with)."""
+        rng_file = ckpt / (f"rng-rank{dist.rank}.pt" if dist.rank > 0 else "rng.pt")
+        own = rng_file.exists()
+        if (ckpt / DCP_DIR).is_dir():
+            from quarl.train.fsdp import load_sharded
+
+            load_sharded(ckpt / DCP_DIR, model, optimizer)
+        else:
+            CheckpointManager._load_replicated(ckpt, model, optimizer)
+        set_rng_state(torch.load(rng_file if own else ckpt / "rng.pt", weights_only=True), generators)
+        return {**json.loads((ckpt / "state.json").read_text()), "rng_restored": own}
+
+    @staticmethod
+    def _load_replicated(ckpt: Path, model: nn.Module, optimizer: torch.optim.Optimizer) -> None:
+        from quarl.train.fsdp import is_sharded
+
+        if is_sharded(model):
+            raise ValueError(f"checkpoint {ckpt} was written by one process (trainable.safetensors), but this run "
+                             f"shards the model over several ranks (FSDP2); resume it with one process, or start "
+                             f"a fresh output. Checkpoints written under torchrun (dcp/) load on any world size")
         sd = load_file(str(ckpt / "trainable.safetensors"))
         params = dict(model.named_parameters())
         missing = [k for k in sd if k not in params]
@@ -166,5 +259,3 @@ class CheckpointManager:
             for k, v in sd.items():
                 params[k].copy_(v.to(params[k].dtype))
         optimizer.load_state_dict(torch.load(ckpt / "optimizer.pt", weights_only=True, map_location="cpu"))
-        set_rng_state(torch.load(ckpt / "rng.pt", weights_only=True), generators)
-        return json.loads((ckpt / "state.json").read_text())

@@ -61,6 +61,16 @@ class MetricsLogger:
             self._tb.close()
 
 
+class NullLogger:
+    """What ranks other than 0 log to under torchrun: nothing (rank 0 writes the one history)."""
+
+    def log(self, step: int, metrics: dict) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
 def peak_memory_gb(device: torch.device) -> float:
     """Peak memory of this process so far: CUDA allocations on a GPU, max resident set size on CPU."""
     if device.type == "cuda":

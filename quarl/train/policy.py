@@ -14,12 +14,23 @@ import torch
 from torch import nn
 
 from quarl import devices
-from quarl.quant import LoRAConfig, QuantLinear, QuantReport, attach_lora, memory_report, quantize_model
+from quarl.quant import (
+    LoRAConfig,
+    QuantLinear,
+    QuantRecipe,
+    QuantReport,
+    attach_lora,
+    make_config,
+    memory_report,
+    quantize_model,
+    spec_string,
+)
 
 if TYPE_CHECKING:  # the policy section of a trainer's config (today quarl.rl.config.PolicyConfig)
     from quarl.rl.config import PolicyConfig
 
-__all__ = ["build_policy", "lora_disabled", "place_policy", "resolve_device", "resolve_dtype"]
+__all__ = ["base_recipe", "build_policy", "load_policy_model", "lora_disabled", "place_policy", "resolve_device",
+           "resolve_dtype", "resolve_load"]
 
 
 def resolve_device(name: str) -> torch.device:
@@ -42,8 +53,44 @@ def place_policy(model: nn.Module, device: torch.device, dtype: torch.dtype) -> 
     return model.to(device=device, dtype=dtype)
 
 
+def base_recipe(cfg: PolicyConfig) -> dict:
+    """The quantization :func:`build_policy` gives an unquantized base in mode=lora, LoRA left out:
+    ``policy.quant_recipe`` when set, else ``{"default": policy.format}`` (normalized)."""
+    recipe = dict(cfg.quant_recipe) if cfg.quant_recipe else {"default": cfg.format}
+    return QuantRecipe.load({**recipe, "lora": None}).to_dict()
+
+
+def resolve_load(cfg: PolicyConfig, device: torch.device) -> str:
+    """``policy.load`` -> "dense" | "stream". auto: stream a quantized (frozen, some layer below 16
+    bits) LoRA base on CUDA, where the dense model may not fit beside the step; dense elsewhere
+    (same policy, and on CPU the host holds the dense model anyway)."""
+    if cfg.load != "auto":
+        return cfg.load
+    if cfg.mode != "lora":
+        return "dense"
+    r = QuantRecipe.load(base_recipe(cfg))
+    quantized = any(make_config(f) is not None for f in [r.default, *(o["format"] for o in r.overrides)])
+    return "stream" if r.mode == "frozen" and quantized and torch.device(device).type == "cuda" else "dense"
+
+
+def load_policy_model(ref, cfg: PolicyConfig, device: torch.device, dtype: torch.dtype):
+    """The policy's base from a model reference -> ``(model, tokenizer, how)``; ``how`` is
+    :func:`resolve_load`'s answer. Streamed, the base arrives quantized with :func:`base_recipe`
+    and :func:`build_policy` only adds LoRA; dense, build_policy quantizes it. Same policy."""
+    from quarl.models import load_model
+
+    how = resolve_load(cfg, device)
+    model, tok = load_model(ref, dtype=dtype, device=str(device), quantize=base_recipe(cfg) if how == "stream" else None)
+    return model, tok, how
+
+
 def build_policy(model: nn.Module, cfg: PolicyConfig) -> dict:
-    """Quantize + LoRA (mode=lora) or unfreeze everything (mode=full), in place. Returns a small report."""
+    """Quantize + LoRA (mode=lora) or unfreeze everything (mode=full), in place. Returns a small report.
+
+    mode=lora meets three kinds of base: unquantized (quantized here with the policy's recipe + LoRA),
+    quantized while loading with that same recipe (``load_policy_model`` streamed; LoRA added where
+    ``quantize_model`` would have put it, in the same order, so the same seed gives the same adapter
+    init), or a calibrated checkpoint in its own formats (kept; LoRA attached)."""
     if cfg.mode == "full":
         fmt = "bf16"
         if cfg.quant_recipe and cfg.quant_recipe.get("mode") == "qat":  # Jet-RL: master weights, FP8 GEMMs
@@ -53,7 +100,15 @@ def build_policy(model: nn.Module, cfg: PolicyConfig) -> dict:
             p.requires_grad_(True)
         return {"mode": "full", "format": fmt, "trainable_params": sum(p.numel() for p in model.parameters())}
     lora = {"r": cfg.lora_r, "alpha": cfg.lora_alpha, "dropout": cfg.lora_dropout, "targets": list(cfg.lora_targets)}
-    if any(isinstance(m, QuantLinear) for m in model.modules()):
+    base = base_recipe(cfg)
+    if any(isinstance(m, QuantLinear) for m in model.modules()) and getattr(model, "quarl_recipe", None) == base:
+        # Quantized while loading (policy.load=stream) with exactly this recipe: only LoRA is missing.
+        attach_lora(model, LoRAConfig(**lora), exclude=(), wrap_linear=False)
+        model.quarl_recipe = QuantRecipe.load({**base, "lora": lora}).to_dict()  # as quantize_model records it
+        layers = {n: spec_string(m.config) for n, m in model.named_modules() if isinstance(m, QuantLinear)}
+        report = QuantReport(layers=layers, memory=memory_report(model))
+        fmt = cfg.format
+    elif any(isinstance(m, QuantLinear) for m in model.modules()):
         # A calibrated checkpoint (quarl calibrate -> rl, the QeRL DAG): keep its weights, add LoRA.
         n = attach_lora(model, LoRAConfig(**lora))
         report = QuantReport(layers={f"{i}": "calibrated" for i in range(n)}, memory=memory_report(model))

@@ -143,3 +143,33 @@ def test_awq_capture_keeps_only_the_searched_batches_but_averages_all(tiny, cali
     for n in names:
         torch.testing.assert_close(means[n], all_means[n])
         torch.testing.assert_close(means[n], channel_mean_abs(all_feats[n]))
+
+
+@pytest.mark.parametrize("spec", ["nvfp4", "int3-g32"])
+def test_fused_gptq_of_layers_sharing_an_input_equals_one_loop_per_layer(tiny, calib_batches, monkeypatch, spec):
+    """q/k/v and gate/up see the same activations (one Hessian): their rows share one GPTQ column loop.
+    That is the same GPTQ: the same codes and scales as one loop per layer, on a device of choice."""
+    import quarl.calibrate.sequential as seq
+
+    loops = []
+    gptq = seq.gptq_quantize
+    monkeypatch.setattr(seq, "gptq_quantize", lambda w, *a, **k: loops.append(w.shape[0]) or gptq(w, *a, **k))
+    row_scaled = seq._ROW_SCALED
+
+    def run(fuse: bool, device=None):
+        m, _ = tiny("llama")
+        plan = plan_formats(m, QuantRecipe.load({"default": spec}))
+        monkeypatch.setattr(seq, "_ROW_SCALED", row_scaled if fuse else ())
+        loops.clear()
+        res = calibrate_model(m, plan, calib_batches, method="gptq", gptq={"device": device}, progress=False)
+        assert len(loops) == (8 if fuse else 14)  # per block: q+k+v, o, gate+up, down -- or all 7 alone
+        return {n: mod.qtensor() for n, mod in m.named_modules() if isinstance(mod, QuantLinear)}, res
+
+    (a, ra), (b, rb), (c, _) = run(False), run(True), run(True, "cpu")
+    assert a.keys() == b.keys() == c.keys() and len(a) == 14
+    for n in a:
+        for t in a[n].tensors:
+            assert torch.equal(a[n].tensors[t], b[n].tensors[t]), (n, t)
+            assert torch.equal(b[n].tensors[t], c[n].tensors[t]), (n, t)
+    errs = {x.name: x.rel_error for x in ra.layers}
+    assert all(x.rel_error == pytest.approx(errs[x.name], rel=1e-5) for x in rb.layers)

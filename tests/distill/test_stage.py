@@ -68,6 +68,16 @@ def test_kd_coldstart_defaults_and_stage_name(dataset, tmp_path):
                            output_uri=str(out))
     assert res["complete"] and open_artifact(str(out)).stage == "kd_coldstart"
 
+    # reasoning_qat's next step: the rl stage takes the cold-started model as its policy (LoRA on its codes)
+    from quarl.rl import RLConfig, run_rl
+    from tests.rl.conftest import TINY_OVERRIDES
+
+    rl = run_rl(load_config(RLConfig, None, [*TINY_OVERRIDES, "train.steps=1"]), model_uri=str(out),
+                data_uri=dataset, output_uri=str(tmp_path / "rl" / "adapter"))
+    adapter = open_artifact(rl["output_uri"], kind="adapter")
+    assert rl["complete"] and adapter.manifest["inputs"][0] == str(out)
+    assert json.loads((adapter.path / "summary.json").read_text())["policy"]["format"] == "calibrated checkpoint"
+
 
 def test_mismatched_teacher_fails_before_any_work(dataset, tmp_path):
     from quarl.models import save_model, tiny_model

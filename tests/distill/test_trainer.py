@@ -38,12 +38,21 @@ def test_qad_lowers_the_kl_and_logs_every_step(tmp_path):
     assert rows[-1]["train/kl"] < rows[0]["train/kl"]
 
 
-def test_resume_gives_the_identical_next_step(tmp_path):
-    full = _trainer(tmp_path / "a")
+def _calibrated_student():
+    model, tok = small_tiny_model()
+    quantize_model(model, {"default": "nvfp4"})  # frozen packed layers, as a calibrate artifact loads
+    return model, tok
+
+
+@pytest.mark.parametrize("student", ["full-precision", "calibrated-grid"])
+def test_resume_gives_the_identical_next_step(tmp_path, student):
+    extra, make = ((), lambda: None) if student == "full-precision" else (("student.scales=calibrated",),
+                                                                          _calibrated_student)
+    full = _trainer(tmp_path / "a", *extra, student=make())
     full.train()
-    part = _trainer(tmp_path / "b")
+    part = _trainer(tmp_path / "b", *extra, student=make())
     part.train(stop_after=2)  # leaves a checkpoint at step 2
-    resumed = _trainer(tmp_path / "b")
+    resumed = _trainer(tmp_path / "b", *extra, student=make())
     res = resumed.train()
     assert res["start_step"] == 2 and res["end_step"] == 3
     wa, wb = _weights(full.model), _weights(resumed.model)
@@ -70,12 +79,48 @@ def test_calibrated_student_starts_at_the_calibrated_point_and_requantizes():
     x = torch.randint(3, 2000, (1, 10))
     ref = model(input_ids=x).logits
     packed = {n: m.weight_packed.clone() for n, m in model.named_modules() if isinstance(m, QuantLinear)}
-    assert to_qat(model) == len(packed)
+    assert to_qat(model, "recompute") == len(packed)
     torch.testing.assert_close(model(input_ids=x).logits, ref, rtol=1e-4, atol=1e-4)  # RTN codes re-derived
     finalize_student(model)
     for n, m in model.named_modules():
         if isinstance(m, QuantLinear):
             assert m.mode == "frozen" and torch.equal(m.weight_packed, packed[n])
+
+
+@pytest.mark.parametrize("spec", ["nvfp4", "int3-g32"])
+def test_calibrated_scales_keep_a_gptq_grid_that_recomputed_scales_lose(spec):
+    """GPTQ leaves some groups' extreme codes unused; scales=calibrated keeps its grid (step 0 and the
+    re-quantized model are the GPTQ model exactly), scales=recompute re-derives a narrower grid."""
+    import copy
+
+    from quarl.calibrate.sequential import calibrate_model
+    from quarl.quant import QuantRecipe
+    from quarl.quant.model import plan_formats
+
+    model, _ = small_tiny_model()
+    g = torch.Generator().manual_seed(0)
+    calibrate_model(model, plan_formats(model, QuantRecipe.load({"default": spec})),
+                    [torch.randint(3, 2000, (2, 16), generator=g)], method="gptq", progress=False)
+    x = torch.randint(3, 2000, (1, 10), generator=g)
+    ref = model(input_ids=x).logits
+    # values, not bytes: GPTQ's packer keeps a -0 code where re-quantizing writes +0 (the same number)
+    vals = {n: m.qtensor().dequantize() for n, m in model.named_modules() if isinstance(m, QuantLinear)}
+    kept, moved = copy.deepcopy(model), copy.deepcopy(model)
+    to_qat(kept, "calibrated")
+    to_qat(moved, "recompute")
+    assert torch.equal(kept(input_ids=x).logits, ref)
+    finalize_student(kept)
+    finalize_student(moved)
+    layers = [(n, m, moved.get_submodule(n)) for n, m in kept.named_modules() if isinstance(m, QuantLinear)]
+    assert all(torch.equal(a.qtensor().dequantize(), vals[n]) for n, a, _ in layers)
+    assert any(not torch.equal(b.qtensor().dequantize(), vals[n]) for n, _, b in layers)
+
+
+def test_calibrated_scales_refuse_a_format_without_them():
+    model, _ = small_tiny_model()
+    quantize_model(model, {"default": "mxfp4"})
+    with pytest.raises(ValueError, match="student.scales=recompute"):
+        to_qat(model, "calibrated")
 
 
 @pytest.mark.parametrize("mode", ["qat", "lora"])

@@ -218,3 +218,26 @@ def test_s3_data_adapter_and_output(s3_bucket, data, adapter_dir, tmp_path):
              adapter_uri=adapter_dir, output_uri=local, progress=False)  # fmt: skip
     assert [json.loads(x)["completion"] for x in Path(art.path, "samples.jsonl").read_text().splitlines()] == \
         _completions(local)  # fmt: skip
+
+
+def test_adapter_recipe_rebuilds_the_trained_base(lora_model, adapter_dir, tmp_path):
+    """An rl adapter's quant_recipe.json (the base it was trained on) is applied to a full-precision base
+    when quant is unset: the scored policy is the trained one (NVFP4 + LoRA), not BF16 + LoRA."""
+    import shutil
+
+    from quarl.eval import load_eval_model
+    from quarl.quant import QuantRecipe
+
+    rl_adapter = tmp_path / "rl-adapter"
+    shutil.copytree(adapter_dir, rl_adapter)
+    (rl_adapter / "quant_recipe.json").write_text(json.dumps(QuantRecipe.load(
+        {"default": "nvfp4", "lora": {"r": 4, "alpha": 8.0}}).to_dict()))
+    trained = _logits(_cfg("quant=nvfp4"), adapter_dir)
+    assert torch.equal(_logits(_cfg(), str(rl_adapter)), trained)
+    _, _, info = load_eval_model("tiny-llama", _cfg(), adapter_uri=str(rl_adapter))
+    assert info["quantization"] == "adapter's base recipe" and info["layers"] == {"nvfp4": 14}
+    # opting out scores the adapter on the model as given (BF16 wrappers), which differs
+    assert not torch.equal(_logits(_cfg("adapter_recipe=false"), str(rl_adapter)), trained)
+    # a full-precision recipe (the BF16 LoRA baseline) changes nothing
+    (rl_adapter / "quant_recipe.json").write_text(json.dumps({"default": "bf16", "lora": None}))
+    assert torch.equal(_logits(_cfg(), str(rl_adapter)), _logits(_cfg(), adapter_dir))

@@ -11,7 +11,7 @@ from quarl.cli.main import app
 from quarl.pipeline.compile import compile_all, compile_components, components_dir
 from quarl.pipeline.recipes import list_recipes, load_recipe
 from quarl.pipeline.remote import spec_body
-from quarl.pipeline.stages import StageUnavailableError
+from quarl.pipeline.stages import STAGES, StageUnavailableError
 
 
 def buildable_recipes() -> list[str]:
@@ -42,8 +42,12 @@ def test_committed_components_are_up_to_date(tmp_path):
     compile_components(tmp_path)
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted(COMPONENTS)
     for stage in COMPONENTS:
-        for name in ("component.py", "__init__.py"):
+        # a distributed stage also has its TrainJob launcher (quarl.pipeline.trainjob), generated alike
+        launcher = ("launcher.py", "launcher.yaml") if STAGES[stage].distributed else ()
+        assert (components_dir() / stage / "launcher.py").is_file() == bool(launcher), f"{stage}: {STALE}"
+        for name in ("component.py", "__init__.py", *launcher):
             committed = components_dir() / stage / name
+            assert committed.is_file(), f"{committed} is missing: run `make compile`"
             assert committed.read_text() == (tmp_path / stage / name).read_text(), f"{committed} {STALE}"
         committed = components_dir() / stage / "component.yaml"
         assert committed.is_file(), f"{committed} is missing: run `make compile`"

@@ -145,6 +145,25 @@ def test_weight_is_requantized_after_an_update():
     torch.testing.assert_close(fp8_linear(x, w), 2 * y0)
 
 
+def test_no_grad_forward_skips_the_wgrad_operand(monkeypatch):
+    """Rollout with a master weight (full-parameter Jet-RL) under no_grad: no X^T quantization, same output."""
+    from quarl.quant import fp8_linear as fl
+
+    t_rows, orig = [], fl.quantize_act_gemm
+
+    def spy(x, rows, cols, t=None, row_groups=True):
+        t_rows.append(t)
+        return orig(x, rows, cols, t, row_groups)
+
+    monkeypatch.setattr(fl, "quantize_act_gemm", spy)
+    w = torch.nn.Parameter(torch.randn(128, 256))
+    x = torch.randn(4, 256)
+    with torch.no_grad():
+        y0 = fp8_linear(x, w)
+    y1 = fp8_linear(x, w)
+    assert t_rows == [None, 128] and torch.equal(y0, y1.detach()) and y1.requires_grad and not y0.requires_grad
+
+
 def test_quantlinear_fp8_flow_qat_and_frozen_lora():
     torch.manual_seed(7)
     lin = torch.nn.Linear(576, 192, bias=True)

@@ -133,6 +133,23 @@ def group_qparams(wg: torch.Tensor, cfg: IntConfig) -> tuple[torch.Tensor, torch
     return scale, torch.round((cfg.qmin - lo / scale).clamp(cfg.qmin, cfg.qmax))
 
 
+def _qparams(wg: torch.Tensor, cfg: IntConfig, state: dict | None) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The group parameters of ``wg`` [N, G, g]: from the weight, or frozen ones from ``state``.
+
+    A state carrying ``weight_scale`` [N, G] (and ``weight_zero_point`` for asymmetric formats: a
+    QTensor's own tensors) keeps that grid -- QAT from a calibrated (e.g. GPTQ) model rounds onto
+    the calibrated grid, so its step 0 is the calibrated model exactly."""
+    if not state or "weight_scale" not in state:
+        return group_qparams(wg, cfg)
+    n, g = wg.shape[:2]
+    scale, zp = state["weight_scale"], state.get("weight_zero_point")
+    if tuple(scale.shape) != (n, g) or (zp is None) != cfg.symmetric or (zp is not None and tuple(zp.shape) != (n, g)):
+        raise QuantError(f"int{cfg.bits}: frozen state needs weight_scale {(n, g)}"
+                         + ("" if cfg.symmetric else f" and weight_zero_point {(n, g)}")
+                         + f", got {sorted(state)} of shapes {[tuple(v.shape) for v in state.values()]}")
+    return scale.float().unsqueeze(-1), None if zp is None else zp.float().unsqueeze(-1)
+
+
 def _quant(w: torch.Tensor, scale: torch.Tensor, zp: torch.Tensor | None, cfg: IntConfig) -> torch.Tensor:
     t = w / scale
     if zp is not None:
@@ -152,7 +169,7 @@ class IntFormat(Format):
         check_weight(w, cfg.group_size, f"int{cfg.bits}")
         n, k = w.shape
         wg = w.float().view(n, k // cfg.group_size, cfg.group_size)  # [N, G, g]
-        scale, zp = group_qparams(wg, cfg)  # [N, G, 1]
+        scale, zp = _qparams(wg, cfg, state)  # [N, G, 1]
         q = _quant(wg, scale, zp, cfg).view(n, k)
         tensors = {
             "weight_packed": pack_int32((q - cfg.qmin).to(torch.int64), cfg.bits),
@@ -170,6 +187,20 @@ class IntFormat(Format):
         zp = q.tensors.get("weight_zero_point")
         zp = zp.float().unsqueeze(-1) if zp is not None else None
         return _dequant(codes.view(n, -1, cfg.group_size), scale, zp).view(n, k).to(dtype)
+
+    def fake_quant(self, w: torch.Tensor, cfg: IntConfig, *, state: dict | None = None) -> torch.Tensor:
+        """STE fake quantization; forward values equal ``dequantize(quantize(w))`` exactly.
+
+        The same group parameters and rounding as ``quantize`` without the bit packing and unpacking
+        (codes and zero points are small integers held exactly in fp32, scales stay fp32): a QAT
+        forward pays a dozen elementwise kernels per layer instead of the packer's ~60, and no device
+        sync (no value check: a non-finite weight shows up in the loss, which the trainers check)."""
+        check_weight(w, cfg.group_size, f"int{cfg.bits}", finite=False)
+        n, k = w.shape
+        wg = w.detach().float().view(n, k // cfg.group_size, cfg.group_size)  # [N, G, g]
+        scale, zp = _qparams(wg, cfg, state)  # [N, G, 1]
+        q = _dequant(_quant(wg, scale, zp, cfg), scale, zp).view(n, k).to(w.dtype)
+        return q + (w - w.detach()) if w.requires_grad else q
 
     # --- GPTQ hooks ----------------------------------------------------------
     def block_scales(self, w_block: torch.Tensor, cfg: IntConfig, state: dict):

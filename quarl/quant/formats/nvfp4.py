@@ -35,6 +35,11 @@ scale; ``shared_global_state(shards)`` returns the state to pass to
 ``quantize(w, cfg, state=...)`` for each shard (amax over all shards, i.e.
 the same value as llm-compressor's min over the per-shard global scales).
 
+Frozen block scales: a ``state`` that also carries ``weight_scale`` (a QTensor's E4M3 scales)
+makes ``quantize`` and ``fake_quant`` round onto that grid instead of recomputing it from the
+weight -- QAT from a calibrated (e.g. GPTQ) model keeps the calibrated grid, so its step 0 is
+the calibrated model exactly.
+
 GPTQ hooks: ``tensor_state`` fixes gs; ``block_scales`` gives the E4M3 scale
 of each row of one 16-column group; ``qdq_with_scales`` rounds 1..16 columns
 with those scales frozen. Applied group by group to unchanged weights this
@@ -105,14 +110,16 @@ def shared_global_state(weights: list[torch.Tensor]) -> dict:
     return {"global_scale": _global_scale_from_amax(amax)}
 
 
-def _global_scale(state: dict, device: torch.device) -> torch.Tensor:
+def _global_scale(state: dict, device: torch.device, check: bool = True) -> torch.Tensor:
+    """The state's global scale as fp32 [1]; ``check=False`` skips the value check (a device sync) on
+    hot paths whose state was built by ``tensor_state``/``shared_global_state`` or read from a checkpoint."""
     if "global_scale" not in state:
         raise QuantError(
             f"nvfp4: state has no 'global_scale' (keys: {sorted(state)}); "
             f"build it with NVFP4.tensor_state(w, cfg) or shared_global_state([...])"
         )
     gs = torch.as_tensor(state["global_scale"], dtype=torch.float32, device=device).reshape(-1)
-    if gs.numel() != 1 or not torch.isfinite(gs).all() or (gs <= 0).any():
+    if gs.numel() != 1 or (check and (not torch.isfinite(gs).all() or (gs <= 0).any())):
         raise QuantError(f"nvfp4: global_scale must be one finite positive number, got {gs.tolist()}")
     return gs
 
@@ -140,13 +147,19 @@ class NVFP4(Format):
     def tensor_state(self, w: torch.Tensor, cfg: FormatConfig) -> dict:
         return {"global_scale": _global_scale_from_amax(w.detach().abs().amax())}
 
-    def _prepare(self, w: torch.Tensor, cfg: FormatConfig, state: dict | None):
+    def _prepare(self, w: torch.Tensor, cfg: FormatConfig, state: dict | None, check: bool = True):
         cfg = self._check_cfg(cfg)
-        check_weight(w, cfg.block_size, self.name)
+        check_weight(w, cfg.block_size, self.name, finite=check)
         w32 = blocks(w.detach().float(), cfg.block_size)  # [N, G, B]
         state = self.tensor_state(w, cfg) if state is None else state
-        gs = _global_scale(state, w.device)  # [1]
-        scale = _e4m3_scales(w32.abs().amax(-1), gs)  # [N, G] e4m3
+        gs = _global_scale(state, w.device, check)  # [1]
+        if "weight_scale" in state:  # frozen block scales (QAT that keeps a calibrated grid)
+            scale = state["weight_scale"]
+            if tuple(scale.shape) != tuple(w32.shape[:2]) or scale.dtype != torch.float8_e4m3fn:
+                raise QuantError(f"nvfp4: state weight_scale must be float8_e4m3fn {tuple(w32.shape[:2])}, got "
+                                 f"{scale.dtype} {tuple(scale.shape)}")
+        else:
+            scale = _e4m3_scales(w32.abs().amax(-1), gs)  # [N, G] e4m3
         return cfg, w32, gs, scale
 
     def quantize(self, w: torch.Tensor, cfg: FormatConfig, *, state: dict | None = None) -> QTensor:
@@ -173,8 +186,11 @@ class NVFP4(Format):
         return (vals * _divisor(scale, gs)[..., None]).flatten(-2).to(dtype)
 
     def fake_quant(self, w: torch.Tensor, cfg: FormatConfig, *, state: dict | None = None) -> torch.Tensor:
-        """STE fake quantization; forward values equal ``dequantize(quantize(w))`` exactly."""
-        cfg, w32, gs, scale = self._prepare(w, cfg, state)
+        """STE fake quantization; forward values equal ``dequantize(quantize(w))`` exactly.
+
+        No value checks (device syncs) here: this runs for every layer in every QAT forward; a
+        non-finite weight shows up in the loss, which the trainers check, and ``quantize`` checks."""
+        cfg, w32, gs, scale = self._prepare(w, cfg, state, check=False)
         q = qdq_e2m1(w32, _divisor(scale, gs)[..., None]).flatten(-2).to(w.dtype)  # [N, K]
         # q + (w - w.detach()) is q bit for bit in forward, identity in backward.
         return q + (w - w.detach()) if w.requires_grad else q
@@ -196,7 +212,7 @@ class NVFP4(Format):
             raise QuantError(
                 f"nvfp4: qdq_with_scales takes [N, 1..{cfg.block_size}] columns, got {tuple(w_cols.shape)}"
             )
-        gs = _global_scale(state, w_cols.device)
+        gs = _global_scale(state, w_cols.device, check=False)  # once per column: block_scales checked it
         div = _divisor(scales.reshape(-1, 1), gs)  # [N, 1]
         return qdq_e2m1(w_cols, div).to(w_cols.dtype)
 

@@ -160,3 +160,28 @@ def test_memory_bits_and_nbytes():
     assert IntConfig(4, symmetric=True).memory_bits == pytest.approx(4 + 32 / 128)
     q = FORMAT.quantize(torch.randn(64, 256), IntConfig(3, symmetric=True))
     assert q.tensors["weight_packed"].shape == (64, 24) and q.nbytes == 64 * 24 * 4 + 64 * 2 * 4
+
+
+@pytest.mark.parametrize("bits,sym", ALL)
+def test_fake_quant_equals_dequantize_of_quantize(bits, sym):
+    # fake_quant skips the bit packing; its values must be the packed round trip's exactly
+    cfg = IntConfig(bits, group_size=64, symmetric=sym)
+    w = torch.randn(24, 320, generator=torch.Generator().manual_seed(bits))
+    w[3, :64] = 0.0  # an all-zero group (eps scale)
+    assert torch.equal(FORMAT.fake_quant(w, cfg), FORMAT.dequantize(FORMAT.quantize(w, cfg)))
+
+
+@pytest.mark.parametrize("sym", [False, True])
+def test_frozen_group_parameters_in_state(sym):
+    # a state carrying a QTensor's scales (and zero points) keeps that grid: what QAT from a calibrated model uses
+    cfg = IntConfig(3, group_size=64, symmetric=sym)
+    w = torch.randn(8, 128, generator=torch.Generator().manual_seed(0))
+    qt = FORMAT.quantize(w, cfg)
+    state = {k: v for k, v in qt.tensors.items() if k != "weight_packed"}
+    moved = w * 0.5  # its own parameters would differ; the frozen ones must be used
+    q2 = FORMAT.quantize(moved, cfg, state=state)
+    assert all(torch.equal(q2.tensors[k], v) for k, v in state.items())
+    assert torch.equal(q2.dequantize(), FORMAT.fake_quant(moved, cfg, state=state))
+    assert not torch.equal(q2.dequantize(), FORMAT.fake_quant(moved, cfg))
+    with pytest.raises(QuantError, match="frozen state"):
+        FORMAT.quantize(w[:4], cfg, state=state)

@@ -173,6 +173,9 @@ def test_zero_weights_and_blocks_stay_finite():
 def test_bad_weights_raise_quant_error(w, match):
     with pytest.raises(QuantError, match=match):
         F.quantize(w, CFG)
+    if match == "NaN/Inf":  # fake_quant (every layer of every QAT forward) reads no value back: it propagates
+        assert not torch.isfinite(F.fake_quant(w, CFG)).all()
+        return
     with pytest.raises(QuantError, match=match):
         F.fake_quant(w, CFG)
 
@@ -208,3 +211,18 @@ def test_registered_and_nameable():
     assert cfg.to_dict() == {"format": "nvfp4", "block_size": 16}
     q = F.quantize(_weight(0), cfg).to("cpu")
     assert q.dequantize().shape == (64, 256)
+
+
+def test_frozen_block_scales_in_state():
+    # a state carrying a QTensor's block scales keeps that grid (QAT from a calibrated model)
+    cfg = NVFP4Config()
+    w = torch.randn(8, 64, generator=torch.Generator().manual_seed(0))
+    qt = F.quantize(w, cfg)
+    state = {"global_scale": qt.tensors["weight_global_scale"], "weight_scale": qt.tensors["weight_scale"]}
+    moved = w * 0.5
+    q2 = F.quantize(moved, cfg, state=state)
+    assert torch.equal(q2.tensors["weight_scale"].view(torch.uint8), qt.tensors["weight_scale"].view(torch.uint8))
+    assert torch.equal(q2.dequantize(), F.fake_quant(moved, cfg, state=state))
+    assert not torch.equal(q2.dequantize(), F.fake_quant(moved, cfg, state={"global_scale": state["global_scale"]}))
+    with pytest.raises(QuantError, match="weight_scale must be"):
+        F.quantize(w[:4], cfg, state=state)
