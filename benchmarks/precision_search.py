@@ -35,6 +35,7 @@ import json
 import logging
 import platform
 import shutil
+import sys
 import time
 from datetime import UTC, datetime
 from pathlib import Path
@@ -47,6 +48,7 @@ GSM8K = Path("/work/shared/data/gsm8k")
 OUT_JSON = RESULTS / "precision_search.json"
 RESULTS_MD = ROOT / "benchmarks/RESULTS.md"
 SECTION = "## Precision search (CPU)"
+KEEP = ("metrics.json", "report.md", "manifest.json", "quarl_quantization.json")  # of each calibrated checkpoint
 
 
 MENUS = {  # the formats a search may pick: the stage's default, and what export (compressed-tensors) can write
@@ -83,7 +85,7 @@ def run_search(menu: str, episodes: int, threads: int) -> dict:
     return res
 
 
-def run_calibrations(jobs: list[tuple[str, str | None, str]], done: dict):
+def run_calibrations(jobs: list[tuple[str, str | None, str]], done: dict, command: str):
     """RTN calibrate + held-out metrics for each (name, recipe dir or None, format); skips names in done."""
     from quarl.calibrate import CalibrateConfig, run_calibrate
     from quarl.calibrate.config import CalibDataConfig, HeldOutConfig
@@ -98,7 +100,7 @@ def run_calibrations(jobs: list[tuple[str, str | None, str]], done: dict):
                               eval=HeldOutConfig(path=str(GSM8K / "test.jsonl"), text_field="answer", num_samples=8))
         slug = name.replace(" (", "-").replace(")", "").replace(" ", "-")
         out = RESULTS / "precision_search" / f"calibrated-{slug}"
-        shutil.rmtree(out, ignore_errors=True)  # this benchmark's own output (kept: metrics.json, report.md)
+        shutil.rmtree(out, ignore_errors=True)  # this benchmark's own output
         t0 = time.perf_counter()
         m = run_calibrate(cfg, model_uri="default", recipe_uri=recipe_uri, output_uri=str(out), overwrite=True)
         mem = m["memory"]["by_format"]
@@ -107,8 +109,11 @@ def run_calibrations(jobs: list[tuple[str, str | None, str]], done: dict):
         rows[name] = {"kl": m["quality"]["kl"], "nll": m["quality"]["nll"], "ppl": m["quality"]["ppl"],
                       "ref_ppl": m["quality"]["ref_ppl"], "linear_avg_bits": lin_bits,
                       "formats": {k: v["params"] for k, v in lin.items()},
-                      "total_mib": m["memory"]["total_bytes"] / 2**20, "seconds": time.perf_counter() - t0}
-        shutil.rmtree(out / "model", ignore_errors=True)
+                      "total_mib": m["memory"]["total_bytes"] / 2**20, "seconds": time.perf_counter() - t0,
+                      "command": command, "date": datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC")}
+        for f in out.iterdir():  # the checkpoint (weights, tokenizer, config) is never committed
+            if f.name not in KEEP:
+                shutil.rmtree(f) if f.is_dir() else f.unlink()
         yield rows
 
 
@@ -120,8 +125,10 @@ def render(data: dict) -> str:
     from quarl.search.report import comparison_markdown
 
     lines = [SECTION, "",
-             (f"`.venv/bin/python -m benchmarks.precision_search --write-results` -- {data['date']}, "
-              f"{data['machine']}; SmolLM2-135M-Instruct (fp32 reference). The stage's defaults: one decision per "
+             (f"{data['date']}, {data['machine']}, no GPU; `benchmarks/precision_search.py`: each part below names the "
+              "command that measured it (`--reuse` keeps the parts already in `results/precision_search.json`; "
+              "`--write-results` renders this section from that file). SmolLM2-135M-Instruct (fp32 reference). "
+              "The stage's defaults: one decision per "
               "fused projection (qkv, o, gate_up, down of each of 30 blocks: 120 units), RTN, budget = uniform "
               "NVFP4's average bits on this model, reward -KL(ref‖q) (w_kl 1, w_perf 0, w_ent 0, w_mem 0.01) paid "
               "with priced per-step shaping, searched recipe = the best of PPO's top 8 episodes on a separate "
@@ -137,6 +144,7 @@ def render(data: dict) -> str:
         rel = Path(r["search_json"]).parent.relative_to("benchmarks")
         lines += [(f"### Search, `{menu}` formats ({' / '.join(s['formats'])}): average bits <= "
                    f"{s['budget_bits']:.5f} (= uniform nvfp4)"), "",
+                  f"Command: {r.get('command', '(not recorded)')}", "",
                   (f"Search wall time {sec['total']:.0f} s ({r.get('threads', data.get('threads', '?'))} threads): "
                    f"quantize every (linear, format) {sec['quantize']:.0f} s, sensitivity table "
                    f"{sec['setup'] - sec['quantize']:.0f} s ({s['evaluations']['sensitivity']} evaluations), random "
@@ -155,6 +163,11 @@ def render(data: dict) -> str:
                    "GSM8K *test* answers (calibrate's own KL(ref‖q), NLL and perplexity)."), "",
                   "| recipe | quantized-linear avg bits | model MiB | held-out KL(ref‖q) | NLL | ppl | ref ppl | seconds |",
                   "|---|---:|---:|---:|---:|---:|---:|---:|"]
+        cmds: dict[str, list[str]] = {}
+        for name, v in c.items():
+            cmds.setdefault(v.get("command", "(not recorded)"), []).append(name)
+        lines[-2:-2] = ["Commands (the seconds column is wall time on the shared box, not a speed figure):", "",
+                        *[f"- {', '.join(names)}: {cmd}" for cmd, names in cmds.items()], ""]
         for name, v in c.items():
             lines.append(f"| {name} | {v['linear_avg_bits']:.5f} | {v['total_mib']:.1f} | {v['kl']:.4f} | "
                          f"{v['nll']:.4f} | {v['ppl']:.3f} | {v['ref_ppl']:.3f} | {v['seconds']:.0f} |")
@@ -175,6 +188,7 @@ def render(data: dict) -> str:
         lines.append("")
     if data.get("pipeline_run"):
         lines += _pipeline(data["pipeline_run"])
+    lines += _verdict(data)
     return "\n".join(lines).rstrip("\n") + "\n"
 
 
@@ -216,6 +230,36 @@ def _observations(s: dict) -> list[str]:
                    f"({'lower' if la < lb else 'NOT lower'}); search-batch reward {me['reward']:.4f} vs "
                    f"{r['reward']:.4f}.")
     return out
+
+
+def _verdict(data: dict) -> list[str]:
+    """Issue 16's claims checked against the numbers above (held-out batches only)."""
+    out = ["### Issue 16's claims against these numbers", ""]
+    c = data.get("calibrate") or {}
+    for me, a in c.items():
+        if not me.startswith("searched"):
+            continue
+        peers = [n for n, v in c.items() if n.startswith("uniform") and v["linear_avg_bits"] >= a["linear_avg_bits"] - 1e-9]
+        lost = [n for n in peers if not (a["kl"] < c[n]["kl"] and a["nll"] < c[n]["nll"])]
+        out.append(f"- after calibrate, {me} beats every uniform recipe with as many or more bits ({', '.join(peers)}) "
+                   f"on held-out KL and NLL: {'holds' if not lost else 'does NOT hold against ' + ', '.join(lost)}.")
+    for menu, r in data.get("searches", {}).items():
+        s = json.loads((ROOT / r["search_json"]).read_text())
+        rows = {x["name"]: x for x in s["comparison"]}
+        me = rows.get(s.get("searched", ""))
+        if me is None or "heldout" not in me:
+            continue
+        h = me["heldout"]
+        for other in ("greedy (sensitivity)", "random search (selected)"):
+            o = rows.get(other)
+            if o is None or "heldout" not in o:
+                continue
+            kl = "lower" if h["kl_ref_quant"] < o["heldout"]["kl_ref_quant"] else "higher"
+            loss = "lower" if h["loss"] < o["heldout"]["loss"] else "higher"
+            out.append(f"- `{menu}` search: {me['name']} vs {other} at the same budget: held-out KL {kl} "
+                       f"({h['kl_ref_quant']:.4f} vs {o['heldout']['kl_ref_quant']:.4f}), held-out loss {loss} "
+                       f"({h['loss']:.4f} vs {o['heldout']['loss']:.4f}).")
+    return out + [""] if len(out) > 2 else []
 
 
 def pipeline_times(summary: dict) -> dict:
@@ -280,18 +324,19 @@ def main() -> None:
     data["machine"] = f"{platform.processor() or platform.machine()} (2 shared cores)"
     data["date"] = datetime.now(UTC).strftime("%Y-%m-%d")
     searches, calib = data.setdefault("searches", {}), data.setdefault("calibrate", {})
+    command = " ".join([".venv/bin/python -m benchmarks.precision_search", *sys.argv[1:]])
     for menu in a.menus.split(","):
         if menu not in MENUS:
             raise SystemExit(f"unknown menu {menu!r}; choose from {', '.join(MENUS)}")
         if menu in searches and a.reuse:
             continue
-        searches[menu] = run_search(menu, a.episodes, a.threads) | {"threads": a.threads}
+        searches[menu] = run_search(menu, a.episodes, a.threads) | {"threads": a.threads, "command": command}
         calib.pop(f"searched ({menu})", None)  # a new search: its calibration is stale
         OUT_JSON.write_text(json.dumps(data, indent=1, default=str))
     if not a.skip_calibrate:
         jobs = [(f"searched ({m})", str(ROOT / Path(searches[m]["search_json"]).parent), "nvfp4") for m in searches]
         jobs += [(f"uniform {f}", None, f) for f in a.uniform.split(",")]
-        for rows in run_calibrations(jobs, calib if a.reuse else {}):
+        for rows in run_calibrations(jobs, calib if a.reuse else {}, command):
             data["calibrate"] = {n: rows[n] for n, _, _ in jobs if n in rows}
             OUT_JSON.write_text(json.dumps(data, indent=1, default=str))
     if a.write_results:
