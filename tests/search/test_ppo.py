@@ -73,7 +73,8 @@ def test_ppo_learns_the_known_optimum():
 def test_resume_from_checkpoint_is_exact(tmp_path):
     env = MatchEnv()
     cfg = PPOConfig(episodes=64, episodes_per_update=16, lr=1e-2)
-    straight = PPO(env.obs_dim(), env.k, cfg, seed=3).train(env, progress=False)
+    straight_agent = PPO(env.obs_dim(), env.k, cfg, seed=3)
+    straight = straight_agent.train(env, progress=False)
     ck = tmp_path / "ppo.pt"
     PPO(env.obs_dim(), env.k, cfg, seed=3).train(env, checkpoint=ck, progress=False, stop_after_updates=2)
     assert ck.is_file()
@@ -81,6 +82,12 @@ def test_resume_from_checkpoint_is_exact(tmp_path):
     resumed = resumed_agent.train(env, checkpoint=ck, progress=False)
     assert resumed.episode_returns == straight.episode_returns
     assert resumed.best_actions == straight.best_actions and resumed.updates == 4
+    # the next updates are the same updates: identical weights and optimiser moments at the end
+    a, b = straight_agent.state_dict(), resumed_agent.state_dict()
+    for k, v in a["net"].items():
+        assert torch.equal(v, b["net"][k]), k
+    for s, r in zip(a["opt"]["state"].values(), b["opt"]["state"].values(), strict=True):
+        assert all(torch.equal(s[k], r[k]) for k in s)
 
 
 def test_shared_head_scores_each_action_from_its_own_features():
