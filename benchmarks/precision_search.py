@@ -19,8 +19,10 @@
    metrics on 8 x 128 tokens of GSM8K *test* answers: the "calibrate with the searched recipe and
    eval it against uniform NVFP4 at equal bits".
 
-Sizes: about 450 forward passes of 512 tokens per menu plus 6 calibrations: ~10 min per menu on an
-idle 2-core box; under the shared box's load it has taken 47 min (2 threads, oversubscribed).
+Sizes: about 450 forward passes of 512 tokens per menu plus 6 calibrations (~25 s each). On the shared
+2-core box the default menu's search took 47 min (2 threads, oversubscribed), the servable one's 20 min
+(1 thread); ``--reuse`` keeps what the JSON already has, so a stopped run continues.
+``--pipeline-summary runs/<id>/summary.json`` records a ``quarl run precision_search`` beside them.
 
 Results: ``benchmarks/results/precision_search.json`` (after every part), and
 ``--write-results`` rewrites the "## Precision search (CPU)" section of
@@ -273,7 +275,8 @@ def pipeline_times(summary: dict) -> dict:
 
 def _pipeline(p: dict) -> list[str]:
     out = ["### `quarl run precision_search` (local profile)", "",
-           (f"{p['status']} in {p['wall_seconds']:.0f} s on the idle 2-core box (profile {p['profile']}, model "
+           f"Command: {p.get('command', '`.venv/bin/quarl run precision_search`')}", "",
+           (f"{p['status']} in {p['wall_seconds']:.0f} s {p.get('note', 'on the idle 2-core box')} (profile {p['profile']}, model "
             f"{p['model']}: a block-granularity search of 32 episodes on 2 x 32 tokens with the servable formats, "
             "GPTQ on 4 x 64 tokens, greedy eval of the 16 eval problems, export to compressed-tensors)."), "",
            "| step | status | seconds | metrics |", "|---|---|---:|---|"]
@@ -310,10 +313,16 @@ def main() -> None:
     ap.add_argument("--only-write", action="store_true", help="do not run; just rewrite RESULTS.md")
     ap.add_argument("--pipeline-summary", type=Path,
                     help="record the step times of a `quarl run precision_search` (its runs/<id>/summary.json)")
+    ap.add_argument("--pipeline-note", help="how the box was loaded during that run (RESULTS.md says it)")
+    ap.add_argument("--pipeline-command", help="the exact `quarl run` command line of that run")
     a = ap.parse_args()
     if a.pipeline_summary:
         data = json.loads(OUT_JSON.read_text())
         data["pipeline_run"] = pipeline_times(json.loads(a.pipeline_summary.read_text()))
+        if a.pipeline_note:
+            data["pipeline_run"]["note"] = a.pipeline_note
+        if a.pipeline_command:
+            data["pipeline_run"]["command"] = a.pipeline_command
         OUT_JSON.write_text(json.dumps(data, indent=1, default=str))
     if a.only_write:
         write_results(json.loads(OUT_JSON.read_text()))
