@@ -188,8 +188,8 @@ def render(data: dict) -> str:
                              f"{bits}): KL {a['kl']:.4f} vs {v['kl']:.4f} ({kl}, {100 * (a['kl'] / v['kl'] - 1):+.1f}%), "
                              f"NLL {a['nll']:.4f} vs {v['nll']:.4f} ({nll}).")
         lines.append("")
-    if data.get("pipeline_run"):
-        lines += _pipeline(data["pipeline_run"])
+    if data.get("pipeline_runs"):
+        lines += _pipeline(data["pipeline_runs"])
     lines += _verdict(data)
     return "\n".join(lines).rstrip("\n") + "\n"
 
@@ -273,17 +273,22 @@ def pipeline_times(summary: dict) -> dict:
             "model": summary["model"], "steps": steps}
 
 
-def _pipeline(p: dict) -> list[str]:
+def _pipeline(runs: list[dict]) -> list[str]:
+    """Each recorded ``quarl run precision_search``: its command, the box's load, every step's seconds."""
     out = ["### `quarl run precision_search` (local profile)", "",
-           f"Command: {p.get('command', '`.venv/bin/quarl run precision_search`')}", "",
-           (f"{p['status']} in {p['wall_seconds']:.0f} s {p.get('note', 'on the idle 2-core box')} (profile {p['profile']}, model "
-            f"{p['model']}: a block-granularity search of 32 episodes on 2 x 32 tokens with the servable formats, "
-            "GPTQ on 4 x 64 tokens, greedy eval of the 16 eval problems, export to compressed-tensors)."), "",
-           "| step | status | seconds | metrics |", "|---|---|---:|---|"]
-    for s in p["steps"]:
-        m = ", ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in s["metrics"].items())
-        out.append(f"| {s['step']} | {s['status']} | {s['seconds']:.1f} | {m} |")
-    return out + [""]
+           ("Profile `local`, model `default` (SmolLM2-135M-Instruct): a block-granularity search of 32 episodes on "
+            "2 x 32 tokens with the servable formats, GPTQ on 4 x 64 tokens, greedy eval of the 16 eval problems, "
+            "export to compressed-tensors. A smoke-sized run: its search is not the measured comparison above, and "
+            "its eval accuracy (0 of 16 greedy answers) is not a quality figure."), ""]
+    for i, p in enumerate(runs, 1):
+        out += [(f"Run {i}: {p.get('command', '`.venv/bin/quarl run precision_search`')} -- {p['status']} in "
+                 f"{p['wall_seconds']:.0f} s ({p['wall_seconds'] / 60:.1f} min) {p.get('note', '')}").rstrip() + ".", "",
+                "| step | status | seconds | metrics |", "|---|---|---:|---|"]
+        for s in p["steps"]:
+            m = ", ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in s["metrics"].items())
+            out.append(f"| {s['step']} | {s['status']} | {s['seconds']:.1f} | {m} |")
+        out.append("")
+    return out
 
 
 def write_results(data: dict) -> None:
@@ -312,17 +317,15 @@ def main() -> None:
     ap.add_argument("--write-results", action="store_true", help="rewrite the RESULTS.md section")
     ap.add_argument("--only-write", action="store_true", help="do not run; just rewrite RESULTS.md")
     ap.add_argument("--pipeline-summary", type=Path,
-                    help="record the step times of a `quarl run precision_search` (its runs/<id>/summary.json)")
+                    help="add the step times of a `quarl run precision_search` (its runs/<id>/summary.json)")
     ap.add_argument("--pipeline-note", help="how the box was loaded during that run (RESULTS.md says it)")
     ap.add_argument("--pipeline-command", help="the exact `quarl run` command line of that run")
     a = ap.parse_args()
     if a.pipeline_summary:
         data = json.loads(OUT_JSON.read_text())
-        data["pipeline_run"] = pipeline_times(json.loads(a.pipeline_summary.read_text()))
-        if a.pipeline_note:
-            data["pipeline_run"]["note"] = a.pipeline_note
-        if a.pipeline_command:
-            data["pipeline_run"]["command"] = a.pipeline_command
+        run = pipeline_times(json.loads(a.pipeline_summary.read_text()))
+        run |= {k: v for k, v in (("note", a.pipeline_note), ("command", a.pipeline_command)) if v}
+        data["pipeline_runs"] = [*data.get("pipeline_runs", []), run]
         OUT_JSON.write_text(json.dumps(data, indent=1, default=str))
     if a.only_write:
         write_results(json.loads(OUT_JSON.read_text()))
