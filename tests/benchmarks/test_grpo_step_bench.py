@@ -7,10 +7,10 @@ import importlib.util
 import json
 from pathlib import Path
 
-import pytest
 import torch
 
 from quarl.quant import QuantLinear, quantize_model
+from tests.threads import one_thread_fixture
 
 ROOT = Path(__file__).resolve().parents[2]
 _spec = importlib.util.spec_from_file_location("grpo_step_gpu", ROOT / "benchmarks" / "grpo_step_gpu.py")
@@ -18,12 +18,7 @@ bench = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(bench)
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+_one_thread = one_thread_fixture()
 
 
 def _raw(t: torch.Tensor) -> torch.Tensor:

@@ -5,14 +5,9 @@ import copy
 import pytest
 import torch
 
+from tests.threads import one_thread_fixture
 
-@pytest.fixture(scope="session", autouse=True)
-def _one_thread():
-    """The many tiny GEMMs of calibration run ~10x slower with 2 OpenMP threads on a busy 2-core box."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+_one_thread = one_thread_fixture(scope="session")
 
 
 @pytest.fixture(scope="session")

@@ -10,13 +10,13 @@ import json
 from pathlib import Path
 
 import pytest
-import torch
 from kfp import dsl
 from quarl_components import COMPONENTS
 
 from quarl.artifacts import open_artifact
 from quarl.pipeline.runtime import read_step_record
 from quarl.pipeline.stages import get_stage
+from tests.threads import one_thread_fixture
 
 RUN = "comp-test"
 STATE: dict = {}
@@ -35,12 +35,7 @@ def s3_env(s3_server):
         yield f"s3://{bucket}/runs"
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+_one_thread = one_thread_fixture()
 
 
 def outs(tmp_path, stage):

@@ -1,11 +1,11 @@
 import warnings
 
-import pytest
 import torch
 
 from quarl.config import load_config
 from quarl.distill.config import DistillConfig
 from quarl.distill.data import Sequences
+from tests.threads import one_thread_fixture
 
 SMALL_VOCAB = 2048  # as tests/rl: the 49152-wide head would be ~30x the cost of the tiny model's body
 
@@ -33,9 +33,4 @@ def token_sequences(n: int = 8, length: int = 12, seed: int = 0, vocab: int = SM
     return Sequences(ids=ids, prompt_len=[2] * n, source="test")
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+_one_thread = one_thread_fixture()

@@ -12,16 +12,12 @@ from quarl.config import load_config
 from quarl.export import ExportConfig, ExportError, load_with_compressed_tensors, run_export
 from quarl.export.verify import verify_checkpoint
 from quarl.quant import QuantLinear, quantize_model, save_adapter
+from tests.threads import one_thread_fixture
 
 SMALL = ["data.num_samples=4", "data.seq_len=32", "data.batch_size=2", "eval.num_samples=2"]
 
 
-@pytest.fixture(scope="session", autouse=True)
-def _one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+_one_thread = one_thread_fixture(scope="session")
 
 
 @pytest.fixture(scope="session")

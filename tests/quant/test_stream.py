@@ -14,6 +14,7 @@ from quarl.models import ModelError, load_model, tiny_config, tiny_model
 from quarl.quant import QuantError, QuantLinear, quantize_model
 from quarl.quant.checkpoint import save_quantized
 from quarl.quant.stream import build_streamed, checkpoint_filler, empty_model, materialized_bytes
+from tests.threads import one_thread_fixture
 
 VOCAB = 256
 MIXED = {  # full qualified names in the patterns: the plan must be made on the whole model, not per layer
@@ -23,12 +24,7 @@ MIXED = {  # full qualified names in the patterns: the plan must be made on the 
 }
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+_one_thread = one_thread_fixture()
 
 
 def _tokenizer():

@@ -1,8 +1,8 @@
 import pytest
-import torch
 
 from quarl.config import load_config
 from quarl.rl.config import RLConfig
+from tests.threads import one_thread_fixture
 
 # Small enough for seconds on 2 CPU cores: 2 prompts x 4 answers x 8 tokens per step.
 TINY_OVERRIDES = [
@@ -46,14 +46,7 @@ def small_tiny_model(kind: str = "llama"):
         return tiny_model(kind, vocab_size=SMALL_VOCAB)
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    """The tiny models here gain nothing from intra-op threads, and on a shared 2-core machine
-    OpenMP spin-waiting makes them several times slower; restored after each test."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+_one_thread = one_thread_fixture()
 
 
 @pytest.fixture

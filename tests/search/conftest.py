@@ -1,18 +1,12 @@
 """A table-driven stand-in for ModelEvaluator (env, reward and baseline tests need no model)."""
 
 import pytest
-import torch
 
 from quarl.search.measure import Unit
 from quarl.search.reward import BF16_BITS, Measurement
+from tests.threads import one_thread_fixture
 
-
-@pytest.fixture(scope="session", autouse=True)
-def _one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+_one_thread = one_thread_fixture(scope="session")
 
 
 class TableEvaluator:

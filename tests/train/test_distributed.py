@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from quarl.train.distributed import SINGLE, Dist
+from tests.threads import one_thread_fixture
 from tests.train import dist_scenarios as sc
 
 
@@ -21,12 +22,7 @@ def two(tmp_path_factory):
     return sc.run_two_ranks(tmp_path_factory.mktemp("two-ranks"), list(sc.SCENARIOS))
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+_one_thread = one_thread_fixture()
 
 
 def assert_weights_close(a: dict, b: dict, atol: float = 1e-6) -> None:
