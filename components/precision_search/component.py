@@ -18,13 +18,15 @@ def precision_search(
     run_id: str = "",
     kfp_run_id: str = "",
     step: str = "precision_search",
-    formats: list = ["nf4", "nvfp4", "int8-g64", "bf16"],  # noqa: B006 - KFP needs a literal default
-    granularity: str = "block",
+    formats: list = ["nf4-dq", "nvfp4", "int8-g64", "bf16"],  # noqa: B006 - KFP needs a literal default
+    granularity: str = "fused",
     method: str = "rtn",
-    budget_bits: float = 4.51,
+    budget_bits: float = 0.0,
+    budget_format: str = "nvfp4",
     episodes: int = 256,
-    w_perf: float = 1.0,
+    w_perf: float = 0.0,
     w_kl: float = 1.0,
+    kl: str = "ref_quant",
     w_ent: float = 0.0,
     w_mem: float = 0.01,
     device: str = "cpu",
@@ -38,12 +40,16 @@ def precision_search(
         data: a data_prep dataset: its train split is the search batch, its eval split the held-out batch.
         base_model: the model to search: HF id, "default" (SmolLM2-135M-Instruct), s3:// prefix.
         formats: the formats an agent may pick per unit (any quarl.quant format spec; bf16 = unchanged).
-        granularity: one decision per block | group (attention / MLP) | linear.
+        granularity: one decision per fused projection (qkv, o, gate_up, down) | block | group (attention / MLP) |
+            linear.
         method: how a chosen format is applied while searching: rtn | gptq (Hessians of the search batch).
-        budget_bits: average storage bits per searched weight must stay <= this (0 = no budget).
+        budget_bits: average storage bits per searched weight must stay <= this (0 = budget_format decides).
+        budget_format: without budget_bits: at most the average bits of this format applied uniformly (empty = no
+            budget).
         episodes: PPO episodes (= measured recipes; random search gets as many).
         w_perf: reward weight of the loss gap L_ref - L_quant.
-        w_kl: reward weight of -KL(p_quant || p_ref).
+        w_kl: reward weight of -KL (its direction: kl).
+        kl: ref_quant = KL(p_ref || p_quant), what calibrate and eval report | quant_ref = KL(p_quant || p_ref).
         w_ent: reward weight of the attention-entropy change E_quant - E_ref.
         w_mem: reward weight of the memory saved vs BF16 (1 - avg_bits / 16).
         device: cpu | cuda | auto.

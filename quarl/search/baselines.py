@@ -4,9 +4,10 @@
   at its own average bits, which is what "equal average bits" compares);
 * ``greedy``: the per-layer sensitivity ranking (HAWQ/"bit allocation by
   sensitivity" style). Every unit starts in its highest-bit format; while the
-  average is over the budget, take the single move "unit u one format down
-  (next fewer bits)" with the smallest increase of single-unit KL per bit
-  saved, as measured by the sensitivity table (each unit quantized alone).
+  average is over the budget, take the single move "unit u to a format with
+  fewer bits" with the smallest increase of cost per bit saved, as measured by
+  the sensitivity table (each unit quantized alone; the cost is minus the
+  single-unit reward estimate, the agent's objective).
   Measures only its final recipe (the table's evaluations are its cost);
 * ``random``: ``n`` episodes of uniformly random *allowed* actions (the same
   budget mask the agent sees), keeping the best return: random search with
@@ -17,42 +18,41 @@ from __future__ import annotations
 
 import torch
 
-from quarl.search.reward import Measurement
-
 
 def uniform(n_units: int, f: int) -> tuple[int, ...]:
     return (f,) * n_units
 
 
-def greedy(bits: list[list[float]], params: list[int], sens: list[list[Measurement]],
+def greedy(bits: list[list[float]], params: list[int], cost: list[list[float]],
            budget_bits: float | None) -> tuple[int, ...]:
-    """Lower the precision of the least sensitive unit per bit saved until the average fits the budget."""
+    """Lower the precision of the unit that loses least per bit saved until the average fits the budget.
+
+    ``cost[u][f]``: how much worse unit u alone in format f makes the model (lower is better; the search
+    passes minus the single-unit reward estimate, so greedy optimises the agent's objective).
+    """
     n = len(bits)
-    order = [sorted(range(len(row)), key=lambda f: -row[f]) for row in bits]  # formats by bits, high first
-    level = [0] * n  # position in order[u]
+    cur = [max(range(len(row)), key=lambda f: (row[f], -cost[u][f])) for u, row in enumerate(bits)]  # most bits
     total = float(sum(params))
 
     def avg() -> float:
-        return sum(bits[u][order[u][level[u]]] * params[u] for u in range(n)) / total
+        return sum(bits[u][cur[u]] * params[u] for u in range(n)) / total
 
-    if budget_bits is None:  # nothing to trade: the lowest-KL single-unit choice everywhere
-        return tuple(min(range(len(bits[u])), key=lambda f: sens[u][f].kl) for u in range(n))
+    if budget_bits is None:  # nothing to trade: the lowest-cost single-unit choice everywhere
+        return tuple(min(range(len(bits[u])), key=lambda f: cost[u][f]) for u in range(n))
     while avg() > budget_bits + 1e-9:
         best, best_cost = None, float("inf")
         for u in range(n):
-            if level[u] + 1 >= len(order[u]):
-                continue
-            f0, f1 = order[u][level[u]], order[u][level[u] + 1]
-            saved = (bits[u][f0] - bits[u][f1]) * params[u]
-            if saved <= 0:
-                continue
-            cost = (sens[u][f1].kl - sens[u][f0].kl) / saved
-            if cost < best_cost:
-                best, best_cost = u, cost
+            for f in range(len(bits[u])):  # any format with fewer bits (formats of equal bits are no move)
+                saved = (bits[u][cur[u]] - bits[u][f]) * params[u]
+                if saved <= 0:
+                    continue
+                c = (cost[u][f] - cost[u][cur[u]]) / saved
+                if c < best_cost:
+                    best, best_cost = (u, f), c
         if best is None:
             raise ValueError(f"greedy: cannot reach {budget_bits} bits with these formats")
-        level[best] += 1
-    return tuple(order[u][level[u]] for u in range(n))
+        cur[best[0]] = best[1]
+    return tuple(cur)
 
 
 def random_search(env, episodes: int, seed: int = 0, progress: bool = True) -> dict:
@@ -60,7 +60,7 @@ def random_search(env, episodes: int, seed: int = 0, progress: bool = True) -> d
     from tqdm.auto import tqdm
 
     gen = torch.Generator().manual_seed(seed)
-    best = {"return": float("-inf"), "assignment": None, "returns": []}
+    best = {"return": float("-inf"), "assignment": None, "returns": [], "assignments": []}
     for _ in tqdm(range(episodes), desc="precision_search: random", disable=not progress):
         _, mask = env.reset()
         done, ret, info = False, 0.0, {}
@@ -70,6 +70,7 @@ def random_search(env, episodes: int, seed: int = 0, progress: bool = True) -> d
             _, mask, r, done, info = env.step(a)
             ret += r
         best["returns"].append(ret)
+        best["assignments"].append(info["assignment"])
         if ret > best["return"]:
             best["return"], best["assignment"] = ret, info["assignment"]
     return best

@@ -30,6 +30,7 @@ and the prefix cache is not used (the gains change every block).
 from __future__ import annotations
 
 import logging
+import re
 from collections import OrderedDict
 from dataclasses import dataclass
 
@@ -40,11 +41,12 @@ from tqdm.auto import tqdm
 
 from quarl.calibrate.gptq import HessianAccumulator, gptq_quantize
 from quarl.quant.base import QuantError, get_format
-from quarl.quant.model import QuantRecipe, _shared_states, plan_formats
+from quarl.quant.model import FUSED_GROUPS, QuantRecipe, _shared_states, plan_formats
 from quarl.quant.spec import make_config, spec_string
 from quarl.search.reward import BF16_BITS, Measurement, average_bits
 
 log = logging.getLogger(__name__)
+VLLM_FUSED = {("q_proj", "k_proj", "v_proj"): "qkv_proj", ("gate_proj", "up_proj"): "gate_up_proj"}
 
 
 @dataclass(frozen=True)
@@ -84,12 +86,24 @@ def build_units(model: nn.Module, exclude: list[str], granularity: str) -> list[
         elif granularity == "group":
             sub = rest.split(".", 1)[0]
             key = (b, sub, f"{prefix}.{b}.{sub}")
+        elif granularity == "fused":  # the shards an inference engine fuses (q/k/v, gate/up) decide together
+            parent, _, leaf = rest.rpartition(".")
+            group = next((g for g in FUSED_GROUPS if leaf in g), (leaf,))
+            kind = VLLM_FUSED.get(group, leaf)  # vLLM's names: qkv_proj, gate_up_proj
+            key = (b, kind, f"{prefix}.{b}.{parent}.{kind}" if parent else f"{prefix}.{b}.{kind}")
         else:
             key = (b, rest.rsplit(".", 1)[-1], n)
         groups.setdefault(key, []).append(n)
     units = []
-    for (b, kind, uname), lins in groups.items():  # dict order = named_modules order = forward order
-        pattern = uname if granularity == "linear" else f"{uname}.*"
+    for key, lins in groups.items():  # dict order = named_modules order = forward order
+        b, kind, uname = key[:3]
+        if granularity == "fused" and len(lins) > 1:  # re:model\.layers\.3\.self_attn\.(q_proj|k_proj|v_proj)
+            head = lins[0].rpartition(".")[0]
+            pattern = f"re:{re.escape(head)}\\.({'|'.join(n.rpartition('.')[2] for n in lins)})"
+        elif granularity in ("linear", "fused"):
+            pattern = uname
+        else:
+            pattern = f"{uname}.*"
         params = sum(mods[n].weight.numel() for n in lins)
         units.append(Unit(uname, pattern, tuple(lins), b, kind, params))
     if not units:
@@ -153,6 +167,7 @@ class ModelEvaluator:
         self._prefix: OrderedDict[tuple, tuple[torch.Tensor, float]] = OrderedDict()
         self.max_cached = max_cached
         self._memo: dict[tuple, Measurement] = {}
+        self._other_refs: dict[tuple, tuple[torch.Tensor, Measurement]] = {}  # measure_on's references
         self.block_runs = 0  # decoder blocks run: block_runs / len(blocks) = forward-pass equivalents
         self.evaluations = 0  # measure() calls that were not memoised
         self.ref = self._reference()
@@ -173,8 +188,9 @@ class ModelEvaluator:
         bar = tqdm(total=len(work) * len(self.units), desc="precision_search: quantize", disable=not progress)
         for fi, cfg in work:
             states = {}
-            if cfg is not None:
-                states = _shared_states(self.model, {n: cfg for n in self.original})
+            if cfg is not None:  # what calibrate shares: fused shards' per-tensor state, never a cursor (NF4-DQ)
+                states = {n: st for n, st in _shared_states(self.model, {n: cfg for n in self.original}).items()
+                          if "next_group" not in st}
             for ui, u in enumerate(self.units):
                 nbits = 0.0
                 for n in u.linears:
@@ -305,11 +321,16 @@ class ModelEvaluator:
 
     @torch.no_grad()
     def measure_on(self, ids: torch.Tensor, assignment) -> Measurement:
-        """Measure on another batch (the held-out comparison), full forward passes, nothing cached."""
-        if getattr(self, "_held", (None,))[0] is not ids:  # the reference of this batch, computed once
+        """Measure on another batch (selection, held-out), full forward passes; its reference computed once."""
+        key = (ids.data_ptr(), tuple(ids.shape))
+        if key not in self._other_refs:
             self.restore()
-            self._held = (ids, self.model(input_ids=ids, use_cache=False).logits.float().log_softmax(-1))
-        ref_logp = self._held[1]  # [B, L, V]
+            self._ent.clear()
+            out = self.model(input_ids=ids, use_cache=False)
+            ent = sum(self._ent) / len(self._ent) if self._ent else 0.0
+            loss, _, _ = _logits_metrics(out.logits, ids, None)
+            self._other_refs[key] = (out.logits.float().log_softmax(-1), Measurement(loss, 0.0, ent, BF16_BITS))
+        ref_logp = self._other_refs[key][0]  # [B, L, V]
         for i, a in enumerate(assignment):
             self._set_unit(i, a)
         self._ent.clear()
@@ -317,6 +338,11 @@ class ModelEvaluator:
         ent = sum(self._ent) / len(self._ent) if self._ent else 0.0
         loss, kl, kl_rq = _logits_metrics(logits, ids, ref_logp)
         return Measurement(loss, kl, ent, self.avg_bits(assignment), kl_rq)
+
+    def reference_on(self, ids: torch.Tensor) -> Measurement:
+        """The unquantized model's measurement on another batch (what R there is relative to)."""
+        self.measure_on(ids, (None,) * len(self.units))
+        return self._other_refs[(ids.data_ptr(), tuple(ids.shape))][1]
 
     def restore(self) -> None:
         """Put every original weight back."""

@@ -46,12 +46,36 @@ def _mlp(i: int, h: int, o: int) -> nn.Sequential:
 
 
 class ActorCritic(nn.Module):
-    def __init__(self, obs_dim: int, n_actions: int, hidden: int = 64):
+    """Actor and critic MLPs. With ``action_dim > 0`` the observation ends in ``n_actions`` blocks of
+    ``action_dim`` features, one per action, and the actor scores each action with one shared head
+    ``head([trunk(state), features of a])``: what it learns about one format (cheap here, sensitive there)
+    carries over to the others, which a per-action output unit cannot do."""
+
+    def __init__(self, obs_dim: int, n_actions: int, hidden: int = 64, action_dim: int = 0):
         super().__init__()
-        self.actor, self.critic = _mlp(obs_dim, hidden, n_actions), _mlp(obs_dim, hidden, 1)
+        self.k, self.d = n_actions, action_dim
+        self.common = obs_dim - n_actions * action_dim
+        if self.common < 0:
+            raise ValueError(f"obs_dim {obs_dim} < {n_actions} actions x {action_dim} action features")
+        if action_dim:
+            self.trunk = nn.Sequential(nn.Linear(self.common, hidden), nn.Tanh())
+            self.actor = _mlp(hidden + action_dim, hidden, 1)
+        else:
+            self.actor = _mlp(obs_dim, hidden, n_actions)
+        self.critic = _mlp(obs_dim, hidden, 1)
+        with torch.no_grad():  # a near-uniform first policy (CleanRL's small last layer)
+            self.actor[-1].weight.mul_(0.01)
+            self.actor[-1].bias.zero_()
+
+    def logits(self, obs: torch.Tensor) -> torch.Tensor:
+        if not self.d:
+            return self.actor(obs)  # [T, A]
+        h = self.trunk(obs[:, : self.common])  # [T, H]
+        feats = obs[:, self.common:].reshape(len(obs), self.k, self.d)  # [T, A, d]
+        return self.actor(torch.cat([h[:, None].expand(-1, self.k, -1), feats], -1)).squeeze(-1)  # [T, A]
 
     def dist(self, obs: torch.Tensor, mask: torch.Tensor) -> torch.distributions.Categorical:
-        logits = self.actor(obs).masked_fill(~mask, float("-inf"))  # [T, A]
+        logits = self.logits(obs).masked_fill(~mask, float("-inf"))  # [T, A]
         return torch.distributions.Categorical(logits=logits)
 
     def value(self, obs: torch.Tensor) -> torch.Tensor:
@@ -72,6 +96,7 @@ def gae(rewards: list[float], values: list[float], gamma: float, lam: float) -> 
 @dataclass
 class TrainResult:
     episode_returns: list[float] = field(default_factory=list)
+    episode_actions: list[tuple] = field(default_factory=list)  # every episode's assignment (top-k selection)
     best_return: float = float("-inf")
     best_actions: tuple = ()
     best_info: dict = field(default_factory=dict)
@@ -79,10 +104,10 @@ class TrainResult:
 
 
 class PPO:
-    def __init__(self, obs_dim: int, n_actions: int, cfg: PPOConfig, seed: int = 0):
+    def __init__(self, obs_dim: int, n_actions: int, cfg: PPOConfig, seed: int = 0, action_dim: int = 0):
         self.cfg = cfg
         torch.manual_seed(seed)  # network init
-        self.net = ActorCritic(obs_dim, n_actions, cfg.hidden)
+        self.net = ActorCritic(obs_dim, n_actions, cfg.hidden, action_dim)
         self.opt = torch.optim.Adam(self.net.parameters(), lr=cfg.lr)
         self.gen = torch.Generator().manual_seed(seed)
         self.result = TrainResult()
@@ -104,11 +129,30 @@ class PPO:
         return traj, info
 
     # --------------------------------------------------------------- update
-    def update(self, trajs: list[dict]) -> dict:
+    def reward_scale(self, trajs: list[dict]) -> float:
+        """1 / the standard deviation of every episode return so far (with this batch's), when
+        ``normalize_rewards``: the critic's targets then have unit scale whatever the reward weights."""
+        if not self.cfg.normalize_rewards:
+            return 1.0
+        rets = self.result.episode_returns  # this batch's returns are already appended
+        if len(rets) < 2:
+            return 1.0
+        std = float(torch.tensor(rets).std())
+        return 1.0 / std if std > 1e-8 else 1.0
+
+    def entropy_coef(self, update: int, n_updates: int) -> float:
+        """Linear from ``entropy_coef`` at the first update to ``entropy_final`` at the last."""
         c = self.cfg
+        frac = update / max(n_updates - 1, 1)
+        return c.entropy_coef + frac * (c.entropy_final - c.entropy_coef)
+
+    def update(self, trajs: list[dict], entropy_coef: float | None = None) -> dict:
+        c = self.cfg
+        ent_coef = c.entropy_coef if entropy_coef is None else entropy_coef
+        scale = self.reward_scale(trajs)
         adv, ret = [], []
         for tr in trajs:
-            a = gae(tr["rew"], tr["val"], c.gamma, c.gae_lambda)
+            a = gae([r * scale for r in tr["rew"]], tr["val"], c.gamma, c.gae_lambda)
             adv += a
             ret += [x + v for x, v in zip(a, tr["val"], strict=True)]
         obs = torch.stack([o for tr in trajs for o in tr["obs"]])  # [T, obs_dim]
@@ -118,18 +162,23 @@ class PPO:
         adv_t, ret_t = torch.tensor(adv), torch.tensor(ret)
         adv_t = (adv_t - adv_t.mean()) / (adv_t.std(unbiased=False) + 1e-8)
         stats = {}
+        n = len(act)
         for _ in range(c.epochs):
-            d = self.net.dist(obs, mask)
-            ratio = (d.log_prob(act) - old_logp).exp()
-            pg = -torch.min(ratio * adv_t, ratio.clamp(1 - c.clip, 1 + c.clip) * adv_t).mean()
-            v_loss = (self.net.value(obs) - ret_t).pow(2).mean()
-            ent = d.entropy().mean()
-            loss = pg + c.value_coef * v_loss - c.entropy_coef * ent
-            self.opt.zero_grad()
-            loss.backward()
-            nn.utils.clip_grad_norm_(self.net.parameters(), c.max_grad_norm)
-            self.opt.step()
-            stats = {"pg_loss": float(pg.detach()), "v_loss": float(v_loss.detach()), "entropy": float(ent.detach())}
+            perm = torch.randperm(n, generator=self.gen)
+            for idx in perm.chunk(min(c.minibatches, n)):
+                d = self.net.dist(obs[idx], mask[idx])
+                ratio = (d.log_prob(act[idx]) - old_logp[idx]).exp()
+                a_mb = adv_t[idx]
+                pg = -torch.min(ratio * a_mb, ratio.clamp(1 - c.clip, 1 + c.clip) * a_mb).mean()
+                v_loss = (self.net.value(obs[idx]) - ret_t[idx]).pow(2).mean()
+                ent = d.entropy().mean()
+                loss = pg + c.value_coef * v_loss - ent_coef * ent
+                self.opt.zero_grad()
+                loss.backward()
+                nn.utils.clip_grad_norm_(self.net.parameters(), c.max_grad_norm)
+                self.opt.step()
+                stats = {"pg_loss": float(pg.detach()), "v_loss": float(v_loss.detach()),
+                         "entropy": float(ent.detach()), "reward_scale": scale}
         return stats
 
     # ---------------------------------------------------------------- train
@@ -154,12 +203,13 @@ class PPO:
                 tr, info = self.run_episode(env)
                 ret = sum(tr["rew"])
                 res.episode_returns.append(ret)
+                res.episode_actions.append(tuple(tr["act"]))
                 if ret > res.best_return:
                     res.best_return, res.best_actions = ret, tuple(tr["act"])
                     res.best_info = {k: v for k, v in info.items() if k != "assignment"}
                 trajs.append(tr)
                 bar.update()
-            stats = self.update(trajs)
+            stats = self.update(trajs, self.entropy_coef(res.updates, n_updates))
             res.updates += 1
             done_here += 1
             recent = res.episode_returns[-n:]
@@ -173,7 +223,8 @@ class PPO:
     def state_dict(self) -> dict:
         r = self.result
         return {"net": self.net.state_dict(), "opt": self.opt.state_dict(), "gen": self.gen.get_state(),
-                "result": {"episode_returns": r.episode_returns, "best_return": r.best_return,
+                "result": {"episode_returns": r.episode_returns, "episode_actions": r.episode_actions,
+                           "best_return": r.best_return,
                            "best_actions": r.best_actions, "best_info": r.best_info, "updates": r.updates}}
 
     def save(self, path: str | Path) -> None:

@@ -4,8 +4,9 @@
 
 * ``L``: mean next-token cross-entropy (nats) on the fixed search batch;
 * ``KL(p_quant || p_ref)``: mean over positions of the per-token KL of the
-  next-token distributions, in the issue's direction (quantized first). The
-  comparison table also reports ``KL(p_ref || p_quant)``, calibrate's metric;
+  next-token distributions, in the issue's direction (quantized first) by
+  default; ``reward.kl: ref_quant`` charges ``KL(p_ref || p_quant)`` instead,
+  the direction calibrate and eval report. The table shows both;
 * ``E``: mean attention entropy (nats) over layers, heads and query positions;
 * ``MemSave = 1 - avg_bits / 16``: the fraction of BF16 weight storage saved,
   over the quantizable linear weights (lm_head and embeddings are excluded
@@ -41,11 +42,16 @@ def mem_save(avg_bits: float) -> float:
     return 1.0 - avg_bits / BF16_BITS
 
 
+def charged_kl(m: Measurement, w: RewardConfig) -> float:
+    """The KL the reward charges (``w.kl`` picks the direction)."""
+    return m.kl if w.kl == "quant_ref" else m.kl_ref_quant
+
+
 def reward_terms(m: Measurement, ref: Measurement, w: RewardConfig) -> dict[str, float]:
     """Each weighted term of R separately (they sum to R), for logs and tests."""
     return {
         "perf": w.w_perf * (ref.loss - m.loss),
-        "kl": -w.w_kl * m.kl,
+        "kl": -w.w_kl * charged_kl(m, w),
         "ent": w.w_ent * (m.entropy - ref.entropy),
         "mem": w.w_mem * mem_save(m.avg_bits),
     }

@@ -23,14 +23,19 @@ SPEC = StageSpec(
     params={
         "formats": Param("formats", help="the formats an agent may pick per unit (any quarl.quant format spec; "
                                          "bf16 = unchanged)."),
-        "granularity": Param("granularity", help="one decision per block | group (attention / MLP) | linear."),
+        "granularity": Param("granularity", help="one decision per fused projection (qkv, o, gate_up, down) | "
+                                                 "block | group (attention / MLP) | linear."),
         "method": Param("method", help="how a chosen format is applied while searching: rtn | gptq (Hessians of "
                                        "the search batch)."),
         "budget_bits": Param("budget_bits", none=0.0, help="average storage bits per searched weight must stay <= "
-                                                           "this (0 = no budget)."),
+                                                           "this (0 = budget_format decides)."),
+        "budget_format": Param("budget_format", none="", help="without budget_bits: at most the average bits of "
+                                                              "this format applied uniformly (empty = no budget)."),
         "episodes": Param("ppo.episodes", help="PPO episodes (= measured recipes; random search gets as many)."),
         "w_perf": Param("reward.w_perf", help="reward weight of the loss gap L_ref - L_quant."),
-        "w_kl": Param("reward.w_kl", help="reward weight of -KL(p_quant || p_ref)."),
+        "w_kl": Param("reward.w_kl", help="reward weight of -KL (its direction: kl)."),
+        "kl": Param("reward.kl", help="ref_quant = KL(p_ref || p_quant), what calibrate and eval report | "
+                                      "quant_ref = KL(p_quant || p_ref)."),
         "w_ent": Param("reward.w_ent", help="reward weight of the attention-entropy change E_quant - E_ref."),
         "w_mem": Param("reward.w_mem", help="reward weight of the memory saved vs BF16 (1 - avg_bits / 16)."),
         "device": Param("device", help="cpu | cuda | auto."),

@@ -111,7 +111,7 @@ def test_compile_and_submit_reject_what_the_pod_would(bad, words, tmp_path):
     assert res.exit_code == 1 and words in res.output and "healthz" not in res.output, res.output
 
 
-@pytest.mark.parametrize("stage", STAGE_NAMES)
+@pytest.mark.parametrize("stage", list(STAGES))
 def test_every_stage_has_its_cli_command_reading_its_config(stage):
     """`quarl <stage> --print-config` loads the config class the spec names (through cli.common.run_stage)."""
     import yaml

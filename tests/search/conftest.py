@@ -10,7 +10,7 @@ _one_thread = one_thread_fixture(scope="session")
 
 
 class TableEvaluator:
-    """Unit u in format f adds kl[u][f] to the KL and dloss[u][f] to the loss; bits[u][f] per unit."""
+    """Unit u in format f adds kl[u][f] to the KL (both directions) and dloss[u][f] to the loss; bits[u][f]."""
 
     def __init__(self, bits, kl, dloss=None, params=None, ref=None):
         n = len(bits)
@@ -28,7 +28,8 @@ class TableEvaluator:
         dl = sum(self.dloss[u][f] for u, f in enumerate(a) if f is not None)
         bits = [BF16_BITS if f is None else self.bits[u][f] for u, f in enumerate(a)]
         avg = sum(b * p for b, p in zip(bits, self.params)) / sum(self.params)
-        return Measurement(loss=self.ref.loss + dl, kl=kl, entropy=self.ref.entropy - kl, avg_bits=avg)
+        return Measurement(loss=self.ref.loss + dl, kl=kl, entropy=self.ref.entropy - kl, avg_bits=avg,
+                           kl_ref_quant=kl)
 
 
 @pytest.fixture

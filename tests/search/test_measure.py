@@ -16,7 +16,7 @@ def tiny():
     return load_model("tiny-llama")
 
 
-@pytest.mark.parametrize("granularity,per_block", [("block", 1), ("group", 2), ("linear", 7)])
+@pytest.mark.parametrize("granularity,per_block", [("block", 1), ("group", 2), ("fused", 4), ("linear", 7)])
 def test_units_partition_the_linears(tiny, granularity, per_block):
     model, _ = tiny
     units = build_units(model, EXCLUDE, granularity)
@@ -67,3 +67,29 @@ def test_recipe_names_every_choice(tiny):
     assert r["overrides"] == [{"pattern": u.pattern, "format": FORMATS[f]} for u, f in zip(units, a, strict=True)
                               if FORMATS[f] != default]
     assert r["exclude"] == EXCLUDE
+
+
+def test_fused_units_are_the_shards_an_engine_fuses(tiny):
+    model, _ = tiny
+    units = build_units(model, EXCLUDE, "fused")
+    assert [u.kind for u in units[:4]] == ["qkv_proj", "o_proj", "gate_up_proj", "down_proj"]
+    assert units[0].linears == tuple(f"model.layers.0.self_attn.{p}_proj" for p in "qkv")
+    # the recipe's regex pattern selects exactly the unit's linears; to_recipe(model=) plans and checks each
+    a = tuple(i % 2 for i in range(len(units)))
+    r = to_recipe(units, FORMATS, a, EXCLUDE, model=model)
+    assert {o["pattern"] for o in r["overrides"]} == {units[i].pattern for i in range(len(units)) if a[i] == 1}
+    assert units[0].pattern.startswith("re:") and units[1].pattern == "model.layers.0.self_attn.o_proj"
+
+
+def test_measure_on_scores_another_batch_against_its_own_reference(tiny):
+    model, _ = tiny
+    units = build_units(model, EXCLUDE, "block")
+    gen = torch.Generator().manual_seed(1)
+    ids, other = (torch.randint(0, 1000, (2, 16), generator=gen) for _ in range(2))
+    ev = ModelEvaluator(model, units, FORMATS, ids, progress=False)
+    ref = ev.reference_on(other)
+    with torch.no_grad():
+        logits = model(input_ids=other).logits.log_softmax(-1)
+    assert ref.loss == pytest.approx(float(-logits[:, :-1].gather(-1, other[:, 1:, None]).mean()), rel=1e-5)
+    assert ev.measure_on(other, (None,) * len(units)).kl_ref_quant == pytest.approx(0.0, abs=1e-6)
+    assert ev.measure_on(other, (0,) * len(units)).kl_ref_quant > 0

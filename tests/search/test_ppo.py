@@ -58,7 +58,8 @@ def test_gae_matches_hand_computation():
 
 def test_ppo_learns_the_known_optimum():
     env = MatchEnv()
-    cfg = PPOConfig(episodes=480, episodes_per_update=16, epochs=4, lr=1e-2, entropy_coef=0.0, checkpoint_every=0)
+    cfg = PPOConfig(episodes=480, episodes_per_update=16, epochs=4, lr=1e-2, entropy_coef=0.0, checkpoint_every=0,
+                    gae_lambda=0.95)  # the reward comes at the end only: credit must travel the whole episode
     agent = PPO(env.obs_dim(), env.k, cfg, seed=0)
     res = agent.train(env, progress=False)
     first, last = res.episode_returns[:32], res.episode_returns[-32:]
@@ -72,7 +73,8 @@ def test_ppo_learns_the_known_optimum():
 def test_resume_from_checkpoint_is_exact(tmp_path):
     env = MatchEnv()
     cfg = PPOConfig(episodes=64, episodes_per_update=16, lr=1e-2)
-    straight = PPO(env.obs_dim(), env.k, cfg, seed=3).train(env, progress=False)
+    straight_agent = PPO(env.obs_dim(), env.k, cfg, seed=3)
+    straight = straight_agent.train(env, progress=False)
     ck = tmp_path / "ppo.pt"
     PPO(env.obs_dim(), env.k, cfg, seed=3).train(env, checkpoint=ck, progress=False, stop_after_updates=2)
     assert ck.is_file()
@@ -80,3 +82,29 @@ def test_resume_from_checkpoint_is_exact(tmp_path):
     resumed = resumed_agent.train(env, checkpoint=ck, progress=False)
     assert resumed.episode_returns == straight.episode_returns
     assert resumed.best_actions == straight.best_actions and resumed.updates == 4
+    # the next updates are the same updates: identical weights and optimiser moments at the end
+    a, b = straight_agent.state_dict(), resumed_agent.state_dict()
+    for k, v in a["net"].items():
+        assert torch.equal(v, b["net"][k]), k
+    for s, r in zip(a["opt"]["state"].values(), b["opt"]["state"].values(), strict=True):
+        assert all(torch.equal(s[k], r[k]) for k in s)
+
+
+def test_shared_head_scores_each_action_from_its_own_features():
+    from quarl.search.ppo import ActorCritic
+
+    net = ActorCritic(obs_dim=5 + 3 * 4, n_actions=3, hidden=16, action_dim=4)
+    obs = torch.randn(7, 5 + 3 * 4)
+    perm = [2, 0, 1]
+    blocks = obs[:, 5:].view(7, 3, 4)
+    swapped = torch.cat([obs[:, :5], blocks[:, perm].reshape(7, 12)], 1)
+    assert torch.allclose(net.logits(swapped), net.logits(obs)[:, perm], atol=1e-6)  # permuting blocks permutes logits
+    mask = torch.tensor([[True, False, True]] * 7)
+    assert (net.dist(obs, mask).probs[:, 1] == 0).all()
+    with pytest.raises(ValueError, match="action features"):
+        ActorCritic(obs_dim=5, n_actions=3, action_dim=4)
+
+
+def test_entropy_bonus_decays_linearly():
+    agent = PPO(4, 2, PPOConfig(entropy_coef=0.02, entropy_final=0.0), seed=0)
+    assert [agent.entropy_coef(u, 5) for u in range(5)] == pytest.approx([0.02, 0.015, 0.01, 0.005, 0.0])

@@ -6,12 +6,13 @@ from quarl.search.config import RewardConfig
 from quarl.search.reward import Measurement, average_bits, mem_save, reward, reward_terms
 
 REF = Measurement(loss=2.0, kl=0.0, entropy=1.5, avg_bits=16.0)
-Q = Measurement(loss=2.3, kl=0.2, entropy=1.7, avg_bits=4.0)
+Q = Measurement(loss=2.3, kl=0.2, entropy=1.7, avg_bits=4.0, kl_ref_quant=0.25)
 
 
 @pytest.mark.parametrize("term,weights,expected", [
     ("perf", {"w_perf": 2.0, "w_kl": 0, "w_ent": 0, "w_mem": 0}, 2.0 * (2.0 - 2.3)),
-    ("kl", {"w_perf": 0, "w_kl": 3.0, "w_ent": 0, "w_mem": 0}, -3.0 * 0.2),
+    ("kl", {"w_perf": 0, "w_kl": 3.0, "w_ent": 0, "w_mem": 0}, -3.0 * 0.25),  # KL(ref || quant), the default
+    ("kl", {"w_perf": 0, "w_kl": 3.0, "w_ent": 0, "w_mem": 0, "kl": "quant_ref"}, -3.0 * 0.2),
     ("ent", {"w_perf": 0, "w_kl": 0, "w_ent": 0.5, "w_mem": 0}, 0.5 * (1.7 - 1.5)),
     ("mem", {"w_perf": 0, "w_kl": 0, "w_ent": 0, "w_mem": 0.1}, 0.1 * (1 - 4.0 / 16)),
 ])
