@@ -9,8 +9,9 @@
 #            the GGUF reassembled (sha256 checked), the pure-Python wheels installed, then
 #            GPU 0: issue 17 `quarl rl` on a 32B-shaped NVFP4 artifact (benchmarks/rl_32b_product_gpu.py)
 #            GPU 1: the GPU tests phase d did not reach
-#   phase f: bash benchmarks/gpu_session4.sh f   carry: .dev/gl
-#            GPU 0: issue 17 decode profile + peer library; GPU 1: issue 17 GPTQ speed
+#   phase f: bash benchmarks/gpu_session4.sh f   carry: .whl (gemlite)
+#            GPU 0: issue 17 decode profile + peer library (benchmarks/issue17_gpu.py, ~290 s)
+#            GPU 1: issue 17 GPTQ speed (benchmarks/gptq_gpu.py, ~210 s), then the engine's GPU tests
 # Each part writes under $OUT/<part>/ and is packed into $OUT/<part>.tgz (a call returns <= 8 files).
 set -u
 : "${OUT:?}"
@@ -65,7 +66,17 @@ e)
     pack big32; pack tests_e
     ;;
 f)
-    echo "phase f: filled in when the issue-17 runners are ready"; exit 2
+    "$PY" -m pip install -q --no-deps --no-index .whl/gemlite-0.5.1.post1-py3-none-any.whl
+    mkdir -p "$OUT/rollout" "$OUT/gptq"
+    (CUDA_VISIBLE_DEVICES=0 timeout -k 10 330 "$PY" benchmarks/issue17_gpu.py --budget-s 275 --out "$OUT/rollout" \
+        > "$OUT/rollout/stdout.log" 2>&1; echo "rollout rc=$? after $((SECONDS - T0)) s") &
+    CUDA_VISIBLE_DEVICES=$G1 "$PY" benchmarks/gptq_gpu.py --out "$OUT/gptq" --deadline $(( $(date +%s) + 200 )) \
+        > "$OUT/gptq/gptq_gpu.log" 2>&1
+    echo "gptq rc=$? after $((SECONDS - T0)) s"
+    CUDA_VISIBLE_DEVICES=$G1 gpu_tests tests_f $((300 - (SECONDS - T0))) tests/engine
+    wait
+    tail -n 40 "$OUT/rollout/stdout.log"; tail -n 25 "$OUT/gptq/gptq_gpu.log"; tail -n 6 "$OUT/tests_f/pytest.log"
+    pack rollout; pack gptq; pack tests_f
     ;;
 esac
 echo "phase $PHASE done after $((SECONDS - T0)) s"
