@@ -42,6 +42,7 @@ from tqdm.auto import tqdm
 
 from quarl.calibrate.awq import ChannelMeanAbs, fold_scales, scaling_groups, search_group
 from quarl.calibrate.gptq import HessianAccumulator, gptq_quantize, relative_error
+from quarl.calibrate.gptq_columns import clear_graphs
 from quarl.quant.base import FormatConfig, QuantError, get_format
 from quarl.quant.linear import QuantLinear
 from quarl.quant.model import _shared_states
@@ -156,9 +157,11 @@ def _capture_awq_inputs(
 
 
 @torch.no_grad()
-def _hessians(block: nn.Module, cache, names: list[str]) -> tuple[dict[str, HessianAccumulator], list[torch.Tensor]]:
+def _hessians(block: nn.Module, cache, names: list[str],
+              matmul: str = "fp32") -> tuple[dict[str, HessianAccumulator], list[torch.Tensor]]:
     """Accumulate every linear's Hessian in one pass; also returns the (full-precision) block outputs."""
-    acc = {n: HessianAccumulator(block.get_submodule(n).in_features, device=cache[0][0].device) for n in names}
+    dev = cache[0][0].device
+    acc = {n: HessianAccumulator(block.get_submodule(n).in_features, device=dev, matmul=matmul) for n in names}
     hooks = [block.get_submodule(n).register_forward_pre_hook(lambda _m, args, n=n: acc[n].add(args[0])) for n in names]
     try:
         outs = run_block(block, cache)
@@ -271,6 +274,7 @@ def calibrate_model(
     if method not in METHODS:
         raise QuantError(f"unknown calibration method {method!r}; choose one of {', '.join(METHODS)}")
     gptq = {"block_size": 128, "percdamp": 0.01, "act_order": True, **(gptq or {})}
+    hessian = gptq.pop("hessian", "fp32")  # how the Hessians are accumulated (HessianAccumulator's matmul)
     awq = {"n_grid": 20, "duo_scaling": False, "search_batches": None, **(awq or {})}
     t_start = time.perf_counter()
     result = CalibrationResult()
@@ -307,7 +311,7 @@ def calibrate_model(
                     result.awq[f"{bprefix}.{g.prev}"] = {"alpha": g.alpha, "layers": g.layers}
                     for n in g.layers:
                         alphas[n] = g.alpha
-        acc, fp_outs = _hessians(block, cache, list(names))
+        acc, fp_outs = _hessians(block, cache, list(names), hessian)
         states = _calib_states(block, rel_plan)
         fused = _gptq_fused(block, names, rel_plan, states, acc, gptq) if use_gptq else {}
         for rel, full in names.items():
@@ -363,5 +367,6 @@ def calibrate_model(
         result.layers.append(
             LayerStats(full, spec_string(cfg), "rtn" if cfg else "none", float("nan"), time.perf_counter() - t0)
         )
+    clear_graphs()  # the column loop's cached buffers and CUDA graphs
     result.seconds = time.perf_counter() - t_start
     return result
