@@ -1,7 +1,9 @@
 """GPTQ wall time on a GPU for a Qwen2.5-7B-shaped model, NVFP4 and INT4-g128, new column loop vs old.
 
     PYTHONPATH=$PWD:$PWD/kernels python3 benchmarks/gptq_gpu.py --out $OUT --deadline $(( $(date +%s) + 200 ))
-    .venv/bin/python benchmarks/gptq_gpu.py --shape tiny --device cpu --samples 4 --seq-len 64   # dry run
+    .venv/bin/python benchmarks/gptq_gpu.py --shape tiny --device cpu --samples 4 --seq-len 64   # dry run (~1 min)
+    # the same with TRITON_INTERPRET=1 runs the Triton loop on the CPU too (~6 min); without it "triton"
+    # falls back to the graph loop off CUDA (column_loop_used in the JSON says which ran)
 
 What is timed is :func:`quarl.calibrate.calibrate_model` with ``method="gptq"``
 -- the loop the calibrate stage runs -- with the stage's GPTQ defaults (lazy
@@ -17,15 +19,17 @@ does: every shape, Hessian and column loop is the real model's.
 
 Runs (``--runs``, one per entry ``format/column_loop/hessian/check/share``): each builds a
 fresh model (calibration quantizes in place) and calibrates it with that column loop
-("graph": the fixed-buffer loop replayed as CUDA graphs, "reference": the old eager loop)
+("triton": one kernel per lazy block, "graph": the fixed-buffer loop replayed as CUDA
+graphs, "reference": the old eager loop)
 and Hessian GEMM ("fp32" or "native"). ``check`` adds work to block 0 only, timed apart:
 
   * ``ref``: every GPTQ solve of block 0 is re-run with ``column_loop="reference"`` on the
     same (W, H): the old loop's time on the same layers in the same process, and whether
     the new loop's Q is identical (fraction of equal weights, relative output errors);
-  * ``hess``: block 0's Hessians are also accumulated in fp32 and every solve re-run on
-    them: how far the "native" Hessians are from the fp32 ones, and what that does to Q
-    (fraction of equal weights; relative output error of both, measured on the fp32 H).
+  * ``hess``: block 0's Hessians are also accumulated the other way (fp32 <-> native) and
+    every solve re-run on them: how far the "native" Hessians are from the fp32 ones, and
+    what that does to Q (fraction of equal weights; relative output error of both, measured
+    on the fp32 H).
 
 Per-block time: a forward pre-hook on each decoder block notes (after a device
 synchronize) when the block is first entered; block ``i`` costs the time from
@@ -74,8 +78,8 @@ def _sync(dev: torch.device) -> None:
 
 
 RUN_FIELDS = ("format", "column_loop", "hessian", "check", "share")
-DEFAULT_RUNS = ("nvfp4/graph/fp32/ref/0.2,nvfp4/graph/native/hess/0.47,"
-                "int4-g128/graph/fp32/ref/0.2,int4-g128/graph/native/-/0.13")
+DEFAULT_RUNS = ("nvfp4/triton/native/ref/0.36,nvfp4/graph/fp32/hess/0.17,"
+                "int4-g128/triton/native/ref/0.31,int4-g128/graph/fp32/-/0.16")
 
 
 def parse_runs(text: str) -> list[dict]:
@@ -85,9 +89,10 @@ def parse_runs(text: str) -> list[dict]:
         if len(parts) != len(RUN_FIELDS):
             raise SystemExit(f"--runs entry {item!r}: expected {'/'.join(RUN_FIELDS)}")
         r = dict(zip(RUN_FIELDS, parts))
-        if r["column_loop"] not in ("graph", "reference", "auto") or r["hessian"] not in ("fp32", "native") \
+        if r["column_loop"] not in ("triton", "graph", "reference", "auto") or r["hessian"] not in ("fp32", "native") \
                 or r["check"] not in ("ref", "hess", "-"):
-            raise SystemExit(f"--runs entry {item!r}: loop graph|reference|auto, hessian fp32|native, check ref|hess|-")
+            raise SystemExit(f"--runs entry {item!r}: loop triton|graph|reference|auto, hessian fp32|native, "
+                             "check ref|hess|-")
         r["share"] = float(r["share"])
         runs.append(r)
     return runs
@@ -95,6 +100,18 @@ def parse_runs(text: str) -> list[dict]:
 
 def _mean(xs):
     return round(statistics.mean(xs), 3) if xs else None
+
+
+def _loop_used(loop: str, plan: dict, dev: torch.device) -> str:
+    """The loop gptq_quantize picks for this run's format (act-order: static groups), as it decides."""
+    from quarl.calibrate.gptq_columns import GRAPH_FORMATS, triton_applies
+
+    cfg = next(c for c in plan.values() if c is not None)
+    if loop == "auto":
+        loop = "graph" if dev.type == "cuda" else "reference"
+    if loop == "triton" and not triton_applies(cfg, True, dev):
+        loop = "graph"
+    return "reference" if loop == "graph" and cfg.name not in GRAPH_FORMATS else loop
 
 
 def run_one(run: dict, args, stop_at: float) -> dict:
@@ -146,7 +163,8 @@ def run_one(run: dict, args, stop_at: float) -> dict:
     hess_s: dict[int, float] = defaultdict(float)
     check_s: dict[int, float] = defaultdict(float)  # time of the block-0 checks (not part of the product path)
     checks: list[dict] = []
-    hmap: dict[int, torch.Tensor] = {}  # id(native H) -> fp32 H of the same layer (check "hess")
+    hmap: dict[int, torch.Tensor] = {}  # id(this run's H) -> the other mode's H of the same layer (check "hess")
+    other_mode = "fp32" if run["hessian"] == "native" else "native"
     orig_gptq, orig_hess = seq.gptq_quantize, seq._hessians
 
     def timed_hessians(block, cache, names, matmul="fp32"):
@@ -160,12 +178,13 @@ def run_one(run: dict, args, stop_at: float) -> dict:
             hmap.clear()  # block 0's fp32 Hessians are needed no longer
         if run["check"] == "hess" and bi == 0:
             t = time.perf_counter()
-            acc32, _ = orig_hess(block, cache, names, "fp32")
+            acc2, _ = orig_hess(block, cache, names, other_mode)
             for n in names:
-                hmap[id(acc[n].H)] = acc32[n].H
-                d = (acc[n].H - acc32[n].H).abs()
-                checks.append({"what": "hessian", "layer": n, "max_abs_diff_rel": float(d.max() / acc32[n].H.abs().max()),
-                               "fro_rel": float(d.norm() / acc32[n].H.norm())})
+                hmap[id(acc[n].H)] = acc2[n].H
+                h32 = acc[n].H if run["hessian"] == "fp32" else acc2[n].H
+                d = (acc[n].H - acc2[n].H).abs()
+                checks.append({"what": "hessian", "layer": n, "max_abs_diff_rel": float(d.max() / h32.abs().max()),
+                               "fro_rel": float(d.norm() / h32.norm())})
             _sync(dev)
             check_s[bi] += time.perf_counter() - t
         return acc, outs
@@ -183,9 +202,10 @@ def run_one(run: dict, args, stop_at: float) -> dict:
             if run["check"] == "ref":  # the old loop on the same (W, H)
                 other = orig_gptq(w, H, fcfg, **{**kw, "column_loop": "reference", "pack": False})
                 Hm = H
-            else:  # the same loop on the fp32 Hessian
-                Hm = hmap[id(H)]
-                other = orig_gptq(w, Hm, fcfg, **{**kw, "pack": False})
+            else:  # the same loop on the other mode's Hessian; errors measured on the fp32 one
+                H2 = hmap[id(H)]
+                Hm = H if run["hessian"] == "fp32" else H2
+                other = orig_gptq(w, H2, fcfg, **{**kw, "pack": False})
             _sync(dev)
             other_s = time.perf_counter() - t
             checks.append({"what": run["check"], "shape": shape, "other_s": round(other_s, 3),
@@ -249,6 +269,7 @@ def run_one(run: dict, args, stop_at: float) -> dict:
         "elapsed_s": round(t_end - t0, 1),
         "total_est_s": round(capture_s + b0 + (n - 1) * mean_later, 1) if block_s else None,
         "checks": checks,
+        "column_loop_used": _loop_used(run["column_loop"], plan, dev),
         "cuda_graphs": graphs,
         "graphs_broken": broken,
         "hessian_native_ok": gptq_mod._NATIVE_OK,  # None: never tried (fp32 run), False: fell back to fp32
@@ -303,14 +324,15 @@ def main(argv=None) -> list[dict]:
         f"\nGPTQ (calibrate_model, act-order, block 128), Qwen2.5-{args.shape} shape, calibration "
         f"{args.samples} x {args.seq_len} tokens, batch {args.batch}, {env['gpu'] or args.device}"
     )
-    print("| format | loop | hessian | blocks | block s mean (>=1) | hessian s | solve s | block 0 s (w/o checks) "
+    print("| format | loop (used) | hessian | blocks | block s mean (>=1) | hessian s | solve s | block 0 s (w/o checks) "
           "| total s | est. total s | old block est. s | peak GB |")
     print("|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for r in results:
         if "error" in r:
             print(f"| {r['format']} | {r['column_loop']} | {r['hessian']} | error: {r['error'][:80]} |")
             continue
-        print(f"| {r['format']} | {r['column_loop']} | {r['hessian']} | {r['blocks_done']}/{r['num_layers']} "
+        print(f"| {r['format']} | {r['column_loop']} ({r['column_loop_used']}) | {r['hessian']} "
+              f"| {r['blocks_done']}/{r['num_layers']} "
               f"| {r['block_mean_s']} | {r['hessian_mean_s']} | {r['solve_mean_s']} | {r['block0_without_checks_s']} "
               f"| {r['total_without_checks_s'] if r['complete'] else '-'} | {r['total_est_s']} "
               f"| {r.get('old_block_est_s', '-')} | {r['peak_gb']} |")

@@ -55,7 +55,14 @@ from typing import Any
 
 import torch
 
-from quarl.calibrate.gptq_columns import COLUMN_LOOPS, GRAPH_FORMATS, reference_loop, static_loop
+from quarl.calibrate.gptq_columns import (
+    COLUMN_LOOPS,
+    GRAPH_FORMATS,
+    reference_loop,
+    static_loop,
+    triton_applies,
+    triton_loop,
+)
 from quarl.quant.base import FormatConfig, QTensor, QuantError, check_weight, get_format
 
 
@@ -175,10 +182,12 @@ def gptq_quantize(
     ``device``: where the column loop runs (default: ``w``'s device); the results come back
     on ``w``'s device. The loop is a few dozen tiny kernels per column, so on a GPU it is
     launch-bound: a small model's layers run faster on the host (``device="cpu"``).
-    ``column_loop``: "reference" (eager, one format call per column), "graph" (the same ops on
-    fixed buffers, captured as CUDA graphs on a GPU and run eagerly elsewhere: bit-identical) or
-    "auto" (graph on CUDA for the formats in ``GRAPH_FORMATS``, else reference); see
-    :mod:`quarl.calibrate.gptq_columns`.
+    ``column_loop`` (all bit-identical; see :mod:`quarl.calibrate.gptq_columns`): "reference"
+    (eager, one format call per column); "graph" (the same ops on fixed buffers, captured as
+    CUDA graphs on a GPU, eager elsewhere; formats in ``GRAPH_FORMATS``); "triton" (one kernel
+    per lazy block, ``quarl_kernels.gptq_block``: static groups, i.e. act-order, and
+    ``TRITON_FORMATS`` only; elsewhere it falls back to "graph"); "auto": graph on CUDA,
+    reference on other devices.
     """
     home = w.device
     if device is not None and torch.device(device) != home:
@@ -242,13 +251,23 @@ def gptq_quantize(
             f"(now {percdamp}) or use more calibration data"
         ) from None
 
-    if column_loop == "reference" or cfg.name not in GRAPH_FORMATS or (column_loop == "auto" and dev.type != "cuda"):
+    sg = groups if static else None
+    loop = column_loop
+    if loop == "auto":  # CUDA graphs on a GPU (triton becomes the default once checked on the device)
+        loop = "graph" if dev.type == "cuda" else "reference"
+    if loop == "triton" and not triton_applies(cfg, static, dev):
+        loop = "graph"  # no static groups, another format, or no Triton here
+    if loop == "graph" and cfg.name not in GRAPH_FORMATS:
+        loop = "reference"
+    if loop == "triton":
+        Q, losses, scales_in_order = triton_loop(fmt, cfg, state, W, Hinv, block_size=block_size, g=g, groups=sg,
+                                                 orig_col=orig_col)
+    elif loop == "graph":  # the same ops on fixed buffers, replayed as CUDA graphs (eagerly off CUDA)
+        Q, losses, scales_in_order = static_loop(fmt, cfg, state, W, Hinv, block_size=block_size, g=g, groups=sg,
+                                                 orig_col=orig_col, graph=dev.type == "cuda")
+    else:
         Q, losses, scales_in_order = reference_loop(fmt, cfg, state, W, Hinv, block_size=block_size, g=g,
-                                                    groups=groups if static else None, orig_col=orig_col)
-    else:  # the same ops on fixed buffers, replayed as CUDA graphs (eagerly off CUDA: what the tests compare)
-        Q, losses, scales_in_order = static_loop(fmt, cfg, state, W, Hinv, block_size=block_size, g=g,
-                                                 groups=groups if static else None, orig_col=orig_col,
-                                                 graph=dev.type == "cuda")
+                                                    groups=sg, orig_col=orig_col)
 
     if invperm is not None:
         Q = Q[:, invperm]

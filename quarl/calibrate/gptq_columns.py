@@ -48,7 +48,8 @@ import torch
 log = logging.getLogger(__name__)
 
 GRAPH_FORMATS = ("nvfp4", "mxfp4", "int")  # qdq_with_scales is a fixed sequence of device ops
-COLUMN_LOOPS = ("auto", "graph", "reference")  # auto: graph on CUDA for GRAPH_FORMATS
+TRITON_FORMATS = ("nvfp4", "mxfp4", "int")  # the rounding quarl_kernels.gptq_block implements
+COLUMN_LOOPS = ("auto", "triton", "graph", "reference")
 _MAX_CACHED = 32  # segment runners (each holds a few [N, B] buffers and its graphs)
 _cache: OrderedDict[tuple, _Runner] = OrderedDict()
 _graphs_broken = False  # set when a capture failed once: later calls run the same ops eagerly
@@ -252,3 +253,61 @@ def static_loop(fmt, cfg, state: dict, W: torch.Tensor, Hinv: torch.Tensor, *, b
         Q[:, i1:i2] = r.Q1
         W[:, i2:] -= r.E1 @ Hinv[i1:i2, i2:]  # lazy batch update of the remaining columns
     return Q, losses, scales_in_order
+
+
+# --- the whole block in one Triton kernel (static groups) -----------------------------------------
+def _kernel_params(cfg, state: dict, scales) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """A group's frozen scales -> the kernel's per-row (divisor or scale [N], zero point [N] or None),
+    computed with the format's own code, as its ``qdq_with_scales`` computes them."""
+    if cfg.name == "nvfp4":
+        from quarl.quant.formats.nvfp4 import _divisor, _global_scale
+
+        return _divisor(scales.reshape(-1, 1), _global_scale(state, scales.device, check=False)).reshape(-1), None
+    if cfg.name == "mxfp4":
+        from quarl.quant.formats.mxfp4 import e8m0_to_float
+
+        return e8m0_to_float(scales.reshape(-1, 1)).reshape(-1), None
+    scale, zp = scales  # int: [N, 1] fp32 each (zp None when symmetric)
+    return scale.reshape(-1), None if zp is None else zp.reshape(-1)
+
+
+def triton_applies(cfg, static: bool, dev: torch.device) -> bool:
+    """The Triton block kernel serves this call: static groups, a format it implements, and Triton
+    on a CUDA device (or its CPU interpreter, ``TRITON_INTERPRET=1``)."""
+    import importlib.util
+    import os
+
+    if not static or cfg.name not in TRITON_FORMATS or importlib.util.find_spec("triton") is None:
+        return False
+    return dev.type == "cuda" or os.environ.get("TRITON_INTERPRET", "0") == "1"
+
+
+def triton_loop(fmt, cfg, state: dict, W: torch.Tensor, Hinv: torch.Tensor, *, block_size: int, g: int,
+                groups: list, orig_col) -> tuple[torch.Tensor, torch.Tensor, list]:
+    """The reference loop's arithmetic, one kernel launch per lazy block (see quarl_kernels.gptq_block)."""
+    from quarl_kernels.gptq_block import gptq_block
+
+    n, k = W.shape
+    dev = W.device
+    if block_size > 128:
+        raise ValueError(f"gptq: the Triton column loop takes lazy blocks of <= 128 columns, got {block_size}")
+    params = [_kernel_params(cfg, state, s) for s in groups]
+    P = torch.stack([p for p, _ in params])  # [G, N]
+    Z = torch.stack([z for _, z in params]) if params[0][1] is not None else None  # [G, N]
+    kind = 0 if cfg.name in ("nvfp4", "mxfp4") else (2 if Z is None else 1)
+    qmin, qmax = (float(cfg.qmin), float(cfg.qmax)) if cfg.name == "int" else (0.0, 0.0)
+    colgroup = torch.tensor([c // g for c in orig_col], device=dev)  # [K] host -> device once
+    Q = torch.zeros_like(W)
+    losses = torch.zeros(n, device=dev, dtype=torch.float32)
+    for i1 in range(0, k, block_size):
+        i2 = min(i1 + block_size, k)
+        cnt = i2 - i1
+        idx = colgroup[i1:i2]
+        E1 = torch.empty(n, cnt, device=dev)  # [N, B] contiguous, as the reference's Err1 (same GEMM below)
+        # the kernel reads a row-major copy of the block's Hinv (the Cholesky factor is column-major);
+        # the GEMM below keeps the reference's operands, so its summation order is the reference's
+        gptq_block(W[:, i1:i2], Hinv[i1:i2, i1:i2].contiguous(), P[idx], None if Z is None else Z[idx], Q[:, i1:i2], E1,
+                   kind, qmin, qmax)
+        losses += (E1**2).sum(1) / 2
+        W[:, i2:] -= E1 @ Hinv[i1:i2, i2:]  # lazy batch update of the remaining columns
+    return Q, losses, []
