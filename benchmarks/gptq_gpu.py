@@ -40,6 +40,9 @@ GPTQ solve are also timed alone (synchronized). Block 0 carries the one-time CUD
 captures and the checks, so the means are over blocks >= 1, and ``total_est_s`` is
 ``capture + block 0 without its checks + (num_layers - 1) x mean(blocks >= 1)``.
 
+Before the runs, ``selftest`` compares every fast loop with the reference loop on small
+layers of five formats on the device (seconds).
+
 Budget: a run gets ``share`` of the time left to ``--deadline`` (relative to the shares of
 the runs after it); it stops (by raising from the hook) before entering a block that,
 judged by the previous block's time, would end past its share. Results are written after
@@ -287,6 +290,40 @@ def run_one(run: dict, args, stop_at: float) -> dict:
     return res
 
 
+def selftest(dev: torch.device) -> list[dict]:
+    """Small layers, every fast loop against the reference loop on this device: NVFP4, MXFP4,
+    INT4-g128, INT3-g128 (asymmetric), INT4-g128-sym; act-order on and off (the Triton loop
+    serves act-order only: off, it falls back to the graph loop)."""
+    from quarl.calibrate.gptq import gptq_quantize
+    from quarl.quant import make_config
+
+    g = torch.Generator().manual_seed(5)
+    k = 1024
+    x = torch.randn(4096, 64, generator=g) @ torch.randn(64, k, generator=g) + 0.1 * torch.randn(4096, k, generator=g)
+    H = (2 * x.t() @ x / x.shape[0]).to(dev)  # correlated inputs, like LLM activations
+    w = torch.randn(200, k, generator=g).to(dev)  # 200 rows: a partial row tile
+    out = []
+    for spec in ("nvfp4", "mxfp4", "int4-g128", "int3-g128", "int4-g128-sym"):
+        cfg = make_config(spec)
+        for act_order in (True, False):
+            ref = gptq_quantize(w, H, cfg, act_order=act_order, column_loop="reference", pack=False)
+            for loop in ("triton", "graph"):
+                if loop == "triton" and not act_order:
+                    continue
+                try:
+                    r = gptq_quantize(w, H, cfg, act_order=act_order, column_loop=loop, pack=False)
+                    out.append({"spec": spec, "act_order": act_order, "loop": loop,
+                                "equal_frac": float((r.q == ref.q).float().mean()),
+                                "signbits_equal": bool(torch.equal(torch.signbit(r.q), torch.signbit(ref.q))),
+                                "loss_equal": r.loss == ref.loss})
+                except Exception as e:  # noqa: BLE001 -- report, keep going
+                    out.append({"spec": spec, "act_order": act_order, "loop": loop, "error": f"{type(e).__name__}: {e}"})
+    from quarl.calibrate.gptq_columns import clear_graphs
+
+    clear_graphs()
+    return out
+
+
 def main(argv=None) -> list[dict]:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--shape", default="7b", choices=sorted(SHAPES))
@@ -303,6 +340,17 @@ def main(argv=None) -> list[dict]:
     out.mkdir(parents=True, exist_ok=True)
     env = {"torch": torch.__version__, "gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None}
     results = []
+    t0 = time.perf_counter()
+    try:
+        checks = selftest(torch.device(args.device))
+    except Exception as e:  # noqa: BLE001
+        checks = [{"error": f"{type(e).__name__}: {e}"}]
+    print(f"selftest ({time.perf_counter() - t0:.1f} s): " + "; ".join(
+        f"{c.get('spec')} ao={c.get('act_order')} {c.get('loop')}: "
+        + (c["error"][:100] if "error" in c else f"{c['equal_frac']:.6f} sign={c['signbits_equal']} loss={c['loss_equal']}")
+        for c in checks), flush=True)
+    (out / "gptq_gpu.json").write_text(json.dumps({"env": env, "args": vars(args), "selftest": checks,
+                                                   "results": results}, indent=2) + "\n")
     for k, run in enumerate(runs):
         left = (args.deadline - time.time()) if args.deadline else float("inf")
         stop_at = time.time() + left * run["share"] / sum(r["share"] for r in runs[k:])
@@ -318,7 +366,7 @@ def main(argv=None) -> list[dict]:
         results.append(res)
         print(json.dumps({k2: v for k2, v in res.items() if k2 != "checks"}), flush=True)
         (out / "gptq_gpu.json").write_text(
-            json.dumps({"env": env, "args": vars(args), "results": results}, indent=2) + "\n"
+            json.dumps({"env": env, "args": vars(args), "selftest": checks, "results": results}, indent=2) + "\n"
         )
     print(
         f"\nGPTQ (calibrate_model, act-order, block 128), Qwen2.5-{args.shape} shape, calibration "
