@@ -42,6 +42,10 @@ unchanged (compressed-tensors calls this ``actorder: static``). The trade-off:
 static scales cannot follow the error updates, which act-order usually more
 than pays for. We therefore force static groups whenever act-order is on.
 
+The column loop itself lives in :mod:`quarl.calibrate.gptq_columns`: the eager reference, the
+same ops replayed as CUDA graphs, and one Triton kernel per lazy block -- bit-identical, chosen
+by ``column_loop`` (docs/calibrate.md).
+
 The result is ``Q`` (the dequantized weight, exactly on the format's grid)
 plus the per-group scales; :mod:`quarl.quant.pack` turns those into a
 :class:`~quarl.quant.base.QTensor` with the format's exact bytes.
