@@ -1,5 +1,6 @@
-"""GPTQ's column loop, two ways: the reference (eager, one format call per column) and a
-static-shape version that a CUDA graph captures once per layer shape and replays.
+"""GPTQ's column loop, three ways: the reference (eager, one format call per column), a
+static-shape version that a CUDA graph captures once per layer shape and replays, and one
+Triton kernel per lazy block (``quarl_kernels.gptq_block``; static groups only).
 
 Why. Inside a lazy block of 128 columns GPTQ is sequential: column ``i`` is rounded, its error
 is pushed onto columns ``i+1..``, then column ``i+1`` is rounded. Each column is ~20 tiny
@@ -34,6 +35,13 @@ own graph.
 Only formats whose ``qdq_with_scales`` is capture-safe (no host sync, no host-to-device copy)
 are graphed: ``GRAPH_FORMATS``. Others, CPUs, and ``column_loop="reference"`` run the
 reference loop.
+
+Triton. The graph still pays one kernel per op per column (~22 for NVFP4). The kernel instead
+keeps a 16-row x 128-column tile in registers and walks the columns itself: one launch per lazy
+block. It re-implements the formats' rounding (``TRITON_FORMATS``) with the per-row divisors or
+scales computed by the formats' own code (``_kernel_params``); its module docstring says how it
+stays bit-identical. Static groups only: the in-loop ``block_scales`` of the other case is left
+to the graph loop.
 """
 
 from __future__ import annotations
