@@ -111,7 +111,7 @@ def _loop_used(loop: str, plan: dict, dev: torch.device) -> str:
 
     cfg = next(c for c in plan.values() if c is not None)
     if loop == "auto":
-        loop = "graph" if dev.type == "cuda" else "reference"
+        loop = ("triton" if triton_applies(cfg, True, dev) else "graph") if dev.type == "cuda" else "reference"
     if loop == "triton" and not triton_applies(cfg, True, dev):
         loop = "graph"
     return "reference" if loop == "graph" and cfg.name not in GRAPH_FORMATS else loop

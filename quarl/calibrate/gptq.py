@@ -183,15 +183,15 @@ def gptq_quantize(
 
     ``state``: per-tensor format state to use (e.g. shared by fused shards);
     defaults to ``tensor_state(w)``. Neither ``w`` nor ``H`` is modified.
-    ``device``: where the column loop runs (default: ``w``'s device); the results come back
-    on ``w``'s device. The loop is a few dozen tiny kernels per column, so on a GPU it is
-    launch-bound: a small model's layers run faster on the host (``device="cpu"``).
+    ``device``: where the solve runs (default: ``w``'s device); the results come back on ``w``'s
+    device. On a GPU the column loop is one Triton kernel per 128 columns (act-order) or CUDA
+    graphs, ~10x faster than the eager loop on a 7B layer (benchmarks/RESULTS.md).
     ``column_loop`` (all bit-identical; see :mod:`quarl.calibrate.gptq_columns`): "reference"
     (eager, one format call per column); "graph" (the same ops on fixed buffers, captured as
     CUDA graphs on a GPU, eager elsewhere; formats in ``GRAPH_FORMATS``); "triton" (one kernel
     per lazy block, ``quarl_kernels.gptq_block``: static groups, i.e. act-order, and
-    ``TRITON_FORMATS`` only; elsewhere it falls back to "graph"); "auto": graph on CUDA,
-    reference on other devices.
+    ``TRITON_FORMATS`` only; elsewhere it falls back to "graph"); "auto": triton, else graph, on
+    CUDA; reference on other devices.
     """
     home = w.device
     if device is not None and torch.device(device) != home:
@@ -257,8 +257,8 @@ def gptq_quantize(
 
     sg = groups if static else None
     loop = column_loop
-    if loop == "auto":  # CUDA graphs on a GPU (triton becomes the default once checked on the device)
-        loop = "graph" if dev.type == "cuda" else "reference"
+    if loop == "auto":  # on a GPU the Triton kernel where it applies, else CUDA graphs (both checked on an H200)
+        loop = ("triton" if triton_applies(cfg, static, dev) else "graph") if dev.type == "cuda" else "reference"
     if loop == "triton" and not triton_applies(cfg, static, dev):
         loop = "graph"  # no static groups, another format, or no Triton here
     if loop == "graph" and cfg.name not in GRAPH_FORMATS:

@@ -285,7 +285,9 @@ def triton_applies(cfg, static: bool, dev: torch.device) -> bool:
     import importlib.util
     import os
 
-    if not static or cfg.name not in TRITON_FORMATS or importlib.util.find_spec("triton") is None:
+    if not static or cfg.name not in TRITON_FORMATS:
+        return False
+    if importlib.util.find_spec("triton") is None or importlib.util.find_spec("quarl_kernels") is None:
         return False
     return dev.type == "cuda" or os.environ.get("TRITON_INTERPRET", "0") == "1"
 
