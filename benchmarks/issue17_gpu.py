@@ -1,7 +1,7 @@
 """Issue 17's device call: the decode-step profile and the peer kernel library, in one command.
 
     pip install --no-deps .whl/gemlite-0.5.1.post1-py3-none-any.whl
-    PYTHONPATH=$PWD:$PWD/kernels python3 benchmarks/issue17_gpu.py --budget-s 280 --out $OUT
+    PYTHONPATH=$PWD:$PWD/kernels python3 benchmarks/issue17_gpu.py --budget-s 285 --out $OUT
     python3 benchmarks/issue17_gpu.py --device cpu --out /tmp/i17      # the dry run (tiny shapes)
 
 Runs, each as its own process with its own share of ``--budget-s`` (a process that overruns
@@ -12,7 +12,9 @@ its share by more than ``--grace-s`` is killed; whatever JSON it wrote stays):
    layer shapes at M = 1..64 and 2048. First, because its spawn workers compile the quarl
    kernels for the 7B shapes in parallel, which the profile then finds in the Triton cache.
 2. ``benchmarks/rollout_profile.py`` -- where the 7B decode step's time goes, BF16 / NVFP4 /
-   NVFP4+LoRA r32 at batch 1 / 8 / 64.
+   NVFP4+LoRA r32 (fp32 adapter as the trainer keeps it, and bf16 as ``rollout.py`` had it), each
+   LoRA variant before (``:nopack``) and after the packed adapters of ``quarl.engine.lora``, at
+   batch 1 / 8 / 64.
 
 Outputs under ``--out``: ``peer/peer.json``, ``profile/profile.json``, ``peer.log``,
 ``profile.log``, ``summary.md`` (both tables; also printed last).
@@ -51,8 +53,8 @@ def run_step(name: str, cmd: list[str], budget_s: float, grace_s: float, out: Pa
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--budget-s", type=float, default=280.0, help="the whole call, both steps")
-    ap.add_argument("--peer-share", type=float, default=0.38, help="fraction of the budget for the kernel sweep")
+    ap.add_argument("--budget-s", type=float, default=285.0, help="the whole call, both steps")
+    ap.add_argument("--peer-share", type=float, default=0.33, help="fraction of the budget for the kernel sweep")
     ap.add_argument("--grace-s", type=float, default=15.0)
     ap.add_argument("--out", default=os.environ.get("OUT", "benchmarks/results/issue17"))
     ap.add_argument("--device", default="cuda", help="cpu: the dry run (tiny model and shapes)")

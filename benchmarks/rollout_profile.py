@@ -1,13 +1,19 @@
 """Where a decode step's time goes: a per-step profile of FastGenerator on the 7B shape (issue 17).
 
     PYTHONPATH=$PWD:$PWD/kernels python benchmarks/rollout_profile.py [--models 7b] [--batches 1,8,64]
-        [--variants bf16,nvfp4,nvfp4+lora] [--prompt 1024] [--steps 64] [--prof-steps 12]
-        [--budget-s 150] [--out DIR]
+        [--variants bf16,nvfp4,nvfp4+lora32:nopack,nvfp4+lora32,nvfp4+lora:nopack,nvfp4+lora]
+        [--prompt 1024] [--steps 64] [--prof-steps 12] [--budget-s 150] [--out DIR]
     python benchmarks/rollout_profile.py --device cpu --models tiny --prompt 16 --steps 4   # dry run
     python benchmarks/rollout_profile.py --report DIR/profile.json                           # tables again
 
-Per (variant, batch) cell, on the model ``benchmarks/rollout.py`` builds (random weights, the
-same ``quantize_model`` recipes), one prefill of ``prompt`` random tokens fills the cache, and
+Variants: the recipes of ``benchmarks/rollout.py`` (random weights, the same ``quantize_model``
+calls; LoRA r32 on all 7 projections with a non-zero B); ``+lora32`` keeps the adapter in fp32
+as the RL trainer does (``quarl.train.policy``), ``+lora`` in the model's bf16 as
+``rollout.py``'s table did; ``:nopack`` runs ``FastGenerator(lora_pack=False)``, each projection's
+LoRA inside its module (the engine before issue 17's packed adapters, ``quarl.engine.lora``) --
+the before/after of that change, same model and weights.
+
+Per (variant, batch) cell, one prefill of ``prompt`` random tokens fills the cache, and
 then three views of the *same* decode loop run from there (context ``prompt`` .. ``prompt +
 steps``; the default 1024 is about the mean context of the issue's 2048-token rollouts):
 
@@ -121,48 +127,95 @@ def start_loop(eng, rows, steps_total: int, gen) -> tuple:
 
 # --- attribution -----------------------------------------------------------------------------------
 class Tagger:
-    """Forward hooks that open a ``record_function`` range per projection / head / embedding (and one
-    for LoRA's branch, from its ``lora_dropout`` call to the end of the layer's forward)."""
+    """``record_function`` ranges that name what launched each kernel, without changing what runs:
 
-    def __init__(self, model):
-        self.handles, self.open = [], {}
+    * a QuantLinear projection: its instance's ``base_forward`` wrapped (``mod:<name>``) -- not a
+      hook, which would make the engine call the module instead of its packed adapters;
+    * an ``nn.Linear`` projection (BF16 model), the LM head, the embedding: forward hooks;
+    * LoRA, packed (``quarl.engine.lora.Group.__call__``, patched on the class while tagging):
+      ``lora`` around the group (its base projections keep their inner ``mod:`` range);
+    * LoRA, unpacked (``QuantLinear.forward``): ``lora`` from the ``lora_dropout`` call (a pre-hook,
+      only on modules no pack covers) to the end of ``quarl.quant.linear.lora_add``."""
+
+    def __init__(self, model, packed: set[int]):
+        from quarl.engine import lora as lp
+        from quarl.quant import linear as ql
+
+        self.handles, self.open, self.patched = [], {}, []
         base = model.model
-        targets = [("mod:embed", base.embed_tokens), ("mod:lm_head", model.get_output_embeddings())]
+        hooked = [("mod:embed", base.embed_tokens), ("mod:lm_head", model.get_output_embeddings())]
         for layer in base.layers:
             for name, mod in list(layer.self_attn.named_children()) + list(layer.mlp.named_children()):
-                if name in PROJ_GROUP:
-                    targets.append((f"mod:{name}", mod))
-        for tag, mod in targets:
+                if name not in PROJ_GROUP:
+                    continue
+                if isinstance(mod, ql.QuantLinear):
+                    mod.base_forward = self._ranged(f"mod:{name}", mod.base_forward)  # instance attribute
+                    self.patched.append((mod, "base_forward", None))
+                    if mod.lora_cfg is not None and id(mod) not in packed:
+                        self.handles.append(mod.lora_dropout.register_forward_pre_hook(self._open_lora))
+                else:
+                    hooked.append((f"mod:{name}", mod))
+        for tag, mod in hooked:
             self.handles.append(mod.register_forward_pre_hook(self._enter(tag, mod)))
             self.handles.append(mod.register_forward_hook(self._exit(mod)))
-            drop = getattr(mod, "lora_dropout", None)
-            if drop is not None:
-                self.handles.append(drop.register_forward_pre_hook(self._enter("lora", mod, key="lora")))
+        self.patched.append((lp.Group, "__call__", lp.Group.__call__))
+        lp.Group.__call__ = self._ranged("lora", lp.Group.__call__)
+        orig_add = ql.lora_add
+        self.patched.append((ql, "lora_add", orig_add))
 
-    def _enter(self, tag, mod, key="mod"):
+        def lora_add(*a, **k):
+            out = orig_add(*a, **k)
+            rf = self.open.pop("lora", None)
+            if rf is not None:
+                rf.__exit__(None, None, None)
+            return out
+
+        ql.lora_add = lora_add
+
+    @staticmethod
+    def _ranged(tag, fn):
+        def wrapped(*a, **k):
+            with record_function(tag):
+                return fn(*a, **k)
+        return wrapped
+
+    def _open_lora(self, *_):
+        rf = record_function("lora")
+        rf.__enter__()
+        self.open["lora"] = rf
+
+    def _enter(self, tag, mod):
         def hook(*_):
             rf = record_function(tag)
             rf.__enter__()
-            self.open.setdefault(id(mod), []).append(rf)
+            self.open[id(mod)] = rf
         return hook
 
     def _exit(self, mod):
         def hook(*_):
-            for rf in reversed(self.open.pop(id(mod), [])):  # the LoRA range closes first (it is inside)
+            rf = self.open.pop(id(mod), None)
+            if rf is not None:
                 rf.__exit__(None, None, None)
         return hook
 
     def remove(self):
         for h in self.handles:
             h.remove()
+        for obj, attr, orig in reversed(self.patched):
+            if orig is None:
+                delattr(obj, attr)  # the instance attribute goes; the class method shows again
+            else:
+                setattr(obj, attr, orig)
 
 
 @contextlib.contextmanager
 def tagged(eng):
-    """Hooks on the model, ``record_function`` around the decode step and the sampler."""
+    """Ranges on the model (:class:`Tagger`), around the decode step and around the sampler."""
     from quarl.engine import generator as G
 
-    tg = Tagger(eng.model)
+    pack = eng.runner._lora
+    packed = {id(m) for groups in (pack.layers if pack is not None else []) for g in groups.values() for m in g.mods}
+    tg = Tagger(eng.model, packed)
     orig_decode, orig_sample = eng._decode, G.sample
 
     def decode(*a, **k):
@@ -195,18 +248,18 @@ def classify(chain: list[str]) -> str:
         return "sampling"
     if "decode_step" not in chain:
         return "loop"
-    if "lora" in chain:
+    tag = next((c for c in chain if c.startswith("mod:") or c == "lora"), None)  # the innermost tag
+    if tag == "lora":
         return "lora"
-    mod = next((c for c in chain if c.startswith("mod:")), None)
-    if mod == "mod:lm_head":
+    if tag == "mod:lm_head":
         return "lm_head"
-    if mod == "mod:embed":
+    if tag == "mod:embed":
         return "embed"
-    if mod is not None:
-        inner = chain[: chain.index(mod)]
+    if tag is not None:
+        inner = chain[: chain.index(tag)]
         if inner and inner[-1] == "aten::add":  # QuantLinear's `y + bias` (nn.Linear fuses it into addmm)
             return "bias"
-        return PROJ_GROUP[mod[4:]]
+        return PROJ_GROUP[tag[4:]]
     for c in chain:
         for pat, cat in GLUE_RULES:
             if pat in c:
@@ -227,7 +280,7 @@ def attribute(prof, cuda: bool) -> tuple[dict, dict, dict]:
             continue
         if cuda:
             items = [(k.name, k.duration) for k in e.kernels]
-        elif not e.cpu_children and not e.name.startswith(("mod:", "decode_step", "sampling", "lora")):
+        elif not e.cpu_children and not e.name.startswith(("mod:", "decode_step", "sampling", "lora", "wrapped")):
             items = [(e.name, e.self_cpu_time_total)]  # CPU dry run: leaf ops stand in for kernels
         else:
             items = []
@@ -255,27 +308,27 @@ def _activities():
     return [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if R.DEVICE == "cuda" else [])
 
 
-def profile_cell(model, batch: int, prompt: int, steps: int, prof_steps: int, check_tokens: int) -> dict:
+def profile_cell(model, batch: int, prompt: int, steps: int, prof_steps: int, check_tokens: int,
+                 lora_pack: bool, out: dict) -> dict:
+    """Fills ``out`` view by view (a failure in a later view keeps the earlier ones)."""
     from quarl.engine import FastGenerator
+    from quarl.engine import generator as G
     from quarl.engine.rollout import SamplingParams
 
     rows = R._prompts(batch, prompt, model.config.vocab_size)
     gen = torch.Generator(R.DEVICE).manual_seed(0)
     graphs = R.DEVICE == "cuda"
-    out: dict = {}
-
-    from quarl.engine import generator as G
-
-    total = 2 + steps + prof_steps + 2  # decode steps the loop takes after generate's first two
-    # the real generate, timed once (its own prefill subtracted): the loop below must match it
-    eng = FastGenerator(model, R.PAD, kv_block=256, sync_every=64)
+    out["lora_pack"] = lora_pack
+    total = 2 + steps + 2 * prof_steps + 4  # decode steps the loop takes after generate's first two (+ margin)
+    eng = FastGenerator(model, R.PAD, kv_block=256, sync_every=64, lora_pack=lora_pack)
     eng.warmup(batch, prompt, max(total, check_tokens) + 2)  # one cache and graph set for every call below
-    eng.generate(rows, SamplingParams(1.0, 1.0, 1, []), 1, gen)
-    _, t1 = R._sync_time(lambda: eng.generate(rows, SamplingParams(1.0, 1.0, 1, []), 1, gen))
-    _, tn = R._sync_time(lambda: eng.generate(rows, SamplingParams(1.0, 1.0, check_tokens, []), 1, gen))
-    out["generate_step_ms"] = (tn - t1) / (check_tokens - 1) * 1e3
-    out["generate_tokens"] = check_tokens
-    out["prefill_s"] = t1
+    if check_tokens:  # the real generate, timed once (its own prefill subtracted): the loop must match it
+        eng.generate(rows, SamplingParams(1.0, 1.0, 1, []), 1, gen)
+        _, t1 = R._sync_time(lambda: eng.generate(rows, SamplingParams(1.0, 1.0, 1, []), 1, gen))
+        _, tn = R._sync_time(lambda: eng.generate(rows, SamplingParams(1.0, 1.0, check_tokens, []), 1, gen))
+        out["generate_step_ms"] = (tn - t1) / (check_tokens - 1) * 1e3
+        out["generate_tokens"] = check_tokens
+        out["prefill_s"] = t1
 
     # 1. step ms, graphed, no profiler
     st, carry = start_loop(eng, rows, total, gen)
@@ -286,7 +339,6 @@ def profile_cell(model, batch: int, prompt: int, steps: int, prof_steps: int, ch
     decode_loop(eng, st, batch, B, steps, gen, graphs, carry)
     _sync()
     out["step_ms"] = (time.perf_counter() - t) / steps * 1e3
-    out["context"] = [prompt + 2, carry["t"] + prompt]
     out["graphs"] = len(eng._graphs)
     out["graph_error"] = eng.graph_error
 
@@ -298,18 +350,15 @@ def profile_cell(model, batch: int, prompt: int, steps: int, prof_steps: int, ch
     out["graphed_kernel_ms"] = sum(e.time_range.elapsed_us() for e in dev) / prof_steps / 1e3
     out["graphed_kernels_per_step"] = len(dev) / prof_steps
     out["idle_ms"] = out["step_ms"] - out["graphed_kernel_ms"]
-    eng.release()
-    del eng, st, carry
-    gc.collect()
+    del prof, dev
 
-    # 3. attributed kernels: the same loop without graphs, every range tagged
-    eng = FastGenerator(model, R.PAD, kv_block=256, sync_every=64, cuda_graphs=False)
-    st, carry = start_loop(eng, rows, 2 + prof_steps + 2, gen)
-    decode_loop(eng, st, batch, batch, 1, gen, False, carry)  # eager warm-up of this path
+    # 3. attributed kernels: the same engine, cache and loop without graphs, every range tagged
+    eng.cuda_graphs = False  # _step now runs the step eagerly over the exact length
+    decode_loop(eng, st, batch, B, 1, gen, False, carry)  # eager warm-up of this path
     _sync()
     with tagged(eng):
         with profile(activities=_activities()) as prof:
-            decode_loop(eng, st, batch, batch, prof_steps, gen, False, carry)
+            decode_loop(eng, st, batch, B, prof_steps, gen, False, carry)
             _sync()
         us, count, other = attribute(prof, cuda=R.DEVICE == "cuda")
     out["attributed_ms"] = {c: us.get(c, 0.0) / prof_steps / 1e3 for c in CATEGORIES}
@@ -317,8 +366,21 @@ def profile_cell(model, batch: int, prompt: int, steps: int, prof_steps: int, ch
     out["attributed_kernel_ms"] = sum(out["attributed_ms"].values())
     out["other_glue_top_us"] = {k: v / prof_steps for k, v in other.items()}
     out["prof_steps"] = prof_steps
+    out["context"] = [prompt + 2, carry["t"] + prompt]
     eng.release()
     return out
+
+
+def parse_variant(v: str) -> tuple[str, bool, bool]:
+    """``nvfp4+lora32:nopack`` -> (recipe ``nvfp4+lora``, fp32 adapter, packed adapters off)."""
+    name, _, mod = v.partition(":")
+    if mod not in ("", "nopack"):
+        raise SystemExit(f"variant {v!r}: the only modifier is ':nopack'")
+    fp32 = name.endswith("+lora32")
+    recipe = name[:-2] if fp32 else name
+    if recipe not in R.RECIPES:
+        raise SystemExit(f"variant {v!r}: unknown recipe {recipe!r}; known: {', '.join(R.RECIPES)} (+lora32 for fp32 LoRA)")
+    return recipe, fp32, mod != "nopack"
 
 
 # --- the run ---------------------------------------------------------------------------------------
@@ -332,86 +394,110 @@ def run(args) -> dict:
     res = {"env": R.environment(), "args": vars(args), "cells": [], "notes": []}
     batches = [int(b) for b in args.batches.split(",")]
     plan = [(m, v) for m in args.models.split(",") for v in args.variants.split(",")]
+    for _, v in plan:
+        parse_variant(v)
 
     def save():
         path.write_text(json.dumps(res, indent=1, default=str))
 
-    cells_left = len(plan) * len(batches)
+    built, model = None, None
     for mname, variant in plan:
+        recipe, fp32, pack = parse_variant(variant)
         if budget.left() < args.min_cell_s:
             res["notes"].append(f"{mname}/{variant}: not run (time budget, {budget.left():.0f}s left)")
-            cells_left -= len(batches)
             save()
             continue
-        cfg = R.qwen25_config(mname)
-        t = time.perf_counter()
-        model = R.build_model(cfg)
-        if R.RECIPES[variant] is not None:
-            quantize_model(model, R.RECIPES[variant])
-        _sync()
-        meta = {"model": mname, "variant": variant, "kernel": R.selected_kernel(model),
-                "build_quantize_s": time.perf_counter() - t}
+        if built != (mname, recipe, fp32):  # consecutive variants that differ only in ':nopack' share it
+            model = None
+            gc.collect()
+            if R.DEVICE == "cuda":
+                torch.cuda.empty_cache()
+            t = time.perf_counter()
+            model = R.build_model(R.qwen25_config(mname))
+            if R.RECIPES[recipe] is not None:
+                quantize_model(model, R.RECIPES[recipe])
+            with torch.no_grad(), torch.random.fork_rng(devices=[]):
+                torch.manual_seed(0)
+                for n, p in model.named_parameters():
+                    if n.endswith("lora_B"):
+                        p.normal_(0, 0.02)  # a trained adapter is not zero (the GEMMs do not care; the values do)
+                    if fp32 and ("lora_A" in n or "lora_B" in n):
+                        p.data = p.data.float()  # the trainer's fp32 adapter (quarl.train.policy)
+            _sync()
+            built, build_s = (mname, recipe, fp32), time.perf_counter() - t
+        meta = {"model": mname, "variant": variant, "kernel": R.selected_kernel(model), "build_quantize_s": build_s,
+                "adapter_dtype": "fp32" if fp32 else ("bf16" if "lora" in recipe else None)}
         print(f"== {meta}", flush=True)
         for b in batches:
-            cells_left -= 1
             cell = {**meta, "batch": b, "prompt": args.prompt}
             if budget.left() < args.min_cell_s:
                 cell["skipped"] = f"time budget ({budget.left():.0f}s left)"
             else:
                 t = time.perf_counter()
+                check = args.check_tokens if b <= args.check_max_batch else 0
                 try:
-                    cell.update(profile_cell(model, b, args.prompt, args.steps, args.prof_steps, args.check_tokens))
+                    profile_cell(model, b, args.prompt, args.steps, args.prof_steps, check, pack, cell)
                 except Exception as e:  # noqa: BLE001 - record and go on
                     cell["error"] = f"{type(e).__name__}: {e}"
                     traceback.print_exc()
                 cell["cell_s"] = time.perf_counter() - t
+                gc.collect()  # a failed cell's engine (KV cache, graphs) goes now, not at the next model
+                if R.DEVICE == "cuda":
+                    torch.cuda.empty_cache()
             res["cells"].append(cell)
             save()
             print(json.dumps({k: (round(v, 3) if isinstance(v, float) else v) for k, v in cell.items()
                               if k in ("batch", "step_ms", "generate_step_ms", "graphed_kernel_ms", "idle_ms",
                                        "attributed_kernel_ms", "cell_s", "error", "skipped")}), flush=True)
-        del model
-        gc.collect()
-        if R.DEVICE == "cuda":
-            torch.cuda.empty_cache()
     save()
     return res
 
 
 def tables(res: dict) -> str:
-    """One table: a row per category, a column per cell (ms per decode step), then the totals."""
+    """Per (model, variant): a row per category, a column per batch (ms per decode step), then the totals."""
     cells = [c for c in res["cells"] if "attributed_ms" in c]
-    if not cells:
-        return "(no profiled cells)\n" + "\n".join(f"{c['variant']} b{c['batch']}: {c.get('error') or c.get('skipped')}"
-                                                  for c in res["cells"])
-    head = [f"{c['model']} {c['variant']} b{c['batch']}" for c in cells]
-    lines = ["| ms per decode step | " + " | ".join(head) + " |", "|---|" + "---:|" * len(cells)]
-    for cat in CATEGORIES:
-        vals = [c["attributed_ms"][cat] for c in cells]
-        if any(v > 0 for v in vals):
-            lines.append(f"| {cat} | " + " | ".join(
-                f"{v:.3f} ({100 * v / c['step_ms']:.0f}%)" for v, c in zip(vals, cells)) + " |")
-    rows = [("kernels, attributed (eager) sum", "attributed_kernel_ms"),
-            ("kernels, graphed run (CUPTI) sum", "graphed_kernel_ms"),
-            ("GPU idle: step - graphed kernels", "idle_ms"),
-            ("**step ms** (graphed loop, wall)", "step_ms"),
-            ("step ms of `generate` (check)", "generate_step_ms")]
-    for label, key in rows:
-        lines.append(f"| {label} | " + " | ".join(f"{c[key]:.3f}" for c in cells) + " |")
-    lines.append("| kernels per step (graphed) | " + " | ".join(f"{c['graphed_kernels_per_step']:.0f}" for c in cells)
-                 + " |")
-    return "\n".join(lines) + "\n"
+    bad = [f"{c['variant']} b{c['batch']}: {c.get('error') or c.get('skipped')}" for c in res["cells"]
+           if "attributed_ms" not in c]
+    out = []
+    for key in dict.fromkeys((c["model"], c["variant"]) for c in cells):
+        cs = [c for c in cells if (c["model"], c["variant"]) == key]
+        out.append(f"{key[0]} {key[1]} (context {cs[0]['context'][0]}..{cs[0]['context'][1]}, kernel "
+                   f"{cs[0]['kernel']}, adapter {cs[0].get('adapter_dtype')}, lora_pack {cs[0].get('lora_pack')})\n")
+        lines = ["| ms per decode step | " + " | ".join(f"batch {c['batch']}" for c in cs) + " |",
+                 "|---|" + "---:|" * len(cs)]
+        for cat in CATEGORIES:
+            vals = [c["attributed_ms"][cat] for c in cs]
+            if any(v > 0 for v in vals):
+                lines.append(f"| {cat} | " + " | ".join(
+                    f"{v:.3f} ({100 * v / c['step_ms']:.0f}%)" for v, c in zip(vals, cs)) + " |")
+        rows = [("kernels, attributed (eager) sum", "attributed_kernel_ms"),
+                ("kernels, graphed run (CUPTI) sum", "graphed_kernel_ms"),
+                ("GPU idle: step - graphed kernels", "idle_ms"),
+                ("**step ms** (graphed loop, wall)", "step_ms"),
+                ("step ms of `generate` (check)", "generate_step_ms")]
+        for label, k in rows:
+            lines.append(f"| {label} | " + " | ".join(f"{c[k]:.3f}" if k in c else "-" for c in cs) + " |")
+        lines.append("| kernels per step (graphed) | " + " | ".join(f"{c['graphed_kernels_per_step']:.0f}" for c in cs)
+                     + " |")
+        lines.append("| LoRA kernels per step (attributed) | " + " | ".join(
+            f"{c['attributed_kernels_per_step']['lora']:.0f}" for c in cs) + " |")
+        out.append("\n".join(lines) + "\n")
+    return "\n".join(out) + ("\nnot profiled: " + "; ".join(bad) + "\n" if bad else "")
 
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--models", default="7b")
-    ap.add_argument("--variants", default="bf16,nvfp4,nvfp4+lora")
+    ap.add_argument("--variants", default="bf16,nvfp4,nvfp4+lora32:nopack,nvfp4+lora32,nvfp4+lora:nopack,nvfp4+lora",
+                    help="recipes of benchmarks/rollout.py; +lora32: the adapter in fp32 (the trainer's); "
+                         ":nopack: FastGenerator(lora_pack=False), the module-by-module LoRA (before issue 17's fix)")
     ap.add_argument("--batches", default="1,8,64")
     ap.add_argument("--prompt", type=int, default=1024, help="context the profiled steps start from")
     ap.add_argument("--steps", type=int, default=64, help="decode steps timed (no profiler)")
     ap.add_argument("--prof-steps", type=int, default=12, help="decode steps under the profiler (each view)")
     ap.add_argument("--check-tokens", type=int, default=33, help="new tokens of the timed real generate call")
+    ap.add_argument("--check-max-batch", type=int, default=8, help="the generate check only up to this batch "
+                    "(two more prefills of the whole prompt each)")
     ap.add_argument("--budget-s", type=float, default=150.0)
     ap.add_argument("--min-cell-s", type=float, default=8.0, help="a cell starts only with this much budget left")
     ap.add_argument("--out", default=os.environ.get("OUT", "benchmarks/results"))
