@@ -1,7 +1,7 @@
 """Issue 17's device call: the decode-step profile and the peer kernel library, in one command.
 
     pip install --no-deps .whl/gemlite-0.5.1.post1-py3-none-any.whl
-    PYTHONPATH=$PWD:$PWD/kernels python3 benchmarks/issue17_gpu.py --budget-s 285 --out $OUT
+    PYTHONPATH=$PWD:$PWD/kernels python3 benchmarks/issue17_gpu.py --budget-s 275 --out $OUT
     python3 benchmarks/issue17_gpu.py --device cpu --out /tmp/i17      # the dry run (tiny shapes)
 
 Runs, each as its own process with its own share of ``--budget-s`` (a process that overruns
@@ -53,7 +53,7 @@ def run_step(name: str, cmd: list[str], budget_s: float, grace_s: float, out: Pa
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--budget-s", type=float, default=285.0, help="the whole call, both steps")
+    ap.add_argument("--budget-s", type=float, default=275.0, help="the whole call, both steps")
     ap.add_argument("--peer-share", type=float, default=0.33, help="fraction of the budget for the kernel sweep")
     ap.add_argument("--grace-s", type=float, default=15.0)
     ap.add_argument("--out", default=os.environ.get("OUT", "benchmarks/results/issue17"))

@@ -371,6 +371,24 @@ def profile_cell(model, batch: int, prompt: int, steps: int, prof_steps: int, ch
     return out
 
 
+@torch.no_grad()
+def logprob_check(model, lora_pack: bool, prompt: int = 256, rows: int = 8, tokens: int = 64) -> dict:
+    """Rollout log-probs vs the trainer's full forward on the same sampled rollout (the mismatch RL
+    sees; ``benchmarks/rollout.py``'s check), with the packed adapters on or off."""
+    from quarl.engine import FastGenerator
+    from quarl.engine.rollout import SamplingParams
+
+    ids = R._prompts(rows, prompt, model.config.vocab_size, seed=1)
+    eng = FastGenerator(model, R.PAD, lora_pack=lora_pack)
+    roll = eng.generate(ids, SamplingParams(1.0, 1.0, tokens, []), 1, torch.Generator(R.DEVICE).manual_seed(1))
+    eng.release()
+    logits = model(input_ids=roll.input_ids).logits[:, prompt - 1 : -1].float()  # [rows, tokens, V]
+    ref = torch.log_softmax(logits, -1).gather(-1, roll.completion_ids[..., None]).squeeze(-1)
+    d = (roll.logprobs - ref).abs()
+    return {"lora_pack": lora_pack, "mean_abs": float(d.mean()), "max_abs": float(d.max()), "rows": rows,
+            "tokens": tokens, "prompt": prompt}
+
+
 def parse_variant(v: str) -> tuple[str, bool, bool]:
     """``nvfp4+lora32:nopack`` -> (recipe ``nvfp4+lora``, fp32 adapter, packed adapters off)."""
     name, _, mod = v.partition(":")
@@ -449,6 +467,14 @@ def run(args) -> dict:
             print(json.dumps({k: (round(v, 3) if isinstance(v, float) else v) for k, v in cell.items()
                               if k in ("batch", "step_ms", "generate_step_ms", "graphed_kernel_ms", "idle_ms",
                                        "attributed_kernel_ms", "cell_s", "error", "skipped")}), flush=True)
+        if "lora" in recipe and budget.left() > args.min_cell_s + 10:
+            try:
+                res.setdefault("checks", {})[f"{mname}/{variant}"] = logprob_check(model, pack)
+            except Exception as e:  # noqa: BLE001
+                res.setdefault("checks", {})[f"{mname}/{variant}"] = {"error": f"{type(e).__name__}: {e}"}
+                traceback.print_exc()
+            print("check", variant, res["checks"][f"{mname}/{variant}"], flush=True)
+            save()
     save()
     return res
 
@@ -482,6 +508,11 @@ def tables(res: dict) -> str:
         lines.append("| LoRA kernels per step (attributed) | " + " | ".join(
             f"{c['attributed_kernels_per_step']['lora']:.0f}" for c in cs) + " |")
         out.append("\n".join(lines) + "\n")
+    checks = res.get("checks", {})
+    if checks:
+        out.append("rollout log-prob vs trainer forward (|delta|, batch 8, 64 tokens):\n" + "\n".join(
+            f"  {k}: " + (f"mean {v['mean_abs']:.4f}, max {v['max_abs']:.4f}" if "mean_abs" in v else v.get("error", "?"))
+            for k, v in checks.items()) + "\n")
     return "\n".join(out) + ("\nnot profiled: " + "; ".join(bad) + "\n" if bad else "")
 
 
@@ -499,7 +530,7 @@ def main(argv=None):
     ap.add_argument("--check-max-batch", type=int, default=8, help="the generate check only up to this batch "
                     "(two more prefills of the whole prompt each)")
     ap.add_argument("--budget-s", type=float, default=150.0)
-    ap.add_argument("--min-cell-s", type=float, default=8.0, help="a cell starts only with this much budget left")
+    ap.add_argument("--min-cell-s", type=float, default=15.0, help="a cell starts only with this much budget left")
     ap.add_argument("--out", default=os.environ.get("OUT", "benchmarks/results"))
     ap.add_argument("--device", default="cuda", help="cuda, or cpu for a dry run with --models tiny")
     ap.add_argument("--report", help="print the tables of a finished run's profile.json and exit")
