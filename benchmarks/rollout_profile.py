@@ -2,7 +2,7 @@
 
     PYTHONPATH=$PWD:$PWD/kernels python benchmarks/rollout_profile.py [--models 7b] [--batches 1,8,64]
         [--variants bf16,nvfp4,nvfp4+lora32:nopack,nvfp4+lora32,nvfp4+lora:nopack,nvfp4+lora]
-        [--prompt 1024] [--steps 64] [--prof-steps 12] [--budget-s 150] [--out DIR]
+        [--prompt 1024] [--steps 64] [--prof-steps 8] [--budget-s 150] [--out DIR]
     python benchmarks/rollout_profile.py --device cpu --models tiny --prompt 16 --steps 4   # dry run
     python benchmarks/rollout_profile.py --report DIR/profile.json                           # tables again
 
@@ -525,7 +525,7 @@ def main(argv=None):
     ap.add_argument("--batches", default="1,8,64")
     ap.add_argument("--prompt", type=int, default=1024, help="context the profiled steps start from")
     ap.add_argument("--steps", type=int, default=64, help="decode steps timed (no profiler)")
-    ap.add_argument("--prof-steps", type=int, default=12, help="decode steps under the profiler (each view)")
+    ap.add_argument("--prof-steps", type=int, default=8, help="decode steps under the profiler (each view)")
     ap.add_argument("--check-tokens", type=int, default=33, help="new tokens of the timed real generate call")
     ap.add_argument("--check-max-batch", type=int, default=8, help="the generate check only up to this batch "
                     "(two more prefills of the whole prompt each)")
