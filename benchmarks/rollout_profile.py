@@ -74,6 +74,7 @@ GLUE_RULES = [("scaled_dot_product", "attention"), ("attention", "attention"), (
 
 
 # --- the engine's decode loop, from a filled cache ---------------------------------------------
+@torch.no_grad()  # as generate: with grad on, a LoRA output would require grad and turn the fused glue off
 def decode_loop(eng, st, n_rows: int, batch: int, steps: int, gen, graphs: bool, out: dict) -> None:
     """``steps`` tokens of ``FastGenerator._generate_batch``'s loop body (t >= 1), continuing from the
     state a ``generate`` call left behind (``keep_cache``): step, sample, bookkeeping. ``out`` carries
@@ -267,8 +268,13 @@ def classify(chain: list[str]) -> str:
     return "other_glue"
 
 
+TAGS = ("decode_step", "sampling", "lora", "mod:")
+
+
 def _device_events(prof):
-    return [e for e in prof.events() if e.device_type == DeviceType.CUDA]
+    """GPU kernels, memcpys and memsets -- not the GPU-side mirrors of our ``record_function`` ranges
+    (Kineto's gpu_user_annotation events, also DeviceType.CUDA, which span whole ranges)."""
+    return [e for e in prof.events() if e.device_type == DeviceType.CUDA and not e.name.startswith(TAGS)]
 
 
 def attribute(prof, cuda: bool) -> tuple[dict, dict, dict]:
@@ -280,7 +286,7 @@ def attribute(prof, cuda: bool) -> tuple[dict, dict, dict]:
             continue
         if cuda:
             items = [(k.name, k.duration) for k in e.kernels]
-        elif not e.cpu_children and not e.name.startswith(("mod:", "decode_step", "sampling", "lora", "wrapped")):
+        elif not e.cpu_children and not e.name.startswith(TAGS):
             items = [(e.name, e.self_cpu_time_total)]  # CPU dry run: leaf ops stand in for kernels
         else:
             items = []
