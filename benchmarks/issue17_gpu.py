@@ -58,6 +58,9 @@ def main(argv=None) -> int:
     ap.add_argument("--grace-s", type=float, default=15.0)
     ap.add_argument("--out", default=os.environ.get("OUT", "benchmarks/results/issue17"))
     ap.add_argument("--device", default="cuda", help="cpu: the dry run (tiny model and shapes)")
+    ap.add_argument("--peer-impls", help="bench_peer.py --impls (default: its own list)")
+    ap.add_argument("--profile-variants", help="rollout_profile.py --variants (default: its own list)")
+    ap.add_argument("--profile-batches", help="rollout_profile.py --batches (default 1,8,64)")
     args = ap.parse_args(argv)
     t0 = time.perf_counter()
     out = Path(args.out)
@@ -68,12 +71,17 @@ def main(argv=None) -> int:
     steps = {}
     peer_cmd = [py, str(HERE / "kernels" / "bench_peer.py"), "--out", str(out / "peer"), "--budget-s", f"{peer_s:.0f}",
                 "--device", args.device]
+    if args.peer_impls:
+        peer_cmd += ["--impls", args.peer_impls]
     steps["peer"] = run_step("peer", peer_cmd, peer_s, args.grace_s, out)
     prof_s = args.budget_s - (time.perf_counter() - t0) - 5
     prof_cmd = [py, str(HERE / "rollout_profile.py"), "--out", str(out / "profile"), "--budget-s", f"{prof_s:.0f}",
                 "--device", args.device]
     if cpu:
         prof_cmd += ["--models", "tiny", "--prompt", "16", "--steps", "4", "--prof-steps", "2", "--check-tokens", "5"]
+    for flag, val in (("--variants", args.profile_variants), ("--batches", args.profile_batches)):
+        if val:
+            prof_cmd += [flag, val]
     steps["profile"] = run_step("profile", prof_cmd, prof_s, args.grace_s, out)
 
     parts = [f"issue 17 device call: {json.dumps(steps)}; wall {time.perf_counter() - t0:.0f}s", ""]
