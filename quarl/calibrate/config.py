@@ -58,6 +58,13 @@ class GPTQConfig:
     block_size: int = 128  # columns per lazy-batch block (GPTQ paper)
     percdamp: float = 0.01  # dampening, fraction of mean(diag(H))
     act_order: bool = True  # with static groups (compressed-tensors actorder "static")
+    # Hessian GEMM: "fp32" (reference) | "native" (bf16/fp16 activations on the tensor cores, fp32
+    # accumulation: exact products, only the summation order differs; see HessianAccumulator)
+    hessian: str = "fp32"
+
+    def __post_init__(self) -> None:
+        if self.hessian not in ("fp32", "native"):
+            raise ValueError(f"gptq.hessian must be 'fp32' or 'native', got {self.hessian!r}")
 
 
 @dataclass

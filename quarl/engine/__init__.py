@@ -4,13 +4,15 @@
     rollout.HFGenerator                            the reference KV-cache sampler (any device)
 
     FastGenerator(model, pad_id, *, max_batch_size=None, cuda_graphs=None, compile=False,
-                  kv_block=256, sync_every=16, keep_cache=True, fused=None)
+                  kv_block=256, sync_every=16, keep_cache=True, fused=None, lora_pack=None)
         .generate(prompts, params, n, generator) -> quarl.engine.rollout.Rollout
     make_generator(model, pad_id, *, engine="auto", **kw) -> Generator
         "auto": FastGenerator on CUDA for Llama/Qwen2/Qwen3, else the reference HFGenerator
     DecoderRunner(model, fused=None)   the minimal forward over the HF model's own modules (prefill / decode);
         fused: Triton norm/RoPE/SiLU kernels on CUDA bf16 (None: $QUARL_ENGINE_FUSED, default on)
     sample(logits, temperature, top_p, generator) -> (tokens, logprobs);  top_p_mask(logits, top_p)
+    lora.LoraPack(layers, dtype)       the adapters of q/k/v and gate/up packed per layer (one A GEMM each),
+        refreshed per generation; lora_pack: $QUARL_ENGINE_LORA_PACK, default on
 
 See ``docs/engine.md`` and the module docstrings (``rollout``, ``model``, ``generator``, ``sampling``).
 The contract lives here rather than in ``quarl.rl`` because rl, eval and distillation all generate.

@@ -190,11 +190,17 @@ def mlp(module: nn.Module, x: torch.Tensor, *, fused: bool = True) -> torch.Tens
     if fused and _kernel_input(x) and mlp_eligible(module) and _no_grad_needed(x):
         gate = module.gate_proj(x)  # [.., I]
         up = module.up_proj(x)  # [.., I]
-        if gate.shape == up.shape and gate.dtype == up.dtype and _no_grad_needed(gate, up):
-            return module.down_proj(_ops().silu_mul(gate, up))
-        return module.down_proj(module.act_fn(gate) * up)  # what HF's forward computes from the same values
+        return module.down_proj(act_mul(module, gate, up, fused=fused))
     return module(x)
 
 
-__all__ = ["ENV", "apply_rope", "kernels_available", "mlp", "mlp_eligible", "norm_eligible", "resolve", "rms_norm",
+def act_mul(module: nn.Module, gate: torch.Tensor, up: torch.Tensor, *, fused: bool = True) -> torch.Tensor:
+    """``module.act_fn(gate) * up`` for an :func:`mlp_eligible` module (one kernel when fused)."""
+    if (fused and _kernel_input(gate) and gate.shape == up.shape and gate.dtype == up.dtype
+            and _no_grad_needed(gate, up)):
+        return _ops().silu_mul(gate, up)
+    return module.act_fn(gate) * up  # what HF's forward computes from the same values
+
+
+__all__ = ["ENV", "act_mul", "apply_rope", "kernels_available", "mlp", "mlp_eligible", "norm_eligible", "resolve", "rms_norm",
            "rope_qk", "rotate_half"]

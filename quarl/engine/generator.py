@@ -32,6 +32,9 @@ CUDA graphs and the loop. Design, after gpt-fast:
   run as Triton kernels (:mod:`quarl.engine.fused`): one kernel per norm and
   its residual add, one for RoPE on q and k, one for ``silu(gate) * up`` --
   no compile step, the same HF modules; ``fused=False`` keeps PyTorch.
+* **packed adapters** (``lora_pack=None``: ``$QUARL_ENGINE_LORA_PACK``, default on): the LoRA
+  branches of q/k/v and of gate/up share one A GEMM per layer, and every adapter is read from
+  a copy in the activation dtype refreshed at the start of each call (:mod:`quarl.engine.lora`);
 * **no per-token host syncs**: sampling (:mod:`quarl.engine.sampling`), the
   stop test and the bookkeeping are device ops; whether every row has stopped
   is read back only every ``sync_every`` steps (a row that stopped keeps
@@ -96,13 +99,14 @@ class FastGenerator:
         sync_every: int = 16,
         keep_cache: bool = True,
         fused: bool | None = None,
+        lora_pack: bool | None = None,
     ):
         if kv_block < 1 or sync_every < 1:
             raise ValueError(f"kv_block and sync_every must be >= 1, got {kv_block}, {sync_every}")
         if max_batch_size is not None and max_batch_size < 1:
             raise ValueError(f"max_batch_size must be >= 1 or None (all rows at once), got {max_batch_size}")
         self.model, self.pad_id = model, int(pad_id)
-        self.runner = DecoderRunner(model, fused=fused)
+        self.runner = DecoderRunner(model, fused=fused, lora_pack=lora_pack)
         self.max_batch_size, self.kv_block, self.sync_every = max_batch_size, kv_block, sync_every
         self.cuda_graphs, self.keep_cache = cuda_graphs, keep_cache
         self._decode = self.runner.decode
@@ -135,6 +139,7 @@ class FastGenerator:
         self.last_stats = {"rows": len(rows), "batches": 0, "steps": 0, "graph_captures": 0}
         try:
             with _eval_mode(self.model):
+                self.runner.prepare_lora()  # this rollout's adapter weights (quarl.engine.lora)
                 parts = [
                     self._generate_batch([rows[i] for i in order[s : s + bs]], params, generator)
                     for s in range(0, len(rows), bs)
@@ -167,12 +172,13 @@ class FastGenerator:
         self.runner.check_length(prompt_len + max_new_tokens)
         B, S = _pow2(rows), _round_up(prompt_len + max_new_tokens, self.kv_block)
         st = self._ensure_state(B, S)
-        self._check_weights()
         st.tok[:B].fill_(self.pad_id)
         st.pos[:B].zero_()
         buckets = sorted({min(S, _round_up(prompt_len + t, self.kv_block)) for t in range(1, max_new_tokens)})
         before = len(self._graphs)
         with _eval_mode(self.model):
+            self.runner.prepare_lora()
+            self._check_weights()
             for L in buckets:
                 st.kv_valid[:B].zero_()
                 st.slot.fill_(L - 1)
@@ -282,6 +288,7 @@ class FastGenerator:
         m = self.model
         ptrs = [t.data_ptr() for t in itertools.chain(m.parameters(), m.buffers())]
         ptrs += [getattr(x, "_wcache", None).data_ptr() for x in m.modules() if getattr(x, "_wcache", None) is not None]
+        ptrs += [t.data_ptr() for t in self.runner.lora_buffers()]
         return (len(ptrs), hash(tuple(ptrs)), os.environ.get("QUARL_KERNELS", "auto"))
 
     def _check_weights(self) -> None:

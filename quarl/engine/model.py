@@ -62,6 +62,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from quarl.engine import fused as fz
+from quarl.engine import lora as lp
 from quarl.engine.fused import apply_rope  # noqa: F401  (the reference lives in fused.py; kept importable here)
 
 SUPPORTED_MODEL_TYPES = ("llama", "qwen2", "qwen3")
@@ -107,7 +108,7 @@ class DecodeState:
 class DecoderRunner:
     """Prefill and decode of a HF Llama/Qwen2/Qwen3 causal LM over a :class:`DecodeState`."""
 
-    def __init__(self, model: nn.Module, fused: bool | None = None):
+    def __init__(self, model: nn.Module, fused: bool | None = None, lora_pack: bool | None = None):
         cfg = getattr(model, "config", None)
         mtype = getattr(cfg, "model_type", None)
         if mtype not in SUPPORTED_MODEL_TYPES:
@@ -138,6 +139,26 @@ class DecoderRunner:
         self.original_max = rp.get("original_max_position_embeddings", cfg.max_position_embeddings)
         self.fused = fz.resolve(fused)  # requested; used where fz.kernels_available(device)
         self._fused_at: tuple[torch.device, bool] | None = None  # (device, available there)
+        self.lora_pack = lp.resolve(lora_pack)  # adapters of q/k/v and gate/up computed together
+        self._lora: lp.LoraPack | None = None
+
+    def prepare_lora(self) -> None:
+        """Build (or rebuild, when the adapters were replaced) and refresh the packed adapters from
+        the live LoRA weights. The engine calls it at the start of every generation, in eval mode;
+        prefill and decode read the pack until the next call (see :mod:`quarl.engine.lora`)."""
+        if not self.lora_pack:
+            self._lora = None
+            return
+        if self._lora is None or not self._lora.matches(self.layers, self.dtype):
+            self._lora = lp.LoraPack(self.layers, self.dtype)
+        self._lora.refresh()
+
+    def lora_buffers(self) -> list[torch.Tensor]:
+        """The pack's tensors (a captured graph reads them)."""
+        return [] if self._lora is None else self._lora.buffers()
+
+    def _groups(self, i: int) -> dict:
+        return self._lora.layers[i] if self._lora is not None else {}
 
     def fused_on(self) -> bool:
         """Whether this step uses the fused kernels: requested, and they run on the model's device
@@ -210,17 +231,34 @@ class DecoderRunner:
         )
 
     # --- shared pieces ------------------------------------------------------------
-    def _qkv(self, attn: nn.Module, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, fused: bool):
+    def _qkv(self, attn: nn.Module, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, fused: bool,
+             groups: dict | None = None):
         """``x [B, L, hidden]`` -> rotated ``q [B, H, L, D]``, ``k, v [B, H_kv, L, D]``."""
         B, L, _ = x.shape
-        q = attn.q_proj(x).view(B, L, self.n_heads, self.head_dim)
-        k = attn.k_proj(x).view(B, L, self.n_kv, self.head_dim)
-        v = attn.v_proj(x).view(B, L, self.n_kv, self.head_dim)
+        g = (groups or {}).get("qkv")
+        q, k, v = g(x) if g is not None else (attn.q_proj(x), attn.k_proj(x), attn.v_proj(x))
+        q = q.view(B, L, self.n_heads, self.head_dim)
+        k = k.view(B, L, self.n_kv, self.head_dim)
+        v = v.view(B, L, self.n_kv, self.head_dim)
         if self.qk_norm:  # Qwen3: RMSNorm over each head's D, before RoPE
             q, k = fz.rms_norm(attn.q_norm, q, fused=fused), fz.rms_norm(attn.k_norm, k, fused=fused)
         q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
         q, k = fz.rope_qk(q, k, cos, sin, fused=fused)
         return q, k, v
+
+    @staticmethod
+    def _proj(groups: dict, name: str, module: nn.Module, x: torch.Tensor) -> torch.Tensor:
+        """A single-projection group (o, down): packed adapter copy if there is one, else the module."""
+        g = groups.get(name)
+        return g(x)[0] if g is not None else module(x)
+
+    def _mlp(self, mlp: nn.Module, x: torch.Tensor, fused: bool, groups: dict) -> torch.Tensor:
+        """``mlp(x)``: with packed gate/up adapters ``down(act(gate) * up)`` (HF's MLP, the same values)."""
+        g = groups.get("gate_up")
+        if g is None or not fz.mlp_eligible(mlp):
+            return fz.mlp(mlp, x, fused=fused)
+        gate, up = g(x)  # [.., I] each
+        return self._proj(groups, "down", mlp.down_proj, fz.act_mul(mlp, gate, up, fused=fused))
 
     @staticmethod
     def _add_norm(norm: nn.Module, h: torch.Tensor, delta: torch.Tensor | None, fused: bool):
@@ -251,18 +289,18 @@ class DecoderRunner:
         h = self.embed(ids)  # [N, P, hidden] residual stream
         pending = None  # the previous block's MLP output, added to h by the next norm
         for i, layer in enumerate(self.layers):
-            attn = layer.self_attn
+            attn, groups = layer.self_attn, self._groups(i)
             x, h = self._add_norm(layer.input_layernorm, h, pending, fused)
-            q, k, v = self._qkv(attn, x, cos, sin, fused)
+            q, k, v = self._qkv(attn, x, cos, sin, fused, groups)
             st.k[i][:N, :, :P] = k
             st.v[i][:N, :, :P] = v
             if self.group > 1:  # [N, H_kv, P, D] -> [N, H, P, D], HF's repeat_kv
                 k = k[:, :, None].expand(N, self.n_kv, self.group, P, self.head_dim).reshape(N, self.n_heads, P, -1)
                 v = v[:, :, None].expand(N, self.n_kv, self.group, P, self.head_dim).reshape(N, self.n_heads, P, -1)
             o = F.scaled_dot_product_attention(q, k, v, attn_mask=amask, scale=self.scaling)  # [N, H, P, D]
-            o = attn.o_proj(o.transpose(1, 2).reshape(N, P, self.n_heads * self.head_dim))
+            o = self._proj(groups, "o", attn.o_proj, o.transpose(1, 2).reshape(N, P, self.n_heads * self.head_dim))
             x, h = self._add_norm(layer.post_attention_layernorm, h, o, fused)  # h = h + o; x = norm(h)
-            pending = fz.mlp(layer.mlp, x, fused=fused)
+            pending = self._mlp(layer.mlp, x, fused, groups)
         return self._logits(h[:, -1], None if pending is None else pending[:, -1], fused)  # the last position only
 
     # --- decode -----------------------------------------------------------------------
@@ -281,9 +319,9 @@ class DecoderRunner:
         h = self.embed(tok)  # [B, 1, hidden] residual stream
         pending = None  # the previous block's MLP output, added to h by the next norm
         for i, layer in enumerate(self.layers):
-            attn = layer.self_attn
+            attn, groups = layer.self_attn, self._groups(i)
             x, h = self._add_norm(layer.input_layernorm, h, pending, fused)
-            q, k, v = self._qkv(attn, x, cos, sin, fused)  # q [B, H, 1, D]; k, v [B, H_kv, 1, D]
+            q, k, v = self._qkv(attn, x, cos, sin, fused, groups)  # q [B, H, 1, D]; k, v [B, H_kv, 1, D]
             kc, vc = st.k[i][:B], st.v[i][:B]  # [B, H_kv, S, D]
             kc.index_copy_(2, slot, k)
             vc.index_copy_(2, slot, v)
@@ -291,7 +329,7 @@ class DecoderRunner:
             o = F.scaled_dot_product_attention(
                 qg, kc[:, :, :kv_len], vc[:, :, :kv_len], attn_mask=amask, scale=self.scaling
             )  # [B, H_kv, G, D]
-            o = attn.o_proj(o.reshape(B, 1, self.n_heads * D))  # [B, 1, hidden]
+            o = self._proj(groups, "o", attn.o_proj, o.reshape(B, 1, self.n_heads * D))  # [B, 1, hidden]
             x, h = self._add_norm(layer.post_attention_layernorm, h, o, fused)  # h = h + o; x = norm(h)
-            pending = fz.mlp(layer.mlp, x, fused=fused)
+            pending = self._mlp(layer.mlp, x, fused, groups)
         st.logits[:B].copy_(self._logits(h[:, 0], None if pending is None else pending[:, 0], fused))

@@ -69,6 +69,13 @@ def _act_quant(name: str | None):
     return fake_quant_act_1x128
 
 
+def lora_add(y: torch.Tensor, a: torch.Tensor, lora_b: torch.Tensor, scaling: float) -> torch.Tensor:
+    """``y + scaling * a @ lora_b^T`` as one addmm: ``y [..., N]``, ``a [..., r]`` (may be a column
+    slice of a wider tensor), ``lora_b [N, r]`` in ``y``'s dtype."""
+    n, r = y.shape[-1], a.shape[-1]
+    return torch.addmm(y.reshape(-1, n), a.reshape(-1, r), lora_b.t(), alpha=scaling).view(y.shape)  # [..., N]
+
+
 class QuantLinear(nn.Module):
     """Drop-in replacement for ``nn.Linear`` with a quantized (or frozen) base."""
 
@@ -233,6 +240,18 @@ class QuantLinear(nn.Module):
                 and getattr(c, "granularity", None) == "block" and getattr(c, "block_size", None) == 128)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # x [..., K] -> [..., N]
+        y = self.base_forward(x)
+        if self.lora_cfg is not None:
+            # LoRA sees the unquantized activation, as in QLoRA/QeRL: the adapter is BF16.
+            # y + scaling * a @ B^T as one addmm (scale and add in the GEMM epilogue, fp32):
+            # two kernels per layer fewer than mul + add, which a decode step pays 7x per block.
+            a = F.linear(self.lora_dropout(x), self.lora_A.to(x.dtype))  # [..., r]
+            y = lora_add(y, a, self.lora_B.to(x.dtype), self.lora_cfg.scaling)
+        return y
+
+    def base_forward(self, x: torch.Tensor) -> torch.Tensor:  # x [..., K] -> [..., N]
+        """The frozen (or QAT) base and its bias, without the LoRA branch: what the rollout engine
+        calls when it computes the adapters of several projections together (quarl.engine.lora)."""
         if self.fp8_flow:
             from quarl.quant.fp8_linear import fp8_linear
 
@@ -246,14 +265,6 @@ class QuantLinear(nn.Module):
                 y = F.linear(xq, self.dequantized_weight(x.dtype))
         if self.bias is not None:
             y = y + self.bias.to(y.dtype)
-        if self.lora_cfg is not None:
-            # LoRA sees the unquantized activation, as in QLoRA/QeRL: the adapter is BF16.
-            # y + scaling * a @ B^T as one addmm (scale and add in the GEMM epilogue, fp32):
-            # two kernels per layer fewer than mul + add, which a decode step pays 7x per block.
-            a = F.linear(self.lora_dropout(x), self.lora_A.to(x.dtype))  # [..., r]
-            n = y.shape[-1]
-            y = torch.addmm(y.reshape(-1, n), a.reshape(-1, a.shape[-1]), self.lora_B.to(x.dtype).t(),
-                            alpha=self.lora_cfg.scaling).view(y.shape)  # [..., N]
         return y
 
     def extra_repr(self) -> str:

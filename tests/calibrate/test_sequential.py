@@ -173,3 +173,24 @@ def test_fused_gptq_of_layers_sharing_an_input_equals_one_loop_per_layer(tiny, c
             assert torch.equal(b[n].tensors[t], c[n].tensors[t]), (n, t)
     errs = {x.name: x.rel_error for x in ra.layers}
     assert all(x.rel_error == pytest.approx(errs[x.name], rel=1e-5) for x in rb.layers)
+
+
+def test_layers_fed_the_same_tensor_share_one_hessian_with_the_same_bits(tiny, calib_batches):
+    """q/k/v and gate/up get one accumulator each (skipped repeats), bit-identical to one per layer."""
+    import quarl.calibrate.sequential as seq
+
+    m, _ = tiny("qwen2")
+    cache = capture_block_inputs(m, calib_batches)
+    _, blocks = decoder_blocks(m)
+    block = blocks[0]
+    names = [n for n, mod in block.named_modules() if isinstance(mod, nn.Linear)]
+    acc, _ = seq._hessians(block, cache, names)
+    own = {n: HessianAccumulator(block.get_submodule(n).in_features) for n in names}
+    hooks = [block.get_submodule(n).register_forward_pre_hook(lambda _m, a, n=n: own[n].add(a[0])) for n in names]
+    run_block(block, cache)
+    for h in hooks:
+        h.remove()
+    assert all(torch.equal(acc[n].H, own[n].H) and acc[n].n == own[n].n for n in names)
+    assert acc["self_attn.k_proj"] is acc["self_attn.q_proj"] is acc["self_attn.v_proj"]
+    assert acc["mlp.up_proj"] is acc["mlp.gate_proj"]
+    assert len({id(a) for a in acc.values()}) == 4  # qkv, o, gate/up, down

@@ -1,0 +1,558 @@
+"""Where a decode step's time goes: a per-step profile of FastGenerator on the 7B shape (issue 17).
+
+    PYTHONPATH=$PWD:$PWD/kernels python benchmarks/rollout_profile.py [--models 7b] [--batches 1,8,64]
+        [--variants bf16,nvfp4,nvfp4+lora32:nopack,nvfp4+lora32,nvfp4+lora:nopack,nvfp4+lora]
+        [--prompt 1024] [--steps 64] [--prof-steps 8] [--budget-s 150] [--out DIR]
+    python benchmarks/rollout_profile.py --device cpu --models tiny --prompt 16 --steps 4   # dry run
+    python benchmarks/rollout_profile.py --report DIR/profile.json                           # tables again
+
+Variants: the recipes of ``benchmarks/rollout.py`` (random weights, the same ``quantize_model``
+calls; LoRA r32 on all 7 projections with a non-zero B); ``+lora32`` keeps the adapter in fp32
+as the RL trainer does (``quarl.train.policy``), ``+lora`` in the model's bf16 as
+``rollout.py``'s table did; ``:nopack`` runs ``FastGenerator(lora_pack=False)``, each projection's
+LoRA inside its module (the engine before issue 17's packed adapters, ``quarl.engine.lora``) --
+the before/after of that change, same model and weights.
+
+Per (variant, batch) cell, one prefill of ``prompt`` random tokens fills the cache, and
+then three views of the *same* decode loop run from there (context ``prompt`` .. ``prompt +
+steps``; the default 1024 is about the mean context of the issue's 2048-token rollouts):
+
+1. **step ms** -- ``steps`` decode tokens through the engine exactly as ``generate`` runs them
+   (graph replay of the step, on-device sampling, the token bookkeeping), wall clock with a
+   sync at both ends, no profiler. Also the real ``generate`` call is timed once (``n`` and 1
+   new tokens, prefill subtracted) as a check that the loop below is the engine's loop.
+2. **graphed kernels** -- the same loop under ``torch.profiler`` (CUPTI records the kernels
+   inside the CUDA graphs): GPU time per step summed over every kernel/memcpy/memset, and the
+   kernel count. ``step ms - kernel ms`` is time the GPU sat idle: launch gaps between graph
+   replays and the eager sampling kernels, host work, syncs.
+3. **attributed kernels** -- the loop once more *without* graphs, every projection, the LM
+   head and the embedding wrapped in ``record_function`` by forward hooks (and LoRA's branch
+   from its ``lora_dropout`` call on), the step and the sampler too; each kernel is charged to
+   the innermost range that launched it: ``gemm:qkv / gemm:o / gemm:gate_up / gemm:down``,
+   ``bias`` (q/k/v bias add), ``lora``, ``lm_head``, ``embed``, ``attention`` (SDPA),
+   ``norm`` (fused add+RMSNorm), ``rope``, ``silu_mul``, ``kv_write`` (cache index_copy /
+   mask index_fill), ``other_glue`` (the rest of the step: cos/sin gather, reshapes that copy,
+   the final logits cast; its top kernel names are listed), ``sampling``, ``loop`` (the token
+   bookkeeping between steps), ``unattributed`` (GPU activity no CPU op claimed: the check
+   that the attribution is complete). Kernel durations do not depend on how they were launched, so
+   these are the graphed step's kernels, split by what launched them; the eager sum is printed
+   beside the graphed sum as the check.
+
+Device time is scarce: ``--budget-s`` bounds the run (cells that would not fit are skipped and
+listed), and ``DIR/profile.json`` is rewritten after every cell. The summary tables come last.
+With ``--device cpu`` (tiny model) the profiler has no CUDA kernels, so leaf CPU ops' self
+times stand in for kernel times: that exercises every line but measures nothing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import contextlib
+import gc
+import json
+import os
+import sys
+import time
+import traceback
+from pathlib import Path
+
+import torch
+from torch.autograd import DeviceType
+from torch.profiler import ProfilerActivity, profile, record_function
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import rollout as R
+
+PROJ_GROUP = {"q_proj": "gemm:qkv", "k_proj": "gemm:qkv", "v_proj": "gemm:qkv", "o_proj": "gemm:o",
+              "gate_proj": "gemm:gate_up", "up_proj": "gemm:gate_up", "down_proj": "gemm:down"}
+CATEGORIES = ["gemm:qkv", "gemm:o", "gemm:gate_up", "gemm:down", "bias", "lora", "lm_head", "embed", "attention",
+              "norm", "rope", "silu_mul", "kv_write", "other_glue", "sampling", "loop", "unattributed"]
+# innermost CPU op name (substring) -> glue category, first match wins
+GLUE_RULES = [("scaled_dot_product", "attention"), ("attention", "attention"), ("rms_norm", "norm"),
+              ("rope", "rope"), ("silu", "silu_mul"), ("index_copy", "kv_write"), ("index_fill", "kv_write")]
+
+
+# --- the engine's decode loop, from a filled cache ---------------------------------------------
+@torch.no_grad()  # as generate: with grad on, a LoRA output would require grad and turn the fused glue off
+def decode_loop(eng, st, n_rows: int, batch: int, steps: int, gen, graphs: bool, out: dict) -> None:
+    """``steps`` tokens of ``FastGenerator._generate_batch``'s loop body (t >= 1), continuing from the
+    state a ``generate`` call left behind (``keep_cache``): step, sample, bookkeeping. ``out`` carries
+    the loop's tensors (tokens, done, ...) between calls so nothing is allocated per step."""
+    from quarl.engine import generator as G
+
+    N, B, S = n_rows, batch, st.length
+    for _ in range(steps):
+        t = out["t"]
+        P = out["P"]
+        L = min(S, G._round_up(P + t, eng.kv_block)) if graphs else P + t
+        eng._step(st, B, L, graphs)
+        logits = st.logits[:N]
+        st.slot.add_(1)
+        st.pos.add_(1)
+        tok, lp = G.sample(logits, 1.0, 1.0, gen)  # temperature 1, top-p 1, as benchmarks/rollout.py
+        live = ~out["done"]
+        col = t % out["tokens"].shape[1]
+        out["tokens"][:, col] = torch.where(live, tok, out["pad"])
+        out["logps"][:, col] = torch.where(live, lp, 0.0)
+        out["cmask"][:, col] = live.long()
+        out["done"] = out["done"] | (live & torch.isin(tok, out["stop"]))
+        st.tok[:N, 0] = tok
+        out["t"] = t + 1
+
+
+def start_loop(eng, rows, steps_total: int, gen) -> tuple:
+    """Prefill ``rows`` and take the first token through the real ``generate`` (graphs captured for
+    every bucket first); returns (state, loop carry) ready for :func:`decode_loop`."""
+    from quarl.engine import generator as G
+    from quarl.engine.rollout import SamplingParams
+
+    N, P = len(rows), len(rows[0])
+    graphs = eng._graphs_on()
+    eng.warmup(N, P, steps_total + 2)  # graphs: every bucket the steps will replay
+    eng._ensure_state(G._pow2(N) if graphs else N, G._round_up(P + steps_total + 2, eng.kv_block))
+    eng.generate(rows, SamplingParams(1.0, 1.0, 2, []), 1, gen)  # prefill + 1 step; the cache is kept
+    st = eng._state
+    dev = st.tok.device
+    carry = {
+        "t": 2, "P": P,  # generate ran t = 0, 1: the next step writes column P + 1
+        "tokens": torch.zeros((N, 64), dtype=torch.long, device=dev),
+        "logps": torch.zeros((N, 64), dtype=torch.float32, device=dev),
+        "cmask": torch.zeros((N, 64), dtype=torch.long, device=dev),
+        "done": torch.zeros(N, dtype=torch.bool, device=dev),
+        "pad": torch.full((N,), R.PAD, dtype=torch.long, device=dev),
+        "stop": torch.tensor([-1], device=dev),
+    }
+    return st, carry
+
+
+# --- attribution -----------------------------------------------------------------------------------
+class Tagger:
+    """``record_function`` ranges that name what launched each kernel, without changing what runs:
+
+    * a QuantLinear projection: its instance's ``base_forward`` wrapped (``mod:<name>``) -- not a
+      hook, which would make the engine call the module instead of its packed adapters;
+    * an ``nn.Linear`` projection (BF16 model), the LM head, the embedding: forward hooks;
+    * LoRA, packed (``quarl.engine.lora.Group.__call__``, patched on the class while tagging):
+      ``lora`` around the group (its base projections keep their inner ``mod:`` range);
+    * LoRA, unpacked (``QuantLinear.forward``): ``lora`` from the ``lora_dropout`` call (a pre-hook,
+      only on modules no pack covers) to the end of ``quarl.quant.linear.lora_add``."""
+
+    def __init__(self, model, packed: set[int]):
+        from quarl.engine import lora as lp
+        from quarl.quant import linear as ql
+
+        self.handles, self.open, self.patched = [], {}, []
+        base = model.model
+        hooked = [("mod:embed", base.embed_tokens), ("mod:lm_head", model.get_output_embeddings())]
+        for layer in base.layers:
+            for name, mod in list(layer.self_attn.named_children()) + list(layer.mlp.named_children()):
+                if name not in PROJ_GROUP:
+                    continue
+                if isinstance(mod, ql.QuantLinear):
+                    mod.base_forward = self._ranged(f"mod:{name}", mod.base_forward)  # instance attribute
+                    self.patched.append((mod, "base_forward", None))
+                    if mod.lora_cfg is not None and id(mod) not in packed:
+                        self.handles.append(mod.lora_dropout.register_forward_pre_hook(self._open_lora))
+                else:
+                    hooked.append((f"mod:{name}", mod))
+        for tag, mod in hooked:
+            self.handles.append(mod.register_forward_pre_hook(self._enter(tag, mod)))
+            self.handles.append(mod.register_forward_hook(self._exit(mod)))
+        self.patched.append((lp.Group, "__call__", lp.Group.__call__))
+        lp.Group.__call__ = self._ranged("lora", lp.Group.__call__)
+        orig_add = ql.lora_add
+        self.patched.append((ql, "lora_add", orig_add))
+
+        def lora_add(*a, **k):
+            out = orig_add(*a, **k)
+            rf = self.open.pop("lora", None)
+            if rf is not None:
+                rf.__exit__(None, None, None)
+            return out
+
+        ql.lora_add = lora_add
+
+    @staticmethod
+    def _ranged(tag, fn):
+        def wrapped(*a, **k):
+            with record_function(tag):
+                return fn(*a, **k)
+        return wrapped
+
+    def _open_lora(self, *_):
+        rf = record_function("lora")
+        rf.__enter__()
+        self.open["lora"] = rf
+
+    def _enter(self, tag, mod):
+        def hook(*_):
+            rf = record_function(tag)
+            rf.__enter__()
+            self.open[id(mod)] = rf
+        return hook
+
+    def _exit(self, mod):
+        def hook(*_):
+            rf = self.open.pop(id(mod), None)
+            if rf is not None:
+                rf.__exit__(None, None, None)
+        return hook
+
+    def remove(self):
+        for h in self.handles:
+            h.remove()
+        for obj, attr, orig in reversed(self.patched):
+            if orig is None:
+                delattr(obj, attr)  # the instance attribute goes; the class method shows again
+            else:
+                setattr(obj, attr, orig)
+
+
+@contextlib.contextmanager
+def tagged(eng):
+    """Ranges on the model (:class:`Tagger`), around the decode step and around the sampler."""
+    from quarl.engine import generator as G
+
+    pack = eng.runner._lora
+    packed = {id(m) for groups in (pack.layers if pack is not None else []) for g in groups.values() for m in g.mods}
+    tg = Tagger(eng.model, packed)
+    orig_decode, orig_sample = eng._decode, G.sample
+
+    def decode(*a, **k):
+        with record_function("decode_step"):
+            return orig_decode(*a, **k)
+
+    def sample(*a, **k):
+        with record_function("sampling"):
+            return orig_sample(*a, **k)
+
+    eng._decode, G.sample = decode, sample
+    try:
+        yield
+    finally:
+        eng._decode, G.sample = orig_decode, orig_sample
+        tg.remove()
+
+
+def _chain(e) -> list[str]:
+    out = []
+    while e is not None:
+        out.append(e.name)
+        e = e.cpu_parent
+    return out
+
+
+def classify(chain: list[str]) -> str:
+    """Category of a kernel launched under the CPU ranges ``chain`` (innermost first)."""
+    if "sampling" in chain:
+        return "sampling"
+    if "decode_step" not in chain:
+        return "loop"
+    tag = next((c for c in chain if c.startswith("mod:") or c == "lora"), None)  # the innermost tag
+    if tag == "lora":
+        return "lora"
+    if tag == "mod:lm_head":
+        return "lm_head"
+    if tag == "mod:embed":
+        return "embed"
+    if tag is not None:
+        inner = chain[: chain.index(tag)]
+        if inner and inner[-1] == "aten::add":  # QuantLinear's `y + bias` (nn.Linear fuses it into addmm)
+            return "bias"
+        return PROJ_GROUP[tag[4:]]
+    for c in chain:
+        for pat, cat in GLUE_RULES:
+            if pat in c:
+                return cat
+    return "other_glue"
+
+
+TAGS = ("decode_step", "sampling", "lora", "mod:")
+
+
+def _device_events(prof):
+    """GPU kernels, memcpys and memsets -- not the GPU-side mirrors of our ``record_function`` ranges
+    (Kineto's gpu_user_annotation events, also DeviceType.CUDA, which span whole ranges)."""
+    return [e for e in prof.events() if e.device_type == DeviceType.CUDA and not e.name.startswith(TAGS)]
+
+
+def attribute(prof, cuda: bool) -> tuple[dict, dict, dict]:
+    """(us per category, kernel count per category, top kernel names of other_glue)."""
+    us, count = collections.Counter(), collections.Counter()
+    other = collections.Counter()
+    for e in prof.events():
+        if e.device_type != DeviceType.CPU:
+            continue
+        if cuda:
+            items = [(k.name, k.duration) for k in e.kernels]
+        elif not e.cpu_children and not e.name.startswith(TAGS):
+            items = [(e.name, e.self_cpu_time_total)]  # CPU dry run: leaf ops stand in for kernels
+        else:
+            items = []
+        if not items:
+            continue
+        cat = classify(_chain(e))
+        for name, dur in items:
+            us[cat] += dur
+            count[cat] += 1
+            if cat == "other_glue":
+                other[f"{e.name} | {name[:80]}"] += dur
+    if cuda:  # GPU work no CPU op claimed (should be ~0; the check that the attribution is complete)
+        dev = _device_events(prof)
+        us["unattributed"] = max(0.0, sum(e.time_range.elapsed_us() for e in dev) - sum(us.values()))
+        count["unattributed"] = max(0, len(dev) - sum(count.values()))
+    return dict(us), dict(count), dict(other.most_common(8))
+
+
+def _sync():
+    if R.DEVICE == "cuda":
+        torch.cuda.synchronize()
+
+
+def _activities():
+    return [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if R.DEVICE == "cuda" else [])
+
+
+def profile_cell(model, batch: int, prompt: int, steps: int, prof_steps: int, check_tokens: int,
+                 lora_pack: bool, out: dict) -> dict:
+    """Fills ``out`` view by view (a failure in a later view keeps the earlier ones)."""
+    from quarl.engine import FastGenerator
+    from quarl.engine import generator as G
+    from quarl.engine.rollout import SamplingParams
+
+    rows = R._prompts(batch, prompt, model.config.vocab_size)
+    gen = torch.Generator(R.DEVICE).manual_seed(0)
+    graphs = R.DEVICE == "cuda"
+    out["lora_pack"] = lora_pack
+    total = 2 + steps + 2 * prof_steps + 4  # decode steps the loop takes after generate's first two (+ margin)
+    eng = FastGenerator(model, R.PAD, kv_block=256, sync_every=64, lora_pack=lora_pack)
+    eng.warmup(batch, prompt, max(total, check_tokens) + 2)  # one cache and graph set for every call below
+    if check_tokens:  # the real generate, timed once (its own prefill subtracted): the loop must match it
+        eng.generate(rows, SamplingParams(1.0, 1.0, 1, []), 1, gen)
+        _, t1 = R._sync_time(lambda: eng.generate(rows, SamplingParams(1.0, 1.0, 1, []), 1, gen))
+        _, tn = R._sync_time(lambda: eng.generate(rows, SamplingParams(1.0, 1.0, check_tokens, []), 1, gen))
+        out["generate_step_ms"] = (tn - t1) / (check_tokens - 1) * 1e3
+        out["generate_tokens"] = check_tokens
+        out["prefill_s"] = t1
+
+    # 1. step ms, graphed, no profiler
+    st, carry = start_loop(eng, rows, total, gen)
+    B = G._pow2(batch) if graphs else batch  # the graph batch (rows [batch, B) inert), as generate pads
+    decode_loop(eng, st, batch, B, 2, gen, graphs, carry)
+    _sync()
+    t = time.perf_counter()
+    decode_loop(eng, st, batch, B, steps, gen, graphs, carry)
+    _sync()
+    out["step_ms"] = (time.perf_counter() - t) / steps * 1e3
+    out["graphs"] = len(eng._graphs)
+    out["graph_error"] = eng.graph_error
+
+    # 2. graphed kernels under CUPTI
+    with profile(activities=_activities()) as prof:
+        decode_loop(eng, st, batch, B, prof_steps, gen, graphs, carry)
+        _sync()
+    dev = _device_events(prof)
+    out["graphed_kernel_ms"] = sum(e.time_range.elapsed_us() for e in dev) / prof_steps / 1e3
+    out["graphed_kernels_per_step"] = len(dev) / prof_steps
+    out["idle_ms"] = out["step_ms"] - out["graphed_kernel_ms"]
+    del prof, dev
+
+    # 3. attributed kernels: the same engine, cache and loop without graphs, every range tagged
+    eng.cuda_graphs = False  # _step now runs the step eagerly over the exact length
+    decode_loop(eng, st, batch, B, 1, gen, False, carry)  # eager warm-up of this path
+    _sync()
+    with tagged(eng):
+        with profile(activities=_activities()) as prof:
+            decode_loop(eng, st, batch, B, prof_steps, gen, False, carry)
+            _sync()
+        us, count, other = attribute(prof, cuda=R.DEVICE == "cuda")
+    out["attributed_ms"] = {c: us.get(c, 0.0) / prof_steps / 1e3 for c in CATEGORIES}
+    out["attributed_kernels_per_step"] = {c: count.get(c, 0) / prof_steps for c in CATEGORIES}
+    out["attributed_kernel_ms"] = sum(out["attributed_ms"].values())
+    out["other_glue_top_us"] = {k: v / prof_steps for k, v in other.items()}
+    out["prof_steps"] = prof_steps
+    out["context"] = [prompt + 2, carry["t"] + prompt]
+    eng.release()
+    return out
+
+
+@torch.no_grad()
+def logprob_check(model, lora_pack: bool, prompt: int = 256, rows: int = 8, tokens: int = 64) -> dict:
+    """Rollout log-probs vs the trainer's full forward on the same sampled rollout (the mismatch RL
+    sees; ``benchmarks/rollout.py``'s check), with the packed adapters on or off."""
+    from quarl.engine import FastGenerator
+    from quarl.engine.rollout import SamplingParams
+
+    ids = R._prompts(rows, prompt, model.config.vocab_size, seed=1)
+    eng = FastGenerator(model, R.PAD, lora_pack=lora_pack)
+    roll = eng.generate(ids, SamplingParams(1.0, 1.0, tokens, []), 1, torch.Generator(R.DEVICE).manual_seed(1))
+    eng.release()
+    logits = model(input_ids=roll.input_ids).logits[:, prompt - 1 : -1].float()  # [rows, tokens, V]
+    ref = torch.log_softmax(logits, -1).gather(-1, roll.completion_ids[..., None]).squeeze(-1)
+    d = (roll.logprobs - ref).abs()
+    return {"lora_pack": lora_pack, "mean_abs": float(d.mean()), "max_abs": float(d.max()), "rows": rows,
+            "tokens": tokens, "prompt": prompt}
+
+
+def parse_variant(v: str) -> tuple[str, bool, bool]:
+    """``nvfp4+lora32:nopack`` -> (recipe ``nvfp4+lora``, fp32 adapter, packed adapters off)."""
+    name, _, mod = v.partition(":")
+    if mod not in ("", "nopack"):
+        raise SystemExit(f"variant {v!r}: the only modifier is ':nopack'")
+    fp32 = name.endswith("+lora32")
+    recipe = name[:-2] if fp32 else name
+    if recipe not in R.RECIPES:
+        raise SystemExit(f"variant {v!r}: unknown recipe {recipe!r}; known: {', '.join(R.RECIPES)} (+lora32 for fp32 LoRA)")
+    return recipe, fp32, mod != "nopack"
+
+
+# --- the run ---------------------------------------------------------------------------------------
+def run(args) -> dict:
+    from quarl.quant import quantize_model
+
+    out_dir = Path(args.out)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    path = out_dir / "profile.json"
+    budget = R.Budget(args.budget_s)
+    res = {"env": R.environment(), "args": vars(args), "cells": [], "notes": []}
+    batches = [int(b) for b in args.batches.split(",")]
+    plan = [(m, v) for m in args.models.split(",") for v in args.variants.split(",")]
+    for _, v in plan:
+        parse_variant(v)
+
+    def save():
+        path.write_text(json.dumps(res, indent=1, default=str))
+
+    built, model = None, None
+    for mname, variant in plan:
+        recipe, fp32, pack = parse_variant(variant)
+        if budget.left() < args.min_cell_s:
+            res["notes"].append(f"{mname}/{variant}: not run (time budget, {budget.left():.0f}s left)")
+            save()
+            continue
+        if built != (mname, recipe, fp32):  # consecutive variants that differ only in ':nopack' share it
+            model = None
+            gc.collect()
+            if R.DEVICE == "cuda":
+                torch.cuda.empty_cache()
+            t = time.perf_counter()
+            model = R.build_model(R.qwen25_config(mname))
+            if R.RECIPES[recipe] is not None:
+                quantize_model(model, R.RECIPES[recipe])
+            with torch.no_grad(), torch.random.fork_rng(devices=[]):
+                torch.manual_seed(0)
+                for n, p in model.named_parameters():
+                    if n.endswith("lora_B"):
+                        p.normal_(0, 0.02)  # a trained adapter is not zero (the GEMMs do not care; the values do)
+                    if fp32 and ("lora_A" in n or "lora_B" in n):
+                        p.data = p.data.float()  # the trainer's fp32 adapter (quarl.train.policy)
+            _sync()
+            built, build_s = (mname, recipe, fp32), time.perf_counter() - t
+        meta = {"model": mname, "variant": variant, "kernel": R.selected_kernel(model), "build_quantize_s": build_s,
+                "adapter_dtype": "fp32" if fp32 else ("bf16" if "lora" in recipe else None)}
+        print(f"== {meta}", flush=True)
+        for b in batches:
+            cell = {**meta, "batch": b, "prompt": args.prompt}
+            if budget.left() < args.min_cell_s:
+                cell["skipped"] = f"time budget ({budget.left():.0f}s left)"
+            else:
+                t = time.perf_counter()
+                check = args.check_tokens if b <= args.check_max_batch else 0
+                try:
+                    profile_cell(model, b, args.prompt, args.steps, args.prof_steps, check, pack, cell)
+                except Exception as e:  # noqa: BLE001 - record and go on
+                    cell["error"] = f"{type(e).__name__}: {e}"
+                    traceback.print_exc()
+                cell["cell_s"] = time.perf_counter() - t
+                gc.collect()  # a failed cell's engine (KV cache, graphs) goes now, not at the next model
+                if R.DEVICE == "cuda":
+                    torch.cuda.empty_cache()
+            res["cells"].append(cell)
+            save()
+            print(json.dumps({k: (round(v, 3) if isinstance(v, float) else v) for k, v in cell.items()
+                              if k in ("batch", "step_ms", "generate_step_ms", "graphed_kernel_ms", "idle_ms",
+                                       "attributed_kernel_ms", "cell_s", "error", "skipped")}), flush=True)
+        if "lora" in recipe and budget.left() > args.min_cell_s + 10:
+            try:
+                res.setdefault("checks", {})[f"{mname}/{variant}"] = logprob_check(model, pack)
+            except Exception as e:  # noqa: BLE001
+                res.setdefault("checks", {})[f"{mname}/{variant}"] = {"error": f"{type(e).__name__}: {e}"}
+                traceback.print_exc()
+            print("check", variant, res["checks"][f"{mname}/{variant}"], flush=True)
+            save()
+    save()
+    return res
+
+
+def tables(res: dict) -> str:
+    """Per (model, variant): a row per category, a column per batch (ms per decode step), then the totals."""
+    cells = [c for c in res["cells"] if "attributed_ms" in c]
+    bad = [f"{c['variant']} b{c['batch']}: {c.get('error') or c.get('skipped')}" for c in res["cells"]
+           if "attributed_ms" not in c]
+    out = []
+    for key in dict.fromkeys((c["model"], c["variant"]) for c in cells):
+        cs = [c for c in cells if (c["model"], c["variant"]) == key]
+        out.append(f"{key[0]} {key[1]} (context {cs[0]['context'][0]}..{cs[0]['context'][1]}, kernel "
+                   f"{cs[0]['kernel']}, adapter {cs[0].get('adapter_dtype')}, lora_pack {cs[0].get('lora_pack')})\n")
+        lines = ["| ms per decode step | " + " | ".join(f"batch {c['batch']}" for c in cs) + " |",
+                 "|---|" + "---:|" * len(cs)]
+        for cat in CATEGORIES:
+            vals = [c["attributed_ms"][cat] for c in cs]
+            if any(v > 0 for v in vals):
+                lines.append(f"| {cat} | " + " | ".join(
+                    f"{v:.3f} ({100 * v / c['step_ms']:.0f}%)" for v, c in zip(vals, cs)) + " |")
+        rows = [("kernels, attributed (eager) sum", "attributed_kernel_ms"),
+                ("kernels, graphed run (CUPTI) sum", "graphed_kernel_ms"),
+                ("GPU idle: step - graphed kernels", "idle_ms"),
+                ("**step ms** (graphed loop, wall)", "step_ms"),
+                ("step ms of `generate` (check)", "generate_step_ms")]
+        for label, k in rows:
+            lines.append(f"| {label} | " + " | ".join(f"{c[k]:.3f}" if k in c else "-" for c in cs) + " |")
+        lines.append("| kernels per step (graphed) | " + " | ".join(f"{c['graphed_kernels_per_step']:.0f}" for c in cs)
+                     + " |")
+        lines.append("| LoRA kernels per step (attributed) | " + " | ".join(
+            f"{c['attributed_kernels_per_step']['lora']:.0f}" for c in cs) + " |")
+        out.append("\n".join(lines) + "\n")
+    checks = res.get("checks", {})
+    if checks:
+        out.append("rollout log-prob vs trainer forward (|delta|, batch 8, 64 tokens):\n" + "\n".join(
+            f"  {k}: " + (f"mean {v['mean_abs']:.4f}, max {v['max_abs']:.4f}" if "mean_abs" in v else v.get("error", "?"))
+            for k, v in checks.items()) + "\n")
+    return "\n".join(out) + ("\nnot profiled: " + "; ".join(bad) + "\n" if bad else "")
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--models", default="7b")
+    ap.add_argument("--variants", default="bf16,nvfp4,nvfp4+lora32:nopack,nvfp4+lora32,nvfp4+lora:nopack,nvfp4+lora",
+                    help="recipes of benchmarks/rollout.py; +lora32: the adapter in fp32 (the trainer's); "
+                         ":nopack: FastGenerator(lora_pack=False), the module-by-module LoRA (before issue 17's fix)")
+    ap.add_argument("--batches", default="1,8,64")
+    ap.add_argument("--prompt", type=int, default=1024, help="context the profiled steps start from")
+    ap.add_argument("--steps", type=int, default=64, help="decode steps timed (no profiler)")
+    ap.add_argument("--prof-steps", type=int, default=8, help="decode steps under the profiler (each view)")
+    ap.add_argument("--check-tokens", type=int, default=33, help="new tokens of the timed real generate call")
+    ap.add_argument("--check-max-batch", type=int, default=8, help="the generate check only up to this batch "
+                    "(two more prefills of the whole prompt each)")
+    ap.add_argument("--budget-s", type=float, default=150.0)
+    ap.add_argument("--min-cell-s", type=float, default=15.0, help="a cell starts only with this much budget left")
+    ap.add_argument("--out", default=os.environ.get("OUT", "benchmarks/results"))
+    ap.add_argument("--device", default="cuda", help="cuda, or cpu for a dry run with --models tiny")
+    ap.add_argument("--report", help="print the tables of a finished run's profile.json and exit")
+    args = ap.parse_args(argv)
+    if args.report:
+        print(tables(json.loads(Path(args.report).read_text())))
+        return 0
+    R.DEVICE = args.device
+    if R.DEVICE == "cuda" and not torch.cuda.is_available():
+        print("rollout_profile.py needs CUDA (or --device cpu --models tiny for a dry run)", file=sys.stderr)
+        return 2
+    res = run(args)
+    print("notes:", res["notes"])
+    print(tables(res))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,121 @@
+"""Packed adapters (quarl.engine.lora) on CPU: the engine's output is the module path's, token for token.
+
+Greedy tokens with the pack equal those without it and HF generate's; log-probs equal the full
+forward; an fp32 adapter under bf16 activations (the trainer's case) gives the same tokens as
+the unpacked engine; in-place optimizer updates and replaced adapter tensors are seen by the
+next call; a hooked projection is called as a module (its hook fires)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from quarl.engine import FastGenerator
+from quarl.engine.lora import GROUPS, LoraPack, packable
+from tests.engine.conftest import PAD, full_forward_logprobs, hf_greedy, make_model, prompts
+from tests.engine.test_engine import greedy
+
+
+def lora_model(kind="qwen2", dtype=torch.float32, fp32_adapter=False, fmt="nvfp4"):
+    from quarl.quant import quantize_model
+
+    model = make_model(kind, dtype=dtype)
+    quantize_model(model, {"default": fmt, "lora": {"r": 4, "alpha": 8.0}})
+    with torch.no_grad(), torch.random.fork_rng(devices=[]):  # make the adapter matter
+        torch.manual_seed(5)
+        for name, p in model.named_parameters():
+            if name.endswith("lora_B"):
+                p.normal_(0, 0.05)
+            if fp32_adapter and ("lora_A" in name or "lora_B" in name):
+                p.data = p.data.float()  # what quarl.train.policy does
+    return model
+
+
+def _lora_B(model):
+    return [p for n, p in model.named_parameters() if n.endswith("lora_B")]
+
+
+@pytest.mark.parametrize("kind", ["llama", "qwen2", "qwen3"])
+def test_packed_greedy_equals_unpacked_and_hf_generate(kind):
+    model = lora_model(kind)
+    rows = prompts((6, 2, 9))
+    ref = hf_greedy(model, rows, 10)
+    eng = FastGenerator(model, PAD)
+    roll = eng.generate(rows, greedy(10), n=1)
+    pack = eng.runner._lora
+    assert pack is not None and all(set(g) == set(GROUPS) for g in pack.layers), "every group should be packed"
+    off = FastGenerator(model, PAD, lora_pack=False).generate(rows, greedy(10), n=1)
+    assert torch.equal(roll.completion_ids, ref)
+    assert torch.equal(off.completion_ids, ref)
+    torch.testing.assert_close(roll.logprobs, off.logprobs, atol=1e-5, rtol=0)
+    torch.testing.assert_close(roll.logprobs, full_forward_logprobs(model, roll), atol=2e-5, rtol=0)
+
+
+def test_fp32_adapter_under_bf16_activations():
+    """The trainer's adapter is fp32; the pack holds its bf16 cast, the module casts at every call."""
+    model = lora_model("qwen2", dtype=torch.bfloat16, fp32_adapter=True)
+    rows = prompts((5, 8))
+    on = FastGenerator(model, PAD)
+    a = on.generate(rows, greedy(8), n=1)
+    assert on.runner._lora.layers[0]["qkv"].A.dtype == torch.bfloat16
+    b = FastGenerator(model, PAD, lora_pack=False).generate(rows, greedy(8), n=1)
+    assert torch.equal(a.completion_ids, b.completion_ids)
+    torch.testing.assert_close(a.logprobs, b.logprobs, atol=2e-2, rtol=0)  # bf16: GEMM shapes differ (N = 3r vs r)
+
+
+def test_updates_between_calls_are_seen():
+    """In place (an optimizer step) and replaced tensors (a new adapter): the next call uses them."""
+    model = lora_model("llama")
+    rows = prompts((4, 7))
+    eng = FastGenerator(model, PAD)
+    before = eng.generate(rows, greedy(8), n=1).completion_ids
+    with torch.no_grad():
+        for p in _lora_B(model):
+            p.mul_(-3.0)
+    after = eng.generate(rows, greedy(8), n=1).completion_ids
+    assert not torch.equal(before, after), "the test needs an update that changes the answer"
+    assert torch.equal(after, hf_greedy(model, rows, 8))
+    q = model.model.layers[0].self_attn.q_proj
+    old = eng.runner._lora
+    q.lora_A = torch.nn.Parameter(q.lora_A.detach() * 2)
+    replaced = eng.generate(rows, greedy(8), n=1).completion_ids
+    assert eng.runner._lora is not old, "a replaced adapter tensor rebuilds the pack"
+    assert torch.equal(replaced, hf_greedy(model, rows, 8))
+
+
+def test_hooked_projection_is_called_as_a_module():
+    model = lora_model("qwen2")
+    rows = prompts((5, 3))
+    ref = FastGenerator(model, PAD, lora_pack=False).generate(rows, greedy(6), n=1)
+    calls = []
+    up = model.model.layers[1].mlp.up_proj
+    h = up.register_forward_hook(lambda m, i, o: calls.append(o.shape))
+    try:
+        assert not packable(up)
+        eng = FastGenerator(model, PAD)
+        roll = eng.generate(rows, greedy(6), n=1)
+        assert "gate_up" not in eng.runner._lora.layers[1] and "gate_up" in eng.runner._lora.layers[0]
+        assert calls, "the hook must fire"
+        assert torch.equal(roll.completion_ids, ref.completion_ids)
+    finally:
+        h.remove()
+
+
+def test_models_without_lora_build_an_empty_pack():
+    model = make_model("qwen3")
+    pack = LoraPack(list(model.model.layers), torch.float32)
+    assert not pack and pack.buffers() == []
+    rows = prompts((3, 6))
+    assert torch.equal(FastGenerator(model, PAD).generate(rows, greedy(5), n=1).completion_ids,
+                       hf_greedy(model, rows, 5))
+
+
+def test_environment_switch(monkeypatch):
+    model = lora_model("llama")
+    monkeypatch.setenv("QUARL_ENGINE_LORA_PACK", "0")
+    eng = FastGenerator(model, PAD)
+    eng.generate(prompts((3,)), greedy(2), n=1)
+    assert eng.runner._lora is None
+    monkeypatch.setenv("QUARL_ENGINE_LORA_PACK", "maybe")
+    with pytest.raises(ValueError, match="QUARL_ENGINE_LORA_PACK"):
+        FastGenerator(model, PAD)
