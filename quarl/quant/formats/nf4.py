@@ -96,6 +96,19 @@ def dynamic_map_signed() -> torch.Tensor:
 _DYN = dynamic_map_signed()
 _DYN_MIDS = (_DYN[:-1] + _DYN[1:]) * 0.5  # float32, as the CUDA kernel computes them
 
+_TABLES_ON: dict[tuple[int, torch.device], torch.Tensor] = {}
+
+
+def _table(t: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """One of the tables above on ``device``, copied there once: a host-to-device copy per call would
+    also make the decode step impossible to capture in a CUDA graph (the engine then decodes eagerly)."""
+    if device.type == "cpu":
+        return t
+    key = (id(t), device)
+    if key not in _TABLES_ON:
+        _TABLES_ON[key] = t.to(device)
+    return _TABLES_ON[key]
+
 
 @dataclass(frozen=True)
 class NF4Config(FormatConfig):
@@ -138,11 +151,11 @@ def _safe_recip(a: torch.Tensor) -> torch.Tensor:
 def _encode(w: torch.Tensor, absmax: torch.Tensor) -> torch.Tensor:
     """``w`` [N, c] fp32, ``absmax`` [N, 1] -> codes [N, c] uint8 (nearest, ties to lower)."""
     x = (w * _safe_recip(absmax)).clamp(-1.0, 1.0)
-    return torch.bucketize(x, _MIDS.to(x.device), right=False).to(torch.uint8)
+    return torch.bucketize(x, _table(_MIDS, x.device), right=False).to(torch.uint8)
 
 
 def _decode(codes: torch.Tensor, absmax: torch.Tensor) -> torch.Tensor:
-    return _CODE.to(codes.device)[codes.long()] * absmax  # fp32
+    return _table(_CODE, codes.device)[codes.long()] * absmax  # fp32
 
 
 def _dq_stats(absmax_flat: torch.Tensor, cfg: NF4Config) -> tuple[torch.Tensor, torch.Tensor]:
@@ -158,11 +171,11 @@ def _dq_stats(absmax_flat: torch.Tensor, cfg: NF4Config) -> tuple[torch.Tensor, 
 def _dq_encode(absmax_flat: torch.Tensor, offset: torch.Tensor, absmax2_per: torch.Tensor) -> torch.Tensor:
     """fp32 absmax values with their own second-level absmax -> 8-bit dynamic-map codes."""
     x = ((absmax_flat - offset) * _safe_recip(absmax2_per)).clamp(-1.0, 1.0)
-    return torch.bucketize(x, _DYN_MIDS.to(x.device), right=False).to(torch.uint8)
+    return torch.bucketize(x, _table(_DYN_MIDS, x.device), right=False).to(torch.uint8)
 
 
 def _dq_decode(codes: torch.Tensor, offset: torch.Tensor, absmax2_per: torch.Tensor) -> torch.Tensor:
-    return _DYN.to(codes.device)[codes.long()] * absmax2_per + offset
+    return _table(_DYN, codes.device)[codes.long()] * absmax2_per + offset
 
 
 def pack_nibbles(codes: torch.Tensor) -> torch.Tensor:
@@ -280,7 +293,7 @@ class NF4Format(Format):
         # scale GPTQ used (re-encoding could flip a tie between two close map entries).
         offset, absmax2 = state["offset"].to(q.device), state["absmax2"].to(q.device)
         per = absmax2.repeat_interleave(cfg.dq_block_size)[: n * g].view(n, g)  # [N, G]
-        cand = _DYN.to(q.device)[None, None, :] * per[..., None] + offset  # [N, G, 256]
+        cand = _table(_DYN, q.device)[None, None, :] * per[..., None] + offset  # [N, G, 256]
         hit = cand == absmax[..., None]
         if not hit.any(-1).all():
             raise QuantError("nf4 double-quant: a GPTQ scale is not on the second-level grid; the state does not "
