@@ -519,7 +519,9 @@ def tables(res: dict) -> str:
         out.append("rollout log-prob vs trainer forward (|delta|, batch 8, 64 tokens):\n" + "\n".join(
             f"  {k}: " + (f"mean {v['mean_abs']:.4f}, max {v['max_abs']:.4f}" if "mean_abs" in v else v.get("error", "?"))
             for k, v in checks.items()) + "\n")
-    return "\n".join(out) + ("\nnot profiled: " + "; ".join(bad) + "\n" if bad else "")
+    notes = res.get("notes") or []  # e.g. variants the time budget did not reach
+    return ("\n".join(out) + ("\nnot profiled: " + "; ".join(bad) + "\n" if bad else "")
+            + ("\nnotes: " + "; ".join(notes) + "\n" if notes else ""))
 
 
 def main(argv=None):

@@ -359,7 +359,7 @@ def table(res: dict) -> str:
               "cell = us (% of 3.35 TB/s on an H100, else % of the measured copy rate; x vs cuBLAS BF16); "
               "* = fastest 4-bit"), "",
              "| model | layer | N x K | M | " + " | ".join(impls) + " |", "|---|---|---|---:|" + "---|" * len(impls)]
-    keys = []
+    keys, skips = [], []  # skips: distinct reasons a cell was not timed, printed once under the table
     for r in res["rows"]:
         if "M" in r and (r["model"], r["layer"], r["N"], r["K"], r["M"]) not in keys:
             keys.append((r["model"], r["layer"], r["N"], r["K"], r["M"]))
@@ -375,11 +375,15 @@ def table(res: dict) -> str:
                 pct = r["pct_spec"] if "H100" in str(info.get("gpu")) or r.get("pct_copy") is None else r["pct_copy"]
                 vals.append(f"{'*' if i == best else ''}{r['us']:.1f} ({pct:.0f}%, "
                             f"{r.get('vs_bf16', float('nan')):.2f}x){bad}")
+            elif r.get("error") or r.get("skipped"):
+                why = f"{'error' if r.get('error') else 'skipped'}: {r.get('error') or r.get('skipped')}"
+                skips += [why] if why not in skips else []
+                vals.append(f"{why.split(':')[0]} ({skips.index(why) + 1})")
             else:
-                vals.append(r.get("error", r.get("skipped", "-"))[:40])
+                vals.append("-")
         lines.append(f"| {key[0]} | {key[1]} | {key[2]}x{key[3]} | {key[4]} | " + " | ".join(vals) + " |")
-    wins = peer_wins(res)
-    return "\n".join(lines) + "\n\n" + wins
+    notes = "".join(f"({n}) {why}\n" for n, why in enumerate(skips, 1))
+    return "\n".join(lines) + "\n\n" + (notes + "\n" if notes else "") + peer_wins(res)
 
 
 def peer_wins(res: dict) -> str:
