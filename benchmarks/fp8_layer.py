@@ -54,6 +54,8 @@ sys.path.insert(0, str(ROOT / "kernels"))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
 import fp8_linear_v0  # main's FP8 linear (frozen copy)
+from fp8_linear import stream_time as stream_ms  # the FP8 linear benchmark's timer
+from fp8_linear import sync
 
 from quarl.quant import fp8_linear as fl
 
@@ -126,28 +128,6 @@ class Layer:
         torch.autograd.backward(ys, [self.g[p] for p in names])
 
 
-def sync(device: str) -> None:
-    if device == "cuda":
-        torch.cuda.synchronize()
-
-
-def stream_ms(fn, iters: int, device: str, warmup: int = 2) -> float:
-    """Mean ms per call of ``iters`` calls launched back to back (host runs ahead of the GPU)."""
-    for _ in range(warmup):
-        fn()
-    sync(device)
-    if device != "cuda":
-        t = time.perf_counter()
-        for _ in range(iters):
-            fn()
-        return (time.perf_counter() - t) * 1e3 / iters
-    a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    a.record()
-    for _ in range(iters):
-        fn()
-    b.record()
-    torch.cuda.synchronize()
-    return a.elapsed_time(b) / iters
 
 
 def host_ms(fn, reps: int, device: str) -> float:
