@@ -166,6 +166,12 @@ def relative_error(w: torch.Tensor, w_hat: torch.Tensor, H: torch.Tensor) -> flo
     return float(num / den) if den > 0 else float(num > 0)
 
 
+def weight_error(w: torch.Tensor, w_hat: torch.Tensor) -> float:
+    """``||W - W_hat||^2 / ||W||^2``: the error when no activations were seen (data-free RTN)."""
+    den = float(w.square().sum())
+    return float((w - w_hat).square().sum()) / den if den > 0 else float(bool((w - w_hat).any()))
+
+
 def gptq_quantize(
     w: torch.Tensor,
     H: torch.Tensor,

@@ -41,7 +41,7 @@ from torch import nn
 from tqdm.auto import tqdm
 
 from quarl.calibrate.awq import ChannelMeanAbs, fold_scales, scaling_groups, search_group
-from quarl.calibrate.gptq import HessianAccumulator, gptq_quantize, relative_error
+from quarl.calibrate.gptq import HessianAccumulator, gptq_quantize, relative_error, weight_error
 from quarl.calibrate.gptq_columns import clear_graphs
 from quarl.quant.base import FormatConfig, QuantError, get_format
 from quarl.quant.linear import QuantLinear
@@ -291,7 +291,10 @@ def calibrate_model(
     propagate_quantized: bool = True,
     progress: bool = True,
 ) -> CalibrationResult:
-    """Quantize ``model`` in place, block by block, following ``plan`` (full name -> format or None)."""
+    """Quantize ``model`` in place, block by block, following ``plan`` (full name -> format or None).
+
+    RTN needs no activations: with ``batches`` empty it quantizes the weights alone (fused shards
+    still share their per-tensor states) and reports the weight-space error, not the output error."""
     if method not in METHODS:
         raise QuantError(f"unknown calibration method {method!r}; choose one of {', '.join(METHODS)}")
     gptq = {"block_size": 128, "percdamp": 0.01, "act_order": True, **(gptq or {})}
@@ -300,7 +303,10 @@ def calibrate_model(
     t_start = time.perf_counter()
     result = CalibrationResult()
     prefix, blocks = decoder_blocks(model)
-    cache = capture_block_inputs(model, batches)
+    data_free = not batches
+    if data_free and method != "rtn":
+        raise QuantError(f"method {method!r} needs calibration batches (only rtn runs without data)")
+    cache = None if data_free else capture_block_inputs(model, batches)
     use_awq, use_gptq = method.startswith("awq"), method.endswith("gptq")
     done: set[str] = set()
 
@@ -332,7 +338,7 @@ def calibrate_model(
                     result.awq[f"{bprefix}.{g.prev}"] = {"alpha": g.alpha, "layers": g.layers}
                     for n in g.layers:
                         alphas[n] = g.alpha
-        acc, fp_outs = _hessians(block, cache, list(names), hessian)
+        acc, fp_outs = ({}, None) if data_free else _hessians(block, cache, list(names), hessian)
         states = _calib_states(block, rel_plan)
         fused = _gptq_fused(block, names, rel_plan, states, acc, gptq) if use_gptq else {}
         for rel, full in names.items():
@@ -340,7 +346,7 @@ def calibrate_model(
             lin = block.get_submodule(rel)
             cfg = rel_plan[rel]
             w = lin.weight.detach().float()
-            H = acc[rel].H
+            H = None if data_free else acc[rel].H
             if cfg is None:
                 qt, err, how = None, 0.0, "none"
             elif rel in fused:
@@ -359,7 +365,8 @@ def calibrate_model(
                 except QuantError as e:
                     raise QuantError(f"layer {full}: {e}") from None
                 how = method
-                err = relative_error(w, qt.dequantize(torch.float32), H)
+                w_hat = qt.dequantize(torch.float32)
+                err = weight_error(w, w_hat) if H is None else relative_error(w, w_hat, H)
             _replace(block, rel, lin, cfg, qt)
             done.add(full)
             result.layers.append(
@@ -369,7 +376,7 @@ def calibrate_model(
         if propagate_quantized:
             del fp_outs  # at most two activation sets alive: the cache and the next block's inputs
             fp_outs = None
-        if bi + 1 < len(blocks):
+        if bi + 1 < len(blocks) and not data_free:
             outs = run_block(block, cache) if propagate_quantized else fp_outs
             cache = [(o, kw) for o, (_, kw) in zip(outs, cache)]
             del outs

@@ -134,7 +134,7 @@ def _texts(cfg: CalibrateConfig, data_uri: str | None) -> tuple[list[str], list[
         src["calibration"] = f"{d.path} (field {d.text_field!r})" if not d.path.endswith(".txt") else d.path
     else:
         raise CalibrationDataError(
-            "calibration needs text: pass a data_prep artifact (data_uri / --data) or set "
+            "calibration needs text (only method=rtn runs without it): pass a data_prep artifact (data_uri / --data) or set "
             "data.path to a local .txt/.jsonl/.json/.parquet file"
         )
     calib = shuffled(calib, d.seed)
@@ -227,9 +227,14 @@ def _run_calibrate(cfg: CalibrateConfig, *, model_uri: str, data_uri: str | None
         plan = plan_formats(model, recipe)
         if not plan or all(c is None for c in plan.values()):
             raise QuantError("the recipe quantizes no linear layer: check its default/overrides/exclude")
-        calib_docs, held_docs, provenance = _texts(cfg, data_uri)
-        windows = make_windows(calib_docs, tok, cfg.data.num_samples, cfg.data.seq_len)
-        if windows.shape[0] < cfg.data.num_samples:
+        if cfg.method == "rtn" and not data_uri and not cfg.data.path:  # weights only: no text needed
+            held_docs = read_text_file(cfg.eval.path, cfg.eval.text_field) if cfg.eval.enabled and cfg.eval.path else None
+            provenance = {"calibration": "none (rtn quantizes the weights alone)"}
+            windows = torch.empty(0, cfg.data.seq_len, dtype=torch.long)
+        else:
+            calib_docs, held_docs, provenance = _texts(cfg, data_uri)
+            windows = make_windows(calib_docs, tok, cfg.data.num_samples, cfg.data.seq_len)
+        if 0 < windows.shape[0] < cfg.data.num_samples:
             log.warning(
                 "calibrate: only %d of %d windows of %d tokens available",
                 windows.shape[0],

@@ -63,6 +63,19 @@ def test_calibrate_end_to_end(tmp_path, data_artifact, kind, method):
         assert torch.isfinite(model(**tok("Tom has 3 apples", return_tensors="pt")).logits).all()
 
 
+def test_rtn_needs_no_data(tmp_path, data_artifact):
+    """RTN quantizes the weights alone: without calibration text it writes the same weights as with it."""
+    cfg = load_config(CalibrateConfig, None, ["method=rtn", "format=nvfp4", "eval.enabled=false", *SMALL])
+    m = run_calibrate(cfg, model_uri="tiny-llama", output_uri=str(tmp_path / "a"), progress=False)
+    run_calibrate(cfg, model_uri="tiny-llama", data_uri=data_artifact, output_uri=str(tmp_path / "b"), progress=False)
+    assert m["calibration"]["windows"] == 0 and "none" in m["calibration"]["data"]["calibration"]
+    assert len(m["layers"]) == 14 and all(r["rel_error"] > 0 for r in m["layers"])  # weight-space error
+    a, _ = load_quantized(tmp_path / "a")
+    b, _ = load_quantized(tmp_path / "b")
+    sa, sb = a.state_dict(), b.state_dict()
+    assert sa.keys() == sb.keys() and all(torch.equal(sa[k], sb[k]) for k in sa)
+
+
 def test_overwrite_is_refused_unless_asked(tmp_path, data_artifact):
     cfg = load_config(CalibrateConfig, None, ["method=rtn", *SMALL, "eval.enabled=false"])
     out = str(tmp_path / "m")
