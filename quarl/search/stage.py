@@ -251,10 +251,15 @@ def run_precision_search(cfg: PrecisionSearchConfig, *, model_uri: str, data_uri
     ckpt = _checkpoint_path(cfg, model_uri, search_ids)
     if not cfg.resume and ckpt.is_file():
         ckpt.unlink()  # start over: the agent would otherwise continue from it
+    resumed = str(ckpt) if ckpt.is_file() else None
+    if resumed:  # loud: a finished search in the cache returns its agent without a new episode
+        log.warning("precision_search: continuing the PPO checkpoint %s (same config, model and search batch); "
+                    "set resume=false to search from scratch", ckpt)
     inputs = [u for u in (model_uri, data_uri) if u]
     with write_artifact(output_uri, "recipe", STAGE, config=cfg, inputs=inputs, overwrite=overwrite) as art:
         out = search(cfg, model, tok, search_ids, held_ids, ckpt, progress=progress, select_ids=select_ids)
         out["data"] = src
+        out["resumed_from"] = resumed
         p = art.path
         (p / "recipe.yaml").write_text(yaml.safe_dump(out["recipe"], sort_keys=False))
         (p / "search.json").write_text(json.dumps(out, indent=1, default=str))

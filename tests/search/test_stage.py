@@ -1,6 +1,7 @@
 """run_precision_search end to end on a tiny model, its recipe into calibrate, and config validation."""
 
 import json
+import logging
 
 import pytest
 import torch
@@ -30,7 +31,7 @@ def data_artifact(tmp_path_factory):
     return str(uri)
 
 
-def test_search_writes_a_recipe_that_calibrate_takes(tmp_path, data_artifact):
+def test_search_writes_a_recipe_that_calibrate_takes(tmp_path, data_artifact, caplog):
     cfg = load_config(PrecisionSearchConfig, None, [*SMALL, f"checkpoint_dir={tmp_path / 'ck'}"])
     out = tmp_path / "recipe"
     res = run_precision_search(cfg, model_uri="tiny-llama", data_uri=data_artifact, output_uri=str(out),
@@ -61,6 +62,14 @@ def test_search_writes_a_recipe_that_calibrate_takes(tmp_path, data_artifact):
             if name.startswith(u["name"] + "."):
                 assert fmt == want, (name, fmt, want)
     assert yaml.safe_load((art.path / "recipe.yaml").read_text()) == res["recipe"]
+    assert s["resumed_from"] is None
+    # the same search again continues the finished checkpoint: said loudly, recorded, same recipe
+    with caplog.at_level(logging.WARNING, logger="quarl.search"):
+        again = run_precision_search(cfg, model_uri="tiny-llama", data_uri=data_artifact,
+                                     output_uri=str(tmp_path / "recipe2"), progress=False)
+    assert "set resume=false" in caplog.text and again["recipe"] == res["recipe"]
+    s2 = json.loads((tmp_path / "recipe2" / "search.json").read_text())
+    assert s2["resumed_from"] == str(tmp_path / "ck" / "ppo.pt")
 
 
 def test_gptq_recovery_and_step_rewards_run(tmp_path, data_artifact):
