@@ -7,10 +7,10 @@ import pytest
 
 from quarl.artifacts import open_artifact
 from quarl.config import load_config
-from quarl.data import DataPrepConfig, run_data_prep
 from quarl.distill import DistillConfig, KDColdStartConfig, run_distill, run_kd_coldstart
 from quarl.distill.student import PairingError
 from quarl.quant import QuantLinear
+from tests.datasets import synthetic_dataset
 
 SMALL = ["train.steps=2", "train.device=cpu", "optim.batch_size=2", "optim.micro_batch_size=2", "optim.lr=1e-4",
          "data.num_sequences=4", "data.seq_len=48", "data.max_new_tokens=8", "eval.num_sequences=2",
@@ -19,10 +19,7 @@ SMALL = ["train.steps=2", "train.device=cpu", "optim.batch_size=2", "optim.micro
 
 @pytest.fixture(scope="module")
 def dataset(tmp_path_factory):
-    out = tmp_path_factory.mktemp("data") / "dataset"
-    cfg = load_config(DataPrepConfig, None, ["sources=[{name: synthetic, num_samples: 24}]", "split.eval_size=4"])
-    run_data_prep(cfg, output_uri=str(out))
-    return str(out)
+    return synthetic_dataset(tmp_path_factory.mktemp("data") / "dataset")
 
 
 def test_run_distill_writes_a_quantized_model_the_rl_stage_takes(dataset, tmp_path):

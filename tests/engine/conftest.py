@@ -61,3 +61,19 @@ def full_forward_logprobs(model, roll, temperature: float = 1.0) -> torch.Tensor
         logits = model(input_ids=ids, attention_mask=am, position_ids=pos).logits.float()
     lp = torch.log_softmax(logits[:, P - 1 : -1] / temperature, dim=-1)
     return lp.gather(-1, roll.completion_ids[..., None]).squeeze(-1) * roll.completion_mask
+
+
+def lora_model(kind="qwen2", dtype=torch.float32, fp32_adapter=False, fmt="nvfp4"):
+    """A tiny model quantized to ``fmt`` with a rank-4 LoRA whose B is non-zero (so it matters)."""
+    from quarl.quant import quantize_model
+
+    model = make_model(kind, dtype=dtype)
+    quantize_model(model, {"default": fmt, "lora": {"r": 4, "alpha": 8.0}})
+    with torch.no_grad(), torch.random.fork_rng(devices=[]):  # make the adapter matter
+        torch.manual_seed(5)
+        for name, p in model.named_parameters():
+            if name.endswith("lora_B"):
+                p.normal_(0, 0.05)
+            if fp32_adapter and ("lora_A" in name or "lora_B" in name):
+                p.data = p.data.float()  # what quarl.train.policy does
+    return model

@@ -9,7 +9,7 @@ import torch
 
 from quarl.engine import GREEDY_TOP_P, EngineError, FastGenerator, make_generator
 from quarl.engine.rollout import HFGenerator, SamplingParams
-from tests.engine.conftest import PAD, full_forward_logprobs, hf_greedy, make_model, prompts
+from tests.engine.conftest import PAD, full_forward_logprobs, hf_greedy, lora_model, make_model, prompts
 
 KINDS = ["llama", "qwen2", "qwen3"]
 
@@ -73,15 +73,7 @@ def test_same_rollout_as_reference_generator():
 
 @pytest.mark.parametrize("fmt", ["nvfp4", "mxfp4"])
 def test_quantized_lora_model_equals_hf_generate(fmt):
-    from quarl.quant import quantize_model
-
-    model = make_model("qwen2")
-    quantize_model(model, {"default": fmt, "lora": {"r": 4, "alpha": 8.0}})
-    with torch.no_grad(), torch.random.fork_rng(devices=[]):  # make the adapter matter
-        torch.manual_seed(5)
-        for name, p in model.named_parameters():
-            if name.endswith("lora_B"):
-                p.normal_(0, 0.05)
+    model = lora_model("qwen2", fmt=fmt)
     rows = prompts((6, 2, 9))
     ref = hf_greedy(model, rows, 10)
     roll = FastGenerator(model, PAD).generate(rows, greedy(10), n=1)

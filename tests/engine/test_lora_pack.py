@@ -12,23 +12,8 @@ import torch
 
 from quarl.engine import FastGenerator
 from quarl.engine.lora import GROUPS, LoraPack, packable
-from tests.engine.conftest import PAD, full_forward_logprobs, hf_greedy, make_model, prompts
+from tests.engine.conftest import PAD, full_forward_logprobs, hf_greedy, lora_model, make_model, prompts
 from tests.engine.test_engine import greedy
-
-
-def lora_model(kind="qwen2", dtype=torch.float32, fp32_adapter=False, fmt="nvfp4"):
-    from quarl.quant import quantize_model
-
-    model = make_model(kind, dtype=dtype)
-    quantize_model(model, {"default": fmt, "lora": {"r": 4, "alpha": 8.0}})
-    with torch.no_grad(), torch.random.fork_rng(devices=[]):  # make the adapter matter
-        torch.manual_seed(5)
-        for name, p in model.named_parameters():
-            if name.endswith("lora_B"):
-                p.normal_(0, 0.05)
-            if fp32_adapter and ("lora_A" in name or "lora_B" in name):
-                p.data = p.data.float()  # what quarl.train.policy does
-    return model
 
 
 def _lora_B(model):

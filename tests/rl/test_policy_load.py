@@ -10,11 +10,11 @@ from safetensors.torch import load_file
 from typer.testing import CliRunner
 
 from quarl.config import load_config
-from quarl.data import DataPrepConfig, run_data_prep
 from quarl.models import load_model
 from quarl.rl import RLConfig, run_rl
 from quarl.rl.config import PolicyConfig
 from quarl.train.policy import base_recipe, build_policy, load_policy_model, resolve_load
+from tests.datasets import synthetic_dataset
 from tests.quant.test_stream import MIXED, assert_same_state, save_tiny
 from tests.rl.conftest import TINY_OVERRIDES
 
@@ -68,10 +68,7 @@ def test_streamed_base_gives_the_dense_policy(tmp_path, monkeypatch, policy):
 
 @pytest.fixture(scope="module")
 def dataset(tmp_path_factory):
-    out = tmp_path_factory.mktemp("data") / "dataset"
-    cfg = load_config(DataPrepConfig, None, ["sources=[{name: synthetic, num_samples: 12}]", "split.eval_size=4"])
-    run_data_prep(cfg, output_uri=str(out))
-    return str(out)
+    return synthetic_dataset(tmp_path_factory.mktemp("data") / "dataset", num_samples=12)
 
 
 def test_quarl_rl_streams_a_saved_model_and_trains_the_dense_policy(dataset, tmp_path):

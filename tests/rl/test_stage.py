@@ -8,17 +8,14 @@ from typer.testing import CliRunner
 
 from quarl.artifacts import ArtifactExistsError, open_artifact
 from quarl.config import load_config
-from quarl.data import DataPrepConfig, run_data_prep
 from quarl.rl import RLConfig, run_rl
+from tests.datasets import synthetic_dataset
 from tests.rl.conftest import TINY_OVERRIDES
 
 
 @pytest.fixture(scope="module")
 def dataset(tmp_path_factory):
-    out = tmp_path_factory.mktemp("data") / "dataset"
-    cfg = load_config(DataPrepConfig, None, ["sources=[{name: synthetic, num_samples: 24}]", "split.eval_size=4"])
-    run_data_prep(cfg, output_uri=str(out))
-    return str(out)
+    return synthetic_dataset(tmp_path_factory.mktemp("data") / "dataset")
 
 
 def test_run_rl_writes_a_verified_adapter_artifact(dataset, tmp_path):

@@ -207,11 +207,9 @@ def _worker(rank: int, world: int, port: int, root: str, names: list[str]) -> No
 
 
 def make_dataset(out: Path) -> None:
-    from quarl.config import load_config
-    from quarl.data import DataPrepConfig, run_data_prep
+    from tests.datasets import synthetic_dataset
 
-    cfg = load_config(DataPrepConfig, None, ["sources=[{name: synthetic, num_samples: 24}]", "split.eval_size=4"])
-    run_data_prep(cfg, output_uri=str(out))
+    synthetic_dataset(out)
 
 
 def run_two_ranks(root: Path, names: list[str]) -> dict[str, dict]:
