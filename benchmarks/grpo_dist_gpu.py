@@ -65,7 +65,7 @@ gs.SHAPES.setdefault("70b", {"hidden_size": 8192, "intermediate_size": 28672, "n
 GiB = 2**30
 
 
-def rl_config(args, shape_prompts: int, group: int, new_tokens: int, steps: int, device: str):
+def rl_config(args, shape_prompts: int, group: int, new_tokens: int, steps: int, device: str, extra=()):
     from quarl.config import load_config
     from quarl.rl import RLConfig
 
@@ -77,7 +77,7 @@ def rl_config(args, shape_prompts: int, group: int, new_tokens: int, steps: int,
         "algo.algo=grpo", "aqn.enabled=false", f"optim.micro_batch_size={args.micro_batch}",
         "optim.optimizer=adamw", "optim.warmup_ratio=0", f"train.steps={steps}",
         f"train.prompts_per_step={shape_prompts}", f"train.device={device}", "train.checkpoint_every=0",
-        "train.sample_every=0", "train.resume=false",
+        "train.sample_every=0", "train.resume=false", *extra,
     ])  # fmt: skip
 
 
@@ -187,6 +187,77 @@ def run_70b(args, d, dev: torch.device, work: Path, rec: Recorder) -> None:
     rec.put("70b", {"per_rank": d.all_gather_object(res)})
 
 
+def _dense_on_host(cfg_model, dev: torch.device):
+    """A dense BF16 random model on the host, filled on the GPU (fast) and moved out: FSDP2's input."""
+    model = gs.build_model(cfg_model, str(dev), torch.bfloat16).to("cpu")
+    if dev.type == "cuda":
+        torch.cuda.empty_cache()
+    return model
+
+
+def run_fsdp(args, d, dev: torch.device, work: Path, rec: Recorder, kind: str) -> None:
+    """Full-parameter training under FSDP2 (``fully_shard`` per layer): ``qad`` = one QAT distillation
+    (NVFP4 fake-quant student, BF16 teacher, both sharded) step of ``--fsdp-seq-len`` tokens per rank;
+    ``jetrl`` = one Jet-RL GRPO step (FP8 GEMMs forward and backward, rollout through the FP8 flow on
+    the gathered policy). Per GPU: peak allocated memory and step time; what one GPU cannot hold."""
+    import copy
+    import tempfile
+
+    cfg_model = gs.qwen25_config(args.fsdp_shape)
+    cuda = dev.type == "cuda"
+    t0 = time.perf_counter()
+    model = _dense_on_host(cfg_model, dev)
+    res = {"kind": kind, "shape": args.fsdp_shape, "world_size": d.world_size, "build_s": round(time.perf_counter() - t0, 1),
+           "params_b": round(sum(p.numel() for p in model.parameters()) / 1e9, 3)}
+    if cuda:
+        torch.cuda.reset_peak_memory_stats(dev)
+    steps = []
+    if kind == "qad":
+        from quarl.config import load_config
+        from quarl.distill import DistillConfig
+        from quarl.distill.data import Sequences
+        from quarl.distill.trainer import DistillTrainer
+
+        class Tok:
+            pad_token_id = 0
+
+        L = args.fsdp_seq_len
+        g = torch.Generator().manual_seed(0)
+        n = 2 * d.world_size
+        seqs = Sequences(ids=torch.randint(1, cfg_model.vocab_size, (n, L), generator=g).tolist(), prompt_len=[0] * n)
+        cfg = load_config(DistillConfig, None, [
+            "student.mode=qat", "student.format=nvfp4", f"student.dtype={'bfloat16' if cuda else 'float32'}",
+            "student.gradient_checkpointing=true", "teacher.dtype=auto", "loss.chunk=512",
+            f"optim.batch_size={d.world_size}", "optim.micro_batch_size=1", "train.steps=2",
+            f"train.device={dev.type}", "train.checkpoint_every=0"])
+        teacher = copy.deepcopy(model)
+        tr = DistillTrainer(cfg, model, teacher, Tok(), seqs, seqs, tempfile.mkdtemp(dir=work), dist=d)
+        res["trainable_params_b"] = round(sum(p.numel() for p in tr.params) / 1e9, 3)
+        for i in range(2):
+            t = time.perf_counter()
+            m = tr.step(i)
+            if cuda:
+                torch.cuda.synchronize(dev)
+            steps.append({"step": i, "step_s": round(time.perf_counter() - t, 2), "kl": m["train/kl"],
+                          "tokens_all_ranks": m["train/tokens"]})
+    else:
+        from quarl.rl import RLTrainer
+
+        cfg = rl_config(args, d.world_size, args.big_group, args.fsdp_new_tokens, 2, str(dev), extra=(
+            "policy.mode=full", "policy.format=fp8-block", "precision.mode=jetrl", "algo.beta=0",
+            f"optim.micro_batch_size={args.big_group}", "optim.lr=1e-6"))
+        tok = gs.IdTokenizer(cfg_model.vocab_size, args.prompt_len)
+        prompts = [f"p{i}" for i in range(4 * d.world_size)]
+        tr = RLTrainer(cfg, model, tok, prompts, ["0"] * len(prompts), work / "jetrl",
+                       reward_fn=gs.BernoulliReward(0), dist=d)
+        tr._save = lambda step_done: None
+        res["fp8_layers"] = sum(1 for m in tr.model.modules() if getattr(m, "fp8_flow", False))
+        tr.train()
+        steps = step_rows(tr.out) if d.is_main else None
+    res.update(steps=steps, memory=cuda_memory(dev))
+    rec.put(f"fsdp_{kind}", {"per_rank": d.all_gather_object(res)})
+
+
 def table(data: dict) -> str:
     ph = data["phases"]
     a = data["args"]
@@ -209,7 +280,7 @@ def table(data: dict) -> str:
         s = two["steps"][-1]
         thr = s["throughput/tokens_per_s"]
         peak = max((m.get("peak_allocated_gib", 0) for m in two["memory_per_rank"]), default=0)
-        lines.append(f"| 2gpu | {data['world_size']} | {s['time/step_s']:.2f} | {s['time/rollout_s']:.2f} | "
+        lines.append(f"| {data['world_size']} GPUs | {data['world_size']} | {s['time/step_s']:.2f} | {s['time/rollout_s']:.2f} | "
                      f"{s['time/update_s']:.2f} | {thr:.0f} | {thr / base if base else 0:.2f} | {peak or '-'} |")
     elif two:
         lines.append(f"| 2gpu | - | {two.get('skipped') or two.get('error', '-')} |")
@@ -224,6 +295,25 @@ def table(data: dict) -> str:
                          f"{m.get('device_used_gib', '-')} |")
     elif big:
         lines.append(f"\n70B-shaped step: {big.get('skipped') or big.get('error')}")
+    for kind in ("qad", "jetrl"):
+        f = ph.get(f"fsdp_{kind}")
+        if not f:
+            continue
+        if "per_rank" not in f:
+            lines.append(f"\nFSDP2 {kind}: {f.get('skipped') or f.get('error')}")
+            continue
+        r0 = f["per_rank"][0]
+        st = r0.get("steps") or []
+        last = st[-1] if st else {}
+        step_s = last.get("step_s", last.get("time/step_s"))
+        step_s = "-" if step_s is None else f"{step_s:.2f}"
+        lines += ["", f"FSDP2 full-parameter {kind}, {r0['shape']} shape ({r0['params_b']} B parameters), "
+                      f"{r0['world_size']} ranks, build {r0['build_s']} s; last step {step_s} s",
+                  "", "| rank | peak alloc GiB | peak reserved GiB | device used GiB |", "|---:|---:|---:|---:|"]
+        for r, b in enumerate(f["per_rank"]):
+            m = b.get("memory", {})
+            lines.append(f"| {r} | {m.get('peak_allocated_gib', '-')} | {m.get('peak_reserved_gib', '-')} | "
+                         f"{m.get('device_used_gib', '-')} |")
     return "\n".join(lines)
 
 
@@ -232,7 +322,7 @@ def parse_args(argv=None):
     ap.add_argument("--device", default="cuda", help="cuda (NCCL, one GPU per rank) or cpu (gloo dry run)")
     ap.add_argument("--shape", default="7b", choices=sorted(gs.SHAPES))
     ap.add_argument("--big-shape", default="70b", choices=sorted(gs.SHAPES))
-    ap.add_argument("--parts", default="7b,70b", help="which parts to run: 7b, 70b or both")
+    ap.add_argument("--parts", default="7b,70b", help="comma list of parts: 7b, 70b, qad, jetrl (FSDP2)")
     ap.add_argument("--prompts", type=int, default=8, help="prompts per step (split over the ranks in 2gpu)")
     ap.add_argument("--group", type=int, default=8)
     ap.add_argument("--prompt-len", type=int, default=256)
@@ -243,6 +333,9 @@ def parse_args(argv=None):
     ap.add_argument("--big-prompts", type=int, default=2, help="70B: prompts per step (one per rank)")
     ap.add_argument("--big-group", type=int, default=4, help="70B: answers per prompt")
     ap.add_argument("--big-new-tokens", type=int, default=32)
+    ap.add_argument("--fsdp-shape", default="7b", choices=sorted(gs.SHAPES), help="qad / jetrl parts: model shape")
+    ap.add_argument("--fsdp-seq-len", type=int, default=2048, help="qad: tokens per sequence (one per rank)")
+    ap.add_argument("--fsdp-new-tokens", type=int, default=32, help="jetrl: new tokens per answer")
     ap.add_argument("--budget-s", type=float, default=85.0, help="wall-clock budget; phases that would not fit "
                                                                  "are skipped and recorded as skipped")
     ap.add_argument("--min-2gpu-s", type=float, default=15.0, help="seconds the 2gpu phase needs at least")
@@ -292,6 +385,21 @@ def main(argv=None) -> None:
                     traceback.print_exc()
                     rec.put("70b", {"error": f"{type(e).__name__}: {str(e)[:600]}",
                                     "oom": isinstance(e, torch.OutOfMemoryError), "memory": cuda_memory(dev)})
+        for kind in ("qad", "jetrl"):
+            if kind not in parts:
+                continue
+            gc.collect()
+            if dev.type == "cuda":
+                torch.cuda.empty_cache()
+            if args.budget_s - (time.monotonic() - t_start) < args.min_70b_s:
+                rec.put(f"fsdp_{kind}", {"skipped": "budget"})
+                continue
+            try:
+                run_fsdp(args, d, dev, work, rec, kind)
+            except Exception as e:  # noqa: BLE001
+                traceback.print_exc()
+                rec.put(f"fsdp_{kind}", {"error": f"{type(e).__name__}: {str(e)[:600]}",
+                                         "oom": isinstance(e, torch.OutOfMemoryError), "memory": cuda_memory(dev)})
         rec.data["wall_s"] = round(time.monotonic() - t_start, 1)
         rec.put("done", True)
         if d.is_main:
