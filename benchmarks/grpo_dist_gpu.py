@@ -307,8 +307,8 @@ def table(data: dict) -> str:
         last = st[-1] if st else {}
         step_s = last.get("step_s", last.get("time/step_s"))
         step_s = "-" if step_s is None else f"{step_s:.2f}"
-        lines += ["", f"FSDP2 full-parameter {kind}, {r0['shape']} shape ({r0['params_b']} B parameters), "
-                      f"{r0['world_size']} ranks, build {r0['build_s']} s; last step {step_s} s",
+        lines += ["", (f"FSDP2 full-parameter {kind}, {r0['shape']} shape ({r0['params_b']} B parameters), "
+                      f"{r0['world_size']} ranks, build {r0['build_s']} s; last step {step_s} s"),
                   "", "| rank | peak alloc GiB | peak reserved GiB | device used GiB |", "|---:|---:|---:|---:|"]
         for r, b in enumerate(f["per_rank"]):
             m = b.get("memory", {})
