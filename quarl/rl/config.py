@@ -66,7 +66,7 @@ class RolloutConfig:
     top_p: float = 1.0
     max_new_tokens: int = 4096
     max_prompt_tokens: int = 1024  # longer prompts are skipped (logged), never silently cut
-    engine: str = "auto"  # auto (quarl.engine.FastGenerator on CUDA, else reference) | fast | reference
+    engine: str = "auto"  # auto (quarl.engine.FastGenerator on CUDA, else reference) | fast | reference; under FSDP the fast engine runs on a rollout replica (quarl.engine.replica)
     cache: str = "static"  # static | dynamic (the reference HFGenerator's KV cache)
     batch_size: int = 0  # rows per generate call; 0 = all at once
     cache_dequantized: str = "auto"  # auto (on CPU) | true | false: keep dequantized base weights in memory

@@ -56,8 +56,11 @@ replicated and the LoRA gradients are all-reduced once per optimizer step; each 
 samples with its own stream (``train.seed + 1 + 10007 * rank``; rank 0's is the
 one-process stream) while the AQN noise is drawn identically everywhere. Full
 parameters (``policy.mode=full``): FSDP2 shards the policy (and the KL reference); the
-rollout runs the gathered model through the reference engine (the CUDA-graph engine
-captures weight addresses that FSDP frees), and checkpoints are DCP shards. DAPO's
+rollout runs the fast engine on an unsharded replica of the policy that is refreshed in
+place before every rollout (:mod:`quarl.engine.replica`; the CUDA-graph engine captures
+weight addresses, which FSDP frees), or, when the replica does not fit or
+``rollout.engine=reference``, the reference engine on the gathered policy; checkpoints are
+DCP shards. DAPO's
 dynamic sampling selects the kept groups from every rank's draws in rank order, as one
 process would. Metrics are computed over the whole batch; rank 0 writes them.
 """
@@ -80,6 +83,7 @@ import torch
 from torch import nn
 
 from quarl.config import config_to_dict
+from quarl.engine.replica import RolloutReplica, fits
 from quarl.engine.rollout import Generator, Rollout, SamplingParams
 from quarl.quant import (
     QuantLinear,
@@ -176,6 +180,11 @@ class RLTrainer:
         if cfg.algo.beta > 0 and cfg.policy.mode == "full":
             self.ref_model = copy.deepcopy(self.model).eval().requires_grad_(False)
         # full parameters: FSDP2 shards policy and reference; LoRA on a frozen base: replicated
+        self.replica: RolloutReplica | None = None
+        host_copy = None
+        if self.sharded and generator is None and cfg.rollout.engine != "reference" and \
+                (cfg.rollout.engine == "fast" or self.device.type == "cuda"):
+            host_copy = copy.deepcopy(self.model)  # the rollout replica's weights, taken before sharding
         if self.sharded:
             shard_model(self.model, dist, self.device)
             if self.ref_model is not None:
@@ -207,11 +216,19 @@ class RLTrainer:
         from quarl.engine import make_generator  # lazy: only building a rollout engine needs it
 
         # keep_cache=False: the fast engine frees its KV cache after each rollout, the backward pass needs it
-        engine = cfg.rollout.engine
-        if self.sharded and engine != "reference":  # graphs would capture weights FSDP frees between rollouts
-            log.info("rl: rollout.engine=%s -> reference under FSDP (policy.mode=full on several ranks)", engine)
+        engine, rollout_model = cfg.rollout.engine, self.model
+        if host_copy is not None:  # FSDP: the fast engine on an unsharded replica (quarl.engine.replica)
+            ok, why = fits(host_copy, self.device)
+            if ok or engine == "fast":
+                self.replica = RolloutReplica(host_copy, self.device, copy_model=False)
+                rollout_model = self.replica.model
+                log.info("rl: rollout.engine=%s under FSDP -> the fast engine on a rollout replica (%s)", engine, why)
+            del host_copy
+        if self.sharded and self.replica is None and engine != "reference":
+            # graphs would capture weights FSDP frees between rollouts: the reference engine on the gathered policy
+            log.info("rl: rollout.engine=%s -> reference under FSDP (no rollout replica)", engine)
             engine = "reference"
-        self.generator = generator or make_generator(self.model, tokenizer.pad_token_id, engine=engine,
+        self.generator = generator or make_generator(rollout_model, tokenizer.pad_token_id, engine=engine,
                                                      cache=cfg.rollout.cache,
                                                      batch_size=cfg.rollout.batch_size or None, keep_cache=False)
         self.sampling = SamplingParams(cfg.rollout.temperature, cfg.rollout.top_p, cfg.rollout.max_new_tokens,
@@ -228,9 +245,16 @@ class RLTrainer:
         cfg, G = self.cfg, self.cfg.rollout.group_size
         idx = self.sampler.next(cfg.train.prompts_per_step)  # the global batch, the same on every rank
         idx = idx[self.dist.shard(len(idx))]  # this rank's whole groups
-        full = gathered(self.model) if self.sharded else contextlib.nullcontext()
-        with full, self.aqn.perturb(step, self.noise_gen), self.precision.rollout(self.model):
-            r = self.generator.generate([self.prompt_ids[i] for i in idx], self.sampling, G, self.rollout_gen)
+        prompts = [self.prompt_ids[i] for i in idx]
+        if self.replica is not None:  # FSDP: refresh the replica (AQN noise included), then sample on it alone
+            with gathered(self.model), self.aqn.perturb(step, self.noise_gen):
+                self.replica.sync(self.model)
+            with self.precision.rollout(self.replica.model):
+                r = self.generator.generate(prompts, self.sampling, G, self.rollout_gen)
+        else:
+            full = gathered(self.model) if self.sharded else contextlib.nullcontext()
+            with full, self.aqn.perturb(step, self.noise_gen), self.precision.rollout(self.model):
+                r = self.generator.generate(prompts, self.sampling, G, self.rollout_gen)
         rows = [i for i in idx for _ in range(G)]
         texts = [self.tok.decode(r.completion_ids[j, :int(n)].tolist(), skip_special_tokens=True)
                  for j, n in enumerate(r.lengths.tolist())]

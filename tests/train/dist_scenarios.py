@@ -151,6 +151,39 @@ def rl_jetrl_full(d: Dist, out: Path) -> dict:
             "fp8_layers": sum(1 for m in tr.model.modules() if getattr(m, "fp8_flow", False))}
 
 
+def rl_full_replica(d: Dist, out: Path) -> dict:
+    """``rollout.engine=fast`` under FSDP2: the fast engine on an unsharded rollout replica.
+
+    Sampling differs between 1 and N processes here (each rank's own stream), so what is checked
+    is the replica itself, on every rank: after a sync inside the step's AQN noise it holds
+    exactly the gathered (noisy) policy; its storage never moves (graph-safe); and a greedy
+    rollout on it equals the reference engine's on the gathered policy."""
+    from quarl.engine.rollout import HFGenerator, SamplingParams
+    from quarl.rl.trainer import RLTrainer
+    from quarl.train.fsdp import gathered
+    from tests.rl.conftest import ANSWERS, PROMPTS, ParityReward, small_tiny_model, tiny_cfg
+
+    cfg = tiny_cfg("policy.mode=full", "policy.format=bf16", "train.steps=2", "optim.lr=1e-3",
+                   "algo.updates_per_rollout=1", "rollout.engine=fast")
+    model, tok = small_tiny_model()
+    tr = RLTrainer(cfg, model, tok, PROMPTS, ANSWERS, out, reward_fn=ParityReward(), dist=d)
+    rep = tr.replica
+    ptrs = [p.data_ptr() for p in rep.model.parameters()]
+    res = tr.train()
+    step = 1  # a step whose AQN sigma is > 0 (3 stages over 2 steps)
+    with gathered(tr.model), tr.aqn.perturb(step, torch.Generator().manual_seed(7)) as sigma:
+        rep.sync(tr.model)
+        noisy = {n: p.detach().clone() for n, p in tr.model.named_parameters()}
+        greedy = SamplingParams(1.0, 1e-7, 6, [])
+        ref = HFGenerator(tr.model, tok.pad_token_id, cache="dynamic").generate([tr.prompt_ids[0]], greedy, 1)
+    fast = tr.generator.generate([tr.prompt_ids[0]], greedy, 1)
+    diff = max(float((noisy[n] - p).abs().max()) for n, p in rep.model.named_parameters())
+    return {"sharded": res["sharded"], "engine": type(tr.generator).__name__, "sigma": sigma, "max_diff": diff,
+            "same_storage": ptrs == [p.data_ptr() for p in rep.model.parameters()],
+            "greedy_ref": ref.completion_ids.tolist(), "greedy_fast": fast.completion_ids.tolist(),
+            "steps": [r["step"] for r in metrics(out)]}
+
+
 # --------------------------------------------------------------------------- whole stages (artifact on rank 0)
 RL_STAGE = ["rollout.group_size=4", "rollout.max_new_tokens=8", "rollout.cache=dynamic", "train.prompts_per_step=2",
             "train.steps=2", "optim.micro_batch_size=4", "train.device=cpu", "policy.mode=full",
@@ -179,7 +212,7 @@ def stage_distill_qat(d: Dist, out: Path, *extra: str) -> dict:
 
 
 SCENARIOS = {"distill_lora": distill_lora, "distill_qat": distill_qat, "rl_lora": rl_lora, "rl_dapo": rl_dapo,
-             "rl_full": rl_full, "rl_jetrl_full": rl_jetrl_full, "stage_rl_full": stage_rl_full, "stage_distill_qat": stage_distill_qat,
+             "rl_full": rl_full, "rl_jetrl_full": rl_jetrl_full, "rl_full_replica": rl_full_replica, "stage_rl_full": stage_rl_full, "stage_distill_qat": stage_distill_qat,
              "stage_distill_lora": lambda d, out: stage_distill_qat(d, out, "student.mode=lora")}
 
 
