@@ -71,7 +71,6 @@ when this kernel applies; ``wo_matmul`` takes it only behind
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 
 import torch
@@ -81,7 +80,7 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, warpgroup_mma, warpgroup_mma_wait
 
 from quarl_kernels.formats import FMT_INT4, FMT_MXFP4, FMT_NVFP4
-from quarl_kernels.launch import num_sms, splitk_reduce_kernel
+from quarl_kernels.launch import env_flag, num_sms, splitk_reduce_kernel
 from quarl_kernels.mma_decode import (
     FP4_ASM,
     INT4_ASM,
@@ -283,14 +282,10 @@ LARGE_MIN_WEIGHTS = 20 << 20
 
 
 def enabled() -> bool:
-    """``QUARL_KERNELS_WGMMA_DECODE``: "1" / "true" / "on" turns the kernel on in ``wo_matmul``
-    (default off until a device run shows it beats mma_decode); "0" / "false" / "off" / unset: off."""
-    raw = os.environ.get(ENV, "0").strip().lower()
-    if raw in ("1", "true", "on", "yes"):
-        return True
-    if raw in ("", "0", "false", "off", "no"):
-        return False
-    raise ValueError(f"{ENV}={raw!r}: use 1 (on) or 0 (off)")
+    """``QUARL_KERNELS_WGMMA_DECODE`` on (1 / true / on / yes): ``wo_matmul`` takes this kernel
+    for M = 17..64 on large weights on sm_90. Default off until a device run shows it beats
+    mma_decode; a value that is neither on nor off is an error naming the variable."""
+    return env_flag(ENV, False)
 
 
 def token_tile(m: int) -> int:
@@ -310,8 +305,10 @@ def candidate_configs(m: int) -> tuple[WgmmaDecodeConfig, ...]:
     return tuple(WGMMA_DECODE_CONFIGS[i] for i in _CANDIDATES[token_tile(m)])
 
 
-def default_config(m: int, n: int) -> WgmmaDecodeConfig:  # noqa: ARG001  (n: kept for mma_decode's signature)
-    """Config for M tokens without tuning (``_DEFAULTS`` per token tile)."""
+def default_config(m: int, n: int) -> WgmmaDecodeConfig:
+    """Config for M tokens and N output rows without tuning: ``_DEFAULTS`` per token tile
+    (``n`` kept for ``mma_decode.default_config``'s signature; no measured N rule yet)."""
+    del n
     return WGMMA_DECODE_CONFIGS[_DEFAULTS[token_tile(m)]]
 
 
