@@ -13,7 +13,7 @@ import torch
 import triton
 import triton.language as tl
 
-__all__ = ["interpreting", "num_sms", "splitk_reduce_kernel"]
+__all__ = ["env_flag", "interpreting", "num_sms", "splitk_reduce_kernel"]
 
 
 def num_sms(device: torch.device) -> int:
@@ -26,6 +26,24 @@ def num_sms(device: torch.device) -> int:
 def interpreting() -> bool:
     """True under ``TRITON_INTERPRET=1`` (CPU emulation: no inline PTX, no Gluon)."""
     return os.environ.get("TRITON_INTERPRET", "0") == "1"
+
+
+_ON = ("1", "true", "on", "yes")
+_OFF = ("", "0", "false", "off", "no")
+
+
+def env_flag(name: str, default: bool) -> bool:
+    """An on/off switch from the environment: 1 / true / on / yes, or 0 / false / off / no
+    (case-insensitive); unset means ``default``. Anything else is an error naming the variable."""
+    raw = os.environ.get(name)
+    if raw is None:
+        return default
+    v = raw.strip().lower()
+    if v in _ON:
+        return True
+    if v in _OFF:
+        return False
+    raise ValueError(f"{name}={raw!r} is neither on nor off: set it to 1 (on) or 0 (off)")
 
 
 @triton.jit

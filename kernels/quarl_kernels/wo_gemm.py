@@ -54,6 +54,7 @@ import triton.language as tl
 
 from quarl_kernels import dense, gemv
 from quarl_kernels.dequant import FMT_INT4, FMT_NVFP4, FP4_ACC_FACTOR, load_dequant_tile, pair_order_rows
+from quarl_kernels.launch import env_flag as _env_flag
 from quarl_kernels.launch import interpreting as _interpreting
 from quarl_kernels.launch import num_sms as _num_sms
 from quarl_kernels.launch import splitk_reduce_kernel as _splitk_reduce_kernel
@@ -464,11 +465,39 @@ def _mma_decode_failed(e: Exception) -> None:
                   f"QUARL_KERNELS_MMA_DECODE=0 to silence this.", stacklevel=3)
 
 
+WGMMA_DECODE_ENV = "QUARL_KERNELS_WGMMA_DECODE"  # "1": M = 17..64 on large weights takes wgmma_decode (sm_90)
+_WGMMA_DECODE_BROKEN: str | None = None  # why the wgmma kernel is off for this process, once it failed
+
+
+def _wgmma_decode():
+    """The Gluon wgmma decode kernel module (M = 17..64 on sm_90), or None: off unless
+    ``QUARL_KERNELS_WGMMA_DECODE=1`` (default off until a device run shows it beats
+    ``mma_decode``), or after a Triton without Gluon / an earlier build failure."""
+    global _WGMMA_DECODE_BROKEN
+    if not _env_flag(WGMMA_DECODE_ENV, False) or _interpreting() or _WGMMA_DECODE_BROKEN:
+        return None
+    try:
+        from quarl_kernels import wgmma_decode
+    except (ImportError, AttributeError) as e:  # no Gluon, or a Triton whose Hopper Gluon API moved
+        _WGMMA_DECODE_BROKEN = f"{type(e).__name__}: {e}"
+        return None
+    return wgmma_decode
+
+
+def _wgmma_decode_failed(e: Exception) -> None:
+    global _WGMMA_DECODE_BROKEN
+    _WGMMA_DECODE_BROKEN = f"{type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}"
+    warnings.warn(f"quarl_kernels: the Gluon wgmma decode kernel failed to build ({_WGMMA_DECODE_BROKEN}); decode "
+                  f"at M = 17..64 falls back to the mma.sync kernel. Unset QUARL_KERNELS_WGMMA_DECODE to silence "
+                  f"this.", stacklevel=3)
+
+
 def wo_matmul(x2: torch.Tensor, pw: PackedWeight, *, tune: bool | None = None) -> torch.Tensor:
     """y [M, N] = x2 [M, K] @ dequant(W)^T, config picked by M regime (and tuning).
 
     By M: 1 token runs the CUDA-core GEMV (``gemv.py``), 2..64 the Gluon
-    register-operand ``mma.sync`` kernel (``mma_decode.py``), M >= ``dense.dense_min_m()``
+    register-operand ``mma.sync`` kernel (``mma_decode.py``; 17..64 on large weights the
+    Hopper ``wgmma`` one, ``wgmma_decode.py``, when ``QUARL_KERNELS_WGMMA_DECODE=1``), M >= ``dense.dense_min_m()``
     dequantizes to a transient BF16 weight for cuBLAS (``dense.py``), the rest the
     tensor-core kernel below (which also covers any call the others do not support)."""
     m = x2.shape[0]
@@ -477,6 +506,15 @@ def wo_matmul(x2: torch.Tensor, pw: PackedWeight, *, tune: bool | None = None) -
             return dense.dense_matmul(x2, pw)
         except torch.cuda.OutOfMemoryError:  # no room for the transient BF16 weight: the fused kernel needs none
             _dense_oom(pw)
+    wd = _wgmma_decode() if 17 <= m <= 64 else None
+    if wd is not None and wd.preferred(m, pw.n, pw.k) and wd.wgmma_decode_supported(x2, pw):
+        wkey = (pw.fmt, pw.group, wd.token_tile(m), pw.n, pw.k, x2.device.index)
+        try:
+            wcfg = _choose("wgmma", wkey, wd.candidate_configs(m), lambda c: wd.launch_wgmma_decode(x2, pw, c), tune,
+                           wd.default_config(m, pw.n))
+            return wd.launch_wgmma_decode(x2, pw, wcfg)
+        except triton.compiler.errors.CompilationError as e:
+            _wgmma_decode_failed(e)
     md = _mma_decode()
     if (md is not None and MMA_DECODE_MIN_M <= m and md.preferred(m, pw.n, pw.k)
             and md.mma_decode_supported(x2, pw)):
