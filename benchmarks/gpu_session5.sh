@@ -75,10 +75,10 @@ a)
     mkdir -p /tmp/stash && cp .dev/p1/gguf.part1 /tmp/stash/ &
     if [ -f benchmarks/kernels/bench_wgmma_decode.py ]; then
         mkdir -p "$OUT/wgmma"
-        QUARL_KERNELS_WGMMA_DECODE=1 timeout -k 5 120 "$PY" -m pytest -q -rfE -m gpu -p no:cacheprovider \
-            ${WGMMA_TESTS:-tests/kernels/test_wgmma_decode.py} > "$OUT/wgmma/pytest.log" 2>&1
+        QUARL_KERNELS_WGMMA_DECODE=1 timeout -k 5 ${WGMMA_TEST_S:-150} "$PY" -m pytest -q -x -rfE -m gpu -p no:cacheprovider \
+            ${WGMMA_TESTS:-tests/kernels/test_wgmma_decode_gpu.py} > "$OUT/wgmma/pytest.log" 2>&1
         echo "== wgmma tests rc=$? at $((SECONDS - T0)) s"; tail -n 8 "$OUT/wgmma/pytest.log"
-        timeout -k 10 ${WGMMA_S:-230} "$PY" benchmarks/kernels/bench_wgmma_decode.py ${WGMMA_ARGS:---budget-s 210} \
+        timeout -k 10 ${WGMMA_S:-260} "$PY" benchmarks/kernels/bench_wgmma_decode.py ${WGMMA_ARGS:---budget-s 240} \
             --out "$OUT/wgmma" > "$OUT/wgmma/run.log" 2>&1
         echo "== wgmma bench rc=$? at $((SECONDS - T0)) s"; tail -n 45 "$OUT/wgmma/run.log"
         pack wgmma
