@@ -71,6 +71,8 @@ when this kernel applies; ``wo_matmul`` takes it only behind
 
 from __future__ import annotations
 
+import os
+
 from dataclasses import dataclass
 
 import torch
@@ -276,16 +278,27 @@ WGMMA_DECODE_CONFIGS = (
     WgmmaDecodeConfig(256, 16, 8),  # 7: 2 warpgroups x 2 m64 tiles, 16-byte loads
 )
 _CANDIDATES = {32: (0, 1, 2, 3, 4, 5, 6, 7), 64: (0, 1, 3, 4, 5, 6)}
-_DEFAULTS = {32: 0, 64: 0}  # placeholders until the device sweep (bench_wgmma_decode.py) picks winners
-# Like mma_decode above 16 tokens: large weights only (small ones are launch / split-K bound).
-LARGE_MIN_WEIGHTS = 20 << 20
+# The device sweep's winners (bench_wgmma_decode.py, H100, 2026-11-26; RESULTS "v11"): at NT = 32
+# config 2 was fastest on every large NVFP4 layer, at NT = 64 config 1 on 10 of the 12 large layers.
+_DEFAULTS = {32: 2, 64: 1}
+# Large weights only: at 512 x 3584 (1.8M) the Triton tensor-core kernel won (0.78-0.83x), at
+# 3584 x 3584 (12.8M) this kernel did (0.95-1.23x the dispatch of the day).
+LARGE_MIN_WEIGHTS = 12 << 20
+
+
+def mode() -> str:
+    """``QUARL_KERNELS_WGMMA_DECODE``: unset or ``auto`` -> "auto" (the measured rule of
+    :func:`preferred`), 1 / true / on / yes -> "on" (every large weight at M = 17..64),
+    0 / false / off / no / "" -> "off"; anything else is an error naming the variable."""
+    raw = os.environ.get(ENV)
+    if raw is None or raw.strip().lower() == "auto":
+        return "auto"
+    return "on" if env_flag(ENV, False) else "off"
 
 
 def enabled() -> bool:
-    """``QUARL_KERNELS_WGMMA_DECODE`` on (1 / true / on / yes): ``wo_matmul`` takes this kernel
-    for M = 17..64 on large weights on sm_90. Default off until a device run shows it beats
-    mma_decode; a value that is neither on nor off is an error naming the variable."""
-    return env_flag(ENV, False)
+    """Whether ``wo_matmul`` may take this kernel (any mode but "off")."""
+    return mode() != "off"
 
 
 def token_tile(m: int) -> int:
@@ -295,9 +308,16 @@ def token_tile(m: int) -> int:
     return 32 if m <= 32 else 64
 
 
-def preferred(m: int, n: int, k: int) -> bool:
-    """Whether ``wo_matmul`` should take this kernel for an [M, K] x [N, K]^T call when enabled."""
-    return MIN_M <= m <= MAX_M and n * k >= LARGE_MIN_WEIGHTS
+def preferred(m: int, n: int, k: int, fmt: int | None = None, forced: bool = False) -> bool:
+    """Whether ``wo_matmul`` should take this kernel for an [M, K] x [N, K]^T call of format ``fmt``.
+
+    Large weights at M = 17..64; in "auto" mode not NVFP4 at NT = 64 with N > K, where the
+    mma.sync kernel was as fast or faster on the H100 (0.98x at 18944 x 3584, 0.86x at
+    27648 x 5120; wgmma won 1.01-1.23x at N <= K, and 1.20-1.42x for MXFP4 / INT4 at every
+    large shape). ``forced`` (mode "on") drops that exception."""
+    if not (MIN_M <= m <= MAX_M and n * k >= LARGE_MIN_WEIGHTS):
+        return False
+    return forced or not (fmt == FMT_NVFP4 and token_tile(m) == 64 and n > k)
 
 
 def candidate_configs(m: int) -> tuple[WgmmaDecodeConfig, ...]:

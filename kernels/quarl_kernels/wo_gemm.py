@@ -465,17 +465,20 @@ def _mma_decode_failed(e: Exception) -> None:
                   f"QUARL_KERNELS_MMA_DECODE=0 to silence this.", stacklevel=3)
 
 
-WGMMA_DECODE_ENV = "QUARL_KERNELS_WGMMA_DECODE"  # "1": M = 17..64 on large weights takes wgmma_decode (sm_90)
+WGMMA_DECODE_ENV = "QUARL_KERNELS_WGMMA_DECODE"  # auto (default: the measured rule) | 1 (every large weight) | 0 (off)
 _WGMMA_DECODE_BROKEN: str | None = None  # why the wgmma kernel is off for this process, once it failed
 
 
 def _wgmma_decode():
-    """The Gluon wgmma decode kernel module (M = 17..64 on sm_90), or None: off unless
-    ``QUARL_KERNELS_WGMMA_DECODE=1`` (default off until a device run shows it beats
-    ``mma_decode``), or after a Triton without Gluon / an earlier build failure."""
+    """The Gluon wgmma decode kernel module (M = 17..64 on sm_90), or None: when
+    ``QUARL_KERNELS_WGMMA_DECODE=0``, or after a Triton without Gluon / an earlier build failure.
+    On by default since the H100 sweep of 2026-11-26 (``wgmma_decode.preferred`` says where)."""
     global _WGMMA_DECODE_BROKEN
-    if not _env_flag(WGMMA_DECODE_ENV, False) or _interpreting() or _WGMMA_DECODE_BROKEN:
+    if _interpreting() or _WGMMA_DECODE_BROKEN:
         return None
+    raw = os.environ.get(WGMMA_DECODE_ENV)
+    if raw is not None and raw.strip().lower() != "auto" and not _env_flag(WGMMA_DECODE_ENV, False):
+        return None  # switched off
     try:
         from quarl_kernels import wgmma_decode
     except (ImportError, AttributeError) as e:  # no Gluon, or a Triton whose Hopper Gluon API moved
@@ -497,7 +500,7 @@ def wo_matmul(x2: torch.Tensor, pw: PackedWeight, *, tune: bool | None = None) -
 
     By M: 1 token runs the CUDA-core GEMV (``gemv.py``), 2..64 the Gluon
     register-operand ``mma.sync`` kernel (``mma_decode.py``; 17..64 on large weights the
-    Hopper ``wgmma`` one, ``wgmma_decode.py``, when ``QUARL_KERNELS_WGMMA_DECODE=1``), M >= ``dense.dense_min_m()``
+    Hopper ``wgmma`` one, ``wgmma_decode.py``, where ``wgmma_decode.preferred``), M >= ``dense.dense_min_m()``
     dequantizes to a transient BF16 weight for cuBLAS (``dense.py``), the rest the
     tensor-core kernel below (which also covers any call the others do not support)."""
     m = x2.shape[0]
@@ -507,7 +510,8 @@ def wo_matmul(x2: torch.Tensor, pw: PackedWeight, *, tune: bool | None = None) -
         except torch.cuda.OutOfMemoryError:  # no room for the transient BF16 weight: the fused kernel needs none
             _dense_oom(pw)
     wd = _wgmma_decode() if 17 <= m <= 64 else None
-    if wd is not None and wd.preferred(m, pw.n, pw.k) and wd.wgmma_decode_supported(x2, pw):
+    if wd is not None and wd.preferred(m, pw.n, pw.k, pw.fmt, forced=wd.mode() == "on") and \
+            wd.wgmma_decode_supported(x2, pw):
         wkey = (pw.fmt, pw.group, wd.token_tile(m), pw.n, pw.k, x2.device.index)
         try:
             wcfg = _choose("wgmma", wkey, wd.candidate_configs(m), lambda c: wd.launch_wgmma_decode(x2, pw, c), tune,

@@ -16,14 +16,15 @@ from quarl_kernels import launch, wgmma_decode, wo_gemm  # after the skip: they 
 C = wgmma_decode.WGMMA_DECODE_CONFIGS
 
 
-@pytest.mark.parametrize("raw,want", [(None, False), ("1", True), ("on", True), ("TRUE", True), (" yes ", True),
-                                      ("0", False), ("off", False), ("", False), ("No", False)])
+@pytest.mark.parametrize("raw,want", [(None, "auto"), ("auto", "auto"), (" AUTO ", "auto"), ("1", "on"), ("on", "on"),
+                                      ("TRUE", "on"), (" yes ", "on"), ("0", "off"), ("off", "off"), ("", "off"),
+                                      ("No", "off")])
 def test_env_switch(monkeypatch, raw, want):
     if raw is None:
         monkeypatch.delenv(wgmma_decode.ENV, raising=False)
     else:
         monkeypatch.setenv(wgmma_decode.ENV, raw)
-    assert wgmma_decode.enabled() is want
+    assert wgmma_decode.mode() == want and wgmma_decode.enabled() is (want != "off")
     assert wo_gemm.WGMMA_DECODE_ENV == wgmma_decode.ENV
 
 
@@ -48,6 +49,14 @@ def test_token_tiles_candidates_defaults():
     assert C[2] not in wgmma_decode.candidate_configs(64) and C[7] not in wgmma_decode.candidate_configs(64)
     assert wgmma_decode.preferred(64, 18944, 3584) and not wgmma_decode.preferred(64, 512, 3584)
     assert not wgmma_decode.preferred(16, 18944, 3584)
+    # the measured rule: NVFP4 at NT = 64 with N > K stays on mma_decode unless forced; N <= K, NT = 32, other formats: wgmma
+    from quarl_kernels.formats import FMT_INT4, FMT_MXFP4, FMT_NVFP4
+
+    assert not wgmma_decode.preferred(64, 18944, 3584, FMT_NVFP4) and wgmma_decode.preferred(64, 18944, 3584, FMT_NVFP4,
+                                                                                               forced=True)
+    assert wgmma_decode.preferred(64, 3584, 18944, FMT_NVFP4) and wgmma_decode.preferred(32, 18944, 3584, FMT_NVFP4)
+    assert wgmma_decode.preferred(64, 18944, 3584, FMT_MXFP4) and wgmma_decode.preferred(64, 18944, 3584, FMT_INT4)
+    assert wgmma_decode.preferred(32, 3584, 3584) and not wgmma_decode.preferred(32, 1024, 4096)
 
 
 def test_config_validation():
@@ -87,7 +96,9 @@ def _pw(n=20480, k=1024):
     ("1", 32, 20480, "wgmma"), ("1", 64, 20480, "wgmma"), ("1", 17, 20480, "wgmma"),
     ("1", 16, 20480, "mma"),  # below 17 tokens: mma_decode
     ("1", 32, 512, "tc"),  # small weight: neither decode kernel prefers it above 16 tokens
-    ("0", 32, 20480, "mma"), (None, 64, 20480, "mma"),  # default off
+    ("0", 32, 20480, "mma"), ("off", 64, 20480, "mma"),  # switched off
+    (None, 32, 20480, "wgmma"), ("auto", 17, 20480, "wgmma"),  # the default (auto): NVFP4 at NT = 32
+    (None, 64, 20480, "mma"), ("auto", 64, 20480, "mma"),  # auto: NVFP4 at NT = 64 with N > K stays on mma_decode
 ])
 def test_dispatch_behind_the_switch(monkeypatch, switch, m, n, want):
     from quarl_kernels import mma_decode

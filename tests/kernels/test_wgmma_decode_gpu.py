@@ -104,7 +104,7 @@ def test_cuda_graph_capture_of_split_k(spec):
     assert rel(y, x.double() @ w.T) < TOL
 
 
-def test_wo_matmul_takes_it_behind_the_switch(monkeypatch):
+def test_wo_matmul_takes_it_by_the_measured_rule_and_the_switch(monkeypatch):
     torch.manual_seed(2)
     args, w = qweight("nvfp4", 6144, 3584)  # 22M weights: above LARGE_MIN_WEIGHTS
     pw = _packed_weight(*args)
@@ -114,7 +114,13 @@ def test_wo_matmul_takes_it_behind_the_switch(monkeypatch):
     monkeypatch.setattr(wgmma_decode, "launch_wgmma_decode", lambda *a: called.append(1) or real(*a))
     monkeypatch.delenv(wgmma_decode.ENV, raising=False)
     y0 = wo_gemm.wo_matmul(x, pw, tune=False)
-    assert not called  # default off
+    assert not called  # auto (the default): NVFP4 at 33..64 tokens with N > K stays on mma_decode
+    y32 = wo_gemm.wo_matmul(x[:32], pw, tune=False)
+    assert len(called) == 1  # auto: 17..32 tokens take wgmma
     monkeypatch.setenv(wgmma_decode.ENV, "1")
     y1 = wo_gemm.wo_matmul(x, pw, tune=False)
-    assert called and rel(y1, x.double() @ w.T) < TOL and rel(y0, x.double() @ w.T) < TOL
+    assert len(called) == 2 and rel(y1, x.double() @ w.T) < TOL and rel(y0, x.double() @ w.T) < TOL
+    assert rel(y32, x[:32].double() @ w.T) < TOL
+    monkeypatch.setenv(wgmma_decode.ENV, "0")
+    wo_gemm.wo_matmul(x[:32], pw, tune=False)
+    assert len(called) == 2  # off
