@@ -17,6 +17,7 @@
 #   phase b: bash benchmarks/gpu_session5.sh b   carry: .dev/p2 .dev/whl .dev/big32
 #     the GGUF reassembled, then issue 17: `quarl rl` on a 32B-shaped NVFP4 checkpoint on an 80 GB H100
 #   phase c: bash benchmarks/gpu_session5.sh c   issue 17: calibrate with sequential onloading (14B shape)
+#   phase d1: bash benchmarks/gpu_session5.sh d1   the wgmma dispatch GPU tests, then the 7B GRPO step again (wgmma auto)
 #   phase d: bash benchmarks/gpu_session5.sh d   issue 17: the rollout table with LoRA (7B/14B, batch 1/8/64,
 #     2048 new tokens), the wgmma decode kernel off and on
 #
@@ -114,14 +115,24 @@ c)
     echo "== onload rc=$? at $((SECONDS - T0)) s"; tail -n 30 "$OUT/onload/run.log"
     pack onload
     ;;
+d1)
+    mkdir -p "$OUT/wgtest" "$OUT/grpo7b2"
+    timeout -k 5 90 "$PY" -m pytest -q -rfE -m gpu -p no:cacheprovider tests/kernels/test_wgmma_decode_gpu.py \
+        -k "measured_rule or graph" > "$OUT/wgtest/pytest.log" 2>&1
+    echo "== wgmma dispatch tests rc=$? at $((SECONDS - T0)) s"; tail -n 4 "$OUT/wgtest/pytest.log"
+    timeout -k 10 200 "$PY" benchmarks/grpo_step_gpu.py "${GRPO[@]}" --out "$OUT/grpo7b2" --work /tmp/grpo7_work \
+        > "$OUT/grpo7b2/run.log" 2>&1
+    echo "== grpo7b (wgmma auto) rc=$? at $((SECONDS - T0)) s"; tail -n 12 "$OUT/grpo7b2/run.log"
+    pack wgtest; pack grpo7b2
+    ;;
 d)
     mkdir -p "$OUT/roll"
     QUARL_KERNELS_WGMMA_DECODE=0 timeout -k 10 400 "$PY" benchmarks/rollout.py "${ROLL[@]}" --models ${ROLL_MODELS:-7b,14b} \
         --variants bf16+lora,nvfp4+lora --hf-new-tokens 0 --budget-s 380 --out "$OUT/roll/off" > "$OUT/roll/off.log" 2>&1
     echo "== rollout (wgmma off) rc=$? at $((SECONDS - T0)) s"; tail -n 12 "$OUT/roll/off.log"
-    QUARL_KERNELS_WGMMA_DECODE=1 timeout -k 10 170 "$PY" benchmarks/rollout.py "${ROLL[@]}" --models ${ROLL_MODELS:-7b,14b} \
+    QUARL_KERNELS_WGMMA_DECODE=auto timeout -k 10 170 "$PY" benchmarks/rollout.py "${ROLL[@]}" --models ${ROLL_MODELS:-7b,14b} \
         --variants nvfp4+lora --batches 64 --hf-new-tokens 0 --budget-s 150 --out "$OUT/roll/on" > "$OUT/roll/on.log" 2>&1
-    echo "== rollout (wgmma on) rc=$? at $((SECONDS - T0)) s"; tail -n 10 "$OUT/roll/on.log"
+    echo "== rollout (wgmma auto) rc=$? at $((SECONDS - T0)) s"; tail -n 10 "$OUT/roll/on.log"
     pack roll
     ;;
 esac
