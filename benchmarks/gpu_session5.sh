@@ -123,6 +123,10 @@ d1)
     timeout -k 10 200 "$PY" benchmarks/grpo_step_gpu.py "${GRPO[@]}" --out "$OUT/grpo7b2" --work /tmp/grpo7_work \
         > "$OUT/grpo7b2/run.log" 2>&1
     echo "== grpo7b (wgmma auto) rc=$? at $((SECONDS - T0)) s"; tail -n 12 "$OUT/grpo7b2/run.log"
+    mkdir -p "$OUT/grpo7b2/forced"
+    QUARL_KERNELS_WGMMA_DECODE=1 timeout -k 10 120 "$PY" benchmarks/grpo_step_gpu.py "${GRPO[@]}" --formats nvfp4 \
+        --out "$OUT/grpo7b2/forced" --work /tmp/grpo7_work2 > "$OUT/grpo7b2/forced/run.log" 2>&1
+    echo "== grpo7b nvfp4 (wgmma forced on) rc=$? at $((SECONDS - T0)) s"; tail -n 8 "$OUT/grpo7b2/forced/run.log"
     pack wgtest; pack grpo7b2
     ;;
 d)
