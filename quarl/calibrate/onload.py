@@ -43,9 +43,10 @@ log = logging.getLogger(__name__)
 
 OFFLOAD_MODES = ("auto", "none", "cpu")
 # auto: offload when the dense model(s) would take more than this share of the free device memory.
-# The rest is for the calibration activations (256 x 2048 x 5120 x 2 B x 2 = 10.7 GB at 14B in
-# BF16), the block's Hessians and GPTQ's workspace.
-AUTO_FRACTION = 0.8
+# The rest is for the calibration activations (inputs and outputs of a block: 2 x 256 x 2048 x 5120 x
+# 2 B = 10.7 GB at 14B/32B in BF16), the block's fp32 Hessians (down_proj's alone is 27648^2 x 4 B =
+# 3.1 GB at 32B) and GPTQ's workspace: ~15 GB of an 80 GB card.
+AUTO_FRACTION = 0.7
 
 
 def check_offload(mode: str) -> None:

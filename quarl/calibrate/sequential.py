@@ -434,7 +434,7 @@ def calibrate_model(
     # Linears outside the decoder blocks (rare: e.g. an explicitly included lm_head): RTN.
     rest = [f for f, c in plan.items() if f not in done and isinstance(model.get_submodule(f), nn.Linear)
             and not isinstance(model.get_submodule(f), QuantLinear)]
-    norm, head = head_modules(model, blocks) if compare is not None else (None, None)
+    head = head_modules(model, blocks)[1] if compare is not None else None
     ref_head = None
     if compare is not None and any(plan[f] is not None and model.get_submodule(f) is head for f in rest):
         ref_head = copy.deepcopy(head)  # the reference's logits need the dense lm_head
@@ -450,6 +450,7 @@ def calibrate_model(
             LayerStats(full, spec_string(cfg), "rtn" if cfg else "none", float("nan"), time.perf_counter() - t0)
         )
     if compare is not None:
+        norm, head = head_modules(model, blocks)  # lm_head may be a QuantLinear now
         heads = [norm, head] + ([ref_head] if ref_head is not None else [])
         move(*heads)
         result.quality = compare.finish(norm, head, ref_head=ref_head)
