@@ -340,7 +340,7 @@ def calibrate_model(
     if onload is not None:
         log.info("calibrate: offload=cpu (sequential onloading): model on %s, one decoder block at a time on %s",
                  onload.host, onload.device)
-        onload.peak(reset=True)
+        result.peak_device_bytes = onload.peak(reset=True)  # capture: stem + both token caches
     use_awq, use_gptq = method.startswith("awq"), method.endswith("gptq")
     done: set[str] = set()
 
