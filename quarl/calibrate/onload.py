@@ -24,7 +24,8 @@ model (it is loaded there); the held-out check needs no second copy, because eac
 compared while its dense weights are still there (:class:`quarl.calibrate.metrics.BlockwiseComparison`).
 
 ``auto`` decides before any weight is read, from the checkpoint's safetensors headers
-(:func:`estimate_dense_bytes`): ``cpu`` on CUDA when ``copies x dense size`` exceeds
+(:func:`estimate_dense_bytes`; an ``s3://`` model is loaded on the host first and sized from its
+parameters, then moved whole to the device if it fits): ``cpu`` on CUDA when ``copies x dense size`` exceeds
 :data:`AUTO_FRACTION` of the free device memory (``copies`` = 2 with the held-out check, which
 in ``none`` mode loads a second full reference model), else ``none`` (the model loaded straight
 onto the device, exactly as before this option existed).
@@ -79,8 +80,9 @@ def estimate_dense_bytes(model_uri: str, dtype: torch.dtype) -> int | None:
     """Parameters x ``dtype``'s size from the checkpoint's safetensors headers, without reading weights.
 
     Local directories (a model artifact too: its files are read, not verified -- ``load_model``
-    verifies them next), ``default`` and tiny models are counted; a hub id only if its snapshot is
-    already in the local cache; an ``s3://`` prefix is not (``None``: unknown)."""
+    verifies them next), ``default``, tiny models and hub ids are counted; an ``s3://`` model is not
+    (``None``: the stage then loads it on the host and sizes it there, rather than download and
+    verify gigabytes twice)."""
     from quarl.models import DEFAULT_MODEL_ALIASES, TINY_MODELS
     from quarl.models.info import _safetensors_stats, model_info
 
@@ -98,10 +100,10 @@ def estimate_dense_bytes(model_uri: str, dtype: torch.dtype) -> int | None:
             return None
         elif Path(ref).expanduser().is_dir():
             path = Path(ref).expanduser()
-        else:
-            from huggingface_hub import snapshot_download
+        else:  # a hub id: the snapshot load_model reads next (downloaded now, a cache hit then)
+            from quarl.models import resolve_model_dir
 
-            path = Path(snapshot_download(ref, allow_patterns=["*.json", "*.safetensors"], local_files_only=True))
+            path = resolve_model_dir(ref)
         params, _ = _safetensors_stats(path)
     except Exception as e:  # noqa: BLE001 -- unknown is an answer (auto then offloads); loading reports real errors
         log.info("calibrate: cannot size %s before loading (%s: %s)", ref, type(e).__name__, e)

@@ -46,7 +46,7 @@ from quarl.calibrate.data import (
     shuffled,
 )  # fmt: skip
 from quarl.calibrate.metrics import compare_models
-from quarl.calibrate.onload import Onloader, choose_offload, estimate_dense_bytes
+from quarl.calibrate.onload import Onloader, choose_offload, dense_bytes_of, estimate_dense_bytes
 from quarl.calibrate.sequential import calibrate_model
 from quarl.devices import DTYPES
 from quarl.quant.base import QuantError
@@ -228,9 +228,16 @@ def _run_calibrate(cfg: CalibrateConfig, *, model_uri: str, data_uri: str | None
     mode, reason, dense = _offload_mode(cfg, model_uri, dtype, device)
     with write_artifact(output_uri, "model", STAGE, config=cfg, inputs=inputs, overwrite=overwrite) as art:
         t0 = time.perf_counter()
-        onload = Onloader(device) if mode == "cpu" else None
-        model, tok = load_model(model_uri, dtype=dtype, device="cpu" if onload else device)
+        model, tok = load_model(model_uri, dtype=dtype, device=device if mode == "none" else "cpu")
         model.eval()
+        if mode is None:  # size unknown before loading (an s3:// model): measured on the host, then decided
+            dense = dense_bytes_of(model)
+            mode, reason = choose_offload("auto", device, dense, torch.cuda.mem_get_info(device)[0],
+                                          copies=2 if cfg.eval.enabled else 1)
+            reason += " (sized after loading on the host)"
+            if mode == "none":
+                model.to(device)
+        onload = Onloader(device) if mode == "cpu" else None
         log.info("calibrate: offload=%s (%s); model %s", mode, reason,
                  "on the host, one block at a time on " + str(device) if onload else "on " + str(device))
         plan = plan_formats(model, recipe)
@@ -318,13 +325,16 @@ def _run_calibrate(cfg: CalibrateConfig, *, model_uri: str, data_uri: str | None
 
 
 def _offload_mode(cfg: CalibrateConfig, model_uri: str, dtype: torch.dtype,
-                  device: torch.device) -> tuple[str, str, int | None]:
-    """(cpu | none, why, the dense size estimated from the checkpoint or None): ``offload`` resolved
-    before any weight is read (quarl.calibrate.onload)."""
+                  device: torch.device) -> tuple[str | None, str, int | None]:
+    """(cpu | none | None, why, the dense size estimated from the checkpoint): ``offload`` resolved
+    before any weight is read (quarl.calibrate.onload); ``None``: ``auto`` on CUDA with a size that
+    cannot be read without downloading (the model is then loaded on the host and sized there)."""
     if cfg.offload != "auto" or device.type != "cuda":
         mode, reason = choose_offload(cfg.offload, device, None, None)
         return mode, reason, None
     dense = estimate_dense_bytes(model_uri, dtype)
+    if dense is None:
+        return None, "", None
     free = torch.cuda.mem_get_info(device)[0]
     mode, reason = choose_offload("auto", device, dense, free, copies=2 if cfg.eval.enabled else 1)
     return mode, reason, dense

@@ -7,6 +7,7 @@ import torch
 from safetensors.torch import load_file
 
 from quarl.calibrate import CalibrateConfig, run_calibrate
+from quarl.calibrate.config import HeldOutConfig
 from quarl.calibrate.metrics import compare_blockwise, compare_models
 from quarl.calibrate.onload import AUTO_FRACTION, Onloader, choose_offload, estimate_dense_bytes
 from quarl.calibrate.sequential import calibrate_model, decoder_blocks
@@ -134,6 +135,28 @@ def test_auto_offloads_when_the_dense_model_would_not_fit():
     assert choose_offload("auto", cuda, None, free)[0] == "cpu"  # size unknown: the safe choice
     assert choose_offload("auto", cpu, 10**12, None)[0] == "none"  # on a CPU there is nowhere to offload to
     assert choose_offload("cpu", cpu, 1, 10**12)[0] == "cpu" and choose_offload("none", cuda, 10**12, 1)[0] == "none"
+
+
+def test_the_stage_decides_auto_from_the_checkpoint_and_the_free_memory(monkeypatch):
+    """The stage's wiring on a (pretend) CUDA device: tiny-llama's size from model_info against a
+    patched free memory; held-out on counts the reference copy; an s3 model is sized after loading."""
+    from quarl.calibrate.stage import _offload_mode
+
+    dense = estimate_dense_bytes("tiny-llama", torch.bfloat16)
+    cuda = torch.device("cuda")
+    free = {"b": 0}
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (free["b"], 80 * GIB))
+    cfg = CalibrateConfig(dtype="bfloat16")
+    free["b"] = int(2 * dense / AUTO_FRACTION) + 1  # model + reference fit
+    assert _offload_mode(cfg, "tiny-llama", torch.bfloat16, cuda)[0] == "none"
+    free["b"] = int(2 * dense / AUTO_FRACTION) - 1
+    mode, reason, size = _offload_mode(cfg, "tiny-llama", torch.bfloat16, cuda)
+    assert (mode, size) == ("cpu", dense) and "2 x" in reason
+    no_eval = CalibrateConfig(dtype="bfloat16", eval=HeldOutConfig(enabled=False))  # one copy only: fits
+    assert _offload_mode(no_eval, "tiny-llama", torch.bfloat16, cuda)[0] == "none"
+    assert _offload_mode(cfg, "s3://bucket/model", torch.bfloat16, cuda)[0] is None
+    assert _offload_mode(CalibrateConfig(offload="cpu"), "tiny-llama", torch.float32, torch.device("cpu"))[0] == "cpu"
+    assert _offload_mode(cfg, "tiny-llama", torch.float32, torch.device("cpu"))[0] == "none"
 
 
 def test_dense_size_is_read_from_the_checkpoint_without_loading(tmp_path, tiny):
