@@ -445,7 +445,7 @@ def calibrate_model(
         t0 = time.perf_counter()
         qt = None if cfg is None else get_format(cfg.name).quantize(lin.weight.detach().float(), cfg)
         _replace(model, full, lin, cfg, qt)
-        back(model.get_submodule(full))
+        back(lin, model.get_submodule(full))  # the old one too: a tied lm_head shares the embeddings' weight
         result.layers.append(
             LayerStats(full, spec_string(cfg), "rtn" if cfg else "none", float("nan"), time.perf_counter() - t0)
         )
