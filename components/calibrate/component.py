@@ -24,6 +24,7 @@ def calibrate(
     num_samples: int = 0,
     seq_len: int = 0,
     device: str = "auto",
+    offload: str = "auto",
     config_yaml: str = "",
     overrides: list = [],  # noqa: B006 - KFP needs a literal default
 ):
@@ -39,6 +40,8 @@ def calibrate(
         num_samples: calibration windows (0 = 256 on GPU, 32 on CPU).
         seq_len: tokens per window (0 = 2048 on GPU, 256 on CPU).
         device: auto | cpu | cuda | cuda:N.
+        offload: auto | none | cpu: cpu keeps the model on the host and calibrates one decoder block at a time on
+            the GPU (sequential onloading; 32B/70B on one GPU); auto picks cpu when the dense model would not fit.
         s3_root: where artifacts go: <s3_root>/<run_id>/<step>/model.
         run_id: run id in the S3 layout; empty = the Kubeflow run id (kfp_run_id).
         kfp_run_id: the pipeline passes the Kubeflow run id here.

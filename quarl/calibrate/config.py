@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 Method = Literal["rtn", "gptq", "awq", "awq+gptq"]
+Offload = Literal["auto", "none", "cpu"]
 
 
 @dataclass
@@ -92,6 +93,10 @@ class CalibrateConfig:
     gptq: GPTQConfig = field(default_factory=GPTQConfig)
     awq: AWQConfig = field(default_factory=AWQConfig)
     device: str = "auto"  # auto | cpu | cuda | cuda:N
+    # Sequential onloading (quarl.calibrate.onload): "cpu" keeps the model in host memory and moves one
+    # decoder block at a time to the device; "none" loads it whole onto the device; "auto" offloads on
+    # CUDA when the dense model would not fit comfortably (the rule is in quarl.calibrate.onload).
+    offload: Offload = "auto"
     threads: int = 0  # torch CPU threads for the run (0: torch's default, one per core; 1 on a shared host)
     dtype: str = "float32"  # compute dtype of the model during calibration
     propagate_quantized: bool = True  # feed each block the outputs of the quantized blocks before it
@@ -100,6 +105,7 @@ class CalibrateConfig:
 
     def __post_init__(self) -> None:
         # Checked here, at construction, so `quarl compile`/`submit` reject what the pod would.
+        from quarl.calibrate.onload import check_offload
         from quarl.devices import check_device_name, check_dtype_name
         from quarl.quant.model import QuantRecipe
         from quarl.quant.spec import check_format
@@ -108,6 +114,7 @@ class CalibrateConfig:
         if self.recipe is not None:
             QuantRecipe.load(self.recipe)
         check_device_name(self.device)
+        check_offload(self.offload)
         if self.threads < 0:
             raise ValueError(f"threads must be >= 0 (0 = torch's default), got {self.threads}")
         check_dtype_name(self.dtype, auto=False)

@@ -31,6 +31,7 @@ explicitly included ``lm_head``) are quantized with RTN after the loop.
 
 from __future__ import annotations
 
+import copy
 import logging
 import time
 from dataclasses import dataclass, field
@@ -43,6 +44,8 @@ from tqdm.auto import tqdm
 from quarl.calibrate.awq import ChannelMeanAbs, fold_scales, scaling_groups, search_group
 from quarl.calibrate.gptq import HessianAccumulator, gptq_quantize, relative_error, weight_error
 from quarl.calibrate.gptq_columns import clear_graphs
+from quarl.calibrate.metrics import BlockwiseComparison
+from quarl.calibrate.onload import Onloader, head_modules, stem_modules
 from quarl.quant.base import FormatConfig, QuantError, get_format
 from quarl.quant.linear import QuantLinear
 from quarl.quant.model import _shared_states
@@ -54,6 +57,10 @@ METHODS = ("rtn", "gptq", "awq", "awq+gptq")
 
 class _StopForward(Exception):
     pass
+
+
+def _stay(*_mods: nn.Module) -> None:
+    """No onloading: every part computes where it is."""
 
 
 @dataclass
@@ -71,6 +78,9 @@ class CalibrationResult:
     layers: list[LayerStats] = field(default_factory=list)
     awq: dict[str, dict] = field(default_factory=dict)  # "<block>.<prev>" -> {alpha, layers}
     seconds: float = 0.0
+    quality: dict = field(default_factory=dict)  # held-out metrics measured block by block (held_out=)
+    peak_device_bytes: int | None = None  # with onload on CUDA: max over the loop of max_memory_allocated
+    block_peaks: list[int] = field(default_factory=list)  # ... per block
 
 
 def decoder_blocks(model: nn.Module) -> tuple[str, nn.ModuleList]:
@@ -89,8 +99,10 @@ def decoder_blocks(model: nn.Module) -> tuple[str, nn.ModuleList]:
 
 
 @torch.no_grad()
-def capture_block_inputs(model: nn.Module, batches: list[torch.Tensor]) -> list[tuple[torch.Tensor, dict]]:
-    """Hidden states entering block 0 and the kwargs the model passes it, per batch."""
+def capture_block_inputs(model: nn.Module, batches: list[torch.Tensor],
+                         device: torch.device | None = None) -> list[tuple[torch.Tensor, dict]]:
+    """Hidden states entering block 0 and the kwargs the model passes it, per batch. ``device``:
+    where the token ids go (the embeddings' device; default: the model's first parameter's)."""
     _, blocks = decoder_blocks(model)
     cache: list[tuple[torch.Tensor, dict]] = []
 
@@ -101,7 +113,7 @@ def capture_block_inputs(model: nn.Module, batches: list[torch.Tensor]) -> list[
         raise _StopForward
 
     h = blocks[0].register_forward_pre_hook(hook, with_kwargs=True)
-    dev = next(model.parameters()).device
+    dev = device if device is not None else next(model.parameters()).device
     try:
         for ids in batches:
             try:
@@ -290,11 +302,21 @@ def calibrate_model(
     awq: dict | None = None,
     propagate_quantized: bool = True,
     progress: bool = True,
+    onload: Onloader | None = None,
+    held_out: torch.Tensor | None = None,
+    held_out_batch_size: int = 1,
 ) -> CalibrationResult:
     """Quantize ``model`` in place, block by block, following ``plan`` (full name -> format or None).
 
     RTN needs no activations: with ``batches`` empty it quantizes the weights alone (fused shards
-    still share their per-tensor states) and reports the weight-space error, not the output error."""
+    still share their per-tensor states) and reports the weight-space error, not the output error.
+
+    ``onload`` (sequential onloading, :mod:`quarl.calibrate.onload`): ``model`` is on the host and
+    only the stem, then one decoder block at a time, then the head are moved to ``onload.device``;
+    every quantized block goes back to the host. ``None``: everything computes where the model is.
+    ``held_out`` [n, L] token windows: the held-out metrics of
+    :func:`quarl.calibrate.metrics.compare_models` (quantized vs. the original model) are measured
+    on the way, block by block, into ``result.quality`` -- no reference copy of the model needed."""
     if method not in METHODS:
         raise QuantError(f"unknown calibration method {method!r}; choose one of {', '.join(METHODS)}")
     gptq = {"block_size": 128, "percdamp": 0.01, "act_order": True, **(gptq or {})}
@@ -306,11 +328,27 @@ def calibrate_model(
     data_free = not batches
     if data_free and method != "rtn":
         raise QuantError(f"method {method!r} needs calibration batches (only rtn runs without data)")
-    cache = None if data_free else capture_block_inputs(model, batches)
+    dev = onload.device if onload is not None else next(model.parameters()).device
+    move, back = (onload.onload, onload.offload) if onload is not None else (_stay, _stay)
+    stem = stem_modules(model, blocks)
+    move(*stem)  # embeddings + rotary: what runs before block 0
+    cache = None if data_free else capture_block_inputs(model, batches, dev)
+    compare = None if held_out is None else BlockwiseComparison(held_out, held_out_batch_size)
+    if compare is not None:
+        compare.capture(model, dev)
+    back(*stem)
+    if onload is not None:
+        log.info("calibrate: offload=cpu (sequential onloading): model on %s, one decoder block at a time on %s",
+                 onload.host, onload.device)
+        result.peak_device_bytes = onload.peak(reset=True)  # capture: stem + both token caches
     use_awq, use_gptq = method.startswith("awq"), method.endswith("gptq")
     done: set[str] = set()
 
-    for bi, block in enumerate(tqdm(blocks, desc=f"calibrate ({method})", disable=not progress, unit="block")):
+    bar = tqdm(blocks, desc=f"calibrate ({method})", disable=not progress, unit="block")
+    for bi, block in enumerate(bar):
+        move(block)
+        if compare is not None:
+            compare.reference(block)  # the dense block, before AWQ folds its scales or any layer is packed
         bprefix = f"{prefix}.{bi}"
         names = _linear_names(block, bprefix, plan)  # rel -> full
         rel_plan = {r: plan[f] for r, f in names.items()}
@@ -381,20 +419,45 @@ def calibrate_model(
             cache = [(o, kw) for o, (_, kw) in zip(outs, cache)]
             del outs
         fp_outs = None
+        if compare is not None:
+            compare.quantized(block)
+        back(block)  # the packed block: to the host
+        if onload is not None:
+            peak = onload.peak(reset=True)
+            if peak is not None:
+                result.peak_device_bytes = max(result.peak_device_bytes or 0, peak)
+                result.block_peaks.append(peak)
+                bar.set_postfix(peak=f"{peak / 2**30:.1f}GiB")
+            log.info("calibrate: block %d/%d done (offload=cpu), peak device memory %s", bi + 1, len(blocks),
+                     "n/a" if peak is None else f"{peak / 2**30:.2f} GiB")
 
     # Linears outside the decoder blocks (rare: e.g. an explicitly included lm_head): RTN.
-    for full, cfg in plan.items():
-        if full in done:
-            continue
+    rest = [f for f, c in plan.items() if f not in done and isinstance(model.get_submodule(f), nn.Linear)
+            and not isinstance(model.get_submodule(f), QuantLinear)]
+    head = head_modules(model, blocks)[1] if compare is not None else None
+    ref_head = None
+    if compare is not None and any(plan[f] is not None and model.get_submodule(f) is head for f in rest):
+        ref_head = copy.deepcopy(head)  # the reference's logits need the dense lm_head
+    for full in rest:
+        cfg = plan[full]
         lin = model.get_submodule(full)
-        if not isinstance(lin, nn.Linear) or isinstance(lin, QuantLinear):
-            continue
+        move(lin)
         t0 = time.perf_counter()
         qt = None if cfg is None else get_format(cfg.name).quantize(lin.weight.detach().float(), cfg)
         _replace(model, full, lin, cfg, qt)
+        back(lin, model.get_submodule(full))  # the old one too: a tied lm_head shares the embeddings' weight
         result.layers.append(
             LayerStats(full, spec_string(cfg), "rtn" if cfg else "none", float("nan"), time.perf_counter() - t0)
         )
+    if compare is not None:
+        norm, head = head_modules(model, blocks)  # lm_head may be a QuantLinear now
+        heads = [norm, head] + ([ref_head] if ref_head is not None else [])
+        move(*heads)
+        result.quality = compare.finish(norm, head, ref_head=ref_head)
+        back(*heads)
+        del ref_head
+    if onload is not None and (peak := onload.peak()) is not None:
+        result.peak_device_bytes = max(result.peak_device_bytes or 0, peak)
     clear_graphs()  # the column loop's cached buffers and CUDA graphs
     result.seconds = time.perf_counter() - t_start
     return result

@@ -29,6 +29,9 @@ SPEC = StageSpec(
         "num_samples": Param("data.num_samples", none=0, help="calibration windows (0 = 256 on GPU, 32 on CPU)."),
         "seq_len": Param("data.seq_len", none=0, help="tokens per window (0 = 2048 on GPU, 256 on CPU)."),
         "device": Param("device", help="auto | cpu | cuda | cuda:N."),
+        "offload": Param("offload", help="auto | none | cpu: cpu keeps the model on the host and calibrates one "
+                                         "decoder block at a time on the GPU (sequential onloading; 32B/70B on "
+                                         "one GPU); auto picks cpu when the dense model would not fit."),
     },
     report_file="report.md",
     metrics=("quality.kl", "quality.ppl", "quality.ref_ppl", "rel_error", "quality", "memory.total_bytes",

@@ -17,7 +17,11 @@
 
 The full-precision reference for the metrics is loaded again from
 ``model_uri`` after calibration (calibration replaces the layers in place), so
-peak memory is two models only while the held-out metrics run.
+peak memory is two models only while the held-out metrics run. With
+``offload=cpu`` (sequential onloading, :mod:`quarl.calibrate.onload`; ``auto``
+picks it when the model would not fit the GPU) the model is loaded on the host,
+calibrated one decoder block at a time on the device, and the held-out metrics
+are measured block by block inside that loop: no reference copy anywhere.
 """
 
 from __future__ import annotations
@@ -42,6 +46,7 @@ from quarl.calibrate.data import (
     shuffled,
 )  # fmt: skip
 from quarl.calibrate.metrics import compare_models
+from quarl.calibrate.onload import Onloader, choose_offload, dense_bytes_of, estimate_dense_bytes
 from quarl.calibrate.sequential import calibrate_model
 from quarl.devices import DTYPES
 from quarl.quant.base import QuantError
@@ -220,10 +225,21 @@ def _run_calibrate(cfg: CalibrateConfig, *, model_uri: str, data_uri: str | None
     dtype = _dtype(cfg.dtype)
     recipe = load_recipe(cfg, recipe_uri)
     inputs = [u for u in (model_uri, data_uri, recipe_uri) if u]
+    mode, reason, dense = _offload_mode(cfg, model_uri, dtype, device)
     with write_artifact(output_uri, "model", STAGE, config=cfg, inputs=inputs, overwrite=overwrite) as art:
         t0 = time.perf_counter()
-        model, tok = load_model(model_uri, dtype=dtype, device=device)
+        model, tok = load_model(model_uri, dtype=dtype, device=device if mode == "none" else "cpu")
         model.eval()
+        if mode is None:  # size unknown before loading (an s3:// model): measured on the host, then decided
+            dense = dense_bytes_of(model)
+            mode, reason = choose_offload("auto", device, dense, torch.cuda.mem_get_info(device)[0],
+                                          copies=2 if cfg.eval.enabled else 1)
+            reason += " (sized after loading on the host)"
+            if mode == "none":
+                model.to(device)
+        onload = Onloader(device) if mode == "cpu" else None
+        log.info("calibrate: offload=%s (%s); model %s", mode, reason,
+                 "on the host, one block at a time on " + str(device) if onload else "on " + str(device))
         plan = plan_formats(model, recipe)
         if not plan or all(c is None for c in plan.values()):
             raise QuantError("the recipe quantizes no linear layer: check its default/overrides/exclude")
@@ -241,6 +257,7 @@ def _run_calibrate(cfg: CalibrateConfig, *, model_uri: str, data_uri: str | None
                 cfg.data.num_samples,
                 cfg.data.seq_len,
             )
+        held = None if held_docs is None else make_windows(held_docs, tok, cfg.eval.num_samples, cfg.eval.seq_len)
         result = calibrate_model(
             model,
             plan,
@@ -250,10 +267,12 @@ def _run_calibrate(cfg: CalibrateConfig, *, model_uri: str, data_uri: str | None
             awq=dataclasses.asdict(cfg.awq),
             propagate_quantized=cfg.propagate_quantized,
             progress=progress,
+            onload=onload,  # offloaded: the held-out check runs block by block inside the loop
+            held_out=held if onload else None,
+            held_out_batch_size=cfg.eval.batch_size,
         )
-        quality: dict = {}
-        if held_docs is not None:
-            held = make_windows(held_docs, tok, cfg.eval.num_samples, cfg.eval.seq_len)
+        quality: dict = result.quality
+        if held is not None and not onload:  # two whole models on the device, as before offload existed
             ref, _ = load_model(model_uri, dtype=dtype, device=device)
             quality = compare_models(model, ref.eval(), held, cfg.eval.batch_size)
             del ref
@@ -273,6 +292,14 @@ def _run_calibrate(cfg: CalibrateConfig, *, model_uri: str, data_uri: str | None
                 "data": provenance,
                 "gptq": dataclasses.asdict(cfg.gptq) if cfg.method.endswith("gptq") else None,
                 "awq": dataclasses.asdict(cfg.awq) if cfg.method.startswith("awq") else None,
+                "offload": {
+                    "mode": mode,
+                    "requested": cfg.offload,
+                    "reason": reason,
+                    "dense_bytes": dense,
+                    "peak_device_bytes": result.peak_device_bytes,
+                    "block_peak_device_bytes": result.block_peaks,
+                },
             },
             "quality": quality,
             "rel_error": {"mean": sum(errs) / len(errs) if errs else None, "max": max(errs) if errs else None},
@@ -295,6 +322,22 @@ def _run_calibrate(cfg: CalibrateConfig, *, model_uri: str, data_uri: str | None
         art.metadata["method"] = cfg.method
     log.info("calibrate: %s -> %s (%s)", model_uri, output_uri, metrics["quality"] or "no held-out metrics")
     return metrics
+
+
+def _offload_mode(cfg: CalibrateConfig, model_uri: str, dtype: torch.dtype,
+                  device: torch.device) -> tuple[str | None, str, int | None]:
+    """(cpu | none | None, why, the dense size estimated from the checkpoint): ``offload`` resolved
+    before any weight is read (quarl.calibrate.onload); ``None``: ``auto`` on CUDA with a size that
+    cannot be read without downloading (the model is then loaded on the host and sized there)."""
+    if cfg.offload != "auto" or device.type != "cuda":
+        mode, reason = choose_offload(cfg.offload, device, None, None)
+        return mode, reason, None
+    dense = estimate_dense_bytes(model_uri, dtype)
+    if dense is None:
+        return None, "", None
+    free = torch.cuda.mem_get_info(device)[0]
+    mode, reason = choose_offload("auto", device, dense, free, copies=2 if cfg.eval.enabled else 1)
+    return mode, reason, dense
 
 
 def plan_default(recipe: QuantRecipe):
