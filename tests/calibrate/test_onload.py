@@ -219,11 +219,16 @@ def test_gpu_case_runs_on_cpu():
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
-def test_gpu_offload_gives_the_same_packed_weights_with_less_than_the_model_on_the_device():
+def test_gpu_offload_gives_the_same_packed_weights_and_device_memory_does_not_grow_with_depth():
     """On a GPU: the model on the host, blocks onloaded one at a time, packs the same weights as the
-    model calibrated whole on the GPU, and the device never holds the whole dense model."""
+    model calibrated whole on the GPU, and the device peak of an 8-block model is that of a 2-block
+    one (one block + activations + Hessians), not a function of the model's size. A tiny model's
+    peak is dominated by those per-block buffers, so an absolute "peak < dense size" would not hold
+    here (it did on the 14B shape: 10.25 GiB for 27.5 GiB dense, RESULTS)."""
     dev = torch.device("cuda")
-    res, dense = _gpu_case(dev)
-    peak = torch.cuda.max_memory_allocated(dev)  # since the block loop's last reset
-    assert res.peak_device_bytes is not None and max(peak, res.peak_device_bytes) < dense, (peak, dense)
-    assert len(res.block_peaks) == 8
+    res2, dense2 = _gpu_case(dev, layers=2)
+    res8, dense8 = _gpu_case(dev, layers=8)
+    assert res2.peak_device_bytes and res8.peak_device_bytes and len(res8.block_peaks) == 8
+    assert dense8 > 2 * dense2
+    assert res8.peak_device_bytes <= 1.1 * res2.peak_device_bytes + (16 << 20), (res8.peak_device_bytes,
+                                                                                res2.peak_device_bytes)
