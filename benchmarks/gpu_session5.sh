@@ -21,6 +21,9 @@
 #   phase d: bash benchmarks/gpu_session5.sh d   issue 17: the rollout table with LoRA (7B/14B, batch 1/8/64,
 #     2048 new tokens), the wgmma decode kernel off and on
 #
+#   phase x4b: bash benchmarks/gpu_session5.sh x4b   (4 GPUs) FSDP2 Jet-RL 7B: rollouts on the rollout replica
+#     (fast engine) vs the reference engine on the gathered policy; the onload GPU test on GPU 0 first
+#
 # Dry run on the CPU host (gloo, tiny shapes): DRY=1 OUT=/tmp/gs5 PY=.venv/bin/python bash benchmarks/gpu_session5.sh x4
 set -u
 : "${OUT:?}"
@@ -61,6 +64,15 @@ x4)
     run dist4 4 170 --parts 7b,70b --big-prompts 4 --budget-s 160 --min-70b-s 30
     CUDA_VISIBLE_DEVICES=0,1 run dist2 2 110 --parts 7b --budget-s 100
     run fsdp4 4 280 --parts qad,jetrl --budget-s 270 --min-70b-s 20
+    ;;
+x4b)
+    [ "$NGPU" -ge 4 ] || { echo "needs 4 GPUs, have $NGPU"; exit 2; }
+    mkdir -p "$OUT/tests"
+    [ "$DRY" = 1 ] || CUDA_VISIBLE_DEVICES=0 timeout -k 5 60 "$PY" -m pytest -q -rfE -m gpu -p no:cacheprovider \
+        tests/calibrate/test_onload.py > "$OUT/tests/onload.log" 2>&1
+    echo "== onload GPU test rc=$? at $((SECONDS - T0)) s"; tail -n 3 "$OUT/tests/onload.log"
+    pack tests
+    run replica4 4 300 --parts jetrl-auto,jetrl-reference --fsdp-new-tokens ${NEW:-128} --budget-s 280 --min-70b-s 20
     ;;
 h1)
     mkdir -p "$OUT/grpo7b" "$OUT/gptq"

@@ -245,6 +245,7 @@ def run_fsdp(args, d, dev: torch.device, work: Path, rec: Recorder, kind: str) -
 
         cfg = rl_config(args, d.world_size, args.big_group, args.fsdp_new_tokens, 2, str(dev), extra=(
             "policy.mode=full", "policy.format=fp8-block", "precision.mode=jetrl", "algo.beta=0",
+            f"rollout.engine={kind.split('-', 1)[1] if '-' in kind else 'auto'}",
             f"optim.micro_batch_size={args.big_group}", "optim.lr=1e-6"))
         tok = gs.IdTokenizer(cfg_model.vocab_size, args.prompt_len)
         prompts = [f"p{i}" for i in range(4 * d.world_size)]
@@ -252,6 +253,7 @@ def run_fsdp(args, d, dev: torch.device, work: Path, rec: Recorder, kind: str) -
                        reward_fn=gs.BernoulliReward(0), dist=d)
         tr._save = lambda step_done: None
         res["fp8_layers"] = sum(1 for m in tr.model.modules() if getattr(m, "fp8_flow", False))
+        res["engine"] = type(tr.generator).__name__ + (" on a rollout replica" if tr.replica is not None else "")
         tr.train()
         steps = step_rows(tr.out) if d.is_main else None
     res.update(steps=steps, memory=cuda_memory(dev))
@@ -295,10 +297,8 @@ def table(data: dict) -> str:
                          f"{m.get('device_used_gib', '-')} |")
     elif big:
         lines.append(f"\n70B-shaped step: {big.get('skipped') or big.get('error')}")
-    for kind in ("qad", "jetrl"):
-        f = ph.get(f"fsdp_{kind}")
-        if not f:
-            continue
+    for key in [k for k in ph if k.startswith("fsdp_")]:
+        kind, f = key[len("fsdp_"):], ph[key]
         if "per_rank" not in f:
             lines.append(f"\nFSDP2 {kind}: {f.get('skipped') or f.get('error')}")
             continue
@@ -307,8 +307,11 @@ def table(data: dict) -> str:
         last = st[-1] if st else {}
         step_s = last.get("step_s", last.get("time/step_s"))
         step_s = "-" if step_s is None else f"{step_s:.2f}"
-        lines += ["", (f"FSDP2 full-parameter {kind}, {r0['shape']} shape ({r0['params_b']} B parameters), "
-                      f"{r0['world_size']} ranks, build {r0['build_s']} s; last step {step_s} s"),
+        eng = f", {r0['engine']}" if r0.get("engine") else ""
+        roll = last.get("time/rollout_s")
+        roll = f" (rollout {roll:.2f} s)" if roll is not None else ""
+        lines += ["", (f"FSDP2 full-parameter {kind}{eng}, {r0['shape']} shape ({r0['params_b']} B parameters), "
+                      f"{r0['world_size']} ranks, build {r0['build_s']} s; last step {step_s} s{roll}"),
                   "", "| rank | peak alloc GiB | peak reserved GiB | device used GiB |", "|---:|---:|---:|---:|"]
         for r, b in enumerate(f["per_rank"]):
             m = b.get("memory", {})
@@ -322,7 +325,7 @@ def parse_args(argv=None):
     ap.add_argument("--device", default="cuda", help="cuda (NCCL, one GPU per rank) or cpu (gloo dry run)")
     ap.add_argument("--shape", default="7b", choices=sorted(gs.SHAPES))
     ap.add_argument("--big-shape", default="70b", choices=sorted(gs.SHAPES))
-    ap.add_argument("--parts", default="7b,70b", help="comma list of parts: 7b, 70b, qad, jetrl (FSDP2)")
+    ap.add_argument("--parts", default="7b,70b", help="comma list of parts: 7b, 70b, qad, jetrl (FSDP2; jetrl-<engine> picks rollout.engine)")
     ap.add_argument("--prompts", type=int, default=8, help="prompts per step (split over the ranks in 2gpu)")
     ap.add_argument("--group", type=int, default=8)
     ap.add_argument("--prompt-len", type=int, default=256)
@@ -385,9 +388,7 @@ def main(argv=None) -> None:
                     traceback.print_exc()
                     rec.put("70b", {"error": f"{type(e).__name__}: {str(e)[:600]}",
                                     "oom": isinstance(e, torch.OutOfMemoryError), "memory": cuda_memory(dev)})
-        for kind in ("qad", "jetrl"):
-            if kind not in parts:
-                continue
+        for kind in [k for k in args.parts.split(",") if k == "qad" or k.startswith("jetrl")]:
             gc.collect()
             if dev.type == "cuda":
                 torch.cuda.empty_cache()
