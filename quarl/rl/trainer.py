@@ -224,6 +224,8 @@ class RLTrainer:
                 rollout_model = self.replica.model
                 log.info("rl: rollout.engine=%s under FSDP -> the fast engine on a rollout replica (%s)", engine, why)
             del host_copy
+        # the replica's norms take the step's AQN noise (same modules in the same order: the same draws)
+        self.replica_aqn = AQN(self.replica.model, cfg.aqn, self.total_steps) if self.replica is not None else None
         if self.sharded and self.replica is None and engine != "reference":
             # graphs would capture weights FSDP frees between rollouts: the reference engine on the gathered policy
             log.info("rl: rollout.engine=%s -> reference under FSDP (no rollout replica)", engine)
@@ -246,10 +248,9 @@ class RLTrainer:
         idx = self.sampler.next(cfg.train.prompts_per_step)  # the global batch, the same on every rank
         idx = idx[self.dist.shard(len(idx))]  # this rank's whole groups
         prompts = [self.prompt_ids[i] for i in idx]
-        if self.replica is not None:  # FSDP: refresh the replica (AQN noise included), then sample on it alone
-            with gathered(self.model), self.aqn.perturb(step, self.noise_gen):
-                self.replica.sync(self.model)
-            with self.precision.rollout(self.replica.model):
+        if self.replica is not None:  # FSDP: refresh the replica layer by layer, then noise and sample on it alone
+            self.replica.sync(self.model)
+            with self.replica_aqn.perturb(step, self.noise_gen), self.precision.rollout(self.replica.model):
                 r = self.generator.generate(prompts, self.sampling, G, self.rollout_gen)
         else:
             full = gathered(self.model) if self.sharded else contextlib.nullcontext()

@@ -155,9 +155,9 @@ def rl_full_replica(d: Dist, out: Path) -> dict:
     """``rollout.engine=fast`` under FSDP2: the fast engine on an unsharded rollout replica.
 
     Sampling differs between 1 and N processes here (each rank's own stream), so what is checked
-    is the replica itself, on every rank: after a sync inside the step's AQN noise it holds
-    exactly the gathered (noisy) policy; its storage never moves (graph-safe); and a greedy
-    rollout on it equals the reference engine's on the gathered policy."""
+    is the replica itself, on every rank: synced layer by layer and given the step's AQN noise it
+    holds exactly what the gathered policy holds under that noise; its storage never moves
+    (graph-safe); and a greedy rollout on it equals the reference engine's on the gathered policy."""
     from quarl.engine.rollout import HFGenerator, SamplingParams
     from quarl.rl.trainer import RLTrainer
     from quarl.train.fsdp import gathered
@@ -171,13 +171,14 @@ def rl_full_replica(d: Dist, out: Path) -> dict:
     ptrs = [p.data_ptr() for p in rep.model.parameters()]
     res = tr.train()
     step = 1  # a step whose AQN sigma is > 0 (3 stages over 2 steps)
-    with gathered(tr.model), tr.aqn.perturb(step, torch.Generator().manual_seed(7)) as sigma:
-        rep.sync(tr.model)
+    greedy = SamplingParams(1.0, 1e-7, 6, [])
+    with gathered(tr.model), tr.aqn.perturb(step, torch.Generator().manual_seed(7)) as sigma:  # the old path
         noisy = {n: p.detach().clone() for n, p in tr.model.named_parameters()}
-        greedy = SamplingParams(1.0, 1e-7, 6, [])
         ref = HFGenerator(tr.model, tok.pad_token_id, cache="dynamic").generate([tr.prompt_ids[0]], greedy, 1)
-    fast = tr.generator.generate([tr.prompt_ids[0]], greedy, 1)
-    diff = max(float((noisy[n] - p).abs().max()) for n, p in rep.model.named_parameters())
+    rep.sync(tr.model)  # layer by layer, then the same noise on the replica's norms
+    with tr.replica_aqn.perturb(step, torch.Generator().manual_seed(7)):
+        diff = max(float((noisy[n] - p).abs().max()) for n, p in rep.model.named_parameters())
+        fast = tr.generator.generate([tr.prompt_ids[0]], greedy, 1)
     return {"sharded": res["sharded"], "engine": type(tr.generator).__name__, "sigma": sigma, "max_diff": diff,
             "same_storage": ptrs == [p.data_ptr() for p in rep.model.parameters()],
             "greedy_ref": ref.completion_ids.tolist(), "greedy_fast": fast.completion_ids.tolist(),
