@@ -72,7 +72,6 @@ when this kernel applies; ``wo_matmul`` takes it only behind
 from __future__ import annotations
 
 import os
-
 from dataclasses import dataclass
 
 import torch
@@ -82,7 +81,7 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, warpgroup_mma, warpgroup_mma_wait
 
 from quarl_kernels.formats import FMT_INT4, FMT_MXFP4, FMT_NVFP4
-from quarl_kernels.launch import env_flag, num_sms, splitk_reduce_kernel
+from quarl_kernels.launch import decode_operands, env_flag, finish_splits, num_sms
 from quarl_kernels.mma_decode import (
     FP4_ASM,
     INT4_ASM,
@@ -356,11 +355,6 @@ def split_for(cfg: WgmmaDecodeConfig, n: int, kw: int, sms: int) -> tuple[int, i
     return triton.cdiv(steps, per), per
 
 
-def _byte_view(t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """[N, G] bytes of a byte tensor passed either as bytes or as its int32 view [N, G/4]."""
-    return t.view(dtype) if t.dtype in (torch.int32, torch.uint8, torch.int8, torch.float8_e4m3fn) else t
-
-
 def launch_wgmma_decode(x2: torch.Tensor, pw, cfg: WgmmaDecodeConfig) -> torch.Tensor:
     """y [M, N] = x2 [M, K] @ dequant(W)^T on wgmma with register-decoded weights.
 
@@ -374,32 +368,19 @@ def launch_wgmma_decode(x2: torch.Tensor, pw, cfg: WgmmaDecodeConfig) -> torch.T
             f"group {pw.group} (use mma_decode.launch_mma_decode)")
     m = x2.shape[0]
     kw = pw.k // 8
-    x2 = x2.contiguous()
-    if pw.fmt == FMT_INT4:
-        s = pw.scale  # [N, G] fp32 (or bf16)
-        z = _byte_view(pw.zero, torch.int8) if pw.zero is not None else s
-    else:
-        s = _byte_view(pw.scale, torch.uint8)  # [N, G] e4m3 / e8m0 bytes
-        z = s
-    gs = pw.gscale if pw.gscale is not None else s
     split, per = split_for(cfg, pw.n, kw, num_sms(x2.device))
-    y = torch.empty((m, pw.n), device=x2.device, dtype=x2.dtype)
-    out = y if split == 1 else torch.empty((split, m, pw.n), device=x2.device, dtype=torch.float32)
-    so, som = (0, y.stride(0)) if split == 1 else (out.stride(0), out.stride(1))
+    ops = decode_operands(x2, pw, split, int4=pw.fmt == FMT_INT4)
     grid = (triton.cdiv(pw.n, cfg.rows), split)
     _wgmma_decode_kernel[grid](
-        x2, pw.words, s, z, gs, out,
+        ops.x2, pw.words, ops.scale, ops.zero, ops.gscale, ops.out,
         m, pw.n, kw, per,
-        x2.stride(0), pw.words.stride(0), s.stride(0), z.stride(0), so, som,
+        ops.x2.stride(0), pw.words.stride(0), ops.scale.stride(0), ops.zero.stride(0), *ops.out_strides,
         FMT=pw.fmt, GROUP=pw.group, HAS_ZP=pw.fmt == FMT_INT4 and pw.zero is not None,
         R=cfg.rows, BKW=cfg.bkw, NT=token_tile(m), W=cfg.warps,
         PREFETCH=cfg.prefetch, EVEN_K=kw % cfg.bkw == 0, NBUF=cfg.nbuf,
         num_warps=cfg.warps,
     )
-    if split > 1:
-        mn = m * pw.n
-        splitk_reduce_kernel[(triton.cdiv(mn, 1024),)](out, y, mn, SPLIT_K=split, BLOCK=1024, num_warps=4)
-    return y
+    return finish_splits(ops, split)
 
 
 __all__ = [
