@@ -83,12 +83,10 @@ from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared,
 from quarl_kernels.formats import FMT_INT4, FMT_MXFP4, FMT_NVFP4
 from quarl_kernels.launch import decode_operands, env_flag, finish_splits, num_sms
 from quarl_kernels.mma_decode import (
-    FP4_ASM,
-    INT4_ASM,
+    _decode_step,
     _group_layout,
     _load_step,
     _log2,
-    _per_word,
     _word_layout,
     _x_step,
 )
@@ -191,28 +189,7 @@ def _wgmma_decode_kernel(
         else:
             w, sg, zg = _load_step(wp_ptr, s_ptr, z_ptr, rows_w, offs_w, rows_g, offs_g, kw0, kw_hi,
                                    stride_wn, stride_sn, stride_zn, FMT, WPG, WT, HAS_ZP, EVEN_K)
-        # group values -> bf16 per group, then per word (register broadcast): mma_decode's
-        if FMT == 0:  # NVFP4: S = e4m3 * 2**110 (exact in bf16)
-            s_g = (sg.to(gl.float8e4nv, bitcast=True).to(gl.float32) * 1.298074214633707e33).to(gl.bfloat16)
-        elif FMT == 1:  # MXFP4: S = 2**(e - 17) from the E8M0 byte
-            e = gl.minimum(sg.to(gl.int32), 144)
-            s_g = ((e + 110) << 7).to(gl.int16).to(gl.bfloat16, bitcast=True)
-        else:  # INT4: bf16 scale, and 128 + 8 + zero for the magic-number subtraction
-            s_g = sg.to(gl.bfloat16)
-        s = _per_word(s_g, LW, R, BKW, WT)  # [R, BKW]
-        if FMT == 2:
-            if HAS_ZP:
-                z_g = (zg.to(gl.int32) + 136).to(gl.float32).to(gl.bfloat16)
-            else:
-                z_g = gl.full(sg.shape, 136.0, gl.bfloat16, sg.type.layout)
-            z = _per_word(z_g, LW, R, BKW, WT)
-            p0, p1, p2, p3, p4, p5, p6, p7 = gl.inline_asm_elementwise(
-                INT4_ASM, "=h,=h,=h,=h,=h,=h,=h,=h,r,h,h", [w, s, z],
-                dtype=(gl.bfloat16,) * 8, is_pure=True, pack=1)
-        else:
-            p0, p1, p2, p3, p4, p5, p6, p7 = gl.inline_asm_elementwise(
-                FP4_ASM, "=h,=h,=h,=h,=h,=h,=h,=h,r,h", [w, s],
-                dtype=(gl.bfloat16,) * 8, is_pure=True, pack=1)
+        p0, p1, p2, p3, p4, p5, p6, p7 = _decode_step(w, sg, zg, FMT, HAS_ZP, LW, R, BKW, WT)  # mma_decode's
         # [R, BKW, a, b, c] = p[a + 2b + 4c]: code r + 4h with h = a, r0 = b, r1 = c
         q = gl.join(gl.join(gl.join(p0, p1), gl.join(p2, p3)), gl.join(gl.join(p4, p5), gl.join(p6, p7)))
         q = gl.reshape(q, [R, 4, J, 2, 2, 2])  # [R, t, j, h, r0, r1]: real word J t + j
