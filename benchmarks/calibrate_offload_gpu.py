@@ -62,18 +62,14 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-for p in (ROOT, ROOT / "kernels"):
+for p in (ROOT, ROOT / "kernels", ROOT / "benchmarks"):
     if str(p) not in sys.path:
         sys.path.insert(0, str(p))
 
-SHAPES = {  # Qwen2.5-14B-Instruct's config.json; "tiny" for the CPU dry run
-    "14b": {"hidden_size": 5120, "intermediate_size": 13824, "num_hidden_layers": 48, "num_attention_heads": 40,
-            "num_key_value_heads": 8, "vocab_size": 152064},
-    "7b": {"hidden_size": 3584, "intermediate_size": 18944, "num_hidden_layers": 28, "num_attention_heads": 28,
-           "num_key_value_heads": 4, "vocab_size": 152064},
-    "tiny": {"hidden_size": 128, "intermediate_size": 256, "num_hidden_layers": 3, "num_attention_heads": 4,
-             "num_key_value_heads": 2, "vocab_size": 40000},
-}  # fmt: skip
+from grpo_step_gpu import SHAPES as _QWEN25  # the Qwen2.5 shapes, one table
+
+SHAPES = {**_QWEN25, "tiny": {"hidden_size": 128, "intermediate_size": 256, "num_hidden_layers": 3,  # CPU dry run
+                              "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 40000}}
 VOCAB = 16384  # the BPE tokenizer trained here (< every shape's vocab)
 QCONFIG = Path(__file__).with_name("calibrate_offload_qconfig.json")
 RECIPE = {"default": "nvfp4"}
