@@ -219,6 +219,7 @@ class RLTrainer:
         engine, rollout_model = cfg.rollout.engine, self.model
         if host_copy is not None:  # FSDP: the fast engine on an unsharded replica (quarl.engine.replica)
             ok, why = fits(host_copy, self.device)
+            ok = dist.all_reduce(float(ok), op="min") > 0  # one path on every rank: the syncs are collectives
             if ok or engine == "fast":
                 self.replica = RolloutReplica(host_copy, self.device, copy_model=False)
                 rollout_model = self.replica.model
