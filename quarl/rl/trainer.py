@@ -475,7 +475,8 @@ class RLTrainer:
                 "optimizer": self.optimizer_name, "policy": self.policy_report,
                 "skipped_prompts": self.skipped_prompts, "train_prompts": len(self.prompt_ids),
                 "last_checkpoint": str(self.last_checkpoint) if self.last_checkpoint else None,
-                "world_size": self.dist.world_size, "sharded": self.sharded}
+                "world_size": self.dist.world_size, "sharded": self.sharded,
+                "rollout_engine": type(self.generator).__name__ + (" on a rollout replica" if self.replica else "")}
 
     def _updates(self, step, r, adv, loss_mask, n_tok, n_seq, old_lp, ref_lp, train_lp, ent) -> dict:
         """mu optimizer steps over micro-batches of this rank's rows; returns the update metrics (whole batch)."""

@@ -179,7 +179,7 @@ def rl_full_replica(d: Dist, out: Path) -> dict:
     with tr.replica_aqn.perturb(step, torch.Generator().manual_seed(7)):
         diff = max(float((noisy[n] - p).abs().max()) for n, p in rep.model.named_parameters())
         fast = tr.generator.generate([tr.prompt_ids[0]], greedy, 1)
-    return {"sharded": res["sharded"], "engine": type(tr.generator).__name__, "sigma": sigma, "max_diff": diff,
+    return {"sharded": res["sharded"], "engine": res["rollout_engine"], "sigma": sigma, "max_diff": diff,
             "same_storage": ptrs == [p.data_ptr() for p in rep.model.parameters()],
             "greedy_ref": ref.completion_ids.tolist(), "greedy_fast": fast.completion_ids.tolist(),
             "steps": [r["step"] for r in metrics(out)]}

@@ -125,7 +125,7 @@ def test_rl_jetrl_fp8_full_parameters_fsdp2_matches_one_process(two, tmp_path):
 
 def test_rl_full_parameters_roll_out_on_a_synced_replica_with_the_fast_engine(two):
     for res in (two["rl_full_replica"], two["rl_full_replica@1"]):
-        assert res["sharded"] and res["engine"] == "FastGenerator" and res["steps"] == [0, 1]
+        assert res["sharded"] and res["engine"] == "FastGenerator on a rollout replica" and res["steps"] == [0, 1]
         assert res["sigma"] > 0 and res["max_diff"] == 0.0  # the replica is the gathered policy, AQN noise included
         assert res["same_storage"]  # synced in place: CUDA graphs captured on it stay valid
         assert res["greedy_fast"] == res["greedy_ref"]
