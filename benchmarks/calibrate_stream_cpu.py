@@ -93,11 +93,12 @@ def main(argv=None) -> int:
     ap.add_argument("--seq-len", type=int, default=128)
     ap.add_argument("--modes", default="host,stream")
     args = ap.parse_args(argv)
+    if args.vocab < 16384:
+        ap.error("--vocab must be >= 16384 (the BPE tokenizer trained here has 16384 tokens)")
 
     import torch
-    from transformers import Qwen2Config
-
     from calibrate_offload_gpu import write_checkpoint, write_text
+    from transformers import Qwen2Config
 
     work, out = Path(args.work), Path(args.out)
     work.mkdir(parents=True, exist_ok=True)
@@ -121,7 +122,7 @@ def main(argv=None) -> int:
         t0 = time.monotonic()
         p = subprocess.run([sys.executable, __file__, "_child", "--mode", mode, "--work", str(work), "--record",
                             str(record), "--eval-samples", str(args.eval_samples), "--seq-len", str(args.seq_len)],
-                           cwd=ROOT, capture_output=True, text=True)
+                           check=False, cwd=ROOT, capture_output=True, text=True)
         r = json.loads(record.read_text()) if record.is_file() else {"log_tail": (p.stdout + p.stderr)[-3000:]}
         r.update(rc=p.returncode, child_wall_s=round(time.monotonic() - t0, 1))
         res["runs"][mode] = r
