@@ -55,7 +55,7 @@ from quarl.calibrate.sequential import calibrate_model
 from quarl.calibrate.streaming import StreamedModel, stream_source
 from quarl.devices import DTYPES
 from quarl.quant.base import QuantError
-from quarl.quant.checkpoint import save_quantized
+from quarl.quant.checkpoint import CheckpointError, save_quantized
 from quarl.quant.model import QuantRecipe, memory_report, plan_formats
 from quarl.quant.spec import spec_string
 
@@ -239,12 +239,16 @@ def _run_calibrate(cfg: CalibrateConfig, *, model_uri: str, data_uri: str | None
             src = stream_source(model_uri, local)
             stream_why = src.reason
             if src.path is not None:
-                streamed = stack.enter_context(StreamedModel.open(src.path, dtype))
+                try:
+                    streamed = stack.enter_context(StreamedModel.open(src.path, dtype))
+                except CheckpointError as e:  # names/shapes the reader cannot map: load_model may (or says why)
+                    stream_why = str(e)
+            if streamed is not None:
                 log.info("calibrate: streaming the dense decoder blocks from %s (host: stem + one dense block + "
                          "the packed blocks)", src.path)
             else:
                 log.warning("calibrate: offload=cpu cannot stream %s from disk (%s): loading the whole dense model "
-                            "on the host", model_uri, src.reason)
+                            "on the host", model_uri, stream_why)
         if streamed is not None:
             model, tok = streamed.model, streamed.tokenizer
         else:

@@ -107,6 +107,7 @@ class StreamedModel:
         model = empty_model(AutoConfig.from_pretrained(path), dtype)
         if (path / "generation_config.json").is_file():
             model.generation_config = GenerationConfig.from_pretrained(path)
+        _check_blocks(model, info)
         reader = TensorReader(info)
         try:
             fill = checkpoint_filler(model, reader, "cpu", dtype)
@@ -142,3 +143,22 @@ class StreamedModel:
 
     def __exit__(self, exc_type, *_) -> None:
         self.close(check_unused=exc_type is None)  # after a failure, the unread blocks are no news
+
+
+def _check_blocks(model: nn.Module, info) -> None:
+    """Every decoder-block tensor the model needs is in the shards with its shape (headers only), so a
+    checkpoint whose names or shapes differ fails here, before the loop, not at block 37."""
+    from quarl.quant.checkpoint import CheckpointError
+    from quarl.quant.stream import decoder_layers
+
+    name, layers = decoder_layers(model)
+    bad = []
+    for i, layer in enumerate(layers):
+        for k, t in layer.state_dict().items():
+            full = f"{name}.{i}.{k}"
+            got = info.tensors.get(full)
+            if got is None or tuple(got[2]) != tuple(t.shape):
+                bad.append(f"{full} {'missing' if got is None else f'{list(got[2])} != {list(t.shape)}'}")
+    if bad:
+        raise CheckpointError(f"{info.path}: {len(bad)} decoder-block tensor(s) do not match the model config.json "
+                              f"describes (e.g. {bad[:3]})")

@@ -179,3 +179,25 @@ def test_overwrite_is_refused_unless_asked_when_streaming(tmp_path, corpus, chec
         _run(tmp_path, corpus, model, "rtn", "cpu", "m", extra=["eval.enabled=false"])
     m2, _ = _run(tmp_path, corpus, model, "rtn", "cpu", "m", overwrite=True, extra=["eval.enabled=false"])
     assert [r["rel_error"] for r in m2["layers"]] == [r["rel_error"] for r in m["layers"]]
+
+
+def test_a_checkpoint_whose_block_tensors_do_not_match_falls_back_before_the_loop(tmp_path, corpus, checkpoints,
+                                                                                 caplog):
+    """A block tensor under another name: the header check refuses to stream (before any block is read)
+    and the stage loads the model whole, saying why. (from_pretrained then initializes the missing
+    weight at random with a warning of its own, as load_model always has.)"""
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    bad = tmp_path / "renamed"
+    shutil.copytree(checkpoints["qwen2"], bad)
+    sd = load_file(bad / "model.safetensors")
+    sd["model.layers.1.mlp.up_proj.renamed"] = sd.pop("model.layers.1.mlp.up_proj.weight")
+    save_file(sd, str(bad / "model.safetensors"), metadata={"format": "pt"})
+    caplog.set_level(logging.WARNING, logger="quarl.calibrate.stage")
+    m, _ = _run(tmp_path, corpus, str(bad), "rtn", "cpu", "out", extra=["eval.enabled=false"])
+    off = m["calibration"]["offload"]
+    assert not off["streamed"] and "model.layers.1.mlp.up_proj.weight missing" in off["stream_reason"]
+    msg = next(r.getMessage() for r in caplog.records if "cannot stream" in r.getMessage())
+    assert "model.layers.1.mlp.up_proj.weight missing" in msg
