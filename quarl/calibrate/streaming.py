@@ -20,7 +20,10 @@ each tensor to ``dtype`` exactly as ``from_pretrained`` does, the tied head shar
 as it does there, and the plan is made on the whole (meta) model. After each block the shards are
 unmapped (``TensorReader.close``): a memory map keeps every page it touched resident in this
 process (counted in its RSS and in the pod's memory) until it is unmapped, so an open map would
-grow back to the whole checkpoint.
+grow back to the whole checkpoint; for the same reason every tensor is copied out of the map
+(``checkpoint_filler``), or a norm weight would keep its whole shard mapped. Freed heap memory is
+handed back to the OS before each block (``malloc_trim``), or glibc keeps the previous blocks' freed
+dense weights in the process.
 
 Not streamable (then ``load_model`` on the host, as before, with the reason logged): the built-in
 tiny models (no checkpoint on disk), a reference that does not resolve to a directory with
@@ -126,6 +129,7 @@ class StreamedModel:
         """Read decoder block ``prefix`` (on meta) from the shards, on the host, in the model's dtype."""
         from quarl.quant.stream import materialized_bytes
 
+        _trim_heap()  # the previous block's dense weights and temporaries, freed: back to the OS first
         self._fill(block, prefix)
         self._reader.close()  # unmap the shards: their touched pages leave this process (module docstring)
         self.blocks_read += 1
@@ -162,3 +166,26 @@ def _check_blocks(model: nn.Module, info) -> None:
     if bad:
         raise CheckpointError(f"{info.path}: {len(bad)} decoder-block tensor(s) do not match the model config.json "
                               f"describes (e.g. {bad[:3]})")
+
+
+def _trim_heap() -> None:
+    """glibc's ``malloc_trim(0)``: hand freed heap pages back to the OS. A layer's weights (tens of MB)
+    fall under glibc's dynamic mmap threshold once a few large blocks were freed, so they are served
+    from the heap and, once freed, stay in this process's RSS; measured on a 4-layer CPU run, the RSS
+    before each block then grew by 0.1-0.3 GiB per block instead of by the packed block. No-op
+    elsewhere (musl, macOS)."""
+    import ctypes
+    import ctypes.util
+
+    global _LIBC
+    if _LIBC is None:
+        name = ctypes.util.find_library("c")
+        try:
+            _LIBC = ctypes.CDLL(name) if name else False
+        except OSError:
+            _LIBC = False
+    if _LIBC and hasattr(_LIBC, "malloc_trim"):
+        _LIBC.malloc_trim(0)
+
+
+_LIBC = None

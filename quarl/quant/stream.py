@@ -240,10 +240,11 @@ def checkpoint_filler(root: nn.Module, reader: TensorReader, device, dtype: torc
                 f"{reader.info.path}: {name} has shape {list(reader.shape(name))} in "
                 f"{reader.info.tensors[name][0]} but the model built from config.json expects {list(shape)}; "
                 f"config.json does not describe these weights (copy the checkpoint's own config.json)")
-        t = reader.get(name)
-        if t.is_floating_point() and t.element_size() >= 2:
-            t = t.to(dtype)
-        return t.to(dev)
+        t = reader.get(name)  # a view into the shard's memory map
+        cast = dtype if t.is_floating_point() and t.element_size() >= 2 else t.dtype
+        # Always a copy: a view would keep its whole shard mapped, and every page of it that was read
+        # resident, for as long as any tensor of the shard lives (a norm weight pins a whole layer).
+        return t.to(device=dev, dtype=cast, copy=True)
 
     def swap_packed(name: str, lin: nn.Module, cfg: FormatConfig) -> None:
         tensors = {k.rpartition(".")[2]: reader.get(k).to(dev) for k in reader.children(name)}
