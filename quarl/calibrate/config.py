@@ -94,8 +94,10 @@ class CalibrateConfig:
     awq: AWQConfig = field(default_factory=AWQConfig)
     device: str = "auto"  # auto | cpu | cuda | cuda:N
     # Sequential onloading (quarl.calibrate.onload): "cpu" keeps the model in host memory and moves one
-    # decoder block at a time to the device; "none" loads it whole onto the device; "auto" offloads on
-    # CUDA when the dense model would not fit comfortably (the rule is in quarl.calibrate.onload).
+    # decoder block at a time to the device -- reading each dense block from the checkpoint just before
+    # its turn when the model is one on disk or in S3 (quarl.calibrate.streaming), so the host holds one
+    # dense block + the packed ones; "none" loads it whole onto the device; "auto" offloads on CUDA when
+    # the dense model would not fit comfortably (the rule is in quarl.calibrate.onload).
     offload: Offload = "auto"
     threads: int = 0  # torch CPU threads for the run (0: torch's default, one per core; 1 on a shared host)
     dtype: str = "float32"  # compute dtype of the model during calibration

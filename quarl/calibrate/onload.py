@@ -20,12 +20,12 @@ step needs:
 Device memory is then one block in the compute dtype + the calibration activations
 (``2 x num_samples x seq_len x hidden``) + that block's Hessians, instead of the whole model:
 see docs/calibrate.md, "Offloading", for the arithmetic at 7B-70B. Host memory is one dense
-model (it is loaded there); the held-out check needs no second copy, because each block is
+block + the packed blocks when the model is a checkpoint on disk (its blocks are read one at a
+time, :mod:`quarl.calibrate.streaming`), else one dense model; the held-out check needs no second copy, because each block is
 compared while its dense weights are still there (:class:`quarl.calibrate.metrics.BlockwiseComparison`).
 
 ``auto`` decides before any weight is read, from the checkpoint's safetensors headers
-(:func:`estimate_dense_bytes`; an ``s3://`` model is loaded on the host first and sized from its
-parameters, then moved whole to the device if it fits): ``cpu`` on CUDA when ``copies x dense size`` exceeds
+(:func:`estimate_dense_bytes`; an ``s3://`` model is downloaded to the local cache first): ``cpu`` on CUDA when ``copies x dense size`` exceeds
 :data:`AUTO_FRACTION` of the free device memory (``copies`` = 2 with the held-out check, which
 in ``none`` mode loads a second full reference model), else ``none`` (the model loaded straight
 onto the device, exactly as before this option existed).

@@ -34,6 +34,7 @@ from __future__ import annotations
 import copy
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -305,6 +306,7 @@ def calibrate_model(
     onload: Onloader | None = None,
     held_out: torch.Tensor | None = None,
     held_out_batch_size: int = 1,
+    fill: Callable[[nn.Module, str], None] | None = None,
 ) -> CalibrationResult:
     """Quantize ``model`` in place, block by block, following ``plan`` (full name -> format or None).
 
@@ -316,7 +318,10 @@ def calibrate_model(
     every quantized block goes back to the host. ``None``: everything computes where the model is.
     ``held_out`` [n, L] token windows: the held-out metrics of
     :func:`quarl.calibrate.metrics.compare_models` (quantized vs. the original model) are measured
-    on the way, block by block, into ``result.quality`` -- no reference copy of the model needed."""
+    on the way, block by block, into ``result.quality`` -- no reference copy of the model needed.
+    ``fill(block, name)``: the decoder blocks are still on the meta device and each is materialized
+    (read from the checkpoint, :mod:`quarl.calibrate.streaming`) just before its turn, so the host
+    holds one dense block at a time."""
     if method not in METHODS:
         raise QuantError(f"unknown calibration method {method!r}; choose one of {', '.join(METHODS)}")
     gptq = {"block_size": 128, "percdamp": 0.01, "act_order": True, **(gptq or {})}
@@ -346,6 +351,8 @@ def calibrate_model(
 
     bar = tqdm(blocks, desc=f"calibrate ({method})", disable=not progress, unit="block")
     for bi, block in enumerate(bar):
+        if fill is not None:
+            fill(block, f"{prefix}.{bi}")  # streamed: block i's dense weights exist from here to its packing
         move(block)
         if compare is not None:
             compare.reference(block)  # the dense block, before AWQ folds its scales or any layer is packed

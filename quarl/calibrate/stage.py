@@ -19,13 +19,17 @@ The full-precision reference for the metrics is loaded again from
 ``model_uri`` after calibration (calibration replaces the layers in place), so
 peak memory is two models only while the held-out metrics run. With
 ``offload=cpu`` (sequential onloading, :mod:`quarl.calibrate.onload`; ``auto``
-picks it when the model would not fit the GPU) the model is loaded on the host,
+picks it when the model would not fit the GPU) the model stays on the host,
 calibrated one decoder block at a time on the device, and the held-out metrics
-are measured block by block inside that loop: no reference copy anywhere.
+are measured block by block inside that loop: no reference copy anywhere. When
+the model is a checkpoint on disk (or in S3) the host does not hold it whole
+either: its dense blocks are read one at a time, just before their turn
+(:mod:`quarl.calibrate.streaming`); other sources are loaded whole, logged.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import logging
@@ -48,9 +52,10 @@ from quarl.calibrate.data import (
 from quarl.calibrate.metrics import compare_models
 from quarl.calibrate.onload import Onloader, choose_offload, dense_bytes_of, estimate_dense_bytes
 from quarl.calibrate.sequential import calibrate_model
+from quarl.calibrate.streaming import StreamedModel, stream_source
 from quarl.devices import DTYPES
 from quarl.quant.base import QuantError
-from quarl.quant.checkpoint import save_quantized
+from quarl.quant.checkpoint import CheckpointError, save_quantized
 from quarl.quant.model import QuantRecipe, memory_report, plan_formats
 from quarl.quant.spec import spec_string
 
@@ -225,10 +230,29 @@ def _run_calibrate(cfg: CalibrateConfig, *, model_uri: str, data_uri: str | None
     dtype = _dtype(cfg.dtype)
     recipe = load_recipe(cfg, recipe_uri)
     inputs = [u for u in (model_uri, data_uri, recipe_uri) if u]
-    mode, reason, dense = _offload_mode(cfg, model_uri, dtype, device)
-    with write_artifact(output_uri, "model", STAGE, config=cfg, inputs=inputs, overwrite=overwrite) as art:
+    mode, reason, dense, local = _offload_mode(cfg, model_uri, dtype, device)
+    with write_artifact(output_uri, "model", STAGE, config=cfg, inputs=inputs, overwrite=overwrite) as art, \
+            contextlib.ExitStack() as stack:
         t0 = time.perf_counter()
-        model, tok = load_model(model_uri, dtype=dtype, device=device if mode == "none" else "cpu")
+        streamed, stream_why = None, "offload is not cpu"
+        if mode == "cpu":  # the dense blocks straight from the checkpoint, one at a time (quarl.calibrate.streaming)
+            src = stream_source(model_uri, local)
+            stream_why = src.reason
+            if src.path is not None:
+                try:
+                    streamed = stack.enter_context(StreamedModel.open(src.path, dtype))
+                except CheckpointError as e:  # names/shapes the reader cannot map: load_model may (or says why)
+                    stream_why = str(e)
+            if streamed is not None:
+                log.info("calibrate: streaming the dense decoder blocks from %s (host: stem + one dense block + "
+                         "the packed blocks)", src.path)
+            else:
+                log.warning("calibrate: offload=cpu cannot stream %s from disk (%s): loading the whole dense model "
+                            "on the host", model_uri, stream_why)
+        if streamed is not None:
+            model, tok = streamed.model, streamed.tokenizer
+        else:
+            model, tok = load_model(model_uri, dtype=dtype, device=device if mode == "none" else "cpu")
         model.eval()
         if mode is None:  # size unknown before loading (an s3:// model): measured on the host, then decided
             dense = dense_bytes_of(model)
@@ -270,6 +294,7 @@ def _run_calibrate(cfg: CalibrateConfig, *, model_uri: str, data_uri: str | None
             onload=onload,  # offloaded: the held-out check runs block by block inside the loop
             held_out=held if onload else None,
             held_out_batch_size=cfg.eval.batch_size,
+            fill=streamed.fill_block if streamed is not None else None,
         )
         quality: dict = result.quality
         if held is not None and not onload:  # two whole models on the device, as before offload existed
@@ -299,6 +324,9 @@ def _run_calibrate(cfg: CalibrateConfig, *, model_uri: str, data_uri: str | None
                     "dense_bytes": dense,
                     "peak_device_bytes": result.peak_device_bytes,
                     "block_peak_device_bytes": result.block_peaks,
+                    "streamed": streamed is not None,
+                    "stream_reason": "" if streamed is not None else stream_why,
+                    "host_peak_materialized_bytes": streamed.peak_bytes if streamed is not None else None,
                 },
             },
             "quality": quality,
@@ -325,19 +353,27 @@ def _run_calibrate(cfg: CalibrateConfig, *, model_uri: str, data_uri: str | None
 
 
 def _offload_mode(cfg: CalibrateConfig, model_uri: str, dtype: torch.dtype,
-                  device: torch.device) -> tuple[str | None, str, int | None]:
-    """(cpu | none | None, why, the dense size estimated from the checkpoint): ``offload`` resolved
-    before any weight is read (quarl.calibrate.onload); ``None``: ``auto`` on CUDA with a size that
-    cannot be read without downloading (the model is then loaded on the host and sized there)."""
+                  device: torch.device) -> tuple[str | None, str, int | None, Path | None]:
+    """(cpu | none | None, why, the dense size estimated from the checkpoint, the local directory of an
+    ``s3://`` model): ``offload`` resolved before any weight is read (quarl.calibrate.onload). An ``s3://``
+    model that may be offloaded is downloaded (and verified) here, once, to be sized from its headers
+    and streamed from disk. ``None``: ``auto`` on CUDA with a size that cannot be read (the model is
+    then loaded on the host and sized there)."""
+    local = None
+    if str(model_uri).lower().startswith("s3://") and (cfg.offload == "cpu" or
+                                                     (cfg.offload == "auto" and device.type == "cuda")):
+        from quarl.models import resolve_model_dir
+
+        local = resolve_model_dir(model_uri)  # to disk, not memory; load_model would download it the same way
     if cfg.offload != "auto" or device.type != "cuda":
         mode, reason = choose_offload(cfg.offload, device, None, None)
-        return mode, reason, None
-    dense = estimate_dense_bytes(model_uri, dtype)
+        return mode, reason, None, local
+    dense = estimate_dense_bytes(str(local) if local is not None else model_uri, dtype)
     if dense is None:
-        return None, "", None
+        return None, "", None, local
     free = torch.cuda.mem_get_info(device)[0]
     mode, reason = choose_offload("auto", device, dense, free, copies=2 if cfg.eval.enabled else 1)
-    return mode, reason, dense
+    return mode, reason, dense, local
 
 
 def plan_default(recipe: QuantRecipe):

@@ -232,7 +232,7 @@ def _load_dir(path: Path, ref: str, dtype, device, trust_remote_code: bool, quan
         return _load_quantized_dir(path, ref, qc, dtype, device)
     if quantize is not None:
         model = _load_streamed(path, ref, config, quantize, dtype, device)
-        return model, _load_tokenizer(path, ref, model, trust_remote_code)
+        return model, load_tokenizer(path, ref, model, trust_remote_code)
 
     kwargs = {"dtype": dtype, "trust_remote_code": trust_remote_code, "use_safetensors": True}
     if torch.device(device).type != "cpu":
@@ -242,10 +242,10 @@ def _load_dir(path: Path, ref: str, dtype, device, trust_remote_code: bool, quan
     except Exception as e:
         raise ModelError(f"{ref}: failed to load the weights in {path}: {type(e).__name__}: {e}") from e
     model = model.to(device).eval()
-    return model, _load_tokenizer(path, ref, model, trust_remote_code)
+    return model, load_tokenizer(path, ref, model, trust_remote_code)
 
 
-def _load_tokenizer(path: Path, ref: str, model, trust_remote_code: bool):
+def load_tokenizer(path: Path, ref: str, model, trust_remote_code: bool):
     from transformers import AutoTokenizer
 
     try:

@@ -98,6 +98,26 @@ def _planned_bytes(model: nn.Module) -> int:
 
 
 @torch.no_grad()
+def materialize_stem(model: nn.Module, fill: Fill) -> None:
+    """Fill every meta tensor outside the decoder layers (embeddings, rotary, final norm, LM head),
+    leaving the layers on the meta device. The input embeddings go first so that a tied LM head
+    can share them instead of being read (the dense load ties them the same way)."""
+    layers_name, _ = decoder_layers(model)
+    emb = model.get_input_embeddings()
+    owners = [(n, m) for n, m in model.named_modules()
+              if not n.startswith(layers_name + ".") and n != layers_name and _meta_owned(m)]
+    owners.sort(key=lambda nm: nm[1] is not emb)
+    for name, mod in owners:
+        if not _meta_owned(mod):
+            continue  # the tied head, already sharing the embeddings
+        fill(mod, name)
+        if mod is emb and getattr(model.config, "tie_word_embeddings", False):
+            head = model.get_output_embeddings()
+            if head is not None:
+                head.weight = model.get_input_embeddings().weight
+
+
+@torch.no_grad()
 def build_streamed(model: nn.Module, fill: Fill, recipe: QuantRecipe | dict | None = None, *,
                    device: str | torch.device = "cpu") -> QuantReport:
     """Materialize a meta-device ``model`` part by part with ``fill``, quantizing each decoder layer
@@ -117,18 +137,7 @@ def build_streamed(model: nn.Module, fill: Fill, recipe: QuantRecipe | dict | No
         return name.startswith(prefix + ".")
 
     # 1. Everything outside the decoder layers: small next to them (embeddings, final norm, LM head).
-    #    The input embeddings go first so that a tied LM head can share them instead of being read.
-    emb = model.get_input_embeddings()
-    owners = [(n, m) for n, m in model.named_modules() if not inside(n, layers_name) and _meta_owned(m)]
-    owners.sort(key=lambda nm: nm[1] is not emb)
-    for name, mod in owners:
-        if not _meta_owned(mod):
-            continue  # the tied head, already sharing the embeddings
-        fill(mod, name)
-        if mod is emb and getattr(model.config, "tie_word_embeddings", False):
-            head = model.get_output_embeddings()
-            if head is not None:
-                head.weight = model.get_input_embeddings().weight
+    materialize_stem(model, fill)
     if recipe is not None:
         quantize_planned(model, {n: c for n, c in plan.items() if not inside(n, layers_name)}, recipe)
     peak = materialized_bytes(model)
@@ -231,10 +240,11 @@ def checkpoint_filler(root: nn.Module, reader: TensorReader, device, dtype: torc
                 f"{reader.info.path}: {name} has shape {list(reader.shape(name))} in "
                 f"{reader.info.tensors[name][0]} but the model built from config.json expects {list(shape)}; "
                 f"config.json does not describe these weights (copy the checkpoint's own config.json)")
-        t = reader.get(name)
-        if t.is_floating_point() and t.element_size() >= 2:
-            t = t.to(dtype)
-        return t.to(dev)
+        t = reader.get(name)  # a view into the shard's memory map
+        cast = dtype if t.is_floating_point() and t.element_size() >= 2 else t.dtype
+        # Always a copy: a view would keep its whole shard mapped, and every page of it that was read
+        # resident, for as long as any tensor of the shard lives (a norm weight pins a whole layer).
+        return t.to(device=dev, dtype=cast, copy=True)
 
     def swap_packed(name: str, lin: nn.Module, cfg: FormatConfig) -> None:
         tensors = {k.rpartition(".")[2]: reader.get(k).to(dev) for k in reader.children(name)}

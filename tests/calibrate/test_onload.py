@@ -139,7 +139,7 @@ def test_auto_offloads_when_the_dense_model_would_not_fit():
 
 def test_the_stage_decides_auto_from_the_checkpoint_and_the_free_memory(monkeypatch):
     """The stage's wiring on a (pretend) CUDA device: tiny-llama's size from model_info against a
-    patched free memory; held-out on counts the reference copy; an s3 model is sized after loading."""
+    patched free memory; held-out on counts the reference copy (an s3 model: tests/calibrate/test_streaming.py)."""
     from quarl.calibrate.stage import _offload_mode
 
     dense = estimate_dense_bytes("tiny-llama", torch.bfloat16)
@@ -150,11 +150,10 @@ def test_the_stage_decides_auto_from_the_checkpoint_and_the_free_memory(monkeypa
     free["b"] = int(2 * dense / AUTO_FRACTION) + 1  # model + reference fit
     assert _offload_mode(cfg, "tiny-llama", torch.bfloat16, cuda)[0] == "none"
     free["b"] = int(2 * dense / AUTO_FRACTION) - 1
-    mode, reason, size = _offload_mode(cfg, "tiny-llama", torch.bfloat16, cuda)
+    mode, reason, size, _ = _offload_mode(cfg, "tiny-llama", torch.bfloat16, cuda)
     assert (mode, size) == ("cpu", dense) and "2 x" in reason
     no_eval = CalibrateConfig(dtype="bfloat16", eval=HeldOutConfig(enabled=False))  # one copy only: fits
     assert _offload_mode(no_eval, "tiny-llama", torch.bfloat16, cuda)[0] == "none"
-    assert _offload_mode(cfg, "s3://bucket/model", torch.bfloat16, cuda)[0] is None
     assert _offload_mode(CalibrateConfig(offload="cpu"), "tiny-llama", torch.float32, torch.device("cpu"))[0] == "cpu"
     assert _offload_mode(cfg, "tiny-llama", torch.float32, torch.device("cpu"))[0] == "none"
 
