@@ -37,3 +37,17 @@ def calib_batches():
 @pytest.fixture(scope="session")
 def eval_ids():
     return torch.randint(0, 49152, (2, 32), generator=torch.Generator().manual_seed(1))
+
+
+# small stage settings and a text corpus for the offload / streaming stage tests
+SMALL_STAGE = ["data.num_samples=4", "data.seq_len=32", "data.batch_size=2", "eval.num_samples=3", "eval.batch_size=2",
+               "awq.n_grid=4", "device=cpu"]
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory):
+    p = tmp_path_factory.mktemp("text") / "corpus.txt"
+    p.write_text("\n\n".join(f"Paragraph {i}: the quick brown fox jumps over {i} lazy dogs and {2 * i} cats."
+                             for i in range(60)))
+    return str(p)
+

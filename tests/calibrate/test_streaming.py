@@ -12,17 +12,9 @@ from quarl.calibrate.sequential import decoder_blocks
 from quarl.calibrate.streaming import StreamSource, stream_source
 from quarl.config import load_config
 from quarl.quant import QuantLinear
+from tests.calibrate.conftest import SMALL_STAGE
 
-SMALL = ["data.num_samples=4", "data.seq_len=32", "data.batch_size=2", "eval.num_samples=3", "eval.batch_size=2",
-         "awq.n_grid=4", "device=cpu"]
-
-
-@pytest.fixture(scope="module")
-def corpus(tmp_path_factory):
-    p = tmp_path_factory.mktemp("text") / "corpus.txt"
-    p.write_text("\n\n".join(f"Paragraph {i}: the quick brown fox jumps over {i} lazy dogs and {2 * i} cats."
-                             for i in range(60)))
-    return str(p)
+SMALL = SMALL_STAGE
 
 
 @pytest.fixture(scope="module")
