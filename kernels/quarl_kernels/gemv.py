@@ -76,7 +76,7 @@ import triton
 import triton.language as tl
 
 from quarl_kernels.formats import FMT_INT4, FMT_MXFP4, FMT_NVFP4
-from quarl_kernels.launch import interpreting, num_sms, splitk_reduce_kernel
+from quarl_kernels.launch import finish, interpreting, num_sms
 
 # ---------------------------------------------------------------------------
 # Inline PTX: $0..$7 = the fp32 values of codes 0..7 of the word $8 (natural order).
@@ -420,7 +420,7 @@ def _gemv_split(cfg: GemvConfig, n: int, kw: int, sms: int) -> tuple[int, int]:
     return triton.cdiv(kw, per), per
 
 
-def launch_gemv(x2: torch.Tensor, pw, cfg: GemvConfig, *, use_asm: bool = True) -> torch.Tensor:
+def launch_gemv(x2: torch.Tensor, pw, cfg: GemvConfig, *, use_asm: bool = True, epi=None) -> torch.Tensor:
     """y [M, N] = x2 [M, K] @ dequant(W)^T on CUDA cores; ``pw`` is a ``wo_gemm.PackedWeight``.
 
     M must be 1..``GEMV_LIMIT_M`` (each M compiles its own kernel: the token loop is
@@ -459,10 +459,7 @@ def launch_gemv(x2: torch.Tensor, pw, cfg: GemvConfig, *, use_asm: bool = True) 
         BN=bn, BKW=bkw, VEC=vec, PREFETCH=cfg.prefetch, STAGES=cfg.stages, EVEN_K=kw % bkw == 0, ZW=zw,
         num_warps=cfg.warps, num_stages=cfg.stages,
     )
-    if split > 1:
-        mn = m * pw.n
-        splitk_reduce_kernel[(triton.cdiv(mn, 1024),)](out, y, mn, SPLIT_K=split, BLOCK=1024, num_warps=4)
-    return y
+    return finish(out, y, split, epi)  # split partials summed (+ bias / LoRA epilogue)
 
 
 __all__ = [

@@ -3,6 +3,17 @@
 They lived in ``wo_gemm``, which ``gemv`` and ``mma_decode`` then imported back
 inside their launchers while ``wo_gemm`` imported them: an import circle between
 kernel modules. One small module below all of them removes it.
+
+The last pass of a weight-only GEMM (:func:`finish`). Split over K, every launcher
+ends with a kernel that sums the fp32 partials ``[S, M, N]`` into ``y``. A rollout
+step's projection then still paid, per call, a bias add and the LoRA branch's
+``addmm`` (``y + scaling * a @ B^T``): two to three more small kernels, 7x per
+layer (RESULTS "Issue 17: where a 7B decode step's time goes": 616 LoRA kernels and
+0.13 ms of bias adds per 7B step at batch 1). :class:`Epilogue` folds both into that
+last pass: ``y = sum_s ws[s] + bias + scaling * a @ B^T``, one kernel, fp32 until a
+single rounding to ``y``'s dtype (the unfused path rounds the base output, then the
+bias sum, then the addmm: results differ from it by those roundings, <= ~1 bf16 ulp
+of ``y`` per element). Unsplit launches run it in place over ``y``.
 """
 
 from __future__ import annotations
@@ -14,8 +25,8 @@ import torch
 import triton
 import triton.language as tl
 
-__all__ = ["DecodeOperands", "decode_operands", "env_flag", "finish_splits", "interpreting", "num_sms",
-           "splitk_reduce_kernel"]
+__all__ = ["DecodeOperands", "Epilogue", "decode_operands", "env_flag", "epilogue_kernel", "finish",
+           "finish_splits", "interpreting", "num_sms", "splitk_reduce_kernel"]
 
 
 def num_sms(device: torch.device) -> int:
@@ -59,6 +70,89 @@ def splitk_reduce_kernel(ws_ptr, y_ptr, MN, SPLIT_K: tl.constexpr, BLOCK: tl.con
     tl.store(y_ptr + offs, acc.to(y_ptr.dtype.element_ty), mask=mask)
 
 
+class Epilogue(typing.NamedTuple):
+    """What the last pass adds to ``x @ W^T``: ``bias [N]`` and ``scaling * a @ b^T`` (a LoRA branch).
+
+    ``a [M, r]`` may be a column slice of a wider tensor (the packed A GEMM of several
+    projections, ``quarl.engine.lora``): its row stride is passed, its column stride must be 1.
+    ``b [N, r]`` contiguous. Either part may be absent (None)."""
+
+    bias: torch.Tensor | None = None  # [N]
+    a: torch.Tensor | None = None  # [M, r]
+    b: torch.Tensor | None = None  # [N, r]
+    scaling: float = 1.0
+
+    def check(self, m: int, n: int) -> None:
+        """Shapes the kernel assumes; a clear error instead of an out-of-bounds read."""
+        if self.bias is not None and (self.bias.shape != (n,) or not self.bias.is_contiguous()):
+            raise ValueError(f"Epilogue: bias must be a contiguous [{n}], got {tuple(self.bias.shape)}")
+        if (self.a is None) != (self.b is None):
+            raise ValueError("Epilogue: a LoRA branch needs both a [M, r] and b [N, r]")
+        if self.a is not None:
+            r = self.b.shape[-1]
+            if self.a.shape != (m, r) or self.a.stride(1) != 1 or self.b.shape != (n, r) or \
+                    not self.b.is_contiguous():
+                raise ValueError(f"Epilogue: need a [{m}, r] (unit column stride) and a contiguous b [{n}, r]; got "
+                                 f"a {tuple(self.a.shape)} strides {self.a.stride()}, b {tuple(self.b.shape)}")
+
+
+@triton.jit
+def epilogue_kernel(ws_ptr, y_ptr, bias_ptr, a_ptr, b_ptr, M, N, scaling, s_ws, m_ws, m_a,
+                    SPLIT_K: tl.constexpr, HAS_BIAS: tl.constexpr, R: tl.constexpr, RP: tl.constexpr,
+                    BM: tl.constexpr, BN: tl.constexpr, INTERPRET: tl.constexpr):
+    """y[m, n] = sum_s ws[s, m, n] (split order) + bias[n] + scaling * sum_r a[m, r] b[n, r].
+
+    ``ws`` is the fp32 partials [S, M, N] (strides s_ws, m_ws), or ``y`` itself when S == 1
+    (each element is read and written by the same program: in place is safe). R = 0: no LoRA;
+    RP = R padded to a power of two >= 16 (tl.dot's minimum), the pad masked to zero."""
+    rows = tl.program_id(0) * BM + tl.arange(0, BM)  # [BM]
+    cols = tl.program_id(1) * BN + tl.arange(0, BN)  # [BN]
+    rm, cm = rows < M, cols < N
+    mask = rm[:, None] & cm[None, :]
+    off = rows[:, None] * m_ws + cols[None, :]
+    acc = tl.load(ws_ptr + off, mask=mask, other=0.0).to(tl.float32)  # [BM, BN]
+    for s in tl.static_range(1, SPLIT_K):
+        acc += tl.load(ws_ptr + s * s_ws + off, mask=mask, other=0.0)
+    if HAS_BIAS:
+        acc += tl.load(bias_ptr + cols, mask=cm, other=0.0).to(tl.float32)[None, :]
+    if R > 0:
+        rr = tl.arange(0, RP)
+        a = tl.load(a_ptr + rows[:, None] * m_a + rr[None, :], mask=rm[:, None] & (rr[None, :] < R), other=0.0)
+        b = tl.load(b_ptr + cols[:, None] * R + rr[None, :], mask=cm[:, None] & (rr[None, :] < R), other=0.0)
+        if INTERPRET:  # the interpreter's bf16 dot is wrong; bf16 x bf16 products are exact in fp32 anyway
+            acc += scaling * tl.dot(a.to(tl.float32), tl.trans(b.to(tl.float32)), input_precision="ieee")
+        else:
+            acc += scaling * tl.dot(a, tl.trans(b))  # [BM, RP] @ [RP, BN] on tensor cores, fp32 accumulate
+    tl.store(y_ptr + rows[:, None] * N + cols[None, :], acc.to(y_ptr.dtype.element_ty), mask=mask)
+
+
+def finish(out: torch.Tensor, y: torch.Tensor, split: int, epi: Epilogue | None = None) -> torch.Tensor:
+    """The last pass of a launch: ``y [M, N]`` from ``out`` (fp32 partials ``[S, M, N]`` when
+    ``split > 1``, else ``y`` itself), plus ``epi``. No epilogue and no split: nothing to do."""
+    m, n = y.shape
+    if epi is None or (epi.bias is None and epi.a is None):
+        if split > 1:
+            mn = y.numel()
+            splitk_reduce_kernel[(triton.cdiv(mn, 1024),)](out, y, mn, SPLIT_K=split, BLOCK=1024, num_warps=4)
+        return y
+    epi.check(m, n)
+    if m == 0:
+        return y
+    r = 0 if epi.a is None else epi.b.shape[-1]
+    bm = 16 if m <= 16 else 32
+    bn = 128
+    s_ws, m_ws = (out.stride(0), out.stride(1)) if split > 1 else (0, y.stride(0))
+    dummy = y
+    epilogue_kernel[(triton.cdiv(m, bm), triton.cdiv(n, bn))](
+        out if split > 1 else y, y, epi.bias if epi.bias is not None else dummy,
+        epi.a if r else dummy, epi.b if r else dummy, m, n, float(epi.scaling), s_ws, m_ws,
+        epi.a.stride(0) if r else 0,
+        SPLIT_K=split, HAS_BIAS=epi.bias is not None, R=r, RP=max(16, triton.next_power_of_2(max(r, 1))),
+        BM=bm, BN=bn, INTERPRET=interpreting(), num_warps=4,
+    )
+    return y
+
+
 class DecodeOperands(typing.NamedTuple):
     """What the register-decode kernels (``mma_decode``, ``wgmma_decode``) take besides the weight words."""
 
@@ -92,10 +186,8 @@ def decode_operands(x2: torch.Tensor, pw, split: int, int4: bool) -> DecodeOpera
     return DecodeOperands(x2.contiguous(), s, z, gs, y, out, strides)
 
 
-def finish_splits(ops: DecodeOperands, split: int) -> torch.Tensor:
-    """``ops.y``: the fp32 partials summed in split order (deterministic) when the launch was split over K."""
-    if split > 1:
-        mn = ops.y.numel()
-        splitk_reduce_kernel[(triton.cdiv(mn, 1024),)](ops.out, ops.y, mn, SPLIT_K=split, BLOCK=1024, num_warps=4)
-    return ops.y
+def finish_splits(ops: DecodeOperands, split: int, epi: Epilogue | None = None) -> torch.Tensor:
+    """``ops.y``: the fp32 partials summed in split order (deterministic) when the launch was split over K,
+    plus ``epi`` (:func:`finish`)."""
+    return finish(ops.out, ops.y, split, epi)
 

@@ -481,12 +481,13 @@ def _split(cfg: MmaDecodeConfig, n: int, kw: int, sms: int) -> tuple[int, int]:
     return triton.cdiv(steps, per), per
 
 
-def launch_mma_decode(x2: torch.Tensor, pw, cfg: MmaDecodeConfig) -> torch.Tensor:
+def launch_mma_decode(x2: torch.Tensor, pw, cfg: MmaDecodeConfig, epi=None) -> torch.Tensor:
     """y [M, N] = x2 [M, K] @ dequant(W)^T on mma.sync with register-decoded weights.
 
     ``pw`` is a ``wo_gemm.PackedWeight`` (byte tensors as bytes or int32 views);
     ``x2`` bf16 [M, K] with 1 <= M <= 64 (``mma_decode_supported``); ``cfg`` from
-    ``default_config`` / ``candidate_configs`` (any entry runs at any M)."""
+    ``default_config`` / ``candidate_configs`` (any entry runs at any M).
+    ``epi``: a ``launch.Epilogue`` (bias / LoRA branch added in the last pass), or None."""
     if not mma_decode_supported(x2, pw):
         raise ValueError(
             f"launch_mma_decode: needs CUDA bf16 x [M, {pw.k}] with {MIN_M} <= M <= {MAX_M}, K % 8 == 0 and a "
@@ -506,7 +507,7 @@ def launch_mma_decode(x2: torch.Tensor, pw, cfg: MmaDecodeConfig) -> torch.Tenso
         PREFETCH=cfg.prefetch, EVEN_K=kw % cfg.bkw == 0, XS=cfg.xsmem,
         num_warps=cfg.warps,
     )
-    return finish_splits(ops, split)
+    return finish_splits(ops, split, epi)
 
 
 __all__ = [

@@ -72,7 +72,23 @@ def forward(x: torch.Tensor, layer) -> torch.Tensor:
     return torch.ops.quarl.wo_linear(x, *layer_args(layer))
 
 
+def forward_epilogue(x: torch.Tensor, layer, a: torch.Tensor | None, b: torch.Tensor | None,
+                     scaling: float) -> torch.Tensor:
+    """``dispatch.EpilogueFn``: ``x @ W^T + layer.bias + scaling * a @ b^T`` with the bias and the LoRA
+    branch added in the GEMM's last pass (``launch.Epilogue``). No autograd: inference only (the
+    rollout engine's decode and prefill). ``a [..., r]`` may be a column slice; ``b [N, r]``."""
+    from quarl_kernels.launch import Epilogue
+    from quarl_kernels.ops import _packed_weight, layer_args
+    from quarl_kernels.wo_gemm import wo_matmul
+
+    n, k = layer.out_features, layer.in_features
+    a2 = None if a is None else a.reshape(-1, a.shape[-1])  # [M, r]: a view (row stride kept) for a slice
+    epi = Epilogue(layer.bias, a2, None if b is None else b.contiguous(), scaling)
+    y = wo_matmul(x.reshape(-1, k), _packed_weight(*layer_args(layer)), epi=epi)  # [M, N]
+    return y.reshape(*x.shape[:-1], n)
+
+
 def kernel_specs() -> list[dict]:
-    """The kernels for ``quarl.quant.dispatch.Kernel(**spec)``: name, format, fn, applies, priority."""
-    return [{"name": f"triton-wo-{fmt}", "format": fmt, "fn": forward, "applies": applies, "priority": KERNEL_PRIORITY}
-            for fmt in ("nvfp4", "mxfp4", "int")]
+    """The kernels for ``quarl.quant.dispatch.Kernel(**spec)``: name, format, fn, applies, priority, epilogue."""
+    return [{"name": f"triton-wo-{fmt}", "format": fmt, "fn": forward, "applies": applies, "priority": KERNEL_PRIORITY,
+             "epilogue": forward_epilogue} for fmt in ("nvfp4", "mxfp4", "int")]

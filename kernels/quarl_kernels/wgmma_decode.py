@@ -332,12 +332,13 @@ def split_for(cfg: WgmmaDecodeConfig, n: int, kw: int, sms: int) -> tuple[int, i
     return triton.cdiv(steps, per), per
 
 
-def launch_wgmma_decode(x2: torch.Tensor, pw, cfg: WgmmaDecodeConfig) -> torch.Tensor:
+def launch_wgmma_decode(x2: torch.Tensor, pw, cfg: WgmmaDecodeConfig, epi=None) -> torch.Tensor:
     """y [M, N] = x2 [M, K] @ dequant(W)^T on wgmma with register-decoded weights.
 
     ``pw`` is a ``wo_gemm.PackedWeight``; ``x2`` bf16 [M, K] with 17 <= M <= 64 on an
     sm_90 GPU (``wgmma_decode_supported``); ``cfg`` from ``default_config`` /
-    ``candidate_configs``."""
+    ``candidate_configs``.
+    ``epi``: a ``launch.Epilogue`` (bias / LoRA branch added in the last pass), or None."""
     if not wgmma_decode_supported(x2, pw):
         raise ValueError(
             f"launch_wgmma_decode: needs CUDA bf16 x [M, {pw.k}] on an sm_90 GPU with {MIN_M} <= M <= {MAX_M}, "
@@ -357,7 +358,7 @@ def launch_wgmma_decode(x2: torch.Tensor, pw, cfg: WgmmaDecodeConfig) -> torch.T
         PREFETCH=cfg.prefetch, EVEN_K=kw % cfg.bkw == 0, NBUF=cfg.nbuf,
         num_warps=cfg.warps,
     )
-    return finish_splits(ops, split)
+    return finish_splits(ops, split, epi)
 
 
 __all__ = [

@@ -55,9 +55,9 @@ import triton.language as tl
 from quarl_kernels import dense, gemv
 from quarl_kernels.dequant import FMT_INT4, FMT_NVFP4, FP4_ACC_FACTOR, load_dequant_tile, pair_order_rows
 from quarl_kernels.launch import env_flag as _env_flag
+from quarl_kernels.launch import finish as _finish
 from quarl_kernels.launch import interpreting as _interpreting
 from quarl_kernels.launch import num_sms as _num_sms
-from quarl_kernels.launch import splitk_reduce_kernel as _splitk_reduce_kernel
 
 
 # ---------------------------------------------------------------------------
@@ -251,7 +251,7 @@ def _split_k(cfg: Config, m: int, n: int, kw: int, sms: int) -> tuple[int, int]:
 
 def launch_fwd(
     x2: torch.Tensor, pw: PackedWeight, cfg: Config, *, use_asm: bool = True, pair_order: bool | None = None,
-    swap_ab: bool | None = None,
+    swap_ab: bool | None = None, epi=None,
 ) -> torch.Tensor:
     """y [M, N] = x2 [M, K] @ W^T with an explicit config (no tuning); ``pair_order`` /
     ``swap_ab`` override the config's ``pair`` / ``swap`` (see docs/kernels.md)."""
@@ -280,10 +280,7 @@ def launch_fwd(
         BM=cfg.bm, BN=cfg.bn, BKW=cfg.bkw, GROUP_M=cfg.group_m, INTERPRET=_interpreting(),
         num_warps=cfg.warps, num_stages=cfg.stages,
     )
-    if split > 1:
-        mn = m * pw.n
-        _splitk_reduce_kernel[(triton.cdiv(mn, 1024),)](out, y, mn, SPLIT_K=split, BLOCK=1024, num_warps=4)
-    return y
+    return _finish(out, y, split, epi)
 
 
 def launch_bwd(
@@ -495,18 +492,22 @@ def _wgmma_decode_failed(e: Exception) -> None:
                   f"this.", stacklevel=3)
 
 
-def wo_matmul(x2: torch.Tensor, pw: PackedWeight, *, tune: bool | None = None) -> torch.Tensor:
+def wo_matmul(x2: torch.Tensor, pw: PackedWeight, *, tune: bool | None = None, epi=None) -> torch.Tensor:
     """y [M, N] = x2 [M, K] @ dequant(W)^T, config picked by M regime (and tuning).
 
     By M: 1 token runs the CUDA-core GEMV (``gemv.py``), 2..64 the Gluon
     register-operand ``mma.sync`` kernel (``mma_decode.py``; 17..64 on large weights the
     Hopper ``wgmma`` one, ``wgmma_decode.py``, where ``wgmma_decode.preferred``), M >= ``dense.dense_min_m()``
     dequantizes to a transient BF16 weight for cuBLAS (``dense.py``), the rest the
-    tensor-core kernel below (which also covers any call the others do not support)."""
+    tensor-core kernel below (which also covers any call the others do not support).
+
+    ``epi`` (a ``launch.Epilogue``): a bias and / or a LoRA branch ``scaling * a @ b^T`` added in the
+    launch's last pass (the split-K reduction, or one in-place pass when unsplit); tuning times the
+    GEMM alone."""
     m = x2.shape[0]
     if dense.use_dense(m):
         try:
-            return dense.dense_matmul(x2, pw)
+            return _finish(None, dense.dense_matmul(x2, pw), 1, epi)
         except torch.cuda.OutOfMemoryError:  # no room for the transient BF16 weight: the fused kernel needs none
             _dense_oom(pw)
     wd = _wgmma_decode() if 17 <= m <= 64 else None
@@ -516,7 +517,7 @@ def wo_matmul(x2: torch.Tensor, pw: PackedWeight, *, tune: bool | None = None) -
         try:
             wcfg = _choose("wgmma", wkey, wd.candidate_configs(m), lambda c: wd.launch_wgmma_decode(x2, pw, c), tune,
                            wd.default_config(m, pw.n))
-            return wd.launch_wgmma_decode(x2, pw, wcfg)
+            return wd.launch_wgmma_decode(x2, pw, wcfg, epi)
         except triton.compiler.errors.CompilationError as e:
             _wgmma_decode_failed(e)
     md = _mma_decode()
@@ -527,19 +528,19 @@ def wo_matmul(x2: torch.Tensor, pw: PackedWeight, *, tune: bool | None = None) -
         try:
             mcfg = _choose("mma", mkey, md.candidate_configs(m), lambda c: md.launch_mma_decode(x2, pw, c), tune,
                            mdefault)
-            return md.launch_mma_decode(x2, pw, mcfg)
+            return md.launch_mma_decode(x2, pw, mcfg, epi)
         except triton.compiler.errors.CompilationError as e:
             _mma_decode_failed(e)
     if gemv.gemv_supported(x2, pw):
         gkey = (pw.fmt, pw.group, m, pw.n, pw.k, x2.device.index)
         gdefault = gemv.default_gemv_config(pw.fmt, m, pw.n, pw.k)
         gcfg = _choose("gemv", gkey, gemv.GEMV_CONFIGS, lambda c: gemv.launch_gemv(x2, pw, c), tune, gdefault)
-        return gemv.launch_gemv(x2, pw, gcfg)
+        return gemv.launch_gemv(x2, pw, gcfg, epi=epi)
     cands = DECODE_CONFIGS if m <= DECODE_MAX_M else PREFILL_CONFIGS
     key = (pw.fmt, pw.group, _m_bucket(m), pw.n, pw.k, x2.device.index)
     default = default_config("fwd", m, pw.n, pw.k)
     cfg = _choose("fwd", key, cands, lambda c: launch_fwd(x2, pw, c), tune, default)
-    return launch_fwd(x2, pw, cfg)
+    return launch_fwd(x2, pw, cfg, epi=epi)
 
 
 def wo_matmul_t(dy2: torch.Tensor, pw: PackedWeight, *, tune: bool | None = None) -> torch.Tensor:

@@ -20,6 +20,15 @@ forward hooks (on it or its ``lora_dropout``) and no instance-level ``forward``,
 ``lora_dropout`` is an identity or a ``Dropout`` in eval mode (generation runs in eval mode).
 Anything else is called as a module, as before. ``lora_pack=False`` on ``FastGenerator`` (or
 ``QUARL_ENGINE_LORA_PACK=0``) turns it off.
+
+The B GEMM in the base kernel's last pass. Where the projection's base runs quarl's weight-only
+kernels (a frozen NVFP4 / MXFP4 / INT4 ``QuantLinear``, CUDA, no autograd), its split-K reduction
+(or one in-place pass when unsplit) adds the bias and ``scaling * a_j @ B_j^T`` too
+(``quarl_kernels.launch.Epilogue``): per layer the adapters then cost the four A GEMMs and
+nothing else, instead of seven ``addmm``'s and three bias adds more (RESULTS "Issue 17: where a 7B
+decode step's time goes": 616 LoRA kernels per 7B step). The sum is rounded once instead of
+three times (<= ~1 bf16 ulp from the unfused path). ``QUARL_ENGINE_LORA_EPILOGUE=0`` keeps the
+``addmm`` (for A/B runs); a BF16 base always does.
 """
 
 from __future__ import annotations
@@ -33,19 +42,31 @@ from torch import nn
 from quarl.quant.linear import QuantLinear, lora_add
 
 ENV = "QUARL_ENGINE_LORA_PACK"
+EPILOGUE_ENV = "QUARL_ENGINE_LORA_EPILOGUE"
 GROUPS = {"qkv": ("self_attn", ("q_proj", "k_proj", "v_proj")), "o": ("self_attn", ("o_proj",)),
           "gate_up": ("mlp", ("gate_proj", "up_proj")), "down": ("mlp", ("down_proj",))}
+
+
+def _env_on(name: str, fix: str) -> bool:
+    v = os.environ.get(name, "1").strip().lower()
+    if v in ("1", "true", "on", "yes", ""):
+        return True
+    if v in ("0", "false", "off", "no"):
+        return False
+    raise ValueError(f"{name}={v!r} is not understood; set it to 1 ({fix}, the default) or 0")
 
 
 def resolve(flag: bool | None) -> bool:
     if flag is not None:
         return bool(flag)
-    v = os.environ.get(ENV, "1").strip().lower()
-    if v in ("1", "true", "on", "yes", ""):
-        return True
-    if v in ("0", "false", "off", "no"):
-        return False
-    raise ValueError(f"{ENV}={v!r} is not understood; set it to 1 (packed adapters, the default) or 0")
+    return _env_on(ENV, "packed adapters")
+
+
+def resolve_epilogue(flag: bool | None) -> bool:
+    """Fold each projection's B GEMM and bias into its base kernel's last pass (default on)."""
+    if flag is not None:
+        return bool(flag)
+    return _env_on(EPILOGUE_ENV, "the B GEMM in the base kernel's last pass")
 
 
 def _hooked(m: nn.Module) -> bool:
@@ -63,8 +84,9 @@ def packable(m: nn.Module) -> bool:
 class Group:
     """The adapters of projections that share an input: ``A [G*r, K]`` stacked, ``B_j [N_j, r]``."""
 
-    def __init__(self, mods: list[QuantLinear], dtype: torch.dtype):
+    def __init__(self, mods: list[QuantLinear], dtype: torch.dtype, epilogue: bool = True):
         self.mods = mods
+        self.epilogue = epilogue  # B GEMM and bias in the base kernel's last pass, where a kernel offers it
         self.r = mods[0].lora_cfg.r
         a0 = mods[0].lora_A
         self.A = torch.empty(len(mods) * self.r, a0.shape[1], device=a0.device, dtype=dtype)
@@ -83,15 +105,23 @@ class Group:
         """``x [..., K]`` -> each projection's output ``[..., N_j]`` (base + bias + adapter)."""
         a = F.linear(x, self.A)  # [..., G*r]: every projection's x @ A_j^T in one GEMM
         r = self.r
-        return [lora_add(m.base_forward(x), a[..., j * r:(j + 1) * r], self.B[j], m.lora_cfg.scaling)
-                for j, m in enumerate(self.mods)]
+        out = []
+        for j, m in enumerate(self.mods):
+            aj = a[..., j * r:(j + 1) * r]  # [..., r], a column slice (row stride G*r)
+            fused = m.epilogue_kernel(x) if self.epilogue else None
+            if fused is not None:  # base GEMM + bias + scaling * a_j @ B_j^T, one launch's last pass
+                out.append(fused(x, m, aj, self.B[j], m.lora_cfg.scaling))
+            else:
+                out.append(lora_add(m.base_forward(x), aj, self.B[j], m.lora_cfg.scaling))
+        return out
 
 
 class LoraPack:
     """Per layer, the packable groups of :data:`GROUPS` (a group missing here is called as modules)."""
 
-    def __init__(self, layers: list[nn.Module], dtype: torch.dtype):
+    def __init__(self, layers: list[nn.Module], dtype: torch.dtype, epilogue: bool | None = None):
         self.layers: list[dict[str, Group]] = []
+        epilogue = resolve_epilogue(epilogue)
         self._key = self._structure(layers)
         for layer in layers:
             groups = {}
@@ -99,7 +129,7 @@ class LoraPack:
                 mods = [getattr(getattr(layer, parent, None), leaf, None) for leaf in leaves]
                 if all(packable(m) for m in mods) and len({m.lora_cfg.r for m in mods}) == 1 and \
                         len({m.in_features for m in mods}) == 1:
-                    groups[name] = Group(mods, dtype)
+                    groups[name] = Group(mods, dtype, epilogue)
             self.layers.append(groups)
 
     @staticmethod
@@ -131,4 +161,4 @@ class LoraPack:
         return any(self.layers)
 
 
-__all__ = ["ENV", "GROUPS", "Group", "LoraPack", "packable", "resolve"]
+__all__ = ["ENV", "EPILOGUE_ENV", "GROUPS", "Group", "LoraPack", "packable", "resolve", "resolve_epilogue"]

@@ -140,6 +140,7 @@ class DecoderRunner:
         self.fused = fz.resolve(fused)  # requested; used where fz.kernels_available(device)
         self._fused_at: tuple[torch.device, bool] | None = None  # (device, available there)
         self.lora_pack = lp.resolve(lora_pack)  # adapters of q/k/v and gate/up computed together
+        self.lora_epilogue = lp.resolve_epilogue(None)  # B GEMM + bias in the base kernel's last pass
         self._lora: lp.LoraPack | None = None
 
     def prepare_lora(self) -> None:
@@ -150,7 +151,7 @@ class DecoderRunner:
             self._lora = None
             return
         if self._lora is None or not self._lora.matches(self.layers, self.dtype):
-            self._lora = lp.LoraPack(self.layers, self.dtype)
+            self._lora = lp.LoraPack(self.layers, self.dtype, self.lora_epilogue)
         self._lora.refresh()
 
     def lora_buffers(self) -> list[torch.Tensor]:

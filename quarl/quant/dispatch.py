@@ -27,6 +27,10 @@ import torch
 # fn(x [.., K], layer) -> y [.., N], without bias, without LoRA
 KernelFn = Callable[[torch.Tensor, "torch.nn.Module"], torch.Tensor]
 Predicate = Callable[[torch.Tensor, "torch.nn.Module"], bool]
+# fn(x [.., K], layer, a [.., r] | None, b [N, r] | None, scaling) -> x @ W^T + bias + scaling * a @ b^T,
+# the bias and the LoRA branch added in the GEMM's last pass; no autograd (inference: the rollout engine)
+EpilogueFn = Callable[[torch.Tensor, "torch.nn.Module", "torch.Tensor | None", "torch.Tensor | None", float],
+                      torch.Tensor]
 
 
 @dataclass
@@ -36,6 +40,7 @@ class Kernel:
     fn: KernelFn
     applies: Predicate
     priority: int = 0
+    epilogue: EpilogueFn | None = None
 
 
 _KERNELS: dict[str, list[Kernel]] = {}

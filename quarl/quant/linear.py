@@ -249,9 +249,22 @@ class QuantLinear(nn.Module):
             y = lora_add(y, a, self.lora_B.to(x.dtype), self.lora_cfg.scaling)
         return y
 
+    def epilogue_kernel(self, x: torch.Tensor):
+        """The GPU kernel that computes ``base_forward(x) + scaling * a @ B^T`` with the bias and the
+        LoRA branch in the GEMM's last pass (``dispatch.EpilogueFn``), or None. Only without autograd
+        (the rollout engine): the fused call has no backward. None means: call ``base_forward``."""
+        if self.fp8_flow or self._act_fn is not None or self.mode != "frozen" or torch.is_grad_enabled():
+            return None
+        kernel = dispatch.select(x, self)
+        return None if kernel is None else kernel.epilogue
+
     def base_forward(self, x: torch.Tensor) -> torch.Tensor:  # x [..., K] -> [..., N]
         """The frozen (or QAT) base and its bias, without the LoRA branch: what the rollout engine
         calls when it computes the adapters of several projections together (quarl.engine.lora)."""
+        if self.bias is not None:  # inference: the bias in the kernel's last pass (one kernel fewer)
+            fused = self.epilogue_kernel(x)
+            if fused is not None:
+                return fused(x, self, None, None, 1.0)
         if self.fp8_flow:
             from quarl.quant.fp8_linear import fp8_linear
 

@@ -104,3 +104,49 @@ def test_environment_switch(monkeypatch):
     monkeypatch.setenv("QUARL_ENGINE_LORA_PACK", "maybe")
     with pytest.raises(ValueError, match="QUARL_ENGINE_LORA_PACK"):
         FastGenerator(model, PAD)
+
+
+def test_epilogue_route_is_taken_and_equals_addmm(monkeypatch):
+    """Where a projection's kernel offers the fused last pass (``QuantLinear.epilogue_kernel``), the
+    pack calls it with the adapter's column slice of the packed A output; its result is the addmm
+    path's. On CPU no kernel offers one, so a reference stands in for the GPU kernel here (the kernel's
+    own numerics: tests/kernels/test_epilogue_*); ``QUARL_ENGINE_LORA_EPILOGUE=0`` keeps the addmm."""
+    from quarl.quant.linear import QuantLinear
+
+    calls = []
+
+    def reference(x, m, a, b, scaling):  # what quarl_kernels.registration.forward_epilogue computes
+        y = torch.nn.functional.linear(x, m.dequantized_weight(x.dtype))
+        y = y + m.bias.to(y.dtype) if m.bias is not None else y
+        if a is None:  # base_forward's bias-only call
+            return y
+        calls.append((m.out_features, tuple(a.shape), a.stride()))
+        return y + scaling * a @ b.t()
+
+    model = lora_model("qwen2")
+    rows = prompts((6, 2, 9))
+    off = FastGenerator(model, PAD).generate(rows, greedy(8), n=1)
+    assert not calls
+    monkeypatch.setattr(QuantLinear, "epilogue_kernel", lambda self, x: reference)
+    on = FastGenerator(model, PAD).generate(rows, greedy(8), n=1)
+    n_layers = len(model.model.layers)
+    assert len(calls) >= 7 * n_layers, "every packed projection should take the fused route"
+    assert any(stride[0] > shape[-1] for _, shape, stride in calls), "q/k/v get column slices of one A output"
+    assert torch.equal(on.completion_ids, off.completion_ids)
+    torch.testing.assert_close(on.logprobs, off.logprobs, atol=1e-5, rtol=0)
+    calls.clear()
+    monkeypatch.setenv("QUARL_ENGINE_LORA_EPILOGUE", "0")
+    FastGenerator(model, PAD).generate(rows, greedy(2), n=1)
+    assert not calls
+    monkeypatch.setenv("QUARL_ENGINE_LORA_EPILOGUE", "sometimes")
+    with pytest.raises(ValueError, match="QUARL_ENGINE_LORA_EPILOGUE"):
+        FastGenerator(model, PAD)
+
+
+def test_epilogue_kernel_only_without_autograd_and_on_kernel_devices():
+    model = lora_model("qwen2")
+    q = model.model.layers[0].self_attn.q_proj
+    x = torch.randn(2, q.in_features)
+    with torch.no_grad():
+        assert q.epilogue_kernel(x) is None  # CPU: no kernel registered for it
+    assert q.epilogue_kernel(x) is None

@@ -1,0 +1,98 @@
+"""GPU correctness of the fused last pass (``launch.Epilogue``): bias and LoRA branch added by the
+split-K reduction, or in place over an unsplit output, on every path ``wo_gemm.wo_matmul`` picks.
+
+For each regime -- M = 1 (GEMV), 8 (mma.sync decode), 32 (wgmma decode on Hopper, Gluon
+mma otherwise), 200 (the tensor-core kernel) and 4096 (dequantize + cuBLAS) -- on Qwen2.5-7B
+layer shapes: ``wo_matmul(x, W, epi)`` against a float64 ``x @ W^T + bias + s * a @ B^T``
+with ``a`` a column slice of a packed A output, as the engine passes it (< 5e-3 relative, as
+the other kernel tests), and against the unfused ops (``wo_matmul`` then bias, then addmm),
+which round three times instead of once. Then the layer entry (``forward_epilogue``) inside a
+CUDA graph, and ``QuantLinear.base_forward``'s bias-only route under no_grad.
+
+Run on an H100 / H200: ``pytest -q -m gpu tests/kernels/test_epilogue_gpu.py``."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from tests.kernels.helpers import poison, qweight, rel
+
+pytest.importorskip("triton", reason="the GPU kernels need Triton (CPU CI has none)")
+from quarl_kernels import registration, wo_gemm
+from quarl_kernels.launch import Epilogue
+from quarl_kernels.ops import _packed_weight
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device"),
+]
+
+TOL = 5e-3
+CASES = [  # M, N, K, rank (Qwen2.5-7B: q 3584x3584, k 512x3584, gate 18944x3584, down 3584x18944)
+    (1, 3584, 3584, 32), (1, 512, 3584, 32), (1, 3584, 18944, 16),
+    (8, 18944, 3584, 32), (8, 512, 3584, 8),
+    (32, 18944, 3584, 32), (32, 3584, 18944, 32),
+    (200, 3584, 3584, 12),
+    (4096, 3584, 3584, 32),
+]
+
+
+def _operands(m, n, k, r, bias=True, spec="nvfp4"):
+    torch.manual_seed(m + n + r)
+    args, w = qweight(spec, n, k)
+    x = torch.randn(m, k, device="cuda").to(torch.bfloat16)
+    b = torch.randn(n, device="cuda").to(torch.bfloat16) if bias else None
+    a_all = torch.randn(m, 3 * r, device="cuda").to(torch.bfloat16)  # the packed A output of a q/k/v group
+    a = a_all[:, r:2 * r]
+    lb = (torch.randn(n, r, device="cuda") * 0.05).to(torch.bfloat16)
+    return args, w, x, b, a, lb
+
+
+@pytest.mark.parametrize("spec", ["nvfp4", "mxfp4", "int4-g128"])
+@pytest.mark.parametrize("m,n,k,r", CASES, ids=[f"M{c[0]}N{c[1]}K{c[2]}r{c[3]}" for c in CASES])
+def test_epilogue_on_every_path(spec, m, n, k, r):
+    args, w, x, b, a, lb = _operands(m, n, k, r, spec=spec)
+    pw = _packed_weight(*args)
+    ref = x.double() @ w.T + b.double() + 0.5 * a.double() @ lb.double().T
+    poison((m, n), torch.bfloat16)
+    y = wo_gemm.wo_matmul(x, pw, epi=Epilogue(b, a, lb, 0.5))
+    assert rel(y, ref) < TOL, rel(y, ref)
+    unfused = torch.addmm(wo_gemm.wo_matmul(x, pw) + b, a, lb.t(), alpha=0.5)
+    assert rel(y, unfused.double()) < TOL
+    y2 = wo_gemm.wo_matmul(x, pw, epi=Epilogue(None, a, lb, 0.5))  # LoRA only
+    assert rel(y2, ref - b.double()) < TOL
+    y3 = wo_gemm.wo_matmul(x, pw, epi=Epilogue(b))  # bias only
+    assert rel(y3, x.double() @ w.T + b.double()) < TOL
+
+
+def test_layer_entry_in_a_cuda_graph_and_bias_route():
+    from quarl.quant import quantize_model
+
+    lin = torch.nn.Linear(3584, 512, bias=True, device="cuda", dtype=torch.bfloat16)
+    model = torch.nn.Sequential(lin)
+    quantize_model(model, {"default": "nvfp4", "lora": {"r": 32, "alpha": 64.0}})
+    q = model[0]
+    x = torch.randn(1, 1, 3584, device="cuda", dtype=torch.bfloat16)
+    a = torch.randn(1, 1, 96, device="cuda", dtype=torch.bfloat16)[..., 32:64]
+    lb = (torch.randn(512, 32, device="cuda") * 0.05).to(torch.bfloat16)
+    with torch.no_grad():
+        fn = q.epilogue_kernel(x)
+        assert fn is registration.forward_epilogue
+        ref = q.base_forward(x)  # bias-only fused route
+        unfused = torch.nn.functional.linear(x, q.dequantized_weight(x.dtype)) + q.bias.to(x.dtype)
+        assert rel(ref, unfused.double()) < TOL
+        s = torch.cuda.Stream()
+        s.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(s):
+            fn(x, q, a, lb, 2.0)  # warm-up (compiles) off the capture
+        torch.cuda.current_stream().wait_stream(s)
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            out = fn(x, q, a, lb, 2.0)
+        x.normal_()
+        lb.mul_(-1)
+        g.replay()
+        want = q.base_forward(x).double() + 2.0 * a.double() @ lb.double().T
+        assert rel(out, want) < TOL
+    assert q.epilogue_kernel(x) is None  # autograd on: the fused call has no backward

@@ -1,0 +1,108 @@
+"""The last pass of the weight-only GEMMs (``launch.finish`` / ``Epilogue``) on CPU through ``TRITON_INTERPRET=1``.
+
+``y = sum_s ws[s] + bias + scaling * a @ b^T``: split partials (fp32) and the in-place
+unsplit pass over a bf16 ``y``; with and without a bias; LoRA ranks 0, 4 (padded to tl.dot's
+16), 12 (not a power of two) and 32; ``a`` as a column slice of a packed A output (row stride
+> r), as the engine passes it; M across both row tiles (16 and 32) and N tails. Then the whole
+GEMV launch with an epilogue against the format's own dequantize. The reference is fp32; the
+interpreter rounds fp32 -> bf16 by truncation, so bf16 outputs are held to 1e-2 relative
+(the GPU test, ``test_epilogue_gpu.py``, holds the real kernels tighter).
+
+Skipped unless Triton is importable and NumPy < 2.3 (see test_wo_gemm_interpreter.py).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+pytestmark = pytest.mark.skipif(
+    importlib.util.find_spec("triton") is None or tuple(map(int, np.__version__.split(".")[:2])) >= (2, 3),
+    reason="needs Triton and NumPy < 2.3 for the Triton interpreter",
+)
+
+SCRIPT = textwrap.dedent("""
+    import torch
+    from quarl.quant import get_format, make_config
+    from quarl_kernels import gemv
+    from quarl_kernels.launch import Epilogue, finish
+    from quarl_kernels.ops import _packed_weight, _reference_weight
+
+    def rel(y, ref):
+        return ((y.float() - ref).norm() / ref.norm()).item()
+
+    CASES = [  # M, N, split, bias, r, packed columns of a (G * r)
+        (1, 200, 1, True, 32, 96),
+        (1, 200, 4, True, 32, 96),
+        (5, 130, 3, False, 12, 12),
+        (16, 256, 1, True, 0, 0),
+        (20, 96, 2, True, 4, 8),
+        (40, 160, 5, False, 32, 64),
+    ]
+    for m, n, split, has_bias, r, gr in CASES:
+        torch.manual_seed(m * 7 + n)
+        full = torch.randn(split, m, n)  # the K-split partials of x @ W^T
+        bias = torch.randn(n).to(torch.bfloat16) if has_bias else None
+        a_all = torch.randn(m, max(gr, 1)).to(torch.bfloat16)
+        a = a_all[:, gr - r:] if r else None  # the last projection's columns: a strided slice
+        b = (torch.randn(n, r) * 0.2).to(torch.bfloat16) if r else None
+        ref = full.sum(0)
+        if has_bias:
+            ref = ref + bias.float()
+        if r:
+            ref = ref + 0.75 * a.float() @ b.float().T
+        if split > 1:
+            y = torch.empty(m, n, dtype=torch.bfloat16)
+            finish(full.contiguous(), y, split, Epilogue(bias, a, b, 0.75))
+        else:
+            y = full[0].to(torch.bfloat16)
+            ref = y.float() + (ref - full[0])  # the unsplit pass starts from y's own bf16 values
+            finish(None, y, 1, Epilogue(bias, a, b, 0.75))
+        err = rel(y, ref)
+        print("finish", m, n, split, has_bias, r, err)
+        assert y.dtype == torch.bfloat16 and err < 1e-2, (m, n, split, has_bias, r, err)
+
+    # no epilogue, split: the plain reduction (what every launcher did before)
+    full = torch.randn(3, 4, 50)
+    y = torch.empty(4, 50)
+    finish(full, y, 3, None)
+    assert torch.allclose(y, full.sum(0), atol=1e-5)
+
+    # the whole GEMV launch with bias + LoRA in its last pass
+    C = gemv.GemvConfig
+    for spec, m, n, k, cfg in [("nvfp4", 1, 48, 256, C(16, 8, 4, 4)), ("mxfp4", 3, 40, 384, C(16, 8, 2, 4))]:
+        torch.manual_seed(1)
+        c = make_config(spec)
+        q = get_format(c.name).quantize(torch.randn(n, k) * 0.05, c)
+        t = q.tensors
+        args = (t["weight_packed"], t["weight_scale"], t.get("weight_zero_point"), t.get("weight_global_scale"),
+                c.name, c.block_size, n, k)
+        w = _reference_weight(*args, dtype=torch.float32)
+        x = torch.randn(m, k).to(torch.bfloat16)
+        bias = torch.randn(n).to(torch.bfloat16)
+        a = torch.randn(m, 8).to(torch.bfloat16)
+        b = (torch.randn(n, 8) * 0.1).to(torch.bfloat16)
+        y = gemv.launch_gemv(x, _packed_weight(*args), cfg, use_asm=False, epi=Epilogue(bias, a, b, 2.0))
+        ref = x.float() @ w.T + bias.float() + 2.0 * a.float() @ b.float().T
+        err = rel(y, ref)
+        print("gemv+epilogue", spec, m, n, k, err)
+        assert err < 1.5e-2 and not torch.isnan(y.float()).any(), (spec, err)
+    print("OK")
+""")
+
+
+def test_epilogue_under_triton_interpreter():
+    path = os.pathsep.join([str(ROOT), str(ROOT / "kernels"), *sys.path])  # keep where numpy/triton came from
+    env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=path)
+    r = subprocess.run([sys.executable, "-W", "ignore", "-c", SCRIPT], env=env, capture_output=True, text=True,
+                       timeout=300, check=False)
+    assert r.returncode == 0 and r.stdout.rstrip().endswith("OK"), r.stdout + r.stderr[-3000:]
