@@ -11,7 +11,11 @@ calls; LoRA r32 on all 7 projections with a non-zero B); ``+lora32`` keeps the a
 as the RL trainer does (``quarl.train.policy``), ``+lora`` in the model's bf16 as
 ``rollout.py``'s table did; ``:nopack`` runs ``FastGenerator(lora_pack=False)``, each projection's
 LoRA inside its module (the engine before issue 17's packed adapters, ``quarl.engine.lora``) --
-the before/after of that change, same model and weights.
+the before/after of that change, same model and weights. ``:noepi`` sets
+``QUARL_ENGINE_LORA_EPILOGUE=0`` (LoRA B and bias as separate kernels, not in the base GEMM's last
+pass) and ``:sdpa`` ``QUARL_ENGINE_DECODE_ATTN=0`` (SDPA for decode attention); modifiers combine
+(``nvfp4+lora32:noepi:sdpa``). With the epilogue on, a projection's ``gemm:*`` row includes its
+bias and LoRA B (they run in its kernels); ``lora`` is then the A GEMMs alone.
 
 Per (variant, batch) cell, one prefill of ``prompt`` random tokens fills the cache, and
 then three views of the *same* decode loop run from there (context ``prompt`` .. ``prompt +
@@ -152,6 +156,9 @@ class Tagger:
                 if isinstance(mod, ql.QuantLinear):
                     mod.base_forward = self._ranged(f"mod:{name}", mod.base_forward)  # instance attribute
                     self.patched.append((mod, "base_forward", None))
+                    # the fused route (base GEMM + bias + LoRA B in its last pass) is the projection's too
+                    mod.epilogue_kernel = self._ranged_kernel(f"mod:{name}", mod.epilogue_kernel)
+                    self.patched.append((mod, "epilogue_kernel", None))
                     if mod.lora_cfg is not None and id(mod) not in packed:
                         self.handles.append(mod.lora_dropout.register_forward_pre_hook(self._open_lora))
                 else:
@@ -178,6 +185,13 @@ class Tagger:
         def wrapped(*a, **k):
             with record_function(tag):
                 return fn(*a, **k)
+        return wrapped
+
+    @classmethod
+    def _ranged_kernel(cls, tag, get):
+        def wrapped(x):
+            fn = get(x)
+            return None if fn is None else cls._ranged(tag, fn)
         return wrapped
 
     def _open_lora(self, *_):
@@ -395,16 +409,39 @@ def logprob_check(model, lora_pack: bool, prompt: int = 256, rows: int = 8, toke
             "tokens": tokens, "prompt": prompt}
 
 
-def parse_variant(v: str) -> tuple[str, bool, bool]:
-    """``nvfp4+lora32:nopack`` -> (recipe ``nvfp4+lora``, fp32 adapter, packed adapters off)."""
-    name, _, mod = v.partition(":")
-    if mod not in ("", "nopack"):
-        raise SystemExit(f"variant {v!r}: the only modifier is ':nopack'")
+MODIFIERS = {  # ':name' -> the engine switch it turns off for the cell (the before of a change)
+    "nopack": None,  # FastGenerator(lora_pack=False)
+    "noepi": "QUARL_ENGINE_LORA_EPILOGUE",  # LoRA B + bias as addmm / add, not in the base kernel's last pass
+    "sdpa": "QUARL_ENGINE_DECODE_ATTN",  # decode attention through SDPA, not the split-KV kernel
+}
+
+
+def parse_variant(v: str) -> tuple[str, bool, bool, tuple[str, ...]]:
+    """``nvfp4+lora32:nopack`` -> (recipe ``nvfp4+lora``, fp32 adapter, packed adapters on?, env switches off)."""
+    name, *mods = v.split(":")
+    bad = [m for m in mods if m not in MODIFIERS]
+    if bad:
+        raise SystemExit(f"variant {v!r}: unknown modifier(s) {bad}; known: {', '.join(MODIFIERS)}")
     fp32 = name.endswith("+lora32")
     recipe = name[:-2] if fp32 else name
     if recipe not in R.RECIPES:
         raise SystemExit(f"variant {v!r}: unknown recipe {recipe!r}; known: {', '.join(R.RECIPES)} (+lora32 for fp32 LoRA)")
-    return recipe, fp32, mod != "nopack"
+    return recipe, fp32, "nopack" not in mods, tuple(MODIFIERS[m] for m in mods if MODIFIERS[m])
+
+
+@contextlib.contextmanager
+def switches_off(names: tuple[str, ...]):
+    """The engine switches ``names`` set to 0 for the block (engines built inside read them)."""
+    old = {n: os.environ.get(n) for n in names}
+    os.environ.update({n: "0" for n in names})
+    try:
+        yield
+    finally:
+        for n, v in old.items():
+            if v is None:
+                os.environ.pop(n, None)
+            else:
+                os.environ[n] = v
 
 
 # --- the run ---------------------------------------------------------------------------------------
@@ -426,12 +463,12 @@ def run(args) -> dict:
 
     built, model = None, None
     for mname, variant in plan:
-        recipe, fp32, pack = parse_variant(variant)
+        recipe, fp32, pack, off = parse_variant(variant)
         if budget.left() < args.min_cell_s:
             res["notes"].append(f"{mname}/{variant}: not run (time budget, {budget.left():.0f}s left)")
             save()
             continue
-        if built != (mname, recipe, fp32):  # consecutive variants that differ only in ':nopack' share it
+        if built != (mname, recipe, fp32):  # consecutive variants that differ only in modifiers share it
             model = None
             gc.collect()
             if R.DEVICE == "cuda":
@@ -460,7 +497,8 @@ def run(args) -> dict:
                 t = time.perf_counter()
                 check = args.check_tokens if b <= args.check_max_batch else 0
                 try:
-                    profile_cell(model, b, args.prompt, args.steps, args.prof_steps, check, pack, cell)
+                    with switches_off(off):
+                        profile_cell(model, b, args.prompt, args.steps, args.prof_steps, check, pack, cell)
                 except Exception as e:  # noqa: BLE001 - record and go on
                     cell["error"] = f"{type(e).__name__}: {e}"
                     traceback.print_exc()
@@ -475,7 +513,8 @@ def run(args) -> dict:
                                        "attributed_kernel_ms", "cell_s", "error", "skipped")}), flush=True)
         if "lora" in recipe and budget.left() > args.min_cell_s + 10:
             try:
-                res.setdefault("checks", {})[f"{mname}/{variant}"] = logprob_check(model, pack)
+                with switches_off(off):
+                    res.setdefault("checks", {})[f"{mname}/{variant}"] = logprob_check(model, pack)
             except Exception as e:  # noqa: BLE001
                 res.setdefault("checks", {})[f"{mname}/{variant}"] = {"error": f"{type(e).__name__}: {e}"}
                 traceback.print_exc()
