@@ -6,19 +6,24 @@
         (weight + noise under AQN); q, scale = quantize_act_1x128(y) (FP8 E4M3, fp32 per 1x128)
     rope_qk(q, k, cos, sin) -> (q_rot, k_rot)        q [B, H, L, D], k [B, H_kv, L, D], cos/sin [B, L, D]
     silu_mul(gate, up) -> silu(gate) * up
+    decode_attention(q, k, v, valid, scale) -> o    q [B, H_kv, G, D], k/v [B, H_kv, L, D], valid [B, L] bool:
+        softmax(scale * q k^T masked by valid) v, the engine's decode-step attention (o [B, H_kv, G, D])
 
 backed by ``torch.ops.quarl.{rms_norm, add_rms_norm, rms_norm_fp8, add_rms_norm_fp8,
-rope_qk, silu_mul}`` (one op per output signature: a custom op's schema has a
+rope_qk, silu_mul, decode_attention}`` (one op per output signature: a custom op's schema has a
 fixed number of outputs and an output may not alias an input).
 
 Devices. On CUDA, bf16/fp16 inputs (with a weight of the same dtype) run the
 Triton kernels (``norm``, ``rope``, ``act``); everything else -- CPU, fp32,
-no Triton, compute capability < 8.0, rows longer than ``norm.MAX_N`` -- runs
-the reference below, so an op is correct on any input it accepts. The
+no Triton, compute capability < 8.0, rows longer than ``norm.MAX_N``, a head
+dim the attention kernel does not take -- runs the reference below, so an op is correct on any input it accepts. The
 references are the numerics oracle: ``rms_norm_reference`` is HF's
 ``Qwen2RMSNorm.forward`` / ``LlamaRMSNorm.forward`` written out (the CPU test
 holds them bit-equal), ``rope_qk`` uses the engine's ``apply_rope``, the FP8
-output is ``quarl.quant.formats.fp8.quantize_act_1x128`` itself.
+output is ``quarl.quant.formats.fp8.quantize_act_1x128`` itself, and
+``decode_attention_reference`` is the engine's SDPA call. The attention kernel
+(``decode_attn``, flash-decoding) is not bit-equal to SDPA: it accumulates in fp32
+in its own order (see that module).
 
 The ops have fake implementations (they trace through ``torch.compile`` as
 opaque nodes and capture in CUDA graphs) and no autograd: they serve inference
@@ -41,6 +46,11 @@ _LIB = "quarl"
 ACT_GROUP = 128
 KERNEL_DTYPES = (torch.bfloat16, torch.float16)
 MAX_N = 32768  # == norm.MAX_N (kept here so this module does not import Triton)
+DECODE_ATTN_HEAD_DIMS = (64, 128)  # == decode_attn.HEAD_DIMS
+
+# Test seam: run the decode-attention kernel on CPU tensors too (under TRITON_INTERPRET=1, where
+# Triton emulates it on the CPU), so the CPU suite can put the kernel itself into the engine.
+_ATTN_ON_CPU = False
 
 
 # --- references ---------------------------------------------------------------------------
@@ -70,6 +80,12 @@ def rope_reference(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: tor
 
 def silu_mul_reference(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
     return F.silu(gate) * up
+
+
+def decode_attention_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, valid: torch.Tensor,
+                               scale: float) -> torch.Tensor:
+    """The engine's decode attention as SDPA computes it: q [B, H_kv, G, D], k/v [B, H_kv, L, D], valid [B, L]."""
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=valid[:, None, None, :], scale=scale)
 
 
 def _quantize_1x128(y: torch.Tensor):
@@ -118,6 +134,18 @@ def _fake_y(x, weight):
 def _fake_q(x):
     return (x.new_empty(x.shape, dtype=torch.float8_e4m3fn),
             x.new_empty((*x.shape[:-1], x.shape[-1] // ACT_GROUP), dtype=torch.float32))
+
+
+def decode_attn_kernel_applies(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, valid: torch.Tensor) -> bool:
+    """True when the flash-decoding kernel computes this call: q/k/v of one bf16/fp16 dtype on one CUDA
+    device (or the CPU test seam), D in ``DECODE_ATTN_HEAD_DIMS``, unit D strides, a bool ``valid`` beside them."""
+    if q.dim() != 4 or q.shape[-1] not in DECODE_ATTN_HEAD_DIMS or valid.dtype != torch.bool \
+            or valid.device != q.device or any(t.stride(-1) != 1 for t in (q, k, v)):
+        return False
+    if _ATTN_ON_CPU and not q.is_cuda:
+        return (q.dtype in KERNEL_DTYPES and q.dtype == k.dtype == v.dtype and k.device == v.device == q.device
+                and importlib.util.find_spec("triton") is not None)
+    return kernel_applies(q, k, v)
 
 
 # --- ops --------------------------------------------------------------------------------------
@@ -199,6 +227,21 @@ def _(gate, up):
     return torch.empty_like(gate, memory_format=torch.contiguous_format)
 
 
+@torch.library.custom_op(f"{_LIB}::decode_attention", mutates_args=())
+def _decode_attention_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, valid: torch.Tensor,
+                         scale: float) -> torch.Tensor:
+    if decode_attn_kernel_applies(q, k, v, valid):
+        from quarl_kernels.decode_attn import decode_attention as launch
+
+        return launch(q, k, v, valid, scale)
+    return decode_attention_reference(q, k, v, valid, scale).contiguous()  # the kernel's (and the fake's) layout
+
+
+@_decode_attention_op.register_fake
+def _(q, k, v, valid, scale):
+    return torch.empty_like(q, memory_format=torch.contiguous_format)
+
+
 # --- the Python API ---------------------------------------------------------------------------
 def _check_norm_args(x, weight, residual, noise, fp8_out) -> None:
     n = x.shape[-1]
@@ -248,5 +291,19 @@ def silu_mul(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
     return torch.ops.quarl.silu_mul(gate, up)
 
 
-__all__ = ["kernel_applies", "rms_norm", "rms_norm_reference", "rope_qk", "rope_reference", "silu_mul",
+def decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, valid: torch.Tensor,
+                     scale: float) -> torch.Tensor:
+    """``softmax(scale * q k^T, masked by valid) v`` for one query position per row (flash-decoding on CUDA):
+    q ``[B, H_kv, G, D]``, k/v ``[B, H_kv, L, D]`` (strided views welcome), valid ``[B, L]`` bool -> ``[B, H_kv, G, D]``.
+    A row with no valid slot gives zeros from the kernel (SDPA's reference gives NaN there)."""
+    if q.dim() != 4 or k.dim() != 4 or k.shape != v.shape or k.shape[:2] != q.shape[:2] or k.shape[3] != q.shape[3] \
+            or valid.shape != (q.shape[0], k.shape[2]) or valid.dtype != torch.bool:
+        raise ValueError(f"decode_attention expects q [B, H_kv, G, D], k/v [B, H_kv, L, D], valid [B, L] bool, got "
+                         f"q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}, valid {tuple(valid.shape)} "
+                         f"{valid.dtype}")
+    return torch.ops.quarl.decode_attention(q, k, v, valid, float(scale))
+
+
+__all__ = ["DECODE_ATTN_HEAD_DIMS", "decode_attention", "decode_attention_reference", "decode_attn_kernel_applies",
+           "kernel_applies", "rms_norm", "rms_norm_reference", "rope_qk", "rope_reference", "silu_mul",
            "silu_mul_reference"]
