@@ -1,4 +1,4 @@
-"""The engine's fused-kernel switch: Triton kernels for the glue of a decoder step, HF's code otherwise.
+"""The engine's fused-kernel switch: Triton kernels for the glue and the decode attention of a decoder step.
 
 Between its projections a HF Llama / Qwen2 / Qwen3 layer runs ~50 small
 kernels per decode token: each RMSNorm is ~8 elementwise ops, RoPE on q and k
@@ -11,6 +11,16 @@ code (or, for RoPE, the reference :func:`apply_rope`) everywhere else:
     rms_norm(norm, x, residual=None, *, fused)  -> norm(x)  |  (norm(residual + x), residual + x)
     rope_qk(q, k, cos, sin, *, fused)            -> (apply_rope(q, cos, sin), apply_rope(k, cos, sin))
     mlp(mlp, x, *, fused)                        -> mlp(x)  (gate/up/down called as modules)
+    decode_attention(q, k, v, valid, scale, *, fused)
+                                                 -> SDPA(q, k, v, attn_mask=valid[:, None, None, :], scale=scale)
+
+The last one is the decode step's attention (one query position per row, GQA folded
+as ``q [B, H_kv, G, D]`` against the cache prefix ``k, v [B, H_kv, L, D]``): fused, it is
+``quarl_kernels.decode_attn``'s flash-decoding kernel (split-KV, fp32 online softmax,
+deterministic combine), which the runner asks for only when ``QUARL_ENGINE_DECODE_ATTN``
+(``decode_attn=`` of ``DecoderRunner`` / ``FastGenerator``; default on) is on as well as
+the fused switch. It is not bit-equal to SDPA (fp32 sums in another order; ``p`` rounded
+to the cache dtype before ``p @ v``), so it has its own switch; it needs D of 64 or 128.
 
 The fused path is taken only when all of these hold -- otherwise the call is
 *exactly* the reference code, so turning it on can never change what is accepted:
@@ -22,6 +32,8 @@ The fused path is taken only when all of these hold -- otherwise the call is
 * the activation is a CUDA bf16/fp16 tensor (fp32 models keep PyTorch: their
   result is the reference by definition) and no gradient is required (the ops
   have no autograd);
+* for the attention: q, k, v of one dtype and device, D in ``fused_ops.DECODE_ATTN_HEAD_DIMS``,
+  ``valid`` a bool ``[B, L]``;
 * the module is the plain HF one: class ``LlamaRMSNorm`` / ``Qwen2RMSNorm`` /
   ``Qwen3RMSNorm`` (``LlamaMLP`` / ``Qwen2MLP`` / ``Qwen3MLP`` with a SiLU
   ``act_fn``) whose ``forward`` is transformers' own (not overridden on the
@@ -49,9 +61,11 @@ import importlib.util
 import os
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 ENV = "QUARL_ENGINE_FUSED"
+ENV_DECODE_ATTN = "QUARL_ENGINE_DECODE_ATTN"
 KERNEL_DTYPES = (torch.bfloat16, torch.float16)
 HF_NORMS = ("LlamaRMSNorm", "Qwen2RMSNorm", "Qwen3RMSNorm")
 HF_MLPS = ("LlamaMLP", "Qwen2MLP", "Qwen3MLP")
@@ -62,16 +76,27 @@ _SILU_MODULES = ("transformers.activations", "torch.nn.modules.activation")
 _FORCE_OPS = False
 
 
-def resolve(fused: bool | None) -> bool:
-    """The requested switch: ``fused`` if given, else ``$QUARL_ENGINE_FUSED`` (default on)."""
-    if fused is not None:
-        return bool(fused)
-    v = os.environ.get(ENV, "1").strip().lower()
+def _switch(flag: bool | None, env: str, on: str, off: str) -> bool:
+    """``flag`` if given, else ``$env`` (default on); a value that is neither on nor off is an error."""
+    if flag is not None:
+        return bool(flag)
+    v = os.environ.get(env, "1").strip().lower()
     if v in ("1", "true", "on", "yes", "auto", ""):
         return True
     if v in ("0", "false", "off", "no"):
         return False
-    raise ValueError(f"{ENV}={v!r} is not understood; set it to 1 (fused kernels, the default) or 0 (PyTorch only)")
+    raise ValueError(f"{env}={v!r} is not understood; set it to 1 ({on}, the default) or 0 ({off})")
+
+
+def resolve(fused: bool | None) -> bool:
+    """The requested switch: ``fused`` if given, else ``$QUARL_ENGINE_FUSED`` (default on)."""
+    return _switch(fused, ENV, "fused kernels", "PyTorch only")
+
+
+def resolve_decode_attn(decode_attn: bool | None) -> bool:
+    """The decode-attention switch: ``decode_attn`` if given, else ``$QUARL_ENGINE_DECODE_ATTN`` (default
+    on). It acts only where the fused kernels are on too (:func:`resolve` and :func:`kernels_available`)."""
+    return _switch(decode_attn, ENV_DECODE_ATTN, "the flash-decoding kernel", "SDPA")
 
 
 _OPS = None  # quarl_kernels.fused_ops once imported (registers torch.ops.quarl.*)
@@ -202,5 +227,24 @@ def act_mul(module: nn.Module, gate: torch.Tensor, up: torch.Tensor, *, fused: b
     return module.act_fn(gate) * up  # what HF's forward computes from the same values
 
 
-__all__ = ["ENV", "act_mul", "apply_rope", "kernels_available", "mlp", "mlp_eligible", "norm_eligible", "resolve", "rms_norm",
-           "rope_qk", "rotate_half"]
+def attn_eligible(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, valid: torch.Tensor) -> bool:
+    """The flash-decoding kernel computes this decode attention (see the module docstring)."""
+    ops = _ops()
+    return (ops is not None and q.dim() == 4 and k.dim() == 4 and q.shape[-1] in ops.DECODE_ATTN_HEAD_DIMS
+            and k.shape == v.shape and k.shape[:2] == q.shape[:2] and k.shape[3] == q.shape[3]
+            and q.dtype == k.dtype == v.dtype and q.device == k.device == v.device == valid.device
+            and valid.dtype == torch.bool and valid.shape == (q.shape[0], k.shape[2]))
+
+
+def decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, valid: torch.Tensor, scale: float, *,
+                     fused: bool = True) -> torch.Tensor:
+    """``q [B, H_kv, G, D]`` attending ``k, v [B, H_kv, L, D]`` where ``valid [B, L]`` -> ``[B, H_kv, G, D]``
+    (the flash-decoding kernel when fused and eligible; else exactly the engine's SDPA call)."""
+    if fused and _kernel_input(q) and attn_eligible(q, k, v, valid) and _no_grad_needed(q, k, v):
+        return _ops().decode_attention(q, k, v, valid, scale)
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=valid[:, None, None, :], scale=scale)
+
+
+__all__ = ["ENV", "ENV_DECODE_ATTN", "act_mul", "apply_rope", "attn_eligible", "decode_attention", "kernels_available",
+           "mlp", "mlp_eligible", "norm_eligible", "resolve", "resolve_decode_attn", "rms_norm", "rope_qk",
+           "rotate_half"]

@@ -32,6 +32,9 @@ CUDA graphs and the loop. Design, after gpt-fast:
   run as Triton kernels (:mod:`quarl.engine.fused`): one kernel per norm and
   its residual add, one for RoPE on q and k, one for ``silu(gate) * up`` --
   no compile step, the same HF modules; ``fused=False`` keeps PyTorch.
+  With them, the decode step's attention is a flash-decoding kernel
+  (``decode_attn=None``: ``$QUARL_ENGINE_DECODE_ATTN``, default on; ``False``
+  keeps SDPA for it alone).
 * **packed adapters** (``lora_pack=None``: ``$QUARL_ENGINE_LORA_PACK``, default on): the LoRA
   branches of q/k/v and of gate/up share one A GEMM per layer, and every adapter is read from
   a copy in the activation dtype refreshed at the start of each call (:mod:`quarl.engine.lora`);
@@ -100,13 +103,14 @@ class FastGenerator:
         keep_cache: bool = True,
         fused: bool | None = None,
         lora_pack: bool | None = None,
+        decode_attn: bool | None = None,
     ):
         if kv_block < 1 or sync_every < 1:
             raise ValueError(f"kv_block and sync_every must be >= 1, got {kv_block}, {sync_every}")
         if max_batch_size is not None and max_batch_size < 1:
             raise ValueError(f"max_batch_size must be >= 1 or None (all rows at once), got {max_batch_size}")
         self.model, self.pad_id = model, int(pad_id)
-        self.runner = DecoderRunner(model, fused=fused, lora_pack=lora_pack)
+        self.runner = DecoderRunner(model, fused=fused, lora_pack=lora_pack, decode_attn=decode_attn)
         self.max_batch_size, self.kv_block, self.sync_every = max_batch_size, kv_block, sync_every
         self.cuda_graphs, self.keep_cache = cuda_graphs, keep_cache
         self._decode = self.runner.decode

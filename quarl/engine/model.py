@@ -6,7 +6,8 @@ layer's RMSNorms, ``q/k/v/o_proj`` (``nn.Linear`` or quarl's ``QuantLinear``
 with its LoRA branch and kernel dispatch), Qwen3's ``q_norm``/``k_norm``, the
 MLP, the final norm and ``lm_head`` -- and calls them. What it replaces is only
 the glue between them: RoPE from a precomputed table, and attention over a
-preallocated cache with ``F.scaled_dot_product_attention``. So whatever the
+preallocated cache with ``F.scaled_dot_product_attention`` (or, for the decode
+step on CUDA, a flash-decoding kernel; see "Attention"). So whatever the
 policy is at rollout time (packed NVFP4 base, LoRA being trained, AQN noise
 written into the norm weights in place), the engine computes with it, exactly
 as the trainer's forward does.
@@ -30,7 +31,15 @@ Attention:
   ``k [B, H_kv, L, D]`` -- so GQA needs neither ``repeat_kv`` copies of the
   cache nor SDPA's ``enable_gqa``. ``L`` is a bucket of the cache length
   (multiples of ``kv_block``): attention reads the filled prefix, not all of
-  ``S``, and each bucket is one captured graph.
+  ``S``, and each bucket is one captured graph. On CUDA bf16/fp16 with D of 64
+  or 128 this attention is ``quarl_kernels.decode_attn``, a flash-decoding
+  Triton kernel (the L slots split across programs so that a batch-1 step
+  streams the cache with the whole GPU; fp32 online softmax; a deterministic
+  combine of the splits), called through :func:`quarl.engine.fused.decode_attention`.
+  ``decode_attn=False`` or ``QUARL_ENGINE_DECODE_ATTN=0`` (and whatever turns
+  the fused kernels off) keeps ``F.scaled_dot_product_attention`` with the bool
+  mask ``kv_valid[:, None, None, :L]``. The kernel is not bit-equal to SDPA
+  (its own fp32 summation order), hence its own switch.
 
 RoPE: the table ``cos, sin [S, D]`` is built the way HF's rotary module builds
 it (fp32 ``position * inv_freq``, duplicated halves, times
@@ -108,7 +117,8 @@ class DecodeState:
 class DecoderRunner:
     """Prefill and decode of a HF Llama/Qwen2/Qwen3 causal LM over a :class:`DecodeState`."""
 
-    def __init__(self, model: nn.Module, fused: bool | None = None, lora_pack: bool | None = None):
+    def __init__(self, model: nn.Module, fused: bool | None = None, lora_pack: bool | None = None,
+                 decode_attn: bool | None = None):
         cfg = getattr(model, "config", None)
         mtype = getattr(cfg, "model_type", None)
         if mtype not in SUPPORTED_MODEL_TYPES:
@@ -139,6 +149,7 @@ class DecoderRunner:
         self.original_max = rp.get("original_max_position_embeddings", cfg.max_position_embeddings)
         self.fused = fz.resolve(fused)  # requested; used where fz.kernels_available(device)
         self._fused_at: tuple[torch.device, bool] | None = None  # (device, available there)
+        self.decode_attn = fz.resolve_decode_attn(decode_attn)  # flash-decoding kernel where fused_on()
         self.lora_pack = lp.resolve(lora_pack)  # adapters of q/k/v and gate/up computed together
         self.lora_epilogue = lp.resolve_epilogue(None)  # B GEMM + bias in the base kernel's last pass
         self._lora: lp.LoraPack | None = None
@@ -314,9 +325,10 @@ class DecoderRunner:
         tok, pos, slot = st.tok[:B], st.pos[:B], st.slot
         valid = st.kv_valid[:B]
         valid.index_fill_(1, slot, True)
-        amask = valid[:, None, None, :kv_len]  # [B, 1, 1, L]
+        kv_ok = valid[:, :kv_len]  # [B, L] bool view
         cos, sin = st.cos[pos], st.sin[pos]  # [B, 1, D]
         fused = self.fused_on()
+        attn_fused = fused and self.decode_attn
         h = self.embed(tok)  # [B, 1, hidden] residual stream
         pending = None  # the previous block's MLP output, added to h by the next norm
         for i, layer in enumerate(self.layers):
@@ -327,9 +339,9 @@ class DecoderRunner:
             kc.index_copy_(2, slot, k)
             vc.index_copy_(2, slot, v)
             qg = q.reshape(B, self.n_kv, G, D)  # the G query heads of a KV head as G query rows
-            o = F.scaled_dot_product_attention(
-                qg, kc[:, :, :kv_len], vc[:, :, :kv_len], attn_mask=amask, scale=self.scaling
-            )  # [B, H_kv, G, D]
+            o = fz.decode_attention(
+                qg, kc[:, :, :kv_len], vc[:, :, :kv_len], kv_ok, self.scaling, fused=attn_fused
+            )  # [B, H_kv, G, D]; unfused: SDPA with attn_mask kv_ok[:, None, None, :]
             o = self._proj(groups, "o", attn.o_proj, o.reshape(B, 1, self.n_heads * D))  # [B, 1, hidden]
             x, h = self._add_norm(layer.post_attention_layernorm, h, o, fused)  # h = h + o; x = norm(h)
             pending = self._mlp(layer.mlp, x, fused, groups)
