@@ -44,6 +44,8 @@ fall back to SDPA for anything else (``quarl_kernels.fused_ops.decode_attention`
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
 import triton
 import triton.language as tl
@@ -53,6 +55,8 @@ from quarl_kernels.rounding import round_to
 
 HEAD_DIMS = (64, 128)  # D: a power of two the dot tiles take whole (== fused_ops.DECODE_ATTN_HEAD_DIMS)
 BLOCK_N = 64  # cache slots per tile
+NUM_WARPS = 4  # sm_90 build at D 128: ~70 registers a thread, 38 KB of shared memory, no spills
+NUM_STAGES = 2  # K/V tiles double-buffered through shared memory (cp.async; tl.range asks for it)
 MIN_BLOCK_G = 16  # tl.dot needs M >= 16: G query rows are padded up to this
 WAVES = 2  # split until ~WAVES * SMs programs run
 LOG2E = 1.4426950408889634
@@ -64,7 +68,8 @@ def _decode_attn_kernel(
     q_ptr, k_ptr, v_ptr, valid_ptr, o_ptr, ws_acc_ptr, ws_ml_ptr,
     H_KV, G, L, tiles_per_split, qk_scale,  # qk_scale = scale * log2(e)
     sq_b, sq_h, sq_g, sk_b, sk_h, sk_n, sv_b, sv_h, sv_n, sm_b, sm_n, so_b, so_h, so_g,
-    BLOCK_G: tl.constexpr, BLOCK_N: tl.constexpr, D: tl.constexpr, SPLIT: tl.constexpr, INTERPRET: tl.constexpr,
+    BLOCK_G: tl.constexpr, BLOCK_N: tl.constexpr, D: tl.constexpr, SPLIT: tl.constexpr, NUM_STAGES: tl.constexpr,
+    INTERPRET: tl.constexpr,
 ):
     bh = tl.program_id(0)  # row * H_kv + kv head
     sp = tl.program_id(1)  # split index
@@ -87,7 +92,7 @@ def _decode_attn_kernel(
     acc = tl.zeros([BLOCK_G, D], tl.float32)  # running sum of 2^(s - m_i) * v
     start = sp * tiles_per_split * BLOCK_N
     end = tl.minimum(start + tiles_per_split * BLOCK_N, L)
-    for n0 in range(start, end, BLOCK_N):
+    for n0 in tl.range(start, end, BLOCK_N, num_stages=NUM_STAGES):
         n = n0 + tl.arange(0, BLOCK_N)  # [BN] slots
         n_ok = n < end
         live = tl.load(m_base + n * sm_n, mask=n_ok, other=0) != 0  # [BN] valid & in range
@@ -163,13 +168,18 @@ def num_splits(bh: int, length: int, sms: int, block_n: int = BLOCK_N, waves: in
     return triton.cdiv(tiles, per)
 
 
-def decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, valid: torch.Tensor, scale: float,
-                     splits: int | None = None) -> torch.Tensor:
-    """Launch: ``q [B, H_kv, G, D]``, ``k, v [B, H_kv, L, D]`` (any strides, unit D stride), ``valid [B, L]``
-    bool (any strides) -> ``o [B, H_kv, G, D]`` contiguous, q's dtype. ``splits`` overrides
-    :func:`num_splits` (tests, benchmarks). Callers check applicability (``fused_ops``); this checks
-    shapes and raises ``ValueError`` on what it cannot run."""
-    B, HK, G, D = q.shape
+class Launch(NamedTuple):
+    """One kernel launch as :func:`launches` makes it (the tests compile exactly these for sm_90 on a CPU)."""
+
+    kernel: object  # the @triton.jit function
+    grid: tuple
+    args: tuple  # positional runtime arguments (tensors, ints, floats)
+    constexprs: dict
+    num_warps: int
+
+
+def _check(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, valid: torch.Tensor) -> None:
+    B, HK, _, D = q.shape
     L = k.shape[2]
     if D not in HEAD_DIMS:
         raise ValueError(f"decode_attention: head dim {D} is not one of {HEAD_DIMS}; use SDPA for it")
@@ -179,34 +189,60 @@ def decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, valid: t
                          f"{valid.dtype}")
     if q.stride(-1) != 1 or k.stride(-1) != 1 or v.stride(-1) != 1:
         raise ValueError("decode_attention needs unit stride along D for q, k and v")
-    o = torch.empty((B, HK, G, D), device=q.device, dtype=q.dtype)
+
+
+def launches(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, valid: torch.Tensor, scale: float,
+             splits: int | None = None, block_n: int = BLOCK_N, num_warps: int | None = None,
+             num_stages: int = NUM_STAGES) -> tuple[torch.Tensor, list[Launch]]:
+    """``(o, [attention launch, combine launch if split])`` for :func:`decode_attention` (arguments there);
+    ``o`` and the fp32 workspace are allocated here (from the graph pool under CUDA-graph capture)."""
+    _check(q, k, v, valid)
+    B, HK, G, D = q.shape
+    L = k.shape[2]
+    o = torch.empty((B, HK, G, D), device=q.device, dtype=q.dtype)  # [B, H_kv, G, D]
     if B == 0 or HK == 0 or G == 0:
-        return o
+        return o, []
     bg = block_g(G)
-    tiles = max(1, triton.cdiv(L, BLOCK_N))
-    n_split = num_splits(B * HK, L, num_sms(q.device)) if splits is None else max(1, min(int(splits), tiles))
-    per = triton.cdiv(tiles, n_split)
+    warps = num_warps or NUM_WARPS
+    tiles = max(1, triton.cdiv(L, block_n))
+    n_split = num_splits(B * HK, L, num_sms(q.device), block_n) if splits is None else max(1, min(int(splits), tiles))
+    per = triton.cdiv(tiles, n_split)  # tiles per split
     n_split = triton.cdiv(tiles, per)  # no empty split
-    vb = valid.view(torch.uint8)  # same strides; Triton reads bytes
-    qk_scale = float(scale) * LOG2E
+    vb = valid.view(torch.uint8)  # [B, L] same strides; Triton reads bytes
     interp = interpreting()
     if n_split == 1:
         ws_acc = ws_ml = o  # unused
     else:
         ws_acc = torch.empty((B * HK, n_split, bg, D), device=q.device, dtype=torch.float32)
         ws_ml = torch.empty((B * HK, n_split, 2, bg), device=q.device, dtype=torch.float32)
-    _decode_attn_kernel[(B * HK, n_split)](
-        q, k, v, vb, o, ws_acc, ws_ml,
-        HK, G, L, per, qk_scale,
-        q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
-        v.stride(0), v.stride(1), v.stride(2), vb.stride(0), vb.stride(1), o.stride(0), o.stride(1), o.stride(2),
-        BLOCK_G=bg, BLOCK_N=BLOCK_N, D=D, SPLIT=n_split > 1, INTERPRET=interp,
-        num_warps=4, num_stages=2,
+    attn = Launch(
+        _decode_attn_kernel, (B * HK, n_split),
+        (q, k, v, vb, o, ws_acc, ws_ml, HK, G, L, per, float(scale) * LOG2E,
+         q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
+         v.stride(0), v.stride(1), v.stride(2), vb.stride(0), vb.stride(1), o.stride(0), o.stride(1), o.stride(2)),
+        {"BLOCK_G": bg, "BLOCK_N": block_n, "D": D, "SPLIT": n_split > 1, "NUM_STAGES": num_stages,
+         "INTERPRET": interp},
+        warps,
     )
-    if n_split > 1:
-        _combine_kernel[(B * HK,)](ws_acc, ws_ml, o, HK, G, n_split, o.stride(0), o.stride(1), o.stride(2),
-                                   BLOCK_G=bg, D=D, INTERPRET=interp, num_warps=4)
+    if n_split == 1:
+        return o, [attn]
+    comb = Launch(_combine_kernel, (B * HK,), (ws_acc, ws_ml, o, HK, G, n_split, o.stride(0), o.stride(1), o.stride(2)),
+                  {"BLOCK_G": bg, "D": D, "INTERPRET": interp}, 4)
+    return o, [attn, comb]
+
+
+def decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, valid: torch.Tensor, scale: float,
+                     splits: int | None = None, block_n: int = BLOCK_N, num_warps: int | None = None,
+                     num_stages: int = NUM_STAGES) -> torch.Tensor:
+    """``q [B, H_kv, G, D]``, ``k, v [B, H_kv, L, D]`` (any strides, unit D stride), ``valid [B, L]`` bool
+    (any strides) -> ``o [B, H_kv, G, D]`` contiguous, q's dtype. ``splits`` overrides :func:`num_splits`;
+    ``block_n`` (slots per tile), ``num_warps`` and ``num_stages`` override the defaults (tests, the
+    benchmark's sweep). Callers check applicability (``fused_ops``); this raises ``ValueError`` on
+    shapes it cannot run."""
+    o, todo = launches(q, k, v, valid, scale, splits, block_n, num_warps, num_stages)
+    for la in todo:
+        la.kernel[la.grid](*la.args, **la.constexprs, num_warps=la.num_warps)
     return o
 
 
-__all__ = ["BLOCK_N", "HEAD_DIMS", "block_g", "decode_attention", "num_splits"]
+__all__ = ["BLOCK_N", "HEAD_DIMS", "NUM_STAGES", "NUM_WARPS", "Launch", "block_g", "decode_attention", "launches", "num_splits"]

@@ -24,6 +24,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+import torch.nn.functional as F
 from quarl_kernels import fused_ops
 from quarl_kernels.fused_ops import rms_norm_reference, rope_reference, silu_mul_reference
 
@@ -118,6 +119,15 @@ def test_ops_on_cpu_return_the_references(dtype):
     g, u = torch.randn(3, 100).to(dtype), torch.randn(3, 100).to(dtype)
     assert torch.equal(fused_ops.silu_mul(g, u), silu_mul_reference(g, u))
 
+    qa, kc, vc = torch.randn(2, 2, 7, 64).to(dtype), torch.randn(2, 2, 40, 64).to(dtype), torch.randn(2, 2, 40, 64).to(dtype)
+    valid = torch.rand(2, 40) > 0.3
+    valid[:, 29] = True
+    k, v, ok = kc[:, :, :30], vc[:, :, :30], valid[:, :30]  # the engine's strided prefix views
+    o = fused_ops.decode_attention(qa, k, v, ok, 0.125)
+    assert torch.equal(o, fused_ops.decode_attention_reference(qa, k, v, ok, 0.125)) and o.is_contiguous()
+    assert torch.equal(fused_ops.decode_attention_reference(qa, k, v, ok, 0.125),
+                       F.scaled_dot_product_attention(qa, k, v, attn_mask=ok[:, None, None, :], scale=0.125))
+
 
 def test_bad_arguments_name_the_problem():
     x, w = torch.randn(2, 576), torch.ones(576)
@@ -133,6 +143,9 @@ def test_bad_arguments_name_the_problem():
         fused_ops.rope_qk(torch.randn(1, 2, 3, 7), torch.randn(1, 2, 3, 7), torch.randn(1, 3, 7), torch.randn(1, 3, 7))
     with pytest.raises(ValueError, match="one shape and dtype"):
         fused_ops.silu_mul(torch.randn(2, 4), torch.randn(2, 5))
+    with pytest.raises(ValueError, match="decode_attention expects"):
+        fused_ops.decode_attention(torch.randn(1, 2, 3, 64), torch.randn(1, 2, 9, 64), torch.randn(1, 2, 9, 64),
+                                   torch.ones(1, 8, dtype=torch.bool), 1.0)  # valid must be [B, L]
 
 
 def test_opcheck_schemas_and_fake_impls():
@@ -148,6 +161,10 @@ def test_opcheck_schemas_and_fake_impls():
     q, k = torch.randn(2, 3, 4, 8).transpose(1, 2), torch.randn(2, 3, 1, 8).transpose(1, 2)
     torch.library.opcheck(ops.rope_qk.default, (q, k, torch.randn(2, 3, 8), torch.randn(2, 3, 8)), test_utils=utils)
     torch.library.opcheck(ops.silu_mul.default, (torch.randn(5, 7), torch.randn(5, 7)), test_utils=utils)
+    kc, vc = torch.randn(2, 2, 16, 64), torch.randn(2, 2, 16, 64)
+    valid = torch.ones(2, 16, dtype=torch.bool)
+    torch.library.opcheck(ops.decode_attention.default, (torch.randn(2, 2, 3, 64), kc[:, :, :9], vc[:, :, :9],
+                                                         valid[:, :9], 0.125), test_utils=utils)
 
 
 def test_traces_under_torch_compile_fullgraph():
@@ -160,6 +177,13 @@ def test_traces_under_torch_compile_fullgraph():
     x, r = torch.randn(2, 128), torch.randn(2, 128)
     out = torch.compile(step, fullgraph=True, backend="aot_eager")(x, r)
     assert torch.equal(out, step(x, r))
+
+    def attend(q, k, v, valid):
+        return fused_ops.decode_attention(q, k[:, :, :5], v[:, :, :5], valid[:, :5], 0.125) * 2
+
+    q, k, v = torch.randn(1, 2, 4, 64), torch.randn(1, 2, 8, 64), torch.randn(1, 2, 8, 64)
+    valid = torch.ones(1, 8, dtype=torch.bool)
+    assert torch.equal(torch.compile(attend, fullgraph=True, backend="aot_eager")(q, k, v, valid), attend(q, k, v, valid))
 
 
 # --- the Triton kernels under the interpreter ------------------------------------------------------
