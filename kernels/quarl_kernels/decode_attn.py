@@ -34,6 +34,11 @@ Design:
   cover the SMs there is no split; otherwise ~2 waves' worth, at most one per tile, rebalanced
   so no split is empty. 7B (H_kv 4) at L 1280, 132 SMs: B 1 -> 20 splits of one 64-slot tile
   (80 programs), B 8 -> 7 splits (224), B 64 -> 1 (256 programs, one launch).
+* **Tiles**: ``BLOCK_N = 64`` slots, 4 warps; ``tl.range(..., num_stages=2)`` double-buffers the
+  K/V tiles through shared memory (``cp.async``). At D 128 the sm_90 build takes ~70 registers and
+  38 KB of shared memory per program, no spills (``tests/kernels/test_decode_attn_interpreter.py``
+  compiles the real launches, :func:`launches`, on a CPU). Under ``TRITON_INTERPRET=1`` the dots
+  run in fp32 (the interpreter multiplies raw bf16 bits) and casts round with ``rounding.round_to``.
 * A row with no valid slot has ``l == 0`` and gets zeros (SDPA would give NaN); the engine
   never produces one (the slot being written is always valid).
 
