@@ -24,7 +24,7 @@ if [ "$DRY" = 1 ]; then
     PROF=(--device cpu --models tiny --prompt 16 --steps 4 --batches 1,2); ATT=(--dry-run)
     ROLL=(--device cpu --models tiny --new-tokens 8 --batches 1,2)
 else
-    GRPO=(); PROF=(--models 7b --batches 1,8,64); ATT=(); ROLL=(--models ${ROLL_MODELS:-7b,14b})
+    GRPO=(); PROF=(--models 7b --batches 1,8,64); ATT=(--sweep); ROLL=(--models ${ROLL_MODELS:-7b,14b})
 fi
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv > "$OUT/gpu.txt" 2>&1
 echo "phase $PHASE: $(tail -n +2 "$OUT/gpu.txt" | head -1)"
@@ -41,7 +41,7 @@ e)
             > "$OUT/tests/pytest.log" 2>&1
         echo "== GPU tests rc=$? at $((SECONDS - T0)) s"; grep -E "passed|failed|FAILED|ERROR" "$OUT/tests/pytest.log" | tail -n 15
     fi
-    timeout -k 5 60 "$PY" benchmarks/decode_attn.py "${ATT[@]}" --out "$OUT/attn" > "$OUT/attn/run.log" 2>&1
+    timeout -k 5 ${ATT_S:-70} "$PY" benchmarks/decode_attn.py "${ATT[@]}" --out "$OUT/attn/decode_attn.json" > "$OUT/attn/run.log" 2>&1
     echo "== decode attention bench rc=$? at $((SECONDS - T0)) s"; tail -n 20 "$OUT/attn/run.log"
     timeout -k 10 ${PROF_S:-190} "$PY" benchmarks/rollout_profile.py "${PROF[@]}" \
         --variants nvfp4+lora32:noepi:sdpa,nvfp4+lora32:sdpa,nvfp4+lora32,bf16+lora32 \
