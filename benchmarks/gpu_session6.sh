@@ -6,9 +6,9 @@
 #        the decode kernels whose launchers changed (GEMV, mma.sync, wgmma), and of the engine
 #     2. benchmarks/decode_attn.py: SDPA vs the split-KV kernel, 7B / 14B shapes, batch 1/8/64
 #     3. benchmarks/rollout_profile.py: where a 7B NVFP4+LoRA decode step goes, before (:noepi:sdpa) and after
-#     4. benchmarks/grpo_step_gpu.py: the 7B GRPO step, BF16+LoRA vs NVFP4+LoRA (target: no slower)
-#   phase f: bash benchmarks/gpu_session6.sh f   (one GPU; issue 17, ~8 min)
-#     the rollout table with LoRA (7B/14B, batch 1/8/64, 2048 new tokens), BF16+LoRA vs NVFP4+LoRA
+#   phase f: bash benchmarks/gpu_session6.sh f   (one GPU; issue 17, ~9.5 min)
+#     1. benchmarks/grpo_step_gpu.py: the 7B GRPO step, BF16+LoRA vs NVFP4+LoRA (target: no slower)
+#     2. the rollout table with LoRA (7B/14B, batch 1/8/64, 2048 new tokens), BF16+LoRA vs NVFP4+LoRA
 #
 # Dry run on the CPU host (tiny shapes, no GPU tests): DRY=1 OUT=/tmp/gs6 PY=.venv/bin/python bash benchmarks/gpu_session6.sh e
 set -u
@@ -33,7 +33,7 @@ pack() { tar czf "$OUT/$1.tgz" -C "$OUT" "$1" && rm -rf "${OUT:?}/$1"; }
 
 case "$PHASE" in
 e)
-    mkdir -p "$OUT/tests" "$OUT/attn" "$OUT/prof" "$OUT/grpo7b"
+    mkdir -p "$OUT/tests" "$OUT/attn" "$OUT/prof"
     if [ "$DRY" != 1 ]; then
         timeout -k 5 ${TEST_S:-200} "$PY" -m pytest -q -rfE -m gpu -p no:cacheprovider \
             tests/kernels/test_epilogue_gpu.py tests/kernels/test_decode_attn_gpu.py tests/engine/test_engine_gpu.py \
@@ -44,20 +44,20 @@ e)
     timeout -k 5 ${ATT_S:-70} "$PY" benchmarks/decode_attn.py "${ATT[@]}" --out "$OUT/attn/decode_attn.json" > "$OUT/attn/run.log" 2>&1
     echo "== decode attention bench rc=$? at $((SECONDS - T0)) s"; tail -n 20 "$OUT/attn/run.log"
     timeout -k 10 ${PROF_S:-190} "$PY" benchmarks/rollout_profile.py "${PROF[@]}" \
-        --variants nvfp4+lora32:noepi:sdpa,nvfp4+lora32:sdpa,nvfp4+lora32,bf16+lora32 \
+        --variants nvfp4+lora32:noepi:sdpa,nvfp4+lora32,bf16+lora32 \
         --budget-s $(( ${PROF_S:-190} - 15 )) --out "$OUT/prof" > "$OUT/prof/run.log" 2>&1
     echo "== profile rc=$? at $((SECONDS - T0)) s"; grep -E '^\{' "$OUT/prof/run.log" | tail -n 12
+    pack tests; pack attn; pack prof
+    ;;
+f)
+    mkdir -p "$OUT/roll" "$OUT/grpo7b"
     timeout -k 10 200 "$PY" benchmarks/grpo_step_gpu.py "${GRPO[@]}" --out "$OUT/grpo7b" --work /tmp/grpo7_work \
         > "$OUT/grpo7b/run.log" 2>&1
     echo "== grpo7b rc=$? at $((SECONDS - T0)) s"; tail -n 12 "$OUT/grpo7b/run.log"
-    pack tests; pack attn; pack prof; pack grpo7b
-    ;;
-f)
-    mkdir -p "$OUT/roll"
-    timeout -k 10 ${ROLL_S:-480} "$PY" benchmarks/rollout.py "${ROLL[@]}" --variants bf16+lora,nvfp4+lora \
-        --hf-new-tokens 0 --budget-s $(( ${ROLL_S:-480} - 20 )) --out "$OUT/roll" > "$OUT/roll/run.log" 2>&1
+    timeout -k 10 ${ROLL_S:-370} "$PY" benchmarks/rollout.py "${ROLL[@]}" --variants bf16+lora,nvfp4+lora \
+        --hf-new-tokens 0 --budget-s $(( ${ROLL_S:-370} - 20 )) --out "$OUT/roll" > "$OUT/roll/run.log" 2>&1
     echo "== rollout rc=$? at $((SECONDS - T0)) s"; tail -n 16 "$OUT/roll/run.log"
-    pack roll
+    pack grpo7b; pack roll
     ;;
 esac
 echo "phase $PHASE done after $((SECONDS - T0)) s"
