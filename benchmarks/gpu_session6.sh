@@ -9,6 +9,10 @@
 #   phase f: bash benchmarks/gpu_session6.sh f   (one GPU; issue 17, ~9.5 min)
 #     1. benchmarks/grpo_step_gpu.py: the 7B GRPO step, BF16+LoRA vs NVFP4+LoRA (target: no slower)
 #     2. the rollout table with LoRA (7B/14B, batch 1/8/64, 2048 new tokens), BF16+LoRA vs NVFP4+LoRA
+#   phase g: bash benchmarks/gpu_session6.sh g   (one GPU; ~5 min) after the first two calls: the epilogue's
+#     decode rows in registers (no 16-row tl.dot tile at M = 1..8), the epilogue as a custom op, decode attention
+#     with 128-slot tiles. GPU tests of the two kernels, the 7B profile (before / after), the 7B GRPO step
+#   phase h: bash benchmarks/gpu_session6.sh h   (one GPU; ~6.5 min) the rollout table again
 #
 # Dry run on the CPU host (tiny shapes, no GPU tests): DRY=1 OUT=/tmp/gs6 PY=.venv/bin/python bash benchmarks/gpu_session6.sh e
 set -u
@@ -58,6 +62,30 @@ f)
         --hf-new-tokens 0 --budget-s $(( ${ROLL_S:-370} - 20 )) --out "$OUT/roll" > "$OUT/roll/run.log" 2>&1
     echo "== rollout rc=$? at $((SECONDS - T0)) s"; tail -n 16 "$OUT/roll/run.log"
     pack grpo7b; pack roll
+    ;;
+g)
+    mkdir -p "$OUT/tests2" "$OUT/prof2" "$OUT/grpo7b2"
+    if [ "$DRY" != 1 ]; then
+        timeout -k 5 ${TEST_S:-120} "$PY" -m pytest -q -rfE -m gpu -p no:cacheprovider \
+            tests/kernels/test_epilogue_gpu.py tests/kernels/test_decode_attn_gpu.py \
+            tests/engine/test_engine_gpu.py -k "epilogue or lora or decode_attn or attention" > "$OUT/tests2/pytest.log" 2>&1
+        echo "== GPU tests rc=$? at $((SECONDS - T0)) s"; grep -E "passed|failed|FAILED|ERROR" "$OUT/tests2/pytest.log" | tail -n 15
+    fi
+    timeout -k 10 ${PROF_S:-160} "$PY" benchmarks/rollout_profile.py "${PROF[@]}" \
+        --variants nvfp4+lora32:noepi:sdpa,nvfp4+lora32,bf16+lora32 \
+        --budget-s $(( ${PROF_S:-160} - 15 )) --out "$OUT/prof2" > "$OUT/prof2/run.log" 2>&1
+    echo "== profile rc=$? at $((SECONDS - T0)) s"; grep -E '^\{' "$OUT/prof2/run.log" | tail -n 12
+    timeout -k 10 150 "$PY" benchmarks/grpo_step_gpu.py "${GRPO[@]}" --out "$OUT/grpo7b2" --work /tmp/grpo7_work \
+        > "$OUT/grpo7b2/run.log" 2>&1
+    echo "== grpo7b rc=$? at $((SECONDS - T0)) s"; tail -n 12 "$OUT/grpo7b2/run.log"
+    pack tests2; pack prof2; pack grpo7b2
+    ;;
+h)
+    mkdir -p "$OUT/roll2"
+    timeout -k 10 ${ROLL_S:-370} "$PY" benchmarks/rollout.py "${ROLL[@]}" --variants bf16+lora,nvfp4+lora \
+        --hf-new-tokens 0 --budget-s $(( ${ROLL_S:-370} - 20 )) --out "$OUT/roll2" > "$OUT/roll2/run.log" 2>&1
+    echo "== rollout rc=$? at $((SECONDS - T0)) s"; tail -n 16 "$OUT/roll2/run.log"
+    pack roll2
     ;;
 esac
 echo "phase $PHASE done after $((SECONDS - T0)) s"

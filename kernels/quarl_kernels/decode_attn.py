@@ -32,11 +32,12 @@ Design:
 * **Split count** (:func:`num_splits`): a function of the shapes and the SM count only (no
   host sync, no data-dependent shape: CUDA-graph safe). When ``B * H_kv`` programs already
   cover the SMs there is no split; otherwise ~2 waves' worth, at most one per tile, rebalanced
-  so no split is empty. 7B (H_kv 4) at L 1280, 132 SMs: B 1 -> 20 splits of one 64-slot tile
-  (80 programs), B 8 -> 7 splits (224), B 64 -> 1 (256 programs, one launch).
-* **Tiles**: ``BLOCK_N = 64`` slots, 4 warps; ``tl.range(..., num_stages=2)`` double-buffers the
-  K/V tiles through shared memory (``cp.async``). At D 128 the sm_90 build takes ~70 registers and
-  38 KB of shared memory per program, no spills (``tests/kernels/test_decode_attn_interpreter.py``
+  so no split is empty. 7B (H_kv 4) at L 1280, 132 SMs: B 1 -> 10 splits of one 128-slot tile
+  (40 programs), B 8 -> 5 splits (160), B 64 -> 1 (256 programs, one launch).
+* **Tiles**: ``BLOCK_N = 128`` slots, 4 warps; ``tl.range(..., num_stages=2)`` double-buffers the
+  K/V tiles through shared memory (``cp.async``). 128 is the H200 sweep's winner (11 of 12 shapes;
+  RESULTS "Decode attention"); the first version's 64 (~70 registers, 38 KB of shared memory, no
+  spills at D 128 on sm_90) was chosen from the build alone (``tests/kernels/test_decode_attn_interpreter.py``
   compiles the real launches, :func:`launches`, on a CPU). Under ``TRITON_INTERPRET=1`` the dots
   run in fp32 (the interpreter multiplies raw bf16 bits) and casts round with ``rounding.round_to``.
 * A row with no valid slot has ``l == 0`` and gets zeros (SDPA would give NaN); the engine
@@ -59,7 +60,7 @@ from quarl_kernels.launch import interpreting, num_sms
 from quarl_kernels.rounding import round_to
 
 HEAD_DIMS = (64, 128)  # D: a power of two the dot tiles take whole (== fused_ops.DECODE_ATTN_HEAD_DIMS)
-BLOCK_N = 64  # cache slots per tile
+BLOCK_N = 128  # cache slots per tile (the H200 sweep: 128 beat 64 in 11 of 12 shapes, RESULTS "decode attention")
 NUM_WARPS = 4  # sm_90 build at D 128: ~70 registers a thread, 38 KB of shared memory, no spills
 NUM_STAGES = 2  # K/V tiles double-buffered through shared memory (cp.async; tl.range asks for it)
 MIN_BLOCK_G = 16  # tl.dot needs M >= 16: G query rows are padded up to this

@@ -99,12 +99,14 @@ class Epilogue(typing.NamedTuple):
 @triton.jit
 def epilogue_kernel(ws_ptr, y_ptr, bias_ptr, a_ptr, b_ptr, M, N, scaling, s_ws, m_ws, m_a,
                     SPLIT_K: tl.constexpr, HAS_BIAS: tl.constexpr, R: tl.constexpr, RP: tl.constexpr,
-                    BM: tl.constexpr, BN: tl.constexpr, INTERPRET: tl.constexpr):
+                    BM: tl.constexpr, BN: tl.constexpr, DOT: tl.constexpr, INTERPRET: tl.constexpr):
     """y[m, n] = sum_s ws[s, m, n] (split order) + bias[n] + scaling * sum_r a[m, r] b[n, r].
 
     ``ws`` is the fp32 partials [S, M, N] (strides s_ws, m_ws), or ``y`` itself when S == 1
     (each element is read and written by the same program: in place is safe). R = 0: no LoRA;
-    RP = R padded to a power of two >= 16 (tl.dot's minimum), the pad masked to zero."""
+    RP = R padded to a power of two (>= 16 for tl.dot), the pad masked to zero. DOT: the LoRA
+    term as a tl.dot (BM >= 16 rows); else, for decode's few rows, as a broadcast multiply and a
+    sum over r in registers ([BM, BN, RP] stays small: BM * BN * RP <= 8192)."""
     rows = tl.program_id(0) * BM + tl.arange(0, BM)  # [BM]
     cols = tl.program_id(1) * BN + tl.arange(0, BN)  # [BN]
     rm, cm = rows < M, cols < N
@@ -119,11 +121,25 @@ def epilogue_kernel(ws_ptr, y_ptr, bias_ptr, a_ptr, b_ptr, M, N, scaling, s_ws, 
         rr = tl.arange(0, RP)
         a = tl.load(a_ptr + rows[:, None] * m_a + rr[None, :], mask=rm[:, None] & (rr[None, :] < R), other=0.0)
         b = tl.load(b_ptr + cols[:, None] * R + rr[None, :], mask=cm[:, None] & (rr[None, :] < R), other=0.0)
-        if INTERPRET:  # the interpreter's bf16 dot is wrong; bf16 x bf16 products are exact in fp32 anyway
-            acc += scaling * tl.dot(a.to(tl.float32), tl.trans(b.to(tl.float32)), input_precision="ieee")
+        if DOT:
+            if INTERPRET:  # the interpreter's bf16 dot is wrong; bf16 x bf16 products are exact in fp32 anyway
+                acc += scaling * tl.dot(a.to(tl.float32), tl.trans(b.to(tl.float32)), input_precision="ieee")
+            else:
+                acc += scaling * tl.dot(a, tl.trans(b))  # [BM, RP] @ [RP, BN] on tensor cores, fp32 accumulate
         else:
-            acc += scaling * tl.dot(a, tl.trans(b))  # [BM, RP] @ [RP, BN] on tensor cores, fp32 accumulate
+            prod = a.to(tl.float32)[:, None, :] * b.to(tl.float32)[None, :, :]  # [BM, BN, RP]
+            acc += scaling * tl.sum(prod, axis=2)
     tl.store(y_ptr + rows[:, None] * N + cols[None, :], acc.to(y_ptr.dtype.element_ty), mask=mask)
+
+
+def _epilogue_tiles(m: int, r: int) -> tuple[int, int, int, bool]:
+    """(BM, BN, RP, dot): tl.dot tiles from 9 rows up; below, a register broadcast sized to its rows."""
+    if r and m > 8:
+        return (16 if m <= 16 else 32), 128, max(16, triton.next_power_of_2(r)), True
+    bm = triton.next_power_of_2(max(m, 1)) if m <= 8 else 32
+    rp = triton.next_power_of_2(max(r, 1))
+    bn = max(16, min(256, 8192 // (bm * rp))) if r else max(64, 1024 // bm)
+    return bm, bn, rp, False
 
 
 def finish(out: torch.Tensor, y: torch.Tensor, split: int, epi: Epilogue | None = None) -> torch.Tensor:
@@ -139,16 +155,15 @@ def finish(out: torch.Tensor, y: torch.Tensor, split: int, epi: Epilogue | None 
     if m == 0:
         return y
     r = 0 if epi.a is None else epi.b.shape[-1]
-    bm = 16 if m <= 16 else 32
-    bn = 128
+    bm, bn, rp, dot = _epilogue_tiles(m, r)
     s_ws, m_ws = (out.stride(0), out.stride(1)) if split > 1 else (0, y.stride(0))
     dummy = y
     epilogue_kernel[(triton.cdiv(m, bm), triton.cdiv(n, bn))](
         out if split > 1 else y, y, epi.bias if epi.bias is not None else dummy,
         epi.a if r else dummy, epi.b if r else dummy, m, n, float(epi.scaling), s_ws, m_ws,
         epi.a.stride(0) if r else 0,
-        SPLIT_K=split, HAS_BIAS=epi.bias is not None, R=r, RP=max(16, triton.next_power_of_2(max(r, 1))),
-        BM=bm, BN=bn, INTERPRET=interpreting(), num_warps=4,
+        SPLIT_K=split, HAS_BIAS=epi.bias is not None, R=r, RP=rp, BM=bm, BN=bn, DOT=dot,
+        INTERPRET=interpreting(), num_warps=4,
     )
     return y
 

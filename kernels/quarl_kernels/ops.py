@@ -4,6 +4,8 @@
         y[..., N] = x[..., K] @ dequant(W)^T                        (no bias)
     torch.ops.quarl.wo_linear_t(dy, packed, scale, zero, gscale, fmt, group, n, k) -> dx
         dx[..., K] = dy[..., N] @ dequant(W)                        (the backward)
+    torch.ops.quarl.wo_linear_epilogue(x, ..., k, bias, a, b, scaling) -> y
+        y = x @ dequant(W)^T + bias + scaling * a @ b^T              (inference: no autograd)
 
 ``fmt`` is a quarl format name ("nvfp4", "mxfp4", "int"), ``group`` its block /
 group size; the tensors are exactly the layer's compressed-tensors buffers
@@ -121,6 +123,35 @@ def _wo_linear_t_cuda(dy, packed, scale, zero, gscale, fmt, group, n, k):
 @wo_linear_t.register_fake
 def _wo_linear_t_fake(dy, packed, scale, zero, gscale, fmt, group, n, k):
     return dy.new_empty((*dy.shape[:-1], k))
+
+
+@torch.library.custom_op(f"{_LIB}::wo_linear_epilogue", mutates_args=())
+def wo_linear_epilogue(
+    x: torch.Tensor, packed: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor | None,
+    gscale: torch.Tensor | None, fmt: str, group: int, n: int, k: int,
+    bias: torch.Tensor | None, a: torch.Tensor | None, b: torch.Tensor | None, scaling: float,
+) -> torch.Tensor:
+    """``x @ dequant(W)^T + bias + scaling * a @ b^T``; on CUDA the bias and the LoRA branch are added in
+    the GEMM's last pass (``launch.Epilogue``). Inference only: no autograd is registered."""
+    w = _reference_weight(packed, scale, zero, gscale, fmt, group, n, k, x.dtype)
+    y = torch.nn.functional.linear(x, w, None if bias is None else bias.to(x.dtype))
+    return y if a is None else y + scaling * (a @ b.to(a.dtype).t())
+
+
+@wo_linear_epilogue.register_kernel("cuda")
+def _wo_linear_epilogue_cuda(x, packed, scale, zero, gscale, fmt, group, n, k, bias, a, b, scaling):
+    from quarl_kernels.launch import Epilogue
+    from quarl_kernels.wo_gemm import wo_matmul
+
+    a2 = None if a is None else a.reshape(-1, a.shape[-1])  # [M, r]: a view (row stride kept) of a column slice
+    epi = Epilogue(bias, a2, None if b is None else b.contiguous(), scaling)
+    y = wo_matmul(x.reshape(-1, k), _packed_weight(packed, scale, zero, gscale, fmt, group, n, k), epi=epi)  # [M, N]
+    return y.reshape(*x.shape[:-1], n)
+
+
+@wo_linear_epilogue.register_fake
+def _wo_linear_epilogue_fake(x, packed, scale, zero, gscale, fmt, group, n, k, bias, a, b, scaling):
+    return x.new_empty((*x.shape[:-1], n))
 
 
 def _setup_context(ctx, inputs, output):

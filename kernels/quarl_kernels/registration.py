@@ -74,18 +74,13 @@ def forward(x: torch.Tensor, layer) -> torch.Tensor:
 
 def forward_epilogue(x: torch.Tensor, layer, a: torch.Tensor | None, b: torch.Tensor | None,
                      scaling: float) -> torch.Tensor:
-    """``dispatch.EpilogueFn``: ``x @ W^T + layer.bias + scaling * a @ b^T`` with the bias and the LoRA
-    branch added in the GEMM's last pass (``launch.Epilogue``). No autograd: inference only (the
-    rollout engine's decode and prefill). ``a [..., r]`` may be a column slice; ``b [N, r]``."""
-    from quarl_kernels.launch import Epilogue
-    from quarl_kernels.ops import _packed_weight, layer_args
-    from quarl_kernels.wo_gemm import wo_matmul
+    """``dispatch.EpilogueFn``: ``x @ W^T + layer.bias + scaling * a @ b^T`` through
+    ``torch.ops.quarl.wo_linear_epilogue`` (the bias and the LoRA branch added in the GEMM's last pass).
+    No autograd: inference only (the rollout engine's decode and prefill). ``a [..., r]`` may be a
+    column slice; ``b [N, r]``."""
+    from quarl_kernels.ops import layer_args
 
-    n, k = layer.out_features, layer.in_features
-    a2 = None if a is None else a.reshape(-1, a.shape[-1])  # [M, r]: a view (row stride kept) for a slice
-    epi = Epilogue(layer.bias, a2, None if b is None else b.contiguous(), scaling)
-    y = wo_matmul(x.reshape(-1, k), _packed_weight(*layer_args(layer)), epi=epi)  # [M, N]
-    return y.reshape(*x.shape[:-1], n)
+    return torch.ops.quarl.wo_linear_epilogue(x, *layer_args(layer), layer.bias, a, b, float(scaling))
 
 
 def kernel_specs() -> list[dict]:

@@ -41,12 +41,14 @@ SCRIPT = textwrap.dedent("""
         return ((y.float() - ref).norm() / ref.norm()).item()
 
     CASES = [  # M, N, split, bias, r, packed columns of a (G * r)
-        (1, 200, 1, True, 32, 96),
+        (1, 200, 1, True, 32, 96),  # decode rows: the register broadcast (no tl.dot)
         (1, 200, 4, True, 32, 96),
         (5, 130, 3, False, 12, 12),
-        (16, 256, 1, True, 0, 0),
-        (20, 96, 2, True, 4, 8),
+        (16, 256, 1, True, 0, 0),  # bias only
+        (20, 96, 2, True, 4, 8),  # tl.dot tiles from 9 rows up
         (40, 160, 5, False, 32, 64),
+        (8, 300, 6, True, 64, 192),  # the broadcast's widest rows, rank 64: BN shrinks to 16
+        (3, 70, 1, False, 7, 21),  # odd rows and rank
     ]
     for m, n, split, has_bias, r, gr in CASES:
         torch.manual_seed(m * 7 + n)

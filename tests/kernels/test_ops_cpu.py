@@ -114,3 +114,26 @@ def test_layer_args_names_the_compressed_tensors_buffers():
     assert layer_args(q)[3] is q.weight_global_scale and layer_args(q)[4:6] == ("nvfp4", 16)
     cfg = make_config("mxfp4")
     assert get_format("mxfp4").quantize(torch.randn(4, 64), cfg).tensors["weight_scale"].dtype == torch.uint8
+
+
+@pytest.mark.parametrize("spec", ["nvfp4", "int4-g128"])
+def test_epilogue_op_cpu_reference_fake_and_layer_entry(spec):
+    """``wo_linear_epilogue`` = ``x @ W^T + bias + scaling * a @ b^T`` (a a column slice, as the engine
+    passes it); its fake shape; ``registration.forward_epilogue`` passes the layer's bias."""
+    from quarl_kernels.registration import forward_epilogue
+
+    q = _layer(spec)
+    w = q.qtensor().dequantize(torch.float32)
+    x = torch.randn(2, 3, 256)
+    bias = torch.randn(48)
+    a = torch.randn(2, 3, 24)[..., 8:16]
+    b = torch.randn(48, 8)
+    y = torch.ops.quarl.wo_linear_epilogue(x, *layer_args(q), bias, a, b, 0.5)
+    torch.testing.assert_close(y, F.linear(x, w) + bias + 0.5 * a @ b.T, rtol=1e-6, atol=1e-5)
+    torch.testing.assert_close(torch.ops.quarl.wo_linear_epilogue(x, *layer_args(q), None, None, None, 1.0),
+                               F.linear(x, w), rtol=0, atol=0)
+    utils = ("test_faketensor",) if spec == "nvfp4" else ("test_faketensor", "test_schema")
+    torch.library.opcheck(torch.ops.quarl.wo_linear_epilogue.default,
+                          (x, *layer_args(q), bias, a.contiguous(), b, 0.5), test_utils=utils)
+    q.bias = nn.Parameter(bias, requires_grad=False)
+    torch.testing.assert_close(forward_epilogue(x, q, a, b, 0.5), y, rtol=0, atol=0)
