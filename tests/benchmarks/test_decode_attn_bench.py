@@ -26,7 +26,7 @@ def test_dry_run_writes_table_and_json(tmp_path):
     path = os.pathsep.join([str(ROOT), str(ROOT / "kernels"), *sys.path])
     env = dict(os.environ, PYTHONPATH=path)
     r = subprocess.run([sys.executable, "-W", "ignore", str(ROOT / "benchmarks" / "decode_attn.py"), "--dry-run",
-                        "--models", "7b", "--batch", "1", "2", "--lengths", "100", "--sweep", "--out", str(out)],
+                        "--models", "7b", "--batch", "1", "2", "--lengths", "200", "--sweep", "--out", str(out)],
                        env=env, capture_output=True, text=True, timeout=300, check=False)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     assert "| model | B | L | splits |" in r.stdout

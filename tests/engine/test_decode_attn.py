@@ -211,7 +211,7 @@ INTERPRETER_SCRIPT = textwrap.dedent("""
             st.pos.add_(1)
         return torch.stack(out, 1).float()  # [N, T, V]
 
-    rows = prompts((70, 5, 100, 33), seed=1)  # P = 100: two 64-slot tiles -> two splits
+    rows = prompts((70, 5, 200, 33), seed=1)  # P = 200: two 128-slot tiles -> two splits
     for kind in ("qwen2", "qwen3"):
         model = attn_model(kind, dtype=torch.bfloat16)
         ref32 = attn_model(kind, dtype=torch.float32)

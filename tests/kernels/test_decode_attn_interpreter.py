@@ -65,10 +65,10 @@ SCRIPT = textwrap.dedent("""
 
     CASES = [  # B, H_kv, G, D, L, S, splits, dtype
         (1, 4, 7, 128, 200, 256, None, torch.bfloat16),  # Qwen2.5-7B group, strided, default split (4)
-        (2, 2, 7, 128, 130, 130, 1, torch.bfloat16),  # one launch, contiguous, L % 64 = 2
+        (2, 2, 7, 128, 130, 130, 1, torch.bfloat16),  # one launch, contiguous, L % 128 = 2
         (3, 2, 1, 64, 257, 320, 3, torch.bfloat16),  # G = 1 (MHA), D = 64, a 1-slot last tile
         (2, 1, 8, 64, 192, 256, 2, torch.float16),  # G = 8, fp16
-        (2, 2, 5, 128, 100, 128, 7, torch.bfloat16),  # Qwen2.5-14B group; 7 asked, 2 tiles -> 2 splits
+        (2, 2, 5, 128, 100, 128, 7, torch.bfloat16),  # Qwen2.5-14B group; 7 asked, 1 tile -> 1 split
     ]
     for i, (B, HK, G, D, L, S, splits, dt) in enumerate(CASES):
         q, k, v, valid = inputs(B, HK, G, D, L, S, dt, i)
@@ -98,9 +98,11 @@ SCRIPT = textwrap.dedent("""
         torch.testing.assert_close(o[1].float(), ref(q, k, v, valid2, 0.1)[1], atol=1e-2, rtol=1e-2)
 
     # the split heuristic (132 SMs): no split once B * H_kv programs cover the SMs, else ~2 waves
-    assert [da.num_splits(b * 4, 1280, 132) for b in (1, 8, 64)] == [20, 7, 1]  # 7B
-    assert [da.num_splits(b * 8, 1280, 132) for b in (1, 8, 64)] == [20, 5, 1]  # 14B
-    assert da.num_splits(4, 2304, 132) == 36 and da.num_splits(4, 10, 132) == 1
+    # (128-slot tiles: 10 in 1280 slots)
+    assert [da.num_splits(b * 4, 1280, 132) for b in (1, 8, 64)] == [10, 5, 1]  # 7B
+    assert [da.num_splits(b * 8, 1280, 132) for b in (1, 8, 64)] == [10, 5, 1]  # 14B
+    assert da.num_splits(4, 2304, 132) == 18 and da.num_splits(4, 10, 132) == 1
+    assert [da.num_splits(b * 4, 1280, 132, block_n=64) for b in (1, 8, 64)] == [20, 7, 1]  # 64-slot tiles
 
     # head dims the kernel does not take are refused (the op falls back to SDPA for them)
     try:
