@@ -105,8 +105,9 @@ def epilogue_kernel(ws_ptr, y_ptr, bias_ptr, a_ptr, b_ptr, M, N, scaling, s_ws, 
     ``ws`` is the fp32 partials [S, M, N] (strides s_ws, m_ws), or ``y`` itself when S == 1
     (each element is read and written by the same program: in place is safe). R = 0: no LoRA;
     RP = R padded to a power of two (>= 16 for tl.dot), the pad masked to zero. DOT: the LoRA
-    term as a tl.dot (BM >= 16 rows); else, for decode's few rows, as a broadcast multiply and a
-    sum over r in registers ([BM, BN, RP] stays small: BM * BN * RP <= 8192)."""
+    term as a tl.dot of 16-row tiles (M >= 2); else (one decode row) as R outer-product steps
+    over r in registers: the row's ``a[r]`` times the column ``b[:, r]`` (the [BN, R] tile is
+    contiguous: the strided column loads hit the same cache lines)."""
     rows = tl.program_id(0) * BM + tl.arange(0, BM)  # [BM]
     cols = tl.program_id(1) * BN + tl.arange(0, BN)  # [BN]
     rm, cm = rows < M, cols < N
@@ -118,28 +119,31 @@ def epilogue_kernel(ws_ptr, y_ptr, bias_ptr, a_ptr, b_ptr, M, N, scaling, s_ws, 
     if HAS_BIAS:
         acc += tl.load(bias_ptr + cols, mask=cm, other=0.0).to(tl.float32)[None, :]
     if R > 0:
-        rr = tl.arange(0, RP)
-        a = tl.load(a_ptr + rows[:, None] * m_a + rr[None, :], mask=rm[:, None] & (rr[None, :] < R), other=0.0)
-        b = tl.load(b_ptr + cols[:, None] * R + rr[None, :], mask=cm[:, None] & (rr[None, :] < R), other=0.0)
         if DOT:
+            rr = tl.arange(0, RP)
+            a = tl.load(a_ptr + rows[:, None] * m_a + rr[None, :], mask=rm[:, None] & (rr[None, :] < R), other=0.0)
+            b = tl.load(b_ptr + cols[:, None] * R + rr[None, :], mask=cm[:, None] & (rr[None, :] < R), other=0.0)
             if INTERPRET:  # the interpreter's bf16 dot is wrong; bf16 x bf16 products are exact in fp32 anyway
                 acc += scaling * tl.dot(a.to(tl.float32), tl.trans(b.to(tl.float32)), input_precision="ieee")
             else:
                 acc += scaling * tl.dot(a, tl.trans(b))  # [BM, RP] @ [RP, BN] on tensor cores, fp32 accumulate
         else:
-            prod = a.to(tl.float32)[:, None, :] * b.to(tl.float32)[None, :, :]  # [BM, BN, RP]
-            acc += scaling * tl.sum(prod, axis=2)
+            lora = tl.zeros((BM, BN), dtype=tl.float32)
+            for r in tl.static_range(R):
+                ar = tl.load(a_ptr + rows * m_a + r, mask=rm, other=0.0).to(tl.float32)  # [BM]
+                br = tl.load(b_ptr + cols * R + r, mask=cm, other=0.0).to(tl.float32)  # [BN]
+                lora += ar[:, None] * br[None, :]
+            acc += scaling * lora
     tl.store(y_ptr + rows[:, None] * N + cols[None, :], acc.to(y_ptr.dtype.element_ty), mask=mask)
 
 
 def _epilogue_tiles(m: int, r: int) -> tuple[int, int, int, bool]:
-    """(BM, BN, RP, dot): tl.dot tiles from 9 rows up; below, a register broadcast sized to its rows."""
-    if r and m > 8:
-        return (16 if m <= 16 else 32), 128, max(16, triton.next_power_of_2(r)), True
-    bm = triton.next_power_of_2(max(m, 1)) if m <= 8 else 32
-    rp = triton.next_power_of_2(max(r, 1))
-    bn = max(16, min(256, 8192 // (bm * rp))) if r else max(64, 1024 // bm)
-    return bm, bn, rp, False
+    """(BM, BN, RP, dot). One row: outer products in registers over 256 columns. More rows:
+    16 x 64 tiles with the LoRA term on tensor cores; small tiles keep enough programs for the
+    narrow projections (k / v: N = 512 at M = 64 is 32 programs, as the plain reduction had)."""
+    if m == 1:
+        return 1, 256, 1, False
+    return 16, 64, max(16, triton.next_power_of_2(max(r, 1))), r > 0
 
 
 def finish(out: torch.Tensor, y: torch.Tensor, split: int, epi: Epilogue | None = None) -> torch.Tensor:

@@ -108,3 +108,35 @@ def test_epilogue_under_triton_interpreter():
     r = subprocess.run([sys.executable, "-W", "ignore", "-c", SCRIPT], env=env, capture_output=True, text=True,
                        timeout=300, check=False)
     assert r.returncode == 0 and r.stdout.rstrip().endswith("OK"), r.stdout + r.stderr[-3000:]
+
+
+@pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="needs Triton")
+def test_epilogue_builds_for_sm90_without_spills():
+    """The launches ``finish`` makes, built for Hopper on a CPU: one decode row as register outer
+    products, more rows with the LoRA term on the tensor cores (HMMA), no spills at 64 unrolled splits."""
+    import collections
+    import tempfile
+
+    import torch
+    from quarl_kernels import launch as L
+
+    from tests.kernels.sm90_sass import compile_launch, cuobjdump
+
+    Launch = collections.namedtuple("Launch", "kernel grid args constexprs num_warps")
+    for m, n, split, r in [(1, 512, 64, 32), (8, 18944, 4, 32), (64, 512, 32, 32), (64, 18944, 4, 64)]:
+        bm, bn, rp, dot = L._epilogue_tiles(m, r)
+        ws, y = torch.empty(split, m, n), torch.empty(m, n, dtype=torch.bfloat16)
+        a = torch.empty(m, 3 * r, dtype=torch.bfloat16)[:, :r]
+        b, bias = torch.empty(n, r, dtype=torch.bfloat16), torch.empty(n, dtype=torch.bfloat16)
+        la = Launch(L.epilogue_kernel, None, (ws, y, bias, a, b, m, n, 0.5, ws.stride(0), ws.stride(1), a.stride(0)),
+                    {"SPLIT_K": split, "HAS_BIAS": True, "R": r, "RP": rp, "BM": bm, "BN": bn, "DOT": dot,
+                     "INTERPRET": False}, 4)
+        k, sass = compile_launch(la)
+        assert ("HMMA" in sass) == dot, (m, n, r)
+        if cuobjdump() is not None:
+            with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+                f.write(k.asm["cubin"])
+                f.flush()
+                out = subprocess.run([str(cuobjdump()), "-res-usage", f.name], capture_output=True, text=True,
+                                     check=False).stdout
+            assert int(out.split("STACK:")[1].split()[0]) == 0, ("ptxas spilled registers", m, n, split, r)
