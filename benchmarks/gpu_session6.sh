@@ -13,6 +13,9 @@
 #     decode rows in registers (no 16-row tl.dot tile at M = 1..8), the epilogue as a custom op, decode attention
 #     with 128-slot tiles. GPU tests of the two kernels, the 7B profile (before / after), the 7B GRPO step
 #   phase h: bash benchmarks/gpu_session6.sh h   (one GPU; ~6.5 min) the rollout table again
+#   phase k: bash benchmarks/gpu_session6.sh k   (one GPU; ~8.5 min) the epilogue's tiles sized by N (enough programs
+#     for k / v), the 3D register broadcast back at M = 1: its GPU tests, the 7B NVFP4+LoRA profile, the GRPO step
+#     and the rollout table, in one call
 #
 # Dry run on the CPU host (tiny shapes, no GPU tests): DRY=1 OUT=/tmp/gs6 PY=.venv/bin/python bash benchmarks/gpu_session6.sh e
 set -u
@@ -86,6 +89,24 @@ h)
         --hf-new-tokens 0 --budget-s $(( ${ROLL_S:-370} - 20 )) --out "$OUT/roll2" > "$OUT/roll2/run.log" 2>&1
     echo "== rollout rc=$? at $((SECONDS - T0)) s"; tail -n 16 "$OUT/roll2/run.log"
     pack roll2
+    ;;
+k)
+    mkdir -p "$OUT/tests3" "$OUT/prof3" "$OUT/grpo7b3" "$OUT/roll3"
+    if [ "$DRY" != 1 ]; then
+        timeout -k 5 ${TEST_S:-90} "$PY" -m pytest -q -rfE -m gpu -p no:cacheprovider tests/kernels/test_epilogue_gpu.py \
+            tests/engine/test_engine_gpu.py -k "epilogue or lora" > "$OUT/tests3/pytest.log" 2>&1
+        echo "== GPU tests rc=$? at $((SECONDS - T0)) s"; grep -E "passed|failed|FAILED|ERROR" "$OUT/tests3/pytest.log" | tail -n 15
+    fi
+    timeout -k 10 ${PROF_S:-70} "$PY" benchmarks/rollout_profile.py "${PROF[@]}" --variants nvfp4+lora32 \
+        --budget-s $(( ${PROF_S:-70} - 10 )) --out "$OUT/prof3" > "$OUT/prof3/run.log" 2>&1
+    echo "== profile rc=$? at $((SECONDS - T0)) s"; grep -E '^\{' "$OUT/prof3/run.log" | tail -n 4
+    timeout -k 10 110 "$PY" benchmarks/grpo_step_gpu.py "${GRPO[@]}" --out "$OUT/grpo7b3" --work /tmp/grpo7_work \
+        > "$OUT/grpo7b3/run.log" 2>&1
+    echo "== grpo7b rc=$? at $((SECONDS - T0)) s"; tail -n 12 "$OUT/grpo7b3/run.log"
+    timeout -k 10 ${ROLL_S:-330} "$PY" benchmarks/rollout.py "${ROLL[@]}" --variants bf16+lora,nvfp4+lora \
+        --hf-new-tokens 0 --budget-s $(( ${ROLL_S:-330} - 15 )) --out "$OUT/roll3" > "$OUT/roll3/run.log" 2>&1
+    echo "== rollout rc=$? at $((SECONDS - T0)) s"; tail -n 16 "$OUT/roll3/run.log"
+    pack tests3; pack prof3; pack grpo7b3; pack roll3
     ;;
 esac
 echo "phase $PHASE done after $((SECONDS - T0)) s"

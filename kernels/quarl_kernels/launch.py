@@ -105,9 +105,8 @@ def epilogue_kernel(ws_ptr, y_ptr, bias_ptr, a_ptr, b_ptr, M, N, scaling, s_ws, 
     ``ws`` is the fp32 partials [S, M, N] (strides s_ws, m_ws), or ``y`` itself when S == 1
     (each element is read and written by the same program: in place is safe). R = 0: no LoRA;
     RP = R padded to a power of two (>= 16 for tl.dot), the pad masked to zero. DOT: the LoRA
-    term as a tl.dot of 16-row tiles (M >= 2); else (one decode row) as R outer-product steps
-    over r in registers: the row's ``a[r]`` times the column ``b[:, r]`` (the [BN, R] tile is
-    contiguous: the strided column loads hit the same cache lines)."""
+    term as a tl.dot of 16-row tiles (M >= 2); else (one decode row) a broadcast multiply of
+    ``a [1, RP]`` with the ``b [BN, RP]`` tile and a sum over r in registers (BN * RP <= 8192)."""
     rows = tl.program_id(0) * BM + tl.arange(0, BM)  # [BM]
     cols = tl.program_id(1) * BN + tl.arange(0, BN)  # [BN]
     rm, cm = rows < M, cols < N
@@ -128,22 +127,28 @@ def epilogue_kernel(ws_ptr, y_ptr, bias_ptr, a_ptr, b_ptr, M, N, scaling, s_ws, 
             else:
                 acc += scaling * tl.dot(a, tl.trans(b))  # [BM, RP] @ [RP, BN] on tensor cores, fp32 accumulate
         else:
-            lora = tl.zeros((BM, BN), dtype=tl.float32)
-            for r in tl.static_range(R):
-                ar = tl.load(a_ptr + rows * m_a + r, mask=rm, other=0.0).to(tl.float32)  # [BM]
-                br = tl.load(b_ptr + cols * R + r, mask=cm, other=0.0).to(tl.float32)  # [BN]
-                lora += ar[:, None] * br[None, :]
-            acc += scaling * lora
+            rr = tl.arange(0, RP)
+            a = tl.load(a_ptr + rows[:, None] * m_a + rr[None, :], mask=rm[:, None] & (rr[None, :] < R), other=0.0)
+            b = tl.load(b_ptr + cols[:, None] * R + rr[None, :], mask=cm[:, None] & (rr[None, :] < R), other=0.0)
+            prod = a.to(tl.float32)[:, None, :] * b.to(tl.float32)[None, :, :]  # [1, BN, RP]: one vector load of b
+            acc += scaling * tl.sum(prod, axis=2)
     tl.store(y_ptr + rows[:, None] * N + cols[None, :], acc.to(y_ptr.dtype.element_ty), mask=mask)
 
 
-def _epilogue_tiles(m: int, r: int) -> tuple[int, int, int, bool]:
-    """(BM, BN, RP, dot). One row: outer products in registers over 256 columns. More rows:
-    16 x 64 tiles with the LoRA term on tensor cores; small tiles keep enough programs for the
-    narrow projections (k / v: N = 512 at M = 64 is 32 programs, as the plain reduction had)."""
+def _pow2_floor(v: int) -> int:
+    return 1 << (max(int(v), 1).bit_length() - 1)
+
+
+def _epilogue_tiles(m: int, n: int, r: int) -> tuple[int, int, int, bool]:
+    """(BM, BN, RP, dot), sized so that even a narrow projection (k / v: N = 512) gets ~64-128
+    programs: this pass is latency-bound, and a handful of programs each summing many splits
+    was what made it cost more than the kernels it replaced (H200 profile, RESULTS). One
+    decode row: a register broadcast (no tensor-core tile for one row); more: 16-row tl.dot tiles."""
     if m == 1:
-        return 1, 256, 1, False
-    return 16, 64, max(16, triton.next_power_of_2(max(r, 1))), r > 0
+        rp = triton.next_power_of_2(max(r, 1))
+        return 1, max(16, min(256, _pow2_floor(n // 64), 8192 // rp)), rp, False
+    bn = max(16, min(128, _pow2_floor(triton.cdiv(m, 16) * n // 128)))
+    return 16, bn, max(16, triton.next_power_of_2(max(r, 1))), r > 0
 
 
 def finish(out: torch.Tensor, y: torch.Tensor, split: int, epi: Epilogue | None = None) -> torch.Tensor:
@@ -159,7 +164,7 @@ def finish(out: torch.Tensor, y: torch.Tensor, split: int, epi: Epilogue | None 
     if m == 0:
         return y
     r = 0 if epi.a is None else epi.b.shape[-1]
-    bm, bn, rp, dot = _epilogue_tiles(m, r)
+    bm, bn, rp, dot = _epilogue_tiles(m, n, r)
     s_ws, m_ws = (out.stride(0), out.stride(1)) if split > 1 else (0, y.stride(0))
     dummy = y
     epilogue_kernel[(triton.cdiv(m, bm), triton.cdiv(n, bn))](

@@ -123,8 +123,9 @@ def test_epilogue_builds_for_sm90_without_spills():
     from tests.kernels.sm90_sass import compile_launch, cuobjdump
 
     Launch = collections.namedtuple("Launch", "kernel grid args constexprs num_warps")
-    for m, n, split, r in [(1, 512, 64, 32), (8, 18944, 4, 32), (64, 512, 32, 32), (64, 18944, 4, 64)]:
-        bm, bn, rp, dot = L._epilogue_tiles(m, r)
+    for m, n, split, r in [(1, 512, 64, 32), (1, 18944, 8, 64), (8, 18944, 4, 32), (64, 512, 32, 32),
+                           (64, 18944, 4, 64)]:
+        bm, bn, rp, dot = L._epilogue_tiles(m, n, r)
         ws, y = torch.empty(split, m, n), torch.empty(m, n, dtype=torch.bfloat16)
         a = torch.empty(m, 3 * r, dtype=torch.bfloat16)[:, :r]
         b, bias = torch.empty(n, r, dtype=torch.bfloat16), torch.empty(n, dtype=torch.bfloat16)
