@@ -55,7 +55,10 @@ def test_distill_lora_data_parallel_matches_one_process(two, tmp_path):
     assert_weights_close(one["weights"], two["distill_lora"]["weights"])
     assert one["weights"] and all("lora_" in k for k in one["weights"])
     for k in ("kl", "ce"):
-        assert math.isclose(one["eval_after"][k], two["distill_lora"]["eval_after"][k], rel_tol=1e-4, abs_tol=1e-8)
+        # after distillation the held-out KL is ~1e-4: a KL that small is quadratic in the logit gap, so the
+        # fp32 reduction-order differences that assert_weights_close allows move it by ~1e-7 absolute (measured
+        # 5.7e-8 with torch 2.13 / transformers 5.24, 4e-4 relative); a wrong gradient average moves it by orders more
+        assert math.isclose(one["eval_after"][k], two["distill_lora"]["eval_after"][k], rel_tol=1e-4, abs_tol=1e-6)
     assert one["eval_after"]["tokens"] == two["distill_lora"]["eval_after"]["tokens"]  # held-out split, summed
 
 
