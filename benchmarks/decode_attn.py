@@ -60,30 +60,12 @@ def make_inputs(B: int, HK: int, G: int, D: int, L: int, S: int, dtype, device: 
 
 
 def time_graph(fn, reps: int, iters: int) -> float:
-    """Median microseconds per call of ``fn`` replayed from a CUDA graph of ``reps`` calls."""
-    import torch
+    """Median microseconds per call of ``fn`` replayed from a CUDA graph of ``reps`` calls (the fused-glue
+    benchmark's timer: ``benchmarks/kernels/bench_fused.py``)."""
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "kernels"))
+    from bench_fused import time_graph as graph_timer
 
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        for _ in range(3):
-            fn()
-    torch.cuda.current_stream().wait_stream(side)
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        for _ in range(reps):
-            fn()
-    g.replay()
-    torch.cuda.synchronize()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    times = []
-    for _ in range(iters):
-        start.record()
-        g.replay()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) * 1e3 / reps)
-    return statistics.median(times)
+    return graph_timer(fn, reps, iters)
 
 
 def time_wall(fn, reps: int, iters: int) -> float:

@@ -77,3 +77,26 @@ def lora_model(kind="qwen2", dtype=torch.float32, fp32_adapter=False, fmt="nvfp4
             if fp32_adapter and ("lora_A" in name or "lora_B" in name):
                 p.data = p.data.float()  # what quarl.train.policy does
     return model
+
+
+@torch.no_grad()
+def teacher_forced_logits(runner, rows, tokens: torch.Tensor, block: int = 64) -> torch.Tensor:
+    """Prefill, then decode feeding ``tokens[:, t]`` with kv lengths in buckets of ``block`` (as the GPU
+    graphs do) -> ``[N, T, V]`` fp32: a runner's decode path on fixed tokens, to compare runners."""
+    from quarl.engine.rollout import left_pad
+
+    ids, mask = left_pad(rows, PAD, runner.device)
+    N, P = ids.shape
+    T = tokens.shape[1]
+    S = -(-(P + T) // block) * block
+    st = runner.new_state(N, S)
+    out = [runner.prefill(st, ids, mask)]
+    st.pos[:N] = mask.sum(dim=1, keepdim=True)
+    st.slot.fill_(P)
+    for t in range(T - 1):
+        st.tok[:N, 0] = tokens[:, t]
+        runner.decode(st, N, min(S, -(-(P + t + 1) // block) * block))
+        out.append(st.logits[:N].clone())
+        st.slot.add_(1)
+        st.pos.add_(1)
+    return torch.stack(out, dim=1).float()

@@ -175,8 +175,8 @@ INTERPRETER_SCRIPT = textwrap.dedent("""
 
     from quarl.engine import DecoderRunner, FastGenerator, GREEDY_TOP_P
     from quarl.engine import fused as fz
-    from quarl.engine.rollout import SamplingParams, left_pad
-    from tests.engine.conftest import PAD, prompts
+    from quarl.engine.rollout import SamplingParams
+    from tests.engine.conftest import PAD, prompts, teacher_forced_logits
     from tests.engine.test_decode_attn import attn_model
 
     fz._FORCE_OPS = True  # the CPU engine routes eligible calls through torch.ops.quarl
@@ -192,24 +192,7 @@ INTERPRETER_SCRIPT = textwrap.dedent("""
 
     decode_attn.launches = counting
 
-    @torch.no_grad()  # as the generator runs it (a gradient would keep SDPA)
-    def forced_logits(runner, rows, cont, block=64):
-        # prefill, then decode feeding cont[:, t]; kv_len in buckets of `block` like the GPU graphs
-        ids, mask = left_pad(rows, PAD, runner.device)
-        N, P = ids.shape
-        T = cont.shape[1]
-        S = -(-(P + T) // block) * block
-        st = runner.new_state(N, S)
-        out = [runner.prefill(st, ids, mask)]
-        st.pos[:N] = mask.sum(dim=1, keepdim=True)
-        st.slot.fill_(P)
-        for t in range(T - 1):
-            st.tok[:N, 0] = cont[:, t]
-            runner.decode(st, N, min(S, -(-(P + t + 1) // block) * block))
-            out.append(st.logits[:N].clone())
-            st.slot.add_(1)
-            st.pos.add_(1)
-        return torch.stack(out, 1).float()  # [N, T, V]
+    forced_logits = teacher_forced_logits  # no_grad, as the generator runs it (a gradient would keep SDPA)
 
     rows = prompts((70, 5, 200, 33), seed=1)  # P = 200: two 128-slot tiles -> two splits
     for kind in ("qwen2", "qwen3"):

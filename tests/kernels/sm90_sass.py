@@ -41,6 +41,19 @@ def cuobjdump() -> Path | None:
     return p if p.exists() else None
 
 
+def stack_bytes(kernel) -> int | None:
+    """Per-thread stack of a compiled kernel (``cuobjdump -res-usage``): > 0 means ptxas spilled
+    registers. None when the Triton wheel ships no ``cuobjdump``."""
+    tool = cuobjdump()
+    if tool is None:
+        return None
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(kernel.asm["cubin"])
+        f.flush()
+        out = subprocess.run([str(tool), "-res-usage", f.name], capture_output=True, text=True, check=False).stdout
+    return int(out.split("STACK:")[1].split()[0])
+
+
 def compile_launch(launch, num_warps: int | None = None, **overrides):
     """``launch`` (``quarl_kernels.fp8_quant.Launch``) -> (compiled kernel, SASS text) for sm_90.
     ``overrides`` replace constexprs that follow the device (``SCALE_RECIP=True`` as on CUDA,

@@ -35,7 +35,7 @@ from quarl_kernels import fused_ops
 
 from quarl.engine import GREEDY_TOP_P, DecoderRunner, FastGenerator
 from quarl.engine.rollout import SamplingParams, left_pad
-from tests.engine.conftest import PAD, VOCAB, prompts
+from tests.engine.conftest import PAD, VOCAB, prompts, teacher_forced_logits
 
 pytestmark = [
     pytest.mark.gpu,
@@ -157,26 +157,6 @@ def _models(kind: str, head_dim: int = 128):
     return bf16, fp32
 
 
-@torch.no_grad()
-def _teacher_forced_logits(runner: DecoderRunner, rows, tokens: torch.Tensor, block: int = 64) -> torch.Tensor:
-    """Prefill, then decode feeding ``tokens[:, t]``, kv lengths in buckets of ``block`` -> ``[N, T, V]`` fp32."""
-    ids, mask = left_pad(rows, PAD, runner.device)
-    N, P = ids.shape
-    T = tokens.shape[1]
-    S = -(-(P + T) // block) * block
-    st = runner.new_state(N, S)
-    out = [runner.prefill(st, ids, mask)]
-    st.pos[:N] = mask.sum(dim=1, keepdim=True)
-    st.slot.fill_(P)
-    for t in range(T - 1):
-        st.tok[:N, 0] = tokens[:, t]
-        runner.decode(st, N, min(S, -(-(P + t + 1) // block) * block))
-        out.append(st.logits[:N].clone())
-        st.slot.add_(1)
-        st.pos.add_(1)
-    return torch.stack(out, dim=1).float()
-
-
 @pytest.mark.parametrize("kind", ["llama", "qwen2", "qwen3"])
 def test_engine_logits_with_the_kernel_are_as_accurate_as_sdpa(kind):
     bf16, fp32 = _models(kind)
@@ -184,8 +164,8 @@ def test_engine_logits_with_the_kernel_are_as_accurate_as_sdpa(kind):
     tokens = torch.randint(3, VOCAB, (len(rows), 12), device="cuda")
     on, off = DecoderRunner(bf16), DecoderRunner(bf16, decode_attn=False)
     assert on.fused_on() and on.decode_attn and not off.decode_attn
-    lk, ls = _teacher_forced_logits(on, rows, tokens), _teacher_forced_logits(off, rows, tokens)
-    lt = _teacher_forced_logits(DecoderRunner(fp32), rows, tokens)  # fp32: SDPA by the eligibility rules
+    lk, ls = teacher_forced_logits(on, rows, tokens), teacher_forced_logits(off, rows, tokens)
+    lt = teacher_forced_logits(DecoderRunner(fp32), rows, tokens)  # fp32: SDPA by the eligibility rules
     e_k, e_s, d = (lk - lt).norm().item(), (ls - lt).norm().item(), (lk - ls).norm().item()
     print(f"{kind}: |kernel - fp32| {e_k:.4g}  |sdpa - fp32| {e_s:.4g}  |kernel - sdpa| {d:.4g}")
     assert e_k <= 1.25 * e_s
@@ -213,8 +193,8 @@ def test_engine_graphs_run_the_kernel_and_greedy_tokens_match_sdpa_up_to_ties():
     again = eng.generate(rows, greedy, n=1)  # replays only
     assert torch.equal(again.completion_ids, a.completion_ids) and torch.equal(again.logprobs, a.logprobs)
     b = FastGenerator(bf16, PAD, kv_block=64, decode_attn=False).generate(rows, greedy, n=1)
-    lu = _teacher_forced_logits(DecoderRunner(bf16, decode_attn=False), rows, b.completion_ids)
-    lt = _teacher_forced_logits(DecoderRunner(fp32), rows, b.completion_ids)
+    lu = teacher_forced_logits(DecoderRunner(bf16, decode_attn=False), rows, b.completion_ids)
+    lt = teacher_forced_logits(DecoderRunner(fp32), rows, b.completion_ids)
     noise = (lu - lt).abs().max().item()
     diverged = 0
     for i in range(len(rows)):

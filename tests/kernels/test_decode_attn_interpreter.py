@@ -26,7 +26,6 @@ import importlib.util
 import os
 import subprocess
 import sys
-import tempfile
 import textwrap
 from pathlib import Path
 
@@ -144,7 +143,7 @@ def test_decode_attention_compiles_for_sm90():
     import torch
     from quarl_kernels import decode_attn as da
 
-    from tests.kernels.sm90_sass import compile_launch, cuobjdump
+    from tests.kernels.sm90_sass import compile_launch, stack_bytes
 
     built = []
     for B, HK, G, D, L, S in ((1, 4, 7, 128, 1280, 2048), (64, 8, 5, 128, 2304, 2560), (8, 2, 8, 64, 1280, 1536)):
@@ -160,11 +159,5 @@ def test_decode_attention_compiles_for_sm90():
                     ptx = k.asm["ptx"]
                     assert "mma.sync" in ptx and "ex2.approx" in ptx and "cp.async" in ptx, (B, HK, G, D, splits)
                 built.append(k)
-    if cuobjdump() is not None:
-        for k in built:
-            with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
-                f.write(k.asm["cubin"])
-                f.flush()
-                out = subprocess.run([str(cuobjdump()), "-res-usage", f.name], capture_output=True, text=True,
-                                     check=False).stdout
-            assert int(out.split("STACK:")[1].split()[0]) == 0, "ptxas spilled registers"
+    for k in built:
+        assert stack_bytes(k) in (0, None), "ptxas spilled registers"
