@@ -517,7 +517,7 @@ def wo_matmul(x2: torch.Tensor, pw: PackedWeight, *, tune: bool | None = None, e
         try:
             wcfg = _choose("wgmma", wkey, wd.candidate_configs(m), lambda c: wd.launch_wgmma_decode(x2, pw, c), tune,
                            wd.default_config(m, pw.n))
-            return wd.launch_wgmma_decode(x2, pw, wcfg, epi)
+            return wd.launch_wgmma_decode(x2, pw, wcfg, epi=epi)
         except triton.compiler.errors.CompilationError as e:
             _wgmma_decode_failed(e)
     md = _mma_decode()
@@ -528,7 +528,7 @@ def wo_matmul(x2: torch.Tensor, pw: PackedWeight, *, tune: bool | None = None, e
         try:
             mcfg = _choose("mma", mkey, md.candidate_configs(m), lambda c: md.launch_mma_decode(x2, pw, c), tune,
                            mdefault)
-            return md.launch_mma_decode(x2, pw, mcfg, epi)
+            return md.launch_mma_decode(x2, pw, mcfg, epi=epi)
         except triton.compiler.errors.CompilationError as e:
             _mma_decode_failed(e)
     if gemv.gemv_supported(x2, pw):

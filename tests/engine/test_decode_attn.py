@@ -22,14 +22,9 @@ Three layers, as ``test_fused.py`` tests the other fused kernels:
 
 from __future__ import annotations
 
-import importlib.util
-import os
-import subprocess
-import sys
 import textwrap
 from pathlib import Path
 
-import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
@@ -38,6 +33,7 @@ from quarl.engine import DecoderRunner, FastGenerator, make_generator
 from quarl.engine import fused as fz
 from quarl.engine.rollout import SamplingParams
 from tests.engine.conftest import PAD, VOCAB, prompts
+from tests.kernels.interpreter import needs_interpreter, run_interpreted
 
 ROOT = Path(__file__).resolve().parents[2]
 KINDS = ["llama", "qwen2", "qwen3"]
@@ -228,13 +224,6 @@ INTERPRETER_SCRIPT = textwrap.dedent("""
 """)
 
 
-@pytest.mark.skipif(
-    importlib.util.find_spec("triton") is None or tuple(map(int, np.__version__.split(".")[:2])) >= (2, 3),
-    reason="needs Triton and NumPy < 2.3 for the Triton interpreter",
-)
+@needs_interpreter
 def test_engine_with_the_kernel_under_triton_interpreter():
-    path = os.pathsep.join([str(ROOT), str(ROOT / "kernels"), *sys.path])  # keep where numpy/triton came from
-    env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=path)
-    r = subprocess.run([sys.executable, "-W", "ignore", "-c", INTERPRETER_SCRIPT], env=env, capture_output=True,
-                       text=True, timeout=300, check=False, cwd=ROOT)
-    assert r.returncode == 0 and r.stdout.rstrip().endswith("OK"), r.stdout + r.stderr[-3000:]
+    run_interpreted(INTERPRETER_SCRIPT)

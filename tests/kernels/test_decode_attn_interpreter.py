@@ -22,22 +22,13 @@ tests; CPU CI has no Triton. Run here with the side venv of docs/kernels.md:
 
 from __future__ import annotations
 
-import importlib.util
-import os
-import subprocess
-import sys
 import textwrap
 from pathlib import Path
 
-import numpy as np
-import pytest
+from tests.kernels.interpreter import needs_interpreter, needs_triton, run_interpreted
 
 ROOT = Path(__file__).resolve().parents[2]
 
-needs_interpreter = pytest.mark.skipif(
-    importlib.util.find_spec("triton") is None or tuple(map(int, np.__version__.split(".")[:2])) >= (2, 3),
-    reason="needs Triton and NumPy < 2.3 for the Triton interpreter",
-)
 
 SCRIPT = textwrap.dedent("""
     import torch
@@ -123,14 +114,9 @@ SCRIPT = textwrap.dedent("""
 
 @needs_interpreter
 def test_decode_attention_under_triton_interpreter():
-    path = os.pathsep.join([str(ROOT), str(ROOT / "kernels"), *sys.path])  # keep where numpy/triton came from
-    env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=path)
-    r = subprocess.run([sys.executable, "-W", "ignore", "-c", SCRIPT], env=env, capture_output=True, text=True,
-                       timeout=300, check=False)
-    assert r.returncode == 0 and r.stdout.rstrip().endswith("OK"), r.stdout + r.stderr[-3000:]
+    run_interpreted(SCRIPT)
 
 
-needs_triton = pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="needs Triton (CPU CI has none)")
 
 
 @needs_triton

@@ -38,7 +38,7 @@ def test_wo_matmul_falls_back_when_gluon_fails_to_compile(monkeypatch):
     monkeypatch.setattr(wo_gemm, "_interpreting", lambda: False)
     monkeypatch.setattr(mma_decode, "mma_decode_supported", lambda x2, pw: True)
     monkeypatch.setattr(mma_decode, "launch_mma_decode", broken)
-    monkeypatch.setattr(wo_gemm, "launch_fwd", lambda x2, pw, c: taken.append(c) or "tc")
+    monkeypatch.setattr(wo_gemm, "launch_fwd", lambda x2, pw, c, epi=None: taken.append(c) or "tc")
     with pytest.warns(UserWarning, match="falls back to the Triton tensor-core kernel"):
         assert wo_gemm.wo_matmul(x, pw) == "tc"
     assert wo_gemm._MMA_DECODE_BROKEN and wo_gemm._mma_decode() is None
@@ -60,7 +60,7 @@ def test_dense_path_out_of_memory_falls_back_to_the_fused_kernel(monkeypatch):
     monkeypatch.setattr(dense, "dense_matmul", oom)
     monkeypatch.setattr(dense, "dense_matmul_t", oom)
     monkeypatch.setattr(wo_gemm, "_mma_decode", lambda: None)
-    monkeypatch.setattr(wo_gemm, "launch_fwd", lambda x2, pw, c: fused.append("fwd") or "fused")
+    monkeypatch.setattr(wo_gemm, "launch_fwd", lambda x2, pw, c, epi=None: fused.append("fwd") or "fused")
     monkeypatch.setattr(wo_gemm, "launch_bwd", lambda dy2, pw, c: fused.append("bwd") or "fused")
     pw = wo_gemm.PackedWeight(0, 16, 64, 128, torch.zeros(64, 16, dtype=torch.int32), torch.zeros(64, 2, dtype=torch.int32),
                               None, torch.ones(1), True)

@@ -13,22 +13,14 @@ Skipped unless Triton is importable and NumPy < 2.3 (see test_wo_gemm_interprete
 
 from __future__ import annotations
 
-import importlib.util
-import os
-import subprocess
-import sys
 import textwrap
 from pathlib import Path
 
-import numpy as np
-import pytest
+from tests.kernels.interpreter import needs_interpreter, run_interpreted
 
 ROOT = Path(__file__).resolve().parents[2]
 
-pytestmark = pytest.mark.skipif(
-    importlib.util.find_spec("triton") is None or tuple(map(int, np.__version__.split(".")[:2])) >= (2, 3),
-    reason="needs Triton and NumPy < 2.3 for the Triton interpreter",
-)
+pytestmark = needs_interpreter
 
 SCRIPT = textwrap.dedent("""
     import torch
@@ -68,8 +60,4 @@ SCRIPT = textwrap.dedent("""
 
 
 def test_gemv_under_triton_interpreter():
-    path = os.pathsep.join([str(ROOT), str(ROOT / "kernels"), *sys.path])  # keep where numpy/triton came from
-    env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=path)
-    r = subprocess.run([sys.executable, "-W", "ignore", "-c", SCRIPT], env=env, capture_output=True, text=True,
-                       timeout=300, check=False)
-    assert r.returncode == 0 and r.stdout.rstrip().endswith("OK"), r.stdout + r.stderr[-3000:]
+    run_interpreted(SCRIPT)

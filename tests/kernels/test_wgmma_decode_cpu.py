@@ -112,10 +112,10 @@ def test_dispatch_behind_the_switch(monkeypatch, switch, m, n, want):
     monkeypatch.setattr(wo_gemm, "_interpreting", lambda: False)
     monkeypatch.setattr(wgmma_decode, "device_ok", lambda d: True)
     monkeypatch.setattr(mma_decode, "mma_decode_supported", lambda x2, pw: True)
-    monkeypatch.setattr(wgmma_decode, "launch_wgmma_decode", lambda x2, pw, c: ("wgmma", c))
-    monkeypatch.setattr(mma_decode, "launch_mma_decode", lambda x2, pw, c: ("mma", c))
+    monkeypatch.setattr(wgmma_decode, "launch_wgmma_decode", lambda x2, pw, c, epi=None: ("wgmma", c))
+    monkeypatch.setattr(mma_decode, "launch_mma_decode", lambda x2, pw, c, epi=None: ("mma", c))
     monkeypatch.setattr(wo_gemm.gemv, "gemv_supported", lambda x2, pw: False)
-    monkeypatch.setattr(wo_gemm, "launch_fwd", lambda x2, pw, c: ("tc", c))
+    monkeypatch.setattr(wo_gemm, "launch_fwd", lambda x2, pw, c, epi=None: ("tc", c))
     x = torch.zeros(m, 1024, dtype=torch.bfloat16)
     monkeypatch.setattr(type(x), "is_cuda", property(lambda self: True))
     kind, cfg = wo_gemm.wo_matmul(x, _pw(n), tune=False)
@@ -138,7 +138,7 @@ def test_dispatch_falls_back_when_wgmma_fails_to_build(monkeypatch):
     monkeypatch.setattr(wgmma_decode, "wgmma_decode_supported", lambda x2, pw: True)
     monkeypatch.setattr(mma_decode, "mma_decode_supported", lambda x2, pw: True)
     monkeypatch.setattr(wgmma_decode, "launch_wgmma_decode", broken)
-    monkeypatch.setattr(mma_decode, "launch_mma_decode", lambda x2, pw, c: "mma")
+    monkeypatch.setattr(mma_decode, "launch_mma_decode", lambda x2, pw, c, epi=None: "mma")
     x = torch.zeros(64, 1024, dtype=torch.bfloat16)
     with pytest.warns(UserWarning, match="falls back to the mma.sync kernel"):
         assert wo_gemm.wo_matmul(x, _pw(), tune=False) == "mma"
