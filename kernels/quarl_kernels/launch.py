@@ -118,18 +118,15 @@ def epilogue_kernel(ws_ptr, y_ptr, bias_ptr, a_ptr, b_ptr, M, N, scaling, s_ws, 
     if HAS_BIAS:
         acc += tl.load(bias_ptr + cols, mask=cm, other=0.0).to(tl.float32)[None, :]
     if R > 0:
+        rr = tl.arange(0, RP)
+        a = tl.load(a_ptr + rows[:, None] * m_a + rr[None, :], mask=rm[:, None] & (rr[None, :] < R), other=0.0)
+        b = tl.load(b_ptr + cols[:, None] * R + rr[None, :], mask=cm[:, None] & (rr[None, :] < R), other=0.0)
         if DOT:
-            rr = tl.arange(0, RP)
-            a = tl.load(a_ptr + rows[:, None] * m_a + rr[None, :], mask=rm[:, None] & (rr[None, :] < R), other=0.0)
-            b = tl.load(b_ptr + cols[:, None] * R + rr[None, :], mask=cm[:, None] & (rr[None, :] < R), other=0.0)
             if INTERPRET:  # the interpreter's bf16 dot is wrong; bf16 x bf16 products are exact in fp32 anyway
                 acc += scaling * tl.dot(a.to(tl.float32), tl.trans(b.to(tl.float32)), input_precision="ieee")
             else:
                 acc += scaling * tl.dot(a, tl.trans(b))  # [BM, RP] @ [RP, BN] on tensor cores, fp32 accumulate
         else:
-            rr = tl.arange(0, RP)
-            a = tl.load(a_ptr + rows[:, None] * m_a + rr[None, :], mask=rm[:, None] & (rr[None, :] < R), other=0.0)
-            b = tl.load(b_ptr + cols[:, None] * R + rr[None, :], mask=cm[:, None] & (rr[None, :] < R), other=0.0)
             prod = a.to(tl.float32)[:, None, :] * b.to(tl.float32)[None, :, :]  # [1, BN, RP]: one vector load of b
             acc += scaling * tl.sum(prod, axis=2)
     tl.store(y_ptr + rows[:, None] * N + cols[None, :], acc.to(y_ptr.dtype.element_ty), mask=mask)
