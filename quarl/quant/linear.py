@@ -260,11 +260,10 @@ class QuantLinear(nn.Module):
 
     def base_forward(self, x: torch.Tensor) -> torch.Tensor:  # x [..., K] -> [..., N]
         """The frozen (or QAT) base and its bias, without the LoRA branch: what the rollout engine
-        calls when it computes the adapters of several projections together (quarl.engine.lora)."""
-        if self.bias is not None:  # inference: the bias in the kernel's last pass (one kernel fewer)
-            fused = self.epilogue_kernel(x)
-            if fused is not None:
-                return fused(x, self, None, None, 1.0)
+        calls when it computes the adapters of several projections together (quarl.engine.lora).
+        The same arithmetic with and without autograd: the trainer's no-grad old-log-prob pass must
+        equal its training forward bit for bit (ratio 1 before an update), so the fused last pass
+        (:meth:`epilogue_kernel`) is the rollout engine's choice, never taken here."""
         if self.fp8_flow:
             from quarl.quant.fp8_linear import fp8_linear
 

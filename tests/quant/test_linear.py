@@ -146,3 +146,26 @@ def test_module_to_dtype_keeps_packed_tensors_bit_exact(spec):
     assert ((y16.float() - y32).norm() / y32.norm()).item() < 1e-2
     model.to(device="meta").to_empty(device="cpu")  # device moves still apply to packed tensors
     assert all(getattr(q, n).device.type == "cpu" and getattr(q, n).dtype == t.dtype for n, t in before.items())
+
+
+def test_forward_never_takes_the_engines_fused_route(monkeypatch):
+    """The trainer's no-grad old-log-prob pass must be its training forward bit for bit: even where a
+    kernel offers the fused last pass (``epilogue_kernel``, the rollout engine's), ``forward`` /
+    ``base_forward`` keep their own ops with and without autograd."""
+    torch.manual_seed(0)
+    lin = nn.Linear(64, 32, bias=True)
+    q = QuantLinear.from_linear(lin, "nvfp4", lora=LoRAConfig(r=4, alpha=8.0))
+    with torch.no_grad():
+        q.lora_B.normal_(0, 0.1)
+
+    def offered(x):
+        def fused(*a, **k):
+            raise AssertionError("QuantLinear took the engine's fused route")
+        return fused
+
+    monkeypatch.setattr(QuantLinear, "epilogue_kernel", lambda self, x: offered(x))
+    x = torch.randn(3, 64)
+    with torch.no_grad():
+        a = q(x)
+    b = q(x)
+    assert torch.equal(a, b.detach())
