@@ -33,12 +33,11 @@ three times (<= ~1 bf16 ulp from the unfused path). ``QUARL_ENGINE_LORA_EPILOGUE
 
 from __future__ import annotations
 
-import os
-
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from quarl.engine.fused import _switch
 from quarl.quant.linear import QuantLinear, lora_add
 
 ENV = "QUARL_ENGINE_LORA_PACK"
@@ -47,26 +46,15 @@ GROUPS = {"qkv": ("self_attn", ("q_proj", "k_proj", "v_proj")), "o": ("self_attn
           "gate_up": ("mlp", ("gate_proj", "up_proj")), "down": ("mlp", ("down_proj",))}
 
 
-def _env_on(name: str, fix: str) -> bool:
-    v = os.environ.get(name, "1").strip().lower()
-    if v in ("1", "true", "on", "yes", ""):
-        return True
-    if v in ("0", "false", "off", "no"):
-        return False
-    raise ValueError(f"{name}={v!r} is not understood; set it to 1 ({fix}, the default) or 0")
-
-
 def resolve(flag: bool | None) -> bool:
-    if flag is not None:
-        return bool(flag)
-    return _env_on(ENV, "packed adapters")
+    """Packed adapters: ``flag`` if given, else ``$QUARL_ENGINE_LORA_PACK`` (default on)."""
+    return _switch(flag, ENV, "packed adapters", "module by module")
 
 
 def resolve_epilogue(flag: bool | None) -> bool:
-    """Fold each projection's B GEMM and bias into its base kernel's last pass (default on)."""
-    if flag is not None:
-        return bool(flag)
-    return _env_on(EPILOGUE_ENV, "the B GEMM in the base kernel's last pass")
+    """Fold each projection's B GEMM and bias into its base kernel's last pass: ``flag`` if given, else
+    ``$QUARL_ENGINE_LORA_EPILOGUE`` (default on)."""
+    return _switch(flag, EPILOGUE_ENV, "the B GEMM in the base kernel's last pass", "addmm")
 
 
 def _hooked(m: nn.Module) -> bool:
