@@ -98,7 +98,7 @@ def run_case(model: str, B: int, L: int, S: int, dtype, device: str, args) -> di
     q, k, v, valid = make_inputs(B, HK, G, D, L, S, dtype, device, seed=B * 7 + L)
     scale = D ** -0.5
     sms = da.num_sms(q.device)
-    splits = da.num_splits(B * HK, L, sms)
+    splits = da.num_splits(B * HK, L, sms, da.block_n_for(B * HK, sms))
     row = {"model": model, "batch": B, "kv_len": L, "cache_len": S, "h_kv": HK, "group": G, "head_dim": D,
            "dtype": str(dtype).replace("torch.", ""), "splits": splits, "programs": B * HK * splits,
            "launches": 1 if splits == 1 else 2}

@@ -35,8 +35,8 @@ Design:
   so no split is empty. 7B (H_kv 4) at L 1280, 132 SMs: B 1 -> 10 splits of one 128-slot tile
   (40 programs), B 8 -> 5 splits (160), B 64 -> 1 (256 programs, one launch).
 * **Tiles**: ``BLOCK_N = 128`` slots, 4 warps; ``tl.range(..., num_stages=2)`` double-buffers the
-  K/V tiles through shared memory (``cp.async``). 128 is the H200 sweep's winner (11 of 12 shapes;
-  RESULTS "Decode attention"); the first version's 64 (~70 registers, 38 KB of shared memory, no
+  K/V tiles through shared memory (``cp.async``). 128 is the H200 sweep's winner below two
+  waves of programs, 64 from there (:func:`block_n_for`; RESULTS "Decode attention"); the first version's 64 (~70 registers, 38 KB of shared memory, no
   spills at D 128 on sm_90) was chosen from the build alone (``tests/kernels/test_decode_attn_interpreter.py``
   compiles the real launches, :func:`launches`, on a CPU). Under ``TRITON_INTERPRET=1`` the dots
   run in fp32 (the interpreter multiplies raw bf16 bits) and casts round with ``rounding.round_to``.
@@ -60,7 +60,8 @@ from quarl_kernels.launch import interpreting, num_sms
 from quarl_kernels.rounding import round_to
 
 HEAD_DIMS = (64, 128)  # D: a power of two the dot tiles take whole (== fused_ops.DECODE_ATTN_HEAD_DIMS)
-BLOCK_N = 128  # cache slots per tile (the H200 sweep: 128 beat 64 in 11 of 12 shapes, RESULTS "decode attention")
+BLOCK_N = 128  # cache slots per tile (the H200 sweep: fastest wherever the grid is under ~2 waves, RESULTS "decode attention")
+BLOCK_N_FULL = 64  # ... and from 2 waves of (row, KV head) programs up (14B, batch 64: 80 vs 92 us at L 1280)
 NUM_WARPS = 4  # sm_90 build at D 128: ~70 registers a thread, 38 KB of shared memory, no spills
 NUM_STAGES = 2  # K/V tiles double-buffered through shared memory (cp.async; tl.range asks for it)
 MIN_BLOCK_G = 16  # tl.dot needs M >= 16: G query rows are padded up to this
@@ -162,6 +163,13 @@ def block_g(g: int) -> int:
     return max(MIN_BLOCK_G, triton.next_power_of_2(g))
 
 
+def block_n_for(bh: int, sms: int) -> int:
+    """Slots per tile: 128 while ``B * H_kv`` programs are fewer than ``WAVES`` waves (batch 1 / 8, and
+    7B at batch 64: fewer, longer programs stream better), 64 from there (14B at batch 64: 512 programs,
+    where the smaller tile's occupancy wins by 12-14%). Measured on an H200, ``--sweep``."""
+    return BLOCK_N_FULL if bh >= WAVES * sms else BLOCK_N
+
+
 def num_splits(bh: int, length: int, sms: int, block_n: int = BLOCK_N, waves: int = WAVES) -> int:
     """Programs along L per (row, KV head). ``bh = B * H_kv`` programs per split already: none
     when they cover the SMs; else ~``waves * sms`` programs in all, at most one split per tile,
@@ -198,7 +206,7 @@ def _check(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, valid: torch.Tenso
 
 
 def launches(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, valid: torch.Tensor, scale: float,
-             splits: int | None = None, block_n: int = BLOCK_N, num_warps: int | None = None,
+             splits: int | None = None, block_n: int | None = None, num_warps: int | None = None,
              num_stages: int = NUM_STAGES) -> tuple[torch.Tensor, list[Launch]]:
     """``(o, [attention launch, combine launch if split])`` for :func:`decode_attention` (arguments there);
     ``o`` and the fp32 workspace are allocated here (from the graph pool under CUDA-graph capture)."""
@@ -210,8 +218,10 @@ def launches(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, valid: torch.Ten
         return o, []
     bg = block_g(G)
     warps = num_warps or NUM_WARPS
+    sms = num_sms(q.device)
+    block_n = block_n or block_n_for(B * HK, sms)
     tiles = max(1, triton.cdiv(L, block_n))
-    n_split = num_splits(B * HK, L, num_sms(q.device), block_n) if splits is None else max(1, min(int(splits), tiles))
+    n_split = num_splits(B * HK, L, sms, block_n) if splits is None else max(1, min(int(splits), tiles))
     per = triton.cdiv(tiles, n_split)  # tiles per split
     n_split = triton.cdiv(tiles, per)  # no empty split
     vb = valid.view(torch.uint8)  # [B, L] same strides; Triton reads bytes
@@ -238,11 +248,11 @@ def launches(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, valid: torch.Ten
 
 
 def decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, valid: torch.Tensor, scale: float,
-                     splits: int | None = None, block_n: int = BLOCK_N, num_warps: int | None = None,
+                     splits: int | None = None, block_n: int | None = None, num_warps: int | None = None,
                      num_stages: int = NUM_STAGES) -> torch.Tensor:
     """``q [B, H_kv, G, D]``, ``k, v [B, H_kv, L, D]`` (any strides, unit D stride), ``valid [B, L]`` bool
     (any strides) -> ``o [B, H_kv, G, D]`` contiguous, q's dtype. ``splits`` overrides :func:`num_splits`;
-    ``block_n`` (slots per tile), ``num_warps`` and ``num_stages`` override the defaults (tests, the
+    ``block_n`` (slots per tile; default :func:`block_n_for`), ``num_warps`` and ``num_stages`` override the defaults (tests, the
     benchmark's sweep). Callers check applicability (``fused_ops``); this raises ``ValueError`` on
     shapes it cannot run."""
     o, todo = launches(q, k, v, valid, scale, splits, block_n, num_warps, num_stages)
@@ -251,4 +261,5 @@ def decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, valid: t
     return o
 
 
-__all__ = ["BLOCK_N", "HEAD_DIMS", "NUM_STAGES", "NUM_WARPS", "Launch", "block_g", "decode_attention", "launches", "num_splits"]
+__all__ = ["BLOCK_N", "BLOCK_N_FULL", "HEAD_DIMS", "NUM_STAGES", "NUM_WARPS", "Launch", "block_g", "block_n_for",
+           "decode_attention", "launches", "num_splits"]

@@ -93,6 +93,8 @@ SCRIPT = textwrap.dedent("""
     assert [da.num_splits(b * 8, 1280, 132) for b in (1, 8, 64)] == [10, 5, 1]  # 14B
     assert da.num_splits(4, 2304, 132) == 18 and da.num_splits(4, 10, 132) == 1
     assert [da.num_splits(b * 4, 1280, 132, block_n=64) for b in (1, 8, 64)] == [20, 7, 1]  # 64-slot tiles
+    # tile size: 128 slots below two waves of (row, KV head) programs, 64 from there
+    assert [da.block_n_for(bh, 132) for bh in (4, 32, 256, 264, 512)] == [128, 128, 128, 64, 64]
 
     # head dims the kernel does not take are refused (the op falls back to SDPA for them)
     try:
