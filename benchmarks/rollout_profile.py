@@ -59,6 +59,7 @@ import os
 import sys
 import time
 import traceback
+import unittest.mock
 from pathlib import Path
 
 import torch
@@ -429,19 +430,9 @@ def parse_variant(v: str) -> tuple[str, bool, bool, tuple[str, ...]]:
     return recipe, fp32, "nopack" not in mods, tuple(MODIFIERS[m] for m in mods if MODIFIERS[m])
 
 
-@contextlib.contextmanager
 def switches_off(names: tuple[str, ...]):
     """The engine switches ``names`` set to 0 for the block (engines built inside read them)."""
-    old = {n: os.environ.get(n) for n in names}
-    os.environ.update({n: "0" for n in names})
-    try:
-        yield
-    finally:
-        for n, v in old.items():
-            if v is None:
-                os.environ.pop(n, None)
-            else:
-                os.environ[n] = v
+    return unittest.mock.patch.dict(os.environ, {n: "0" for n in names})
 
 
 # --- the run ---------------------------------------------------------------------------------------

@@ -73,19 +73,7 @@ def counted(monkeypatch):
 
 
 # --- the switch ---------------------------------------------------------------------------------
-def test_resolve_flag_and_environment(monkeypatch):
-    monkeypatch.delenv(fz.ENV_DECODE_ATTN, raising=False)
-    assert fz.resolve_decode_attn(None) is True  # default on (it acts only where the fused kernels do)
-    for v, want in (("0", False), ("off", False), ("1", True), ("yes", True), (" TRUE ", True)):
-        monkeypatch.setenv(fz.ENV_DECODE_ATTN, v)
-        assert fz.resolve_decode_attn(None) is want
-    monkeypatch.setenv(fz.ENV_DECODE_ATTN, "0")
-    assert fz.resolve_decode_attn(True) is True  # the argument wins
-    monkeypatch.setenv(fz.ENV_DECODE_ATTN, "sdpa")
-    with pytest.raises(ValueError, match="QUARL_ENGINE_DECODE_ATTN='sdpa' is not understood; set it to 1"):
-        fz.resolve_decode_attn(None)
-
-
+# (the environment variable itself: tests/engine/test_fused.py, with the other engine switches)
 def test_constructor_arguments_reach_the_runner(monkeypatch):
     monkeypatch.delenv(fz.ENV_DECODE_ATTN, raising=False)
     model = attn_model()

@@ -16,6 +16,7 @@ from torch import nn
 
 from quarl.engine import GREEDY_TOP_P, DecoderRunner, FastGenerator, make_generator
 from quarl.engine import fused as fz
+from quarl.engine import lora as lp
 from quarl.engine.rollout import SamplingParams
 from tests.engine.conftest import PAD, hf_greedy, make_model, prompts
 
@@ -45,17 +46,24 @@ def forced(monkeypatch):
 
 
 # --- the switch ------------------------------------------------------------------------------------
-def test_resolve_flag_and_environment(monkeypatch):
-    monkeypatch.delenv(fz.ENV, raising=False)
-    assert fz.resolve(None) is True  # default on (it only acts on CUDA bf16/fp16)
-    for v, want in (("0", False), ("off", False), ("1", True), ("true", True)):
-        monkeypatch.setenv(fz.ENV, v)
-        assert fz.resolve(None) is want
-    monkeypatch.setenv(fz.ENV, "0")
-    assert fz.resolve(True) is True  # the argument wins
-    monkeypatch.setenv(fz.ENV, "maybe")
-    with pytest.raises(ValueError, match="QUARL_ENGINE_FUSED='maybe'"):
-        fz.resolve(None)
+SWITCHES = [  # every engine switch parses through fused._switch: (resolver, variable)
+    (fz.resolve, fz.ENV), (fz.resolve_decode_attn, fz.ENV_DECODE_ATTN),
+    (lp.resolve, lp.ENV), (lp.resolve_epilogue, lp.EPILOGUE_ENV),
+]
+
+
+@pytest.mark.parametrize("resolve,env", SWITCHES, ids=[e for _, e in SWITCHES])
+def test_resolve_flag_and_environment(monkeypatch, resolve, env):
+    monkeypatch.delenv(env, raising=False)
+    assert resolve(None) is True  # default on (each acts only where its kernels apply)
+    for v, want in (("0", False), ("off", False), ("1", True), ("true", True), ("yes", True), (" TRUE ", True)):
+        monkeypatch.setenv(env, v)
+        assert resolve(None) is want
+    monkeypatch.setenv(env, "0")
+    assert resolve(True) is True  # the argument wins
+    monkeypatch.setenv(env, "maybe")
+    with pytest.raises(ValueError, match=f"{env}='maybe' is not understood; set it to 1"):
+        resolve(None)
 
 
 def test_constructor_arguments_reach_the_runner(monkeypatch):
