@@ -37,6 +37,7 @@ rewritten after every row, and the tables are printed last.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import statistics
@@ -68,8 +69,13 @@ ARMS = {  # name: (linear, environment for the call)
     "fp8": (fl.fp8_linear, {}),
     "fp8-nomemo": (fl.fp8_linear, {"QUARL_FP8_MEMO": "0"}),
     "fp8-notune": (fl.fp8_linear, {"QUARL_FP8_TUNE": "0"}),
+    "fp8-deepgemm": (fl.fp8_linear, {"QUARL_FP8_GEMM": "deepgemm"}),  # the same quantizers, DeepGEMM's GEMMs
+    # X^T in 128x128 tiles for WGrad (not Jet-RL's recipe: fp8_linear's module docstring)
+    "fp8-xtiles": (functools.partial(fl.fp8_linear, wgrad="tiles"), {}),
+    "fp8-deepgemm-xtiles": (functools.partial(fl.fp8_linear, wgrad="tiles"), {"QUARL_FP8_GEMM": "deepgemm"}),
 }
 PROJ = ("q", "k", "v", "o", "gate", "up", "down")
+EXTRA = ("fp8-deepgemm", "fp8-xtiles", "fp8-deepgemm-xtiles")  # arms of the DeepGEMM / X^T-tiles table
 
 
 class Budget:
@@ -163,20 +169,33 @@ def graph_ms(layer: Layer, lin, iters: int) -> float:
         torch.cuda.synchronize()
 
 
-def check_equal(layer: Layer) -> dict:
-    """fp8 vs fp8-main on the same inputs: y and every gradient, bit for bit."""
-    out = {}
-    for name in ("fp8-main", "fp8"):
-        lin = ARMS[name][0]
-        for t in layer.leaves:
-            t.grad = None
-        ys = [lin(layer.x[p], layer.w[p]) for p in PROJ]
-        torch.autograd.backward(ys, [layer.g[p] for p in PROJ])
-        out[name] = [y.detach() for y in ys] + [t.grad.clone() for t in layer.leaves]
+def _outputs(layer: Layer, name: str) -> list[torch.Tensor]:
+    """One step of arm ``name``: the seven outputs and every gradient (weights not updated)."""
+    lin, env = ARMS[name]
     for t in layer.leaves:
         t.grad = None
-    diff = [i for i, (a, b) in enumerate(zip(out["fp8-main"], out["fp8"])) if not torch.equal(a, b)]
-    return {"equal": not diff, "differing": diff, "compared": len(out["fp8"])}
+    with Env(env):
+        ys = [lin(layer.x[p], layer.w[p]) for p in PROJ]
+        torch.autograd.backward(ys, [layer.g[p] for p in PROJ])
+    out = [y.detach() for y in ys] + [t.grad.clone() for t in layer.leaves]
+    for t in layer.leaves:
+        t.grad = None
+    return out
+
+
+def check_equal(layer: Layer) -> dict:
+    """fp8 vs fp8-main on the same inputs: y and every gradient, bit for bit."""
+    main, now = _outputs(layer, "fp8-main"), _outputs(layer, "fp8")
+    diff = [i for i, (a, b) in enumerate(zip(main, now)) if not torch.equal(a, b)]
+    return {"equal": not diff, "differing": diff, "compared": len(now)}
+
+
+def check_close(layer: Layer, other: str) -> dict:
+    """fp8 (cuBLAS) vs ``other`` (same FP8 operands, another GEMM library): the largest relative L2 difference
+    over the outputs and gradients (FP32 sums in another order, rounded to BF16: ~1e-3 expected)."""
+    ref, got = _outputs(layer, "fp8"), _outputs(layer, other)
+    rels = [float((a.float() - b.float()).norm() / b.float().norm().clamp_min(1e-30)) for a, b in zip(got, ref)]
+    return {"max_rel_l2": max(rels), "rel_l2": rels}
 
 
 def bench_shape(model: str, m: int, arms: list[str], ablations: bool, a: argparse.Namespace, budget: Budget) -> dict:
@@ -186,6 +205,13 @@ def bench_shape(model: str, m: int, arms: list[str], ablations: bool, a: argpars
     if "fp8" in arms and "fp8-main" in arms:
         row["fp8_equals_main"] = check_equal(layer)
         print(f"{model} M={m}: fp8 == fp8-main: {row['fp8_equals_main']}", flush=True)
+    if "fp8" in arms and "fp8-deepgemm" in arms:
+        try:
+            row["deepgemm_vs_cublas"] = check_close(layer, "fp8-deepgemm")
+            print(f"{model} M={m}: deepgemm vs cublas max rel L2 {row['deepgemm_vs_cublas']['max_rel_l2']:.2e}",
+                  flush=True)
+        except Exception as e:  # noqa: BLE001 - recorded; the arm's timing below reports its own failure
+            row["deepgemm_vs_cublas"] = {"error": f"{type(e).__name__}: {str(e)[:400]}"}
     use = arms + (["fp8-nomemo", "fp8-notune"] if ablations and "fp8" in arms else [])
     for arm in use:
         lin, env = ARMS[arm]
@@ -313,6 +339,19 @@ def tables(res: dict) -> str:
                 cells.append(f"{_f(r, f'bf16_{kind}_ms')}, {_f(r, f'fp8_{kind}_ms')}, "
                              f"{_f(r, f'speedup_fp8_{kind}', '{:.2f}x')} ({_f(r, f'speedup_fp8-main_{kind}', '{:.2f}x')})")
             L.append(f"| {r['model']} | {r['tokens']} | " + " | ".join(cells) + " |")
+        dg = [r for r in rows if any(f"{a}_ms" in r or f"{a}_error" in r for a in EXTRA)]
+        if dg:
+            L += ["", ("the same layer step with DeepGEMM's GEMMs (same quantizers) and with X^T in 128x128 tiles for "
+                       "WGrad (xtiles: not Jet-RL's recipe), x = BF16 / arm"), "",
+                  "| model | tokens | BF16 | FP8 cuBLAS | x | " + " | ".join(f"{a} | x" for a in EXTRA)
+                  + " | DeepGEMM max rel L2 vs cuBLAS |", "|---|---:|---:|---:|---:|" + "---:|---:|" * len(EXTRA) + "---:|"]
+            for r in dg:
+                close = r.get("deepgemm_vs_cublas", {})
+                rel = f"{close['max_rel_l2']:.1e}" if "max_rel_l2" in close else close.get("error", "-")[:60]
+                L.append(f"| {r['model']} | {r['tokens']} | {_f(r, 'bf16_ms')} | {_f(r, 'fp8_ms')} | "
+                         f"{_f(r, 'speedup_fp8', '{:.2f}x')} | "
+                         + " | ".join(f"{_f(r, a + '_ms')} | {_f(r, 'speedup_' + a, '{:.2f}x')}" for a in EXTRA)
+                         + f" | {rel} |")
         abl = [r for r in rows if "fp8-nomemo_ms" in r or "fp8-notune_ms" in r]
         if abl:
             L += ["", "| ablation | model | tokens | ms | x |", "|---|---|---:|---:|---:|"]

@@ -87,7 +87,11 @@ WARPS = 8
 # Activation candidates: the two best of the four timed on the H100 (X: (32, 4), dY: (64, 8)) and two with 16
 # warps per program (ptxas for sm_90: 99-101 registers for both groupings, no spills; one program per SM with
 # a whole [64 or 128, 128] chunk of loads in flight, against (32, 8)'s two programs of [32, 128]).
-ACT_SETTINGS = ((SUB, WARPS), (32, 4), (64, 8), (64, 16), (128, 16))
+# The entries with a third field True store X^T's codes as 32-bit words of four tokens (``PACK_T``; the byte-wise
+# transpose was this kernel's bottleneck under ncu on the H200, 2026-11-26); they are candidates only where X^T is
+# wanted.
+ACT_SETTINGS = ((SUB, WARPS), (32, 4), (64, 8), (64, 16), (128, 16), (32, 8, True), (64, 8, True), (32, 4, True),
+                (64, 16, True))
 TILE_SETTINGS = ((SUB, WARPS), (32, 4), (64, 8))
 TUNE_REPS = 3
 TUNE_MIN_ROWS = 1024
@@ -186,7 +190,7 @@ def _act_kernel(
     RQ, CQ, RT,  # rows of q (Mp), columns of q and rows of qt (Kp), columns of qt (Mt)
     stride_qm, stride_sm, stride_sg, stride_qtk, stride_stk, stride_stg,
     ROWS: tl.constexpr, COLS: tl.constexpr, SCALE_RECIP: tl.constexpr,
-    BLOCK_M: tl.constexpr, SUB: tl.constexpr, INTERPRET: tl.constexpr,
+    BLOCK_M: tl.constexpr, SUB: tl.constexpr, INTERPRET: tl.constexpr, PACK_T: tl.constexpr = False,
 ):
     # one program: rows [pid_m*BLOCK_M, +BLOCK_M) x columns [pid_k*128, +128) of x, in chunks of SUB
     # rows (a whole 128x128 tile in registers spills); with COLS, BLOCK_M == 128 (one token group)
@@ -210,13 +214,29 @@ def _act_kernel(
             colmax = tl.maximum(colmax, tl.max(tl.abs(x), axis=0))
     if COLS:  # 1x128 groups along the tokens (128x1 of x): one scale per column of the tile
         sc = _scale(colmax, SCALE_RECIP)  # [128]
-        for i in tl.range(0, BLOCK_M // SUB):  # second pass over the tile: an L2 hit, not HBM
-            rows = (pid_m * BLOCK_M + i * SUB + tl.arange(0, SUB)).to(tl.int64)
-            x = tl.load(x_ptr + rows[:, None] * stride_xm + cols[None, :] * stride_xk,
-                        mask=(rows < M)[:, None] & c_in[None, :], other=0.0).to(tl.float32)
-            qc = tl.trans(_codes(x, sc[None, :], INTERPRET))  # [128 (K), SUB (tokens)]
-            tl.store(qt_ptr + cols[:, None] * stride_qtk + rows[None, :], qc,
-                     mask=c_ok[:, None] & (rows < RT)[None, :])
+        if PACK_T:  # the transposed codes as 32-bit words of 4 tokens each: qt_ptr is qt's int32 view
+            # (stride_qtk in words). The codes of tokens 4j..4j+3 of a column are shifted into the bytes of
+            # one word by a sum over a size-4 axis (disjoint bit fields: the sum is their OR), so the
+            # transpose moves 4-byte words, not single bytes (ncu, H200: the byte transpose made this
+            # kernel 4x slower than the row groups alone, bound by L1 / shared-memory traffic)
+            shift = (tl.arange(0, 4) * 8)[None, :, None]  # [1, 4, 1]
+            for i in tl.range(0, BLOCK_M // SUB):
+                quad = (pid_m * BLOCK_M + i * SUB) // 4 + tl.arange(0, SUB // 4)  # [SUB/4] word column
+                rows3 = (quad * 4).to(tl.int64)[:, None, None] + tl.arange(0, 4)[None, :, None]  # [SUB/4, 4, 1]
+                x3 = tl.load(x_ptr + rows3 * stride_xm + cols[None, None, :] * stride_xk,
+                             mask=(rows3 < M) & c_in[None, None, :], other=0.0).to(tl.float32)  # [SUB/4, 4, 128]
+                c3 = _codes(x3, sc[None, None, :], INTERPRET).to(tl.uint8, bitcast=True).to(tl.int32)
+                words = tl.sum(c3 << shift, axis=1)  # [SUB/4, 128]: token 4j + t in byte t
+                tl.store(qt_ptr + cols[None, :] * stride_qtk + quad.to(tl.int64)[:, None], words,
+                         mask=c_ok[None, :] & (quad * 4 < RT)[:, None])
+        else:
+            for i in tl.range(0, BLOCK_M // SUB):  # second pass over the tile: an L2 hit, not HBM
+                rows = (pid_m * BLOCK_M + i * SUB + tl.arange(0, SUB)).to(tl.int64)
+                x = tl.load(x_ptr + rows[:, None] * stride_xm + cols[None, :] * stride_xk,
+                            mask=(rows < M)[:, None] & c_in[None, :], other=0.0).to(tl.float32)
+                qc = tl.trans(_codes(x, sc[None, :], INTERPRET))  # [128 (K), SUB (tokens)]
+                tl.store(qt_ptr + cols[:, None] * stride_qtk + rows[None, :], qc,
+                         mask=c_ok[:, None] & (rows < RT)[None, :])
         tl.store(st_ptr + cols * stride_stk + pid_m * stride_stg, sc, mask=c_ok)
 
 
@@ -265,7 +285,7 @@ def _outer_major(rows: int, groups: int, device) -> torch.Tensor:
 
 
 def quantize_act(x: torch.Tensor, rows: int | None = None, cols: int | None = None, t_rows: int | None = None,
-                 *, row_groups: bool = True, sub: int | None = None, warps: int | None = None):
+                 *, row_groups: bool = True, sub: int | None = None, warps: int | None = None, pack: bool = False):
     """``x`` [M, K] (bf16 / fp16 / fp32, any strides) -> ``(q, s, qt, st)`` in one pass.
 
     * ``row_groups``: ``q`` [rows, cols] E4M3 row-major (1x128 groups along K) and ``s`` [rows, cols/128]
@@ -275,8 +295,9 @@ def quantize_act(x: torch.Tensor, rows: int | None = None, cols: int | None = No
       quantization of x^T along the tokens, and ``st`` [cols, t_rows/128] fp32 stored ``cols``-major.
 
     Entries not requested are None. Equal to ``quantize_act_1x128`` of the zero-padded ``x`` (and
-    of its transpose) on the same device, bit for bit, whatever the launch setting: ``sub`` / ``warps``
-    given, else chosen by shape (:func:`pick_setting`) on CUDA, else (SUB, WARPS).
+    of its transpose) on the same device, bit for bit, whatever the launch setting: ``sub`` / ``warps`` /
+    ``pack`` (X^T stored as 4-token words) given, else chosen by shape (:func:`pick_setting`) on CUDA, else
+    (SUB, WARPS).
     """
     if x.dim() != 2:
         raise ValueError(f"quantize_act: x must be 2-D [M, K], got {tuple(x.shape)}")
@@ -298,13 +319,14 @@ def quantize_act(x: torch.Tensor, rows: int | None = None, cols: int | None = No
             st.fill_(torch.finfo(torch.float32).eps)
         return q, s, qt, st
     if sub is None or warps is None:
-        sub, warps = SUB, WARPS
+        setting = (SUB, WARPS)
         if extent >= TUNE_MIN_ROWS and x.is_cuda:
             key = ("act", q is not None, t_rows is not None, x.dtype, triton.next_power_of_2(extent), cols,
                    x.stride(1) == 1)
-            sub, warps = _setting(key, ACT_SETTINGS, x,
-                                  lambda b, w: _act_launch(x, q, s, qt, st, rows, cols, t_rows, b, w))
-    _launch(_act_launch(x, q, s, qt, st, rows, cols, t_rows, sub, warps))
+            cands = ACT_SETTINGS if t_rows is not None else tuple(st for st in ACT_SETTINGS if len(st) == 2)
+            setting = _setting(key, cands, x, lambda *c: _act_launch(x, q, s, qt, st, rows, cols, t_rows, *c))
+        sub, warps, pack = (*setting, False)[:3]
+    _launch(_act_launch(x, q, s, qt, st, rows, cols, t_rows, sub, warps, pack))
     return q, s, qt, st
 
 
@@ -320,19 +342,21 @@ def _act_outputs(x, rows: int, cols: int, t_rows: int | None, row_groups: bool):
     return q, s, qt, st
 
 
-def _act_launch(x, q, s, qt, st, rows: int, cols: int, t_rows: int | None, sub: int, warps: int) -> Launch:
+def _act_launch(x, q, s, qt, st, rows: int, cols: int, t_rows: int | None, sub: int, warps: int,
+                pack: bool = False) -> Launch:
     # a token group per program when the transpose is wanted; else short row blocks (decode: M <= 64)
     m, k = x.shape
     extent = max(rows if q is not None else 0, t_rows or 0)
     block_m = 128 if t_rows is not None else min(sub, max(16, triton.next_power_of_2(extent)))
+    pack = bool(pack) and qt is not None  # X^T as int32 words of 4 tokens (t_rows is a multiple of 128)
     dq, ds = (q, s) if q is not None else (qt, st)  # placeholders for the pointers a pass does not use
-    dqt, dst = (qt, st) if qt is not None else (q, s)
+    dqt, dst = (qt.view(torch.int32) if pack else qt, st) if qt is not None else (q, s)
     return Launch(
         _act_kernel, (triton.cdiv(extent, block_m), cols // GROUP),
         (x, dq, ds, dqt, dst, m, k, x.stride(0), x.stride(1), rows, cols, t_rows or 0,
          dq.stride(0), ds.stride(0), ds.stride(1), dqt.stride(0), dst.stride(0), dst.stride(1)),
         {"ROWS": q is not None, "COLS": t_rows is not None, "SCALE_RECIP": x.is_cuda, "BLOCK_M": block_m,
-         "SUB": min(sub, block_m), "INTERPRET": _interpreting()},
+         "SUB": min(sub, block_m), "INTERPRET": _interpreting(), "PACK_T": pack},
         warps,
     )
 

@@ -6,6 +6,12 @@
                              [M, N] / [M, K] layouts): the reduction runs over tokens, and a scale
                              must be constant along a reduction block for the GEMM to apply it
 
+``wgrad="tiles"`` (opt-in, not Jet-RL's recipe): X^T in 128x128 tiles (128 tokens x 128 channels per
+scale) instead of 1x128 groups, so WGrad runs the same "1x128 x 128x128" kernel as the forward and
+DGrad. The 1x128 x 1x128 kernels (cuBLAS's and DeepGEMM's) reach only ~1.1x BF16 on Hopper, the
+1D2D ones 1.4-1.6x (benchmarks/RESULTS.md "Jet-RL"); the price is a coarser X in the weight
+gradient (SmolLM2 on GSM8K text: dW relative error 2.08% mean over 16 projections, against 1.82%).
+
 All operands are E4M3 with FP32 scales from :mod:`quarl.quant.formats.fp8` (the same
 quantizers that are bit-identical to compressed-tensors), every GEMM accumulates in
 FP32, the gradients passed between operators are in the activation dtype (BF16 on
@@ -26,6 +32,11 @@ groups or 128x128 tiles.
   X and dY in both groupings at once, codes and scales written in these layouts; bit-identical
   to the eager quantizers). ``QUARL_FP8_QUANT=compile`` / ``eager`` selects the PyTorch ones
   (see :func:`quant_backend`).
+* ``QUARL_FP8_GEMM=deepgemm`` (SM90, opt-in): DeepSeek's DeepGEMM kernel for the two GEMMs with
+  128x128 weight tiles (forward, DGrad: ``fp8_gemm_nt``'s 1D2D kernel, 1.11-1.6x cuBLAS's on an
+  H200 and bit-identical outputs), cuBLAS for WGrad (DeepGEMM's 1D1D kernel was 0.9-1.0x cuBLAS's
+  and writes FP32). DeepGEMM is not on PyPI and compiles its kernels at run time with ``nvcc``;
+  it is an optional extra for images that build it (benchmarks/RESULTS.md "Jet-RL").
 * anywhere else (CPU tests, other GPUs, ``QUARL_FP8_GEMM=emulate``): the *same* FP8
   operands dequantized exactly to FP32 and multiplied in FP32. It differs from the
   cuBLAS result by FP32 summation order only (tested on the device).
@@ -156,13 +167,31 @@ def memo_on() -> bool:
     return torch.is_grad_enabled() and os.environ.get("QUARL_FP8_MEMO", "1") != "0"
 
 
-def quantize_input(x: torch.Tensor, x2: torch.Tensor, rows: int, cols: int, t_rows: int | None, memo: bool = True):
-    """``x2`` = ``x`` as [M, K] -> :func:`quantize_act_gemm`'s ``(q, s, qt, st)`` (row groups, and X^T when
-    ``t_rows``); with ``memo``, reusing the previous call's operands when it quantized the same, unchanged
-    ``x``, and leaving its own for the next call."""
-    if not memo:
+def _x_tiles_t(x2: torch.Tensor, t_rows: int, cols: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """``x2`` [M, K] -> X^T in 128x128 tiles: codes [Kp, Mt] and tile scales [Kp/128, Mt/128] (``wgrad="tiles"``;
+    the tiles of X^T are the transposed tiles of X, as for the weight)."""
+    q, s, qt = _weight_tiles(x2, transpose=True)  # [Mt, Kp], [Mt/128, Kp/128], [Kp, Mt] or None
+    if q.shape != (t_rows, cols):
+        raise QuantError(f"X^T tiles: got {tuple(q.shape)}, expected ({t_rows}, {cols})")
+    return (qt if qt is not None else q.t().contiguous()), s.t().contiguous()
+
+
+def _quantize_x(x2: torch.Tensor, rows: int, cols: int, t_rows: int | None, t_tiles: bool):
+    if t_rows is None or not t_tiles:
         return quantize_act_gemm(x2, rows, cols, t_rows)
-    key = (x2.data_ptr(), x._version, tuple(x2.shape), x2.stride(), x2.dtype, x2.device, rows, cols)
+    q, s, _, _ = quantize_act_gemm(x2, rows, cols, None)
+    return (q, s, *_x_tiles_t(x2, t_rows, cols))
+
+
+def quantize_input(x: torch.Tensor, x2: torch.Tensor, rows: int, cols: int, t_rows: int | None, memo: bool = True,
+                   t_tiles: bool = False):
+    """``x2`` = ``x`` as [M, K] -> :func:`quantize_act_gemm`'s ``(q, s, qt, st)`` (row groups, and X^T when
+    ``t_rows``: in 1x128 groups along the tokens, or with ``t_tiles`` in 128x128 tiles); with ``memo``, reusing
+    the previous call's operands when it quantized the same, unchanged ``x``, and leaving its own for the next
+    call."""
+    if not memo:
+        return _quantize_x(x2, rows, cols, t_rows, t_tiles)
+    key = (x2.data_ptr(), x._version, tuple(x2.shape), x2.stride(), x2.dtype, x2.device, rows, cols, t_tiles)
     slot = _X_SLOT[0]
     if slot is not None and slot[0]() is x and slot[1] == key and (t_rows is None or slot[2][2] is not None):
         q, s, qt, st = slot[2]
@@ -170,7 +199,7 @@ def quantize_input(x: torch.Tensor, x2: torch.Tensor, rows: int, cols: int, t_ro
             return q, s, None, None
         if qt.shape[1] == t_rows:
             return q, s, qt, st
-    out = quantize_act_gemm(x2, rows, cols, t_rows)
+    out = _quantize_x(x2, rows, cols, t_rows, t_tiles)
     _X_SLOT[0] = (weakref.ref(x), key, out)
     return out
 
@@ -257,10 +286,41 @@ def _pad2(x: torch.Tensor, rows: int, cols: int) -> torch.Tensor:
 
 
 # --------------------------------------------------------------------------- the GEMM
+GEMM_BACKENDS = ("auto", "cublas", "deepgemm", "emulate")
+
+
+def gemm_backend() -> str:
+    """``QUARL_FP8_GEMM``: ``auto`` / ``cublas`` (cuBLAS on SM90, emulated elsewhere), ``deepgemm`` (DeepGEMM
+    on SM90) or ``emulate`` (FP32 everywhere); anything else is an error naming the variable."""
+    mode = os.environ.get("QUARL_FP8_GEMM", "auto").strip().lower() or "auto"
+    if mode not in GEMM_BACKENDS:
+        raise QuantError(f"QUARL_FP8_GEMM={mode!r}: expected one of {', '.join(GEMM_BACKENDS)}")
+    return "cublas" if mode == "auto" else mode
+
+
 def _cublas_ok(t: torch.Tensor) -> bool:
-    if not t.is_cuda or os.environ.get("QUARL_FP8_GEMM", "auto") == "emulate":
+    if not t.is_cuda or gemm_backend() == "emulate":
         return False
     return _sm90(t.device.index if t.device.index is not None else torch.cuda.current_device())
+
+
+@functools.cache
+def _deep_gemm():
+    try:
+        import deep_gemm
+    except ImportError as e:
+        raise QuantError("QUARL_FP8_GEMM=deepgemm needs the deep_gemm package (github.com/deepseek-ai/DeepGEMM, "
+                         "built with nvcc for SM90); install it or unset QUARL_FP8_GEMM for cuBLAS") from e
+    return deep_gemm
+
+
+def _deepgemm(a, sa, b, sb, out_dtype: torch.dtype) -> torch.Tensor:
+    """:func:`blockwise_gemm` with 128x128 tiles on B, on DeepGEMM's 1D2D kernel: A [M, K] with M-major
+    1x128 scales (``sa`` as the quantizers store it: no copy), B [N, K] K-major, output bf16 or fp32."""
+    d = torch.empty(a.shape[0], b.shape[0], device=a.device,
+                    dtype=out_dtype if out_dtype in (torch.bfloat16, torch.float32) else torch.bfloat16)
+    _deep_gemm().fp8_gemm_nt((a, sa), (b, sb.contiguous()), d, recipe=(1, 128, 128))
+    return d if d.dtype == out_dtype else d.to(out_dtype)
 
 
 @functools.cache
@@ -305,6 +365,8 @@ def blockwise_gemm(a: torch.Tensor, sa: torch.Tensor, b: torch.Tensor, sb: torch
     if a.shape[1] % BLOCK or b.shape[1] != a.shape[1]:
         raise QuantError(f"blockwise_gemm: reduction sizes {a.shape[1]} / {b.shape[1]} must match and be "
                          f"multiples of {BLOCK} (pad before quantizing)")
+    if b_tiles and _cublas_ok(a) and a.shape[0] % 4 == 0 and b.shape[0] % 16 == 0 and gemm_backend() == "deepgemm":
+        return _deepgemm(a, sa, b, sb, out_dtype)
     if _cublas_ok(a) and a.shape[0] % 4 == 0 and b.shape[0] % 16 == 0:
         sa_mm = sa if sa.stride(0) == 1 else sa.t().contiguous().t()  # [M, K/128], M-major (the kernels' layout)
         if b_tiles:  # [N/128, K/128] -> K-blocks padded to a multiple of 4, transposed (see fp8.py); already a
@@ -345,7 +407,7 @@ class FP8LinearFunction(torch.autograd.Function):
     :func:`memo_on`)."""
 
     @staticmethod
-    def forward(ctx, x, weight, bias, wq, ws, n, memo=False):
+    def forward(ctx, x, weight, bias, wq, ws, n, memo=False, wgrad_tiles=False):
         # wq [Np, Kp] (padded to multiples of 128), ws [Np/128, Kp/128], n: the true out features
         lead, k = x.shape[:-1], x.shape[-1]
         x2 = x.reshape(-1, k)  # [M, K]
@@ -355,7 +417,9 @@ class FP8LinearFunction(torch.autograd.Function):
         need_w = weight is not None and ctx.needs_input_grad[1]
         # X in 1x128 groups along K for this GEMM and, for WGrad, X^T in 1x128 groups along the tokens
         # (128x1 of X), saved in FP8: xq [Mp, Kp], xs [Mp, Kp/128], xtq [Kp, M128], xts [Kp, M128/128]
-        xq, xs, xtq, xts = quantize_input(x, x2, mp, kp, _round_up(m, BLOCK) if need_w else None, memo)
+        # (wgrad_tiles: xtq, xts are X^T in 128x128 tiles, xts [Kp/128, M128/128])
+        xq, xs, xtq, xts = quantize_input(x, x2, mp, kp, _round_up(m, BLOCK) if need_w else None, memo,
+                                          wgrad_tiles)
         y = blockwise_gemm(xq, xs, wq, ws, True, x.dtype)[:m, :n]  # [M, N]
         if bias is not None:
             y = y + bias.to(y.dtype)
@@ -364,6 +428,7 @@ class FP8LinearFunction(torch.autograd.Function):
         ctx.x_dtype = x.dtype
         ctx.w_dtype = weight.dtype if weight is not None else None
         ctx.b_dtype = bias.dtype if bias is not None else None
+        ctx.wgrad_tiles = wgrad_tiles
         return y.reshape(*lead, n)
 
     @staticmethod
@@ -383,11 +448,11 @@ class FP8LinearFunction(torch.autograd.Function):
             dx = blockwise_gemm(dyq, dys, wtq, _scales_t(ws), True, ctx.x_dtype)[:m, :k]
             dx = dx.reshape(*lead, k)
         if need_w:  # WGrad: dW = dY^T X, reduction over tokens, written in the master weight's dtype
-            dw = blockwise_gemm(dytq, dyts, xtq, xts, False, ctx.w_dtype)[:n, :k]
+            dw = blockwise_gemm(dytq, dyts, xtq, xts, ctx.wgrad_tiles, ctx.w_dtype)[:n, :k]
             dw = dw if dw.is_contiguous() else dw.contiguous()
         if ctx.b_dtype is not None and ctx.needs_input_grad[2]:
             db = dy2.sum(0, dtype=torch.float32).to(ctx.b_dtype)  # fp32 accumulation, no fp32 copy of dY
-        return (dx, dw, db, None, None, None, None)[:len(ctx.needs_input_grad)]  # memo given or not
+        return (dx, dw, db, None, None, None, None, None)[:len(ctx.needs_input_grad)]  # memo / wgrad_tiles given or not
 
 
 def _master_tiles(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -420,10 +485,17 @@ def _frozen_tiles(qt: QTensor) -> tuple[torch.Tensor, torch.Tensor]:
     return qp, s
 
 
-def fp8_linear(x: torch.Tensor, weight: torch.Tensor | QTensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+WGRAD_MODES = ("1x128", "tiles")
+
+
+def fp8_linear(x: torch.Tensor, weight: torch.Tensor | QTensor, bias: torch.Tensor | None = None,
+               wgrad: str = "1x128") -> torch.Tensor:
     """``x`` [..., K] @ ``weight``^T [+ bias] through FP8 GEMMs; differentiable in ``x``, a master
     ``weight`` and ``bias``. ``weight``: a tensor [N, K] (quantized to 128x128 tiles whenever it has
-    changed) or an ``fp8-block`` QTensor (frozen). Returns ``x.dtype``."""
+    changed) or an ``fp8-block`` QTensor (frozen). ``wgrad``: X^T's grouping in the weight gradient,
+    ``1x128`` (Jet-RL) or ``tiles`` (module docstring). Returns ``x.dtype``."""
+    if wgrad not in WGRAD_MODES:
+        raise QuantError(f"fp8_linear: wgrad must be one of {WGRAD_MODES}, got {wgrad!r}")
     if isinstance(weight, QTensor):
         cfg = weight.config
         if cfg.name != "fp8" or cfg.granularity != "block" or cfg.block_size != BLOCK:
@@ -436,8 +508,18 @@ def fp8_linear(x: torch.Tensor, weight: torch.Tensor | QTensor, bias: torch.Tens
     # no autograd graph (rollout, eval): pass no master weight, so the forward skips X^T's quantization for a
     # WGrad that never comes (inside the Function, needs_input_grad still says True under no_grad)
     grad = torch.is_grad_enabled()
-    return FP8LinearFunction.apply(x, weight if grad else None, bias, wq, ws, weight.shape[0], grad and memo_on())
+    return FP8LinearFunction.apply(x, weight if grad else None, bias, wq, ws, weight.shape[0], grad and memo_on(),
+                                   wgrad == "tiles")
 
 
-__all__ = ["FP8LinearFunction", "blockwise_gemm", "clear_input_memo", "fp8_linear", "quantize_input",
-           "quantize_weight_128x128"]
+__all__ = [
+    "GEMM_BACKENDS",
+    "WGRAD_MODES",
+    "FP8LinearFunction",
+    "blockwise_gemm",
+    "clear_input_memo",
+    "fp8_linear",
+    "gemm_backend",
+    "quantize_input",
+    "quantize_weight_128x128",
+]

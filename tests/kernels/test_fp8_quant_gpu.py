@@ -117,16 +117,20 @@ def test_fp8_linear_triton_quantizers_equal_eager(m, n, k, wdt):
 
 
 def test_every_launch_setting_gives_the_same_bits():
-    """The run-time choice of (rows per chunk, warps) changes no bit: each candidate against the eager oracle,
-    activations in both groupings and weight tiles with their transpose (bf16 and the fp32 W^T-bug shape)."""
+    """The run-time choice of (rows per chunk, warps[, X^T as 4-token words]) changes no bit: each candidate
+    against the eager oracle, activations in both groupings (and X^T alone) and weight tiles with their transpose
+    (bf16 and the fp32 W^T-bug shape)."""
     torch.manual_seed(4)
     x = (torch.randn(4099, 3584, device="cuda") * torch.logspace(-3, 3, 4099, device="cuda")[:, None]).to(torch.bfloat16)
     mp, mt, kp = _round_up(4099, 4), _round_up(4099, 128), 3584
     rq, rs = quantize_act_1x128(_pad2(x, mp, kp))
     rqt, rst = quantize_act_1x128(_pad2(x, mt, kp).t())
-    for sub, warps in fq.ACT_SETTINGS:
-        q, s, qt, st = fq.quantize_act(x, mp, kp, mt, sub=sub, warps=warps)
-        assert same(q, rq) and same(qt, rqt) and torch.equal(s, rs) and torch.equal(st, rst), (sub, warps)
+    for setting in fq.ACT_SETTINGS:
+        sub, warps, pack = (*setting, False)[:3]
+        q, s, qt, st = fq.quantize_act(x, mp, kp, mt, sub=sub, warps=warps, pack=pack)
+        assert same(q, rq) and same(qt, rqt) and torch.equal(s, rs) and torch.equal(st, rst), setting
+        _, _, qt, st = fq.quantize_act(x, mp, kp, mt, row_groups=False, sub=sub, warps=warps, pack=pack)
+        assert same(qt, rqt) and torch.equal(st, rst), setting
     for n, k, dt in ((1536, 576, torch.float32), (4096, 3584, torch.bfloat16)):
         w = (torch.randn(n, k, device="cuda") * 0.02).to(dt)
         rq, rs = _tiles_padded(_pad2(w, _round_up(n, 128), _round_up(k, 128)))

@@ -147,10 +147,13 @@ SCRIPT = textwrap.dedent("""
     # loops; warps do not exist in the interpreter: the sm_90 SASS test below covers them)
     x = (torch.randn(300, 640) * torch.logspace(-2, 2, 300)[:, None]).to(torch.bfloat16)
     ref = fq.quantize_act(x, 300, 640, 384, sub=fq.SUB, warps=fq.WARPS)
-    for sub, warps in fq.ACT_SETTINGS:
-        got = fq.quantize_act(x, 300, 640, 384, sub=sub, warps=warps)
-        assert same(got[0], ref[0]) and same(got[2], ref[2]), (sub, warps)
-        assert torch.equal(got[1], ref[1]) and torch.equal(got[3], ref[3]), (sub, warps)
+    for setting in fq.ACT_SETTINGS:
+        sub, warps, pack = (*setting, False)[:3]
+        got = fq.quantize_act(x, 300, 640, 384, sub=sub, warps=warps, pack=pack)
+        assert same(got[0], ref[0]) and same(got[2], ref[2]), setting
+        assert torch.equal(got[1], ref[1]) and torch.equal(got[3], ref[3]), setting
+        got = fq.quantize_act(x, 300, 640, 384, row_groups=False, sub=sub, warps=warps, pack=pack)
+        assert same(got[2], ref[2]) and torch.equal(got[3], ref[3]), setting
     w = torch.randn(256, 384)
     ref = fq.quantize_tiles(w, True, sub=fq.SUB, warps=fq.WARPS)
     for sub, warps in fq.TILE_SETTINGS:
@@ -180,12 +183,14 @@ LAUNCHES = {  # name: (kind, dtype, shape, transpose / t_rows)
 # The other launch settings the kernels may choose at run time (quarl_kernels.fp8_quant.ACT_SETTINGS /
 # TILE_SETTINGS after the default; test_launch_settings_are_all_checked keeps these lists equal), compiled for
 # the launches that store transposed codes (the W^T bug's pattern): (rows per chunk, warps)
-ACT_SETTINGS = ((32, 8), (32, 4), (64, 8), (64, 16), (128, 16))
+ACT_SETTINGS = ((32, 8), (32, 4), (64, 8), (64, 16), (128, 16), (32, 8, True), (64, 8, True), (32, 4, True),
+                (64, 16, True))
 TILE_SETTINGS = ((32, 8), (32, 4), (64, 8))
 for _st in ACT_SETTINGS[1:]:
     LAUNCHES[f"act bf16 8192x3584 K+T {_st}"] = ("act", "bfloat16", (8192, 3584), True, _st)
     LAUNCHES[f"act fp32 300x640 K+T {_st}"] = ("act", "float32", (300, 640), True, _st)
-    LAUNCHES[f"act bf16 4099x576 K {_st}"] = ("act", "bfloat16", (4099, 576), None, _st)
+    if len(_st) == 2:  # X^T packing changes nothing without X^T
+        LAUNCHES[f"act bf16 4099x576 K {_st}"] = ("act", "bfloat16", (4099, 576), None, _st)
     LAUNCHES[f"act bf16 1000x18944 T {_st}"] = ("act", "bfloat16", (1000, 18944), "t-only", _st)
 for _st in TILE_SETTINGS[1:]:
     LAUNCHES[f"tiles fp32 1536x576 +T {_st}"] = ("tiles", "float32", (1536, 576), True, _st)
@@ -200,7 +205,7 @@ def _compiled(name: str):
     from tests.kernels.sm90_sass import compile_launch
 
     kind, dt, (m, k), t, *setting = LAUNCHES[name]
-    sub, warps = setting[0] if setting else (fq.SUB, fq.WARPS)
+    sub, warps, pack = (*(setting[0] if setting else (fq.SUB, fq.WARPS)), False)[:3]
     x = torch.empty(m, k, dtype=getattr(torch, dt))
     if kind == "tiles":
         q, qt, s = fq._tile_outputs(x, t)
@@ -209,7 +214,7 @@ def _compiled(name: str):
         rows, cols = -(-m // 4) * 4, -(-k // 128) * 128
         t_rows = -(-m // 128) * 128 if t else None
         launch = fq._act_launch(x, *fq._act_outputs(x, rows, cols, t_rows, t != "t-only"), rows, cols, t_rows,
-                                sub, warps)
+                                sub, warps, pack)
     return compile_launch(launch, SCALE_RECIP=True, INTERPRET=False)
 
 

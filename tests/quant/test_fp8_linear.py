@@ -1,5 +1,6 @@
 """The FP8 training linear: block layouts, padding, zero blocks, gradients vs. high precision, GPU == emulated."""
 
+import importlib.util
 import os
 
 import pytest
@@ -374,3 +375,115 @@ def test_jetrl_model_quantizes_each_layer_input_once(monkeypatch):
         assert len(calls) == (2 * (4 + 7) if memo == "1" else 2 * (7 + 7)), calls
     assert len(runs["1"]) == len(runs["0"]) > 10
     assert all(torch.equal(a, b) for a, b in zip(runs["1"], runs["0"]))
+
+
+# --- the GEMM library (QUARL_FP8_GEMM) -----------------------------------------------------------------------
+def test_gemm_backend_names_and_errors(monkeypatch):
+    from quarl.quant import fp8_linear as fl
+
+    for raw, want in (("", "cublas"), ("auto", "cublas"), ("cuBLAS", "cublas"), (" deepgemm ", "deepgemm"),
+                      ("emulate", "emulate")):
+        monkeypatch.setenv("QUARL_FP8_GEMM", raw)
+        assert fl.gemm_backend() == want, raw
+    monkeypatch.setenv("QUARL_FP8_GEMM", "cutlass")
+    with pytest.raises(QuantError, match="QUARL_FP8_GEMM='cutlass'.*auto, cublas, deepgemm, emulate"):
+        fl.gemm_backend()
+
+
+def test_deepgemm_missing_is_a_clear_error(monkeypatch):
+    import sys
+
+    from quarl.quant import fp8_linear as fl
+
+    fl._deep_gemm.cache_clear()
+    monkeypatch.setitem(sys.modules, "deep_gemm", None)  # import deep_gemm raises ImportError
+    try:
+        with pytest.raises(QuantError, match="needs the deep_gemm package.*unset QUARL_FP8_GEMM"):
+            fl._deep_gemm()
+    finally:
+        fl._deep_gemm.cache_clear()
+
+
+def test_deepgemm_off_hopper_is_the_emulated_gemm(monkeypatch):
+    """Off SM90 (here: CPU) the deepgemm setting takes the emulated path, as cublas does: same numbers."""
+    torch.manual_seed(3)
+    x, w = torch.randn(64, 256), torch.randn(128, 256) * 0.05
+    outs = []
+    for mode in ("emulate", "deepgemm"):
+        monkeypatch.setenv("QUARL_FP8_GEMM", mode)
+        outs.append(fp8_linear(x, w))
+    assert torch.equal(outs[0], outs[1])
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.get_device_capability() != (9, 0),
+                    reason="DeepGEMM's kernels are SM90 here")
+def test_gpu_deepgemm_equals_cublas(monkeypatch):
+    """DeepGEMM's 1D2D kernel (forward, DGrad) on the same FP8 operands as cuBLAS's: the FP32 sums in the
+    same 128-K blocks give the same BF16 outputs (measured bit-identical on an H200); WGrad stays on cuBLAS."""
+    pytest.importorskip("deep_gemm")
+    torch.manual_seed(4)
+    x = torch.randn(1024, 3584, device="cuda", dtype=torch.bfloat16)
+    w = (torch.randn(4608, 3584, device="cuda") * 0.02).to(torch.bfloat16)
+    g = torch.randn(1024, 4608, device="cuda", dtype=torch.bfloat16)
+    outs = {}
+    for mode in ("cublas", "deepgemm"):
+        monkeypatch.setenv("QUARL_FP8_GEMM", mode)
+        xx, ww = x.clone().requires_grad_(), w.clone().requires_grad_()
+        y = fp8_linear(xx, ww)
+        y.backward(g)
+        outs[mode] = (y, xx.grad, ww.grad)
+    for a, b in zip(outs["deepgemm"], outs["cublas"]):
+        assert rel(a.float(), b.float()) < 1e-3, rel(a.float(), b.float())
+
+
+# --- WGrad with X^T in 128x128 tiles (opt-in) ------------------------------------------------------------------
+def test_wgrad_tiles_is_the_tiled_x_product_and_changes_only_dw():
+    """``wgrad="tiles"``: y and dX are the default's bit for bit; dW is dY^T (1x128 along the tokens) times X^T
+    quantized in 128x128 tiles, computed here from the format's own quantizers; it stays close to FP32."""
+    from quarl.quant.fp8_linear import _pad2, _tiles_padded
+
+    torch.manual_seed(6)
+    m, n, k = 300, 384, 576  # neither M nor K a multiple of 128
+    x, w, g = torch.randn(m, k), torch.randn(n, k) * 0.05, torch.randn(m, n)
+    x[:, 7] *= 40.0  # an outlier channel: where tiles are coarser than 1x128 groups
+    outs = {}
+    for mode in ("1x128", "tiles"):
+        xx, ww = x.clone().requires_grad_(), w.clone().requires_grad_()
+        y = fp8_linear(xx, ww, wgrad=mode)
+        y.backward(g)
+        outs[mode] = (y.detach(), xx.grad, ww.grad)
+    assert torch.equal(outs["tiles"][0], outs["1x128"][0]) and torch.equal(outs["tiles"][1], outs["1x128"][1])
+    mt, kp, np_ = 384, 640, 384
+    qg, sg = fp8.quantize_act_1x128(_pad2(g, mt, np_).t())  # dY^T [Np, Mt], 1x128 along the tokens
+    qx, sx = _tiles_padded(_pad2(x, mt, kp))  # X [Mt, Kp] in 128x128 tiles
+    xt = (qx.float() * sx.repeat_interleave(128, 0).repeat_interleave(128, 1)).t()  # X^T dequantized [Kp, Mt]
+    want = (fp8.dequantize_act_1x128(qg, sg) @ xt.t())[:n, :k]
+    torch.testing.assert_close(outs["tiles"][2], want, rtol=1e-5, atol=1e-5)
+    ref = g.t() @ x
+    e_tiles, e_spec = rel(outs["tiles"][2], ref), rel(outs["1x128"][2], ref)
+    assert e_spec < e_tiles < REL_TOL, (e_spec, e_tiles)  # coarser, still within the FP8 bound
+
+
+def test_wgrad_mode_is_checked():
+    with pytest.raises(QuantError, match="wgrad must be one of"):
+        fp8_linear(torch.randn(4, 128), torch.randn(128, 128), wgrad="128x1")
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.get_device_capability() != (9, 0),
+                    reason="blockwise FP8 scaled_mm needs an SM90 GPU")
+def test_gpu_wgrad_tiles_equals_emulated(monkeypatch):
+    torch.manual_seed(7)
+    x = torch.randn(1000, 640, device="cuda", dtype=torch.bfloat16)
+    w = (torch.randn(512, 640, device="cuda") * 0.05).to(torch.bfloat16)
+    g = torch.randn(1000, 512, device="cuda", dtype=torch.bfloat16)
+    modes = ["emulate", "cublas"] + (["deepgemm"] if importlib.util.find_spec("deep_gemm") else [])
+    grads = {}
+    for mode in modes:
+        monkeypatch.setenv("QUARL_FP8_GEMM", mode)
+        ww = w.clone().requires_grad_()
+        fp8_linear(x, ww, wgrad="tiles").backward(g)
+        grads[mode] = ww.grad.float()
+    for mode in modes[1:]:
+        assert rel(grads[mode], grads["emulate"]) < 5e-3, (mode, rel(grads[mode], grads["emulate"]))
