@@ -87,11 +87,12 @@ WARPS = 8
 # Activation candidates: the two best of the four timed on the H100 (X: (32, 4), dY: (64, 8)) and two with 16
 # warps per program (ptxas for sm_90: 99-101 registers for both groupings, no spills; one program per SM with
 # a whole [64 or 128, 128] chunk of loads in flight, against (32, 8)'s two programs of [32, 128]).
-# The entries with a third field True store X^T's codes as 32-bit words of four tokens (``PACK_T``; the byte-wise
-# transpose was this kernel's bottleneck under ncu on the H200, 2026-11-26); they are candidates only where X^T is
-# wanted.
-ACT_SETTINGS = ((SUB, WARPS), (32, 4), (64, 8), (64, 16), (128, 16), (32, 8, True), (64, 8, True), (32, 4, True),
-                (64, 16, True))
+# The entries with a third field True store X^T's codes as 32-bit words of four tokens (``PACK_T``), candidates
+# only where X^T is wanted. Under ncu (H200, 2026-11-26) the dual kernel ran 4x longer than the row groups alone,
+# bound by L1 / shared-memory traffic, so the byte-wise transpose was suspected; packed words did not fix it
+# (0.89-0.95x the byte version's best on 11 of the 12 operands wider than 1024 columns) and won three shape classes:
+# the two 512-wide ones by 1-5%, 16384 x 12288 by 12% (RESULTS.md "Jet-RL"); the two settings that won are kept.
+ACT_SETTINGS = ((SUB, WARPS), (32, 4), (64, 8), (64, 16), (128, 16), (64, 8, True), (32, 4, True))
 TILE_SETTINGS = ((SUB, WARPS), (32, 4), (64, 8))
 TUNE_REPS = 3
 TUNE_MIN_ROWS = 1024

@@ -33,9 +33,10 @@ groups or 128x128 tiles.
   to the eager quantizers). ``QUARL_FP8_QUANT=compile`` / ``eager`` selects the PyTorch ones
   (see :func:`quant_backend`).
 * ``QUARL_FP8_GEMM=deepgemm`` (SM90, opt-in): DeepSeek's DeepGEMM kernel for the two GEMMs with
-  128x128 weight tiles (forward, DGrad: ``fp8_gemm_nt``'s 1D2D kernel, 1.11-1.6x cuBLAS's on an
-  H200 and bit-identical outputs), cuBLAS for WGrad (DeepGEMM's 1D1D kernel was 0.9-1.0x cuBLAS's
-  and writes FP32). DeepGEMM is not on PyPI and compiles its kernels at run time with ``nvcc``;
+  128x128 weight tiles (forward, DGrad, and WGrad with ``wgrad="tiles"``: ``fp8_gemm_nt``'s 1D2D
+  kernel, 1.11-1.25x cuBLAS's per layer on an H200, up to 1.6x on the small k/v GEMMs, bit-identical
+  outputs), cuBLAS for the 1x128 x 1x128 WGrad (DeepGEMM's 1D1D kernel was 0.89-1.04x cuBLAS's and
+  writes FP32). DeepGEMM is not on PyPI and compiles its kernels at run time with ``nvcc``;
   it is an optional extra for images that build it (benchmarks/RESULTS.md "Jet-RL").
 * anywhere else (CPU tests, other GPUs, ``QUARL_FP8_GEMM=emulate``): the *same* FP8
   operands dequantized exactly to FP32 and multiplied in FP32. It differs from the

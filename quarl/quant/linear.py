@@ -39,6 +39,7 @@ from torch import nn
 
 from quarl.quant import dispatch
 from quarl.quant.base import FormatConfig, QTensor, QuantError, get_format
+from quarl.quant.fp8_linear import WGRAD_MODES
 from quarl.quant.spec import make_config, spec_string
 
 DEFAULT_LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
@@ -91,8 +92,12 @@ class QuantLinear(nn.Module):
         act_quant: str | None = None,
         device=None,
         dtype: torch.dtype = torch.float32,
+        fp8_wgrad: str = "1x128",
     ):
         super().__init__()
+        if fp8_wgrad not in WGRAD_MODES:
+            raise QuantError(f"QuantLinear fp8_wgrad must be one of {WGRAD_MODES}, got {fp8_wgrad!r}")
+        self.fp8_wgrad = fp8_wgrad  # the FP8 flow's X^T grouping in WGrad (quarl.quant.fp8_linear)
         if mode not in ("frozen", "qat"):
             raise QuantError(f"QuantLinear mode must be 'frozen' or 'qat', got {mode!r}")
         if mode == "qat" and config is None:
@@ -122,11 +127,12 @@ class QuantLinear(nn.Module):
         lora: LoRAConfig | None = None,
         act_quant: str | None = None,
         state: dict | None = None,
+        fp8_wgrad: str = "1x128",
     ) -> QuantLinear:
         cfg = make_config(config)
         w = linear.weight.detach()
         m = cls(linear.in_features, linear.out_features, cfg, bias=linear.bias is not None, mode=mode,
-                lora=lora, act_quant=act_quant, device=w.device, dtype=w.dtype)
+                lora=lora, act_quant=act_quant, device=w.device, dtype=w.dtype, fp8_wgrad=fp8_wgrad)
         if linear.bias is not None:
             m.bias.data.copy_(linear.bias.detach())
         if mode == "qat":
@@ -267,7 +273,7 @@ class QuantLinear(nn.Module):
         if self.fp8_flow:
             from quarl.quant.fp8_linear import fp8_linear
 
-            y = fp8_linear(x, self.weight if self.mode == "qat" else self.qtensor())
+            y = fp8_linear(x, self.weight, wgrad=self.fp8_wgrad) if self.mode == "qat" else fp8_linear(x, self.qtensor())
         else:
             xq = self._act_fn(x) if self._act_fn is not None else x
             kernel = dispatch.select(xq, self) if self.mode == "frozen" else None
@@ -285,4 +291,6 @@ class QuantLinear(nn.Module):
             s += f", lora_r={self.lora_cfg.r}"
         if self.act_quant:
             s += f", act={self.act_quant}"
+        if self.fp8_wgrad != "1x128":
+            s += f", fp8_wgrad={self.fp8_wgrad}"
         return s

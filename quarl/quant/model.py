@@ -9,6 +9,7 @@ A recipe is plain data (YAML/JSON/dict) so that a search stage can write one:
     exclude: ["lm_head", "*embed_tokens*"]   # never touched (high precision)
     mode: frozen                   # or qat (trainable master weight, fake-quant)
     act_quant: null                # or fp8-1x128 (Jet-RL activations)
+    fp8_wgrad: 1x128               # FP8 flow, master weights: X^T's grouping in WGrad (1x128 | tiles)
     lora: {r: 32, alpha: 64, dropout: 0.0, targets: [q_proj, ...]}   # or null
     share_fused_scales: true       # q/k/v and gate/up share NVFP4's global scale
 
@@ -37,7 +38,7 @@ import torch
 from torch import nn
 
 from quarl.quant.base import QuantError, get_format
-from quarl.quant.linear import LoRAConfig, QuantLinear
+from quarl.quant.linear import WGRAD_MODES, LoRAConfig, QuantLinear
 from quarl.quant.spec import make_config, spec_string
 
 FUSED_GROUPS = (("q_proj", "k_proj", "v_proj"), ("gate_proj", "up_proj"))
@@ -50,6 +51,7 @@ class QuantRecipe:
     exclude: list[str] = field(default_factory=lambda: ["lm_head", "*embed_tokens*"])
     mode: str = "frozen"
     act_quant: str | None = None
+    fp8_wgrad: str = "1x128"  # quarl.quant.fp8_linear.WGRAD_MODES
     lora: dict | None = None
     share_fused_scales: bool = True
 
@@ -78,6 +80,8 @@ class QuantRecipe:
                 raise QuantError(f"each override needs 'pattern' and 'format', got {o!r}")
             make_config(o["format"])  # validate early: a typo should fail before any work
         make_config(r.default)
+        if r.fp8_wgrad not in WGRAD_MODES:
+            raise QuantError(f"recipe fp8_wgrad must be one of {WGRAD_MODES}, got {r.fp8_wgrad!r}")
         return r
 
     def to_dict(self) -> dict:
@@ -180,7 +184,7 @@ def quantize_planned(model: nn.Module, plan: dict[str, Any], recipe: QuantRecipe
         layer_lora = lora if lora is not None and leaf in lora.targets else None
         try:
             q = QuantLinear.from_linear(lin, cfg, mode=recipe.mode, lora=layer_lora,
-                                        act_quant=recipe.act_quant, state=states.get(name))
+                                        act_quant=recipe.act_quant, state=states.get(name), fp8_wgrad=recipe.fp8_wgrad)
         except QuantError as e:
             raise QuantError(f"layer {name}: {e}") from None
         setattr(parent, leaf, q)

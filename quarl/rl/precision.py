@@ -16,6 +16,11 @@
                  same modules (``quarl.quant.fp8_linear``): full-parameter with a BF16/FP32
                  master weight (``policy.mode=full``), or a frozen FP8 base + BF16 LoRA
 
+``precision.fp8_wgrad`` (jetrl, full-parameter only): ``1x128`` (Jet-RL: X^T in 1x128 groups along the tokens
+in the weight gradient) or ``tiles`` (X^T in 128x128 tiles: WGrad on the faster 1x128 x 128x128 GEMM, a
+coarser X; not Jet-RL's recipe -- ``quarl.quant.fp8_linear`` and benchmarks/RESULTS.md have its speed and
+error).
+
 ``bf16`` and ``fp8-rollout`` share their training path exactly, so with the same seed the
 only difference between them is the rollout precision.
 
@@ -45,6 +50,8 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from quarl.quant.fp8_linear import WGRAD_MODES
+
 PRECISION_MODES = ("policy", "bf16", "fp8-rollout", "jetrl")
 IS_LEVELS = ("token", "sequence")
 IS_MODES = ("truncate", "mask")
@@ -61,6 +68,9 @@ class PrecisionConfig:
     rollout_is_threshold_lower: float | None = None  # mask mode: lower bound; None -> 1 / threshold
     rollout_is_level: str = "token"  # token | sequence
     rollout_is_mode: str = "truncate"  # truncate (TIS) | mask (MIS)
+    # jetrl, full-parameter: X^T's grouping in the weight gradient. 1x128 along the tokens is Jet-RL's recipe;
+    # tiles (128x128) lets WGrad run the faster 1x128 x 128x128 GEMM, at a coarser X (quarl.quant.fp8_linear)
+    fp8_wgrad: str = "1x128"
 
     def __post_init__(self) -> None:
         self.validate()
@@ -72,6 +82,11 @@ class PrecisionConfig:
             raise ValueError(f"precision.rollout_is_level must be token|sequence, got {self.rollout_is_level!r}")
         if self.rollout_is_mode not in IS_MODES:
             raise ValueError(f"precision.rollout_is_mode must be truncate|mask, got {self.rollout_is_mode!r}")
+        if self.fp8_wgrad not in WGRAD_MODES:
+            raise ValueError(f"precision.fp8_wgrad must be one of {WGRAD_MODES}, got {self.fp8_wgrad!r}")
+        if self.fp8_wgrad != "1x128" and self.mode != "jetrl":
+            raise ValueError(f"precision.fp8_wgrad={self.fp8_wgrad} applies to precision.mode=jetrl (the FP8 "
+                             f"weight gradient), got mode {self.mode!r}; remove it or set precision.mode=jetrl")
         t, lo = self.rollout_is_threshold, self.rollout_is_threshold_lower
         if t is not None and t <= 1.0:
             raise ValueError(f"precision.rollout_is_threshold must be > 1 (verl uses 2.0), got {t}; null turns "
@@ -93,17 +108,23 @@ def policy_fields(prec: PrecisionConfig, mode: str, fmt: str, recipe: dict | Non
     if prec.mode == "policy":
         return fmt, recipe
     want = "bf16" if prec.mode in ("bf16", "fp8-rollout") else "fp8-block"
-    if str(fmt).lower() not in ("nvfp4", want) or (recipe and recipe != _jetrl_recipe(mode)):
+    if str(fmt).lower() not in ("nvfp4", want) or (recipe and recipe != _jetrl_recipe(mode, prec.fp8_wgrad)):
         raise ValueError(f"precision.mode={prec.mode} trains with policy.format={want}; remove policy.format="
                          f"{fmt!r} / policy.quant_recipe, or use precision.mode=policy to train with them")
     if want == "bf16":
         return "bf16", None
-    return "fp8-block", _jetrl_recipe(mode)
+    return "fp8-block", _jetrl_recipe(mode, prec.fp8_wgrad)
 
 
-def _jetrl_recipe(policy_mode: str) -> dict:
-    # full-parameter: a trainable master weight per linear (QuantLinear "qat"), FP8 in every GEMM
-    return dict(JETRL_RECIPE, mode="qat") if policy_mode == "full" else dict(JETRL_RECIPE)
+def _jetrl_recipe(policy_mode: str, fp8_wgrad: str = "1x128") -> dict:
+    # full-parameter: a trainable master weight per linear (QuantLinear "qat"), FP8 in every GEMM; a frozen
+    # FP8 base under LoRA has no weight gradient, so fp8_wgrad changes nothing there (and is not written)
+    if policy_mode != "full":
+        return dict(JETRL_RECIPE)
+    recipe = dict(JETRL_RECIPE, mode="qat")
+    if fp8_wgrad != "1x128":
+        recipe["fp8_wgrad"] = fp8_wgrad
+    return recipe
 
 
 # --------------------------------------------------------------------------- FP8-cast rollout

@@ -183,8 +183,7 @@ LAUNCHES = {  # name: (kind, dtype, shape, transpose / t_rows)
 # The other launch settings the kernels may choose at run time (quarl_kernels.fp8_quant.ACT_SETTINGS /
 # TILE_SETTINGS after the default; test_launch_settings_are_all_checked keeps these lists equal), compiled for
 # the launches that store transposed codes (the W^T bug's pattern): (rows per chunk, warps)
-ACT_SETTINGS = ((32, 8), (32, 4), (64, 8), (64, 16), (128, 16), (32, 8, True), (64, 8, True), (32, 4, True),
-                (64, 16, True))
+ACT_SETTINGS = ((32, 8), (32, 4), (64, 8), (64, 16), (128, 16), (64, 8, True), (32, 4, True))
 TILE_SETTINGS = ((32, 8), (32, 4), (64, 8))
 for _st in ACT_SETTINGS[1:]:
     LAUNCHES[f"act bf16 8192x3584 K+T {_st}"] = ("act", "bfloat16", (8192, 3584), True, _st)

@@ -123,3 +123,21 @@ def test_jetrl_full_parameter_trains_master_weights(tmp_path):
     qls = [m for m in tr.model.modules() if isinstance(m, QuantLinear)]
     assert qls and all(m.mode == "qat" and m.fp8_flow and m.weight.requires_grad for m in qls)
     assert tr.policy_report["format"] == "fp8-block (qat)" and rows[-1]["grad_norm"] > 0
+
+
+def test_fp8_wgrad_tiles_reaches_the_master_weights(tmp_path):
+    """``precision.fp8_wgrad=tiles`` (full-parameter jetrl) is written into the recipe and every QuantLinear's
+    FP8 linear; it is refused where there is no FP8 weight gradient."""
+    from quarl.config import load_config
+
+    c = load_config(RLConfig, None, ["precision.mode=jetrl", "policy.mode=full", "precision.fp8_wgrad=tiles"]).resolved()
+    assert c.policy.quant_recipe["fp8_wgrad"] == "tiles" and c.resolved() == c
+    lora = load_config(RLConfig, None, ["precision.mode=jetrl", "precision.fp8_wgrad=tiles"]).resolved()
+    assert "fp8_wgrad" not in lora.policy.quant_recipe  # a frozen FP8 base has no WGrad
+    with pytest.raises(ValueError, match="fp8_wgrad=tiles applies to precision.mode=jetrl"):
+        PrecisionConfig(mode="bf16", fp8_wgrad="tiles")
+    with pytest.raises(ValueError, match="fp8_wgrad must be one of"):
+        PrecisionConfig(mode="jetrl", fp8_wgrad="128x1")
+    tr, rows = _run(tmp_path, "precision.mode=jetrl", "policy.mode=full", "precision.fp8_wgrad=tiles")
+    qls = [m for m in tr.model.modules() if isinstance(m, QuantLinear)]
+    assert qls and all(m.fp8_wgrad == "tiles" and m.fp8_flow for m in qls) and rows[-1]["grad_norm"] > 0
