@@ -49,11 +49,11 @@ def _plant_feature(model, tok) -> None:
         w[has_a] += PLANT * u / u.norm()
 
 
-def _train(tmp_path, lr: float) -> list[float]:
+def _train(tmp_path, lr: float, *extra: str) -> list[float]:
     cfg = tiny_cfg(f"train.steps={STEPS}", "train.prompts_per_step=4", "rollout.group_size=8",
                    "rollout.max_new_tokens=2", "optim.micro_batch_size=32", f"optim.lr={lr}",
                    "optim.schedule=constant", "optim.max_grad_norm=1.0", "aqn.enabled=false",
-                   "train.sample_every=0")
+                   "train.sample_every=0", *extra)
     model, tok = small_tiny_model()
     _plant_feature(model, tok)
     RLTrainer(cfg, model, tok, PROMPTS, ANSWERS, tmp_path, reward_fn=ContainsA()).train()
@@ -72,3 +72,12 @@ def test_grpo_raises_mean_reward_on_a_toy_task(tmp_path, lr):
         assert last >= first + 0.3, f"GRPO did not learn: mean reward {first:.2f} -> {last:.2f} in {STEPS} steps"
     else:  # nothing may move without updates: the rise above is the trainer's doing
         assert abs(last - first) < 0.15, f"reward moved without learning: {first:.2f} -> {last:.2f}"
+
+
+@pytest.mark.parametrize("wgrad", ["1x128", "tiles"])
+def test_jetrl_full_parameter_learns_with_either_wgrad_grouping(tmp_path, wgrad):
+    """Full-parameter Jet-RL (every GEMM FP8, emulated on CPU) learns the same toy task, with Jet-RL's 1x128 X^T
+    in the weight gradient and with the faster 128x128 X^T tiles (``precision.fp8_wgrad``)."""
+    first, last = _ends(_train(tmp_path, 1e-3, "precision.mode=jetrl", "policy.mode=full",
+                               f"precision.fp8_wgrad={wgrad}"))
+    assert last >= first + 0.3, f"jetrl ({wgrad}) did not learn: mean reward {first:.2f} -> {last:.2f} in {STEPS} steps"
