@@ -15,6 +15,7 @@
 #     (fp8_quant PACK_T): the fused-quantizer / FP8-linear GPU tests, then the layer step of phase b with the profile
 #   phase e: bash benchmarks/gpu_session7.sh e   (one GPU; issue 15, ~8 min) WGrad with X^T in 128x128 tiles (opt-in
 #     fp8_linear(wgrad="tiles")): the FP8-linear GPU tests, the per-GEMM table (8k) and the layer step of five arms
+#   phase f: bash benchmarks/gpu_session7.sh f   (one GPU; ~3 min) the FP8-linear GPU tests with DeepGEMM on odd shapes
 #   phase d: one DeepGEMM call with the faulthandler (benchmarks/dg_diag.py): the diagnosis of the crash
 #   TOKENS (default 8192) and MODELS pick the shapes.
 set -u
@@ -132,6 +133,14 @@ e)  # WGrad with X^T in 128x128 tiles (fp8_linear wgrad="tiles"): GPU tests, the
         --out "$OUT/layer" > "$OUT/layer/run.log" 2>&1
     echo "== layer rc=$? at $((SECONDS - T0)) s"; grep -A10 "X^T in 128x128" "$OUT/layer/run.log"
     tar czf "$OUT/warm.tgz" -C "$OUT" warm && rm -rf "${OUT:?}/warm"
+    ;;
+f)  # the FP8-linear GPU tests with DeepGEMM on SmolLM2-like and odd shapes (its refusals fall back to cuBLAS)
+    mkdir -p "$OUT/tests"
+    build_deepgemm || echo "deep_gemm build failed"
+    export PYTHONPATH=$PWD:$PWD/kernels:/tmp/dg
+    QUARL_FP8_TUNE=0 timeout -k 5 "${TEST_S:-240}" "$PY" -m pytest -q -rfE -s -m gpu -p no:cacheprovider \
+        tests/quant/test_fp8_linear.py > "$OUT/tests/pytest.log" 2>&1
+    echo "== GPU tests rc=$? at $((SECONDS - T0)) s"; grep -E "passed|failed|FAILED|ERROR|fallbacks" "$OUT/tests/pytest.log" | tail -n 20
     ;;
 d)  # diagnosis: one DeepGEMM call on unit scales, with the faulthandler and the JIT's compiler commands
     build_deepgemm || echo "deep_gemm build failed"

@@ -345,6 +345,7 @@ def _dequant_tiles(q: torch.Tensor, s: torch.Tensor) -> torch.Tensor:
 
 
 CUBLAS_FALLBACKS: dict[str, str] = {}  # scaling pair -> why cuBLAS refused it (then emulated)
+DEEPGEMM_FALLBACKS: dict[tuple, str] = {}  # (A shape, B shape) -> why DeepGEMM refused it (then cuBLAS)
 SCALE_LAYOUT: dict[bool, int] = {}  # b_tiles -> index of the B-scale layout this torch/cuBLAS took (tried first)
 
 
@@ -367,7 +368,14 @@ def blockwise_gemm(a: torch.Tensor, sa: torch.Tensor, b: torch.Tensor, sb: torch
         raise QuantError(f"blockwise_gemm: reduction sizes {a.shape[1]} / {b.shape[1]} must match and be "
                          f"multiples of {BLOCK} (pad before quantizing)")
     if b_tiles and _cublas_ok(a) and a.shape[0] % 4 == 0 and b.shape[0] % 16 == 0 and gemm_backend() == "deepgemm":
-        return _deepgemm(a, sa, b, sb, out_dtype)
+        key = (tuple(a.shape), tuple(b.shape))
+        if key not in DEEPGEMM_FALLBACKS:
+            try:
+                return _deepgemm(a, sa, b, sb, out_dtype)
+            except RuntimeError as e:  # a shape or layout its kernels refuse: cuBLAS below, the same numbers
+                DEEPGEMM_FALLBACKS[key] = str(e).splitlines()[0] if str(e) else type(e).__name__
+                warnings.warn(f"DeepGEMM refused the FP8 GEMM {key}: {DEEPGEMM_FALLBACKS[key]}; using cuBLAS for it",
+                              RuntimeWarning, stacklevel=2)
     if _cublas_ok(a) and a.shape[0] % 4 == 0 and b.shape[0] % 16 == 0:
         sa_mm = sa if sa.stride(0) == 1 else sa.t().contiguous().t()  # [M, K/128], M-major (the kernels' layout)
         if b_tiles:  # [N/128, K/128] -> K-blocks padded to a multiple of 4, transposed (see fp8.py); already a

@@ -418,21 +418,28 @@ def test_deepgemm_off_hopper_is_the_emulated_gemm(monkeypatch):
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.get_device_capability() != (9, 0),
                     reason="DeepGEMM's kernels are SM90 here")
-def test_gpu_deepgemm_equals_cublas(monkeypatch):
-    """DeepGEMM's 1D2D kernel (forward, DGrad) on the same FP8 operands as cuBLAS's: the FP32 sums in the
-    same 128-K blocks give the same BF16 outputs (measured bit-identical on an H200); WGrad stays on cuBLAS."""
+@pytest.mark.parametrize("m,n,k", [(1024, 4608, 3584), (300, 512, 640), (4099, 1536, 576), (77, 576, 1536)])
+@pytest.mark.parametrize("wgrad", ["1x128", "tiles"])
+def test_gpu_deepgemm_equals_cublas(monkeypatch, m, n, k, wgrad):
+    """DeepGEMM's 1D2D kernel (forward, DGrad, X^T-tiles WGrad) on the same FP8 operands as cuBLAS's: the FP32
+    sums in the same 128-K blocks give the same BF16 outputs (measured bit-identical on an H200); the 1x128 x 1x128
+    WGrad stays on cuBLAS. SmolLM2-like shapes (K = 576, odd token counts) included: a shape DeepGEMM refuses
+    falls back to cuBLAS with a warning, recorded in ``DEEPGEMM_FALLBACKS`` (printed here)."""
     pytest.importorskip("deep_gemm")
+    from quarl.quant import fp8_linear as fl
+
     torch.manual_seed(4)
-    x = torch.randn(1024, 3584, device="cuda", dtype=torch.bfloat16)
-    w = (torch.randn(4608, 3584, device="cuda") * 0.02).to(torch.bfloat16)
-    g = torch.randn(1024, 4608, device="cuda", dtype=torch.bfloat16)
+    x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+    w = (torch.randn(n, k, device="cuda") * 0.02).to(torch.bfloat16)
+    g = torch.randn(m, n, device="cuda", dtype=torch.bfloat16)
     outs = {}
     for mode in ("cublas", "deepgemm"):
         monkeypatch.setenv("QUARL_FP8_GEMM", mode)
         xx, ww = x.clone().requires_grad_(), w.clone().requires_grad_()
-        y = fp8_linear(xx, ww)
+        y = fp8_linear(xx, ww, wgrad=wgrad)
         y.backward(g)
         outs[mode] = (y, xx.grad, ww.grad)
+    print("DeepGEMM fallbacks:", fl.DEEPGEMM_FALLBACKS)
     for a, b in zip(outs["deepgemm"], outs["cublas"]):
         assert rel(a.float(), b.float()) < 1e-3, rel(a.float(), b.float())
 
@@ -487,3 +494,26 @@ def test_gpu_wgrad_tiles_equals_emulated(monkeypatch):
         grads[mode] = ww.grad.float()
     for mode in modes[1:]:
         assert rel(grads[mode], grads["emulate"]) < 5e-3, (mode, rel(grads[mode], grads["emulate"]))
+
+
+def test_deepgemm_refusal_falls_back_to_cublas_once(monkeypatch):
+    """A GEMM DeepGEMM refuses runs on cuBLAS with one warning, and is not offered to DeepGEMM again."""
+    from quarl.quant import fp8_linear as fl
+
+    calls = []
+
+    def refuse(*args):
+        calls.append(1)
+        raise RuntimeError("Assertion error: n % 64 == 0")
+
+    monkeypatch.setenv("QUARL_FP8_GEMM", "deepgemm")
+    monkeypatch.setattr(fl, "_cublas_ok", lambda t: True)
+    monkeypatch.setattr(fl, "_deepgemm", refuse)
+    monkeypatch.setattr(fl.F, "scaled_mm", lambda a, b, sa, ta, sb, tb, output_dtype: "cublas", raising=False)
+    monkeypatch.setattr(fl, "DEEPGEMM_FALLBACKS", {})
+    a, b = torch.zeros(8, 128, dtype=torch.float8_e4m3fn), torch.zeros(16, 128, dtype=torch.float8_e4m3fn)
+    sa, sb = torch.ones(8, 1), torch.ones(1, 1)
+    with pytest.warns(RuntimeWarning, match="DeepGEMM refused the FP8 GEMM.*n % 64 == 0; using cuBLAS"):
+        assert fl.blockwise_gemm(a, sa, b, sb, True, torch.bfloat16) == "cublas"
+    assert fl.blockwise_gemm(a, sa, b, sb, True, torch.bfloat16) == "cublas" and len(calls) == 1
+    assert fl.DEEPGEMM_FALLBACKS == {((8, 128), (16, 128)): "Assertion error: n % 64 == 0"}
