@@ -33,7 +33,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 import sys
 import time
 from datetime import UTC, datetime
@@ -44,6 +43,9 @@ import torch
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "kernels"))
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+from fp8_linear import cuda_time  # the FP8 linear benchmark's timer: median of CUDA-event intervals
 
 from quarl.quant import fp8_linear as fl
 
@@ -82,20 +84,6 @@ def call(arm: str, ops: tuple, bf: tuple):
         return lambda: torch.mm(*bf)
     os.environ["QUARL_FP8_GEMM"] = "deepgemm" if arm == "deepgemm" else "cublas"
     return lambda: fl.blockwise_gemm(*ops)
-
-
-def timed(fn, iters: int) -> float:
-    for _ in range(2):
-        fn()
-    ts = []
-    for _ in range(iters):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        fn()
-        b.record()
-        torch.cuda.synchronize()
-        ts.append(a.elapsed_time(b))
-    return statistics.median(ts)
 
 
 def gemms(models: list[str], tokens: list[int]):
@@ -158,7 +146,7 @@ def main() -> None:
                 try:
                     fn = call(arm, o, bf)
                     outs[arm] = fn()
-                    row[f"{arm}_ms"] = timed(fn, a.iters)
+                    row[f"{arm}_ms"] = cuda_time(fn, a.iters, warmup=2)
                     row[f"{arm}_tflops"] = 2 * mm * nn * kk / row[f"{arm}_ms"] / 1e9
                 except Exception as e:  # noqa: BLE001 - one library failing must not lose the others
                     row[f"{arm}_error"] = f"{type(e).__name__}: {str(e)[:300]}"

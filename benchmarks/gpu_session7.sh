@@ -18,6 +18,12 @@
 #   phase f: bash benchmarks/gpu_session7.sh f   (one GPU; ~3 min) the FP8-linear GPU tests with DeepGEMM on odd shapes
 #   phase d: one DeepGEMM call with the faulthandler (benchmarks/dg_diag.py): the diagnosis of the crash
 #   TOKENS (default 8192) and MODELS pick the shapes.
+#
+# .dg/DeepGEMM, assembled on the CPU host (the device machine has no network):
+#   git clone --recursive https://github.com/deepseek-ai/DeepGEMM .dg/DeepGEMM && git -C .dg/DeepGEMM checkout 54e2261
+#   (with its submodules at cutlass f3fde58 and fmt 553ec11; only their include/ folders are needed: 29 MB in all)
+#   git -C .dg/DeepGEMM apply ../../benchmarks/deepgemm_noregex.patch
+#   echo /.dg/ >> .git/info/exclude          # then carry .dg in the device call
 set -u
 : "${OUT:?}"
 PHASE=${1:?phase}
@@ -46,16 +52,25 @@ build_deepgemm() {
     [ -n "$so" ] && ln -sf "$so" /tmp/dg/deep_gemm/
 }
 
+# build DeepGEMM (once per machine), put it on the path; then start its kernels' compilation in 8 background
+# processes over the GEMMs of the models at the token counts $2 (logs in $1/warm*.log; the caller waits)
+setup_deepgemm() {
+    build_deepgemm || echo "deep_gemm build failed"
+    export PYTHONPATH=$PWD:$PWD/kernels:/tmp/dg
+}
+warm_deepgemm() {
+    for i in 0 1 2 3 4 5 6 7; do
+        timeout -k 5 "${WARM_S:-200}" "$PY" benchmarks/fp8_gemm_backends.py --warm $i/8 --models "$MODELS" \
+            --tokens "$2" > "$1/warm$i.log" 2>&1 &
+    done
+}
+
 case "$PHASE" in
 a)
     mkdir -p "$OUT/gemm" "$OUT/layer"
-    build_deepgemm || echo "deep_gemm build failed"
-    export PYTHONPATH=$PWD:$PWD/kernels:/tmp/dg
+    setup_deepgemm
     "$PY" -c "import deep_gemm, sys; print('deep_gemm', deep_gemm.__file__)" 2>&1 | tail -n 5
-    for i in 0 1 2 3 4 5 6 7; do
-        timeout -k 5 "${WARM_S:-200}" "$PY" benchmarks/fp8_gemm_backends.py --warm $i/8 --models "$MODELS" \
-            --tokens "$TOKENS" > "$OUT/gemm/warm$i.log" 2>&1 &
-    done
+    warm_deepgemm "$OUT/gemm" "$TOKENS"
     wait
     echo "== JIT warm-up done at $((SECONDS - T0)) s"; cat "$OUT"/gemm/warm*.log | sort | tail -n 40
     timeout -k 5 "${GEMM_S:-120}" "$PY" benchmarks/fp8_gemm_backends.py --models "$MODELS" --tokens "$TOKENS" \
@@ -71,12 +86,8 @@ a)
     ;;
 b)  # the layer step with DeepGEMM for forward + DGrad (cuBLAS WGrad) at 4k-16k tokens; the quantizers under ncu
     mkdir -p "$OUT/layer" "$OUT/warm"
-    build_deepgemm || echo "deep_gemm build failed"
-    export PYTHONPATH=$PWD:$PWD/kernels:/tmp/dg
-    for i in 0 1 2 3 4 5 6 7; do
-        timeout -k 5 "${WARM_S:-200}" "$PY" benchmarks/fp8_gemm_backends.py --warm $i/8 --models "$MODELS" \
-            --tokens "${TOKENS_B:-8192,16384,4096}" > "$OUT/warm/warm$i.log" 2>&1 &
-    done
+    setup_deepgemm
+    warm_deepgemm "$OUT/warm" "${TOKENS_B:-8192,16384,4096}"
     wait
     echo "== JIT warm-up done at $((SECONDS - T0)) s"
     timeout -k 5 "${LAYER_S:-200}" "$PY" benchmarks/fp8_layer.py --arms bf16,fp8,fp8-deepgemm --models "$MODELS" \
@@ -93,12 +104,8 @@ b)  # the layer step with DeepGEMM for forward + DGrad (cuBLAS WGrad) at 4k-16k 
 c)  # X^T stored as 4-token words (fp8_quant PACK_T): GPU tests (every setting bit-identical to eager, DeepGEMM vs
     # cuBLAS), then the layer step (bf16 / fp8 cuBLAS / fp8 DeepGEMM) at 8k / 16k / 4k tokens with the kernel profile
     mkdir -p "$OUT/layer" "$OUT/warm" "$OUT/tests"
-    build_deepgemm || echo "deep_gemm build failed"
-    export PYTHONPATH=$PWD:$PWD/kernels:/tmp/dg
-    for i in 0 1 2 3 4 5 6 7; do
-        timeout -k 5 "${WARM_S:-200}" "$PY" benchmarks/fp8_gemm_backends.py --warm $i/8 --models "$MODELS" \
-            --tokens "${TOKENS_B:-8192,16384,4096}" > "$OUT/warm/warm$i.log" 2>&1 &
-    done
+    setup_deepgemm
+    warm_deepgemm "$OUT/warm" "${TOKENS_B:-8192,16384,4096}"
     QUARL_FP8_TUNE=0 timeout -k 5 "${TEST_S:-150}" "$PY" -m pytest -q -rfE -m gpu -p no:cacheprovider \
         tests/kernels/test_fp8_quant_gpu.py tests/quant/test_fp8_linear.py > "$OUT/tests/pytest.log" 2>&1
     echo "== GPU tests rc=$? at $((SECONDS - T0)) s"; grep -E "passed|failed|FAILED|ERROR" "$OUT/tests/pytest.log" | tail -n 12
@@ -114,12 +121,8 @@ c)  # X^T stored as 4-token words (fp8_quant PACK_T): GPU tests (every setting b
 e)  # WGrad with X^T in 128x128 tiles (fp8_linear wgrad="tiles"): GPU tests, the GEMMs of one layer per library and
     # role (8k tokens), the layer step of every arm at 8k / 16k / 4k tokens with the kernel profile
     mkdir -p "$OUT/layer" "$OUT/warm" "$OUT/tests" "$OUT/gemm"
-    build_deepgemm || echo "deep_gemm build failed"
-    export PYTHONPATH=$PWD:$PWD/kernels:/tmp/dg
-    for i in 0 1 2 3 4 5 6 7; do
-        timeout -k 5 "${WARM_S:-200}" "$PY" benchmarks/fp8_gemm_backends.py --warm $i/8 --models "$MODELS" \
-            --tokens "${TOKENS_B:-8192,16384,4096}" > "$OUT/warm/warm$i.log" 2>&1 &
-    done
+    setup_deepgemm
+    warm_deepgemm "$OUT/warm" "${TOKENS_B:-8192,16384,4096}"
     QUARL_FP8_TUNE=0 timeout -k 5 "${TEST_S:-150}" "$PY" -m pytest -q -rfE -m gpu -p no:cacheprovider \
         tests/quant/test_fp8_linear.py > "$OUT/tests/pytest.log" 2>&1
     echo "== GPU tests rc=$? at $((SECONDS - T0)) s"; grep -E "passed|failed|FAILED|ERROR" "$OUT/tests/pytest.log" | tail -n 12
@@ -136,15 +139,13 @@ e)  # WGrad with X^T in 128x128 tiles (fp8_linear wgrad="tiles"): GPU tests, the
     ;;
 f)  # the FP8-linear GPU tests with DeepGEMM on SmolLM2-like and odd shapes (its refusals fall back to cuBLAS)
     mkdir -p "$OUT/tests"
-    build_deepgemm || echo "deep_gemm build failed"
-    export PYTHONPATH=$PWD:$PWD/kernels:/tmp/dg
+    setup_deepgemm
     QUARL_FP8_TUNE=0 timeout -k 5 "${TEST_S:-240}" "$PY" -m pytest -q -rfE -s -m gpu -p no:cacheprovider \
         tests/quant/test_fp8_linear.py > "$OUT/tests/pytest.log" 2>&1
     echo "== GPU tests rc=$? at $((SECONDS - T0)) s"; grep -E "passed|failed|FAILED|ERROR|fallbacks" "$OUT/tests/pytest.log" | tail -n 20
     ;;
 d)  # diagnosis: one DeepGEMM call on unit scales, with the faulthandler and the JIT's compiler commands
-    build_deepgemm || echo "deep_gemm build failed"
-    export PYTHONPATH=$PWD:$PWD/kernels:/tmp/dg
+    setup_deepgemm
     DG_JIT_DEBUG=1 DG_JIT_PRINT_COMPILER_COMMAND=1 timeout -k 5 120 "$PY" -X faulthandler benchmarks/dg_diag.py \
         > "$OUT/diag.log" 2>&1
     echo "== diag rc=$?"; tail -c 6000 "$OUT/diag.log"

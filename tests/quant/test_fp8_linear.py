@@ -18,6 +18,14 @@ from quarl.quant.fp8_linear import blockwise_gemm, fp8_linear, quantize_weight_1
 REL_TOL = 0.06
 
 
+# the GPU tests: cuBLAS's blockwise FP8 scaled_mm and DeepGEMM's kernels are SM90 (Hopper) here
+_NO_SM90 = not torch.cuda.is_available() or torch.cuda.get_device_capability() != (9, 0)
+
+
+def needs_sm90(test):
+    return pytest.mark.gpu(pytest.mark.skipif(_NO_SM90, reason="needs an SM90 GPU")(test))
+
+
 def rel(a, b):
     return float((a.double() - b.double()).norm() / b.double().norm())
 
@@ -185,9 +193,7 @@ def test_quantlinear_fp8_flow_qat_and_frozen_lora():
     assert not QuantLinear.from_linear(lin, "fp8-block").fp8_flow  # no activation quantizer: weight-only
 
 
-@pytest.mark.gpu
-@pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.get_device_capability() != (9, 0),
-                    reason="blockwise FP8 scaled_mm needs an SM90 GPU")
+@needs_sm90
 @pytest.mark.parametrize("m,n,k", [(4096, 1536, 576), (300, 512, 640), (1024, 384, 1024)])
 def test_gpu_path_equals_emulated(m, n, k):
     """cuBLAS blockwise GEMMs (forward, DGrad, WGrad) == the emulated FP32 path up to summation order."""
@@ -329,9 +335,7 @@ def test_dgrad_tile_scales_are_kept_per_weight_version():
     assert torch.equal(fl._scales_t(s), s.t())
 
 
-@pytest.mark.gpu
-@pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.get_device_capability() != (9, 0),
-                    reason="blockwise FP8 scaled_mm needs an SM90 GPU")
+@needs_sm90
 def test_gpu_memo_changes_no_bit(monkeypatch):
     """On cuBLAS with the fused quantizers: q/k/v on one X, memoized vs not, equal y, dX and dW bit for bit."""
     torch.manual_seed(13)
@@ -415,9 +419,7 @@ def test_deepgemm_off_hopper_is_the_emulated_gemm(monkeypatch):
     assert torch.equal(outs[0], outs[1])
 
 
-@pytest.mark.gpu
-@pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.get_device_capability() != (9, 0),
-                    reason="DeepGEMM's kernels are SM90 here")
+@needs_sm90
 @pytest.mark.parametrize("m,n,k", [(1024, 4608, 3584), (300, 512, 640), (4099, 1536, 576), (77, 576, 1536)])
 @pytest.mark.parametrize("wgrad", ["1x128", "tiles"])
 def test_gpu_deepgemm_equals_cublas(monkeypatch, m, n, k, wgrad):
@@ -477,9 +479,7 @@ def test_wgrad_mode_is_checked():
         fp8_linear(torch.randn(4, 128), torch.randn(128, 128), wgrad="128x1")
 
 
-@pytest.mark.gpu
-@pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.get_device_capability() != (9, 0),
-                    reason="blockwise FP8 scaled_mm needs an SM90 GPU")
+@needs_sm90
 def test_gpu_wgrad_tiles_equals_emulated(monkeypatch):
     torch.manual_seed(7)
     x = torch.randn(1000, 640, device="cuda", dtype=torch.bfloat16)
