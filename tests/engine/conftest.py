@@ -100,3 +100,11 @@ def teacher_forced_logits(runner, rows, tokens: torch.Tensor, block: int = 64) -
         st.slot.add_(1)
         st.pos.add_(1)
     return torch.stack(out, dim=1).float()
+
+
+def seeded_rollout(model, rows, params, n: int = 2, pad=None, **engine_kw):
+    """One ``FastGenerator(model, pad, **engine_kw).generate`` with a CPU generator seeded 0: the reference and
+    the variant of an engine comparison sample the same stream."""
+    from quarl.engine import FastGenerator
+
+    return FastGenerator(model, pad, **engine_kw).generate(rows, params, n=n, generator=torch.Generator().manual_seed(0))

@@ -32,7 +32,7 @@ import torch.nn.functional as F
 from quarl.engine import DecoderRunner, FastGenerator, make_generator
 from quarl.engine import fused as fz
 from quarl.engine.rollout import SamplingParams
-from tests.engine.conftest import PAD, VOCAB, prompts
+from tests.engine.conftest import PAD, VOCAB, prompts, seeded_rollout
 from tests.kernels.interpreter import needs_interpreter, run_interpreted
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -139,13 +139,11 @@ def test_forced_engine_calls_the_op_per_decode_layer(counted, kind, dtype):
     model = attn_model(kind, dtype=dtype)
     rows = prompts((5, 11, 2))
     params = SamplingParams(temperature=0.8, top_p=0.9, max_new_tokens=6)
-    ref = FastGenerator(model, PAD, fused=False).generate(rows, params, n=2, generator=torch.Generator().manual_seed(0))
+    ref = seeded_rollout(model, rows, params, pad=PAD, fused=False)
     assert counted["decode_attention"] == 0
-    off = FastGenerator(model, PAD, fused=True, decode_attn=False)
-    out_off = off.generate(rows, params, n=2, generator=torch.Generator().manual_seed(0))
+    out_off = seeded_rollout(model, rows, params, pad=PAD, fused=True, decode_attn=False)
     assert counted["decode_attention"] == 0 and torch.equal(out_off.completion_ids, ref.completion_ids)
-    eng = FastGenerator(model, PAD, fused=True)
-    out = eng.generate(rows, params, n=2, generator=torch.Generator().manual_seed(0))
+    out = seeded_rollout(model, rows, params, pad=PAD, fused=True)
     assert torch.equal(out.completion_ids, ref.completion_ids)
     assert torch.equal(out.logprobs, ref.logprobs)  # bit for bit: the op's CPU path is the SDPA reference
     decode_steps = out.completion_ids.shape[1] - 1  # the first token comes from prefill

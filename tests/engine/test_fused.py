@@ -18,7 +18,7 @@ from quarl.engine import GREEDY_TOP_P, DecoderRunner, FastGenerator, make_genera
 from quarl.engine import fused as fz
 from quarl.engine import lora as lp
 from quarl.engine.rollout import SamplingParams
-from tests.engine.conftest import PAD, hf_greedy, make_model, prompts
+from tests.engine.conftest import PAD, hf_greedy, make_model, prompts, seeded_rollout
 
 KINDS = ["llama", "qwen2", "qwen3"]
 
@@ -166,7 +166,7 @@ def test_forced_engine_equals_unfused_engine(forced, kind, dtype):
     model = make_model(kind, dtype=dtype)
     rows = prompts((5, 11, 2))
     params = SamplingParams(temperature=0.8, top_p=0.9, max_new_tokens=8)
-    ref = FastGenerator(model, PAD, fused=False).generate(rows, params, n=2, generator=torch.Generator().manual_seed(0))
+    ref = seeded_rollout(model, rows, params, pad=PAD, fused=False)
     assert sum(forced.values()) == 0
     eng = FastGenerator(model, PAD, fused=True)
     assert eng.runner.fused_on()
