@@ -63,6 +63,7 @@ from quarl.quant import fp8_linear as fl
 # (hidden, intermediate, q out, kv out)
 MODELS = {"Qwen2.5-7B": (3584, 18944, 3584, 512), "Qwen3-8B": (4096, 12288, 4096, 1024),
           "tiny": (256, 640, 256, 128)}  # tiny: the CPU dry run
+NOSPLIT = "_nosplit"  # not an environment variable: the arm runs with the quantizers' split settings removed
 ARMS = {  # name: (linear, environment for the call)
     "bf16": (F.linear, {}),
     "fp8-main": (fp8_linear_v0.fp8_linear, {}),
@@ -73,9 +74,17 @@ ARMS = {  # name: (linear, environment for the call)
     # X^T in 128x128 tiles for WGrad (not Jet-RL's recipe: fp8_linear's module docstring)
     "fp8-xtiles": (functools.partial(fl.fp8_linear, wgrad="tiles"), {}),
     "fp8-deepgemm-xtiles": (functools.partial(fl.fp8_linear, wgrad="tiles"), {"QUARL_FP8_GEMM": "deepgemm"}),
+    # Jet-RL's recipe with the 1x128 x 1x128 WGrad on quarl_kernels.fp8_wgrad (Triton) instead of cuBLAS
+    "fp8-tw": (fl.fp8_linear, {"QUARL_FP8_WGRAD_GEMM": "triton"}),
+    "fp8-deepgemm-tw": (fl.fp8_linear, {"QUARL_FP8_GEMM": "deepgemm", "QUARL_FP8_WGRAD_GEMM": "triton"}),
+    # the same without the quantizers' split launch settings (X^T by its own kernel): what they add
+    "fp8-deepgemm-tw-nosplit": (fl.fp8_linear, {"QUARL_FP8_GEMM": "deepgemm", "QUARL_FP8_WGRAD_GEMM": "triton",
+                                                NOSPLIT: "1"}),
 }
 PROJ = ("q", "k", "v", "o", "gate", "up", "down")
-EXTRA = ("fp8-deepgemm", "fp8-xtiles", "fp8-deepgemm-xtiles")  # arms of the DeepGEMM / X^T-tiles table
+# arms of the DeepGEMM / X^T-tiles / Triton-WGrad table
+EXTRA = ("fp8-deepgemm", "fp8-xtiles", "fp8-deepgemm-xtiles", "fp8-tw", "fp8-deepgemm-tw", "fp8-deepgemm-tw-nosplit")
+CLOSE = ("fp8-deepgemm", "fp8-tw", "fp8-deepgemm-tw")  # checked against fp8 (cuBLAS) before timing
 
 
 class Budget:
@@ -87,22 +96,41 @@ class Budget:
 
 
 class Env:
-    """Set environment variables for a block (the FP8 linear reads them per call)."""
+    """Set environment variables for a block (the FP8 linear reads them per call); ``NOSPLIT`` swaps the fused
+    quantizers' candidate settings for those without a split launch, with a choice cache of their own."""
 
     def __init__(self, env: dict):
-        self.env, self.old = env, {}
+        self.env, self.old, self.saved = env, {}, None
 
     def __enter__(self):
         for k, v in self.env.items():
+            if k == NOSPLIT:
+                fq = fl._fused_module()
+                if fq is not None:
+                    self.saved = (fq.ACT_SETTINGS, dict(fq.TUNED))
+                    fq.ACT_SETTINGS = tuple(st for st in fq.ACT_SETTINGS if len(st) < 5)
+                    fq.TUNED.clear()
+                    fq.TUNED.update(NOSPLIT_TUNED)
+                continue
             self.old[k] = os.environ.get(k)
             os.environ[k] = v
 
     def __exit__(self, *exc):
+        if self.saved is not None:
+            fq = fl._fused_module()
+            NOSPLIT_TUNED.clear()
+            NOSPLIT_TUNED.update(fq.TUNED)
+            fq.ACT_SETTINGS = self.saved[0]
+            fq.TUNED.clear()
+            fq.TUNED.update(self.saved[1])
         for k, v in self.old.items():
             if v is None:
                 os.environ.pop(k, None)
             else:
                 os.environ[k] = v
+
+
+NOSPLIT_TUNED: dict = {}  # the NOSPLIT arms' own setting choices, kept between their blocks
 
 
 class Layer:
@@ -205,13 +233,13 @@ def bench_shape(model: str, m: int, arms: list[str], ablations: bool, a: argpars
     if "fp8" in arms and "fp8-main" in arms:
         row["fp8_equals_main"] = check_equal(layer)
         print(f"{model} M={m}: fp8 == fp8-main: {row['fp8_equals_main']}", flush=True)
-    if "fp8" in arms and "fp8-deepgemm" in arms:
+    for other in (o for o in CLOSE if "fp8" in arms and o in arms):
+        name = "deepgemm_vs_cublas" if other == "fp8-deepgemm" else f"{other}_vs_cublas"
         try:
-            row["deepgemm_vs_cublas"] = check_close(layer, "fp8-deepgemm")
-            print(f"{model} M={m}: deepgemm vs cublas max rel L2 {row['deepgemm_vs_cublas']['max_rel_l2']:.2e}",
-                  flush=True)
+            row[name] = check_close(layer, other)
+            print(f"{model} M={m}: {other} vs fp8 (cuBLAS) max rel L2 {row[name]['max_rel_l2']:.2e}", flush=True)
         except Exception as e:  # noqa: BLE001 - recorded; the arm's timing below reports its own failure
-            row["deepgemm_vs_cublas"] = {"error": f"{type(e).__name__}: {str(e)[:400]}"}
+            row[name] = {"error": f"{type(e).__name__}: {str(e)[:400]}"}
     use = arms + (["fp8-nomemo", "fp8-notune"] if ablations and "fp8" in arms else [])
     for arm in use:
         lin, env = ARMS[arm]
@@ -253,7 +281,8 @@ def bench_shape(model: str, m: int, arms: list[str], ablations: bool, a: argpars
     return row
 
 
-def profiles(model: str, m_kernels: int, m_host: int, device: str) -> str:
+def profiles(model: str, m_kernels: int, m_host: int, device: str,
+             arms: tuple[str, ...] = ("bf16", "fp8-main", "fp8")) -> str:
     """Where the time goes: a kernel profile of one layer step per arm (GPU time by kernel) at ``m_kernels``
     tokens, and a host profile (cProfile, by own time) of fp8 layer steps at ``m_host`` tokens."""
     import cProfile
@@ -264,14 +293,15 @@ def profiles(model: str, m_kernels: int, m_host: int, device: str) -> str:
     layer = Layer(model, m_kernels, device)
     act = torch.profiler.ProfilerActivity.CUDA if device == "cuda" else torch.profiler.ProfilerActivity.CPU
     key = "cuda_time_total" if device == "cuda" else "cpu_time_total"
-    for arm in ("bf16", "fp8-main", "fp8"):
-        lin = ARMS[arm][0]
-        for _ in range(2):
-            layer.step(lin)
-        sync(device)
-        with torch.profiler.profile(activities=[act]) as prof:
-            layer.step(lin)
+    for arm in arms:
+        lin, env = ARMS[arm]
+        with Env(env):
+            for _ in range(2):
+                layer.step(lin)
             sync(device)
+            with torch.profiler.profile(activities=[act]) as prof:
+                layer.step(lin)
+                sync(device)
         out += [f"== kernels, {arm}, {model} M={m_kernels}, one layer step",
                 prof.key_averages().table(sort_by=key, row_limit=18, max_name_column_width=60)]
     del layer
@@ -344,10 +374,14 @@ def tables(res: dict) -> str:
             L += ["", ("the same layer step with DeepGEMM's GEMMs (same quantizers) and with X^T in 128x128 tiles for "
                        "WGrad (xtiles: not Jet-RL's recipe), x = BF16 / arm"), "",
                   "| model | tokens | BF16 | FP8 cuBLAS | x | " + " | ".join(f"{a} | x" for a in EXTRA)
-                  + " | DeepGEMM max rel L2 vs cuBLAS |", "|---|---:|---:|---:|---:|" + "---:|---:|" * len(EXTRA) + "---:|"]
+                  + " | max rel L2 vs cuBLAS (DeepGEMM / Triton WGrad / both) |",
+                  "|---|---:|---:|---:|---:|" + "---:|---:|" * len(EXTRA) + "---:|"]
             for r in dg:
-                close = r.get("deepgemm_vs_cublas", {})
-                rel = f"{close['max_rel_l2']:.1e}" if "max_rel_l2" in close else close.get("error", "-")[:60]
+                rels = []
+                for other in CLOSE:
+                    close = r.get("deepgemm_vs_cublas" if other == "fp8-deepgemm" else f"{other}_vs_cublas", {})
+                    rels.append(f"{close['max_rel_l2']:.1e}" if "max_rel_l2" in close else close.get("error", "-")[:40])
+                rel = " / ".join(rels)
                 L.append(f"| {r['model']} | {r['tokens']} | {_f(r, 'bf16_ms')} | {_f(r, 'fp8_ms')} | "
                          f"{_f(r, 'speedup_fp8', '{:.2f}x')} | "
                          + " | ".join(f"{_f(r, a + '_ms')} | {_f(r, 'speedup_' + a, '{:.2f}x')}" for a in EXTRA)
@@ -385,6 +419,8 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true", help="layer timings only (no proj-sum / no-update)")
     ap.add_argument("--no-graph", action="store_true")
     ap.add_argument("--no-profile", action="store_true", help="skip the kernel / host profiles at the end")
+    ap.add_argument("--profile-arms", default="bf16,fp8-main,fp8", help="arms of the kernel profile")
+    ap.add_argument("--profile-tokens", type=int, default=8192, help="tokens of the kernel profile (CUDA)")
     ap.add_argument("--budget-s", type=float, default=150.0, help="stop starting new measurements after this")
     ap.add_argument("--render", default="", help="print the tables of an earlier run's fp8_layer.json and exit")
     a = ap.parse_args()
@@ -440,7 +476,8 @@ def main() -> None:
                                                          if k.endswith("_ms") and isinstance(v, float)), flush=True)
     if not a.no_profile and budget.ok(12):
         try:
-            text = profiles(models[0], 8192 if cuda else tokens[0], 4096 if cuda else tokens[0], a.device)
+            text = profiles(models[0], a.profile_tokens if cuda else tokens[0], 4096 if cuda else tokens[0], a.device,
+                            tuple(a.profile_arms.split(",")))
             (out / "fp8_layer_profile.txt").write_text(text)
             res["profile"] = "fp8_layer_profile.txt"
         except Exception as e:  # noqa: BLE001 - a diagnostic: record it, keep the tables

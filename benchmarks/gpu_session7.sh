@@ -64,6 +64,8 @@ warm_deepgemm() {
             --tokens "$2" > "$1/warm$i.log" 2>&1 &
     done
 }
+# `source benchmarks/gpu_session7.sh lib`: the functions above only (later sessions' scripts use them)
+if [ "$PHASE" = lib ]; then return 0; fi
 
 case "$PHASE" in
 a)

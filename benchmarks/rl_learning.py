@@ -60,6 +60,12 @@ POLICIES: dict[str, tuple[list[str], str | None]] = {
     "bf16": (["precision.mode=bf16", "aqn.enabled=false"], None),
     "fp8-rollout": (["precision.mode=fp8-rollout", "aqn.enabled=false"], None),
     "jetrl": (["precision.mode=jetrl", "aqn.enabled=false"], "fp8-jetrl"),
+    # full-parameter training (every weight; the trained model is evaluated, not an adapter): BF16, and Jet-RL's
+    # FP8 flow with its 1x128 X^T in the weight gradient or X^T in 128x128 tiles (precision.fp8_wgrad)
+    "bf16-full": (["precision.mode=bf16", "policy.mode=full", "aqn.enabled=false"], None),
+    "jetrl-full": (["precision.mode=jetrl", "policy.mode=full", "aqn.enabled=false"], "fp8-jetrl"),
+    "jetrl-full-tiles": (["precision.mode=jetrl", "policy.mode=full", "precision.fp8_wgrad=tiles",
+                          "aqn.enabled=false"], "fp8-jetrl"),
 }
 # eval bases that a format spec cannot name: their eval overrides
 EVAL_BASES = {"fp8-jetrl": ["quant=null", "quant_recipe={default: fp8-block, act_quant: fp8-1x128}"]}
@@ -152,11 +158,13 @@ def job(args) -> None:
             run_rl(cfg, model_uri=args.model, data_uri=args.data, output_uri=str(out))
         timings["train_s"] = time.time() - t0
         t1 = time.time()
-        _, quant = policy_spec(name)
+        ov, quant = policy_spec(name)
         ev = work / "eval" / name
         if not _complete(ev):
             cfg = load_config(EvalConfig, None, eval_overrides(args, quant))
-            run_eval(cfg, model_uri=args.model, data_uris={"heldout": args.data}, adapter_uri=str(out),
+            # a full-parameter run's output is the trained model itself; a LoRA run's is an adapter on the base
+            model, adapter = (str(out), None) if "policy.mode=full" in ov else (args.model, str(out))
+            run_eval(cfg, model_uri=model, data_uris={"heldout": args.data}, adapter_uri=adapter,
                      output_uri=str(ev), progress=False)
         timings["eval_s"] = time.time() - t1
     if torch.cuda.is_available():

@@ -92,7 +92,13 @@ WARPS = 8
 # bound by L1 / shared-memory traffic, so the byte-wise transpose was suspected; packed words did not fix it
 # (0.89-0.95x the byte version's best on 11 of the 12 operands wider than 1024 columns) and won three shape classes:
 # the two 512-wide ones by 1-5%, 16384 x 12288 by 12% (RESULTS.md "Jet-RL"); the two settings that won are kept.
-ACT_SETTINGS = ((SUB, WARPS), (32, 4), (64, 8), (64, 16), (128, 16), (64, 8, True), (32, 4, True))
+# Entries with five fields are *split* settings, candidates only where X^T is wanted: the row groups by the
+# dual kernel's row pass alone at (rows per chunk, warps), then X^T by _act_t_kernel at (BLOCK_C, its warps),
+# a single-pass kernel of its own -- two reads of x from HBM instead of one, against a dual kernel that ran
+# at a quarter of the row pass's speed (L1-bound).
+ACT_SETTINGS = ((SUB, WARPS), (32, 4), (64, 8), (64, 16), (128, 16), (64, 8, True), (32, 4, True),
+                (32, 4, False, 32, 4), (64, 8, False, 32, 4), (32, 4, False, 64, 8), (64, 8, False, 64, 8),
+                (64, 8, False, 128, 8))
 TILE_SETTINGS = ((SUB, WARPS), (32, 4), (64, 8))
 TUNE_REPS = 3
 TUNE_MIN_ROWS = 1024
@@ -114,8 +120,9 @@ class Launch(NamedTuple):
     num_warps: int
 
 
-def _launch(la: Launch) -> None:
-    la.kernel[la.grid](*la.args, **la.constexprs, num_warps=la.num_warps, enable_fp_fusion=False)
+def _launch(la: Launch | tuple[Launch, ...]) -> None:
+    for one in (la if isinstance(la, tuple) and not isinstance(la, Launch) else (la,)):
+        one.kernel[one.grid](*one.args, **one.constexprs, num_warps=one.num_warps, enable_fp_fusion=False)
 
 
 def tuning_on(t: torch.Tensor) -> bool:
@@ -242,6 +249,29 @@ def _act_kernel(
 
 
 @triton.jit
+def _act_t_kernel(
+    x_ptr, qt_ptr, st_ptr,
+    M, K, stride_xm, stride_xk, CQ, RT, stride_qtk, stride_stk, stride_stg,
+    SCALE_RECIP: tl.constexpr, BLOCK_C: tl.constexpr, INTERPRET: tl.constexpr,
+):
+    # X^T alone, one pass: a program loads the [128 tokens, BLOCK_C columns] tile once (no second pass, no
+    # row groups), reduces it along the tokens and stores its transposed codes. With the row groups in their
+    # own launch (_act_kernel, COLS=False) this reads x twice from HBM instead of once; a "split" launch
+    # setting (ACT_SETTINGS) is kept only where the two launches time faster than the dual kernel
+    pid_m = tl.program_id(0)
+    pid_c = tl.program_id(1)
+    rows = (pid_m * 128 + tl.arange(0, 128)).to(tl.int64)  # [128]
+    cols = (pid_c * BLOCK_C + tl.arange(0, BLOCK_C)).to(tl.int64)  # [BC]
+    x = tl.load(x_ptr + rows[:, None] * stride_xm + cols[None, :] * stride_xk,
+                mask=(rows < M)[:, None] & (cols < K)[None, :], other=0.0).to(tl.float32)  # [128, BC]
+    sc = _scale(tl.max(tl.abs(x), axis=0), SCALE_RECIP)  # [BC]
+    qc = tl.trans(_codes(x, sc[None, :], INTERPRET))  # [BC, 128]
+    c_ok = cols < CQ
+    tl.store(qt_ptr + cols[:, None] * stride_qtk + rows[None, :], qc, mask=c_ok[:, None] & (rows < RT)[None, :])
+    tl.store(st_ptr + cols * stride_stk + pid_m * stride_stg, sc, mask=c_ok)
+
+
+@triton.jit
 def _tile_kernel(
     w_ptr, q_ptr, qt_ptr, s_ptr,
     N, K, stride_wn, stride_wk, stride_qn, stride_qtk, stride_sn, stride_sk,
@@ -286,7 +316,8 @@ def _outer_major(rows: int, groups: int, device) -> torch.Tensor:
 
 
 def quantize_act(x: torch.Tensor, rows: int | None = None, cols: int | None = None, t_rows: int | None = None,
-                 *, row_groups: bool = True, sub: int | None = None, warps: int | None = None, pack: bool = False):
+                 *, row_groups: bool = True, sub: int | None = None, warps: int | None = None, pack: bool = False,
+                 split: tuple[int, int] | None = None):
     """``x`` [M, K] (bf16 / fp16 / fp32, any strides) -> ``(q, s, qt, st)`` in one pass.
 
     * ``row_groups``: ``q`` [rows, cols] E4M3 row-major (1x128 groups along K) and ``s`` [rows, cols/128]
@@ -297,8 +328,8 @@ def quantize_act(x: torch.Tensor, rows: int | None = None, cols: int | None = No
 
     Entries not requested are None. Equal to ``quantize_act_1x128`` of the zero-padded ``x`` (and
     of its transpose) on the same device, bit for bit, whatever the launch setting: ``sub`` / ``warps`` /
-    ``pack`` (X^T stored as 4-token words) given, else chosen by shape (:func:`pick_setting`) on CUDA, else
-    (SUB, WARPS).
+    ``pack`` (X^T stored as 4-token words) / ``split`` ((BLOCK_C, warps): X^T by its own kernel) given, else
+    chosen by shape (:func:`pick_setting`) on CUDA, else (SUB, WARPS).
     """
     if x.dim() != 2:
         raise ValueError(f"quantize_act: x must be 2-D [M, K], got {tuple(x.shape)}")
@@ -326,8 +357,9 @@ def quantize_act(x: torch.Tensor, rows: int | None = None, cols: int | None = No
                    x.stride(1) == 1)
             cands = ACT_SETTINGS if t_rows is not None else tuple(st for st in ACT_SETTINGS if len(st) == 2)
             setting = _setting(key, cands, x, lambda *c: _act_launch(x, q, s, qt, st, rows, cols, t_rows, *c))
-        sub, warps, pack = (*setting, False)[:3]
-    _launch(_act_launch(x, q, s, qt, st, rows, cols, t_rows, sub, warps, pack))
+        sub, warps, pack, *rest = (*setting, False)[:5]
+        split = tuple(rest) if rest else None
+    _launch(_act_launch(x, q, s, qt, st, rows, cols, t_rows, sub, warps, pack, *(split or ())))
     return q, s, qt, st
 
 
@@ -344,9 +376,18 @@ def _act_outputs(x, rows: int, cols: int, t_rows: int | None, row_groups: bool):
 
 
 def _act_launch(x, q, s, qt, st, rows: int, cols: int, t_rows: int | None, sub: int, warps: int,
-                pack: bool = False) -> Launch:
-    # a token group per program when the transpose is wanted; else short row blocks (decode: M <= 64)
+                pack: bool = False, t_cols: int = 0, t_warps: int = 0) -> Launch | tuple[Launch, ...]:
+    # a token group per program when the transpose is wanted; else short row blocks (decode: M <= 64).
+    # t_cols > 0 (a split setting, with X^T wanted): the row groups alone, then X^T by _act_t_kernel
     m, k = x.shape
+    if t_cols and qt is not None:
+        t_launch = Launch(
+            _act_t_kernel, (t_rows // GROUP, triton.cdiv(cols, t_cols)),
+            (x, qt, st, m, k, x.stride(0), x.stride(1), cols, t_rows, qt.stride(0), st.stride(0), st.stride(1)),
+            {"SCALE_RECIP": x.is_cuda, "BLOCK_C": t_cols, "INTERPRET": _interpreting()}, t_warps or warps)
+        if q is None:
+            return (t_launch,)
+        return (_act_launch(x, q, s, None, None, rows, cols, None, sub, warps), t_launch)
     extent = max(rows if q is not None else 0, t_rows or 0)
     block_m = 128 if t_rows is not None else min(sub, max(16, triton.next_power_of_2(extent)))
     pack = bool(pack) and qt is not None  # X^T as int32 words of 4 tokens (t_rows is a multiple of 128)

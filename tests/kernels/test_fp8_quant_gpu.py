@@ -126,10 +126,11 @@ def test_every_launch_setting_gives_the_same_bits():
     rq, rs = quantize_act_1x128(_pad2(x, mp, kp))
     rqt, rst = quantize_act_1x128(_pad2(x, mt, kp).t())
     for setting in fq.ACT_SETTINGS:
-        sub, warps, pack = (*setting, False)[:3]
-        q, s, qt, st = fq.quantize_act(x, mp, kp, mt, sub=sub, warps=warps, pack=pack)
+        sub, warps, pack, *split = (*setting, False)[:5]
+        split = tuple(split) or None
+        q, s, qt, st = fq.quantize_act(x, mp, kp, mt, sub=sub, warps=warps, pack=pack, split=split)
         assert same(q, rq) and same(qt, rqt) and torch.equal(s, rs) and torch.equal(st, rst), setting
-        _, _, qt, st = fq.quantize_act(x, mp, kp, mt, row_groups=False, sub=sub, warps=warps, pack=pack)
+        _, _, qt, st = fq.quantize_act(x, mp, kp, mt, row_groups=False, sub=sub, warps=warps, pack=pack, split=split)
         assert same(qt, rqt) and torch.equal(st, rst), setting
     for n, k, dt in ((1536, 576, torch.float32), (4096, 3584, torch.bfloat16)):
         w = (torch.randn(n, k, device="cuda") * 0.02).to(dt)

@@ -148,11 +148,12 @@ SCRIPT = textwrap.dedent("""
     x = (torch.randn(300, 640) * torch.logspace(-2, 2, 300)[:, None]).to(torch.bfloat16)
     ref = fq.quantize_act(x, 300, 640, 384, sub=fq.SUB, warps=fq.WARPS)
     for setting in fq.ACT_SETTINGS:
-        sub, warps, pack = (*setting, False)[:3]
-        got = fq.quantize_act(x, 300, 640, 384, sub=sub, warps=warps, pack=pack)
+        sub, warps, pack, *split = (*setting, False)[:5]
+        split = tuple(split) or None
+        got = fq.quantize_act(x, 300, 640, 384, sub=sub, warps=warps, pack=pack, split=split)
         assert same(got[0], ref[0]) and same(got[2], ref[2]), setting
         assert torch.equal(got[1], ref[1]) and torch.equal(got[3], ref[3]), setting
-        got = fq.quantize_act(x, 300, 640, 384, row_groups=False, sub=sub, warps=warps, pack=pack)
+        got = fq.quantize_act(x, 300, 640, 384, row_groups=False, sub=sub, warps=warps, pack=pack, split=split)
         assert same(got[2], ref[2]) and torch.equal(got[3], ref[3]), setting
     w = torch.randn(256, 384)
     ref = fq.quantize_tiles(w, True, sub=fq.SUB, warps=fq.WARPS)
@@ -183,12 +184,14 @@ LAUNCHES = {  # name: (kind, dtype, shape, transpose / t_rows)
 # The other launch settings the kernels may choose at run time (quarl_kernels.fp8_quant.ACT_SETTINGS /
 # TILE_SETTINGS after the default; test_launch_settings_are_all_checked keeps these lists equal), compiled for
 # the launches that store transposed codes (the W^T bug's pattern): (rows per chunk, warps)
-ACT_SETTINGS = ((32, 8), (32, 4), (64, 8), (64, 16), (128, 16), (64, 8, True), (32, 4, True))
+ACT_SETTINGS = ((32, 8), (32, 4), (64, 8), (64, 16), (128, 16), (64, 8, True), (32, 4, True),
+                (32, 4, False, 32, 4), (64, 8, False, 32, 4), (32, 4, False, 64, 8), (64, 8, False, 64, 8),
+                (64, 8, False, 128, 8))
 TILE_SETTINGS = ((32, 8), (32, 4), (64, 8))
 for _st in ACT_SETTINGS[1:]:
     LAUNCHES[f"act bf16 8192x3584 K+T {_st}"] = ("act", "bfloat16", (8192, 3584), True, _st)
     LAUNCHES[f"act fp32 300x640 K+T {_st}"] = ("act", "float32", (300, 640), True, _st)
-    if len(_st) == 2:  # X^T packing changes nothing without X^T
+    if len(_st) == 2:  # X^T packing or splitting changes nothing without X^T
         LAUNCHES[f"act bf16 4099x576 K {_st}"] = ("act", "bfloat16", (4099, 576), None, _st)
     LAUNCHES[f"act bf16 1000x18944 T {_st}"] = ("act", "bfloat16", (1000, 18944), "t-only", _st)
 for _st in TILE_SETTINGS[1:]:
@@ -204,7 +207,7 @@ def _compiled(name: str):
     from tests.kernels.sm90_sass import compile_launch
 
     kind, dt, (m, k), t, *setting = LAUNCHES[name]
-    sub, warps, pack = (*(setting[0] if setting else (fq.SUB, fq.WARPS)), False)[:3]
+    sub, warps, pack, *split = (*(setting[0] if setting else (fq.SUB, fq.WARPS)), False)[:5]
     x = torch.empty(m, k, dtype=getattr(torch, dt))
     if kind == "tiles":
         q, qt, s = fq._tile_outputs(x, t)
@@ -213,8 +216,9 @@ def _compiled(name: str):
         rows, cols = -(-m // 4) * 4, -(-k // 128) * 128
         t_rows = -(-m // 128) * 128 if t else None
         launch = fq._act_launch(x, *fq._act_outputs(x, rows, cols, t_rows, t != "t-only"), rows, cols, t_rows,
-                                sub, warps, pack)
-    return compile_launch(launch, SCALE_RECIP=True, INTERPRET=False)
+                                sub, warps, pack, *split)
+    launches = launch if isinstance(launch, tuple) and not isinstance(launch, fq.Launch) else (launch,)
+    return [compile_launch(one, SCALE_RECIP=True, INTERPRET=False) for one in launches]  # a split setting: two
 
 
 
@@ -257,8 +261,7 @@ def test_fp8_quantizers_compile_for_sm90():
     launch's specializations (unit K stride, 16-divisible sizes) ptxas spills nothing."""
     from tests.kernels.sm90_sass import cuobjdump
 
-    for name in LAUNCHES:
-        k, _ = _compiled(name)
+    for name, (k, _) in ((n, c) for n in LAUNCHES for c in _compiled(n)):
         ptx = k.asm["ptx"]
         assert "div.rn.f32" in ptx and "div.full" not in ptx and "div.approx" not in ptx, name
         assert "cvt.rn.satfinite.e4m3x2.f32" in ptx and "0f3B124925" in ptx, name  # fp32(1/448)
@@ -280,5 +283,5 @@ def test_fp8_quantizers_sass_no_stale_codes():
 
     if cuobjdump() is None:
         pytest.skip("the Triton wheel ships no cuobjdump")
-    found = {name: stale_code_stores(_compiled(name)[1]) for name in LAUNCHES}
+    found = {name: [bad for _, sass in _compiled(name) for bad in stale_code_stores(sass)] for name in LAUNCHES}
     assert not any(found.values()), {n: v for n, v in found.items() if v}

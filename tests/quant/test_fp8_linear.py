@@ -517,3 +517,67 @@ def test_deepgemm_refusal_falls_back_to_cublas_once(monkeypatch):
         assert fl.blockwise_gemm(a, sa, b, sb, True, torch.bfloat16) == "cublas"
     assert fl.blockwise_gemm(a, sa, b, sb, True, torch.bfloat16) == "cublas" and len(calls) == 1
     assert fl.DEEPGEMM_FALLBACKS == {((8, 128), (16, 128)): "Assertion error: n % 64 == 0"}
+
+
+# --- the 1x128 x 1x128 WGrad on the Triton kernel (QUARL_FP8_WGRAD_GEMM) ------------------------------------------
+def test_wgrad_gemm_names_and_errors(monkeypatch):
+    from quarl.quant import fp8_linear as fl
+
+    for raw, want in (("", "cublas"), ("auto", "cublas"), ("CUBLAS", "cublas"), (" triton ", "triton")):
+        monkeypatch.setenv("QUARL_FP8_WGRAD_GEMM", raw)
+        assert fl.wgrad_gemm() == want, raw
+    monkeypatch.setenv("QUARL_FP8_WGRAD_GEMM", "deepgemm")
+    with pytest.raises(QuantError, match="QUARL_FP8_WGRAD_GEMM='deepgemm'.*auto, cublas, triton"):
+        fl.wgrad_gemm()
+
+
+def test_triton_wgrad_failure_falls_back_to_cublas_once(monkeypatch):
+    """A Triton WGrad that fails (e.g. a compile error) runs on cuBLAS with one warning, and is not tried again for
+    that shape; 1D2D GEMMs never go to it."""
+    from quarl.quant import fp8_linear as fl
+
+    calls = []
+
+    class Broken:
+        @staticmethod
+        def wgrad_1d1d(*args):
+            calls.append(args)
+            raise RuntimeError("out of resource: shared memory")
+
+    monkeypatch.setenv("QUARL_FP8_WGRAD_GEMM", "triton")
+    monkeypatch.setattr(fl, "_cublas_ok", lambda t: True)
+    monkeypatch.setattr(fl, "_wgrad_module", lambda: Broken)
+    monkeypatch.setattr(fl.F, "scaled_mm", lambda a, b, sa, ta, sb, tb, output_dtype: "cublas", raising=False)
+    monkeypatch.setattr(fl, "TRITON_WGRAD_FALLBACKS", {})
+    a, b = torch.zeros(16, 128, dtype=torch.float8_e4m3fn), torch.zeros(16, 128, dtype=torch.float8_e4m3fn)
+    sa, sb = torch.ones(16, 1), torch.ones(16, 1)
+    with pytest.warns(RuntimeWarning, match="Triton WGrad GEMM failed.*shared memory.*using cuBLAS"):
+        assert fl.blockwise_gemm(a, sa, b, sb, False, torch.bfloat16) == "cublas"
+    assert fl.blockwise_gemm(a, sa, b, sb, False, torch.bfloat16) == "cublas" and len(calls) == 1
+    assert fl.blockwise_gemm(a, sa, b, torch.ones(1, 1), True, torch.bfloat16) == "cublas" and len(calls) == 1
+    assert list(fl.TRITON_WGRAD_FALLBACKS) == [((16, 128), (16, 128))]
+
+
+@needs_sm90
+@pytest.mark.parametrize("m,n,k", [(8192, 4608, 3584), (300, 512, 640), (4099, 1536, 576), (77, 576, 1536)])
+@pytest.mark.parametrize("wdt", [torch.bfloat16, torch.float32])
+def test_gpu_triton_wgrad_equals_cublas(monkeypatch, m, n, k, wdt):
+    """Jet-RL's WGrad on the Triton kernel vs cuBLAS on the same FP8 operands: y and dX bit for bit (not touched),
+    dW within FP32 summation order (checked at 1e-3 relative L2 after the master dtype's rounding), no fallback."""
+    from quarl.quant import fp8_linear as fl
+
+    torch.manual_seed(8)
+    x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+    w = (torch.randn(n, k, device="cuda") * 0.02).to(wdt)
+    g = torch.randn(m, n, device="cuda", dtype=torch.bfloat16)
+    outs = {}
+    for mode in ("cublas", "triton"):
+        monkeypatch.setenv("QUARL_FP8_WGRAD_GEMM", mode)
+        xx, ww = x.clone().requires_grad_(), w.clone().requires_grad_()
+        y = fp8_linear(xx, ww)
+        y.backward(g)
+        outs[mode] = (y, xx.grad, ww.grad)
+    assert not fl.TRITON_WGRAD_FALLBACKS, fl.TRITON_WGRAD_FALLBACKS
+    (yt, dxt, dwt), (yc, dxc, dwc) = outs["triton"], outs["cublas"]
+    assert torch.equal(yt, yc) and torch.equal(dxt, dxc) and dwt.dtype == wdt
+    assert rel(dwt.float(), dwc.float()) < 1e-3, rel(dwt.float(), dwc.float())
