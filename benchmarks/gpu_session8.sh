@@ -7,6 +7,10 @@
 #     and role (benchmarks/fp8_gemm_backends.py, arm "triton"), the layer step of six arms at 8k / 16k tokens, and
 #     a kernel profile of the Qwen2.5-7B 8k step per arm (the DeepGEMM anomaly of session 7). Half of the SmolLM2
 #     GGUF is stashed in /tmp for phase b.
+#     As run, it hung at the first Triton WGrad call (tests, GEMM table and layer step all timed out).
+#   phase c: bash benchmarks/gpu_session8.sh c   carry: .dev/p1 .dev/dg.tar.xz   (one GPU; ~9 min) each WGrad launch
+#     setting alone under a timeout (benchmarks/kernels/probe_fp8_wgrad.py), then, if every run-time candidate
+#     finished, the GPU tests and the layer step of phase a; the GGUF half stashed again for phase b
 #   phase b: bash benchmarks/gpu_session8.sh b   carry: .dev/p2 .dev/whl .dev/data   (right after a; ~9 min)
 #     The GGUF reassembled (sha256 checked), the pure-Python wheels installed, then full-parameter GRPO on
 #     SmolLM2-135M-Instruct, same seed: bf16, jetrl (Jet-RL's 1x128 X^T in WGrad) and jetrl with X^T in
@@ -65,16 +69,56 @@ b)
     export OMP_NUM_THREADS=2 PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True
     "$PY" -c "from quarl.models import load_model; load_model('default')" > "$OUT/warm.log" 2>&1
     mkdir -p "$OUT/full"
-    ARGS=(--task builtin --data .dev/data/builtin-l1 --policies bf16-full,jetrl-full,jetrl-full-tiles
+    ARGS=(--task builtin --data .dev/data/builtin-l1 --policies "${POLICIES:-bf16-full,jetrl-full,jetrl-full-tiles}"
           --lr "${LR:-1e-5}" --steps "${STEPS:-40}" --prompts-per-step 16 --group-size 8 --max-new-tokens 128
           --micro-batch 16 --rl-set optim.logprob_chunk=256 --eval-problems 200 --train-seconds "${TRAIN_S:-230}"
-          --parallel 5 --device cuda --model default --work /tmp/full --out "$OUT/full" --name jetrl_full)
+          --parallel "${PAR:-5}" --device cuda --model default --work /tmp/full --out "$OUT/full" --name jetrl_full)
     timeout -k 10 "${FULL_S:-500}" "$PY" benchmarks/rl_learning.py "${ARGS[@]}" > "$OUT/full/run.log" 2>&1
     rc=$?
     echo "== full-parameter runs rc=$rc at $((SECONDS - T0)) s"
     if [ $rc -ne 0 ]; then "$PY" benchmarks/rl_learning.py "${ARGS[@]}" --report-only >> "$OUT/full/run.log" 2>&1; fi
     tail -n 25 "$OUT/full/run.log"
     tar czf "$OUT/full_runs.tgz" --exclude='*.safetensors' --exclude='*.pt' --exclude=checkpoints -C /tmp/full . 2>/dev/null
+    ;;
+c)  # after phase a hung in the Triton WGrad's autotuning: each setting alone under a timeout (probe), then -- only if
+    # every run-time candidate finished -- the GPU tests and the layer step of phase a; the GGUF half stashed again
+    mkdir -p /tmp/stash && cp .dev/p1/gguf.part1 /tmp/stash/ &
+    [ -d .dg/DeepGEMM ] || tar xJf .dev/dg.tar.xz
+    source benchmarks/gpu_session7.sh lib
+    mkdir -p "$OUT/probe" "$OUT/tests" "$OUT/layer" "$OUT/warm"
+    setup_deepgemm
+    "$PY" benchmarks/kernels/probe_fp8_wgrad.py --baseline --tokens 8192 --out "$OUT/probe/probe.jsonl" \
+        > "$OUT/probe/baseline.log" 2>&1
+    CANDS=$("$PY" -c "from quarl_kernels.fp8_wgrad import SETTINGS as S; print(' '.join(','.join(map(str, s)) for s in S))")
+    MISSING=0
+    probe() {
+        for st in "$@"; do
+            timeout -k 5 "${PROBE_S:-45}" "$PY" benchmarks/kernels/probe_fp8_wgrad.py --setting "$st" --tokens 8192 \
+                --out "$OUT/probe/probe.jsonl" > "$OUT/probe/$st.log" 2>&1
+            rc=$?
+            echo "== probe $st rc=$rc at $((SECONDS - T0)) s: $(head -c 160 "$OUT/probe/$st.log" | head -1)"
+            if [ $rc -ne 0 ]; then MISSING=1; fi
+        done
+    }
+    probe $CANDS
+    "$PY" benchmarks/kernels/probe_fp8_wgrad.py --render "$OUT/probe/probe.jsonl" | tee "$OUT/probe/table.md"
+    if [ $MISSING -ne 0 ]; then echo "a run-time candidate did not finish: no tests, no layer step"; wait; exit 5; fi
+    warm_deepgemm "$OUT/warm" "${TOKENS:-8192,16384}"
+    QUARL_FP8_TUNE=0 timeout -k 5 "${TEST_S:-150}" "$PY" -m pytest -q -rfE -m gpu -p no:cacheprovider \
+        tests/kernels/test_fp8_wgrad_gpu.py tests/kernels/test_fp8_quant_gpu.py tests/quant/test_fp8_linear.py \
+        > "$OUT/tests/pytest.log" 2>&1
+    echo "== GPU tests rc=$? at $((SECONDS - T0)) s"; grep -E "passed|failed|FAILED|ERROR" "$OUT/tests/pytest.log" | tail -n 12
+    wait
+    echo "== JIT warm-up done at $((SECONDS - T0)) s"
+    timeout -k 5 "${LAYER_S:-200}" "$PY" benchmarks/fp8_layer.py \
+        --arms bf16,fp8,fp8-deepgemm,fp8-tw,fp8-deepgemm-tw,fp8-deepgemm-tw-nosplit --models "$MODELS" \
+        --tokens "${TOKENS:-8192,16384}" --quick --no-graph --profile-arms fp8,fp8-deepgemm,fp8-deepgemm-tw \
+        --budget-s $(( ${LAYER_S:-200} - 25 )) --out "$OUT/layer" > "$OUT/layer/run.log" 2>&1
+    echo "== layer rc=$? at $((SECONDS - T0)) s"; grep -A8 "X^T in 128x128" "$OUT/layer/run.log"
+    PROBE_S=30 probe 64,128,4,4,2 128,64,4,4,2  # the warp-specialized settings (no candidates) last: phase a hung
+    "$PY" benchmarks/kernels/probe_fp8_wgrad.py --render "$OUT/probe/probe.jsonl" > "$OUT/probe/table.md"
+    tar czf "$OUT/warm.tgz" -C "$OUT" warm && rm -rf "${OUT:?}/warm"
+    tar czf "$OUT/probe_logs.tgz" -C "$OUT" probe && rm -f "$OUT"/probe/*.log
     ;;
 *)
     echo "unknown phase $PHASE"; exit 2
