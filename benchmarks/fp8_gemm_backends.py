@@ -51,7 +51,7 @@ from quarl.quant import fp8_linear as fl
 
 # (hidden, intermediate, q out, kv out), as in fp8_layer.py
 MODELS = {"Qwen2.5-7B": (3584, 18944, 3584, 512), "Qwen3-8B": (4096, 12288, 4096, 1024), "tiny": (256, 640, 256, 128)}
-ARMS = ("bf16", "cublas", "deepgemm", "triton")  # triton: quarl_kernels.fp8_wgrad, the wgrad role only
+ARMS = ("bf16", "cublas", "deepgemm")
 
 
 def projections(model: str) -> dict[str, tuple[int, int]]:
@@ -83,7 +83,6 @@ def call(arm: str, ops: tuple, bf: tuple):
     if arm == "bf16":
         return lambda: torch.mm(*bf)
     os.environ["QUARL_FP8_GEMM"] = "deepgemm" if arm == "deepgemm" else "cublas"
-    os.environ["QUARL_FP8_WGRAD_GEMM"] = "triton" if arm == "triton" else "cublas"
     return lambda: fl.blockwise_gemm(*ops)
 
 
@@ -144,8 +143,6 @@ def main() -> None:
             row = {"model": model, "tokens": m, "proj": proj, "role": role, "M": mm, "N": nn, "K": kk}
             outs = {}
             for arm in arms:
-                if arm == "triton" and role != "wgrad":  # the Triton kernel is the 1x128 x 1x128 one only
-                    continue
                 try:
                     fn = call(arm, o, bf)
                     outs[arm] = fn()
@@ -156,11 +153,7 @@ def main() -> None:
             if "cublas" in outs and "deepgemm" in outs:
                 c, d = outs["cublas"].float(), outs["deepgemm"].float()
                 row["deepgemm_vs_cublas_rel"] = float((d - c).norm() / c.norm().clamp_min(1e-30))
-            if "cublas" in outs and "triton" in outs:
-                c, d = outs["cublas"].float(), outs["triton"].float()
-                row["triton_vs_cublas_rel"] = float((d - c).norm() / c.norm().clamp_min(1e-30))
             os.environ.pop("QUARL_FP8_GEMM", None)
-            os.environ.pop("QUARL_FP8_WGRAD_GEMM", None)
             res["rows"].append(row)
             print(" ".join(f"{k}={v:.3f}" if isinstance(v, float) else f"{k}={v}" for k, v in row.items()), flush=True)
         del ops
@@ -210,18 +203,6 @@ def tables(res: dict) -> str:
                  for v in [s.get((a, "all"), 0.0) - s.get((a, "wgrad"), 0.0)]]
         L.append(f"| {model} | {m} | {b or 0:.2f} | {c or 0:.2f} | {x(c)} | {d or 0:.2f} | {x(d)} | "
                  f"{' | '.join(tiles)} | {' / '.join(parts)} |")
-    tw = {k: s for k, s in sums.items() if ("triton", "wgrad") in s}
-    if tw:
-        L += ["", ("Jet-RL's WGrad (1x128 x 1x128) by kernel, ms per layer (7 projections), and the layer's GEMMs with "
-                   "DeepGEMM's forward / DGrad + this WGrad; x = BF16 / arm"), "",
-              "| model | tokens | WGrad BF16 | cuBLAS | x | Triton | x | GEMMs BF16 | DeepGEMM + Triton WGrad | x |",
-              "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
-        for (model, m), s in tw.items():
-            wb, wc, wt = (s.get((a, "wgrad"), 0.0) for a in ("bf16", "cublas", "triton"))
-            gb = sum(s.get(("bf16", r_), 0.0) for r_ in ("fwd", "dgrad", "wgrad"))
-            gd = sum(s.get(("deepgemm", r_), 0.0) for r_ in ("fwd", "dgrad")) + wt
-            L.append(f"| {model} | {m} | {wb:.2f} | {wc:.2f} | {wb / wc:.2f}x | {wt:.2f} | {wb / wt:.2f}x | "
-                     f"{gb:.2f} | {gd:.2f} | {gb / gd:.2f}x |")
     return "\n".join(L)
 
 

@@ -74,17 +74,15 @@ ARMS = {  # name: (linear, environment for the call)
     # X^T in 128x128 tiles for WGrad (not Jet-RL's recipe: fp8_linear's module docstring)
     "fp8-xtiles": (functools.partial(fl.fp8_linear, wgrad="tiles"), {}),
     "fp8-deepgemm-xtiles": (functools.partial(fl.fp8_linear, wgrad="tiles"), {"QUARL_FP8_GEMM": "deepgemm"}),
-    # Jet-RL's recipe with the 1x128 x 1x128 WGrad on quarl_kernels.fp8_wgrad (Triton) instead of cuBLAS
-    "fp8-tw": (fl.fp8_linear, {"QUARL_FP8_WGRAD_GEMM": "triton"}),
-    "fp8-deepgemm-tw": (fl.fp8_linear, {"QUARL_FP8_GEMM": "deepgemm", "QUARL_FP8_WGRAD_GEMM": "triton"}),
-    # the same without the quantizers' split launch settings (X^T by its own kernel): what they add
-    "fp8-deepgemm-tw-nosplit": (fl.fp8_linear, {"QUARL_FP8_GEMM": "deepgemm", "QUARL_FP8_WGRAD_GEMM": "triton",
-                                                NOSPLIT: "1"}),
+    # the fused quantizers without their split launch settings (X^T by its own kernel): what those add
+    "fp8-nosplit": (fl.fp8_linear, {NOSPLIT: "1"}),
+    "fp8-deepgemm-nosplit": (fl.fp8_linear, {"QUARL_FP8_GEMM": "deepgemm", NOSPLIT: "1"}),
+    "fp8-xtiles-nosplit": (functools.partial(fl.fp8_linear, wgrad="tiles"), {NOSPLIT: "1"}),
 }
 PROJ = ("q", "k", "v", "o", "gate", "up", "down")
-# arms of the DeepGEMM / X^T-tiles / Triton-WGrad table
-EXTRA = ("fp8-deepgemm", "fp8-xtiles", "fp8-deepgemm-xtiles", "fp8-tw", "fp8-deepgemm-tw", "fp8-deepgemm-tw-nosplit")
-CLOSE = ("fp8-deepgemm", "fp8-tw", "fp8-deepgemm-tw")  # checked against fp8 (cuBLAS) before timing
+# arms of the DeepGEMM / X^T-tiles / split-quantizer table
+EXTRA = ("fp8-deepgemm", "fp8-xtiles", "fp8-deepgemm-xtiles", "fp8-nosplit", "fp8-deepgemm-nosplit", "fp8-xtiles-nosplit")
+CLOSE = ("fp8-deepgemm",)  # checked against fp8 (cuBLAS) before timing
 
 
 class Budget:
@@ -374,7 +372,7 @@ def tables(res: dict) -> str:
             L += ["", ("the same layer step with DeepGEMM's GEMMs (same quantizers) and with X^T in 128x128 tiles for "
                        "WGrad (xtiles: not Jet-RL's recipe), x = BF16 / arm"), "",
                   "| model | tokens | BF16 | FP8 cuBLAS | x | " + " | ".join(f"{a} | x" for a in EXTRA)
-                  + " | max rel L2 vs cuBLAS (DeepGEMM / Triton WGrad / both) |",
+                  + " | max rel L2 vs cuBLAS (DeepGEMM) |",
                   "|---|---:|---:|---:|---:|" + "---:|---:|" * len(EXTRA) + "---:|"]
             for r in dg:
                 rels = []

@@ -11,6 +11,8 @@
 #   phase c: bash benchmarks/gpu_session8.sh c   carry: .dev/p1 .dev/dg.tar.xz   (one GPU; ~9 min) each WGrad launch
 #     setting alone under a timeout (benchmarks/kernels/probe_fp8_wgrad.py), then, if every run-time candidate
 #     finished, the GPU tests and the layer step of phase a; the GGUF half stashed again for phase b
+#   phase d: bash benchmarks/gpu_session8.sh d   (one GPU; ~4 min) the layer step with / without the split quantizer
+#     settings, cuBLAS, at 8k / 16k tokens, with CUDA-graph timings
 #   phase b: bash benchmarks/gpu_session8.sh b   carry: .dev/p2 .dev/whl .dev/data   (right after a; ~9 min)
 #     The GGUF reassembled (sha256 checked), the pure-Python wheels installed, then full-parameter GRPO on
 #     SmolLM2-135M-Instruct, same seed: bf16, jetrl (Jet-RL's 1x128 X^T in WGrad) and jetrl with X^T in
@@ -119,6 +121,15 @@ c)  # after phase a hung in the Triton WGrad's autotuning: each setting alone un
     "$PY" benchmarks/kernels/probe_fp8_wgrad.py --render "$OUT/probe/probe.jsonl" > "$OUT/probe/table.md"
     tar czf "$OUT/warm.tgz" -C "$OUT" warm && rm -rf "${OUT:?}/warm"
     tar czf "$OUT/probe_logs.tgz" -C "$OUT" probe && rm -f "$OUT"/probe/*.log
+    ;;
+d)  # the layer step at 8k / 16k tokens with and without the quantizers' split settings, cuBLAS only (no DeepGEMM
+    # build: the device time left), with CUDA-graph timings of bf16 / fp8 (the GPU work alone)
+    mkdir -p "$OUT/layer"
+    export PYTHONPATH=$PWD:$PWD/kernels
+    timeout -k 5 "${LAYER_S:-240}" "$PY" benchmarks/fp8_layer.py --arms bf16,fp8,fp8-nosplit,fp8-xtiles,fp8-xtiles-nosplit \
+        --models "$MODELS" --tokens 8192,16384 --quick --no-profile --budget-s $(( ${LAYER_S:-240} - 25 )) \
+        --out "$OUT/layer" > "$OUT/layer/run.log" 2>&1
+    echo "== layer rc=$? at $((SECONDS - T0)) s"; sed -n '/^# one decoder layer/,$p' "$OUT/layer/run.log" | head -n 40
     ;;
 *)
     echo "unknown phase $PHASE"; exit 2

@@ -1,4 +1,4 @@
-"""Each launch setting of the Triton WGrad GEMM (``quarl_kernels.fp8_wgrad``) alone: does it finish, is it right, how
+"""Each launch setting of the Triton WGrad GEMM (``benchmarks/kernels/fp8_wgrad_triton.py``) alone: does it finish, is it right, how
 fast is it at the WGrad shapes of a Qwen2.5-7B / Qwen3-8B layer -- beside cuBLAS's 1x128 x 1x128 ``scaled_mm`` and
 BF16 ``torch.mm`` on the same data.
 
@@ -25,7 +25,7 @@ from pathlib import Path
 import torch
 
 ROOT = Path(__file__).resolve().parents[2]
-sys.path[:0] = [str(ROOT), str(ROOT / "kernels"), str(ROOT / "benchmarks")]
+sys.path[:0] = [str(ROOT), str(ROOT / "kernels"), str(ROOT / "benchmarks"), str(ROOT / "benchmarks" / "kernels")]
 
 from fp8_linear import cuda_time  # the benchmarks' CUDA-event timer
 
@@ -49,7 +49,7 @@ def operands(m: int, n: int, t: int):
 
 def time_shape(m: int, n: int, t: int, setting, a) -> float | dict:
     """ms of the Triton kernel at ``setting`` on one WGrad shape, or (``setting`` None) of cuBLAS and BF16."""
-    from quarl_kernels import fp8_wgrad as fw
+    import fp8_wgrad_triton as fw
 
     dy, x, aq, sa, bq, sb = operands(m, n, t)
     if setting is None:
@@ -70,7 +70,7 @@ def main() -> None:
     if a.render:
         print(render([json.loads(line) for line in Path(a.render).read_text().splitlines() if line.strip()]))
         return
-    from quarl_kernels import fp8_wgrad as fw
+    import fp8_wgrad_triton as fw
 
     setting = tuple(int(v) for v in a.setting.split(",")) if a.setting else None
     row = {"arm": "baseline" if a.baseline else "triton", "setting": setting, "gpu": torch.cuda.get_device_name(),

@@ -324,38 +324,6 @@ def _deepgemm(a, sa, b, sb, out_dtype: torch.dtype) -> torch.Tensor:
     return d if d.dtype == out_dtype else d.to(out_dtype)
 
 
-WGRAD_GEMMS = ("auto", "cublas", "triton")
-
-
-def wgrad_gemm() -> str:
-    """``QUARL_FP8_WGRAD_GEMM``: the kernel of the 1x128 x 1x128 GEMM (Jet-RL's WGrad) on SM90 -- ``cublas``
-    or ``triton`` (``quarl_kernels.fp8_wgrad``); ``auto`` is cuBLAS. Anything else is an error naming it."""
-    mode = os.environ.get("QUARL_FP8_WGRAD_GEMM", "auto").strip().lower() or "auto"
-    if mode not in WGRAD_GEMMS:
-        raise QuantError(f"QUARL_FP8_WGRAD_GEMM={mode!r}: expected one of {', '.join(WGRAD_GEMMS)}")
-    return "cublas" if mode == "auto" else mode
-
-
-@functools.cache
-def _wgrad_module():
-    """``quarl_kernels.fp8_wgrad``, or None (then cuBLAS runs the 1x128 x 1x128 GEMM, with a warning)."""
-    try:
-        from quarl_kernels import fp8_wgrad
-    except Exception as e:  # noqa: BLE001 - any import failure means: no Triton WGrad here
-        warnings.warn(f"quarl_kernels.fp8_wgrad unavailable ({type(e).__name__}: {e}); the 1x128 x 1x128 WGrad "
-                      f"GEMM runs on cuBLAS", RuntimeWarning, stacklevel=2)
-        return None
-    return fp8_wgrad
-
-
-TRITON_WGRAD_FALLBACKS: dict[tuple, str] = {}  # (A shape, B shape) -> why the Triton WGrad failed (then cuBLAS)
-
-
-def _outer(s: torch.Tensor) -> torch.Tensor:
-    """Scales [rows, groups] as the Triton WGrad reads them: stored ``[groups, rows]`` (the quantizers' layout)."""
-    return s if s.stride(0) == 1 else s.t().contiguous().t()
-
-
 @functools.cache
 def _sm90(index: int) -> bool:
     return hasattr(F, "scaled_mm") and torch.cuda.get_device_capability(index) == (9, 0)
@@ -408,17 +376,8 @@ def blockwise_gemm(a: torch.Tensor, sa: torch.Tensor, b: torch.Tensor, sb: torch
                 DEEPGEMM_FALLBACKS[key] = str(e).splitlines()[0] if str(e) else type(e).__name__
                 warnings.warn(f"DeepGEMM refused the FP8 GEMM {key}: {DEEPGEMM_FALLBACKS[key]}; using cuBLAS for it",
                               RuntimeWarning, stacklevel=2)
-    if not b_tiles and _cublas_ok(a) and wgrad_gemm() == "triton" and _wgrad_module() is not None:
-        key = (tuple(a.shape), tuple(b.shape))
-        if key not in TRITON_WGRAD_FALLBACKS:
-            try:
-                return _wgrad_module().wgrad_1d1d(a, _outer(sa), b, _outer(sb), out_dtype)
-            except Exception as e:  # noqa: BLE001 - e.g. a Triton compile failure: cuBLAS below, the same numbers
-                TRITON_WGRAD_FALLBACKS[key] = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
-                warnings.warn(f"the Triton WGrad GEMM failed on {key} ({TRITON_WGRAD_FALLBACKS[key]}); using cuBLAS "
-                              f"for it", RuntimeWarning, stacklevel=2)
     if _cublas_ok(a) and a.shape[0] % 4 == 0 and b.shape[0] % 16 == 0:
-        sa_mm = _outer(sa)  # [M, K/128], M-major (the kernels' layout)
+        sa_mm = sa if sa.stride(0) == 1 else sa.t().contiguous().t()  # [M, K/128], M-major (the kernels' layout)
         if b_tiles:  # [N/128, K/128] -> K-blocks padded to a multiple of 4, transposed (see fp8.py); already a
             # multiple (every 7B/8B projection): the transposed view of the same storage, no copy kernel. Not
             # cached when padding is needed: a CUDA graph must re-read scales that rollout rewrites in place
@@ -564,7 +523,6 @@ def fp8_linear(x: torch.Tensor, weight: torch.Tensor | QTensor, bias: torch.Tens
 
 __all__ = [
     "GEMM_BACKENDS",
-    "WGRAD_GEMMS",
     "WGRAD_MODES",
     "FP8LinearFunction",
     "blockwise_gemm",
@@ -573,5 +531,4 @@ __all__ = [
     "gemm_backend",
     "quantize_input",
     "quantize_weight_128x128",
-    "wgrad_gemm",
 ]

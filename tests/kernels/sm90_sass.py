@@ -54,33 +54,20 @@ def stack_bytes(kernel) -> int | None:
     return int(out.split("STACK:")[1].split()[0])
 
 
-_DESC_TYPES = {"float8_e4m3fn": "fp8e4nv", "bfloat16": "bf16", "float16": "fp16", "float32": "fp32"}
-
-
-def compile_launch(launch, num_warps: int | None = None, fp_fusion: bool = False, **overrides):
+def compile_launch(launch, num_warps: int | None = None, **overrides):
     """``launch`` (``quarl_kernels.fp8_quant.Launch``) -> (compiled kernel, SASS text) for sm_90.
     ``overrides`` replace constexprs that follow the device (``SCALE_RECIP=True`` as on CUDA,
-    ``INTERPRET=False``); the runtime arguments are specialized as Triton does at launch (host TMA
-    descriptors included); a ``num_stages`` in the launch's constexprs is the compile option. ``fp_fusion``:
-    as the launch sets it (the quantizers turn FMA contraction off, the GEMMs do not)."""
+    ``INTERPRET=False``); the runtime arguments are specialized as Triton does at launch."""
     import triton
     from triton._C.libtriton import native_specialize_impl
     from triton.backends.compiler import BaseBackend, GPUTarget
     from triton.compiler import ASTSource
-    from triton.tools.tensor_descriptor import TensorDescriptor
 
     fn = launch.kernel
     names = list(fn.arg_names)
     const = dict(launch.constexprs, **overrides)
-    options = {"num_warps": num_warps or launch.num_warps, "enable_fp_fusion": fp_fusion}
-    if "num_stages" in const:
-        options["num_stages"] = const.pop("num_stages")
     sig, attrs = {}, {}
     for name, val in zip(names, launch.args, strict=False):
-        if isinstance(val, TensorDescriptor):
-            dt = _DESC_TYPES[str(val.base.dtype).removeprefix("torch.")]
-            sig[name] = f"tensordesc<{dt}[{', '.join(map(str, val.block_shape))}]>"
-            continue
         ty, key = native_specialize_impl(BaseBackend, val, False, True, True)[:2]
         if ty == "constexpr":  # an int equal to 1 (a unit stride): compiled in as a constant
             const[name] = key
@@ -90,7 +77,8 @@ def compile_launch(launch, num_warps: int | None = None, fp_fusion: bool = False
             attrs[(names.index(name),)] = [["tt.divisibility", 16]]
     sig.update({k: "constexpr" for k in const})
     src = ASTSource(fn=fn, signature=sig, constexprs=const, attrs=attrs)
-    k = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=options)
+    k = triton.compile(src, target=GPUTarget("cuda", 90, 32),
+                       options={"num_warps": num_warps or launch.num_warps, "enable_fp_fusion": False})
     with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
         f.write(k.asm["cubin"])
         f.flush()

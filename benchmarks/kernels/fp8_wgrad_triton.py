@@ -1,26 +1,30 @@
-"""The weight-gradient GEMM of the Jet-RL FP8 linear in Triton: dW = dY^T X with 1x128 groups along
-the tokens on *both* operands ("1D1D", DeepSeek-V3's WGrad recipe).
+"""A Triton kernel for the weight-gradient GEMM of the Jet-RL FP8 linear, dW = dY^T X with 1x128 groups along
+the tokens on *both* operands ("1D1D", DeepSeek-V3's WGrad recipe) -- an experiment, kept with its benchmark
+(``probe_fp8_wgrad.py``), not used by the library: **it is slower than cuBLAS** (below).
 
     A  = dY^T  [M, T]  E4M3, scale sa[t / 128, m]   (M = out features, T = tokens, K-major)
     B  = X^T   [N, T]  E4M3, scale sb[t / 128, n]   (N = in features)
     dW [M, N] = sum over token blocks b of  sa[b, m] * sb[b, n] * (A[m, b] . B[n, b])
 
-Why a kernel of our own: cuBLAS's and DeepGEMM's 1D1D kernels run at ~1.1x BF16 on Hopper while their
-"1x128 x 128x128" kernels reach 1.4-1.6x (benchmarks/RESULTS.md "Jet-RL"): WGrad is the slow third of the
-FP8 layer. A token block's partial product must be scaled by an *outer product* of two scale vectors
-before it joins the FP32 accumulator, two FP32 operations per output element per 128 tokens (the 1D2D
-kernels need one: the B scale is one number per tile). On an H100 that is ~45 % of the tensor-core
-time of the block's MMA, so a kernel is fast only if the CUDA-core scaling of one tile overlaps the
-MMAs of another. Here each program holds one [BLOCK_M, BLOCK_N] tile; the launch settings (below) give
-an SM either several small programs (they interleave) or one large one, and the choice is timed per
-shape class at run time, as the quantizers' (``quarl_kernels.fp8_quant.pick_setting``).
+Why it was tried: cuBLAS's and DeepGEMM's 1D1D kernels ran at ~1.1x BF16 on Hopper in session 7 while their
+"1x128 x 128x128" kernels reach 1.4-1.6x (benchmarks/RESULTS.md "Jet-RL"). A token block's partial product must be
+scaled by an *outer product* of two scale vectors before it joins the FP32 accumulator: two FP32 operations per
+output element per 128 tokens (the 1D2D kernels need one), ~45 % of the block's tensor-core time on an H100, so a
+kernel is fast only if the CUDA-core scaling of one tile overlaps the MMAs of another. Here each program holds one
+[BLOCK_M, BLOCK_N] tile; the settings give an SM several small programs (they interleave) or one large one, with
+pointer (cp.async) or TMA loads; Triton's automatic warp specialization (tma = 2) compiles for sm_90 but hung on
+the GPU at two of three settings tried.
+
+Measured (H200, 2026-11-26, RESULTS.md "Jet-RL", the split quantizers subsection): with the best of seven settings
+per shape, the WGrad GEMMs of one layer at 8192 tokens took 5.83 ms (Qwen2.5-7B) and 5.04 ms (Qwen3-8B) against
+cuBLAS's 3.96 / 3.90 ms and BF16's 5.04 / 4.25 ms: 0.68x / 0.77x cuBLAS. Results equal cuBLAS's to 6e-8 relative L2.
 
 Numerics: each block's dot product is exact in FP32 for E4M3 inputs (products are exact, sums of 128
 fit), scaled and accumulated in FP32 in token order, rounded once to the output dtype. cuBLAS sums
 in its own order: the two agree to FP32 rounding (tested against the FP32 product of the dequantized
 operands, on CPU through ``TRITON_INTERPRET=1`` and on the GPU against cuBLAS).
 
-Layouts are the quantizers' (``quantize_act(..., t_rows=...)``): codes row-major [rows, T], scales
+Layouts are the quantizers' (``quarl_kernels.fp8_quant.quantize_act(..., t_rows=...)``): codes row-major [rows, T], scales
 stored outer-major ([T/128, rows] storage, viewed [rows, T/128] with strides (1, rows)). T must be a
 multiple of 128; M and N any size (masked).
 """
@@ -30,16 +34,15 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
-
 from quarl_kernels.fp8_quant import TUNE_REPS, TUNED, Launch, pick_setting, tuning_on
 
 GROUP = 128  # tokens per scale block
 # (BLOCK_M, BLOCK_N, warps, stages, tma); the first is the default (no timing: CPU, QUARL_FP8_TUNE=0, capture).
 # tma 0: pointer loads (cp.async pipeline), 1: TMA descriptors. 64 x 128 x 4 warps is one warpgroup, two or three
 # programs per SM that interleave MMA and scaling; 128 x 128 x 8 two warpgroups of one program; 64 x 256 and
-# 128 x 256 spill (two accumulators of 128 registers). tma 2 (Triton's automatic warp specialization, 12 warps)
-# compiles for sm_90 but is no candidate: the first device call with it among the candidates hung
-# (benchmarks/kernels/probe_fp8_wgrad.py runs each setting alone).
+# 128 x 256 spill (two accumulators of 128 registers, ptxas for sm_90). tma 2 (Triton's automatic warp
+# specialization, 12 warps) is no candidate: with it among the candidates the first device call hung; alone,
+# (64, 128, 4, 4, 2) ran and (128, 64, 4, 4, 2) hung (probe_fp8_wgrad.py runs each setting alone).
 SETTINGS = ((128, 128, 8, 3, 0), (64, 128, 4, 4, 0), (128, 128, 8, 3, 1), (128, 128, 8, 4, 1), (64, 128, 4, 4, 1),
             (64, 128, 4, 5, 1), (128, 64, 4, 4, 1))
 GROUP_M = 8  # programs along M sharing a B column panel in L2 (launch order)
