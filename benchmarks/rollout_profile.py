@@ -13,8 +13,9 @@ as the RL trainer does (``quarl.train.policy``), ``+lora`` in the model's bf16 a
 LoRA inside its module (the engine before issue 17's packed adapters, ``quarl.engine.lora``) --
 the before/after of that change, same model and weights. ``:noepi`` sets
 ``QUARL_ENGINE_LORA_EPILOGUE=0`` (LoRA B and bias as separate kernels, not in the base GEMM's last
-pass) and ``:sdpa`` ``QUARL_ENGINE_DECODE_ATTN=0`` (SDPA for decode attention); modifiers combine
-(``nvfp4+lora32:noepi:sdpa``). With the epilogue on, a projection's ``gemm:*`` row includes its
+pass) and ``:sdpa`` ``QUARL_ENGINE_DECODE_ATTN=0`` (SDPA for decode attention); ``:loraa`` turns the
+opt-in ``QUARL_ENGINE_LORA_A=1`` on (the packed A GEMM as one launch of split partials the last pass
+finishes, ``quarl_kernels.lora_a``, instead of cuBLAS); modifiers combine (``nvfp4+lora32:noepi:sdpa``). With the epilogue on, a projection's ``gemm:*`` row includes its
 bias and LoRA B (they run in its kernels); ``lora`` is then the A GEMMs alone.
 
 Per (variant, batch) cell, one prefill of ``prompt`` random tokens fills the cache, and
@@ -415,24 +416,29 @@ MODIFIERS = {  # ':name' -> the engine switch it turns off for the cell (the bef
     "noepi": "QUARL_ENGINE_LORA_EPILOGUE",  # LoRA B + bias as addmm / add, not in the base kernel's last pass
     "sdpa": "QUARL_ENGINE_DECODE_ATTN",  # decode attention through SDPA, not the split-KV kernel
 }
+MODIFIERS_ON = {  # ':name' -> an opt-in engine switch it turns on for the cell (the after of a change)
+    "loraa": "QUARL_ENGINE_LORA_A",  # the packed A GEMM as one launch of split partials, not cuBLAS
+}
 
 
-def parse_variant(v: str) -> tuple[str, bool, bool, tuple[str, ...]]:
-    """``nvfp4+lora32:nopack`` -> (recipe ``nvfp4+lora``, fp32 adapter, packed adapters on?, env switches off)."""
+def parse_variant(v: str) -> tuple[str, bool, bool, tuple[tuple[str, str], ...]]:
+    """``nvfp4+lora32:nopack`` -> (recipe ``nvfp4+lora``, fp32 adapter, packed adapters on?, engine switches
+    ``(env, value)`` for the cell)."""
     name, *mods = v.split(":")
-    bad = [m for m in mods if m not in MODIFIERS]
+    bad = [m for m in mods if m not in MODIFIERS and m not in MODIFIERS_ON]
     if bad:
-        raise SystemExit(f"variant {v!r}: unknown modifier(s) {bad}; known: {', '.join(MODIFIERS)}")
+        raise SystemExit(f"variant {v!r}: unknown modifier(s) {bad}; known: {', '.join([*MODIFIERS, *MODIFIERS_ON])}")
     fp32 = name.endswith("+lora32")
     recipe = name[:-2] if fp32 else name
     if recipe not in R.RECIPES:
         raise SystemExit(f"variant {v!r}: unknown recipe {recipe!r}; known: {', '.join(R.RECIPES)} (+lora32 for fp32 LoRA)")
-    return recipe, fp32, "nopack" not in mods, tuple(MODIFIERS[m] for m in mods if MODIFIERS[m])
+    return recipe, fp32, "nopack" not in mods, tuple(
+        (MODIFIERS[m], "0") if m in MODIFIERS else (MODIFIERS_ON[m], "1") for m in mods if MODIFIERS.get(m, True))
 
 
-def switches_off(names: tuple[str, ...]):
-    """The engine switches ``names`` set to 0 for the block (engines built inside read them)."""
-    return unittest.mock.patch.dict(os.environ, {n: "0" for n in names})
+def switches(pairs: tuple[tuple[str, str], ...]):
+    """The engine switches set as ``pairs`` say for the block (engines built inside read them)."""
+    return unittest.mock.patch.dict(os.environ, dict(pairs))
 
 
 # --- the run ---------------------------------------------------------------------------------------
@@ -454,7 +460,7 @@ def run(args) -> dict:
 
     built, model = None, None
     for mname, variant in plan:
-        recipe, fp32, pack, off = parse_variant(variant)
+        recipe, fp32, pack, env = parse_variant(variant)
         if budget.left() < args.min_cell_s:
             res["notes"].append(f"{mname}/{variant}: not run (time budget, {budget.left():.0f}s left)")
             save()
@@ -488,7 +494,7 @@ def run(args) -> dict:
                 t = time.perf_counter()
                 check = args.check_tokens if b <= args.check_max_batch else 0
                 try:
-                    with switches_off(off):
+                    with switches(env):
                         profile_cell(model, b, args.prompt, args.steps, args.prof_steps, check, pack, cell)
                 except Exception as e:  # noqa: BLE001 - record and go on
                     cell["error"] = f"{type(e).__name__}: {e}"
@@ -504,7 +510,7 @@ def run(args) -> dict:
                                        "attributed_kernel_ms", "cell_s", "error", "skipped")}), flush=True)
         if "lora" in recipe and budget.left() > args.min_cell_s + 10:
             try:
-                with switches_off(off):
+                with switches(env):
                     res.setdefault("checks", {})[f"{mname}/{variant}"] = logprob_check(model, pack)
             except Exception as e:  # noqa: BLE001
                 res.setdefault("checks", {})[f"{mname}/{variant}"] = {"error": f"{type(e).__name__}: {e}"}

@@ -25,6 +25,8 @@ import torch
 import triton
 import triton.language as tl
 
+from quarl_kernels.rounding import round_to
+
 __all__ = ["DecodeOperands", "Epilogue", "decode_operands", "env_flag", "epilogue_kernel", "finish",
            "finish_splits", "interpreting", "num_sms", "splitk_reduce_kernel"]
 
@@ -75,7 +77,9 @@ class Epilogue(typing.NamedTuple):
 
     ``a [M, r]`` may be a column slice of a wider tensor (the packed A GEMM of several
     projections, ``quarl.engine.lora``): its row stride is passed, its column stride must be 1.
-    ``b [N, r]`` contiguous. Either part may be absent (None)."""
+    ``a`` may also be fp32 split partials ``[S, M, r]`` of ``x @ A^T`` (``quarl_kernels.lora_a``, again a
+    column slice): the last pass sums them in split order and rounds once to the output dtype, as
+    ``F.linear`` would have returned ``a``. ``b [N, r]`` contiguous. Either part may be absent (None)."""
 
     bias: torch.Tensor | None = None  # [N]
     a: torch.Tensor | None = None  # [M, r]
@@ -90,23 +94,28 @@ class Epilogue(typing.NamedTuple):
             raise ValueError("Epilogue: a LoRA branch needs both a [M, r] and b [N, r]")
         if self.a is not None:
             r = self.b.shape[-1]
-            if self.a.shape != (m, r) or self.a.stride(1) != 1 or self.b.shape != (n, r) or \
-                    not self.b.is_contiguous():
-                raise ValueError(f"Epilogue: need a [{m}, r] (unit column stride) and a contiguous b [{n}, r]; got "
-                                 f"a {tuple(self.a.shape)} strides {self.a.stride()}, b {tuple(self.b.shape)}")
+            parts = self.a.dim() == 3
+            if self.a.shape[-2:] != (m, r) or self.a.dim() not in (2, 3) or self.a.stride(-1) != 1 or \
+                    self.b.shape != (n, r) or not self.b.is_contiguous() or (parts and self.a.dtype != torch.float32):
+                raise ValueError(f"Epilogue: need a [{m}, r] or fp32 partials [S, {m}, r] (unit column stride) and a "
+                                 f"contiguous b [{n}, r]; got a {tuple(self.a.shape)} {self.a.dtype} strides "
+                                 f"{self.a.stride()}, b {tuple(self.b.shape)}")
 
 
 @triton.jit
-def epilogue_kernel(ws_ptr, y_ptr, bias_ptr, a_ptr, b_ptr, M, N, scaling, s_ws, m_ws, m_a,
+def epilogue_kernel(ws_ptr, y_ptr, bias_ptr, a_ptr, b_ptr, M, N, scaling, s_ws, m_ws, m_a, s_a, SA,
                     SPLIT_K: tl.constexpr, HAS_BIAS: tl.constexpr, R: tl.constexpr, RP: tl.constexpr,
-                    BM: tl.constexpr, BN: tl.constexpr, DOT: tl.constexpr, INTERPRET: tl.constexpr):
+                    BM: tl.constexpr, BN: tl.constexpr, DOT: tl.constexpr, INTERPRET: tl.constexpr,
+                    A_PARTS: tl.constexpr = False):
     """y[m, n] = sum_s ws[s, m, n] (split order) + bias[n] + scaling * sum_r a[m, r] b[n, r].
 
     ``ws`` is the fp32 partials [S, M, N] (strides s_ws, m_ws), or ``y`` itself when S == 1
     (each element is read and written by the same program: in place is safe). R = 0: no LoRA;
     RP = R padded to a power of two (>= 16 for tl.dot), the pad masked to zero. DOT: the LoRA
     term as a tl.dot of 16-row tiles (M >= 2); else (one decode row) a broadcast multiply of
-    ``a [1, RP]`` with the ``b [BN, RP]`` tile and a sum over r in registers (BN * RP <= 8192)."""
+    ``a [1, RP]`` with the ``b [BN, RP]`` tile and a sum over r in registers (BN * RP <= 8192).
+    A_PARTS: ``a`` is SA fp32 partials (split stride s_a), summed in split order and rounded once to
+    y's dtype before the product (``quarl_kernels.lora_a``)."""
     rows = tl.program_id(0) * BM + tl.arange(0, BM)  # [BM]
     cols = tl.program_id(1) * BN + tl.arange(0, BN)  # [BN]
     rm, cm = rows < M, cols < N
@@ -119,7 +128,15 @@ def epilogue_kernel(ws_ptr, y_ptr, bias_ptr, a_ptr, b_ptr, M, N, scaling, s_ws, 
         acc += tl.load(bias_ptr + cols, mask=cm, other=0.0).to(tl.float32)[None, :]
     if R > 0:
         rr = tl.arange(0, RP)
-        a = tl.load(a_ptr + rows[:, None] * m_a + rr[None, :], mask=rm[:, None] & (rr[None, :] < R), other=0.0)
+        a_off = rows[:, None] * m_a + rr[None, :]  # [BM, RP]
+        a_mask = rm[:, None] & (rr[None, :] < R)
+        if A_PARTS:  # x @ A^T as fp32 split partials: their sum in split order, rounded once (F.linear's a)
+            af = tl.load(a_ptr + a_off, mask=a_mask, other=0.0)
+            for s in range(1, SA):
+                af += tl.load(a_ptr + s * s_a + a_off, mask=a_mask, other=0.0)
+            a = round_to(af, y_ptr.dtype.element_ty, INTERPRET)
+        else:
+            a = tl.load(a_ptr + a_off, mask=a_mask, other=0.0)
         b = tl.load(b_ptr + cols[:, None] * R + rr[None, :], mask=cm[:, None] & (rr[None, :] < R), other=0.0)
         if DOT:
             if INTERPRET:  # the interpreter's bf16 dot is wrong; bf16 x bf16 products are exact in fp32 anyway
@@ -161,15 +178,16 @@ def finish(out: torch.Tensor, y: torch.Tensor, split: int, epi: Epilogue | None 
     if m == 0:
         return y
     r = 0 if epi.a is None else epi.b.shape[-1]
+    parts = r > 0 and epi.a.dim() == 3  # fp32 split partials [S, M, r] of x @ A^T
     bm, bn, rp, dot = _epilogue_tiles(m, n, r)
     s_ws, m_ws = (out.stride(0), out.stride(1)) if split > 1 else (0, y.stride(0))
     dummy = y
     epilogue_kernel[(triton.cdiv(m, bm), triton.cdiv(n, bn))](
         out if split > 1 else y, y, epi.bias if epi.bias is not None else dummy,
         epi.a if r else dummy, epi.b if r else dummy, m, n, float(epi.scaling), s_ws, m_ws,
-        epi.a.stride(0) if r else 0,
+        epi.a.stride(-2) if r else 0, epi.a.stride(0) if parts else 0, epi.a.shape[0] if parts else 1,
         SPLIT_K=split, HAS_BIAS=epi.bias is not None, R=r, RP=rp, BM=bm, BN=bn, DOT=dot,
-        INTERPRET=interpreting(), num_warps=4,
+        INTERPRET=interpreting(), A_PARTS=parts, num_warps=4,
     )
     return y
 

@@ -132,10 +132,22 @@ def wo_linear_epilogue(
     bias: torch.Tensor | None, a: torch.Tensor | None, b: torch.Tensor | None, scaling: float,
 ) -> torch.Tensor:
     """``x @ dequant(W)^T + bias + scaling * a @ b^T``; on CUDA the bias and the LoRA branch are added in
-    the GEMM's last pass (``launch.Epilogue``). Inference only: no autograd is registered."""
+    the GEMM's last pass (``launch.Epilogue``). ``a`` is ``[..., r]`` or, with one more leading dimension, the
+    fp32 split partials ``[S, ..., r]`` of ``x @ A^T`` (``quarl_kernels.lora_a``: summed, then rounded to x's
+    dtype). Inference only: no autograd is registered."""
+    if a is not None and a.dim() == x.dim() + 1:
+        a = _sum_parts(a).to(x.dtype)
     w = _reference_weight(packed, scale, zero, gscale, fmt, group, n, k, x.dtype)
     y = torch.nn.functional.linear(x, w, None if bias is None else bias.to(x.dtype))
     return y if a is None else y + scaling * (a @ b.to(a.dtype).t())
+
+
+def _sum_parts(a: torch.Tensor) -> torch.Tensor:
+    """Split partials [S, ...] summed in split order (fp32), as the last pass sums them."""
+    out = a[0].clone()
+    for s in range(1, a.shape[0]):
+        out += a[s]
+    return out
 
 
 @wo_linear_epilogue.register_kernel("cuda")
@@ -143,7 +155,12 @@ def _wo_linear_epilogue_cuda(x, packed, scale, zero, gscale, fmt, group, n, k, b
     from quarl_kernels.launch import Epilogue
     from quarl_kernels.wo_gemm import wo_matmul
 
-    a2 = None if a is None else a.reshape(-1, a.shape[-1])  # [M, r]: a view (row stride kept) of a column slice
+    if a is None:
+        a2 = None
+    elif a.dim() == x.dim() + 1:  # [S, M, r] fp32 partials (a view of a column slice, strides kept)
+        a2 = a.reshape(a.shape[0], -1, a.shape[-1])
+    else:
+        a2 = a.reshape(-1, a.shape[-1])  # [M, r]: a view (row stride kept) of a column slice
     epi = Epilogue(bias, a2, None if b is None else b.contiguous(), scaling)
     y = wo_matmul(x.reshape(-1, k), _packed_weight(packed, scale, zero, gscale, fmt, group, n, k), epi=epi)  # [M, N]
     return y.reshape(*x.shape[:-1], n)

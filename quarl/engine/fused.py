@@ -76,16 +76,20 @@ _SILU_MODULES = ("transformers.activations", "torch.nn.modules.activation")
 _FORCE_OPS = False
 
 
-def _switch(flag: bool | None, env: str, on: str, off: str) -> bool:
-    """``flag`` if given, else ``$env`` (default on); a value that is neither on nor off is an error."""
+def _switch(flag: bool | None, env: str, on: str, off: str, default: bool = True) -> bool:
+    """``flag`` if given, else ``$env`` (unset, empty or ``auto``: ``default``); a value that is neither on nor off
+    is an error."""
     if flag is not None:
         return bool(flag)
-    v = os.environ.get(env, "1").strip().lower()
-    if v in ("1", "true", "on", "yes", "auto", ""):
+    v = os.environ.get(env, "auto").strip().lower()
+    if v in ("auto", ""):
+        return default
+    if v in ("1", "true", "on", "yes"):
         return True
     if v in ("0", "false", "off", "no"):
         return False
-    raise ValueError(f"{env}={v!r} is not understood; set it to 1 ({on}, the default) or 0 ({off})")
+    raise ValueError(f"{env}={v!r} is not understood; set it to 1 ({on}{', the default' if default else ''}) or 0 "
+                     f"({off}{'' if default else ', the default'})")
 
 
 def resolve(fused: bool | None) -> bool:

@@ -29,6 +29,13 @@ nothing else, instead of seven ``addmm``'s and three bias adds more (RESULTS "Is
 decode step's time goes": 616 LoRA kernels per 7B step). The sum is rounded once instead of
 three times (<= ~1 bf16 ulp from the unfused path). ``QUARL_ENGINE_LORA_EPILOGUE=0`` keeps the
 ``addmm`` (for A/B runs); a BF16 base always does.
+
+The A GEMM in one launch. When every projection of a group takes that fused last pass and the step is a
+decode step (at most ``quarl_kernels.lora_a.MAX_M`` rows), the group's ``x @ A^T`` is not a cuBLAS call
+(two kernels at these sizes: 224 of a 7B step's kernels, 0.68 ms at batch 1 on an H200) but one Triton
+launch writing fp32 split partials, which each projection's last pass sums and rounds to the activation
+dtype before its ``a_j @ B_j^T`` -- the value ``F.linear`` returns, up to the order of the FP32 sum.
+Opt-in for now (``QUARL_ENGINE_LORA_A=1``): written and tested on CPU, its GPU speed not yet measured.
 """
 
 from __future__ import annotations
@@ -42,6 +49,7 @@ from quarl.quant.linear import QuantLinear, lora_add
 
 ENV = "QUARL_ENGINE_LORA_PACK"
 EPILOGUE_ENV = "QUARL_ENGINE_LORA_EPILOGUE"
+A_ENV = "QUARL_ENGINE_LORA_A"
 GROUPS = {"qkv": ("self_attn", ("q_proj", "k_proj", "v_proj")), "o": ("self_attn", ("o_proj",)),
           "gate_up": ("mlp", ("gate_proj", "up_proj")), "down": ("mlp", ("down_proj",))}
 
@@ -55,6 +63,13 @@ def resolve_epilogue(flag: bool | None) -> bool:
     """Fold each projection's B GEMM and bias into its base kernel's last pass: ``flag`` if given, else
     ``$QUARL_ENGINE_LORA_EPILOGUE`` (default on)."""
     return _switch(flag, EPILOGUE_ENV, "the B GEMM in the base kernel's last pass", "addmm")
+
+
+def resolve_a_kernel(flag: bool | None) -> bool:
+    """The group's A GEMM as one launch of split partials (``quarl_kernels.lora_a``) where every projection takes
+    the fused last pass: ``flag`` if given, else ``$QUARL_ENGINE_LORA_A`` (default **off** until its speed is
+    measured on a GPU: docs/engine.md)."""
+    return _switch(flag, A_ENV, "the A GEMM as split partials", "cuBLAS A GEMM", default=False)
 
 
 def _hooked(m: nn.Module) -> bool:
@@ -72,9 +87,10 @@ def packable(m: nn.Module) -> bool:
 class Group:
     """The adapters of projections that share an input: ``A [G*r, K]`` stacked, ``B_j [N_j, r]``."""
 
-    def __init__(self, mods: list[QuantLinear], dtype: torch.dtype, epilogue: bool = True):
+    def __init__(self, mods: list[QuantLinear], dtype: torch.dtype, epilogue: bool = True, a_kernel: bool = True):
         self.mods = mods
         self.epilogue = epilogue  # B GEMM and bias in the base kernel's last pass, where a kernel offers it
+        self.a_kernel = a_kernel  # with it, x @ A^T as split partials the last passes finish (decode rows)
         self.r = mods[0].lora_cfg.r
         a0 = mods[0].lora_A
         self.A = torch.empty(len(mods) * self.r, a0.shape[1], device=a0.device, dtype=dtype)
@@ -91,25 +107,44 @@ class Group:
 
     def __call__(self, x: torch.Tensor) -> list[torch.Tensor]:
         """``x [..., K]`` -> each projection's output ``[..., N_j]`` (base + bias + adapter)."""
-        a = F.linear(x, self.A)  # [..., G*r]: every projection's x @ A_j^T in one GEMM
         r = self.r
+        fused = [m.epilogue_kernel(x) if self.epilogue else None for m in self.mods]
+        parts = self._partials(x) if all(f is not None for f in fused) else None
+        if parts is not None:  # [S, ..., G*r] fp32: every projection's x @ A_j^T, finished by its last pass
+            return [f(x, m, parts[..., j * r:(j + 1) * r], self.B[j], m.lora_cfg.scaling)
+                    for j, (f, m) in enumerate(zip(fused, self.mods, strict=True))]
+        a = F.linear(x, self.A)  # [..., G*r]: every projection's x @ A_j^T in one GEMM
         out = []
         for j, m in enumerate(self.mods):
             aj = a[..., j * r:(j + 1) * r]  # [..., r], a column slice (row stride G*r)
-            fused = m.epilogue_kernel(x) if self.epilogue else None
-            if fused is not None:  # base GEMM + bias + scaling * a_j @ B_j^T, one launch's last pass
-                out.append(fused(x, m, aj, self.B[j], m.lora_cfg.scaling))
+            if fused[j] is not None:  # base GEMM + bias + scaling * a_j @ B_j^T, one launch's last pass
+                out.append(fused[j](x, m, aj, self.B[j], m.lora_cfg.scaling))
             else:
                 out.append(lora_add(m.base_forward(x), aj, self.B[j], m.lora_cfg.scaling))
         return out
+
+    def _partials(self, x: torch.Tensor) -> torch.Tensor | None:
+        """``x @ A^T`` as fp32 split partials ``[S, ..., G*r]`` (one launch), or None: switched off, not a decode
+        step, or no kernel here."""
+        if not self.a_kernel or not x.is_cuda:
+            return None
+        from quarl_kernels import lora_a  # the fused last pass exists, so the kernels package imported
+
+        x2 = x.reshape(-1, x.shape[-1])  # [M, K]
+        if x2.shape[0] > lora_a.MAX_M or x2.dtype != self.A.dtype:
+            return None
+        parts = lora_a.lora_a_partials(x2 if x2.stride(1) == 1 else x2.contiguous(), self.A)  # [S, M, G*r]
+        return parts.view(parts.shape[0], *x.shape[:-1], parts.shape[-1])
 
 
 class LoraPack:
     """Per layer, the packable groups of :data:`GROUPS` (a group missing here is called as modules)."""
 
-    def __init__(self, layers: list[nn.Module], dtype: torch.dtype, epilogue: bool | None = None):
+    def __init__(self, layers: list[nn.Module], dtype: torch.dtype, epilogue: bool | None = None,
+                 a_kernel: bool | None = None):
         self.layers: list[dict[str, Group]] = []
         epilogue = resolve_epilogue(epilogue)
+        a_kernel = resolve_a_kernel(a_kernel)
         self._key = self._structure(layers)
         for layer in layers:
             groups = {}
@@ -117,7 +152,7 @@ class LoraPack:
                 mods = [getattr(getattr(layer, parent, None), leaf, None) for leaf in leaves]
                 if all(packable(m) for m in mods) and len({m.lora_cfg.r for m in mods}) == 1 and \
                         len({m.in_features for m in mods}) == 1:
-                    groups[name] = Group(mods, dtype, epilogue)
+                    groups[name] = Group(mods, dtype, epilogue, a_kernel)
             self.layers.append(groups)
 
     @staticmethod
@@ -149,4 +184,5 @@ class LoraPack:
         return any(self.layers)
 
 
-__all__ = ["ENV", "EPILOGUE_ENV", "GROUPS", "Group", "LoraPack", "packable", "resolve", "resolve_epilogue"]
+__all__ = ["A_ENV", "ENV", "EPILOGUE_ENV", "GROUPS", "Group", "LoraPack", "packable", "resolve", "resolve_a_kernel",
+           "resolve_epilogue"]

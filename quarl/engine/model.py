@@ -152,6 +152,7 @@ class DecoderRunner:
         self.decode_attn = fz.resolve_decode_attn(decode_attn)  # flash-decoding kernel where fused_on()
         self.lora_pack = lp.resolve(lora_pack)  # adapters of q/k/v and gate/up computed together
         self.lora_epilogue = lp.resolve_epilogue(None)  # B GEMM + bias in the base kernel's last pass
+        self.lora_a_kernel = lp.resolve_a_kernel(None)  # the A GEMM as split partials that last pass finishes
         self._lora: lp.LoraPack | None = None
 
     def prepare_lora(self) -> None:
@@ -162,7 +163,7 @@ class DecoderRunner:
             self._lora = None
             return
         if self._lora is None or not self._lora.matches(self.layers, self.dtype):
-            self._lora = lp.LoraPack(self.layers, self.dtype, self.lora_epilogue)
+            self._lora = lp.LoraPack(self.layers, self.dtype, self.lora_epilogue, self.lora_a_kernel)
         self._lora.refresh()
 
     def lora_buffers(self) -> list[torch.Tensor]:

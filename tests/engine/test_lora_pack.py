@@ -149,3 +149,50 @@ def test_epilogue_kernel_only_without_autograd_and_on_kernel_devices():
     with torch.no_grad():
         assert q.epilogue_kernel(x) is None  # CPU: no kernel registered for it
     assert q.epilogue_kernel(x) is None
+
+
+def test_a_gemm_as_split_partials_route(monkeypatch):
+    """Where every projection of a group takes the fused last pass, the group's A GEMM comes as split partials
+    ``[S, ..., G*r]`` (one launch of ``quarl_kernels.lora_a`` on CUDA; a CPU stand-in here) and each projection gets
+    its columns of them; the last pass (a reference here: sum in split order, round to the activation dtype, as the
+    kernel does) gives the addmm path's tokens. Opt-in (``QUARL_ENGINE_LORA_A=1``); unset or 0 keeps one-GEMM ``a``."""
+    from quarl.engine.lora import Group
+    from quarl.quant.linear import QuantLinear
+
+    seen = []
+
+    def partials(self, x):  # what quarl_kernels.lora_a.lora_a_partials returns, split over K in 3 ranges
+        if not self.a_kernel:
+            return None
+        chunks = torch.tensor_split(torch.arange(x.shape[-1]), 3)
+        return torch.stack([x[..., c].float() @ self.A[:, c].float().t() for c in chunks])
+
+    def reference(x, m, a, b, scaling):  # forward_epilogue with partials: the last pass's arithmetic
+        seen.append(a.dim() == x.dim() + 1)
+        if a.dim() == x.dim() + 1:
+            a = sum(a[s] for s in range(1, a.shape[0])) + a[0] if a.shape[0] > 1 else a[0]
+            a = a.to(x.dtype)
+        y = torch.nn.functional.linear(x, m.dequantized_weight(x.dtype))
+        y = y + m.bias.to(y.dtype) if m.bias is not None else y
+        return y + scaling * a @ b.t()
+
+    model = lora_model("qwen2")
+    rows = prompts((6, 2, 9))
+    off = FastGenerator(model, PAD).generate(rows, greedy(8), n=1)
+    monkeypatch.setattr(QuantLinear, "epilogue_kernel", lambda self, x: reference)
+    monkeypatch.setattr(Group, "_partials", partials)
+    FastGenerator(model, PAD).generate(rows, greedy(2), n=1)
+    assert seen and not any(seen), "off by default"
+    seen.clear()
+    monkeypatch.setenv("QUARL_ENGINE_LORA_A", "1")
+    on = FastGenerator(model, PAD).generate(rows, greedy(8), n=1)
+    assert seen and all(seen), "every packed projection should get its columns of the partials"
+    assert torch.equal(on.completion_ids, off.completion_ids)
+    torch.testing.assert_close(on.logprobs, off.logprobs, atol=1e-4, rtol=0)
+    seen.clear()
+    monkeypatch.setenv("QUARL_ENGINE_LORA_A", "0")
+    FastGenerator(model, PAD).generate(rows, greedy(2), n=1)
+    assert seen and not any(seen)
+    monkeypatch.setenv("QUARL_ENGINE_LORA_A", "often")
+    with pytest.raises(ValueError, match="QUARL_ENGINE_LORA_A"):
+        FastGenerator(model, PAD)

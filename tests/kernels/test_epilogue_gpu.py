@@ -8,6 +8,8 @@ with ``a`` a column slice of a packed A output, as the engine passes it (< 5e-3 
 the other kernel tests), and against the unfused ops (``wo_matmul`` then bias, then addmm),
 which round three times instead of once. Then the layer entry (``forward_epilogue``) inside a
 CUDA graph, and ``QuantLinear.base_forward`` equal with and without autograd (it never takes the route).
+Last, the A GEMM as split partials (``quarl_kernels.lora_a``) finished by the last pass, alone and in a packed
+q/k/v group inside a CUDA graph, against the cuBLAS A GEMM route.
 
 Run on an H100 / H200: ``pytest -q -m gpu tests/kernels/test_epilogue_gpu.py``."""
 
@@ -97,3 +99,61 @@ def test_layer_entry_in_a_cuda_graph_and_bias_route():
         want = q.base_forward(x).double() + 2.0 * a.double() @ lb.double().T
         assert rel(out, want) < TOL
     assert q.epilogue_kernel(x) is None  # autograd on: the fused call has no backward
+
+
+@pytest.mark.parametrize("m,k,gr", [(1, 3584, 96), (8, 3584, 64), (64, 18944, 32), (3, 576, 96)])
+def test_lora_a_partials_finish_as_f_linear(m, k, gr):
+    """The A GEMM as split partials (``quarl_kernels.lora_a``) finished by the last pass: within FP32 summation order
+    of ``F.linear``'s ``a`` (rounded once to bf16 either way), and the whole fused projection with it as with ``a``."""
+    from quarl_kernels.lora_a import lora_a_partials
+
+    torch.manual_seed(m + k)
+    x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+    amat = (torch.randn(gr, k, device="cuda") * 0.05).to(torch.bfloat16)
+    parts = lora_a_partials(x, amat)  # [S, M, G*r] fp32
+    a = torch.nn.functional.linear(x, amat)  # cuBLAS, [M, G*r] bf16
+    assert rel(parts.sum(0), a.double()) < 4e-3  # bf16 rounding of cuBLAS's a: the only difference
+    r = 32
+    n = 512
+    args, _ = qweight("nvfp4", n, k)
+    pw = _packed_weight(*args)
+    lb = (torch.randn(n, r, device="cuda") * 0.05).to(torch.bfloat16)
+    b = torch.randn(n, device="cuda", dtype=torch.bfloat16)
+    y_parts = wo_gemm.wo_matmul(x, pw, epi=Epilogue(b, parts[..., gr - r:], lb, 0.5))
+    y_a = wo_gemm.wo_matmul(x, pw, epi=Epilogue(b, a[:, gr - r:], lb, 0.5))
+    assert rel(y_parts, y_a.double()) < 1e-3, rel(y_parts, y_a.double())
+
+
+def test_packed_group_takes_the_partials_route_in_a_cuda_graph(monkeypatch):
+    """A packed q/k/v group with the fused last pass computes its A GEMM as one launch of partials (decode rows), also
+    inside a CUDA graph, and gives what the cuBLAS A GEMM route gives (``QUARL_ENGINE_LORA_A=0``) within rounding."""
+    from quarl.engine.lora import Group
+    from quarl.quant import quantize_model
+
+    torch.manual_seed(11)
+    mods = [torch.nn.Linear(3584, n, bias=True, device="cuda", dtype=torch.bfloat16) for n in (3584, 512, 512)]
+    model = torch.nn.Sequential(*mods)
+    quantize_model(model, {"default": "nvfp4", "lora": {"r": 32, "alpha": 64.0}})
+    qs = list(model)
+    for q in qs:
+        torch.nn.init.normal_(q.lora_B, std=0.02)
+    x = torch.randn(4, 1, 3584, device="cuda", dtype=torch.bfloat16)
+    outs = {}
+    for a_kernel in (True, False):
+        g = Group(qs, torch.bfloat16, epilogue=True, a_kernel=a_kernel)
+        g.refresh()
+        with torch.no_grad():
+            assert (g._partials(x) is not None) == a_kernel
+            s = torch.cuda.Stream()
+            s.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(s):
+                g(x)  # compile off the capture
+            torch.cuda.current_stream().wait_stream(s)
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph):
+                out = g(x)
+            graph.replay()
+            torch.cuda.synchronize()
+            outs[a_kernel] = [o.clone() for o in out]
+    for p, c in zip(outs[True], outs[False], strict=True):
+        assert rel(p, c.double()) < 1e-3, rel(p, c.double())

@@ -65,6 +65,30 @@ SCRIPT = textwrap.dedent("""
         print("finish", m, n, split, has_bias, r, err)
         assert y.dtype == torch.bfloat16 and err < 1e-2, (m, n, split, has_bias, r, err)
 
+    # a as the A GEMM's fp32 split partials (quarl_kernels.lora_a): the same bits as a given as their sum in
+    # split order, rounded to bf16 (RNE) -- what the last pass computes from them
+    from quarl_kernels.lora_a import lora_a_partials
+    from quarl_kernels.ops import _sum_parts
+    for m, n, split, k, gr, r in ((1, 200, 4, 640, 96, 32), (5, 130, 1, 576, 64, 32), (20, 96, 3, 300, 24, 8)):
+        torch.manual_seed(m + n)
+        x = torch.randn(m, k).to(torch.bfloat16)
+        amat = (torch.randn(gr, k) * 0.05).to(torch.bfloat16)
+        parts = lora_a_partials(x, amat)[..., gr - r:]  # [S, M, r]: the last projection's columns
+        b = (torch.randn(n, r) * 0.2).to(torch.bfloat16)
+        bias = torch.randn(n).to(torch.bfloat16)
+        full = torch.randn(split, m, n)
+        outs = []
+        for a in (parts, _sum_parts(parts).to(torch.bfloat16)):
+            if split > 1:
+                y = torch.empty(m, n, dtype=torch.bfloat16)
+                finish(full.contiguous(), y, split, Epilogue(bias, a, b, 0.75))
+            else:
+                y = full[0].to(torch.bfloat16)
+                finish(None, y, 1, Epilogue(bias, a, b, 0.75))
+            outs.append(y)
+        assert torch.equal(outs[0], outs[1]), (m, n, split, (outs[0].float() - outs[1].float()).abs().max())
+        print("finish with A partials", m, n, split, parts.shape[0], "ok")
+
     # no epilogue, split: the plain reduction (what every launcher did before)
     full = torch.randn(3, 4, 50)
     y = torch.empty(4, 50)
@@ -110,15 +134,20 @@ def test_epilogue_builds_for_sm90_without_spills():
     from tests.kernels.sm90_sass import compile_launch, stack_bytes
 
     Launch = collections.namedtuple("Launch", "kernel grid args constexprs num_warps")
-    for m, n, split, r in [(1, 512, 64, 32), (1, 18944, 8, 64), (8, 18944, 4, 32), (64, 512, 32, 32),
-                           (64, 18944, 4, 64)]:
+    for m, n, split, r, parts in [(1, 512, 64, 32, 0), (1, 18944, 8, 64, 0), (8, 18944, 4, 32, 0),
+                                  (64, 512, 32, 32, 0), (64, 18944, 4, 64, 0), (1, 512, 64, 32, 28),
+                                  (8, 18944, 4, 32, 30), (64, 512, 32, 32, 28)]:
         bm, bn, rp, dot = L._epilogue_tiles(m, n, r)
         ws, y = torch.empty(split, m, n), torch.empty(m, n, dtype=torch.bfloat16)
-        a = torch.empty(m, 3 * r, dtype=torch.bfloat16)[:, :r]
+        if parts:  # the A GEMM's fp32 split partials (quarl_kernels.lora_a), a column slice
+            a = torch.empty(parts, m, 3 * r)[..., :r]
+        else:
+            a = torch.empty(m, 3 * r, dtype=torch.bfloat16)[:, :r]
         b, bias = torch.empty(n, r, dtype=torch.bfloat16), torch.empty(n, dtype=torch.bfloat16)
-        la = Launch(L.epilogue_kernel, None, (ws, y, bias, a, b, m, n, 0.5, ws.stride(0), ws.stride(1), a.stride(0)),
+        la = Launch(L.epilogue_kernel, None, (ws, y, bias, a, b, m, n, 0.5, ws.stride(0), ws.stride(1), a.stride(-2),
+                                              a.stride(0) if parts else 0, max(parts, 1)),
                     {"SPLIT_K": split, "HAS_BIAS": True, "R": r, "RP": rp, "BM": bm, "BN": bn, "DOT": dot,
-                     "INTERPRET": False}, 4)
+                     "INTERPRET": False, "A_PARTS": bool(parts)}, 4)
         k, sass = compile_launch(la)
         assert ("HMMA" in sass) == dot, (m, n, r)
         assert stack_bytes(k) in (0, None), ("ptxas spilled registers", m, n, split, r)
