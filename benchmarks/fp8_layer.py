@@ -255,7 +255,7 @@ def bench_shape(model: str, m: int, arms: list[str], ablations: bool, a: argpars
                            for p in PROJ}
                     row[f"{arm}_proj"] = per
                     row[f"{arm}_projsum_ms"] = sum(per.values())
-                if main and arm != "fp8-main" and cuda and not a.no_graph and budget.ok(3):
+                if arm in a.graph_arms.split(",") and cuda and not a.no_graph and budget.ok(3):
                     try:
                         row[f"{arm}_graph_ms"] = graph_ms(layer, lin, a.iters)
                     except Exception as e:  # noqa: BLE001 - a diagnostic: record, keep the eager figures
@@ -384,6 +384,14 @@ def tables(res: dict) -> str:
                          f"{_f(r, 'speedup_fp8', '{:.2f}x')} | "
                          + " | ".join(f"{_f(r, a + '_ms')} | {_f(r, 'speedup_' + a, '{:.2f}x')}" for a in EXTRA)
                          + f" | {rel} |")
+        gr = [(r, arm) for r in rows for arm in ARMS if arm not in ("bf16", "fp8") and f"{arm}_graph_ms" in r]
+        if gr:
+            L += ["", "other arms as one CUDA graph per step (GPU work alone), x = BF16's graph / arm's graph", "",
+                  "| model | tokens | arm | step ms | graph ms | x |", "|---|---:|---|---:|---:|---:|"]
+            for r, arm in gr:
+                bg = r.get("bf16_graph_ms")
+                x = f"{bg / r[arm + '_graph_ms']:.2f}x" if bg else "-"
+                L.append(f"| {r['model']} | {r['tokens']} | {arm} | {_f(r, arm + '_ms')} | {_f(r, arm + '_graph_ms')} | {x} |")
         abl = [r for r in rows if "fp8-nomemo_ms" in r or "fp8-notune_ms" in r]
         if abl:
             L += ["", "| ablation | model | tokens | ms | x |", "|---|---|---:|---:|---:|"]
@@ -416,6 +424,8 @@ def main() -> None:
     ap.add_argument("--proj-iters", type=int, default=6)
     ap.add_argument("--quick", action="store_true", help="layer timings only (no proj-sum / no-update)")
     ap.add_argument("--no-graph", action="store_true")
+    ap.add_argument("--graph-arms", default="bf16,fp8",
+                    help="arms also timed as one CUDA graph per step (the GPU work alone, no host)")
     ap.add_argument("--no-profile", action="store_true", help="skip the kernel / host profiles at the end")
     ap.add_argument("--profile-arms", default="bf16,fp8-main,fp8", help="arms of the kernel profile")
     ap.add_argument("--profile-tokens", type=int, default=8192, help="tokens of the kernel profile (CUDA)")

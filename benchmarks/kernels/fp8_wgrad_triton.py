@@ -34,7 +34,8 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
-from quarl_kernels.fp8_quant import TUNE_REPS, TUNED, Launch, pick_setting, tuning_on
+from quarl_kernels import fp8_quant as fq
+from quarl_kernels.fp8_quant import TUNED, Launch, pick_setting, tuning_on
 
 GROUP = 128  # tokens per scale block
 # (BLOCK_M, BLOCK_N, warps, stages, tma); the first is the default (no timing: CPU, QUARL_FP8_TUNE=0, capture).
@@ -124,14 +125,7 @@ def _run(la: Launch) -> None:
 
 
 def _cuda_ms(la: Launch) -> float:
-    _run(la)  # compile and warm
-    a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    a.record()
-    for _ in range(TUNE_REPS):
-        _run(la)
-    b.record()
-    b.synchronize()
-    return a.elapsed_time(b) / TUNE_REPS
+    return fq._cuda_ms(la, _run)  # the quantizers' timer, with FP contraction on
 
 
 def _check(a, sa, b, sb):

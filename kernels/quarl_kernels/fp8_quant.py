@@ -166,12 +166,14 @@ def _setting(key: tuple, settings: tuple, t: torch.Tensor, make) -> tuple[int, i
     return pick_setting(key, settings, make) if tuning_on(t) else settings[0]
 
 
-def _cuda_ms(la: Launch) -> float:
-    _launch(la)  # compile (or load from Triton's cache) and warm
+def _cuda_ms(la: Launch, run=None) -> float:
+    """ms of one ``run(la)`` (default :func:`_launch`) by CUDA events over TUNE_REPS runs after a warm-up one."""
+    run = run or _launch
+    run(la)  # compile (or load from Triton's cache) and warm
     a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     a.record()
     for _ in range(TUNE_REPS):
-        _launch(la)
+        run(la)
     b.record()
     b.synchronize()
     return a.elapsed_time(b) / TUNE_REPS
