@@ -15,6 +15,10 @@
 #     layer step not: every arm also as one CUDA graph per step (no host), with the SM clock, power and temperature
 #     logged every 200 ms (nvidia-smi) beside the run. Graph faster for DeepGEMM -> a host-side cause; graph as slow
 #     and the clock lower under DeepGEMM -> power / clocks.
+#   phase c: bash benchmarks/gpu_session9.sh c   carry: .dev/dg.tar.xz   (one GPU; issue 15, ~9 min)
+#     The whole actor update (benchmarks/fp8_model_step.py): a Qwen2.5-7B-width model with 4 decoder layers and its
+#     stem, BF16 vs full-parameter Jet-RL (1x128 X^T / X^T tiles, cuBLAS / DeepGEMM), 8k and 16k tokens; the
+#     28-layer estimate is the figure to hold against Jet-RL's 1.41x (training phase) and 1.54x (actor update).
 #
 # .dev/dg.tar.xz: see benchmarks/gpu_session8.sh.
 set -u
@@ -60,6 +64,19 @@ b)
     echo "== layer rc=$? at $((SECONDS - T0)) s"; sed -n '/^# one decoder layer/,$p' "$OUT/layer/run.log" | head -n 50
     kill "$SMI" 2>/dev/null
     rm -rf "${OUT:?}/warm"
+    ;;
+c)  # issue 15: the whole actor update (benchmarks/fp8_model_step.py), BF16 vs full-parameter Jet-RL, 7B width with 4
+    # decoder layers plus the stem, at 8k and 16k tokens; the 28-layer estimate beside Jet-RL's 1.41x / 1.54x
+    [ -d .dg/DeepGEMM ] || tar xJf .dev/dg.tar.xz
+    source benchmarks/gpu_session7.sh lib
+    setup_deepgemm > /dev/null 2>&1
+    mkdir -p "$OUT/model"
+    for t in 8192 16384; do
+        timeout -k 5 "${MODEL_S:-250}" "$PY" benchmarks/fp8_model_step.py --shape Qwen2.5-7B --layers 4 --tokens $t \
+            --arms bf16,jetrl,jetrl-xtiles,jetrl+deepgemm,jetrl-xtiles+deepgemm --budget-s $(( ${MODEL_S:-250} - 30 )) \
+            --out "$OUT/model/$t" > "$OUT/model/$t.log" 2>&1
+        echo "== model step $t rc=$? at $((SECONDS - T0)) s"; tail -n 9 "$OUT/model/$t.log"
+    done
     ;;
 *)
     echo "unknown phase $PHASE"; exit 2

@@ -1,0 +1,189 @@
+"""The actor update of full-parameter Jet-RL on a Qwen-shaped model, BF16 vs FP8: a whole training step, not one
+layer's projections.
+
+    PYTHONPATH=$PWD:$PWD/kernels python3 benchmarks/fp8_model_step.py --out $OUT                 # 7B shape, 8k tokens
+    python benchmarks/fp8_model_step.py --device cpu --shape tiny --layers 2 --tokens 64 --out /tmp/ms   # dry run
+
+Why. Jet-RL's 1.41x ("training phase") and 1.54x ("actor update") are whole-model figures; ``fp8_layer.py`` times
+one decoder layer's seven projections, which leaves out attention, norms, activations, the embedding, the LM head
+and the optimizer -- the parts FP8 does not speed up. This times what a full-parameter RL update runs: a
+``transformers`` Qwen2 model of the shape's width (random BF16 weights, SDPA attention), forward on ``[B, T]`` token
+ids, the token log-probabilities' loss (cross-entropy of the next tokens, the policy gradient's shape), backward,
+and one AdamW step, launched back to back between CUDA events.
+
+Arms (each on a fresh model from the same seed):
+
+* ``bf16``: the model as built;
+* ``jetrl``: ``quantize_model`` with the rl stage's own full-parameter Jet-RL recipe (``quarl.rl.precision``:
+  every projection a ``QuantLinear`` ``qat`` with a BF16 master weight and FP8 GEMMs forward and backward);
+* ``jetrl-xtiles``: the same with ``precision.fp8_wgrad=tiles`` (X^T in 128x128 tiles in WGrad);
+* ``+deepgemm`` on either FP8 arm (``jetrl+deepgemm``): ``QUARL_FP8_GEMM=deepgemm``.
+
+A 7B model with AdamW does not fit one GPU in full-parameter training, so the model has ``--layers`` decoder layers
+(default 4), and the model is also timed with no decoder layer at all (embedding, final norm, LM head, loss and their
+optimizer step: the "stem", BF16 and the same in every arm). Per decoder layer = (step - stem) / layers; the **28-layer estimate** = stem + 28 x per
+layer, the step of the whole 7B shape by that arithmetic (the stem is BF16 in every arm, as the rl stage keeps the
+embedding and the LM head). The memory that estimate would need is not claimed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from datetime import UTC, datetime
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path[:0] = [str(ROOT), str(ROOT / "kernels"), str(ROOT / "benchmarks")]
+
+from fp8_linear import stream_time, sync  # the FP8 benchmarks' timers
+
+# hidden, intermediate, heads, kv heads, vocab, layers of the real model (for the estimate)
+SHAPES = {"Qwen2.5-7B": (3584, 18944, 28, 4, 152064, 28), "Qwen3-8B": (4096, 12288, 32, 8, 151936, 36),
+          "tiny": (256, 640, 4, 2, 1000, 4)}
+ARMS = ("bf16", "jetrl", "jetrl-xtiles", "jetrl+deepgemm", "jetrl-xtiles+deepgemm")
+
+
+def build(shape: str, layers: int, device: str, seed: int = 0):
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    h, inter, heads, kv, vocab, _ = SHAPES[shape]
+    cfg = Qwen2Config(hidden_size=h, intermediate_size=inter, num_attention_heads=heads, num_key_value_heads=kv,
+                      vocab_size=vocab, num_hidden_layers=layers, max_position_embeddings=32768,
+                      tie_word_embeddings=False, attn_implementation="sdpa", torch_dtype=torch.bfloat16)
+    torch.manual_seed(seed)
+    with torch.device(device):
+        model = Qwen2ForCausalLM(cfg).to(torch.bfloat16)
+    return model
+
+
+def prepare(model, arm: str) -> None:
+    """Turn the BF16 model into the arm's: the rl stage's full-parameter Jet-RL recipe for the FP8 arms."""
+    if arm.startswith("jetrl"):
+        from quarl.quant import quantize_model
+        from quarl.rl.precision import _jetrl_recipe
+
+        quantize_model(model, _jetrl_recipe("full", "tiles" if "xtiles" in arm else "1x128"))
+
+
+def step_fn(model, opt, ids: torch.Tensor):
+    def step():
+        logits = model(input_ids=ids).logits[:, :-1]  # [B, T-1, V] bf16
+        loss = F.cross_entropy(logits.float().flatten(0, 1), ids[:, 1:].flatten())
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+    return step
+
+
+def time_arm(shape: str, layers: int, arm: str, tokens: int, seq: int, iters: int, device: str) -> dict:
+    env = {"QUARL_FP8_GEMM": "deepgemm"} if arm.endswith("+deepgemm") else {}
+    old = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
+    try:
+        model = build(shape, layers, device)
+        prepare(model, arm)
+        model.train()
+        opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-6,
+                                fused=device == "cuda")
+        b = max(tokens // seq, 1)
+        ids = torch.randint(0, SHAPES[shape][4], (b, seq), device=device)
+        fn = step_fn(model, opt, ids)
+        if device == "cuda":
+            torch.cuda.reset_peak_memory_stats()
+        ms = stream_time(fn, iters, device, warmup=2)
+        out = {"ms": ms, "tokens": b * seq}
+        if device == "cuda":
+            out["peak_gib"] = torch.cuda.max_memory_allocated() / 2**30
+        del model, opt, fn
+        if device == "cuda":
+            torch.cuda.empty_cache()
+        return out
+    finally:
+        for k, v in old.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--shape", default="Qwen2.5-7B", choices=sorted(SHAPES))
+    ap.add_argument("--layers", type=int, default=4)
+    ap.add_argument("--tokens", type=int, default=8192, help="tokens per step (B x seq)")
+    ap.add_argument("--seq", type=int, default=2048)
+    ap.add_argument("--arms", default="bf16,jetrl,jetrl-xtiles")
+    ap.add_argument("--iters", type=int, default=6)
+    ap.add_argument("--device", default="cuda")
+    ap.add_argument("--budget-s", type=float, default=240.0)
+    ap.add_argument("--out", default="/tmp/fp8_model_step")
+    ap.add_argument("--render", default="")
+    a = ap.parse_args()
+    if a.render:
+        print(render(json.loads(Path(a.render).read_text())))
+        return
+    arms = a.arms.split(",")
+    bad = [x for x in arms if x not in ARMS]
+    if bad or "bf16" not in arms:
+        raise SystemExit(f"unknown arms {bad} (known: {', '.join(ARMS)}); bf16 is required")
+    out = Path(a.out)
+    out.mkdir(parents=True, exist_ok=True)
+    seq = min(a.seq, a.tokens)
+    res = {"command": " ".join(sys.argv), "date": datetime.now(UTC).isoformat(timespec="seconds"),
+           "gpu": torch.cuda.get_device_name() if a.device == "cuda" else "cpu", "torch": torch.__version__,
+           "shape": a.shape, "layers": a.layers, "tokens": a.tokens, "seq": seq, "rows": []}
+    t0 = time.time()
+    # the stem (no decoder layer) has no projection to quantize: the same BF16 model in every arm, timed once
+    for arm, layers in [("bf16", 0), *((arm, a.layers) for arm in arms)]:
+        if time.time() - t0 > a.budget_s:
+            res.setdefault("skipped", []).append(f"{arm} layers={layers}")
+            continue
+        try:
+            row = {"arm": arm, "layers": layers, **time_arm(a.shape, layers, arm, a.tokens, seq, a.iters, a.device)}
+        except Exception as e:  # noqa: BLE001 - e.g. out of memory or DeepGEMM missing: keep the other arms
+            row = {"arm": arm, "layers": layers, "error": f"{type(e).__name__}: {str(e)[:300]}"}
+        sync(a.device)
+        res["rows"].append(row)
+        print(json.dumps(row), flush=True)
+        res["wall_s"] = time.time() - t0
+        (out / "fp8_model_step.json").write_text(json.dumps(res, indent=1))
+    text = render(res)
+    (out / "fp8_model_step.md").write_text(text + "\n")
+    print(text)
+
+
+def render(res: dict) -> str:
+    """Per arm: step with the decoder layers, the stem, per layer, the whole-model estimate; x = BF16 / arm."""
+    full_layers = SHAPES[res["shape"]][5]
+    by = {(r["arm"], r["layers"]): r for r in res["rows"]}
+    title = (f"# actor update, {res['shape']} width, {res['layers']} decoder layers, {res['tokens']} tokens "
+             f"({res['seq']} per sequence), {res['gpu']}, torch {res['torch']}")
+    head = (f"| arm | step ms ({res['layers']} layers) | x | stem ms | per layer ms | x | {full_layers}-layer estimate ms "
+            f"| x | peak GiB |")
+    L = [title, "", head, "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    stem = by.get(("bf16", 0), {})  # BF16 in every arm (embedding, final norm, LM head, loss)
+    vals: dict[str, dict] = {}
+    for arm in dict.fromkeys(r["arm"] for r in res["rows"] if r["layers"]):
+        step = by.get((arm, res["layers"]), {})
+        if "ms" not in step or "ms" not in stem:
+            err = step.get("error") or stem.get("error") or "not run"
+            L.append(f"| {arm} | {err[:80]} | | | | | | | |")
+            continue
+        per = (step["ms"] - stem["ms"]) / max(res["layers"], 1)
+        vals[arm] = {"step": step["ms"], "per": per, "est": stem["ms"] + full_layers * per}
+        v, b = vals[arm], vals.get("bf16", {})
+        x = {k: f"{b[k] / v[k]:.2f}x" if b.get(k) and v[k] > 0 else "-" for k in v}
+        L.append(f"| {arm} | {v['step']:.1f} | {x['step']} | {stem['ms']:.1f} | {per:.2f} | {x['per']} | {v['est']:.1f} | "
+                 f"{x['est']} | {step.get('peak_gib', float('nan')):.1f} |")
+    return "\n".join(L)
+
+
+if __name__ == "__main__":
+    main()
