@@ -87,7 +87,7 @@ def packable(m: nn.Module) -> bool:
 class Group:
     """The adapters of projections that share an input: ``A [G*r, K]`` stacked, ``B_j [N_j, r]``."""
 
-    def __init__(self, mods: list[QuantLinear], dtype: torch.dtype, epilogue: bool = True, a_kernel: bool = True):
+    def __init__(self, mods: list[QuantLinear], dtype: torch.dtype, epilogue: bool = True, a_kernel: bool = False):
         self.mods = mods
         self.epilogue = epilogue  # B GEMM and bias in the base kernel's last pass, where a kernel offers it
         self.a_kernel = a_kernel  # with it, x @ A^T as split partials the last passes finish (decode rows)
