@@ -99,10 +99,11 @@ WARPS = 8
 # a single-pass kernel of its own -- two reads of x from HBM instead of one, against a dual kernel that ran
 # at a quarter of the row pass's speed (L1-bound). On an H200 (2026-11-26) they won every operand 3584 columns
 # or wider at 8k / 16k tokens, 1.25-1.75x the best dual setting, and lost on the 512- / 1024-wide k/v ones
-# (RESULTS.md "Split quantizer settings"; docs/kernels.md).
+# (RESULTS.md "Split quantizer settings"; docs/kernels.md). The winners had X^T tiles of 32-64 columns at 4-8 warps;
+# the last two (16 and 32 columns at 2 warps: more, smaller programs) were added after that run, not yet timed.
 ACT_SETTINGS = ((SUB, WARPS), (32, 4), (64, 8), (64, 16), (128, 16), (64, 8, True), (32, 4, True),
                 (32, 4, False, 32, 4), (64, 8, False, 32, 4), (32, 4, False, 64, 8), (64, 8, False, 64, 8),
-                (64, 8, False, 128, 8))
+                (64, 8, False, 128, 8), (32, 4, False, 16, 2), (32, 4, False, 32, 2))
 TILE_SETTINGS = ((SUB, WARPS), (32, 4), (64, 8))
 TUNE_REPS = 3
 TUNE_MIN_ROWS = 1024

@@ -186,7 +186,7 @@ LAUNCHES = {  # name: (kind, dtype, shape, transpose / t_rows)
 # the launches that store transposed codes (the W^T bug's pattern): (rows per chunk, warps)
 ACT_SETTINGS = ((32, 8), (32, 4), (64, 8), (64, 16), (128, 16), (64, 8, True), (32, 4, True),
                 (32, 4, False, 32, 4), (64, 8, False, 32, 4), (32, 4, False, 64, 8), (64, 8, False, 64, 8),
-                (64, 8, False, 128, 8))
+                (64, 8, False, 128, 8), (32, 4, False, 16, 2), (32, 4, False, 32, 2))
 TILE_SETTINGS = ((32, 8), (32, 4), (64, 8))
 for _st in ACT_SETTINGS[1:]:
     LAUNCHES[f"act bf16 8192x3584 K+T {_st}"] = ("act", "bfloat16", (8192, 3584), True, _st)
