@@ -8,8 +8,11 @@ Why. Jet-RL's 1.41x ("training phase") and 1.54x ("actor update") are whole-mode
 one decoder layer's seven projections, which leaves out attention, norms, activations, the embedding, the LM head
 and the optimizer -- the parts FP8 does not speed up. This times what a full-parameter RL update runs: a
 ``transformers`` Qwen2 model of the shape's width (random BF16 weights, SDPA attention), forward on ``[B, T]`` token
-ids, the token log-probabilities' loss (cross-entropy of the next tokens, the policy gradient's shape), backward,
-and one AdamW step, launched back to back between CUDA events.
+ids, the token log-probabilities' loss, backward, and one AdamW step, launched back to back between CUDA events.
+The loss (``--loss rl``, default) is the rl stage's own: ``quarl.rl.logprobs.completion_logprobs`` (the completion's
+positions projected to the vocabulary 1024 at a time, each chunk recomputed in backward) under a policy-gradient
+loss ``-(logp * advantage).mean()``, a 256-token prompt per sequence; ``--loss ce`` is a plain cross-entropy over
+the full ``[B, T, V]`` fp32 logits (what session 9's first run timed).
 
 Arms (each on a fresh model from the same seed):
 
@@ -17,7 +20,13 @@ Arms (each on a fresh model from the same seed):
 * ``jetrl``: ``quantize_model`` with the rl stage's own full-parameter Jet-RL recipe (``quarl.rl.precision``:
   every projection a ``QuantLinear`` ``qat`` with a BF16 master weight and FP8 GEMMs forward and backward);
 * ``jetrl-xtiles``: the same with ``precision.fp8_wgrad=tiles`` (X^T in 128x128 tiles in WGrad);
-* ``+deepgemm`` on either FP8 arm (``jetrl+deepgemm``): ``QUARL_FP8_GEMM=deepgemm``.
+* ``+deepgemm`` on either FP8 arm (``jetrl+deepgemm``): ``QUARL_FP8_GEMM=deepgemm``;
+* ``+liger`` on any arm (``bf16+liger``, ``jetrl-xtiles+deepgemm+liger``): the rl stage's
+  ``policy.use_liger_kernel`` (``quarl.train.fused_kernels``: Liger's RMSNorm, RoPE and SwiGLU kernels); its stem
+  is timed with Liger too.
+
+``--profile``: one more step of each arm under ``torch.profiler``, its GPU time by kernel class (GEMMs, FP8
+quantizers, attention, norm/RoPE/SwiGLU, the optimizer, the rest) and its top kernels -- where the step goes.
 
 A 7B model with AdamW does not fit one GPU in full-parameter training, so the model has ``--layers`` decoder layers
 (default 4), and the model is also timed with no decoder layer at all (embedding, final norm, LM head, loss and their
@@ -47,7 +56,17 @@ from fp8_linear import stream_time, sync  # the FP8 benchmarks' timers
 # hidden, intermediate, heads, kv heads, vocab, layers of the real model (for the estimate)
 SHAPES = {"Qwen2.5-7B": (3584, 18944, 28, 4, 152064, 28), "Qwen3-8B": (4096, 12288, 32, 8, 151936, 36),
           "tiny": (256, 640, 4, 2, 1000, 4)}
-ARMS = ("bf16", "jetrl", "jetrl-xtiles", "jetrl+deepgemm", "jetrl-xtiles+deepgemm")
+BASES = ("bf16", "jetrl", "jetrl-xtiles")
+PROMPT = 256  # prompt tokens per sequence under --loss rl (the rest is the completion)
+
+
+def parse_arm(arm: str) -> tuple[str, bool, bool]:
+    """``jetrl-xtiles+deepgemm+liger`` -> ("jetrl-xtiles", deepgemm, liger); unknown names refused."""
+    base, *mods = arm.split("+")
+    if base not in BASES or any(m not in ("deepgemm", "liger") for m in mods) or len(set(mods)) != len(mods) or (
+            "deepgemm" in mods and base == "bf16"):
+        raise SystemExit(f"unknown arm {arm!r}: a base ({', '.join(BASES)}) with +deepgemm (FP8 bases) and/or +liger")
+    return base, "deepgemm" in mods, "liger" in mods
 
 
 def build(shape: str, layers: int, device: str, seed: int = 0):
@@ -72,35 +91,91 @@ def prepare(model, arm: str) -> None:
         quantize_model(model, _jetrl_recipe("full", "tiles" if "xtiles" in arm else "1x128"))
 
 
-def step_fn(model, opt, ids: torch.Tensor):
+def step_fn(model, opt, ids: torch.Tensor, loss: str = "ce"):
+    if loss == "rl":
+        from quarl.rl.logprobs import completion_logprobs
+
+        n_completion = ids.shape[1] - min(PROMPT, ids.shape[1] // 2)
+        mask = torch.ones_like(ids)
+        adv = torch.randn(ids.shape[0], 1, device=ids.device, generator=torch.Generator(ids.device).manual_seed(0))
+
     def step():
-        logits = model(input_ids=ids).logits[:, :-1]  # [B, T-1, V] bf16
-        loss = F.cross_entropy(logits.float().flatten(0, 1), ids[:, 1:].flatten())
-        loss.backward()
+        if loss == "rl":  # the rl stage's token log-probs, chunked over the vocabulary
+            logp, _ = completion_logprobs(model, ids, mask, n_completion, chunk=1024)  # [B, T] fp32
+            out = -(logp * adv).mean()
+        else:
+            logits = model(input_ids=ids).logits[:, :-1]  # [B, T-1, V] bf16
+            out = F.cross_entropy(logits.float().flatten(0, 1), ids[:, 1:].flatten())
+        out.backward()
         opt.step()
         opt.zero_grad(set_to_none=True)
     return step
 
 
-def time_arm(shape: str, layers: int, arm: str, tokens: int, seq: int, iters: int, device: str) -> dict:
-    env = {"QUARL_FP8_GEMM": "deepgemm"} if arm.endswith("+deepgemm") else {}
+# kernel classes of --profile: the first pattern a lower-cased kernel name contains
+KERNEL_CLASSES = [
+    ("fp8 quantize", ("_act_kernel", "_act_t_kernel", "_tile_kernel", "quant")),  # quarl_kernels.fp8_quant
+    ("gemm", ("gemm", "nvjet", "xmma", "cutlass", "wgmma", "sm90_", "splitk", "deep_gemm", "fp8_gemm")),
+    ("attention", ("flash", "fmha", "attention", "attn", "sdpa", "efficient")),
+    ("norm/rope/swiglu", ("rms", "norm", "rope", "rotary", "silu", "swiglu", "liger")),
+    ("optimizer", ("adam", "multi_tensor", "foreach")),
+    ("softmax/loss", ("logsumexp", "softmax", "cross_entropy", "nll", "log_softmax", "gather", "scatter")),
+]
+
+
+def kernel_class(name: str) -> str:
+    n = name.lower()
+    return next((c for c, pats in KERNEL_CLASSES if any(p in n for p in pats)), "other")
+
+
+def profile_step(fn, device: str) -> dict:
+    """One step under torch.profiler: GPU ms per kernel class and the 12 longest kernels (ms per step)."""
+    act = torch.profiler.ProfilerActivity.CUDA if device == "cuda" else torch.profiler.ProfilerActivity.CPU
+    sync(device)
+    with torch.profiler.profile(activities=[act]) as prof:
+        fn()
+        sync(device)
+    by_kernel: dict[str, float] = {}
+    for e in prof.events():
+        if device == "cuda" and e.device_type != torch.autograd.DeviceType.CUDA:
+            continue
+        if device != "cuda" and e.cpu_parent is not None:  # CPU: top-level ops only (a dry run of the wiring)
+            continue
+        by_kernel[e.name] = by_kernel.get(e.name, 0.0) + e.time_range.elapsed_us() / 1e3
+    classes: dict[str, float] = {}
+    for k, ms in by_kernel.items():
+        classes[kernel_class(k)] = classes.get(kernel_class(k), 0.0) + ms
+    top = sorted(by_kernel.items(), key=lambda kv: -kv[1])[:12]
+    return {"classes": classes, "total_ms": sum(by_kernel.values()), "top": [[k[:120], ms] for k, ms in top]}
+
+
+def time_arm(shape: str, layers: int, arm: str, tokens: int, seq: int, iters: int, device: str,
+             loss: str = "ce", profile: bool = False) -> dict:
+    base, deepgemm, liger = parse_arm(arm)
+    env = {"QUARL_FP8_GEMM": "deepgemm"} if deepgemm else {}
     old = {k: os.environ.get(k) for k in env}
     os.environ.update(env)
     try:
         model = build(shape, layers, device)
-        prepare(model, arm)
+        prepare(model, base)
+        if liger:  # what policy.use_liger_kernel does in the rl stage
+            from quarl.train.fused_kernels import apply_liger_kernel
+
+            apply_liger_kernel(model, device)
         model.train()
         opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-6,
                                 fused=device == "cuda")
         b = max(tokens // seq, 1)
         ids = torch.randint(0, SHAPES[shape][4], (b, seq), device=device)
-        fn = step_fn(model, opt, ids)
+        fn = step_fn(model, opt, ids, loss)
         if device == "cuda":
             torch.cuda.reset_peak_memory_stats()
         ms = stream_time(fn, iters, device, warmup=2)
         out = {"ms": ms, "tokens": b * seq}
         if device == "cuda":
             out["peak_gib"] = torch.cuda.max_memory_allocated() / 2**30
+        if profile:
+            out["profile"] = profile_step(fn, device)
         del model, opt, fn
         if device == "cuda":
             torch.cuda.empty_cache()
@@ -120,6 +195,8 @@ def main() -> None:
     ap.add_argument("--tokens", type=int, default=8192, help="tokens per step (B x seq)")
     ap.add_argument("--seq", type=int, default=2048)
     ap.add_argument("--arms", default="bf16,jetrl,jetrl-xtiles")
+    ap.add_argument("--loss", default="rl", choices=("rl", "ce"), help="rl: the rl stage's chunked log-probs")
+    ap.add_argument("--profile", action="store_true", help="also one profiled step per arm (kernel classes)")
     ap.add_argument("--iters", type=int, default=6)
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--budget-s", type=float, default=240.0)
@@ -130,28 +207,32 @@ def main() -> None:
         print(render(json.loads(Path(a.render).read_text())))
         return
     arms = a.arms.split(",")
-    bad = [x for x in arms if x not in ARMS]
-    if bad or "bf16" not in arms:
-        raise SystemExit(f"unknown arms {bad} (known: {', '.join(ARMS)}); bf16 is required")
+    for x in arms:
+        parse_arm(x)
+    if "bf16" not in arms:
+        raise SystemExit("the bf16 arm is required (every x is BF16 time / arm time)")
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
     seq = min(a.seq, a.tokens)
     res = {"command": " ".join(sys.argv), "date": datetime.now(UTC).isoformat(timespec="seconds"),
            "gpu": torch.cuda.get_device_name() if a.device == "cuda" else "cpu", "torch": torch.__version__,
-           "shape": a.shape, "layers": a.layers, "tokens": a.tokens, "seq": seq, "rows": []}
+           "shape": a.shape, "layers": a.layers, "tokens": a.tokens, "seq": seq, "loss": a.loss, "rows": []}
     t0 = time.time()
-    # the stem (no decoder layer) has no projection to quantize: the same BF16 model in every arm, timed once
-    for arm, layers in [("bf16", 0), *((arm, a.layers) for arm in arms)]:
+    # the stem (no decoder layer) has no projection to quantize: the same BF16 model in every arm, timed once (and
+    # once with Liger's final norm when an arm uses it)
+    stems = ["bf16"] + (["bf16+liger"] if any(parse_arm(x)[2] for x in arms) else [])
+    for arm, layers in [*((s, 0) for s in stems), *((arm, a.layers) for arm in arms)]:
         if time.time() - t0 > a.budget_s:
             res.setdefault("skipped", []).append(f"{arm} layers={layers}")
             continue
         try:
-            row = {"arm": arm, "layers": layers, **time_arm(a.shape, layers, arm, a.tokens, seq, a.iters, a.device)}
+            row = {"arm": arm, "layers": layers, **time_arm(a.shape, layers, arm, a.tokens, seq, a.iters, a.device,
+                                                             a.loss, a.profile and layers > 0)}
         except Exception as e:  # noqa: BLE001 - e.g. out of memory or DeepGEMM missing: keep the other arms
             row = {"arm": arm, "layers": layers, "error": f"{type(e).__name__}: {str(e)[:300]}"}
         sync(a.device)
         res["rows"].append(row)
-        print(json.dumps(row), flush=True)
+        print(json.dumps({k: v for k, v in row.items() if k != "profile"}), flush=True)
         res["wall_s"] = time.time() - t0
         (out / "fp8_model_step.json").write_text(json.dumps(res, indent=1))
     text = render(res)
@@ -164,13 +245,14 @@ def render(res: dict) -> str:
     full_layers = SHAPES[res["shape"]][5]
     by = {(r["arm"], r["layers"]): r for r in res["rows"]}
     title = (f"# actor update, {res['shape']} width, {res['layers']} decoder layers, {res['tokens']} tokens "
-             f"({res['seq']} per sequence), {res['gpu']}, torch {res['torch']}")
+             f"({res['seq']} per sequence), loss {res.get('loss', 'ce')}, {res['gpu']}, torch {res['torch']}")
     head = (f"| arm | step ms ({res['layers']} layers) | x | stem ms | per layer ms | x | {full_layers}-layer estimate ms "
             f"| x | peak GiB |")
     L = [title, "", head, "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
-    stem = by.get(("bf16", 0), {})  # BF16 in every arm (embedding, final norm, LM head, loss)
     vals: dict[str, dict] = {}
     for arm in dict.fromkeys(r["arm"] for r in res["rows"] if r["layers"]):
+        # the stem is BF16 in every arm (embedding, final norm, LM head, loss); with Liger's final norm if the arm's
+        stem = by.get(("bf16+liger" if arm.endswith("+liger") else "bf16", 0), {})
         step = by.get((arm, res["layers"]), {})
         if "ms" not in step or "ms" not in stem:
             err = step.get("error") or stem.get("error") or "not run"
@@ -182,6 +264,14 @@ def render(res: dict) -> str:
         x = {k: f"{b[k] / v[k]:.2f}x" if b.get(k) and v[k] > 0 else "-" for k in v}
         L.append(f"| {arm} | {v['step']:.1f} | {x['step']} | {stem['ms']:.1f} | {per:.2f} | {x['per']} | {v['est']:.1f} | "
                  f"{x['est']} | {step.get('peak_gib', float('nan')):.1f} |")
+    prof = {r["arm"]: r["profile"] for r in res["rows"] if r.get("profile")}
+    if prof:
+        cls = [c for c, _ in KERNEL_CLASSES] + ["other"]
+        L += ["", f"GPU ms of one {res['layers']}-layer step by kernel class (torch.profiler):", "",
+              "| arm | " + " | ".join(cls) + " | sum |", "|---|" + "---:|" * (len(cls) + 1)]
+        for arm, p in prof.items():
+            L.append(f"| {arm} | " + " | ".join(f"{p['classes'].get(c, 0.0):.1f}" for c in cls) +
+                     f" | {p['total_ms']:.1f} |")
     return "\n".join(L)
 
 

@@ -57,9 +57,10 @@ from quarl.rl.sampling import PromptSampler
 from quarl.train.checkpoint import CheckpointManager
 from quarl.train.distributed import Dist, current
 from quarl.train.fsdp import clip_grad_norm, decoder_hidden, shard_model
+from quarl.train.fused_kernels import apply_liger_kernel
 from quarl.train.metrics import MetricsLogger, NullLogger, peak_memory_gb
 from quarl.train.optim import lr_at, make_optimizer
-from quarl.train.policy import resolve_device, resolve_dtype
+from quarl.train.policy import enable_gradient_checkpointing, resolve_device, resolve_dtype
 
 log = logging.getLogger(__name__)
 
@@ -106,13 +107,13 @@ class DistillTrainer:
         home = torch.device("cpu") if self.sharded else self.device
         self.model = student.to(device=home, dtype=dtype)
         self.student_report = build_student(self.model, cfg.student)
-        if cfg.student.gradient_checkpointing:
-            kw = {"use_reentrant": False}  # non-reentrant: works although the inputs need no grad (LoRA)
-            if hasattr(self.model, "activation_checkpointing_enable"):  # transformers >= 5.x name
-                self.model.activation_checkpointing_enable(activation_checkpointing_kwargs=kw)
-            else:
-                self.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kw)
         self.teacher = teacher.to(device=home, dtype=t_dtype).eval().requires_grad_(False)
+        if cfg.student.use_liger_kernel:  # on the device the pass runs on; before sharding
+            key = "student.use_liger_kernel"
+            self.student_report["liger"] = apply_liger_kernel(self.model, self.device, key)
+            apply_liger_kernel(self.teacher, self.device, key)
+        if cfg.student.gradient_checkpointing:
+            enable_gradient_checkpointing(self.model)
         if self.sharded:
             shard_model(self.model, dist, self.device)
             shard_model(self.teacher, dist, self.device)

@@ -100,9 +100,17 @@ from quarl.rl.sampling import PromptSampler, ScoredBatch, dynamic_sample
 from quarl.train.checkpoint import CheckpointManager
 from quarl.train.distributed import Dist, current
 from quarl.train.fsdp import clip_grad_norm, gathered, shard_model
+from quarl.train.fused_kernels import apply_liger_kernel
 from quarl.train.metrics import MetricsLogger, NullLogger, peak_memory_gb
 from quarl.train.optim import lr_at, make_optimizer
-from quarl.train.policy import build_policy, lora_disabled, place_policy, resolve_device, resolve_dtype
+from quarl.train.policy import (
+    build_policy,
+    enable_gradient_checkpointing,
+    lora_disabled,
+    place_policy,
+    resolve_device,
+    resolve_dtype,
+)
 
 log = logging.getLogger(__name__)
 
@@ -163,12 +171,10 @@ class RLTrainer:
                 raise ValueError("an initial adapter needs policy.mode=lora")
             load_adapter(self.model, init_adapter)
             self.policy_report["init_adapter"] = str(init_adapter)
-        if cfg.policy.gradient_checkpointing:  # non-reentrant: works although the inputs need no grad (LoRA)
-            kw = {"use_reentrant": False}
-            if hasattr(self.model, "activation_checkpointing_enable"):  # transformers >= 5.x name
-                self.model.activation_checkpointing_enable(activation_checkpointing_kwargs=kw)
-            else:
-                self.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kw)
+        if cfg.policy.use_liger_kernel:  # before sharding and the rollout replica's copy: both get the fused kernels
+            self.policy_report["liger"] = apply_liger_kernel(self.model, self.device)
+        if cfg.policy.gradient_checkpointing:
+            enable_gradient_checkpointing(self.model)
         cache_deq = str(cfg.rollout.cache_dequantized).lower()
         if cache_deq == "true" or (cache_deq == "auto" and self.device.type == "cpu"):
             for m in self.model.modules():

@@ -29,8 +29,8 @@ from quarl.quant import (
 if TYPE_CHECKING:  # the policy section of a trainer's config (today quarl.rl.config.PolicyConfig)
     from quarl.rl.config import PolicyConfig
 
-__all__ = ["base_recipe", "build_policy", "load_policy_model", "lora_disabled", "place_policy", "resolve_device",
-           "resolve_dtype", "resolve_load"]
+__all__ = ["base_recipe", "build_policy", "enable_gradient_checkpointing", "load_policy_model", "lora_disabled",
+           "place_policy", "resolve_device", "resolve_dtype", "resolve_load"]
 
 
 def resolve_device(name: str) -> torch.device:
@@ -129,6 +129,17 @@ def build_policy(model: nn.Module, cfg: PolicyConfig) -> dict:
                          f"quantized linear layer of this model")
     return {"mode": "lora", "format": fmt, "trainable_params": trainable, "layers": len(report.layers),
             "memory_bytes": report.memory["total_bytes"]}
+
+
+
+def enable_gradient_checkpointing(model: nn.Module) -> None:
+    """transformers' activation checkpointing, non-reentrant: it works although the inputs need no grad (LoRA on a
+    frozen base)."""
+    kw = {"use_reentrant": False}
+    if hasattr(model, "activation_checkpointing_enable"):  # transformers >= 5.x name
+        model.activation_checkpointing_enable(activation_checkpointing_kwargs=kw)
+    else:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kw)
 
 
 @contextlib.contextmanager

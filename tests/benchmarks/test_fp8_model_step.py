@@ -48,3 +48,40 @@ def test_run_and_report(tmp_path, monkeypatch):
     text = bench.render(res)  # per layer 20 / 15 ms; 4-layer (tiny's "real" depth) estimate 90 / 70 ms
     assert "| bf16 | 30.0 | 1.00x | 10.0 | 20.00 | 1.00x | 90.0 | 1.00x |" in text
     assert "| jetrl | 25.0 | 1.20x | 10.0 | 15.00 | 1.33x | 70.0 | 1.29x |" in text
+
+
+def test_arm_names_are_checked():
+    assert bench.parse_arm("jetrl-xtiles+deepgemm+liger") == ("jetrl-xtiles", True, True)
+    assert bench.parse_arm("bf16+liger") == ("bf16", False, True)
+    for bad in ("bf16+deepgemm", "jetrl+liger+liger", "fp8", "jetrl+tiles"):
+        with pytest.raises(SystemExit, match="unknown arm"):
+            bench.parse_arm(bad)
+
+
+def test_rl_loss_is_the_rl_stage_logprobs_and_trains():
+    """--loss rl: the rl stage's chunked completion log-probs drive the update (the weights move), and its loss is
+    the policy-gradient form over the completion only."""
+    model = bench.build("tiny", 1, "cpu")
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    before = model.model.layers[0].mlp.down_proj.weight.detach().clone()
+    bench.step_fn(model, opt, torch.randint(0, 1000, (2, 24)), loss="rl")()
+    assert not torch.equal(before, model.model.layers[0].mlp.down_proj.weight.detach())
+
+
+def test_profile_classes_and_liger_stem_in_the_report():
+    assert bench.kernel_class("_act_t_kernel") == "fp8 quantize"
+    assert bench.kernel_class("nvjet_tst_128x256_64x4_1x2_h_bz_coopA_NNT") == "gemm"
+    assert bench.kernel_class("flash_bwd_kernel") == "attention"
+    assert bench.kernel_class("_rms_norm_backward_kernel") == "norm/rope/swiglu"
+    assert bench.kernel_class("multi_tensor_apply_kernel") == "optimizer"
+    assert bench.kernel_class("elementwise_kernel") == "other"
+    prof = bench.profile_step(lambda: torch.ones(64, 64) @ torch.ones(64, 64), "cpu")
+    assert prof["total_ms"] >= 0 and abs(sum(prof["classes"].values()) - prof["total_ms"]) < 1e-9 and prof["top"]
+    res = {"shape": "tiny", "layers": 1, "tokens": 32, "seq": 16, "gpu": "cpu", "torch": "x", "loss": "rl",
+           "rows": [{"arm": "bf16", "layers": 0, "ms": 10.0}, {"arm": "bf16+liger", "layers": 0, "ms": 8.0},
+                    {"arm": "bf16", "layers": 1, "ms": 30.0},
+                    {"arm": "bf16+liger", "layers": 1, "ms": 20.0,
+                     "profile": {"classes": {"gemm": 12.0, "other": 6.0}, "total_ms": 18.0, "top": []}}]}
+    text = bench.render(res)
+    assert "| bf16+liger | 20.0 | 1.50x | 8.0 | 12.00 | 1.67x | 56.0 | 1.61x |" in text  # its own (Liger) stem
+    assert "| bf16+liger | 0.0 | 12.0 | 0.0 | 0.0 | 0.0 | 0.0 | 6.0 | 18.0 |" in text

@@ -133,8 +133,10 @@ def test_packed_group_takes_the_partials_route_in_a_cuda_graph(monkeypatch):
     torch.manual_seed(11)
     mods = [torch.nn.Linear(3584, n, bias=True, device="cuda", dtype=torch.bfloat16) for n in (3584, 512, 512)]
     model = torch.nn.Sequential(*mods)
-    quantize_model(model, {"default": "nvfp4", "lora": {"r": 32, "alpha": 64.0}})
+    # the leaves of a Sequential are named "0", "1", "2": LoRA targets them by those names
+    quantize_model(model, {"default": "nvfp4", "lora": {"r": 32, "alpha": 64.0, "targets": ["0", "1", "2"]}})
     qs = list(model)
+    assert all(q.lora_cfg is not None for q in qs)
     for q in qs:
         torch.nn.init.normal_(q.lora_B, std=0.02)
     x = torch.randn(4, 1, 3584, device="cuda", dtype=torch.bfloat16)
