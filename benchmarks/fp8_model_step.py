@@ -20,10 +20,10 @@ Arms (each on a fresh model from the same seed):
 * ``jetrl``: ``quantize_model`` with the rl stage's own full-parameter Jet-RL recipe (``quarl.rl.precision``:
   every projection a ``QuantLinear`` ``qat`` with a BF16 master weight and FP8 GEMMs forward and backward);
 * ``jetrl-xtiles``: the same with ``precision.fp8_wgrad=tiles`` (X^T in 128x128 tiles in WGrad);
-* ``+deepgemm`` on either FP8 arm (``jetrl+deepgemm``): ``QUARL_FP8_GEMM=deepgemm``;
-* ``+liger`` on any arm (``bf16+liger``, ``jetrl-xtiles+deepgemm+liger``): the rl stage's
-  ``policy.use_liger_kernel`` (``quarl.train.fused_kernels``: Liger's RMSNorm, RoPE and SwiGLU kernels); its stem
-  is timed with Liger too.
+* ``+deepgemm`` on either FP8 arm (``jetrl+deepgemm``): ``QUARL_FP8_GEMM=deepgemm``.
+
+(Session 10 also timed ``+liger`` arms -- Liger-Kernel's RMSNorm, RoPE and SwiGLU patched in, commit 327c7e1 --
+and measured no gain: benchmarks/RESULTS.md, Jet-RL, "The whole actor update".)
 
 ``--profile``: one more step of each arm under ``torch.profiler``, its GPU time by kernel class (GEMMs, FP8
 quantizers, attention, norm/RoPE/SwiGLU, the optimizer, the rest) and its top kernels -- where the step goes.
@@ -60,13 +60,12 @@ BASES = ("bf16", "jetrl", "jetrl-xtiles")
 PROMPT = 256  # prompt tokens per sequence under --loss rl (the rest is the completion)
 
 
-def parse_arm(arm: str) -> tuple[str, bool, bool]:
-    """``jetrl-xtiles+deepgemm+liger`` -> ("jetrl-xtiles", deepgemm, liger); unknown names refused."""
+def parse_arm(arm: str) -> tuple[str, bool]:
+    """``jetrl-xtiles+deepgemm`` -> ("jetrl-xtiles", True); unknown names refused."""
     base, *mods = arm.split("+")
-    if base not in BASES or any(m not in ("deepgemm", "liger") for m in mods) or len(set(mods)) != len(mods) or (
-            "deepgemm" in mods and base == "bf16"):
-        raise SystemExit(f"unknown arm {arm!r}: a base ({', '.join(BASES)}) with +deepgemm (FP8 bases) and/or +liger")
-    return base, "deepgemm" in mods, "liger" in mods
+    if base not in BASES or mods not in ([], ["deepgemm"]) or (mods and base == "bf16"):
+        raise SystemExit(f"unknown arm {arm!r}: a base ({', '.join(BASES)}), +deepgemm on the FP8 bases")
+    return base, bool(mods)
 
 
 def build(shape: str, layers: int, device: str, seed: int = 0):
@@ -151,17 +150,13 @@ def profile_step(fn, device: str) -> dict:
 
 def time_arm(shape: str, layers: int, arm: str, tokens: int, seq: int, iters: int, device: str,
              loss: str = "ce", profile: bool = False) -> dict:
-    base, deepgemm, liger = parse_arm(arm)
+    base, deepgemm = parse_arm(arm)
     env = {"QUARL_FP8_GEMM": "deepgemm"} if deepgemm else {}
     old = {k: os.environ.get(k) for k in env}
     os.environ.update(env)
     try:
         model = build(shape, layers, device)
         prepare(model, base)
-        if liger:  # what policy.use_liger_kernel does in the rl stage
-            from quarl.train.fused_kernels import apply_liger_kernel
-
-            apply_liger_kernel(model, device)
         model.train()
         opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-6,
                                 fused=device == "cuda")
@@ -218,10 +213,8 @@ def main() -> None:
            "gpu": torch.cuda.get_device_name() if a.device == "cuda" else "cpu", "torch": torch.__version__,
            "shape": a.shape, "layers": a.layers, "tokens": a.tokens, "seq": seq, "loss": a.loss, "rows": []}
     t0 = time.time()
-    # the stem (no decoder layer) has no projection to quantize: the same BF16 model in every arm, timed once (and
-    # once with Liger's final norm when an arm uses it)
-    stems = ["bf16"] + (["bf16+liger"] if any(parse_arm(x)[2] for x in arms) else [])
-    for arm, layers in [*((s, 0) for s in stems), *((arm, a.layers) for arm in arms)]:
+    # the stem (no decoder layer) has no projection to quantize: the same BF16 model in every arm, timed once
+    for arm, layers in [("bf16", 0), *((arm, a.layers) for arm in arms)]:
         if time.time() - t0 > a.budget_s:
             res.setdefault("skipped", []).append(f"{arm} layers={layers}")
             continue
@@ -251,7 +244,7 @@ def render(res: dict) -> str:
     L = [title, "", head, "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
     vals: dict[str, dict] = {}
     for arm in dict.fromkeys(r["arm"] for r in res["rows"] if r["layers"]):
-        # the stem is BF16 in every arm (embedding, final norm, LM head, loss); with Liger's final norm if the arm's
+        # the stem is BF16 in every arm (embedding, final norm, LM head, loss); session 10's +liger arms had their own
         stem = by.get(("bf16+liger" if arm.endswith("+liger") else "bf16", 0), {})
         step = by.get((arm, res["layers"]), {})
         if "ms" not in step or "ms" not in stem:

@@ -58,8 +58,6 @@ class StudentConfig:
     dtype: str = "auto"  # compute dtype: auto (bfloat16 on CUDA, float32 on CPU)
     train_embeddings: bool = False  # qat: also train norms/embeddings (QAD trains the quantized linears)
     gradient_checkpointing: bool = False
-    # Liger-Kernel's fused RMSNorm, RoPE and SwiGLU in student and teacher (CUDA; quarl.train.fused_kernels)
-    use_liger_kernel: bool = False
 
     def __post_init__(self) -> None:
         _check(self.mode in ("qat", "lora"), f"student.mode must be qat|lora, got {self.mode!r}")

@@ -57,7 +57,6 @@ from quarl.rl.sampling import PromptSampler
 from quarl.train.checkpoint import CheckpointManager
 from quarl.train.distributed import Dist, current
 from quarl.train.fsdp import clip_grad_norm, decoder_hidden, shard_model
-from quarl.train.fused_kernels import apply_liger_kernel
 from quarl.train.metrics import MetricsLogger, NullLogger, peak_memory_gb
 from quarl.train.optim import lr_at, make_optimizer
 from quarl.train.policy import enable_gradient_checkpointing, resolve_device, resolve_dtype
@@ -108,10 +107,6 @@ class DistillTrainer:
         self.model = student.to(device=home, dtype=dtype)
         self.student_report = build_student(self.model, cfg.student)
         self.teacher = teacher.to(device=home, dtype=t_dtype).eval().requires_grad_(False)
-        if cfg.student.use_liger_kernel:  # on the device the pass runs on; before sharding
-            key = "student.use_liger_kernel"
-            self.student_report["liger"] = apply_liger_kernel(self.model, self.device, key)
-            apply_liger_kernel(self.teacher, self.device, key)
         if cfg.student.gradient_checkpointing:
             enable_gradient_checkpointing(self.model)
         if self.sharded:

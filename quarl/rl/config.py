@@ -53,8 +53,6 @@ class PolicyConfig:
     lora_targets: list[str] = field(default_factory=lambda: list(DEFAULT_LORA_TARGETS))
     dtype: str = "auto"  # auto (bfloat16 on CUDA, float32 on CPU) | float32 | bfloat16
     gradient_checkpointing: bool = False
-    # Liger-Kernel's fused RMSNorm, RoPE and SwiGLU in the trained model (CUDA; TRL's name; quarl.train.fused_kernels)
-    use_liger_kernel: bool = False
     # How the base is loaded (quarl.train.policy.resolve_load): dense (whole model in `dtype`, then quantized) |
     # stream (built layer by layer, each quantized as read: a 32B NVFP4 base fits one 80 GB GPU) |
     # auto (stream for a quantized lora base on CUDA, else dense). The policy is the same either way.

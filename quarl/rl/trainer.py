@@ -100,7 +100,6 @@ from quarl.rl.sampling import PromptSampler, ScoredBatch, dynamic_sample
 from quarl.train.checkpoint import CheckpointManager
 from quarl.train.distributed import Dist, current
 from quarl.train.fsdp import clip_grad_norm, gathered, shard_model
-from quarl.train.fused_kernels import apply_liger_kernel
 from quarl.train.metrics import MetricsLogger, NullLogger, peak_memory_gb
 from quarl.train.optim import lr_at, make_optimizer
 from quarl.train.policy import (
@@ -171,8 +170,6 @@ class RLTrainer:
                 raise ValueError("an initial adapter needs policy.mode=lora")
             load_adapter(self.model, init_adapter)
             self.policy_report["init_adapter"] = str(init_adapter)
-        if cfg.policy.use_liger_kernel:  # before sharding and the rollout replica's copy: both get the fused kernels
-            self.policy_report["liger"] = apply_liger_kernel(self.model, self.device)
         if cfg.policy.gradient_checkpointing:
             enable_gradient_checkpointing(self.model)
         cache_deq = str(cfg.rollout.cache_dequantized).lower()
