@@ -10,8 +10,14 @@
 #     2. benchmarks/fp8_model_step.py, Qwen2.5-7B width, 4 decoder layers + stem, 8k and 16k tokens, --loss rl (the
 #        rl stage's chunked log-probs), BF16 vs Jet-RL (best recipe arms), each with and without Liger, and one
 #        profiled step per arm (GPU time by kernel class) at 8k.
-#   phase b: bash benchmarks/gpu_session10.sh b   carry: .dev/dg.tar.xz .dev/whl   (one GPU; ~4 min)
-#     The same at Qwen3-8B width (4 layers), 8k and 16k tokens, no profile.
+#     RAN at commit 327c7e1 (the +liger arms and tests/train/test_fused_kernels_gpu.py were removed after it:
+#     Liger gained nothing; results in benchmarks/results/gpu_2026-11-26/s10/a).
+#   phase b: bash benchmarks/gpu_session10.sh b   carry: .dev/dg.tar.xz .dev/whl   (one GPU; ~5 min)
+#     The fused token log-prob kernel (quarl_kernels/token_logprob.py), which phase a's profile asked for (~40 ms of
+#     fp32 passes over the logits in a 185 ms step): its GPU tests, then the same model step with
+#     QUARL_LOGPROB_KERNEL=0 (PyTorch ops) and 1 (the kernel), 8k (profiled) and 16k tokens.
+#   phase c: bash benchmarks/gpu_session10.sh c   carry: .dev/dg.tar.xz .dev/whl   (one GPU; ~3 min)
+#     The model step at Qwen3-8B width (4 layers), 8k and 16k tokens, the kernel on.
 #
 # .dev/dg.tar.xz: see benchmarks/gpu_session8.sh; .dev/whl: liger_kernel-0.8.5-py3-none-any.whl (PyPI), installed
 # with --no-deps into /tmp/site (torch and triton are the machine's).
@@ -35,12 +41,12 @@ PHASE=$KEEP_PHASE T0=$KEEP_T0
 export PYTHONPATH=$PYTHONPATH:/tmp/site
 echo "== DeepGEMM ready at $((SECONDS - T0)) s: $(ls /tmp/dg/deep_gemm/_C*.so 2>&1 | head -1)"
 
-model_step() {  # shape tokens extra-args...
-    local shape=$1 t=$2; shift 2
+model_step() {  # tag shape tokens extra-args...   (ARMS: the arms)
+    local tag=$1 shape=$2 t=$3; shift 3
     timeout -k 5 "${MODEL_S:-200}" "$PY" benchmarks/fp8_model_step.py --shape "$shape" --layers 4 --tokens "$t" \
-        --loss rl --arms bf16,bf16+liger,jetrl+deepgemm,jetrl+deepgemm+liger,jetrl-xtiles+deepgemm,jetrl-xtiles+deepgemm+liger \
-        --budget-s $(( ${MODEL_S:-200} - 30 )) --out "$OUT/model/$shape-$t" "$@" > "$OUT/model/$shape-$t.log" 2>&1
-    echo "== model step $shape $t rc=$? at $((SECONDS - T0)) s"; sed -n '/^# actor update/,$p' "$OUT/model/$shape-$t.log"
+        --loss rl --arms "$ARMS" --budget-s $(( ${MODEL_S:-200} - 30 )) --out "$OUT/model/$tag$shape-$t" "$@" \
+        > "$OUT/model/$tag$shape-$t.log" 2>&1
+    echo "== model step $tag$shape $t rc=$? at $((SECONDS - T0)) s"; sed -n '/^# actor update/,$p' "$OUT/model/$tag$shape-$t.log"
 }
 
 mkdir -p "$OUT/model"
@@ -52,12 +58,27 @@ a)
         "tests/kernels/test_epilogue_gpu.py::test_packed_group_takes_the_partials_route_in_a_cuda_graph" \
         > "$OUT/tests/pytest.log" 2>&1
     echo "== GPU tests rc=$? at $((SECONDS - T0)) s"; grep -E "passed|failed|FAILED|ERROR|SKIP" "$OUT/tests/pytest.log" | tail -n 12
-    model_step Qwen2.5-7B 8192 --profile
-    model_step Qwen2.5-7B 16384
+    ARMS=bf16,bf16+liger,jetrl+deepgemm,jetrl+deepgemm+liger,jetrl-xtiles+deepgemm,jetrl-xtiles+deepgemm+liger
+    model_step "" Qwen2.5-7B 8192 --profile
+    model_step "" Qwen2.5-7B 16384
     ;;
 b)
-    model_step Qwen3-8B 8192
-    model_step Qwen3-8B 16384
+    mkdir -p "$OUT/tests"
+    timeout -k 5 "${TEST_S:-120}" "$PY" -m pytest -q -rfEs -m gpu -p no:cacheprovider tests/kernels/test_token_logprob_gpu.py \
+        > "$OUT/tests/pytest.log" 2>&1
+    echo "== GPU tests rc=$? at $((SECONDS - T0)) s"; grep -E "^E |passed|failed|FAILED|ERROR|SKIP" "$OUT/tests/pytest.log" | tail -n 30
+    ARMS=bf16,jetrl+deepgemm,jetrl-xtiles+deepgemm
+    for k in 0 1; do
+        export QUARL_LOGPROB_KERNEL=$k
+        model_step "lpk$k-" Qwen2.5-7B 8192 --profile
+        model_step "lpk$k-" Qwen2.5-7B 16384
+    done
+    ;;
+c)
+    export QUARL_LOGPROB_KERNEL=1
+    ARMS=bf16,jetrl+deepgemm,jetrl-xtiles+deepgemm
+    model_step "" Qwen3-8B 8192
+    model_step "" Qwen3-8B 16384
     ;;
 *)
     echo "unknown phase $PHASE"; exit 2

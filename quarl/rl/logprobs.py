@@ -35,6 +35,10 @@ forward.
 
 from __future__ import annotations
 
+import functools
+import os
+import warnings
+
 import torch
 from torch import nn
 from torch.utils.checkpoint import checkpoint
@@ -43,9 +47,57 @@ from quarl.engine.rollout import position_ids_from_mask
 from quarl.train.fsdp import decoder_hidden
 
 
+@functools.cache
+def _kernels():
+    """``quarl_kernels.token_logprob``, or None (no Triton / kernels package: the PyTorch path serves)."""
+    try:
+        from quarl_kernels import token_logprob
+    except Exception as e:  # noqa: BLE001 - any import failure means: no kernel here
+        warnings.warn(f"quarl_kernels.token_logprob unavailable ({type(e).__name__}: {e}); token log-probs take the "
+                      f"PyTorch path", RuntimeWarning, stacklevel=2)
+        return None
+    return token_logprob
+
+
+def use_kernel(logits: torch.Tensor) -> bool:
+    """The fused token log-prob kernel for these logits? ``QUARL_LOGPROB_KERNEL``: unset/1 = on CUDA (when the
+    kernels import), 0 = never (the PyTorch path); on CPU only with 1 under ``TRITON_INTERPRET=1`` (its test)."""
+    flag = os.environ.get("QUARL_LOGPROB_KERNEL", "").strip().lower()
+    if flag not in ("", "0", "1"):
+        raise ValueError(f"QUARL_LOGPROB_KERNEL={flag!r}: use 1 (the fused kernel where it can run) or 0 (PyTorch)")
+    if flag == "0":
+        return False
+    if not logits.is_cuda and not (flag == "1" and os.environ.get("TRITON_INTERPRET") == "1"):
+        return False
+    return logits.stride(-1) == 1 and _kernels() is not None
+
+
+class TokenLogprob(torch.autograd.Function):
+    """``[N, V]`` logits, ``[N]`` targets -> (``[N]`` fp32 log-probs, ``[N]`` detached entropy or zeros) through
+    ``quarl_kernels.token_logprob``: one read of the logits forward, one read and one write backward."""
+
+    @staticmethod
+    def forward(ctx, logits, targets, temperature: float, with_entropy: bool):
+        logp, lse, ent = _kernels().token_logprob_fwd(logits, targets, temperature, with_entropy)
+        ctx.save_for_backward(logits, targets, lse)
+        ctx.temperature = temperature
+        ent = torch.zeros_like(logp) if ent is None else ent
+        ctx.mark_non_differentiable(ent)
+        return logp, ent
+
+    @staticmethod
+    def backward(ctx, grad_logp, _grad_ent):
+        logits, targets, lse = ctx.saved_tensors
+        return _kernels().token_logprob_bwd(logits, targets, lse, grad_logp, ctx.temperature), None, None, None
+
+
 def _project(lm_head: nn.Module, h: torch.Tensor, targets: torch.Tensor, temperature: float, with_entropy: bool):
     """``[B, c, H]`` hidden states -> ``[B, c]`` log-probs of ``targets`` (and detached entropy)."""
-    logits = lm_head(h).float() / temperature  # [B, c, V]
+    logits = lm_head(h)  # [B, c, V] in the head's dtype
+    if use_kernel(logits):
+        logp, ent = TokenLogprob.apply(logits.flatten(0, 1), targets.flatten(), float(temperature), with_entropy)
+        return logp.view(targets.shape), ent.view(targets.shape)
+    logits = logits.float() / temperature  # [B, c, V]
     lse = torch.logsumexp(logits, dim=-1)  # [B, c]
     logp = logits.gather(-1, targets.unsqueeze(-1)).squeeze(-1) - lse
     if not with_entropy:
