@@ -75,6 +75,10 @@ b)
     done
     ;;
 c)
+    mkdir -p "$OUT/tests"
+    timeout -k 5 "${TEST_S:-120}" "$PY" -m pytest -q -rfEs -m gpu -p no:cacheprovider tests/kernels/test_token_logprob_gpu.py \
+        > "$OUT/tests/pytest.log" 2>&1
+    echo "== GPU tests rc=$? at $((SECONDS - T0)) s"; grep -E "^E |passed|failed|FAILED|ERROR|SKIP" "$OUT/tests/pytest.log" | tail -n 30
     export QUARL_LOGPROB_KERNEL=1
     ARMS=bf16,jetrl+deepgemm,jetrl-xtiles+deepgemm
     model_step "" Qwen3-8B 8192
@@ -84,4 +88,7 @@ c)
     echo "unknown phase $PHASE"; exit 2
     ;;
 esac
+# the device tool returns a limited number of files: one archive of the run's (phase b lost 7 files to that limit)
+tar czf "$OUT/phase-$PHASE.tar.gz" -C "$OUT" --exclude "phase-$PHASE.tar.gz" --exclude gpu.txt . 2>/dev/null
+find "$OUT" -mindepth 1 -maxdepth 1 ! -name "phase-$PHASE.tar.gz" ! -name gpu.txt -exec rm -rf {} +
 echo "phase $PHASE done at $((SECONDS - T0)) s"

@@ -38,11 +38,13 @@ def test_matches_pytorch_at_qwen_vocabulary(temperature):
 
 
 def test_rl_path_is_the_same_with_and_without_the_kernel(monkeypatch):
-    from quarl.models import tiny_model
+    from transformers import AutoModelForCausalLM
+
+    from quarl.models import tiny_config
     from quarl.rl.logprobs import completion_logprobs, use_kernel
 
-    model, _ = tiny_model("llama", vocab_size=4096)
-    model = model.to("cuda", torch.bfloat16)
+    torch.manual_seed(0)  # the tiny model's shape, random weights (no tokenizer: the device has no embedded model)
+    model = AutoModelForCausalLM.from_config(tiny_config("llama", vocab_size=4096)).to("cuda", torch.bfloat16)
     ids = torch.randint(0, 4096, (4, 300), device="cuda")
     mask = torch.ones_like(ids)
     mask[1, :17] = 0
