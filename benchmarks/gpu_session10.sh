@@ -92,3 +92,13 @@ esac
 tar czf "$OUT/phase-$PHASE.tar.gz" -C "$OUT" --exclude "phase-$PHASE.tar.gz" --exclude gpu.txt . 2>/dev/null
 find "$OUT" -mindepth 1 -maxdepth 1 ! -name "phase-$PHASE.tar.gz" ! -name gpu.txt -exec rm -rf {} +
 echo "phase $PHASE done at $((SECONDS - T0)) s"
+
+# ---------------------------------------------------------------------------------------------------------------
+# Record of the calls (2026-11-26, one H100 80GB HBM3 each; results/gpu_2026-11-26/s10/<x>):
+#   a  phase a at 327c7e1, carry .dev/dg.tar.xz .dev/whl: 195 s (GPU tests 2 passed, 1 failed: Liger + Jet-RL)
+#   b  phase b at 29213e2, same carry: 222 s (the log-prob kernel's tiny-model GPU test needed the embedded model:
+#      fixed in 5f848b3; 7 of its files exceeded the tool's file count, the logs kept the tables)
+#   c  phase c at 5f848b3, same carry: 92 s (GPU tests 3 passed)
+#   d  the 7B GRPO step with and without the log-prob kernel, at 5f848b3, one command on the warm machine (187 s):
+#      export PYTHONPATH=$PWD:$PWD/kernels; for k in 1 0; do QUARL_LOGPROB_KERNEL=$k timeout -k 10 270 \
+#        python3 benchmarks/grpo_step_gpu.py --out $OUT/g/lpk$k --work /tmp/grpo7_work$k > $OUT/g/lpk$k.log 2>&1; done

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# Prepared in session 8 (2026-11-26) for the next device session, NOT yet run: the measurements that session could
-# not make (its device time was spent). Run from the repository root on the device machine; rename the phases' record
-# as they run.
+# Prepared in session 8 (2026-11-26) for the next device session. Ran on 2026-11-26 (H100) at commit 13f5854:
+# phase a (results/gpu_2026-11-26/s9/a) and phase c (s9/c); phase b (the DeepGEMM anomaly) was NOT run -- the
+# session spent its device time on the whole-model step instead (gpu_session10.sh). RESULTS.md: "Issue 17: the LoRA
+# A GEMM as one launch of split partials is slower" and Jet-RL "The whole actor update".
 #
 #   phase a: bash benchmarks/gpu_session9.sh a   (one GPU; issue 17, ~9 min)
 #     The LoRA A GEMM as one launch of split partials (quarl_kernels/lora_a.py, opt-in QUARL_ENGINE_LORA_A=1):

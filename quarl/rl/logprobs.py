@@ -7,7 +7,10 @@ time, and ``log p(token) = logit[token] - logsumexp(logits)``. Why chunks: the
 float32 logits of one 8192-token answer over Qwen2.5's 152k vocabulary are 5 GB;
 projecting ``chunk`` positions at a time under activation checkpointing keeps
 only ``[B, chunk, V]`` alive and recomputes each chunk's projection in the
-backward pass (one extra LM-head matmul, a few percent of the step).
+backward pass (one extra LM-head matmul, a few percent of the step). On CUDA what follows the LM-head GEMM
+(the fp32 upcast, temperature, logsumexp, gather, and their backward) is one Triton kernel each way
+(``quarl_kernels.token_logprob``: one read of the logits forward, one read and one write backward, where the
+PyTorch ops made about ten fp32 passes; ``QUARL_LOGPROB_KERNEL=0`` keeps the ops, which CPUs always run).
 
 Mismatch. The rollout keeps the log-probs it sampled with; the trainer recomputes
 them. They differ by (a) AQN noise, present only during the rollout (by design,

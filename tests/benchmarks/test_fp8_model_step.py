@@ -72,6 +72,7 @@ def test_profile_classes_and_the_report():
     assert bench.kernel_class("_act_t_kernel") == "fp8 quantize"
     assert bench.kernel_class("nvjet_tst_128x256_64x4_1x2_h_bz_coopA_NNT") == "gemm"
     assert bench.kernel_class("flash_bwd_kernel") == "attention"
+    assert bench.kernel_class("fmha_cutlassB_bf16_aligned_64x64_k128_sm80") == "attention"  # not a GEMM
     assert bench.kernel_class("_rms_norm_backward_kernel") == "norm/rope/swiglu"
     assert bench.kernel_class("multi_tensor_apply_kernel") == "optimizer"
     assert bench.kernel_class("elementwise_kernel") == "other"
@@ -83,4 +84,4 @@ def test_profile_classes_and_the_report():
                      "profile": {"classes": {"gemm": 12.0, "other": 6.0}, "total_ms": 18.0, "top": []}}]}
     text = bench.render(res)
     assert "| jetrl | 20.0 | 1.50x | 10.0 | 10.00 | 2.00x | 50.0 | 1.80x |" in text
-    assert "| jetrl | 0.0 | 12.0 | 0.0 | 0.0 | 0.0 | 0.0 | 6.0 | 18.0 |" in text
+    assert "| jetrl | 0.0 | 0.0 | 12.0 | 0.0 | 0.0 | 0.0 | 6.0 | 18.0 |" in text  # fp8 quantize, attention, gemm, ...
