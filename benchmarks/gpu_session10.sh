@@ -18,6 +18,10 @@
 #     QUARL_LOGPROB_KERNEL=0 (PyTorch ops) and 1 (the kernel), 8k (profiled) and 16k tokens.
 #   phase c: bash benchmarks/gpu_session10.sh c   carry: .dev/dg.tar.xz .dev/whl   (one GPU; ~3 min)
 #     The model step at Qwen3-8B width (4 layers), 8k and 16k tokens, the kernel on.
+#   phase e: bash benchmarks/gpu_session10.sh e   carry: .dev/dg.tar.xz .dev/whl   (one GPU; ~8 min)
+#     1. issue 17's rollout table with the defaults (session 9's ran with the slower LoRA A partials switched on);
+#     2. session 9's phase b, not run then: the DeepGEMM anomaly (every layer-step arm also as one CUDA graph per
+#        step, SM clock / power / temperature logged every 200 ms).
 #
 # .dev/dg.tar.xz: see benchmarks/gpu_session8.sh; .dev/whl: liger_kernel-0.8.5-py3-none-any.whl (PyPI), installed
 # with --no-deps into /tmp/site (torch and triton are the machine's).
@@ -83,6 +87,13 @@ c)
     ARMS=bf16,jetrl+deepgemm,jetrl-xtiles+deepgemm
     model_step "" Qwen3-8B 8192
     model_step "" Qwen3-8B 16384
+    ;;
+e)
+    mkdir -p "$OUT/roll" "$OUT/s9b"
+    timeout -k 5 "${ROLL_S:-170}" "$PY" benchmarks/rollout.py --models 7b,14b --variants bf16+lora,nvfp4+lora \
+        --hf-new-tokens 0 --budget-s $(( ${ROLL_S:-170} - 15 )) --out "$OUT/roll" > "$OUT/roll/run.log" 2>&1
+    echo "== rollout table rc=$? at $((SECONDS - T0)) s"; grep -A 20 "^| model" "$OUT/roll/run.log" | head -n 16
+    OUT="$OUT/s9b" LAYER_S=${LAYER_S:-200} WARM_S=${WARM_S:-90} bash benchmarks/gpu_session9.sh b
     ;;
 *)
     echo "unknown phase $PHASE"; exit 2
