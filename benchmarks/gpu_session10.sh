@@ -113,3 +113,4 @@ echo "phase $PHASE done at $((SECONDS - T0)) s"
 #   d  the 7B GRPO step with and without the log-prob kernel, at 5f848b3, one command on the warm machine (187 s):
 #      export PYTHONPATH=$PWD:$PWD/kernels; for k in 1 0; do QUARL_LOGPROB_KERNEL=$k timeout -k 10 270 \
 #        python3 benchmarks/grpo_step_gpu.py --out $OUT/g/lpk$k --work /tmp/grpo7_work$k > $OUT/g/lpk$k.log 2>&1; done
+#   e  phase e at 3c04f3b, same carry: 308 s (the rollout table's 14B batch-64 cell ran out of its budget share)
