@@ -18,6 +18,10 @@
 #     QUARL_LOGPROB_KERNEL=0 (PyTorch ops) and 1 (the kernel), 8k (profiled) and 16k tokens.
 #   phase c: bash benchmarks/gpu_session10.sh c   carry: .dev/dg.tar.xz .dev/whl   (one GPU; ~3 min)
 #     The model step at Qwen3-8B width (4 layers), 8k and 16k tokens, the kernel on.
+#   phase f: bash benchmarks/gpu_session10.sh f   (one GPU; ~5 min)
+#     The FP8 decode GEMV (quarl_kernels/fp8_gemv.py): its GPU tests (against cuBLAS's blockwise GEMM, in a CUDA
+#     graph, through the linear), the launch-setting sweep against cuBLAS FP8 and BF16 at Qwen3-8B shapes and
+#     1-64 rows (benchmarks/kernels/bench_fp8_gemv.py), and the 8B decode-GEMM step with QUARL_FP8_GEMV=0 / 1.
 #   phase e: bash benchmarks/gpu_session10.sh e   carry: .dev/dg.tar.xz .dev/whl   (one GPU; ~8 min)
 #     1. issue 17's rollout table with the defaults (session 9's ran with the slower LoRA A partials switched on);
 #     2. session 9's phase b, not run then: the DeepGEMM anomaly (every layer-step arm also as one CUDA graph per
@@ -36,14 +40,16 @@ PY=${PY:-python3}
 export PYTHONPATH=$PWD:$PWD/kernels:/tmp/site${PYTHONPATH:+:$PYTHONPATH}
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv > "$OUT/gpu.txt" 2>&1
 echo "phase $PHASE: $(tail -n +2 "$OUT/gpu.txt" | head -1)"
-[ -d .dg/DeepGEMM ] || tar xJf .dev/dg.tar.xz
-# the library script sets PHASE, T0 and PYTHONPATH (setup_deepgemm) for itself: keep this script's
-KEEP_PHASE=$PHASE KEEP_T0=$T0
-source benchmarks/gpu_session7.sh lib > /dev/null
-setup_deepgemm > /dev/null 2>&1
-PHASE=$KEEP_PHASE T0=$KEEP_T0
-export PYTHONPATH=$PYTHONPATH:/tmp/site
-echo "== DeepGEMM ready at $((SECONDS - T0)) s: $(ls /tmp/dg/deep_gemm/_C*.so 2>&1 | head -1)"
+if [ "$PHASE" != f ]; then  # phase f needs no DeepGEMM
+    [ -d .dg/DeepGEMM ] || tar xJf .dev/dg.tar.xz
+    # the library script sets PHASE, T0 and PYTHONPATH (setup_deepgemm) for itself: keep this script's
+    KEEP_PHASE=$PHASE KEEP_T0=$T0
+    source benchmarks/gpu_session7.sh lib > /dev/null
+    setup_deepgemm > /dev/null 2>&1
+    PHASE=$KEEP_PHASE T0=$KEEP_T0
+    export PYTHONPATH=$PYTHONPATH:/tmp/site
+    echo "== DeepGEMM ready at $((SECONDS - T0)) s: $(ls /tmp/dg/deep_gemm/_C*.so 2>&1 | head -1)"
+fi
 
 model_step() {  # tag shape tokens extra-args...   (ARMS: the arms)
     local tag=$1 shape=$2 t=$3; shift 3
@@ -94,6 +100,21 @@ e)
         --hf-new-tokens 0 --budget-s $(( ${ROLL_S:-170} - 15 )) --out "$OUT/roll" > "$OUT/roll/run.log" 2>&1
     echo "== rollout table rc=$? at $((SECONDS - T0)) s"; grep -A 20 "^| model" "$OUT/roll/run.log" | head -n 16
     OUT="$OUT/s9b" LAYER_S=${LAYER_S:-200} WARM_S=${WARM_S:-90} bash benchmarks/gpu_session9.sh b
+    ;;
+f)  # the FP8 decode GEMV (quarl_kernels/fp8_gemv.py): GPU tests, kernel sweep vs cuBLAS, decode step with / without
+    mkdir -p "$OUT/tests" "$OUT/gemv" "$OUT/dec0" "$OUT/dec1"
+    timeout -k 5 "${TEST_S:-90}" "$PY" -m pytest -q -rfEs -m gpu -p no:cacheprovider tests/kernels/test_fp8_gemv_gpu.py \
+        > "$OUT/tests/pytest.log" 2>&1
+    echo "== GPU tests rc=$? at $((SECONDS - T0)) s"; grep -E "^E |passed|failed|FAILED|ERROR|SKIP" "$OUT/tests/pytest.log" | tail -n 30
+    timeout -k 5 "${GEMV_S:-150}" "$PY" benchmarks/kernels/bench_fp8_gemv.py --budget-s $(( ${GEMV_S:-150} - 30 )) \
+        --out "$OUT/gemv" > "$OUT/gemv/run.log" 2>&1
+    echo "== GEMV sweep rc=$? at $((SECONDS - T0)) s"; sed -n '/^# FP8 decode GEMM/,$p' "$OUT/gemv/run.log"; tail -n 3 "$OUT/gemv/run.log"
+    for k in 0 1; do  # 0: cuBLAS at every batch; 1: the GEMV up to 64 rows
+        QUARL_FP8_GEMV=$k timeout -k 5 "${DEC_S:-50}" "$PY" benchmarks/fp8_linear.py --batches 1,8,16,64 \
+            --skip correctness,quantizers,training,profile_gate --budget-s $(( ${DEC_S:-50} - 10 )) --out "$OUT/dec$k" \
+            > "$OUT/dec$k/run.log" 2>&1
+        echo "== decode QUARL_FP8_GEMV=$k rc=$? at $((SECONDS - T0)) s"; grep "^decode" "$OUT/dec$k/run.log"
+    done
     ;;
 *)
     echo "unknown phase $PHASE"; exit 2

@@ -38,6 +38,10 @@ groups or 128x128 tiles.
   outputs), cuBLAS for the 1x128 x 1x128 WGrad (DeepGEMM's 1D1D kernel was 0.89-1.04x cuBLAS's and
   writes FP32). DeepGEMM is not on PyPI and compiles its kernels at run time with ``nvcc``;
   it is an optional extra for images that build it (benchmarks/RESULTS.md "Jet-RL").
+* decode rows (``M <= FP8_GEMV_MAX_M`` rows, 128x128 weight tiles: rollout and eval) on CUDA: the FP8 GEMV
+  (``quarl_kernels.fp8_gemv``), the same blockwise-scaled product streamed at weight-read speed where cuBLAS's
+  kernels are tuned for large M. ``QUARL_FP8_GEMV=0`` keeps cuBLAS / DeepGEMM there, ``1`` takes the GEMV up to
+  64 rows.
 * anywhere else (CPU tests, other GPUs, ``QUARL_FP8_GEMM=emulate``): the *same* FP8
   operands dequantized exactly to FP32 and multiplied in FP32. It differs from the
   cuBLAS result by FP32 summation order only (tested on the device).
@@ -349,6 +353,39 @@ DEEPGEMM_FALLBACKS: dict[tuple, str] = {}  # (A shape, B shape) -> why DeepGEMM 
 SCALE_LAYOUT: dict[bool, int] = {}  # b_tiles -> index of the B-scale layout this torch/cuBLAS took (tried first)
 
 
+# Rows up to which the decode GEMV takes the 1x128 x 128x128 GEMM by default (QUARL_FP8_GEMV unset)
+FP8_GEMV_MAX_M = 16
+
+
+def gemv_rows() -> int:
+    """``QUARL_FP8_GEMV``: unset / ``auto`` -> :data:`FP8_GEMV_MAX_M`, ``0`` -> never, ``1`` -> up to 64 rows."""
+    mode = os.environ.get("QUARL_FP8_GEMV", "auto").strip().lower() or "auto"
+    if mode not in ("auto", "0", "1"):
+        raise QuantError(f"QUARL_FP8_GEMV={mode!r}: use auto, 0 (never) or 1 (up to 64 rows)")
+    return {"auto": FP8_GEMV_MAX_M, "0": 0, "1": 64}[mode]
+
+
+@functools.cache
+def _gemv_module():
+    """``quarl_kernels.fp8_gemv``, or None (no Triton / kernels package: the GEMMs below serve)."""
+    try:
+        from quarl_kernels import fp8_gemv
+    except Exception as e:  # noqa: BLE001 - any import failure means: no GEMV here
+        warnings.warn(f"quarl_kernels.fp8_gemv unavailable ({type(e).__name__}: {e}); FP8 decode uses cuBLAS",
+                      RuntimeWarning, stacklevel=2)
+        return None
+    return fp8_gemv
+
+
+def _gemv_ok(a: torch.Tensor) -> bool:
+    rows = gemv_rows()
+    if a.shape[0] > rows or gemm_backend() == "emulate":
+        return False
+    on_device = _cublas_ok(a) or (not a.is_cuda and os.environ.get("TRITON_INTERPRET") == "1"
+                                  and os.environ.get("QUARL_FP8_GEMV") == "1")  # its CPU test
+    return on_device and _gemv_module() is not None
+
+
 def _note_fallback(msg: str) -> None:
     key = msg.split(":", 1)[0]
     if key not in CUBLAS_FALLBACKS:
@@ -367,6 +404,8 @@ def blockwise_gemm(a: torch.Tensor, sa: torch.Tensor, b: torch.Tensor, sb: torch
     if a.shape[1] % BLOCK or b.shape[1] != a.shape[1]:
         raise QuantError(f"blockwise_gemm: reduction sizes {a.shape[1]} / {b.shape[1]} must match and be "
                          f"multiples of {BLOCK} (pad before quantizing)")
+    if b_tiles and _gemv_ok(a):  # decode rows: the FP8 GEMV (module docstring)
+        return _gemv_module().fp8_gemv(a, sa, b, sb, out_dtype)
     if b_tiles and _cublas_ok(a) and a.shape[0] % 4 == 0 and b.shape[0] % 16 == 0 and gemm_backend() == "deepgemm":
         key = (tuple(a.shape), tuple(b.shape))
         if key not in DEEPGEMM_FALLBACKS:
@@ -522,6 +561,7 @@ def fp8_linear(x: torch.Tensor, weight: torch.Tensor | QTensor, bias: torch.Tens
 
 
 __all__ = [
+    "FP8_GEMV_MAX_M",
     "GEMM_BACKENDS",
     "WGRAD_MODES",
     "FP8LinearFunction",
