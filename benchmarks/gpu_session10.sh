@@ -103,14 +103,14 @@ e)
     ;;
 f)  # the FP8 decode GEMV (quarl_kernels/fp8_gemv.py): GPU tests, kernel sweep vs cuBLAS, decode step with / without
     mkdir -p "$OUT/tests" "$OUT/gemv" "$OUT/dec0" "$OUT/dec1"
-    timeout -k 5 "${TEST_S:-90}" "$PY" -m pytest -q -rfEs -m gpu -p no:cacheprovider tests/kernels/test_fp8_gemv_gpu.py \
+    timeout -k 5 "${TEST_S:-60}" "$PY" -m pytest -q -rfEs -m gpu -p no:cacheprovider tests/kernels/test_fp8_gemv_gpu.py \
         > "$OUT/tests/pytest.log" 2>&1
     echo "== GPU tests rc=$? at $((SECONDS - T0)) s"; grep -E "^E |passed|failed|FAILED|ERROR|SKIP" "$OUT/tests/pytest.log" | tail -n 30
-    timeout -k 5 "${GEMV_S:-150}" "$PY" benchmarks/kernels/bench_fp8_gemv.py --budget-s $(( ${GEMV_S:-150} - 30 )) \
-        --out "$OUT/gemv" > "$OUT/gemv/run.log" 2>&1
+    timeout -k 5 "${GEMV_S:-60}" "$PY" benchmarks/kernels/bench_fp8_gemv.py --budget-s $(( ${GEMV_S:-60} - 20 )) \
+        --rows 1,8,16,64 --configs "${GEMV_CONFIGS:-default}" --out "$OUT/gemv" > "$OUT/gemv/run.log" 2>&1
     echo "== GEMV sweep rc=$? at $((SECONDS - T0)) s"; sed -n '/^# FP8 decode GEMM/,$p' "$OUT/gemv/run.log"; tail -n 3 "$OUT/gemv/run.log"
     for k in 0 1; do  # 0: cuBLAS at every batch; 1: the GEMV up to 64 rows
-        QUARL_FP8_GEMV=$k timeout -k 5 "${DEC_S:-50}" "$PY" benchmarks/fp8_linear.py --batches 1,8,16,64 \
+        QUARL_FP8_GEMV=$k timeout -k 5 "${DEC_S:-40}" "$PY" benchmarks/fp8_linear.py --batches 1,8,16,64 \
             --skip correctness,quantizers,training,profile_gate --budget-s $(( ${DEC_S:-50} - 10 )) --out "$OUT/dec$k" \
             > "$OUT/dec$k/run.log" 2>&1
         echo "== decode QUARL_FP8_GEMV=$k rc=$? at $((SECONDS - T0)) s"; grep "^decode" "$OUT/dec$k/run.log"

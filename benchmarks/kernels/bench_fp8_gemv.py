@@ -48,7 +48,7 @@ def hbm_gbs() -> float:
     return 2 * n / (t * 1e-3) / 1e9
 
 
-def bench_shape(name: str, n: int, k: int, rows: list[int], l2: int) -> list[dict]:
+def bench_shape(name: str, n: int, k: int, rows: list[int], l2: int, only_default: bool = False) -> list[dict]:
     from quarl_kernels import fp8_gemv as g
 
     from quarl.quant import fp8_linear as fl
@@ -71,7 +71,7 @@ def bench_shape(name: str, n: int, k: int, rows: list[int], l2: int) -> list[dic
                                      for b, sb in (bs * CALLS)[:CALLS]])
         row["bf16_us"] = graph_us([lambda x=x, w_=w_: x @ w_.t() for w_ in (ws16 * CALLS)[:CALLS]])
         configs = {}
-        for cfg in g.GEMV_CONFIGS:
+        for cfg in [g.default_config(mp, n, k)] if only_default else g.GEMV_CONFIGS:
             y = g.fp8_gemv(a, sa, b0, sb0, torch.bfloat16, cfg).float()
             err = ((y - ref).norm() / ref.norm()).item()
             t = graph_us([lambda a=a, sa=sa, b=b, sb=sb, cfg=cfg: g.fp8_gemv(a, sa, b, sb, torch.bfloat16, cfg)
@@ -118,6 +118,7 @@ def main() -> None:
     ap.add_argument("--rows", default="1,4,8,16,32,64")
     ap.add_argument("--shapes", default=",".join(SHAPES))
     ap.add_argument("--budget-s", type=float, default=150)
+    ap.add_argument("--configs", default="all", choices=("all", "default"), help="default: the default setting only")
     ap.add_argument("--out", default="/tmp/bench_fp8_gemv")
     ap.add_argument("--render", default="")
     a = ap.parse_args()
@@ -136,7 +137,7 @@ def main() -> None:
             res.setdefault("skipped", []).append(name)
             continue
         n, k = SHAPES[name]
-        res["rows"] += bench_shape(name, n, k, [int(r) for r in a.rows.split(",")], l2)
+        res["rows"] += bench_shape(name, n, k, [int(r) for r in a.rows.split(",")], l2, a.configs == "default")
         (out / "fp8_gemv.json").write_text(json.dumps(res, indent=1))
     res["wall_s"] = time.time() - t0
     (out / "fp8_gemv.json").write_text(json.dumps(res, indent=1))
