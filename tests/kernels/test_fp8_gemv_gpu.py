@@ -30,22 +30,39 @@ def _operands(m, n, k, seed=0):
     return a, sa, b, sb
 
 
+def _exact(a, sa, b, sb):
+    """The blockwise-scaled product in float64 from the exactly dequantized operands."""
+    from quarl.quant.formats.fp8 import dequantize_act_1x128
+
+    a64 = dequantize_act_1x128(a, sa).double()
+    b64 = (b.double() * sb.double().repeat_interleave(128, 0)[: b.shape[0]].repeat_interleave(128, 1))
+    return a64 @ b64.t()
+
+
+def _rel(x, ref):
+    return ((x.double() - ref).norm() / ref.norm()).item()
+
+
 @pytest.mark.parametrize("n,k", SHAPES)
 @pytest.mark.parametrize("m", [4, 8, 16, 64])
-def test_matches_cublas(m, n, k, monkeypatch):
+def test_matches_the_exact_product_at_least_as_well_as_cublas(m, n, k, monkeypatch):
     a, sa, b, sb = _operands(m, n, k)
+    exact = _exact(a, sa, b, sb)
     monkeypatch.setenv("QUARL_FP8_GEMV", "0")
     ref32 = fl.blockwise_gemm(a, sa, b, sb, True, torch.float32)  # cuBLAS
     ref16 = fl.blockwise_gemm(a, sa, b, sb, True, torch.bfloat16)
+    floor = 1e-4 * exact.pow(2).mean().sqrt().item()  # outputs near 0: a cancellation, judged at the output scale
     for cfg in (g.default_config(m, n, k), g.Fp8GemvConfig(bn=128, stages=5), g.Fp8GemvConfig(bn=32, stages=3)):
         got32 = g.fp8_gemv(a, sa, b, sb, torch.float32, cfg)
-        # Hopper's FP8 tensor cores accumulate a block with fewer than 24 mantissa bits (DeepSeek-V3 measured ~14);
-        # this kernel's f16 MMAs accumulate in FP32: agreement to ~1e-5, bounded at 2e-4
-        assert ((got32 - ref32).norm() / ref32.norm()).item() < 2e-4, cfg
+        # FP32 accumulation of exact E4M3 products: ~1e-7 from the exact product; cuBLAS's FP8 tensor cores keep
+        # fewer bits in a block's accumulation, so the GEMV is at least as close as cuBLAS
+        assert _rel(got32, exact) < 2e-6, (cfg, _rel(got32, exact))
+        assert _rel(got32, exact) <= _rel(ref32, exact) * 1.5 + 1e-7, cfg
         got16 = g.fp8_gemv(a, sa, b, sb, torch.bfloat16, cfg)
-        near = (got16.float() - ref16.float()).abs() <= ref16.float().abs() * 2.0**-7 + 1e-6  # <= 1 bf16 ulp
-        assert near.all(), (cfg, int((~near).sum()))
-        assert (got16 == ref16).float().mean().item() > 0.9, cfg  # mostly the same bits
+        bad = ((got16.double() - exact).abs() > exact.abs() * 2.0**-8 + floor).sum().item()  # one bf16 rounding
+        assert bad == 0, (cfg, bad)
+        same = (got16 == ref16).float().mean().item()
+        assert same > 0.8, (cfg, same)  # mostly cuBLAS's very bits
 
 
 def test_in_a_cuda_graph_and_through_the_linear(monkeypatch):
@@ -67,5 +84,4 @@ def test_in_a_cuda_graph_and_through_the_linear(monkeypatch):
         graph.replay()
         torch.cuda.synchronize()
     assert calls
-    near = (out.float() - ref.float()).abs() <= ref.float().abs() * 2.0**-7 + 1e-6
-    assert near.all()
+    assert _rel(out, ref.double()) < 2e-3  # both bf16: the GEMV and cuBLAS round differently at ~1e-3 of elements
