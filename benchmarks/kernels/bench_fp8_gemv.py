@@ -71,13 +71,14 @@ def bench_shape(name: str, n: int, k: int, rows: list[int], l2: int, only_defaul
                                      for b, sb in (bs * CALLS)[:CALLS]])
         row["bf16_us"] = graph_us([lambda x=x, w_=w_: x @ w_.t() for w_ in (ws16 * CALLS)[:CALLS]])
         configs = {}
-        for cfg in [g.default_config(mp, n, k)] if only_default else g.GEMV_CONFIGS:
+        dflt = g.default_config(mp, n, k)
+        for cfg in [dflt] if only_default else dict.fromkeys((dflt, *g.GEMV_CONFIGS)):
             y = g.fp8_gemv(a, sa, b0, sb0, torch.bfloat16, cfg).float()
             err = ((y - ref).norm() / ref.norm()).item()
             t = graph_us([lambda a=a, sa=sa, b=b, sb=sb, cfg=cfg: g.fp8_gemv(a, sa, b, sb, torch.bfloat16, cfg)
                           for b, sb in (bs * CALLS)[:CALLS]])
             configs[str(cfg)] = {"us": t, "rel_err": err}
-        dflt = str(g.default_config(mp, n, k))
+        dflt = str(dflt)
         best = min(configs, key=lambda c: configs[c]["us"])
         row.update(configs=configs, default=dflt, default_us=configs[dflt]["us"], best=best,
                    best_us=configs[best]["us"], max_rel_err=max(c["rel_err"] for c in configs.values()))
