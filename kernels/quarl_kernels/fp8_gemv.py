@@ -51,8 +51,12 @@ GEMV_CONFIGS = tuple(Fp8GemvConfig(bn, st, w, v) for bn in (32, 64, 128) for st 
 
 
 def default_config(m: int, n: int, k: int) -> Fp8GemvConfig:
-    """The launch setting for ``[m, k] x [n, k]^T`` (set from benchmarks/kernels/bench_fp8_gemv.py)."""
-    return Fp8GemvConfig()
+    """The launch setting for ``[m, k] x [n, k]^T``, from the sweep of benchmarks/kernels/bench_fp8_gemv.py (H100,
+    Qwen3-8B shapes, 2026-11-26): 32-row blocks win at decode rows -- 5 K blocks in flight on the large layers
+    (gate/up at 80 % of HBM), 3 on the 1024-row k/v -- and 128-row blocks at 64 rows."""
+    if m > 16:
+        return Fp8GemvConfig(bn=128, stages=5)
+    return Fp8GemvConfig(bn=32, stages=3 if n <= 1024 else 5)
 
 
 @triton.jit
