@@ -22,6 +22,9 @@
 #     The FP8 decode GEMV (quarl_kernels/fp8_gemv.py): its GPU tests (against cuBLAS's blockwise GEMM, in a CUDA
 #     graph, through the linear), the launch-setting sweep against cuBLAS FP8 and BF16 at Qwen3-8B shapes and
 #     1-64 rows (benchmarks/kernels/bench_fp8_gemv.py), and the 8B decode-GEMM step with QUARL_FP8_GEMV=0 / 1.
+#   phase g: bash benchmarks/gpu_session10.sh g   (one GPU; ~4 min)
+#     Issue 15's FP8 rollout decode through the engine (benchmarks/rollout.py, new 8b shape and fp8 variant: the
+#     rl stage's Jet-RL rollout recipe), BF16 vs FP8 with the GEMV and FP8 without it, batch 1 / 8 / 64.
 #   phase e: bash benchmarks/gpu_session10.sh e   carry: .dev/dg.tar.xz .dev/whl   (one GPU; ~8 min)
 #     1. issue 17's rollout table with the defaults (session 9's ran with the slower LoRA A partials switched on);
 #     2. session 9's phase b, not run then: the DeepGEMM anomaly (every layer-step arm also as one CUDA graph per
@@ -40,7 +43,7 @@ PY=${PY:-python3}
 export PYTHONPATH=$PWD:$PWD/kernels:/tmp/site${PYTHONPATH:+:$PYTHONPATH}
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv > "$OUT/gpu.txt" 2>&1
 echo "phase $PHASE: $(tail -n +2 "$OUT/gpu.txt" | head -1)"
-if [ "$PHASE" != f ]; then  # phase f needs no DeepGEMM
+if [ "$PHASE" != f ] && [ "$PHASE" != g ]; then  # phases f and g need no DeepGEMM
     [ -d .dg/DeepGEMM ] || tar xJf .dev/dg.tar.xz
     # the library script sets PHASE, T0 and PYTHONPATH (setup_deepgemm) for itself: keep this script's
     KEEP_PHASE=$PHASE KEEP_T0=$T0
@@ -115,6 +118,17 @@ f)  # the FP8 decode GEMV (quarl_kernels/fp8_gemv.py): GPU tests, kernel sweep v
             > "$OUT/dec$k/run.log" 2>&1
         echo "== decode QUARL_FP8_GEMV=$k rc=$? at $((SECONDS - T0)) s"; grep "^decode" "$OUT/dec$k/run.log"
     done
+    ;;
+g)  # issue 15: FP8 vs BF16 rollout decode through the engine, Qwen3-8B shape, batch 1 / 8 / 64, with the FP8 GEMV
+    # (default: <= 16 rows) and without it (QUARL_FP8_GEMV=0)
+    mkdir -p "$OUT/roll" "$OUT/roll0"
+    timeout -k 5 "${ROLL_S:-150}" "$PY" benchmarks/rollout.py --models 8b --variants bf16,fp8 --new-tokens 512 \
+        --hf-new-tokens 0 --budget-s $(( ${ROLL_S:-150} - 15 )) --out "$OUT/roll" > "$OUT/roll/run.log" 2>&1
+    echo "== rollout rc=$? at $((SECONDS - T0)) s"; grep -A 9 "^| model" "$OUT/roll/run.log"
+    QUARL_FP8_GEMV=0 timeout -k 5 "${ROLL0_S:-90}" "$PY" benchmarks/rollout.py --models 8b --variants fp8 \
+        --new-tokens 512 --hf-new-tokens 0 --budget-s $(( ${ROLL0_S:-90} - 15 )) --out "$OUT/roll0" \
+        > "$OUT/roll0/run.log" 2>&1
+    echo "== rollout, no GEMV, rc=$? at $((SECONDS - T0)) s"; grep -A 6 "^| model" "$OUT/roll0/run.log"
     ;;
 *)
     echo "unknown phase $PHASE"; exit 2

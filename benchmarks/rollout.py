@@ -71,6 +71,13 @@ MODELS = {
         "num_attention_heads": 28,
         "num_key_value_heads": 4,
     },
+    "8b": {  # Qwen3-8B's shape (without its q/k norms): issue 15's FP8 rollout case
+        "hidden_size": 4096,
+        "intermediate_size": 12288,
+        "num_hidden_layers": 36,
+        "num_attention_heads": 32,
+        "num_key_value_heads": 8,
+    },
     "14b": {
         "hidden_size": 5120,
         "intermediate_size": 13824,
@@ -85,6 +92,7 @@ RECIPES = {
     "mxfp4": {"default": "mxfp4"},
     "nvfp4+lora": {"default": "nvfp4", "lora": {"r": 32, "alpha": 64.0}},
     "bf16+lora": {"default": "bf16", "lora": {"r": 32, "alpha": 64.0}},  # QeRL's baseline: BF16 base + LoRA
+    "fp8": {"default": "fp8-block", "act_quant": "fp8-1x128"},  # Jet-RL's rollout: the training forward's FP8 flow
 }
 # "tiny": a smoke-test shape (``--models tiny --device cpu`` checks the script in seconds on a CPU)
 MODELS["tiny"] = {
@@ -320,6 +328,10 @@ def selected_kernel(model) -> str:
         return "cuBLAS (nn.Linear)"
     if layer.config is None:  # frozen high-precision base (bf16+lora): F.linear on its weight
         return "cuBLAS (frozen BF16 QuantLinear)"
+    if getattr(layer, "fp8_flow", False):  # Jet-RL: quarl.quant.fp8_linear (FP8 GEMV at decode rows, else cuBLAS)
+        from quarl.quant.fp8_linear import gemv_rows
+
+        return f"FP8 flow (GEMV <= {gemv_rows()} rows)" if DEVICE == "cuda" else "FP8 flow (emulated)"
     x = torch.zeros(1, layer.in_features, device=DEVICE, dtype=torch.bfloat16)
     k = dispatch.select(x, layer)
     return k.name if k is not None else "reference (dequantize + matmul)"
