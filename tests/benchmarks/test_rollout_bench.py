@@ -1,0 +1,30 @@
+"""benchmarks/rollout.py on CPU (seconds): the fp8 variant is the rl stage's Jet-RL rollout recipe and runs through
+the engine beside BF16, and the 8b shape is Qwen3-8B's."""
+
+import importlib.util
+import json
+import sys
+from pathlib import Path
+
+from quarl.rl.precision import JETRL_RECIPE
+from tests.threads import one_thread_fixture
+
+ROOT = Path(__file__).resolve().parents[2]
+_spec = importlib.util.spec_from_file_location("rollout_bench", ROOT / "benchmarks" / "rollout.py")
+bench = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(bench)
+
+_one_thread = one_thread_fixture()
+
+
+def test_fp8_variant_is_jetrl_and_runs(tmp_path, monkeypatch):
+    assert bench.RECIPES["fp8"] == JETRL_RECIPE  # the rollout the rl stage runs in precision.mode=jetrl
+    assert {k: bench.MODELS["8b"][k] for k in ("hidden_size", "intermediate_size", "num_hidden_layers")} == {
+        "hidden_size": 4096, "intermediate_size": 12288, "num_hidden_layers": 36}
+    monkeypatch.setattr(sys, "argv", ["rollout.py", "--device", "cpu", "--models", "tiny", "--variants", "bf16,fp8",
+                                      "--batches", "1", "--new-tokens", "64", "--hf-new-tokens", "0",
+                                      "--budget-s", "120", "--out", str(tmp_path)])
+    bench.main()
+    cells = {c["variant"]: c for c in json.loads((tmp_path / "rollout.json").read_text())["cells"]}
+    assert cells["fp8"]["kernel"] == "FP8 flow (emulated)" and cells["fp8"]["new_tokens"] == 64
+    assert cells["bf16"]["step_ms"] > 0 and cells["fp8"]["step_ms"] > 0
