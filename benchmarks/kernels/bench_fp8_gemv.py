@@ -29,18 +29,20 @@ import torch
 ROOT = Path(__file__).resolve().parents[2]
 sys.path[:0] = [str(ROOT), str(ROOT / "kernels"), str(ROOT / "benchmarks" / "kernels")]
 
-from bench_wo_gemm import _sync_ms, capture_graph  # the timer and graph capture of the other decode benchmarks
-
 SHAPES = {"q/o": (4096, 4096), "k/v": (1024, 4096), "gate/up": (12288, 4096), "down": (4096, 12288)}
 CALLS = 32  # calls per captured graph
 
 
 def graph_us(fns) -> float:
+    from bench_wo_gemm import _sync_ms, capture_graph  # the other decode benchmarks' timer and capture (Triton)
+
     g = capture_graph(fns)
     return statistics.median(_sync_ms(g.replay, 10)) * 1e3 / len(fns)
 
 
 def hbm_gbs() -> float:
+    from bench_wo_gemm import _sync_ms
+
     n = 1 << 31
     src = torch.empty(n, dtype=torch.uint8, device="cuda").random_()
     dst = torch.empty_like(src)
