@@ -353,16 +353,19 @@ DEEPGEMM_FALLBACKS: dict[tuple, str] = {}  # (A shape, B shape) -> why DeepGEMM 
 SCALE_LAYOUT: dict[bool, int] = {}  # b_tiles -> index of the B-scale layout this torch/cuBLAS took (tried first)
 
 
-# Rows up to which the decode GEMV takes the 1x128 x 128x128 GEMM by default (QUARL_FP8_GEMV unset)
+# Rows up to which the decode GEMV takes the 1x128 x 128x128 GEMM by default (QUARL_FP8_GEMV unset; the H100
+# sweep in RESULTS.md "An FP8 decode GEMV": faster than cuBLAS to 16 rows, slower at 64), and with QUARL_FP8_GEMV=1
 FP8_GEMV_MAX_M = 16
+FP8_GEMV_LIMIT_M = 64
 
 
 def gemv_rows() -> int:
-    """``QUARL_FP8_GEMV``: unset / ``auto`` -> :data:`FP8_GEMV_MAX_M`, ``0`` -> never, ``1`` -> up to 64 rows."""
+    """``QUARL_FP8_GEMV``: unset / ``auto`` -> :data:`FP8_GEMV_MAX_M`, ``0`` -> never, ``1`` -> up to
+    :data:`FP8_GEMV_LIMIT_M` rows."""
     mode = os.environ.get("QUARL_FP8_GEMV", "auto").strip().lower() or "auto"
     if mode not in ("auto", "0", "1"):
         raise QuantError(f"QUARL_FP8_GEMV={mode!r}: use auto, 0 (never) or 1 (up to 64 rows)")
-    return {"auto": FP8_GEMV_MAX_M, "0": 0, "1": 64}[mode]
+    return {"auto": FP8_GEMV_MAX_M, "0": 0, "1": FP8_GEMV_LIMIT_M}[mode]
 
 
 @functools.cache
@@ -378,8 +381,9 @@ def _gemv_module():
 
 
 def _gemv_ok(a: torch.Tensor) -> bool:
-    rows = gemv_rows()
-    if a.shape[0] > rows or gemm_backend() == "emulate":
+    if a.shape[0] > FP8_GEMV_LIMIT_M:  # training-sized GEMMs leave here, before any environment lookup
+        return False
+    if a.shape[0] > gemv_rows() or gemm_backend() == "emulate":
         return False
     on_device = _cublas_ok(a) or (not a.is_cuda and os.environ.get("TRITON_INTERPRET") == "1"
                                   and os.environ.get("QUARL_FP8_GEMV") == "1")  # its CPU test

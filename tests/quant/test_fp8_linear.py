@@ -507,6 +507,7 @@ def test_deepgemm_refusal_falls_back_to_cublas_once(monkeypatch):
         raise RuntimeError("Assertion error: n % 64 == 0")
 
     monkeypatch.setenv("QUARL_FP8_GEMM", "deepgemm")
+    monkeypatch.setenv("QUARL_FP8_GEMV", "0")  # 8 rows would go to the decode GEMV (quarl_kernels.fp8_gemv) first
     monkeypatch.setattr(fl, "_cublas_ok", lambda t: True)
     monkeypatch.setattr(fl, "_deepgemm", refuse)
     monkeypatch.setattr(fl.F, "scaled_mm", lambda a, b, sa, ta, sb, tb, output_dtype: "cublas", raising=False)
