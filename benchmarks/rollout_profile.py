@@ -13,9 +13,9 @@ as the RL trainer does (``quarl.train.policy``), ``+lora`` in the model's bf16 a
 LoRA inside its module (the engine before issue 17's packed adapters, ``quarl.engine.lora``) --
 the before/after of that change, same model and weights. ``:noepi`` sets
 ``QUARL_ENGINE_LORA_EPILOGUE=0`` (LoRA B and bias as separate kernels, not in the base GEMM's last
-pass) and ``:sdpa`` ``QUARL_ENGINE_DECODE_ATTN=0`` (SDPA for decode attention); ``:loraa`` turns the
-opt-in ``QUARL_ENGINE_LORA_A=1`` on (the packed A GEMM as one launch of split partials the last pass
-finishes, ``quarl_kernels.lora_a``, instead of cuBLAS); modifiers combine (``nvfp4+lora32:noepi:sdpa``). With the epilogue on, a projection's ``gemm:*`` row includes its
+pass) and ``:sdpa`` ``QUARL_ENGINE_DECODE_ATTN=0`` (SDPA for decode attention); ``:noloraa`` sets
+``QUARL_ENGINE_LORA_A=0`` (the packed A GEMM on cuBLAS, not inside the first projection's GEMV launch,
+``quarl_kernels.lora_a``); modifiers combine (``nvfp4+lora32:noepi:sdpa``). With the epilogue on, a projection's ``gemm:*`` row includes its
 bias and LoRA B (they run in its kernels); ``lora`` is then the A GEMMs alone.
 
 Per (variant, batch) cell, one prefill of ``prompt`` random tokens fills the cache, and
@@ -415,9 +415,7 @@ MODIFIERS = {  # ':name' -> the engine switch it turns off for the cell (the bef
     "nopack": None,  # FastGenerator(lora_pack=False)
     "noepi": "QUARL_ENGINE_LORA_EPILOGUE",  # LoRA B + bias as addmm / add, not in the base kernel's last pass
     "sdpa": "QUARL_ENGINE_DECODE_ATTN",  # decode attention through SDPA, not the split-KV kernel
-}
-MODIFIERS_ON = {  # ':name' -> an opt-in engine switch it turns on for the cell (the after of a change)
-    "loraa": "QUARL_ENGINE_LORA_A",  # the packed A GEMM as one launch of split partials, not cuBLAS
+    "noloraa": "QUARL_ENGINE_LORA_A",  # the packed A GEMM on cuBLAS, not inside the first projection's launch
 }
 
 
@@ -425,15 +423,14 @@ def parse_variant(v: str) -> tuple[str, bool, bool, tuple[tuple[str, str], ...]]
     """``nvfp4+lora32:nopack`` -> (recipe ``nvfp4+lora``, fp32 adapter, packed adapters on?, engine switches
     ``(env, value)`` for the cell)."""
     name, *mods = v.split(":")
-    bad = [m for m in mods if m not in MODIFIERS and m not in MODIFIERS_ON]
+    bad = [m for m in mods if m not in MODIFIERS]
     if bad:
-        raise SystemExit(f"variant {v!r}: unknown modifier(s) {bad}; known: {', '.join([*MODIFIERS, *MODIFIERS_ON])}")
+        raise SystemExit(f"variant {v!r}: unknown modifier(s) {bad}; known: {', '.join(MODIFIERS)}")
     fp32 = name.endswith("+lora32")
     recipe = name[:-2] if fp32 else name
     if recipe not in R.RECIPES:
         raise SystemExit(f"variant {v!r}: unknown recipe {recipe!r}; known: {', '.join(R.RECIPES)} (+lora32 for fp32 LoRA)")
-    return recipe, fp32, "nopack" not in mods, tuple(
-        (MODIFIERS[m], "0") if m in MODIFIERS else (MODIFIERS_ON[m], "1") for m in mods if MODIFIERS.get(m, True))
+    return recipe, fp32, "nopack" not in mods, tuple((MODIFIERS[m], "0") for m in mods if MODIFIERS[m])
 
 
 def switches(pairs: tuple[tuple[str, str], ...]):

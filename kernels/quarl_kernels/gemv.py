@@ -69,14 +69,17 @@ under ``TRITON_INTERPRET=1``.
 
 from __future__ import annotations
 
+import typing
 from dataclasses import dataclass
 
 import torch
 import triton
 import triton.language as tl
 
+from quarl_kernels import lora_a
 from quarl_kernels.formats import FMT_INT4, FMT_MXFP4, FMT_NVFP4
 from quarl_kernels.launch import finish, interpreting, num_sms
+from quarl_kernels.lora_a import lora_a_program
 
 # ---------------------------------------------------------------------------
 # Inline PTX: $0..$7 = the fp32 values of codes 0..7 of the word $8 (natural order).
@@ -231,22 +234,51 @@ def _gemv_kernel(
     x_ptr, wp_ptr, s_ptr, z_ptr, gs_ptr, out_ptr,
     N, KW, KW_PER_SPLIT,
     stride_xm, stride_wn, stride_sn, stride_zn, stride_sn_u, stride_zn_u, stride_os, stride_om,
+    xb_ptr, la_w_ptr, la_out_ptr, LA_R, LA_PER, LA_PROGS, la_stride_wr, la_s_out, la_m_out,
     M: tl.constexpr, FMT: tl.constexpr, GROUP: tl.constexpr, HAS_ZP: tl.constexpr, USE_ASM: tl.constexpr,
     BN: tl.constexpr, BKW: tl.constexpr, VEC: tl.constexpr, PREFETCH: tl.constexpr, STAGES: tl.constexpr,
-    EVEN_K: tl.constexpr, ZW: tl.constexpr,
+    EVEN_K: tl.constexpr, ZW: tl.constexpr, HAS_LA: tl.constexpr = False,
+    LA_BR: tl.constexpr = 4, LA_BK: tl.constexpr = 512,
 ):
     """y[M, N] (or fp32 split partials [S, M, N]) = x[M, K] @ W[N, K]^T for small M.
 
     x comes as int32 [M, K/2] (bf16 pairs); FP4 scales / INT4 zero points as bytes
     [N, G]; INT4 scales as floats [N, G]. Each split's K range is a multiple of BKW
-    words; with EVEN_K so is KW (no masks in the loop)."""
+    words; with EVEN_K so is KW (no masks in the loop). HAS_LA: the first LA_PROGS
+    programs of axis 0 (split 0 only; the others idle) compute a LoRA group's
+    ``x @ A^T`` partials instead (``lora_a``: x as bf16 ``xb``), the weight tiles follow."""
+    pid_n = tl.program_id(0)
+    pid_k = tl.program_id(1)
+    if HAS_LA:
+        if pid_n < LA_PROGS:
+            if pid_k == 0:
+                lora_a_program(pid_n, xb_ptr, la_w_ptr, la_out_ptr, KW * 8, LA_R, LA_PER, stride_xm * 2,
+                               la_stride_wr, la_s_out, la_m_out, M, LA_BR, LA_BK)
+        else:
+            _gemv_tiles(pid_n - LA_PROGS, pid_k, x_ptr, wp_ptr, s_ptr, z_ptr, gs_ptr, out_ptr, N, KW, KW_PER_SPLIT,
+                        stride_xm, stride_wn, stride_sn, stride_zn, stride_sn_u, stride_zn_u, stride_os, stride_om,
+                        M, FMT, GROUP, HAS_ZP, USE_ASM, BN, BKW, VEC, PREFETCH, STAGES, EVEN_K, ZW)
+    else:
+        _gemv_tiles(pid_n, pid_k, x_ptr, wp_ptr, s_ptr, z_ptr, gs_ptr, out_ptr, N, KW, KW_PER_SPLIT,
+                    stride_xm, stride_wn, stride_sn, stride_zn, stride_sn_u, stride_zn_u, stride_os, stride_om,
+                    M, FMT, GROUP, HAS_ZP, USE_ASM, BN, BKW, VEC, PREFETCH, STAGES, EVEN_K, ZW)
+
+
+@triton.jit
+def _gemv_tiles(
+    pid_n, pid_k, x_ptr, wp_ptr, s_ptr, z_ptr, gs_ptr, out_ptr,
+    N, KW, KW_PER_SPLIT,
+    stride_xm, stride_wn, stride_sn, stride_zn, stride_sn_u, stride_zn_u, stride_os, stride_om,
+    M: tl.constexpr, FMT: tl.constexpr, GROUP: tl.constexpr, HAS_ZP: tl.constexpr, USE_ASM: tl.constexpr,
+    BN: tl.constexpr, BKW: tl.constexpr, VEC: tl.constexpr, PREFETCH: tl.constexpr, STAGES: tl.constexpr,
+    EVEN_K: tl.constexpr, ZW: tl.constexpr,
+):
+    """One program's weight tile of :func:`_gemv_kernel`: output rows ``pid_n * BN + [0, BN)``, K split ``pid_k``."""
     WPG: tl.constexpr = GROUP // 8  # words per scale group
     ONE_GROUP: tl.constexpr = BKW <= WPG  # the tile lies inside one group
     NG: tl.constexpr = 1 if ONE_GROUP else BKW // WPG  # groups per tile (tiles start on a group boundary)
     GV: tl.constexpr = 1 if ONE_GROUP else max(VEC // WPG, 1)  # groups per thread
     NARROW: tl.constexpr = GV == 1 and not ONE_GROUP
-    pid_n = tl.program_id(0)
-    pid_k = tl.program_id(1)
     offs_n = pid_n * BN + tl.arange(0, BN)  # [BN]
     rows = tl.minimum(offs_n, N - 1)  # rows past N re-read row N - 1 (never stored): no load masks
     kw_lo = pid_k * KW_PER_SPLIT
@@ -420,18 +452,30 @@ def _gemv_split(cfg: GemvConfig, n: int, kw: int, sms: int) -> tuple[int, int]:
     return triton.cdiv(kw, per), per
 
 
-def launch_gemv(x2: torch.Tensor, pw, cfg: GemvConfig, *, use_asm: bool = True, epi=None) -> torch.Tensor:
-    """y [M, N] = x2 [M, K] @ dequant(W)^T on CUDA cores; ``pw`` is a ``wo_gemm.PackedWeight``.
+class GemvLaunch(typing.NamedTuple):
+    """One GEMV launch as :func:`launch_gemv` makes it (the sm_90 build tests compile exactly these arguments)."""
 
-    M must be 1..``GEMV_LIMIT_M`` (each M compiles its own kernel: the token loop is
-    unrolled); x2 must be bf16 (its rows are read as int32 pairs)."""
+    kernel: object  # _gemv_kernel
+    grid: tuple
+    args: tuple  # positional runtime arguments
+    constexprs: dict
+    num_warps: int
+    num_stages: int
+    out: torch.Tensor  # where the kernel writes: y, or fp32 partials [S, M, N]
+    y: torch.Tensor  # [M, N]
+    split: int
+
+
+def gemv_launch(x2: torch.Tensor, pw, cfg: GemvConfig, *, use_asm: bool = True, epi=None) -> GemvLaunch:
+    """The launch :func:`launch_gemv` runs (buffers allocated, nothing launched)."""
     m, k = x2.shape
     if not 1 <= m <= GEMV_LIMIT_M:
         raise ValueError(f"launch_gemv: M={m} rows; the GEMV serves 1..{GEMV_LIMIT_M} (use wo_gemm.launch_fwd)")
     if x2.dtype != torch.bfloat16 or k != pw.k:
         raise ValueError(f"launch_gemv: x must be bf16 [M, {pw.k}], got {x2.dtype} {tuple(x2.shape)}")
     kw = k // 8
-    x32 = x2.contiguous().view(torch.int32)  # [M, K/2] bf16 pairs
+    x2c = x2.contiguous()
+    x32 = x2c.view(torch.int32)  # [M, K/2] bf16 pairs
     zw = False
     if pw.fmt == FMT_INT4:
         s = pw.scale  # [N, G] float
@@ -449,20 +493,37 @@ def launch_gemv(x2: torch.Tensor, pw, cfg: GemvConfig, *, use_asm: bool = True, 
     y = torch.empty((m, pw.n), device=x2.device, dtype=x2.dtype)
     out = y if split == 1 else torch.empty((split, m, pw.n), device=x2.device, dtype=torch.float32)
     so, som = (0, y.stride(0)) if split == 1 else (out.stride(0), out.stride(1))
-    grid = (triton.cdiv(pw.n, cfg.bn), split)
-    _gemv_kernel[grid](
-        x32, pw.words, s, z, gs, out,
-        pw.n, kw, per,
-        x32.stride(0), pw.words.stride(0), s.stride(0), z.stride(0), s.stride(0), z.stride(0), so, som,
-        M=m, FMT=pw.fmt, GROUP=pw.group, HAS_ZP=pw.fmt == FMT_INT4 and pw.zero is not None,
-        USE_ASM=use_asm and not interpreting(),
-        BN=bn, BKW=bkw, VEC=vec, PREFETCH=cfg.prefetch, STAGES=cfg.stages, EVEN_K=kw % bkw == 0, ZW=zw,
-        num_warps=cfg.warps, num_stages=cfg.stages,
-    )
-    return finish(out, y, split, epi)  # split partials summed (+ bias / LoRA epilogue)
+    la = epi.lora_a if epi is not None else None  # a LoRA group's x @ A^T, computed by programs of this launch
+    if la is not None:
+        la.check(m, k)
+        la_progs = lora_a.programs(la.w.shape[0], k)
+        la_args = (x2c, la.w, la.out, la.w.shape[0], lora_a.k_per_split(k), la_progs, la.w.stride(0),
+                   la.out.stride(0), la.out.stride(1))
+    else:
+        la_progs, la_args = 0, (x32, x32, x32, 0, 0, 0, 0, 0, 0)
+    args = (x32, pw.words, s, z, gs, out, pw.n, kw, per,
+            x32.stride(0), pw.words.stride(0), s.stride(0), z.stride(0), s.stride(0), z.stride(0), so, som, *la_args)
+    const = {"M": m, "FMT": pw.fmt, "GROUP": pw.group, "HAS_ZP": pw.fmt == FMT_INT4 and pw.zero is not None,
+             "USE_ASM": use_asm and not interpreting(), "BN": bn, "BKW": bkw, "VEC": vec, "PREFETCH": cfg.prefetch,
+             "STAGES": cfg.stages, "EVEN_K": kw % bkw == 0, "ZW": zw, "HAS_LA": la is not None, "LA_BR": lora_a.BR,
+             "LA_BK": lora_a.BK}
+    grid = (la_progs + triton.cdiv(pw.n, cfg.bn), split)  # the A programs first: scheduled in the first wave
+    return GemvLaunch(_gemv_kernel, grid, args, const, cfg.warps, cfg.stages, out, y, split)
+
+
+def launch_gemv(x2: torch.Tensor, pw, cfg: GemvConfig, *, use_asm: bool = True, epi=None) -> torch.Tensor:
+    """y [M, N] = x2 [M, K] @ dequant(W)^T on CUDA cores; ``pw`` is a ``wo_gemm.PackedWeight``.
+
+    M must be 1..``GEMV_LIMIT_M`` (each M compiles its own kernel: the token loop is
+    unrolled); x2 must be bf16 (its rows are read as int32 pairs). ``epi``: what the last pass adds
+    (``launch.Epilogue``); its ``lora_a`` (a LoRA group's ``x @ A^T``) is computed by extra programs of this
+    launch (``lora_a.lora_a_program``), ahead of the weight tiles."""
+    la = gemv_launch(x2, pw, cfg, use_asm=use_asm, epi=epi)
+    la.kernel[la.grid](*la.args, **la.constexprs, num_warps=la.num_warps, num_stages=la.num_stages)
+    return finish(la.out, la.y, la.split, epi)  # split partials summed (+ bias / LoRA epilogue)
 
 
 __all__ = [
     "FMT_INT4", "FMT_MXFP4", "FMT_NVFP4", "GEMV_CONFIGS", "GEMV_LIMIT_M", "GEMV_MAX_M", "GemvConfig",
-    "default_gemv_config", "effective_tile", "gemv_supported", "launch_gemv",
+    "GemvLaunch", "default_gemv_config", "effective_tile", "gemv_launch", "gemv_supported", "launch_gemv",
 ]

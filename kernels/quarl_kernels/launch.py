@@ -79,12 +79,15 @@ class Epilogue(typing.NamedTuple):
     projections, ``quarl.engine.lora``): its row stride is passed, its column stride must be 1.
     ``a`` may also be fp32 split partials ``[S, M, r]`` of ``x @ A^T`` (``quarl_kernels.lora_a``, again a
     column slice): the last pass sums them in split order and rounds once to the output dtype, as
-    ``F.linear`` would have returned ``a``. ``b [N, r]`` contiguous. Either part may be absent (None)."""
+    ``F.linear`` would have returned ``a``. ``b [N, r]`` contiguous. Either part may be absent (None).
+    ``lora_a`` (``quarl_kernels.lora_a.LoraA``): those partials are computed by the launch itself, by extra
+    programs of the GEMV (``wo_gemm.wo_matmul`` fills them with ``F.linear`` on any other route)."""
 
     bias: torch.Tensor | None = None  # [N]
     a: torch.Tensor | None = None  # [M, r]
     b: torch.Tensor | None = None  # [N, r]
     scaling: float = 1.0
+    lora_a: typing.Any = None  # a lora_a.LoraA the launch fills first (``a`` is then a column slice of its out)
 
     def check(self, m: int, n: int) -> None:
         """Shapes the kernel assumes; a clear error instead of an out-of-bounds read."""
@@ -100,6 +103,9 @@ class Epilogue(typing.NamedTuple):
                 raise ValueError(f"Epilogue: need a [{m}, r] or fp32 partials [S, {m}, r] (unit column stride) and a "
                                  f"contiguous b [{n}, r]; got a {tuple(self.a.shape)} {self.a.dtype} strides "
                                  f"{self.a.stride()}, b {tuple(self.b.shape)}")
+        if self.lora_a is not None and (self.a is None or self.a.dim() != 3 or
+                                        self.a.untyped_storage().data_ptr() != self.lora_a.out.untyped_storage().data_ptr()):
+            raise ValueError("Epilogue: with lora_a, a must be a column slice of lora_a.out (the partials it fills)")
 
 
 @triton.jit

@@ -6,6 +6,9 @@
         dx[..., K] = dy[..., N] @ dequant(W)                        (the backward)
     torch.ops.quarl.wo_linear_epilogue(x, ..., k, bias, a, b, scaling) -> y
         y = x @ dequant(W)^T + bias + scaling * a @ b^T              (inference: no autograd)
+    torch.ops.quarl.wo_linear_epilogue_a(x, ..., k, bias, a_w, a_lo, b, scaling, splits) -> (y, parts)
+        the same, for a LoRA group's first projection: parts = x @ a_w^T as fp32 split partials
+        (computed inside the GEMV launch), y's LoRA term from columns [a_lo, a_lo + r) of them
 
 ``fmt`` is a quarl format name ("nvfp4", "mxfp4", "int"), ``group`` its block /
 group size; the tensors are exactly the layer's compressed-tensors buffers
@@ -169,6 +172,47 @@ def _wo_linear_epilogue_cuda(x, packed, scale, zero, gscale, fmt, group, n, k, b
 @wo_linear_epilogue.register_fake
 def _wo_linear_epilogue_fake(x, packed, scale, zero, gscale, fmt, group, n, k, bias, a, b, scaling):
     return x.new_empty((*x.shape[:-1], n))
+
+
+@torch.library.custom_op(f"{_LIB}::wo_linear_epilogue_a", mutates_args=())
+def wo_linear_epilogue_a(
+    x: torch.Tensor, packed: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor | None,
+    gscale: torch.Tensor | None, fmt: str, group: int, n: int, k: int,
+    bias: torch.Tensor | None, a_w: torch.Tensor, a_lo: int, b: torch.Tensor, scaling: float, splits: int,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`wo_linear_epilogue` of the first projection of a LoRA group, which also computes the group's
+    ``x @ a_w^T`` (``a_w [R, K]``: the stacked A of the group). Returns ``(y, parts)``: ``parts [splits, ..., R]``
+    fp32 partials of that product (on CUDA computed by extra programs of the GEMV launch, ``quarl_kernels.lora_a``;
+    ``splits`` must be ``lora_a.splits_for(k)`` there), and ``y`` with the LoRA term of columns
+    ``[a_lo, a_lo + r)`` of them, ``r = b.shape[-1]``. The other projections pass their column slices of ``parts``
+    to :func:`wo_linear_epilogue`. Here: ``F.linear``'s output in split 0, zeros in the rest."""
+    parts = x.new_zeros((splits, *x.shape[:-1], a_w.shape[0]), dtype=torch.float32)
+    parts[0] = torch.nn.functional.linear(x, a_w.to(x.dtype)).float()
+    r = b.shape[-1]
+    return wo_linear_epilogue(x, packed, scale, zero, gscale, fmt, group, n, k, bias, parts[..., a_lo:a_lo + r], b,
+                              scaling), parts
+
+
+@wo_linear_epilogue_a.register_kernel("cuda")
+def _wo_linear_epilogue_a_cuda(x, packed, scale, zero, gscale, fmt, group, n, k, bias, a_w, a_lo, b, scaling, splits):
+    from quarl_kernels import lora_a
+    from quarl_kernels.launch import Epilogue
+    from quarl_kernels.wo_gemm import wo_matmul
+
+    if splits != lora_a.splits_for(k):
+        raise ValueError(f"wo_linear_epilogue_a: splits={splits}, but the kernel splits K={k} into "
+                         f"{lora_a.splits_for(k)} (pass quarl_kernels.lora_a.splits_for(k))")
+    x2 = x.reshape(-1, k)
+    la = lora_a.LoraA(a_w, torch.empty(splits, x2.shape[0], a_w.shape[0], device=x.device, dtype=torch.float32))
+    r = b.shape[-1]
+    epi = Epilogue(bias, la.out[..., a_lo:a_lo + r], b.contiguous(), scaling, lora_a=la)
+    y = wo_matmul(x2, _packed_weight(packed, scale, zero, gscale, fmt, group, n, k), epi=epi)  # [M, N]
+    return y.reshape(*x.shape[:-1], n), la.out.view(splits, *x.shape[:-1], a_w.shape[0])
+
+
+@wo_linear_epilogue_a.register_fake
+def _wo_linear_epilogue_a_fake(x, packed, scale, zero, gscale, fmt, group, n, k, bias, a_w, a_lo, b, scaling, splits):
+    return x.new_empty((*x.shape[:-1], n)), x.new_empty((splits, *x.shape[:-1], a_w.shape[0]), dtype=torch.float32)
 
 
 def _setup_context(ctx, inputs, output):

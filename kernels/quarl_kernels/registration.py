@@ -83,7 +83,21 @@ def forward_epilogue(x: torch.Tensor, layer, a: torch.Tensor | None, b: torch.Te
     return torch.ops.quarl.wo_linear_epilogue(x, *layer_args(layer), layer.bias, a, b, float(scaling))
 
 
+def forward_epilogue_a(x: torch.Tensor, layer, a_w: torch.Tensor, a_lo: int, b: torch.Tensor,
+                       scaling: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """``dispatch.EpilogueAFn``: :func:`forward_epilogue` for the first projection of a LoRA group that also
+    computes the group's ``x @ a_w^T`` inside its launch (``torch.ops.quarl.wo_linear_epilogue_a``): returns
+    ``(y, parts)``, ``parts [S, ..., R]`` fp32 split partials whose column slices the group's other projections
+    pass to :func:`forward_epilogue` as ``a``."""
+    from quarl_kernels import lora_a
+    from quarl_kernels.ops import layer_args
+
+    return torch.ops.quarl.wo_linear_epilogue_a(x, *layer_args(layer), layer.bias, a_w, int(a_lo), b, float(scaling),
+                                               lora_a.splits_for(layer.in_features))
+
+
 def kernel_specs() -> list[dict]:
-    """The kernels for ``quarl.quant.dispatch.Kernel(**spec)``: name, format, fn, applies, priority, epilogue."""
+    """The kernels for ``quarl.quant.dispatch.Kernel(**spec)``: name, format, fn, applies, priority, epilogue,
+    epilogue_a."""
     return [{"name": f"triton-wo-{fmt}", "format": fmt, "fn": forward, "applies": applies, "priority": KERNEL_PRIORITY,
-             "epilogue": forward_epilogue} for fmt in ("nvfp4", "mxfp4", "int")]
+             "epilogue": forward_epilogue, "epilogue_a": forward_epilogue_a} for fmt in ("nvfp4", "mxfp4", "int")]

@@ -52,7 +52,7 @@ import torch
 import triton
 import triton.language as tl
 
-from quarl_kernels import dense, gemv
+from quarl_kernels import dense, gemv, lora_a
 from quarl_kernels.dequant import FMT_INT4, FMT_NVFP4, FP4_ACC_FACTOR, load_dequant_tile, pair_order_rows
 from quarl_kernels.launch import env_flag as _env_flag
 from quarl_kernels.launch import finish as _finish
@@ -492,6 +492,14 @@ def _wgmma_decode_failed(e: Exception) -> None:
                   f"this.", stacklevel=3)
 
 
+def _gemv(x2: torch.Tensor, pw: PackedWeight, tune: bool | None, epi) -> torch.Tensor:
+    """The CUDA-core GEMV route (``gemv.py``) with its measured (or tuned) config."""
+    gkey = (pw.fmt, pw.group, x2.shape[0], pw.n, pw.k, x2.device.index)
+    gdefault = gemv.default_gemv_config(pw.fmt, x2.shape[0], pw.n, pw.k)
+    gcfg = _choose("gemv", gkey, gemv.GEMV_CONFIGS, lambda c: gemv.launch_gemv(x2, pw, c), tune, gdefault)
+    return gemv.launch_gemv(x2, pw, gcfg, epi=epi)
+
+
 def wo_matmul(x2: torch.Tensor, pw: PackedWeight, *, tune: bool | None = None, epi=None) -> torch.Tensor:
     """y [M, N] = x2 [M, K] @ dequant(W)^T, config picked by M regime (and tuning).
 
@@ -505,6 +513,11 @@ def wo_matmul(x2: torch.Tensor, pw: PackedWeight, *, tune: bool | None = None, e
     launch's last pass (the split-K reduction, or one in-place pass when unsplit); tuning times the
     GEMM alone."""
     m = x2.shape[0]
+    if epi is not None and epi.lora_a is not None:  # a LoRA group's x @ A^T rides along: only the GEMV carries it
+        if gemv.gemv_supported(x2, pw) and not dense.use_dense(m):
+            return _gemv(x2, pw, tune, epi)
+        lora_a.fill_partials(x2, epi.lora_a)
+        epi = epi._replace(lora_a=None)
     if dense.use_dense(m):
         try:
             return _finish(None, dense.dense_matmul(x2, pw), 1, epi)
@@ -532,10 +545,7 @@ def wo_matmul(x2: torch.Tensor, pw: PackedWeight, *, tune: bool | None = None, e
         except triton.compiler.errors.CompilationError as e:
             _mma_decode_failed(e)
     if gemv.gemv_supported(x2, pw):
-        gkey = (pw.fmt, pw.group, m, pw.n, pw.k, x2.device.index)
-        gdefault = gemv.default_gemv_config(pw.fmt, m, pw.n, pw.k)
-        gcfg = _choose("gemv", gkey, gemv.GEMV_CONFIGS, lambda c: gemv.launch_gemv(x2, pw, c), tune, gdefault)
-        return gemv.launch_gemv(x2, pw, gcfg, epi=epi)
+        return _gemv(x2, pw, tune, epi)
     cands = DECODE_CONFIGS if m <= DECODE_MAX_M else PREFILL_CONFIGS
     key = (pw.fmt, pw.group, _m_bucket(m), pw.n, pw.k, x2.device.index)
     default = default_config("fwd", m, pw.n, pw.k)

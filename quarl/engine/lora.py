@@ -30,12 +30,12 @@ decode step's time goes": 616 LoRA kernels per 7B step). The sum is rounded once
 three times (<= ~1 bf16 ulp from the unfused path). ``QUARL_ENGINE_LORA_EPILOGUE=0`` keeps the
 ``addmm`` (for A/B runs); a BF16 base always does.
 
-The A GEMM in one launch. When every projection of a group takes that fused last pass and the step is a
-decode step (at most ``quarl_kernels.lora_a.MAX_M`` rows), the group's ``x @ A^T`` is not a cuBLAS call
-(two kernels at these sizes: 224 of a 7B step's kernels, 0.68 ms at batch 1 on an H200) but one Triton
-launch writing fp32 split partials, which each projection's last pass sums and rounds to the activation
-dtype before its ``a_j @ B_j^T`` -- the value ``F.linear`` returns, up to the order of the FP32 sum.
-Opt-in for now (``QUARL_ENGINE_LORA_A=1``): written and tested on CPU, its GPU speed not yet measured.
+The A GEMM inside the first projection's launch. When every projection of a group takes that fused last pass
+and the step has one row (``quarl_kernels.lora_a.MAX_M``: the GEMV's), the group's ``x @ A^T`` is not a cuBLAS
+call (two kernels at these sizes: 224 of a 7B step's kernels, 0.73 ms of 4.64 at batch 1 on an H100) but extra
+programs of the first projection's GEMV launch (``QuantLinear.epilogue_a_kernel``), writing fp32 split partials
+that each projection's last pass sums and rounds to the activation dtype before its ``a_j @ B_j^T`` -- the value
+``F.linear`` returns, up to the order of the fp32 sum. ``QUARL_ENGINE_LORA_A=0`` keeps cuBLAS (docs/engine.md).
 """
 
 from __future__ import annotations
@@ -50,6 +50,7 @@ from quarl.quant.linear import QuantLinear, lora_add
 ENV = "QUARL_ENGINE_LORA_PACK"
 EPILOGUE_ENV = "QUARL_ENGINE_LORA_EPILOGUE"
 A_ENV = "QUARL_ENGINE_LORA_A"
+A_MAX_M = 1  # rows of a step whose A GEMM rides in the first launch: quarl_kernels.lora_a.MAX_M (a test checks)
 GROUPS = {"qkv": ("self_attn", ("q_proj", "k_proj", "v_proj")), "o": ("self_attn", ("o_proj",)),
           "gate_up": ("mlp", ("gate_proj", "up_proj")), "down": ("mlp", ("down_proj",))}
 
@@ -66,10 +67,9 @@ def resolve_epilogue(flag: bool | None) -> bool:
 
 
 def resolve_a_kernel(flag: bool | None) -> bool:
-    """The group's A GEMM as one launch of split partials (``quarl_kernels.lora_a``) where every projection takes
-    the fused last pass: ``flag`` if given, else ``$QUARL_ENGINE_LORA_A`` (default **off** until its speed is
-    measured on a GPU: docs/engine.md)."""
-    return _switch(flag, A_ENV, "the A GEMM as split partials", "cuBLAS A GEMM", default=False)
+    """The group's A GEMM inside its first projection's GEMV launch (``quarl_kernels.lora_a``) where every
+    projection takes the fused last pass: ``flag`` if given, else ``$QUARL_ENGINE_LORA_A`` (default on)."""
+    return _switch(flag, A_ENV, "the A GEMM inside the first projection's launch", "cuBLAS A GEMM")
 
 
 def _hooked(m: nn.Module) -> bool:
@@ -90,7 +90,7 @@ class Group:
     def __init__(self, mods: list[QuantLinear], dtype: torch.dtype, epilogue: bool = True, a_kernel: bool = False):
         self.mods = mods
         self.epilogue = epilogue  # B GEMM and bias in the base kernel's last pass, where a kernel offers it
-        self.a_kernel = a_kernel  # with it, x @ A^T as split partials the last passes finish (decode rows)
+        self.a_kernel = a_kernel  # with it, x @ A^T inside the first projection's launch (one-row decode steps)
         self.r = mods[0].lora_cfg.r
         a0 = mods[0].lora_A
         self.A = torch.empty(len(mods) * self.r, a0.shape[1], device=a0.device, dtype=dtype)
@@ -109,10 +109,12 @@ class Group:
         """``x [..., K]`` -> each projection's output ``[..., N_j]`` (base + bias + adapter)."""
         r = self.r
         fused = [m.epilogue_kernel(x) if self.epilogue else None for m in self.mods]
-        parts = self._partials(x) if all(f is not None for f in fused) else None
-        if parts is not None:  # [S, ..., G*r] fp32: every projection's x @ A_j^T, finished by its last pass
-            return [f(x, m, parts[..., j * r:(j + 1) * r], self.B[j], m.lora_cfg.scaling)
-                    for j, (f, m) in enumerate(zip(fused, self.mods, strict=True))]
+        first = self._first_with_a(x) if all(f is not None for f in fused) else None
+        if first is not None:  # the first launch computes x @ A^T too, as fp32 split partials [S, ..., G*r]
+            m0 = self.mods[0]
+            y0, parts = first(x, m0, self.A, 0, self.B[0], m0.lora_cfg.scaling)
+            return [y0] + [f(x, m, parts[..., j * r:(j + 1) * r], self.B[j], m.lora_cfg.scaling)
+                           for j, (f, m) in enumerate(zip(fused, self.mods, strict=True)) if j > 0]
         a = F.linear(x, self.A)  # [..., G*r]: every projection's x @ A_j^T in one GEMM
         out = []
         for j, m in enumerate(self.mods):
@@ -123,18 +125,12 @@ class Group:
                 out.append(lora_add(m.base_forward(x), aj, self.B[j], m.lora_cfg.scaling))
         return out
 
-    def _partials(self, x: torch.Tensor) -> torch.Tensor | None:
-        """``x @ A^T`` as fp32 split partials ``[S, ..., G*r]`` (one launch), or None: switched off, not a decode
-        step, or no kernel here."""
-        if not self.a_kernel or not x.is_cuda:
+    def _first_with_a(self, x: torch.Tensor):
+        """The first projection's ``dispatch.EpilogueAFn`` when its launch should compute the group's A GEMM, else
+        None: switched off, not a one-row decode step, or no such kernel here."""
+        if not self.a_kernel or x.dtype != self.A.dtype or x.numel() // x.shape[-1] > A_MAX_M:
             return None
-        from quarl_kernels import lora_a  # the fused last pass exists, so the kernels package imported
-
-        x2 = x.reshape(-1, x.shape[-1])  # [M, K]
-        if x2.shape[0] > lora_a.MAX_M or x2.dtype != self.A.dtype:
-            return None
-        parts = lora_a.lora_a_partials(x2 if x2.stride(1) == 1 else x2.contiguous(), self.A)  # [S, M, G*r]
-        return parts.view(parts.shape[0], *x.shape[:-1], parts.shape[-1])
+        return self.mods[0].epilogue_a_kernel(x)
 
 
 class LoraPack:
@@ -184,5 +180,5 @@ class LoraPack:
         return any(self.layers)
 
 
-__all__ = ["A_ENV", "ENV", "EPILOGUE_ENV", "GROUPS", "Group", "LoraPack", "packable", "resolve", "resolve_a_kernel",
+__all__ = ["A_ENV", "A_MAX_M", "ENV", "EPILOGUE_ENV", "GROUPS", "Group", "LoraPack", "packable", "resolve", "resolve_a_kernel",
            "resolve_epilogue"]

@@ -152,7 +152,7 @@ class DecoderRunner:
         self.decode_attn = fz.resolve_decode_attn(decode_attn)  # flash-decoding kernel where fused_on()
         self.lora_pack = lp.resolve(lora_pack)  # adapters of q/k/v and gate/up computed together
         self.lora_epilogue = lp.resolve_epilogue(None)  # B GEMM + bias in the base kernel's last pass
-        self.lora_a_kernel = lp.resolve_a_kernel(None)  # the A GEMM as split partials that last pass finishes
+        self.lora_a_kernel = lp.resolve_a_kernel(None)  # the A GEMM inside the first projection's GEMV launch
         self._lora: lp.LoraPack | None = None
 
     def prepare_lora(self) -> None:

@@ -31,6 +31,11 @@ Predicate = Callable[[torch.Tensor, "torch.nn.Module"], bool]
 # the bias and the LoRA branch added in the GEMM's last pass; no autograd (inference: the rollout engine)
 EpilogueFn = Callable[[torch.Tensor, "torch.nn.Module", "torch.Tensor | None", "torch.Tensor | None", float],
                       torch.Tensor]
+# fn(x [.., K], layer, a_w [R, K], a_lo, b [N, r], scaling) -> (y, parts [S, .., R] fp32): the EpilogueFn of a LoRA
+# group's first projection whose launch also computes the group's x @ a_w^T (split partials; y uses columns
+# [a_lo, a_lo + r)); the group's other projections pass their column slices of parts to the EpilogueFn as ``a``
+EpilogueAFn = Callable[[torch.Tensor, "torch.nn.Module", torch.Tensor, int, torch.Tensor, float],
+                       tuple[torch.Tensor, torch.Tensor]]
 
 
 @dataclass
@@ -41,6 +46,7 @@ class Kernel:
     applies: Predicate
     priority: int = 0
     epilogue: EpilogueFn | None = None
+    epilogue_a: EpilogueAFn | None = None
 
 
 _KERNELS: dict[str, list[Kernel]] = {}

@@ -264,6 +264,13 @@ class QuantLinear(nn.Module):
         kernel = dispatch.select(x, self)
         return None if kernel is None else kernel.epilogue
 
+    def epilogue_a_kernel(self, x: torch.Tensor):
+        """:meth:`epilogue_kernel`'s variant for the first projection of a LoRA group that also computes the group's
+        ``x @ A^T`` in its launch (``dispatch.EpilogueAFn``), or None."""
+        if self.epilogue_kernel(x) is None:
+            return None
+        return dispatch.select(x, self).epilogue_a
+
     def base_forward(self, x: torch.Tensor) -> torch.Tensor:  # x [..., K] -> [..., N]
         """The frozen (or QAT) base and its bias, without the LoRA branch: what the rollout engine
         calls when it computes the adapters of several projections together (quarl.engine.lora).

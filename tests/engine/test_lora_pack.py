@@ -151,24 +151,20 @@ def test_epilogue_kernel_only_without_autograd_and_on_kernel_devices():
     assert q.epilogue_kernel(x) is None
 
 
-def test_a_gemm_as_split_partials_route(monkeypatch):
-    """Where every projection of a group takes the fused last pass, the group's A GEMM comes as split partials
-    ``[S, ..., G*r]`` (one launch of ``quarl_kernels.lora_a`` on CUDA; a CPU stand-in here) and each projection gets
-    its columns of them; the last pass (a reference here: sum in split order, round to the activation dtype, as the
-    kernel does) gives the addmm path's tokens. Opt-in (``QUARL_ENGINE_LORA_A=1``); unset or 0 keeps one-GEMM ``a``."""
-    from quarl.engine.lora import Group
+def test_a_gemm_inside_the_first_launch_route(monkeypatch):
+    """Where every projection of a group takes the fused last pass and a decode step has one row, the group's first
+    projection runs its ``epilogue_a_kernel``: its launch returns the group's A GEMM as split partials
+    ``[S, ..., G*r]`` too (extra programs of the GEMV on CUDA; a CPU stand-in here, split over K in 3 ranges), and
+    each other projection gets its columns of them; the last pass (a reference here: sum in split order, round to
+    the activation dtype, as the kernel does) gives the cuBLAS route's tokens. Steps of more rows (prefill, batch 3)
+    keep the one-GEMM ``a``; ``QUARL_ENGINE_LORA_A=0`` keeps it everywhere."""
+    from quarl.engine import lora as lp
     from quarl.quant.linear import QuantLinear
 
-    seen = []
-
-    def partials(self, x):  # what quarl_kernels.lora_a.lora_a_partials returns, split over K in 3 ranges
-        if not self.a_kernel:
-            return None
-        chunks = torch.tensor_split(torch.arange(x.shape[-1]), 3)
-        return torch.stack([x[..., c].float() @ self.A[:, c].float().t() for c in chunks])
+    seen = []  # per fused call: (rows of the step, did ``a`` come as partials)
 
     def reference(x, m, a, b, scaling):  # forward_epilogue with partials: the last pass's arithmetic
-        seen.append(a.dim() == x.dim() + 1)
+        seen.append((x.numel() // x.shape[-1], a.dim() == x.dim() + 1))
         if a.dim() == x.dim() + 1:
             a = sum(a[s] for s in range(1, a.shape[0])) + a[0] if a.shape[0] > 1 else a[0]
             a = a.to(x.dtype)
@@ -176,23 +172,30 @@ def test_a_gemm_as_split_partials_route(monkeypatch):
         y = y + m.bias.to(y.dtype) if m.bias is not None else y
         return y + scaling * a @ b.t()
 
+    def reference_a(x, m, a_w, a_lo, b, scaling):  # forward_epilogue_a: the launch's partials, then the last pass
+        assert x.numel() // x.shape[-1] <= lp.A_MAX_M
+        chunks = torch.tensor_split(torch.arange(x.shape[-1]), 3)
+        parts = torch.stack([x[..., c].float() @ a_w[:, c].float().t() for c in chunks])  # [3, ..., G*r]
+        return reference(x, m, parts[..., a_lo:a_lo + b.shape[-1]], b, scaling), parts
+
     model = lora_model("qwen2")
-    rows = prompts((6, 2, 9))
-    off = FastGenerator(model, PAD).generate(rows, greedy(8), n=1)
+    one, three = prompts((6,)), prompts((6, 2, 9))
+    monkeypatch.setenv("QUARL_ENGINE_LORA_A", "0")
+    off = FastGenerator(model, PAD).generate(one, greedy(8), n=1)
     monkeypatch.setattr(QuantLinear, "epilogue_kernel", lambda self, x: reference)
-    monkeypatch.setattr(Group, "_partials", partials)
-    FastGenerator(model, PAD).generate(rows, greedy(2), n=1)
-    assert seen and not any(seen), "off by default"
+    monkeypatch.setattr(QuantLinear, "epilogue_a_kernel", lambda self, x: reference_a)
+    FastGenerator(model, PAD).generate(one, greedy(2), n=1)
+    assert seen and not any(p for _, p in seen), "switched off"
+    monkeypatch.delenv("QUARL_ENGINE_LORA_A")
     seen.clear()
-    monkeypatch.setenv("QUARL_ENGINE_LORA_A", "1")
-    on = FastGenerator(model, PAD).generate(rows, greedy(8), n=1)
-    assert seen and all(seen), "every packed projection should get its columns of the partials"
+    on = FastGenerator(model, PAD).generate(one, greedy(8), n=1)
+    assert any(rows == 1 for rows, _ in seen) and all(p == (rows == 1) for rows, p in seen), \
+        "on by default: every projection of the one-row decode steps, and only those, gets partials"
     assert torch.equal(on.completion_ids, off.completion_ids)
     torch.testing.assert_close(on.logprobs, off.logprobs, atol=1e-4, rtol=0)
     seen.clear()
-    monkeypatch.setenv("QUARL_ENGINE_LORA_A", "0")
-    FastGenerator(model, PAD).generate(rows, greedy(2), n=1)
-    assert seen and not any(seen)
+    FastGenerator(model, PAD).generate(three, greedy(8), n=1)
+    assert seen and not any(p for _, p in seen), "three rows per step keep the one-GEMM a"
     monkeypatch.setenv("QUARL_ENGINE_LORA_A", "often")
     with pytest.raises(ValueError, match="QUARL_ENGINE_LORA_A"):
         FastGenerator(model, PAD)

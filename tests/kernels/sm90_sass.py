@@ -54,6 +54,18 @@ def stack_bytes(kernel) -> int | None:
     return int(out.split("STACK:")[1].split()[0])
 
 
+def registers(kernel) -> int | None:
+    """Registers per thread of a compiled kernel (``cuobjdump -res-usage``), or None without ``cuobjdump``."""
+    tool = cuobjdump()
+    if tool is None:
+        return None
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(kernel.asm["cubin"])
+        f.flush()
+        out = subprocess.run([str(tool), "-res-usage", f.name], capture_output=True, text=True, check=False).stdout
+    return int(out.split("REG:")[1].split()[0])
+
+
 def compile_launch(launch, num_warps: int | None = None, **overrides):
     """``launch`` (``quarl_kernels.fp8_quant.Launch``) -> (compiled kernel, SASS text) for sm_90.
     ``overrides`` replace constexprs that follow the device (``SCALE_RECIP=True`` as on CUDA,

@@ -8,7 +8,8 @@ with ``a`` a column slice of a packed A output, as the engine passes it (< 5e-3 
 the other kernel tests), and against the unfused ops (``wo_matmul`` then bias, then addmm),
 which round three times instead of once. Then the layer entry (``forward_epilogue``) inside a
 CUDA graph, and ``QuantLinear.base_forward`` equal with and without autograd (it never takes the route).
-Last, the A GEMM as split partials (``quarl_kernels.lora_a``) finished by the last pass, alone and in a packed
+Last, the A GEMM as split partials computed inside the base launch (``quarl_kernels.lora_a``) and finished by the
+last pass, alone (every route: the GEMV's programs, ``fill_partials`` elsewhere; and through the op) and in a packed
 q/k/v group inside a CUDA graph, against the cuBLAS A GEMM route.
 
 Run on an H100 / H200: ``pytest -q -m gpu tests/kernels/test_epilogue_gpu.py``."""
@@ -101,31 +102,36 @@ def test_layer_entry_in_a_cuda_graph_and_bias_route():
     assert q.epilogue_kernel(x) is None  # autograd on: the fused call has no backward
 
 
-@pytest.mark.parametrize("m,k,gr", [(1, 3584, 96), (8, 3584, 64), (64, 18944, 32), (3, 576, 96)])
-def test_lora_a_partials_finish_as_f_linear(m, k, gr):
-    """The A GEMM as split partials (``quarl_kernels.lora_a``) finished by the last pass: within FP32 summation order
-    of ``F.linear``'s ``a`` (rounded once to bf16 either way), and the whole fused projection with it as with ``a``."""
-    from quarl_kernels.lora_a import lora_a_partials
+@pytest.mark.parametrize("m,k,gr", [(1, 3584, 96), (1, 18944, 32), (3, 576, 96), (8, 3584, 64), (64, 18944, 32)])
+def test_lora_a_in_the_launch_finishes_as_f_linear(m, k, gr):
+    """The A GEMM as split partials computed inside the base launch (``Epilogue(lora_a=...)``: extra GEMV programs
+    at M <= 3, ``fill_partials`` on the other routes): within FP32 summation order of ``F.linear``'s ``a`` (rounded
+    once to bf16 either way), and the whole fused projection with it as with ``a``; also through the op."""
+    from quarl_kernels import lora_a
 
     torch.manual_seed(m + k)
     x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
     amat = (torch.randn(gr, k, device="cuda") * 0.05).to(torch.bfloat16)
-    parts = lora_a_partials(x, amat)  # [S, M, G*r] fp32
     a = torch.nn.functional.linear(x, amat)  # cuBLAS, [M, G*r] bf16
-    assert rel(parts.sum(0), a.double()) < 4e-3  # bf16 rounding of cuBLAS's a: the only difference
-    r = 32
-    n = 512
+    r, n = 32, 512
     args, _ = qweight("nvfp4", n, k)
     pw = _packed_weight(*args)
     lb = (torch.randn(n, r, device="cuda") * 0.05).to(torch.bfloat16)
     b = torch.randn(n, device="cuda", dtype=torch.bfloat16)
-    y_parts = wo_gemm.wo_matmul(x, pw, epi=Epilogue(b, parts[..., gr - r:], lb, 0.5))
+    la = lora_a.new_partials(x, amat)
+    la.out.fill_(float("nan"))
+    y_parts = wo_gemm.wo_matmul(x, pw, epi=Epilogue(b, la.out[..., gr - r:], lb, 0.5, lora_a=la))
+    assert not torch.isnan(la.out).any()
+    assert rel(la.out.sum(0), a.double()) < 4e-3  # bf16 rounding of cuBLAS's a: the only difference
     y_a = wo_gemm.wo_matmul(x, pw, epi=Epilogue(b, a[:, gr - r:], lb, 0.5))
     assert rel(y_parts, y_a.double()) < 1e-3, rel(y_parts, y_a.double())
+    y_op, parts = torch.ops.quarl.wo_linear_epilogue_a(x, *args, b, amat, gr - r, lb, 0.5, lora_a.splits_for(k))
+    assert parts.shape == (lora_a.splits_for(k), m, gr)
+    assert rel(y_op, y_a.double()) < 1e-3
 
 
 def test_packed_group_takes_the_partials_route_in_a_cuda_graph(monkeypatch):
-    """A packed q/k/v group with the fused last pass computes its A GEMM as one launch of partials (decode rows), also
+    """A packed q/k/v group with the fused last pass computes its A GEMM inside the q launch (one decode row), also
     inside a CUDA graph, and gives what the cuBLAS A GEMM route gives (``QUARL_ENGINE_LORA_A=0``) within rounding."""
     from quarl.engine.lora import Group
     from quarl.quant import quantize_model
@@ -139,13 +145,13 @@ def test_packed_group_takes_the_partials_route_in_a_cuda_graph(monkeypatch):
     assert all(q.lora_cfg is not None for q in qs)
     for q in qs:
         torch.nn.init.normal_(q.lora_B, std=0.02)
-    x = torch.randn(4, 1, 3584, device="cuda", dtype=torch.bfloat16)
+    x = torch.randn(1, 1, 3584, device="cuda", dtype=torch.bfloat16)
     outs = {}
     for a_kernel in (True, False):
         g = Group(qs, torch.bfloat16, epilogue=True, a_kernel=a_kernel)
         g.refresh()
         with torch.no_grad():
-            assert (g._partials(x) is not None) == a_kernel
+            assert (g._first_with_a(x) is not None) == a_kernel
             s = torch.cuda.Stream()
             s.wait_stream(torch.cuda.current_stream())
             with torch.cuda.stream(s):

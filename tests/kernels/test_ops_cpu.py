@@ -137,3 +137,22 @@ def test_epilogue_op_cpu_reference_fake_and_layer_entry(spec):
                           (x, *layer_args(q), bias, a.contiguous(), b, 0.5), test_utils=utils)
     q.bias = nn.Parameter(bias, requires_grad=False)
     torch.testing.assert_close(forward_epilogue(x, q, a, b, 0.5), y, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("spec", ["nvfp4", "int4-g128"])
+def test_epilogue_a_op_cpu_reference_and_fake(spec):
+    """``wo_linear_epilogue_a``: the group's ``x @ a_w^T`` as ``splits`` fp32 partials (``F.linear``'s value in split
+    0, zeros after) and ``y`` = ``wo_linear_epilogue`` with columns ``[a_lo, a_lo + r)`` of them; its fake shapes."""
+    q = _layer(spec)
+    x = torch.randn(2, 3, 256)
+    a_w = torch.randn(24, 256) * 0.1
+    b = torch.randn(48, 8)
+    bias = torch.randn(48)
+    y, parts = torch.ops.quarl.wo_linear_epilogue_a(x, *layer_args(q), bias, a_w, 8, b, 0.5, 3)
+    assert parts.shape == (3, 2, 3, 24) and parts.dtype == torch.float32
+    torch.testing.assert_close(parts[0], F.linear(x, a_w), rtol=0, atol=0)
+    assert not parts[1:].any()
+    want = torch.ops.quarl.wo_linear_epilogue(x, *layer_args(q), bias, F.linear(x, a_w)[..., 8:16], b, 0.5)
+    torch.testing.assert_close(y, want, rtol=0, atol=0)
+    torch.library.opcheck(torch.ops.quarl.wo_linear_epilogue_a.default,
+                          (x, *layer_args(q), bias, a_w, 8, b, 0.5, 3), test_utils=("test_faketensor",))

@@ -1,0 +1,46 @@
+#!/usr/bin/env bash
+# Session 11 (2026-11-26, third device session of the day): issue 17's LoRA A GEMM inside the first projection's
+# GEMV launch (quarl_kernels/lora_a.py: extra programs of gemv._gemv_kernel write the group's x @ A^T partials,
+# each projection's last pass finishes them). Run from the repository root on the device machine; the record of
+# what ran is at the end of this file.
+#
+#   phase a: bash benchmarks/gpu_session11.sh a   (one GPU; ~5 min)
+#     1. GPU tests: the last pass and the A partials on every route (tests/kernels/test_epilogue_gpu.py), the engine
+#        (tests/engine/test_engine_gpu.py), the GEMV (tests/kernels/test_gemv_gpu.py: its launcher was refactored);
+#     2. the 7B decode-step profile at batch 1, the A GEMM inside the launch (default) vs on cuBLAS (:noloraa);
+#     3. issue 17's rollout table (7B / 14B, NVFP4+LoRA vs BF16+LoRA) at batch 1 and 8 with the defaults.
+set -u
+: "${OUT:?}"
+PHASE=${1:?phase}
+T0=$SECONDS
+export PYTHONUNBUFFERED=1
+PY=${PY:-python3}
+export PYTHONPATH=$PWD:$PWD/kernels${PYTHONPATH:+:$PYTHONPATH}
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv > "$OUT/gpu.txt" 2>&1
+echo "phase $PHASE: $(tail -n +2 "$OUT/gpu.txt" | head -1)"
+
+case "$PHASE" in
+a)
+    mkdir -p "$OUT/tests" "$OUT/profile" "$OUT/roll"
+    timeout -k 5 "${TEST_S:-150}" "$PY" -m pytest -q -rfE -m gpu -p no:cacheprovider tests/kernels/test_epilogue_gpu.py \
+        tests/engine/test_engine_gpu.py tests/kernels/test_gemv_gpu.py > "$OUT/tests/pytest.log" 2>&1
+    echo "== GPU tests rc=$? at $((SECONDS - T0)) s"; grep -E "^E |passed|failed|FAILED|ERROR" "$OUT/tests/pytest.log" | tail -n 20
+    timeout -k 5 "${PROFILE_S:-100}" "$PY" benchmarks/rollout_profile.py --models 7b \
+        --variants nvfp4+lora32,nvfp4+lora32:noloraa --batches 1 --budget-s $(( ${PROFILE_S:-100} - 15 )) \
+        --out "$OUT/profile" > "$OUT/profile/run.log" 2>&1
+    echo "== profile rc=$? at $((SECONDS - T0)) s"; tail -n 40 "$OUT/profile/run.log"
+    timeout -k 5 "${ROLL_S:-150}" "$PY" benchmarks/rollout.py --models 7b,14b --variants bf16+lora,nvfp4+lora \
+        --batches 1,8 --hf-new-tokens 0 --budget-s $(( ${ROLL_S:-150} - 15 )) --out "$OUT/roll" > "$OUT/roll/run.log" 2>&1
+    echo "== rollout table rc=$? at $((SECONDS - T0)) s"; grep -A 12 "^| model" "$OUT/roll/run.log" | head -n 14
+    ;;
+*)
+    echo "unknown phase $PHASE"; exit 2
+    ;;
+esac
+# the device tool returns a limited number of files: one archive of the run's
+tar czf "$OUT/phase-$PHASE.tar.gz" -C "$OUT" --exclude "phase-$PHASE.tar.gz" --exclude gpu.txt . 2>/dev/null
+find "$OUT" -mindepth 1 -maxdepth 1 ! -name "phase-$PHASE.tar.gz" ! -name gpu.txt -exec rm -rf {} +
+echo "phase $PHASE done at $((SECONDS - T0)) s"
+
+# ---------------------------------------------------------------------------------------------------------------
+# Record of the calls (2026-11-26; results/gpu_2026-11-26/s11/<x>):
