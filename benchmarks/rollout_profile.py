@@ -140,7 +140,8 @@ class Tagger:
       hook, which would make the engine call the module instead of its packed adapters;
     * an ``nn.Linear`` projection (BF16 model), the LM head, the embedding: forward hooks;
     * LoRA, packed (``quarl.engine.lora.Group.__call__``, patched on the class while tagging):
-      ``lora`` around the group (its base projections keep their inner ``mod:`` range);
+      ``lora`` around the group (its base projections keep their inner ``mod:`` range, and the group's
+      A GEMM, where it runs inside the first projection's launch, is in that projection's range);
     * LoRA, unpacked (``QuantLinear.forward``): ``lora`` from the ``lora_dropout`` call (a pre-hook,
       only on modules no pack covers) to the end of ``quarl.quant.linear.lora_add``."""
 
@@ -161,6 +162,9 @@ class Tagger:
                     # the fused route (base GEMM + bias + LoRA B in its last pass) is the projection's too
                     mod.epilogue_kernel = self._ranged_kernel(f"mod:{name}", mod.epilogue_kernel)
                     self.patched.append((mod, "epilogue_kernel", None))
+                    # ... and so is the group's A GEMM when it rides in this projection's launch (lora_a)
+                    mod.epilogue_a_kernel = self._ranged_kernel(f"mod:{name}", mod.epilogue_a_kernel)
+                    self.patched.append((mod, "epilogue_a_kernel", None))
                     if mod.lora_cfg is not None and id(mod) not in packed:
                         self.handles.append(mod.lora_dropout.register_forward_pre_hook(self._open_lora))
                 else:
