@@ -41,10 +41,11 @@ NAMES = {FMT_NVFP4: "nvfp4", FMT_MXFP4: "mxfp4", FMT_INT4: "int4"}
 
 
 # ---------------------------------------------------------------------------
-def compile_mma_decode(fmt: int, cfg: mma_decode.MmaDecodeConfig, nt: int, split: bool = True, even_k: bool = True):
+def compile_mma_decode(fmt: int, cfg: mma_decode.MmaDecodeConfig, nt: int, split: bool = True, even_k: bool = True,
+                       lora_a: bool = False):
     """``_mma_decode_kernel`` compiled for sm_90 as ``launch_mma_decode`` specializes it at
     the Qwen2.5-7B shapes (word / FP4-scale strides divisible by 16, INT4 scale strides
-    K/128 not), without a GPU."""
+    K/128 not), without a GPU; ``lora_a``: with a LoRA group's A programs (``HAS_LA``)."""
     from triton.backends.compiler import GPUTarget
     from triton.experimental.gluon._runtime import GluonASTSource
 
@@ -53,10 +54,14 @@ def compile_mma_decode(fmt: int, cfg: mma_decode.MmaDecodeConfig, nt: int, split
     for k in ("M", "N", "KW", "TILES_PER_SPLIT", "stride_xm", "stride_wn", "stride_sn", "stride_zn", "stride_os",
               "stride_om"):
         sig[k] = "i32"
+    sig.update({"la_w_ptr": "*bf16", "la_out_ptr": "*fp32"})
+    for k in ("LA_R", "LA_PER", "LA_PROGS", "la_stride_wr", "la_s_out", "la_m_out"):
+        sig[k] = "i32"
     const = {"FMT": fmt, "GROUP": GROUP[fmt], "HAS_ZP": fmt == FMT_INT4, "R": cfg.rows, "BKW": cfg.bkw, "NT": nt,
-             "W": cfg.warps, "PREFETCH": cfg.prefetch, "EVEN_K": even_k, "XS": cfg.xsmem}
+             "W": cfg.warps, "PREFETCH": cfg.prefetch, "EVEN_K": even_k, "XS": cfg.xsmem, "HAS_LA": lora_a,
+             "LA_V": mma_decode.LORA_A_V}
     sig.update({k: "constexpr" for k in const})
-    odd = ("M", "TILES_PER_SPLIT") + (("stride_sn", "stride_zn") if fmt == FMT_INT4 else ())
+    odd = ("M", "TILES_PER_SPLIT", "LA_R", "LA_PROGS") + (("stride_sn", "stride_zn") if fmt == FMT_INT4 else ())
     attrs = {(i,): [["tt.divisibility", 16]] for i, (k, t) in enumerate(sig.items()) if t != "constexpr" and k not in odd}
     src = GluonASTSource(fn=mma_decode._mma_decode_kernel, signature=sig, constexprs=const, attrs=attrs)
     return triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": cfg.warps})

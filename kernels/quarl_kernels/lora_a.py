@@ -33,7 +33,7 @@ import triton.language as tl
 BR = 4  # adapter rows per program: [BR, BK] bf16 = 4 KB per K step over 128 threads, 16-byte loads
 BK = 512  # K per step
 MAX_K_PER_SPLIT = 4096  # K range per program: <= 8 steps, so a program streams <= 32 KB of A
-MAX_M = 1  # decode rows the engine asks for it at: M = 1 is the GEMV's (2..16 run the faster mma.sync kernel)
+MAX_M = 16  # decode rows the engine asks for it at: the GEMV's (M = 1) and the mma.sync kernel's token tiles 8, 16
 
 
 class LoraA(typing.NamedTuple):

@@ -92,6 +92,7 @@ from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.ampere import mma_v2
 
+from quarl_kernels import lora_a
 from quarl_kernels.dequant import _fp4_asm, _int4_asm
 from quarl_kernels.formats import FMT_INT4, FMT_MXFP4, FMT_NVFP4
 from quarl_kernels.launch import decode_operands, finish_splits, num_sms
@@ -101,6 +102,10 @@ INT4_ASM = gl.constexpr(_int4_asm())  # word, bf16 S, bf16 (128 + 8 + zero) -> 8
 
 MIN_M = 1
 MAX_M = 64  # token tiles of 8, 16, 32, 64 (1, 2, 4, 8 n8 MMA tiles)
+# k per lane and step of the LoRA A programs (_lora_a_rows): at 8 the launch needs no more registers than the weight
+# tiles alone at the default M <= 16 configs (sm_90 build: 85 vs 80 at NT = 8, 128 vs 121 / 132 vs 132 at NT = 16;
+# 16 would take 138-168), so the A programs cost the tiles no occupancy
+LORA_A_V = 8
 
 
 # ---------------------------------------------------------------------------
@@ -283,19 +288,95 @@ def _decode_step(w, sg, zg, FMT: gl.constexpr, HAS_ZP: gl.constexpr, LW: gl.cons
 
 
 @gluon.jit
+def _lora_a_rows(pid, x_ptr, w_ptr, out_ptr, M, K, R, K_PER_SPLIT, stride_xm, stride_wr, s_out, m_out,
+                 NT: gl.constexpr, W: gl.constexpr, V: gl.constexpr):
+    """A LoRA group's ``x @ A^T`` partials (``quarl_kernels.lora_a``; the GEMV's ``lora_a_program`` for M <= 16):
+    program ``pid`` computes ``out[s, :M, rows]`` for K range ``s`` and ``W`` adapter rows, one per warp, on CUDA
+    cores. A warp's lanes split (token octet, k): ``NT / 8`` token lanes by ``32 / (NT / 8)`` k lanes, each lane
+    ``V`` consecutive k of the warp's row and 8 tokens -- so a lane's activation registers stay at ``8 V`` bf16
+    for any token tile (the weight tiles' register budget: ``LORA_A_V``). FFMAs into 8 fp32 per lane, one sum over the k
+    lanes at the end; the next step's loads are issued before this step's math."""
+    TL: gl.constexpr = NT // 8  # lanes along tokens
+    KL: gl.constexpr = 32 // TL  # lanes along k
+    BK: gl.constexpr = KL * V
+    L4: gl.constexpr = gl.BlockedLayout([1, 1, 1, V], [TL, 1, KL, 1], [1, W, 1, 1], [3, 2, 1, 0])  # [NT, W, KL, V]
+    LX: gl.constexpr = gl.SliceLayout(1, L4)  # x [NT, KL, V]
+    LA: gl.constexpr = gl.SliceLayout(0, L4)  # A [W, KL, V]
+    LS: gl.constexpr = gl.SliceLayout(3, L4)  # per-lane sums [NT, W, KL]
+    splits = gl.cdiv(K, K_PER_SPLIT)
+    s = pid % splits
+    r0 = (pid // splits) * W
+    rows = gl.minimum(r0 + gl.arange(0, W, layout=gl.SliceLayout(1, gl.SliceLayout(2, LA))), R - 1)  # [W]
+    toks = gl.minimum(gl.arange(0, NT, layout=gl.SliceLayout(1, gl.SliceLayout(2, LX))), M - 1)  # [NT]
+    ka = (gl.arange(0, KL, layout=gl.SliceLayout(1, gl.SliceLayout(0, LA)))[:, None] * V
+          + gl.arange(0, V, layout=gl.SliceLayout(0, gl.SliceLayout(0, LA)))[None, :])  # [KL, V]
+    kx = (gl.arange(0, KL, layout=gl.SliceLayout(1, gl.SliceLayout(0, LX)))[:, None] * V
+          + gl.arange(0, V, layout=gl.SliceLayout(0, gl.SliceLayout(0, LX)))[None, :])  # [KL, V]
+    a_ptrs = w_ptr + rows[:, None, None] * stride_wr + ka[None, :, :]  # [W, KL, V]
+    x_ptrs = x_ptr + toks[:, None, None] * stride_xm + kx[None, :, :]  # [NT, KL, V]
+    k_lo = s * K_PER_SPLIT
+    k_hi = gl.minimum(k_lo + K_PER_SPLIT, K)
+    a_n = gl.load(a_ptrs + k_lo, mask=(k_lo + ka < k_hi)[None, :, :], other=0.0)
+    x_n = gl.load(x_ptrs + k_lo, mask=(k_lo + kx < k_hi)[None, :, :], other=0.0)
+    acc = gl.zeros([NT, W, KL], gl.float32, LS)
+    for k0 in range(k_lo, k_hi, BK):
+        a, xv = a_n, x_n
+        k1 = k0 + BK  # the next step (past k_hi at the end: masked to zeros, unused)
+        a_n = gl.load(a_ptrs + k1, mask=(k1 + ka < k_hi)[None, :, :], other=0.0)
+        x_n = gl.load(x_ptrs + k1, mask=(k1 + kx < k_hi)[None, :, :], other=0.0)
+        prod = gl.expand_dims(xv.to(gl.float32), 1) * gl.expand_dims(a.to(gl.float32), 0)  # [NT, W, KL, V]
+        acc += gl.sum(prod, axis=3)  # in-lane: bf16 x bf16 is exact in fp32, only the sums round
+    out = gl.sum(acc, axis=2)  # [NT, W]
+    on = gl.arange(0, NT, layout=gl.SliceLayout(1, gl.SliceLayout(2, LS)))
+    orow = r0 + gl.arange(0, W, layout=gl.SliceLayout(0, gl.SliceLayout(2, LS)))
+    gl.store(out_ptr + s * s_out + on[:, None] * m_out + orow[None, :], out, mask=(on[:, None] < M) & (orow[None, :] < R))
+
+
+@gluon.jit
 def _mma_decode_kernel(
     x_ptr, wp_ptr, s_ptr, z_ptr, gs_ptr, out_ptr,
     M, N, KW, TILES_PER_SPLIT,
     stride_xm, stride_wn, stride_sn, stride_zn, stride_os, stride_om,
+    la_w_ptr, la_out_ptr, LA_R, LA_PER, LA_PROGS, la_stride_wr, la_s_out, la_m_out,
     FMT: gl.constexpr, GROUP: gl.constexpr, HAS_ZP: gl.constexpr,
     R: gl.constexpr, BKW: gl.constexpr, NT: gl.constexpr, W: gl.constexpr,
     PREFETCH: gl.constexpr, EVEN_K: gl.constexpr, XS: gl.constexpr = False,
+    HAS_LA: gl.constexpr = False, LA_V: gl.constexpr = 8,
 ):
     """y[M, N] (or fp32 split partials [S, M, N]) = x[M, K] @ W[N, K]^T, M <= NT.
 
     x bf16 [M, K]; words int32 [N, K/8]; FP4 scales uint8 [N, G]; INT4 fp32 scales
     [N, G] and int8 zero points [N, G]. Program (pid_n, pid_k) owns rows
-    pid_n * R .. + R and K steps pid_k * TILES_PER_SPLIT .. + TILES_PER_SPLIT."""
+    pid_n * R .. + R and K steps pid_k * TILES_PER_SPLIT .. + TILES_PER_SPLIT.
+    HAS_LA: the first LA_PROGS programs of axis 0 (split 0 only; the others idle) compute a
+    LoRA group's ``x @ A^T`` partials instead (:func:`_lora_a_rows`); the weight tiles follow."""
+    pid_n = gl.program_id(0)
+    pid_k = gl.program_id(1)
+    if HAS_LA:
+        if pid_n < LA_PROGS:
+            if pid_k == 0:
+                _lora_a_rows(pid_n, x_ptr, la_w_ptr, la_out_ptr, M, KW * 8, LA_R, LA_PER, stride_xm, la_stride_wr,
+                             la_s_out, la_m_out, NT, W, LA_V)
+        else:
+            _mma_decode_tiles(pid_n - LA_PROGS, pid_k, x_ptr, wp_ptr, s_ptr, z_ptr, gs_ptr, out_ptr, M, N, KW,
+                              TILES_PER_SPLIT, stride_xm, stride_wn, stride_sn, stride_zn, stride_os, stride_om,
+                              FMT, GROUP, HAS_ZP, R, BKW, NT, W, PREFETCH, EVEN_K, XS)
+    else:
+        _mma_decode_tiles(pid_n, pid_k, x_ptr, wp_ptr, s_ptr, z_ptr, gs_ptr, out_ptr, M, N, KW,
+                          TILES_PER_SPLIT, stride_xm, stride_wn, stride_sn, stride_zn, stride_os, stride_om,
+                          FMT, GROUP, HAS_ZP, R, BKW, NT, W, PREFETCH, EVEN_K, XS)
+
+
+@gluon.jit
+def _mma_decode_tiles(
+    pid_n, pid_k, x_ptr, wp_ptr, s_ptr, z_ptr, gs_ptr, out_ptr,
+    M, N, KW, TILES_PER_SPLIT,
+    stride_xm, stride_wn, stride_sn, stride_zn, stride_os, stride_om,
+    FMT: gl.constexpr, GROUP: gl.constexpr, HAS_ZP: gl.constexpr,
+    R: gl.constexpr, BKW: gl.constexpr, NT: gl.constexpr, W: gl.constexpr,
+    PREFETCH: gl.constexpr, EVEN_K: gl.constexpr, XS: gl.constexpr,
+):
+    """One program's weight tile of :func:`_mma_decode_kernel`."""
     BK: gl.constexpr = BKW * 8
     J: gl.constexpr = BKW // 4
     WPG: gl.constexpr = GROUP // 8  # words per scale group
@@ -308,8 +389,6 @@ def _mma_decode_kernel(
     LG: gl.constexpr = gl.SliceLayout(2, _group_layout(R, BKW, W, WT))
     LX: gl.constexpr = _x_layout(NT, BKW, W)
 
-    pid_n = gl.program_id(0)
-    pid_k = gl.program_id(1)
     # rows past N re-read row N - 1 (never stored): no masks on the weight loads
     rows_w = gl.minimum(pid_n * R + gl.arange(0, R, layout=gl.SliceLayout(1, LW)), N - 1)  # [R]
     rows_g = gl.minimum(pid_n * R + gl.arange(0, R, layout=gl.SliceLayout(1, LG)), N - 1)  # [R]
@@ -487,7 +566,8 @@ def launch_mma_decode(x2: torch.Tensor, pw, cfg: MmaDecodeConfig, epi=None) -> t
     ``pw`` is a ``wo_gemm.PackedWeight`` (byte tensors as bytes or int32 views);
     ``x2`` bf16 [M, K] with 1 <= M <= 64 (``mma_decode_supported``); ``cfg`` from
     ``default_config`` / ``candidate_configs`` (any entry runs at any M).
-    ``epi``: a ``launch.Epilogue`` (bias / LoRA branch added in the last pass), or None."""
+    ``epi``: a ``launch.Epilogue`` (bias / LoRA branch added in the last pass), or None; its ``lora_a`` (a LoRA
+    group's ``x @ A^T``) is computed by extra programs of this launch (:func:`_lora_a_rows`), ahead of the tiles."""
     if not mma_decode_supported(x2, pw):
         raise ValueError(
             f"launch_mma_decode: needs CUDA bf16 x [M, {pw.k}] with {MIN_M} <= M <= {MAX_M}, K % 8 == 0 and a "
@@ -497,14 +577,28 @@ def launch_mma_decode(x2: torch.Tensor, pw, cfg: MmaDecodeConfig, epi=None) -> t
     kw = pw.k // 8
     split, per = _split(cfg, pw.n, kw, num_sms(x2.device))
     ops = decode_operands(x2, pw, split, int4=pw.fmt == FMT_INT4)
-    grid = (triton.cdiv(pw.n, cfg.rows), split)
+    la = epi.lora_a if epi is not None else None  # a LoRA group's x @ A^T, computed by programs of this launch
+    nt = token_tile(m)
+    if la is not None and nt > 16:  # past lora_a.MAX_M: the A programs' registers would crowd these tiles
+        lora_a.fill_partials(x2, la)
+        la, epi = None, epi._replace(lora_a=None)
+    if la is not None:
+        la.check(m, pw.k)
+        la_progs = triton.cdiv(la.w.shape[0], cfg.warps) * lora_a.splits_for(pw.k)  # a row per warp
+        la_args = (la.w, la.out, la.w.shape[0], lora_a.k_per_split(pw.k), la_progs, la.w.stride(0),
+                   la.out.stride(0), la.out.stride(1))
+    else:
+        la_progs, la_args = 0, (ops.x2, ops.out, 0, 0, 0, 0, 0, 0)
+    grid = (la_progs + triton.cdiv(pw.n, cfg.rows), split)  # the A programs first: scheduled in the first wave
     _mma_decode_kernel[grid](
         ops.x2, pw.words, ops.scale, ops.zero, ops.gscale, ops.out,
         m, pw.n, kw, per,
         ops.x2.stride(0), pw.words.stride(0), ops.scale.stride(0), ops.zero.stride(0), *ops.out_strides,
+        *la_args,
         FMT=pw.fmt, GROUP=pw.group, HAS_ZP=pw.fmt == FMT_INT4 and pw.zero is not None,
-        R=cfg.rows, BKW=cfg.bkw, NT=token_tile(m), W=cfg.warps,
+        R=cfg.rows, BKW=cfg.bkw, NT=nt, W=cfg.warps,
         PREFETCH=cfg.prefetch, EVEN_K=kw % cfg.bkw == 0, XS=cfg.xsmem,
+        HAS_LA=la is not None, LA_V=LORA_A_V,
         num_warps=cfg.warps,
     )
     return finish_splits(ops, split, epi)
@@ -512,6 +606,7 @@ def launch_mma_decode(x2: torch.Tensor, pw, cfg: MmaDecodeConfig, epi=None) -> t
 
 __all__ = [
     "LARGE_M_MIN_WEIGHTS",
+    "LORA_A_V",
     "MAX_M",
     "MIN_M",
     "MMA_DECODE_CONFIGS",

@@ -511,14 +511,11 @@ def wo_matmul(x2: torch.Tensor, pw: PackedWeight, *, tune: bool | None = None, e
 
     ``epi`` (a ``launch.Epilogue``): a bias and / or a LoRA branch ``scaling * a @ b^T`` added in the
     launch's last pass (the split-K reduction, or one in-place pass when unsplit); tuning times the
-    GEMM alone."""
+    GEMM alone. Its ``lora_a`` (a LoRA group's ``x @ A^T`` as split partials) is computed by extra programs of
+    the GEMV / mma.sync launch, and by ``F.linear`` before any other route."""
     m = x2.shape[0]
-    if epi is not None and epi.lora_a is not None:  # a LoRA group's x @ A^T rides along: only the GEMV carries it
-        if gemv.gemv_supported(x2, pw) and not dense.use_dense(m):
-            return _gemv(x2, pw, tune, epi)
-        lora_a.fill_partials(x2, epi.lora_a)
-        epi = epi._replace(lora_a=None)
     if dense.use_dense(m):
+        epi = _without_lora_a(x2, epi)
         try:
             return _finish(None, dense.dense_matmul(x2, pw), 1, epi)
         except torch.cuda.OutOfMemoryError:  # no room for the transient BF16 weight: the fused kernel needs none
@@ -530,7 +527,7 @@ def wo_matmul(x2: torch.Tensor, pw: PackedWeight, *, tune: bool | None = None, e
         try:
             wcfg = _choose("wgmma", wkey, wd.candidate_configs(m), lambda c: wd.launch_wgmma_decode(x2, pw, c), tune,
                            wd.default_config(m, pw.n))
-            return wd.launch_wgmma_decode(x2, pw, wcfg, epi=epi)
+            return wd.launch_wgmma_decode(x2, pw, wcfg, epi=_without_lora_a(x2, epi))
         except triton.compiler.errors.CompilationError as e:
             _wgmma_decode_failed(e)
     md = _mma_decode()
@@ -550,7 +547,16 @@ def wo_matmul(x2: torch.Tensor, pw: PackedWeight, *, tune: bool | None = None, e
     key = (pw.fmt, pw.group, _m_bucket(m), pw.n, pw.k, x2.device.index)
     default = default_config("fwd", m, pw.n, pw.k)
     cfg = _choose("fwd", key, cands, lambda c: launch_fwd(x2, pw, c), tune, default)
-    return launch_fwd(x2, pw, cfg, epi=epi)
+    return launch_fwd(x2, pw, cfg, epi=_without_lora_a(x2, epi))
+
+
+def _without_lora_a(x2: torch.Tensor, epi):
+    """``epi`` for a route whose launch cannot carry a LoRA group's A programs (``epi.lora_a``: only the GEMV and
+    the mma.sync kernel do): the partials filled here with ``F.linear``, the rest of ``epi`` unchanged."""
+    if epi is None or epi.lora_a is None:
+        return epi
+    lora_a.fill_partials(x2, epi.lora_a)
+    return epi._replace(lora_a=None)
 
 
 def wo_matmul_t(dy2: torch.Tensor, pw: PackedWeight, *, tune: bool | None = None) -> torch.Tensor:

@@ -31,9 +31,10 @@ three times (<= ~1 bf16 ulp from the unfused path). ``QUARL_ENGINE_LORA_EPILOGUE
 ``addmm`` (for A/B runs); a BF16 base always does.
 
 The A GEMM inside the first projection's launch. When every projection of a group takes that fused last pass
-and the step has one row (``quarl_kernels.lora_a.MAX_M``: the GEMV's), the group's ``x @ A^T`` is not a cuBLAS
+and the step has at most 16 rows (``quarl_kernels.lora_a.MAX_M``: decode, where the GEMV and the mma.sync kernel
+run), the group's ``x @ A^T`` is not a cuBLAS
 call (two kernels at these sizes: 224 of a 7B step's kernels, 0.73 ms of 4.64 at batch 1 on an H100) but extra
-programs of the first projection's GEMV launch (``QuantLinear.epilogue_a_kernel``), writing fp32 split partials
+programs of the first projection's GEMV / mma.sync launch (``QuantLinear.epilogue_a_kernel``), writing fp32 split partials
 that each projection's last pass sums and rounds to the activation dtype before its ``a_j @ B_j^T`` -- the value
 ``F.linear`` returns, up to the order of the fp32 sum. ``QUARL_ENGINE_LORA_A=0`` keeps cuBLAS (docs/engine.md).
 """
@@ -50,7 +51,7 @@ from quarl.quant.linear import QuantLinear, lora_add
 ENV = "QUARL_ENGINE_LORA_PACK"
 EPILOGUE_ENV = "QUARL_ENGINE_LORA_EPILOGUE"
 A_ENV = "QUARL_ENGINE_LORA_A"
-A_MAX_M = 1  # rows of a step whose A GEMM rides in the first launch: quarl_kernels.lora_a.MAX_M (a test checks)
+A_MAX_M = 16  # rows of a step whose A GEMM rides in the first launch: quarl_kernels.lora_a.MAX_M (a test checks)
 GROUPS = {"qkv": ("self_attn", ("q_proj", "k_proj", "v_proj")), "o": ("self_attn", ("o_proj",)),
           "gate_up": ("mlp", ("gate_proj", "up_proj")), "down": ("mlp", ("down_proj",))}
 
@@ -90,7 +91,7 @@ class Group:
     def __init__(self, mods: list[QuantLinear], dtype: torch.dtype, epilogue: bool = True, a_kernel: bool = False):
         self.mods = mods
         self.epilogue = epilogue  # B GEMM and bias in the base kernel's last pass, where a kernel offers it
-        self.a_kernel = a_kernel  # with it, x @ A^T inside the first projection's launch (one-row decode steps)
+        self.a_kernel = a_kernel  # with it, x @ A^T inside the first projection's launch (decode-sized steps)
         self.r = mods[0].lora_cfg.r
         a0 = mods[0].lora_A
         self.A = torch.empty(len(mods) * self.r, a0.shape[1], device=a0.device, dtype=dtype)
@@ -127,7 +128,7 @@ class Group:
 
     def _first_with_a(self, x: torch.Tensor):
         """The first projection's ``dispatch.EpilogueAFn`` when its launch should compute the group's A GEMM, else
-        None: switched off, not a one-row decode step, or no such kernel here."""
+        None: switched off, more than ``A_MAX_M`` rows, or no such kernel here."""
         if not self.a_kernel or x.dtype != self.A.dtype or x.numel() // x.shape[-1] > A_MAX_M:
             return None
         return self.mods[0].epilogue_a_kernel(x)

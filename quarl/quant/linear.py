@@ -269,7 +269,8 @@ class QuantLinear(nn.Module):
         ``x @ A^T`` in its launch (``dispatch.EpilogueAFn``), or None."""
         if self.epilogue_kernel(x) is None:
             return None
-        return dispatch.select(x, self).epilogue_a
+        kernel = dispatch.select(x, self)
+        return None if kernel is None else kernel.epilogue_a
 
     def base_forward(self, x: torch.Tensor) -> torch.Tensor:  # x [..., K] -> [..., N]
         """The frozen (or QAT) base and its bias, without the LoRA branch: what the rollout engine

@@ -152,12 +152,12 @@ def test_epilogue_kernel_only_without_autograd_and_on_kernel_devices():
 
 
 def test_a_gemm_inside_the_first_launch_route(monkeypatch):
-    """Where every projection of a group takes the fused last pass and a decode step has one row, the group's first
-    projection runs its ``epilogue_a_kernel``: its launch returns the group's A GEMM as split partials
-    ``[S, ..., G*r]`` too (extra programs of the GEMV on CUDA; a CPU stand-in here, split over K in 3 ranges), and
-    each other projection gets its columns of them; the last pass (a reference here: sum in split order, round to
-    the activation dtype, as the kernel does) gives the cuBLAS route's tokens. Steps of more rows (prefill, batch 3)
-    keep the one-GEMM ``a``; ``QUARL_ENGINE_LORA_A=0`` keeps it everywhere."""
+    """Where every projection of a group takes the fused last pass and a step has at most ``A_MAX_M`` rows (decode),
+    the group's first projection runs its ``epilogue_a_kernel``: its launch returns the group's A GEMM as split
+    partials ``[S, ..., G*r]`` too (extra programs of the GEMV / mma.sync kernel on CUDA; a CPU stand-in here, split
+    over K in 3 ranges), and each other projection gets its columns of them; the last pass (a reference here: sum in
+    split order, round to the activation dtype, as the kernel does) gives the cuBLAS route's tokens. Steps of more
+    rows (this prefill: 3 x 9) keep the one-GEMM ``a``; ``QUARL_ENGINE_LORA_A=0`` keeps it everywhere."""
     from quarl.engine import lora as lp
     from quarl.quant.linear import QuantLinear
 
@@ -179,23 +179,20 @@ def test_a_gemm_inside_the_first_launch_route(monkeypatch):
         return reference(x, m, parts[..., a_lo:a_lo + b.shape[-1]], b, scaling), parts
 
     model = lora_model("qwen2")
-    one, three = prompts((6,)), prompts((6, 2, 9))
+    rows = prompts((6, 2, 9))
     monkeypatch.setenv("QUARL_ENGINE_LORA_A", "0")
-    off = FastGenerator(model, PAD).generate(one, greedy(8), n=1)
+    off = FastGenerator(model, PAD).generate(rows, greedy(8), n=1)
     monkeypatch.setattr(QuantLinear, "epilogue_kernel", lambda self, x: reference)
     monkeypatch.setattr(QuantLinear, "epilogue_a_kernel", lambda self, x: reference_a)
-    FastGenerator(model, PAD).generate(one, greedy(2), n=1)
+    FastGenerator(model, PAD).generate(rows, greedy(2), n=1)
     assert seen and not any(p for _, p in seen), "switched off"
     monkeypatch.delenv("QUARL_ENGINE_LORA_A")
     seen.clear()
-    on = FastGenerator(model, PAD).generate(one, greedy(8), n=1)
-    assert any(rows == 1 for rows, _ in seen) and all(p == (rows == 1) for rows, p in seen), \
-        "on by default: every projection of the one-row decode steps, and only those, gets partials"
+    on = FastGenerator(model, PAD).generate(rows, greedy(8), n=1)
+    assert {r for r, _ in seen} == {27, 3}, seen  # the prefill's 3 x 9 rows, then decode steps of 3
+    assert all(p == (r <= lp.A_MAX_M) for r, p in seen), "on by default: every projection of a decode step, only those"
     assert torch.equal(on.completion_ids, off.completion_ids)
     torch.testing.assert_close(on.logprobs, off.logprobs, atol=1e-4, rtol=0)
-    seen.clear()
-    FastGenerator(model, PAD).generate(three, greedy(8), n=1)
-    assert seen and not any(p for _, p in seen), "three rows per step keep the one-GEMM a"
     monkeypatch.setenv("QUARL_ENGINE_LORA_A", "often")
     with pytest.raises(ValueError, match="QUARL_ENGINE_LORA_A"):
         FastGenerator(model, PAD)

@@ -102,11 +102,13 @@ def test_layer_entry_in_a_cuda_graph_and_bias_route():
     assert q.epilogue_kernel(x) is None  # autograd on: the fused call has no backward
 
 
-@pytest.mark.parametrize("m,k,gr", [(1, 3584, 96), (1, 18944, 32), (3, 576, 96), (8, 3584, 64), (64, 18944, 32)])
+@pytest.mark.parametrize("m,k,gr", [(1, 3584, 96), (1, 18944, 32), (3, 576, 96), (8, 3584, 64), (2, 18944, 32),
+                                    (16, 3584, 96), (13, 4608, 42), (64, 18944, 32)])
 def test_lora_a_in_the_launch_finishes_as_f_linear(m, k, gr):
-    """The A GEMM as split partials computed inside the base launch (``Epilogue(lora_a=...)``: extra GEMV programs
-    at M <= 3, ``fill_partials`` on the other routes): within FP32 summation order of ``F.linear``'s ``a`` (rounded
-    once to bf16 either way), and the whole fused projection with it as with ``a``; also through the op."""
+    """The A GEMM as split partials computed inside the base launch (``Epilogue(lora_a=...)``: extra programs of the
+    GEMV at M = 1 and of the mma.sync kernel at 2..16, ``fill_partials`` on the other routes): within FP32
+    summation order of ``F.linear``'s ``a`` (rounded once to bf16 either way), and the whole fused projection with
+    it as with ``a``; also through the op. Over several K ranges, the kernel's own partials fill every range."""
     from quarl_kernels import lora_a
 
     torch.manual_seed(m + k)
@@ -122,6 +124,8 @@ def test_lora_a_in_the_launch_finishes_as_f_linear(m, k, gr):
     la.out.fill_(float("nan"))
     y_parts = wo_gemm.wo_matmul(x, pw, epi=Epilogue(b, la.out[..., gr - r:], lb, 0.5, lora_a=la))
     assert not torch.isnan(la.out).any()
+    if la.out.shape[0] > 1:  # in the launch (M <= 16): every K range has its own partial; fill_partials zeros them
+        assert bool(la.out[1:].abs().sum() > 0) == (m <= lora_a.MAX_M), m
     assert rel(la.out.sum(0), a.double()) < 4e-3  # bf16 rounding of cuBLAS's a: the only difference
     y_a = wo_gemm.wo_matmul(x, pw, epi=Epilogue(b, a[:, gr - r:], lb, 0.5))
     assert rel(y_parts, y_a.double()) < 1e-3, rel(y_parts, y_a.double())
@@ -130,8 +134,9 @@ def test_lora_a_in_the_launch_finishes_as_f_linear(m, k, gr):
     assert rel(y_op, y_a.double()) < 1e-3
 
 
-def test_packed_group_takes_the_partials_route_in_a_cuda_graph(monkeypatch):
-    """A packed q/k/v group with the fused last pass computes its A GEMM inside the q launch (one decode row), also
+@pytest.mark.parametrize("rows", [1, 8])
+def test_packed_group_takes_the_partials_route_in_a_cuda_graph(monkeypatch, rows):
+    """A packed q/k/v group with the fused last pass computes its A GEMM inside the q launch (decode rows), also
     inside a CUDA graph, and gives what the cuBLAS A GEMM route gives (``QUARL_ENGINE_LORA_A=0``) within rounding."""
     from quarl.engine.lora import Group
     from quarl.quant import quantize_model
@@ -145,7 +150,7 @@ def test_packed_group_takes_the_partials_route_in_a_cuda_graph(monkeypatch):
     assert all(q.lora_cfg is not None for q in qs)
     for q in qs:
         torch.nn.init.normal_(q.lora_B, std=0.02)
-    x = torch.randn(1, 1, 3584, device="cuda", dtype=torch.bfloat16)
+    x = torch.randn(rows, 1, 3584, device="cuda", dtype=torch.bfloat16)
     outs = {}
     for a_kernel in (True, False):
         g = Group(qs, torch.bfloat16, epilogue=True, a_kernel=a_kernel)

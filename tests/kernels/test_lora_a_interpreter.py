@@ -81,12 +81,14 @@ def test_lora_a_in_the_gemv_under_triton_interpreter():
 
 @needs_triton
 def test_engine_and_kernels_agree_on_the_rows_it_serves():
-    from quarl_kernels import gemv, lora_a, wo_gemm
+    from quarl_kernels import lora_a, mma_decode, wo_gemm
 
     from quarl.engine import lora as lp
 
-    assert lp.A_MAX_M == lora_a.MAX_M <= gemv.GEMV_MAX_M
-    assert lora_a.MAX_M < wo_gemm.MMA_DECODE_MIN_M  # the rows the GEMV serves by default, with or without A
+    assert lp.A_MAX_M == lora_a.MAX_M
+    # the rows the GEMV (1) and the mma.sync kernel at its token tiles 8 / 16 serve by default: both carry the A
+    assert wo_gemm.MMA_DECODE_MIN_M == 2 and mma_decode.token_tile(lora_a.MAX_M) == 16
+    assert all(mma_decode.preferred(m, 512, 3584) for m in range(2, lora_a.MAX_M + 1))
 
 
 @needs_triton

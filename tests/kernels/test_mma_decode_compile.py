@@ -82,3 +82,27 @@ def test_shared_x_needs_8_word_steps():
     with pytest.raises(ValueError, match="bkw = 8"):
         mma_decode.MmaDecodeConfig(128, 16, 4, xsmem=True)
 
+
+
+@pytest.mark.parametrize("m,n", [(8, 3584), (8, 512), (16, 18944), (16, 512)])
+def test_lora_a_programs_compile_without_costing_the_tiles_registers(m, n):
+    """With a LoRA group's A programs in front (``HAS_LA``, ``lora_a``), the default M <= 16 launches build for sm_90
+    without spills, with the same tensor-core work and without costing the weight tiles occupancy (CTAs per SM
+    by registers)."""
+    cfg = mma_decode.default_config(m, n)
+    sys.path.insert(0, str(ROOT / "benchmarks" / "kernels"))
+    try:
+        import compile_report as cr
+        from bench_mma_decode import compile_mma_decode
+    finally:
+        sys.path.pop(0)
+    nt = mma_decode.token_tile(m)
+    plain = cr.report(compile_mma_decode(FMT_NVFP4, cfg, nt), f"{cfg}-M{m}", None)
+    fused = cr.report(compile_mma_decode(FMT_NVFP4, cfg, nt, lora_a=True), f"{cfg}-M{m}-la", None)
+    print(m, n, cfg, "regs", plain["regs"], fused["regs"], "loop", plain["loop_len"], fused["loop_len"])
+    assert fused["stack"] == 0, (plain["regs"], fused["regs"])
+    def per_sm(regs):  # CTAs an SM's 64K registers hold: the A branch must not lower it
+        return 65536 // (regs * 32 * cfg.warps)
+
+    assert per_sm(fused["regs"]) >= per_sm(plain["regs"]), (plain["regs"], fused["regs"])
+    assert fused["hmma"] == plain["hmma"], (plain, fused)
