@@ -9,6 +9,9 @@
 #        (tests/engine/test_engine_gpu.py), the GEMV (tests/kernels/test_gemv_gpu.py: its launcher was refactored);
 #     2. the 7B decode-step profile at batch 1, the A GEMM inside the launch (default) vs on cuBLAS (:noloraa);
 #     3. issue 17's rollout table (7B / 14B, NVFP4+LoRA vs BF16+LoRA) at batch 1 and 8 with the defaults.
+#   phase b: bash benchmarks/gpu_session11.sh b   (one GPU; ~6 min)
+#     The A programs in the Gluon mma.sync launch too (M = 2..16): GPU tests (the last pass and the A partials on every
+#     route, the engine, the mma.sync kernel), the profile at batch 1 / 8 with and without, the rollout table at 1 / 8.
 set -u
 : "${OUT:?}"
 PHASE=${1:?phase}
@@ -33,6 +36,19 @@ a)
         --batches 1,8 --hf-new-tokens 0 --budget-s $(( ${ROLL_S:-150} - 15 )) --out "$OUT/roll" > "$OUT/roll/run.log" 2>&1
     echo "== rollout table rc=$? at $((SECONDS - T0)) s"; grep -A 12 "^| model" "$OUT/roll/run.log" | head -n 14
     ;;
+b)  # the A programs in the mma.sync launch too (M = 2..16): GPU tests, profile at batch 1 / 8, rollout table 1 / 8
+    mkdir -p "$OUT/tests" "$OUT/profile" "$OUT/roll"
+    timeout -k 5 "${TEST_S:-170}" "$PY" -m pytest -q -rfE -m gpu -p no:cacheprovider tests/kernels/test_epilogue_gpu.py \
+        tests/engine/test_engine_gpu.py tests/kernels/test_mma_decode_gpu.py > "$OUT/tests/pytest.log" 2>&1
+    echo "== GPU tests rc=$? at $((SECONDS - T0)) s"; grep -E "^E |passed|failed|FAILED|ERROR" "$OUT/tests/pytest.log" | tail -n 20
+    timeout -k 5 "${PROFILE_S:-130}" "$PY" benchmarks/rollout_profile.py --models 7b \
+        --variants nvfp4+lora32,nvfp4+lora32:noloraa --batches 1,8 --budget-s $(( ${PROFILE_S:-130} - 15 )) \
+        --out "$OUT/profile" > "$OUT/profile/run.log" 2>&1
+    echo "== profile rc=$? at $((SECONDS - T0)) s"; grep -E "^\| (gemm|lora|\*\*step|kernels per)|^7b|^  7b" "$OUT/profile/run.log"
+    timeout -k 5 "${ROLL_S:-150}" "$PY" benchmarks/rollout.py --models 7b,14b --variants bf16+lora,nvfp4+lora \
+        --batches 1,8 --hf-new-tokens 0 --budget-s $(( ${ROLL_S:-150} - 15 )) --out "$OUT/roll" > "$OUT/roll/run.log" 2>&1
+    echo "== rollout table rc=$? at $((SECONDS - T0)) s"; grep -A 12 "^| model" "$OUT/roll/run.log" | head -n 14
+    ;;
 *)
     echo "unknown phase $PHASE"; exit 2
     ;;
@@ -44,3 +60,6 @@ echo "phase $PHASE done at $((SECONDS - T0)) s"
 
 # ---------------------------------------------------------------------------------------------------------------
 # Record of the calls (2026-11-26; results/gpu_2026-11-26/s11/<x>):
+#   a  phase a at 630707a: 323 s (GPU tests cut at 150 s after 124 passed, 0 failed: all of test_epilogue_gpu.py and
+#      test_engine_gpu.py, 78 of test_gemv_gpu.py; the profile's attribution put the A-carrying launches under "lora":
+#      fixed in rollout_profile.py after it)
