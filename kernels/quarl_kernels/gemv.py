@@ -496,8 +496,8 @@ def gemv_launch(x2: torch.Tensor, pw, cfg: GemvConfig, *, use_asm: bool = True, 
     la = epi.lora_a if epi is not None else None  # a LoRA group's x @ A^T, computed by programs of this launch
     if la is not None:
         la.check(m, k)
-        la_progs = lora_a.programs(la.w.shape[0], k)
-        la_args = (x2c, la.w, la.out, la.w.shape[0], lora_a.k_per_split(k), la_progs, la.w.stride(0),
+        la_progs = lora_a.programs(la.w.shape[0], k, m)
+        la_args = (x2c, la.w, la.out, la.w.shape[0], lora_a.k_per_split(k, m), la_progs, la.w.stride(0),
                    la.out.stride(0), la.out.stride(1))
     else:
         la_progs, la_args = 0, (x32, x32, x32, 0, 0, 0, 0, 0, 0)

@@ -109,10 +109,10 @@ class Epilogue(typing.NamedTuple):
 
 
 @triton.jit
-def epilogue_kernel(ws_ptr, y_ptr, bias_ptr, a_ptr, b_ptr, M, N, scaling, s_ws, m_ws, m_a, s_a, SA,
+def epilogue_kernel(ws_ptr, y_ptr, bias_ptr, a_ptr, b_ptr, M, N, scaling, s_ws, m_ws, m_a, s_a,
                     SPLIT_K: tl.constexpr, HAS_BIAS: tl.constexpr, R: tl.constexpr, RP: tl.constexpr,
                     BM: tl.constexpr, BN: tl.constexpr, DOT: tl.constexpr, INTERPRET: tl.constexpr,
-                    A_PARTS: tl.constexpr = False):
+                    A_PARTS: tl.constexpr = False, SA: tl.constexpr = 1):
     """y[m, n] = sum_s ws[s, m, n] (split order) + bias[n] + scaling * sum_r a[m, r] b[n, r].
 
     ``ws`` is the fp32 partials [S, M, N] (strides s_ws, m_ws), or ``y`` itself when S == 1
@@ -138,7 +138,7 @@ def epilogue_kernel(ws_ptr, y_ptr, bias_ptr, a_ptr, b_ptr, M, N, scaling, s_ws, 
         a_mask = rm[:, None] & (rr[None, :] < R)
         if A_PARTS:  # x @ A^T as fp32 split partials: their sum in split order, rounded once (F.linear's a)
             af = tl.load(a_ptr + a_off, mask=a_mask, other=0.0)
-            for s in range(1, SA):
+            for s in tl.static_range(1, SA):  # unrolled: the SA loads issue together
                 af += tl.load(a_ptr + s * s_a + a_off, mask=a_mask, other=0.0)
             a = round_to(af, y_ptr.dtype.element_ty, INTERPRET)
         else:
@@ -191,9 +191,9 @@ def finish(out: torch.Tensor, y: torch.Tensor, split: int, epi: Epilogue | None 
     epilogue_kernel[(triton.cdiv(m, bm), triton.cdiv(n, bn))](
         out if split > 1 else y, y, epi.bias if epi.bias is not None else dummy,
         epi.a if r else dummy, epi.b if r else dummy, m, n, float(epi.scaling), s_ws, m_ws,
-        epi.a.stride(-2) if r else 0, epi.a.stride(0) if parts else 0, epi.a.shape[0] if parts else 1,
+        epi.a.stride(-2) if r else 0, epi.a.stride(0) if parts else 0,
         SPLIT_K=split, HAS_BIAS=epi.bias is not None, R=r, RP=rp, BM=bm, BN=bn, DOT=dot,
-        INTERPRET=interpreting(), A_PARTS=parts, num_warps=4,
+        INTERPRET=interpreting(), A_PARTS=parts, SA=epi.a.shape[0] if parts else 1, num_warps=4,
     )
     return y
 

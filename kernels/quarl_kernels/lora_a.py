@@ -12,7 +12,8 @@ a few dozen tiny programs is pure latency, and each projection's last pass then 
 dependent load after another. Here the group's first projection launches its GEMV (``gemv._gemv_kernel``)
 with :func:`programs` extra programs in front of its weight tiles: each computes ``BR`` adapter rows over one
 K range of at most ``MAX_K_PER_SPLIT`` (so K <= 4096 is one range: 7B's q/k/v, o, gate/up; down's 18944 is
-five) and writes fp32 partials ``[S, M, R]``. They are scheduled first and overlap the weight stream, so the A
+five) and writes fp32 partials ``[S, M, R]``. At 2..16 rows the mma.sync launch carries them the same way
+(``mma_decode._lora_a_rows``: a row per warp, about ``MMA_SPLITS`` K ranges). They are scheduled first and overlap the weight stream, so the A
 product costs no launch and almost no time: A is 0.7 MB for 7B's q/k/v against 7.2 MB of NVFP4 q weights.
 Each projection's last pass sums its columns' S partials in split order and rounds once to the activation
 dtype -- what ``F.linear`` returns (fp32 accumulation, one rounding) up to the order of the fp32 sum.
@@ -33,6 +34,7 @@ import triton.language as tl
 BR = 4  # adapter rows per program: [BR, BK] bf16 = 4 KB per K step over 128 threads, 16-byte loads
 BK = 512  # K per step
 MAX_K_PER_SPLIT = 4096  # K range per program: <= 8 steps, so a program streams <= 32 KB of A
+MMA_SPLITS = 4  # K ranges (about) at 2..16 rows: k_per_split
 MAX_M = 16  # decode rows the engine asks for it at: the GEMV's (M = 1) and the mma.sync kernel's token tiles 8, 16
 
 
@@ -40,37 +42,42 @@ class LoraA(typing.NamedTuple):
     """``out = x @ w^T`` as fp32 split partials, computed inside a base launch (``launch.Epilogue.lora_a``)."""
 
     w: torch.Tensor  # [R, K] the group's stacked A, in x's dtype, unit K stride
-    out: torch.Tensor  # [S, M, R] fp32, S = splits_for(K): the launch writes every element
+    out: torch.Tensor  # [S, M, R] fp32, S = splits_for(K, M): the launch writes every element
 
     def check(self, m: int, k: int) -> None:
         r = self.w.shape[0]
-        s = splits_for(k)
+        s = splits_for(k, m)
         if self.w.dim() != 2 or self.w.shape[1] != k or self.w.stride(1) != 1:
             raise ValueError(f"LoraA: w must be [R, {k}] with unit K stride, got {tuple(self.w.shape)} "
                              f"strides {self.w.stride()}")
         if self.out.shape != (s, m, r) or self.out.dtype != torch.float32 or not self.out.is_contiguous():
-            raise ValueError(f"LoraA: out must be contiguous fp32 [{s}, {m}, {r}] (splits_for({k}) = {s}), got "
+            raise ValueError(f"LoraA: out must be contiguous fp32 [{s}, {m}, {r}] (splits_for({k}, {m}) = {s}), got "
                              f"{self.out.dtype} {tuple(self.out.shape)}")
 
 
-def splits_for(k: int) -> int:
-    """K ranges of the partials: one per ``MAX_K_PER_SPLIT`` of K."""
-    return triton.cdiv(max(k, 1), MAX_K_PER_SPLIT)
+def k_per_split(k: int, m: int = 1) -> int:
+    """K per range, a whole number of ``BK`` steps (the last range may be shorter). One row (the GEMV): ranges of up
+    to ``MAX_K_PER_SPLIT``, so that 7B's K = 3584 is one. More rows (the mma.sync launch, shorter than a 4096-long
+    A range takes on a row per warp: H100 profile, RESULTS): about ``MMA_SPLITS`` ranges where K has the steps."""
+    want = triton.cdiv(max(k, 1), MAX_K_PER_SPLIT)
+    if m > 1:
+        want = max(want, min(MMA_SPLITS, triton.cdiv(max(k, 1), BK)))
+    return triton.cdiv(triton.cdiv(max(k, 1), BK), want) * BK
 
 
-def k_per_split(k: int) -> int:
-    """K per range, a whole number of ``BK`` steps (the last range may be shorter)."""
-    return triton.cdiv(triton.cdiv(max(k, 1), BK), splits_for(k)) * BK
+def splits_for(k: int, m: int = 1) -> int:
+    """K ranges of the partials (``S``) for ``m`` rows: see :func:`k_per_split`."""
+    return triton.cdiv(max(k, 1), k_per_split(k, m))
 
 
-def programs(r: int, k: int) -> int:
-    """Extra programs a launch carries for ``LoraA`` of ``r`` rows over ``k``: row blocks x K ranges."""
-    return triton.cdiv(r, BR) * splits_for(k)
+def programs(r: int, k: int, m: int = 1) -> int:
+    """Extra programs a GEMV launch carries for ``LoraA`` of ``r`` rows over ``k``: row blocks x K ranges."""
+    return triton.cdiv(r, BR) * splits_for(k, m)
 
 
 def new_partials(x2: torch.Tensor, w: torch.Tensor) -> LoraA:
     """An output buffer for ``x2 [M, K] @ w [R, K]^T`` (what the launch fills)."""
-    return LoraA(w, torch.empty(splits_for(w.shape[1]), x2.shape[0], w.shape[0], device=x2.device,
+    return LoraA(w, torch.empty(splits_for(w.shape[1], x2.shape[0]), x2.shape[0], w.shape[0], device=x2.device,
                                 dtype=torch.float32))
 
 
@@ -110,5 +117,5 @@ def lora_a_program(pid, xb_ptr, w_ptr, out_ptr, K, R, K_PER_SPLIT, stride_xm, st
         tl.store(out_ptr + s * s_out + m * m_out + rows, tl.sum(accs[m], axis=1), mask=r_ok)
 
 
-__all__ = ["BK", "BR", "MAX_K_PER_SPLIT", "MAX_M", "LoraA", "fill_partials", "k_per_split", "lora_a_program", "new_partials",
+__all__ = ["BK", "BR", "MAX_K_PER_SPLIT", "MAX_M", "MMA_SPLITS", "LoraA", "fill_partials", "k_per_split", "lora_a_program", "new_partials",
            "programs", "splits_for"]

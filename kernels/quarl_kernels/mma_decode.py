@@ -584,8 +584,8 @@ def launch_mma_decode(x2: torch.Tensor, pw, cfg: MmaDecodeConfig, epi=None) -> t
         la, epi = None, epi._replace(lora_a=None)
     if la is not None:
         la.check(m, pw.k)
-        la_progs = triton.cdiv(la.w.shape[0], cfg.warps) * lora_a.splits_for(pw.k)  # a row per warp
-        la_args = (la.w, la.out, la.w.shape[0], lora_a.k_per_split(pw.k), la_progs, la.w.stride(0),
+        la_progs = triton.cdiv(la.w.shape[0], cfg.warps) * lora_a.splits_for(pw.k, m)  # a row per warp
+        la_args = (la.w, la.out, la.w.shape[0], lora_a.k_per_split(pw.k, m), la_progs, la.w.stride(0),
                    la.out.stride(0), la.out.stride(1))
     else:
         la_progs, la_args = 0, (ops.x2, ops.out, 0, 0, 0, 0, 0, 0)

@@ -183,7 +183,7 @@ def wo_linear_epilogue_a(
     """:func:`wo_linear_epilogue` of the first projection of a LoRA group, which also computes the group's
     ``x @ a_w^T`` (``a_w [R, K]``: the stacked A of the group). Returns ``(y, parts)``: ``parts [splits, ..., R]``
     fp32 partials of that product (on CUDA computed by extra programs of the GEMV launch, ``quarl_kernels.lora_a``;
-    ``splits`` must be ``lora_a.splits_for(k)`` there), and ``y`` with the LoRA term of columns
+    ``splits`` must be ``lora_a.splits_for(k, rows)`` there), and ``y`` with the LoRA term of columns
     ``[a_lo, a_lo + r)`` of them, ``r = b.shape[-1]``. The other projections pass their column slices of ``parts``
     to :func:`wo_linear_epilogue`. Here: ``F.linear``'s output in split 0, zeros in the rest."""
     parts = x.new_zeros((splits, *x.shape[:-1], a_w.shape[0]), dtype=torch.float32)
@@ -199,10 +199,10 @@ def _wo_linear_epilogue_a_cuda(x, packed, scale, zero, gscale, fmt, group, n, k,
     from quarl_kernels.launch import Epilogue
     from quarl_kernels.wo_gemm import wo_matmul
 
-    if splits != lora_a.splits_for(k):
-        raise ValueError(f"wo_linear_epilogue_a: splits={splits}, but the kernel splits K={k} into "
-                         f"{lora_a.splits_for(k)} (pass quarl_kernels.lora_a.splits_for(k))")
     x2 = x.reshape(-1, k)
+    if splits != lora_a.splits_for(k, x2.shape[0]):
+        raise ValueError(f"wo_linear_epilogue_a: splits={splits}, but the kernels split K={k} at {x2.shape[0]} rows "
+                         f"into {lora_a.splits_for(k, x2.shape[0])} (pass quarl_kernels.lora_a.splits_for(k, rows))")
     la = lora_a.LoraA(a_w, torch.empty(splits, x2.shape[0], a_w.shape[0], device=x.device, dtype=torch.float32))
     r = b.shape[-1]
     epi = Epilogue(bias, la.out[..., a_lo:a_lo + r], b.contiguous(), scaling, lora_a=la)

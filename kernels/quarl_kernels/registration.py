@@ -92,8 +92,9 @@ def forward_epilogue_a(x: torch.Tensor, layer, a_w: torch.Tensor, a_lo: int, b: 
     from quarl_kernels import lora_a
     from quarl_kernels.ops import layer_args
 
+    k = layer.in_features
     return torch.ops.quarl.wo_linear_epilogue_a(x, *layer_args(layer), layer.bias, a_w, int(a_lo), b, float(scaling),
-                                               lora_a.splits_for(layer.in_features))
+                                               lora_a.splits_for(k, x.numel() // k))
 
 
 def kernel_specs() -> list[dict]:

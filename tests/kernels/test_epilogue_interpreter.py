@@ -132,8 +132,8 @@ def test_epilogue_builds_for_sm90_without_spills():
 
     Launch = collections.namedtuple("Launch", "kernel grid args constexprs num_warps")
     for m, n, split, r, parts in [(1, 512, 64, 32, 0), (1, 18944, 8, 64, 0), (8, 18944, 4, 32, 0),
-                                  (64, 512, 32, 32, 0), (64, 18944, 4, 64, 0), (1, 512, 64, 32, 28),
-                                  (8, 18944, 4, 32, 30), (64, 512, 32, 32, 28)]:
+                                  (64, 512, 32, 32, 0), (64, 18944, 4, 64, 0), (1, 512, 64, 32, 5),
+                                  (8, 18944, 4, 32, 5), (16, 512, 32, 32, 4), (8, 3584, 8, 32, 4)]:
         bm, bn, rp, dot = L._epilogue_tiles(m, n, r)
         ws, y = torch.empty(split, m, n), torch.empty(m, n, dtype=torch.bfloat16)
         if parts:  # the A GEMM's fp32 split partials (quarl_kernels.lora_a), a column slice
@@ -142,9 +142,9 @@ def test_epilogue_builds_for_sm90_without_spills():
             a = torch.empty(m, 3 * r, dtype=torch.bfloat16)[:, :r]
         b, bias = torch.empty(n, r, dtype=torch.bfloat16), torch.empty(n, dtype=torch.bfloat16)
         la = Launch(L.epilogue_kernel, None, (ws, y, bias, a, b, m, n, 0.5, ws.stride(0), ws.stride(1), a.stride(-2),
-                                              a.stride(0) if parts else 0, max(parts, 1)),
+                                              a.stride(0) if parts else 0),
                     {"SPLIT_K": split, "HAS_BIAS": True, "R": r, "RP": rp, "BM": bm, "BN": bn, "DOT": dot,
-                     "INTERPRET": False, "A_PARTS": bool(parts)}, 4)
+                     "INTERPRET": False, "A_PARTS": bool(parts), "SA": max(parts, 1)}, 4)
         k, sass = compile_launch(la)
         assert ("HMMA" in sass) == dot, (m, n, r)
         assert stack_bytes(k) in (0, None), ("ptxas spilled registers", m, n, split, r)

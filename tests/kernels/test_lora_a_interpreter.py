@@ -25,6 +25,8 @@ SCRIPT = textwrap.dedent("""
 
     assert [lora_a.splits_for(k) for k in (576, 3584, 4096, 4608, 18944)] == [1, 1, 1, 2, 5]
     assert [lora_a.k_per_split(k) for k in (576, 4608, 18944)] == [1024, 2560, 4096]
+    # more rows (the mma.sync launch): about MMA_SPLITS ranges where K has the BK steps for them
+    assert [lora_a.splits_for(k, 8) for k in (576, 3584, 4608, 18944)] == [2, 4, 3, 5]
     C = gemv.GemvConfig
     for spec, m, n, k, gr, r, cfg in [("nvfp4", 1, 48, 576, 96, 32, C(16, 8, 4, 4)),
                                       ("nvfp4", 2, 40, 4608, 42, 14, C(16, 32, 4, 4, stages=3)),
@@ -44,7 +46,7 @@ SCRIPT = textwrap.dedent("""
         la.out.fill_(float("nan"))  # every element must be written by the launch
         lo = gr - r  # the last projection's columns
         y = gemv.launch_gemv(x, pw, cfg, use_asm=False, epi=Epilogue(bias, la.out[..., lo:], b, 0.5, lora_a=la))
-        s = lora_a.splits_for(k)
+        s = lora_a.splits_for(k, m)
         assert la.out.shape == (s, m, gr) and not torch.isnan(la.out).any(), (spec, m, k)
         ref_a = x.double() @ amat.double().T
         err = ((la.out.double().sum(0) - ref_a).norm() / ref_a.norm()).item()
@@ -67,7 +69,7 @@ SCRIPT = textwrap.dedent("""
     try:
         lora_a.LoraA(torch.randn(8, 576).to(torch.bfloat16), torch.empty(2, 1, 8)).check(1, 576)
     except ValueError as e:
-        assert "splits_for(576) = 1" in str(e)
+        assert "splits_for(576, 1) = 1" in str(e)
     else:
         raise AssertionError("a wrong partials buffer was accepted")
     print("OK")
@@ -110,7 +112,7 @@ def test_gemv_with_lora_a_builds_for_sm90_without_spills():
         cfg = gemv.default_gemv_config(0, m, n, k)
         plain = gemv.gemv_launch(x, pw, cfg)
         fused = gemv.gemv_launch(x, pw, cfg, epi=Epilogue(None, la.out[..., :32], torch.empty(n, 32), 1.0, lora_a=la))
-        assert fused.grid[0] == plain.grid[0] + lora_a.programs(gr, k)
+        assert fused.grid[0] == plain.grid[0] + lora_a.programs(gr, k, m)
         k0, _ = compile_launch(plain)
         k1, _ = compile_launch(fused)
         assert stack_bytes(k1) in (0, None), ("ptxas spilled registers", m, n, k)
