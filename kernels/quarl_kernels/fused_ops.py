@@ -5,12 +5,14 @@
         h = residual + x (the new residual stream, x's dtype); y = RMSNorm(h) with weight
         (weight + noise under AQN); q, scale = quantize_act_1x128(y) (FP8 E4M3, fp32 per 1x128)
     rope_qk(q, k, cos, sin) -> (q_rot, k_rot)        q [B, H, L, D], k [B, H_kv, L, D], cos/sin [B, L, D]
+    rope_qk_cache(q, k, v, cos, sin, k_cache, v_cache, slot) -> q_rot
+        and k_cache / v_cache [B, H_kv, S, D] at slot [L] (dim 2) get k_rot / v (a decode step's cache write)
     silu_mul(gate, up) -> silu(gate) * up
     decode_attention(q, k, v, valid, scale) -> o    q [B, H_kv, G, D], k/v [B, H_kv, L, D], valid [B, L] bool:
         softmax(scale * q k^T masked by valid) v, the engine's decode-step attention (o [B, H_kv, G, D])
 
 backed by ``torch.ops.quarl.{rms_norm, add_rms_norm, rms_norm_fp8, add_rms_norm_fp8,
-rope_qk, silu_mul, decode_attention}`` (one op per output signature: a custom op's schema has a
+rope_qk, rope_qk_cache, silu_mul, decode_attention}`` (one op per output signature: a custom op's schema has a
 fixed number of outputs and an output may not alias an input).
 
 Devices. On CUDA, bf16/fp16 inputs (with a weight of the same dtype) run the
@@ -213,6 +215,25 @@ def _(q, k, cos, sin):
     return torch.empty_like(q), torch.empty_like(k)
 
 
+@torch.library.custom_op(f"{_LIB}::rope_qk_cache", mutates_args=("k_cache", "v_cache"))
+def _rope_qk_cache_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                      k_cache: torch.Tensor, v_cache: torch.Tensor, slot: torch.Tensor) -> torch.Tensor:
+    if kernel_applies(q, k, v, cos, sin, k_cache, v_cache) and all(
+            t.stride(-1) == 1 for t in (q, k, v, cos, sin, k_cache, v_cache)):
+        from quarl_kernels.rope import rope_qk_cache as launch
+
+        return launch(q, k, v, cos, sin, k_cache, v_cache, slot)
+    rq, rk = rope_reference(q, k, cos, sin)
+    k_cache.index_copy_(2, slot, rk)
+    v_cache.index_copy_(2, slot, v)
+    return torch.empty_like(q).copy_(rq)
+
+
+@_rope_qk_cache_op.register_fake
+def _(q, k, v, cos, sin, k_cache, v_cache, slot):
+    return torch.empty_like(q)
+
+
 @torch.library.custom_op(f"{_LIB}::silu_mul", mutates_args=())
 def _silu_mul_op(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
     if kernel_applies(gate, up):
@@ -283,6 +304,22 @@ def rope_qk(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tens
     return torch.ops.quarl.rope_qk(q, k, cos, sin)
 
 
+def rope_qk_cache(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                  k_cache: torch.Tensor, v_cache: torch.Tensor, slot: torch.Tensor) -> torch.Tensor:
+    """A decode step's RoPE and K/V cache write in one kernel: returns ``apply_rope(q)``; writes ``apply_rope(k)`` and
+    ``v`` into ``k_cache`` / ``v_cache`` ``[B, H_kv, S, D]`` at positions ``slot [L]`` along dim 2 (``index_copy_``)."""
+    B, HK, L, D = k.shape
+    if q.dim() != 4 or k.dim() != 4 or q.shape[0] != B or q.shape[2:] != (L, D) or v.shape != k.shape \
+            or cos.shape != (B, L, D) or sin.shape != cos.shape or D % 2 or k_cache.dim() != 4 \
+            or k_cache.shape[:2] != (B, HK) or k_cache.shape[3] != D or v_cache.shape != k_cache.shape \
+            or slot.shape != (L,) or slot.dtype != torch.long:
+        raise ValueError(f"rope_qk_cache expects q [B, H, L, D], k/v [B, H_kv, L, D], cos/sin [B, L, D] with D even, "
+                         f"caches [B, H_kv, S, D] and slot [L] int64, got q {tuple(q.shape)}, k {tuple(k.shape)}, "
+                         f"v {tuple(v.shape)}, cos {tuple(cos.shape)}, caches {tuple(k_cache.shape)} / "
+                         f"{tuple(v_cache.shape)}, slot {tuple(slot.shape)} {slot.dtype}")
+    return torch.ops.quarl.rope_qk_cache(q, k, v, cos, sin, k_cache, v_cache, slot)
+
+
 def silu_mul(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
     """``F.silu(gate) * up`` (HF ``ACT2FN['silu']`` then the product) in one kernel."""
     if gate.shape != up.shape or gate.dtype != up.dtype:
@@ -305,5 +342,5 @@ def decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, valid: t
 
 
 __all__ = ["DECODE_ATTN_HEAD_DIMS", "decode_attention", "decode_attention_reference", "decode_attn_kernel_applies",
-           "kernel_applies", "rms_norm", "rms_norm_reference", "rope_qk", "rope_reference", "silu_mul",
+           "kernel_applies", "rms_norm", "rms_norm_reference", "rope_qk", "rope_qk_cache", "rope_reference", "silu_mul",
            "silu_mul_reference"]

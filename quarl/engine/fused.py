@@ -214,6 +214,19 @@ def rope_qk(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tens
     return apply_rope(q, cos, sin), apply_rope(k, cos, sin)
 
 
+def rope_qk_cache(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                  k_cache: torch.Tensor, v_cache: torch.Tensor, slot: torch.Tensor, *, fused: bool = True):
+    """A decode step's :func:`rope_qk` and K/V cache write: returns rotated ``q``; ``k_cache`` / ``v_cache``
+    ``[B, H_kv, S, D]`` get rotated ``k`` / ``v`` at positions ``slot`` along dim 2 (one kernel when fused)."""
+    if (fused and _kernel_input(q) and q.dtype == k.dtype == v.dtype == cos.dtype == sin.dtype == k_cache.dtype
+            == v_cache.dtype and q.device == k.device == k_cache.device and _no_grad_needed(q, k, v)):
+        return _ops().rope_qk_cache(q, k, v, cos, sin, k_cache, v_cache, slot)
+    q, k = rope_qk(q, k, cos, sin, fused=fused)
+    k_cache.index_copy_(2, slot, k)
+    v_cache.index_copy_(2, slot, v)
+    return q
+
+
 def mlp(module: nn.Module, x: torch.Tensor, *, fused: bool = True) -> torch.Tensor:
     """``module(x)``; for HF's SiLU MLP when fused: ``down_proj(silu_mul(gate_proj(x), up_proj(x)))``."""
     if fused and _kernel_input(x) and mlp_eligible(module) and _no_grad_needed(x):

@@ -245,8 +245,10 @@ class DecoderRunner:
 
     # --- shared pieces ------------------------------------------------------------
     def _qkv(self, attn: nn.Module, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, fused: bool,
-             groups: dict | None = None):
-        """``x [B, L, hidden]`` -> rotated ``q [B, H, L, D]``, ``k, v [B, H_kv, L, D]``."""
+             groups: dict | None = None, cache: tuple | None = None):
+        """``x [B, L, hidden]`` -> rotated ``q [B, H, L, D]``, ``k, v [B, H_kv, L, D]``; with ``cache`` (``k_cache,
+        v_cache, slot``: a decode step) k and v go into the caches at ``slot`` instead (one kernel with the RoPE
+        when fused) and ``(q, None, None)`` comes back."""
         B, L, _ = x.shape
         g = (groups or {}).get("qkv")
         q, k, v = g(x) if g is not None else (attn.q_proj(x), attn.k_proj(x), attn.v_proj(x))
@@ -256,6 +258,8 @@ class DecoderRunner:
         if self.qk_norm:  # Qwen3: RMSNorm over each head's D, before RoPE
             q, k = fz.rms_norm(attn.q_norm, q, fused=fused), fz.rms_norm(attn.k_norm, k, fused=fused)
         q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
+        if cache is not None:
+            return fz.rope_qk_cache(q, k, v, cos, sin, *cache, fused=fused), None, None
         q, k = fz.rope_qk(q, k, cos, sin, fused=fused)
         return q, k, v
 
@@ -335,10 +339,8 @@ class DecoderRunner:
         for i, layer in enumerate(self.layers):
             attn, groups = layer.self_attn, self._groups(i)
             x, h = self._add_norm(layer.input_layernorm, h, pending, fused)
-            q, k, v = self._qkv(attn, x, cos, sin, fused, groups)  # q [B, H, 1, D]; k, v [B, H_kv, 1, D]
             kc, vc = st.k[i][:B], st.v[i][:B]  # [B, H_kv, S, D]
-            kc.index_copy_(2, slot, k)
-            vc.index_copy_(2, slot, v)
+            q, _, _ = self._qkv(attn, x, cos, sin, fused, groups, (kc, vc, slot))  # q [B, H, 1, D]; K/V at slot
             qg = q.reshape(B, self.n_kv, G, D)  # the G query heads of a KV head as G query rows
             o = fz.decode_attention(
                 qg, kc[:, :, :kv_len], vc[:, :, :kv_len], kv_ok, self.scaling, fused=attn_fused

@@ -32,7 +32,7 @@ def forced(monkeypatch):
     """Route eligible calls through the custom ops (their CPU reference) and count them."""
     from quarl_kernels import fused_ops
 
-    calls = {"rms_norm": 0, "rope_qk": 0, "silu_mul": 0}
+    calls = {"rms_norm": 0, "rope_qk": 0, "rope_qk_cache": 0, "silu_mul": 0}
     for name in calls:
         orig = getattr(fused_ops, name)
 
@@ -156,7 +156,14 @@ def test_forced_pieces_equal_the_modules(forced, dtype):
         cos, sin = torch.randn(2, 3, 16).to(dtype), torch.randn(2, 3, 16).to(dtype)
         rq, rk = fz.rope_qk(qt, kt, cos, sin)
         assert torch.equal(rq, fz.apply_rope(qt, cos, sin)) and torch.equal(rk, fz.apply_rope(kt, cos, sin))
-    assert forced == {"rms_norm": 2, "rope_qk": 1, "silu_mul": 1}
+        # a decode step's RoPE with its K/V cache write: q back, rotated k and v at the slot
+        v = torch.randn(2, 3, 2, 16).to(dtype).transpose(1, 2)  # [B, H_kv, L, D]
+        kc, vc = torch.zeros(2, 2, 9, 16, dtype=dtype), torch.zeros(2, 2, 9, 16, dtype=dtype)
+        slot = torch.tensor([4, 0, 7])
+        rq2 = fz.rope_qk_cache(qt, kt, v, cos, sin, kc, vc, slot)
+        assert torch.equal(rq2, rq) and torch.equal(kc[:, :, slot], rk) and torch.equal(vc[:, :, slot], v)
+        assert not kc[:, :, [1, 2, 3, 5, 6, 8]].any() and not vc[:, :, [1, 2, 3, 5, 6, 8]].any()
+    assert forced == {"rms_norm": 2, "rope_qk": 1, "rope_qk_cache": 1, "silu_mul": 1}
 
 
 # --- the engine, forced through the ops --------------------------------------------------------------
@@ -177,7 +184,9 @@ def test_forced_engine_equals_unfused_engine(forced, kind, dtype):
     steps = out.completion_ids.shape[1]  # one prefill + (steps - 1) decode steps
     norms_per_pass = 2 * L + 1 + (2 * L if kind == "qwen3" else 0)
     assert forced["rms_norm"] == steps * norms_per_pass, forced
-    assert forced["rope_qk"] == steps * L and forced["silu_mul"] == steps * L, forced
+    # the prefill rotates q and k; each decode step rotates them and writes its K/V slot in the same op
+    assert forced["rope_qk"] == L and forced["rope_qk_cache"] == (steps - 1) * L, forced
+    assert forced["silu_mul"] == steps * L, forced
 
 
 def test_forced_engine_equals_hf_generate_and_sees_in_place_norm_noise(forced):

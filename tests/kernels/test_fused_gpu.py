@@ -136,6 +136,16 @@ def test_rope_is_bit_exact(dtype, B, L, H, HK, D):
     qo, ko = fused_ops.rope_qk(q, k, cos, sin)
     rq, rk = rope_reference(q, k, cos, sin)
     assert torch.equal(qo, rq) and torch.equal(ko, rk)
+    # a decode step's K/V write in the same launch: the engine's cache row-slices, one slot per position
+    v = torch.randn(B, L, HK, D, device="cuda").to(dtype).transpose(1, 2)
+    kc = torch.full((B + 2, HK, L + 9, D), 3.0, device="cuda").to(dtype)[:B]
+    vc = torch.full((B + 2, HK, L + 9, D), 3.0, device="cuda").to(dtype)[:B]
+    slot = torch.randperm(L + 9, device="cuda")[:L]
+    qo = fused_ops.rope_qk_cache(q, k, v, cos, sin, kc, vc, slot)
+    assert torch.equal(qo, rq) and torch.equal(kc[:, :, slot], rk) and torch.equal(vc[:, :, slot], v)
+    rest = torch.ones(L + 9, dtype=torch.bool, device="cuda")
+    rest[slot] = False
+    assert bool((kc[:, :, rest] == 3).all()) and bool((vc[:, :, rest] == 3).all())
 
 
 # --- SiLU * up ----------------------------------------------------------------------------------------

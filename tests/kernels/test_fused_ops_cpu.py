@@ -115,6 +115,12 @@ def test_ops_on_cpu_return_the_references(dtype):
     qo, ko = fused_ops.rope_qk(q4, k4, cos, sin)
     rq, rk = rope_reference(q4, k4, cos, sin)
     assert torch.equal(qo, rq) and torch.equal(ko, rk) and qo.stride() == q4.stride()
+    v4 = torch.randn(2, 3, 2, 8).to(dtype).transpose(1, 2)
+    kc, vc = torch.zeros(2, 2, 5, 8, dtype=dtype), torch.zeros(2, 2, 5, 8, dtype=dtype)
+    slot = torch.tensor([3, 0, 4])
+    qo = fused_ops.rope_qk_cache(q4, k4, v4, cos, sin, kc, vc, slot)
+    assert torch.equal(qo, rq) and torch.equal(kc[:, :, slot], rk) and torch.equal(vc[:, :, slot], v4)
+    assert not kc[:, :, [1, 2]].any() and not vc[:, :, [1, 2]].any()
 
     g, u = torch.randn(3, 100).to(dtype), torch.randn(3, 100).to(dtype)
     assert torch.equal(fused_ops.silu_mul(g, u), silu_mul_reference(g, u))
@@ -141,6 +147,10 @@ def test_bad_arguments_name_the_problem():
         fused_ops.rms_norm(x, w, 1e-6, noise=torch.randn(576).to(torch.bfloat16))
     with pytest.raises(ValueError, match="rope_qk expects"):
         fused_ops.rope_qk(torch.randn(1, 2, 3, 7), torch.randn(1, 2, 3, 7), torch.randn(1, 3, 7), torch.randn(1, 3, 7))
+    with pytest.raises(ValueError, match="rope_qk_cache expects"):  # the slot must be int64 [L]
+        q4, k4 = torch.randn(1, 2, 1, 8), torch.randn(1, 1, 1, 8)
+        fused_ops.rope_qk_cache(q4, k4, k4, torch.randn(1, 1, 8), torch.randn(1, 1, 8), torch.zeros(1, 1, 4, 8),
+                                torch.zeros(1, 1, 4, 8), torch.tensor([2], dtype=torch.int32))
     with pytest.raises(ValueError, match="one shape and dtype"):
         fused_ops.silu_mul(torch.randn(2, 4), torch.randn(2, 5))
     with pytest.raises(ValueError, match="decode_attention expects"):
@@ -160,6 +170,9 @@ def test_opcheck_schemas_and_fake_impls():
     torch.library.opcheck(ops.add_rms_norm_fp8.default, (x, r, w, 1e-6, z), test_utils=fp8_utils)
     q, k = torch.randn(2, 3, 4, 8).transpose(1, 2), torch.randn(2, 3, 1, 8).transpose(1, 2)
     torch.library.opcheck(ops.rope_qk.default, (q, k, torch.randn(2, 3, 8), torch.randn(2, 3, 8)), test_utils=utils)
+    torch.library.opcheck(ops.rope_qk_cache.default, (q, k, torch.randn(2, 3, 1, 8).transpose(1, 2), torch.randn(2, 3, 8),
+                                                      torch.randn(2, 3, 8), torch.zeros(2, 1, 6, 8), torch.zeros(2, 1, 6, 8),
+                                                      torch.tensor([5, 1, 2])), test_utils=utils)
     torch.library.opcheck(ops.silu_mul.default, (torch.randn(5, 7), torch.randn(5, 7)), test_utils=utils)
     kc, vc = torch.randn(2, 2, 16, 64), torch.randn(2, 2, 16, 64)
     valid = torch.ones(2, 16, dtype=torch.bool)
@@ -247,6 +260,17 @@ INTERPRETER_SCRIPT = textwrap.dedent("""
             assert torch.equal(qo, rq) and torch.equal(ko, rk), ("rope", dtype, B, L, H, HK, D)
             qc = q4.contiguous()  # a contiguous [B, H, L, D] input as well
             assert torch.equal(rope.rope_qk(qc, k4, cos, sin)[0], rq)
+            # with the K/V cache write (a decode step's: the engine's [B, H_kv, S, D] cache slices, slot per l)
+            v4 = torch.randn(B, L, HK, D).to(dtype).transpose(1, 2)
+            kc = torch.full((B + 1, HK, L + 6, D), 7.0).to(dtype)[:B]  # a row-slice view of a bigger cache
+            vc = torch.full((B + 1, HK, L + 6, D), 7.0).to(dtype)[:B]
+            slot = torch.randperm(L + 6)[:L]
+            qo = rope.rope_qk_cache(q4, k4, v4, cos, sin, kc, vc, slot)
+            assert torch.equal(qo, rq) and torch.equal(kc[:, :, slot], rk) and torch.equal(vc[:, :, slot], v4), \
+                ("rope+cache", dtype, B, L, H, HK, D)
+            rest = torch.ones(L + 6, dtype=torch.bool)
+            rest[slot] = False
+            assert bool((kc[:, :, rest] == 7).all()) and bool((vc[:, :, rest] == 7).all())
 
         # SiLU * up: sizes that end inside a block, large |gate| (exp overflow) included
         for shape in ((1, 18944), (3, 1000), (5, 7)):
@@ -304,9 +328,13 @@ def test_kernels_compile_for_sm90():
     rsig = {"q_ptr": "*bf16", "k_ptr": "*bf16", "c_ptr": "*bf16", "s_ptr": "*bf16", "qo_ptr": "*bf16",
             "ko_ptr": "*bf16", **ints("L", "H", "HK", "D", "sqb", "sqh", "sql", "skb", "skh", "skl", "sqob", "sqoh",
                                       "sqol", "skob", "skoh", "skol", "scb", "scl", "ssb", "ssl")}
+    rsig.update({"v_ptr": "*bf16", "vo_ptr": "*bf16", "slot_ptr": "*i64",
+                 **ints("svb", "svh", "svl", "svob", "svoh", "svol")})
     bh, bd, warps = rope.tile_config(128, 28)
-    k = _compile_sm90(rope._rope_kernel, rsig, {"BLOCK_H": bh, "BLOCK_D": bd, "INTERPRET": False}, warps)
-    assert "fma.rn" not in k.asm["ptx"]  # each product is rounded to bf16 before the sum
+    for cache in (False, True):
+        k = _compile_sm90(rope._rope_kernel, rsig, {"BLOCK_H": bh, "BLOCK_D": bd, "INTERPRET": False, "CACHE": cache},
+                          warps)
+        assert "fma.rn" not in k.asm["ptx"]  # each product is rounded to bf16 before the sum
 
     asig = {"g_ptr": "*bf16", "u_ptr": "*bf16", "o_ptr": "*bf16", "n": "i32"}
     k = _compile_sm90(act._silu_mul_kernel, asig, {"BLOCK": act.BLOCK, "INTERPRET": False}, 4)
