@@ -31,18 +31,25 @@ BLOCK = 2048  # elements per program
 
 
 @triton.jit
+def silu_mul_values(g, u, dt: tl.constexpr, INTERPRET: tl.constexpr):
+    """``silu(g) * u`` for fp32 values of ``dt`` numbers, rounded to ``dt`` as PyTorch's two kernels round (also the
+    weight-only GEMMs' last pass for the up projection: ``launch.Epilogue.gate``)."""
+    if INTERPRET:
+        e = tl.exp(-g)
+    else:
+        e = libdevice.exp(-g)
+    act = round_to(tl.math.div_rn(g, 1.0 + e), dt, INTERPRET).to(tl.float32)  # F.silu in the input dtype
+    return round_to(act * u, dt, INTERPRET)
+
+
+@triton.jit
 def _silu_mul_kernel(g_ptr, u_ptr, o_ptr, n, BLOCK: tl.constexpr, INTERPRET: tl.constexpr):
     dt: tl.constexpr = o_ptr.dtype.element_ty
     offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     mask = offs < n
     g = tl.load(g_ptr + offs, mask=mask, other=0.0).to(tl.float32)
     u = tl.load(u_ptr + offs, mask=mask, other=0.0).to(tl.float32)
-    if INTERPRET:
-        e = tl.exp(-g)
-    else:
-        e = libdevice.exp(-g)
-    act = round_to(tl.math.div_rn(g, 1.0 + e), dt, INTERPRET).to(tl.float32)  # F.silu in the input dtype
-    tl.store(o_ptr + offs, round_to(act * u, dt, INTERPRET), mask=mask)
+    tl.store(o_ptr + offs, silu_mul_values(g, u, dt, INTERPRET), mask=mask)
 
 
 def silu_mul(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:

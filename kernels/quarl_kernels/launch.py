@@ -25,6 +25,7 @@ import torch
 import triton
 import triton.language as tl
 
+from quarl_kernels.act import silu_mul_values
 from quarl_kernels.rounding import round_to
 
 __all__ = ["DecodeOperands", "Epilogue", "decode_operands", "env_flag", "epilogue_kernel", "finish",
@@ -81,13 +82,16 @@ class Epilogue(typing.NamedTuple):
     column slice): the last pass sums them in split order and rounds once to the output dtype, as
     ``F.linear`` would have returned ``a``. ``b [N, r]`` contiguous. Either part may be absent (None).
     ``lora_a`` (``quarl_kernels.lora_a.LoraA``): those partials are computed by the launch itself, by extra
-    programs of the GEMV (``wo_gemm.wo_matmul`` fills them with ``F.linear`` on any other route)."""
+    programs of the GEMV (``wo_gemm.wo_matmul`` fills them with ``F.linear`` on any other route). ``gate``: the
+    MLP's gate projection output; the pass then writes ``silu(gate) * y`` (``act.silu_mul``'s arithmetic on the
+    rounded ``y``) -- the up projection's last pass is the activation kernel too."""
 
     bias: torch.Tensor | None = None  # [N]
     a: torch.Tensor | None = None  # [M, r]
     b: torch.Tensor | None = None  # [N, r]
     scaling: float = 1.0
     lora_a: typing.Any = None  # a lora_a.LoraA the launch fills first (``a`` is then a column slice of its out)
+    gate: torch.Tensor | None = None  # [M, N] in y's dtype: write silu(gate) * y instead of y (the MLP's up)
 
     def check(self, m: int, n: int) -> None:
         """Shapes the kernel assumes; a clear error instead of an out-of-bounds read."""
@@ -103,16 +107,19 @@ class Epilogue(typing.NamedTuple):
                 raise ValueError(f"Epilogue: need a [{m}, r] or fp32 partials [S, {m}, r] (unit column stride) and a "
                                  f"contiguous b [{n}, r]; got a {tuple(self.a.shape)} {self.a.dtype} strides "
                                  f"{self.a.stride()}, b {tuple(self.b.shape)}")
+        if self.gate is not None and (self.gate.shape != (m, n) or self.gate.stride(-1) != 1):
+            raise ValueError(f"Epilogue: gate must be [{m}, {n}] with unit column stride, got "
+                             f"{tuple(self.gate.shape)} strides {self.gate.stride()}")
         if self.lora_a is not None and (self.a is None or self.a.dim() != 3 or
                                         self.a.untyped_storage().data_ptr() != self.lora_a.out.untyped_storage().data_ptr()):
             raise ValueError("Epilogue: with lora_a, a must be a column slice of lora_a.out (the partials it fills)")
 
 
 @triton.jit
-def epilogue_kernel(ws_ptr, y_ptr, bias_ptr, a_ptr, b_ptr, M, N, scaling, s_ws, m_ws, m_a, s_a,
+def epilogue_kernel(ws_ptr, y_ptr, bias_ptr, a_ptr, b_ptr, M, N, scaling, s_ws, m_ws, m_a, s_a, g_ptr, m_g,
                     SPLIT_K: tl.constexpr, HAS_BIAS: tl.constexpr, R: tl.constexpr, RP: tl.constexpr,
                     BM: tl.constexpr, BN: tl.constexpr, DOT: tl.constexpr, INTERPRET: tl.constexpr,
-                    A_PARTS: tl.constexpr = False, SA: tl.constexpr = 1):
+                    A_PARTS: tl.constexpr = False, SA: tl.constexpr = 1, HAS_GATE: tl.constexpr = False):
     """y[m, n] = sum_s ws[s, m, n] (split order) + bias[n] + scaling * sum_r a[m, r] b[n, r].
 
     ``ws`` is the fp32 partials [S, M, N] (strides s_ws, m_ws), or ``y`` itself when S == 1
@@ -152,7 +159,13 @@ def epilogue_kernel(ws_ptr, y_ptr, bias_ptr, a_ptr, b_ptr, M, N, scaling, s_ws, 
         else:
             prod = a.to(tl.float32)[:, None, :] * b.to(tl.float32)[None, :, :]  # [1, BN, RP]: one vector load of b
             acc += scaling * tl.sum(prod, axis=2)
-    tl.store(y_ptr + rows[:, None] * N + cols[None, :], acc.to(y_ptr.dtype.element_ty), mask=mask)
+    if HAS_GATE:  # the MLP's activation: silu(gate) * y, on y rounded to its dtype (act.silu_mul's operands)
+        u = round_to(acc, y_ptr.dtype.element_ty, INTERPRET).to(tl.float32)
+        g = tl.load(g_ptr + rows[:, None] * m_g + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+        out = silu_mul_values(g, u, y_ptr.dtype.element_ty, INTERPRET)
+    else:
+        out = round_to(acc, y_ptr.dtype.element_ty, INTERPRET)  # = acc.to() on the GPU; RNE in the interpreter too
+    tl.store(y_ptr + rows[:, None] * N + cols[None, :], out, mask=mask)
 
 
 def _pow2_floor(v: int) -> int:
@@ -175,7 +188,7 @@ def finish(out: torch.Tensor, y: torch.Tensor, split: int, epi: Epilogue | None 
     """The last pass of a launch: ``y [M, N]`` from ``out`` (fp32 partials ``[S, M, N]`` when
     ``split > 1``, else ``y`` itself), plus ``epi``. No epilogue and no split: nothing to do."""
     m, n = y.shape
-    if epi is None or (epi.bias is None and epi.a is None):
+    if epi is None or (epi.bias is None and epi.a is None and epi.gate is None):
         if split > 1:
             mn = y.numel()
             splitk_reduce_kernel[(triton.cdiv(mn, 1024),)](out, y, mn, SPLIT_K=split, BLOCK=1024, num_warps=4)
@@ -192,8 +205,10 @@ def finish(out: torch.Tensor, y: torch.Tensor, split: int, epi: Epilogue | None 
         out if split > 1 else y, y, epi.bias if epi.bias is not None else dummy,
         epi.a if r else dummy, epi.b if r else dummy, m, n, float(epi.scaling), s_ws, m_ws,
         epi.a.stride(-2) if r else 0, epi.a.stride(0) if parts else 0,
+        epi.gate if epi.gate is not None else dummy, epi.gate.stride(0) if epi.gate is not None else 0,
         SPLIT_K=split, HAS_BIAS=epi.bias is not None, R=r, RP=rp, BM=bm, BN=bn, DOT=dot,
-        INTERPRET=interpreting(), A_PARTS=parts, SA=epi.a.shape[0] if parts else 1, num_warps=4,
+        INTERPRET=interpreting(), A_PARTS=parts, SA=epi.a.shape[0] if parts else 1, HAS_GATE=epi.gate is not None,
+        num_warps=4,
     )
     return y
 

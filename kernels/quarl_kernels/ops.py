@@ -4,8 +4,9 @@
         y[..., N] = x[..., K] @ dequant(W)^T                        (no bias)
     torch.ops.quarl.wo_linear_t(dy, packed, scale, zero, gscale, fmt, group, n, k) -> dx
         dx[..., K] = dy[..., N] @ dequant(W)                        (the backward)
-    torch.ops.quarl.wo_linear_epilogue(x, ..., k, bias, a, b, scaling) -> y
+    torch.ops.quarl.wo_linear_epilogue(x, ..., k, bias, a, b, scaling, gate=None) -> y
         y = x @ dequant(W)^T + bias + scaling * a @ b^T              (inference: no autograd)
+        (with gate: silu(gate) * y, the MLP's activation in the up projection's last pass)
     torch.ops.quarl.wo_linear_epilogue_a(x, ..., k, bias, a_w, a_lo, b, scaling, splits) -> (y, parts)
         the same, for a LoRA group's first projection: parts = x @ a_w^T as fp32 split partials
         (computed inside the GEMV launch), y's LoRA term from columns [a_lo, a_lo + r) of them
@@ -133,16 +134,23 @@ def wo_linear_epilogue(
     x: torch.Tensor, packed: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor | None,
     gscale: torch.Tensor | None, fmt: str, group: int, n: int, k: int,
     bias: torch.Tensor | None, a: torch.Tensor | None, b: torch.Tensor | None, scaling: float,
+    gate: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """``x @ dequant(W)^T + bias + scaling * a @ b^T``; on CUDA the bias and the LoRA branch are added in
     the GEMM's last pass (``launch.Epilogue``). ``a`` is ``[..., r]`` or, with one more leading dimension, the
     fp32 split partials ``[S, ..., r]`` of ``x @ A^T`` (``quarl_kernels.lora_a``: summed, then rounded to x's
-    dtype). Inference only: no autograd is registered."""
+    dtype). ``gate`` ``[..., N]``: return ``silu(gate) * that`` instead (the MLP's up projection, its activation in
+    the same pass). Inference only: no autograd is registered."""
     if a is not None and a.dim() == x.dim() + 1:
         a = _sum_parts(a).to(x.dtype)
     w = _reference_weight(packed, scale, zero, gscale, fmt, group, n, k, x.dtype)
     y = torch.nn.functional.linear(x, w, None if bias is None else bias.to(x.dtype))
-    return y if a is None else y + scaling * (a @ b.to(a.dtype).t())
+    y = y if a is None else y + scaling * (a @ b.to(a.dtype).t())
+    if gate is None:
+        return y
+    from quarl_kernels.fused_ops import silu_mul_reference
+
+    return silu_mul_reference(gate, y)
 
 
 def _sum_parts(a: torch.Tensor) -> torch.Tensor:
@@ -154,7 +162,7 @@ def _sum_parts(a: torch.Tensor) -> torch.Tensor:
 
 
 @wo_linear_epilogue.register_kernel("cuda")
-def _wo_linear_epilogue_cuda(x, packed, scale, zero, gscale, fmt, group, n, k, bias, a, b, scaling):
+def _wo_linear_epilogue_cuda(x, packed, scale, zero, gscale, fmt, group, n, k, bias, a, b, scaling, gate=None):
     from quarl_kernels.launch import Epilogue
     from quarl_kernels.wo_gemm import wo_matmul
 
@@ -164,13 +172,14 @@ def _wo_linear_epilogue_cuda(x, packed, scale, zero, gscale, fmt, group, n, k, b
         a2 = a.reshape(a.shape[0], -1, a.shape[-1])
     else:
         a2 = a.reshape(-1, a.shape[-1])  # [M, r]: a view (row stride kept) of a column slice
-    epi = Epilogue(bias, a2, None if b is None else b.contiguous(), scaling)
+    g2 = None if gate is None else gate.reshape(-1, n)
+    epi = Epilogue(bias, a2, None if b is None else b.contiguous(), scaling, gate=g2)
     y = wo_matmul(x.reshape(-1, k), _packed_weight(packed, scale, zero, gscale, fmt, group, n, k), epi=epi)  # [M, N]
     return y.reshape(*x.shape[:-1], n)
 
 
 @wo_linear_epilogue.register_fake
-def _wo_linear_epilogue_fake(x, packed, scale, zero, gscale, fmt, group, n, k, bias, a, b, scaling):
+def _wo_linear_epilogue_fake(x, packed, scale, zero, gscale, fmt, group, n, k, bias, a, b, scaling, gate=None):
     return x.new_empty((*x.shape[:-1], n))
 
 

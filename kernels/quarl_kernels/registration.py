@@ -73,14 +73,14 @@ def forward(x: torch.Tensor, layer) -> torch.Tensor:
 
 
 def forward_epilogue(x: torch.Tensor, layer, a: torch.Tensor | None, b: torch.Tensor | None,
-                     scaling: float) -> torch.Tensor:
+                     scaling: float, gate: torch.Tensor | None = None) -> torch.Tensor:
     """``dispatch.EpilogueFn``: ``x @ W^T + layer.bias + scaling * a @ b^T`` through
     ``torch.ops.quarl.wo_linear_epilogue`` (the bias and the LoRA branch added in the GEMM's last pass).
     No autograd: inference only (the rollout engine's decode and prefill). ``a [..., r]`` may be a
-    column slice; ``b [N, r]``."""
+    column slice; ``b [N, r]``. ``gate [..., N]``: ``silu(gate) * y`` instead (the MLP's up projection)."""
     from quarl_kernels.ops import layer_args
 
-    return torch.ops.quarl.wo_linear_epilogue(x, *layer_args(layer), layer.bias, a, b, float(scaling))
+    return torch.ops.quarl.wo_linear_epilogue(x, *layer_args(layer), layer.bias, a, b, float(scaling), gate)
 
 
 def forward_epilogue_a(x: torch.Tensor, layer, a_w: torch.Tensor, a_lo: int, b: torch.Tensor,

@@ -28,7 +28,9 @@ kernels (a frozen NVFP4 / MXFP4 / INT4 ``QuantLinear``, CUDA, no autograd), its 
 nothing else, instead of seven ``addmm``'s and three bias adds more (RESULTS "Issue 17: where a 7B
 decode step's time goes": 616 LoRA kernels per 7B step). The sum is rounded once instead of
 three times (<= ~1 bf16 ulp from the unfused path). ``QUARL_ENGINE_LORA_EPILOGUE=0`` keeps the
-``addmm`` (for A/B runs); a BF16 base always does.
+``addmm`` (for A/B runs); a BF16 base always does. In a SiLU MLP the up projection's last pass also applies the
+activation (:meth:`Group.gate_act`: ``silu(gate) * up`` written where ``up`` was, ``act.silu_mul``'s arithmetic),
+so the MLP's middle costs no kernel of its own.
 
 The A GEMM inside the first projection's launch. When every projection of a group takes that fused last pass
 and the step has at most 16 rows (``quarl_kernels.lora_a.MAX_M``: decode, where the GEMV and the mma.sync kernel
@@ -108,20 +110,36 @@ class Group:
 
     def __call__(self, x: torch.Tensor) -> list[torch.Tensor]:
         """``x [..., K]`` -> each projection's output ``[..., N_j]`` (base + bias + adapter)."""
-        r = self.r
+        return self._run(x, [m.epilogue_kernel(x) if self.epilogue else None for m in self.mods])
+
+    def gate_act(self, x: torch.Tensor) -> torch.Tensor | None:
+        """For the gate/up group of a SiLU MLP (the caller checks it is one): ``silu(gate) * up`` with the product
+        written by the up projection's last pass (``launch.Epilogue.gate``: the activation costs no kernel of its
+        own), or None where the last pass is not fused (then call the group and the activation as before)."""
         fused = [m.epilogue_kernel(x) if self.epilogue else None for m in self.mods]
+        if len(self.mods) != 2 or any(f is None for f in fused):
+            return None
+        return self._run(x, fused, gate_act=True)[1]
+
+    def _run(self, x: torch.Tensor, fused: list, gate_act: bool = False) -> list[torch.Tensor]:
+        r = self.r
         first = self._first_with_a(x) if all(f is not None for f in fused) else None
         if first is not None:  # the first launch computes x @ A^T too, as fp32 split partials [S, ..., G*r]
             m0 = self.mods[0]
             y0, parts = first(x, m0, self.A, 0, self.B[0], m0.lora_cfg.scaling)
-            return [y0] + [f(x, m, parts[..., j * r:(j + 1) * r], self.B[j], m.lora_cfg.scaling)
-                           for j, (f, m) in enumerate(zip(fused, self.mods, strict=True)) if j > 0]
+            out = [y0]
+            for j, (f, m) in enumerate(zip(fused, self.mods, strict=True)):
+                if j > 0:
+                    gate = out[0] if gate_act else None  # the up projection writes silu(gate) * up
+                    out.append(f(x, m, parts[..., j * r:(j + 1) * r], self.B[j], m.lora_cfg.scaling, gate=gate))
+            return out
         a = F.linear(x, self.A)  # [..., G*r]: every projection's x @ A_j^T in one GEMM
         out = []
         for j, m in enumerate(self.mods):
             aj = a[..., j * r:(j + 1) * r]  # [..., r], a column slice (row stride G*r)
             if fused[j] is not None:  # base GEMM + bias + scaling * a_j @ B_j^T, one launch's last pass
-                out.append(fused[j](x, m, aj, self.B[j], m.lora_cfg.scaling))
+                gate = out[0] if gate_act and j > 0 else None
+                out.append(fused[j](x, m, aj, self.B[j], m.lora_cfg.scaling, gate=gate))
             else:
                 out.append(lora_add(m.base_forward(x), aj, self.B[j], m.lora_cfg.scaling))
         return out

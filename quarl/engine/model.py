@@ -274,8 +274,11 @@ class DecoderRunner:
         g = groups.get("gate_up")
         if g is None or not fz.mlp_eligible(mlp):
             return fz.mlp(mlp, x, fused=fused)
-        gate, up = g(x)  # [.., I] each
-        return self._proj(groups, "down", mlp.down_proj, fz.act_mul(mlp, gate, up, fused=fused))
+        act = g.gate_act(x)  # silu(gate) * up from the up projection's last pass (where it is fused)
+        if act is None:
+            gate, up = g(x)  # [.., I] each
+            act = fz.act_mul(mlp, gate, up, fused=fused)
+        return self._proj(groups, "down", mlp.down_proj, act)
 
     @staticmethod
     def _add_norm(norm: nn.Module, h: torch.Tensor, delta: torch.Tensor | None, fused: bool):

@@ -27,10 +27,10 @@ import torch
 # fn(x [.., K], layer) -> y [.., N], without bias, without LoRA
 KernelFn = Callable[[torch.Tensor, "torch.nn.Module"], torch.Tensor]
 Predicate = Callable[[torch.Tensor, "torch.nn.Module"], bool]
-# fn(x [.., K], layer, a [.., r] | None, b [N, r] | None, scaling) -> x @ W^T + bias + scaling * a @ b^T,
-# the bias and the LoRA branch added in the GEMM's last pass; no autograd (inference: the rollout engine)
-EpilogueFn = Callable[[torch.Tensor, "torch.nn.Module", "torch.Tensor | None", "torch.Tensor | None", float],
-                      torch.Tensor]
+# fn(x [.., K], layer, a [.., r] | None, b [N, r] | None, scaling, gate=None) -> x @ W^T + bias + scaling * a @ b^T,
+# the bias and the LoRA branch added in the GEMM's last pass (with gate [.., N]: silu(gate) times that, the MLP's
+# up projection and activation in one pass); no autograd (inference: the rollout engine)
+EpilogueFn = Callable[..., torch.Tensor]
 # fn(x [.., K], layer, a_w [R, K], a_lo, b [N, r], scaling) -> (y, parts [S, .., R] fp32): the EpilogueFn of a LoRA
 # group's first projection whose launch also computes the group's x @ a_w^T (split partials; y uses columns
 # [a_lo, a_lo + r)); the group's other projections pass their column slices of parts to the EpilogueFn as ``a``

@@ -111,16 +111,20 @@ def test_epilogue_route_is_taken_and_equals_addmm(monkeypatch):
     pack calls it with the adapter's column slice of the packed A output; its result is the addmm
     path's. On CPU no kernel offers one, so a reference stands in for the GPU kernel here (the kernel's
     own numerics: tests/kernels/test_epilogue_*); ``QUARL_ENGINE_LORA_EPILOGUE=0`` keeps the addmm."""
+    from quarl_kernels.fused_ops import silu_mul_reference
+
     from quarl.quant.linear import QuantLinear
 
-    calls = []
+    calls, gated = [], []
 
-    def reference(x, m, a, b, scaling):  # what quarl_kernels.registration.forward_epilogue computes
+    def reference(x, m, a, b, scaling, gate=None):  # what quarl_kernels.registration.forward_epilogue computes
         y = torch.nn.functional.linear(x, m.dequantized_weight(x.dtype))
         y = y + m.bias.to(y.dtype) if m.bias is not None else y
         assert a is not None, "only the engine's packed groups take the fused route (never base_forward)"
         calls.append((m.out_features, tuple(a.shape), a.stride()))
-        return y + scaling * a @ b.t()
+        gated.append(gate is not None)
+        y = y + scaling * a @ b.t()
+        return y if gate is None else silu_mul_reference(gate, y)  # the MLP's activation in the up's last pass
 
     model = lora_model("qwen2")
     rows = prompts((6, 2, 9))
@@ -130,6 +134,8 @@ def test_epilogue_route_is_taken_and_equals_addmm(monkeypatch):
     on = FastGenerator(model, PAD).generate(rows, greedy(8), n=1)
     n_layers = len(model.model.layers)
     assert len(calls) >= 7 * n_layers, "every packed projection should take the fused route"
+    # the up projection's last pass applies the MLP's SiLU: one call in seven (per layer and step) carries the gate
+    assert sum(gated) * 7 == len(calls), (sum(gated), len(calls))
     assert any(stride[0] > shape[-1] for _, shape, stride in calls), "q/k/v get column slices of one A output"
     assert torch.equal(on.completion_ids, off.completion_ids)
     torch.testing.assert_close(on.logprobs, off.logprobs, atol=1e-5, rtol=0)
@@ -158,19 +164,22 @@ def test_a_gemm_inside_the_first_launch_route(monkeypatch):
     over K in 3 ranges), and each other projection gets its columns of them; the last pass (a reference here: sum in
     split order, round to the activation dtype, as the kernel does) gives the cuBLAS route's tokens. Steps of more
     rows (this prefill: 3 x 9) keep the one-GEMM ``a``; ``QUARL_ENGINE_LORA_A=0`` keeps it everywhere."""
+    from quarl_kernels.fused_ops import silu_mul_reference
+
     from quarl.engine import lora as lp
     from quarl.quant.linear import QuantLinear
 
     seen = []  # per fused call: (rows of the step, did ``a`` come as partials)
 
-    def reference(x, m, a, b, scaling):  # forward_epilogue with partials: the last pass's arithmetic
+    def reference(x, m, a, b, scaling, gate=None):  # forward_epilogue with partials: the last pass's arithmetic
         seen.append((x.numel() // x.shape[-1], a.dim() == x.dim() + 1))
         if a.dim() == x.dim() + 1:
             a = sum(a[s] for s in range(1, a.shape[0])) + a[0] if a.shape[0] > 1 else a[0]
             a = a.to(x.dtype)
         y = torch.nn.functional.linear(x, m.dequantized_weight(x.dtype))
         y = y + m.bias.to(y.dtype) if m.bias is not None else y
-        return y + scaling * a @ b.t()
+        y = y + scaling * a @ b.t()
+        return y if gate is None else silu_mul_reference(gate, y)
 
     def reference_a(x, m, a_w, a_lo, b, scaling):  # forward_epilogue_a: the launch's partials, then the last pass
         assert x.numel() // x.shape[-1] <= lp.A_MAX_M

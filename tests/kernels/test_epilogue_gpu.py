@@ -141,6 +141,25 @@ def test_lora_a_in_the_launch_finishes_as_f_linear(m, k, gr):
     assert rel(y_op, y_a.double()) < 4e-3
 
 
+@pytest.mark.parametrize("m", [1, 8, 64, 300])
+def test_gate_in_the_up_projections_last_pass_is_silu_mul(m):
+    """``Epilogue(gate=g)``: the pass writes ``silu(g) * y``, bit for bit ``act.silu_mul`` of the ``y`` it writes
+    without the gate, on the GEMV, mma.sync, wgmma / tensor-core routes (the MLP's up projection at 7B width)."""
+    from quarl_kernels.act import silu_mul
+
+    torch.manual_seed(m)
+    n, k, r = 18944, 3584, 32
+    args, _ = qweight("nvfp4", n, k)
+    pw = _packed_weight(*args)
+    x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+    a = torch.randn(m, r, device="cuda", dtype=torch.bfloat16)
+    lb = (torch.randn(n, r, device="cuda") * 0.05).to(torch.bfloat16)
+    gate = (torch.randn(m, n, device="cuda") * 3).to(torch.bfloat16)
+    y = wo_gemm.wo_matmul(x, pw, epi=Epilogue(None, a, lb, 0.5))
+    act = wo_gemm.wo_matmul(x, pw, epi=Epilogue(None, a, lb, 0.5, gate=gate))
+    assert torch.equal(act, silu_mul(gate, y)), (act.double() - silu_mul(gate, y).double()).abs().max()
+
+
 @pytest.mark.parametrize("rows", [1, 8])
 def test_packed_group_takes_the_partials_route_in_a_cuda_graph(monkeypatch, rows):
     """A packed q/k/v group with the fused last pass computes its A GEMM inside the q launch (decode rows), also

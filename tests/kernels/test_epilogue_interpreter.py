@@ -86,6 +86,27 @@ SCRIPT = textwrap.dedent("""
         assert torch.equal(outs[0], outs[1]), (m, n, split, (outs[0].float() - outs[1].float()).abs().max())
         print("finish with A partials", m, n, split, sa, "ok")
 
+    # the up projection's last pass with the MLP's activation: silu(gate) * y, bit for bit act.silu_mul of the y
+    # the same pass writes without the gate (split and in place)
+    from quarl_kernels.act import silu_mul
+    for m, n, split, r in ((1, 200, 4, 32), (5, 130, 1, 0), (20, 96, 3, 8)):
+        torch.manual_seed(m * 3 + n)
+        full = torch.randn(split, m, n)
+        gate = (torch.randn(m, n) * 3).to(torch.bfloat16)
+        a = torch.randn(m, max(r, 1)).to(torch.bfloat16) if r else None
+        b = (torch.randn(n, r) * 0.2).to(torch.bfloat16) if r else None
+        outs = []
+        for g in (None, gate):
+            if split > 1:
+                y = torch.empty(m, n, dtype=torch.bfloat16)
+                finish(full.contiguous(), y, split, Epilogue(None, a, b, 0.5, gate=g))
+            else:
+                y = full[0].to(torch.bfloat16)
+                finish(None, y, 1, Epilogue(None, a, b, 0.5, gate=g))
+            outs.append(y)
+        assert torch.equal(outs[1], silu_mul(gate, outs[0])), (m, n, split, r)
+        print("finish with the gate", m, n, split, r, "ok")
+
     # no epilogue, split: the plain reduction (what every launcher did before)
     full = torch.randn(3, 4, 50)
     y = torch.empty(4, 50)
@@ -141,10 +162,11 @@ def test_epilogue_builds_for_sm90_without_spills():
         else:
             a = torch.empty(m, 3 * r, dtype=torch.bfloat16)[:, :r]
         b, bias = torch.empty(n, r, dtype=torch.bfloat16), torch.empty(n, dtype=torch.bfloat16)
+        gate = parts == 4  # the up projection's last pass with the MLP's SiLU
         la = Launch(L.epilogue_kernel, None, (ws, y, bias, a, b, m, n, 0.5, ws.stride(0), ws.stride(1), a.stride(-2),
-                                              a.stride(0) if parts else 0),
+                                              a.stride(0) if parts else 0, y, y.stride(0)),
                     {"SPLIT_K": split, "HAS_BIAS": True, "R": r, "RP": rp, "BM": bm, "BN": bn, "DOT": dot,
-                     "INTERPRET": False, "A_PARTS": bool(parts), "SA": max(parts, 1)}, 4)
+                     "INTERPRET": False, "A_PARTS": bool(parts), "SA": max(parts, 1), "HAS_GATE": gate}, 4)
         k, sass = compile_launch(la)
         assert ("HMMA" in sass) == dot, (m, n, r)
         assert stack_bytes(k) in (0, None), ("ptxas spilled registers", m, n, split, r)

@@ -137,6 +137,8 @@ def test_epilogue_op_cpu_reference_fake_and_layer_entry(spec):
                           (x, *layer_args(q), bias, a.contiguous(), b, 0.5), test_utils=utils)
     q.bias = nn.Parameter(bias, requires_grad=False)
     torch.testing.assert_close(forward_epilogue(x, q, a, b, 0.5), y, rtol=0, atol=0)
+    gate = torch.randn(2, 3, 48)  # the up projection with the MLP's SiLU in its last pass
+    torch.testing.assert_close(forward_epilogue(x, q, a, b, 0.5, gate=gate), F.silu(gate) * y, rtol=0, atol=0)
 
 
 @pytest.mark.parametrize("spec", ["nvfp4", "int4-g128"])
