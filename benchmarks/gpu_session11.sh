@@ -16,6 +16,9 @@
 #     About 4 K ranges for the mma.sync launch's A programs (phase b: its q/k/v and o launches grew by 0.13-0.15 ms),
 #     the partial sum unrolled, and a decode step's RoPE + K/V cache write in one launch: GPU tests, the profile at
 #     batch 1 / 8 with and without the A programs, the whole rollout table (7B / 14B, batch 1 / 8 / 64).
+#   phase d: bash benchmarks/gpu_session11.sh d   (one GPU; ~8 min)
+#     The SiLU in the up projection's last pass: GPU tests, the profile at batch 1 / 8, the rollout table, and the
+#     7B GRPO step (benchmarks/grpo_step_gpu.py: BF16+LoRA vs NVFP4+LoRA, issue 17's "no slower" target).
 set -u
 : "${OUT:?}"
 PHASE=${1:?phase}
@@ -68,6 +71,22 @@ c)  # about 4 K ranges for the mma.sync launch's A programs, the last pass's par
         --hf-new-tokens 0 --budget-s $(( ${ROLL_S:-240} - 15 )) --out "$OUT/roll" > "$OUT/roll/run.log" 2>&1
     echo "== rollout table rc=$? at $((SECONDS - T0)) s"; grep -A 14 "^| model" "$OUT/roll/run.log" | head -n 16
     ;;
+d)  # the SiLU in the up projection's last pass: GPU tests, profile at batch 1 / 8, rollout table, 7B GRPO step
+    mkdir -p "$OUT/tests" "$OUT/profile" "$OUT/roll" "$OUT/grpo"
+    timeout -k 5 "${TEST_S:-130}" "$PY" -m pytest -q -rfE -m gpu -p no:cacheprovider tests/kernels/test_epilogue_gpu.py \
+        tests/engine/test_engine_gpu.py > "$OUT/tests/pytest.log" 2>&1
+    echo "== GPU tests rc=$? at $((SECONDS - T0)) s"; grep -E "^E |passed|failed|FAILED|ERROR" "$OUT/tests/pytest.log" | tail -n 20
+    timeout -k 5 "${PROFILE_S:-90}" "$PY" benchmarks/rollout_profile.py --models 7b --variants nvfp4+lora32 \
+        --batches 1,8 --budget-s $(( ${PROFILE_S:-90} - 15 )) --out "$OUT/profile" > "$OUT/profile/run.log" 2>&1
+    echo "== profile rc=$? at $((SECONDS - T0)) s"
+    grep -E "^\| (gemm|lora|silu|\*\*step|kernels per)|^7b|^  7b" "$OUT/profile/run.log"
+    timeout -k 5 "${ROLL_S:-200}" "$PY" benchmarks/rollout.py --models 7b,14b --variants bf16+lora,nvfp4+lora \
+        --hf-new-tokens 0 --budget-s $(( ${ROLL_S:-200} - 15 )) --out "$OUT/roll" > "$OUT/roll/run.log" 2>&1
+    echo "== rollout table rc=$? at $((SECONDS - T0)) s"; grep -A 14 "^| model" "$OUT/roll/run.log" | head -n 16
+    timeout -k 10 "${GRPO_S:-150}" "$PY" benchmarks/grpo_step_gpu.py --out "$OUT/grpo" --work /tmp/grpo7_work \
+        > "$OUT/grpo/run.log" 2>&1
+    echo "== 7B GRPO step rc=$? at $((SECONDS - T0)) s"; tail -n 12 "$OUT/grpo/run.log"
+    ;;
 *)
     echo "unknown phase $PHASE"; exit 2
     ;;
@@ -85,3 +104,4 @@ echo "phase $PHASE done at $((SECONDS - T0)) s"
 #   b  phase b at 5acf43f: 326 s (GPU tests 199 passed, 1 failed: the [13-4608-42] case's 1e-3 bound against
 #      cuBLAS's a, which rounds differently -- the test now holds the last pass bit-equal to a given as the partials'
 #      rounded sum, and cuBLAS's a to 4e-3 like the a check)
+#   c  phase c at e9e4638: 380 s (GPU tests 115 passed)
