@@ -141,9 +141,9 @@ def test_lora_epilogue_matches_addmm_under_graphs(monkeypatch):
     calls = []
     real = registration.forward_epilogue
 
-    def counting(x, layer, a, b, scaling):
+    def counting(x, layer, a, b, scaling, gate=None):
         calls.append(a is not None)
-        return real(x, layer, a, b, scaling)
+        return real(x, layer, a, b, scaling, gate=gate)
 
     from quarl.quant import dispatch
 
