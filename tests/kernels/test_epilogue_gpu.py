@@ -196,3 +196,53 @@ def test_packed_group_takes_the_partials_route_in_a_cuda_graph(monkeypatch, rows
             outs[a_kernel] = [o.clone() for o in out]
     for p, c in zip(outs[True], outs[False], strict=True):
         assert rel(p, c.double()) < 1e-3, rel(p, c.double())
+
+
+@pytest.mark.parametrize("n,k,kind", [(3584, 3584, "lora_a"), (512, 3584, "lora"), (18944, 3584, "gate"),
+                                      (3584, 18944, "lora_a"), (512, 3584, "none")])
+def test_gemv_last_pass_in_the_launch_is_the_separate_one_in_a_graph(n, k, kind):
+    """One-row GEMV launches with their own last pass (``gemv._last_pass``: the split that finishes a tile last sums
+    it and runs the epilogue, counters on the device) give the separate last pass's bits (``fuse=False``), also
+    replayed in a CUDA graph with new inputs -- the counters are back at zero after every launch."""
+    from quarl_kernels import gemv, lora_a
+    from quarl_kernels.launch import finish
+
+    torch.manual_seed(n + k)
+    args, _ = qweight("nvfp4", n, k)
+    pw = _packed_weight(*args)
+    x = torch.randn(1, k, device="cuda", dtype=torch.bfloat16)
+    amat = (torch.randn(96, k, device="cuda") * 0.05).to(torch.bfloat16)
+    lb = (torch.randn(n, 32, device="cuda") * 0.05).to(torch.bfloat16)
+    bias = torch.randn(n, device="cuda", dtype=torch.bfloat16)
+    gate = (torch.randn(1, n, device="cuda") * 3).to(torch.bfloat16)
+    a = torch.randn(1, 32, device="cuda", dtype=torch.bfloat16)
+
+    def run(fuse):
+        if kind == "lora_a":
+            la = lora_a.new_partials(x, amat)
+            epi = Epilogue(bias, la.out[..., 64:], lb, 0.5, lora_a=la)
+        else:
+            epi = {"lora": Epilogue(bias, a, lb, 0.5), "gate": Epilogue(None, a, lb, 0.5, gate=gate),
+                   "none": None}[kind]
+        cfg = gemv.default_gemv_config(pw.fmt, 1, n, k)
+        L = gemv.gemv_launch(x, pw, cfg, epi=epi, fuse=fuse)
+        assert (L.split == 0) == fuse
+        L.kernel[L.grid](*L.args, **L.constexprs, num_warps=L.num_warps, num_stages=L.num_stages)
+        return L.y if L.split == 0 else finish(L.out, L.y, L.split, epi)
+
+    for _ in range(3):
+        assert torch.equal(run(True), run(False))
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        run(True)
+    torch.cuda.current_stream().wait_stream(s)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = run(True)
+    for _ in range(3):
+        x.normal_()
+        gate.normal_()
+        graph.replay()
+        assert torch.equal(out, run(False))
+    assert not gemv._COUNTERS[("cuda", x.device.index)].any()
