@@ -23,6 +23,8 @@
 #     The one-row GEMV's own last pass (gemv._last_pass: the split that finishes a tile last sums it and runs the
 #     epilogue; no reduction kernel after the launch): GPU tests, the batch-1 profile with and without
 #     (:nolastpass), the rollout table at batch 1 / 8.
+#     RAN at commit 127f0a9; the last pass in the launch was 18 % slower and was removed after it (results in
+#     benchmarks/results/gpu_2026-11-26/s11/e, RESULTS.md): to re-run, check out 127f0a9.
 set -u
 : "${OUT:?}"
 PHASE=${1:?phase}
@@ -125,3 +127,5 @@ echo "phase $PHASE done at $((SECONDS - T0)) s"
 #   c  phase c at e9e4638: 380 s (GPU tests 115 passed)
 #   d  phase d at e89a797: 389 s (GPU tests 54 passed, 1 failed: test_engine_gpu's counting stand-in took no gate
 #      keyword -- a test bug, fixed after)
+#   e  phase e at 127f0a9: 348 s (GPU tests cut at 170 s: 2 failures among the first ~190, not identified -- the
+#      log was cut before pytest's summary; the profile: the launch's own last pass 4.359 ms vs 3.693 without)

@@ -15,8 +15,7 @@ the before/after of that change, same model and weights. ``:noepi`` sets
 ``QUARL_ENGINE_LORA_EPILOGUE=0`` (LoRA B and bias as separate kernels, not in the base GEMM's last
 pass) and ``:sdpa`` ``QUARL_ENGINE_DECODE_ATTN=0`` (SDPA for decode attention); ``:noloraa`` sets
 ``QUARL_ENGINE_LORA_A=0`` (the packed A GEMM on cuBLAS, not inside the first projection's GEMV launch,
-``quarl_kernels.lora_a``); ``:nolastpass`` sets ``QUARL_GEMV_LAST_PASS=0`` (the one-row GEMV's split-K
-sum and epilogue as a kernel of its own, not in the launch); modifiers combine (``nvfp4+lora32:noepi:sdpa``). With the epilogue on, a projection's ``gemm:*`` row includes its
+``quarl_kernels.lora_a``); modifiers combine (``nvfp4+lora32:noepi:sdpa``). With the epilogue on, a projection's ``gemm:*`` row includes its
 bias and LoRA B (they run in its kernels); ``lora`` is then the A GEMMs alone.
 
 Per (variant, batch) cell, one prefill of ``prompt`` random tokens fills the cache, and
@@ -421,7 +420,6 @@ MODIFIERS = {  # ':name' -> the engine switch it turns off for the cell (the bef
     "noepi": "QUARL_ENGINE_LORA_EPILOGUE",  # LoRA B + bias as addmm / add, not in the base kernel's last pass
     "sdpa": "QUARL_ENGINE_DECODE_ATTN",  # decode attention through SDPA, not the split-KV kernel
     "noloraa": "QUARL_ENGINE_LORA_A",  # the packed A GEMM on cuBLAS, not inside the first projection's launch
-    "nolastpass": "QUARL_GEMV_LAST_PASS",  # the one-row GEMV's split-K sum + epilogue as a kernel of its own
 }
 
 

@@ -78,7 +78,7 @@ import triton.language as tl
 
 from quarl_kernels import lora_a
 from quarl_kernels.formats import FMT_INT4, FMT_MXFP4, FMT_NVFP4
-from quarl_kernels.launch import Epilogue, env_flag, epilogue_tile, finish, interpreting, num_sms
+from quarl_kernels.launch import finish, interpreting, num_sms
 from quarl_kernels.lora_a import lora_a_program
 
 # ---------------------------------------------------------------------------
@@ -235,14 +235,10 @@ def _gemv_kernel(
     N, KW, KW_PER_SPLIT,
     stride_xm, stride_wn, stride_sn, stride_zn, stride_sn_u, stride_zn_u, stride_os, stride_om,
     xb_ptr, la_w_ptr, la_out_ptr, LA_R, LA_PER, LA_PROGS, la_stride_wr, la_s_out, la_m_out,
-    cnt_ptr, N_TILES, y_ptr, bias_ptr, a_ptr, b_ptr, scaling, m_a, s_a, g_ptr, m_g,
     M: tl.constexpr, FMT: tl.constexpr, GROUP: tl.constexpr, HAS_ZP: tl.constexpr, USE_ASM: tl.constexpr,
     BN: tl.constexpr, BKW: tl.constexpr, VEC: tl.constexpr, PREFETCH: tl.constexpr, STAGES: tl.constexpr,
     EVEN_K: tl.constexpr, ZW: tl.constexpr, HAS_LA: tl.constexpr = False,
     LA_BR: tl.constexpr = 4, LA_BK: tl.constexpr = 512,
-    FUSE: tl.constexpr = False, SPLIT: tl.constexpr = 1, HAS_BIAS: tl.constexpr = False, R: tl.constexpr = 0,
-    RP: tl.constexpr = 16, A_PARTS: tl.constexpr = False, SA: tl.constexpr = 1, HAS_GATE: tl.constexpr = False,
-    INTERPRET: tl.constexpr = False,
 ):
     """y[M, N] (or fp32 split partials [S, M, N]) = x[M, K] @ W[N, K]^T for small M.
 
@@ -250,9 +246,7 @@ def _gemv_kernel(
     [N, G]; INT4 scales as floats [N, G]. Each split's K range is a multiple of BKW
     words; with EVEN_K so is KW (no masks in the loop). HAS_LA: the first LA_PROGS
     programs of axis 0 (split 0 only; the others idle) compute a LoRA group's
-    ``x @ A^T`` partials instead (``lora_a``: x as bf16 ``xb``), the weight tiles follow.
-    FUSE: the launch's own last pass (:func:`_last_pass`): the split that finishes a tile last sums its
-    SPLIT partials and runs ``launch.epilogue_tile`` into ``y`` -- no reduction kernel after it."""
+    ``x @ A^T`` partials instead (``lora_a``: x as bf16 ``xb``), the weight tiles follow."""
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
     if HAS_LA:
@@ -260,54 +254,14 @@ def _gemv_kernel(
             if pid_k == 0:
                 lora_a_program(pid_n, xb_ptr, la_w_ptr, la_out_ptr, KW * 8, LA_R, LA_PER, stride_xm * 2,
                                la_stride_wr, la_s_out, la_m_out, M, LA_BR, LA_BK)
-                if FUSE:  # one more A program done: the tiles' last passes wait for all of them
-                    tl.debug_barrier()
-                    tl.atomic_add(cnt_ptr + N_TILES, 1, sem="release")
         else:
             _gemv_tiles(pid_n - LA_PROGS, pid_k, x_ptr, wp_ptr, s_ptr, z_ptr, gs_ptr, out_ptr, N, KW, KW_PER_SPLIT,
                         stride_xm, stride_wn, stride_sn, stride_zn, stride_sn_u, stride_zn_u, stride_os, stride_om,
                         M, FMT, GROUP, HAS_ZP, USE_ASM, BN, BKW, VEC, PREFETCH, STAGES, EVEN_K, ZW)
-            if FUSE:
-                _last_pass(pid_n - LA_PROGS, cnt_ptr, N_TILES, LA_PROGS, out_ptr, y_ptr, bias_ptr, a_ptr, b_ptr, M,
-                           N, scaling, stride_os, stride_om, m_a, s_a, g_ptr, m_g, True, SPLIT, HAS_BIAS, R, RP,
-                           A_PARTS, SA, HAS_GATE, BN, INTERPRET)
     else:
         _gemv_tiles(pid_n, pid_k, x_ptr, wp_ptr, s_ptr, z_ptr, gs_ptr, out_ptr, N, KW, KW_PER_SPLIT,
                     stride_xm, stride_wn, stride_sn, stride_zn, stride_sn_u, stride_zn_u, stride_os, stride_om,
                     M, FMT, GROUP, HAS_ZP, USE_ASM, BN, BKW, VEC, PREFETCH, STAGES, EVEN_K, ZW)
-        if FUSE:
-            _last_pass(pid_n, cnt_ptr, N_TILES, 0, out_ptr, y_ptr, bias_ptr, a_ptr, b_ptr, M, N, scaling, stride_os,
-                       stride_om, m_a, s_a, g_ptr, m_g, False, SPLIT, HAS_BIAS, R, RP, A_PARTS, SA, HAS_GATE, BN,
-                       INTERPRET)
-
-
-@triton.jit
-def _last_pass(tile, cnt_ptr, N_TILES, LA_PROGS, ws_ptr, y_ptr, bias_ptr, a_ptr, b_ptr, M, N, scaling, s_ws, m_ws,
-               m_a, s_a, g_ptr, m_g, WAIT_LA: tl.constexpr, SPLIT: tl.constexpr, HAS_BIAS: tl.constexpr,
-               R: tl.constexpr, RP: tl.constexpr, A_PARTS: tl.constexpr, SA: tl.constexpr, HAS_GATE: tl.constexpr,
-               BN: tl.constexpr, INTERPRET: tl.constexpr):
-    """After a split's partial of ``tile`` is stored: count it (``cnt[tile]``, acquire-release); the split that
-    counts last resets the counter (the next launch, or graph replay, starts from 0), waits for the LoRA A
-    programs when the launch has them (``cnt[N_TILES]``: they run first, so the wait is short), and writes the
-    tile's output rows [0, M) x ``tile * BN + [0, BN)`` through ``launch.epilogue_tile`` (partials read at L2).
-    The last tile to finish resets the A counters (``cnt[N_TILES]``, ``cnt[N_TILES + 1]``)."""
-    tl.debug_barrier()  # every thread's partial stored before the count says so
-    done = tl.atomic_add(cnt_ptr + tile, 1, sem="acq_rel")
-    if done == SPLIT - 1:
-        tl.atomic_xchg(cnt_ptr + tile, 0)
-        if WAIT_LA:
-            seen = tl.atomic_add(cnt_ptr + N_TILES, 0, sem="acquire")
-            while seen < LA_PROGS:
-                seen = tl.atomic_add(cnt_ptr + N_TILES, 0, sem="acquire")
-        rows = tl.arange(0, 1)  # M == 1 (launch_gemv fuses one-row launches only)
-        cols = tile * BN + tl.arange(0, BN)
-        epilogue_tile(rows, cols, ws_ptr, y_ptr, bias_ptr, a_ptr, b_ptr, M, N, scaling, s_ws, m_ws, m_a, s_a, g_ptr,
-                      m_g, SPLIT, HAS_BIAS, R, RP, False, INTERPRET, A_PARTS, SA, HAS_GATE, True)
-        if WAIT_LA:
-            fin = tl.atomic_add(cnt_ptr + N_TILES + 1, 1, sem="acq_rel")
-            if fin == N_TILES - 1:
-                tl.atomic_xchg(cnt_ptr + N_TILES, 0)
-                tl.atomic_xchg(cnt_ptr + N_TILES + 1, 0)
 
 
 @triton.jit
@@ -453,7 +407,6 @@ GEMV_CONFIGS = (
 # Qwen2.5-7B layer at M = 1..3; at M = 4 the tensor-core decode tile is as fast or
 # faster (one FFMA per weight and token caps the CUDA cores), at M >= 8 it is 2-5x faster.
 GEMV_MAX_M = 3
-FUSE_ENV = "QUARL_GEMV_LAST_PASS"  # 0: the split-K sum and epilogue as a kernel of their own (launch.finish)
 GEMV_LIMIT_M = 16  # hard limit: the token loop is unrolled, x registers grow as 8 * VEC * M
 
 
@@ -513,13 +466,8 @@ class GemvLaunch(typing.NamedTuple):
     split: int
 
 
-def gemv_launch(x2: torch.Tensor, pw, cfg: GemvConfig, *, use_asm: bool = True, epi=None,
-                fuse: bool | None = None) -> GemvLaunch:
-    """The launch :func:`launch_gemv` runs (buffers allocated, nothing launched). ``fuse``: its last pass in the
-    launch (one row, split over K: ``_last_pass``); None = ``$QUARL_GEMV_LAST_PASS`` (default on). A fused
-    launch has ``split == 0`` in the result: nothing left for ``launch.finish``."""
-    if fuse is None:
-        fuse = env_flag(FUSE_ENV, True)
+def gemv_launch(x2: torch.Tensor, pw, cfg: GemvConfig, *, use_asm: bool = True, epi=None) -> GemvLaunch:
+    """The launch :func:`launch_gemv` runs (buffers allocated, nothing launched)."""
     m, k = x2.shape
     if not 1 <= m <= GEMV_LIMIT_M:
         raise ValueError(f"launch_gemv: M={m} rows; the GEMV serves 1..{GEMV_LIMIT_M} (use wo_gemm.launch_fwd)")
@@ -553,49 +501,14 @@ def gemv_launch(x2: torch.Tensor, pw, cfg: GemvConfig, *, use_asm: bool = True, 
                    la.out.stride(0), la.out.stride(1))
     else:
         la_progs, la_args = 0, (x32, x32, x32, 0, 0, 0, 0, 0, 0)
-    tiles = triton.cdiv(pw.n, cfg.bn)
-    cnt = _counters(x2.device) if fuse and split > 1 and m == 1 and tiles + 2 <= COUNTERS else None
-    if epi is not None and cnt is not None:
-        epi.check(m, pw.n)
-    r = 0 if cnt is None or epi is None or epi.a is None else epi.b.shape[-1]
-    parts = r > 0 and epi.a.dim() == 3
-    if cnt is not None:  # the last pass in this launch: launch.finish's operands, for one row
-        e = epi if epi is not None else Epilogue()
-        fuse_args = (cnt, tiles, y, e.bias if e.bias is not None else y, e.a if r else y, e.b if r else y,
-                     float(e.scaling), e.a.stride(-2) if r else 0, e.a.stride(0) if parts else 0,
-                     e.gate if e.gate is not None else y, e.gate.stride(0) if e.gate is not None else 0)
-    else:
-        fuse_args = (x32, 0, y, y, y, y, 1.0, 0, 0, y, 0)
     args = (x32, pw.words, s, z, gs, out, pw.n, kw, per,
-            x32.stride(0), pw.words.stride(0), s.stride(0), z.stride(0), s.stride(0), z.stride(0), so, som, *la_args,
-            *fuse_args)
+            x32.stride(0), pw.words.stride(0), s.stride(0), z.stride(0), s.stride(0), z.stride(0), so, som, *la_args)
     const = {"M": m, "FMT": pw.fmt, "GROUP": pw.group, "HAS_ZP": pw.fmt == FMT_INT4 and pw.zero is not None,
              "USE_ASM": use_asm and not interpreting(), "BN": bn, "BKW": bkw, "VEC": vec, "PREFETCH": cfg.prefetch,
              "STAGES": cfg.stages, "EVEN_K": kw % bkw == 0, "ZW": zw, "HAS_LA": la is not None, "LA_BR": lora_a.BR,
-             "LA_BK": lora_a.BK, "INTERPRET": interpreting()}
-    if cnt is not None:
-        e = epi if epi is not None else Epilogue()
-        const.update(FUSE=True, SPLIT=split, HAS_BIAS=e.bias is not None, R=r,
-                     RP=triton.next_power_of_2(max(r, 1)), A_PARTS=parts, SA=e.a.shape[0] if parts else 1,
-                     HAS_GATE=e.gate is not None)
-    grid = (la_progs + tiles, split)  # the A programs first: scheduled in the first wave
-    return GemvLaunch(_gemv_kernel, grid, args, const, cfg.warps, cfg.stages, out, y, split if cnt is None else 0)
-
-
-COUNTERS = 4096  # int32 slots per device for the launches' own last pass (tiles + 2 of one launch at a time)
-_COUNTERS: dict = {}
-
-
-def _counters(device: torch.device) -> torch.Tensor | None:
-    """The device's zeroed arrival counters (each fused launch leaves them at zero), created on first use; None
-    while a CUDA graph is being captured and none exist yet (that launch keeps the separate last pass)."""
-    key = (device.type, device.index)
-    c = _COUNTERS.get(key)
-    if c is None:
-        if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
-            return None
-        c = _COUNTERS[key] = torch.zeros(COUNTERS, dtype=torch.int32, device=device)
-    return c
+             "LA_BK": lora_a.BK}
+    grid = (la_progs + triton.cdiv(pw.n, cfg.bn), split)  # the A programs first: scheduled in the first wave
+    return GemvLaunch(_gemv_kernel, grid, args, const, cfg.warps, cfg.stages, out, y, split)
 
 
 def launch_gemv(x2: torch.Tensor, pw, cfg: GemvConfig, *, use_asm: bool = True, epi=None) -> torch.Tensor:
@@ -607,8 +520,6 @@ def launch_gemv(x2: torch.Tensor, pw, cfg: GemvConfig, *, use_asm: bool = True, 
     launch (``lora_a.lora_a_program``), ahead of the weight tiles."""
     la = gemv_launch(x2, pw, cfg, use_asm=use_asm, epi=epi)
     la.kernel[la.grid](*la.args, **la.constexprs, num_warps=la.num_warps, num_stages=la.num_stages)
-    if la.split == 0:  # the launch ran its own last pass
-        return la.y
     return finish(la.out, la.y, la.split, epi)  # split partials summed (+ bias / LoRA epilogue)
 
 

@@ -28,7 +28,7 @@ import triton.language as tl
 from quarl_kernels.act import silu_mul_values
 from quarl_kernels.rounding import round_to
 
-__all__ = ["DecodeOperands", "Epilogue", "decode_operands", "env_flag", "epilogue_kernel", "epilogue_tile", "finish",
+__all__ = ["DecodeOperands", "Epilogue", "decode_operands", "env_flag", "epilogue_kernel", "finish",
            "finish_splits", "interpreting", "num_sms", "splitk_reduce_kernel"]
 
 
@@ -63,15 +63,14 @@ def env_flag(name: str, default: bool) -> bool:
 
 
 @triton.jit
-def splitk_reduce_kernel(ws_ptr, y_ptr, MN, SPLIT_K: tl.constexpr, BLOCK: tl.constexpr,
-                         INTERPRET: tl.constexpr = False):
+def splitk_reduce_kernel(ws_ptr, y_ptr, MN, SPLIT_K: tl.constexpr, BLOCK: tl.constexpr):
     """y[i] = sum_s ws[s, i] in split order (deterministic). ws [S, M*N] fp32."""
     offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     mask = offs < MN
     acc = tl.load(ws_ptr + offs, mask=mask, other=0.0)
     for s in tl.static_range(1, SPLIT_K):
         acc += tl.load(ws_ptr + s * MN + offs, mask=mask, other=0.0)
-    tl.store(y_ptr + offs, round_to(acc, y_ptr.dtype.element_ty, INTERPRET), mask=mask)  # = .to() on the GPU
+    tl.store(y_ptr + offs, acc.to(y_ptr.dtype.element_ty), mask=mask)
 
 
 class Epilogue(typing.NamedTuple):
@@ -132,24 +131,12 @@ def epilogue_kernel(ws_ptr, y_ptr, bias_ptr, a_ptr, b_ptr, M, N, scaling, s_ws, 
     y's dtype before the product (``quarl_kernels.lora_a``)."""
     rows = tl.program_id(0) * BM + tl.arange(0, BM)  # [BM]
     cols = tl.program_id(1) * BN + tl.arange(0, BN)  # [BN]
-    epilogue_tile(rows, cols, ws_ptr, y_ptr, bias_ptr, a_ptr, b_ptr, M, N, scaling, s_ws, m_ws, m_a, s_a, g_ptr, m_g,
-                  SPLIT_K, HAS_BIAS, R, RP, DOT, INTERPRET, A_PARTS, SA, HAS_GATE)
-
-
-@triton.jit
-def epilogue_tile(rows, cols, ws_ptr, y_ptr, bias_ptr, a_ptr, b_ptr, M, N, scaling, s_ws, m_ws, m_a, s_a, g_ptr, m_g,
-                  SPLIT_K: tl.constexpr, HAS_BIAS: tl.constexpr, R: tl.constexpr, RP: tl.constexpr,
-                  DOT: tl.constexpr, INTERPRET: tl.constexpr, A_PARTS: tl.constexpr, SA: tl.constexpr,
-                  HAS_GATE: tl.constexpr, CG: tl.constexpr = False):
-    """:func:`epilogue_kernel` for the output tile ``rows x cols``. ``CG``: the partials were written by other
-    programs of the running launch (the GEMV's own last pass, ``gemv._gemv_kernel``): read them at L2 (``.cg``)."""
-    CM: tl.constexpr = ".cg" if CG else ""
     rm, cm = rows < M, cols < N
     mask = rm[:, None] & cm[None, :]
     off = rows[:, None] * m_ws + cols[None, :]
-    acc = tl.load(ws_ptr + off, mask=mask, other=0.0, cache_modifier=CM).to(tl.float32)  # [BM, BN]
+    acc = tl.load(ws_ptr + off, mask=mask, other=0.0).to(tl.float32)  # [BM, BN]
     for s in tl.static_range(1, SPLIT_K):
-        acc += tl.load(ws_ptr + s * s_ws + off, mask=mask, other=0.0, cache_modifier=CM)
+        acc += tl.load(ws_ptr + s * s_ws + off, mask=mask, other=0.0)
     if HAS_BIAS:
         acc += tl.load(bias_ptr + cols, mask=cm, other=0.0).to(tl.float32)[None, :]
     if R > 0:
@@ -157,9 +144,9 @@ def epilogue_tile(rows, cols, ws_ptr, y_ptr, bias_ptr, a_ptr, b_ptr, M, N, scali
         a_off = rows[:, None] * m_a + rr[None, :]  # [BM, RP]
         a_mask = rm[:, None] & (rr[None, :] < R)
         if A_PARTS:  # x @ A^T as fp32 split partials: their sum in split order, rounded once (F.linear's a)
-            af = tl.load(a_ptr + a_off, mask=a_mask, other=0.0, cache_modifier=CM)
+            af = tl.load(a_ptr + a_off, mask=a_mask, other=0.0)
             for s in tl.static_range(1, SA):  # unrolled: the SA loads issue together
-                af += tl.load(a_ptr + s * s_a + a_off, mask=a_mask, other=0.0, cache_modifier=CM)
+                af += tl.load(a_ptr + s * s_a + a_off, mask=a_mask, other=0.0)
             a = round_to(af, y_ptr.dtype.element_ty, INTERPRET)
         else:
             a = tl.load(a_ptr + a_off, mask=a_mask, other=0.0)
@@ -204,8 +191,7 @@ def finish(out: torch.Tensor, y: torch.Tensor, split: int, epi: Epilogue | None 
     if epi is None or (epi.bias is None and epi.a is None and epi.gate is None):
         if split > 1:
             mn = y.numel()
-            splitk_reduce_kernel[(triton.cdiv(mn, 1024),)](out, y, mn, SPLIT_K=split, BLOCK=1024,
-                                                           INTERPRET=interpreting(), num_warps=4)
+            splitk_reduce_kernel[(triton.cdiv(mn, 1024),)](out, y, mn, SPLIT_K=split, BLOCK=1024, num_warps=4)
         return y
     epi.check(m, n)
     if m == 0:
