@@ -25,6 +25,9 @@
 #     (:nolastpass), the rollout table at batch 1 / 8.
 #     RAN at commit 127f0a9; the last pass in the launch was 18 % slower and was removed after it (results in
 #     benchmarks/results/gpu_2026-11-26/s11/e, RESULTS.md): to re-run, check out 127f0a9.
+#   phase f: bash benchmarks/gpu_session11.sh f   (one GPU; ~9 min)
+#     The final code's GPU tests: the last pass, the engine, the fused glue (RoPE + K/V write), the mma.sync and GEMV
+#     kernels (both carry the LoRA A programs).
 set -u
 : "${OUT:?}"
 PHASE=${1:?phase}
@@ -106,6 +109,13 @@ e)  # the one-row GEMV's own last pass (gemv._last_pass): GPU tests, profile at 
     timeout -k 5 "${ROLL_S:-150}" "$PY" benchmarks/rollout.py --models 7b,14b --variants bf16+lora,nvfp4+lora \
         --batches 1,8 --hf-new-tokens 0 --budget-s $(( ${ROLL_S:-150} - 15 )) --out "$OUT/roll" > "$OUT/roll/run.log" 2>&1
     echo "== rollout table rc=$? at $((SECONDS - T0)) s"; grep -A 12 "^| model" "$OUT/roll/run.log" | head -n 14
+    ;;
+f)  # the final code's GPU tests: every suite this session touched
+    mkdir -p "$OUT/tests"
+    timeout -k 5 "${TEST_S:-500}" "$PY" -m pytest -q -rfE -m gpu -p no:cacheprovider tests/kernels/test_epilogue_gpu.py \
+        tests/engine/test_engine_gpu.py tests/kernels/test_fused_gpu.py tests/kernels/test_mma_decode_gpu.py \
+        tests/kernels/test_gemv_gpu.py > "$OUT/tests/pytest.log" 2>&1
+    echo "== GPU tests rc=$? at $((SECONDS - T0)) s"; grep -E "^E |passed|failed|FAILED|ERROR" "$OUT/tests/pytest.log" | tail -n 30
     ;;
 *)
     echo "unknown phase $PHASE"; exit 2
