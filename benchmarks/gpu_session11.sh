@@ -28,6 +28,9 @@
 #   phase f: bash benchmarks/gpu_session11.sh f   (one GPU; ~9 min)
 #     The final code's GPU tests: the last pass, the engine, the fused glue (RoPE + K/V write), the mma.sync and GEMV
 #     kernels (both carry the LoRA A programs).
+#   phase g: bash benchmarks/gpu_session11.sh g   (one GPU; ~7 min)
+#     A one-row LoRA group's weights in one GEMV launch (q/k/v, gate/up with the A programs: gemv.launch_gemv_group):
+#     GPU tests, the batch-1 profile with and without (:nogroup), the rollout table at batch 1 / 8.
 set -u
 : "${OUT:?}"
 PHASE=${1:?phase}
@@ -117,6 +120,20 @@ f)  # the final code's GPU tests: every suite this session touched
         tests/kernels/test_gemv_gpu.py > "$OUT/tests/pytest.log" 2>&1
     echo "== GPU tests rc=$? at $((SECONDS - T0)) s"; grep -E "^E |passed|failed|FAILED|ERROR" "$OUT/tests/pytest.log" | tail -n 30
     ;;
+g)  # a one-row group's weights in one GEMV launch: GPU tests, profile at batch 1 with / without, rollout table 1 / 8
+    mkdir -p "$OUT/tests" "$OUT/profile" "$OUT/roll"
+    timeout -k 5 "${TEST_S:-120}" "$PY" -m pytest -q -rfEs -m gpu -p no:cacheprovider tests/kernels/test_epilogue_gpu.py \
+        tests/engine/test_engine_gpu.py > "$OUT/tests/pytest.log" 2>&1
+    echo "== GPU tests rc=$? at $((SECONDS - T0)) s"; grep -E "^E |passed|failed|FAILED|ERROR" "$OUT/tests/pytest.log" | tail -n 20
+    timeout -k 5 "${PROFILE_S:-90}" "$PY" benchmarks/rollout_profile.py --models 7b \
+        --variants nvfp4+lora32,nvfp4+lora32:nogroup --batches 1 --budget-s $(( ${PROFILE_S:-90} - 15 )) \
+        --out "$OUT/profile" > "$OUT/profile/run.log" 2>&1
+    echo "== profile rc=$? at $((SECONDS - T0)) s"
+    grep -E "^\| (gemm|lora|\*\*step|kernels per|GPU idle)|^7b|^  7b" "$OUT/profile/run.log"
+    timeout -k 5 "${ROLL_S:-170}" "$PY" benchmarks/rollout.py --models 7b,14b --variants bf16+lora,nvfp4+lora \
+        --batches 1,8 --hf-new-tokens 0 --budget-s $(( ${ROLL_S:-170} - 15 )) --out "$OUT/roll" > "$OUT/roll/run.log" 2>&1
+    echo "== rollout table rc=$? at $((SECONDS - T0)) s"; grep -A 12 "^| model" "$OUT/roll/run.log" | head -n 14
+    ;;
 *)
     echo "unknown phase $PHASE"; exit 2
     ;;
@@ -139,3 +156,5 @@ echo "phase $PHASE done at $((SECONDS - T0)) s"
 #      keyword -- a test bug, fixed after)
 #   e  phase e at 127f0a9: 348 s (GPU tests cut at 170 s: 2 failures among the first ~190, not identified -- the
 #      log was cut before pytest's summary; the profile: the launch's own last pass 4.359 ms vs 3.693 without)
+#   f  phase f at 5b665b4: 429 s (GPU tests 399 passed, 1 skipped, 0 failed: test_epilogue_gpu, test_engine_gpu,
+#      test_fused_gpu, test_mma_decode_gpu, test_gemv_gpu)

@@ -15,7 +15,8 @@ the before/after of that change, same model and weights. ``:noepi`` sets
 ``QUARL_ENGINE_LORA_EPILOGUE=0`` (LoRA B and bias as separate kernels, not in the base GEMM's last
 pass) and ``:sdpa`` ``QUARL_ENGINE_DECODE_ATTN=0`` (SDPA for decode attention); ``:noloraa`` sets
 ``QUARL_ENGINE_LORA_A=0`` (the packed A GEMM on cuBLAS, not inside the first projection's GEMV launch,
-``quarl_kernels.lora_a``); modifiers combine (``nvfp4+lora32:noepi:sdpa``). With the epilogue on, a projection's ``gemm:*`` row includes its
+``quarl_kernels.lora_a``); ``:nogroup`` sets ``QUARL_GEMV_GROUP=0`` (a one-row q/k/v or gate/up group as one
+GEMV launch per weight, not one for the group); modifiers combine (``nvfp4+lora32:noepi:sdpa``). With the epilogue on, a projection's ``gemm:*`` row includes its
 bias and LoRA B (they run in its kernels); ``lora`` is then the A GEMMs alone.
 
 Per (variant, batch) cell, one prefill of ``prompt`` random tokens fills the cache, and
@@ -165,6 +166,9 @@ class Tagger:
                     # ... and so is the group's A GEMM when it rides in this projection's launch (lora_a)
                     mod.epilogue_a_kernel = self._ranged_kernel(f"mod:{name}", mod.epilogue_a_kernel)
                     self.patched.append((mod, "epilogue_a_kernel", None))
+                    # ... and the whole group's launch when it leads one (q/k/v or gate/up in one GEMV launch)
+                    mod.epilogue_group_kernel = self._ranged_kernel(f"mod:{name}", mod.epilogue_group_kernel)
+                    self.patched.append((mod, "epilogue_group_kernel", None))
                     if mod.lora_cfg is not None and id(mod) not in packed:
                         self.handles.append(mod.lora_dropout.register_forward_pre_hook(self._open_lora))
                 else:
@@ -420,6 +424,7 @@ MODIFIERS = {  # ':name' -> the engine switch it turns off for the cell (the bef
     "noepi": "QUARL_ENGINE_LORA_EPILOGUE",  # LoRA B + bias as addmm / add, not in the base kernel's last pass
     "sdpa": "QUARL_ENGINE_DECODE_ATTN",  # decode attention through SDPA, not the split-KV kernel
     "noloraa": "QUARL_ENGINE_LORA_A",  # the packed A GEMM on cuBLAS, not inside the first projection's launch
+    "nogroup": "QUARL_GEMV_GROUP",  # a one-row group's weights as one GEMV launch each, not one launch
 }
 
 

@@ -78,7 +78,7 @@ import triton.language as tl
 
 from quarl_kernels import lora_a
 from quarl_kernels.formats import FMT_INT4, FMT_MXFP4, FMT_NVFP4
-from quarl_kernels.launch import finish, interpreting, num_sms
+from quarl_kernels.launch import Epilogue, finish, interpreting, num_sms
 from quarl_kernels.lora_a import lora_a_program
 
 # ---------------------------------------------------------------------------
@@ -235,10 +235,12 @@ def _gemv_kernel(
     N, KW, KW_PER_SPLIT,
     stride_xm, stride_wn, stride_sn, stride_zn, stride_sn_u, stride_zn_u, stride_os, stride_om,
     xb_ptr, la_w_ptr, la_out_ptr, LA_R, LA_PER, LA_PROGS, la_stride_wr, la_s_out, la_m_out,
+    wp1_ptr, s1_ptr, gs1_ptr, out1_ptr, N1, T0, so1, som1,
+    wp2_ptr, s2_ptr, gs2_ptr, out2_ptr, N2, T1, so2, som2,
     M: tl.constexpr, FMT: tl.constexpr, GROUP: tl.constexpr, HAS_ZP: tl.constexpr, USE_ASM: tl.constexpr,
     BN: tl.constexpr, BKW: tl.constexpr, VEC: tl.constexpr, PREFETCH: tl.constexpr, STAGES: tl.constexpr,
     EVEN_K: tl.constexpr, ZW: tl.constexpr, HAS_LA: tl.constexpr = False,
-    LA_BR: tl.constexpr = 4, LA_BK: tl.constexpr = 512,
+    LA_BR: tl.constexpr = 4, LA_BK: tl.constexpr = 512, NW: tl.constexpr = 1,
 ):
     """y[M, N] (or fp32 split partials [S, M, N]) = x[M, K] @ W[N, K]^T for small M.
 
@@ -246,7 +248,10 @@ def _gemv_kernel(
     [N, G]; INT4 scales as floats [N, G]. Each split's K range is a multiple of BKW
     words; with EVEN_K so is KW (no masks in the loop). HAS_LA: the first LA_PROGS
     programs of axis 0 (split 0 only; the others idle) compute a LoRA group's
-    ``x @ A^T`` partials instead (``lora_a``: x as bf16 ``xb``), the weight tiles follow."""
+    ``x @ A^T`` partials instead (``lora_a``: x as bf16 ``xb``), the weight tiles follow.
+    NW = 2 / 3: the tiles of two or three weights of the same K and format that read the same x (a LoRA
+    group's q/k/v, gate/up: ``launch_gemv_group``), weight 0's ``T0`` tiles first, then weight 1's ``T1``,
+    then weight 2's, each into its own partials -- one launch instead of NW."""
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
     if HAS_LA:
@@ -255,13 +260,47 @@ def _gemv_kernel(
                 lora_a_program(pid_n, xb_ptr, la_w_ptr, la_out_ptr, KW * 8, LA_R, LA_PER, stride_xm * 2,
                                la_stride_wr, la_s_out, la_m_out, M, LA_BR, LA_BK)
         else:
-            _gemv_tiles(pid_n - LA_PROGS, pid_k, x_ptr, wp_ptr, s_ptr, z_ptr, gs_ptr, out_ptr, N, KW, KW_PER_SPLIT,
-                        stride_xm, stride_wn, stride_sn, stride_zn, stride_sn_u, stride_zn_u, stride_os, stride_om,
-                        M, FMT, GROUP, HAS_ZP, USE_ASM, BN, BKW, VEC, PREFETCH, STAGES, EVEN_K, ZW)
+            _gemv_weights(pid_n - LA_PROGS, pid_k, x_ptr, wp_ptr, s_ptr, z_ptr, gs_ptr, out_ptr, N, KW, KW_PER_SPLIT,
+                          stride_xm, stride_wn, stride_sn, stride_zn, stride_sn_u, stride_zn_u, stride_os, stride_om,
+                          wp1_ptr, s1_ptr, gs1_ptr, out1_ptr, N1, T0, so1, som1,
+                          wp2_ptr, s2_ptr, gs2_ptr, out2_ptr, N2, T1, so2, som2,
+                          M, FMT, GROUP, HAS_ZP, USE_ASM, BN, BKW, VEC, PREFETCH, STAGES, EVEN_K, ZW, NW)
     else:
-        _gemv_tiles(pid_n, pid_k, x_ptr, wp_ptr, s_ptr, z_ptr, gs_ptr, out_ptr, N, KW, KW_PER_SPLIT,
+        _gemv_weights(pid_n, pid_k, x_ptr, wp_ptr, s_ptr, z_ptr, gs_ptr, out_ptr, N, KW, KW_PER_SPLIT,
+                      stride_xm, stride_wn, stride_sn, stride_zn, stride_sn_u, stride_zn_u, stride_os, stride_om,
+                      wp1_ptr, s1_ptr, gs1_ptr, out1_ptr, N1, T0, so1, som1,
+                      wp2_ptr, s2_ptr, gs2_ptr, out2_ptr, N2, T1, so2, som2,
+                      M, FMT, GROUP, HAS_ZP, USE_ASM, BN, BKW, VEC, PREFETCH, STAGES, EVEN_K, ZW, NW)
+
+
+@triton.jit
+def _gemv_weights(
+    t, pid_k, x_ptr, wp_ptr, s_ptr, z_ptr, gs_ptr, out_ptr, N, KW, KW_PER_SPLIT,
+    stride_xm, stride_wn, stride_sn, stride_zn, stride_sn_u, stride_zn_u, stride_os, stride_om,
+    wp1_ptr, s1_ptr, gs1_ptr, out1_ptr, N1, T0, so1, som1,
+    wp2_ptr, s2_ptr, gs2_ptr, out2_ptr, N2, T1, so2, som2,
+    M: tl.constexpr, FMT: tl.constexpr, GROUP: tl.constexpr, HAS_ZP: tl.constexpr, USE_ASM: tl.constexpr,
+    BN: tl.constexpr, BKW: tl.constexpr, VEC: tl.constexpr, PREFETCH: tl.constexpr, STAGES: tl.constexpr,
+    EVEN_K: tl.constexpr, ZW: tl.constexpr, NW: tl.constexpr,
+):
+    """Weight tile ``t`` of the launch: weight 0's tiles, then (NW >= 2) weight 1's, then (NW == 3) weight 2's."""
+    if NW == 1:
+        _gemv_tiles(t, pid_k, x_ptr, wp_ptr, s_ptr, z_ptr, gs_ptr, out_ptr, N, KW, KW_PER_SPLIT,
                     stride_xm, stride_wn, stride_sn, stride_zn, stride_sn_u, stride_zn_u, stride_os, stride_om,
                     M, FMT, GROUP, HAS_ZP, USE_ASM, BN, BKW, VEC, PREFETCH, STAGES, EVEN_K, ZW)
+    else:
+        if t < T0:
+            _gemv_tiles(t, pid_k, x_ptr, wp_ptr, s_ptr, z_ptr, gs_ptr, out_ptr, N, KW, KW_PER_SPLIT,
+                        stride_xm, stride_wn, stride_sn, stride_zn, stride_sn_u, stride_zn_u, stride_os, stride_om,
+                        M, FMT, GROUP, HAS_ZP, USE_ASM, BN, BKW, VEC, PREFETCH, STAGES, EVEN_K, ZW)
+        elif NW == 2 or t < T0 + T1:
+            _gemv_tiles(t - T0, pid_k, x_ptr, wp1_ptr, s1_ptr, s1_ptr, gs1_ptr, out1_ptr, N1, KW, KW_PER_SPLIT,
+                        stride_xm, stride_wn, stride_sn, stride_zn, stride_sn_u, stride_zn_u, so1, som1,
+                        M, FMT, GROUP, HAS_ZP, USE_ASM, BN, BKW, VEC, PREFETCH, STAGES, EVEN_K, ZW)
+        else:
+            _gemv_tiles(t - T0 - T1, pid_k, x_ptr, wp2_ptr, s2_ptr, s2_ptr, gs2_ptr, out2_ptr, N2, KW, KW_PER_SPLIT,
+                        stride_xm, stride_wn, stride_sn, stride_zn, stride_sn_u, stride_zn_u, so2, som2,
+                        M, FMT, GROUP, HAS_ZP, USE_ASM, BN, BKW, VEC, PREFETCH, STAGES, EVEN_K, ZW)
 
 
 @triton.jit
@@ -407,6 +446,7 @@ GEMV_CONFIGS = (
 # Qwen2.5-7B layer at M = 1..3; at M = 4 the tensor-core decode tile is as fast or
 # faster (one FFMA per weight and token caps the CUDA cores), at M >= 8 it is 2-5x faster.
 GEMV_MAX_M = 3
+GEMV_GROUP_MAX_M = 1  # one launch for a group's weights where the GEMV is the default route (wo_gemm: M = 1)
 GEMV_LIMIT_M = 16  # hard limit: the token loop is unrolled, x registers grow as 8 * VEC * M
 
 
@@ -464,11 +504,17 @@ class GemvLaunch(typing.NamedTuple):
     out: torch.Tensor  # where the kernel writes: y, or fp32 partials [S, M, N]
     y: torch.Tensor  # [M, N]
     split: int
+    rest: tuple = ()  # (out, y) of the group's other weights (launch_gemv_group)
 
 
-def gemv_launch(x2: torch.Tensor, pw, cfg: GemvConfig, *, use_asm: bool = True, epi=None) -> GemvLaunch:
-    """The launch :func:`launch_gemv` runs (buffers allocated, nothing launched)."""
+def gemv_launch(x2: torch.Tensor, pw, cfg: GemvConfig, *, use_asm: bool = True, epi=None,
+                more: tuple = ()) -> GemvLaunch:
+    """The launch :func:`launch_gemv` runs (buffers allocated, nothing launched); ``more``: up to two more
+    weights of ``pw``'s K, format and group read from the same x in the same launch (:func:`launch_gemv_group`)."""
     m, k = x2.shape
+    if len(more) > 2 or any(p.k != pw.k or p.fmt != pw.fmt or p.group != pw.group for p in more) or \
+            (more and pw.fmt == FMT_INT4):
+        raise ValueError("gemv_launch: more takes up to two FP4 weights of the first one's K, format and group")
     if not 1 <= m <= GEMV_LIMIT_M:
         raise ValueError(f"launch_gemv: M={m} rows; the GEMV serves 1..{GEMV_LIMIT_M} (use wo_gemm.launch_fwd)")
     if x2.dtype != torch.bfloat16 or k != pw.k:
@@ -489,10 +535,15 @@ def gemv_launch(x2: torch.Tensor, pw, cfg: GemvConfig, *, use_asm: bool = True, 
         raise ValueError(f"launch_gemv: group size {pw.group} must be 8 * a power of two (use wo_gemm.launch_fwd)")
     bn, bkw, vec = effective_tile(cfg, pw.group)
     cfg = GemvConfig(bn, bkw, vec, cfg.warps, cfg.prefetch and cfg.stages <= 1, cfg.waves, cfg.stages)
-    split, per = _gemv_split(cfg, pw.n, kw, num_sms(x2.device))
-    y = torch.empty((m, pw.n), device=x2.device, dtype=x2.dtype)
-    out = y if split == 1 else torch.empty((split, m, pw.n), device=x2.device, dtype=torch.float32)
-    so, som = (0, y.stride(0)) if split == 1 else (out.stride(0), out.stride(1))
+    tiles = [triton.cdiv(p.n, cfg.bn) for p in (pw, *more)]
+    split, per = _gemv_split(cfg, sum(tiles) * cfg.bn, kw, num_sms(x2.device))  # one split for the whole group
+
+    def buffers(n):
+        y = torch.empty((m, n), device=x2.device, dtype=x2.dtype)
+        out = y if split == 1 else torch.empty((split, m, n), device=x2.device, dtype=torch.float32)
+        return y, out, (0, y.stride(0)) if split == 1 else (out.stride(0), out.stride(1))
+
+    y, out, (so, som) = buffers(pw.n)
     la = epi.lora_a if epi is not None else None  # a LoRA group's x @ A^T, computed by programs of this launch
     if la is not None:
         la.check(m, k)
@@ -501,14 +552,25 @@ def gemv_launch(x2: torch.Tensor, pw, cfg: GemvConfig, *, use_asm: bool = True, 
                    la.out.stride(0), la.out.stride(1))
     else:
         la_progs, la_args = 0, (x32, x32, x32, 0, 0, 0, 0, 0, 0)
+    rest, w_args = [], []
+    for j in range(2):  # the group's other weights (or placeholders that no program reads)
+        if j < len(more):
+            p = more[j]
+            yj, oj, (soj, somj) = buffers(p.n)
+            rest.append((oj, yj))
+            w_args += [p.words, p.scale.view(torch.uint8), p.gscale if p.gscale is not None else s, oj, p.n,
+                       tiles[0] if j == 0 else tiles[1], soj, somj]
+        else:
+            w_args += [pw.words, s, gs, out, 0, 0, 0, 0]
     args = (x32, pw.words, s, z, gs, out, pw.n, kw, per,
-            x32.stride(0), pw.words.stride(0), s.stride(0), z.stride(0), s.stride(0), z.stride(0), so, som, *la_args)
+            x32.stride(0), pw.words.stride(0), s.stride(0), z.stride(0), s.stride(0), z.stride(0), so, som, *la_args,
+            *w_args)
     const = {"M": m, "FMT": pw.fmt, "GROUP": pw.group, "HAS_ZP": pw.fmt == FMT_INT4 and pw.zero is not None,
              "USE_ASM": use_asm and not interpreting(), "BN": bn, "BKW": bkw, "VEC": vec, "PREFETCH": cfg.prefetch,
              "STAGES": cfg.stages, "EVEN_K": kw % bkw == 0, "ZW": zw, "HAS_LA": la is not None, "LA_BR": lora_a.BR,
-             "LA_BK": lora_a.BK}
-    grid = (la_progs + triton.cdiv(pw.n, cfg.bn), split)  # the A programs first: scheduled in the first wave
-    return GemvLaunch(_gemv_kernel, grid, args, const, cfg.warps, cfg.stages, out, y, split)
+             "LA_BK": lora_a.BK, "NW": 1 + len(more)}
+    grid = (la_progs + sum(tiles), split)  # the A programs first: scheduled in the first wave
+    return GemvLaunch(_gemv_kernel, grid, args, const, cfg.warps, cfg.stages, out, y, split, tuple(rest))
 
 
 def launch_gemv(x2: torch.Tensor, pw, cfg: GemvConfig, *, use_asm: bool = True, epi=None) -> torch.Tensor:
@@ -523,7 +585,33 @@ def launch_gemv(x2: torch.Tensor, pw, cfg: GemvConfig, *, use_asm: bool = True, 
     return finish(la.out, la.y, la.split, epi)  # split partials summed (+ bias / LoRA epilogue)
 
 
+def launch_gemv_group(x2: torch.Tensor, pws: list, cfg: GemvConfig, epis: list, *, use_asm: bool = True,
+                      gate_act: bool = False) -> list[torch.Tensor]:
+    """:func:`launch_gemv` for two or three FP4 weights that read the same ``x2`` (a LoRA group's q/k/v or gate/up):
+    one launch of all their tiles (and ``epis[0].lora_a``'s A programs), then each weight's last pass with its
+    ``epis[j]``. ``gate_act``: the second weight's pass writes ``silu(y_0) * y_1`` (``launch.Epilogue.gate``)."""
+    la = gemv_launch(x2, pws[0], cfg, use_asm=use_asm, epi=epis[0], more=tuple(pws[1:]))
+    la.kernel[la.grid](*la.args, **la.constexprs, num_warps=la.num_warps, num_stages=la.num_stages)
+    ys = [finish(la.out, la.y, la.split, epis[0])]
+    for j, (out, y) in enumerate(la.rest, start=1):
+        e = epis[j]
+        if gate_act and j == 1:
+            e = (e if e is not None else Epilogue())._replace(gate=ys[0])
+        ys.append(finish(out, y, la.split, e))
+    return ys
+
+
+def group_supported(x2: torch.Tensor, pws: list) -> bool:
+    """True when :func:`launch_gemv_group` runs these weights: 2-3 FP4 weights of one K, format and group, and an
+    x the GEMV serves by default (one row: ``GEMV_GROUP_MAX_M``)."""
+    p0 = pws[0]
+    return (2 <= len(pws) <= 3 and x2.shape[0] <= GEMV_GROUP_MAX_M and p0.fmt != FMT_INT4
+            and all(p.k == p0.k and p.fmt == p0.fmt and p.group == p0.group for p in pws)
+            and all(gemv_supported(x2, p) for p in pws))
+
+
 __all__ = [
-    "FMT_INT4", "FMT_MXFP4", "FMT_NVFP4", "GEMV_CONFIGS", "GEMV_LIMIT_M", "GEMV_MAX_M", "GemvConfig",
-    "GemvLaunch", "default_gemv_config", "effective_tile", "gemv_launch", "gemv_supported", "launch_gemv",
+    "FMT_INT4", "FMT_MXFP4", "FMT_NVFP4", "GEMV_CONFIGS", "GEMV_GROUP_MAX_M", "GEMV_LIMIT_M", "GEMV_MAX_M",
+    "GemvConfig", "GemvLaunch", "default_gemv_config", "effective_tile", "gemv_launch", "gemv_supported",
+    "group_supported", "launch_gemv", "launch_gemv_group",
 ]

@@ -97,8 +97,32 @@ def forward_epilogue_a(x: torch.Tensor, layer, a_w: torch.Tensor, a_lo: int, b: 
                                                lora_a.splits_for(k, x.numel() // k))
 
 
+def forward_group(x: torch.Tensor, layers: list, a_w: torch.Tensor, bs: list, scalings: list,
+                  gate_act: bool = False) -> list[torch.Tensor]:
+    """``dispatch.GroupFn``: a packed LoRA group's projections that read the same ``x`` (q/k/v, gate/up), each
+    ``x @ W_j^T + bias_j + scaling_j * a_j @ B_j^T`` with ``a = x @ a_w^T`` computed by the same launch
+    (``lora_a``) -- one GEMV launch for the group's weights at one row (``wo_gemm.wo_matmul_group``). ``gate_act``:
+    the second output is ``silu(out_0) * out_1``. Inference only (no autograd, no custom op: the engine calls it
+    outside ``torch.compile``)."""
+    from quarl_kernels import lora_a
+    from quarl_kernels.launch import Epilogue
+    from quarl_kernels.ops import _packed_weight, layer_args
+    from quarl_kernels.wo_gemm import wo_matmul_group
+
+    k = layers[0].in_features
+    x2 = x.reshape(-1, k)
+    x2 = x2 if x2.stride(1) == 1 else x2.contiguous()
+    la = lora_a.new_partials(x2, a_w)
+    r = bs[0].shape[-1]
+    epis = [Epilogue(lay.bias, la.out[..., j * r:(j + 1) * r], bs[j], float(scalings[j]),
+                     lora_a=la if j == 0 else None) for j, lay in enumerate(layers)]
+    ys = wo_matmul_group(x2, [_packed_weight(*layer_args(lay)) for lay in layers], epis, gate_act=gate_act)
+    return [y.reshape(*x.shape[:-1], y.shape[-1]) for y in ys]
+
+
 def kernel_specs() -> list[dict]:
     """The kernels for ``quarl.quant.dispatch.Kernel(**spec)``: name, format, fn, applies, priority, epilogue,
-    epilogue_a."""
+    epilogue_a, group."""
     return [{"name": f"triton-wo-{fmt}", "format": fmt, "fn": forward, "applies": applies, "priority": KERNEL_PRIORITY,
-             "epilogue": forward_epilogue, "epilogue_a": forward_epilogue_a} for fmt in ("nvfp4", "mxfp4", "int")]
+             "epilogue": forward_epilogue, "epilogue_a": forward_epilogue_a, "group": forward_group}
+            for fmt in ("nvfp4", "mxfp4", "int")]

@@ -54,6 +54,7 @@ import triton.language as tl
 
 from quarl_kernels import dense, gemv, lora_a
 from quarl_kernels.dequant import FMT_INT4, FMT_NVFP4, FP4_ACC_FACTOR, load_dequant_tile, pair_order_rows
+from quarl_kernels.launch import Epilogue as _Epilogue
 from quarl_kernels.launch import env_flag as _env_flag
 from quarl_kernels.launch import finish as _finish
 from quarl_kernels.launch import interpreting as _interpreting
@@ -548,6 +549,28 @@ def wo_matmul(x2: torch.Tensor, pw: PackedWeight, *, tune: bool | None = None, e
     default = default_config("fwd", m, pw.n, pw.k)
     cfg = _choose("fwd", key, cands, lambda c: launch_fwd(x2, pw, c), tune, default)
     return launch_fwd(x2, pw, cfg, epi=_without_lora_a(x2, epi))
+
+
+def wo_matmul_group(x2: torch.Tensor, pws: list, epis: list, *, gate_act: bool = False) -> list[torch.Tensor]:
+    """``[wo_matmul(x2, pws[j], epi=epis[j])]`` for weights that read the same ``x2`` (a LoRA group's q/k/v or
+    gate/up); ``gate_act``: the second output is ``silu(y_0) * y_1`` (``launch.Epilogue.gate``). One GEMV launch for
+    all of them where ``gemv.group_supported`` (one row; ``QUARL_GEMV_GROUP=0`` turns it off), else one call each."""
+    if gemv.group_supported(x2, pws) and _env_flag(GROUP_ENV, True) and not dense.use_dense(x2.shape[0]):
+        p0 = pws[0]
+        gkey = (p0.fmt, p0.group, x2.shape[0], p0.n, p0.k, x2.device.index)
+        cfg = _choose("gemv", gkey, gemv.GEMV_CONFIGS, lambda c: gemv.launch_gemv(x2, p0, c), None,
+                      gemv.default_gemv_config(p0.fmt, x2.shape[0], p0.n, p0.k))
+        return gemv.launch_gemv_group(x2, pws, cfg, epis, gate_act=gate_act)
+    ys = [wo_matmul(x2, pws[0], epi=epis[0])]
+    for j in range(1, len(pws)):
+        e = epis[j]
+        if gate_act and j == 1:
+            e = (e if e is not None else _Epilogue())._replace(gate=ys[0])
+        ys.append(wo_matmul(x2, pws[j], epi=e))
+    return ys
+
+
+GROUP_ENV = "QUARL_GEMV_GROUP"  # 0: a LoRA group's projections as one launch each, not one GEMV launch
 
 
 def _without_lora_a(x2: torch.Tensor, epi):

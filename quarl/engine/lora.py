@@ -39,6 +39,9 @@ call (two kernels at these sizes: 224 of a 7B step's kernels, 0.73 ms of 4.64 at
 programs of the first projection's GEMV / mma.sync launch (``QuantLinear.epilogue_a_kernel``), writing fp32 split partials
 that each projection's last pass sums and rounds to the activation dtype before its ``a_j @ B_j^T`` -- the value
 ``F.linear`` returns, up to the order of the fp32 sum. ``QUARL_ENGINE_LORA_A=0`` keeps cuBLAS (docs/engine.md).
+At one row the group's weights go further: q/k/v (gate/up) and the A programs are one GEMV launch
+(``QuantLinear.epilogue_group_kernel``, ``quarl_kernels.gemv.launch_gemv_group``), then each projection's last
+pass; ``QUARL_GEMV_GROUP=0`` launches them one by one.
 """
 
 from __future__ import annotations
@@ -54,6 +57,7 @@ ENV = "QUARL_ENGINE_LORA_PACK"
 EPILOGUE_ENV = "QUARL_ENGINE_LORA_EPILOGUE"
 A_ENV = "QUARL_ENGINE_LORA_A"
 A_MAX_M = 16  # rows of a step whose A GEMM rides in the first launch: quarl_kernels.lora_a.MAX_M (a test checks)
+GROUP_MAX_M = 1  # rows of a step whose group runs as one weight launch: quarl_kernels.gemv.GEMV_GROUP_MAX_M (tested)
 GROUPS = {"qkv": ("self_attn", ("q_proj", "k_proj", "v_proj")), "o": ("self_attn", ("o_proj",)),
           "gate_up": ("mlp", ("gate_proj", "up_proj")), "down": ("mlp", ("down_proj",))}
 
@@ -124,6 +128,9 @@ class Group:
     def _run(self, x: torch.Tensor, fused: list, gate_act: bool = False) -> list[torch.Tensor]:
         r = self.r
         first = self._first_with_a(x) if all(f is not None for f in fused) else None
+        group = self._group_fn(x) if first is not None else None
+        if group is not None:  # the group's weights and its A GEMM in one launch, then each one's last pass
+            return group(x, self.mods, self.A, self.B, [m.lora_cfg.scaling for m in self.mods], gate_act=gate_act)
         if first is not None:  # the first launch computes x @ A^T too, as fp32 split partials [S, ..., G*r]
             m0 = self.mods[0]
             y0, parts = first(x, m0, self.A, 0, self.B[0], m0.lora_cfg.scaling)
@@ -143,6 +150,14 @@ class Group:
             else:
                 out.append(lora_add(m.base_forward(x), aj, self.B[j], m.lora_cfg.scaling))
         return out
+
+    def _group_fn(self, x: torch.Tensor):
+        """The ``dispatch.GroupFn`` that runs the whole group in one weight launch (q/k/v, gate/up at one row:
+        ``GROUP_MAX_M``), or None: one projection, more rows, under ``torch.compile`` (it is no custom op), or no
+        such kernel here."""
+        if len(self.mods) < 2 or x.numel() // x.shape[-1] > GROUP_MAX_M or torch.compiler.is_compiling():
+            return None
+        return self.mods[0].epilogue_group_kernel(x)
 
     def _first_with_a(self, x: torch.Tensor):
         """The first projection's ``dispatch.EpilogueAFn`` when its launch should compute the group's A GEMM, else
@@ -199,5 +214,17 @@ class LoraPack:
         return any(self.layers)
 
 
-__all__ = ["A_ENV", "A_MAX_M", "ENV", "EPILOGUE_ENV", "GROUPS", "Group", "LoraPack", "packable", "resolve", "resolve_a_kernel",
-           "resolve_epilogue"]
+__all__ = [
+    "A_ENV",
+    "A_MAX_M",
+    "ENV",
+    "EPILOGUE_ENV",
+    "GROUPS",
+    "GROUP_MAX_M",
+    "Group",
+    "LoraPack",
+    "packable",
+    "resolve",
+    "resolve_a_kernel",
+    "resolve_epilogue",
+]

@@ -36,6 +36,10 @@ EpilogueFn = Callable[..., torch.Tensor]
 # [a_lo, a_lo + r)); the group's other projections pass their column slices of parts to the EpilogueFn as ``a``
 EpilogueAFn = Callable[[torch.Tensor, "torch.nn.Module", torch.Tensor, int, torch.Tensor, float],
                        tuple[torch.Tensor, torch.Tensor]]
+# fn(x [.., K], layers, a_w [R, K], bs [N_j, r], scalings, gate_act=False) -> [y_j]: a packed LoRA group's
+# projections reading one x (q/k/v, gate/up) as in EpilogueAFn + EpilogueFn, with their weights in one launch where
+# the kernels can (gate_act: the second output is silu(y_0) * y_1)
+GroupFn = Callable[..., list]
 
 
 @dataclass
@@ -47,6 +51,7 @@ class Kernel:
     priority: int = 0
     epilogue: EpilogueFn | None = None
     epilogue_a: EpilogueAFn | None = None
+    group: GroupFn | None = None
 
 
 _KERNELS: dict[str, list[Kernel]] = {}

@@ -272,6 +272,14 @@ class QuantLinear(nn.Module):
         kernel = dispatch.select(x, self)
         return None if kernel is None else kernel.epilogue_a
 
+    def epilogue_group_kernel(self, x: torch.Tensor):
+        """:meth:`epilogue_a_kernel`'s variant for a whole LoRA group led by this projection (``dispatch.GroupFn``:
+        the group's weights in one launch where the kernels can), or None."""
+        if self.epilogue_kernel(x) is None:
+            return None
+        kernel = dispatch.select(x, self)
+        return None if kernel is None else kernel.group
+
     def base_forward(self, x: torch.Tensor) -> torch.Tensor:  # x [..., K] -> [..., N]
         """The frozen (or QAT) base and its bias, without the LoRA branch: what the rollout engine
         calls when it computes the adapters of several projections together (quarl.engine.lora).

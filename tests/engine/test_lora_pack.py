@@ -205,3 +205,57 @@ def test_a_gemm_inside_the_first_launch_route(monkeypatch):
     monkeypatch.setenv("QUARL_ENGINE_LORA_A", "often")
     with pytest.raises(ValueError, match="QUARL_ENGINE_LORA_A"):
         FastGenerator(model, PAD)
+
+
+def test_group_in_one_launch_route(monkeypatch):
+    """At one-row decode steps (``GROUP_MAX_M``) a packed group of two or more projections (q/k/v, gate/up) runs its
+    ``epilogue_group_kernel`` (on CUDA: the weights and the A programs in one GEMV launch, then each last pass; a
+    CPU stand-in here) and gets the cuBLAS route's tokens; o and down (one projection) and steps of more rows keep
+    the per-projection route; ``gate_act`` asks the group for ``silu(gate) * up`` as its second output."""
+    from quarl_kernels.fused_ops import silu_mul_reference
+
+    from quarl.engine import lora as lp
+    from quarl.quant.linear import QuantLinear
+
+    def reference(x, m, a, b, scaling, gate=None):  # forward_epilogue (a may be partials)
+        if a.dim() == x.dim() + 1:
+            a = (sum(a[s] for s in range(1, a.shape[0])) + a[0] if a.shape[0] > 1 else a[0]).to(x.dtype)
+        y = torch.nn.functional.linear(x, m.dequantized_weight(x.dtype))
+        y = (y + m.bias.to(y.dtype) if m.bias is not None else y) + scaling * a @ b.t()
+        return y if gate is None else silu_mul_reference(gate, y)
+
+    def reference_a(x, m, a_w, a_lo, b, scaling):
+        parts = (x.float() @ a_w.float().t())[None]
+        return reference(x, m, parts[..., a_lo:a_lo + b.shape[-1]], b, scaling), parts
+
+    groups = []
+
+    def reference_group(x, mods, a_w, bs, scalings, gate_act=False):  # registration.forward_group
+        assert x.numel() // x.shape[-1] <= lp.GROUP_MAX_M and len(mods) >= 2
+        groups.append((len(mods), gate_act))
+        parts = (x.float() @ a_w.float().t())[None]
+        r = bs[0].shape[-1]
+        out = [reference(x, m, parts[..., j * r:(j + 1) * r], bs[j], scalings[j]) for j, m in enumerate(mods)]
+        if gate_act:
+            out[1] = silu_mul_reference(out[0], out[1])
+        return out
+
+    model = lora_model("qwen2")
+    one = prompts((6,))
+    monkeypatch.setenv("QUARL_ENGINE_LORA_A", "0")
+    off = FastGenerator(model, PAD).generate(one, greedy(8), n=1)
+    monkeypatch.setattr(QuantLinear, "epilogue_kernel", lambda self, x: reference)
+    monkeypatch.setattr(QuantLinear, "epilogue_a_kernel", lambda self, x: reference_a)
+    monkeypatch.setattr(QuantLinear, "epilogue_group_kernel", lambda self, x: reference_group)
+    FastGenerator(model, PAD).generate(one, greedy(2), n=1)
+    assert not groups, "the group route rides on the A route: off with it"
+    monkeypatch.delenv("QUARL_ENGINE_LORA_A")
+    on = FastGenerator(model, PAD).generate(one, greedy(8), n=1)
+    n_layers = len(model.model.layers)
+    assert groups and set(groups) == {(3, False), (2, True)}, set(groups)  # q/k/v; gate/up with the SiLU
+    assert len(groups) % (2 * n_layers) == 0
+    assert torch.equal(on.completion_ids, off.completion_ids)
+    torch.testing.assert_close(on.logprobs, off.logprobs, atol=1e-4, rtol=0)
+    groups.clear()
+    FastGenerator(model, PAD).generate(prompts((6, 2, 9)), greedy(4), n=1)
+    assert not groups, "three rows per step: one launch per projection"

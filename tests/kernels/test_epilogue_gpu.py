@@ -196,3 +196,40 @@ def test_packed_group_takes_the_partials_route_in_a_cuda_graph(monkeypatch, rows
             outs[a_kernel] = [o.clone() for o in out]
     for p, c in zip(outs[True], outs[False], strict=True):
         assert rel(p, c.double()) < 1e-3, rel(p, c.double())
+
+
+@pytest.mark.parametrize("ns,gate_act", [((3584, 512, 512), False), ((18944, 18944), True)])
+def test_group_launch_matches_one_launch_per_weight(ns, gate_act):
+    """A LoRA group's weights and its A programs in one GEMV launch (``wo_gemm.wo_matmul_group``, one row), then each
+    last pass: within fp32 summation order (the group splits K for all its tiles together) of one launch per weight
+    and of the float64 product; with ``gate_act`` the second output is ``silu(y_0) * y_1``."""
+    from quarl_kernels import gemv, lora_a
+    from quarl_kernels.act import silu_mul
+
+    torch.manual_seed(sum(ns))
+    k, r = 3584, 32
+    ws = [qweight("nvfp4", n, k) for n in ns]
+    pws = [_packed_weight(*args) for args, _ in ws]
+    x = torch.randn(1, k, device="cuda", dtype=torch.bfloat16)
+    amat = (torch.randn(r * len(ns), k, device="cuda") * 0.05).to(torch.bfloat16)
+    bs = [(torch.randn(n, r, device="cuda") * 0.05).to(torch.bfloat16) for n in ns]
+    bias = [torch.randn(n, device="cuda", dtype=torch.bfloat16) for n in ns]
+    assert gemv.group_supported(x, pws)
+
+    def epis():
+        la = lora_a.new_partials(x, amat)
+        return [Epilogue(bias[j], la.out[..., j * r:(j + 1) * r], bs[j], 0.5, lora_a=la if j == 0 else None)
+                for j in range(len(ns))]
+
+    ys = wo_gemm.wo_matmul_group(x, pws, epis(), gate_act=gate_act)
+    e = epis()
+    one = [wo_gemm.wo_matmul(x, pws[0], epi=e[0])]
+    for j in range(1, len(ns)):
+        one.append(wo_gemm.wo_matmul(x, pws[j], epi=e[j]._replace(gate=one[0] if gate_act and j == 1 else None)))
+    a = (x.double() @ amat.double().T)  # [1, G*r]
+    for j, (y, y1) in enumerate(zip(ys, one, strict=True)):
+        assert rel(y, y1.double()) < 4e-3, (j, rel(y, y1.double()))
+        want = x.double() @ ws[j][1].T + bias[j].double() + 0.5 * a[:, j * r:(j + 1) * r] @ bs[j].double().T
+        if gate_act and j == 1:
+            want = silu_mul(one[0], want.to(torch.bfloat16)).double()
+        assert rel(y, want) < 5e-3, (j, rel(y, want))

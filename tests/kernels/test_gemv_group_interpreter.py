@@ -1,0 +1,114 @@
+"""A LoRA group's weights in one GEMV launch (``gemv.launch_gemv_group``) on CPU through ``TRITON_INTERPRET=1``.
+
+Two or three FP4 weights that read the same x (q/k/v of different widths, gate/up) and the group's A programs in
+one launch, then each weight's last pass: bit-equal to one launch per weight where both split K alike (as here),
+with the second output as ``silu(y_0) * y_1`` under ``gate_act``; weights of another K or format are refused by
+name. The engine's constant against the kernels', and the sm_90 build (no spills, no CTAs per SM lost).
+
+Skipped unless Triton is importable and NumPy < 2.3 (see test_wo_gemm_interpreter.py).
+"""
+
+from __future__ import annotations
+
+import textwrap
+
+from tests.kernels.interpreter import needs_interpreter, needs_triton, run_interpreted
+
+SCRIPT = textwrap.dedent("""
+    import torch
+    from quarl.quant import get_format, make_config
+    from quarl_kernels import gemv, lora_a
+    from quarl_kernels.launch import Epilogue
+    from quarl_kernels.ops import _packed_weight
+
+    C = gemv.GemvConfig
+    for spec in ("nvfp4", "mxfp4"):
+        c = make_config(spec)
+        k = 576
+        pws = []
+        for n in (64, 16, 24):  # q, k, v of different widths (v's last tile partly past N)
+            torch.manual_seed(n)
+            t = get_format(c.name).quantize(torch.randn(n, k) * 0.05, c).tensors
+            pws.append(_packed_weight(t["weight_packed"], t["weight_scale"], None, t.get("weight_global_scale"),
+                                      c.name, c.block_size, n, k))
+        x = torch.randn(1, k).to(torch.bfloat16)
+        cfg = C(16, 8, 4, 4)
+        amat = (torch.randn(24, k) * 0.05).to(torch.bfloat16)
+        bias = [torch.randn(p.n).to(torch.bfloat16) for p in pws]
+        for nw, gate_act in ((3, False), (2, True)):
+            use = [pws[0], pws[0]] if gate_act else pws[:nw]
+            bs = [(torch.randn(p.n, 8) * 0.2).to(torch.bfloat16) for p in use]
+            la = lora_a.new_partials(x, amat)
+            epis = [Epilogue(bias[0] if gate_act else bias[j], la.out[..., 8 * j:8 * j + 8], bs[j], 0.5,
+                             lora_a=la if j == 0 else None) for j in range(nw)]
+            ys = gemv.launch_gemv_group(x, use, cfg, epis, use_asm=False, gate_act=gate_act)
+            la2 = lora_a.new_partials(x, amat)
+            ref = [gemv.launch_gemv(x, use[0], cfg, use_asm=False,
+                                    epi=Epilogue(epis[0].bias, la2.out[..., 0:8], bs[0], 0.5, lora_a=la2))]
+            for j in range(1, nw):
+                ref.append(gemv.launch_gemv(x, use[j], cfg, use_asm=False,
+                                            epi=Epilogue(epis[j].bias, la2.out[..., 8 * j:8 * j + 8], bs[j], 0.5,
+                                                         gate=ref[0] if gate_act else None)))
+            assert [tuple(y.shape) for y in ys] == [(1, p.n) for p in use]
+            for j, (y, r) in enumerate(zip(ys, ref)):
+                assert torch.equal(y, r), (spec, nw, gate_act, j, (y.float() - r.float()).abs().max())
+            print("group", spec, nw, gate_act, "bit-equal")
+        t = get_format("nvfp4").quantize(torch.randn(16, 640) * 0.05, make_config("nvfp4")).tensors
+        other_k = _packed_weight(t["weight_packed"], t["weight_scale"], None, t["weight_global_scale"], "nvfp4", 16,
+                                 16, 640)
+        assert not gemv.group_supported(x, [pws[0], other_k])
+        try:
+            gemv.gemv_launch(x, pws[0], cfg, more=(other_k,))
+        except ValueError as e:
+            assert "K, format and group" in str(e)
+        else:
+            raise AssertionError("a weight of another K was accepted")
+    assert gemv.group_supported(x, pws) and not gemv.group_supported(torch.randn(2, 576).to(torch.bfloat16), pws)
+    print("OK")
+""")
+
+
+@needs_interpreter
+def test_gemv_group_under_triton_interpreter():
+    run_interpreted(SCRIPT)
+
+
+@needs_triton
+def test_engine_and_kernels_agree_on_the_group_rows():
+    from quarl_kernels import gemv, wo_gemm
+
+    from quarl.engine import lora as lp
+
+    assert lp.GROUP_MAX_M == gemv.GEMV_GROUP_MAX_M < wo_gemm.MMA_DECODE_MIN_M  # rows the GEMV serves by default
+
+
+@needs_triton
+def test_gemv_group_builds_for_sm90_without_spills():
+    """The 7B one-row group launches (q/k/v with the A programs, gate/up), built for Hopper on a CPU: no spills, and
+    no fewer CTAs per SM by registers than q's launch alone."""
+    import torch
+    from quarl_kernels import gemv, lora_a
+    from quarl_kernels.launch import Epilogue
+    from quarl_kernels.wo_gemm import PackedWeight
+
+    from tests.kernels.sm90_sass import compile_launch, registers, stack_bytes
+
+    def pw(n, k):
+        return PackedWeight(0, 16, n, k, torch.empty(n, k // 8, dtype=torch.int32),
+                            torch.empty(n, k // 16, dtype=torch.uint8), None, torch.ones(1))
+
+    for ns, k, gr in (((3584, 512, 512), 3584, 96), ((18944, 18944), 3584, 64)):
+        x = torch.empty(1, k, dtype=torch.bfloat16)
+        la = lora_a.new_partials(x, torch.empty(gr, k, dtype=torch.bfloat16))
+        epi = Epilogue(None, la.out[..., :32], torch.empty(ns[0], 32, dtype=torch.bfloat16), 1.0, lora_a=la)
+        cfg = gemv.default_gemv_config(0, 1, ns[0], k)
+        alone = gemv.gemv_launch(x, pw(ns[0], k), cfg, epi=epi)
+        group = gemv.gemv_launch(x, pw(ns[0], k), cfg, epi=epi, more=tuple(pw(n, k) for n in ns[1:]))
+        assert group.constexprs["NW"] == len(ns) and len(group.rest) == len(ns) - 1
+        k0, _ = compile_launch(alone)
+        k1, _ = compile_launch(group)
+        r0, r1 = registers(k0), registers(k1)
+        print("registers", ns, r0, r1)
+        assert stack_bytes(k1) in (0, None), ("ptxas spilled registers", ns)
+        per_sm = 65536 // (32 * cfg.warps)  # registers of one CTA's threads, per register of a thread
+        assert r1 is None or per_sm // r1 >= per_sm // r0, (ns, r0, r1)  # no fewer CTAs per SM
