@@ -31,6 +31,8 @@
 #   phase g: bash benchmarks/gpu_session11.sh g   (one GPU; ~7 min)
 #     A one-row LoRA group's weights in one GEMV launch (q/k/v, gate/up with the A programs: gemv.launch_gemv_group):
 #     GPU tests, the batch-1 profile with and without (:nogroup), the rollout table at batch 1 / 8.
+#   phase h: bash benchmarks/gpu_session11.sh h   (one GPU; ~6 min)
+#     The final code: the 7B GRPO step once more, and the GEMV's GPU tests.
 set -u
 : "${OUT:?}"
 PHASE=${1:?phase}
@@ -134,6 +136,15 @@ g)  # a one-row group's weights in one GEMV launch: GPU tests, profile at batch 
         --batches 1,8 --hf-new-tokens 0 --budget-s $(( ${ROLL_S:-170} - 15 )) --out "$OUT/roll" > "$OUT/roll/run.log" 2>&1
     echo "== rollout table rc=$? at $((SECONDS - T0)) s"; grep -A 12 "^| model" "$OUT/roll/run.log" | head -n 14
     ;;
+h)  # the final code: the 7B GRPO step again (phase d's NVFP4 update was an outlier?), and the GEMV GPU tests
+    mkdir -p "$OUT/tests" "$OUT/grpo"
+    timeout -k 10 "${GRPO_S:-200}" "$PY" benchmarks/grpo_step_gpu.py --out "$OUT/grpo" --work /tmp/grpo7_work \
+        > "$OUT/grpo/run.log" 2>&1
+    echo "== 7B GRPO step rc=$? at $((SECONDS - T0)) s"; tail -n 12 "$OUT/grpo/run.log"
+    timeout -k 5 "${TEST_S:-150}" "$PY" -m pytest -q -rfEs -m gpu -p no:cacheprovider tests/kernels/test_gemv_gpu.py \
+        > "$OUT/tests/pytest.log" 2>&1
+    echo "== GPU tests rc=$? at $((SECONDS - T0)) s"; grep -E "^E |passed|failed|FAILED|ERROR" "$OUT/tests/pytest.log" | tail -n 20
+    ;;
 *)
     echo "unknown phase $PHASE"; exit 2
     ;;
@@ -158,3 +169,4 @@ echo "phase $PHASE done at $((SECONDS - T0)) s"
 #      log was cut before pytest's summary; the profile: the launch's own last pass 4.359 ms vs 3.693 without)
 #   f  phase f at 5b665b4: 429 s (GPU tests 399 passed, 1 skipped, 0 failed: test_epilogue_gpu, test_engine_gpu,
 #      test_fused_gpu, test_mma_decode_gpu, test_gemv_gpu)
+#   g  phase g at ca37026: 279 s (GPU tests 57 passed: test_epilogue_gpu, test_engine_gpu)
