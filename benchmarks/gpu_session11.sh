@@ -33,6 +33,9 @@
 #     GPU tests, the batch-1 profile with and without (:nogroup), the rollout table at batch 1 / 8.
 #   phase h: bash benchmarks/gpu_session11.sh h   (one GPU; ~6 min)
 #     The final code: the 7B GRPO step once more, and the GEMV's GPU tests.
+#   phase i: bash benchmarks/gpu_session11.sh i   (one GPU; ~5 min)
+#     A group's weights in one mma.sync launch too (2..16 rows): GPU tests, the profile at batch 1 / 8 with and without
+#     (:nogroup), the 7B rollout table at batch 1 / 8.
 set -u
 : "${OUT:?}"
 PHASE=${1:?phase}
@@ -144,6 +147,20 @@ h)  # the final code: the 7B GRPO step again (phase d's NVFP4 update was an outl
     timeout -k 5 "${TEST_S:-150}" "$PY" -m pytest -q -rfEs -m gpu -p no:cacheprovider tests/kernels/test_gemv_gpu.py \
         > "$OUT/tests/pytest.log" 2>&1
     echo "== GPU tests rc=$? at $((SECONDS - T0)) s"; grep -E "^E |passed|failed|FAILED|ERROR" "$OUT/tests/pytest.log" | tail -n 20
+    ;;
+i)  # a group's weights in one mma.sync launch too (2..16 rows): GPU tests, profile at 1 / 8 with / without, 7B table
+    mkdir -p "$OUT/tests" "$OUT/profile" "$OUT/roll"
+    timeout -k 5 "${TEST_S:-110}" "$PY" -m pytest -q -rfEs -m gpu -p no:cacheprovider tests/kernels/test_epilogue_gpu.py \
+        tests/engine/test_engine_gpu.py > "$OUT/tests/pytest.log" 2>&1
+    echo "== GPU tests rc=$? at $((SECONDS - T0)) s"; grep -E "^E |passed|failed|FAILED|ERROR" "$OUT/tests/pytest.log" | tail -n 20
+    timeout -k 5 "${PROFILE_S:-80}" "$PY" benchmarks/rollout_profile.py --models 7b \
+        --variants nvfp4+lora32,nvfp4+lora32:nogroup --batches 1,8 --budget-s $(( ${PROFILE_S:-80} - 15 )) \
+        --out "$OUT/profile" > "$OUT/profile/run.log" 2>&1
+    echo "== profile rc=$? at $((SECONDS - T0)) s"
+    grep -E "^\| (\*\*step|kernels per|GPU idle)|^7b|^  7b" "$OUT/profile/run.log"
+    timeout -k 5 "${ROLL_S:-100}" "$PY" benchmarks/rollout.py --models 7b --variants bf16+lora,nvfp4+lora \
+        --batches 1,8 --hf-new-tokens 0 --budget-s $(( ${ROLL_S:-100} - 15 )) --out "$OUT/roll" > "$OUT/roll/run.log" 2>&1
+    echo "== rollout table rc=$? at $((SECONDS - T0)) s"; grep -A 8 "^| model" "$OUT/roll/run.log" | head -n 10
     ;;
 *)
     echo "unknown phase $PHASE"; exit 2

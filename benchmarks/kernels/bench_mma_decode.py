@@ -42,10 +42,11 @@ NAMES = {FMT_NVFP4: "nvfp4", FMT_MXFP4: "mxfp4", FMT_INT4: "int4"}
 
 # ---------------------------------------------------------------------------
 def compile_mma_decode(fmt: int, cfg: mma_decode.MmaDecodeConfig, nt: int, split: bool = True, even_k: bool = True,
-                       lora_a: bool = False):
+                       lora_a: bool = False, nw: int = 1):
     """``_mma_decode_kernel`` compiled for sm_90 as ``launch_mma_decode`` specializes it at
     the Qwen2.5-7B shapes (word / FP4-scale strides divisible by 16, INT4 scale strides
-    K/128 not), without a GPU; ``lora_a``: with a LoRA group's A programs (``HAS_LA``)."""
+    K/128 not), without a GPU; ``lora_a``: with a LoRA group's A programs (``HAS_LA``); ``nw``: the tiles of that
+    many weights in the launch (a group's q/k/v)."""
     from triton.backends.compiler import GPUTarget
     from triton.experimental.gluon._runtime import GluonASTSource
 
@@ -57,11 +58,16 @@ def compile_mma_decode(fmt: int, cfg: mma_decode.MmaDecodeConfig, nt: int, split
     sig.update({"la_w_ptr": "*bf16", "la_out_ptr": "*fp32"})
     for k in ("LA_R", "LA_PER", "LA_PROGS", "la_stride_wr", "la_s_out", "la_m_out"):
         sig[k] = "i32"
+    for j in (1, 2):  # the group's other weights (NW = 1 here: placeholders)
+        sig.update({f"wp{j}_ptr": "*i32", f"s{j}_ptr": sig["s_ptr"], f"gs{j}_ptr": "*fp32", f"out{j}_ptr": sig["out_ptr"]})
+        for k in (f"N{j}", f"T{j - 1}", f"so{j}", f"som{j}"):
+            sig[k] = "i32"
     const = {"FMT": fmt, "GROUP": GROUP[fmt], "HAS_ZP": fmt == FMT_INT4, "R": cfg.rows, "BKW": cfg.bkw, "NT": nt,
              "W": cfg.warps, "PREFETCH": cfg.prefetch, "EVEN_K": even_k, "XS": cfg.xsmem, "HAS_LA": lora_a,
-             "LA_V": mma_decode.LORA_A_V}
+             "LA_V": mma_decode.LORA_A_V, "NW": nw}
     sig.update({k: "constexpr" for k in const})
-    odd = ("M", "TILES_PER_SPLIT", "LA_R", "LA_PROGS") + (("stride_sn", "stride_zn") if fmt == FMT_INT4 else ())
+    odd = ("M", "TILES_PER_SPLIT", "LA_R", "LA_PROGS", "T0", "T1") + (("stride_sn", "stride_zn") if fmt == FMT_INT4
+                                                                       else ())
     attrs = {(i,): [["tt.divisibility", 16]] for i, (k, t) in enumerate(sig.items()) if t != "constexpr" and k not in odd}
     src = GluonASTSource(fn=mma_decode._mma_decode_kernel, signature=sig, constexprs=const, attrs=attrs)
     return triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": cfg.warps})

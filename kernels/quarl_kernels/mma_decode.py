@@ -95,7 +95,7 @@ from triton.experimental.gluon.language.nvidia.ampere import mma_v2
 from quarl_kernels import lora_a
 from quarl_kernels.dequant import _fp4_asm, _int4_asm
 from quarl_kernels.formats import FMT_INT4, FMT_MXFP4, FMT_NVFP4
-from quarl_kernels.launch import decode_operands, finish_splits, num_sms
+from quarl_kernels.launch import Epilogue, decode_operands, finish_splits, num_sms
 
 FP4_ASM = gl.constexpr(_fp4_asm())  # word, bf16 S -> 8 bf16 in pair order (codes 0, 4, 1, 5, 2, 6, 3, 7)
 INT4_ASM = gl.constexpr(_int4_asm())  # word, bf16 S, bf16 (128 + 8 + zero) -> 8 bf16, pair order
@@ -338,10 +338,12 @@ def _mma_decode_kernel(
     M, N, KW, TILES_PER_SPLIT,
     stride_xm, stride_wn, stride_sn, stride_zn, stride_os, stride_om,
     la_w_ptr, la_out_ptr, LA_R, LA_PER, LA_PROGS, la_stride_wr, la_s_out, la_m_out,
+    wp1_ptr, s1_ptr, gs1_ptr, out1_ptr, N1, T0, so1, som1,
+    wp2_ptr, s2_ptr, gs2_ptr, out2_ptr, N2, T1, so2, som2,
     FMT: gl.constexpr, GROUP: gl.constexpr, HAS_ZP: gl.constexpr,
     R: gl.constexpr, BKW: gl.constexpr, NT: gl.constexpr, W: gl.constexpr,
     PREFETCH: gl.constexpr, EVEN_K: gl.constexpr, XS: gl.constexpr = False,
-    HAS_LA: gl.constexpr = False, LA_V: gl.constexpr = 8,
+    HAS_LA: gl.constexpr = False, LA_V: gl.constexpr = 8, NW: gl.constexpr = 1,
 ):
     """y[M, N] (or fp32 split partials [S, M, N]) = x[M, K] @ W[N, K]^T, M <= NT.
 
@@ -349,7 +351,9 @@ def _mma_decode_kernel(
     [N, G] and int8 zero points [N, G]. Program (pid_n, pid_k) owns rows
     pid_n * R .. + R and K steps pid_k * TILES_PER_SPLIT .. + TILES_PER_SPLIT.
     HAS_LA: the first LA_PROGS programs of axis 0 (split 0 only; the others idle) compute a
-    LoRA group's ``x @ A^T`` partials instead (:func:`_lora_a_rows`); the weight tiles follow."""
+    LoRA group's ``x @ A^T`` partials instead (:func:`_lora_a_rows`); the weight tiles follow.
+    NW = 2 / 3: the tiles of two or three FP4 weights of one K that read the same x (a LoRA group's q/k/v or
+    gate/up: :func:`launch_mma_decode_group`), weight 0's ``T0`` tiles, then weight 1's ``T1``, then weight 2's."""
     pid_n = gl.program_id(0)
     pid_k = gl.program_id(1)
     if HAS_LA:
@@ -358,13 +362,47 @@ def _mma_decode_kernel(
                 _lora_a_rows(pid_n, x_ptr, la_w_ptr, la_out_ptr, M, KW * 8, LA_R, LA_PER, stride_xm, la_stride_wr,
                              la_s_out, la_m_out, NT, W, LA_V)
         else:
-            _mma_decode_tiles(pid_n - LA_PROGS, pid_k, x_ptr, wp_ptr, s_ptr, z_ptr, gs_ptr, out_ptr, M, N, KW,
-                              TILES_PER_SPLIT, stride_xm, stride_wn, stride_sn, stride_zn, stride_os, stride_om,
-                              FMT, GROUP, HAS_ZP, R, BKW, NT, W, PREFETCH, EVEN_K, XS)
+            _mma_decode_weights(pid_n - LA_PROGS, pid_k, x_ptr, wp_ptr, s_ptr, z_ptr, gs_ptr, out_ptr, M, N, KW,
+                                TILES_PER_SPLIT, stride_xm, stride_wn, stride_sn, stride_zn, stride_os, stride_om,
+                                wp1_ptr, s1_ptr, gs1_ptr, out1_ptr, N1, T0, so1, som1,
+                                wp2_ptr, s2_ptr, gs2_ptr, out2_ptr, N2, T1, so2, som2,
+                                FMT, GROUP, HAS_ZP, R, BKW, NT, W, PREFETCH, EVEN_K, XS, NW)
     else:
-        _mma_decode_tiles(pid_n, pid_k, x_ptr, wp_ptr, s_ptr, z_ptr, gs_ptr, out_ptr, M, N, KW,
-                          TILES_PER_SPLIT, stride_xm, stride_wn, stride_sn, stride_zn, stride_os, stride_om,
+        _mma_decode_weights(pid_n, pid_k, x_ptr, wp_ptr, s_ptr, z_ptr, gs_ptr, out_ptr, M, N, KW,
+                            TILES_PER_SPLIT, stride_xm, stride_wn, stride_sn, stride_zn, stride_os, stride_om,
+                            wp1_ptr, s1_ptr, gs1_ptr, out1_ptr, N1, T0, so1, som1,
+                            wp2_ptr, s2_ptr, gs2_ptr, out2_ptr, N2, T1, so2, som2,
+                            FMT, GROUP, HAS_ZP, R, BKW, NT, W, PREFETCH, EVEN_K, XS, NW)
+
+
+@gluon.jit
+def _mma_decode_weights(
+    t, pid_k, x_ptr, wp_ptr, s_ptr, z_ptr, gs_ptr, out_ptr, M, N, KW, TILES_PER_SPLIT,
+    stride_xm, stride_wn, stride_sn, stride_zn, stride_os, stride_om,
+    wp1_ptr, s1_ptr, gs1_ptr, out1_ptr, N1, T0, so1, som1,
+    wp2_ptr, s2_ptr, gs2_ptr, out2_ptr, N2, T1, so2, som2,
+    FMT: gl.constexpr, GROUP: gl.constexpr, HAS_ZP: gl.constexpr,
+    R: gl.constexpr, BKW: gl.constexpr, NT: gl.constexpr, W: gl.constexpr,
+    PREFETCH: gl.constexpr, EVEN_K: gl.constexpr, XS: gl.constexpr, NW: gl.constexpr,
+):
+    """Weight tile ``t`` of the launch: weight 0's tiles, then (NW >= 2) weight 1's, then (NW == 3) weight 2's."""
+    if NW == 1:
+        _mma_decode_tiles(t, pid_k, x_ptr, wp_ptr, s_ptr, z_ptr, gs_ptr, out_ptr, M, N, KW, TILES_PER_SPLIT,
+                          stride_xm, stride_wn, stride_sn, stride_zn, stride_os, stride_om,
                           FMT, GROUP, HAS_ZP, R, BKW, NT, W, PREFETCH, EVEN_K, XS)
+    else:
+        if t < T0:
+            _mma_decode_tiles(t, pid_k, x_ptr, wp_ptr, s_ptr, z_ptr, gs_ptr, out_ptr, M, N, KW, TILES_PER_SPLIT,
+                              stride_xm, stride_wn, stride_sn, stride_zn, stride_os, stride_om,
+                              FMT, GROUP, HAS_ZP, R, BKW, NT, W, PREFETCH, EVEN_K, XS)
+        elif NW == 2 or t < T0 + T1:
+            _mma_decode_tiles(t - T0, pid_k, x_ptr, wp1_ptr, s1_ptr, s1_ptr, gs1_ptr, out1_ptr, M, N1, KW,
+                              TILES_PER_SPLIT, stride_xm, stride_wn, stride_sn, stride_zn, so1, som1,
+                              FMT, GROUP, HAS_ZP, R, BKW, NT, W, PREFETCH, EVEN_K, XS)
+        else:
+            _mma_decode_tiles(t - T0 - T1, pid_k, x_ptr, wp2_ptr, s2_ptr, s2_ptr, gs2_ptr, out2_ptr, M, N2, KW,
+                              TILES_PER_SPLIT, stride_xm, stride_wn, stride_sn, stride_zn, so2, som2,
+                              FMT, GROUP, HAS_ZP, R, BKW, NT, W, PREFETCH, EVEN_K, XS)
 
 
 @gluon.jit
@@ -568,15 +606,47 @@ def launch_mma_decode(x2: torch.Tensor, pw, cfg: MmaDecodeConfig, epi=None) -> t
     ``default_config`` / ``candidate_configs`` (any entry runs at any M).
     ``epi``: a ``launch.Epilogue`` (bias / LoRA branch added in the last pass), or None; its ``lora_a`` (a LoRA
     group's ``x @ A^T``) is computed by extra programs of this launch (:func:`_lora_a_rows`), ahead of the tiles."""
-    if not mma_decode_supported(x2, pw):
+    ops, split, epi = _launch(x2, [pw], cfg, epi)
+    return finish_splits(ops[0], split, epi)
+
+
+def launch_mma_decode_group(x2: torch.Tensor, pws: list, cfg: MmaDecodeConfig, epis: list,
+                            gate_act: bool = False) -> list[torch.Tensor]:
+    """:func:`launch_mma_decode` for two or three FP4 weights that read the same ``x2`` (a LoRA group's q/k/v or
+    gate/up, :func:`group_supported`): one launch of all their tiles (and ``epis[0].lora_a``'s A programs), then
+    each weight's last pass. ``gate_act``: the second weight's pass writes ``silu(y_0) * y_1``."""
+    ops, split, e0 = _launch(x2, pws, cfg, epis[0])
+    ys = [finish_splits(ops[0], split, e0)]
+    for j in range(1, len(pws)):
+        e = epis[j]
+        if gate_act and j == 1:
+            e = (e if e is not None else Epilogue())._replace(gate=ys[0])
+        ys.append(finish_splits(ops[j], split, e))
+    return ys
+
+
+def group_supported(x2: torch.Tensor, pws: list) -> bool:
+    """True when :func:`launch_mma_decode_group` runs these weights: 2-3 FP4 weights of one K, format and group the
+    kernel takes at this M, at most 16 rows (the token tiles the LoRA A programs serve)."""
+    p0 = pws[0]
+    return (2 <= len(pws) <= 3 and 2 <= x2.shape[0] <= 16 and p0.fmt != FMT_INT4
+            and all(p.k == p0.k and p.fmt == p0.fmt and p.group == p0.group for p in pws)
+            and all(mma_decode_supported(x2, p) for p in pws))
+
+
+def _launch(x2: torch.Tensor, pws: list, cfg: MmaDecodeConfig, epi):
+    """One launch over ``pws``' tiles (one K split for all); -> (their DecodeOperands, split, epi for weight 0)."""
+    pw = pws[0]
+    if not all(mma_decode_supported(x2, p) for p in pws):
         raise ValueError(
             f"launch_mma_decode: needs CUDA bf16 x [M, {pw.k}] with {MIN_M} <= M <= {MAX_M}, K % 8 == 0 and a "
             f"group of 8 * 2**i weights; got {x2.dtype} {tuple(x2.shape)} on {x2.device}, group {pw.group} "
             f"(use wo_gemm.launch_fwd)")
     m = x2.shape[0]
     kw = pw.k // 8
-    split, per = _split(cfg, pw.n, kw, num_sms(x2.device))
-    ops = decode_operands(x2, pw, split, int4=pw.fmt == FMT_INT4)
+    tiles = [triton.cdiv(p.n, cfg.rows) for p in pws]
+    split, per = _split(cfg, sum(tiles) * cfg.rows, kw, num_sms(x2.device))
+    ops = [decode_operands(x2, p, split, int4=p.fmt == FMT_INT4) for p in pws]
     la = epi.lora_a if epi is not None else None  # a LoRA group's x @ A^T, computed by programs of this launch
     nt = token_tile(m)
     if la is not None and nt > 16:  # past lora_a.MAX_M: the A programs' registers would crowd these tiles
@@ -588,20 +658,28 @@ def launch_mma_decode(x2: torch.Tensor, pw, cfg: MmaDecodeConfig, epi=None) -> t
         la_args = (la.w, la.out, la.w.shape[0], lora_a.k_per_split(pw.k, m), la_progs, la.w.stride(0),
                    la.out.stride(0), la.out.stride(1))
     else:
-        la_progs, la_args = 0, (ops.x2, ops.out, 0, 0, 0, 0, 0, 0)
-    grid = (la_progs + triton.cdiv(pw.n, cfg.rows), split)  # the A programs first: scheduled in the first wave
+        la_progs, la_args = 0, (ops[0].x2, ops[0].out, 0, 0, 0, 0, 0, 0)
+    o0 = ops[0]
+    w_args = []
+    for j in (1, 2):  # the group's other weights (or placeholders that no program reads)
+        if j < len(pws):
+            o = ops[j]
+            w_args += [pws[j].words, o.scale, o.gscale, o.out, pws[j].n, tiles[j - 1], *o.out_strides]
+        else:
+            w_args += [pw.words, o0.scale, o0.gscale, o0.out, 0, 0, 0, 0]
+    grid = (la_progs + sum(tiles), split)  # the A programs first: scheduled in the first wave
     _mma_decode_kernel[grid](
-        ops.x2, pw.words, ops.scale, ops.zero, ops.gscale, ops.out,
+        o0.x2, pw.words, o0.scale, o0.zero, o0.gscale, o0.out,
         m, pw.n, kw, per,
-        ops.x2.stride(0), pw.words.stride(0), ops.scale.stride(0), ops.zero.stride(0), *ops.out_strides,
-        *la_args,
+        o0.x2.stride(0), pw.words.stride(0), o0.scale.stride(0), o0.zero.stride(0), *o0.out_strides,
+        *la_args, *w_args,
         FMT=pw.fmt, GROUP=pw.group, HAS_ZP=pw.fmt == FMT_INT4 and pw.zero is not None,
         R=cfg.rows, BKW=cfg.bkw, NT=nt, W=cfg.warps,
         PREFETCH=cfg.prefetch, EVEN_K=kw % cfg.bkw == 0, XS=cfg.xsmem,
-        HAS_LA=la is not None, LA_V=LORA_A_V,
+        HAS_LA=la is not None, LA_V=LORA_A_V, NW=len(pws),
         num_warps=cfg.warps,
     )
-    return finish_splits(ops, split, epi)
+    return ops, split, epi
 
 
 __all__ = [
@@ -613,7 +691,9 @@ __all__ = [
     "MmaDecodeConfig",
     "candidate_configs",
     "default_config",
+    "group_supported",
     "launch_mma_decode",
+    "launch_mma_decode_group",
     "mma_decode_supported",
     "preferred",
     "token_tile",

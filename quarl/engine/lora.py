@@ -39,9 +39,9 @@ call (two kernels at these sizes: 224 of a 7B step's kernels, 0.73 ms of 4.64 at
 programs of the first projection's GEMV / mma.sync launch (``QuantLinear.epilogue_a_kernel``), writing fp32 split partials
 that each projection's last pass sums and rounds to the activation dtype before its ``a_j @ B_j^T`` -- the value
 ``F.linear`` returns, up to the order of the fp32 sum. ``QUARL_ENGINE_LORA_A=0`` keeps cuBLAS (docs/engine.md).
-At one row the group's weights go further: q/k/v (gate/up) and the A programs are one GEMV launch
-(``QuantLinear.epilogue_group_kernel``, ``quarl_kernels.gemv.launch_gemv_group``), then each projection's last
-pass; ``QUARL_GEMV_GROUP=0`` launches them one by one.
+At decode sizes the group's weights go further: q/k/v (gate/up) and the A programs are one launch -- the GEMV at
+one row, the mma.sync kernel at 2..16 (``QuantLinear.epilogue_group_kernel``, ``quarl_kernels.wo_gemm.
+wo_matmul_group``) -- then each projection's last pass; ``QUARL_GEMV_GROUP=0`` launches them one by one.
 """
 
 from __future__ import annotations
@@ -57,7 +57,7 @@ ENV = "QUARL_ENGINE_LORA_PACK"
 EPILOGUE_ENV = "QUARL_ENGINE_LORA_EPILOGUE"
 A_ENV = "QUARL_ENGINE_LORA_A"
 A_MAX_M = 16  # rows of a step whose A GEMM rides in the first launch: quarl_kernels.lora_a.MAX_M (a test checks)
-GROUP_MAX_M = 1  # rows of a step whose group runs as one weight launch: quarl_kernels.gemv.GEMV_GROUP_MAX_M (tested)
+GROUP_MAX_M = 16  # rows of a step whose group runs as one weight launch: quarl_kernels.wo_gemm.GROUP_MAX_M (tested)
 GROUPS = {"qkv": ("self_attn", ("q_proj", "k_proj", "v_proj")), "o": ("self_attn", ("o_proj",)),
           "gate_up": ("mlp", ("gate_proj", "up_proj")), "down": ("mlp", ("down_proj",))}
 
@@ -152,7 +152,7 @@ class Group:
         return out
 
     def _group_fn(self, x: torch.Tensor):
-        """The ``dispatch.GroupFn`` that runs the whole group in one weight launch (q/k/v, gate/up at one row:
+        """The ``dispatch.GroupFn`` that runs the whole group in one weight launch (q/k/v, gate/up at decode sizes:
         ``GROUP_MAX_M``), or None: one projection, more rows, under ``torch.compile`` (it is no custom op), or no
         such kernel here."""
         if len(self.mods) < 2 or x.numel() // x.shape[-1] > GROUP_MAX_M or torch.compiler.is_compiling():

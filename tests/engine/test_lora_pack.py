@@ -208,10 +208,11 @@ def test_a_gemm_inside_the_first_launch_route(monkeypatch):
 
 
 def test_group_in_one_launch_route(monkeypatch):
-    """At one-row decode steps (``GROUP_MAX_M``) a packed group of two or more projections (q/k/v, gate/up) runs its
-    ``epilogue_group_kernel`` (on CUDA: the weights and the A programs in one GEMV launch, then each last pass; a
-    CPU stand-in here) and gets the cuBLAS route's tokens; o and down (one projection) and steps of more rows keep
-    the per-projection route; ``gate_act`` asks the group for ``silu(gate) * up`` as its second output."""
+    """At decode steps (up to ``GROUP_MAX_M`` rows) a packed group of two or more projections (q/k/v, gate/up) runs
+    its ``epilogue_group_kernel`` (on CUDA: the weights and the A programs in one GEMV / mma.sync launch, then each
+    last pass; a CPU stand-in here) and gets the cuBLAS route's tokens; o and down (one projection) and a 27-row
+    prefill keep the per-projection route; ``gate_act`` asks the group for ``silu(gate) * up`` as its second
+    output."""
     from quarl_kernels.fused_ops import silu_mul_reference
 
     from quarl.engine import lora as lp
@@ -258,4 +259,4 @@ def test_group_in_one_launch_route(monkeypatch):
     torch.testing.assert_close(on.logprobs, off.logprobs, atol=1e-4, rtol=0)
     groups.clear()
     FastGenerator(model, PAD).generate(prompts((6, 2, 9)), greedy(4), n=1)
-    assert not groups, "three rows per step: one launch per projection"
+    assert len(groups) == 3 * 2 * n_layers, "decode steps of three rows (the mma.sync kernel's), not the prefill"

@@ -198,23 +198,25 @@ def test_packed_group_takes_the_partials_route_in_a_cuda_graph(monkeypatch, rows
         assert rel(p, c.double()) < 1e-3, rel(p, c.double())
 
 
+@pytest.mark.parametrize("m", [1, 8, 13])
 @pytest.mark.parametrize("ns,gate_act", [((3584, 512, 512), False), ((18944, 18944), True)])
-def test_group_launch_matches_one_launch_per_weight(ns, gate_act):
-    """A LoRA group's weights and its A programs in one GEMV launch (``wo_gemm.wo_matmul_group``, one row), then each
-    last pass: within fp32 summation order (the group splits K for all its tiles together) of one launch per weight
-    and of the float64 product; with ``gate_act`` the second output is ``silu(y_0) * y_1``."""
-    from quarl_kernels import gemv, lora_a
+def test_group_launch_matches_one_launch_per_weight(ns, gate_act, m):
+    """A LoRA group's weights and its A programs in one launch (``wo_gemm.wo_matmul_group``: the GEMV at one row, the
+    mma.sync kernel at 8 and 13), then each last pass: within fp32 summation order (the group splits K for all its
+    tiles together) of one launch per weight and of the float64 product; with ``gate_act`` the second output is
+    ``silu(y_0) * y_1``."""
+    from quarl_kernels import gemv, lora_a, mma_decode
     from quarl_kernels.act import silu_mul
 
-    torch.manual_seed(sum(ns))
+    torch.manual_seed(sum(ns) + m)
     k, r = 3584, 32
     ws = [qweight("nvfp4", n, k) for n in ns]
     pws = [_packed_weight(*args) for args, _ in ws]
-    x = torch.randn(1, k, device="cuda", dtype=torch.bfloat16)
+    x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
     amat = (torch.randn(r * len(ns), k, device="cuda") * 0.05).to(torch.bfloat16)
     bs = [(torch.randn(n, r, device="cuda") * 0.05).to(torch.bfloat16) for n in ns]
     bias = [torch.randn(n, device="cuda", dtype=torch.bfloat16) for n in ns]
-    assert gemv.group_supported(x, pws)
+    assert (gemv if m == 1 else mma_decode).group_supported(x, pws)
 
     def epis():
         la = lora_a.new_partials(x, amat)
@@ -226,7 +228,7 @@ def test_group_launch_matches_one_launch_per_weight(ns, gate_act):
     one = [wo_gemm.wo_matmul(x, pws[0], epi=e[0])]
     for j in range(1, len(ns)):
         one.append(wo_gemm.wo_matmul(x, pws[j], epi=e[j]._replace(gate=one[0] if gate_act and j == 1 else None)))
-    a = (x.double() @ amat.double().T)  # [1, G*r]
+    a = (x.double() @ amat.double().T)  # [M, G*r]
     for j, (y, y1) in enumerate(zip(ys, one, strict=True)):
         assert rel(y, y1.double()) < 4e-3, (j, rel(y, y1.double()))
         want = x.double() @ ws[j][1].T + bias[j].double() + 0.5 * a[:, j * r:(j + 1) * r] @ bs[j].double().T

@@ -79,7 +79,8 @@ def test_engine_and_kernels_agree_on_the_group_rows():
 
     from quarl.engine import lora as lp
 
-    assert lp.GROUP_MAX_M == gemv.GEMV_GROUP_MAX_M < wo_gemm.MMA_DECODE_MIN_M  # rows the GEMV serves by default
+    # the GEMV's one row, then the mma.sync kernel's token tiles of 8 and 16 (its group launch: 2..16 rows)
+    assert gemv.GEMV_GROUP_MAX_M == 1 < wo_gemm.MMA_DECODE_MIN_M and lp.GROUP_MAX_M == wo_gemm.GROUP_MAX_M == 16
 
 
 @needs_triton

@@ -106,3 +106,22 @@ def test_lora_a_programs_compile_without_costing_the_tiles_registers(m, n):
 
     assert per_sm(fused["regs"]) >= per_sm(plain["regs"]), (plain["regs"], fused["regs"])
     assert fused["hmma"] == plain["hmma"], (plain, fused)
+
+
+@pytest.mark.parametrize("m,nw", [(8, 3), (16, 2)])
+def test_group_launch_compiles_without_costing_the_tiles_registers(m, nw):
+    """Two or three weights' tiles and the A programs in one launch (a group's q/k/v, gate/up: NW), built for sm_90:
+    no spills, the same tensor-core work per tile, no CTAs per SM lost against one weight's launch."""
+    cfg = mma_decode.default_config(m, 3584)
+    sys.path.insert(0, str(ROOT / "benchmarks" / "kernels"))
+    try:
+        import compile_report as cr
+        from bench_mma_decode import compile_mma_decode
+    finally:
+        sys.path.pop(0)
+    nt = mma_decode.token_tile(m)
+    one = cr.report(compile_mma_decode(FMT_NVFP4, cfg, nt, lora_a=True), f"{cfg}-M{m}-la", None)
+    grp = cr.report(compile_mma_decode(FMT_NVFP4, cfg, nt, lora_a=True, nw=nw), f"{cfg}-M{m}-la-nw{nw}", None)
+    print(m, nw, "regs", one["regs"], grp["regs"])
+    per_sm = 65536 // (32 * cfg.warps)
+    assert grp["stack"] == 0 and per_sm // grp["regs"] >= per_sm // one["regs"], (one["regs"], grp["regs"])
