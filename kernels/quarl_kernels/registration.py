@@ -107,16 +107,22 @@ def forward_group(x: torch.Tensor, layers: list, a_w: torch.Tensor, bs: list, sc
     from quarl_kernels import lora_a
     from quarl_kernels.launch import Epilogue
     from quarl_kernels.ops import _packed_weight, layer_args
-    from quarl_kernels.wo_gemm import wo_matmul_group
+    from quarl_kernels.wo_gemm import group_route, wo_matmul_group
 
     k = layers[0].in_features
     x2 = x.reshape(-1, k)
     x2 = x2 if x2.stride(1) == 1 else x2.contiguous()
-    la = lora_a.new_partials(x2, a_w)
+    pws = [_packed_weight(*layer_args(lay)) for lay in layers]
     r = bs[0].shape[-1]
+    if group_route(x2, pws) is None:  # one launch each, through the custom ops (the A GEMM in the first)
+        y0, parts = forward_epilogue_a(x, layers[0], a_w, 0, bs[0], scalings[0])
+        return [y0] + [forward_epilogue(x, lay, parts[..., j * r:(j + 1) * r], bs[j], scalings[j],
+                                        gate=y0 if gate_act and j == 1 else None)
+                       for j, lay in enumerate(layers) if j > 0]
+    la = lora_a.new_partials(x2, a_w)
     epis = [Epilogue(lay.bias, la.out[..., j * r:(j + 1) * r], bs[j], float(scalings[j]),
                      lora_a=la if j == 0 else None) for j, lay in enumerate(layers)]
-    ys = wo_matmul_group(x2, [_packed_weight(*layer_args(lay)) for lay in layers], epis, gate_act=gate_act)
+    ys = wo_matmul_group(x2, pws, epis, gate_act=gate_act)
     return [y.reshape(*x.shape[:-1], y.shape[-1]) for y in ys]
 
 

@@ -200,9 +200,9 @@ def test_packed_group_takes_the_partials_route_in_a_cuda_graph(monkeypatch, rows
 
 @pytest.mark.parametrize("m", [1, 8, 13])
 @pytest.mark.parametrize("ns,gate_act", [((3584, 512, 512), False), ((18944, 18944), True)])
-def test_group_launch_matches_one_launch_per_weight(ns, gate_act, m):
+def test_group_launch_matches_one_launch_per_weight(ns, gate_act, m, monkeypatch):
     """A LoRA group's weights and its A programs in one launch (``wo_gemm.wo_matmul_group``: the GEMV at one row, the
-    mma.sync kernel at 8 and 13), then each last pass: within fp32 summation order (the group splits K for all its
+    mma.sync kernel at 8 and 13 with ``QUARL_MMA_GROUP=1``), then each last pass: within fp32 summation order (the group splits K for all its
     tiles together) of one launch per weight and of the float64 product; with ``gate_act`` the second output is
     ``silu(y_0) * y_1``."""
     from quarl_kernels import gemv, lora_a, mma_decode
@@ -217,6 +217,8 @@ def test_group_launch_matches_one_launch_per_weight(ns, gate_act, m):
     bs = [(torch.randn(n, r, device="cuda") * 0.05).to(torch.bfloat16) for n in ns]
     bias = [torch.randn(n, device="cuda", dtype=torch.bfloat16) for n in ns]
     assert (gemv if m == 1 else mma_decode).group_supported(x, pws)
+    monkeypatch.setenv("QUARL_MMA_GROUP", "1")  # opt-in until this test has run on a GPU
+    assert wo_gemm.group_route(x, pws) == ("gemv" if m == 1 else "mma")
 
     def epis():
         la = lora_a.new_partials(x, amat)

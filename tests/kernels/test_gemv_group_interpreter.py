@@ -74,6 +74,24 @@ def test_gemv_group_under_triton_interpreter():
 
 
 @needs_triton
+def test_group_route_by_rows_and_switches(monkeypatch):
+    """One row: the GEMV group launch; 8 rows: none by default (the mma.sync one is opt-in, ``QUARL_MMA_GROUP=1``, not
+    yet run on a GPU); ``QUARL_GEMV_GROUP=0``: none."""
+    import torch
+    from quarl_kernels import wo_gemm
+    from quarl_kernels.wo_gemm import PackedWeight
+
+    pws = [PackedWeight(0, 16, n, 3584, torch.empty(n, 448, dtype=torch.int32), torch.empty(n, 224, dtype=torch.uint8),
+                        None, torch.ones(1)) for n in (3584, 512, 512)]
+    one, eight = torch.empty(1, 3584, dtype=torch.bfloat16), torch.empty(8, 3584, dtype=torch.bfloat16)
+    monkeypatch.delenv("QUARL_MMA_GROUP", raising=False)
+    assert wo_gemm.group_route(one, pws) == "gemv" and wo_gemm.group_route(eight, pws) is None
+    # (with QUARL_MMA_GROUP=1 the mma.sync route needs CUDA tensors: test_epilogue_gpu.py checks it names "mma")
+    monkeypatch.setenv("QUARL_GEMV_GROUP", "0")
+    assert wo_gemm.group_route(one, pws) is None
+
+
+@needs_triton
 def test_engine_and_kernels_agree_on_the_group_rows():
     from quarl_kernels import gemv, wo_gemm
 
