@@ -36,6 +36,8 @@
 #   phase i: bash benchmarks/gpu_session11.sh i   (one GPU; ~5 min)
 #     A group's weights in one mma.sync launch too (2..16 rows): GPU tests, the profile at batch 1 / 8 with and without
 #     (:nogroup), the 7B rollout table at batch 1 / 8.
+#     NOT RUN: the device refused it (the session's device time was spent). The mma.sync group launch stays opt-in
+#     (QUARL_MMA_GROUP=1) until this phase runs.
 set -u
 : "${OUT:?}"
 PHASE=${1:?phase}
@@ -189,3 +191,4 @@ echo "phase $PHASE done at $((SECONDS - T0)) s"
 #   g  phase g at ca37026: 279 s (GPU tests 57 passed: test_epilogue_gpu, test_engine_gpu)
 #   h  phase h at the commit after ca37026 (script only), on the warm machine: 245 s (7B GRPO step 1.032x; GEMV GPU
 #      tests 84 passed, 0 failed before the 150 s limit)
+#   i  refused at 5938d24 ("too little device-machine time is left")
