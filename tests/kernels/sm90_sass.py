@@ -41,9 +41,8 @@ def cuobjdump() -> Path | None:
     return p if p.exists() else None
 
 
-def stack_bytes(kernel) -> int | None:
-    """Per-thread stack of a compiled kernel (``cuobjdump -res-usage``): > 0 means ptxas spilled
-    registers. None when the Triton wheel ships no ``cuobjdump``."""
+def _res_usage(kernel, key: str) -> int | None:
+    """``key`` (``STACK`` or ``REG``) of a compiled kernel's ``cuobjdump -res-usage``; None without ``cuobjdump``."""
     tool = cuobjdump()
     if tool is None:
         return None
@@ -51,19 +50,18 @@ def stack_bytes(kernel) -> int | None:
         f.write(kernel.asm["cubin"])
         f.flush()
         out = subprocess.run([str(tool), "-res-usage", f.name], capture_output=True, text=True, check=False).stdout
-    return int(out.split("STACK:")[1].split()[0])
+    return int(out.split(f"{key}:")[1].split()[0])
+
+
+def stack_bytes(kernel) -> int | None:
+    """Per-thread stack of a compiled kernel (``cuobjdump -res-usage``): > 0 means ptxas spilled
+    registers. None when the Triton wheel ships no ``cuobjdump``."""
+    return _res_usage(kernel, "STACK")
 
 
 def registers(kernel) -> int | None:
     """Registers per thread of a compiled kernel (``cuobjdump -res-usage``), or None without ``cuobjdump``."""
-    tool = cuobjdump()
-    if tool is None:
-        return None
-    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
-        f.write(kernel.asm["cubin"])
-        f.flush()
-        out = subprocess.run([str(tool), "-res-usage", f.name], capture_output=True, text=True, check=False).stdout
-    return int(out.split("REG:")[1].split()[0])
+    return _res_usage(kernel, "REG")
 
 
 def compile_launch(launch, num_warps: int | None = None, **overrides):

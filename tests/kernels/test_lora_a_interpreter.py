@@ -18,10 +18,10 @@ from tests.kernels.interpreter import needs_interpreter, needs_triton, run_inter
 SCRIPT = textwrap.dedent("""
     import torch
     import torch.nn.functional as F
-    from quarl.quant import get_format, make_config
     from quarl_kernels import gemv, lora_a
     from quarl_kernels.launch import Epilogue
     from quarl_kernels.ops import _packed_weight, _reference_weight, _sum_parts
+    from tests.kernels.helpers import qweight
 
     assert [lora_a.splits_for(k) for k in (576, 3584, 4096, 4608, 18944)] == [1, 1, 1, 2, 5]
     assert [lora_a.k_per_split(k) for k in (576, 4608, 18944)] == [1024, 2560, 4096]
@@ -32,11 +32,7 @@ SCRIPT = textwrap.dedent("""
                                       ("nvfp4", 2, 40, 4608, 42, 14, C(16, 32, 4, 4, stages=3)),
                                       ("mxfp4", 3, 24, 640, 8, 4, C(16, 8, 2, 4))]:
         torch.manual_seed(m * 11 + k)
-        c = make_config(spec)
-        q = get_format(c.name).quantize(torch.randn(n, k) * 0.05, c)
-        t = q.tensors
-        args = (t["weight_packed"], t["weight_scale"], t.get("weight_zero_point"), t.get("weight_global_scale"),
-                c.name, c.block_size, n, k)
+        args, _ = qweight(spec, n, k, device="cpu")
         pw = _packed_weight(*args)
         x = torch.randn(m, k).to(torch.bfloat16)
         amat = (torch.randn(gr, k) * 0.05).to(torch.bfloat16)
