@@ -10,7 +10,9 @@ which round three times instead of once. Then the layer entry (``forward_epilogu
 CUDA graph, and ``QuantLinear.base_forward`` equal with and without autograd (it never takes the route).
 Last, the A GEMM as split partials computed inside the base launch (``quarl_kernels.lora_a``) and finished by the
 last pass, alone (every route: the GEMV's programs, ``fill_partials`` elsewhere; and through the op) and in a packed
-q/k/v group inside a CUDA graph, against the cuBLAS A GEMM route.
+q/k/v group inside a CUDA graph, against the cuBLAS A GEMM route; the MLP's SiLU in the up projection's pass
+(bit-equal to ``act.silu_mul``); and a group's weights in one launch (``wo_gemm.wo_matmul_group``) against one
+launch per weight.
 
 Run on an H100 / H200: ``pytest -q -m gpu tests/kernels/test_epilogue_gpu.py``."""
 
