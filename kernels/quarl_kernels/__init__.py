@@ -6,9 +6,10 @@ Importing this package
     device: CUDA runs Triton, everything else the reference path;
   * lists the weight-only 4-bit GEMMs (``registration.kernel_specs``) that
     ``quarl.quant.dispatch.load_kernels`` registers on first CUDA use, so a frozen ``QuantLinear`` in NVFP4 / MXFP4 / INT4 on
-    a CUDA bf16 input runs them automatically (decode-sized inputs, M <= 3
-    tokens, through the CUDA-core GEMV in ``gemv``; larger M through the
-    tensor-core kernels in ``wo_gemm``). ``QUARL_KERNELS=reference``
+    a CUDA bf16 input runs them automatically (one token through the
+    CUDA-core GEMV in ``gemv``, 2..64 through the register-decode MMA kernels
+    ``mma_decode`` / ``wgmma_decode``, larger M through ``wo_gemm`` and the
+    dense path; ``wo_gemm.wo_matmul`` picks). ``QUARL_KERNELS=reference``
     switches them off.
 
 Triton itself is imported only when a CUDA kernel first runs, so this package
