@@ -78,7 +78,7 @@ import triton.language as tl
 
 from quarl_kernels import lora_a
 from quarl_kernels.formats import FMT_INT4, FMT_MXFP4, FMT_NVFP4
-from quarl_kernels.launch import Epilogue, finish, interpreting, num_sms
+from quarl_kernels.launch import each_in_group, finish, interpreting, num_sms
 from quarl_kernels.lora_a import lora_a_program
 
 # ---------------------------------------------------------------------------
@@ -592,13 +592,8 @@ def launch_gemv_group(x2: torch.Tensor, pws: list, cfg: GemvConfig, epis: list, 
     ``epis[j]``. ``gate_act``: the second weight's pass writes ``silu(y_0) * y_1`` (``launch.Epilogue.gate``)."""
     la = gemv_launch(x2, pws[0], cfg, use_asm=use_asm, epi=epis[0], more=tuple(pws[1:]))
     la.kernel[la.grid](*la.args, **la.constexprs, num_warps=la.num_warps, num_stages=la.num_stages)
-    ys = [finish(la.out, la.y, la.split, epis[0])]
-    for j, (out, y) in enumerate(la.rest, start=1):
-        e = epis[j]
-        if gate_act and j == 1:
-            e = (e if e is not None else Epilogue())._replace(gate=ys[0])
-        ys.append(finish(out, y, la.split, e))
-    return ys
+    pairs = [(la.out, la.y), *la.rest]
+    return each_in_group(epis, gate_act, lambda j, e: finish(*pairs[j], la.split, e))
 
 
 def group_supported(x2: torch.Tensor, pws: list) -> bool:

@@ -28,7 +28,7 @@ import triton.language as tl
 from quarl_kernels.act import silu_mul_values
 from quarl_kernels.rounding import round_to
 
-__all__ = ["DecodeOperands", "Epilogue", "decode_operands", "env_flag", "epilogue_kernel", "finish",
+__all__ = ["DecodeOperands", "Epilogue", "decode_operands", "each_in_group", "env_flag", "epilogue_kernel", "finish",
            "finish_splits", "interpreting", "num_sms", "splitk_reduce_kernel"]
 
 
@@ -211,6 +211,17 @@ def finish(out: torch.Tensor, y: torch.Tensor, split: int, epi: Epilogue | None 
         num_warps=4,
     )
     return y
+
+
+def each_in_group(epis: list, gate_act: bool, run_one) -> list[torch.Tensor]:
+    """``[run_one(j, epis[j])]`` in order for a LoRA group's projections; with ``gate_act`` the second one's epilogue
+    carries the first one's output as its ``gate`` (the MLP's up projection writes ``silu(gate) * up``)."""
+    ys = []
+    for j, e in enumerate(epis):
+        if gate_act and j == 1:
+            e = (e if e is not None else Epilogue())._replace(gate=ys[0])
+        ys.append(run_one(j, e))
+    return ys
 
 
 class DecodeOperands(typing.NamedTuple):

@@ -54,7 +54,7 @@ import triton.language as tl
 
 from quarl_kernels import dense, gemv, lora_a
 from quarl_kernels.dequant import FMT_INT4, FMT_NVFP4, FP4_ACC_FACTOR, load_dequant_tile, pair_order_rows
-from quarl_kernels.launch import Epilogue as _Epilogue
+from quarl_kernels.launch import each_in_group
 from quarl_kernels.launch import env_flag as _env_flag
 from quarl_kernels.launch import finish as _finish
 from quarl_kernels.launch import interpreting as _interpreting
@@ -569,13 +569,7 @@ def wo_matmul_group(x2: torch.Tensor, pws: list, epis: list, *, gate_act: bool =
             return md.launch_mma_decode_group(x2, pws, md.default_config(m, p0.n), epis, gate_act=gate_act)
         except triton.compiler.errors.CompilationError as e:
             _mma_decode_failed(e)
-    ys = [wo_matmul(x2, pws[0], epi=epis[0])]
-    for j in range(1, len(pws)):
-        e = epis[j]
-        if gate_act and j == 1:
-            e = (e if e is not None else _Epilogue())._replace(gate=ys[0])
-        ys.append(wo_matmul(x2, pws[j], epi=e))
-    return ys
+    return each_in_group(epis, gate_act, lambda j, e: wo_matmul(x2, pws[j], epi=e))
 
 
 GROUP_ENV = "QUARL_GEMV_GROUP"  # 0: a LoRA group's projections as one launch each, not one launch for the group
