@@ -124,12 +124,12 @@ KERNEL_CLASSES = [
 ]
 
 
-def kernel_class(name: str) -> str:
+def kernel_class(name: str, classes=KERNEL_CLASSES) -> str:
     n = name.lower()
-    return next((c for c, pats in KERNEL_CLASSES if any(p in n for p in pats)), "other")
+    return next((c for c, pats in classes if any(p in n for p in pats)), "other")
 
 
-def profile_step(fn, device: str) -> dict:
+def profile_step(fn, device: str, kinds=KERNEL_CLASSES) -> dict:
     """One step under torch.profiler: GPU ms per kernel class and the 12 longest kernels (ms per step)."""
     act = torch.profiler.ProfilerActivity.CUDA if device == "cuda" else torch.profiler.ProfilerActivity.CPU
     sync(device)
@@ -145,7 +145,8 @@ def profile_step(fn, device: str) -> dict:
         by_kernel[e.name] = by_kernel.get(e.name, 0.0) + e.time_range.elapsed_us() / 1e3
     classes: dict[str, float] = {}
     for k, ms in by_kernel.items():
-        classes[kernel_class(k)] = classes.get(kernel_class(k), 0.0) + ms
+        c = kernel_class(k, kinds)
+        classes[c] = classes.get(c, 0.0) + ms
     top = sorted(by_kernel.items(), key=lambda kv: -kv[1])[:12]
     return {"classes": classes, "total_ms": sum(by_kernel.values()), "top": [[k[:120], ms] for k, ms in top]}
 

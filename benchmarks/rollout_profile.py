@@ -16,7 +16,8 @@ the before/after of that change, same model and weights. ``:noepi`` sets
 pass) and ``:sdpa`` ``QUARL_ENGINE_DECODE_ATTN=0`` (SDPA for decode attention); ``:noloraa`` sets
 ``QUARL_ENGINE_LORA_A=0`` (the packed A GEMM on cuBLAS, not inside the first projection's GEMV launch,
 ``quarl_kernels.lora_a``); ``:nogroup`` sets ``QUARL_GEMV_GROUP=0`` (a one-row q/k/v or gate/up group as one
-GEMV launch per weight, not one for the group); modifiers combine (``nvfp4+lora32:noepi:sdpa``). With the epilogue on, a projection's ``gemm:*`` row includes its
+GEMV launch per weight, not one for the group); ``:mmagroup`` sets ``QUARL_MMA_GROUP=1`` (a 2..16-row group's
+weights in one mma.sync launch); modifiers combine (``nvfp4+lora32:noepi:sdpa``). With the epilogue on, a projection's ``gemm:*`` row includes its
 bias and LoRA B (they run in its kernels); ``lora`` is then the A GEMMs alone.
 
 Per (variant, batch) cell, one prefill of ``prompt`` random tokens fills the cache, and
@@ -419,12 +420,13 @@ def logprob_check(model, lora_pack: bool, prompt: int = 256, rows: int = 8, toke
             "tokens": tokens, "prompt": prompt}
 
 
-MODIFIERS = {  # ':name' -> the engine switch it turns off for the cell (the before of a change)
+MODIFIERS = {  # ':name' -> the engine switch (env, value) it sets for the cell: the before (or after) of a change
     "nopack": None,  # FastGenerator(lora_pack=False)
-    "noepi": "QUARL_ENGINE_LORA_EPILOGUE",  # LoRA B + bias as addmm / add, not in the base kernel's last pass
-    "sdpa": "QUARL_ENGINE_DECODE_ATTN",  # decode attention through SDPA, not the split-KV kernel
-    "noloraa": "QUARL_ENGINE_LORA_A",  # the packed A GEMM on cuBLAS, not inside the first projection's launch
-    "nogroup": "QUARL_GEMV_GROUP",  # a one-row group's weights as one GEMV launch each, not one launch
+    "noepi": ("QUARL_ENGINE_LORA_EPILOGUE", "0"),  # LoRA B + bias as addmm / add, not in the base kernel's last pass
+    "sdpa": ("QUARL_ENGINE_DECODE_ATTN", "0"),  # decode attention through SDPA, not the split-KV kernel
+    "noloraa": ("QUARL_ENGINE_LORA_A", "0"),  # the packed A GEMM on cuBLAS, not inside the first projection's launch
+    "nogroup": ("QUARL_GEMV_GROUP", "0"),  # a group's weights as one launch each, not one launch
+    "mmagroup": ("QUARL_MMA_GROUP", "1"),  # a 2..16-row group's weights in one mma.sync launch (opt-in until measured)
 }
 
 
@@ -439,7 +441,7 @@ def parse_variant(v: str) -> tuple[str, bool, bool, tuple[tuple[str, str], ...]]
     recipe = name[:-2] if fp32 else name
     if recipe not in R.RECIPES:
         raise SystemExit(f"variant {v!r}: unknown recipe {recipe!r}; known: {', '.join(R.RECIPES)} (+lora32 for fp32 LoRA)")
-    return recipe, fp32, "nopack" not in mods, tuple((MODIFIERS[m], "0") for m in mods if MODIFIERS[m])
+    return recipe, fp32, "nopack" not in mods, tuple(MODIFIERS[m] for m in mods if MODIFIERS[m])
 
 
 def switches(pairs: tuple[tuple[str, str], ...]):

@@ -16,8 +16,10 @@ tokens up (measured crossover, ``benchmarks/kernels/bench_dispatch.py``).
 Trade-off, stated plainly: the BF16 copy of *one* layer's weight lives for the
 duration of one matmul (``[N, K]`` bf16: 136 MB for Qwen2.5-7B's gate/up, 283
 MB for 32B's), allocated from PyTorch's caching allocator and released right
-after -- never a BF16 copy of the model. ``QUARL_KERNELS_DENSE_MIN_M=0``
-disables the path (every M then runs the fused kernels, zero transient memory), and
+after -- never a BF16 copy of the model. Under autograd the last ``recent_weights.capacity()``
+transients (one decoder layer's) are kept for the backward that follows a checkpointed recompute
+(``recent_weights.py``). ``QUARL_KERNELS_DENSE_MIN_M=0`` disables the path (every M then runs the
+fused kernels, zero transient memory), and
 a call that finds no memory for the transient falls back to the fused kernel by
 itself (``wo_gemm.wo_matmul``, with one warning).
 
@@ -37,6 +39,7 @@ import torch
 import triton
 import triton.language as tl
 
+from quarl_kernels import recent_weights
 from quarl_kernels.dequant import load_dequant_tile
 
 DEFAULT_DENSE_MIN_M = 256  # measured crossover (H200, docs/kernels.md "v8"); env QUARL_KERNELS_DENSE_MIN_M
@@ -110,16 +113,20 @@ def dequantize(pw, *, use_asm: bool = True, bn: int = 32, bkw: int = 16) -> torc
     return out
 
 
+def _weight(pw) -> torch.Tensor:
+    """The transient BF16 ``[N, K]``: decoded here, or the one a training forward just made for the backward that
+    follows (``recent_weights``: activation checkpointing recomputes a layer right before its backward)."""
+    return recent_weights.get((pw.words, pw.scale, pw.zero, pw.gscale), lambda: dequantize(pw))
+
+
 def dense_matmul(x2: torch.Tensor, pw) -> torch.Tensor:
     """y [M, N] = x2 [M, K] @ dequant(W)^T through a transient BF16 weight and cuBLAS."""
-    w = dequantize(pw)  # [N, K] bf16, freed on return
-    return x2 @ w.T
+    return x2 @ _weight(pw).T
 
 
 def dense_matmul_t(dy2: torch.Tensor, pw) -> torch.Tensor:
     """dx [M, K] = dy2 [M, N] @ dequant(W)."""
-    w = dequantize(pw)
-    return dy2 @ w
+    return dy2 @ _weight(pw)
 
 
 __all__ = ["DEFAULT_DENSE_MIN_M", "dense_matmul", "dense_matmul_t", "dense_min_m", "dequantize", "use_dense"]

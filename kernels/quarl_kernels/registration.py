@@ -66,10 +66,13 @@ def applies(x: torch.Tensor, layer) -> bool:
 
 
 def forward(x: torch.Tensor, layer) -> torch.Tensor:
-    """``dispatch.KernelFn``: x [..., K] -> y [..., N] through ``torch.ops.quarl.wo_linear``."""
+    """``dispatch.KernelFn``: x [..., K] -> y [..., N] through ``torch.ops.quarl.wo_linear``. A large-M call whose
+    backward will need ``dy @ W`` keeps its dense BF16 weight for it (``recent_weights``)."""
+    from quarl_kernels import recent_weights
     from quarl_kernels.ops import layer_args
 
-    return torch.ops.quarl.wo_linear(x, *layer_args(layer))
+    with recent_weights.keeping(x.requires_grad and torch.is_grad_enabled()):
+        return torch.ops.quarl.wo_linear(x, *layer_args(layer))
 
 
 def forward_epilogue(x: torch.Tensor, layer, a: torch.Tensor | None, b: torch.Tensor | None,

@@ -95,5 +95,18 @@ def select(x: torch.Tensor, layer: torch.nn.Module) -> Kernel | None:
     return None
 
 
+def release_transients() -> None:
+    """Give back the BF16 weights the kernels keep between a training forward and its backward (one decoder
+    layer's: ``quarl_kernels.recent_weights``). A trainer calls it when an update phase ends, so a rollout that
+    follows plans its KV cache without them. Nothing to do where the kernels were never loaded."""
+    if not _loaded:
+        return
+    try:
+        from quarl_kernels import recent_weights
+    except ImportError:
+        return
+    recent_weights.release()
+
+
 def registered() -> dict[str, list[str]]:
     return {f: [k.name for k in ks] for f, ks in _KERNELS.items()}

@@ -87,6 +87,7 @@ from quarl.engine.replica import RolloutReplica, fits
 from quarl.engine.rollout import Generator, Rollout, SamplingParams
 from quarl.quant import (
     QuantLinear,
+    dispatch,
     load_adapter,
     save_adapter,
 )
@@ -441,6 +442,7 @@ class RLTrainer:
                     else:
                         m.update(self._updates(step, r, adv, loss_mask, n_tok, n_seq, old_lp, ref_lp, train_lp, ent))
                         m["update/skipped"] = 0.0
+                        dispatch.release_transients()  # the last layer's BF16 weights kept for its backward
                     t_upd = time.perf_counter() - t2
                     m["train/answers"] = int(d.all_reduce(len(r)))
                     m["train/loss_tokens"] = n_tok

@@ -99,6 +99,54 @@ def test_op_autograd_through_dense_path(monkeypatch):
     assert ((x.grad.double() - ref_dx).norm() / ref_dx.norm()).item() < 5e-3
 
 
+@pytest.mark.parametrize("spec", ["nvfp4", "int4-g128"])
+def test_checkpointed_layers_reuse_the_recompute_weight_bit_equal(spec, monkeypatch):
+    """Two checkpointed QuantLinear layers (frozen base + LoRA) through ``registration.forward``: with one layer's
+    weight kept (``QUARL_KERNELS_DENSE_KEEP=1``) the backward's ``dy @ W`` reuses the weight its recompute made
+    (and the last layer's recompute the forward's) -- 3 decodes instead of 6 -- and every gradient is bit-equal
+    to the run that keeps none; a no-grad forward keeps nothing; ``dispatch.release_transients`` empties it."""
+    from quarl_kernels import recent_weights as rw
+    from torch import nn
+    from torch.utils.checkpoint import checkpoint
+
+    from quarl.quant import LoRAConfig, QuantLinear, attach_lora, dispatch
+
+    monkeypatch.setenv("QUARL_KERNELS_DENSE_MIN_M", "64")
+
+    def run(keep: str):
+        monkeypatch.setenv(rw.ENV, keep)
+        rw.release()
+        torch.manual_seed(5)
+        layers = nn.Sequential(*[QuantLinear.from_linear(nn.Linear(512, 512, bias=True), spec) for _ in range(2)])
+        attach_lora(layers, LoRAConfig(r=8, alpha=16, targets=["0", "1"]))
+        layers = layers.cuda().to(torch.bfloat16)
+        for p in layers.parameters():
+            if p.requires_grad:
+                p.data.normal_(0, 0.05)
+        x = torch.randn(96, 512, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+        h = x
+        before = dict(rw.stats)
+        for lay in layers:
+            h = checkpoint(lambda t, lay=lay: torch.tanh(lay(t)), h, use_reentrant=False)
+        h.float().square().sum().backward()
+        decodes = rw.stats["misses"] - before["misses"]
+        grads = [x.grad] + [p.grad for p in layers.parameters() if p.requires_grad]
+        return decodes, grads
+
+    d0, g0 = run("0")
+    d1, g1 = run("1")
+    assert (d0, d1) == (6, 3)
+    for a, b in zip(g0, g1, strict=True):
+        assert torch.equal(a, b)
+    assert rw.kept() == 1
+    dispatch.release_transients()
+    assert rw.kept() == 0
+    lay = QuantLinear.from_linear(nn.Linear(512, 512), spec).cuda().to(torch.bfloat16)
+    with torch.no_grad():
+        lay(torch.randn(96, 512, device="cuda", dtype=torch.bfloat16))
+    assert rw.kept() == 0
+
+
 @pytest.mark.parametrize("raw,msg", [("many", "not an integer"), ("-5", "negative")])
 def test_bad_threshold_setting_names_the_fix(raw, msg, monkeypatch):
     monkeypatch.setenv("QUARL_KERNELS_DENSE_MIN_M", raw)

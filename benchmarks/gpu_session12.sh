@@ -1,0 +1,61 @@
+#!/usr/bin/env bash
+# Session 12 (2026-11-26, fourth device session of the day): issue 17's open targets -- batch 8 (the mma.sync group
+# launch written in session 11, never run on a GPU) and the 7B GRPO step's update (the NVFP4 base's dense decode
+# done once less per micro-batch: quarl_kernels/recent_weights.py). Run from the repository root on the device
+# machine; the record of what ran is at the end of this file.
+#
+#   phase a: bash benchmarks/gpu_session12.sh a   (one GPU; ~8 min)
+#     1. GPU tests: the dense path with the kept weights (tests/kernels/test_dense_gpu.py), the last pass and the
+#        group launches incl. the mma.sync one (tests/kernels/test_epilogue_gpu.py), the engine;
+#     2. one LoRA micro-batch update on 4 decoder layers of the 7B shape, BF16 vs NVFP4 vs NVFP4 without the kept
+#        weights, profiled (benchmarks/lora_update_step.py);
+#     3. the 7B decode-step profile at batch 1 / 8 with and without the mma.sync group launch (:mmagroup);
+#     4. the 7B rollout table at batch 1 / 8 (BF16+LoRA, NVFP4+LoRA), and NVFP4+LoRA at batch 8 with
+#        QUARL_MMA_GROUP=1.
+set -u
+: "${OUT:?}"
+PHASE=${1:?phase}
+T0=$SECONDS
+export PYTHONUNBUFFERED=1
+PY=${PY:-python3}
+export PYTHONPATH=$PWD:$PWD/kernels${PYTHONPATH:+:$PYTHONPATH}
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv > "$OUT/gpu.txt" 2>&1
+echo "phase $PHASE: $(tail -n +2 "$OUT/gpu.txt" | head -1)"
+
+tests() {  # $1 = seconds, the rest = test files
+    local s=$1; shift
+    mkdir -p "$OUT/tests"
+    timeout -k 5 "$s" "$PY" -m pytest -q -rfEs -m gpu -p no:cacheprovider "$@" > "$OUT/tests/pytest.log" 2>&1
+    echo "== GPU tests rc=$? at $((SECONDS - T0)) s"; grep -E "^E |passed|failed|FAILED|ERROR" "$OUT/tests/pytest.log" | tail -n 20
+}
+
+case "$PHASE" in
+a)
+    tests "${TEST_S:-130}" tests/kernels/test_dense_gpu.py tests/kernels/test_epilogue_gpu.py tests/engine/test_engine_gpu.py
+    mkdir -p "$OUT/update" "$OUT/profile" "$OUT/roll" "$OUT/roll_mma"
+    timeout -k 5 "${UPDATE_S:-100}" "$PY" benchmarks/lora_update_step.py --profile --out "$OUT/update" \
+        > "$OUT/update/run.log" 2>&1
+    echo "== update rc=$? at $((SECONDS - T0)) s"; grep -A 6 "^| arm | step" "$OUT/update/run.log"; grep -A 6 "^| arm | 4-bit" "$OUT/update/run.log"
+    timeout -k 5 "${PROFILE_S:-90}" "$PY" benchmarks/rollout_profile.py --models 7b \
+        --variants nvfp4+lora32,nvfp4+lora32:mmagroup --batches 1,8 --budget-s $(( ${PROFILE_S:-90} - 15 )) \
+        --out "$OUT/profile" > "$OUT/profile/run.log" 2>&1
+    echo "== profile rc=$? at $((SECONDS - T0)) s"
+    grep -E "^\| (\*\*step|kernels per|GPU idle)|^7b|^  7b" "$OUT/profile/run.log"
+    timeout -k 5 "${ROLL_S:-100}" "$PY" benchmarks/rollout.py --models 7b --variants bf16+lora,nvfp4+lora \
+        --batches 1,8 --hf-new-tokens 0 --budget-s $(( ${ROLL_S:-100} - 15 )) --out "$OUT/roll" > "$OUT/roll/run.log" 2>&1
+    echo "== rollout table rc=$? at $((SECONDS - T0)) s"; grep -A 8 "^| model" "$OUT/roll/run.log" | head -n 10
+    QUARL_MMA_GROUP=1 timeout -k 5 "${ROLLM_S:-60}" "$PY" benchmarks/rollout.py --models 7b --variants nvfp4+lora \
+        --batches 8 --hf-new-tokens 0 --budget-s $(( ${ROLLM_S:-60} - 15 )) --out "$OUT/roll_mma" > "$OUT/roll_mma/run.log" 2>&1
+    echo "== rollout, mma group rc=$? at $((SECONDS - T0)) s"; grep -A 4 "^| model" "$OUT/roll_mma/run.log" | head -n 6
+    ;;
+*)
+    echo "unknown phase $PHASE"; exit 2
+    ;;
+esac
+# the device tool returns a limited number of files: one archive of the run's
+tar czf "$OUT/phase-$PHASE.tar.gz" -C "$OUT" --exclude "phase-$PHASE.tar.gz" --exclude gpu.txt . 2>/dev/null
+find "$OUT" -mindepth 1 -maxdepth 1 ! -name "phase-$PHASE.tar.gz" ! -name gpu.txt -exec rm -rf {} +
+echo "phase $PHASE done at $((SECONDS - T0)) s"
+
+# ---------------------------------------------------------------------------------------------------------------
+# Record of the calls (2026-11-26; results/gpu_2026-11-26/s12/<x>):

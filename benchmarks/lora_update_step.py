@@ -1,0 +1,160 @@
+"""One LoRA micro-batch update of the rl stage on Qwen-shaped decoder layers: BF16 base vs NVFP4 base, profiled.
+
+    PYTHONPATH=$PWD:$PWD/kernels python3 benchmarks/lora_update_step.py --out $OUT              # 7B width, 4 layers
+    python benchmarks/lora_update_step.py --device cpu --shape tiny --layers 2 --tokens 64 --seq 32 --out /tmp/lu
+
+Why. Issue 17 asks that a 7B NVFP4+LoRA GRPO step be no slower than the BF16+LoRA one; ``grpo_step_gpu.py`` times
+whole steps and found the update phase 0.6 s slower in NVFP4 (11.39 vs 10.80 s: 16 micro-batches of 8 x 768 tokens).
+This isolates one micro-batch -- what the update repeats -- on a few decoder layers, so the arms can be profiled
+and changed quickly: forward with activation checkpointing (the rl stage's ``policy.gradient_checkpointing``), the
+rl stage's chunked token log-probs (``quarl.rl.logprobs.completion_logprobs``) under a policy-gradient loss,
+backward, AdamW on the adapter. The base is built by the trainer's own ``quarl.train.policy.build_policy`` (LoRA
+rank ``--lora-r``, alpha 2r, fp32 adapters on all seven projections).
+
+Arms (each on a fresh model from the same seed): ``bf16`` and ``nvfp4`` (``policy.format``), and ``nvfp4:nokeep``
+(``QUARL_KERNELS_DENSE_KEEP=0``: the backward decodes the NVFP4 weight again instead of reusing the one the
+checkpointed recompute made, ``quarl_kernels.recent_weights``). ``--profile`` adds one profiled step per arm: GPU ms
+by kernel class (the 4-bit decode to BF16 counted apart) and the top kernels.
+
+Reading it: the arms share everything but the base projections, so (arm - bf16) / layers is what the 4-bit base
+costs per decoder layer and micro-batch; times 28 layers and 16 micro-batches it is the 7B update's difference.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from datetime import UTC, datetime
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path[:0] = [str(ROOT), str(ROOT / "kernels"), str(ROOT / "benchmarks")]
+
+import fp8_model_step as fms  # noqa: E402 -- the model builder, the rl loss step, the profiler's kernel classes
+from fp8_linear import stream_time, sync  # noqa: E402
+
+MODIFIERS = {"nokeep": ("QUARL_KERNELS_DENSE_KEEP", "0")}
+CLASSES = [("4-bit decode", ("_dequant_kernel",)), *fms.KERNEL_CLASSES]
+
+
+def parse_arm(arm: str) -> tuple[str, dict]:
+    """``nvfp4:nokeep`` -> ("nvfp4", {env: value}); unknown modifiers refused."""
+    fmt, *mods = arm.split(":")
+    bad = [m for m in mods if m not in MODIFIERS]
+    if bad:
+        raise SystemExit(f"arm {arm!r}: unknown modifier(s) {bad}; known: {', '.join(MODIFIERS)}")
+    return fmt, dict(MODIFIERS[m] for m in mods)
+
+
+def build_arm(shape: str, layers: int, fmt: str, lora_r: int, device: str):
+    from quarl.rl.config import PolicyConfig
+    from quarl.train.policy import build_policy, enable_gradient_checkpointing
+
+    model = fms.build(shape, layers, device)
+    build_policy(model, PolicyConfig(format=fmt, lora_r=lora_r, lora_alpha=2.0 * lora_r))
+    enable_gradient_checkpointing(model)
+    model.train()
+    return model
+
+
+def time_arm(a, arm: str) -> dict:
+    fmt, env = parse_arm(arm)
+    old = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
+    try:
+        model = build_arm(a.shape, a.layers, fmt, a.lora_r, a.device)
+        opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-6)
+        b = max(a.tokens // a.seq, 1)
+        ids = torch.randint(0, fms.SHAPES[a.shape][4], (b, a.seq), device=a.device,
+                            generator=torch.Generator(a.device).manual_seed(0))
+        fn = fms.step_fn(model, opt, ids, "rl")
+        if a.device == "cuda":
+            torch.cuda.reset_peak_memory_stats()
+        out = {"arm": arm, "ms": stream_time(fn, a.iters, a.device, warmup=2), "tokens": b * a.seq}
+        if a.device == "cuda":
+            out["peak_gib"] = torch.cuda.max_memory_allocated() / 2**30
+        if a.profile:
+            out["profile"] = fms.profile_step(fn, a.device, CLASSES)
+        del model, opt, fn
+        if a.device == "cuda":
+            torch.cuda.empty_cache()
+        return out
+    finally:
+        for k, v in old.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+def render(res: dict) -> str:
+    rows = [r for r in res["rows"] if "ms" in r]
+    base = next((r["ms"] for r in rows if r["arm"] == "bf16"), None)
+    L = [f"# LoRA micro-batch update, {res['shape']} width, {res['layers']} decoder layers, {res['tokens']} tokens "
+         f"({res['seq']} per sequence), r={res['lora_r']}, checkpointing, {res['gpu']}", "",
+         "| arm | step ms | vs bf16 | (arm - bf16) per layer ms | x 28 layers x 16 micro-batches s | peak GiB |",
+         "|---|---:|---:|---:|---:|---:|"]
+    for r in rows:
+        d = (r["ms"] - base) / res["layers"] if base is not None else float("nan")
+        L.append(f"| {r['arm']} | {r['ms']:.1f} | {r['ms'] / base:.3f}x | {d:+.2f} | {d * 28 * 16 / 1e3:+.2f} | "
+                 f"{r.get('peak_gib', float('nan')):.1f} |" if base else f"| {r['arm']} | {r['ms']:.1f} | | | | |")
+    for r in res["rows"]:
+        if "error" in r:
+            L.append(f"| {r['arm']} | {r['error'][:100]} | | | | |")
+    prof = {r["arm"]: r["profile"] for r in rows if r.get("profile")}
+    if prof:
+        cls = [c for c, _ in CLASSES] + ["other"]
+        L += ["", "GPU ms of one profiled step by kernel class (torch.profiler):", "",
+              "| arm | " + " | ".join(cls) + " | sum |", "|---|" + "---:|" * (len(cls) + 1)]
+        for arm, p in prof.items():
+            L.append(f"| {arm} | " + " | ".join(f"{p['classes'].get(c, 0.0):.1f}" for c in cls) +
+                     f" | {p['total_ms']:.1f} |")
+        for arm, p in prof.items():
+            L += ["", f"Top kernels, {arm} (ms per step):", ""] + [f"- {ms:.2f} {k}" for k, ms in p["top"]]
+    return "\n".join(L)
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--shape", default="Qwen2.5-7B", choices=sorted(fms.SHAPES))
+    ap.add_argument("--layers", type=int, default=4)
+    ap.add_argument("--tokens", type=int, default=8 * 768, help="tokens per micro-batch (the GRPO step's 8 x 768)")
+    ap.add_argument("--seq", type=int, default=768, help="tokens per sequence (256 prompt + the completion)")
+    ap.add_argument("--lora-r", type=int, default=32)
+    ap.add_argument("--arms", default="bf16,nvfp4,nvfp4:nokeep")
+    ap.add_argument("--iters", type=int, default=8)
+    ap.add_argument("--profile", action="store_true")
+    ap.add_argument("--device", default="cuda")
+    ap.add_argument("--out", default="/tmp/lora_update_step")
+    a = ap.parse_args(argv)
+    arms = a.arms.split(",")
+    for arm in arms:
+        parse_arm(arm)
+    out = Path(a.out)
+    out.mkdir(parents=True, exist_ok=True)
+    res = {"command": " ".join(sys.argv), "date": datetime.now(UTC).isoformat(timespec="seconds"),
+           "gpu": torch.cuda.get_device_name() if a.device == "cuda" else "cpu", "torch": torch.__version__,
+           "shape": a.shape, "layers": a.layers, "tokens": a.tokens, "seq": a.seq, "lora_r": a.lora_r, "rows": []}
+    t0 = time.time()
+    for arm in arms:
+        try:
+            row = time_arm(a, arm)
+        except Exception as e:  # noqa: BLE001 -- keep the other arms
+            row = {"arm": arm, "error": f"{type(e).__name__}: {str(e)[:300]}"}
+        sync(a.device)
+        res["rows"].append(row)
+        print(json.dumps({k: v for k, v in row.items() if k != "profile"}), flush=True)
+        res["wall_s"] = time.time() - t0
+        (out / "lora_update_step.json").write_text(json.dumps(res, indent=1))
+    text = render(res)
+    (out / "lora_update_step.md").write_text(text + "\n")
+    print(text)
+
+
+if __name__ == "__main__":
+    main()
