@@ -78,7 +78,7 @@ import triton.language as tl
 
 from quarl_kernels import lora_a
 from quarl_kernels.formats import FMT_INT4, FMT_MXFP4, FMT_NVFP4
-from quarl_kernels.launch import each_in_group, finish, interpreting, num_sms
+from quarl_kernels.launch import finish, finish_group, interpreting, num_sms
 from quarl_kernels.lora_a import lora_a_program
 
 # ---------------------------------------------------------------------------
@@ -588,12 +588,11 @@ def launch_gemv(x2: torch.Tensor, pw, cfg: GemvConfig, *, use_asm: bool = True, 
 def launch_gemv_group(x2: torch.Tensor, pws: list, cfg: GemvConfig, epis: list, *, use_asm: bool = True,
                       gate_act: bool = False) -> list[torch.Tensor]:
     """:func:`launch_gemv` for two or three FP4 weights that read the same ``x2`` (a LoRA group's q/k/v or gate/up):
-    one launch of all their tiles (and ``epis[0].lora_a``'s A programs), then each weight's last pass with its
-    ``epis[j]``. ``gate_act``: the second weight's pass writes ``silu(y_0) * y_1`` (``launch.Epilogue.gate``)."""
+    one launch of all their tiles (and ``epis[0].lora_a``'s A programs), then the weights' last passes with their
+    ``epis[j]`` (one launch for all: ``launch.finish_group``). ``gate_act``: the second weight's pass writes ``silu(y_0) * y_1`` (``launch.Epilogue.gate``)."""
     la = gemv_launch(x2, pws[0], cfg, use_asm=use_asm, epi=epis[0], more=tuple(pws[1:]))
     la.kernel[la.grid](*la.args, **la.constexprs, num_warps=la.num_warps, num_stages=la.num_stages)
-    pairs = [(la.out, la.y), *la.rest]
-    return each_in_group(epis, gate_act, lambda j, e: finish(*pairs[j], la.split, e))
+    return finish_group([(la.out, la.y), *la.rest], la.split, epis, gate_act)
 
 
 def group_supported(x2: torch.Tensor, pws: list) -> bool:

@@ -29,7 +29,8 @@ from quarl_kernels.act import silu_mul_values
 from quarl_kernels.rounding import round_to
 
 __all__ = ["DecodeOperands", "Epilogue", "decode_operands", "each_in_group", "env_flag", "epilogue_kernel", "finish",
-           "finish_splits", "interpreting", "num_sms", "splitk_reduce_kernel"]
+           "finish_group", "finish_splits", "group_epilogue_kernel", "group_pass_launch", "interpreting", "num_sms",
+           "splitk_reduce_kernel"]
 
 
 def num_sms(device: torch.device) -> int:
@@ -116,21 +117,12 @@ class Epilogue(typing.NamedTuple):
 
 
 @triton.jit
-def epilogue_kernel(ws_ptr, y_ptr, bias_ptr, a_ptr, b_ptr, M, N, scaling, s_ws, m_ws, m_a, s_a, g_ptr, m_g,
-                    SPLIT_K: tl.constexpr, HAS_BIAS: tl.constexpr, R: tl.constexpr, RP: tl.constexpr,
-                    BM: tl.constexpr, BN: tl.constexpr, DOT: tl.constexpr, INTERPRET: tl.constexpr,
-                    A_PARTS: tl.constexpr = False, SA: tl.constexpr = 1, HAS_GATE: tl.constexpr = False):
-    """y[m, n] = sum_s ws[s, m, n] (split order) + bias[n] + scaling * sum_r a[m, r] b[n, r].
-
-    ``ws`` is the fp32 partials [S, M, N] (strides s_ws, m_ws), or ``y`` itself when S == 1
-    (each element is read and written by the same program: in place is safe). R = 0: no LoRA;
-    RP = R padded to a power of two (>= 16 for tl.dot), the pad masked to zero. DOT: the LoRA
-    term as a tl.dot of 16-row tiles (M >= 2); else (one decode row) a broadcast multiply of
-    ``a [1, RP]`` with the ``b [BN, RP]`` tile and a sum over r in registers (BN * RP <= 8192).
-    A_PARTS: ``a`` is SA fp32 partials (split stride s_a), summed in split order and rounded once to
-    y's dtype before the product (``quarl_kernels.lora_a``)."""
-    rows = tl.program_id(0) * BM + tl.arange(0, BM)  # [BM]
-    cols = tl.program_id(1) * BN + tl.arange(0, BN)  # [BN]
+def _epilogue_acc(ws_ptr, bias_ptr, a_ptr, b_ptr, rows, cols, M, N, scaling, s_ws, m_ws, m_a, s_a,
+                  SPLIT_K: tl.constexpr, HAS_BIAS: tl.constexpr, R: tl.constexpr, RP: tl.constexpr,
+                  DOT: tl.constexpr, INTERPRET: tl.constexpr, A_PARTS: tl.constexpr, SA: tl.constexpr, OUT_T):
+    """fp32 ``[BM, BN]`` = sum_s ws[s, rows, cols] (split order) + bias[cols] + scaling * a[rows] @ b[cols]^T (the
+    last pass before its rounding: :func:`epilogue_kernel`'s arithmetic, shared with :func:`group_epilogue_kernel`).
+    ``OUT_T``: the output dtype, to which LoRA partials are rounded once (F.linear's ``a``)."""
     rm, cm = rows < M, cols < N
     mask = rm[:, None] & cm[None, :]
     off = rows[:, None] * m_ws + cols[None, :]
@@ -147,7 +139,7 @@ def epilogue_kernel(ws_ptr, y_ptr, bias_ptr, a_ptr, b_ptr, M, N, scaling, s_ws, 
             af = tl.load(a_ptr + a_off, mask=a_mask, other=0.0)
             for s in tl.static_range(1, SA):  # unrolled: the SA loads issue together
                 af += tl.load(a_ptr + s * s_a + a_off, mask=a_mask, other=0.0)
-            a = round_to(af, y_ptr.dtype.element_ty, INTERPRET)
+            a = round_to(af, OUT_T, INTERPRET)
         else:
             a = tl.load(a_ptr + a_off, mask=a_mask, other=0.0)
         b = tl.load(b_ptr + cols[:, None] * R + rr[None, :], mask=cm[:, None] & (rr[None, :] < R), other=0.0)
@@ -159,6 +151,28 @@ def epilogue_kernel(ws_ptr, y_ptr, bias_ptr, a_ptr, b_ptr, M, N, scaling, s_ws, 
         else:
             prod = a.to(tl.float32)[:, None, :] * b.to(tl.float32)[None, :, :]  # [1, BN, RP]: one vector load of b
             acc += scaling * tl.sum(prod, axis=2)
+    return acc
+
+
+@triton.jit
+def epilogue_kernel(ws_ptr, y_ptr, bias_ptr, a_ptr, b_ptr, M, N, scaling, s_ws, m_ws, m_a, s_a, g_ptr, m_g,
+                    SPLIT_K: tl.constexpr, HAS_BIAS: tl.constexpr, R: tl.constexpr, RP: tl.constexpr,
+                    BM: tl.constexpr, BN: tl.constexpr, DOT: tl.constexpr, INTERPRET: tl.constexpr,
+                    A_PARTS: tl.constexpr = False, SA: tl.constexpr = 1, HAS_GATE: tl.constexpr = False):
+    """y[m, n] = sum_s ws[s, m, n] (split order) + bias[n] + scaling * sum_r a[m, r] b[n, r].
+
+    ``ws`` is the fp32 partials [S, M, N] (strides s_ws, m_ws), or ``y`` itself when S == 1
+    (each element is read and written by the same program: in place is safe). R = 0: no LoRA;
+    RP = R padded to a power of two (>= 16 for tl.dot), the pad masked to zero. DOT: the LoRA
+    term as a tl.dot of 16-row tiles (M >= 2); else (one decode row) a broadcast multiply of
+    ``a [1, RP]`` with the ``b [BN, RP]`` tile and a sum over r in registers (BN * RP <= 8192).
+    A_PARTS: ``a`` is SA fp32 partials (split stride s_a), summed in split order and rounded once to
+    y's dtype before the product (``quarl_kernels.lora_a``)."""
+    rows = tl.program_id(0) * BM + tl.arange(0, BM)  # [BM]
+    cols = tl.program_id(1) * BN + tl.arange(0, BN)  # [BN]
+    mask = (rows < M)[:, None] & (cols < N)[None, :]
+    acc = _epilogue_acc(ws_ptr, bias_ptr, a_ptr, b_ptr, rows, cols, M, N, scaling, s_ws, m_ws, m_a, s_a,
+                        SPLIT_K, HAS_BIAS, R, RP, DOT, INTERPRET, A_PARTS, SA, y_ptr.dtype.element_ty)
     if HAS_GATE:  # the MLP's activation: silu(gate) * y, on y rounded to its dtype (act.silu_mul's operands)
         u = round_to(acc, y_ptr.dtype.element_ty, INTERPRET).to(tl.float32)
         g = tl.load(g_ptr + rows[:, None] * m_g + cols[None, :], mask=mask, other=0.0).to(tl.float32)
@@ -166,6 +180,58 @@ def epilogue_kernel(ws_ptr, y_ptr, bias_ptr, a_ptr, b_ptr, M, N, scaling, s_ws, 
     else:
         out = round_to(acc, y_ptr.dtype.element_ty, INTERPRET)  # = acc.to() on the GPU; RNE in the interpreter too
     tl.store(y_ptr + rows[:, None] * N + cols[None, :], out, mask=mask)
+
+
+@triton.jit
+def _group_pass(ws_ptr, y_ptr, bias_ptr, a_ptr, b_ptr, rows, t, M, N, scaling, s_ws, m_ws, m_a,
+                s_a, SPLIT_K: tl.constexpr, HAS_BIAS: tl.constexpr, R: tl.constexpr, RP: tl.constexpr,
+                BN: tl.constexpr, DOT: tl.constexpr, INTERPRET: tl.constexpr, A_PARTS: tl.constexpr,
+                SA: tl.constexpr):
+    """One projection's column tile ``t`` of :func:`group_epilogue_kernel`: the pass, rounded and stored."""
+    cols = t * BN + tl.arange(0, BN)
+    acc = _epilogue_acc(ws_ptr, bias_ptr, a_ptr, b_ptr, rows, cols, M, N, scaling, s_ws, m_ws, m_a, s_a,
+                        SPLIT_K, HAS_BIAS, R, RP, DOT, INTERPRET, A_PARTS, SA, y_ptr.dtype.element_ty)
+    out = round_to(acc, y_ptr.dtype.element_ty, INTERPRET)
+    tl.store(y_ptr + rows[:, None] * N + cols[None, :], out, mask=(rows < M)[:, None] & (cols < N)[None, :])
+    return acc
+
+
+@triton.jit
+def group_epilogue_kernel(
+    M, s_a, ws0, y0, bias0, a0, b0, N0, sc0, s_ws0, m_ws0, m_a0, T0,
+    ws1, y1, bias1, a1, b1, N1, sc1, s_ws1, m_ws1, m_a1, T1,
+    ws2, y2, bias2, a2, b2, N2, sc2, s_ws2, m_ws2, m_a2,
+    SPLIT_K: tl.constexpr, R: tl.constexpr, RP: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
+    DOT: tl.constexpr, INTERPRET: tl.constexpr, A_PARTS: tl.constexpr, SA: tl.constexpr,
+    HB0: tl.constexpr, HB1: tl.constexpr, HB2: tl.constexpr, GATE_ACT: tl.constexpr,
+):
+    """The last passes of a LoRA group's two or three projections (one launch's partials: one split count, one
+    rank) as one launch: :func:`epilogue_kernel` for each, program tiles ``[0, T0)`` for projection 0, ``[T0, T0 +
+    T1)`` for 1, the rest for 2. ``GATE_ACT`` (gate / up, one N): each program does the same columns of both and
+    writes ``gate`` and ``silu(gate) * up`` (``act.silu_mul``'s arithmetic on the rounded values), as the up pass
+    with ``HAS_GATE`` would after the gate pass."""
+    pid = tl.program_id(1)
+    rows = tl.program_id(0) * BM + tl.arange(0, BM)  # [BM]
+    if GATE_ACT:
+        g = _group_pass(ws0, y0, bias0, a0, b0, rows, pid, M, N0, sc0, s_ws0, m_ws0, m_a0, s_a,
+                        SPLIT_K, HB0, R, RP, BN, DOT, INTERPRET, A_PARTS, SA)
+        cols = pid * BN + tl.arange(0, BN)
+        mask = (rows < M)[:, None] & (cols < N1)[None, :]
+        u = _epilogue_acc(ws1, bias1, a1, b1, rows, cols, M, N1, sc1, s_ws1, m_ws1, m_a1, s_a,
+                          SPLIT_K, HB1, R, RP, DOT, INTERPRET, A_PARTS, SA, y1.dtype.element_ty)
+        gr = round_to(g, y1.dtype.element_ty, INTERPRET).to(tl.float32)
+        ur = round_to(u, y1.dtype.element_ty, INTERPRET).to(tl.float32)
+        tl.store(y1 + rows[:, None] * N1 + cols[None, :], silu_mul_values(gr, ur, y1.dtype.element_ty, INTERPRET),
+                 mask=mask)
+    elif pid < T0:
+        _group_pass(ws0, y0, bias0, a0, b0, rows, pid, M, N0, sc0, s_ws0, m_ws0, m_a0, s_a,
+                    SPLIT_K, HB0, R, RP, BN, DOT, INTERPRET, A_PARTS, SA)
+    elif pid < T0 + T1:
+        _group_pass(ws1, y1, bias1, a1, b1, rows, pid - T0, M, N1, sc1, s_ws1, m_ws1, m_a1, s_a,
+                    SPLIT_K, HB1, R, RP, BN, DOT, INTERPRET, A_PARTS, SA)
+    else:
+        _group_pass(ws2, y2, bias2, a2, b2, rows, pid - T0 - T1, M, N2, sc2, s_ws2, m_ws2, m_a2, s_a,
+                    SPLIT_K, HB2, R, RP, BN, DOT, INTERPRET, A_PARTS, SA)
 
 
 def _pow2_floor(v: int) -> int:
@@ -222,6 +288,80 @@ def each_in_group(epis: list, gate_act: bool, run_one) -> list[torch.Tensor]:
             e = (e if e is not None else Epilogue())._replace(gate=ys[0])
         ys.append(run_one(j, e))
     return ys
+
+
+GROUP_PASS_ENV = "QUARL_GROUP_PASS"  # 0: a group's last passes as one launch each (the before of the group pass)
+
+
+def _group_pass_ok(pairs: list, split: int, epis: list, gate_act: bool) -> bool:
+    """True when :func:`finish_group` can run the group's passes as one launch: every projection has a LoRA branch
+    of one rank with its ``a`` in one form (all split partials with one count, or all plain), and gate / up share
+    N."""
+    if not env_flag(GROUP_PASS_ENV, True) or not 2 <= len(pairs) <= 3:
+        return False
+    if any(e is None or e.a is None or e.gate is not None for e in epis):
+        return False
+    r, dim, sa = epis[0].b.shape[-1], epis[0].a.dim(), epis[0].a.shape[0]
+    if any(e.b.shape[-1] != r or e.a.dim() != dim or (dim == 3 and e.a.shape[0] != sa) for e in epis):
+        return False
+    if dim == 3 and any(e.a.stride(0) != epis[0].a.stride(0) for e in epis):
+        return False
+    return not gate_act or (len(pairs) == 2 and pairs[0][1].shape == pairs[1][1].shape)
+
+
+class PassLaunch(typing.NamedTuple):
+    """One launch of :func:`group_epilogue_kernel`, as :func:`group_pass_launch` builds it (also what a build test
+    compiles for sm_90 on a CPU)."""
+
+    kernel: typing.Any
+    grid: tuple
+    args: tuple
+    constexprs: dict
+    num_warps: int
+
+
+def group_pass_launch(pairs: list, split: int, epis: list, gate_act: bool) -> PassLaunch:
+    """The :func:`group_epilogue_kernel` launch for :func:`finish_group`'s arguments (which it assumes
+    :func:`_group_pass_ok` accepted)."""
+    m = pairs[0][1].shape[0]
+    r = epis[0].b.shape[-1]
+    parts = epis[0].a.dim() == 3
+    ns = [y.shape[1] for _, y in pairs]
+    bm, bn, rp, dot = _epilogue_tiles(m, min(ns), r)
+    tiles = [triton.cdiv(n, bn) for n in ns]
+    sets = []
+    for j in range(3):  # a missing third projection: placeholders no program reads (T0 + T1 covers the grid)
+        out, y = pairs[min(j, len(pairs) - 1)]
+        e = epis[min(j, len(pairs) - 1)]
+        real = j < len(pairs)
+        s_ws, m_ws = (out.stride(0), out.stride(1)) if split > 1 else (0, y.stride(0))  # unsplit: in place over y
+        sets += [out if split > 1 else y, y, e.bias if e.bias is not None else y, e.a, e.b, ns[j] if real else 0,
+                 float(e.scaling), s_ws, m_ws, e.a.stride(-2)]
+        if j < 2:
+            sets.append(tiles[j] if real else 0)
+    hb = [j < len(epis) and epis[j].bias is not None for j in range(3)]
+    const = {"SPLIT_K": split, "R": r, "RP": rp, "BM": bm, "BN": bn, "DOT": dot, "INTERPRET": interpreting(),
+             "A_PARTS": parts, "SA": epis[0].a.shape[0] if parts else 1, "HB0": hb[0], "HB1": hb[1], "HB2": hb[2],
+             "GATE_ACT": gate_act}
+    grid = (triton.cdiv(m, bm), tiles[0] if gate_act else sum(tiles))
+    return PassLaunch(group_epilogue_kernel, grid, (m, epis[0].a.stride(0) if parts else 0, *sets), const, 4)
+
+
+def finish_group(pairs: list, split: int, epis: list, gate_act: bool = False) -> list[torch.Tensor]:
+    """The last passes of a group launch (``pairs[j] = (out_j, y_j)``: fp32 partials ``[S, M, N_j]`` and output
+    ``[M, N_j]``; ``epis[j]`` as :func:`finish` takes it) -> ``[y_j]``. One kernel for all of them where
+    :func:`_group_pass_ok` allows (:func:`group_epilogue_kernel`: one launch instead of two or three per LoRA
+    group), else one :func:`finish` each; ``gate_act`` as in :func:`each_in_group`. ``QUARL_GROUP_PASS=0``: one
+    each."""
+    if not _group_pass_ok(pairs, split, epis, gate_act):
+        return each_in_group(epis, gate_act, lambda j, e: finish(*pairs[j], split, e))
+    m = pairs[0][1].shape[0]
+    for (_, y), e in zip(pairs, epis, strict=True):
+        e.check(m, y.shape[1])
+    if m > 0:
+        la = group_pass_launch(pairs, split, epis, gate_act)
+        la.kernel[la.grid](*la.args, **la.constexprs, num_warps=la.num_warps)
+    return [y for _, y in pairs]
 
 
 class DecodeOperands(typing.NamedTuple):

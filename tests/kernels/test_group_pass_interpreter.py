@@ -1,0 +1,94 @@
+"""A LoRA group's last passes as one launch (``launch.finish_group``) on CPU through ``TRITON_INTERPRET=1``.
+
+Against one ``launch.finish`` per projection on the same fp32 split partials: bit-equal for q/k/v of different
+widths (bias, the LoRA ``a`` as split partials or as a plain ``[M, r]``), for gate / up with the activation
+(``gate_act``: gate written, and ``silu(gate) * up``), at one row (the register-broadcast LoRA term) and at
+several (the tl.dot tiles), split or not (in place). One kernel launch for the group; ``QUARL_GROUP_PASS=0`` and
+groups the kernel does not take (adapters of different ranks) run one pass each.
+
+Skipped unless Triton is importable and NumPy < 2.3 (see test_wo_gemm_interpreter.py).
+"""
+
+from __future__ import annotations
+
+import textwrap
+
+from tests.kernels.interpreter import needs_interpreter, needs_triton, run_interpreted
+
+SCRIPT = textwrap.dedent("""
+    import os
+    import torch
+    from quarl_kernels import launch
+    from quarl_kernels.launch import Epilogue
+
+    launches = []
+    real = launch.group_epilogue_kernel
+    class Count:
+        def __getitem__(self, grid):
+            launches.append(grid)
+            return real[grid]
+    launch.group_epilogue_kernel = Count()
+
+    def case(m, ns, split, r, parts, gate_act, bias, rs=None):
+        g = torch.Generator().manual_seed(m * 100 + split + r)
+        rs = rs or [r] * len(ns)
+        outs = [torch.randn(split, m, n, generator=g) for n in ns] if split > 1 else [None] * len(ns)
+        sa = 3
+        a_all = (torch.randn(sa, m, sum(rs), generator=g) if parts else torch.randn(m, sum(rs), generator=g).to(torch.bfloat16))
+        epis, lo = [], 0
+        for j, n in enumerate(ns):
+            b = (torch.randn(n, rs[j], generator=g) * 0.3).to(torch.bfloat16)
+            bi = torch.randn(n, generator=g).to(torch.bfloat16) if bias else None
+            epis.append(Epilogue(bi, a_all[..., lo:lo + rs[j]], b, 0.5))
+            lo += rs[j]
+        def ys0():
+            gen = torch.Generator().manual_seed(7)
+            return [torch.randn(m, n, generator=gen).to(torch.bfloat16) for n in ns]  # the unsplit case: in place
+        y_g, y_r = ys0(), ys0()
+        pg = [(outs[j] if split > 1 else y_g[j], y_g[j]) for j in range(len(ns))]
+        pr = [(outs[j] if split > 1 else y_r[j], y_r[j]) for j in range(len(ns))]
+        before = len(launches)
+        got = launch.finish_group(pg, split, epis, gate_act)
+        n_launch = len(launches) - before
+        ref = launch.each_in_group(epis, gate_act, lambda j, e: launch.finish(*pr[j], split, e))
+        for j, (a, b) in enumerate(zip(got, ref)):
+            assert torch.equal(a, b), (m, ns, split, parts, gate_act, j, (a.float() - b.float()).abs().max())
+        return n_launch
+
+    for m in (1, 3):
+        for split in (1, 4):
+            for parts in (True, False):
+                assert case(m, [64, 16, 24], split, 8, parts, False, True) == 1
+                assert case(m, [80, 80], split, 8, parts, True, False) == 1
+    print("bit-equal")
+    assert case(1, [64, 16], 4, 8, True, False, True, rs=[8, 16]) == 0  # two ranks: one pass each
+    os.environ["QUARL_GROUP_PASS"] = "0"
+    assert case(1, [64, 16, 24], 4, 8, True, False, True) == 0
+    print("OK")
+""")
+
+
+@needs_interpreter
+def test_group_pass_under_triton_interpreter():
+    run_interpreted(SCRIPT)
+
+
+@needs_triton
+def test_group_pass_builds_for_sm90_without_spills():
+    """The 7B groups' passes (q/k/v with bias at one row; gate / up with the activation at 8 rows: tl.dot tiles),
+    built for Hopper on a CPU: they compile, and ptxas spills nothing."""
+    import torch
+    from quarl_kernels import launch
+    from quarl_kernels.launch import Epilogue
+
+    from tests.kernels.sm90_sass import compile_launch, stack_bytes
+
+    for m, ns, split, gate_act in ((1, (3584, 512, 512), 4, False), (8, (18944, 18944), 2, True)):
+        pairs = [(torch.empty(split, m, n), torch.empty(m, n, dtype=torch.bfloat16)) for n in ns]
+        parts = torch.empty(4, m, 32 * len(ns))
+        epis = [Epilogue(None if gate_act else torch.empty(n, dtype=torch.bfloat16), parts[..., 32 * j:32 * j + 32],
+                         torch.empty(n, 32, dtype=torch.bfloat16), 2.0) for j, n in enumerate(ns)]
+        assert launch._group_pass_ok(pairs, split, epis, gate_act)
+        la = launch.group_pass_launch(pairs, split, epis, gate_act)
+        k, _ = compile_launch(la, INTERPRET=False)
+        assert stack_bytes(k) in (0, None), ("ptxas spilled registers", ns)
