@@ -16,8 +16,8 @@ the before/after of that change, same model and weights. ``:noepi`` sets
 pass) and ``:sdpa`` ``QUARL_ENGINE_DECODE_ATTN=0`` (SDPA for decode attention); ``:noloraa`` sets
 ``QUARL_ENGINE_LORA_A=0`` (the packed A GEMM on cuBLAS, not inside the first projection's GEMV launch,
 ``quarl_kernels.lora_a``); ``:nogroup`` sets ``QUARL_GEMV_GROUP=0`` (a one-row q/k/v or gate/up group as one
-GEMV launch per weight, not one for the group); ``:mmagroup`` sets ``QUARL_MMA_GROUP=1`` (a 2..16-row group's
-weights in one mma.sync launch); ``:nogrouppass`` sets ``QUARL_GROUP_PASS=0`` (a group launch's last passes as one
+GEMV launch per weight, not one for the group); ``:nommagroup`` sets ``QUARL_MMA_GROUP=0`` (a 2..16-row group's
+weights as one mma.sync launch each); ``:nogrouppass`` sets ``QUARL_GROUP_PASS=0`` (a group launch's last passes as one
 launch per weight, not one for the group, ``launch.finish_group``); modifiers combine (``nvfp4+lora32:noepi:sdpa``). With the epilogue on, a projection's ``gemm:*`` row includes its
 bias and LoRA B (they run in its kernels); ``lora`` is then the A GEMMs alone.
 
@@ -427,7 +427,7 @@ MODIFIERS = {  # ':name' -> the engine switch (env, value) it sets for the cell:
     "sdpa": ("QUARL_ENGINE_DECODE_ATTN", "0"),  # decode attention through SDPA, not the split-KV kernel
     "noloraa": ("QUARL_ENGINE_LORA_A", "0"),  # the packed A GEMM on cuBLAS, not inside the first projection's launch
     "nogroup": ("QUARL_GEMV_GROUP", "0"),  # a group's weights as one launch each, not one launch
-    "mmagroup": ("QUARL_MMA_GROUP", "1"),  # a 2..16-row group's weights in one mma.sync launch (opt-in until measured)
+    "nommagroup": ("QUARL_MMA_GROUP", "0"),  # a 2..16-row group's weights as one mma.sync launch each, not one
     "nogrouppass": ("QUARL_GROUP_PASS", "0"),  # a group launch's last passes one launch each, not one for the group
 }
 

@@ -554,7 +554,7 @@ def wo_matmul(x2: torch.Tensor, pw: PackedWeight, *, tune: bool | None = None, e
 def wo_matmul_group(x2: torch.Tensor, pws: list, epis: list, *, gate_act: bool = False) -> list[torch.Tensor]:
     """``[wo_matmul(x2, pws[j], epi=epis[j])]`` for weights that read the same ``x2`` (a LoRA group's q/k/v or
     gate/up); ``gate_act``: the second output is ``silu(y_0) * y_1`` (``launch.Epilogue.gate``). One launch for all of
-    them where :func:`group_route` names one (the GEMV at one row; the mma.sync kernel at 2..16 rows, opt-in),
+    them where :func:`group_route` names one (the GEMV at one row; the mma.sync kernel at 2..16 rows),
     else one call each."""
     m, p0 = x2.shape[0], pws[0]
     route = group_route(x2, pws)
@@ -573,19 +573,19 @@ def wo_matmul_group(x2: torch.Tensor, pws: list, epis: list, *, gate_act: bool =
 
 
 GROUP_ENV = "QUARL_GEMV_GROUP"  # 0: a LoRA group's projections as one launch each, not one launch for the group
-MMA_GROUP_ENV = "QUARL_MMA_GROUP"  # 1: the group launch at 2..16 rows too (mma.sync): not yet run on a GPU, off
+MMA_GROUP_ENV = "QUARL_MMA_GROUP"  # 0: no group launch at 2..16 rows (mma.sync; 7B batch 8: 4.77 vs 4.97 ms a step)
 GROUP_MAX_M = 16  # rows up to which a group's weights share a launch: the GEMV at 1, the mma.sync kernel at 2..16
 
 
 def group_route(x2: torch.Tensor, pws: list) -> str | None:
     """Which one launch serves a LoRA group's weights on ``x2``: "gemv" (one row), "mma" (2..16 rows, only with
-    ``QUARL_MMA_GROUP=1``: built and tested for sm_90 on a CPU, not yet run on a GPU), or None (one launch each)."""
+    ``QUARL_MMA_GROUP=0`` turns it off), or None (one launch each)."""
     m = x2.shape[0]
     if not _env_flag(GROUP_ENV, True) or dense.use_dense(m):
         return None
     if gemv.group_supported(x2, pws):
         return "gemv"
-    md = _mma_decode() if MMA_DECODE_MIN_M <= m and _env_flag(MMA_GROUP_ENV, False) else None
+    md = _mma_decode() if MMA_DECODE_MIN_M <= m and _env_flag(MMA_GROUP_ENV, True) else None
     if md is not None and md.group_supported(x2, pws) and all(md.preferred(m, p.n, p.k) for p in pws):
         return "mma"
     return None

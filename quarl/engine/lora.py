@@ -40,9 +40,10 @@ programs of the first projection's GEMV / mma.sync launch (``QuantLinear.epilogu
 that each projection's last pass sums and rounds to the activation dtype before its ``a_j @ B_j^T`` -- the value
 ``F.linear`` returns, up to the order of the fp32 sum. ``QUARL_ENGINE_LORA_A=0`` keeps cuBLAS (docs/engine.md).
 At decode sizes the group's weights go further: q/k/v (gate/up) and the A programs are one launch -- the GEMV at
-one row; the mma.sync kernel at 2..16 with ``QUARL_MMA_GROUP=1`` (not yet run on a GPU)
-(``QuantLinear.epilogue_group_kernel``, ``quarl_kernels.wo_gemm.wo_matmul_group``) -- then each projection's last
-pass; ``QUARL_GEMV_GROUP=0`` launches them one by one.
+one row, the mma.sync kernel at 2..16 (``QuantLinear.epilogue_group_kernel``,
+``quarl_kernels.wo_gemm.wo_matmul_group``) -- then the projections' last passes, one launch for the group
+(``quarl_kernels.launch.finish_group``). ``QUARL_GEMV_GROUP=0`` launches the weights one by one,
+``QUARL_MMA_GROUP=0`` only at 2..16 rows, ``QUARL_GROUP_PASS=0`` the last passes.
 """
 
 from __future__ import annotations

@@ -204,7 +204,7 @@ def test_packed_group_takes_the_partials_route_in_a_cuda_graph(monkeypatch, rows
 @pytest.mark.parametrize("ns,gate_act", [((3584, 512, 512), False), ((18944, 18944), True)])
 def test_group_launch_matches_one_launch_per_weight(ns, gate_act, m, monkeypatch):
     """A LoRA group's weights and its A programs in one launch (``wo_gemm.wo_matmul_group``: the GEMV at one row, the
-    mma.sync kernel at 8 and 13 with ``QUARL_MMA_GROUP=1``), then each last pass: within fp32 summation order (the group splits K for all its
+    mma.sync kernel at 8 and 13), then the group's last passes (one launch): within fp32 summation order (the group splits K for all its
     tiles together) of one launch per weight and of the float64 product; with ``gate_act`` the second output is
     ``silu(y_0) * y_1``."""
     from quarl_kernels import gemv, lora_a, mma_decode
@@ -219,7 +219,7 @@ def test_group_launch_matches_one_launch_per_weight(ns, gate_act, m, monkeypatch
     bs = [(torch.randn(n, r, device="cuda") * 0.05).to(torch.bfloat16) for n in ns]
     bias = [torch.randn(n, device="cuda", dtype=torch.bfloat16) for n in ns]
     assert (gemv if m == 1 else mma_decode).group_supported(x, pws)
-    monkeypatch.setenv("QUARL_MMA_GROUP", "1")  # opt-in until this test has run on a GPU
+    monkeypatch.delenv("QUARL_MMA_GROUP", raising=False)  # on by default
     assert wo_gemm.group_route(x, pws) == ("gemv" if m == 1 else "mma")
 
     def epis():
@@ -234,7 +234,10 @@ def test_group_launch_matches_one_launch_per_weight(ns, gate_act, m, monkeypatch
         one.append(wo_gemm.wo_matmul(x, pws[j], epi=e[j]._replace(gate=one[0] if gate_act and j == 1 else None)))
     a = (x.double() @ amat.double().T)  # [M, G*r]
     for j, (y, y1) in enumerate(zip(ys, one, strict=True)):
-        assert rel(y, y1.double()) < 4e-3, (j, rel(y, y1.double()))
+        # silu(gate) * up: both operands rounded to bf16 after sums in another order, then the product rounded
+        # again -- up to ~2 bf16 half-ulps more than a plain output (the H100 measured 4.06e-3 at one row)
+        bound = 8e-3 if gate_act and j == 1 else 4e-3
+        assert rel(y, y1.double()) < bound, (j, rel(y, y1.double()))
         want = x.double() @ ws[j][1].T + bias[j].double() + 0.5 * a[:, j * r:(j + 1) * r] @ bs[j].double().T
         if gate_act and j == 1:
             want = silu_mul(one[0], want.to(torch.bfloat16)).double()

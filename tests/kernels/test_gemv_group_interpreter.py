@@ -75,8 +75,9 @@ def test_gemv_group_under_triton_interpreter():
 
 @needs_triton
 def test_group_route_by_rows_and_switches(monkeypatch):
-    """One row: the GEMV group launch; 8 rows: none by default (the mma.sync one is opt-in, ``QUARL_MMA_GROUP=1``, not
-    yet run on a GPU); ``QUARL_GEMV_GROUP=0``: none."""
+    """One row: the GEMV group launch; 8 rows: the mma.sync one, which needs CUDA tensors (so none here; on the GPU
+    ``test_epilogue_gpu.py`` checks it names "mma"), and none with ``QUARL_MMA_GROUP=0``; ``QUARL_GEMV_GROUP=0``:
+    none."""
     import torch
     from quarl_kernels import wo_gemm
     from quarl_kernels.wo_gemm import PackedWeight
@@ -86,7 +87,6 @@ def test_group_route_by_rows_and_switches(monkeypatch):
     one, eight = torch.empty(1, 3584, dtype=torch.bfloat16), torch.empty(8, 3584, dtype=torch.bfloat16)
     monkeypatch.delenv("QUARL_MMA_GROUP", raising=False)
     assert wo_gemm.group_route(one, pws) == "gemv" and wo_gemm.group_route(eight, pws) is None
-    # (with QUARL_MMA_GROUP=1 the mma.sync route needs CUDA tensors: test_epilogue_gpu.py checks it names "mma")
     monkeypatch.setenv("QUARL_GEMV_GROUP", "0")
     assert wo_gemm.group_route(one, pws) is None
 
