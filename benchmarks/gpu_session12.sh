@@ -19,6 +19,9 @@
 #   phase c: bash benchmarks/gpu_session12.sh c   (one GPU; ~7 min)
 #     The 7B GRPO step with the kept dense weights (issue 17's "no slower than BF16+LoRA"), and the batch-64 cells
 #     of the rollout table.
+#   phase d: bash benchmarks/gpu_session12.sh d   (one GPU; ~6 min)
+#     The decode kernels' configs on the H100: the GEMV at one row (the candidates and --explore's more-bytes-in-
+#     flight ones) and the mma.sync kernel at 8 / 16 rows, NVFP4 at the 7B shapes.
 set -u
 : "${OUT:?}"
 PHASE=${1:?phase}
@@ -76,6 +79,15 @@ c)
         --batches 64 --hf-new-tokens 0 --budget-s $(( ${ROLL_S:-200} - 20 )) --out "$OUT/roll" > "$OUT/roll/run.log" 2>&1
     echo "== rollout table rc=$? at $((SECONDS - T0)) s"; grep -A 6 "^| model" "$OUT/roll/run.log" | head -n 8
     ;;
+d)  # the decode kernels' configs on the H100 (the defaults are the H200 sweep's winners)
+    mkdir -p "$OUT/gemv" "$OUT/mma"
+    timeout -k 5 "${GEMV_S:-200}" "$PY" benchmarks/kernels/bench_gemv.py --formats nvfp4 --ms 1 --explore \
+        --out "$OUT/gemv" > "$OUT/gemv/run.log" 2>&1
+    echo "== GEMV sweep rc=$? at $((SECONDS - T0)) s"; grep -E "^nvfp4|^\| nvfp4" "$OUT/gemv/run.log" | head -n 12
+    PYTHONPATH=$PYTHONPATH:$PWD/benchmarks/kernels timeout -k 5 "${MMA_S:-200}" "$PY" benchmarks/kernels/bench_mma_decode.py \
+        --formats nvfp4 --ms 8,16 --out "$OUT/mma" > "$OUT/mma/run.log" 2>&1
+    echo "== mma.sync sweep rc=$? at $((SECONDS - T0)) s"; tail -n 30 "$OUT/mma/run.log"
+    ;;
 *)
     echo "unknown phase $PHASE"; exit 2
     ;;
@@ -91,3 +103,6 @@ echo "phase $PHASE done at $((SECONDS - T0)) s"
 #      4.06e-3 from one launch per weight against a 4e-3 bound -- two rounded operands; the bound is 8e-3 after it;
 #      the mma.sync group's cases at 8 and 13 rows passed). Update step 107.3 / 111.4 / 121.9 ms (BF16 / NVFP4 /
 #      NVFP4 without the kept weights); batch-8 step 4.97 -> 4.77 ms with the mma.sync group launch.
+#   b  phase b at 27c083f (the mma.sync group launch on, the group's last passes as one launch): 333 s (GPU tests 61
+#      passed). 7B step 3.482 -> 3.329 ms (batch 1), 4.764 -> 4.385 ms (batch 8) with the group pass; rollout
+#      NVFP4+LoRA / BF16+LoRA 2.54x / 2.04x (7B), 2.46x / 2.03x (14B) at batch 1 / 8.

@@ -44,13 +44,27 @@ MS = [1, 2, 3, 4, 8, 16]
 SPECS = ["nvfp4", "mxfp4", "int4-g128"]
 
 
+def explore_configs() -> list:
+    """``--explore``: M = 1 configs beyond ``GEMV_CONFIGS`` (the H200 sweep's winners), to see whether another GPU
+    (the H100: less bandwidth, the same SMs) wants more bytes in flight -- more programs (waves), longer K steps,
+    more warps, a deeper cp.async pipeline."""
+    from quarl_kernels.gemv import GemvConfig as C
+
+    return [C(64, 32, 4, 4, prefetch=False, waves=8), C(64, 32, 4, 4, prefetch=False, waves=2),
+            C(64, 64, 4, 4, prefetch=False), C(32, 64, 4, 4, prefetch=False), C(128, 32, 4, 8, prefetch=False),
+            C(64, 32, 4, 4, stages=4), C(64, 64, 4, 4, stages=3), C(64, 32, 4, 4, waves=8)]
+
+
+EXPLORE = os.environ.get("QUARL_BENCH_GEMV_EXPLORE") == "1"  # --explore (the spawned compile workers inherit it)
+
+
 def _candidates(m: int) -> list:
-    """GEMV configs timed at this M: all at M = 1, those that fit their registers above
-    (docs/kernels.md v6)."""
+    """GEMV configs timed at this M: all at M = 1 (and ``explore_configs`` with ``--explore``), those that fit
+    their registers above (docs/kernels.md v6)."""
     from quarl_kernels import gemv
 
     idx = list(range(len(gemv.GEMV_CONFIGS))) if m == 1 else [1, 2, 3, 4, 5, 6] if m <= 4 else [2, 6]
-    return [gemv.GEMV_CONFIGS[i] for i in idx]
+    return [gemv.GEMV_CONFIGS[i] for i in idx] + (explore_configs() if EXPLORE and m == 1 else [])
 
 
 def _quantized(spec: str, n: int, k: int, seed: int):
@@ -182,10 +196,22 @@ def main() -> None:
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
     ap.add_argument("--quick", action="store_true", help="18944x3584 only, M = 1, 4")
     ap.add_argument("--workers", type=int, default=min(12, os.cpu_count() or 1))
+    ap.add_argument("--formats", default=",".join(SPECS), help=f"comma-separated, default {','.join(SPECS)}")
+    ap.add_argument("--ms", default=None, help=f"comma-separated token counts, default {','.join(map(str, MS))}")
+    ap.add_argument("--explore", action="store_true", help="also time explore_configs() at M = 1")
     args = ap.parse_args()
+    global EXPLORE
+    EXPLORE = args.explore
+    os.environ["QUARL_BENCH_GEMV_EXPLORE"] = "1" if args.explore else ""  # the compile workers (spawned) read it
     t0 = time.time()
     shapes, ms = ([(18944, 3584)], [1, 4]) if args.quick else (SHAPES, MS)
-    tasks = [(spec, n, k, ms) for spec in SPECS for n, k in shapes]
+    if args.ms:
+        ms = [int(v) for v in args.ms.split(",")]
+    specs = args.formats.split(",")
+    bad = [s for s in specs if s not in SPECS]
+    if bad:
+        raise SystemExit(f"--formats: unknown {bad}; known: {', '.join(SPECS)}")
+    tasks = [(spec, n, k, ms) for spec in specs for n, k in shapes]
     with mp.get_context("spawn").Pool(args.workers) as pool:
         for done in pool.imap_unordered(_warm, tasks):
             print("compiled", done, f"{time.time() - t0:.0f}s", flush=True)
@@ -203,7 +229,7 @@ def main() -> None:
     print(json.dumps(info), flush=True)
     rows, cache = [], {}
     for n, k in shapes:
-        for spec in SPECS:
+        for spec in specs:
             rows += bench_shape(spec, n, k, ms, l2, cache)
     info["wall_s"] = time.time() - t0
     os.makedirs(args.out, exist_ok=True)
