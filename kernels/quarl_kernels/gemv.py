@@ -586,13 +586,14 @@ def launch_gemv(x2: torch.Tensor, pw, cfg: GemvConfig, *, use_asm: bool = True, 
 
 
 def launch_gemv_group(x2: torch.Tensor, pws: list, cfg: GemvConfig, epis: list, *, use_asm: bool = True,
-                      gate_act: bool = False) -> list[torch.Tensor]:
+                      gate_act: bool = False, rope=None) -> list[torch.Tensor]:
     """:func:`launch_gemv` for two or three FP4 weights that read the same ``x2`` (a LoRA group's q/k/v or gate/up):
     one launch of all their tiles (and ``epis[0].lora_a``'s A programs), then the weights' last passes with their
-    ``epis[j]`` (one launch for all: ``launch.finish_group``). ``gate_act``: the second weight's pass writes ``silu(y_0) * y_1`` (``launch.Epilogue.gate``)."""
+    ``epis[j]`` (one launch for all: ``launch.finish_group``; ``rope``, a ``launch.RopeCache``: q/k/v's decode-step
+    RoPE and K/V write there too, ``[q_rot]`` returned). ``gate_act``: the second weight's pass writes ``silu(y_0) * y_1`` (``launch.Epilogue.gate``)."""
     la = gemv_launch(x2, pws[0], cfg, use_asm=use_asm, epi=epis[0], more=tuple(pws[1:]))
     la.kernel[la.grid](*la.args, **la.constexprs, num_warps=la.num_warps, num_stages=la.num_stages)
-    return finish_group([(la.out, la.y), *la.rest], la.split, epis, gate_act)
+    return finish_group([(la.out, la.y), *la.rest], la.split, epis, gate_act, rope)
 
 
 def group_supported(x2: torch.Tensor, pws: list) -> bool:

@@ -611,12 +611,12 @@ def launch_mma_decode(x2: torch.Tensor, pw, cfg: MmaDecodeConfig, epi=None) -> t
 
 
 def launch_mma_decode_group(x2: torch.Tensor, pws: list, cfg: MmaDecodeConfig, epis: list,
-                            gate_act: bool = False) -> list[torch.Tensor]:
+                            gate_act: bool = False, rope=None) -> list[torch.Tensor]:
     """:func:`launch_mma_decode` for two or three FP4 weights that read the same ``x2`` (a LoRA group's q/k/v or
     gate/up, :func:`group_supported`): one launch of all their tiles (and ``epis[0].lora_a``'s A programs), then
-    the weights' last passes (one launch: ``launch.finish_group``). ``gate_act``: the second weight's pass writes ``silu(y_0) * y_1``."""
+    the weights' last passes (one launch: ``launch.finish_group``, with ``rope`` as there). ``gate_act``: the second weight's pass writes ``silu(y_0) * y_1``."""
     ops, split, e0 = _launch(x2, pws, cfg, epis[0])
-    return finish_group([(o.out, o.y) for o in ops], split, [e0, *epis[1:]], gate_act)
+    return finish_group([(o.out, o.y) for o in ops], split, [e0, *epis[1:]], gate_act, rope)
 
 
 def group_supported(x2: torch.Tensor, pws: list) -> bool:

@@ -101,14 +101,16 @@ def forward_epilogue_a(x: torch.Tensor, layer, a_w: torch.Tensor, a_lo: int, b: 
 
 
 def forward_group(x: torch.Tensor, layers: list, a_w: torch.Tensor, bs: list, scalings: list,
-                  gate_act: bool = False) -> list[torch.Tensor]:
+                  gate_act: bool = False, rope: tuple | None = None) -> list[torch.Tensor] | None:
     """``dispatch.GroupFn``: a packed LoRA group's projections that read the same ``x`` (q/k/v, gate/up), each
     ``x @ W_j^T + bias_j + scaling_j * a_j @ B_j^T`` with ``a = x @ a_w^T`` computed by the same launch
     (``lora_a``) -- one GEMV launch for the group's weights at one row (``wo_gemm.wo_matmul_group``). ``gate_act``:
-    the second output is ``silu(out_0) * out_1``. Inference only (no autograd, no custom op: the engine calls it
-    outside ``torch.compile``)."""
+    the second output is ``silu(out_0) * out_1``. ``rope = (cos, sin, k_cache, v_cache, slot)`` (q/k/v at a decode
+    step, ``launch.RopeCache``): returns ``[q_rot]`` with k / v written into the caches -- or None, computing
+    nothing, where no group launch serves ``x`` (the caller then runs the group and its RoPE as usual). Inference
+    only (no autograd, no custom op: the engine calls it outside ``torch.compile``)."""
     from quarl_kernels import lora_a
-    from quarl_kernels.launch import Epilogue
+    from quarl_kernels.launch import Epilogue, RopeCache
     from quarl_kernels.ops import _packed_weight, layer_args
     from quarl_kernels.wo_gemm import group_route, wo_matmul_group
 
@@ -118,6 +120,8 @@ def forward_group(x: torch.Tensor, layers: list, a_w: torch.Tensor, bs: list, sc
     pws = [_packed_weight(*layer_args(lay)) for lay in layers]
     r = bs[0].shape[-1]
     if group_route(x2, pws) is None:  # one launch each, through the custom ops (the A GEMM in the first)
+        if rope is not None:
+            return None
         y0, parts = forward_epilogue_a(x, layers[0], a_w, 0, bs[0], scalings[0])
         return [y0] + [forward_epilogue(x, lay, parts[..., j * r:(j + 1) * r], bs[j], scalings[j],
                                         gate=y0 if gate_act and j == 1 else None)
@@ -125,7 +129,7 @@ def forward_group(x: torch.Tensor, layers: list, a_w: torch.Tensor, bs: list, sc
     la = lora_a.new_partials(x2, a_w)
     epis = [Epilogue(lay.bias, la.out[..., j * r:(j + 1) * r], bs[j], float(scalings[j]),
                      lora_a=la if j == 0 else None) for j, lay in enumerate(layers)]
-    ys = wo_matmul_group(x2, pws, epis, gate_act=gate_act)
+    ys = wo_matmul_group(x2, pws, epis, gate_act=gate_act, rope=None if rope is None else RopeCache(*rope))
     return [y.reshape(*x.shape[:-1], y.shape[-1]) for y in ys]
 
 

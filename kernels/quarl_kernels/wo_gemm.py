@@ -54,7 +54,7 @@ import triton.language as tl
 
 from quarl_kernels import dense, gemv, lora_a
 from quarl_kernels.dequant import FMT_INT4, FMT_NVFP4, FP4_ACC_FACTOR, load_dequant_tile, pair_order_rows
-from quarl_kernels.launch import each_in_group
+from quarl_kernels.launch import apply_rope, each_in_group
 from quarl_kernels.launch import env_flag as _env_flag
 from quarl_kernels.launch import finish as _finish
 from quarl_kernels.launch import interpreting as _interpreting
@@ -551,25 +551,28 @@ def wo_matmul(x2: torch.Tensor, pw: PackedWeight, *, tune: bool | None = None, e
     return launch_fwd(x2, pw, cfg, epi=_without_lora_a(x2, epi))
 
 
-def wo_matmul_group(x2: torch.Tensor, pws: list, epis: list, *, gate_act: bool = False) -> list[torch.Tensor]:
+def wo_matmul_group(x2: torch.Tensor, pws: list, epis: list, *, gate_act: bool = False, rope=None
+                    ) -> list[torch.Tensor]:
     """``[wo_matmul(x2, pws[j], epi=epis[j])]`` for weights that read the same ``x2`` (a LoRA group's q/k/v or
     gate/up); ``gate_act``: the second output is ``silu(y_0) * y_1`` (``launch.Epilogue.gate``). One launch for all of
     them where :func:`group_route` names one (the GEMV at one row; the mma.sync kernel at 2..16 rows),
-    else one call each."""
+    else one call each. ``rope`` (a ``launch.RopeCache``; q/k/v at a decode step): ``[q_rot]`` comes back, k and v
+    written into the caches (``launch.finish_group``)."""
     m, p0 = x2.shape[0], pws[0]
     route = group_route(x2, pws)
     if route == "gemv":
         gkey = (p0.fmt, p0.group, m, p0.n, p0.k, x2.device.index)
         cfg = _choose("gemv", gkey, gemv.GEMV_CONFIGS, lambda c: gemv.launch_gemv(x2, p0, c), None,
                       gemv.default_gemv_config(p0.fmt, m, p0.n, p0.k))
-        return gemv.launch_gemv_group(x2, pws, cfg, epis, gate_act=gate_act)
+        return gemv.launch_gemv_group(x2, pws, cfg, epis, gate_act=gate_act, rope=rope)
     if route == "mma":
         md = _mma_decode()
         try:  # the first weight's measured config for all (the largest of q/k/v; gate and up are alike)
-            return md.launch_mma_decode_group(x2, pws, md.default_config(m, p0.n), epis, gate_act=gate_act)
+            return md.launch_mma_decode_group(x2, pws, md.default_config(m, p0.n), epis, gate_act=gate_act, rope=rope)
         except triton.compiler.errors.CompilationError as e:
             _mma_decode_failed(e)
-    return each_in_group(epis, gate_act, lambda j, e: wo_matmul(x2, pws[j], epi=e))
+    ys = each_in_group(epis, gate_act, lambda j, e: wo_matmul(x2, pws[j], epi=e))
+    return ys if rope is None else apply_rope(ys, rope)
 
 
 GROUP_ENV = "QUARL_GEMV_GROUP"  # 0: a LoRA group's projections as one launch each, not one launch for the group

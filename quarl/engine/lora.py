@@ -43,7 +43,9 @@ At decode sizes the group's weights go further: q/k/v (gate/up) and the A progra
 one row, the mma.sync kernel at 2..16 (``QuantLinear.epilogue_group_kernel``,
 ``quarl_kernels.wo_gemm.wo_matmul_group``) -- then the projections' last passes, one launch for the group
 (``quarl_kernels.launch.finish_group``). ``QUARL_GEMV_GROUP=0`` launches the weights one by one,
-``QUARL_MMA_GROUP=0`` only at 2..16 rows, ``QUARL_GROUP_PASS=0`` the last passes.
+``QUARL_MMA_GROUP=0`` only at 2..16 rows, ``QUARL_GROUP_PASS=0`` the last passes. At a decode step the q/k/v
+group's last pass also applies RoPE and writes k / v into the KV cache (:meth:`Group.qkv_rope_cache`: no RoPE kernel
+of its own; bit-equal to the pass, then ``rope.rope_qk_cache``); ``QUARL_ENGINE_GROUP_ROPE=0`` keeps the kernel.
 """
 
 from __future__ import annotations
@@ -58,6 +60,7 @@ from quarl.quant.linear import QuantLinear, lora_add
 ENV = "QUARL_ENGINE_LORA_PACK"
 EPILOGUE_ENV = "QUARL_ENGINE_LORA_EPILOGUE"
 A_ENV = "QUARL_ENGINE_LORA_A"
+ROPE_ENV = "QUARL_ENGINE_GROUP_ROPE"
 A_MAX_M = 16  # rows of a step whose A GEMM rides in the first launch: quarl_kernels.lora_a.MAX_M (a test checks)
 GROUP_MAX_M = 16  # rows of a step whose group runs as one weight launch: quarl_kernels.wo_gemm.GROUP_MAX_M (tested)
 GROUPS = {"qkv": ("self_attn", ("q_proj", "k_proj", "v_proj")), "o": ("self_attn", ("o_proj",)),
@@ -81,6 +84,12 @@ def resolve_a_kernel(flag: bool | None) -> bool:
     return _switch(flag, A_ENV, "the A GEMM inside the first projection's launch", "cuBLAS A GEMM")
 
 
+def resolve_rope(flag: bool | None) -> bool:
+    """A decode step's RoPE and K/V write in the q/k/v group's last pass (:meth:`Group.qkv_rope_cache`): ``flag``
+    if given, else ``$QUARL_ENGINE_GROUP_ROPE`` (default on)."""
+    return _switch(flag, ROPE_ENV, "the RoPE in the q/k/v group's last pass", "a RoPE kernel after it")
+
+
 def _hooked(m: nn.Module) -> bool:
     return bool(m._forward_hooks or m._forward_pre_hooks)
 
@@ -96,8 +105,10 @@ def packable(m: nn.Module) -> bool:
 class Group:
     """The adapters of projections that share an input: ``A [G*r, K]`` stacked, ``B_j [N_j, r]``."""
 
-    def __init__(self, mods: list[QuantLinear], dtype: torch.dtype, epilogue: bool = True, a_kernel: bool = False):
+    def __init__(self, mods: list[QuantLinear], dtype: torch.dtype, epilogue: bool = True, a_kernel: bool = False,
+                 rope: bool = True):
         self.mods = mods
+        self.rope = rope  # with it, a decode step's RoPE + K/V write in the q/k/v group's last pass
         self.epilogue = epilogue  # B GEMM and bias in the base kernel's last pass, where a kernel offers it
         self.a_kernel = a_kernel  # with it, x @ A^T inside the first projection's launch (decode-sized steps)
         self.r = mods[0].lora_cfg.r
@@ -126,6 +137,22 @@ class Group:
         if len(self.mods) != 2 or any(f is None for f in fused):
             return None
         return self._run(x, fused, gate_act=True)[1]
+
+    def qkv_rope_cache(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, k_cache: torch.Tensor,
+                       v_cache: torch.Tensor, slot: torch.Tensor) -> torch.Tensor | None:
+        """For the q/k/v group at a decode step (the caller checks it is one, without q/k norms): rotated ``q``
+        ``[..., H * D]`` with rotated k and v written into the caches at ``slot`` (``fused.rope_qk_cache``'s work)
+        by the group's last pass -- no RoPE kernel of its own -- or None where the group does not run as one
+        launch (then call the group and the RoPE as before)."""
+        fused = [m.epilogue_kernel(x) if self.epilogue else None for m in self.mods]
+        if not self.rope or len(self.mods) != 3 or any(f is None for f in fused) or self._first_with_a(x) is None:
+            return None
+        group = self._group_fn(x)
+        if group is None:
+            return None
+        out = group(x, self.mods, self.A, self.B, [m.lora_cfg.scaling for m in self.mods],
+                    rope=(cos, sin, k_cache, v_cache, slot))
+        return None if out is None else out[0]
 
     def _run(self, x: torch.Tensor, fused: list, gate_act: bool = False) -> list[torch.Tensor]:
         r = self.r
@@ -173,10 +200,11 @@ class LoraPack:
     """Per layer, the packable groups of :data:`GROUPS` (a group missing here is called as modules)."""
 
     def __init__(self, layers: list[nn.Module], dtype: torch.dtype, epilogue: bool | None = None,
-                 a_kernel: bool | None = None):
+                 a_kernel: bool | None = None, rope: bool | None = None):
         self.layers: list[dict[str, Group]] = []
         epilogue = resolve_epilogue(epilogue)
         a_kernel = resolve_a_kernel(a_kernel)
+        rope = resolve_rope(rope)
         self._key = self._structure(layers)
         for layer in layers:
             groups = {}
@@ -184,7 +212,7 @@ class LoraPack:
                 mods = [getattr(getattr(layer, parent, None), leaf, None) for leaf in leaves]
                 if all(packable(m) for m in mods) and len({m.lora_cfg.r for m in mods}) == 1 and \
                         len({m.in_features for m in mods}) == 1:
-                    groups[name] = Group(mods, dtype, epilogue, a_kernel)
+                    groups[name] = Group(mods, dtype, epilogue, a_kernel, rope)
             self.layers.append(groups)
 
     @staticmethod

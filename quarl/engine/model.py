@@ -251,6 +251,10 @@ class DecoderRunner:
         when fused) and ``(q, None, None)`` comes back."""
         B, L, _ = x.shape
         g = (groups or {}).get("qkv")
+        if g is not None and cache is not None and fused and not self.qk_norm:  # RoPE + K/V write in the last pass
+            q = g.qkv_rope_cache(x, cos, sin, *cache)
+            if q is not None:
+                return q.view(B, L, self.n_heads, self.head_dim).transpose(1, 2), None, None
         q, k, v = g(x) if g is not None else (attn.q_proj(x), attn.k_proj(x), attn.v_proj(x))
         q = q.view(B, L, self.n_heads, self.head_dim)
         k = k.view(B, L, self.n_kv, self.head_dim)

@@ -36,9 +36,10 @@ EpilogueFn = Callable[..., torch.Tensor]
 # [a_lo, a_lo + r)); the group's other projections pass their column slices of parts to the EpilogueFn as ``a``
 EpilogueAFn = Callable[[torch.Tensor, "torch.nn.Module", torch.Tensor, int, torch.Tensor, float],
                        tuple[torch.Tensor, torch.Tensor]]
-# fn(x [.., K], layers, a_w [R, K], bs [N_j, r], scalings, gate_act=False) -> [y_j]: a packed LoRA group's
-# projections reading one x (q/k/v, gate/up) as in EpilogueAFn + EpilogueFn, with their weights in one launch where
-# the kernels can (gate_act: the second output is silu(y_0) * y_1)
+# fn(x [.., K], layers, a_w [R, K], bs [N_j, r], scalings, gate_act=False, rope=None) -> [y_j]: a packed LoRA
+# group's projections reading one x (q/k/v, gate/up) as in EpilogueAFn + EpilogueFn, with their weights in one launch
+# where the kernels can (gate_act: the second output is silu(y_0) * y_1; rope = (cos, sin, k_cache, v_cache, slot):
+# q/k/v at a decode step -> [q_rot] with k / v written into the caches, or None where no group launch serves x)
 GroupFn = Callable[..., list]
 
 

@@ -242,3 +242,43 @@ def test_group_launch_matches_one_launch_per_weight(ns, gate_act, m, monkeypatch
         if gate_act and j == 1:
             want = silu_mul(one[0], want.to(torch.bfloat16)).double()
         assert rel(y, want) < 5e-3, (j, rel(y, want))
+
+
+@pytest.mark.parametrize("m", [1, 8])
+def test_group_pass_with_rope_and_kv_write_equals_rope_after(m, monkeypatch):
+    """q/k/v of a decode step with the RoPE and the K/V cache write in the group's last pass
+    (``launch.RopeCache``) against the same group launch returning q/k/v, then ``rope.rope_qk_cache``: bit-equal
+    rotated q and caches (the GEMV group at one row, the mma.sync group at 8)."""
+    from quarl_kernels import lora_a, rope
+    from quarl_kernels.launch import RopeCache
+
+    torch.manual_seed(100 + m)
+    k, r, d, ns = 3584, 32, 128, (3584, 512, 512)
+    pws = [_packed_weight(*qweight("nvfp4", n, k)[0]) for n in ns]
+    x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+    amat = (torch.randn(3 * r, k, device="cuda") * 0.05).to(torch.bfloat16)
+    bs = [(torch.randn(n, r, device="cuda") * 0.05).to(torch.bfloat16) for n in ns]
+    bias = [torch.randn(n, device="cuda", dtype=torch.bfloat16) for n in ns]
+    ang = torch.randn(m, 1, d // 2, device="cuda") * 3
+    cos = torch.cat([ang.cos(), ang.cos()], -1).to(torch.bfloat16)
+    sin = torch.cat([ang.sin(), ang.sin()], -1).to(torch.bfloat16)
+    slot = torch.tensor([37], device="cuda")
+    monkeypatch.delenv("QUARL_GROUP_PASS", raising=False)
+
+    def epis():
+        la = lora_a.new_partials(x, amat)
+        return [Epilogue(bias[j], la.out[..., j * r:(j + 1) * r], bs[j], 0.5, lora_a=la if j == 0 else None)
+                for j in range(3)]
+
+    def caches():
+        return [torch.full((m, 4, 64, d), float("nan"), device="cuda", dtype=torch.bfloat16) for _ in range(2)]
+
+    kc, vc = caches()
+    (q_rot,) = wo_gemm.wo_matmul_group(x, pws, epis(), rope=RopeCache(cos, sin, kc, vc, slot))
+    kc2, vc2 = caches()
+    q, kk, v = (y.view(m, 1, -1, d).transpose(1, 2) for y in wo_gemm.wo_matmul_group(x, pws, epis()))
+    q_ref = rope.rope_qk_cache(q, kk, v, cos, sin, kc2, vc2, slot)
+    assert torch.equal(q_rot.view(m, 1, -1, d).transpose(1, 2), q_ref)
+    assert torch.equal(kc[:, :, 37], kc2[:, :, 37]) and torch.equal(vc[:, :, 37], vc2[:, :, 37])
+    assert torch.isfinite(kc[:, :, 37]).all() and torch.isfinite(vc[:, :, 37]).all()
+    assert torch.isnan(kc[:, :, 36]).all() and torch.isnan(vc[:, :, 38]).all()  # no other slot written

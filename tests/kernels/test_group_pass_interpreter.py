@@ -2,7 +2,8 @@
 
 Against one ``launch.finish`` per projection on the same fp32 split partials: bit-equal for q/k/v of different
 widths (bias, the LoRA ``a`` as split partials or as a plain ``[M, r]``), for gate / up with the activation
-(``gate_act``: gate written, and ``silu(gate) * up``), at one row (the register-broadcast LoRA term) and at
+(``gate_act``: gate written, and ``silu(gate) * up``), for q/k/v with a decode step's RoPE and K/V cache write
+in the pass (against the passes, then ``rope.rope_qk_cache``), at one row (the register-broadcast LoRA term) and at
 several (the tl.dot tiles), split or not (in place). One kernel launch for the group; ``QUARL_GROUP_PASS=0`` and
 groups the kernel does not take (adapters of different ranks) run one pass each.
 
@@ -61,6 +62,43 @@ SCRIPT = textwrap.dedent("""
                 assert case(m, [64, 16, 24], split, 8, parts, False, True) == 1
                 assert case(m, [80, 80], split, 8, parts, True, False) == 1
     print("bit-equal")
+
+    def rope_case(b, l, heads, kv, split, parts):
+        # q/k/v with the RoPE and K/V write in the pass vs the passes, then rope.rope_qk_cache
+        m, d, r = b * l, 16, 8
+        ns = [heads * d, kv * d, kv * d]
+        g = torch.Generator().manual_seed(b * 10 + l + split)
+        outs = [torch.randn(split, m, n, generator=g) for n in ns]
+        a_all = (torch.randn(3, m, 3 * r, generator=g) if parts
+                 else torch.randn(m, 3 * r, generator=g).to(torch.bfloat16))
+        epis = [Epilogue(torch.randn(n, generator=g).to(torch.bfloat16), a_all[..., j * r:(j + 1) * r],
+                         (torch.randn(n, r, generator=g) * 0.3).to(torch.bfloat16), 0.5) for j, n in enumerate(ns)]
+        ang = torch.randn(b, l, d // 2, generator=g)
+        cos = torch.cat([ang.cos(), ang.cos()], -1).to(torch.bfloat16)
+        sin = torch.cat([ang.sin(), ang.sin()], -1).to(torch.bfloat16)
+        slot = torch.tensor([5 + 2 * i for i in range(l)])
+        def caches():
+            return [torch.zeros(b, kv, 16, d).to(torch.bfloat16) for _ in range(2)]
+        kc, vc = caches()
+        ys = [torch.empty(m, n).to(torch.bfloat16) for n in ns]
+        before = len(launches)
+        got = launch.finish_group([(outs[j], ys[j]) for j in range(3)], split, epis, False,
+                                  launch.RopeCache(cos, sin, kc, vc, slot))
+        assert len(launches) - before == 1 and len(got) == 1
+        kc2, vc2 = caches()
+        ys2 = [torch.empty(m, n).to(torch.bfloat16) for n in ns]
+        os.environ["QUARL_GROUP_PASS"] = "0"
+        ref = launch.finish_group([(outs[j], ys2[j]) for j in range(3)], split, epis, False,
+                                  launch.RopeCache(cos, sin, kc2, vc2, slot))
+        del os.environ["QUARL_GROUP_PASS"]
+        assert torch.equal(got[0], ref[0]), (b, l, (got[0].float() - ref[0].float()).abs().max())
+        assert torch.equal(kc, kc2) and torch.equal(vc, vc2), (b, l)
+        assert kc.abs().sum() > 0 and vc[:, :, 5].abs().sum() > 0
+
+    for b, l in ((1, 1), (3, 1), (2, 2)):
+        for split, parts in ((4, True), (2, False)):
+            rope_case(b, l, 4, 2, split, parts)
+    print("rope bit-equal")
     assert case(1, [64, 16], 4, 8, True, False, True, rs=[8, 16]) == 0  # two ranks: one pass each
     os.environ["QUARL_GROUP_PASS"] = "0"
     assert case(1, [64, 16, 24], 4, 8, True, False, True) == 0
@@ -75,20 +113,27 @@ def test_group_pass_under_triton_interpreter():
 
 @needs_triton
 def test_group_pass_builds_for_sm90_without_spills():
-    """The 7B groups' passes (q/k/v with bias at one row; gate / up with the activation at 8 rows: tl.dot tiles),
-    built for Hopper on a CPU: they compile, and ptxas spills nothing."""
+    """The 7B groups' passes (q/k/v with bias at one row, and with the RoPE + K/V write at 1 and 8 rows; gate / up
+    with the activation at 8 rows: tl.dot tiles), built for Hopper on a CPU: they compile, and ptxas spills
+    nothing."""
     import torch
     from quarl_kernels import launch
     from quarl_kernels.launch import Epilogue
 
     from tests.kernels.sm90_sass import compile_launch, stack_bytes
 
-    for m, ns, split, gate_act in ((1, (3584, 512, 512), 4, False), (8, (18944, 18944), 2, True)):
+    for m, ns, split, gate_act, rope in ((1, (3584, 512, 512), 4, False, False), (8, (18944, 18944), 2, True, False),
+                                         (1, (3584, 512, 512), 4, False, True), (8, (3584, 512, 512), 4, False, True)):
         pairs = [(torch.empty(split, m, n), torch.empty(m, n, dtype=torch.bfloat16)) for n in ns]
         parts = torch.empty(4, m, 32 * len(ns))
         epis = [Epilogue(None if gate_act else torch.empty(n, dtype=torch.bfloat16), parts[..., 32 * j:32 * j + 32],
                          torch.empty(n, 32, dtype=torch.bfloat16), 2.0) for j, n in enumerate(ns)]
-        assert launch._group_pass_ok(pairs, split, epis, gate_act)
-        la = launch.group_pass_launch(pairs, split, epis, gate_act)
+        rc = None
+        if rope:
+            cs = torch.empty(m, 1, 128, dtype=torch.bfloat16)
+            kv = [torch.empty(m, 4, 2304, 128, dtype=torch.bfloat16) for _ in range(2)]
+            rc = launch.RopeCache(cs, cs, *kv, torch.zeros(1, dtype=torch.long))
+        assert launch._group_pass_ok(pairs, split, epis, gate_act, rc)
+        la = launch.group_pass_launch(pairs, split, epis, gate_act, rc)
         k, _ = compile_launch(la, INTERPRET=False)
-        assert stack_bytes(k) in (0, None), ("ptxas spilled registers", ns)
+        assert stack_bytes(k) in (0, None), ("ptxas spilled registers", ns, rope)
