@@ -35,8 +35,8 @@ import torch
 ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT), str(ROOT / "kernels"), str(ROOT / "benchmarks")]
 
-import fp8_model_step as fms  # noqa: E402 -- the model builder, the rl loss step, the profiler's kernel classes
-from fp8_linear import stream_time, sync  # noqa: E402
+import fp8_model_step as fms  # the model builder, the rl loss step, the profiler's kernel classes
+from fp8_linear import stream_time, sync
 
 MODIFIERS = {"nokeep": ("QUARL_KERNELS_DENSE_KEEP", "0")}
 CLASSES = [("4-bit decode", ("_dequant_kernel",)), *fms.KERNEL_CLASSES]
