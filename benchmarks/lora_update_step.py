@@ -95,8 +95,8 @@ def time_arm(a, arm: str) -> dict:
 def render(res: dict) -> str:
     rows = [r for r in res["rows"] if "ms" in r]
     base = next((r["ms"] for r in rows if r["arm"] == "bf16"), None)
-    L = [f"# LoRA micro-batch update, {res['shape']} width, {res['layers']} decoder layers, {res['tokens']} tokens "
-         f"({res['seq']} per sequence), r={res['lora_r']}, checkpointing, {res['gpu']}", "",
+    L = [(f"# LoRA micro-batch update, {res['shape']} width, {res['layers']} decoder layers, {res['tokens']} tokens "
+          f"({res['seq']} per sequence), r={res['lora_r']}, checkpointing, {res['gpu']}"), "",
          "| arm | step ms | vs bf16 | (arm - bf16) per layer ms | x 28 layers x 16 micro-batches s | peak GiB |",
          "|---|---:|---:|---:|---:|---:|"]
     for r in rows:
