@@ -22,6 +22,13 @@
 #   phase d: bash benchmarks/gpu_session12.sh d   (one GPU; ~6 min)
 #     The decode kernels' configs on the H100: the GEMV at one row (the candidates and --explore's more-bytes-in-
 #     flight ones) and the mma.sync kernel at 8 / 16 rows, NVFP4 at the 7B shapes.
+#   phase e: bash benchmarks/gpu_session12.sh e   (one GPU; ~9 min)
+#     The decode step's RoPE + K/V write in the q/k/v group's last pass, and the H100 sweep's kernel defaults: GPU
+#     tests (the group pass with RoPE, the engine, the GEMV's new config), the 7B profile at batch 1 / 8 with and
+#     without each (:norope, :v9cfg), the rollout table (7B / 14B, batch 1 / 8).
+#   phase f: bash benchmarks/gpu_session12.sh f   (one GPU; ~4 min)
+#     The 7B GRPO step twice on one machine: BF16+LoRA vs NVFP4+LoRA, and NVFP4+LoRA without the kept dense weights
+#     (QUARL_KERNELS_DENSE_KEEP=0) -- phase c's BF16 update was 13.2 s against session 11's 10.8 s.
 set -u
 : "${OUT:?}"
 PHASE=${1:?phase}
@@ -88,6 +95,28 @@ d)  # the decode kernels' configs on the H100 (the defaults are the H200 sweep's
         --formats nvfp4 --ms 8,16 --out "$OUT/mma" > "$OUT/mma/run.log" 2>&1
     echo "== mma.sync sweep rc=$? at $((SECONDS - T0)) s"; tail -n 30 "$OUT/mma/run.log"
     ;;
+e)
+    tests "${TEST_S:-130}" tests/kernels/test_epilogue_gpu.py tests/engine/test_engine_gpu.py \
+        tests/kernels/test_gemv_gpu.py -k "not test_gemv_matches_reference or BN32xBK512v4w4W4"
+    mkdir -p "$OUT/profile" "$OUT/roll"
+    timeout -k 5 "${PROFILE_S:-120}" "$PY" benchmarks/rollout_profile.py --models 7b \
+        --variants nvfp4+lora32,nvfp4+lora32:norope,nvfp4+lora32:v9cfg --batches 1,8 \
+        --budget-s $(( ${PROFILE_S:-120} - 15 )) --out "$OUT/profile" > "$OUT/profile/run.log" 2>&1
+    echo "== profile rc=$? at $((SECONDS - T0)) s"
+    grep -E "^\| (\*\*step|kernels per|GPU idle)|^7b|^  7b" "$OUT/profile/run.log"
+    timeout -k 5 "${ROLL_S:-220}" "$PY" benchmarks/rollout.py --models 7b,14b --variants bf16+lora,nvfp4+lora \
+        --batches 1,8 --hf-new-tokens 0 --budget-s $(( ${ROLL_S:-220} - 20 )) --out "$OUT/roll" > "$OUT/roll/run.log" 2>&1
+    echo "== rollout table rc=$? at $((SECONDS - T0)) s"; grep -A 12 "^| model" "$OUT/roll/run.log" | head -n 14
+    ;;
+f)
+    mkdir -p "$OUT/grpo" "$OUT/grpo_nokeep"
+    timeout -k 10 "${GRPO_S:-140}" "$PY" benchmarks/grpo_step_gpu.py --out "$OUT/grpo" --work /tmp/grpo7_work \
+        > "$OUT/grpo/run.log" 2>&1
+    echo "== 7B GRPO step rc=$? at $((SECONDS - T0)) s"; grep -A 6 "^| format | step" "$OUT/grpo/run.log"
+    QUARL_KERNELS_DENSE_KEEP=0 timeout -k 10 "${GRPO_S:-140}" "$PY" benchmarks/grpo_step_gpu.py --formats nvfp4 \
+        --out "$OUT/grpo_nokeep" --work /tmp/grpo7_work2 > "$OUT/grpo_nokeep/run.log" 2>&1
+    echo "== 7B GRPO step, no kept weights rc=$? at $((SECONDS - T0)) s"; grep -A 4 "^| format | step" "$OUT/grpo_nokeep/run.log"
+    ;;
 *)
     echo "unknown phase $PHASE"; exit 2
     ;;
@@ -106,3 +135,10 @@ echo "phase $PHASE done at $((SECONDS - T0)) s"
 #   b  phase b at 27c083f (the mma.sync group launch on, the group's last passes as one launch): 333 s (GPU tests 61
 #      passed). 7B step 3.482 -> 3.329 ms (batch 1), 4.764 -> 4.385 ms (batch 8) with the group pass; rollout
 #      NVFP4+LoRA / BF16+LoRA 2.54x / 2.04x (7B), 2.46x / 2.03x (14B) at batch 1 / 8.
+#   c  phase c at df6e8fd, on b's machine: 289 s. 7B GRPO step (the second): BF16+LoRA 20.81 s (rollout 5.92,
+#      log-probs 1.69, update 13.20), NVFP4+LoRA 18.90 s (5.73, 1.69, 11.48) = 0.908x -- but BF16's update took
+#      13.2 s against 10.8 s in session 11 (same code on that side), and NVFP4's 11.48 against 11.39: phase f
+#      re-runs it. Batch 64: 7B 10.90 / 10.30 ms = 1.06x, 14B 22.12 / 21.58 = 1.025x.
+#   d  phase d at df6e8fd, same machine: 32 s. GEMV at one row: config BN32xBK512 (no prefetch) 19.74 / 22.25 / 5.10
+#      us vs the default's 21.39 / 22.73 / 5.65 on gate-up / down / k-v; 3584x3584 keeps the default (7.76 vs
+#      8.06). mma.sync at 8 rows: config 0 (prefetch) 8.6 / 25.1 us vs config 4's 9.4 / 27.1 on q-o / down.
