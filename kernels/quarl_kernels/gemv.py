@@ -69,7 +69,6 @@ under ``TRITON_INTERPRET=1``.
 
 from __future__ import annotations
 
-import os
 import typing
 from dataclasses import dataclass
 
@@ -442,10 +441,10 @@ GEMV_CONFIGS = (
     GemvConfig(128, 32, 4, 4, stages=3, waves=2),  # 4: 32 words / thread
     GemvConfig(64, 32, 4, 4),  # 5: register prefetch
     GemvConfig(32, 32, 2, 4),  # 6: M > 4: 8 words / thread, 8-byte loads (x: 8 * 2 * M registers)
-    GemvConfig(32, 64, 4, 4, prefetch=False),  # 7: FP4 at M = 1 on large / narrow weights (H100 sweep, session 12)
+    # 7: the H100 sweep's fastest alone at M = 1 on the 7B gate-up / down / k-v weights (session 12), but slower in
+    # the engine's step (3.344 vs 3.306 ms at batch 1, RESULTS "Issue 17, session 12"): a tuning candidate only
+    GemvConfig(32, 64, 4, 4, prefetch=False),
 )
-DEFAULTS_ENV = "QUARL_KERNELS_DECODE_DEFAULTS"  # "v9": the H200 sweep's defaults only (before the H100 sweep)
-LARGE_WEIGHTS = 20 << 20  # a weight this large (or at most 1024 rows) takes config 7 at M = 1
 # Largest M that wo_matmul sends to the GEMV. Measured (H200, v6): the GEMV wins every
 # Qwen2.5-7B layer at M = 1..3; at M = 4 the tensor-core decode tile is as fast or
 # faster (one FFMA per weight and token caps the CUDA cores), at M >= 8 it is 2-5x faster.
@@ -470,28 +469,13 @@ def effective_tile(cfg: GemvConfig, group: int) -> tuple[int, int, int]:
     return bn, wpg, vec  # the [BN] group vector loads in the row layout only while BN < threads
 
 
-def h200_defaults() -> bool:
-    """``QUARL_KERNELS_DECODE_DEFAULTS=v9``: the decode kernels' defaults of the H200 sweeps alone (docs/kernels.md
-    v7 / v9), without the H100 sweep's changes (session 12) -- the before of that change, for A/B runs."""
-    v = os.environ.get(DEFAULTS_ENV, "auto").strip().lower()
-    if v not in ("auto", "", "v9"):
-        raise ValueError(f"{DEFAULTS_ENV}={v!r}: use auto (the default) or v9 (the H200 sweep's defaults)")
-    return v == "v9"
-
-
 def default_gemv_config(fmt: int, m: int, n: int, k: int) -> GemvConfig:
     """The measured choice per format and M (H200 sweep, docs/kernels.md v7): at M = 1
     within 0-13% of the best candidate at every measured point, at M = 2..4 within
-    0-15% on the large layers (up to 31% on the 3584x3584 and 512x3584 ones). The H100 sweep
-    (session 12, RESULTS) moved FP4 at M = 1 on the large (>= 20M) and narrow (<= 1024 rows) weights to config 7
-    (longer K steps, 32 rows): 19.7 / 22.3 / 5.1 us vs 21.4 / 22.7 / 5.7 on gate-up / down / k-v of 7B; 3584x3584
-    keeps config 0 (7.8 vs 8.1 us)."""
+    0-15% on the large layers (up to 31% on the 3584x3584 and 512x3584 ones). (The H100 sweep of session 12
+    found config 7 faster alone on the large and narrow weights but the engine's step slower with it: kept.)"""
     if m == 1:
-        if fmt == FMT_INT4:
-            return GEMV_CONFIGS[1]
-        if not h200_defaults() and (n * k >= LARGE_WEIGHTS or n <= 1024):
-            return GEMV_CONFIGS[7]
-        return GEMV_CONFIGS[0]
+        return GEMV_CONFIGS[1 if fmt == FMT_INT4 else 0]
     return GEMV_CONFIGS[2] if m <= 4 else GEMV_CONFIGS[6]
 
 

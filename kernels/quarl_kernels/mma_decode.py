@@ -567,23 +567,16 @@ def candidate_configs(m: int) -> tuple[MmaDecodeConfig, ...]:
     return tuple(MMA_DECODE_CONFIGS[i] for i in _CANDIDATES[token_tile(m)])
 
 
-def default_config(m: int, n: int, k: int | None = None) -> MmaDecodeConfig:
-    """Config for M tokens and N output rows (K when known) without tuning. M <= 16: the H200 winners of
-    ``bench_mma_decode.py`` (docs/kernels.md v9): 1 for N <= 1024, 4 above -- and, from the H100 sweep (session
-    12), 0 (the register double buffer) at M <= 8 where N <= K (q / o, down: 8.6 / 25.1 us vs 9.4 / 27.1 on 7B;
-    ``QUARL_KERNELS_DECODE_DEFAULTS=v9`` keeps 4). M = 17..64:
+def default_config(m: int, n: int) -> MmaDecodeConfig:
+    """Config for M tokens and N output rows without tuning. M <= 16: the H200 winners of
+    ``bench_mma_decode.py`` (docs/kernels.md v9): 1 for N <= 1024, 4 above (the H100 sweep of session 12 found 0
+    faster alone at M = 8 where N <= K, but the engine's batch-8 step slower with it: 4.635 vs 4.546 ms). M = 17..64:
     11 (x staged through shared memory) at NT = 32 and 64, the measured geo-mean winner on
     the large layers (docs/kernels.md v10); ``preferred`` keeps small layers off this kernel
     above 16 tokens."""
-    from quarl_kernels.gemv import h200_defaults
-
     nt = token_tile(m)
     if nt <= 16:
-        if n <= 1024:
-            return MMA_DECODE_CONFIGS[1]
-        if nt == 8 and k is not None and n <= k and not h200_defaults():
-            return MMA_DECODE_CONFIGS[0]
-        return MMA_DECODE_CONFIGS[4]
+        return MMA_DECODE_CONFIGS[1 if n <= 1024 else 4]
     return MMA_DECODE_CONFIGS[_DEFAULTS[nt]]
 
 

@@ -535,7 +535,7 @@ def wo_matmul(x2: torch.Tensor, pw: PackedWeight, *, tune: bool | None = None, e
     if (md is not None and MMA_DECODE_MIN_M <= m and md.preferred(m, pw.n, pw.k)
             and md.mma_decode_supported(x2, pw)):
         mkey = (pw.fmt, pw.group, _decode_bm(m), pw.n, pw.k, x2.device.index)
-        mdefault = md.default_config(m, pw.n, pw.k)  # measured winners per token tile (docs/kernels.md v9-v10)
+        mdefault = md.default_config(m, pw.n)  # measured winners per token tile (docs/kernels.md v9-v10)
         try:
             mcfg = _choose("mma", mkey, md.candidate_configs(m), lambda c: md.launch_mma_decode(x2, pw, c), tune,
                            mdefault)
@@ -568,8 +568,7 @@ def wo_matmul_group(x2: torch.Tensor, pws: list, epis: list, *, gate_act: bool =
     if route == "mma":
         md = _mma_decode()
         try:  # the first weight's measured config for all (the largest of q/k/v; gate and up are alike)
-            return md.launch_mma_decode_group(x2, pws, md.default_config(m, p0.n, p0.k), epis, gate_act=gate_act,
-                                              rope=rope)
+            return md.launch_mma_decode_group(x2, pws, md.default_config(m, p0.n), epis, gate_act=gate_act, rope=rope)
         except triton.compiler.errors.CompilationError as e:
             _mma_decode_failed(e)
     ys = each_in_group(epis, gate_act, lambda j, e: wo_matmul(x2, pws[j], epi=e))

@@ -61,6 +61,9 @@ ENV = "QUARL_ENGINE_LORA_PACK"
 EPILOGUE_ENV = "QUARL_ENGINE_LORA_EPILOGUE"
 A_ENV = "QUARL_ENGINE_LORA_A"
 ROPE_ENV = "QUARL_ENGINE_GROUP_ROPE"
+# rows of a decode step whose RoPE + K/V write ride in the q/k/v group's last pass: 7B step at batch 1 3.387 ->
+# 3.344 ms with it, at batch 8 4.506 -> 4.635 (slower: the pass's LoRA term twice over 16-row tl.dot tiles), H100
+ROPE_MAX_M = 1
 A_MAX_M = 16  # rows of a step whose A GEMM rides in the first launch: quarl_kernels.lora_a.MAX_M (a test checks)
 GROUP_MAX_M = 16  # rows of a step whose group runs as one weight launch: quarl_kernels.wo_gemm.GROUP_MAX_M (tested)
 GROUPS = {"qkv": ("self_attn", ("q_proj", "k_proj", "v_proj")), "o": ("self_attn", ("o_proj",)),
@@ -145,7 +148,8 @@ class Group:
         by the group's last pass -- no RoPE kernel of its own -- or None where the group does not run as one
         launch (then call the group and the RoPE as before)."""
         fused = [m.epilogue_kernel(x) if self.epilogue else None for m in self.mods]
-        if not self.rope or len(self.mods) != 3 or any(f is None for f in fused) or self._first_with_a(x) is None:
+        if (not self.rope or x.numel() // x.shape[-1] > ROPE_MAX_M or len(self.mods) != 3
+                or any(f is None for f in fused) or self._first_with_a(x) is None):
             return None
         group = self._group_fn(x)
         if group is None:

@@ -39,29 +39,6 @@ def test_token_tiles_and_defaults():
     assert mma_decode.candidate_configs(8) == C[:6]  # the M <= 16 set is unchanged
 
 
-def test_h100_sweep_defaults_and_the_v9_switch(monkeypatch):
-    """The H100 sweep (session 12): config 0 at M <= 8 where N <= K (q / o, down), 4 for gate / up and at M = 16,
-    1 for narrow weights; ``QUARL_KERNELS_DECODE_DEFAULTS=v9`` restores the H200 sweep's 4; a bad value names the
-    fix. The GEMV at one row: config 7 on large and narrow FP4 weights, 0 on 3584x3584, 1 for INT4."""
-    from quarl_kernels import gemv
-
-    monkeypatch.delenv(gemv.DEFAULTS_ENV, raising=False)
-    assert mma_decode.default_config(8, 3584, 3584) is C[0] and mma_decode.default_config(8, 3584, 18944) is C[0]
-    assert mma_decode.default_config(8, 18944, 3584) is C[4] and mma_decode.default_config(16, 3584, 3584) is C[4]
-    assert mma_decode.default_config(8, 512, 3584) is C[1] and mma_decode.default_config(8, 3584) is C[4]
-    G = gemv.GEMV_CONFIGS
-    assert gemv.default_gemv_config(0, 1, 18944, 3584) is G[7] and gemv.default_gemv_config(0, 1, 512, 3584) is G[7]
-    assert gemv.default_gemv_config(0, 1, 3584, 3584) is G[0] and gemv.default_gemv_config(2, 1, 18944, 3584) is G[1]
-    monkeypatch.setenv(gemv.DEFAULTS_ENV, "v9")
-    assert mma_decode.default_config(8, 3584, 3584) is C[4] and gemv.default_gemv_config(0, 1, 18944, 3584) is G[0]
-    monkeypatch.setenv(gemv.DEFAULTS_ENV, "h100")
-    with pytest.raises(ValueError, match="auto .* or v9"):
-        gemv.default_gemv_config(0, 1, 18944, 3584)
-    assert all(c in C for m in (24, 48) for c in mma_decode.candidate_configs(m))
-    for bad in (0, 65):
-        with pytest.raises(ValueError, match="wo_gemm.launch_fwd"):
-            mma_decode.token_tile(bad)
-
 
 def _report(fmt, cfg, m, even_k=True):
     sys.path.insert(0, str(ROOT / "benchmarks" / "kernels"))
