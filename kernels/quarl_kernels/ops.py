@@ -83,13 +83,22 @@ def _reference_weight(packed, scale, zero, gscale, fmt: str, group: int, n: int,
     return get_format(fmt).dequantize(QTensor(cfg, (n, k), tensors), dtype)
 
 
+def _wo_linear_reference(x, packed, scale, zero, gscale, fmt, group, n, k):
+    w = _reference_weight(packed, scale, zero, gscale, fmt, group, n, k, x.dtype)
+    return torch.nn.functional.linear(x, w)
+
+
+def _wo_linear_t_reference(dy, packed, scale, zero, gscale, fmt, group, n, k):
+    w = _reference_weight(packed, scale, zero, gscale, fmt, group, n, k, dy.dtype)
+    return dy @ w
+
+
 @torch.library.custom_op(f"{_LIB}::wo_linear", mutates_args=())
 def wo_linear(
     x: torch.Tensor, packed: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor | None,
     gscale: torch.Tensor | None, fmt: str, group: int, n: int, k: int,
 ) -> torch.Tensor:
-    w = _reference_weight(packed, scale, zero, gscale, fmt, group, n, k, x.dtype)
-    return torch.nn.functional.linear(x, w)
+    return _wo_linear_reference(x, packed, scale, zero, gscale, fmt, group, n, k)
 
 
 @wo_linear.register_kernel("cuda")
@@ -111,8 +120,7 @@ def wo_linear_t(
     dy: torch.Tensor, packed: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor | None,
     gscale: torch.Tensor | None, fmt: str, group: int, n: int, k: int,
 ) -> torch.Tensor:
-    w = _reference_weight(packed, scale, zero, gscale, fmt, group, n, k, dy.dtype)
-    return dy @ w
+    return _wo_linear_t_reference(dy, packed, scale, zero, gscale, fmt, group, n, k)
 
 
 @wo_linear_t.register_kernel("cuda")
@@ -237,6 +245,28 @@ def _backward(ctx, dy):
 
 
 torch.library.register_autograd(f"{_LIB}::wo_linear", _backward, setup_context=_setup_context)
+
+
+class WoLinearEager(torch.autograd.Function):
+    """``torch.ops.quarl.wo_linear`` with its backward, for eager training: the same kernels (the op's CUDA ones on
+    CUDA tensors, its reference elsewhere) and the same saved tensors, called without the dispatcher. Why: the
+    custom op's Python-registered autograd costs ~40 us of host time per call on top of the kernel launch (CPU
+    measurement, RESULTS "Issue 17, session 12"); a LoRA micro-batch calls the base ~600 times (forward,
+    checkpointed recompute, backward x 7 projections x 28 layers), and the update phase is partly host-bound.
+    ``torch.compile`` keeps tracing the custom op (``registration.forward``)."""
+
+    @staticmethod
+    def forward(ctx, x, packed, scale, zero, gscale, fmt, group, n, k):
+        ctx.save_for_backward(packed, scale, zero, gscale)
+        ctx.meta = (fmt, group, n, k)
+        fn = _wo_linear_cuda if x.is_cuda else _wo_linear_reference
+        return fn(x, packed, scale, zero, gscale, fmt, group, n, k)
+
+    @staticmethod
+    def backward(ctx, dy):
+        packed, scale, zero, gscale = ctx.saved_tensors
+        fn = _wo_linear_t_cuda if dy.is_cuda else _wo_linear_t_reference
+        return fn(dy.contiguous(), packed, scale, zero, gscale, *ctx.meta), None, None, None, None, None, None, None, None
 
 
 def layer_args(layer) -> tuple:

@@ -66,13 +66,19 @@ def applies(x: torch.Tensor, layer) -> bool:
 
 
 def forward(x: torch.Tensor, layer) -> torch.Tensor:
-    """``dispatch.KernelFn``: x [..., K] -> y [..., N] through ``torch.ops.quarl.wo_linear``. A large-M call whose
-    backward will need ``dy @ W`` keeps its dense BF16 weight for it (``recent_weights``)."""
+    """``dispatch.KernelFn``: x [..., K] -> y [..., N] through ``torch.ops.quarl.wo_linear``'s kernels: the custom
+    op under ``torch.compile``, else called directly (``ops.WoLinearEager`` when a backward will follow: the op's
+    autograd without its dispatch cost). A large-M call whose backward will need ``dy @ W`` keeps its dense BF16
+    weight for it (``recent_weights``)."""
     from quarl_kernels import recent_weights
-    from quarl_kernels.ops import layer_args
+    from quarl_kernels.ops import WoLinearEager, _wo_linear_cuda, layer_args
 
-    with recent_weights.keeping(x.requires_grad and torch.is_grad_enabled()):
-        return torch.ops.quarl.wo_linear(x, *layer_args(layer))
+    args = layer_args(layer)
+    if torch.compiler.is_compiling():
+        return torch.ops.quarl.wo_linear(x, *args)
+    grad = x.requires_grad and torch.is_grad_enabled()
+    with recent_weights.keeping(grad):
+        return WoLinearEager.apply(x, *args) if grad else _wo_linear_cuda(x, *args)
 
 
 def forward_epilogue(x: torch.Tensor, layer, a: torch.Tensor | None, b: torch.Tensor | None,

@@ -59,6 +59,26 @@ def test_op_cpu_equals_reference_and_backward(spec):
     torch.testing.assert_close(dx, dy @ w, rtol=0, atol=0)
 
 
+@pytest.mark.parametrize("spec", SPECS)
+def test_eager_autograd_equals_the_op(spec):
+    """``ops.WoLinearEager`` (the op's kernels and backward without the dispatcher: the eager training path of
+    ``registration.forward``) gives the op's output and input gradient exactly, saves no more, and differentiates
+    nothing but x."""
+    from quarl_kernels.ops import WoLinearEager
+
+    q = _layer(spec)
+    x = torch.randn(2, 5, 256, requires_grad=True)
+    x2 = x.detach().clone().requires_grad_(True)
+    y = torch.ops.quarl.wo_linear(x, *layer_args(q))
+    y2 = WoLinearEager.apply(x2, *layer_args(q))
+    assert torch.equal(y, y2) and y2.requires_grad
+    dy = torch.randn_like(y)
+    y.backward(dy)
+    y2.backward(dy)
+    assert torch.equal(x.grad, x2.grad)
+    assert all(not t.requires_grad for t in layer_args(q) if isinstance(t, torch.Tensor))
+
+
 def test_applies_rejects_what_the_kernel_does_not_compute():
     q = _layer("int3-g128")
     assert not quarl_kernels.applies(torch.randn(2, 256), q)
