@@ -213,43 +213,41 @@ def _group_pass(ws_ptr, y_ptr, bias_ptr, a_ptr, b_ptr, rows, t, M, N, scaling, s
 
 @triton.jit
 def _group_rope_pass(ws_ptr, y_ptr, bias_ptr, a_ptr, b_ptr, rows, t, M, N, scaling, s_ws, m_ws, m_a, s_a,
-                     cos_ptr, sin_ptr, scb, scl, ssb, ssl, L, D, kv_ptr, skb, skh, sks, slot_ptr,
+                     cos_ptr, sin_ptr, scb, scl, ssb, ssl, L, kv_ptr, skb, skh, sks, slot_ptr,
                      SPLIT_K: tl.constexpr, HAS_BIAS: tl.constexpr, R: tl.constexpr, RP: tl.constexpr,
-                     BN: tl.constexpr, DOT: tl.constexpr, INTERPRET: tl.constexpr, A_PARTS: tl.constexpr,
-                     SA: tl.constexpr, ROTATE: tl.constexpr, TO_CACHE: tl.constexpr):
+                     BM: tl.constexpr, BN: tl.constexpr, DOT: tl.constexpr, INTERPRET: tl.constexpr,
+                     A_PARTS: tl.constexpr, SA: tl.constexpr, ROTATE: tl.constexpr, TO_CACHE: tl.constexpr):
     """:func:`_group_pass` of a q/k/v group at a decode step, with ``rope.rope_qk_cache``'s work done here: q's
     columns rotated (into ``y``), k's rotated and v's copied into their caches ``[B, H_kv, S, D]`` at position
-    ``slot[l]`` (row ``b * L + l``). The rotation is ``rope._rope_tile``'s arithmetic on the rounded outputs: the
-    partner column ``(d + D/2) % D`` of the head is the same pass at other columns, computed here again."""
+    ``slot[l]`` (row ``b * L + l``). A tile is one head (``BN = D``), so ``rotate_half`` is a register permutation
+    of the rounded outputs (split the head's halves, join them swapped), and the rotation is ``rope._rope_tile``'s
+    arithmetic on them. (Computing the partner columns' pass again instead gave 1-ulp differences on the GPU: the
+    two copies of the LoRA sum were contracted differently.)"""
     dt: tl.constexpr = y_ptr.dtype.element_ty
-    cols = t * BN + tl.arange(0, BN)  # [BN]
+    HALF: tl.constexpr = BN // 2
+    cols = t * BN + tl.arange(0, BN)  # [BN]: head t
     mask = (rows < M)[:, None] & (cols < N)[None, :]
     acc = _epilogue_acc(ws_ptr, bias_ptr, a_ptr, b_ptr, rows, cols, M, N, scaling, s_ws, m_ws, m_a, s_a,
                         SPLIT_K, HAS_BIAS, R, RP, DOT, INTERPRET, A_PARTS, SA, dt)
-    d = cols % D  # [BN] position in the head
+    d = tl.arange(0, BN)  # position in the head
     b_row = (rows // L).to(tl.int64)  # [BM]
     l_row = rows % L
     if ROTATE:
-        half = D // 2
-        partner = cols - d + tl.where(d < half, d + half, d - half)
-        acc_p = _epilogue_acc(ws_ptr, bias_ptr, a_ptr, b_ptr, rows, partner, M, N, scaling, s_ws, m_ws, m_a, s_a,
-                              SPLIT_K, HAS_BIAS, R, RP, DOT, INTERPRET, A_PARTS, SA, dt)
-        x = round_to(acc, dt, INTERPRET).to(tl.float32)
-        xr = round_to(acc_p, dt, INTERPRET).to(tl.float32)
-        sign = tl.where(d < half, -1.0, 1.0)  # rotate_half = cat(-x2, x1)
+        x = round_to(acc, dt, INTERPRET).to(tl.float32)  # [BM, BN]
+        x1, x2 = tl.split(tl.permute(tl.reshape(x, [BM, 2, HALF]), (0, 2, 1)))  # the halves, [BM, HALF] each
+        xr = tl.reshape(tl.permute(tl.join(-x2, x1), (0, 2, 1)), [BM, BN])  # rotate_half(x) = cat(-x2, x1)
         c = tl.load(cos_ptr + b_row[:, None] * scb + l_row[:, None] * scl + d[None, :], mask=mask,
                     other=0.0).to(tl.float32)
         sn = tl.load(sin_ptr + b_row[:, None] * ssb + l_row[:, None] * ssl + d[None, :], mask=mask,
                      other=0.0).to(tl.float32)
         ra = round_to(x * c, dt, INTERPRET).to(tl.float32)  # x * cos
-        rb = round_to((xr * sign[None, :]) * sn, dt, INTERPRET).to(tl.float32)  # rotate_half(x) * sin
+        rb = round_to(xr * sn, dt, INTERPRET).to(tl.float32)  # rotate_half(x) * sin
         out = round_to(ra + rb, dt, INTERPRET)
     else:
         out = round_to(acc, dt, INTERPRET)
     if TO_CACHE:
         lo = tl.load(slot_ptr + l_row, mask=rows < M, other=0).to(tl.int64)  # [BM]
-        head = (cols // D).to(tl.int64)
-        dest = kv_ptr + b_row[:, None] * skb + head[None, :] * skh + lo[:, None] * sks + d[None, :]
+        dest = kv_ptr + b_row[:, None] * skb + t.to(tl.int64) * skh + lo[:, None] * sks + d[None, :]
     else:
         dest = y_ptr + rows[:, None] * N + cols[None, :]
     tl.store(dest, out, mask=mask)
@@ -260,7 +258,7 @@ def group_epilogue_kernel(
     M, s_a, ws0, y0, bias0, a0, b0, N0, sc0, s_ws0, m_ws0, m_a0, T0,
     ws1, y1, bias1, a1, b1, N1, sc1, s_ws1, m_ws1, m_a1, T1,
     ws2, y2, bias2, a2, b2, N2, sc2, s_ws2, m_ws2, m_a2,
-    cos_ptr, sin_ptr, scb, scl, ssb, ssl, L, D, kc_ptr, vc_ptr, skb, skh, sks, svb, svh, svs, slot_ptr,
+    cos_ptr, sin_ptr, scb, scl, ssb, ssl, L, kc_ptr, vc_ptr, skb, skh, sks, svb, svh, svs, slot_ptr,
     SPLIT_K: tl.constexpr, R: tl.constexpr, RP: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
     DOT: tl.constexpr, INTERPRET: tl.constexpr, A_PARTS: tl.constexpr, SA: tl.constexpr,
     HB0: tl.constexpr, HB1: tl.constexpr, HB2: tl.constexpr, GATE_ACT: tl.constexpr, ROPE: tl.constexpr = False,
@@ -269,8 +267,9 @@ def group_epilogue_kernel(
     rank) as one launch: :func:`epilogue_kernel` for each, program tiles ``[0, T0)`` for projection 0, ``[T0, T0 +
     T1)`` for 1, the rest for 2. ``GATE_ACT`` (gate / up, one N): each program does the same columns of both and
     writes ``gate`` and ``silu(gate) * up`` (``act.silu_mul``'s arithmetic on the rounded values), as the up pass
-    with ``HAS_GATE`` would after the gate pass. ``ROPE`` (q / k / v at a decode step): :func:`_group_rope_pass`
-    -- q rotated into ``y0``, k rotated into ``kc``, v into ``vc`` (``y1`` / ``y2`` not written)."""
+    with ``HAS_GATE`` would after the gate pass. ``ROPE`` (q / k / v at a decode step; ``BN`` = the head dim):
+    :func:`_group_rope_pass` -- q rotated into ``y0``, k rotated into ``kc``, v into ``vc`` (``y1`` / ``y2`` not
+    written)."""
     pid = tl.program_id(1)
     rows = tl.program_id(0) * BM + tl.arange(0, BM)  # [BM]
     if GATE_ACT:
@@ -287,16 +286,16 @@ def group_epilogue_kernel(
     elif ROPE:
         if pid < T0:
             _group_rope_pass(ws0, y0, bias0, a0, b0, rows, pid, M, N0, sc0, s_ws0, m_ws0, m_a0, s_a,
-                             cos_ptr, sin_ptr, scb, scl, ssb, ssl, L, D, kc_ptr, skb, skh, sks, slot_ptr,
-                             SPLIT_K, HB0, R, RP, BN, DOT, INTERPRET, A_PARTS, SA, True, False)
+                             cos_ptr, sin_ptr, scb, scl, ssb, ssl, L, kc_ptr, skb, skh, sks, slot_ptr,
+                             SPLIT_K, HB0, R, RP, BM, BN, DOT, INTERPRET, A_PARTS, SA, True, False)
         elif pid < T0 + T1:
             _group_rope_pass(ws1, y1, bias1, a1, b1, rows, pid - T0, M, N1, sc1, s_ws1, m_ws1, m_a1, s_a,
-                             cos_ptr, sin_ptr, scb, scl, ssb, ssl, L, D, kc_ptr, skb, skh, sks, slot_ptr,
-                             SPLIT_K, HB1, R, RP, BN, DOT, INTERPRET, A_PARTS, SA, True, True)
+                             cos_ptr, sin_ptr, scb, scl, ssb, ssl, L, kc_ptr, skb, skh, sks, slot_ptr,
+                             SPLIT_K, HB1, R, RP, BM, BN, DOT, INTERPRET, A_PARTS, SA, True, True)
         else:
             _group_rope_pass(ws2, y2, bias2, a2, b2, rows, pid - T0 - T1, M, N2, sc2, s_ws2, m_ws2, m_a2, s_a,
-                             cos_ptr, sin_ptr, scb, scl, ssb, ssl, L, D, vc_ptr, svb, svh, svs, slot_ptr,
-                             SPLIT_K, HB2, R, RP, BN, DOT, INTERPRET, A_PARTS, SA, False, True)
+                             cos_ptr, sin_ptr, scb, scl, ssb, ssl, L, vc_ptr, svb, svh, svs, slot_ptr,
+                             SPLIT_K, HB2, R, RP, BM, BN, DOT, INTERPRET, A_PARTS, SA, False, True)
     elif pid < T0:
         _group_pass(ws0, y0, bias0, a0, b0, rows, pid, M, N0, sc0, s_ws0, m_ws0, m_a0, s_a,
                     SPLIT_K, HB0, R, RP, BN, DOT, INTERPRET, A_PARTS, SA)
@@ -406,7 +405,9 @@ def _group_pass_ok(pairs: list, split: int, epis: list, gate_act: bool, rope: Ro
     if rope is not None:
         b, l, d = rope.cos.shape
         y = pairs[0][1]
-        if (gate_act or len(pairs) != 3 or d % 2 or b * l != y.shape[0] or rope.cos.stride(-1) != 1
+        r_pad = triton.next_power_of_2(max(r, 1))
+        if (gate_act or len(pairs) != 3 or d < 16 or d & (d - 1) or d * r_pad > 8192 or b * l != y.shape[0]
+                or rope.cos.stride(-1) != 1
                 or rope.sin.stride(-1) != 1 or rope.sin.shape != rope.cos.shape
                 or rope.cos.dtype != y.dtype or rope.sin.dtype != y.dtype
                 or any(p[1].shape[1] % d for p in pairs) or pairs[1][1].shape != pairs[2][1].shape
@@ -436,6 +437,8 @@ def group_pass_launch(pairs: list, split: int, epis: list, gate_act: bool, rope:
     parts = epis[0].a.dim() == 3
     ns = [y.shape[1] for _, y in pairs]
     bm, bn, rp, dot = _epilogue_tiles(m, min(ns), r)
+    if rope is not None:  # one head per tile: rotate_half inside the tile
+        bn = rope.cos.shape[-1]
     tiles = [triton.cdiv(n, bn) for n in ns]
     sets = []
     for j in range(3):  # a missing third projection: placeholders no program reads (T0 + T1 covers the grid)
@@ -450,11 +453,11 @@ def group_pass_launch(pairs: list, split: int, epis: list, gate_act: bool, rope:
     if rope is not None:
         kc, vc = rope.k_cache, rope.v_cache
         rargs = (rope.cos, rope.sin, rope.cos.stride(0), rope.cos.stride(1), rope.sin.stride(0), rope.sin.stride(1),
-                 rope.cos.shape[1], rope.cos.shape[2], kc, vc, kc.stride(0), kc.stride(1), kc.stride(2),
+                 rope.cos.shape[1], kc, vc, kc.stride(0), kc.stride(1), kc.stride(2),
                  vc.stride(0), vc.stride(1), vc.stride(2), rope.slot)
     else:  # placeholders the kernel does not read
         y = pairs[0][1]
-        rargs = (y, y, 0, 0, 0, 0, 1, 2, y, y, 0, 0, 0, 0, 0, 0, y)
+        rargs = (y, y, 0, 0, 0, 0, 1, y, y, 0, 0, 0, 0, 0, 0, y)
     hb = [j < len(epis) and epis[j].bias is not None for j in range(3)]
     const = {"SPLIT_K": split, "R": r, "RP": rp, "BM": bm, "BN": bn, "DOT": dot, "INTERPRET": interpreting(),
              "A_PARTS": parts, "SA": epis[0].a.shape[0] if parts else 1, "HB0": hb[0], "HB1": hb[1], "HB2": hb[2],
