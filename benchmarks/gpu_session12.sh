@@ -38,6 +38,10 @@
 #     1-ulp differences) and the eager training path without the custom op's dispatch (ops.WoLinearEager): GPU tests,
 #     the 7B profile at batch 1 / 8 with and without the RoPE pass, the LoRA update micro-batch, the 7B GRPO step,
 #     the rollout table (7B / 14B, batch 1 / 8).
+#   phase i: bash benchmarks/gpu_session12.sh i   (one GPU; ~5 min)
+#     The one-row GEMV's config 7 on large / narrow weights (QUARL_KERNELS_GEMV_DEFAULTS=h100) in the engine at
+#     7B and 14B: the batch-1 profile with and without it (:h100gemv), and the NVFP4+LoRA batch-1 rollout cells with
+#     it (phase e had it on with 14B 5.99 ms vs 6.19-6.21 without in phases b / g, other machines).
 set -u
 : "${OUT:?}"
 PHASE=${1:?phase}
@@ -154,6 +158,18 @@ h)
     timeout -k 5 "${ROLL_S:-200}" "$PY" benchmarks/rollout.py --models 7b,14b --variants bf16+lora,nvfp4+lora \
         --batches 1,8 --hf-new-tokens 0 --budget-s $(( ${ROLL_S:-200} - 20 )) --out "$OUT/roll" > "$OUT/roll/run.log" 2>&1
     echo "== rollout table rc=$? at $((SECONDS - T0)) s"; grep -A 12 "^| model" "$OUT/roll/run.log" | head -n 14
+    ;;
+i)
+    mkdir -p "$OUT/profile" "$OUT/roll"
+    timeout -k 5 "${PROFILE_S:-150}" "$PY" benchmarks/rollout_profile.py --models 7b,14b \
+        --variants nvfp4+lora32,nvfp4+lora32:h100gemv --batches 1 --budget-s $(( ${PROFILE_S:-150} - 15 )) \
+        --out "$OUT/profile" > "$OUT/profile/run.log" 2>&1
+    echo "== profile rc=$? at $((SECONDS - T0)) s"
+    grep -E "^\| (\*\*step|kernels per|GPU idle|gemm|unattributed)|^7b|^14b|^  7b|^  14b" "$OUT/profile/run.log"
+    QUARL_KERNELS_GEMV_DEFAULTS=h100 timeout -k 5 "${ROLL_S:-120}" "$PY" benchmarks/rollout.py --models 7b,14b \
+        --variants bf16+lora,nvfp4+lora --batches 1 --hf-new-tokens 0 --budget-s $(( ${ROLL_S:-120} - 20 )) \
+        --out "$OUT/roll" > "$OUT/roll/run.log" 2>&1
+    echo "== rollout (h100 GEMV defaults) rc=$? at $((SECONDS - T0)) s"; grep -A 6 "^| model" "$OUT/roll/run.log" | head -n 8
     ;;
 *)
     echo "unknown phase $PHASE"; exit 2

@@ -69,6 +69,7 @@ under ``TRITON_INTERPRET=1``.
 
 from __future__ import annotations
 
+import os
 import typing
 from dataclasses import dataclass
 
@@ -442,9 +443,21 @@ GEMV_CONFIGS = (
     GemvConfig(64, 32, 4, 4),  # 5: register prefetch
     GemvConfig(32, 32, 2, 4),  # 6: M > 4: 8 words / thread, 8-byte loads (x: 8 * 2 * M registers)
     # 7: the H100 sweep's fastest alone at M = 1 on the 7B gate-up / down / k-v weights (session 12), but slower in
-    # the engine's step (3.344 vs 3.306 ms at batch 1, RESULTS "Issue 17, session 12"): a tuning candidate only
+    # the 7B engine's step (3.344 vs 3.306 ms at batch 1, RESULTS "Issue 17, session 12"): the default only with
+    # QUARL_KERNELS_GEMV_DEFAULTS=h100 (on large and narrow weights)
     GemvConfig(32, 64, 4, 4, prefetch=False),
 )
+DEFAULTS_ENV = "QUARL_KERNELS_GEMV_DEFAULTS"  # "h100": config 7 at M = 1 on large / narrow FP4 weights
+LARGE_WEIGHTS = 20 << 20  # with "h100", a weight this large (or of at most 1024 rows) takes config 7 at M = 1
+
+
+def h100_defaults() -> bool:
+    """``QUARL_KERNELS_GEMV_DEFAULTS=h100``: the one-row GEMV on large (>= 20M) and narrow (<= 1024 rows) FP4
+    weights takes config 7, the H100 sweep's fastest alone; unset / ``h200``: config 0, the H200 sweep's (v7)."""
+    v = os.environ.get(DEFAULTS_ENV, "h200").strip().lower()
+    if v not in ("h200", "", "h100"):
+        raise ValueError(f"{DEFAULTS_ENV}={v!r}: use h200 (the default) or h100")
+    return v == "h100"
 # Largest M that wo_matmul sends to the GEMV. Measured (H200, v6): the GEMV wins every
 # Qwen2.5-7B layer at M = 1..3; at M = 4 the tensor-core decode tile is as fast or
 # faster (one FFMA per weight and token caps the CUDA cores), at M >= 8 it is 2-5x faster.
@@ -472,10 +485,12 @@ def effective_tile(cfg: GemvConfig, group: int) -> tuple[int, int, int]:
 def default_gemv_config(fmt: int, m: int, n: int, k: int) -> GemvConfig:
     """The measured choice per format and M (H200 sweep, docs/kernels.md v7): at M = 1
     within 0-13% of the best candidate at every measured point, at M = 2..4 within
-    0-15% on the large layers (up to 31% on the 3584x3584 and 512x3584 ones). (The H100 sweep of session 12
-    found config 7 faster alone on the large and narrow weights but the engine's step slower with it: kept.)"""
+    0-15% on the large layers (up to 31% on the 3584x3584 and 512x3584 ones). :func:`h100_defaults`: config 7 at
+    M = 1 on large and narrow FP4 weights (the H100 sweep of session 12)."""
     if m == 1:
-        return GEMV_CONFIGS[1 if fmt == FMT_INT4 else 0]
+        if fmt == FMT_INT4:
+            return GEMV_CONFIGS[1]
+        return GEMV_CONFIGS[7 if h100_defaults() and (n * k >= LARGE_WEIGHTS or n <= 1024) else 0]
     return GEMV_CONFIGS[2] if m <= 4 else GEMV_CONFIGS[6]
 
 

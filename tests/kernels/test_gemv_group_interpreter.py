@@ -131,3 +131,21 @@ def test_gemv_group_builds_for_sm90_without_spills():
         assert stack_bytes(k1) in (0, None), ("ptxas spilled registers", ns)
         per_sm = 65536 // (32 * cfg.warps)  # registers of one CTA's threads, per register of a thread
         assert r1 is None or per_sm // r1 >= per_sm // r0, (ns, r0, r1)  # no fewer CTAs per SM
+
+
+@needs_triton
+def test_gemv_defaults_switch(monkeypatch):
+    """One row: config 0 for FP4 (the H200 sweep), 1 for INT4; ``QUARL_KERNELS_GEMV_DEFAULTS=h100``: config 7 on
+    large (>= 20M) and narrow (<= 1024 rows) FP4 weights only; anything else is refused with the fix."""
+    import pytest
+    from quarl_kernels import gemv
+
+    G = gemv.GEMV_CONFIGS
+    monkeypatch.delenv(gemv.DEFAULTS_ENV, raising=False)
+    assert gemv.default_gemv_config(0, 1, 18944, 3584) is G[0] and gemv.default_gemv_config(2, 1, 18944, 3584) is G[1]
+    monkeypatch.setenv(gemv.DEFAULTS_ENV, "h100")
+    assert gemv.default_gemv_config(0, 1, 18944, 3584) is G[7] and gemv.default_gemv_config(1, 1, 512, 3584) is G[7]
+    assert gemv.default_gemv_config(0, 1, 3584, 3584) is G[0] and gemv.default_gemv_config(0, 2, 18944, 3584) is G[2]
+    monkeypatch.setenv(gemv.DEFAULTS_ENV, "fast")
+    with pytest.raises(ValueError, match="h200 .* or h100"):
+        gemv.default_gemv_config(0, 1, 18944, 3584)
