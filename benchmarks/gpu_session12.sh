@@ -43,6 +43,9 @@
 #     7B and 14B: the batch-1 profile with and without it (:h100gemv), and the NVFP4+LoRA batch-1 rollout cells with
 #     it (phase e had it on with 14B 5.99 ms vs 6.19-6.21 without in phases b / g, other machines); then the final
 #     code's GPU tests (the last passes incl. the RoPE pass, the engine, the dense path, mma.sync, fused glue).
+#   phase j: bash benchmarks/gpu_session12.sh j   (one GPU; ~3.5 min)
+#     The one-row GEMV's config 7 on long rows only (K >= 4096: phase i), the default now: the group / RoPE-pass
+#     GPU tests and the GEMV's config-7 tests, and the batch-1 rollout cells at 7B and 14B.
 set -u
 : "${OUT:?}"
 PHASE=${1:?phase}
@@ -174,6 +177,14 @@ i)
     tests "${TEST_S:-280}" tests/kernels/test_epilogue_gpu.py tests/engine/test_engine_gpu.py tests/kernels/test_dense_gpu.py \
         tests/kernels/test_mma_decode_gpu.py tests/kernels/test_fused_gpu.py
     ;;
+j)
+    tests "${TEST_S:-70}" tests/kernels/test_epilogue_gpu.py tests/kernels/test_gemv_gpu.py \
+        -k "rope or group or BN32xBK512v4w4W4"
+    mkdir -p "$OUT/roll"
+    timeout -k 5 "${ROLL_S:-120}" "$PY" benchmarks/rollout.py --models 7b,14b --variants bf16+lora,nvfp4+lora \
+        --batches 1 --hf-new-tokens 0 --budget-s $(( ${ROLL_S:-120} - 20 )) --out "$OUT/roll" > "$OUT/roll/run.log" 2>&1
+    echo "== rollout rc=$? at $((SECONDS - T0)) s"; grep -A 6 "^| model" "$OUT/roll/run.log" | head -n 8
+    ;;
 *)
     echo "unknown phase $PHASE"; exit 2
     ;;
@@ -222,3 +233,9 @@ echo "phase $PHASE done at $((SECONDS - T0)) s"
 #      batch 1 / 8): RoPE in the pass 3.298 / 4.389, without 3.330 / 4.390. Update micro-batch (4 layers) BF16 105.9,
 #      NVFP4 109.3 ms (1.032x). 7B GRPO step BF16 18.05 s (5.93 / 1.62 / 10.51), NVFP4 18.57 s (5.81 / 1.73 / 11.03)
 #      = 1.029x. Table: 7B 8.55 / 3.31 = 2.58x, 8.93 / 4.38 = 2.04x; 14B 15.22 / 6.16 = 2.47x, 16.13 / 8.00 = 2.02x.
+
+#   i  phase i at 7c5f18e: 393 s. Batch-1 profile (ms), default / with config 7 on large + narrow weights
+#      (:h100gemv): 7B 3.332 / 3.393 (groups 1.417 / 1.517, down 0.610 / 0.579), 14B 6.234 / 6.055 (groups 2.959 /
+#      2.754, o 0.554 / 0.527). Rollout with it: 7B 8.55 / 3.46 = 2.47x, 14B 15.19 / 5.95 = 2.55x. GPU tests: 301
+#      passed, 1 skipped, 1 failed (the RoPE pass at one row: its 1-ulp-of-a-term differences broke the 1-ulp bound;
+#      the test holds it to the kernel tests' norm-relative 5e-3 after).

@@ -19,8 +19,8 @@ pass) and ``:sdpa`` ``QUARL_ENGINE_DECODE_ATTN=0`` (SDPA for decode attention); 
 GEMV launch per weight, not one for the group); ``:nommagroup`` sets ``QUARL_MMA_GROUP=0`` (a 2..16-row group's
 weights as one mma.sync launch each); ``:nogrouppass`` sets ``QUARL_GROUP_PASS=0`` (a group launch's last passes as one
 launch per weight, not one for the group, ``launch.finish_group``); ``:rope`` sets ``QUARL_ENGINE_GROUP_ROPE=1``
-(the decode step's RoPE + K/V write in the q/k/v group's pass at one row, not its own kernel); ``:h100gemv`` sets
-``QUARL_KERNELS_GEMV_DEFAULTS=h100`` (the one-row GEMV's config 7 on large and narrow weights); modifiers combine (``nvfp4+lora32:noepi:sdpa``). With the epilogue on, a projection's ``gemm:*`` row includes its
+(the decode step's RoPE + K/V write in the q/k/v group's pass at one row, not its own kernel); ``:h200gemv`` sets
+``QUARL_KERNELS_GEMV_DEFAULTS=h200`` (the one-row GEMV's config 0 everywhere, as before session 12); modifiers combine (``nvfp4+lora32:noepi:sdpa``). With the epilogue on, a projection's ``gemm:*`` row includes its
 bias and LoRA B (they run in its kernels); ``lora`` is then the A GEMMs alone.
 
 Per (variant, batch) cell, one prefill of ``prompt`` random tokens fills the cache, and
@@ -432,7 +432,7 @@ MODIFIERS = {  # ':name' -> the engine switch (env, value) it sets for the cell:
     "nommagroup": ("QUARL_MMA_GROUP", "0"),  # a 2..16-row group's weights as one mma.sync launch each, not one
     "nogrouppass": ("QUARL_GROUP_PASS", "0"),  # a group launch's last passes one launch each, not one for the group
     "rope": ("QUARL_ENGINE_GROUP_ROPE", "1"),  # the decode RoPE + K/V write in the q/k/v pass, not its own kernel
-    "h100gemv": ("QUARL_KERNELS_GEMV_DEFAULTS", "h100"),  # the one-row GEMV's config 7 on large / narrow weights
+    "h200gemv": ("QUARL_KERNELS_GEMV_DEFAULTS", "h200"),  # the one-row GEMV's config 0 everywhere (before session 12)
 }
 
 

@@ -442,22 +442,22 @@ GEMV_CONFIGS = (
     GemvConfig(128, 32, 4, 4, stages=3, waves=2),  # 4: 32 words / thread
     GemvConfig(64, 32, 4, 4),  # 5: register prefetch
     GemvConfig(32, 32, 2, 4),  # 6: M > 4: 8 words / thread, 8-byte loads (x: 8 * 2 * M registers)
-    # 7: the H100 sweep's fastest alone at M = 1 on the 7B gate-up / down / k-v weights (session 12), but slower in
-    # the 7B engine's step (3.344 vs 3.306 ms at batch 1, RESULTS "Issue 17, session 12"): the default only with
-    # QUARL_KERNELS_GEMV_DEFAULTS=h100 (on large and narrow weights)
+    # 7: 32 rows, 512-code K steps: at M = 1 on large weights with long rows (K >= 4096: 7B down, every 14B weight)
+    # (the H100 sweep of session 12; in the engine's step 14B 6.234 -> 6.055 ms, 7B's down 0.610 -> 0.579 ms, while
+    # on K = 3584 rows, 7B's gate/up group, it was slower: RESULTS "Issue 17, session 12")
     GemvConfig(32, 64, 4, 4, prefetch=False),
 )
-DEFAULTS_ENV = "QUARL_KERNELS_GEMV_DEFAULTS"  # "h100": config 7 at M = 1 on large / narrow FP4 weights
-LARGE_WEIGHTS = 20 << 20  # with "h100", a weight this large (or of at most 1024 rows) takes config 7 at M = 1
+DEFAULTS_ENV = "QUARL_KERNELS_GEMV_DEFAULTS"  # "h200": config 0 at M = 1 everywhere (the H200 sweep's, v7)
+LONG_K, LARGE_WEIGHTS = 4096, 20 << 20  # FP4 weights with K >= this and N * K >= that take config 7 at M = 1
 
 
-def h100_defaults() -> bool:
-    """``QUARL_KERNELS_GEMV_DEFAULTS=h100``: the one-row GEMV on large (>= 20M) and narrow (<= 1024 rows) FP4
-    weights takes config 7, the H100 sweep's fastest alone; unset / ``h200``: config 0, the H200 sweep's (v7)."""
-    v = os.environ.get(DEFAULTS_ENV, "h200").strip().lower()
-    if v not in ("h200", "", "h100"):
-        raise ValueError(f"{DEFAULTS_ENV}={v!r}: use h200 (the default) or h100")
-    return v == "h100"
+def h200_defaults() -> bool:
+    """``QUARL_KERNELS_GEMV_DEFAULTS=h200``: config 0 for every FP4 weight at M = 1 (the H200 sweep's choice, v7;
+    the before of session 12's config 7 on long rows)."""
+    v = os.environ.get(DEFAULTS_ENV, "auto").strip().lower()
+    if v not in ("auto", "", "h200"):
+        raise ValueError(f"{DEFAULTS_ENV}={v!r}: use auto (the default) or h200 (config 0 at one row everywhere)")
+    return v == "h200"
 # Largest M that wo_matmul sends to the GEMV. Measured (H200, v6): the GEMV wins every
 # Qwen2.5-7B layer at M = 1..3; at M = 4 the tensor-core decode tile is as fast or
 # faster (one FFMA per weight and token caps the CUDA cores), at M >= 8 it is 2-5x faster.
@@ -485,12 +485,13 @@ def effective_tile(cfg: GemvConfig, group: int) -> tuple[int, int, int]:
 def default_gemv_config(fmt: int, m: int, n: int, k: int) -> GemvConfig:
     """The measured choice per format and M (H200 sweep, docs/kernels.md v7): at M = 1
     within 0-13% of the best candidate at every measured point, at M = 2..4 within
-    0-15% on the large layers (up to 31% on the 3584x3584 and 512x3584 ones). :func:`h100_defaults`: config 7 at
-    M = 1 on large and narrow FP4 weights (the H100 sweep of session 12)."""
+    0-15% on the large layers (up to 31% on the 3584x3584 and 512x3584 ones). Since session 12, config 7 at M = 1
+    on large FP4 weights with long rows (K >= 4096; measured in the engine on an H100), unless
+    ``QUARL_KERNELS_GEMV_DEFAULTS=h200``."""
     if m == 1:
         if fmt == FMT_INT4:
             return GEMV_CONFIGS[1]
-        return GEMV_CONFIGS[7 if h100_defaults() and (n * k >= LARGE_WEIGHTS or n <= 1024) else 0]
+        return GEMV_CONFIGS[7 if k >= LONG_K and n * k >= LARGE_WEIGHTS and not h200_defaults() else 0]
     return GEMV_CONFIGS[2] if m <= 4 else GEMV_CONFIGS[6]
 
 

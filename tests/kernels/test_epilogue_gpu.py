@@ -249,8 +249,8 @@ def test_group_pass_with_rope_and_kv_write_equals_rope_after(m, monkeypatch):
     """q/k/v of a decode step with the RoPE and the K/V cache write in the group's last pass
     (``launch.RopeCache``) against the same group launch returning q/k/v, then ``rope.rope_qk_cache``: bit-equal
     rotated q and caches with the mma.sync group at 8 rows; at one row (the GEMV group) v is bit-equal and q / k
-    within one bf16 ulp -- the H100 gave 1-ulp differences in ~20 % of them (cause not found; why the engine keeps
-    the RoPE kernel by default, ``QUARL_ENGINE_GROUP_ROPE``)."""
+    close (norm-relative < ``TOL``): the H100 gives differences in ~20 % of them of about one ulp of the rotation's
+    terms (cause not found; why the engine keeps the RoPE kernel by default, ``QUARL_ENGINE_GROUP_ROPE``)."""
     from quarl_kernels import lora_a, rope
     from quarl_kernels.launch import RopeCache
 
@@ -290,9 +290,7 @@ def test_group_pass_with_rope_and_kv_write_equals_rope_after(m, monkeypatch):
     checks = {"q": diff(got, q_ref), "k": diff(kc[:, :, 37], kc2[:, :, 37]), "v": diff(vc[:, :, 37], vc2[:, :, 37]),
               "v vs the pass's v": diff(vc[:, :, 37], v[:, :, 0])}
     if m == 1:
-        for name in ("q", "k"):  # within one ulp: |diff| <= 2**-7 |ref| (8 significant bits)
-            a, b = (got, q_ref) if name == "q" else (kc[:, :, 37], kc2[:, :, 37])
-            assert ((a.float() - b.float()).abs() <= b.float().abs() * 2.0**-7 + 1e-30).all(), checks
+        assert rel(got, q_ref.double()) < TOL and rel(kc[:, :, 37], kc2[:, :, 37].double()) < TOL, checks
         checks = {key: c for key, c in checks.items() if key not in ("q", "k")}
     assert all(c[0] == 0 for c in checks.values()), checks
     assert torch.isfinite(kc[:, :, 37]).all() and torch.isfinite(vc[:, :, 37]).all()

@@ -135,17 +135,19 @@ def test_gemv_group_builds_for_sm90_without_spills():
 
 @needs_triton
 def test_gemv_defaults_switch(monkeypatch):
-    """One row: config 0 for FP4 (the H200 sweep), 1 for INT4; ``QUARL_KERNELS_GEMV_DEFAULTS=h100``: config 7 on
-    large (>= 20M) and narrow (<= 1024 rows) FP4 weights only; anything else is refused with the fix."""
+    """One row: config 7 on large FP4 weights with long rows (7B down, 14B's weights), config 0 on the rest (7B
+    q/o, gate/up: K = 3584), 1 for INT4; ``QUARL_KERNELS_GEMV_DEFAULTS=h200``: config 0 everywhere; anything else is
+    refused with the fix."""
     import pytest
     from quarl_kernels import gemv
 
     G = gemv.GEMV_CONFIGS
     monkeypatch.delenv(gemv.DEFAULTS_ENV, raising=False)
-    assert gemv.default_gemv_config(0, 1, 18944, 3584) is G[0] and gemv.default_gemv_config(2, 1, 18944, 3584) is G[1]
-    monkeypatch.setenv(gemv.DEFAULTS_ENV, "h100")
-    assert gemv.default_gemv_config(0, 1, 18944, 3584) is G[7] and gemv.default_gemv_config(1, 1, 512, 3584) is G[7]
-    assert gemv.default_gemv_config(0, 1, 3584, 3584) is G[0] and gemv.default_gemv_config(0, 2, 18944, 3584) is G[2]
+    assert gemv.default_gemv_config(0, 1, 3584, 18944) is G[7] and gemv.default_gemv_config(1, 1, 5120, 5120) is G[7]
+    assert gemv.default_gemv_config(0, 1, 18944, 3584) is G[0] and gemv.default_gemv_config(0, 1, 1024, 5120) is G[0]
+    assert gemv.default_gemv_config(2, 1, 3584, 18944) is G[1] and gemv.default_gemv_config(0, 2, 3584, 18944) is G[2]
+    monkeypatch.setenv(gemv.DEFAULTS_ENV, "h200")
+    assert gemv.default_gemv_config(0, 1, 3584, 18944) is G[0]
     monkeypatch.setenv(gemv.DEFAULTS_ENV, "fast")
-    with pytest.raises(ValueError, match="h200 .* or h100"):
-        gemv.default_gemv_config(0, 1, 18944, 3584)
+    with pytest.raises(ValueError, match="auto .* or h200"):
+        gemv.default_gemv_config(0, 1, 3584, 18944)
