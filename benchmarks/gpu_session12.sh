@@ -239,3 +239,7 @@ echo "phase $PHASE done at $((SECONDS - T0)) s"
 #      2.754, o 0.554 / 0.527). Rollout with it: 7B 8.55 / 3.46 = 2.47x, 14B 15.19 / 5.95 = 2.55x. GPU tests: 301
 #      passed, 1 skipped, 1 failed (the RoPE pass at one row: its 1-ulp-of-a-term differences broke the 1-ulp bound;
 #      the test holds it to the kernel tests' norm-relative 5e-3 after).
+#   j  phase j at 215be7f (the one-row GEMV's config 7 on long rows, the default now): 174 s. Tests: 18 passed, none
+#      failed before the 70 s limit (the rest of the selection did not run). Batch 1: 7B 8.39 / 3.31 = 2.53x, 14B
+#      15.04 / 6.11 = 2.46x (BF16 cells 1571 / 1321 tokens). The session's device time then ran out (231 s left,
+#      too little to start a machine).
