@@ -42,6 +42,7 @@ import json
 import os
 import sys
 import time
+import unittest.mock
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -151,39 +152,35 @@ def profile_step(fn, device: str, kinds=KERNEL_CLASSES) -> dict:
     return {"classes": classes, "total_ms": sum(by_kernel.values()), "top": [[k[:120], ms] for k, ms in top]}
 
 
+def measure(model, ids: torch.Tensor, loss: str, iters: int, device: str, profile: bool = False,
+            kinds=KERNEL_CLASSES, fused_adam: bool = True) -> dict:
+    """Time ``model``'s training step on ``ids`` (:func:`step_fn`, AdamW on the trainable parameters), its peak
+    memory and, with ``profile``, one profiled step by kernel class; the model is freed after."""
+    opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-6,
+                            fused=fused_adam and device == "cuda")
+    fn = step_fn(model, opt, ids, loss)
+    if device == "cuda":
+        torch.cuda.reset_peak_memory_stats()
+    out = {"ms": stream_time(fn, iters, device, warmup=2), "tokens": ids.numel()}
+    if device == "cuda":
+        out["peak_gib"] = torch.cuda.max_memory_allocated() / 2**30
+    if profile:
+        out["profile"] = profile_step(fn, device, kinds)
+    del model, opt, fn
+    if device == "cuda":
+        torch.cuda.empty_cache()
+    return out
+
+
 def time_arm(shape: str, layers: int, arm: str, tokens: int, seq: int, iters: int, device: str,
              loss: str = "ce", profile: bool = False) -> dict:
     base, deepgemm = parse_arm(arm)
-    env = {"QUARL_FP8_GEMM": "deepgemm"} if deepgemm else {}
-    old = {k: os.environ.get(k) for k in env}
-    os.environ.update(env)
-    try:
+    with unittest.mock.patch.dict(os.environ, {"QUARL_FP8_GEMM": "deepgemm"} if deepgemm else {}):
         model = build(shape, layers, device)
         prepare(model, base)
         model.train()
-        opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-6,
-                                fused=device == "cuda")
-        b = max(tokens // seq, 1)
-        ids = torch.randint(0, SHAPES[shape][4], (b, seq), device=device)
-        fn = step_fn(model, opt, ids, loss)
-        if device == "cuda":
-            torch.cuda.reset_peak_memory_stats()
-        ms = stream_time(fn, iters, device, warmup=2)
-        out = {"ms": ms, "tokens": b * seq}
-        if device == "cuda":
-            out["peak_gib"] = torch.cuda.max_memory_allocated() / 2**30
-        if profile:
-            out["profile"] = profile_step(fn, device)
-        del model, opt, fn
-        if device == "cuda":
-            torch.cuda.empty_cache()
-        return out
-    finally:
-        for k, v in old.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
+        ids = torch.randint(0, SHAPES[shape][4], (max(tokens // seq, 1), seq), device=device)
+        return measure(model, ids, loss, iters, device, profile)
 
 
 def main() -> None:

@@ -27,6 +27,7 @@ import json
 import os
 import sys
 import time
+import unittest.mock
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -36,7 +37,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT), str(ROOT / "kernels"), str(ROOT / "benchmarks")]
 
 import fp8_model_step as fms  # the model builder, the rl loss step, the profiler's kernel classes
-from fp8_linear import stream_time, sync
+from fp8_linear import sync
 
 MODIFIERS = {"nokeep": ("QUARL_KERNELS_DENSE_KEEP", "0")}
 CLASSES = [("4-bit decode", ("_dequant_kernel",)), *fms.KERNEL_CLASSES]
@@ -64,32 +65,11 @@ def build_arm(shape: str, layers: int, fmt: str, lora_r: int, device: str):
 
 def time_arm(a, arm: str) -> dict:
     fmt, env = parse_arm(arm)
-    old = {k: os.environ.get(k) for k in env}
-    os.environ.update(env)
-    try:
+    with unittest.mock.patch.dict(os.environ, env):
         model = build_arm(a.shape, a.layers, fmt, a.lora_r, a.device)
-        opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-6)
-        b = max(a.tokens // a.seq, 1)
-        ids = torch.randint(0, fms.SHAPES[a.shape][4], (b, a.seq), device=a.device,
+        ids = torch.randint(0, fms.SHAPES[a.shape][4], (max(a.tokens // a.seq, 1), a.seq), device=a.device,
                             generator=torch.Generator(a.device).manual_seed(0))
-        fn = fms.step_fn(model, opt, ids, "rl")
-        if a.device == "cuda":
-            torch.cuda.reset_peak_memory_stats()
-        out = {"arm": arm, "ms": stream_time(fn, a.iters, a.device, warmup=2), "tokens": b * a.seq}
-        if a.device == "cuda":
-            out["peak_gib"] = torch.cuda.max_memory_allocated() / 2**30
-        if a.profile:
-            out["profile"] = fms.profile_step(fn, a.device, CLASSES)
-        del model, opt, fn
-        if a.device == "cuda":
-            torch.cuda.empty_cache()
-        return out
-    finally:
-        for k, v in old.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
+        return {"arm": arm, **fms.measure(model, ids, "rl", a.iters, a.device, a.profile, CLASSES, fused_adam=False)}
 
 
 def render(res: dict) -> str:
