@@ -63,7 +63,10 @@ def _key(packed: tuple) -> tuple:
 
 def get(packed: tuple, make: Callable[[], torch.Tensor]) -> torch.Tensor:
     """``make()`` -- the BF16 dequantization of the weight whose packed tensors are ``packed`` (codes, scales,
-    zero points or None, global scale or None) -- or the one kept for these exact tensors."""
+    zero points or None, global scale or None) -- or the one kept for these exact tensors. Weights made under
+    ``torch.inference_mode`` have no version counter: never kept, always made."""
+    if any(t is not None and t.is_inference() for t in packed):
+        return make()
     key = _key(packed)
     hit = _kept.get(key)
     if hit is not None:

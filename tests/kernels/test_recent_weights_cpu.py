@@ -78,6 +78,16 @@ def test_a_write_to_any_packed_tensor_misses(which):
     assert make.calls == 2 and new is not old
 
 
+def test_inference_mode_weights_are_made_not_kept():
+    """Tensors created under ``torch.inference_mode`` track no version: such a weight is decoded every call."""
+    with torch.inference_mode():
+        p = _packed()
+    make = _Maker()
+    _get(p, make)
+    _get(p, make)
+    assert make.calls == 2 and rw.kept() == 0
+
+
 def test_another_weight_misses():
     make = _Maker()
     _get(_packed(0), make)
