@@ -2,7 +2,9 @@
 # Session 12 (2026-11-26, fourth device session of the day): issue 17's open targets -- batch 8 (the mma.sync group
 # launch written in session 11, never run on a GPU) and the 7B GRPO step's update (the NVFP4 base's dense decode
 # done once less per micro-batch: quarl_kernels/recent_weights.py). Run from the repository root on the device
-# machine; the record of what ran is at the end of this file.
+# machine; the record of what ran is at the end of this file. The phases use benchmarks/gpu_phase_lib.sh's helpers
+# (tests, profile, rollout_table, grpo, phase_end): the same commands as when each phase ran, factored after the
+# calls (each record names the commit it ran at).
 #
 #   phase a: bash benchmarks/gpu_session12.sh a   (one GPU; ~8 min)
 #     1. GPU tests: the dense path with the kept weights (tests/kernels/test_dense_gpu.py), the last pass and the
@@ -49,59 +51,27 @@
 set -u
 : "${OUT:?}"
 PHASE=${1:?phase}
-T0=$SECONDS
-export PYTHONUNBUFFERED=1
-PY=${PY:-python3}
-export PYTHONPATH=$PWD:$PWD/kernels${PYTHONPATH:+:$PYTHONPATH}
-nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv > "$OUT/gpu.txt" 2>&1
-echo "phase $PHASE: $(tail -n +2 "$OUT/gpu.txt" | head -1)"
-
-tests() {  # $1 = seconds, the rest = test files
-    local s=$1; shift
-    mkdir -p "$OUT/tests"
-    timeout -k 5 "$s" "$PY" -m pytest -q -rfEs -m gpu -p no:cacheprovider "$@" > "$OUT/tests/pytest.log" 2>&1
-    echo "== GPU tests rc=$? at $((SECONDS - T0)) s"; grep -E "^E |passed|failed|FAILED|ERROR" "$OUT/tests/pytest.log" | tail -n 20
-}
+source benchmarks/gpu_phase_lib.sh
 
 case "$PHASE" in
 a)
     tests "${TEST_S:-130}" tests/kernels/test_dense_gpu.py tests/kernels/test_epilogue_gpu.py tests/engine/test_engine_gpu.py
-    mkdir -p "$OUT/update" "$OUT/profile" "$OUT/roll" "$OUT/roll_mma"
+    mkdir -p "$OUT/update"
     timeout -k 5 "${UPDATE_S:-100}" "$PY" benchmarks/lora_update_step.py --profile --out "$OUT/update" \
         > "$OUT/update/run.log" 2>&1
     echo "== update rc=$? at $((SECONDS - T0)) s"; grep -A 6 "^| arm | step" "$OUT/update/run.log"; grep -A 6 "^| arm | 4-bit" "$OUT/update/run.log"
-    timeout -k 5 "${PROFILE_S:-90}" "$PY" benchmarks/rollout_profile.py --models 7b \
-        --variants nvfp4+lora32,nvfp4+lora32:mmagroup --batches 1,8 --budget-s $(( ${PROFILE_S:-90} - 15 )) \
-        --out "$OUT/profile" > "$OUT/profile/run.log" 2>&1
-    echo "== profile rc=$? at $((SECONDS - T0)) s"
-    grep -E "^\| (\*\*step|kernels per|GPU idle)|^7b|^  7b" "$OUT/profile/run.log"
-    timeout -k 5 "${ROLL_S:-100}" "$PY" benchmarks/rollout.py --models 7b --variants bf16+lora,nvfp4+lora \
-        --batches 1,8 --hf-new-tokens 0 --budget-s $(( ${ROLL_S:-100} - 15 )) --out "$OUT/roll" > "$OUT/roll/run.log" 2>&1
-    echo "== rollout table rc=$? at $((SECONDS - T0)) s"; grep -A 8 "^| model" "$OUT/roll/run.log" | head -n 10
-    QUARL_MMA_GROUP=1 timeout -k 5 "${ROLLM_S:-60}" "$PY" benchmarks/rollout.py --models 7b --variants nvfp4+lora \
-        --batches 8 --hf-new-tokens 0 --budget-s $(( ${ROLLM_S:-60} - 15 )) --out "$OUT/roll_mma" > "$OUT/roll_mma/run.log" 2>&1
-    echo "== rollout, mma group rc=$? at $((SECONDS - T0)) s"; grep -A 4 "^| model" "$OUT/roll_mma/run.log" | head -n 6
+    profile "${PROFILE_S:-90}" 7b nvfp4+lora32,nvfp4+lora32:mmagroup 1,8  # (:mmagroup is :nommagroup's opposite now)
+    rollout_table "${ROLL_S:-100}" 7b 1,8 roll
+    QUARL_MMA_GROUP=1 rollout_table "${ROLLM_S:-60}" 7b 8 roll_mma nvfp4+lora
     ;;
 b)
     tests "${TEST_S:-120}" tests/kernels/test_epilogue_gpu.py tests/engine/test_engine_gpu.py
-    mkdir -p "$OUT/profile" "$OUT/roll"
-    timeout -k 5 "${PROFILE_S:-90}" "$PY" benchmarks/rollout_profile.py --models 7b \
-        --variants nvfp4+lora32,nvfp4+lora32:nogrouppass --batches 1,8 --budget-s $(( ${PROFILE_S:-90} - 15 )) \
-        --out "$OUT/profile" > "$OUT/profile/run.log" 2>&1
-    echo "== profile rc=$? at $((SECONDS - T0)) s"
-    grep -E "^\| (\*\*step|kernels per|GPU idle)|^7b|^  7b" "$OUT/profile/run.log"
-    timeout -k 5 "${ROLL_S:-230}" "$PY" benchmarks/rollout.py --models 7b,14b --variants bf16+lora,nvfp4+lora \
-        --batches 1,8 --hf-new-tokens 0 --budget-s $(( ${ROLL_S:-230} - 20 )) --out "$OUT/roll" > "$OUT/roll/run.log" 2>&1
-    echo "== rollout table rc=$? at $((SECONDS - T0)) s"; grep -A 12 "^| model" "$OUT/roll/run.log" | head -n 14
+    profile "${PROFILE_S:-90}" 7b nvfp4+lora32,nvfp4+lora32:nogrouppass 1,8
+    rollout_table "${ROLL_S:-230}" 7b,14b 1,8 roll
     ;;
 c)
-    mkdir -p "$OUT/grpo" "$OUT/roll"
-    timeout -k 10 "${GRPO_S:-210}" "$PY" benchmarks/grpo_step_gpu.py --out "$OUT/grpo" --work /tmp/grpo7_work \
-        > "$OUT/grpo/run.log" 2>&1
-    echo "== 7B GRPO step rc=$? at $((SECONDS - T0)) s"; tail -n 12 "$OUT/grpo/run.log"
-    timeout -k 5 "${ROLL_S:-200}" "$PY" benchmarks/rollout.py --models 7b,14b --variants bf16+lora,nvfp4+lora \
-        --batches 64 --hf-new-tokens 0 --budget-s $(( ${ROLL_S:-200} - 20 )) --out "$OUT/roll" > "$OUT/roll/run.log" 2>&1
-    echo "== rollout table rc=$? at $((SECONDS - T0)) s"; grep -A 6 "^| model" "$OUT/roll/run.log" | head -n 8
+    grpo "${GRPO_S:-210}" grpo
+    rollout_table "${ROLL_S:-200}" 7b,14b 64 roll
     ;;
 d)  # the decode kernels' configs on the H100 (the defaults are the H200 sweep's winners)
     mkdir -p "$OUT/gemv" "$OUT/mma"
@@ -115,84 +85,48 @@ d)  # the decode kernels' configs on the H100 (the defaults are the H200 sweep's
 e)
     tests "${TEST_S:-130}" tests/kernels/test_epilogue_gpu.py tests/engine/test_engine_gpu.py \
         tests/kernels/test_gemv_gpu.py -k "not test_gemv_matches_reference or BN32xBK512v4w4W4"
-    mkdir -p "$OUT/profile" "$OUT/roll"
-    timeout -k 5 "${PROFILE_S:-120}" "$PY" benchmarks/rollout_profile.py --models 7b \
-        --variants nvfp4+lora32,nvfp4+lora32:norope,nvfp4+lora32:v9cfg --batches 1,8 \
-        --budget-s $(( ${PROFILE_S:-120} - 15 )) --out "$OUT/profile" > "$OUT/profile/run.log" 2>&1
-    echo "== profile rc=$? at $((SECONDS - T0)) s"
-    grep -E "^\| (\*\*step|kernels per|GPU idle)|^7b|^  7b" "$OUT/profile/run.log"
-    timeout -k 5 "${ROLL_S:-220}" "$PY" benchmarks/rollout.py --models 7b,14b --variants bf16+lora,nvfp4+lora \
-        --batches 1,8 --hf-new-tokens 0 --budget-s $(( ${ROLL_S:-220} - 20 )) --out "$OUT/roll" > "$OUT/roll/run.log" 2>&1
-    echo "== rollout table rc=$? at $((SECONDS - T0)) s"; grep -A 12 "^| model" "$OUT/roll/run.log" | head -n 14
+    profile "${PROFILE_S:-120}" 7b nvfp4+lora32,nvfp4+lora32:norope,nvfp4+lora32:v9cfg 1,8  # (modifiers of then)
+    rollout_table "${ROLL_S:-220}" 7b,14b 1,8 roll
     ;;
 f)
-    mkdir -p "$OUT/grpo" "$OUT/grpo_nokeep"
-    timeout -k 10 "${GRPO_S:-140}" "$PY" benchmarks/grpo_step_gpu.py --out "$OUT/grpo" --work /tmp/grpo7_work \
-        > "$OUT/grpo/run.log" 2>&1
-    echo "== 7B GRPO step rc=$? at $((SECONDS - T0)) s"; grep -A 6 "^| format | step" "$OUT/grpo/run.log"
-    QUARL_KERNELS_DENSE_KEEP=0 timeout -k 10 "${GRPO_S:-140}" "$PY" benchmarks/grpo_step_gpu.py --formats nvfp4 \
-        --out "$OUT/grpo_nokeep" --work /tmp/grpo7_work2 > "$OUT/grpo_nokeep/run.log" 2>&1
-    echo "== 7B GRPO step, no kept weights rc=$? at $((SECONDS - T0)) s"; grep -A 4 "^| format | step" "$OUT/grpo_nokeep/run.log"
+    grpo "${GRPO_S:-140}" grpo
+    QUARL_KERNELS_DENSE_KEEP=0 grpo "${GRPO_S:-140}" grpo_nokeep --formats nvfp4
     ;;
 g)
-    mkdir -p "$OUT/tests" "$OUT/roll"
+    mkdir -p "$OUT/tests"
     timeout -k 5 "${ROPE_S:-90}" "$PY" -m pytest -q -rfE -l -m gpu -p no:cacheprovider tests/kernels/test_epilogue_gpu.py \
         -k rope > "$OUT/tests/rope.log" 2>&1
     echo "== RoPE pass tests rc=$? at $((SECONDS - T0)) s"; grep -E "^E |passed|failed|checks =" "$OUT/tests/rope.log" | head -n 30
     tests "${TEST_S:-100}" tests/engine/test_engine_gpu.py tests/kernels/test_gemv_gpu.py -k "engine or BN32xBK512v4w4W4"
-    timeout -k 5 "${ROLL_S:-220}" "$PY" benchmarks/rollout.py --models 7b,14b --variants bf16+lora,nvfp4+lora \
-        --batches 1,8 --hf-new-tokens 0 --budget-s $(( ${ROLL_S:-220} - 20 )) --out "$OUT/roll" > "$OUT/roll/run.log" 2>&1
-    echo "== rollout table rc=$? at $((SECONDS - T0)) s"; grep -A 12 "^| model" "$OUT/roll/run.log" | head -n 14
+    rollout_table "${ROLL_S:-220}" 7b,14b 1,8 roll
     ;;
 h)
     tests "${TEST_S:-90}" tests/kernels/test_epilogue_gpu.py tests/engine/test_engine_gpu.py tests/kernels/test_dense_gpu.py \
         -k "rope or engine or checkpointed or autograd"
-    mkdir -p "$OUT/profile" "$OUT/update" "$OUT/grpo" "$OUT/roll"
-    timeout -k 5 "${PROFILE_S:-80}" "$PY" benchmarks/rollout_profile.py --models 7b \
-        --variants nvfp4+lora32,nvfp4+lora32:norope --batches 1,8 --budget-s $(( ${PROFILE_S:-80} - 15 )) \
-        --out "$OUT/profile" > "$OUT/profile/run.log" 2>&1
-    echo "== profile rc=$? at $((SECONDS - T0)) s"
-    grep -E "^\| (\*\*step|kernels per|GPU idle)|^7b|^  7b" "$OUT/profile/run.log"
+    profile "${PROFILE_S:-80}" 7b nvfp4+lora32,nvfp4+lora32:norope 1,8  # (:norope of then: the pass was on)
+    mkdir -p "$OUT/update"
     timeout -k 5 "${UPDATE_S:-70}" "$PY" benchmarks/lora_update_step.py --arms bf16,nvfp4 --out "$OUT/update" \
         > "$OUT/update/run.log" 2>&1
     echo "== update rc=$? at $((SECONDS - T0)) s"; grep -A 4 "^| arm | step" "$OUT/update/run.log"
-    timeout -k 10 "${GRPO_S:-130}" "$PY" benchmarks/grpo_step_gpu.py --out "$OUT/grpo" --work /tmp/grpo7_work \
-        > "$OUT/grpo/run.log" 2>&1
-    echo "== 7B GRPO step rc=$? at $((SECONDS - T0)) s"; grep -A 6 "^| format | step" "$OUT/grpo/run.log"
-    timeout -k 5 "${ROLL_S:-200}" "$PY" benchmarks/rollout.py --models 7b,14b --variants bf16+lora,nvfp4+lora \
-        --batches 1,8 --hf-new-tokens 0 --budget-s $(( ${ROLL_S:-200} - 20 )) --out "$OUT/roll" > "$OUT/roll/run.log" 2>&1
-    echo "== rollout table rc=$? at $((SECONDS - T0)) s"; grep -A 12 "^| model" "$OUT/roll/run.log" | head -n 14
+    grpo "${GRPO_S:-130}" grpo
+    rollout_table "${ROLL_S:-200}" 7b,14b 1,8 roll
     ;;
 i)
-    mkdir -p "$OUT/profile" "$OUT/roll"
-    timeout -k 5 "${PROFILE_S:-140}" "$PY" benchmarks/rollout_profile.py --models 7b,14b \
-        --variants nvfp4+lora32,nvfp4+lora32:h100gemv --batches 1 --budget-s $(( ${PROFILE_S:-140} - 15 )) \
-        --out "$OUT/profile" > "$OUT/profile/run.log" 2>&1
-    echo "== profile rc=$? at $((SECONDS - T0)) s"
-    grep -E "^\| (\*\*step|kernels per|GPU idle|gemm|unattributed)|^7b|^14b|^  7b|^  14b" "$OUT/profile/run.log"
-    QUARL_KERNELS_GEMV_DEFAULTS=h100 timeout -k 5 "${ROLL_S:-110}" "$PY" benchmarks/rollout.py --models 7b,14b \
-        --variants bf16+lora,nvfp4+lora --batches 1 --hf-new-tokens 0 --budget-s $(( ${ROLL_S:-110} - 20 )) \
-        --out "$OUT/roll" > "$OUT/roll/run.log" 2>&1
-    echo "== rollout (h100 GEMV defaults) rc=$? at $((SECONDS - T0)) s"; grep -A 6 "^| model" "$OUT/roll/run.log" | head -n 8
+    profile "${PROFILE_S:-140}" 7b,14b nvfp4+lora32,nvfp4+lora32:h100gemv 1  # (:h100gemv of then)
+    QUARL_KERNELS_GEMV_DEFAULTS=h100 rollout_table "${ROLL_S:-110}" 7b,14b 1 roll
     tests "${TEST_S:-280}" tests/kernels/test_epilogue_gpu.py tests/engine/test_engine_gpu.py tests/kernels/test_dense_gpu.py \
         tests/kernels/test_mma_decode_gpu.py tests/kernels/test_fused_gpu.py
     ;;
 j)
     tests "${TEST_S:-70}" tests/kernels/test_epilogue_gpu.py tests/kernels/test_gemv_gpu.py \
         -k "rope or group or BN32xBK512v4w4W4"
-    mkdir -p "$OUT/roll"
-    timeout -k 5 "${ROLL_S:-120}" "$PY" benchmarks/rollout.py --models 7b,14b --variants bf16+lora,nvfp4+lora \
-        --batches 1 --hf-new-tokens 0 --budget-s $(( ${ROLL_S:-120} - 20 )) --out "$OUT/roll" > "$OUT/roll/run.log" 2>&1
-    echo "== rollout rc=$? at $((SECONDS - T0)) s"; grep -A 6 "^| model" "$OUT/roll/run.log" | head -n 8
+    rollout_table "${ROLL_S:-120}" 7b,14b 1 roll
     ;;
 *)
     echo "unknown phase $PHASE"; exit 2
     ;;
 esac
-# the device tool returns a limited number of files: one archive of the run's
-tar czf "$OUT/phase-$PHASE.tar.gz" -C "$OUT" --exclude "phase-$PHASE.tar.gz" --exclude gpu.txt . 2>/dev/null
-find "$OUT" -mindepth 1 -maxdepth 1 ! -name "phase-$PHASE.tar.gz" ! -name gpu.txt -exec rm -rf {} +
-echo "phase $PHASE done at $((SECONDS - T0)) s"
+phase_end
 
 # ---------------------------------------------------------------------------------------------------------------
 # Record of the calls (2026-11-26; results/gpu_2026-11-26/s12/<x>):

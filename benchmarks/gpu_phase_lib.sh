@@ -1,0 +1,45 @@
+# Shared pieces of the device-session scripts (benchmarks/gpu_session*.sh, from session 12 on): sourced after
+# `OUT` and `PHASE` are set, from the repository root on the device machine. Each helper writes under $OUT and
+# prints a short summary; `phase_end` packs $OUT into one archive (the device tool returns few files).
+: "${OUT:?}" "${PHASE:?}"
+T0=$SECONDS
+export PYTHONUNBUFFERED=1
+PY=${PY:-python3}
+export PYTHONPATH=$PWD:$PWD/kernels${PYTHONPATH:+:$PYTHONPATH}
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv > "$OUT/gpu.txt" 2>&1
+echo "phase $PHASE: $(tail -n +2 "$OUT/gpu.txt" | head -1)"
+
+tests() {  # SECONDS FILE... [pytest args]: GPU tests -> $OUT/tests/pytest.log
+    local s=$1; shift
+    mkdir -p "$OUT/tests"
+    timeout -k 5 "$s" "$PY" -m pytest -q -rfEs -m gpu -p no:cacheprovider "$@" > "$OUT/tests/pytest.log" 2>&1
+    echo "== GPU tests rc=$? at $((SECONDS - T0)) s"; grep -E "^E |passed|failed|FAILED|ERROR" "$OUT/tests/pytest.log" | tail -n 20
+}
+
+profile() {  # SECONDS MODELS VARIANTS BATCHES: the decode-step profile -> $OUT/profile
+    mkdir -p "$OUT/profile"
+    timeout -k 5 "$1" "$PY" benchmarks/rollout_profile.py --models "$2" --variants "$3" --batches "$4" \
+        --budget-s $(( $1 - 15 )) --out "$OUT/profile" > "$OUT/profile/run.log" 2>&1
+    echo "== profile rc=$? at $((SECONDS - T0)) s"
+    grep -E "^\| (\*\*step|kernels per|GPU idle|gemm|unattributed)|^7b|^14b|^  7b|^  14b" "$OUT/profile/run.log"
+}
+
+rollout_table() {  # SECONDS MODELS BATCHES DIR [VARIANTS]: issue 17's rollout table (LoRA on both sides) -> $OUT/DIR
+    mkdir -p "$OUT/$4"
+    timeout -k 5 "$1" "$PY" benchmarks/rollout.py --models "$2" --variants "${5:-bf16+lora,nvfp4+lora}" --batches "$3" \
+        --hf-new-tokens 0 --budget-s $(( $1 - 20 )) --out "$OUT/$4" > "$OUT/$4/run.log" 2>&1
+    echo "== rollout table ($4) rc=$? at $((SECONDS - T0)) s"; grep -A 12 "^| model" "$OUT/$4/run.log" | head -n 14
+}
+
+grpo() {  # SECONDS DIR [ARGS...]: the 7B GRPO step (benchmarks/grpo_step_gpu.py) -> $OUT/DIR
+    local s=$1 d=$2; shift 2
+    mkdir -p "$OUT/$d"
+    timeout -k 10 "$s" "$PY" benchmarks/grpo_step_gpu.py --out "$OUT/$d" --work "/tmp/$d.work" "$@" > "$OUT/$d/run.log" 2>&1
+    echo "== 7B GRPO step ($d) rc=$? at $((SECONDS - T0)) s"; grep -A 6 "^| format | step" "$OUT/$d/run.log"
+}
+
+phase_end() {  # one archive of the phase's outputs
+    tar czf "$OUT/phase-$PHASE.tar.gz" -C "$OUT" --exclude "phase-$PHASE.tar.gz" --exclude gpu.txt . 2>/dev/null
+    find "$OUT" -mindepth 1 -maxdepth 1 ! -name "phase-$PHASE.tar.gz" ! -name gpu.txt -exec rm -rf {} +
+    echo "phase $PHASE done at $((SECONDS - T0)) s"
+}
