@@ -18,7 +18,7 @@ pass) and ``:sdpa`` ``QUARL_ENGINE_DECODE_ATTN=0`` (SDPA for decode attention); 
 ``quarl_kernels.lora_a``); ``:nogroup`` sets ``QUARL_GEMV_GROUP=0`` (a one-row q/k/v or gate/up group as one
 GEMV launch per weight, not one for the group); ``:nommagroup`` sets ``QUARL_MMA_GROUP=0`` (a 2..16-row group's
 weights as one mma.sync launch each); ``:nogrouppass`` sets ``QUARL_GROUP_PASS=0`` (a group launch's last passes as one
-launch per weight, not one for the group, ``launch.finish_group``); ``:rope`` sets ``QUARL_ENGINE_GROUP_ROPE=1``
+launch per weight, not one for the group, ``group_pass.finish_group``); ``:rope`` sets ``QUARL_ENGINE_GROUP_ROPE=1``
 (the decode step's RoPE + K/V write in the q/k/v group's pass at one row, not its own kernel); ``:h200gemv`` sets
 ``QUARL_KERNELS_GEMV_DEFAULTS=h200`` (the one-row GEMV's config 0 everywhere, as before session 12); modifiers combine (``nvfp4+lora32:noepi:sdpa``). With the epilogue on, a projection's ``gemm:*`` row includes its
 bias and LoRA B (they run in its kernels); ``lora`` is then the A GEMMs alone.

@@ -79,7 +79,8 @@ import triton.language as tl
 
 from quarl_kernels import lora_a
 from quarl_kernels.formats import FMT_INT4, FMT_MXFP4, FMT_NVFP4
-from quarl_kernels.launch import finish, finish_group, interpreting, num_sms
+from quarl_kernels.group_pass import finish_group
+from quarl_kernels.launch import finish, interpreting, num_sms
 from quarl_kernels.lora_a import lora_a_program
 
 # ---------------------------------------------------------------------------
@@ -609,7 +610,7 @@ def launch_gemv_group(x2: torch.Tensor, pws: list, cfg: GemvConfig, epis: list, 
                       gate_act: bool = False, rope=None) -> list[torch.Tensor]:
     """:func:`launch_gemv` for two or three FP4 weights that read the same ``x2`` (a LoRA group's q/k/v or gate/up):
     one launch of all their tiles (and ``epis[0].lora_a``'s A programs), then the weights' last passes with their
-    ``epis[j]`` (one launch for all: ``launch.finish_group``; ``rope``, a ``launch.RopeCache``: q/k/v's decode-step
+    ``epis[j]`` (one launch for all: ``group_pass.finish_group``; ``rope``, a ``group_pass.RopeCache``: q/k/v's decode-step
     RoPE and K/V write there too, ``[q_rot]`` returned). ``gate_act``: the second weight's pass writes ``silu(y_0) * y_1`` (``launch.Epilogue.gate``)."""
     la = gemv_launch(x2, pws[0], cfg, use_asm=use_asm, epi=epis[0], more=tuple(pws[1:]))
     la.kernel[la.grid](*la.args, **la.constexprs, num_warps=la.num_warps, num_stages=la.num_stages)

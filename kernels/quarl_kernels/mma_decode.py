@@ -95,7 +95,8 @@ from triton.experimental.gluon.language.nvidia.ampere import mma_v2
 from quarl_kernels import lora_a
 from quarl_kernels.dequant import _fp4_asm, _int4_asm
 from quarl_kernels.formats import FMT_INT4, FMT_MXFP4, FMT_NVFP4
-from quarl_kernels.launch import decode_operands, finish_group, finish_splits, num_sms
+from quarl_kernels.group_pass import finish_group
+from quarl_kernels.launch import decode_operands, finish_splits, num_sms
 
 FP4_ASM = gl.constexpr(_fp4_asm())  # word, bf16 S -> 8 bf16 in pair order (codes 0, 4, 1, 5, 2, 6, 3, 7)
 INT4_ASM = gl.constexpr(_int4_asm())  # word, bf16 S, bf16 (128 + 8 + zero) -> 8 bf16, pair order
@@ -615,7 +616,7 @@ def launch_mma_decode_group(x2: torch.Tensor, pws: list, cfg: MmaDecodeConfig, e
                             gate_act: bool = False, rope=None) -> list[torch.Tensor]:
     """:func:`launch_mma_decode` for two or three FP4 weights that read the same ``x2`` (a LoRA group's q/k/v or
     gate/up, :func:`group_supported`): one launch of all their tiles (and ``epis[0].lora_a``'s A programs), then
-    the weights' last passes (one launch: ``launch.finish_group``, with ``rope`` as there). ``gate_act``: the second weight's pass writes ``silu(y_0) * y_1``."""
+    the weights' last passes (one launch: ``group_pass.finish_group``, with ``rope`` as there). ``gate_act``: the second weight's pass writes ``silu(y_0) * y_1``."""
     ops, split, e0 = _launch(x2, pws, cfg, epis[0])
     return finish_group([(o.out, o.y) for o in ops], split, [e0, *epis[1:]], gate_act, rope)
 

@@ -112,11 +112,12 @@ def forward_group(x: torch.Tensor, layers: list, a_w: torch.Tensor, bs: list, sc
     ``x @ W_j^T + bias_j + scaling_j * a_j @ B_j^T`` with ``a = x @ a_w^T`` computed by the same launch
     (``lora_a``) -- one GEMV launch for the group's weights at one row (``wo_gemm.wo_matmul_group``). ``gate_act``:
     the second output is ``silu(out_0) * out_1``. ``rope = (cos, sin, k_cache, v_cache, slot)`` (q/k/v at a decode
-    step, ``launch.RopeCache``): returns ``[q_rot]`` with k / v written into the caches -- or None, computing
+    step, ``group_pass.RopeCache``): returns ``[q_rot]`` with k / v written into the caches -- or None, computing
     nothing, where no group launch serves ``x`` (the caller then runs the group and its RoPE as usual). Inference
     only (no autograd, no custom op: the engine calls it outside ``torch.compile``)."""
     from quarl_kernels import lora_a
-    from quarl_kernels.launch import Epilogue, RopeCache
+    from quarl_kernels.group_pass import RopeCache
+    from quarl_kernels.launch import Epilogue
     from quarl_kernels.ops import _packed_weight, layer_args
     from quarl_kernels.wo_gemm import group_route, wo_matmul_group
 

@@ -54,7 +54,8 @@ import triton.language as tl
 
 from quarl_kernels import dense, gemv, lora_a
 from quarl_kernels.dequant import FMT_INT4, FMT_NVFP4, FP4_ACC_FACTOR, load_dequant_tile, pair_order_rows
-from quarl_kernels.launch import apply_rope, each_in_group
+from quarl_kernels.group_pass import rope_after
+from quarl_kernels.launch import each_in_group
 from quarl_kernels.launch import env_flag as _env_flag
 from quarl_kernels.launch import finish as _finish
 from quarl_kernels.launch import interpreting as _interpreting
@@ -556,8 +557,8 @@ def wo_matmul_group(x2: torch.Tensor, pws: list, epis: list, *, gate_act: bool =
     """``[wo_matmul(x2, pws[j], epi=epis[j])]`` for weights that read the same ``x2`` (a LoRA group's q/k/v or
     gate/up); ``gate_act``: the second output is ``silu(y_0) * y_1`` (``launch.Epilogue.gate``). One launch for all of
     them where :func:`group_route` names one (the GEMV at one row; the mma.sync kernel at 2..16 rows),
-    else one call each. ``rope`` (a ``launch.RopeCache``; q/k/v at a decode step): ``[q_rot]`` comes back, k and v
-    written into the caches (``launch.finish_group``)."""
+    else one call each. ``rope`` (a ``group_pass.RopeCache``; q/k/v at a decode step): ``[q_rot]`` comes back, k and v
+    written into the caches (``group_pass.finish_group``)."""
     m, p0 = x2.shape[0], pws[0]
     route = group_route(x2, pws)
     if route == "gemv":
@@ -572,7 +573,7 @@ def wo_matmul_group(x2: torch.Tensor, pws: list, epis: list, *, gate_act: bool =
         except triton.compiler.errors.CompilationError as e:
             _mma_decode_failed(e)
     ys = each_in_group(epis, gate_act, lambda j, e: wo_matmul(x2, pws[j], epi=e))
-    return ys if rope is None else apply_rope(ys, rope)
+    return ys if rope is None else rope_after(ys, rope)
 
 
 GROUP_ENV = "QUARL_GEMV_GROUP"  # 0: a LoRA group's projections as one launch each, not one launch for the group

@@ -42,7 +42,7 @@ that each projection's last pass sums and rounds to the activation dtype before 
 At decode sizes the group's weights go further: q/k/v (gate/up) and the A programs are one launch -- the GEMV at
 one row, the mma.sync kernel at 2..16 (``QuantLinear.epilogue_group_kernel``,
 ``quarl_kernels.wo_gemm.wo_matmul_group``) -- then the projections' last passes, one launch for the group
-(``quarl_kernels.launch.finish_group``). ``QUARL_GEMV_GROUP=0`` launches the weights one by one,
+(``quarl_kernels.group_pass.finish_group``). ``QUARL_GEMV_GROUP=0`` launches the weights one by one,
 ``QUARL_MMA_GROUP=0`` only at 2..16 rows, ``QUARL_GROUP_PASS=0`` the last passes. At a decode step the q/k/v
 group's last pass also applies RoPE and writes k / v into the KV cache (:meth:`Group.qkv_rope_cache`: no RoPE kernel
 of its own) with ``QUARL_ENGINE_GROUP_ROPE=1``: off by default, as at one row it differs from the pass, then

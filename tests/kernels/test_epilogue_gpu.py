@@ -247,12 +247,12 @@ def test_group_launch_matches_one_launch_per_weight(ns, gate_act, m, monkeypatch
 @pytest.mark.parametrize("m", [1, 8])
 def test_group_pass_with_rope_and_kv_write_equals_rope_after(m, monkeypatch):
     """q/k/v of a decode step with the RoPE and the K/V cache write in the group's last pass
-    (``launch.RopeCache``) against the same group launch returning q/k/v, then ``rope.rope_qk_cache``: bit-equal
+    (``group_pass.RopeCache``) against the same group launch returning q/k/v, then ``rope.rope_qk_cache``: bit-equal
     rotated q and caches with the mma.sync group at 8 rows; at one row (the GEMV group) v is bit-equal and q / k
     close (norm-relative < ``TOL``): the H100 gives differences in ~20 % of them of about one ulp of the rotation's
     terms (cause not found; why the engine keeps the RoPE kernel by default, ``QUARL_ENGINE_GROUP_ROPE``)."""
     from quarl_kernels import lora_a, rope
-    from quarl_kernels.launch import RopeCache
+    from quarl_kernels.group_pass import RopeCache
 
     torch.manual_seed(100 + m)
     k, r, d, ns = 3584, 32, 128, (3584, 512, 512)

@@ -1,4 +1,4 @@
-"""A LoRA group's last passes as one launch (``launch.finish_group``) on CPU through ``TRITON_INTERPRET=1``.
+"""A LoRA group's last passes as one launch (``group_pass.finish_group``) on CPU through ``TRITON_INTERPRET=1``.
 
 Against one ``launch.finish`` per projection on the same fp32 split partials: bit-equal for q/k/v of different
 widths (bias, the LoRA ``a`` as split partials or as a plain ``[M, r]``), for gate / up with the activation
@@ -19,16 +19,16 @@ from tests.kernels.interpreter import needs_interpreter, needs_triton, run_inter
 SCRIPT = textwrap.dedent("""
     import os
     import torch
-    from quarl_kernels import launch
+    from quarl_kernels import group_pass, launch
     from quarl_kernels.launch import Epilogue
 
     launches = []
-    real = launch.group_epilogue_kernel
+    real = group_pass.group_epilogue_kernel
     class Count:
         def __getitem__(self, grid):
             launches.append(grid)
             return real[grid]
-    launch.group_epilogue_kernel = Count()
+    group_pass.group_epilogue_kernel = Count()
 
     def case(m, ns, split, r, parts, gate_act, bias, rs=None):
         g = torch.Generator().manual_seed(m * 100 + split + r)
@@ -49,7 +49,7 @@ SCRIPT = textwrap.dedent("""
         pg = [(outs[j] if split > 1 else y_g[j], y_g[j]) for j in range(len(ns))]
         pr = [(outs[j] if split > 1 else y_r[j], y_r[j]) for j in range(len(ns))]
         before = len(launches)
-        got = launch.finish_group(pg, split, epis, gate_act)
+        got = group_pass.finish_group(pg, split, epis, gate_act)
         n_launch = len(launches) - before
         ref = launch.each_in_group(epis, gate_act, lambda j, e: launch.finish(*pr[j], split, e))
         for j, (a, b) in enumerate(zip(got, ref)):
@@ -82,14 +82,14 @@ SCRIPT = textwrap.dedent("""
         kc, vc = caches()
         ys = [torch.empty(m, n).to(torch.bfloat16) for n in ns]
         before = len(launches)
-        got = launch.finish_group([(outs[j], ys[j]) for j in range(3)], split, epis, False,
-                                  launch.RopeCache(cos, sin, kc, vc, slot))
+        got = group_pass.finish_group([(outs[j], ys[j]) for j in range(3)], split, epis, False,
+                                  group_pass.RopeCache(cos, sin, kc, vc, slot))
         assert len(launches) - before == 1 and len(got) == 1
         kc2, vc2 = caches()
         ys2 = [torch.empty(m, n).to(torch.bfloat16) for n in ns]
         os.environ["QUARL_GROUP_PASS"] = "0"
-        ref = launch.finish_group([(outs[j], ys2[j]) for j in range(3)], split, epis, False,
-                                  launch.RopeCache(cos, sin, kc2, vc2, slot))
+        ref = group_pass.finish_group([(outs[j], ys2[j]) for j in range(3)], split, epis, False,
+                                  group_pass.RopeCache(cos, sin, kc2, vc2, slot))
         del os.environ["QUARL_GROUP_PASS"]
         assert torch.equal(got[0], ref[0]), (b, l, (got[0].float() - ref[0].float()).abs().max())
         assert torch.equal(kc, kc2) and torch.equal(vc, vc2), (b, l)
@@ -117,7 +117,7 @@ def test_group_pass_builds_for_sm90_without_spills():
     with the activation at 8 rows: tl.dot tiles), built for Hopper on a CPU: they compile, and ptxas spills
     nothing."""
     import torch
-    from quarl_kernels import launch
+    from quarl_kernels import group_pass
     from quarl_kernels.launch import Epilogue
 
     from tests.kernels.sm90_sass import compile_launch, stack_bytes
@@ -132,8 +132,8 @@ def test_group_pass_builds_for_sm90_without_spills():
         if rope:
             cs = torch.empty(m, 1, 128, dtype=torch.bfloat16)
             kv = [torch.empty(m, 4, 2304, 128, dtype=torch.bfloat16) for _ in range(2)]
-            rc = launch.RopeCache(cs, cs, *kv, torch.zeros(1, dtype=torch.long))
-        assert launch._group_pass_ok(pairs, split, epis, gate_act, rc)
-        la = launch.group_pass_launch(pairs, split, epis, gate_act, rc)
+            rc = group_pass.RopeCache(cs, cs, *kv, torch.zeros(1, dtype=torch.long))
+        assert group_pass._group_pass_ok(pairs, split, epis, gate_act, rc)
+        la = group_pass.group_pass_launch(pairs, split, epis, gate_act, rc)
         k, _ = compile_launch(la, INTERPRET=False)
         assert stack_bytes(k) in (0, None), ("ptxas spilled registers", ns, rope)
