@@ -11,7 +11,10 @@ batch 1, 4.764 -> 4.385 at batch 8 (H100, RESULTS "Issue 17, session 12"). ``QUA
 RoPE in the q/k/v pass (:class:`RopeCache`, opt-in through the engine's ``QUARL_ENGINE_GROUP_ROPE=1``): one head
 per tile, ``rotate_half`` as a register permutation, ``rope._rope_tile``'s arithmetic, k / v written into the KV
 cache. Bit-equal to the passes then ``rope.rope_qk_cache`` under the interpreter and on the H100 at 8 rows; at one
-row the H100 gave one-ulp-of-a-term differences in ~20 % of q / k (cause not found), hence off by default.
+row the H100 gave one-ulp-of-a-term differences in ~20 % of q / k. Cause (found after the session's device time
+ran out, in the PTX): with fp fusion on, LLVM contracted ``round(round(x * cos) + rb)`` into one ``fma.rn.bf16``;
+the products are now rounded in software, which a build test checks (no bf16 FMA) -- not yet re-run on a GPU,
+hence still off by default.
 """
 
 from __future__ import annotations
@@ -73,8 +76,11 @@ def _group_rope_pass(ws_ptr, y_ptr, bias_ptr, a_ptr, b_ptr, rows, t, M, N, scali
                     other=0.0).to(tl.float32)
         sn = tl.load(sin_ptr + b_row[:, None] * ssb + l_row[:, None] * ssl + d[None, :], mask=mask,
                      other=0.0).to(tl.float32)
-        ra = round_to(x * c, dt, INTERPRET).to(tl.float32)  # x * cos
-        rb = round_to(xr * sn, dt, INTERPRET).to(tl.float32)  # rotate_half(x) * sin
+        # the products rounded in software (integer RNE on the bits): with fp fusion on (this kernel's LoRA sums
+        # want it), LLVM turned round(round(x * cos) + rb) into one bf16 FMA, skipping x * cos's rounding --
+        # the H100's one-row differences against rope.rope_qk_cache (compiled without fusion)
+        ra = round_to(x * c, dt, True).to(tl.float32)  # x * cos
+        rb = round_to(xr * sn, dt, True).to(tl.float32)  # rotate_half(x) * sin
         out = round_to(ra + rb, dt, INTERPRET)
     else:
         out = round_to(acc, dt, INTERPRET)

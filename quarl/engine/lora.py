@@ -45,8 +45,8 @@ one row, the mma.sync kernel at 2..16 (``QuantLinear.epilogue_group_kernel``,
 (``quarl_kernels.group_pass.finish_group``). ``QUARL_GEMV_GROUP=0`` launches the weights one by one,
 ``QUARL_MMA_GROUP=0`` only at 2..16 rows, ``QUARL_GROUP_PASS=0`` the last passes. At a decode step the q/k/v
 group's last pass also applies RoPE and writes k / v into the KV cache (:meth:`Group.qkv_rope_cache`: no RoPE kernel
-of its own) with ``QUARL_ENGINE_GROUP_ROPE=1``: off by default, as at one row it differs from the pass, then
-``rope.rope_qk_cache``, by one bf16 ulp in ~20 % of q / k on the H100 (bit-equal at 8 rows and in the interpreter).
+of its own) with ``QUARL_ENGINE_GROUP_ROPE=1``: off by default until a GPU run confirms the fix of its one-row
+difference from the pass, then ``rope.rope_qk_cache`` (``quarl_kernels.group_pass``).
 """
 
 from __future__ import annotations
@@ -91,7 +91,8 @@ def resolve_a_kernel(flag: bool | None) -> bool:
 def resolve_rope(flag: bool | None) -> bool:
     """A decode step's RoPE and K/V write in the q/k/v group's last pass (:meth:`Group.qkv_rope_cache`): ``flag``
     if given, else ``$QUARL_ENGINE_GROUP_ROPE`` (default off: at one row, the only row count where it is faster, it
-    differs from the RoPE kernel by one bf16 ulp in ~20% of q / k on the H100, cause not found; 1% of a step)."""
+    differed from the RoPE kernel by one bf16 ulp in ~20% of q / k on the H100 -- a contracted bf16 FMA, fixed
+    since in ``group_pass`` and checked in the build, not yet re-run on a GPU; 1% of a step)."""
     return _switch(flag, ROPE_ENV, "the RoPE in the q/k/v group's last pass", "a RoPE kernel after it", default=False)
 
 

@@ -64,10 +64,11 @@ def registers(kernel) -> int | None:
     return _res_usage(kernel, "REG")
 
 
-def compile_launch(launch, num_warps: int | None = None, **overrides):
+def compile_launch(launch, num_warps: int | None = None, fp_fusion: bool = False, **overrides):
     """``launch`` (``quarl_kernels.fp8_quant.Launch``) -> (compiled kernel, SASS text) for sm_90.
     ``overrides`` replace constexprs that follow the device (``SCALE_RECIP=True`` as on CUDA,
-    ``INTERPRET=False``); the runtime arguments are specialized as Triton does at launch."""
+    ``INTERPRET=False``); the runtime arguments are specialized as Triton does at launch. ``fp_fusion``:
+    Triton's ``enable_fp_fusion`` (on by default at a real launch; off here unless asked)."""
     import triton
     from triton._C.libtriton import native_specialize_impl
     from triton.backends.compiler import BaseBackend, GPUTarget
@@ -88,7 +89,7 @@ def compile_launch(launch, num_warps: int | None = None, **overrides):
     sig.update({k: "constexpr" for k in const})
     src = ASTSource(fn=fn, signature=sig, constexprs=const, attrs=attrs)
     k = triton.compile(src, target=GPUTarget("cuda", 90, 32),
-                       options={"num_warps": num_warps or launch.num_warps, "enable_fp_fusion": False})
+                       options={"num_warps": num_warps or launch.num_warps, "enable_fp_fusion": fp_fusion})
     with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
         f.write(k.asm["cubin"])
         f.flush()

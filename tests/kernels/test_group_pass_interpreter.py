@@ -137,3 +137,29 @@ def test_group_pass_builds_for_sm90_without_spills():
         la = group_pass.group_pass_launch(pairs, split, epis, gate_act, rc)
         k, _ = compile_launch(la, INTERPRET=False)
         assert stack_bytes(k) in (0, None), ("ptxas spilled registers", ns, rope)
+
+
+@needs_triton
+def test_rope_pass_keeps_the_products_rounding_under_fp_fusion():
+    """Built for sm_90 as a launch builds it (fp fusion on): the RoPE pass's rotation has no bf16 FMA. (Without
+    the software rounding of its products LLVM contracted ``round(round(x * cos) + rb)`` into one
+    ``fma.rn.bf16``: one rounding fewer than ``rope.rope_qk_cache``, the H100's one-row differences.)"""
+    import torch
+    from quarl_kernels import group_pass
+    from quarl_kernels.launch import Epilogue
+
+    from tests.kernels.sm90_sass import compile_launch
+
+    m, ns, split = 1, (3584, 512, 512), 4
+    pairs = [(torch.empty(split, m, n), torch.empty(m, n, dtype=torch.bfloat16)) for n in ns]
+    parts = torch.empty(4, m, 96)
+    epis = [Epilogue(torch.empty(n, dtype=torch.bfloat16), parts[..., 32 * j:32 * j + 32],
+                     torch.empty(n, 32, dtype=torch.bfloat16), 2.0) for j, n in enumerate(ns)]
+    cs = torch.empty(m, 1, 128, dtype=torch.bfloat16)
+    kv = [torch.empty(m, 4, 2304, 128, dtype=torch.bfloat16) for _ in range(2)]
+    rc = group_pass.RopeCache(cs, cs, *kv, torch.zeros(1, dtype=torch.long))
+    k, _ = compile_launch(group_pass.group_pass_launch(pairs, split, epis, False, rc), fp_fusion=True,
+                          INTERPRET=False)
+    ptx = k.asm["ptx"]
+    assert "cvt.rn.bf16.f32" in ptx and "fma.rn.bf16 " not in ptx and "fma.rn.bf16\t" not in ptx
+
