@@ -248,9 +248,9 @@ def test_group_launch_matches_one_launch_per_weight(ns, gate_act, m, monkeypatch
 def test_group_pass_with_rope_and_kv_write_equals_rope_after(m, monkeypatch):
     """q/k/v of a decode step with the RoPE and the K/V cache write in the group's last pass
     (``group_pass.RopeCache``) against the same group launch returning q/k/v, then ``rope.rope_qk_cache``: bit-equal
-    rotated q and caches with the mma.sync group at 8 rows; at one row (the GEMV group) v is bit-equal and q / k
-    close (norm-relative < ``TOL``): the H100 gives differences in ~20 % of them of about one ulp of the rotation's
-    terms (cause not found; why the engine keeps the RoPE kernel by default, ``QUARL_ENGINE_GROUP_ROPE``)."""
+    rotated q and caches (the GEMV group at one row, the mma.sync group at 8). Session 12's H100 runs found one-ulp
+    differences in ~20 % of q / k at one row: a bf16 FMA that fp fusion had contracted (``group_pass``); the fix
+    (software-rounded products) had not run on a GPU when this test was tightened back to bit-equality."""
     from quarl_kernels import lora_a, rope
     from quarl_kernels.group_pass import RopeCache
 
@@ -289,9 +289,6 @@ def test_group_pass_with_rope_and_kv_write_equals_rope_after(m, monkeypatch):
     got = q_rot.view(m, 1, -1, d).transpose(1, 2)
     checks = {"q": diff(got, q_ref), "k": diff(kc[:, :, 37], kc2[:, :, 37]), "v": diff(vc[:, :, 37], vc2[:, :, 37]),
               "v vs the pass's v": diff(vc[:, :, 37], v[:, :, 0])}
-    if m == 1:
-        assert rel(got, q_ref.double()) < TOL and rel(kc[:, :, 37], kc2[:, :, 37].double()) < TOL, checks
-        checks = {key: c for key, c in checks.items() if key not in ("q", "k")}
     assert all(c[0] == 0 for c in checks.values()), checks
     assert torch.isfinite(kc[:, :, 37]).all() and torch.isfinite(vc[:, :, 37]).all()
     assert torch.isnan(kc[:, :, 36]).all() and torch.isnan(vc[:, :, 38]).all()  # no other slot written
