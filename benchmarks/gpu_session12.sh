@@ -48,6 +48,9 @@
 #   phase j: bash benchmarks/gpu_session12.sh j   (one GPU; ~3.5 min)
 #     The one-row GEMV's config 7 on long rows only (K >= 4096: phase i), the default now: the group / RoPE-pass
 #     GPU tests and the GEMV's config-7 tests, and the batch-1 rollout cells at 7B and 14B.
+#   phase k: bash benchmarks/gpu_session12.sh k   (one GPU; ~3 min) -- NOT RUN (device time spent)
+#     The RoPE pass with its products rounded in software (the fix of phases g-i's one-row differences, found in the
+#     PTX after the last call): its GPU test (bit-equality at 1 and 8 rows) and the 7B profile with it (:rope).
 set -u
 : "${OUT:?}"
 PHASE=${1:?phase}
@@ -122,6 +125,10 @@ j)
         -k "rope or group or BN32xBK512v4w4W4"
     rollout_table "${ROLL_S:-120}" 7b,14b 1 roll
     ;;
+k)
+    tests "${TEST_S:-60}" tests/kernels/test_epilogue_gpu.py -k rope
+    profile "${PROFILE_S:-90}" 7b,14b nvfp4+lora32,nvfp4+lora32:rope 1
+    ;;
 *)
     echo "unknown phase $PHASE"; exit 2
     ;;
@@ -177,3 +184,4 @@ phase_end
 #      failed before the 70 s limit (the rest of the selection did not run). Batch 1: 7B 8.39 / 3.31 = 2.53x, 14B
 #      15.04 / 6.11 = 2.46x (BF16 cells 1571 / 1321 tokens). The session's device time then ran out (231 s left,
 #      too little to start a machine).
+#   k  not run: the session's device time was spent (231 s left, too little to start a machine).
