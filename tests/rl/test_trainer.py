@@ -192,3 +192,15 @@ def test_bf16_policy_keeps_fp32_lora_weights(tmp_path):
     tr.train()
     assert any(not torch.equal(a, b) for a, b in zip(before, lora))
     assert all(p.dtype == torch.float32 for p in lora)
+
+
+def test_kept_dense_weights_are_given_back_after_each_update(tmp_path, monkeypatch):
+    """The GPU dense path keeps one decoder layer's BF16 weights between a forward and its backward
+    (``quarl_kernels.recent_weights``); the trainer gives them back after every update phase, before the next rollout
+    plans its KV cache (``dispatch.release_transients``)."""
+    from quarl.quant import dispatch
+
+    calls = []
+    monkeypatch.setattr(dispatch, "release_transients", lambda: calls.append(1))
+    summary = _trainer(tiny_cfg(), tmp_path).train()
+    assert summary["end_step"] == 3 and len(calls) == 3
