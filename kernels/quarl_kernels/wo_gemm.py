@@ -582,7 +582,7 @@ GROUP_MAX_M = 16  # rows up to which a group's weights share a launch: the GEMV 
 
 
 def group_route(x2: torch.Tensor, pws: list) -> str | None:
-    """Which one launch serves a LoRA group's weights on ``x2``: "gemv" (one row), "mma" (2..16 rows, only with
+    """Which one launch serves a LoRA group's weights on ``x2``: "gemv" (one row), "mma" (2..16 rows;
     ``QUARL_MMA_GROUP=0`` turns it off), or None (one launch each)."""
     m = x2.shape[0]
     if not _env_flag(GROUP_ENV, True) or dense.use_dense(m):

@@ -112,7 +112,7 @@ class Group:
     """The adapters of projections that share an input: ``A [G*r, K]`` stacked, ``B_j [N_j, r]``."""
 
     def __init__(self, mods: list[QuantLinear], dtype: torch.dtype, epilogue: bool = True, a_kernel: bool = False,
-                 rope: bool = True):
+                 rope: bool = False):
         self.mods = mods
         self.rope = rope  # with it, a decode step's RoPE + K/V write in the q/k/v group's last pass
         self.epilogue = epilogue  # B GEMM and bias in the base kernel's last pass, where a kernel offers it
