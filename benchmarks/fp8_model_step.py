@@ -223,13 +223,22 @@ def main() -> None:
                                                              a.loss, a.profile and layers > 0)}
         except Exception as e:  # noqa: BLE001 - e.g. out of memory or DeepGEMM missing: keep the other arms
             row = {"arm": arm, "layers": layers, "error": f"{type(e).__name__}: {str(e)[:300]}"}
-        sync(a.device)
-        res["rows"].append(row)
-        print(json.dumps({k: v for k, v in row.items() if k != "profile"}), flush=True)
-        res["wall_s"] = time.time() - t0
-        (out / "fp8_model_step.json").write_text(json.dumps(res, indent=1))
-    text = render(res)
-    (out / "fp8_model_step.md").write_text(text + "\n")
+        record_row(res, row, out / "fp8_model_step.json", a.device, t0)
+    write_report(render(res), out / "fp8_model_step.md")
+
+
+def record_row(res: dict, row: dict, path: Path, device: str, t0: float) -> None:
+    """One arm's result: printed (without its profile), appended, and the JSON rewritten (a later failure keeps
+    it)."""
+    sync(device)
+    res["rows"].append(row)
+    print(json.dumps({k: v for k, v in row.items() if k != "profile"}), flush=True)
+    res["wall_s"] = time.time() - t0
+    path.write_text(json.dumps(res, indent=1))
+
+
+def write_report(text: str, path: Path) -> None:
+    path.write_text(text + "\n")
     print(text)
 
 

@@ -36,142 +36,67 @@
 #   phase i: bash benchmarks/gpu_session11.sh i   (one GPU; ~5 min)
 #     A group's weights in one mma.sync launch too (2..16 rows): GPU tests, the profile at batch 1 / 8 with and without
 #     (:nogroup), the 7B rollout table at batch 1 / 8.
-#     NOT RUN: the device refused it (the session's device time was spent). The mma.sync group launch stays opt-in
-#     (QUARL_MMA_GROUP=1) until this phase runs.
+#     NOT RUN: the device refused it (the session's device time was spent); session 12's phase a ran it instead
+#     (benchmarks/gpu_session12.sh), and the mma.sync group launch is on by default since.
+#
+# The phases use benchmarks/gpu_phase_lib.sh's helpers (factored in session 12, after the calls: the same commands,
+# the rollout table's time budget now 20 s under its limit instead of 15; each record names the commit it ran at).
 set -u
 : "${OUT:?}"
 PHASE=${1:?phase}
-T0=$SECONDS
-export PYTHONUNBUFFERED=1
-PY=${PY:-python3}
-export PYTHONPATH=$PWD:$PWD/kernels${PYTHONPATH:+:$PYTHONPATH}
-nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv > "$OUT/gpu.txt" 2>&1
-echo "phase $PHASE: $(tail -n +2 "$OUT/gpu.txt" | head -1)"
+source benchmarks/gpu_phase_lib.sh
 
 case "$PHASE" in
 a)
-    mkdir -p "$OUT/tests" "$OUT/profile" "$OUT/roll"
-    timeout -k 5 "${TEST_S:-150}" "$PY" -m pytest -q -rfE -m gpu -p no:cacheprovider tests/kernels/test_epilogue_gpu.py \
-        tests/engine/test_engine_gpu.py tests/kernels/test_gemv_gpu.py > "$OUT/tests/pytest.log" 2>&1
-    echo "== GPU tests rc=$? at $((SECONDS - T0)) s"; grep -E "^E |passed|failed|FAILED|ERROR" "$OUT/tests/pytest.log" | tail -n 20
-    timeout -k 5 "${PROFILE_S:-100}" "$PY" benchmarks/rollout_profile.py --models 7b \
-        --variants nvfp4+lora32,nvfp4+lora32:noloraa --batches 1 --budget-s $(( ${PROFILE_S:-100} - 15 )) \
-        --out "$OUT/profile" > "$OUT/profile/run.log" 2>&1
-    echo "== profile rc=$? at $((SECONDS - T0)) s"; tail -n 40 "$OUT/profile/run.log"
-    timeout -k 5 "${ROLL_S:-150}" "$PY" benchmarks/rollout.py --models 7b,14b --variants bf16+lora,nvfp4+lora \
-        --batches 1,8 --hf-new-tokens 0 --budget-s $(( ${ROLL_S:-150} - 15 )) --out "$OUT/roll" > "$OUT/roll/run.log" 2>&1
-    echo "== rollout table rc=$? at $((SECONDS - T0)) s"; grep -A 12 "^| model" "$OUT/roll/run.log" | head -n 14
+    tests "${TEST_S:-150}" tests/kernels/test_epilogue_gpu.py tests/engine/test_engine_gpu.py tests/kernels/test_gemv_gpu.py
+    profile "${PROFILE_S:-100}" 7b nvfp4+lora32,nvfp4+lora32:noloraa 1
+    rollout_table "${ROLL_S:-150}" 7b,14b 1,8 roll
     ;;
 b)  # the A programs in the mma.sync launch too (M = 2..16): GPU tests, profile at batch 1 / 8, rollout table 1 / 8
-    mkdir -p "$OUT/tests" "$OUT/profile" "$OUT/roll"
-    timeout -k 5 "${TEST_S:-170}" "$PY" -m pytest -q -rfE -m gpu -p no:cacheprovider tests/kernels/test_epilogue_gpu.py \
-        tests/engine/test_engine_gpu.py tests/kernels/test_mma_decode_gpu.py > "$OUT/tests/pytest.log" 2>&1
-    echo "== GPU tests rc=$? at $((SECONDS - T0)) s"; grep -E "^E |passed|failed|FAILED|ERROR" "$OUT/tests/pytest.log" | tail -n 20
-    timeout -k 5 "${PROFILE_S:-130}" "$PY" benchmarks/rollout_profile.py --models 7b \
-        --variants nvfp4+lora32,nvfp4+lora32:noloraa --batches 1,8 --budget-s $(( ${PROFILE_S:-130} - 15 )) \
-        --out "$OUT/profile" > "$OUT/profile/run.log" 2>&1
-    echo "== profile rc=$? at $((SECONDS - T0)) s"; grep -E "^\| (gemm|lora|\*\*step|kernels per)|^7b|^  7b" "$OUT/profile/run.log"
-    timeout -k 5 "${ROLL_S:-150}" "$PY" benchmarks/rollout.py --models 7b,14b --variants bf16+lora,nvfp4+lora \
-        --batches 1,8 --hf-new-tokens 0 --budget-s $(( ${ROLL_S:-150} - 15 )) --out "$OUT/roll" > "$OUT/roll/run.log" 2>&1
-    echo "== rollout table rc=$? at $((SECONDS - T0)) s"; grep -A 12 "^| model" "$OUT/roll/run.log" | head -n 14
+    tests "${TEST_S:-170}" tests/kernels/test_epilogue_gpu.py tests/engine/test_engine_gpu.py tests/kernels/test_mma_decode_gpu.py
+    profile "${PROFILE_S:-130}" 7b nvfp4+lora32,nvfp4+lora32:noloraa 1,8
+    rollout_table "${ROLL_S:-150}" 7b,14b 1,8 roll
     ;;
 c)  # about 4 K ranges for the mma.sync launch's A programs, the last pass's partial sum unrolled, and a decode
     # step's RoPE + K/V cache write in one launch: GPU tests, profile at batch 1 / 8, the whole rollout table
-    mkdir -p "$OUT/tests" "$OUT/profile" "$OUT/roll"
-    timeout -k 5 "${TEST_S:-150}" "$PY" -m pytest -q -rfE -m gpu -p no:cacheprovider tests/kernels/test_epilogue_gpu.py \
-        tests/kernels/test_fused_gpu.py tests/engine/test_engine_gpu.py > "$OUT/tests/pytest.log" 2>&1
-    echo "== GPU tests rc=$? at $((SECONDS - T0)) s"; grep -E "^E |passed|failed|FAILED|ERROR" "$OUT/tests/pytest.log" | tail -n 20
-    timeout -k 5 "${PROFILE_S:-130}" "$PY" benchmarks/rollout_profile.py --models 7b \
-        --variants nvfp4+lora32,nvfp4+lora32:noloraa --batches 1,8 --budget-s $(( ${PROFILE_S:-130} - 15 )) \
-        --out "$OUT/profile" > "$OUT/profile/run.log" 2>&1
-    echo "== profile rc=$? at $((SECONDS - T0)) s"
-    grep -E "^\| (gemm|lora|rope|kv_write|\*\*step|kernels per)|^7b|^  7b" "$OUT/profile/run.log"
-    timeout -k 5 "${ROLL_S:-240}" "$PY" benchmarks/rollout.py --models 7b,14b --variants bf16+lora,nvfp4+lora \
-        --hf-new-tokens 0 --budget-s $(( ${ROLL_S:-240} - 15 )) --out "$OUT/roll" > "$OUT/roll/run.log" 2>&1
-    echo "== rollout table rc=$? at $((SECONDS - T0)) s"; grep -A 14 "^| model" "$OUT/roll/run.log" | head -n 16
+    tests "${TEST_S:-150}" tests/kernels/test_epilogue_gpu.py tests/kernels/test_fused_gpu.py tests/engine/test_engine_gpu.py
+    profile "${PROFILE_S:-130}" 7b nvfp4+lora32,nvfp4+lora32:noloraa 1,8
+    rollout_table "${ROLL_S:-240}" 7b,14b 1,8,64 roll
     ;;
 d)  # the SiLU in the up projection's last pass: GPU tests, profile at batch 1 / 8, rollout table, 7B GRPO step
-    mkdir -p "$OUT/tests" "$OUT/profile" "$OUT/roll" "$OUT/grpo"
-    timeout -k 5 "${TEST_S:-130}" "$PY" -m pytest -q -rfE -m gpu -p no:cacheprovider tests/kernels/test_epilogue_gpu.py \
-        tests/engine/test_engine_gpu.py > "$OUT/tests/pytest.log" 2>&1
-    echo "== GPU tests rc=$? at $((SECONDS - T0)) s"; grep -E "^E |passed|failed|FAILED|ERROR" "$OUT/tests/pytest.log" | tail -n 20
-    timeout -k 5 "${PROFILE_S:-90}" "$PY" benchmarks/rollout_profile.py --models 7b --variants nvfp4+lora32 \
-        --batches 1,8 --budget-s $(( ${PROFILE_S:-90} - 15 )) --out "$OUT/profile" > "$OUT/profile/run.log" 2>&1
-    echo "== profile rc=$? at $((SECONDS - T0)) s"
-    grep -E "^\| (gemm|lora|silu|\*\*step|kernels per)|^7b|^  7b" "$OUT/profile/run.log"
-    timeout -k 5 "${ROLL_S:-200}" "$PY" benchmarks/rollout.py --models 7b,14b --variants bf16+lora,nvfp4+lora \
-        --hf-new-tokens 0 --budget-s $(( ${ROLL_S:-200} - 15 )) --out "$OUT/roll" > "$OUT/roll/run.log" 2>&1
-    echo "== rollout table rc=$? at $((SECONDS - T0)) s"; grep -A 14 "^| model" "$OUT/roll/run.log" | head -n 16
-    timeout -k 10 "${GRPO_S:-150}" "$PY" benchmarks/grpo_step_gpu.py --out "$OUT/grpo" --work /tmp/grpo7_work \
-        > "$OUT/grpo/run.log" 2>&1
-    echo "== 7B GRPO step rc=$? at $((SECONDS - T0)) s"; tail -n 12 "$OUT/grpo/run.log"
+    tests "${TEST_S:-130}" tests/kernels/test_epilogue_gpu.py tests/engine/test_engine_gpu.py
+    profile "${PROFILE_S:-90}" 7b nvfp4+lora32 1,8
+    rollout_table "${ROLL_S:-200}" 7b,14b 1,8,64 roll
+    grpo "${GRPO_S:-150}" grpo
     ;;
-e)  # the one-row GEMV's own last pass (gemv._last_pass): GPU tests, profile at batch 1 with / without, table 1 / 8
-    mkdir -p "$OUT/tests" "$OUT/profile" "$OUT/roll"
-    timeout -k 5 "${TEST_S:-170}" "$PY" -m pytest -q -rfE -m gpu -p no:cacheprovider tests/kernels/test_epilogue_gpu.py \
-        tests/engine/test_engine_gpu.py tests/kernels/test_gemv_gpu.py > "$OUT/tests/pytest.log" 2>&1
-    echo "== GPU tests rc=$? at $((SECONDS - T0)) s"; grep -E "^E |passed|failed|FAILED|ERROR" "$OUT/tests/pytest.log" | tail -n 20
-    timeout -k 5 "${PROFILE_S:-100}" "$PY" benchmarks/rollout_profile.py --models 7b \
-        --variants nvfp4+lora32,nvfp4+lora32:nolastpass --batches 1 --budget-s $(( ${PROFILE_S:-100} - 15 )) \
-        --out "$OUT/profile" > "$OUT/profile/run.log" 2>&1
-    echo "== profile rc=$? at $((SECONDS - T0)) s"
-    grep -E "^\| (gemm|lora|\*\*step|kernels per|GPU idle)|^7b|^  7b" "$OUT/profile/run.log"
-    timeout -k 5 "${ROLL_S:-150}" "$PY" benchmarks/rollout.py --models 7b,14b --variants bf16+lora,nvfp4+lora \
-        --batches 1,8 --hf-new-tokens 0 --budget-s $(( ${ROLL_S:-150} - 15 )) --out "$OUT/roll" > "$OUT/roll/run.log" 2>&1
-    echo "== rollout table rc=$? at $((SECONDS - T0)) s"; grep -A 12 "^| model" "$OUT/roll/run.log" | head -n 14
+e)  # the one-row GEMV's own last pass (gemv._last_pass, commit 127f0a9 only): GPU tests, profile, table 1 / 8
+    tests "${TEST_S:-170}" tests/kernels/test_epilogue_gpu.py tests/engine/test_engine_gpu.py tests/kernels/test_gemv_gpu.py
+    profile "${PROFILE_S:-100}" 7b nvfp4+lora32,nvfp4+lora32:nolastpass 1
+    rollout_table "${ROLL_S:-150}" 7b,14b 1,8 roll
     ;;
 f)  # the final code's GPU tests: every suite this session touched
-    mkdir -p "$OUT/tests"
-    timeout -k 5 "${TEST_S:-500}" "$PY" -m pytest -q -rfE -m gpu -p no:cacheprovider tests/kernels/test_epilogue_gpu.py \
-        tests/engine/test_engine_gpu.py tests/kernels/test_fused_gpu.py tests/kernels/test_mma_decode_gpu.py \
-        tests/kernels/test_gemv_gpu.py > "$OUT/tests/pytest.log" 2>&1
-    echo "== GPU tests rc=$? at $((SECONDS - T0)) s"; grep -E "^E |passed|failed|FAILED|ERROR" "$OUT/tests/pytest.log" | tail -n 30
+    tests "${TEST_S:-500}" tests/kernels/test_epilogue_gpu.py tests/engine/test_engine_gpu.py tests/kernels/test_fused_gpu.py \
+        tests/kernels/test_mma_decode_gpu.py tests/kernels/test_gemv_gpu.py
     ;;
 g)  # a one-row group's weights in one GEMV launch: GPU tests, profile at batch 1 with / without, rollout table 1 / 8
-    mkdir -p "$OUT/tests" "$OUT/profile" "$OUT/roll"
-    timeout -k 5 "${TEST_S:-120}" "$PY" -m pytest -q -rfEs -m gpu -p no:cacheprovider tests/kernels/test_epilogue_gpu.py \
-        tests/engine/test_engine_gpu.py > "$OUT/tests/pytest.log" 2>&1
-    echo "== GPU tests rc=$? at $((SECONDS - T0)) s"; grep -E "^E |passed|failed|FAILED|ERROR" "$OUT/tests/pytest.log" | tail -n 20
-    timeout -k 5 "${PROFILE_S:-90}" "$PY" benchmarks/rollout_profile.py --models 7b \
-        --variants nvfp4+lora32,nvfp4+lora32:nogroup --batches 1 --budget-s $(( ${PROFILE_S:-90} - 15 )) \
-        --out "$OUT/profile" > "$OUT/profile/run.log" 2>&1
-    echo "== profile rc=$? at $((SECONDS - T0)) s"
-    grep -E "^\| (gemm|lora|\*\*step|kernels per|GPU idle)|^7b|^  7b" "$OUT/profile/run.log"
-    timeout -k 5 "${ROLL_S:-170}" "$PY" benchmarks/rollout.py --models 7b,14b --variants bf16+lora,nvfp4+lora \
-        --batches 1,8 --hf-new-tokens 0 --budget-s $(( ${ROLL_S:-170} - 15 )) --out "$OUT/roll" > "$OUT/roll/run.log" 2>&1
-    echo "== rollout table rc=$? at $((SECONDS - T0)) s"; grep -A 12 "^| model" "$OUT/roll/run.log" | head -n 14
+    tests "${TEST_S:-120}" tests/kernels/test_epilogue_gpu.py tests/engine/test_engine_gpu.py
+    profile "${PROFILE_S:-90}" 7b nvfp4+lora32,nvfp4+lora32:nogroup 1
+    rollout_table "${ROLL_S:-170}" 7b,14b 1,8 roll
     ;;
 h)  # the final code: the 7B GRPO step again (phase d's NVFP4 update was an outlier?), and the GEMV GPU tests
-    mkdir -p "$OUT/tests" "$OUT/grpo"
-    timeout -k 10 "${GRPO_S:-200}" "$PY" benchmarks/grpo_step_gpu.py --out "$OUT/grpo" --work /tmp/grpo7_work \
-        > "$OUT/grpo/run.log" 2>&1
-    echo "== 7B GRPO step rc=$? at $((SECONDS - T0)) s"; tail -n 12 "$OUT/grpo/run.log"
-    timeout -k 5 "${TEST_S:-150}" "$PY" -m pytest -q -rfEs -m gpu -p no:cacheprovider tests/kernels/test_gemv_gpu.py \
-        > "$OUT/tests/pytest.log" 2>&1
-    echo "== GPU tests rc=$? at $((SECONDS - T0)) s"; grep -E "^E |passed|failed|FAILED|ERROR" "$OUT/tests/pytest.log" | tail -n 20
+    grpo "${GRPO_S:-200}" grpo
+    tests "${TEST_S:-150}" tests/kernels/test_gemv_gpu.py
     ;;
-i)  # a group's weights in one mma.sync launch too (2..16 rows): GPU tests, profile at 1 / 8 with / without, 7B table
-    mkdir -p "$OUT/tests" "$OUT/profile" "$OUT/roll"
-    timeout -k 5 "${TEST_S:-110}" "$PY" -m pytest -q -rfEs -m gpu -p no:cacheprovider tests/kernels/test_epilogue_gpu.py \
-        tests/engine/test_engine_gpu.py > "$OUT/tests/pytest.log" 2>&1
-    echo "== GPU tests rc=$? at $((SECONDS - T0)) s"; grep -E "^E |passed|failed|FAILED|ERROR" "$OUT/tests/pytest.log" | tail -n 20
-    timeout -k 5 "${PROFILE_S:-80}" "$PY" benchmarks/rollout_profile.py --models 7b \
-        --variants nvfp4+lora32,nvfp4+lora32:nogroup --batches 1,8 --budget-s $(( ${PROFILE_S:-80} - 15 )) \
-        --out "$OUT/profile" > "$OUT/profile/run.log" 2>&1
-    echo "== profile rc=$? at $((SECONDS - T0)) s"
-    grep -E "^\| (\*\*step|kernels per|GPU idle)|^7b|^  7b" "$OUT/profile/run.log"
-    timeout -k 5 "${ROLL_S:-100}" "$PY" benchmarks/rollout.py --models 7b --variants bf16+lora,nvfp4+lora \
-        --batches 1,8 --hf-new-tokens 0 --budget-s $(( ${ROLL_S:-100} - 15 )) --out "$OUT/roll" > "$OUT/roll/run.log" 2>&1
-    echo "== rollout table rc=$? at $((SECONDS - T0)) s"; grep -A 8 "^| model" "$OUT/roll/run.log" | head -n 10
+i)  # (not run; see the header) a group's weights in one mma.sync launch too: tests, profile, 7B table
+    tests "${TEST_S:-110}" tests/kernels/test_epilogue_gpu.py tests/engine/test_engine_gpu.py
+    profile "${PROFILE_S:-80}" 7b nvfp4+lora32,nvfp4+lora32:nogroup 1,8
+    rollout_table "${ROLL_S:-100}" 7b 1,8 roll
     ;;
 *)
     echo "unknown phase $PHASE"; exit 2
     ;;
 esac
-# the device tool returns a limited number of files: one archive of the run's
-tar czf "$OUT/phase-$PHASE.tar.gz" -C "$OUT" --exclude "phase-$PHASE.tar.gz" --exclude gpu.txt . 2>/dev/null
-find "$OUT" -mindepth 1 -maxdepth 1 ! -name "phase-$PHASE.tar.gz" ! -name gpu.txt -exec rm -rf {} +
-echo "phase $PHASE done at $((SECONDS - T0)) s"
+phase_end
 
 # ---------------------------------------------------------------------------------------------------------------
 # Record of the calls (2026-11-26; results/gpu_2026-11-26/s11/<x>):

@@ -23,7 +23,6 @@ costs per decoder layer and micro-batch; times 28 layers and 16 micro-batches it
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import time
@@ -37,7 +36,6 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT), str(ROOT / "kernels"), str(ROOT / "benchmarks")]
 
 import fp8_model_step as fms  # the model builder, the rl loss step, the profiler's kernel classes
-from fp8_linear import sync
 
 MODIFIERS = {"nokeep": ("QUARL_KERNELS_DENSE_KEEP", "0")}
 CLASSES = [("4-bit decode", ("_dequant_kernel",)), *fms.KERNEL_CLASSES]
@@ -126,14 +124,8 @@ def main(argv=None) -> None:
             row = time_arm(a, arm)
         except Exception as e:  # noqa: BLE001 -- keep the other arms
             row = {"arm": arm, "error": f"{type(e).__name__}: {str(e)[:300]}"}
-        sync(a.device)
-        res["rows"].append(row)
-        print(json.dumps({k: v for k, v in row.items() if k != "profile"}), flush=True)
-        res["wall_s"] = time.time() - t0
-        (out / "lora_update_step.json").write_text(json.dumps(res, indent=1))
-    text = render(res)
-    (out / "lora_update_step.md").write_text(text + "\n")
-    print(text)
+        fms.record_row(res, row, out / "lora_update_step.json", a.device, t0)
+    fms.write_report(render(res), out / "lora_update_step.md")
 
 
 if __name__ == "__main__":

@@ -2,22 +2,17 @@
 (every projection a trainable ``QuantLinear`` on the FP8 flow, embedding and LM head left BF16), a timed step trains
 (the weights move), and the report's per-layer and whole-model arithmetic is the documented one."""
 
-import importlib.util
 import json
 import sys
-from pathlib import Path
 
 import pytest
 import torch
 
 from quarl.quant import QuantLinear
+from tests.benchmarks.bench_module import load_bench
 from tests.threads import one_thread_fixture
 
-ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "benchmarks"))
-_spec = importlib.util.spec_from_file_location("fp8_model_step", ROOT / "benchmarks" / "fp8_model_step.py")
-bench = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(bench)
+bench = load_bench("fp8_model_step.py", "fp8_model_step")
 
 _one_thread = one_thread_fixture()
 

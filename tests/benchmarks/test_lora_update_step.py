@@ -2,23 +2,17 @@
 base + fp32 LoRA on all seven projections, activation checkpointing on), a timed step trains the adapter only, the
 modifiers set their switch, and the report's per-layer arithmetic is the documented one."""
 
-import importlib.util
 import json
 import os
-import sys
-from pathlib import Path
 
 import pytest
 import torch
 
 from quarl.quant import QuantLinear
+from tests.benchmarks.bench_module import load_bench
 from tests.threads import one_thread_fixture
 
-ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "benchmarks"))
-_spec = importlib.util.spec_from_file_location("lora_update_step", ROOT / "benchmarks" / "lora_update_step.py")
-bench = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(bench)
+bench = load_bench("lora_update_step.py", "lora_update_step")
 
 _one_thread = one_thread_fixture()
 
