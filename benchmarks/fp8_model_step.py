@@ -25,6 +25,11 @@ Arms (each on a fresh model from the same seed):
 (Session 10 also timed ``+liger`` arms -- Liger-Kernel's RMSNorm, RoPE and SwiGLU patched in, commit 327c7e1 --
 and measured no gain: benchmarks/RESULTS.md, Jet-RL, "The whole actor update".)
 
+``--accumulate N``: N forward + backward micro-batches per optimizer step (gradient accumulation, as an RL actor
+update runs a mini-batch: verl's ``ppo_mini_batch_size`` over ``ppo_micro_batch_size``), times per micro-batch --
+the optimizer's share divided by N instead of paid every ``--tokens`` tokens (the default, N = 1, what sessions
+9-10 timed).
+
 ``--profile``: one more step of each arm under ``torch.profiler``, its GPU time by kernel class (GEMMs, FP8
 quantizers, attention, norm/RoPE/SwiGLU, the optimizer, the rest) and its top kernels -- where the step goes.
 
@@ -91,7 +96,11 @@ def prepare(model, arm: str) -> None:
         quantize_model(model, _jetrl_recipe("full", "tiles" if "xtiles" in arm else "1x128"))
 
 
-def step_fn(model, opt, ids: torch.Tensor, loss: str = "ce"):
+def step_fn(model, opt, ids: torch.Tensor, loss: str = "ce", accumulate: int = 1):
+    """One optimizer step after ``accumulate`` forward + backward passes on ``ids`` (gradient accumulation over
+    micro-batches, as an RL actor update runs: verl's ``ppo_mini_batch_size`` / ``ppo_micro_batch_size``)."""
+    if accumulate < 1:
+        raise ValueError(f"accumulate={accumulate}: needs >= 1 micro-batch per optimizer step")
     if loss == "rl":
         from quarl.rl.logprobs import completion_logprobs
 
@@ -107,9 +116,13 @@ def step_fn(model, opt, ids: torch.Tensor, loss: str = "ce"):
             logits = model(input_ids=ids).logits[:, :-1]  # [B, T-1, V] bf16
             out = F.cross_entropy(logits.float().flatten(0, 1), ids[:, 1:].flatten())
         out.backward()
+
+    def update():
+        for _ in range(accumulate):
+            step()
         opt.step()
         opt.zero_grad(set_to_none=True)
-    return step
+    return update
 
 
 # kernel classes of --profile: the first pattern a lower-cased kernel name contains
@@ -153,19 +166,23 @@ def profile_step(fn, device: str, kinds=KERNEL_CLASSES) -> dict:
 
 
 def measure(model, ids: torch.Tensor, loss: str, iters: int, device: str, profile: bool = False,
-            kinds=KERNEL_CLASSES, fused_adam: bool = True) -> dict:
+            kinds=KERNEL_CLASSES, fused_adam: bool = True, accumulate: int = 1) -> dict:
     """Time ``model``'s training step on ``ids`` (:func:`step_fn`, AdamW on the trainable parameters), its peak
-    memory and, with ``profile``, one profiled step by kernel class; the model is freed after."""
+    memory and, with ``profile``, one profiled step by kernel class; the model is freed after. With ``accumulate``
+    micro-batches per optimizer step, ``ms`` (and the profile) are per micro-batch: the optimizer's share divided."""
     opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-6,
                             fused=fused_adam and device == "cuda")
-    fn = step_fn(model, opt, ids, loss)
+    fn = step_fn(model, opt, ids, loss, accumulate)
     if device == "cuda":
         torch.cuda.reset_peak_memory_stats()
-    out = {"ms": stream_time(fn, iters, device, warmup=2), "tokens": ids.numel()}
+    out = {"ms": stream_time(fn, iters, device, warmup=2) / accumulate, "tokens": ids.numel()}
     if device == "cuda":
         out["peak_gib"] = torch.cuda.max_memory_allocated() / 2**30
     if profile:
-        out["profile"] = profile_step(fn, device, kinds)
+        out["profile"] = prof = profile_step(fn, device, kinds)
+        prof["classes"] = {c: ms / accumulate for c, ms in prof["classes"].items()}
+        prof["total_ms"] /= accumulate
+        prof["top"] = [[k, ms / accumulate] for k, ms in prof["top"]]
     del model, opt, fn
     if device == "cuda":
         torch.cuda.empty_cache()
@@ -173,14 +190,14 @@ def measure(model, ids: torch.Tensor, loss: str, iters: int, device: str, profil
 
 
 def time_arm(shape: str, layers: int, arm: str, tokens: int, seq: int, iters: int, device: str,
-             loss: str = "ce", profile: bool = False) -> dict:
+             loss: str = "ce", profile: bool = False, accumulate: int = 1) -> dict:
     base, deepgemm = parse_arm(arm)
     with unittest.mock.patch.dict(os.environ, {"QUARL_FP8_GEMM": "deepgemm"} if deepgemm else {}):
         model = build(shape, layers, device)
         prepare(model, base)
         model.train()
         ids = torch.randint(0, SHAPES[shape][4], (max(tokens // seq, 1), seq), device=device)
-        return measure(model, ids, loss, iters, device, profile)
+        return measure(model, ids, loss, iters, device, profile, accumulate=accumulate)
 
 
 def main() -> None:
@@ -192,6 +209,8 @@ def main() -> None:
     ap.add_argument("--arms", default="bf16,jetrl,jetrl-xtiles")
     ap.add_argument("--loss", default="rl", choices=("rl", "ce"), help="rl: the rl stage's chunked log-probs")
     ap.add_argument("--profile", action="store_true", help="also one profiled step per arm (kernel classes)")
+    ap.add_argument("--accumulate", type=int, default=1,
+                    help="micro-batches (of --tokens each) per optimizer step; times are per micro-batch")
     ap.add_argument("--iters", type=int, default=6)
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--budget-s", type=float, default=240.0)
@@ -201,6 +220,8 @@ def main() -> None:
     if a.render:
         print(render(json.loads(Path(a.render).read_text())))
         return
+    if a.accumulate < 1:
+        raise SystemExit(f"--accumulate {a.accumulate}: needs >= 1 micro-batch per optimizer step")
     arms = a.arms.split(",")
     for x in arms:
         parse_arm(x)
@@ -211,7 +232,8 @@ def main() -> None:
     seq = min(a.seq, a.tokens)
     res = {"command": " ".join(sys.argv), "date": datetime.now(UTC).isoformat(timespec="seconds"),
            "gpu": torch.cuda.get_device_name() if a.device == "cuda" else "cpu", "torch": torch.__version__,
-           "shape": a.shape, "layers": a.layers, "tokens": a.tokens, "seq": seq, "loss": a.loss, "rows": []}
+           "shape": a.shape, "layers": a.layers, "tokens": a.tokens, "seq": seq, "loss": a.loss,
+           "accumulate": a.accumulate, "rows": []}
     t0 = time.time()
     # the stem (no decoder layer) has no projection to quantize: the same BF16 model in every arm, timed once
     for arm, layers in [("bf16", 0), *((arm, a.layers) for arm in arms)]:
@@ -220,7 +242,7 @@ def main() -> None:
             continue
         try:
             row = {"arm": arm, "layers": layers, **time_arm(a.shape, layers, arm, a.tokens, seq, a.iters, a.device,
-                                                             a.loss, a.profile and layers > 0)}
+                                                             a.loss, a.profile and layers > 0, a.accumulate)}
         except Exception as e:  # noqa: BLE001 - e.g. out of memory or DeepGEMM missing: keep the other arms
             row = {"arm": arm, "layers": layers, "error": f"{type(e).__name__}: {str(e)[:300]}"}
         record_row(res, row, out / "fp8_model_step.json", a.device, t0)
@@ -246,8 +268,10 @@ def render(res: dict) -> str:
     """Per arm: step with the decoder layers, the stem, per layer, the whole-model estimate; x = BF16 / arm."""
     full_layers = SHAPES[res["shape"]][5]
     by = {(r["arm"], r["layers"]): r for r in res["rows"]}
+    acc = res.get("accumulate", 1)
     title = (f"# actor update, {res['shape']} width, {res['layers']} decoder layers, {res['tokens']} tokens "
-             f"({res['seq']} per sequence), loss {res.get('loss', 'ce')}, {res['gpu']}, torch {res['torch']}")
+             f"({res['seq']} per sequence), loss {res.get('loss', 'ce')}, {res['gpu']}, torch {res['torch']}"
+             + (f"; {acc} micro-batches per optimizer step, ms per micro-batch" if acc > 1 else ""))
     head = (f"| arm | step ms ({res['layers']} layers) | x | stem ms | per layer ms | x | {full_layers}-layer estimate ms "
             f"| x | peak GiB |")
     L = [title, "", head, "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]

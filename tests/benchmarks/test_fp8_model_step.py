@@ -80,3 +80,26 @@ def test_profile_classes_and_the_report():
     text = bench.render(res)
     assert "| jetrl | 20.0 | 1.50x | 10.0 | 10.00 | 2.00x | 50.0 | 1.80x |" in text
     assert "| jetrl | 0.0 | 0.0 | 12.0 | 0.0 | 0.0 | 0.0 | 6.0 | 18.0 |" in text  # fp8 quantize, attention, gemm, ...
+
+
+def test_accumulate_runs_n_micro_batches_per_optimizer_step(tmp_path, monkeypatch):
+    """--accumulate N: N forward + backward passes, then one optimizer step (the gradient is N times one pass's);
+    the reported times are per micro-batch and the report says so."""
+    model = bench.build("tiny", 1, "cpu")
+    opt = torch.optim.SGD(model.parameters(), lr=0.0)
+    steps = []
+    monkeypatch.setattr(opt, "step", lambda: steps.append(model.lm_head.weight.grad.clone()))
+    ids = torch.randint(0, 1000, (2, 16))
+    bench.step_fn(model, opt, ids, accumulate=1)()
+    bench.step_fn(model, opt, ids, accumulate=3)()
+    assert len(steps) == 2 and model.lm_head.weight.grad is None  # zeroed after each optimizer step
+    torch.testing.assert_close(steps[1], 3 * steps[0], rtol=1e-4, atol=1e-6)
+    with pytest.raises(ValueError, match="accumulate=0"):
+        bench.step_fn(model, opt, ids, accumulate=0)
+    monkeypatch.setattr(sys, "argv", ["fp8_model_step.py", "--device", "cpu", "--shape", "tiny", "--layers", "1",
+                                      "--tokens", "32", "--seq", "16", "--iters", "1", "--arms", "bf16",
+                                      "--accumulate", "2", "--out", str(tmp_path)])
+    bench.main()
+    res = json.loads((tmp_path / "fp8_model_step.json").read_text())
+    assert res["accumulate"] == 2 and all("ms" in r for r in res["rows"])
+    assert "2 micro-batches per optimizer step, ms per micro-batch" in (tmp_path / "fp8_model_step.md").read_text()
