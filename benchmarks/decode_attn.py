@@ -21,9 +21,8 @@ reports its error and is not timed. ``per_step_ms_saved`` = layers x (sdpa - ker
 the K/V bytes read (B x H_kv x L x D x 2 tensors x 2 bytes) over the kernel's time.
 
 ``--sweep`` adds, per case, the kernel at BLOCK_N 32 / 64 / 128 x 4 / 8 warps (default split rule)
-and at half / double the default split count, and (where the default splits) the other way of merging
-the splits (``combine``: in the attention launch, or a second kernel), and names the fastest (``best``):
-the data for retuning ``decode_attn.BLOCK_N`` / ``NUM_WARPS`` / ``WAVES`` / the merge.
+and at half / double the default split count, and names the fastest (``best``): the data for
+retuning ``decode_attn.BLOCK_N`` / ``NUM_WARPS`` / ``WAVES``.
 
 Prints a markdown table, then the JSON (device, versions, rows); ``--out`` also writes the JSON.
 """
@@ -81,17 +80,9 @@ def time_wall(fn, reps: int, iters: int) -> float:
     return statistics.median(times)
 
 
-def da_default_combine() -> str:
-    from quarl_kernels import decode_attn as da
-
-    return da.default_combine()
-
-
 def variants(default_splits: int) -> list[dict]:
     """The ``--sweep`` kernel settings (keyword arguments of ``decode_attn.decode_attention``)."""
     out = [{"block_n": bn, "num_warps": w} for bn in (32, 64, 128) for w in (4, 8)]
-    if default_splits > 1:  # the other way to merge the splits (the default is da.default_combine())
-        out.append({"combine": "kernel" if da_default_combine() == "fused" else "fused"})
     for s in sorted({max(1, default_splits // 2), default_splits * 2}):
         if s != default_splits:
             out.append({"splits": s})
@@ -110,8 +101,7 @@ def run_case(model: str, B: int, L: int, S: int, dtype, device: str, args) -> di
     splits = da.num_splits(B * HK, L, sms, da.block_n_for(B * HK, sms))
     row = {"model": model, "batch": B, "kv_len": L, "cache_len": S, "h_kv": HK, "group": G, "head_dim": D,
            "dtype": str(dtype).replace("torch.", ""), "splits": splits, "programs": B * HK * splits,
-           "combine": da.default_combine(),
-           "launches": 1 if splits == 1 or da.default_combine() == "fused" else 2}
+           "launches": 1 if splits == 1 else 2}
     if not fused_ops.decode_attn_kernel_applies(q, k, v, valid):
         row["error"] = "the kernel does not apply here (needs CUDA, capability >= 8.0, Triton)"
         return row

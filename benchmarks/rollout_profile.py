@@ -19,9 +19,9 @@ pass) and ``:sdpa`` ``QUARL_ENGINE_DECODE_ATTN=0`` (SDPA for decode attention); 
 GEMV launch per weight, not one for the group); ``:nommagroup`` sets ``QUARL_MMA_GROUP=0`` (a 2..16-row group's
 weights as one mma.sync launch each); ``:nogrouppass`` sets ``QUARL_GROUP_PASS=0`` (a group launch's last passes as one
 launch per weight, not one for the group, ``group_pass.finish_group``); ``:rope`` sets ``QUARL_ENGINE_GROUP_ROPE=1``
-(the decode step's RoPE + K/V write in the q/k/v group's pass at one row, not its own kernel); ``:h200gemv`` sets
-``QUARL_KERNELS_GEMV_DEFAULTS=h200`` (the one-row GEMV's config 0 everywhere, as before session 12); ``:attnkernel`` sets
-``QUARL_DECODE_ATTN_FUSED_COMBINE=0`` (split decode attention merged by its own launch, as before session 13); modifiers combine (``nvfp4+lora32:noepi:sdpa``). With the epilogue on, a projection's ``gemm:*`` row includes its
+(the decode step's RoPE + K/V write in the q/k/v group's pass at one row, not its own kernel: the default since
+session 13) and ``:norope`` ``=0``; ``:h200gemv`` sets
+``QUARL_KERNELS_GEMV_DEFAULTS=h200`` (the one-row GEMV's config 0 everywhere, as before session 12); modifiers combine (``nvfp4+lora32:noepi:sdpa``). With the epilogue on, a projection's ``gemm:*`` row includes its
 bias and LoRA B (they run in its kernels); ``lora`` is then the A GEMMs alone.
 
 Per (variant, batch) cell, one prefill of ``prompt`` random tokens fills the cache, and
@@ -432,9 +432,9 @@ MODIFIERS = {  # ':name' -> the engine switch (env, value) it sets for the cell:
     "nogroup": ("QUARL_GEMV_GROUP", "0"),  # a group's weights as one launch each, not one launch
     "nommagroup": ("QUARL_MMA_GROUP", "0"),  # a 2..16-row group's weights as one mma.sync launch each, not one
     "nogrouppass": ("QUARL_GROUP_PASS", "0"),  # a group launch's last passes one launch each, not one for the group
-    "rope": ("QUARL_ENGINE_GROUP_ROPE", "1"),  # the decode RoPE + K/V write in the q/k/v pass, not its own kernel
+    "rope": ("QUARL_ENGINE_GROUP_ROPE", "1"),  # the decode RoPE + K/V write in the q/k/v pass (the default since s13)
+    "norope": ("QUARL_ENGINE_GROUP_ROPE", "0"),  # ... in a RoPE kernel of its own after the pass (before s13)
     "h200gemv": ("QUARL_KERNELS_GEMV_DEFAULTS", "h200"),  # the one-row GEMV's config 0 everywhere (before session 12)
-    "attnkernel": ("QUARL_DECODE_ATTN_FUSED_COMBINE", "0"),  # split attention merged by a 2nd launch (before s13)
 }
 
 

@@ -26,20 +26,13 @@ Design:
   ``p = 0`` and no ``inf - inf``. ``p`` is rounded to the cache dtype for the ``p @ v`` dot, as
   in FlashAttention.
 * **Splits.** ``splits == 1``: the program normalizes and writes ``o`` itself (one launch).
-  Otherwise it writes its partial ``(m, l, acc)`` (the G real rows) to an fp32 workspace and the
-  splits are merged in split order -- ``M = max m_s``, ``w_s = 2^(m_s - M)``, ``o = sum w_s acc_s /
-  sum w_s l_s`` -- deterministic whichever program does it. ``combine="fused"`` (the default): each
-  program bumps an arrival counter of its (row, head) after a CTA barrier (``atomic_add``, acq_rel,
-  GPU scope: the barrier plus the release publish all its threads' partials), and the one that
-  arrives last merges and resets the counter to zero -- one launch per layer instead of two, which at
-  batch 1 is most of the step's attention time (two short kernels back to back, ~10 us a layer
-  against ~1-2 us of K/V traffic). The counters are one zeroed int32 buffer per device
-  (``_counters``), so fused launches on one device must not run concurrently on two streams (the
-  engine and the trainer launch on one stream; a caller that overlaps streams passes
-  ``combine="kernel"``). ``combine="kernel"`` (or
-  ``QUARL_DECODE_ATTN_FUSED_COMBINE=0``): the merge as its own launch, ``_combine_kernel`` (grid
-  ``B * H_kv``), the same ``_merge`` code -- bit-equal outputs. ``_merge`` loads all splits' maxima in
-  one load and pipelines the ``acc`` loads (``tl.range(num_stages=3)``), through L2 only (``.cg``).
+  Otherwise it writes its partial ``(m, l, acc)`` (the G real rows) to an fp32 workspace and
+  ``_combine_kernel`` (grid ``B * H_kv``) merges the splits in split order -- ``M = max m_s``,
+  ``w_s = 2^(m_s - M)``, ``o = sum w_s acc_s / sum w_s l_s`` -- deterministic, no atomics. It loads all
+  splits' maxima at once and pipelines the ``acc`` loads (its first form's dependent load chains cost
+  the 7B batch-1 step 0.06 of its 0.29 ms of attention, 14B 0.11 of 0.55). Merging in the attention launch instead
+  (the last program of a (row, head) to arrive, behind an arrival counter) was measured and not kept:
+  0.01-0.02 ms a step faster at batch 1, up to 0.06 ms slower at batch 8 (RESULTS, session 13).
 * **Split count** (:func:`num_splits`): a function of the shapes and the SM count only (no
   host sync, no data-dependent shape: CUDA-graph safe). When ``B * H_kv`` programs already
   cover the SMs there is no split; otherwise ~2 waves' worth, at most one per tile, rebalanced
@@ -67,7 +60,7 @@ import torch
 import triton
 import triton.language as tl
 
-from quarl_kernels.launch import env_flag, interpreting, num_sms
+from quarl_kernels.launch import interpreting, num_sms
 from quarl_kernels.rounding import round_to
 
 HEAD_DIMS = (64, 128)  # D: a power of two the dot tiles take whole (== fused_ops.DECODE_ATTN_HEAD_DIMS)
@@ -78,8 +71,6 @@ NUM_STAGES = 2  # K/V tiles double-buffered through shared memory (cp.async; tl.
 MIN_BLOCK_G = 16  # tl.dot needs M >= 16: G query rows are padded up to this
 WAVES = 2  # split until ~WAVES * SMs programs run
 LOG2E = 1.4426950408889634
-ENV_FUSED = "QUARL_DECODE_ATTN_FUSED_COMBINE"  # 0: the merge as its own launch (``combine="kernel"``)
-COMBINES = ("fused", "kernel")
 NEG_INIT = tl.constexpr(-1.0e30)  # running max before any valid slot: finite, so 2^(s - m) of a masked s is 0, never NaN
 
 
@@ -88,9 +79,8 @@ def _decode_attn_kernel(
     q_ptr, k_ptr, v_ptr, valid_ptr, o_ptr, ws_acc_ptr, ws_ml_ptr,
     H_KV, G, L, tiles_per_split, qk_scale,  # qk_scale = scale * log2(e)
     sq_b, sq_h, sq_g, sk_b, sk_h, sk_n, sv_b, sv_h, sv_n, sm_b, sm_n, so_b, so_h, so_g,
-    cnt_ptr,  # int32 [B * H_kv] arrival counters, zero between launches (FUSED only)
     BLOCK_G: tl.constexpr, BLOCK_N: tl.constexpr, D: tl.constexpr, SPLIT: tl.constexpr, NUM_STAGES: tl.constexpr,
-    INTERPRET: tl.constexpr, FUSED: tl.constexpr, SPLITS_P2: tl.constexpr,
+    INTERPRET: tl.constexpr,
 ):
     bh = tl.program_id(0)  # row * H_kv + kv head
     sp = tl.program_id(1)  # split index
@@ -139,13 +129,6 @@ def _decode_attn_kernel(
         tl.store(ws_acc_ptr + row * (BLOCK_G * D) + g[:, None] * D + d[None, :], acc, mask=g_ok[:, None])
         tl.store(ws_ml_ptr + row * (2 * BLOCK_G) + g, m_i)
         tl.store(ws_ml_ptr + row * (2 * BLOCK_G) + BLOCK_G + g, l_i)
-        if FUSED:  # the last of this (row, head)'s programs to arrive merges them (module docstring)
-            tl.debug_barrier()  # every thread's partials are written before the release below
-            arrived = tl.atomic_add(cnt_ptr + bh, 1, sem="acq_rel", scope="gpu")
-            if arrived == n_splits - 1:
-                _merge(ws_acc_ptr, ws_ml_ptr, o_ptr, bh, H_KV, G, n_splits, so_b, so_h, so_g,
-                       BLOCK_G, D, INTERPRET, SPLITS_P2)
-                tl.store(cnt_ptr + bh, 0)  # ready for the next launch (or graph replay)
     else:
         out = acc / tl.where(l_i > 0.0, l_i, 1.0)[:, None]  # l == 0: no valid slot -> acc == 0 -> zeros
         tl.store(o_ptr + b * so_b + h * so_h + g[:, None] * so_g + d[None, :],
@@ -153,13 +136,14 @@ def _decode_attn_kernel(
 
 
 @triton.jit
-def _merge(
-    ws_acc_ptr, ws_ml_ptr, o_ptr, bh, H_KV, G, n_splits, so_b, so_h, so_g,
+def _combine_kernel(
+    ws_acc_ptr, ws_ml_ptr, o_ptr, H_KV, G, n_splits, so_b, so_h, so_g,
     BLOCK_G: tl.constexpr, D: tl.constexpr, INTERPRET: tl.constexpr, SPLITS_P2: tl.constexpr,
 ):
-    """o[b, h] from the ``n_splits`` partials of program row ``bh``, in split order (deterministic). The
-    maxima of all splits come in one load; the ``acc`` loop is pipelined (loads ahead of the sums). Loads
-    go through L2 only (``.cg``): in the fused form other programs wrote these partials during this launch."""
+    """o[b, h] from the ``n_splits`` partials of program row ``bh``, in split order (deterministic). The maxima
+    of all splits come in one load and the ``acc`` loop is pipelined (loads ahead of the sums) -- the first form's
+    two chains of dependent loads cost the 7B batch-1 step 0.06 of its 0.29 ms of attention (RESULTS, session 13)."""
+    bh = tl.program_id(0)
     b = (bh // H_KV).to(tl.int64)
     h = (bh % H_KV).to(tl.int64)
     g = tl.arange(0, BLOCK_G)  # [BG]
@@ -168,31 +152,21 @@ def _merge(
     base = bh.to(tl.int64) * n_splits
     s = tl.arange(0, SPLITS_P2)  # [S2]
     m_all = tl.load(ws_ml_ptr + (base + s[:, None]) * (2 * BLOCK_G) + g[None, :], mask=s[:, None] < n_splits,
-                    other=NEG_INIT, cache_modifier=".cg")  # [S2, BG]
+                    other=NEG_INIT)  # [S2, BG]
     m_max = tl.max(m_all, axis=0)  # [BG] the global max per query row (exact: order-free)
     l_tot = tl.zeros([BLOCK_G], tl.float32)
     acc = tl.zeros([BLOCK_G, D], tl.float32)
     for i in tl.range(0, n_splits, num_stages=3):  # rescaled sums, in split order
-        m_s = tl.load(ws_ml_ptr + (base + i) * (2 * BLOCK_G) + g, cache_modifier=".cg")  # [BG]
-        l_s = tl.load(ws_ml_ptr + (base + i) * (2 * BLOCK_G) + BLOCK_G + g, cache_modifier=".cg")  # [BG]
+        m_s = tl.load(ws_ml_ptr + (base + i) * (2 * BLOCK_G) + g)  # [BG]
+        l_s = tl.load(ws_ml_ptr + (base + i) * (2 * BLOCK_G) + BLOCK_G + g)  # [BG]
         a_s = tl.load(ws_acc_ptr + (base + i) * (BLOCK_G * D) + g[:, None] * D + d[None, :], mask=g_ok[:, None],
-                      other=0.0, cache_modifier=".cg")  # [BG, D]
+                      other=0.0)  # [BG, D]
         w = tl.math.exp2(m_s - m_max)  # [BG]
         l_tot += w * l_s
         acc += w[:, None] * a_s
     out = acc / tl.where(l_tot > 0.0, l_tot, 1.0)[:, None]  # [BG, D]; no valid slot -> zeros
     tl.store(o_ptr + b * so_b + h * so_h + g[:, None] * so_g + d[None, :], round_to(out, o_ptr.dtype.element_ty,
                                                                                      INTERPRET), mask=g_ok[:, None])
-
-
-@triton.jit
-def _combine_kernel(
-    ws_acc_ptr, ws_ml_ptr, o_ptr, H_KV, G, n_splits, so_b, so_h, so_g,
-    BLOCK_G: tl.constexpr, D: tl.constexpr, INTERPRET: tl.constexpr, SPLITS_P2: tl.constexpr,
-):
-    """The merge as its own launch (grid ``B * H_kv``): ``combine="kernel"``."""
-    _merge(ws_acc_ptr, ws_ml_ptr, o_ptr, tl.program_id(0), H_KV, G, n_splits, so_b, so_h, so_g,
-           BLOCK_G, D, INTERPRET, SPLITS_P2)
 
 
 def block_g(g: int) -> int:
@@ -242,38 +216,12 @@ def _check(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, valid: torch.Tenso
         raise ValueError("decode_attention needs unit stride along D for q, k and v")
 
 
-def default_combine() -> str:
-    """``"fused"`` (the last program of a row's splits merges them) unless ``$QUARL_DECODE_ATTN_FUSED_COMBINE`` is off."""
-    return "fused" if env_flag(ENV_FUSED, True) else "kernel"
-
-
-_COUNTERS: dict = {}  # device -> int32 arrival counters, zero between launches
-
-
-def _counters(device: torch.device, n: int) -> torch.Tensor:
-    """The arrival counters of the fused merge for ``n`` (row, head) programs on this device. Every launch
-    leaves them zero (the merging program resets its counter), so one buffer serves every launch ordered
-    after the previous one. Made by the first call that needs more; under CUDA-graph capture that call's
-    ``torch.zeros`` comes from the graph's pool and is recorded as a fill node -- which re-zeroes the
-    buffer at each replay, harmless -- and the buffer stays referenced here, so it outlives the capture."""
-    key = str(device)
-    buf = _COUNTERS.get(key)
-    if buf is None or buf.numel() < n:
-        buf = torch.zeros(max(n, 4096), device=device, dtype=torch.int32)
-        _COUNTERS[key] = buf
-    return buf
-
-
 def launches(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, valid: torch.Tensor, scale: float,
              splits: int | None = None, block_n: int | None = None, num_warps: int | None = None,
-             num_stages: int = NUM_STAGES, combine: str | None = None) -> tuple[torch.Tensor, list[Launch]]:
-    """``(o, [attention launch] + [merge launch if split and combine == "kernel"])`` for
-    :func:`decode_attention` (arguments there); ``o`` and the fp32 workspace are allocated here (from the
-    graph pool under CUDA-graph capture)."""
+             num_stages: int = NUM_STAGES) -> tuple[torch.Tensor, list[Launch]]:
+    """``(o, [attention launch, combine launch if split])`` for :func:`decode_attention` (arguments there);
+    ``o`` and the fp32 workspace are allocated here (from the graph pool under CUDA-graph capture)."""
     _check(q, k, v, valid)
-    combine = combine or default_combine()
-    if combine not in COMBINES:
-        raise ValueError(f"decode_attention: combine={combine!r} is not one of {COMBINES}")
     B, HK, G, D = q.shape
     L = k.shape[2]
     o = torch.empty((B, HK, G, D), device=q.device, dtype=q.dtype)  # [B, H_kv, G, D]
@@ -289,47 +237,40 @@ def launches(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, valid: torch.Ten
     n_split = triton.cdiv(tiles, per)  # no empty split
     vb = valid.view(torch.uint8)  # [B, L] same strides; Triton reads bytes
     interp = interpreting()
-    cnt = None  # fused merge: the arrival counters
     if n_split == 1:
         ws_acc = ws_ml = o  # unused
     else:
         ws_acc = torch.empty((B * HK, n_split, bg, D), device=q.device, dtype=torch.float32)
         ws_ml = torch.empty((B * HK, n_split, 2, bg), device=q.device, dtype=torch.float32)
-        if combine == "fused":
-            cnt = _counters(q.device, B * HK)
-    fused = cnt is not None
-    s2 = triton.next_power_of_2(n_split)
     attn = Launch(
         _decode_attn_kernel, (B * HK, n_split),
         (q, k, v, vb, o, ws_acc, ws_ml, HK, G, L, per, float(scale) * LOG2E,
          q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
-         v.stride(0), v.stride(1), v.stride(2), vb.stride(0), vb.stride(1), o.stride(0), o.stride(1), o.stride(2),
-         cnt if fused else o),
+         v.stride(0), v.stride(1), v.stride(2), vb.stride(0), vb.stride(1), o.stride(0), o.stride(1), o.stride(2)),
         {"BLOCK_G": bg, "BLOCK_N": block_n, "D": D, "SPLIT": n_split > 1, "NUM_STAGES": num_stages,
-         "INTERPRET": interp, "FUSED": fused, "SPLITS_P2": s2},
+         "INTERPRET": interp},
         warps,
     )
-    if n_split == 1 or fused:
+    if n_split == 1:
         return o, [attn]
     comb = Launch(_combine_kernel, (B * HK,), (ws_acc, ws_ml, o, HK, G, n_split, o.stride(0), o.stride(1), o.stride(2)),
-                  {"BLOCK_G": bg, "D": D, "INTERPRET": interp, "SPLITS_P2": s2}, 4)
+                  {"BLOCK_G": bg, "D": D, "INTERPRET": interp, "SPLITS_P2": triton.next_power_of_2(n_split)}, 4)
     return o, [attn, comb]
 
 
 def decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, valid: torch.Tensor, scale: float,
                      splits: int | None = None, block_n: int | None = None, num_warps: int | None = None,
-                     num_stages: int = NUM_STAGES, combine: str | None = None) -> torch.Tensor:
+                     num_stages: int = NUM_STAGES) -> torch.Tensor:
     """``q [B, H_kv, G, D]``, ``k, v [B, H_kv, L, D]`` (any strides, unit D stride), ``valid [B, L]`` bool
     (any strides) -> ``o [B, H_kv, G, D]`` contiguous, q's dtype. ``splits`` overrides :func:`num_splits`;
     ``block_n`` (slots per tile; default :func:`block_n_for`), ``num_warps`` and ``num_stages`` override the defaults (tests, the
-    benchmark's sweep). ``combine``: how split partials are merged, ``"fused"`` (in the attention launch)
-    or ``"kernel"`` (a second launch); default :func:`default_combine`. Callers check applicability
-    (``fused_ops``); this raises ``ValueError`` on shapes it cannot run."""
-    o, todo = launches(q, k, v, valid, scale, splits, block_n, num_warps, num_stages, combine)
+    benchmark's sweep). Callers check applicability (``fused_ops``); this raises ``ValueError`` on
+    shapes it cannot run."""
+    o, todo = launches(q, k, v, valid, scale, splits, block_n, num_warps, num_stages)
     for la in todo:
         la.kernel[la.grid](*la.args, **la.constexprs, num_warps=la.num_warps)
     return o
 
 
-__all__ = ["BLOCK_N", "BLOCK_N_FULL", "COMBINES", "ENV_FUSED", "HEAD_DIMS", "NUM_STAGES", "NUM_WARPS", "Launch",
-           "block_g", "block_n_for", "decode_attention", "default_combine", "launches", "num_splits"]
+__all__ = ["BLOCK_N", "BLOCK_N_FULL", "HEAD_DIMS", "NUM_STAGES", "NUM_WARPS", "Launch", "block_g", "block_n_for",
+           "decode_attention", "launches", "num_splits"]

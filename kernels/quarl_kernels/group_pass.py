@@ -8,13 +8,12 @@ columns, each with ``launch.epilogue_kernel``'s arithmetic (``launch._epilogue_a
 the same columns of both and writes ``gate`` and ``silu(gate) * up``. 7B NVFP4+LoRA step 3.482 -> 3.329 ms at
 batch 1, 4.764 -> 4.385 at batch 8 (H100, RESULTS "Issue 17, session 12"). ``QUARL_GROUP_PASS=0``: one pass each.
 
-RoPE in the q/k/v pass (:class:`RopeCache`, opt-in through the engine's ``QUARL_ENGINE_GROUP_ROPE=1``): one head
-per tile, ``rotate_half`` as a register permutation, ``rope._rope_tile``'s arithmetic, k / v written into the KV
-cache. Bit-equal to the passes then ``rope.rope_qk_cache`` under the interpreter and on the H100 at 8 rows; at one
-row the H100 gave one-ulp-of-a-term differences in ~20 % of q / k. Cause (found after the session's device time
-ran out, in the PTX): with fp fusion on, LLVM contracted ``round(round(x * cos) + rb)`` into one ``fma.rn.bf16``;
-the products are now rounded in software, which a build test checks (no bf16 FMA) -- not yet re-run on a GPU,
-hence still off by default.
+RoPE in the q/k/v pass (:class:`RopeCache`; the engine's default at one row, ``QUARL_ENGINE_GROUP_ROPE=0`` turns
+it off): one head per tile, ``rotate_half`` as a register permutation, ``rope._rope_tile``'s arithmetic, k / v
+written into the KV cache. Bit-equal to the passes then ``rope.rope_qk_cache`` under the interpreter and on the H100
+at 1 and 8 rows. The products are rounded in software: with fp fusion on (this kernel's LoRA sums want FMAs), LLVM
+contracted ``round(round(x * cos) + rb)`` into one ``fma.rn.bf16`` and left one-ulp differences at one row (session
+12); a build test checks there is no bf16 FMA.
 """
 
 from __future__ import annotations

@@ -44,9 +44,9 @@ one row, the mma.sync kernel at 2..16 (``QuantLinear.epilogue_group_kernel``,
 ``quarl_kernels.wo_gemm.wo_matmul_group``) -- then the projections' last passes, one launch for the group
 (``quarl_kernels.group_pass.finish_group``). ``QUARL_GEMV_GROUP=0`` launches the weights one by one,
 ``QUARL_MMA_GROUP=0`` only at 2..16 rows, ``QUARL_GROUP_PASS=0`` the last passes. At a decode step the q/k/v
-group's last pass also applies RoPE and writes k / v into the KV cache (:meth:`Group.qkv_rope_cache`: no RoPE kernel
-of its own) with ``QUARL_ENGINE_GROUP_ROPE=1``: off by default until a GPU run confirms the fix of its one-row
-difference from the pass, then ``rope.rope_qk_cache`` (``quarl_kernels.group_pass``).
+group's last pass also applies RoPE and writes k / v into the KV cache at one row (:meth:`Group.qkv_rope_cache`: no
+RoPE kernel of its own; bit-equal to the pass then ``rope.rope_qk_cache``, GPU test); ``QUARL_ENGINE_GROUP_ROPE=0``
+keeps the RoPE kernel (``quarl_kernels.group_pass``).
 """
 
 from __future__ import annotations
@@ -62,8 +62,8 @@ ENV = "QUARL_ENGINE_LORA_PACK"
 EPILOGUE_ENV = "QUARL_ENGINE_LORA_EPILOGUE"
 A_ENV = "QUARL_ENGINE_LORA_A"
 ROPE_ENV = "QUARL_ENGINE_GROUP_ROPE"
-# rows of a decode step whose RoPE + K/V write ride in the q/k/v group's last pass (QUARL_ENGINE_GROUP_ROPE=1):
-# 7B step at batch 1 3.330 -> 3.298 ms with it; at batch 8 the first version was slower (4.506 -> 4.635), H100
+# rows of a decode step whose RoPE + K/V write ride in the q/k/v group's last pass (QUARL_ENGINE_GROUP_ROPE, on):
+# H100 step at batch 1 3.234 -> 3.197 ms (7B), 5.885 -> 5.839 (14B); at batch 8 the first version was slower
 ROPE_MAX_M = 1
 A_MAX_M = 16  # rows of a step whose A GEMM rides in the first launch: quarl_kernels.lora_a.MAX_M (a test checks)
 GROUP_MAX_M = 16  # rows of a step whose group runs as one weight launch: quarl_kernels.wo_gemm.GROUP_MAX_M (tested)
@@ -90,10 +90,10 @@ def resolve_a_kernel(flag: bool | None) -> bool:
 
 def resolve_rope(flag: bool | None) -> bool:
     """A decode step's RoPE and K/V write in the q/k/v group's last pass (:meth:`Group.qkv_rope_cache`): ``flag``
-    if given, else ``$QUARL_ENGINE_GROUP_ROPE`` (default off: at one row, the only row count where it is faster, it
-    differed from the RoPE kernel by one bf16 ulp in ~20% of q / k on the H100 -- a contracted bf16 FMA, fixed
-    since in ``group_pass`` and checked in the build, not yet re-run on a GPU; 1% of a step)."""
-    return _switch(flag, ROPE_ENV, "the RoPE in the q/k/v group's last pass", "a RoPE kernel after it", default=False)
+    if given, else ``$QUARL_ENGINE_GROUP_ROPE`` (default on, at ``ROPE_MAX_M`` rows: ~1% of a batch-1 step; bit-equal
+    to the RoPE kernel after the pass on the H100 since its products are rounded in software -- session 12 found a
+    contracted bf16 FMA there -- GPU test ``test_group_pass_with_rope_and_kv_write_equals_rope_after``)."""
+    return _switch(flag, ROPE_ENV, "the RoPE in the q/k/v group's last pass", "a RoPE kernel after it")
 
 
 def _hooked(m: nn.Module) -> bool:

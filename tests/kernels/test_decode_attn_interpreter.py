@@ -73,24 +73,6 @@ SCRIPT = textwrap.dedent("""
         if B > 1:  # weight exactly 1 on one slot: o is that slot's v, bit for bit
             assert torch.equal(o[B - 1], v[B - 1, :, L - 1:L].expand(HK, G, D))
         assert torch.equal(o, da.decode_attention(q, k, v, valid, scale, splits=splits))  # deterministic
-        # the merge in the attention launch (last program to arrive) or as its own launch: bit-equal
-        assert torch.equal(o, da.decode_attention(q, k, v, valid, scale, splits=splits, combine="kernel"))
-        assert torch.equal(o, da.decode_attention(q, k, v, valid, scale, splits=splits, combine="fused"))
-
-    # the fused merge leaves its arrival counters at zero (the next launch, or graph replay, starts clean)
-    q, k, v, valid = inputs(3, 2, 7, 128, 300, 320, torch.bfloat16, 5)
-    _, todo = da.launches(q, k, v, valid, 0.1, splits=3, combine="fused")
-    assert len(todo) == 1 and todo[0].constexprs["FUSED"], todo
-    _, todo = da.launches(q, k, v, valid, 0.1, splits=3, combine="kernel")
-    assert len(todo) == 2 and not todo[0].constexprs["FUSED"]
-    da.decode_attention(q, k, v, valid, 0.1, splits=3, combine="fused")
-    cnt = da._counters(q.device, 6)
-    assert cnt.numel() >= 6 and not cnt.any(), cnt[:8]
-    try:
-        da.decode_attention(q, k, v, valid, 0.1, splits=3, combine="atomic")
-        raise AssertionError("combine='atomic' accepted")
-    except ValueError as e:
-        assert "combine='atomic'" in str(e)
 
     # one split vs many on the same inputs: the same function up to the rounding of p and o
     q, k, v, valid = inputs(2, 2, 7, 128, 320, 384, torch.bfloat16, 9)
@@ -156,20 +138,14 @@ def test_decode_attention_compiles_for_sm90():
         q = torch.empty(B, HK, G, D, dtype=torch.bfloat16)
         kc, vc = (torch.empty(B, HK, S, D, dtype=torch.bfloat16) for _ in range(2))
         valid = torch.ones(B, S, dtype=torch.bool)
-        for splits, combine in ((1, "fused"), (4, "kernel"), (4, "fused")):
-            _, todo = da.launches(q, kc[:, :, :L], vc[:, :, :L], valid[:, :L], D ** -0.5, splits=splits,
-                                  combine=combine)
-            assert len(todo) == (2 if combine == "kernel" else 1)
+        for splits in (1, 4):
+            _, todo = da.launches(q, kc[:, :, :L], vc[:, :, :L], valid[:, :L], D ** -0.5, splits=splits)
+            assert len(todo) == (1 if splits == 1 else 2)
             for la in todo:
                 k, _ = compile_launch(la, INTERPRET=False)
                 if la.kernel is da._decode_attn_kernel:
                     ptx = k.asm["ptx"]
                     assert "mma.sync" in ptx and "ex2.approx" in ptx and "cp.async" in ptx, (B, HK, G, D, splits)
-                    # the fused merge: one GPU-scope acq_rel arrival per program, after a CTA barrier
-                    fused = la.constexprs["FUSED"]
-                    assert ("atom.global.gpu.acq_rel.add" in ptx) == fused, (splits, combine)
-                    if fused:
-                        assert "bar.sync" in ptx
                 built.append(k)
     for k in built:
         assert stack_bytes(k) in (0, None), "ptxas spilled registers"
