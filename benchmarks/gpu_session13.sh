@@ -16,6 +16,10 @@
 #     The code after phase a (the merge as its own kernel again, with the faster loads; the RoPE pass on at one
 #     row): GPU tests (decode attention, the engine, the group passes), the host time of one training call of the
 #     4-bit base vs nn.Linear (benchmarks/train_linear_host.py), the rollout table (7B / 14B, batch 1 / 8).
+#   phase c: bash benchmarks/gpu_session13.sh c   (one GPU, carry .dev/dg.tar.xz; ~5 min)
+#     Issue 15: Jet-RL's actor update with the optimizer step amortized as an RL update runs it (fp8_model_step.py
+#     --accumulate 8: 8 micro-batches of 8k / 16k tokens per AdamW step) beside the per-micro-batch step of sessions
+#     9-10 (--accumulate 1), BF16 vs Jet-RL's recipe vs X^T tiles, both on DeepGEMM, Qwen2.5-7B width.
 set -u
 : "${OUT:?}"
 PHASE=${1:?phase}
@@ -41,6 +45,24 @@ b)
     timeout -k 5 "${HOST_S:-60}" "$PY" benchmarks/train_linear_host.py --out "$OUT/host" > "$OUT/host/run.log" 2>&1
     echo "== host time rc=$? at $((SECONDS - T0)) s"; grep -E "^\| " "$OUT/host/run.log"; grep -A 22 "tottime" "$OUT/host/run.log" | head -n 24
     rollout_table "${ROLL_S:-300}" 7b,14b 1,8 roll
+    ;;
+c)
+    [ -d .dg/DeepGEMM ] || tar xJf .dev/dg.tar.xz
+    KEEP_PHASE=$PHASE KEEP_T0=$T0  # gpu_session7.sh's library sets PHASE and T0 for itself
+    source benchmarks/gpu_session7.sh lib > /dev/null
+    setup_deepgemm > /dev/null 2>&1
+    PHASE=$KEEP_PHASE T0=$KEEP_T0
+    echo "== DeepGEMM ready at $((SECONDS - T0)) s: $(ls /tmp/dg/deep_gemm/_C*.so 2>&1 | head -1)"
+    mkdir -p "$OUT/model"
+    for acc in 8 1; do
+        for t in 8192 16384; do
+            tag=acc$acc-Qwen2.5-7B-$t
+            timeout -k 5 "${MODEL_S:-110}" "$PY" benchmarks/fp8_model_step.py --shape Qwen2.5-7B --layers 4 --tokens $t \
+                --loss rl --arms bf16,jetrl+deepgemm,jetrl-xtiles+deepgemm --accumulate $acc --iters $((acc > 1 ? 3 : 6)) \
+                --budget-s $(( ${MODEL_S:-110} - 20 )) --out "$OUT/model/$tag" > "$OUT/model/$tag.log" 2>&1
+            echo "== model step $tag rc=$? at $((SECONDS - T0)) s"; sed -n '/^# actor update/,$p' "$OUT/model/$tag.log"
+        done
+    done
     ;;
 *)
     echo "unknown phase $PHASE"; exit 2
