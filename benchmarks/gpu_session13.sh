@@ -20,6 +20,10 @@
 #     Issue 15: Jet-RL's actor update with the optimizer step amortized as an RL update runs it (fp8_model_step.py
 #     --accumulate 8: 8 micro-batches of 8k / 16k tokens per AdamW step) beside the per-micro-batch step of sessions
 #     9-10 (--accumulate 1), BF16 vs Jet-RL's recipe vs X^T tiles, both on DeepGEMM, Qwen2.5-7B width.
+#   phase d: bash benchmarks/gpu_session13.sh d   (one GPU; ~7 min)
+#     Issue 17's 7B GRPO step: the LoRA update micro-batch (BF16, NVFP4, NVFP4 with every decoded weight kept), then
+#     the GRPO step with the defaults and NVFP4 with QUARL_KERNELS_DENSE_KEEP=196 (a 7B model's 196 projections:
+#     each decoded once per update instead of 385 times per micro-batch, at its BF16 weights' memory).
 set -u
 : "${OUT:?}"
 PHASE=${1:?phase}
@@ -63,6 +67,14 @@ c)
             echo "== model step $tag rc=$? at $((SECONDS - T0)) s"; sed -n '/^# actor update/,$p' "$OUT/model/$tag.log"
         done
     done
+    ;;
+d)
+    mkdir -p "$OUT/update"
+    timeout -k 5 "${UPDATE_S:-100}" "$PY" benchmarks/lora_update_step.py --arms bf16,nvfp4,nvfp4:keepall \
+        --out "$OUT/update" > "$OUT/update/run.log" 2>&1
+    echo "== update micro-batch rc=$? at $((SECONDS - T0)) s"; grep -E "^\| " "$OUT/update/run.log"
+    grpo "${GRPO_S:-200}" grpo
+    QUARL_KERNELS_DENSE_KEEP=196 grpo "${GRPO_S2:-130}" grpo_keep196 --formats nvfp4
     ;;
 *)
     echo "unknown phase $PHASE"; exit 2

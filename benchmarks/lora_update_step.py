@@ -13,7 +13,9 @@ rank ``--lora-r``, alpha 2r, fp32 adapters on all seven projections).
 
 Arms (each on a fresh model from the same seed): ``bf16`` and ``nvfp4`` (``policy.format``), and ``nvfp4:nokeep``
 (``QUARL_KERNELS_DENSE_KEEP=0``: the backward decodes the NVFP4 weight again instead of reusing the one the
-checkpointed recompute made, ``quarl_kernels.recent_weights``). ``--profile`` adds one profiled step per arm: GPU ms
+checkpointed recompute made, ``quarl_kernels.recent_weights``) and ``nvfp4:keepall`` (every decoded BF16 weight
+kept: since nothing releases them between the timed steps, no step decodes at all -- the bound on what keeping the
+BF16 weights through an update can save, at the BF16 weights' memory). ``--profile`` adds one profiled step per arm: GPU ms
 by kernel class (the 4-bit decode to BF16 counted apart) and the top kernels.
 
 Reading it: the arms share everything but the base projections, so (arm - bf16) / layers is what the 4-bit base
@@ -37,7 +39,8 @@ sys.path[:0] = [str(ROOT), str(ROOT / "kernels"), str(ROOT / "benchmarks")]
 
 import fp8_model_step as fms  # the model builder, the rl loss step, the profiler's kernel classes
 
-MODIFIERS = {"nokeep": ("QUARL_KERNELS_DENSE_KEEP", "0")}
+MODIFIERS = {"nokeep": ("QUARL_KERNELS_DENSE_KEEP", "0"),  # decode again in the backward
+             "keepall": ("QUARL_KERNELS_DENSE_KEEP", "100000")}  # every decoded weight kept: decoded once, ever
 CLASSES = [("4-bit decode", ("_dequant_kernel",)), *fms.KERNEL_CLASSES]
 
 
