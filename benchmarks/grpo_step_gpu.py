@@ -409,6 +409,7 @@ def run_format(fmt: str, args, work: Path) -> dict:
             "optim.optimizer=adamw8bit", "optim.warmup_ratio=0",
             f"train.steps={args.steps}", f"train.prompts_per_step={args.prompts}", f"train.device={args.device}",
             "train.checkpoint_every=0", "train.sample_every=0", "train.resume=false",
+            *args.set,
         ]  # fmt: skip
         cfg = load_config(RLConfig, None, overrides)
         tok = IdTokenizer(cfg_model.vocab_size, args.prompt_len)
@@ -462,6 +463,7 @@ def table(results: list[dict], args) -> str:
         f"{args.prompt_len} tokens, {args.new_tokens} new tokens, mu={args.mu}, micro-batch {args.micro_batch}, "
         f"LoRA r{args.lora_r}, grad ckpt on. GiB = 2^30 B; step 0 includes Triton compilation and CUDA-graph "
         f"capture" + (" (the only step here: time is not the point of this run)" if args.steps == 1 else "")
+        + (f"; overrides: {' '.join(args.set)}" if args.set else "")
     )
     lines = [head, "",
              "| format | step | rollout s | log-prob s | update s | step s | peak alloc GiB rollout / log-prob / update |",
@@ -522,6 +524,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--out", default="runs/bench/grpo_step_gpu", help="grpo_step_gpu.json and .md go here")
     ap.add_argument("--work", default=None, help="trainer work dirs (metrics.jsonl, TensorBoard); default OUT/work")
+    ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                    help="an RL config override applied after the benchmark's own (e.g. rollout.free_cache=false)")
     ap.set_defaults(**{**DEFAULTS, **PRESETS.get(known.preset, {})})
     return ap.parse_args(argv)
 

@@ -219,7 +219,8 @@ class RLTrainer:
         self.generators = {"rollout": self.rollout_gen, "noise": self.noise_gen}
         from quarl.engine import make_generator  # lazy: only building a rollout engine needs it
 
-        # keep_cache=False: the fast engine frees its KV cache after each rollout, the backward pass needs it
+        # rollout.free_cache (default): the fast engine frees its KV cache and graphs after each rollout, for the
+        # update's memory; false keeps both, so the next rollout neither re-allocates nor re-captures
         engine, rollout_model = cfg.rollout.engine, self.model
         if host_copy is not None:  # FSDP: the fast engine on an unsharded replica (quarl.engine.replica)
             ok, why = fits(host_copy, self.device)
@@ -237,7 +238,8 @@ class RLTrainer:
             engine = "reference"
         self.generator = generator or make_generator(rollout_model, tokenizer.pad_token_id, engine=engine,
                                                      cache=cfg.rollout.cache,
-                                                     batch_size=cfg.rollout.batch_size or None, keep_cache=False)
+                                                     batch_size=cfg.rollout.batch_size or None,
+                                                     keep_cache=not cfg.rollout.free_cache)
         self.sampling = SamplingParams(cfg.rollout.temperature, cfg.rollout.top_p, cfg.rollout.max_new_tokens,
                                        stop_token_ids(self.model, tokenizer))
         self.reward_fn = reward_fn or RewardFn(cfg.reward)

@@ -204,3 +204,21 @@ def test_kept_dense_weights_are_given_back_after_each_update(tmp_path, monkeypat
     monkeypatch.setattr(dispatch, "release_transients", lambda: calls.append(1))
     summary = _trainer(tiny_cfg(), tmp_path).train()
     assert summary["end_step"] == 3 and len(calls) == 3
+
+
+def test_free_cache_false_keeps_the_fast_engine_cache_and_changes_nothing_else(tmp_path):
+    """rollout.free_cache (verl's free_cache_engine): by default the fast engine frees its KV cache after each
+    rollout (the update gets the memory); false keeps it (and on CUDA its graphs) for the next rollout. The run is
+    the same either way: equal metrics and adapter weights."""
+    runs = {}
+    for free in ("true", "false"):
+        tr = _trainer(tiny_cfg("rollout.engine=fast", f"rollout.free_cache={free}", "train.steps=2"),
+                      tmp_path / free)
+        tr.train()
+        runs[free] = tr
+    assert runs["true"].generator._state is None and not runs["true"].generator.keep_cache
+    assert runs["false"].generator._state is not None and runs["false"].generator.keep_cache
+    a, b = (read_metrics(tmp_path / f / "metrics.jsonl") for f in ("true", "false"))
+    assert _stable(a) == _stable(b) and len(a) == 2
+    lora = {n: p for n, p in runs["true"].model.named_parameters() if p.requires_grad}
+    assert all(torch.equal(p, dict(runs["false"].model.named_parameters())[n]) for n, p in lora.items())
