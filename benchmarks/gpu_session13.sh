@@ -24,6 +24,9 @@
 #     Issue 17's 7B GRPO step: the LoRA update micro-batch (BF16, NVFP4, NVFP4 with every decoded weight kept), then
 #     the GRPO step with the defaults and NVFP4 with QUARL_KERNELS_DENSE_KEEP=196 (a 7B model's 196 projections:
 #     each decoded once per update instead of 385 times per micro-batch, at its BF16 weights' memory).
+#   phase e: bash benchmarks/gpu_session13.sh e   (one GPU; ~5 min)
+#     The 7B GRPO step with rollout.free_cache=false (the engine keeps its KV cache and CUDA graphs across rollouts:
+#     phase d's steady rollouts still captured 2 graphs each), then with the defaults, on one machine.
 set -u
 : "${OUT:?}"
 PHASE=${1:?phase}
@@ -76,6 +79,10 @@ d)
     grpo "${GRPO_S:-200}" grpo
     QUARL_KERNELS_DENSE_KEEP=196 grpo "${GRPO_S2:-130}" grpo_keep196 --formats nvfp4
     ;;
+e)
+    grpo "${GRPO_S:-200}" grpo_keepcache --set rollout.free_cache=false
+    grpo "${GRPO_S:-200}" grpo
+    ;;
 *)
     echo "unknown phase $PHASE"; exit 2
     ;;
@@ -90,3 +97,11 @@ phase_end
 #      9.7, 18.8 / 16.4; 14B b1 7.9 / 8.1, b8 22.8 / 22.0; L 2304 12.7 / 11.4, 34.5 / 34.4. Step ms (batch 1 / 8):
 #      7B 3.234 / 4.341 fused, 3.242 / 4.352 :attnkernel, 3.197 / 4.358 :rope; 14B 5.885 / 7.986, 5.911 / 7.922,
 #      5.839 / 7.969. Kept: the merge's new loads and the RoPE pass at one row; dropped: the fused merge.
+#   b  phase b at c41b8e9 (the merge kernel with the new loads; the RoPE pass on): 302 s. GPU tests 41 passed. Host
+#      time per training call 187.5 (BF16) / 445.7 us (NVFP4). Rollout BF16+LoRA / NVFP4+LoRA: 7B 8.44 / 3.21 =
+#      2.63x (b1), 8.86 / 4.32 = 2.05x (b8); 14B 15.07 / 5.87 = 2.57x, 16.15 / 7.93 = 2.04x.
+#   c  phase c at 4fe5fa5, carry .dev/dg.tar.xz: 247 s. 28-layer estimate x (Jet-RL recipe / X^T tiles, DeepGEMM):
+#      accumulate 8: 1.20 / 1.26 (8k), 1.20 / 1.27 (16k); accumulate 1: 1.20 / 1.27, 1.20 / 1.26.
+#   d  phase d at 6c7026d: 174 s. Update micro-batch (4 layers) 108.2 / 111.2 / 109.1 ms (BF16 / NVFP4 / keep all).
+#      GRPO step (steady) BF16 18.24 s (5.94 / 1.62 / 10.68), NVFP4 18.60 (5.98 / 1.68 / 10.95) = 1.020x; NVFP4 with
+#      QUARL_KERNELS_DENSE_KEEP=196 18.41 (5.99 / 1.69 / 10.73; update peak 22.8 GiB vs 11.2) = 1.009x.
