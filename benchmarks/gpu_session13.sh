@@ -27,6 +27,11 @@
 #   phase e: bash benchmarks/gpu_session13.sh e   (one GPU; ~5 min)
 #     The 7B GRPO step with rollout.free_cache=false (the engine keeps its KV cache and CUDA graphs across rollouts:
 #     phase d's steady rollouts still captured 2 graphs each), then with the defaults, on one machine.
+#   phase f: bash benchmarks/gpu_session13.sh f   (one GPU; ~5 min)
+#     1. the one-row GEMV at the 7B shapes beside a pure streaming read of the same bytes timed the same way
+#        (bench_gemv.py --read-ceiling: the % of the copy rate a kernel of that size reaches at all);
+#     2. the 7B GRPO step with rollout.free_cache=false, NVFP4 also with QUARL_KERNELS_DENSE_KEEP=196 (both memory-
+#        for-time settings), and again with rollout.free_cache=false alone (phase e's repeat).
 set -u
 : "${OUT:?}"
 PHASE=${1:?phase}
@@ -83,6 +88,14 @@ e)
     grpo "${GRPO_S:-200}" grpo_keepcache --set rollout.free_cache=false
     grpo "${GRPO_S:-200}" grpo
     ;;
+f)
+    mkdir -p "$OUT/gemv"
+    timeout -k 5 "${GEMV_S:-90}" "$PY" benchmarks/kernels/bench_gemv.py --formats nvfp4 --ms 1 --read-ceiling \
+        --out "$OUT/gemv" > "$OUT/gemv/run.log" 2>&1
+    echo "== GEMV + read ceiling rc=$? at $((SECONDS - T0)) s"; grep -E "^\| nvfp4|HBM copy" "$OUT/gemv/run.log"
+    QUARL_KERNELS_DENSE_KEEP=196 grpo "${GRPO_S:-200}" grpo_keepcache_keep196 --set rollout.free_cache=false
+    grpo "${GRPO_S:-200}" grpo_keepcache --set rollout.free_cache=false
+    ;;
 *)
     echo "unknown phase $PHASE"; exit 2
     ;;
@@ -105,3 +118,6 @@ phase_end
 #   d  phase d at 6c7026d: 174 s. Update micro-batch (4 layers) 108.2 / 111.2 / 109.1 ms (BF16 / NVFP4 / keep all).
 #      GRPO step (steady) BF16 18.24 s (5.94 / 1.62 / 10.68), NVFP4 18.60 (5.98 / 1.68 / 10.95) = 1.020x; NVFP4 with
 #      QUARL_KERNELS_DENSE_KEEP=196 18.41 (5.99 / 1.69 / 10.73; update peak 22.8 GiB vs 11.2) = 1.009x.
+#   e  phase e at 18e7982: 189 s. GRPO step (steady) with rollout.free_cache=false: BF16 17.65 s (5.54 / 1.60 / 10.50),
+#      NVFP4 17.77 (5.21 / 1.66 / 10.90) = 1.007x; defaults: BF16 17.93 (5.79 / 1.60 / 10.53), NVFP4 18.17 (5.70 / 1.66
+#      / 10.81) = 1.013x.

@@ -20,7 +20,9 @@ Method (docs/kernels.md):
   * every timed output is first checked against a float64 product of the same
     activations and the reference dequantized weight (rel. Frobenius error).
 
-GB/s counts the fewest bytes: packed weight + scales + x + y, each once.
+GB/s counts the fewest bytes: packed weight + scales + x + y, each once. ``--read-ceiling`` also times a pure
+streaming read of that many bytes the same way (rotating copies, one graph): the % of the copy rate that a kernel
+of this size can reach at all -- launch, ramp-up and tail included.
 Writes ``gemv.json`` to ``--out`` and prints a compact table last.
 """
 
@@ -56,6 +58,7 @@ def explore_configs() -> list:
 
 
 EXPLORE = os.environ.get("QUARL_BENCH_GEMV_EXPLORE") == "1"  # --explore (the spawned compile workers inherit it)
+READ_CEILING = False  # --read-ceiling
 
 
 def _candidates(m: int) -> list:
@@ -106,6 +109,37 @@ def hbm_copy_GBps() -> float:
     return 2 * src.numel() * 2 / (t * 1e-3) / 1e9
 
 
+def _read_kernel():
+    """A pure streaming read: each program loads ``BLOCK`` int32 words (16-byte loads) and stores their xor, so
+    the loads stay. The same bytes, timed the same way as a GEMV, are the ceiling the GEMV's "% HBM" can reach at
+    this size (launch, ramp-up and tail included), which a 2 GiB copy does not show."""
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def read_words(src, out, n, BLOCK: tl.constexpr):
+        offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+        v = tl.load(src + offs, mask=offs < n, other=0)
+        tl.store(out + tl.program_id(0), tl.xor_sum(v, 0))
+
+    return read_words
+
+
+def read_ceiling_us(nbytes: int, l2: int, block: int = 4096) -> float:
+    """Time per read of ``nbytes`` (rounded up to whole words) from HBM, rotating copies as the GEMV timing does."""
+    import triton
+
+    kern = _read_kernel()
+    n = -(-nbytes // 4)
+    bufs = [torch.randint(-(1 << 31), 1 << 31, (n,), dtype=torch.int32, device="cuda")
+            for _ in range(_copies(nbytes, l2))]
+    grid = (triton.cdiv(n, block),)
+    out = torch.empty(grid[0], dtype=torch.int32, device="cuda")
+    fns = [lambda b=b: kern[grid](b, out, n, BLOCK=block, num_warps=8) for b in bufs]
+    fns[0]()
+    return graph_us(fns)
+
+
 def graph_us(fns: list) -> float:
     """Median time per call of ``fns`` (one call per rotating input), as one CUDA graph."""
     import triton
@@ -154,6 +188,7 @@ def bench_shape(spec: str, n: int, k: int, ms: list[int], l2: int, bf16_cache: d
         tc_err = _rel(wo_gemm.launch_fwd(x, pw0, tc_cfg), ref)
         tc_us = graph_us([lambda p=p, x=x, c=tc_cfg: wo_gemm.launch_fwd(x, p, c) for p in pws])
         best = min(res, key=lambda r: r["us"])
+        read_us = read_ceiling_us(nbytes, l2) if READ_CEILING else None
         dflt = str(gemv.default_gemv_config(pw0.fmt, m, n, k))
         default = next((r for r in res if r["config"] == dflt), None)
         rows.append({
@@ -162,11 +197,14 @@ def bench_shape(spec: str, n: int, k: int, ms: list[int], l2: int, bf16_cache: d
             "tc_config": str(tc_cfg), "tc_us": tc_us, "tc_err": tc_err, "tc_GBps": nbytes / tc_us / 1e3,
             "bf16_us": t_bf16, "speedup_bf16": t_bf16 / best["us"], "speedup_tc": tc_us / best["us"],
             "max_err": max(r["err"] for r in res),
+            "read_us": read_us, "read_GBps": None if read_us is None else nbytes / read_us / 1e3,
         })
         r = rows[-1]
         print(f"{spec:10s} {n:5d}x{k:5d} M={m:2d}  gemv {r['us']:7.2f} us {r['GBps']:6.0f} GB/s  "
               f"tc {tc_us:7.2f}  bf16 {t_bf16:7.2f}  x{r['speedup_bf16']:.2f} bf16  x{r['speedup_tc']:.2f} tc  "
-              f"best {best['config']}  err {r['max_err']:.1e}/{tc_err:.1e}", flush=True)
+              f"best {best['config']}  err {r['max_err']:.1e}/{tc_err:.1e}"
+              + (f"  read {read_us:.2f} us ({r['us'] and read_us / r['us']:.2f} of the GEMV's rate)" if read_us else ""),
+              flush=True)
     del pws
     torch.cuda.empty_cache()
     return rows
@@ -178,14 +216,16 @@ def table(info: dict, rows: list[dict]) -> str:
         (f"GPU {info['gpu']} ({info['sms']} SMs, L2 {info['l2_bytes'] >> 20} MiB), torch {info['torch']}, "
          f"Triton {info['triton']}, {info['date']}; HBM copy {hbm:.0f} GB/s"),
         "",
-        "| format | N x K | M | GEMV us | GB/s | % HBM | vs cuBLAS BF16 | vs TC path | cuBLAS us | TC us | best config |",
-        "|---|---|---|---|---|---|---|---|---|---|---|",
+        ("| format | N x K | M | GEMV us | GB/s | % HBM | vs cuBLAS BF16 | vs TC path | cuBLAS us | TC us | best config "
+        "| read-only us (% HBM) |"),
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
+        read = f"{r['read_us']:.2f} ({100 * r['read_GBps'] / hbm:.0f}%)" if r.get("read_us") else "-"
         lines.append(
             f"| {r['format']} | {r['N']}x{r['K']} | {r['M']} | {r['us']:.2f} | {r['GBps']:.0f} | "
             f"{100 * r['GBps'] / hbm:.0f}% | {r['speedup_bf16']:.2f}x | {r['speedup_tc']:.2f}x | "
-            f"{r['bf16_us']:.2f} | {r['tc_us']:.2f} | {r['best']['config']} |")
+            f"{r['bf16_us']:.2f} | {r['tc_us']:.2f} | {r['best']['config']} | {read} |")
     return "\n".join(lines) + "\n"
 
 
@@ -199,9 +239,11 @@ def main() -> None:
     ap.add_argument("--formats", default=",".join(SPECS), help=f"comma-separated, default {','.join(SPECS)}")
     ap.add_argument("--ms", default=None, help=f"comma-separated token counts, default {','.join(map(str, MS))}")
     ap.add_argument("--explore", action="store_true", help="also time explore_configs() at M = 1")
+    ap.add_argument("--read-ceiling", action="store_true",
+                    help="also time a pure streaming read of each row's bytes, the same way (the reachable % HBM)")
     args = ap.parse_args()
-    global EXPLORE
-    EXPLORE = args.explore
+    global EXPLORE, READ_CEILING
+    EXPLORE, READ_CEILING = args.explore, args.read_ceiling
     os.environ["QUARL_BENCH_GEMV_EXPLORE"] = "1" if args.explore else ""  # the compile workers (spawned) read it
     t0 = time.time()
     shapes, ms = ([(18944, 3584)], [1, 4]) if args.quick else (SHAPES, MS)
