@@ -203,7 +203,7 @@ def bench_shape(spec: str, n: int, k: int, ms: list[int], l2: int, bf16_cache: d
         print(f"{spec:10s} {n:5d}x{k:5d} M={m:2d}  gemv {r['us']:7.2f} us {r['GBps']:6.0f} GB/s  "
               f"tc {tc_us:7.2f}  bf16 {t_bf16:7.2f}  x{r['speedup_bf16']:.2f} bf16  x{r['speedup_tc']:.2f} tc  "
               f"best {best['config']}  err {r['max_err']:.1e}/{tc_err:.1e}"
-              + (f"  read {read_us:.2f} us ({r['us'] and read_us / r['us']:.2f} of the GEMV's rate)" if read_us else ""),
+              + (f"  read {read_us:.2f} us (the GEMV at {read_us / r['us']:.2f} of the read's rate)" if read_us else ""),
               flush=True)
     del pws
     torch.cuda.empty_cache()
