@@ -32,6 +32,10 @@
 #        (bench_gemv.py --read-ceiling: the % of the copy rate a kernel of that size reaches at all);
 #     2. the 7B GRPO step with rollout.free_cache=false, NVFP4 also with QUARL_KERNELS_DENSE_KEEP=196 (both memory-
 #        for-time settings), and again with rollout.free_cache=false alone (phase e's repeat).
+#   phase g: bash benchmarks/gpu_session13.sh g   (one GPU; ~5 min)
+#     keep_cache=False keeps the graphs and reuses them when the freed cache comes back at the same addresses
+#     (FastGenerator._free_cache): the engine GPU tests, then the 7B GRPO step with the defaults (do the steady
+#     rollouts still capture?) and with rollout.free_cache=false.
 set -u
 : "${OUT:?}"
 PHASE=${1:?phase}
@@ -121,3 +125,7 @@ phase_end
 #   e  phase e at 18e7982: 189 s. GRPO step (steady) with rollout.free_cache=false: BF16 17.65 s (5.54 / 1.60 / 10.50),
 #      NVFP4 17.77 (5.21 / 1.66 / 10.90) = 1.007x; defaults: BF16 17.93 (5.79 / 1.60 / 10.53), NVFP4 18.17 (5.70 / 1.66
 #      / 10.81) = 1.013x.
+#   f  phase f at 34ab19c: 196 s. GEMV / pure read (us, % of the copy rate): gate-up 19.87 (64 %) / 16.37 (78 %), down
+#      22.38 (57 %) / 16.38 (78 %), q-o 7.73 (31 %) / 4.67 (52 %), k-v 5.09 (7 %) / 2.34 (15 %). GRPO step with
+#      rollout.free_cache=false: BF16 17.71, NVFP4 17.69 = 0.999x; also DENSE_KEEP=196 on NVFP4: 17.84 / 17.48 = 0.980x
+#      (NVFP4 update peak 25.5 GiB vs BF16's 22.0).
