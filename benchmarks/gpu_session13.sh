@@ -100,6 +100,11 @@ f)
     QUARL_KERNELS_DENSE_KEEP=196 grpo "${GRPO_S:-200}" grpo_keepcache_keep196 --set rollout.free_cache=false
     grpo "${GRPO_S:-200}" grpo_keepcache --set rollout.free_cache=false
     ;;
+g)
+    tests "${TEST_S:-120}" tests/engine/test_engine_gpu.py
+    grpo "${GRPO_S:-200}" grpo
+    grpo "${GRPO_S:-200}" grpo_keepcache --set rollout.free_cache=false
+    ;;
 *)
     echo "unknown phase $PHASE"; exit 2
     ;;
