@@ -32,10 +32,10 @@
 #        (bench_gemv.py --read-ceiling: the % of the copy rate a kernel of that size reaches at all);
 #     2. the 7B GRPO step with rollout.free_cache=false, NVFP4 also with QUARL_KERNELS_DENSE_KEEP=196 (both memory-
 #        for-time settings), and again with rollout.free_cache=false alone (phase e's repeat).
-#   phase g: bash benchmarks/gpu_session13.sh g   (one GPU; ~5 min)
-#     keep_cache=False keeps the graphs and reuses them when the freed cache comes back at the same addresses
-#     (FastGenerator._free_cache): the engine GPU tests, then the 7B GRPO step with the defaults (do the steady
-#     rollouts still capture?) and with rollout.free_cache=false.
+#   phase g: bash benchmarks/gpu_session13.sh g   (one GPU; ~5 min; at commit 976bc48 -- the code it tested was reverted)
+#     keep_cache=False keeping the graphs, reused when the freed cache comes back at the same addresses
+#     (FastGenerator._free_cache at 2ea8c00): the engine GPU tests, then the 7B GRPO step with the defaults (do the
+#     steady rollouts still capture?) and with rollout.free_cache=false.
 set -u
 : "${OUT:?}"
 PHASE=${1:?phase}
@@ -134,3 +134,8 @@ phase_end
 #      22.38 (57 %) / 16.38 (78 %), q-o 7.73 (31 %) / 4.67 (52 %), k-v 5.09 (7 %) / 2.34 (15 %). GRPO step with
 #      rollout.free_cache=false: BF16 17.71, NVFP4 17.69 = 0.999x; also DENSE_KEEP=196 on NVFP4: 17.84 / 17.48 = 0.980x
 #      (NVFP4 update peak 25.5 GiB vs BF16's 22.0).
+#   g  phase g at 976bc48 (the first call, at 2ea8c00, found no g branch: rc 2 in 0.3 s): 265 s. GPU tests 13 passed, 1
+#      failed: the graph-reuse test -- two calls in a row, and the freed cache did not come back at the same addresses
+#      (3 captures); in the GRPO step too the steady rollouts captured 2 graphs each. Reverted. GRPO step (steady):
+#      defaults BF16 18.24 s (5.85 / 1.63 / 10.76), NVFP4 19.03 (6.07 / 1.69 / 11.28) = 1.043x; rollout.free_cache=false
+#      BF16 18.10 (5.57 / 1.64 / 10.89), NVFP4 18.37 (5.26 / 1.76 / 11.35) = 1.015x.

@@ -11,9 +11,7 @@ CUDA graphs and the loop. Design, after gpt-fast:
 * **static KV cache**, preallocated once and reused across calls while it is
   large enough (grown, never shrunk; :meth:`release` frees it, and
   ``keep_cache=False`` frees it after every call -- the RL trainer needs that
-  memory for its backward pass -- but keeps the graphs, which replay again
-  when the next call's cache lands at the same addresses, as it does in a
-  training loop's steady state: see :meth:`FastGenerator._free_cache`);
+  memory for its backward pass);
 * **CUDA graphs** (default on CUDA): the decode step of one ``(batch, kv_len)``
   shape is captured once and replayed, so a step costs one graph launch
   instead of ~15 kernel launches per layer from Python. Batches are padded up
@@ -88,12 +86,6 @@ def _round_up(n: int, m: int) -> int:
     return -(-n // m) * m
 
 
-def _addresses(st: DecodeState) -> tuple:
-    """What a captured graph reads of a cache allocation: each buffer's address and shape."""
-    bufs = [*st.k, *st.v, st.kv_valid, st.cos, st.sin, st.tok, st.pos, st.slot, st.logits]
-    return tuple((t.data_ptr(), tuple(t.shape)) for t in bufs)
-
-
 class FastGenerator:
     """Static-KV-cache, CUDA-graph rollout engine (see the module docstring)."""
 
@@ -126,7 +118,6 @@ class FastGenerator:
             self._decode = torch.compile(self.runner.decode, dynamic=False, backend=compile_backend)
         self._state: DecodeState | None = None
         self._graphs: dict[tuple[int, int], torch.cuda.CUDAGraph] = {}
-        self._graph_addrs: tuple | None = None  # the freed cache's buffers the kept graphs read (keep_cache=False)
         self._pool = None
         self._weights_key: tuple | None = None
         self.graph_error: str | None = None  # why graphs were switched off, if they were
@@ -159,7 +150,7 @@ class FastGenerator:
                 ]
         finally:
             if not self.keep_cache:
-                self._free_cache()
+                self.release()
         out = Rollout.cat(parts) if len(parts) > 1 else parts[0]
         if order != sorted(order):
             inverse = [0] * len(order)
@@ -204,7 +195,7 @@ class FastGenerator:
 
     def release(self) -> None:
         """Free the KV cache and the captured graphs (the next call re-allocates and re-captures)."""
-        self._state, self._graphs, self._pool, self._weights_key, self._graph_addrs = None, {}, None, None, None
+        self._state, self._graphs, self._pool, self._weights_key = None, {}, None, None
 
     @property
     def cache_bytes(self) -> int:
@@ -292,22 +283,9 @@ class FastGenerator:
             return st
         if st is not None:  # grow; graphs captured on the old buffers are void
             B, S = max(B, st.batch), max(S, st.length)
-            self.release()
+        self.release()
         self._state = r.new_state(B, S)
-        if self._graphs and _addresses(self._state) != self._graph_addrs:
-            self._graphs, self._pool = {}, None  # the cache came back elsewhere: re-capture
-        self._graph_addrs = None
         return self._state
-
-    def _free_cache(self) -> None:
-        """``keep_cache=False``, after a call: free the KV cache but keep the graphs and the buffer addresses they
-        read. The next call's cache usually lands on the same blocks -- a training loop makes the same
-        allocations in the same order every step, and PyTorch's caching allocator hands them the same blocks --
-        and then its graphs replay as they are; else :meth:`_ensure_state` drops them and they are re-captured.
-        What stays held is the graphs' private pool (a decode step's intermediates), not the cache."""
-        if self._state is not None and self._graphs:
-            self._graph_addrs = _addresses(self._state)
-        self._state = None
 
     def _fingerprint(self) -> tuple:
         """Addresses of every tensor a captured graph reads, and the kernel switch."""

@@ -70,7 +70,7 @@ class RolloutConfig:
     cache: str = "static"  # static | dynamic (the reference HFGenerator's KV cache)
     batch_size: int = 0  # rows per generate call; 0 = all at once
     cache_dequantized: str = "auto"  # auto (on CPU) | true | false: keep dequantized base weights in memory
-    free_cache: bool = True  # verl's free_cache_engine: free the fast engine's KV cache after each rollout (its CUDA graphs replay again if the next cache lands at the same addresses); false keeps the cache during the update
+    free_cache: bool = True  # verl's free_cache_engine: free the fast engine's KV cache + CUDA graphs after each rollout; false keeps them (no re-capture next step) at their memory during the update
 
 
 @dataclass

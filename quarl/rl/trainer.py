@@ -219,8 +219,8 @@ class RLTrainer:
         self.generators = {"rollout": self.rollout_gen, "noise": self.noise_gen}
         from quarl.engine import make_generator  # lazy: only building a rollout engine needs it
 
-        # rollout.free_cache (default): the fast engine frees its KV cache after each rollout, for the update's
-        # memory (its graphs are reused if the next cache lands at the same addresses); false keeps the cache
+        # rollout.free_cache (default): the fast engine frees its KV cache and graphs after each rollout, for the
+        # update's memory; false keeps both, so the next rollout neither re-allocates nor re-captures
         engine, rollout_model = cfg.rollout.engine, self.model
         if host_copy is not None:  # FSDP: the fast engine on an unsharded replica (quarl.engine.replica)
             ok, why = fits(host_copy, self.device)

@@ -222,31 +222,3 @@ def test_compiled_decode_step_matches_eager():
     compiled = FastGenerator(model, PAD, compile=True, compile_backend="aot_eager").generate(rows, greedy(5), n=1)
     assert torch.equal(compiled.completion_ids, eager.completion_ids)
     torch.testing.assert_close(compiled.logprobs, eager.logprobs, atol=1e-5, rtol=0)
-
-
-def test_keep_cache_false_frees_the_cache_and_keeps_graphs_only_for_the_same_addresses(monkeypatch):
-    """keep_cache=False frees the KV cache after a call but keeps the captured graphs (the RL trainer's steady
-    state: its next rollout's cache lands on the same blocks, and the graphs replay without a re-capture). A cache
-    at other addresses, or of another shape, drops them; release() drops them too. (CPU: no real graphs -- a
-    stand-in entry -- and the allocator's answer is stubbed; the GPU run is the GRPO step's engine_stats.)"""
-    gen = FastGenerator(make_model("llama"), PAD, keep_cache=False)
-    gen.generate(prompts(), greedy(3), n=1)
-    assert gen._state is None  # freed after the call
-    st = gen.runner.new_state(4, 32)
-    fresh = type(gen.runner).new_state
-    gen._state, gen._graphs = st, {(4, 32): "graph"}
-    gen._free_cache()
-    assert gen._state is None and gen._graphs == {(4, 32): "graph"}
-    monkeypatch.setattr(gen.runner, "new_state", lambda B, S: st)  # the same blocks come back
-    assert gen._ensure_state(4, 32) is st and gen._graphs == {(4, 32): "graph"}
-    gen._free_cache()
-    monkeypatch.setattr(gen.runner, "new_state", lambda B, S: fresh(gen.runner, B, S))  # other blocks
-    assert gen._ensure_state(4, 32) is not st and gen._graphs == {}
-    gen._state, gen._graphs = st, {(4, 32): "graph"}
-    gen._free_cache()
-    monkeypatch.setattr(gen.runner, "new_state", lambda B, S: fresh(gen.runner, B, S) if B != 4 else st)
-    gen._ensure_state(8, 32)  # another shape
-    assert gen._graphs == {}
-    gen._state, gen._graphs = st, {(4, 32): "graph"}
-    gen.release()
-    assert gen._state is None and gen._graphs == {} and gen._graph_addrs is None
