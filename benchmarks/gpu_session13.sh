@@ -36,6 +36,9 @@
 #     keep_cache=False keeping the graphs, reused when the freed cache comes back at the same addresses
 #     (FastGenerator._free_cache at 2ea8c00): the engine GPU tests, then the 7B GRPO step with the defaults (do the
 #     steady rollouts still capture?) and with rollout.free_cache=false.
+#   phase h: bash benchmarks/gpu_session13.sh h   (one GPU; ~3 min)
+#     Where a batch-64 decode step goes now (the one rollout target left far off): the 7B profile at batch 64, BF16+LoRA
+#     and NVFP4+LoRA (fp32 adapters, as the trainer keeps them).
 set -u
 : "${OUT:?}"
 PHASE=${1:?phase}
@@ -104,6 +107,9 @@ g)
     tests "${TEST_S:-120}" tests/engine/test_engine_gpu.py
     grpo "${GRPO_S:-200}" grpo
     grpo "${GRPO_S:-200}" grpo_keepcache --set rollout.free_cache=false
+    ;;
+h)
+    profile "${PROFILE_S:-150}" 7b bf16+lora32,nvfp4+lora32 64
     ;;
 *)
     echo "unknown phase $PHASE"; exit 2
