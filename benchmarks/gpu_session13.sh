@@ -145,3 +145,5 @@ phase_end
 #      (3 captures); in the GRPO step too the steady rollouts captured 2 graphs each. Reverted. GRPO step (steady):
 #      defaults BF16 18.24 s (5.85 / 1.63 / 10.76), NVFP4 19.03 (6.07 / 1.69 / 11.28) = 1.043x; rollout.free_cache=false
 #      BF16 18.10 (5.57 / 1.64 / 10.89), NVFP4 18.37 (5.26 / 1.76 / 11.35) = 1.015x.
+#   h  phase h at 44abe72: 72 s. 7B batch-64 step BF16+LoRA 10.967 ms, NVFP4+LoRA 10.299 ms (1.065x); the four GEMM
+#      groups 5.57 vs 6.28 ms, LoRA 1.66 (+0.24 bias) vs 0.59, attention 1.70 vs 1.76.
