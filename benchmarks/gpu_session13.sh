@@ -39,6 +39,9 @@
 #   phase h: bash benchmarks/gpu_session13.sh h   (one GPU; ~3 min)
 #     Where a batch-64 decode step goes now (the one rollout target left far off): the 7B profile at batch 64, BF16+LoRA
 #     and NVFP4+LoRA (fp32 adapters, as the trainer keeps them).
+#   phase i: bash benchmarks/gpu_session13.sh i   (one GPU; ~4 min)
+#     A LoRA group's weights in one mma.sync launch up to 64 rows (QUARL_MMA_GROUP_MAX_M=64, new, off by default):
+#     its GPU test at 40 / 64 rows, and the 7B step at batch 32 / 64 with and without it (:mmagroup64).
 set -u
 : "${OUT:?}"
 PHASE=${1:?phase}
@@ -110,6 +113,10 @@ g)
     ;;
 h)
     profile "${PROFILE_S:-150}" 7b bf16+lora32,nvfp4+lora32 64
+    ;;
+i)
+    tests "${TEST_S:-120}" tests/kernels/test_epilogue_gpu.py -k "group_launch"
+    profile "${PROFILE_S:-200}" 7b nvfp4+lora32,nvfp4+lora32:mmagroup64 32,64
     ;;
 *)
     echo "unknown phase $PHASE"; exit 2

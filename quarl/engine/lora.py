@@ -51,6 +51,8 @@ keeps the RoPE kernel (``quarl_kernels.group_pass``).
 
 from __future__ import annotations
 
+import os
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -67,6 +69,13 @@ ROPE_ENV = "QUARL_ENGINE_GROUP_ROPE"
 ROPE_MAX_M = 1
 A_MAX_M = 16  # rows of a step whose A GEMM rides in the first launch: quarl_kernels.lora_a.MAX_M (a test checks)
 GROUP_MAX_M = 16  # rows of a step whose group runs as one weight launch: quarl_kernels.wo_gemm.GROUP_MAX_M (tested)
+GROUP_MAX_M_ENV = "QUARL_MMA_GROUP_MAX_M"  # == quarl_kernels.wo_gemm.GROUP_MAX_M_ENV (tested)
+
+
+def group_max_m() -> int:
+    """``GROUP_MAX_M``, or ``$QUARL_MMA_GROUP_MAX_M`` (the kernels' ``wo_gemm.group_max_m`` validates it)."""
+    raw = os.environ.get(GROUP_MAX_M_ENV, "").strip()
+    return int(raw) if raw.isdigit() else GROUP_MAX_M
 GROUPS = {"qkv": ("self_attn", ("q_proj", "k_proj", "v_proj")), "o": ("self_attn", ("o_proj",)),
           "gate_up": ("mlp", ("gate_proj", "up_proj")), "down": ("mlp", ("down_proj",))}
 
@@ -191,7 +200,7 @@ class Group:
         """The ``dispatch.GroupFn`` that runs the whole group in one weight launch (q/k/v, gate/up at decode sizes:
         ``GROUP_MAX_M``), or None: one projection, more rows, under ``torch.compile`` (it is no custom op), or no
         such kernel here."""
-        if len(self.mods) < 2 or x.numel() // x.shape[-1] > GROUP_MAX_M or torch.compiler.is_compiling():
+        if len(self.mods) < 2 or x.numel() // x.shape[-1] > group_max_m() or torch.compiler.is_compiling():
             return None
         return self.mods[0].epilogue_group_kernel(x)
 
