@@ -154,3 +154,7 @@ phase_end
 #      BF16 18.10 (5.57 / 1.64 / 10.89), NVFP4 18.37 (5.26 / 1.76 / 11.35) = 1.015x.
 #   h  phase h at 44abe72: 72 s. 7B batch-64 step BF16+LoRA 10.967 ms, NVFP4+LoRA 10.299 ms (1.065x); the four GEMM
 #      groups 5.57 vs 6.28 ms, LoRA 1.66 (+0.24 bias) vs 0.59, attention 1.70 vs 1.76.
+#   i1 phase i at a0bc1cb (raw in s13/i1): 98 s. The group route never engaged past 16 rows: the engine tried the
+#      group only with the A GEMM in the launch (<= 16 rows), and the q/k/v group (16.5M weights) missed the large-
+#      weight rule; GPU tests 8 passed, 2 failed (q/k/v at 40 / 64 rows: no route). Step ms with / without the switch
+#      (the same kernels): batch 32 7.646 / 7.568, batch 64 10.263 / 10.259. Fixed, re-run as i.

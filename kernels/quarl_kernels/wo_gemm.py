@@ -596,9 +596,9 @@ def group_max_m() -> int:
 
 def group_route(x2: torch.Tensor, pws: list) -> str | None:
     """Which one launch serves a LoRA group's weights on ``x2``: "gemv" (one row), "mma" (2..16 rows, or up to
-    :func:`group_max_m`; ``QUARL_MMA_GROUP=0`` turns it off), or None (one launch each). Past 16 rows a group goes
-    to the mma.sync kernel as a whole when its weights together are large, whatever the kernel each would take
-    alone (k / v are small)."""
+    :func:`group_max_m`; ``QUARL_MMA_GROUP=0`` turns it off), or None (one launch each). Past 16 rows (only where
+    ``QUARL_MMA_GROUP_MAX_M`` asks for it) a group goes to the mma.sync kernel as a whole, whatever kernel each
+    weight would take alone (k / v are small)."""
     m = x2.shape[0]
     if not _env_flag(GROUP_ENV, True) or dense.use_dense(m):
         return None
@@ -609,7 +609,7 @@ def group_route(x2: torch.Tensor, pws: list) -> str | None:
         return None
     if m <= GROUP_MAX_M:
         return "mma" if all(md.preferred(m, p.n, p.k) for p in pws) else None
-    return "mma" if md.preferred(m, sum(p.n for p in pws), pws[0].k) else None
+    return "mma"  # past 16 rows only where QUARL_MMA_GROUP_MAX_M asks for it
 
 
 def _without_lora_a(x2: torch.Tensor, epi):

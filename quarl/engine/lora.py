@@ -172,8 +172,12 @@ class Group:
 
     def _run(self, x: torch.Tensor, fused: list, gate_act: bool = False) -> list[torch.Tensor]:
         r = self.r
-        first = self._first_with_a(x) if all(f is not None for f in fused) else None
-        group = self._group_fn(x) if first is not None else None
+        every = all(f is not None for f in fused)
+        first = self._first_with_a(x) if every else None
+        # the group launch carries the A GEMM up to A_MAX_M rows (so not when that is switched off); past them, where
+        # group_max_m() allows, it makes the A partials with F.linear itself
+        rows = x.numel() // x.shape[-1]
+        group = self._group_fn(x) if every and (first is not None or rows > A_MAX_M) else None
         if group is not None:  # the group's weights and its A GEMM in one launch, then each one's last pass
             return group(x, self.mods, self.A, self.B, [m.lora_cfg.scaling for m in self.mods], gate_act=gate_act)
         if first is not None:  # the first launch computes x @ A^T too, as fp32 split partials [S, ..., G*r]
