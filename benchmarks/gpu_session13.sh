@@ -39,8 +39,9 @@
 #   phase h: bash benchmarks/gpu_session13.sh h   (one GPU; ~3 min)
 #     Where a batch-64 decode step goes now (the one rollout target left far off): the 7B profile at batch 64, BF16+LoRA
 #     and NVFP4+LoRA (fp32 adapters, as the trainer keeps them).
-#   phase i: bash benchmarks/gpu_session13.sh i   (one GPU; ~4 min)
-#     A LoRA group's weights in one mma.sync launch up to 64 rows (QUARL_MMA_GROUP_MAX_M=64, new, off by default):
+#   phase i: bash benchmarks/gpu_session13.sh i   (one GPU; ~4 min; at commit 52e40ec -- the switch it measured was
+#     removed after it, so :mmagroup64 is no modifier any more)
+#     A LoRA group's weights in one mma.sync launch up to 64 rows (QUARL_MMA_GROUP_MAX_M=64, off by default):
 #     its GPU test at 40 / 64 rows, and the 7B step at batch 32 / 64 with and without it (:mmagroup64).
 set -u
 : "${OUT:?}"
@@ -158,3 +159,6 @@ phase_end
 #      group only with the A GEMM in the launch (<= 16 rows), and the q/k/v group (16.5M weights) missed the large-
 #      weight rule; GPU tests 8 passed, 2 failed (q/k/v at 40 / 64 rows: no route). Step ms with / without the switch
 #      (the same kernels): batch 32 7.646 / 7.568, batch 64 10.263 / 10.259. Fixed, re-run as i.
+#   i  phase i at 52e40ec: 121 s. GPU tests 10 passed (the group launch at 40 / 64 rows within the bounds of one launch
+#      per weight). 7B step ms without / with the group past 16 rows: batch 32 7.574 / 7.805, batch 64 10.241 / 10.847
+#      (710 vs 766 kernels a step at 64: fewer launches, slower). Removed.

@@ -21,8 +21,7 @@ weights as one mma.sync launch each); ``:nogrouppass`` sets ``QUARL_GROUP_PASS=0
 launch per weight, not one for the group, ``group_pass.finish_group``); ``:rope`` sets ``QUARL_ENGINE_GROUP_ROPE=1``
 (the decode step's RoPE + K/V write in the q/k/v group's pass at one row, not its own kernel: the default since
 session 13) and ``:norope`` ``=0``; ``:h200gemv`` sets
-``QUARL_KERNELS_GEMV_DEFAULTS=h200`` (the one-row GEMV's config 0 everywhere, as before session 12); ``:mmagroup64`` sets
-``QUARL_MMA_GROUP_MAX_M=64`` (a q/k/v or gate/up group's weights in one mma.sync launch up to 64 rows); modifiers combine (``nvfp4+lora32:noepi:sdpa``). With the epilogue on, a projection's ``gemm:*`` row includes its
+``QUARL_KERNELS_GEMV_DEFAULTS=h200`` (the one-row GEMV's config 0 everywhere, as before session 12); modifiers combine (``nvfp4+lora32:noepi:sdpa``). With the epilogue on, a projection's ``gemm:*`` row includes its
 bias and LoRA B (they run in its kernels); ``lora`` is then the A GEMMs alone.
 
 Per (variant, batch) cell, one prefill of ``prompt`` random tokens fills the cache, and
@@ -436,7 +435,6 @@ MODIFIERS = {  # ':name' -> the engine switch (env, value) it sets for the cell:
     "rope": ("QUARL_ENGINE_GROUP_ROPE", "1"),  # the decode RoPE + K/V write in the q/k/v pass (the default since s13)
     "norope": ("QUARL_ENGINE_GROUP_ROPE", "0"),  # ... in a RoPE kernel of its own after the pass (before s13)
     "h200gemv": ("QUARL_KERNELS_GEMV_DEFAULTS", "h200"),  # the one-row GEMV's config 0 everywhere (before session 12)
-    "mmagroup64": ("QUARL_MMA_GROUP_MAX_M", "64"),  # a group's weights in one mma.sync launch up to 64 rows, not 16
 }
 
 

@@ -621,12 +621,11 @@ def launch_mma_decode_group(x2: torch.Tensor, pws: list, cfg: MmaDecodeConfig, e
     return finish_group([(o.out, o.y) for o in ops], split, [e0, *epis[1:]], gate_act, rope)
 
 
-def group_supported(x2: torch.Tensor, pws: list, max_m: int = 16) -> bool:
+def group_supported(x2: torch.Tensor, pws: list) -> bool:
     """True when :func:`launch_mma_decode_group` runs these weights: 2-3 FP4 weights of one K, format and group the
-    kernel takes at this M, at most ``max_m`` rows (16: the token tiles the LoRA A programs serve; past them the
-    launch computes the A partials with ``F.linear`` first, ``_launch``)."""
+    kernel takes at this M, at most 16 rows (the token tiles the LoRA A programs serve)."""
     p0 = pws[0]
-    return (2 <= len(pws) <= 3 and 2 <= x2.shape[0] <= min(max_m, MAX_M) and p0.fmt != FMT_INT4
+    return (2 <= len(pws) <= 3 and 2 <= x2.shape[0] <= 16 and p0.fmt != FMT_INT4
             and all(p.k == p0.k and p.fmt == p0.fmt and p.group == p0.group for p in pws)
             and all(mma_decode_supported(x2, p) for p in pws))
 

@@ -579,37 +579,20 @@ def wo_matmul_group(x2: torch.Tensor, pws: list, epis: list, *, gate_act: bool =
 GROUP_ENV = "QUARL_GEMV_GROUP"  # 0: a LoRA group's projections as one launch each, not one launch for the group
 MMA_GROUP_ENV = "QUARL_MMA_GROUP"  # 0: no group launch at 2..16 rows (mma.sync; 7B batch 8: 4.77 vs 4.97 ms a step)
 GROUP_MAX_M = 16  # rows up to which a group's weights share a launch: the GEMV at 1, the mma.sync kernel at 2..16
-GROUP_MAX_M_ENV = "QUARL_MMA_GROUP_MAX_M"  # 17..64: the mma.sync group launch up to that many rows too (measuring)
-
-
-def group_max_m() -> int:
-    """Rows up to which a LoRA group's weights share one launch: ``GROUP_MAX_M``, or ``$QUARL_MMA_GROUP_MAX_M``
-    (16..64; the engine's ``quarl.engine.lora.group_max_m`` reads the same variable)."""
-    raw = os.environ.get(GROUP_MAX_M_ENV, "").strip()
-    if not raw:
-        return GROUP_MAX_M
-    if not raw.isdigit() or not GROUP_MAX_M <= int(raw) <= 64:
-        raise ValueError(f"{GROUP_MAX_M_ENV}={raw!r}: set a row count from {GROUP_MAX_M} to 64 (the mma.sync kernel's "
-                         f"largest token tile), or unset it")
-    return int(raw)
 
 
 def group_route(x2: torch.Tensor, pws: list) -> str | None:
-    """Which one launch serves a LoRA group's weights on ``x2``: "gemv" (one row), "mma" (2..16 rows, or up to
-    :func:`group_max_m`; ``QUARL_MMA_GROUP=0`` turns it off), or None (one launch each). Past 16 rows (only where
-    ``QUARL_MMA_GROUP_MAX_M`` asks for it) a group goes to the mma.sync kernel as a whole, whatever kernel each
-    weight would take alone (k / v are small)."""
+    """Which one launch serves a LoRA group's weights on ``x2``: "gemv" (one row), "mma" (2..16 rows;
+    ``QUARL_MMA_GROUP=0`` turns it off), or None (one launch each)."""
     m = x2.shape[0]
     if not _env_flag(GROUP_ENV, True) or dense.use_dense(m):
         return None
     if gemv.group_supported(x2, pws):
         return "gemv"
-    md = _mma_decode() if MMA_DECODE_MIN_M <= m <= group_max_m() and _env_flag(MMA_GROUP_ENV, True) else None
-    if md is None or not md.group_supported(x2, pws, max_m=group_max_m()):
-        return None
-    if m <= GROUP_MAX_M:
-        return "mma" if all(md.preferred(m, p.n, p.k) for p in pws) else None
-    return "mma"  # past 16 rows only where QUARL_MMA_GROUP_MAX_M asks for it
+    md = _mma_decode() if MMA_DECODE_MIN_M <= m and _env_flag(MMA_GROUP_ENV, True) else None
+    if md is not None and md.group_supported(x2, pws) and all(md.preferred(m, p.n, p.k) for p in pws):
+        return "mma"
+    return None
 
 
 def _without_lora_a(x2: torch.Tensor, epi):
@@ -640,7 +623,6 @@ __all__ = [
     "FMT_INT4",
     "FMT_NVFP4",
     "FP4_ACC_FACTOR",
-    "GROUP_MAX_M_ENV",
     "PREFILL_CONFIGS",
     "Config",
     "PackedWeight",

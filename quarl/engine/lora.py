@@ -51,8 +51,6 @@ keeps the RoPE kernel (``quarl_kernels.group_pass``).
 
 from __future__ import annotations
 
-import os
-
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -69,13 +67,6 @@ ROPE_ENV = "QUARL_ENGINE_GROUP_ROPE"
 ROPE_MAX_M = 1
 A_MAX_M = 16  # rows of a step whose A GEMM rides in the first launch: quarl_kernels.lora_a.MAX_M (a test checks)
 GROUP_MAX_M = 16  # rows of a step whose group runs as one weight launch: quarl_kernels.wo_gemm.GROUP_MAX_M (tested)
-GROUP_MAX_M_ENV = "QUARL_MMA_GROUP_MAX_M"  # == quarl_kernels.wo_gemm.GROUP_MAX_M_ENV (tested)
-
-
-def group_max_m() -> int:
-    """``GROUP_MAX_M``, or ``$QUARL_MMA_GROUP_MAX_M`` (the kernels' ``wo_gemm.group_max_m`` validates it)."""
-    raw = os.environ.get(GROUP_MAX_M_ENV, "").strip()
-    return int(raw) if raw.isdigit() else GROUP_MAX_M
 GROUPS = {"qkv": ("self_attn", ("q_proj", "k_proj", "v_proj")), "o": ("self_attn", ("o_proj",)),
           "gate_up": ("mlp", ("gate_proj", "up_proj")), "down": ("mlp", ("down_proj",))}
 
@@ -172,12 +163,8 @@ class Group:
 
     def _run(self, x: torch.Tensor, fused: list, gate_act: bool = False) -> list[torch.Tensor]:
         r = self.r
-        every = all(f is not None for f in fused)
-        first = self._first_with_a(x) if every else None
-        # the group launch carries the A GEMM up to A_MAX_M rows (so not when that is switched off); past them, where
-        # group_max_m() allows, it makes the A partials with F.linear itself
-        rows = x.numel() // x.shape[-1]
-        group = self._group_fn(x) if every and (first is not None or rows > A_MAX_M) else None
+        first = self._first_with_a(x) if all(f is not None for f in fused) else None
+        group = self._group_fn(x) if first is not None else None
         if group is not None:  # the group's weights and its A GEMM in one launch, then each one's last pass
             return group(x, self.mods, self.A, self.B, [m.lora_cfg.scaling for m in self.mods], gate_act=gate_act)
         if first is not None:  # the first launch computes x @ A^T too, as fp32 split partials [S, ..., G*r]
@@ -204,7 +191,7 @@ class Group:
         """The ``dispatch.GroupFn`` that runs the whole group in one weight launch (q/k/v, gate/up at decode sizes:
         ``GROUP_MAX_M``), or None: one projection, more rows, under ``torch.compile`` (it is no custom op), or no
         such kernel here."""
-        if len(self.mods) < 2 or x.numel() // x.shape[-1] > group_max_m() or torch.compiler.is_compiling():
+        if len(self.mods) < 2 or x.numel() // x.shape[-1] > GROUP_MAX_M or torch.compiler.is_compiling():
             return None
         return self.mods[0].epilogue_group_kernel(x)
 

@@ -99,20 +99,6 @@ def test_engine_and_kernels_agree_on_the_group_rows():
 
     # the GEMV's one row, then the mma.sync kernel's token tiles of 8 and 16 (its group launch: 2..16 rows)
     assert gemv.GEMV_GROUP_MAX_M == 1 < wo_gemm.MMA_DECODE_MIN_M and lp.GROUP_MAX_M == wo_gemm.GROUP_MAX_M == 16
-    # ... and read the same switch for more rows (QUARL_MMA_GROUP_MAX_M), which the kernels validate
-    import os
-    from unittest import mock
-
-    assert lp.GROUP_MAX_M_ENV == wo_gemm.GROUP_MAX_M_ENV
-    with mock.patch.dict(os.environ, {wo_gemm.GROUP_MAX_M_ENV: "64"}):
-        assert lp.group_max_m() == wo_gemm.group_max_m() == 64
-    for bad in ("8", "65", "lots"):
-        with mock.patch.dict(os.environ, {wo_gemm.GROUP_MAX_M_ENV: bad}):
-            try:
-                wo_gemm.group_max_m()
-                raise AssertionError(f"{bad} accepted")
-            except ValueError as e:
-                assert "QUARL_MMA_GROUP_MAX_M" in str(e)
 
 
 @needs_triton
