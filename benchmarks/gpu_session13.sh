@@ -43,6 +43,9 @@
 #     removed after it, so :mmagroup64 is no modifier any more)
 #     A LoRA group's weights in one mma.sync launch up to 64 rows (QUARL_MMA_GROUP_MAX_M=64, off by default):
 #     its GPU test at 40 / 64 rows, and the 7B step at batch 32 / 64 with and without it (:mmagroup64).
+#   phase j: bash benchmarks/gpu_session13.sh j   (one GPU; ~3 min)
+#     What a rollout pays for a freed cache (benchmarks/recapture_cost.py: 7B, 64 x (256 + 512), BF16+LoRA and
+#     NVFP4+LoRA, keep_cache False / True, the engine's warm-up and capture seconds), and the engine GPU tests.
 set -u
 : "${OUT:?}"
 PHASE=${1:?phase}
@@ -114,6 +117,12 @@ g)
     ;;
 h)
     profile "${PROFILE_S:-150}" 7b bf16+lora32,nvfp4+lora32 64
+    ;;
+j)
+    tests "${TEST_S:-100}" tests/engine/test_engine_gpu.py
+    mkdir -p "$OUT/recapture"
+    timeout -k 5 "${RECAP_S:-200}" "$PY" benchmarks/recapture_cost.py --out "$OUT/recapture" > "$OUT/recapture/run.log" 2>&1
+    echo "== recapture rc=$? at $((SECONDS - T0)) s"; grep -E "^\| " "$OUT/recapture/run.log"
     ;;
 i)
     tests "${TEST_S:-120}" tests/kernels/test_epilogue_gpu.py -k "group_launch"

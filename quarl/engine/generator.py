@@ -315,14 +315,19 @@ class FastGenerator:
         """Run the step eagerly (warm-up, on a side stream: cuBLAS handles, Triton compiles, lazy
         caches), then capture it. The warm-up already produced this step's outputs and the step is
         idempotent, so nothing is replayed here; on failure graphs are switched off for good."""
-        side = torch.cuda.Stream(device=self.runner.device)
+        dev = self.runner.device
+        torch.cuda.synchronize(dev)
+        t0 = time.perf_counter()
+        side = torch.cuda.Stream(device=dev)
         side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side):
             for _ in range(2):
                 self._decode(st, B, L)
         torch.cuda.current_stream().wait_stream(side)
+        torch.cuda.synchronize(dev)
+        t1 = time.perf_counter()
         g = torch.cuda.CUDAGraph()
-        stream = torch.cuda.current_stream(self.runner.device)
+        stream = torch.cuda.current_stream(dev)
         try:
             with torch.cuda.graph(g, pool=self._pool):
                 self._decode(st, B, L)
@@ -342,7 +347,13 @@ class FastGenerator:
             return
         self._pool = g.pool()
         self._graphs[(B, L)] = g
-        self.last_stats["graph_captures"] = self.last_stats.get("graph_captures", 0) + 1
+        torch.cuda.synchronize(dev)
+        st_ = self.last_stats
+        st_["graph_captures"] = st_.get("graph_captures", 0) + 1
+        # where a capture's time goes (the RL trainer re-captures after each freed cache): the two eager warm-up
+        # steps, then recording + instantiation
+        st_["warmup_s"] = st_.get("warmup_s", 0.0) + (t1 - t0)
+        st_["capture_s"] = st_.get("capture_s", 0.0) + (time.perf_counter() - t1)
 
 
 __all__ = ["FastGenerator"]
