@@ -46,6 +46,9 @@
 #   phase j: bash benchmarks/gpu_session13.sh j   (one GPU; ~3 min)
 #     What a rollout pays for a freed cache (benchmarks/recapture_cost.py: 7B, 64 x (256 + 512), BF16+LoRA and
 #     NVFP4+LoRA, keep_cache False / True, the engine's warm-up and capture seconds), and the engine GPU tests.
+#   phase k: bash benchmarks/gpu_session13.sh k   (one GPU; ~6 min)
+#     A re-capture (after a freed cache) skips the eager warm-up for shapes captured before: the engine GPU tests,
+#     recapture_cost.py again, and the 7B GRPO step with the defaults.
 set -u
 : "${OUT:?}"
 PHASE=${1:?phase}
@@ -118,6 +121,13 @@ g)
 h)
     profile "${PROFILE_S:-150}" 7b bf16+lora32,nvfp4+lora32 64
     ;;
+k)
+    tests "${TEST_S:-100}" tests/engine/test_engine_gpu.py tests/kernels/test_decode_attn_gpu.py -k "graph or engine"
+    mkdir -p "$OUT/recapture"
+    timeout -k 5 "${RECAP_S:-150}" "$PY" benchmarks/recapture_cost.py --out "$OUT/recapture" > "$OUT/recapture/run.log" 2>&1
+    echo "== recapture rc=$? at $((SECONDS - T0)) s"; grep -E "^\| " "$OUT/recapture/run.log"
+    grpo "${GRPO_S:-200}" grpo
+    ;;
 j)
     tests "${TEST_S:-100}" tests/engine/test_engine_gpu.py
     mkdir -p "$OUT/recapture"
@@ -171,3 +181,7 @@ phase_end
 #   i  phase i at 52e40ec: 121 s. GPU tests 10 passed (the group launch at 40 / 64 rows within the bounds of one launch
 #      per weight). 7B step ms without / with the group past 16 rows: batch 32 7.574 / 7.805, batch 64 10.241 / 10.847
 #      (710 vs 766 kernels a step at 64: fewer launches, slower). Removed.
+
+#   j  phase j at 97fb74b: 150 s. GPU tests 13 passed. One 7B rollout call (64 x (256 + 512)), s, freed cache / kept:
+#      BF16+LoRA 5.851-5.864 / 5.555-5.565 (re-capture: warm-up 0.21 + record 0.09-0.11 s), NVFP4+LoRA 5.904-5.987 /
+#      5.199-5.202 (warm-up 0.50-0.51 + record 0.22-0.28 s): the eager warm-up steps are two thirds of it.

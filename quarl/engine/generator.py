@@ -118,6 +118,8 @@ class FastGenerator:
             self._decode = torch.compile(self.runner.decode, dynamic=False, backend=compile_backend)
         self._state: DecodeState | None = None
         self._graphs: dict[tuple[int, int], torch.cuda.CUDAGraph] = {}
+        self._captured: set[tuple[int, int]] = set()  # shapes captured before (their re-capture skips the warm-up)
+        self._captured_key: tuple | None = None  # ... with the weights of this fingerprint
         self._pool = None
         self._weights_key: tuple | None = None
         self.graph_error: str | None = None  # why graphs were switched off, if they were
@@ -300,6 +302,9 @@ class FastGenerator:
         if key != self._weights_key:
             self._graphs.clear()
             self._weights_key = key
+        if key != self._captured_key:  # other weights than those captured before (release() keeps this): warm up
+            self._captured.clear()
+            self._captured_key = key
 
     def _step(self, st: DecodeState, B: int, L: int, graphs: bool) -> None:
         if not graphs or self.graph_error is not None:
@@ -312,48 +317,71 @@ class FastGenerator:
             self._capture(st, B, L)
 
     def _capture(self, st: DecodeState, B: int, L: int) -> None:
-        """Run the step eagerly (warm-up, on a side stream: cuBLAS handles, Triton compiles, lazy
-        caches), then capture it. The warm-up already produced this step's outputs and the step is
-        idempotent, so nothing is replayed here; on failure graphs are switched off for good."""
+        """Capture the step of shape ``(B, L)``. The first time, run it eagerly first (warm-up, on a side stream:
+        cuBLAS handles, Triton compiles, lazy caches); the warm-up produced this step's outputs and the step is
+        idempotent, so nothing is replayed. A shape this engine captured before -- re-captured because the cache
+        was freed (``keep_cache=False``, the RL trainer's default) -- skips the warm-up (two eager steps: 0.5 s of
+        a 7B NVFP4 batch-64 rollout, RESULTS "Issue 17, session 13") and replays the new graph once for this
+        step's outputs; should that capture fail, the warm-up path is tried before giving up. A failed capture
+        switches graphs off for good (eager decoding, with a warning)."""
         dev = self.runner.device
         torch.cuda.synchronize(dev)
         t0 = time.perf_counter()
-        side = torch.cuda.Stream(device=dev)
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):
-            for _ in range(2):
-                self._decode(st, B, L)
-        torch.cuda.current_stream().wait_stream(side)
-        torch.cuda.synchronize(dev)
-        t1 = time.perf_counter()
-        g = torch.cuda.CUDAGraph()
-        stream = torch.cuda.current_stream(dev)
-        try:
-            with torch.cuda.graph(g, pool=self._pool):
-                self._decode(st, B, L)
-        except Exception as e:  # noqa: BLE001 - any capture failure means "run this model eagerly"
-            first = str(e).splitlines()[0] if str(e) else ""
-            self.graph_error = f"{type(e).__name__}: {first}"
+        warm = (B, L) not in self._captured
+        if warm:
+            self._warm_up(st, B, L)
+        t1 = time.perf_counter() if warm else t0
+        err = self._record(st, B, L)
+        if err is not None and not warm:
+            warm = True
+            self._warm_up(st, B, L)
+            t1 = time.perf_counter()
+            err = self._record(st, B, L)
+        if err is not None:
+            self.graph_error = f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}"
             self._graphs.clear()
             warnings.warn(
                 f"CUDA graph capture of the decode step failed ({self.graph_error}); decoding eagerly. A layer's "
                 f"compute path syncs with the host -- typically a quantized format without a GPU kernel for "
                 f"this dtype (see quarl.quant.dispatch); expect lower tokens/s",
                 RuntimeWarning,
-                stacklevel=5,
+                stacklevel=4,
             )
+            return  # the warm-up made this step's outputs
+        if not warm:
+            self._graphs[(B, L)].replay()  # recording ran nothing: this step's outputs
+        self._captured.add((B, L))
+        torch.cuda.synchronize(dev)
+        stats = self.last_stats
+        stats["graph_captures"] = stats.get("graph_captures", 0) + 1
+        # where a capture's time goes: the eager warm-up steps (first capture of a shape only), then recording +
+        # instantiation (+ the one replay of a re-capture)
+        stats["warmup_s"] = stats.get("warmup_s", 0.0) + (t1 - t0)
+        stats["capture_s"] = stats.get("capture_s", 0.0) + (time.perf_counter() - t1)
+
+    def _warm_up(self, st: DecodeState, B: int, L: int) -> None:
+        side = torch.cuda.Stream(device=self.runner.device)
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            for _ in range(2):
+                self._decode(st, B, L)
+        torch.cuda.current_stream().wait_stream(side)
+        torch.cuda.synchronize(self.runner.device)
+
+    def _record(self, st: DecodeState, B: int, L: int) -> Exception | None:
+        """Record the step into a new graph (kept in ``_graphs``); the exception if the capture failed."""
+        g = torch.cuda.CUDAGraph()
+        stream = torch.cuda.current_stream(self.runner.device)
+        try:
+            with torch.cuda.graph(g, pool=self._pool):
+                self._decode(st, B, L)
+        except Exception as e:  # noqa: BLE001 - any capture failure means "warm up / run this model eagerly"
             torch.cuda.set_stream(stream)  # a failed capture_end skips the graph context's stream restore
             torch.cuda.synchronize(self.runner.device)
-            return
+            return e
         self._pool = g.pool()
         self._graphs[(B, L)] = g
-        torch.cuda.synchronize(dev)
-        st_ = self.last_stats
-        st_["graph_captures"] = st_.get("graph_captures", 0) + 1
-        # where a capture's time goes (the RL trainer re-captures after each freed cache): the two eager warm-up
-        # steps, then recording + instantiation
-        st_["warmup_s"] = st_.get("warmup_s", 0.0) + (t1 - t0)
-        st_["capture_s"] = st_.get("capture_s", 0.0) + (time.perf_counter() - t1)
+        return None
 
 
 __all__ = ["FastGenerator"]

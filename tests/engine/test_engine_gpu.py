@@ -61,6 +61,24 @@ def test_warmup_captures_every_graph_a_call_needs():
     assert torch.equal(roll.completion_ids, hf_greedy(model, rows, 30))
 
 
+def test_recapture_after_a_freed_cache_skips_the_warm_up_and_keeps_the_tokens():
+    """keep_cache=False (the RL trainer's default) frees the cache after each call, so the next call re-captures its
+    graphs; for shapes captured before that skips the eager warm-up steps and replays each new graph once for its
+    step's outputs -- the tokens (and log-probs) are the first call's, and those of an engine that keeps its cache."""
+    model = make_model("qwen2", device="cuda")
+    rows = prompts()
+    want = FastGenerator(model, PAD, kv_block=8).generate(rows, greedy(20), n=1)
+    eng = FastGenerator(model, PAD, kv_block=8, keep_cache=False)
+    first = eng.generate(rows, greedy(20), n=1)
+    n = eng.last_stats["graph_captures"]
+    assert n >= 3 and eng.last_stats["warmup_s"] > 0 and eng._state is None
+    again = eng.generate(rows, greedy(20), n=1)
+    assert eng.last_stats["graph_captures"] == n and eng.last_stats["warmup_s"] == 0.0
+    for r in (first, again):
+        assert torch.equal(r.completion_ids, want.completion_ids)
+        torch.testing.assert_close(r.logprobs, want.logprobs, atol=1e-6, rtol=0)
+
+
 def test_graphs_follow_in_place_updates_and_recapture_on_replacement():
     model = make_model("llama", device="cuda")
     rows = prompts((6, 3))
