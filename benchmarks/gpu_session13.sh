@@ -49,6 +49,8 @@
 #   phase k: bash benchmarks/gpu_session13.sh k   (one GPU; ~6 min)
 #     A re-capture (after a freed cache) skips the eager warm-up for shapes captured before: the engine GPU tests,
 #     recapture_cost.py again, and the 7B GRPO step with the defaults.
+#   phase l: bash benchmarks/gpu_session13.sh l   (one GPU; ~4 min)
+#     The 7B GRPO step with the defaults twice more (the spread of the ratio with phase k's code).
 set -u
 : "${OUT:?}"
 PHASE=${1:?phase}
@@ -121,6 +123,10 @@ g)
 h)
     profile "${PROFILE_S:-150}" 7b bf16+lora32,nvfp4+lora32 64
     ;;
+l)
+    grpo "${GRPO_S:-200}" grpo
+    grpo "${GRPO_S:-200}" grpo2
+    ;;
 k)
     tests "${TEST_S:-100}" tests/engine/test_engine_gpu.py tests/kernels/test_decode_attn_gpu.py -k "graph or engine"
     mkdir -p "$OUT/recapture"
@@ -185,3 +191,6 @@ phase_end
 #   j  phase j at 97fb74b: 150 s. GPU tests 13 passed. One 7B rollout call (64 x (256 + 512)), s, freed cache / kept:
 #      BF16+LoRA 5.851-5.864 / 5.555-5.565 (re-capture: warm-up 0.21 + record 0.09-0.11 s), NVFP4+LoRA 5.904-5.987 /
 #      5.199-5.202 (warm-up 0.50-0.51 + record 0.22-0.28 s): the eager warm-up steps are two thirds of it.
+#   k  phase k at 4134bf4: 232 s. GPU tests 20 passed. Rollout call, s, freed cache (re-capture without the warm-up) /
+#      kept: BF16+LoRA 5.611-5.613 / 5.526-5.529, NVFP4+LoRA 5.340-5.382 / 5.173-5.174. GRPO step (steady, defaults):
+#      BF16 17.93 s (5.64 / 1.61 / 10.68), NVFP4 18.09 (5.37 / 1.66 / 11.06) = 1.009x.
