@@ -194,3 +194,6 @@ phase_end
 #   k  phase k at 4134bf4: 232 s. GPU tests 20 passed. Rollout call, s, freed cache (re-capture without the warm-up) /
 #      kept: BF16+LoRA 5.611-5.613 / 5.526-5.529, NVFP4+LoRA 5.340-5.382 / 5.173-5.174. GRPO step (steady, defaults):
 #      BF16 17.93 s (5.64 / 1.61 / 10.68), NVFP4 18.09 (5.37 / 1.66 / 11.06) = 1.009x.
+#   l  phase l at 2819dca (the first call refused: the previous machine was still going back; retried after 60 s):
+#      210 s. GRPO step (steady, defaults) twice: BF16 18.20 / NVFP4 18.24 = 1.002x; 18.19 / 18.23 = 1.002x.
+#      Device time spent (219 s left): no further calls this session.
