@@ -11,7 +11,8 @@ CUDA graphs and the loop. Design, after gpt-fast:
 * **static KV cache**, preallocated once and reused across calls while it is
   large enough (grown, never shrunk; :meth:`release` frees it, and
   ``keep_cache=False`` frees it after every call -- the RL trainer needs that
-  memory for its backward pass);
+  memory for its backward pass -- after which the graphs are re-captured,
+  without the eager warm-up for shapes captured before);
 * **CUDA graphs** (default on CUDA): the decode step of one ``(batch, kv_len)``
   shape is captured once and replayed, so a step costs one graph launch
   instead of ~15 kernel launches per layer from Python. Batches are padded up
