@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import functools
 import json
 import math
 import multiprocessing as mp
@@ -109,6 +110,7 @@ def hbm_copy_GBps() -> float:
     return 2 * src.numel() * 2 / (t * 1e-3) / 1e9
 
 
+@functools.cache
 def _read_kernel():
     """A pure streaming read: each program loads ``BLOCK`` int32 words (16-byte loads) and stores their xor, so
     the loads stay. The same bytes, timed the same way as a GEMV, are the ceiling the GEMV's "% HBM" can reach at

@@ -140,9 +140,8 @@ def _combine_kernel(
     ws_acc_ptr, ws_ml_ptr, o_ptr, H_KV, G, n_splits, so_b, so_h, so_g,
     BLOCK_G: tl.constexpr, D: tl.constexpr, INTERPRET: tl.constexpr, SPLITS_P2: tl.constexpr,
 ):
-    """o[b, h] from the ``n_splits`` partials of program row ``bh``, in split order (deterministic). The maxima
-    of all splits come in one load and the ``acc`` loop is pipelined (loads ahead of the sums) -- the first form's
-    two chains of dependent loads cost the 7B batch-1 step 0.06 of its 0.29 ms of attention (RESULTS, session 13)."""
+    """o[b, h] from the ``n_splits`` partials of program row ``bh``, in split order (deterministic): all splits'
+    maxima in one load, then the ``acc`` loop pipelined (module docstring, "Splits")."""
     bh = tl.program_id(0)
     b = (bh // H_KV).to(tl.int64)
     h = (bh % H_KV).to(tl.int64)
