@@ -1,0 +1,39 @@
+#!/usr/bin/env bash
+# Session 14 (2026-11-26): issue 17's batch-64 decode (the M = 17..64 wgmma kernel at 24-28 % of HBM). Run from the
+# repository root on the device machine; the record of what ran is at the end of this file. The phases use
+# benchmarks/gpu_phase_lib.sh's helpers (tests, profile, rollout_table, grpo, phase_end).
+#
+#   phase a: bash benchmarks/gpu_session14.sh a   (one GPU; ~4 min)
+#     Nsight Compute on the wgmma decode kernel as shipped (benchmarks/kernels/profile_wgmma_decode.py): NVFP4 at 64
+#     rows on 18944 x 3584 and 3584 x 3584 (config 1, the M > 32 default), and at 32 rows on 18944 x 3584 (config 2):
+#     the full section set, the details page and the per-instruction (SASS) stall samples.
+set -u
+PHASE=${1:?phase}
+OUT=${OUT:?}
+source benchmarks/gpu_phase_lib.sh
+
+ncu_wgmma() {  # NAME SECONDS ARGS...: one ncu report of profile_wgmma_decode.py -> $OUT/ncu/NAME.*
+    local name=$1 s=$2; shift 2
+    mkdir -p "$OUT/ncu"
+    timeout -k 5 "$s" ncu --clock-control none --profile-from-start off -k regex:"wgmma" --set full \
+        -o "$OUT/ncu/$name" -f "$PY" benchmarks/kernels/profile_wgmma_decode.py "$@" > "$OUT/ncu/$name.log" 2>&1
+    echo "== ncu $name rc=$? at $((SECONDS - T0)) s"
+    ncu -i "$OUT/ncu/$name.ncu-rep" --page details > "$OUT/ncu/$name.details.txt" 2>&1
+    ncu -i "$OUT/ncu/$name.ncu-rep" --page source --csv --print-source sass > "$OUT/ncu/$name.source.csv" 2>&1
+    grep -E "^  [a-z_]+|Duration|DRAM Throughput|L2 Cache Throughput|L1/TEX Cache Throughput|Compute \(SM\) Throughput|Achieved Occupancy|Theoretical Occupancy|Registers Per|Issue Slots Busy|No Eligible|Block Limit|Warp Cycles Per Issued" \
+        "$OUT/ncu/$name.details.txt" | head -60
+}
+
+case $PHASE in
+a)
+    ncu_wgmma m64 200 --shapes 18944x3584,3584x3584 --m 64 --configs 1
+    ncu_wgmma m32 120 --shapes 18944x3584 --m 32 --configs 2
+    ;;
+*)
+    echo "unknown phase $PHASE"; exit 2
+    ;;
+esac
+phase_end
+
+# ---------------------------------------------------------------------------------------------------------------
+# Record of the calls (2026-11-26; results/gpu_2026-11-26/s14/<x>):
