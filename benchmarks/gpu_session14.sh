@@ -24,10 +24,26 @@ ncu_wgmma() {  # NAME SECONDS ARGS...: one ncu report of profile_wgmma_decode.py
         "$OUT/ncu/$name.details.txt" | head -60
 }
 
+#   phase b: bash benchmarks/gpu_session14.sh b   (one GPU; ~7 min)
+#     The TMA-ring kernel (kernels/quarl_kernels/wgmma_ring.py, new; built from phase a's profile: x permuted once
+#     per call and fed by TMA with the packed words, STAGES steps ahead; no x registers, PRMTs, shared stores, fence or
+#     CTA barrier per step): its GPU tests; NVFP4 at 32 / 64 rows beside every wgmma_decode candidate, mma_decode and
+#     cuBLAS (bench_wgmma_decode.py --ring) on the 7B shapes; ncu of its default at 64 rows; the 7B decode-step
+#     profile at batch 64 (BF16+LoRA, NVFP4+LoRA, NVFP4+LoRA:ring).
 case $PHASE in
 a)
     ncu_wgmma m64 200 --shapes 18944x3584,3584x3584 --m 64 --configs 1
     ncu_wgmma m32 120 --shapes 18944x3584 --m 32 --configs 2
+    ;;
+b)
+    tests "${TEST_S:-180}" tests/kernels/test_wgmma_ring_gpu.py
+    mkdir -p "$OUT/bench"
+    timeout -k 5 "${BENCH_S:-200}" "$PY" benchmarks/kernels/bench_wgmma_decode.py --ring --formats nvfp4 --ms 32,64 \
+        --no-check --shapes 18944x3584,3584x18944,3584x3584 --budget-s $(( ${BENCH_S:-200} - 30 )) --out "$OUT/bench" \
+        > "$OUT/bench/run.log" 2>&1
+    echo "== bench rc=$? at $((SECONDS - T0)) s"; tail -n 12 "$OUT/bench/run.log"
+    ncu_wgmma ring 100 --shapes 18944x3584,3584x3584 --m 64 --configs r0
+    profile "${PROFILE_S:-150}" 7b bf16+lora32,nvfp4+lora32,nvfp4+lora32:ring 64
     ;;
 *)
     echo "unknown phase $PHASE"; exit 2

@@ -2,6 +2,7 @@
 
     PYTHONPATH=$PWD:$PWD/kernels python3 benchmarks/kernels/bench_wgmma_decode.py --budget-s 240 --out $OUT/wgmma
     PYTHONPATH=$PWD:$PWD/kernels python3 benchmarks/kernels/bench_wgmma_decode.py --dry-run --out /tmp/wg_dry
+    ... bench_wgmma_decode.py --ring --formats nvfp4 --ms 64 --no-check   # + the TMA-ring kernel (wgmma_ring.py)
 
 Phases, in order, each point written to ``--out/wgmma_decode.json`` as soon as it is
 measured (a run stopped by ``--budget-s`` or killed keeps what it finished):
@@ -74,6 +75,28 @@ def compile_wgmma_decode(fmt: int, cfg, nt: int, split: bool = True, even_k: boo
     return triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": cfg.warps})
 
 
+def compile_wgmma_ring(fmt: int, cfg, nt: int, smax: int = 32, split: bool = True):
+    """``wgmma_ring._wgmma_ring_kernel`` compiled for sm_90 (no GPU), its TMA descriptors as the launcher builds them."""
+    import triton
+    from quarl_kernels import wgmma_ring as wr
+    from triton.backends.compiler import GPUTarget
+    from triton.experimental.gluon._runtime import GluonASTSource
+
+    sig = {"x_desc": f"tensordesc<bf16[{nt}, {cfg.bkw * 8}],{wr._x_layout(nt)!r}>",
+           "w_desc": f"tensordesc<i32[{cfg.rows}, {cfg.bkw}],{wr._w_layout()!r}>",
+           "s_ptr": "*u8", "gs_ptr": "*fp32", "out_ptr": "*fp32" if split else "*bf16"}
+    for k in ("M", "N", "KW", "G", "TILES_PER_SPLIT", "stride_sn", "stride_os", "stride_om"):
+        sig[k] = "i32"
+    const = {"FMT": fmt, "GROUP": GROUP[fmt], "R": cfg.rows, "BKW": cfg.bkw, "NT": nt, "STAGES": cfg.stages,
+             "SMAX": smax}
+    sig.update({k: "constexpr" for k in const})
+    odd = ("M", "G", "TILES_PER_SPLIT")
+    attrs = {(i,): [["tt.divisibility", 16]] for i, (k, t) in enumerate(sig.items())
+             if t != "constexpr" and not t.startswith("tensordesc") and k not in odd}
+    src = GluonASTSource(fn=wr._wgmma_ring_kernel, signature=sig, constexprs=const, attrs=attrs)
+    return triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": 4})
+
+
 def compile_table(dump: str | None = None, even_k: bool = True) -> list[dict]:
     """Every config x format x token tile it is a candidate for: resources and the main loop's mix."""
     import collections
@@ -134,7 +157,8 @@ class Env:
     """What the phases call: real kernels and CUDA-graph timing on a GPU; on the CPU
     (``--dry-run``) the reference product and wall-clock timing (plumbing only)."""
 
-    def __init__(self, dry: bool):
+    def __init__(self, dry: bool, ring: bool = False):
+        self.ring = ring
         self.dry = dry
         self.device = "cpu" if dry else "cuda"
         if dry:
@@ -169,7 +193,13 @@ class Env:
 
     # the kernels: (x [M, K] bf16, packed) -> y [M, N]
     def wgmma(self, x, p, cfg):
-        return self._ref(x, p) if self.dry else self.wd.launch_wgmma_decode(x, p, cfg)
+        if self.dry:
+            return self._ref(x, p)
+        if str(cfg).startswith("ring-"):  # wgmma_ring.WgmmaRingConfig
+            from quarl_kernels import wgmma_ring
+
+            return wgmma_ring.launch_wgmma_ring(x, p, cfg)
+        return self.wd.launch_wgmma_decode(x, p, cfg)
 
     def mma(self, x, p):
         return self._ref(x, p) if self.dry else self.md.launch_mma_decode(x, p, self.md.default_config(x.shape[0],
@@ -190,10 +220,15 @@ class Env:
     def _ref(x, q):
         return (x.double() @ q.dequantize(torch.float64).T).to(x.dtype)
 
-    def candidates(self, m: int):
+    def candidates(self, m: int, spec: str = "nvfp4"):
         if self.dry:
             return [f"dry-cfg{i}" for i in range(2)]
-        return list(self.wd.candidate_configs(m))
+        ring = []
+        if self.ring and spec in ("nvfp4", "mxfp4"):  # the TMA-ring kernel is FP4-only
+            from quarl_kernels import wgmma_ring
+
+            ring = list(wgmma_ring.RING_CONFIGS)
+        return list(self.wd.candidate_configs(m)) + ring
 
     def default(self, m: int, n: int):
         if self.dry:
@@ -274,7 +309,7 @@ def speed_phase(env: Env, rec: Recorder, spec: str, shapes, ms, hbm: float, dead
             row["dispatch_us"] = env.time_us([lambda p=p, x=x: env.dispatch(x, p) for p in pws])
             dflt = env.default(m, n)
             res = []
-            for c in env.candidates(m):
+            for c in env.candidates(m, spec):
                 if time.time() > deadline:
                     break
                 r = {"config": str(c), "default": str(c) == str(dflt)}
@@ -329,7 +364,7 @@ def to_markdown(data: dict) -> str:
     return "\n".join(lines)
 
 
-def smoke(timeout_s: float) -> dict:
+def smoke(timeout_s: float, ring: bool = False) -> dict:
     """Every candidate once at M = 24 and 64 on a small weight, in a child process with a time
     limit: a kernel that hangs (a barrier or wgmma wait that never completes) costs
     ``timeout_s``, not the whole device session. Also fills Triton's compile cache."""
@@ -337,7 +372,8 @@ def smoke(timeout_s: float) -> dict:
 
     t0 = time.time()
     try:
-        p = subprocess.run([sys.executable, os.path.abspath(__file__), "--smoke-child"], check=False, capture_output=True,
+        p = subprocess.run([sys.executable, os.path.abspath(__file__), "--smoke-child"] + (["--ring"] if ring else []),
+                           check=False, capture_output=True,
                            text=True, timeout=timeout_s)
         return {"rc": p.returncode, "wall_s": time.time() - t0, "tail": (p.stdout + p.stderr)[-3000:]}
     except subprocess.TimeoutExpired as e:
@@ -345,10 +381,8 @@ def smoke(timeout_s: float) -> dict:
         return {"rc": "timeout", "wall_s": time.time() - t0, "tail": out[-3000:]}
 
 
-def smoke_child() -> None:
-    from quarl_kernels import wgmma_decode as wd
-
-    env = Env(False)
+def smoke_child(ring: bool) -> None:
+    env = Env(False, ring)
     torch.manual_seed(0)
     w = torch.randn(1024, 1024, device="cuda") * 0.03
     for spec in SPECS:
@@ -356,7 +390,7 @@ def smoke_child() -> None:
         for m in (24, 64):
             x = torch.randn(m, 1024, device="cuda").to(torch.bfloat16)
             ref = x.double() @ wref.T
-            for c in wd.candidate_configs(m):
+            for c in env.candidates(m, spec):
                 y = env.wgmma(x, pws[0], c)
                 torch.cuda.synchronize()
                 print(f"smoke {spec} M={m} {c} rel_err {rel(y, ref):.2e}", flush=True)
@@ -374,9 +408,12 @@ def main() -> None:
     ap.add_argument("--smoke-timeout-s", type=float, default=150.0,
                     help="GPU: time limit of the first run of every config (child process); 0 skips it")
     ap.add_argument("--smoke-child", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--ring", action="store_true", help="also time the TMA-ring kernel's configs (wgmma_ring.py, FP4)")
+    ap.add_argument("--ms", default=None, help=f"speed phase token counts (default {','.join(map(str, SPEED_MS))})")
+    ap.add_argument("--no-check", action="store_true", help="skip the correctness phase of the defaults")
     args = ap.parse_args()
     if args.smoke_child:
-        smoke_child()
+        smoke_child(args.ring)
         return
     t0 = time.time()
     deadline = t0 + args.budget_s
@@ -399,19 +436,21 @@ def main() -> None:
         for r in compile_table(args.dump):
             rec.add("compile", r)
     if not args.dry_run and args.smoke_timeout_s > 0:
-        sm = smoke(min(args.smoke_timeout_s, max(10.0, deadline - time.time())))
+        sm = smoke(min(args.smoke_timeout_s, max(10.0, deadline - time.time())), args.ring)
         rec.data["info"]["smoke"] = sm
         rec.flush()
         print(sm["tail"], flush=True)
         if sm["rc"] != 0:
             print(f"SMOKE FAILED (rc {sm['rc']} after {sm['wall_s']:.0f} s): no benchmark; see {rec.path}", flush=True)
             sys.exit(1)
-    env = Env(args.dry_run)
+    env = Env(args.dry_run, args.ring)
     hbm = info["hbm_copy_GBps"]
+    speed_ms = [int(v) for v in args.ms.split(",")] if args.ms else SPEED_MS
     done = True
     for spec in specs:  # NVFP4 first: its check, then its speed, then the next format
-        done = done and check_phase(env, rec, spec, shapes, CHECK_MS, deadline)
-        done = done and speed_phase(env, rec, spec, shapes, SPEED_MS, hbm, deadline)
+        if not args.no_check:
+            done = done and check_phase(env, rec, spec, shapes, CHECK_MS, deadline)
+        done = done and speed_phase(env, rec, spec, shapes, speed_ms, hbm, deadline)
     rec.data["info"].update(wall_s=time.time() - t0, complete=done)
     rec.flush()
     md = to_markdown(rec.data)

@@ -494,6 +494,31 @@ def _wgmma_decode_failed(e: Exception) -> None:
                   f"this.", stacklevel=3)
 
 
+_WGMMA_RING_BROKEN: str | None = None  # why the TMA-ring kernel is off for this process, once it failed
+
+
+def _wgmma_ring():
+    """The TMA-ring wgmma decode kernel module (``wgmma_ring.py``; M = 17..64 on sm_90) when
+    ``QUARL_KERNELS_WGMMA_RING=1`` (off by default until a device run shows it wins), else None."""
+    global _WGMMA_RING_BROKEN
+    if _interpreting() or _WGMMA_RING_BROKEN or not _env_flag("QUARL_KERNELS_WGMMA_RING", False):
+        return None
+    try:
+        from quarl_kernels import wgmma_ring
+    except (ImportError, AttributeError) as e:  # no Gluon, or a Triton whose Hopper Gluon TMA API moved
+        _WGMMA_RING_BROKEN = f"{type(e).__name__}: {e}"
+        return None
+    return wgmma_ring
+
+
+def _wgmma_ring_failed(e: Exception) -> None:
+    global _WGMMA_RING_BROKEN
+    _WGMMA_RING_BROKEN = f"{type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}"
+    warnings.warn(f"quarl_kernels: the TMA-ring wgmma kernel failed to build ({_WGMMA_RING_BROKEN}); decode at "
+                  f"M = 17..64 falls back to wgmma_decode. Unset QUARL_KERNELS_WGMMA_RING to silence this.",
+                  stacklevel=3)
+
+
 def _gemv(x2: torch.Tensor, pw: PackedWeight, tune: bool | None, epi) -> torch.Tensor:
     """The CUDA-core GEMV route (``gemv.py``) with its measured (or tuned) config."""
     gkey = (pw.fmt, pw.group, x2.shape[0], pw.n, pw.k, x2.device.index)
@@ -522,6 +547,12 @@ def wo_matmul(x2: torch.Tensor, pw: PackedWeight, *, tune: bool | None = None, e
             return _finish(None, dense.dense_matmul(x2, pw), 1, epi)
         except torch.cuda.OutOfMemoryError:  # no room for the transient BF16 weight: the fused kernel needs none
             _dense_oom(pw)
+    wr = _wgmma_ring() if 17 <= m <= 64 else None
+    if wr is not None and pw.n * pw.k >= wr.LARGE_MIN_WEIGHTS and wr.ring_supported(x2, pw):
+        try:
+            return wr.launch_wgmma_ring(x2, pw, wr.default_config(m, pw.n), epi=_without_lora_a(x2, epi))
+        except triton.compiler.errors.CompilationError as e:
+            _wgmma_ring_failed(e)
     wd = _wgmma_decode() if 17 <= m <= 64 else None
     if wd is not None and wd.preferred(m, pw.n, pw.k, pw.fmt, forced=wd.mode() == "on") and \
             wd.wgmma_decode_supported(x2, pw):

@@ -1,0 +1,277 @@
+"""Decode GEMM on Hopper ``wgmma`` fed by a TMA ring: ``y = x @ W^T`` for M = 17..64 tokens (Gluon).
+
+Why. ``wgmma_decode`` (same MMA, same register decode) reaches 24-28 % of HBM at 64 rows
+(RESULTS "v11"). Its SASS shows why: every K step each thread loads its share of x from
+L2 into registers, permutes it (32 PRMTs), stores it to shared memory, and fences the
+store for the tensor cores (``fence.proxy.async``: a ``MEMBAR.ALL.CTA``) before a CTA
+barrier -- and ptxas schedules those x loads after the decode, so the store waits out
+an L2 round trip each step. The weight words come one step ahead in registers, the
+only prefetch. At 64 rows the HBM, tensor-core, issue and shared-memory budgets of a
+step are all about equal, so a step that serializes them runs at a quarter of each.
+
+This kernel takes x and the words off the threads' critical path:
+
+* **x is permuted once per call** (``permute_x``: [M, K] -> the logical k order of the
+  wgmma A fragment, per K step; module docstring of ``wgmma_decode``), so a K step of
+  x is one rectangular TMA box, written by the copy engine straight into the 128-byte
+  swizzled layout wgmma reads as its B operand: no registers, no PRMTs, no stores, no
+  fence, no CTA barrier.
+* **the packed words arrive by TMA too**, ``STAGES`` steps ahead in a shared-memory
+  ring (one mbarrier per stage, armed with the byte count of its two boxes); a thread
+  reads its own words back (``ld.shared``, the ``mma_decode`` word layout) and decodes
+  them in registers into the A fragment, as before.
+* **the group scales of the CTA's whole K range are loaded once**, before the loop,
+  into shared memory ``[steps, R, NG]`` (a step's scales are 4 bytes a row: too
+  small for a TMA box), and read per step with ``ld.shared``.
+* **a stage is released by the wgmma wait**: after ``warpgroup_mma_wait(1)`` in step
+  s the wgmma of step s - 1 is complete, so every warp of the (single) warpgroup has
+  issued it -- and has read its words of step s - 1 -- and its x box is no longer
+  read; the TMA for step s + STAGES - 1 then reuses that stage. One warpgroup per CTA
+  (4 warps), so no CTA-wide barrier is needed in the loop at all.
+
+TMA zero-fills what lies outside the tensors: rows past N (words 0 decode to 0), tokens
+past M, and the K tail (x is zero-padded to whole steps by ``permute_x``; words past
+K/8 are 0). Split-K, the epilogue and the numerics are ``wgmma_decode``'s (fp32
+partials ``[S, M, N]`` summed in split order; NVFP4 / MXFP4 decoded exactly to bf16).
+FP4 formats only: INT4's fp32 scales and zero points stay on ``wgmma_decode``.
+
+``wo_matmul`` takes this kernel only behind ``QUARL_KERNELS_WGMMA_RING=1`` until a device
+run shows it wins (``benchmarks/kernels/bench_wgmma_decode.py --ring``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import triton
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.hopper import (
+    fence_async_shared,
+    mbarrier,
+    tma,
+    warpgroup_mma,
+    warpgroup_mma_wait,
+)
+from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
+from quarl_kernels.formats import FMT_MXFP4, FMT_NVFP4
+from quarl_kernels.launch import decode_operands, env_flag, finish_splits, num_sms
+from quarl_kernels.mma_decode import _decode_step, _group_layout, _word_layout
+from quarl_kernels.wgmma_decode import LARGE_MIN_WEIGHTS, MAX_M, MIN_M, device_ok, token_tile
+
+ENV = "QUARL_KERNELS_WGMMA_RING"
+X_BOX = 64  # bf16 x per TMA box row: 128 bytes, the widest box a 128-byte swizzle takes
+SCALE_SMEM = 16 << 10  # bytes of group scales a CTA keeps: caps the K steps of one split
+
+
+@gluon.jit
+def _wgmma_ring_kernel(
+    x_desc, w_desc, s_ptr, gs_ptr, out_ptr,
+    M, N, KW, G, TILES_PER_SPLIT,
+    stride_sn, stride_os, stride_om,
+    FMT: gl.constexpr, GROUP: gl.constexpr, R: gl.constexpr, BKW: gl.constexpr, NT: gl.constexpr,
+    STAGES: gl.constexpr, SMAX: gl.constexpr,  # SMAX: next power of two >= TILES_PER_SPLIT
+):
+    """y[M, N] (or fp32 split partials [S, M, N]) = x[M, K] @ W[N, K]^T, M <= NT, one warpgroup.
+
+    x_desc: permuted x [M, Kp] bf16, box [NT, BKW * 8]; w_desc: words [N, KW] int32, box
+    [R, BKW]; s_ptr: FP4 scale bytes [N, G]. Program (pid_n, pid_k) owns rows pid_n * R .. + R
+    and K steps pid_k * TILES_PER_SPLIT .. + TILES_PER_SPLIT (at most SMAX)."""
+    W: gl.constexpr = 4
+    BK: gl.constexpr = BKW * 8
+    J: gl.constexpr = BKW // 4
+    WPG: gl.constexpr = GROUP // 8  # words per scale group
+    WT: gl.constexpr = WPG if WPG < BKW else BKW  # noqa: FURB136  words per group slot inside a step
+    NG: gl.constexpr = BKW // WT  # group slots per step
+    MMA: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[W, 1], instr_shape=[16, NT, 16])
+    A_L: gl.constexpr = gl.DotOperandLayout(0, MMA, 2)
+    LW: gl.constexpr = _word_layout(R, BKW, W)
+    LG: gl.constexpr = gl.SliceLayout(2, _group_layout(R, BKW, W, WT))
+    TPR: gl.constexpr = 32 if R // W >= 32 else R // W  # noqa: FURB136  scale-prologue lanes along rows
+    LS: gl.constexpr = gl.BlockedLayout([1, 1, NG], [32 // TPR, TPR, 1], [1, W, 1], [2, 1, 0])
+    SS3: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, order=[2, 1, 0])  # plain row-major [SMAX, R, NG]
+    SS2: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, order=[1, 0])  # the same bytes, indexed per step
+    STEP_BYTES: gl.constexpr = NT * BK * 2 + R * BKW * 4
+
+    pid_n = gl.program_id(0)
+    pid_k = gl.program_id(1)
+    row0 = pid_n * R
+    kw_lo = pid_k * (TILES_PER_SPLIT * BKW)
+    nsteps = gl.cdiv(gl.minimum(kw_lo + TILES_PER_SPLIT * BKW, KW) - kw_lo, BKW)
+
+    xs = gl.allocate_shared_memory(gl.bfloat16, [STAGES, NT, BK], x_desc.layout)
+    ws = gl.allocate_shared_memory(gl.int32, [STAGES, R, BKW], w_desc.layout)
+    bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    for i in gl.static_range(STAGES):
+        mbarrier.init(bars.index(i), count=1)
+    fence_async_shared()  # the barriers' init, before the copy engine signals them
+    # the ring's first STAGES - 1 steps, in flight while the scales load
+    for i in gl.static_range(STAGES - 1):
+        ok = i < nsteps
+        mbarrier.expect(bars.index(i), STEP_BYTES, pred=ok)
+        tma.async_copy_global_to_shared(x_desc, [0, (kw_lo + i * BKW) * 8], bars.index(i), xs.index(i), pred=ok)
+        tma.async_copy_global_to_shared(w_desc, [row0, kw_lo + i * BKW], bars.index(i), ws.index(i), pred=ok)
+
+    # group scales of the whole K range -> shared [SMAX, R, NG] (step, row, group slot)
+    st_i = gl.arange(0, SMAX, layout=gl.SliceLayout(1, gl.SliceLayout(2, LS)))
+    r_i = gl.arange(0, R, layout=gl.SliceLayout(0, gl.SliceLayout(2, LS)))
+    g_i = gl.arange(0, NG, layout=gl.SliceLayout(0, gl.SliceLayout(1, LS)))
+    if WT == WPG:  # whole groups in a step
+        gi = (kw_lo // WPG + st_i * NG)[:, None, None] + g_i[None, None, :]  # [SMAX, 1, NG]
+    else:  # a step inside one group
+        gi = ((kw_lo + st_i * BKW)[:, None, None] + g_i[None, None, :] * WT) // WPG
+    rows = gl.minimum(row0 + r_i, N - 1)[None, :, None]  # [1, R, 1]: rows past N re-read N - 1 (never stored)
+    # a step inside K/8 words has all its groups inside G (K % 64 == 0): one mask per step, so the NG bytes of a
+    # row load as one vector
+    s_ok = gl.broadcast((st_i < nsteps)[:, None, None], gi)[0]
+    sc = gl.load(s_ptr + rows * stride_sn + gi, mask=s_ok, other=0)  # [SMAX, R, NG] u8
+    ss = gl.allocate_shared_memory(gl.uint8, [SMAX, R, NG], SS3, sc)._reinterpret(gl.uint8, [SMAX, R, NG], SS2)
+    gl.thread_barrier()
+
+    acc = gl.zeros([R, NT], gl.float32, MMA)
+    for s in range(nsteps):
+        st = s % STAGES
+        mbarrier.wait(bars.index(st), (s // STAGES) & 1)
+        w = ws.index(st).load(LW)  # [R, BKW] this thread's words
+        sg = ss.index(s).load(LG)  # [R, NG]
+        p0, p1, p2, p3, p4, p5, p6, p7 = _decode_step(w, sg, sg, FMT, False, LW, R, BKW, WT)
+        # [R, BKW, a, b, c] = p[a + 2b + 4c]: code r + 4h with h = a, r0 = b, r1 = c (wgmma_decode)
+        q = gl.join(gl.join(gl.join(p0, p1), gl.join(p2, p3)), gl.join(gl.join(p4, p5), gl.join(p6, p7)))
+        q = gl.reshape(q, [R, 4, J, 2, 2, 2])  # [R, t, j, h, r0, r1]: real word J t + j
+        a = gl.reshape(gl.permute(q, [0, 2, 5, 4, 1, 3]), [R, BK])  # [R, j, r1, r0, t, h]: logical k
+        a = gl.convert_layout(a, A_L, assert_trivial=True)
+        acc = warpgroup_mma(a, xs.index(st).permute((1, 0)), acc, is_async=True)
+        # step s - 1's wgmma is done: every warp issued it (its words read), its x no longer read
+        acc, a = warpgroup_mma_wait(1, deps=[acc, a])
+        nxt = s + STAGES - 1
+        ok = nxt < nsteps
+        sn = nxt % STAGES
+        mbarrier.expect(bars.index(sn), STEP_BYTES, pred=ok)
+        tma.async_copy_global_to_shared(x_desc, [0, (kw_lo + nxt * BKW) * 8], bars.index(sn), xs.index(sn), pred=ok)
+        tma.async_copy_global_to_shared(w_desc, [row0, kw_lo + nxt * BKW], bars.index(sn), ws.index(sn), pred=ok)
+    acc = warpgroup_mma_wait(0, deps=[acc])
+    for i in gl.static_range(STAGES):
+        mbarrier.invalidate(bars.index(i))
+
+    if FMT == 0:
+        acc = acc * (65536.0 / gl.load(gs_ptr).to(gl.float32))
+    else:
+        acc = acc * 65536.0
+    offs_r = row0 + gl.arange(0, R, layout=gl.SliceLayout(1, MMA))  # [R]
+    offs_t = gl.arange(0, NT, layout=gl.SliceLayout(0, MMA))  # [NT]
+    out = out_ptr + pid_k * stride_os + offs_t[None, :] * stride_om + offs_r[:, None]  # [R, NT]
+    gl.store(out, acc.to(out_ptr.dtype.element_ty), mask=(offs_r[:, None] < N) & (offs_t[None, :] < M))
+
+
+# ---------------------------------------------------------------------------
+@dataclass(frozen=True)
+class WgmmaRingConfig:
+    rows: int = 64  # output rows per CTA (R): 64 or 128 (one or two m64 tiles of the one warpgroup)
+    stages: int = 4  # K steps in flight in the shared-memory ring
+    waves: int = 4  # split K until cdiv(N, rows) * split >= waves * SMs
+    bkw: int = 8  # K step in words (64 weights): one 128-byte x box a step
+
+    def __post_init__(self) -> None:
+        if self.rows not in (64, 128):
+            raise ValueError(f"WgmmaRingConfig: rows must be 64 or 128 (m64 tiles of one warpgroup), got {self.rows}")
+        if not 2 <= self.stages <= 8:
+            raise ValueError(f"WgmmaRingConfig: stages must be 2..8, got {self.stages}")
+        if self.bkw != X_BOX // 8:
+            raise ValueError(f"WgmmaRingConfig: bkw must be {X_BOX // 8} (one {X_BOX}-wide x box), got {self.bkw}")
+
+    def smax(self, group: int) -> int:
+        """Most K steps a split may have: their scales fit the CTA's SCALE_SMEM bytes (a power of two; the
+        kernel's buffer is the next power of two of the split's steps)."""
+        ng = max(1, self.bkw // min(group // 8, self.bkw))
+        return 1 << ((SCALE_SMEM // (self.rows * ng)).bit_length() - 1)
+
+    def __str__(self) -> str:
+        return f"ring-R{self.rows}S{self.stages}W{self.waves}"
+
+
+RING_CONFIGS = (
+    WgmmaRingConfig(64, 4),
+    WgmmaRingConfig(64, 6),
+    WgmmaRingConfig(128, 4),
+    WgmmaRingConfig(64, 3),
+    WgmmaRingConfig(64, 4, waves=2),
+    WgmmaRingConfig(128, 6),
+)
+
+
+def enabled() -> bool:
+    """``QUARL_KERNELS_WGMMA_RING`` (off by default until measured)."""
+    return env_flag(ENV, False)
+
+
+def default_config(m: int, n: int) -> WgmmaRingConfig:
+    del m, n
+    return RING_CONFIGS[0]
+
+
+def ring_supported(x2: torch.Tensor, pw) -> bool:
+    """CUDA bf16 x [M, K] with 17 <= M <= 64 on sm_90, an NVFP4 / MXFP4 weight with K % 64 == 0 whose words
+    and rows are 16-byte aligned for TMA."""
+    return (x2.is_cuda and x2.dtype == torch.bfloat16 and x2.dim() == 2 and MIN_M <= x2.shape[0] <= MAX_M
+            and x2.shape[1] == pw.k and pw.fmt in (FMT_NVFP4, FMT_MXFP4) and pw.k % X_BOX == 0
+            and pw.words.stride(1) == 1 and (pw.words.stride(0) * 4) % 16 == 0 and pw.words.data_ptr() % 16 == 0
+            and device_ok(x2.device))
+
+
+def permute_x(x2: torch.Tensor, bkw: int) -> torch.Tensor:
+    """[M, K] -> [M, K]: each K step of 8 * bkw values in the A fragment's logical k order,
+    k = 32 j + 16 r1 + 8 r0 + 2 t + h for the value at word J t + j, code r0 + 2 r1 + 4 h (J = bkw / 4)."""
+    m, k = x2.shape
+    j = bkw // 4
+    x7 = x2.view(m, k // (8 * bkw), 4, j, 2, 2, 2)  # [m, step, t, j, h, r1, r0]
+    return x7.permute(0, 1, 3, 5, 6, 2, 4).reshape(m, k)  # [m, step, j, r1, r0, t, h]
+
+
+def split_for(cfg: WgmmaRingConfig, n: int, kw: int, sms: int, group: int) -> tuple[int, int]:
+    """(split count, K steps per split): about ``waves * sms`` CTAs, and no more steps a split than
+    the CTA's scale buffer holds."""
+    tiles = triton.cdiv(n, cfg.rows)
+    steps = triton.cdiv(kw, cfg.bkw)
+    split = max(1, min(64, triton.cdiv(cfg.waves * sms, tiles), steps), triton.cdiv(steps, cfg.smax(group)))
+    per = triton.cdiv(steps, split)
+    return triton.cdiv(steps, per), per
+
+
+def _x_layout(nt: int):
+    return gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
+
+
+def _w_layout():
+    return gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=32, rank=2)
+
+
+def launch_wgmma_ring(x2: torch.Tensor, pw, cfg: WgmmaRingConfig, epi=None) -> torch.Tensor:
+    """y [M, N] = x2 [M, K] @ dequant(W)^T (``ring_supported`` must hold); ``epi`` as ``launch_wgmma_decode``."""
+    if not ring_supported(x2, pw):
+        raise ValueError(
+            f"launch_wgmma_ring: needs CUDA bf16 x [M, {pw.k}] on an sm_90 GPU with {MIN_M} <= M <= {MAX_M}, an "
+            f"NVFP4 / MXFP4 weight with K % {X_BOX} == 0 and 16-byte aligned words; got {x2.dtype} "
+            f"{tuple(x2.shape)} on {x2.device}, format {pw.fmt} (use wgmma_decode.launch_wgmma_decode)")
+    m = x2.shape[0]
+    nt = token_tile(m)
+    kw = pw.k // 8
+    split, per = split_for(cfg, pw.n, kw, num_sms(x2.device), pw.group)
+    ops = decode_operands(x2, pw, split, int4=False)
+    xp = permute_x(ops.x2, cfg.bkw)
+    x_desc = TensorDescriptor.from_tensor(xp, [nt, cfg.bkw * 8], _x_layout(nt))
+    w_desc = TensorDescriptor.from_tensor(pw.words, [cfg.rows, cfg.bkw], _w_layout())
+    grid = (triton.cdiv(pw.n, cfg.rows), split)
+    _wgmma_ring_kernel[grid](
+        x_desc, w_desc, ops.scale, ops.gscale, ops.out,
+        m, pw.n, kw, ops.scale.shape[1], per,
+        ops.scale.stride(0), *ops.out_strides,
+        FMT=pw.fmt, GROUP=pw.group, R=cfg.rows, BKW=cfg.bkw, NT=nt, STAGES=cfg.stages, SMAX=triton.next_power_of_2(per),
+        num_warps=4,
+    )
+    return finish_splits(ops, split, epi)
+
+
+__all__ = ["ENV", "LARGE_MIN_WEIGHTS", "RING_CONFIGS", "WgmmaRingConfig", "default_config", "enabled", "launch_wgmma_ring", "permute_x",
+           "ring_supported", "split_for"]

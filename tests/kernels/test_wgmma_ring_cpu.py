@@ -1,0 +1,82 @@
+"""The TMA-ring wgmma decode GEMM's host side on CPU (``quarl_kernels.wgmma_ring``): x's per-step permutation
+(the A fragment's logical k order, as ``wgmma_decode._x_logical`` makes it in registers), configs, split-K sizing
+under the scale buffer's cap, and the ``QUARL_KERNELS_WGMMA_RING`` switch in ``wo_matmul`` (launch stubbed).
+
+Skipped unless Triton with Gluon is importable (the CPU CI has no Triton)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+pytest.importorskip("triton.experimental.gluon", reason="wgmma_ring is written in Gluon (Triton >= 3.5)")
+from quarl_kernels import wgmma_ring, wo_gemm  # after the skip: they import Triton
+from quarl_kernels.formats import FMT_NVFP4
+
+
+def test_permute_x_is_the_logical_k_order_of_every_step():
+    torch.manual_seed(0)
+    bkw, steps = 8, 3
+    j = bkw // 4
+    x = torch.randn(5, steps * bkw * 8)
+    xp = wgmma_ring.permute_x(x, bkw)
+    for s in range(steps):
+        xs, ps = x[:, s * 64:(s + 1) * 64], xp[:, s * 64:(s + 1) * 64]
+        for t in range(4):
+            for jj in range(j):
+                for code in range(8):
+                    r, h = code % 4, code // 4
+                    kl = 32 * jj + 16 * (r // 2) + 8 * (r % 2) + 2 * t + h
+                    assert torch.equal(ps[:, kl], xs[:, 8 * (j * t + jj) + code])
+    # the same as wgmma_decode's in-register permutation of one step ([n, t, j, h, r1, r0] -> [n, j, r1, r0, t, h])
+    xl = x[:, :64].reshape(5, 4, j, 2, 2, 2).permute(0, 2, 4, 5, 1, 3).reshape(5, 64)
+    assert torch.equal(xp[:, :64], xl)
+
+
+def test_config_validation():
+    with pytest.raises(ValueError, match="rows must be 64 or 128"):
+        wgmma_ring.WgmmaRingConfig(rows=256)
+    with pytest.raises(ValueError, match="stages must be 2..8"):
+        wgmma_ring.WgmmaRingConfig(stages=1)
+    with pytest.raises(ValueError, match="bkw must be 8"):
+        wgmma_ring.WgmmaRingConfig(bkw=16)
+    assert all(isinstance(c, wgmma_ring.WgmmaRingConfig) for c in wgmma_ring.RING_CONFIGS)
+    assert wgmma_ring.default_config(64, 18944) in wgmma_ring.RING_CONFIGS
+
+
+@pytest.mark.parametrize("n,k", [(18944, 3584), (3584, 18944), (3584, 3584), (27648, 5120), (5120, 27648), (520, 1088)])
+@pytest.mark.parametrize("cfg", wgmma_ring.RING_CONFIGS)
+@pytest.mark.parametrize("group", [16, 32])
+def test_split_covers_k_once_within_the_scale_buffer(n, k, cfg, group):
+    kw = k // 8
+    split, per = wgmma_ring.split_for(cfg, n, kw, 132, group)
+    steps = -(-kw // cfg.bkw)
+    assert (split - 1) * per < steps <= split * per  # every step in exactly one split, no empty split
+    assert per <= cfg.smax(group)  # the split's scales fit the CTA's buffer
+    ng = cfg.bkw // min(group // 8, cfg.bkw)
+    assert cfg.smax(group) * cfg.rows * ng <= wgmma_ring.SCALE_SMEM
+
+
+class _PW:
+    fmt, group, n, k = FMT_NVFP4, 16, 6144, 3584
+
+
+def test_wo_matmul_takes_it_only_behind_the_switch(monkeypatch):
+    calls = []
+    monkeypatch.setattr(wgmma_ring, "ring_supported", lambda x2, pw: True)
+    monkeypatch.setattr(wgmma_ring, "launch_wgmma_ring", lambda x2, pw, cfg, epi=None: calls.append(cfg) or "ring")
+    monkeypatch.setattr(wo_gemm, "_interpreting", lambda: False)
+    monkeypatch.setattr(wo_gemm.dense, "use_dense", lambda m: False)
+    monkeypatch.setattr(wo_gemm, "_wgmma_decode", lambda: None)
+    monkeypatch.setattr(wo_gemm, "_mma_decode", lambda: None)
+    monkeypatch.setattr(wo_gemm.gemv, "gemv_supported", lambda x2, pw: True)
+    monkeypatch.setattr(wo_gemm, "_gemv", lambda x2, pw, tune, epi: "other")
+    x = torch.zeros(48, 3584, dtype=torch.bfloat16)
+    monkeypatch.delenv(wgmma_ring.ENV, raising=False)
+    assert wo_gemm.wo_matmul(x, _PW(), tune=False) == "other"  # off by default
+    monkeypatch.setenv(wgmma_ring.ENV, "1")
+    assert wo_gemm.wo_matmul(x, _PW(), tune=False) == "ring" and calls == [wgmma_ring.default_config(48, 6144)]
+    assert wo_gemm.wo_matmul(x[:16], _PW(), tune=False) == "other"  # 16 rows: not its range
+    small = _PW()
+    small.n = 512
+    assert wo_gemm.wo_matmul(x, small, tune=False) == "other"  # a small weight stays off it

@@ -1,0 +1,102 @@
+"""GPU correctness of the TMA-ring wgmma decode GEMM (``quarl_kernels.wgmma_ring``), M = 17..64, FP4 formats.
+
+``test_wgmma_decode_gpu.py``'s contract: fresh random weights and activations, the output poisoned with NaN first,
+``||out - ref|| / ||ref|| < 5e-3`` against a float64 product with the format's dequantized weight, and agreement
+with ``wgmma_decode`` (same decode, another summation order). Cases: NVFP4 and MXFP4, every ring config, both token
+tiles and odd M (tokens past M are TMA's zero fill), N not a multiple of the CTA's rows (rows past N: zero words),
+split-K and a single split, splits capped by the scale buffer (K = 18944), CUDA graph capture, ``wo_matmul`` behind
+``QUARL_KERNELS_WGMMA_RING``.
+
+Run on an H100 / H200: ``pytest -q -m gpu tests/kernels/test_wgmma_ring_gpu.py``."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from quarl_kernels.ops import _packed_weight
+
+from tests.kernels.helpers import poison, qweight, rel
+
+pytest.importorskip("triton", reason="the GPU kernels need Triton (CPU CI has none)")
+pytest.importorskip("triton.experimental.gluon", reason="wgmma_ring is written in Gluon (Triton >= 3.5)")
+from quarl_kernels import wgmma_decode, wgmma_ring, wo_gemm  # after the skip: they import Triton
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device"),
+    pytest.mark.skipif(torch.cuda.is_available() and torch.cuda.get_device_capability() != (9, 0),
+                       reason="wgmma / TMA here need sm_90"),
+]
+
+SPECS = ["nvfp4", "mxfp4"]
+TOL = 5e-3
+C = wgmma_ring.RING_CONFIGS
+SHAPES = [  # M, N, K (K a multiple of 64)
+    (17, 520, 3584),  # NT = 32, split-K, N tail
+    (24, 1000, 1280),
+    (32, 3584, 2048),
+    (33, 640, 384),  # NT = 64 from M = 33; 6 steps
+    (64, 256, 128),  # two steps: no split
+    (64, 3584, 3584),
+    (40, 18944, 1024),  # many row tiles
+    (48, 3584, 18944),  # 296 steps: the split is set by the scale buffer
+]
+CASES = [(*SHAPES[i % len(SHAPES)], c) for i, c in enumerate(C)] + [
+    (m, n, k, wgmma_ring.default_config(m, n)) for m, n, k in SHAPES]
+
+
+@pytest.mark.parametrize("spec", SPECS)
+@pytest.mark.parametrize("m,n,k,cfg", CASES, ids=[f"M{c[0]}N{c[1]}K{c[2]}-{c[3]}" for c in CASES])
+def test_wgmma_ring_matches_reference(spec, m, n, k, cfg):
+    torch.manual_seed(m * 7 + n + k)
+    args, w = qweight(spec, n, k)
+    x = torch.randn(m, k, device="cuda").to(torch.bfloat16)
+    poison((m, n), torch.bfloat16)
+    y = wgmma_ring.launch_wgmma_ring(x, _packed_weight(*args), cfg)
+    torch.cuda.synchronize()
+    assert y.shape == (m, n) and y.dtype == torch.bfloat16
+    assert rel(y, x.double() @ w.T) < TOL
+
+
+@pytest.mark.parametrize("spec", SPECS)
+def test_agrees_with_wgmma_decode(spec):
+    torch.manual_seed(5)
+    args, _ = qweight(spec, 2048, 3584)
+    pw = _packed_weight(*args)
+    for m in (17, 32, 48, 64):
+        x = torch.randn(m, 3584, device="cuda").to(torch.bfloat16)
+        y = wgmma_ring.launch_wgmma_ring(x, pw, wgmma_ring.default_config(m, 2048)).float()
+        ref = wgmma_decode.launch_wgmma_decode(x, pw, wgmma_decode.default_config(m, 2048)).float()
+        assert (y - ref).abs().max() <= 1e-2 * ref.abs().max()
+
+
+def test_cuda_graph_capture_of_split_k():
+    torch.manual_seed(1)
+    args, w = qweight("nvfp4", 512, 3584)
+    pw = _packed_weight(*args)
+    x = torch.randn(64, 3584, device="cuda").to(torch.bfloat16)
+    cfg = wgmma_ring.default_config(64, 512)
+    wgmma_ring.launch_wgmma_ring(x, pw, cfg)  # compile outside the capture
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        y = wgmma_ring.launch_wgmma_ring(x, pw, cfg)
+    x.copy_(torch.randn_like(x))
+    g.replay()
+    torch.cuda.synchronize()
+    assert rel(y, x.double() @ w.T) < TOL
+
+
+def test_wo_matmul_takes_it_behind_the_switch(monkeypatch):
+    torch.manual_seed(2)
+    args, w = qweight("nvfp4", 6144, 3584)  # 22M weights: above LARGE_MIN_WEIGHTS
+    pw = _packed_weight(*args)
+    x = torch.randn(48, 3584, device="cuda").to(torch.bfloat16)
+    called = []
+    real = wgmma_ring.launch_wgmma_ring
+    monkeypatch.setattr(wgmma_ring, "launch_wgmma_ring", lambda *a, **k: called.append(1) or real(*a, **k))
+    monkeypatch.delenv(wgmma_ring.ENV, raising=False)
+    wo_gemm.wo_matmul(x, pw, tune=False)
+    assert not called
+    monkeypatch.setenv(wgmma_ring.ENV, "1")
+    y = wo_gemm.wo_matmul(x, pw, tune=False)
+    assert called == [1] and rel(y, x.double() @ w.T) < TOL
