@@ -30,6 +30,12 @@ ncu_wgmma() {  # NAME SECONDS ARGS...: one ncu report of profile_wgmma_decode.py
 #     CTA barrier per step): its GPU tests; NVFP4 at 32 / 64 rows beside every wgmma_decode candidate, mma_decode and
 #     cuBLAS (bench_wgmma_decode.py --ring) on the 7B shapes; ncu of its default at 64 rows; the 7B decode-step
 #     profile at batch 64 (BF16+LoRA, NVFP4+LoRA, NVFP4+LoRA:ring).
+#   phase c: bash benchmarks/gpu_session14.sh c   (one GPU; ~8 min)
+#     The TMA-ring kernel on by default (with its measured configs, x permuted by a Triton kernel, once for gate + up):
+#     the GPU tests (ring, wgmma_decode); issue 17's rollout table at batch 64, 7B and 14B, LoRA on both sides; the
+#     decode-step profile at batch 64, 7B and 14B: BF16+LoRA, NVFP4+LoRA (ring), NVFP4+LoRA:noring.
+#   phase d: bash benchmarks/gpu_session14.sh d   (one GPU; ~5 min)
+#     The 7B GRPO step (its rollouts are batch 64) with the defaults (the ring on), twice.
 case $PHASE in
 a)
     ncu_wgmma m64 200 --shapes 18944x3584,3584x3584 --m 64 --configs 1
@@ -44,6 +50,15 @@ b)
     echo "== bench rc=$? at $((SECONDS - T0)) s"; tail -n 12 "$OUT/bench/run.log"
     ncu_wgmma ring 100 --shapes 18944x3584,3584x3584 --m 64 --configs r0
     profile "${PROFILE_S:-150}" 7b bf16+lora32,nvfp4+lora32,nvfp4+lora32:ring 64
+    ;;
+c)
+    tests "${TEST_S:-200}" tests/kernels/test_wgmma_ring_gpu.py tests/kernels/test_wgmma_decode_gpu.py
+    rollout_table "${TABLE_S:-260}" 7b,14b 64 table64
+    profile "${PROFILE_S:-130}" 7b,14b bf16+lora32,nvfp4+lora32,nvfp4+lora32:noring 64
+    ;;
+d)
+    grpo "${GRPO_S:-270}" grpo
+    grpo "${GRPO_S:-270}" grpo2
     ;;
 *)
     echo "unknown phase $PHASE"; exit 2

@@ -22,7 +22,8 @@ launch per weight, not one for the group, ``group_pass.finish_group``); ``:rope`
 (the decode step's RoPE + K/V write in the q/k/v group's pass at one row, not its own kernel: the default since
 session 13) and ``:norope`` ``=0``; ``:h200gemv`` sets
 ``QUARL_KERNELS_GEMV_DEFAULTS=h200`` (the one-row GEMV's config 0 everywhere, as before session 12); ``:ring`` sets
-``QUARL_KERNELS_WGMMA_RING=1`` (17..64 rows on large FP4 weights through ``wgmma_ring.py``); modifiers combine (``nvfp4+lora32:noepi:sdpa``). With the epilogue on, a projection's ``gemm:*`` row includes its
+``QUARL_KERNELS_WGMMA_RING=1`` (17..64 rows on large FP4 weights through ``wgmma_ring.py``, the default since
+session 14) and ``:noring`` ``=0``; modifiers combine (``nvfp4+lora32:noepi:sdpa``). With the epilogue on, a projection's ``gemm:*`` row includes its
 bias and LoRA B (they run in its kernels); ``lora`` is then the A GEMMs alone.
 
 Per (variant, batch) cell, one prefill of ``prompt`` random tokens fills the cache, and
@@ -437,6 +438,7 @@ MODIFIERS = {  # ':name' -> the engine switch (env, value) it sets for the cell:
     "norope": ("QUARL_ENGINE_GROUP_ROPE", "0"),  # ... in a RoPE kernel of its own after the pass (before s13)
     "h200gemv": ("QUARL_KERNELS_GEMV_DEFAULTS", "h200"),  # the one-row GEMV's config 0 everywhere (before session 12)
     "ring": ("QUARL_KERNELS_WGMMA_RING", "1"),  # 17..64 rows on large FP4 weights: the TMA-ring kernel (session 14)
+    "noring": ("QUARL_KERNELS_WGMMA_RING", "0"),  # ... through wgmma_decode / mma_decode (before session 14)
 }
 
 

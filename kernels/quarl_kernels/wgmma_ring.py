@@ -35,8 +35,11 @@ K/8 are 0). Split-K, the epilogue and the numerics are ``wgmma_decode``'s (fp32
 partials ``[S, M, N]`` summed in split order; NVFP4 / MXFP4 decoded exactly to bf16).
 FP4 formats only: INT4's fp32 scales and zero points stay on ``wgmma_decode``.
 
-``wo_matmul`` takes this kernel only behind ``QUARL_KERNELS_WGMMA_RING=1`` until a device
-run shows it wins (``benchmarks/kernels/bench_wgmma_decode.py --ring``).
+``wo_matmul`` takes this kernel for 17..64 rows on FP4 weights of >= 12.6M entries (>= 32M at
+<= 32 rows: ``takes``), ahead of ``wgmma_decode``; ``QUARL_KERNELS_WGMMA_RING=0`` turns it off. Measured
+(H100, session 14, ``benchmarks/kernels/bench_wgmma_decode.py --ring``; RESULTS "v12"): 7B gate/up
+(18944 x 3584) at 64 rows 36.2 vs 54.3 us (38 vs 25 % of HBM), down 39.8 vs 52.4 us; the 7B batch-64
+decode step 9.10 vs 10.28 ms.
 """
 
 from __future__ import annotations
@@ -45,6 +48,7 @@ from dataclasses import dataclass
 
 import torch
 import triton
+import triton.language as tl
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (
@@ -64,6 +68,7 @@ from quarl_kernels.wgmma_decode import LARGE_MIN_WEIGHTS, MAX_M, MIN_M, device_o
 ENV = "QUARL_KERNELS_WGMMA_RING"
 X_BOX = 64  # bf16 x per TMA box row: 128 bytes, the widest box a 128-byte swizzle takes
 SCALE_SMEM = 16 << 10  # bytes of group scales a CTA keeps: caps the K steps of one split
+LARGE_MIN_WEIGHTS_NT32 = 32 << 20  # at 17..32 rows: the weights this kernel takes (below, wgmma_decode's as fast)
 
 
 @gluon.jit
@@ -202,13 +207,17 @@ RING_CONFIGS = (
 
 
 def enabled() -> bool:
-    """``QUARL_KERNELS_WGMMA_RING`` (off by default until measured)."""
-    return env_flag(ENV, False)
+    """``QUARL_KERNELS_WGMMA_RING`` (on unless 0 / off)."""
+    return env_flag(ENV, True)
 
 
-def default_config(m: int, n: int) -> WgmmaRingConfig:
-    del m, n
-    return RING_CONFIGS[0]
+def default_config(m: int, n: int, k: int | None = None) -> WgmmaRingConfig:
+    """The device sweep's winners (bench_wgmma_decode.py --ring, H100, session 14): 4 stages at 32 rows, 3 at 64;
+    half the CTAs (waves = 2: fewer split-K partials) on weights below ``LARGE_MIN_WEIGHTS_NT32``."""
+    small = k is not None and n * k < LARGE_MIN_WEIGHTS_NT32
+    if small:
+        return RING_CONFIGS[4]  # R64 S4 W2: 3584 x 3584 at 32 / 64 rows 13.0 / 14.5 us
+    return RING_CONFIGS[0] if m <= 32 else RING_CONFIGS[3]  # R64 S4 W4 / R64 S3 W4
 
 
 def ring_supported(x2: torch.Tensor, pw) -> bool:
@@ -220,13 +229,45 @@ def ring_supported(x2: torch.Tensor, pw) -> bool:
             and device_ok(x2.device))
 
 
-def permute_x(x2: torch.Tensor, bkw: int) -> torch.Tensor:
+def permute_x_reference(x2: torch.Tensor, bkw: int) -> torch.Tensor:
     """[M, K] -> [M, K]: each K step of 8 * bkw values in the A fragment's logical k order,
     k = 32 j + 16 r1 + 8 r0 + 2 t + h for the value at word J t + j, code r0 + 2 r1 + 4 h (J = bkw / 4)."""
     m, k = x2.shape
     j = bkw // 4
-    x7 = x2.view(m, k // (8 * bkw), 4, j, 2, 2, 2)  # [m, step, t, j, h, r1, r0]
+    x7 = x2.reshape(m, k // (8 * bkw), 4, j, 2, 2, 2)  # [m, step, t, j, h, r1, r0]
     return x7.permute(0, 1, 3, 5, 6, 2, 4).reshape(m, k)  # [m, step, j, r1, r0, t, h]
+
+
+@triton.jit
+def _permute_x_kernel(x_ptr, o_ptr, K, stride_xm, BLOCK: tl.constexpr, J: tl.constexpr):
+    """Program (row, block of BLOCK outputs): o[row, k] = x[row, source(k)], gathered inside each 8 J-wide step
+    (one or two 128-byte lines), stored contiguously."""
+    row = tl.program_id(0)
+    k = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)  # output (logical) index
+    kl = k % (32 * J)
+    jj, r1, r0, t, h = kl // 32, (kl // 16) % 2, (kl // 8) % 2, (kl // 2) % 4, kl % 2
+    src = (k - kl) + 8 * (J * t + jj) + r0 + 2 * r1 + 4 * h
+    ok = k < K
+    v = tl.load(x_ptr + row * stride_xm + src, mask=ok)
+    tl.store(o_ptr + row * K + k, v, mask=ok)
+
+
+def permute_x(x2: torch.Tensor, bkw: int) -> torch.Tensor:
+    """:func:`permute_x_reference` as one small Triton launch on CUDA (the reference elsewhere)."""
+    if not x2.is_cuda:
+        return permute_x_reference(x2, bkw)
+    m, k = x2.shape
+    out = torch.empty((m, k), device=x2.device, dtype=x2.dtype)
+    _permute_x_kernel[(m, triton.cdiv(k, 1024))](x2, out, k, x2.stride(0), BLOCK=1024, J=bkw // 4, num_warps=4)
+    return out
+
+
+def takes(x2: torch.Tensor, pw) -> bool:
+    """Whether ``wo_matmul`` routes this call here (when switched on): a supported call (``ring_supported``) on a
+    weight of >= ``LARGE_MIN_WEIGHTS`` (at M <= 32: >= ``LARGE_MIN_WEIGHTS_NT32``, where the smaller ones ran as fast
+    on ``wgmma_decode``: 3584 x 3584 at 32 rows 13.0 vs 11.4 us, H100, session 14)."""
+    floor = LARGE_MIN_WEIGHTS_NT32 if x2.shape[0] <= 32 else LARGE_MIN_WEIGHTS
+    return pw.n * pw.k >= floor and ring_supported(x2, pw)
 
 
 def split_for(cfg: WgmmaRingConfig, n: int, kw: int, sms: int, group: int) -> tuple[int, int]:
@@ -247,8 +288,10 @@ def _w_layout():
     return gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=32, rank=2)
 
 
-def launch_wgmma_ring(x2: torch.Tensor, pw, cfg: WgmmaRingConfig, epi=None) -> torch.Tensor:
-    """y [M, N] = x2 [M, K] @ dequant(W)^T (``ring_supported`` must hold); ``epi`` as ``launch_wgmma_decode``."""
+def launch_wgmma_ring(x2: torch.Tensor, pw, cfg: WgmmaRingConfig, epi=None, xp: torch.Tensor | None = None
+                      ) -> torch.Tensor:
+    """y [M, N] = x2 [M, K] @ dequant(W)^T (``ring_supported`` must hold); ``epi`` as ``launch_wgmma_decode``;
+    ``xp``: ``permute_x(x2, cfg.bkw)`` when the caller has it already (weights of one group share it)."""
     if not ring_supported(x2, pw):
         raise ValueError(
             f"launch_wgmma_ring: needs CUDA bf16 x [M, {pw.k}] on an sm_90 GPU with {MIN_M} <= M <= {MAX_M}, an "
@@ -259,7 +302,7 @@ def launch_wgmma_ring(x2: torch.Tensor, pw, cfg: WgmmaRingConfig, epi=None) -> t
     kw = pw.k // 8
     split, per = split_for(cfg, pw.n, kw, num_sms(x2.device), pw.group)
     ops = decode_operands(x2, pw, split, int4=False)
-    xp = permute_x(ops.x2, cfg.bkw)
+    xp = permute_x(ops.x2, cfg.bkw) if xp is None else xp
     x_desc = TensorDescriptor.from_tensor(xp, [nt, cfg.bkw * 8], _x_layout(nt))
     w_desc = TensorDescriptor.from_tensor(pw.words, [cfg.rows, cfg.bkw], _w_layout())
     grid = (triton.cdiv(pw.n, cfg.rows), split)
@@ -273,5 +316,5 @@ def launch_wgmma_ring(x2: torch.Tensor, pw, cfg: WgmmaRingConfig, epi=None) -> t
     return finish_splits(ops, split, epi)
 
 
-__all__ = ["ENV", "LARGE_MIN_WEIGHTS", "RING_CONFIGS", "WgmmaRingConfig", "default_config", "enabled", "launch_wgmma_ring", "permute_x",
-           "ring_supported", "split_for"]
+__all__ = ["ENV", "LARGE_MIN_WEIGHTS", "LARGE_MIN_WEIGHTS_NT32", "RING_CONFIGS", "WgmmaRingConfig", "default_config",
+           "enabled", "launch_wgmma_ring", "permute_x", "permute_x_reference", "ring_supported", "split_for", "takes"]

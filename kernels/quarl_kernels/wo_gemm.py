@@ -498,10 +498,11 @@ _WGMMA_RING_BROKEN: str | None = None  # why the TMA-ring kernel is off for this
 
 
 def _wgmma_ring():
-    """The TMA-ring wgmma decode kernel module (``wgmma_ring.py``; M = 17..64 on sm_90) when
-    ``QUARL_KERNELS_WGMMA_RING=1`` (off by default until a device run shows it wins), else None."""
+    """The TMA-ring wgmma decode kernel module (``wgmma_ring.py``; M = 17..64 on sm_90), or None when
+    ``QUARL_KERNELS_WGMMA_RING=0``, without Gluon's Hopper TMA API, or after a build failure. On by default since
+    the H100 run of session 14 (1.3-1.5x ``wgmma_decode`` on the 7B MLP weights at 64 rows)."""
     global _WGMMA_RING_BROKEN
-    if _interpreting() or _WGMMA_RING_BROKEN or not _env_flag("QUARL_KERNELS_WGMMA_RING", False):
+    if _interpreting() or _WGMMA_RING_BROKEN or not _env_flag("QUARL_KERNELS_WGMMA_RING", True):
         return None
     try:
         from quarl_kernels import wgmma_ring
@@ -515,7 +516,7 @@ def _wgmma_ring_failed(e: Exception) -> None:
     global _WGMMA_RING_BROKEN
     _WGMMA_RING_BROKEN = f"{type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}"
     warnings.warn(f"quarl_kernels: the TMA-ring wgmma kernel failed to build ({_WGMMA_RING_BROKEN}); decode at "
-                  f"M = 17..64 falls back to wgmma_decode. Unset QUARL_KERNELS_WGMMA_RING to silence this.",
+                  f"M = 17..64 falls back to wgmma_decode. Set QUARL_KERNELS_WGMMA_RING=0 to silence this.",
                   stacklevel=3)
 
 
@@ -527,7 +528,8 @@ def _gemv(x2: torch.Tensor, pw: PackedWeight, tune: bool | None, epi) -> torch.T
     return gemv.launch_gemv(x2, pw, gcfg, epi=epi)
 
 
-def wo_matmul(x2: torch.Tensor, pw: PackedWeight, *, tune: bool | None = None, epi=None) -> torch.Tensor:
+def wo_matmul(x2: torch.Tensor, pw: PackedWeight, *, tune: bool | None = None, epi=None,
+              xp: torch.Tensor | None = None) -> torch.Tensor:
     """y [M, N] = x2 [M, K] @ dequant(W)^T, config picked by M regime (and tuning).
 
     By M: 1 token runs the CUDA-core GEMV (``gemv.py``), 2..64 the Gluon
@@ -539,7 +541,8 @@ def wo_matmul(x2: torch.Tensor, pw: PackedWeight, *, tune: bool | None = None, e
     ``epi`` (a ``launch.Epilogue``): a bias and / or a LoRA branch ``scaling * a @ b^T`` added in the
     launch's last pass (the split-K reduction, or one in-place pass when unsplit); tuning times the
     GEMM alone. Its ``lora_a`` (a LoRA group's ``x @ A^T`` as split partials) is computed by extra programs of
-    the GEMV / mma.sync launch, and by ``F.linear`` before any other route."""
+    the GEMV / mma.sync launch, and by ``F.linear`` before any other route. ``xp``: ``x2`` permuted for the
+    TMA-ring kernel (``wgmma_ring.permute_x``), when a group's caller made it once for several weights."""
     m = x2.shape[0]
     if dense.use_dense(m):
         epi = _without_lora_a(x2, epi)
@@ -548,9 +551,10 @@ def wo_matmul(x2: torch.Tensor, pw: PackedWeight, *, tune: bool | None = None, e
         except torch.cuda.OutOfMemoryError:  # no room for the transient BF16 weight: the fused kernel needs none
             _dense_oom(pw)
     wr = _wgmma_ring() if 17 <= m <= 64 else None
-    if wr is not None and pw.n * pw.k >= wr.LARGE_MIN_WEIGHTS and wr.ring_supported(x2, pw):
+    if wr is not None and wr.takes(x2, pw):
         try:
-            return wr.launch_wgmma_ring(x2, pw, wr.default_config(m, pw.n), epi=_without_lora_a(x2, epi))
+            return wr.launch_wgmma_ring(x2, pw, wr.default_config(m, pw.n, pw.k), epi=_without_lora_a(x2, epi),
+                                        xp=xp)
         except triton.compiler.errors.CompilationError as e:
             _wgmma_ring_failed(e)
     wd = _wgmma_decode() if 17 <= m <= 64 else None
@@ -603,8 +607,18 @@ def wo_matmul_group(x2: torch.Tensor, pws: list, epis: list, *, gate_act: bool =
             return md.launch_mma_decode_group(x2, pws, md.default_config(m, p0.n), epis, gate_act=gate_act, rope=rope)
         except triton.compiler.errors.CompilationError as e:
             _mma_decode_failed(e)
-    ys = each_in_group(epis, gate_act, lambda j, e: wo_matmul(x2, pws[j], epi=e))
+    xp = _ring_x(x2, pws)
+    ys = each_in_group(epis, gate_act, lambda j, e: wo_matmul(x2, pws[j], epi=e, xp=xp))
     return ys if rope is None else rope_after(ys, rope)
+
+
+def _ring_x(x2: torch.Tensor, pws: list) -> torch.Tensor | None:
+    """x2 permuted once for the TMA-ring kernel when it takes two or more of a group's weights (gate and up), else
+    None (each call permutes its own)."""
+    wr = _wgmma_ring() if 17 <= x2.shape[0] <= 64 else None
+    if wr is None or sum(wr.takes(x2, p) for p in pws) < 2:
+        return None
+    return wr.permute_x(x2.contiguous(), wr.default_config(x2.shape[0], pws[0].n, pws[0].k).bkw)
 
 
 GROUP_ENV = "QUARL_GEMV_GROUP"  # 0: a LoRA group's projections as one launch each, not one launch for the group

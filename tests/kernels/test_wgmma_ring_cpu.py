@@ -61,10 +61,11 @@ class _PW:
     fmt, group, n, k = FMT_NVFP4, 16, 6144, 3584
 
 
-def test_wo_matmul_takes_it_only_behind_the_switch(monkeypatch):
+def test_wo_matmul_takes_it_by_default_and_the_switch_turns_it_off(monkeypatch):
     calls = []
     monkeypatch.setattr(wgmma_ring, "ring_supported", lambda x2, pw: True)
-    monkeypatch.setattr(wgmma_ring, "launch_wgmma_ring", lambda x2, pw, cfg, epi=None: calls.append(cfg) or "ring")
+    monkeypatch.setattr(wgmma_ring, "launch_wgmma_ring",
+                        lambda x2, pw, cfg, epi=None, xp=None: calls.append(cfg) or "ring")
     monkeypatch.setattr(wo_gemm, "_interpreting", lambda: False)
     monkeypatch.setattr(wo_gemm.dense, "use_dense", lambda m: False)
     monkeypatch.setattr(wo_gemm, "_wgmma_decode", lambda: None)
@@ -72,11 +73,39 @@ def test_wo_matmul_takes_it_only_behind_the_switch(monkeypatch):
     monkeypatch.setattr(wo_gemm.gemv, "gemv_supported", lambda x2, pw: True)
     monkeypatch.setattr(wo_gemm, "_gemv", lambda x2, pw, tune, epi: "other")
     x = torch.zeros(48, 3584, dtype=torch.bfloat16)
-    monkeypatch.delenv(wgmma_ring.ENV, raising=False)
-    assert wo_gemm.wo_matmul(x, _PW(), tune=False) == "other"  # off by default
-    monkeypatch.setenv(wgmma_ring.ENV, "1")
-    assert wo_gemm.wo_matmul(x, _PW(), tune=False) == "ring" and calls == [wgmma_ring.default_config(48, 6144)]
+    monkeypatch.setenv(wgmma_ring.ENV, "0")
+    assert wo_gemm.wo_matmul(x, _PW(), tune=False) == "other"  # switched off
+    monkeypatch.delenv(wgmma_ring.ENV, raising=False)  # on by default
+    assert wo_gemm.wo_matmul(x, _PW(), tune=False) == "ring" and calls == [wgmma_ring.default_config(48, 6144, 3584)]
     assert wo_gemm.wo_matmul(x[:16], _PW(), tune=False) == "other"  # 16 rows: not its range
+    assert wo_gemm.wo_matmul(x[:24], _PW(), tune=False) == "other"  # 22M weights at <= 32 rows: wgmma_decode's
+    big = _PW()
+    big.n = 18944
+    assert wo_gemm.wo_matmul(x[:24], big, tune=False) == "ring"
     small = _PW()
     small.n = 512
     assert wo_gemm.wo_matmul(x, small, tune=False) == "other"  # a small weight stays off it
+
+
+def test_defaults_follow_the_sweep():
+    c = wgmma_ring.RING_CONFIGS
+    assert wgmma_ring.default_config(32, 18944, 3584) == c[0] and wgmma_ring.default_config(64, 18944, 3584) == c[3]
+    assert wgmma_ring.default_config(64, 3584, 3584).waves == 2 and wgmma_ring.default_config(24, 3584, 3584).waves == 2
+
+
+def test_a_group_permutes_x_once_for_the_ring(monkeypatch):
+    seen = []
+    monkeypatch.setattr(wo_gemm, "_wgmma_ring", lambda: wgmma_ring)
+    monkeypatch.setattr(wgmma_ring, "takes", lambda x2, pw: pw.n >= 4096)
+    monkeypatch.setattr(wgmma_ring, "permute_x", lambda x2, bkw: seen.append(bkw) or ("xp", x2.shape))
+    monkeypatch.setattr(wo_gemm, "group_route", lambda x2, pws: None)
+    got = []
+    monkeypatch.setattr(wo_gemm, "wo_matmul", lambda x2, pw, epi=None, xp=None: got.append(xp) or x2)
+    x = torch.zeros(48, 3584, dtype=torch.bfloat16)
+    gate, up, small = _PW(), _PW(), _PW()
+    small.n = 512
+    wo_gemm.wo_matmul_group(x, [gate, up], [None, None])
+    assert seen == [8] and got == [("xp", (48, 3584))] * 2  # once for both
+    seen.clear(), got.clear()
+    wo_gemm.wo_matmul_group(x, [gate, small, small], [None, None, None])
+    assert seen == [] and got == [None] * 3  # one ring weight: it permutes its own

@@ -86,7 +86,7 @@ def test_cuda_graph_capture_of_split_k():
     assert rel(y, x.double() @ w.T) < TOL
 
 
-def test_wo_matmul_takes_it_behind_the_switch(monkeypatch):
+def test_wo_matmul_takes_it_by_default(monkeypatch):
     torch.manual_seed(2)
     args, w = qweight("nvfp4", 6144, 3584)  # 22M weights: above LARGE_MIN_WEIGHTS
     pw = _packed_weight(*args)
@@ -94,9 +94,21 @@ def test_wo_matmul_takes_it_behind_the_switch(monkeypatch):
     called = []
     real = wgmma_ring.launch_wgmma_ring
     monkeypatch.setattr(wgmma_ring, "launch_wgmma_ring", lambda *a, **k: called.append(1) or real(*a, **k))
-    monkeypatch.delenv(wgmma_ring.ENV, raising=False)
+    monkeypatch.setenv(wgmma_ring.ENV, "0")
     wo_gemm.wo_matmul(x, pw, tune=False)
     assert not called
-    monkeypatch.setenv(wgmma_ring.ENV, "1")
+    monkeypatch.delenv(wgmma_ring.ENV, raising=False)
     y = wo_gemm.wo_matmul(x, pw, tune=False)
     assert called == [1] and rel(y, x.double() @ w.T) < TOL
+
+
+def test_a_group_shares_one_permuted_x():
+    """gate / up through ``wo_matmul_group`` (x permuted once for both) against the float64 reference."""
+    torch.manual_seed(3)
+    (ga, gw), (ua, uw) = qweight("nvfp4", 18944, 3584), qweight("nvfp4", 18944, 3584)
+    pws = [_packed_weight(*ga), _packed_weight(*ua)]
+    x = torch.randn(64, 3584, device="cuda").to(torch.bfloat16)
+    ys = wo_gemm.wo_matmul_group(x, pws, [None, None])
+    for y, w in zip(ys, (gw, uw)):
+        assert rel(y, x.double() @ w.T) < TOL
+
