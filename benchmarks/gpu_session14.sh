@@ -36,6 +36,9 @@ ncu_wgmma() {  # NAME SECONDS ARGS...: one ncu report of profile_wgmma_decode.py
 #     decode-step profile at batch 64, 7B and 14B: BF16+LoRA, NVFP4+LoRA (ring), NVFP4+LoRA:noring.
 #   phase d: bash benchmarks/gpu_session14.sh d   (one GPU; ~5 min)
 #     The 7B GRPO step (its rollouts are batch 64) with the defaults (the ring on), twice.
+#   phase e: bash benchmarks/gpu_session14.sh e   (one GPU; ~9 min)
+#     Issue 17's rollout table in one run with the code of phase c/d: 7B and 14B, batch 1 / 8 / 64, 2048 new tokens,
+#     BF16+LoRA vs NVFP4+LoRA (rank 32 on all projections).
 case $PHASE in
 a)
     ncu_wgmma m64 200 --shapes 18944x3584,3584x3584 --m 64 --configs 1
@@ -59,6 +62,9 @@ c)
 d)
     grpo "${GRPO_S:-270}" grpo
     grpo "${GRPO_S:-270}" grpo2
+    ;;
+e)
+    rollout_table "${TABLE_S:-570}" 7b,14b 1,8,64 table
     ;;
 *)
     echo "unknown phase $PHASE"; exit 2
