@@ -39,10 +39,6 @@ ncu_wgmma() {  # NAME SECONDS ARGS...: one ncu report of profile_wgmma_decode.py
 #   phase e: bash benchmarks/gpu_session14.sh e   (one GPU; ~9 min)
 #     Issue 17's rollout table in one run with the code of phase c/d: 7B and 14B, batch 1 / 8 / 64, 2048 new tokens,
 #     BF16+LoRA vs NVFP4+LoRA (rank 32 on all projections).
-#   phase f: bash benchmarks/gpu_session14.sh f   (one GPU; ~7 min)
-#     The ring with its scales fetched by one TMA box a CTA (rows of a multiple of 16 bytes; the threads' loads
-#     otherwise): GPU tests; the ring beside v11 / mma_decode / cuBLAS at 32 / 64 rows on the 7B and 14B shapes,
-#     k / v included (not taken by the ring today); the decode-step profile at batch 64, 7B and 14B.
 case $PHASE in
 a)
     ncu_wgmma m64 200 --shapes 18944x3584,3584x3584 --m 64 --configs 1
@@ -69,15 +65,6 @@ d)
     ;;
 e)
     rollout_table "${TABLE_S:-570}" 7b,14b 1,8,64 table
-    ;;
-f)
-    tests "${TEST_S:-150}" tests/kernels/test_wgmma_ring_gpu.py
-    mkdir -p "$OUT/bench"
-    timeout -k 5 "${BENCH_S:-260}" "$PY" benchmarks/kernels/bench_wgmma_decode.py --ring --formats nvfp4 --ms 32,64 \
-        --no-check --shapes 18944x3584,3584x18944,3584x3584,512x3584,13824x5120,5120x13824,5120x5120,1024x5120 \
-        --budget-s $(( ${BENCH_S:-260} - 30 )) --out "$OUT/bench" > "$OUT/bench/run.log" 2>&1
-    echo "== bench rc=$? at $((SECONDS - T0)) s"; tail -n 20 "$OUT/bench/run.log"
-    profile "${PROFILE_S:-130}" 7b,14b nvfp4+lora32 64
     ;;
 *)
     echo "unknown phase $PHASE"; exit 2

@@ -75,7 +75,7 @@ def compile_wgmma_decode(fmt: int, cfg, nt: int, split: bool = True, even_k: boo
     return triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": cfg.warps})
 
 
-def compile_wgmma_ring(fmt: int, cfg, nt: int, smax: int = 32, split: bool = True, scale_tma: bool = True):
+def compile_wgmma_ring(fmt: int, cfg, nt: int, smax: int = 32, split: bool = True):
     """``wgmma_ring._wgmma_ring_kernel`` compiled for sm_90 (no GPU), its TMA descriptors as the launcher builds them."""
     import triton
     from quarl_kernels import wgmma_ring as wr
@@ -84,13 +84,11 @@ def compile_wgmma_ring(fmt: int, cfg, nt: int, smax: int = 32, split: bool = Tru
 
     sig = {"x_desc": f"tensordesc<bf16[{nt}, {cfg.bkw * 8}],{wr._x_layout(nt)!r}>",
            "w_desc": f"tensordesc<i32[{cfg.rows}, {cfg.bkw}],{wr._w_layout()!r}>",
-           "s_desc": (f"tensordesc<u8[{cfg.rows}, {smax * cfg.bkw // min(GROUP[fmt] // 8, cfg.bkw)}],"
-                      f"{wr._s_layout()!r}>" if scale_tma else f"tensordesc<i32[{cfg.rows}, {cfg.bkw}],{wr._w_layout()!r}>"),
            "s_ptr": "*u8", "gs_ptr": "*fp32", "out_ptr": "*fp32" if split else "*bf16"}
     for k in ("M", "N", "KW", "G", "TILES_PER_SPLIT", "stride_sn", "stride_os", "stride_om"):
         sig[k] = "i32"
     const = {"FMT": fmt, "GROUP": GROUP[fmt], "R": cfg.rows, "BKW": cfg.bkw, "NT": nt, "STAGES": cfg.stages,
-             "SMAX": smax, "SCALE_TMA": scale_tma}
+             "SMAX": smax}
     sig.update({k: "constexpr" for k in const})
     odd = ("M", "G", "TILES_PER_SPLIT")
     attrs = {(i,): [["tt.divisibility", 16]] for i, (k, t) in enumerate(sig.items())

@@ -71,39 +71,13 @@ SCALE_SMEM = 16 << 10  # bytes of group scales a CTA keeps: caps the K steps of 
 LARGE_MIN_WEIGHTS_NT32 = 32 << 20  # at 17..32 rows: the weights this kernel takes (below, wgmma_decode's as fast)
 
 
-@gluon.constexpr_function
-def _scale_layout(R, NG, W):
-    """[SMAX, R, NG] scale bytes in registers: a row's NG bytes a thread, rows over lanes and warps."""
-    tpr = min(32, R // W)
-    return gl.BlockedLayout([1, 1, NG], [32 // tpr, tpr, 1], [1, W, 1], [2, 1, 0])
-
-
-@gluon.jit
-def _scales_by_threads(s_ptr, row0, kw_lo, nsteps, N, stride_sn, R: gl.constexpr, NG: gl.constexpr,
-                       WPG: gl.constexpr, W: gl.constexpr, SMAX: gl.constexpr, SS3: gl.constexpr, SS2: gl.constexpr):
-    """The CTA's scale bytes [SMAX, R, NG] loaded by its threads and stored to shared memory (where the scale rows
-    are not 16-byte aligned for TMA)."""
-    LS: gl.constexpr = _scale_layout(R, NG, W)
-    st_i = gl.arange(0, SMAX, layout=gl.SliceLayout(1, gl.SliceLayout(2, LS)))
-    r_i = gl.arange(0, R, layout=gl.SliceLayout(0, gl.SliceLayout(2, LS)))
-    g_i = gl.arange(0, NG, layout=gl.SliceLayout(0, gl.SliceLayout(1, LS)))
-    gi = (kw_lo // WPG + st_i * NG)[:, None, None] + g_i[None, None, :]  # [SMAX, 1, NG] (whole groups a step)
-    rows = gl.minimum(row0 + r_i, N - 1)[None, :, None]  # [1, R, 1]: rows past N re-read N - 1 (never stored)
-    # a step inside K/8 words has all its groups inside G (K % 64 == 0): one mask per step, so the NG bytes of a
-    # row load as one vector
-    s_ok = gl.broadcast((st_i < nsteps)[:, None, None], gi)[0]
-    sc = gl.load(s_ptr + rows * stride_sn + gi, mask=s_ok, other=0)  # [SMAX, R, NG] u8
-    return gl.allocate_shared_memory(gl.uint8, [SMAX, R, NG], SS3, sc)._reinterpret(gl.uint8, [SMAX, R, NG], SS2)
-
-
 @gluon.jit
 def _wgmma_ring_kernel(
-    x_desc, w_desc, s_desc, s_ptr, gs_ptr, out_ptr,
+    x_desc, w_desc, s_ptr, gs_ptr, out_ptr,
     M, N, KW, G, TILES_PER_SPLIT,
     stride_sn, stride_os, stride_om,
     FMT: gl.constexpr, GROUP: gl.constexpr, R: gl.constexpr, BKW: gl.constexpr, NT: gl.constexpr,
     STAGES: gl.constexpr, SMAX: gl.constexpr,  # SMAX: next power of two >= TILES_PER_SPLIT
-    SCALE_TMA: gl.constexpr,  # the scales as one TMA box [R, SMAX * NG] (s_desc), else loaded by the threads (s_ptr)
 ):
     """y[M, N] (or fp32 split partials [S, M, N]) = x[M, K] @ W[N, K]^T, M <= NT, one warpgroup.
 
@@ -120,6 +94,8 @@ def _wgmma_ring_kernel(
     A_L: gl.constexpr = gl.DotOperandLayout(0, MMA, 2)
     LW: gl.constexpr = _word_layout(R, BKW, W)
     LG: gl.constexpr = gl.SliceLayout(2, _group_layout(R, BKW, W, WT))
+    TPR: gl.constexpr = 32 if R // W >= 32 else R // W  # noqa: FURB136  scale-prologue lanes along rows
+    LS: gl.constexpr = gl.BlockedLayout([1, 1, NG], [32 // TPR, TPR, 1], [1, W, 1], [2, 1, 0])
     SS3: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, order=[2, 1, 0])  # plain row-major [SMAX, R, NG]
     SS2: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, order=[1, 0])  # the same bytes, indexed per step
     STEP_BYTES: gl.constexpr = NT * BK * 2 + R * BKW * 4
@@ -135,14 +111,7 @@ def _wgmma_ring_kernel(
     bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     for i in gl.static_range(STAGES):
         mbarrier.init(bars.index(i), count=1)
-    if SCALE_TMA:
-        sbar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
-        mbarrier.init(sbar, count=1)
     fence_async_shared()  # the barriers' init, before the copy engine signals them
-    if SCALE_TMA:  # first: the loop needs all of them at its first step
-        s_raw = gl.allocate_shared_memory(gl.uint8, [R, SMAX * NG], s_desc.layout)
-        mbarrier.expect(sbar, R * SMAX * NG)
-        tma.async_copy_global_to_shared(s_desc, [row0, kw_lo // WPG], sbar, s_raw)
     # the ring's first STAGES - 1 steps, in flight while the scales load
     for i in gl.static_range(STAGES - 1):
         ok = i < nsteps
@@ -151,13 +120,19 @@ def _wgmma_ring_kernel(
         tma.async_copy_global_to_shared(w_desc, [row0, kw_lo + i * BKW], bars.index(i), ws.index(i), pred=ok)
 
     # group scales of the whole K range -> shared [SMAX, R, NG] (step, row, group slot)
-    if SCALE_TMA:  # the box is [R, SMAX * NG] row-major; the loop wants it step-major: one pass through registers
-        mbarrier.wait(sbar, 0)
-        sc = s_raw._reinterpret(gl.uint8, [SMAX, R, NG], gl.SwizzledSharedLayout(1, 1, 1, order=[2, 0, 1])).load(
-            _scale_layout(R, NG, W))  # [SMAX, R, NG]
-        ss = gl.allocate_shared_memory(gl.uint8, [SMAX, R, NG], SS3, sc)._reinterpret(gl.uint8, [SMAX, R, NG], SS2)
-    else:
-        ss = _scales_by_threads(s_ptr, row0, kw_lo, nsteps, N, stride_sn, R, NG, WPG, W, SMAX, SS3, SS2)
+    st_i = gl.arange(0, SMAX, layout=gl.SliceLayout(1, gl.SliceLayout(2, LS)))
+    r_i = gl.arange(0, R, layout=gl.SliceLayout(0, gl.SliceLayout(2, LS)))
+    g_i = gl.arange(0, NG, layout=gl.SliceLayout(0, gl.SliceLayout(1, LS)))
+    if WT == WPG:  # whole groups in a step
+        gi = (kw_lo // WPG + st_i * NG)[:, None, None] + g_i[None, None, :]  # [SMAX, 1, NG]
+    else:  # a step inside one group
+        gi = ((kw_lo + st_i * BKW)[:, None, None] + g_i[None, None, :] * WT) // WPG
+    rows = gl.minimum(row0 + r_i, N - 1)[None, :, None]  # [1, R, 1]: rows past N re-read N - 1 (never stored)
+    # a step inside K/8 words has all its groups inside G (K % 64 == 0): one mask per step, so the NG bytes of a
+    # row load as one vector
+    s_ok = gl.broadcast((st_i < nsteps)[:, None, None], gi)[0]
+    sc = gl.load(s_ptr + rows * stride_sn + gi, mask=s_ok, other=0)  # [SMAX, R, NG] u8
+    ss = gl.allocate_shared_memory(gl.uint8, [SMAX, R, NG], SS3, sc)._reinterpret(gl.uint8, [SMAX, R, NG], SS2)
     gl.thread_barrier()
 
     acc = gl.zeros([R, NT], gl.float32, MMA)
@@ -184,8 +159,6 @@ def _wgmma_ring_kernel(
     acc = warpgroup_mma_wait(0, deps=[acc])
     for i in gl.static_range(STAGES):
         mbarrier.invalidate(bars.index(i))
-    if SCALE_TMA:
-        mbarrier.invalidate(sbar)
 
     if FMT == 0:
         acc = acc * (65536.0 / gl.load(gs_ptr).to(gl.float32))
@@ -315,21 +288,6 @@ def _w_layout():
     return gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=32, rank=2)
 
 
-def _s_layout():
-    return gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=8, rank=2)
-
-
-def scale_box(cfg: WgmmaRingConfig, per: int, group: int) -> int:
-    """SMAX, the scale buffer's steps: the next power of two >= ``per``, and at least one 16-byte TMA row."""
-    ng = cfg.bkw // min(group // 8, cfg.bkw)
-    return max(triton.next_power_of_2(per), 16 // ng)
-
-
-def scale_tma_ok(scale: torch.Tensor) -> bool:
-    """Whether the scale bytes [N, G] can be one TMA box a CTA: contiguous rows, 16-byte aligned."""
-    return scale.stride(1) == 1 and scale.stride(0) % 16 == 0 and scale.data_ptr() % 16 == 0
-
-
 def launch_wgmma_ring(x2: torch.Tensor, pw, cfg: WgmmaRingConfig, epi=None, xp: torch.Tensor | None = None
                       ) -> torch.Tensor:
     """y [M, N] = x2 [M, K] @ dequant(W)^T (``ring_supported`` must hold); ``epi`` as ``launch_wgmma_decode``;
@@ -347,17 +305,13 @@ def launch_wgmma_ring(x2: torch.Tensor, pw, cfg: WgmmaRingConfig, epi=None, xp: 
     xp = permute_x(ops.x2, cfg.bkw) if xp is None else xp
     x_desc = TensorDescriptor.from_tensor(xp, [nt, cfg.bkw * 8], _x_layout(nt))
     w_desc = TensorDescriptor.from_tensor(pw.words, [cfg.rows, cfg.bkw], _w_layout())
-    smax = scale_box(cfg, per, pw.group)
-    ng = cfg.bkw // min(pw.group // 8, cfg.bkw)
-    use_tma = scale_tma_ok(ops.scale)
-    s_desc = TensorDescriptor.from_tensor(ops.scale, [cfg.rows, smax * ng], _s_layout()) if use_tma else w_desc
     grid = (triton.cdiv(pw.n, cfg.rows), split)
     _wgmma_ring_kernel[grid](
-        x_desc, w_desc, s_desc, ops.scale, ops.gscale, ops.out,
+        x_desc, w_desc, ops.scale, ops.gscale, ops.out,
         m, pw.n, kw, ops.scale.shape[1], per,
         ops.scale.stride(0), *ops.out_strides,
-        FMT=pw.fmt, GROUP=pw.group, R=cfg.rows, BKW=cfg.bkw, NT=nt, STAGES=cfg.stages, SMAX=smax,
-        SCALE_TMA=use_tma, num_warps=4,
+        FMT=pw.fmt, GROUP=pw.group, R=cfg.rows, BKW=cfg.bkw, NT=nt, STAGES=cfg.stages, SMAX=triton.next_power_of_2(per),
+        num_warps=4,
     )
     return finish_splits(ops, split, epi)
 

@@ -21,14 +21,14 @@ ROOT = Path(__file__).resolve().parents[2]
 _INS = re.compile(r"/\*([0-9a-f]{4,})\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]+)([^;]*);")
 
 
-def _build(fmt, cfg, nt, dump, scale_tma=True):
+def _build(fmt, cfg, nt, dump):
     sys.path.insert(0, str(ROOT / "benchmarks" / "kernels"))
     try:
         import compile_report as cr
         from bench_wgmma_decode import compile_wgmma_ring
     finally:
         sys.path.pop(0)
-    r = cr.report(compile_wgmma_ring(fmt, cfg, nt, scale_tma=scale_tma), "k", dump)
+    r = cr.report(compile_wgmma_ring(fmt, cfg, nt), "k", dump)
     return r, (Path(dump) / "k.sass").read_text()
 
 
@@ -49,16 +49,12 @@ def k_loop(sass: str) -> list[str]:
     return [op.split(".")[0] for a, op in ins if lo <= a <= hi]
 
 
-CASES = [(0, c, nt, True) for c in wgmma_ring.RING_CONFIGS for nt in (32, 64)] + [
-    (1, wgmma_ring.RING_CONFIGS[0], 64, True), (0, wgmma_ring.RING_CONFIGS[3], 64, False),
-    (1, wgmma_ring.RING_CONFIGS[0], 32, False)]
+CASES = [(0, c, nt) for c in wgmma_ring.RING_CONFIGS for nt in (32, 64)] + [(1, wgmma_ring.RING_CONFIGS[0], 64)]
 
 
-@pytest.mark.parametrize("fmt,cfg,nt,scale_tma", CASES,
-                         ids=[f"f{c[0]}-{c[1]}-NT{c[2]}{'' if c[3] else '-scales-by-threads'}" for c in CASES])
-def test_k_loop_is_tma_fed_without_spills(fmt, cfg, nt, scale_tma, tmp_path):
-    """Scales by TMA (rows 16-byte aligned: the 7B / 14B / 32B shapes) or loaded by the threads (the fallback)."""
-    r, sass = _build(fmt, cfg, nt, str(tmp_path), scale_tma)
+@pytest.mark.parametrize("fmt,cfg,nt", CASES, ids=[f"f{c[0]}-{c[1]}-NT{c[2]}" for c in CASES])
+def test_k_loop_is_tma_fed_without_spills(fmt, cfg, nt, tmp_path):
+    r, sass = _build(fmt, cfg, nt, str(tmp_path))
     assert r["stack"] == 0, f"{cfg} NT={nt} spills ({r['regs']} registers)"
     assert r["hmma"] == 0
     loop = k_loop(sass)

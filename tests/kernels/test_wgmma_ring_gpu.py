@@ -4,9 +4,8 @@
 ``||out - ref|| / ||ref|| < 5e-3`` against a float64 product with the format's dequantized weight, and agreement
 with ``wgmma_decode`` (same decode, another summation order). Cases: NVFP4 and MXFP4, every ring config, both token
 tiles and odd M (tokens past M are TMA's zero fill), N not a multiple of the CTA's rows (rows past N: zero words),
-split-K and a single split, splits capped by the scale buffer (K = 18944), scales by TMA (rows of a multiple of 16
-bytes) and by the threads (K = 384 and MXFP4 at K = 1280: 24 / 12 / 40-byte rows), CUDA graph capture, ``wo_matmul``
-by default and a group sharing one permuted x.
+split-K and a single split, splits capped by the scale buffer (K = 18944), CUDA graph capture, ``wo_matmul`` behind
+``QUARL_KERNELS_WGMMA_RING``.
 
 Run on an H100 / H200: ``pytest -q -m gpu tests/kernels/test_wgmma_ring_gpu.py``."""
 
