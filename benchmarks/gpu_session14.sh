@@ -39,6 +39,12 @@ ncu_wgmma() {  # NAME SECONDS ARGS...: one ncu report of profile_wgmma_decode.py
 #   phase e: bash benchmarks/gpu_session14.sh e   (one GPU; ~9 min)
 #     Issue 17's rollout table in one run with the code of phase c/d: 7B and 14B, batch 1 / 8 / 64, 2048 new tokens,
 #     BF16+LoRA vs NVFP4+LoRA (rank 32 on all projections).
+#   phase f: (ran at a682404, reverted: the CTA's scales as one TMA box; an illegal instruction in every ring launch)
+#   phase g: bash benchmarks/gpu_session14.sh g   (one GPU; ~4 min)
+#     Reproducibility with the ring (phase d's NVFP4 mismatch statistic differed between two identical GRPO runs): the
+#     ring GPU tests incl. repeated launches bit-identical (eager, other work between, graph replays); then a seeded
+#     batch-64 NVFP4+LoRA rollout on a 4-layer 7B-shaped model, twice on one engine and once on a fresh one, with the
+#     ring on, off, and wgmma_decode off too (benchmarks/rollout_determinism.py).
 case $PHASE in
 a)
     ncu_wgmma m64 200 --shapes 18944x3584,3584x3584 --m 64 --configs 1
@@ -65,6 +71,12 @@ d)
     ;;
 e)
     rollout_table "${TABLE_S:-570}" 7b,14b 1,8,64 table
+    ;;
+g)
+    tests "${TEST_S:-150}" tests/kernels/test_wgmma_ring_gpu.py
+    mkdir -p "$OUT/det"
+    timeout -k 5 "${DET_S:-240}" "$PY" benchmarks/rollout_determinism.py --out "$OUT/det" > "$OUT/det/run.log" 2>&1
+    echo "== determinism rc=$? at $((SECONDS - T0)) s"; tail -n 8 "$OUT/det/run.log"
     ;;
 *)
     echo "unknown phase $PHASE"; exit 2
