@@ -45,6 +45,10 @@ ncu_wgmma() {  # NAME SECONDS ARGS...: one ncu report of profile_wgmma_decode.py
 #     ring GPU tests incl. repeated launches bit-identical (eager, other work between, graph replays); then a seeded
 #     batch-64 NVFP4+LoRA rollout on a 4-layer 7B-shaped model, twice on one engine and once on a fresh one, with the
 #     ring on, off, and wgmma_decode off too (benchmarks/rollout_determinism.py).
+#   phase h: bash benchmarks/gpu_session14.sh h   (one GPU; ~8 min)
+#     The same at the GRPO step's scale: the seeded rollout at 28 layers, 512 tokens (ring on / off), then the 7B GRPO
+#     step twice with QUARL_KERNELS_WGMMA_RING=0 (is the NVFP4 mismatch statistic identical between runs again, as in
+#     session 13?).
 case $PHASE in
 a)
     ncu_wgmma m64 200 --shapes 18944x3584,3584x3584 --m 64 --configs 1
@@ -77,6 +81,15 @@ g)
     mkdir -p "$OUT/det"
     timeout -k 5 "${DET_S:-240}" "$PY" benchmarks/rollout_determinism.py --out "$OUT/det" > "$OUT/det/run.log" 2>&1
     echo "== determinism rc=$? at $((SECONDS - T0)) s"; tail -n 8 "$OUT/det/run.log"
+    ;;
+h)
+    mkdir -p "$OUT/det"
+    timeout -k 5 "${DET_S:-200}" "$PY" benchmarks/rollout_determinism.py --layers 28 --tokens 512 --out "$OUT/det" \
+        > "$OUT/det/run.log" 2>&1
+    echo "== determinism rc=$? at $((SECONDS - T0)) s"; tail -n 8 "$OUT/det/run.log"
+    QUARL_KERNELS_WGMMA_RING=0 grpo "${GRPO_S:-150}" grpo_noring
+    QUARL_KERNELS_WGMMA_RING=0 grpo "${GRPO_S:-150}" grpo_noring2
+    grep -ho '"mismatch_abs_logprob_diff": [0-9.]*' "$OUT"/grpo_noring*/grpo_step_gpu.json
     ;;
 *)
     echo "unknown phase $PHASE"; exit 2
