@@ -49,6 +49,12 @@ ncu_wgmma() {  # NAME SECONDS ARGS...: one ncu report of profile_wgmma_decode.py
 #     The same at the GRPO step's scale: the seeded rollout at 28 layers, 512 tokens (ring on / off), then the 7B GRPO
 #     step twice with QUARL_KERNELS_WGMMA_RING=0 (is the NVFP4 mismatch statistic identical between runs again, as in
 #     session 13?).
+#   phase i: bash benchmarks/gpu_session14.sh i   (one GPU; ~6 min)
+#     Phase h found the ring not reproducible at the GRPO step's scale (tokens differ from step 7; identical with the
+#     ring off). Suspect: the next step's decode rewrites the A registers of the wgmma still in flight (PTX leaves
+#     that undefined). The kernel hammered from a CUDA graph (benchmarks/kernels/ring_race.py: 400 launches a shape)
+#     with and without each step's wgmma waited for (inflight=0); the seeded rollout at 28 layers / 512 tokens with
+#     that variant; its speed beside the others (bench_wgmma_decode.py --ring, 64 rows, 7B shapes).
 case $PHASE in
 a)
     ncu_wgmma m64 200 --shapes 18944x3584,3584x3584 --m 64 --configs 1
@@ -90,6 +96,18 @@ h)
     QUARL_KERNELS_WGMMA_RING=0 grpo "${GRPO_S:-150}" grpo_noring
     QUARL_KERNELS_WGMMA_RING=0 grpo "${GRPO_S:-150}" grpo_noring2
     grep -ho '"mismatch_abs_logprob_diff": [0-9.]*' "$OUT"/grpo_noring*/grpo_step_gpu.json
+    ;;
+i)
+    mkdir -p "$OUT/race" "$OUT/det" "$OUT/bench"
+    timeout -k 5 "${RACE_S:-120}" "$PY" benchmarks/kernels/ring_race.py --out "$OUT/race" > "$OUT/race/run.log" 2>&1
+    echo "== race rc=$? at $((SECONDS - T0)) s"; cat "$OUT/race/run.log" | tail -n 8
+    timeout -k 5 "${DET_S:-200}" "$PY" benchmarks/rollout_determinism.py --layers 28 --tokens 512 --out "$OUT/det" \
+        > "$OUT/det/run.log" 2>&1
+    echo "== determinism rc=$? at $((SECONDS - T0)) s"; tail -n 8 "$OUT/det/run.log"
+    timeout -k 5 "${BENCH_S:-130}" "$PY" benchmarks/kernels/bench_wgmma_decode.py --ring --formats nvfp4 --ms 64 \
+        --no-check --smoke-timeout-s 0 --shapes 18944x3584,3584x18944,3584x3584 --budget-s $(( ${BENCH_S:-130} - 20 )) \
+        --out "$OUT/bench" > "$OUT/bench/run.log" 2>&1
+    echo "== bench rc=$? at $((SECONDS - T0)) s"; grep -o '"config": "ring[^"]*", "default": [a-z]*, "err": [0-9.e-]*, "us": [0-9.]*' "$OUT/bench/wgmma_decode.json" | head -30
     ;;
 *)
     echo "unknown phase $PHASE"; exit 2

@@ -44,6 +44,7 @@ decode step 9.10 vs 10.28 ms.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 import torch
@@ -78,6 +79,7 @@ def _wgmma_ring_kernel(
     stride_sn, stride_os, stride_om,
     FMT: gl.constexpr, GROUP: gl.constexpr, R: gl.constexpr, BKW: gl.constexpr, NT: gl.constexpr,
     STAGES: gl.constexpr, SMAX: gl.constexpr,  # SMAX: next power of two >= TILES_PER_SPLIT
+    MMA_INFLIGHT: gl.constexpr,  # wgmma groups left in flight across a step: 1 (overlap) or 0 (serialized)
 ):
     """y[M, N] (or fp32 split partials [S, M, N]) = x[M, K] @ W[N, K]^T, M <= NT, one warpgroup.
 
@@ -149,7 +151,7 @@ def _wgmma_ring_kernel(
         a = gl.convert_layout(a, A_L, assert_trivial=True)
         acc = warpgroup_mma(a, xs.index(st).permute((1, 0)), acc, is_async=True)
         # step s - 1's wgmma is done: every warp issued it (its words read), its x no longer read
-        acc, a = warpgroup_mma_wait(1, deps=[acc, a])
+        acc, a = warpgroup_mma_wait(MMA_INFLIGHT, deps=[acc, a])
         nxt = s + STAGES - 1
         ok = nxt < nsteps
         sn = nxt % STAGES
@@ -177,6 +179,7 @@ class WgmmaRingConfig:
     stages: int = 4  # K steps in flight in the shared-memory ring
     waves: int = 4  # split K until cdiv(N, rows) * split >= waves * SMs
     bkw: int = 8  # K step in words (64 weights): one 128-byte x box a step
+    inflight: int = 1  # wgmma groups in flight across a step (0: each step's MMA waited for before the next decode)
 
     def __post_init__(self) -> None:
         if self.rows not in (64, 128):
@@ -193,7 +196,7 @@ class WgmmaRingConfig:
         return 1 << ((SCALE_SMEM // (self.rows * ng)).bit_length() - 1)
 
     def __str__(self) -> str:
-        return f"ring-R{self.rows}S{self.stages}W{self.waves}"
+        return f"ring-R{self.rows}S{self.stages}W{self.waves}{'' if self.inflight else 's'}"
 
 
 RING_CONFIGS = (
@@ -203,7 +206,11 @@ RING_CONFIGS = (
     WgmmaRingConfig(64, 3),
     WgmmaRingConfig(64, 4, waves=2),
     WgmmaRingConfig(128, 6),
+    WgmmaRingConfig(64, 4, inflight=0),  # 6-8: the defaults with each step's MMA waited for (session 14, phase i)
+    WgmmaRingConfig(64, 3, inflight=0),
+    WgmmaRingConfig(64, 4, waves=2, inflight=0),
 )
+INFLIGHT_ENV = "QUARL_KERNELS_WGMMA_RING_INFLIGHT"  # 0: the default configs wait for each step's MMA (experiment)
 
 
 def enabled() -> bool:
@@ -216,8 +223,12 @@ def default_config(m: int, n: int, k: int | None = None) -> WgmmaRingConfig:
     half the CTAs (waves = 2: fewer split-K partials) on weights below ``LARGE_MIN_WEIGHTS_NT32``."""
     small = k is not None and n * k < LARGE_MIN_WEIGHTS_NT32
     if small:
-        return RING_CONFIGS[4]  # R64 S4 W2: 3584 x 3584 at 32 / 64 rows 13.0 / 14.5 us
-    return RING_CONFIGS[0] if m <= 32 else RING_CONFIGS[3]  # R64 S4 W4 / R64 S3 W4
+        cfg = RING_CONFIGS[4]  # R64 S4 W2: 3584 x 3584 at 32 / 64 rows 13.0 / 14.5 us
+    else:
+        cfg = RING_CONFIGS[0] if m <= 32 else RING_CONFIGS[3]  # R64 S4 W4 / R64 S3 W4
+    if not env_flag(INFLIGHT_ENV, True):
+        cfg = dataclasses.replace(cfg, inflight=0)
+    return cfg
 
 
 def ring_supported(x2: torch.Tensor, pw) -> bool:
@@ -311,6 +322,7 @@ def launch_wgmma_ring(x2: torch.Tensor, pw, cfg: WgmmaRingConfig, epi=None, xp: 
         m, pw.n, kw, ops.scale.shape[1], per,
         ops.scale.stride(0), *ops.out_strides,
         FMT=pw.fmt, GROUP=pw.group, R=cfg.rows, BKW=cfg.bkw, NT=nt, STAGES=cfg.stages, SMAX=triton.next_power_of_2(per),
+        MMA_INFLIGHT=cfg.inflight,
         num_warps=4,
     )
     return finish_splits(ops, split, epi)
