@@ -55,6 +55,12 @@ ncu_wgmma() {  # NAME SECONDS ARGS...: one ncu report of profile_wgmma_decode.py
 #     that undefined). The kernel hammered from a CUDA graph (benchmarks/kernels/ring_race.py: 400 launches a shape)
 #     with and without each step's wgmma waited for (inflight=0); the seeded rollout at 28 layers / 512 tokens with
 #     that variant; its speed beside the others (bench_wgmma_decode.py --ring, 64 rows, 7B shapes).
+#   phase j: bash benchmarks/gpu_session14.sh j   (one GPU; ~5 min)
+#     The fix (phase i: reproducible when each step's wgmma is waited for, ~2 % slower): the ring and wgmma_decode wait
+#     for each step's MMA before the next decode. GPU tests (ring, wgmma_decode); the seeded rollout at 28 layers /
+#     512 tokens; the speed of both kernels at 32 / 64 rows (NVFP4 7B shapes, INT4 on the MLP shape).
+#   phase k: bash benchmarks/gpu_session14.sh k   (one GPU; ~7 min)
+#     With the fix: issue 17's rollout table at batch 64 (7B, 14B) and the 7B GRPO step.
 case $PHASE in
 a)
     ncu_wgmma m64 200 --shapes 18944x3584,3584x3584 --m 64 --configs 1
@@ -108,6 +114,21 @@ i)
         --no-check --smoke-timeout-s 0 --shapes 18944x3584,3584x18944,3584x3584 --budget-s $(( ${BENCH_S:-130} - 20 )) \
         --out "$OUT/bench" > "$OUT/bench/run.log" 2>&1
     echo "== bench rc=$? at $((SECONDS - T0)) s"; grep -o '"config": "ring[^"]*", "default": [a-z]*, "err": [0-9.e-]*, "us": [0-9.]*' "$OUT/bench/wgmma_decode.json" | head -30
+    ;;
+j)
+    tests "${TEST_S:-170}" tests/kernels/test_wgmma_ring_gpu.py tests/kernels/test_wgmma_decode_gpu.py
+    mkdir -p "$OUT/det" "$OUT/bench"
+    timeout -k 5 "${DET_S:-120}" "$PY" benchmarks/rollout_determinism.py --layers 28 --tokens 512 --out "$OUT/det" \
+        > "$OUT/det/run.log" 2>&1
+    echo "== determinism rc=$? at $((SECONDS - T0)) s"; tail -n 8 "$OUT/det/run.log"
+    timeout -k 5 "${BENCH_S:-150}" "$PY" benchmarks/kernels/bench_wgmma_decode.py --ring --formats nvfp4,int4-g128 \
+        --ms 32,64 --no-check --smoke-timeout-s 0 --shapes 18944x3584,3584x3584 --budget-s $(( ${BENCH_S:-150} - 20 )) \
+        --out "$OUT/bench" > "$OUT/bench/run.log" 2>&1
+    echo "== bench rc=$? at $((SECONDS - T0)) s"; grep -A 9 "^| format" "$OUT/bench/run.log" | head -12
+    ;;
+k)
+    rollout_table "${TABLE_S:-280}" 7b,14b 64 table64
+    grpo "${GRPO_S:-150}" grpo
     ;;
 *)
     echo "unknown phase $PHASE"; exit 2

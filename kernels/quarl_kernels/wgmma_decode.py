@@ -43,10 +43,13 @@ Pipeline. Per K step of ``BKW`` words (8 codes each) a CTA of ``W`` warps
 (``W / 4`` warpgroups) owning ``R`` rows: (1) issue the global loads of the next
 step's words, scales and activations into registers (register double buffer);
 (2) decode this step's words into A registers; (3) issue ``wgmma`` async on
-``A`` and the x buffer of this step; (4) ``warpgroup_mma_wait(1)``: the previous
-step's wgmma has finished (its A registers and x buffer are free); (5) store the
-next step's x into the next buffer, ``fence.proxy.async``, one CTA barrier. So the
-decode of step s + 1 overlaps wgmma s. x buffers: ``NBUF`` = 2 with one
+``A`` and the x buffer of this step; (4) ``warpgroup_mma_wait(0)``: this step's
+wgmma has finished (its A registers and x buffer are free); (5) store the
+next step's x into the next buffer, ``fence.proxy.async``, one CTA barrier. Until
+session 14 step (4) waited for the previous step's wgmma only, so the decode of step
+s + 1 overlapped wgmma s -- but that decode rewrites the A registers wgmma s still
+reads, which PTX leaves undefined, and ``wgmma_ring``'s same overlap made 7B rollouts
+irreproducible; other CTAs on the SM (3 at 158 registers) fill the tensor cores instead. x buffers: ``NBUF`` = 2 with one
 warpgroup; 3 with two (a warpgroup's wait covers only its own wgmma: the buffer
 rewritten at step s was last read at step s - 2, which every warpgroup has waited
 for before the barrier of step s - 1). When ``cdiv(N, R)`` CTAs do not fill the GPU,
@@ -196,8 +199,9 @@ def _wgmma_decode_kernel(
         a = gl.reshape(gl.permute(q, [0, 2, 5, 4, 1, 3]), [R, BK])  # [R, j, r1, r0, t, h]: logical k
         a = gl.convert_layout(a, A_L, assert_trivial=True)
         acc = warpgroup_mma(a, xs.index(step % NBUF).permute((1, 0)), acc, is_async=True)
-        # step - 1's wgmma is done: its A registers and its x buffer are free
-        acc, a = warpgroup_mma_wait(1, deps=[acc, a])
+        # this step's wgmma is done before the next decode rewrites its A registers (PTX leaves a wgmma's register
+        # operand rewritten in flight undefined; wgmma_ring's overlap of the two made rollouts irreproducible)
+        acc, a = warpgroup_mma_wait(0, deps=[acc, a])
         xs.index((step + 1) % NBUF).store(_x_logical(xg, NT, J))
         fence_async_shared()
         gl.thread_barrier()

@@ -23,10 +23,14 @@ This kernel takes x and the words off the threads' critical path:
 * **the group scales of the CTA's whole K range are loaded once**, before the loop,
   into shared memory ``[steps, R, NG]`` (a step's scales are 4 bytes a row: too
   small for a TMA box), and read per step with ``ld.shared``.
-* **a stage is released by the wgmma wait**: after ``warpgroup_mma_wait(1)`` in step
-  s the wgmma of step s - 1 is complete, so every warp of the (single) warpgroup has
-  issued it -- and has read its words of step s - 1 -- and its x box is no longer
-  read; the TMA for step s + STAGES - 1 then reuses that stage. One warpgroup per CTA
+* **a stage is released by the wgmma wait**: after ``warpgroup_mma_wait(0)`` in step
+  s the wgmma of step s is complete, so every warp of the (single) warpgroup has
+  issued it -- and has read its words of steps <= s -- and the x boxes are no longer
+  read; the TMA for step s + STAGES - 1 then reuses the stage of step s - 1. Waiting
+  for step s's own MMA (not s - 1's) keeps the next decode from rewriting the A
+  registers of a wgmma in flight: PTX leaves that undefined, and with the overlap the
+  7B batch-64 rollout was not reproducible (session 14); the wait cost ~2 %, since
+  the 4-5 CTAs of an SM keep its tensor cores busy between one CTA's steps. One warpgroup per CTA
   (4 warps), so no CTA-wide barrier is needed in the loop at all.
 
 TMA zero-fills what lies outside the tensors: rows past N (words 0 decode to 0), tokens
@@ -44,7 +48,6 @@ decode step 9.10 vs 10.28 ms.
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass
 
 import torch
@@ -150,7 +153,8 @@ def _wgmma_ring_kernel(
         a = gl.reshape(gl.permute(q, [0, 2, 5, 4, 1, 3]), [R, BK])  # [R, j, r1, r0, t, h]: logical k
         a = gl.convert_layout(a, A_L, assert_trivial=True)
         acc = warpgroup_mma(a, xs.index(st).permute((1, 0)), acc, is_async=True)
-        # step s - 1's wgmma is done: every warp issued it (its words read), its x no longer read
+        # this step's wgmma (MMA_INFLIGHT = 0; the previous one at 1) is done: every warp issued it (its words
+        # read), its x is no longer read, and the next decode may write the A registers
         acc, a = warpgroup_mma_wait(MMA_INFLIGHT, deps=[acc, a])
         nxt = s + STAGES - 1
         ok = nxt < nsteps
@@ -179,7 +183,11 @@ class WgmmaRingConfig:
     stages: int = 4  # K steps in flight in the shared-memory ring
     waves: int = 4  # split K until cdiv(N, rows) * split >= waves * SMs
     bkw: int = 8  # K step in words (64 weights): one 128-byte x box a step
-    inflight: int = 1  # wgmma groups in flight across a step (0: each step's MMA waited for before the next decode)
+    # wgmma groups left in flight across a step. 0 (the default): each step's MMA is waited for before the next
+    # decode writes the A registers again. 1 overlaps them, which PTX leaves undefined (a wgmma's register operand
+    # rewritten before a wait covers it) and which made the 7B batch-64 rollout irreproducible (session 14, phases
+    # h / i: tokens differed after 7-57 steps); kept only to measure what the wait costs (~2 %).
+    inflight: int = 0
 
     def __post_init__(self) -> None:
         if self.rows not in (64, 128):
@@ -196,7 +204,7 @@ class WgmmaRingConfig:
         return 1 << ((SCALE_SMEM // (self.rows * ng)).bit_length() - 1)
 
     def __str__(self) -> str:
-        return f"ring-R{self.rows}S{self.stages}W{self.waves}{'' if self.inflight else 's'}"
+        return f"ring-R{self.rows}S{self.stages}W{self.waves}{'i' if self.inflight else ''}"
 
 
 RING_CONFIGS = (
@@ -206,11 +214,8 @@ RING_CONFIGS = (
     WgmmaRingConfig(64, 3),
     WgmmaRingConfig(64, 4, waves=2),
     WgmmaRingConfig(128, 6),
-    WgmmaRingConfig(64, 4, inflight=0),  # 6-8: the defaults with each step's MMA waited for (session 14, phase i)
-    WgmmaRingConfig(64, 3, inflight=0),
-    WgmmaRingConfig(64, 4, waves=2, inflight=0),
+    WgmmaRingConfig(64, 3, inflight=1),  # 6: the 64-row default overlapping its MMAs (not reproducible; measuring)
 )
-INFLIGHT_ENV = "QUARL_KERNELS_WGMMA_RING_INFLIGHT"  # 0: the default configs wait for each step's MMA (experiment)
 
 
 def enabled() -> bool:
@@ -223,12 +228,8 @@ def default_config(m: int, n: int, k: int | None = None) -> WgmmaRingConfig:
     half the CTAs (waves = 2: fewer split-K partials) on weights below ``LARGE_MIN_WEIGHTS_NT32``."""
     small = k is not None and n * k < LARGE_MIN_WEIGHTS_NT32
     if small:
-        cfg = RING_CONFIGS[4]  # R64 S4 W2: 3584 x 3584 at 32 / 64 rows 13.0 / 14.5 us
-    else:
-        cfg = RING_CONFIGS[0] if m <= 32 else RING_CONFIGS[3]  # R64 S4 W4 / R64 S3 W4
-    if not env_flag(INFLIGHT_ENV, True):
-        cfg = dataclasses.replace(cfg, inflight=0)
-    return cfg
+        return RING_CONFIGS[4]  # R64 S4 W2: 3584 x 3584 at 32 / 64 rows 13.0 / 13.4 us
+    return RING_CONFIGS[0] if m <= 32 else RING_CONFIGS[3]  # R64 S4 W4 / R64 S3 W4
 
 
 def ring_supported(x2: torch.Tensor, pw) -> bool:

@@ -32,10 +32,11 @@ def _build(fmt, cfg, nt, dump):
     return r, (Path(dump) / "k.sass").read_text()
 
 
-def k_loop(sass: str) -> list[str]:
-    """Opcodes of the K loop: the smallest backward-branch span that holds every HGMMA (the mbarrier
-    wait's out-of-line retry branches back from past the epilogue, so "largest loop" would mislead)."""
-    ins = [(int(a, 16), op) for a, op, _ in _INS.findall(sass)]
+def k_loop(sass: str, full: bool = False) -> list[str]:
+    """Opcodes (``full``: whole instructions) of the K loop: the smallest backward-branch span that holds every
+    HGMMA (the mbarrier wait's out-of-line retry branches back from past the epilogue, so "largest loop" would
+    mislead)."""
+    ins = [(int(a, 16), op + rest if full else op) for a, op, rest in _INS.findall(sass)]
     mma = [a for a, op in ins if op.startswith("HGMMA")]
     spans = []
     for a, op in ins:
@@ -46,7 +47,7 @@ def k_loop(sass: str) -> list[str]:
                 spans.append((a - t, t, a))
     assert spans, "no loop around the HGMMAs"
     _, lo, hi = min(spans)
-    return [op.split(".")[0] for a, op in ins if lo <= a <= hi]
+    return [op if full else op.split(".")[0] for a, op in ins if lo <= a <= hi]
 
 
 CASES = [(0, c, nt) for c in wgmma_ring.RING_CONFIGS for nt in (32, 64)] + [(1, wgmma_ring.RING_CONFIGS[0], 64)]
@@ -63,6 +64,10 @@ def test_k_loop_is_tma_fed_without_spills(fmt, cfg, nt, tmp_path):
     assert loop.count("SYNCS") >= 2  # the mbarrier wait and the refill's expect
     assert "LDS" in loop  # the words (and scales) come back from shared memory
     assert "LDG" not in loop and "STS" not in loop
+    # the step's own wgmma is waited for before the next decode rewrites its A registers (inflight = 0), or only
+    # the previous step's (1, the measured-and-not-kept overlap)
+    waits = [i.strip() for i in k_loop(sass, full=True) if i.startswith("WARPGROUP.DEPBAR")]
+    assert waits == [f"WARPGROUP.DEPBAR.LE gsb0, 0x{cfg.inflight}"], waits
     # x stages + word stages + the scale buffer (SMAX = 32 steps here) + the barriers
     ng = cfg.bkw // min((16 if fmt == 0 else 32) // 8, cfg.bkw)
     assert r["smem"] >= cfg.stages * (nt * cfg.bkw * 16 + cfg.rows * cfg.bkw * 4) + 32 * cfg.rows * ng
