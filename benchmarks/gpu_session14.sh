@@ -61,6 +61,9 @@ ncu_wgmma() {  # NAME SECONDS ARGS...: one ncu report of profile_wgmma_decode.py
 #     512 tokens; the speed of both kernels at 32 / 64 rows (NVFP4 7B shapes, INT4 on the MLP shape).
 #   phase k: bash benchmarks/gpu_session14.sh k   (one GPU; ~7 min)
 #     With the fix: issue 17's rollout table at batch 64 (7B, 14B) and the 7B GRPO step.
+#   phase l: bash benchmarks/gpu_session14.sh l   (one GPU; ~2 min)
+#     The decode-into-A-registers block shared by the two wgmma kernels (wgmma_decode.a_fragment; no change in the
+#     arithmetic): their GPU tests.
 case $PHASE in
 a)
     ncu_wgmma m64 200 --shapes 18944x3584,3584x3584 --m 64 --configs 1
@@ -129,6 +132,9 @@ j)
 k)
     rollout_table "${TABLE_S:-280}" 7b,14b 64 table64
     grpo "${GRPO_S:-150}" grpo
+    ;;
+l)
+    tests "${TEST_S:-170}" tests/kernels/test_wgmma_ring_gpu.py tests/kernels/test_wgmma_decode_gpu.py
     ;;
 *)
     echo "unknown phase $PHASE"; exit 2

@@ -128,6 +128,21 @@ def _x_logical(xt, NT: gl.constexpr, J: gl.constexpr):
 
 
 @gluon.jit
+def a_fragment(w, sg, zg, FMT: gl.constexpr, HAS_ZP: gl.constexpr, LW: gl.constexpr, R: gl.constexpr,
+               BKW: gl.constexpr, WT: gl.constexpr, A_L: gl.constexpr):
+    """One K step's words [R, BKW] and group values -> the wgmma A fragment [R, 8 BKW] bf16 in logical k order
+    (module docstring): ``mma_decode``'s PTX decode, then a reshape / permute that moves no data
+    (``assert_trivial``). Shared with ``wgmma_ring``."""
+    J: gl.constexpr = BKW // 4
+    p0, p1, p2, p3, p4, p5, p6, p7 = _decode_step(w, sg, zg, FMT, HAS_ZP, LW, R, BKW, WT)
+    # [R, BKW, a, b, c] = p[a + 2b + 4c]: code r + 4h with h = a, r0 = b, r1 = c
+    q = gl.join(gl.join(gl.join(p0, p1), gl.join(p2, p3)), gl.join(gl.join(p4, p5), gl.join(p6, p7)))
+    q = gl.reshape(q, [R, 4, J, 2, 2, 2])  # [R, t, j, h, r0, r1]: real word J t + j
+    a = gl.reshape(gl.permute(q, [0, 2, 5, 4, 1, 3]), [R, BKW * 8])  # [R, j, r1, r0, t, h]: logical k
+    return gl.convert_layout(a, A_L, assert_trivial=True)
+
+
+@gluon.jit
 def _wgmma_decode_kernel(
     x_ptr, wp_ptr, s_ptr, z_ptr, gs_ptr, out_ptr,
     M, N, KW, TILES_PER_SPLIT,
@@ -192,12 +207,7 @@ def _wgmma_decode_kernel(
         else:
             w, sg, zg = _load_step(wp_ptr, s_ptr, z_ptr, rows_w, offs_w, rows_g, offs_g, kw0, kw_hi,
                                    stride_wn, stride_sn, stride_zn, FMT, WPG, WT, HAS_ZP, EVEN_K)
-        p0, p1, p2, p3, p4, p5, p6, p7 = _decode_step(w, sg, zg, FMT, HAS_ZP, LW, R, BKW, WT)  # mma_decode's
-        # [R, BKW, a, b, c] = p[a + 2b + 4c]: code r + 4h with h = a, r0 = b, r1 = c
-        q = gl.join(gl.join(gl.join(p0, p1), gl.join(p2, p3)), gl.join(gl.join(p4, p5), gl.join(p6, p7)))
-        q = gl.reshape(q, [R, 4, J, 2, 2, 2])  # [R, t, j, h, r0, r1]: real word J t + j
-        a = gl.reshape(gl.permute(q, [0, 2, 5, 4, 1, 3]), [R, BK])  # [R, j, r1, r0, t, h]: logical k
-        a = gl.convert_layout(a, A_L, assert_trivial=True)
+        a = a_fragment(w, sg, zg, FMT, HAS_ZP, LW, R, BKW, WT, A_L)
         acc = warpgroup_mma(a, xs.index(step % NBUF).permute((1, 0)), acc, is_async=True)
         # this step's wgmma is done before the next decode rewrites its A registers (PTX leaves a wgmma's register
         # operand rewritten in flight undefined; wgmma_ring's overlap of the two made rollouts irreproducible)

@@ -66,8 +66,8 @@ from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
 from quarl_kernels.formats import FMT_MXFP4, FMT_NVFP4
 from quarl_kernels.launch import decode_operands, env_flag, finish_splits, num_sms
-from quarl_kernels.mma_decode import _decode_step, _group_layout, _word_layout
-from quarl_kernels.wgmma_decode import LARGE_MIN_WEIGHTS, MAX_M, MIN_M, device_ok, token_tile
+from quarl_kernels.mma_decode import _group_layout, _word_layout
+from quarl_kernels.wgmma_decode import LARGE_MIN_WEIGHTS, MAX_M, MIN_M, a_fragment, device_ok, token_tile
 
 ENV = "QUARL_KERNELS_WGMMA_RING"
 X_BOX = 64  # bf16 x per TMA box row: 128 bytes, the widest box a 128-byte swizzle takes
@@ -91,7 +91,6 @@ def _wgmma_ring_kernel(
     and K steps pid_k * TILES_PER_SPLIT .. + TILES_PER_SPLIT (at most SMAX)."""
     W: gl.constexpr = 4
     BK: gl.constexpr = BKW * 8
-    J: gl.constexpr = BKW // 4
     WPG: gl.constexpr = GROUP // 8  # words per scale group
     WT: gl.constexpr = WPG if WPG < BKW else BKW  # noqa: FURB136  words per group slot inside a step
     NG: gl.constexpr = BKW // WT  # group slots per step
@@ -146,12 +145,7 @@ def _wgmma_ring_kernel(
         mbarrier.wait(bars.index(st), (s // STAGES) & 1)
         w = ws.index(st).load(LW)  # [R, BKW] this thread's words
         sg = ss.index(s).load(LG)  # [R, NG]
-        p0, p1, p2, p3, p4, p5, p6, p7 = _decode_step(w, sg, sg, FMT, False, LW, R, BKW, WT)
-        # [R, BKW, a, b, c] = p[a + 2b + 4c]: code r + 4h with h = a, r0 = b, r1 = c (wgmma_decode)
-        q = gl.join(gl.join(gl.join(p0, p1), gl.join(p2, p3)), gl.join(gl.join(p4, p5), gl.join(p6, p7)))
-        q = gl.reshape(q, [R, 4, J, 2, 2, 2])  # [R, t, j, h, r0, r1]: real word J t + j
-        a = gl.reshape(gl.permute(q, [0, 2, 5, 4, 1, 3]), [R, BK])  # [R, j, r1, r0, t, h]: logical k
-        a = gl.convert_layout(a, A_L, assert_trivial=True)
+        a = a_fragment(w, sg, sg, FMT, False, LW, R, BKW, WT, A_L)  # wgmma_decode's decode into the A registers
         acc = warpgroup_mma(a, xs.index(st).permute((1, 0)), acc, is_async=True)
         # this step's wgmma (MMA_INFLIGHT = 0; the previous one at 1) is done: every warp issued it (its words
         # read), its x is no longer read, and the next decode may write the A registers
