@@ -144,3 +144,33 @@ phase_end
 
 # ---------------------------------------------------------------------------------------------------------------
 # Record of the calls (2026-11-26; results/gpu_2026-11-26/s14/<x>):
+#   a  phase a at c83bb52: 31 s. ncu, v11 NVFP4 at 64 rows: 18944 x 3584 50.8 us, 24 % DRAM, 21 % issue, 3 CTAs (158
+#      regs), 9.2 cycles an issued instruction, 55 % long scoreboard (stall samples: x PRMTs ~30 %, fence 10 %, barrier
+#      7 %, x stores with 8.6-way bank conflicts); 3584 x 3584 15.2 us, 15 %; at 32 rows 18944 x 3584 34.8 us, 35 %.
+#   b  phase b at caffec1 (ring off by default, x permuted by torch): 156 s. GPU tests 32 passed. NVFP4 at 64 rows,
+#      ring best / v11 best / cuBLAS (us): 18944 x 3584 36.2 / 54.3 / 54.5; 3584 x 18944 39.8 / 52.4 / 57.1; 3584 x 3584
+#      14.5 / 17.1 / 12.2; at 32 rows 31.7 / 38.4 / 62.8, 33.2 / 42.1 / 55.3, 13.0 / 11.4 / 12.1. ncu of the ring:
+#      40 % DRAM, 40 % issue. 7B batch-64 step: BF16+LoRA 10.968, NVFP4+LoRA 10.281, :ring 9.097 ms.
+#   c  phase c at f1342fa (ring on by default, Triton permutation, shared by gate / up; the first call was refused
+#      and cost 120 s of budget): 391 s. GPU tests 112 passed. Batch-64 table: 7B 5878.5 / 7588.8 tok/s = 1.29x, 14B
+#      2898.9 / 3576.9 = 1.23x. Profile step ms: 7B BF16 10.936, NVFP4 8.446, :noring 10.273; 14B 22.235 / 18.226 /
+#      21.678.
+#   d  phase d at f1342fa: 192 s. GRPO step (steady) BF16 18.36 / NVFP4 17.58 = 0.958x; 18.45 / 17.61 = 0.954x; the
+#      NVFP4 step-0 mismatch differed between the runs (0.0730 / 0.0681).
+#   e  phase e at 599e49d: 391 s. Table, BF16+LoRA / NVFP4+LoRA tok/s: 7B b1 118.1 / 310.6 (2.63x), b8 901.1 / 1848.9
+#      (2.05x), b64 5863.9 / 7582.9 (1.29x); 14B 65.9 / 171.5 (2.60x), 494.3 / 1011.6 (2.05x), 2881.5 / 3573.3 (1.24x).
+#   f  phase f at a682404 (the scales by TMA): 47 s. Every ring launch: "an illegal instruction"; GPU tests 33 failed,
+#      bench smoke failed, profile failed. Reverted (387fe50).
+#   g  phase g at 8e2d979: 66 s. GPU tests 36 passed (repeated launches bit-identical). Seeded rollout, 4 layers, 128
+#      tokens, batch 64: identical in all arms.
+#   h  phase h at 1f64157: 264 s. Seeded rollout, 28 layers, 512 tokens: default differs from token 7 (replay) / 29
+#      (fresh engine); ring off and wgmma off identical. GRPO with the ring off: 18.31 / 18.45 (1.008x), 18.13 / 20.33;
+#      NVFP4 step-0 mismatch 0.0633 in both runs.
+#   i  phase i at 17e0abb: 115 s. ring_race.py: 0 of 400 differ for inflight 1 and 0 (kernel alone). Seeded rollout:
+#      default differs from token 24 / 57; inflight=0 (QUARL_KERNELS_WGMMA_RING_INFLIGHT=0), ring off, wgmma off all
+#      identical. Bench at 64 rows, ring R64S3 inflight 1 / 0: 34.3 / 35.2 us (18944 x 3584), 36.2 / 36.9 (3584 x 18944).
+#   j  phase j at 548f83d (the wait for each step's wgmma in the ring and wgmma_decode): 164 s. GPU tests 117 passed.
+#      Seeded rollout identical in every arm. Dispatch / cuBLAS at 32 / 64 rows (us): 18944 x 3584 29.2 / 55.1, 35.7 /
+#      56.8; 3584 x 3584 11.3 / 12.3, 13.4 / 12.4; INT4 18944 x 3584 36.2 / 62.4, 54.1 / 54.8.
+#   k  phase k at 548f83d: 269 s. Batch-64 table: 7B 5866.5 / 7539.1 = 1.29x, 14B 2896.4 / 3561.9 = 1.23x. GRPO step
+#      (steady) BF16 18.23 / NVFP4 17.18 = 0.942x.
