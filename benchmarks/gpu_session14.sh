@@ -174,3 +174,5 @@ phase_end
 #      56.8; 3584 x 3584 11.3 / 12.3, 13.4 / 12.4; INT4 18944 x 3584 36.2 / 62.4, 54.1 / 54.8.
 #   k  phase k at 548f83d: 269 s. Batch-64 table: 7B 5866.5 / 7539.1 = 1.29x, 14B 2896.4 / 3561.9 = 1.23x. GRPO step
 #      (steady) BF16 18.23 / NVFP4 17.18 = 0.942x.
+#   l  phase l at af85963 (wgmma_decode.a_fragment shared by both kernels): 63 s. GPU tests 117 passed.
+#      Device budget left after the session's calls: 332 s; the machine was given back.
