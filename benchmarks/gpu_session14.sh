@@ -64,6 +64,8 @@ ncu_wgmma() {  # NAME SECONDS ARGS...: one ncu report of profile_wgmma_decode.py
 #   phase l: bash benchmarks/gpu_session14.sh l   (one GPU; ~2 min)
 #     The decode-into-A-registers block shared by the two wgmma kernels (wgmma_decode.a_fragment; no change in the
 #     arithmetic): their GPU tests.
+#   phase m: bash benchmarks/gpu_session14.sh m   (one GPU; ~2 min)
+#     The reproducibility check as a GPU test (tests/engine/test_engine_gpu.py, the 7B-shaped batch-64 rollout).
 case $PHASE in
 a)
     ncu_wgmma m64 200 --shapes 18944x3584,3584x3584 --m 64 --configs 1
@@ -135,6 +137,9 @@ k)
     ;;
 l)
     tests "${TEST_S:-170}" tests/kernels/test_wgmma_ring_gpu.py tests/kernels/test_wgmma_decode_gpu.py
+    ;;
+m)
+    tests "${TEST_S:-200}" tests/engine/test_engine_gpu.py -k "reproducible or matches_trainer"
     ;;
 *)
     echo "unknown phase $PHASE"; exit 2

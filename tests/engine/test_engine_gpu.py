@@ -224,3 +224,47 @@ def test_reference_path_formats_capture_in_cuda_graphs(fmt):
         roll = eng.generate(rows, greedy(12), n=1)
     assert eng.graph_error is None and eng.last_stats["graph_captures"] >= 1
     assert roll.completion_ids.shape == (len(rows), 12)
+
+
+@pytest.mark.slow
+def test_seeded_batch64_rollout_of_a_7b_shaped_model_is_reproducible():
+    """The rollout GRPO runs (Qwen2.5-7B shape, NVFP4 + LoRA r32, 64 rows, 512 tokens) sampled twice with one seed on
+    one engine (graph replays) and once on a fresh engine (a new capture): the same tokens and log-probs. The first
+    TMA-ring kernel broke this only at this scale (tokens diverged after 7-57 steps; a 4-layer, 128-token rollout and
+    400 launches of the kernel alone were bit-identical): its next decode rewrote the A registers of a wgmma in
+    flight (RESULTS "Issue 17, session 14"). ~1 min on an H100."""
+    from transformers import AutoModelForCausalLM, Qwen2Config
+
+    from quarl.quant import quantize_model
+
+    cfg = Qwen2Config(hidden_size=3584, intermediate_size=18944, num_hidden_layers=28, num_attention_heads=28,
+                      num_key_value_heads=4, vocab_size=152064, max_position_embeddings=4096, rope_theta=1e6,
+                      tie_word_embeddings=False)
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(cfg, dtype=torch.bfloat16)
+    model.to_empty(device="cuda")
+    g = torch.Generator("cuda").manual_seed(0)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if p.dim() == 1 and not name.endswith("bias"):
+                p.fill_(1.0)  # RMSNorm weights
+            else:
+                p.normal_(0.0, 0.02, generator=g)
+        with torch.device("cuda"):
+            model.model.rotary_emb = type(model.model.rotary_emb)(config=cfg)
+    model.eval().requires_grad_(False)
+    quantize_model(model, {"default": "nvfp4", "lora": {"r": 32, "alpha": 64.0}})
+    gen = torch.Generator().manual_seed(3)
+    rows = [torch.randint(3, cfg.vocab_size, (256,), generator=gen).tolist() for _ in range(64)]
+    params = SamplingParams(temperature=1.0, top_p=1.0, max_new_tokens=512)
+    outs = []
+    eng = FastGenerator(model, PAD)
+    for _ in range(2):  # graph replays
+        outs.append(eng.generate(rows, params, 1, torch.Generator("cuda").manual_seed(7)))
+    eng.release()
+    eng = FastGenerator(model, PAD)  # a new capture
+    outs.append(eng.generate(rows, params, 1, torch.Generator("cuda").manual_seed(7)))
+    eng.release()
+    for o in outs[1:]:
+        assert torch.equal(o.completion_ids, outs[0].completion_ids)
+        assert torch.equal(o.logprobs, outs[0].logprobs)
