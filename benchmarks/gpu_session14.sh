@@ -181,3 +181,5 @@ phase_end
 #      (steady) BF16 18.23 / NVFP4 17.18 = 0.942x.
 #   l  phase l at af85963 (wgmma_decode.a_fragment shared by both kernels): 63 s. GPU tests 117 passed.
 #      Device budget left after the session's calls: 332 s; the machine was given back.
+#   m  phase m at b3ed3d1 (the GPU test of the 7B-shaped batch-64 rollout's reproducibility): 57 s. 2 passed (47.9 s,
+#      with the trainer-forward match test). Device budget left: 288 s; the machine was given back.
