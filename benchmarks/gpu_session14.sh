@@ -66,6 +66,9 @@ ncu_wgmma() {  # NAME SECONDS ARGS...: one ncu report of profile_wgmma_decode.py
 #     arithmetic): their GPU tests.
 #   phase m: bash benchmarks/gpu_session14.sh m   (one GPU; ~2 min)
 #     The reproducibility check as a GPU test (tests/engine/test_engine_gpu.py, the 7B-shaped batch-64 rollout).
+#   phase n: bash benchmarks/gpu_session14.sh n   (one GPU; ~1.5 min)
+#     Could the ring take k / v (below its size floor today, on the Triton tensor-core kernel) and share q's permuted
+#     x? The ring beside the dispatch on the 7B / 14B k / v shapes and the 14B q / o (5120 x 5120) at 32 / 64 rows.
 case $PHASE in
 a)
     ncu_wgmma m64 200 --shapes 18944x3584,3584x3584 --m 64 --configs 1
@@ -140,6 +143,13 @@ l)
     ;;
 m)
     tests "${TEST_S:-200}" tests/engine/test_engine_gpu.py -k "reproducible or matches_trainer"
+    ;;
+n)
+    mkdir -p "$OUT/bench"
+    timeout -k 5 "${BENCH_S:-100}" "$PY" benchmarks/kernels/bench_wgmma_decode.py --ring --formats nvfp4 --ms 32,64 \
+        --no-check --smoke-timeout-s 0 --shapes 512x3584,1024x5120,5120x5120 --budget-s $(( ${BENCH_S:-100} - 15 )) \
+        --out "$OUT/bench" > "$OUT/bench/run.log" 2>&1
+    echo "== bench rc=$? at $((SECONDS - T0)) s"; grep -A 9 "^| format" "$OUT/bench/run.log" | head -10
     ;;
 *)
     echo "unknown phase $PHASE"; exit 2
