@@ -389,9 +389,9 @@ def launch_wgmma_decode(x2: torch.Tensor, pw, cfg: WgmmaDecodeConfig, epi=None) 
 __all__ = [
     "ENV",
     "LARGE_MIN_WEIGHTS",
+    "NVFP4_NT64_MIN_WEIGHTS",
     "MAX_M",
     "MIN_M",
-    "NVFP4_NT64_MIN_WEIGHTS",
     "WGMMA_DECODE_CONFIGS",
     "WgmmaDecodeConfig",
     "candidate_configs",
