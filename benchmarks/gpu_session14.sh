@@ -69,9 +69,6 @@ ncu_wgmma() {  # NAME SECONDS ARGS...: one ncu report of profile_wgmma_decode.py
 #   phase n: bash benchmarks/gpu_session14.sh n   (one GPU; ~1.5 min)
 #     Could the ring take k / v (below its size floor today, on the Triton tensor-core kernel) and share q's permuted
 #     x? The ring beside the dispatch on the 7B / 14B k / v shapes and the 14B q / o (5120 x 5120) at 32 / 64 rows.
-#   phase o: bash benchmarks/gpu_session14.sh o   (one GPU; ~3 min)
-#     wgmma_decode's defaults after the wait (phases j / n): config 1 for NVFP4 at 17..32 rows, and NVFP4 at 33..64
-#     rows from 4M weights (the 14B k / v, which ran the Triton tensor-core kernel): GPU tests; the 14B batch-64 step.
 case $PHASE in
 a)
     ncu_wgmma m64 200 --shapes 18944x3584,3584x3584 --m 64 --configs 1
@@ -153,10 +150,6 @@ n)
         --no-check --smoke-timeout-s 0 --shapes 512x3584,1024x5120,5120x5120 --budget-s $(( ${BENCH_S:-100} - 15 )) \
         --out "$OUT/bench" > "$OUT/bench/run.log" 2>&1
     echo "== bench rc=$? at $((SECONDS - T0)) s"; grep -A 9 "^| format" "$OUT/bench/run.log" | head -10
-    ;;
-o)
-    tests "${TEST_S:-120}" tests/kernels/test_wgmma_decode_gpu.py tests/kernels/test_wgmma_ring_gpu.py
-    profile "${PROFILE_S:-110}" 14b nvfp4+lora32 64
     ;;
 *)
     echo "unknown phase $PHASE"; exit 2

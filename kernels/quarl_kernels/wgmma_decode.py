@@ -271,16 +271,9 @@ _CANDIDATES = {32: (0, 1, 2, 3, 4, 5, 6, 7), 64: (0, 1, 3, 4, 5, 6)}
 # The device sweep's winners (bench_wgmma_decode.py, H100, 2026-11-26; RESULTS "v11"): at NT = 32
 # config 2 was fastest on every large NVFP4 layer, at NT = 64 config 1 on 10 of the 12 large layers.
 _DEFAULTS = {32: 2, 64: 1}
-# Since each step's wgmma is waited for (session 14), config 1 is the faster one for NVFP4 at NT = 32 too:
-# 18944 x 3584 32.1 vs 36.9 us, 1024 x 5120 9.5 vs 12.1, 5120 x 5120 16.5 vs 20.2, 3584 x 3584 11.3 vs 11.3 (H100,
-# session 14 phases j / n); INT4 kept config 2 (35.5 vs 40.3 us at 18944 x 3584). MXFP4 was not re-measured.
-_DEFAULTS_NVFP4 = {32: 1, 64: 1}
 # Large weights only: at 512 x 3584 (1.8M) the Triton tensor-core kernel won (0.78-0.83x), at
 # 3584 x 3584 (12.8M) this kernel did (0.95-1.23x the dispatch of the day).
 LARGE_MIN_WEIGHTS = 12 << 20
-# NVFP4 at 33..64 rows from 4M weights: 1024 x 5120 (14B k / v, 5.2M) 11.3 vs 13.6 us on the Triton tensor-core
-# kernel; 512 x 3584 (7B k / v, 1.8M) stays there (8.3 vs 9.8 us) (H100, session 14 phase n).
-NVFP4_NT64_MIN_WEIGHTS = 4 << 20
 
 
 def mode() -> str:
@@ -311,12 +304,8 @@ def preferred(m: int, n: int, k: int, fmt: int | None = None, forced: bool = Fal
     Large weights at M = 17..64; in "auto" mode not NVFP4 at NT = 64 with N > K, where the
     mma.sync kernel was as fast or faster on the H100 (0.98x at 18944 x 3584, 0.86x at
     27648 x 5120; wgmma won 1.01-1.23x at N <= K, and 1.20-1.42x for MXFP4 / INT4 at every
-    large shape). ``forced`` (mode "on") drops that exception. NVFP4 at NT = 64 from
-    ``NVFP4_NT64_MIN_WEIGHTS`` (the 14B k / v), the rest from ``LARGE_MIN_WEIGHTS``."""
-    if not MIN_M <= m <= MAX_M:
-        return False
-    mid = fmt == FMT_NVFP4 and token_tile(m) == 64 and n <= k
-    if n * k < (NVFP4_NT64_MIN_WEIGHTS if mid else LARGE_MIN_WEIGHTS):
+    large shape). ``forced`` (mode "on") drops that exception."""
+    if not (MIN_M <= m <= MAX_M and n * k >= LARGE_MIN_WEIGHTS):
         return False
     return forced or not (fmt == FMT_NVFP4 and token_tile(m) == 64 and n > k)
 
@@ -326,11 +315,11 @@ def candidate_configs(m: int) -> tuple[WgmmaDecodeConfig, ...]:
     return tuple(WGMMA_DECODE_CONFIGS[i] for i in _CANDIDATES[token_tile(m)])
 
 
-def default_config(m: int, n: int, fmt: int | None = None) -> WgmmaDecodeConfig:
-    """Config for M tokens and N output rows of format ``fmt`` without tuning: ``_DEFAULTS_NVFP4`` / ``_DEFAULTS``
-    per token tile (``n`` kept for ``mma_decode.default_config``'s signature; no measured N rule yet)."""
+def default_config(m: int, n: int) -> WgmmaDecodeConfig:
+    """Config for M tokens and N output rows without tuning: ``_DEFAULTS`` per token tile
+    (``n`` kept for ``mma_decode.default_config``'s signature; no measured N rule yet)."""
     del n
-    return WGMMA_DECODE_CONFIGS[(_DEFAULTS_NVFP4 if fmt == FMT_NVFP4 else _DEFAULTS)[token_tile(m)]]
+    return WGMMA_DECODE_CONFIGS[_DEFAULTS[token_tile(m)]]
 
 
 def device_ok(device: torch.device) -> bool:
@@ -389,7 +378,6 @@ def launch_wgmma_decode(x2: torch.Tensor, pw, cfg: WgmmaDecodeConfig, epi=None) 
 __all__ = [
     "ENV",
     "LARGE_MIN_WEIGHTS",
-    "NVFP4_NT64_MIN_WEIGHTS",
     "MAX_M",
     "MIN_M",
     "WGMMA_DECODE_CONFIGS",
