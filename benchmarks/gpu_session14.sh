@@ -193,3 +193,9 @@ phase_end
 #      Device budget left after the session's calls: 332 s; the machine was given back.
 #   m  phase m at b3ed3d1 (the GPU test of the 7B-shaped batch-64 rollout's reproducibility): 57 s. 2 passed (47.9 s,
 #      with the trainer-forward match test). Device budget left: 288 s; the machine was given back.
+#   n  phase n at 0ed0bef: 48 s. NVFP4, whole calls (us), dispatch / best ring / best v11 / cuBLAS, 32 | 64 rows:
+#      512 x 3584 6.6 / 10.4 / 8.7 / 7.2 | 8.3 / 11.2 / 9.8 / 7.4; 1024 x 5120 9.6 / 11.0 / 9.5 / 8.6 | 13.6 / 12.0 / 11.3
+#      / 9.2; 5120 x 5120 20.2 / 16.4 / 16.5 / 23.3 | 19.2 / 18.8 / 25.5 / 22.7. The ring does not pay for the 7B k / v;
+#      v11 (R64xBK128) would for the 14B k / v at 64 rows, and is the faster v11 config for NVFP4 at 32 rows now.
+#   o  (not run: "too little device-machine time is left to start another machine"). It was to test wgmma_decode's
+#      defaults changed after phase n (a3cdb99); without an engine-level run they were reverted (5019a15).
