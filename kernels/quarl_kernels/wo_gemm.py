@@ -43,6 +43,7 @@ that won somewhere.
 
 from __future__ import annotations
 
+import importlib
 import json
 import os
 import warnings
@@ -440,25 +441,35 @@ MMA_DECODE_MIN_M = 2  # M = 1 stays on the GEMV (47% vs ~43% of HBM on the 7B ML
 _MMA_DECODE_BROKEN: str | None = None  # why the Gluon kernel is off for this process, once it failed
 
 
+def _import_kernel(name: str):
+    """(``quarl_kernels.<name>``, None), or (None, why) when this Triton cannot provide it: Triton < 3.5 has no Gluon,
+    and a newer one may have moved its API (the optional Gluon kernels below)."""
+    try:
+        return importlib.import_module(f"quarl_kernels.{name}"), None
+    except (ImportError, AttributeError) as e:
+        return None, f"{type(e).__name__}: {e}"
+
+
+def _build_failure(e: Exception) -> str:
+    """A build error's first line, for the once-per-process warning that turns a Gluon kernel off."""
+    return f"{type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}"
+
+
 def _mma_decode():
     """The Gluon register-operand decode kernel module, or None (disabled by
     ``QUARL_KERNELS_MMA_DECODE=0``, a Triton without Gluon, or an earlier failure)."""
     global _MMA_DECODE_BROKEN
     if os.environ.get("QUARL_KERNELS_MMA_DECODE", "1") == "0" or _interpreting() or _MMA_DECODE_BROKEN:
         return None
-    try:
-        from quarl_kernels import mma_decode
-    except (ImportError, AttributeError) as e:  # Triton < 3.5 has no Gluon; a newer one may have moved its API
-        _MMA_DECODE_BROKEN = f"{type(e).__name__}: {e}"
-        return None
-    return mma_decode
+    mod, _MMA_DECODE_BROKEN = _import_kernel("mma_decode")
+    return mod
 
 
 def _mma_decode_failed(e: Exception) -> None:
     """Gluon is Triton's experimental dialect: if a Triton version cannot compile the kernel,
     say so once and let every later call take the Triton tensor-core kernel instead."""
     global _MMA_DECODE_BROKEN
-    _MMA_DECODE_BROKEN = f"{type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}"
+    _MMA_DECODE_BROKEN = _build_failure(e)
     warnings.warn(f"quarl_kernels: the Gluon decode kernel failed to build ({_MMA_DECODE_BROKEN}); decode at "
                   f"M = 2..64 falls back to the Triton tensor-core kernel (slower). Set "
                   f"QUARL_KERNELS_MMA_DECODE=0 to silence this.", stacklevel=3)
@@ -478,17 +489,13 @@ def _wgmma_decode():
     raw = os.environ.get(WGMMA_DECODE_ENV)
     if raw is not None and raw.strip().lower() != "auto" and not _env_flag(WGMMA_DECODE_ENV, False):
         return None  # switched off
-    try:
-        from quarl_kernels import wgmma_decode
-    except (ImportError, AttributeError) as e:  # no Gluon, or a Triton whose Hopper Gluon API moved
-        _WGMMA_DECODE_BROKEN = f"{type(e).__name__}: {e}"
-        return None
-    return wgmma_decode
+    mod, _WGMMA_DECODE_BROKEN = _import_kernel("wgmma_decode")
+    return mod
 
 
 def _wgmma_decode_failed(e: Exception) -> None:
     global _WGMMA_DECODE_BROKEN
-    _WGMMA_DECODE_BROKEN = f"{type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}"
+    _WGMMA_DECODE_BROKEN = _build_failure(e)
     warnings.warn(f"quarl_kernels: the Gluon wgmma decode kernel failed to build ({_WGMMA_DECODE_BROKEN}); decode "
                   f"at M = 17..64 falls back to the mma.sync kernel. Unset QUARL_KERNELS_WGMMA_DECODE to silence "
                   f"this.", stacklevel=3)
@@ -504,17 +511,13 @@ def _wgmma_ring():
     global _WGMMA_RING_BROKEN
     if _interpreting() or _WGMMA_RING_BROKEN or not _env_flag("QUARL_KERNELS_WGMMA_RING", True):
         return None
-    try:
-        from quarl_kernels import wgmma_ring
-    except (ImportError, AttributeError) as e:  # no Gluon, or a Triton whose Hopper Gluon TMA API moved
-        _WGMMA_RING_BROKEN = f"{type(e).__name__}: {e}"
-        return None
-    return wgmma_ring
+    mod, _WGMMA_RING_BROKEN = _import_kernel("wgmma_ring")
+    return mod
 
 
 def _wgmma_ring_failed(e: Exception) -> None:
     global _WGMMA_RING_BROKEN
-    _WGMMA_RING_BROKEN = f"{type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}"
+    _WGMMA_RING_BROKEN = _build_failure(e)
     warnings.warn(f"quarl_kernels: the TMA-ring wgmma kernel failed to build ({_WGMMA_RING_BROKEN}); decode at "
                   f"M = 17..64 falls back to wgmma_decode. Set QUARL_KERNELS_WGMMA_RING=0 to silence this.",
                   stacklevel=3)

@@ -69,3 +69,15 @@ def test_dense_path_out_of_memory_falls_back_to_the_fused_kernel(monkeypatch):
         assert wo_gemm.wo_matmul(x, pw) == "fused"
     assert wo_gemm.wo_matmul_t(torch.zeros(512, 64, dtype=torch.bfloat16), pw) == "fused"
     assert fused == ["fwd", "bwd"]
+
+
+def test_an_optional_kernel_this_triton_cannot_provide_is_reported_not_raised():
+    """The Gluon kernels load through ``_import_kernel``: a module that cannot be imported (no Gluon, an API that
+    moved) comes back as None with the reason, which the loaders keep so the process asks only once."""
+    from quarl_kernels import wo_gemm
+
+    mod, why = wo_gemm._import_kernel("no_such_kernel")
+    assert mod is None and why.startswith("ModuleNotFoundError")
+    mod, why = wo_gemm._import_kernel("launch")
+    assert why is None and hasattr(mod, "finish_splits")
+    assert wo_gemm._build_failure(ValueError("first line\nsecond")) == "ValueError: first line"
