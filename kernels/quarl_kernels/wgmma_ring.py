@@ -31,19 +31,19 @@ This kernel takes x and the words off the threads' critical path:
   registers of a wgmma in flight: PTX leaves that undefined, and with the overlap the
   7B batch-64 rollout was not reproducible (session 14); the wait cost ~2 %, since
   the 4-5 CTAs of an SM keep its tensor cores busy between one CTA's steps. One warpgroup per CTA
-  (4 warps), so no CTA-wide barrier is needed in the loop at all.
+  (4 warps): the loop needs no CTA barrier of its own (Triton's membar pass still puts four around the
+  mbarrier / TMA operations, conservatively).
 
-TMA zero-fills what lies outside the tensors: rows past N (words 0 decode to 0), tokens
-past M, and the K tail (x is zero-padded to whole steps by ``permute_x``; words past
-K/8 are 0). Split-K, the epilogue and the numerics are ``wgmma_decode``'s (fp32
+TMA zero-fills what lies outside the tensors: rows past N (words 0 decode to 0) and tokens
+past M; K is a multiple of 64 (``ring_supported``), so every step is whole. Split-K, the epilogue and the numerics are ``wgmma_decode``'s (fp32
 partials ``[S, M, N]`` summed in split order; NVFP4 / MXFP4 decoded exactly to bf16).
 FP4 formats only: INT4's fp32 scales and zero points stay on ``wgmma_decode``.
 
 ``wo_matmul`` takes this kernel for 17..64 rows on FP4 weights of >= 12.6M entries (>= 32M at
 <= 32 rows: ``takes``), ahead of ``wgmma_decode``; ``QUARL_KERNELS_WGMMA_RING=0`` turns it off. Measured
 (H100, session 14, ``benchmarks/kernels/bench_wgmma_decode.py --ring``; RESULTS "v12"): 7B gate/up
-(18944 x 3584) at 64 rows 36.2 vs 54.3 us (38 vs 25 % of HBM), down 39.8 vs 52.4 us; the 7B batch-64
-decode step 9.10 vs 10.28 ms.
+(18944 x 3584) at 64 rows 35.7 vs 54.3 us (41 vs 25 % of HBM), at 32 rows 29.2 vs 38.4 us; the 7B batch-64
+NVFP4+LoRA decode step 8.45 vs 10.27 ms (BF16+LoRA 10.94).
 """
 
 from __future__ import annotations
