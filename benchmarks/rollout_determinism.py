@@ -18,6 +18,7 @@ import argparse
 import json
 import os
 import sys
+from unittest import mock
 
 import torch
 
@@ -47,9 +48,7 @@ def main() -> None:
     arms = [("default", {}), ("ring off", {"QUARL_KERNELS_WGMMA_RING": "0"}),
             ("ring + wgmma off", {"QUARL_KERNELS_WGMMA_RING": "0", "QUARL_KERNELS_WGMMA_DECODE": "0"})]
     for name, env in arms:
-        old = {k: os.environ.get(k) for k in env}
-        os.environ.update(env)
-        try:
+        with mock.patch.dict(os.environ, env):  # the arm's switches, restored after it
             outs = []
             eng = FastGenerator(model, rb.PAD)
             for _ in range(2):
@@ -58,12 +57,6 @@ def main() -> None:
             eng = FastGenerator(model, rb.PAD)
             outs.append(eng.generate(rows, sp, 1, torch.Generator("cuda").manual_seed(7)))
             eng.release()
-        finally:
-            for k, v in old.items():
-                if v is None:
-                    os.environ.pop(k, None)
-                else:
-                    os.environ[k] = v
         r = {}
         for j, label in ((1, "replay"), (2, "fresh engine")):
             same_ids = torch.equal(outs[0].completion_ids, outs[j].completion_ids)
