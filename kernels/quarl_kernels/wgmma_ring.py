@@ -84,11 +84,11 @@ def _wgmma_ring_kernel(
     STAGES: gl.constexpr, SMAX: gl.constexpr,  # SMAX: next power of two >= TILES_PER_SPLIT
     MMA_INFLIGHT: gl.constexpr,  # wgmma groups left in flight across a step: 1 (overlap) or 0 (serialized)
 ):
-    """y[M, N] (or fp32 split partials [S, M, N]) = x[M, K] @ W[N, K]^T, M <= NT, one warpgroup.
+    """y[M, N] (or fp32 split partials [S, M, N]) = x[M, K] @ W[N, K]^T, one warpgroup.
 
     x_desc: permuted x [M, Kp] bf16, box [NT, BKW * 8]; w_desc: words [N, KW] int32, box
-    [R, BKW]; s_ptr: FP4 scale bytes [N, G]. Program (pid_n, pid_k) owns rows pid_n * R .. + R
-    and K steps pid_k * TILES_PER_SPLIT .. + TILES_PER_SPLIT (at most SMAX)."""
+    [R, BKW]; s_ptr: FP4 scale bytes [N, G]. Program (pid_n, pid_k, pid_m) owns rows pid_n * R .. + R,
+    K steps pid_k * TILES_PER_SPLIT .. + TILES_PER_SPLIT (at most SMAX) and tokens pid_m * NT .. + NT."""
     W: gl.constexpr = 4
     BK: gl.constexpr = BKW * 8
     WPG: gl.constexpr = GROUP // 8  # words per scale group
@@ -106,6 +106,7 @@ def _wgmma_ring_kernel(
 
     pid_n = gl.program_id(0)
     pid_k = gl.program_id(1)
+    tok0 = gl.program_id(2) * NT  # one token tile below 65 rows; wide tiles (128 / 256) tile larger M
     row0 = pid_n * R
     kw_lo = pid_k * (TILES_PER_SPLIT * BKW)
     nsteps = gl.cdiv(gl.minimum(kw_lo + TILES_PER_SPLIT * BKW, KW) - kw_lo, BKW)
@@ -120,7 +121,7 @@ def _wgmma_ring_kernel(
     for i in gl.static_range(STAGES - 1):
         ok = i < nsteps
         mbarrier.expect(bars.index(i), STEP_BYTES, pred=ok)
-        tma.async_copy_global_to_shared(x_desc, [0, (kw_lo + i * BKW) * 8], bars.index(i), xs.index(i), pred=ok)
+        tma.async_copy_global_to_shared(x_desc, [tok0, (kw_lo + i * BKW) * 8], bars.index(i), xs.index(i), pred=ok)
         tma.async_copy_global_to_shared(w_desc, [row0, kw_lo + i * BKW], bars.index(i), ws.index(i), pred=ok)
 
     # group scales of the whole K range -> shared [SMAX, R, NG] (step, row, group slot)
@@ -154,7 +155,7 @@ def _wgmma_ring_kernel(
         ok = nxt < nsteps
         sn = nxt % STAGES
         mbarrier.expect(bars.index(sn), STEP_BYTES, pred=ok)
-        tma.async_copy_global_to_shared(x_desc, [0, (kw_lo + nxt * BKW) * 8], bars.index(sn), xs.index(sn), pred=ok)
+        tma.async_copy_global_to_shared(x_desc, [tok0, (kw_lo + nxt * BKW) * 8], bars.index(sn), xs.index(sn), pred=ok)
         tma.async_copy_global_to_shared(w_desc, [row0, kw_lo + nxt * BKW], bars.index(sn), ws.index(sn), pred=ok)
     acc = warpgroup_mma_wait(0, deps=[acc])
     for i in gl.static_range(STAGES):
@@ -164,10 +165,18 @@ def _wgmma_ring_kernel(
         acc = acc * (65536.0 / gl.load(gs_ptr).to(gl.float32))
     else:
         acc = acc * 65536.0
-    offs_r = row0 + gl.arange(0, R, layout=gl.SliceLayout(1, MMA))  # [R]
-    offs_t = gl.arange(0, NT, layout=gl.SliceLayout(0, MMA))  # [NT]
+    y = acc.to(out_ptr.dtype.element_ty)
+    if R * NT > 64 * 128:
+        # 128 outputs a thread: in the MMA layout each has its own 64-bit address (256 registers beside the
+        # accumulator's 128: spills); in 8-row vectors along N (the output's contiguous axis) 16 addresses do
+        OL: gl.constexpr = gl.BlockedLayout([8, 1], [8, 4], [1, W], [0, 1])
+        y = gl.convert_layout(y, OL)
+    else:
+        OL: gl.constexpr = MMA
+    offs_r = row0 + gl.arange(0, R, layout=gl.SliceLayout(1, OL))  # [R]
+    offs_t = tok0 + gl.arange(0, NT, layout=gl.SliceLayout(0, OL))  # [NT]
     out = out_ptr + pid_k * stride_os + offs_t[None, :] * stride_om + offs_r[:, None]  # [R, NT]
-    gl.store(out, acc.to(out_ptr.dtype.element_ty), mask=(offs_r[:, None] < N) & (offs_t[None, :] < M))
+    gl.store(out, y, mask=(offs_r[:, None] < N) & (offs_t[None, :] < M))
 
 
 # ---------------------------------------------------------------------------
@@ -182,12 +191,20 @@ class WgmmaRingConfig:
     # rewritten before a wait covers it) and which made the 7B batch-64 rollout irreproducible (session 14, phases
     # h / i: tokens differed after 7-57 steps); kept only to measure what the wait costs (~2 %).
     inflight: int = 0
+    # token tile (wgmma n extent): 0 picks 32 / 64 by M (the decode rule, one tile up to 64 rows); 128 or 256 tile
+    # M >= 65 over a third grid axis (the weight words are then decoded once per token tile)
+    tokens: int = 0
 
     def __post_init__(self) -> None:
         if self.rows not in (64, 128):
             raise ValueError(f"WgmmaRingConfig: rows must be 64 or 128 (m64 tiles of one warpgroup), got {self.rows}")
         if not 2 <= self.stages <= 8:
             raise ValueError(f"WgmmaRingConfig: stages must be 2..8, got {self.stages}")
+        if self.tokens not in (0, 128, 256):
+            raise ValueError(f"WgmmaRingConfig: tokens must be 0 (32 / 64 by M), 128 or 256, got {self.tokens}")
+        if self.rows * max(self.tokens, 64) > 64 * 256:
+            raise ValueError(f"WgmmaRingConfig: rows x tokens = {self.rows} x {self.tokens} needs more than 128 fp32 "
+                             "accumulator registers a thread; use rows=64 with tokens=256")
         if self.bkw != X_BOX // 8:
             raise ValueError(f"WgmmaRingConfig: bkw must be {X_BOX // 8} (one {X_BOX}-wide x box), got {self.bkw}")
 
@@ -197,8 +214,14 @@ class WgmmaRingConfig:
         ng = max(1, self.bkw // min(group // 8, self.bkw))
         return 1 << ((SCALE_SMEM // (self.rows * ng)).bit_length() - 1)
 
+    def tile(self, m: int) -> int:
+        """Token tile NT for M rows: ``tokens`` when set, else 32 / 64 (``wgmma_decode.token_tile``) up to 64
+        rows and 128 above."""
+        return self.tokens or (token_tile(m) if m <= MAX_M else 128)
+
     def __str__(self) -> str:
-        return f"ring-R{self.rows}S{self.stages}W{self.waves}{'i' if self.inflight else ''}"
+        t = f"T{self.tokens}" if self.tokens else ""
+        return f"ring-R{self.rows}S{self.stages}W{self.waves}{t}{'i' if self.inflight else ''}"
 
 
 RING_CONFIGS = (
@@ -209,6 +232,18 @@ RING_CONFIGS = (
     WgmmaRingConfig(64, 4, waves=2),
     WgmmaRingConfig(128, 6),
     WgmmaRingConfig(64, 3, inflight=1),  # 6: the 64-row default overlapping its MMAs (not reproducible; measuring)
+)
+
+# M >= 65 (rollouts of 128-256 sequences; the bottom of prefill): token tiles of 128 / 256 rows over a grid axis
+WIDE_CONFIGS = (
+    WgmmaRingConfig(64, 3, tokens=128),
+    WgmmaRingConfig(64, 4, tokens=128),
+    WgmmaRingConfig(64, 3, waves=2, tokens=128),
+    WgmmaRingConfig(128, 3, tokens=128),
+    WgmmaRingConfig(64, 2, tokens=256),
+    WgmmaRingConfig(64, 3, tokens=256),
+    WgmmaRingConfig(64, 3, waves=2, tokens=256),
+    WgmmaRingConfig(64, 4, waves=1, tokens=256),
 )
 
 
@@ -227,9 +262,9 @@ def default_config(m: int, n: int, k: int | None = None) -> WgmmaRingConfig:
 
 
 def ring_supported(x2: torch.Tensor, pw) -> bool:
-    """CUDA bf16 x [M, K] with 17 <= M <= 64 on sm_90, an NVFP4 / MXFP4 weight with K % 64 == 0 whose words
-    and rows are 16-byte aligned for TMA."""
-    return (x2.is_cuda and x2.dtype == torch.bfloat16 and x2.dim() == 2 and MIN_M <= x2.shape[0] <= MAX_M
+    """CUDA bf16 x [M, K] with M >= 17 on sm_90 (above 64 rows with a wide token tile, ``WIDE_CONFIGS``), an
+    NVFP4 / MXFP4 weight with K % 64 == 0 whose words and rows are 16-byte aligned for TMA."""
+    return (x2.is_cuda and x2.dtype == torch.bfloat16 and x2.dim() == 2 and MIN_M <= x2.shape[0]
             and x2.shape[1] == pw.k and pw.fmt in (FMT_NVFP4, FMT_MXFP4) and pw.k % X_BOX == 0
             and pw.words.stride(1) == 1 and (pw.words.stride(0) * 4) % 16 == 0 and pw.words.data_ptr() % 16 == 0
             and device_ok(x2.device))
@@ -276,10 +311,10 @@ def takes(x2: torch.Tensor, pw) -> bool:
     return pw.n * pw.k >= floor and ring_supported(x2, pw)
 
 
-def split_for(cfg: WgmmaRingConfig, n: int, kw: int, sms: int, group: int) -> tuple[int, int]:
-    """(split count, K steps per split): about ``waves * sms`` CTAs, and no more steps a split than
-    the CTA's scale buffer holds."""
-    tiles = triton.cdiv(n, cfg.rows)
+def split_for(cfg: WgmmaRingConfig, n: int, kw: int, sms: int, group: int, mtiles: int = 1) -> tuple[int, int]:
+    """(split count, K steps per split): about ``waves * sms`` CTAs over the row and ``mtiles`` token tiles, and
+    no more steps a split than the CTA's scale buffer holds."""
+    tiles = triton.cdiv(n, cfg.rows) * mtiles
     steps = triton.cdiv(kw, cfg.bkw)
     split = max(1, min(64, triton.cdiv(cfg.waves * sms, tiles), steps), triton.cdiv(steps, cfg.smax(group)))
     per = triton.cdiv(steps, split)
@@ -300,18 +335,19 @@ def launch_wgmma_ring(x2: torch.Tensor, pw, cfg: WgmmaRingConfig, epi=None, xp: 
     ``xp``: ``permute_x(x2, cfg.bkw)`` when the caller has it already (weights of one group share it)."""
     if not ring_supported(x2, pw):
         raise ValueError(
-            f"launch_wgmma_ring: needs CUDA bf16 x [M, {pw.k}] on an sm_90 GPU with {MIN_M} <= M <= {MAX_M}, an "
+            f"launch_wgmma_ring: needs CUDA bf16 x [M, {pw.k}] on an sm_90 GPU with M >= {MIN_M}, an "
             f"NVFP4 / MXFP4 weight with K % {X_BOX} == 0 and 16-byte aligned words; got {x2.dtype} "
             f"{tuple(x2.shape)} on {x2.device}, format {pw.fmt} (use wgmma_decode.launch_wgmma_decode)")
     m = x2.shape[0]
-    nt = token_tile(m)
+    nt = cfg.tile(m)
+    mtiles = triton.cdiv(m, nt)
     kw = pw.k // 8
-    split, per = split_for(cfg, pw.n, kw, num_sms(x2.device), pw.group)
+    split, per = split_for(cfg, pw.n, kw, num_sms(x2.device), pw.group, mtiles)
     ops = decode_operands(x2, pw, split, int4=False)
     xp = permute_x(ops.x2, cfg.bkw) if xp is None else xp
     x_desc = TensorDescriptor.from_tensor(xp, [nt, cfg.bkw * 8], _x_layout(nt))
     w_desc = TensorDescriptor.from_tensor(pw.words, [cfg.rows, cfg.bkw], _w_layout())
-    grid = (triton.cdiv(pw.n, cfg.rows), split)
+    grid = (triton.cdiv(pw.n, cfg.rows), split, mtiles)
     _wgmma_ring_kernel[grid](
         x_desc, w_desc, ops.scale, ops.gscale, ops.out,
         m, pw.n, kw, ops.scale.shape[1], per,
@@ -323,5 +359,6 @@ def launch_wgmma_ring(x2: torch.Tensor, pw, cfg: WgmmaRingConfig, epi=None, xp: 
     return finish_splits(ops, split, epi)
 
 
-__all__ = ["ENV", "LARGE_MIN_WEIGHTS", "LARGE_MIN_WEIGHTS_NT32", "RING_CONFIGS", "WgmmaRingConfig", "default_config",
+__all__ = ["ENV", "LARGE_MIN_WEIGHTS", "LARGE_MIN_WEIGHTS_NT32", "RING_CONFIGS", "WIDE_CONFIGS", "WgmmaRingConfig",
+           "default_config",
            "enabled", "launch_wgmma_ring", "permute_x", "permute_x_reference", "ring_supported", "split_for", "takes"]

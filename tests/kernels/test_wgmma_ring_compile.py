@@ -50,7 +50,8 @@ def k_loop(sass: str, full: bool = False) -> list[str]:
     return [op if full else op.split(".")[0] for a, op in ins if lo <= a <= hi]
 
 
-CASES = [(0, c, nt) for c in wgmma_ring.RING_CONFIGS for nt in (32, 64)] + [(1, wgmma_ring.RING_CONFIGS[0], 64)]
+CASES = [(0, c, nt) for c in wgmma_ring.RING_CONFIGS for nt in (32, 64)] + [(1, wgmma_ring.RING_CONFIGS[0], 64)] + [
+    (0, c, c.tokens) for c in wgmma_ring.WIDE_CONFIGS] + [(1, wgmma_ring.WIDE_CONFIGS[4], 256)]
 
 
 @pytest.mark.parametrize("fmt,cfg,nt", CASES, ids=[f"f{c[0]}-{c[1]}-NT{c[2]}" for c in CASES])

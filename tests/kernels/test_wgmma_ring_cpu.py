@@ -40,12 +40,33 @@ def test_config_validation():
         wgmma_ring.WgmmaRingConfig(stages=1)
     with pytest.raises(ValueError, match="bkw must be 8"):
         wgmma_ring.WgmmaRingConfig(bkw=16)
-    assert all(isinstance(c, wgmma_ring.WgmmaRingConfig) for c in wgmma_ring.RING_CONFIGS)
+    with pytest.raises(ValueError, match="tokens must be 0"):
+        wgmma_ring.WgmmaRingConfig(tokens=64)
+    with pytest.raises(ValueError, match="accumulator registers"):
+        wgmma_ring.WgmmaRingConfig(rows=128, tokens=256)
+    assert all(isinstance(c, wgmma_ring.WgmmaRingConfig) for c in wgmma_ring.RING_CONFIGS + wgmma_ring.WIDE_CONFIGS)
     assert wgmma_ring.default_config(64, 18944) in wgmma_ring.RING_CONFIGS
 
 
+def test_token_tile_by_rows():
+    auto, wide = wgmma_ring.WgmmaRingConfig(), wgmma_ring.WgmmaRingConfig(tokens=256)
+    assert [auto.tile(m) for m in (17, 32, 33, 64, 65, 2048)] == [32, 32, 64, 64, 128, 128]
+    assert wide.tile(17) == wide.tile(300) == 256
+    assert str(wide) == "ring-R64S4W4T256" and str(auto) == "ring-R64S4W4"
+
+
+@pytest.mark.parametrize("m", [96, 256, 2048])
+def test_split_counts_the_token_tiles(m):
+    cfg = wgmma_ring.WgmmaRingConfig(tokens=128)
+    mtiles = -(-m // 128)
+    split, _ = wgmma_ring.split_for(cfg, 18944, 3584 // 8, 132, 16, mtiles)
+    alone, _ = wgmma_ring.split_for(cfg, 18944, 3584 // 8, 132, 16)
+    assert split <= alone  # more token tiles fill the SMs: no more K splits than one tile needs
+    assert split == max(1, -(-4 * 132 // (296 * mtiles)))
+
+
 @pytest.mark.parametrize("n,k", [(18944, 3584), (3584, 18944), (3584, 3584), (27648, 5120), (5120, 27648), (520, 1088)])
-@pytest.mark.parametrize("cfg", wgmma_ring.RING_CONFIGS)
+@pytest.mark.parametrize("cfg", wgmma_ring.RING_CONFIGS + wgmma_ring.WIDE_CONFIGS)
 @pytest.mark.parametrize("group", [16, 32])
 def test_split_covers_k_once_within_the_scale_buffer(n, k, cfg, group):
     kw = k // 8

@@ -1,4 +1,5 @@
-"""GPU correctness of the TMA-ring wgmma decode GEMM (``quarl_kernels.wgmma_ring``), M = 17..64, FP4 formats.
+"""GPU correctness of the TMA-ring wgmma decode GEMM (``quarl_kernels.wgmma_ring``), FP4 formats: M = 17..64 and,
+with the wide token tiles (``WIDE_CONFIGS``), M >= 65 over several tiles.
 
 ``test_wgmma_decode_gpu.py``'s contract: fresh random weights and activations, the output poisoned with NaN first,
 ``||out - ref|| / ||ref|| < 5e-3`` against a float64 product with the format's dequantized weight, and agreement
@@ -58,6 +59,37 @@ def test_wgmma_ring_matches_reference(spec, m, n, k, cfg):
     assert rel(y, x.double() @ w.T) < TOL
 
 
+WIDE = wgmma_ring.WIDE_CONFIGS
+WIDE_SHAPES = [  # M, N, K: one or several token tiles, a token tail, an N tail, a scale-capped split
+    (65, 520, 3584),
+    (128, 3584, 3584),
+    (200, 1000, 1280),
+    (256, 18944, 1024),
+    (300, 3584, 18944),
+    (1000, 640, 384),
+]
+WIDE_CASES = [(*WIDE_SHAPES[i % len(WIDE_SHAPES)], c) for i, c in enumerate(WIDE)] + [
+    (*s, WIDE[i % len(WIDE)]) for i, s in enumerate(WIDE_SHAPES)]
+
+
+@pytest.mark.parametrize("spec", SPECS)
+@pytest.mark.parametrize("m,n,k,cfg", WIDE_CASES, ids=[f"M{c[0]}N{c[1]}K{c[2]}-{c[3]}" for c in WIDE_CASES])
+def test_wide_token_tiles_match_reference(spec, m, n, k, cfg):
+    torch.manual_seed(m * 5 + n + k)
+    args, w = qweight(spec, n, k)
+    x = torch.randn(m, k, device="cuda").to(torch.bfloat16)
+    poison((m, n), torch.bfloat16)
+    y = wgmma_ring.launch_wgmma_ring(x, _packed_weight(*args), cfg)
+    torch.cuda.synchronize()
+    assert y.shape == (m, n) and y.dtype == torch.bfloat16
+    assert rel(y, x.double() @ w.T) < TOL
+    # each token tile is the same product: the rows of a tile agree with the tile computed alone
+    t = cfg.tile(m)
+    if m > t:
+        y1 = wgmma_ring.launch_wgmma_ring(x[t:].contiguous(), _packed_weight(*args), cfg)
+        assert (y1.float() - y[t:].float()).abs().max() <= 1e-2 * y.float().abs().max()
+
+
 @pytest.mark.parametrize("spec", SPECS)
 def test_agrees_with_wgmma_decode(spec):
     torch.manual_seed(5)
@@ -114,16 +146,17 @@ def test_a_group_shares_one_permuted_x():
 
 
 
-@pytest.mark.parametrize("n,k", [(18944, 3584), (3584, 18944), (3584, 3584)])
-def test_repeated_launches_are_bit_identical(n, k):
+@pytest.mark.parametrize("n,k,m,cfg", [(18944, 3584, 64, None), (3584, 18944, 64, None), (3584, 3584, 64, None),
+                                       (18944, 3584, 256, WIDE[0]), (3584, 18944, 128, WIDE[4])])
+def test_repeated_launches_are_bit_identical(n, k, m, cfg):
     """A rollout replays the same launch thousands of times: every replay (eager and from a CUDA graph, with other
     work between them) must give the same bits -- a stage reused while still being read would show as a
     difference here long before it moves a relative error."""
     torch.manual_seed(n + k)
     args, w = qweight("nvfp4", n, k)
     pw = _packed_weight(*args)
-    x = torch.randn(64, k, device="cuda").to(torch.bfloat16)
-    cfg = wgmma_ring.default_config(64, n, k)
+    x = torch.randn(m, k, device="cuda").to(torch.bfloat16)
+    cfg = cfg or wgmma_ring.default_config(m, n, k)
     y0 = wgmma_ring.launch_wgmma_ring(x, pw, cfg).clone()
     noise = torch.randn(4096, 4096, device="cuda")
     for _ in range(20):

@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# Session 15 (2026-11-26): issue 17 above 64 rows -- the TMA-ring kernel with wide token tiles (128 / 256 rows a CTA,
+# a third grid axis over token tiles) for rollouts of 128-256 sequences and the bottom of prefill, where wo_matmul runs
+# the Triton tensor-core kernel (M = 65..255, 0.4-0.7x cuBLAS) or the dense path (M >= 256). Run from the repository
+# root on the device machine; the record of what ran is at the end of this file. The phases use
+# benchmarks/gpu_phase_lib.sh's helpers (tests, profile, rollout_table, grpo, phase_end).
+#
+#   phase a: bash benchmarks/gpu_session15.sh a   (one GPU; ~9 min)
+#     The ring's GPU tests (wide token tiles included); bench_ring_wide.py: every WIDE_CONFIGS entry beside wo_matmul's
+#     dispatch, the dense path and cuBLAS BF16 on the 7B / 14B projections at M = 96..2048.
+set -u
+PHASE=${1:?phase}
+OUT=${OUT:?}
+source benchmarks/gpu_phase_lib.sh
+
+wide() {  # SECONDS ARGS...: bench_ring_wide.py -> $OUT/wide
+    local s=$1; shift
+    mkdir -p "$OUT/wide"
+    timeout -k 5 "$s" "$PY" benchmarks/kernels/bench_ring_wide.py --budget-s $(( s - 30 )) --out "$OUT/wide" "$@" \
+        > "$OUT/wide/run.log" 2>&1
+    echo "== wide bench rc=$? at $((SECONDS - T0)) s"; grep -A 80 "^| N x K" "$OUT/wide/run.log" | head -n 90
+}
+
+case $PHASE in
+a)
+    tests "${TEST_S:-170}" tests/kernels/test_wgmma_ring_gpu.py
+    wide "${WIDE_S:-330}" --ms 96,128,192,256,512,1024,2048
+    ;;
+*)
+    echo "unknown phase $PHASE"; exit 2
+    ;;
+esac
+phase_end
+
+# Record of the calls (commit, seconds, what came back):
