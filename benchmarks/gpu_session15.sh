@@ -8,6 +8,10 @@
 #   phase a: bash benchmarks/gpu_session15.sh a   (one GPU; ~9 min)
 #     The ring's GPU tests (wide token tiles included); bench_ring_wide.py: every WIDE_CONFIGS entry beside wo_matmul's
 #     dispatch, the dense path and cuBLAS BF16 on the 7B / 14B projections at M = 96..2048.
+#   phase b: bash benchmarks/gpu_session15.sh b   (one GPU; ~7 min)
+#     After phase a (wide tiles beat cuBLAS at 96-128 rows on the large weights, 0.6-0.8x at 192-256; a partial last
+#     token tile slower than two full ones): x padded to whole token tiles, and two warpgroups a CTA sharing each x
+#     stage (rows = 128, warps = 8: half the x traffic from L2 per weight row). GPU tests; the sweep at 96..512 rows.
 set -u
 PHASE=${1:?phase}
 OUT=${OUT:?}
@@ -25,6 +29,11 @@ case $PHASE in
 a)
     tests "${TEST_S:-170}" tests/kernels/test_wgmma_ring_gpu.py
     wide "${WIDE_S:-330}" --ms 96,128,192,256,512,1024,2048
+    ;;
+b)
+    tests "${TEST_S:-200}" tests/kernels/test_wgmma_ring_gpu.py
+    wide "${WIDE_S:-300}" --ms 96,128,192,256,384,512 --configs 2,5,8,9,10,11 --unpadded \
+        --shapes 18944x3584,3584x18944,3584x3584,27648x5120,5120x13824,5120x5120,1024x5120
     ;;
 *)
     echo "unknown phase $PHASE"; exit 2

@@ -44,7 +44,8 @@ def rel(y: torch.Tensor, ref: torch.Tensor) -> float:
     return ((y.double() - ref).norm() / ref.norm()).item()
 
 
-def point(spec: str, n: int, k: int, ms: list[int], configs, l2: int, deadline: float, emit) -> bool:
+def point(spec: str, n: int, k: int, ms: list[int], configs, l2: int, deadline: float, emit,
+          unpadded: bool = False) -> bool:
     from bench_wo_gemm import _copies, graph_time_us, rotating_packed
     from quarl_kernels import dense, wgmma_ring, wo_gemm
 
@@ -80,7 +81,11 @@ def point(spec: str, n: int, k: int, ms: list[int], configs, l2: int, deadline: 
                 if time.time() > deadline:
                     break
                 timed(str(c), lambda x, p, c=c: wgmma_ring.launch_wgmma_ring(x, p, c))
-        ring = [r for r in row["paths"] if r["path"].startswith("ring-") and "us" in r]
+            if unpadded and m % configs[0].tile(m):  # the first config with x not padded to whole token tiles
+                timed(f"{configs[0]}-unpadded", lambda x, p, c=configs[0]: wgmma_ring.launch_wgmma_ring(
+                    x, p, c, xp=wgmma_ring.permute_x(x, c.bkw)))
+        ring = [r for r in row["paths"] if r["path"].startswith("ring-") and "us" in r
+                and not r["path"].endswith("-unpadded")]
         best = min(ring, key=lambda r: r["us"]) if ring else None
         disp = next((r.get("us") for r in row["paths"] if r["path"] == "dispatch"), None)
         row.update(best=best and best["path"], best_us=best and best["us"],
@@ -118,6 +123,8 @@ def main() -> None:
     ap.add_argument("--ms", default=",".join(map(str, MS)), help="token counts")
     ap.add_argument("--configs", default=None, help="indices into wgmma_ring.WIDE_CONFIGS (default: all)")
     ap.add_argument("--format", default="nvfp4", choices=["nvfp4", "mxfp4"])
+    ap.add_argument("--unpadded", action="store_true",
+                    help="also time the first config with x not padded to whole token tiles (TMA zero fill)")
     ap.add_argument("--render", default=None, help="print the markdown table of an earlier ring_wide.json and exit")
     args = ap.parse_args()
     if args.render:
@@ -153,7 +160,7 @@ def main() -> None:
     l2 = getattr(props, "L2_cache_size", 50 << 20)
     done = True
     for n, k in shapes:
-        done = done and point(args.format, n, k, ms, configs, l2, deadline, emit)
+        done = done and point(args.format, n, k, ms, configs, l2, deadline, emit, args.unpadded)
         torch.cuda.empty_cache()  # the shape's weight copies, freed on return
     data["info"].update(wall_s=time.time() - t0, complete=done)
     emit_md = to_markdown(data)

@@ -88,13 +88,13 @@ def compile_wgmma_ring(fmt: int, cfg, nt: int, smax: int = 32, split: bool = Tru
     for k in ("M", "N", "KW", "G", "TILES_PER_SPLIT", "stride_sn", "stride_os", "stride_om"):
         sig[k] = "i32"
     const = {"FMT": fmt, "GROUP": GROUP[fmt], "R": cfg.rows, "BKW": cfg.bkw, "NT": nt, "STAGES": cfg.stages,
-             "SMAX": smax, "MMA_INFLIGHT": cfg.inflight}
+             "SMAX": smax, "MMA_INFLIGHT": cfg.inflight, "W": cfg.warps}
     sig.update({k: "constexpr" for k in const})
     odd = ("M", "G", "TILES_PER_SPLIT")
     attrs = {(i,): [["tt.divisibility", 16]] for i, (k, t) in enumerate(sig.items())
              if t != "constexpr" and not t.startswith("tensordesc") and k not in odd}
     src = GluonASTSource(fn=wr._wgmma_ring_kernel, signature=sig, constexprs=const, attrs=attrs)
-    return triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": 4})
+    return triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": cfg.warps})
 
 
 def compile_table(dump: str | None = None, even_k: bool = True) -> list[dict]:

@@ -41,25 +41,15 @@ import triton.language as tl
 
 from quarl_kernels import recent_weights
 from quarl_kernels.dequant import load_dequant_tile
+from quarl_kernels.launch import env_int
 
 DEFAULT_DENSE_MIN_M = 256  # measured crossover (H200, docs/kernels.md "v8"); env QUARL_KERNELS_DENSE_MIN_M
 
 
 def dense_min_m() -> int:
     """Smallest M that takes the dequantize-then-cuBLAS path (0 = never)."""
-    raw = os.environ.get("QUARL_KERNELS_DENSE_MIN_M")
-    if raw is None or raw == "":
-        return DEFAULT_DENSE_MIN_M
-    try:
-        v = int(raw)
-    except ValueError:
-        raise ValueError(
-            f"QUARL_KERNELS_DENSE_MIN_M={raw!r} is not an integer; set a token count (e.g. 1024) or 0 to "
-            f"disable the dequantize-then-cuBLAS path"
-        ) from None
-    if v < 0:
-        raise ValueError(f"QUARL_KERNELS_DENSE_MIN_M={v} is negative; use 0 to disable the dense path")
-    return v
+    return env_int("QUARL_KERNELS_DENSE_MIN_M", DEFAULT_DENSE_MIN_M,
+                   "a token count (e.g. 1024), or 0 to disable the dequantize-then-cuBLAS path")
 
 
 def use_dense(m: int) -> bool:

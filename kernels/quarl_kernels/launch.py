@@ -63,6 +63,21 @@ def env_flag(name: str, default: bool) -> bool:
     raise ValueError(f"{name}={raw!r} is neither on nor off: set it to 1 (on) or 0 (off)")
 
 
+def env_int(name: str, default: int, what: str) -> int:
+    """A non-negative count from the environment (unset or empty: ``default``); ``what`` says what it sets, for the
+    error a non-integer or a negative value gets."""
+    raw = os.environ.get(name)
+    if raw is None or raw.strip() == "":
+        return default
+    try:
+        v = int(raw)
+    except ValueError:
+        raise ValueError(f"{name}={raw!r} is not an integer; set {what}") from None
+    if v < 0:
+        raise ValueError(f"{name}={v} is negative; set {what}")
+    return v
+
+
 @triton.jit
 def splitk_reduce_kernel(ws_ptr, y_ptr, MN, SPLIT_K: tl.constexpr, BLOCK: tl.constexpr):
     """y[i] = sum_s ws[s, i] in split order (deterministic). ws [S, M*N] fp32."""

@@ -65,11 +65,14 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
 from quarl_kernels.formats import FMT_MXFP4, FMT_NVFP4
-from quarl_kernels.launch import decode_operands, env_flag, finish_splits, num_sms
+from quarl_kernels.launch import decode_operands, env_flag, env_int, finish_splits, num_sms
 from quarl_kernels.mma_decode import _group_layout, _word_layout
 from quarl_kernels.wgmma_decode import LARGE_MIN_WEIGHTS, MAX_M, MIN_M, a_fragment, device_ok, token_tile
 
 ENV = "QUARL_KERNELS_WGMMA_RING"
+WIDE_ENV = "QUARL_KERNELS_RING_WIDE_MAX_M"  # most rows the wide token tiles take (0: none)
+DEFAULT_WIDE_MAX_M = 255  # below the dense path's default floor (provisional: session 15 phase a decides)
+WIDE_MIN_WEIGHTS = 4 << 20  # smaller weights (7B k / v: 1.8M) stay where they were
 X_BOX = 64  # bf16 x per TMA box row: 128 bytes, the widest box a 128-byte swizzle takes
 SCALE_SMEM = 16 << 10  # bytes of group scales a CTA keeps: caps the K steps of one split
 LARGE_MIN_WEIGHTS_NT32 = 32 << 20  # at 17..32 rows: the weights this kernel takes (below, wgmma_decode's as fast)
@@ -83,13 +86,13 @@ def _wgmma_ring_kernel(
     FMT: gl.constexpr, GROUP: gl.constexpr, R: gl.constexpr, BKW: gl.constexpr, NT: gl.constexpr,
     STAGES: gl.constexpr, SMAX: gl.constexpr,  # SMAX: next power of two >= TILES_PER_SPLIT
     MMA_INFLIGHT: gl.constexpr,  # wgmma groups left in flight across a step: 1 (overlap) or 0 (serialized)
+    W: gl.constexpr,  # warps: 4 (one warpgroup) or 8 (two, an m64 row tile each, sharing the x stages)
 ):
     """y[M, N] (or fp32 split partials [S, M, N]) = x[M, K] @ W[N, K]^T, one warpgroup.
 
     x_desc: permuted x [M, Kp] bf16, box [NT, BKW * 8]; w_desc: words [N, KW] int32, box
     [R, BKW]; s_ptr: FP4 scale bytes [N, G]. Program (pid_n, pid_k, pid_m) owns rows pid_n * R .. + R,
     K steps pid_k * TILES_PER_SPLIT .. + TILES_PER_SPLIT (at most SMAX) and tokens pid_m * NT .. + NT."""
-    W: gl.constexpr = 4
     BK: gl.constexpr = BKW * 8
     WPG: gl.constexpr = GROUP // 8  # words per scale group
     WT: gl.constexpr = WPG if WPG < BKW else BKW  # noqa: FURB136  words per group slot inside a step
@@ -151,6 +154,8 @@ def _wgmma_ring_kernel(
         # this step's wgmma (MMA_INFLIGHT = 0; the previous one at 1) is done: every warp issued it (its words
         # read), its x is no longer read, and the next decode may write the A registers
         acc, a = warpgroup_mma_wait(MMA_INFLIGHT, deps=[acc, a])
+        if W > 4:  # the other warpgroup may still read step s - 1's stage: both pass here before it is refilled
+            gl.thread_barrier()
         nxt = s + STAGES - 1
         ok = nxt < nsteps
         sn = nxt % STAGES
@@ -194,17 +199,23 @@ class WgmmaRingConfig:
     # token tile (wgmma n extent): 0 picks 32 / 64 by M (the decode rule, one tile up to 64 rows); 128 or 256 tile
     # M >= 65 over a third grid axis (the weight words are then decoded once per token tile)
     tokens: int = 0
+    # 8: two warpgroups a CTA (rows = 128, an m64 tile each) read each x stage, halving x's L2 traffic per weight
+    # row (at 128 tokens a 64-row CTA reads 8 bytes of x per byte of weight)
+    warps: int = 4
 
     def __post_init__(self) -> None:
         if self.rows not in (64, 128):
             raise ValueError(f"WgmmaRingConfig: rows must be 64 or 128 (m64 tiles of one warpgroup), got {self.rows}")
         if not 2 <= self.stages <= 8:
             raise ValueError(f"WgmmaRingConfig: stages must be 2..8, got {self.stages}")
+        if self.warps not in (4, 8) or (self.warps == 8 and self.rows != 128):
+            raise ValueError(f"WgmmaRingConfig: warps must be 4, or 8 with rows=128 (an m64 tile a warpgroup), got "
+                             f"warps={self.warps} rows={self.rows}")
         if self.tokens not in (0, 128, 256):
             raise ValueError(f"WgmmaRingConfig: tokens must be 0 (32 / 64 by M), 128 or 256, got {self.tokens}")
-        if self.rows * max(self.tokens, 64) > 64 * 256:
-            raise ValueError(f"WgmmaRingConfig: rows x tokens = {self.rows} x {self.tokens} needs more than 128 fp32 "
-                             "accumulator registers a thread; use rows=64 with tokens=256")
+        if self.rows * 4 // self.warps * max(self.tokens, 64) > 64 * 256:
+            raise ValueError(f"WgmmaRingConfig: rows x tokens = {self.rows} x {self.tokens} on {self.warps} warps needs "
+                             "more than 128 fp32 accumulator registers a thread; use 64 rows a warpgroup at 256 tokens")
         if self.bkw != X_BOX // 8:
             raise ValueError(f"WgmmaRingConfig: bkw must be {X_BOX // 8} (one {X_BOX}-wide x box), got {self.bkw}")
 
@@ -221,7 +232,8 @@ class WgmmaRingConfig:
 
     def __str__(self) -> str:
         t = f"T{self.tokens}" if self.tokens else ""
-        return f"ring-R{self.rows}S{self.stages}W{self.waves}{t}{'i' if self.inflight else ''}"
+        return f"ring-R{self.rows}S{self.stages}W{self.waves}{t}{'w8' if self.warps == 8 else ''}" \
+               f"{'i' if self.inflight else ''}"
 
 
 RING_CONFIGS = (
@@ -244,6 +256,10 @@ WIDE_CONFIGS = (
     WgmmaRingConfig(64, 3, tokens=256),
     WgmmaRingConfig(64, 3, waves=2, tokens=256),
     WgmmaRingConfig(64, 4, waves=1, tokens=256),
+    WgmmaRingConfig(128, 3, waves=2, tokens=128, warps=8),  # 8: two warpgroups sharing each x stage
+    WgmmaRingConfig(128, 4, waves=2, tokens=128, warps=8),
+    WgmmaRingConfig(128, 3, waves=4, tokens=128, warps=8),
+    WgmmaRingConfig(128, 3, waves=2, tokens=256, warps=8),
 )
 
 
@@ -293,14 +309,25 @@ def _permute_x_kernel(x_ptr, o_ptr, K, stride_xm, BLOCK: tl.constexpr, J: tl.con
     tl.store(o_ptr + row * K + k, v, mask=ok)
 
 
-def permute_x(x2: torch.Tensor, bkw: int) -> torch.Tensor:
-    """:func:`permute_x_reference` as one small Triton launch on CUDA (the reference elsewhere)."""
+def permute_x(x2: torch.Tensor, bkw: int, rows: int | None = None) -> torch.Tensor:
+    """:func:`permute_x_reference` as one small Triton launch on CUDA (the reference elsewhere); ``rows`` (>= M):
+    the result padded with zero rows to that many, so that every token tile's TMA box lies inside the tensor
+    (a box partly past the last row -- TMA's zero fill -- measured slower: session 15, phase a)."""
     if not x2.is_cuda:
-        return permute_x_reference(x2, bkw)
+        xp = permute_x_reference(x2, bkw)
+        return xp if rows is None or rows == x2.shape[0] else torch.cat([xp, xp.new_zeros(rows - x2.shape[0], xp.shape[1])])
     m, k = x2.shape
-    out = torch.empty((m, k), device=x2.device, dtype=x2.dtype)
+    rows = m if rows is None else rows
+    out = torch.empty((rows, k), device=x2.device, dtype=x2.dtype)
+    if rows > m:
+        out[m:].zero_()
     _permute_x_kernel[(m, triton.cdiv(k, 1024))](x2, out, k, x2.stride(0), BLOCK=1024, J=bkw // 4, num_warps=4)
     return out
+
+
+def tile_rows(m: int, nt: int) -> int:
+    """M rounded up to whole token tiles of ``nt``: the rows of the permuted x a launch reads."""
+    return -(-m // nt) * nt
 
 
 def takes(x2: torch.Tensor, pw) -> bool:
@@ -309,6 +336,33 @@ def takes(x2: torch.Tensor, pw) -> bool:
     on ``wgmma_decode``: 3584 x 3584 at 32 rows 13.0 vs 11.4 us, H100, session 14)."""
     floor = LARGE_MIN_WEIGHTS_NT32 if x2.shape[0] <= 32 else LARGE_MIN_WEIGHTS
     return pw.n * pw.k >= floor and ring_supported(x2, pw)
+
+
+def wide_max_m() -> int:
+    """``QUARL_KERNELS_RING_WIDE_MAX_M``: the most rows ``wo_matmul`` sends to the wide token tiles (0: none)."""
+    return env_int(WIDE_ENV, DEFAULT_WIDE_MAX_M, "the most rows the ring's wide token tiles take (e.g. 255), or 0")
+
+
+def takes_wide(x2: torch.Tensor, pw) -> bool:
+    """Whether ``wo_matmul`` routes a call of more than ``MAX_M`` rows here (when switched on): up to
+    ``wide_max_m()`` rows on a weight of >= ``WIDE_MIN_WEIGHTS`` entries (``ring_supported``)."""
+    return MAX_M < x2.shape[0] <= wide_max_m() and pw.n * pw.k >= WIDE_MIN_WEIGHTS and ring_supported(x2, pw)
+
+
+def wide_config(m: int, n: int, k: int) -> WgmmaRingConfig:
+    """The wide configuration for M > 64 rows (provisional: session 15 phase a's sweep decides)."""
+    return WIDE_CONFIGS[0]
+
+
+def routed(x2: torch.Tensor, pw) -> WgmmaRingConfig | None:
+    """The configuration ``wo_matmul`` runs this call with here, or None when it goes elsewhere: 17..64 rows by
+    ``takes`` / ``default_config``, more by ``takes_wide`` / ``wide_config``."""
+    m = x2.shape[0]
+    if MIN_M <= m <= MAX_M and takes(x2, pw):
+        return default_config(m, pw.n, pw.k)
+    if m > MAX_M and takes_wide(x2, pw):
+        return wide_config(m, pw.n, pw.k)
+    return None
 
 
 def split_for(cfg: WgmmaRingConfig, n: int, kw: int, sms: int, group: int, mtiles: int = 1) -> tuple[int, int]:
@@ -332,7 +386,8 @@ def _w_layout():
 def launch_wgmma_ring(x2: torch.Tensor, pw, cfg: WgmmaRingConfig, epi=None, xp: torch.Tensor | None = None
                       ) -> torch.Tensor:
     """y [M, N] = x2 [M, K] @ dequant(W)^T (``ring_supported`` must hold); ``epi`` as ``launch_wgmma_decode``;
-    ``xp``: ``permute_x(x2, cfg.bkw)`` when the caller has it already (weights of one group share it)."""
+    ``xp``: ``permute_x(x2, cfg.bkw, rows)`` when the caller has it already (weights of one group share it; ``rows``
+    ``tile_rows(M, cfg.tile(M))`` or M itself -- then the last token tile's box is TMA-zero-filled, slower)."""
     if not ring_supported(x2, pw):
         raise ValueError(
             f"launch_wgmma_ring: needs CUDA bf16 x [M, {pw.k}] on an sm_90 GPU with M >= {MIN_M}, an "
@@ -344,7 +399,7 @@ def launch_wgmma_ring(x2: torch.Tensor, pw, cfg: WgmmaRingConfig, epi=None, xp: 
     kw = pw.k // 8
     split, per = split_for(cfg, pw.n, kw, num_sms(x2.device), pw.group, mtiles)
     ops = decode_operands(x2, pw, split, int4=False)
-    xp = permute_x(ops.x2, cfg.bkw) if xp is None else xp
+    xp = permute_x(ops.x2, cfg.bkw, tile_rows(m, nt)) if xp is None else xp
     x_desc = TensorDescriptor.from_tensor(xp, [nt, cfg.bkw * 8], _x_layout(nt))
     w_desc = TensorDescriptor.from_tensor(pw.words, [cfg.rows, cfg.bkw], _w_layout())
     grid = (triton.cdiv(pw.n, cfg.rows), split, mtiles)
@@ -353,12 +408,13 @@ def launch_wgmma_ring(x2: torch.Tensor, pw, cfg: WgmmaRingConfig, epi=None, xp: 
         m, pw.n, kw, ops.scale.shape[1], per,
         ops.scale.stride(0), *ops.out_strides,
         FMT=pw.fmt, GROUP=pw.group, R=cfg.rows, BKW=cfg.bkw, NT=nt, STAGES=cfg.stages, SMAX=triton.next_power_of_2(per),
-        MMA_INFLIGHT=cfg.inflight,
-        num_warps=4,
+        MMA_INFLIGHT=cfg.inflight, W=cfg.warps,
+        num_warps=cfg.warps,
     )
     return finish_splits(ops, split, epi)
 
 
 __all__ = ["ENV", "LARGE_MIN_WEIGHTS", "LARGE_MIN_WEIGHTS_NT32", "RING_CONFIGS", "WIDE_CONFIGS", "WgmmaRingConfig",
            "default_config",
-           "enabled", "launch_wgmma_ring", "permute_x", "permute_x_reference", "ring_supported", "split_for", "takes"]
+           "enabled", "launch_wgmma_ring", "permute_x", "permute_x_reference", "ring_supported", "routed", "split_for", "takes",
+           "takes_wide", "tile_rows", "wide_config", "wide_max_m"]

@@ -537,7 +537,9 @@ def wo_matmul(x2: torch.Tensor, pw: PackedWeight, *, tune: bool | None = None, e
 
     By M: 1 token runs the CUDA-core GEMV (``gemv.py``), 2..64 the Gluon
     register-operand ``mma.sync`` kernel (``mma_decode.py``; 17..64 on large weights the
-    Hopper ``wgmma`` one, ``wgmma_decode.py``, where ``wgmma_decode.preferred``), M >= ``dense.dense_min_m()``
+    Hopper ``wgmma`` ones: ``wgmma_ring.py`` where ``wgmma_ring.takes``, else ``wgmma_decode.py`` where
+    ``wgmma_decode.preferred``), 65..``wgmma_ring.wide_max_m()`` the ring's wide token tiles on FP4 weights of
+    >= ``wgmma_ring.WIDE_MIN_WEIGHTS``, M >= ``dense.dense_min_m()``
     dequantizes to a transient BF16 weight for cuBLAS (``dense.py``), the rest the
     tensor-core kernel below (which also covers any call the others do not support).
 
@@ -547,19 +549,19 @@ def wo_matmul(x2: torch.Tensor, pw: PackedWeight, *, tune: bool | None = None, e
     the GEMV / mma.sync launch, and by ``F.linear`` before any other route. ``xp``: ``x2`` permuted for the
     TMA-ring kernel (``wgmma_ring.permute_x``), when a group's caller made it once for several weights."""
     m = x2.shape[0]
+    wr = _wgmma_ring() if m >= 17 else None
+    rcfg = wr.routed(x2, pw) if wr is not None else None
+    if rcfg is not None:  # the TMA-ring kernel: 17..64 rows, and up to wide_max_m() rows with wide token tiles
+        try:
+            return wr.launch_wgmma_ring(x2, pw, rcfg, epi=_without_lora_a(x2, epi), xp=xp)
+        except triton.compiler.errors.CompilationError as e:
+            _wgmma_ring_failed(e)
     if dense.use_dense(m):
         epi = _without_lora_a(x2, epi)
         try:
             return _finish(None, dense.dense_matmul(x2, pw), 1, epi)
         except torch.cuda.OutOfMemoryError:  # no room for the transient BF16 weight: the fused kernel needs none
             _dense_oom(pw)
-    wr = _wgmma_ring() if 17 <= m <= 64 else None
-    if wr is not None and wr.takes(x2, pw):
-        try:
-            return wr.launch_wgmma_ring(x2, pw, wr.default_config(m, pw.n, pw.k), epi=_without_lora_a(x2, epi),
-                                        xp=xp)
-        except triton.compiler.errors.CompilationError as e:
-            _wgmma_ring_failed(e)
     wd = _wgmma_decode() if 17 <= m <= 64 else None
     if wd is not None and wd.preferred(m, pw.n, pw.k, pw.fmt, forced=wd.mode() == "on") and \
             wd.wgmma_decode_supported(x2, pw):
@@ -618,10 +620,12 @@ def wo_matmul_group(x2: torch.Tensor, pws: list, epis: list, *, gate_act: bool =
 def _ring_x(x2: torch.Tensor, pws: list) -> torch.Tensor | None:
     """x2 permuted once for the TMA-ring kernel when it takes two or more of a group's weights (gate and up), else
     None (each call permutes its own)."""
-    wr = _wgmma_ring() if 17 <= x2.shape[0] <= 64 else None
-    if wr is None or sum(wr.takes(x2, p) for p in pws) < 2:
+    wr = _wgmma_ring() if x2.shape[0] >= 17 else None
+    cfgs = [c for c in (wr.routed(x2, p) for p in pws) if c is not None] if wr is not None else []
+    if len(cfgs) < 2:
         return None
-    return wr.permute_x(x2.contiguous(), wr.default_config(x2.shape[0], pws[0].n, pws[0].k).bkw)
+    rows = max(wr.tile_rows(x2.shape[0], c.tile(x2.shape[0])) for c in cfgs)  # tiles are powers of two
+    return wr.permute_x(x2.contiguous(), cfgs[0].bkw, rows)  # every config's K step is one 64-wide x box (bkw 8)
 
 
 GROUP_ENV = "QUARL_GEMV_GROUP"  # 0: a LoRA group's projections as one launch each, not one launch for the group

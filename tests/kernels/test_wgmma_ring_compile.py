@@ -60,7 +60,7 @@ def test_k_loop_is_tma_fed_without_spills(fmt, cfg, nt, tmp_path):
     assert r["stack"] == 0, f"{cfg} NT={nt} spills ({r['regs']} registers)"
     assert r["hmma"] == 0
     loop = k_loop(sass)
-    assert loop.count("HGMMA") == (cfg.rows // 64) * cfg.bkw // 2  # m64 tiles x k16 slabs of one step
+    assert loop.count("HGMMA") == cfg.rows // (16 * cfg.warps) * cfg.bkw // 2  # a warpgroup's m64 tiles x k16 slabs
     assert loop.count("UTMALDG") == 2  # the refill: one x box, one word box
     assert loop.count("SYNCS") >= 2  # the mbarrier wait and the refill's expect
     assert "LDS" in loop  # the words (and scales) come back from shared memory

@@ -33,6 +33,13 @@ def test_permute_x_is_the_logical_k_order_of_every_step():
     assert torch.equal(xp[:, :64], xl)
 
 
+def test_permute_x_pads_to_whole_token_tiles():
+    x = torch.randn(70, 128)
+    xp = wgmma_ring.permute_x(x, 8, wgmma_ring.tile_rows(70, 128))
+    assert xp.shape == (128, 128) and torch.equal(xp[:70], wgmma_ring.permute_x(x, 8)) and not xp[70:].any()
+    assert wgmma_ring.tile_rows(128, 128) == 128 and wgmma_ring.tile_rows(17, 32) == 32
+
+
 def test_config_validation():
     with pytest.raises(ValueError, match="rows must be 64 or 128"):
         wgmma_ring.WgmmaRingConfig(rows=256)
@@ -44,6 +51,9 @@ def test_config_validation():
         wgmma_ring.WgmmaRingConfig(tokens=64)
     with pytest.raises(ValueError, match="accumulator registers"):
         wgmma_ring.WgmmaRingConfig(rows=128, tokens=256)
+    with pytest.raises(ValueError, match="warps must be 4, or 8 with rows=128"):
+        wgmma_ring.WgmmaRingConfig(rows=64, warps=8)
+    assert wgmma_ring.WgmmaRingConfig(rows=128, tokens=256, warps=8).tile(65) == 256
     assert all(isinstance(c, wgmma_ring.WgmmaRingConfig) for c in wgmma_ring.RING_CONFIGS + wgmma_ring.WIDE_CONFIGS)
     assert wgmma_ring.default_config(64, 18944) in wgmma_ring.RING_CONFIGS
 
@@ -118,7 +128,7 @@ def test_a_group_permutes_x_once_for_the_ring(monkeypatch):
     seen = []
     monkeypatch.setattr(wo_gemm, "_wgmma_ring", lambda: wgmma_ring)
     monkeypatch.setattr(wgmma_ring, "takes", lambda x2, pw: pw.n >= 4096)
-    monkeypatch.setattr(wgmma_ring, "permute_x", lambda x2, bkw: seen.append(bkw) or ("xp", x2.shape))
+    monkeypatch.setattr(wgmma_ring, "permute_x", lambda x2, bkw, rows: seen.append((bkw, rows)) or ("xp", x2.shape))
     monkeypatch.setattr(wo_gemm, "group_route", lambda x2, pws: None)
     got = []
     monkeypatch.setattr(wo_gemm, "wo_matmul", lambda x2, pw, epi=None, xp=None: got.append(xp) or x2)
@@ -126,7 +136,34 @@ def test_a_group_permutes_x_once_for_the_ring(monkeypatch):
     gate, up, small = _PW(), _PW(), _PW()
     small.n = 512
     wo_gemm.wo_matmul_group(x, [gate, up], [None, None])
-    assert seen == [8] and got == [("xp", (48, 3584))] * 2  # once for both
+    assert seen == [(8, 64)] and got == [("xp", (48, 3584))] * 2  # once for both, padded to the 64-row tile
     seen.clear(), got.clear()
     wo_gemm.wo_matmul_group(x, [gate, small, small], [None, None, None])
     assert seen == [] and got == [None] * 3  # one ring weight: it permutes its own
+
+
+def test_wide_rows_route_by_size_and_the_switch(monkeypatch):
+    """Above 64 rows: the wide token tiles up to ``QUARL_KERNELS_RING_WIDE_MAX_M`` rows on weights of >=
+    ``WIDE_MIN_WEIGHTS``, ahead of the dense path; past the limit, on small weights or with the switch at 0, the
+    dense path as before."""
+    calls = []
+    monkeypatch.setattr(wgmma_ring, "ring_supported", lambda x2, pw: True)
+    monkeypatch.setattr(wgmma_ring, "launch_wgmma_ring",
+                        lambda x2, pw, cfg, epi=None, xp=None: calls.append(cfg) or "ring")
+    monkeypatch.setattr(wo_gemm, "_interpreting", lambda: False)
+    monkeypatch.setattr(wo_gemm.dense, "dense_matmul", lambda x2, pw: "dense")
+    monkeypatch.setattr(wo_gemm, "_finish", lambda ws, y, split, epi: y)
+    monkeypatch.setenv("QUARL_KERNELS_DENSE_MIN_M", "96")
+    monkeypatch.setenv(wgmma_ring.WIDE_ENV, "200")
+    x = torch.zeros(256, 3584, dtype=torch.bfloat16)
+    assert wo_gemm.wo_matmul(x[:128], _PW(), tune=False) == "ring"  # above the dense floor: the ring goes first
+    assert calls == [wgmma_ring.wide_config(128, 6144, 3584)] and calls[0].tile(128) >= 128
+    assert wo_gemm.wo_matmul(x[:201], _PW(), tune=False) == "dense"  # past the limit
+    small = _PW()
+    small.n = 512
+    assert wo_gemm.wo_matmul(x[:128], small, tune=False) == "dense"  # 1.8M weights: below WIDE_MIN_WEIGHTS
+    monkeypatch.setenv(wgmma_ring.WIDE_ENV, "0")
+    assert wo_gemm.wo_matmul(x[:128], _PW(), tune=False) == "dense"
+    monkeypatch.setenv(wgmma_ring.WIDE_ENV, "lots")
+    with pytest.raises(ValueError, match="QUARL_KERNELS_RING_WIDE_MAX_M='lots' is not an integer"):
+        wo_gemm.wo_matmul(x[:128], _PW(), tune=False)
