@@ -42,3 +42,8 @@ esac
 phase_end
 
 # Record of the calls (commit, seconds, what came back):
+#   a  phase a at 70c39e3: 106 s (machine start not counted). GPU tests 68 passed. Wide tiles, best ring / cuBLAS BF16 /
+#      dispatch (us): 18944 x 3584 at 128 rows 46.3 / 56.8 / 70.1, at 256 83.8 / 65.8 / 137.0, at 512 132.0 / 96.5 /
+#      163.8; 3584 x 18944 at 128 54.9 / 62.2 / 71.0; 27648 x 5120 at 128 97.7 / 108.1 / 122.3; 5120 x 13824 at 128
+#      51.5 / 62.6 / 164.5. At 96 / 192 rows (a partial last tile) slower than at 128 / 256; from 1024 rows the dense
+#      path wins; 512 x 3584 never pays. Best config mostly ring-R64S3W2T128.
