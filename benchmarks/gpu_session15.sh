@@ -12,6 +12,13 @@
 #     After phase a (wide tiles beat cuBLAS at 96-128 rows on the large weights, 0.6-0.8x at 192-256; a partial last
 #     token tile slower than two full ones): x padded to whole token tiles, and two warpgroups a CTA sharing each x
 #     stage (rows = 128, warps = 8: half the x traffic from L2 per weight row). GPU tests; the sweep at 96..512 rows.
+#   phase c: bash benchmarks/gpu_session15.sh c   (one GPU; ~8 min)
+#     The wide tiles on by default (ring-R64S3W2T128 for 65..384 rows; x padded to whole tiles at every M): the ring and
+#     wo_gemm GPU tests, the seeded 7B-shaped rollout at batch 64 and 128 (reproducible?), and the 7B decode-step
+#     profile at batch 128 / 256: BF16+LoRA, NVFP4+LoRA, NVFP4+LoRA:nowide (before).
+#   phase d: bash benchmarks/gpu_session15.sh d   (one GPU; ~8 min)
+#     The rollout table at batch 128 / 256, 7B, 2048 new tokens, LoRA on both sides; the 14B decode-step profile at
+#     batch 128 (its BF16 KV cache for 2048 new tokens does not fit beside the BF16 weights).
 set -u
 PHASE=${1:?phase}
 OUT=${OUT:?}
@@ -35,6 +42,15 @@ b)
     wide "${WIDE_S:-300}" --ms 96,128,192,256,384,512 --configs 2,5,8,9,10,11 --unpadded \
         --shapes 18944x3584,3584x18944,3584x3584,27648x5120,5120x13824,5120x5120,1024x5120
     ;;
+c)
+    tests "${TEST_S:-260}" tests/kernels/test_wgmma_ring_gpu.py tests/kernels/test_wo_gemm_gpu.py \
+        "tests/engine/test_engine_gpu.py::test_seeded_rollout_of_a_7b_shaped_model_is_reproducible"
+    profile "${PROFILE_S:-260}" 7b bf16+lora32,nvfp4+lora32,nvfp4+lora32:nowide 128,256
+    ;;
+d)
+    rollout_table "${TABLE_S:-380}" 7b 128,256 table
+    profile "${PROFILE_S:-170}" 14b bf16+lora32,nvfp4+lora32,nvfp4+lora32:nowide 128
+    ;;
 *)
     echo "unknown phase $PHASE"; exit 2
     ;;
@@ -47,3 +63,7 @@ phase_end
 #      163.8; 3584 x 18944 at 128 54.9 / 62.2 / 71.0; 27648 x 5120 at 128 97.7 / 108.1 / 122.3; 5120 x 13824 at 128
 #      51.5 / 62.6 / 164.5. At 96 / 192 rows (a partial last tile) slower than at 128 / 256; from 1024 rows the dense
 #      path wins; 512 x 3584 never pays. Best config mostly ring-R64S3W2T128.
+#   b  phase b at 3de0a09: 79 s. GPU tests 76 passed. x padded to whole token tiles: 18944 x 3584 at 96 rows 47.1 vs
+#      61.8 us unpadded, at 192 83.0 vs 127.7; 27648 x 5120 at 192 172.1 vs 245.5. Two warpgroups a CTA (w8) and
+#      256-row tiles slower at every point (1.2-2x). ring-R64S3W2T128 / cuBLAS / dense at 384 rows: 18944 x 3584 117.2 /
+#      81.5 / 150.8; 27648 x 5120 260.6 / 152.0 / 301.0; at 512 the dense path wins or ties on 5 of 7 shapes.

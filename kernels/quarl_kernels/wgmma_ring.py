@@ -71,8 +71,9 @@ from quarl_kernels.wgmma_decode import LARGE_MIN_WEIGHTS, MAX_M, MIN_M, a_fragme
 
 ENV = "QUARL_KERNELS_WGMMA_RING"
 WIDE_ENV = "QUARL_KERNELS_RING_WIDE_MAX_M"  # most rows the wide token tiles take (0: none)
-DEFAULT_WIDE_MAX_M = 255  # below the dense path's default floor (provisional: session 15 phase a decides)
+DEFAULT_WIDE_MAX_M = 384  # the dense path wins from ~512 rows (session 15, phase b)
 WIDE_MIN_WEIGHTS = 4 << 20  # smaller weights (7B k / v: 1.8M) stay where they were
+WIDE_SMALL_MAX_M = 256  # weights below LARGE_MIN_WEIGHTS (14B k / v: 5.2M) only up to here (384 rows: dense faster)
 X_BOX = 64  # bf16 x per TMA box row: 128 bytes, the widest box a 128-byte swizzle takes
 SCALE_SMEM = 16 << 10  # bytes of group scales a CTA keeps: caps the K steps of one split
 LARGE_MIN_WEIGHTS_NT32 = 32 << 20  # at 17..32 rows: the weights this kernel takes (below, wgmma_decode's as fast)
@@ -246,20 +247,16 @@ RING_CONFIGS = (
     WgmmaRingConfig(64, 3, inflight=1),  # 6: the 64-row default overlapping its MMAs (not reproducible; measuring)
 )
 
-# M >= 65 (rollouts of 128-256 sequences; the bottom of prefill): token tiles of 128 / 256 rows over a grid axis
+# M >= 65 (rollouts of 128-384 sequences): token tiles of 128 / 256 rows over a grid axis. Session 15's sweeps (H100,
+# bench_ring_wide.py, RESULTS "Issue 17, session 15"): entry 0 won every measured point; 256-row tiles and two
+# warpgroups a CTA (w8) were slower everywhere (1.2-2x), kept as measured options.
 WIDE_CONFIGS = (
+    WgmmaRingConfig(64, 3, waves=2, tokens=128),
     WgmmaRingConfig(64, 3, tokens=128),
     WgmmaRingConfig(64, 4, tokens=128),
-    WgmmaRingConfig(64, 3, waves=2, tokens=128),
     WgmmaRingConfig(128, 3, tokens=128),
-    WgmmaRingConfig(64, 2, tokens=256),
-    WgmmaRingConfig(64, 3, tokens=256),
     WgmmaRingConfig(64, 3, waves=2, tokens=256),
-    WgmmaRingConfig(64, 4, waves=1, tokens=256),
-    WgmmaRingConfig(128, 3, waves=2, tokens=128, warps=8),  # 8: two warpgroups sharing each x stage
     WgmmaRingConfig(128, 4, waves=2, tokens=128, warps=8),
-    WgmmaRingConfig(128, 3, waves=4, tokens=128, warps=8),
-    WgmmaRingConfig(128, 3, waves=2, tokens=256, warps=8),
 )
 
 
@@ -345,12 +342,17 @@ def wide_max_m() -> int:
 
 def takes_wide(x2: torch.Tensor, pw) -> bool:
     """Whether ``wo_matmul`` routes a call of more than ``MAX_M`` rows here (when switched on): up to
-    ``wide_max_m()`` rows on a weight of >= ``WIDE_MIN_WEIGHTS`` entries (``ring_supported``)."""
-    return MAX_M < x2.shape[0] <= wide_max_m() and pw.n * pw.k >= WIDE_MIN_WEIGHTS and ring_supported(x2, pw)
+    ``wide_max_m()`` rows on a weight of >= ``LARGE_MIN_WEIGHTS`` entries, up to ``WIDE_SMALL_MAX_M`` on one of
+    >= ``WIDE_MIN_WEIGHTS`` (``ring_supported``)."""
+    m, size = x2.shape[0], pw.n * pw.k
+    if not MAX_M < m <= wide_max_m() or size < WIDE_MIN_WEIGHTS or (size < LARGE_MIN_WEIGHTS and m > WIDE_SMALL_MAX_M):
+        return False
+    return ring_supported(x2, pw)
 
 
 def wide_config(m: int, n: int, k: int) -> WgmmaRingConfig:
-    """The wide configuration for M > 64 rows (provisional: session 15 phase a's sweep decides)."""
+    """The wide configuration for M > 64 rows: 128-row token tiles, 3 stages, half the CTAs (fewer split-K partials),
+    the winner at every point of session 15's sweeps (96..512 rows, the 7B / 14B projections)."""
     return WIDE_CONFIGS[0]
 
 

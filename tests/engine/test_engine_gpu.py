@@ -227,8 +227,10 @@ def test_reference_path_formats_capture_in_cuda_graphs(fmt):
 
 
 @pytest.mark.slow
-def test_seeded_batch64_rollout_of_a_7b_shaped_model_is_reproducible():
-    """The rollout GRPO runs (Qwen2.5-7B shape, NVFP4 + LoRA r32, 64 rows, 512 tokens) sampled twice with one seed on
+@pytest.mark.parametrize("batch", [64, 128])
+def test_seeded_rollout_of_a_7b_shaped_model_is_reproducible(batch):
+    """The rollout GRPO runs (Qwen2.5-7B shape, NVFP4 + LoRA r32, 64 rows -- the ring's 64-row tile -- and 128 -- its
+    wide tiles --, 512 tokens) sampled twice with one seed on
     one engine (graph replays) and once on a fresh engine (a new capture): the same tokens and log-probs. The first
     TMA-ring kernel broke this only at this scale (tokens diverged after 7-57 steps; a 4-layer, 128-token rollout and
     400 launches of the kernel alone were bit-identical): its next decode rewrote the A registers of a wgmma in
@@ -255,7 +257,7 @@ def test_seeded_batch64_rollout_of_a_7b_shaped_model_is_reproducible():
     model.eval().requires_grad_(False)
     quantize_model(model, {"default": "nvfp4", "lora": {"r": 32, "alpha": 64.0}})
     gen = torch.Generator().manual_seed(3)
-    rows = [torch.randint(3, cfg.vocab_size, (256,), generator=gen).tolist() for _ in range(64)]
+    rows = [torch.randint(3, cfg.vocab_size, (256,), generator=gen).tolist() for _ in range(batch)]
     params = SamplingParams(temperature=1.0, top_p=1.0, max_new_tokens=512)
     outs = []
     eng = FastGenerator(model, PAD)

@@ -119,6 +119,9 @@ def test_wo_matmul_takes_it_by_default_and_the_switch_turns_it_off(monkeypatch):
 
 
 def test_defaults_follow_the_sweep():
+    w = wgmma_ring.wide_config(128, 18944, 3584)
+    assert (w.rows, w.stages, w.waves, w.tokens, w.warps) == (64, 3, 2, 128, 4)  # session 15, phase b's winner
+    assert wgmma_ring.wide_max_m() == wgmma_ring.DEFAULT_WIDE_MAX_M == 384
     c = wgmma_ring.RING_CONFIGS
     assert wgmma_ring.default_config(32, 18944, 3584) == c[0] and wgmma_ring.default_config(64, 18944, 3584) == c[3]
     assert wgmma_ring.default_config(64, 3584, 3584).waves == 2 and wgmma_ring.default_config(24, 3584, 3584).waves == 2
@@ -162,6 +165,12 @@ def test_wide_rows_route_by_size_and_the_switch(monkeypatch):
     small = _PW()
     small.n = 512
     assert wo_gemm.wo_matmul(x[:128], small, tune=False) == "dense"  # 1.8M weights: below WIDE_MIN_WEIGHTS
+    mid = _PW()
+    mid.n, mid.k = 1024, 5120  # 5.2M weights (14B k / v): up to WIDE_SMALL_MAX_M rows
+    monkeypatch.setenv(wgmma_ring.WIDE_ENV, "384")
+    assert wo_gemm.wo_matmul(x[:200], mid, tune=False) == "ring"
+    assert wo_gemm.wo_matmul(torch.zeros(300, 5120, dtype=torch.bfloat16), mid, tune=False) == "dense"
+    assert wo_gemm.wo_matmul(torch.zeros(300, 3584, dtype=torch.bfloat16), _PW(), tune=False) == "ring"  # 22M: to 384
     monkeypatch.setenv(wgmma_ring.WIDE_ENV, "0")
     assert wo_gemm.wo_matmul(x[:128], _PW(), tune=False) == "dense"
     monkeypatch.setenv(wgmma_ring.WIDE_ENV, "lots")

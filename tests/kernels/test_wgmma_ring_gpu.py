@@ -150,7 +150,8 @@ def test_a_group_shares_one_permuted_x():
 
 
 @pytest.mark.parametrize("n,k,m,cfg", [(18944, 3584, 64, None), (3584, 18944, 64, None), (3584, 3584, 64, None),
-                                       (18944, 3584, 256, WIDE[0]), (3584, 18944, 128, WIDE[4])])
+                                       (18944, 3584, 256, WIDE[0]), (3584, 18944, 200, WIDE[0]),
+                                       (3584, 18944, 128, WIDE[5])])
 def test_repeated_launches_are_bit_identical(n, k, m, cfg):
     """A rollout replays the same launch thousands of times: every replay (eager and from a CUDA graph, with other
     work between them) must give the same bits -- a stage reused while still being read would show as a
