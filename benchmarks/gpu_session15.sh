@@ -16,6 +16,11 @@
 #     The wide tiles on by default (ring-R64S3W2T128 for 65..384 rows; x padded to whole tiles at every M): the ring and
 #     wo_gemm GPU tests, the seeded 7B-shaped rollout at batch 64 and 128 (reproducible?), and the 7B decode-step
 #     profile at batch 128 / 256: BF16+LoRA, NVFP4+LoRA, NVFP4+LoRA:nowide (before).
+#   phase e: bash benchmarks/gpu_session15.sh e   (one GPU; ~6 min)
+#     Phase c's profile stopped in the first NVFP4 prefill (128 x 1024 prompt tokens in one pass: the gate / up
+#     output passed 2**31 elements, an illegal address in the epilogue's int32 row offsets) and BF16 at 256 x 1024
+#     ran out of memory in its prefill. Now the engine prefills max_num_batched_tokens (16384) tokens at a time and
+#     the epilogue indexes rows in int64: the engine GPU tests, then phase c's profile again.
 #   phase d: bash benchmarks/gpu_session15.sh d   (one GPU; ~8 min)
 #     The rollout table at batch 128 / 256, 7B, 2048 new tokens, LoRA on both sides; the 14B decode-step profile at
 #     batch 128 (its BF16 KV cache for 2048 new tokens does not fit beside the BF16 weights).
@@ -47,6 +52,10 @@ c)
         "tests/engine/test_engine_gpu.py::test_seeded_rollout_of_a_7b_shaped_model_is_reproducible"
     profile "${PROFILE_S:-260}" 7b bf16+lora32,nvfp4+lora32,nvfp4+lora32:nowide 128,256
     ;;
+e)
+    tests "${TEST_S:-150}" tests/engine/test_engine_gpu.py tests/kernels/test_wo_gemm_gpu.py -k "not 7b_shaped"
+    profile "${PROFILE_S:-280}" 7b bf16+lora32,nvfp4+lora32,nvfp4+lora32:nowide 128,256
+    ;;
 d)
     rollout_table "${TABLE_S:-380}" 7b 128,256 table
     profile "${PROFILE_S:-170}" 14b bf16+lora32,nvfp4+lora32,nvfp4+lora32:nowide 128
@@ -67,3 +76,7 @@ phase_end
 #      61.8 us unpadded, at 192 83.0 vs 127.7; 27648 x 5120 at 192 172.1 vs 245.5. Two warpgroups a CTA (w8) and
 #      256-row tiles slower at every point (1.2-2x). ring-R64S3W2T128 / cuBLAS / dense at 384 rows: 18944 x 3584 117.2 /
 #      81.5 / 150.8; 27648 x 5120 260.6 / 152.0 / 301.0; at 512 the dense path wins or ties on 5 of 7 shapes.
+#   c  phase c at 9035533: 183 s. GPU tests 128 passed (ring, wo_gemm, the seeded 7B rollout at batch 64 and 128:
+#      reproducible). Profile: BF16+LoRA batch 128 step 13.75 ms; BF16 at 256 out of memory in the prefill (256 x 1024
+#      tokens at once); the first NVFP4 cell stopped with an illegal memory access in its prefill (128 x 1024 tokens:
+#      a gate / up output of 2.5e9 elements, past the epilogue's int32 offsets). Fixed in the next commit.

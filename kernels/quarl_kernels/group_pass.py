@@ -109,7 +109,7 @@ def group_epilogue_kernel(
     :func:`_group_rope_pass` -- q rotated into ``y0``, k rotated into ``kc``, v into ``vc`` (``y1`` / ``y2`` not
     written)."""
     pid = tl.program_id(1)
-    rows = tl.program_id(0) * BM + tl.arange(0, BM)  # [BM]
+    rows = tl.program_id(0).to(tl.int64) * BM + tl.arange(0, BM)  # [BM] int64: rows * N may pass 2**31
     if GATE_ACT:
         g = _group_pass(ws0, y0, bias0, a0, b0, rows, pid, M, N0, sc0, s_ws0, m_ws0, m_a0, s_a,
                         SPLIT_K, HB0, R, RP, BN, DOT, INTERPRET, A_PARTS, SA)

@@ -81,7 +81,7 @@ def env_int(name: str, default: int, what: str) -> int:
 @triton.jit
 def splitk_reduce_kernel(ws_ptr, y_ptr, MN, SPLIT_K: tl.constexpr, BLOCK: tl.constexpr):
     """y[i] = sum_s ws[s, i] in split order (deterministic). ws [S, M*N] fp32."""
-    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)  # int64: M * N may pass 2**31
     mask = offs < MN
     acc = tl.load(ws_ptr + offs, mask=mask, other=0.0)
     for s in tl.static_range(1, SPLIT_K):
@@ -183,7 +183,9 @@ def epilogue_kernel(ws_ptr, y_ptr, bias_ptr, a_ptr, b_ptr, M, N, scaling, s_ws, 
     ``a [1, RP]`` with the ``b [BN, RP]`` tile and a sum over r in registers (BN * RP <= 8192).
     A_PARTS: ``a`` is SA fp32 partials (split stride s_a), summed in split order and rounded once to
     y's dtype before the product (``quarl_kernels.lora_a``)."""
-    rows = tl.program_id(0) * BM + tl.arange(0, BM)  # [BM]
+    # int64 rows: a prefill's rows * N passes 2**31 at 113k tokens on the 7B gate / up (an illegal address in session
+    # 15's batch-128 profile before the engine chunked its prefill)
+    rows = tl.program_id(0).to(tl.int64) * BM + tl.arange(0, BM)  # [BM]
     cols = tl.program_id(1) * BN + tl.arange(0, BN)  # [BN]
     mask = (rows < M)[:, None] & (cols < N)[None, :]
     acc = _epilogue_acc(ws_ptr, bias_ptr, a_ptr, b_ptr, rows, cols, M, N, scaling, s_ws, m_ws, m_a, s_a,

@@ -1,4 +1,4 @@
-"""Decode GEMM on Hopper ``wgmma`` fed by a TMA ring: ``y = x @ W^T`` for M = 17..64 tokens (Gluon).
+"""Decode GEMM on Hopper ``wgmma`` fed by a TMA ring: ``y = x @ W^T`` for M = 17..384 tokens (Gluon).
 
 Why. ``wgmma_decode`` (same MMA, same register decode) reaches 24-28 % of HBM at 64 rows
 (RESULTS "v11"). Its SASS shows why: every K step each thread loads its share of x from
@@ -34,13 +34,27 @@ This kernel takes x and the words off the threads' critical path:
   (4 warps): the loop needs no CTA barrier of its own (Triton's membar pass still puts four around the
   mbarrier / TMA operations, conservatively).
 
-TMA zero-fills what lies outside the tensors: rows past N (words 0 decode to 0) and tokens
-past M; K is a multiple of 64 (``ring_supported``), so every step is whole. Split-K, the epilogue and the numerics are ``wgmma_decode``'s (fp32
+**Wide token tiles (M >= 65, session 15).** Between the decode kernels and the dense path (a transient BF16
+weight and cuBLAS, from 256 rows) ``wo_matmul`` ran the Triton tensor-core kernel, 0.4-0.98x cuBLAS at 96-255
+rows, and the dense path 0.44-0.6x at 256-512: what a rollout of 128-384 sequences pays every decode step. The
+same kernel takes them with token tiles of 128 (``WgmmaRingConfig.tokens``) over a third grid axis: each CTA
+decodes its rows' words once per token tile. x is permuted into whole tiles (zero rows past M): a TMA box
+partly past the last row was up to 1.5x slower (the zero fill; 96 and 192 rows). Measured (H100, session 15,
+``benchmarks/kernels/bench_ring_wide.py``; RESULTS "Issue 17, session 15"): at 96-128 rows 1.1-1.35x cuBLAS
+BF16 on the 7B / 14B MLP weights, 0.97x on 5120 x 5120; at 256-384 rows 0.57-0.77x, still 1.0-1.6x the
+route it replaced (1.1-3x at 96-192 rows); from ~512 rows the dense path is as fast or faster (``DEFAULT_WIDE_MAX_M = 384``). The time
+grows with the token tiles, not with the bytes: one CTA step (decode, wgmma, wait) is latency-bound with 3
+CTAs an SM; two warpgroups a CTA sharing each x stage (half the x traffic) and 256-row tiles were slower.
+
+TMA zero-fills what lies outside the tensors: rows past N (words 0 decode to 0); K is a multiple of 64
+(``ring_supported``), so every step is whole. Split-K, the epilogue and the numerics are ``wgmma_decode``'s (fp32
 partials ``[S, M, N]`` summed in split order; NVFP4 / MXFP4 decoded exactly to bf16).
 FP4 formats only: INT4's fp32 scales and zero points stay on ``wgmma_decode``.
 
 ``wo_matmul`` takes this kernel for 17..64 rows on FP4 weights of >= 12.6M entries (>= 32M at
-<= 32 rows: ``takes``), ahead of ``wgmma_decode``; ``QUARL_KERNELS_WGMMA_RING=0`` turns it off. Measured
+<= 32 rows: ``takes``), ahead of ``wgmma_decode``, and for 65..384 rows (``takes_wide``; 65..256 on weights of
+4M..12.6M entries) ahead of the dense path; ``QUARL_KERNELS_WGMMA_RING=0`` turns it off,
+``QUARL_KERNELS_RING_WIDE_MAX_M=0`` only the wide tiles. Measured
 (H100, session 14, ``benchmarks/kernels/bench_wgmma_decode.py --ring``; RESULTS "v12"): 7B gate/up
 (18944 x 3584) at 64 rows 35.7 vs 54.3 us (41 vs 25 % of HBM), at 32 rows 29.2 vs 38.4 us; the 7B batch-64
 NVFP4+LoRA decode step 8.45 vs 10.27 ms (BF16+LoRA 10.94).

@@ -43,6 +43,9 @@ CUDA graphs and the loop. Design, after gpt-fast:
   stop test and the bookkeeping are device ops; whether every row has stopped
   is read back only every ``sync_every`` steps (a row that stopped keeps
   stepping inertly until then; its outputs are masked);
+* **chunked prefill**: the prompts go through the model ``max_num_batched_tokens`` tokens (vLLM's knob; whole
+  rows, at least one) at a time, so a large batch of long prompts does not hold all of its activations at
+  once, and no kernel's ``rows x width`` index passes 2**31;
 * **bucketing by prompt length**: with ``max_batch_size`` set, rows are sorted
   by prompt length and cut into batches, so each batch pads little; the
   ``Rollout`` comes back in the caller's row order.
@@ -64,7 +67,7 @@ import torch
 from torch import nn
 
 from quarl.engine.model import DecoderRunner, DecodeState
-from quarl.engine.rollout import Rollout, SamplingParams, left_pad
+from quarl.engine.rollout import DEFAULT_MAX_NUM_BATCHED_TOKENS, Rollout, SamplingParams, left_pad
 from quarl.engine.sampling import check_generator, sample
 
 
@@ -105,15 +108,20 @@ class FastGenerator:
         fused: bool | None = None,
         lora_pack: bool | None = None,
         decode_attn: bool | None = None,
+        max_num_batched_tokens: int = DEFAULT_MAX_NUM_BATCHED_TOKENS,
     ):
         if kv_block < 1 or sync_every < 1:
             raise ValueError(f"kv_block and sync_every must be >= 1, got {kv_block}, {sync_every}")
+        if max_num_batched_tokens < 1:
+            raise ValueError(f"max_num_batched_tokens must be >= 1 (prompt tokens a prefill pass takes), got "
+                             f"{max_num_batched_tokens}")
         if max_batch_size is not None and max_batch_size < 1:
             raise ValueError(f"max_batch_size must be >= 1 or None (all rows at once), got {max_batch_size}")
         self.model, self.pad_id = model, int(pad_id)
         self.runner = DecoderRunner(model, fused=fused, lora_pack=lora_pack, decode_attn=decode_attn)
         self.max_batch_size, self.kv_block, self.sync_every = max_batch_size, kv_block, sync_every
         self.cuda_graphs, self.keep_cache = cuda_graphs, keep_cache
+        self.max_num_batched_tokens = max_num_batched_tokens
         self._decode = self.runner.decode
         if compile:
             self._decode = torch.compile(self.runner.decode, dynamic=False, backend=compile_backend)
@@ -219,7 +227,11 @@ class FastGenerator:
         S = _round_up(P + T, self.kv_block) if graphs else P + T
         st = self._ensure_state(B, S)
 
-        logits = r.prefill(st, ids, mask)  # [N, V]
+        # prompts in chunks of <= max_num_batched_tokens tokens (whole rows): the prefill's activations -- the MLP's
+        # [rows * P, 2 * intermediate] -- stay bounded (one pass of 256 x 1024 tokens ran a 7B BF16 engine out of
+        # memory, and 128 x 1024 passed 2**31 elements in a gate / up output: session 15)
+        c = max(1, self.max_num_batched_tokens // P)
+        logits = torch.cat([r.prefill(st, ids[i:i + c], mask[i:i + c], row0=i) for i in range(0, N, c)])  # [N, V]
         st.pos[:N] = mask.sum(dim=1, keepdim=True)  # position of the first generated token
         st.slot.fill_(P)
         if B > N:

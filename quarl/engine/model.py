@@ -297,14 +297,16 @@ class DecoderRunner:
         return self.lm_head(x).float()
 
     # --- prefill --------------------------------------------------------------------
-    def prefill(self, st: DecodeState, ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-        """Run left-padded prompts ``ids, mask [N, P]`` (rows ``[:N]`` of the state), fill
-        cache columns ``[0, P)`` and return the last position's logits ``[N, V]`` (fp32)."""
+    def prefill(self, st: DecodeState, ids: torch.Tensor, mask: torch.Tensor, row0: int = 0) -> torch.Tensor:
+        """Run left-padded prompts ``ids, mask [N, P]`` (rows ``[row0, row0 + N)`` of the state: the generator
+        prefills a large batch in chunks), fill cache columns ``[0, P)`` and return the last position's logits
+        ``[N, V]`` (fp32)."""
         N, P = ids.shape
+        rows = slice(row0, row0 + N)
         real = mask.bool()  # [N, P]
         pos = (mask.long().cumsum(dim=1) - 1).clamp(min=0)  # [N, P]
-        st.kv_valid[:N].zero_()
-        st.kv_valid[:N, :P] = real
+        st.kv_valid[rows].zero_()
+        st.kv_valid[rows, :P] = real
         idx = torch.arange(P, device=ids.device)
         causal = idx[None, :] <= idx[:, None]  # [P, P] key <= query
         amask = (causal & (real[:, None, :] | torch.eye(P, dtype=torch.bool, device=ids.device)))[:, None]  # [N,1,P,P]
@@ -316,8 +318,8 @@ class DecoderRunner:
             attn, groups = layer.self_attn, self._groups(i)
             x, h = self._add_norm(layer.input_layernorm, h, pending, fused)
             q, k, v = self._qkv(attn, x, cos, sin, fused, groups)
-            st.k[i][:N, :, :P] = k
-            st.v[i][:N, :, :P] = v
+            st.k[i][rows, :, :P] = k
+            st.v[i][rows, :, :P] = v
             if self.group > 1:  # [N, H_kv, P, D] -> [N, H, P, D], HF's repeat_kv
                 k = k[:, :, None].expand(N, self.n_kv, self.group, P, self.head_dim).reshape(N, self.n_heads, P, -1)
                 v = v[:, :, None].expand(N, self.n_kv, self.group, P, self.head_dim).reshape(N, self.n_heads, P, -1)

@@ -40,6 +40,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+# vLLM's knob (max_num_batched_tokens): prompt tokens the fast engine's prefill takes in one pass (whole rows, at
+# least one); the rl stage's rollout.max_num_batched_tokens defaults to it
+DEFAULT_MAX_NUM_BATCHED_TOKENS = 16384
+
 
 @dataclass
 class SamplingParams:

@@ -31,6 +31,7 @@ from __future__ import annotations
 import copy
 from dataclasses import dataclass, field
 
+from quarl.engine.rollout import DEFAULT_MAX_NUM_BATCHED_TOKENS
 from quarl.quant.linear import DEFAULT_LORA_TARGETS
 from quarl.rewards import RewardConfig
 from quarl.rl.aqn import AQNConfig
@@ -70,6 +71,7 @@ class RolloutConfig:
     cache: str = "static"  # static | dynamic (the reference HFGenerator's KV cache)
     batch_size: int = 0  # rows per generate call; 0 = all at once
     cache_dequantized: str = "auto"  # auto (on CPU) | true | false: keep dequantized base weights in memory
+    max_num_batched_tokens: int = DEFAULT_MAX_NUM_BATCHED_TOKENS  # vLLM's knob: prompt tokens a prefill pass of the fast engine takes (whole rows); bounds its activation memory
     free_cache: bool = True  # verl's free_cache_engine: free the fast engine's KV cache + CUDA graphs after each rollout; false keeps them (no re-capture next step) at their memory during the update
 
 
@@ -182,6 +184,9 @@ class RLConfig:
             raise ValueError(f"rollout.group_size must be >= 2 (GRPO's baseline is the group mean), got {r.group_size}")
         if r.engine not in ("auto", "fast", "reference"):
             raise ValueError(f"rollout.engine must be auto|fast|reference, got {r.engine!r}")
+        if r.max_num_batched_tokens < 1:
+            raise ValueError(f"rollout.max_num_batched_tokens must be >= 1 (prompt tokens a prefill pass takes), got "
+                             f"{r.max_num_batched_tokens}")
         if r.cache not in ("static", "dynamic"):
             raise ValueError(f"rollout.cache must be static|dynamic, got {r.cache!r}")
         if str(r.cache_dequantized).lower() not in ("auto", "true", "false"):

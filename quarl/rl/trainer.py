@@ -239,7 +239,8 @@ class RLTrainer:
         self.generator = generator or make_generator(rollout_model, tokenizer.pad_token_id, engine=engine,
                                                      cache=cfg.rollout.cache,
                                                      batch_size=cfg.rollout.batch_size or None,
-                                                     keep_cache=not cfg.rollout.free_cache)
+                                                     keep_cache=not cfg.rollout.free_cache,
+                                                     max_num_batched_tokens=cfg.rollout.max_num_batched_tokens)
         self.sampling = SamplingParams(cfg.rollout.temperature, cfg.rollout.top_p, cfg.rollout.max_new_tokens,
                                        stop_token_ids(self.model, tokenizer))
         self.reward_fn = reward_fn or RewardFn(cfg.reward)

@@ -147,6 +147,18 @@ def test_length_buckets_keep_row_order_and_results():
     torch.testing.assert_close(parts.logprobs, whole.logprobs, atol=2e-5, rtol=0)
 
 
+@pytest.mark.parametrize("tokens", [1, 13, 24])
+def test_chunked_prefill_gives_the_same_rollout(tokens):
+    """max_num_batched_tokens cuts the prefill into chunks of whole rows (one row when a prompt alone is longer):
+    the same tokens and log-probs as one pass over every row."""
+    model = make_model("qwen2")
+    rows = prompts((9, 2, 6, 3, 12))  # 10 rows left-padded to 12 tokens: chunks of 1 row (1, 13 tokens) or 2 (24)
+    whole = FastGenerator(model, PAD).generate(rows, greedy(6), n=2)
+    chunked = FastGenerator(model, PAD, max_num_batched_tokens=tokens).generate(rows, greedy(6), n=2)
+    assert torch.equal(chunked.completion_ids, whole.completion_ids)
+    torch.testing.assert_close(chunked.logprobs, whole.logprobs, atol=2e-5, rtol=0)
+
+
 def test_seeded_sampling_is_reproducible():
     model = make_model("qwen2")
     eng = FastGenerator(model, PAD, sync_every=3)
@@ -206,6 +218,8 @@ def test_bad_inputs_have_clear_errors():
         eng.generate([[]], greedy(2), n=1)
     with pytest.raises(ValueError, match="temperature must be > 0"):
         eng.generate(prompts((3,)), SamplingParams(temperature=0.0), n=1)
+    with pytest.raises(ValueError, match="max_num_batched_tokens must be >= 1"):
+        FastGenerator(model, PAD, max_num_batched_tokens=0)
 
     class Other(torch.nn.Module):
         config = type("C", (), {"model_type": "gpt2"})()

@@ -222,3 +222,16 @@ def test_free_cache_false_keeps_the_fast_engine_cache_and_changes_nothing_else(t
     assert _stable(a) == _stable(b) and len(a) == 2
     lora = {n: p for n, p in runs["true"].model.named_parameters() if p.requires_grad}
     assert all(torch.equal(p, dict(runs["false"].model.named_parameters())[n]) for n, p in lora.items())
+
+
+def test_max_num_batched_tokens_reaches_the_fast_engine_and_is_validated(tmp_path):
+    """rollout.max_num_batched_tokens (vLLM's knob) is the fast engine's prefill chunk; one name, one default
+    (quarl.engine.rollout.DEFAULT_MAX_NUM_BATCHED_TOKENS), rejected when the config is built if it is < 1."""
+    from quarl.engine.rollout import DEFAULT_MAX_NUM_BATCHED_TOKENS
+    from quarl.rl.config import RolloutConfig
+
+    assert RolloutConfig().max_num_batched_tokens == DEFAULT_MAX_NUM_BATCHED_TOKENS
+    tr = _trainer(tiny_cfg("rollout.engine=fast", "rollout.max_num_batched_tokens=7", "train.steps=1"), tmp_path)
+    assert tr.generator.max_num_batched_tokens == 7
+    with pytest.raises(ValueError, match="rollout.max_num_batched_tokens must be >= 1"):
+        tiny_cfg("rollout.max_num_batched_tokens=0")
