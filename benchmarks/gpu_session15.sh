@@ -80,3 +80,9 @@ phase_end
 #      reproducible). Profile: BF16+LoRA batch 128 step 13.75 ms; BF16 at 256 out of memory in the prefill (256 x 1024
 #      tokens at once); the first NVFP4 cell stopped with an illegal memory access in its prefill (128 x 1024 tokens:
 #      a gate / up output of 2.5e9 elements, past the epilogue's int32 offsets). Fixed in the next commit.
+#   e  phase e at 6eba7b7 (chunked prefill, int64 epilogue rows): 249 s. GPU tests 75 passed (engine, wo_gemm). 7B
+#      decode step ms at batch 128 / 256: BF16+LoRA 13.760 / 18.601, NVFP4+LoRA 12.442 / 20.203, :nowide 14.414 /
+#      24.425. Log-prob check vs the trainer forward: mean |delta| 0.0480 (BF16), 0.0675 (NVFP4, both arms).
+#   d  phase d at 6eba7b7: 289 s. Table, 7B, 2048 new tokens, BF16+LoRA / NVFP4+LoRA decode tok/s: batch 128 9462.8 /
+#      10410.0 (1.10x), batch 256 13481.8 / 12612.9 (0.94x). 14B decode step at batch 128 (ms): BF16+LoRA 29.631,
+#      NVFP4+LoRA 28.129, :nowide 42.018.

@@ -262,8 +262,8 @@ RING_CONFIGS = (
 )
 
 # M >= 65 (rollouts of 128-384 sequences): token tiles of 128 / 256 rows over a grid axis. Session 15's sweeps (H100,
-# bench_ring_wide.py, RESULTS "Issue 17, session 15"): entry 0 won every measured point; 256-row tiles and two
-# warpgroups a CTA (w8) were slower everywhere (1.2-2x), kept as measured options.
+# bench_ring_wide.py, RESULTS "Issue 17, session 15"): entry 0 won every measured point; 256-row tiles (1.1-2.1x) and two
+# warpgroups a CTA (w8, 1.1-1.7x) were slower everywhere; kept as measured options.
 WIDE_CONFIGS = (
     WgmmaRingConfig(64, 3, waves=2, tokens=128),
     WgmmaRingConfig(64, 3, tokens=128),
