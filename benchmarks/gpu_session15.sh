@@ -24,6 +24,10 @@
 #   phase d: bash benchmarks/gpu_session15.sh d   (one GPU; ~8 min)
 #     The rollout table at batch 128 / 256, 7B, 2048 new tokens, LoRA on both sides; the 14B decode-step profile at
 #     batch 128 (its BF16 KV cache for 2048 new tokens does not fit beside the BF16 weights).
+#   phase f: bash benchmarks/gpu_session15.sh f   (one GPU; ~4 min)
+#     The wide tiles' loop is latency-bound at 3 CTAs an SM (136 registers, 72 KB of shared memory): 2 stages (53 KB)
+#     with the registers capped at 128 (maxnreg; spills outside the loop only) fit 4. GPU tests; the sweep at 96..512
+#     rows: the default beside R64 S2 with and without the cap.
 set -u
 PHASE=${1:?phase}
 OUT=${OUT:?}
@@ -55,6 +59,11 @@ c)
 e)
     tests "${TEST_S:-150}" tests/engine/test_engine_gpu.py tests/kernels/test_wo_gemm_gpu.py -k "not 7b_shaped"
     profile "${PROFILE_S:-280}" 7b bf16+lora32,nvfp4+lora32,nvfp4+lora32:nowide 128,256
+    ;;
+f)
+    tests "${TEST_S:-200}" tests/kernels/test_wgmma_ring_gpu.py
+    wide "${WIDE_S:-240}" --ms 96,128,192,256,384,512 --configs 0,6,7,8 \
+        --shapes 18944x3584,3584x18944,3584x3584,27648x5120,5120x13824,5120x5120
     ;;
 d)
     rollout_table "${TABLE_S:-380}" 7b 128,256 table
