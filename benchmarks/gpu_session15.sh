@@ -95,3 +95,7 @@ phase_end
 #   d  phase d at 6eba7b7: 289 s. Table, 7B, 2048 new tokens, BF16+LoRA / NVFP4+LoRA decode tok/s: batch 128 9462.8 /
 #      10410.0 (1.10x), batch 256 13481.8 / 12612.9 (0.94x). 14B decode step at batch 128 (ms): BF16+LoRA 29.631,
 #      NVFP4+LoRA 28.129, :nowide 42.018.
+#   f  phase f at 108fca9: 59 s. GPU tests 71 passed. 2 stages (53 KB) with or without the 128-register cap (4 / 3
+#      CTAs an SM) slower than the 3-stage default at every point: 18944 x 3584 at 128 rows 57.4 / 56.5 vs 48.0 us, at
+#      256 115.7 / 114.5 vs 85.6; the cap reverted (its configs never won). The default's dispatch matched its own
+#      timing (46.2 / 85.3 us).

@@ -94,8 +94,7 @@ def compile_wgmma_ring(fmt: int, cfg, nt: int, smax: int = 32, split: bool = Tru
     attrs = {(i,): [["tt.divisibility", 16]] for i, (k, t) in enumerate(sig.items())
              if t != "constexpr" and not t.startswith("tensordesc") and k not in odd}
     src = GluonASTSource(fn=wr._wgmma_ring_kernel, signature=sig, constexprs=const, attrs=attrs)
-    opts = {"num_warps": cfg.warps, **({"maxnreg": cfg.maxnreg} if cfg.maxnreg else {})}
-    return triton.compile(src, target=GPUTarget("cuda", 90, 32), options=opts)
+    return triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": cfg.warps})
 
 
 def compile_table(dump: str | None = None, even_k: bool = True) -> list[dict]:

@@ -217,9 +217,6 @@ class WgmmaRingConfig:
     # 8: two warpgroups a CTA (rows = 128, an m64 tile each) read each x stage, halving x's L2 traffic per weight
     # row (at 128 tokens a 64-row CTA reads 8 bytes of x per byte of weight)
     warps: int = 4
-    # registers a thread, 0: ptxas's choice (136 at 128-row tiles: 3 CTAs an SM). 128 with 2 stages (53 KB of shared
-    # memory) lets 4 CTAs share an SM: more steps in flight for a latency-bound loop (spills only outside the loop)
-    maxnreg: int = 0
 
     def __post_init__(self) -> None:
         if self.rows not in (64, 128):
@@ -229,8 +226,6 @@ class WgmmaRingConfig:
         if self.warps not in (4, 8) or (self.warps == 8 and self.rows != 128):
             raise ValueError(f"WgmmaRingConfig: warps must be 4, or 8 with rows=128 (an m64 tile a warpgroup), got "
                              f"warps={self.warps} rows={self.rows}")
-        if self.maxnreg not in (0, 128, 168):
-            raise ValueError(f"WgmmaRingConfig: maxnreg must be 0 (the compiler's choice), 128 or 168, got {self.maxnreg}")
         if self.tokens not in (0, 128, 256):
             raise ValueError(f"WgmmaRingConfig: tokens must be 0 (32 / 64 by M), 128 or 256, got {self.tokens}")
         if self.rows * 4 // self.warps * max(self.tokens, 64) > 64 * 256:
@@ -253,7 +248,7 @@ class WgmmaRingConfig:
     def __str__(self) -> str:
         t = f"T{self.tokens}" if self.tokens else ""
         return f"ring-R{self.rows}S{self.stages}W{self.waves}{t}{'w8' if self.warps == 8 else ''}" \
-               f"{f'r{self.maxnreg}' if self.maxnreg else ''}{'i' if self.inflight else ''}"
+               f"{'i' if self.inflight else ''}"
 
 
 RING_CONFIGS = (
@@ -276,9 +271,6 @@ WIDE_CONFIGS = (
     WgmmaRingConfig(128, 3, tokens=128),
     WgmmaRingConfig(64, 3, waves=2, tokens=256),
     WgmmaRingConfig(128, 4, waves=2, tokens=128, warps=8),
-    WgmmaRingConfig(64, 2, waves=2, tokens=128, maxnreg=128),  # 6: 4 CTAs an SM
-    WgmmaRingConfig(64, 2, waves=2, tokens=128),
-    WgmmaRingConfig(64, 2, waves=4, tokens=128, maxnreg=128),
 )
 
 
@@ -433,7 +425,7 @@ def launch_wgmma_ring(x2: torch.Tensor, pw, cfg: WgmmaRingConfig, epi=None, xp: 
         ops.scale.stride(0), *ops.out_strides,
         FMT=pw.fmt, GROUP=pw.group, R=cfg.rows, BKW=cfg.bkw, NT=nt, STAGES=cfg.stages, SMAX=triton.next_power_of_2(per),
         MMA_INFLIGHT=cfg.inflight, W=cfg.warps,
-        num_warps=cfg.warps, **({"maxnreg": cfg.maxnreg} if cfg.maxnreg else {}),
+        num_warps=cfg.warps,
     )
     return finish_splits(ops, split, epi)
 

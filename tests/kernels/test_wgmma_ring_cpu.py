@@ -51,9 +51,6 @@ def test_config_validation():
         wgmma_ring.WgmmaRingConfig(tokens=64)
     with pytest.raises(ValueError, match="accumulator registers"):
         wgmma_ring.WgmmaRingConfig(rows=128, tokens=256)
-    with pytest.raises(ValueError, match="maxnreg must be 0"):
-        wgmma_ring.WgmmaRingConfig(maxnreg=100)
-    assert str(wgmma_ring.WgmmaRingConfig(64, 2, waves=2, tokens=128, maxnreg=128)) == "ring-R64S2W2T128r128"
     with pytest.raises(ValueError, match="warps must be 4, or 8 with rows=128"):
         wgmma_ring.WgmmaRingConfig(rows=64, warps=8)
     assert wgmma_ring.WgmmaRingConfig(rows=128, tokens=256, warps=8).tile(65) == 256
