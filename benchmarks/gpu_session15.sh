@@ -28,6 +28,9 @@
 #     The wide tiles' loop is latency-bound at 3 CTAs an SM (136 registers, 72 KB of shared memory): 2 stages (53 KB)
 #     with the registers capped at 128 (maxnreg; spills outside the loop only) fit 4. GPU tests; the sweep at 96..512
 #     rows: the default beside R64 S2 with and without the cap.
+#   phase g: bash benchmarks/gpu_session15.sh g   (one GPU; ~5 min)
+#     The ring's GPU tests after their merge into one parametrized test (the padded / unpadded and per-tile checks now
+#     on the decode tiles too); the batch-64 rollout table (7B) with this session's code (x padded, chunked prefill).
 set -u
 PHASE=${1:?phase}
 OUT=${OUT:?}
@@ -64,6 +67,10 @@ f)
     tests "${TEST_S:-200}" tests/kernels/test_wgmma_ring_gpu.py
     wide "${WIDE_S:-240}" --ms 96,128,192,256,384,512 --configs 0,6,7,8 \
         --shapes 18944x3584,3584x18944,3584x3584,27648x5120,5120x13824,5120x5120
+    ;;
+g)
+    tests "${TEST_S:-150}" tests/kernels/test_wgmma_ring_gpu.py
+    rollout_table "${TABLE_S:-260}" 7b 64 table64
     ;;
 d)
     rollout_table "${TABLE_S:-380}" 7b 128,256 table

@@ -42,23 +42,6 @@ SHAPES = [  # M, N, K (K a multiple of 64)
     (40, 18944, 1024),  # many row tiles
     (48, 3584, 18944),  # 296 steps: the split is set by the scale buffer
 ]
-CASES = [(*SHAPES[i % len(SHAPES)], c) for i, c in enumerate(C)] + [
-    (m, n, k, wgmma_ring.default_config(m, n)) for m, n, k in SHAPES]
-
-
-@pytest.mark.parametrize("spec", SPECS)
-@pytest.mark.parametrize("m,n,k,cfg", CASES, ids=[f"M{c[0]}N{c[1]}K{c[2]}-{c[3]}" for c in CASES])
-def test_wgmma_ring_matches_reference(spec, m, n, k, cfg):
-    torch.manual_seed(m * 7 + n + k)
-    args, w = qweight(spec, n, k)
-    x = torch.randn(m, k, device="cuda").to(torch.bfloat16)
-    poison((m, n), torch.bfloat16)
-    y = wgmma_ring.launch_wgmma_ring(x, _packed_weight(*args), cfg)
-    torch.cuda.synchronize()
-    assert y.shape == (m, n) and y.dtype == torch.bfloat16
-    assert rel(y, x.double() @ w.T) < TOL
-
-
 WIDE = wgmma_ring.WIDE_CONFIGS
 WIDE_SHAPES = [  # M, N, K: one or several token tiles, a token tail, an N tail, a scale-capped split
     (65, 520, 3584),
@@ -68,28 +51,31 @@ WIDE_SHAPES = [  # M, N, K: one or several token tiles, a token tail, an N tail,
     (300, 3584, 18944),
     (1000, 640, 384),
 ]
-WIDE_CASES = [(*WIDE_SHAPES[i % len(WIDE_SHAPES)], c) for i, c in enumerate(WIDE)] + [
-    (*s, WIDE[i % len(WIDE)]) for i, s in enumerate(WIDE_SHAPES)]
+CASES = ([(*SHAPES[i % len(SHAPES)], c) for i, c in enumerate(C)]
+         + [(m, n, k, wgmma_ring.default_config(m, n)) for m, n, k in SHAPES]
+         + [(*WIDE_SHAPES[i % len(WIDE_SHAPES)], c) for i, c in enumerate(WIDE)]
+         + [(*s, WIDE[i % len(WIDE)]) for i, s in enumerate(WIDE_SHAPES)])
 
 
 @pytest.mark.parametrize("spec", SPECS)
-@pytest.mark.parametrize("m,n,k,cfg", WIDE_CASES, ids=[f"M{c[0]}N{c[1]}K{c[2]}-{c[3]}" for c in WIDE_CASES])
-def test_wide_token_tiles_match_reference(spec, m, n, k, cfg):
-    torch.manual_seed(m * 5 + n + k)
+@pytest.mark.parametrize("m,n,k,cfg", CASES, ids=[f"M{c[0]}N{c[1]}K{c[2]}-{c[3]}" for c in CASES])
+def test_wgmma_ring_matches_reference(spec, m, n, k, cfg):
+    """The decode tiles (17..64 rows) and the wide ones (more, over several token tiles): against the float64
+    product; x not padded to whole tiles (the last TMA box zero-filled past M) gives the same bits; and a later
+    token tile computed alone agrees with its rows of the whole launch."""
+    torch.manual_seed(m * 7 + n + k)
     args, w = qweight(spec, n, k)
+    pw = _packed_weight(*args)
     x = torch.randn(m, k, device="cuda").to(torch.bfloat16)
     poison((m, n), torch.bfloat16)
-    y = wgmma_ring.launch_wgmma_ring(x, _packed_weight(*args), cfg)
+    y = wgmma_ring.launch_wgmma_ring(x, pw, cfg)
     torch.cuda.synchronize()
     assert y.shape == (m, n) and y.dtype == torch.bfloat16
     assert rel(y, x.double() @ w.T) < TOL
-    # x not padded to whole tiles (the last TMA box zero-filled past M): the same bits
-    xp = wgmma_ring.permute_x(x, cfg.bkw)
-    assert torch.equal(wgmma_ring.launch_wgmma_ring(x, _packed_weight(*args), cfg, xp=xp), y)
-    # each token tile is the same product: the rows of a tile agree with the tile computed alone
+    assert torch.equal(wgmma_ring.launch_wgmma_ring(x, pw, cfg, xp=wgmma_ring.permute_x(x, cfg.bkw)), y)
     t = cfg.tile(m)
     if m > t:
-        y1 = wgmma_ring.launch_wgmma_ring(x[t:].contiguous(), _packed_weight(*args), cfg)
+        y1 = wgmma_ring.launch_wgmma_ring(x[t:].contiguous(), pw, cfg)
         assert (y1.float() - y[t:].float()).abs().max() <= 1e-2 * y.float().abs().max()
 
 
