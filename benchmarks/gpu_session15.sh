@@ -31,6 +31,9 @@
 #   phase g: bash benchmarks/gpu_session15.sh g   (one GPU; ~5 min)
 #     The ring's GPU tests after their merge into one parametrized test (the padded / unpadded and per-tile checks now
 #     on the decode tiles too); the batch-64 rollout table (7B) with this session's code (x padded, chunked prefill).
+#   phase h: bash benchmarks/gpu_session15.sh h   (one GPU; ~7 min)
+#     Batches sized by free memory (max_batch_size=None): the engine GPU tests; the 14B rollout table at batch 128
+#     (2048 new tokens), whose BF16 side did not fit one batch (phase d): now two of 64, NVFP4 one of 128.
 set -u
 PHASE=${1:?phase}
 OUT=${OUT:?}
@@ -71,6 +74,11 @@ f)
 g)
     tests "${TEST_S:-150}" tests/kernels/test_wgmma_ring_gpu.py
     rollout_table "${TABLE_S:-260}" 7b 64 table64
+    ;;
+h)
+    tests "${TEST_S:-150}" tests/engine/test_engine_gpu.py -k "not 7b_shaped"
+    rollout_table "${TABLE_S:-330}" 14b 128 table14b
+    grep -h -o '"batch_rows": [0-9]*\|"batches": [0-9]*' "$OUT"/table14b/*.json | head -8
     ;;
 d)
     rollout_table "${TABLE_S:-380}" 7b 128,256 table

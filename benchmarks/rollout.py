@@ -209,6 +209,7 @@ def engine_cell(model, batch: int, prompt: int, new_tokens: int, share_s: float)
         "capture_s": capture_s,
         "graph_error": eng.graph_error,
         "kv_cache_gib": eng.cache_bytes / 2**30,
+        "batch_rows": eng.last_stats.get("batch_rows"),  # < batch: the rows ran in batches sized by free memory
         "peak_mem_gib": _mem("max_memory_allocated"),
     }
     del roll

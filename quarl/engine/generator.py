@@ -46,6 +46,9 @@ CUDA graphs and the loop. Design, after gpt-fast:
 * **chunked prefill**: the prompts go through the model ``max_num_batched_tokens`` tokens (vLLM's knob; whole
   rows, at least one) at a time, so a large batch of long prompts does not hold all of its activations at
   once, and no kernel's ``rows x width`` index passes 2**31;
+* **batches sized by memory**: with ``max_batch_size=None`` (all rows at once) a call whose rows' KV cache,
+  logits and sampler buffers do not fit the device's free memory is cut into batches of the largest power of
+  two that does (``last_stats["batch_rows"]``); a row that cannot fit alone is an error naming what to lower;
 * **bucketing by prompt length**: with ``max_batch_size`` set, rows are sorted
   by prompt length and cut into batches, so each batch pads little; the
   ``Rollout`` comes back in the caller's row order.
@@ -66,7 +69,7 @@ import warnings
 import torch
 from torch import nn
 
-from quarl.engine.model import DecoderRunner, DecodeState
+from quarl.engine.model import DecoderRunner, DecodeState, EngineError
 from quarl.engine.rollout import DEFAULT_MAX_NUM_BATCHED_TOKENS, Rollout, SamplingParams, left_pad
 from quarl.engine.sampling import check_generator, sample
 
@@ -88,6 +91,9 @@ def _pow2(n: int) -> int:
 
 def _round_up(n: int, m: int) -> int:
     return -(-n // m) * m
+
+
+MEMORY_SLACK = 1 << 30  # bytes left free beside a batch's estimate: allocator fragmentation, cuBLAS workspaces
 
 
 class FastGenerator:
@@ -147,11 +153,13 @@ class FastGenerator:
         check_generator(generator, self.runner.device)
         rows = [list(p) for p in prompts for _ in range(n)]
         bs = self.max_batch_size or len(rows)
+        if self.max_batch_size is None:  # all rows at once -- as many as the device's memory holds
+            bs = min(bs, self._rows_that_fit(len(rows), max(len(x) for x in rows), params.max_new_tokens))
+        self.last_stats = {"rows": len(rows), "batch_rows": bs, "batches": 0, "steps": 0, "graph_captures": 0}
         order = list(range(len(rows)))
         if bs < len(rows):  # bucket by length; the sort is stable, so a prompt's n rows stay together
             order.sort(key=lambda i: len(rows[i]))
         t0 = time.perf_counter()
-        self.last_stats = {"rows": len(rows), "batches": 0, "steps": 0, "graph_captures": 0}
         try:
             with _eval_mode(self.model):
                 self.runner.prepare_lora()  # this rollout's adapter weights (quarl.engine.lora)
@@ -185,6 +193,8 @@ class FastGenerator:
         if not self._graphs_on():
             return 0
         self.runner.check_length(prompt_len + max_new_tokens)
+        if self.max_batch_size is None:  # the batch generate() will run: as many rows as memory holds
+            rows = self._rows_that_fit(rows, prompt_len, max_new_tokens)
         B, S = _pow2(rows), _round_up(prompt_len + max_new_tokens, self.kv_block)
         st = self._ensure_state(B, S)
         st.tok[:B].fill_(self.pad_id)
@@ -211,6 +221,42 @@ class FastGenerator:
     @property
     def cache_bytes(self) -> int:
         return 0 if self._state is None else self._state.nbytes()
+
+    # --- memory -----------------------------------------------------------------
+    def _free_bytes(self) -> int | None:
+        """Device memory a new cache may take: free on the device, held unused by PyTorch's caching allocator,
+        and the current cache's (released and re-made when a batch outgrows it); None off CUDA (no limit)."""
+        dev = self.runner.device
+        if dev.type != "cuda":
+            return None
+        free, _ = torch.cuda.mem_get_info(dev)
+        free += torch.cuda.memory_reserved(dev) - torch.cuda.memory_allocated(dev)
+        if self._state is not None:
+            st = self._state
+            free += st.nbytes() + st.kv_valid.numel() + st.logits.numel() * 4
+        return free
+
+    def _rows_that_fit(self, n: int, P: int, T: int) -> int:
+        """Most of ``n`` rows (prompts padded to ``P``, ``T`` new tokens) one batch may take with its cache,
+        logits, sampler and a prefill pass in free memory -- a power of two, as the graphs pad batches to one (vLLM
+        sizes its KV blocks the same way, by free memory); ``n`` when there is no limit. A row that does not fit
+        alone is an error that says what to lower."""
+        free = self._free_bytes()
+        if free is None:
+            return n
+        r = self.runner
+        S = _round_up(P + T, self.kv_block) if self._graphs_on() else P + T
+        chunk = min(n, max(1, self.max_num_batched_tokens // P)) * P  # tokens of one prefill pass
+        budget = free - r.prefill_bytes(chunk) - MEMORY_SLACK
+        fit = budget // r.row_bytes(S)
+        if fit < 1:
+            raise EngineError(
+                f"one row of {P} prompt + {T} new tokens needs {r.row_bytes(S) / 2**30:.2f} GiB of cache and "
+                f"buffers, and {max(budget, 0) / 2**30:.2f} GiB is free after the prefill's activations: lower "
+                f"max_new_tokens (rollout.max_new_tokens) or the prompt length (rollout.max_prompt_tokens), or "
+                f"free device memory (rollout.free_cache=true)")
+        fit = min(fit, n)
+        return fit if fit == n else 1 << (fit.bit_length() - 1)
 
     # --- one batch ------------------------------------------------------------
     @torch.no_grad()

@@ -133,6 +133,7 @@ class DecoderRunner:
                 f"*ForCausalLM itself (not a PEFT or DDP wrapper: unwrap it first)"
             )
         self.model, self.config = model, cfg
+        self.model_config = cfg
         self.embed, self.layers, self.norm = base.embed_tokens, list(base.layers), base.norm
         self.lm_head = model.get_output_embeddings()
         self.rotary = base.rotary_emb
@@ -226,6 +227,23 @@ class DecoderRunner:
         emb = torch.cat((freqs, freqs), dim=-1)  # [S, D]
         scale = getattr(r, "attention_scaling", 1.0)
         return (emb.cos() * scale).to(self.dtype), (emb.sin() * scale).to(self.dtype)
+
+    def row_bytes(self, length: int) -> int:
+        """Device memory one row of a batch takes at cache length ``length``: its K/V cache and validity mask,
+        its fp32 logits, the sampler's sort of them (values and indices), and the decode step's activations
+        (eager and in the graph pool). What :meth:`FastGenerator.generate` sizes its batches by."""
+        cfg = self.model_config
+        el = torch.finfo(self.dtype).bits // 8
+        kv = 2 * len(self.layers) * self.n_kv * self.head_dim * length * el + length
+        act = 2 * (4 * cfg.hidden_size + 3 * getattr(cfg, "intermediate_size", 4 * cfg.hidden_size)) * el
+        return kv + self.vocab * (4 + 12) + act
+
+    def prefill_bytes(self, tokens: int) -> int:
+        """Activation memory of one prefill pass of ``tokens`` prompt tokens (the residual stream, q/k/v, the
+        attention output, the MLP's gate / up / product), generously."""
+        cfg = self.model_config
+        el = torch.finfo(self.dtype).bits // 8
+        return tokens * (8 * cfg.hidden_size + 4 * getattr(cfg, "intermediate_size", 4 * cfg.hidden_size)) * el
 
     def new_state(self, batch: int, length: int) -> DecodeState:
         dev, dt = self.device, self.dtype

@@ -69,7 +69,7 @@ class RolloutConfig:
     max_prompt_tokens: int = 1024  # longer prompts are skipped (logged), never silently cut
     engine: str = "auto"  # auto (quarl.engine.FastGenerator on CUDA, else reference) | fast | reference; under FSDP the fast engine runs on a rollout replica (quarl.engine.replica)
     cache: str = "static"  # static | dynamic (the reference HFGenerator's KV cache)
-    batch_size: int = 0  # rows per generate call; 0 = all at once
+    batch_size: int = 0  # rows per generate call; 0 = all at once (the fast engine: as many as its KV cache fits in free memory)
     cache_dequantized: str = "auto"  # auto (on CPU) | true | false: keep dequantized base weights in memory
     max_num_batched_tokens: int = DEFAULT_MAX_NUM_BATCHED_TOKENS  # vLLM's knob: prompt tokens a prefill pass of the fast engine takes (whole rows); bounds its activation memory
     free_cache: bool = True  # verl's free_cache_engine: free the fast engine's KV cache + CUDA graphs after each rollout; false keeps them (no re-capture next step) at their memory during the update

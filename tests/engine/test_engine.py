@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from quarl.engine import GREEDY_TOP_P, EngineError, FastGenerator, make_generator
+from quarl.engine import GREEDY_TOP_P, EngineError, FastGenerator, generator, make_generator
 from quarl.engine.rollout import HFGenerator, SamplingParams
 from tests.engine.conftest import PAD, full_forward_logprobs, hf_greedy, lora_model, make_model, prompts
 
@@ -157,6 +157,27 @@ def test_chunked_prefill_gives_the_same_rollout(tokens):
     chunked = FastGenerator(model, PAD, max_num_batched_tokens=tokens).generate(rows, greedy(6), n=2)
     assert torch.equal(chunked.completion_ids, whole.completion_ids)
     torch.testing.assert_close(chunked.logprobs, whole.logprobs, atol=2e-5, rtol=0)
+
+
+def test_batches_are_sized_by_free_memory(monkeypatch):
+    """max_batch_size=None: rows whose cache does not fit the free memory go in power-of-two batches that do (the
+    same rollout); a row that cannot fit alone is a clear error."""
+    model = make_model("qwen2")
+    rows = prompts((9, 2, 6, 3, 12))
+    whole = FastGenerator(model, PAD).generate(rows, greedy(6), n=2)
+    eng = FastGenerator(model, PAD)
+    r = eng.runner
+    need = lambda n: (r.prefill_bytes(min(10, max(1, eng.max_num_batched_tokens // 12)) * 12)
+                      + generator.MEMORY_SLACK + n * r.row_bytes(18))
+    monkeypatch.setattr(eng, "_free_bytes", lambda: need(5))  # 5 rows fit: batches of 4
+    parts = eng.generate(rows, greedy(6), n=2)
+    assert eng.last_stats["batch_rows"] == 4 and eng.last_stats["batches"] == 3
+    assert torch.equal(parts.completion_ids, whole.completion_ids)
+    torch.testing.assert_close(parts.logprobs, whole.logprobs, atol=2e-5, rtol=0)
+    monkeypatch.setattr(eng, "_free_bytes", lambda: need(1) - 1)
+    with pytest.raises(EngineError, match="lower max_new_tokens"):
+        eng.generate(rows, greedy(6), n=2)
+    assert FastGenerator(model, PAD)._free_bytes() is None  # on CPU: no limit
 
 
 def test_seeded_sampling_is_reproducible():
