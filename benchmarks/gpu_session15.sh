@@ -34,6 +34,8 @@
 #   phase h: bash benchmarks/gpu_session15.sh h   (one GPU; ~7 min)
 #     Batches sized by free memory (max_batch_size=None): the engine GPU tests; the 14B rollout table at batch 128
 #     (2048 new tokens), whose BF16 side did not fit one batch (phase d): now two of 64, NVFP4 one of 128.
+#   phase i: bash benchmarks/gpu_session15.sh i   (one GPU; ~5 min)
+#     Phase h again after the fix: the engine GPU tests, the 14B table at batch 128.
 set -u
 PHASE=${1:?phase}
 OUT=${OUT:?}
@@ -80,6 +82,11 @@ h)
     rollout_table "${TABLE_S:-330}" 14b 128 table14b
     grep -h -o '"batch_rows": [0-9]*\|"batches": [0-9]*' "$OUT"/table14b/*.json | head -8
     ;;
+i)
+    tests "${TEST_S:-120}" tests/engine/test_engine_gpu.py -k "not 7b_shaped"
+    rollout_table "${TABLE_S:-330}" 14b 128 table14b
+    grep -h -o '"batch_rows": [0-9]*' "$OUT"/table14b/*.json | head -4
+    ;;
 d)
     rollout_table "${TABLE_S:-380}" 7b 128,256 table
     profile "${PROFILE_S:-170}" 14b bf16+lora32,nvfp4+lora32,nvfp4+lora32:nowide 128
@@ -116,3 +123,7 @@ phase_end
 #      timing (46.2 / 85.3 us).
 #   g  phase g at 44bb074: 112 s. GPU tests 65 passed (the merged ring test). Table, 7B batch 64: BF16+LoRA 5857.4 /
 #      NVFP4+LoRA 7560.4 tok/s = 1.29x (session 14: 1.29x). The machine was given back; device budget left 1085 s.
+#   h  phase h at 69f0d1e: 166 s. Engine GPU tests 14 passed. 14B table at batch 128: NVFP4+LoRA 4584.4 tok/s (27.92
+#      ms a step, one batch of 128, KV cache 54.0 GiB, peak 67.1 GiB); BF16+LoRA out of memory: the benchmark's
+#      1-token probe after its 2048-token warm-up sized its rows at the short length, and the cache it grew kept the
+#      long one (128 x 2304 slots beside 27.9 GiB of weights). Fixed next (the estimate takes the cache's length).

@@ -246,6 +246,8 @@ class FastGenerator:
             return n
         r = self.runner
         S = _round_up(P + T, self.kv_block) if self._graphs_on() else P + T
+        if self._state is not None:  # a cache that must grow keeps its longer length (_ensure_state)
+            S = max(S, self._state.length)
         chunk = min(n, max(1, self.max_num_batched_tokens // P)) * P  # tokens of one prefill pass
         budget = free - r.prefill_bytes(chunk) - MEMORY_SLACK
         fit = budget // r.row_bytes(S)

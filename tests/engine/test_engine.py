@@ -174,6 +174,14 @@ def test_batches_are_sized_by_free_memory(monkeypatch):
     assert eng.last_stats["batch_rows"] == 4 and eng.last_stats["batches"] == 3
     assert torch.equal(parts.completion_ids, whole.completion_ids)
     torch.testing.assert_close(parts.logprobs, whole.logprobs, atol=2e-5, rtol=0)
+    # a shorter call after it: the cache it would grow to keeps its longer length, and so does the estimate (phase h
+    # of session 15: a 1-token call after a 2048-token warm-up sized its rows at the short length and ran out of memory)
+    eng2 = FastGenerator(model, PAD)
+    monkeypatch.setattr(eng2, "_free_bytes", lambda: need(5) - 5 * r.row_bytes(18) + 5 * r.row_bytes(12 + 160))
+    eng2.generate(rows, greedy(160), n=2)
+    assert eng2.last_stats["batch_rows"] == 4
+    short = eng2.generate(rows, greedy(1), n=2)  # 13 slots a row, in a cache of 172: still 4 rows
+    assert eng2.last_stats["batch_rows"] == 4 and torch.equal(short.completion_ids, whole.completion_ids[:, :1])
     monkeypatch.setattr(eng, "_free_bytes", lambda: need(1) - 1)
     with pytest.raises(EngineError, match="lower max_new_tokens"):
         eng.generate(rows, greedy(6), n=2)
