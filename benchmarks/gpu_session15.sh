@@ -127,3 +127,6 @@ phase_end
 #      ms a step, one batch of 128, KV cache 54.0 GiB, peak 67.1 GiB); BF16+LoRA out of memory: the benchmark's
 #      1-token probe after its 2048-token warm-up sized its rows at the short length, and the cache it grew kept the
 #      long one (128 x 2304 slots beside 27.9 GiB of weights). Fixed next (the estimate takes the cache's length).
+#   i  phase i at 1e68ec5: 244 s. Engine GPU tests 14 passed. 14B table at batch 128, 2048 new tokens: BF16+LoRA
+#      2895.3 tok/s (two batches of 64: its cache for 128 rows does not fit beside its weights), NVFP4+LoRA 4585.1
+#      (one batch of 128) = 1.58x. The machine was given back; device budget left 849 s.
