@@ -36,6 +36,9 @@
 #     (2048 new tokens), whose BF16 side did not fit one batch (phase d): now two of 64, NVFP4 one of 128.
 #   phase i: bash benchmarks/gpu_session15.sh i   (one GPU; ~5 min)
 #     Phase h again after the fix: the engine GPU tests, the 14B table at batch 128.
+#   phase j: bash benchmarks/gpu_session15.sh j   (one GPU; ~7 min)
+#     The 7B GRPO step with 16 prompts x 8 answers (its rollouts are 128 rows: the wide tiles), BF16+LoRA and
+#     NVFP4+LoRA, the benchmark's other defaults (256 + 512 tokens, mu 2, LoRA r32).
 set -u
 PHASE=${1:?phase}
 OUT=${OUT:?}
@@ -86,6 +89,9 @@ i)
     tests "${TEST_S:-120}" tests/engine/test_engine_gpu.py -k "not 7b_shaped"
     rollout_table "${TABLE_S:-330}" 14b 128 table14b
     grep -h -o '"batch_rows": [0-9]*' "$OUT"/table14b/*.json | head -4
+    ;;
+j)
+    grpo "${GRPO_S:-560}" grpo128 --prompts 16
     ;;
 d)
     rollout_table "${TABLE_S:-380}" 7b 128,256 table
