@@ -136,3 +136,7 @@ phase_end
 #   i  phase i at 1e68ec5: 244 s. Engine GPU tests 14 passed. 14B table at batch 128, 2048 new tokens: BF16+LoRA
 #      2895.3 tok/s (two batches of 64: its cache for 128 rows does not fit beside its weights), NVFP4+LoRA 4585.1
 #      (one batch of 128) = 1.58x. The machine was given back; device budget left 849 s.
+#   j  phase j at 4b4af9e: 172 s. 7B GRPO step, 16 prompts x 8 answers (128-row rollouts), steady step (step 1), s:
+#      BF16+LoRA rollout 7.00 / log-prob 3.26 / update 21.23 / step 31.49; NVFP4+LoRA 6.33 / 3.39 / 22.51 / 32.24
+#      = 1.024x (slower): the rollout is 10 % faster, the update (the dense path's dequantize) 6 % slower. Device
+#      budget left 747 s; the machine was given back.
