@@ -39,6 +39,9 @@
 #   phase j: bash benchmarks/gpu_session15.sh j   (one GPU; ~7 min)
 #     The 7B GRPO step with 16 prompts x 8 answers (its rollouts are 128 rows: the wide tiles), BF16+LoRA and
 #     NVFP4+LoRA, the benchmark's other defaults (256 + 512 tokens, mu 2, LoRA r32).
+#   phase k: bash benchmarks/gpu_session15.sh k   (one GPU; ~4 min)
+#     Phase j's NVFP4 step with QUARL_KERNELS_DENSE_KEEP=196: every projection's transient BF16 weight kept from the
+#     forward for the backward (one decode per projection a micro-batch instead of two), at its memory.
 set -u
 PHASE=${1:?phase}
 OUT=${OUT:?}
@@ -92,6 +95,9 @@ i)
     ;;
 j)
     grpo "${GRPO_S:-560}" grpo128 --prompts 16
+    ;;
+k)
+    QUARL_KERNELS_DENSE_KEEP=196 grpo "${GRPO_S:-400}" grpo128keep --prompts 16 --formats nvfp4
     ;;
 d)
     rollout_table "${TABLE_S:-380}" 7b 128,256 table
