@@ -146,3 +146,6 @@ phase_end
 #      BF16+LoRA rollout 7.00 / log-prob 3.26 / update 21.23 / step 31.49; NVFP4+LoRA 6.33 / 3.39 / 22.51 / 32.24
 #      = 1.024x (slower): the rollout is 10 % faster, the update (the dense path's dequantize) 6 % slower. Device
 #      budget left 747 s; the machine was given back.
+#   k  phase k at 21ce3cd: 98 s. Phase j's NVFP4 step with QUARL_KERNELS_DENSE_KEEP=196 (every transient kept): update
+#      23.49 s (phase j, default 7: 22.51; another machine), step 33.36 s, update peak 22.8 GiB (11.1): no gain.
+#      Device budget left 681 s; the machine was given back.
