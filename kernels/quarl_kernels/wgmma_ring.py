@@ -66,7 +66,6 @@ from dataclasses import dataclass
 
 import torch
 import triton
-import triton.language as tl
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (
@@ -81,6 +80,7 @@ from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 from quarl_kernels.formats import FMT_MXFP4, FMT_NVFP4
 from quarl_kernels.launch import decode_operands, env_flag, env_int, finish_splits, num_sms
 from quarl_kernels.mma_decode import _group_layout, _word_layout
+from quarl_kernels.ring_x import permute_x, permute_x_reference, tile_rows
 from quarl_kernels.wgmma_decode import LARGE_MIN_WEIGHTS, MAX_M, MIN_M, a_fragment, device_ok, token_tile
 
 ENV = "QUARL_KERNELS_WGMMA_RING"
@@ -295,50 +295,6 @@ def ring_supported(x2: torch.Tensor, pw) -> bool:
             and x2.shape[1] == pw.k and pw.fmt in (FMT_NVFP4, FMT_MXFP4) and pw.k % X_BOX == 0
             and pw.words.stride(1) == 1 and (pw.words.stride(0) * 4) % 16 == 0 and pw.words.data_ptr() % 16 == 0
             and device_ok(x2.device))
-
-
-def permute_x_reference(x2: torch.Tensor, bkw: int) -> torch.Tensor:
-    """[M, K] -> [M, K]: each K step of 8 * bkw values in the A fragment's logical k order,
-    k = 32 j + 16 r1 + 8 r0 + 2 t + h for the value at word J t + j, code r0 + 2 r1 + 4 h (J = bkw / 4)."""
-    m, k = x2.shape
-    j = bkw // 4
-    x7 = x2.reshape(m, k // (8 * bkw), 4, j, 2, 2, 2)  # [m, step, t, j, h, r1, r0]
-    return x7.permute(0, 1, 3, 5, 6, 2, 4).reshape(m, k)  # [m, step, j, r1, r0, t, h]
-
-
-@triton.jit
-def _permute_x_kernel(x_ptr, o_ptr, K, stride_xm, BLOCK: tl.constexpr, J: tl.constexpr):
-    """Program (row, block of BLOCK outputs): o[row, k] = x[row, source(k)], gathered inside each 8 J-wide step
-    (one or two 128-byte lines), stored contiguously."""
-    row = tl.program_id(0)
-    k = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)  # output (logical) index
-    kl = k % (32 * J)
-    jj, r1, r0, t, h = kl // 32, (kl // 16) % 2, (kl // 8) % 2, (kl // 2) % 4, kl % 2
-    src = (k - kl) + 8 * (J * t + jj) + r0 + 2 * r1 + 4 * h
-    ok = k < K
-    v = tl.load(x_ptr + row * stride_xm + src, mask=ok)
-    tl.store(o_ptr + row * K + k, v, mask=ok)
-
-
-def permute_x(x2: torch.Tensor, bkw: int, rows: int | None = None) -> torch.Tensor:
-    """:func:`permute_x_reference` as one small Triton launch on CUDA (the reference elsewhere); ``rows`` (>= M):
-    the result padded with zero rows to that many, so that every token tile's TMA box lies inside the tensor
-    (a box partly past the last row -- TMA's zero fill -- measured slower: session 15, phase a)."""
-    if not x2.is_cuda:
-        xp = permute_x_reference(x2, bkw)
-        return xp if rows is None or rows == x2.shape[0] else torch.cat([xp, xp.new_zeros(rows - x2.shape[0], xp.shape[1])])
-    m, k = x2.shape
-    rows = m if rows is None else rows
-    out = torch.empty((rows, k), device=x2.device, dtype=x2.dtype)
-    if rows > m:
-        out[m:].zero_()
-    _permute_x_kernel[(m, triton.cdiv(k, 1024))](x2, out, k, x2.stride(0), BLOCK=1024, J=bkw // 4, num_warps=4)
-    return out
-
-
-def tile_rows(m: int, nt: int) -> int:
-    """M rounded up to whole token tiles of ``nt``: the rows of the permuted x a launch reads."""
-    return -(-m // nt) * nt
 
 
 def takes(x2: torch.Tensor, pw) -> bool:

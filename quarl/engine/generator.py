@@ -69,7 +69,8 @@ import warnings
 import torch
 from torch import nn
 
-from quarl.engine.model import DecoderRunner, DecodeState, EngineError
+from quarl.engine import memory
+from quarl.engine.model import DecoderRunner, DecodeState
 from quarl.engine.rollout import DEFAULT_MAX_NUM_BATCHED_TOKENS, Rollout, SamplingParams, left_pad
 from quarl.engine.sampling import check_generator, sample
 
@@ -91,9 +92,6 @@ def _pow2(n: int) -> int:
 
 def _round_up(n: int, m: int) -> int:
     return -(-n // m) * m
-
-
-MEMORY_SLACK = 1 << 30  # bytes left free beside a batch's estimate: allocator fragmentation, cuBLAS workspaces
 
 
 class FastGenerator:
@@ -222,43 +220,16 @@ class FastGenerator:
     def cache_bytes(self) -> int:
         return 0 if self._state is None else self._state.nbytes()
 
-    # --- memory -----------------------------------------------------------------
+    # --- memory (quarl.engine.memory) -----------------------------------------------
     def _free_bytes(self) -> int | None:
-        """Device memory a new cache may take: free on the device, held unused by PyTorch's caching allocator,
-        and the current cache's (released and re-made when a batch outgrows it); None off CUDA (no limit)."""
-        dev = self.runner.device
-        if dev.type != "cuda":
-            return None
-        free, _ = torch.cuda.mem_get_info(dev)
-        free += torch.cuda.memory_reserved(dev) - torch.cuda.memory_allocated(dev)
-        if self._state is not None:
-            st = self._state
-            free += st.nbytes() + st.kv_valid.numel() + st.logits.numel() * 4
-        return free
+        return memory.free_bytes(self.runner.device, self._state)
 
     def _rows_that_fit(self, n: int, P: int, T: int) -> int:
-        """Most of ``n`` rows (prompts padded to ``P``, ``T`` new tokens) one batch may take with its cache,
-        logits, sampler and a prefill pass in free memory -- a power of two, as the graphs pad batches to one (vLLM
-        sizes its KV blocks the same way, by free memory); ``n`` when there is no limit. A row that does not fit
-        alone is an error that says what to lower."""
-        free = self._free_bytes()
-        if free is None:
-            return n
-        r = self.runner
+        """Most of ``n`` rows (prompts padded to ``P``, ``T`` new tokens) one batch may take (:mod:`memory`)."""
         S = _round_up(P + T, self.kv_block) if self._graphs_on() else P + T
         if self._state is not None:  # a cache that must grow keeps its longer length (_ensure_state)
             S = max(S, self._state.length)
-        chunk = min(n, max(1, self.max_num_batched_tokens // P)) * P  # tokens of one prefill pass
-        budget = free - r.prefill_bytes(chunk) - MEMORY_SLACK
-        fit = budget // r.row_bytes(S)
-        if fit < 1:
-            raise EngineError(
-                f"one row of {P} prompt + {T} new tokens needs {r.row_bytes(S) / 2**30:.2f} GiB of cache and "
-                f"buffers, and {max(budget, 0) / 2**30:.2f} GiB is free after the prefill's activations: lower "
-                f"max_new_tokens (rollout.max_new_tokens) or the prompt length (rollout.max_prompt_tokens), or "
-                f"free device memory (rollout.free_cache=true)")
-        fit = min(fit, n)
-        return fit if fit == n else 1 << (fit.bit_length() - 1)
+        return memory.rows_that_fit(self.runner, n, P, T, S, self._free_bytes(), self.max_num_batched_tokens)
 
     # --- one batch ------------------------------------------------------------
     @torch.no_grad()

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from quarl.engine import GREEDY_TOP_P, EngineError, FastGenerator, generator, make_generator
+from quarl.engine import GREEDY_TOP_P, EngineError, FastGenerator, make_generator, memory
 from quarl.engine.rollout import HFGenerator, SamplingParams
 from tests.engine.conftest import PAD, full_forward_logprobs, hf_greedy, lora_model, make_model, prompts
 
@@ -168,7 +168,7 @@ def test_batches_are_sized_by_free_memory(monkeypatch):
     eng = FastGenerator(model, PAD)
     r = eng.runner
     need = lambda n: (r.prefill_bytes(min(10, max(1, eng.max_num_batched_tokens // 12)) * 12)
-                      + generator.MEMORY_SLACK + n * r.row_bytes(18))
+                      + memory.MEMORY_SLACK + n * r.row_bytes(18))
     monkeypatch.setattr(eng, "_free_bytes", lambda: need(5))  # 5 rows fit: batches of 4
     parts = eng.generate(rows, greedy(6), n=2)
     assert eng.last_stats["batch_rows"] == 4 and eng.last_stats["batches"] == 3
