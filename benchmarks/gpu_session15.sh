@@ -42,6 +42,9 @@
 #   phase k: bash benchmarks/gpu_session15.sh k   (one GPU; ~4 min)
 #     Phase j's NVFP4 step with QUARL_KERNELS_DENSE_KEEP=196: every projection's transient BF16 weight kept from the
 #     forward for the backward (one decode per projection a micro-batch instead of two), at its memory.
+#   phase l: bash benchmarks/gpu_session15.sh l   (one GPU; ~3 min)
+#     After moving the ring's x permutation to ring_x.py and the engine's memory sizing to memory.py (no behaviour
+#     change): the ring, wo_gemm and engine GPU tests.
 set -u
 PHASE=${1:?phase}
 OUT=${OUT:?}
@@ -98,6 +101,10 @@ j)
     ;;
 k)
     QUARL_KERNELS_DENSE_KEEP=196 grpo "${GRPO_S:-400}" grpo128keep --prompts 16 --formats nvfp4
+    ;;
+l)
+    tests "${TEST_S:-300}" tests/kernels/test_wgmma_ring_gpu.py tests/kernels/test_wo_gemm_gpu.py \
+        tests/engine/test_engine_gpu.py
     ;;
 d)
     rollout_table "${TABLE_S:-380}" 7b 128,256 table
