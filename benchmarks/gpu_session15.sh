@@ -156,3 +156,6 @@ phase_end
 #   k  phase k at 21ce3cd: 98 s. Phase j's NVFP4 step with QUARL_KERNELS_DENSE_KEEP=196 (every transient kept): update
 #      23.49 s (phase j, default 7: 22.51; another machine), step 33.36 s, update peak 22.8 GiB (11.1): no gain.
 #      Device budget left 681 s; the machine was given back.
+#   l  phase l at bf80bc4 (ring_x.py and engine/memory.py split out): 184 s. GPU tests 142 passed (ring, wo_gemm,
+#      engine incl. the seeded 28-layer 7B-shaped rollouts at batch 64 and 128). Device budget left 574 s; the
+#      machine was given back.
