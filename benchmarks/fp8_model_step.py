@@ -61,7 +61,7 @@ from fp8_linear import stream_time, sync  # the FP8 benchmarks' timers
 
 # hidden, intermediate, heads, kv heads, vocab, layers of the real model (for the estimate)
 SHAPES = {"Qwen2.5-7B": (3584, 18944, 28, 4, 152064, 28), "Qwen3-8B": (4096, 12288, 32, 8, 151936, 36),
-          "tiny": (256, 640, 4, 2, 1000, 4)}
+          "Qwen2.5-32B": (5120, 27648, 40, 8, 152064, 64), "tiny": (256, 640, 4, 2, 1000, 4)}
 BASES = ("bf16", "jetrl", "jetrl-xtiles")
 PROMPT = 256  # prompt tokens per sequence under --loss rl (the rest is the completion)
 

@@ -45,6 +45,10 @@
 #   phase l: bash benchmarks/gpu_session15.sh l   (one GPU; ~3 min)
 #     After moving the ring's x permutation to ring_x.py and the engine's memory sizing to memory.py (no behaviour
 #     change): the ring, wo_gemm and engine GPU tests.
+#   phase m: bash benchmarks/gpu_session15.sh m   (one GPU, carry .dev/dg.tar.xz; ~6 min)
+#     Issue 15: does Jet-RL's actor-update speed-up grow with width? fp8_model_step.py at Qwen2.5-32B width (4
+#     decoder layers, --loss rl, 8k / 16k tokens): BF16, Jet-RL's recipe and X^T tiles, both on DeepGEMM (session 13's
+#     arms at 7B: 1.20x / 1.26-1.27x).
 set -u
 PHASE=${1:?phase}
 OUT=${OUT:?}
@@ -105,6 +109,22 @@ k)
 l)
     tests "${TEST_S:-300}" tests/kernels/test_wgmma_ring_gpu.py tests/kernels/test_wo_gemm_gpu.py \
         tests/engine/test_engine_gpu.py
+    ;;
+m)
+    [ -d .dg/DeepGEMM ] || tar xJf .dev/dg.tar.xz
+    KEEP_PHASE=$PHASE KEEP_T0=$T0  # gpu_session7.sh's library sets PHASE and T0 for itself
+    source benchmarks/gpu_session7.sh lib > /dev/null
+    setup_deepgemm > /dev/null 2>&1
+    PHASE=$KEEP_PHASE T0=$KEEP_T0
+    echo "== DeepGEMM ready at $((SECONDS - T0)) s: $(ls /tmp/dg/deep_gemm/_C*.so 2>&1 | head -1)"
+    mkdir -p "$OUT/model"
+    for t in 8192 16384; do
+        tag=Qwen2.5-32B-$t
+        timeout -k 5 "${MODEL_S:-150}" "$PY" benchmarks/fp8_model_step.py --shape Qwen2.5-32B --layers 4 --tokens $t \
+            --loss rl --arms bf16,jetrl+deepgemm,jetrl-xtiles+deepgemm --iters 6 \
+            --budget-s $(( ${MODEL_S:-150} - 20 )) --out "$OUT/model/$tag" > "$OUT/model/$tag.log" 2>&1
+        echo "== model step $tag rc=$? at $((SECONDS - T0)) s"; sed -n '/^# actor update/,$p' "$OUT/model/$tag.log"
+    done
     ;;
 d)
     rollout_table "${TABLE_S:-380}" 7b 128,256 table
