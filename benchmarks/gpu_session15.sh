@@ -179,3 +179,6 @@ phase_end
 #   l  phase l at bf80bc4 (ring_x.py and engine/memory.py split out): 184 s. GPU tests 142 passed (ring, wo_gemm,
 #      engine incl. the seeded 28-layer 7B-shaped rollouts at batch 64 and 128). Device budget left 574 s; the
 #      machine was given back.
+#   m  phase m at 4879868, carry .dev/dg.tar.xz (DeepGEMM 54e2261 built in 63 s): 168 s. Actor update at Qwen2.5-32B
+#      width (4 layers, --loss rl), 64-layer estimate x BF16 (Jet-RL recipe / X^T tiles, DeepGEMM): 8k 1.27x / 1.36x,
+#      16k 1.30x / 1.39x; per layer 1.28x / 1.37x and 1.31x / 1.41x. Device budget left 474 s; machine given back.
