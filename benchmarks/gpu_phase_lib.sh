@@ -38,6 +38,23 @@ grpo() {  # SECONDS DIR [ARGS...]: the 7B GRPO step (benchmarks/grpo_step_gpu.py
     echo "== 7B GRPO step ($d) rc=$? at $((SECONDS - T0)) s"; grep -A 6 "^| format | step" "$OUT/$d/run.log"
 }
 
+deepgemm() {  # DeepGEMM (carry .dev/dg.tar.xz) built on the machine, on PYTHONPATH (gpu_session7.sh's setup_deepgemm)
+    [ -d .dg/DeepGEMM ] || tar xJf .dev/dg.tar.xz
+    local keep_phase=$PHASE keep_t0=$T0  # gpu_session7.sh's library sets PHASE and T0 for itself
+    source benchmarks/gpu_session7.sh lib > /dev/null
+    setup_deepgemm > /dev/null 2>&1
+    PHASE=$keep_phase T0=$keep_t0
+    echo "== DeepGEMM ready at $((SECONDS - T0)) s: $(ls /tmp/dg/deep_gemm/_C*.so 2>&1 | head -1)"
+}
+
+model_step() {  # SECONDS TAG ARGS...: benchmarks/fp8_model_step.py -> $OUT/model/TAG (Jet-RL's actor update)
+    local s=$1 tag=$2; shift 2
+    mkdir -p "$OUT/model"
+    timeout -k 5 "$s" "$PY" benchmarks/fp8_model_step.py --budget-s $(( s - 20 )) --out "$OUT/model/$tag" "$@" \
+        > "$OUT/model/$tag.log" 2>&1
+    echo "== model step $tag rc=$? at $((SECONDS - T0)) s"; sed -n '/^# actor update/,$p' "$OUT/model/$tag.log"
+}
+
 phase_end() {  # one archive of the phase's outputs
     tar czf "$OUT/phase-$PHASE.tar.gz" -C "$OUT" --exclude "phase-$PHASE.tar.gz" --exclude gpu.txt . 2>/dev/null
     find "$OUT" -mindepth 1 -maxdepth 1 ! -name "phase-$PHASE.tar.gz" ! -name gpu.txt -exec rm -rf {} +

@@ -3,7 +3,7 @@
 # a third grid axis over token tiles) for rollouts of 128-256 sequences and the bottom of prefill, where wo_matmul runs
 # the Triton tensor-core kernel (M = 65..255, 0.4-0.7x cuBLAS) or the dense path (M >= 256). Run from the repository
 # root on the device machine; the record of what ran is at the end of this file. The phases use
-# benchmarks/gpu_phase_lib.sh's helpers (tests, profile, rollout_table, grpo, phase_end).
+# benchmarks/gpu_phase_lib.sh's helpers (tests, profile, rollout_table, grpo, deepgemm, model_step, phase_end).
 #
 #   phase a: bash benchmarks/gpu_session15.sh a   (one GPU; ~9 min)
 #     The ring's GPU tests (wide token tiles included); bench_ring_wide.py: every WIDE_CONFIGS entry beside wo_matmul's
@@ -111,19 +111,10 @@ l)
         tests/engine/test_engine_gpu.py
     ;;
 m)
-    [ -d .dg/DeepGEMM ] || tar xJf .dev/dg.tar.xz
-    KEEP_PHASE=$PHASE KEEP_T0=$T0  # gpu_session7.sh's library sets PHASE and T0 for itself
-    source benchmarks/gpu_session7.sh lib > /dev/null
-    setup_deepgemm > /dev/null 2>&1
-    PHASE=$KEEP_PHASE T0=$KEEP_T0
-    echo "== DeepGEMM ready at $((SECONDS - T0)) s: $(ls /tmp/dg/deep_gemm/_C*.so 2>&1 | head -1)"
-    mkdir -p "$OUT/model"
+    deepgemm
     for t in 8192 16384; do
-        tag=Qwen2.5-32B-$t
-        timeout -k 5 "${MODEL_S:-150}" "$PY" benchmarks/fp8_model_step.py --shape Qwen2.5-32B --layers 4 --tokens $t \
-            --loss rl --arms bf16,jetrl+deepgemm,jetrl-xtiles+deepgemm --iters 6 \
-            --budget-s $(( ${MODEL_S:-150} - 20 )) --out "$OUT/model/$tag" > "$OUT/model/$tag.log" 2>&1
-        echo "== model step $tag rc=$? at $((SECONDS - T0)) s"; sed -n '/^# actor update/,$p' "$OUT/model/$tag.log"
+        model_step "${MODEL_S:-150}" Qwen2.5-32B-$t --shape Qwen2.5-32B --layers 4 --tokens $t --loss rl \
+            --arms bf16,jetrl+deepgemm,jetrl-xtiles+deepgemm --iters 6
     done
     ;;
 d)
@@ -182,3 +173,5 @@ phase_end
 #   m  phase m at 4879868, carry .dev/dg.tar.xz (DeepGEMM 54e2261 built in 63 s): 168 s. Actor update at Qwen2.5-32B
 #      width (4 layers, --loss rl), 64-layer estimate x BF16 (Jet-RL recipe / X^T tiles, DeepGEMM): 8k 1.27x / 1.36x,
 #      16k 1.30x / 1.39x; per layer 1.28x / 1.37x and 1.31x / 1.41x. Device budget left 474 s; machine given back.
+#      (Phase m ran its DeepGEMM setup and model steps inline; they are gpu_phase_lib.sh's `deepgemm` and `model_step`
+#      since, the same commands.)
