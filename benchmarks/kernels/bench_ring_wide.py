@@ -44,6 +44,13 @@ def rel(y: torch.Tensor, ref: torch.Tensor) -> float:
     return ((y.double() - ref).norm() / ref.norm()).item()
 
 
+def best_ring(paths: list[dict]) -> dict | None:
+    """The fastest timed ``ring-*`` path (timed means it passed its check); an ``-unpadded`` comparison arm never
+    counts."""
+    ring = [r for r in paths if r["path"].startswith("ring-") and "us" in r and not r["path"].endswith("-unpadded")]
+    return min(ring, key=lambda r: r["us"]) if ring else None
+
+
 def point(spec: str, n: int, k: int, ms: list[int], configs, l2: int, deadline: float, emit,
           unpadded: bool = False) -> bool:
     from bench_wo_gemm import _copies, graph_time_us, rotating_packed
@@ -84,9 +91,7 @@ def point(spec: str, n: int, k: int, ms: list[int], configs, l2: int, deadline: 
             if unpadded and m % configs[0].tile(m):  # the first config with x not padded to whole token tiles
                 timed(f"{configs[0]}-unpadded", lambda x, p, c=configs[0]: wgmma_ring.launch_wgmma_ring(
                     x, p, c, xp=wgmma_ring.permute_x(x, c.bkw)))
-        ring = [r for r in row["paths"] if r["path"].startswith("ring-") and "us" in r
-                and not r["path"].endswith("-unpadded")]
-        best = min(ring, key=lambda r: r["us"]) if ring else None
+        best = best_ring(row["paths"])
         disp = next((r.get("us") for r in row["paths"] if r["path"] == "dispatch"), None)
         row.update(best=best and best["path"], best_us=best and best["us"],
                    best_vs_bf16=best and row["bf16_us"] / best["us"],
