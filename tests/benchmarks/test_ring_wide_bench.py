@@ -2,15 +2,9 @@
 is the fastest passing ``ring-*`` path (an unpadded comparison arm never counts), and paths that failed their check
 are listed (the timing itself needs the GPU)."""
 
-import importlib.util
-import sys
-from pathlib import Path
+from tests.benchmarks.bench_module import load_bench
 
-ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "benchmarks" / "kernels"))
-_spec = importlib.util.spec_from_file_location("bench_ring_wide", ROOT / "benchmarks" / "kernels" / "bench_ring_wide.py")
-bench = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(bench)
+bench = load_bench("kernels/bench_ring_wide.py", "bench_ring_wide")  # its GPU-side imports are inside functions
 
 
 def test_table_cells_and_failures():
