@@ -49,6 +49,8 @@
 #     Issue 15: does Jet-RL's actor-update speed-up grow with width? fp8_model_step.py at Qwen2.5-32B width (4
 #     decoder layers, --loss rl, 8k / 16k tokens): BF16, Jet-RL's recipe and X^T tiles, both on DeepGEMM (session 13's
 #     arms at 7B: 1.20x / 1.26-1.27x).
+#   phase n: bash benchmarks/gpu_session15.sh n   (one GPU; ~2 min)
+#     The decode kernels' graph-capture tests after their capture / replay moved to tests/kernels/helpers.replayed.
 set -u
 PHASE=${1:?phase}
 OUT=${OUT:?}
@@ -116,6 +118,10 @@ m)
         model_step "${MODEL_S:-150}" Qwen2.5-32B-$t --shape Qwen2.5-32B --layers 4 --tokens $t --loss rl \
             --arms bf16,jetrl+deepgemm,jetrl-xtiles+deepgemm --iters 6
     done
+    ;;
+n)
+    tests "${TEST_S:-200}" tests/kernels/test_wgmma_ring_gpu.py tests/kernels/test_wgmma_decode_gpu.py \
+        tests/kernels/test_mma_decode_gpu.py -k "graph"
     ;;
 d)
     rollout_table "${TABLE_S:-380}" 7b 128,256 table

@@ -29,3 +29,16 @@ def rel(out: torch.Tensor, ref: torch.Tensor) -> float:
     """||out - ref|| / ||ref||, after checking that every element was written."""
     assert not torch.isnan(out).any(), "NaN in output: an element was not written (or decoded to NaN)"
     return ((out.double() - ref).norm() / ref.norm()).item()
+
+
+def replayed(launch, x: torch.Tensor) -> torch.Tensor:
+    """``launch(x)`` captured in a CUDA graph (compiled outside the capture), x refilled with new values, the graph
+    replayed: its output -- what a rollout's decode step sees on every replay after the first."""
+    launch(x)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        y = launch(x)
+    x.copy_(torch.randn_like(x))
+    g.replay()
+    torch.cuda.synchronize()
+    return y

@@ -23,7 +23,7 @@ import pytest
 import torch
 from quarl_kernels.ops import _packed_weight
 
-from tests.kernels.helpers import poison, qweight, rel
+from tests.kernels.helpers import poison, qweight, rel, replayed
 
 pytest.importorskip("triton", reason="the GPU kernels need Triton (CPU CI has none)")
 pytest.importorskip("triton.experimental.gluon", reason="mma_decode is written in Gluon (Triton >= 3.5)")
@@ -153,13 +153,7 @@ def test_cuda_graph_capture_of_split_k(spec, m, cfg):
     pw = _packed_weight(*args)
     x = torch.randn(m, 3584, device="cuda").to(torch.bfloat16)
     cfg = cfg or mma_decode.default_config(m, 512)
-    mma_decode.launch_mma_decode(x, pw, cfg)  # compile outside the capture
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        y = mma_decode.launch_mma_decode(x, pw, cfg)
-    x.copy_(torch.randn_like(x))
-    g.replay()
-    torch.cuda.synchronize()
+    y = replayed(lambda x: mma_decode.launch_mma_decode(x, pw, cfg), x)
     assert _rel(y, x.double() @ w.T) < TOL
 
 

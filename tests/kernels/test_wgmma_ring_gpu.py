@@ -16,7 +16,7 @@ import pytest
 import torch
 from quarl_kernels.ops import _packed_weight
 
-from tests.kernels.helpers import poison, qweight, rel
+from tests.kernels.helpers import poison, qweight, rel, replayed
 
 pytest.importorskip("triton", reason="the GPU kernels need Triton (CPU CI has none)")
 pytest.importorskip("triton.experimental.gluon", reason="wgmma_ring is written in Gluon (Triton >= 3.5)")
@@ -97,13 +97,7 @@ def test_cuda_graph_capture_of_split_k():
     pw = _packed_weight(*args)
     x = torch.randn(64, 3584, device="cuda").to(torch.bfloat16)
     cfg = wgmma_ring.default_config(64, 512)
-    wgmma_ring.launch_wgmma_ring(x, pw, cfg)  # compile outside the capture
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        y = wgmma_ring.launch_wgmma_ring(x, pw, cfg)
-    x.copy_(torch.randn_like(x))
-    g.replay()
-    torch.cuda.synchronize()
+    y = replayed(lambda x: wgmma_ring.launch_wgmma_ring(x, pw, cfg), x)
     assert rel(y, x.double() @ w.T) < TOL
 
 
