@@ -181,3 +181,5 @@ phase_end
 #      16k 1.30x / 1.39x; per layer 1.28x / 1.37x and 1.31x / 1.41x. Device budget left 474 s; machine given back.
 #      (Phase m ran its DeepGEMM setup and model steps inline; they are gpu_phase_lib.sh's `deepgemm` and `model_step`
 #      since, the same commands.)
+#   n  phase n at bf37bb1 (graph-capture tests through helpers.replayed): 19 s. 9 passed (ring, wgmma_decode,
+#      mma_decode). Device budget left 448 s; the machine was given back.
