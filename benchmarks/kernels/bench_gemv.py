@@ -118,10 +118,14 @@ def _read_kernel():
     import triton
     import triton.language as tl
 
+    from quarl_kernels import pdl
+
     @triton.jit
-    def read_words(src, out, n, BLOCK: tl.constexpr):
+    def read_words(src, out, n, BLOCK: tl.constexpr, PDL: tl.constexpr):
+        pdl.signal(PDL)  # with PDL as the GEMV: the next read's programs start in this one's tail
         offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
         v = tl.load(src + offs, mask=offs < n, other=0)
+        pdl.wait(PDL)  # before the store, as the GEMV's loads of x wait
         tl.store(out + tl.program_id(0), tl.xor_sum(v, 0))
 
     return read_words
@@ -137,7 +141,10 @@ def read_ceiling_us(nbytes: int, l2: int, block: int = 4096) -> float:
             for _ in range(_copies(nbytes, l2))]
     grid = (triton.cdiv(n, block),)
     out = torch.empty(grid[0], dtype=torch.int32, device="cuda")
-    fns = [lambda b=b: kern[grid](b, out, n, BLOCK=block, num_warps=8) for b in bufs]
+    from quarl_kernels import pdl
+
+    chain = pdl.kwargs(out.device)  # QUARL_KERNELS_PDL, as the GEMV's launches
+    fns = [lambda b=b: kern[grid](b, out, n, BLOCK=block, num_warps=8, **chain) for b in bufs]
     fns[0]()
     return graph_us(fns)
 
@@ -270,6 +277,9 @@ def main() -> None:
     except OSError:
         pass
     info["hbm_copy_GBps"] = hbm_copy_GBps()
+    from quarl_kernels import pdl
+
+    info["pdl"] = pdl.on(torch.device("cuda"))  # QUARL_KERNELS_PDL: consecutive launches overlap (pdl.py)
     print(json.dumps(info), flush=True)
     rows, cache = [], {}
     for n, k in shapes:

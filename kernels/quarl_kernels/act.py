@@ -25,6 +25,7 @@ import triton
 import triton.language as tl
 from triton.language.extra import libdevice
 
+from quarl_kernels import pdl
 from quarl_kernels.rounding import round_to
 
 BLOCK = 2048  # elements per program
@@ -43,7 +44,9 @@ def silu_mul_values(g, u, dt: tl.constexpr, INTERPRET: tl.constexpr):
 
 
 @triton.jit
-def _silu_mul_kernel(g_ptr, u_ptr, o_ptr, n, BLOCK: tl.constexpr, INTERPRET: tl.constexpr):
+def _silu_mul_kernel(g_ptr, u_ptr, o_ptr, n, BLOCK: tl.constexpr, INTERPRET: tl.constexpr,
+                     PDL: tl.constexpr = False):
+    pdl.enter(PDL)
     dt: tl.constexpr = o_ptr.dtype.element_ty
     offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     mask = offs < n
@@ -60,6 +63,6 @@ def silu_mul(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
     if n:
         _silu_mul_kernel[(triton.cdiv(n, BLOCK),)](
             g, u, out, n, BLOCK=BLOCK, INTERPRET=os.environ.get("TRITON_INTERPRET", "0") == "1",
-            num_warps=4, enable_fp_fusion=False,
+            num_warps=4, enable_fp_fusion=False, **pdl.kwargs(g.device),
         )
     return out

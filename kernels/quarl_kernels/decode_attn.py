@@ -60,6 +60,7 @@ import torch
 import triton
 import triton.language as tl
 
+from quarl_kernels import pdl
 from quarl_kernels.launch import interpreting, num_sms
 from quarl_kernels.rounding import round_to
 
@@ -80,8 +81,9 @@ def _decode_attn_kernel(
     H_KV, G, L, tiles_per_split, qk_scale,  # qk_scale = scale * log2(e)
     sq_b, sq_h, sq_g, sk_b, sk_h, sk_n, sv_b, sv_h, sv_n, sm_b, sm_n, so_b, so_h, so_g,
     BLOCK_G: tl.constexpr, BLOCK_N: tl.constexpr, D: tl.constexpr, SPLIT: tl.constexpr, NUM_STAGES: tl.constexpr,
-    INTERPRET: tl.constexpr,
+    INTERPRET: tl.constexpr, PDL: tl.constexpr = False,
 ):
+    pdl.enter(PDL)  # q and this step's K/V slot come from the kernel before
     bh = tl.program_id(0)  # row * H_kv + kv head
     sp = tl.program_id(1)  # split index
     n_splits = tl.num_programs(1)
@@ -139,9 +141,11 @@ def _decode_attn_kernel(
 def _combine_kernel(
     ws_acc_ptr, ws_ml_ptr, o_ptr, H_KV, G, n_splits, so_b, so_h, so_g,
     BLOCK_G: tl.constexpr, D: tl.constexpr, INTERPRET: tl.constexpr, SPLITS_P2: tl.constexpr,
+    PDL: tl.constexpr = False,
 ):
     """o[b, h] from the ``n_splits`` partials of program row ``bh``, in split order (deterministic): all splits'
     maxima in one load, then the ``acc`` loop pipelined (module docstring, "Splits")."""
+    pdl.enter(PDL)
     bh = tl.program_id(0)
     b = (bh // H_KV).to(tl.int64)
     h = (bh % H_KV).to(tl.int64)
@@ -236,6 +240,7 @@ def launches(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, valid: torch.Ten
     n_split = triton.cdiv(tiles, per)  # no empty split
     vb = valid.view(torch.uint8)  # [B, L] same strides; Triton reads bytes
     interp = interpreting()
+    chained = pdl.on(q.device)
     if n_split == 1:
         ws_acc = ws_ml = o  # unused
     else:
@@ -247,13 +252,14 @@ def launches(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, valid: torch.Ten
          q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
          v.stride(0), v.stride(1), v.stride(2), vb.stride(0), vb.stride(1), o.stride(0), o.stride(1), o.stride(2)),
         {"BLOCK_G": bg, "BLOCK_N": block_n, "D": D, "SPLIT": n_split > 1, "NUM_STAGES": num_stages,
-         "INTERPRET": interp},
+         "INTERPRET": interp, "PDL": chained},
         warps,
     )
     if n_split == 1:
         return o, [attn]
     comb = Launch(_combine_kernel, (B * HK,), (ws_acc, ws_ml, o, HK, G, n_split, o.stride(0), o.stride(1), o.stride(2)),
-                  {"BLOCK_G": bg, "D": D, "INTERPRET": interp, "SPLITS_P2": triton.next_power_of_2(n_split)}, 4)
+                  {"BLOCK_G": bg, "D": D, "INTERPRET": interp, "SPLITS_P2": triton.next_power_of_2(n_split),
+                   "PDL": chained}, 4)
     return o, [attn, comb]
 
 
@@ -267,7 +273,7 @@ def decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, valid: t
     shapes it cannot run."""
     o, todo = launches(q, k, v, valid, scale, splits, block_n, num_warps, num_stages)
     for la in todo:
-        la.kernel[la.grid](*la.args, **la.constexprs, num_warps=la.num_warps)
+        la.kernel[la.grid](*la.args, **la.constexprs, num_warps=la.num_warps, launch_pdl=la.constexprs["PDL"])
     return o
 
 

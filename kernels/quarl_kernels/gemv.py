@@ -77,7 +77,7 @@ import torch
 import triton
 import triton.language as tl
 
-from quarl_kernels import lora_a
+from quarl_kernels import lora_a, pdl
 from quarl_kernels.formats import FMT_INT4, FMT_MXFP4, FMT_NVFP4
 from quarl_kernels.group_pass import finish_group
 from quarl_kernels.launch import finish, interpreting, num_sms
@@ -243,6 +243,7 @@ def _gemv_kernel(
     BN: tl.constexpr, BKW: tl.constexpr, VEC: tl.constexpr, PREFETCH: tl.constexpr, STAGES: tl.constexpr,
     EVEN_K: tl.constexpr, ZW: tl.constexpr, HAS_LA: tl.constexpr = False,
     LA_BR: tl.constexpr = 4, LA_BK: tl.constexpr = 512, NW: tl.constexpr = 1,
+    PDL: tl.constexpr = False, PF_W: tl.constexpr = False, PF_S: tl.constexpr = False,
 ):
     """y[M, N] (or fp32 split partials [S, M, N]) = x[M, K] @ W[N, K]^T for small M.
 
@@ -253,11 +254,15 @@ def _gemv_kernel(
     ``x @ A^T`` partials instead (``lora_a``: x as bf16 ``xb``), the weight tiles follow.
     NW = 2 / 3: the tiles of two or three weights of the same K and format that read the same x (a LoRA
     group's q/k/v, gate/up: ``launch_gemv_group``), weight 0's ``T0`` tiles first, then weight 1's ``T1``,
-    then weight 2's, each into its own partials -- one launch instead of NW."""
+    then weight 2's, each into its own partials -- one launch instead of NW.
+    PDL (``pdl.py``): signal at once; the weight tiles ask L2 for their slice of the packed weight (PF_W) and its
+    scale bytes (PF_S) -- constant data -- before they wait for the kernel before (which wrote x)."""
+    pdl.signal(PDL)
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
     if HAS_LA:
         if pid_n < LA_PROGS:
+            pdl.wait(PDL)
             if pid_k == 0:
                 lora_a_program(pid_n, xb_ptr, la_w_ptr, la_out_ptr, KW * 8, LA_R, LA_PER, stride_xm * 2,
                                la_stride_wr, la_s_out, la_m_out, M, LA_BR, LA_BK)
@@ -266,13 +271,15 @@ def _gemv_kernel(
                           stride_xm, stride_wn, stride_sn, stride_zn, stride_sn_u, stride_zn_u, stride_os, stride_om,
                           wp1_ptr, s1_ptr, gs1_ptr, out1_ptr, N1, T0, so1, som1,
                           wp2_ptr, s2_ptr, gs2_ptr, out2_ptr, N2, T1, so2, som2,
-                          M, FMT, GROUP, HAS_ZP, USE_ASM, BN, BKW, VEC, PREFETCH, STAGES, EVEN_K, ZW, NW)
+                          M, FMT, GROUP, HAS_ZP, USE_ASM, BN, BKW, VEC, PREFETCH, STAGES, EVEN_K, ZW, NW,
+                          PDL, PF_W, PF_S)
     else:
         _gemv_weights(pid_n, pid_k, x_ptr, wp_ptr, s_ptr, z_ptr, gs_ptr, out_ptr, N, KW, KW_PER_SPLIT,
                       stride_xm, stride_wn, stride_sn, stride_zn, stride_sn_u, stride_zn_u, stride_os, stride_om,
                       wp1_ptr, s1_ptr, gs1_ptr, out1_ptr, N1, T0, so1, som1,
                       wp2_ptr, s2_ptr, gs2_ptr, out2_ptr, N2, T1, so2, som2,
-                      M, FMT, GROUP, HAS_ZP, USE_ASM, BN, BKW, VEC, PREFETCH, STAGES, EVEN_K, ZW, NW)
+                      M, FMT, GROUP, HAS_ZP, USE_ASM, BN, BKW, VEC, PREFETCH, STAGES, EVEN_K, ZW, NW,
+                      PDL, PF_W, PF_S)
 
 
 @triton.jit
@@ -283,26 +290,27 @@ def _gemv_weights(
     wp2_ptr, s2_ptr, gs2_ptr, out2_ptr, N2, T1, so2, som2,
     M: tl.constexpr, FMT: tl.constexpr, GROUP: tl.constexpr, HAS_ZP: tl.constexpr, USE_ASM: tl.constexpr,
     BN: tl.constexpr, BKW: tl.constexpr, VEC: tl.constexpr, PREFETCH: tl.constexpr, STAGES: tl.constexpr,
-    EVEN_K: tl.constexpr, ZW: tl.constexpr, NW: tl.constexpr,
+    EVEN_K: tl.constexpr, ZW: tl.constexpr, NW: tl.constexpr, PDL: tl.constexpr, PF_W: tl.constexpr,
+    PF_S: tl.constexpr,
 ):
     """Weight tile ``t`` of the launch: weight 0's tiles, then (NW >= 2) weight 1's, then (NW == 3) weight 2's."""
     if NW == 1:
         _gemv_tiles(t, pid_k, x_ptr, wp_ptr, s_ptr, z_ptr, gs_ptr, out_ptr, N, KW, KW_PER_SPLIT,
                     stride_xm, stride_wn, stride_sn, stride_zn, stride_sn_u, stride_zn_u, stride_os, stride_om,
-                    M, FMT, GROUP, HAS_ZP, USE_ASM, BN, BKW, VEC, PREFETCH, STAGES, EVEN_K, ZW)
+                    M, FMT, GROUP, HAS_ZP, USE_ASM, BN, BKW, VEC, PREFETCH, STAGES, EVEN_K, ZW, PDL, PF_W, PF_S)
     else:
         if t < T0:
             _gemv_tiles(t, pid_k, x_ptr, wp_ptr, s_ptr, z_ptr, gs_ptr, out_ptr, N, KW, KW_PER_SPLIT,
                         stride_xm, stride_wn, stride_sn, stride_zn, stride_sn_u, stride_zn_u, stride_os, stride_om,
-                        M, FMT, GROUP, HAS_ZP, USE_ASM, BN, BKW, VEC, PREFETCH, STAGES, EVEN_K, ZW)
+                        M, FMT, GROUP, HAS_ZP, USE_ASM, BN, BKW, VEC, PREFETCH, STAGES, EVEN_K, ZW, PDL, PF_W, PF_S)
         elif NW == 2 or t < T0 + T1:
             _gemv_tiles(t - T0, pid_k, x_ptr, wp1_ptr, s1_ptr, s1_ptr, gs1_ptr, out1_ptr, N1, KW, KW_PER_SPLIT,
                         stride_xm, stride_wn, stride_sn, stride_zn, stride_sn_u, stride_zn_u, so1, som1,
-                        M, FMT, GROUP, HAS_ZP, USE_ASM, BN, BKW, VEC, PREFETCH, STAGES, EVEN_K, ZW)
+                        M, FMT, GROUP, HAS_ZP, USE_ASM, BN, BKW, VEC, PREFETCH, STAGES, EVEN_K, ZW, PDL, PF_W, PF_S)
         else:
             _gemv_tiles(t - T0 - T1, pid_k, x_ptr, wp2_ptr, s2_ptr, s2_ptr, gs2_ptr, out2_ptr, N2, KW, KW_PER_SPLIT,
                         stride_xm, stride_wn, stride_sn, stride_zn, stride_sn_u, stride_zn_u, so2, som2,
-                        M, FMT, GROUP, HAS_ZP, USE_ASM, BN, BKW, VEC, PREFETCH, STAGES, EVEN_K, ZW)
+                        M, FMT, GROUP, HAS_ZP, USE_ASM, BN, BKW, VEC, PREFETCH, STAGES, EVEN_K, ZW, PDL, PF_W, PF_S)
 
 
 @triton.jit
@@ -312,7 +320,8 @@ def _gemv_tiles(
     stride_xm, stride_wn, stride_sn, stride_zn, stride_sn_u, stride_zn_u, stride_os, stride_om,
     M: tl.constexpr, FMT: tl.constexpr, GROUP: tl.constexpr, HAS_ZP: tl.constexpr, USE_ASM: tl.constexpr,
     BN: tl.constexpr, BKW: tl.constexpr, VEC: tl.constexpr, PREFETCH: tl.constexpr, STAGES: tl.constexpr,
-    EVEN_K: tl.constexpr, ZW: tl.constexpr,
+    EVEN_K: tl.constexpr, ZW: tl.constexpr, PDL: tl.constexpr = False, PF_W: tl.constexpr = False,
+    PF_S: tl.constexpr = False,
 ):
     """One program's weight tile of :func:`_gemv_kernel`: output rows ``pid_n * BN + [0, BN)``, K split ``pid_k``."""
     WPG: tl.constexpr = GROUP // 8  # words per scale group
@@ -343,9 +352,15 @@ def _gemv_tiles(
     for m in tl.static_range(M):
         accs = accs + (tl.zeros((BN, BKW), dtype=tl.float32),)
     kw_last = kw_lo + ((kw_hi - kw_lo - 1) // BKW) * BKW  # start of the split's last tile
+    if PDL:  # before the wait only the weight (constant) is touched: this slice into L2 while the kernel before ends
+        if PF_W:  # the launcher checked 16-byte alignment of every row's start and length
+            pdl.prefetch_l2(wp_ptr + rows.to(tl.int64) * stride_wn + kw_lo, (kw_hi - kw_lo) * 4)  # [BN] rows
+        if PF_S:  # FP4 scale bytes, one per group
+            pdl.prefetch_l2(s_ptr + rows.to(tl.int64) * stride_sn + kw_lo // WPG, (kw_hi - kw_lo) // WPG)
     if PREFETCH:
         nxt = _load_tile(wp_ptr, s_ptr, z_ptr, rows, kw_lo, kw_hi, ar, ag, stride_wn, stride_sn, stride_zn,
                          FMT, WPG, ONE_GROUP, HAS_ZP, EVEN_K, ZW)
+    pdl.wait(PDL)  # x (and the outputs this program writes) belong to the kernel before
     for kw0 in tl.range(kw_lo, kw_hi, BKW, num_stages=STAGES):
         offs_kw = kw0 + ar  # [BKW]
         # x first (L1/L2 hits, independent of the decode below): 4 bf16 pairs per word and token
@@ -513,6 +528,13 @@ def _gemv_split(cfg: GemvConfig, n: int, kw: int, sms: int) -> tuple[int, int]:
     return triton.cdiv(kw, per), per
 
 
+def _l2_rows_ok(ts: list, itemsize: int, per: int, total: int) -> bool:
+    """True when every row slice a program prefetches (``pdl.prefetch_l2``: ``per`` elements from a multiple of
+    ``per``, the last one up to ``total``) of every tensor starts and ends on 16 bytes."""
+    return all(t.data_ptr() % 16 == 0 and (t.stride(0) * itemsize) % 16 == 0 for t in ts) and \
+        (per * itemsize) % 16 == 0 and (total * itemsize) % 16 == 0
+
+
 class GemvLaunch(typing.NamedTuple):
     """One GEMV launch as :func:`launch_gemv` makes it (the sm_90 build tests compile exactly these arguments)."""
 
@@ -586,10 +608,15 @@ def gemv_launch(x2: torch.Tensor, pw, cfg: GemvConfig, *, use_asm: bool = True, 
     args = (x32, pw.words, s, z, gs, out, pw.n, kw, per,
             x32.stride(0), pw.words.stride(0), s.stride(0), z.stride(0), s.stride(0), z.stride(0), so, som, *la_args,
             *w_args)
+    chained = pdl.on(x2.device)
+    ws = (pw, *more)
     const = {"M": m, "FMT": pw.fmt, "GROUP": pw.group, "HAS_ZP": pw.fmt == FMT_INT4 and pw.zero is not None,
              "USE_ASM": use_asm and not interpreting(), "BN": bn, "BKW": bkw, "VEC": vec, "PREFETCH": cfg.prefetch,
              "STAGES": cfg.stages, "EVEN_K": kw % bkw == 0, "ZW": zw, "HAS_LA": la is not None, "LA_BR": lora_a.BR,
-             "LA_BK": lora_a.BK, "NW": 1 + len(more)}
+             "LA_BK": lora_a.BK, "NW": 1 + len(more), "PDL": chained,
+             "PF_W": chained and _l2_rows_ok([p.words for p in ws], 4, per, kw),
+             "PF_S": chained and pw.fmt != FMT_INT4 and _l2_rows_ok([p.scale for p in ws], 1, per // (pw.group // 8),
+                                                                    kw // (pw.group // 8))}
     grid = (la_progs + sum(tiles), split)  # the A programs first: scheduled in the first wave
     return GemvLaunch(_gemv_kernel, grid, args, const, cfg.warps, cfg.stages, out, y, split, tuple(rest))
 
@@ -602,7 +629,8 @@ def launch_gemv(x2: torch.Tensor, pw, cfg: GemvConfig, *, use_asm: bool = True, 
     (``launch.Epilogue``); its ``lora_a`` (a LoRA group's ``x @ A^T``) is computed by extra programs of this
     launch (``lora_a.lora_a_program``), ahead of the weight tiles."""
     la = gemv_launch(x2, pw, cfg, use_asm=use_asm, epi=epi)
-    la.kernel[la.grid](*la.args, **la.constexprs, num_warps=la.num_warps, num_stages=la.num_stages)
+    la.kernel[la.grid](*la.args, **la.constexprs, num_warps=la.num_warps, num_stages=la.num_stages,
+                       launch_pdl=la.constexprs["PDL"])
     return finish(la.out, la.y, la.split, epi)  # split partials summed (+ bias / LoRA epilogue)
 
 
@@ -613,7 +641,8 @@ def launch_gemv_group(x2: torch.Tensor, pws: list, cfg: GemvConfig, epis: list, 
     ``epis[j]`` (one launch for all: ``group_pass.finish_group``; ``rope``, a ``group_pass.RopeCache``: q/k/v's decode-step
     RoPE and K/V write there too, ``[q_rot]`` returned). ``gate_act``: the second weight's pass writes ``silu(y_0) * y_1`` (``launch.Epilogue.gate``)."""
     la = gemv_launch(x2, pws[0], cfg, use_asm=use_asm, epi=epis[0], more=tuple(pws[1:]))
-    la.kernel[la.grid](*la.args, **la.constexprs, num_warps=la.num_warps, num_stages=la.num_stages)
+    la.kernel[la.grid](*la.args, **la.constexprs, num_warps=la.num_warps, num_stages=la.num_stages,
+                       launch_pdl=la.constexprs["PDL"])
     return finish_group([(la.out, la.y), *la.rest], la.split, epis, gate_act, rope)
 
 

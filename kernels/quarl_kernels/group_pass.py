@@ -24,6 +24,7 @@ import torch
 import triton
 import triton.language as tl
 
+from quarl_kernels import pdl
 from quarl_kernels.act import silu_mul_values
 from quarl_kernels.launch import _epilogue_acc, _epilogue_tiles, each_in_group, env_flag, finish, interpreting
 from quarl_kernels.rounding import round_to
@@ -100,6 +101,7 @@ def group_epilogue_kernel(
     SPLIT_K: tl.constexpr, R: tl.constexpr, RP: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
     DOT: tl.constexpr, INTERPRET: tl.constexpr, A_PARTS: tl.constexpr, SA: tl.constexpr,
     HB0: tl.constexpr, HB1: tl.constexpr, HB2: tl.constexpr, GATE_ACT: tl.constexpr, ROPE: tl.constexpr = False,
+    PDL: tl.constexpr = False,
 ):
     """The last passes of a LoRA group's two or three projections (one launch's partials: one split count, one
     rank) as one launch: :func:`epilogue_kernel` for each, program tiles ``[0, T0)`` for projection 0, ``[T0, T0 +
@@ -107,7 +109,8 @@ def group_epilogue_kernel(
     writes ``gate`` and ``silu(gate) * up`` (``act.silu_mul``'s arithmetic on the rounded values), as the up pass
     with ``HAS_GATE`` would after the gate pass. ``ROPE`` (q / k / v at a decode step; ``BN`` = the head dim):
     :func:`_group_rope_pass` -- q rotated into ``y0``, k rotated into ``kc``, v into ``vc`` (``y1`` / ``y2`` not
-    written)."""
+    written). ``PDL``: ``pdl.enter`` first."""
+    pdl.enter(PDL)
     pid = tl.program_id(1)
     rows = tl.program_id(0).to(tl.int64) * BM + tl.arange(0, BM)  # [BM] int64: rows * N may pass 2**31
     if GATE_ACT:
@@ -265,6 +268,6 @@ def finish_group(pairs: list, split: int, epis: list, gate_act: bool = False, ro
         e.check(m, y.shape[1])
     if m > 0:
         la = group_pass_launch(pairs, split, epis, gate_act, rope)
-        la.kernel[la.grid](*la.args, **la.constexprs, num_warps=la.num_warps)
+        la.kernel[la.grid](*la.args, **la.constexprs, num_warps=la.num_warps, **pdl.kwargs(pairs[0][1].device))
     ys = [y for _, y in pairs]
     return ys if rope is None else ys[:1]

@@ -19,18 +19,19 @@ passes run as one kernel: ``group_pass.py``.
 
 from __future__ import annotations
 
-import os
 import typing
 
 import torch
 import triton
 import triton.language as tl
 
+from quarl_kernels import pdl
 from quarl_kernels.act import silu_mul_values
+from quarl_kernels.env import env_flag, env_int, interpreting
 from quarl_kernels.rounding import round_to
 
 __all__ = ["DecodeOperands", "Epilogue", "decode_operands", "each_in_group", "env_flag", "epilogue_kernel", "finish",
-           "finish_splits", "interpreting", "num_sms", "splitk_reduce_kernel"]
+           "env_int", "finish_splits", "interpreting", "num_sms", "splitk_reduce_kernel"]
 
 
 def num_sms(device: torch.device) -> int:
@@ -40,47 +41,10 @@ def num_sms(device: torch.device) -> int:
     return torch.cuda.get_device_properties(device).multi_processor_count
 
 
-def interpreting() -> bool:
-    """True under ``TRITON_INTERPRET=1`` (CPU emulation: no inline PTX, no Gluon)."""
-    return os.environ.get("TRITON_INTERPRET", "0") == "1"
-
-
-_ON = ("1", "true", "on", "yes")
-_OFF = ("", "0", "false", "off", "no")
-
-
-def env_flag(name: str, default: bool) -> bool:
-    """An on/off switch from the environment: 1 / true / on / yes, or 0 / false / off / no
-    (case-insensitive); unset means ``default``. Anything else is an error naming the variable."""
-    raw = os.environ.get(name)
-    if raw is None:
-        return default
-    v = raw.strip().lower()
-    if v in _ON:
-        return True
-    if v in _OFF:
-        return False
-    raise ValueError(f"{name}={raw!r} is neither on nor off: set it to 1 (on) or 0 (off)")
-
-
-def env_int(name: str, default: int, what: str) -> int:
-    """A non-negative count from the environment (unset or empty: ``default``); ``what`` says what it sets, for the
-    error a non-integer or a negative value gets."""
-    raw = os.environ.get(name)
-    if raw is None or raw.strip() == "":
-        return default
-    try:
-        v = int(raw)
-    except ValueError:
-        raise ValueError(f"{name}={raw!r} is not an integer; set {what}") from None
-    if v < 0:
-        raise ValueError(f"{name}={v} is negative; set {what}")
-    return v
-
-
 @triton.jit
-def splitk_reduce_kernel(ws_ptr, y_ptr, MN, SPLIT_K: tl.constexpr, BLOCK: tl.constexpr):
-    """y[i] = sum_s ws[s, i] in split order (deterministic). ws [S, M*N] fp32."""
+def splitk_reduce_kernel(ws_ptr, y_ptr, MN, SPLIT_K: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr = False):
+    """y[i] = sum_s ws[s, i] in split order (deterministic). ws [S, M*N] fp32. PDL: ``pdl.enter`` first."""
+    pdl.enter(PDL)
     offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)  # int64: M * N may pass 2**31
     mask = offs < MN
     acc = tl.load(ws_ptr + offs, mask=mask, other=0.0)
@@ -173,7 +137,8 @@ def _epilogue_acc(ws_ptr, bias_ptr, a_ptr, b_ptr, rows, cols, M, N, scaling, s_w
 def epilogue_kernel(ws_ptr, y_ptr, bias_ptr, a_ptr, b_ptr, M, N, scaling, s_ws, m_ws, m_a, s_a, g_ptr, m_g,
                     SPLIT_K: tl.constexpr, HAS_BIAS: tl.constexpr, R: tl.constexpr, RP: tl.constexpr,
                     BM: tl.constexpr, BN: tl.constexpr, DOT: tl.constexpr, INTERPRET: tl.constexpr,
-                    A_PARTS: tl.constexpr = False, SA: tl.constexpr = 1, HAS_GATE: tl.constexpr = False):
+                    A_PARTS: tl.constexpr = False, SA: tl.constexpr = 1, HAS_GATE: tl.constexpr = False,
+                    PDL: tl.constexpr = False):
     """y[m, n] = sum_s ws[s, m, n] (split order) + bias[n] + scaling * sum_r a[m, r] b[n, r].
 
     ``ws`` is the fp32 partials [S, M, N] (strides s_ws, m_ws), or ``y`` itself when S == 1
@@ -182,7 +147,8 @@ def epilogue_kernel(ws_ptr, y_ptr, bias_ptr, a_ptr, b_ptr, M, N, scaling, s_ws, 
     term as a tl.dot of 16-row tiles (M >= 2); else (one decode row) a broadcast multiply of
     ``a [1, RP]`` with the ``b [BN, RP]`` tile and a sum over r in registers (BN * RP <= 8192).
     A_PARTS: ``a`` is SA fp32 partials (split stride s_a), summed in split order and rounded once to
-    y's dtype before the product (``quarl_kernels.lora_a``)."""
+    y's dtype before the product (``quarl_kernels.lora_a``). PDL: ``pdl.enter`` first (reads the launch's partials)."""
+    pdl.enter(PDL)
     # int64 rows: a prefill's rows * N passes 2**31 at 113k tokens on the 7B gate / up (an illegal address in session
     # 15's batch-128 profile before the engine chunked its prefill)
     rows = tl.program_id(0).to(tl.int64) * BM + tl.arange(0, BM)  # [BM]
@@ -222,7 +188,8 @@ def finish(out: torch.Tensor, y: torch.Tensor, split: int, epi: Epilogue | None 
     if epi is None or (epi.bias is None and epi.a is None and epi.gate is None):
         if split > 1:
             mn = y.numel()
-            splitk_reduce_kernel[(triton.cdiv(mn, 1024),)](out, y, mn, SPLIT_K=split, BLOCK=1024, num_warps=4)
+            splitk_reduce_kernel[(triton.cdiv(mn, 1024),)](out, y, mn, SPLIT_K=split, BLOCK=1024, num_warps=4,
+                                                            **pdl.kwargs(y.device))
         return y
     epi.check(m, n)
     if m == 0:
@@ -239,7 +206,7 @@ def finish(out: torch.Tensor, y: torch.Tensor, split: int, epi: Epilogue | None 
         epi.gate if epi.gate is not None else dummy, epi.gate.stride(0) if epi.gate is not None else 0,
         SPLIT_K=split, HAS_BIAS=epi.bias is not None, R=r, RP=rp, BM=bm, BN=bn, DOT=dot,
         INTERPRET=interpreting(), A_PARTS=parts, SA=epi.a.shape[0] if parts else 1, HAS_GATE=epi.gate is not None,
-        num_warps=4,
+        num_warps=4, **pdl.kwargs(y.device),
     )
     return y
 

@@ -48,6 +48,7 @@ import torch
 import triton
 import triton.language as tl
 
+from quarl_kernels import pdl
 from quarl_kernels.launch import interpreting as _interpreting
 from quarl_kernels.rounding import FP8_MAX, FP32_EPS, INV_FP8_MAX, round_to, round_to_fp8
 
@@ -62,8 +63,9 @@ def _rms_norm_kernel(
     M, N, stride_xm, stride_rm, stride_ym, stride_hm, stride_qm, stride_sm,
     eps, inv_n,
     HAS_RES: tl.constexpr, HAS_NOISE: tl.constexpr, FP8: tl.constexpr, SCALE_RECIP: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, INTERPRET: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, INTERPRET: tl.constexpr, PDL: tl.constexpr = False,
 ):
+    pdl.enter(PDL)  # reads the residual stream the kernel before wrote
     dt: tl.constexpr = y_ptr.dtype.element_ty
     rows = (tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)).to(tl.int64)  # [BM]
     cols = tl.arange(0, BLOCK_N)  # [BN]
@@ -148,6 +150,6 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.
         float(eps), 1.0 / n,
         HAS_RES=residual is not None, HAS_NOISE=noise is not None, FP8=fp8_out, SCALE_RECIP=x.is_cuda,
         BLOCK_M=bm, BLOCK_N=bn, INTERPRET=_interpreting(),
-        num_warps=warps, enable_fp_fusion=False,
+        num_warps=warps, enable_fp_fusion=False, **pdl.kwargs(x.device),
     )
     return y, h, q, s

@@ -33,6 +33,7 @@ import torch
 import triton
 import triton.language as tl
 
+from quarl_kernels import pdl
 from quarl_kernels.rounding import round_to
 
 _TILE = 2048  # elements (heads x D) per program
@@ -64,7 +65,9 @@ def _rope_kernel(
     sqb, sqh, sql, skb, skh, skl, sqob, sqoh, sqol, skob, skoh, skol, scb, scl, ssb, ssl,
     v_ptr, vo_ptr, slot_ptr, svb, svh, svl, svob, svoh, svol,
     BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr, INTERPRET: tl.constexpr, CACHE: tl.constexpr = False,
+    PDL: tl.constexpr = False,
 ):
+    pdl.enter(PDL)
     tok = tl.program_id(0)
     j = tl.program_id(1)
     b = (tok // L).to(tl.int64)
@@ -133,5 +136,5 @@ def _launch(q, k, cos, sin, qo, ko, v=None, vo=None, slot=None) -> None:
         cos.stride(0), cos.stride(1), sin.stride(0), sin.stride(1),
         v if cache else q, vo if cache else qo, slot if cache else cos, *vs,
         BLOCK_H=bh, BLOCK_D=bd, INTERPRET=os.environ.get("TRITON_INTERPRET", "0") == "1", CACHE=cache,
-        num_warps=warps, enable_fp_fusion=False,
+        num_warps=warps, enable_fp_fusion=False, **pdl.kwargs(q.device),
     )

@@ -227,14 +227,16 @@ def test_reference_path_formats_capture_in_cuda_graphs(fmt):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("batch", [64, 128])
-def test_seeded_rollout_of_a_7b_shaped_model_is_reproducible(batch):
-    """The rollout GRPO runs (Qwen2.5-7B shape, NVFP4 + LoRA r32, 64 rows -- the ring's 64-row tile -- and 128 -- its
-    wide tiles --, 512 tokens) sampled twice with one seed on
-    one engine (graph replays) and once on a fresh engine (a new capture): the same tokens and log-probs. The first
-    TMA-ring kernel broke this only at this scale (tokens diverged after 7-57 steps; a 4-layer, 128-token rollout and
-    400 launches of the kernel alone were bit-identical): its next decode rewrote the A registers of a wgmma in
-    flight (RESULTS "Issue 17, session 14"). ~1 min on an H100."""
+@pytest.mark.parametrize("batch", [1, 64, 128])
+def test_seeded_rollout_of_a_7b_shaped_model_is_reproducible(batch, monkeypatch):
+    """The rollout GRPO runs (Qwen2.5-7B shape, NVFP4 + LoRA r32, one row -- the GEMV --, 64 rows -- the ring's 64-row
+    tile -- and 128 -- its wide tiles --, 512 tokens) sampled twice with one seed on
+    one engine (graph replays), once on a fresh engine (a new capture) and once on a fresh engine without
+    programmatic dependent launch (``QUARL_KERNELS_PDL=0``: every kernel starts after the one before has ended): the
+    same tokens and log-probs. The first TMA-ring kernel broke this only at this scale (tokens diverged after 7-57
+    steps; a 4-layer, 128-token rollout and 400 launches of the kernel alone were bit-identical): its next decode
+    rewrote the A registers of a wgmma in flight (RESULTS "Issue 17, session 14"); a chained kernel that read its
+    input before its wait would break it the same way. ~1.5 min on an H100."""
     from transformers import AutoModelForCausalLM, Qwen2Config
 
     from quarl.quant import quantize_model
@@ -265,6 +267,10 @@ def test_seeded_rollout_of_a_7b_shaped_model_is_reproducible(batch):
         outs.append(eng.generate(rows, params, 1, torch.Generator("cuda").manual_seed(7)))
     eng.release()
     eng = FastGenerator(model, PAD)  # a new capture
+    outs.append(eng.generate(rows, params, 1, torch.Generator("cuda").manual_seed(7)))
+    eng.release()
+    monkeypatch.setenv("QUARL_KERNELS_PDL", "0")  # plain launches (read when the graphs are captured)
+    eng = FastGenerator(model, PAD)
     outs.append(eng.generate(rows, params, 1, torch.Generator("cuda").manual_seed(7)))
     eng.release()
     for o in outs[1:]:

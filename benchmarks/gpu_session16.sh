@@ -1,0 +1,42 @@
+#!/usr/bin/env bash
+# Session 16 (2026-11-26): issue 17 -- programmatic dependent launch (kernels/quarl_kernels/pdl.py) for the decode
+# step's Triton kernels: each kernel signals at once, the next one's programs take the SMs in its tail, and the
+# one-row GEMV asks L2 for its weight slice before it waits for the kernel before (which wrote its x). Run from the
+# repository root on the device machine; the record of what ran is at the end of this file. The phases use
+# benchmarks/gpu_phase_lib.sh's helpers (tests, profile, rollout_table, grpo, phase_end).
+#
+#   phase a: bash benchmarks/gpu_session16.sh a   (one GPU; ~9 min)
+#     GPU tests: chained norm -> GEMV -> pass launches with and without PDL bit-equal (eager, graph replays), the GEMV,
+#     epilogue, fused-glue and decode-attention tests, the seeded 7B-shaped rollout at batch 1 (PDL on = off). Then
+#     bench_gemv.py at one row on the 7B / 14B shapes with the read ceiling, PDL on and off.
+#   phase b: bash benchmarks/gpu_session16.sh b   (one GPU; ~8 min)
+#     The decode-step profile at batch 1 / 8 (7B), BF16+LoRA and NVFP4+LoRA, each with and without PDL (:nopdl).
+set -u
+PHASE=${1:?phase}
+OUT=${OUT:?}
+source benchmarks/gpu_phase_lib.sh
+
+gemvbench() {  # SECONDS DIR PDL(0|1) ARGS...: bench_gemv.py -> $OUT/DIR
+    local s=$1 d=$2 p=$3; shift 3
+    mkdir -p "$OUT/$d"
+    QUARL_KERNELS_PDL=$p timeout -k 5 "$s" "$PY" benchmarks/kernels/bench_gemv.py --out "$OUT/$d" "$@" \
+        > "$OUT/$d/run.log" 2>&1
+    echo "== gemv bench $d (PDL=$p) rc=$? at $((SECONDS - T0)) s"; grep -E "M= 1|hbm_copy" "$OUT/$d/run.log" | cut -c1-230
+}
+
+case $PHASE in
+a)
+    tests "${TEST_S:-230}" tests/kernels/test_gemv_gpu.py tests/kernels/test_epilogue_gpu.py \
+        tests/kernels/test_fused_gpu.py tests/kernels/test_decode_attn_gpu.py \
+        "tests/engine/test_engine_gpu.py::test_seeded_rollout_of_a_7b_shaped_model_is_reproducible[1]"
+    gemvbench "${BENCH_S:-140}" gemv_pdl 1 --formats nvfp4 --ms 1 --read-ceiling
+    gemvbench "${BENCH_S:-140}" gemv_nopdl 0 --formats nvfp4 --ms 1 --read-ceiling
+    ;;
+b)
+    profile "${PROFILE_S:-420}" 7b bf16+lora32,bf16+lora32:nopdl,nvfp4+lora32,nvfp4+lora32:nopdl 1,8
+    ;;
+*)
+    echo "unknown phase $PHASE"; exit 2
+    ;;
+esac
+phase_end

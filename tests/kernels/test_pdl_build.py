@@ -1,0 +1,99 @@
+"""Programmatic dependent launch (``quarl_kernels.pdl``) on a CPU: the switch, and the sm_90 builds.
+
+The switch: the ``PDL`` constexpr and the ``launch_pdl`` attribute come together or not at all (a kernel launched
+with the attribute but without its wait would race); off on CPU, under the interpreter and below sm_90;
+``QUARL_KERNELS_PDL=0`` turns it off and a value that is neither on nor off is refused by name. The builds: the
+decode GEMV signals first, asks L2 for its weight slice, and waits before its first load of x and its first store
+(the order in the PTX), with no spills and no more registers than without; the 16-byte checks of the prefetch.
+The bit-equality of chained launches with and without PDL is a GPU test (``test_gemv_gpu.py``).
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.kernels.interpreter import needs_triton
+
+pytestmark = needs_triton
+
+
+def test_switch(monkeypatch):
+    import torch
+    from quarl_kernels import pdl
+
+    cuda = torch.device("cuda", 0)
+    monkeypatch.delenv(pdl.ENV, raising=False)
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    assert pdl.kwargs(torch.device("cpu")) == {"PDL": False, "launch_pdl": False}
+    monkeypatch.setattr(pdl, "_hopper_or_later", lambda index: True)
+    assert pdl.on(cuda) and pdl.kwargs(cuda) == {"PDL": True, "launch_pdl": True}
+    monkeypatch.setenv(pdl.ENV, "0")
+    assert pdl.kwargs(cuda) == {"PDL": False, "launch_pdl": False}
+    monkeypatch.setenv(pdl.ENV, "maybe")
+    with pytest.raises(ValueError, match="QUARL_KERNELS_PDL"):
+        pdl.on(cuda)
+    monkeypatch.setenv(pdl.ENV, "1")
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    assert not pdl.on(cuda)
+    monkeypatch.delenv("TRITON_INTERPRET")
+    monkeypatch.setattr(pdl, "_hopper_or_later", lambda index: False)  # an A100
+    assert not pdl.on(cuda)
+
+
+def test_prefetch_alignment_checks():
+    import torch
+    from quarl_kernels.gemv import _l2_rows_ok
+
+    w = torch.empty(8, 448, dtype=torch.int32)  # 7B rows: 1792 bytes
+    assert _l2_rows_ok([w], 4, 448, 448) and _l2_rows_ok([w], 4, 64, 448)
+    assert not _l2_rows_ok([w], 4, 6, 448)  # a split of 24 bytes
+    assert not _l2_rows_ok([w[:, 1:]], 4, 64, 447)  # rows start 4 bytes in
+    s = torch.empty(8, 224, dtype=torch.uint8)  # their scale bytes
+    assert _l2_rows_ok([s], 1, 32, 224) and not _l2_rows_ok([s], 1, 8, 224)
+    assert not _l2_rows_ok([w, torch.empty(8, 450, dtype=torch.int32)], 4, 64, 448)  # one weight of the group off
+
+
+def _ptx_order(ptx: str) -> list[str]:
+    """The PTX's PDL instructions, prefetches and global loads / stores, in text order, as short tags."""
+    tags = []
+    for line in ptx.splitlines():
+        t = line.strip()
+        if t.startswith("griddepcontrol.launch_dependents"):
+            tags.append("signal")
+        elif t.startswith("griddepcontrol.wait"):
+            tags.append("wait")
+        elif t.startswith("cp.async.bulk.prefetch.L2"):
+            tags.append("prefetch")
+        elif "ld.global" in t:
+            tags.append("load")
+        elif "st.global" in t:
+            tags.append("store")
+    return tags
+
+
+def test_gemv_with_pdl_builds_for_sm90():
+    """The 7B one-row GEMV (gate / up config, and down's long-row config 7) with PDL: signal, two prefetches (the
+    words, the scale bytes), wait, then every load and store; no spills, no more registers than without."""
+    import torch
+    from quarl_kernels import gemv
+    from quarl_kernels.wo_gemm import PackedWeight
+
+    from tests.kernels.sm90_sass import compile_launch, registers, stack_bytes
+
+    for n, k in ((18944, 3584), (3584, 18944)):
+        pw = PackedWeight(0, 16, n, k, torch.empty(n, k // 8, dtype=torch.int32),
+                          torch.empty(n, k // 16, dtype=torch.uint8), None, torch.ones(1))
+        x = torch.empty(1, k, dtype=torch.bfloat16)
+        la = gemv.gemv_launch(x, pw, gemv.default_gemv_config(0, 1, n, k))
+        assert not la.constexprs["PDL"]  # a CPU tensor: off, and with it the prefetches
+        on = la._replace(constexprs=dict(la.constexprs, PDL=True, PF_W=True, PF_S=True))
+        k0, _ = compile_launch(la)
+        k1, _ = compile_launch(on)
+        assert _ptx_order(k0.asm["ptx"]).count("wait") == 0
+        tags = _ptx_order(k1.asm["ptx"])
+        first = min(tags.index("load"), tags.index("store"))
+        assert tags[:first] == ["signal", "prefetch", "prefetch", "wait"], (n, k, tags[:6])
+        assert "prefetch" not in tags[first:] and tags.count("wait") == 1
+        assert stack_bytes(k1) in (0, None), ("ptxas spilled registers", n, k)
+        r0, r1 = registers(k0), registers(k1)
+        assert r1 is None or r1 <= r0, (n, k, r0, r1)
