@@ -117,7 +117,6 @@ def _read_kernel():
     this size (launch, ramp-up and tail included), which a 2 GiB copy does not show."""
     import triton
     import triton.language as tl
-
     from quarl_kernels import pdl
 
     @triton.jit

@@ -30,8 +30,20 @@ from quarl_kernels.act import silu_mul_values
 from quarl_kernels.env import env_flag, env_int, interpreting
 from quarl_kernels.rounding import round_to
 
-__all__ = ["DecodeOperands", "Epilogue", "decode_operands", "each_in_group", "env_flag", "epilogue_kernel", "finish",
-           "env_int", "finish_splits", "interpreting", "num_sms", "splitk_reduce_kernel"]
+__all__ = [
+    "DecodeOperands",
+    "Epilogue",
+    "decode_operands",
+    "each_in_group",
+    "env_flag",
+    "env_int",
+    "epilogue_kernel",
+    "finish",
+    "finish_splits",
+    "interpreting",
+    "num_sms",
+    "splitk_reduce_kernel",
+]
 
 
 def num_sms(device: torch.device) -> int:

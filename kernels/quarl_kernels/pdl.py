@@ -42,7 +42,7 @@ __all__ = ["ENV", "enter", "kwargs", "on", "prefetch_l2", "signal", "wait"]
 ENV = "QUARL_KERNELS_PDL"
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _hopper_or_later(index: int) -> bool:
     return torch.cuda.get_device_capability(index)[0] >= 9
 
