@@ -9,8 +9,14 @@
 #     GPU tests: chained norm -> GEMV -> pass launches with and without PDL bit-equal (eager, graph replays), the GEMV,
 #     epilogue, fused-glue and decode-attention tests, the seeded 7B-shaped rollout at batch 1 (PDL on = off). Then
 #     bench_gemv.py at one row on the 7B / 14B shapes with the read ceiling, PDL on and off.
-#   phase b: bash benchmarks/gpu_session16.sh b   (one GPU; ~8 min)
-#     The decode-step profile at batch 1 / 8 (7B), BF16+LoRA and NVFP4+LoRA, each with and without PDL (:nopdl).
+#   phase b: bash benchmarks/gpu_session16.sh b   (one GPU; ~6 min)
+#     After phase a (PDL made the small GEMVs and the read faster but the 7B gate / up GEMV 1.24x slower: every thread
+#     along K issued its row's prefetch, 16 copies of each request): one request per row (split over K) or per
+#     program (unsplit rows are one block). GPU tests (fewer than phase a's, which ran out of time); bench_gemv at one
+#     row with PDL + prefetch, PDL without the prefetch (QUARL_KERNELS_PDL_PREFETCH=0), no PDL.
+#   phase c: bash benchmarks/gpu_session16.sh c   (one GPU; ~6 min)
+#     The decode-step profile at batch 1 / 8 (7B), BF16+LoRA and NVFP4+LoRA, with PDL, NVFP4 also :nopf and :nopdl,
+#     BF16 also :nopdl.
 set -u
 PHASE=${1:?phase}
 OUT=${OUT:?}
@@ -33,10 +39,27 @@ a)
     gemvbench "${BENCH_S:-140}" gemv_nopdl 0 --formats nvfp4 --ms 1 --read-ceiling
     ;;
 b)
-    profile "${PROFILE_S:-420}" 7b bf16+lora32,bf16+lora32:nopdl,nvfp4+lora32,nvfp4+lora32:nopdl 1,8
+    tests "${TEST_S:-250}" tests/kernels/test_gemv_gpu.py tests/kernels/test_epilogue_gpu.py \
+        "tests/engine/test_engine_gpu.py::test_seeded_rollout_of_a_7b_shaped_model_is_reproducible[1]" \
+        -k "pdl or deterministic or graph or reproducible or epilogue"
+    gemvbench "${BENCH_S:-100}" gemv_pdl 1 --formats nvfp4 --ms 1 --read-ceiling
+    QUARL_KERNELS_PDL_PREFETCH=0 gemvbench "${BENCH_S:-100}" gemv_nopf 1 --formats nvfp4 --ms 1 --read-ceiling
+    gemvbench "${BENCH_S:-100}" gemv_nopdl 0 --formats nvfp4 --ms 1
+    ;;
+c)
+    profile "${PROFILE_S:-420}" 7b bf16+lora32,bf16+lora32:nopdl,nvfp4+lora32,nvfp4+lora32:nopf,nvfp4+lora32:nopdl 1,8
     ;;
 *)
     echo "unknown phase $PHASE"; exit 2
     ;;
 esac
 phase_end
+
+# ---------------------------------------------------------------------------------------------------------------
+# Record (one NVIDIA H100 80GB HBM3 per call, driver 580.159.04, torch 2.11.0+cu130, Triton 3.6.0)
+#
+# phase a (commit 531b1fa; 270 s, machine cold): GPU tests hit their 230 s limit after ~100
+#   passed, none failed (test_gemv_gpu's full matrix is long). bench_gemv --formats nvfp4 --ms 1 --read-ceiling, us:
+#   PDL on (first prefetch: one request per thread) / off -- q/o 3584x3584 6.87 / 7.90, k/v 512x3584 4.33 / 5.12,
+#   gate/up 18944x3584 24.68 / 19.83, down 3584x18944 23.80 / 22.37; the read ceiling 3.16 / 4.67, 1.20 / 2.36,
+#   15.02 / 16.40, 15.01 / 16.39 (with PDL a read of the 38.2 MB weight reaches 2543 GB/s, 85 % of the copy rate).

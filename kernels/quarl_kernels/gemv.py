@@ -243,7 +243,7 @@ def _gemv_kernel(
     BN: tl.constexpr, BKW: tl.constexpr, VEC: tl.constexpr, PREFETCH: tl.constexpr, STAGES: tl.constexpr,
     EVEN_K: tl.constexpr, ZW: tl.constexpr, HAS_LA: tl.constexpr = False,
     LA_BR: tl.constexpr = 4, LA_BK: tl.constexpr = 512, NW: tl.constexpr = 1,
-    PDL: tl.constexpr = False, PF_W: tl.constexpr = False, PF_S: tl.constexpr = False,
+    PDL: tl.constexpr = False, PF_W: tl.constexpr = 0, PF_S: tl.constexpr = False,
 ):
     """y[M, N] (or fp32 split partials [S, M, N]) = x[M, K] @ W[N, K]^T for small M.
 
@@ -255,8 +255,9 @@ def _gemv_kernel(
     NW = 2 / 3: the tiles of two or three weights of the same K and format that read the same x (a LoRA
     group's q/k/v, gate/up: ``launch_gemv_group``), weight 0's ``T0`` tiles first, then weight 1's ``T1``,
     then weight 2's, each into its own partials -- one launch instead of NW.
-    PDL (``pdl.py``): signal at once; the weight tiles ask L2 for their slice of the packed weight (PF_W) and its
-    scale bytes (PF_S) -- constant data -- before they wait for the kernel before (which wrote x)."""
+    PDL (``pdl.py``): signal at once; the weight tiles ask L2 for their slice of the packed weight (PF_W: 2 as one
+    block, 1 row by row) and its scale bytes (PF_S) -- constant data -- before they wait for the kernel before
+    (which wrote x)."""
     pdl.signal(PDL)
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
@@ -320,7 +321,7 @@ def _gemv_tiles(
     stride_xm, stride_wn, stride_sn, stride_zn, stride_sn_u, stride_zn_u, stride_os, stride_om,
     M: tl.constexpr, FMT: tl.constexpr, GROUP: tl.constexpr, HAS_ZP: tl.constexpr, USE_ASM: tl.constexpr,
     BN: tl.constexpr, BKW: tl.constexpr, VEC: tl.constexpr, PREFETCH: tl.constexpr, STAGES: tl.constexpr,
-    EVEN_K: tl.constexpr, ZW: tl.constexpr, PDL: tl.constexpr = False, PF_W: tl.constexpr = False,
+    EVEN_K: tl.constexpr, ZW: tl.constexpr, PDL: tl.constexpr = False, PF_W: tl.constexpr = 0,
     PF_S: tl.constexpr = False,
 ):
     """One program's weight tile of :func:`_gemv_kernel`: output rows ``pid_n * BN + [0, BN)``, K split ``pid_k``."""
@@ -353,10 +354,19 @@ def _gemv_tiles(
         accs = accs + (tl.zeros((BN, BKW), dtype=tl.float32),)
     kw_last = kw_lo + ((kw_hi - kw_lo - 1) // BKW) * BKW  # start of the split's last tile
     if PDL:  # before the wait only the weight (constant) is touched: this slice into L2 while the kernel before ends
-        if PF_W:  # the launcher checked 16-byte alignment of every row's start and length
-            pdl.prefetch_l2(wp_ptr + rows.to(tl.int64) * stride_wn + kw_lo, (kw_hi - kw_lo) * 4)  # [BN] rows
-        if PF_S:  # FP4 scale bytes, one per group
-            pdl.prefetch_l2(s_ptr + rows.to(tl.int64) * stride_sn + kw_lo // WPG, (kw_hi - kw_lo) // WPG)
+        if PF_W == 2:  # unsplit, whole rows back to back: the program's rows are one block (one request each)
+            r0 = (pid_n * BN).to(tl.int64)
+            live = tl.minimum(BN, N - pid_n * BN)  # rows past N are not read
+            pdl.prefetch_l2(wp_ptr + r0 * stride_wn, live * stride_wn * 4, 1)
+            if PF_S:  # FP4 scale bytes, one per group
+                pdl.prefetch_l2(s_ptr + r0 * stride_sn, live * stride_sn, 1)
+        elif PF_W == 1:  # split over K: one request per row, from the [BN, BKW] tile's column 0 (a [BN] vector is
+            # held, and its requests would be issued, by every thread along K)
+            lead = tl.broadcast_to((ar == 0)[None, :], (BN, BKW)).to(tl.int32)  # [BN, BKW]
+            r2 = tl.broadcast_to(rows.to(tl.int64)[:, None], (BN, BKW))  # [BN, BKW]
+            pdl.prefetch_l2(wp_ptr + r2 * stride_wn + kw_lo, lead * 0 + (kw_hi - kw_lo) * 4, lead)
+            if PF_S:
+                pdl.prefetch_l2(s_ptr + r2 * stride_sn + kw_lo // WPG, lead * 0 + (kw_hi - kw_lo) // WPG, lead)
     if PREFETCH:
         nxt = _load_tile(wp_ptr, s_ptr, z_ptr, rows, kw_lo, kw_hi, ar, ag, stride_wn, stride_sn, stride_zn,
                          FMT, WPG, ONE_GROUP, HAS_ZP, EVEN_K, ZW)
@@ -528,6 +538,15 @@ def _gemv_split(cfg: GemvConfig, n: int, kw: int, sms: int) -> tuple[int, int]:
     return triton.cdiv(kw, per), per
 
 
+def _prefetch_mode(chained: bool, ws: tuple, split: int, per: int, kw: int) -> int:
+    """The GEMV's L2 prefetch before its PDL wait: 2 = a program's rows as one block (unsplit, rows back to back),
+    1 = one request per row (split over K), 0 = none (no PDL, ``QUARL_KERNELS_PDL_PREFETCH=0``, or a row slice
+    off 16 bytes)."""
+    if not (chained and pdl.prefetch_on() and _l2_rows_ok([p.words for p in ws], 4, per, kw)):
+        return 0
+    return 2 if split == 1 and all(p.words.stride(0) == kw for p in ws) else 1
+
+
 def _l2_rows_ok(ts: list, itemsize: int, per: int, total: int) -> bool:
     """True when every row slice a program prefetches (``pdl.prefetch_l2``: ``per`` elements from a multiple of
     ``per``, the last one up to ``total``) of every tensor starts and ends on 16 bytes."""
@@ -609,14 +628,15 @@ def gemv_launch(x2: torch.Tensor, pw, cfg: GemvConfig, *, use_asm: bool = True, 
             x32.stride(0), pw.words.stride(0), s.stride(0), z.stride(0), s.stride(0), z.stride(0), so, som, *la_args,
             *w_args)
     chained = pdl.on(x2.device)
-    ws = (pw, *more)
+    ws, wpg = (pw, *more), pw.group // 8
+    pf_w = _prefetch_mode(chained, ws, split, per, kw)
     const = {"M": m, "FMT": pw.fmt, "GROUP": pw.group, "HAS_ZP": pw.fmt == FMT_INT4 and pw.zero is not None,
              "USE_ASM": use_asm and not interpreting(), "BN": bn, "BKW": bkw, "VEC": vec, "PREFETCH": cfg.prefetch,
              "STAGES": cfg.stages, "EVEN_K": kw % bkw == 0, "ZW": zw, "HAS_LA": la is not None, "LA_BR": lora_a.BR,
              "LA_BK": lora_a.BK, "NW": 1 + len(more), "PDL": chained,
-             "PF_W": chained and _l2_rows_ok([p.words for p in ws], 4, per, kw),
-             "PF_S": chained and pw.fmt != FMT_INT4 and _l2_rows_ok([p.scale for p in ws], 1, per // (pw.group // 8),
-                                                                    kw // (pw.group // 8))}
+             "PF_W": pf_w,
+             "PF_S": pf_w > 0 and pw.fmt != FMT_INT4 and _l2_rows_ok([p.scale for p in ws], 1, per // wpg, kw // wpg)
+             and (pf_w == 1 or all(p.scale.stride(0) == kw // wpg for p in ws))}
     grid = (la_progs + sum(tiles), split)  # the A programs first: scheduled in the first wave
     return GemvLaunch(_gemv_kernel, grid, args, const, cfg.warps, cfg.stages, out, y, split, tuple(rest))
 

@@ -4,7 +4,7 @@ The switch: the ``PDL`` constexpr and the ``launch_pdl`` attribute come together
 with the attribute but without its wait would race); off on CPU, under the interpreter and below sm_90;
 ``QUARL_KERNELS_PDL=0`` turns it off and a value that is neither on nor off is refused by name. The builds: the
 decode GEMV signals first, asks L2 for its weight slice, and waits before its first load of x and its first store
-(the order in the PTX), with no spills and no more registers than without; the 16-byte checks of the prefetch.
+(the order in the PTX), with no spills and no fewer CTAs per SM than without; the 16-byte checks of the prefetch.
 The bit-equality of chained launches with and without PDL is a GPU test (``test_gemv_gpu.py``).
 """
 
@@ -40,9 +40,11 @@ def test_switch(monkeypatch):
     assert not pdl.on(cuda)
 
 
-def test_prefetch_alignment_checks():
+def test_prefetch_alignment_checks(monkeypatch):
     import torch
-    from quarl_kernels.gemv import _l2_rows_ok
+    from quarl_kernels import pdl
+    from quarl_kernels.gemv import _l2_rows_ok, _prefetch_mode
+    from quarl_kernels.wo_gemm import PackedWeight
 
     w = torch.empty(8, 448, dtype=torch.int32)  # 7B rows: 1792 bytes
     assert _l2_rows_ok([w], 4, 448, 448) and _l2_rows_ok([w], 4, 64, 448)
@@ -51,6 +53,13 @@ def test_prefetch_alignment_checks():
     s = torch.empty(8, 224, dtype=torch.uint8)  # their scale bytes
     assert _l2_rows_ok([s], 1, 32, 224) and not _l2_rows_ok([s], 1, 8, 224)
     assert not _l2_rows_ok([w, torch.empty(8, 450, dtype=torch.int32)], 4, 64, 448)  # one weight of the group off
+    p = PackedWeight(0, 16, 8, 3584, w, s, None, torch.ones(1))
+    monkeypatch.delenv(pdl.PREFETCH_ENV, raising=False)
+    assert _prefetch_mode(True, (p,), 1, 448, 448) == 2  # unsplit: the program's rows are one block
+    assert _prefetch_mode(True, (p,), 7, 64, 448) == 1  # split over K: row by row
+    assert _prefetch_mode(False, (p,), 1, 448, 448) == 0  # no PDL: nothing before a wait to overlap
+    monkeypatch.setenv(pdl.PREFETCH_ENV, "0")
+    assert _prefetch_mode(True, (p,), 1, 448, 448) == 0
 
 
 def _ptx_order(ptx: str) -> list[str]:
@@ -62,7 +71,7 @@ def _ptx_order(ptx: str) -> list[str]:
             tags.append("signal")
         elif t.startswith("griddepcontrol.wait"):
             tags.append("wait")
-        elif t.startswith("cp.async.bulk.prefetch.L2"):
+        elif "cp.async.bulk.prefetch.L2" in t:
             tags.append("prefetch")
         elif "ld.global" in t:
             tags.append("load")
@@ -72,8 +81,8 @@ def _ptx_order(ptx: str) -> list[str]:
 
 
 def test_gemv_with_pdl_builds_for_sm90():
-    """The 7B one-row GEMV (gate / up config, and down's long-row config 7) with PDL: signal, two prefetches (the
-    words, the scale bytes), wait, then every load and store; no spills, no more registers than without."""
+    """The 7B one-row GEMV (gate / up config, and down's long-row config 7) with PDL: signal, the prefetches (the
+    words, the scale bytes), wait, then every load and store; no spills, no fewer CTAs per SM than without."""
     import torch
     from quarl_kernels import gemv
     from quarl_kernels.wo_gemm import PackedWeight
@@ -86,14 +95,18 @@ def test_gemv_with_pdl_builds_for_sm90():
         x = torch.empty(1, k, dtype=torch.bfloat16)
         la = gemv.gemv_launch(x, pw, gemv.default_gemv_config(0, 1, n, k))
         assert not la.constexprs["PDL"]  # a CPU tensor: off, and with it the prefetches
-        on = la._replace(constexprs=dict(la.constexprs, PDL=True, PF_W=True, PF_S=True))
         k0, _ = compile_launch(la)
-        k1, _ = compile_launch(on)
         assert _ptx_order(k0.asm["ptx"]).count("wait") == 0
-        tags = _ptx_order(k1.asm["ptx"])
-        first = min(tags.index("load"), tags.index("store"))
-        assert tags[:first] == ["signal", "prefetch", "prefetch", "wait"], (n, k, tags[:6])
-        assert "prefetch" not in tags[first:] and tags.count("wait") == 1
-        assert stack_bytes(k1) in (0, None), ("ptxas spilled registers", n, k)
-        r0, r1 = registers(k0), registers(k1)
-        assert r1 is None or r1 <= r0, (n, k, r0, r1)
+        for mode in (2, 1):  # a program's rows as one block (unsplit), one request per row (split over K)
+            on = la._replace(constexprs=dict(la.constexprs, PDL=True, PF_W=mode, PF_S=True))
+            k1, sass = compile_launch(on)
+            tags = _ptx_order(k1.asm["ptx"])
+            first = min(tags.index("load"), tags.index("store"))
+            assert tags[0] == "signal" and tags[first - 1] == "wait" and set(tags[1:first - 1]) == {"prefetch"}, tags
+            assert "prefetch" not in tags[first:] and tags.count("wait") == 1
+            if mode == 2:  # two requests a warp: the words' block and the scales' block
+                assert tags[1:first - 1] == ["prefetch", "prefetch"] and sass.count("UBLKPF") == 2
+            assert stack_bytes(k1) in (0, None), ("ptxas spilled registers", n, k, mode)
+            r0, r1 = registers(k0), registers(k1)
+            per_sm = 65536 // (32 * la.num_warps)  # registers of one CTA's threads, per register of a thread
+            assert r1 is None or per_sm // r1 >= per_sm // r0, (n, k, mode, r0, r1)  # no fewer CTAs per SM
