@@ -542,16 +542,9 @@ def _prefetch_mode(chained: bool, ws: tuple, split: int, per: int, kw: int) -> i
     """The GEMV's L2 prefetch before its PDL wait: 2 = a program's rows as one block (unsplit, rows back to back),
     1 = one request per row (split over K), 0 = none (no PDL, ``QUARL_KERNELS_PDL_PREFETCH=0``, or a row slice
     off 16 bytes)."""
-    if not (chained and pdl.prefetch_on() and _l2_rows_ok([p.words for p in ws], 4, per, kw)):
+    if not (chained and pdl.prefetch_on() and pdl.rows_aligned([p.words for p in ws], 4, per, kw)):
         return 0
     return 2 if split == 1 and all(p.words.stride(0) == kw for p in ws) else 1
-
-
-def _l2_rows_ok(ts: list, itemsize: int, per: int, total: int) -> bool:
-    """True when every row slice a program prefetches (``pdl.prefetch_l2``: ``per`` elements from a multiple of
-    ``per``, the last one up to ``total``) of every tensor starts and ends on 16 bytes."""
-    return all(t.data_ptr() % 16 == 0 and (t.stride(0) * itemsize) % 16 == 0 for t in ts) and \
-        (per * itemsize) % 16 == 0 and (total * itemsize) % 16 == 0
 
 
 class GemvLaunch(typing.NamedTuple):
@@ -635,7 +628,7 @@ def gemv_launch(x2: torch.Tensor, pw, cfg: GemvConfig, *, use_asm: bool = True, 
              "STAGES": cfg.stages, "EVEN_K": kw % bkw == 0, "ZW": zw, "HAS_LA": la is not None, "LA_BR": lora_a.BR,
              "LA_BK": lora_a.BK, "NW": 1 + len(more), "PDL": chained,
              "PF_W": pf_w,
-             "PF_S": pf_w > 0 and pw.fmt != FMT_INT4 and _l2_rows_ok([p.scale for p in ws], 1, per // wpg, kw // wpg)
+             "PF_S": pf_w > 0 and pw.fmt != FMT_INT4 and pdl.rows_aligned([p.scale for p in ws], 1, per // wpg, kw // wpg)
              and (pf_w == 1 or all(p.scale.stride(0) == kw // wpg for p in ws))}
     grid = (la_progs + sum(tiles), split)  # the A programs first: scheduled in the first wave
     return GemvLaunch(_gemv_kernel, grid, args, const, cfg.warps, cfg.stages, out, y, split, tuple(rest))

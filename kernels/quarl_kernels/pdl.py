@@ -37,7 +37,7 @@ from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from quarl_kernels.env import env_flag, interpreting
 
-__all__ = ["ENV", "PREFETCH_ENV", "enter", "kwargs", "on", "prefetch_l2", "prefetch_on", "signal", "wait"]
+__all__ = ["ENV", "PREFETCH_ENV", "enter", "kwargs", "on", "prefetch_l2", "prefetch_on", "rows_aligned", "signal", "wait"]
 
 ENV = "QUARL_KERNELS_PDL"
 PREFETCH_ENV = "QUARL_KERNELS_PDL_PREFETCH"
@@ -59,6 +59,13 @@ def on(device: torch.device) -> bool:
 def prefetch_on() -> bool:
     """The one-row GEMV's L2 prefetch before its wait (``QUARL_KERNELS_PDL_PREFETCH``, default on; only with PDL)."""
     return env_flag(PREFETCH_ENV, True)
+
+
+def rows_aligned(ts: list, itemsize: int, per: int, total: int) -> bool:
+    """True when every row slice a program prefetches (``pdl.prefetch_l2``: ``per`` elements from a multiple of
+    ``per``, the last one up to ``total``) of every tensor starts and ends on 16 bytes."""
+    return all(t.data_ptr() % 16 == 0 and (t.stride(0) * itemsize) % 16 == 0 for t in ts) and \
+        (per * itemsize) % 16 == 0 and (total * itemsize) % 16 == 0
 
 
 def kwargs(device: torch.device) -> dict:

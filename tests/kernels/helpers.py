@@ -42,3 +42,50 @@ def replayed(launch, x: torch.Tensor) -> torch.Tensor:
     g.replay()
     torch.cuda.synchronize()
     return y
+
+
+def _pdl_chain(step, x: torch.Tensor, pws: list, norm_w: torch.Tensor) -> torch.Tensor:
+    """RMSNorm -> ``step(x, pw, epi)`` (a decode GEMM and its last pass, with a bias) per weight, each reading the one
+    before's output: what a decode step chains, so a kernel that read its x before the kernel before had written it
+    would show."""
+    from quarl_kernels import norm
+    from quarl_kernels.launch import Epilogue
+
+    for i, pw in enumerate(pws):
+        x, _, _, _ = norm.rms_norm(x, norm_w, 1e-6)
+        bias = torch.full((pw.n,), 0.01 * (i + 1), device=x.device, dtype=torch.bfloat16)
+        x = step(x, pw, Epilogue(bias, None, None, 1.0))
+    return x
+
+
+def pdl_chain_runs(monkeypatch, step, pws: list, rows: int) -> None:
+    """The chain of square weights ``pws`` with ``QUARL_KERNELS_PDL`` on and off, eager and replayed from a CUDA graph
+    three times with new inputs: bit-equal outputs both ways, and the replays saw their inputs."""
+    from quarl_kernels import pdl
+
+    k = pws[0].k
+    gen = torch.Generator().manual_seed(k)
+    norm_w = (1 + 0.1 * torch.randn(k, generator=gen)).to("cuda", torch.bfloat16)
+    x = torch.randn(rows, k, generator=gen).to("cuda", torch.bfloat16)
+    runs = {}
+    for flag in ("1", "0"):
+        monkeypatch.setenv(pdl.ENV, flag)
+        eager = _pdl_chain(step, x, pws, norm_w)
+        static = x.clone()
+        _pdl_chain(step, static, pws, norm_w)  # compile before the capture
+        torch.cuda.synchronize()
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            out = _pdl_chain(step, static, pws, norm_w)
+        got = []
+        for s in range(3):
+            static.copy_(torch.randn(rows, k, generator=torch.Generator().manual_seed(s)).to(torch.bfloat16))
+            g.replay()
+            got.append(out.clone())
+        torch.cuda.synchronize()
+        runs[flag] = (eager, got)
+        del g
+    assert torch.equal(runs["1"][0], runs["0"][0])
+    for a, b in zip(runs["1"][1], runs["0"][1], strict=True):
+        assert torch.equal(a, b)
+    assert not torch.equal(runs["1"][1][0], runs["1"][1][1])  # the replays saw their new inputs

@@ -23,7 +23,7 @@ import pytest
 import torch
 from quarl_kernels.ops import _packed_weight
 
-from tests.kernels.helpers import poison, qweight, rel, replayed
+from tests.kernels.helpers import pdl_chain_runs, poison, qweight, rel, replayed
 
 pytest.importorskip("triton", reason="the GPU kernels need Triton (CPU CI has none)")
 pytest.importorskip("triton.experimental.gluon", reason="mma_decode is written in Gluon (Triton >= 3.5)")
@@ -164,3 +164,20 @@ def test_config_helpers():
         assert mma_decode.default_config(m, 3584) in mma_decode.candidate_configs(m)
     with pytest.raises(ValueError, match="outside"):
         mma_decode.token_tile(65)
+
+
+@pytest.mark.parametrize("m", [2, 8, 13])
+def test_pdl_chain_equals_plain_launches_in_a_graph(monkeypatch, m):
+    """The mma.sync kernel chained with programmatic dependent launch (``pdl_gluon.py``: signal, the unsplit weight
+    block's L2 prefetch, wait): bit-equal to plain launches, eager and from a CUDA graph (``helpers.pdl_chain_runs``)."""
+    from quarl_kernels import pdl
+
+    if not pdl.on(torch.device("cuda")):
+        pytest.skip("PDL needs sm_90+")
+    torch.manual_seed(m)
+    pws = [_packed_weight(*_qweight("nvfp4", 3584, 3584)[0]) for _ in range(6)]
+
+    def step(x, pw, epi):
+        return mma_decode.launch_mma_decode(x, pw, mma_decode.default_config(x.shape[0], pw.n), epi=epi)
+
+    pdl_chain_runs(monkeypatch, step, pws, rows=m)

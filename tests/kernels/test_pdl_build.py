@@ -5,7 +5,8 @@ with the attribute but without its wait would race); off on CPU, under the inter
 ``QUARL_KERNELS_PDL=0`` turns it off and a value that is neither on nor off is refused by name. The builds: the
 decode GEMV signals first, asks L2 for its weight slice, and waits before its first load of x and its first store
 (the order in the PTX), with no spills and no fewer CTAs per SM than without; the 16-byte checks of the prefetch.
-The bit-equality of chained launches with and without PDL is a GPU test (``test_gemv_gpu.py``).
+The Gluon mma.sync decode kernel (2..16 rows) in the same order. The bit-equality of chained launches with and
+without PDL is a GPU test (``test_gemv_gpu.py``, ``test_mma_decode_gpu.py``).
 """
 
 from __future__ import annotations
@@ -43,16 +44,17 @@ def test_switch(monkeypatch):
 def test_prefetch_alignment_checks(monkeypatch):
     import torch
     from quarl_kernels import pdl
-    from quarl_kernels.gemv import _l2_rows_ok, _prefetch_mode
+    from quarl_kernels.gemv import _prefetch_mode
+    from quarl_kernels.pdl import rows_aligned
     from quarl_kernels.wo_gemm import PackedWeight
 
     w = torch.empty(8, 448, dtype=torch.int32)  # 7B rows: 1792 bytes
-    assert _l2_rows_ok([w], 4, 448, 448) and _l2_rows_ok([w], 4, 64, 448)
-    assert not _l2_rows_ok([w], 4, 6, 448)  # a split of 24 bytes
-    assert not _l2_rows_ok([w[:, 1:]], 4, 64, 447)  # rows start 4 bytes in
+    assert rows_aligned([w], 4, 448, 448) and rows_aligned([w], 4, 64, 448)
+    assert not rows_aligned([w], 4, 6, 448)  # a split of 24 bytes
+    assert not rows_aligned([w[:, 1:]], 4, 64, 447)  # rows start 4 bytes in
     s = torch.empty(8, 224, dtype=torch.uint8)  # their scale bytes
-    assert _l2_rows_ok([s], 1, 32, 224) and not _l2_rows_ok([s], 1, 8, 224)
-    assert not _l2_rows_ok([w, torch.empty(8, 450, dtype=torch.int32)], 4, 64, 448)  # one weight of the group off
+    assert rows_aligned([s], 1, 32, 224) and not rows_aligned([s], 1, 8, 224)
+    assert not rows_aligned([w, torch.empty(8, 450, dtype=torch.int32)], 4, 64, 448)  # one weight of the group off
     p = PackedWeight(0, 16, 8, 3584, w, s, None, torch.ones(1))
     monkeypatch.delenv(pdl.PREFETCH_ENV, raising=False)
     assert _prefetch_mode(True, (p,), 1, 448, 448) == 2  # unsplit: the program's rows are one block
@@ -110,3 +112,25 @@ def test_gemv_with_pdl_builds_for_sm90():
             r0, r1 = registers(k0), registers(k1)
             per_sm = 65536 // (32 * la.num_warps)  # registers of one CTA's threads, per register of a thread
             assert r1 is None or per_sm // r1 >= per_sm // r0, (n, k, mode, r0, r1)  # no fewer CTAs per SM
+
+
+def test_mma_decode_with_pdl_builds_for_sm90():
+    """The Gluon mma.sync decode kernel (8 rows, the 7B gate / up default config) with PDL: the same order -- signal,
+    the weight block's and its scales' prefetch, wait, then every load and store (``pdl_gluon.py``)."""
+    import sys
+    from pathlib import Path
+
+    pytest.importorskip("triton.experimental.gluon")
+    from quarl_kernels import mma_decode
+    from quarl_kernels.formats import FMT_NVFP4
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks" / "kernels"))
+    try:
+        from bench_mma_decode import compile_mma_decode
+    finally:
+        sys.path.pop(0)
+    cfg = mma_decode.default_config(8, 18944)
+    tags = _ptx_order(compile_mma_decode(FMT_NVFP4, cfg, 8, split=False, pdl=True).asm["ptx"])
+    first = min(tags.index("load"), tags.index("store"))
+    assert tags[:first] == ["signal", "prefetch", "prefetch", "wait"], tags[:6]
+    assert "wait" not in _ptx_order(compile_mma_decode(FMT_NVFP4, cfg, 8, split=False).asm["ptx"])
