@@ -17,12 +17,18 @@
 #   phase c: bash benchmarks/gpu_session16.sh c   (one GPU; ~6 min)
 #     The decode-step profile at batch 1 / 8 (7B), BF16+LoRA and NVFP4+LoRA, with PDL, NVFP4 also :nopf and :nopdl,
 #     BF16 also :nopdl.
+#   phase d: bash benchmarks/gpu_session16.sh d   (one GPU; ~8 min)
+#     After phases b-c (the prefetch slowed the large GEMV even alone; signalling first thing slowed the whole step:
+#     small kernels' programs placed, crowded, in a long kernel's tail): no prefetch; each kernel waits first and the
+#     GEMV / mma.sync / split-attention kernels signal after their loop (QUARL_KERNELS_PDL=late, the default), or
+#     first thing (=early). GPU tests (chained launches late / early / off bit-equal, GEMV and mma.sync; the seeded
+#     batch-1 7B rollout); bench_gemv at one row late / early / off; the batch 1 / 8 profile.
 set -u
 PHASE=${1:?phase}
 OUT=${OUT:?}
 source benchmarks/gpu_phase_lib.sh
 
-gemvbench() {  # SECONDS DIR PDL(0|1) ARGS...: bench_gemv.py -> $OUT/DIR
+gemvbench() {  # SECONDS DIR PDL(0|late|early) ARGS...: bench_gemv.py -> $OUT/DIR
     local s=$1 d=$2 p=$3; shift 3
     mkdir -p "$OUT/$d"
     QUARL_KERNELS_PDL=$p timeout -k 5 "$s" "$PY" benchmarks/kernels/bench_gemv.py --out "$OUT/$d" "$@" \
@@ -49,6 +55,15 @@ b)
 c)
     profile "${PROFILE_S:-420}" 7b bf16+lora32,bf16+lora32:nopdl,nvfp4+lora32,nvfp4+lora32:nopf,nvfp4+lora32:nopdl 1,8
     ;;
+d)
+    tests "${TEST_S:-200}" tests/kernels/test_gemv_gpu.py tests/kernels/test_mma_decode_gpu.py \
+        "tests/engine/test_engine_gpu.py::test_seeded_rollout_of_a_7b_shaped_model_is_reproducible[1]" \
+        -k "pdl or reproducible"
+    gemvbench "${BENCH_S:-60}" gemv_late late --formats nvfp4 --ms 1 --read-ceiling
+    gemvbench "${BENCH_S:-60}" gemv_early early --formats nvfp4 --ms 1 --read-ceiling
+    gemvbench "${BENCH_S:-60}" gemv_off 0 --formats nvfp4 --ms 1 --read-ceiling
+    profile "${PROFILE_S:-240}" 7b bf16+lora32,bf16+lora32:nopdl,nvfp4+lora32,nvfp4+lora32:earlypdl,nvfp4+lora32:nopdl 1,8
+    ;;
 *)
     echo "unknown phase $PHASE"; exit 2
     ;;
@@ -63,3 +78,11 @@ phase_end
 #   PDL on (first prefetch: one request per thread) / off -- q/o 3584x3584 6.87 / 7.90, k/v 512x3584 4.33 / 5.12,
 #   gate/up 18944x3584 24.68 / 19.83, down 3584x18944 23.80 / 22.37; the read ceiling 3.16 / 4.67, 1.20 / 2.36,
 #   15.02 / 16.40, 15.01 / 16.39 (with PDL a read of the 38.2 MB weight reaches 2543 GB/s, 85 % of the copy rate).
+# phase b (commit 1562b3f; 166 s, a fresh machine): GPU tests 54 passed, 1 failed -- the GEMV chain test's check
+#   that the 3584 x 3584 launch prefetched its scales (it is split over K there, and its scale rows are not 16-byte
+#   slices: PF_S off); the 1024 x 1024 chain and the batch-1 7B rollout (PDL on = off) passed. bench_gemv us, PDL +
+#   one-request prefetch / PDL without it / off: q/o 6.60 / 6.80 / 7.89, k/v 4.23 / 4.28 / 5.14, gate/up 23.26 /
+#   19.19 / 19.80, down 23.40 / 21.81 / 22.35 (read ceiling with PDL 3.16, 1.19, 15.00, 15.01).
+# phase c (same commit; 136 s): decode-step profile, 7B, ms at batch 1 / 8: BF16+LoRA 8.451 / 8.834 (PDL on the glue
+#   kernels), :nopdl 8.446 / 8.893; NVFP4+LoRA 4.190 / 5.294 (PDL + prefetch), :nopf 3.807 / 5.287, :nopdl 3.215 /
+#   4.363 -- PDL as built (signal first thing) made the 4-bit step 18-21 % slower. Log-prob mismatch unchanged.

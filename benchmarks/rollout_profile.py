@@ -26,8 +26,8 @@ session 13) and ``:norope`` ``=0``; ``:h200gemv`` sets
 session 14) and ``:noring`` ``=0``; ``:nowide`` sets ``QUARL_KERNELS_RING_WIDE_MAX_M=0`` (more than 64 rows: no
 wide ring token tiles, the Triton tensor-core kernel or the dense path as before session 15); ``:nopdl`` sets
 ``QUARL_KERNELS_PDL=0`` (no programmatic dependent launch: each kernel starts after the one before has ended, as
-before session 16; ``quarl_kernels/pdl.py``) and ``:nopf`` ``QUARL_KERNELS_PDL_PREFETCH=0`` (PDL without the GEMV's
-L2 prefetch before its wait); modifiers combine (``nvfp4+lora32:noepi:sdpa``). With the epilogue on, a projection's ``gemm:*`` row includes its
+before session 16; ``quarl_kernels/pdl.py``) and ``:earlypdl`` ``=early`` (every kernel signals first thing, not
+after its K loop); modifiers combine (``nvfp4+lora32:noepi:sdpa``). With the epilogue on, a projection's ``gemm:*`` row includes its
 bias and LoRA B (they run in its kernels); ``lora`` is then the A GEMMs alone.
 
 Per (variant, batch) cell, one prefill of ``prompt`` random tokens fills the cache, and
@@ -444,7 +444,7 @@ MODIFIERS = {  # ':name' -> the engine switch (env, value) it sets for the cell:
     "ring": ("QUARL_KERNELS_WGMMA_RING", "1"),  # 17..64 rows on large FP4 weights: the TMA-ring kernel (session 14)
     "noring": ("QUARL_KERNELS_WGMMA_RING", "0"),  # ... through wgmma_decode / mma_decode (before session 14)
     "nopdl": ("QUARL_KERNELS_PDL", "0"),  # no programmatic dependent launch (before s16: pdl.py)
-    "nopf": ("QUARL_KERNELS_PDL_PREFETCH", "0"),  # PDL, but the GEMV asks L2 for nothing before its wait
+    "earlypdl": ("QUARL_KERNELS_PDL", "early"),  # PDL with every kernel signalling first thing (not kept, s16)
     "nowide": ("QUARL_KERNELS_RING_WIDE_MAX_M", "0"),  # 65+ rows: no wide ring tiles (Triton / dense, before s15)
 }
 

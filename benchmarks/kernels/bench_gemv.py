@@ -121,10 +121,10 @@ def _read_kernel():
 
     @triton.jit
     def read_words(src, out, n, BLOCK: tl.constexpr, PDL: tl.constexpr):
-        pdl.signal(PDL)  # with PDL as the GEMV: the next read's programs start in this one's tail
+        pdl.enter(PDL)  # with PDL as the GEMV: wait first, signal once the loads are done
         offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
         v = tl.load(src + offs, mask=offs < n, other=0)
-        pdl.wait(PDL)  # before the store, as the GEMV's loads of x wait
+        pdl.leave(PDL)
         tl.store(out + tl.program_id(0), tl.xor_sum(v, 0))
 
     return read_words
@@ -278,7 +278,7 @@ def main() -> None:
     info["hbm_copy_GBps"] = hbm_copy_GBps()
     from quarl_kernels import pdl
 
-    info["pdl"] = pdl.on(torch.device("cuda"))  # QUARL_KERNELS_PDL: consecutive launches overlap (pdl.py)
+    info["pdl"] = pdl.mode(torch.device("cuda"))  # QUARL_KERNELS_PDL: 0 off, 1 late, 2 early (pdl.py)
     print(json.dumps(info), flush=True)
     rows, cache = [], {}
     for n, k in shapes:

@@ -45,7 +45,7 @@ def silu_mul_values(g, u, dt: tl.constexpr, INTERPRET: tl.constexpr):
 
 @triton.jit
 def _silu_mul_kernel(g_ptr, u_ptr, o_ptr, n, BLOCK: tl.constexpr, INTERPRET: tl.constexpr,
-                     PDL: tl.constexpr = False):
+                     PDL: tl.constexpr = 0):
     pdl.enter(PDL)
     dt: tl.constexpr = o_ptr.dtype.element_ty
     offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)

@@ -81,7 +81,7 @@ def _decode_attn_kernel(
     H_KV, G, L, tiles_per_split, qk_scale,  # qk_scale = scale * log2(e)
     sq_b, sq_h, sq_g, sk_b, sk_h, sk_n, sv_b, sv_h, sv_n, sm_b, sm_n, so_b, so_h, so_g,
     BLOCK_G: tl.constexpr, BLOCK_N: tl.constexpr, D: tl.constexpr, SPLIT: tl.constexpr, NUM_STAGES: tl.constexpr,
-    INTERPRET: tl.constexpr, PDL: tl.constexpr = False,
+    INTERPRET: tl.constexpr, PDL: tl.constexpr = 0,
 ):
     pdl.enter(PDL)  # q and this step's K/V slot come from the kernel before
     bh = tl.program_id(0)  # row * H_kv + kv head
@@ -126,6 +126,7 @@ def _decode_attn_kernel(
         acc = acc * alpha[:, None] + tl.dot(pv, v)  # [BG, D] fp32
         m_i = m_new
 
+    pdl.leave(PDL)  # the stores left: the combine kernel may place its programs
     if SPLIT:  # partials of the G real rows: ws_acc [B*H_kv, splits, BG, D], ws_ml [B*H_kv, splits, 2, BG]
         row = bh.to(tl.int64) * n_splits + sp
         tl.store(ws_acc_ptr + row * (BLOCK_G * D) + g[:, None] * D + d[None, :], acc, mask=g_ok[:, None])
@@ -141,7 +142,7 @@ def _decode_attn_kernel(
 def _combine_kernel(
     ws_acc_ptr, ws_ml_ptr, o_ptr, H_KV, G, n_splits, so_b, so_h, so_g,
     BLOCK_G: tl.constexpr, D: tl.constexpr, INTERPRET: tl.constexpr, SPLITS_P2: tl.constexpr,
-    PDL: tl.constexpr = False,
+    PDL: tl.constexpr = 0,
 ):
     """o[b, h] from the ``n_splits`` partials of program row ``bh``, in split order (deterministic): all splits'
     maxima in one load, then the ``acc`` loop pipelined (module docstring, "Splits")."""
@@ -240,7 +241,7 @@ def launches(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, valid: torch.Ten
     n_split = triton.cdiv(tiles, per)  # no empty split
     vb = valid.view(torch.uint8)  # [B, L] same strides; Triton reads bytes
     interp = interpreting()
-    chained = pdl.on(q.device)
+    chained = pdl.mode(q.device)
     if n_split == 1:
         ws_acc = ws_ml = o  # unused
     else:
@@ -273,7 +274,7 @@ def decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, valid: t
     shapes it cannot run."""
     o, todo = launches(q, k, v, valid, scale, splits, block_n, num_warps, num_stages)
     for la in todo:
-        la.kernel[la.grid](*la.args, **la.constexprs, num_warps=la.num_warps, launch_pdl=la.constexprs["PDL"])
+        la.kernel[la.grid](*la.args, **la.constexprs, num_warps=la.num_warps, launch_pdl=la.constexprs["PDL"] != pdl.OFF)
     return o
 
 

@@ -243,7 +243,7 @@ def _gemv_kernel(
     BN: tl.constexpr, BKW: tl.constexpr, VEC: tl.constexpr, PREFETCH: tl.constexpr, STAGES: tl.constexpr,
     EVEN_K: tl.constexpr, ZW: tl.constexpr, HAS_LA: tl.constexpr = False,
     LA_BR: tl.constexpr = 4, LA_BK: tl.constexpr = 512, NW: tl.constexpr = 1,
-    PDL: tl.constexpr = False, PF_W: tl.constexpr = 0, PF_S: tl.constexpr = False,
+    PDL: tl.constexpr = 0,
 ):
     """y[M, N] (or fp32 split partials [S, M, N]) = x[M, K] @ W[N, K]^T for small M.
 
@@ -255,15 +255,12 @@ def _gemv_kernel(
     NW = 2 / 3: the tiles of two or three weights of the same K and format that read the same x (a LoRA
     group's q/k/v, gate/up: ``launch_gemv_group``), weight 0's ``T0`` tiles first, then weight 1's ``T1``,
     then weight 2's, each into its own partials -- one launch instead of NW.
-    PDL (``pdl.py``): signal at once; the weight tiles ask L2 for their slice of the packed weight (PF_W: 2 as one
-    block, 1 row by row) and its scale bytes (PF_S) -- constant data -- before they wait for the kernel before
-    (which wrote x)."""
-    pdl.signal(PDL)
+    PDL (``pdl.py``): wait for the kernel before (which wrote x) first; signal after the K loop."""
+    pdl.enter(PDL)
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
     if HAS_LA:
         if pid_n < LA_PROGS:
-            pdl.wait(PDL)
             if pid_k == 0:
                 lora_a_program(pid_n, xb_ptr, la_w_ptr, la_out_ptr, KW * 8, LA_R, LA_PER, stride_xm * 2,
                                la_stride_wr, la_s_out, la_m_out, M, LA_BR, LA_BK)
@@ -272,15 +269,13 @@ def _gemv_kernel(
                           stride_xm, stride_wn, stride_sn, stride_zn, stride_sn_u, stride_zn_u, stride_os, stride_om,
                           wp1_ptr, s1_ptr, gs1_ptr, out1_ptr, N1, T0, so1, som1,
                           wp2_ptr, s2_ptr, gs2_ptr, out2_ptr, N2, T1, so2, som2,
-                          M, FMT, GROUP, HAS_ZP, USE_ASM, BN, BKW, VEC, PREFETCH, STAGES, EVEN_K, ZW, NW,
-                          PDL, PF_W, PF_S)
+                          M, FMT, GROUP, HAS_ZP, USE_ASM, BN, BKW, VEC, PREFETCH, STAGES, EVEN_K, ZW, NW, PDL)
     else:
         _gemv_weights(pid_n, pid_k, x_ptr, wp_ptr, s_ptr, z_ptr, gs_ptr, out_ptr, N, KW, KW_PER_SPLIT,
                       stride_xm, stride_wn, stride_sn, stride_zn, stride_sn_u, stride_zn_u, stride_os, stride_om,
                       wp1_ptr, s1_ptr, gs1_ptr, out1_ptr, N1, T0, so1, som1,
                       wp2_ptr, s2_ptr, gs2_ptr, out2_ptr, N2, T1, so2, som2,
-                      M, FMT, GROUP, HAS_ZP, USE_ASM, BN, BKW, VEC, PREFETCH, STAGES, EVEN_K, ZW, NW,
-                      PDL, PF_W, PF_S)
+                      M, FMT, GROUP, HAS_ZP, USE_ASM, BN, BKW, VEC, PREFETCH, STAGES, EVEN_K, ZW, NW, PDL)
 
 
 @triton.jit
@@ -291,27 +286,26 @@ def _gemv_weights(
     wp2_ptr, s2_ptr, gs2_ptr, out2_ptr, N2, T1, so2, som2,
     M: tl.constexpr, FMT: tl.constexpr, GROUP: tl.constexpr, HAS_ZP: tl.constexpr, USE_ASM: tl.constexpr,
     BN: tl.constexpr, BKW: tl.constexpr, VEC: tl.constexpr, PREFETCH: tl.constexpr, STAGES: tl.constexpr,
-    EVEN_K: tl.constexpr, ZW: tl.constexpr, NW: tl.constexpr, PDL: tl.constexpr, PF_W: tl.constexpr,
-    PF_S: tl.constexpr,
+    EVEN_K: tl.constexpr, ZW: tl.constexpr, NW: tl.constexpr, PDL: tl.constexpr,
 ):
     """Weight tile ``t`` of the launch: weight 0's tiles, then (NW >= 2) weight 1's, then (NW == 3) weight 2's."""
     if NW == 1:
         _gemv_tiles(t, pid_k, x_ptr, wp_ptr, s_ptr, z_ptr, gs_ptr, out_ptr, N, KW, KW_PER_SPLIT,
                     stride_xm, stride_wn, stride_sn, stride_zn, stride_sn_u, stride_zn_u, stride_os, stride_om,
-                    M, FMT, GROUP, HAS_ZP, USE_ASM, BN, BKW, VEC, PREFETCH, STAGES, EVEN_K, ZW, PDL, PF_W, PF_S)
+                    M, FMT, GROUP, HAS_ZP, USE_ASM, BN, BKW, VEC, PREFETCH, STAGES, EVEN_K, ZW, PDL)
     else:
         if t < T0:
             _gemv_tiles(t, pid_k, x_ptr, wp_ptr, s_ptr, z_ptr, gs_ptr, out_ptr, N, KW, KW_PER_SPLIT,
                         stride_xm, stride_wn, stride_sn, stride_zn, stride_sn_u, stride_zn_u, stride_os, stride_om,
-                        M, FMT, GROUP, HAS_ZP, USE_ASM, BN, BKW, VEC, PREFETCH, STAGES, EVEN_K, ZW, PDL, PF_W, PF_S)
+                        M, FMT, GROUP, HAS_ZP, USE_ASM, BN, BKW, VEC, PREFETCH, STAGES, EVEN_K, ZW, PDL)
         elif NW == 2 or t < T0 + T1:
             _gemv_tiles(t - T0, pid_k, x_ptr, wp1_ptr, s1_ptr, s1_ptr, gs1_ptr, out1_ptr, N1, KW, KW_PER_SPLIT,
                         stride_xm, stride_wn, stride_sn, stride_zn, stride_sn_u, stride_zn_u, so1, som1,
-                        M, FMT, GROUP, HAS_ZP, USE_ASM, BN, BKW, VEC, PREFETCH, STAGES, EVEN_K, ZW, PDL, PF_W, PF_S)
+                        M, FMT, GROUP, HAS_ZP, USE_ASM, BN, BKW, VEC, PREFETCH, STAGES, EVEN_K, ZW, PDL)
         else:
             _gemv_tiles(t - T0 - T1, pid_k, x_ptr, wp2_ptr, s2_ptr, s2_ptr, gs2_ptr, out2_ptr, N2, KW, KW_PER_SPLIT,
                         stride_xm, stride_wn, stride_sn, stride_zn, stride_sn_u, stride_zn_u, so2, som2,
-                        M, FMT, GROUP, HAS_ZP, USE_ASM, BN, BKW, VEC, PREFETCH, STAGES, EVEN_K, ZW, PDL, PF_W, PF_S)
+                        M, FMT, GROUP, HAS_ZP, USE_ASM, BN, BKW, VEC, PREFETCH, STAGES, EVEN_K, ZW, PDL)
 
 
 @triton.jit
@@ -321,8 +315,7 @@ def _gemv_tiles(
     stride_xm, stride_wn, stride_sn, stride_zn, stride_sn_u, stride_zn_u, stride_os, stride_om,
     M: tl.constexpr, FMT: tl.constexpr, GROUP: tl.constexpr, HAS_ZP: tl.constexpr, USE_ASM: tl.constexpr,
     BN: tl.constexpr, BKW: tl.constexpr, VEC: tl.constexpr, PREFETCH: tl.constexpr, STAGES: tl.constexpr,
-    EVEN_K: tl.constexpr, ZW: tl.constexpr, PDL: tl.constexpr = False, PF_W: tl.constexpr = 0,
-    PF_S: tl.constexpr = False,
+    EVEN_K: tl.constexpr, ZW: tl.constexpr, PDL: tl.constexpr = 0,
 ):
     """One program's weight tile of :func:`_gemv_kernel`: output rows ``pid_n * BN + [0, BN)``, K split ``pid_k``."""
     WPG: tl.constexpr = GROUP // 8  # words per scale group
@@ -353,24 +346,9 @@ def _gemv_tiles(
     for m in tl.static_range(M):
         accs = accs + (tl.zeros((BN, BKW), dtype=tl.float32),)
     kw_last = kw_lo + ((kw_hi - kw_lo - 1) // BKW) * BKW  # start of the split's last tile
-    if PDL:  # before the wait only the weight (constant) is touched: this slice into L2 while the kernel before ends
-        if PF_W == 2:  # unsplit, whole rows back to back: the program's rows are one block (one request each)
-            r0 = (pid_n * BN).to(tl.int64)
-            live = tl.minimum(BN, N - pid_n * BN)  # rows past N are not read
-            pdl.prefetch_l2(wp_ptr + r0 * stride_wn, live * stride_wn * 4, 1)
-            if PF_S:  # FP4 scale bytes, one per group
-                pdl.prefetch_l2(s_ptr + r0 * stride_sn, live * stride_sn, 1)
-        elif PF_W == 1:  # split over K: one request per row, from the [BN, BKW] tile's column 0 (a [BN] vector is
-            # held, and its requests would be issued, by every thread along K)
-            lead = tl.broadcast_to((ar == 0)[None, :], (BN, BKW)).to(tl.int32)  # [BN, BKW]
-            r2 = tl.broadcast_to(rows.to(tl.int64)[:, None], (BN, BKW))  # [BN, BKW]
-            pdl.prefetch_l2(wp_ptr + r2 * stride_wn + kw_lo, lead * 0 + (kw_hi - kw_lo) * 4, lead)
-            if PF_S:
-                pdl.prefetch_l2(s_ptr + r2 * stride_sn + kw_lo // WPG, lead * 0 + (kw_hi - kw_lo) // WPG, lead)
     if PREFETCH:
         nxt = _load_tile(wp_ptr, s_ptr, z_ptr, rows, kw_lo, kw_hi, ar, ag, stride_wn, stride_sn, stride_zn,
                          FMT, WPG, ONE_GROUP, HAS_ZP, EVEN_K, ZW)
-    pdl.wait(PDL)  # x (and the outputs this program writes) belong to the kernel before
     for kw0 in tl.range(kw_lo, kw_hi, BKW, num_stages=STAGES):
         offs_kw = kw0 + ar  # [BKW]
         # x first (L1/L2 hits, independent of the decode below): 4 bf16 pairs per word and token
@@ -430,6 +408,7 @@ def _gemv_tiles(
                 new = new + (p,)
         accs = new
 
+    pdl.leave(PDL)  # the sums and stores left: the next kernel may place its programs
     if FMT == 0:
         factor = 65536.0 / tl.load(gs_ptr).to(tl.float32)
     elif FMT == 1:
@@ -538,15 +517,6 @@ def _gemv_split(cfg: GemvConfig, n: int, kw: int, sms: int) -> tuple[int, int]:
     return triton.cdiv(kw, per), per
 
 
-def _prefetch_mode(chained: bool, ws: tuple, split: int, per: int, kw: int) -> int:
-    """The GEMV's L2 prefetch before its PDL wait: 2 = a program's rows as one block (unsplit, rows back to back),
-    1 = one request per row (split over K), 0 = none (no PDL, ``QUARL_KERNELS_PDL_PREFETCH=0``, or a row slice
-    off 16 bytes)."""
-    if not (chained and pdl.prefetch_on() and pdl.rows_aligned([p.words for p in ws], 4, per, kw)):
-        return 0
-    return 2 if split == 1 and all(p.words.stride(0) == kw for p in ws) else 1
-
-
 class GemvLaunch(typing.NamedTuple):
     """One GEMV launch as :func:`launch_gemv` makes it (the sm_90 build tests compile exactly these arguments)."""
 
@@ -620,16 +590,10 @@ def gemv_launch(x2: torch.Tensor, pw, cfg: GemvConfig, *, use_asm: bool = True, 
     args = (x32, pw.words, s, z, gs, out, pw.n, kw, per,
             x32.stride(0), pw.words.stride(0), s.stride(0), z.stride(0), s.stride(0), z.stride(0), so, som, *la_args,
             *w_args)
-    chained = pdl.on(x2.device)
-    ws, wpg = (pw, *more), pw.group // 8
-    pf_w = _prefetch_mode(chained, ws, split, per, kw)
     const = {"M": m, "FMT": pw.fmt, "GROUP": pw.group, "HAS_ZP": pw.fmt == FMT_INT4 and pw.zero is not None,
              "USE_ASM": use_asm and not interpreting(), "BN": bn, "BKW": bkw, "VEC": vec, "PREFETCH": cfg.prefetch,
              "STAGES": cfg.stages, "EVEN_K": kw % bkw == 0, "ZW": zw, "HAS_LA": la is not None, "LA_BR": lora_a.BR,
-             "LA_BK": lora_a.BK, "NW": 1 + len(more), "PDL": chained,
-             "PF_W": pf_w,
-             "PF_S": pf_w > 0 and pw.fmt != FMT_INT4 and pdl.rows_aligned([p.scale for p in ws], 1, per // wpg, kw // wpg)
-             and (pf_w == 1 or all(p.scale.stride(0) == kw // wpg for p in ws))}
+             "LA_BK": lora_a.BK, "NW": 1 + len(more), "PDL": pdl.mode(x2.device)}
     grid = (la_progs + sum(tiles), split)  # the A programs first: scheduled in the first wave
     return GemvLaunch(_gemv_kernel, grid, args, const, cfg.warps, cfg.stages, out, y, split, tuple(rest))
 
@@ -643,7 +607,7 @@ def launch_gemv(x2: torch.Tensor, pw, cfg: GemvConfig, *, use_asm: bool = True, 
     launch (``lora_a.lora_a_program``), ahead of the weight tiles."""
     la = gemv_launch(x2, pw, cfg, use_asm=use_asm, epi=epi)
     la.kernel[la.grid](*la.args, **la.constexprs, num_warps=la.num_warps, num_stages=la.num_stages,
-                       launch_pdl=la.constexprs["PDL"])
+                       launch_pdl=la.constexprs["PDL"] != pdl.OFF)
     return finish(la.out, la.y, la.split, epi)  # split partials summed (+ bias / LoRA epilogue)
 
 
@@ -655,7 +619,7 @@ def launch_gemv_group(x2: torch.Tensor, pws: list, cfg: GemvConfig, epis: list, 
     RoPE and K/V write there too, ``[q_rot]`` returned). ``gate_act``: the second weight's pass writes ``silu(y_0) * y_1`` (``launch.Epilogue.gate``)."""
     la = gemv_launch(x2, pws[0], cfg, use_asm=use_asm, epi=epis[0], more=tuple(pws[1:]))
     la.kernel[la.grid](*la.args, **la.constexprs, num_warps=la.num_warps, num_stages=la.num_stages,
-                       launch_pdl=la.constexprs["PDL"])
+                       launch_pdl=la.constexprs["PDL"] != pdl.OFF)
     return finish_group([(la.out, la.y), *la.rest], la.split, epis, gate_act, rope)
 
 

@@ -101,7 +101,7 @@ def group_epilogue_kernel(
     SPLIT_K: tl.constexpr, R: tl.constexpr, RP: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
     DOT: tl.constexpr, INTERPRET: tl.constexpr, A_PARTS: tl.constexpr, SA: tl.constexpr,
     HB0: tl.constexpr, HB1: tl.constexpr, HB2: tl.constexpr, GATE_ACT: tl.constexpr, ROPE: tl.constexpr = False,
-    PDL: tl.constexpr = False,
+    PDL: tl.constexpr = 0,
 ):
     """The last passes of a LoRA group's two or three projections (one launch's partials: one split count, one
     rank) as one launch: :func:`epilogue_kernel` for each, program tiles ``[0, T0)`` for projection 0, ``[T0, T0 +

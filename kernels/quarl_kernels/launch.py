@@ -54,7 +54,7 @@ def num_sms(device: torch.device) -> int:
 
 
 @triton.jit
-def splitk_reduce_kernel(ws_ptr, y_ptr, MN, SPLIT_K: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr = False):
+def splitk_reduce_kernel(ws_ptr, y_ptr, MN, SPLIT_K: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr = 0):
     """y[i] = sum_s ws[s, i] in split order (deterministic). ws [S, M*N] fp32. PDL: ``pdl.enter`` first."""
     pdl.enter(PDL)
     offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)  # int64: M * N may pass 2**31
@@ -150,7 +150,7 @@ def epilogue_kernel(ws_ptr, y_ptr, bias_ptr, a_ptr, b_ptr, M, N, scaling, s_ws, 
                     SPLIT_K: tl.constexpr, HAS_BIAS: tl.constexpr, R: tl.constexpr, RP: tl.constexpr,
                     BM: tl.constexpr, BN: tl.constexpr, DOT: tl.constexpr, INTERPRET: tl.constexpr,
                     A_PARTS: tl.constexpr = False, SA: tl.constexpr = 1, HAS_GATE: tl.constexpr = False,
-                    PDL: tl.constexpr = False):
+                    PDL: tl.constexpr = 0):
     """y[m, n] = sum_s ws[s, m, n] (split order) + bias[n] + scaling * sum_r a[m, r] b[n, r].
 
     ``ws`` is the fp32 partials [S, M, N] (strides s_ws, m_ws), or ``y`` itself when S == 1

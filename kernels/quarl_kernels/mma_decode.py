@@ -345,7 +345,7 @@ def _mma_decode_kernel(
     R: gl.constexpr, BKW: gl.constexpr, NT: gl.constexpr, W: gl.constexpr,
     PREFETCH: gl.constexpr, EVEN_K: gl.constexpr, XS: gl.constexpr = False,
     HAS_LA: gl.constexpr = False, LA_V: gl.constexpr = 8, NW: gl.constexpr = 1,
-    PDL: gl.constexpr = False, PF: gl.constexpr = False,
+    PDL: gl.constexpr = 0,
 ):
     """y[M, N] (or fp32 split partials [S, M, N]) = x[M, K] @ W[N, K]^T, M <= NT.
 
@@ -356,14 +356,12 @@ def _mma_decode_kernel(
     LoRA group's ``x @ A^T`` partials instead (:func:`_lora_a_rows`); the weight tiles follow.
     NW = 2 / 3: the tiles of two or three FP4 weights of one K that read the same x (a LoRA group's q/k/v or
     gate/up: :func:`launch_mma_decode_group`), weight 0's ``T0`` tiles, then weight 1's ``T1``, then weight 2's.
-    PDL (``pdl.py``, ``pdl_gluon.py``): signal at once; a weight tile asks L2 for its rows (PF: unsplit, the rows one
-    block) before it waits for the kernel before (which wrote x)."""
-    pdl_gluon.signal(PDL)
+    PDL (``pdl.py``, ``pdl_gluon.py``): wait for the kernel before (which wrote x) first; signal after the K loop."""
+    pdl_gluon.enter(PDL)
     pid_n = gl.program_id(0)
     pid_k = gl.program_id(1)
     if HAS_LA:
         if pid_n < LA_PROGS:
-            pdl_gluon.wait(PDL)
             if pid_k == 0:
                 _lora_a_rows(pid_n, x_ptr, la_w_ptr, la_out_ptr, M, KW * 8, LA_R, LA_PER, stride_xm, la_stride_wr,
                              la_s_out, la_m_out, NT, W, LA_V)
@@ -372,13 +370,13 @@ def _mma_decode_kernel(
                                 TILES_PER_SPLIT, stride_xm, stride_wn, stride_sn, stride_zn, stride_os, stride_om,
                                 wp1_ptr, s1_ptr, gs1_ptr, out1_ptr, N1, T0, so1, som1,
                                 wp2_ptr, s2_ptr, gs2_ptr, out2_ptr, N2, T1, so2, som2,
-                                FMT, GROUP, HAS_ZP, R, BKW, NT, W, PREFETCH, EVEN_K, XS, NW, PDL, PF)
+                                FMT, GROUP, HAS_ZP, R, BKW, NT, W, PREFETCH, EVEN_K, XS, NW, PDL)
     else:
         _mma_decode_weights(pid_n, pid_k, x_ptr, wp_ptr, s_ptr, z_ptr, gs_ptr, out_ptr, M, N, KW,
                             TILES_PER_SPLIT, stride_xm, stride_wn, stride_sn, stride_zn, stride_os, stride_om,
                             wp1_ptr, s1_ptr, gs1_ptr, out1_ptr, N1, T0, so1, som1,
                             wp2_ptr, s2_ptr, gs2_ptr, out2_ptr, N2, T1, so2, som2,
-                            FMT, GROUP, HAS_ZP, R, BKW, NT, W, PREFETCH, EVEN_K, XS, NW, PDL, PF)
+                            FMT, GROUP, HAS_ZP, R, BKW, NT, W, PREFETCH, EVEN_K, XS, NW, PDL)
 
 
 @gluon.jit
@@ -390,26 +388,25 @@ def _mma_decode_weights(
     FMT: gl.constexpr, GROUP: gl.constexpr, HAS_ZP: gl.constexpr,
     R: gl.constexpr, BKW: gl.constexpr, NT: gl.constexpr, W: gl.constexpr,
     PREFETCH: gl.constexpr, EVEN_K: gl.constexpr, XS: gl.constexpr, NW: gl.constexpr, PDL: gl.constexpr,
-    PF: gl.constexpr,
 ):
     """Weight tile ``t`` of the launch: weight 0's tiles, then (NW >= 2) weight 1's, then (NW == 3) weight 2's."""
     if NW == 1:
         _mma_decode_tiles(t, pid_k, x_ptr, wp_ptr, s_ptr, z_ptr, gs_ptr, out_ptr, M, N, KW, TILES_PER_SPLIT,
                           stride_xm, stride_wn, stride_sn, stride_zn, stride_os, stride_om,
-                          FMT, GROUP, HAS_ZP, R, BKW, NT, W, PREFETCH, EVEN_K, XS, PDL, PF)
+                          FMT, GROUP, HAS_ZP, R, BKW, NT, W, PREFETCH, EVEN_K, XS, PDL)
     else:
         if t < T0:
             _mma_decode_tiles(t, pid_k, x_ptr, wp_ptr, s_ptr, z_ptr, gs_ptr, out_ptr, M, N, KW, TILES_PER_SPLIT,
                               stride_xm, stride_wn, stride_sn, stride_zn, stride_os, stride_om,
-                              FMT, GROUP, HAS_ZP, R, BKW, NT, W, PREFETCH, EVEN_K, XS, PDL, PF)
+                              FMT, GROUP, HAS_ZP, R, BKW, NT, W, PREFETCH, EVEN_K, XS, PDL)
         elif NW == 2 or t < T0 + T1:
             _mma_decode_tiles(t - T0, pid_k, x_ptr, wp1_ptr, s1_ptr, s1_ptr, gs1_ptr, out1_ptr, M, N1, KW,
                               TILES_PER_SPLIT, stride_xm, stride_wn, stride_sn, stride_zn, so1, som1,
-                              FMT, GROUP, HAS_ZP, R, BKW, NT, W, PREFETCH, EVEN_K, XS, PDL, PF)
+                              FMT, GROUP, HAS_ZP, R, BKW, NT, W, PREFETCH, EVEN_K, XS, PDL)
         else:
             _mma_decode_tiles(t - T0 - T1, pid_k, x_ptr, wp2_ptr, s2_ptr, s2_ptr, gs2_ptr, out2_ptr, M, N2, KW,
                               TILES_PER_SPLIT, stride_xm, stride_wn, stride_sn, stride_zn, so2, som2,
-                              FMT, GROUP, HAS_ZP, R, BKW, NT, W, PREFETCH, EVEN_K, XS, PDL, PF)
+                              FMT, GROUP, HAS_ZP, R, BKW, NT, W, PREFETCH, EVEN_K, XS, PDL)
 
 
 @gluon.jit
@@ -419,8 +416,7 @@ def _mma_decode_tiles(
     stride_xm, stride_wn, stride_sn, stride_zn, stride_os, stride_om,
     FMT: gl.constexpr, GROUP: gl.constexpr, HAS_ZP: gl.constexpr,
     R: gl.constexpr, BKW: gl.constexpr, NT: gl.constexpr, W: gl.constexpr,
-    PREFETCH: gl.constexpr, EVEN_K: gl.constexpr, XS: gl.constexpr, PDL: gl.constexpr = False,
-    PF: gl.constexpr = False,
+    PREFETCH: gl.constexpr, EVEN_K: gl.constexpr, XS: gl.constexpr, PDL: gl.constexpr = 0,
 ):
     """One program's weight tile of :func:`_mma_decode_kernel`."""
     BK: gl.constexpr = BKW * 8
@@ -454,14 +450,9 @@ def _mma_decode_tiles(
 
     acc = gl.zeros([R, NT], gl.float32, MMA)
     kw_last = kw_lo + ((kw_hi - kw_lo - 1) // BKW) * BKW  # start of the split's last step
-    if PF:  # before the wait only the weight (constant): unsplit, the program's rows are one block of words, of scales
-        live = gl.minimum(R, N - pid_n * R)
-        pdl_gluon.prefetch_block(wp_ptr + (pid_n * R).to(gl.int64) * stride_wn, live * stride_wn * 4)
-        pdl_gluon.prefetch_block(s_ptr + (pid_n * R).to(gl.int64) * stride_sn, live * stride_sn)
     if PREFETCH:
         nxt = _load_step(wp_ptr, s_ptr, z_ptr, rows_w, offs_w, rows_g, offs_g, kw_lo, kw_hi,
                          stride_wn, stride_sn, stride_zn, FMT, WPG, WT, HAS_ZP, EVEN_K)
-    pdl_gluon.wait(PDL)  # x (and the outputs this program writes) belong to the kernel before
     if XS:  # double buffer [2, NT, BK] of B fragments (_xfrag_layout order), step 0's now
         gl.static_assert(J == 2, "XS: the B register pairing is that of 8-word steps")
         # 16-byte chunk c of token n at c ^ (n % 2): tokens g, g + 1 of a quarter warp hit other banks
@@ -499,6 +490,7 @@ def _mma_decode_tiles(
         if XS:  # the next step's activations, after this step's MMAs are issued
             xs.index(1 - buf).store(_x_frag(xg, NT, J))
 
+    pdl_gluon.leave(PDL)  # the scaling and stores left: the next kernel may place its programs
     if FMT == 0:
         acc = acc * (65536.0 / gl.load(gs_ptr).to(gl.float32))
     elif FMT == 1:
@@ -676,7 +668,6 @@ def _launch(x2: torch.Tensor, pws: list, cfg: MmaDecodeConfig, epi):
         else:
             w_args += [pw.words, o0.scale, o0.gscale, o0.out, 0, 0, 0, 0]
     grid = (la_progs + sum(tiles), split)  # the A programs first: scheduled in the first wave
-    chained = pdl.on(x2.device)
     _mma_decode_kernel[grid](
         o0.x2, pw.words, o0.scale, o0.zero, o0.gscale, o0.out,
         m, pw.n, kw, per,
@@ -685,12 +676,8 @@ def _launch(x2: torch.Tensor, pws: list, cfg: MmaDecodeConfig, epi):
         FMT=pw.fmt, GROUP=pw.group, HAS_ZP=pw.fmt == FMT_INT4 and pw.zero is not None,
         R=cfg.rows, BKW=cfg.bkw, NT=nt, W=cfg.warps,
         PREFETCH=cfg.prefetch, EVEN_K=kw % cfg.bkw == 0, XS=cfg.xsmem,
-        HAS_LA=la is not None, LA_V=LORA_A_V, NW=len(pws), PDL=chained,
-        PF=chained and split == 1 and pw.fmt != FMT_INT4 and pdl.prefetch_on()
-        and all(p.words.stride(0) == kw for p in pws) and all(o.scale.stride(0) == kw * 8 // pw.group for o in ops)
-        and pdl.rows_aligned([p.words for p in pws], 4, kw, kw)
-        and pdl.rows_aligned([o.scale for o in ops], 1, kw * 8 // pw.group, kw * 8 // pw.group),
-        num_warps=cfg.warps, launch_pdl=chained,
+        HAS_LA=la is not None, LA_V=LORA_A_V, NW=len(pws),
+        num_warps=cfg.warps, **pdl.kwargs(x2.device),
     )
     return ops, split, epi
 

@@ -63,7 +63,7 @@ def _rms_norm_kernel(
     M, N, stride_xm, stride_rm, stride_ym, stride_hm, stride_qm, stride_sm,
     eps, inv_n,
     HAS_RES: tl.constexpr, HAS_NOISE: tl.constexpr, FP8: tl.constexpr, SCALE_RECIP: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, INTERPRET: tl.constexpr, PDL: tl.constexpr = False,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, INTERPRET: tl.constexpr, PDL: tl.constexpr = 0,
 ):
     pdl.enter(PDL)  # reads the residual stream the kernel before wrote
     dt: tl.constexpr = y_ptr.dtype.element_ty

@@ -65,7 +65,7 @@ def _rope_kernel(
     sqb, sqh, sql, skb, skh, skl, sqob, sqoh, sqol, skob, skoh, skol, scb, scl, ssb, ssl,
     v_ptr, vo_ptr, slot_ptr, svb, svh, svl, svob, svoh, svol,
     BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr, INTERPRET: tl.constexpr, CACHE: tl.constexpr = False,
-    PDL: tl.constexpr = False,
+    PDL: tl.constexpr = 0,
 ):
     pdl.enter(PDL)
     tok = tl.program_id(0)

@@ -59,8 +59,8 @@ def _pdl_chain(step, x: torch.Tensor, pws: list, norm_w: torch.Tensor) -> torch.
 
 
 def pdl_chain_runs(monkeypatch, step, pws: list, rows: int) -> None:
-    """The chain of square weights ``pws`` with ``QUARL_KERNELS_PDL`` on and off, eager and replayed from a CUDA graph
-    three times with new inputs: bit-equal outputs both ways, and the replays saw their inputs."""
+    """The chain of square weights ``pws`` with ``QUARL_KERNELS_PDL`` late, early and off, eager and replayed from a
+    CUDA graph three times with new inputs: bit-equal outputs every way, and the replays saw their inputs."""
     from quarl_kernels import pdl
 
     k = pws[0].k
@@ -68,7 +68,7 @@ def pdl_chain_runs(monkeypatch, step, pws: list, rows: int) -> None:
     norm_w = (1 + 0.1 * torch.randn(k, generator=gen)).to("cuda", torch.bfloat16)
     x = torch.randn(rows, k, generator=gen).to("cuda", torch.bfloat16)
     runs = {}
-    for flag in ("1", "0"):
+    for flag in ("late", "early", "0"):
         monkeypatch.setenv(pdl.ENV, flag)
         eager = _pdl_chain(step, x, pws, norm_w)
         static = x.clone()
@@ -85,7 +85,8 @@ def pdl_chain_runs(monkeypatch, step, pws: list, rows: int) -> None:
         torch.cuda.synchronize()
         runs[flag] = (eager, got)
         del g
-    assert torch.equal(runs["1"][0], runs["0"][0])
-    for a, b in zip(runs["1"][1], runs["0"][1], strict=True):
-        assert torch.equal(a, b)
-    assert not torch.equal(runs["1"][1][0], runs["1"][1][1])  # the replays saw their new inputs
+    for flag in ("late", "early"):
+        assert torch.equal(runs[flag][0], runs["0"][0]), flag
+        for a, b in zip(runs[flag][1], runs["0"][1], strict=True):
+            assert torch.equal(a, b), flag
+    assert not torch.equal(runs["0"][1][0], runs["0"][1][1])  # the replays saw their new inputs

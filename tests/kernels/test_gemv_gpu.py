@@ -144,15 +144,14 @@ def test_cuda_graph_capture_of_split_k_gemv():
 
 @pytest.mark.parametrize("n,k", [(3584, 3584), (1024, 1024)])
 def test_pdl_chain_equals_plain_launches_in_a_graph(monkeypatch, n, k):
-    """Programmatic dependent launch (``quarl_kernels.pdl``, on by default on Hopper): the chained kernels start in
-    the tail of the ones before and the GEMV prefetches its weight into L2 before it waits -- bit-equal to plain
-    launches, eager and replayed from a CUDA graph with new inputs (``helpers.pdl_chain_runs``)."""
+    """Programmatic dependent launch (``quarl_kernels.pdl``, on by default on Hopper; both modes): the chained
+    kernels are placed before the ones before them have ended -- bit-equal to plain launches, eager and replayed from
+    a CUDA graph with new inputs (``helpers.pdl_chain_runs``)."""
     pws = [_packed_weight(*_qweight("nvfp4", n, k)[0]) for _ in range(8)]
     la = gemv.gemv_launch(torch.zeros(1, k, device="cuda", dtype=torch.bfloat16), pws[0],
                           gemv.default_gemv_config(pws[0].fmt, 1, n, k))
     if not la.constexprs["PDL"]:
         pytest.skip("PDL needs sm_90+")
-    assert la.constexprs["PF_W"] and la.constexprs["PF_S"]
 
     def step(x, pw, epi):
         return gemv.launch_gemv(x, pw, gemv.default_gemv_config(pw.fmt, 1, pw.n, pw.k), epi=epi)

@@ -168,8 +168,8 @@ def test_config_helpers():
 
 @pytest.mark.parametrize("m", [2, 8, 13])
 def test_pdl_chain_equals_plain_launches_in_a_graph(monkeypatch, m):
-    """The mma.sync kernel chained with programmatic dependent launch (``pdl_gluon.py``: signal, the unsplit weight
-    block's L2 prefetch, wait): bit-equal to plain launches, eager and from a CUDA graph (``helpers.pdl_chain_runs``)."""
+    """The mma.sync kernel chained with programmatic dependent launch (``pdl_gluon.py``, both modes): bit-equal to
+    plain launches, eager and from a CUDA graph (``helpers.pdl_chain_runs``)."""
     from quarl_kernels import pdl
 
     if not pdl.on(torch.device("cuda")):
