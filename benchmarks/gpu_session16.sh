@@ -23,6 +23,12 @@
 #     GEMV / mma.sync / split-attention kernels signal after their loop (QUARL_KERNELS_PDL=late, the default), or
 #     first thing (=early). GPU tests (chained launches late / early / off bit-equal, GEMV and mma.sync; the seeded
 #     batch-1 7B rollout); bench_gemv at one row late / early / off; the batch 1 / 8 profile.
+#   phase e: bash benchmarks/gpu_session16.sh e   (one GPU; ~9 min)
+#     PDL (late) in the TMA-ring, wgmma and x-permutation kernels too: their GPU graph tests, the seeded 7B-shaped
+#     rollout at batch 1 / 64 / 128 (PDL on = off, bit for bit); the batch-64 decode-step profile with and without.
+#   phase f: bash benchmarks/gpu_session16.sh f   (one GPU; ~10 min)
+#     The rollout table with this session's code: 7B and 14B, batch 1 / 8 / 64, 2048 new tokens, LoRA r32 on
+#     both sides.
 set -u
 PHASE=${1:?phase}
 OUT=${OUT:?}
@@ -64,6 +70,14 @@ d)
     gemvbench "${BENCH_S:-60}" gemv_off 0 --formats nvfp4 --ms 1 --read-ceiling
     profile "${PROFILE_S:-240}" 7b bf16+lora32,bf16+lora32:nopdl,nvfp4+lora32,nvfp4+lora32:earlypdl,nvfp4+lora32:nopdl 1,8
     ;;
+e)
+    tests "${TEST_S:-290}" tests/kernels/test_wgmma_ring_gpu.py tests/kernels/test_wgmma_decode_gpu.py \
+        "tests/engine/test_engine_gpu.py::test_seeded_rollout_of_a_7b_shaped_model_is_reproducible" -k "graph or 7b_shaped"
+    profile "${PROFILE_S:-250}" 7b bf16+lora32,bf16+lora32:nopdl,nvfp4+lora32,nvfp4+lora32:nopdl 64
+    ;;
+f)
+    rollout_table "${TABLE_S:-570}" 7b,14b 1,8,64 table
+    ;;
 *)
     echo "unknown phase $PHASE"; exit 2
     ;;
@@ -86,3 +100,8 @@ phase_end
 # phase c (same commit; 136 s): decode-step profile, 7B, ms at batch 1 / 8: BF16+LoRA 8.451 / 8.834 (PDL on the glue
 #   kernels), :nopdl 8.446 / 8.893; NVFP4+LoRA 4.190 / 5.294 (PDL + prefetch), :nopf 3.807 / 5.287, :nopdl 3.215 /
 #   4.363 -- PDL as built (signal first thing) made the 4-bit step 18-21 % slower. Log-prob mismatch unchanged.
+# phase d (commit f03bfff; 261 s, an NVIDIA H200 this time, HBM copy 4212 GB/s): GPU tests 6 passed (the GEMV and
+#   mma.sync chains late / early / off bit-equal, the batch-1 7B rollout PDL on = off). bench_gemv us late / early /
+#   off: q/o 6.78 / 7.09 / 7.43, k/v 4.51 / 4.15 / 5.08, gate/up 17.31 / 17.29 / 17.90, down 19.60 / 19.02 / 20.39.
+#   Profile, 7B, ms at batch 1 / 8: NVFP4+LoRA late 2.862 / 3.845, early 3.469 / 5.005, off 2.919 / 3.923 (GPU idle
+#   0.035 / 0.046 late vs 0.153 / 0.189 off); BF16+LoRA 7.042 / 7.443 late vs 7.020 / 7.390 off.

@@ -15,6 +15,8 @@ import torch
 import triton
 import triton.language as tl
 
+from quarl_kernels import pdl
+
 
 def permute_x_reference(x2: torch.Tensor, bkw: int) -> torch.Tensor:
     """[M, K] -> [M, K]: each K step of 8 * bkw values in the A fragment's logical k order,
@@ -26,9 +28,10 @@ def permute_x_reference(x2: torch.Tensor, bkw: int) -> torch.Tensor:
 
 
 @triton.jit
-def _permute_x_kernel(x_ptr, o_ptr, K, stride_xm, BLOCK: tl.constexpr, J: tl.constexpr):
+def _permute_x_kernel(x_ptr, o_ptr, K, stride_xm, BLOCK: tl.constexpr, J: tl.constexpr, PDL: tl.constexpr = 0):
     """Program (row, block of BLOCK outputs): o[row, k] = x[row, source(k)], gathered inside each 8 J-wide step
-    (one or two 128-byte lines), stored contiguously."""
+    (one or two 128-byte lines), stored contiguously. PDL: ``pdl.enter`` first."""
+    pdl.enter(PDL)
     row = tl.program_id(0)
     k = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)  # output (logical) index
     kl = k % (32 * J)
@@ -45,13 +48,19 @@ def permute_x(x2: torch.Tensor, bkw: int, rows: int | None = None) -> torch.Tens
     (a box partly past the last row -- TMA's zero fill -- measured slower: session 15, phase a)."""
     if not x2.is_cuda:
         xp = permute_x_reference(x2, bkw)
-        return xp if rows is None or rows == x2.shape[0] else torch.cat([xp, xp.new_zeros(rows - x2.shape[0], xp.shape[1])])
+        return (
+            xp
+            if rows is None or rows == x2.shape[0]
+            else torch.cat([xp, xp.new_zeros(rows - x2.shape[0], xp.shape[1])])
+        )
     m, k = x2.shape
     rows = m if rows is None else rows
     out = torch.empty((rows, k), device=x2.device, dtype=x2.dtype)
     if rows > m:
         out[m:].zero_()
-    _permute_x_kernel[(m, triton.cdiv(k, 1024))](x2, out, k, x2.stride(0), BLOCK=1024, J=bkw // 4, num_warps=4)
+    _permute_x_kernel[(m, triton.cdiv(k, 1024))](
+        x2, out, k, x2.stride(0), BLOCK=1024, J=bkw // 4, num_warps=4, **pdl.kwargs(x2.device)
+    )
     return out
 
 

@@ -83,6 +83,7 @@ from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, warpgroup_mma, warpgroup_mma_wait
 
+from quarl_kernels import pdl, pdl_gluon
 from quarl_kernels.formats import FMT_INT4, FMT_MXFP4, FMT_NVFP4
 from quarl_kernels.launch import decode_operands, env_flag, finish_splits, num_sms
 from quarl_kernels.mma_decode import (
@@ -149,7 +150,7 @@ def _wgmma_decode_kernel(
     stride_xm, stride_wn, stride_sn, stride_zn, stride_os, stride_om,
     FMT: gl.constexpr, GROUP: gl.constexpr, HAS_ZP: gl.constexpr,
     R: gl.constexpr, BKW: gl.constexpr, NT: gl.constexpr, W: gl.constexpr,
-    PREFETCH: gl.constexpr, EVEN_K: gl.constexpr, NBUF: gl.constexpr,
+    PREFETCH: gl.constexpr, EVEN_K: gl.constexpr, NBUF: gl.constexpr, PDL: gl.constexpr = 0,
 ):
     """y[M, N] (or fp32 split partials [S, M, N]) = x[M, K] @ W[N, K]^T, M <= NT.
 
@@ -169,6 +170,7 @@ def _wgmma_decode_kernel(
     LG: gl.constexpr = gl.SliceLayout(2, _group_layout(R, BKW, W, WT))
     LX: gl.constexpr = _xw_layout(NT, BKW, W)
 
+    pdl_gluon.enter(PDL)  # pdl.py: wait for the kernel before first; signal after the K loop
     pid_n = gl.program_id(0)
     pid_k = gl.program_id(1)
     # rows past N re-read row N - 1 (never stored): no masks on the weight loads
@@ -216,6 +218,7 @@ def _wgmma_decode_kernel(
         fence_async_shared()
         gl.thread_barrier()
     acc = warpgroup_mma_wait(0, deps=[acc])
+    pdl_gluon.leave(PDL)
 
     if FMT == 0:
         acc = acc * (65536.0 / gl.load(gs_ptr).to(gl.float32))
@@ -370,7 +373,7 @@ def launch_wgmma_decode(x2: torch.Tensor, pw, cfg: WgmmaDecodeConfig, epi=None) 
         FMT=pw.fmt, GROUP=pw.group, HAS_ZP=pw.fmt == FMT_INT4 and pw.zero is not None,
         R=cfg.rows, BKW=cfg.bkw, NT=token_tile(m), W=cfg.warps,
         PREFETCH=cfg.prefetch, EVEN_K=kw % cfg.bkw == 0, NBUF=cfg.nbuf,
-        num_warps=cfg.warps,
+        num_warps=cfg.warps, **pdl.kwargs(x2.device),
     )
     return finish_splits(ops, split, epi)
 

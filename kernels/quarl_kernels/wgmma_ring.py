@@ -77,6 +77,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 )
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
+from quarl_kernels import pdl, pdl_gluon
 from quarl_kernels.formats import FMT_MXFP4, FMT_NVFP4
 from quarl_kernels.launch import decode_operands, env_flag, env_int, finish_splits, num_sms
 from quarl_kernels.mma_decode import _group_layout, _word_layout
@@ -102,6 +103,7 @@ def _wgmma_ring_kernel(
     STAGES: gl.constexpr, SMAX: gl.constexpr,  # SMAX: next power of two >= TILES_PER_SPLIT
     MMA_INFLIGHT: gl.constexpr,  # wgmma groups left in flight across a step: 1 (overlap) or 0 (serialized)
     W: gl.constexpr,  # warps: 4 (one warpgroup) or 8 (two, an m64 row tile each, sharing the x stages)
+    PDL: gl.constexpr = 0,  # pdl.py: wait for the kernel before first; signal after the K loop
 ):
     """y[M, N] (or fp32 split partials [S, M, N]) = x[M, K] @ W[N, K]^T, one warpgroup.
 
@@ -122,6 +124,7 @@ def _wgmma_ring_kernel(
     SS2: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, order=[1, 0])  # the same bytes, indexed per step
     STEP_BYTES: gl.constexpr = NT * BK * 2 + R * BKW * 4
 
+    pdl_gluon.enter(PDL)
     pid_n = gl.program_id(0)
     pid_k = gl.program_id(1)
     tok0 = gl.program_id(2) * NT  # one token tile below 65 rows; wide tiles (128 / 256) tile larger M
@@ -178,6 +181,7 @@ def _wgmma_ring_kernel(
         tma.async_copy_global_to_shared(x_desc, [tok0, (kw_lo + nxt * BKW) * 8], bars.index(sn), xs.index(sn), pred=ok)
         tma.async_copy_global_to_shared(w_desc, [row0, kw_lo + nxt * BKW], bars.index(sn), ws.index(sn), pred=ok)
     acc = warpgroup_mma_wait(0, deps=[acc])
+    pdl_gluon.leave(PDL)
     for i in gl.static_range(STAGES):
         mbarrier.invalidate(bars.index(i))
 
@@ -381,7 +385,7 @@ def launch_wgmma_ring(x2: torch.Tensor, pw, cfg: WgmmaRingConfig, epi=None, xp: 
         ops.scale.stride(0), *ops.out_strides,
         FMT=pw.fmt, GROUP=pw.group, R=cfg.rows, BKW=cfg.bkw, NT=nt, STAGES=cfg.stages, SMAX=triton.next_power_of_2(per),
         MMA_INFLIGHT=cfg.inflight, W=cfg.warps,
-        num_warps=cfg.warps,
+        num_warps=cfg.warps, **pdl.kwargs(x2.device),
     )
     return finish_splits(ops, split, epi)
 

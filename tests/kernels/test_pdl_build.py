@@ -112,3 +112,25 @@ def test_mma_decode_with_pdl_builds_for_sm90():
     for mode in (pdl.LATE, pdl.EARLY):
         _check_order(_ptx_order(compile_mma_decode(FMT_NVFP4, cfg, 8, split=False, pdl=mode).asm["ptx"]), mode)
     assert "wait" not in _ptx_order(compile_mma_decode(FMT_NVFP4, cfg, 8, split=False).asm["ptx"])
+
+
+def test_wgmma_ring_with_pdl_builds_for_sm90():
+    """The TMA-ring kernel (64 rows, the 7B gate / up config): wait before its first copy, load and store; ``LATE``
+    signals after the K loop, before the output store."""
+    import sys
+    from pathlib import Path
+
+    pytest.importorskip("triton.experimental.gluon")
+    from quarl_kernels import pdl, wgmma_ring
+    from quarl_kernels.formats import FMT_NVFP4
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks" / "kernels"))
+    try:
+        from bench_wgmma_decode import compile_wgmma_ring
+    finally:
+        sys.path.pop(0)
+    cfg = wgmma_ring.default_config(64, 18944, 3584)
+    ptx = compile_wgmma_ring(FMT_NVFP4, cfg, 64, pdl=pdl.LATE).asm["ptx"]
+    tags = _ptx_order(ptx)
+    _check_order(tags, pdl.LATE)
+    assert ptx.index("griddepcontrol.wait") < ptx.index("cp.async.bulk.tensor")  # no TMA copy before the wait
