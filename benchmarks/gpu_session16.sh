@@ -29,6 +29,9 @@
 #   phase f: bash benchmarks/gpu_session16.sh f   (one GPU; ~10 min)
 #     The issue's rollout table with this session's code: 7B and 14B, batch 1 / 8 / 64, 2048 new tokens, LoRA r32 on
 #     both sides.
+#   phase g: bash benchmarks/gpu_session16.sh g   (one GPU; ~4 min)
+#     Issue 17's M >= 2048 target: bench_dense_chunks.py -- the dense path's decode in row chunks into one reused
+#     scratch small enough for L2 (cuBLAS into column slices of y), against the dense path and cuBLAS on BF16.
 set -u
 PHASE=${1:?phase}
 OUT=${OUT:?}
@@ -77,6 +80,12 @@ e)
     ;;
 f)
     rollout_table "${TABLE_S:-570}" 7b,14b 1,8,64 table
+    ;;
+g)
+    mkdir -p "$OUT/chunks"
+    timeout -k 5 "${CHUNK_S:-240}" "$PY" benchmarks/kernels/bench_dense_chunks.py --out "$OUT/chunks" \
+        > "$OUT/chunks/run.log" 2>&1
+    echo "== dense chunks rc=$? at $((SECONDS - T0)) s"; grep -E "M=|Error" "$OUT/chunks/run.log" | cut -c1-260
     ;;
 *)
     echo "unknown phase $PHASE"; exit 2

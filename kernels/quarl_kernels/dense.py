@@ -85,10 +85,16 @@ def _dequant_kernel(
     tl.store(out, w, mask=n_ok & (offs_k[None, :] < KW * 8))
 
 
-def dequantize(pw, *, use_asm: bool = True, bn: int = 32, bkw: int = 16) -> torch.Tensor:
-    """BF16 ``[N, K]`` copy of a ``wo_gemm.PackedWeight`` (the transient of the dense path)."""
+def dequantize(pw, *, use_asm: bool = True, bn: int = 32, bkw: int = 16, out: torch.Tensor | None = None
+               ) -> torch.Tensor:
+    """BF16 ``[N, K]`` copy of a ``wo_gemm.PackedWeight`` (the transient of the dense path); into ``out`` (``[N, K]``
+    bf16, unit column stride) when given."""
     kw = pw.k // 8
-    out = torch.empty((pw.n, pw.k), device=pw.words.device, dtype=torch.bfloat16)
+    if out is None:
+        out = torch.empty((pw.n, pw.k), device=pw.words.device, dtype=torch.bfloat16)
+    elif out.shape != (pw.n, pw.k) or out.dtype != torch.bfloat16 or out.stride(1) != 1:
+        raise ValueError(f"dequantize: out must be bf16 [{pw.n}, {pw.k}] with unit column stride, got {out.dtype} "
+                         f"{tuple(out.shape)} strides {out.stride()}")
     z = pw.zero if pw.zero is not None else pw.scale
     gs = pw.gscale if pw.gscale is not None else pw.scale
     interpret = os.environ.get("TRITON_INTERPRET", "0") == "1"
