@@ -65,10 +65,10 @@ def main() -> None:
         for m in [int(v) for v in args.ms.split(",")]:
             x = (torch.randn(m, k, device="cuda") * 0.5).to(torch.bfloat16)
             row = {"N": n, "K": k, "M": m}
-            row["cublas_us"] = graph_us([lambda wi=wi: x @ wi.T for wi in wbs])
+            row["cublas_us"] = graph_us([lambda wi=wi, x=x: x @ wi.T for wi in wbs])
             ref = dense.dequantize(pw0)
             want = x @ ref.T
-            row["dense_us"] = graph_us([lambda p=p: x @ dense.dequantize(p).T for p in pws])
+            row["dense_us"] = graph_us([lambda p=p, x=x: x @ dense.dequantize(p).T for p in pws])
             del ref
             for nc in [int(v) for v in args.chunks.split(",")]:
                 if nc >= n:
@@ -76,7 +76,7 @@ def main() -> None:
                 scratch = torch.empty((nc, k), device="cuda", dtype=torch.bfloat16)
                 got = chunked(x, pw0, scratch, nc)
                 err = ((got.float() - want.float()).norm() / want.float().norm()).item()
-                us = graph_us([lambda p=p, s=scratch: chunked(x, p, s, nc) for p in pws])
+                us = graph_us([lambda p=p, s=scratch, x=x, nc=nc: chunked(x, p, s, nc) for p in pws])
                 row[f"chunk{nc}_us"], row[f"chunk{nc}_err"] = us, err
                 del scratch
             out["rows"].append(row)
