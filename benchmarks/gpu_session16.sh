@@ -114,3 +114,9 @@ phase_end
 #   off: q/o 6.78 / 7.09 / 7.43, k/v 4.51 / 4.15 / 5.08, gate/up 17.31 / 17.29 / 17.90, down 19.60 / 19.02 / 20.39.
 #   Profile, 7B, ms at batch 1 / 8: NVFP4+LoRA late 2.862 / 3.845, early 3.469 / 5.005, off 2.919 / 3.923 (GPU idle
 #   0.035 / 0.046 late vs 0.153 / 0.189 off); BF16+LoRA 7.042 / 7.443 late vs 7.020 / 7.390 off.
+# phase e (commit 6a012c1; 204 s, H100): GPU tests 6 passed (ring / wgmma graph tests, the seeded 7B rollout at batch
+#   1 / 64 / 128, PDL on = off). Batch-64 profile, ms: NVFP4+LoRA 8.297 with PDL, 8.447 without (GPU idle 0.104 vs
+#   0.391); BF16+LoRA 11.006 with, 10.863 without.
+# phase f (same commit; 360 s, H100): the rollout table, step ms BF16+LoRA / NVFP4+LoRA: 7B batch 1 8.50 / 3.15
+#   (2.70x), 8 8.96 / 4.24 (2.11x), 64 10.95 / 8.26 (1.33x); 14B 15.25 / 5.76 (2.65x), 16.29 / 7.81 (2.09x), 22.21 /
+#   17.60 (1.26x). Log-probs vs the trainer (7B NVFP4+LoRA): mean 0.0545, max 0.2809.
