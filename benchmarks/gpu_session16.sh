@@ -32,6 +32,9 @@
 #   phase g: bash benchmarks/gpu_session16.sh g   (one GPU; ~4 min)
 #     Issue 17's M >= 2048 target: bench_dense_chunks.py -- the dense path's decode in row chunks into one reused
 #     scratch small enough for L2 (cuBLAS into column slices of y), against the dense path and cuBLAS on BF16.
+#   phase h: bash benchmarks/gpu_session16.sh h   (one GPU; ~9 min)
+#     The GPU tests of the other kernels that now take PDL (epilogue / group pass, norm / RoPE / SiLU, decode
+#     attention) and the engine's; the 7B GRPO step with this session's code at 16 and 8 prompts x 8 answers.
 set -u
 PHASE=${1:?phase}
 OUT=${OUT:?}
@@ -87,6 +90,12 @@ g)
         > "$OUT/chunks/run.log" 2>&1
     echo "== dense chunks rc=$? at $((SECONDS - T0)) s"; grep -E "M=|Error" "$OUT/chunks/run.log" | cut -c1-260
     ;;
+h)
+    tests "${TEST_S:-230}" tests/kernels/test_epilogue_gpu.py tests/kernels/test_fused_gpu.py \
+        tests/kernels/test_decode_attn_gpu.py tests/engine/test_engine_gpu.py -k "not 7b_shaped"
+    grpo "${GRPO_S:-190}" grpo128 --prompts 16
+    grpo "${GRPO_S:-140}" grpo64
+    ;;
 *)
     echo "unknown phase $PHASE"; exit 2
     ;;
@@ -120,3 +129,9 @@ phase_end
 # phase f (same commit; 360 s, H100): the rollout table, step ms BF16+LoRA / NVFP4+LoRA: 7B batch 1 8.50 / 3.15
 #   (2.70x), 8 8.96 / 4.24 (2.11x), 64 10.95 / 8.26 (1.33x); 14B 15.25 / 5.76 (2.65x), 16.29 / 7.81 (2.09x), 22.21 /
 #   17.60 (1.26x). Log-probs vs the trainer (7B NVFP4+LoRA): mean 0.0545, max 0.2809.
+# phase g (commit 216529f; 10 s, H100): bench_dense_chunks.py, us (x cuBLAS BF16): 18944x3584 M=2048 cuBLAS 371.3,
+#   dense 409.9 (0.906x), row chunks of 1024 / 2048 / 4096: 0.767x / 0.830x / 0.819x; M=4096 0.921x dense, 0.889x /
+#   0.915x / 0.912x; 3584x18944 M=2048 0.813x dense, 0.800x / 0.847x; M=4096 0.927x, 0.976x / 0.930x; 3584x3584
+#   M=2048 0.910x, 0.866x / 0.977x; M=4096 0.984x, 0.983x / 1.033x; 27648x5120 M=2048 0.831x, 0.824x / 0.846x /
+#   0.869x; M=4096 1.028x, 1.036x / 1.011x / 1.027x. Mixed, and nowhere >= 0.95x on the large weights at M=2048:
+#   the narrower cuBLAS GEMMs lose what the chunks save. Not adopted.
