@@ -10,7 +10,7 @@ results. Stream capture records the launch as a programmatic edge of the CUDA gr
 
 The contract of every kernel here that takes a ``PDL`` constexpr:
 
-* :func:`wait` before the first load of anything a kernel of the step writes (activations, partials, the K/V cache)
+* Wait (in :func:`enter`) before the first load of anything a kernel of the step writes (activations, partials, the K/V cache)
   and before the first store. Weights, which no kernel of a decode step writes, may be loaded before it.
 * Signal (``griddepcontrol.launch_dependents``) where the rest of the program is short, :func:`leave`: after the
   GEMV's K loop, before a pass's stores (``PDL == LATE``, the default); or first thing, in :func:`enter`
@@ -43,7 +43,7 @@ from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from quarl_kernels.env import interpreting
 
-__all__ = ["EARLY", "ENV", "LATE", "OFF", "enter", "kwargs", "leave", "mode", "on", "wait"]
+__all__ = ["EARLY", "ENV", "LATE", "OFF", "enter", "kwargs", "leave", "mode", "on"]
 
 ENV = "QUARL_KERNELS_PDL"
 OFF, LATE, EARLY = 0, 1, 2
@@ -81,15 +81,9 @@ def kwargs(device: torch.device) -> dict:
 
 
 @triton.jit
-def wait(PDL: tl.constexpr):
-    """Wait for the kernel before to complete, its writes visible (``griddepcontrol.wait``)."""
-    if PDL != 0:
-        gdc_wait()
-
-
-@triton.jit
 def enter(PDL: tl.constexpr):
-    """A kernel's first statement: signal if ``EARLY``, then :func:`wait`."""
+    """A kernel's first statement: signal if ``EARLY``, then wait for the kernel before to complete, its writes
+    visible (``griddepcontrol.wait``)."""
     if PDL == 2:
         gdc_launch_dependents()
     if PDL != 0:
