@@ -10,8 +10,9 @@ results. Stream capture records the launch as a programmatic edge of the CUDA gr
 
 The contract of every kernel here that takes a ``PDL`` constexpr:
 
-* Wait (in :func:`enter`) before the first load of anything a kernel of the step writes (activations, partials, the K/V cache)
-  and before the first store. Weights, which no kernel of a decode step writes, may be loaded before it.
+* Wait (in :func:`enter`, first thing) before the first load of anything a kernel of the step writes
+  (activations, partials, the K/V cache) and before the first store. Only weights, which no kernel of a decode step
+  writes, could be read before it; the GEMV's L2 prefetch there was measured and dropped (below).
 * Signal (``griddepcontrol.launch_dependents``) where the rest of the program is short, :func:`leave`: after the
   GEMV's K loop, before a pass's stores (``PDL == LATE``, the default); or first thing, in :func:`enter`
   (``EARLY``). Without it a program signals when it exits.
