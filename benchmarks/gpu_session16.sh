@@ -126,7 +126,7 @@ phase_end
 # phase e (commit 6a012c1; 204 s, H100): GPU tests 6 passed (ring / wgmma graph tests, the seeded 7B rollout at batch
 #   1 / 64 / 128, PDL on = off). Batch-64 profile, ms: NVFP4+LoRA 8.297 with PDL, 8.447 without (GPU idle 0.104 vs
 #   0.391); BF16+LoRA 11.006 with, 10.863 without.
-# phase f (same commit; 360 s, H100): the rollout table, step ms BF16+LoRA / NVFP4+LoRA: 7B batch 1 8.50 / 3.15
+# phase f (6a012c1 or a later commit up to a47b194, no kernel change between; 360 s, H100): the rollout table, step ms BF16+LoRA / NVFP4+LoRA: 7B batch 1 8.50 / 3.15
 #   (2.70x), 8 8.96 / 4.24 (2.11x), 64 10.95 / 8.26 (1.33x); 14B 15.25 / 5.76 (2.65x), 16.29 / 7.81 (2.09x), 22.21 /
 #   17.60 (1.26x). Log-probs vs the trainer (7B NVFP4+LoRA): mean 0.0545, max 0.2809.
 # phase g (commit 216529f; 10 s, H100): bench_dense_chunks.py, us (x cuBLAS BF16): 18944x3584 M=2048 cuBLAS 371.3,
@@ -135,3 +135,8 @@ phase_end
 #   M=2048 0.910x, 0.866x / 0.977x; M=4096 0.984x, 0.983x / 1.033x; 27648x5120 M=2048 0.831x, 0.824x / 0.846x /
 #   0.869x; M=4096 1.028x, 1.036x / 1.011x / 1.027x. Mixed, and nowhere >= 0.95x on the large weights at M=2048:
 #   the narrower cuBLAS GEMMs lose what the chunks save. Not adopted.
+# phase h (commit 516777d; 382 s, H100; the machine given back after it, 69 s of device budget left): GPU tests 146
+#   passed (epilogue / group pass, fused norm / RoPE / SiLU, decode attention, engine). 7B GRPO step, steady step,
+#   s rollout / log-prob / update / step: 16 prompts x 8 -- BF16+LoRA 7.12 / 3.29 / 21.77 / 32.18, NVFP4+LoRA 6.35 /
+#   3.40 / 22.40 / 32.16 (0.999x; 1.024x in session 15); 8 prompts x 8 -- BF16+LoRA 5.71 / 1.64 / 10.81 / 18.16,
+#   NVFP4+LoRA 4.44 / 1.69 / 11.21 / 17.35 (0.955x; 0.942x in session 14).
