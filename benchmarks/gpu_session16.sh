@@ -126,7 +126,8 @@ phase_end
 # phase e (commit 6a012c1; 204 s, H100): GPU tests 6 passed (ring / wgmma graph tests, the seeded 7B rollout at batch
 #   1 / 64 / 128, PDL on = off). Batch-64 profile, ms: NVFP4+LoRA 8.297 with PDL, 8.447 without (GPU idle 0.104 vs
 #   0.391); BF16+LoRA 11.006 with, 10.863 without.
-# phase f (6a012c1 or a later commit up to a47b194, no kernel change between; 360 s, H100): the rollout table, step ms BF16+LoRA / NVFP4+LoRA: 7B batch 1 8.50 / 3.15
+# phase f (6a012c1 or a later commit up to a47b194, no kernel change between; 360 s, H100): the rollout table,
+#   step ms BF16+LoRA / NVFP4+LoRA: 7B batch 1 8.50 / 3.15
 #   (2.70x), 8 8.96 / 4.24 (2.11x), 64 10.95 / 8.26 (1.33x); 14B 15.25 / 5.76 (2.65x), 16.29 / 7.81 (2.09x), 22.21 /
 #   17.60 (1.26x). Log-probs vs the trainer (7B NVFP4+LoRA): mean 0.0545, max 0.2809.
 # phase g (commit 216529f; 10 s, H100): bench_dense_chunks.py, us (x cuBLAS BF16): 18944x3584 M=2048 cuBLAS 371.3,
