@@ -29,11 +29,12 @@ requests of every resident program queued ahead of their own loads); not kept.
 :func:`mode` is the one switch and :func:`kwargs` hands out the launch attribute and the ``PDL`` constexpr together
 (a kernel launched with the attribute but without its ``wait`` would race). ``QUARL_KERNELS_PDL``: ``late`` (or 1,
 the default), ``early``, or 0 (off; ``:nopdl`` in ``benchmarks/rollout_profile.py``); off under
-``TRITON_INTERPRET=1`` and below sm_90.
+``TRITON_INTERPRET=1``, below sm_90 and with a CUDA driver older than 12.3.
 """
 
 from __future__ import annotations
 
+import ctypes
 import functools
 import os
 
@@ -44,7 +45,7 @@ from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from quarl_kernels.env import interpreting
 
-__all__ = ["EARLY", "ENV", "LATE", "OFF", "enter", "kwargs", "leave", "mode", "on"]
+__all__ = ["EARLY", "ENV", "LATE", "MIN_DRIVER", "OFF", "driver_version", "enter", "kwargs", "leave", "mode", "on"]
 
 ENV = "QUARL_KERNELS_PDL"
 OFF, LATE, EARLY = 0, 1, 2
@@ -52,9 +53,25 @@ _MODES = {"": LATE, "1": LATE, "on": LATE, "true": LATE, "yes": LATE, "late": LA
           "0": OFF, "off": OFF, "false": OFF, "no": OFF}
 
 
+MIN_DRIVER = 12030  # CUDA 12.3: programmatic launches inside captured CUDA graphs
+
+
+@functools.cache
+def driver_version() -> int:
+    """The CUDA driver's version (``cuDriverGetVersion``: 12030 for 12.3), 0 when libcuda cannot be asked."""
+    try:
+        lib = ctypes.CDLL("libcuda.so.1")
+        v = ctypes.c_int()
+        return v.value if lib.cuDriverGetVersion(ctypes.byref(v)) == 0 else 0
+    except (OSError, AttributeError):
+        return 0
+
+
 @functools.cache
 def _hopper_or_later(index: int) -> bool:
-    return torch.cuda.get_device_capability(index)[0] >= 9
+    """sm_90+ and a driver that captures programmatic launches into graphs (else the engine's first capture would
+    fail and it would decode eagerly, much slower)."""
+    return torch.cuda.get_device_capability(index)[0] >= 9 and driver_version() >= MIN_DRIVER
 
 
 def mode(device: torch.device) -> int:

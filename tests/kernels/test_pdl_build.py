@@ -41,6 +41,20 @@ def test_switch(monkeypatch):
     assert not pdl.on(cuda)
 
 
+def test_needs_a_driver_that_captures_programmatic_launches(monkeypatch):
+    """sm_90 alone is not enough: a driver before CUDA 12.3 cannot capture programmatic launches into a graph, and
+    the engine would then fall back to eager decoding; PDL stays off there, and where the version cannot be read."""
+    from quarl_kernels import pdl
+
+    monkeypatch.setattr(pdl.torch.cuda, "get_device_capability", lambda index: (9, 0))
+    for version, want in ((12080, True), (12030, True), (12020, False), (0, False)):
+        pdl._hopper_or_later.cache_clear()
+        monkeypatch.setattr(pdl, "driver_version", lambda v=version: v)
+        assert pdl._hopper_or_later(0) is want, version
+    pdl._hopper_or_later.cache_clear()
+    assert isinstance(pdl.driver_version(), int)  # 0 on a machine without libcuda
+
+
 def _ptx_order(ptx: str) -> list[str]:
     """The PTX's PDL instructions and global loads / stores, in text order, as short tags."""
     tags = []
