@@ -1,0 +1,246 @@
+"""A warp-specialized mixed-input GEMM for large M on Hopper (issue 17: M >= 2048 at >= 0.95x cuBLAS) -- EXPERIMENT.
+
+Status (session 16): written and built for sm_90 on a CPU (``--compile``: registers, spills, shared memory); not yet
+run on a GPU, so neither its results nor its speed are known. It is not wired into ``wo_matmul``; the next device
+session runs ``python benchmarks/kernels/ws_mixed_gemm.py`` (check against the dense path, then time it beside
+cuBLAS on BF16 weights and the dense path at M = 2048 / 4096).
+
+Why. At M >= 2048 a weight-only GEMM is compute-bound. The dense path (``quarl_kernels.dense``) decodes the whole
+weight to a transient BF16 copy and runs cuBLAS: 0.81-0.91x cuBLAS at M = 2048 (the decode's 2.56 bytes a weight),
+and the BF16 transient costs memory. The ring (``wgmma_ring``, v13) decodes into the wgmma A registers of the same
+warps that issue the MMA, one 128-token tile at a time: 0.54-0.67x at 2048. Here the work is split by role, as
+CUTLASS's mixed-input Hopper GEMMs do:
+
+* a loader warp issues the TMA copies: an x tile ``[BM, BK]`` and the packed words of the weight tile ``[BN, BK/8]``
+  per K step into a ring of ``STAGES``;
+* a decoder warpgroup turns each step's words (and their scale bytes, read from global memory one step ahead) into
+  the BF16 weight tile ``[BN, BK]`` (``mma_decode._decode_step``'s PTX, codes put back in natural k order) and stores
+  it into a second ring in the NVMMA layout wgmma reads;
+* the default warpgroup issues ``wgmma(x [BM, BK], W^T [BK, BN])`` from shared memory, one group in flight, and
+  releases each step's buffers when its MMA is done.
+
+Per K step (BM = BN = 128, BK = 64) the MMA is ~512 cycles of tensor-core time and the decode ~100 issue cycles
+plus a 16 KB shared-memory store: the decode can hide under the MMA when it runs on its own warps. Each weight
+tile is decoded once per M tile (16 times at M = 2048), never stored to HBM. NVFP4 / MXFP4 only (the FP4 decode).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+import torch
+import triton
+from quarl_kernels.mma_decode import _decode_step, _group_layout, _word_layout
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.hopper import (
+    fence_async_shared,
+    mbarrier,
+    tma,
+    warpgroup_mma,
+    warpgroup_mma_wait,
+)
+from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
+BM, BN, BK = 128, 128, 64  # tokens, weight rows, K per step
+BKW = BK // 8  # packed words per row per step
+STAGES = 4  # x + word ring
+DSTAGES = 2  # decoded-weight ring
+DECODE_WARPS = 4
+
+
+@gluon.jit
+def _loader(x_desc, w_desc, x_bufs, w_bufs, ready, empty, off_m, off_n, k_steps):
+    """One warp: x and the packed words of each K step into stage ``i % STAGES`` once both consumers freed it."""
+    stages: gl.constexpr = x_bufs.type.shape[0]
+    bk: gl.constexpr = x_desc.block_type.shape[1]
+    bkw: gl.constexpr = w_desc.block_type.shape[1]
+    for i in range(k_steps):
+        s = i % stages
+        mbarrier.wait(empty.index(s), ((i // stages) & 1) ^ 1)  # fresh barriers count as freed once
+        mbarrier.expect(ready.index(s), x_desc.block_type.nbytes + w_desc.block_type.nbytes)
+        tma.async_copy_global_to_shared(x_desc, [off_m, i * bk], ready.index(s), x_bufs.index(s))
+        tma.async_copy_global_to_shared(w_desc, [off_n, i * bkw], ready.index(s), w_bufs.index(s))
+
+
+@gluon.jit
+def _decoder(s_ptr, N, stride_sn, w_bufs, d_bufs, ready, empty, d_ready, d_empty, off_n, k_steps,
+             FMT: gl.constexpr, GROUP: gl.constexpr, R: gl.constexpr, BKW_: gl.constexpr, W: gl.constexpr):
+    """A warpgroup: each step's words -> the BF16 weight tile [R, 8 BKW] in natural k order, into the decoded ring."""
+    stages: gl.constexpr = w_bufs.type.shape[0]
+    dstages: gl.constexpr = d_bufs.type.shape[0]
+    WPG: gl.constexpr = GROUP // 8  # words per scale group
+    WT: gl.constexpr = WPG if WPG < BKW_ else BKW_  # noqa: FURB136  words per group slot in a step
+    NG: gl.constexpr = BKW_ // WT
+    LW: gl.constexpr = _word_layout(R, BKW_, W)
+    LG: gl.constexpr = gl.SliceLayout(2, _group_layout(R, BKW_, W, WT))
+    gl.static_assert(WT == WPG, "whole scale groups per K step (groups of <= 8 * BKW codes)")
+    rows = gl.minimum(off_n + gl.arange(0, R, layout=gl.SliceLayout(1, LG)), N - 1)  # rows past N: never stored
+    g = gl.arange(0, NG, layout=gl.SliceLayout(0, LG))
+    sp = s_ptr + rows[:, None] * stride_sn + g[None, :]  # [R, NG]: step i's groups are i * NG + g
+    sg = gl.load(sp)
+    for i in range(k_steps):
+        s = i % stages
+        sg_next = gl.load(sp + gl.minimum(i + 1, k_steps - 1) * NG)  # the next step's scales, one step early
+        mbarrier.wait(ready.index(s), (i // stages) & 1)
+        w = w_bufs.index(s).load(LW)  # [R, BKW] words
+        fence_async_shared()  # this read before the loader's next TMA write of the stage
+        mbarrier.arrive(empty.index(s), count=1)
+        p0, p1, p2, p3, p4, p5, p6, p7 = _decode_step(w, sg, sg, FMT, False, LW, R, BKW_, WT)
+        # pair order (output 2 r + h holds code r + 4 h) -> codes 0..7 of each word along a new last axis
+        q = gl.join(gl.join(gl.join(p0, p2), gl.join(p4, p6)), gl.join(gl.join(p1, p3), gl.join(p5, p7)))
+        tile = gl.reshape(gl.permute(q, [0, 1, 4, 3, 2]), [R, BKW_ * 8])  # [R, BK] k = 8 word + code
+        d = i % dstages
+        mbarrier.wait(d_empty.index(d), ((i // dstages) & 1) ^ 1)
+        d_bufs.index(d).store(tile)
+        fence_async_shared()  # generic-proxy store before wgmma's async-proxy read
+        mbarrier.arrive(d_ready.index(d), count=1)
+        sg = sg_next
+
+
+@gluon.jit
+def _mma(x_bufs, d_bufs, ready, empty, d_ready, d_empty, k_steps, BM_: gl.constexpr, R: gl.constexpr,
+         W: gl.constexpr):
+    """The default warpgroup: wgmma over the ready stages, one group in flight; returns the fp32 accumulator."""
+    stages: gl.constexpr = x_bufs.type.shape[0]
+    dstages: gl.constexpr = d_bufs.type.shape[0]
+    MMA: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[W, 1], instr_shape=[16, R, 16])
+    acc = gl.zeros([BM_, R], gl.float32, MMA)
+    for i in range(k_steps):
+        s = i % stages
+        d = i % dstages
+        mbarrier.wait(ready.index(s), (i // stages) & 1)
+        mbarrier.wait(d_ready.index(d), (i // dstages) & 1)
+        acc = warpgroup_mma(x_bufs.index(s), d_bufs.index(d).permute((1, 0)), acc, is_async=True)
+        acc = warpgroup_mma_wait(1, deps=[acc])  # step i - 1's MMA is done: its buffers go back
+        mbarrier.arrive(empty.index((i + stages - 1) % stages), count=1, pred=i > 0)
+        mbarrier.arrive(d_empty.index((i + dstages - 1) % dstages), count=1, pred=i > 0)
+    acc = warpgroup_mma_wait(0, deps=[acc])
+    return (acc,)  # warp_specialize returns the default partition's results as a tuple
+
+
+@gluon.jit
+def ws_gemm_kernel(x_desc, w_desc, s_ptr, gs_ptr, y_ptr, M, N, K, stride_sn, stride_ym,
+                   FMT: gl.constexpr, GROUP: gl.constexpr, STAGES_: gl.constexpr, DSTAGES_: gl.constexpr,
+                   DW: gl.constexpr):
+    """y [M, N] bf16 = x [M, K] @ dequant(W)^T for one [BM, BN] tile per program (grid: M tiles x N tiles)."""
+    BM_: gl.constexpr = x_desc.block_type.shape[0]
+    BK_: gl.constexpr = x_desc.block_type.shape[1]
+    R: gl.constexpr = w_desc.block_type.shape[0]
+    BKW_: gl.constexpr = w_desc.block_type.shape[1]
+    W: gl.constexpr = gl.num_warps()
+    off_m = gl.program_id(0) * BM_
+    off_n = gl.program_id(1) * R
+    k_steps = gl.cdiv(K, BK_)
+
+    x_bufs = gl.allocate_shared_memory(gl.bfloat16, [STAGES_, BM_, BK_], x_desc.layout)
+    w_bufs = gl.allocate_shared_memory(gl.int32, [STAGES_, R, BKW_], w_desc.layout)
+    d_layout: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
+    d_bufs = gl.allocate_shared_memory(gl.bfloat16, [DSTAGES_, R, BK_], d_layout)
+    ready = gl.allocate_shared_memory(gl.int64, [STAGES_, 1], mbarrier.MBarrierLayout())
+    empty = gl.allocate_shared_memory(gl.int64, [STAGES_, 1], mbarrier.MBarrierLayout())
+    d_ready = gl.allocate_shared_memory(gl.int64, [DSTAGES_, 1], mbarrier.MBarrierLayout())
+    d_empty = gl.allocate_shared_memory(gl.int64, [DSTAGES_, 1], mbarrier.MBarrierLayout())
+    for i in gl.static_range(STAGES_):
+        mbarrier.init(ready.index(i), count=1)
+        mbarrier.init(empty.index(i), count=2)  # the decoder (words) and the MMA (x) both release a stage
+    for i in gl.static_range(DSTAGES_):
+        mbarrier.init(d_ready.index(i), count=1)
+        mbarrier.init(d_empty.index(i), count=1)
+    fence_async_shared()
+
+    (acc,) = gl.warp_specialize([
+        (_mma, (x_bufs, d_bufs, ready, empty, d_ready, d_empty, k_steps, BM_, R, W)),
+        (_loader, (x_desc, w_desc, x_bufs, w_bufs, ready, empty, off_m, off_n, k_steps)),
+        (_decoder, (s_ptr, N, stride_sn, w_bufs, d_bufs, ready, empty, d_ready, d_empty, off_n, k_steps,
+                    FMT, GROUP, R, BKW_, DW)),
+    ], [1, DW], [24, 168])
+
+    if FMT == 0:  # the decode's 2**-16 and NVFP4's global scale
+        acc = acc * (65536.0 / gl.load(gs_ptr).to(gl.float32))
+    else:
+        acc = acc * 65536.0
+    OL: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [W, 1], [1, 0])
+    y = gl.convert_layout(acc.to(gl.bfloat16), OL)
+    rm = off_m + gl.arange(0, BM_, layout=gl.SliceLayout(1, OL))
+    rn = off_n + gl.arange(0, R, layout=gl.SliceLayout(0, OL))
+    gl.store(y_ptr + rm[:, None].to(gl.int64) * stride_ym + rn[None, :], y, mask=(rm < M)[:, None] & (rn < N)[None, :])
+
+
+def _x_layout():
+    return gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
+
+
+def _w_layout():
+    return gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=32, rank=2)
+
+
+def ws_matmul(x2: torch.Tensor, pw) -> torch.Tensor:
+    """y [M, N] = x2 [M, K] @ dequant(W)^T (``pw``: a ``wo_gemm.PackedWeight``, NVFP4 / MXFP4, K % 64 == 0)."""
+    m, k = x2.shape
+    if pw.fmt not in (0, 1) or k % BK or pw.k != k:
+        raise ValueError("ws_matmul: NVFP4 / MXFP4 weights with K % 64 == 0 and x of their K")
+    y = torch.empty((m, pw.n), device=x2.device, dtype=torch.bfloat16)
+    x_desc = TensorDescriptor.from_tensor(x2.contiguous(), [BM, BK], _x_layout())
+    w_desc = TensorDescriptor.from_tensor(pw.words, [BN, BKW], _w_layout())
+    s = pw.scale.view(torch.uint8)
+    gs = pw.gscale if pw.gscale is not None else s
+    grid = (triton.cdiv(m, BM), triton.cdiv(pw.n, BN))
+    ws_gemm_kernel[grid](x_desc, w_desc, s, gs, y, m, pw.n, k, s.stride(0), y.stride(0),
+                         FMT=pw.fmt, GROUP=pw.group, STAGES_=STAGES, DSTAGES_=DSTAGES, DW=DECODE_WARPS, num_warps=4)
+    return y
+
+
+def compile_sm90(fmt: int = 0):
+    """The kernel built for sm_90 on any machine (its TMA descriptors as ``ws_matmul`` builds them)."""
+    from triton.backends.compiler import GPUTarget
+    from triton.experimental.gluon._runtime import GluonASTSource
+
+    group = 16 if fmt == 0 else 32
+    sig = {"x_desc": f"tensordesc<bf16[{BM}, {BK}],{_x_layout()!r}>",
+           "w_desc": f"tensordesc<i32[{BN}, {BKW}],{_w_layout()!r}>",
+           "s_ptr": "*u8", "gs_ptr": "*fp32", "y_ptr": "*bf16", "M": "i32", "N": "i32", "K": "i32",
+           "stride_sn": "i32", "stride_ym": "i32"}
+    const = {"FMT": fmt, "GROUP": group, "STAGES_": STAGES, "DSTAGES_": DSTAGES, "DW": DECODE_WARPS}
+    sig.update({k: "constexpr" for k in const})
+    attrs = {(i,): [["tt.divisibility", 16]] for i, (k, t) in enumerate(sig.items())
+             if t != "constexpr" and not t.startswith("tensordesc") and k != "M"}
+    src = GluonASTSource(fn=ws_gemm_kernel, signature=sig, constexprs=const, attrs=attrs)
+    return triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": 4})
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--compile", action="store_true", help="build for sm_90 only (no GPU): registers, spills, smem")
+    ap.add_argument("--ms", default="2048,4096")
+    args = ap.parse_args()
+    if args.compile:
+        sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+        import compile_report as cr
+
+        for fmt in (0, 1):
+            print(cr.report(compile_sm90(fmt), f"ws-gemm fmt{fmt}", None))
+        return
+    from bench_gemv import _quantized, graph_us
+    from quarl_kernels import dense
+
+    for n, k in ((18944, 3584), (3584, 18944), (3584, 3584)):
+        w, _, pw = _quantized("nvfp4", n, k, n + k)
+        wb = w.to(torch.bfloat16)
+        ref_w = dense.dequantize(pw)
+        for m in map(int, args.ms.split(",")):
+            x = (torch.randn(m, k, device="cuda") * 0.5).to(torch.bfloat16)
+            want = (x.float() @ ref_w.float().T)
+            got = ws_matmul(x, pw).float()
+            err = ((got - want).norm() / want.norm()).item()
+            t_ws = graph_us([lambda x=x, pw=pw: ws_matmul(x, pw)])
+            t_dense = graph_us([lambda x=x, pw=pw: x @ dense.dequantize(pw).T])
+            t_bf16 = graph_us([lambda x=x, wb=wb: x @ wb.T])
+            print(f"{n}x{k} M={m}: err {err:.1e}  ws {t_ws:.1f} us ({t_bf16 / t_ws:.3f}x cuBLAS)  dense {t_dense:.1f} "
+                  f"({t_bf16 / t_dense:.3f}x)  cuBLAS {t_bf16:.1f}", flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,31 @@
+"""The warp-specialized mixed-input GEMM experiment (``benchmarks/kernels/ws_mixed_gemm.py``, issue 17's M >= 2048
+target; not yet run on a GPU) builds for sm_90 on a CPU for both FP4 formats: no spills, its rings inside the 227 KB
+of shared memory an H100 CTA may use, and wgmma in the build (the MMA partition really issues the tensor-core MMA).
+
+Skipped unless Triton with Gluon (>= 3.5) is importable (the CPU CI has no Triton).
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("triton.experimental.gluon", reason="the kernel is written in Gluon (Triton >= 3.5)")
+
+KERNELS = Path(__file__).resolve().parents[2] / "benchmarks" / "kernels"
+
+
+@pytest.mark.parametrize("fmt", [0, 1], ids=["nvfp4", "mxfp4"])
+def test_builds_for_sm90(fmt):
+    sys.path.insert(0, str(KERNELS))
+    try:
+        import compile_report as cr
+        import ws_mixed_gemm as ws
+    finally:
+        sys.path.pop(0)
+    r = cr.report(ws.compile_sm90(fmt), f"ws-gemm fmt{fmt}", None)
+    assert r["stack"] == 0, f"ptxas spilled ({r['regs']} registers)"
+    assert 0 < r["smem"] <= 227 * 1024, r["smem"]
+    assert r["wgmma"] > 0, r
