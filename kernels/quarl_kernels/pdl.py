@@ -24,7 +24,8 @@ Measured (H100, session 16, RESULTS "Issue 17, session 16"): signalling first th
 *slower* (3.22 -> 3.81 ms at batch 1): a chain of small kernels, each signalling at its start, had the next three
 or four kernels' programs placed on the few SMs free in a long kernel's tail, where they then ran crowded. Asking L2
 for a GEMV's whole weight slice before its wait was slower still (the 7B gate / up GEMV alone 19.2 -> 23.3 us: the
-requests of every resident program queued ahead of their own loads); not kept.
+requests of every resident program queued ahead of their own loads); not kept. What is kept (wait first, signal
+after the K loop) takes the step's GPU idle from 0.15 to 0.04 ms: 2 % off the 7B NVFP4+LoRA step at batch 1, 8 and 64.
 
 :func:`mode` is the one switch and :func:`kwargs` hands out the launch attribute and the ``PDL`` constexpr together
 (a kernel launched with the attribute but without its ``wait`` would race). ``QUARL_KERNELS_PDL``: ``late`` (or 1,
@@ -68,7 +69,7 @@ def driver_version() -> int:
 
 
 @functools.cache
-def _hopper_or_later(index: int) -> bool:
+def _device_supports_pdl(index: int) -> bool:
     """sm_90+ and a driver that captures programmatic launches into graphs (else the engine's first capture would
     fail and it would decode eagerly, much slower)."""
     return torch.cuda.get_device_capability(index)[0] >= 9 and driver_version() >= MIN_DRIVER
@@ -83,7 +84,8 @@ def mode(device: torch.device) -> int:
         raise ValueError(f"{ENV}={raw!r}: set it to late (or 1, the default), early, or 0 (off)")
     if m == OFF or device.type != "cuda" or interpreting():
         return OFF
-    return m if _hopper_or_later(device.index if device.index is not None else torch.cuda.current_device()) else OFF
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    return m if _device_supports_pdl(index) else OFF
 
 
 def on(device: torch.device) -> bool:

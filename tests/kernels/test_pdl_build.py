@@ -25,7 +25,7 @@ def test_switch(monkeypatch):
     monkeypatch.delenv(pdl.ENV, raising=False)
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
     assert pdl.kwargs(torch.device("cpu")) == {"PDL": pdl.OFF, "launch_pdl": False}
-    monkeypatch.setattr(pdl, "_hopper_or_later", lambda index: True)
+    monkeypatch.setattr(pdl, "_device_supports_pdl", lambda index: True)
     assert pdl.kwargs(cuda) == {"PDL": pdl.LATE, "launch_pdl": True} and pdl.on(cuda)
     for raw, want in (("early", pdl.EARLY), ("LATE", pdl.LATE), ("1", pdl.LATE), ("0", pdl.OFF), ("off", pdl.OFF)):
         monkeypatch.setenv(pdl.ENV, raw)
@@ -37,7 +37,7 @@ def test_switch(monkeypatch):
     monkeypatch.setenv("TRITON_INTERPRET", "1")
     assert not pdl.on(cuda)
     monkeypatch.delenv("TRITON_INTERPRET")
-    monkeypatch.setattr(pdl, "_hopper_or_later", lambda index: False)  # an A100
+    monkeypatch.setattr(pdl, "_device_supports_pdl", lambda index: False)  # an A100
     assert not pdl.on(cuda)
 
 
@@ -48,10 +48,10 @@ def test_needs_a_driver_that_captures_programmatic_launches(monkeypatch):
 
     monkeypatch.setattr(pdl.torch.cuda, "get_device_capability", lambda index: (9, 0))
     for version, want in ((12080, True), (12030, True), (12020, False), (0, False)):
-        pdl._hopper_or_later.cache_clear()
+        pdl._device_supports_pdl.cache_clear()
         monkeypatch.setattr(pdl, "driver_version", lambda v=version: v)
-        assert pdl._hopper_or_later(0) is want, version
-    pdl._hopper_or_later.cache_clear()
+        assert pdl._device_supports_pdl(0) is want, version
+    pdl._device_supports_pdl.cache_clear()
     assert isinstance(pdl.driver_version(), int)  # 0 on a machine without libcuda
 
 
