@@ -19,6 +19,21 @@ app = typer.Typer(
     pretty_exceptions_show_locals=False,
 )
 
+
+
+@app.callback()
+def _check_switches() -> None:
+    # Before every command: a QUARL_* variable quarl does not read (a typo, a removed switch) stops the command with
+    # the closest known names, instead of being ignored (quarl/switches.py). No docstring: it would replace the help.
+    from quarl.switches import UnknownSwitchError, check_environment
+
+    try:
+        check_environment()
+    except UnknownSwitchError as e:
+        typer.echo(f"error: {e}", err=True)
+        raise typer.Exit(2) from e
+
+
 for _m in sorted(pkgutil.iter_modules(_pkg.__path__), key=lambda m: m.name):
     if _m.name in ("main", "common") or _m.name.startswith("_"):
         continue

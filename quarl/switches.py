@@ -1,0 +1,99 @@
+"""Every ``QUARL_*`` environment variable quarl reads, with what it sets; and a check that the ones set are known.
+
+Why. The switches are read where they act -- a kernel launcher, the engine, the S3 client, the trainer -- so a
+misspelt name (``QUARL_KERNEL_PDL=0``, ``QUARL_ENGINE_FUSE=0``) or one that no longer exists was silently ignored:
+the run went on with the default, and an A/B comparison compared nothing. :func:`check_environment` runs when the
+``quarl`` command starts (``quarl.cli.main``) and stops it with the unknown names, the closest known ones and the
+fix. Values are checked where they are read (``quarl_kernels.env.env_flag`` and the like name the variable).
+
+:data:`SWITCHES` is the one list; ``tests/test_switches.py`` holds it equal to the ``QUARL_*`` names the code
+(quarl, kernels, components, pipelines, benchmarks, tests) reads, so a new switch cannot be added without a line
+here. The README lists the GPU ones for users.
+"""
+
+from __future__ import annotations
+
+import difflib
+import os
+from collections.abc import Mapping
+
+__all__ = ["NOT_SWITCHES", "SWITCHES", "UnknownSwitchError", "check_environment", "unknown_switches"]
+
+SWITCHES: dict[str, str] = {
+    # storage, caches, runs
+    "QUARL_CACHE": "local cache root (default ~/.cache/quarl)",
+    "QUARL_GIT_COMMIT": "the commit recorded in artifacts (set in the images)",
+    "QUARL_WEED": "the SeaweedFS `weed` binary for the local S3",
+    "QUARL_S3_ENDPOINT": "S3 endpoint URL",
+    "QUARL_S3_ADDRESSING_STYLE": "S3 addressing style (path / virtual / auto)",
+    "QUARL_S3_MAX_ATTEMPTS": "S3 attempts per request (default 5)",
+    "QUARL_STAGE_CONFIG": "a TrainJob node's resolved stage config (set by quarl)",
+    "QUARL_KFP_TOKEN": "Kubeflow Pipelines API token for `quarl submit` / `schedule`",
+    "QUARL_DIST_TIMEOUT_S": "collective timeout of multi-GPU runs, seconds (default 3600)",
+    # quantized linears and their kernels
+    "QUARL_KERNELS": "reference = no GPU kernels (the reference path everywhere)",
+    "QUARL_KERNELS_CACHE": "file of the tuned weight-only GEMM configs",
+    "QUARL_KERNELS_TUNE": "1 = time every candidate config of the weight-only GEMM",
+    "QUARL_KERNELS_DENSE_MIN_M": "rows from which the dense path (decode + cuBLAS) runs; 0 = never",
+    "QUARL_KERNELS_DENSE_KEEP": "decoded BF16 weights kept for the backward (0 = none)",
+    "QUARL_KERNELS_MMA_DECODE": "0 = no Gluon mma.sync decode kernel (2..16 rows)",
+    "QUARL_KERNELS_WGMMA_DECODE": "auto / 1 / 0: the wgmma decode kernel (17..64 rows)",
+    "QUARL_KERNELS_WGMMA_RING": "0 = no TMA-ring decode kernel",
+    "QUARL_KERNELS_RING_WIDE_MAX_M": "most rows the ring's wide token tiles take; 0 = none",
+    "QUARL_KERNELS_GEMV_DEFAULTS": "h200 = the one-row GEMV's config 0 everywhere",
+    "QUARL_KERNELS_PDL": "late / early / 0: programmatic dependent launch of the decode step's kernels",
+    "QUARL_GEMV_GROUP": "0 = a one-row q/k/v or gate/up group as one GEMV launch per weight",
+    "QUARL_MMA_GROUP": "0 = a 2..16-row group's weights as one mma.sync launch each",
+    "QUARL_GROUP_PASS": "0 = a group launch's last passes one launch each",
+    # the rollout engine
+    "QUARL_ENGINE_FUSED": "0 = no fused norm / RoPE / SiLU kernels",
+    "QUARL_ENGINE_DECODE_ATTN": "0 = decode attention through SDPA",
+    "QUARL_ENGINE_LORA_PACK": "0 = LoRA adapters not packed per group",
+    "QUARL_ENGINE_LORA_EPILOGUE": "0 = LoRA B and bias as their own kernels",
+    "QUARL_ENGINE_LORA_A": "0 = the packed LoRA A GEMM on cuBLAS",
+    "QUARL_ENGINE_GROUP_ROPE": "0 / 1: the decode RoPE + K/V write in the q/k/v group's pass",
+    # FP8 (Jet-RL) and the RL loss
+    "QUARL_FP8_QUANT": "triton / compile / eager: the FP8 quantizers",
+    "QUARL_FP8_COMPILE": "0 = the eager FP8 quantizers",
+    "QUARL_FP8_GEMM": "deepgemm / emulate: the FP8 training GEMMs",
+    "QUARL_FP8_GEMV": "0 / 1: the FP8 decode GEMV",
+    "QUARL_FP8_MEMO": "0 = no memo of the last forward's FP8 operands",
+    "QUARL_FP8_TUNE": "0 = the FP8 quantizers' default launch settings",
+    "QUARL_LOGPROB_KERNEL": "0 = token log-probs through PyTorch ops",
+    # benchmarks and tests
+    "QUARL_GSM8K": "benchmarks: the GSM8K directory",
+    "QUARL_GSM8K_DIR": "tests: the GSM8K directory",
+    "QUARL_BENCH_NO_CT": "benchmarks: run without compressed-tensors",
+    "QUARL_BENCH_GEMV_EXPLORE": "benchmarks: bench_gemv's compile workers also build the explore configs",
+}
+
+# QUARL_* strings in the code that are not environment variables
+NOT_SWITCHES = frozenset({
+    "QUARL_META",  # the quantized checkpoint's metadata file name
+    "QUARL_STEP_FAILED",  # the failure line a pipeline step prints
+})
+
+
+class UnknownSwitchError(ValueError):
+    """``QUARL_*`` variables in the environment that quarl does not read."""
+
+
+def unknown_switches(environ: Mapping[str, str] | None = None) -> list[str]:
+    """The ``QUARL_*`` names set in ``environ`` (default ``os.environ``) that are not in :data:`SWITCHES`."""
+    env = os.environ if environ is None else environ
+    return sorted(k for k in env if k.startswith("QUARL_") and k not in SWITCHES)
+
+
+def check_environment(environ: Mapping[str, str] | None = None) -> None:
+    """Raise :class:`UnknownSwitchError` naming every unknown ``QUARL_*`` variable set, the closest known names and
+    the fix; nothing when all are known."""
+    bad = unknown_switches(environ)
+    if not bad:
+        return
+    lines = []
+    for k in bad:
+        near = difflib.get_close_matches(k, list(SWITCHES), n=2, cutoff=0.75)
+        lines.append(f"{k}" + (f" (did you mean {' or '.join(near)}?)" if near else ""))
+    raise UnknownSwitchError(
+        f"unknown quarl switch{'es' if len(bad) > 1 else ''} in the environment: {'; '.join(lines)}. quarl would "
+        f"ignore {'them' if len(bad) > 1 else 'it'}: fix the name, or unset it (the known ones: quarl/switches.py)")
