@@ -33,6 +33,7 @@ import sys
 import torch
 import triton
 from quarl_kernels.mma_decode import _decode_step, _group_layout, _word_layout
+from quarl_kernels.wgmma_ring import _w_layout, _x_layout  # the ring's TMA layouts: the same x and word boxes
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (
@@ -169,21 +170,13 @@ def ws_gemm_kernel(x_desc, w_desc, s_ptr, gs_ptr, y_ptr, M, N, K, stride_sn, str
     gl.store(y_ptr + rm[:, None].to(gl.int64) * stride_ym + rn[None, :], y, mask=(rm < M)[:, None] & (rn < N)[None, :])
 
 
-def _x_layout():
-    return gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
-
-
-def _w_layout():
-    return gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=32, rank=2)
-
-
 def ws_matmul(x2: torch.Tensor, pw) -> torch.Tensor:
     """y [M, N] = x2 [M, K] @ dequant(W)^T (``pw``: a ``wo_gemm.PackedWeight``, NVFP4 / MXFP4, K % 64 == 0)."""
     m, k = x2.shape
     if pw.fmt not in (0, 1) or k % BK or pw.k != k:
         raise ValueError("ws_matmul: NVFP4 / MXFP4 weights with K % 64 == 0 and x of their K")
     y = torch.empty((m, pw.n), device=x2.device, dtype=torch.bfloat16)
-    x_desc = TensorDescriptor.from_tensor(x2.contiguous(), [BM, BK], _x_layout())
+    x_desc = TensorDescriptor.from_tensor(x2.contiguous(), [BM, BK], _x_layout(BM))
     w_desc = TensorDescriptor.from_tensor(pw.words, [BN, BKW], _w_layout())
     s = pw.scale.view(torch.uint8)
     gs = pw.gscale if pw.gscale is not None else s
@@ -199,7 +192,7 @@ def compile_sm90(fmt: int = 0):
     from triton.experimental.gluon._runtime import GluonASTSource
 
     group = 16 if fmt == 0 else 32
-    sig = {"x_desc": f"tensordesc<bf16[{BM}, {BK}],{_x_layout()!r}>",
+    sig = {"x_desc": f"tensordesc<bf16[{BM}, {BK}],{_x_layout(BM)!r}>",
            "w_desc": f"tensordesc<i32[{BN}, {BKW}],{_w_layout()!r}>",
            "s_ptr": "*u8", "gs_ptr": "*fp32", "y_ptr": "*bf16", "M": "i32", "N": "i32", "K": "i32",
            "stride_sn": "i32", "stride_ym": "i32"}
