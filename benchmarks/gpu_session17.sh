@@ -8,6 +8,9 @@
 #     ws_mixed_gemm.py: its output against the dense path's (relative error), then its time beside cuBLAS on BF16
 #     weights and the dense path at M = 2048 / 4096 on the 7B gate / up, down and q / o shapes. A hang (a barrier
 #     phase wrong) shows as the timeout.
+#   phase b: bash benchmarks/gpu_session17.sh b   (one GPU; ~8 min)
+#     mma_decode's cp.async ring (configs 14-18): GPU tests, bench_mma_decode at 1 / 4 / 8 / 16 rows on the 7B and
+#     14B weights with a plain read of each weight's bytes beside it, and the one-row GEMV with its read ceiling.
 set -u
 PHASE=${1:?phase}
 OUT=${OUT:?}
@@ -18,6 +21,19 @@ a)
     mkdir -p "$OUT/ws"
     (cd benchmarks/kernels && timeout -k 5 "${WS_S:-150}" "$PY" ws_mixed_gemm.py) > "$OUT/ws/run.log" 2>&1
     echo "== ws gemm rc=$? at $((SECONDS - T0)) s"; tail -n 30 "$OUT/ws/run.log"
+    ;;
+b)  # the mma.sync decode kernel with a cp.async ring of words and scales (configs 14-18): tests, then the kernels at
+    # 1..16 rows on the 7B / 14B weights beside the double-buffered configs, the GEMV (one row) and a plain read
+    tests 170 tests/kernels/test_mma_decode_gpu.py -k "ring or pdl or graph or M8N512 or M1N384"
+    mkdir -p "$OUT/mma"
+    (cd benchmarks/kernels && timeout -k 5 300 "$PY" bench_mma_decode.py --out "$OUT/mma" --formats nvfp4 \
+        --ms 1,4,8,16 --read-ceiling --shapes 18944x3584,3584x18944,3584x3584,512x3584,13824x5120,5120x13824) \
+        > "$OUT/mma/run.log" 2>&1
+    echo "== mma bench rc=$? at $((SECONDS - T0)) s"; grep -E "^nvfp4" "$OUT/mma/run.log"
+    mkdir -p "$OUT/gemv"
+    (cd benchmarks/kernels && timeout -k 5 100 "$PY" bench_gemv.py --out "$OUT/gemv" --formats nvfp4 --ms 1 \
+        --read-ceiling) > "$OUT/gemv/run.log" 2>&1
+    echo "== gemv bench rc=$? at $((SECONDS - T0)) s"; tail -n 12 "$OUT/gemv/run.log"
     ;;
 *)
     echo "unknown phase $PHASE"; exit 2

@@ -63,7 +63,8 @@ def compile_mma_decode(fmt: int, cfg: mma_decode.MmaDecodeConfig, nt: int, split
         for k in (f"N{j}", f"T{j - 1}", f"so{j}", f"som{j}"):
             sig[k] = "i32"
     const = {"FMT": fmt, "GROUP": GROUP[fmt], "HAS_ZP": fmt == FMT_INT4, "R": cfg.rows, "BKW": cfg.bkw, "NT": nt,
-             "W": cfg.warps, "PREFETCH": cfg.prefetch, "EVEN_K": even_k, "XS": cfg.xsmem, "HAS_LA": lora_a,
+             "W": cfg.warps, "PREFETCH": cfg.prefetch or (cfg.stages > 1 and fmt == FMT_INT4), "EVEN_K": even_k, "XS": cfg.xsmem, "HAS_LA": lora_a,
+             "STAGES": cfg.stages if fmt != FMT_INT4 else 1,
              "LA_V": mma_decode.LORA_A_V, "NW": nw, "PDL": pdl}
     sig.update({k: "constexpr" for k in const})
     odd = ("M", "TILES_PER_SPLIT", "LA_R", "LA_PROGS", "T0", "T1") + (("stride_sn", "stride_zn") if fmt == FMT_INT4
@@ -104,7 +105,7 @@ def compile_table(dump: str | None = None) -> list[dict]:
 
 
 # ---------------------------------------------------------------------------
-def bench(out_dir: str, shapes, ms, specs) -> dict:
+def bench(out_dir: str, shapes, ms, specs, read_ceiling: bool = False) -> dict:
     import torch
     from bench_wo_gemm import _copies, graph_time_us, measure_ceilings, rotating_packed
     from quarl_kernels import wo_gemm
@@ -126,6 +127,11 @@ def bench(out_dir: str, shapes, ms, specs) -> dict:
             pws, q = rotating_packed(spec, w, l2)
             p0 = pws[0]
             wref = q.dequantize(torch.float64)
+            read_us = None
+            if read_ceiling:  # a plain streaming read of the weight's bytes, timed the same way (bench_gemv)
+                from bench_gemv import read_ceiling_us
+
+                read_us = read_ceiling_us(q.nbytes, l2)
             for m in ms:
                 x = torch.randn(m, k, device="cuda").to(torch.bfloat16)
                 ref = x.double() @ wref.T
@@ -158,7 +164,7 @@ def bench(out_dir: str, shapes, ms, specs) -> dict:
                        "best_us": best["us"], "best_config": best["config"], "best_pct_hbm": best["pct_hbm"],
                        "default_us": dflt["us"], "default_config": dflt["config"], "default_pct_hbm": dflt["pct_hbm"],
                        "speedup_vs_bf16": t_bf16 / best["us"], "speedup_vs_tc": t_tc / best["us"],
-                       "max_err": max(r["err"] for r in res), "all": res}
+                       "max_err": max(r["err"] for r in res), "read_us": read_us, "all": res}
                 rows.append(row)
                 print(json.dumps(row), flush=True)
             del pws
@@ -172,7 +178,7 @@ def bench(out_dir: str, shapes, ms, specs) -> dict:
               f"({r['best_pct_hbm']:4.0f}% HBM, {r['best_config']})  default {r['default_us']:7.1f} us "
               f"({r['default_pct_hbm']:4.0f}%)  tc {r['tc_us']:7.1f} us ({r['tc_pct_hbm']:4.0f}%)  "
               f"bf16 {r['bf16_us']:7.1f} us  x{r['speedup_vs_bf16']:.2f} vs bf16  x{r['speedup_vs_tc']:.2f} vs tc  "
-              f"err {r['max_err']:.1e}", flush=True)
+              f"err {r['max_err']:.1e}" + (f"  read {r['read_us']:.1f} us" if r["read_us"] else ""), flush=True)
     return result
 
 
@@ -184,6 +190,9 @@ def main() -> None:
     ap.add_argument("--formats", default=",".join(SPECS), help=f"comma-separated, default {','.join(SPECS)}")
     ap.add_argument("--compile-report", action="store_true", help="compile for sm_90 and report SASS (no GPU)")
     ap.add_argument("--dump", default=None, help="with --compile-report: write ttgir/ptx/sass here")
+    ap.add_argument("--shapes", default=None, help="comma-separated NxK, default the 7B q/o, k/v, gate/up, down")
+    ap.add_argument("--read-ceiling", action="store_true",
+                    help="also time a plain streaming read of each weight's bytes (bench_gemv's read ceiling)")
     args = ap.parse_args()
     if args.compile_report:
         compile_table(args.dump)
@@ -191,7 +200,9 @@ def main() -> None:
     ms = [int(v) for v in args.ms.split(",")] if args.ms else ([8] if args.quick else MS)
     for m in ms:
         mma_decode.token_tile(m)  # ValueError naming the range for M outside 1..64
-    bench(args.out, SHAPES[2:3] if args.quick else SHAPES, ms, args.formats.split(","))
+    shapes = ([tuple(int(v) for v in sh.split("x")) for sh in args.shapes.split(",")] if args.shapes
+              else SHAPES[2:3] if args.quick else SHAPES)
+    bench(args.out, shapes, ms, args.formats.split(","), args.read_ceiling)
 
 
 if __name__ == "__main__":
