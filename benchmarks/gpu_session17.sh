@@ -11,6 +11,8 @@
 #   phase b: bash benchmarks/gpu_session17.sh b   (one GPU; ~8 min)
 #     mma_decode's cp.async ring (configs 14-18): GPU tests, bench_mma_decode at 1 / 4 / 8 / 16 rows on the 7B and
 #     14B weights with a plain read of each weight's bytes beside it, and the one-row GEMV with its read ceiling.
+#   phases c, d: bash benchmarks/gpu_session17.sh c (then d)   (one GPU; up to ~10 min each)
+#     the whole GPU test selection (`pytest -m gpu`: 724 tests at this commit) in two calls.
 set -u
 PHASE=${1:?phase}
 OUT=${OUT:?}
@@ -34,6 +36,16 @@ b)  # the mma.sync decode kernel with a cp.async ring of words and scales (confi
     (cd benchmarks/kernels && timeout -k 5 100 "$PY" bench_gemv.py --out "$OUT/gemv" --formats nvfp4 --ms 1 \
         --read-ceiling) > "$OUT/gemv/run.log" 2>&1
     echo "== gemv bench rc=$? at $((SECONDS - T0)) s"; tail -n 12 "$OUT/gemv/run.log"
+    ;;
+c)  # every GPU test of the decode GEMM kernels at this commit (the ring of phase b removed)
+    tests 570 tests/kernels/test_mma_decode_gpu.py tests/kernels/test_gemv_gpu.py tests/kernels/test_wgmma_decode_gpu.py \
+        tests/kernels/test_wgmma_ring_gpu.py
+    ;;
+d)  # every other GPU test: fused glue, wo_gemm, epilogues, dense path, decode attention, FP8, the engine, onloading
+    tests 570 tests/kernels/test_fused_gpu.py tests/kernels/test_wo_gemm_gpu.py tests/kernels/test_epilogue_gpu.py \
+        tests/kernels/test_dense_gpu.py tests/kernels/test_decode_attn_gpu.py tests/kernels/test_fp8_quant_gpu.py \
+        tests/kernels/test_fp8_gemv_gpu.py tests/kernels/test_token_logprob_gpu.py tests/engine/test_engine_gpu.py \
+        tests/quant/test_fp8_linear.py tests/quant/formats/test_fp8.py tests/calibrate/test_onload.py
     ;;
 *)
     echo "unknown phase $PHASE"; exit 2

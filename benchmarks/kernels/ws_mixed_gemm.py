@@ -1,9 +1,13 @@
 """A warp-specialized mixed-input GEMM for large M on Hopper (issue 17: M >= 2048 at >= 0.95x cuBLAS) -- EXPERIMENT.
 
-Status (session 16): written and built for sm_90 on a CPU (``--compile``: registers, spills, shared memory); not yet
-run on a GPU, so neither its results nor its speed are known. It is not wired into ``wo_matmul``; the next device
-session runs ``python benchmarks/kernels/ws_mixed_gemm.py`` (check against the dense path, then time it beside
-cuBLAS on BF16 weights and the dense path at M = 2048 / 4096).
+Status: written in session 16 (built for sm_90 on a CPU), first run in session 17 (H100, ``gpu_session17.sh a``;
+RESULTS "Issue 17, session 17"): correct (2.2-2.4e-3 relative to the float product, the bf16 output's rounding) and
+**slow: 0.48-0.62x cuBLAS BF16** at M = 2048 / 4096 on the 7B weights (e.g. 18944 x 3584 at 2048 rows 630.8 us
+against cuBLAS 365.1 and the dense path 417.9), where the dense path is 0.85-0.98x. At ~440 TFLOP/s it runs at about
+half the tensor cores' rate: one consumer warpgroup with one wgmma group in flight, one CTA an SM (115 KB of shared
+memory), no persistent tiles (prologue and epilogue not overlapped), and the scale bytes read from global memory one
+step ahead. Not wired into ``wo_matmul``. What a faster version needs is known from CUTLASS / Machete (two consumer
+warpgroups, 128 x 256 tiles, persistent ping-pong, the decode into the wgmma A registers); not attempted further.
 
 Why. At M >= 2048 a weight-only GEMM is compute-bound. The dense path (``quarl_kernels.dense``) decodes the whole
 weight to a transient BF16 copy and runs cuBLAS: 0.81-0.91x cuBLAS at M = 2048 (the decode's 2.56 bytes a weight),

@@ -90,7 +90,7 @@ import torch
 import triton
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
-from triton.experimental.gluon.language.nvidia.ampere import async_copy, mma_v2
+from triton.experimental.gluon.language.nvidia.ampere import mma_v2
 
 from quarl_kernels import lora_a, pdl, pdl_gluon
 from quarl_kernels.dequant import _fp4_asm, _int4_asm
@@ -345,7 +345,7 @@ def _mma_decode_kernel(
     R: gl.constexpr, BKW: gl.constexpr, NT: gl.constexpr, W: gl.constexpr,
     PREFETCH: gl.constexpr, EVEN_K: gl.constexpr, XS: gl.constexpr = False,
     HAS_LA: gl.constexpr = False, LA_V: gl.constexpr = 8, NW: gl.constexpr = 1,
-    PDL: gl.constexpr = 0, STAGES: gl.constexpr = 1,
+    PDL: gl.constexpr = 0,
 ):
     """y[M, N] (or fp32 split partials [S, M, N]) = x[M, K] @ W[N, K]^T, M <= NT.
 
@@ -370,13 +370,13 @@ def _mma_decode_kernel(
                                 TILES_PER_SPLIT, stride_xm, stride_wn, stride_sn, stride_zn, stride_os, stride_om,
                                 wp1_ptr, s1_ptr, gs1_ptr, out1_ptr, N1, T0, so1, som1,
                                 wp2_ptr, s2_ptr, gs2_ptr, out2_ptr, N2, T1, so2, som2,
-                                FMT, GROUP, HAS_ZP, R, BKW, NT, W, PREFETCH, EVEN_K, XS, NW, PDL, STAGES)
+                                FMT, GROUP, HAS_ZP, R, BKW, NT, W, PREFETCH, EVEN_K, XS, NW, PDL)
     else:
         _mma_decode_weights(pid_n, pid_k, x_ptr, wp_ptr, s_ptr, z_ptr, gs_ptr, out_ptr, M, N, KW,
                             TILES_PER_SPLIT, stride_xm, stride_wn, stride_sn, stride_zn, stride_os, stride_om,
                             wp1_ptr, s1_ptr, gs1_ptr, out1_ptr, N1, T0, so1, som1,
                             wp2_ptr, s2_ptr, gs2_ptr, out2_ptr, N2, T1, so2, som2,
-                            FMT, GROUP, HAS_ZP, R, BKW, NT, W, PREFETCH, EVEN_K, XS, NW, PDL, STAGES)
+                            FMT, GROUP, HAS_ZP, R, BKW, NT, W, PREFETCH, EVEN_K, XS, NW, PDL)
 
 
 @gluon.jit
@@ -388,26 +388,25 @@ def _mma_decode_weights(
     FMT: gl.constexpr, GROUP: gl.constexpr, HAS_ZP: gl.constexpr,
     R: gl.constexpr, BKW: gl.constexpr, NT: gl.constexpr, W: gl.constexpr,
     PREFETCH: gl.constexpr, EVEN_K: gl.constexpr, XS: gl.constexpr, NW: gl.constexpr, PDL: gl.constexpr,
-    STAGES: gl.constexpr,
 ):
     """Weight tile ``t`` of the launch: weight 0's tiles, then (NW >= 2) weight 1's, then (NW == 3) weight 2's."""
     if NW == 1:
         _mma_decode_tiles(t, pid_k, x_ptr, wp_ptr, s_ptr, z_ptr, gs_ptr, out_ptr, M, N, KW, TILES_PER_SPLIT,
                           stride_xm, stride_wn, stride_sn, stride_zn, stride_os, stride_om,
-                          FMT, GROUP, HAS_ZP, R, BKW, NT, W, PREFETCH, EVEN_K, XS, PDL, STAGES)
+                          FMT, GROUP, HAS_ZP, R, BKW, NT, W, PREFETCH, EVEN_K, XS, PDL)
     else:
         if t < T0:
             _mma_decode_tiles(t, pid_k, x_ptr, wp_ptr, s_ptr, z_ptr, gs_ptr, out_ptr, M, N, KW, TILES_PER_SPLIT,
                               stride_xm, stride_wn, stride_sn, stride_zn, stride_os, stride_om,
-                              FMT, GROUP, HAS_ZP, R, BKW, NT, W, PREFETCH, EVEN_K, XS, PDL, STAGES)
+                              FMT, GROUP, HAS_ZP, R, BKW, NT, W, PREFETCH, EVEN_K, XS, PDL)
         elif NW == 2 or t < T0 + T1:
             _mma_decode_tiles(t - T0, pid_k, x_ptr, wp1_ptr, s1_ptr, s1_ptr, gs1_ptr, out1_ptr, M, N1, KW,
                               TILES_PER_SPLIT, stride_xm, stride_wn, stride_sn, stride_zn, so1, som1,
-                              FMT, GROUP, HAS_ZP, R, BKW, NT, W, PREFETCH, EVEN_K, XS, PDL, STAGES)
+                              FMT, GROUP, HAS_ZP, R, BKW, NT, W, PREFETCH, EVEN_K, XS, PDL)
         else:
             _mma_decode_tiles(t - T0 - T1, pid_k, x_ptr, wp2_ptr, s2_ptr, s2_ptr, gs2_ptr, out2_ptr, M, N2, KW,
                               TILES_PER_SPLIT, stride_xm, stride_wn, stride_sn, stride_zn, so2, som2,
-                              FMT, GROUP, HAS_ZP, R, BKW, NT, W, PREFETCH, EVEN_K, XS, PDL, STAGES)
+                              FMT, GROUP, HAS_ZP, R, BKW, NT, W, PREFETCH, EVEN_K, XS, PDL)
 
 
 @gluon.jit
@@ -418,7 +417,6 @@ def _mma_decode_tiles(
     FMT: gl.constexpr, GROUP: gl.constexpr, HAS_ZP: gl.constexpr,
     R: gl.constexpr, BKW: gl.constexpr, NT: gl.constexpr, W: gl.constexpr,
     PREFETCH: gl.constexpr, EVEN_K: gl.constexpr, XS: gl.constexpr, PDL: gl.constexpr = 0,
-    STAGES: gl.constexpr = 1,
 ):
     """One program's weight tile of :func:`_mma_decode_kernel`."""
     BK: gl.constexpr = BKW * 8
@@ -452,27 +450,6 @@ def _mma_decode_tiles(
 
     acc = gl.zeros([R, NT], gl.float32, MMA)
     kw_last = kw_lo + ((kw_hi - kw_lo - 1) // BKW) * BKW  # start of the split's last step
-    if STAGES > 1:  # cp.async ring (module docstring, "Staged"): words and scale words, STAGES - 1 steps ahead
-        gl.static_assert(FMT != 2 and not XS and not PREFETCH and EVEN_K, "the ring: FP4, whole steps, no XS")
-        gl.static_assert(WT == WPG and NG % 4 == 0, "the ring: whole scale groups, a multiple of 4 per step")
-        NG4: gl.constexpr = NG // 4  # int32 words of scale bytes per row and step
-        TS: gl.constexpr = NG4 if NG4 < 32 else 32  # noqa: FURB136  lanes along a row's scale words
-        LS4: gl.constexpr = gl.BlockedLayout([1, 1], [32 // TS, TS], [W, 1], [1, 0])  # [R, NG4]
-        SL3: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [1, 0])  # a stage [R, *] row-major, unswizzled
-        w_ring = gl.allocate_shared_memory(gl.int32, [STAGES, R, BKW], SL3)
-        s_ring = gl.allocate_shared_memory(gl.int32, [STAGES, R, NG4], SL3)
-        s_bytes = s_ring._reinterpret(s_ptr.dtype.element_ty, [STAGES, R, NG], SL3)  # [STAGES, R, NG] bytes
-        rows_s = gl.minimum(pid_n * R + gl.arange(0, R, layout=gl.SliceLayout(1, LS4)), N - 1)  # [R]
-        offs_s = gl.arange(0, NG4, layout=gl.SliceLayout(0, LS4))  # [NG4]
-        # scale rows as int32 words (K % 64 == 0: rows of whole words; ring_steps_ok)
-        s_base = s_ptr.to(gl.pointer_type(gl.int32), bitcast=True) + rows_s[:, None] * (stride_sn // 4) + offs_s[None, :]
-        w_base = wp_ptr + rows_w[:, None] * stride_wn + offs_w[None, :]  # [R, BKW], LW: a thread copies its own words
-        for st in gl.static_range(STAGES - 1):  # steps 0 .. STAGES - 2 (past the split's end: its last again)
-            kwp = gl.minimum(kw_lo + st * BKW, kw_last)
-            async_copy.async_copy_global_to_shared(w_ring.index(st), w_base + kwp)
-            async_copy.async_copy_global_to_shared(s_ring.index(st), s_base + kwp // (4 * WPG))
-            async_copy.commit_group()
-        xt_next = _x_step(x_ptr, x_off, xw, kw_lo, kw_hi, EVEN_K)  # x one step ahead, in registers
     if PREFETCH:
         nxt = _load_step(wp_ptr, s_ptr, z_ptr, rows_w, offs_w, rows_g, offs_g, kw_lo, kw_hi,
                          stride_wn, stride_sn, stride_zn, FMT, WPG, WT, HAS_ZP, EVEN_K)
@@ -491,28 +468,12 @@ def _mma_decode_tiles(
             xg = _x_step(x_ptr, x_off, xw, gl.minimum(kw0 + BKW, kw_last), kw_hi, EVEN_K)  # next step's share
         else:
             # x^T step first (L1/L2 hits), permuted like the weight tile
-            if STAGES > 1:  # loaded one step ago
-                xt = xt_next
-                xt_next = _x_step(x_ptr, x_off, xw, gl.minimum(kw0 + BKW, kw_last), kw_hi, EVEN_K)
-            else:
-                xt = _x_step(x_ptr, x_off, xw, kw0, kw_hi, EVEN_K)  # [NT, BKW, 8]
+            xt = _x_step(x_ptr, x_off, xw, kw0, kw_hi, EVEN_K)  # [NT, BKW, 8]
             # [NT, 4 (t), J (j), 2 (h), 4 (i)] -> [NT, J, 4, 4, 2]: logical k = 32 j + 8 t + 2 i + h
             xt = gl.permute(gl.reshape(xt, [NT, 4, J, 2, 4]), [0, 2, 1, 4, 3])
             b = gl.convert_layout(gl.permute(gl.reshape(xt, [NT, BK]), [1, 0]), B_L)  # [BK, NT]
 
-        if STAGES > 1:
-            i = (kw0 - kw_lo) // BKW
-            async_copy.wait_group(STAGES - 2)  # step i's copies landed (this thread's) ...
-            gl.thread_barrier()  # ... every thread's; and every thread is done reading step i - 1's stage
-            kwn = gl.minimum(kw0 + (STAGES - 1) * BKW, kw_last)
-            sn = (i + STAGES - 1) % STAGES  # = step i - 1's stage
-            async_copy.async_copy_global_to_shared(w_ring.index(sn), w_base + kwn)
-            async_copy.async_copy_global_to_shared(s_ring.index(sn), s_base + kwn // (4 * WPG))
-            async_copy.commit_group()
-            w = w_ring.index(i % STAGES).load(LW)  # [R, BKW]
-            sg = s_bytes.index(i % STAGES).load(LG)  # [R, NG]
-            zg = sg
-        elif PREFETCH:  # this step's raw loads were issued one step ago; issue the next one's
+        if PREFETCH:  # this step's raw loads were issued one step ago; issue the next one's
             w, sg, zg = nxt
             nxt = _load_step(wp_ptr, s_ptr, z_ptr, rows_w, offs_w, rows_g, offs_g,
                              gl.minimum(kw0 + BKW, kw_last), kw_hi,  # the last again at the end: unused
@@ -529,8 +490,6 @@ def _mma_decode_tiles(
         if XS:  # the next step's activations, after this step's MMAs are issued
             xs.index(1 - buf).store(_x_frag(xg, NT, J))
 
-    if STAGES > 1:
-        async_copy.wait_group(0)  # the ring's re-reads of the last step: none left in flight at exit
     pdl_gluon.leave(PDL)  # the scaling and stores left: the next kernel may place its programs
     if FMT == 0:
         acc = acc * (65536.0 / gl.load(gs_ptr).to(gl.float32))
@@ -552,18 +511,14 @@ class MmaDecodeConfig:
     prefetch: bool = True  # register double buffer of the next step's words and scales
     waves: int = 4  # split K until cdiv(N, rows) * split >= waves * SMs
     xsmem: bool = False  # stage x through shared memory (once per CTA; barriers per step); bkw 8 only
-    stages: int = 1  # > 1: a cp.async ring of the words and scales that deep (FP4; else the register double buffer)
 
     def __post_init__(self) -> None:
         if self.xsmem and self.bkw != 8:
             raise ValueError(f"MmaDecodeConfig: xsmem needs bkw = 8 (its B register pairing), got bkw = {self.bkw}")
-        if self.stages > 1 and (self.prefetch or self.xsmem):
-            raise ValueError("MmaDecodeConfig: stages > 1 (the cp.async ring) replaces prefetch and xsmem: set both "
-                             "False")
 
     def __str__(self) -> str:
         return (f"mma-R{self.rows}xBK{self.bkw * 8}w{self.warps}{'p' if self.prefetch else ''}W{self.waves}"
-                f"{'xs' if self.xsmem else ''}{f's{self.stages}' if self.stages > 1 else ''}")
+                f"{'xs' if self.xsmem else ''}")
 
 
 # Candidates. Per thread and K step: (rows / warps / 8) rows x bkw / 4 words. 0-5 are the
@@ -587,16 +542,10 @@ MMA_DECODE_CONFIGS = (
     MmaDecodeConfig(128, 8, 4, prefetch=False, xsmem=True),  # 11: M 17..64: x through shared memory
     MmaDecodeConfig(256, 8, 8, prefetch=False, xsmem=True),  # 12: M 33..64: 8 warps share each x step
     MmaDecodeConfig(256, 8, 8, xsmem=True),  # 13: M 17..32: 12 with the register double buffer
-    # 14-18: M <= 16 with the words and scales in a cp.async ring (session 17): more bytes in flight per SM
-    MmaDecodeConfig(128, 16, 4, prefetch=False, stages=4),  # 14
-    MmaDecodeConfig(64, 32, 4, prefetch=False, stages=4),  # 15
-    MmaDecodeConfig(128, 16, 4, prefetch=False, stages=6),  # 16
-    MmaDecodeConfig(256, 16, 8, prefetch=False, stages=4),  # 17
-    MmaDecodeConfig(128, 32, 4, prefetch=False, stages=3),  # 18
 )
 # Which configs make sense per token tile: the candidates a tuner / the bench tries at M.
 # The M <= 16 configs spill at NT = 64 (128 B registers + 64 accumulators + 64 A).
-_CANDIDATES = {8: (0, 1, 2, 3, 4, 5, 14, 15, 16, 17, 18), 16: (0, 1, 2, 3, 4, 5, 14, 15, 16, 17, 18), 32: (0, 6, 7, 8, 11, 13), 64: (6, 7, 8, 9, 10, 11, 12)}
+_CANDIDATES = {8: (0, 1, 2, 3, 4, 5), 16: (0, 1, 2, 3, 4, 5), 32: (0, 6, 7, 8, 11, 13), 64: (6, 7, 8, 9, 10, 11, 12)}
 # Defaults per token tile where they do not depend on N (M <= 16: see default_config).
 _DEFAULTS = {32: 11, 64: 11}  # H200 bench (docs/kernels.md v10): best geo-mean on the large layers
 # Above 16 tokens the kernel beats the Triton tensor-core path only on large weights
@@ -644,16 +593,6 @@ def mma_decode_supported(x2: torch.Tensor, pw) -> bool:
     return (x2.is_cuda and x2.dtype == torch.bfloat16 and x2.dim() == 2 and MIN_M <= x2.shape[0] <= MAX_M
             and x2.shape[1] == pw.k and pw.fmt in (FMT_NVFP4, FMT_MXFP4, FMT_INT4)
             and pw.group % 8 == 0 and wpg & (wpg - 1) == 0 and pw.k % 8 == 0)
-
-
-def ring_ok(pw, cfg: MmaDecodeConfig, scale: torch.Tensor) -> bool:
-    """Whether ``cfg``'s cp.async ring (``stages > 1``) runs ``pw``: an FP4 weight of whole K steps whose step
-    holds whole scale groups, a multiple of 4 scale bytes a row (copied as int32 words: ``scale``'s rows and base
-    4-byte aligned). Otherwise the launch takes the same geometry with the register double buffer."""
-    wpg = pw.group // 8
-    kw = pw.k // 8
-    return (cfg.stages > 1 and pw.fmt != FMT_INT4 and kw % cfg.bkw == 0 and wpg <= cfg.bkw
-            and (cfg.bkw // wpg) % 4 == 0 and scale.stride(0) % 4 == 0 and scale.data_ptr() % 4 == 0)
 
 
 def _split(cfg: MmaDecodeConfig, n: int, kw: int, sms: int) -> tuple[int, int]:
@@ -728,8 +667,6 @@ def _launch(x2: torch.Tensor, pws: list, cfg: MmaDecodeConfig, epi):
             w_args += [pws[j].words, o.scale, o.gscale, o.out, pws[j].n, tiles[j - 1], *o.out_strides]
         else:
             w_args += [pw.words, o0.scale, o0.gscale, o0.out, 0, 0, 0, 0]
-    ring = all(ring_ok(p, cfg, o.scale) for p, o in zip(pws, ops))
-    stages, prefetch = (cfg.stages, False) if ring else (1, cfg.prefetch or cfg.stages > 1)
     grid = (la_progs + sum(tiles), split)  # the A programs first: scheduled in the first wave
     _mma_decode_kernel[grid](
         o0.x2, pw.words, o0.scale, o0.zero, o0.gscale, o0.out,
@@ -738,7 +675,7 @@ def _launch(x2: torch.Tensor, pws: list, cfg: MmaDecodeConfig, epi):
         *la_args, *w_args,
         FMT=pw.fmt, GROUP=pw.group, HAS_ZP=pw.fmt == FMT_INT4 and pw.zero is not None,
         R=cfg.rows, BKW=cfg.bkw, NT=nt, W=cfg.warps,
-        PREFETCH=prefetch, EVEN_K=kw % cfg.bkw == 0, XS=cfg.xsmem, STAGES=stages,
+        PREFETCH=cfg.prefetch, EVEN_K=kw % cfg.bkw == 0, XS=cfg.xsmem,
         HAS_LA=la is not None, LA_V=LORA_A_V, NW=len(pws),
         num_warps=cfg.warps, **pdl.kwargs(x2.device),
     )
@@ -759,6 +696,5 @@ __all__ = [
     "launch_mma_decode_group",
     "mma_decode_supported",
     "preferred",
-    "ring_ok",
     "token_tile",
 ]

@@ -36,7 +36,7 @@ def test_token_tiles_and_defaults():
     for m in (2, 8, 16, 17, 32, 33, 64):
         for n in (512, 18944):
             assert mma_decode.default_config(m, n) in mma_decode.candidate_configs(m)
-    assert mma_decode.candidate_configs(8) == C[:6] + C[14:19]  # the M <= 16 set, and the rings (measuring)
+    assert mma_decode.candidate_configs(8) == C[:6]  # the M <= 16 set is unchanged
 
 
 
@@ -122,58 +122,3 @@ def test_group_launch_compiles_without_costing_the_tiles_registers(m, nw):
     print(m, nw, "regs", one["regs"], grp["regs"])
     per_sm = 65536 // (32 * cfg.warps)
     assert grp["stack"] == 0 and per_sm // grp["regs"] >= per_sm // one["regs"], (one["regs"], grp["regs"])
-
-
-def test_ring_config_validation():
-    with pytest.raises(ValueError, match="replaces prefetch"):
-        mma_decode.MmaDecodeConfig(128, 16, 4, stages=4)  # prefetch defaults to True
-    assert str(C[14]).endswith("s4") and C[14].stages == 4 and not C[14].prefetch
-
-
-@pytest.mark.parametrize("fmt,group,k,cfg,ok", [
-    (FMT_NVFP4, 16, 3584, C[14], True),  # 16-word steps: 8 scale bytes a row and step
-    (FMT_MXFP4, 32, 3584, C[14], True),  # 4 scale bytes
-    (FMT_INT4, 128, 3584, C[14], False),  # fp32 scales: the double buffer
-    (FMT_NVFP4, 16, 1088, C[14], False),  # 136 words: an 8-word tail
-    (FMT_NVFP4, 16, 3584, C[4], False),  # no ring asked
-    (FMT_MXFP4, 32, 3584, mma_decode.MmaDecodeConfig(256, 8, 4, prefetch=False, stages=4), False),  # 2 bytes a step
-])
-def test_ring_ok(fmt, group, k, cfg, ok):
-    import torch
-
-    n = 256
-    pw = type("PW", (), {"fmt": fmt, "group": group, "k": k, "n": n})()
-    scale = torch.zeros(n, k // group, dtype=torch.uint8)
-    assert mma_decode.ring_ok(pw, cfg, scale) is ok
-    if ok:  # a scale view whose rows are not 4-byte aligned cannot be read as int32 words
-        assert not mma_decode.ring_ok(pw, cfg, torch.zeros(n, k // group + 2, dtype=torch.uint8)[:, 1:-1])
-
-
-@pytest.mark.parametrize("fmt", [FMT_NVFP4, FMT_MXFP4], ids=["nvfp4", "mxfp4"])
-@pytest.mark.parametrize("idx,m", [(14, 8), (15, 1), (16, 16), (17, 8), (18, 16)])
-def test_ring_configs_compile_as_designed(fmt, idx, m):
-    """The cp.async ring builds for sm_90 without spills: its shared memory is the ring (STAGES x rows x the step's
-    words and scale words), the words come back with LDS (no global word loads in the loop but x's and the copies),
-    and the loop has at most two barriers (the explicit one, one of Triton's)."""
-    cfg = C[idx]
-    r = _report(fmt, cfg, m)
-    ng4 = cfg.bkw * 8 // (16 if fmt == FMT_NVFP4 else 32) // 4  # scale bytes a row and step, as int32 words
-    assert r["stack"] == 0 and r["regs"] <= 255, r
-    assert r["smem"] == cfg.stages * cfg.rows * (cfg.bkw + ng4) * 4, r["smem"]
-    assert 1 <= r["loop_bar"] <= 2 and r["loop_lds"] > 0 and r["hmma"] > 0, r
-
-
-def test_ring_group_launch_shares_its_shared_memory():
-    """A group launch (gate / up: NW = 2) instantiates the tile loop per weight; the branches' rings are not live at
-    once, so the launch needs one ring's shared memory. (The two-branch build has an 8-byte stack frame at 96
-    registers, sm_90, Triton 3.6: measured as part of the ring's GPU figures, not assumed free.)"""
-    sys.path.insert(0, str(ROOT / "benchmarks" / "kernels"))
-    try:
-        import compile_report as cr
-        from bench_mma_decode import compile_mma_decode
-    finally:
-        sys.path.pop(0)
-    one = cr.report(compile_mma_decode(FMT_NVFP4, C[14], 8, lora_a=True), "ring", None)
-    grp = cr.report(compile_mma_decode(FMT_NVFP4, C[14], 8, lora_a=True, nw=2), "ring-nw2", None)
-    assert grp["smem"] <= one["smem"] + 1024, (one["smem"], grp["smem"])
-    assert grp["stack"] <= 8, (grp["regs"], grp["stack"])  # ptxas keeps an 8-byte frame in the two-branch build

@@ -65,14 +65,6 @@ LARGE_CASES = [  # M = 17..64 (NT = 32 / 64): every candidate config of each til
     (31, 640, 384, C[13]),  # ... 8 warps at NT = 32: two warps per octet (same values stored twice)
 ]
 
-RING_CASES = [  # the cp.async ring (stages > 1): FP4 with whole steps; INT4 and K tails fall back to the double buffer
-    (8, 512, 3584, C[14]),  # split-K, 4 stages
-    (1, 3584, 1280, C[15]),  # one token; 32-word steps: 4 scale words a row and step
-    (13, 1000, 2048, C[16]),  # N tail, 6 stages (more stages than some splits have steps: the last step re-read)
-    (16, 640, 384, C[17]),  # 8 warps, 3 steps in all
-    (5, 520, 1024, C[18]),  # 3 stages of 32-word steps
-    (3, 384, 1088, C[14]),  # 136 words: an 8-word tail, so the double buffer runs
-]
 
 _qweight, _poison, _rel = qweight, poison, rel  # shared scaffolding (tests/kernels/helpers.py)
 
@@ -94,32 +86,6 @@ def test_mma_decode_matches_reference(spec, m, n, k, cfg):
 @pytest.mark.parametrize("m,n,k,cfg", LARGE_CASES, ids=[f"M{c[0]}N{c[1]}K{c[2]}-{c[3]}" for c in LARGE_CASES])
 def test_mma_decode_large_m_matches_reference(spec, m, n, k, cfg):
     test_mma_decode_matches_reference(spec, m, n, k, cfg)
-
-
-@pytest.mark.parametrize("spec", SPECS)
-@pytest.mark.parametrize("m,n,k,cfg", RING_CASES, ids=[f"M{c[0]}N{c[1]}K{c[2]}-{c[3]}" for c in RING_CASES])
-def test_ring_matches_reference(spec, m, n, k, cfg):
-    test_mma_decode_matches_reference(spec, m, n, k, cfg)
-
-
-@pytest.mark.parametrize("spec", FP4)
-def test_ring_is_bit_equal_to_the_double_buffer_in_a_graph(spec):
-    """The ring changes where the words wait, not the arithmetic: bit-equal to the same geometry with the register
-    double buffer, eager and replayed from a CUDA graph (a group launch of gate / up too)."""
-    torch.manual_seed(11)
-    pws = [_packed_weight(*_qweight(spec, 3584, 1280)[0]) for _ in range(2)]
-    x = torch.randn(8, 1280, device="cuda").to(torch.bfloat16)
-    ring, plain = C[14], mma_decode.MmaDecodeConfig(128, 16, 4)
-    assert mma_decode.ring_ok(pws[0], ring, pws[0].scale.view(torch.uint8))
-    want = mma_decode.launch_mma_decode(x, pws[0], plain)
-    assert torch.equal(mma_decode.launch_mma_decode(x, pws[0], ring), want)
-    assert torch.equal(replayed(lambda x: mma_decode.launch_mma_decode(x, pws[0], ring), x), want)
-    from quarl_kernels.launch import Epilogue
-
-    epis = [Epilogue() for _ in pws]
-    got = mma_decode.launch_mma_decode_group(x, pws, ring, epis)
-    ref = mma_decode.launch_mma_decode_group(x, pws, plain, epis)
-    assert all(torch.equal(a, b) for a, b in zip(got, ref))
 
 
 @pytest.mark.parametrize("spec", FP4)
