@@ -54,4 +54,12 @@ esac
 phase_end
 
 # ---------------------------------------------------------------------------------------------------------------
-# Record (nothing run yet)
+# Record (2026-11-26, one NVIDIA H100 80GB HBM3 per call, driver 580.159.04; raw: results/gpu_2026-11-26/s17/)
+#   a  commit b3ed6c0, 18 s: ws_mixed_gemm correct (rel. err 2.2-2.4e-3), 0.48-0.62x cuBLAS BF16 at M = 2048 / 4096
+#      (dense path 0.85-0.98x in the same run).
+#   b  commit 459e949, 103 s: the mma.sync cp.async ring (configs 14-18) slower at all 24 points (by 7-47 %); GPU
+#      tests 39 passed, 4 failed (two test bugs: INT4 at K = 1088, not a multiple of its 128 block; and a graph
+#      replay with new x compared against the old x's output) -- the ring was then removed (commit e076ede).
+#   c  commit e076ede, 550 s: 433 passed, 1 skipped (MXFP4 at K = 1040).
+#   d  commit e076ede, 403 s (warm): 282 passed, 8 skipped (DeepGEMM not built in this call).
+#   Device time: ~1185 s held over three machines' starts, counted at 50-67 %.
