@@ -13,6 +13,8 @@
 #     14B weights with a plain read of each weight's bytes beside it, and the one-row GEMV with its read ceiling.
 #   phases c, d: bash benchmarks/gpu_session17.sh c (then d)   (one GPU; up to ~10 min each)
 #     the whole GPU test selection (`pytest -m gpu`: 724 tests at this commit) in two calls.
+#   phase e: bash benchmarks/gpu_session17.sh e   (one GPU; ~3 min)
+#     the dense path vs cuBLAS BF16 at 2048..16384 rows (bench_dense_chunks.py without chunks).
 set -u
 PHASE=${1:?phase}
 OUT=${OUT:?}
@@ -46,6 +48,13 @@ d)  # every other GPU test: fused glue, wo_gemm, epilogues, dense path, decode a
         tests/kernels/test_dense_gpu.py tests/kernels/test_decode_attn_gpu.py tests/kernels/test_fp8_quant_gpu.py \
         tests/kernels/test_fp8_gemv_gpu.py tests/kernels/test_token_logprob_gpu.py tests/engine/test_engine_gpu.py \
         tests/quant/test_fp8_linear.py tests/quant/formats/test_fp8.py tests/calibrate/test_onload.py
+    ;;
+e)  # the dense path against cuBLAS BF16 at the row counts the product runs at M >= 2048: training micro-batches
+    # (8 x 768 = 6144 rows in the 7B GRPO step) and the engine's prefill chunks (up to 16384 rows)
+    mkdir -p "$OUT/dense"
+    (cd benchmarks/kernels && timeout -k 5 240 "$PY" bench_dense_chunks.py --out "$OUT/dense" \
+        --ms 2048,4096,6144,8192,16384 --chunks 1000000) > "$OUT/dense/run.log" 2>&1
+    echo "== dense rc=$? at $((SECONDS - T0)) s"; cat "$OUT/dense/run.log" | grep -v Warning
     ;;
 *)
     echo "unknown phase $PHASE"; exit 2
