@@ -15,6 +15,7 @@
 #     the whole GPU test selection (`pytest -m gpu`: 724 tests at this commit) in two calls.
 #   phase e: bash benchmarks/gpu_session17.sh e   (one GPU; ~3 min)
 #     the dense path vs cuBLAS BF16 at 2048..16384 rows (bench_dense_chunks.py without chunks).
+#   phase f: bash benchmarks/gpu_session17.sh f   (one GPU; ~5 min): e with the two arms alternating, 5 times a point.
 set -u
 PHASE=${1:?phase}
 OUT=${OUT:?}
@@ -55,6 +56,14 @@ e)  # the dense path against cuBLAS BF16 at the row counts the product runs at M
     (cd benchmarks/kernels && timeout -k 5 240 "$PY" bench_dense_chunks.py --out "$OUT/dense" \
         --ms 2048,4096,6144,8192,16384 --chunks 1000000) > "$OUT/dense/run.log" 2>&1
     echo "== dense rc=$? at $((SECONDS - T0)) s"; cat "$OUT/dense/run.log" | grep -v Warning
+    ;;
+f)  # phase e again with the arms alternating 5 times a point (medians): e's large-M ratios were not monotonic
+    mkdir -p "$OUT/dense"
+    (cd benchmarks/kernels && timeout -k 5 400 "$PY" bench_dense_chunks.py --out "$OUT/dense" \
+        --ms 2048,4096,8192,16384 --chunks 1000000 --repeats 5) > "$OUT/dense/run.log" 2>&1
+    echo "== dense rc=$? at $((SECONDS - T0)) s"; cat "$OUT/dense/run.log" | grep -v Warning
+    nvidia-smi --query-gpu=clocks.sm,clocks.max.sm,temperature.gpu,power.draw,clocks_throttle_reasons.active \
+        --format=csv
     ;;
 *)
     echo "unknown phase $PHASE"; exit 2
