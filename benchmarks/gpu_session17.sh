@@ -80,4 +80,7 @@ phase_end
 #      replay with new x compared against the old x's output) -- the ring was then removed (commit e076ede).
 #   c  commit e076ede, 550 s: 433 passed, 1 skipped (MXFP4 at K = 1040).
 #   d  commit e076ede, 403 s (warm): 282 passed, 8 skipped (DeepGEMM not built in this call).
-#   Device time: ~1185 s held over three machines' starts, counted at 50-67 %.
+#   e  commit d1484f2, 15 s: dense / cuBLAS 0.79-1.00x at 2048..16384 rows, one unpaired timing each (not monotonic).
+#   f  commit df1879a, 27 s: alternating 5x, medians 0.82-0.89x at 2048, 0.93-0.95x at 4096,
+#      0.91-0.99x at 8192, 0.96-0.98x at 16384 rows; SM clock 1980 MHz (max), no throttle reason.
+#   Device time: ~1290 s held over five machines' starts, counted at 50-67 %; 1144 s of budget left.
