@@ -16,6 +16,7 @@
 #   phase e: bash benchmarks/gpu_session17.sh e   (one GPU; ~3 min)
 #     the dense path vs cuBLAS BF16 at 2048..16384 rows (bench_dense_chunks.py without chunks).
 #   phase f: bash benchmarks/gpu_session17.sh f   (one GPU; ~5 min): e with the two arms alternating, 5 times a point.
+#   phase g: bash benchmarks/gpu_session17.sh g   (one GPU; ~4 min): ws_mixed_gemm.py's six variants.
 set -u
 PHASE=${1:?phase}
 OUT=${OUT:?}
@@ -64,6 +65,13 @@ f)  # phase e again with the arms alternating 5 times a point (medians): e's lar
     echo "== dense rc=$? at $((SECONDS - T0)) s"; cat "$OUT/dense/run.log" | grep -v Warning
     nvidia-smi --query-gpu=clocks.sm,clocks.max.sm,temperature.gpu,power.draw,clocks_throttle_reasons.active \
         --format=csv
+    ;;
+g)  # ws_mixed_gemm's variants (session 17): scales staged by the loader, no proxy fence after the word reads, a third
+    # decoded stage, two MMA warpgroups on 256-token tiles; each checked against the float product, then timed. A hang
+    # (a barrier wrong in the 8-warp default partition) shows as the timeout, after the variants that ran.
+    mkdir -p "$OUT/ws"
+    (cd benchmarks/kernels && timeout -k 5 "${WS_S:-240}" "$PY" ws_mixed_gemm.py) > "$OUT/ws/run.log" 2>&1
+    echo "== ws variants rc=$? at $((SECONDS - T0)) s"; cat "$OUT/ws/run.log"
     ;;
 *)
     echo "unknown phase $PHASE"; exit 2

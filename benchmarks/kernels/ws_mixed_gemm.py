@@ -54,25 +54,46 @@ BKW = BK // 8  # packed words per row per step
 STAGES = 4  # x + word ring
 DSTAGES = 2  # decoded-weight ring
 DECODE_WARPS = 4
+DECODER_REGS_BM256 = gl.constexpr(120)  # the decoder's registers beside two MMA warpgroups (bm = 256)
+# session 17's variants, timed side by side: the first version; the scale bytes through the loader into shared memory;
+# and without the decoder's proxy fence after its word reads; and a third decoded-tile stage
+VARIANTS = {"v1": {}, "ssmem": {"ssmem": True}, "ssmem-nofence": {"ssmem": True, "wfence": False},
+            "ssmem-nofence-d3": {"ssmem": True, "wfence": False, "dstages": 3},
+            "bm256": {"ssmem": True, "wfence": False, "bm": 256, "stages": 3},
+            "bm256-d3": {"ssmem": True, "wfence": False, "bm": 256, "stages": 3, "dstages": 3}}
 
 
 @gluon.jit
-def _loader(x_desc, w_desc, x_bufs, w_bufs, ready, empty, off_m, off_n, k_steps):
-    """One warp: x and the packed words of each K step into stage ``i % STAGES`` once both consumers freed it."""
+def _loader(x_desc, w_desc, x_bufs, w_bufs, s_bufs, s_ptr, N, stride_sn, ready, empty, off_m, off_n, k_steps,
+            SSMEM: gl.constexpr):
+    """One warp: x and the packed words of each K step into stage ``i % STAGES`` once both consumers freed it.
+    SSMEM: also the step's scale bytes (4 a row: NVFP4's 4 groups of a 64-wide step, one int32), loaded from global
+    memory here and stored into the stage, so that the decoder's loads are all from shared memory (its
+    ``fence_async_shared`` -- a MEMBAR.ALL.CTA in the SASS -- otherwise waits out a global load every step)."""
     stages: gl.constexpr = x_bufs.type.shape[0]
     bk: gl.constexpr = x_desc.block_type.shape[1]
     bkw: gl.constexpr = w_desc.block_type.shape[1]
+    R: gl.constexpr = w_desc.block_type.shape[0]
+    if SSMEM:
+        LS: gl.constexpr = gl.BlockedLayout([1], [32], [1], [0])  # [R] rows over the warp
+        rows = gl.minimum(off_n + gl.arange(0, R, layout=LS), N - 1)
+        sbase = s_ptr.to(gl.pointer_type(gl.int32), bitcast=True) + rows * (stride_sn // 4)  # [R]: a row's int32 words
     for i in range(k_steps):
         s = i % stages
         mbarrier.wait(empty.index(s), ((i // stages) & 1) ^ 1)  # fresh barriers count as freed once
         mbarrier.expect(ready.index(s), x_desc.block_type.nbytes + w_desc.block_type.nbytes)
         tma.async_copy_global_to_shared(x_desc, [off_m, i * bk], ready.index(s), x_bufs.index(s))
         tma.async_copy_global_to_shared(w_desc, [off_n, i * bkw], ready.index(s), w_bufs.index(s))
+        if SSMEM:
+            s_bufs.index(s).store(gl.load(sbase + i))
+            gl.thread_barrier()  # every lane's store before the one arrive
+            mbarrier.arrive(ready.index(s), count=1)  # the barrier's second arrival (init count 2)
 
 
 @gluon.jit
-def _decoder(s_ptr, N, stride_sn, w_bufs, d_bufs, ready, empty, d_ready, d_empty, off_n, k_steps,
-             FMT: gl.constexpr, GROUP: gl.constexpr, R: gl.constexpr, BKW_: gl.constexpr, W: gl.constexpr):
+def _decoder(s_ptr, N, stride_sn, w_bufs, s_bytes, d_bufs, ready, empty, d_ready, d_empty, off_n, k_steps,
+             FMT: gl.constexpr, GROUP: gl.constexpr, R: gl.constexpr, BKW_: gl.constexpr, W: gl.constexpr,
+             SSMEM: gl.constexpr, WFENCE: gl.constexpr):
     """A warpgroup: each step's words -> the BF16 weight tile [R, 8 BKW] in natural k order, into the decoded ring."""
     stages: gl.constexpr = w_bufs.type.shape[0]
     dstages: gl.constexpr = d_bufs.type.shape[0]
@@ -85,13 +106,18 @@ def _decoder(s_ptr, N, stride_sn, w_bufs, d_bufs, ready, empty, d_ready, d_empty
     rows = gl.minimum(off_n + gl.arange(0, R, layout=gl.SliceLayout(1, LG)), N - 1)  # rows past N: never stored
     g = gl.arange(0, NG, layout=gl.SliceLayout(0, LG))
     sp = s_ptr + rows[:, None] * stride_sn + g[None, :]  # [R, NG]: step i's groups are i * NG + g
-    sg = gl.load(sp)
+    if not SSMEM:
+        sg = gl.load(sp)
     for i in range(k_steps):
         s = i % stages
-        sg_next = gl.load(sp + gl.minimum(i + 1, k_steps - 1) * NG)  # the next step's scales, one step early
+        if not SSMEM:
+            sg_next = gl.load(sp + gl.minimum(i + 1, k_steps - 1) * NG)  # the next step's scales, one step early
         mbarrier.wait(ready.index(s), (i // stages) & 1)
         w = w_bufs.index(s).load(LW)  # [R, BKW] words
-        fence_async_shared()  # this read before the loader's next TMA write of the stage
+        if SSMEM:
+            sg = s_bytes.index(s).load(LG)  # [R, NG] scale bytes of this step
+        if WFENCE:
+            fence_async_shared()  # this read before the loader's next TMA write of the stage
         mbarrier.arrive(empty.index(s), count=1)
         p0, p1, p2, p3, p4, p5, p6, p7 = _decode_step(w, sg, sg, FMT, False, LW, R, BKW_, WT)
         # pair order (output 2 r + h holds code r + 4 h) -> codes 0..7 of each word along a new last axis
@@ -102,7 +128,8 @@ def _decoder(s_ptr, N, stride_sn, w_bufs, d_bufs, ready, empty, d_ready, d_empty
         d_bufs.index(d).store(tile)
         fence_async_shared()  # generic-proxy store before wgmma's async-proxy read
         mbarrier.arrive(d_ready.index(d), count=1)
-        sg = sg_next
+        if not SSMEM:
+            sg = sg_next
 
 
 @gluon.jit
@@ -129,7 +156,7 @@ def _mma(x_bufs, d_bufs, ready, empty, d_ready, d_empty, k_steps, BM_: gl.conste
 @gluon.jit
 def ws_gemm_kernel(x_desc, w_desc, s_ptr, gs_ptr, y_ptr, M, N, K, stride_sn, stride_ym,
                    FMT: gl.constexpr, GROUP: gl.constexpr, STAGES_: gl.constexpr, DSTAGES_: gl.constexpr,
-                   DW: gl.constexpr):
+                   DW: gl.constexpr, SSMEM: gl.constexpr = False, WFENCE: gl.constexpr = True):
     """y [M, N] bf16 = x [M, K] @ dequant(W)^T for one [BM, BN] tile per program (grid: M tiles x N tiles)."""
     BM_: gl.constexpr = x_desc.block_type.shape[0]
     BK_: gl.constexpr = x_desc.block_type.shape[1]
@@ -148,20 +175,26 @@ def ws_gemm_kernel(x_desc, w_desc, s_ptr, gs_ptr, y_ptr, M, N, K, stride_sn, str
     empty = gl.allocate_shared_memory(gl.int64, [STAGES_, 1], mbarrier.MBarrierLayout())
     d_ready = gl.allocate_shared_memory(gl.int64, [DSTAGES_, 1], mbarrier.MBarrierLayout())
     d_empty = gl.allocate_shared_memory(gl.int64, [DSTAGES_, 1], mbarrier.MBarrierLayout())
+    gl.static_assert(not SSMEM or (FMT == 0 and BK_ == 64), "SSMEM: NVFP4, 4 scale bytes a row and step")
+    s_bufs = gl.allocate_shared_memory(gl.int32, [STAGES_, R], gl.SwizzledSharedLayout(1, 1, 1, [0]))
+    s_bytes = s_bufs._reinterpret(gl.uint8, [STAGES_, R, 4], gl.SwizzledSharedLayout(1, 1, 1, [1, 0]))
     for i in gl.static_range(STAGES_):
-        mbarrier.init(ready.index(i), count=1)
+        mbarrier.init(ready.index(i), count=2 if SSMEM else 1)
         mbarrier.init(empty.index(i), count=2)  # the decoder (words) and the MMA (x) both release a stage
     for i in gl.static_range(DSTAGES_):
         mbarrier.init(d_ready.index(i), count=1)
         mbarrier.init(d_empty.index(i), count=1)
     fence_async_shared()
 
+    LREGS: gl.constexpr = 48 if SSMEM else 24  # the loader warp: its scale loads need more than 24
+    DR: gl.constexpr = 168 if BM_ <= 128 else DECODER_REGS_BM256  # two MMA warpgroups' accumulators need the rest
     (acc,) = gl.warp_specialize([
         (_mma, (x_bufs, d_bufs, ready, empty, d_ready, d_empty, k_steps, BM_, R, W)),
-        (_loader, (x_desc, w_desc, x_bufs, w_bufs, ready, empty, off_m, off_n, k_steps)),
-        (_decoder, (s_ptr, N, stride_sn, w_bufs, d_bufs, ready, empty, d_ready, d_empty, off_n, k_steps,
-                    FMT, GROUP, R, BKW_, DW)),
-    ], [1, DW], [24, 168])
+        (_loader, (x_desc, w_desc, x_bufs, w_bufs, s_bufs, s_ptr, N, stride_sn, ready, empty, off_m, off_n, k_steps,
+                   SSMEM)),
+        (_decoder, (s_ptr, N, stride_sn, w_bufs, s_bytes, d_bufs, ready, empty, d_ready, d_empty, off_n, k_steps,
+                    FMT, GROUP, R, BKW_, DW, SSMEM, WFENCE)),
+    ], [1, DW], [LREGS, DR])
 
     if FMT == 0:  # the decode's 2**-16 and NVFP4's global scale
         acc = acc * (65536.0 / gl.load(gs_ptr).to(gl.float32))
@@ -174,44 +207,54 @@ def ws_gemm_kernel(x_desc, w_desc, s_ptr, gs_ptr, y_ptr, M, N, K, stride_sn, str
     gl.store(y_ptr + rm[:, None].to(gl.int64) * stride_ym + rn[None, :], y, mask=(rm < M)[:, None] & (rn < N)[None, :])
 
 
-def ws_matmul(x2: torch.Tensor, pw) -> torch.Tensor:
-    """y [M, N] = x2 [M, K] @ dequant(W)^T (``pw``: a ``wo_gemm.PackedWeight``, NVFP4 / MXFP4, K % 64 == 0)."""
+def ws_matmul(x2: torch.Tensor, pw, ssmem: bool = False, wfence: bool = True, dstages: int = DSTAGES, bm: int = BM,
+              stages: int = STAGES) -> torch.Tensor:
+    """y [M, N] = x2 [M, K] @ dequant(W)^T (``pw``: a ``wo_gemm.PackedWeight``, NVFP4 / MXFP4, K % 64 == 0).
+    ``ssmem``: the scale bytes through the loader into shared memory (NVFP4); ``wfence``: the decoder's proxy fence
+    after reading a stage's words; ``dstages``: decoded-tile ring depth; ``bm`` 256: two MMA warpgroups (the
+    default partition of 8 warps), each 128 tokens of the tile, sharing every decoded weight tile (session 17)."""
     m, k = x2.shape
     if pw.fmt not in (0, 1) or k % BK or pw.k != k:
         raise ValueError("ws_matmul: NVFP4 / MXFP4 weights with K % 64 == 0 and x of their K")
     y = torch.empty((m, pw.n), device=x2.device, dtype=torch.bfloat16)
-    x_desc = TensorDescriptor.from_tensor(x2.contiguous(), [BM, BK], _x_layout(BM))
+    x_desc = TensorDescriptor.from_tensor(x2.contiguous(), [bm, BK], _x_layout(bm))
     w_desc = TensorDescriptor.from_tensor(pw.words, [BN, BKW], _w_layout())
     s = pw.scale.view(torch.uint8)
     gs = pw.gscale if pw.gscale is not None else s
-    grid = (triton.cdiv(m, BM), triton.cdiv(pw.n, BN))
+    grid = (triton.cdiv(m, bm), triton.cdiv(pw.n, BN))
+    if ssmem and (pw.fmt != 0 or s.stride(0) % 4 or s.data_ptr() % 4):
+        raise ValueError("ws_matmul(ssmem=True): NVFP4 with 4-byte aligned scale rows")
     ws_gemm_kernel[grid](x_desc, w_desc, s, gs, y, m, pw.n, k, s.stride(0), y.stride(0),
-                         FMT=pw.fmt, GROUP=pw.group, STAGES_=STAGES, DSTAGES_=DSTAGES, DW=DECODE_WARPS, num_warps=4)
+                         FMT=pw.fmt, GROUP=pw.group, STAGES_=stages, DSTAGES_=dstages, DW=DECODE_WARPS,
+                         SSMEM=ssmem, WFENCE=wfence, num_warps=bm // 32)
     return y
 
 
-def compile_sm90(fmt: int = 0):
+def compile_sm90(fmt: int = 0, ssmem: bool = False, wfence: bool = True, dstages: int = DSTAGES, bm: int = BM,
+                 stages: int = STAGES):
     """The kernel built for sm_90 on any machine (its TMA descriptors as ``ws_matmul`` builds them)."""
     from triton.backends.compiler import GPUTarget
     from triton.experimental.gluon._runtime import GluonASTSource
 
     group = 16 if fmt == 0 else 32
-    sig = {"x_desc": f"tensordesc<bf16[{BM}, {BK}],{_x_layout(BM)!r}>",
+    sig = {"x_desc": f"tensordesc<bf16[{bm}, {BK}],{_x_layout(bm)!r}>",
            "w_desc": f"tensordesc<i32[{BN}, {BKW}],{_w_layout()!r}>",
            "s_ptr": "*u8", "gs_ptr": "*fp32", "y_ptr": "*bf16", "M": "i32", "N": "i32", "K": "i32",
            "stride_sn": "i32", "stride_ym": "i32"}
-    const = {"FMT": fmt, "GROUP": group, "STAGES_": STAGES, "DSTAGES_": DSTAGES, "DW": DECODE_WARPS}
+    const = {"FMT": fmt, "GROUP": group, "STAGES_": stages, "DSTAGES_": dstages, "DW": DECODE_WARPS,
+             "SSMEM": ssmem, "WFENCE": wfence}
     sig.update({k: "constexpr" for k in const})
     attrs = {(i,): [["tt.divisibility", 16]] for i, (k, t) in enumerate(sig.items())
              if t != "constexpr" and not t.startswith("tensordesc") and k != "M"}
     src = GluonASTSource(fn=ws_gemm_kernel, signature=sig, constexprs=const, attrs=attrs)
-    return triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": 4})
+    return triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": bm // 32})
 
 
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--compile", action="store_true", help="build for sm_90 only (no GPU): registers, spills, smem")
     ap.add_argument("--ms", default="2048,4096")
+    ap.add_argument("--variants", default=",".join(VARIANTS), help=f"comma-separated of {', '.join(VARIANTS)}")
     args = ap.parse_args()
     if args.compile:
         sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -230,13 +273,15 @@ def main() -> None:
         for m in map(int, args.ms.split(",")):
             x = (torch.randn(m, k, device="cuda") * 0.5).to(torch.bfloat16)
             want = (x.float() @ ref_w.float().T)
-            got = ws_matmul(x, pw).float()
-            err = ((got - want).norm() / want.norm()).item()
-            t_ws = graph_us([lambda x=x, pw=pw: ws_matmul(x, pw)])
-            t_dense = graph_us([lambda x=x, pw=pw: x @ dense.dequantize(pw).T])
             t_bf16 = graph_us([lambda x=x, wb=wb: x @ wb.T])
-            print(f"{n}x{k} M={m}: err {err:.1e}  ws {t_ws:.1f} us ({t_bf16 / t_ws:.3f}x cuBLAS)  dense {t_dense:.1f} "
-                  f"({t_bf16 / t_dense:.3f}x)  cuBLAS {t_bf16:.1f}", flush=True)
+            t_dense = graph_us([lambda x=x, pw=pw: x @ dense.dequantize(pw).T])
+            print(f"{n}x{k} M={m}: cuBLAS {t_bf16:.1f}  dense {t_dense:.1f} ({t_bf16 / t_dense:.3f}x)", flush=True)
+            for name in args.variants.split(","):
+                v = VARIANTS[name]
+                got = ws_matmul(x, pw, **v).float()
+                err = ((got - want).norm() / want.norm()).item()
+                t = graph_us([lambda x=x, pw=pw, v=v: ws_matmul(x, pw, **v)])
+                print(f"    {name:18s} {t:7.1f} us ({t_bf16 / t:.3f}x cuBLAS, err {err:.1e})", flush=True)
 
 
 if __name__ == "__main__":

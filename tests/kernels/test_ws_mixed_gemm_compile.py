@@ -29,3 +29,17 @@ def test_builds_for_sm90(fmt):
     assert r["stack"] == 0, f"ptxas spilled ({r['regs']} registers)"
     assert 0 < r["smem"] <= 227 * 1024, r["smem"]
     assert r["wgmma"] > 0, r
+
+
+@pytest.mark.parametrize("variant", ["ssmem", "ssmem-nofence", "ssmem-nofence-d3", "bm256", "bm256-d3"])
+def test_nvfp4_variants_build_for_sm90(variant):
+    """Session 17's variants (the scale bytes staged by the loader warp; no proxy fence after the word reads; a third
+    decoded-tile stage; two MMA warpgroups on 256-token tiles): no spills, inside the shared memory, wgmma built."""
+    sys.path.insert(0, str(KERNELS))
+    try:
+        import compile_report as cr
+        import ws_mixed_gemm as ws
+    finally:
+        sys.path.pop(0)
+    r = cr.report(ws.compile_sm90(0, **ws.VARIANTS[variant]), variant, None)
+    assert r["stack"] == 0 and 0 < r["smem"] <= 227 * 1024 and r["wgmma"] > 0, r
