@@ -91,4 +91,6 @@ phase_end
 #   e  commit d1484f2, 15 s: dense / cuBLAS 0.79-1.00x at 2048..16384 rows, one unpaired timing each (not monotonic).
 #   f  commit df1879a, 27 s: alternating 5x, medians 0.82-0.89x at 2048, 0.93-0.95x at 4096,
 #      0.91-0.99x at 8192, 0.96-0.98x at 16384 rows; SM clock 1980 MHz (max), no throttle reason.
-#   Device time: ~1290 s held over five machines' starts, counted at 50-67 %; 1144 s of budget left.
+#   g  commit 84c8018, 21 s: ws_mixed_gemm's variants, all correct (2.2-2.4e-3); best two MMA warpgroups on 256-token
+#      tiles, 0.64-0.75x cuBLAS (v1 0.52-0.59x; the dense path 0.81-0.91x in the same run).
+#   Device time: ~1345 s held over six machines' starts, counted at 50-67 %; 1116 s of budget left.

@@ -6,8 +6,11 @@ RESULTS "Issue 17, session 17"): correct (2.2-2.4e-3 relative to the float produ
 against cuBLAS 365.1 and the dense path 417.9), where the dense path is 0.85-0.98x. At ~440 TFLOP/s it runs at about
 half the tensor cores' rate: one consumer warpgroup with one wgmma group in flight, one CTA an SM (115 KB of shared
 memory), no persistent tiles (prologue and epilogue not overlapped), and the scale bytes read from global memory one
-step ahead. Not wired into ``wo_matmul``. What a faster version needs is known from CUTLASS / Machete (two consumer
-warpgroups, 128 x 256 tiles, persistent ping-pong, the decode into the wgmma A registers); not attempted further.
+step ahead. Session 17's variants (``VARIANTS``, phase g): the scales staged by the loader warp +2-9 %, no fence after
+the word reads and a third decoded stage nothing, **two MMA warpgroups on 256-token tiles** (``bm=256``) +20-35 %:
+0.64-0.75x cuBLAS, still below the dense path (0.81-0.91x in the same run). Not wired into ``wo_matmul``. Left to
+try: a second decoder warpgroup (the single one is the likely bound), x permuted into the weight's pair order (no
+PRMTs in the decode), persistent tiles.
 
 Why. At M >= 2048 a weight-only GEMM is compute-bound. The dense path (``quarl_kernels.dense``) decodes the whole
 weight to a transient BF16 copy and runs cuBLAS: 0.81-0.91x cuBLAS at M = 2048 (the decode's 2.56 bytes a weight),
