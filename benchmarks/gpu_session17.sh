@@ -17,6 +17,7 @@
 #     the dense path vs cuBLAS BF16 at 2048..16384 rows (bench_dense_chunks.py without chunks).
 #   phase f: bash benchmarks/gpu_session17.sh f   (one GPU; ~5 min): e with the two arms alternating, 5 times a point.
 #   phase g: bash benchmarks/gpu_session17.sh g   (one GPU; ~4 min): ws_mixed_gemm.py's six variants.
+#   phase h: bash benchmarks/gpu_session17.sh h   (one GPU; ~2 min): its scale loads pipelined in the loader.
 set -u
 PHASE=${1:?phase}
 OUT=${OUT:?}
@@ -71,6 +72,12 @@ g)  # ws_mixed_gemm's variants (session 17): scales staged by the loader, no pro
     # (a barrier wrong in the 8-warp default partition) shows as the timeout, after the variants that ran.
     mkdir -p "$OUT/ws"
     (cd benchmarks/kernels && timeout -k 5 "${WS_S:-240}" "$PY" ws_mixed_gemm.py) > "$OUT/ws/run.log" 2>&1
+    echo "== ws variants rc=$? at $((SECONDS - T0)) s"; cat "$OUT/ws/run.log"
+    ;;
+h)  # ws_mixed_gemm with the loader's scale loads 3 steps ahead (phase g's loader waited out one load a step)
+    mkdir -p "$OUT/ws"
+    (cd benchmarks/kernels && timeout -k 5 "${WS_S:-240}" "$PY" ws_mixed_gemm.py \
+        --variants bm256,bm256-spf,bm256-spf-s4,bm128-spf) > "$OUT/ws/run.log" 2>&1
     echo "== ws variants rc=$? at $((SECONDS - T0)) s"; cat "$OUT/ws/run.log"
     ;;
 *)

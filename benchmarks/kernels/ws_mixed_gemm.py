@@ -63,12 +63,15 @@ DECODER_REGS_BM256 = gl.constexpr(120)  # the decoder's registers beside two MMA
 VARIANTS = {"v1": {}, "ssmem": {"ssmem": True}, "ssmem-nofence": {"ssmem": True, "wfence": False},
             "ssmem-nofence-d3": {"ssmem": True, "wfence": False, "dstages": 3},
             "bm256": {"ssmem": True, "wfence": False, "bm": 256, "stages": 3},
-            "bm256-d3": {"ssmem": True, "wfence": False, "bm": 256, "stages": 3, "dstages": 3}}
+            "bm256-d3": {"ssmem": True, "wfence": False, "bm": 256, "stages": 3, "dstages": 3},
+            "bm256-spf": {"ssmem": True, "wfence": False, "bm": 256, "stages": 3, "spf": True},
+            "bm256-spf-s4": {"ssmem": True, "wfence": False, "bm": 256, "stages": 4, "spf": True},
+            "bm128-spf": {"ssmem": True, "wfence": False, "spf": True}}
 
 
 @gluon.jit
 def _loader(x_desc, w_desc, x_bufs, w_bufs, s_bufs, s_ptr, N, stride_sn, ready, empty, off_m, off_n, k_steps,
-            SSMEM: gl.constexpr):
+            SSMEM: gl.constexpr, SPF: gl.constexpr):
     """One warp: x and the packed words of each K step into stage ``i % STAGES`` once both consumers freed it.
     SSMEM: also the step's scale bytes (4 a row: NVFP4's 4 groups of a 64-wide step, one int32), loaded from global
     memory here and stored into the stage, so that the decoder's loads are all from shared memory (its
@@ -81,6 +84,10 @@ def _loader(x_desc, w_desc, x_bufs, w_bufs, s_bufs, s_ptr, N, stride_sn, ready, 
         LS: gl.constexpr = gl.BlockedLayout([1], [32], [1], [0])  # [R] rows over the warp
         rows = gl.minimum(off_n + gl.arange(0, R, layout=LS), N - 1)
         sbase = s_ptr.to(gl.pointer_type(gl.int32), bitcast=True) + rows * (stride_sn // 4)  # [R]: a row's int32 words
+        if SPF:  # a register FIFO: step i's scales were loaded 3 steps ago (the loader no longer waits out a load a step)
+            f0 = gl.load(sbase)
+            f1 = gl.load(sbase + gl.minimum(1, k_steps - 1))
+            f2 = gl.load(sbase + gl.minimum(2, k_steps - 1))
     for i in range(k_steps):
         s = i % stages
         mbarrier.wait(empty.index(s), ((i // stages) & 1) ^ 1)  # fresh barriers count as freed once
@@ -88,7 +95,13 @@ def _loader(x_desc, w_desc, x_bufs, w_bufs, s_bufs, s_ptr, N, stride_sn, ready, 
         tma.async_copy_global_to_shared(x_desc, [off_m, i * bk], ready.index(s), x_bufs.index(s))
         tma.async_copy_global_to_shared(w_desc, [off_n, i * bkw], ready.index(s), w_bufs.index(s))
         if SSMEM:
-            s_bufs.index(s).store(gl.load(sbase + i))
+            if SPF:
+                s_bufs.index(s).store(f0)
+                f0 = f1
+                f1 = f2
+                f2 = gl.load(sbase + gl.minimum(i + 3, k_steps - 1))
+            else:
+                s_bufs.index(s).store(gl.load(sbase + i))
             gl.thread_barrier()  # every lane's store before the one arrive
             mbarrier.arrive(ready.index(s), count=1)  # the barrier's second arrival (init count 2)
 
@@ -159,7 +172,8 @@ def _mma(x_bufs, d_bufs, ready, empty, d_ready, d_empty, k_steps, BM_: gl.conste
 @gluon.jit
 def ws_gemm_kernel(x_desc, w_desc, s_ptr, gs_ptr, y_ptr, M, N, K, stride_sn, stride_ym,
                    FMT: gl.constexpr, GROUP: gl.constexpr, STAGES_: gl.constexpr, DSTAGES_: gl.constexpr,
-                   DW: gl.constexpr, SSMEM: gl.constexpr = False, WFENCE: gl.constexpr = True):
+                   DW: gl.constexpr, SSMEM: gl.constexpr = False, WFENCE: gl.constexpr = True,
+                   SPF: gl.constexpr = False):
     """y [M, N] bf16 = x [M, K] @ dequant(W)^T for one [BM, BN] tile per program (grid: M tiles x N tiles)."""
     BM_: gl.constexpr = x_desc.block_type.shape[0]
     BK_: gl.constexpr = x_desc.block_type.shape[1]
@@ -194,7 +208,7 @@ def ws_gemm_kernel(x_desc, w_desc, s_ptr, gs_ptr, y_ptr, M, N, K, stride_sn, str
     (acc,) = gl.warp_specialize([
         (_mma, (x_bufs, d_bufs, ready, empty, d_ready, d_empty, k_steps, BM_, R, W)),
         (_loader, (x_desc, w_desc, x_bufs, w_bufs, s_bufs, s_ptr, N, stride_sn, ready, empty, off_m, off_n, k_steps,
-                   SSMEM)),
+                   SSMEM, SPF)),
         (_decoder, (s_ptr, N, stride_sn, w_bufs, s_bytes, d_bufs, ready, empty, d_ready, d_empty, off_n, k_steps,
                     FMT, GROUP, R, BKW_, DW, SSMEM, WFENCE)),
     ], [1, DW], [LREGS, DR])
@@ -211,11 +225,12 @@ def ws_gemm_kernel(x_desc, w_desc, s_ptr, gs_ptr, y_ptr, M, N, K, stride_sn, str
 
 
 def ws_matmul(x2: torch.Tensor, pw, ssmem: bool = False, wfence: bool = True, dstages: int = DSTAGES, bm: int = BM,
-              stages: int = STAGES) -> torch.Tensor:
+              stages: int = STAGES, spf: bool = False) -> torch.Tensor:
     """y [M, N] = x2 [M, K] @ dequant(W)^T (``pw``: a ``wo_gemm.PackedWeight``, NVFP4 / MXFP4, K % 64 == 0).
     ``ssmem``: the scale bytes through the loader into shared memory (NVFP4); ``wfence``: the decoder's proxy fence
     after reading a stage's words; ``dstages``: decoded-tile ring depth; ``bm`` 256: two MMA warpgroups (the
-    default partition of 8 warps), each 128 tokens of the tile, sharing every decoded weight tile (session 17)."""
+    default partition of 8 warps), each 128 tokens of the tile, sharing every decoded weight tile; ``spf``: the
+    loader's scale loads 3 steps ahead in registers (session 17)."""
     m, k = x2.shape
     if pw.fmt not in (0, 1) or k % BK or pw.k != k:
         raise ValueError("ws_matmul: NVFP4 / MXFP4 weights with K % 64 == 0 and x of their K")
@@ -229,12 +244,12 @@ def ws_matmul(x2: torch.Tensor, pw, ssmem: bool = False, wfence: bool = True, ds
         raise ValueError("ws_matmul(ssmem=True): NVFP4 with 4-byte aligned scale rows")
     ws_gemm_kernel[grid](x_desc, w_desc, s, gs, y, m, pw.n, k, s.stride(0), y.stride(0),
                          FMT=pw.fmt, GROUP=pw.group, STAGES_=stages, DSTAGES_=dstages, DW=DECODE_WARPS,
-                         SSMEM=ssmem, WFENCE=wfence, num_warps=bm // 32)
+                         SSMEM=ssmem, WFENCE=wfence, SPF=spf, num_warps=bm // 32)
     return y
 
 
 def compile_sm90(fmt: int = 0, ssmem: bool = False, wfence: bool = True, dstages: int = DSTAGES, bm: int = BM,
-                 stages: int = STAGES):
+                 stages: int = STAGES, spf: bool = False):
     """The kernel built for sm_90 on any machine (its TMA descriptors as ``ws_matmul`` builds them)."""
     from triton.backends.compiler import GPUTarget
     from triton.experimental.gluon._runtime import GluonASTSource
@@ -245,7 +260,7 @@ def compile_sm90(fmt: int = 0, ssmem: bool = False, wfence: bool = True, dstages
            "s_ptr": "*u8", "gs_ptr": "*fp32", "y_ptr": "*bf16", "M": "i32", "N": "i32", "K": "i32",
            "stride_sn": "i32", "stride_ym": "i32"}
     const = {"FMT": fmt, "GROUP": group, "STAGES_": stages, "DSTAGES_": dstages, "DW": DECODE_WARPS,
-             "SSMEM": ssmem, "WFENCE": wfence}
+             "SSMEM": ssmem, "WFENCE": wfence, "SPF": spf}
     sig.update({k: "constexpr" for k in const})
     attrs = {(i,): [["tt.divisibility", 16]] for i, (k, t) in enumerate(sig.items())
              if t != "constexpr" and not t.startswith("tensordesc") and k != "M"}

@@ -31,7 +31,8 @@ def test_builds_for_sm90(fmt):
     assert r["wgmma"] > 0, r
 
 
-@pytest.mark.parametrize("variant", ["ssmem", "ssmem-nofence", "ssmem-nofence-d3", "bm256", "bm256-d3"])
+@pytest.mark.parametrize("variant", ["ssmem", "ssmem-nofence", "ssmem-nofence-d3", "bm256", "bm256-d3", "bm256-spf",
+                                     "bm256-spf-s4", "bm128-spf"])
 def test_nvfp4_variants_build_for_sm90(variant):
     """Session 17's variants (the scale bytes staged by the loader warp; no proxy fence after the word reads; a third
     decoded-tile stage; two MMA warpgroups on 256-token tiles): no spills, inside the shared memory, wgmma built."""
