@@ -18,6 +18,7 @@
 #   phase f: bash benchmarks/gpu_session17.sh f   (one GPU; ~5 min): e with the two arms alternating, 5 times a point.
 #   phase g: bash benchmarks/gpu_session17.sh g   (one GPU; ~4 min): ws_mixed_gemm.py's six variants.
 #   phase h: bash benchmarks/gpu_session17.sh h   (one GPU; ~2 min): its scale loads pipelined in the loader.
+#   phase i: bash benchmarks/gpu_session17.sh i   (one GPU; ~2 min): 4 / 5 x stages at 256-token tiles.
 set -u
 PHASE=${1:?phase}
 OUT=${OUT:?}
@@ -78,6 +79,12 @@ h)  # ws_mixed_gemm with the loader's scale loads 3 steps ahead (phase g's loade
     mkdir -p "$OUT/ws"
     (cd benchmarks/kernels && timeout -k 5 "${WS_S:-240}" "$PY" ws_mixed_gemm.py \
         --variants bm256,bm256-spf,bm256-spf-s4,bm128-spf) > "$OUT/ws/run.log" 2>&1
+    echo "== ws variants rc=$? at $((SECONDS - T0)) s"; cat "$OUT/ws/run.log"
+    ;;
+i)  # ws_mixed_gemm: 4 and 5 x stages on 256-token tiles (phase h: the fourth stage gave 11-18 %), each twice
+    mkdir -p "$OUT/ws"
+    (cd benchmarks/kernels && timeout -k 5 "${WS_S:-240}" "$PY" ws_mixed_gemm.py \
+        --variants bm256-s4,bm256-spf-s4,bm256-spf-s5,bm256-spf-s4,bm256-spf-s5) > "$OUT/ws/run.log" 2>&1
     echo "== ws variants rc=$? at $((SECONDS - T0)) s"; cat "$OUT/ws/run.log"
     ;;
 *)

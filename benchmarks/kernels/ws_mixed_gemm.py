@@ -66,7 +66,9 @@ VARIANTS = {"v1": {}, "ssmem": {"ssmem": True}, "ssmem-nofence": {"ssmem": True,
             "bm256-d3": {"ssmem": True, "wfence": False, "bm": 256, "stages": 3, "dstages": 3},
             "bm256-spf": {"ssmem": True, "wfence": False, "bm": 256, "stages": 3, "spf": True},
             "bm256-spf-s4": {"ssmem": True, "wfence": False, "bm": 256, "stages": 4, "spf": True},
-            "bm128-spf": {"ssmem": True, "wfence": False, "spf": True}}
+            "bm128-spf": {"ssmem": True, "wfence": False, "spf": True},
+            "bm256-spf-s5": {"ssmem": True, "wfence": False, "bm": 256, "stages": 5, "spf": True},
+            "bm256-s4": {"ssmem": True, "wfence": False, "bm": 256, "stages": 4}}
 
 
 @gluon.jit

@@ -32,7 +32,7 @@ def test_builds_for_sm90(fmt):
 
 
 @pytest.mark.parametrize("variant", ["ssmem", "ssmem-nofence", "ssmem-nofence-d3", "bm256", "bm256-d3", "bm256-spf",
-                                     "bm256-spf-s4", "bm128-spf"])
+                                     "bm256-spf-s4", "bm128-spf", "bm256-spf-s5", "bm256-s4"])
 def test_nvfp4_variants_build_for_sm90(variant):
     """Session 17's variants (the scale bytes staged by the loader warp; no proxy fence after the word reads; a third
     decoded-tile stage; two MMA warpgroups on 256-token tiles): no spills, inside the shared memory, wgmma built."""
