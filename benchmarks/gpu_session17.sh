@@ -107,4 +107,8 @@ phase_end
 #      0.91-0.99x at 8192, 0.96-0.98x at 16384 rows; SM clock 1980 MHz (max), no throttle reason.
 #   g  commit 84c8018, 21 s: ws_mixed_gemm's variants, all correct (2.2-2.4e-3); best two MMA warpgroups on 256-token
 #      tiles, 0.64-0.75x cuBLAS (v1 0.52-0.59x; the dense path 0.81-0.91x in the same run).
-#   Device time: ~1345 s held over six machines' starts, counted at 50-67 %; 1116 s of budget left.
+#   h  commit dad6b1b, 15 s: 256-token tiles with the loader's scale loads 3 steps ahead: alone +0-12 %, with a
+#      fourth x stage 0.74-0.84x cuBLAS (dense 0.76-0.88x in the same call).
+#   i  commit 2951162, 15 s: 4 stages with / without the scale prefetch, 5 stages: best 0.78-0.83x at 2048 rows,
+#      0.74-0.77x at 4096 (dense 0.80-0.87x / 0.83-0.91x); a fifth stage no gain.
+#   Device time: ~1437 s held over eight machines' starts, counted at 50-67 %; 1070 s of budget left.

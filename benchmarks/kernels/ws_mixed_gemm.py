@@ -7,10 +7,10 @@ against cuBLAS 365.1 and the dense path 417.9), where the dense path is 0.85-0.9
 half the tensor cores' rate: one consumer warpgroup with one wgmma group in flight, one CTA an SM (115 KB of shared
 memory), no persistent tiles (prologue and epilogue not overlapped), and the scale bytes read from global memory one
 step ahead. Session 17's variants (``VARIANTS``, phase g): the scales staged by the loader warp +2-9 %, no fence after
-the word reads and a third decoded stage nothing, **two MMA warpgroups on 256-token tiles** (``bm=256``) +20-35 %:
-0.64-0.75x cuBLAS, still below the dense path (0.81-0.91x in the same run). Not wired into ``wo_matmul``. Left to
-try: a second decoder warpgroup (the single one is the likely bound), x permuted into the weight's pair order (no
-PRMTs in the decode), persistent tiles.
+the word reads and a third decoded stage nothing, **two MMA warpgroups on 256-token tiles** (``bm=256``) +20-35 %,
+and a fourth x stage (phases h-i) +11-18 %: **0.78-0.84x cuBLAS at 2048 rows, 0.74-0.78x at 4096** -- level with the
+dense path at 2048, below it at 4096. Not wired into ``wo_matmul``. Left to try: a second decoder warpgroup (built:
+it spills in the MMA partition), persistent tiles with the epilogue overlapped, 128 x 256 MMA tiles.
 
 Why. At M >= 2048 a weight-only GEMM is compute-bound. The dense path (``quarl_kernels.dense``) decodes the whole
 weight to a transient BF16 copy and runs cuBLAS: 0.81-0.91x cuBLAS at M = 2048 (the decode's 2.56 bytes a weight),
