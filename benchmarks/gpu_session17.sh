@@ -19,6 +19,7 @@
 #   phase g: bash benchmarks/gpu_session17.sh g   (one GPU; ~4 min): ws_mixed_gemm.py's six variants.
 #   phase h: bash benchmarks/gpu_session17.sh h   (one GPU; ~2 min): its scale loads pipelined in the loader.
 #   phase i: bash benchmarks/gpu_session17.sh i   (one GPU; ~2 min): 4 / 5 x stages at 256-token tiles.
+#   phase j: bash benchmarks/gpu_session17.sh j   (one GPU; ~2 min): the same without the decode (a diagnostic).
 set -u
 PHASE=${1:?phase}
 OUT=${OUT:?}
@@ -85,6 +86,12 @@ i)  # ws_mixed_gemm: 4 and 5 x stages on 256-token tiles (phase h: the fourth st
     mkdir -p "$OUT/ws"
     (cd benchmarks/kernels && timeout -k 5 "${WS_S:-240}" "$PY" ws_mixed_gemm.py \
         --variants bm256-s4,bm256-spf-s4,bm256-spf-s5,bm256-spf-s4,bm256-spf-s5) > "$OUT/ws/run.log" 2>&1
+    echo "== ws variants rc=$? at $((SECONDS - T0)) s"; cat "$OUT/ws/run.log"
+    ;;
+j)  # diagnostic: ws_mixed_gemm with the decode replaced by one conversion (wrong results): is the decoder the bound?
+    mkdir -p "$OUT/ws"
+    (cd benchmarks/kernels && timeout -k 5 "${WS_S:-240}" "$PY" ws_mixed_gemm.py \
+        --variants bm256-s4,bm256-s4-nodecode,bm256-s4,bm256-s4-nodecode) > "$OUT/ws/run.log" 2>&1
     echo "== ws variants rc=$? at $((SECONDS - T0)) s"; cat "$OUT/ws/run.log"
     ;;
 *)

@@ -68,7 +68,8 @@ VARIANTS = {"v1": {}, "ssmem": {"ssmem": True}, "ssmem-nofence": {"ssmem": True,
             "bm256-spf-s4": {"ssmem": True, "wfence": False, "bm": 256, "stages": 4, "spf": True},
             "bm128-spf": {"ssmem": True, "wfence": False, "spf": True},
             "bm256-spf-s5": {"ssmem": True, "wfence": False, "bm": 256, "stages": 5, "spf": True},
-            "bm256-s4": {"ssmem": True, "wfence": False, "bm": 256, "stages": 4}}
+            "bm256-s4": {"ssmem": True, "wfence": False, "bm": 256, "stages": 4},
+            "bm256-s4-nodecode": {"ssmem": True, "wfence": False, "bm": 256, "stages": 4, "nodecode": True}}
 
 
 @gluon.jit
@@ -111,7 +112,7 @@ def _loader(x_desc, w_desc, x_bufs, w_bufs, s_bufs, s_ptr, N, stride_sn, ready, 
 @gluon.jit
 def _decoder(s_ptr, N, stride_sn, w_bufs, s_bytes, d_bufs, ready, empty, d_ready, d_empty, off_n, k_steps,
              FMT: gl.constexpr, GROUP: gl.constexpr, R: gl.constexpr, BKW_: gl.constexpr, W: gl.constexpr,
-             SSMEM: gl.constexpr, WFENCE: gl.constexpr):
+             SSMEM: gl.constexpr, WFENCE: gl.constexpr, NODECODE: gl.constexpr):
     """A warpgroup: each step's words -> the BF16 weight tile [R, 8 BKW] in natural k order, into the decoded ring."""
     stages: gl.constexpr = w_bufs.type.shape[0]
     dstages: gl.constexpr = d_bufs.type.shape[0]
@@ -137,7 +138,11 @@ def _decoder(s_ptr, N, stride_sn, w_bufs, s_bytes, d_bufs, ready, empty, d_ready
         if WFENCE:
             fence_async_shared()  # this read before the loader's next TMA write of the stage
         mbarrier.arrive(empty.index(s), count=1)
-        p0, p1, p2, p3, p4, p5, p6, p7 = _decode_step(w, sg, sg, FMT, False, LW, R, BKW_, WT)
+        if NODECODE:  # diagnostic only (wrong results): one conversion instead of the decode, the rest the same
+            pz = w.to(gl.bfloat16)
+            p0, p1, p2, p3, p4, p5, p6, p7 = pz, pz, pz, pz, pz, pz, pz, pz
+        else:
+            p0, p1, p2, p3, p4, p5, p6, p7 = _decode_step(w, sg, sg, FMT, False, LW, R, BKW_, WT)
         # pair order (output 2 r + h holds code r + 4 h) -> codes 0..7 of each word along a new last axis
         q = gl.join(gl.join(gl.join(p0, p2), gl.join(p4, p6)), gl.join(gl.join(p1, p3), gl.join(p5, p7)))
         tile = gl.reshape(gl.permute(q, [0, 1, 4, 3, 2]), [R, BKW_ * 8])  # [R, BK] k = 8 word + code
@@ -175,7 +180,7 @@ def _mma(x_bufs, d_bufs, ready, empty, d_ready, d_empty, k_steps, BM_: gl.conste
 def ws_gemm_kernel(x_desc, w_desc, s_ptr, gs_ptr, y_ptr, M, N, K, stride_sn, stride_ym,
                    FMT: gl.constexpr, GROUP: gl.constexpr, STAGES_: gl.constexpr, DSTAGES_: gl.constexpr,
                    DW: gl.constexpr, SSMEM: gl.constexpr = False, WFENCE: gl.constexpr = True,
-                   SPF: gl.constexpr = False):
+                   SPF: gl.constexpr = False, NODECODE: gl.constexpr = False):
     """y [M, N] bf16 = x [M, K] @ dequant(W)^T for one [BM, BN] tile per program (grid: M tiles x N tiles)."""
     BM_: gl.constexpr = x_desc.block_type.shape[0]
     BK_: gl.constexpr = x_desc.block_type.shape[1]
@@ -212,7 +217,7 @@ def ws_gemm_kernel(x_desc, w_desc, s_ptr, gs_ptr, y_ptr, M, N, K, stride_sn, str
         (_loader, (x_desc, w_desc, x_bufs, w_bufs, s_bufs, s_ptr, N, stride_sn, ready, empty, off_m, off_n, k_steps,
                    SSMEM, SPF)),
         (_decoder, (s_ptr, N, stride_sn, w_bufs, s_bytes, d_bufs, ready, empty, d_ready, d_empty, off_n, k_steps,
-                    FMT, GROUP, R, BKW_, DW, SSMEM, WFENCE)),
+                    FMT, GROUP, R, BKW_, DW, SSMEM, WFENCE, NODECODE)),
     ], [1, DW], [LREGS, DR])
 
     if FMT == 0:  # the decode's 2**-16 and NVFP4's global scale
@@ -227,12 +232,13 @@ def ws_gemm_kernel(x_desc, w_desc, s_ptr, gs_ptr, y_ptr, M, N, K, stride_sn, str
 
 
 def ws_matmul(x2: torch.Tensor, pw, ssmem: bool = False, wfence: bool = True, dstages: int = DSTAGES, bm: int = BM,
-              stages: int = STAGES, spf: bool = False) -> torch.Tensor:
+              stages: int = STAGES, spf: bool = False, nodecode: bool = False) -> torch.Tensor:
     """y [M, N] = x2 [M, K] @ dequant(W)^T (``pw``: a ``wo_gemm.PackedWeight``, NVFP4 / MXFP4, K % 64 == 0).
     ``ssmem``: the scale bytes through the loader into shared memory (NVFP4); ``wfence``: the decoder's proxy fence
     after reading a stage's words; ``dstages``: decoded-tile ring depth; ``bm`` 256: two MMA warpgroups (the
     default partition of 8 warps), each 128 tokens of the tile, sharing every decoded weight tile; ``spf``: the
-    loader's scale loads 3 steps ahead in registers (session 17)."""
+    loader's scale loads 3 steps ahead in registers; ``nodecode``: a diagnostic with the decode replaced by one
+    conversion (wrong results: how fast the pipeline runs without the decode's cost) (session 17)."""
     m, k = x2.shape
     if pw.fmt not in (0, 1) or k % BK or pw.k != k:
         raise ValueError("ws_matmul: NVFP4 / MXFP4 weights with K % 64 == 0 and x of their K")
@@ -246,12 +252,12 @@ def ws_matmul(x2: torch.Tensor, pw, ssmem: bool = False, wfence: bool = True, ds
         raise ValueError("ws_matmul(ssmem=True): NVFP4 with 4-byte aligned scale rows")
     ws_gemm_kernel[grid](x_desc, w_desc, s, gs, y, m, pw.n, k, s.stride(0), y.stride(0),
                          FMT=pw.fmt, GROUP=pw.group, STAGES_=stages, DSTAGES_=dstages, DW=DECODE_WARPS,
-                         SSMEM=ssmem, WFENCE=wfence, SPF=spf, num_warps=bm // 32)
+                         SSMEM=ssmem, WFENCE=wfence, SPF=spf, NODECODE=nodecode, num_warps=bm // 32)
     return y
 
 
 def compile_sm90(fmt: int = 0, ssmem: bool = False, wfence: bool = True, dstages: int = DSTAGES, bm: int = BM,
-                 stages: int = STAGES, spf: bool = False):
+                 stages: int = STAGES, spf: bool = False, nodecode: bool = False):
     """The kernel built for sm_90 on any machine (its TMA descriptors as ``ws_matmul`` builds them)."""
     from triton.backends.compiler import GPUTarget
     from triton.experimental.gluon._runtime import GluonASTSource
@@ -262,7 +268,7 @@ def compile_sm90(fmt: int = 0, ssmem: bool = False, wfence: bool = True, dstages
            "s_ptr": "*u8", "gs_ptr": "*fp32", "y_ptr": "*bf16", "M": "i32", "N": "i32", "K": "i32",
            "stride_sn": "i32", "stride_ym": "i32"}
     const = {"FMT": fmt, "GROUP": group, "STAGES_": stages, "DSTAGES_": dstages, "DW": DECODE_WARPS,
-             "SSMEM": ssmem, "WFENCE": wfence, "SPF": spf}
+             "SSMEM": ssmem, "WFENCE": wfence, "SPF": spf, "NODECODE": nodecode}
     sig.update({k: "constexpr" for k in const})
     attrs = {(i,): [["tt.divisibility", 16]] for i, (k, t) in enumerate(sig.items())
              if t != "constexpr" and not t.startswith("tensordesc") and k != "M"}
