@@ -118,4 +118,6 @@ phase_end
 #      fourth x stage 0.74-0.84x cuBLAS (dense 0.76-0.88x in the same call).
 #   i  commit 2951162, 15 s: 4 stages with / without the scale prefetch, 5 stages: best 0.78-0.83x at 2048 rows,
 #      0.74-0.77x at 4096 (dense 0.80-0.87x / 0.83-0.91x); a fifth stage no gain.
-#   Device time: ~1437 s held over eight machines' starts, counted at 50-67 %; 1070 s of budget left.
+#   j  commit 75b802c, 16 s: without the decode 0.780-0.829x, with it 0.774-0.852x: the decoder is not
+#      the bound.
+#   Device time: ~1486 s held over nine machines' starts, counted at 50-67 %; 1046 s of budget left.

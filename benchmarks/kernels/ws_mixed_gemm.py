@@ -9,8 +9,10 @@ memory), no persistent tiles (prologue and epilogue not overlapped), and the sca
 step ahead. Session 17's variants (``VARIANTS``, phase g): the scales staged by the loader warp +2-9 %, no fence after
 the word reads and a third decoded stage nothing, **two MMA warpgroups on 256-token tiles** (``bm=256``) +20-35 %,
 and a fourth x stage (phases h-i) +11-18 %: **0.78-0.84x cuBLAS at 2048 rows, 0.74-0.78x at 4096** -- level with the
-dense path at 2048, below it at 4096. Not wired into ``wo_matmul``. Left to try: a second decoder warpgroup (built:
-it spills in the MMA partition), persistent tiles with the epilogue overlapped, 128 x 256 MMA tiles.
+dense path at 2048, below it at 4096. The decoder is not the bound (the ``nodecode`` diagnostic, phase j, is as
+fast): the MMA side is -- non-persistent tiles whose refill and epilogue leave the tensor cores idle, and the CTA
+barriers Triton's membar pass puts around the MMA partition's mbarrier operations. Not wired into ``wo_matmul``.
+Left to try: persistent tiles with a TMA-store epilogue overlapping the next tile (64 KB of its own shared memory).
 
 Why. At M >= 2048 a weight-only GEMM is compute-bound. The dense path (``quarl_kernels.dense``) decodes the whole
 weight to a transient BF16 copy and runs cuBLAS: 0.81-0.91x cuBLAS at M = 2048 (the decode's 2.56 bytes a weight),
