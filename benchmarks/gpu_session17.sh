@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# Session 17: prepared in session 16 (no device budget was left to run it). Issue 17's M >= 2048 target: the
-# warp-specialized mixed-input GEMM experiment (benchmarks/kernels/ws_mixed_gemm.py), built for sm_90 on a CPU but
-# never run. Run from the repository root on the device machine; the record of what ran goes at the end of this file.
+# Session 17: issue 17's two open kernel targets. Phase a was prepared in session 16 (no device budget was left to run
+# it): the warp-specialized mixed-input GEMM experiment (benchmarks/kernels/ws_mixed_gemm.py), first run here; b the
+# mma.sync decode kernel's cp.async ring; c-d every GPU test; e-f the dense path at large M; g-j the GEMM's variants.
+# Run from the repository root on the device machine; the record of what ran is at the end of this file.
 # The phases use benchmarks/gpu_phase_lib.sh's helpers (tests, profile, rollout_table, grpo, phase_end).
 #
 #   phase a: bash benchmarks/gpu_session17.sh a   (one GPU; ~3 min)
@@ -28,7 +29,7 @@ source benchmarks/gpu_phase_lib.sh
 case $PHASE in
 a)
     mkdir -p "$OUT/ws"
-    (cd benchmarks/kernels && timeout -k 5 "${WS_S:-150}" "$PY" ws_mixed_gemm.py) > "$OUT/ws/run.log" 2>&1
+    (cd benchmarks/kernels && timeout -k 5 "${WS_S:-150}" "$PY" ws_mixed_gemm.py --variants v1) > "$OUT/ws/run.log" 2>&1
     echo "== ws gemm rc=$? at $((SECONDS - T0)) s"; tail -n 30 "$OUT/ws/run.log"
     ;;
 b)  # the mma.sync decode kernel with a cp.async ring of words and scales (configs 14-18): tests, then the kernels at
@@ -73,7 +74,8 @@ g)  # ws_mixed_gemm's variants (session 17): scales staged by the loader, no pro
     # decoded stage, two MMA warpgroups on 256-token tiles; each checked against the float product, then timed. A hang
     # (a barrier wrong in the 8-warp default partition) shows as the timeout, after the variants that ran.
     mkdir -p "$OUT/ws"
-    (cd benchmarks/kernels && timeout -k 5 "${WS_S:-240}" "$PY" ws_mixed_gemm.py) > "$OUT/ws/run.log" 2>&1
+    (cd benchmarks/kernels && timeout -k 5 "${WS_S:-240}" "$PY" ws_mixed_gemm.py \
+        --variants v1,ssmem,ssmem-nofence,ssmem-nofence-d3,bm256,bm256-d3) > "$OUT/ws/run.log" 2>&1
     echo "== ws variants rc=$? at $((SECONDS - T0)) s"; cat "$OUT/ws/run.log"
     ;;
 h)  # ws_mixed_gemm with the loader's scale loads 3 steps ahead (phase g's loader waited out one load a step)
@@ -102,6 +104,8 @@ phase_end
 
 # ---------------------------------------------------------------------------------------------------------------
 # Record (2026-11-26, one NVIDIA H100 80GB HBM3 per call, driver 580.159.04; raw: results/gpu_2026-11-26/s17/)
+#   (phases a and g ran ws_mixed_gemm.py with no --variants when it had one / six variants; the lines above now
+#   name them, so that a re-run times the same kernels)
 #   a  commit b3ed6c0, 18 s: ws_mixed_gemm correct (rel. err 2.2-2.4e-3), 0.48-0.62x cuBLAS BF16 at M = 2048 / 4096
 #      (dense path 0.85-0.98x in the same run).
 #   b  commit 459e949, 103 s: the mma.sync cp.async ring (configs 14-18) slower at all 24 points (by 7-47 %); GPU

@@ -22,7 +22,8 @@ CUTLASS's mixed-input Hopper GEMMs do:
 
 * a loader warp issues the TMA copies: an x tile ``[BM, BK]`` and the packed words of the weight tile ``[BN, BK/8]``
   per K step into a ring of ``STAGES``;
-* a decoder warpgroup turns each step's words (and their scale bytes, read from global memory one step ahead) into
+* a decoder warpgroup turns each step's words (and their scale bytes: read from global memory one step ahead in v1,
+  staged into the stage by the loader warp with ``ssmem``) into
   the BF16 weight tile ``[BN, BK]`` (``mma_decode._decode_step``'s PTX, codes put back in natural k order) and stores
   it into a second ring in the NVMMA layout wgmma reads;
 * the default warpgroup issues ``wgmma(x [BM, BK], W^T [BK, BN])`` from shared memory, one group in flight, and
@@ -60,8 +61,11 @@ STAGES = 4  # x + word ring
 DSTAGES = 2  # decoded-weight ring
 DECODE_WARPS = 4
 DECODER_REGS_BM256 = gl.constexpr(120)  # the decoder's registers beside two MMA warpgroups (bm = 256)
-# session 17's variants, timed side by side: the first version; the scale bytes through the loader into shared memory;
-# and without the decoder's proxy fence after its word reads; and a third decoded-tile stage
+# Session 17's variants, by name (``--variants``; RESULTS "Issue 17, session 17" has each one's figures): v1, the first
+# version; ssmem, the scale bytes staged by the loader warp; nofence, without the decoder's proxy fence after its word
+# reads; d3 / s4 / s5, 3 decoded stages / 4 / 5 x stages; bm256, two MMA warpgroups on 256-token tiles; spf, the
+# loader's scale loads 3 steps ahead; nodecode, a diagnostic with wrong results (the decode replaced by a conversion).
+# Fastest measured: bm256-s4 and bm256-spf-s4 (0.78-0.84x cuBLAS at 2048 rows).
 VARIANTS = {"v1": {}, "ssmem": {"ssmem": True}, "ssmem-nofence": {"ssmem": True, "wfence": False},
             "ssmem-nofence-d3": {"ssmem": True, "wfence": False, "dstages": 3},
             "bm256": {"ssmem": True, "wfence": False, "bm": 256, "stages": 3},
