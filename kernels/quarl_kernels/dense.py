@@ -21,7 +21,9 @@ transients (one decoder layer's) are kept for the backward that follows a checkp
 (``recent_weights.py``). ``QUARL_KERNELS_DENSE_MIN_M=0`` disables the path (every M then runs the
 fused kernels, zero transient memory), and
 a call that finds no memory for the transient falls back to the fused kernel by
-itself (``wo_gemm.wo_matmul``, with one warning).
+itself (``wo_gemm.wo_matmul``, with one warning). ``QUARL_KERNELS_DENSE_FP8=1`` (opt-in) sends FP4
+weights through ``dense_fp8.py`` instead: E4M3 tiles (1 B a weight) and an FP8 GEMM, faster and *not*
+the weight-only product (its docstring states the error).
 
 Numerics. The decode is the fused kernels' own (``dequant.load_dequant_tile``);
 for NVFP4 the exact ``e2m1 * e4m3 * 2**-16`` tile is multiplied by
@@ -39,7 +41,7 @@ import torch
 import triton
 import triton.language as tl
 
-from quarl_kernels import recent_weights
+from quarl_kernels import dense_fp8, recent_weights
 from quarl_kernels.dequant import load_dequant_tile
 from quarl_kernels.launch import env_int
 
@@ -115,13 +117,23 @@ def _weight(pw) -> torch.Tensor:
     return recent_weights.get((pw.words, pw.scale, pw.zero, pw.gscale), lambda: dequantize(pw))
 
 
+def _fp8(pw) -> bool:
+    """Whether this call takes the opt-in FP8 variant (``dense_fp8.py``, ``QUARL_KERNELS_DENSE_FP8=1``)."""
+    return dense_fp8.enabled() and dense_fp8.supported(pw)
+
+
 def dense_matmul(x2: torch.Tensor, pw) -> torch.Tensor:
-    """y [M, N] = x2 [M, K] @ dequant(W)^T through a transient BF16 weight and cuBLAS."""
+    """y [M, N] = x2 [M, K] @ dequant(W)^T through a transient BF16 weight and cuBLAS (or FP8 tiles and an FP8
+    GEMM, when switched on)."""
+    if _fp8(pw):
+        return dense_fp8.matmul(x2, pw)
     return x2 @ _weight(pw).T
 
 
 def dense_matmul_t(dy2: torch.Tensor, pw) -> torch.Tensor:
     """dx [M, K] = dy2 [M, N] @ dequant(W)."""
+    if _fp8(pw):
+        return dense_fp8.matmul_t(dy2, pw)
     return dy2 @ _weight(pw)
 
 
