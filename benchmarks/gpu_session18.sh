@@ -11,6 +11,10 @@
 #   phase b: bash benchmarks/gpu_session18.sh b   (one GPU; ~5 min)
 #     the 7B GRPO step (8 x 8, 256 + 512 tokens): BF16+LoRA and NVFP4+LoRA, then NVFP4+LoRA with the FP8 dense path
 #     (step times and the rollout/trainer log-prob mismatch).
+#   phase c: bash benchmarks/gpu_session18.sh c   (one GPU; ~4 min)
+#     after a: the expansion kernel rewritten (exponent from the scale bytes, 32-row chunks, 4 warps) and nothing
+#     kept for the backward; its GPU tests, bench_dense_fp8.py on two shapes, and one LoRA micro-batch update
+#     (lora_update_step.py, 4 layers of 7B width, 8 x 768 tokens) BF16 / NVFP4 / NVFP4 with the FP8 path, profiled.
 set -u
 PHASE=${1:?phase}
 OUT=${OUT:?}
@@ -33,6 +37,17 @@ for f in sorted(pathlib.Path(sys.argv[1]).glob("grpo*/grpo_step_gpu.json")):
     for r in json.loads(f.read_text())["results"]:
         print(f.parent.name, r["format"], [(s["step"], s["mismatch_abs_logprob_diff"]) for s in r["steps"]])
 PYEOF
+    ;;
+c)
+    tests 100 tests/kernels/test_dense_fp8_gpu.py
+    mkdir -p "$OUT/fp8"
+    (cd benchmarks/kernels && timeout -k 5 150 "$PY" bench_dense_fp8.py --out "$OUT/fp8" --repeats 2 \
+        --shapes 18944x3584,3584x18944 --ms 2048,8192) > "$OUT/fp8/run.log" 2>&1
+    echo "== dense fp8 bench rc=$? at $((SECONDS - T0)) s"; grep -E "^\|" "$OUT/fp8/run.log" | head -n 12
+    mkdir -p "$OUT/lu"
+    timeout -k 5 "${LU_S:-240}" "$PY" benchmarks/lora_update_step.py --arms bf16,nvfp4,nvfp4:fp8 --profile \
+        --out "$OUT/lu" > "$OUT/lu/run.log" 2>&1
+    echo "== lora update step rc=$? at $((SECONDS - T0)) s"; grep -v Warning "$OUT/lu/run.log" | tail -n 60
     ;;
 *)
     echo "unknown phase $PHASE"; exit 2

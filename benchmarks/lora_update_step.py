@@ -15,7 +15,8 @@ Arms (each on a fresh model from the same seed): ``bf16`` and ``nvfp4`` (``polic
 (``QUARL_KERNELS_DENSE_KEEP=0``: the backward decodes the NVFP4 weight again instead of reusing the one the
 checkpointed recompute made, ``quarl_kernels.recent_weights``) and ``nvfp4:keepall`` (every decoded BF16 weight
 kept: since nothing releases them between the timed steps, no step decodes at all -- the bound on what keeping the
-BF16 weights through an update can save, at the BF16 weights' memory). ``--profile`` adds one profiled step per arm: GPU ms
+BF16 weights through an update can save, at the BF16 weights' memory); ``nvfp4:fp8`` (``QUARL_KERNELS_DENSE_FP8=1``:
+the base's large-M GEMMs on FP8 tiles, ``quarl_kernels.dense_fp8``; its expansion counts as the 4-bit decode). ``--profile`` adds one profiled step per arm: GPU ms
 by kernel class (the 4-bit decode to BF16 counted apart) and the top kernels.
 
 Reading it: the arms share everything but the base projections, so (arm - bf16) / layers is what the 4-bit base
@@ -40,8 +41,9 @@ sys.path[:0] = [str(ROOT), str(ROOT / "kernels"), str(ROOT / "benchmarks")]
 import fp8_model_step as fms  # the model builder, the rl loss step, the profiler's kernel classes
 
 MODIFIERS = {"nokeep": ("QUARL_KERNELS_DENSE_KEEP", "0"),  # decode again in the backward
-             "keepall": ("QUARL_KERNELS_DENSE_KEEP", "100000")}  # every decoded weight kept: decoded once, ever
-CLASSES = [("4-bit decode", ("_dequant_kernel",)), *fms.KERNEL_CLASSES]
+             "keepall": ("QUARL_KERNELS_DENSE_KEEP", "100000"),  # every decoded weight kept: decoded once, ever
+             "fp8": ("QUARL_KERNELS_DENSE_FP8", "1")}  # large M as FP8 tiles and FP8 GEMMs (dense_fp8.py)
+CLASSES = [("4-bit decode", ("_dequant_kernel", "_expand_kernel")), *fms.KERNEL_CLASSES]
 
 
 def parse_arm(arm: str) -> tuple[str, dict]:

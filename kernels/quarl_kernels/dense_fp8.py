@@ -11,11 +11,12 @@ where the numerics allow", behind ``QUARL_KERNELS_DENSE_FP8=1`` because it is *n
 Numerics, stated plainly.
 
 * Weight: each 128x128 tile of the padded ``[Np, Kp]`` weight gets the scale ``2**e * F`` -- ``F`` the format's
-  own factor (NVFP4: ``1 / global_scale``; MXFP4: 1), ``e`` the smallest power of two that brings the tile's
-  largest magnitude to <= 448 -- and each weight the code ``round_e4m3(value / scale)``. Because the scale is a
+  own factor (NVFP4: ``1 / global_scale``; MXFP4: 1), ``e`` the smallest power of two that brings 6 x the tile's
+  largest block scale (its largest possible magnitude; the actual one for blocks quantized from their own amax,
+  as quarl's and compressed-tensors' are) to <= 448 -- and each weight the code ``round_e4m3(value / scale)``. Because the scale is a
   power of two, a code is exact whenever the FP4 value times its block scale (e2m1 x e4m3: up to 5 significant
   bits; MXFP4: 2) fits E4M3's 4; the rest (NVFP4 values 1.5 / 3 / 6 times a block scale with an odd last mantissa
-  bit, about a fifth of the weights) move by half an E4M3 step, <= 2**-4 relative, round-to-nearest-even. MXFP4
+  bit, about a quarter of the weights) move by half an E4M3 step, <= 2**-4 relative, round-to-nearest-even. MXFP4
   is exact unless a tile's block exponents span more than E4M3's range (2**-9 .. 448 after the shift).
 * Activations: 1x128 groups along K, Jet-RL's / DeepSeek-V3's quantizer (``quarl.quant.fp8_linear``), and the
   GEMM is its ``blockwise_gemm`` (cuBLAS's 1x128 x 128x128 kernel on SM90, DeepGEMM with
@@ -26,10 +27,13 @@ Numerics, stated plainly.
   weight-only, so a run with this switch on has a larger rollout/trainer log-prob mismatch; the GRPO benchmark
   reports it beside the step times.
 
-Memory: the transient is 1 B per weight (half the BF16 dense path's). DGrad (``dy @ W``) needs the transposed
-tiles (``[Kp, Np]``: cuBLAS takes its B operand K-major), made by the same kernel with ``TRANS``; a forward that
-keeps weights for its backward (``recent_weights.keeping``) makes both orientations at once, so the backward after
-a checkpointed recompute finds its tiles made.
+Memory and passes: the transient is 1 B per weight (half the BF16 dense path's), made per call. DGrad (``dy @ W``)
+needs the transposed tiles (``[Kp, Np]``: Hopper's FP8 GEMMs take both operands K-major), made by the same kernel
+with ``TRANS`` when the backward asks. Nothing is kept for the backward (``recent_weights`` is the BF16 path's):
+a forward cannot tell whether it is a checkpointed layer's first pass, whose backward comes after the whole model,
+or its recompute, so transposed tiles made ahead would mostly be made twice. A checkpointed micro-batch thus
+expands each weight three times (forward, recompute, DGrad: 1.56 B a weight each) where the BF16 path decodes it
+twice (2.56 B each).
 """
 
 from __future__ import annotations
@@ -40,13 +44,14 @@ import torch
 import triton
 import triton.language as tl
 
-from quarl_kernels import fp8_quant, recent_weights
-from quarl_kernels.dequant import load_dequant_tile
+from quarl_kernels import fp8_quant
+from quarl_kernels.dequant import _row_group_bytes, load_dequant_tile
 from quarl_kernels.env import env_flag, interpreting
 from quarl_kernels.rounding import round_to_fp8
 
 ENV = "QUARL_KERNELS_DENSE_FP8"
 TILE = 128
+SUB = 32  # rows of a tile decoded and stored at a time (a [32, 128] fp32 chunk: 32 registers a thread at 4 warps)
 FP4_FORMATS = (0, 1)  # wo_gemm's FMT codes: NVFP4, MXFP4 (INT4's BF16-rounded group scales would round again)
 
 
@@ -70,37 +75,51 @@ def _expand_kernel(
     N, KW,
     stride_wn, stride_sn, stride_q, stride_sc0, stride_sc1,
     FMT: tl.constexpr, GROUP: tl.constexpr, USE_ASM: tl.constexpr, BYTES32: tl.constexpr, TRANS: tl.constexpr,
-    INTERPRET: tl.constexpr,
+    SUB: tl.constexpr, INTERPRET: tl.constexpr,
 ):
     """One 128x128 tile (pid_n, pid_k) of the padded weight: codes into q (``[Np, Kp]``, or ``[Kp, Np]`` with
-    TRANS), the tile's scale into sc[pid_n, pid_k] (strides given by the caller: its transpose with TRANS)."""
+    TRANS), the tile's scale into sc[pid_n, pid_k] (strides given by the caller: its transpose with TRANS).
+
+    The tile's exponent comes from its block-scale bytes alone (the largest FP4 magnitude is 6, so the tile's
+    largest value is at most 6 x its largest block scale, and equal to it for a block quantized from its own
+    amax), so the codes are written in SUB-row chunks as they are decoded: no pass over the whole tile first."""
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
-    offs_n = pid_n * 128 + tl.arange(0, 128)  # [128]
+    WPG: tl.constexpr = GROUP // 8  # words per scale group
+    NG: tl.constexpr = 16 // WPG  # scale groups in the tile's 16 words
+    rows = pid_n * 128 + tl.arange(0, 128)  # [128]
+    g0 = pid_k * NG
+    g_hi = (KW + WPG - 1) // WPG
+    sb = _row_group_bytes(s_ptr, rows, g0, rows < N, g_hi, stride_sn, NG, BYTES32)  # [128, NG] scale bytes
+    bmax = tl.max(tl.max(sb, axis=1), axis=0)  # positive E4M3 / E8M0 bytes order as their values
+    if FMT == 0:  # NVFP4: bound = 6 * s * 2**-16 in the decoded tile's frame (exact in fp32)
+        amax = bmax.to(tl.uint8).to(tl.float8e4nv, bitcast=True).to(tl.float32) * 6.0 * 1.52587890625e-05
+        bits = amax.to(tl.int32, bitcast=True)
+        # smallest e with amax * 2**-e <= 448 = 1.75 * 2**8, from amax = 1.f * 2**E: e = E - 8, or E - 7 if 1.f > 1.75
+        e = ((bits >> 23) & 0xFF) - 127 - 8 + ((bits & 0x7FFFFF) > 0x600000).to(tl.int32)
+        e = tl.where(amax == 0.0, 0, e)
+        factor = 65536.0 / tl.load(gs_ptr).to(tl.float32)  # weight = tile * 2**16 / global scale (dense.py's)
+    else:  # MXFP4: bound = 6 * 2**(b - 127) * 2**-16 = 1.5 * 2**(b - 141): e = b - 149
+        e = tl.maximum(bmax - 149, -126)
+        factor = 65536.0  # weight = tile * 2**16
+    down = ((127 - e) << 23).to(tl.float32, bitcast=True)  # 2**-e, exact
+    scale = ((127 + e) << 23).to(tl.float32, bitcast=True) * factor
     offs_kw = pid_k * 16 + tl.arange(0, 16)  # [16] words = 128 weights
     offs_k = pid_k * 128 + tl.arange(0, 128)  # [128]
-    n_ok = offs_n[:, None] < N  # [128, 1]
-    tile = load_dequant_tile(
-        wp_ptr, s_ptr, s_ptr, offs_n, offs_kw, n_ok, KW,
-        stride_wn, stride_sn, stride_sn, FMT, GROUP, False, USE_ASM, False, BYTES32,
-    ).to(tl.float32)  # [128, 128]: the exact FP4 value x block scale x 2**-16
-    tile = tl.where(n_ok & (offs_k[None, :] < KW * 8), tile, 0.0)  # padding: zero codes, no say in the amax
-    amax = tl.max(tl.max(tl.abs(tile), axis=1), axis=0)
-    # smallest e with amax * 2**-e <= 448 = 1.75 * 2**8, from amax = 1.f * 2**E: e = E - 8, or E - 7 if 1.f > 1.75
-    bits = amax.to(tl.int32, bitcast=True)
-    e = ((bits >> 23) & 0xFF) - 127 - 8 + ((bits & 0x7FFFFF) > 0x600000).to(tl.int32)
-    e = tl.where(amax == 0.0, 0, e)
-    down = ((127 - e) << 23).to(tl.float32, bitcast=True)  # 2**-e, exact
-    codes = round_to_fp8(tile * down, INTERPRET)  # the only rounding: to E4M3, nearest even
-    if FMT == 0:  # NVFP4: weight = tile * 2**16 / global scale (dense.py's factor)
-        factor = 65536.0 / tl.load(gs_ptr).to(tl.float32)
-    else:  # MXFP4: weight = tile * 2**16
-        factor = 65536.0
-    scale = ((127 + e) << 23).to(tl.float32, bitcast=True) * factor
-    if TRANS:
-        tl.store(q_ptr + offs_k.to(tl.int64)[:, None] * stride_q + offs_n[None, :], tl.trans(codes))
-    else:
-        tl.store(q_ptr + offs_n.to(tl.int64)[:, None] * stride_q + offs_k[None, :], codes)
+    k_in = offs_k < KW * 8
+    for i in tl.range(0, 128 // SUB):
+        offs_n = pid_n * 128 + i * SUB + tl.arange(0, SUB)  # [SUB]
+        n_ok = offs_n[:, None] < N  # [SUB, 1]
+        tile = load_dequant_tile(
+            wp_ptr, s_ptr, s_ptr, offs_n, offs_kw, n_ok, KW,
+            stride_wn, stride_sn, stride_sn, FMT, GROUP, False, USE_ASM, False, BYTES32,
+        ).to(tl.float32)  # [SUB, 128]: the exact FP4 value x block scale x 2**-16
+        tile = tl.where(n_ok & k_in[None, :], tile, 0.0)  # padding: zero codes
+        codes = round_to_fp8(tl.clamp(tile * down, -448.0, 448.0), INTERPRET)  # the one rounding: E4M3, RNE
+        if TRANS:
+            tl.store(q_ptr + offs_k.to(tl.int64)[:, None] * stride_q + offs_n[None, :], tl.trans(codes))
+        else:
+            tl.store(q_ptr + offs_n.to(tl.int64)[:, None] * stride_q + offs_k[None, :], codes)
     tl.store(sc_ptr + pid_n * stride_sc0 + pid_k * stride_sc1, scale)
 
 
@@ -131,8 +150,8 @@ def expand_launch(pw, q: torch.Tensor, s: torch.Tensor, transpose: bool, use_asm
         _expand_kernel, grid,
         (pw.words, pw.scale, gs, q, s, pw.n, pw.k // 8, pw.words.stride(0), pw.scale.stride(0), q.stride(0), *ss),
         {"FMT": pw.fmt, "GROUP": pw.group, "USE_ASM": use_asm and not interpret, "BYTES32": pw.bytes32,
-         "TRANS": transpose, "INTERPRET": interpret},
-        8,
+         "TRANS": transpose, "SUB": SUB, "INTERPRET": interpret},
+        4,
     )
 
 
@@ -141,17 +160,6 @@ def _fp8_linear():
     from quarl.quant import fp8_linear  # the activation quantizer and the blockwise GEMM (lazily: quarl imports us)
 
     return fp8_linear
-
-
-def _tiles(pw, transpose: bool) -> tuple[torch.Tensor, torch.Tensor]:
-    """The expanded tiles. The transposed ones (DGrad's) may be the ones a keeping forward made for its backward
-    (``recent_weights``, kind ``fp8t``); a keeping forward makes them, and its own, not kept."""
-    packed = (pw.words, pw.scale, pw.zero, pw.gscale)
-    if transpose:
-        return recent_weights.get(packed, lambda: expand(pw, transpose=True), kind="fp8t")
-    if recent_weights.is_keeping():
-        recent_weights.get(packed, lambda: expand(pw, transpose=True), kind="fp8t")
-    return expand(pw)
 
 
 def _gemm(a2: torch.Tensor, q: torch.Tensor, s: torch.Tensor, n_out: int) -> torch.Tensor:
@@ -168,13 +176,13 @@ def _gemm(a2: torch.Tensor, q: torch.Tensor, s: torch.Tensor, n_out: int) -> tor
 
 def matmul(x2: torch.Tensor, pw) -> torch.Tensor:
     """y [M, N] ~= x2 [M, K] @ dequant(W)^T through FP8 tiles and one FP8 GEMM."""
-    q, s = _tiles(pw, transpose=False)
+    q, s = expand(pw)
     return _gemm(x2, q, s, pw.n)
 
 
 def matmul_t(dy2: torch.Tensor, pw) -> torch.Tensor:
     """dx [M, K] ~= dy2 [M, N] @ dequant(W) (DGrad, dy in 1x128 groups along N)."""
-    q, s = _tiles(pw, transpose=True)
+    q, s = expand(pw, transpose=True)
     return _gemm(dy2, q, s, pw.k)
 
 

@@ -22,8 +22,6 @@ What is kept and when.
   new weight at an old address is never mistaken for the old one.
 * At most ``QUARL_KERNELS_DENSE_KEEP`` weights (default 7, 0 = off), least recently used out first;
   :func:`release` empties it (the RL trainer does after each update, before the next rollout).
-* A ``kind`` names what was made from the packed tensors: ``bf16`` (``dense.py``'s weight) or the FP8 path's
-  transposed tiles (``fp8t``, ``dense_fp8.py``: a keeping forward makes them for its DGrad); kinds never mix.
 """
 
 from __future__ import annotations
@@ -33,10 +31,12 @@ import os
 from collections import OrderedDict
 from collections.abc import Callable, Iterator
 
+import torch
+
 DEFAULT_KEEP = 7  # one decoder layer's q, k, v, o, gate, up, down
 ENV = "QUARL_KERNELS_DENSE_KEEP"
 
-_kept: OrderedDict[tuple, tuple[tuple, object]] = OrderedDict()  # key -> (the packed tensors, what was made)
+_kept: OrderedDict[tuple, tuple[tuple, torch.Tensor]] = OrderedDict()  # key -> (the packed tensors, the BF16 weight)
 stats = {"hits": 0, "misses": 0}
 _keeping = False
 
@@ -61,13 +61,13 @@ def _key(packed: tuple) -> tuple:
                  for t in packed)
 
 
-def get(packed: tuple, make: Callable[[], object], kind: str = "bf16"):
-    """``make()`` -- what ``kind`` of the weight whose packed tensors are ``packed`` (codes, scales, zero points or
-    None, global scale or None) is: its BF16 dequantization by default -- or the one kept for these exact tensors.
-    Weights made under ``torch.inference_mode`` have no version counter: never kept, always made."""
+def get(packed: tuple, make: Callable[[], torch.Tensor]) -> torch.Tensor:
+    """``make()`` -- the BF16 dequantization of the weight whose packed tensors are ``packed`` (codes, scales,
+    zero points or None, global scale or None) -- or the one kept for these exact tensors. Weights made under
+    ``torch.inference_mode`` have no version counter: never kept, always made."""
     if any(t is not None and t.is_inference() for t in packed):
         return make()
-    key = (kind, _key(packed))
+    key = _key(packed)
     hit = _kept.get(key)
     if hit is not None:
         _kept.move_to_end(key)
@@ -94,11 +94,6 @@ def keeping(on: bool) -> Iterator[None]:
         _keeping = prev
 
 
-def is_keeping() -> bool:
-    """Whether :func:`get` keeps what it makes now (inside ``keeping(True)``)."""
-    return _keeping
-
-
 def release() -> None:
     """Drop every kept weight (their memory goes back to the caching allocator)."""
     _kept.clear()
@@ -109,4 +104,4 @@ def kept() -> int:
     return len(_kept)
 
 
-__all__ = ["DEFAULT_KEEP", "ENV", "capacity", "get", "is_keeping", "keeping", "kept", "release", "stats"]
+__all__ = ["DEFAULT_KEEP", "ENV", "capacity", "get", "keeping", "kept", "release", "stats"]

@@ -38,16 +38,20 @@ def _weight(spec: str, n: int, k: int):
     s = t["weight_scale"].float() if spec == "nvfp4" else e8m0_to_float(t["weight_scale"])
     exact = (vals * s[..., None]).reshape(n, k).double()  # FP4 value x block scale, exact
     w64 = exact / t["weight_global_scale"].double() if spec == "nvfp4" else exact
-    return pw, exact, w64
+    return pw, exact, w64, s
 
 
-def _reference_codes(v: torch.Tensor):
+def _reference_codes(v: torch.Tensor, bs: torch.Tensor):
+    """The codes and tile exponents; the exponent from 6 x the tile's largest block scale ``bs`` (what the kernel
+    reads: the tile's amax for NVFP4, a bound for MXFP4)."""
     n, k = v.shape
     np_, kp = -(-n // 128) * 128, -(-k // 128) * 128
     vp = torch.zeros(np_, kp, dtype=torch.float64, device=v.device)
     vp[:n, :k] = v
     tiles = vp.reshape(np_ // 128, 128, kp // 128, 128)
-    amax = tiles.abs().amax(dim=(1, 3))
+    sp = torch.zeros(np_, kp, dtype=torch.float64, device=v.device)
+    sp[:n, :k] = bs.double().repeat_interleave(k // bs.shape[1], dim=1)
+    amax = 6 * sp.reshape(np_ // 128, 128, kp // 128, 128).amax(dim=(1, 3))
     e = torch.floor(torch.log2(amax.clamp_min(1e-300))) - 8
     e = torch.where(torch.ldexp(amax, -e) > 448, e + 1, e)
     e = torch.where(amax == 0, torch.zeros_like(e), e)
@@ -58,8 +62,8 @@ def _reference_codes(v: torch.Tensor):
 @pytest.mark.parametrize("n,k", [(200, 320), (3584, 3584), (1000, 18944)])
 def test_expand_matches_reference(spec, n, k):
     torch.manual_seed(n + k)
-    pw, exact, w64 = _weight(spec, n, k)
-    codes, e = _reference_codes(exact)
+    pw, exact, w64, bs = _weight(spec, n, k)
+    codes, e = _reference_codes(exact, bs)
     q, s = dense_fp8.expand(pw)
     qt, st = dense_fp8.expand(pw, transpose=True)
     assert torch.equal(q.float(), codes.float())
@@ -73,7 +77,7 @@ def test_expand_matches_reference(spec, n, k):
 def test_gemms_match_emulation_and_reference(spec, monkeypatch):
     torch.manual_seed(1)
     n, k, m = 768, 2048, 1100
-    pw, _, w64 = _weight(spec, n, k)
+    pw, _, w64, _ = _weight(spec, n, k)
     x = torch.randn(m, k, device="cuda").to(torch.bfloat16)
     dy = torch.randn(m, n, device="cuda").to(torch.bfloat16)
     y, dx = dense_fp8.matmul(x, pw), dense_fp8.matmul_t(dy, pw)
@@ -89,7 +93,7 @@ def test_gemms_match_emulation_and_reference(spec, monkeypatch):
 def test_wo_matmul_routes_by_switch(monkeypatch):
     torch.manual_seed(2)
     n, k, m = 512, 1024, 1024
-    pw, _, _ = _weight("nvfp4", n, k)
+    pw, *_ = _weight("nvfp4", n, k)
     x = torch.randn(m, k, device="cuda").to(torch.bfloat16)
     dy = torch.randn(m, n, device="cuda").to(torch.bfloat16)
     monkeypatch.setenv("QUARL_KERNELS_DENSE_MIN_M", "256")

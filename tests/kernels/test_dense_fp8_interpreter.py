@@ -7,8 +7,8 @@
 * ``matmul`` / ``matmul_t``: the product of the 1x128-quantized activations and those tiles (the emulated GEMM),
   against the float64 product of the packed weight within the FP8 error -- and not equal to it (this is not the
   weight-only product).
-* ``dense.dense_matmul`` / ``dense_matmul_t`` take it only with ``QUARL_KERNELS_DENSE_FP8=1`` and FP4 weights; a
-  keeping forward leaves the transposed tiles for its backward (a ``recent_weights`` hit).
+* ``dense.dense_matmul`` / ``dense_matmul_t`` take it only with ``QUARL_KERNELS_DENSE_FP8=1`` and FP4 weights, and
+  it keeps nothing for the backward (``recent_weights`` holds the BF16 path's weights only).
 
 Skipped unless Triton is importable and NumPy < 2.3 (see test_wo_gemm_interpreter.py).
 """
@@ -34,14 +34,20 @@ SCRIPT = textwrap.dedent("""
         vals = decode_e2m1(unpack_fp4(t["weight_packed"])).reshape(n, k // b, b)
         s = t["weight_scale"]
         s = s.float() if spec == "nvfp4" else e8m0_to_float(s)
-        return (vals * s[..., None]).reshape(n, k).double()  # exact: <= 5 significant bits each
+        return (vals * s[..., None]).reshape(n, k).double(), s  # exact: <= 5 significant bits each
 
-    def reference(v, n, k):
+    def reference(spec, v, s, n, k):
+        # the tile exponent from 6 x the tile's largest block scale ``s`` [N, K/B]: its amax for NVFP4 (a block's
+        # largest code is 6), an upper bound for MXFP4 (a power-of-two scale leaves a block's largest code at 4 or 6)
         np_, kp = -(-n // 128) * 128, -(-k // 128) * 128
         vp = torch.zeros(np_, kp, dtype=torch.float64)
         vp[:n, :k] = v
         tiles = vp.reshape(np_ // 128, 128, kp // 128, 128)
-        amax = tiles.abs().amax(dim=(1, 3))  # [Np/128, Kp/128]
+        sp = torch.zeros(np_, kp, dtype=torch.float64)
+        sp[:n, :k] = s.double().repeat_interleave(k // s.shape[1], dim=1)
+        amax = 6 * sp.reshape(np_ // 128, 128, kp // 128, 128).amax(dim=(1, 3))  # [Np/128, Kp/128]
+        if spec == "nvfp4":
+            assert torch.equal(amax, tiles.abs().amax(dim=(1, 3)))
         e = torch.floor(torch.log2(amax.clamp_min(1e-300))) - 8
         e = torch.where(torch.ldexp(amax, -e) > 448, e + 1, e)
         e = torch.where(amax == 0, torch.zeros_like(e), e)
@@ -54,8 +60,8 @@ SCRIPT = textwrap.dedent("""
         t = get_format(c.name).quantize(torch.randn(n, k) * 0.03, c).tensors
         gs = t.get("weight_global_scale")
         pw = _packed_weight(t["weight_packed"], t["weight_scale"], None, gs, c.name, c.block_size, n, k)
-        v = exact_values(spec, t, n, k, c.block_size)
-        codes, e = reference(v, n, k)
+        v, bs = exact_values(spec, t, n, k, c.block_size)
+        codes, e = reference(spec, v, bs, n, k)
         q, s = dense_fp8.expand(pw)
         qt, st = dense_fp8.expand(pw, transpose=True)
         assert q.dtype == torch.float8_e4m3fn and q.shape == codes.shape and s.shape == e.shape, (q.shape, s.shape)
@@ -93,16 +99,12 @@ SCRIPT = textwrap.dedent("""
         os.environ["QUARL_KERNELS_DENSE_FP8"] = "0"
         assert torch.equal(dense.dense_matmul(x, pw), x @ dense.dequantize(pw).T)
 
-    # a keeping forward leaves the transposed tiles for its DGrad
+    # the FP8 path keeps nothing for the backward (the BF16 path's recent_weights would hold its BF16 weights)
     os.environ["QUARL_KERNELS_DENSE_FP8"] = "1"
     recent_weights.release()
     with recent_weights.keeping(True):
         dense.dense_matmul(x, pw)
-    assert recent_weights.kept() == 1
-    hits = recent_weights.stats["hits"]
-    dense.dense_matmul_t(torch.randn(32, pw.n).to(torch.bfloat16), pw)
-    assert recent_weights.stats["hits"] == hits + 1
-    recent_weights.release()
+    assert recent_weights.kept() == 0
     # INT4 stays on the BF16 dense path; expand names the problem
     c = make_config("int4-g128")
     t = get_format(c.name).quantize(torch.randn(128, 256) * 0.03, c).tensors
