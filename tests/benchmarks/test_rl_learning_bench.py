@@ -1,0 +1,21 @@
+"""benchmarks/rl_learning.py's policy names on CPU: ``-fp8dense`` is a training-only environment switch on top of
+the named policy (same overrides, same base for eval), composable with ``-dapo`` and ``@<lr>``; a typo stops."""
+
+import pytest
+
+from tests.benchmarks.bench_module import load_bench
+
+bench = load_bench("rl_learning.py", "rl_learning")
+
+
+def test_fp8dense_is_the_same_policy_with_a_training_switch():
+    assert bench.policy_spec("nvfp4-lora-fp8dense") == bench.policy_spec("nvfp4-lora")
+    ov, quant = bench.policy_spec("nvfp4-lora-dapo-fp8dense@5e-4")
+    assert quant == "nvfp4" and "algo.algo=dapo" in ov and "optim.lr=0.0005" in ov
+    assert bench.train_env("nvfp4-lora-fp8dense@5e-4") == {"QUARL_KERNELS_DENSE_FP8": "1"}
+    assert bench.train_env("nvfp4-lora") == {} and bench.train_env("nvfp4-lora@5e-4") == {}
+
+
+def test_unknown_policy_stops():
+    with pytest.raises(SystemExit, match="unknown policy"):
+        bench.policy_spec("nvfp4-lroa-fp8dense")
