@@ -22,6 +22,10 @@
 #     does RL still learn with the FP8 dense path? SmolLM2-135M-Instruct (the GGUF reassembled, sha256 checked),
 #     built-in level-1 task: nvfp4-lora against nvfp4-lora-fp8dense (the same policy trained with
 #     QUARL_KERNELS_DENSE_FP8=1), same seed, 300 s of training each side by side, 400 held-out problems each.
+#   phase f: bash benchmarks/gpu_session18.sh f   (one GPU; ~6 min)
+#     after d: the FP8 dense path only for GEMMs of >= 256 GFLOP (QUARL_KERNELS_DENSE_FP8_MIN_GFLOP); its GPU tests,
+#     the LoRA micro-batch (bf16 / nvfp4 / nvfp4 with FP8 from 256 GFLOP / with FP8 on every GEMM), and the 7B GRPO
+#     step as phase b.
 set -u
 GGUF_SHA=b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53
 PHASE=${1:?phase}
@@ -88,6 +92,21 @@ e)
     tail -n 25 "$OUT/learn/run.log"
     tar czf "$OUT/learn_runs.tgz" --exclude='*.safetensors' --exclude='*.pt' --exclude=checkpoints \
         --exclude=tensorboard -C /tmp/learn . 2>/dev/null
+    ;;
+f)
+    tests 100 tests/kernels/test_dense_fp8_gpu.py
+    mkdir -p "$OUT/lu"
+    timeout -k 5 "${LU_S:-200}" "$PY" benchmarks/lora_update_step.py --arms bf16,nvfp4,nvfp4:fp8,nvfp4:fp8:allgemms \
+        --profile --out "$OUT/lu" > "$OUT/lu/run.log" 2>&1
+    echo "== lora update step rc=$? at $((SECONDS - T0)) s"; sed -n '/^# LoRA micro-batch/,/^Top kernels/p' "$OUT/lu/run.log"
+    grpo "${GRPO_S:-170}" grpo
+    QUARL_KERNELS_DENSE_FP8=1 grpo "${GRPO_S2:-120}" grpo_fp8 --formats nvfp4
+    "$PY" - "$OUT" <<'PYEOF'
+import json, pathlib, sys
+for f in sorted(pathlib.Path(sys.argv[1]).glob("grpo*/grpo_step_gpu.json")):
+    for r in json.loads(f.read_text())["results"]:
+        print(f.parent.name, r["format"], [(s["step"], s["mismatch_abs_logprob_diff"]) for s in r["steps"]])
+PYEOF
     ;;
 *)
     echo "unknown phase $PHASE"; exit 2

@@ -16,7 +16,8 @@ Arms (each on a fresh model from the same seed): ``bf16`` and ``nvfp4`` (``polic
 checkpointed recompute made, ``quarl_kernels.recent_weights``) and ``nvfp4:keepall`` (every decoded BF16 weight
 kept: since nothing releases them between the timed steps, no step decodes at all -- the bound on what keeping the
 BF16 weights through an update can save, at the BF16 weights' memory); ``nvfp4:fp8`` (``QUARL_KERNELS_DENSE_FP8=1``:
-the base's large-M GEMMs on FP8 tiles, ``quarl_kernels.dense_fp8``; its expansion counts as the 4-bit decode). ``--profile`` adds one profiled step per arm: GPU ms
+the base's large-M GEMMs of >= 256 GFLOP on FP8 tiles, ``quarl_kernels.dense_fp8``; its expansion counts as the
+4-bit decode) and ``nvfp4:fp8:allgemms`` (every dense GEMM in FP8, whatever its size). ``--profile`` adds one profiled step per arm: GPU ms
 by kernel class (the 4-bit decode to BF16 counted apart) and the top kernels.
 
 Reading it: the arms share everything but the base projections, so (arm - bf16) / layers is what the 4-bit base
@@ -42,7 +43,8 @@ import fp8_model_step as fms  # the model builder, the rl loss step, the profile
 
 MODIFIERS = {"nokeep": ("QUARL_KERNELS_DENSE_KEEP", "0"),  # decode again in the backward
              "keepall": ("QUARL_KERNELS_DENSE_KEEP", "100000"),  # every decoded weight kept: decoded once, ever
-             "fp8": ("QUARL_KERNELS_DENSE_FP8", "1")}  # large M as FP8 tiles and FP8 GEMMs (dense_fp8.py)
+             "fp8": ("QUARL_KERNELS_DENSE_FP8", "1"),  # large M as FP8 tiles and FP8 GEMMs (dense_fp8.py)
+             "allgemms": ("QUARL_KERNELS_DENSE_FP8_MIN_GFLOP", "0")}  # ... on every GEMM, however small
 CLASSES = [("4-bit decode", ("_dequant_kernel", "_expand_kernel")), *fms.KERNEL_CLASSES]
 
 

@@ -46,13 +46,35 @@ import triton.language as tl
 
 from quarl_kernels import fp8_quant
 from quarl_kernels.dequant import _row_group_bytes, load_dequant_tile
-from quarl_kernels.env import env_flag, interpreting
+from quarl_kernels.env import env_flag, env_int, interpreting
 from quarl_kernels.rounding import round_to_fp8
 
 ENV = "QUARL_KERNELS_DENSE_FP8"
 TILE = 128
 SUB = 32  # rows of a tile decoded and stored at a time (a [32, 128] fp32 chunk: 32 registers a thread at 4 warps)
 FP4_FORMATS = (0, 1)  # wo_gemm's FMT codes: NVFP4, MXFP4 (INT4's BF16-rounded group scales would round again)
+
+
+# Smallest GEMM (2 M N K, in GFLOP) the FP8 variant takes: below it the BF16 dense path serves. Why: one FP8 call
+# costs ~330-400 us of host time on the H100 machines (two Triton launches, cuBLASLt's blockwise-scaled matmul,
+# four allocations; the BF16 dense call 110-160 us: benchmarks/kernels/dense_host_cost.py, RESULTS "Issue 17,
+# session 18"), so a call whose GEMM takes less GPU time than that only moves the wait to the host: a 7B LoRA
+# micro-batch of 6144 rows ran 1.39x *slower* with every projection in FP8 while its kernels summed 11 % less. 256
+# GFLOP is ~370 us of cuBLAS BF16 at ~700 TFLOP/s: at 6144 rows it takes the 7B MLP projections (834 GFLOP) and
+# leaves q / k / v / o (<= 158) on the BF16 path; at 16384 rows q / o (421) go FP8 too.
+DEFAULT_MIN_GFLOP = 256
+MIN_GFLOP_ENV = "QUARL_KERNELS_DENSE_FP8_MIN_GFLOP"
+
+
+def min_gflop() -> int:
+    """``QUARL_KERNELS_DENSE_FP8_MIN_GFLOP`` (default :data:`DEFAULT_MIN_GFLOP`; 0 = every dense call)."""
+    return env_int(MIN_GFLOP_ENV, DEFAULT_MIN_GFLOP, "the smallest GEMM in GFLOP (2 M N K / 1e9) the FP8 dense "
+                   "path takes, or 0 for every dense call")
+
+
+def takes(m: int, pw) -> bool:
+    """Whether an ``M``-row call on ``pw`` goes FP8: switched on, an FP4 weight, and a GEMM large enough."""
+    return enabled() and supported(pw) and 2 * m * pw.n * pw.k >= min_gflop() * 1e9
 
 
 def enabled() -> bool:
@@ -186,4 +208,5 @@ def matmul_t(dy2: torch.Tensor, pw) -> torch.Tensor:
     return _gemm(dy2, q, s, pw.k)
 
 
-__all__ = ["ENV", "enabled", "expand", "expand_launch", "matmul", "matmul_t", "supported"]
+__all__ = ["DEFAULT_MIN_GFLOP", "ENV", "MIN_GFLOP_ENV", "enabled", "expand", "expand_launch", "matmul", "matmul_t",
+           "min_gflop", "supported", "takes"]

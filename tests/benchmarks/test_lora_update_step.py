@@ -38,6 +38,8 @@ def test_arm_is_the_trainers_lora_policy_and_trains_the_adapter(fmt):
 def test_modifiers_and_bad_arms():
     assert bench.parse_arm("nvfp4:nokeep") == ("nvfp4", {"QUARL_KERNELS_DENSE_KEEP": "0"})
     assert bench.parse_arm("nvfp4:fp8") == ("nvfp4", {"QUARL_KERNELS_DENSE_FP8": "1"})
+    assert bench.parse_arm("nvfp4:fp8:allgemms") == ("nvfp4", {"QUARL_KERNELS_DENSE_FP8": "1",
+                                                               "QUARL_KERNELS_DENSE_FP8_MIN_GFLOP": "0"})
     with pytest.raises(SystemExit, match="unknown modifier"):
         bench.parse_arm("nvfp4:fast")
 

@@ -98,7 +98,11 @@ def test_wo_matmul_routes_by_switch(monkeypatch):
     dy = torch.randn(m, n, device="cuda").to(torch.bfloat16)
     monkeypatch.setenv("QUARL_KERNELS_DENSE_MIN_M", "256")
     monkeypatch.setenv("QUARL_KERNELS_DENSE_FP8", "1")
+    monkeypatch.setenv("QUARL_KERNELS_DENSE_FP8_MIN_GFLOP", "1")  # this 1.07 GFLOP GEMM goes FP8
     assert torch.equal(wo_gemm.wo_matmul(x, pw), dense_fp8.matmul(x, pw))
     assert torch.equal(wo_gemm.wo_matmul_t(dy, pw), dense_fp8.matmul_t(dy, pw))
+    monkeypatch.setenv("QUARL_KERNELS_DENSE_FP8_MIN_GFLOP", "2")  # ... and not above its size
+    assert torch.equal(wo_gemm.wo_matmul(x, pw), x @ dense.dequantize(pw).T)
     monkeypatch.setenv("QUARL_KERNELS_DENSE_FP8", "0")
+    monkeypatch.setenv("QUARL_KERNELS_DENSE_FP8_MIN_GFLOP", "0")
     assert torch.equal(wo_gemm.wo_matmul(x, pw), x @ dense.dequantize(pw).T)

@@ -7,8 +7,9 @@
 * ``matmul`` / ``matmul_t``: the product of the 1x128-quantized activations and those tiles (the emulated GEMM),
   against the float64 product of the packed weight within the FP8 error -- and not equal to it (this is not the
   weight-only product).
-* ``dense.dense_matmul`` / ``dense_matmul_t`` take it only with ``QUARL_KERNELS_DENSE_FP8=1`` and FP4 weights, and
-  it keeps nothing for the backward (``recent_weights`` holds the BF16 path's weights only).
+* ``dense.dense_matmul`` / ``dense_matmul_t`` take it only with ``QUARL_KERNELS_DENSE_FP8=1``, FP4 weights and a
+  GEMM of at least ``QUARL_KERNELS_DENSE_FP8_MIN_GFLOP`` (default 256), and it keeps nothing for the backward
+  (``recent_weights`` holds the BF16 path's weights only).
 
 Skipped unless Triton is importable and NumPy < 2.3 (see test_wo_gemm_interpreter.py).
 """
@@ -92,31 +93,49 @@ SCRIPT = textwrap.dedent("""
             for out, ref in ((y, x.double() @ w64.T), (dx, dy.double() @ w64)):
                 err = ((out.double() - ref).norm() / ref.norm()).item()
                 assert 1e-3 < err < 0.06, (spec, m, err)  # FP8 rounding: not exact, not wrong
-        # routing: dense.dense_matmul takes the FP8 tiles only when switched on
+        # routing: dense.dense_matmul takes the FP8 tiles only when switched on, and from a GEMM size up
         x = torch.randn(32, k).to(torch.bfloat16)
         os.environ["QUARL_KERNELS_DENSE_FP8"] = "1"
+        os.environ["QUARL_KERNELS_DENSE_FP8_MIN_GFLOP"] = "0"
         assert torch.equal(dense.dense_matmul(x, pw), dense_fp8.matmul(x, pw))
+        os.environ.pop("QUARL_KERNELS_DENSE_FP8_MIN_GFLOP")  # default 256 GFLOP: far above this GEMM
+        assert torch.equal(dense.dense_matmul(x, pw), x @ dense.dequantize(pw).T)
         os.environ["QUARL_KERNELS_DENSE_FP8"] = "0"
         assert torch.equal(dense.dense_matmul(x, pw), x @ dense.dequantize(pw).T)
 
     # the FP8 path keeps nothing for the backward (the BF16 path's recent_weights would hold its BF16 weights)
     os.environ["QUARL_KERNELS_DENSE_FP8"] = "1"
+    os.environ["QUARL_KERNELS_DENSE_FP8_MIN_GFLOP"] = "0"
     recent_weights.release()
     with recent_weights.keeping(True):
         dense.dense_matmul(x, pw)
     assert recent_weights.kept() == 0
+    os.environ.pop("QUARL_KERNELS_DENSE_FP8_MIN_GFLOP")
     # INT4 stays on the BF16 dense path; expand names the problem
     c = make_config("int4-g128")
     t = get_format(c.name).quantize(torch.randn(128, 256) * 0.03, c).tensors
     pw4 = _packed_weight(t["weight_packed"], t["weight_scale"], t.get("weight_zero_point"), None, c.name,
                          c.block_size, 128, 256)
-    assert not dense_fp8.supported(pw4) and not dense._fp8(pw4)
+    assert not dense_fp8.supported(pw4) and not dense._fp8(4096, pw4)
     try:
         dense_fp8.expand(pw4)
     except ValueError as e:
         assert "not an FP4 format" in str(e), e
     else:
         raise AssertionError("expand took an INT4 weight")
+    # the threshold: 2 M N K >= QUARL_KERNELS_DENSE_FP8_MIN_GFLOP * 1e9 (7B MLP at 6144 rows: 834 GFLOP; q / o: 158)
+    big = type(pw)(pw.fmt, pw.group, 18944, 3584, pw.words, pw.scale, None, pw.gscale, pw.bytes32)
+    qo = type(pw)(pw.fmt, pw.group, 3584, 3584, pw.words, pw.scale, None, pw.gscale, pw.bytes32)
+    assert dense_fp8.min_gflop() == dense_fp8.DEFAULT_MIN_GFLOP == 256
+    assert dense._fp8(6144, big) and not dense._fp8(6144, qo) and dense._fp8(16384, qo)
+    os.environ["QUARL_KERNELS_DENSE_FP8_MIN_GFLOP"] = "-3"
+    try:
+        dense_fp8.min_gflop()
+    except ValueError as e:
+        assert "QUARL_KERNELS_DENSE_FP8_MIN_GFLOP" in str(e), e
+    else:
+        raise AssertionError("a negative threshold was accepted")
+    os.environ.pop("QUARL_KERNELS_DENSE_FP8_MIN_GFLOP")
     os.environ["QUARL_KERNELS_DENSE_FP8"] = "maybe"
     try:
         dense_fp8.enabled()
