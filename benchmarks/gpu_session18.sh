@@ -26,6 +26,9 @@
 #     after d: the FP8 dense path only for GEMMs of >= 256 GFLOP (QUARL_KERNELS_DENSE_FP8_MIN_GFLOP); its GPU tests,
 #     the LoRA micro-batch (bf16 / nvfp4 / nvfp4 with FP8 from 256 GFLOP / with FP8 on every GEMM), and the 7B GRPO
 #     step as phase b.
+#   phase g: bash benchmarks/gpu_session18.sh g   (one GPU; ~1 min)
+#     dense_host_cost.py again, with the FP8 GEMM's entry points alone (F.scaled_mm, the legacy torch._scaled_mm on
+#     the same blockwise scales, quarl's blockwise_gemm, BF16 mm): where an FP8 call's host time goes.
 set -u
 GGUF_SHA=b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53
 PHASE=${1:?phase}
@@ -107,6 +110,11 @@ for f in sorted(pathlib.Path(sys.argv[1]).glob("grpo*/grpo_step_gpu.json")):
     for r in json.loads(f.read_text())["results"]:
         print(f.parent.name, r["format"], [(s["step"], s["mismatch_abs_logprob_diff"]) for s in r["steps"]])
 PYEOF
+    ;;
+g)
+    mkdir -p "$OUT/host"
+    (cd benchmarks/kernels && timeout -k 5 120 "$PY" dense_host_cost.py --out "$OUT/host") > "$OUT/host/run.log" 2>&1
+    echo "== host cost rc=$? at $((SECONDS - T0)) s"; grep -E "^\|" "$OUT/host/run.log"
     ;;
 *)
     echo "unknown phase $PHASE"; exit 2
