@@ -123,3 +123,29 @@ esac
 phase_end
 
 # ---------------------------------------------------------------------------------------------------- record
+# All calls on one NVIDIA H100 80GB HBM3 (driver 580.159.04), 2026-11-26, torch 2.11.0+cu130, Triton 3.6.0.
+# phase a (commit 9a4bce3; 83 s): GPU tests 35 passed (test_dense_fp8_gpu.py, test_dense_gpu.py). bench_dense_fp8.py
+#   --repeats 3, x cuBLAS BF16 fwd / DGrad at 2048..16384 rows: FP8 1.04-1.60x on 18944x3584, 3584x18944, 3584x3584,
+#   27648x5120 (2048 rows: 1.26 / 1.19, 1.22 / 1.27, 1.04 / 1.07, 1.33 / 1.32); the BF16 dense path 0.84-1.03x.
+#   Relative error vs the float64 product: FP8 3.3e-2, dense 2.2-2.4e-3. Expansion 54-65 us on the 7B MLP weights.
+# phase b (same commit; 165 s): 7B GRPO step, steady step, s rollout / log-prob / update / step: BF16+LoRA 5.73 /
+#   1.63 / 10.80 / 18.16, NVFP4+LoRA 4.41 / 1.68 / 10.88 / 16.98, NVFP4+LoRA with FP8 on every dense GEMM 4.42 / 1.41 /
+#   11.12 / 16.95; mean abs log-prob mismatch steps 0 / 1: 0.038 / 0.162, 0.063 / 0.164, 0.477 / 0.529.
+# phase c (commit 99f86db; 60 s): the expansion rewritten (exponent from the scale bytes, 32-row chunks): GPU tests
+#   9 passed; bench (2 shapes, 2048 / 8192 rows) FP8 1.17-1.51x, expansion 51-60 us (unchanged). lora_update_step.py
+#   4 layers of 7B width, 6144 tokens, ms wall (kernels): bf16 109.0 (102.3), nvfp4 114.6 (103.2), nvfp4:fp8 151.7
+#   (90.7): the FP8 arm host-bound.
+# phase d (commit b811d0a; 15 s, carry .dev/p1): dense_host_cost.py, host / wall us per call at 6144 rows: BF16
+#   dense 110-158 / (GPU), FP8 fwd 332-398, DGrad 331-394 (on q / o and k / v equal to the wall time), expansion 55-69.
+# phase e (same commit, right after d; 397 s, carry .dev/p2 .dev/whl .dev/data): GGUF sha256 OK. rl_learning.py
+#   builtin level 1, 300 s each: nvfp4-lora 16.8 -> 84.2 % (+67.5, s.e. 2.4, 84 steps), nvfp4-lora-fp8dense (every
+#   dense GEMM FP8) 16.8 -> 79.8 % (+63.0, s.e. 2.5, 58 steps); train reward steps 38-57 0.752 vs 0.739; mismatch mean
+#   0.017 vs 0.081, KL 1.5e-3 vs 2.7e-2, ratio outside [0.5, 2] 0.04 % vs 2.2 %.
+# phase f (commit c001b4b; 216 s): FP8 only from 256 GFLOP. GPU tests 9 passed. lora_update_step ms wall (kernels):
+#   bf16 112.9 (102.8), nvfp4 126.6 (104.3), nvfp4:fp8 134.8 (91.6), nvfp4:fp8:allgemms 148.4 (90.6). 7B GRPO step:
+#   BF16+LoRA 5.78 / 1.63 / 10.91 / 18.32, NVFP4+LoRA 4.51 / 1.69 / 11.43 / 17.64, NVFP4+LoRA FP8 4.31 / 1.46 / 11.43 /
+#   17.19; mismatch 0.038 / 0.161, 0.063 / 0.165, 0.318 / 0.350.
+# phase g (commit after f; 14 s, a fresh machine): host / wall us: BF16 dense 66-117, FP8 fwd 169-299, DGrad 170-288,
+#   expansion 34-54; the GEMM entry points alone at 6144 x 3584 x 3584: F.scaled_mm 29.7, torch._scaled_mm 24.3 (the
+#   same bits), blockwise_gemm 38.2, BF16 mm 17.3.
+# Device: ~1136 s held over 7 calls (counted at 50-67 %); 1222 s of the session's 1800 left after g.

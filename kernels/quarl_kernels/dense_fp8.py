@@ -56,9 +56,9 @@ FP4_FORMATS = (0, 1)  # wo_gemm's FMT codes: NVFP4, MXFP4 (INT4's BF16-rounded g
 
 
 # Smallest GEMM (2 M N K, in GFLOP) the FP8 variant takes: below it the BF16 dense path serves. Why: one FP8 call
-# costs ~330-400 us of host time on the H100 machines (two Triton launches, cuBLASLt's blockwise-scaled matmul,
-# four allocations; the BF16 dense call 110-160 us: benchmarks/kernels/dense_host_cost.py, RESULTS "Issue 17,
-# session 18"), so a call whose GEMM takes less GPU time than that only moves the wait to the host: a 7B LoRA
+# costs ~170-400 us of host time on the H100 machines (two Triton launches -- the activation quantizer's and the
+# expansion's -- with their Python, cuBLASLt ~30 us; the BF16 dense call 66-160 us: benchmarks/kernels/
+# dense_host_cost.py, RESULTS "Issue 17, session 18"), so a call whose GEMM takes less GPU time than that only moves the wait to the host: a 7B LoRA
 # micro-batch of 6144 rows ran 1.39x *slower* with every projection in FP8 while its kernels summed 11 % less. 256
 # GFLOP is ~370 us of cuBLAS BF16 at ~700 TFLOP/s: at 6144 rows it takes the 7B MLP projections (834 GFLOP) and
 # leaves q / k / v / o (<= 158) on the BF16 path; at 16384 rows q / o (421) go FP8 too.
