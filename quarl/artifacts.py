@@ -23,8 +23,9 @@ Guarantees:
   sha256 (``verify=False`` checks sizes only, for hot paths on trusted disks),
   and names the bad file and the stage to re-run.
 Manifest fields: format, kind, stage, uri, config, config_type, inputs (lineage),
-git_commit, quarl_version, created, completed, files {rel: {sha256, size}},
-complete, plus the writer's free-form ``metadata`` merged at top level.
+git_commit, quarl_version, switches (the compute switches set in the environment, ``quarl.switches``:
+a run's numbers depend on them and its config does not name them), created, completed, files {rel: {sha256,
+size}}, complete, plus the writer's free-form ``metadata`` merged at top level.
 """
 
 from __future__ import annotations
@@ -47,6 +48,7 @@ from typing import Any
 import quarl
 from quarl.config import config_to_dict
 from quarl.storage import NoSuchKeyError, S3Store, is_s3, local_path, sha256_file
+from quarl.switches import compute_switches
 
 log = logging.getLogger(__name__)
 
@@ -55,7 +57,7 @@ FORMAT = "quarl-artifact/1"
 KINDS = ("dataset", "model", "adapter", "metrics", "report", "recipe")
 RESERVED = frozenset({
     "format", "kind", "stage", "uri", "config", "config_type", "inputs", "git_commit", "quarl_version",
-    "created", "completed", "files", "complete", "error",
+    "switches", "created", "completed", "files", "complete", "error",
 })  # fmt: skip
 
 
@@ -240,6 +242,7 @@ def write_artifact(
         "inputs": [_input_uri(x) for x in inputs],
         "git_commit": git_commit(),
         "quarl_version": quarl.__version__,
+        "switches": compute_switches(),
         "created": created,
     }
     try:

@@ -17,7 +17,8 @@ import difflib
 import os
 from collections.abc import Mapping
 
-__all__ = ["NOT_SWITCHES", "SWITCHES", "UnknownSwitchError", "check_environment", "unknown_switches"]
+__all__ = ["COMPUTE_SWITCHES", "NOT_SWITCHES", "SWITCHES", "UnknownSwitchError", "check_environment",
+           "compute_switches", "unknown_switches"]
 
 SWITCHES: dict[str, str] = {
     # storage, caches, runs
@@ -68,6 +69,20 @@ SWITCHES: dict[str, str] = {
     "QUARL_BENCH_NO_CT": "benchmarks: run without compressed-tensors",
     "QUARL_BENCH_GEMV_EXPLORE": "benchmarks: bench_gemv's compile workers also build the explore configs",
 }
+
+# The switches that change what a stage computes or how (kernels, engine, FP8, the log-prob kernel), from
+# QUARL_KERNELS to QUARL_LOGPROB_KERNEL above: an artifact records the ones set when it was written (its manifest's
+# ``switches``, quarl.artifacts), since a run's numbers -- QUARL_KERNELS_DENSE_FP8's above all -- depend on them and
+# its config does not say. Storage, credentials and benchmark switches are not recorded.
+_NAMES = list(SWITCHES)
+COMPUTE_SWITCHES = frozenset(_NAMES[_NAMES.index("QUARL_KERNELS"): _NAMES.index("QUARL_LOGPROB_KERNEL") + 1])
+
+
+def compute_switches(environ: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The :data:`COMPUTE_SWITCHES` set in ``environ`` (default ``os.environ``), sorted by name."""
+    env = os.environ if environ is None else environ
+    return {k: env[k] for k in sorted(COMPUTE_SWITCHES) if k in env}
+
 
 # QUARL_* strings in the code that are not environment variables
 NOT_SWITCHES = frozenset({

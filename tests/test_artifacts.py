@@ -21,6 +21,7 @@ from quarl.artifacts import (
     write_artifact,
 )
 from quarl.storage import NoSuchBucketError, S3Store
+from quarl.switches import COMPUTE_SWITCHES
 
 
 @dataclass
@@ -47,6 +48,11 @@ def _isolated_cache(tmp_path, monkeypatch):
 # ------------------------------------------------------------------------------------------------ local
 def test_local_round_trip_and_manifest(tmp_path, monkeypatch):
     monkeypatch.setenv("QUARL_GIT_COMMIT", "abc123")
+    for k in COMPUTE_SWITCHES:
+        monkeypatch.delenv(k, raising=False)
+    monkeypatch.setenv("QUARL_KERNELS_DENSE_FP8", "1")
+    monkeypatch.setenv("QUARL_KFP_TOKEN", "secret")
+    monkeypatch.setenv("QUARL_S3_ENDPOINT", "http://127.0.0.1:1")
     git_commit.cache_clear()
     out = tmp_path / "runs" / "r1" / "rl" / "model"
     with write_artifact(out, "model", "rl", config=StageCfg(), inputs=["s3://b/data", tmp_path / "base"]) as art:
@@ -62,6 +68,7 @@ def test_local_round_trip_and_manifest(tmp_path, monkeypatch):
     assert m["config"] == {"lr": 1e-5, "steps": 3, "formats": ["nvfp4"]} and m["config_type"].endswith("StageCfg")
     assert m["inputs"] == ["s3://b/data", str(tmp_path / "base")]
     assert m["git_commit"] == "abc123" and m["quarl_version"] and m["format"] == "quarl-artifact/1"
+    assert m["switches"] == {"QUARL_KERNELS_DENSE_FP8": "1"}  # compute switches only: no token, no S3 endpoint
     assert m["created"] <= m["completed"] and m["uri"] == str(out)
     assert m["files"] == {r: {"sha256": hashlib.sha256(d).hexdigest(), "size": len(d)} for r, d in PAYLOAD.items()}
     assert m["reward_mean"] == 0.61 and a.metadata == {"reward_mean": 0.61}

@@ -53,3 +53,14 @@ def test_the_command_stops_before_running(monkeypatch):
     res = CliRunner().invoke(app, ["compile", "qerl"])
     assert res.exit_code == 2
     assert "QUARL_ENGINE_FUSE (did you mean QUARL_ENGINE_FUSED" in res.output
+
+
+def test_compute_switches_are_the_kernel_engine_fp8_ones():
+    from quarl.switches import COMPUTE_SWITCHES, SWITCHES, compute_switches
+
+    assert COMPUTE_SWITCHES <= set(SWITCHES)
+    assert {"QUARL_KERNELS_DENSE_FP8", "QUARL_ENGINE_FUSED", "QUARL_FP8_GEMM", "QUARL_LOGPROB_KERNEL"} <= COMPUTE_SWITCHES
+    assert not COMPUTE_SWITCHES & {"QUARL_KFP_TOKEN", "QUARL_S3_ENDPOINT", "QUARL_STAGE_CONFIG", "QUARL_CACHE",
+                                   "QUARL_GSM8K", "QUARL_BENCH_NO_CT"}
+    env = {"QUARL_KFP_TOKEN": "t", "QUARL_KERNELS_PDL": "0", "QUARL_FP8_GEMM": "deepgemm", "PATH": "/bin"}
+    assert compute_switches(env) == {"QUARL_FP8_GEMM": "deepgemm", "QUARL_KERNELS_PDL": "0"}
