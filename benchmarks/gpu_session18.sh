@@ -35,6 +35,17 @@ PHASE=${1:?phase}
 OUT=${OUT:?}
 source benchmarks/gpu_phase_lib.sh
 
+grpo_with_and_without_fp8() {  # the 7B GRPO step: BF16 and NVFP4, then NVFP4 with the FP8 dense path; the mismatch
+    grpo "${GRPO_S:-170}" grpo
+    QUARL_KERNELS_DENSE_FP8=1 grpo "${GRPO_S2:-120}" grpo_fp8 --formats nvfp4
+    "$PY" - "$OUT" <<'PYEOF'
+import json, pathlib, sys
+for f in sorted(pathlib.Path(sys.argv[1]).glob("grpo*/grpo_step_gpu.json")):
+    for r in json.loads(f.read_text())["results"]:
+        print(f.parent.name, r["format"], [(s["step"], s["mismatch_abs_logprob_diff"]) for s in r["steps"]])
+PYEOF
+}
+
 case $PHASE in
 a)
     tests 150 tests/kernels/test_dense_fp8_gpu.py tests/kernels/test_dense_gpu.py
@@ -44,14 +55,7 @@ a)
     echo "== dense fp8 bench rc=$? at $((SECONDS - T0)) s"; grep -E "^\|" "$OUT/fp8/run.log" | head -n 40
     ;;
 b)
-    grpo "${GRPO_S:-170}" grpo
-    QUARL_KERNELS_DENSE_FP8=1 grpo "${GRPO_S2:-120}" grpo_fp8 --formats nvfp4
-    "$PY" - "$OUT" <<'PYEOF'
-import json, pathlib, sys
-for f in sorted(pathlib.Path(sys.argv[1]).glob("grpo*/grpo_step_gpu.json")):
-    for r in json.loads(f.read_text())["results"]:
-        print(f.parent.name, r["format"], [(s["step"], s["mismatch_abs_logprob_diff"]) for s in r["steps"]])
-PYEOF
+    grpo_with_and_without_fp8
     ;;
 c)
     tests 100 tests/kernels/test_dense_fp8_gpu.py
@@ -102,14 +106,7 @@ f)
     timeout -k 5 "${LU_S:-200}" "$PY" benchmarks/lora_update_step.py --arms bf16,nvfp4,nvfp4:fp8,nvfp4:fp8:allgemms \
         --profile --out "$OUT/lu" > "$OUT/lu/run.log" 2>&1
     echo "== lora update step rc=$? at $((SECONDS - T0)) s"; sed -n '/^# LoRA micro-batch/,/^Top kernels/p' "$OUT/lu/run.log"
-    grpo "${GRPO_S:-170}" grpo
-    QUARL_KERNELS_DENSE_FP8=1 grpo "${GRPO_S2:-120}" grpo_fp8 --formats nvfp4
-    "$PY" - "$OUT" <<'PYEOF'
-import json, pathlib, sys
-for f in sorted(pathlib.Path(sys.argv[1]).glob("grpo*/grpo_step_gpu.json")):
-    for r in json.loads(f.read_text())["results"]:
-        print(f.parent.name, r["format"], [(s["step"], s["mismatch_abs_logprob_diff"]) for s in r["steps"]])
-PYEOF
+    grpo_with_and_without_fp8
     ;;
 g)
     mkdir -p "$OUT/host"

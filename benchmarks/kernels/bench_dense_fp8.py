@@ -19,10 +19,10 @@ the BF16 dense path's error is its output rounding, the FP8 path's the activatio
 from __future__ import annotations
 
 import argparse
-import contextlib
 import importlib.util
 import json
 import os
+import unittest.mock
 
 import torch
 from bench_gemv import _quantized, graph_us
@@ -33,20 +33,6 @@ from quarl.quant import fp8_linear
 
 SHAPES = [(18944, 3584), (3584, 18944), (3584, 3584), (27648, 5120)]  # 7B gate / up, down, q / o; 14B gate+up
 MS = [2048, 4096, 8192, 16384]
-
-
-@contextlib.contextmanager
-def _env(**kv):
-    old = {k: os.environ.get(k) for k in kv}
-    os.environ.update({k: v for k, v in kv.items()})
-    try:
-        yield
-    finally:
-        for k, v in old.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
 
 
 def _rel(y: torch.Tensor, ref: torch.Tensor) -> float:
@@ -71,12 +57,12 @@ def _point(n: int, k: int, m: int, d: str, a: torch.Tensor, w64, wbs: list, pws:
         fns[arm] = [lambda p=p: mm(a, p) for p in pws]
     row = {"N": n, "K": k, "M": m, "dir": d, "err": {}}
     for arm, f in fns.items():
-        with _env(**fp8_arms.get(arm, {})):
+        with unittest.mock.patch.dict(os.environ, fp8_arms.get(arm, {})):
             row["err"][arm] = _rel(f[0](), ref)
     times = {arm: [] for arm in fns}
     for _ in range(repeats):
         for arm, f in fns.items():
-            with _env(**fp8_arms.get(arm, {})):
+            with unittest.mock.patch.dict(os.environ, fp8_arms.get(arm, {})):
                 times[arm].append(graph_us(f))
     row["us"] = {arm: _median(t) for arm, t in times.items()}
     row["all_us"] = times
@@ -87,7 +73,7 @@ def _point(n: int, k: int, m: int, d: str, a: torch.Tensor, w64, wbs: list, pws:
     }
     tiles = [dense_fp8.expand(p, transpose=not fwd) for p in pws]
     aq, sa, _, _ = fp8_linear.quantize_act_gemm(a, m, a.shape[1])
-    with _env(QUARL_FP8_GEMM="cublas"):
+    with unittest.mock.patch.dict(os.environ, {"QUARL_FP8_GEMM": "cublas"}):
         row["parts_us"]["gemm"] = graph_us(
             [lambda t=t: fp8_linear.blockwise_gemm(aq, sa, t[0], t[1], True, torch.bfloat16) for t in tiles])
     c = row["us"]["cublas"]

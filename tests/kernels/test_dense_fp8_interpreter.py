@@ -128,21 +128,16 @@ SCRIPT = textwrap.dedent("""
     qo = type(pw)(pw.fmt, pw.group, 3584, 3584, pw.words, pw.scale, None, pw.gscale, pw.bytes32)
     assert dense_fp8.min_gflop() == dense_fp8.DEFAULT_MIN_GFLOP == 256
     assert dense._fp8(6144, big) and not dense._fp8(6144, qo) and dense._fp8(16384, qo)
-    os.environ["QUARL_KERNELS_DENSE_FP8_MIN_GFLOP"] = "-3"
-    try:
-        dense_fp8.min_gflop()
-    except ValueError as e:
-        assert "QUARL_KERNELS_DENSE_FP8_MIN_GFLOP" in str(e), e
-    else:
-        raise AssertionError("a negative threshold was accepted")
-    os.environ.pop("QUARL_KERNELS_DENSE_FP8_MIN_GFLOP")
-    os.environ["QUARL_KERNELS_DENSE_FP8"] = "maybe"
-    try:
-        dense_fp8.enabled()
-    except ValueError as e:
-        assert "QUARL_KERNELS_DENSE_FP8" in str(e), e
-    else:
-        raise AssertionError("a bad switch value was accepted")
+    for name, value, read in (("QUARL_KERNELS_DENSE_FP8_MIN_GFLOP", "-3", dense_fp8.min_gflop),
+                              ("QUARL_KERNELS_DENSE_FP8", "maybe", dense_fp8.enabled)):
+        os.environ[name] = value
+        try:
+            read()
+        except ValueError as e:
+            assert name in str(e), e
+        else:
+            raise AssertionError(f"{name}={value} was accepted")
+        os.environ.pop(name)
     print("OK")
 """)
 
