@@ -29,6 +29,9 @@
 #   phase g: bash benchmarks/gpu_session18.sh g   (one GPU; ~1 min)
 #     dense_host_cost.py again, with the FP8 GEMM's entry points alone (F.scaled_mm, the legacy torch._scaled_mm on
 #     the same blockwise scales, quarl's blockwise_gemm, BF16 mm): where an FP8 call's host time goes.
+#   phase h: bash benchmarks/gpu_session18.sh h   (one GPU; ~2 min)
+#     update_host_profile.py: host vs wall ms of one LoRA micro-batch update (bf16 / nvfp4 / nvfp4:fp8), its
+#     synchronizing calls by source line, and the operators with the most host time.
 set -u
 GGUF_SHA=b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53
 PHASE=${1:?phase}
@@ -112,6 +115,11 @@ g)
     mkdir -p "$OUT/host"
     (cd benchmarks/kernels && timeout -k 5 120 "$PY" dense_host_cost.py --out "$OUT/host") > "$OUT/host/run.log" 2>&1
     echo "== host cost rc=$? at $((SECONDS - T0)) s"; grep -E "^\|" "$OUT/host/run.log"
+    ;;
+h)
+    mkdir -p "$OUT/hp"
+    timeout -k 5 "${HP_S:-240}" "$PY" benchmarks/update_host_profile.py --out "$OUT/hp" > "$OUT/hp/run.log" 2>&1
+    echo "== host profile rc=$? at $((SECONDS - T0)) s"; grep -v -i "warn" "$OUT/hp/run.log" | head -n 120
     ;;
 *)
     echo "unknown phase $PHASE"; exit 2
