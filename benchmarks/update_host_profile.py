@@ -31,8 +31,8 @@ import torch
 ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT), str(ROOT / "kernels"), str(ROOT / "benchmarks")]
 
-import fp8_model_step as fms  # noqa: E402 - the step function
-import lora_update_step as lus  # noqa: E402 - the arms
+import fp8_model_step as fms  # the step function
+import lora_update_step as lus  # the arms
 
 
 def host_and_wall(fn, steps: int = 3) -> tuple[float, float]:
@@ -105,8 +105,8 @@ def main(argv=None) -> None:
     ap.add_argument("--arms", default="bf16,nvfp4,nvfp4:fp8")
     ap.add_argument("--out", default="/tmp/update_host_profile")
     a = ap.parse_args(argv)
-    parts = [f"# Host time of a LoRA micro-batch update, {a.shape} width, {a.layers} layers, {a.tokens} tokens, "
-             f"{torch.cuda.get_device_name()}, torch {torch.__version__}"]
+    parts = [(f"# Host time of a LoRA micro-batch update, {a.shape} width, {a.layers} layers, {a.tokens} tokens, "
+              f"{torch.cuda.get_device_name()}, torch {torch.__version__}")]
     for arm in a.arms.split(","):
         parts.append(profile_arm(a, arm))
         print(parts[-1], flush=True)
