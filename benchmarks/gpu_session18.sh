@@ -154,3 +154,7 @@ phase_end
 #   expansion 34-54; the GEMM entry points alone at 6144 x 3584 x 3584: F.scaled_mm 29.7, torch._scaled_mm 24.3 (the
 #   same bits), blockwise_gemm 38.2, BF16 mm 17.3.
 # Device: ~1136 s held over 7 calls (counted at 50-67 %); 1222 s of the session's 1800 left after g.
+# phase h (commit after g; 34 s, an NVIDIA H200 this time): update_host_profile.py, 4 layers of 7B width, 6144
+#   tokens: host / wall ms to issue one micro-batch: bf16 50.4 / 98.6, nvfp4 82.0 / 101.6, nvfp4:fp8 94.8 / 100.3;
+#   syncs per step: logprobs.py:133 and transformers masking_utils.py:755 (and __init__.py:1270 in bf16);
+#   WoLinearEager 11.6 ms self host over 56 calls (nvfp4), 16.7 ms (fp8). Device after h: 1155 s left.
