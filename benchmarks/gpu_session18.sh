@@ -32,6 +32,9 @@
 #   phase h: bash benchmarks/gpu_session18.sh h   (one GPU; ~2 min)
 #     update_host_profile.py: host vs wall ms of one LoRA micro-batch update (bf16 / nvfp4 / nvfp4:fp8), its
 #     synchronizing calls by source line, and the operators with the most host time.
+#   phase i: bash benchmarks/gpu_session18.sh i   (one GPU; ~1 min)
+#     dense_host_cost.py with the base projection as the trainer calls it (WoLinearEager under
+#     recent_weights.keeping) and a cProfile of that path.
 set -u
 GGUF_SHA=b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53
 PHASE=${1:?phase}
@@ -120,6 +123,12 @@ h)
     mkdir -p "$OUT/hp"
     timeout -k 5 "${HP_S:-240}" "$PY" benchmarks/update_host_profile.py --out "$OUT/hp" > "$OUT/hp/run.log" 2>&1
     echo "== host profile rc=$? at $((SECONDS - T0)) s"; grep -v -i "warn" "$OUT/hp/run.log" | head -n 120
+    ;;
+i)
+    mkdir -p "$OUT/host"
+    (cd benchmarks/kernels && timeout -k 5 150 "$PY" dense_host_cost.py --out "$OUT/host") > "$OUT/host/run.log" 2>&1
+    echo "== host cost rc=$? at $((SECONDS - T0)) s"; grep -E "^\|" "$OUT/host/run.log"
+    sed -n '/trainer-path calls/,$p' "$OUT/host/dense_host_cost.md" | head -n 45
     ;;
 *)
     echo "unknown phase $PHASE"; exit 2

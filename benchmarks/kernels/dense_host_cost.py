@@ -78,6 +78,43 @@ def gemm_calls(m: int) -> list[str]:
     return out
 
 
+def training_calls(m: int) -> tuple[list[str], str]:
+    """Host cost of the base projection as the trainer calls it (``ops.WoLinearEager``, x requiring grad, inside
+    ``recent_weights.keeping``: ``registration.forward``'s path) against the op's kernel alone and ``dense_matmul``;
+    and a cProfile of 50 trainer-path calls by cumulative time (where its Python goes)."""
+    from quarl_kernels import recent_weights
+    from quarl_kernels.ops import WoLinearEager, _wo_linear_cuda
+
+    n = k = 3584
+    _, q, pw = _quantized("nvfp4", n, k, 11)
+    t = q.tensors
+    args = (t["weight_packed"], t["weight_scale"], None, t["weight_global_scale"], "nvfp4", 16, n, k)
+    x = torch.randn(m, k, device="cuda").to(torch.bfloat16)
+    xg = x.clone().requires_grad_(True)
+
+    def trainer_call():
+        with recent_weights.keeping(True):
+            return WoLinearEager.apply(xg, *args)
+
+    cands = {"dense.dense_matmul": lambda: dense.dense_matmul(x, pw), "op kernel (_wo_linear_cuda)":
+             lambda: _wo_linear_cuda(x, *args), "trainer path (WoLinearEager, keeping)": trainer_call}
+    rows = []
+    for name, f in cands.items():
+        h, w = _per_call(f)
+        rows.append(f"| {name} | {h:.1f} | {w:.1f} |")
+    recent_weights.release()
+    pr = cProfile.Profile()
+    pr.enable()
+    for _ in range(50):
+        trainer_call()
+    pr.disable()
+    torch.cuda.synchronize()
+    recent_weights.release()
+    s = io.StringIO()
+    pstats.Stats(pr, stream=s).sort_stats("cumulative").print_stats(30)
+    return rows, f"\n## cProfile, 50 trainer-path calls (3584 x 3584, {m} rows), by cumulative time\n\n{s.getvalue()}"
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
@@ -111,6 +148,12 @@ def main() -> None:
     calls = gemm_calls(args.m)
     lines += calls
     print("\n".join(calls), flush=True)
+    lines += ["", "The base projection as the trainer calls it (3584 x 3584): host / wall us per call", "",
+              "| call | host us | wall us |", "|---|---:|---:|"]
+    rows, trainer_prof = training_calls(args.m)
+    lines += rows
+    prof_text += trainer_prof
+    print("\n".join(rows), flush=True)
     text = "\n".join(lines) + "\n" + prof_text
     os.makedirs(args.out, exist_ok=True)
     with open(os.path.join(args.out, "dense_host_cost.md"), "w") as f:
