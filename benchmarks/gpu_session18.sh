@@ -167,3 +167,7 @@ phase_end
 #   tokens: host / wall ms to issue one micro-batch: bf16 50.4 / 98.6, nvfp4 82.0 / 101.6, nvfp4:fp8 94.8 / 100.3;
 #   syncs per step: logprobs.py:133 and transformers masking_utils.py:755 (and __init__.py:1270 in bf16);
 #   WoLinearEager 11.6 ms self host over 56 calls (nvfp4), 16.7 ms (fp8). Device after h: 1155 s left.
+# phase i (commit after h; 14 s, H100): dense_host_cost.py again plus the trainer path, host / wall us at 6144 rows:
+#   dense.dense_matmul 83.0 / 244.2, the op's kernel function 178.8 / 235.3, WoLinearEager under keeping (a keep hit)
+#   83.6 / 216.6; FP8 fwd 211-364 us of host; F.scaled_mm 33.8, torch._scaled_mm 25.9, blockwise_gemm 47.8, BF16 mm
+#   27.6. Device after i: 1110 s of 1800 left (~1248 s held in all, counted at 50-67 %).
