@@ -35,6 +35,9 @@
 #   phase i: bash benchmarks/gpu_session18.sh i   (one GPU; ~1 min)
 #     dense_host_cost.py with the base projection as the trainer calls it (WoLinearEager under
 #     recent_weights.keeping) and a cProfile of that path.
+#   phase j: bash benchmarks/gpu_session18.sh j   (one GPU; ~1 min)
+#     the expansion's rows-per-program settings (128 / 64 / 32: 1 / 2 / 4 programs a tile), both orientations, on
+#     the 7B gate / up, down and q / o weights (bench_dense_fp8.py --expand-only); the FP8 GPU tests.
 set -u
 GGUF_SHA=b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53
 PHASE=${1:?phase}
@@ -129,6 +132,13 @@ i)
     (cd benchmarks/kernels && timeout -k 5 150 "$PY" dense_host_cost.py --out "$OUT/host") > "$OUT/host/run.log" 2>&1
     echo "== host cost rc=$? at $((SECONDS - T0)) s"; grep -E "^\|" "$OUT/host/run.log"
     sed -n '/trainer-path calls/,$p' "$OUT/host/dense_host_cost.md" | head -n 45
+    ;;
+j)
+    tests 100 tests/kernels/test_dense_fp8_gpu.py
+    mkdir -p "$OUT/exp"
+    (cd benchmarks/kernels && timeout -k 5 120 "$PY" bench_dense_fp8.py --expand-only --out "$OUT/exp" \
+        --shapes 18944x3584,3584x18944,3584x3584) > "$OUT/exp/run.log" 2>&1
+    echo "== expansion settings rc=$? at $((SECONDS - T0)) s"; grep -E "^\|" "$OUT/exp/run.log"; tail -n 3 "$OUT/exp/run.log"
     ;;
 *)
     echo "unknown phase $PHASE"; exit 2

@@ -52,6 +52,7 @@ from quarl_kernels.rounding import round_to_fp8
 ENV = "QUARL_KERNELS_DENSE_FP8"
 TILE = 128
 SUB = 32  # rows of a tile decoded and stored at a time (a [32, 128] fp32 chunk: 32 registers a thread at 4 warps)
+ROWS = 128  # rows of a tile per program (each program reads the tile's scale bytes for its exponent)
 FP4_FORMATS = (0, 1)  # wo_gemm's FMT codes: NVFP4, MXFP4 (INT4's BF16-rounded group scales would round again)
 
 
@@ -97,15 +98,18 @@ def _expand_kernel(
     N, KW,
     stride_wn, stride_sn, stride_q, stride_sc0, stride_sc1,
     FMT: tl.constexpr, GROUP: tl.constexpr, USE_ASM: tl.constexpr, BYTES32: tl.constexpr, TRANS: tl.constexpr,
-    SUB: tl.constexpr, INTERPRET: tl.constexpr,
+    SUB: tl.constexpr, ROWS: tl.constexpr, INTERPRET: tl.constexpr,
 ):
-    """One 128x128 tile (pid_n, pid_k) of the padded weight: codes into q (``[Np, Kp]``, or ``[Kp, Np]`` with
-    TRANS), the tile's scale into sc[pid_n, pid_k] (strides given by the caller: its transpose with TRANS).
+    """ROWS rows (a multiple of SUB dividing 128) of the 128x128 tile (tile row pid_n, column pid_k) of the padded
+    weight: codes into q (``[Np, Kp]``, or ``[Kp, Np]`` with TRANS); the tile's first program writes its scale into
+    sc[pid_n, pid_k] (strides given by the caller: its transpose with TRANS).
 
     The tile's exponent comes from its block-scale bytes alone (the largest FP4 magnitude is 6, so the tile's
     largest value is at most 6 x its largest block scale, and equal to it for a block quantized from its own
     amax), so the codes are written in SUB-row chunks as they are decoded: no pass over the whole tile first."""
-    pid_n = tl.program_id(0)
+    PARTS: tl.constexpr = 128 // ROWS  # programs per tile
+    pid_n = tl.program_id(0) // PARTS
+    part = tl.program_id(0) % PARTS
     pid_k = tl.program_id(1)
     WPG: tl.constexpr = GROUP // 8  # words per scale group
     NG: tl.constexpr = 16 // WPG  # scale groups in the tile's 16 words
@@ -129,8 +133,8 @@ def _expand_kernel(
     offs_kw = pid_k * 16 + tl.arange(0, 16)  # [16] words = 128 weights
     offs_k = pid_k * 128 + tl.arange(0, 128)  # [128]
     k_in = offs_k < KW * 8
-    for i in tl.range(0, 128 // SUB):
-        offs_n = pid_n * 128 + i * SUB + tl.arange(0, SUB)  # [SUB]
+    for i in tl.range(0, ROWS // SUB):
+        offs_n = pid_n * 128 + part * ROWS + i * SUB + tl.arange(0, SUB)  # [SUB]
         n_ok = offs_n[:, None] < N  # [SUB, 1]
         tile = load_dequant_tile(
             wp_ptr, s_ptr, s_ptr, offs_n, offs_kw, n_ok, KW,
@@ -142,10 +146,11 @@ def _expand_kernel(
             tl.store(q_ptr + offs_k.to(tl.int64)[:, None] * stride_q + offs_n[None, :], tl.trans(codes))
         else:
             tl.store(q_ptr + offs_n.to(tl.int64)[:, None] * stride_q + offs_k[None, :], codes)
-    tl.store(sc_ptr + pid_n * stride_sc0 + pid_k * stride_sc1, scale)
+    tl.store(sc_ptr + pid_n * stride_sc0 + pid_k * stride_sc1, scale, mask=part == 0)
 
 
-def expand(pw, *, transpose: bool = False, use_asm: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
+def expand(pw, *, transpose: bool = False, use_asm: bool = True, rows: int | None = None
+           ) -> tuple[torch.Tensor, torch.Tensor]:
     """A ``wo_gemm.PackedWeight`` (NVFP4 / MXFP4) -> ``(q, s)``: ``q`` ``[Np, Kp]`` E4M3 and ``s`` ``[Np/128,
     Kp/128]`` fp32 (128x128 tiles, N and K padded to multiples of 128 with zero codes); with ``transpose``, ``q`` is
     ``[Kp, Np]`` (W^T's codes) and ``s`` ``[Kp/128, Np/128]``. ``q * s`` (each tile's scale) is the weight, up to the
@@ -158,21 +163,26 @@ def expand(pw, *, transpose: bool = False, use_asm: bool = True) -> tuple[torch.
     q = torch.empty((k_p, n_p) if transpose else (n_p, k_p), device=dev, dtype=torch.float8_e4m3fn)
     s = torch.empty((k_p // TILE, n_p // TILE) if transpose else (n_p // TILE, k_p // TILE), device=dev,
                     dtype=torch.float32)
-    fp8_quant._launch(expand_launch(pw, q, s, transpose, use_asm))
+    fp8_quant._launch(expand_launch(pw, q, s, transpose, use_asm, rows))
     return q, s
 
 
-def expand_launch(pw, q: torch.Tensor, s: torch.Tensor, transpose: bool, use_asm: bool = True) -> fp8_quant.Launch:
-    """The launch :func:`expand` makes (the SASS test compiles exactly this for sm_90 on a CPU)."""
+def expand_launch(pw, q: torch.Tensor, s: torch.Tensor, transpose: bool, use_asm: bool = True,
+                  rows: int | None = None) -> fp8_quant.Launch:
+    """The launch :func:`expand` makes (the SASS test compiles exactly this for sm_90 on a CPU); ``rows``: rows
+    of a tile per program (default :data:`ROWS`; 32, 64 or 128)."""
+    rows = ROWS if rows is None else rows
+    if rows not in (32, 64, 128):
+        raise ValueError(f"dense_fp8: rows={rows} per program must be 32, 64 or 128 (a tile's 128 rows split evenly)")
     gs = pw.gscale if pw.gscale is not None else pw.scale
     ss = (s.stride(1), s.stride(0)) if transpose else (s.stride(0), s.stride(1))  # sc[pid_n, pid_k]
     interpret = interpreting()
-    grid = (_round_up(pw.n, TILE) // TILE, _round_up(pw.k, TILE) // TILE)
+    grid = (_round_up(pw.n, TILE) // rows, _round_up(pw.k, TILE) // TILE)
     return fp8_quant.Launch(
         _expand_kernel, grid,
         (pw.words, pw.scale, gs, q, s, pw.n, pw.k // 8, pw.words.stride(0), pw.scale.stride(0), q.stride(0), *ss),
         {"FMT": pw.fmt, "GROUP": pw.group, "USE_ASM": use_asm and not interpret, "BYTES32": pw.bytes32,
-         "TRANS": transpose, "SUB": SUB, "INTERPRET": interpret},
+         "TRANS": transpose, "SUB": SUB, "ROWS": rows, "INTERPRET": interpret},
         4,
     )
 
