@@ -35,7 +35,7 @@
 #   phase i: bash benchmarks/gpu_session18.sh i   (one GPU; ~1 min)
 #     dense_host_cost.py with the base projection as the trainer calls it (WoLinearEager under
 #     recent_weights.keeping) and a cProfile of that path.
-#   phase j: bash benchmarks/gpu_session18.sh j   (one GPU; ~1 min)
+#   phase j: bash benchmarks/gpu_session18.sh j   (one GPU; ~1 min; needs commit e2ed40d: the setting was removed after)
 #     the expansion's rows-per-program settings (128 / 64 / 32: 1 / 2 / 4 programs a tile), both orientations, on
 #     the 7B gate / up, down and q / o weights (bench_dense_fp8.py --expand-only); the FP8 GPU tests.
 set -u
@@ -181,6 +181,6 @@ phase_end
 #   dense.dense_matmul 83.0 / 244.2, the op's kernel function 178.8 / 235.3, WoLinearEager under keeping (a keep hit)
 #   83.6 / 216.6; FP8 fwd 211-364 us of host; F.scaled_mm 33.8, torch._scaled_mm 25.9, blockwise_gemm 47.8, BF16 mm
 #   27.6. Device after i: 1110 s of 1800 left (~1248 s held in all, counted at 50-67 %).
-# phase j (commit after i; 32 s, H100): GPU tests 9 passed. Expansion us at 128 / 64 / 32 rows a program (same bits):
+# phase j (commit e2ed40d; 32 s, H100): GPU tests 9 passed. Expansion us at 128 / 64 / 32 rows a program (same bits):
 #   18944x3584 W 49.9 / 49.6 / 54.9, W^T 60.3 / 53.7 / 59.8; 3584x18944 W 50.1 / 49.5 / 54.1, W^T 58.4 / 53.8 / 59.0;
 #   3584x3584 W 9.7 / 10.1 / 11.7, W^T 10.6 / 11.1 / 12.5 (~1.6-2.1 TB/s). Device after j: 1044 s left.

@@ -83,43 +83,13 @@ def _point(n: int, k: int, m: int, d: str, a: torch.Tensor, w64, wbs: list, pws:
     return row
 
 
-def expand_settings(shapes: list[tuple[int, int]]) -> list[str]:
-    """The expansion alone at each rows-per-program setting (``dense_fp8.expand(rows=)``), both orientations: us
-    and GB/s (0.56 B read + 1 B written per weight); every setting's codes and scales checked equal first."""
-    out = ["| N x K | orientation | rows / program | us | GB/s |", "|---|---|---:|---:|---:|"]
-    props = torch.cuda.get_device_properties(0)
-    l2 = getattr(props, "L2_cache_size", 50 << 20)
-    for n, k in shapes:
-        _, q, pw0 = _quantized("nvfp4", n, k, n + k)
-        pws = [pw0] + [wo_gemm.PackedWeight(pw0.fmt, pw0.group, n, k, pw0.words.clone(), pw0.scale.clone(), None,
-                                            pw0.gscale.clone(), pw0.bytes32) for _ in range(_copies(q.nbytes, l2) - 1)]
-        nbytes = q.nbytes + n * k
-        for transpose in (False, True):
-            ref = dense_fp8.expand(pw0, transpose=transpose, rows=128)
-            for rows in (128, 64, 32):
-                got = dense_fp8.expand(pw0, transpose=transpose, rows=rows)
-                assert torch.equal(got[0].view(torch.uint8), ref[0].view(torch.uint8)) and torch.equal(got[1], ref[1])
-                us = graph_us([lambda p=p, r=rows, t=transpose: dense_fp8.expand(p, transpose=t, rows=r) for p in pws])
-                out.append(f"| {n} x {k} | {'W^T' if transpose else 'W'} | {rows} | {us:.1f} | {nbytes / us / 1e3:.0f} |")
-                print(out[-1], flush=True)
-        del pws
-    return out
-
-
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
     ap.add_argument("--ms", default=",".join(map(str, MS)))
     ap.add_argument("--shapes", default=",".join(f"{n}x{k}" for n, k in SHAPES))
     ap.add_argument("--repeats", type=int, default=3, help="alternating timings of the arms per point (median)")
-    ap.add_argument("--expand-only", action="store_true", help="time the expansion's launch settings only")
     args = ap.parse_args()
-    if args.expand_only:
-        lines = expand_settings([tuple(map(int, sh.split("x"))) for sh in args.shapes.split(",")])
-        os.makedirs(args.out, exist_ok=True)
-        with open(os.path.join(args.out, "expand_settings.md"), "w") as f:
-            f.write("\n".join(lines) + "\n")
-        return
     props = torch.cuda.get_device_properties(0)
     l2 = getattr(props, "L2_cache_size", 50 << 20)
     dg = importlib.util.find_spec("deep_gemm") is not None

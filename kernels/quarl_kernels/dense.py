@@ -117,22 +117,17 @@ def _weight(pw) -> torch.Tensor:
     return recent_weights.get((pw.words, pw.scale, pw.zero, pw.gscale), lambda: dequantize(pw))
 
 
-def _fp8(m: int, pw) -> bool:
-    """Whether this call takes the opt-in FP8 variant (``dense_fp8.py``, ``QUARL_KERNELS_DENSE_FP8=1``)."""
-    return dense_fp8.takes(m, pw)
-
-
 def dense_matmul(x2: torch.Tensor, pw) -> torch.Tensor:
     """y [M, N] = x2 [M, K] @ dequant(W)^T through a transient BF16 weight and cuBLAS (or FP8 tiles and an FP8
     GEMM, when switched on)."""
-    if _fp8(x2.shape[0], pw):
+    if dense_fp8.takes(x2.shape[0], pw):
         return dense_fp8.matmul(x2, pw)
     return x2 @ _weight(pw).T
 
 
 def dense_matmul_t(dy2: torch.Tensor, pw) -> torch.Tensor:
     """dx [M, K] = dy2 [M, N] @ dequant(W)."""
-    if _fp8(dy2.shape[0], pw):
+    if dense_fp8.takes(dy2.shape[0], pw):
         return dense_fp8.matmul_t(dy2, pw)
     return dy2 @ _weight(pw)
 

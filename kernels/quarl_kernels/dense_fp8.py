@@ -12,12 +12,12 @@ Numerics, stated plainly.
 
 * Weight: each 128x128 tile of the padded ``[Np, Kp]`` weight gets the scale ``2**e * F`` -- ``F`` the format's
   own factor (NVFP4: ``1 / global_scale``; MXFP4: 1), ``e`` the smallest power of two that brings 6 x the tile's
-  largest block scale (its largest possible magnitude; the actual one for blocks quantized from their own amax,
-  as quarl's and compressed-tensors' are) to <= 448 -- and each weight the code ``round_e4m3(value / scale)``. Because the scale is a
-  power of two, a code is exact whenever the FP4 value times its block scale (e2m1 x e4m3: up to 5 significant
-  bits; MXFP4: 2) fits E4M3's 4; the rest (NVFP4 values 1.5 / 3 / 6 times a block scale with an odd last mantissa
-  bit, about a quarter of the weights) move by half an E4M3 step, <= 2**-4 relative, round-to-nearest-even. MXFP4
-  is exact unless a tile's block exponents span more than E4M3's range (2**-9 .. 448 after the shift).
+  largest block scale (its largest possible magnitude; the actual one for NVFP4 blocks, whose largest code is
+  always 6) to <= 448 -- and each weight the code ``round_e4m3(value / scale)``. Because the scale is a power of
+  two, a code is exact whenever the FP4 value times its block scale (e2m1 x e4m3: up to 5 significant bits; MXFP4:
+  2) fits E4M3's 4; the rest (NVFP4 values 1.5 / 3 / 6 times a block scale with an odd last mantissa bit, about a
+  quarter of the weights) move by half an E4M3 step, <= 2**-4 relative, round-to-nearest-even. MXFP4 is exact
+  unless a tile's block exponents span more than E4M3's range (2**-9 .. 448 after the shift).
 * Activations: 1x128 groups along K, Jet-RL's / DeepSeek-V3's quantizer (``quarl.quant.fp8_linear``), and the
   GEMM is its ``blockwise_gemm`` (cuBLAS's 1x128 x 128x128 kernel on SM90, DeepGEMM with
   ``QUARL_FP8_GEMM=deepgemm``, FP32 emulation elsewhere), FP32 accumulation, output in the activation dtype.
@@ -52,17 +52,17 @@ from quarl_kernels.rounding import round_to_fp8
 ENV = "QUARL_KERNELS_DENSE_FP8"
 TILE = 128
 SUB = 32  # rows of a tile decoded and stored at a time (a [32, 128] fp32 chunk: 32 registers a thread at 4 warps)
-ROWS = 128  # rows of a tile per program (each program reads the tile's scale bytes for its exponent)
 FP4_FORMATS = (0, 1)  # wo_gemm's FMT codes: NVFP4, MXFP4 (INT4's BF16-rounded group scales would round again)
 
 
 # Smallest GEMM (2 M N K, in GFLOP) the FP8 variant takes: below it the BF16 dense path serves. Why: one FP8 call
 # costs ~170-400 us of host time on the H100 machines (two Triton launches -- the activation quantizer's and the
 # expansion's -- with their Python, cuBLASLt ~30 us; the BF16 dense call 66-160 us: benchmarks/kernels/
-# dense_host_cost.py, RESULTS "Issue 17, session 18"), so a call whose GEMM takes less GPU time than that only moves the wait to the host: a 7B LoRA
-# micro-batch of 6144 rows ran 1.39x *slower* with every projection in FP8 while its kernels summed 11 % less. 256
-# GFLOP is ~370 us of cuBLAS BF16 at ~700 TFLOP/s: at 6144 rows it takes the 7B MLP projections (834 GFLOP) and
-# leaves q / k / v / o (<= 158) on the BF16 path; at 16384 rows q / o (421) go FP8 too.
+# dense_host_cost.py, RESULTS "Issue 17, session 18"), so a call whose GEMM takes less GPU time than that only
+# moves the wait to the host: a 7B LoRA micro-batch of 6144 rows ran 1.39x *slower* with every projection in FP8
+# while its kernels summed 11 % less. 256 GFLOP is ~370 us of cuBLAS BF16 at ~700 TFLOP/s: at 6144 rows it takes
+# the 7B MLP projections (834 GFLOP) and leaves q / k / v / o (<= 158) on the BF16 path; at 16384 rows q / o (421)
+# go FP8 too.
 DEFAULT_MIN_GFLOP = 256
 MIN_GFLOP_ENV = "QUARL_KERNELS_DENSE_FP8_MIN_GFLOP"
 
@@ -98,18 +98,15 @@ def _expand_kernel(
     N, KW,
     stride_wn, stride_sn, stride_q, stride_sc0, stride_sc1,
     FMT: tl.constexpr, GROUP: tl.constexpr, USE_ASM: tl.constexpr, BYTES32: tl.constexpr, TRANS: tl.constexpr,
-    SUB: tl.constexpr, ROWS: tl.constexpr, INTERPRET: tl.constexpr,
+    SUB: tl.constexpr, INTERPRET: tl.constexpr,
 ):
-    """ROWS rows (a multiple of SUB dividing 128) of the 128x128 tile (tile row pid_n, column pid_k) of the padded
-    weight: codes into q (``[Np, Kp]``, or ``[Kp, Np]`` with TRANS); the tile's first program writes its scale into
-    sc[pid_n, pid_k] (strides given by the caller: its transpose with TRANS).
+    """One 128x128 tile (pid_n, pid_k) of the padded weight: codes into q (``[Np, Kp]``, or ``[Kp, Np]`` with
+    TRANS), the tile's scale into sc[pid_n, pid_k] (strides given by the caller: its transpose with TRANS).
 
     The tile's exponent comes from its block-scale bytes alone (the largest FP4 magnitude is 6, so the tile's
     largest value is at most 6 x its largest block scale, and equal to it for a block quantized from its own
     amax), so the codes are written in SUB-row chunks as they are decoded: no pass over the whole tile first."""
-    PARTS: tl.constexpr = 128 // ROWS  # programs per tile
-    pid_n = tl.program_id(0) // PARTS
-    part = tl.program_id(0) % PARTS
+    pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
     WPG: tl.constexpr = GROUP // 8  # words per scale group
     NG: tl.constexpr = 16 // WPG  # scale groups in the tile's 16 words
@@ -133,8 +130,8 @@ def _expand_kernel(
     offs_kw = pid_k * 16 + tl.arange(0, 16)  # [16] words = 128 weights
     offs_k = pid_k * 128 + tl.arange(0, 128)  # [128]
     k_in = offs_k < KW * 8
-    for i in tl.range(0, ROWS // SUB):
-        offs_n = pid_n * 128 + part * ROWS + i * SUB + tl.arange(0, SUB)  # [SUB]
+    for i in tl.range(0, 128 // SUB):
+        offs_n = pid_n * 128 + i * SUB + tl.arange(0, SUB)  # [SUB]
         n_ok = offs_n[:, None] < N  # [SUB, 1]
         tile = load_dequant_tile(
             wp_ptr, s_ptr, s_ptr, offs_n, offs_kw, n_ok, KW,
@@ -146,11 +143,10 @@ def _expand_kernel(
             tl.store(q_ptr + offs_k.to(tl.int64)[:, None] * stride_q + offs_n[None, :], tl.trans(codes))
         else:
             tl.store(q_ptr + offs_n.to(tl.int64)[:, None] * stride_q + offs_k[None, :], codes)
-    tl.store(sc_ptr + pid_n * stride_sc0 + pid_k * stride_sc1, scale, mask=part == 0)
+    tl.store(sc_ptr + pid_n * stride_sc0 + pid_k * stride_sc1, scale)
 
 
-def expand(pw, *, transpose: bool = False, use_asm: bool = True, rows: int | None = None
-           ) -> tuple[torch.Tensor, torch.Tensor]:
+def expand(pw, *, transpose: bool = False, use_asm: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
     """A ``wo_gemm.PackedWeight`` (NVFP4 / MXFP4) -> ``(q, s)``: ``q`` ``[Np, Kp]`` E4M3 and ``s`` ``[Np/128,
     Kp/128]`` fp32 (128x128 tiles, N and K padded to multiples of 128 with zero codes); with ``transpose``, ``q`` is
     ``[Kp, Np]`` (W^T's codes) and ``s`` ``[Kp/128, Np/128]``. ``q * s`` (each tile's scale) is the weight, up to the
@@ -163,26 +159,21 @@ def expand(pw, *, transpose: bool = False, use_asm: bool = True, rows: int | Non
     q = torch.empty((k_p, n_p) if transpose else (n_p, k_p), device=dev, dtype=torch.float8_e4m3fn)
     s = torch.empty((k_p // TILE, n_p // TILE) if transpose else (n_p // TILE, k_p // TILE), device=dev,
                     dtype=torch.float32)
-    fp8_quant._launch(expand_launch(pw, q, s, transpose, use_asm, rows))
+    fp8_quant._launch(expand_launch(pw, q, s, transpose, use_asm))
     return q, s
 
 
-def expand_launch(pw, q: torch.Tensor, s: torch.Tensor, transpose: bool, use_asm: bool = True,
-                  rows: int | None = None) -> fp8_quant.Launch:
-    """The launch :func:`expand` makes (the SASS test compiles exactly this for sm_90 on a CPU); ``rows``: rows
-    of a tile per program (default :data:`ROWS`; 32, 64 or 128)."""
-    rows = ROWS if rows is None else rows
-    if rows not in (32, 64, 128):
-        raise ValueError(f"dense_fp8: rows={rows} per program must be 32, 64 or 128 (a tile's 128 rows split evenly)")
+def expand_launch(pw, q: torch.Tensor, s: torch.Tensor, transpose: bool, use_asm: bool = True) -> fp8_quant.Launch:
+    """The launch :func:`expand` makes (the SASS test compiles exactly this for sm_90 on a CPU)."""
     gs = pw.gscale if pw.gscale is not None else pw.scale
     ss = (s.stride(1), s.stride(0)) if transpose else (s.stride(0), s.stride(1))  # sc[pid_n, pid_k]
     interpret = interpreting()
-    grid = (_round_up(pw.n, TILE) // rows, _round_up(pw.k, TILE) // TILE)
+    grid = (_round_up(pw.n, TILE) // TILE, _round_up(pw.k, TILE) // TILE)
     return fp8_quant.Launch(
         _expand_kernel, grid,
         (pw.words, pw.scale, gs, q, s, pw.n, pw.k // 8, pw.words.stride(0), pw.scale.stride(0), q.stride(0), *ss),
         {"FMT": pw.fmt, "GROUP": pw.group, "USE_ASM": use_asm and not interpret, "BYTES32": pw.bytes32,
-         "TRANS": transpose, "SUB": SUB, "ROWS": rows, "INTERPRET": interpret},
+         "TRANS": transpose, "SUB": SUB, "INTERPRET": interpret},
         4,
     )
 

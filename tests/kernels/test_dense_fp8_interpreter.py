@@ -67,9 +67,6 @@ SCRIPT = textwrap.dedent("""
         qt, st = dense_fp8.expand(pw, transpose=True)
         assert q.dtype == torch.float8_e4m3fn and q.shape == codes.shape and s.shape == e.shape, (q.shape, s.shape)
         assert torch.equal(q.float(), codes.float()), spec  # as values: a zero's sign is no matter
-        for rows in (32, 64):  # a tile's rows split over programs: the same bits
-            q_r, s_r = dense_fp8.expand(pw, rows=rows)
-            assert torch.equal(q_r.view(torch.uint8), q.view(torch.uint8)) and torch.equal(s_r, s), (spec, rows)
         assert torch.equal(qt.float(), codes.t().float()), spec
         factor = (torch.tensor(65536.0) / gs.float()).double() if spec == "nvfp4" else torch.tensor(65536.0).double()
         s_ref = (torch.ldexp(torch.ones_like(e), e - 16) * factor).float()
@@ -119,7 +116,7 @@ SCRIPT = textwrap.dedent("""
     t = get_format(c.name).quantize(torch.randn(128, 256) * 0.03, c).tensors
     pw4 = _packed_weight(t["weight_packed"], t["weight_scale"], t.get("weight_zero_point"), None, c.name,
                          c.block_size, 128, 256)
-    assert not dense_fp8.supported(pw4) and not dense._fp8(4096, pw4)
+    assert not dense_fp8.supported(pw4) and not dense_fp8.takes(4096, pw4)
     try:
         dense_fp8.expand(pw4)
     except ValueError as e:
@@ -130,13 +127,7 @@ SCRIPT = textwrap.dedent("""
     big = type(pw)(pw.fmt, pw.group, 18944, 3584, pw.words, pw.scale, None, pw.gscale, pw.bytes32)
     qo = type(pw)(pw.fmt, pw.group, 3584, 3584, pw.words, pw.scale, None, pw.gscale, pw.bytes32)
     assert dense_fp8.min_gflop() == dense_fp8.DEFAULT_MIN_GFLOP == 256
-    assert dense._fp8(6144, big) and not dense._fp8(6144, qo) and dense._fp8(16384, qo)
-    try:
-        dense_fp8.expand(pw, rows=48)
-    except ValueError as e:
-        assert "rows=48" in str(e), e
-    else:
-        raise AssertionError("rows=48 per program was accepted")
+    assert dense_fp8.takes(6144, big) and not dense_fp8.takes(6144, qo) and dense_fp8.takes(16384, qo)
     for name, value, read in (("QUARL_KERNELS_DENSE_FP8_MIN_GFLOP", "-3", dense_fp8.min_gflop),
                               ("QUARL_KERNELS_DENSE_FP8", "maybe", dense_fp8.enabled)):
         os.environ[name] = value
@@ -172,13 +163,13 @@ def test_expand_compiles_for_sm90_without_spills_or_stale_codes():
     for fmt, group, gs in ((0, 16, torch.ones(1)), (1, 32, None)):
         pw = wo_gemm.PackedWeight(fmt, group, n, k, torch.empty(n, k // 8, dtype=torch.int32),
                                   torch.empty(n, k // group // 4, dtype=torch.int32), None, gs, True)
-        for transpose, rows in ((False, 128), (True, 128), (False, 32), (True, 32)):
+        for transpose in (False, True):
             shape = (k, n) if transpose else (n, k)
             q = torch.empty(shape, dtype=torch.float8_e4m3fn)
             s = torch.empty(shape[0] // 128, shape[1] // 128)
-            la = dense_fp8.expand_launch(pw, q, s, transpose, rows=rows)
+            la = dense_fp8.expand_launch(pw, q, s, transpose)
             kern, sass = compile_launch(la, USE_ASM=True, INTERPRET=False)
-            name = f"fmt {fmt} transpose {transpose} rows {rows}"
+            name = f"fmt {fmt} transpose {transpose}"
             assert "cvt.rn.satfinite.e4m3x2.f32" in kern.asm["ptx"], name
             assert stack_bytes(kern) == 0, f"{name}: ptxas spilled registers"
             assert not stale_code_stores(sass), name
