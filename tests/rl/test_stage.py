@@ -1,5 +1,6 @@
 """run_rl end to end on the tiny random model: dataset artifact in, adapter artifact out; CLI face."""
 
+import dataclasses
 import json
 
 import pytest
@@ -81,3 +82,16 @@ def test_cli_print_config_and_errors(dataset, tmp_path):
     assert r.exit_code == 1 and "algo.algo" in r.output
     r = runner.invoke(app, ["rl", "--set", "optim.lrr=1", "--print-config"])
     assert r.exit_code == 1 and "did you mean" in r.output
+
+
+def test_fp8_dense_switch_without_is_correction_warns(caplog):
+    from quarl.rl import RLConfig
+    from quarl.rl.stage import warn_fp8_dense
+
+    cfg = RLConfig()
+    with caplog.at_level("WARNING", logger="quarl.rl.stage"):
+        assert warn_fp8_dense(cfg, {"QUARL_KERNELS_DENSE_FP8": "1"})
+    assert "precision.rollout_is_threshold" in caplog.text
+    assert not warn_fp8_dense(cfg, {"QUARL_KERNELS_DENSE_FP8": "0"}) and not warn_fp8_dense(cfg, {})
+    corrected = dataclasses.replace(cfg, precision=dataclasses.replace(cfg.precision, rollout_is_threshold=2.0))
+    assert not warn_fp8_dense(corrected, {"QUARL_KERNELS_DENSE_FP8": "1"})
