@@ -38,6 +38,9 @@
 #   phase j: bash benchmarks/gpu_session18.sh j   (one GPU; ~1 min; needs commit e2ed40d: the setting was removed after)
 #     the expansion's rows-per-program settings (128 / 64 / 32: 1 / 2 / 4 programs a tile), both orientations, on
 #     the 7B gate / up, down and q / o weights (bench_dense_fp8.py --expand-only); the FP8 GPU tests.
+#   phase k: bash benchmarks/gpu_session18.sh k   (one GPU; ~8 min)
+#     the GPU tests the session's changes touch, at the final commit: the dense paths (BF16 and FP8), wo_gemm's
+#     routing, the engine (its prefill takes the dense path), the FP8 linear and quantizers (blockwise_gemm).
 set -u
 GGUF_SHA=b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53
 PHASE=${1:?phase}
@@ -139,6 +142,10 @@ j)
     (cd benchmarks/kernels && timeout -k 5 120 "$PY" bench_dense_fp8.py --expand-only --out "$OUT/exp" \
         --shapes 18944x3584,3584x18944,3584x3584) > "$OUT/exp/run.log" 2>&1
     echo "== expansion settings rc=$? at $((SECONDS - T0)) s"; grep -E "^\|" "$OUT/exp/run.log"; tail -n 3 "$OUT/exp/run.log"
+    ;;
+k)
+    tests 560 tests/kernels/test_dense_fp8_gpu.py tests/kernels/test_dense_gpu.py tests/kernels/test_wo_gemm_gpu.py \
+        tests/kernels/test_fp8_quant_gpu.py tests/quant/test_fp8_linear.py tests/engine/test_engine_gpu.py
     ;;
 *)
     echo "unknown phase $PHASE"; exit 2
