@@ -41,6 +41,11 @@
 #   phase k: bash benchmarks/gpu_session18.sh k   (one GPU; ~8 min)
 #     the GPU tests the session's changes touch, at the final commit: the dense paths (BF16 and FP8), wo_gemm's
 #     routing, the engine (its prefill takes the dense path), the FP8 linear and quantizers (blockwise_gemm).
+#   phase l: bash benchmarks/gpu_session18.sh l   carry: .dev/old   (one GPU; ~8 min)
+#     the trainer without GPU reads inside an update (quarl/rl: losses' sums on the device, the padding trims read
+#     once, the log-prob forward's layout vouched for): the 7B GRPO step (BF16+LoRA, NVFP4+LoRA, NVFP4+LoRA with the
+#     FP8 dense path), then the same two formats with the previous trainer / losses / log-prob files (.dev/old: the
+#     commit before this change) swapped in, on the same machine.
 set -u
 GGUF_SHA=b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53
 PHASE=${1:?phase}
@@ -146,6 +151,13 @@ j)
 k)
     tests 560 tests/kernels/test_dense_fp8_gpu.py tests/kernels/test_dense_gpu.py tests/kernels/test_wo_gemm_gpu.py \
         tests/kernels/test_fp8_quant_gpu.py tests/quant/test_fp8_linear.py tests/engine/test_engine_gpu.py
+    ;;
+l)
+    grpo_with_and_without_fp8
+    mkdir -p /tmp/new_rl && cp quarl/rl/trainer.py quarl/rl/losses.py quarl/rl/logprobs.py /tmp/new_rl/
+    cp .dev/old/trainer.py .dev/old/losses.py .dev/old/logprobs.py quarl/rl/
+    grpo "${GRPO_S:-170}" grpo_before
+    cp /tmp/new_rl/*.py quarl/rl/
     ;;
 *)
     echo "unknown phase $PHASE"; exit 2

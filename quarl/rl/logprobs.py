@@ -34,10 +34,20 @@ gradients from a finite loss (pytorch/pytorch#178251, #103749); GRPO on GSM8K
 stopped on exactly that symptom (benchmarks/RESULTS.md, "RL that learns (GPU)"). A
 mask with holes inside a row (never made by quarl's rollouts) still takes the masked
 forward.
+
+No synchronization. The rolled rows get plain ``0..L-1`` positions (the same as ``cumsum(mask) - 1`` on every real
+token; only the trailing pads differ, and no real token attends to them). ``cumsum(mask) - 1`` repeats the last
+position over the pads, which transformers 5's packed-sequence detection (``masking_utils.
+find_packed_sequence_indices``: positions that do not step by one) takes for several sequences packed in a row -- a
+block-diagonal mask materialized for SDPA, off the flash kernels, whenever answers differ in length -- and that
+check reads a GPU value, which waits for the GPU. Rolled rows are one sequence each, so the check is skipped
+(:func:`_unpacked_rows`). The trainer also vouches for its layout (``trailing_only=True``), which skips the
+trailing-padding check's read: a micro-batch's forward is queued without waiting for the previous one's backward.
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 import warnings
@@ -110,6 +120,26 @@ def _project(lm_head: nn.Module, h: torch.Tensor, targets: torch.Tensor, tempera
     return logp, ent
 
 
+@contextlib.contextmanager
+def _unpacked_rows():
+    """transformers' packed-sequence detection off for a forward whose rows are one sequence each (module docstring):
+    it would only find that out by reading a GPU value. Restored on exit; a transformers without it is left alone."""
+    try:
+        from transformers import masking_utils
+    except ImportError:
+        yield
+        return
+    real = getattr(masking_utils, "find_packed_sequence_indices", None)
+    if real is None:
+        yield
+        return
+    masking_utils.find_packed_sequence_indices = lambda position_ids: None
+    try:
+        yield
+    finally:
+        masking_utils.find_packed_sequence_indices = real
+
+
 def completion_logprobs(
     model: nn.Module,
     input_ids: torch.Tensor,
@@ -118,23 +148,32 @@ def completion_logprobs(
     temperature: float = 1.0,
     with_entropy: bool = False,
     chunk: int = 1024,
+    trailing_only: bool | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """``[B, P + T]`` ids/mask -> (``[B, T]`` log-probs of the last T tokens, ``[B, T]`` entropy or None).
 
     Differentiable unless called under ``torch.no_grad()``; the entropy is always
     detached (a metric, not a loss term). ``chunk``: positions projected to the
-    vocabulary at once (``<= 0``: all).
+    vocabulary at once (``<= 0``: all). ``trailing_only``: whether every row, its leading padding rolled to the end,
+    reads ``1...1 0...0`` (left-padded prompts followed by right-padded completions, as quarl's rollouts are): None
+    checks it (a read of a GPU value, so the host waits for the GPU), True is the caller's word for it.
     """
     T = n_completion
     L = input_ids.shape[1]
     lead = (attention_mask.cumsum(1) == 0).sum(1)  # [B] leading pad columns
     roll = (torch.arange(L, device=input_ids.device)[None, :] + lead[:, None]) % L  # [B, L]: pads to the end
     ids_r, mask_r = input_ids.gather(1, roll), attention_mask.gather(1, roll)
-    trailing_only = bool((mask_r[:, 1:] <= mask_r[:, :-1]).all())  # each row 1...1 0...0 after the roll
-    if not trailing_only:  # holes inside a row: keep the original layout and the mask
+    if trailing_only is None:
+        trailing_only = bool((mask_r[:, 1:] <= mask_r[:, :-1]).all())  # each row 1...1 0...0 after the roll
+    if trailing_only:  # one sequence a row from position 0: plain causal attention, positions 0..L-1
+        with _unpacked_rows():
+            hidden = decoder_hidden(model, input_ids=ids_r, attention_mask=None,
+                                    position_ids=torch.arange(L, device=input_ids.device)[None, :].expand(len(ids_r), L),
+                                    use_cache=False)  # [B, L, H]
+    else:  # holes inside a row: keep the original layout and the mask
         ids_r, mask_r, lead = input_ids, attention_mask, torch.zeros_like(lead)
-    hidden = decoder_hidden(model, input_ids=ids_r, attention_mask=None if trailing_only else mask_r,
-                            position_ids=position_ids_from_mask(mask_r), use_cache=False)  # [B, L, H]
+        hidden = decoder_hidden(model, input_ids=ids_r, attention_mask=mask_r,
+                                position_ids=position_ids_from_mask(mask_r), use_cache=False)  # [B, L, H]
     # position t predicts completion token t; rolled row b holds completion token 0 at L - T - lead[b]
     at = (L - T - 1 - lead)[:, None] + torch.arange(T, device=input_ids.device)[None, :]  # [B, T]
     hidden = hidden.gather(1, at[..., None].expand(-1, -1, hidden.shape[-1]))  # [B, T, H]

@@ -99,11 +99,13 @@ def overlong_penalty(lengths: torch.Tensor, max_len: int, buffer_len: int) -> to
 @dataclass
 class LossOutput:
     loss: torch.Tensor  # scalar, already divided by the batch normalizer
-    # token sums over this micro-batch (detached), for batch-level metrics
-    clipped_tokens: float
-    kl_sum: float
-    ratio_sum: float
-    tokens: float
+    # token sums over this micro-batch, for batch-level metrics: detached 0-dim tensors on the loss's device, not
+    # floats -- reading one waits for the GPU, and a read between a micro-batch's forward and its backward kept the
+    # host from queueing the backward ahead (the trainer sums them on the device and reads them once an update)
+    clipped_tokens: torch.Tensor
+    kl_sum: torch.Tensor
+    ratio_sum: torch.Tensor
+    tokens: torch.Tensor
 
 
 def policy_loss(
@@ -157,9 +159,9 @@ def policy_loss(
         clipped = ((ratio < 1.0 - eps_low) & (adv < 0)) | ((ratio > 1.0 + eps_high) & (adv > 0))
         out = LossOutput(
             loss=loss,
-            clipped_tokens=float((clipped.to(mask.dtype) * mask).sum()),
-            kl_sum=float((kl * mask).sum()) if kl is not None else 0.0,
-            ratio_sum=float((ratio * mask).sum()),
-            tokens=float(mask.sum()),
+            clipped_tokens=(clipped.to(mask.dtype) * mask).sum(),
+            kl_sum=(kl * mask).sum() if kl is not None else mask.new_zeros(()),
+            ratio_sum=(ratio * mask).sum(),
+            tokens=mask.sum(),
         )
     return out

@@ -46,6 +46,15 @@ Divergence. A NaN/Inf reward, loss or gradient norm stops the run with
 :class:`RLDivergedError` *before* the optimizer step, so the weights in memory
 and every checkpoint on disk are from good steps.
 
+No waiting on the GPU inside an update. Python reading a GPU value (``float(loss)``, ``int(mask.sum())``, a
+branch on ``.all()``) waits for every queued kernel, and the host then starts queueing the next kernels from an
+idle GPU; a 7B LoRA micro-batch issues its kernels at about the speed the GPU runs them (benchmarks/RESULTS.md,
+"Issue 17, session 18"), so each such read left the GPU waiting on Python. The micro-batch loop reads nothing:
+the padding trims of all micro-batches are read once before it (:meth:`RLTrainer._trims`), the loss and the
+metrics' token sums accumulate on the device and are read once per optimizer step (the loss's finiteness
+checked then, still before the step), and the log-prob forward trusts the rollout's layout
+(:func:`quarl.rl.logprobs.completion_logprobs`).
+
 Several processes (``torchrun``; :mod:`quarl.train.distributed`, docs/distributed.md).
 Every rank draws the step's prompts from the replicated sampler and rolls out its
 contiguous share of them, whole groups of G answers, so group normalisation stays on
@@ -279,18 +288,30 @@ class RLTrainer:
         return ScoredBatch(r, rewards, torch.tensor(comps["accuracy"], dtype=torch.float32),
                            torch.tensor(comps["format"], dtype=torch.float32), rows, texts)
 
-    def _forward(self, model: nn.Module, r: Rollout, rows: slice, with_entropy: bool):
-        """Log-probs of rows[...] with padding trimmed -> ([m, T], [m, T] | None), T = rollout width."""
+    def _forward(self, model: nn.Module, r: Rollout, rows: slice, with_entropy: bool,
+                 trim: tuple[int, int] | None = None):
+        """Log-probs of rows[...] with padding trimmed -> ([m, T], [m, T] | None), T = rollout width. ``trim``: the
+        (first prompt column, completion width) :meth:`_trims` read for these rows; None reads them here."""
+        first, T = trim if trim is not None else self._trims(r, [rows])[0]
         pm = r.prompt_mask[rows]
-        first = int(torch.nonzero(pm.sum(0) > 0)[0])  # drop columns that are padding in every row
         T_full = r.completion_ids.shape[1]
-        T = max(int(r.completion_mask[rows].sum(1).max()), 1)
         ids = torch.cat([r.prompt_ids[rows, first:], r.completion_ids[rows, :T]], dim=1)
         mask = torch.cat([pm[:, first:], r.completion_mask[rows, :T]], dim=1)
+        # a rollout's rows are left-padded prompts followed by right-padded completions: no layout check (a GPU read)
         logp, ent = completion_logprobs(model, ids, mask, T, self.cfg.rollout.temperature, with_entropy,
-                                        chunk=self.cfg.optim.logprob_chunk)
+                                        chunk=self.cfg.optim.logprob_chunk, trailing_only=True)
         pad = (0, T_full - T)
         return torch.nn.functional.pad(logp, pad), (torch.nn.functional.pad(ent, pad) if ent is not None else None)
+
+    @staticmethod
+    def _trims(r: Rollout, mbs: list[slice | None]) -> list[tuple[int, int] | None]:
+        """Per micro-batch, the padding :meth:`_forward` drops: (the first prompt column any of its rows uses, its
+        longest completion, at least 1). Read from the device once for all micro-batches: a read waits for the GPU,
+        and one per micro-batch kept the host from queueing a micro-batch while the previous one ran."""
+        pm = r.prompt_mask.bool()  # [N, P]
+        first = torch.where(pm.any(1), pm.float().argmax(1), pm.shape[1])  # [N]: first prompt column, P if none
+        firsts, widths = torch.stack([first.long(), r.completion_mask.long().sum(1)]).tolist()
+        return [None if rows is None else (min(firsts[rows]), max(max(widths[rows]), 1)) for rows in mbs]
 
     def _micro_batches(self, n: int) -> list[slice | None]:
         """Row slices of this rank's rollout; a sharded policy pads with ``None`` (a zero-weight stand-in
@@ -306,11 +327,12 @@ class RLTrainer:
         model.eval()
         T = r.completion_ids.shape[1]
         lps, ents = [torch.zeros(0, T, device=self.device)], [torch.zeros(0, T, device=self.device)]
-        for rows in self._micro_batches(len(r)):
+        mbs = self._micro_batches(len(r))
+        for rows, trim in zip(mbs, self._trims(r, mbs), strict=True):
             if rows is None:
                 self._forward(model, self._pad_rollout, slice(0, 1), False)
                 continue
-            lp, ent = self._forward(model, r, rows, with_entropy)
+            lp, ent = self._forward(model, r, rows, with_entropy, trim)
             lps.append(lp)
             ents.append(ent)
         return torch.cat(lps), (torch.cat(ents) if with_entropy else None)
@@ -493,18 +515,20 @@ class RLTrainer:
         capture = train_lp is None  # first pass doubles as the clean trainer log-probs for the mismatch
         T = r.completion_ids.shape[1]
         cap_lp, cap_ent = [torch.zeros(0, T, device=self.device)], [torch.zeros(0, T, device=self.device)]
-        clipped = ratio = kl = toks = 0.0
+        # the metrics' sums stay on the device until the end: reading one waits for the GPU ("No waiting", above)
+        sums = torch.zeros(4, device=self.device)  # clipped tokens, ratio, kl, tokens
         losses, norms = [], []
+        trims = self._trims(r, mbs)
         self.model.train()
         for u in range(a.updates_per_rollout):
             self.optimizer.zero_grad(set_to_none=True)
-            loss_sum = 0.0
-            for rows in mbs:
+            loss_sum = torch.zeros((), device=self.device)
+            for rows, trim in zip(mbs, trims, strict=True):
                 if rows is None:  # sharded policy, this rank has no rows left: the collectives, zero gradient
                     logp, _ = self._forward(self.model, self._pad_rollout, slice(0, 1), with_entropy=False)
                     (logp.sum() * 0.0).backward()
                     continue
-                logp, e = self._forward(self.model, r, rows, with_entropy=capture and u == 0)
+                logp, e = self._forward(self.model, r, rows, with_entropy=capture and u == 0, trim=trim)
                 if capture and u == 0:
                     cap_lp.append(logp.detach())
                     cap_ent.append(e)
@@ -514,16 +538,13 @@ class RLTrainer:
                                   eps_high=a.eps_high,
                                   beta=a.beta, ref_logp=ref_lp[rows] if ref_lp is not None else None,
                                   aggregation=a.loss_agg, num_tokens=n_tok, num_sequences=n_seq)
-                if not torch.isfinite(out.loss):
-                    raise RLDivergedError(f"step {step}: the policy loss is {float(out.loss.detach())} (update {u + 1}); "
-                                          f"the weights were not changed. Lower optim.lr or check the rewards. "
-                                          f"{self._last_good()}")
                 out.loss.backward()
-                loss_sum += float(out.loss.detach())
-                clipped += out.clipped_tokens
-                ratio += out.ratio_sum
-                kl += out.kl_sum
-                toks += out.tokens
+                loss_sum += out.loss.detach()
+                sums += torch.stack([out.clipped_tokens, out.ratio_sum, out.kl_sum, out.tokens]).to(sums)
+            loss = float(loss_sum)  # one read an update: a non-finite micro-batch loss makes the sum non-finite
+            if not math.isfinite(loss):
+                raise RLDivergedError(f"step {step}: the policy loss is {loss} (update {u + 1}); the weights were not "
+                                      f"changed. Lower optim.lr or check the rewards. {self._last_good()}")
             if d.enabled and not self.sharded:
                 d.all_reduce_grads(self.params)  # the batch gradient: every rank's share summed (FSDP2 sums itself)
             max_norm = self.cfg.optim.max_grad_norm if self.cfg.optim.max_grad_norm > 0 else float("inf")
@@ -532,12 +553,12 @@ class RLTrainer:
                 raise RLDivergedError(f"step {step}: gradient norm is {gn} (update {u + 1}); the weights were not "
                                       f"changed. Lower optim.lr. {self._last_good()}")
             self.optimizer.step()
-            losses.append(d.all_reduce(loss_sum))
+            losses.append(d.all_reduce(loss))
             norms.append(gn)
         self.model.eval()
         if capture:
             train_lp, ent = torch.cat(cap_lp), torch.cat(cap_ent)
-        clipped, ratio, kl, toks = (d.all_reduce(x) for x in (clipped, ratio, kl, toks))
+        clipped, ratio, kl, toks = (d.all_reduce(x) for x in sums.tolist())
         # whole-batch views for the metrics (every rank's rows, in rank order; identity on one process)
         g = d.all_gather_rows
         cmask, rollout_lp, lmask, adv = g(r.completion_mask), g(r.logprobs), g(loss_mask), g(adv)

@@ -91,3 +91,23 @@ def test_mismatch_by_hand():
     assert m["mismatch/abs_logprob_diff"] == pytest.approx(0.25)
     assert m["mismatch/max_abs_logprob_diff"] == pytest.approx(0.5)
     assert m["mismatch/kl"] == pytest.approx(sum(math.exp(x) - 1 - x for x in d) / 2)
+
+
+def test_vouched_layout_gives_the_checked_layouts_log_probs_and_restores_transformers():
+    """``trailing_only=True`` (the trainer's word for its rollouts' layout) skips the check and gives the same
+    log-probs on every real token; transformers' packed-sequence detection is skipped during the forward only."""
+    from transformers import masking_utils
+
+    model, _ = small_tiny_model()
+    g = torch.Generator().manual_seed(2)
+    ids = torch.randint(3, 2048, (3, 12), generator=g)
+    mask = torch.ones_like(ids)
+    mask[0, :3] = 0  # a shorter prompt
+    mask[1, 9:] = 0  # a shorter answer: trailing padding (positions that stop stepping by one under cumsum)
+    real = mask[:, -6:].bool()
+    real_find = masking_utils.find_packed_sequence_indices
+    with torch.no_grad():
+        checked, _ = completion_logprobs(model, ids, mask, 6)
+        vouched, _ = completion_logprobs(model, ids, mask, 6, trailing_only=True)
+    assert masking_utils.find_packed_sequence_indices is real_find
+    torch.testing.assert_close(vouched[real], checked[real], atol=0, rtol=0)

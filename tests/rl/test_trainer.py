@@ -235,3 +235,23 @@ def test_max_num_batched_tokens_reaches_the_fast_engine_and_is_validated(tmp_pat
     assert tr.generator.max_num_batched_tokens == 7
     with pytest.raises(ValueError, match="rollout.max_num_batched_tokens must be >= 1"):
         tiny_cfg("rollout.max_num_batched_tokens=0")
+
+
+def test_trims_read_once_equal_the_per_micro_batch_ones():
+    """``RLTrainer._trims`` (one read for every micro-batch) gives each micro-batch the padding the per-call read
+    gave: the first prompt column any of its rows uses, and its longest completion (at least 1)."""
+    from types import SimpleNamespace
+
+    from quarl.rl.trainer import RLTrainer
+
+    pm = torch.tensor([[0, 0, 1, 1], [0, 1, 1, 1], [0, 0, 0, 1], [1, 1, 1, 1], [0, 0, 1, 1]])
+    cm = torch.tensor([[1, 1, 0], [1, 0, 0], [0, 0, 0], [1, 1, 1], [1, 0, 0]])
+    r = SimpleNamespace(prompt_mask=pm, completion_mask=cm)
+    mbs = [slice(0, 2), slice(2, 3), None, slice(3, 5)]
+
+    def per_call(rows):
+        first = int(torch.nonzero(pm[rows].sum(0) > 0)[0])
+        return first, max(int(cm[rows].sum(1).max()), 1)
+
+    assert RLTrainer._trims(r, mbs) == [per_call(slice(0, 2)), per_call(slice(2, 3)), None, per_call(slice(3, 5))]
+    assert RLTrainer._trims(r, mbs) == [(1, 2), (3, 1), None, (0, 3)]
