@@ -46,6 +46,9 @@
 #     once, the log-prob forward's layout vouched for): the 7B GRPO step (BF16+LoRA, NVFP4+LoRA, NVFP4+LoRA with the
 #     FP8 dense path), then the same two formats with the previous trainer / losses / log-prob files (.dev/old: the
 #     commit before this change) swapped in, on the same machine.
+#   phase m: bash benchmarks/gpu_session18.sh m   carry: .dev/old   (one GPU; ~6 min)
+#     phase l's comparison repeated on NVFP4+LoRA alone, alternating: this trainer, the previous one, each again
+#     with the FP8 dense path (phase l's "before" NVFP4 update, 13.83 s, was 2.4 s off its own step 0).
 set -u
 GGUF_SHA=b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53
 PHASE=${1:?phase}
@@ -158,6 +161,15 @@ l)
     cp .dev/old/trainer.py .dev/old/losses.py .dev/old/logprobs.py quarl/rl/
     grpo "${GRPO_S:-170}" grpo_before
     cp /tmp/new_rl/*.py quarl/rl/
+    ;;
+m)
+    mkdir -p /tmp/new_rl && cp quarl/rl/trainer.py quarl/rl/losses.py quarl/rl/logprobs.py /tmp/new_rl/
+    old_rl() { cp .dev/old/trainer.py .dev/old/losses.py .dev/old/logprobs.py quarl/rl/; }
+    new_rl() { cp /tmp/new_rl/*.py quarl/rl/; }
+    grpo "${GRPO_M:-100}" m_new --formats nvfp4
+    old_rl; grpo "${GRPO_M:-100}" m_old --formats nvfp4; new_rl
+    QUARL_KERNELS_DENSE_FP8=1 grpo "${GRPO_M:-100}" m_new_fp8 --formats nvfp4
+    old_rl; QUARL_KERNELS_DENSE_FP8=1 grpo "${GRPO_M:-100}" m_old_fp8 --formats nvfp4; new_rl
     ;;
 *)
     echo "unknown phase $PHASE"; exit 2
