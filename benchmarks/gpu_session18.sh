@@ -218,3 +218,10 @@ phase_end
 # phase k (commit after the review mends and the rl stage's warning; 352 s, H100): GPU tests of test_dense_fp8_gpu,
 #   test_dense_gpu, test_wo_gemm_gpu, test_fp8_quant_gpu, quant/test_fp8_linear, engine/test_engine_gpu: 135 passed,
 #   8 skipped (DeepGEMM not built in this call), 0 failed. Device after k: 657 s of 1800 left (~1700 s held in all).
+# phase l (commit f5b7006; 267 s, H100, carry .dev/old = quarl/rl/{trainer,losses,logprobs}.py before f5b7006):
+#   7B GRPO step, steady step, s rollout / log-prob / update / step, without the GPU reads: BF16+LoRA 5.74 / 1.61 /
+#   10.51 / 17.87, NVFP4+LoRA 4.58 / 1.66 / 10.91 / 17.16, NVFP4+LoRA FP8 4.37 / 1.55 / 10.43 / 16.36; with them:
+#   BF16+LoRA 5.69 / 1.63 / 10.83 / 18.14, NVFP4+LoRA 4.48 / 1.73 / 13.83 / 20.04 (its step 0 update 11.08).
+# phase m (same; 247 s, H100, alternating): NVFP4+LoRA update (step) without / with the reads 11.21 (17.44) /
+#   11.30 (17.57); with the FP8 path 10.86 (16.80) / 10.49 (16.28): no measurable difference. Device after m: 70 s
+#   of the session's 1800 left (~2288 s held in all, counted at 50-67 %).
