@@ -88,10 +88,6 @@ def supported(pw) -> bool:
     return pw.fmt in FP4_FORMATS
 
 
-def _round_up(n: int, m: int) -> int:
-    return -(-n // m) * m
-
-
 @triton.jit
 def _expand_kernel(
     wp_ptr, s_ptr, gs_ptr, q_ptr, sc_ptr,
@@ -154,7 +150,7 @@ def expand(pw, *, transpose: bool = False, use_asm: bool = True) -> tuple[torch.
     if not supported(pw):
         raise ValueError(f"dense_fp8.expand: format code {pw.fmt} is not an FP4 format (NVFP4 / MXFP4); the BF16 "
                          f"dense path (dense.dequantize) serves it")
-    n_p, k_p = _round_up(pw.n, TILE), _round_up(pw.k, TILE)
+    n_p, k_p = fp8_quant._round_up(pw.n, TILE), fp8_quant._round_up(pw.k, TILE)
     dev = pw.words.device
     q = torch.empty((k_p, n_p) if transpose else (n_p, k_p), device=dev, dtype=torch.float8_e4m3fn)
     s = torch.empty((k_p // TILE, n_p // TILE) if transpose else (n_p // TILE, k_p // TILE), device=dev,
@@ -168,7 +164,7 @@ def expand_launch(pw, q: torch.Tensor, s: torch.Tensor, transpose: bool, use_asm
     gs = pw.gscale if pw.gscale is not None else pw.scale
     ss = (s.stride(1), s.stride(0)) if transpose else (s.stride(0), s.stride(1))  # sc[pid_n, pid_k]
     interpret = interpreting()
-    grid = (_round_up(pw.n, TILE) // TILE, _round_up(pw.k, TILE) // TILE)
+    grid = (fp8_quant._round_up(pw.n, TILE) // TILE, fp8_quant._round_up(pw.k, TILE) // TILE)
     return fp8_quant.Launch(
         _expand_kernel, grid,
         (pw.words, pw.scale, gs, q, s, pw.n, pw.k // 8, pw.words.stride(0), pw.scale.stride(0), q.stride(0), *ss),
@@ -189,7 +185,7 @@ def _gemm(a2: torch.Tensor, q: torch.Tensor, s: torch.Tensor, n_out: int) -> tor
     """``a2 [M, R] @ (q * s)^T`` -> ``[M, n_out]`` in ``a2``'s dtype; ``q`` ``[Np, Rp]`` with 128x128 tile scales."""
     f = _fp8_linear()
     m = a2.shape[0]
-    mp = _round_up(m, 4) if a2.is_cuda else m  # cuBLAS wants rows in fours
+    mp = fp8_quant._round_up(m, 4) if a2.is_cuda else m  # cuBLAS wants rows in fours
     aq, sa, _, _ = f.quantize_act_gemm(a2, mp, q.shape[1])  # [Mp, Rp] E4M3, 1x128 along R
     y = f.blockwise_gemm(aq, sa, q, s, True, a2.dtype)  # [Mp, Np]
     if mp != m or y.shape[1] != n_out:

@@ -42,7 +42,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import time
 from pathlib import Path
 
@@ -75,14 +74,16 @@ def run_rl(cfg: RLConfig, *, model_uri: str, data_uri: str, output_uri: str, ini
                        init_adapter_uri=init_adapter_uri, overwrite=overwrite, stop_after=stop_after)
 
 
-def warn_fp8_dense(cfg: RLConfig, environ=None) -> bool:
+def warn_fp8_dense(cfg: RLConfig) -> bool:
     """Warn (and return True) when ``QUARL_KERNELS_DENSE_FP8`` is on without a rollout importance-sampling correction:
     the FP8 dense path moves the trainer's log-probs away from the rollout's weight-only decode (5x the mean
     |delta log-prob| on SmolLM2, benchmarks/RESULTS.md "Issue 17, session 18"), which verl's TIS / MIS knobs
-    (``precision.rollout_is_threshold``) correct."""
-    env = os.environ if environ is None else environ
-    on = env.get("QUARL_KERNELS_DENSE_FP8", "").strip().lower() in ("1", "true", "on", "yes")
-    if on and cfg.precision.rollout_is_threshold is None:
+    (``precision.rollout_is_threshold``) correct. The switch is read as the kernels read it (a bad value stops here)."""
+    try:
+        from quarl_kernels.env import env_flag
+    except ImportError:  # no kernels package: the switch does nothing
+        return False
+    if env_flag("QUARL_KERNELS_DENSE_FP8", False) and cfg.precision.rollout_is_threshold is None:
         log.warning("QUARL_KERNELS_DENSE_FP8 is on: the 4-bit base's large-M GEMMs run in FP8 (activations "
                     "quantized), so the trainer's log-probs differ more from the rollout's; consider "
                     "precision.rollout_is_threshold=2.0 (truncated importance sampling) for this run")

@@ -84,14 +84,18 @@ def test_cli_print_config_and_errors(dataset, tmp_path):
     assert r.exit_code == 1 and "did you mean" in r.output
 
 
-def test_fp8_dense_switch_without_is_correction_warns(caplog):
+def test_fp8_dense_switch_without_is_correction_warns(caplog, monkeypatch):
     from quarl.rl import RLConfig
     from quarl.rl.stage import warn_fp8_dense
 
     cfg = RLConfig()
+    monkeypatch.setenv("QUARL_KERNELS_DENSE_FP8", "1")
     with caplog.at_level("WARNING", logger="quarl.rl.stage"):
-        assert warn_fp8_dense(cfg, {"QUARL_KERNELS_DENSE_FP8": "1"})
+        assert warn_fp8_dense(cfg)
     assert "precision.rollout_is_threshold" in caplog.text
-    assert not warn_fp8_dense(cfg, {"QUARL_KERNELS_DENSE_FP8": "0"}) and not warn_fp8_dense(cfg, {})
     corrected = dataclasses.replace(cfg, precision=dataclasses.replace(cfg.precision, rollout_is_threshold=2.0))
-    assert not warn_fp8_dense(corrected, {"QUARL_KERNELS_DENSE_FP8": "1"})
+    assert not warn_fp8_dense(corrected)
+    monkeypatch.setenv("QUARL_KERNELS_DENSE_FP8", "0")
+    assert not warn_fp8_dense(cfg)
+    monkeypatch.delenv("QUARL_KERNELS_DENSE_FP8")
+    assert not warn_fp8_dense(cfg)
