@@ -181,3 +181,23 @@ def test_pdl_chain_equals_plain_launches_in_a_graph(monkeypatch, m):
         return mma_decode.launch_mma_decode(x, pw, mma_decode.default_config(x.shape[0], pw.n), epi=epi)
 
     pdl_chain_runs(monkeypatch, step, pws, rows=m)
+
+
+@pytest.mark.parametrize("spec", SPECS)
+@pytest.mark.parametrize("ahead", [1, 2, 4, 8])
+def test_l2_ahead_is_bit_identical(spec, ahead):
+    """The rolling L2 prefetch (``l2_prefetch``) changes no bit: M = 2..16 configs, split-K and a K tail inside a
+    step, with it and without."""
+    import dataclasses
+
+    torch.manual_seed(ahead)
+    for n, k in ((512, 3584), (1000, 2048), (640, 384)):
+        args, w = _qweight(spec, n, k)
+        pw = _packed_weight(*args)
+        for m in (2, 8, 16):
+            x = torch.randn(m, k, device="cuda").to(torch.bfloat16)
+            for cfg in (C[0], C[1], C[4], mma_decode.default_config(m, n)):
+                want = mma_decode.launch_mma_decode(x, pw, cfg)
+                got = mma_decode.launch_mma_decode(x, pw, dataclasses.replace(cfg, l2_ahead=ahead))
+                assert torch.equal(got, want), (n, k, m, cfg)
+                assert _rel(got, x.double() @ w.T) < TOL
