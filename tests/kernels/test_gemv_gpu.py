@@ -159,8 +159,8 @@ def test_pdl_chain_equals_plain_launches_in_a_graph(monkeypatch, n, k):
     pdl_chain_runs(monkeypatch, step, pws, rows=1)
 
 
-@pytest.mark.parametrize("spec", SPECS)
-@pytest.mark.parametrize("ahead", [1, 2, 4, 8])
+@pytest.mark.parametrize("spec", ["nvfp4", "int4-g128"])
+@pytest.mark.parametrize("ahead", [1, 4])
 def test_l2_ahead_is_bit_identical(spec, ahead):
     """The rolling L2 prefetch (``l2_prefetch``) is a hint: every config, split-K and a masked K tail give the same
     bits as without it (the prefetch pointers clamp to the split's last step: never out of bounds)."""
@@ -172,7 +172,7 @@ def test_l2_ahead_is_bit_identical(spec, ahead):
         pw = _packed_weight(*args)
         for m in (1, 3):
             x = torch.randn(m, k, device="cuda").to(torch.bfloat16)
-            for cfg in (G[0], G[1], G[5], G[7], gemv.default_gemv_config(pw.fmt, m, n, k)):
+            for cfg in (G[0], G[5], G[7]):
                 want = gemv.launch_gemv(x, pw, cfg)
                 got = gemv.launch_gemv(x, pw, dataclasses.replace(cfg, l2_ahead=ahead))
                 assert torch.equal(got, want), (n, k, m, cfg)

@@ -183,8 +183,8 @@ def test_pdl_chain_equals_plain_launches_in_a_graph(monkeypatch, m):
     pdl_chain_runs(monkeypatch, step, pws, rows=m)
 
 
-@pytest.mark.parametrize("spec", SPECS)
-@pytest.mark.parametrize("ahead", [1, 2, 4, 8])
+@pytest.mark.parametrize("spec", ["nvfp4", "int4-g128"])
+@pytest.mark.parametrize("ahead", [1, 4])
 def test_l2_ahead_is_bit_identical(spec, ahead):
     """The rolling L2 prefetch (``l2_prefetch``) changes no bit: M = 2..16 configs, split-K and a K tail inside a
     step, with it and without."""
@@ -196,7 +196,7 @@ def test_l2_ahead_is_bit_identical(spec, ahead):
         pw = _packed_weight(*args)
         for m in (2, 8, 16):
             x = torch.randn(m, k, device="cuda").to(torch.bfloat16)
-            for cfg in (C[0], C[1], C[4], mma_decode.default_config(m, n)):
+            for cfg in (C[1], C[4]):
                 want = mma_decode.launch_mma_decode(x, pw, cfg)
                 got = mma_decode.launch_mma_decode(x, pw, dataclasses.replace(cfg, l2_ahead=ahead))
                 assert torch.equal(got, want), (n, k, m, cfg)
