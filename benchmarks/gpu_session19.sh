@@ -31,3 +31,10 @@ esac
 phase_end
 
 # ---------------------------------------------------------------------------------------------------- record
+# All calls on one NVIDIA H100 80GB HBM3 (driver 580.159.04), 2026-11-26/27, torch 2.11.0+cu130, Triton 3.6.0.
+# phase a (commit 1f91051; 139 s, ~178 s held at 67 %): bench_l2_prefetch.py, us per call (x the kernel without the
+#   prefetch), PDL late: the prefetch is slower at every point and distance, the more so the farther ahead --
+#   one-row GEMV 7B gate / up 20.92 -> 30.05 / 33.65 / 41.26 us at l2_ahead 2 / 4 / 8 (x0.70 / 0.62 / 0.51), 7B down
+#   21.53 -> 32.20 / 37.22 / 48.27, 14B down 20.94 -> 36.42 (x0.58); mma.sync 4-16 rows x0.75-0.93 at 2, x0.60-0.76
+#   at 8; plain read of the same bytes 15.9-16.5 us (80-82 % of the copy rate) on the large weights, 4.1 us (59 %) on
+#   q / o. GPU tests (l2_ahead bit-equal to without, GEMV and mma.sync, NVFP4 / INT4): 8 passed.
