@@ -6,10 +6,14 @@
 # Run from the repository root on the device machine; the record of what ran is at the end of this file.
 # The phases use benchmarks/gpu_phase_lib.sh's helpers (tests, profile, rollout_table, phase_end).
 #
-#   phase a: bash benchmarks/gpu_session19.sh a   (one GPU; ~6 min)
+#   phase a: bash benchmarks/gpu_session19.sh a   (commit 1f91051; one GPU; ~3 min)
 #     bench_l2_prefetch.py: the one-row GEMV and the mma.sync kernel (4 / 8 / 16 rows), default configs, l2_ahead 0 /
 #     2 / 4 / 8, alternating 3 times, on the 7B gate / up, down, q / o and 14B gate / up, down weights, beside a plain
 #     read of the same bytes; every variant bit-equal to l2_ahead 0 first. Then the GEMV and mma_decode GPU tests.
+#   phase b: bash benchmarks/gpu_session19.sh b   (one GPU; ~4 min)
+#     the prefetch removed; instead the loads' cache policy (GemvConfig / MmaDecodeConfig.wload: 1 the words and scale
+#     bytes .cg, L2 only; 2 the same L1 evict-first; 3 as 1 and x L1 evict-last) -- does the streamed weight evict the
+#     reused x from L1? bench_decode_loads.py (phase a's bench, wload 0..3), then the wload GPU tests.
 set -u
 PHASE=${1:?phase}
 OUT=${OUT:?}
@@ -23,6 +27,14 @@ a)
     echo "== l2 prefetch bench rc=$? at $((SECONDS - T0)) s"; grep -E "^\|" "$OUT/l2/run.log" | head -n 90
     grep -E "Error|error" "$OUT/l2/run.log" | head -n 5
     tests 170 tests/kernels/test_gemv_gpu.py tests/kernels/test_mma_decode_gpu.py -k "l2_ahead"
+    ;;
+b)
+    mkdir -p "$OUT/loads"
+    (cd benchmarks/kernels && timeout -k 5 "${BENCH_S:-400}" "$PY" bench_decode_loads.py --out "$OUT/loads") \
+        > "$OUT/loads/run.log" 2>&1
+    echo "== decode loads bench rc=$? at $((SECONDS - T0)) s"; grep -E "^\|" "$OUT/loads/run.log" | head -n 90
+    grep -E "Error|error" "$OUT/loads/run.log" | head -n 5
+    tests 170 tests/kernels/test_gemv_gpu.py tests/kernels/test_mma_decode_gpu.py -k "wload"
     ;;
 *)
     echo "unknown phase $PHASE"; exit 2

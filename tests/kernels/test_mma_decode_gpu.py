@@ -184,13 +184,13 @@ def test_pdl_chain_equals_plain_launches_in_a_graph(monkeypatch, m):
 
 
 @pytest.mark.parametrize("spec", ["nvfp4", "int4-g128"])
-@pytest.mark.parametrize("ahead", [1, 4])
-def test_l2_ahead_is_bit_identical(spec, ahead):
-    """The rolling L2 prefetch (``l2_prefetch``) changes no bit: M = 2..16 configs, split-K and a K tail inside a
-    step, with it and without."""
+@pytest.mark.parametrize("wload", [1, 2, 3])
+def test_wload_is_bit_identical(spec, wload):
+    """The loads' cache policies (``MmaDecodeConfig.wload``) change no bit: M = 2..16 configs, split-K and a K tail
+    inside a step."""
     import dataclasses
 
-    torch.manual_seed(ahead)
+    torch.manual_seed(wload)
     for n, k in ((512, 3584), (1000, 2048), (640, 384)):
         args, w = _qweight(spec, n, k)
         pw = _packed_weight(*args)
@@ -198,6 +198,6 @@ def test_l2_ahead_is_bit_identical(spec, ahead):
             x = torch.randn(m, k, device="cuda").to(torch.bfloat16)
             for cfg in (C[1], C[4]):
                 want = mma_decode.launch_mma_decode(x, pw, cfg)
-                got = mma_decode.launch_mma_decode(x, pw, dataclasses.replace(cfg, l2_ahead=ahead))
+                got = mma_decode.launch_mma_decode(x, pw, dataclasses.replace(cfg, wload=wload))
                 assert torch.equal(got, want), (n, k, m, cfg)
                 assert _rel(got, x.double() @ w.T) < TOL
