@@ -50,3 +50,8 @@ phase_end
 #   21.53 -> 32.20 / 37.22 / 48.27, 14B down 20.94 -> 36.42 (x0.58); mma.sync 4-16 rows x0.75-0.93 at 2, x0.60-0.76
 #   at 8; plain read of the same bytes 15.9-16.5 us (80-82 % of the copy rate) on the large weights, 4.1 us (59 %) on
 #   q / o. GPU tests (l2_ahead bit-equal to without, GEMV and mma.sync, NVFP4 / INT4): 8 passed.
+# phase b (commit 0e437fa; 164 s, ~379 s held at 67 %): bench_decode_loads.py, us per call (x plain loads): the
+#   cache policy moves nothing -- .cg words (L2 only) x0.95-1.01, L1 evict-first words x0.88-1.02 (slower on the
+#   mma.sync kernel), .cg words + x evict-last x0.95-1.00; one-row GEMV 7B gate / up 20.87 us (61 % of the copy rate),
+#   down 21.51 (60 %); mma.sync 8 rows 24.99 / 27.65, 16 rows 31.08 / 26.60; plain read 15.9-16.5 us (80-82 %).
+#   GPU tests (every wload bit-equal to plain loads): 12 passed. Device after b: 1544 s of 1800 left.
