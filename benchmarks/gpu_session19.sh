@@ -10,10 +10,14 @@
 #     bench_l2_prefetch.py: the one-row GEMV and the mma.sync kernel (4 / 8 / 16 rows), default configs, l2_ahead 0 /
 #     2 / 4 / 8, alternating 3 times, on the 7B gate / up, down, q / o and 14B gate / up, down weights, beside a plain
 #     read of the same bytes; every variant bit-equal to l2_ahead 0 first. Then the GEMV and mma_decode GPU tests.
-#   phase b: bash benchmarks/gpu_session19.sh b   (one GPU; ~4 min)
+#   phase b: bash benchmarks/gpu_session19.sh b   (commit 0e437fa; one GPU; ~3 min)
 #     the prefetch removed; instead the loads' cache policy (GemvConfig / MmaDecodeConfig.wload: 1 the words and scale
 #     bytes .cg, L2 only; 2 the same L1 evict-first; 3 as 1 and x L1 evict-last) -- does the streamed weight evict the
 #     reused x from L1? bench_decode_loads.py (phase a's bench, wload 0..3), then the wload GPU tests.
+#   phase c: bash benchmarks/gpu_session19.sh c   (one GPU; ~2 min)
+#     the cache-policy knob removed; instead a diagnostic (GemvConfig / MmaDecodeConfig.diag, wrong results by design):
+#     1 the decode replaced by one bitcast / conversion a word, 2 (GEMV) also no FFMAs and no x -- which part of the
+#     loop holds the kernels below the plain read? bench_decode_bound.py (diag 0 checked against float64 first).
 set -u
 PHASE=${1:?phase}
 OUT=${OUT:?}
@@ -35,6 +39,13 @@ b)
     echo "== decode loads bench rc=$? at $((SECONDS - T0)) s"; grep -E "^\|" "$OUT/loads/run.log" | head -n 90
     grep -E "Error|error" "$OUT/loads/run.log" | head -n 5
     tests 170 tests/kernels/test_gemv_gpu.py tests/kernels/test_mma_decode_gpu.py -k "wload"
+    ;;
+c)
+    mkdir -p "$OUT/bound"
+    (cd benchmarks/kernels && timeout -k 5 "${BENCH_S:-400}" "$PY" bench_decode_bound.py --out "$OUT/bound") \
+        > "$OUT/bound/run.log" 2>&1
+    echo "== decode bound bench rc=$? at $((SECONDS - T0)) s"; grep -E "^\|" "$OUT/bound/run.log" | head -n 90
+    grep -E "Error|error" "$OUT/bound/run.log" | head -n 5
     ;;
 *)
     echo "unknown phase $PHASE"; exit 2

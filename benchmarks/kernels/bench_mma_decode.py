@@ -64,7 +64,7 @@ def compile_mma_decode(fmt: int, cfg: mma_decode.MmaDecodeConfig, nt: int, split
             sig[k] = "i32"
     const = {"FMT": fmt, "GROUP": GROUP[fmt], "HAS_ZP": fmt == FMT_INT4, "R": cfg.rows, "BKW": cfg.bkw, "NT": nt,
              "W": cfg.warps, "PREFETCH": cfg.prefetch, "EVEN_K": even_k, "XS": cfg.xsmem, "HAS_LA": lora_a,
-             "LA_V": mma_decode.LORA_A_V, "NW": nw, "PDL": pdl, "WLOAD": cfg.wload}
+             "LA_V": mma_decode.LORA_A_V, "NW": nw, "PDL": pdl, "DIAG": cfg.diag}
     sig.update({k: "constexpr" for k in const})
     odd = ("M", "TILES_PER_SPLIT", "LA_R", "LA_PROGS", "T0", "T1") + (("stride_sn", "stride_zn") if fmt == FMT_INT4
                                                                        else ())

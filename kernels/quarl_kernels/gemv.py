@@ -181,42 +181,10 @@ def _decode_int4_fp32(w, z_bits, USE_ASM: tl.constexpr):
 
 
 @triton.jit
-def _stream_load(ptr, WLOAD: tl.constexpr):
-    """A streamed operand (the packed words, the FP4 scale bytes): WLOAD 1 / 3 ``.cg`` (cached in L2, not L1), 2 L1
-    evict-first, else a plain load."""
-    if WLOAD == 1 or WLOAD == 3:
-        return tl.load(ptr, cache_modifier=".cg")
-    elif WLOAD == 2:
-        return tl.load(ptr, eviction_policy="evict_first")
-    else:
-        return tl.load(ptr)
-
-
-@triton.jit
-def _stream_load_masked(ptr, mask, WLOAD: tl.constexpr):
-    """:func:`_stream_load` with a mask (0 where it is off)."""
-    if WLOAD == 1 or WLOAD == 3:
-        return tl.load(ptr, mask=mask, other=0, cache_modifier=".cg")
-    elif WLOAD == 2:
-        return tl.load(ptr, mask=mask, other=0, eviction_policy="evict_first")
-    else:
-        return tl.load(ptr, mask=mask, other=0)
-
-
-@triton.jit
-def _x_load(ptr, WLOAD: tl.constexpr):
-    """A reused operand (x): WLOAD 3 L1 evict-last, else a plain load."""
-    if WLOAD == 3:
-        return tl.load(ptr, eviction_policy="evict_last")
-    else:
-        return tl.load(ptr)
-
-
-@triton.jit
 def _load_tile(wp_ptr, s_ptr, z_ptr, rows, kw0, kw_hi, ar, ag,
                stride_wn, stride_sn, stride_zn,
                FMT: tl.constexpr, WPG: tl.constexpr, ONE_GROUP: tl.constexpr, HAS_ZP: tl.constexpr,
-               EVEN_K: tl.constexpr, ZW: tl.constexpr, WLOAD: tl.constexpr = 0):
+               EVEN_K: tl.constexpr, ZW: tl.constexpr):
     """Raw loads of one K step at word ``kw0``: words [BN, BKW] i32 and the tile's
     group values: FP4 scale bytes (i32), INT4 fp32 scales and zero points (i32) --
     [BN] when the tile sits inside one group, else [BN, NG]. With ``ZW`` the INT4
@@ -224,9 +192,9 @@ def _load_tile(wp_ptr, s_ptr, z_ptr, rows, kw0, kw_hi, ar, ag,
     offs_kw = kw0 + ar  # [BKW] words
     wptr = wp_ptr + rows[:, None] * stride_wn + offs_kw[None, :]
     if EVEN_K:
-        w = _stream_load(wptr, WLOAD)  # [BN, BKW]
+        w = tl.load(wptr)  # [BN, BKW]
     else:
-        w = _stream_load_masked(wptr, (offs_kw < kw_hi)[None, :], WLOAD)
+        w = tl.load(wptr, mask=(offs_kw < kw_hi)[None, :], other=0)
     if ONE_GROUP:
         g = kw0 // WPG  # one group: a [BN] vector
         sp = s_ptr + rows * stride_sn + g
@@ -256,9 +224,9 @@ def _load_tile(wp_ptr, s_ptr, z_ptr, rows, kw0, kw_hi, ar, ag,
             zg = tl.zeros(sg.shape, tl.int32)
     else:
         if EVEN_K:
-            sg = _stream_load(sp, WLOAD).to(tl.int32)
+            sg = tl.load(sp).to(tl.int32)
         else:
-            sg = _stream_load_masked(sp, g_ok, WLOAD).to(tl.int32)
+            sg = tl.load(sp, mask=g_ok, other=0).to(tl.int32)
         zg = sg
     return w, sg, zg
 
@@ -275,7 +243,7 @@ def _gemv_kernel(
     BN: tl.constexpr, BKW: tl.constexpr, VEC: tl.constexpr, PREFETCH: tl.constexpr, STAGES: tl.constexpr,
     EVEN_K: tl.constexpr, ZW: tl.constexpr, HAS_LA: tl.constexpr = False,
     LA_BR: tl.constexpr = 4, LA_BK: tl.constexpr = 512, NW: tl.constexpr = 1,
-    PDL: tl.constexpr = 0, WLOAD: tl.constexpr = 0,
+    PDL: tl.constexpr = 0, DIAG: tl.constexpr = 0,
 ):
     """y[M, N] (or fp32 split partials [S, M, N]) = x[M, K] @ W[N, K]^T for small M.
 
@@ -287,8 +255,8 @@ def _gemv_kernel(
     NW = 2 / 3: the tiles of two or three weights of the same K and format that read the same x (a LoRA
     group's q/k/v, gate/up: ``launch_gemv_group``), weight 0's ``T0`` tiles first, then weight 1's ``T1``,
     then weight 2's, each into its own partials -- one launch instead of NW.
-    PDL (``pdl.py``): wait for the kernel before (which wrote x) first; signal after the K loop. WLOAD: the cache policy
-    of the weight and x loads (``GemvConfig.wload``)."""
+    PDL (``pdl.py``): wait for the kernel before (which wrote x) first; signal after the K loop. DIAG (a diagnostic,
+    wrong results by design, ``GemvConfig.diag``): 1 the decode replaced by a bitcast, 2 the math too."""
     pdl.enter(PDL)
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
@@ -302,13 +270,13 @@ def _gemv_kernel(
                           stride_xm, stride_wn, stride_sn, stride_zn, stride_sn_u, stride_zn_u, stride_os, stride_om,
                           wp1_ptr, s1_ptr, gs1_ptr, out1_ptr, N1, T0, so1, som1,
                           wp2_ptr, s2_ptr, gs2_ptr, out2_ptr, N2, T1, so2, som2,
-                          M, FMT, GROUP, HAS_ZP, USE_ASM, BN, BKW, VEC, PREFETCH, STAGES, EVEN_K, ZW, NW, PDL, WLOAD)
+                          M, FMT, GROUP, HAS_ZP, USE_ASM, BN, BKW, VEC, PREFETCH, STAGES, EVEN_K, ZW, NW, PDL, DIAG)
     else:
         _gemv_weights(pid_n, pid_k, x_ptr, wp_ptr, s_ptr, z_ptr, gs_ptr, out_ptr, N, KW, KW_PER_SPLIT,
                       stride_xm, stride_wn, stride_sn, stride_zn, stride_sn_u, stride_zn_u, stride_os, stride_om,
                       wp1_ptr, s1_ptr, gs1_ptr, out1_ptr, N1, T0, so1, som1,
                       wp2_ptr, s2_ptr, gs2_ptr, out2_ptr, N2, T1, so2, som2,
-                      M, FMT, GROUP, HAS_ZP, USE_ASM, BN, BKW, VEC, PREFETCH, STAGES, EVEN_K, ZW, NW, PDL, WLOAD)
+                      M, FMT, GROUP, HAS_ZP, USE_ASM, BN, BKW, VEC, PREFETCH, STAGES, EVEN_K, ZW, NW, PDL, DIAG)
 
 
 @triton.jit
@@ -319,26 +287,26 @@ def _gemv_weights(
     wp2_ptr, s2_ptr, gs2_ptr, out2_ptr, N2, T1, so2, som2,
     M: tl.constexpr, FMT: tl.constexpr, GROUP: tl.constexpr, HAS_ZP: tl.constexpr, USE_ASM: tl.constexpr,
     BN: tl.constexpr, BKW: tl.constexpr, VEC: tl.constexpr, PREFETCH: tl.constexpr, STAGES: tl.constexpr,
-    EVEN_K: tl.constexpr, ZW: tl.constexpr, NW: tl.constexpr, PDL: tl.constexpr, WLOAD: tl.constexpr = 0,
+    EVEN_K: tl.constexpr, ZW: tl.constexpr, NW: tl.constexpr, PDL: tl.constexpr, DIAG: tl.constexpr = 0,
 ):
     """Weight tile ``t`` of the launch: weight 0's tiles, then (NW >= 2) weight 1's, then (NW == 3) weight 2's."""
     if NW == 1:
         _gemv_tiles(t, pid_k, x_ptr, wp_ptr, s_ptr, z_ptr, gs_ptr, out_ptr, N, KW, KW_PER_SPLIT,
                     stride_xm, stride_wn, stride_sn, stride_zn, stride_sn_u, stride_zn_u, stride_os, stride_om,
-                    M, FMT, GROUP, HAS_ZP, USE_ASM, BN, BKW, VEC, PREFETCH, STAGES, EVEN_K, ZW, PDL, WLOAD)
+                    M, FMT, GROUP, HAS_ZP, USE_ASM, BN, BKW, VEC, PREFETCH, STAGES, EVEN_K, ZW, PDL, DIAG)
     else:
         if t < T0:
             _gemv_tiles(t, pid_k, x_ptr, wp_ptr, s_ptr, z_ptr, gs_ptr, out_ptr, N, KW, KW_PER_SPLIT,
                         stride_xm, stride_wn, stride_sn, stride_zn, stride_sn_u, stride_zn_u, stride_os, stride_om,
-                        M, FMT, GROUP, HAS_ZP, USE_ASM, BN, BKW, VEC, PREFETCH, STAGES, EVEN_K, ZW, PDL, WLOAD)
+                        M, FMT, GROUP, HAS_ZP, USE_ASM, BN, BKW, VEC, PREFETCH, STAGES, EVEN_K, ZW, PDL, DIAG)
         elif NW == 2 or t < T0 + T1:
             _gemv_tiles(t - T0, pid_k, x_ptr, wp1_ptr, s1_ptr, s1_ptr, gs1_ptr, out1_ptr, N1, KW, KW_PER_SPLIT,
                         stride_xm, stride_wn, stride_sn, stride_zn, stride_sn_u, stride_zn_u, so1, som1,
-                        M, FMT, GROUP, HAS_ZP, USE_ASM, BN, BKW, VEC, PREFETCH, STAGES, EVEN_K, ZW, PDL, WLOAD)
+                        M, FMT, GROUP, HAS_ZP, USE_ASM, BN, BKW, VEC, PREFETCH, STAGES, EVEN_K, ZW, PDL, DIAG)
         else:
             _gemv_tiles(t - T0 - T1, pid_k, x_ptr, wp2_ptr, s2_ptr, s2_ptr, gs2_ptr, out2_ptr, N2, KW, KW_PER_SPLIT,
                         stride_xm, stride_wn, stride_sn, stride_zn, stride_sn_u, stride_zn_u, so2, som2,
-                        M, FMT, GROUP, HAS_ZP, USE_ASM, BN, BKW, VEC, PREFETCH, STAGES, EVEN_K, ZW, PDL, WLOAD)
+                        M, FMT, GROUP, HAS_ZP, USE_ASM, BN, BKW, VEC, PREFETCH, STAGES, EVEN_K, ZW, PDL, DIAG)
 
 
 @triton.jit
@@ -348,7 +316,7 @@ def _gemv_tiles(
     stride_xm, stride_wn, stride_sn, stride_zn, stride_sn_u, stride_zn_u, stride_os, stride_om,
     M: tl.constexpr, FMT: tl.constexpr, GROUP: tl.constexpr, HAS_ZP: tl.constexpr, USE_ASM: tl.constexpr,
     BN: tl.constexpr, BKW: tl.constexpr, VEC: tl.constexpr, PREFETCH: tl.constexpr, STAGES: tl.constexpr,
-    EVEN_K: tl.constexpr, ZW: tl.constexpr, PDL: tl.constexpr = 0, WLOAD: tl.constexpr = 0,
+    EVEN_K: tl.constexpr, ZW: tl.constexpr, PDL: tl.constexpr = 0, DIAG: tl.constexpr = 0,
 ):
     """One program's weight tile of :func:`_gemv_kernel`: output rows ``pid_n * BN + [0, BN)``, K split ``pid_k``."""
     WPG: tl.constexpr = GROUP // 8  # words per scale group
@@ -381,7 +349,7 @@ def _gemv_tiles(
     kw_last = kw_lo + ((kw_hi - kw_lo - 1) // BKW) * BKW  # start of the split's last tile
     if PREFETCH:
         nxt = _load_tile(wp_ptr, s_ptr, z_ptr, rows, kw_lo, kw_hi, ar, ag, stride_wn, stride_sn, stride_zn,
-                         FMT, WPG, ONE_GROUP, HAS_ZP, EVEN_K, ZW, WLOAD)
+                         FMT, WPG, ONE_GROUP, HAS_ZP, EVEN_K, ZW)
     for kw0 in tl.range(kw_lo, kw_hi, BKW, num_stages=STAGES):
         offs_kw = kw0 + ar  # [BKW]
         # x first (L1/L2 hits, independent of the decode below): 4 bf16 pairs per word and token
@@ -389,8 +357,7 @@ def _gemv_tiles(
         for m in tl.static_range(M):
             xr = x_ptr + m * stride_xm + offs_kw * 4  # [BKW] pointers to pair 0 of each word
             if EVEN_K:
-                xs = xs + ((_x_load(xr, WLOAD), _x_load(xr + 1, WLOAD), _x_load(xr + 2, WLOAD),
-                            _x_load(xr + 3, WLOAD)),)
+                xs = xs + ((tl.load(xr), tl.load(xr + 1), tl.load(xr + 2), tl.load(xr + 3)),)
             else:
                 k_ok = offs_kw < kw_hi
                 xs = xs + ((tl.load(xr, mask=k_ok, other=0), tl.load(xr + 1, mask=k_ok, other=0),
@@ -398,10 +365,10 @@ def _gemv_tiles(
         if PREFETCH:  # the next tile (the last one again at the end: in bounds, unused)
             w, sg, zg = nxt
             nxt = _load_tile(wp_ptr, s_ptr, z_ptr, rows, min(kw0 + BKW, kw_last), kw_hi, ar, ag,
-                             stride_wn, stride_sn, stride_zn, FMT, WPG, ONE_GROUP, HAS_ZP, EVEN_K, ZW, WLOAD)
+                             stride_wn, stride_sn, stride_zn, FMT, WPG, ONE_GROUP, HAS_ZP, EVEN_K, ZW)
         else:
             w, sg, zg = _load_tile(wp_ptr, s_ptr, z_ptr, rows, kw0, kw_hi, ar, ag, stride_wn, stride_sn, stride_zn,
-                                   FMT, WPG, ONE_GROUP, HAS_ZP, EVEN_K, ZW, WLOAD)
+                                   FMT, WPG, ONE_GROUP, HAS_ZP, EVEN_K, ZW)
         # per-group values -> per word [BN, BKW] (a register broadcast)
         if FMT == 0:  # NVFP4: S = e4m3 * 2**110 (exact in bf16: the fp32's low half is 0)
             sv = (sg.to(tl.uint8).to(tl.float8e4nv, bitcast=True).to(tl.float32) * 1.298074214633707e33)
@@ -416,7 +383,10 @@ def _gemv_tiles(
         else:
             sw = tl.broadcast_to(sv[:, :, None], (BN, NG, BKW // NG)).reshape(BN, BKW)
             scw = tl.broadcast_to(sg[:, :, None], (BN, NG, BKW // NG)).reshape(BN, BKW)
-        if FMT == 2:
+        if DIAG == 1:  # diagnostic: no decode (the words as floats), the FFMAs and loads as they are
+            d0 = (w ^ sw).to(tl.float32, bitcast=True)  # the scale bytes still loaded
+            d1, d2, d3, d4, d5, d6, d7 = d0, d0, d0, d0, d0, d0, d0
+        elif FMT == 2:
             d0, d1, d2, d3, d4, d5, d6, d7 = _decode_int4_fp32(w, sw, USE_ASM)
         else:
             d0, d1, d2, d3, d4, d5, d6, d7 = _decode_fp4_fp32(w, sw, USE_ASM)
@@ -440,6 +410,10 @@ def _gemv_tiles(
                 new = new + (accs[m] + scw * p,)
             else:
                 new = new + (p,)
+        if DIAG == 2:  # diagnostic: the loads alone (one add per word keeps them), no decode, no x, no FFMAs
+            new = ()
+            for m in tl.static_range(M):
+                new = new + (accs[m] + (w ^ sw).to(tl.float32, bitcast=True),)
         accs = new
 
     pdl.leave(PDL)  # the sums and stores left: the next kernel may place its programs
@@ -464,12 +438,11 @@ class GemvConfig:
     prefetch: bool = True  # register double buffer (only without stages)
     waves: int = 4  # split K until cdiv(N, bn) * split >= waves * SMs
     stages: int = 1  # > 1: cp.async pipeline of that depth (tl.range num_stages)
-    wload: int = 0  # cache policy of the streamed loads: 0 plain, 1 weights .cg (L2 only), 2 weights L1 evict_first,
-    # 3 weights .cg and x L1 evict_last (EXPERIMENT, session 19: does the weight stream evict x from L1?)
+    diag: int = 0  # DIAGNOSTIC, wrong results (session 19): 1 the decode replaced by a bitcast, 2 also no FFMAs
 
     def __str__(self) -> str:
         pre = f"s{self.stages}" if self.stages > 1 else "p" if self.prefetch else ""
-        l2 = f"C{self.wload}" if self.wload else ""
+        l2 = f"D{self.diag}" if self.diag else ""
         return f"gemv-BN{self.bn}xBK{self.bkw * 8}v{self.vec}w{self.warps}{pre}W{self.waves}{l2}"
 
 
@@ -596,7 +569,7 @@ def gemv_launch(x2: torch.Tensor, pw, cfg: GemvConfig, *, use_asm: bool = True, 
     if pw.group % 8 or (pw.group // 8) & (pw.group // 8 - 1):
         raise ValueError(f"launch_gemv: group size {pw.group} must be 8 * a power of two (use wo_gemm.launch_fwd)")
     bn, bkw, vec = effective_tile(cfg, pw.group)
-    cfg = GemvConfig(bn, bkw, vec, cfg.warps, cfg.prefetch and cfg.stages <= 1, cfg.waves, cfg.stages, cfg.wload)
+    cfg = GemvConfig(bn, bkw, vec, cfg.warps, cfg.prefetch and cfg.stages <= 1, cfg.waves, cfg.stages, cfg.diag)
     tiles = [triton.cdiv(p.n, cfg.bn) for p in (pw, *more)]
     split, per = _gemv_split(cfg, sum(tiles) * cfg.bn, kw, num_sms(x2.device))  # one split for the whole group
 
@@ -631,7 +604,7 @@ def gemv_launch(x2: torch.Tensor, pw, cfg: GemvConfig, *, use_asm: bool = True, 
              "USE_ASM": use_asm and not interpreting(), "BN": bn, "BKW": bkw, "VEC": vec, "PREFETCH": cfg.prefetch,
              "STAGES": cfg.stages, "EVEN_K": kw % bkw == 0, "ZW": zw, "HAS_LA": la is not None, "LA_BR": lora_a.BR,
              "LA_BK": lora_a.BK, "NW": 1 + len(more), "PDL": pdl.mode(x2.device),
-             "WLOAD": cfg.wload}
+             "DIAG": cfg.diag}
     grid = (la_progs + sum(tiles), split)  # the A programs first: scheduled in the first wave
     return GemvLaunch(_gemv_kernel, grid, args, const, cfg.warps, cfg.stages, out, y, split, tuple(rest))
 

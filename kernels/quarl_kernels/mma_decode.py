@@ -194,7 +194,7 @@ def _xfrag_layout(NT, BKW, W):
 def _load_step(wp_ptr, s_ptr, z_ptr, rows_w, offs_w, rows_g, offs_g, kw0, kw_hi,
                stride_wn, stride_sn, stride_zn,
                FMT: gl.constexpr, WPG: gl.constexpr, WT: gl.constexpr, HAS_ZP: gl.constexpr,
-               EVEN_K: gl.constexpr, WLOAD: gl.constexpr = 0):
+               EVEN_K: gl.constexpr):
     """Raw loads of one K step at word ``kw0``: words [R, BKW] i32 and the step's group
     values [R, NG] (FP4: scale bytes; INT4: fp32 scales, zero-point bytes)."""
     kw = kw0 + offs_w  # [BKW]
@@ -206,8 +206,8 @@ def _load_step(wp_ptr, s_ptr, z_ptr, rows_w, offs_w, rows_g, offs_g, kw0, kw_hi,
     sptr = s_ptr + rows_g[:, None] * stride_sn + gi[None, :]  # [R, NG]
     zptr = z_ptr + rows_g[:, None] * stride_zn + gi[None, :]
     if EVEN_K:
-        w = _stream_load(wptr, WLOAD)
-        sg = _stream_load(sptr, WLOAD)
+        w = gl.load(wptr)
+        sg = gl.load(sptr)
         if HAS_ZP:
             zg = gl.load(zptr)
         else:
@@ -224,23 +224,10 @@ def _load_step(wp_ptr, s_ptr, z_ptr, rows_w, offs_w, rows_g, offs_g, kw0, kw_hi,
 
 
 @gluon.jit
-def _stream_load(ptr, WLOAD: gl.constexpr):
-    """A streamed operand (words, FP4 scale bytes): WLOAD 1 / 3 ``.cg`` (L2, not L1), 2 L1 evict-first, else plain."""
-    if WLOAD == 1 or WLOAD == 3:
-        return gl.load(ptr, cache_modifier=".cg")
-    elif WLOAD == 2:
-        return gl.load(ptr, eviction_policy="evict_first")
-    else:
-        return gl.load(ptr)
-
-
-@gluon.jit
-def _x_step(x_ptr, x_off, xw, kw0, kw_hi, EVEN_K: gl.constexpr, WLOAD: gl.constexpr = 0):
-    """Activations of the K step at word ``kw0``: [NT, BKW, 8] bf16, natural order (WLOAD 3: L1 evict-last)."""
+def _x_step(x_ptr, x_off, xw, kw0, kw_hi, EVEN_K: gl.constexpr):
+    """Activations of the K step at word ``kw0``: [NT, BKW, 8] bf16, natural order."""
     xp = x_ptr + kw0 * 8 + x_off
     if EVEN_K:
-        if WLOAD == 3:
-            return gl.load(xp, eviction_policy="evict_last")
         return gl.load(xp)
     else:  # K tail: activations past kw_hi are 0 (the words there decode to finite values)
         return gl.load(xp, mask=((kw0 + xw) < kw_hi)[None, :, None], other=0.0)
@@ -358,7 +345,7 @@ def _mma_decode_kernel(
     R: gl.constexpr, BKW: gl.constexpr, NT: gl.constexpr, W: gl.constexpr,
     PREFETCH: gl.constexpr, EVEN_K: gl.constexpr, XS: gl.constexpr = False,
     HAS_LA: gl.constexpr = False, LA_V: gl.constexpr = 8, NW: gl.constexpr = 1,
-    PDL: gl.constexpr = 0, WLOAD: gl.constexpr = 0,
+    PDL: gl.constexpr = 0, DIAG: gl.constexpr = 0,
 ):
     """y[M, N] (or fp32 split partials [S, M, N]) = x[M, K] @ W[N, K]^T, M <= NT.
 
@@ -370,7 +357,7 @@ def _mma_decode_kernel(
     NW = 2 / 3: the tiles of two or three FP4 weights of one K that read the same x (a LoRA group's q/k/v or
     gate/up: :func:`launch_mma_decode_group`), weight 0's ``T0`` tiles, then weight 1's ``T1``, then weight 2's.
     PDL (``pdl.py``, ``pdl_gluon.py``): wait for the kernel before (which wrote x) first; signal after the K loop.
-    WLOAD: the cache policy of the weight and x loads (``MmaDecodeConfig.wload``)."""
+    DIAG 1 (a diagnostic, wrong results by design, ``MmaDecodeConfig.diag``): the decode replaced by a conversion."""
     pdl_gluon.enter(PDL)
     pid_n = gl.program_id(0)
     pid_k = gl.program_id(1)
@@ -384,13 +371,13 @@ def _mma_decode_kernel(
                                 TILES_PER_SPLIT, stride_xm, stride_wn, stride_sn, stride_zn, stride_os, stride_om,
                                 wp1_ptr, s1_ptr, gs1_ptr, out1_ptr, N1, T0, so1, som1,
                                 wp2_ptr, s2_ptr, gs2_ptr, out2_ptr, N2, T1, so2, som2,
-                                FMT, GROUP, HAS_ZP, R, BKW, NT, W, PREFETCH, EVEN_K, XS, NW, PDL, WLOAD)
+                                FMT, GROUP, HAS_ZP, R, BKW, NT, W, PREFETCH, EVEN_K, XS, NW, PDL, DIAG)
     else:
         _mma_decode_weights(pid_n, pid_k, x_ptr, wp_ptr, s_ptr, z_ptr, gs_ptr, out_ptr, M, N, KW,
                             TILES_PER_SPLIT, stride_xm, stride_wn, stride_sn, stride_zn, stride_os, stride_om,
                             wp1_ptr, s1_ptr, gs1_ptr, out1_ptr, N1, T0, so1, som1,
                             wp2_ptr, s2_ptr, gs2_ptr, out2_ptr, N2, T1, so2, som2,
-                            FMT, GROUP, HAS_ZP, R, BKW, NT, W, PREFETCH, EVEN_K, XS, NW, PDL, WLOAD)
+                            FMT, GROUP, HAS_ZP, R, BKW, NT, W, PREFETCH, EVEN_K, XS, NW, PDL, DIAG)
 
 
 @gluon.jit
@@ -402,26 +389,26 @@ def _mma_decode_weights(
     FMT: gl.constexpr, GROUP: gl.constexpr, HAS_ZP: gl.constexpr,
     R: gl.constexpr, BKW: gl.constexpr, NT: gl.constexpr, W: gl.constexpr,
     PREFETCH: gl.constexpr, EVEN_K: gl.constexpr, XS: gl.constexpr, NW: gl.constexpr, PDL: gl.constexpr,
-    WLOAD: gl.constexpr = 0,
+    DIAG: gl.constexpr = 0,
 ):
     """Weight tile ``t`` of the launch: weight 0's tiles, then (NW >= 2) weight 1's, then (NW == 3) weight 2's."""
     if NW == 1:
         _mma_decode_tiles(t, pid_k, x_ptr, wp_ptr, s_ptr, z_ptr, gs_ptr, out_ptr, M, N, KW, TILES_PER_SPLIT,
                           stride_xm, stride_wn, stride_sn, stride_zn, stride_os, stride_om,
-                          FMT, GROUP, HAS_ZP, R, BKW, NT, W, PREFETCH, EVEN_K, XS, PDL, WLOAD)
+                          FMT, GROUP, HAS_ZP, R, BKW, NT, W, PREFETCH, EVEN_K, XS, PDL, DIAG)
     else:
         if t < T0:
             _mma_decode_tiles(t, pid_k, x_ptr, wp_ptr, s_ptr, z_ptr, gs_ptr, out_ptr, M, N, KW, TILES_PER_SPLIT,
                               stride_xm, stride_wn, stride_sn, stride_zn, stride_os, stride_om,
-                              FMT, GROUP, HAS_ZP, R, BKW, NT, W, PREFETCH, EVEN_K, XS, PDL, WLOAD)
+                              FMT, GROUP, HAS_ZP, R, BKW, NT, W, PREFETCH, EVEN_K, XS, PDL, DIAG)
         elif NW == 2 or t < T0 + T1:
             _mma_decode_tiles(t - T0, pid_k, x_ptr, wp1_ptr, s1_ptr, s1_ptr, gs1_ptr, out1_ptr, M, N1, KW,
                               TILES_PER_SPLIT, stride_xm, stride_wn, stride_sn, stride_zn, so1, som1,
-                              FMT, GROUP, HAS_ZP, R, BKW, NT, W, PREFETCH, EVEN_K, XS, PDL, WLOAD)
+                              FMT, GROUP, HAS_ZP, R, BKW, NT, W, PREFETCH, EVEN_K, XS, PDL, DIAG)
         else:
             _mma_decode_tiles(t - T0 - T1, pid_k, x_ptr, wp2_ptr, s2_ptr, s2_ptr, gs2_ptr, out2_ptr, M, N2, KW,
                               TILES_PER_SPLIT, stride_xm, stride_wn, stride_sn, stride_zn, so2, som2,
-                              FMT, GROUP, HAS_ZP, R, BKW, NT, W, PREFETCH, EVEN_K, XS, PDL, WLOAD)
+                              FMT, GROUP, HAS_ZP, R, BKW, NT, W, PREFETCH, EVEN_K, XS, PDL, DIAG)
 
 
 @gluon.jit
@@ -432,7 +419,7 @@ def _mma_decode_tiles(
     FMT: gl.constexpr, GROUP: gl.constexpr, HAS_ZP: gl.constexpr,
     R: gl.constexpr, BKW: gl.constexpr, NT: gl.constexpr, W: gl.constexpr,
     PREFETCH: gl.constexpr, EVEN_K: gl.constexpr, XS: gl.constexpr, PDL: gl.constexpr = 0,
-    WLOAD: gl.constexpr = 0,
+    DIAG: gl.constexpr = 0,
 ):
     """One program's weight tile of :func:`_mma_decode_kernel`."""
     BK: gl.constexpr = BKW * 8
@@ -468,7 +455,7 @@ def _mma_decode_tiles(
     kw_last = kw_lo + ((kw_hi - kw_lo - 1) // BKW) * BKW  # start of the split's last step
     if PREFETCH:
         nxt = _load_step(wp_ptr, s_ptr, z_ptr, rows_w, offs_w, rows_g, offs_g, kw_lo, kw_hi,
-                         stride_wn, stride_sn, stride_zn, FMT, WPG, WT, HAS_ZP, EVEN_K, WLOAD)
+                         stride_wn, stride_sn, stride_zn, FMT, WPG, WT, HAS_ZP, EVEN_K)
     if XS:  # double buffer [2, NT, BK] of B fragments (_xfrag_layout order), step 0's now
         gl.static_assert(J == 2, "XS: the B register pairing is that of 8-word steps")
         # 16-byte chunk c of token n at c ^ (n % 2): tokens g, g + 1 of a quarter warp hit other banks
@@ -484,7 +471,7 @@ def _mma_decode_tiles(
             xg = _x_step(x_ptr, x_off, xw, gl.minimum(kw0 + BKW, kw_last), kw_hi, EVEN_K)  # next step's share
         else:
             # x^T step first (L1/L2 hits), permuted like the weight tile
-            xt = _x_step(x_ptr, x_off, xw, kw0, kw_hi, EVEN_K, WLOAD)  # [NT, BKW, 8]
+            xt = _x_step(x_ptr, x_off, xw, kw0, kw_hi, EVEN_K)  # [NT, BKW, 8]
             # [NT, 4 (t), J (j), 2 (h), 4 (i)] -> [NT, J, 4, 4, 2]: logical k = 32 j + 8 t + 2 i + h
             xt = gl.permute(gl.reshape(xt, [NT, 4, J, 2, 4]), [0, 2, 1, 4, 3])
             b = gl.convert_layout(gl.permute(gl.reshape(xt, [NT, BK]), [1, 0]), B_L)  # [BK, NT]
@@ -493,11 +480,15 @@ def _mma_decode_tiles(
             w, sg, zg = nxt
             nxt = _load_step(wp_ptr, s_ptr, z_ptr, rows_w, offs_w, rows_g, offs_g,
                              gl.minimum(kw0 + BKW, kw_last), kw_hi,  # the last again at the end: unused
-                             stride_wn, stride_sn, stride_zn, FMT, WPG, WT, HAS_ZP, EVEN_K, WLOAD)
+                             stride_wn, stride_sn, stride_zn, FMT, WPG, WT, HAS_ZP, EVEN_K)
         else:
             w, sg, zg = _load_step(wp_ptr, s_ptr, z_ptr, rows_w, offs_w, rows_g, offs_g, kw0, kw_hi,
-                                   stride_wn, stride_sn, stride_zn, FMT, WPG, WT, HAS_ZP, EVEN_K, WLOAD)
-        p0, p1, p2, p3, p4, p5, p6, p7 = _decode_step(w, sg, zg, FMT, HAS_ZP, LW, R, BKW, WT)
+                                   stride_wn, stride_sn, stride_zn, FMT, WPG, WT, HAS_ZP, EVEN_K)
+        if DIAG == 1:  # diagnostic: one conversion instead of the decode (wrong results), the rest the same
+            pz = (w ^ _per_word(sg.to(gl.int32), LW, R, BKW, WT)).to(gl.bfloat16)  # the scale bytes still loaded
+            p0, p1, p2, p3, p4, p5, p6, p7 = pz, pz, pz, pz, pz, pz, pz, pz
+        else:
+            p0, p1, p2, p3, p4, p5, p6, p7 = _decode_step(w, sg, zg, FMT, HAS_ZP, LW, R, BKW, WT)
         # [R, BKW, a, b, c] = p[a + 2b + 4c] -> [R, BKW, 8] in pair order (e = a + 2b + 4c)
         q = gl.join(gl.join(gl.join(p0, p1), gl.join(p2, p3)), gl.join(gl.join(p4, p5), gl.join(p6, p7)))
         q = gl.reshape(gl.permute(q, [0, 1, 4, 3, 2]), [R, 4, J, 8])  # real word = J t + j
@@ -527,7 +518,7 @@ class MmaDecodeConfig:
     prefetch: bool = True  # register double buffer of the next step's words and scales
     waves: int = 4  # split K until cdiv(N, rows) * split >= waves * SMs
     xsmem: bool = False  # stage x through shared memory (once per CTA; barriers per step); bkw 8 only
-    wload: int = 0  # cache policy of the streamed loads (gemv.GemvConfig.wload; EXPERIMENT, session 19)
+    diag: int = 0  # DIAGNOSTIC, wrong results (session 19): 1 the decode replaced by one conversion a word
 
     def __post_init__(self) -> None:
         if self.xsmem and self.bkw != 8:
@@ -535,7 +526,7 @@ class MmaDecodeConfig:
 
     def __str__(self) -> str:
         return (f"mma-R{self.rows}xBK{self.bkw * 8}w{self.warps}{'p' if self.prefetch else ''}W{self.waves}"
-                f"{'xs' if self.xsmem else ''}{f'C{self.wload}' if self.wload else ''}")
+                f"{'xs' if self.xsmem else ''}{f'D{self.diag}' if self.diag else ''}")
 
 
 # Candidates. Per thread and K step: (rows / warps / 8) rows x bkw / 4 words. 0-5 are the
@@ -693,7 +684,7 @@ def _launch(x2: torch.Tensor, pws: list, cfg: MmaDecodeConfig, epi):
         FMT=pw.fmt, GROUP=pw.group, HAS_ZP=pw.fmt == FMT_INT4 and pw.zero is not None,
         R=cfg.rows, BKW=cfg.bkw, NT=nt, W=cfg.warps,
         PREFETCH=cfg.prefetch, EVEN_K=kw % cfg.bkw == 0, XS=cfg.xsmem,
-        HAS_LA=la is not None, LA_V=LORA_A_V, NW=len(pws), WLOAD=cfg.wload,
+        HAS_LA=la is not None, LA_V=LORA_A_V, NW=len(pws), DIAG=cfg.diag,
         num_warps=cfg.warps, **pdl.kwargs(x2.device),
     )
     return ops, split, epi

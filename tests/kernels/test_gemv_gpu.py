@@ -158,22 +158,3 @@ def test_pdl_chain_equals_plain_launches_in_a_graph(monkeypatch, n, k):
 
     pdl_chain_runs(monkeypatch, step, pws, rows=1)
 
-
-@pytest.mark.parametrize("spec", ["nvfp4", "int4-g128"])
-@pytest.mark.parametrize("wload", [1, 2, 3])
-def test_wload_is_bit_identical(spec, wload):
-    """The loads' cache policies (``GemvConfig.wload``) change no value: every config, split-K and a masked K tail
-    give the same bits as plain loads."""
-    import dataclasses
-
-    torch.manual_seed(wload)
-    for n, k in ((512, 3584), (1000, 640), (300, 18944)):
-        args, w = _qweight(spec, n, k)
-        pw = _packed_weight(*args)
-        for m in (1, 3):
-            x = torch.randn(m, k, device="cuda").to(torch.bfloat16)
-            for cfg in (G[0], G[5], G[7]):
-                want = gemv.launch_gemv(x, pw, cfg)
-                got = gemv.launch_gemv(x, pw, dataclasses.replace(cfg, wload=wload))
-                assert torch.equal(got, want), (n, k, m, cfg)
-                assert _rel(got, x.double() @ w.T) < TOL

@@ -182,22 +182,3 @@ def test_pdl_chain_equals_plain_launches_in_a_graph(monkeypatch, m):
 
     pdl_chain_runs(monkeypatch, step, pws, rows=m)
 
-
-@pytest.mark.parametrize("spec", ["nvfp4", "int4-g128"])
-@pytest.mark.parametrize("wload", [1, 2, 3])
-def test_wload_is_bit_identical(spec, wload):
-    """The loads' cache policies (``MmaDecodeConfig.wload``) change no bit: M = 2..16 configs, split-K and a K tail
-    inside a step."""
-    import dataclasses
-
-    torch.manual_seed(wload)
-    for n, k in ((512, 3584), (1000, 2048), (640, 384)):
-        args, w = _qweight(spec, n, k)
-        pw = _packed_weight(*args)
-        for m in (2, 8, 16):
-            x = torch.randn(m, k, device="cuda").to(torch.bfloat16)
-            for cfg in (C[1], C[4]):
-                want = mma_decode.launch_mma_decode(x, pw, cfg)
-                got = mma_decode.launch_mma_decode(x, pw, dataclasses.replace(cfg, wload=wload))
-                assert torch.equal(got, want), (n, k, m, cfg)
-                assert _rel(got, x.double() @ w.T) < TOL

@@ -1,0 +1,130 @@
+"""Where the decode kernels' time goes: each default config beside diagnostic variants that skip work (7B / 14B layers).
+
+    PYTHONPATH=.:kernels python benchmarks/kernels/bench_decode_bound.py --out DIR [--diags 0,1,2] [--repeats 3]
+
+Issue 17's decode target is >= 80 % of HBM at M = 1..16. The one-row GEMV runs at 59-66 % and the ``mma.sync``
+kernel at 42-56 % (4-16 rows) on the large weights, where a plain read of the same bytes reaches 80-82 %. Session 19
+tested two memory-side causes first and both failed (``gpu_session19.sh`` phases a, b): a rolling L2 prefetch
+(commit 1f91051, ``bench_l2_prefetch.py``) was slower everywhere, and cache policies on the loads (commit 0e437fa,
+``bench_decode_loads.py``) moved nothing. This asks whether the work between the loads binds: ``diag`` (``GemvConfig``
+/ ``MmaDecodeConfig``) 1 replaces the FP4 decode by one bitcast / conversion a word (the GEMV's FFMAs, the mma.sync
+MMAs, every load kept), 2 (the GEMV only) also drops the FFMAs and x (the words and scale bytes loaded, one add a
+word): the kernel's loop as a plain read. **The diagnostic outputs are wrong by design**; only ``diag = 0``'s output
+is checked (against the float64 product of x and the dequantized weight). Timed as ``bench_gemv`` times (rotating
+weight copies that together exceed the L2 several times, one CUDA graph, median per call), the variants alternating
+``--repeats`` times, with a plain read of the same bytes beside them.
+
+Writes ``decode_bound.json`` and ``decode_bound.md`` (us per call, % of the HBM copy rate, ratio to diag = 0).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import datetime
+import json
+import os
+import statistics
+
+import torch
+from bench_gemv import _quantized, graph_us, hbm_copy_GBps, read_ceiling_us
+from bench_wo_gemm import _copies
+
+SHAPES = ((18944, 3584), (3584, 18944), (3584, 3584), (13824, 5120), (5120, 13824))  # 7B gate/up, down, q/o; 14B
+MS = (1, 4, 8, 16)
+
+
+def _launcher(m: int, n: int, k: int, diag: int):
+    """(config name, fn(x, pw) -> y): the kernel ``wo_matmul`` runs at M rows, its default config, ``diag``."""
+    from quarl_kernels import gemv, mma_decode
+
+    if m == 1:
+        cfg = dataclasses.replace(gemv.default_gemv_config(0, 1, n, k), diag=diag)
+        return str(cfg), lambda x, p, c=cfg: gemv.launch_gemv(x, p, c)
+    cfg = dataclasses.replace(mma_decode.default_config(m, n), diag=diag)
+    return str(cfg), lambda x, p, c=cfg: mma_decode.launch_mma_decode(x, p, c)
+
+
+def bench_shape(n: int, k: int, ms, diags, repeats: int, l2: int, hbm: float) -> list[dict]:
+    from quarl_kernels import wo_gemm
+
+    _, q, pw0 = _quantized("nvfp4", n, k, n + k)
+    reps = _copies(q.nbytes, l2)
+    pws = [pw0] + [wo_gemm.PackedWeight(pw0.fmt, pw0.group, n, k, pw0.words.clone(), pw0.scale.clone(), None,
+                                        pw0.gscale.clone(), pw0.bytes32) for _ in range(reps - 1)]
+    rows = []
+    for m in ms:
+        torch.manual_seed(m)
+        x = torch.randn(m, k, device="cuda").to(torch.bfloat16)
+        nbytes = q.nbytes + 2 * m * k + 2 * m * n
+        variants = [_launcher(m, n, k, a) for a in diags if m == 1 or a < 2]  # diag 2: the GEMV only
+        got = variants[0][1](x, pw0).double()
+        want = x.double() @ q.dequantize(torch.float64).T
+        err = ((got - want).norm() / want.norm()).item()
+        if not err < 5e-3:  # the real kernel (diag 0) must be right; the diagnostics are wrong by design
+            raise AssertionError(f"{variants[0][0]} at {n}x{k} M={m}: relative error {err:.2e}")
+        times = {name: [] for name, _ in variants}
+        reads = []
+        for _ in range(repeats):
+            for name, fn in variants:
+                times[name].append(graph_us([lambda p=p, fn=fn, x=x: fn(x, p) for p in pws]))
+            reads.append(read_ceiling_us(nbytes, l2))
+        base = statistics.median(times[variants[0][0]])
+        read = statistics.median(reads)
+        for (name, _), a in zip(variants, diags, strict=False):
+            us = statistics.median(times[name])
+            rows.append({"N": n, "K": k, "M": m, "diag": a, "config": name, "us": us, "all_us": times[name],
+                         "bytes": nbytes, "pct_hbm": 100 * nbytes / us / 1e3 / hbm, "vs_diag0": base / us,
+                         "read_us": read, "read_pct_hbm": 100 * nbytes / read / 1e3 / hbm})
+            r = rows[-1]
+            print(f"{n:5d}x{k:5d} M={m:2d} {name:28s} {us:7.2f} us ({r['pct_hbm']:4.1f} % HBM, x{r['vs_diag0']:.3f} "
+                  f"vs diag 0; read {read:.2f} us = {r['read_pct_hbm']:.1f} %)  {[f'{t:.2f}' for t in times[name]]}",
+                  flush=True)
+    return rows
+
+
+def table(info: dict, rows: list[dict]) -> str:
+    lines = [(f"{info['gpu']}, torch {info['torch']}, {info['date']}; HBM copy {info['hbm_copy_GBps']:.0f} GB/s; "
+              f"PDL {info['pdl']}; median of {info['repeats']} alternating repeats"), "",
+             "| N x K | M | config | diag | us | % HBM | x diag 0 | plain read us (% HBM) |",
+             "|---|---:|---|---:|---:|---:|---:|---:|"]
+    for r in rows:
+        lines.append(f"| {r['N']} x {r['K']} | {r['M']} | {r['config']} | {r['diag']} | {r['us']:.2f} | "
+                     f"{r['pct_hbm']:.1f} | {r['vs_diag0']:.3f} | {r['read_us']:.2f} ({r['read_pct_hbm']:.1f}) |")
+    return "\n".join(lines) + "\n"
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--out", default=os.environ.get("OUT", "."))
+    ap.add_argument("--diags", default="0,1,2")
+    ap.add_argument("--ms", default=",".join(map(str, MS)))
+    ap.add_argument("--shapes", default=",".join(f"{n}x{k}" for n, k in SHAPES))
+    ap.add_argument("--repeats", type=int, default=3)
+    args = ap.parse_args()
+    diags = [int(a) for a in args.diags.split(",")]
+    if diags[0] != 0:
+        raise SystemExit("--diags must start with 0 (the real kernel: the reference)")
+    from quarl_kernels import pdl
+
+    dev = torch.device("cuda")
+    info = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__,
+            "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+            "hbm_copy_GBps": hbm_copy_GBps(), "pdl": pdl.mode(dev), "repeats": args.repeats}
+    l2 = torch.cuda.get_device_properties(dev).L2_cache_size
+    rows = []
+    for s in args.shapes.split(","):
+        n, k = map(int, s.split("x"))
+        rows += bench_shape(n, k, [int(m) for m in args.ms.split(",")], diags, args.repeats, l2,
+                            info["hbm_copy_GBps"])
+    os.makedirs(args.out, exist_ok=True)
+    with open(os.path.join(args.out, "decode_bound.json"), "w") as f:
+        json.dump({"info": info, "rows": rows}, f, indent=1)
+    md = table(info, rows)
+    with open(os.path.join(args.out, "decode_bound.md"), "w") as f:
+        f.write(md)
+    print(md)
+
+
+if __name__ == "__main__":
+    main()
