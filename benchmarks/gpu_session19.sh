@@ -66,3 +66,9 @@ phase_end
 #   mma.sync kernel), .cg words + x evict-last x0.95-1.00; one-row GEMV 7B gate / up 20.87 us (61 % of the copy rate),
 #   down 21.51 (60 %); mma.sync 8 rows 24.99 / 27.65, 16 rows 31.08 / 26.60; plain read 15.9-16.5 us (80-82 %).
 #   GPU tests (every wload bit-equal to plain loads): 12 passed. Device after b: 1544 s of 1800 left.
+# phase c (commit d0862d8; 27 s, ~453 s held in all): bench_decode_bound.py, us per call (x the real kernel): the
+#   one-row GEMV with its decode replaced by a bitcast x0.97-1.11, with the decode, x and the FFMAs all dropped (its loop
+#   as a plain read) x1.05-1.23 -- 19.55 / 20.24 / 18.99 / 20.01 us on 7B gate/up, 7B down, 14B gate/up, 14B down
+#   (63-70 % of the copy rate) where a plain read of the same bytes takes 15.9-16.4 us (80-82 %); mma.sync 4 / 8 rows
+#   without the decode x1.09-1.12, 16 rows x0.97-1.02. So the decode is ~10 % of the time; the loop's access pattern
+#   caps the kernels near 65-70 %. Device after c: 1495 s of 1800 left.
