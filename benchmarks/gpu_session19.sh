@@ -14,10 +14,14 @@
 #     the prefetch removed; instead the loads' cache policy (GemvConfig / MmaDecodeConfig.wload: 1 the words and scale
 #     bytes .cg, L2 only; 2 the same L1 evict-first; 3 as 1 and x L1 evict-last) -- does the streamed weight evict the
 #     reused x from L1? bench_decode_loads.py (phase a's bench, wload 0..3), then the wload GPU tests.
-#   phase c: bash benchmarks/gpu_session19.sh c   (one GPU; ~2 min)
+#   phase c: bash benchmarks/gpu_session19.sh c   (commit d0862d8; one GPU; ~1 min)
 #     the cache-policy knob removed; instead a diagnostic (GemvConfig / MmaDecodeConfig.diag, wrong results by design):
 #     1 the decode replaced by one bitcast / conversion a word, 2 (GEMV) also no FFMAs and no x -- which part of the
 #     loop holds the kernels below the plain read? bench_decode_bound.py (diag 0 checked against float64 first).
+#   phase d: bash benchmarks/gpu_session19.sh d   (one GPU; ~4 min)
+#     after c (the GEMV's loop alone streams at 63-70 %): the one-row GEMV's work split -- rows x K words a step, a
+#     row's contiguous run 128 B .. 2 KB a step -- real and as its loop alone (diag 2), on the 7B / 14B MLP weights
+#     (bench_decode_bound.py --gemv-sweep).
 set -u
 PHASE=${1:?phase}
 OUT=${OUT:?}
@@ -46,6 +50,13 @@ c)
         > "$OUT/bound/run.log" 2>&1
     echo "== decode bound bench rc=$? at $((SECONDS - T0)) s"; grep -E "^\|" "$OUT/bound/run.log" | head -n 90
     grep -E "Error|error" "$OUT/bound/run.log" | head -n 5
+    ;;
+d)
+    mkdir -p "$OUT/sweep"
+    (cd benchmarks/kernels && timeout -k 5 "${BENCH_S:-420}" "$PY" bench_decode_bound.py --gemv-sweep --out "$OUT/sweep" \
+        --shapes 18944x3584,3584x18944,13824x5120,5120x13824) > "$OUT/sweep/run.log" 2>&1
+    echo "== gemv sweep rc=$? at $((SECONDS - T0)) s"; grep -E "^\|" "$OUT/sweep/run.log" | head -n 80
+    grep -E "Error|error" "$OUT/sweep/run.log" | head -n 5
     ;;
 *)
     echo "unknown phase $PHASE"; exit 2

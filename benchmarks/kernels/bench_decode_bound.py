@@ -14,6 +14,10 @@ is checked (against the float64 product of x and the dequantized weight). Timed 
 weight copies that together exceed the L2 several times, one CUDA graph, median per call), the variants alternating
 ``--repeats`` times, with a plain read of the same bytes beside them.
 
+``--gemv-sweep``: the one-row GEMV's work split instead -- ``SWEEP`` configs (rows x K words a step, the same 16 words
+a thread: contiguous runs of 128 B to 2 KB a row) as the real kernel and as ``diag = 2`` (its loop as a plain read):
+does a program that reads longer runs of a row stream closer to the plain read?
+
 Writes ``decode_bound.json`` and ``decode_bound.md`` (us per call, % of the HBM copy rate, ratio to diag = 0).
 """
 
@@ -43,6 +47,54 @@ def _launcher(m: int, n: int, k: int, diag: int):
         return str(cfg), lambda x, p, c=cfg: gemv.launch_gemv(x, p, c)
     cfg = dataclasses.replace(mma_decode.default_config(m, n), diag=diag)
     return str(cfg), lambda x, p, c=cfg: mma_decode.launch_mma_decode(x, p, c)
+
+
+def _sweep_configs():
+    from quarl_kernels.gemv import GemvConfig as C
+
+    # (rows, K words a step, VEC, warps): a row's contiguous run a step is 4 * words bytes
+    return [C(64, 32, 4, 4, prefetch=False), C(32, 64, 4, 4, prefetch=False), C(16, 128, 4, 4, prefetch=False),
+            C(8, 256, 4, 4, prefetch=False), C(4, 512, 4, 4, prefetch=False), C(16, 256, 4, 8, prefetch=False),
+            C(8, 512, 4, 8, prefetch=False), C(8, 256, 4, 4)]
+
+
+def sweep_shape(n: int, k: int, repeats: int, l2: int, hbm: float) -> list[dict]:
+    """``--gemv-sweep``: each of ``_sweep_configs`` at one row, real (checked) and ``diag = 2``, alternating."""
+    from quarl_kernels import gemv, wo_gemm
+
+    _, q, pw0 = _quantized("nvfp4", n, k, n + k)
+    reps = _copies(q.nbytes, l2)
+    pws = [pw0] + [wo_gemm.PackedWeight(pw0.fmt, pw0.group, n, k, pw0.words.clone(), pw0.scale.clone(), None,
+                                        pw0.gscale.clone(), pw0.bytes32) for _ in range(reps - 1)]
+    torch.manual_seed(1)
+    x = torch.randn(1, k, device="cuda").to(torch.bfloat16)
+    want = x.double() @ q.dequantize(torch.float64).T
+    nbytes = q.nbytes + 2 * k + 2 * n
+    variants = []
+    for c in _sweep_configs():
+        got = gemv.launch_gemv(x, pw0, c).double()
+        err = ((got - want).norm() / want.norm()).item()
+        if not err < 5e-3:
+            raise AssertionError(f"{c} at {n}x{k}: relative error {err:.2e}")
+        variants += [(c, 0), (dataclasses.replace(c, diag=2), 2)]
+    times = {str(c): [] for c, _ in variants}
+    reads = []
+    for _ in range(repeats):
+        for c, _ in variants:
+            times[str(c)].append(graph_us([lambda p=p, c=c: gemv.launch_gemv(x, p, c) for p in pws]))
+        reads.append(read_ceiling_us(nbytes, l2))
+    read = statistics.median(reads)
+    rows = []
+    for c, d in variants:
+        us = statistics.median(times[str(c)])
+        base = statistics.median(times[str(dataclasses.replace(c, diag=0))])
+        rows.append({"N": n, "K": k, "M": 1, "diag": d, "config": str(c), "us": us, "all_us": times[str(c)],
+                     "bytes": nbytes, "pct_hbm": 100 * nbytes / us / 1e3 / hbm, "vs_diag0": base / us,
+                     "read_us": read, "read_pct_hbm": 100 * nbytes / read / 1e3 / hbm, "run_bytes": 4 * c.bkw})
+        r = rows[-1]
+        print(f"{n:5d}x{k:5d} M= 1 {c!s:28} {us:7.2f} us ({r['pct_hbm']:4.1f} % HBM; read {read:.2f} us = "
+              f"{r['read_pct_hbm']:.1f} %)", flush=True)
+    return rows
 
 
 def bench_shape(n: int, k: int, ms, diags, repeats: int, l2: int, hbm: float) -> list[dict]:
@@ -101,6 +153,7 @@ def main() -> None:
     ap.add_argument("--ms", default=",".join(map(str, MS)))
     ap.add_argument("--shapes", default=",".join(f"{n}x{k}" for n, k in SHAPES))
     ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--gemv-sweep", action="store_true", help="the one-row GEMV's work split (_sweep_configs) instead")
     args = ap.parse_args()
     diags = [int(a) for a in args.diags.split(",")]
     if diags[0] != 0:
@@ -115,8 +168,11 @@ def main() -> None:
     rows = []
     for s in args.shapes.split(","):
         n, k = map(int, s.split("x"))
-        rows += bench_shape(n, k, [int(m) for m in args.ms.split(",")], diags, args.repeats, l2,
-                            info["hbm_copy_GBps"])
+        if args.gemv_sweep:
+            rows += sweep_shape(n, k, args.repeats, l2, info["hbm_copy_GBps"])
+        else:
+            rows += bench_shape(n, k, [int(m) for m in args.ms.split(",")], diags, args.repeats, l2,
+                                info["hbm_copy_GBps"])
     os.makedirs(args.out, exist_ok=True)
     with open(os.path.join(args.out, "decode_bound.json"), "w") as f:
         json.dump({"info": info, "rows": rows}, f, indent=1)
