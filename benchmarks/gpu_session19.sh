@@ -83,3 +83,11 @@ phase_end
 #   (63-70 % of the copy rate) where a plain read of the same bytes takes 15.9-16.4 us (80-82 %); mma.sync 4 / 8 rows
 #   without the decode x1.09-1.12, 16 rows x0.97-1.02. So the decode is ~10 % of the time; the loop's access pattern
 #   caps the kernels near 65-70 %. Device after c: 1495 s of 1800 left.
+# phase d (commit 9878ba6; 33 s, ~536 s held in all): bench_decode_bound.py --gemv-sweep, one-row GEMV us per call,
+#   real / its loop alone (diag 2), % of the copy rate in brackets. 7B gate / up (read 15.96 us, 80 %): BN64xBK256
+#   (config 0, the default) 20.95 (61) / 19.54 (65); BN32xBK512 (config 7) 19.34 (66) / 17.91 (71); BN8xBK2048 26.26
+#   / 17.93 (71); BN4xBK4096 29.42 / 17.13 (75); BN8xBK2048 with the register prefetch 27.25 / 16.91 (76). 7B down: the
+#   default (config 7) 21.57 (59) / 20.22 (63); best loop BN4xBK4096 18.85 (68), real 27.29. 14B: best loops 17.38-17.56
+#   us (76 %) with real kernels at 21.87-25.63. Longer runs of a row bring the loop alone to 71-76 % (from 63-70 %) but
+#   the real kernel loses 30-130 % there: each thread then holds more distinct x (up to 168 registers against 119).
+#   Device after d: 1439 s of 1800 left.
