@@ -18,10 +18,14 @@
 #     the cache-policy knob removed; instead a diagnostic (GemvConfig / MmaDecodeConfig.diag, wrong results by design):
 #     1 the decode replaced by one bitcast / conversion a word, 2 (GEMV) also no FFMAs and no x -- which part of the
 #     loop holds the kernels below the plain read? bench_decode_bound.py (diag 0 checked against float64 first).
-#   phase d: bash benchmarks/gpu_session19.sh d   (one GPU; ~4 min)
+#   phase d: bash benchmarks/gpu_session19.sh d   (commit 9878ba6; one GPU; ~1 min)
 #     after c (the GEMV's loop alone streams at 63-70 %): the one-row GEMV's work split -- rows x K words a step, a
 #     row's contiguous run 128 B .. 2 KB a step -- real and as its loop alone (diag 2), on the 7B / 14B MLP weights
 #     (bench_decode_bound.py --gemv-sweep).
+#   phase e: bash benchmarks/gpu_session19.sh e   (one GPU; ~2 min)
+#     the words pre-tiled (gemv.tile_words: each kernel step's [rows, K words] tile one contiguous block, diag + 4):
+#     the default configs at 1 / 4 / 8 / 16 rows and the GEMV's loop alone, tiled against as they are (the tiled
+#     outputs bit-equal to the untiled ones first) -- bench_decode_bound.py --tiled.
 set -u
 PHASE=${1:?phase}
 OUT=${OUT:?}
@@ -57,6 +61,13 @@ d)
         --shapes 18944x3584,3584x18944,13824x5120,5120x13824) > "$OUT/sweep/run.log" 2>&1
     echo "== gemv sweep rc=$? at $((SECONDS - T0)) s"; grep -E "^\|" "$OUT/sweep/run.log" | head -n 80
     grep -E "Error|error" "$OUT/sweep/run.log" | head -n 5
+    ;;
+e)
+    mkdir -p "$OUT/tiled"
+    (cd benchmarks/kernels && timeout -k 5 "${BENCH_S:-420}" "$PY" bench_decode_bound.py --tiled --out "$OUT/tiled") \
+        > "$OUT/tiled/run.log" 2>&1
+    echo "== tiled rc=$? at $((SECONDS - T0)) s"; grep -E "^\|" "$OUT/tiled/run.log" | head -n 80
+    grep -E "Error|error" "$OUT/tiled/run.log" | head -n 5
     ;;
 *)
     echo "unknown phase $PHASE"; exit 2

@@ -18,6 +18,10 @@ weight copies that together exceed the L2 several times, one CUDA graph, median 
 a thread: contiguous runs of 128 B to 2 KB a row) as the real kernel and as ``diag = 2`` (its loop as a plain read):
 does a program that reads longer runs of a row stream closer to the plain read?
 
+``--tiled``: the words pre-tiled (``gemv.tile_words``: a kernel step's [rows, K words] tile one contiguous block, as
+the plain read reads 16 KB a program) -- ``diag`` + 4 -- for the default configs at 1 / 4 / 8 / 16 rows and for the
+GEMV's loop alone; the tiled real kernels must equal the untiled ones bit for bit (same math, other addresses).
+
 Writes ``decode_bound.json`` and ``decode_bound.md`` (us per call, % of the HBM copy rate, ratio to diag = 0).
 """
 
@@ -97,6 +101,56 @@ def sweep_shape(n: int, k: int, repeats: int, l2: int, hbm: float) -> list[dict]
     return rows
 
 
+def tiled_shape(n: int, k: int, ms, repeats: int, l2: int, hbm: float) -> list[dict]:
+    """``--tiled``: per M, the default config with the words as they are and pre-tiled (plus, at one row, the loop
+    alone both ways), alternating; the tiled outputs equal to the untiled ones."""
+    from quarl_kernels import gemv, mma_decode, wo_gemm
+
+    _, q, pw0 = _quantized("nvfp4", n, k, n + k)
+    reps = _copies(q.nbytes, l2)
+    copies = [pw0] + [wo_gemm.PackedWeight(pw0.fmt, pw0.group, n, k, pw0.words.clone(), pw0.scale.clone(), None,
+                                           pw0.gscale.clone(), pw0.bytes32) for _ in range(reps - 1)]
+    rows = []
+    for m in ms:
+        torch.manual_seed(m)
+        x = torch.randn(m, k, device="cuda").to(torch.bfloat16)
+        nbytes = q.nbytes + 2 * m * k + 2 * m * n
+        if m == 1:
+            cfg = gemv.default_gemv_config(0, 1, n, k)
+            bn, bkw, _ = gemv.effective_tile(cfg, pw0.group)
+            run = gemv.launch_gemv
+            diags = (0, 4, 2, 6)
+        else:
+            cfg = mma_decode.default_config(m, n)
+            bn, bkw = cfg.rows, cfg.bkw
+            run = mma_decode.launch_mma_decode
+            diags = (0, 4)
+        tiled = [wo_gemm.PackedWeight(p.fmt, p.group, n, k, gemv.tile_words(p.words, bn, bkw), p.scale, None,
+                                      p.gscale, p.bytes32) for p in copies]
+        variants = [(dataclasses.replace(cfg, diag=d), d, tiled if d & 4 else copies) for d in diags]
+        want = run(x, copies[0], cfg)
+        got = run(x, tiled[0], variants[1][0])
+        if not torch.equal(got, want):
+            raise AssertionError(f"tiled {cfg} at {n}x{k} M={m}: output differs from the untiled kernel's")
+        times = {d: [] for _, d, _ in variants}
+        reads = []
+        for _ in range(repeats):
+            for c, d, pws in variants:
+                times[d].append(graph_us([lambda p=p, c=c, x=x, run=run: run(x, p, c) for p in pws]))
+            reads.append(read_ceiling_us(nbytes, l2))
+        read = statistics.median(reads)
+        for c, d, _ in variants:
+            us = statistics.median(times[d])
+            base = statistics.median(times[d & 3])
+            rows.append({"N": n, "K": k, "M": m, "diag": d, "config": str(c), "us": us, "all_us": times[d],
+                         "bytes": nbytes, "pct_hbm": 100 * nbytes / us / 1e3 / hbm, "vs_diag0": base / us,
+                         "read_us": read, "read_pct_hbm": 100 * nbytes / read / 1e3 / hbm})
+            r = rows[-1]
+            print(f"{n:5d}x{k:5d} M={m:2d} {c!s:28} {us:7.2f} us ({r['pct_hbm']:4.1f} % HBM, x{r['vs_diag0']:.3f} vs "
+                  f"untiled; read {read:.2f} us = {r['read_pct_hbm']:.1f} %)", flush=True)
+    return rows
+
+
 def bench_shape(n: int, k: int, ms, diags, repeats: int, l2: int, hbm: float) -> list[dict]:
     from quarl_kernels import wo_gemm
 
@@ -154,6 +208,7 @@ def main() -> None:
     ap.add_argument("--shapes", default=",".join(f"{n}x{k}" for n, k in SHAPES))
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--gemv-sweep", action="store_true", help="the one-row GEMV's work split (_sweep_configs) instead")
+    ap.add_argument("--tiled", action="store_true", help="the words pre-tiled (diag + 4) instead")
     args = ap.parse_args()
     diags = [int(a) for a in args.diags.split(",")]
     if diags[0] != 0:
@@ -170,6 +225,8 @@ def main() -> None:
         n, k = map(int, s.split("x"))
         if args.gemv_sweep:
             rows += sweep_shape(n, k, args.repeats, l2, info["hbm_copy_GBps"])
+        elif args.tiled:
+            rows += tiled_shape(n, k, [int(m) for m in args.ms.split(",")], args.repeats, l2, info["hbm_copy_GBps"])
         else:
             rows += bench_shape(n, k, [int(m) for m in args.ms.split(",")], diags, args.repeats, l2,
                                 info["hbm_copy_GBps"])

@@ -184,13 +184,18 @@ def _decode_int4_fp32(w, z_bits, USE_ASM: tl.constexpr):
 def _load_tile(wp_ptr, s_ptr, z_ptr, rows, kw0, kw_hi, ar, ag,
                stride_wn, stride_sn, stride_zn,
                FMT: tl.constexpr, WPG: tl.constexpr, ONE_GROUP: tl.constexpr, HAS_ZP: tl.constexpr,
-               EVEN_K: tl.constexpr, ZW: tl.constexpr):
+               EVEN_K: tl.constexpr, ZW: tl.constexpr, TILED: tl.constexpr = False, BN_: tl.constexpr = 1,
+               BKW_: tl.constexpr = 1, KSTEPS=1):
     """Raw loads of one K step at word ``kw0``: words [BN, BKW] i32 and the tile's
     group values: FP4 scale bytes (i32), INT4 fp32 scales and zero points (i32) --
     [BN] when the tile sits inside one group, else [BN, NG]. With ``ZW`` the INT4
     zero points come as their int32 view [N, G/4] (4-byte loads can be cp.async'd)."""
     offs_kw = kw0 + ar  # [BKW] words
-    wptr = wp_ptr + rows[:, None] * stride_wn + offs_kw[None, :]
+    if TILED:  # diagnostic layout (diag & 4): [N / BN, KW / BKW, BN, BKW], a program's step one contiguous block
+        tile = (rows[:, None] // BN_) * KSTEPS + kw0 // BKW_
+        wptr = wp_ptr + tile * (BN_ * BKW_) + (rows[:, None] % BN_) * BKW_ + ar[None, :]
+    else:
+        wptr = wp_ptr + rows[:, None] * stride_wn + offs_kw[None, :]
     if EVEN_K:
         w = tl.load(wptr)  # [BN, BKW]
     else:
@@ -256,7 +261,8 @@ def _gemv_kernel(
     group's q/k/v, gate/up: ``launch_gemv_group``), weight 0's ``T0`` tiles first, then weight 1's ``T1``,
     then weight 2's, each into its own partials -- one launch instead of NW.
     PDL (``pdl.py``): wait for the kernel before (which wrote x) first; signal after the K loop. DIAG (a diagnostic,
-    wrong results by design, ``GemvConfig.diag``): 1 the decode replaced by a bitcast, 2 the math too."""
+    ``GemvConfig.diag``): 1 the decode replaced by a bitcast, 2 the math too (wrong results by design); + 4 the words
+    pre-tiled (``tile_words``)."""
     pdl.enter(PDL)
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
@@ -349,7 +355,7 @@ def _gemv_tiles(
     kw_last = kw_lo + ((kw_hi - kw_lo - 1) // BKW) * BKW  # start of the split's last tile
     if PREFETCH:
         nxt = _load_tile(wp_ptr, s_ptr, z_ptr, rows, kw_lo, kw_hi, ar, ag, stride_wn, stride_sn, stride_zn,
-                         FMT, WPG, ONE_GROUP, HAS_ZP, EVEN_K, ZW)
+                         FMT, WPG, ONE_GROUP, HAS_ZP, EVEN_K, ZW, (DIAG & 4) != 0, BN, BKW, KW // BKW)
     for kw0 in tl.range(kw_lo, kw_hi, BKW, num_stages=STAGES):
         offs_kw = kw0 + ar  # [BKW]
         # x first (L1/L2 hits, independent of the decode below): 4 bf16 pairs per word and token
@@ -365,10 +371,12 @@ def _gemv_tiles(
         if PREFETCH:  # the next tile (the last one again at the end: in bounds, unused)
             w, sg, zg = nxt
             nxt = _load_tile(wp_ptr, s_ptr, z_ptr, rows, min(kw0 + BKW, kw_last), kw_hi, ar, ag,
-                             stride_wn, stride_sn, stride_zn, FMT, WPG, ONE_GROUP, HAS_ZP, EVEN_K, ZW)
+                             stride_wn, stride_sn, stride_zn, FMT, WPG, ONE_GROUP, HAS_ZP, EVEN_K, ZW,
+                             (DIAG & 4) != 0, BN, BKW, KW // BKW)
         else:
             w, sg, zg = _load_tile(wp_ptr, s_ptr, z_ptr, rows, kw0, kw_hi, ar, ag, stride_wn, stride_sn, stride_zn,
-                                   FMT, WPG, ONE_GROUP, HAS_ZP, EVEN_K, ZW)
+                                   FMT, WPG, ONE_GROUP, HAS_ZP, EVEN_K, ZW, (DIAG & 4) != 0, BN, BKW,
+                                   KW // BKW)
         # per-group values -> per word [BN, BKW] (a register broadcast)
         if FMT == 0:  # NVFP4: S = e4m3 * 2**110 (exact in bf16: the fp32's low half is 0)
             sv = (sg.to(tl.uint8).to(tl.float8e4nv, bitcast=True).to(tl.float32) * 1.298074214633707e33)
@@ -383,7 +391,7 @@ def _gemv_tiles(
         else:
             sw = tl.broadcast_to(sv[:, :, None], (BN, NG, BKW // NG)).reshape(BN, BKW)
             scw = tl.broadcast_to(sg[:, :, None], (BN, NG, BKW // NG)).reshape(BN, BKW)
-        if DIAG == 1:  # diagnostic: no decode (the words as floats), the FFMAs and loads as they are
+        if (DIAG & 3) == 1:  # diagnostic: no decode (the words as floats), the FFMAs and loads as they are
             d0 = (w ^ sw).to(tl.float32, bitcast=True)  # the scale bytes still loaded
             d1, d2, d3, d4, d5, d6, d7 = d0, d0, d0, d0, d0, d0, d0
         elif FMT == 2:
@@ -410,7 +418,7 @@ def _gemv_tiles(
                 new = new + (accs[m] + scw * p,)
             else:
                 new = new + (p,)
-        if DIAG == 2:  # diagnostic: the loads alone (one add per word keeps them), no decode, no x, no FFMAs
+        if (DIAG & 3) == 2:  # diagnostic: the loads alone (one add per word keeps them), no decode, no x, no FFMAs
             new = ()
             for m in tl.static_range(M):
                 new = new + (accs[m] + (w ^ sw).to(tl.float32, bitcast=True),)
@@ -438,7 +446,10 @@ class GemvConfig:
     prefetch: bool = True  # register double buffer (only without stages)
     waves: int = 4  # split K until cdiv(N, bn) * split >= waves * SMs
     stages: int = 1  # > 1: cp.async pipeline of that depth (tl.range num_stages)
-    diag: int = 0  # DIAGNOSTIC, wrong results (session 19): 1 the decode replaced by a bitcast, 2 also no FFMAs
+    # DIAGNOSTIC (session 19; benchmarks/kernels/bench_decode_bound.py, never set elsewhere): 1 the decode replaced by
+    # a bitcast, 2 also no FFMAs and no x (wrong results by design); + 4: the words in the pre-tiled layout of
+    # ``tile_words`` (right results, given such words)
+    diag: int = 0
 
     def __str__(self) -> str:
         pre = f"s{self.stages}" if self.stages > 1 else "p" if self.prefetch else ""
@@ -516,6 +527,15 @@ def gemv_supported(x2: torch.Tensor, pw) -> bool:
     wpg = pw.group // 8
     return (1 <= x2.shape[0] <= GEMV_MAX_M and x2.dtype == torch.bfloat16 and pw.group % 8 == 0
             and wpg & (wpg - 1) == 0)
+
+
+def tile_words(words: torch.Tensor, bn: int, bkw: int) -> torch.Tensor:
+    """DIAGNOSTIC (``GemvConfig.diag & 4``, ``MmaDecodeConfig.diag & 4``): packed words ``[N, KW]`` re-laid as
+    ``[N / bn, KW / bkw, bn, bkw]`` (a kernel step's tile one contiguous block), returned in a ``[N, KW]`` tensor."""
+    n, kw = words.shape
+    if n % bn or kw % bkw:
+        raise ValueError(f"tile_words: [{n}, {kw}] words do not split into [{bn}, {bkw}] tiles")
+    return words.view(n // bn, bn, kw // bkw, bkw).permute(0, 2, 1, 3).contiguous().view(n, kw)
 
 
 def _gemv_split(cfg: GemvConfig, n: int, kw: int, sms: int) -> tuple[int, int]:
@@ -646,5 +666,5 @@ def group_supported(x2: torch.Tensor, pws: list) -> bool:
 __all__ = [
     "FMT_INT4", "FMT_MXFP4", "FMT_NVFP4", "GEMV_CONFIGS", "GEMV_GROUP_MAX_M", "GEMV_LIMIT_M", "GEMV_MAX_M",
     "GemvConfig", "GemvLaunch", "default_gemv_config", "effective_tile", "gemv_launch", "gemv_supported",
-    "group_supported", "launch_gemv", "launch_gemv_group",
+    "group_supported", "launch_gemv", "launch_gemv_group", "tile_words",
 ]

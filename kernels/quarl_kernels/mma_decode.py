@@ -194,11 +194,17 @@ def _xfrag_layout(NT, BKW, W):
 def _load_step(wp_ptr, s_ptr, z_ptr, rows_w, offs_w, rows_g, offs_g, kw0, kw_hi,
                stride_wn, stride_sn, stride_zn,
                FMT: gl.constexpr, WPG: gl.constexpr, WT: gl.constexpr, HAS_ZP: gl.constexpr,
-               EVEN_K: gl.constexpr):
+               EVEN_K: gl.constexpr, TILED: gl.constexpr = False, R_: gl.constexpr = 1, BKW_: gl.constexpr = 1,
+               KSTEPS=1):
     """Raw loads of one K step at word ``kw0``: words [R, BKW] i32 and the step's group
-    values [R, NG] (FP4: scale bytes; INT4: fp32 scales, zero-point bytes)."""
+    values [R, NG] (FP4: scale bytes; INT4: fp32 scales, zero-point bytes). TILED (diagnostic, ``diag & 4``): the
+    words in ``gemv.tile_words``' layout with [R, BKW] tiles."""
     kw = kw0 + offs_w  # [BKW]
-    wptr = wp_ptr + rows_w[:, None] * stride_wn + kw[None, :]  # [R, BKW]
+    if TILED:
+        tile = (rows_w[:, None] // R_) * KSTEPS + kw0 // BKW_
+        wptr = wp_ptr + tile * (R_ * BKW_) + (rows_w[:, None] % R_) * BKW_ + offs_w[None, :]  # [R, BKW]
+    else:
+        wptr = wp_ptr + rows_w[:, None] * stride_wn + kw[None, :]  # [R, BKW]
     if WT == WPG:  # whole groups in a step: contiguous group indices (vector loads)
         gi = kw0 // WPG + offs_g  # [NG]
     else:  # the step lies inside one group
@@ -357,7 +363,8 @@ def _mma_decode_kernel(
     NW = 2 / 3: the tiles of two or three FP4 weights of one K that read the same x (a LoRA group's q/k/v or
     gate/up: :func:`launch_mma_decode_group`), weight 0's ``T0`` tiles, then weight 1's ``T1``, then weight 2's.
     PDL (``pdl.py``, ``pdl_gluon.py``): wait for the kernel before (which wrote x) first; signal after the K loop.
-    DIAG 1 (a diagnostic, wrong results by design, ``MmaDecodeConfig.diag``): the decode replaced by a conversion."""
+    DIAG (a diagnostic, ``MmaDecodeConfig.diag``): 1 the decode replaced by a conversion (wrong results by design);
+    + 4 the words pre-tiled (``gemv.tile_words``)."""
     pdl_gluon.enter(PDL)
     pid_n = gl.program_id(0)
     pid_k = gl.program_id(1)
@@ -455,7 +462,8 @@ def _mma_decode_tiles(
     kw_last = kw_lo + ((kw_hi - kw_lo - 1) // BKW) * BKW  # start of the split's last step
     if PREFETCH:
         nxt = _load_step(wp_ptr, s_ptr, z_ptr, rows_w, offs_w, rows_g, offs_g, kw_lo, kw_hi,
-                         stride_wn, stride_sn, stride_zn, FMT, WPG, WT, HAS_ZP, EVEN_K)
+                         stride_wn, stride_sn, stride_zn, FMT, WPG, WT, HAS_ZP, EVEN_K, (DIAG & 4) != 0, R, BKW,
+                         KW // BKW)
     if XS:  # double buffer [2, NT, BK] of B fragments (_xfrag_layout order), step 0's now
         gl.static_assert(J == 2, "XS: the B register pairing is that of 8-word steps")
         # 16-byte chunk c of token n at c ^ (n % 2): tokens g, g + 1 of a quarter warp hit other banks
@@ -480,11 +488,13 @@ def _mma_decode_tiles(
             w, sg, zg = nxt
             nxt = _load_step(wp_ptr, s_ptr, z_ptr, rows_w, offs_w, rows_g, offs_g,
                              gl.minimum(kw0 + BKW, kw_last), kw_hi,  # the last again at the end: unused
-                             stride_wn, stride_sn, stride_zn, FMT, WPG, WT, HAS_ZP, EVEN_K)
+                             stride_wn, stride_sn, stride_zn, FMT, WPG, WT, HAS_ZP, EVEN_K, (DIAG & 4) != 0, R, BKW,
+                         KW // BKW)
         else:
             w, sg, zg = _load_step(wp_ptr, s_ptr, z_ptr, rows_w, offs_w, rows_g, offs_g, kw0, kw_hi,
-                                   stride_wn, stride_sn, stride_zn, FMT, WPG, WT, HAS_ZP, EVEN_K)
-        if DIAG == 1:  # diagnostic: one conversion instead of the decode (wrong results), the rest the same
+                                   stride_wn, stride_sn, stride_zn, FMT, WPG, WT, HAS_ZP, EVEN_K, (DIAG & 4) != 0, R, BKW,
+                         KW // BKW)
+        if (DIAG & 3) == 1:  # diagnostic: one conversion instead of the decode (wrong results), the rest the same
             pz = (w ^ _per_word(sg.to(gl.int32), LW, R, BKW, WT)).to(gl.bfloat16)  # the scale bytes still loaded
             p0, p1, p2, p3, p4, p5, p6, p7 = pz, pz, pz, pz, pz, pz, pz, pz
         else:
@@ -518,7 +528,9 @@ class MmaDecodeConfig:
     prefetch: bool = True  # register double buffer of the next step's words and scales
     waves: int = 4  # split K until cdiv(N, rows) * split >= waves * SMs
     xsmem: bool = False  # stage x through shared memory (once per CTA; barriers per step); bkw 8 only
-    diag: int = 0  # DIAGNOSTIC, wrong results (session 19): 1 the decode replaced by one conversion a word
+    # DIAGNOSTIC (session 19; bench_decode_bound.py only): 1 the decode replaced by one conversion a word (wrong
+    # results); + 4 the words pre-tiled (``gemv.tile_words`` with [rows, bkw] tiles)
+    diag: int = 0
 
     def __post_init__(self) -> None:
         if self.xsmem and self.bkw != 8:
