@@ -102,3 +102,9 @@ phase_end
 #   us (76 %) with real kernels at 21.87-25.63. Longer runs of a row bring the loop alone to 71-76 % (from 63-70 %) but
 #   the real kernel loses 30-130 % there: each thread then holds more distinct x (up to 168 registers against 119).
 #   Device after d: 1439 s of 1800 left.
+# phase e (commit 05767e0; 27 s, ~596 s held in all): bench_decode_bound.py --tiled, us per call (x the untiled
+#   kernel), the tiled outputs bit-equal: the mma.sync kernel's default (128 rows x 16 words a step, 64-byte runs of a
+#   row) with each step one contiguous 8 KB block -- 4 / 8 rows x1.17-1.22 on the 7B / 14B MLP weights (7B gate / up 8
+#   rows 25.21 -> 21.21 us, 51 -> 61 % of the copy rate; 14B down 28.46 -> 23.41, 47 -> 57 %), 16 rows x1.09-1.11,
+#   q / o x1.02-1.09; the one-row GEMV x0.96-0.99 (its runs are 128-256 B already), its loop alone x1.00-1.03.
+#   Device after e: 1399 s of 1800 left.
