@@ -1,0 +1,129 @@
+"""The decode kernels' diagnostic builds (``GemvConfig.diag``, ``MmaDecodeConfig.diag``) on a CPU.
+
+Session 19 located where the one-row GEMV and the ``mma.sync`` kernel lose to a plain read of the same bytes with
+builds that skip work (``diag`` 1: no decode; 2, GEMV: no decode, no x, no FFMAs -- wrong results by design) and with
+the words pre-tiled (``diag + 4`` over ``gemv.tile_words``: the same math at other addresses, RESULTS "Issue 17,
+session 19"; ``benchmarks/kernels/bench_decode_bound.py``). What can be checked without a GPU: ``tile_words`` puts
+each [rows, words] tile in one contiguous block and refuses shapes it cannot tile; under the interpreter the GEMV
+reading tiled words gives the same bits as reading them row-major; the sm_90 builds of the tiled kernels keep their
+16-byte word loads (the addresses stay vectorizable), the default builds carry no diagnostic code, and nothing spills.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+import textwrap
+
+import pytest
+
+from tests.kernels.interpreter import needs_interpreter, needs_triton, run_interpreted
+
+
+@needs_triton
+def test_tile_words_layout():
+    import torch
+    from quarl_kernels import gemv
+
+    w = torch.arange(64 * 96, dtype=torch.int32).view(64, 96)
+    t = gemv.tile_words(w, 16, 32)
+    assert t.shape == w.shape and t.is_contiguous()
+    blocks = t.view(4, 3, 16, 32)  # [N / rows, KW / words, rows, words]
+    for i, j in ((0, 0), (1, 2), (3, 1)):
+        assert torch.equal(blocks[i, j], w[16 * i:16 * (i + 1), 32 * j:32 * (j + 1)])
+    with pytest.raises(ValueError, match="do not split"):
+        gemv.tile_words(w, 48, 32)
+
+
+@needs_interpreter
+def test_gemv_reads_tiled_words_to_the_same_bits():
+    run_interpreted(textwrap.dedent("""
+        import dataclasses
+        import torch
+        from quarl.quant import get_format, make_config
+        from quarl_kernels import gemv
+        from quarl_kernels.ops import _packed_weight
+        from quarl_kernels.wo_gemm import PackedWeight
+
+        C = gemv.GemvConfig
+        for spec, n, k, cfg in (("nvfp4", 64, 512, C(16, 16, 4, 4, prefetch=False)),  # split-K
+                                ("mxfp4", 48, 256, C(16, 8, 4, 4)),  # register prefetch
+                                ("nvfp4", 32, 1024, C(32, 32, 4, 4, prefetch=False))):
+            torch.manual_seed(n + k)
+            c = make_config(spec)
+            t = get_format(c.name).quantize(torch.randn(n, k) * 0.05, c).tensors
+            pw = _packed_weight(t["weight_packed"], t["weight_scale"], None, t.get("weight_global_scale"), c.name,
+                                c.block_size, n, k)
+            bn, bkw, _ = gemv.effective_tile(cfg, pw.group)
+            tiled = PackedWeight(pw.fmt, pw.group, n, k, gemv.tile_words(pw.words, bn, bkw), pw.scale, None,
+                                 pw.gscale, pw.bytes32)
+            x = torch.randn(1, k).to(torch.bfloat16)
+            want = gemv.launch_gemv(x, pw, cfg, use_asm=False)
+            got = gemv.launch_gemv(x, tiled, dataclasses.replace(cfg, diag=4), use_asm=False)
+            assert torch.equal(got, want), (spec, n, k, str(cfg))
+        print("OK")
+    """))
+
+
+@needs_triton
+def test_gemv_builds():
+    import torch
+    from quarl_kernels import gemv
+    from quarl_kernels.wo_gemm import PackedWeight
+
+    from tests.kernels.sm90_sass import compile_launch, stack_bytes
+
+    n, k = 18944, 3584  # 7B gate / up
+    pw = PackedWeight(0, 16, n, k, torch.empty(n, k // 8, dtype=torch.int32),
+                      torch.empty(n, k // 16, dtype=torch.uint8), None, torch.ones(1))
+    x = torch.empty(1, k, dtype=torch.bfloat16)
+    cfg = gemv.default_gemv_config(0, 1, n, k)
+    assert cfg.diag == 0
+    built = {}
+    for d in (0, 4, 2):
+        kern, sass = compile_launch(gemv.gemv_launch(x, pw, dataclasses.replace(cfg, diag=d)))
+        assert stack_bytes(kern) in (0, None), d
+        built[d] = sass
+    words = [op for op in re.findall(r"\bLDG[.A-Z0-9_]*", built[0]) if op.endswith(".128")]
+    tiled = [op for op in re.findall(r"\bLDG[.A-Z0-9_]*", built[4]) if op.endswith(".128")]
+    assert words and len(tiled) == len(words)  # the tiled words still load 16 bytes at a time
+    fp = [len(re.findall(r"\b(?:FFMA|FMUL|FADD)\b", built[d])) for d in (0, 2)]
+    assert fp[1] < fp[0] // 4, fp  # diag 2: the math gone
+
+
+@needs_triton
+def test_mma_decode_builds():
+    pytest.importorskip("triton.experimental.gluon")
+    import subprocess
+    import sys
+    import tempfile
+    from pathlib import Path
+
+    from quarl_kernels import mma_decode
+    from quarl_kernels.formats import FMT_NVFP4
+
+    from tests.kernels.sm90_sass import cuobjdump, stack_bytes
+
+    if cuobjdump() is None:
+        pytest.skip("the Triton wheel ships no cuobjdump")
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks" / "kernels"))
+    try:
+        from bench_mma_decode import compile_mma_decode
+    finally:
+        sys.path.pop(0)
+
+    def sass_of(kernel):
+        with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+            f.write(kernel.asm["cubin"])
+            f.flush()
+            return subprocess.run([str(cuobjdump()), "-sass", f.name], capture_output=True, text=True,
+                                  check=True).stdout
+
+    cfg = mma_decode.default_config(8, 18944)
+    assert cfg.diag == 0
+    k0 = compile_mma_decode(FMT_NVFP4, cfg, 8, split=False)
+    k4 = compile_mma_decode(FMT_NVFP4, dataclasses.replace(cfg, diag=4), 8, split=False)
+    assert stack_bytes(k4) in (0, None)
+    wide0 = [op for op in re.findall(r"\bLDG[.A-Z0-9_]*", sass_of(k0)) if op.endswith(".128")]
+    wide4 = [op for op in re.findall(r"\bLDG[.A-Z0-9_]*", sass_of(k4)) if op.endswith(".128")]
+    assert wide0 and len(wide4) == len(wide0)
