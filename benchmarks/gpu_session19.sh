@@ -31,43 +31,38 @@ PHASE=${1:?phase}
 OUT=${OUT:?}
 source benchmarks/gpu_phase_lib.sh
 
+bound() {  # DIR ARGS...: bench_decode_bound.py -> $OUT/DIR (phases c-e)
+    local d=$1; shift
+    mkdir -p "$OUT/$d"
+    (cd benchmarks/kernels && timeout -k 5 "${BENCH_S:-420}" "$PY" bench_decode_bound.py --out "$OUT/$d" "$@") \
+        > "$OUT/$d/run.log" 2>&1
+    echo "== bench_decode_bound $* rc=$? at $((SECONDS - T0)) s"; grep -E "^\|" "$OUT/$d/run.log" | head -n 90
+    grep -E "Error|error" "$OUT/$d/run.log" | head -n 5
+}
+
 case $PHASE in
-a)
+a)  # at commit 1f91051
     mkdir -p "$OUT/l2"
     (cd benchmarks/kernels && timeout -k 5 "${BENCH_S:-400}" "$PY" bench_l2_prefetch.py --out "$OUT/l2") \
         > "$OUT/l2/run.log" 2>&1
     echo "== l2 prefetch bench rc=$? at $((SECONDS - T0)) s"; grep -E "^\|" "$OUT/l2/run.log" | head -n 90
-    grep -E "Error|error" "$OUT/l2/run.log" | head -n 5
     tests 170 tests/kernels/test_gemv_gpu.py tests/kernels/test_mma_decode_gpu.py -k "l2_ahead"
     ;;
-b)
+b)  # at commit 0e437fa
     mkdir -p "$OUT/loads"
     (cd benchmarks/kernels && timeout -k 5 "${BENCH_S:-400}" "$PY" bench_decode_loads.py --out "$OUT/loads") \
         > "$OUT/loads/run.log" 2>&1
     echo "== decode loads bench rc=$? at $((SECONDS - T0)) s"; grep -E "^\|" "$OUT/loads/run.log" | head -n 90
-    grep -E "Error|error" "$OUT/loads/run.log" | head -n 5
     tests 170 tests/kernels/test_gemv_gpu.py tests/kernels/test_mma_decode_gpu.py -k "wload"
     ;;
 c)
-    mkdir -p "$OUT/bound"
-    (cd benchmarks/kernels && timeout -k 5 "${BENCH_S:-400}" "$PY" bench_decode_bound.py --out "$OUT/bound") \
-        > "$OUT/bound/run.log" 2>&1
-    echo "== decode bound bench rc=$? at $((SECONDS - T0)) s"; grep -E "^\|" "$OUT/bound/run.log" | head -n 90
-    grep -E "Error|error" "$OUT/bound/run.log" | head -n 5
+    bound bound
     ;;
 d)
-    mkdir -p "$OUT/sweep"
-    (cd benchmarks/kernels && timeout -k 5 "${BENCH_S:-420}" "$PY" bench_decode_bound.py --gemv-sweep --out "$OUT/sweep" \
-        --shapes 18944x3584,3584x18944,13824x5120,5120x13824) > "$OUT/sweep/run.log" 2>&1
-    echo "== gemv sweep rc=$? at $((SECONDS - T0)) s"; grep -E "^\|" "$OUT/sweep/run.log" | head -n 80
-    grep -E "Error|error" "$OUT/sweep/run.log" | head -n 5
+    bound sweep --gemv-sweep --shapes 18944x3584,3584x18944,13824x5120,5120x13824
     ;;
 e)
-    mkdir -p "$OUT/tiled"
-    (cd benchmarks/kernels && timeout -k 5 "${BENCH_S:-420}" "$PY" bench_decode_bound.py --tiled --out "$OUT/tiled") \
-        > "$OUT/tiled/run.log" 2>&1
-    echo "== tiled rc=$? at $((SECONDS - T0)) s"; grep -E "^\|" "$OUT/tiled/run.log" | head -n 80
-    grep -E "Error|error" "$OUT/tiled/run.log" | head -n 5
+    bound tiled --tiled
     ;;
 *)
     echo "unknown phase $PHASE"; exit 2

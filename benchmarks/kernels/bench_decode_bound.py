@@ -53,6 +53,16 @@ def _launcher(m: int, n: int, k: int, diag: int):
     return str(cfg), lambda x, p, c=cfg: mma_decode.launch_mma_decode(x, p, c)
 
 
+def _rotating(n: int, k: int, l2: int):
+    """(the QTensor, its packed weight, that weight followed by copies that together exceed the L2 several times)."""
+    from quarl_kernels import wo_gemm
+
+    _, q, pw0 = _quantized("nvfp4", n, k, n + k)
+    copies = [pw0] + [wo_gemm.PackedWeight(pw0.fmt, pw0.group, n, k, pw0.words.clone(), pw0.scale.clone(), None,
+                                           pw0.gscale.clone(), pw0.bytes32) for _ in range(_copies(q.nbytes, l2) - 1)]
+    return q, pw0, copies
+
+
 def _sweep_configs():
     from quarl_kernels.gemv import GemvConfig as C
 
@@ -64,12 +74,9 @@ def _sweep_configs():
 
 def sweep_shape(n: int, k: int, repeats: int, l2: int, hbm: float) -> list[dict]:
     """``--gemv-sweep``: each of ``_sweep_configs`` at one row, real (checked) and ``diag = 2``, alternating."""
-    from quarl_kernels import gemv, wo_gemm
+    from quarl_kernels import gemv
 
-    _, q, pw0 = _quantized("nvfp4", n, k, n + k)
-    reps = _copies(q.nbytes, l2)
-    pws = [pw0] + [wo_gemm.PackedWeight(pw0.fmt, pw0.group, n, k, pw0.words.clone(), pw0.scale.clone(), None,
-                                        pw0.gscale.clone(), pw0.bytes32) for _ in range(reps - 1)]
+    q, pw0, pws = _rotating(n, k, l2)
     torch.manual_seed(1)
     x = torch.randn(1, k, device="cuda").to(torch.bfloat16)
     want = x.double() @ q.dequantize(torch.float64).T
@@ -106,10 +113,7 @@ def tiled_shape(n: int, k: int, ms, repeats: int, l2: int, hbm: float) -> list[d
     alone both ways), alternating; the tiled outputs equal to the untiled ones."""
     from quarl_kernels import gemv, mma_decode, wo_gemm
 
-    _, q, pw0 = _quantized("nvfp4", n, k, n + k)
-    reps = _copies(q.nbytes, l2)
-    copies = [pw0] + [wo_gemm.PackedWeight(pw0.fmt, pw0.group, n, k, pw0.words.clone(), pw0.scale.clone(), None,
-                                           pw0.gscale.clone(), pw0.bytes32) for _ in range(reps - 1)]
+    q, pw0, copies = _rotating(n, k, l2)
     rows = []
     for m in ms:
         torch.manual_seed(m)
@@ -152,12 +156,7 @@ def tiled_shape(n: int, k: int, ms, repeats: int, l2: int, hbm: float) -> list[d
 
 
 def bench_shape(n: int, k: int, ms, diags, repeats: int, l2: int, hbm: float) -> list[dict]:
-    from quarl_kernels import wo_gemm
-
-    _, q, pw0 = _quantized("nvfp4", n, k, n + k)
-    reps = _copies(q.nbytes, l2)
-    pws = [pw0] + [wo_gemm.PackedWeight(pw0.fmt, pw0.group, n, k, pw0.words.clone(), pw0.scale.clone(), None,
-                                        pw0.gscale.clone(), pw0.bytes32) for _ in range(reps - 1)]
+    q, pw0, pws = _rotating(n, k, l2)
     rows = []
     for m in ms:
         torch.manual_seed(m)
