@@ -453,8 +453,8 @@ class GemvConfig:
 
     def __str__(self) -> str:
         pre = f"s{self.stages}" if self.stages > 1 else "p" if self.prefetch else ""
-        l2 = f"D{self.diag}" if self.diag else ""
-        return f"gemv-BN{self.bn}xBK{self.bkw * 8}v{self.vec}w{self.warps}{pre}W{self.waves}{l2}"
+        dg = f"D{self.diag}" if self.diag else ""
+        return f"gemv-BN{self.bn}xBK{self.bkw * 8}v{self.vec}w{self.warps}{pre}W{self.waves}{dg}"
 
 
 # Candidates: the configs that won at least one (format, shape, M) point of the H200
@@ -623,8 +623,7 @@ def gemv_launch(x2: torch.Tensor, pw, cfg: GemvConfig, *, use_asm: bool = True, 
     const = {"M": m, "FMT": pw.fmt, "GROUP": pw.group, "HAS_ZP": pw.fmt == FMT_INT4 and pw.zero is not None,
              "USE_ASM": use_asm and not interpreting(), "BN": bn, "BKW": bkw, "VEC": vec, "PREFETCH": cfg.prefetch,
              "STAGES": cfg.stages, "EVEN_K": kw % bkw == 0, "ZW": zw, "HAS_LA": la is not None, "LA_BR": lora_a.BR,
-             "LA_BK": lora_a.BK, "NW": 1 + len(more), "PDL": pdl.mode(x2.device),
-             "DIAG": cfg.diag}
+             "LA_BK": lora_a.BK, "NW": 1 + len(more), "PDL": pdl.mode(x2.device), "DIAG": cfg.diag}
     grid = (la_progs + sum(tiles), split)  # the A programs first: scheduled in the first wave
     return GemvLaunch(_gemv_kernel, grid, args, const, cfg.warps, cfg.stages, out, y, split, tuple(rest))
 

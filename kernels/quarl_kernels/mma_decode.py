@@ -489,11 +489,11 @@ def _mma_decode_tiles(
             nxt = _load_step(wp_ptr, s_ptr, z_ptr, rows_w, offs_w, rows_g, offs_g,
                              gl.minimum(kw0 + BKW, kw_last), kw_hi,  # the last again at the end: unused
                              stride_wn, stride_sn, stride_zn, FMT, WPG, WT, HAS_ZP, EVEN_K, (DIAG & 4) != 0, R, BKW,
-                         KW // BKW)
+                             KW // BKW)
         else:
             w, sg, zg = _load_step(wp_ptr, s_ptr, z_ptr, rows_w, offs_w, rows_g, offs_g, kw0, kw_hi,
                                    stride_wn, stride_sn, stride_zn, FMT, WPG, WT, HAS_ZP, EVEN_K, (DIAG & 4) != 0, R, BKW,
-                         KW // BKW)
+                             KW // BKW)
         if (DIAG & 3) == 1:  # diagnostic: one conversion instead of the decode (wrong results), the rest the same
             pz = (w ^ _per_word(sg.to(gl.int32), LW, R, BKW, WT)).to(gl.bfloat16)  # the scale bytes still loaded
             p0, p1, p2, p3, p4, p5, p6, p7 = pz, pz, pz, pz, pz, pz, pz, pz
