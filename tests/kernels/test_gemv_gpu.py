@@ -157,4 +157,3 @@ def test_pdl_chain_equals_plain_launches_in_a_graph(monkeypatch, n, k):
         return gemv.launch_gemv(x, pw, gemv.default_gemv_config(pw.fmt, 1, pw.n, pw.k), epi=epi)
 
     pdl_chain_runs(monkeypatch, step, pws, rows=1)
-

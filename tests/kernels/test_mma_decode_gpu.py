@@ -181,4 +181,3 @@ def test_pdl_chain_equals_plain_launches_in_a_graph(monkeypatch, m):
         return mma_decode.launch_mma_decode(x, pw, mma_decode.default_config(x.shape[0], pw.n), epi=epi)
 
     pdl_chain_runs(monkeypatch, step, pws, rows=m)
-
