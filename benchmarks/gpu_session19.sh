@@ -22,10 +22,14 @@
 #     after c (the GEMV's loop alone streams at 63-70 %): the one-row GEMV's work split -- rows x K words a step, a
 #     row's contiguous run 128 B .. 2 KB a step -- real and as its loop alone (diag 2), on the 7B / 14B MLP weights
 #     (bench_decode_bound.py --gemv-sweep).
-#   phase e: bash benchmarks/gpu_session19.sh e   (one GPU; ~2 min)
+#   phase e: bash benchmarks/gpu_session19.sh e   (commit 05767e0; one GPU; ~1 min)
 #     the words pre-tiled (gemv.tile_words: each kernel step's [rows, K words] tile one contiguous block, diag + 4):
 #     the default configs at 1 / 4 / 8 / 16 rows and the GEMV's loop alone, tiled against as they are (the tiled
 #     outputs bit-equal to the untiled ones first) -- bench_decode_bound.py --tiled.
+#   phase f: bash benchmarks/gpu_session19.sh f   (one GPU; ~7 min)
+#     what the tiled words would give the engine's decode step: rollout_profile.py, 7B, LoRA r32 fp32 adapters,
+#     batch 4 / 8 / 16, BF16+LoRA, NVFP4+LoRA and NVFP4+LoRA:tiled (an experiment in the bench: every FP4 layer's words
+#     tiled in place, the mma.sync launches reading them tiled; step times only -- tokens mean nothing there).
 set -u
 PHASE=${1:?phase}
 OUT=${OUT:?}
@@ -63,6 +67,9 @@ d)
     ;;
 e)
     bound tiled --tiled
+    ;;
+f)
+    profile "${PROF_S:-430}" 7b bf16+lora32,nvfp4+lora32,nvfp4+lora32:tiled 4,8,16
     ;;
 *)
     echo "unknown phase $PHASE"; exit 2
