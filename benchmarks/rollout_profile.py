@@ -27,7 +27,8 @@ session 14) and ``:noring`` ``=0``; ``:nowide`` sets ``QUARL_KERNELS_RING_WIDE_M
 wide ring token tiles, the Triton tensor-core kernel or the dense path as before session 15); ``:nopdl`` sets
 ``QUARL_KERNELS_PDL=0`` (no programmatic dependent launch: each kernel starts after the one before has ended, as
 before session 16; ``quarl_kernels/pdl.py``) and ``:earlypdl`` ``=early`` (every kernel signals first thing, not
-after its K loop); modifiers combine (``nvfp4+lora32:noepi:sdpa``). With the epilogue on, a projection's ``gemm:*`` row includes its
+after its K loop); ``:tiled`` is an experiment, not a switch (session 19, :func:`tiled_words`: the packed words
+tiled in place for the 2..16-row ``mma.sync`` kernel -- step times only); modifiers combine (``nvfp4+lora32:noepi:sdpa``). With the epilogue on, a projection's ``gemm:*`` row includes its
 bias and LoRA B (they run in its kernels); ``lora`` is then the A GEMMs alone.
 
 Per (variant, batch) cell, one prefill of ``prompt`` random tokens fills the cache, and
