@@ -110,3 +110,9 @@ phase_end
 #   rows 25.21 -> 21.21 us, 51 -> 61 % of the copy rate; 14B down 28.46 -> 23.41, 47 -> 57 %), 16 rows x1.09-1.11,
 #   q / o x1.02-1.09; the one-row GEMV x0.96-0.99 (its runs are 128-256 B already), its loop alone x1.00-1.03.
 #   Device after e: 1399 s of 1800 left.
+# phase f (commit 96e2123; 128 s, ~757 s held in all): rollout_profile.py 7B, LoRA r32 fp32, context 1026..1109,
+#   decode step ms (graphed loop) at batch 4 / 8 / 16: BF16+LoRA 8.773 / 8.895 / 9.290; NVFP4+LoRA 4.112 / 4.293 /
+#   5.168 (2.13x / 2.07x / 1.80x); NVFP4+LoRA with the words tiled for the mma.sync kernel 3.777 / 3.925 / 4.862
+#   (2.32x / 2.27x / 1.91x: -8.1 / -8.6 / -5.9 %; down 0.872 -> 0.754 ms and the q/k/v + gate/up group launches
+#   ("unattributed") 1.865 -> 1.597 ms at batch 8). generate() check at batch 8: 5.182 / 4.579 ms against the loop's
+#   4.293 / 3.925 (one timed call; batch 4 and BF16 agree within 1.5 %). Device after f: 1291 s of 1800 left.
