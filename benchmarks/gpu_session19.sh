@@ -26,10 +26,14 @@
 #     the words pre-tiled (gemv.tile_words: each kernel step's [rows, K words] tile one contiguous block, diag + 4):
 #     the default configs at 1 / 4 / 8 / 16 rows and the GEMV's loop alone, tiled against as they are (the tiled
 #     outputs bit-equal to the untiled ones first) -- bench_decode_bound.py --tiled.
-#   phase f: bash benchmarks/gpu_session19.sh f   (one GPU; ~7 min)
+#   phase f: bash benchmarks/gpu_session19.sh f   (commit 96e2123; one GPU; ~2 min)
 #     what the tiled words would give the engine's decode step: rollout_profile.py, 7B, LoRA r32 fp32 adapters,
 #     batch 4 / 8 / 16, BF16+LoRA, NVFP4+LoRA and NVFP4+LoRA:tiled (an experiment in the bench: every FP4 layer's words
 #     tiled in place, the mma.sync launches reading them tiled; step times only -- tokens mean nothing there).
+#   phase g: bash benchmarks/gpu_session19.sh g   (one GPU; ~2 min)
+#     one block shape for every kernel? bench_decode_bound.py --blocks on the 7B / 14B MLP weights: the mma.sync kernel
+#     at 4 / 8 / 16 rows on row-major words, its own [128, 16] blocks and [64, 8] blocks; the TMA ring (the default at
+#     32 / 64 rows, the wide tiles at 128) on row-major words and [64, 8] blocks -- its step.
 set -u
 PHASE=${1:?phase}
 OUT=${OUT:?}
@@ -70,6 +74,9 @@ e)
     ;;
 f)
     profile "${PROF_S:-430}" 7b bf16+lora32,nvfp4+lora32,nvfp4+lora32:tiled 4,8,16
+    ;;
+g)
+    bound blocks --blocks --ms 4,8,16,32,64,128 --shapes 18944x3584,3584x18944,13824x5120,5120x13824
     ;;
 *)
     echo "unknown phase $PHASE"; exit 2

@@ -22,6 +22,11 @@ does a program that reads longer runs of a row stream closer to the plain read?
 the plain read reads 16 KB a program) -- ``diag`` + 4 -- for the default configs at 1 / 4 / 8 / 16 rows and for the
 GEMV's loop alone; the tiled real kernels must equal the untiled ones bit for bit (same math, other addresses).
 
+``--blocks``: one block shape for every kernel? The words tiled in [64 rows, 8 words] blocks (2 KB: the TMA ring's step,
+a quarter of the ``mma.sync`` step) beside the ``mma.sync`` step's own [128, 16] (4 / 8 / 16 rows: ``diag`` + 8 / + 4)
+and, at 32 / 64 / 128 rows, the TMA ring (its default / wide configs, R = 64, 8 words a step) reading them
+(``launch_wgmma_ring(tiled=True)``); every tiled output bit-equal to the row-major kernel's first.
+
 Writes ``decode_bound.json`` and ``decode_bound.md`` (us per call, % of the HBM copy rate, ratio to diag = 0).
 """
 
@@ -155,6 +160,64 @@ def tiled_shape(n: int, k: int, ms, repeats: int, l2: int, hbm: float) -> list[d
     return rows
 
 
+def blocks_shape(n: int, k: int, ms, repeats: int, l2: int, hbm: float) -> list[dict]:
+    """``--blocks``: per M, the kernel ``wo_matmul`` runs (mma.sync at 4..16 rows, the TMA ring at 32..128) on
+    row-major words and on tiled ones, alternating; tiled outputs equal to the row-major ones."""
+    from quarl_kernels import gemv, mma_decode, wo_gemm
+    from quarl_kernels import wgmma_ring as wr
+
+    q, pw0, copies = _rotating(n, k, l2)
+
+    def tiled(rows, words):
+        return [wo_gemm.PackedWeight(p.fmt, p.group, n, k, gemv.tile_words(p.words, rows, words), p.scale, None,
+                                     p.gscale, p.bytes32) for p in copies]
+
+    out = []
+    for m in ms:
+        torch.manual_seed(m)
+        x = torch.randn(m, k, device="cuda").to(torch.bfloat16)
+        nbytes = q.nbytes + 2 * m * k + 2 * m * n
+        if m <= 16:
+            cfg = mma_decode.default_config(m, n)
+
+            def run(p, c, x=x):
+                return mma_decode.launch_mma_decode(x, p, c)
+
+            variants = [("row-major", cfg, copies), (f"[{cfg.rows}, {cfg.bkw}] blocks", dataclasses.replace(cfg, diag=4),
+                                                    tiled(cfg.rows, cfg.bkw)),
+                        ("[64, 8] blocks", dataclasses.replace(cfg, diag=8), tiled(64, 8))]
+        else:
+            cfg = wr.routed(x, pw0)
+            if cfg is None or cfg.rows != 64:
+                raise SystemExit(f"--blocks: {n}x{k} at {m} rows does not route to a 64-row ring config ({cfg})")
+
+            def run(p, c, x=x):
+                return wr.launch_wgmma_ring(x, p, c[0], tiled=c[1])
+
+            variants = [("row-major", (cfg, False), copies), ("[64, 8] blocks", (cfg, True), tiled(64, cfg.bkw))]
+        want = run(copies[0], variants[0][1])
+        for name, c, pws in variants[1:]:
+            if not torch.equal(run(pws[0], c), want):
+                raise AssertionError(f"{name} at {n}x{k} M={m}: output differs from the row-major kernel's")
+        times = {name: [] for name, _, _ in variants}
+        reads = []
+        for _ in range(repeats):
+            for name, c, pws in variants:
+                times[name].append(graph_us([lambda p=p, c=c, run=run: run(p, c) for p in pws]))
+            reads.append(read_ceiling_us(nbytes, l2))
+        read = statistics.median(reads)
+        base = statistics.median(times["row-major"])
+        for name, c, _ in variants:
+            us = statistics.median(times[name])
+            out.append({"N": n, "K": k, "M": m, "diag": name, "config": str(c if m <= 16 else c[0]), "us": us,
+                        "all_us": times[name], "bytes": nbytes, "pct_hbm": 100 * nbytes / us / 1e3 / hbm,
+                        "vs_diag0": base / us, "read_us": read, "read_pct_hbm": 100 * nbytes / read / 1e3 / hbm})
+            r = out[-1]
+            print(f"{n:5d}x{k:5d} M={m:3d} {name:18s} {us:7.2f} us ({r['pct_hbm']:4.1f} % HBM, x{r['vs_diag0']:.3f} vs "
+                  f"row-major; read {read:.2f} us = {r['read_pct_hbm']:.1f} %)", flush=True)
+    return out
+
+
 def bench_shape(n: int, k: int, ms, diags, repeats: int, l2: int, hbm: float) -> list[dict]:
     q, pw0, pws = _rotating(n, k, l2)
     rows = []
@@ -208,6 +271,7 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--gemv-sweep", action="store_true", help="the one-row GEMV's work split (_sweep_configs) instead")
     ap.add_argument("--tiled", action="store_true", help="the words pre-tiled (diag + 4) instead")
+    ap.add_argument("--blocks", action="store_true", help="[64, 8] word blocks for mma.sync and the TMA ring instead")
     args = ap.parse_args()
     diags = [int(a) for a in args.diags.split(",")]
     if diags[0] != 0:
@@ -224,6 +288,8 @@ def main() -> None:
         n, k = map(int, s.split("x"))
         if args.gemv_sweep:
             rows += sweep_shape(n, k, args.repeats, l2, info["hbm_copy_GBps"])
+        elif args.blocks:
+            rows += blocks_shape(n, k, [int(m) for m in args.ms.split(",")], args.repeats, l2, info["hbm_copy_GBps"])
         elif args.tiled:
             rows += tiled_shape(n, k, [int(m) for m in args.ms.split(",")], args.repeats, l2, info["hbm_copy_GBps"])
         else:

@@ -75,7 +75,7 @@ def compile_wgmma_decode(fmt: int, cfg, nt: int, split: bool = True, even_k: boo
     return triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": cfg.warps})
 
 
-def compile_wgmma_ring(fmt: int, cfg, nt: int, smax: int = 32, split: bool = True, pdl: int = 0):
+def compile_wgmma_ring(fmt: int, cfg, nt: int, smax: int = 32, split: bool = True, pdl: int = 0, tiled: bool = False):
     """``wgmma_ring._wgmma_ring_kernel`` compiled for sm_90 (no GPU), its TMA descriptors as the launcher builds them."""
     import triton
     from quarl_kernels import wgmma_ring as wr
@@ -88,7 +88,7 @@ def compile_wgmma_ring(fmt: int, cfg, nt: int, smax: int = 32, split: bool = Tru
     for k in ("M", "N", "KW", "G", "TILES_PER_SPLIT", "stride_sn", "stride_os", "stride_om"):
         sig[k] = "i32"
     const = {"FMT": fmt, "GROUP": GROUP[fmt], "R": cfg.rows, "BKW": cfg.bkw, "NT": nt, "STAGES": cfg.stages,
-             "SMAX": smax, "MMA_INFLIGHT": cfg.inflight, "W": cfg.warps, "PDL": pdl}
+             "SMAX": smax, "MMA_INFLIGHT": cfg.inflight, "W": cfg.warps, "PDL": pdl, "TILED": tiled}
     sig.update({k: "constexpr" for k in const})
     odd = ("M", "G", "TILES_PER_SPLIT")
     attrs = {(i,): [["tt.divisibility", 16]] for i, (k, t) in enumerate(sig.items())

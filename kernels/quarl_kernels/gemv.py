@@ -191,7 +191,7 @@ def _load_tile(wp_ptr, s_ptr, z_ptr, rows, kw0, kw_hi, ar, ag,
     [BN] when the tile sits inside one group, else [BN, NG]. With ``ZW`` the INT4
     zero points come as their int32 view [N, G/4] (4-byte loads can be cp.async'd)."""
     offs_kw = kw0 + ar  # [BKW] words
-    if TILED:  # diagnostic layout (diag & 4): [N / BN, KW / BKW, BN, BKW], a program's step one contiguous block
+    if TILED:  # diagnostic layout (diag & 4): [N / BN, KW / BKW, BN, BKW] blocks, a step one block (``tile_words``)
         tile = (rows[:, None] // BN_) * KSTEPS + kw0 // BKW_
         wptr = wp_ptr + tile * (BN_ * BKW_) + (rows[:, None] % BN_) * BKW_ + ar[None, :]
     else:
@@ -262,7 +262,7 @@ def _gemv_kernel(
     then weight 2's, each into its own partials -- one launch instead of NW.
     PDL (``pdl.py``): wait for the kernel before (which wrote x) first; signal after the K loop. DIAG (a diagnostic,
     ``GemvConfig.diag``): 1 the decode replaced by a bitcast, 2 the math too (wrong results by design); + 4 the words
-    pre-tiled (``tile_words``)."""
+    pre-tiled in the step's blocks (``tile_words``)."""
     pdl.enter(PDL)
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
@@ -447,8 +447,8 @@ class GemvConfig:
     waves: int = 4  # split K until cdiv(N, bn) * split >= waves * SMs
     stages: int = 1  # > 1: cp.async pipeline of that depth (tl.range num_stages)
     # DIAGNOSTIC (session 19; benchmarks/kernels/bench_decode_bound.py, never set elsewhere): 1 the decode replaced by
-    # a bitcast, 2 also no FFMAs and no x (wrong results by design); + 4: the words in the pre-tiled layout of
-    # ``tile_words`` (right results, given such words)
+    # a bitcast, 2 also no FFMAs and no x (wrong results by design); + 4: the words pre-tiled by ``tile_words`` in
+    # [bn, bkw] blocks, a step one block (right results, given such words)
     diag: int = 0
 
     def __str__(self) -> str:

@@ -201,8 +201,9 @@ def _load_step(wp_ptr, s_ptr, z_ptr, rows_w, offs_w, rows_g, offs_g, kw0, kw_hi,
     words in ``gemv.tile_words``' layout with [R, BKW] tiles."""
     kw = kw0 + offs_w  # [BKW]
     if TILED:
-        tile = (rows_w[:, None] // R_) * KSTEPS + kw0 // BKW_
-        wptr = wp_ptr + tile * (R_ * BKW_) + (rows_w[:, None] % R_) * BKW_ + offs_w[None, :]  # [R, BKW]
+        kk = kw[None, :]
+        tile = (rows_w[:, None] // R_) * KSTEPS + kk // BKW_
+        wptr = wp_ptr + tile * (R_ * BKW_) + (rows_w[:, None] % R_) * BKW_ + kk % BKW_  # [R, BKW]
     else:
         wptr = wp_ptr + rows_w[:, None] * stride_wn + kw[None, :]  # [R, BKW]
     if WT == WPG:  # whole groups in a step: contiguous group indices (vector loads)
@@ -364,7 +365,7 @@ def _mma_decode_kernel(
     gate/up: :func:`launch_mma_decode_group`), weight 0's ``T0`` tiles, then weight 1's ``T1``, then weight 2's.
     PDL (``pdl.py``, ``pdl_gluon.py``): wait for the kernel before (which wrote x) first; signal after the K loop.
     DIAG (a diagnostic, ``MmaDecodeConfig.diag``): 1 the decode replaced by a conversion (wrong results by design);
-    + 4 the words pre-tiled (``gemv.tile_words``)."""
+    + 4 / + 8 the words pre-tiled (``gemv.tile_words``) in the step's / [64, 8] blocks."""
     pdl_gluon.enter(PDL)
     pid_n = gl.program_id(0)
     pid_k = gl.program_id(1)
@@ -460,10 +461,12 @@ def _mma_decode_tiles(
 
     acc = gl.zeros([R, NT], gl.float32, MMA)
     kw_last = kw_lo + ((kw_hi - kw_lo - 1) // BKW) * BKW  # start of the split's last step
+    _TR: gl.constexpr = 64 if (DIAG & 8) != 0 else R  # diagnostic word blocks: [64, 8] (+ 8) or the step's (+ 4)
+    _TW: gl.constexpr = 8 if (DIAG & 8) != 0 else BKW
     if PREFETCH:
         nxt = _load_step(wp_ptr, s_ptr, z_ptr, rows_w, offs_w, rows_g, offs_g, kw_lo, kw_hi,
-                         stride_wn, stride_sn, stride_zn, FMT, WPG, WT, HAS_ZP, EVEN_K, (DIAG & 4) != 0, R, BKW,
-                         KW // BKW)
+                         stride_wn, stride_sn, stride_zn, FMT, WPG, WT, HAS_ZP, EVEN_K, (DIAG & 12) != 0, _TR,
+                         _TW, KW // _TW)
     if XS:  # double buffer [2, NT, BK] of B fragments (_xfrag_layout order), step 0's now
         gl.static_assert(J == 2, "XS: the B register pairing is that of 8-word steps")
         # 16-byte chunk c of token n at c ^ (n % 2): tokens g, g + 1 of a quarter warp hit other banks
@@ -488,12 +491,12 @@ def _mma_decode_tiles(
             w, sg, zg = nxt
             nxt = _load_step(wp_ptr, s_ptr, z_ptr, rows_w, offs_w, rows_g, offs_g,
                              gl.minimum(kw0 + BKW, kw_last), kw_hi,  # the last again at the end: unused
-                             stride_wn, stride_sn, stride_zn, FMT, WPG, WT, HAS_ZP, EVEN_K, (DIAG & 4) != 0, R, BKW,
-                             KW // BKW)
+                             stride_wn, stride_sn, stride_zn, FMT, WPG, WT, HAS_ZP, EVEN_K, (DIAG & 12) != 0, _TR,
+                             _TW, KW // _TW)
         else:
             w, sg, zg = _load_step(wp_ptr, s_ptr, z_ptr, rows_w, offs_w, rows_g, offs_g, kw0, kw_hi,
-                                   stride_wn, stride_sn, stride_zn, FMT, WPG, WT, HAS_ZP, EVEN_K, (DIAG & 4) != 0, R, BKW,
-                             KW // BKW)
+                                   stride_wn, stride_sn, stride_zn, FMT, WPG, WT, HAS_ZP, EVEN_K, (DIAG & 12) != 0, _TR,
+                             _TW, KW // _TW)
         if (DIAG & 3) == 1:  # diagnostic: one conversion instead of the decode (wrong results), the rest the same
             pz = (w ^ _per_word(sg.to(gl.int32), LW, R, BKW, WT)).to(gl.bfloat16)  # the scale bytes still loaded
             p0, p1, p2, p3, p4, p5, p6, p7 = pz, pz, pz, pz, pz, pz, pz, pz
@@ -529,7 +532,7 @@ class MmaDecodeConfig:
     waves: int = 4  # split K until cdiv(N, rows) * split >= waves * SMs
     xsmem: bool = False  # stage x through shared memory (once per CTA; barriers per step); bkw 8 only
     # DIAGNOSTIC (session 19; bench_decode_bound.py only): 1 the decode replaced by one conversion a word (wrong
-    # results); + 4 the words pre-tiled (``gemv.tile_words`` with [rows, bkw] tiles)
+    # results); + 4 / + 8 the words pre-tiled (``gemv.tile_words``) in [rows, bkw] / [64, 8] blocks
     diag: int = 0
 
     def __post_init__(self) -> None:
