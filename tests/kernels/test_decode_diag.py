@@ -122,8 +122,33 @@ def test_mma_decode_builds():
     cfg = mma_decode.default_config(8, 18944)
     assert cfg.diag == 0
     k0 = compile_mma_decode(FMT_NVFP4, cfg, 8, split=False)
-    k4 = compile_mma_decode(FMT_NVFP4, dataclasses.replace(cfg, diag=4), 8, split=False)
-    assert stack_bytes(k4) in (0, None)
     wide0 = [op for op in re.findall(r"\bLDG[.A-Z0-9_]*", sass_of(k0)) if op.endswith(".128")]
-    wide4 = [op for op in re.findall(r"\bLDG[.A-Z0-9_]*", sass_of(k4)) if op.endswith(".128")]
-    assert wide0 and len(wide4) == len(wide0)
+    assert wide0
+    for d in (4, 8):  # the step's own [128, 16] blocks, [64, 8] blocks
+        kd = compile_mma_decode(FMT_NVFP4, dataclasses.replace(cfg, diag=d), 8, split=False)
+        assert stack_bytes(kd) in (0, None), d
+        wide = [op for op in re.findall(r"\bLDG[.A-Z0-9_]*", sass_of(kd)) if op.endswith(".128")]
+        assert len(wide) == len(wide0), d
+
+
+@needs_triton
+def test_ring_builds_reading_tiled_words():
+    """The TMA ring with ``tiled=True`` (its box one [64, 8] block of ``tile_words``): still TMA-fed, no spills."""
+    pytest.importorskip("triton.experimental.gluon")
+    import sys
+    from pathlib import Path
+
+    from quarl_kernels import wgmma_ring as wr
+
+    from tests.kernels.sm90_sass import registers, stack_bytes
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks" / "kernels"))
+    try:
+        from bench_wgmma_decode import compile_wgmma_ring
+    finally:
+        sys.path.pop(0)
+    k0 = compile_wgmma_ring(0, wr.RING_CONFIGS[0], 32)
+    k1 = compile_wgmma_ring(0, wr.RING_CONFIGS[0], 32, tiled=True)
+    assert stack_bytes(k1) in (0, None)
+    assert "cp.async.bulk.tensor.2d" in k1.asm["ptx"]
+    assert registers(k1) is None or registers(k1) <= registers(k0) + 8
