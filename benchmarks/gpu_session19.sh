@@ -123,3 +123,8 @@ phase_end
 #   (2.32x / 2.27x / 1.91x: -8.1 / -8.6 / -5.9 %; down 0.872 -> 0.754 ms and the q/k/v + gate/up group launches
 #   ("unattributed") 1.865 -> 1.597 ms at batch 8). generate() check at batch 8: 5.182 / 4.579 ms against the loop's
 #   4.293 / 3.925 (one timed call; batch 4 and BF16 agree within 1.5 %). Device after f: 1291 s of 1800 left.
+# phase g (commit d7b2ac9; 29 s, ~819 s held in all): bench_decode_bound.py --blocks, us per call (x row-major), every
+#   tiled output bit-equal: mma.sync at 4 / 8 rows x1.17-1.21 with its own [128, 16] blocks and x1.17-1.20 with
+#   [64, 8] blocks, at 16 rows x1.09-1.12 / x1.07-1.10 (7B gate / up 8 rows 24.98 -> 21.21 / 21.01 us); the TMA ring
+#   reading [64, 8] blocks (its step) x0.96-0.99 at 32 rows, x0.99-1.01 at 64, x1.00 at 128 (wide tiles): TMA's
+#   strided boxes lose nothing to the row-major layout. Device after g: 1250 s of 1800 left.
