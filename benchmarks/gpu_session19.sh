@@ -30,10 +30,12 @@
 #     what the tiled words would give the engine's decode step: rollout_profile.py, 7B, LoRA r32 fp32 adapters,
 #     batch 4 / 8 / 16, BF16+LoRA, NVFP4+LoRA and NVFP4+LoRA:tiled (an experiment in the bench: every FP4 layer's words
 #     tiled in place, the mma.sync launches reading them tiled; step times only -- tokens mean nothing there).
-#   phase g: bash benchmarks/gpu_session19.sh g   (one GPU; ~2 min)
+#   phase g: bash benchmarks/gpu_session19.sh g   (commit d7b2ac9; one GPU; ~1 min)
 #     one block shape for every kernel? bench_decode_bound.py --blocks on the 7B / 14B MLP weights: the mma.sync kernel
 #     at 4 / 8 / 16 rows on row-major words, its own [128, 16] blocks and [64, 8] blocks; the TMA ring (the default at
 #     32 / 64 rows, the wide tiles at 128) on row-major words and [64, 8] blocks -- its step.
+#   phase h: bash benchmarks/gpu_session19.sh h   (one GPU; ~6 min)
+#     phase f at 14B: rollout_profile.py 14B, batch 4 / 8 / 16, BF16+LoRA, NVFP4+LoRA and NVFP4+LoRA:tiled.
 set -u
 PHASE=${1:?phase}
 OUT=${OUT:?}
@@ -74,6 +76,9 @@ e)
     ;;
 f)
     profile "${PROF_S:-430}" 7b bf16+lora32,nvfp4+lora32,nvfp4+lora32:tiled 4,8,16
+    ;;
+h)
+    profile "${PROF_S:-540}" 14b bf16+lora32,nvfp4+lora32,nvfp4+lora32:tiled 4,8,16
     ;;
 g)
     bound blocks --blocks --ms 4,8,16,32,64,128 --shapes 18944x3584,3584x18944,13824x5120,5120x13824
