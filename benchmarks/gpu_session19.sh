@@ -133,3 +133,7 @@ phase_end
 #   [64, 8] blocks, at 16 rows x1.09-1.12 / x1.07-1.10 (7B gate / up 8 rows 24.98 -> 21.21 / 21.01 us); the TMA ring
 #   reading [64, 8] blocks (its step) x0.96-0.99 at 32 rows, x0.99-1.01 at 64, x1.00 at 128 (wide tiles): TMA's
 #   strided boxes lose nothing to the row-major layout. Device after g: 1250 s of 1800 left.
+# phase h (commit bdb79ba; 179 s, ~1031 s held in all): rollout_profile.py 14B, LoRA r32 fp32, decode step ms at
+#   batch 4 / 8 / 16: BF16+LoRA 15.819 / 16.255 / 17.093; NVFP4+LoRA 7.287 / 7.769 / 9.687 (2.17x / 2.09x / 1.76x);
+#   NVFP4+LoRA with tiled words 6.849 / 7.344 / 9.092 (2.31x / 2.21x / 1.88x: -6.0 / -5.5 / -6.1 %). generate() check
+#   within 2-7 % of the loop. Device after h: 1038 s of 1800 left.
