@@ -34,8 +34,12 @@
 #     one block shape for every kernel? bench_decode_bound.py --blocks on the 7B / 14B MLP weights: the mma.sync kernel
 #     at 4 / 8 / 16 rows on row-major words, its own [128, 16] blocks and [64, 8] blocks; the TMA ring (the default at
 #     32 / 64 rows, the wide tiles at 128) on row-major words and [64, 8] blocks -- its step.
-#   phase h: bash benchmarks/gpu_session19.sh h   (one GPU; ~6 min)
+#   phase h: bash benchmarks/gpu_session19.sh h   (commit bdb79ba; one GPU; ~3 min)
 #     phase f at 14B: rollout_profile.py 14B, batch 4 / 8 / 16, BF16+LoRA, NVFP4+LoRA and NVFP4+LoRA:tiled.
+#   phase i: bash benchmarks/gpu_session19.sh i   (one GPU; ~7 min)
+#     the engine run session 14 left for its two wgmma_decode rules on small weights (rollout_profile.py :wgrules:
+#     14B k / v at 33..64 rows on wgmma_decode, 14B q / o at 17..32 rows on its config 1): 7B (a control -- no 7B
+#     weight changes route) and 14B, batch 32 / 64, BF16+LoRA, NVFP4+LoRA, NVFP4+LoRA:wgrules.
 set -u
 PHASE=${1:?phase}
 OUT=${OUT:?}
@@ -79,6 +83,9 @@ f)
     ;;
 h)
     profile "${PROF_S:-540}" 14b bf16+lora32,nvfp4+lora32,nvfp4+lora32:tiled 4,8,16
+    ;;
+i)
+    profile "${PROF_S:-560}" 7b,14b bf16+lora32,nvfp4+lora32,nvfp4+lora32:wgrules 32,64
     ;;
 g)
     bound blocks --blocks --ms 4,8,16,32,64,128 --shapes 18944x3584,3584x18944,13824x5120,5120x13824
