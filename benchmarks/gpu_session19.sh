@@ -36,10 +36,14 @@
 #     32 / 64 rows, the wide tiles at 128) on row-major words and [64, 8] blocks -- its step.
 #   phase h: bash benchmarks/gpu_session19.sh h   (commit bdb79ba; one GPU; ~3 min)
 #     phase f at 14B: rollout_profile.py 14B, batch 4 / 8 / 16, BF16+LoRA, NVFP4+LoRA and NVFP4+LoRA:tiled.
-#   phase i: bash benchmarks/gpu_session19.sh i   (one GPU; ~7 min)
+#   phase i: bash benchmarks/gpu_session19.sh i   (commit d2fc76c; one GPU; ~4 min)
 #     the engine run session 14 left for its two wgmma_decode rules on small weights (rollout_profile.py :wgrules:
 #     14B k / v at 33..64 rows on wgmma_decode, 14B q / o at 17..32 rows on its config 1): 7B (a control -- no 7B
 #     weight changes route) and 14B, batch 32 / 64, BF16+LoRA, NVFP4+LoRA, NVFP4+LoRA:wgrules.
+#   phase j: bash benchmarks/gpu_session19.sh j   (one GPU; ~6 min)
+#     after i, the two rules in wgmma_decode (NVFP4: MID_MIN_WEIGHTS at 33..64 rows, config 1 at 17..32 rows from
+#     N = 4096): the GPU tests of wgmma_decode (every case, and the 14B-shaped routing), the decode dispatch and the
+#     engine; then the 14B profile at 32 / 64 rows with the rules as shipped and :nowgrules (the before).
 set -u
 PHASE=${1:?phase}
 OUT=${OUT:?}
@@ -86,6 +90,10 @@ h)
     ;;
 i)
     profile "${PROF_S:-560}" 7b,14b bf16+lora32,nvfp4+lora32,nvfp4+lora32:wgrules 32,64
+    ;;
+j)
+    tests 300 tests/kernels/test_wgmma_decode_gpu.py tests/engine/test_engine_gpu.py -k "nvfp4 or wo_matmul or engine or generat"
+    profile "${PROF_S:-260}" 14b nvfp4+lora32,nvfp4+lora32:nowgrules 32,64
     ;;
 g)
     bound blocks --blocks --ms 4,8,16,32,64,128 --shapes 18944x3584,3584x18944,13824x5120,5120x13824
@@ -144,3 +152,8 @@ phase_end
 #   batch 4 / 8 / 16: BF16+LoRA 15.819 / 16.255 / 17.093; NVFP4+LoRA 7.287 / 7.769 / 9.687 (2.17x / 2.09x / 1.76x);
 #   NVFP4+LoRA with tiled words 6.849 / 7.344 / 9.092 (2.31x / 2.21x / 1.88x: -6.0 / -5.5 / -6.1 %). generate() check
 #   within 2-7 % of the loop. Device after h: 1038 s of 1800 left.
+# phase i (commit d2fc76c; 217 s, ~1282 s held in all): rollout_profile.py, decode step ms at batch 32 / 64 (graphed
+#   loop): 7B BF16+LoRA 9.669 / 10.985, NVFP4+LoRA 6.625 / 8.203, :wgrules 6.615 / 8.208 (no 7B weight re-routes: the
+#   control); 14B BF16+LoRA 18.865 / 22.012, NVFP4+LoRA 13.598 / 17.736, :wgrules 13.090 / 17.470 (-3.7 % / -1.5 %:
+#   q/k/v 2.243 -> 1.993 and o 1.059 -> 0.824 ms at 32, q/k/v 2.503 -> 2.374 at 64). Log-prob checks identical (batch
+#   8: other kernels). Device after i: 786 s of 1800 left.

@@ -28,8 +28,9 @@ wide ring token tiles, the Triton tensor-core kernel or the dense path as before
 ``QUARL_KERNELS_PDL=0`` (no programmatic dependent launch: each kernel starts after the one before has ended, as
 before session 16; ``quarl_kernels/pdl.py``) and ``:earlypdl`` ``=early`` (every kernel signals first thing, not
 after its K loop); ``:tiled`` is an experiment, not a switch (session 19, :func:`tiled_words`: the packed words
-tiled in place for the 2..16-row ``mma.sync`` kernel -- step times only) and ``:wgrules`` another
-(:func:`wgmma_rules`: session 14's two ``wgmma_decode`` rule changes for small weights); modifiers combine (``nvfp4+lora32:noepi:sdpa``). With the epilogue on, a projection's ``gemm:*`` row includes its
+tiled in place for the 2..16-row ``mma.sync`` kernel -- step times only); ``:nowgrules`` turns off
+``wgmma_decode``'s two NVFP4 rules for 14B-sized k / v and q / o (:func:`wgmma_rules_off`: before session 19);
+modifiers combine (``nvfp4+lora32:noepi:sdpa``). With the epilogue on, a projection's ``gemm:*`` row includes its
 bias and LoRA B (they run in its kernels); ``lora`` is then the A GEMMs alone.
 
 Per (variant, batch) cell, one prefill of ``prompt`` random tokens fills the cache, and
@@ -450,32 +451,19 @@ MODIFIERS = {  # ':name' -> the engine switch (env, value) it sets for the cell:
     "earlypdl": ("QUARL_KERNELS_PDL", "early"),  # PDL with every kernel signalling first thing (not kept, s16)
     "nowide": ("QUARL_KERNELS_RING_WIDE_MAX_M", "0"),  # 65+ rows: no wide ring tiles (Triton / dense, before s15)
     "tiled": None,  # EXPERIMENT (s19): packed words pre-tiled for the mma.sync kernel, see tiled_words(); 2..16 rows
-    "wgrules": None,  # EXPERIMENT (s19): session 14's two wgmma_decode rule changes for small weights, see wgmma_rules()
+    "nowgrules": None,  # wgmma_decode's NVFP4 rules for 14B-sized k / v and q / o off (before s19): wgmma_rules_off()
 }
 
 
 @contextlib.contextmanager
-def wgmma_rules():
-    """EXPERIMENT (session 19, ``:wgrules``): the two ``wgmma_decode`` rule changes session 14 measured on single
-    calls (RESULTS "v12", phase n) and left for an engine run: at 33..64 rows weights of 4M..12M entries (14B k / v,
-    1024 x 5120) take ``wgmma_decode`` (11.3 us) instead of the Triton tensor-core kernel (13.6 us); at 17..32 rows
-    weights of N >= 4096 (14B q / o, 5120 x 5120) take its config 1, R64xBK128 (16.5 us), instead of config 2 (20.2)."""
+def wgmma_rules_off():
+    """``:nowgrules``: ``wgmma_decode``'s two NVFP4 rules for the 14B-sized weights off (session 19, phase i: measured
+    as the ``:wgrules`` experiment of commit d2fc76c and adopted) -- k / v at 33..64 rows on the Triton tensor-core
+    kernel again, q / o at 17..32 rows on config 2."""
     from quarl_kernels import wgmma_decode as wd
 
-    preferred, default_config = wd.preferred, wd.default_config
-
-    def rule_preferred(m, n, k, fmt=None, forced=False):
-        if wd.token_tile(m) == 64 and m <= wd.MAX_M and (4 << 20) <= n * k < wd.LARGE_MIN_WEIGHTS:
-            return True
-        return preferred(m, n, k, fmt, forced)
-
-    def rule_default(m, n):
-        if wd.token_tile(m) == 32 and n >= 4096:
-            return wd.WGMMA_DECODE_CONFIGS[1]
-        return default_config(m, n)
-
-    with unittest.mock.patch.object(wd, "preferred", rule_preferred), \
-            unittest.mock.patch.object(wd, "default_config", rule_default):
+    with unittest.mock.patch.object(wd, "MID_MIN_WEIGHTS", wd.LARGE_MIN_WEIGHTS), \
+            unittest.mock.patch.object(wd, "WIDE_N_NT32", 1 << 30):
         yield
 
 
@@ -579,7 +567,7 @@ def run(args) -> dict:
                 check = args.check_tokens if b <= args.check_max_batch else 0
                 try:
                     with switches(env), (tiled_words(model) if ":tiled" in variant else contextlib.nullcontext()), \
-                            (wgmma_rules() if ":wgrules" in variant else contextlib.nullcontext()):
+                            (wgmma_rules_off() if ":nowgrules" in variant else contextlib.nullcontext()):
                         profile_cell(model, b, args.prompt, args.steps, args.prof_steps, check, pack, cell)
                 except Exception as e:  # noqa: BLE001 - record and go on
                     cell["error"] = f"{type(e).__name__}: {e}"

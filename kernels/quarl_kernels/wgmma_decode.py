@@ -277,6 +277,11 @@ _DEFAULTS = {32: 2, 64: 1}
 # Large weights only: at 512 x 3584 (1.8M) the Triton tensor-core kernel won (0.78-0.83x), at
 # 3584 x 3584 (12.8M) this kernel did (0.95-1.23x the dispatch of the day).
 LARGE_MIN_WEIGHTS = 12 << 20
+# Two NVFP4 rules measured on single calls in session 14 (phase n: 14B k / v at 64 rows 11.3 vs 13.6 us on the Triton
+# tensor-core kernel; 14B q / o at 32 rows 16.5 us with config 1 vs 20.2 with config 2) and in the engine in session 19
+# (phase i, H100, 14B NVFP4+LoRA decode step 13.598 -> 13.090 ms at batch 32, 17.736 -> 17.470 at 64; 7B unchanged):
+MID_MIN_WEIGHTS = 4 << 20  # at 33..64 rows NVFP4 weights from here up (14B k / v, 5.2M) take this kernel too
+WIDE_N_NT32 = 4096  # at 17..32 rows NVFP4 weights with N >= this (14B / 32B q / o) take config 1 (R64xBK128)
 
 
 def mode() -> str:
@@ -307,8 +312,13 @@ def preferred(m: int, n: int, k: int, fmt: int | None = None, forced: bool = Fal
     Large weights at M = 17..64; in "auto" mode not NVFP4 at NT = 64 with N > K, where the
     mma.sync kernel was as fast or faster on the H100 (0.98x at 18944 x 3584, 0.86x at
     27648 x 5120; wgmma won 1.01-1.23x at N <= K, and 1.20-1.42x for MXFP4 / INT4 at every
-    large shape). ``forced`` (mode "on") drops that exception."""
-    if not (MIN_M <= m <= MAX_M and n * k >= LARGE_MIN_WEIGHTS):
+    large shape). ``forced`` (mode "on") drops that exception. NVFP4 weights of ``MID_MIN_WEIGHTS`` up to
+    ``LARGE_MIN_WEIGHTS`` at NT = 64 too (the 14B k / v projections: faster here than on the Triton kernel)."""
+    if not MIN_M <= m <= MAX_M:
+        return False
+    if fmt == FMT_NVFP4 and token_tile(m) == 64 and MID_MIN_WEIGHTS <= n * k < LARGE_MIN_WEIGHTS:
+        return True
+    if n * k < LARGE_MIN_WEIGHTS:
         return False
     return forced or not (fmt == FMT_NVFP4 and token_tile(m) == 64 and n > k)
 
@@ -318,11 +328,13 @@ def candidate_configs(m: int) -> tuple[WgmmaDecodeConfig, ...]:
     return tuple(WGMMA_DECODE_CONFIGS[i] for i in _CANDIDATES[token_tile(m)])
 
 
-def default_config(m: int, n: int) -> WgmmaDecodeConfig:
-    """Config for M tokens and N output rows without tuning: ``_DEFAULTS`` per token tile
-    (``n`` kept for ``mma_decode.default_config``'s signature; no measured N rule yet)."""
-    del n
-    return WGMMA_DECODE_CONFIGS[_DEFAULTS[token_tile(m)]]
+def default_config(m: int, n: int, fmt: int | None = None) -> WgmmaDecodeConfig:
+    """Config for M tokens and N output rows without tuning: ``_DEFAULTS`` per token tile, except NVFP4 at NT = 32
+    with N >= ``WIDE_N_NT32`` (config 1: the 14B / 32B q / o projections, measured faster there)."""
+    nt = token_tile(m)
+    if fmt == FMT_NVFP4 and nt == 32 and n >= WIDE_N_NT32:
+        return WGMMA_DECODE_CONFIGS[1]
+    return WGMMA_DECODE_CONFIGS[_DEFAULTS[nt]]
 
 
 def device_ok(device: torch.device) -> bool:
@@ -382,6 +394,7 @@ __all__ = [
     "ENV",
     "LARGE_MIN_WEIGHTS",
     "MAX_M",
+    "MID_MIN_WEIGHTS",
     "MIN_M",
     "WGMMA_DECODE_CONFIGS",
     "WgmmaDecodeConfig",

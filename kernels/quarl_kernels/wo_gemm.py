@@ -568,7 +568,7 @@ def wo_matmul(x2: torch.Tensor, pw: PackedWeight, *, tune: bool | None = None, e
         wkey = (pw.fmt, pw.group, wd.token_tile(m), pw.n, pw.k, x2.device.index)
         try:
             wcfg = _choose("wgmma", wkey, wd.candidate_configs(m), lambda c: wd.launch_wgmma_decode(x2, pw, c), tune,
-                           wd.default_config(m, pw.n))
+                           wd.default_config(m, pw.n, pw.fmt))
             return wd.launch_wgmma_decode(x2, pw, wcfg, epi=_without_lora_a(x2, epi))
         except triton.compiler.errors.CompilationError as e:
             _wgmma_decode_failed(e)

@@ -59,6 +59,25 @@ def test_token_tiles_candidates_defaults():
     assert wgmma_decode.preferred(32, 3584, 3584) and not wgmma_decode.preferred(32, 1024, 4096)
 
 
+def test_nvfp4_rules_for_14b_sized_weights():
+    """Session 19 (phase i, in the engine): NVFP4 weights of 4M..12M entries (14B k / v, 1024 x 5120) take the kernel at
+    33..64 rows (not at 17..32, not smaller ones, not other formats); NVFP4 at 17..32 rows with N >= 4096 (14B q / o)
+    takes config 1, every other case its token tile's default."""
+    from quarl_kernels.formats import FMT_INT4, FMT_MXFP4, FMT_NVFP4
+
+    assert wgmma_decode.preferred(64, 1024, 5120, FMT_NVFP4) and wgmma_decode.preferred(33, 1024, 5120, FMT_NVFP4)
+    assert not wgmma_decode.preferred(32, 1024, 5120, FMT_NVFP4)  # 17..32 rows: a tie there, left as it was
+    assert not wgmma_decode.preferred(64, 512, 3584, FMT_NVFP4)  # 7B k / v (1.8M): the Triton kernel stays faster
+    assert not wgmma_decode.preferred(64, 1024, 5120, FMT_MXFP4)
+    assert not wgmma_decode.preferred(64, 1024, 5120, FMT_INT4)
+    assert not wgmma_decode.preferred(64, 1024, 5120)  # format unknown: the size rule alone
+    assert wgmma_decode.default_config(32, 5120, FMT_NVFP4) == C[1]
+    assert wgmma_decode.default_config(17, 4096, FMT_NVFP4) == C[1]
+    assert wgmma_decode.default_config(32, 3584, FMT_NVFP4) == C[2]  # 7B q / o: config 2 as measured (v11)
+    assert wgmma_decode.default_config(32, 5120, FMT_MXFP4) == C[2] and wgmma_decode.default_config(32, 5120) == C[2]
+    assert wgmma_decode.default_config(64, 5120, FMT_NVFP4) == C[1]  # NT = 64: its default (config 1) anyway
+
+
 def test_config_validation():
     assert C[0].nbuf == 2 and C[3].nbuf == 3  # two warpgroups need a third x buffer
     assert str(C[0]) == "wg-R128xBK64w4pW4"
@@ -99,6 +118,7 @@ def _pw(n=20480, k=1024):
     ("0", 32, 20480, "mma"), ("off", 64, 20480, "mma"),  # switched off
     (None, 32, 20480, "wgmma"), ("auto", 17, 20480, "wgmma"),  # the default (auto): NVFP4 at NT = 32
     (None, 64, 20480, "mma"), ("auto", 64, 20480, "mma"),  # auto: NVFP4 at NT = 64 with N > K stays on mma_decode
+    (None, 64, 5120, "wgmma"), (None, 32, 5120, "tc"),  # 5.2M entries (14B k / v shaped: 5120 x 1024): 33..64 rows only
 ])
 def test_dispatch_behind_the_switch(monkeypatch, switch, m, n, want):
     from quarl_kernels import mma_decode
@@ -110,6 +130,7 @@ def test_dispatch_behind_the_switch(monkeypatch, switch, m, n, want):
     monkeypatch.setattr(wo_gemm, "_WGMMA_DECODE_BROKEN", None)
     monkeypatch.setattr(wo_gemm, "_MMA_DECODE_BROKEN", None)
     monkeypatch.setattr(wo_gemm, "_interpreting", lambda: False)
+    monkeypatch.setattr(wo_gemm, "_wgmma_ring", lambda: None)  # the TMA ring (tested on its own) would ask the driver
     monkeypatch.setattr(wgmma_decode, "device_ok", lambda d: True)
     monkeypatch.setattr(mma_decode, "mma_decode_supported", lambda x2, pw: True)
     monkeypatch.setattr(wgmma_decode, "launch_wgmma_decode", lambda x2, pw, c, epi=None: ("wgmma", c))
@@ -121,7 +142,7 @@ def test_dispatch_behind_the_switch(monkeypatch, switch, m, n, want):
     kind, cfg = wo_gemm.wo_matmul(x, _pw(n), tune=False)
     assert kind == want
     if want == "wgmma":
-        assert cfg == wgmma_decode.default_config(m, n)
+        assert cfg == wgmma_decode.default_config(m, n, 0)
 
 
 def test_dispatch_falls_back_when_wgmma_fails_to_build(monkeypatch):

@@ -119,3 +119,26 @@ def test_wo_matmul_takes_it_by_the_measured_rule_and_the_switch(monkeypatch):
     monkeypatch.setenv(wgmma_decode.ENV, "0")
     wo_gemm.wo_matmul(x[:32], pw, tune=False)
     assert len(called) == 2  # off
+
+
+@pytest.mark.parametrize("m", [33, 64])
+def test_wo_matmul_takes_14b_kv_shaped_nvfp4_at_33_to_64_rows(monkeypatch, m):
+    """Session 19's rules: an NVFP4 weight of 4M..12M entries (14B k / v: 1024 x 5120) runs here at 33..64 rows (the
+    Triton tensor-core kernel before), and an NVFP4 one with N >= 4096 at 17..32 rows on config 1; both right."""
+    torch.manual_seed(m)
+    args, w = qweight("nvfp4", 1024, 5120)
+    pw = _packed_weight(*args)
+    x = torch.randn(m, 5120, device="cuda").to(torch.bfloat16)
+    called = []
+    real = wgmma_decode.launch_wgmma_decode
+    monkeypatch.setattr(wgmma_decode, "launch_wgmma_decode",
+                        lambda x2, p, c, **k: called.append(c) or real(x2, p, c, **k))
+    monkeypatch.delenv(wgmma_decode.ENV, raising=False)
+    poison((m, 1024), torch.bfloat16)
+    y = wo_gemm.wo_matmul(x, pw, tune=False)
+    assert called == [C[1]] and rel(y, x.double() @ w.T) < TOL
+    args, w = qweight("nvfp4", 5120, 5120)  # 14B q / o: 26M entries, below the ring's 32M at 17..32 rows
+    pw = _packed_weight(*args)
+    x24 = torch.randn(24, 5120, device="cuda").to(torch.bfloat16)
+    y = wo_gemm.wo_matmul(x24, pw, tune=False)
+    assert called[-1] == C[1] and rel(y, x24.double() @ w.T) < TOL
