@@ -157,3 +157,7 @@ phase_end
 #   control); 14B BF16+LoRA 18.865 / 22.012, NVFP4+LoRA 13.598 / 17.736, :wgrules 13.090 / 17.470 (-3.7 % / -1.5 %:
 #   q/k/v 2.243 -> 1.993 and o 1.059 -> 0.824 ms at 32, q/k/v 2.503 -> 2.374 at 64). Log-prob checks identical (batch
 #   8: other kernels). Device after i: 786 s of 1800 left.
+# phase j (commit b751615; 255 s, ~1568 s held in all): GPU tests of wgmma_decode (NVFP4 cases, wo_matmul dispatch incl.
+#   the 14B-shaped routing) and the engine: 42 passed. rollout_profile.py 14B NVFP4+LoRA, step ms (graphed-kernel sum)
+#   at batch 32 / 64: the rules as shipped 12.439 (12.868) / 17.574 (17.565), :nowgrules 13.551 (13.392) / 17.769
+#   (17.624). Device after j: 500 s of 1800 left.

@@ -279,7 +279,7 @@ _DEFAULTS = {32: 2, 64: 1}
 LARGE_MIN_WEIGHTS = 12 << 20
 # Two NVFP4 rules measured on single calls in session 14 (phase n: 14B k / v at 64 rows 11.3 vs 13.6 us on the Triton
 # tensor-core kernel; 14B q / o at 32 rows 16.5 us with config 1 vs 20.2 with config 2) and in the engine in session 19
-# (phase i, H100, 14B NVFP4+LoRA decode step 13.598 -> 13.090 ms at batch 32, 17.736 -> 17.470 at 64; 7B unchanged):
+# (phases i, j, H100: the 14B NVFP4+LoRA decode step's kernels ~4 % faster at batch 32, 0.3-0.7 % at 64; 7B unchanged):
 MID_MIN_WEIGHTS = 4 << 20  # at 33..64 rows NVFP4 weights from here up (14B k / v, 5.2M) take this kernel too
 WIDE_N_NT32 = 4096  # at 17..32 rows NVFP4 weights with N >= this (14B / 32B q / o) take config 1 (R64xBK128)
 
