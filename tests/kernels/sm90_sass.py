@@ -64,6 +64,26 @@ def registers(kernel) -> int | None:
     return _res_usage(kernel, "REG")
 
 
+def sass_of(kernel) -> str:
+    """The SASS of a compiled kernel (``cuobjdump -sass`` on its cubin; needs :func:`cuobjdump`)."""
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(kernel.asm["cubin"])
+        f.flush()
+        return subprocess.run([str(cuobjdump()), "-sass", f.name], capture_output=True, text=True, check=True).stdout
+
+
+def bench_module(name: str):
+    """``benchmarks/kernels/<name>.py`` imported (its sm_90 compile helpers: ``compile_mma_decode``, ...)."""
+    import importlib
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks" / "kernels"))
+    try:
+        return importlib.import_module(name)
+    finally:
+        sys.path.pop(0)
+
+
 def compile_launch(launch, num_warps: int | None = None, fp_fusion: bool = False, **overrides):
     """``launch`` (``quarl_kernels.fp8_quant.Launch``) -> (compiled kernel, SASS text) for sm_90.
     ``overrides`` replace constexprs that follow the device (``SCALE_RECIP=True`` as on CUDA,
@@ -90,12 +110,7 @@ def compile_launch(launch, num_warps: int | None = None, fp_fusion: bool = False
     src = ASTSource(fn=fn, signature=sig, constexprs=const, attrs=attrs)
     k = triton.compile(src, target=GPUTarget("cuda", 90, 32),
                        options={"num_warps": num_warps or launch.num_warps, "enable_fp_fusion": fp_fusion})
-    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
-        f.write(k.asm["cubin"])
-        f.flush()
-        sass = subprocess.run([str(cuobjdump()), "-sass", f.name], capture_output=True, text=True,
-                              check=True).stdout
-    return k, sass
+    return k, sass_of(k)
 
 
 def parse(sass: str) -> list[tuple[int, str, list[str]]]:

@@ -94,30 +94,14 @@ def test_gemv_builds():
 @needs_triton
 def test_mma_decode_builds():
     pytest.importorskip("triton.experimental.gluon")
-    import subprocess
-    import sys
-    import tempfile
-    from pathlib import Path
-
     from quarl_kernels import mma_decode
     from quarl_kernels.formats import FMT_NVFP4
 
-    from tests.kernels.sm90_sass import cuobjdump, stack_bytes
+    from tests.kernels.sm90_sass import bench_module, cuobjdump, sass_of, stack_bytes
 
     if cuobjdump() is None:
         pytest.skip("the Triton wheel ships no cuobjdump")
-    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks" / "kernels"))
-    try:
-        from bench_mma_decode import compile_mma_decode
-    finally:
-        sys.path.pop(0)
-
-    def sass_of(kernel):
-        with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
-            f.write(kernel.asm["cubin"])
-            f.flush()
-            return subprocess.run([str(cuobjdump()), "-sass", f.name], capture_output=True, text=True,
-                                  check=True).stdout
+    compile_mma_decode = bench_module("bench_mma_decode").compile_mma_decode
 
     cfg = mma_decode.default_config(8, 18944)
     assert cfg.diag == 0
@@ -135,18 +119,11 @@ def test_mma_decode_builds():
 def test_ring_builds_reading_tiled_words():
     """The TMA ring with ``tiled=True`` (its box one [64, 8] block of ``tile_words``): still TMA-fed, no spills."""
     pytest.importorskip("triton.experimental.gluon")
-    import sys
-    from pathlib import Path
-
     from quarl_kernels import wgmma_ring as wr
 
-    from tests.kernels.sm90_sass import registers, stack_bytes
+    from tests.kernels.sm90_sass import bench_module, registers, stack_bytes
 
-    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks" / "kernels"))
-    try:
-        from bench_wgmma_decode import compile_wgmma_ring
-    finally:
-        sys.path.pop(0)
+    compile_wgmma_ring = bench_module("bench_wgmma_decode").compile_wgmma_ring
     k0 = compile_wgmma_ring(0, wr.RING_CONFIGS[0], 32)
     k1 = compile_wgmma_ring(0, wr.RING_CONFIGS[0], 32, tiled=True)
     assert stack_bytes(k1) in (0, None)

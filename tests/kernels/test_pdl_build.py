@@ -110,18 +110,13 @@ def test_gemv_with_pdl_builds_for_sm90():
 
 def test_mma_decode_with_pdl_builds_for_sm90():
     """The Gluon mma.sync decode kernel (8 rows, the 7B gate / up default config) in both modes (``pdl_gluon.py``)."""
-    import sys
-    from pathlib import Path
-
     pytest.importorskip("triton.experimental.gluon")
     from quarl_kernels import mma_decode, pdl
     from quarl_kernels.formats import FMT_NVFP4
 
-    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks" / "kernels"))
-    try:
-        from bench_mma_decode import compile_mma_decode
-    finally:
-        sys.path.pop(0)
+    from tests.kernels.sm90_sass import bench_module
+
+    compile_mma_decode = bench_module("bench_mma_decode").compile_mma_decode
     cfg = mma_decode.default_config(8, 18944)
     for mode in (pdl.LATE, pdl.EARLY):
         _check_order(_ptx_order(compile_mma_decode(FMT_NVFP4, cfg, 8, split=False, pdl=mode).asm["ptx"]), mode)
