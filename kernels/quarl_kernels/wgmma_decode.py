@@ -280,8 +280,11 @@ LARGE_MIN_WEIGHTS = 12 << 20
 # Two NVFP4 rules measured on single calls in session 14 (phase n: 14B k / v at 64 rows 11.3 vs 13.6 us on the Triton
 # tensor-core kernel; 14B q / o at 32 rows 16.5 us with config 1 vs 20.2 with config 2) and in the engine in session 19
 # (phases i, j, H100: the 14B NVFP4+LoRA decode step's kernels ~4 % faster at batch 32, 0.3-0.7 % at 64; 7B unchanged):
-MID_MIN_WEIGHTS = 4 << 20  # at 33..64 rows NVFP4 weights from here up (14B k / v, 5.2M) take this kernel too
-WIDE_N_NT32 = 4096  # at 17..32 rows NVFP4 weights with N >= this (14B / 32B q / o) take config 1 (R64xBK128)
+# at 33..64 rows NVFP4 weights from here up take this kernel too: 5 << 20 is exactly the measured 14B k / v (1024 x
+# 5120); the 8B-class k / v (1024 x 4096, 4.2M) were not measured and stay on the Triton tensor-core kernel
+MID_MIN_WEIGHTS = 5 << 20
+WIDE_N_NT32 = 5120  # at 17..32 rows NVFP4 weights with N >= this (14B / 32B q / o) take config 1 (R64xBK128); 3584
+# (7B q / o) measured faster on config 2, 4096 not measured
 
 
 def mode() -> str:

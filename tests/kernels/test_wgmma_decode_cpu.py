@@ -60,19 +60,21 @@ def test_token_tiles_candidates_defaults():
 
 
 def test_nvfp4_rules_for_14b_sized_weights():
-    """Session 19 (phase i, in the engine): NVFP4 weights of 4M..12M entries (14B k / v, 1024 x 5120) take the kernel at
-    33..64 rows (not at 17..32, not smaller ones, not other formats); NVFP4 at 17..32 rows with N >= 4096 (14B q / o)
+    """Session 19 (phase i, in the engine): NVFP4 weights of 5M..12M entries (14B k / v, 1024 x 5120) take the kernel at
+    33..64 rows (not at 17..32, not smaller ones, not other formats); NVFP4 at 17..32 rows with N >= 5120 (14B q / o)
     takes config 1, every other case its token tile's default."""
     from quarl_kernels.formats import FMT_INT4, FMT_MXFP4, FMT_NVFP4
 
     assert wgmma_decode.preferred(64, 1024, 5120, FMT_NVFP4) and wgmma_decode.preferred(33, 1024, 5120, FMT_NVFP4)
     assert not wgmma_decode.preferred(32, 1024, 5120, FMT_NVFP4)  # 17..32 rows: a tie there, left as it was
     assert not wgmma_decode.preferred(64, 512, 3584, FMT_NVFP4)  # 7B k / v (1.8M): the Triton kernel stays faster
+    assert not wgmma_decode.preferred(64, 1024, 4096, FMT_NVFP4)  # 8B-class k / v (4.2M): not measured, left as it was
     assert not wgmma_decode.preferred(64, 1024, 5120, FMT_MXFP4)
     assert not wgmma_decode.preferred(64, 1024, 5120, FMT_INT4)
     assert not wgmma_decode.preferred(64, 1024, 5120)  # format unknown: the size rule alone
     assert wgmma_decode.default_config(32, 5120, FMT_NVFP4) == C[1]
-    assert wgmma_decode.default_config(17, 4096, FMT_NVFP4) == C[1]
+    assert wgmma_decode.default_config(17, 5120, FMT_NVFP4) == C[1]
+    assert wgmma_decode.default_config(32, 4096, FMT_NVFP4) == C[2]  # the 8B class: not measured, as before
     assert wgmma_decode.default_config(32, 3584, FMT_NVFP4) == C[2]  # 7B q / o: config 2 as measured (v11)
     assert wgmma_decode.default_config(32, 5120, FMT_MXFP4) == C[2] and wgmma_decode.default_config(32, 5120) == C[2]
     assert wgmma_decode.default_config(64, 5120, FMT_NVFP4) == C[1]  # NT = 64: its default (config 1) anyway

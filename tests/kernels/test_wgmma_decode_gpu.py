@@ -123,8 +123,8 @@ def test_wo_matmul_takes_it_by_the_measured_rule_and_the_switch(monkeypatch):
 
 @pytest.mark.parametrize("m", [33, 64])
 def test_wo_matmul_takes_14b_kv_shaped_nvfp4_at_33_to_64_rows(monkeypatch, m):
-    """Session 19's rules: an NVFP4 weight of 4M..12M entries (14B k / v: 1024 x 5120) runs here at 33..64 rows (the
-    Triton tensor-core kernel before), and an NVFP4 one with N >= 4096 at 17..32 rows on config 1; both right."""
+    """Session 19's rules: an NVFP4 weight of 5M..12M entries (14B k / v: 1024 x 5120) runs here at 33..64 rows (the
+    Triton tensor-core kernel before), and an NVFP4 one with N >= 5120 at 17..32 rows on config 1; both right."""
     torch.manual_seed(m)
     args, w = qweight("nvfp4", 1024, 5120)
     pw = _packed_weight(*args)
