@@ -40,10 +40,13 @@
 #     the engine run session 14 left for its two wgmma_decode rules on small weights (rollout_profile.py :wgrules:
 #     14B k / v at 33..64 rows on wgmma_decode, 14B q / o at 17..32 rows on its config 1): 7B (a control -- no 7B
 #     weight changes route) and 14B, batch 32 / 64, BF16+LoRA, NVFP4+LoRA, NVFP4+LoRA:wgrules.
-#   phase j: bash benchmarks/gpu_session19.sh j   (one GPU; ~6 min)
+#   phase j: bash benchmarks/gpu_session19.sh j   (commit b751615; one GPU; ~5 min)
 #     after i, the two rules in wgmma_decode (NVFP4: MID_MIN_WEIGHTS at 33..64 rows, config 1 at 17..32 rows from
 #     N = 4096): the GPU tests of wgmma_decode (every case, and the 14B-shaped routing), the decode dispatch and the
 #     engine; then the 14B profile at 32 / 64 rows with the rules as shipped and :nowgrules (the before).
+#   phase k: bash benchmarks/gpu_session19.sh k   (one GPU; ~2 min)
+#     the final code (the rules' thresholds narrowed to the measured shapes): wgmma_decode's dispatch GPU tests and
+#     the decode kernels' PDL-chain tests (GEMV, mma.sync: their kernels carry the diagnostic constexpr).
 set -u
 PHASE=${1:?phase}
 OUT=${OUT:?}
@@ -90,6 +93,10 @@ h)
     ;;
 i)
     profile "${PROF_S:-560}" 7b,14b bf16+lora32,nvfp4+lora32,nvfp4+lora32:wgrules 32,64
+    ;;
+k)
+    tests 300 tests/kernels/test_wgmma_decode_gpu.py tests/kernels/test_gemv_gpu.py tests/kernels/test_mma_decode_gpu.py \
+        -k "wo_matmul or pdl or graph or portable or split_k"
     ;;
 j)
     tests 300 tests/kernels/test_wgmma_decode_gpu.py tests/engine/test_engine_gpu.py -k "nvfp4 or wo_matmul or engine or generat"
