@@ -168,3 +168,6 @@ phase_end
 #   the 14B-shaped routing) and the engine: 42 passed. rollout_profile.py 14B NVFP4+LoRA, step ms (graphed-kernel sum)
 #   at batch 32 / 64: the rules as shipped 12.439 (12.868) / 17.574 (17.565), :nowgrules 13.551 (13.392) / 17.769
 #   (17.624). Device after j: 500 s of 1800 left.
+# phase k (commit 8fd32ee; 140 s, ~1741 s held in all, this machine counted at 50 %): GPU tests at the final code --
+#   wgmma_decode's dispatch (incl. the 14B-shaped routes against float64), the GEMV's and mma.sync's PDL-chain, graph,
+#   split-K and portable-decode tests: 34 passed, 0 failed. Device after k: 414 s of 1800 left.
