@@ -44,9 +44,12 @@
 #     after i, the two rules in wgmma_decode (NVFP4: MID_MIN_WEIGHTS at 33..64 rows, config 1 at 17..32 rows from
 #     N = 4096): the GPU tests of wgmma_decode (every case, and the 14B-shaped routing), the decode dispatch and the
 #     engine; then the 14B profile at 32 / 64 rows with the rules as shipped and :nowgrules (the before).
-#   phase k: bash benchmarks/gpu_session19.sh k   (one GPU; ~2 min)
+#   phase k: bash benchmarks/gpu_session19.sh k   (commit 8fd32ee; one GPU; ~2 min)
 #     the final code (the rules' thresholds narrowed to the measured shapes): wgmma_decode's dispatch GPU tests and
 #     the decode kernels' PDL-chain tests (GEMV, mma.sync: their kernels carry the diagnostic constexpr).
+#   phase l: bash benchmarks/gpu_session19.sh l   (one GPU; ~2 min)
+#     phase g's question for the mid-size weights: [64, 8] word blocks on 14B q / o, 14B k / v and 7B q / o at 8 / 32 /
+#     64 rows -- the mma.sync kernel, wgmma_decode (diag 8) or the ring, whichever wo_matmul runs there.
 set -u
 PHASE=${1:?phase}
 OUT=${OUT:?}
@@ -93,6 +96,9 @@ h)
     ;;
 i)
     profile "${PROF_S:-560}" 7b,14b bf16+lora32,nvfp4+lora32,nvfp4+lora32:wgrules 32,64
+    ;;
+l)
+    bound blocks2 --blocks --ms 8,32,64 --shapes 5120x5120,1024x5120,3584x3584
     ;;
 k)
     tests 300 tests/kernels/test_wgmma_decode_gpu.py tests/kernels/test_gemv_gpu.py tests/kernels/test_mma_decode_gpu.py \

@@ -24,8 +24,9 @@ GEMV's loop alone; the tiled real kernels must equal the untiled ones bit for bi
 
 ``--blocks``: one block shape for every kernel? The words tiled in [64 rows, 8 words] blocks (2 KB: the TMA ring's step,
 a quarter of the ``mma.sync`` step) beside the ``mma.sync`` step's own [128, 16] (4 / 8 / 16 rows: ``diag`` + 8 / + 4)
-and, at 32 / 64 / 128 rows, the TMA ring (its default / wide configs, R = 64, 8 words a step) reading them
-(``launch_wgmma_ring(tiled=True)``); every tiled output bit-equal to the row-major kernel's first.
+and, at 17..384 rows, the TMA ring (its default / wide configs, R = 64, 8 words a step) reading them
+(``launch_wgmma_ring(tiled=True)``) or, where ``wo_matmul`` runs it instead, ``wgmma_decode`` (``diag`` 8); every tiled
+output bit-equal to the row-major kernel's first.
 
 Writes ``decode_bound.json`` and ``decode_bound.md`` (us per call, % of the HBM copy rate, ratio to diag = 0).
 """
@@ -164,6 +165,7 @@ def blocks_shape(n: int, k: int, ms, repeats: int, l2: int, hbm: float) -> list[
     """``--blocks``: per M, the kernel ``wo_matmul`` runs (mma.sync at 4..16 rows, the TMA ring at 32..128) on
     row-major words and on tiled ones, alternating; tiled outputs equal to the row-major ones."""
     from quarl_kernels import gemv, mma_decode, wo_gemm
+    from quarl_kernels import wgmma_decode as wd
     from quarl_kernels import wgmma_ring as wr
 
     q, pw0, copies = _rotating(n, k, l2)
@@ -186,15 +188,24 @@ def blocks_shape(n: int, k: int, ms, repeats: int, l2: int, hbm: float) -> list[
             variants = [("row-major", cfg, copies), (f"[{cfg.rows}, {cfg.bkw}] blocks", dataclasses.replace(cfg, diag=4),
                                                     tiled(cfg.rows, cfg.bkw)),
                         ("[64, 8] blocks", dataclasses.replace(cfg, diag=8), tiled(64, 8))]
-        else:
-            cfg = wr.routed(x, pw0)
-            if cfg is None or cfg.rows != 64:
-                raise SystemExit(f"--blocks: {n}x{k} at {m} rows does not route to a 64-row ring config ({cfg})")
+        elif (rcfg := wr.routed(x, pw0)) is not None:
+            if rcfg.rows != 64:
+                raise SystemExit(f"--blocks: {n}x{k} at {m} rows routes to a {rcfg.rows}-row ring config")
 
             def run(p, c, x=x):
                 return wr.launch_wgmma_ring(x, p, c[0], tiled=c[1])
 
-            variants = [("row-major", (cfg, False), copies), ("[64, 8] blocks", (cfg, True), tiled(64, cfg.bkw))]
+            variants = [("row-major", (rcfg, False), copies), ("[64, 8] blocks", (rcfg, True), tiled(64, rcfg.bkw))]
+        elif wd.preferred(m, n, k, pw0.fmt):  # wgmma_decode (12M..32M entries at 17..32 rows; 14B k / v at 33..64)
+            cfg = wd.default_config(m, n, pw0.fmt)
+
+            def run(p, c, x=x):
+                return wd.launch_wgmma_decode(x, p, c)
+
+            variants = [("row-major", cfg, copies), ("[64, 8] blocks", dataclasses.replace(cfg, diag=8), tiled(64, 8))]
+        else:
+            print(f"{n:5d}x{k:5d} M={m:3d} neither the ring nor wgmma_decode: not a --blocks point", flush=True)
+            continue
         want = run(copies[0], variants[0][1])
         for name, c, pws in variants[1:]:
             if not torch.equal(run(pws[0], c), want):
@@ -209,7 +220,7 @@ def blocks_shape(n: int, k: int, ms, repeats: int, l2: int, hbm: float) -> list[
         base = statistics.median(times["row-major"])
         for name, c, _ in variants:
             us = statistics.median(times[name])
-            out.append({"N": n, "K": k, "M": m, "diag": name, "config": str(c if m <= 16 else c[0]), "us": us,
+            out.append({"N": n, "K": k, "M": m, "diag": name, "config": str(c[0] if isinstance(c, tuple) else c), "us": us,
                         "all_us": times[name], "bytes": nbytes, "pct_hbm": 100 * nbytes / us / 1e3 / hbm,
                         "vs_diag0": base / us, "read_us": read, "read_pct_hbm": 100 * nbytes / read / 1e3 / hbm})
             r = out[-1]

@@ -67,7 +67,7 @@ def compile_wgmma_decode(fmt: int, cfg, nt: int, split: bool = True, even_k: boo
               "stride_om"):
         sig[k] = "i32"
     const = {"FMT": fmt, "GROUP": GROUP[fmt], "HAS_ZP": fmt == 2, "R": cfg.rows, "BKW": cfg.bkw, "NT": nt,
-             "W": cfg.warps, "PREFETCH": cfg.prefetch, "EVEN_K": even_k, "NBUF": cfg.nbuf}
+             "W": cfg.warps, "PREFETCH": cfg.prefetch, "EVEN_K": even_k, "NBUF": cfg.nbuf, "DIAG": cfg.diag}
     sig.update({k: "constexpr" for k in const})
     odd = ("M", "TILES_PER_SPLIT") + (("stride_sn", "stride_zn") if fmt == 2 else ())
     attrs = {(i,): [["tt.divisibility", 16]] for i, (k, t) in enumerate(sig.items()) if t != "constexpr" and k not in odd}
