@@ -177,3 +177,8 @@ phase_end
 # phase k (commit 8fd32ee; 140 s, ~1741 s held in all, this machine counted at 50 %): GPU tests at the final code --
 #   wgmma_decode's dispatch (incl. the 14B-shaped routes against float64), the GEMV's and mma.sync's PDL-chain, graph,
 #   split-K and portable-decode tests: 34 passed, 0 failed. Device after k: 414 s of 1800 left.
+# phase l (commit f67006f; 23 s, ~1797 s held in all, counted at 50 %): bench_decode_bound.py --blocks on mid-size
+#   weights, us (x row-major), every tiled output bit-equal: mma.sync at 8 rows 14B q / o 13.23 -> 12.14 ([64, 8]
+#   blocks, x1.09), 7B q / o 9.68 -> 8.80 (x1.10), 14B k / v (config 1, 256-byte runs) 7.80 -> 7.89 (x0.99);
+#   wgmma_decode at 32 rows 14B q / o 15.85 -> 15.32 (x1.03), 7B q / o 11.52 -> 11.37 (x1.01), at 64 rows 14B k / v
+#   10.42 -> 10.20 (x1.02); the ring at 64 rows on q / o x1.03. Device after l: 386 s of 1800 left.
