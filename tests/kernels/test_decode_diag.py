@@ -129,3 +129,24 @@ def test_ring_builds_reading_tiled_words():
     assert stack_bytes(k1) in (0, None)
     assert "cp.async.bulk.tensor.2d" in k1.asm["ptx"]
     assert registers(k1) is None or registers(k1) <= registers(k0) + 8
+
+
+@needs_triton
+def test_wgmma_decode_builds_reading_blocks():
+    """``wgmma_decode`` with ``diag`` 8 ([64, 8] word blocks) keeps its 16-byte word loads and spills nothing."""
+    pytest.importorskip("triton.experimental.gluon")
+    from quarl_kernels import wgmma_decode as wd
+    from quarl_kernels.formats import FMT_NVFP4
+
+    from tests.kernels.sm90_sass import bench_module, cuobjdump, sass_of, stack_bytes
+
+    if cuobjdump() is None:
+        pytest.skip("the Triton wheel ships no cuobjdump")
+    compile_wgmma_decode = bench_module("bench_wgmma_decode").compile_wgmma_decode
+    for m in (32, 64):
+        cfg = wd.default_config(m, 5120, FMT_NVFP4)
+        k0 = compile_wgmma_decode(FMT_NVFP4, cfg, wd.token_tile(m))
+        k8 = compile_wgmma_decode(FMT_NVFP4, dataclasses.replace(cfg, diag=8), wd.token_tile(m))
+        assert stack_bytes(k8) in (0, None), m
+        wide = [[op for op in re.findall(r"\bLDG[.A-Z0-9_]*", sass_of(k)) if op.endswith(".128")] for k in (k0, k8)]
+        assert wide[0] and len(wide[1]) == len(wide[0]), m
