@@ -64,20 +64,20 @@ bound() {  # DIR ARGS...: bench_decode_bound.py -> $OUT/DIR (phases c-e)
     grep -E "Error|error" "$OUT/$d/run.log" | head -n 5
 }
 
+legacy() {  # DIR SCRIPT TESTS_K: phases a / b -- a bench removed after its call (run it at the commit named), its tests
+    local d=$1 script=$2 k=$3
+    mkdir -p "$OUT/$d"
+    (cd benchmarks/kernels && timeout -k 5 "${BENCH_S:-400}" "$PY" "$script" --out "$OUT/$d") > "$OUT/$d/run.log" 2>&1
+    echo "== $script rc=$? at $((SECONDS - T0)) s"; grep -E "^\|" "$OUT/$d/run.log" | head -n 90
+    tests 170 tests/kernels/test_gemv_gpu.py tests/kernels/test_mma_decode_gpu.py -k "$k"
+}
+
 case $PHASE in
 a)  # at commit 1f91051
-    mkdir -p "$OUT/l2"
-    (cd benchmarks/kernels && timeout -k 5 "${BENCH_S:-400}" "$PY" bench_l2_prefetch.py --out "$OUT/l2") \
-        > "$OUT/l2/run.log" 2>&1
-    echo "== l2 prefetch bench rc=$? at $((SECONDS - T0)) s"; grep -E "^\|" "$OUT/l2/run.log" | head -n 90
-    tests 170 tests/kernels/test_gemv_gpu.py tests/kernels/test_mma_decode_gpu.py -k "l2_ahead"
+    legacy l2 bench_l2_prefetch.py l2_ahead
     ;;
 b)  # at commit 0e437fa
-    mkdir -p "$OUT/loads"
-    (cd benchmarks/kernels && timeout -k 5 "${BENCH_S:-400}" "$PY" bench_decode_loads.py --out "$OUT/loads") \
-        > "$OUT/loads/run.log" 2>&1
-    echo "== decode loads bench rc=$? at $((SECONDS - T0)) s"; grep -E "^\|" "$OUT/loads/run.log" | head -n 90
-    tests 170 tests/kernels/test_gemv_gpu.py tests/kernels/test_mma_decode_gpu.py -k "wload"
+    legacy loads bench_decode_loads.py wload
     ;;
 c)
     bound bound

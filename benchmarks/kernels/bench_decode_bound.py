@@ -69,6 +69,12 @@ def _rotating(n: int, k: int, l2: int):
     return q, pw0, copies
 
 
+def _activations(m: int, n: int, k: int, q) -> tuple[torch.Tensor, int]:
+    """Seeded bf16 x [m, k] and the fewest bytes a call moves: packed weight + scales, x and y once each."""
+    torch.manual_seed(m)
+    return torch.randn(m, k, device="cuda").to(torch.bfloat16), q.nbytes + 2 * m * k + 2 * m * n
+
+
 def _sweep_configs():
     from quarl_kernels.gemv import GemvConfig as C
 
@@ -122,9 +128,7 @@ def tiled_shape(n: int, k: int, ms, repeats: int, l2: int, hbm: float) -> list[d
     q, pw0, copies = _rotating(n, k, l2)
     rows = []
     for m in ms:
-        torch.manual_seed(m)
-        x = torch.randn(m, k, device="cuda").to(torch.bfloat16)
-        nbytes = q.nbytes + 2 * m * k + 2 * m * n
+        x, nbytes = _activations(m, n, k, q)
         if m == 1:
             cfg = gemv.default_gemv_config(0, 1, n, k)
             bn, bkw, _ = gemv.effective_tile(cfg, pw0.group)
@@ -176,9 +180,7 @@ def blocks_shape(n: int, k: int, ms, repeats: int, l2: int, hbm: float) -> list[
 
     out = []
     for m in ms:
-        torch.manual_seed(m)
-        x = torch.randn(m, k, device="cuda").to(torch.bfloat16)
-        nbytes = q.nbytes + 2 * m * k + 2 * m * n
+        x, nbytes = _activations(m, n, k, q)
         if m <= 16:
             cfg = mma_decode.default_config(m, n)
 
@@ -233,9 +235,7 @@ def bench_shape(n: int, k: int, ms, diags, repeats: int, l2: int, hbm: float) ->
     q, pw0, pws = _rotating(n, k, l2)
     rows = []
     for m in ms:
-        torch.manual_seed(m)
-        x = torch.randn(m, k, device="cuda").to(torch.bfloat16)
-        nbytes = q.nbytes + 2 * m * k + 2 * m * n
+        x, nbytes = _activations(m, n, k, q)
         variants = [_launcher(m, n, k, a) for a in diags if m == 1 or a < 2]  # diag 2: the GEMV only
         got = variants[0][1](x, pw0).double()
         want = x.double() @ q.dequantize(torch.float64).T

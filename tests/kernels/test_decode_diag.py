@@ -20,6 +20,22 @@ import pytest
 from tests.kernels.interpreter import needs_interpreter, needs_triton, run_interpreted
 
 
+def _wide_loads(sass: str) -> list[str]:
+    """The 16-byte global loads (``LDG...128``) of a SASS listing."""
+    return [op for op in re.findall(r"\bLDG[.A-Z0-9_]*", sass) if op.endswith(".128")]
+
+
+def _gluon_sass_tools():
+    """(``bench_module``, ``sass_of``, ``stack_bytes``) for a Gluon kernel's sm_90 build; skips without Gluon or
+    ``cuobjdump``."""
+    pytest.importorskip("triton.experimental.gluon")
+    from tests.kernels.sm90_sass import bench_module, cuobjdump, sass_of, stack_bytes
+
+    if cuobjdump() is None:
+        pytest.skip("the Triton wheel ships no cuobjdump")
+    return bench_module, sass_of, stack_bytes
+
+
 @needs_triton
 def test_tile_words_layout():
     import torch
@@ -84,8 +100,7 @@ def test_gemv_builds():
         kern, sass = compile_launch(gemv.gemv_launch(x, pw, dataclasses.replace(cfg, diag=d)))
         assert stack_bytes(kern) in (0, None), d
         built[d] = sass
-    words = [op for op in re.findall(r"\bLDG[.A-Z0-9_]*", built[0]) if op.endswith(".128")]
-    tiled = [op for op in re.findall(r"\bLDG[.A-Z0-9_]*", built[4]) if op.endswith(".128")]
+    words, tiled = _wide_loads(built[0]), _wide_loads(built[4])
     assert words and len(tiled) == len(words)  # the tiled words still load 16 bytes at a time
     fp = [len(re.findall(r"\b(?:FFMA|FMUL|FADD)\b", built[d])) for d in (0, 2)]
     assert fp[1] < fp[0] // 4, fp  # diag 2: the math gone
@@ -93,26 +108,19 @@ def test_gemv_builds():
 
 @needs_triton
 def test_mma_decode_builds():
-    pytest.importorskip("triton.experimental.gluon")
     from quarl_kernels import mma_decode
     from quarl_kernels.formats import FMT_NVFP4
 
-    from tests.kernels.sm90_sass import bench_module, cuobjdump, sass_of, stack_bytes
-
-    if cuobjdump() is None:
-        pytest.skip("the Triton wheel ships no cuobjdump")
+    bench_module, sass_of, stack_bytes = _gluon_sass_tools()
     compile_mma_decode = bench_module("bench_mma_decode").compile_mma_decode
-
     cfg = mma_decode.default_config(8, 18944)
     assert cfg.diag == 0
-    k0 = compile_mma_decode(FMT_NVFP4, cfg, 8, split=False)
-    wide0 = [op for op in re.findall(r"\bLDG[.A-Z0-9_]*", sass_of(k0)) if op.endswith(".128")]
+    wide0 = _wide_loads(sass_of(compile_mma_decode(FMT_NVFP4, cfg, 8, split=False)))
     assert wide0
     for d in (4, 8):  # the step's own [128, 16] blocks, [64, 8] blocks
         kd = compile_mma_decode(FMT_NVFP4, dataclasses.replace(cfg, diag=d), 8, split=False)
         assert stack_bytes(kd) in (0, None), d
-        wide = [op for op in re.findall(r"\bLDG[.A-Z0-9_]*", sass_of(kd)) if op.endswith(".128")]
-        assert len(wide) == len(wide0), d
+        assert len(_wide_loads(sass_of(kd))) == len(wide0), d
 
 
 @needs_triton
@@ -134,19 +142,15 @@ def test_ring_builds_reading_tiled_words():
 @needs_triton
 def test_wgmma_decode_builds_reading_blocks():
     """``wgmma_decode`` with ``diag`` 8 ([64, 8] word blocks) keeps its 16-byte word loads and spills nothing."""
-    pytest.importorskip("triton.experimental.gluon")
     from quarl_kernels import wgmma_decode as wd
     from quarl_kernels.formats import FMT_NVFP4
 
-    from tests.kernels.sm90_sass import bench_module, cuobjdump, sass_of, stack_bytes
-
-    if cuobjdump() is None:
-        pytest.skip("the Triton wheel ships no cuobjdump")
+    bench_module, sass_of, stack_bytes = _gluon_sass_tools()
     compile_wgmma_decode = bench_module("bench_wgmma_decode").compile_wgmma_decode
     for m in (32, 64):
         cfg = wd.default_config(m, 5120, FMT_NVFP4)
         k0 = compile_wgmma_decode(FMT_NVFP4, cfg, wd.token_tile(m))
         k8 = compile_wgmma_decode(FMT_NVFP4, dataclasses.replace(cfg, diag=8), wd.token_tile(m))
         assert stack_bytes(k8) in (0, None), m
-        wide = [[op for op in re.findall(r"\bLDG[.A-Z0-9_]*", sass_of(k)) if op.endswith(".128")] for k in (k0, k8)]
+        wide = [_wide_loads(sass_of(k)) for k in (k0, k8)]
         assert wide[0] and len(wide[1]) == len(wide[0]), m
