@@ -23,10 +23,18 @@ ahead() {  # DIR ARGS...: bench_dequant_ahead.py -> $OUT/DIR
     grep -E "Error|error" "$OUT/$d/run.log" | head -n 5
 }
 
+#   phase b: bash benchmarks/gpu_session20.sh b   (one GPU; ~4 min)
+#     after a (the side-stream decode slows the chains: 0.38-0.98x; cuBLAS's tiles start late behind the decode's): the
+#     GEMM on a high-priority stream and cuBLAS leaving 0 / 8 / 16 / 32 SMs to the decode while one is in flight
+#     (QUARL_KERNELS_DENSE_AHEAD_PRIO / _SMS), the same chains; the knobs' GPU tests first.
 case $PHASE in
 a)
     tests 150 tests/kernels/test_dense_gpu.py tests/kernels/test_dequant_ahead_gpu.py
     ahead ahead --carveouts 0,8,16
+    ;;
+b)
+    tests 150 tests/kernels/test_dequant_ahead_gpu.py
+    ahead prio --carveouts 0,8,16,32
     ;;
 esac
 phase_end

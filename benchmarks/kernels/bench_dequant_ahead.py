@@ -14,8 +14,9 @@ backward's reverse order (``dy @ W``). Arms, each timed back to back (eager, as 
 * ``bf16``: cuBLAS on BF16 copies of the same weights (the reference).
 * ``dense``: ``dense.dense_matmul`` / ``dense_matmul_t`` with ``QUARL_KERNELS_DENSE_AHEAD=0`` (decode, then GEMM).
 * ``ahead``: the same calls with the side-stream decode on (the library's default).
-* with ``--carveouts``: ``bf16`` and ``ahead`` again with cuBLAS told to leave that many SMs free
-  (``torch._C._set_sm_carveout_experimental``), room for the side stream's decode.
+* for each of ``--carveouts`` c: ``ahead`` with the GEMM on a high-priority stream and cuBLAS leaving c SMs free while
+  a decode is in flight (``QUARL_KERNELS_DENSE_AHEAD_PRIO=1``, ``..._SMS=c``), beside ``bf16`` with c SMs left free
+  for the whole chain (what the carveout costs cuBLAS).
 
 Every arm's outputs are checked first: ``ahead`` bit-equal to ``dense``; both against ``bf16`` (the same BF16
 weights, so equal up to cuBLAS's own choices). Writes ``dequant_ahead.json`` and ``.md`` to ``--out``.
@@ -81,8 +82,13 @@ def timed(fn, iters: int) -> float:
     return statistics.median(ts)
 
 
-def run_arm(direction: str, arm: str, weights, xs, iters: int, carveout: int) -> tuple[float, list]:
+def run_arm(direction: str, arm: str, weights, xs, iters: int, carveout: int = 0, sms: int = 0, prio: int = 0
+            ) -> tuple[float, list]:
+    """``arm`` "bf16" (cuBLAS, ``carveout`` SMs left free for the whole chain), "dense" (no side stream) or "ahead"
+    (the side-stream decode; ``sms`` / ``prio``: dequant_ahead's SMS / PRIO knobs)."""
     os.environ[dequant_ahead.ENV] = "1" if arm == "ahead" else "0"
+    os.environ[dequant_ahead.SMS_ENV] = str(sms)
+    os.environ[dequant_ahead.PRIO_ENV] = str(prio)
     dequant_ahead.reset()
     torch._C._set_sm_carveout_experimental(carveout or None)
     try:
@@ -115,12 +121,11 @@ def bench(shape: str, m: int, layers: int, iters: int, carveouts: list[int]) -> 
                "dense_ms": ms_dense, "ahead_ms": ms_ahead, "x_dense": ms_bf16 / ms_dense,
                "x_ahead": ms_bf16 / ms_ahead, "bf16_TFLOPs": flops / ms_bf16 / 1e9, "ahead_equal_dense": exact,
                "dense_vs_bf16_err": err, "ahead_stats": st, "carveouts": {}}
-        for c in carveouts:
-            if c == 0:
-                continue
-            cb, _ = run_arm(direction, "bf16", weights, xs, iters, c)
-            ca, yc = run_arm(direction, "ahead", weights, xs, iters, c)
+        for c in carveouts:  # cuBLAS leaving c SMs free: what it costs the BF16 chain, what it gives the decode
+            cb = run_arm(direction, "bf16", weights, xs, iters, carveout=c)[0] if c else ms_bf16
+            ca, yc = run_arm(direction, "ahead", weights, xs, iters, sms=c, prio=1)
             row["carveouts"][c] = {"bf16_ms": cb, "ahead_ms": ca, "x_ahead": ms_bf16 / ca,
+                                   "equal": all(torch.equal(a, b) for a, b in zip(yc, y_dense)),
                                    "err": max(rel_err(a, b) for a, b in zip(yc, y_dense))}
         rows.append(row)
         print(json.dumps(row), flush=True)
@@ -132,7 +137,7 @@ def bench(shape: str, m: int, layers: int, iters: int, carveouts: list[int]) -> 
 def render(rows: list[dict], meta: dict) -> str:
     cs = sorted({int(c) for r in rows for c in r["carveouts"]})
     head = ["width", "M", "direction", "cuBLAS BF16 ms", "dense ms (x)", "ahead ms (x)"]
-    head += [f"carveout {c}: BF16 ms / ahead ms (x)" for c in cs]
+    head += [f"{c} SMs left: BF16 ms / ahead+prio ms (x)" for c in cs]
     lines = [f"# dense path with the next weight decoded ahead ({meta['gpu']}, {meta['date']})", "",
              (f"{meta['layers']} decoder layers, 7 NVFP4 projections each, eager, median of {meta['iters']} chains; "
               "x = cuBLAS BF16 time / arm time (no carveout)"), "",
@@ -145,6 +150,8 @@ def render(rows: list[dict], meta: dict) -> str:
             cells.append(f"{v['bf16_ms']:.2f} / {v['ahead_ms']:.2f} ({v['x_ahead']:.3f}x)" if v else "-")
         lines.append("| " + " | ".join(cells) + " |")
     lines += ["", "ahead bit-equal to dense: " + str(all(r["ahead_equal_dense"] for r in rows)),
+              "ahead+prio bit-equal to dense: " + str(all(v.get("equal", False) for r in rows
+                                                          for v in r["carveouts"].values())),
               f"dense vs BF16 rel. err (max): {max(r['dense_vs_bf16_err'] for r in rows):.2e}"]
     return "\n".join(lines) + "\n"
 
@@ -156,7 +163,7 @@ def main() -> None:
     ap.add_argument("--ms", default="2048,4096,8192")
     ap.add_argument("--layers", type=int, default=4)
     ap.add_argument("--iters", type=int, default=10)
-    ap.add_argument("--carveouts", default="0")
+    ap.add_argument("--carveouts", default="0,8,16")
     ap.add_argument("--render", help="re-render a dequant_ahead.json")
     a = ap.parse_args()
     os.makedirs(a.out, exist_ok=True)

@@ -136,14 +136,16 @@ def dense_matmul(x2: torch.Tensor, pw) -> torch.Tensor:
     GEMM, when switched on)."""
     if dense_fp8.takes(x2.shape[0], pw):
         return dense_fp8.matmul(x2, pw)
-    return x2 @ _weight(pw, "fwd").T
+    w = _weight(pw, "fwd")
+    return dequant_ahead.gemm(lambda: x2 @ w.T, x2.device)
 
 
 def dense_matmul_t(dy2: torch.Tensor, pw) -> torch.Tensor:
     """dx [M, K] = dy2 [M, N] @ dequant(W)."""
     if dense_fp8.takes(dy2.shape[0], pw):
         return dense_fp8.matmul_t(dy2, pw)
-    return dy2 @ _weight(pw, "bwd")
+    w = _weight(pw, "bwd")
+    return dequant_ahead.gemm(lambda: dy2 @ w, dy2.device)
 
 
 __all__ = ["DEFAULT_DENSE_MIN_M", "dense_matmul", "dense_matmul_t", "dense_min_m", "dequantize", "use_dense"]

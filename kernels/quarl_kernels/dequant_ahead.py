@@ -39,11 +39,13 @@ from collections.abc import Callable
 import torch
 
 ENV = "QUARL_KERNELS_DENSE_AHEAD"
+SMS_ENV = "QUARL_KERNELS_DENSE_AHEAD_SMS"  # SMs cuBLAS leaves to the decode while one is in flight (0: none)
+PRIO_ENV = "QUARL_KERNELS_DENSE_AHEAD_PRIO"  # 1: the GEMM on a high-priority stream, the decode on a low one
 
 _after: dict[tuple, tuple] = {}  # (direction, key) -> (direction, the weight) of the call right after it (held weakly)
 _pending: dict[tuple, tuple] = {}  # (direction, key) -> (versions at decode time, the BF16 buffer, its event, the weight)
 _last: tuple | None = None  # (direction, key) of the previous dense call
-_streams: dict[int, torch.cuda.Stream] = {}
+_streams: dict[tuple, torch.cuda.Stream] = {}
 stats = {"taken": 0, "wasted": 0, "launched": 0}
 
 
@@ -79,12 +81,60 @@ def _recall(entry: tuple):
     return dataclasses.replace(pw, words=ts[0], scale=ts[1], zero=ts[2], gscale=ts[3])
 
 
-def _side(device: torch.device) -> torch.cuda.Stream:
+def _stream(device: torch.device, role: str) -> torch.cuda.Stream:
+    """The side stream (``role`` "side", lowest priority) or the GEMM's high-priority stream ("gemm")."""
     idx = device.index if device.index is not None else torch.cuda.current_device()
-    s = _streams.get(idx)
+    s = _streams.get((idx, role))
     if s is None:
-        s = _streams[idx] = torch.cuda.Stream(device=idx)
+        lo, hi = torch.cuda.Stream.priority_range()  # (lowest, highest): numerically larger is lower
+        s = _streams[(idx, role)] = torch.cuda.Stream(device=idx, priority=hi if role == "gemm" else lo)
     return s
+
+
+def _side(device: torch.device) -> torch.cuda.Stream:
+    return _stream(device, "side")
+
+
+def _knob(name: str) -> int:
+    raw = os.environ.get(name, "0")
+    try:
+        v = int(raw)
+    except ValueError:
+        raise ValueError(f"{name}={raw!r} is not an integer (default 0)") from None
+    if v < 0:
+        raise ValueError(f"{name}={v} is negative (default 0)")
+    return v
+
+
+def gemm(fn: Callable[[], torch.Tensor], device: torch.device) -> torch.Tensor:
+    """``fn()`` -- the dense call's cuBLAS GEMM -- run where the decode in flight on the side stream can progress
+    beside it: with ``QUARL_KERNELS_DENSE_AHEAD_PRIO=1`` on a high-priority stream (the block scheduler then places
+    the GEMM's tiles before the decode's), and with cuBLAS told to leave ``QUARL_KERNELS_DENSE_AHEAD_SMS`` SMs free
+    (``torch._C._set_sm_carveout_experimental``) for the decode. Plain ``fn()`` when no decode is in flight."""
+    if not _pending or not _active_device(device):
+        return fn()
+    sms, prio = _knob(SMS_ENV), _knob(PRIO_ENV)
+    if not sms and not prio:
+        return fn()
+    prev = torch._C._get_sm_carveout_experimental()
+    if sms:
+        torch._C._set_sm_carveout_experimental(sms)
+    try:
+        if not prio:
+            return fn()
+        main, hp = _main(device), _stream(device, "gemm")
+        hp.wait_stream(main)
+        with torch.cuda.stream(hp):
+            y = fn()
+        main.wait_stream(hp)
+        y.record_stream(main)
+        return y
+    finally:
+        torch._C._set_sm_carveout_experimental(prev)
+
+
+def _active_device(device: torch.device) -> bool:
+    return device.type == "cuda" and not torch.cuda.is_current_stream_capturing()
 
 
 def _active(pw) -> bool:
