@@ -27,6 +27,9 @@ ahead() {  # DIR ARGS...: bench_dequant_ahead.py -> $OUT/DIR
 #     after a (the side-stream decode slows the chains: 0.38-0.98x; cuBLAS's tiles start late behind the decode's): the
 #     GEMM on a high-priority stream and cuBLAS leaving 0 / 8 / 16 / 32 SMs to the decode while one is in flight
 #     (QUARL_KERNELS_DENSE_AHEAD_PRIO / _SMS), the same chains; the knobs' GPU tests first.
+#   phase c: bash benchmarks/gpu_session20.sh c   (one GPU; ~4 min)
+#     b again with the carveout in force: torch applies it on its cuBLASLt route only (b's outputs were bit-equal with
+#     and without it: not applied), so the carved GEMMs (and the BF16 reference of each carveout) run on cuBLASLt.
 case $PHASE in
 a)
     tests 150 tests/kernels/test_dense_gpu.py tests/kernels/test_dequant_ahead_gpu.py
@@ -35,6 +38,10 @@ a)
 b)
     tests 150 tests/kernels/test_dequant_ahead_gpu.py
     ahead prio --carveouts 0,8,16,32
+    ;;
+c)
+    tests 150 tests/kernels/test_dequant_ahead_gpu.py
+    ahead lt --carveouts 0,8,16,32
     ;;
 esac
 phase_end

@@ -16,7 +16,9 @@ backward's reverse order (``dy @ W``). Arms, each timed back to back (eager, as 
 * ``ahead``: the same calls with the side-stream decode on (the library's default).
 * for each of ``--carveouts`` c: ``ahead`` with the GEMM on a high-priority stream and cuBLAS leaving c SMs free while
   a decode is in flight (``QUARL_KERNELS_DENSE_AHEAD_PRIO=1``, ``..._SMS=c``), beside ``bf16`` with c SMs left free
-  for the whole chain (what the carveout costs cuBLAS).
+  for the whole chain (what the carveout costs cuBLAS). torch applies a carveout on its cuBLASLt route only, so both
+  switch to it (``torch.backends.cuda.preferred_blas_library("cublaslt")``) while SMs are left free; ``bf16`` on
+  cuBLASLt with no carveout is timed as well.
 
 Every arm's outputs are checked first: ``ahead`` bit-equal to ``dense``; both against ``bf16`` (the same BF16
 weights, so equal up to cuBLAS's own choices). Writes ``dequant_ahead.json`` and ``.md`` to ``--out``.
@@ -82,8 +84,8 @@ def timed(fn, iters: int) -> float:
     return statistics.median(ts)
 
 
-def run_arm(direction: str, arm: str, weights, xs, iters: int, carveout: int = 0, sms: int = 0, prio: int = 0
-            ) -> tuple[float, list]:
+def run_arm(direction: str, arm: str, weights, xs, iters: int, carveout: int = 0, sms: int = 0, prio: int = 0,
+            lt: bool = False) -> tuple[float, list]:
     """``arm`` "bf16" (cuBLAS, ``carveout`` SMs left free for the whole chain), "dense" (no side stream) or "ahead"
     (the side-stream decode; ``sms`` / ``prio``: dequant_ahead's SMS / PRIO knobs)."""
     os.environ[dequant_ahead.ENV] = "1" if arm == "ahead" else "0"
@@ -91,11 +93,14 @@ def run_arm(direction: str, arm: str, weights, xs, iters: int, carveout: int = 0
     os.environ[dequant_ahead.PRIO_ENV] = str(prio)
     dequant_ahead.reset()
     torch._C._set_sm_carveout_experimental(carveout or None)
+    if carveout or lt:  # torch applies the carveout on its cuBLASLt route only
+        torch.backends.cuda.preferred_blas_library("cublaslt")
     try:
         ms = timed(lambda: chain(direction, arm, weights, xs), iters)
         ys = chain(direction, arm, weights, xs)
     finally:
         torch._C._set_sm_carveout_experimental(None)
+        torch.backends.cuda.preferred_blas_library("cublas")
     return ms, ys
 
 
@@ -117,7 +122,8 @@ def bench(shape: str, m: int, layers: int, iters: int, carveouts: list[int]) -> 
         st = dict(dequant_ahead.stats)
         exact = all(torch.equal(a, b) for a, b in zip(y_ahead, y_dense))
         err = max(rel_err(a, b) for a, b in zip(y_dense, y_bf16))
-        row = {"shape": shape, "M": m, "layers": layers, "direction": direction, "bf16_ms": ms_bf16,
+        ms_lt = run_arm(direction, "bf16", weights, xs, iters, lt=True)[0]
+        row = {"shape": shape, "bf16_lt_ms": ms_lt, "M": m, "layers": layers, "direction": direction, "bf16_ms": ms_bf16,
                "dense_ms": ms_dense, "ahead_ms": ms_ahead, "x_dense": ms_bf16 / ms_dense,
                "x_ahead": ms_bf16 / ms_ahead, "bf16_TFLOPs": flops / ms_bf16 / 1e9, "ahead_equal_dense": exact,
                "dense_vs_bf16_err": err, "ahead_stats": st, "carveouts": {}}
@@ -136,14 +142,14 @@ def bench(shape: str, m: int, layers: int, iters: int, carveouts: list[int]) -> 
 
 def render(rows: list[dict], meta: dict) -> str:
     cs = sorted({int(c) for r in rows for c in r["carveouts"]})
-    head = ["width", "M", "direction", "cuBLAS BF16 ms", "dense ms (x)", "ahead ms (x)"]
+    head = ["width", "M", "direction", "cuBLAS BF16 ms", "cuBLASLt BF16 ms", "dense ms (x)", "ahead ms (x)"]
     head += [f"{c} SMs left: BF16 ms / ahead+prio ms (x)" for c in cs]
     lines = [f"# dense path with the next weight decoded ahead ({meta['gpu']}, {meta['date']})", "",
              (f"{meta['layers']} decoder layers, 7 NVFP4 projections each, eager, median of {meta['iters']} chains; "
               "x = cuBLAS BF16 time / arm time (no carveout)"), "",
              "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in rows:
-        cells = [r["shape"], str(r["M"]), r["direction"], f"{r['bf16_ms']:.2f}",
+        cells = [r["shape"], str(r["M"]), r["direction"], f"{r['bf16_ms']:.2f}", f"{r.get('bf16_lt_ms', 0):.2f}",
                  f"{r['dense_ms']:.2f} ({r['x_dense']:.3f}x)", f"{r['ahead_ms']:.2f} (**{r['x_ahead']:.3f}x**)"]
         for c in cs:
             v = r["carveouts"].get(c) or r["carveouts"].get(str(c))

@@ -117,8 +117,10 @@ def gemm(fn: Callable[[], torch.Tensor], device: torch.device) -> torch.Tensor:
     if not sms and not prio:
         return fn()
     prev = torch._C._get_sm_carveout_experimental()
-    if sms:
+    prev_lib = torch.backends.cuda.preferred_blas_library()
+    if sms:  # torch applies the carveout on its cuBLASLt route only
         torch._C._set_sm_carveout_experimental(sms)
+        torch.backends.cuda.preferred_blas_library("cublaslt")
     try:
         if not prio:
             return fn()
@@ -131,6 +133,7 @@ def gemm(fn: Callable[[], torch.Tensor], device: torch.device) -> torch.Tensor:
         return y
     finally:
         torch._C._set_sm_carveout_experimental(prev)
+        torch.backends.cuda.preferred_blas_library(prev_lib)
 
 
 def _active_device(device: torch.device) -> bool:
