@@ -5,7 +5,7 @@
 # Run from the repository root on the device machine; the record of what ran is at the end of this file.
 # The phases use benchmarks/gpu_phase_lib.sh's helpers (tests, grpo, phase_end).
 #
-#   phase a: bash benchmarks/gpu_session20.sh a   (one GPU; ~4 min)
+#   phase a: bash benchmarks/gpu_session20.sh a   (commit 9ecbee2; one GPU; ~1 min)
 #     the dense path's and dequant_ahead's GPU tests; then bench_dequant_ahead.py: chains of 4 decoder layers' NVFP4
 #     projections (7B and 14B width) at 2048 / 4096 / 8192 rows, forward and backward order: cuBLAS BF16, the dense
 #     path without and with the side-stream decode, and both with cuBLAS leaving 8 / 16 SMs free (carveout).
@@ -23,11 +23,12 @@ ahead() {  # DIR ARGS...: bench_dequant_ahead.py -> $OUT/DIR
     grep -E "Error|error" "$OUT/$d/run.log" | head -n 5
 }
 
-#   phase b: bash benchmarks/gpu_session20.sh b   (one GPU; ~4 min)
+#   phase b: bash benchmarks/gpu_session20.sh b   (commit 7b6deb5; one GPU; ~1 min)
 #     after a (the side-stream decode slows the chains: 0.38-0.98x; cuBLAS's tiles start late behind the decode's): the
 #     GEMM on a high-priority stream and cuBLAS leaving 0 / 8 / 16 / 32 SMs to the decode while one is in flight
 #     (QUARL_KERNELS_DENSE_AHEAD_PRIO / _SMS), the same chains; the knobs' GPU tests first.
-#   phase c: bash benchmarks/gpu_session20.sh c   (one GPU; ~4 min)
+#   phase c: bash benchmarks/gpu_session20.sh c   (commit f30ce5c; one GPU; ~1 min)
+#     (dequant_ahead.py, its tests and bench_dequant_ahead.py were removed after c: run a-c at the commits named)
 #     b again with the carveout in force: torch applies it on its cuBLASLt route only (b's outputs were bit-equal with
 #     and without it: not applied), so the carved GEMMs (and the BF16 reference of each carveout) run on cuBLASLt.
 case $PHASE in
@@ -45,3 +46,13 @@ c)
     ;;
 esac
 phase_end
+# ---- record of what ran (2026-11-27, one NVIDIA H100 80GB HBM3 each, driver 580.159.04) ----
+# phase a (commit 9ecbee2; 61 s, ~102 s held, counted at 50 %): GPU tests (dense path, dequant_ahead) 31 passed.
+#   Chains x cuBLAS BF16: dense 0.72-0.97x, side-stream decode 0.38-0.98x (7B 2048 fwd 0.721 -> 0.379x), with cuBLAS
+#   "leaving" 8 / 16 SMs 0.39-0.97x. Outputs bit-equal to the dense path. Device after a: 1749 s of 1800 left.
+# phase b (commit 7b6deb5; 46 s, ~209 s held): 8 passed. dense 0.76-1.03x, side stream 0.72-1.01x, + priority stream
+#   0.56-1.03x; the carveout's outputs bit-equal to the plain ones (not applied: torch carves out on cuBLASLt only).
+#   Device after b: 1695 s left.
+# phase c (commit f30ce5c; 44 s, ~280 s held): 8 passed. On cuBLASLt with the carveout in force (BF16 chain at 7B 2048
+#   rows 5.13 -> 5.79 / 6.71 ms with 16 / 32 SMs left): dense 0.73-1.02x, side stream 0.56-1.01x, priority 0.59-1.01x,
+#   16 SMs 0.44-0.94x, 32 SMs 0.43-0.88x. No variant beats the dense path: removed. Device after c: 1659 s left.

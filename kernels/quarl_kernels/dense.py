@@ -41,7 +41,7 @@ import torch
 import triton
 import triton.language as tl
 
-from quarl_kernels import dense_fp8, dequant_ahead, recent_weights
+from quarl_kernels import dense_fp8, recent_weights
 from quarl_kernels.dequant import load_dequant_tile
 from quarl_kernels.launch import env_int
 
@@ -111,24 +111,10 @@ def dequantize(pw, *, use_asm: bool = True, bn: int = 32, bkw: int = 16, out: to
     return out
 
 
-def _packed(pw) -> tuple:
-    return (pw.words, pw.scale, pw.zero, pw.gscale)
-
-
-def _decode_into(pw, out: torch.Tensor) -> None:
-    dequantize(pw, out=out)
-
-
-def _not_kept(pw) -> bool:
-    return not recent_weights.has(_packed(pw))
-
-
-def _weight(pw, direction: str) -> torch.Tensor:
-    """The transient BF16 ``[N, K]``: the one a training forward just made for the backward that follows
-    (``recent_weights``: activation checkpointing recomputes a layer right before its backward), else the one the
-    side stream decoded during the previous dense call (``dequant_ahead``), else decoded here."""
-    return recent_weights.get(_packed(pw), lambda: dequant_ahead.weight(
-        pw, direction, lambda: dequantize(pw), _decode_into, _not_kept))
+def _weight(pw) -> torch.Tensor:
+    """The transient BF16 ``[N, K]``: decoded here, or the one a training forward just made for the backward that
+    follows (``recent_weights``: activation checkpointing recomputes a layer right before its backward)."""
+    return recent_weights.get((pw.words, pw.scale, pw.zero, pw.gscale), lambda: dequantize(pw))
 
 
 def dense_matmul(x2: torch.Tensor, pw) -> torch.Tensor:
@@ -136,16 +122,14 @@ def dense_matmul(x2: torch.Tensor, pw) -> torch.Tensor:
     GEMM, when switched on)."""
     if dense_fp8.takes(x2.shape[0], pw):
         return dense_fp8.matmul(x2, pw)
-    w = _weight(pw, "fwd")
-    return dequant_ahead.gemm(lambda: x2 @ w.T, x2.device)
+    return x2 @ _weight(pw).T
 
 
 def dense_matmul_t(dy2: torch.Tensor, pw) -> torch.Tensor:
     """dx [M, K] = dy2 [M, N] @ dequant(W)."""
     if dense_fp8.takes(dy2.shape[0], pw):
         return dense_fp8.matmul_t(dy2, pw)
-    w = _weight(pw, "bwd")
-    return dequant_ahead.gemm(lambda: dy2 @ w, dy2.device)
+    return dy2 @ _weight(pw)
 
 
 __all__ = ["DEFAULT_DENSE_MIN_M", "dense_matmul", "dense_matmul_t", "dense_min_m", "dequantize", "use_dense"]

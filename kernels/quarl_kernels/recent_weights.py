@@ -99,16 +99,9 @@ def release() -> None:
     _kept.clear()
 
 
-def has(packed: tuple) -> bool:
-    """Whether :func:`get` would return a kept weight for these packed tensors (without counting a hit)."""
-    if any(t is not None and t.is_inference() for t in packed):
-        return False
-    return _key(packed) in _kept
-
-
 def kept() -> int:
     """How many weights are held now."""
     return len(_kept)
 
 
-__all__ = ["DEFAULT_KEEP", "ENV", "capacity", "get", "has", "keeping", "kept", "release", "stats"]
+__all__ = ["DEFAULT_KEEP", "ENV", "capacity", "get", "keeping", "kept", "release", "stats"]
