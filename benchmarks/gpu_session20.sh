@@ -31,6 +31,10 @@ ahead() {  # DIR ARGS...: bench_dequant_ahead.py -> $OUT/DIR
 #     (dequant_ahead.py, its tests and bench_dequant_ahead.py were removed after c: run a-c at the commits named)
 #     b again with the carveout in force: torch applies it on its cuBLASLt route only (b's outputs were bit-equal with
 #     and without it: not applied), so the carved GEMMs (and the BF16 reference of each carveout) run on cuBLASLt.
+#   phase d: bash benchmarks/gpu_session20.sh d   (one GPU; ~6 min)
+#     compaction (quarl/engine/generator.py: finished rows leave the batch, QUARL_ENGINE_COMPACT): the engine's GPU
+#     tests, then rollout_compaction.py -- 7B NVFP4+LoRA and BF16+LoRA, 64 rows of 256-token prompts that stop on
+#     V / mean token ids (lengths ~geometric): T 2048 mean 400, T 512 mean 150; keep_cache=False, off vs on.
 case $PHASE in
 a)
     tests 150 tests/kernels/test_dense_gpu.py tests/kernels/test_dequant_ahead_gpu.py
@@ -43,6 +47,13 @@ b)
 c)
     tests 150 tests/kernels/test_dequant_ahead_gpu.py
     ahead lt --carveouts 0,8,16,32
+    ;;
+d)
+    tests 200 tests/engine/test_engine_gpu.py
+    mkdir -p "$OUT/compaction"
+    timeout -k 5 "${BENCH_S:-360}" "$PY" benchmarks/rollout_compaction.py --out "$OUT/compaction" \
+        > "$OUT/compaction/run.log" 2>&1
+    echo "== rollout_compaction rc=$? at $((SECONDS - T0)) s"; grep -E "^\||^==|Error" "$OUT/compaction/run.log"
     ;;
 esac
 phase_end

@@ -40,9 +40,16 @@ CUDA graphs and the loop. Design, after gpt-fast:
   branches of q/k/v and of gate/up share one A GEMM per layer, and every adapter is read from
   a copy in the activation dtype refreshed at the start of each call (:mod:`quarl.engine.lora`);
 * **no per-token host syncs**: sampling (:mod:`quarl.engine.sampling`), the
-  stop test and the bookkeeping are device ops; whether every row has stopped
+  stop test and the bookkeeping are device ops; how many rows are still going
   is read back only every ``sync_every`` steps (a row that stopped keeps
   stepping inertly until then; its outputs are masked);
+* **finished rows leave the batch** (``compact=None``: ``$QUARL_ENGINE_COMPACT``, default on): at that
+  read-back, once the unfinished rows fit a graph batch at most half the current one, their KV cache columns,
+  valid slots, next tokens and positions move to the first state rows and the loop goes on at the smaller batch
+  (one gather, at most log2(batch) times a call). RL rollouts end at very different lengths; without this a
+  batch of 64 decodes at 64 rows until its longest answer ends. The sampler still draws the noise of every row
+  (``sample(rows_of=...)``), so a compacted batch samples the tokens the full one would have (up to the kernels'
+  rounding at the other batch size);
 * **chunked prefill**: the prompts go through the model ``max_num_batched_tokens`` tokens (vLLM's knob; whole
   rows, at least one) at a time, so a large batch of long prompts does not hold all of its activations at
   once, and no kernel's ``rows x width`` index passes 2**31;
@@ -70,9 +77,12 @@ import torch
 from torch import nn
 
 from quarl.engine import memory
+from quarl.engine.fused import _switch
 from quarl.engine.model import DecoderRunner, DecodeState
 from quarl.engine.rollout import DEFAULT_MAX_NUM_BATCHED_TOKENS, Rollout, SamplingParams, left_pad
 from quarl.engine.sampling import check_generator, sample
+
+COMPACT_ENV = "QUARL_ENGINE_COMPACT"
 
 
 @contextlib.contextmanager
@@ -113,6 +123,7 @@ class FastGenerator:
         lora_pack: bool | None = None,
         decode_attn: bool | None = None,
         max_num_batched_tokens: int = DEFAULT_MAX_NUM_BATCHED_TOKENS,
+        compact: bool | None = None,
     ):
         if kv_block < 1 or sync_every < 1:
             raise ValueError(f"kv_block and sync_every must be >= 1, got {kv_block}, {sync_every}")
@@ -126,6 +137,7 @@ class FastGenerator:
         self.max_batch_size, self.kv_block, self.sync_every = max_batch_size, kv_block, sync_every
         self.cuda_graphs, self.keep_cache = cuda_graphs, keep_cache
         self.max_num_batched_tokens = max_num_batched_tokens
+        self.compact = _switch(compact, COMPACT_ENV, "finished rows leave the batch", "every row decodes to the end")
         self._decode = self.runner.decode
         if compile:
             self._decode = torch.compile(self.runner.decode, dynamic=False, backend=compile_backend)
@@ -266,22 +278,30 @@ class FastGenerator:
         cmask = torch.zeros((N, T), dtype=torch.long, device=dev)
         done = torch.zeros(N, dtype=torch.bool, device=dev)
         pad = torch.full((N,), self.pad_id, dtype=torch.long, device=dev)
+        rows_at = None  # with compaction: rows_at[j] = the row (of N) that state row j decodes; None = identity
+        n = N  # state rows in use: every row until the first compaction
         for t in range(T):
             if t:
                 L = min(S, _round_up(P + t, self.kv_block)) if graphs else P + t  # slots [0, P + t) are live
                 self._step(st, B, L, graphs)
-                logits = st.logits[:N]
+                logits = st.logits[:n]
                 st.slot.add_(1)
                 st.pos.add_(1)
-            tok, lp = sample(logits, params.temperature, params.top_p, generator)  # [N], [N]
-            live = ~done
-            tokens[:, t] = torch.where(live, tok, pad)
-            logps[:, t] = torch.where(live, lp, 0.0)
-            cmask[:, t] = live.long()
-            done = done | (live & torch.isin(tok, stop))
-            st.tok[:N, 0] = tok
-            if (t + 1) % self.sync_every == 0 and t + 1 < T and bool(done.all()):
-                break
+            # the noise of all N rows is drawn, whatever n is: a compacted batch samples what the full one would
+            tok, lp = sample(logits, params.temperature, params.top_p, generator, rows_of=rows_at, all_rows=N)  # [n]
+            idx = slice(None) if rows_at is None else rows_at
+            live = ~done[idx]  # [n]
+            tokens[idx, t] = torch.where(live, tok, pad[:n])
+            logps[idx, t] = torch.where(live, lp, 0.0)
+            cmask[idx, t] = live.long()
+            done[idx] = done[idx] | (live & torch.isin(tok, stop))
+            st.tok[:n, 0] = tok
+            if (t + 1) % self.sync_every == 0 and t + 1 < T:
+                left = int((~done).sum())  # the one host sync every sync_every steps
+                if left == 0:
+                    break
+                if self.compact and self._smaller_batch(left, n, graphs) is not None:
+                    B, n, rows_at = self._compact(st, done, rows_at, n, left, P + t, graphs)
         steps = int(cmask.any(dim=0).sum())  # live columns form a prefix
         stats = self.last_stats
         stats["batches"] += 1
@@ -295,6 +315,34 @@ class FastGenerator:
             truncated=~done,
             pad_id=self.pad_id,
         )
+
+    # --- compaction ----------------------------------------------------------------
+    def _smaller_batch(self, left: int, n: int, graphs: bool) -> int | None:
+        """The batch the ``left`` unfinished rows would decode in, when it is at most half of today's (else None:
+        the copy and, with graphs, the captures of a new batch shape would not pay)."""
+        now = _pow2(n) if graphs else n
+        new = _pow2(left) if graphs else left
+        return new if 2 * new <= now else None
+
+    def _compact(self, st: DecodeState, done: torch.Tensor, rows_at: torch.Tensor | None, n: int, left: int,
+                 cols: int, graphs: bool) -> tuple[int, int, torch.Tensor]:
+        """Move the unfinished rows' decode state (K/V columns ``[0, cols)``, valid slots, next token, position)
+        to state rows ``[0, left)``; the rows past them up to the new graph batch made inert. Returns the new
+        (graph batch, rows in use, row map)."""
+        rows_at = torch.arange(n, device=done.device) if rows_at is None else rows_at
+        keep = (~done[rows_at]).nonzero().squeeze(1)  # [left] state rows still decoding, in order
+        for kc, vc in zip(st.k, st.v):
+            kc[:left, :, :cols] = kc[keep, :, :cols]  # advanced indexing reads into a copy first: no overlap
+            vc[:left, :, :cols] = vc[keep, :, :cols]
+        for buf in (st.kv_valid, st.tok, st.pos):
+            buf[:left] = buf[keep]
+        B = _pow2(left) if graphs else left
+        if B > left:  # inert rows up to the graph batch, as after the prefill
+            st.kv_valid[left:B].zero_()
+            st.pos[left:B].zero_()
+            st.tok[left:B].fill_(self.pad_id)
+        self.last_stats["compactions"] = self.last_stats.get("compactions", 0) + 1
+        return B, left, rows_at[keep]
 
     # --- state and graphs ------------------------------------------------------
     def _graphs_on(self) -> bool:

@@ -69,8 +69,15 @@ def sample(
     temperature: float,
     top_p: float,
     generator: torch.Generator | None = None,
+    *,
+    rows_of: torch.Tensor | None = None,
+    all_rows: int | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """``[B, V]`` logits -> (``[B]`` token ids, ``[B]`` fp32 log-probs under ``softmax(logits / T)``)."""
+    """``[B, V]`` logits -> (``[B]`` token ids, ``[B]`` fp32 log-probs under ``softmax(logits / T)``).
+
+    ``rows_of`` (``[B]`` long) / ``all_rows``: the logits are rows ``rows_of`` of a batch of ``all_rows`` (an engine
+    batch with its finished rows compacted away); the noise is drawn for all ``all_rows`` rows and these rows'
+    taken, so the generator's stream -- and every row's sample -- is what the full batch would have had."""
     if temperature <= 0:
         raise ValueError(f"temperature must be > 0, got {temperature}; use top_p < {GREEDY_TOP_P} for greedy")
     scaled = logits.float() / temperature  # [B, V]
@@ -79,5 +86,9 @@ def sample(
         tok = scaled.argmax(dim=-1)  # [B]
     else:
         filtered = top_p_mask(scaled, top_p)
-        tok = (filtered + gumbel_noise(filtered.shape, filtered.device, generator)).argmax(dim=-1)  # [B]
+        if rows_of is None:
+            g = gumbel_noise(filtered.shape, filtered.device, generator)  # [B, V]
+        else:
+            g = gumbel_noise((all_rows, filtered.shape[1]), filtered.device, generator)[rows_of]  # [B, V]
+        tok = (filtered + g).argmax(dim=-1)  # [B]
     return tok, logp.gather(-1, tok[:, None]).squeeze(-1)

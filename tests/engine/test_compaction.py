@@ -1,0 +1,72 @@
+"""FastGenerator's compaction (finished rows leave the batch) on CPU: the same rollout as without it and as HF
+generate, the switch, and when it happens (the unfinished rows fit at most half the batch)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from quarl.engine import GREEDY_TOP_P, FastGenerator
+from quarl.engine.generator import COMPACT_ENV
+from quarl.engine.rollout import SamplingParams
+from tests.engine.conftest import PAD, VOCAB, full_forward_logprobs, hf_greedy, make_model, prompts
+
+FIELDS = ("prompt_ids", "prompt_mask", "completion_ids", "completion_mask", "truncated")
+
+
+def _early_stops(model, rows, T: int, k: int) -> list[int]:
+    """Tokens greedy decoding emits early in the first ``k`` rows: those rows stop within a few steps."""
+    free = hf_greedy(model, rows, T)
+    return sorted({int(free[i, 1]) for i in range(k)})
+
+
+@pytest.mark.parametrize("kind", ["llama", "qwen3"])
+def test_greedy_with_compaction_equals_hf_generate(kind):
+    model = make_model(kind)
+    rows = prompts((5, 11, 2, 8, 6, 9, 3, 7))
+    stop = _early_stops(model, rows, 24, 5)
+    params = SamplingParams(temperature=1.0, top_p=GREEDY_TOP_P / 10, max_new_tokens=24, stop_token_ids=stop)
+    eng = FastGenerator(model, PAD, sync_every=2)
+    roll = eng.generate(rows, params, n=1)
+    assert eng.last_stats.get("compactions", 0) >= 1, roll.lengths
+    assert roll.lengths.max() > 6, "the test needs rows that go on after the compaction"
+    assert torch.equal(roll.completion_ids, hf_greedy(model, rows, 24, eos=stop))
+    torch.testing.assert_close(roll.logprobs, full_forward_logprobs(model, roll), atol=2e-5, rtol=0)
+
+
+def test_sampled_rollout_is_the_same_with_and_without_compaction():
+    model = make_model("qwen2")
+    rows = prompts((4, 9, 6))
+    stop = list(range(3, 3 + VOCAB // 12))  # ~8 % of the vocabulary: rows end at scattered lengths
+    params = SamplingParams(temperature=1.0, top_p=0.95, max_new_tokens=40, stop_token_ids=stop)
+    on = FastGenerator(model, PAD, sync_every=2, compact=True)
+    off = FastGenerator(model, PAD, sync_every=2, compact=False)
+    a = on.generate(rows, params, n=4, generator=torch.Generator().manual_seed(3))
+    b = off.generate(rows, params, n=4, generator=torch.Generator().manual_seed(3))
+    assert on.last_stats["compactions"] >= 2 and "compactions" not in off.last_stats
+    assert len(set(a.lengths.tolist())) >= 4  # scattered lengths
+    for f in FIELDS:
+        assert torch.equal(getattr(a, f), getattr(b, f)), f
+    torch.testing.assert_close(a.logprobs, b.logprobs, atol=1e-5, rtol=0)
+    torch.testing.assert_close(a.logprobs, full_forward_logprobs(model, a), atol=2e-5, rtol=0)
+
+
+def test_compaction_waits_until_the_rows_left_fit_half_the_batch():
+    eng = FastGenerator(make_model("llama"), PAD)
+    assert eng._smaller_batch(left=5, n=8, graphs=False) is None  # 5 rows: not half of 8
+    assert eng._smaller_batch(left=4, n=8, graphs=False) == 4
+    assert eng._smaller_batch(left=9, n=24, graphs=True) == 16  # graph batches: 24 rows run as 32, 9 as 16
+    assert eng._smaller_batch(left=17, n=24, graphs=True) is None  # 32 -> 32: nothing to gain
+    assert eng._smaller_batch(left=1, n=2, graphs=True) == 1
+
+
+def test_the_switch(monkeypatch):
+    model = make_model("llama")
+    monkeypatch.setenv(COMPACT_ENV, "0")
+    assert not FastGenerator(model, PAD).compact
+    assert FastGenerator(model, PAD, compact=True).compact
+    monkeypatch.setenv(COMPACT_ENV, "1")
+    assert FastGenerator(model, PAD).compact
+    monkeypatch.setenv(COMPACT_ENV, "sometimes")
+    with pytest.raises(ValueError, match=COMPACT_ENV):
+        FastGenerator(model, PAD)
