@@ -35,6 +35,10 @@ ahead() {  # DIR ARGS...: bench_dequant_ahead.py -> $OUT/DIR
 #     compaction (quarl/engine/generator.py: finished rows leave the batch, QUARL_ENGINE_COMPACT): the engine's GPU
 #     tests, then rollout_compaction.py -- 7B NVFP4+LoRA and BF16+LoRA, 64 rows of 256-token prompts that stop on
 #     V / mean token ids (lengths ~geometric): T 2048 mean 400, T 512 mean 150; keep_cache=False, off vs on.
+#   phase e: bash benchmarks/gpu_session20.sh e   (one GPU; ~7 min)
+#     after d (1.02-1.33x; a short BF16 rollout lost its gain to 8 captures instead of 2): graph batches compact down
+#     to 8 rows only (COMPACT_MIN_GRAPH_BATCH); the compaction GPU test, then phase d's bench over sampling seeds 1, 2
+#     (the arms' lengths differ by seed and by arm -- other batch sizes round differently -- so tok/s over seeds).
 case $PHASE in
 a)
     tests 150 tests/kernels/test_dense_gpu.py tests/kernels/test_dequant_ahead_gpu.py
@@ -52,6 +56,13 @@ d)
     tests 200 tests/engine/test_engine_gpu.py
     mkdir -p "$OUT/compaction"
     timeout -k 5 "${BENCH_S:-360}" "$PY" benchmarks/rollout_compaction.py --out "$OUT/compaction" \
+        > "$OUT/compaction/run.log" 2>&1
+    echo "== rollout_compaction rc=$? at $((SECONDS - T0)) s"; grep -E "^\||^==|Error" "$OUT/compaction/run.log"
+    ;;
+e)
+    tests 120 tests/engine/test_engine_gpu.py -k compaction
+    mkdir -p "$OUT/compaction"
+    timeout -k 5 "${BENCH_S:-470}" "$PY" benchmarks/rollout_compaction.py --seeds 1,2 --out "$OUT/compaction" \
         > "$OUT/compaction/run.log" 2>&1
     echo "== rollout_compaction rc=$? at $((SECONDS - T0)) s"; grep -E "^\||^==|Error" "$OUT/compaction/run.log"
     ;;

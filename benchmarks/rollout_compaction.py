@@ -34,7 +34,7 @@ from quarl.engine import FastGenerator
 from quarl.engine.rollout import SamplingParams
 
 
-def one_setting(model, batch: int, prompt: int, T: int, mean: int, calls: int) -> list[dict]:
+def one_setting(model, batch: int, prompt: int, T: int, mean: int, calls: int, seed: int) -> list[dict]:
     vocab = model.config.vocab_size
     stop = list(range(1, 1 + max(1, vocab // mean)))  # PAD is 0
     rows = rollout._prompts(batch, prompt, vocab)
@@ -43,12 +43,12 @@ def one_setting(model, batch: int, prompt: int, T: int, mean: int, calls: int) -
     for compact in (False, True):
         eng = FastGenerator(model, rollout.PAD, kv_block=256, sync_every=16, keep_cache=False, compact=compact)
         for _ in range(calls):
-            gen = torch.Generator(rollout.DEVICE).manual_seed(0)
+            gen = torch.Generator(rollout.DEVICE).manual_seed(seed)
             roll, secs = rollout._sync_time(lambda e=eng, g=gen: e.generate(rows, params, 1, g))
         st = eng.last_stats
         lengths = roll.lengths.tolist()
         out.append({
-            "T": T, "mean_target": mean, "compact": compact, "seconds": secs, "steps": st["steps"],
+            "T": T, "mean_target": mean, "seed": seed, "compact": compact, "seconds": secs, "steps": st["steps"],
             "generated_tokens": st["generated_tokens"], "tok_s": st["generated_tokens"] / secs,
             "compactions": st.get("compactions", 0), "graph_captures": st.get("graph_captures", 0),
             "capture_s": st.get("capture_s", 0.0), "warmup_s": st.get("warmup_s", 0.0),
@@ -61,19 +61,31 @@ def one_setting(model, batch: int, prompt: int, T: int, mean: int, calls: int) -
     return out
 
 
+def _totals(runs: list[dict]) -> dict:
+    keys = ("seconds", "generated_tokens", "steps", "graph_captures", "compactions", "capture_s")
+    return {k: sum(r[k] for r in runs) for k in keys}
+
+
+def _cell(t: dict) -> str:
+    return f"{t['seconds']:.2f}, {t['generated_tokens']}, {t['generated_tokens'] / t['seconds']:.0f}"
+
+
 def render(res: dict) -> str:
     lines = [f"# compaction: rollouts with scattered lengths ({res['env'].get('gpu')}, {res['date']})", "",
              (f"batch {res['args']['batch']}, {res['args']['prompt']}-token prompts, keep_cache=False (graphs "
-             "re-captured every call), the last of each arm's calls; x = seconds off / seconds on"), "",
-             ("| model | variant | T | lengths mean / p50 / max | off: s (steps, captures) | on: s (steps, "
-             "compactions, captures, capture s) | x |"), "|---|---|---:|---|---|---|---:|"]
+              "re-captured every call), the last of each arm's calls, summed over the sampling seeds (the two arms "
+              "sample the same tokens only up to the kernels' rounding at other batch sizes, so their lengths "
+              "differ: tok/s is the fair figure)"), "",
+             ("| model | variant | T | seeds | off: s, tokens, tok/s (steps, captures) | on: s, tokens, tok/s (steps, "
+              "compactions, captures, capture s) | x tok/s |"), "|---|---|---:|---:|---|---|---:|"]
     for c in res["cells"]:
         off, on = c["off"], c["on"]
+        t_off, t_on = _totals(off), _totals(on)
+        x = (t_on["generated_tokens"] / t_on["seconds"]) / (t_off["generated_tokens"] / t_off["seconds"])
         lines.append(
-            f"| {c['model']} | {c['variant']} | {off['T']} | {off['len_mean']:.0f} / {off['len_p50']:.0f} / "
-            f"{off['len_max']} | {off['seconds']:.2f} ({off['steps']}, {off['graph_captures']}) | "
-            f"{on['seconds']:.2f} ({on['steps']}, {on['compactions']}, {on['graph_captures']}, "
-            f"{on['capture_s']:.2f}) | **{off['seconds'] / on['seconds']:.2f}x** |")
+            f"| {c['model']} | {c['variant']} | {off[0]['T']} | {len(off)} | {_cell(t_off)} ({t_off['steps']}, "
+            f"{t_off['graph_captures']}) | {_cell(t_on)} ({t_on['steps']}, {t_on['compactions']}, "
+            f"{t_on['graph_captures']}, {t_on['capture_s']:.2f}) | **{x:.2f}x** |")
     return "\n".join(lines) + "\n"
 
 
@@ -85,6 +97,7 @@ def main(argv=None) -> None:
     ap.add_argument("--prompt", type=int, default=256)
     ap.add_argument("--settings", default="2048:400,512:150", help="T:mean,... (max new tokens : target mean length)")
     ap.add_argument("--calls", type=int, default=2)
+    ap.add_argument("--seeds", default="0", help="sampling seeds, each run off and on")
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--out", default="benchmarks/runs/compaction")
     a = ap.parse_args(argv)
@@ -104,8 +117,9 @@ def main(argv=None) -> None:
                 quantize_model(model, rollout.RECIPES[variant])
             print(f"== {mname} {variant} built in {time.perf_counter() - t:.1f} s", flush=True)
             for T, mean in settings:
-                off, on = one_setting(model, a.batch, a.prompt, T, mean, a.calls)
-                res["cells"].append({"model": mname, "variant": variant, "off": off, "on": on})
+                runs = [one_setting(model, a.batch, a.prompt, T, mean, a.calls, int(sd)) for sd in a.seeds.split(",")]
+                res["cells"].append({"model": mname, "variant": variant, "off": [r[0] for r in runs],
+                                     "on": [r[1] for r in runs]})
                 (out / "compaction.json").write_text(json.dumps(res, indent=1, default=str))
             del model
             gc.collect()

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from quarl.engine import GREEDY_TOP_P, FastGenerator
-from quarl.engine.generator import COMPACT_ENV
+from quarl.engine.generator import COMPACT_ENV, COMPACT_MIN_GRAPH_BATCH
 from quarl.engine.rollout import SamplingParams
 from tests.engine.conftest import PAD, VOCAB, full_forward_logprobs, hf_greedy, make_model, prompts
 
@@ -55,9 +55,13 @@ def test_compaction_waits_until_the_rows_left_fit_half_the_batch():
     eng = FastGenerator(make_model("llama"), PAD)
     assert eng._smaller_batch(left=5, n=8, graphs=False) is None  # 5 rows: not half of 8
     assert eng._smaller_batch(left=4, n=8, graphs=False) == 4
+    assert eng._smaller_batch(left=1, n=2, graphs=False) == 1  # eager: no capture to pay, down to one row
     assert eng._smaller_batch(left=9, n=24, graphs=True) == 16  # graph batches: 24 rows run as 32, 9 as 16
     assert eng._smaller_batch(left=17, n=24, graphs=True) is None  # 32 -> 32: nothing to gain
-    assert eng._smaller_batch(left=1, n=2, graphs=True) == 1
+    # graph batches stop at COMPACT_MIN_GRAPH_BATCH (each new shape is a capture)
+    assert eng._smaller_batch(left=1, n=64, graphs=True) == COMPACT_MIN_GRAPH_BATCH
+    assert eng._smaller_batch(left=1, n=COMPACT_MIN_GRAPH_BATCH, graphs=True) is None
+    assert eng._smaller_batch(left=1, n=4, graphs=True) is None  # a batch already below it stays
 
 
 def test_the_switch(monkeypatch):
