@@ -39,6 +39,10 @@ ahead() {  # DIR ARGS...: bench_dequant_ahead.py -> $OUT/DIR
 #     after d (1.02-1.33x; a short BF16 rollout lost its gain to 8 captures instead of 2): graph batches compact down
 #     to 8 rows only (COMPACT_MIN_GRAPH_BATCH); the compaction GPU test, then phase d's bench over sampling seeds 1, 2
 #     (the arms' lengths differ by seed and by arm -- other batch sizes round differently -- so tok/s over seeds).
+#   phase f: bash benchmarks/gpu_session20.sh f   (one GPU; ~7 min)
+#     after e (the arms' free-running answers diverge -- other batch sizes round differently -- so neither seconds
+#     nor tok/s compare): each row's answer length fixed in advance (rollout_compaction.py's FixedLengths: the
+#     sampled token replaced by the stop token at that step), the same in both arms; seeds 1, 2.
 case $PHASE in
 a)
     tests 150 tests/kernels/test_dense_gpu.py tests/kernels/test_dequant_ahead_gpu.py
@@ -63,6 +67,12 @@ e)
     tests 120 tests/engine/test_engine_gpu.py -k compaction
     mkdir -p "$OUT/compaction"
     timeout -k 5 "${BENCH_S:-470}" "$PY" benchmarks/rollout_compaction.py --seeds 1,2 --out "$OUT/compaction" \
+        > "$OUT/compaction/run.log" 2>&1
+    echo "== rollout_compaction rc=$? at $((SECONDS - T0)) s"; grep -E "^\||^==|Error" "$OUT/compaction/run.log"
+    ;;
+f)
+    mkdir -p "$OUT/compaction"
+    timeout -k 5 "${BENCH_S:-540}" "$PY" benchmarks/rollout_compaction.py --seeds 1,2 --out "$OUT/compaction" \
         > "$OUT/compaction/run.log" 2>&1
     echo "== rollout_compaction rc=$? at $((SECONDS - T0)) s"; grep -E "^\||^==|Error" "$OUT/compaction/run.log"
     ;;
