@@ -31,15 +31,15 @@ ahead() {  # DIR ARGS...: bench_dequant_ahead.py -> $OUT/DIR
 #     (dequant_ahead.py, its tests and bench_dequant_ahead.py were removed after c: run a-c at the commits named)
 #     b again with the carveout in force: torch applies it on its cuBLASLt route only (b's outputs were bit-equal with
 #     and without it: not applied), so the carved GEMMs (and the BF16 reference of each carveout) run on cuBLASLt.
-#   phase d: bash benchmarks/gpu_session20.sh d   (one GPU; ~6 min)
+#   phase d: bash benchmarks/gpu_session20.sh d   (commit 5645324; one GPU; ~6 min)
 #     compaction (quarl/engine/generator.py: finished rows leave the batch, QUARL_ENGINE_COMPACT): the engine's GPU
 #     tests, then rollout_compaction.py -- 7B NVFP4+LoRA and BF16+LoRA, 64 rows of 256-token prompts that stop on
 #     V / mean token ids (lengths ~geometric): T 2048 mean 400, T 512 mean 150; keep_cache=False, off vs on.
-#   phase e: bash benchmarks/gpu_session20.sh e   (one GPU; ~7 min)
+#   phase e: bash benchmarks/gpu_session20.sh e   (commit 5b4dfc2; one GPU; ~8 min)
 #     after d (1.02-1.33x; a short BF16 rollout lost its gain to 8 captures instead of 2): graph batches compact down
 #     to 8 rows only (COMPACT_MIN_GRAPH_BATCH); the compaction GPU test, then phase d's bench over sampling seeds 1, 2
 #     (the arms' lengths differ by seed and by arm -- other batch sizes round differently -- so tok/s over seeds).
-#   phase f: bash benchmarks/gpu_session20.sh f   (one GPU; ~7 min)
+#   phase f: bash benchmarks/gpu_session20.sh f   (commit 8935623; one GPU; ~7 min)
 #     after e (the arms' free-running answers diverge -- other batch sizes round differently -- so neither seconds
 #     nor tok/s compare): each row's answer length fixed in advance (rollout_compaction.py's FixedLengths: the
 #     sampled token replaced by the stop token at that step), the same in both arms; seeds 1, 2.
@@ -88,3 +88,13 @@ phase_end
 # phase c (commit f30ce5c; 44 s, ~280 s held): 8 passed. On cuBLASLt with the carveout in force (BF16 chain at 7B 2048
 #   rows 5.13 -> 5.79 / 6.71 ms with 16 / 32 SMs left): dense 0.73-1.02x, side stream 0.56-1.01x, priority 0.59-1.01x,
 #   16 SMs 0.44-0.94x, 32 SMs 0.43-0.88x. No variant beats the dense path: removed. Device after c: 1659 s left.
+# phase d (commit 5645324; 378 s, ~723 s held in all): tests/engine/test_engine_gpu.py 18 passed. rollout_compaction.py
+#   (free-running answers, seed 0), seconds without / with compaction: 7B NVFP4+LoRA T 2048 9.73 / 8.84 (1085 / 1188
+#   steps), T 512 4.83 / 4.30; BF16+LoRA T 2048 21.47 / 16.13 (1807 / 1490 steps), T 512 6.04 / 5.90 (8 captures
+#   against 2). The arms' answers diverge (other batch sizes round differently). Device after d: 1438 s left.
+# phase e (commit 5b4dfc2; 454 s, ~1243 s held): the compaction GPU test passed; seeds 1, 2, tok/s with / without:
+#   NVFP4+LoRA 1.48x (T 2048), 1.15x (512); BF16+LoRA 0.94x, 1.01x -- the arms ran different answers (BF16 T 2048:
+#   2933 vs 3777 steps), so not a like-for-like figure. Device after e: 1178 s left.
+# phase f (commit 8935623; 407 s, ~1715 s held): fixed answer lengths (the same in both arms), seeds 1, 2 summed,
+#   seconds without / with: NVFP4+LoRA T 2048 31.96 / 22.06 (1.45x), T 512 8.84 / 7.27 (1.22x); BF16+LoRA 40.82 /
+#   35.90 (1.14x), 11.46 / 11.15 (1.03x); three compactions a call. Device after f: 942 s of 1800 left.

@@ -4,7 +4,7 @@
     rollout.HFGenerator                            the reference KV-cache sampler (any device)
 
     FastGenerator(model, pad_id, *, max_batch_size=None, cuda_graphs=None, compile=False,
-                  kv_block=256, sync_every=16, keep_cache=True, fused=None, lora_pack=None)
+                  kv_block=256, sync_every=16, keep_cache=True, fused=None, lora_pack=None, compact=None)
         .generate(prompts, params, n, generator) -> quarl.engine.rollout.Rollout
     make_generator(model, pad_id, *, engine="auto", **kw) -> Generator
         "auto": FastGenerator on CUDA for Llama/Qwen2/Qwen3, else the reference HFGenerator
