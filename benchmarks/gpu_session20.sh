@@ -43,6 +43,10 @@ ahead() {  # DIR ARGS...: bench_dequant_ahead.py -> $OUT/DIR
 #     after e (the arms' free-running answers diverge -- other batch sizes round differently -- so neither seconds
 #     nor tok/s compare): each row's answer length fixed in advance (rollout_compaction.py's FixedLengths: the
 #     sampled token replaced by the stop token at that step), the same in both arms; seeds 1, 2.
+#   phase g: bash benchmarks/gpu_session20.sh g   (one GPU; ~5 min)
+#     one prefill per prompt (FastGenerator.share_prefill: a prompt's n samples prefilled once, K/V and logits copied):
+#     the engine's GPU tests, then rollout_prefill_share.py -- 7B NVFP4+LoRA and BF16+LoRA, 8 prompts x 8 samples of
+#     256 / 1024 tokens: the prefill alone and a 512-token rollout, sharing off and on.
 case $PHASE in
 a)
     tests 150 tests/kernels/test_dense_gpu.py tests/kernels/test_dequant_ahead_gpu.py
@@ -69,6 +73,13 @@ e)
     timeout -k 5 "${BENCH_S:-470}" "$PY" benchmarks/rollout_compaction.py --seeds 1,2 --out "$OUT/compaction" \
         > "$OUT/compaction/run.log" 2>&1
     echo "== rollout_compaction rc=$? at $((SECONDS - T0)) s"; grep -E "^\||^==|Error" "$OUT/compaction/run.log"
+    ;;
+g)
+    tests 200 tests/engine/test_engine_gpu.py
+    mkdir -p "$OUT/prefill"
+    timeout -k 5 "${BENCH_S:-300}" "$PY" benchmarks/rollout_prefill_share.py --out "$OUT/prefill" \
+        > "$OUT/prefill/run.log" 2>&1
+    echo "== rollout_prefill_share rc=$? at $((SECONDS - T0)) s"; grep -E "^\||^==|Error" "$OUT/prefill/run.log"
     ;;
 f)
     mkdir -p "$OUT/compaction"

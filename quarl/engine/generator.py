@@ -53,6 +53,9 @@ CUDA graphs and the loop. Design, after gpt-fast:
 * **chunked prefill**: the prompts go through the model ``max_num_batched_tokens`` tokens (vLLM's knob; whole
   rows, at least one) at a time, so a large batch of long prompts does not hold all of its activations at
   once, and no kernel's ``rows x width`` index passes 2**31;
+* **one prefill per prompt** (``share_prefill=True``): the ``n`` samples of a prompt are consecutive rows with the
+  same tokens; the prompt runs once and its K/V columns and logits are copied to its other rows (GRPO's 8
+  answers a prompt: 1/8 of the prefill);
 * **batches sized by memory**: with ``max_batch_size=None`` (all rows at once) a call whose rows' KV cache,
   logits and sampler buffers do not fit the device's free memory is cut into batches of the largest power of
   two that does (``last_stats["batch_rows"]``); a row that cannot fit alone is an error naming what to lower;
@@ -127,6 +130,7 @@ class FastGenerator:
         decode_attn: bool | None = None,
         max_num_batched_tokens: int = DEFAULT_MAX_NUM_BATCHED_TOKENS,
         compact: bool | None = None,
+        share_prefill: bool = True,
     ):
         if kv_block < 1 or sync_every < 1:
             raise ValueError(f"kv_block and sync_every must be >= 1, got {kv_block}, {sync_every}")
@@ -140,6 +144,7 @@ class FastGenerator:
         self.max_batch_size, self.kv_block, self.sync_every = max_batch_size, kv_block, sync_every
         self.cuda_graphs, self.keep_cache = cuda_graphs, keep_cache
         self.max_num_batched_tokens = max_num_batched_tokens
+        self.share_prefill = share_prefill
         self.compact = _switch(compact, COMPACT_ENV, "finished rows leave the batch", "every row decodes to the end")
         self._decode = self.runner.decode
         if compile:
@@ -261,11 +266,7 @@ class FastGenerator:
         S = _round_up(P + T, self.kv_block) if graphs else P + T
         st = self._ensure_state(B, S)
 
-        # prompts in chunks of <= max_num_batched_tokens tokens (whole rows): the prefill's activations -- the MLP's
-        # [rows * P, 2 * intermediate] -- stay bounded (one pass of 256 x 1024 tokens ran a 7B BF16 engine out of
-        # memory, and 128 x 1024 passed 2**31 elements in a gate / up output: session 15)
-        c = max(1, self.max_num_batched_tokens // P)
-        logits = torch.cat([r.prefill(st, ids[i:i + c], mask[i:i + c], row0=i) for i in range(0, N, c)])  # [N, V]
+        logits = self._prefill(st, rows, ids, mask)  # [N, V]
         st.pos[:N] = mask.sum(dim=1, keepdim=True)  # position of the first generated token
         st.slot.fill_(P)
         if B > N:
@@ -320,6 +321,33 @@ class FastGenerator:
             truncated=~done,
             pad_id=self.pad_id,
         )
+
+    def _prefill(self, st: DecodeState, rows: list[list[int]], ids: torch.Tensor, mask: torch.Tensor
+                 ) -> torch.Tensor:
+        """Fill cache columns ``[0, P)`` of state rows ``[0, N)`` and return the last position's logits ``[N, V]``.
+
+        In chunks of <= ``max_num_batched_tokens`` tokens (whole rows): the prefill's activations -- the MLP's
+        ``[rows * P, 2 * intermediate]`` -- stay bounded (one pass of 256 x 1024 tokens ran a 7B BF16 engine out of
+        memory, and 128 x 1024 passed 2**31 elements in a gate / up output: session 15). A prompt repeated in
+        consecutive rows (its ``n`` samples) is run once (``share_prefill``): its K/V columns, valid slots and logits
+        are copied to the other rows -- the same values a prefill of each would compute, for 1/n of the work."""
+        r, N, P = self.runner, ids.shape[0], ids.shape[1]
+        c = max(1, self.max_num_batched_tokens // P)
+        firsts = [i for i in range(N) if i == 0 or rows[i] != rows[i - 1]] if self.share_prefill else list(range(N))
+        U = len(firsts)
+        self.last_stats["prefilled_rows"] = self.last_stats.get("prefilled_rows", 0) + U
+        if U == N:
+            return torch.cat([r.prefill(st, ids[i:i + c], mask[i:i + c], row0=i) for i in range(0, N, c)])
+        uids, umask = ids[firsts], mask[firsts]  # [U, P]: each run of equal rows once, into state rows [0, U)
+        ulogits = torch.cat([r.prefill(st, uids[i:i + c], umask[i:i + c], row0=i) for i in range(0, U, c)])
+        starts = set(firsts)
+        run = list(itertools.accumulate(1 if i in starts else 0 for i in range(N)))  # runs begun up to row i
+        src = torch.tensor([k - 1 for k in run], device=ids.device)  # [N]: the unique row each row copies
+        for kc, vc in zip(st.k, st.v):
+            kc[:N, :, :P] = kc[src, :, :P]  # advanced indexing reads into a copy first: rows [0, U) are not lost
+            vc[:N, :, :P] = vc[src, :, :P]
+        st.kv_valid[:N] = st.kv_valid[src]
+        return ulogits[src]
 
     # --- compaction ----------------------------------------------------------------
     def _smaller_batch(self, left: int, n: int, graphs: bool) -> int | None:

@@ -1,5 +1,5 @@
-"""FastGenerator's compaction (finished rows leave the batch) on CPU: the same rollout as without it and as HF
-generate, the switch, and when it happens (the unfinished rows fit at most half the batch)."""
+"""FastGenerator's row handling on CPU -- compaction (finished rows leave the batch: the same rollout as without it
+and as HF generate, the switch, when it happens) and one prefill per prompt for its n samples."""
 
 from __future__ import annotations
 
@@ -74,3 +74,25 @@ def test_the_switch(monkeypatch):
     monkeypatch.setenv(COMPACT_ENV, "sometimes")
     with pytest.raises(ValueError, match=COMPACT_ENV):
         FastGenerator(model, PAD)
+
+
+def test_a_prompt_is_prefilled_once_for_its_samples():
+    """``n`` samples of a prompt share one prefill: the same rollout as prefilling every row, and HF generate's
+    tokens; rows that only look alike (a prompt repeated but not adjacent) are prefilled on their own."""
+    model = make_model("qwen3")
+    rows = prompts((5, 9, 3))
+    params = SamplingParams(temperature=0.8, top_p=0.9, max_new_tokens=12)
+    shared = FastGenerator(model, PAD)
+    each = FastGenerator(model, PAD, share_prefill=False)
+    a = shared.generate(rows, params, n=4, generator=torch.Generator().manual_seed(5))
+    b = each.generate(rows, params, n=4, generator=torch.Generator().manual_seed(5))
+    assert shared.last_stats["prefilled_rows"] == 3 and each.last_stats["prefilled_rows"] == 12
+    for f in FIELDS:
+        assert torch.equal(getattr(a, f), getattr(b, f)), f
+    torch.testing.assert_close(a.logprobs, b.logprobs, atol=1e-5, rtol=0)
+    torch.testing.assert_close(a.logprobs, full_forward_logprobs(model, a, 0.8), atol=2e-5, rtol=0)
+    greedy = SamplingParams(temperature=1.0, top_p=GREEDY_TOP_P / 10, max_new_tokens=10)
+    alternating = [rows[0], rows[1], rows[0], rows[0]]
+    roll = shared.generate(alternating, greedy, n=1)
+    assert shared.last_stats["prefilled_rows"] == 3  # rows 2 and 3 are one run; row 0 is apart
+    assert torch.equal(roll.completion_ids, hf_greedy(model, alternating, 10))
