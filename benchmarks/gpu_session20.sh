@@ -47,6 +47,9 @@ ahead() {  # DIR ARGS...: bench_dequant_ahead.py -> $OUT/DIR
 #     one prefill per prompt (FastGenerator.share_prefill: a prompt's n samples prefilled once, K/V and logits copied):
 #     the engine's GPU tests, then rollout_prefill_share.py -- 7B NVFP4+LoRA and BF16+LoRA, 8 prompts x 8 samples of
 #     256 / 1024 tokens: the prefill alone and a 512-token rollout, sharing off and on.
+#   phase h: bash benchmarks/gpu_session20.sh h   (one GPU; ~6 min)
+#     the 7B GRPO step (grpo_step_gpu.py defaults: 8 prompts x 8 answers, 256 + 512 tokens, BF16+LoRA and NVFP4+LoRA)
+#     with QUARL_ENGINE_SHARE_PREFILL=0, then with the default (a prompt's 8 answers share one prefill).
 case $PHASE in
 a)
     tests 150 tests/kernels/test_dense_gpu.py tests/kernels/test_dequant_ahead_gpu.py
@@ -73,6 +76,10 @@ e)
     timeout -k 5 "${BENCH_S:-470}" "$PY" benchmarks/rollout_compaction.py --seeds 1,2 --out "$OUT/compaction" \
         > "$OUT/compaction/run.log" 2>&1
     echo "== rollout_compaction rc=$? at $((SECONDS - T0)) s"; grep -E "^\||^==|Error" "$OUT/compaction/run.log"
+    ;;
+h)
+    QUARL_ENGINE_SHARE_PREFILL=0 grpo "${GRPO_S:-250}" grpo_each
+    grpo "${GRPO_S:-250}" grpo_shared
     ;;
 g)
     tests 200 tests/engine/test_engine_gpu.py

@@ -53,6 +53,7 @@ SWITCHES: dict[str, str] = {
     "QUARL_ENGINE_DECODE_ATTN": "0 = decode attention through SDPA",
     "QUARL_ENGINE_LORA_PACK": "0 = LoRA adapters not packed per group",
     "QUARL_ENGINE_COMPACT": "0 = finished rows keep decoding (inertly) until the whole batch stops",
+    "QUARL_ENGINE_SHARE_PREFILL": "0 = each of a prompt's n samples prefilled on its own",
     "QUARL_ENGINE_LORA_EPILOGUE": "0 = LoRA B and bias as their own kernels",
     "QUARL_ENGINE_LORA_A": "0 = the packed LoRA A GEMM on cuBLAS",
     "QUARL_ENGINE_GROUP_ROPE": "0 / 1: the decode RoPE + K/V write in the q/k/v group's pass",

@@ -53,7 +53,7 @@ CUDA graphs and the loop. Design, after gpt-fast:
 * **chunked prefill**: the prompts go through the model ``max_num_batched_tokens`` tokens (vLLM's knob; whole
   rows, at least one) at a time, so a large batch of long prompts does not hold all of its activations at
   once, and no kernel's ``rows x width`` index passes 2**31;
-* **one prefill per prompt** (``share_prefill=True``): the ``n`` samples of a prompt are consecutive rows with the
+* **one prefill per prompt** (``share_prefill=None``: ``$QUARL_ENGINE_SHARE_PREFILL``, default on): the ``n`` samples of a prompt are consecutive rows with the
   same tokens; the prompt runs once and its K/V columns and logits are copied to its other rows (GRPO's 8
   answers a prompt: 1/8 of the prefill);
 * **batches sized by memory**: with ``max_batch_size=None`` (all rows at once) a call whose rows' KV cache,
@@ -86,6 +86,7 @@ from quarl.engine.rollout import DEFAULT_MAX_NUM_BATCHED_TOKENS, Rollout, Sampli
 from quarl.engine.sampling import check_generator, sample
 
 COMPACT_ENV = "QUARL_ENGINE_COMPACT"
+SHARE_PREFILL_ENV = "QUARL_ENGINE_SHARE_PREFILL"
 # the smallest graph batch compaction moves to: a 7B NVFP4+LoRA decode step takes 3.8-3.9 ms at 4-8 rows against
 # 8.2 at 64 (RESULTS, issue 17 session 16), while a new shape costs 0.1-0.2 s of capture per call with a freed cache
 COMPACT_MIN_GRAPH_BATCH = 8
@@ -130,7 +131,7 @@ class FastGenerator:
         decode_attn: bool | None = None,
         max_num_batched_tokens: int = DEFAULT_MAX_NUM_BATCHED_TOKENS,
         compact: bool | None = None,
-        share_prefill: bool = True,
+        share_prefill: bool | None = None,
     ):
         if kv_block < 1 or sync_every < 1:
             raise ValueError(f"kv_block and sync_every must be >= 1, got {kv_block}, {sync_every}")
@@ -144,7 +145,8 @@ class FastGenerator:
         self.max_batch_size, self.kv_block, self.sync_every = max_batch_size, kv_block, sync_every
         self.cuda_graphs, self.keep_cache = cuda_graphs, keep_cache
         self.max_num_batched_tokens = max_num_batched_tokens
-        self.share_prefill = share_prefill
+        self.share_prefill = _switch(share_prefill, SHARE_PREFILL_ENV, "a prompt's samples share one prefill",
+                                     "every row prefilled")
         self.compact = _switch(compact, COMPACT_ENV, "finished rows leave the batch", "every row decodes to the end")
         self._decode = self.runner.decode
         if compile:

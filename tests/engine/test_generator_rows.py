@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from quarl.engine import GREEDY_TOP_P, FastGenerator
-from quarl.engine.generator import COMPACT_ENV, COMPACT_MIN_GRAPH_BATCH
+from quarl.engine.generator import COMPACT_ENV, COMPACT_MIN_GRAPH_BATCH, SHARE_PREFILL_ENV
 from quarl.engine.rollout import SamplingParams
 from tests.engine.conftest import PAD, VOCAB, full_forward_logprobs, hf_greedy, make_model, prompts
 
@@ -62,6 +62,18 @@ def test_compaction_waits_until_the_rows_left_fit_half_the_batch():
     assert eng._smaller_batch(left=1, n=64, graphs=True) == COMPACT_MIN_GRAPH_BATCH
     assert eng._smaller_batch(left=1, n=COMPACT_MIN_GRAPH_BATCH, graphs=True) is None
     assert eng._smaller_batch(left=1, n=4, graphs=True) is None  # a batch already below it stays
+
+
+def test_the_prefill_switch(monkeypatch):
+    model = make_model("llama")
+    monkeypatch.setenv(SHARE_PREFILL_ENV, "0")
+    assert not FastGenerator(model, PAD).share_prefill
+    assert FastGenerator(model, PAD, share_prefill=True).share_prefill
+    monkeypatch.delenv(SHARE_PREFILL_ENV)
+    assert FastGenerator(model, PAD).share_prefill
+    monkeypatch.setenv(SHARE_PREFILL_ENV, "maybe")
+    with pytest.raises(ValueError, match=SHARE_PREFILL_ENV):
+        FastGenerator(model, PAD)
 
 
 def test_the_switch(monkeypatch):
