@@ -43,11 +43,11 @@ ahead() {  # DIR ARGS...: bench_dequant_ahead.py -> $OUT/DIR
 #     after e (the arms' free-running answers diverge -- other batch sizes round differently -- so neither seconds
 #     nor tok/s compare): each row's answer length fixed in advance (rollout_compaction.py's FixedLengths: the
 #     sampled token replaced by the stop token at that step), the same in both arms; seeds 1, 2.
-#   phase g: bash benchmarks/gpu_session20.sh g   (one GPU; ~5 min)
+#   phase g: bash benchmarks/gpu_session20.sh g   (commit e1d6d16; one GPU; ~5 min)
 #     one prefill per prompt (FastGenerator.share_prefill: a prompt's n samples prefilled once, K/V and logits copied):
 #     the engine's GPU tests, then rollout_prefill_share.py -- 7B NVFP4+LoRA and BF16+LoRA, 8 prompts x 8 samples of
 #     256 / 1024 tokens: the prefill alone and a 512-token rollout, sharing off and on.
-#   phase h: bash benchmarks/gpu_session20.sh h   (one GPU; ~6 min)
+#   phase h: bash benchmarks/gpu_session20.sh h   (commit f653d62; one GPU; ~4 min)
 #     the 7B GRPO step (grpo_step_gpu.py defaults: 8 prompts x 8 answers, 256 + 512 tokens, BF16+LoRA and NVFP4+LoRA)
 #     with QUARL_ENGINE_SHARE_PREFILL=0, then with the default (a prompt's 8 answers share one prefill).
 case $PHASE in
@@ -116,3 +116,10 @@ phase_end
 # phase f (commit 8935623; 407 s, ~1715 s held): fixed answer lengths (the same in both arms), seeds 1, 2 summed,
 #   seconds without / with: NVFP4+LoRA T 2048 31.96 / 22.06 (1.45x), T 512 8.84 / 7.27 (1.22x); BF16+LoRA 40.82 /
 #   35.90 (1.14x), 11.46 / 11.15 (1.03x); three compactions a call. Device after f: 942 s of 1800 left.
+# phase g (commit e1d6d16; 277 s, ~2054 s held in all, counted at 50 %): tests/engine/test_engine_gpu.py 18 passed.
+#   rollout_prefill_share.py, 7B, 8 prompts x 8 samples, each row / shared: prefill NVFP4+LoRA 0.410 / 0.100 s (256
+#   tokens), 1.684 / 0.250 (1024); BF16+LoRA 0.446 / 0.073, 1.841 / 0.258; 512-token rollouts 1.07x (256) and
+#   1.27-1.33x (1024). Device after g: 772 s left.
+# phase h (commit f653d62; 198 s, ~2323 s held): the 7B GRPO step, steady step, each row / shared prefill: BF16+LoRA
+#   rollout 5.75 / 5.34 s, step 18.09 / 17.65; NVFP4+LoRA 4.50 / 4.24, 17.10 / 16.80 (NVFP4 / BF16 0.952x shared,
+#   0.945x each); rollout peak 21.2 / 18.8 and 11.8 / 10.1 GiB. Device after h: 638 s of 1800 left.
