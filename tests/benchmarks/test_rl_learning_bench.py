@@ -14,6 +14,8 @@ def test_fp8dense_is_the_same_policy_with_a_training_switch():
     assert quant == "nvfp4" and "algo.algo=dapo" in ov and "optim.lr=0.0005" in ov
     assert bench.train_env("nvfp4-lora-fp8dense@5e-4") == {"QUARL_KERNELS_DENSE_FP8": "1"}
     assert bench.train_env("nvfp4-lora") == {} and bench.train_env("nvfp4-lora@5e-4") == {}
+    assert bench.train_env("nvfp4-lora-plainrows") == {"QUARL_ENGINE_COMPACT": "0", "QUARL_ENGINE_SHARE_PREFILL": "0"}
+    assert bench.policy_spec("nvfp4-lora-plainrows") == bench.policy_spec("nvfp4-lora")
 
 
 def test_unknown_policy_stops():
