@@ -51,10 +51,10 @@ ahead() {  # DIR ARGS...: bench_dequant_ahead.py -> $OUT/DIR
 #   phase h: bash benchmarks/gpu_session20.sh h   (commit f653d62; one GPU; ~4 min)
 #     the 7B GRPO step (grpo_step_gpu.py defaults: 8 prompts x 8 answers, 256 + 512 tokens, BF16+LoRA and NVFP4+LoRA)
 #     with QUARL_ENGINE_SHARE_PREFILL=0, then with the default (a prompt's 8 answers share one prefill).
-#   phase i: bash benchmarks/gpu_session20.sh i   (carry .dev/x1 .dev/whl .dev/data; one GPU; seconds)
+#   phase i: bash benchmarks/gpu_session20.sh i   (commit b443706; carry .dev/x1 .dev/whl .dev/data; one GPU; seconds)
 #     the first half of the xz-compressed SmolLM2 GGUF (90.5 MB: the repository copy plus the raw 49 MB halves and the
 #     wheels passed the 64 MiB a call carries), the wheels and the data stashed outside the repository copy.
-#   phase j: bash benchmarks/gpu_session20.sh j   (carry .dev/x2, right after i; one GPU; ~9 min)
+#   phase j: bash benchmarks/gpu_session20.sh j   (commit b443706; carry .dev/x2, right after i; one GPU; ~7 min)
 #     does RL still learn with this session's engine (compaction, one prefill per prompt), and how much of a real
 #     run's rollout do they save? rl_learning.py on SmolLM2 (builtin task, 16 prompts x 8 answers, 128 new tokens,
 #     300 s of training each, side by side): nvfp4-lora (the defaults) and nvfp4-lora-plainrows (both off).
@@ -160,3 +160,10 @@ phase_end
 # phase h (commit f653d62; 198 s, ~2323 s held): the 7B GRPO step, steady step, each row / shared prefill: BF16+LoRA
 #   rollout 5.75 / 5.34 s, step 18.09 / 17.65; NVFP4+LoRA 4.50 / 4.24, 17.10 / 16.80 (NVFP4 / BF16 0.952x shared,
 #   0.945x each); rollout peak 21.2 / 18.8 and 11.8 / 10.1 GiB. Device after h: 638 s of 1800 left.
+# phase i (commit 02f7e1f, carry .dev/p1: the raw half) ran; its phase j could not be sent (the repository copy, the
+#   other raw half and the wheels passed 64 MiB), so the GGUF went xz-compressed in two 45 MB halves instead.
+# phase i (commit b443706; 0.3 s): the first xz half, the wheels and the data stashed. Device after: 567 s left.
+# phase j (commit b443706; 394 s, ~2871 s held in all): GGUF sha256 OK. rl_learning.py, 300 s of training each, side
+#   by side: nvfp4-lora (compaction and shared prefill on) 16.0 -> 83.0 % (+67.0, s.e. 2.4, 91 steps, rollout mean
+#   0.90 s, median 0.48); nvfp4-lora-plainrows 16.0 -> 81.0 % (+65.0, s.e. 2.5, 93 steps, rollout mean 0.66, median
+#   0.46). Device after j: 364 s of 1800 left.
