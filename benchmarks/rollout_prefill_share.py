@@ -15,12 +15,9 @@ prefill alone (a ``max_new_tokens=1`` call, median of 3 after one warm call) and
 from __future__ import annotations
 
 import argparse
-import datetime
 import gc
 import json
 import statistics
-import time
-from pathlib import Path
 
 import rollout
 import torch
@@ -73,40 +70,14 @@ def render(res: dict) -> str:
 
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--models", default="7b")
-    ap.add_argument("--variants", default="nvfp4+lora,bf16+lora")
+    rollout.add_variant_args(ap, "benchmarks/runs/prefill_share")
     ap.add_argument("--prompts", type=int, default=8)
     ap.add_argument("--n", type=int, default=8)
     ap.add_argument("--prompt-lens", default="256,1024")
     ap.add_argument("--new-tokens", type=int, default=512)
-    ap.add_argument("--device", default="cuda")
-    ap.add_argument("--out", default="benchmarks/runs/prefill_share")
     a = ap.parse_args(argv)
-    rollout.DEVICE = a.device
-    from quarl.quant import quantize_model
-
-    res = {"env": rollout.environment(), "args": vars(a), "date": datetime.datetime.now(datetime.UTC).isoformat(),
-           "cells": []}
-    out = Path(a.out)
-    out.mkdir(parents=True, exist_ok=True)
-    for mname in a.models.split(","):
-        for variant in a.variants.split(","):
-            t = time.perf_counter()
-            model = rollout.build_model(rollout.qwen25_config(mname))
-            if rollout.RECIPES[variant] is not None:
-                quantize_model(model, rollout.RECIPES[variant])
-            print(f"== {mname} {variant} built in {time.perf_counter() - t:.1f} s", flush=True)
-            for plen in (int(v) for v in a.prompt_lens.split(",")):
-                cell = one_length(model, a.prompts, a.n, plen, a.new_tokens)
-                res["cells"].append({"model": mname, "variant": variant, **cell})
-                (out / "prefill_share.json").write_text(json.dumps(res, indent=1, default=str))
-            del model
-            gc.collect()
-            if a.device == "cuda":
-                torch.cuda.empty_cache()
-    md = render(res)
-    (out / "prefill_share.md").write_text(md)
-    print(md)
+    rollout.run_variants(a, "prefill_share", lambda model: (one_length(model, a.prompts, a.n, int(p), a.new_tokens)
+                                                            for p in a.prompt_lens.split(",")), render)
 
 
 if __name__ == "__main__":
