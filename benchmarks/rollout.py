@@ -157,7 +157,8 @@ def for_each_variant(models: list[str], variants: list[str], fn) -> None:
 
 
 def add_variant_args(ap, out: str) -> None:
-    """The arguments every per-variant rollout benchmark takes (``rollout_compaction.py``, ``rollout_prefill_share.py``)."""
+    """The arguments every per-variant rollout benchmark takes (``rollout_compaction.py``,
+    ``rollout_prefill_share.py``)."""
     ap.add_argument("--models", default="7b")
     ap.add_argument("--variants", default="nvfp4+lora,bf16+lora")
     ap.add_argument("--device", default="cuda")

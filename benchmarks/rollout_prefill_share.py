@@ -62,9 +62,10 @@ def render(res: dict) -> str:
              "|---|---|---:|---|---|"]
     for c in res["cells"]:
         off, on = c["off"], c["on"]
+        pre, roll = off["prefill_s"] / on["prefill_s"], off["rollout_s"] / on["rollout_s"]
         lines.append(f"| {c['model']} | {c['variant']} | {c['prompt_len']} | {off['prefill_s']:.3f} / "
-                     f"{on['prefill_s']:.3f} (**{off['prefill_s'] / on['prefill_s']:.2f}x**) | {off['rollout_s']:.2f} / "
-                     f"{on['rollout_s']:.2f} (**{off['rollout_s'] / on['rollout_s']:.3f}x**) |")
+                     f"{on['prefill_s']:.3f} (**{pre:.2f}x**) | {off['rollout_s']:.2f} / {on['rollout_s']:.2f} "
+                     f"(**{roll:.3f}x**) |")
     return "\n".join(lines) + "\n"
 
 

@@ -53,9 +53,9 @@ CUDA graphs and the loop. Design, after gpt-fast:
 * **chunked prefill**: the prompts go through the model ``max_num_batched_tokens`` tokens (vLLM's knob; whole
   rows, at least one) at a time, so a large batch of long prompts does not hold all of its activations at
   once, and no kernel's ``rows x width`` index passes 2**31;
-* **one prefill per prompt** (``share_prefill=None``: ``$QUARL_ENGINE_SHARE_PREFILL``, default on): the ``n`` samples of a prompt are consecutive rows with the
-  same tokens; the prompt runs once and its K/V columns and logits are copied to its other rows (GRPO's 8
-  answers a prompt: 1/8 of the prefill);
+* **one prefill per prompt** (``share_prefill=None``: ``$QUARL_ENGINE_SHARE_PREFILL``, default on): the ``n``
+  samples of a prompt are consecutive rows with the same tokens; the prompt runs once and its K/V columns and
+  logits are copied to its other rows (GRPO's 8 answers a prompt: 1/8 of the prefill);
 * **batches sized by memory**: with ``max_batch_size=None`` (all rows at once) a call whose rows' KV cache,
   logits and sampler buffers do not fit the device's free memory is cut into batches of the largest power of
   two that does (``last_stats["batch_rows"]``); a row that cannot fit alone is an error naming what to lower;
