@@ -15,7 +15,7 @@ PHASE=${1:?phase}
 OUT=${OUT:?}
 source benchmarks/gpu_phase_lib.sh
 
-#   phase k: bash benchmarks/gpu_session20.sh k   (one GPU; ~6 min)
+#   phase k: bash benchmarks/gpu_session20.sh k   (commit b22e151; one GPU; ~6 min)
 #     phase f at 14B: rollout_compaction.py --models 14b, T 2048 mean 400, seed 1 (fixed answer lengths).
 case $PHASE in
 a)
@@ -103,3 +103,6 @@ phase_end
 #   by side: nvfp4-lora (compaction and shared prefill on) 16.0 -> 83.0 % (+67.0, s.e. 2.4, 91 steps, rollout mean
 #   0.90 s, median 0.48); nvfp4-lora-plainrows 16.0 -> 81.0 % (+65.0, s.e. 2.5, 93 steps, rollout mean 0.66, median
 #   0.46). Device after j: 364 s of 1800 left.
+# phase k (commit b22e151; 369 s, ~3304 s held in all, counted at 50 %): rollout_compaction.py 14B, T 2048 mean 400,
+#   seed 1, without / with compaction: NVFP4+LoRA 38.75 / 23.81 s (1.63x), BF16+LoRA 47.52 / 37.97 s (1.25x).
+#   Machine given back; device after k: 143 s of 1800 left.
