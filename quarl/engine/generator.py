@@ -90,6 +90,8 @@ SHARE_PREFILL_ENV = "QUARL_ENGINE_SHARE_PREFILL"
 # the smallest graph batch compaction moves to: a 7B NVFP4+LoRA decode step takes 3.8-3.9 ms at 4-8 rows against
 # 8.2 at 64 (RESULTS, issue 17 session 16), while a new shape costs 0.1-0.2 s of capture per call with a freed cache
 COMPACT_MIN_GRAPH_BATCH = 8
+# the counters of ``last_stats`` that ``totals`` sums over calls (the RL trainer logs a step's share as engine/*)
+TOTAL_KEYS = ("steps", "compactions", "prefilled_rows", "graph_captures", "capture_s", "warmup_s")
 
 
 @contextlib.contextmanager
@@ -159,6 +161,7 @@ class FastGenerator:
         self._weights_key: tuple | None = None
         self.graph_error: str | None = None  # why graphs were switched off, if they were
         self.last_stats: dict = {}
+        self.totals: dict[str, float] = {}  # TOTAL_KEYS of last_stats summed over every call (a trainer's step diffs)
 
     # --- public ---------------------------------------------------------------
     def generate(
@@ -201,6 +204,8 @@ class FastGenerator:
         st["seconds"] = time.perf_counter() - t0
         st["cuda_graphs"] = self._graphs_on()
         st["graph_error"] = self.graph_error
+        for k in TOTAL_KEYS:
+            self.totals[k] = self.totals.get(k, 0) + st.get(k, 0)
         return out
 
     @torch.no_grad()

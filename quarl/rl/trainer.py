@@ -415,6 +415,7 @@ class RLTrainer:
                     g["lr"] = lr
 
                 # 1) rollout (+ rewards; DAPO: refill flat groups)
+                engine_before = dict(getattr(self.generator, "totals", {}))
                 if a.dynamic_sampling:
                     batch, drawn, sstats = dynamic_sample(lambda step=step: self._draw(step), G,
                                                           cfg.train.prompts_per_step, a.max_sampling_rounds, dist=d)
@@ -427,6 +428,10 @@ class RLTrainer:
                 m.update(self._rollout_metrics(drawn))
                 m["time/rollout_s"] = t_roll
                 m["rollout/tokens_per_s"] = d.all_reduce(float(drawn.rollout.lengths.sum())) / max(t_roll, 1e-9)
+                # the fast engine's own counters for this step (this rank's): decode steps, compactions, prefilled
+                # rows, graph captures and their seconds
+                m.update({f"engine/{k}": v - engine_before.get(k, 0)
+                          for k, v in getattr(self.generator, "totals", {}).items()})
 
                 t1 = time.perf_counter()
                 t_lp = t_upd = 0.0

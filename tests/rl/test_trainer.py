@@ -11,7 +11,8 @@ from quarl.train.metrics import read_metrics
 from quarl.train.optim import lr_at
 from tests.rl.conftest import ANSWERS, PROMPTS, ParityReward, small_tiny_model, tiny_cfg
 
-VOLATILE = ("time/", "throughput/", "memory/", "rollout/tokens_per_s")
+VOLATILE = ("time/", "throughput/", "memory/", "rollout/tokens_per_s", "engine/capture_s", "engine/warmup_s",
+            "engine/graph_captures")
 
 
 def _trainer(cfg, out, reward=None):
@@ -220,6 +221,12 @@ def test_free_cache_false_keeps_the_fast_engine_cache_and_changes_nothing_else(t
     assert runs["false"].generator._state is not None and runs["false"].generator.keep_cache
     a, b = (read_metrics(tmp_path / f / "metrics.jsonl") for f in ("true", "false"))
     assert _stable(a) == _stable(b) and len(a) == 2
+    # the engine's counters are logged per step: its decode steps cover the longest answer, a prompt's G samples
+    # share one prefill
+    for m in a:
+        assert m["engine/steps"] >= m["response/length_max"] and m["engine/prefilled_rows"] >= 1
+    G, prompts = runs["true"].cfg.rollout.group_size, runs["true"].cfg.train.prompts_per_step
+    assert a[0]["engine/prefilled_rows"] <= prompts < prompts * G
     lora = {n: p for n, p in runs["true"].model.named_parameters() if p.requires_grad}
     assert all(torch.equal(p, dict(runs["false"].model.named_parameters())[n]) for n, p in lora.items())
 
