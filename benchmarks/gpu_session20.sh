@@ -17,6 +17,9 @@ source benchmarks/gpu_phase_lib.sh
 
 #   phase k: bash benchmarks/gpu_session20.sh k   (commit b22e151; one GPU; ~6 min)
 #     phase f at 14B: rollout_compaction.py --models 14b, T 2048 mean 400, seed 1 (fixed answer lengths).
+#   phase l: bash benchmarks/gpu_session20.sh l   (one GPU; ~2 min)
+#     the final engine code (the cache rows moved in bounded chunks, generator.move_rows): the GPU tests of compaction,
+#     the shared prefill's NVFP4+LoRA rollout against the trainer, and CUDA-graph greedy against HF generate.
 case $PHASE in
 a)
     tests 150 tests/kernels/test_dense_gpu.py tests/kernels/test_dequant_ahead_gpu.py
@@ -63,6 +66,9 @@ open(sys.argv[2], 'rb').read()))" /tmp/stash/gguf.xz.part00 .dev/x2/gguf.xz.part
         --max-new-tokens 128 --micro-batch 16 --rl-set optim.logprob_chunk=256 --eval-problems 400 \
         --train-seconds "${TRAIN_S:-300}" --parallel 3 --device cuda --model default --work /tmp/learn \
         --out "$OUT/learn" --name rows
+    ;;
+l)
+    tests 150 tests/engine/test_engine_gpu.py -k "compaction or matches_trainer or greedy_equals_hf or recapture"
     ;;
 k)
     bench "${BENCH_S:-500}" compaction14 benchmarks/rollout_compaction.py --models 14b --settings 2048:400 --seeds 1

@@ -94,6 +94,27 @@ COMPACT_MIN_GRAPH_BATCH = 8
 TOTAL_KEYS = ("steps", "compactions", "prefilled_rows", "graph_captures", "capture_s", "warmup_s")
 
 
+def move_rows(bufs: list[torch.Tensor], src: torch.Tensor, cols: int | None = None, chunk: int = 8) -> None:
+    """``buf[j, :, :cols] = buf[src[j], :, :cols]`` for ``j < len(src)`` in each of ``bufs`` ([B, H, S, D] caches; with
+    ``cols=None`` whole rows of any shape), in place and ``chunk`` rows at a time, so the gather's temporary copy is
+    ``chunk`` rows (a one-shot gather of a 32B cache's rows is hundreds of MB on top of a batch sized to the memory).
+    Safe when the rows only move down (``src[j] >= j``: compaction, walked upward) or only up (``src[j] <= j``: a
+    shared prefill's copies, walked downward): a chunk never overwrites a row that a later chunk reads."""
+    n = src.shape[0]
+    at = torch.arange(n, device=src.device)
+    down = bool((src >= at).all())
+    if not down and not bool((src <= at).all()):
+        raise ValueError("move_rows: rows may move only down (src[j] >= j) or only up (src[j] <= j) in place")
+    starts = range(0, n, chunk) if down else reversed(range(0, n, chunk))
+    for j0 in starts:
+        j1 = min(n, j0 + chunk)
+        for buf in bufs:
+            if cols is None:
+                buf[j0:j1] = buf[src[j0:j1]]
+            else:
+                buf[j0:j1, :, :cols] = buf[src[j0:j1], :, :cols]
+
+
 @contextlib.contextmanager
 def _eval_mode(model: nn.Module):
     """Dropout off while sampling (LoRA dropout included); the caller's mode is restored."""
@@ -349,11 +370,9 @@ class FastGenerator:
         ulogits = torch.cat([r.prefill(st, uids[i:i + c], umask[i:i + c], row0=i) for i in range(0, U, c)])
         starts = set(firsts)
         run = list(itertools.accumulate(1 if i in starts else 0 for i in range(N)))  # runs begun up to row i
-        src = torch.tensor([k - 1 for k in run], device=ids.device)  # [N]: the unique row each row copies
-        for kc, vc in zip(st.k, st.v):
-            kc[:N, :, :P] = kc[src, :, :P]  # advanced indexing reads into a copy first: rows [0, U) are not lost
-            vc[:N, :, :P] = vc[src, :, :P]
-        st.kv_valid[:N] = st.kv_valid[src]
+        src = torch.tensor([k - 1 for k in run], device=ids.device)  # [N]: the unique row each row copies (<= it)
+        move_rows(st.k + st.v, src, P)
+        move_rows([st.kv_valid], src)
         return ulogits[src]
 
     # --- compaction ----------------------------------------------------------------
@@ -372,12 +391,9 @@ class FastGenerator:
         to state rows ``[0, left)``; rows ``[left, B)`` (up to the new batch) made inert. Returns the rows in use
         and the row map."""
         rows_at = torch.arange(n, device=done.device) if rows_at is None else rows_at
-        keep = (~done[rows_at]).nonzero().squeeze(1)  # [left] state rows still decoding, in order
-        for kc, vc in zip(st.k, st.v):
-            kc[:left, :, :cols] = kc[keep, :, :cols]  # advanced indexing reads into a copy first: no overlap
-            vc[:left, :, :cols] = vc[keep, :, :cols]
-        for buf in (st.kv_valid, st.tok, st.pos):
-            buf[:left] = buf[keep]
+        keep = (~done[rows_at]).nonzero().squeeze(1)  # [left] state rows still decoding, in order (keep[j] >= j)
+        move_rows(st.k + st.v, keep, cols)
+        move_rows([st.kv_valid, st.tok, st.pos], keep)
         if B > left:  # inert rows up to the graph batch, as after the prefill
             st.kv_valid[left:B].zero_()
             st.pos[left:B].zero_()

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from quarl.engine import GREEDY_TOP_P, FastGenerator
-from quarl.engine.generator import COMPACT_ENV, COMPACT_MIN_GRAPH_BATCH, SHARE_PREFILL_ENV
+from quarl.engine.generator import COMPACT_ENV, COMPACT_MIN_GRAPH_BATCH, SHARE_PREFILL_ENV, move_rows
 from quarl.engine.rollout import SamplingParams
 from tests.engine.conftest import PAD, VOCAB, full_forward_logprobs, hf_greedy, make_model, prompts
 
@@ -108,3 +108,23 @@ def test_a_prompt_is_prefilled_once_for_its_samples():
     roll = shared.generate(alternating, greedy, n=1)
     assert shared.last_stats["prefilled_rows"] == 3  # rows 2 and 3 are one run; row 0 is apart
     assert torch.equal(roll.completion_ids, hf_greedy(model, alternating, 10))
+
+
+@pytest.mark.parametrize("chunk", [1, 3, 8])
+def test_move_rows_in_place_equals_a_gather(chunk):
+    """Rows moving down (compaction: keep[j] >= j) and up (a shared prefill: src[j] <= j), chunk by chunk in place,
+    give what one out-of-place gather gives."""
+    g = torch.Generator().manual_seed(chunk)
+    cache = torch.randn(13, 2, 9, 4, generator=g)
+    flags = torch.randn(13, 9, generator=g) > 0
+    for src in (torch.tensor([0, 2, 3, 7, 8, 11, 12]),  # compaction: the rows kept, in order
+                torch.tensor([0, 0, 0, 1, 1, 2, 2, 2, 2, 3, 4, 4, 4])):  # runs of samples copying their first row
+        ref_c, ref_f = cache.clone(), flags.clone()
+        ref_c[:len(src), :, :5] = cache[src, :, :5]
+        ref_f[:len(src)] = flags[src]
+        c, f = cache.clone(), flags.clone()
+        move_rows([c], src, 5, chunk=chunk)
+        move_rows([f], src, chunk=chunk)
+        assert torch.equal(c, ref_c) and torch.equal(f, ref_f)
+    with pytest.raises(ValueError, match="only down"):
+        move_rows([cache.clone()], torch.tensor([1, 0]))
