@@ -17,7 +17,8 @@ source benchmarks/gpu_phase_lib.sh
 
 #   phase k: bash benchmarks/gpu_session20.sh k   (commit b22e151; one GPU; ~6 min)
 #     phase f at 14B: rollout_compaction.py --models 14b, T 2048 mean 400, seed 1 (fixed answer lengths).
-#   phase l: bash benchmarks/gpu_session20.sh l   (one GPU; ~2 min)
+#   phase l: bash benchmarks/gpu_session20.sh l   (one GPU; ~2 min) -- NOT RUN: the session's device time was spent;
+#     the next session's first call
 #     the final engine code (the cache rows moved in bounded chunks, generator.move_rows): the GPU tests of compaction,
 #     the shared prefill's NVFP4+LoRA rollout against the trainer, and CUDA-graph greedy against HF generate.
 case $PHASE in
@@ -112,3 +113,5 @@ phase_end
 # phase k (commit b22e151; 369 s, ~3304 s held in all, counted at 50 %): rollout_compaction.py 14B, T 2048 mean 400,
 #   seed 1, without / with compaction: NVFP4+LoRA 38.75 / 23.81 s (1.63x), BF16+LoRA 47.52 / 37.97 s (1.25x).
 #   Machine given back; device after k: 143 s of 1800 left.
+# phase l: not run (143 s of device time left, too little to start a machine). move_rows is tested on CPU only (against
+#   a gather, and through the CPU engine's compaction and shared-prefill tests).
