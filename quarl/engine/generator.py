@@ -361,16 +361,18 @@ class FastGenerator:
         are copied to the other rows -- the same values a prefill of each would compute, for 1/n of the work."""
         r, N, P = self.runner, ids.shape[0], ids.shape[1]
         c = max(1, self.max_num_batched_tokens // P)
-        firsts = [i for i in range(N) if i == 0 or rows[i] != rows[i - 1]] if self.share_prefill else list(range(N))
+        firsts, src = [], []  # the first row of each run of equal rows; for every row, its run's index
+        for i in range(N):
+            if not self.share_prefill or i == 0 or rows[i] != rows[i - 1]:
+                firsts.append(i)
+            src.append(len(firsts) - 1)
         U = len(firsts)
         self.last_stats["prefilled_rows"] = self.last_stats.get("prefilled_rows", 0) + U
         if U == N:
             return torch.cat([r.prefill(st, ids[i:i + c], mask[i:i + c], row0=i) for i in range(0, N, c)])
         uids, umask = ids[firsts], mask[firsts]  # [U, P]: each run of equal rows once, into state rows [0, U)
         ulogits = torch.cat([r.prefill(st, uids[i:i + c], umask[i:i + c], row0=i) for i in range(0, U, c)])
-        starts = set(firsts)
-        run = list(itertools.accumulate(1 if i in starts else 0 for i in range(N)))  # runs begun up to row i
-        src = torch.tensor([k - 1 for k in run], device=ids.device)  # [N]: the unique row each row copies (<= it)
+        src = torch.tensor(src, device=ids.device)  # [N]: the unique row each row copies (<= it)
         move_rows(st.k + st.v, src, P)
         move_rows([st.kv_valid], src)
         return ulogits[src]
