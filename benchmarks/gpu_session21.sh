@@ -1,0 +1,24 @@
+#!/usr/bin/env bash
+# Session 21: issue 17's decode lever from session 19 -- a blocked in-memory layout of the packed words
+# ([N / 64, KW / 8, 64, 8] int32 words, docs/kernels.md "A blocked in-memory layout"), read by every kernel that
+# reads packed words, converted once when a model goes onto the GPU and back when it is saved.
+# Run from the repository root on the device machine; the record of what ran is at the end of this file.
+# The phases use benchmarks/gpu_phase_lib.sh's helpers.
+#
+#   phase a: bash benchmarks/gpu_session21.sh a   (commit a7cec0e + this script; one GPU; ~6 min)
+#     session 20's phase l (the engine's compaction / shared prefill / greedy GPU tests on the final move_rows code),
+#     then every kernel GPU test as the baseline before the layout change.
+set -u
+PHASE=${1:?phase}
+OUT=${OUT:?}
+source benchmarks/gpu_phase_lib.sh
+
+case $PHASE in
+a)
+    tests 200 tests/engine/test_engine_gpu.py -k "compaction or matches_trainer or greedy_equals_hf or recapture"
+    mv "$OUT/tests" "$OUT/tests_engine"
+    tests 330 tests/kernels
+    ;;
+esac
+phase_end
+# ---- record of what ran (2026-11-27, one NVIDIA H100 80GB HBM3 each) ----
