@@ -8,6 +8,10 @@
 #   phase a: bash benchmarks/gpu_session21.sh a   (commit a7cec0e + this script; one GPU; ~6 min)
 #     session 20's phase l (the engine's compaction / shared prefill / greedy GPU tests on the final move_rows code),
 #     then every kernel GPU test as the baseline before the layout change.
+#   phase b: bash benchmarks/gpu_session21.sh b   (one GPU; ~9 min)
+#     the blocked layout's GPU tests (every kernel bit-equal on blocked words, the engine's rollout and the trainer's
+#     forward unchanged, state_dict row-major), the engine's and the TMA ring's GPU tests; then bench_decode_bound.py
+#     --blocked: wo_matmul on row-major against blocked words at 1 / 4 / 8 / 16 / 64 / 2048 rows, 7B and 14B shapes.
 set -u
 PHASE=${1:?phase}
 OUT=${OUT:?}
@@ -18,6 +22,11 @@ a)
     tests 200 tests/engine/test_engine_gpu.py -k "compaction or matches_trainer or greedy_equals_hf or recapture"
     mv "$OUT/tests" "$OUT/tests_engine"
     tests 330 tests/kernels
+    ;;
+b)
+    tests 300 tests/kernels/test_blocked_gpu.py tests/engine/test_engine_gpu.py tests/kernels/test_wgmma_ring_gpu.py
+    bench "${BENCH_S:-240}" blocked benchmarks/kernels/bench_decode_bound.py --blocked --ms 1,4,8,16,64,2048 \
+        --shapes 18944x3584,3584x18944,3584x3584,13824x5120 --repeats 3
     ;;
 esac
 phase_end

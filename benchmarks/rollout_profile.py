@@ -27,8 +27,9 @@ session 14) and ``:noring`` ``=0``; ``:nowide`` sets ``QUARL_KERNELS_RING_WIDE_M
 wide ring token tiles, the Triton tensor-core kernel or the dense path as before session 15); ``:nopdl`` sets
 ``QUARL_KERNELS_PDL=0`` (no programmatic dependent launch: each kernel starts after the one before has ended, as
 before session 16; ``quarl_kernels/pdl.py``) and ``:earlypdl`` ``=early`` (every kernel signals first thing, not
-after its K loop); ``:tiled`` is an experiment, not a switch (session 19, :func:`tiled_words`: the packed words
-tiled in place for the 2..16-row ``mma.sync`` kernel -- step times only); ``:nowgrules`` turns off
+after its K loop); ``:rowmajor`` sets ``QUARL_KERNELS_BLOCKED=0`` and converts the model's words back to row-major
+before its cell (the packed words as before session 21, not in ``quarl.quant.packed_layout``'s [64, 8] blocks, which
+the engine lays them in otherwise); ``:nowgrules`` turns off
 ``wgmma_decode``'s two NVFP4 rules for 14B-sized k / v and q / o (:func:`wgmma_rules_off`: before session 19);
 modifiers combine (``nvfp4+lora32:noepi:sdpa``). With the epilogue on, a projection's ``gemm:*`` row includes its
 bias and LoRA B (they run in its kernels); ``lora`` is then the A GEMMs alone.
@@ -69,7 +70,6 @@ from __future__ import annotations
 import argparse
 import collections
 import contextlib
-import dataclasses
 import gc
 import json
 import os
@@ -85,6 +85,8 @@ from torch.profiler import ProfilerActivity, profile, record_function
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import rollout as R
+
+from quarl.quant import packed_layout
 
 PROJ_GROUP = {"q_proj": "gemm:qkv", "k_proj": "gemm:qkv", "v_proj": "gemm:qkv", "o_proj": "gemm:o",
               "gate_proj": "gemm:gate_up", "up_proj": "gemm:gate_up", "down_proj": "gemm:down"}
@@ -450,7 +452,7 @@ MODIFIERS = {  # ':name' -> the engine switch (env, value) it sets for the cell:
     "nopdl": ("QUARL_KERNELS_PDL", "0"),  # no programmatic dependent launch (before s16: pdl.py)
     "earlypdl": ("QUARL_KERNELS_PDL", "early"),  # PDL with every kernel signalling first thing (not kept, s16)
     "nowide": ("QUARL_KERNELS_RING_WIDE_MAX_M", "0"),  # 65+ rows: no wide ring tiles (Triton / dense, before s15)
-    "tiled": None,  # EXPERIMENT (s19): packed words pre-tiled for the mma.sync kernel, see tiled_words(); 2..16 rows
+    "rowmajor": ("QUARL_KERNELS_BLOCKED", "0"),  # packed words row-major, not in [64, 8] blocks (before s21)
     "nowgrules": None,  # wgmma_decode's NVFP4 rules for 14B-sized k / v and q / o off (before s19): wgmma_rules_off()
 }
 
@@ -465,33 +467,6 @@ def wgmma_rules_off():
     with unittest.mock.patch.object(wd, "MID_MIN_WEIGHTS", wd.LARGE_MIN_WEIGHTS), \
             unittest.mock.patch.object(wd, "WIDE_N_NT32", 1 << 30):
         yield
-
-
-@contextlib.contextmanager
-def tiled_words(model):
-    """EXPERIMENT (session 19, ``:tiled``): what a blocked in-memory layout of the packed words would give the decode
-    step at 2..16 rows. Every FP4 layer's words are re-laid in place as ``gemv.tile_words(words, 128, 16)`` and every
-    ``mma.sync`` launch takes config 4 (128 rows x 16 words a step) reading them tiled (``diag = 4``); undone after.
-    Only the 2..16-row decode kernels read the layout: anything else that runs meanwhile (the prefill's dense path,
-    a one-row GEMV) reads the same bytes row-major, i.e. another random model of the same statistics -- the step
-    times stand, the sampled tokens and log-probs of such a cell mean nothing. Needs N % 128 == 0 and K % 128 == 0
-    (Qwen2.5-7B / 14B / 32B)."""
-    from quarl_kernels import gemv, mma_decode
-
-    layers = [m for m in model.modules() if getattr(m, "weight_packed", None) is not None
-              and m.weight_packed.dtype == torch.uint8]
-    for m in layers:
-        w = m.weight_packed.view(torch.int32)
-        m.weight_packed.copy_(gemv.tile_words(w, 128, 16).view(torch.uint8).view(m.weight_packed.shape))
-    cfg = dataclasses.replace(mma_decode.MMA_DECODE_CONFIGS[4], diag=4)
-    try:
-        with unittest.mock.patch.object(mma_decode, "default_config", lambda m, n: cfg):
-            yield
-    finally:
-        for m in layers:  # back to row-major: [N/128, KW/16, 128, 16] -> [N, KW]
-            n, kw = m.weight_packed.shape[0], m.weight_packed.shape[1] // 4
-            w = m.weight_packed.view(torch.int32).view(n // 128, kw // 16, 128, 16).permute(0, 2, 1, 3)
-            m.weight_packed.copy_(w.contiguous().view(torch.uint8).view(m.weight_packed.shape))
 
 
 def parse_variant(v: str) -> tuple[str, bool, bool, tuple[tuple[str, str], ...]]:
@@ -566,8 +541,9 @@ def run(args) -> dict:
                 t = time.perf_counter()
                 check = args.check_tokens if b <= args.check_max_batch else 0
                 try:
-                    with switches(env), (tiled_words(model) if ":tiled" in variant else contextlib.nullcontext()), \
-                            (wgmma_rules_off() if ":nowgrules" in variant else contextlib.nullcontext()):
+                    if ":rowmajor" in variant:  # the engine of an earlier cell blocked the shared model in place
+                        packed_layout.unblock_model(model)
+                    with switches(env), (wgmma_rules_off() if ":nowgrules" in variant else contextlib.nullcontext()):
                         profile_cell(model, b, args.prompt, args.steps, args.prof_steps, check, pack, cell)
                 except Exception as e:  # noqa: BLE001 - record and go on
                     cell["error"] = f"{type(e).__name__}: {e}"
@@ -581,7 +557,7 @@ def run(args) -> dict:
             print(json.dumps({k: (round(v, 3) if isinstance(v, float) else v) for k, v in cell.items()
                               if k in ("batch", "step_ms", "generate_step_ms", "graphed_kernel_ms", "idle_ms",
                                        "attributed_kernel_ms", "cell_s", "error", "skipped")}), flush=True)
-        if "lora" in recipe and ":tiled" not in variant and budget.left() > args.min_cell_s + 10:
+        if "lora" in recipe and budget.left() > args.min_cell_s + 10:
             try:
                 with switches(env):
                     res.setdefault("checks", {})[f"{mname}/{variant}"] = logprob_check(model, pack)

@@ -18,15 +18,10 @@ weight copies that together exceed the L2 several times, one CUDA graph, median 
 a thread: contiguous runs of 128 B to 2 KB a row) as the real kernel and as ``diag = 2`` (its loop as a plain read):
 does a program that reads longer runs of a row stream closer to the plain read?
 
-``--tiled``: the words pre-tiled (``gemv.tile_words``: a kernel step's [rows, K words] tile one contiguous block, as
-the plain read reads 16 KB a program) -- ``diag`` + 4 -- for the default configs at 1 / 4 / 8 / 16 rows and for the
-GEMV's loop alone; the tiled real kernels must equal the untiled ones bit for bit (same math, other addresses).
-
-``--blocks``: one block shape for every kernel? The words tiled in [64 rows, 8 words] blocks (2 KB: the TMA ring's step,
-a quarter of the ``mma.sync`` step) beside the ``mma.sync`` step's own [128, 16] (4 / 8 / 16 rows: ``diag`` + 8 / + 4)
-and, at 17..384 rows, the TMA ring (its default / wide configs, R = 64, 8 words a step) reading them
-(``launch_wgmma_ring(tiled=True)``) or, where ``wo_matmul`` runs it instead, ``wgmma_decode`` (``diag`` 8); every tiled
-output bit-equal to the row-major kernel's first.
+``--blocked``: ``wo_gemm.wo_matmul`` on the words as compressed-tensors lays them out and in the blocked layout the
+engine holds them in (``quarl.quant.packed_layout``: [64, 8]-word blocks, session 21), at any M (``--ms 1,4,8,16,64,
+2048``: the GEMV, ``mma.sync``, the TMA ring, the dense path); the blocked outputs bit-equal to the row-major ones.
+(Session 19's ``--tiled`` / ``--blocks`` measured tiled words through diagnostic builds, since replaced by it.)
 
 Writes ``decode_bound.json`` and ``decode_bound.md`` (us per call, % of the HBM copy rate, ratio to diag = 0).
 """
@@ -120,113 +115,38 @@ def sweep_shape(n: int, k: int, repeats: int, l2: int, hbm: float) -> list[dict]
     return rows
 
 
-def tiled_shape(n: int, k: int, ms, repeats: int, l2: int, hbm: float) -> list[dict]:
-    """``--tiled``: per M, the default config with the words as they are and pre-tiled (plus, at one row, the loop
-    alone both ways), alternating; the tiled outputs equal to the untiled ones."""
-    from quarl_kernels import gemv, mma_decode, wo_gemm
+def blocked_shape(n: int, k: int, ms, repeats: int, l2: int, hbm: float) -> list[dict]:
+    """``--blocked``: per M, ``wo_gemm.wo_matmul`` (whatever kernel it routes to) on row-major words and on the same
+    words blocked (``quarl.quant.packed_layout``), alternating; the blocked outputs bit-equal to the row-major ones."""
+    from quarl_kernels import wo_gemm
 
-    q, pw0, copies = _rotating(n, k, l2)
-    rows = []
-    for m in ms:
-        x, nbytes = _activations(m, n, k, q)
-        if m == 1:
-            cfg = gemv.default_gemv_config(0, 1, n, k)
-            bn, bkw, _ = gemv.effective_tile(cfg, pw0.group)
-            run = gemv.launch_gemv
-            diags = (0, 4, 2, 6)
-        else:
-            cfg = mma_decode.default_config(m, n)
-            bn, bkw = cfg.rows, cfg.bkw
-            run = mma_decode.launch_mma_decode
-            diags = (0, 4)
-        tiled = [wo_gemm.PackedWeight(p.fmt, p.group, n, k, gemv.tile_words(p.words, bn, bkw), p.scale, None,
-                                      p.gscale, p.bytes32) for p in copies]
-        variants = [(dataclasses.replace(cfg, diag=d), d, tiled if d & 4 else copies) for d in diags]
-        want = run(x, copies[0], cfg)
-        got = run(x, tiled[0], variants[1][0])
-        if not torch.equal(got, want):
-            raise AssertionError(f"tiled {cfg} at {n}x{k} M={m}: output differs from the untiled kernel's")
-        times = {d: [] for _, d, _ in variants}
-        reads = []
-        for _ in range(repeats):
-            for c, d, pws in variants:
-                times[d].append(graph_us([lambda p=p, c=c, x=x, run=run: run(x, p, c) for p in pws]))
-            reads.append(read_ceiling_us(nbytes, l2))
-        read = statistics.median(reads)
-        for c, d, _ in variants:
-            us = statistics.median(times[d])
-            base = statistics.median(times[d & 3])
-            rows.append({"N": n, "K": k, "M": m, "diag": d, "config": str(c), "us": us, "all_us": times[d],
-                         "bytes": nbytes, "pct_hbm": 100 * nbytes / us / 1e3 / hbm, "vs_diag0": base / us,
-                         "read_us": read, "read_pct_hbm": 100 * nbytes / read / 1e3 / hbm})
-            r = rows[-1]
-            print(f"{n:5d}x{k:5d} M={m:2d} {c!s:28} {us:7.2f} us ({r['pct_hbm']:4.1f} % HBM, x{r['vs_diag0']:.3f} vs "
-                  f"untiled; read {read:.2f} us = {r['read_pct_hbm']:.1f} %)", flush=True)
-    return rows
+    from quarl.quant import packed_layout
 
-
-def blocks_shape(n: int, k: int, ms, repeats: int, l2: int, hbm: float) -> list[dict]:
-    """``--blocks``: per M, the kernel ``wo_matmul`` runs (mma.sync at 4..16 rows, the TMA ring at 32..128) on
-    row-major words and on tiled ones, alternating; tiled outputs equal to the row-major ones."""
-    from quarl_kernels import gemv, mma_decode, wo_gemm
-    from quarl_kernels import wgmma_decode as wd
-    from quarl_kernels import wgmma_ring as wr
-
-    q, pw0, copies = _rotating(n, k, l2)
-
-    def tiled(rows, words):
-        return [wo_gemm.PackedWeight(p.fmt, p.group, n, k, gemv.tile_words(p.words, rows, words), p.scale, None,
-                                     p.gscale, p.bytes32) for p in copies]
-
+    q, _, copies = _rotating(n, k, l2)
+    blocked = [dataclasses.replace(p, words=packed_layout.block(p.words).view(n, k // 8), blocked=True)
+               for p in copies]
     out = []
     for m in ms:
         x, nbytes = _activations(m, n, k, q)
-        if m <= 16:
-            cfg = mma_decode.default_config(m, n)
-
-            def run(p, c, x=x):
-                return mma_decode.launch_mma_decode(x, p, c)
-
-            variants = [("row-major", cfg, copies), (f"[{cfg.rows}, {cfg.bkw}] blocks", dataclasses.replace(cfg, diag=4),
-                                                    tiled(cfg.rows, cfg.bkw)),
-                        ("[64, 8] blocks", dataclasses.replace(cfg, diag=8), tiled(64, 8))]
-        elif (rcfg := wr.routed(x, pw0)) is not None:
-            if rcfg.rows != 64:
-                raise SystemExit(f"--blocks: {n}x{k} at {m} rows routes to a {rcfg.rows}-row ring config")
-
-            def run(p, c, x=x):
-                return wr.launch_wgmma_ring(x, p, c[0], tiled=c[1])
-
-            variants = [("row-major", (rcfg, False), copies), ("[64, 8] blocks", (rcfg, True), tiled(64, rcfg.bkw))]
-        elif wd.preferred(m, n, k, pw0.fmt):  # wgmma_decode (12M..32M entries at 17..32 rows; 14B k / v at 33..64)
-            cfg = wd.default_config(m, n, pw0.fmt)
-
-            def run(p, c, x=x):
-                return wd.launch_wgmma_decode(x, p, c)
-
-            variants = [("row-major", cfg, copies), ("[64, 8] blocks", dataclasses.replace(cfg, diag=8), tiled(64, 8))]
-        else:
-            print(f"{n:5d}x{k:5d} M={m:3d} neither the ring nor wgmma_decode: not a --blocks point", flush=True)
-            continue
-        want = run(copies[0], variants[0][1])
-        for name, c, pws in variants[1:]:
-            if not torch.equal(run(pws[0], c), want):
-                raise AssertionError(f"{name} at {n}x{k} M={m}: output differs from the row-major kernel's")
-        times = {name: [] for name, _, _ in variants}
+        want = wo_gemm.wo_matmul(x, copies[0])
+        if not torch.equal(wo_gemm.wo_matmul(x, blocked[0]), want):
+            raise AssertionError(f"blocked words at {n}x{k} M={m}: output differs from the row-major kernel's")
+        variants = (("row-major", copies), ("blocked", blocked))
+        times = {name: [] for name, _ in variants}
         reads = []
         for _ in range(repeats):
-            for name, c, pws in variants:
-                times[name].append(graph_us([lambda p=p, c=c, run=run: run(p, c) for p in pws]))
+            for name, pws in variants:
+                times[name].append(graph_us([lambda p=p, x=x: wo_gemm.wo_matmul(x, p) for p in pws]))
             reads.append(read_ceiling_us(nbytes, l2))
         read = statistics.median(reads)
         base = statistics.median(times["row-major"])
-        for name, c, _ in variants:
+        for name, _ in variants:
             us = statistics.median(times[name])
-            out.append({"N": n, "K": k, "M": m, "diag": name, "config": str(c[0] if isinstance(c, tuple) else c), "us": us,
+            out.append({"N": n, "K": k, "M": m, "diag": name, "config": "wo_matmul", "us": us,
                         "all_us": times[name], "bytes": nbytes, "pct_hbm": 100 * nbytes / us / 1e3 / hbm,
                         "vs_diag0": base / us, "read_us": read, "read_pct_hbm": 100 * nbytes / read / 1e3 / hbm})
             r = out[-1]
-            print(f"{n:5d}x{k:5d} M={m:3d} {name:18s} {us:7.2f} us ({r['pct_hbm']:4.1f} % HBM, x{r['vs_diag0']:.3f} vs "
+            print(f"{n:5d}x{k:5d} M={m:4d} {name:10s} {us:8.2f} us ({r['pct_hbm']:4.1f} % HBM, x{r['vs_diag0']:.3f} vs "
                   f"row-major; read {read:.2f} us = {r['read_pct_hbm']:.1f} %)", flush=True)
     return out
 
@@ -281,8 +201,7 @@ def main() -> None:
     ap.add_argument("--shapes", default=",".join(f"{n}x{k}" for n, k in SHAPES))
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--gemv-sweep", action="store_true", help="the one-row GEMV's work split (_sweep_configs) instead")
-    ap.add_argument("--tiled", action="store_true", help="the words pre-tiled (diag + 4) instead")
-    ap.add_argument("--blocks", action="store_true", help="[64, 8] word blocks for mma.sync and the TMA ring instead")
+    ap.add_argument("--blocked", action="store_true", help="row-major against blocked words (wo_matmul) instead")
     args = ap.parse_args()
     diags = [int(a) for a in args.diags.split(",")]
     if diags[0] != 0:
@@ -299,10 +218,8 @@ def main() -> None:
         n, k = map(int, s.split("x"))
         if args.gemv_sweep:
             rows += sweep_shape(n, k, args.repeats, l2, info["hbm_copy_GBps"])
-        elif args.blocks:
-            rows += blocks_shape(n, k, [int(m) for m in args.ms.split(",")], args.repeats, l2, info["hbm_copy_GBps"])
-        elif args.tiled:
-            rows += tiled_shape(n, k, [int(m) for m in args.ms.split(",")], args.repeats, l2, info["hbm_copy_GBps"])
+        elif args.blocked:
+            rows += blocked_shape(n, k, [int(m) for m in args.ms.split(",")], args.repeats, l2, info["hbm_copy_GBps"])
         else:
             rows += bench_shape(n, k, [int(m) for m in args.ms.split(",")], diags, args.repeats, l2,
                                 info["hbm_copy_GBps"])

@@ -53,9 +53,10 @@ NAMES = {0: "nvfp4", 1: "mxfp4", 2: "int4"}
 
 
 # ---------------------------------------------------------------------------
-def compile_wgmma_decode(fmt: int, cfg, nt: int, split: bool = True, even_k: bool = True):
+def compile_wgmma_decode(fmt: int, cfg, nt: int, split: bool = True, even_k: bool = True, blocked: bool = False):
     """``_wgmma_decode_kernel`` compiled for sm_90 as ``launch_wgmma_decode`` specializes it at
-    the 7B shapes (word / FP4-scale strides divisible by 16, INT4 scale strides not), no GPU."""
+    the 7B shapes (word / FP4-scale strides divisible by 16, INT4 scale strides not), no GPU; ``blocked``: the
+    words in ``quarl.quant.packed_layout``'s [64, 8] blocks."""
     import triton
     from quarl_kernels import wgmma_decode as wd
     from triton.backends.compiler import GPUTarget
@@ -67,7 +68,7 @@ def compile_wgmma_decode(fmt: int, cfg, nt: int, split: bool = True, even_k: boo
               "stride_om"):
         sig[k] = "i32"
     const = {"FMT": fmt, "GROUP": GROUP[fmt], "HAS_ZP": fmt == 2, "R": cfg.rows, "BKW": cfg.bkw, "NT": nt,
-             "W": cfg.warps, "PREFETCH": cfg.prefetch, "EVEN_K": even_k, "NBUF": cfg.nbuf, "DIAG": cfg.diag}
+             "W": cfg.warps, "PREFETCH": cfg.prefetch, "EVEN_K": even_k, "NBUF": cfg.nbuf, "BLOCKED": blocked}
     sig.update({k: "constexpr" for k in const})
     odd = ("M", "TILES_PER_SPLIT") + (("stride_sn", "stride_zn") if fmt == 2 else ())
     attrs = {(i,): [["tt.divisibility", 16]] for i, (k, t) in enumerate(sig.items()) if t != "constexpr" and k not in odd}
@@ -75,20 +76,22 @@ def compile_wgmma_decode(fmt: int, cfg, nt: int, split: bool = True, even_k: boo
     return triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": cfg.warps})
 
 
-def compile_wgmma_ring(fmt: int, cfg, nt: int, smax: int = 32, split: bool = True, pdl: int = 0, tiled: bool = False):
-    """``wgmma_ring._wgmma_ring_kernel`` compiled for sm_90 (no GPU), its TMA descriptors as the launcher builds them."""
+def compile_wgmma_ring(fmt: int, cfg, nt: int, smax: int = 32, split: bool = True, pdl: int = 0,
+                       blocked: bool = False):
+    """``wgmma_ring._wgmma_ring_kernel`` compiled for sm_90 (no GPU), its TMA descriptors as the launcher builds them
+    (``blocked``: one [64, 8] box of the blocked words per 64-row band)."""
     import triton
     from quarl_kernels import wgmma_ring as wr
     from triton.backends.compiler import GPUTarget
     from triton.experimental.gluon._runtime import GluonASTSource
 
     sig = {"x_desc": f"tensordesc<bf16[{nt}, {cfg.bkw * 8}],{wr._x_layout(nt)!r}>",
-           "w_desc": f"tensordesc<i32[{cfg.rows}, {cfg.bkw}],{wr._w_layout()!r}>",
+           "w_desc": f"tensordesc<i32[{64 if blocked else cfg.rows}, {cfg.bkw}],{wr._w_layout()!r}>",
            "s_ptr": "*u8", "gs_ptr": "*fp32", "out_ptr": "*fp32" if split else "*bf16"}
     for k in ("M", "N", "KW", "G", "TILES_PER_SPLIT", "stride_sn", "stride_os", "stride_om"):
         sig[k] = "i32"
     const = {"FMT": fmt, "GROUP": GROUP[fmt], "R": cfg.rows, "BKW": cfg.bkw, "NT": nt, "STAGES": cfg.stages,
-             "SMAX": smax, "MMA_INFLIGHT": cfg.inflight, "W": cfg.warps, "PDL": pdl, "TILED": tiled}
+             "SMAX": smax, "MMA_INFLIGHT": cfg.inflight, "W": cfg.warps, "PDL": pdl, "BLOCKED": blocked}
     sig.update({k: "constexpr" for k in const})
     odd = ("M", "G", "TILES_PER_SPLIT")
     attrs = {(i,): [["tt.divisibility", 16]] for i, (k, t) in enumerate(sig.items())

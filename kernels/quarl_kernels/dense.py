@@ -65,16 +65,16 @@ def _dequant_kernel(
     N, KW,
     stride_wn, stride_sn, stride_zn, stride_on,
     FMT: tl.constexpr, GROUP: tl.constexpr, HAS_ZP: tl.constexpr, USE_ASM: tl.constexpr, BYTES32: tl.constexpr,
-    BN: tl.constexpr, BKW: tl.constexpr,
+    BN: tl.constexpr, BKW: tl.constexpr, BLOCKED: tl.constexpr = False,
 ):
-    """out [N, K] bf16 = dequant(W); one [BN, 8*BKW] tile per program."""
+    """out [N, K] bf16 = dequant(W); one [BN, 8*BKW] tile per program (BLOCKED: words in [64, 8] blocks)."""
     BK: tl.constexpr = BKW * 8
     offs_n = tl.program_id(0) * BN + tl.arange(0, BN)  # [BN]
     offs_kw = tl.program_id(1) * BKW + tl.arange(0, BKW)  # [BKW] words
     n_ok = offs_n[:, None] < N  # [BN, 1]
     tile = load_dequant_tile(
         wp_ptr, s_ptr, z_ptr, offs_n, offs_kw, n_ok, KW,
-        stride_wn, stride_sn, stride_zn, FMT, GROUP, HAS_ZP, USE_ASM, False, BYTES32,
+        stride_wn, stride_sn, stride_zn, FMT, GROUP, HAS_ZP, USE_ASM, False, BYTES32, BLOCKED,
     )  # [BN, BK] bf16; FP4 formats carry a 2**-16 factor
     if FMT == 0:  # NVFP4: exact e2m1*e4m3*2**-16, times 2**16 / global scale, one rounding
         w = (tile.to(tl.float32) * (65536.0 / tl.load(gs_ptr).to(tl.float32))).to(tl.bfloat16)
@@ -106,7 +106,7 @@ def dequantize(pw, *, use_asm: bool = True, bn: int = 32, bkw: int = 16, out: to
         pw.n, kw,
         pw.words.stride(0), pw.scale.stride(0), z.stride(0), out.stride(0),
         FMT=pw.fmt, GROUP=pw.group, HAS_ZP=pw.zero is not None, USE_ASM=use_asm and not interpret,
-        BYTES32=pw.bytes32, BN=bn, BKW=bkw, num_warps=4,
+        BYTES32=pw.bytes32, BN=bn, BKW=bkw, BLOCKED=pw.blocked, num_warps=4,
     )
     return out
 

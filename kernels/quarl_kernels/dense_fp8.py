@@ -94,7 +94,7 @@ def _expand_kernel(
     N, KW,
     stride_wn, stride_sn, stride_q, stride_sc0, stride_sc1,
     FMT: tl.constexpr, GROUP: tl.constexpr, USE_ASM: tl.constexpr, BYTES32: tl.constexpr, TRANS: tl.constexpr,
-    SUB: tl.constexpr, INTERPRET: tl.constexpr,
+    SUB: tl.constexpr, INTERPRET: tl.constexpr, BLOCKED: tl.constexpr = False,
 ):
     """One 128x128 tile (pid_n, pid_k) of the padded weight: codes into q (``[Np, Kp]``, or ``[Kp, Np]`` with
     TRANS), the tile's scale into sc[pid_n, pid_k] (strides given by the caller: its transpose with TRANS).
@@ -131,7 +131,7 @@ def _expand_kernel(
         n_ok = offs_n[:, None] < N  # [SUB, 1]
         tile = load_dequant_tile(
             wp_ptr, s_ptr, s_ptr, offs_n, offs_kw, n_ok, KW,
-            stride_wn, stride_sn, stride_sn, FMT, GROUP, False, USE_ASM, False, BYTES32,
+            stride_wn, stride_sn, stride_sn, FMT, GROUP, False, USE_ASM, False, BYTES32, BLOCKED,
         ).to(tl.float32)  # [SUB, 128]: the exact FP4 value x block scale x 2**-16
         tile = tl.where(n_ok & k_in[None, :], tile, 0.0)  # padding: zero codes
         codes = round_to_fp8(tl.clamp(tile * down, -448.0, 448.0), INTERPRET)  # the one rounding: E4M3, RNE
@@ -169,7 +169,7 @@ def expand_launch(pw, q: torch.Tensor, s: torch.Tensor, transpose: bool, use_asm
         _expand_kernel, grid,
         (pw.words, pw.scale, gs, q, s, pw.n, pw.k // 8, pw.words.stride(0), pw.scale.stride(0), q.stride(0), *ss),
         {"FMT": pw.fmt, "GROUP": pw.group, "USE_ASM": use_asm and not interpret, "BYTES32": pw.bytes32,
-         "TRANS": transpose, "SUB": SUB, "INTERPRET": interpret},
+         "TRANS": transpose, "SUB": SUB, "INTERPRET": interpret, "BLOCKED": pw.blocked},
         4,
     )
 

@@ -209,12 +209,22 @@ def _row_group_bytes(ptr, rows, g0, row_ok, g_hi, stride_n, NG: tl.constexpr, AS
 
 
 @triton.jit
+def word_offsets(rows, kws, stride_wn, BLOCKED: tl.constexpr):
+    """Offsets [R, W] of words ``kws`` [W] of rows ``rows`` [R] in row-major words ``[N, KW]`` (``stride_wn`` = KW)
+    or, BLOCKED, in ``quarl.quant.packed_layout``'s [64, 8]-word blocks: a 64-row band is ``64 * KW`` words, a
+    block 512, a block row 8 contiguous words (32 bytes)."""
+    if BLOCKED:
+        return ((rows // 64) * (stride_wn * 64) + (rows % 64) * 8)[:, None] + ((kws // 8) * 512 + kws % 8)[None, :]
+    return rows[:, None] * stride_wn + kws[None, :]
+
+
+@triton.jit
 def load_dequant_tile(
     wp_ptr, s_ptr, z_ptr,
     offs_n, offs_kw, n_ok, kw_hi,
     stride_wn, stride_sn, stride_zn,
     FMT: tl.constexpr, GROUP: tl.constexpr, HAS_ZP: tl.constexpr, USE_ASM: tl.constexpr,
-    PAIR_ORDER: tl.constexpr, BYTES32: tl.constexpr,
+    PAIR_ORDER: tl.constexpr, BYTES32: tl.constexpr, BLOCKED: tl.constexpr = False,
 ):
     """Load and dequantize a weight tile: rows ``offs_n`` [BN], words ``offs_kw`` [BKW]
     (contiguous, starting at a multiple of BKW) -> bf16 [BN, 8*BKW] (times 2**-16 for
@@ -234,7 +244,7 @@ def load_dequant_tile(
     BN: tl.constexpr = offs_n.shape[0]
     NG: tl.constexpr = BKW // WPG if WPG <= BKW else 1  # scale groups the tile touches
     mask = n_ok & (offs_kw[None, :] < kw_hi)
-    w = tl.load(wp_ptr + offs_n[:, None] * stride_wn + offs_kw[None, :], mask=mask, other=0)  # [BN, BKW] i32
+    w = tl.load(wp_ptr + word_offsets(offs_n, offs_kw, stride_wn, BLOCKED), mask=mask, other=0)  # [BN, BKW] i32
     g0 = tl.min(offs_kw, axis=0) // WPG  # first group of the tile (a multiple of NG)
     g_hi = (kw_hi + WPG - 1) // WPG  # groups at or past this one hold no live word
     row_ok = n_ok.reshape(BN) & (g0 < g_hi)  # [BN]

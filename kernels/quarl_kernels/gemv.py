@@ -184,16 +184,19 @@ def _decode_int4_fp32(w, z_bits, USE_ASM: tl.constexpr):
 def _load_tile(wp_ptr, s_ptr, z_ptr, rows, kw0, kw_hi, ar, ag,
                stride_wn, stride_sn, stride_zn,
                FMT: tl.constexpr, WPG: tl.constexpr, ONE_GROUP: tl.constexpr, HAS_ZP: tl.constexpr,
-               EVEN_K: tl.constexpr, ZW: tl.constexpr, TILED: tl.constexpr = False, BN_: tl.constexpr = 1,
-               BKW_: tl.constexpr = 1, KSTEPS=1):
+               EVEN_K: tl.constexpr, ZW: tl.constexpr, BLOCKED: tl.constexpr = False, VEC: tl.constexpr = 1):
     """Raw loads of one K step at word ``kw0``: words [BN, BKW] i32 and the tile's
     group values: FP4 scale bytes (i32), INT4 fp32 scales and zero points (i32) --
     [BN] when the tile sits inside one group, else [BN, NG]. With ``ZW`` the INT4
-    zero points come as their int32 view [N, G/4] (4-byte loads can be cp.async'd)."""
+    zero points come as their int32 view [N, G/4] (4-byte loads can be cp.async'd).
+    BLOCKED: the words in ``quarl.quant.packed_layout``'s [64, 8] blocks (``stride_wn`` = KW)."""
     offs_kw = kw0 + ar  # [BKW] words
-    if TILED:  # diagnostic layout (diag & 4): [N / BN, KW / BKW, BN, BKW] blocks, a step one block (``tile_words``)
-        tile = (rows[:, None] // BN_) * KSTEPS + kw0 // BKW_
-        wptr = wp_ptr + tile * (BN_ * BKW_) + (rows[:, None] % BN_) * BKW_ + ar[None, :]
+    if BLOCKED:  # kw0 % 8 == 0 (BKW % 8 == 0, VEC <= 8): a thread's VEC words lie in one block row, contiguous
+        # and VEC-aligned -- which the alignment analysis cannot derive through the signed // and %, so it is told
+        # (else the 16-byte loads become 4-byte ones)
+        wrow = (rows // 64) * (stride_wn * 64) + (rows % 64) * 8  # [BN]
+        wcol = tl.max_contiguous(tl.multiple_of((kw0 // 8) * 512 + (ar // 8) * 512 + ar % 8, VEC), VEC)  # [BKW]
+        wptr = wp_ptr + wrow[:, None] + wcol[None, :]
     else:
         wptr = wp_ptr + rows[:, None] * stride_wn + offs_kw[None, :]
     if EVEN_K:
@@ -249,6 +252,7 @@ def _gemv_kernel(
     EVEN_K: tl.constexpr, ZW: tl.constexpr, HAS_LA: tl.constexpr = False,
     LA_BR: tl.constexpr = 4, LA_BK: tl.constexpr = 512, NW: tl.constexpr = 1,
     PDL: tl.constexpr = 0, DIAG: tl.constexpr = 0,
+    BLOCKED: tl.constexpr = False,
 ):
     """y[M, N] (or fp32 split partials [S, M, N]) = x[M, K] @ W[N, K]^T for small M.
 
@@ -261,8 +265,8 @@ def _gemv_kernel(
     group's q/k/v, gate/up: ``launch_gemv_group``), weight 0's ``T0`` tiles first, then weight 1's ``T1``,
     then weight 2's, each into its own partials -- one launch instead of NW.
     PDL (``pdl.py``): wait for the kernel before (which wrote x) first; signal after the K loop. DIAG (a diagnostic,
-    ``GemvConfig.diag``): 1 the decode replaced by a bitcast, 2 the math too (wrong results by design); + 4 the words
-    pre-tiled in the step's blocks (``tile_words``)."""
+    ``GemvConfig.diag``): 1 the decode replaced by a bitcast, 2 the math too (wrong results by design). BLOCKED: the
+    words (of every weight of the launch) in ``quarl.quant.packed_layout``'s [64, 8] blocks."""
     pdl.enter(PDL)
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
@@ -276,13 +280,13 @@ def _gemv_kernel(
                           stride_xm, stride_wn, stride_sn, stride_zn, stride_sn_u, stride_zn_u, stride_os, stride_om,
                           wp1_ptr, s1_ptr, gs1_ptr, out1_ptr, N1, T0, so1, som1,
                           wp2_ptr, s2_ptr, gs2_ptr, out2_ptr, N2, T1, so2, som2,
-                          M, FMT, GROUP, HAS_ZP, USE_ASM, BN, BKW, VEC, PREFETCH, STAGES, EVEN_K, ZW, NW, PDL, DIAG)
+                          M, FMT, GROUP, HAS_ZP, USE_ASM, BN, BKW, VEC, PREFETCH, STAGES, EVEN_K, ZW, NW, PDL, DIAG, BLOCKED)
     else:
         _gemv_weights(pid_n, pid_k, x_ptr, wp_ptr, s_ptr, z_ptr, gs_ptr, out_ptr, N, KW, KW_PER_SPLIT,
                       stride_xm, stride_wn, stride_sn, stride_zn, stride_sn_u, stride_zn_u, stride_os, stride_om,
                       wp1_ptr, s1_ptr, gs1_ptr, out1_ptr, N1, T0, so1, som1,
                       wp2_ptr, s2_ptr, gs2_ptr, out2_ptr, N2, T1, so2, som2,
-                      M, FMT, GROUP, HAS_ZP, USE_ASM, BN, BKW, VEC, PREFETCH, STAGES, EVEN_K, ZW, NW, PDL, DIAG)
+                      M, FMT, GROUP, HAS_ZP, USE_ASM, BN, BKW, VEC, PREFETCH, STAGES, EVEN_K, ZW, NW, PDL, DIAG, BLOCKED)
 
 
 @triton.jit
@@ -294,25 +298,26 @@ def _gemv_weights(
     M: tl.constexpr, FMT: tl.constexpr, GROUP: tl.constexpr, HAS_ZP: tl.constexpr, USE_ASM: tl.constexpr,
     BN: tl.constexpr, BKW: tl.constexpr, VEC: tl.constexpr, PREFETCH: tl.constexpr, STAGES: tl.constexpr,
     EVEN_K: tl.constexpr, ZW: tl.constexpr, NW: tl.constexpr, PDL: tl.constexpr, DIAG: tl.constexpr = 0,
+    BLOCKED: tl.constexpr = False,
 ):
     """Weight tile ``t`` of the launch: weight 0's tiles, then (NW >= 2) weight 1's, then (NW == 3) weight 2's."""
     if NW == 1:
         _gemv_tiles(t, pid_k, x_ptr, wp_ptr, s_ptr, z_ptr, gs_ptr, out_ptr, N, KW, KW_PER_SPLIT,
                     stride_xm, stride_wn, stride_sn, stride_zn, stride_sn_u, stride_zn_u, stride_os, stride_om,
-                    M, FMT, GROUP, HAS_ZP, USE_ASM, BN, BKW, VEC, PREFETCH, STAGES, EVEN_K, ZW, PDL, DIAG)
+                    M, FMT, GROUP, HAS_ZP, USE_ASM, BN, BKW, VEC, PREFETCH, STAGES, EVEN_K, ZW, PDL, DIAG, BLOCKED)
     else:
         if t < T0:
             _gemv_tiles(t, pid_k, x_ptr, wp_ptr, s_ptr, z_ptr, gs_ptr, out_ptr, N, KW, KW_PER_SPLIT,
                         stride_xm, stride_wn, stride_sn, stride_zn, stride_sn_u, stride_zn_u, stride_os, stride_om,
-                        M, FMT, GROUP, HAS_ZP, USE_ASM, BN, BKW, VEC, PREFETCH, STAGES, EVEN_K, ZW, PDL, DIAG)
+                        M, FMT, GROUP, HAS_ZP, USE_ASM, BN, BKW, VEC, PREFETCH, STAGES, EVEN_K, ZW, PDL, DIAG, BLOCKED)
         elif NW == 2 or t < T0 + T1:
             _gemv_tiles(t - T0, pid_k, x_ptr, wp1_ptr, s1_ptr, s1_ptr, gs1_ptr, out1_ptr, N1, KW, KW_PER_SPLIT,
                         stride_xm, stride_wn, stride_sn, stride_zn, stride_sn_u, stride_zn_u, so1, som1,
-                        M, FMT, GROUP, HAS_ZP, USE_ASM, BN, BKW, VEC, PREFETCH, STAGES, EVEN_K, ZW, PDL, DIAG)
+                        M, FMT, GROUP, HAS_ZP, USE_ASM, BN, BKW, VEC, PREFETCH, STAGES, EVEN_K, ZW, PDL, DIAG, BLOCKED)
         else:
             _gemv_tiles(t - T0 - T1, pid_k, x_ptr, wp2_ptr, s2_ptr, s2_ptr, gs2_ptr, out2_ptr, N2, KW, KW_PER_SPLIT,
                         stride_xm, stride_wn, stride_sn, stride_zn, stride_sn_u, stride_zn_u, so2, som2,
-                        M, FMT, GROUP, HAS_ZP, USE_ASM, BN, BKW, VEC, PREFETCH, STAGES, EVEN_K, ZW, PDL, DIAG)
+                        M, FMT, GROUP, HAS_ZP, USE_ASM, BN, BKW, VEC, PREFETCH, STAGES, EVEN_K, ZW, PDL, DIAG, BLOCKED)
 
 
 @triton.jit
@@ -323,6 +328,7 @@ def _gemv_tiles(
     M: tl.constexpr, FMT: tl.constexpr, GROUP: tl.constexpr, HAS_ZP: tl.constexpr, USE_ASM: tl.constexpr,
     BN: tl.constexpr, BKW: tl.constexpr, VEC: tl.constexpr, PREFETCH: tl.constexpr, STAGES: tl.constexpr,
     EVEN_K: tl.constexpr, ZW: tl.constexpr, PDL: tl.constexpr = 0, DIAG: tl.constexpr = 0,
+    BLOCKED: tl.constexpr = False,
 ):
     """One program's weight tile of :func:`_gemv_kernel`: output rows ``pid_n * BN + [0, BN)``, K split ``pid_k``."""
     WPG: tl.constexpr = GROUP // 8  # words per scale group
@@ -355,7 +361,7 @@ def _gemv_tiles(
     kw_last = kw_lo + ((kw_hi - kw_lo - 1) // BKW) * BKW  # start of the split's last tile
     if PREFETCH:
         nxt = _load_tile(wp_ptr, s_ptr, z_ptr, rows, kw_lo, kw_hi, ar, ag, stride_wn, stride_sn, stride_zn,
-                         FMT, WPG, ONE_GROUP, HAS_ZP, EVEN_K, ZW, (DIAG & 4) != 0, BN, BKW, KW // BKW)
+                         FMT, WPG, ONE_GROUP, HAS_ZP, EVEN_K, ZW, BLOCKED, VEC)
     for kw0 in tl.range(kw_lo, kw_hi, BKW, num_stages=STAGES):
         offs_kw = kw0 + ar  # [BKW]
         # x first (L1/L2 hits, independent of the decode below): 4 bf16 pairs per word and token
@@ -372,11 +378,10 @@ def _gemv_tiles(
             w, sg, zg = nxt
             nxt = _load_tile(wp_ptr, s_ptr, z_ptr, rows, min(kw0 + BKW, kw_last), kw_hi, ar, ag,
                              stride_wn, stride_sn, stride_zn, FMT, WPG, ONE_GROUP, HAS_ZP, EVEN_K, ZW,
-                             (DIAG & 4) != 0, BN, BKW, KW // BKW)
+                             BLOCKED, VEC)
         else:
             w, sg, zg = _load_tile(wp_ptr, s_ptr, z_ptr, rows, kw0, kw_hi, ar, ag, stride_wn, stride_sn, stride_zn,
-                                   FMT, WPG, ONE_GROUP, HAS_ZP, EVEN_K, ZW, (DIAG & 4) != 0, BN, BKW,
-                                   KW // BKW)
+                                   FMT, WPG, ONE_GROUP, HAS_ZP, EVEN_K, ZW, BLOCKED, VEC)
         # per-group values -> per word [BN, BKW] (a register broadcast)
         if FMT == 0:  # NVFP4: S = e4m3 * 2**110 (exact in bf16: the fp32's low half is 0)
             sv = (sg.to(tl.uint8).to(tl.float8e4nv, bitcast=True).to(tl.float32) * 1.298074214633707e33)
@@ -447,8 +452,7 @@ class GemvConfig:
     waves: int = 4  # split K until cdiv(N, bn) * split >= waves * SMs
     stages: int = 1  # > 1: cp.async pipeline of that depth (tl.range num_stages)
     # DIAGNOSTIC (session 19; benchmarks/kernels/bench_decode_bound.py, never set elsewhere): 1 the decode replaced by
-    # a bitcast, 2 also no FFMAs and no x (wrong results by design); + 4: the words pre-tiled by ``tile_words`` in
-    # [bn, bkw] blocks, a step one block (right results, given such words)
+    # a bitcast, 2 also no FFMAs and no x (wrong results by design)
     diag: int = 0
 
     def __str__(self) -> str:
@@ -529,15 +533,6 @@ def gemv_supported(x2: torch.Tensor, pw) -> bool:
             and wpg & (wpg - 1) == 0)
 
 
-def tile_words(words: torch.Tensor, bn: int, bkw: int) -> torch.Tensor:
-    """DIAGNOSTIC (``GemvConfig.diag & 4``, ``MmaDecodeConfig.diag & 4``): packed words ``[N, KW]`` re-laid as
-    ``[N / bn, KW / bkw, bn, bkw]`` (a kernel step's tile one contiguous block), returned in a ``[N, KW]`` tensor."""
-    n, kw = words.shape
-    if n % bn or kw % bkw:
-        raise ValueError(f"tile_words: [{n}, {kw}] words do not split into [{bn}, {bkw}] tiles")
-    return words.view(n // bn, bn, kw // bkw, bkw).permute(0, 2, 1, 3).contiguous().view(n, kw)
-
-
 def _gemv_split(cfg: GemvConfig, n: int, kw: int, sms: int) -> tuple[int, int]:
     """(split count, words per split): about ``waves * sms`` programs, >= 1 K step each."""
     tiles = triton.cdiv(n, cfg.bn)
@@ -589,6 +584,9 @@ def gemv_launch(x2: torch.Tensor, pw, cfg: GemvConfig, *, use_asm: bool = True, 
     if pw.group % 8 or (pw.group // 8) & (pw.group // 8 - 1):
         raise ValueError(f"launch_gemv: group size {pw.group} must be 8 * a power of two (use wo_gemm.launch_fwd)")
     bn, bkw, vec = effective_tile(cfg, pw.group)
+    if any(p.blocked != pw.blocked for p in more) or (pw.blocked and bkw % 8):
+        raise ValueError(f"launch_gemv: blocked words need every weight of a launch blocked and K steps of whole "
+                         f"8-word blocks; got blocked {[p.blocked for p in (pw, *more)]}, {bkw}-word steps")
     cfg = GemvConfig(bn, bkw, vec, cfg.warps, cfg.prefetch and cfg.stages <= 1, cfg.waves, cfg.stages, cfg.diag)
     tiles = [triton.cdiv(p.n, cfg.bn) for p in (pw, *more)]
     split, per = _gemv_split(cfg, sum(tiles) * cfg.bn, kw, num_sms(x2.device))  # one split for the whole group
@@ -623,7 +621,8 @@ def gemv_launch(x2: torch.Tensor, pw, cfg: GemvConfig, *, use_asm: bool = True, 
     const = {"M": m, "FMT": pw.fmt, "GROUP": pw.group, "HAS_ZP": pw.fmt == FMT_INT4 and pw.zero is not None,
              "USE_ASM": use_asm and not interpreting(), "BN": bn, "BKW": bkw, "VEC": vec, "PREFETCH": cfg.prefetch,
              "STAGES": cfg.stages, "EVEN_K": kw % bkw == 0, "ZW": zw, "HAS_LA": la is not None, "LA_BR": lora_a.BR,
-             "LA_BK": lora_a.BK, "NW": 1 + len(more), "PDL": pdl.mode(x2.device), "DIAG": cfg.diag}
+             "LA_BK": lora_a.BK, "NW": 1 + len(more), "PDL": pdl.mode(x2.device), "DIAG": cfg.diag,
+             "BLOCKED": pw.blocked}
     grid = (la_progs + sum(tiles), split)  # the A programs first: scheduled in the first wave
     return GemvLaunch(_gemv_kernel, grid, args, const, cfg.warps, cfg.stages, out, y, split, tuple(rest))
 
@@ -665,5 +664,5 @@ def group_supported(x2: torch.Tensor, pws: list) -> bool:
 __all__ = [
     "FMT_INT4", "FMT_MXFP4", "FMT_NVFP4", "GEMV_CONFIGS", "GEMV_GROUP_MAX_M", "GEMV_LIMIT_M", "GEMV_MAX_M",
     "GemvConfig", "GemvLaunch", "default_gemv_config", "effective_tile", "gemv_launch", "gemv_supported",
-    "group_supported", "launch_gemv", "launch_gemv_group", "tile_words",
+    "group_supported", "launch_gemv", "launch_gemv_group",
 ]

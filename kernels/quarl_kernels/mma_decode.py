@@ -194,16 +194,15 @@ def _xfrag_layout(NT, BKW, W):
 def _load_step(wp_ptr, s_ptr, z_ptr, rows_w, offs_w, rows_g, offs_g, kw0, kw_hi,
                stride_wn, stride_sn, stride_zn,
                FMT: gl.constexpr, WPG: gl.constexpr, WT: gl.constexpr, HAS_ZP: gl.constexpr,
-               EVEN_K: gl.constexpr, TILED: gl.constexpr = False, R_: gl.constexpr = 1, BKW_: gl.constexpr = 1,
-               KSTEPS=1):
+               EVEN_K: gl.constexpr, BLOCKED: gl.constexpr = False):
     """Raw loads of one K step at word ``kw0``: words [R, BKW] i32 and the step's group
-    values [R, NG] (FP4: scale bytes; INT4: fp32 scales, zero-point bytes). TILED (diagnostic, ``diag & 4``): the
-    words in ``gemv.tile_words``' layout with [R, BKW] tiles."""
+    values [R, NG] (FP4: scale bytes; INT4: fp32 scales, zero-point bytes). BLOCKED: the words in
+    ``quarl.quant.packed_layout``'s [64, 8] blocks (``stride_wn`` = KW): a step's tile is whole 2 KB blocks."""
     kw = kw0 + offs_w  # [BKW]
-    if TILED:
+    if BLOCKED:
         kk = kw[None, :]
-        tile = (rows_w[:, None] // R_) * KSTEPS + kk // BKW_
-        wptr = wp_ptr + tile * (R_ * BKW_) + (rows_w[:, None] % R_) * BKW_ + kk % BKW_  # [R, BKW]
+        band = (rows_w[:, None] // 64) * (stride_wn * 64) + (rows_w[:, None] % 64) * 8  # [R, 1]
+        wptr = wp_ptr + band + (kk // 8) * 512 + kk % 8  # [R, BKW]
     else:
         wptr = wp_ptr + rows_w[:, None] * stride_wn + kw[None, :]  # [R, BKW]
     if WT == WPG:  # whole groups in a step: contiguous group indices (vector loads)
@@ -352,7 +351,7 @@ def _mma_decode_kernel(
     R: gl.constexpr, BKW: gl.constexpr, NT: gl.constexpr, W: gl.constexpr,
     PREFETCH: gl.constexpr, EVEN_K: gl.constexpr, XS: gl.constexpr = False,
     HAS_LA: gl.constexpr = False, LA_V: gl.constexpr = 8, NW: gl.constexpr = 1,
-    PDL: gl.constexpr = 0, DIAG: gl.constexpr = 0,
+    PDL: gl.constexpr = 0, DIAG: gl.constexpr = 0, BLOCKED: gl.constexpr = False,
 ):
     """y[M, N] (or fp32 split partials [S, M, N]) = x[M, K] @ W[N, K]^T, M <= NT.
 
@@ -364,8 +363,8 @@ def _mma_decode_kernel(
     NW = 2 / 3: the tiles of two or three FP4 weights of one K that read the same x (a LoRA group's q/k/v or
     gate/up: :func:`launch_mma_decode_group`), weight 0's ``T0`` tiles, then weight 1's ``T1``, then weight 2's.
     PDL (``pdl.py``, ``pdl_gluon.py``): wait for the kernel before (which wrote x) first; signal after the K loop.
-    DIAG (a diagnostic, ``MmaDecodeConfig.diag``): 1 the decode replaced by a conversion (wrong results by design);
-    + 4 / + 8 the words pre-tiled (``gemv.tile_words``) in the step's / [64, 8] blocks."""
+    DIAG (a diagnostic, ``MmaDecodeConfig.diag``): 1 the decode replaced by a conversion (wrong results by design).
+    BLOCKED: every weight's words in ``quarl.quant.packed_layout``'s [64, 8] blocks."""
     pdl_gluon.enter(PDL)
     pid_n = gl.program_id(0)
     pid_k = gl.program_id(1)
@@ -379,13 +378,13 @@ def _mma_decode_kernel(
                                 TILES_PER_SPLIT, stride_xm, stride_wn, stride_sn, stride_zn, stride_os, stride_om,
                                 wp1_ptr, s1_ptr, gs1_ptr, out1_ptr, N1, T0, so1, som1,
                                 wp2_ptr, s2_ptr, gs2_ptr, out2_ptr, N2, T1, so2, som2,
-                                FMT, GROUP, HAS_ZP, R, BKW, NT, W, PREFETCH, EVEN_K, XS, NW, PDL, DIAG)
+                                FMT, GROUP, HAS_ZP, R, BKW, NT, W, PREFETCH, EVEN_K, XS, NW, PDL, DIAG, BLOCKED)
     else:
         _mma_decode_weights(pid_n, pid_k, x_ptr, wp_ptr, s_ptr, z_ptr, gs_ptr, out_ptr, M, N, KW,
                             TILES_PER_SPLIT, stride_xm, stride_wn, stride_sn, stride_zn, stride_os, stride_om,
                             wp1_ptr, s1_ptr, gs1_ptr, out1_ptr, N1, T0, so1, som1,
                             wp2_ptr, s2_ptr, gs2_ptr, out2_ptr, N2, T1, so2, som2,
-                            FMT, GROUP, HAS_ZP, R, BKW, NT, W, PREFETCH, EVEN_K, XS, NW, PDL, DIAG)
+                            FMT, GROUP, HAS_ZP, R, BKW, NT, W, PREFETCH, EVEN_K, XS, NW, PDL, DIAG, BLOCKED)
 
 
 @gluon.jit
@@ -397,26 +396,26 @@ def _mma_decode_weights(
     FMT: gl.constexpr, GROUP: gl.constexpr, HAS_ZP: gl.constexpr,
     R: gl.constexpr, BKW: gl.constexpr, NT: gl.constexpr, W: gl.constexpr,
     PREFETCH: gl.constexpr, EVEN_K: gl.constexpr, XS: gl.constexpr, NW: gl.constexpr, PDL: gl.constexpr,
-    DIAG: gl.constexpr = 0,
+    DIAG: gl.constexpr = 0, BLOCKED: gl.constexpr = False,
 ):
     """Weight tile ``t`` of the launch: weight 0's tiles, then (NW >= 2) weight 1's, then (NW == 3) weight 2's."""
     if NW == 1:
         _mma_decode_tiles(t, pid_k, x_ptr, wp_ptr, s_ptr, z_ptr, gs_ptr, out_ptr, M, N, KW, TILES_PER_SPLIT,
                           stride_xm, stride_wn, stride_sn, stride_zn, stride_os, stride_om,
-                          FMT, GROUP, HAS_ZP, R, BKW, NT, W, PREFETCH, EVEN_K, XS, PDL, DIAG)
+                          FMT, GROUP, HAS_ZP, R, BKW, NT, W, PREFETCH, EVEN_K, XS, PDL, DIAG, BLOCKED)
     else:
         if t < T0:
             _mma_decode_tiles(t, pid_k, x_ptr, wp_ptr, s_ptr, z_ptr, gs_ptr, out_ptr, M, N, KW, TILES_PER_SPLIT,
                               stride_xm, stride_wn, stride_sn, stride_zn, stride_os, stride_om,
-                              FMT, GROUP, HAS_ZP, R, BKW, NT, W, PREFETCH, EVEN_K, XS, PDL, DIAG)
+                              FMT, GROUP, HAS_ZP, R, BKW, NT, W, PREFETCH, EVEN_K, XS, PDL, DIAG, BLOCKED)
         elif NW == 2 or t < T0 + T1:
             _mma_decode_tiles(t - T0, pid_k, x_ptr, wp1_ptr, s1_ptr, s1_ptr, gs1_ptr, out1_ptr, M, N1, KW,
                               TILES_PER_SPLIT, stride_xm, stride_wn, stride_sn, stride_zn, so1, som1,
-                              FMT, GROUP, HAS_ZP, R, BKW, NT, W, PREFETCH, EVEN_K, XS, PDL, DIAG)
+                              FMT, GROUP, HAS_ZP, R, BKW, NT, W, PREFETCH, EVEN_K, XS, PDL, DIAG, BLOCKED)
         else:
             _mma_decode_tiles(t - T0 - T1, pid_k, x_ptr, wp2_ptr, s2_ptr, s2_ptr, gs2_ptr, out2_ptr, M, N2, KW,
                               TILES_PER_SPLIT, stride_xm, stride_wn, stride_sn, stride_zn, so2, som2,
-                              FMT, GROUP, HAS_ZP, R, BKW, NT, W, PREFETCH, EVEN_K, XS, PDL, DIAG)
+                              FMT, GROUP, HAS_ZP, R, BKW, NT, W, PREFETCH, EVEN_K, XS, PDL, DIAG, BLOCKED)
 
 
 @gluon.jit
@@ -427,7 +426,7 @@ def _mma_decode_tiles(
     FMT: gl.constexpr, GROUP: gl.constexpr, HAS_ZP: gl.constexpr,
     R: gl.constexpr, BKW: gl.constexpr, NT: gl.constexpr, W: gl.constexpr,
     PREFETCH: gl.constexpr, EVEN_K: gl.constexpr, XS: gl.constexpr, PDL: gl.constexpr = 0,
-    DIAG: gl.constexpr = 0,
+    DIAG: gl.constexpr = 0, BLOCKED: gl.constexpr = False,
 ):
     """One program's weight tile of :func:`_mma_decode_kernel`."""
     BK: gl.constexpr = BKW * 8
@@ -461,12 +460,9 @@ def _mma_decode_tiles(
 
     acc = gl.zeros([R, NT], gl.float32, MMA)
     kw_last = kw_lo + ((kw_hi - kw_lo - 1) // BKW) * BKW  # start of the split's last step
-    _TR: gl.constexpr = 64 if (DIAG & 8) != 0 else R  # diagnostic word blocks: [64, 8] (+ 8) or the step's (+ 4)
-    _TW: gl.constexpr = 8 if (DIAG & 8) != 0 else BKW
     if PREFETCH:
         nxt = _load_step(wp_ptr, s_ptr, z_ptr, rows_w, offs_w, rows_g, offs_g, kw_lo, kw_hi,
-                         stride_wn, stride_sn, stride_zn, FMT, WPG, WT, HAS_ZP, EVEN_K, (DIAG & 12) != 0, _TR,
-                         _TW, KW // _TW)
+                         stride_wn, stride_sn, stride_zn, FMT, WPG, WT, HAS_ZP, EVEN_K, BLOCKED)
     if XS:  # double buffer [2, NT, BK] of B fragments (_xfrag_layout order), step 0's now
         gl.static_assert(J == 2, "XS: the B register pairing is that of 8-word steps")
         # 16-byte chunk c of token n at c ^ (n % 2): tokens g, g + 1 of a quarter warp hit other banks
@@ -491,12 +487,10 @@ def _mma_decode_tiles(
             w, sg, zg = nxt
             nxt = _load_step(wp_ptr, s_ptr, z_ptr, rows_w, offs_w, rows_g, offs_g,
                              gl.minimum(kw0 + BKW, kw_last), kw_hi,  # the last again at the end: unused
-                             stride_wn, stride_sn, stride_zn, FMT, WPG, WT, HAS_ZP, EVEN_K, (DIAG & 12) != 0, _TR,
-                             _TW, KW // _TW)
+                             stride_wn, stride_sn, stride_zn, FMT, WPG, WT, HAS_ZP, EVEN_K, BLOCKED)
         else:
             w, sg, zg = _load_step(wp_ptr, s_ptr, z_ptr, rows_w, offs_w, rows_g, offs_g, kw0, kw_hi,
-                                   stride_wn, stride_sn, stride_zn, FMT, WPG, WT, HAS_ZP, EVEN_K, (DIAG & 12) != 0, _TR,
-                             _TW, KW // _TW)
+                                   stride_wn, stride_sn, stride_zn, FMT, WPG, WT, HAS_ZP, EVEN_K, BLOCKED)
         if (DIAG & 3) == 1:  # diagnostic: one conversion instead of the decode (wrong results), the rest the same
             pz = (w ^ _per_word(sg.to(gl.int32), LW, R, BKW, WT)).to(gl.bfloat16)  # the scale bytes still loaded
             p0, p1, p2, p3, p4, p5, p6, p7 = pz, pz, pz, pz, pz, pz, pz, pz
@@ -532,7 +526,7 @@ class MmaDecodeConfig:
     waves: int = 4  # split K until cdiv(N, rows) * split >= waves * SMs
     xsmem: bool = False  # stage x through shared memory (once per CTA; barriers per step); bkw 8 only
     # DIAGNOSTIC (session 19; bench_decode_bound.py only): 1 the decode replaced by one conversion a word (wrong
-    # results); + 4 / + 8 the words pre-tiled (``gemv.tile_words``) in [rows, bkw] / [64, 8] blocks
+    # results)
     diag: int = 0
 
     def __post_init__(self) -> None:
@@ -660,6 +654,8 @@ def group_supported(x2: torch.Tensor, pws: list) -> bool:
 def _launch(x2: torch.Tensor, pws: list, cfg: MmaDecodeConfig, epi):
     """One launch over ``pws``' tiles (one K split for all); -> (their DecodeOperands, split, epi for weight 0)."""
     pw = pws[0]
+    if any(p.blocked != pw.blocked for p in pws):
+        raise ValueError(f"launch_mma_decode: one launch reads one word layout; got blocked {[p.blocked for p in pws]}")
     if not all(mma_decode_supported(x2, p) for p in pws):
         raise ValueError(
             f"launch_mma_decode: needs CUDA bf16 x [M, {pw.k}] with {MIN_M} <= M <= {MAX_M}, K % 8 == 0 and a "
@@ -699,7 +695,7 @@ def _launch(x2: torch.Tensor, pws: list, cfg: MmaDecodeConfig, epi):
         FMT=pw.fmt, GROUP=pw.group, HAS_ZP=pw.fmt == FMT_INT4 and pw.zero is not None,
         R=cfg.rows, BKW=cfg.bkw, NT=nt, W=cfg.warps,
         PREFETCH=cfg.prefetch, EVEN_K=kw % cfg.bkw == 0, XS=cfg.xsmem,
-        HAS_LA=la is not None, LA_V=LORA_A_V, NW=len(pws), DIAG=cfg.diag,
+        HAS_LA=la is not None, LA_V=LORA_A_V, NW=len(pws), DIAG=cfg.diag, BLOCKED=pw.blocked,
         num_warps=cfg.warps, **pdl.kwargs(x2.device),
     )
     return ops, split, epi

@@ -46,7 +46,10 @@ def _packed_weight(packed, scale, zero, gscale, fmt: str, group: int, n: int, k:
     """The kernels' view of a layer's tensors: no copies except for non-contiguous scales."""
     from quarl_kernels.wo_gemm import PackedWeight
 
-    words = packed if packed.dtype == torch.int32 else packed.view(torch.int32)  # FP4: uint8 [N, K/2] -> [N, K/8]
+    # FP4: uint8 [N, K/2] -> [N, K/8]; blocked (4-D, ``quarl.quant.packed_layout``): the same words in [64, 8]
+    # blocks, handed to the kernels as an [N, K/8] view whose stride(0) is still K/8
+    blocked = packed.dim() == 4
+    words = (packed if packed.dtype == torch.int32 else packed.view(torch.int32)).view(n, k // 8)
     scale = scale.contiguous()
     if fmt == "int":
         byte_t = None if zero is None else zero.contiguous()
@@ -62,13 +65,16 @@ def _packed_weight(packed, scale, zero, gscale, fmt: str, group: int, n: int, k:
             scale = as_words
     elif fmt == "int" and zero is not None:
         zero = byte_t
-    return PackedWeight(FORMAT_IDS[fmt], group, n, k, words, scale, zero, gscale, bytes32)
+    return PackedWeight(FORMAT_IDS[fmt], group, n, k, words, scale, zero, gscale, bytes32, blocked)
 
 
 def _reference_weight(packed, scale, zero, gscale, fmt: str, group: int, n: int, k: int, dtype) -> torch.Tensor:
     """The numerics oracle: the format's own dequantize (what QuantLinear's reference uses)."""
     from quarl.quant.base import QTensor, get_format
+    from quarl.quant.packed_layout import row_major
     from quarl.quant.spec import make_config
+
+    packed = row_major(packed)
 
     if fmt == "int":
         cfg = make_config({"format": "int", "bits": 4, "group_size": group, "symmetric": zero is None})

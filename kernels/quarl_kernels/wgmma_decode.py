@@ -151,7 +151,7 @@ def _wgmma_decode_kernel(
     FMT: gl.constexpr, GROUP: gl.constexpr, HAS_ZP: gl.constexpr,
     R: gl.constexpr, BKW: gl.constexpr, NT: gl.constexpr, W: gl.constexpr,
     PREFETCH: gl.constexpr, EVEN_K: gl.constexpr, NBUF: gl.constexpr, PDL: gl.constexpr = 0,
-    DIAG: gl.constexpr = 0,  # DIAGNOSTIC (session 19; WgmmaDecodeConfig.diag): + 8 the words tiled in [64, 8] blocks
+    BLOCKED: gl.constexpr = False,  # the words in quarl.quant.packed_layout's [64, 8] blocks
 ):
     """y[M, N] (or fp32 split partials [S, M, N]) = x[M, K] @ W[N, K]^T, M <= NT.
 
@@ -196,8 +196,7 @@ def _wgmma_decode_kernel(
     gl.thread_barrier()
     if PREFETCH:
         nxt = _load_step(wp_ptr, s_ptr, z_ptr, rows_w, offs_w, rows_g, offs_g, kw_lo, kw_hi,
-                         stride_wn, stride_sn, stride_zn, FMT, WPG, WT, HAS_ZP, EVEN_K, (DIAG & 8) != 0, 64, 8,
-                         KW // 8)
+                         stride_wn, stride_sn, stride_zn, FMT, WPG, WT, HAS_ZP, EVEN_K, BLOCKED)
 
     acc = gl.zeros([R, NT], gl.float32, MMA)
     for kw0 in range(kw_lo, kw_hi, BKW):
@@ -207,12 +206,10 @@ def _wgmma_decode_kernel(
         if PREFETCH:  # this step's raw loads were issued one step ago; issue the next one's
             w, sg, zg = nxt
             nxt = _load_step(wp_ptr, s_ptr, z_ptr, rows_w, offs_w, rows_g, offs_g, kn, kw_hi,
-                             stride_wn, stride_sn, stride_zn, FMT, WPG, WT, HAS_ZP, EVEN_K, (DIAG & 8) != 0, 64, 8,
-                             KW // 8)
+                             stride_wn, stride_sn, stride_zn, FMT, WPG, WT, HAS_ZP, EVEN_K, BLOCKED)
         else:
             w, sg, zg = _load_step(wp_ptr, s_ptr, z_ptr, rows_w, offs_w, rows_g, offs_g, kw0, kw_hi,
-                                   stride_wn, stride_sn, stride_zn, FMT, WPG, WT, HAS_ZP, EVEN_K, (DIAG & 8) != 0,
-                                   64, 8, KW // 8)
+                                   stride_wn, stride_sn, stride_zn, FMT, WPG, WT, HAS_ZP, EVEN_K, BLOCKED)
         a = a_fragment(w, sg, zg, FMT, HAS_ZP, LW, R, BKW, WT, A_L)
         acc = warpgroup_mma(a, xs.index(step % NBUF).permute((1, 0)), acc, is_async=True)
         # this step's wgmma is done before the next decode rewrites its A registers (PTX leaves a wgmma's register
@@ -243,7 +240,6 @@ class WgmmaDecodeConfig:
     warps: int = 4  # 4 (one warpgroup) or 8 (two, sharing each x step)
     prefetch: bool = True  # register double buffer of the next step's words and scales
     waves: int = 4  # split K until cdiv(N, rows) * split >= waves * SMs
-    diag: int = 0  # DIAGNOSTIC (session 19; bench_decode_bound.py only): 8 the words tiled in [64, 8] blocks
 
     def __post_init__(self) -> None:
         tiles = self.rows // (16 * self.warps) if self.warps in (4, 8) else 0
@@ -260,8 +256,7 @@ class WgmmaDecodeConfig:
         return 2 if self.warps == 4 else 3
 
     def __str__(self) -> str:
-        return (f"wg-R{self.rows}xBK{self.bkw * 8}w{self.warps}{'p' if self.prefetch else ''}W{self.waves}"
-                f"{f'D{self.diag}' if self.diag else ''}")
+        return f"wg-R{self.rows}xBK{self.bkw * 8}w{self.warps}{'p' if self.prefetch else ''}W{self.waves}"
 
 
 # Candidates (per thread: accumulators rows * NT / (32 warps), A rows * bkw / (8 warps) x2 in
@@ -393,7 +388,7 @@ def launch_wgmma_decode(x2: torch.Tensor, pw, cfg: WgmmaDecodeConfig, epi=None) 
         ops.x2.stride(0), pw.words.stride(0), ops.scale.stride(0), ops.zero.stride(0), *ops.out_strides,
         FMT=pw.fmt, GROUP=pw.group, HAS_ZP=pw.fmt == FMT_INT4 and pw.zero is not None,
         R=cfg.rows, BKW=cfg.bkw, NT=token_tile(m), W=cfg.warps,
-        PREFETCH=cfg.prefetch, EVEN_K=kw % cfg.bkw == 0, NBUF=cfg.nbuf, DIAG=cfg.diag,
+        PREFETCH=cfg.prefetch, EVEN_K=kw % cfg.bkw == 0, NBUF=cfg.nbuf, BLOCKED=pw.blocked,
         num_warps=cfg.warps, **pdl.kwargs(x2.device),
     )
     return finish_splits(ops, split, epi)

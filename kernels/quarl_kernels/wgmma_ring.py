@@ -95,12 +95,17 @@ LARGE_MIN_WEIGHTS_NT32 = 32 << 20  # at 17..32 rows: the weights this kernel tak
 
 
 @gluon.jit
-def _w_coord(row0, kw, KW, R: gl.constexpr, BKW: gl.constexpr, TILED: gl.constexpr):
-    """The word box's TMA coordinates: [row, word] in the row-major words, or (TILED, a diagnostic) the box's block
-    row in the words tiled as [N / R, KW / BKW, R, BKW] and viewed as [-1, BKW]."""
-    if TILED:
-        return (((row0 // R) * (KW // BKW) + kw // BKW) * R, 0)
-    return (row0, kw)
+def _w_load(w_desc, row0, kw, KW, bar, dst, pred, R: gl.constexpr, BLOCKED: gl.constexpr):
+    """TMA copy of a step's words [R, BKW] into ``dst``: one box of the row-major words, or (BLOCKED, BKW = 8: the
+    words in ``quarl.quant.packed_layout``'s [64, 8] blocks, ``w_desc`` over them viewed as [-1, 8]) one [64, 8]
+    box per 64-row band -- the band's block of this step is 2 KB in one piece, and the R / 64 boxes land as the
+    same [R, 8] rows in shared memory."""
+    if BLOCKED:
+        for j in gl.static_range(R // 64):
+            tma.async_copy_global_to_shared(w_desc, [((row0 // 64 + j) * (KW // 8) + kw // 8) * 64, 0], bar,
+                                            dst.slice(j * 64, 64), pred=pred)
+    else:
+        tma.async_copy_global_to_shared(w_desc, [row0, kw], bar, dst, pred=pred)
 
 
 @gluon.jit
@@ -113,7 +118,7 @@ def _wgmma_ring_kernel(
     MMA_INFLIGHT: gl.constexpr,  # wgmma groups left in flight across a step: 1 (overlap) or 0 (serialized)
     W: gl.constexpr,  # warps: 4 (one warpgroup) or 8 (two, an m64 row tile each, sharing the x stages)
     PDL: gl.constexpr = 0,  # pdl.py: wait for the kernel before first; signal after the K loop
-    TILED: gl.constexpr = False,  # DIAGNOSTIC (session 19): words pre-tiled in [R, BKW] blocks, w_desc over [-1, BKW]
+    BLOCKED: gl.constexpr = False,  # words in [64, 8] blocks (quarl.quant.packed_layout), w_desc over [-1, 8]
 ):
     """y[M, N] (or fp32 split partials [S, M, N]) = x[M, K] @ W[N, K]^T, one warpgroup.
 
@@ -153,8 +158,7 @@ def _wgmma_ring_kernel(
         ok = i < nsteps
         mbarrier.expect(bars.index(i), STEP_BYTES, pred=ok)
         tma.async_copy_global_to_shared(x_desc, [tok0, (kw_lo + i * BKW) * 8], bars.index(i), xs.index(i), pred=ok)
-        tma.async_copy_global_to_shared(w_desc, _w_coord(row0, kw_lo + i * BKW, KW, R, BKW, TILED), bars.index(i),
-                                        ws.index(i), pred=ok)
+        _w_load(w_desc, row0, kw_lo + i * BKW, KW, bars.index(i), ws.index(i), ok, R, BLOCKED)
 
     # group scales of the whole K range -> shared [SMAX, R, NG] (step, row, group slot)
     st_i = gl.arange(0, SMAX, layout=gl.SliceLayout(1, gl.SliceLayout(2, LS)))
@@ -190,8 +194,7 @@ def _wgmma_ring_kernel(
         sn = nxt % STAGES
         mbarrier.expect(bars.index(sn), STEP_BYTES, pred=ok)
         tma.async_copy_global_to_shared(x_desc, [tok0, (kw_lo + nxt * BKW) * 8], bars.index(sn), xs.index(sn), pred=ok)
-        tma.async_copy_global_to_shared(w_desc, _w_coord(row0, kw_lo + nxt * BKW, KW, R, BKW, TILED), bars.index(sn),
-                                        ws.index(sn), pred=ok)
+        _w_load(w_desc, row0, kw_lo + nxt * BKW, KW, bars.index(sn), ws.index(sn), ok, R, BLOCKED)
     acc = warpgroup_mma_wait(0, deps=[acc])
     pdl_gluon.leave(PDL)
     for i in gl.static_range(STAGES):
@@ -371,13 +374,12 @@ def _w_layout():
     return gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=32, rank=2)
 
 
-def launch_wgmma_ring(x2: torch.Tensor, pw, cfg: WgmmaRingConfig, epi=None, xp: torch.Tensor | None = None,
-                      tiled: bool = False) -> torch.Tensor:
+def launch_wgmma_ring(x2: torch.Tensor, pw, cfg: WgmmaRingConfig, epi=None, xp: torch.Tensor | None = None
+                      ) -> torch.Tensor:
     """y [M, N] = x2 [M, K] @ dequant(W)^T (``ring_supported`` must hold); ``epi`` as ``launch_wgmma_decode``;
     ``xp``: ``permute_x(x2, cfg.bkw, rows)`` when the caller has it already (weights of one group share it; ``rows``
     ``tile_rows(M, cfg.tile(M))`` or M itself -- then the last token tile's box is TMA-zero-filled, slower).
-    ``tiled``: DIAGNOSTIC (session 19, ``benchmarks/kernels/bench_decode_bound.py``): ``pw.words`` are
-    ``gemv.tile_words(words, cfg.rows, cfg.bkw)``, each step's box one contiguous block."""
+    Blocked words (``pw.blocked``) come in one [64, 8] TMA box per 64-row band a step."""
     if not ring_supported(x2, pw):
         raise ValueError(
             f"launch_wgmma_ring: needs CUDA bf16 x [M, {pw.k}] on an sm_90 GPU with M >= {MIN_M}, an "
@@ -391,15 +393,17 @@ def launch_wgmma_ring(x2: torch.Tensor, pw, cfg: WgmmaRingConfig, epi=None, xp: 
     ops = decode_operands(x2, pw, split, int4=False)
     xp = permute_x(ops.x2, cfg.bkw, tile_rows(m, nt)) if xp is None else xp
     x_desc = TensorDescriptor.from_tensor(xp, [nt, cfg.bkw * 8], _x_layout(nt))
-    w_desc = TensorDescriptor.from_tensor(pw.words.view(-1, cfg.bkw) if tiled else pw.words, [cfg.rows, cfg.bkw],
-                                          _w_layout())
+    if pw.blocked and (cfg.bkw != 8 or cfg.rows % 64):
+        raise ValueError(f"launch_wgmma_ring: blocked words take 8-word steps of 64-row bands, got {cfg}")
+    w_desc = TensorDescriptor.from_tensor(pw.words.view(-1, 8), [64, 8], _w_layout()) if pw.blocked else \
+        TensorDescriptor.from_tensor(pw.words, [cfg.rows, cfg.bkw], _w_layout())
     grid = (triton.cdiv(pw.n, cfg.rows), split, mtiles)
     _wgmma_ring_kernel[grid](
         x_desc, w_desc, ops.scale, ops.gscale, ops.out,
         m, pw.n, kw, ops.scale.shape[1], per,
         ops.scale.stride(0), *ops.out_strides,
         FMT=pw.fmt, GROUP=pw.group, R=cfg.rows, BKW=cfg.bkw, NT=nt, STAGES=cfg.stages, SMAX=triton.next_power_of_2(per),
-        MMA_INFLIGHT=cfg.inflight, W=cfg.warps, TILED=tiled,
+        MMA_INFLIGHT=cfg.inflight, W=cfg.warps, BLOCKED=pw.blocked,
         num_warps=cfg.warps, **pdl.kwargs(x2.device),
     )
     return finish_splits(ops, split, epi)

@@ -73,6 +73,7 @@ def _fwd_kernel(
     FMT: tl.constexpr, GROUP: tl.constexpr, HAS_ZP: tl.constexpr, USE_ASM: tl.constexpr, PAIR_ORDER: tl.constexpr,
     BYTES32: tl.constexpr, SWAP_AB: tl.constexpr,
     BM: tl.constexpr, BN: tl.constexpr, BKW: tl.constexpr, GROUP_M: tl.constexpr, INTERPRET: tl.constexpr,
+    BLOCKED: tl.constexpr = False,
 ):
     BK: tl.constexpr = BKW * 8
     pid = tl.program_id(0)
@@ -110,7 +111,7 @@ def _fwd_kernel(
             x = tl.trans(pair_order_rows(tl.trans(x)))  # [BM, BK], columns in the weight tile's order
         w = load_dequant_tile(
             wp_ptr, s_ptr, z_ptr, offs_n, offs_kw, n_ok, kw_hi,
-            stride_wn, stride_sn, stride_zn, FMT, GROUP, HAS_ZP, USE_ASM, PAIR_ORDER, BYTES32,
+            stride_wn, stride_sn, stride_zn, FMT, GROUP, HAS_ZP, USE_ASM, PAIR_ORDER, BYTES32, BLOCKED,
         )  # [BN, BK] bf16
         if INTERPRET:  # the CPU interpreter multiplies raw bf16 bits; its fp32 dot is right
             x = x.to(tl.float32)
@@ -140,6 +141,7 @@ def _bwd_kernel(
     FMT: tl.constexpr, GROUP: tl.constexpr, HAS_ZP: tl.constexpr, USE_ASM: tl.constexpr, PAIR_ORDER: tl.constexpr,
     BYTES32: tl.constexpr,
     BM: tl.constexpr, BN: tl.constexpr, BKW: tl.constexpr, GROUP_M: tl.constexpr, INTERPRET: tl.constexpr,
+    BLOCKED: tl.constexpr = False,
 ):
     """dx[M, K] = dy[M, N] @ W[N, K]: tiles of dx over (M, K), loop over N. With
     PAIR_ORDER the accumulator's columns come in the weight tile's pair order and
@@ -166,7 +168,7 @@ def _bwd_kernel(
         dy = tl.load(dy_rows + offs_n[None, :] * stride_dyn, mask=m_ok & (offs_n[None, :] < N), other=0.0)
         w = load_dequant_tile(
             wp_ptr, s_ptr, z_ptr, offs_n, offs_kw, offs_n[:, None] < N, KW,
-            stride_wn, stride_sn, stride_zn, FMT, GROUP, HAS_ZP, USE_ASM, PAIR_ORDER, BYTES32,
+            stride_wn, stride_sn, stride_zn, FMT, GROUP, HAS_ZP, USE_ASM, PAIR_ORDER, BYTES32, BLOCKED,
         )  # [BN, BK] bf16
         if INTERPRET:
             acc = tl.dot(dy.to(tl.float32), w.to(tl.float32), acc)
@@ -235,6 +237,9 @@ class PackedWeight:
     zero: torch.Tensor | None  # INT4 asymmetric: int8 bytes [N, G] or int32 view [N, G/4]; else None
     gscale: torch.Tensor | None  # fp32 [1] (NVFP4) or None
     bytes32: bool = False  # byte tensors above are passed as int32 views (pipelinable loads)
+    # ``words`` hold the blocked layout (``quarl.quant.packed_layout``: [64, 8]-word blocks, the [N, KW] view's
+    # stride(0) still KW); every kernel reading words takes it as its BLOCKED constexpr
+    blocked: bool = False
 
 
 def _decode_bm(m: int) -> int:
@@ -280,7 +285,7 @@ def launch_fwd(
         so, sm_, sn,
         FMT=pw.fmt, GROUP=pw.group, HAS_ZP=pw.zero is not None, USE_ASM=use_asm, PAIR_ORDER=pair_order,
         BYTES32=pw.bytes32, SWAP_AB=swap_ab,
-        BM=cfg.bm, BN=cfg.bn, BKW=cfg.bkw, GROUP_M=cfg.group_m, INTERPRET=_interpreting(),
+        BM=cfg.bm, BN=cfg.bn, BKW=cfg.bkw, GROUP_M=cfg.group_m, INTERPRET=_interpreting(), BLOCKED=pw.blocked,
         num_warps=cfg.warps, num_stages=cfg.stages,
     )
     return _finish(out, y, split, epi)
@@ -306,7 +311,7 @@ def launch_bwd(
         dx.stride(0), dx.stride(1),
         FMT=pw.fmt, GROUP=pw.group, HAS_ZP=pw.zero is not None, USE_ASM=use_asm, PAIR_ORDER=pair_order,
         BYTES32=pw.bytes32,
-        BM=bm, BN=cfg.bn, BKW=cfg.bkw, GROUP_M=cfg.group_m, INTERPRET=_interpreting(),
+        BM=bm, BN=cfg.bn, BKW=cfg.bkw, GROUP_M=cfg.group_m, INTERPRET=_interpreting(), BLOCKED=pw.blocked,
         num_warps=cfg.warps if bm >= 64 else 4, num_stages=cfg.stages,
     )
     return dx
@@ -637,8 +642,8 @@ def group_route(x2: torch.Tensor, pws: list) -> str | None:
     """Which one launch serves a LoRA group's weights on ``x2``: "gemv" (one row), "mma" (2..16 rows;
     ``QUARL_MMA_GROUP=0`` turns it off), or None (one launch each)."""
     m = x2.shape[0]
-    if not _env_flag(GROUP_ENV, True) or dense.use_dense(m):
-        return None
+    if not _env_flag(GROUP_ENV, True) or dense.use_dense(m) or any(p.blocked != pws[0].blocked for p in pws):
+        return None  # (one launch reads one word layout)
     if gemv.group_supported(x2, pws):
         return "gemv"
     md = _mma_decode() if MMA_DECODE_MIN_M <= m and _env_flag(MMA_GROUP_ENV, True) else None

@@ -84,6 +84,7 @@ from quarl.engine.fused import _switch
 from quarl.engine.model import DecoderRunner, DecodeState
 from quarl.engine.rollout import DEFAULT_MAX_NUM_BATCHED_TOKENS, Rollout, SamplingParams, left_pad
 from quarl.engine.sampling import check_generator, sample
+from quarl.quant import packed_layout
 
 COMPACT_ENV = "QUARL_ENGINE_COMPACT"
 SHARE_PREFILL_ENV = "QUARL_ENGINE_SHARE_PREFILL"
@@ -164,6 +165,9 @@ class FastGenerator:
         if max_batch_size is not None and max_batch_size < 1:
             raise ValueError(f"max_batch_size must be >= 1 or None (all rows at once), got {max_batch_size}")
         self.model, self.pad_id = model, int(pad_id)
+        # the frozen 4-bit weights re-laid once in the decode kernels' [64, 8]-word blocks (in place: the trainer
+        # shares these modules and its kernels read them too; saved artifacts stay row-major)
+        self.blocked_layers = packed_layout.block_model(model)
         self.runner = DecoderRunner(model, fused=fused, lora_pack=lora_pack, decode_attn=decode_attn)
         self.max_batch_size, self.kv_block, self.sync_every = max_batch_size, kv_block, sync_every
         self.cuda_graphs, self.keep_cache = cuda_graphs, keep_cache

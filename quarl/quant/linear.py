@@ -37,7 +37,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from quarl.quant import dispatch
+from quarl.quant import dispatch, packed_layout
 from quarl.quant.base import FormatConfig, QTensor, QuantError, get_format
 from quarl.quant.fp8_linear import WGRAD_MODES
 from quarl.quant.spec import make_config, spec_string
@@ -185,10 +185,29 @@ class QuantLinear(nn.Module):
         self._wcache = None
 
     def qtensor(self) -> QTensor:
+        """The packed weight in compressed-tensors' layout (a row-major copy of ``weight_packed`` where the GPU
+        kernels' blocked layout holds it: ``quarl.quant.packed_layout``)."""
         if self.mode != "frozen" or self.config is None:
             raise QuantError("qtensor() needs a frozen quantized layer; call freeze() on a QAT layer first")
         return QTensor(self.config, (self.out_features, self.in_features),
-                       {n: getattr(self, n) for n in self._tensor_names})
+                       {n: packed_layout.row_major(getattr(self, n)) if n == "weight_packed" else getattr(self, n)
+                        for n in self._tensor_names})
+
+    def _save_to_state_dict(self, destination, prefix, keep_vars):
+        """Saved artifacts are compressed-tensors': a blocked ``weight_packed`` is written row-major."""
+        super()._save_to_state_dict(destination, prefix, keep_vars)
+        key = prefix + "weight_packed"
+        if key in destination and packed_layout.is_blocked(destination[key]):
+            destination[key] = packed_layout.row_major(destination[key])
+
+    def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
+        """A row-major ``weight_packed`` loads into a blocked layer blocked (``load_state_dict`` copies in place)."""
+        key = prefix + "weight_packed"
+        own = self._buffers.get("weight_packed")
+        if own is not None and packed_layout.is_blocked(own) and key in state_dict \
+                and not packed_layout.is_blocked(state_dict[key]):
+            state_dict[key] = packed_layout.block(state_dict[key])
+        super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
 
     @property
     def format_name(self) -> str:

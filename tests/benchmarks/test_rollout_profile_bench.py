@@ -29,25 +29,22 @@ def test_unknown_names_are_refused_with_the_known_ones():
         bench.parse_variant("int3")
 
 
-def test_tiled_experiment_restores_the_words():
-    """``:tiled`` (session 19's experiment) re-lays every FP4 layer's words for the mma.sync kernel and points its
-    launches at them for the cell, then puts the row-major bytes and the default config back."""
-    pytest.importorskip("triton")
+def test_rowmajor_cells_get_row_major_words():
+    """``:rowmajor`` (the packed words as before session 21) switches the engine's blocking off and converts a model
+    that an earlier cell's engine blocked back to row-major bytes."""
     import torch
-    from quarl_kernels import mma_decode
+
+    from quarl.quant import packed_layout
+
+    assert bench.parse_variant("nvfp4+lora32:rowmajor")[3] == ((packed_layout.ENV, "0"),)
 
     class Layer(torch.nn.Module):
         def __init__(self):
             super().__init__()
-            self.register_buffer("weight_packed", torch.randint(0, 255, (256, 128), dtype=torch.uint8))
+            self.register_buffer("weight_packed", torch.randint(0, 255, (128, 64), dtype=torch.uint8))
 
     model = torch.nn.Sequential(Layer(), Layer())
     before = [m.weight_packed.clone() for m in model]
-    default = mma_decode.default_config(8, 3584)
-    with bench.tiled_words(model):
-        assert not torch.equal(model[0].weight_packed, before[0])
-        words = model[0].weight_packed.view(torch.int32)  # [256, 32]: blocks [2, 2, 128, 16]
-        assert torch.equal(words.view(2, 2, 128, 16)[1, 0], before[0].view(torch.int32)[128:, :16])
-        assert mma_decode.default_config(8, 3584).diag == 4
+    model[1].weight_packed = packed_layout.block(model[1].weight_packed)
+    assert packed_layout.unblock_model(model) == 1
     assert all(torch.equal(m.weight_packed, b) for m, b in zip(model, before, strict=True))
-    assert mma_decode.default_config(8, 3584) == default

@@ -1,23 +1,22 @@
-"""The decode kernels' diagnostic builds (``GemvConfig.diag``, ``MmaDecodeConfig.diag``) on a CPU.
+"""The decode kernels' diagnostic builds and their blocked-word builds on a CPU.
 
 Session 19 located where the one-row GEMV and the ``mma.sync`` kernel lose to a plain read of the same bytes with
 builds that skip work (``diag`` 1: no decode; 2, GEMV: no decode, no x, no FFMAs -- wrong results by design) and with
-the words pre-tiled (``diag + 4`` over ``gemv.tile_words``: the same math at other addresses, RESULTS "Issue 17,
-session 19"; ``benchmarks/kernels/bench_decode_bound.py``). What can be checked without a GPU: ``tile_words`` puts
-each [rows, words] tile in one contiguous block and refuses shapes it cannot tile; under the interpreter the GEMV
-reading tiled words gives the same bits as reading them row-major; the sm_90 builds of the tiled kernels keep their
-16-byte word loads (the addresses stay vectorizable), the default builds carry no diagnostic code, and nothing spills.
+the words pre-tiled (RESULTS "Issue 17, session 19"); session 21 made the tiled words the product's layout
+(``quarl.quant.packed_layout``: [64, 8]-word blocks, ``BLOCKED`` in every kernel that reads words). What can be
+checked without a GPU: the sm_90 builds of the kernels reading blocked words keep their 16-byte word loads (the
+addresses stay vectorizable) and spill nothing, the TMA ring still loads by TMA, the default builds carry no
+diagnostic code. (Bit-equality with row-major words: ``test_blocked_interpreter.py`` and ``test_blocked_gpu.py``.)
 """
 
 from __future__ import annotations
 
 import dataclasses
 import re
-import textwrap
 
 import pytest
 
-from tests.kernels.interpreter import needs_interpreter, needs_triton, run_interpreted
+from tests.kernels.interpreter import needs_triton
 
 
 def _wide_loads(sass: str) -> list[str]:
@@ -37,51 +36,6 @@ def _gluon_sass_tools():
 
 
 @needs_triton
-def test_tile_words_layout():
-    import torch
-    from quarl_kernels import gemv
-
-    w = torch.arange(64 * 96, dtype=torch.int32).view(64, 96)
-    t = gemv.tile_words(w, 16, 32)
-    assert t.shape == w.shape and t.is_contiguous()
-    blocks = t.view(4, 3, 16, 32)  # [N / rows, KW / words, rows, words]
-    for i, j in ((0, 0), (1, 2), (3, 1)):
-        assert torch.equal(blocks[i, j], w[16 * i:16 * (i + 1), 32 * j:32 * (j + 1)])
-    with pytest.raises(ValueError, match="do not split"):
-        gemv.tile_words(w, 48, 32)
-
-
-@needs_interpreter
-def test_gemv_reads_tiled_words_to_the_same_bits():
-    run_interpreted(textwrap.dedent("""
-        import dataclasses
-        import torch
-        from quarl.quant import get_format, make_config
-        from quarl_kernels import gemv
-        from quarl_kernels.ops import _packed_weight
-        from quarl_kernels.wo_gemm import PackedWeight
-
-        C = gemv.GemvConfig
-        for spec, n, k, cfg in (("nvfp4", 64, 512, C(16, 16, 4, 4, prefetch=False)),  # split-K
-                                ("mxfp4", 48, 256, C(16, 8, 4, 4)),  # register prefetch
-                                ("nvfp4", 32, 1024, C(32, 32, 4, 4, prefetch=False))):
-            torch.manual_seed(n + k)
-            c = make_config(spec)
-            t = get_format(c.name).quantize(torch.randn(n, k) * 0.05, c).tensors
-            pw = _packed_weight(t["weight_packed"], t["weight_scale"], None, t.get("weight_global_scale"), c.name,
-                                c.block_size, n, k)
-            bn, bkw, _ = gemv.effective_tile(cfg, pw.group)
-            tiled = PackedWeight(pw.fmt, pw.group, n, k, gemv.tile_words(pw.words, bn, bkw), pw.scale, None,
-                                 pw.gscale, pw.bytes32)
-            x = torch.randn(1, k).to(torch.bfloat16)
-            want = gemv.launch_gemv(x, pw, cfg, use_asm=False)
-            got = gemv.launch_gemv(x, tiled, dataclasses.replace(cfg, diag=4), use_asm=False)
-            assert torch.equal(got, want), (spec, n, k, str(cfg))
-        print("OK")
-    """))
-
-
-@needs_triton
 def test_gemv_builds():
     import torch
     from quarl_kernels import gemv
@@ -96,12 +50,12 @@ def test_gemv_builds():
     cfg = gemv.default_gemv_config(0, 1, n, k)
     assert cfg.diag == 0
     built = {}
-    for d in (0, 4, 2):
-        kern, sass = compile_launch(gemv.gemv_launch(x, pw, dataclasses.replace(cfg, diag=d)))
+    for d, p in ((0, pw), (2, pw), ("blocked", dataclasses.replace(pw, blocked=True))):
+        kern, sass = compile_launch(gemv.gemv_launch(x, p, dataclasses.replace(cfg, diag=0 if d == "blocked" else d)))
         assert stack_bytes(kern) in (0, None), d
         built[d] = sass
-    words, tiled = _wide_loads(built[0]), _wide_loads(built[4])
-    assert words and len(tiled) == len(words)  # the tiled words still load 16 bytes at a time
+    words, blocked = _wide_loads(built[0]), _wide_loads(built["blocked"])
+    assert words and len(blocked) == len(words)  # the blocked words still load 16 bytes at a time
     fp = [len(re.findall(r"\b(?:FFMA|FMUL|FADD)\b", built[d])) for d in (0, 2)]
     assert fp[1] < fp[0] // 4, fp  # diag 2: the math gone
 
@@ -117,31 +71,33 @@ def test_mma_decode_builds():
     assert cfg.diag == 0
     wide0 = _wide_loads(sass_of(compile_mma_decode(FMT_NVFP4, cfg, 8, split=False)))
     assert wide0
-    for d in (4, 8):  # the step's own [128, 16] blocks, [64, 8] blocks
-        kd = compile_mma_decode(FMT_NVFP4, dataclasses.replace(cfg, diag=d), 8, split=False)
-        assert stack_bytes(kd) in (0, None), d
-        assert len(_wide_loads(sass_of(kd))) == len(wide0), d
+    kb = compile_mma_decode(FMT_NVFP4, cfg, 8, split=False, blocked=True)
+    assert stack_bytes(kb) in (0, None)
+    assert len(_wide_loads(sass_of(kb))) == len(wide0)
 
 
 @needs_triton
-def test_ring_builds_reading_tiled_words():
-    """The TMA ring with ``tiled=True`` (its box one [64, 8] block of ``tile_words``): still TMA-fed, no spills."""
+def test_ring_builds_reading_blocked_words():
+    """The TMA ring reading blocked words (one [64, 8] box per 64-row band): still TMA-fed, no spills, at 64 and
+    128 rows a CTA."""
     pytest.importorskip("triton.experimental.gluon")
     from quarl_kernels import wgmma_ring as wr
 
     from tests.kernels.sm90_sass import bench_module, registers, stack_bytes
 
     compile_wgmma_ring = bench_module("bench_wgmma_decode").compile_wgmma_ring
-    k0 = compile_wgmma_ring(0, wr.RING_CONFIGS[0], 32)
-    k1 = compile_wgmma_ring(0, wr.RING_CONFIGS[0], 32, tiled=True)
-    assert stack_bytes(k1) in (0, None)
-    assert "cp.async.bulk.tensor.2d" in k1.asm["ptx"]
-    assert registers(k1) is None or registers(k1) <= registers(k0) + 8
+    for cfg in (wr.RING_CONFIGS[0], wr.RING_CONFIGS[2]):  # 64 and 128 rows
+        k0 = compile_wgmma_ring(0, cfg, 32)
+        k1 = compile_wgmma_ring(0, cfg, 32, blocked=True)
+        assert stack_bytes(k1) in (0, None), cfg
+        ptx = k1.asm["ptx"]
+        assert ptx.count("cp.async.bulk.tensor.2d") >= (cfg.rows // 64 + 1), cfg  # x's box and the bands' boxes
+        assert registers(k1) is None or registers(k1) <= registers(k0) + 8, cfg
 
 
 @needs_triton
 def test_wgmma_decode_builds_reading_blocks():
-    """``wgmma_decode`` with ``diag`` 8 ([64, 8] word blocks) keeps its 16-byte word loads and spills nothing."""
+    """``wgmma_decode`` reading blocked words keeps its 16-byte word loads and spills nothing."""
     from quarl_kernels import wgmma_decode as wd
     from quarl_kernels.formats import FMT_NVFP4
 
@@ -150,7 +106,33 @@ def test_wgmma_decode_builds_reading_blocks():
     for m in (32, 64):
         cfg = wd.default_config(m, 5120, FMT_NVFP4)
         k0 = compile_wgmma_decode(FMT_NVFP4, cfg, wd.token_tile(m))
-        k8 = compile_wgmma_decode(FMT_NVFP4, dataclasses.replace(cfg, diag=8), wd.token_tile(m))
+        k8 = compile_wgmma_decode(FMT_NVFP4, cfg, wd.token_tile(m), blocked=True)
         assert stack_bytes(k8) in (0, None), m
         wide = [_wide_loads(sass_of(k)) for k in (k0, k8)]
         assert wide[0] and len(wide[1]) == len(wide[0]), m
+
+
+@needs_triton
+def test_dense_dequantize_builds_reading_blocked_words():
+    """The dense path's decode (``dense._dequant_kernel``, the training forward / backward at M >= 385) keeps its
+    16-byte word loads on blocked words."""
+    import torch
+    from quarl_kernels import dense, fp8_quant
+    from quarl_kernels.wo_gemm import PackedWeight
+
+    from tests.kernels.sm90_sass import compile_launch
+
+    n, k = 18944, 3584
+    pw = PackedWeight(0, 16, n, k, torch.empty(n, k // 8, dtype=torch.int32),
+                      torch.empty(n, k // 16, dtype=torch.uint8).view(torch.int32), None, torch.ones(1), True)
+    out = torch.empty(n, k, dtype=torch.bfloat16)
+    wide = []
+    for blocked in (False, True):
+        launch = fp8_quant.Launch(
+            dense._dequant_kernel, (1, 1),
+            (pw.words, pw.scale, pw.scale, pw.gscale, out, n, k // 8, pw.words.stride(0), pw.scale.stride(0),
+             pw.scale.stride(0), out.stride(0)),
+            {"FMT": 0, "GROUP": 16, "HAS_ZP": False, "USE_ASM": True, "BYTES32": True, "BN": 32, "BKW": 16,
+             "BLOCKED": blocked}, 4)
+        wide.append(_wide_loads(compile_launch(launch)[1]))
+    assert wide[0] and len(wide[1]) == len(wide[0])
