@@ -12,6 +12,10 @@
 #     the blocked layout's GPU tests (every kernel bit-equal on blocked words, the engine's rollout and the trainer's
 #     forward unchanged, state_dict row-major), the engine's and the TMA ring's GPU tests; then bench_decode_bound.py
 #     --blocked: wo_matmul on row-major against blocked words at 1 / 4 / 8 / 16 / 64 / 2048 rows, 7B and 14B shapes.
+#   phase c: bash benchmarks/gpu_session21.sh c   (one GPU; ~8 min)
+#     bench_blocked_configs.py: the one-row GEMV's candidates and the dense decode's tiles on both layouts (phase b had
+#     the GEMV 0.90-0.96x and the dense path 0.96-0.99x on blocked words); rollout_profile.py 7B decode step at batch
+#     1 / 4 / 8 / 16 / 64: BF16+LoRA, NVFP4+LoRA row-major (:rowmajor), NVFP4+LoRA blocked.
 set -u
 PHASE=${1:?phase}
 OUT=${OUT:?}
@@ -27,6 +31,10 @@ b)
     tests 300 tests/kernels/test_blocked_gpu.py tests/engine/test_engine_gpu.py tests/kernels/test_wgmma_ring_gpu.py
     bench "${BENCH_S:-240}" blocked benchmarks/kernels/bench_decode_bound.py --blocked --ms 1,4,8,16,64,2048 \
         --shapes 18944x3584,3584x18944,3584x3584,13824x5120 --repeats 3
+    ;;
+c)
+    bench "${BENCH_S:-230}" configs benchmarks/kernels/bench_blocked_configs.py --repeats 3
+    profile "${PROF_S:-300}" 7b bf16+lora32,nvfp4+lora32:rowmajor,nvfp4+lora32 1,4,8,16,64
     ;;
 esac
 phase_end
