@@ -16,6 +16,11 @@
 #     bench_blocked_configs.py: the one-row GEMV's candidates and the dense decode's tiles on both layouts (phase b had
 #     the GEMV 0.90-0.96x and the dense path 0.96-0.99x on blocked words); rollout_profile.py 7B decode step at batch
 #     1 / 4 / 8 / 16 / 64: BF16+LoRA, NVFP4+LoRA row-major (:rowmajor), NVFP4+LoRA blocked.
+#   phase d: bash benchmarks/gpu_session21.sh d   (one GPU; ~6 min)
+#     the engine now lays the words out per call (QUARL_KERNELS_BLOCKED=auto: blocked from 2 rows, row-major at 1 --
+#     phase c's 7B batch-1 step was 14 % slower blocked); test_blocked_gpu.py; bench_blocked_configs.py --check (phase
+#     c stopped on gemv (64, 8) at 5120x13824: blocked != row-major -- which one is off?); rollout_profile.py 7B and
+#     14B, NVFP4+LoRA row-major (:rowmajor) vs auto, batch 1 / 4 / 8 / 16.
 set -u
 PHASE=${1:?phase}
 OUT=${OUT:?}
@@ -35,6 +40,12 @@ b)
 c)
     bench "${BENCH_S:-230}" configs benchmarks/kernels/bench_blocked_configs.py --repeats 3
     profile "${PROF_S:-300}" 7b bf16+lora32,nvfp4+lora32:rowmajor,nvfp4+lora32 1,4,8,16,64
+    ;;
+d)
+    tests 150 tests/kernels/test_blocked_gpu.py
+    bench 60 check benchmarks/kernels/bench_blocked_configs.py --check --shapes 5120x13824,13824x5120
+    grep -v '"equal": true' "$OUT/check/run.log" | head -n 20
+    profile "${PROF_S:-330}" 7b,14b nvfp4+lora32:rowmajor,nvfp4+lora32 1,4,8,16
     ;;
 esac
 phase_end

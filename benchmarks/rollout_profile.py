@@ -27,9 +27,8 @@ session 14) and ``:noring`` ``=0``; ``:nowide`` sets ``QUARL_KERNELS_RING_WIDE_M
 wide ring token tiles, the Triton tensor-core kernel or the dense path as before session 15); ``:nopdl`` sets
 ``QUARL_KERNELS_PDL=0`` (no programmatic dependent launch: each kernel starts after the one before has ended, as
 before session 16; ``quarl_kernels/pdl.py``) and ``:earlypdl`` ``=early`` (every kernel signals first thing, not
-after its K loop); ``:rowmajor`` sets ``QUARL_KERNELS_BLOCKED=0`` and converts the model's words back to row-major
-before its cell (the packed words as before session 21, not in ``quarl.quant.packed_layout``'s [64, 8] blocks, which
-the engine lays them in otherwise); ``:nowgrules`` turns off
+after its K loop); ``:rowmajor`` sets ``QUARL_KERNELS_BLOCKED=0`` (the engine keeps the packed words row-major, as
+before session 21, not in ``quarl.quant.packed_layout``'s [64, 8] blocks from two rows a step); ``:nowgrules`` turns off
 ``wgmma_decode``'s two NVFP4 rules for 14B-sized k / v and q / o (:func:`wgmma_rules_off`: before session 19);
 modifiers combine (``nvfp4+lora32:noepi:sdpa``). With the epilogue on, a projection's ``gemm:*`` row includes its
 bias and LoRA B (they run in its kernels); ``lora`` is then the A GEMMs alone.
@@ -85,8 +84,6 @@ from torch.profiler import ProfilerActivity, profile, record_function
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import rollout as R
-
-from quarl.quant import packed_layout
 
 PROJ_GROUP = {"q_proj": "gemm:qkv", "k_proj": "gemm:qkv", "v_proj": "gemm:qkv", "o_proj": "gemm:o",
               "gate_proj": "gemm:gate_up", "up_proj": "gemm:gate_up", "down_proj": "gemm:down"}
@@ -541,8 +538,6 @@ def run(args) -> dict:
                 t = time.perf_counter()
                 check = args.check_tokens if b <= args.check_max_batch else 0
                 try:
-                    if ":rowmajor" in variant:  # the engine of an earlier cell blocked the shared model in place
-                        packed_layout.unblock_model(model)
                     with switches(env), (wgmma_rules_off() if ":nowgrules" in variant else contextlib.nullcontext()):
                         profile_cell(model, b, args.prompt, args.steps, args.prof_steps, check, pack, cell)
                 except Exception as e:  # noqa: BLE001 - record and go on

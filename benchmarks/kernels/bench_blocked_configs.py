@@ -85,6 +85,29 @@ def shape_rows(n: int, k: int, repeats: int, l2: int, hbm: float) -> list[dict]:
     return rows
 
 
+def check_shape(n: int, k: int, l2: int) -> list[dict]:
+    """``--check``: no timing -- every GEMV candidate at one row on both layouts, each output's relative error
+    against the float64 product, and whether the two are bit-equal (a mismatch says which layout is off)."""
+    from quarl_kernels import gemv
+
+    from quarl.quant import packed_layout
+
+    q, _, copies = _rotating(n, k, l2)
+    blk = dataclasses.replace(copies[0], words=packed_layout.block(copies[0].words).view(n, k // 8), blocked=True)
+    x, _ = _activations(1, n, k, q)
+    ref = x.double() @ q.dequantize(torch.float64).T
+    rows = []
+    for cfg in _gemv_candidates():
+        a, b = gemv.launch_gemv(x, copies[0], cfg), gemv.launch_gemv(x, blk, cfg)
+        err = [((y.double() - ref).norm() / ref.norm()).item() for y in (a, b)]
+        bad = (a != b).nonzero()[:, 1]
+        rows.append({"N": n, "K": k, "config": str(cfg), "equal": bool(torch.equal(a, b)), "rel_err_row_major": err[0],
+                     "rel_err_blocked": err[1], "differing_columns": bad.numel(),
+                     "first_differing": bad[:8].tolist(), "split": gemv._gemv_split(cfg, n, k // 8, 132)})
+        print(json.dumps(rows[-1]), flush=True)
+    return rows
+
+
 def table(info: dict, rows: list[dict]) -> str:
     lines = [(f"{info['gpu']}, torch {info['torch']}, {info['date']}; HBM copy {info['hbm_copy_GBps']:.0f} GB/s; "
               f"median of {info['repeats']} alternating repeats; * = today's default"), "",
@@ -105,6 +128,7 @@ def main() -> None:
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
     ap.add_argument("--shapes", default=",".join(f"{n}x{k}" for n, k in SHAPES))
     ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--check", action="store_true", help="no timing: each GEMV candidate's error on both layouts")
     args = ap.parse_args()
     dev = torch.device("cuda")
     info = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__,
@@ -114,7 +138,15 @@ def main() -> None:
     rows = []
     for s in args.shapes.split(","):
         n, k = map(int, s.split("x"))
-        rows += shape_rows(n, k, args.repeats, l2, info["hbm_copy_GBps"])
+        if args.check:
+            rows += check_shape(n, k, l2)
+        else:
+            rows += shape_rows(n, k, args.repeats, l2, info["hbm_copy_GBps"])
+    if args.check:
+        os.makedirs(args.out, exist_ok=True)
+        with open(os.path.join(args.out, "blocked_check.json"), "w") as f:
+            json.dump({"info": info, "rows": rows}, f, indent=1)
+        return
     os.makedirs(args.out, exist_ok=True)
     with open(os.path.join(args.out, "blocked_configs.json"), "w") as f:
         json.dump({"info": info, "rows": rows}, f, indent=1)

@@ -165,9 +165,6 @@ class FastGenerator:
         if max_batch_size is not None and max_batch_size < 1:
             raise ValueError(f"max_batch_size must be >= 1 or None (all rows at once), got {max_batch_size}")
         self.model, self.pad_id = model, int(pad_id)
-        # the frozen 4-bit weights re-laid once in the decode kernels' [64, 8]-word blocks (in place: the trainer
-        # shares these modules and its kernels read them too; saved artifacts stay row-major)
-        self.blocked_layers = packed_layout.block_model(model)
         self.runner = DecoderRunner(model, fused=fused, lora_pack=lora_pack, decode_attn=decode_attn)
         self.max_batch_size, self.kv_block, self.sync_every = max_batch_size, kv_block, sync_every
         self.cuda_graphs, self.keep_cache = cuda_graphs, keep_cache
@@ -246,6 +243,7 @@ class FastGenerator:
         if self.max_batch_size is None:  # the batch generate() will run: as many rows as memory holds
             rows = self._rows_that_fit(rows, prompt_len, max_new_tokens)
         B, S = _pow2(rows), _round_up(prompt_len + max_new_tokens, self.kv_block)
+        self._lay_out_words(B)
         st = self._ensure_state(B, S)
         st.tok[:B].fill_(self.pad_id)
         st.pos[:B].zero_()
@@ -296,6 +294,7 @@ class FastGenerator:
         graphs = self._graphs_on()
         B = _pow2(N) if graphs else N  # graph batch; rows [N, B) are inert
         S = _round_up(P + T, self.kv_block) if graphs else P + T
+        self._lay_out_words(B)
         st = self._ensure_state(B, S)
 
         logits = self._prefill(st, rows, ids, mask)  # [N, V]
@@ -439,6 +438,17 @@ class FastGenerator:
         ptrs += [getattr(x, "_wcache", None).data_ptr() for x in m.modules() if getattr(x, "_wcache", None) is not None]
         ptrs += [t.data_ptr() for t in self.runner.lora_buffers()]
         return (len(ptrs), hash(tuple(ptrs)), os.environ.get("QUARL_KERNELS", "auto"))
+
+    def _lay_out_words(self, rows: int) -> None:
+        """The frozen 4-bit weights in the layout that decoding ``rows`` rows a step reads fastest
+        (``packed_layout.wanted``: [64, 8]-word blocks from two rows, row-major for one), converted in place -- the
+        trainer shares these modules and its kernels read either layout; saved artifacts stay row-major. A change
+        moves the buffers, so ``_check_weights`` re-captures the graphs."""
+        if packed_layout.wanted(rows):
+            packed_layout.block_model(self.model)
+        else:
+            packed_layout.unblock_model(self.model)
+        self.last_stats["blocked_layers"] = packed_layout.count_blocked(self.model)
 
     def _check_weights(self) -> None:
         key = self._fingerprint()

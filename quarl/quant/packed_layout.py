@@ -25,7 +25,10 @@ artifact stays byte-identical to compressed-tensors) -- and blocks what ``load_s
 
 Only layers the kernels read are blocked (:func:`blockable`): a frozen NVFP4 / MXFP4 / INT4 (4-bit) weight on a
 CUDA device with ``N % 64 == 0`` and ``K % 64 == 0`` (every Qwen2.5 / Llama / SmolLM2 projection). The rollout
-engine blocks its policy once when it is built (``QUARL_KERNELS_BLOCKED``, on unless ``0``).
+engine lays its policy out for the batch it decodes (:func:`wanted`, ``QUARL_KERNELS_BLOCKED=auto|1|0``): blocked
+from two rows a step -- every RL rollout (GRPO's groups; compaction stops at 8 rows) -- and row-major for
+single-sequence decoding, whose one-row GEMV reads row-major words faster. A change of layout re-captures the
+engine's CUDA graphs (the buffers move), so a workload that alternates one-row and batched calls pays that each time.
 """
 
 from __future__ import annotations
@@ -40,9 +43,25 @@ ENV = "QUARL_KERNELS_BLOCKED"
 _FORMATS = ("nvfp4", "mxfp4", "int")
 
 
-def enabled() -> bool:
-    """``QUARL_KERNELS_BLOCKED``: on unless ``0`` / ``off`` / ``false``."""
-    return os.environ.get(ENV, "1").strip().lower() not in ("0", "off", "false", "no")
+def mode() -> str:
+    """``QUARL_KERNELS_BLOCKED``: ``auto`` (the default: blocked while the engine decodes two rows or more), ``1``
+    (always blocked) or ``0`` (always row-major) -> "auto" / "on" / "off"."""
+    v = os.environ.get(ENV, "auto").strip().lower()
+    if v in ("", "auto"):
+        return "auto"
+    if v in ("1", "on", "true", "yes"):
+        return "on"
+    if v in ("0", "off", "false", "no"):
+        return "off"
+    raise ValueError(f"{ENV}={v!r}: expected auto (the default), 1 or 0")
+
+
+def wanted(rows: int) -> bool:
+    """Whether decoding ``rows`` rows a step should read blocked words (:func:`mode`). ``auto`` says yes from two
+    rows: the ``mma.sync`` kernel (2..16 rows) is 1.06-1.12x faster on blocked words, but the one-row GEMV's tiles
+    read a row's words as 32-byte pieces 2 KB apart and lose 4-10 % (RESULTS "Issue 17, session 21")."""
+    m = mode()
+    return m == "on" or (m == "auto" and rows >= 2)
 
 
 def is_blocked(packed: torch.Tensor) -> bool:
@@ -98,10 +117,14 @@ def block_layer(layer) -> bool:
 
 
 def block_model(model: torch.nn.Module) -> int:
-    """Block every :func:`blockable` layer of ``model`` (when :func:`enabled`); returns how many it blocked."""
-    if not enabled():
-        return 0
+    """Block every :func:`blockable` layer of ``model``; returns how many it blocked (0 when all are already)."""
     return sum(block_layer(m) for m in model.modules())
+
+
+def count_blocked(model: torch.nn.Module) -> int:
+    """How many layers of ``model`` hold blocked words."""
+    return sum(isinstance(getattr(m, "weight_packed", None), torch.Tensor) and is_blocked(m.weight_packed)
+               for m in model.modules())
 
 
 def unblock_model(model: torch.nn.Module) -> int:
@@ -116,5 +139,5 @@ def unblock_model(model: torch.nn.Module) -> int:
     return done
 
 
-__all__ = ["BLOCK_ROWS", "BLOCK_WORDS", "ENV", "block", "block_layer", "block_model", "blockable", "enabled",
-           "is_blocked", "row_major", "unblock_model"]
+__all__ = ["BLOCK_ROWS", "BLOCK_WORDS", "ENV", "block", "block_layer", "block_model", "blockable", "count_blocked",
+           "is_blocked", "mode", "row_major", "unblock_model", "wanted"]

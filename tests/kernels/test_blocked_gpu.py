@@ -3,9 +3,9 @@
 ``wo_matmul`` / ``wo_matmul_t`` route by M to the GEMV (1 row), ``mma.sync`` (2..16), ``wgmma_decode`` or the TMA
 ring (17..384), the fused GEMMs and the dense path (>= 385, also its FP8 variant): each must return, on a weight's
 words blocked, exactly the tensor it returns on the same words row-major. A q/k/v group launch likewise. Then the
-lifecycle on a model: the engine blocks its policy's 4-bit layers, the rollout (tokens and log-probs) and the
-trainer's forward are those of the row-major model, and ``state_dict`` / ``qtensor`` hand back compressed-tensors'
-bytes.
+lifecycle on a model: the engine blocks its policy's 4-bit layers for batched decoding and turns them row-major
+for a one-row call, the rollouts (tokens and log-probs) and the trainer's forward are those of the row-major model,
+and ``state_dict`` / ``qtensor`` hand back compressed-tensors' bytes.
 """
 
 from __future__ import annotations
@@ -83,16 +83,24 @@ def test_engine_blocks_its_policy_and_rolls_out_the_same(monkeypatch):
     want_sd = {k: v.clone() for k, v in plain.state_dict().items()}
     eng = FastGenerator(plain, PAD, kv_block=8)
     want = eng.generate(rows, greedy(24), n=2)
-    assert eng.blocked_layers == 0
-    monkeypatch.setenv(packed_layout.ENV, "1")
+    want_one = eng.generate(rows[:1], greedy(24), n=1)
+    assert eng.last_stats["blocked_layers"] == 0
+    monkeypatch.setenv(packed_layout.ENV, "auto")
     model = _lora_model("nvfp4", torch.bfloat16)
     eng = FastGenerator(model, PAD, kv_block=8)
-    got = eng.generate(rows, greedy(24), n=2)
+    got = eng.generate(rows, greedy(24), n=2)  # 8 rows a step: blocked
     layers = [m for m in model.modules() if isinstance(m, QuantLinear)]
     blocked = [m for m in layers if packed_layout.is_blocked(m.weight_packed)]
     # the tiny model's k / v (32 rows) stay row-major: not whole 64-row bands
-    assert eng.blocked_layers == len(blocked) > 0 and len(blocked) < len(layers)
+    assert eng.last_stats["blocked_layers"] == len(blocked) > 0 and len(blocked) < len(layers)
     assert eng.graph_error is None
+    one = eng.generate(rows[:1], greedy(24), n=1)  # one row a step: row-major again, graphs re-captured
+    assert eng.last_stats["blocked_layers"] == 0 and eng.last_stats["graph_captures"] > 0
+    assert torch.equal(one.completion_ids, want_one.completion_ids)
+    assert torch.equal(one.logprobs, want_one.logprobs)
+    again = eng.generate(rows, greedy(24), n=2)
+    assert eng.last_stats["blocked_layers"] == len(blocked)
+    assert torch.equal(again.completion_ids, want.completion_ids)
     assert torch.equal(got.completion_ids, want.completion_ids)
     assert torch.equal(got.logprobs, want.logprobs)
     # the trainer's forward (autograd path) reads the same blocked buffers

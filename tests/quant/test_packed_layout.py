@@ -48,11 +48,26 @@ def test_blockable_layers(monkeypatch):
     assert not packed_layout.blockable(_layer(n=96))  # not whole 64-row bands
     assert not packed_layout.blockable(_layer("int8-g64"))  # not a 4-bit format the kernels read
     assert not packed_layout.blockable(_layer("nf4"))
-    monkeypatch.setenv(packed_layout.ENV, "0")
-    assert not packed_layout.enabled() and packed_layout.block_model(nn.Sequential(layer)) == 0
-    monkeypatch.setenv(packed_layout.ENV, "1")
-    assert packed_layout.block_model(nn.Sequential(layer, _layer(n=96))) == 1
+    model = nn.Sequential(layer, _layer(n=96))
+    assert packed_layout.block_model(model) == 1 and packed_layout.count_blocked(model) == 1
+    assert packed_layout.block_model(model) == 0  # blocked already
     assert packed_layout.is_blocked(layer.weight_packed)
+    before = layer.qtensor().tensors["weight_packed"]
+    assert packed_layout.unblock_model(model) == 1 and packed_layout.count_blocked(model) == 0
+    assert torch.equal(layer.weight_packed, before)
+
+
+def test_the_switch_picks_the_layout_by_rows(monkeypatch):
+    monkeypatch.delenv(packed_layout.ENV, raising=False)
+    assert packed_layout.mode() == "auto"
+    assert not packed_layout.wanted(1) and packed_layout.wanted(2) and packed_layout.wanted(64)
+    monkeypatch.setenv(packed_layout.ENV, "1")
+    assert packed_layout.wanted(1)
+    monkeypatch.setenv(packed_layout.ENV, "off")
+    assert not packed_layout.wanted(64)
+    monkeypatch.setenv(packed_layout.ENV, "blocks")
+    with pytest.raises(ValueError, match="QUARL_KERNELS_BLOCKED='blocks': expected auto"):
+        packed_layout.wanted(8)
 
 
 @pytest.mark.parametrize("spec", ["nvfp4", "mxfp4", "int4-g128"])
