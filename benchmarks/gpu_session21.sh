@@ -50,3 +50,22 @@ d)
 esac
 phase_end
 # ---- record of what ran (2026-11-27, one NVIDIA H100 80GB HBM3 each) ----
+# phase a (commit 62a4efc; 386 s, ~418 s held, counted in full this session): session 20's phase l -- engine GPU tests
+#   (compaction, shared prefill vs trainer, greedy vs HF, re-capture) on the final move_rows: 7 passed. The kernel GPU
+#   suite as a baseline hit its 330 s limit at 30 % (no failure before it). Device after a: 1381 s of 1800 left.
+# phase b (commit 790f49a; 299 s, ~783 s held in all): test_blocked_gpu.py + engine + ring GPU tests: 116 passed.
+#   bench_decode_bound.py --blocked, row-major / blocked us: 7B gate/up 1 row 20.86 / 21.79, 4 24.29 / 21.97, 8 25.02 /
+#   22.46, 16 31.11 / 28.64, 64 34.10 / 34.49, 2048 448.1 / 452.2; 7B down 8 rows 27.55 / 25.13; 14B gate/up 8 rows
+#   26.47 / 23.70 (1.06-1.12x at 4..16 rows, 0.90-0.96x at 1, 0.99-1.04x at 64, 0.955-1.004x at 2048). Device after b:
+#   1016 s left.
+# phase c (commit c466e3e; 262 s, ~1107 s held): bench_blocked_configs.py stopped at 5120x13824 on gemv (64, 8) (blocked
+#   != row-major, see d) after 3 shapes: the best one-row GEMV tile on blocked words 2-7 % behind the best on row-major;
+#   the dense decode 88-89 % of HBM blocked vs 84-86 % row-major at [32, 16]. rollout_profile.py 7B step ms at batch 1 /
+#   4 / 8 / 16 / 64: BF16+LoRA 8.495 / 8.731 / 8.875 / 9.294 / 11.010; NVFP4+LoRA row-major 3.140 / 4.097 / 4.254 / 5.135
+#   / 8.283; blocked 3.571 / 3.813 / 4.002 / 4.954 / 8.274 (batch 1 +14 %: hence QUARL_KERNELS_BLOCKED=auto). Device
+#   after c: 693 s left.
+# phase d (commit f330e32; 286 s, ~1455 s held in all): test_blocked_gpu.py 33 passed. --check: every GEMV_CONFIGS
+#   tile bit-equal on both shapes; the non-default (64, 8) tile one output of 5120 apart in its last bits at 5120x13824
+#   (both 1.6819497e-3 from the float64 product). rollout_profile.py NVFP4+LoRA step ms, row-major / auto, batch 1 / 4 /
+#   8 / 16: 7B 3.035 / 3.143, 4.102 / 3.858, 4.275 / 4.039, 5.162 / 4.944; 14B 5.689 / 5.705, 7.286 / 6.777, 7.730 /
+#   7.255, 9.630 / 9.247. Machine given back; device after d: 342 s of 1800 left.
