@@ -21,6 +21,9 @@
 #     phase c's 7B batch-1 step was 14 % slower blocked); test_blocked_gpu.py; bench_blocked_configs.py --check (phase
 #     c stopped on gemv (64, 8) at 5120x13824: blocked != row-major -- which one is off?); rollout_profile.py 7B and
 #     14B, NVFP4+LoRA row-major (:rowmajor) vs auto, batch 1 / 4 / 8 / 16.
+#   phase e: bash benchmarks/gpu_session21.sh e   (one GPU; ~3 min)
+#     the TMA ring's 128-row configs on blocked words (two [64, 8] boxes a step; only compile-tested before) against
+#     row-major, decode and wide token tiles.
 set -u
 PHASE=${1:?phase}
 OUT=${OUT:?}
@@ -46,6 +49,9 @@ d)
     bench 60 check benchmarks/kernels/bench_blocked_configs.py --check --shapes 5120x13824,13824x5120
     grep -v '"equal": true' "$OUT/check/run.log" | head -n 20
     profile "${PROF_S:-330}" 7b,14b nvfp4+lora32:rowmajor,nvfp4+lora32 1,4,8,16
+    ;;
+e)
+    tests 150 tests/kernels/test_blocked_gpu.py -k ring
     ;;
 esac
 phase_end

@@ -22,7 +22,7 @@ import os
 import statistics
 
 import torch
-from bench_decode_bound import _activations, _rotating
+from bench_decode_bound import _activations, _rotating, write_outputs
 from bench_gemv import graph_us, hbm_copy_GBps
 
 SHAPES = ((18944, 3584), (3584, 18944), (13824, 5120), (5120, 13824), (3584, 3584))
@@ -143,17 +143,9 @@ def main() -> None:
         else:
             rows += shape_rows(n, k, args.repeats, l2, info["hbm_copy_GBps"])
     if args.check:
-        os.makedirs(args.out, exist_ok=True)
-        with open(os.path.join(args.out, "blocked_check.json"), "w") as f:
-            json.dump({"info": info, "rows": rows}, f, indent=1)
-        return
-    os.makedirs(args.out, exist_ok=True)
-    with open(os.path.join(args.out, "blocked_configs.json"), "w") as f:
-        json.dump({"info": info, "rows": rows}, f, indent=1)
-    md = table(info, rows)
-    with open(os.path.join(args.out, "blocked_configs.md"), "w") as f:
-        f.write(md)
-    print(md)
+        write_outputs(args.out, "blocked_check", info, rows, None)
+    else:
+        write_outputs(args.out, "blocked_configs", info, rows, table(info, rows))
 
 
 if __name__ == "__main__":

@@ -193,6 +193,17 @@ def table(info: dict, rows: list[dict]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def write_outputs(out: str, stem: str, info: dict, rows: list[dict], md: str | None) -> None:
+    """``OUT/STEM.json`` ({info, rows}) and, with ``md``, ``OUT/STEM.md`` (also printed)."""
+    os.makedirs(out, exist_ok=True)
+    with open(os.path.join(out, f"{stem}.json"), "w") as f:
+        json.dump({"info": info, "rows": rows}, f, indent=1)
+    if md is not None:
+        with open(os.path.join(out, f"{stem}.md"), "w") as f:
+            f.write(md)
+        print(md)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
@@ -223,13 +234,7 @@ def main() -> None:
         else:
             rows += bench_shape(n, k, [int(m) for m in args.ms.split(",")], diags, args.repeats, l2,
                                 info["hbm_copy_GBps"])
-    os.makedirs(args.out, exist_ok=True)
-    with open(os.path.join(args.out, "decode_bound.json"), "w") as f:
-        json.dump({"info": info, "rows": rows}, f, indent=1)
-    md = table(info, rows)
-    with open(os.path.join(args.out, "decode_bound.md"), "w") as f:
-        f.write(md)
-    print(md)
+    write_outputs(args.out, "decode_bound", info, rows, table(info, rows))
 
 
 if __name__ == "__main__":

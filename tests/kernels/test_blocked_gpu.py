@@ -45,6 +45,20 @@ def test_wo_matmul_on_blocked_words_is_bit_equal(spec, m):
     assert torch.equal(wo_gemm.wo_matmul_t(dy, blk), wo_gemm.wo_matmul_t(dy, row))
 
 
+@pytest.mark.parametrize("which", ["RING_CONFIGS[0]", "RING_CONFIGS[2]", "WIDE_CONFIGS[0]", "WIDE_CONFIGS[3]"])
+def test_ring_configs_on_blocked_words_are_bit_equal(which):
+    """The TMA ring at 64 and 128 rows a CTA (one or two [64, 8] boxes a step), decode and wide token tiles; 1600
+    rows: the last 128-row CTA's second band lies past N (its box TMA-zero-filled, never stored)."""
+    from quarl_kernels import wgmma_ring as wr
+
+    name, i = which.rstrip("]").split("[")
+    cfg = getattr(wr, name)[int(i)]
+    row, blk = _weights("nvfp4", 1600, 1024)
+    for m in ((32, 64) if name == "RING_CONFIGS" else (128, 200)):
+        x = torch.randn(m, 1024, device="cuda").to(torch.bfloat16)
+        assert torch.equal(wr.launch_wgmma_ring(x, blk, cfg), wr.launch_wgmma_ring(x, row, cfg)), (which, m)
+
+
 @pytest.mark.parametrize("m", [2048, 4096])
 def test_fp8_dense_path_on_blocked_words_is_bit_equal(m, monkeypatch):
     from quarl_kernels import dense_fp8, wo_gemm
