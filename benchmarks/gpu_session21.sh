@@ -75,3 +75,6 @@ phase_end
 #   (both 1.6819497e-3 from the float64 product). rollout_profile.py NVFP4+LoRA step ms, row-major / auto, batch 1 / 4 /
 #   8 / 16: 7B 3.035 / 3.143, 4.102 / 3.858, 4.275 / 4.039, 5.162 / 4.944; 14B 5.689 / 5.705, 7.286 / 6.777, 7.730 /
 #   7.255, 9.630 / 9.247. Machine given back; device after d: 342 s of 1800 left.
+# phase e (commit 15633cf; 23 s, ~1515 s held in all): test_blocked_gpu.py -k ring: 4 passed (the
+#   ring at 64 / 128 rows a CTA, decode and wide token tiles, 1600 rows: bit-equal on blocked words). Machine given
+#   back; device after e: 285 s of 1800 left.
