@@ -204,9 +204,10 @@ class QuantLinear(nn.Module):
         """A row-major ``weight_packed`` loads into a blocked layer blocked (``load_state_dict`` copies in place)."""
         key = prefix + "weight_packed"
         own = self._buffers.get("weight_packed")
-        if own is not None and packed_layout.is_blocked(own) and key in state_dict \
-                and not packed_layout.is_blocked(state_dict[key]):
-            state_dict[key] = packed_layout.block(state_dict[key])
+        new = state_dict.get(key)
+        if own is not None and packed_layout.is_blocked(own) and isinstance(new, torch.Tensor) \
+                and new.dim() == 2 and new.numel() == own.numel() and new.dtype == own.dtype:
+            state_dict[key] = packed_layout.block(new)  # (any other shape: the base class names the mismatch)
         super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
 
     @property

@@ -87,6 +87,9 @@ def test_a_blocked_layer_computes_exports_and_saves_the_row_major_bytes(spec):
     layer.load_state_dict(other.state_dict())
     assert packed_layout.is_blocked(layer.weight_packed)
     assert torch.equal(layer(x), other(x))
+    wrong = {**other.state_dict(), "weight_packed": torch.zeros(64, 8, dtype=layer.weight_packed.dtype)}
+    with pytest.raises(RuntimeError, match="size mismatch for weight_packed"):  # torch's own message, not ours
+        layer.load_state_dict(wrong)
 
 
 def test_the_reference_op_reads_blocked_words():
