@@ -24,6 +24,9 @@
 #   phase e: bash benchmarks/gpu_session21.sh e   (one GPU; ~3 min)
 #     the TMA ring's 128-row configs on blocked words (two [64, 8] boxes a step; only compile-tested before) against
 #     row-major, decode and wide token tiles.
+#   phase f: bash benchmarks/gpu_session21.sh f   (one GPU; ~2 min, what the device time left allows)
+#     bench_blocked_configs.py --mma: the mma.sync kernel's candidates at 4 / 8 / 16 rows on both layouts (is another
+#     tile than config 4 better on blocked words?), 7B gate/up and down.
 set -u
 PHASE=${1:?phase}
 OUT=${OUT:?}
@@ -52,6 +55,9 @@ d)
     ;;
 e)
     tests 150 tests/kernels/test_blocked_gpu.py -k ring
+    ;;
+f)
+    bench "${BENCH_S:-125}" mma benchmarks/kernels/bench_blocked_configs.py --mma --repeats 2 --shapes 18944x3584,3584x18944
     ;;
 esac
 phase_end

@@ -85,6 +85,34 @@ def shape_rows(n: int, k: int, repeats: int, l2: int, hbm: float) -> list[dict]:
     return rows
 
 
+def mma_rows(n: int, k: int, repeats: int, l2: int, hbm: float) -> list[dict]:
+    """``--mma``: the 2..16-row ``mma.sync`` kernel's candidates (``MMA_DECODE_CONFIGS[:6]``) at 4 / 8 / 16 rows on
+    both layouts (blocked outputs bit-equal to row-major ones of the same config)."""
+    from quarl_kernels import mma_decode
+
+    from quarl.quant import packed_layout
+
+    q, _, copies = _rotating(n, k, l2)
+    blocked = [dataclasses.replace(p, words=packed_layout.block(p.words).view(n, k // 8), blocked=True)
+               for p in copies]
+    rows = []
+    for m in (4, 8, 16):
+        x, nbytes = _activations(m, n, k, q)
+        default = str(mma_decode.default_config(m, n))
+        for cfg in mma_decode.MMA_DECODE_CONFIGS[:6]:
+            want = mma_decode.launch_mma_decode(x, copies[0], cfg)
+            if not torch.equal(mma_decode.launch_mma_decode(x, blocked[0], cfg), want):
+                raise AssertionError(f"{cfg} at {n}x{k} M={m}: blocked output differs from row-major")
+            us = _time({lay: [lambda p=p, c=cfg, x=x: mma_decode.launch_mma_decode(x, p, c) for p in pws]
+                        for lay, pws in (("row-major", copies), ("blocked", blocked))}, repeats)
+            for lay, t in us.items():
+                rows.append({"N": n, "K": k, "kernel": f"mma M={m}", "config": str(cfg), "default": str(cfg) == default,
+                             "layout": lay, "us": t, "pct_hbm": 100 * nbytes / t / 1e3 / hbm})
+                print(f"{n:5d}x{k:5d} M={m:2d} {cfg!s:30} {lay:9s} {t:7.2f} us ({rows[-1]['pct_hbm']:.1f} % HBM)"
+                      f"{'  (default)' if rows[-1]['default'] else ''}", flush=True)
+    return rows
+
+
 def check_shape(n: int, k: int, l2: int) -> list[dict]:
     """``--check``: no timing -- every GEMV candidate at one row on both layouts, each output's relative error
     against the float64 product, and whether the two are bit-equal (a mismatch says which layout is off)."""
@@ -129,6 +157,7 @@ def main() -> None:
     ap.add_argument("--shapes", default=",".join(f"{n}x{k}" for n, k in SHAPES))
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--check", action="store_true", help="no timing: each GEMV candidate's error on both layouts")
+    ap.add_argument("--mma", action="store_true", help="the mma.sync kernel's candidates at 4 / 8 / 16 rows instead")
     args = ap.parse_args()
     dev = torch.device("cuda")
     info = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__,
@@ -140,6 +169,8 @@ def main() -> None:
         n, k = map(int, s.split("x"))
         if args.check:
             rows += check_shape(n, k, l2)
+        elif args.mma:
+            rows += mma_rows(n, k, args.repeats, l2, info["hbm_copy_GBps"])
         else:
             rows += shape_rows(n, k, args.repeats, l2, info["hbm_copy_GBps"])
     if args.check:
