@@ -84,3 +84,8 @@ phase_end
 # phase e (commit 15633cf; 23 s, ~1515 s held in all): test_blocked_gpu.py -k ring: 4 passed (the
 #   ring at 64 / 128 rows a CTA, decode and wide token tiles, 1600 rows: bit-equal on blocked words). Machine given
 #   back; device after e: 285 s of 1800 left.
+# phase f (commit 5a3e4de; 26 s, ~1574 s held in all): bench_blocked_configs.py --mma, 2 alternating repeats, us row-major
+#   / blocked: the default (config 4, 128 rows x 16 words, no register prefetch) is the fastest candidate on blocked
+#   words at every point -- 7B gate/up 4 / 8 / 16 rows 24.33 / 21.96, 24.85 / 22.38, 31.08 / 28.47; down 26.98 / 24.75,
+#   27.56 / 25.10, 26.57 / 25.08; (256 x 8) gains most from blocks (1.22-1.26x at 4-8 rows) but stays slower than it.
+#   The defaults stand. Machine given back; device after f: ~220 s of 1800 left.
