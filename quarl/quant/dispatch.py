@@ -84,6 +84,15 @@ def load_kernels() -> None:
                       f"QUARL_KERNELS=reference to choose that path explicitly.", stacklevel=2)
 
 
+def has_kernel(format_name: str) -> bool:
+    """Whether a GPU kernel is registered for ``format_name`` and the kernels are not switched off
+    (``QUARL_KERNELS=reference``)."""
+    if os.environ.get("QUARL_KERNELS", "auto") == "reference":
+        return False
+    load_kernels()
+    return bool(_KERNELS.get(format_name))
+
+
 def select(x: torch.Tensor, layer: torch.nn.Module) -> Kernel | None:
     """The first registered kernel whose predicate accepts (x, layer); None = reference."""
     if not x.is_cuda or os.environ.get("QUARL_KERNELS", "auto") == "reference":

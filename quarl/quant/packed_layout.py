@@ -97,7 +97,10 @@ def row_major(packed: torch.Tensor) -> torch.Tensor:
 
 def blockable(layer) -> bool:
     """True when :func:`block_layer` would block this layer: frozen, a 4-bit format the kernels read, on CUDA,
-    row-major now, N and K multiples of 64."""
+    row-major now, N and K multiples of 64, and the GPU kernels on (without them -- ``QUARL_KERNELS=reference``, no
+    Triton -- every call would copy the words back to row-major for the reference path)."""
+    from quarl.quant import dispatch
+
     cfg = getattr(layer, "config", None)
     packed = getattr(layer, "weight_packed", None)
     if cfg is None or packed is None or getattr(layer, "mode", "frozen") != "frozen" or cfg.name not in _FORMATS:
@@ -105,7 +108,8 @@ def blockable(layer) -> bool:
     if cfg.name == "int" and getattr(cfg, "bits", 4) != 4:
         return False
     return (packed.is_cuda and not is_blocked(packed) and packed.is_contiguous()
-            and layer.out_features % BLOCK_ROWS == 0 and layer.in_features % (8 * BLOCK_WORDS) == 0)
+            and layer.out_features % BLOCK_ROWS == 0 and layer.in_features % (8 * BLOCK_WORDS) == 0
+            and dispatch.has_kernel(cfg.name))
 
 
 def block_layer(layer) -> bool:

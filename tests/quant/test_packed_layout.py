@@ -8,7 +8,7 @@ import pytest
 import torch
 from torch import nn
 
-from quarl.quant import QuantLinear, packed_layout
+from quarl.quant import QuantLinear, dispatch, packed_layout
 
 
 def _layer(spec: str = "nvfp4", n: int = 128, k: int = 256, seed: int = 0) -> QuantLinear:
@@ -44,7 +44,12 @@ def test_blockable_layers(monkeypatch):
     assert not packed_layout.blockable(layer)  # on CPU: the kernels never read it
     assert packed_layout.block_model(nn.Sequential(layer)) == 0
     monkeypatch.setattr(torch.Tensor, "is_cuda", property(lambda self: True))
+    monkeypatch.setattr(dispatch, "_KERNELS", {"nvfp4": ["a GPU kernel"]})
+    monkeypatch.setattr(dispatch, "_loaded", True)
     assert packed_layout.blockable(layer)
+    monkeypatch.setenv("QUARL_KERNELS", "reference")  # no kernel reads it: the reference path would copy it back
+    assert not packed_layout.blockable(layer)
+    monkeypatch.delenv("QUARL_KERNELS")
     assert not packed_layout.blockable(_layer(n=96))  # not whole 64-row bands
     assert not packed_layout.blockable(_layer("int8-g64"))  # not a 4-bit format the kernels read
     assert not packed_layout.blockable(_layer("nf4"))
