@@ -237,6 +237,195 @@ def ws_gemm_kernel(x_desc, w_desc, s_ptr, gs_ptr, y_ptr, M, N, K, stride_sn, str
     gl.store(y_ptr + rm[:, None].to(gl.int64) * stride_ym + rn[None, :], y, mask=(rm < M)[:, None] & (rn < N)[None, :])
 
 
+# ---------------------------------------------------------------------------------------------------------------
+# Session 22: the same three roles, persistent. One CTA an SM walks tiles ``pid, pid + grid, ...`` (M tiles fastest, so
+# the CTAs running at once share their x tiles and weight rows in L2); every partition keeps one step counter across
+# tiles, so the loader and the decoder fill the rings for the next tile while the MMA warpgroups run the last one's
+# epilogue (straight from the accumulator registers to global memory: no shared memory, no layout conversion).
+# Session 17 measured the non-persistent kernel's MMA side as its bound (refill + epilogue with the tensor cores idle).
+
+
+@gluon.jit
+def _tile_offsets(t, m_tiles, BM_: gl.constexpr, R: gl.constexpr):
+    return (t % m_tiles) * BM_, (t // m_tiles) * R
+
+
+@gluon.jit
+def _loader_p(x_desc, w_desc, x_bufs, w_bufs, s_bufs, s_ptr, N, stride_sn, ready, empty, k_steps, num_tiles, m_tiles):
+    """One warp: as ``_loader`` with ``SSMEM`` (NVFP4's 4 scale bytes a row and step staged into the stage), every
+    tile of this program in turn."""
+    stages: gl.constexpr = x_bufs.type.shape[0]
+    BM_: gl.constexpr = x_desc.block_type.shape[0]
+    bk: gl.constexpr = x_desc.block_type.shape[1]
+    bkw: gl.constexpr = w_desc.block_type.shape[1]
+    R: gl.constexpr = w_desc.block_type.shape[0]
+    LS: gl.constexpr = gl.BlockedLayout([1], [32], [1], [0])
+    ar = gl.arange(0, R, layout=LS)
+    it = 0
+    for t in range(gl.program_id(0), num_tiles, gl.num_programs(0)):
+        off_m, off_n = _tile_offsets(t, m_tiles, BM_, R)
+        rows = gl.minimum(off_n + ar, N - 1)
+        sbase = s_ptr.to(gl.pointer_type(gl.int32), bitcast=True) + rows * (stride_sn // 4)  # [R] int32 a row
+        for i in range(k_steps):
+            s = it % stages
+            sc = gl.load(sbase + i)  # issued before the wait: its latency overlaps it
+            mbarrier.wait(empty.index(s), ((it // stages) & 1) ^ 1)
+            mbarrier.expect(ready.index(s), x_desc.block_type.nbytes + w_desc.block_type.nbytes)
+            tma.async_copy_global_to_shared(x_desc, [off_m, i * bk], ready.index(s), x_bufs.index(s))
+            tma.async_copy_global_to_shared(w_desc, [off_n, i * bkw], ready.index(s), w_bufs.index(s))
+            s_bufs.index(s).store(sc)
+            gl.thread_barrier()
+            mbarrier.arrive(ready.index(s), count=1)
+            it += 1
+
+
+@gluon.jit
+def _decoder_p(w_bufs, s_bytes, d_bufs, ready, empty, d_ready, d_empty, k_steps, num_tiles,
+               FMT: gl.constexpr, GROUP: gl.constexpr, R: gl.constexpr, BKW_: gl.constexpr, W: gl.constexpr):
+    """A warpgroup: ``_decoder`` (scales from the stage), every step of every tile of this program."""
+    stages: gl.constexpr = w_bufs.type.shape[0]
+    dstages: gl.constexpr = d_bufs.type.shape[0]
+    WT: gl.constexpr = GROUP // 8
+    LW: gl.constexpr = _word_layout(R, BKW_, W)
+    LG: gl.constexpr = gl.SliceLayout(2, _group_layout(R, BKW_, W, WT))
+    n_mine = gl.cdiv(num_tiles - gl.program_id(0), gl.num_programs(0))
+    for it in range(n_mine * k_steps):
+        s = it % stages
+        mbarrier.wait(ready.index(s), (it // stages) & 1)
+        w = w_bufs.index(s).load(LW)  # [R, BKW] words
+        sg = s_bytes.index(s).load(LG)  # [R, NG] scale bytes
+        mbarrier.arrive(empty.index(s), count=1)
+        p0, p1, p2, p3, p4, p5, p6, p7 = _decode_step(w, sg, sg, FMT, False, LW, R, BKW_, WT)
+        q = gl.join(gl.join(gl.join(p0, p2), gl.join(p4, p6)), gl.join(gl.join(p1, p3), gl.join(p5, p7)))
+        tile = gl.reshape(gl.permute(q, [0, 1, 4, 3, 2]), [R, BKW_ * 8])  # [R, BK] natural k order
+        d = it % dstages
+        mbarrier.wait(d_empty.index(d), ((it // dstages) & 1) ^ 1)
+        d_bufs.index(d).store(tile)
+        fence_async_shared()
+        mbarrier.arrive(d_ready.index(d), count=1)
+
+
+@gluon.jit
+def _mma_p(x_bufs, d_bufs, ready, empty, d_ready, d_empty, y_ptr, gs_ptr, M, N, stride_ym, k_steps, num_tiles,
+           m_tiles, FMT: gl.constexpr, BM_: gl.constexpr, R: gl.constexpr, W: gl.constexpr):
+    """The default warpgroups: wgmma over the ready stages (one group in flight), then the tile's epilogue from
+    the accumulator registers while the other roles fill the rings for the next tile."""
+    stages: gl.constexpr = x_bufs.type.shape[0]
+    dstages: gl.constexpr = d_bufs.type.shape[0]
+    MMA: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[W, 1], instr_shape=[16, R, 16])
+    if FMT == 0:  # the decode's 2**-16 and NVFP4's global scale
+        factor = 65536.0 / gl.load(gs_ptr).to(gl.float32)
+    else:
+        factor = 65536.0
+    it = 0
+    for t in range(gl.program_id(0), num_tiles, gl.num_programs(0)):
+        off_m, off_n = _tile_offsets(t, m_tiles, BM_, R)
+        acc = gl.zeros([BM_, R], gl.float32, MMA)
+        for i in range(k_steps):
+            s = it % stages
+            d = it % dstages
+            mbarrier.wait(ready.index(s), (it // stages) & 1)
+            mbarrier.wait(d_ready.index(d), (it // dstages) & 1)
+            acc = warpgroup_mma(x_bufs.index(s), d_bufs.index(d).permute((1, 0)), acc, is_async=True)
+            acc = warpgroup_mma_wait(1, deps=[acc])  # the previous step's MMA is done: its buffers go back
+            mbarrier.arrive(empty.index((it + stages - 1) % stages), count=1, pred=i > 0)
+            mbarrier.arrive(d_empty.index((it + dstages - 1) % dstages), count=1, pred=i > 0)
+            it += 1
+        acc = warpgroup_mma_wait(0, deps=[acc])
+        mbarrier.arrive(empty.index((it + stages - 1) % stages), count=1)
+        mbarrier.arrive(d_empty.index((it + dstages - 1) % dstages), count=1)
+        y = (acc * factor).to(gl.bfloat16)
+        rm = off_m + gl.arange(0, BM_, layout=gl.SliceLayout(1, MMA))
+        rn = off_n + gl.arange(0, R, layout=gl.SliceLayout(0, MMA))
+        gl.store(y_ptr + rm[:, None].to(gl.int64) * stride_ym + rn[None, :], y,
+                 mask=(rm < M)[:, None] & (rn < N)[None, :])
+
+
+@gluon.jit
+def ws_gemm_persistent_kernel(x_desc, w_desc, s_ptr, gs_ptr, y_ptr, M, N, K, stride_sn, stride_ym,
+                              FMT: gl.constexpr, GROUP: gl.constexpr, STAGES_: gl.constexpr, DSTAGES_: gl.constexpr,
+                              DW: gl.constexpr, DR: gl.constexpr):
+    """y [M, N] bf16 = x [M, K] @ dequant(W)^T, NVFP4, persistent (grid: min(tiles, SMs) programs)."""
+    BM_: gl.constexpr = x_desc.block_type.shape[0]
+    BK_: gl.constexpr = x_desc.block_type.shape[1]
+    R: gl.constexpr = w_desc.block_type.shape[0]
+    BKW_: gl.constexpr = w_desc.block_type.shape[1]
+    W: gl.constexpr = gl.num_warps()
+    gl.static_assert(FMT == 0 and BK_ == 64, "NVFP4, 4 scale bytes a row and step")
+    k_steps = gl.cdiv(K, BK_)
+    m_tiles = gl.cdiv(M, BM_)
+    num_tiles = m_tiles * gl.cdiv(N, R)
+
+    x_bufs = gl.allocate_shared_memory(gl.bfloat16, [STAGES_, BM_, BK_], x_desc.layout)
+    w_bufs = gl.allocate_shared_memory(gl.int32, [STAGES_, R, BKW_], w_desc.layout)
+    d_layout: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
+    d_bufs = gl.allocate_shared_memory(gl.bfloat16, [DSTAGES_, R, BK_], d_layout)
+    ready = gl.allocate_shared_memory(gl.int64, [STAGES_, 1], mbarrier.MBarrierLayout())
+    empty = gl.allocate_shared_memory(gl.int64, [STAGES_, 1], mbarrier.MBarrierLayout())
+    d_ready = gl.allocate_shared_memory(gl.int64, [DSTAGES_, 1], mbarrier.MBarrierLayout())
+    d_empty = gl.allocate_shared_memory(gl.int64, [DSTAGES_, 1], mbarrier.MBarrierLayout())
+    s_bufs = gl.allocate_shared_memory(gl.int32, [STAGES_, R], gl.SwizzledSharedLayout(1, 1, 1, [0]))
+    s_bytes = s_bufs._reinterpret(gl.uint8, [STAGES_, R, 4], gl.SwizzledSharedLayout(1, 1, 1, [1, 0]))
+    for i in gl.static_range(STAGES_):
+        mbarrier.init(ready.index(i), count=2)  # the TMA bytes and the loader's scale store
+        mbarrier.init(empty.index(i), count=2)  # the decoder (words) and the MMA (x) both release a stage
+    for i in gl.static_range(DSTAGES_):
+        mbarrier.init(d_ready.index(i), count=1)
+        mbarrier.init(d_empty.index(i), count=1)
+    fence_async_shared()
+    gl.warp_specialize([
+        (_mma_p, (x_bufs, d_bufs, ready, empty, d_ready, d_empty, y_ptr, gs_ptr, M, N, stride_ym, k_steps,
+                  num_tiles, m_tiles, FMT, BM_, R, W)),
+        (_loader_p, (x_desc, w_desc, x_bufs, w_bufs, s_bufs, s_ptr, N, stride_sn, ready, empty, k_steps, num_tiles,
+                     m_tiles)),
+        (_decoder_p, (w_bufs, s_bytes, d_bufs, ready, empty, d_ready, d_empty, k_steps, num_tiles, FMT, GROUP, R,
+                      BKW_, DW)),
+    ], [1, DW], [48, DR])
+
+
+# name -> (tokens a tile, weight rows a tile, x / word stages, decoded stages, decoder warps, decoder registers)
+PERSISTENT = {"p-bm256": (256, 128, 4, 2, 4, 120), "p-bm128-r256": (128, 256, 4, 2, 4, 152),
+              "p-bm256-s3": (256, 128, 3, 2, 4, 120), "p-bm128-r256-d3": (128, 256, 3, 3, 4, 152)}
+
+
+def ws_matmul_persistent(x2: torch.Tensor, pw, variant: str = "p-bm256", grid: int | None = None) -> torch.Tensor:
+    """y [M, N] = x2 [M, K] @ dequant(W)^T with the persistent kernel (NVFP4, row-major words, K % 64 == 0)."""
+    bm, r, stages, dstages, dw, dr = PERSISTENT[variant]
+    m, k = x2.shape
+    if pw.fmt != 0 or k % BK or pw.k != k or getattr(pw, "blocked", False):
+        raise ValueError("ws_matmul_persistent: NVFP4 row-major words with K % 64 == 0 and x of their K")
+    s = pw.scale.view(torch.uint8)
+    if s.stride(0) % 4 or s.data_ptr() % 4:
+        raise ValueError("ws_matmul_persistent: 4-byte aligned scale rows")
+    y = torch.empty((m, pw.n), device=x2.device, dtype=torch.bfloat16)
+    x_desc = TensorDescriptor.from_tensor(x2.contiguous(), [bm, BK], _x_layout(bm))
+    w_desc = TensorDescriptor.from_tensor(pw.words, [r, BKW], _w_layout())
+    tiles = triton.cdiv(m, bm) * triton.cdiv(pw.n, r)
+    n_prog = grid or min(tiles, torch.cuda.get_device_properties(x2.device).multi_processor_count)
+    ws_gemm_persistent_kernel[(n_prog,)](x_desc, w_desc, s, pw.gscale, y, m, pw.n, k, s.stride(0), y.stride(0),
+                                         FMT=0, GROUP=16, STAGES_=stages, DSTAGES_=dstages, DW=dw, DR=dr,
+                                         num_warps=8)
+    return y
+
+
+def compile_sm90_persistent(variant: str = "p-bm256"):
+    """The persistent kernel built for sm_90 on any machine."""
+    from triton.backends.compiler import GPUTarget
+    from triton.experimental.gluon._runtime import GluonASTSource
+
+    bm, r, stages, dstages, dw, dr = PERSISTENT[variant]
+    sig = {"x_desc": f"tensordesc<bf16[{bm}, {BK}],{_x_layout(bm)!r}>",
+           "w_desc": f"tensordesc<i32[{r}, {BKW}],{_w_layout()!r}>",
+           "s_ptr": "*u8", "gs_ptr": "*fp32", "y_ptr": "*bf16", "M": "i32", "N": "i32", "K": "i32",
+           "stride_sn": "i32", "stride_ym": "i32"}
+    const = {"FMT": 0, "GROUP": 16, "STAGES_": stages, "DSTAGES_": dstages, "DW": dw, "DR": dr}
+    sig.update({k: "constexpr" for k in const})
+    attrs = {(i,): [["tt.divisibility", 16]] for i, (k, t) in enumerate(sig.items())
+             if t != "constexpr" and not t.startswith("tensordesc") and k != "M"}
+    src = GluonASTSource(fn=ws_gemm_persistent_kernel, signature=sig, constexprs=const, attrs=attrs)
+    return triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": 8})
+
+
 def ws_matmul(x2: torch.Tensor, pw, ssmem: bool = False, wfence: bool = True, dstages: int = DSTAGES, bm: int = BM,
               stages: int = STAGES, spf: bool = False, nodecode: bool = False) -> torch.Tensor:
     """y [M, N] = x2 [M, K] @ dequant(W)^T (``pw``: a ``wo_gemm.PackedWeight``, NVFP4 / MXFP4, K % 64 == 0).
@@ -287,18 +476,24 @@ def main() -> None:
     ap.add_argument("--compile", action="store_true", help="build for sm_90 only (no GPU): registers, spills, smem")
     ap.add_argument("--ms", default="2048,4096")
     ap.add_argument("--variants", default=",".join(VARIANTS), help=f"comma-separated of {', '.join(VARIANTS)}")
+    ap.add_argument("--persistent", default=",".join(PERSISTENT),
+                    help=f"comma-separated of {', '.join(PERSISTENT)} (session 22), '' for none")
+    ap.add_argument("--shapes", default="18944x3584,3584x18944,3584x3584")
     args = ap.parse_args()
+    pvars = [v for v in args.persistent.split(",") if v]
     if args.compile:
         sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
         import compile_report as cr
 
-        for fmt in (0, 1):
-            print(cr.report(compile_sm90(fmt), f"ws-gemm fmt{fmt}", None))
+        for name in [v for v in args.variants.split(",") if v]:
+            print(cr.report(compile_sm90(0, **VARIANTS[name]), f"ws-gemm {name}", None))
+        for name in pvars:
+            print(cr.report(compile_sm90_persistent(name), f"ws-gemm {name}", None))
         return
     from bench_gemv import _quantized, graph_us
     from quarl_kernels import dense
 
-    for n, k in ((18944, 3584), (3584, 18944), (3584, 3584)):
+    for n, k in (tuple(map(int, sh.split("x"))) for sh in args.shapes.split(",")):
         w, _, pw = _quantized("nvfp4", n, k, n + k)
         wb = w.to(torch.bfloat16)
         ref_w = dense.dequantize(pw)
@@ -308,11 +503,12 @@ def main() -> None:
             t_bf16 = graph_us([lambda x=x, wb=wb: x @ wb.T])
             t_dense = graph_us([lambda x=x, pw=pw: x @ dense.dequantize(pw).T])
             print(f"{n}x{k} M={m}: cuBLAS {t_bf16:.1f}  dense {t_dense:.1f} ({t_bf16 / t_dense:.3f}x)", flush=True)
-            for name in args.variants.split(","):
-                v = VARIANTS[name]
-                got = ws_matmul(x, pw, **v).float()
-                err = ((got - want).norm() / want.norm()).item()
-                t = graph_us([lambda x=x, pw=pw, v=v: ws_matmul(x, pw, **v)])
+            runs = [(name, lambda x=x, pw=pw, v=VARIANTS[name]: ws_matmul(x, pw, **v))
+                    for name in args.variants.split(",") if name]
+            runs += [(name, lambda x=x, pw=pw, name=name: ws_matmul_persistent(x, pw, name)) for name in pvars]
+            for name, fn in runs:
+                err = ((fn().float() - want).norm() / want.norm()).item()
+                t = graph_us([fn])
                 print(f"    {name:18s} {t:7.1f} us ({t_bf16 / t:.3f}x cuBLAS, err {err:.1e})", flush=True)
 
 

@@ -1,0 +1,40 @@
+#!/usr/bin/env bash
+# Session 22: issue 17's M >= 2048 target (>= 0.95x cuBLAS BF16) -- the warp-specialized mixed-input GEMM of session
+# 17 (benchmarks/kernels/ws_mixed_gemm.py, 0.78-0.84x at 2048 rows, bound by its MMA side: non-persistent tiles whose
+# refill and epilogue leave the tensor cores idle) made persistent: one CTA an SM walking tiles, the loader and the
+# decoder filling the rings for the next tile while the MMA warpgroups store the last one's accumulator.
+# Run from the repository root on the device machine; the record of what ran is at the end of this file.
+# The phases use benchmarks/gpu_phase_lib.sh's helpers.
+#
+#   phase a: bash benchmarks/gpu_session22.sh a   (one GPU; ~4 min)
+#     ws_mixed_gemm.py: session 17's best non-persistent variant (bm256-s4) beside the persistent ones (4 and 3 x
+#     stages), cuBLAS BF16 and the dense path, 7B and 14B MLP / attention weights at 2048 / 4096 / 8192 rows; every
+#     variant checked against the float product first.
+set -u
+PHASE=${1:?phase}
+OUT=${OUT:?}
+source benchmarks/gpu_phase_lib.sh
+
+ws() {  # SECONDS ARGS...: ws_mixed_gemm.py -> $OUT/ws/run.log
+    local s=$1; shift
+    mkdir -p "$OUT/ws"
+    timeout -k 5 "$s" "$PY" benchmarks/kernels/ws_mixed_gemm.py "$@" > "$OUT/ws/run.log" 2>&1
+    echo "== ws_mixed_gemm rc=$? at $((SECONDS - T0)) s"; cat "$OUT/ws/run.log" | grep -v "^ *File\|^    " | tail -n 5
+    grep -E "cuBLAS|x cuBLAS" "$OUT/ws/run.log"
+}
+
+case $PHASE in
+a)
+    ws 90 --variants "" --persistent p-bm256 --ms 2048 --shapes 3584x3584  # a hang costs 90 s, not the call
+    [ -n "$(grep 'p-bm256 ' "$OUT/ws/run.log")" ] && mv "$OUT/ws" "$OUT/ws_smoke" && \
+    ws "${WS_S:-300}" --variants bm256-s4 --persistent p-bm256,p-bm256-s3 --ms 2048,4096,8192 \
+        --shapes 18944x3584,3584x18944,3584x3584,13824x5120,5120x13824
+    ;;
+*)
+    echo "unknown phase $PHASE"; exit 2
+    ;;
+esac
+phase_end
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Record (filled in after each call: commit, device seconds, what it showed).
