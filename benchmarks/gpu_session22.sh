@@ -10,6 +10,9 @@
 #     ws_mixed_gemm.py: session 17's best non-persistent variant (bm256-s4) beside the persistent ones (4 and 3 x
 #     stages), cuBLAS BF16 and the dense path, 7B and 14B MLP / attention weights at 2048 / 4096 / 8192 rows; every
 #     variant checked against the float product first.
+#   phase b: bash benchmarks/gpu_session22.sh b   (one GPU; ~2 min)
+#     where the persistent kernel's time goes: its decoder partition doing only the ring handshakes (-hs) or storing
+#     a constant tile (-st) -- wrong results by design -- beside the real one.
 set -u
 PHASE=${1:?phase}
 OUT=${OUT:?}
@@ -29,6 +32,10 @@ a)
     [ -n "$(grep 'p-bm256 ' "$OUT/ws/run.log")" ] && mv "$OUT/ws" "$OUT/ws_smoke" && \
     ws "${WS_S:-300}" --variants bm256-s4 --persistent p-bm256,p-bm256-s3 --ms 2048,4096,8192 \
         --shapes 18944x3584,3584x18944,3584x3584,13824x5120,5120x13824
+    ;;
+b)
+    ws "${WS_S:-200}" --variants "" --persistent p-bm256,p-bm256-hs,p-bm256-st --ms 2048,4096 \
+        --shapes 18944x3584,3584x18944,13824x5120
     ;;
 *)
     echo "unknown phase $PHASE"; exit 2

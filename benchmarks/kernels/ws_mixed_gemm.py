@@ -281,8 +281,11 @@ def _loader_p(x_desc, w_desc, x_bufs, w_bufs, s_bufs, s_ptr, N, stride_sn, ready
 
 @gluon.jit
 def _decoder_p(w_bufs, s_bytes, d_bufs, ready, empty, d_ready, d_empty, k_steps, num_tiles,
-               FMT: gl.constexpr, GROUP: gl.constexpr, R: gl.constexpr, BKW_: gl.constexpr, W: gl.constexpr):
-    """A warpgroup: ``_decoder`` (scales from the stage), every step of every tile of this program."""
+               FMT: gl.constexpr, GROUP: gl.constexpr, R: gl.constexpr, BKW_: gl.constexpr, W: gl.constexpr,
+               DIAG: gl.constexpr = 0):
+    """A warpgroup: ``_decoder`` (scales from the stage), every step of every tile of this program. DIAG, to locate
+    the bound (wrong results by design): 1 the handshakes only (no decode, no store: the MMA reads stale tiles), 3 a
+    constant tile stored instead of the decoded one (the store and handshakes, no decode)."""
     stages: gl.constexpr = w_bufs.type.shape[0]
     dstages: gl.constexpr = d_bufs.type.shape[0]
     WT: gl.constexpr = GROUP // 8
@@ -295,12 +298,17 @@ def _decoder_p(w_bufs, s_bytes, d_bufs, ready, empty, d_ready, d_empty, k_steps,
         w = w_bufs.index(s).load(LW)  # [R, BKW] words
         sg = s_bytes.index(s).load(LG)  # [R, NG] scale bytes
         mbarrier.arrive(empty.index(s), count=1)
-        p0, p1, p2, p3, p4, p5, p6, p7 = _decode_step(w, sg, sg, FMT, False, LW, R, BKW_, WT)
+        if DIAG == 3:
+            p0 = w.to(gl.bfloat16)
+            p1, p2, p3, p4, p5, p6, p7 = p0, p0, p0, p0, p0, p0, p0
+        else:
+            p0, p1, p2, p3, p4, p5, p6, p7 = _decode_step(w, sg, sg, FMT, False, LW, R, BKW_, WT)
         q = gl.join(gl.join(gl.join(p0, p2), gl.join(p4, p6)), gl.join(gl.join(p1, p3), gl.join(p5, p7)))
         tile = gl.reshape(gl.permute(q, [0, 1, 4, 3, 2]), [R, BKW_ * 8])  # [R, BK] natural k order
         d = it % dstages
         mbarrier.wait(d_empty.index(d), ((it // dstages) & 1) ^ 1)
-        d_bufs.index(d).store(tile)
+        if DIAG != 1:
+            d_bufs.index(d).store(tile)
         fence_async_shared()
         mbarrier.arrive(d_ready.index(d), count=1)
 
@@ -344,7 +352,7 @@ def _mma_p(x_bufs, d_bufs, ready, empty, d_ready, d_empty, y_ptr, gs_ptr, M, N, 
 @gluon.jit
 def ws_gemm_persistent_kernel(x_desc, w_desc, s_ptr, gs_ptr, y_ptr, M, N, K, stride_sn, stride_ym,
                               FMT: gl.constexpr, GROUP: gl.constexpr, STAGES_: gl.constexpr, DSTAGES_: gl.constexpr,
-                              DW: gl.constexpr, DR: gl.constexpr):
+                              DW: gl.constexpr, DR: gl.constexpr, DIAG: gl.constexpr = 0):
     """y [M, N] bf16 = x [M, K] @ dequant(W)^T, NVFP4, persistent (grid: min(tiles, SMs) programs)."""
     BM_: gl.constexpr = x_desc.block_type.shape[0]
     BK_: gl.constexpr = x_desc.block_type.shape[1]
@@ -379,18 +387,20 @@ def ws_gemm_persistent_kernel(x_desc, w_desc, s_ptr, gs_ptr, y_ptr, M, N, K, str
         (_loader_p, (x_desc, w_desc, x_bufs, w_bufs, s_bufs, s_ptr, N, stride_sn, ready, empty, k_steps, num_tiles,
                      m_tiles)),
         (_decoder_p, (w_bufs, s_bytes, d_bufs, ready, empty, d_ready, d_empty, k_steps, num_tiles, FMT, GROUP, R,
-                      BKW_, DW)),
+                      BKW_, DW, DIAG)),
     ], [1, DW], [48, DR])
 
 
-# name -> (tokens a tile, weight rows a tile, x / word stages, decoded stages, decoder warps, decoder registers)
-PERSISTENT = {"p-bm256": (256, 128, 4, 2, 4, 120), "p-bm128-r256": (128, 256, 4, 2, 4, 152),
-              "p-bm256-s3": (256, 128, 3, 2, 4, 120), "p-bm128-r256-d3": (128, 256, 3, 3, 4, 152)}
+# name -> (tokens a tile, weight rows a tile, x / word stages, decoded stages, decoder warps, decoder registers, DIAG).
+# 128 tokens x 256 weight rows a tile does not build (the two MMA warpgroups' 128 accumulators each need > 128
+# registers beside the decoder's); -hs / -st: session 22's diagnostics (``_decoder_p``'s DIAG 1 / 3, wrong results).
+PERSISTENT = {"p-bm256": (256, 128, 4, 2, 4, 120, 0), "p-bm256-s3": (256, 128, 3, 2, 4, 120, 0),
+              "p-bm256-hs": (256, 128, 4, 2, 4, 120, 1), "p-bm256-st": (256, 128, 4, 2, 4, 120, 3)}
 
 
 def ws_matmul_persistent(x2: torch.Tensor, pw, variant: str = "p-bm256", grid: int | None = None) -> torch.Tensor:
     """y [M, N] = x2 [M, K] @ dequant(W)^T with the persistent kernel (NVFP4, row-major words, K % 64 == 0)."""
-    bm, r, stages, dstages, dw, dr = PERSISTENT[variant]
+    bm, r, stages, dstages, dw, dr, diag = PERSISTENT[variant]
     m, k = x2.shape
     if pw.fmt != 0 or k % BK or pw.k != k or getattr(pw, "blocked", False):
         raise ValueError("ws_matmul_persistent: NVFP4 row-major words with K % 64 == 0 and x of their K")
@@ -403,7 +413,7 @@ def ws_matmul_persistent(x2: torch.Tensor, pw, variant: str = "p-bm256", grid: i
     tiles = triton.cdiv(m, bm) * triton.cdiv(pw.n, r)
     n_prog = grid or min(tiles, torch.cuda.get_device_properties(x2.device).multi_processor_count)
     ws_gemm_persistent_kernel[(n_prog,)](x_desc, w_desc, s, pw.gscale, y, m, pw.n, k, s.stride(0), y.stride(0),
-                                         FMT=0, GROUP=16, STAGES_=stages, DSTAGES_=dstages, DW=dw, DR=dr,
+                                         FMT=0, GROUP=16, STAGES_=stages, DSTAGES_=dstages, DW=dw, DR=dr, DIAG=diag,
                                          num_warps=8)
     return y
 
@@ -413,12 +423,12 @@ def compile_sm90_persistent(variant: str = "p-bm256"):
     from triton.backends.compiler import GPUTarget
     from triton.experimental.gluon._runtime import GluonASTSource
 
-    bm, r, stages, dstages, dw, dr = PERSISTENT[variant]
+    bm, r, stages, dstages, dw, dr, diag = PERSISTENT[variant]
     sig = {"x_desc": f"tensordesc<bf16[{bm}, {BK}],{_x_layout(bm)!r}>",
            "w_desc": f"tensordesc<i32[{r}, {BKW}],{_w_layout()!r}>",
            "s_ptr": "*u8", "gs_ptr": "*fp32", "y_ptr": "*bf16", "M": "i32", "N": "i32", "K": "i32",
            "stride_sn": "i32", "stride_ym": "i32"}
-    const = {"FMT": 0, "GROUP": 16, "STAGES_": stages, "DSTAGES_": dstages, "DW": dw, "DR": dr}
+    const = {"FMT": 0, "GROUP": 16, "STAGES_": stages, "DSTAGES_": dstages, "DW": dw, "DR": dr, "DIAG": diag}
     sig.update({k: "constexpr" for k in const})
     attrs = {(i,): [["tt.divisibility", 16]] for i, (k, t) in enumerate(sig.items())
              if t != "constexpr" and not t.startswith("tensordesc") and k != "M"}
