@@ -13,6 +13,9 @@
 #   phase b: bash benchmarks/gpu_session22.sh b   (one GPU; ~2 min)
 #     where the persistent kernel's time goes: its decoder partition doing only the ring handshakes (-hs) or storing
 #     a constant tile (-st) -- wrong results by design -- beside the real one.
+#   phase c: bash benchmarks/gpu_session22.sh c   (one GPU; ~10 min)
+#     issue 17's rollout table again (last run in session 16; since then the blocked words, compaction and one prefill
+#     per prompt): BF16+LoRA vs NVFP4+LoRA, 7B and 14B, batch 1 / 8 / 64, 256-token prompts, 2048 new tokens.
 set -u
 PHASE=${1:?phase}
 OUT=${OUT:?}
@@ -36,6 +39,9 @@ a)
 b)
     ws "${WS_S:-200}" --variants "" --persistent p-bm256,p-bm256-hs,p-bm256-st --ms 2048,4096 \
         --shapes 18944x3584,3584x18944,13824x5120
+    ;;
+c)
+    rollout_table "${TABLE_S:-560}" 7b,14b 1,8,64 table
     ;;
 *)
     echo "unknown phase $PHASE"; exit 2
