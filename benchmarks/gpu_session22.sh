@@ -16,6 +16,12 @@
 #   phase c: bash benchmarks/gpu_session22.sh c   (one GPU; ~10 min)
 #     issue 17's rollout table again (last run in session 16; since then the blocked words, compaction and one prefill
 #     per prompt): BF16+LoRA vs NVFP4+LoRA, 7B and 14B, batch 1 / 8 / 64, 256-token prompts, 2048 new tokens.
+#   phase d: bash benchmarks/gpu_session22.sh d   (one GPU; ~6 min)
+#     phase b put the persistent kernel's bound on the decoded tile's shared-memory traffic. A 12-warp version (the
+#     decoder warpgroup issues the TMA copies; no loader warp, so ptxas has 168 registers a thread) with and without
+#     swapped operands (y^T = W x^T: m64n256 instructions, the decoded tile read once a k16 step a warpgroup), beside
+#     p-bm256; then the blocked layout's and the engine's GPU tests (session 21's last commit, the dispatch.has_kernel
+#     guard, was CPU-tested only).
 set -u
 PHASE=${1:?phase}
 OUT=${OUT:?}
@@ -42,6 +48,13 @@ b)
     ;;
 c)
     rollout_table "${TABLE_S:-560}" 7b,14b 1,8,64 table
+    ;;
+d)
+    ws 90 --variants "" --persistent "" --p12 p12-swap --ms 2048 --shapes 3584x3584  # a hang costs 90 s
+    [ -n "$(grep 'p12-swap ' "$OUT/ws/run.log")" ] && mv "$OUT/ws" "$OUT/ws_smoke" && \
+    ws "${WS_S:-200}" --variants "" --persistent p-bm256 --p12 p12,p12-swap,p12-swap-r136,p12-swap-s3 --ms 2048,4096 \
+        --shapes 18944x3584,3584x18944,3584x3584,13824x5120
+    tests "${TEST_S:-240}" tests/kernels/test_blocked_gpu.py tests/engine/test_engine_gpu.py
     ;;
 *)
     echo "unknown phase $PHASE"; exit 2
