@@ -22,6 +22,9 @@
 #     swapped operands (y^T = W x^T: m64n256 instructions, the decoded tile read once a k16 step a warpgroup), beside
 #     p-bm256; then the blocked layout's and the engine's GPU tests (session 21's last commit, the dispatch.has_kernel
 #     guard, was CPU-tested only).
+#   phase e: bash benchmarks/gpu_session22.sh e   (one GPU; ~9 min)
+#     the 7B GRPO step (NVFP4+LoRA vs BF16+LoRA, 8 prompts x 8 answers; issue 17's "no slower than BF16+LoRA"),
+#     last measured in session 16 (0.955x), twice.
 set -u
 PHASE=${1:?phase}
 OUT=${OUT:?}
@@ -55,6 +58,10 @@ d)
     ws "${WS_S:-200}" --variants "" --persistent p-bm256 --p12 p12,p12-swap,p12-swap-r136,p12-swap-s3 --ms 2048,4096 \
         --shapes 18944x3584,3584x18944,3584x3584,13824x5120
     tests "${TEST_S:-240}" tests/kernels/test_blocked_gpu.py tests/engine/test_engine_gpu.py
+    ;;
+e)
+    grpo "${GRPO_S:-280}" grpo
+    grpo "${GRPO_S:-280}" grpo2
     ;;
 *)
     echo "unknown phase $PHASE"; exit 2
