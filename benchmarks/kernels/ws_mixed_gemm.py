@@ -16,9 +16,11 @@ Session 22 (``gpu_session22.sh a-b``, RESULTS "Issue 17, session 22"): persisten
 the epilogue from registers while the loader and decoder fill the next tile's rings) are no faster (0.61-0.85x); with
 the decoder doing only the ring handshakes (``-hs``, wrong results) the same skeleton runs at 0.93-1.07x cuBLAS, and
 storing a constant 16 KB tile a step (``-st``) brings it back to 0.77-0.88x: the decoded tile's trip through shared
-memory is the bound, not the decode, the refill or the epilogue. What is left: the decoded weight as wgmma's register
-A operand (decoded in the MMA warps a step ahead), or m64n256 instructions with the weight as A (fewer operand reads;
-needs the loader merged into another role so that 12 warps leave ptxas more than 128 registers a thread).
+memory is the bound, not the decode, the refill or the epilogue. m64n256 instructions with the weight as A (fewer
+operand reads) need more than the 128 registers a thread 16 warps leave; ``ws_gemm_p12_kernel`` (12 warps: the decoder
+warpgroup issues the loads) builds them, and the swap gains 12-30 % there, but the 12-warp kernel itself is 25-38 %
+slower than the 16-warp one: 0.57-0.67x (phase d). Not built: a dedicated loader warp inside the decoder warpgroup
+with m64n256, and the decoded weight as wgmma's register A operand (no shared-memory round trip).
 
 Why. At M >= 2048 a weight-only GEMM is compute-bound. The dense path (``quarl_kernels.dense``) decodes the whole
 weight to a transient BF16 copy and runs cuBLAS: 0.81-0.91x cuBLAS at M = 2048 (the decode's 2.56 bytes a weight),
