@@ -71,3 +71,14 @@ phase_end
 
 # ---------------------------------------------------------------------------------------------------------------------
 # Record (filled in after each call: commit, device seconds, what it showed).
+# phase a (commit a65b93d; 23 s of work, machine cold; H100 80GB HBM3): the persistent kernel correct (2.2-2.4e-3) and
+#   no faster: p-bm256 0.61-0.85x cuBLAS, p-bm256-s3 0.61-0.75x, session 17's bm256-s4 0.64-0.85x, the dense path
+#   0.74-0.97x (single timings) at 2048 / 4096 / 8192 rows on 7B / 14B weights. Device budget left 1745 s.
+# phase b (commit ee3912c; 17 s, cold): the handshakes-only decoder (-hs) 0.93-1.07x cuBLAS, a constant tile stored
+#   (-st) 0.77-0.88x, the real kernel 0.70-0.87x: the decoded tile's shared-memory store is the bound. Left 1680 s.
+# phase c (commit 4a24d25; 397 s, cold): the rollout table, step ms BF16+LoRA / NVFP4+LoRA: 7B 8.40/3.16 (2.66x),
+#   8.67/4.00 (2.17x), 10.98/8.26 (1.33x); 14B 15.11/5.70 (2.65x), 16.10/7.31 (2.20x), 22.22/17.30 (1.28x).
+#   Left 1373 s.
+# phase d (commit 799142a; 261 s, warm): the 12-warp kernel p12 0.47-0.58x, p12-swap (m64n256) 0.57-0.66x, -r136
+#   0.58-0.67x, -s3 0.55-0.64x, p-bm256 0.71-0.81x; tests/kernels/test_blocked_gpu.py + tests/engine/
+#   test_engine_gpu.py 55 passed. Left 1183 s.
