@@ -21,7 +21,8 @@
 #     decoder warpgroup issues the TMA copies; no loader warp, so ptxas has 168 registers a thread) with and without
 #     swapped operands (y^T = W x^T: m64n256 instructions, the decoded tile read once a k16 step a warpgroup), beside
 #     p-bm256; then the blocked layout's and the engine's GPU tests (session 21's last commit, the dispatch.has_kernel
-#     guard, was CPU-tested only).
+#     guard, was CPU-tested only). The 12-warp kernel (--p12) lost and was removed after this call: run phase d at
+#     commit 799142a.
 #   phase e: bash benchmarks/gpu_session22.sh e   (one GPU; ~9 min)
 #     the 7B GRPO step (NVFP4+LoRA vs BF16+LoRA, 8 prompts x 8 answers; issue 17's "no slower than BF16+LoRA"),
 #     last measured in session 16 (0.955x), twice.

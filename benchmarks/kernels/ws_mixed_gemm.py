@@ -17,9 +17,9 @@ the epilogue from registers while the loader and decoder fill the next tile's ri
 the decoder doing only the ring handshakes (``-hs``, wrong results) the same skeleton runs at 0.93-1.07x cuBLAS, and
 storing a constant 16 KB tile a step (``-st``) brings it back to 0.77-0.88x: the decoded tile's trip through shared
 memory is the bound, not the decode, the refill or the epilogue. m64n256 instructions with the weight as A (fewer
-operand reads) need more than the 128 registers a thread 16 warps leave; ``ws_gemm_p12_kernel`` (12 warps: the decoder
+operand reads) need more than the 128 registers a thread 16 warps leave; a 12-warp kernel (the decoder
 warpgroup issues the loads) builds them, and the swap gains 12-30 % there, but the 12-warp kernel itself is 25-38 %
-slower than the 16-warp one: 0.57-0.67x (phase d). Not built: a dedicated loader warp inside the decoder warpgroup
+slower than the 16-warp one: 0.57-0.67x (phase d; that kernel is in commit 799142a, removed since). Not built: a dedicated loader warp inside the decoder warpgroup
 with m64n256, and the decoded weight as wgmma's register A operand (no shared-memory round trip).
 
 Why. At M >= 2048 a weight-only GEMM is compute-bound. The dense path (``quarl_kernels.dense``) decodes the whole
@@ -170,24 +170,61 @@ def _decoder(s_ptr, N, stride_sn, w_bufs, s_bytes, d_bufs, ready, empty, d_ready
 
 
 @gluon.jit
+def _mma_steps(x_bufs, d_bufs, ready, empty, d_ready, d_empty, acc, it0, k_steps):
+    """``k_steps`` wgmma steps from the ring position ``it0``, one group in flight: each step's wait for the one before
+    gives that step's buffers back (the first step's predecessor, if any, is the caller's). Returns the accumulator
+    with the last group still in flight."""
+    stages: gl.constexpr = x_bufs.type.shape[0]
+    dstages: gl.constexpr = d_bufs.type.shape[0]
+    for i in range(k_steps):
+        it = it0 + i
+        s = it % stages
+        d = it % dstages
+        mbarrier.wait(ready.index(s), (it // stages) & 1)
+        mbarrier.wait(d_ready.index(d), (it // dstages) & 1)
+        acc = warpgroup_mma(x_bufs.index(s), d_bufs.index(d).permute((1, 0)), acc, is_async=True)
+        acc = warpgroup_mma_wait(1, deps=[acc])  # the previous step's MMA is done: its buffers go back
+        mbarrier.arrive(empty.index((it + stages - 1) % stages), count=1, pred=i > 0)
+        mbarrier.arrive(d_empty.index((it + dstages - 1) % dstages), count=1, pred=i > 0)
+    return acc
+
+
+@gluon.jit
 def _mma(x_bufs, d_bufs, ready, empty, d_ready, d_empty, k_steps, BM_: gl.constexpr, R: gl.constexpr,
          W: gl.constexpr):
     """The default warpgroup: wgmma over the ready stages, one group in flight; returns the fp32 accumulator."""
-    stages: gl.constexpr = x_bufs.type.shape[0]
-    dstages: gl.constexpr = d_bufs.type.shape[0]
     MMA: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[W, 1], instr_shape=[16, R, 16])
-    acc = gl.zeros([BM_, R], gl.float32, MMA)
-    for i in range(k_steps):
-        s = i % stages
-        d = i % dstages
-        mbarrier.wait(ready.index(s), (i // stages) & 1)
-        mbarrier.wait(d_ready.index(d), (i // dstages) & 1)
-        acc = warpgroup_mma(x_bufs.index(s), d_bufs.index(d).permute((1, 0)), acc, is_async=True)
-        acc = warpgroup_mma_wait(1, deps=[acc])  # step i - 1's MMA is done: its buffers go back
-        mbarrier.arrive(empty.index((i + stages - 1) % stages), count=1, pred=i > 0)
-        mbarrier.arrive(d_empty.index((i + dstages - 1) % dstages), count=1, pred=i > 0)
+    acc = _mma_steps(x_bufs, d_bufs, ready, empty, d_ready, d_empty, gl.zeros([BM_, R], gl.float32, MMA), 0, k_steps)
     acc = warpgroup_mma_wait(0, deps=[acc])
     return (acc,)  # warp_specialize returns the default partition's results as a tuple
+
+
+@gluon.jit
+def _rings(x_desc, w_desc, STAGES_: gl.constexpr, DSTAGES_: gl.constexpr, READY_COUNT: gl.constexpr):
+    """The shared memory of both kernels: the x / word ring (with the staged scale bytes, ``SSMEM``), the decoded ring,
+    and their mbarriers, initialized. ``READY_COUNT``: 2 when the loader's scale store arrives beside the TMA bytes."""
+    BM_: gl.constexpr = x_desc.block_type.shape[0]
+    BK_: gl.constexpr = x_desc.block_type.shape[1]
+    R: gl.constexpr = w_desc.block_type.shape[0]
+    BKW_: gl.constexpr = w_desc.block_type.shape[1]
+    x_bufs = gl.allocate_shared_memory(gl.bfloat16, [STAGES_, BM_, BK_], x_desc.layout)
+    w_bufs = gl.allocate_shared_memory(gl.int32, [STAGES_, R, BKW_], w_desc.layout)
+    d_layout: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
+    d_bufs = gl.allocate_shared_memory(gl.bfloat16, [DSTAGES_, R, BK_], d_layout)
+    ready = gl.allocate_shared_memory(gl.int64, [STAGES_, 1], mbarrier.MBarrierLayout())
+    empty = gl.allocate_shared_memory(gl.int64, [STAGES_, 1], mbarrier.MBarrierLayout())
+    d_ready = gl.allocate_shared_memory(gl.int64, [DSTAGES_, 1], mbarrier.MBarrierLayout())
+    d_empty = gl.allocate_shared_memory(gl.int64, [DSTAGES_, 1], mbarrier.MBarrierLayout())
+    s_bufs = gl.allocate_shared_memory(gl.int32, [STAGES_, R], gl.SwizzledSharedLayout(1, 1, 1, [0]))
+    s_bytes = s_bufs._reinterpret(gl.uint8, [STAGES_, R, 4], gl.SwizzledSharedLayout(1, 1, 1, [1, 0]))
+    for i in gl.static_range(STAGES_):
+        mbarrier.init(ready.index(i), count=READY_COUNT)
+        mbarrier.init(empty.index(i), count=2)  # the decoder (words) and the MMA (x) both release a stage
+    for i in gl.static_range(DSTAGES_):
+        mbarrier.init(d_ready.index(i), count=1)
+        mbarrier.init(d_empty.index(i), count=1)
+    fence_async_shared()
+    return x_bufs, w_bufs, d_bufs, s_bufs, s_bytes, ready, empty, d_ready, d_empty
 
 
 @gluon.jit
@@ -205,24 +242,9 @@ def ws_gemm_kernel(x_desc, w_desc, s_ptr, gs_ptr, y_ptr, M, N, K, stride_sn, str
     off_n = gl.program_id(1) * R
     k_steps = gl.cdiv(K, BK_)
 
-    x_bufs = gl.allocate_shared_memory(gl.bfloat16, [STAGES_, BM_, BK_], x_desc.layout)
-    w_bufs = gl.allocate_shared_memory(gl.int32, [STAGES_, R, BKW_], w_desc.layout)
-    d_layout: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
-    d_bufs = gl.allocate_shared_memory(gl.bfloat16, [DSTAGES_, R, BK_], d_layout)
-    ready = gl.allocate_shared_memory(gl.int64, [STAGES_, 1], mbarrier.MBarrierLayout())
-    empty = gl.allocate_shared_memory(gl.int64, [STAGES_, 1], mbarrier.MBarrierLayout())
-    d_ready = gl.allocate_shared_memory(gl.int64, [DSTAGES_, 1], mbarrier.MBarrierLayout())
-    d_empty = gl.allocate_shared_memory(gl.int64, [DSTAGES_, 1], mbarrier.MBarrierLayout())
     gl.static_assert(not SSMEM or (FMT == 0 and BK_ == 64), "SSMEM: NVFP4, 4 scale bytes a row and step")
-    s_bufs = gl.allocate_shared_memory(gl.int32, [STAGES_, R], gl.SwizzledSharedLayout(1, 1, 1, [0]))
-    s_bytes = s_bufs._reinterpret(gl.uint8, [STAGES_, R, 4], gl.SwizzledSharedLayout(1, 1, 1, [1, 0]))
-    for i in gl.static_range(STAGES_):
-        mbarrier.init(ready.index(i), count=2 if SSMEM else 1)
-        mbarrier.init(empty.index(i), count=2)  # the decoder (words) and the MMA (x) both release a stage
-    for i in gl.static_range(DSTAGES_):
-        mbarrier.init(d_ready.index(i), count=1)
-        mbarrier.init(d_empty.index(i), count=1)
-    fence_async_shared()
+    x_bufs, w_bufs, d_bufs, s_bufs, s_bytes, ready, empty, d_ready, d_empty = _rings(x_desc, w_desc, STAGES_, DSTAGES_,
+                                                                                    2 if SSMEM else 1)
 
     LREGS: gl.constexpr = 48 if SSMEM else 24  # the loader warp: its scale loads need more than 24
     DR: gl.constexpr = 168 if BM_ <= 128 else DECODER_REGS_BM256  # two MMA warpgroups' accumulators need the rest
@@ -336,17 +358,9 @@ def _mma_p(x_bufs, d_bufs, ready, empty, d_ready, d_empty, y_ptr, gs_ptr, M, N, 
     it = 0
     for t in range(gl.program_id(0), num_tiles, gl.num_programs(0)):
         off_m, off_n = _tile_offsets(t, m_tiles, BM_, R)
-        acc = gl.zeros([BM_, R], gl.float32, MMA)
-        for i in range(k_steps):
-            s = it % stages
-            d = it % dstages
-            mbarrier.wait(ready.index(s), (it // stages) & 1)
-            mbarrier.wait(d_ready.index(d), (it // dstages) & 1)
-            acc = warpgroup_mma(x_bufs.index(s), d_bufs.index(d).permute((1, 0)), acc, is_async=True)
-            acc = warpgroup_mma_wait(1, deps=[acc])  # the previous step's MMA is done: its buffers go back
-            mbarrier.arrive(empty.index((it + stages - 1) % stages), count=1, pred=i > 0)
-            mbarrier.arrive(d_empty.index((it + dstages - 1) % dstages), count=1, pred=i > 0)
-            it += 1
+        acc = _mma_steps(x_bufs, d_bufs, ready, empty, d_ready, d_empty, gl.zeros([BM_, R], gl.float32, MMA), it,
+                         k_steps)
+        it += k_steps
         acc = warpgroup_mma_wait(0, deps=[acc])
         mbarrier.arrive(empty.index((it + stages - 1) % stages), count=1)
         mbarrier.arrive(d_empty.index((it + dstages - 1) % dstages), count=1)
@@ -372,23 +386,8 @@ def ws_gemm_persistent_kernel(x_desc, w_desc, s_ptr, gs_ptr, y_ptr, M, N, K, str
     m_tiles = gl.cdiv(M, BM_)
     num_tiles = m_tiles * gl.cdiv(N, R)
 
-    x_bufs = gl.allocate_shared_memory(gl.bfloat16, [STAGES_, BM_, BK_], x_desc.layout)
-    w_bufs = gl.allocate_shared_memory(gl.int32, [STAGES_, R, BKW_], w_desc.layout)
-    d_layout: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
-    d_bufs = gl.allocate_shared_memory(gl.bfloat16, [DSTAGES_, R, BK_], d_layout)
-    ready = gl.allocate_shared_memory(gl.int64, [STAGES_, 1], mbarrier.MBarrierLayout())
-    empty = gl.allocate_shared_memory(gl.int64, [STAGES_, 1], mbarrier.MBarrierLayout())
-    d_ready = gl.allocate_shared_memory(gl.int64, [DSTAGES_, 1], mbarrier.MBarrierLayout())
-    d_empty = gl.allocate_shared_memory(gl.int64, [DSTAGES_, 1], mbarrier.MBarrierLayout())
-    s_bufs = gl.allocate_shared_memory(gl.int32, [STAGES_, R], gl.SwizzledSharedLayout(1, 1, 1, [0]))
-    s_bytes = s_bufs._reinterpret(gl.uint8, [STAGES_, R, 4], gl.SwizzledSharedLayout(1, 1, 1, [1, 0]))
-    for i in gl.static_range(STAGES_):
-        mbarrier.init(ready.index(i), count=2)  # the TMA bytes and the loader's scale store
-        mbarrier.init(empty.index(i), count=2)  # the decoder (words) and the MMA (x) both release a stage
-    for i in gl.static_range(DSTAGES_):
-        mbarrier.init(d_ready.index(i), count=1)
-        mbarrier.init(d_empty.index(i), count=1)
-    fence_async_shared()
+    x_bufs, w_bufs, d_bufs, s_bufs, s_bytes, ready, empty, d_ready, d_empty = _rings(x_desc, w_desc, STAGES_, DSTAGES_,
+                                                                                    2)
     gl.warp_specialize([
         (_mma_p, (x_bufs, d_bufs, ready, empty, d_ready, d_empty, y_ptr, gs_ptr, M, N, stride_ym, k_steps,
                   num_tiles, m_tiles, FMT, BM_, R, W)),
@@ -444,192 +443,6 @@ def compile_sm90_persistent(variant: str = "p-bm256"):
     return triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": 8})
 
 
-# Session 22, second step: 12 warps. The loader warp pads a kernel to four warpgroups (16 warps: 128 registers a
-# thread at launch), too few for m64n256 wgmma instructions. Here the decoder warpgroup issues the TMA copies itself
-# (step it + STAGES - 1, after it has decoded step it and the MMA has freed that stage), so the kernel is the MMA
-# warpgroups plus one decoder warpgroup; scale bytes come from global memory one step ahead. SWAP computes y^T = W x^T:
-# the decoded tile is wgmma's A (64 weight rows an instruction), x^T its B (all 256 tokens: m64n256), so each
-# warpgroup reads its A once a k16 step instead of the B tile once per 64 tokens (phase b: the shared-memory traffic of
-# the decoded tile is this kernel's bound).
-
-
-@gluon.jit
-def _issue_step(j, x_desc, w_desc, x_bufs, w_bufs, ready, k_steps, m_tiles):
-    stages: gl.constexpr = x_bufs.type.shape[0]
-    BM_: gl.constexpr = x_desc.block_type.shape[0]
-    bk: gl.constexpr = x_desc.block_type.shape[1]
-    bkw: gl.constexpr = w_desc.block_type.shape[1]
-    R: gl.constexpr = w_desc.block_type.shape[0]
-    off_m, off_n = _tile_offsets(gl.program_id(0) + (j // k_steps) * gl.num_programs(0), m_tiles, BM_, R)
-    i = j % k_steps
-    s = j % stages
-    mbarrier.expect(ready.index(s), x_desc.block_type.nbytes + w_desc.block_type.nbytes)
-    tma.async_copy_global_to_shared(x_desc, [off_m, i * bk], ready.index(s), x_bufs.index(s))
-    tma.async_copy_global_to_shared(w_desc, [off_n, i * bkw], ready.index(s), w_bufs.index(s))
-
-
-@gluon.jit
-def _decoder_loader_p(x_desc, w_desc, x_bufs, w_bufs, d_bufs, s_ptr, N, stride_sn, ready, empty, d_ready, d_empty,
-                      k_steps, num_tiles, m_tiles, FMT: gl.constexpr, GROUP: gl.constexpr, W: gl.constexpr):
-    """A warpgroup: the loads (STAGES - 1 steps ahead) and the decode of every step of this program's tiles."""
-    stages: gl.constexpr = x_bufs.type.shape[0]
-    dstages: gl.constexpr = d_bufs.type.shape[0]
-    BM_: gl.constexpr = x_desc.block_type.shape[0]
-    R: gl.constexpr = w_desc.block_type.shape[0]
-    BKW_: gl.constexpr = w_desc.block_type.shape[1]
-    WT: gl.constexpr = GROUP // 8
-    NG: gl.constexpr = BKW_ // WT
-    LW: gl.constexpr = _word_layout(R, BKW_, W)
-    LG: gl.constexpr = gl.SliceLayout(2, _group_layout(R, BKW_, W, WT))
-    ar = gl.arange(0, R, layout=gl.SliceLayout(1, LG))
-    g = gl.arange(0, NG, layout=gl.SliceLayout(0, LG))
-    total = gl.cdiv(num_tiles - gl.program_id(0), gl.num_programs(0)) * k_steps
-    for j in range(gl.minimum(stages - 1, total)):
-        _issue_step(j, x_desc, w_desc, x_bufs, w_bufs, ready, k_steps, m_tiles)
-    for it in range(total):
-        _, off_n = _tile_offsets(gl.program_id(0) + (it // k_steps) * gl.num_programs(0), m_tiles, BM_, R)
-        rows = gl.minimum(off_n + ar, N - 1)
-        sg = gl.load(s_ptr + rows[:, None] * stride_sn + (it % k_steps) * NG + g[None, :])  # [R, NG] bytes
-        s = it % stages
-        mbarrier.wait(ready.index(s), (it // stages) & 1)
-        w = w_bufs.index(s).load(LW)  # [R, BKW] words
-        p0, p1, p2, p3, p4, p5, p6, p7 = _decode_step(w, sg, sg, FMT, False, LW, R, BKW_, WT)
-        q = gl.join(gl.join(gl.join(p0, p2), gl.join(p4, p6)), gl.join(gl.join(p1, p3), gl.join(p5, p7)))
-        tile = gl.reshape(gl.permute(q, [0, 1, 4, 3, 2]), [R, BKW_ * 8])  # [R, BK] natural k order
-        d = it % dstages
-        mbarrier.wait(d_empty.index(d), ((it // dstages) & 1) ^ 1)
-        d_bufs.index(d).store(tile)
-        fence_async_shared()
-        mbarrier.arrive(d_ready.index(d), count=1)
-        nxt = it + stages - 1  # its stage held step it - 1: free once the MMA of step it - 1 is done
-        if nxt < total:
-            mbarrier.wait(empty.index(nxt % stages), ((nxt // stages) & 1) ^ 1)
-            _issue_step(nxt, x_desc, w_desc, x_bufs, w_bufs, ready, k_steps, m_tiles)
-
-
-@gluon.jit
-def _mma_p12(x_bufs, d_bufs, ready, empty, d_ready, d_empty, y_ptr, gs_ptr, M, N, stride_ym, k_steps, num_tiles,
-             m_tiles, BM_: gl.constexpr, R: gl.constexpr, W: gl.constexpr, SWAP: gl.constexpr):
-    """``_mma_p`` for the 12-warp kernel; SWAP: acc [R, BM] = W x^T with m64nBM instructions."""
-    stages: gl.constexpr = x_bufs.type.shape[0]
-    dstages: gl.constexpr = d_bufs.type.shape[0]
-    if SWAP:
-        MMA: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[W, 1], instr_shape=[16, BM_, 16])
-    else:
-        MMA: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[W, 1], instr_shape=[16, R, 16])
-    factor = 65536.0 / gl.load(gs_ptr).to(gl.float32)  # the decode's 2**-16 and NVFP4's global scale
-    it = 0
-    for t in range(gl.program_id(0), num_tiles, gl.num_programs(0)):
-        off_m, off_n = _tile_offsets(t, m_tiles, BM_, R)
-        if SWAP:
-            acc = gl.zeros([R, BM_], gl.float32, MMA)
-        else:
-            acc = gl.zeros([BM_, R], gl.float32, MMA)
-        for i in range(k_steps):
-            s = it % stages
-            d = it % dstages
-            mbarrier.wait(ready.index(s), (it // stages) & 1)
-            mbarrier.wait(d_ready.index(d), (it // dstages) & 1)
-            if SWAP:
-                acc = warpgroup_mma(d_bufs.index(d), x_bufs.index(s).permute((1, 0)), acc, is_async=True)
-            else:
-                acc = warpgroup_mma(x_bufs.index(s), d_bufs.index(d).permute((1, 0)), acc, is_async=True)
-            acc = warpgroup_mma_wait(1, deps=[acc])
-            mbarrier.arrive(empty.index((it + stages - 1) % stages), count=1, pred=i > 0)
-            mbarrier.arrive(d_empty.index((it + dstages - 1) % dstages), count=1, pred=i > 0)
-            it += 1
-        acc = warpgroup_mma_wait(0, deps=[acc])
-        mbarrier.arrive(empty.index((it + stages - 1) % stages), count=1)
-        mbarrier.arrive(d_empty.index((it + dstages - 1) % dstages), count=1)
-        y = (acc * factor).to(gl.bfloat16)
-        if SWAP:  # [R, BM]: weight rows down, tokens across
-            rn = off_n + gl.arange(0, R, layout=gl.SliceLayout(1, MMA))
-            rm = off_m + gl.arange(0, BM_, layout=gl.SliceLayout(0, MMA))
-            gl.store(y_ptr + rm[None, :].to(gl.int64) * stride_ym + rn[:, None], y,
-                     mask=(rm < M)[None, :] & (rn < N)[:, None])
-        else:
-            rm = off_m + gl.arange(0, BM_, layout=gl.SliceLayout(1, MMA))
-            rn = off_n + gl.arange(0, R, layout=gl.SliceLayout(0, MMA))
-            gl.store(y_ptr + rm[:, None].to(gl.int64) * stride_ym + rn[None, :], y,
-                     mask=(rm < M)[:, None] & (rn < N)[None, :])
-
-
-@gluon.jit
-def ws_gemm_p12_kernel(x_desc, w_desc, s_ptr, gs_ptr, y_ptr, M, N, K, stride_sn, stride_ym,
-                       GROUP: gl.constexpr, STAGES_: gl.constexpr, DSTAGES_: gl.constexpr, DR: gl.constexpr,
-                       SWAP: gl.constexpr):
-    """y [M, N] bf16 = x [M, K] @ dequant(W)^T, NVFP4, persistent, 8 MMA warps + one decoder-and-loader warpgroup."""
-    BM_: gl.constexpr = x_desc.block_type.shape[0]
-    BK_: gl.constexpr = x_desc.block_type.shape[1]
-    R: gl.constexpr = w_desc.block_type.shape[0]
-    BKW_: gl.constexpr = w_desc.block_type.shape[1]
-    W: gl.constexpr = gl.num_warps()
-    k_steps = gl.cdiv(K, BK_)
-    m_tiles = gl.cdiv(M, BM_)
-    num_tiles = m_tiles * gl.cdiv(N, R)
-    x_bufs = gl.allocate_shared_memory(gl.bfloat16, [STAGES_, BM_, BK_], x_desc.layout)
-    w_bufs = gl.allocate_shared_memory(gl.int32, [STAGES_, R, BKW_], w_desc.layout)
-    d_layout: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
-    d_bufs = gl.allocate_shared_memory(gl.bfloat16, [DSTAGES_, R, BK_], d_layout)
-    ready = gl.allocate_shared_memory(gl.int64, [STAGES_, 1], mbarrier.MBarrierLayout())
-    empty = gl.allocate_shared_memory(gl.int64, [STAGES_, 1], mbarrier.MBarrierLayout())
-    d_ready = gl.allocate_shared_memory(gl.int64, [DSTAGES_, 1], mbarrier.MBarrierLayout())
-    d_empty = gl.allocate_shared_memory(gl.int64, [DSTAGES_, 1], mbarrier.MBarrierLayout())
-    for i in gl.static_range(STAGES_):
-        mbarrier.init(ready.index(i), count=1)  # the TMA bytes
-        mbarrier.init(empty.index(i), count=1)  # the MMA's release (the decoder read the words before it refills)
-    for i in gl.static_range(DSTAGES_):
-        mbarrier.init(d_ready.index(i), count=1)
-        mbarrier.init(d_empty.index(i), count=1)
-    fence_async_shared()
-    gl.warp_specialize([
-        (_mma_p12, (x_bufs, d_bufs, ready, empty, d_ready, d_empty, y_ptr, gs_ptr, M, N, stride_ym, k_steps,
-                    num_tiles, m_tiles, BM_, R, W, SWAP)),
-        (_decoder_loader_p, (x_desc, w_desc, x_bufs, w_bufs, d_bufs, s_ptr, N, stride_sn, ready, empty, d_ready,
-                             d_empty, k_steps, num_tiles, m_tiles, 0, GROUP, 4)),
-    ], [4], [DR])
-
-
-# name -> (x / word stages, decoded stages, decoder registers, SWAP); 256 tokens x 128 weight rows a tile
-P12 = {"p12": (4, 2, 152, False), "p12-swap": (4, 2, 152, True), "p12-swap-r136": (4, 2, 136, True),
-       "p12-swap-s3": (3, 2, 152, True)}
-
-
-def ws_matmul_p12(x2: torch.Tensor, pw, variant: str = "p12-swap") -> torch.Tensor:
-    """y [M, N] = x2 [M, K] @ dequant(W)^T with the 12-warp kernel (NVFP4, row-major words, K % 64 == 0)."""
-    stages, dstages, dr, swap = P12[variant]
-    m, k = x2.shape
-    if pw.fmt != 0 or k % BK or pw.k != k or getattr(pw, "blocked", False):
-        raise ValueError("ws_matmul_p12: NVFP4 row-major words with K % 64 == 0 and x of their K")
-    s = pw.scale.view(torch.uint8)
-    y = torch.empty((m, pw.n), device=x2.device, dtype=torch.bfloat16)
-    x_desc = TensorDescriptor.from_tensor(x2.contiguous(), [256, BK], _x_layout(256))
-    w_desc = TensorDescriptor.from_tensor(pw.words, [BN, BKW], _w_layout())
-    tiles = triton.cdiv(m, 256) * triton.cdiv(pw.n, BN)
-    n_prog = min(tiles, torch.cuda.get_device_properties(x2.device).multi_processor_count)
-    ws_gemm_p12_kernel[(n_prog,)](x_desc, w_desc, s, pw.gscale, y, m, pw.n, k, s.stride(0), y.stride(0),
-                                  GROUP=16, STAGES_=stages, DSTAGES_=dstages, DR=dr, SWAP=swap, num_warps=8)
-    return y
-
-
-def compile_sm90_p12(variant: str = "p12-swap"):
-    """The 12-warp kernel built for sm_90 on any machine."""
-    from triton.backends.compiler import GPUTarget
-    from triton.experimental.gluon._runtime import GluonASTSource
-
-    stages, dstages, dr, swap = P12[variant]
-    sig = {"x_desc": f"tensordesc<bf16[256, {BK}],{_x_layout(256)!r}>",
-           "w_desc": f"tensordesc<i32[{BN}, {BKW}],{_w_layout()!r}>",
-           "s_ptr": "*u8", "gs_ptr": "*fp32", "y_ptr": "*bf16", "M": "i32", "N": "i32", "K": "i32",
-           "stride_sn": "i32", "stride_ym": "i32"}
-    const = {"GROUP": 16, "STAGES_": stages, "DSTAGES_": dstages, "DR": dr, "SWAP": swap}
-    sig.update({k: "constexpr" for k in const})
-    attrs = {(i,): [["tt.divisibility", 16]] for i, (k, t) in enumerate(sig.items())
-             if t != "constexpr" and not t.startswith("tensordesc") and k != "M"}
-    src = GluonASTSource(fn=ws_gemm_p12_kernel, signature=sig, constexprs=const, attrs=attrs)
-    return triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": 8})
-
-
 def ws_matmul(x2: torch.Tensor, pw, ssmem: bool = False, wfence: bool = True, dstages: int = DSTAGES, bm: int = BM,
               stages: int = STAGES, spf: bool = False, nodecode: bool = False) -> torch.Tensor:
     """y [M, N] = x2 [M, K] @ dequant(W)^T (``pw``: a ``wo_gemm.PackedWeight``, NVFP4 / MXFP4, K % 64 == 0).
@@ -682,11 +495,9 @@ def main() -> None:
     ap.add_argument("--variants", default=",".join(VARIANTS), help=f"comma-separated of {', '.join(VARIANTS)}")
     ap.add_argument("--persistent", default=",".join(PERSISTENT),
                     help=f"comma-separated of {', '.join(PERSISTENT)} (session 22), '' for none")
-    ap.add_argument("--p12", default="", help=f"comma-separated of {', '.join(P12)} (session 22)")
     ap.add_argument("--shapes", default="18944x3584,3584x18944,3584x3584")
     args = ap.parse_args()
     pvars = [v for v in args.persistent.split(",") if v]
-    p12 = [v for v in args.p12.split(",") if v]
     if args.compile:
         sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
         import compile_report as cr
@@ -695,8 +506,6 @@ def main() -> None:
             print(cr.report(compile_sm90(0, **VARIANTS[name]), f"ws-gemm {name}", None))
         for name in pvars:
             print(cr.report(compile_sm90_persistent(name), f"ws-gemm {name}", None))
-        for name in p12:
-            print(cr.report(compile_sm90_p12(name), f"ws-gemm {name}", None))
         return
     from bench_gemv import _quantized, graph_us
     from quarl_kernels import dense
@@ -714,7 +523,6 @@ def main() -> None:
             runs = [(name, lambda x=x, pw=pw, v=VARIANTS[name]: ws_matmul(x, pw, **v))
                     for name in args.variants.split(",") if name]
             runs += [(name, lambda x=x, pw=pw, name=name: ws_matmul_persistent(x, pw, name)) for name in pvars]
-            runs += [(name, lambda x=x, pw=pw, name=name: ws_matmul_p12(x, pw, name)) for name in p12]
             for name, fn in runs:
                 err = ((fn().float() - want).norm() / want.norm()).item()
                 t = graph_us([fn])
