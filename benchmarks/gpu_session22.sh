@@ -26,6 +26,9 @@
 #   phase e: bash benchmarks/gpu_session22.sh e   (one GPU; ~9 min)
 #     the 7B GRPO step (NVFP4+LoRA vs BF16+LoRA, 8 prompts x 8 answers; issue 17's "no slower than BF16+LoRA"),
 #     last measured in session 16 (0.955x), twice.
+#   phase f: bash benchmarks/gpu_session22.sh f   (one GPU; ~3 min)
+#     m64n256 with a dedicated loader: the 16-warp persistent kernel with a two-warp decoder (-w2: 11 warps, launched
+#     as 12, 168 registers a thread), with and without swapped operands, and -hs (the handshakes only) for its ceiling.
 set -u
 PHASE=${1:?phase}
 OUT=${OUT:?}
@@ -63,6 +66,12 @@ d)
 e)
     grpo "${GRPO_S:-280}" grpo
     grpo "${GRPO_S:-280}" grpo2
+    ;;
+f)
+    ws 90 --variants "" --persistent p-w2-swap --ms 2048 --shapes 3584x3584  # a hang costs 90 s
+    [ -n "$(grep 'p-w2-swap ' "$OUT/ws/run.log")" ] && mv "$OUT/ws" "$OUT/ws_smoke" && \
+    ws "${WS_S:-240}" --variants "" --persistent p-bm256,p-w2,p-w2-swap,p-w2-swap-r120,p-w2-swap-hs --ms 2048,4096 \
+        --shapes 18944x3584,3584x18944,3584x3584,13824x5120,5120x13824
     ;;
 *)
     echo "unknown phase $PHASE"; exit 2

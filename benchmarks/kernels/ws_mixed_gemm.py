@@ -170,10 +170,10 @@ def _decoder(s_ptr, N, stride_sn, w_bufs, s_bytes, d_bufs, ready, empty, d_ready
 
 
 @gluon.jit
-def _mma_steps(x_bufs, d_bufs, ready, empty, d_ready, d_empty, acc, it0, k_steps):
+def _mma_steps(x_bufs, d_bufs, ready, empty, d_ready, d_empty, acc, it0, k_steps, SWAP: gl.constexpr = False):
     """``k_steps`` wgmma steps from the ring position ``it0``, one group in flight: each step's wait for the one before
     gives that step's buffers back (the first step's predecessor, if any, is the caller's). Returns the accumulator
-    with the last group still in flight."""
+    with the last group still in flight. SWAP: acc [R, BM] += W x^T (the decoded tile as A)."""
     stages: gl.constexpr = x_bufs.type.shape[0]
     dstages: gl.constexpr = d_bufs.type.shape[0]
     for i in range(k_steps):
@@ -182,7 +182,10 @@ def _mma_steps(x_bufs, d_bufs, ready, empty, d_ready, d_empty, acc, it0, k_steps
         d = it % dstages
         mbarrier.wait(ready.index(s), (it // stages) & 1)
         mbarrier.wait(d_ready.index(d), (it // dstages) & 1)
-        acc = warpgroup_mma(x_bufs.index(s), d_bufs.index(d).permute((1, 0)), acc, is_async=True)
+        if SWAP:
+            acc = warpgroup_mma(d_bufs.index(d), x_bufs.index(s).permute((1, 0)), acc, is_async=True)
+        else:
+            acc = warpgroup_mma(x_bufs.index(s), d_bufs.index(d).permute((1, 0)), acc, is_async=True)
         acc = warpgroup_mma_wait(1, deps=[acc])  # the previous step's MMA is done: its buffers go back
         mbarrier.arrive(empty.index((it + stages - 1) % stages), count=1, pred=i > 0)
         mbarrier.arrive(d_empty.index((it + dstages - 1) % dstages), count=1, pred=i > 0)
@@ -345,12 +348,18 @@ def _decoder_p(w_bufs, s_bytes, d_bufs, ready, empty, d_ready, d_empty, k_steps,
 
 @gluon.jit
 def _mma_p(x_bufs, d_bufs, ready, empty, d_ready, d_empty, y_ptr, gs_ptr, M, N, stride_ym, k_steps, num_tiles,
-           m_tiles, FMT: gl.constexpr, BM_: gl.constexpr, R: gl.constexpr, W: gl.constexpr):
+           m_tiles, FMT: gl.constexpr, BM_: gl.constexpr, R: gl.constexpr, W: gl.constexpr, SWAP: gl.constexpr):
     """The default warpgroups: wgmma over the ready stages (one group in flight), then the tile's epilogue from
-    the accumulator registers while the other roles fill the rings for the next tile."""
+    the accumulator registers while the other roles fill the rings for the next tile. SWAP: y^T = W x^T, the decoded
+    tile as wgmma's A (64 weight rows an instruction) and x^T as B (all BM tokens: m64n256 at BM = 256), so each
+    warpgroup reads its A once a k16 step instead of the B tile once per 64 tokens (phase b: this kernel is bound by
+    its shared-memory traffic)."""
     stages: gl.constexpr = x_bufs.type.shape[0]
     dstages: gl.constexpr = d_bufs.type.shape[0]
-    MMA: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[W, 1], instr_shape=[16, R, 16])
+    if SWAP:
+        MMA: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[W, 1], instr_shape=[16, BM_, 16])
+    else:
+        MMA: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[W, 1], instr_shape=[16, R, 16])
     if FMT == 0:  # the decode's 2**-16 and NVFP4's global scale
         factor = 65536.0 / gl.load(gs_ptr).to(gl.float32)
     else:
@@ -358,23 +367,33 @@ def _mma_p(x_bufs, d_bufs, ready, empty, d_ready, d_empty, y_ptr, gs_ptr, M, N, 
     it = 0
     for t in range(gl.program_id(0), num_tiles, gl.num_programs(0)):
         off_m, off_n = _tile_offsets(t, m_tiles, BM_, R)
-        acc = _mma_steps(x_bufs, d_bufs, ready, empty, d_ready, d_empty, gl.zeros([BM_, R], gl.float32, MMA), it,
-                         k_steps)
+        if SWAP:
+            acc = gl.zeros([R, BM_], gl.float32, MMA)
+        else:
+            acc = gl.zeros([BM_, R], gl.float32, MMA)
+        acc = _mma_steps(x_bufs, d_bufs, ready, empty, d_ready, d_empty, acc, it, k_steps, SWAP)
         it += k_steps
         acc = warpgroup_mma_wait(0, deps=[acc])
         mbarrier.arrive(empty.index((it + stages - 1) % stages), count=1)
         mbarrier.arrive(d_empty.index((it + dstages - 1) % dstages), count=1)
         y = (acc * factor).to(gl.bfloat16)
-        rm = off_m + gl.arange(0, BM_, layout=gl.SliceLayout(1, MMA))
-        rn = off_n + gl.arange(0, R, layout=gl.SliceLayout(0, MMA))
-        gl.store(y_ptr + rm[:, None].to(gl.int64) * stride_ym + rn[None, :], y,
-                 mask=(rm < M)[:, None] & (rn < N)[None, :])
+        if SWAP:  # [R, BM]: weight rows down, tokens across
+            rn = off_n + gl.arange(0, R, layout=gl.SliceLayout(1, MMA))
+            rm = off_m + gl.arange(0, BM_, layout=gl.SliceLayout(0, MMA))
+            gl.store(y_ptr + rm[None, :].to(gl.int64) * stride_ym + rn[:, None], y,
+                     mask=(rm < M)[None, :] & (rn < N)[:, None])
+        else:
+            rm = off_m + gl.arange(0, BM_, layout=gl.SliceLayout(1, MMA))
+            rn = off_n + gl.arange(0, R, layout=gl.SliceLayout(0, MMA))
+            gl.store(y_ptr + rm[:, None].to(gl.int64) * stride_ym + rn[None, :], y,
+                     mask=(rm < M)[:, None] & (rn < N)[None, :])
 
 
 @gluon.jit
 def ws_gemm_persistent_kernel(x_desc, w_desc, s_ptr, gs_ptr, y_ptr, M, N, K, stride_sn, stride_ym,
                               FMT: gl.constexpr, GROUP: gl.constexpr, STAGES_: gl.constexpr, DSTAGES_: gl.constexpr,
-                              DW: gl.constexpr, DR: gl.constexpr, DIAG: gl.constexpr = 0):
+                              DW: gl.constexpr, DR: gl.constexpr, DIAG: gl.constexpr = 0,
+                              SWAP: gl.constexpr = False):
     """y [M, N] bf16 = x [M, K] @ dequant(W)^T, NVFP4, persistent (grid: min(tiles, SMs) programs)."""
     BM_: gl.constexpr = x_desc.block_type.shape[0]
     BK_: gl.constexpr = x_desc.block_type.shape[1]
@@ -390,7 +409,7 @@ def ws_gemm_persistent_kernel(x_desc, w_desc, s_ptr, gs_ptr, y_ptr, M, N, K, str
                                                                                     2)
     gl.warp_specialize([
         (_mma_p, (x_bufs, d_bufs, ready, empty, d_ready, d_empty, y_ptr, gs_ptr, M, N, stride_ym, k_steps,
-                  num_tiles, m_tiles, FMT, BM_, R, W)),
+                  num_tiles, m_tiles, FMT, BM_, R, W, SWAP)),
         (_loader_p, (x_desc, w_desc, x_bufs, w_bufs, s_bufs, s_ptr, N, stride_sn, ready, empty, k_steps, num_tiles,
                      m_tiles)),
         (_decoder_p, (w_bufs, s_bytes, d_bufs, ready, empty, d_ready, d_empty, k_steps, num_tiles, FMT, GROUP, R,
@@ -401,13 +420,17 @@ def ws_gemm_persistent_kernel(x_desc, w_desc, s_ptr, gs_ptr, y_ptr, M, N, K, str
 # name -> (tokens a tile, weight rows a tile, x / word stages, decoded stages, decoder warps, decoder registers, DIAG).
 # 128 tokens x 256 weight rows a tile does not build (the two MMA warpgroups' 128 accumulators each need > 128
 # registers beside the decoder's); -hs / -st: session 22's diagnostics (``_decoder_p``'s DIAG 1 / 3, wrong results).
+# -w2: a decoder of two warps, so that with the loader warp the kernel is 11 warps (12 launched: 168 registers a thread
+# instead of 128), which m64n256 instructions (-swap) need.
 PERSISTENT = {"p-bm256": (256, 128, 4, 2, 4, 120, 0), "p-bm256-s3": (256, 128, 3, 2, 4, 120, 0),
-              "p-bm256-hs": (256, 128, 4, 2, 4, 120, 1), "p-bm256-st": (256, 128, 4, 2, 4, 120, 3)}
+              "p-bm256-hs": (256, 128, 4, 2, 4, 120, 1), "p-bm256-st": (256, 128, 4, 2, 4, 120, 3),
+              "p-w2": (256, 128, 4, 2, 2, 152, 0), "p-w2-swap": (256, 128, 4, 2, 2, 152, 0, True),
+              "p-w2-swap-hs": (256, 128, 4, 2, 2, 152, 1, True), "p-w2-swap-r120": (256, 128, 4, 2, 2, 120, 0, True)}
 
 
 def ws_matmul_persistent(x2: torch.Tensor, pw, variant: str = "p-bm256", grid: int | None = None) -> torch.Tensor:
     """y [M, N] = x2 [M, K] @ dequant(W)^T with the persistent kernel (NVFP4, row-major words, K % 64 == 0)."""
-    bm, r, stages, dstages, dw, dr, diag = PERSISTENT[variant]
+    bm, r, stages, dstages, dw, dr, diag, *swap = PERSISTENT[variant]
     m, k = x2.shape
     if pw.fmt != 0 or k % BK or pw.k != k or getattr(pw, "blocked", False):
         raise ValueError("ws_matmul_persistent: NVFP4 row-major words with K % 64 == 0 and x of their K")
@@ -420,7 +443,7 @@ def ws_matmul_persistent(x2: torch.Tensor, pw, variant: str = "p-bm256", grid: i
     tiles = triton.cdiv(m, bm) * triton.cdiv(pw.n, r)
     n_prog = grid or min(tiles, torch.cuda.get_device_properties(x2.device).multi_processor_count)
     ws_gemm_persistent_kernel[(n_prog,)](x_desc, w_desc, s, pw.gscale, y, m, pw.n, k, s.stride(0), y.stride(0),
-                                         FMT=0, GROUP=16, STAGES_=stages, DSTAGES_=dstages, DW=dw, DR=dr, DIAG=diag,
+                                         FMT=0, GROUP=16, STAGES_=stages, DSTAGES_=dstages, DW=dw, DR=dr, DIAG=diag, SWAP=bool(swap),
                                          num_warps=8)
     return y
 
@@ -430,12 +453,13 @@ def compile_sm90_persistent(variant: str = "p-bm256"):
     from triton.backends.compiler import GPUTarget
     from triton.experimental.gluon._runtime import GluonASTSource
 
-    bm, r, stages, dstages, dw, dr, diag = PERSISTENT[variant]
+    bm, r, stages, dstages, dw, dr, diag, *swap = PERSISTENT[variant]
     sig = {"x_desc": f"tensordesc<bf16[{bm}, {BK}],{_x_layout(bm)!r}>",
            "w_desc": f"tensordesc<i32[{r}, {BKW}],{_w_layout()!r}>",
            "s_ptr": "*u8", "gs_ptr": "*fp32", "y_ptr": "*bf16", "M": "i32", "N": "i32", "K": "i32",
            "stride_sn": "i32", "stride_ym": "i32"}
-    const = {"FMT": 0, "GROUP": 16, "STAGES_": stages, "DSTAGES_": dstages, "DW": dw, "DR": dr, "DIAG": diag}
+    const = {"FMT": 0, "GROUP": 16, "STAGES_": stages, "DSTAGES_": dstages, "DW": dw, "DR": dr, "DIAG": diag,
+             "SWAP": bool(swap)}
     sig.update({k: "constexpr" for k in const})
     attrs = {(i,): [["tt.divisibility", 16]] for i, (k, t) in enumerate(sig.items())
              if t != "constexpr" and not t.startswith("tensordesc") and k != "M"}
