@@ -94,3 +94,5 @@ phase_end
 #   test_engine_gpu.py 55 passed. Left 1183 s.
 # phase e (commit b7ad6af; 180 s, warm): the 7B GRPO step twice, steady step s BF16+LoRA / NVFP4+LoRA 17.38 / 16.61
 #   (0.956x) and 17.67 / 16.70 (0.945x). Machine given back after it; device budget left 1037 s.
+# phase f (commit b4871e3; 29 s, cold): a two-warp decoder (p-w2) 0.63-0.78x, with swapped operands (m64n256) 0.64-0.82x,
+#   at 120 decoder registers 0.65-0.81x, its handshakes-only skeleton 0.85-1.14x; p-bm256 0.70-0.86x. Left 997 s.

@@ -12,15 +12,17 @@ and a fourth x stage (phases h-i) +11-18 %: **0.78-0.84x cuBLAS at 2048 rows, 0.
 dense path at 2048, below it at 4096. The decoder is not the bound (the ``nodecode`` diagnostic, phase j, is as
 fast): the MMA side is -- non-persistent tiles whose refill and epilogue leave the tensor cores idle, and the CTA
 barriers Triton's membar pass puts around the MMA partition's mbarrier operations. Not wired into ``wo_matmul``.
-Session 22 (``gpu_session22.sh a-b``, RESULTS "Issue 17, session 22"): persistent tiles (``ws_gemm_persistent_kernel``,
-the epilogue from registers while the loader and decoder fill the next tile's rings) are no faster (0.61-0.85x); with
-the decoder doing only the ring handshakes (``-hs``, wrong results) the same skeleton runs at 0.93-1.07x cuBLAS, and
-storing a constant 16 KB tile a step (``-st``) brings it back to 0.77-0.88x: the decoded tile's trip through shared
-memory is the bound, not the decode, the refill or the epilogue. m64n256 instructions with the weight as A (fewer
-operand reads) need more than the 128 registers a thread 16 warps leave; a 12-warp kernel (the decoder
-warpgroup issues the loads) builds them, and the swap gains 12-30 % there, but the 12-warp kernel itself is 25-38 %
-slower than the 16-warp one: 0.57-0.67x (phase d; that kernel is in commit 799142a, removed since). Not built: a dedicated loader warp inside the decoder warpgroup
-with m64n256, and the decoded weight as wgmma's register A operand (no shared-memory round trip).
+Session 22 (``gpu_session22.sh a-b, d, f``, RESULTS "Issue 17, session 22"): persistent tiles
+(``ws_gemm_persistent_kernel``, the epilogue from registers while the loader and decoder fill the next tile's rings) are
+no faster (0.61-0.85x). With the decoder doing only the ring handshakes (``-hs``, wrong results) the same skeleton runs
+at 0.93-1.07x cuBLAS; converting and storing a constant 16 KB tile a step (``-st``) brings it back to 0.77-0.88x: the
+decoder warps' per-step work -- the tile's register shuffles and its shared-memory store more than the decode --
+is the bound, not the refill or the epilogue. Swapped operands (``SWAP``: the decoded tile as A, m64n256, fewer operand
+reads) need more than the 128 registers a thread that 16 warps leave: with a two-warp decoder (``-w2``, 12 warps
+launched) they gain 1-5 % over the same kernel unswapped, which itself loses 10-15 % to the four-warp decoder
+(0.63-0.82x, phase f); a 12-warp kernel whose decoder issued the loads itself was slower still (0.57-0.67x, phase d,
+commit 799142a); an eight-warp decoder spills the accumulators. Not built: the decoded weight as wgmma's register A
+operand (no shared-memory round trip).
 
 Why. At M >= 2048 a weight-only GEMM is compute-bound. The dense path (``quarl_kernels.dense``) decodes the whole
 weight to a transient BF16 copy and runs cuBLAS: 0.81-0.91x cuBLAS at M = 2048 (the decode's 2.56 bytes a weight),
@@ -426,6 +428,7 @@ PERSISTENT = {"p-bm256": (256, 128, 4, 2, 4, 120, 0), "p-bm256-s3": (256, 128, 3
               "p-bm256-hs": (256, 128, 4, 2, 4, 120, 1), "p-bm256-st": (256, 128, 4, 2, 4, 120, 3),
               "p-w2": (256, 128, 4, 2, 2, 152, 0), "p-w2-swap": (256, 128, 4, 2, 2, 152, 0, True),
               "p-w2-swap-hs": (256, 128, 4, 2, 2, 152, 1, True), "p-w2-swap-r120": (256, 128, 4, 2, 2, 120, 0, True)}
+# (an eight-warp decoder, 20 warps launched, spills the MMA warps' accumulators around every wgmma: not kept)
 
 
 def ws_matmul_persistent(x2: torch.Tensor, pw, variant: str = "p-bm256", grid: int | None = None) -> torch.Tensor:
