@@ -1,6 +1,7 @@
 """The warp-specialized mixed-input GEMM experiment (``benchmarks/kernels/ws_mixed_gemm.py``, issue 17's M >= 2048
-target; on an H100 in session 17 correct but 0.48-0.62x cuBLAS) builds for sm_90 on a CPU for both FP4 formats: no spills, its rings inside the 227 KB
-of shared memory an H100 CTA may use, and wgmma in the build (the MMA partition really issues the tensor-core MMA).
+target; on an H100 in session 17 correct but 0.48-0.62x cuBLAS, its persistent version of session 22 0.61-0.85x) builds
+for sm_90 on a CPU for both FP4 formats: no spills, its rings inside the 227 KB of shared memory an H100 CTA may use,
+and wgmma in the build (the MMA partition really issues the tensor-core MMA).
 
 Skipped unless Triton with Gluon (>= 3.5) is importable (the CPU CI has no Triton).
 """
@@ -44,3 +45,21 @@ def test_nvfp4_variants_build_for_sm90(variant):
         sys.path.pop(0)
     r = cr.report(ws.compile_sm90(0, **ws.VARIANTS[variant]), variant, None)
     assert r["stack"] == 0 and 0 < r["smem"] <= 227 * 1024 and r["wgmma"] > 0, r
+
+
+@pytest.mark.parametrize("variant", ["p-bm256", "p-bm256-s3", "p-bm256-hs", "p-bm256-st", "p-w2", "p-w2-swap",
+                                     "p-w2-swap-hs", "p-w2-swap-r120"])
+def test_persistent_variants_build_for_sm90(variant):
+    """Session 22's persistent kernel and its variants (diagnostics, a two-warp decoder, swapped operands): no
+    spills, inside the shared memory, wgmma built -- m64n256 (half the instructions of m64n128) when swapped."""
+    sys.path.insert(0, str(KERNELS))
+    try:
+        import compile_report as cr
+        import ws_mixed_gemm as ws
+    finally:
+        sys.path.pop(0)
+    assert variant in ws.PERSISTENT
+    r = cr.report(ws.compile_sm90_persistent(variant), variant, None)
+    assert r["stack"] == 0 and 0 < r["smem"] <= 227 * 1024 and r["wgmma"] > 0, r
+    swapped = len(ws.PERSISTENT[variant]) > 7 and ws.PERSISTENT[variant][7]
+    assert r["wgmma"] == (4 if swapped else 8), r
