@@ -354,8 +354,8 @@ def _mma_p(x_bufs, d_bufs, ready, empty, d_ready, d_empty, y_ptr, gs_ptr, M, N, 
     """The default warpgroups: wgmma over the ready stages (one group in flight), then the tile's epilogue from
     the accumulator registers while the other roles fill the rings for the next tile. SWAP: y^T = W x^T, the decoded
     tile as wgmma's A (64 weight rows an instruction) and x^T as B (all BM tokens: m64n256 at BM = 256), so each
-    warpgroup reads its A once a k16 step instead of the B tile once per 64 tokens (phase b: this kernel is bound by
-    its shared-memory traffic)."""
+    warpgroup reads its A once a k16 step instead of the B tile once per 64 tokens (session 22, phase f: 1-5 %, so
+    operand reads are not what binds this kernel)."""
     stages: gl.constexpr = x_bufs.type.shape[0]
     dstages: gl.constexpr = d_bufs.type.shape[0]
     if SWAP:
