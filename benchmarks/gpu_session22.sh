@@ -96,3 +96,6 @@ phase_end
 #   (0.956x) and 17.67 / 16.70 (0.945x). Machine given back after it; device budget left 1037 s.
 # phase f (commit b4871e3; 29 s, cold): a two-warp decoder (p-w2) 0.63-0.78x, with swapped operands (m64n256) 0.64-0.82x,
 #   at 120 decoder registers 0.65-0.81x, its handshakes-only skeleton 0.85-1.14x; p-bm256 0.70-0.86x. Left 997 s.
+# Reading after phase f: not the operand reads (the swap gains 1-5 %) but the decoder warps' per-step work (the
+#   tile's conversion and its 16 KB store; fewer decoder warps lose) binds this shared-memory design at ~0.8x cuBLAS.
+#   Device time used this session: ~800 s of the 1800 (held time counted at 67 %); 976 s left at the end.
