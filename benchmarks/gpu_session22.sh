@@ -29,6 +29,10 @@
 #   phase f: bash benchmarks/gpu_session22.sh f   (one GPU; ~3 min)
 #     m64n256 with a dedicated loader: the 16-warp persistent kernel with a two-warp decoder (-w2: 11 warps, launched
 #     as 12, 168 registers a thread), with and without swapped operands, and -hs (the handshakes only) for its ceiling.
+#   phase g: bash benchmarks/gpu_session22.sh g   (one GPU; ~3 min)
+#     the decoded weight as wgmma's register A operand (no shared-memory round trip): a loader warp and two consumer
+#     warpgroups as separate partitions, each decoding its 64 weight rows into the A registers (the ring's a_fragment)
+#     against a shared 256-token x tile (m64n256), persistent; x permuted once per call. 3 / 4 / 5 stages.
 set -u
 PHASE=${1:?phase}
 OUT=${OUT:?}
@@ -71,6 +75,12 @@ f)
     ws 90 --variants "" --persistent p-w2-swap --ms 2048 --shapes 3584x3584  # a hang costs 90 s
     [ -n "$(grep 'p-w2-swap ' "$OUT/ws/run.log")" ] && mv "$OUT/ws" "$OUT/ws_smoke" && \
     ws "${WS_S:-240}" --variants "" --persistent p-bm256,p-w2,p-w2-swap,p-w2-swap-r120,p-w2-swap-hs --ms 2048,4096 \
+        --shapes 18944x3584,3584x18944,3584x3584,13824x5120,5120x13824
+    ;;
+g)
+    ws 90 --variants "" --persistent "" --ra ra --ms 2048 --shapes 3584x3584  # a hang costs 90 s
+    [ -n "$(grep 'ra ' "$OUT/ws/run.log")" ] && mv "$OUT/ws" "$OUT/ws_smoke" && \
+    ws "${WS_S:-240}" --variants "" --persistent p-bm256 --ra ra,ra-s3,ra-s5,ra-r200 --ms 2048,4096 \
         --shapes 18944x3584,3584x18944,3584x3584,13824x5120,5120x13824
     ;;
 *)
