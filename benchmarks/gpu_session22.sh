@@ -33,6 +33,11 @@
 #     the decoded weight as wgmma's register A operand (no shared-memory round trip): a loader warp and two consumer
 #     warpgroups as separate partitions, each decoding its 64 weight rows into the A registers (the ring's a_fragment)
 #     against a shared 256-token x tile (m64n256), persistent; x permuted once per call. 3 / 4 / 5 stages.
+#   phase h: bash benchmarks/gpu_session22.sh h   (one GPU; ~9 min)
+#     phase g's register-A kernel as a library kernel (kernels/quarl_kernels/mixed_gemm.py: NVFP4 / MXFP4, row-major
+#     or blocked words, the decode serialized or overlapped with the MMA), routed by dense.dense_matmul from 2048 rows:
+#     its GPU tests and the dense / blocked tests it now runs under; then bench_mixed_gemm.py (cuBLAS, the dense path,
+#     the kernel with and without the x permutation, alternated three times) at 2048-16384 rows.
 set -u
 PHASE=${1:?phase}
 OUT=${OUT:?}
@@ -82,6 +87,11 @@ g)
     [ -n "$(grep 'ra ' "$OUT/ws/run.log")" ] && mv "$OUT/ws" "$OUT/ws_smoke" && \
     ws "${WS_S:-240}" --variants "" --persistent p-bm256 --ra ra,ra-s3,ra-s5,ra-r200 --ms 2048,4096 \
         --shapes 18944x3584,3584x18944,3584x3584,13824x5120,5120x13824
+    ;;
+h)
+    tests "${TEST_S:-200}" tests/kernels/test_mixed_gemm_gpu.py tests/kernels/test_dense_gpu.py \
+        tests/kernels/test_dense_fp8_gpu.py tests/kernels/test_blocked_gpu.py -k "not engine and not trainer"
+    bench "${BENCH_S:-330}" mixed benchmarks/kernels/bench_mixed_gemm.py --budget-s 300 --repeats 3
     ;;
 *)
     echo "unknown phase $PHASE"; exit 2

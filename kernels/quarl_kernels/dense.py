@@ -41,7 +41,7 @@ import torch
 import triton
 import triton.language as tl
 
-from quarl_kernels import dense_fp8, recent_weights
+from quarl_kernels import dense_fp8, mixed_gemm, recent_weights
 from quarl_kernels.dequant import load_dequant_tile
 from quarl_kernels.launch import env_int
 
@@ -118,10 +118,13 @@ def _weight(pw) -> torch.Tensor:
 
 
 def dense_matmul(x2: torch.Tensor, pw) -> torch.Tensor:
-    """y [M, N] = x2 [M, K] @ dequant(W)^T through a transient BF16 weight and cuBLAS (or FP8 tiles and an FP8
-    GEMM, when switched on)."""
+    """y [M, N] = x2 [M, K] @ dequant(W)^T through a transient BF16 weight and cuBLAS -- or FP8 tiles and an FP8
+    GEMM, when switched on; or, from ``mixed_gemm.min_m()`` rows on Hopper, the fused register-A kernel (no
+    transient)."""
     if dense_fp8.takes(x2.shape[0], pw):
         return dense_fp8.matmul(x2, pw)
+    if mixed_gemm.takes(x2, pw):
+        return mixed_gemm.mixed_matmul(x2, pw)
     return x2 @ _weight(pw).T
 
 

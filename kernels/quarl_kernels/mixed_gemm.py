@@ -1,0 +1,273 @@
+"""Large-M weight-only GEMM on Hopper: the decoded FP4 weight as wgmma's register A operand (Gluon).
+
+Why. From ~2k tokens (prefill chunks, the training forward) a weight-only GEMM is compute-bound, and the dense
+path (``dense.py``: decode the whole weight to a transient BF16 copy, then cuBLAS) pays the copy's 2.56 bytes a
+weight of memory traffic on top of cuBLAS: 0.82-0.89x cuBLAS BF16 at 2048 rows (issue 17 asks >= 0.95x). A fused
+kernel must hand the decoded weight to the tensor cores without that round trip. Session 17-22's warp-specialized
+kernel (``benchmarks/kernels/ws_mixed_gemm.py``) decoded into a shared-memory tile for wgmma's B operand and stopped
+near 0.8x: its skeleton runs at cuBLAS speed, and converting and storing the 16 KB tile each K step is what it could
+not hide (RESULTS "Issue 17, session 22"). Here the decoded weight never goes to shared memory:
+
+* y^T = W x^T, as in the TMA ring (``wgmma_ring``): the weight is wgmma's **A operand, in registers** -- each K step's
+  packed words are decoded straight into the A fragment (``wgmma_decode.a_fragment``, the PTX decode of
+  ``mma_decode``), and x, permuted once per call into the fragment's k order (``ring_x.permute_x``), is the B
+  operand, fed by TMA in 128-byte swizzled boxes.
+* **Warp-specialized and persistent**: a loader warp fills a ring of ``STAGES`` (x box [256 tokens, 64], the step's
+  words [128 rows, 8], and the step's scale bytes, staged through registers: 4 bytes a row for NVFP4, 2 for MXFP4,
+  so K is never split); **two consumer warpgroups, each its own partition**, take 64 weight rows of the 128-row
+  tile against the same 256-token x tile (m64n256, a [64, 256] fp32 accumulator each). With no CTA barrier between
+  them, one's decode runs while the other's MMA holds the tensor cores. One CTA an SM walks the tiles (M tiles
+  fastest, so the CTAs running together share x and weight rows in L2) and stores each accumulator straight from
+  registers (through an 8-row vector layout: 16 addresses a thread, not 128).
+* A consumer waits for its own MMA before it decodes the next step: the A registers must not change under a wgmma
+  in flight (the TMA ring's reproducibility bug, session 14). ``OVERLAP`` decodes the next step into a second set of
+  A registers while the MMA runs (the first set kept live through the wait by ``deps``).
+
+Measured (H100, session 22, phase g, x permutation included): 0.80-0.97x cuBLAS BF16 at 2048 / 4096 rows on the
+7B / 14B weights, against the dense path's 0.77-0.93x in the same call (RESULTS "Issue 17, session 22").
+
+Numerics: the weight is decoded exactly to BF16 (NVFP4 ``e2m1 * e4m3 * 2**-16`` with ``2**16 / global_scale``
+applied to the fp32 accumulator; MXFP4 exact), products accumulate in fp32 -- the dense path's values up to the
+order of the fp32 sums. NVFP4 / MXFP4 only (FP4 decode); K % 64 == 0; words row-major or in
+``quarl.quant.packed_layout``'s [64, 8] blocks (one TMA box per 64-row band, as the ring).
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.hopper import (
+    fence_async_shared,
+    mbarrier,
+    tma,
+    warpgroup_mma,
+    warpgroup_mma_wait,
+)
+from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
+from quarl_kernels.formats import FMT_MXFP4, FMT_NVFP4
+from quarl_kernels.launch import env_flag, env_int, num_sms
+from quarl_kernels.mma_decode import _group_layout, _word_layout
+from quarl_kernels.ring_x import permute_x, tile_rows
+from quarl_kernels.wgmma_decode import a_fragment, device_ok
+from quarl_kernels.wgmma_ring import _w_layout, _w_load, _x_layout
+
+NT = 256  # tokens a tile (wgmma n)
+R = 128  # weight rows a tile: two consumers of 64 (wgmma m)
+BKW = 8  # packed words a K step (64 weights: one 128-byte x box)
+_R = gl.constexpr(R)  # the same two, as the kernels see them
+_BKW = gl.constexpr(BKW)
+DEFAULT_STAGES = 4
+ENV = "QUARL_KERNELS_MIXED_GEMM"
+DEFAULT_MIN_M = 2048  # from here it is measured ahead of the dense path (session 22); env QUARL_KERNELS_MIXED_GEMM_MIN_M
+
+
+@gluon.jit
+def _tile_offsets(t, m_tiles, NT_: gl.constexpr, R_: gl.constexpr):
+    return (t % m_tiles) * NT_, (t // m_tiles) * R_
+
+
+@gluon.jit
+def _loader(x_desc, w_desc, xs, ws, s_bufs, s_ptr, N, KW, stride_sn, ready, empty, k_steps, num_tiles, m_tiles,
+            BLOCKED: gl.constexpr):
+    """One warp: step ``it``'s x box, words and scale bytes into stage ``it % STAGES`` once both consumers freed it."""
+    stages: gl.constexpr = xs.type.shape[0]
+    NT_: gl.constexpr = x_desc.block_type.shape[0]
+    R_: gl.constexpr = ws.type.shape[1]
+    BKW_: gl.constexpr = ws.type.shape[2]
+    LS: gl.constexpr = gl.BlockedLayout([1], [32], [1], [0])
+    SB: gl.constexpr = s_bufs.dtype.primitive_bitwidth // 8  # scale bytes a row and step: 4 (NVFP4) or 2 (MXFP4)
+    ar = gl.arange(0, R_, layout=LS)
+    step_bytes: gl.constexpr = x_desc.block_type.nbytes + R_ * BKW_ * 4
+    it = 0
+    for t in range(gl.program_id(0), num_tiles, gl.num_programs(0)):
+        off_m, off_n = _tile_offsets(t, m_tiles, NT_, R_)
+        rows = gl.minimum(off_n + ar, N - 1)  # rows past N: zero words from TMA, their scales never used
+        sbase = s_ptr.to(gl.pointer_type(s_bufs.dtype), bitcast=True) + rows * (stride_sn // SB)  # [R]
+        for i in range(k_steps):
+            s = it % stages
+            sc = gl.load(sbase + i)  # issued before the wait: its latency overlaps it
+            mbarrier.wait(empty.index(s), ((it // stages) & 1) ^ 1)  # fresh barriers count as freed once
+            mbarrier.expect(ready.index(s), step_bytes)
+            tma.async_copy_global_to_shared(x_desc, [off_m, i * BKW_ * 8], ready.index(s), xs.index(s))
+            _w_load(w_desc, off_n, i * BKW_, KW, ready.index(s), ws.index(s), True, R_, BLOCKED)
+            s_bufs.index(s).store(sc)
+            gl.thread_barrier()  # every lane's store before the one arrive
+            mbarrier.arrive(ready.index(s), count=1)
+            it += 1
+
+
+@gluon.jit
+def _decode_a(xs, ws, s_bytes, ready, it, HALF: gl.constexpr, FMT: gl.constexpr, GROUP: gl.constexpr,
+              A_L: gl.constexpr):
+    """Wait for step ``it``'s stage and decode this consumer's 64 rows of it into the A fragment [64, 64] bf16."""
+    stages: gl.constexpr = xs.type.shape[0]
+    BKW_: gl.constexpr = ws.type.shape[2]
+    WT: gl.constexpr = GROUP // 8
+    LW: gl.constexpr = _word_layout(64, BKW_, 4)
+    LG: gl.constexpr = gl.SliceLayout(2, _group_layout(64, BKW_, 4, WT))
+    s = it % stages
+    mbarrier.wait(ready.index(s), (it // stages) & 1)
+    w = ws.index(s).slice(HALF * 64, 64).load(LW)  # [64, BKW] words
+    sg = s_bytes.index(s).slice(HALF * 64, 64).load(LG)  # [64, NG] scale bytes
+    return a_fragment(w, sg, sg, FMT, False, LW, 64, BKW_, WT, A_L)
+
+
+@gluon.jit
+def _store_tile(acc, y_ptr, gs_ptr, M, N, stride_ym, off_m, off_n, HALF: gl.constexpr, FMT: gl.constexpr):
+    """``acc [64, NT]`` (weight rows x tokens) scaled, rounded to bf16 and stored transposed into ``y [M, N]``."""
+    NT_: gl.constexpr = acc.type.shape[1]
+    OL: gl.constexpr = gl.BlockedLayout([8, 1], [8, 4], [1, 4], [0, 1])  # 8-row vectors along N: 16 addresses
+    if FMT == 0:  # the decode's 2**-16 and NVFP4's global scale
+        factor = 65536.0 / gl.load(gs_ptr).to(gl.float32)
+    else:
+        factor = 65536.0
+    y = gl.convert_layout((acc * factor).to(y_ptr.dtype.element_ty), OL)
+    offs_r = off_n + HALF * 64 + gl.arange(0, 64, layout=gl.SliceLayout(1, OL))
+    offs_t = off_m + gl.arange(0, NT_, layout=gl.SliceLayout(0, OL))
+    gl.store(y_ptr + offs_t[None, :].to(gl.int64) * stride_ym + offs_r[:, None], y,
+             mask=(offs_r[:, None] < N) & (offs_t[None, :] < M))
+
+
+@gluon.jit
+def _consumer(xs, ws, s_bytes, ready, empty, y_ptr, gs_ptr, M, N, stride_ym, k_steps, num_tiles, m_tiles,
+              HALF: gl.constexpr, FMT: gl.constexpr, GROUP: gl.constexpr, OVERLAP: gl.constexpr):
+    """One warpgroup: rows ``HALF * 64 ..`` of every tile of this program, a step at a time: decode into the A
+    registers, wgmma against the stage's x, wait for it, free the stage; the tile's epilogue after its last step."""
+    NT_: gl.constexpr = xs.type.shape[1]
+    R_: gl.constexpr = ws.type.shape[1]
+    MMA: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, NT_, 16])
+    A_L: gl.constexpr = gl.DotOperandLayout(0, MMA, 2)
+    stages: gl.constexpr = xs.type.shape[0]
+    total = gl.cdiv(num_tiles - gl.program_id(0), gl.num_programs(0)) * k_steps  # this program's steps
+    acc = gl.zeros([64, NT_], gl.float32, MMA)
+    if OVERLAP:
+        a = _decode_a(xs, ws, s_bytes, ready, 0, HALF, FMT, GROUP, A_L)
+    for it in range(total):
+        s = it % stages
+        if not OVERLAP:
+            a = _decode_a(xs, ws, s_bytes, ready, it, HALF, FMT, GROUP, A_L)
+        acc = warpgroup_mma(a, xs.index(s).permute((1, 0)), acc, is_async=True)  # [64, NT] += W x^T
+        if OVERLAP:  # the next step's A into other registers while this MMA runs (``a`` live until the wait)
+            a_next = _decode_a(xs, ws, s_bytes, ready, gl.minimum(it + 1, total - 1), HALF, FMT, GROUP, A_L)
+        acc, a = warpgroup_mma_wait(0, deps=[acc, a])
+        mbarrier.arrive(empty.index(s), count=1)  # this consumer's reads of the stage are done
+        if OVERLAP:
+            a = a_next
+        if (it + 1) % k_steps == 0:  # the tile's last step: its epilogue, then a fresh accumulator
+            t = gl.program_id(0) + (it // k_steps) * gl.num_programs(0)
+            off_m, off_n = _tile_offsets(t, m_tiles, NT_, R_)
+            _store_tile(acc, y_ptr, gs_ptr, M, N, stride_ym, off_m, off_n, HALF, FMT)
+            acc = gl.zeros([64, NT_], gl.float32, MMA)
+
+
+@gluon.jit
+def _mixed_gemm_kernel(x_desc, w_desc, s_ptr, gs_ptr, y_ptr, M, N, KW, stride_sn, stride_ym,
+                       FMT: gl.constexpr, GROUP: gl.constexpr, STAGES: gl.constexpr, OVERLAP: gl.constexpr,
+                       BLOCKED: gl.constexpr, CR: gl.constexpr):
+    """y [M, N] = x [M, K] @ dequant(W)^T: x_desc over the permuted x (box [NT, 64]), w_desc over the words (box
+    [R, 8], or [64, 8] per band when BLOCKED); one CTA an SM walks the [NT, R] tiles."""
+    NT_: gl.constexpr = x_desc.block_type.shape[0]
+    SB: gl.constexpr = 4 if FMT == 0 else 2  # scale bytes a row and step (64 weights: 4 groups of 16 / 2 of 32)
+    k_steps = KW // _BKW
+    m_tiles = gl.cdiv(M, NT_)
+    num_tiles = m_tiles * gl.cdiv(N, _R)
+    xs = gl.allocate_shared_memory(gl.bfloat16, [STAGES, NT_, _BKW * 8], x_desc.layout)
+    ws = gl.allocate_shared_memory(gl.int32, [STAGES, _R, _BKW], w_desc.layout)
+    if SB == 4:
+        s_bufs = gl.allocate_shared_memory(gl.int32, [STAGES, _R], gl.SwizzledSharedLayout(1, 1, 1, [0]))
+    else:
+        s_bufs = gl.allocate_shared_memory(gl.int16, [STAGES, _R], gl.SwizzledSharedLayout(1, 1, 1, [0]))
+    s_bytes = s_bufs._reinterpret(gl.uint8, [STAGES, _R, SB], gl.SwizzledSharedLayout(1, 1, 1, [1, 0]))
+    ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    for i in gl.static_range(STAGES):
+        mbarrier.init(ready.index(i), count=2)  # the TMA bytes and the loader's scale store
+        mbarrier.init(empty.index(i), count=2)  # both consumers
+    fence_async_shared()
+    gl.warp_specialize([
+        (_consumer, (xs, ws, s_bytes, ready, empty, y_ptr, gs_ptr, M, N, stride_ym, k_steps, num_tiles, m_tiles,
+                     0, FMT, GROUP, OVERLAP)),
+        (_consumer, (xs, ws, s_bytes, ready, empty, y_ptr, gs_ptr, M, N, stride_ym, k_steps, num_tiles, m_tiles,
+                     1, FMT, GROUP, OVERLAP)),
+        (_loader, (x_desc, w_desc, xs, ws, s_bufs, s_ptr, N, KW, stride_sn, ready, empty, k_steps, num_tiles,
+                   m_tiles, BLOCKED)),
+    ], [4, 1], [CR, 48])
+
+
+# ---------------------------------------------------------------------------
+def enabled() -> bool:
+    """``QUARL_KERNELS_MIXED_GEMM`` (on unless 0 / off)."""
+    return env_flag(ENV, True)
+
+
+def min_m() -> int:
+    """Smallest M this kernel takes in ``dense.dense_matmul`` (``QUARL_KERNELS_MIXED_GEMM_MIN_M``)."""
+    return env_int(ENV + "_MIN_M", DEFAULT_MIN_M, "a token count (e.g. 4096)")
+
+
+def supported(x2: torch.Tensor, pw) -> bool:
+    """CUDA bf16 x [M, K] on an sm_90 GPU, an NVFP4 / MXFP4 weight with K % 64 == 0 whose words are 16-byte aligned
+    for TMA and whose scale rows are aligned for the loader's 4- / 2-byte loads."""
+    sb = 4 if pw.fmt == FMT_NVFP4 else 2
+    return (x2.is_cuda and x2.dtype == torch.bfloat16 and x2.dim() == 2 and x2.shape[1] == pw.k
+            and pw.fmt in (FMT_NVFP4, FMT_MXFP4) and pw.k % 64 == 0 and pw.words.data_ptr() % 16 == 0
+            and (pw.blocked or (pw.words.stride(1) == 1 and (pw.words.stride(0) * 4) % 16 == 0))
+            and pw.scale.stride(-1) == 1 and (pw.scale.stride(0) * pw.scale.element_size()) % sb == 0
+            and pw.scale.data_ptr() % sb == 0 and device_ok(x2.device))
+
+
+def takes(x2: torch.Tensor, pw) -> bool:
+    """Whether ``dense.dense_matmul`` sends this forward here: switched on, M >= ``min_m()``, supported."""
+    m = min_m()
+    return enabled() and m > 0 and x2.shape[0] >= m and supported(x2, pw)
+
+
+def mixed_matmul(x2: torch.Tensor, pw, *, stages: int = DEFAULT_STAGES, overlap: bool = False,
+                 xp: torch.Tensor | None = None, out: torch.Tensor | None = None) -> torch.Tensor:
+    """y [M, N] bf16 = x2 [M, K] @ dequant(W)^T (``supported`` must hold). ``xp``: x already permuted
+    (``ring_x.permute_x(x2, 8, tile_rows(M, 256))``), else permuted here (one pass over x)."""
+    if not supported(x2, pw):
+        raise ValueError(f"mixed_matmul: needs CUDA bf16 x [M, {pw.k}] on an sm_90 GPU and an NVFP4 / MXFP4 weight "
+                         f"with K % 64 == 0 and aligned words and scales; got {x2.dtype} {tuple(x2.shape)} on "
+                         f"{x2.device}, format {pw.fmt}")
+    m = x2.shape[0]
+    xp = permute_x(x2.contiguous(), BKW, tile_rows(m, NT)) if xp is None else xp
+    y = torch.empty((m, pw.n), device=x2.device, dtype=torch.bfloat16) if out is None else out
+    x_desc = TensorDescriptor.from_tensor(xp, [NT, BKW * 8], _x_layout(NT))
+    w_desc = TensorDescriptor.from_tensor(pw.words.view(-1, 8), [64, 8], _w_layout()) if pw.blocked else \
+        TensorDescriptor.from_tensor(pw.words, [R, BKW], _w_layout())
+    scale = pw.scale.view(torch.uint8) if pw.scale.dtype != torch.uint8 else pw.scale
+    gs = pw.gscale if pw.gscale is not None else scale
+    tiles = triton.cdiv(m, NT) * triton.cdiv(pw.n, R)
+    _mixed_gemm_kernel[(min(tiles, num_sms(x2.device)),)](
+        x_desc, w_desc, scale, gs, y, m, pw.n, pw.k // 8, scale.stride(0), y.stride(0),
+        FMT=pw.fmt, GROUP=pw.group, STAGES=stages, OVERLAP=overlap, BLOCKED=pw.blocked, CR=232, num_warps=4,
+    )
+    return y
+
+
+def compile_sm90(fmt: int = FMT_NVFP4, *, stages: int = DEFAULT_STAGES, overlap: bool = False,
+                 blocked: bool = False):
+    """The kernel built for sm_90 on any machine (its TMA descriptors as ``mixed_matmul`` builds them): the CPU
+    tests' view of its registers, spills and shared memory."""
+    from triton.backends.compiler import GPUTarget
+    from triton.experimental.gluon._runtime import GluonASTSource
+
+    wbox = "[64, 8]" if blocked else f"[{R}, {BKW}]"
+    sig = {"x_desc": f"tensordesc<bf16[{NT}, {BKW * 8}],{_x_layout(NT)!r}>",
+           "w_desc": f"tensordesc<i32{wbox},{_w_layout()!r}>",
+           "s_ptr": "*u8", "gs_ptr": "*fp32" if fmt == FMT_NVFP4 else "*u8", "y_ptr": "*bf16",
+           "M": "i32", "N": "i32", "KW": "i32", "stride_sn": "i32", "stride_ym": "i32"}
+    const = {"FMT": fmt, "GROUP": 16 if fmt == FMT_NVFP4 else 32, "STAGES": stages, "OVERLAP": overlap,
+             "BLOCKED": blocked, "CR": 232}
+    sig.update({k: "constexpr" for k in const})
+    attrs = {(i,): [["tt.divisibility", 16]] for i, (k, t) in enumerate(sig.items())
+             if t != "constexpr" and not t.startswith("tensordesc") and k != "M"}
+    src = GluonASTSource(fn=_mixed_gemm_kernel, signature=sig, constexprs=const, attrs=attrs)
+    return triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": 4})
+
+
+__all__ = ["DEFAULT_MIN_M", "ENV", "compile_sm90", "enabled", "min_m", "mixed_matmul", "supported", "takes"]

@@ -1,0 +1,83 @@
+"""The large-M register-A mixed-input GEMM (``quarl_kernels.mixed_gemm``) on the GPU.
+
+Its output against the float64 product with the format's dequantized weight (the bf16 output's rounding, < 5e-3
+relative) and against the dense path (the same bf16 weight, fp32 sums in another order: a few bf16 ulps of the
+output), for NVFP4 and MXFP4, with and without the overlapped decode, at M and N that are and are not whole tiles
+(the permuted x padded, rows past N zero-filled by TMA and never stored), one and several tiles a CTA; on blocked
+words exactly the row-major words' bits; and the dispatch: ``dense.dense_matmul`` sends M >= ``min_m()`` here.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device"),
+]
+
+
+def _weights(spec: str, n: int, k: int, seed: int = 0):
+    from quarl_kernels.ops import _packed_weight
+
+    from quarl.quant import get_format, make_config, packed_layout
+
+    torch.manual_seed(seed)
+    c = make_config(spec)
+    q = get_format(c.name).quantize(torch.randn(n, k, device="cuda") * 0.05, c)
+    t = q.tensors
+    args = (t["weight_packed"], t["weight_scale"], t.get("weight_zero_point"), t.get("weight_global_scale"),
+            c.name, c.block_size, n, k)
+    blk = _packed_weight(packed_layout.block(args[0]), *args[1:]) if n % 64 == 0 else None  # 64-row bands only
+    return q, _packed_weight(*args), blk
+
+
+def _rel(y: torch.Tensor, ref: torch.Tensor) -> float:
+    return ((y.double() - ref).norm() / ref.norm()).item()
+
+
+@pytest.mark.parametrize("spec", ["nvfp4", "mxfp4"])
+@pytest.mark.parametrize(("m", "n", "k"), [(2048, 1536, 1024), (300, 1000, 512), (4100, 384, 3584), (256, 128, 64)])
+@pytest.mark.parametrize("overlap", [False, True])
+def test_matches_the_float_product_and_the_dense_path(spec, m, n, k, overlap):
+    from quarl_kernels import dense, mixed_gemm
+
+    q, row, blk = _weights(spec, n, k, seed=m + n)
+    x = torch.randn(m, k, device="cuda").to(torch.bfloat16)
+    if not mixed_gemm.supported(x, row):
+        pytest.skip("not an sm_90 GPU")
+    ref = x.double() @ q.dequantize(torch.float64).T
+    got = mixed_gemm.mixed_matmul(x, row, overlap=overlap)
+    assert got.shape == (m, n) and got.dtype == torch.bfloat16
+    assert _rel(got, ref) < 5e-3
+    want = x @ dense.dequantize(row).T
+    assert _rel(got, want.double()) < 5e-3
+    if blk is not None:  # blocked words: the same kernel on the same values, so the same bits
+        assert torch.equal(mixed_gemm.mixed_matmul(x, blk, overlap=overlap), got)
+
+
+@pytest.mark.parametrize("stages", [3, 5])
+def test_ring_depths_agree(stages):
+    from quarl_kernels import mixed_gemm
+
+    _, row, _ = _weights("nvfp4", 640, 2048, seed=stages)
+    x = torch.randn(1024, 2048, device="cuda").to(torch.bfloat16)
+    if not mixed_gemm.supported(x, row):
+        pytest.skip("not an sm_90 GPU")
+    assert torch.equal(mixed_gemm.mixed_matmul(x, row, stages=stages), mixed_gemm.mixed_matmul(x, row))
+
+
+def test_dense_matmul_routes_large_m_here(monkeypatch):
+    from quarl_kernels import dense, mixed_gemm
+
+    _, row, _ = _weights("nvfp4", 512, 1024, seed=5)
+    x = torch.randn(512, 1024, device="cuda").to(torch.bfloat16)
+    if not mixed_gemm.supported(x, row):
+        pytest.skip("not an sm_90 GPU")
+    monkeypatch.setenv("QUARL_KERNELS_MIXED_GEMM_MIN_M", "512")
+    assert mixed_gemm.takes(x, row)
+    assert torch.equal(dense.dense_matmul(x, row), mixed_gemm.mixed_matmul(x, row))
+    monkeypatch.setenv("QUARL_KERNELS_MIXED_GEMM", "0")
+    assert not mixed_gemm.takes(x, row)
+    assert torch.equal(dense.dense_matmul(x, row), x @ dense.dequantize(row).T)
