@@ -38,6 +38,11 @@
 #     or blocked words, the decode serialized or overlapped with the MMA), routed by dense.dense_matmul from 2048 rows:
 #     its GPU tests and the dense / blocked tests it now runs under; then bench_mixed_gemm.py (cuBLAS, the dense path,
 #     the kernel with and without the x permutation, alternated three times) at 2048-16384 rows.
+#   phase i: bash benchmarks/gpu_session22.sh i   (one GPU; ~8 min)
+#     phase h: the library kernel slower than phase g's experiment (its consumer loop flattened over tiles, the
+#     epilogue inside it) and far behind the dense path at 8192-16384 rows (token tiles fastest over the whole M: x
+#     re-read from HBM for every weight tile). Now nested tile / step loops and groups of token tiles that keep their
+#     x in L2; its GPU tests; bench_mixed_gemm.py again, then MXFP4 and blocked words.
 set -u
 PHASE=${1:?phase}
 OUT=${OUT:?}
@@ -92,6 +97,14 @@ h)
     tests "${TEST_S:-200}" tests/kernels/test_mixed_gemm_gpu.py tests/kernels/test_dense_gpu.py \
         tests/kernels/test_dense_fp8_gpu.py tests/kernels/test_blocked_gpu.py -k "not engine and not trainer"
     bench "${BENCH_S:-330}" mixed benchmarks/kernels/bench_mixed_gemm.py --budget-s 300 --repeats 3
+    ;;
+i)
+    tests "${TEST_S:-120}" tests/kernels/test_mixed_gemm_gpu.py
+    bench "${BENCH_S:-250}" mixed benchmarks/kernels/bench_mixed_gemm.py --budget-s 220 --repeats 3
+    bench 60 mixed_mx benchmarks/kernels/bench_mixed_gemm.py --formats mxfp4 --shapes 18944x3584,3584x18944 \
+        --ms 2048,8192 --repeats 2 --budget-s 45
+    bench 60 mixed_blk benchmarks/kernels/bench_mixed_gemm.py --blocked --shapes 18944x3584,3584x18944 \
+        --ms 2048,8192 --repeats 2 --budget-s 45
     ;;
 *)
     echo "unknown phase $PHASE"; exit 2

@@ -60,18 +60,24 @@ BKW = 8  # packed words a K step (64 weights: one 128-byte x box)
 _R = gl.constexpr(R)  # the same two, as the kernels see them
 _BKW = gl.constexpr(BKW)
 DEFAULT_STAGES = 4
+X_GROUP_BYTES = 24 << 20  # x of the token tiles that walk the weights together: about half the H100's L2
 ENV = "QUARL_KERNELS_MIXED_GEMM"
 DEFAULT_MIN_M = 2048  # from here it is measured ahead of the dense path (session 22); env QUARL_KERNELS_MIXED_GEMM_MIN_M
 
 
 @gluon.jit
-def _tile_offsets(t, m_tiles, NT_: gl.constexpr, R_: gl.constexpr):
-    return (t % m_tiles) * NT_, (t // m_tiles) * R_
+def _tile_offsets(t, m_tiles, n_tiles, GM, NT_: gl.constexpr, R_: gl.constexpr):
+    """Tile ``t`` -> (token offset, weight-row offset): groups of ``GM`` token tiles walk every weight tile together,
+    token tiles fastest, so the CTAs running at once share a group's x (sized to stay in L2) and each weight tile."""
+    first = (t // (GM * n_tiles)) * GM
+    gm = gl.minimum(m_tiles - first, GM)
+    local = t % (GM * n_tiles)
+    return (first + local % gm) * NT_, (local // gm) * R_
 
 
 @gluon.jit
 def _loader(x_desc, w_desc, xs, ws, s_bufs, s_ptr, N, KW, stride_sn, ready, empty, k_steps, num_tiles, m_tiles,
-            BLOCKED: gl.constexpr):
+            n_tiles, GM, BLOCKED: gl.constexpr):
     """One warp: step ``it``'s x box, words and scale bytes into stage ``it % STAGES`` once both consumers freed it."""
     stages: gl.constexpr = xs.type.shape[0]
     NT_: gl.constexpr = x_desc.block_type.shape[0]
@@ -83,7 +89,7 @@ def _loader(x_desc, w_desc, xs, ws, s_bufs, s_ptr, N, KW, stride_sn, ready, empt
     step_bytes: gl.constexpr = x_desc.block_type.nbytes + R_ * BKW_ * 4
     it = 0
     for t in range(gl.program_id(0), num_tiles, gl.num_programs(0)):
-        off_m, off_n = _tile_offsets(t, m_tiles, NT_, R_)
+        off_m, off_n = _tile_offsets(t, m_tiles, n_tiles, GM, NT_, R_)
         rows = gl.minimum(off_n + ar, N - 1)  # rows past N: zero words from TMA, their scales never used
         sbase = s_ptr.to(gl.pointer_type(s_bufs.dtype), bitcast=True) + rows * (stride_sn // SB)  # [R]
         for i in range(k_steps):
@@ -132,39 +138,40 @@ def _store_tile(acc, y_ptr, gs_ptr, M, N, stride_ym, off_m, off_n, HALF: gl.cons
 
 
 @gluon.jit
-def _consumer(xs, ws, s_bytes, ready, empty, y_ptr, gs_ptr, M, N, stride_ym, k_steps, num_tiles, m_tiles,
-              HALF: gl.constexpr, FMT: gl.constexpr, GROUP: gl.constexpr, OVERLAP: gl.constexpr):
+def _consumer(xs, ws, s_bytes, ready, empty, y_ptr, gs_ptr, M, N, stride_ym, k_steps, num_tiles, m_tiles, n_tiles,
+              GM, HALF: gl.constexpr, FMT: gl.constexpr, GROUP: gl.constexpr, OVERLAP: gl.constexpr):
     """One warpgroup: rows ``HALF * 64 ..`` of every tile of this program, a step at a time: decode into the A
-    registers, wgmma against the stage's x, wait for it, free the stage; the tile's epilogue after its last step."""
+    registers, wgmma against the stage's x, wait for it, free the stage; the tile's epilogue after its last step.
+    OVERLAP: the next step of the tile is decoded while the MMA runs (a tile's first step is not)."""
     NT_: gl.constexpr = xs.type.shape[1]
     R_: gl.constexpr = ws.type.shape[1]
     MMA: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, NT_, 16])
     A_L: gl.constexpr = gl.DotOperandLayout(0, MMA, 2)
     stages: gl.constexpr = xs.type.shape[0]
-    total = gl.cdiv(num_tiles - gl.program_id(0), gl.num_programs(0)) * k_steps  # this program's steps
-    acc = gl.zeros([64, NT_], gl.float32, MMA)
-    if OVERLAP:
-        a = _decode_a(xs, ws, s_bytes, ready, 0, HALF, FMT, GROUP, A_L)
-    for it in range(total):
-        s = it % stages
-        if not OVERLAP:
-            a = _decode_a(xs, ws, s_bytes, ready, it, HALF, FMT, GROUP, A_L)
-        acc = warpgroup_mma(a, xs.index(s).permute((1, 0)), acc, is_async=True)  # [64, NT] += W x^T
-        if OVERLAP:  # the next step's A into other registers while this MMA runs (``a`` live until the wait)
-            a_next = _decode_a(xs, ws, s_bytes, ready, gl.minimum(it + 1, total - 1), HALF, FMT, GROUP, A_L)
-        acc, a = warpgroup_mma_wait(0, deps=[acc, a])
-        mbarrier.arrive(empty.index(s), count=1)  # this consumer's reads of the stage are done
+    it = 0
+    for t in range(gl.program_id(0), num_tiles, gl.num_programs(0)):
+        acc = gl.zeros([64, NT_], gl.float32, MMA)
         if OVERLAP:
-            a = a_next
-        if (it + 1) % k_steps == 0:  # the tile's last step: its epilogue, then a fresh accumulator
-            t = gl.program_id(0) + (it // k_steps) * gl.num_programs(0)
-            off_m, off_n = _tile_offsets(t, m_tiles, NT_, R_)
-            _store_tile(acc, y_ptr, gs_ptr, M, N, stride_ym, off_m, off_n, HALF, FMT)
-            acc = gl.zeros([64, NT_], gl.float32, MMA)
+            a = _decode_a(xs, ws, s_bytes, ready, it, HALF, FMT, GROUP, A_L)
+        for i in range(k_steps):
+            s = it % stages
+            if not OVERLAP:
+                a = _decode_a(xs, ws, s_bytes, ready, it, HALF, FMT, GROUP, A_L)
+            acc = warpgroup_mma(a, xs.index(s).permute((1, 0)), acc, is_async=True)  # [64, NT] += W x^T
+            if OVERLAP:  # into other registers while this MMA runs (``a`` stays live until the wait)
+                a_next = _decode_a(xs, ws, s_bytes, ready, gl.minimum(i + 1, k_steps - 1) + it - i, HALF, FMT,
+                                   GROUP, A_L)
+            acc, a = warpgroup_mma_wait(0, deps=[acc, a])
+            mbarrier.arrive(empty.index(s), count=1)  # this consumer's reads of the stage are done
+            if OVERLAP:
+                a = a_next
+            it += 1
+        off_m, off_n = _tile_offsets(t, m_tiles, n_tiles, GM, NT_, R_)
+        _store_tile(acc, y_ptr, gs_ptr, M, N, stride_ym, off_m, off_n, HALF, FMT)
 
 
 @gluon.jit
-def _mixed_gemm_kernel(x_desc, w_desc, s_ptr, gs_ptr, y_ptr, M, N, KW, stride_sn, stride_ym,
+def _mixed_gemm_kernel(x_desc, w_desc, s_ptr, gs_ptr, y_ptr, M, N, KW, stride_sn, stride_ym, GM,
                        FMT: gl.constexpr, GROUP: gl.constexpr, STAGES: gl.constexpr, OVERLAP: gl.constexpr,
                        BLOCKED: gl.constexpr, CR: gl.constexpr):
     """y [M, N] = x [M, K] @ dequant(W)^T: x_desc over the permuted x (box [NT, 64]), w_desc over the words (box
@@ -173,7 +180,8 @@ def _mixed_gemm_kernel(x_desc, w_desc, s_ptr, gs_ptr, y_ptr, M, N, KW, stride_sn
     SB: gl.constexpr = 4 if FMT == 0 else 2  # scale bytes a row and step (64 weights: 4 groups of 16 / 2 of 32)
     k_steps = KW // _BKW
     m_tiles = gl.cdiv(M, NT_)
-    num_tiles = m_tiles * gl.cdiv(N, _R)
+    n_tiles = gl.cdiv(N, _R)
+    num_tiles = m_tiles * n_tiles
     xs = gl.allocate_shared_memory(gl.bfloat16, [STAGES, NT_, _BKW * 8], x_desc.layout)
     ws = gl.allocate_shared_memory(gl.int32, [STAGES, _R, _BKW], w_desc.layout)
     if SB == 4:
@@ -189,11 +197,11 @@ def _mixed_gemm_kernel(x_desc, w_desc, s_ptr, gs_ptr, y_ptr, M, N, KW, stride_sn
     fence_async_shared()
     gl.warp_specialize([
         (_consumer, (xs, ws, s_bytes, ready, empty, y_ptr, gs_ptr, M, N, stride_ym, k_steps, num_tiles, m_tiles,
-                     0, FMT, GROUP, OVERLAP)),
+                     n_tiles, GM, 0, FMT, GROUP, OVERLAP)),
         (_consumer, (xs, ws, s_bytes, ready, empty, y_ptr, gs_ptr, M, N, stride_ym, k_steps, num_tiles, m_tiles,
-                     1, FMT, GROUP, OVERLAP)),
+                     n_tiles, GM, 1, FMT, GROUP, OVERLAP)),
         (_loader, (x_desc, w_desc, xs, ws, s_bufs, s_ptr, N, KW, stride_sn, ready, empty, k_steps, num_tiles,
-                   m_tiles, BLOCKED)),
+                   m_tiles, n_tiles, GM, BLOCKED)),
     ], [4, 1], [CR, 48])
 
 
@@ -225,6 +233,12 @@ def takes(x2: torch.Tensor, pw) -> bool:
     return enabled() and m > 0 and x2.shape[0] >= m and supported(x2, pw)
 
 
+def group_tiles(m: int, k: int) -> int:
+    """Token tiles that walk the weight tiles together (``_tile_offsets``): as many as keep their x (``NT x K``
+    bf16 each) within ``X_GROUP_BYTES`` -- at 16384 rows a whole-M walk re-read x from HBM for every weight tile."""
+    return max(1, min(triton.cdiv(m, NT), X_GROUP_BYTES // (NT * k * 2)))
+
+
 def mixed_matmul(x2: torch.Tensor, pw, *, stages: int = DEFAULT_STAGES, overlap: bool = False,
                  xp: torch.Tensor | None = None, out: torch.Tensor | None = None) -> torch.Tensor:
     """y [M, N] bf16 = x2 [M, K] @ dequant(W)^T (``supported`` must hold). ``xp``: x already permuted
@@ -243,7 +257,7 @@ def mixed_matmul(x2: torch.Tensor, pw, *, stages: int = DEFAULT_STAGES, overlap:
     gs = pw.gscale if pw.gscale is not None else scale
     tiles = triton.cdiv(m, NT) * triton.cdiv(pw.n, R)
     _mixed_gemm_kernel[(min(tiles, num_sms(x2.device)),)](
-        x_desc, w_desc, scale, gs, y, m, pw.n, pw.k // 8, scale.stride(0), y.stride(0),
+        x_desc, w_desc, scale, gs, y, m, pw.n, pw.k // 8, scale.stride(0), y.stride(0), group_tiles(m, pw.k),
         FMT=pw.fmt, GROUP=pw.group, STAGES=stages, OVERLAP=overlap, BLOCKED=pw.blocked, CR=232, num_warps=4,
     )
     return y
@@ -260,7 +274,7 @@ def compile_sm90(fmt: int = FMT_NVFP4, *, stages: int = DEFAULT_STAGES, overlap:
     sig = {"x_desc": f"tensordesc<bf16[{NT}, {BKW * 8}],{_x_layout(NT)!r}>",
            "w_desc": f"tensordesc<i32{wbox},{_w_layout()!r}>",
            "s_ptr": "*u8", "gs_ptr": "*fp32" if fmt == FMT_NVFP4 else "*u8", "y_ptr": "*bf16",
-           "M": "i32", "N": "i32", "KW": "i32", "stride_sn": "i32", "stride_ym": "i32"}
+           "M": "i32", "N": "i32", "KW": "i32", "stride_sn": "i32", "stride_ym": "i32", "GM": "i32"}
     const = {"FMT": fmt, "GROUP": 16 if fmt == FMT_NVFP4 else 32, "STAGES": stages, "OVERLAP": overlap,
              "BLOCKED": blocked, "CR": 232}
     sig.update({k: "constexpr" for k in const})
