@@ -43,6 +43,10 @@
 #     epilogue inside it) and far behind the dense path at 8192-16384 rows (token tiles fastest over the whole M: x
 #     re-read from HBM for every weight tile). Now nested tile / step loops and groups of token tiles that keep their
 #     x in L2; its GPU tests; bench_mixed_gemm.py again, then MXFP4 and blocked words.
+#   phase j: bash benchmarks/gpu_session22.sh j   (one GPU; ~8 min)
+#     the kernel routed (dense.dense_matmul: 2048..8192 rows on weights of >= 8192 rows -- the 7B gate / up -- with the
+#     overlapped decode): its GPU tests and the blocked-layout ones; the 7B GRPO step with it and without
+#     (QUARL_KERNELS_MIXED_GEMM=0), alternated twice (its update's micro-batches are 6144 rows).
 set -u
 PHASE=${1:?phase}
 OUT=${OUT:?}
@@ -105,6 +109,13 @@ i)
         --ms 2048,8192 --repeats 2 --budget-s 45
     bench 60 mixed_blk benchmarks/kernels/bench_mixed_gemm.py --blocked --shapes 18944x3584,3584x18944 \
         --ms 2048,8192 --repeats 2 --budget-s 45
+    ;;
+j)
+    tests "${TEST_S:-150}" tests/kernels/test_mixed_gemm_gpu.py tests/kernels/test_blocked_gpu.py -k "not engine"
+    grpo "${GRPO_S:-95}" grpo_mixed
+    QUARL_KERNELS_MIXED_GEMM=0 grpo "${GRPO_S:-95}" grpo_dense
+    grpo "${GRPO_S:-95}" grpo_mixed2
+    QUARL_KERNELS_MIXED_GEMM=0 grpo "${GRPO_S:-95}" grpo_dense2
     ;;
 *)
     echo "unknown phase $PHASE"; exit 2

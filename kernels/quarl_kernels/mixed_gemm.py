@@ -63,6 +63,12 @@ DEFAULT_STAGES = 4
 X_GROUP_BYTES = 24 << 20  # x of the token tiles that walk the weights together: about half the H100's L2
 ENV = "QUARL_KERNELS_MIXED_GEMM"
 DEFAULT_MIN_M = 2048  # from here it is measured ahead of the dense path (session 22); env QUARL_KERNELS_MIXED_GEMM_MIN_M
+# Where it is routed (``takes``), from session 22's phase i (H100, x permuted in the call): up to 8192 rows -- at 16384
+# the dense path's 0.97-1.0x cuBLAS is ahead of this kernel with its x permutation (0.96x) -- and on weights of >= 8192
+# output rows, where the permutation (one pass over x, ~520 / N of the GEMM's time) costs <= ~6 %: the 7B / 14B
+# gate / up projections; q / k / v / o and down stay on the dense path.
+MAX_M = 8192
+MIN_N = 8192
 
 
 @gluon.jit
@@ -228,9 +234,10 @@ def supported(x2: torch.Tensor, pw) -> bool:
 
 
 def takes(x2: torch.Tensor, pw) -> bool:
-    """Whether ``dense.dense_matmul`` sends this forward here: switched on, M >= ``min_m()``, supported."""
+    """Whether ``dense.dense_matmul`` sends this forward here: switched on, ``min_m() <= M <= MAX_M``, a weight of
+    >= ``MIN_N`` rows, supported."""
     m = min_m()
-    return enabled() and m > 0 and x2.shape[0] >= m and supported(x2, pw)
+    return (enabled() and m > 0 and m <= x2.shape[0] <= MAX_M and pw.n >= MIN_N and supported(x2, pw))
 
 
 def group_tiles(m: int, k: int) -> int:
@@ -239,7 +246,7 @@ def group_tiles(m: int, k: int) -> int:
     return max(1, min(triton.cdiv(m, NT), X_GROUP_BYTES // (NT * k * 2)))
 
 
-def mixed_matmul(x2: torch.Tensor, pw, *, stages: int = DEFAULT_STAGES, overlap: bool = False,
+def mixed_matmul(x2: torch.Tensor, pw, *, stages: int = DEFAULT_STAGES, overlap: bool = True,
                  xp: torch.Tensor | None = None, out: torch.Tensor | None = None) -> torch.Tensor:
     """y [M, N] bf16 = x2 [M, K] @ dequant(W)^T (``supported`` must hold). ``xp``: x already permuted
     (``ring_x.permute_x(x2, 8, tile_rows(M, 256))``), else permuted here (one pass over x)."""
@@ -284,4 +291,5 @@ def compile_sm90(fmt: int = FMT_NVFP4, *, stages: int = DEFAULT_STAGES, overlap:
     return triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": 4})
 
 
-__all__ = ["DEFAULT_MIN_M", "ENV", "compile_sm90", "enabled", "min_m", "mixed_matmul", "supported", "takes"]
+__all__ = ["DEFAULT_MIN_M", "ENV", "MAX_M", "MIN_N", "compile_sm90", "enabled", "group_tiles", "min_m", "mixed_matmul",
+           "supported", "takes"]

@@ -68,16 +68,21 @@ def test_ring_depths_agree(stages):
     assert torch.equal(mixed_gemm.mixed_matmul(x, row, stages=stages), mixed_gemm.mixed_matmul(x, row))
 
 
-def test_dense_matmul_routes_large_m_here(monkeypatch):
+def test_dense_matmul_routes_large_m_on_wide_weights_here(monkeypatch):
+    """``dense.dense_matmul`` takes the kernel for ``min_m() <= M <= MAX_M`` on weights of >= ``MIN_N`` rows, the
+    dense path elsewhere and when switched off."""
     from quarl_kernels import dense, mixed_gemm
 
-    _, row, _ = _weights("nvfp4", 512, 1024, seed=5)
-    x = torch.randn(512, 1024, device="cuda").to(torch.bfloat16)
-    if not mixed_gemm.supported(x, row):
+    _, wide, _ = _weights("nvfp4", mixed_gemm.MIN_N, 256, seed=5)
+    _, narrow, _ = _weights("nvfp4", 512, 256, seed=6)
+    x = torch.randn(512, 256, device="cuda").to(torch.bfloat16)
+    if not mixed_gemm.supported(x, wide):
         pytest.skip("not an sm_90 GPU")
     monkeypatch.setenv("QUARL_KERNELS_MIXED_GEMM_MIN_M", "512")
-    assert mixed_gemm.takes(x, row)
-    assert torch.equal(dense.dense_matmul(x, row), mixed_gemm.mixed_matmul(x, row))
+    assert mixed_gemm.takes(x, wide) and not mixed_gemm.takes(x, narrow)
+    assert not mixed_gemm.takes(x[:511], wide)
+    assert torch.equal(dense.dense_matmul(x, wide), mixed_gemm.mixed_matmul(x, wide))
+    assert torch.equal(dense.dense_matmul(x, narrow), x @ dense.dequantize(narrow).T)
     monkeypatch.setenv("QUARL_KERNELS_MIXED_GEMM", "0")
-    assert not mixed_gemm.takes(x, row)
-    assert torch.equal(dense.dense_matmul(x, row), x @ dense.dequantize(row).T)
+    assert not mixed_gemm.takes(x, wide)
+    assert torch.equal(dense.dense_matmul(x, wide), x @ dense.dequantize(wide).T)
