@@ -45,8 +45,8 @@
 #     x in L2; its GPU tests; bench_mixed_gemm.py again, then MXFP4 and blocked words.
 #   phase j: bash benchmarks/gpu_session22.sh j   (one GPU; ~8 min)
 #     the kernel routed (dense.dense_matmul: 2048..8192 rows on weights of >= 8192 rows -- the 7B gate / up -- with the
-#     overlapped decode): its GPU tests and the blocked-layout ones; the 7B GRPO step with it and without
-#     (QUARL_KERNELS_MIXED_GEMM=0), alternated twice (its update's micro-batches are 6144 rows).
+#     overlapped decode): its GPU tests; the 7B GRPO step with it, without
+#     (QUARL_KERNELS_MIXED_GEMM=0) and with it again (its update's micro-batches are 6144 rows).
 set -u
 PHASE=${1:?phase}
 OUT=${OUT:?}
@@ -111,11 +111,10 @@ i)
         --ms 2048,8192 --repeats 2 --budget-s 45
     ;;
 j)
-    tests "${TEST_S:-150}" tests/kernels/test_mixed_gemm_gpu.py tests/kernels/test_blocked_gpu.py -k "not engine"
-    grpo "${GRPO_S:-95}" grpo_mixed
-    QUARL_KERNELS_MIXED_GEMM=0 grpo "${GRPO_S:-95}" grpo_dense
-    grpo "${GRPO_S:-95}" grpo_mixed2
-    QUARL_KERNELS_MIXED_GEMM=0 grpo "${GRPO_S:-95}" grpo_dense2
+    tests "${TEST_S:-100}" tests/kernels/test_mixed_gemm_gpu.py
+    grpo "${GRPO_S:-120}" grpo_mixed
+    QUARL_KERNELS_MIXED_GEMM=0 grpo "${GRPO_S:-120}" grpo_dense
+    grpo "${GRPO_S:-120}" grpo_mixed2
     ;;
 *)
     echo "unknown phase $PHASE"; exit 2
