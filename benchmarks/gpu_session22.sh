@@ -32,7 +32,8 @@
 #   phase g: bash benchmarks/gpu_session22.sh g   (one GPU; ~3 min)
 #     the decoded weight as wgmma's register A operand (no shared-memory round trip): a loader warp and two consumer
 #     warpgroups as separate partitions, each decoding its 64 weight rows into the A registers (the ring's a_fragment)
-#     against a shared 256-token x tile (m64n256), persistent; x permuted once per call. 3 / 4 / 5 stages.
+#     against a shared 256-token x tile (m64n256), persistent; x permuted once per call. 3 / 4 / 5 stages. (--ra
+#     left ws_mixed_gemm.py for quarl_kernels.mixed_gemm after this call: run phase g at commit 13edc9b.)
 #   phase h: bash benchmarks/gpu_session22.sh h   (one GPU; ~9 min)
 #     phase g's register-A kernel as a library kernel (kernels/quarl_kernels/mixed_gemm.py: NVFP4 / MXFP4, row-major
 #     or blocked words, the decode serialized or overlapped with the MMA), routed by dense.dense_matmul from 2048 rows:
@@ -47,6 +48,9 @@
 #     the kernel routed (dense.dense_matmul: 2048..8192 rows on weights of >= 8192 rows -- the 7B gate / up -- with the
 #     overlapped decode): its GPU tests; the 7B GRPO step with it, without
 #     (QUARL_KERNELS_MIXED_GEMM=0) and with it again (its update's micro-batches are 6144 rows).
+#   phase k: bash benchmarks/gpu_session22.sh k   (one GPU; ~5 min)
+#     after phase j the kernel became opt-in (QUARL_KERNELS_MIXED_GEMM=1) and the two GPU test files share their weight
+#     helper (tests/kernels/gpu_weights.py): the mixed, blocked and dense GPU tests again.
 set -u
 PHASE=${1:?phase}
 OUT=${OUT:?}
@@ -115,6 +119,10 @@ j)
     grpo "${GRPO_S:-120}" grpo_mixed
     QUARL_KERNELS_MIXED_GEMM=0 grpo "${GRPO_S:-120}" grpo_dense
     grpo "${GRPO_S:-120}" grpo_mixed2
+    ;;
+k)
+    tests "${TEST_S:-300}" tests/kernels/test_mixed_gemm_gpu.py tests/kernels/test_blocked_gpu.py \
+        tests/kernels/test_dense_gpu.py tests/kernels/test_dense_fp8_gpu.py
     ;;
 *)
     echo "unknown phase $PHASE"; exit 2

@@ -40,7 +40,7 @@ SWITCHES: dict[str, str] = {
     "QUARL_KERNELS_DENSE_FP8": "1 = the dense path runs FP4 weights as FP8 tiles and an FP8 GEMM (not exact)",
     "QUARL_KERNELS_BLOCKED": "packed 4-bit words in [64, 8]-word blocks: auto (from 2 decode rows), 1 always, 0 never",
     "QUARL_KERNELS_DENSE_FP8_MIN_GFLOP": "smallest GEMM (2MNK/1e9) the FP8 dense path takes; 0 = every one",
-    "QUARL_KERNELS_MIXED_GEMM": "0 = no fused register-A GEMM for large M (the dense path's forward instead)",
+    "QUARL_KERNELS_MIXED_GEMM": "1 = the fused register-A GEMM takes large-M forwards on wide FP4 weights (opt-in)",
     "QUARL_KERNELS_MIXED_GEMM_MIN_M": "rows from which the fused register-A GEMM takes a forward; 0 = never",
     "QUARL_KERNELS_MMA_DECODE": "0 = no Gluon mma.sync decode kernel (2..16 rows)",
     "QUARL_KERNELS_WGMMA_DECODE": "auto / 1 / 0: the wgmma decode kernel (17..64 rows)",

@@ -21,8 +21,10 @@ is the bound, not the refill or the epilogue. Swapped operands (``SWAP``: the de
 reads) need more than the 128 registers a thread that 16 warps leave: with a two-warp decoder (``-w2``, 12 warps
 launched) they gain 1-5 % over the same kernel unswapped, which itself loses 10-15 % to the four-warp decoder
 (0.63-0.82x, phase f); a 12-warp kernel whose decoder issued the loads itself was slower still (0.57-0.67x, phase d,
-commit 799142a); an eight-warp decoder spills the accumulators. Not built: the decoded weight as wgmma's register A
-operand (no shared-memory round trip).
+commit 799142a); an eight-warp decoder spills the accumulators. Phase g then took the decoded weight off shared
+memory (commit 13edc9b, ``--ra``: a loader warp and two consumer warpgroups decoding into wgmma's register A operand,
+m64n256, x permuted once per call as in the TMA ring): 0.80-0.97x with the permutation, ahead of the dense path -- it
+became ``quarl_kernels.mixed_gemm`` (docs/kernels.md v17; ``bench_mixed_gemm.py``) and left this file.
 
 Why. At M >= 2048 a weight-only GEMM is compute-bound. The dense path (``quarl_kernels.dense``) decodes the whole
 weight to a transient BF16 copy and runs cuBLAS: 0.81-0.91x cuBLAS at M = 2048 (the decode's 2.56 bytes a weight),
@@ -53,7 +55,6 @@ import sys
 import torch
 import triton
 from quarl_kernels.mma_decode import _decode_step, _group_layout, _word_layout
-from quarl_kernels.wgmma_decode import a_fragment
 from quarl_kernels.wgmma_ring import _w_layout, _x_layout  # the ring's TMA layouts: the same x and word boxes
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
@@ -471,123 +472,6 @@ def compile_sm90_persistent(variant: str = "p-bm256"):
     return triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": 8})
 
 
-# ---------------------------------------------------------------------------------------------------------------
-# Session 22, last step: the decoded weight as wgmma's *register* A operand (no shared-memory round trip, the bound
-# found above). y^T = W x^T as in the TMA ring (``wgmma_ring``: ``a_fragment``'s decode into the A registers, x
-# permuted once per call into the fragment's k order and fed as B by TMA), but warp-specialized and persistent: a
-# loader warp fills the x / word / scale-byte ring (scales a step at a time, so K is never split), and *two consumer
-# warpgroups, each its own partition*, take 64 weight rows of a 128-row tile each against the same 256-token x tile
-# (m64n256) -- no CTA barrier between them, so one's decode overlaps the other's MMA. Each consumer waits for its own
-# MMA before decoding the next step (the A registers must not change under a wgmma in flight: session 14).
-
-
-@gluon.jit
-def _consumer_ra(xs, ws, s_bytes, ready, empty, y_ptr, gs_ptr, M, N, stride_ym, k_steps, num_tiles, m_tiles,
-                 HALF: gl.constexpr, R: gl.constexpr, FMT: gl.constexpr, GROUP: gl.constexpr):
-    """One warpgroup: rows ``HALF * 64 ..`` of every tile of this program, decoded into the A registers a step at a
-    time; ``acc [64, NT]`` (weight rows x tokens), stored transposed into ``y [M, N]``."""
-    stages: gl.constexpr = xs.type.shape[0]
-    NT: gl.constexpr = xs.type.shape[1]
-    BKW: gl.constexpr = ws.type.shape[2]
-    RH: gl.constexpr = 64
-    WT: gl.constexpr = GROUP // 8
-    MMA: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, NT, 16])
-    A_L: gl.constexpr = gl.DotOperandLayout(0, MMA, 2)
-    LW: gl.constexpr = _word_layout(RH, BKW, 4)
-    LG: gl.constexpr = gl.SliceLayout(2, _group_layout(RH, BKW, 4, WT))
-    OL: gl.constexpr = gl.BlockedLayout([8, 1], [8, 4], [1, 4], [0, 1])  # 8-row vectors along N for the stores
-    factor = 65536.0 / gl.load(gs_ptr).to(gl.float32)  # the decode's 2**-16 and NVFP4's global scale
-    it = 0
-    for t in range(gl.program_id(0), num_tiles, gl.num_programs(0)):
-        off_m, off_n = _tile_offsets(t, m_tiles, NT, R)
-        acc = gl.zeros([RH, NT], gl.float32, MMA)
-        for i in range(k_steps):
-            s = it % stages
-            mbarrier.wait(ready.index(s), (it // stages) & 1)
-            w = ws.index(s).slice(HALF * RH, RH).load(LW)  # [64, BKW] words
-            sg = s_bytes.index(s).slice(HALF * RH, RH).load(LG)  # [64, NG] scale bytes
-            a = a_fragment(w, sg, sg, FMT, False, LW, RH, BKW, WT, A_L)  # [64, 8 BKW] bf16 in registers
-            acc = warpgroup_mma(a, xs.index(s).permute((1, 0)), acc, is_async=True)
-            acc, a = warpgroup_mma_wait(0, deps=[acc, a])
-            mbarrier.arrive(empty.index(s), count=1)  # this consumer is done with the stage
-            it += 1
-        y = gl.convert_layout((acc * factor).to(gl.bfloat16), OL)
-        offs_r = off_n + HALF * RH + gl.arange(0, RH, layout=gl.SliceLayout(1, OL))
-        offs_t = off_m + gl.arange(0, NT, layout=gl.SliceLayout(0, OL))
-        gl.store(y_ptr + offs_t[None, :].to(gl.int64) * stride_ym + offs_r[:, None], y,
-                 mask=(offs_r[:, None] < N) & (offs_t[None, :] < M))
-
-
-@gluon.jit
-def ws_gemm_ra_kernel(x_desc, w_desc, s_ptr, gs_ptr, y_ptr, M, N, K, stride_sn, stride_ym,
-                      GROUP: gl.constexpr, STAGES_: gl.constexpr, CR: gl.constexpr):
-    """y [M, N] bf16 = x [M, K] @ dequant(W)^T (NVFP4; x permuted by ``ring_x.permute_x``), persistent: a loader warp
-    and two consumer warpgroups (CR registers each beside the default one's)."""
-    NT: gl.constexpr = x_desc.block_type.shape[0]
-    BK_: gl.constexpr = x_desc.block_type.shape[1]
-    R: gl.constexpr = w_desc.block_type.shape[0]
-    gl.static_assert(R == 128 and BK_ == 64, "128 weight rows (two m64 consumers) and 64-wide K steps")
-    k_steps = gl.cdiv(K, BK_)
-    m_tiles = gl.cdiv(M, NT)
-    num_tiles = m_tiles * gl.cdiv(N, R)
-    # the decoded ring of _rings is not used here (one stage of 2 bytes: the allocation is shared code)
-    xs, ws, _, s_bufs, s_bytes, ready, empty, _, _ = _rings(x_desc, w_desc, STAGES_, 1, 2)
-    gl.warp_specialize([
-        (_consumer_ra, (xs, ws, s_bytes, ready, empty, y_ptr, gs_ptr, M, N, stride_ym, k_steps, num_tiles, m_tiles,
-                        0, R, 0, GROUP)),
-        (_consumer_ra, (xs, ws, s_bytes, ready, empty, y_ptr, gs_ptr, M, N, stride_ym, k_steps, num_tiles, m_tiles,
-                        1, R, 0, GROUP)),
-        (_loader_p, (x_desc, w_desc, xs, ws, s_bufs, s_ptr, N, stride_sn, ready, empty, k_steps, num_tiles,
-                     m_tiles)),
-    ], [4, 1], [CR, 48])
-
-
-# name -> (x / word stages, the second consumer's registers)
-REGISTER_A = {"ra": (4, 232), "ra-s3": (3, 232), "ra-s5": (5, 232), "ra-r200": (4, 200)}
-
-
-def ws_matmul_ra(x2: torch.Tensor, pw, variant: str = "ra", xp: torch.Tensor | None = None) -> torch.Tensor:
-    """y [M, N] = x2 [M, K] @ dequant(W)^T with the register-A kernel (NVFP4, row-major words, K % 64 == 0);
-    ``xp``: x already permuted (``permute_x(x2, 8, tile_rows(M, 256))``), else permuted here (one pass over x)."""
-    from quarl_kernels.ring_x import permute_x, tile_rows
-
-    stages, cr = REGISTER_A[variant]
-    m, k = x2.shape
-    if pw.fmt != 0 or k % BK or pw.k != k or getattr(pw, "blocked", False):
-        raise ValueError("ws_matmul_ra: NVFP4 row-major words with K % 64 == 0 and x of their K")
-    s = pw.scale.view(torch.uint8)
-    if s.stride(0) % 4 or s.data_ptr() % 4:
-        raise ValueError("ws_matmul_ra: 4-byte aligned scale rows")
-    nt = 256
-    xp = permute_x(x2, BKW, tile_rows(m, nt)) if xp is None else xp
-    y = torch.empty((m, pw.n), device=x2.device, dtype=torch.bfloat16)
-    x_desc = TensorDescriptor.from_tensor(xp, [nt, BK], _x_layout(nt))
-    w_desc = TensorDescriptor.from_tensor(pw.words, [BN, BKW], _w_layout())
-    tiles = triton.cdiv(m, nt) * triton.cdiv(pw.n, BN)
-    n_prog = min(tiles, torch.cuda.get_device_properties(x2.device).multi_processor_count)
-    ws_gemm_ra_kernel[(n_prog,)](x_desc, w_desc, s, pw.gscale, y, m, pw.n, k, s.stride(0), y.stride(0),
-                                 GROUP=16, STAGES_=stages, CR=cr, num_warps=4)
-    return y
-
-
-def compile_sm90_ra(variant: str = "ra"):
-    """The register-A kernel built for sm_90 on any machine."""
-    from triton.backends.compiler import GPUTarget
-    from triton.experimental.gluon._runtime import GluonASTSource
-
-    stages, cr = REGISTER_A[variant]
-    sig = {"x_desc": f"tensordesc<bf16[256, {BK}],{_x_layout(256)!r}>",
-           "w_desc": f"tensordesc<i32[{BN}, {BKW}],{_w_layout()!r}>",
-           "s_ptr": "*u8", "gs_ptr": "*fp32", "y_ptr": "*bf16", "M": "i32", "N": "i32", "K": "i32",
-           "stride_sn": "i32", "stride_ym": "i32"}
-    const = {"GROUP": 16, "STAGES_": stages, "CR": cr}
-    sig.update({k: "constexpr" for k in const})
-    attrs = {(i,): [["tt.divisibility", 16]] for i, (k, t) in enumerate(sig.items())
-             if t != "constexpr" and not t.startswith("tensordesc") and k != "M"}
-    src = GluonASTSource(fn=ws_gemm_ra_kernel, signature=sig, constexprs=const, attrs=attrs)
-    return triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": 4})
-
-
 def ws_matmul(x2: torch.Tensor, pw, ssmem: bool = False, wfence: bool = True, dstages: int = DSTAGES, bm: int = BM,
               stages: int = STAGES, spf: bool = False, nodecode: bool = False) -> torch.Tensor:
     """y [M, N] = x2 [M, K] @ dequant(W)^T (``pw``: a ``wo_gemm.PackedWeight``, NVFP4 / MXFP4, K % 64 == 0).
@@ -640,11 +524,9 @@ def main() -> None:
     ap.add_argument("--variants", default=",".join(VARIANTS), help=f"comma-separated of {', '.join(VARIANTS)}")
     ap.add_argument("--persistent", default=",".join(PERSISTENT),
                     help=f"comma-separated of {', '.join(PERSISTENT)} (session 22), '' for none")
-    ap.add_argument("--ra", default="", help=f"comma-separated of {', '.join(REGISTER_A)} (session 22)")
     ap.add_argument("--shapes", default="18944x3584,3584x18944,3584x3584")
     args = ap.parse_args()
     pvars = [v for v in args.persistent.split(",") if v]
-    ravars = [v for v in args.ra.split(",") if v]
     if args.compile:
         sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
         import compile_report as cr
@@ -653,8 +535,6 @@ def main() -> None:
             print(cr.report(compile_sm90(0, **VARIANTS[name]), f"ws-gemm {name}", None))
         for name in pvars:
             print(cr.report(compile_sm90_persistent(name), f"ws-gemm {name}", None))
-        for name in ravars:
-            print(cr.report(compile_sm90_ra(name), f"ws-gemm {name}", None))
         return
     from bench_gemv import _quantized, graph_us
     from quarl_kernels import dense
@@ -672,7 +552,6 @@ def main() -> None:
             runs = [(name, lambda x=x, pw=pw, v=VARIANTS[name]: ws_matmul(x, pw, **v))
                     for name in args.variants.split(",") if name]
             runs += [(name, lambda x=x, pw=pw, name=name: ws_matmul_persistent(x, pw, name)) for name in pvars]
-            runs += [(name, lambda x=x, pw=pw, name=name: ws_matmul_ra(x, pw, name)) for name in ravars]
             for name, fn in runs:
                 err = ((fn().float() - want).norm() / want.norm()).item()
                 t = graph_us([fn])

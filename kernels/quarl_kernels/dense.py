@@ -23,7 +23,9 @@ fused kernels, zero transient memory), and
 a call that finds no memory for the transient falls back to the fused kernel by
 itself (``wo_gemm.wo_matmul``, with one warning). ``QUARL_KERNELS_DENSE_FP8=1`` (opt-in) sends FP4
 weights through ``dense_fp8.py`` instead: E4M3 tiles (1 B a weight) and an FP8 GEMM, faster and *not*
-the weight-only product (its docstring states the error).
+the weight-only product (its docstring states the error). ``QUARL_KERNELS_MIXED_GEMM=1`` (opt-in) sends
+the forwards where the fused register-A kernel is measured faster as called (``mixed_gemm.takes``: 2048..8192
+rows on weights of >= 8192 rows, Hopper) to it: no transient, the same weight values (docs/kernels.md v17).
 
 Numerics. The decode is the fused kernels' own (``dequant.load_dequant_tile``);
 for NVFP4 the exact ``e2m1 * e4m3 * 2**-16`` tile is multiplied by
@@ -118,9 +120,8 @@ def _weight(pw) -> torch.Tensor:
 
 
 def dense_matmul(x2: torch.Tensor, pw) -> torch.Tensor:
-    """y [M, N] = x2 [M, K] @ dequant(W)^T through a transient BF16 weight and cuBLAS -- or FP8 tiles and an FP8
-    GEMM, when switched on; or, from ``mixed_gemm.min_m()`` rows on Hopper, the fused register-A kernel (no
-    transient)."""
+    """y [M, N] = x2 [M, K] @ dequant(W)^T through a transient BF16 weight and cuBLAS -- or, each when switched on,
+    FP8 tiles and an FP8 GEMM, or the fused register-A kernel (``mixed_gemm.takes``: no transient)."""
     if dense_fp8.takes(x2.shape[0], pw):
         return dense_fp8.matmul(x2, pw)
     if mixed_gemm.takes(x2, pw):

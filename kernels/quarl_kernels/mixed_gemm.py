@@ -23,8 +23,10 @@ not hide (RESULTS "Issue 17, session 22"). Here the decoded weight never goes to
   in flight (the TMA ring's reproducibility bug, session 14). ``OVERLAP`` decodes the next step into a second set of
   A registers while the MMA runs (the first set kept live through the wait by ``deps``).
 
-Measured (H100, session 22, phase g, x permutation included): 0.80-0.97x cuBLAS BF16 at 2048 / 4096 rows on the
-7B / 14B weights, against the dense path's 0.77-0.93x in the same call (RESULTS "Issue 17, session 22").
+Measured (H100, session 22, phases g-j; RESULTS "Issue 17, session 22: M >= 2048 ..."): on x permuted beforehand
+0.93-1.09x cuBLAS BF16 at 2048-16384 rows on the 7B / 14B weights; with the permutation in the call (one pass over x,
+~520 / N of the GEMM) 0.80-1.00x, ahead of the dense path on the wide weights up to 8192 rows. Routed only when
+switched on (``QUARL_KERNELS_MIXED_GEMM=1``): the 7B GRPO step's update was no faster with it (``enabled``).
 
 Numerics: the weight is decoded exactly to BF16 (NVFP4 ``e2m1 * e4m3 * 2**-16`` with ``2**16 / global_scale``
 applied to the fp32 accumulator; MXFP4 exact), products accumulate in fp32 -- the dense path's values up to the
@@ -213,8 +215,11 @@ def _mixed_gemm_kernel(x_desc, w_desc, s_ptr, gs_ptr, y_ptr, M, N, KW, stride_sn
 
 # ---------------------------------------------------------------------------
 def enabled() -> bool:
-    """``QUARL_KERNELS_MIXED_GEMM`` (on unless 0 / off)."""
-    return env_flag(ENV, True)
+    """``QUARL_KERNELS_MIXED_GEMM`` (off unless 1 / on: per call it is ahead of the dense path where it is routed,
+    but the 7B GRPO step measured no faster with it -- 11.30 / 11.34 s against 11.12 s of update, session 22 phase j:
+    the x permutation and launch path cost what the GEMM saves at 6144 rows, and the backward no longer finds the
+    recompute's decoded weight to reuse)."""
+    return env_flag(ENV, False)
 
 
 def min_m() -> int:
@@ -234,8 +239,8 @@ def supported(x2: torch.Tensor, pw) -> bool:
 
 
 def takes(x2: torch.Tensor, pw) -> bool:
-    """Whether ``dense.dense_matmul`` sends this forward here: switched on, ``min_m() <= M <= MAX_M``, a weight of
-    >= ``MIN_N`` rows, supported."""
+    """Whether ``dense.dense_matmul`` sends this forward here: switched on (``QUARL_KERNELS_MIXED_GEMM=1``),
+    ``min_m() <= M <= MAX_M``, a weight of >= ``MIN_N`` rows, supported."""
     m = min_m()
     return (enabled() and m > 0 and m <= x2.shape[0] <= MAX_M and pw.n >= MIN_N and supported(x2, pw))
 

@@ -20,16 +20,9 @@ pytestmark = [
 
 
 def _weights(spec: str, n: int, k: int, seed: int = 0):
-    from quarl_kernels.ops import _packed_weight
+    from tests.kernels.gpu_weights import packed_weights
 
-    from quarl.quant import get_format, make_config, packed_layout
-
-    torch.manual_seed(seed)
-    c = make_config(spec)
-    t = get_format(c.name).quantize(torch.randn(n, k, device="cuda") * 0.05, c).tensors
-    args = (t["weight_packed"], t["weight_scale"], t.get("weight_zero_point"), t.get("weight_global_scale"),
-            c.name, c.block_size, n, k)
-    return _packed_weight(*args), _packed_weight(packed_layout.block(args[0]), *args[1:])
+    return packed_weights(spec, n, k, seed)[1:]
 
 
 @pytest.mark.parametrize("spec", ["nvfp4", "mxfp4", "int4-g128"])

@@ -4,7 +4,8 @@ Its output against the float64 product with the format's dequantized weight (the
 relative) and against the dense path (the same bf16 weight, fp32 sums in another order: a few bf16 ulps of the
 output), for NVFP4 and MXFP4, with and without the overlapped decode, at M and N that are and are not whole tiles
 (the permuted x padded, rows past N zero-filled by TMA and never stored), one and several tiles a CTA; on blocked
-words exactly the row-major words' bits; and the dispatch: ``dense.dense_matmul`` sends M >= ``min_m()`` here.
+words exactly the row-major words' bits; and the dispatch: switched on (off by default), ``dense.dense_matmul``
+sends it the forwards ``mixed_gemm.takes`` names.
 """
 
 from __future__ import annotations
@@ -19,18 +20,9 @@ pytestmark = [
 
 
 def _weights(spec: str, n: int, k: int, seed: int = 0):
-    from quarl_kernels.ops import _packed_weight
+    from tests.kernels.gpu_weights import packed_weights
 
-    from quarl.quant import get_format, make_config, packed_layout
-
-    torch.manual_seed(seed)
-    c = make_config(spec)
-    q = get_format(c.name).quantize(torch.randn(n, k, device="cuda") * 0.05, c)
-    t = q.tensors
-    args = (t["weight_packed"], t["weight_scale"], t.get("weight_zero_point"), t.get("weight_global_scale"),
-            c.name, c.block_size, n, k)
-    blk = _packed_weight(packed_layout.block(args[0]), *args[1:]) if n % 64 == 0 else None  # 64-row bands only
-    return q, _packed_weight(*args), blk
+    return packed_weights(spec, n, k, seed)
 
 
 def _rel(y: torch.Tensor, ref: torch.Tensor) -> float:
@@ -69,8 +61,8 @@ def test_ring_depths_agree(stages):
 
 
 def test_dense_matmul_routes_large_m_on_wide_weights_here(monkeypatch):
-    """``dense.dense_matmul`` takes the kernel for ``min_m() <= M <= MAX_M`` on weights of >= ``MIN_N`` rows, the
-    dense path elsewhere and when switched off."""
+    """Switched on, ``dense.dense_matmul`` takes the kernel for ``min_m() <= M <= MAX_M`` on weights of >= ``MIN_N``
+    rows, the dense path elsewhere and when switched off (the default)."""
     from quarl_kernels import dense, mixed_gemm
 
     _, wide, _ = _weights("nvfp4", mixed_gemm.MIN_N, 256, seed=5)
@@ -78,6 +70,8 @@ def test_dense_matmul_routes_large_m_on_wide_weights_here(monkeypatch):
     x = torch.randn(512, 256, device="cuda").to(torch.bfloat16)
     if not mixed_gemm.supported(x, wide):
         pytest.skip("not an sm_90 GPU")
+    assert not mixed_gemm.takes(x, wide)  # off by default
+    monkeypatch.setenv("QUARL_KERNELS_MIXED_GEMM", "1")
     monkeypatch.setenv("QUARL_KERNELS_MIXED_GEMM_MIN_M", "512")
     assert mixed_gemm.takes(x, wide) and not mixed_gemm.takes(x, narrow)
     assert not mixed_gemm.takes(x[:511], wide)
