@@ -149,4 +149,16 @@ phase_end
 #   at 120 decoder registers 0.65-0.81x, its handshakes-only skeleton 0.85-1.14x; p-bm256 0.70-0.86x. Left 997 s.
 # Reading after phase f: not the operand reads (the swap gains 1-5 %) but the decoder warps' per-step work (the
 #   tile's conversion and its 16 KB store; fewer decoder warps lose) binds this shared-memory design at ~0.8x cuBLAS.
-#   Device time used this session: ~800 s of the 1800 (held time counted at 67 %); 976 s left at the end.
+# phase g (commit 13edc9b; 29 s, cold): the register-A kernel (ws_mixed_gemm.py --ra) correct, 0.80-0.97x cuBLAS with
+#   x permuted in the call (7B gate/up 2048 rows 352.1 us vs cuBLAS 342.0, dense 442.9); dense 0.77-0.93x. Left 946 s.
+# phase h (commit 3b1f7e6; 176 s, cold): quarl_kernels.mixed_gemm's first version -- GPU tests 90 passed (mixed,
+#   dense, dense FP8, blocked); bench_mixed_gemm.py alternated: 0.72-0.94x at 2048-4096, 0.65-0.90x at 8192-16384
+#   (a flattened step loop; token tiles over the whole M re-read x per weight tile); dense 0.82-1.0x. Left 827 s.
+# phase i (commit 9285800; 118 s, cold): nested loops + grouped tiles: overlap on permuted x 0.93-1.09x (>= 0.95x at
+#   16 of 20 points), with the permutation 0.80-1.00x; MXFP4 and blocked similar; GPU tests 19 passed. Left 737 s.
+# phase j (commit b99fdbc; 373 s, cold): routed (2048..8192 rows, N >= 8192): GPU tests 19 passed; the 7B GRPO step,
+#   steady step s NVFP4+LoRA update / step: with 11.30 / 17.28 and 11.34 / 17.35, without 11.12 / 17.04 (BF16+LoRA
+#   17.70 / 17.87 / 17.82): no gain -> made opt-in. Left 517 s.
+# phase k (commit 88cc790; 188 s, cold): opt-in kernel and the shared test weight helper: mixed, blocked, dense and
+#   dense FP8 GPU tests, 91 passed. Machine given back; device budget left 389 s of 1800.
+#   (Held time counted at 67 % up to phase f, at 50 % from phase g on.)
