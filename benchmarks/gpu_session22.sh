@@ -51,6 +51,11 @@
 #   phase k: bash benchmarks/gpu_session22.sh k   (one GPU; ~5 min)
 #     after phase j the kernel became opt-in (QUARL_KERNELS_MIXED_GEMM=1) and the two GPU test files share their weight
 #     helper (tests/kernels/gpu_weights.py): the mixed, blocked and dense GPU tests again.
+#   phase l: bash benchmarks/gpu_session22.sh l   (one GPU; ~7 min)
+#     the A fragment in x's own k order (mixed_matmul(natural=True): each quad lane gathers byte t of its rows' eight
+#     words by a 4 x 4 byte transpose across the quad, two shfl.bfly a word; a scale pair per decoded register), so x
+#     needs no permutation: its GPU tests (against the float64 product, the dense path, blocked words), then
+#     bench_mixed_gemm.py overlap vs natural at 2048-16384 rows.
 set -u
 PHASE=${1:?phase}
 OUT=${OUT:?}
@@ -123,6 +128,11 @@ j)
 k)
     tests "${TEST_S:-300}" tests/kernels/test_mixed_gemm_gpu.py tests/kernels/test_blocked_gpu.py \
         tests/kernels/test_dense_gpu.py tests/kernels/test_dense_fp8_gpu.py
+    ;;
+l)
+    tests "${TEST_S:-170}" tests/kernels/test_mixed_gemm_gpu.py
+    bench "${BENCH_S:-260}" mixed benchmarks/kernels/bench_mixed_gemm.py --variants overlap,natural --budget-s 230 \
+        --repeats 3
     ;;
 *)
     echo "unknown phase $PHASE"; exit 2

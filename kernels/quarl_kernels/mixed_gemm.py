@@ -49,6 +49,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 )
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
+from quarl_kernels.dequant import _fp4_asm
 from quarl_kernels.formats import FMT_MXFP4, FMT_NVFP4
 from quarl_kernels.launch import env_flag, env_int, num_sms
 from quarl_kernels.mma_decode import _group_layout, _word_layout
@@ -71,6 +72,58 @@ DEFAULT_MIN_M = 2048  # from here it is measured ahead of the dense path (sessio
 # gate / up projections; q / k / v / o and down stay on the dense path.
 MAX_M = 8192
 MIN_N = 8192
+
+
+# ---------------------------------------------------------------------------
+# NATURAL: the A fragment in x's own k order, so x needs no permutation. A thread of the fragment holds, for each of
+# its two rows, k = 32 j + 16 r1 + 8 r0 + 2 t + h (t = lane % 4): byte t of every packed word of the row. The quad's
+# four lanes hold words 2t, 2t + 1 of the same rows (``_word_layout``), so a 4 x 4 byte transpose across the quad
+# (two ``shfl.bfly`` and two ``prmt`` a word) gives each lane its bytes: G0 = byte t of words 0..3, G1 = of 4..7. G is
+# then decoded like a word (its code o -- byte o // 2, nibble o % 2 -- is exactly the code the fragment wants at
+# output o), with a scale per 16-bit half: codes 0..3 (words 4j, 4j + 1) and 4..7 (words 4j + 2, 4j + 3) are two
+# NVFP4 groups.
+_QUAD_T = """
+    shfl.sync.bfly.b32 r, {v}, 2, 0x1f, 0xffffffff;
+    prmt.b32 u, {v}, r, sa;
+    shfl.sync.bfly.b32 r, u, 1, 0x1f, 0xffffffff;
+    prmt.b32 {out}, u, r, sb;"""
+GATHER_ASM = gl.constexpr(
+    "{\n .reg .b32 l, sa, sb, r, u, te, to;\n .reg .pred p;\n mov.u32 l, %laneid;\n"
+    " and.b32 sa, l, 2;\n setp.ne.u32 p, sa, 0;\n selp.b32 sa, 0x3276, 0x5410, p;\n"
+    " and.b32 sb, l, 1;\n setp.ne.u32 p, sb, 0;\n selp.b32 sb, 0x3715, 0x6240, p;"
+    + _QUAD_T.format(v="$2", out="te") + _QUAD_T.format(v="$3", out="to")
+    + "\n prmt.b32 $0, te, to, 0x5140;\n prmt.b32 $1, te, to, 0x7362;\n}")
+# dequant's FP4 decode with the scale pair {S_lo, S_hi} instead of {S, S}
+FP4_ASM_2S = gl.constexpr(_fp4_asm().replace("mov.b32 s2, {$9, $9};", "mov.b32 s2, {$9, $10};"))
+
+
+@gluon.jit
+def _a_fragment_natural(w, srow, FMT: gl.constexpr, LW: gl.constexpr, A_L: gl.constexpr):
+    """One K step's words [64, 8] (``_word_layout``) and each row's scale bytes of the step (int32: NVFP4's four
+    groups; int16: MXFP4's two) -> the wgmma A fragment [64, 64] bf16 in natural k order."""
+    R: gl.constexpr = w.type.shape[0]
+    BKW_: gl.constexpr = w.type.shape[1]
+    g = gl.inline_asm_elementwise(GATHER_ASM, "=r,=r,r,r", [w], dtype=gl.int32, is_pure=True, pack=2)
+    jw = gl.arange(0, BKW_, layout=gl.SliceLayout(0, LW)) % 2  # [8]: the slot j of G in a word position
+    sr = gl.broadcast(gl.expand_dims(srow.to(gl.int32), 1), g)[0]  # [R, 8] the row's scale bytes
+    if FMT == 0:  # NVFP4: groups 2j (codes 0..3) and 2j + 1 (4..7); S = e4m3 * 2**110, exact in bf16
+        lo = (sr >> (16 * jw)[None, :]) & 0xFF
+        hi = (sr >> (16 * jw + 8)[None, :]) & 0xFF
+        s_lo = (lo.to(gl.uint8).to(gl.float8e4nv, bitcast=True).to(gl.float32) * 1.298074214633707e33).to(gl.bfloat16)
+        s_hi = (hi.to(gl.uint8).to(gl.float8e4nv, bitcast=True).to(gl.float32) * 1.298074214633707e33).to(gl.bfloat16)
+    else:  # MXFP4: one group (j) for all eight codes; S = 2**(e - 17) from the E8M0 byte
+        e = gl.minimum((sr >> (8 * jw)[None, :]) & 0xFF, 144)
+        s_lo = ((e + 110) << 7).to(gl.int16).to(gl.bfloat16, bitcast=True)
+        s_hi = s_lo
+    q0, q1, q2, q3, q4, q5, q6, q7 = gl.inline_asm_elementwise(
+        FP4_ASM_2S, "=h,=h,=h,=h,=h,=h,=h,=h,r,h,h", [g, s_lo, s_hi], dtype=(gl.bfloat16,) * 8, is_pure=True,
+        pack=1)
+    # pair order (output q holds code q // 2 + 4 (q % 2)) -> natural order p[o] = code o, as a_fragment lays out
+    J: gl.constexpr = BKW_ // 4
+    q = gl.join(gl.join(gl.join(q0, q2), gl.join(q4, q6)), gl.join(gl.join(q1, q3), gl.join(q5, q7)))
+    q = gl.reshape(q, [R, 4, J, 2, 2, 2])  # [R, t, j, h, r0, r1]
+    a = gl.reshape(gl.permute(q, [0, 2, 5, 4, 1, 3]), [R, BKW_ * 8])  # [R, j, r1, r0, t, h]: k in natural order
+    return gl.convert_layout(a, A_L, assert_trivial=True)
 
 
 @gluon.jit
@@ -114,19 +167,24 @@ def _loader(x_desc, w_desc, xs, ws, s_bufs, s_ptr, N, KW, stride_sn, ready, empt
 
 
 @gluon.jit
-def _decode_a(xs, ws, s_bytes, ready, it, HALF: gl.constexpr, FMT: gl.constexpr, GROUP: gl.constexpr,
-              A_L: gl.constexpr):
-    """Wait for step ``it``'s stage and decode this consumer's 64 rows of it into the A fragment [64, 64] bf16."""
+def _decode_a(xs, ws, s_bufs, s_bytes, ready, it, HALF: gl.constexpr, FMT: gl.constexpr, GROUP: gl.constexpr,
+              A_L: gl.constexpr, NATURAL: gl.constexpr):
+    """Wait for step ``it``'s stage and decode this consumer's 64 rows of it into the A fragment [64, 64] bf16 (in
+    the permuted x's k order, or NATURAL: in x's own)."""
     stages: gl.constexpr = xs.type.shape[0]
     BKW_: gl.constexpr = ws.type.shape[2]
     WT: gl.constexpr = GROUP // 8
     LW: gl.constexpr = _word_layout(64, BKW_, 4)
-    LG: gl.constexpr = gl.SliceLayout(2, _group_layout(64, BKW_, 4, WT))
     s = it % stages
     mbarrier.wait(ready.index(s), (it // stages) & 1)
     w = ws.index(s).slice(HALF * 64, 64).load(LW)  # [64, BKW] words
-    sg = s_bytes.index(s).slice(HALF * 64, 64).load(LG)  # [64, NG] scale bytes
-    return a_fragment(w, sg, sg, FMT, False, LW, 64, BKW_, WT, A_L)
+    if NATURAL:
+        srow = s_bufs.index(s).slice(HALF * 64, 64).load(gl.SliceLayout(1, LW))  # [64] a row's scale bytes
+        return _a_fragment_natural(w, srow, FMT, LW, A_L)
+    else:
+        LG: gl.constexpr = gl.SliceLayout(2, _group_layout(64, BKW_, 4, WT))
+        sg = s_bytes.index(s).slice(HALF * 64, 64).load(LG)  # [64, NG] scale bytes
+        return a_fragment(w, sg, sg, FMT, False, LW, 64, BKW_, WT, A_L)
 
 
 @gluon.jit
@@ -146,8 +204,9 @@ def _store_tile(acc, y_ptr, gs_ptr, M, N, stride_ym, off_m, off_n, HALF: gl.cons
 
 
 @gluon.jit
-def _consumer(xs, ws, s_bytes, ready, empty, y_ptr, gs_ptr, M, N, stride_ym, k_steps, num_tiles, m_tiles, n_tiles,
-              GM, HALF: gl.constexpr, FMT: gl.constexpr, GROUP: gl.constexpr, OVERLAP: gl.constexpr):
+def _consumer(xs, ws, s_bufs, s_bytes, ready, empty, y_ptr, gs_ptr, M, N, stride_ym, k_steps, num_tiles, m_tiles,
+              n_tiles, GM, HALF: gl.constexpr, FMT: gl.constexpr, GROUP: gl.constexpr, OVERLAP: gl.constexpr,
+              NATURAL: gl.constexpr):
     """One warpgroup: rows ``HALF * 64 ..`` of every tile of this program, a step at a time: decode into the A
     registers, wgmma against the stage's x, wait for it, free the stage; the tile's epilogue after its last step.
     OVERLAP: the next step of the tile is decoded while the MMA runs (a tile's first step is not)."""
@@ -160,15 +219,15 @@ def _consumer(xs, ws, s_bytes, ready, empty, y_ptr, gs_ptr, M, N, stride_ym, k_s
     for t in range(gl.program_id(0), num_tiles, gl.num_programs(0)):
         acc = gl.zeros([64, NT_], gl.float32, MMA)
         if OVERLAP:
-            a = _decode_a(xs, ws, s_bytes, ready, it, HALF, FMT, GROUP, A_L)
+            a = _decode_a(xs, ws, s_bufs, s_bytes, ready, it, HALF, FMT, GROUP, A_L, NATURAL)
         for i in range(k_steps):
             s = it % stages
             if not OVERLAP:
-                a = _decode_a(xs, ws, s_bytes, ready, it, HALF, FMT, GROUP, A_L)
+                a = _decode_a(xs, ws, s_bufs, s_bytes, ready, it, HALF, FMT, GROUP, A_L, NATURAL)
             acc = warpgroup_mma(a, xs.index(s).permute((1, 0)), acc, is_async=True)  # [64, NT] += W x^T
             if OVERLAP:  # into other registers while this MMA runs (``a`` stays live until the wait)
-                a_next = _decode_a(xs, ws, s_bytes, ready, gl.minimum(i + 1, k_steps - 1) + it - i, HALF, FMT,
-                                   GROUP, A_L)
+                a_next = _decode_a(xs, ws, s_bufs, s_bytes, ready, gl.minimum(i + 1, k_steps - 1) + it - i, HALF,
+                                   FMT, GROUP, A_L, NATURAL)
             acc, a = warpgroup_mma_wait(0, deps=[acc, a])
             mbarrier.arrive(empty.index(s), count=1)  # this consumer's reads of the stage are done
             if OVERLAP:
@@ -181,7 +240,7 @@ def _consumer(xs, ws, s_bytes, ready, empty, y_ptr, gs_ptr, M, N, stride_ym, k_s
 @gluon.jit
 def _mixed_gemm_kernel(x_desc, w_desc, s_ptr, gs_ptr, y_ptr, M, N, KW, stride_sn, stride_ym, GM,
                        FMT: gl.constexpr, GROUP: gl.constexpr, STAGES: gl.constexpr, OVERLAP: gl.constexpr,
-                       BLOCKED: gl.constexpr, CR: gl.constexpr):
+                       BLOCKED: gl.constexpr, CR: gl.constexpr, NATURAL: gl.constexpr = False):
     """y [M, N] = x [M, K] @ dequant(W)^T: x_desc over the permuted x (box [NT, 64]), w_desc over the words (box
     [R, 8], or [64, 8] per band when BLOCKED); one CTA an SM walks the [NT, R] tiles."""
     NT_: gl.constexpr = x_desc.block_type.shape[0]
@@ -204,10 +263,10 @@ def _mixed_gemm_kernel(x_desc, w_desc, s_ptr, gs_ptr, y_ptr, M, N, KW, stride_sn
         mbarrier.init(empty.index(i), count=2)  # both consumers
     fence_async_shared()
     gl.warp_specialize([
-        (_consumer, (xs, ws, s_bytes, ready, empty, y_ptr, gs_ptr, M, N, stride_ym, k_steps, num_tiles, m_tiles,
-                     n_tiles, GM, 0, FMT, GROUP, OVERLAP)),
-        (_consumer, (xs, ws, s_bytes, ready, empty, y_ptr, gs_ptr, M, N, stride_ym, k_steps, num_tiles, m_tiles,
-                     n_tiles, GM, 1, FMT, GROUP, OVERLAP)),
+        (_consumer, (xs, ws, s_bufs, s_bytes, ready, empty, y_ptr, gs_ptr, M, N, stride_ym, k_steps, num_tiles,
+                     m_tiles, n_tiles, GM, 0, FMT, GROUP, OVERLAP, NATURAL)),
+        (_consumer, (xs, ws, s_bufs, s_bytes, ready, empty, y_ptr, gs_ptr, M, N, stride_ym, k_steps, num_tiles,
+                     m_tiles, n_tiles, GM, 1, FMT, GROUP, OVERLAP, NATURAL)),
         (_loader, (x_desc, w_desc, xs, ws, s_bufs, s_ptr, N, KW, stride_sn, ready, empty, k_steps, num_tiles,
                    m_tiles, n_tiles, GM, BLOCKED)),
     ], [4, 1], [CR, 48])
@@ -251,7 +310,7 @@ def group_tiles(m: int, k: int) -> int:
     return max(1, min(triton.cdiv(m, NT), X_GROUP_BYTES // (NT * k * 2)))
 
 
-def mixed_matmul(x2: torch.Tensor, pw, *, stages: int = DEFAULT_STAGES, overlap: bool = True,
+def mixed_matmul(x2: torch.Tensor, pw, *, stages: int = DEFAULT_STAGES, overlap: bool = True, natural: bool = False,
                  xp: torch.Tensor | None = None, out: torch.Tensor | None = None) -> torch.Tensor:
     """y [M, N] bf16 = x2 [M, K] @ dequant(W)^T (``supported`` must hold). ``xp``: x already permuted
     (``ring_x.permute_x(x2, 8, tile_rows(M, 256))``), else permuted here (one pass over x)."""
@@ -260,7 +319,10 @@ def mixed_matmul(x2: torch.Tensor, pw, *, stages: int = DEFAULT_STAGES, overlap:
                          f"with K % 64 == 0 and aligned words and scales; got {x2.dtype} {tuple(x2.shape)} on "
                          f"{x2.device}, format {pw.fmt}")
     m = x2.shape[0]
-    xp = permute_x(x2.contiguous(), BKW, tile_rows(m, NT)) if xp is None else xp
+    if natural:  # the fragment in x's own k order: x as it is (a last partial token tile TMA-zero-filled)
+        xp = x2.contiguous()
+    elif xp is None:
+        xp = permute_x(x2.contiguous(), BKW, tile_rows(m, NT))
     y = torch.empty((m, pw.n), device=x2.device, dtype=torch.bfloat16) if out is None else out
     x_desc = TensorDescriptor.from_tensor(xp, [NT, BKW * 8], _x_layout(NT))
     w_desc = TensorDescriptor.from_tensor(pw.words.view(-1, 8), [64, 8], _w_layout()) if pw.blocked else \
@@ -270,13 +332,14 @@ def mixed_matmul(x2: torch.Tensor, pw, *, stages: int = DEFAULT_STAGES, overlap:
     tiles = triton.cdiv(m, NT) * triton.cdiv(pw.n, R)
     _mixed_gemm_kernel[(min(tiles, num_sms(x2.device)),)](
         x_desc, w_desc, scale, gs, y, m, pw.n, pw.k // 8, scale.stride(0), y.stride(0), group_tiles(m, pw.k),
-        FMT=pw.fmt, GROUP=pw.group, STAGES=stages, OVERLAP=overlap, BLOCKED=pw.blocked, CR=232, num_warps=4,
+        FMT=pw.fmt, GROUP=pw.group, STAGES=stages, OVERLAP=overlap, BLOCKED=pw.blocked, CR=232, NATURAL=natural,
+        num_warps=4,
     )
     return y
 
 
 def compile_sm90(fmt: int = FMT_NVFP4, *, stages: int = DEFAULT_STAGES, overlap: bool = False,
-                 blocked: bool = False):
+                 blocked: bool = False, natural: bool = False):
     """The kernel built for sm_90 on any machine (its TMA descriptors as ``mixed_matmul`` builds them): the CPU
     tests' view of its registers, spills and shared memory."""
     from triton.backends.compiler import GPUTarget
@@ -288,7 +351,7 @@ def compile_sm90(fmt: int = FMT_NVFP4, *, stages: int = DEFAULT_STAGES, overlap:
            "s_ptr": "*u8", "gs_ptr": "*fp32" if fmt == FMT_NVFP4 else "*u8", "y_ptr": "*bf16",
            "M": "i32", "N": "i32", "KW": "i32", "stride_sn": "i32", "stride_ym": "i32", "GM": "i32"}
     const = {"FMT": fmt, "GROUP": 16 if fmt == FMT_NVFP4 else 32, "STAGES": stages, "OVERLAP": overlap,
-             "BLOCKED": blocked, "CR": 232}
+             "BLOCKED": blocked, "CR": 232, "NATURAL": natural}
     sig.update({k: "constexpr" for k in const})
     attrs = {(i,): [["tt.divisibility", 16]] for i, (k, t) in enumerate(sig.items())
              if t != "constexpr" and not t.startswith("tensordesc") and k != "M"}

@@ -1,5 +1,6 @@
 """The large-M register-A mixed-input GEMM (``quarl_kernels.mixed_gemm``) builds for sm_90 on a CPU in every form
-it launches -- NVFP4 / MXFP4, words row-major / blocked, the decode serialized / overlapped with the MMA: no spills
+it launches -- NVFP4 / MXFP4, words row-major / blocked, the decode serialized / overlapped with the MMA, the A
+fragment in the permuted or the natural k order (its quad byte transpose): no spills
 (its two consumer warpgroups hold a [64, 256] fp32 accumulator each beside the A fragment), its ring inside the
 227 KB of shared memory an H100 CTA may use, and eight m64n256 wgmma (four k16 steps per consumer).
 
@@ -21,7 +22,8 @@ BENCH_KERNELS = Path(__file__).resolve().parents[2] / "benchmarks" / "kernels"
 @pytest.mark.parametrize("fmt", [0, 1], ids=["nvfp4", "mxfp4"])
 @pytest.mark.parametrize("overlap", [False, True], ids=["serial", "overlap"])
 @pytest.mark.parametrize("blocked", [False, True], ids=["rowmajor", "blocked"])
-def test_builds_for_sm90(fmt, overlap, blocked):
+@pytest.mark.parametrize("natural", [False, True], ids=["permuted", "natural"])
+def test_builds_for_sm90(fmt, overlap, blocked, natural):
     from quarl_kernels import mixed_gemm
 
     sys.path.insert(0, str(BENCH_KERNELS))
@@ -29,7 +31,7 @@ def test_builds_for_sm90(fmt, overlap, blocked):
         import compile_report as cr
     finally:
         sys.path.pop(0)
-    r = cr.report(mixed_gemm.compile_sm90(fmt, overlap=overlap, blocked=blocked), "mixed_gemm", None)
+    r = cr.report(mixed_gemm.compile_sm90(fmt, overlap=overlap, blocked=blocked, natural=natural), "mixed_gemm", None)
     assert r["stack"] == 0, f"ptxas spilled ({r['regs']} registers)"
     assert 0 < r["smem"] <= 227 * 1024, r["smem"]
     assert r["wgmma"] == 8, r

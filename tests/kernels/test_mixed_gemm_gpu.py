@@ -2,7 +2,8 @@
 
 Its output against the float64 product with the format's dequantized weight (the bf16 output's rounding, < 5e-3
 relative) and against the dense path (the same bf16 weight, fp32 sums in another order: a few bf16 ulps of the
-output), for NVFP4 and MXFP4, with and without the overlapped decode, at M and N that are and are not whole tiles
+output), for NVFP4 and MXFP4, with and without the overlapped decode, the A fragment in the permuted or in x's own (natural) k
+order, at M and N that are and are not whole tiles
 (the permuted x padded, rows past N zero-filled by TMA and never stored), one and several tiles a CTA; on blocked
 words exactly the row-major words' bits; and the dispatch: switched on (off by default), ``dense.dense_matmul``
 sends it the forwards ``mixed_gemm.takes`` names.
@@ -31,8 +32,8 @@ def _rel(y: torch.Tensor, ref: torch.Tensor) -> float:
 
 @pytest.mark.parametrize("spec", ["nvfp4", "mxfp4"])
 @pytest.mark.parametrize(("m", "n", "k"), [(2048, 1536, 1024), (300, 1000, 512), (4100, 384, 3584), (256, 128, 64)])
-@pytest.mark.parametrize("overlap", [False, True])
-def test_matches_the_float_product_and_the_dense_path(spec, m, n, k, overlap):
+@pytest.mark.parametrize(("overlap", "natural"), [(False, False), (True, False), (False, True), (True, True)])
+def test_matches_the_float_product_and_the_dense_path(spec, m, n, k, overlap, natural):
     from quarl_kernels import dense, mixed_gemm
 
     q, row, blk = _weights(spec, n, k, seed=m + n)
@@ -40,13 +41,13 @@ def test_matches_the_float_product_and_the_dense_path(spec, m, n, k, overlap):
     if not mixed_gemm.supported(x, row):
         pytest.skip("not an sm_90 GPU")
     ref = x.double() @ q.dequantize(torch.float64).T
-    got = mixed_gemm.mixed_matmul(x, row, overlap=overlap)
+    got = mixed_gemm.mixed_matmul(x, row, overlap=overlap, natural=natural)
     assert got.shape == (m, n) and got.dtype == torch.bfloat16
     assert _rel(got, ref) < 5e-3
     want = x @ dense.dequantize(row).T
     assert _rel(got, want.double()) < 5e-3
     if blk is not None:  # blocked words: the same kernel on the same values, so the same bits
-        assert torch.equal(mixed_gemm.mixed_matmul(x, blk, overlap=overlap), got)
+        assert torch.equal(mixed_gemm.mixed_matmul(x, blk, overlap=overlap, natural=natural), got)
 
 
 @pytest.mark.parametrize("stages", [3, 5])
