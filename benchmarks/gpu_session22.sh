@@ -170,5 +170,8 @@ phase_end
 #   steady step s NVFP4+LoRA update / step: with 11.30 / 17.28 and 11.34 / 17.35, without 11.12 / 17.04 (BF16+LoRA
 #   17.70 / 17.87 / 17.82): no gain -> made opt-in. Left 517 s.
 # phase k (commit 88cc790; 188 s, cold): opt-in kernel and the shared test weight helper: mixed, blocked, dense and
-#   dense FP8 GPU tests, 91 passed. Machine given back; device budget left 389 s of 1800.
+#   dense FP8 GPU tests, 91 passed. Machine given back; device budget left 389 s.
+# phase l (commit aaeebea; 157 s, cold): the natural-order decode: GPU tests 35 passed; bench: natural 0.75-0.91x,
+#   overlap (x permuted in the call) 0.78-1.01x, overlap on x permuted before 0.90-1.06x, dense 0.83-1.0x. Machine
+#   given back; device budget left 193 s of 1800.
 #   (Held time counted at 67 % up to phase f, at 50 % from phase g on.)
