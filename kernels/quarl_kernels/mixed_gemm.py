@@ -24,8 +24,8 @@ not hide (RESULTS "Issue 17, session 22"). Here the decoded weight never goes to
   A registers while the MMA runs (the first set kept live through the wait by ``deps``).
 
 Measured (H100, session 22, phases g-j; RESULTS "Issue 17, session 22: M >= 2048 ..."): on x permuted beforehand
-0.93-1.09x cuBLAS BF16 at 2048-16384 rows on the 7B / 14B weights; with the permutation in the call (one pass over x,
-~520 / N of the GEMM) 0.80-1.00x, ahead of the dense path on the wide weights up to 8192 rows. Routed only when
+0.90-1.09x cuBLAS BF16 at 2048-16384 rows on the 7B / 14B weights; with the permutation in the call (one pass over x,
+~520 / N of the GEMM) 0.78-1.01x, ahead of the dense path on the wide weights up to 8192 rows. Routed only when
 switched on (``QUARL_KERNELS_MIXED_GEMM=1``): the 7B GRPO step's update was no faster with it (``enabled``).
 
 Numerics: the weight is decoded exactly to BF16 (NVFP4 ``e2m1 * e4m3 * 2**-16`` with ``2**16 / global_scale``
