@@ -10,6 +10,11 @@
 #     a 90-s smoke of bench_wgmma_stream.py (one shape, 4 rows: a hang costs 90 s, not the call); the kernel's GPU
 #     tests; then bench_wgmma_stream.py on the 7B / 14B shapes at 1, 2, 4, 8, 16 rows beside the routed kernels,
 #     cuBLAS and a plain read.
+#   phase b: bash benchmarks/gpu_session23.sh b   (one GPU; ~4 min)
+#     phase a: correct, and slower than the routed kernels at every point (~30 us on every ~38 MB weight at 1..16 rows:
+#     43 % of the copy rate, whatever the ring depth or the layout). Memory side or decode side? The ring's handshakes
+#     alone (diag=1: the consumers only wait for and free each stage) and a band's four K steps as one 8 KB TMA box
+#     (wide=True, blocked words) beside the real kernel; its GPU tests (now with wide=True) first.
 set -u
 PHASE=${1:?phase}
 OUT=${OUT:?}
@@ -22,6 +27,11 @@ a)
         tests 200 tests/kernels/test_wgmma_stream_gpu.py
         bench "${BENCH_S:-300}" stream benchmarks/kernels/bench_wgmma_stream.py
     fi
+    ;;
+b)
+    tests 200 tests/kernels/test_wgmma_stream_gpu.py
+    bench "${BENCH_S:-240}" diag benchmarks/kernels/bench_wgmma_stream.py --ms 1,8,16 --repeats 2 \
+        --variants stream,stream-wide,stream-hs,stream-wide-hs --shapes 18944x3584,3584x18944,3584x3584,13824x5120
     ;;
 *) echo "unknown phase $PHASE"; exit 2 ;;
 esac

@@ -6,7 +6,8 @@ Per (7B / 14B layer shape, M): ``routed`` -- ``wo_gemm.wo_matmul`` on the layout
 (row-major words at one row, blocked from two: ``packed_layout.wanted``), i.e. the one-row GEMV or the ``mma.sync``
 kernel; ``stream`` -- the new kernel on blocked words (default ring of 4 stages), ``stream-rm`` on row-major words,
 ``stream-s3`` / ``stream-s6`` other ring depths, ``stream-pad`` with x copied into a whole zero-padded TMA box first
-(the copy in the timed call); ``cublas`` -- ``F.linear`` on the bf16 weight; and a plain read of the packed weight's
+(the copy in the timed call), ``stream-wide`` a band's four K steps as one 8 KB TMA box; diagnostics (``--variants``,
+wrong results by design): ``stream-hs`` / ``stream-wide-hs`` the ring's handshakes alone; ``cublas`` -- ``F.linear`` on the bf16 weight; and a plain read of the packed weight's
 bytes (``bench_gemv.read_ceiling_us``: the ceiling at this size). Timed as ``bench_decode_bound`` times (rotating
 weight copies past the L2, one CUDA graph, median per call; the variants alternate ``--repeats`` times). Every
 variant's output is checked first against the float64 product (< 5e-3 relative) and the routed kernel's.
@@ -32,24 +33,33 @@ MS = (1, 2, 4, 8, 16)
 SPEC_GBPS = 3350.0  # H100 SXM HBM3
 
 
-def _variants(m: int):
+VARIANTS = "stream,stream-rm,stream-s3,stream-s6,stream-pad"
+
+
+def _variants(m: int, names: str):
+    """(name, reads blocked words, fn(x, pw)) for ``routed`` and each of ``names``; the ``-hs`` ones are diagnostics
+    (``diag=1``: the ring's handshakes alone, output garbage, not checked)."""
     from quarl_kernels import wgmma_stream as ws
     from quarl_kernels import wo_gemm
 
     from quarl.quant import packed_layout
 
     nt = ws.token_tile(m)
-    return [
-        ("routed", packed_layout.wanted(m), lambda x, p: wo_gemm.wo_matmul(x, p)),
-        ("stream", True, lambda x, p: ws.launch_wgmma_stream(x, p)),
-        ("stream-rm", False, lambda x, p: ws.launch_wgmma_stream(x, p)),
-        ("stream-s3", True, lambda x, p: ws.launch_wgmma_stream(x, p, stages=3)),
-        ("stream-s6", True, lambda x, p: ws.launch_wgmma_stream(x, p, stages=6)),
-        ("stream-pad", True, lambda x, p, nt=nt: ws.launch_wgmma_stream(x, p, x_rows=nt)),
-    ]
+    every = {
+        "stream": (True, lambda x, p: ws.launch_wgmma_stream(x, p)),
+        "stream-rm": (False, lambda x, p: ws.launch_wgmma_stream(x, p)),
+        "stream-s3": (True, lambda x, p: ws.launch_wgmma_stream(x, p, stages=3)),
+        "stream-s6": (True, lambda x, p: ws.launch_wgmma_stream(x, p, stages=6)),
+        "stream-pad": (True, lambda x, p, nt=nt: ws.launch_wgmma_stream(x, p, x_rows=nt)),
+        "stream-wide": (True, lambda x, p: ws.launch_wgmma_stream(x, p, wide=True)),
+        "stream-hs": (False, lambda x, p: ws.launch_wgmma_stream(x, p, diag=1)),
+        "stream-wide-hs": (True, lambda x, p: ws.launch_wgmma_stream(x, p, wide=True, diag=1)),
+    }
+    return [("routed", packed_layout.wanted(m), lambda x, p: wo_gemm.wo_matmul(x, p))] + \
+        [(v, *every[v]) for v in names.split(",")]
 
 
-def bench_shape(n: int, k: int, ms, repeats: int, l2: int, hbm: float) -> list[dict]:
+def bench_shape(n: int, k: int, ms, repeats: int, l2: int, hbm: float, names: str = VARIANTS) -> list[dict]:
     from quarl.quant import packed_layout
 
     q, _, copies = _rotating(n, k, l2)
@@ -63,9 +73,11 @@ def bench_shape(n: int, k: int, ms, repeats: int, l2: int, hbm: float) -> list[d
         x, nbytes = _activations(m, n, k, q)
         ref = x.double() @ want64.T
         routed = None
-        variants = _variants(m)
+        variants = _variants(m, names)
         for name, blk, fn in variants:
             y = fn(x, (blocked if blk else copies)[0]).double()
+            if name.endswith("-hs"):
+                continue
             err = ((y - ref).norm() / ref.norm()).item()
             routed = y if routed is None else routed
             agree = ((y - routed).norm() / routed.norm()).item()
@@ -114,6 +126,7 @@ def main() -> None:
     ap.add_argument("--ms", default=",".join(map(str, MS)))
     ap.add_argument("--shapes", default=",".join(f"{n}x{k}" for n, k in SHAPES))
     ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--variants", default=VARIANTS, help="besides routed; also stream-wide, stream-hs, stream-wide-hs")
     args = ap.parse_args()
     dev = torch.device("cuda")
     info = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__,
@@ -123,7 +136,8 @@ def main() -> None:
     rows = []
     for s in args.shapes.split(","):
         n, k = map(int, s.split("x"))
-        rows += bench_shape(n, k, [int(m) for m in args.ms.split(",")], args.repeats, l2, info["hbm_copy_GBps"])
+        rows += bench_shape(n, k, [int(m) for m in args.ms.split(",")], args.repeats, l2, info["hbm_copy_GBps"],
+                            args.variants)
     write_outputs(args.out, "wgmma_stream", info, rows, table(info, rows))
 
 

@@ -65,8 +65,9 @@ _SUB = gl.constexpr(SUB)
 
 
 @gluon.jit
-def _loader(x_desc, w_desc, xs, ws, ready, empty, KW, C, T, BLOCKED: gl.constexpr):
-    """One warp: chunk ``c``'s four x boxes and four word boxes (two a step when BLOCKED) into its stage."""
+def _loader(x_desc, w_desc, xs, ws, ws_wide, ready, empty, KW, C, T, BLOCKED: gl.constexpr, WIDE: gl.constexpr):
+    """One warp: chunk ``c``'s four x boxes and four word boxes (two a step when BLOCKED; WIDE: one 8 KB box per
+    64-row band -- a band's four [64, 8] blocks of the chunk lie together in the blocked layout) into its stage."""
     stages: gl.constexpr = xs.type.shape[0] // _SUB
     step_bytes: gl.constexpr = _SUB * (x_desc.block_type.nbytes + _R * _BKW * 4)
     p = gl.program_id(0)
@@ -83,7 +84,12 @@ def _loader(x_desc, w_desc, xs, ws, ready, empty, KW, C, T, BLOCKED: gl.constexp
         for j in gl.static_range(_SUB):
             tma.async_copy_global_to_shared(x_desc, [0, (kw0 + j * _BKW) * 8], ready.index(s),
                                             xs.index(s * _SUB + j))
-            _w_load(w_desc, row0, kw0 + j * _BKW, KW, ready.index(s), ws.index(s * _SUB + j), True, _R, BLOCKED)
+            if not WIDE:
+                _w_load(w_desc, row0, kw0 + j * _BKW, KW, ready.index(s), ws.index(s * _SUB + j), True, _R, BLOCKED)
+        if WIDE:  # band b's blocks kw0 / 8 .. + 3: rows 2 (b KW / 8 + kw0 / 8) .. + 7 of the words viewed [-1, 256]
+            for b in gl.static_range(_R // 64):
+                tma.async_copy_global_to_shared(w_desc, [2 * ((row0 // 64 + b) * (KW // 8) + kw0 // 8), 0],
+                                                ready.index(s), ws_wide.index(s * (_R // 64) + b))
 
 
 @gluon.jit
@@ -95,8 +101,13 @@ def _scale_ptrs(sp, stride_s, c, C, ar, HALF: gl.constexpr):
 
 
 @gluon.jit
-def _step(ws, i, srow, HALF: gl.constexpr, FMT: gl.constexpr, LW: gl.constexpr, A_L: gl.constexpr):
-    w = ws.index(i).slice(HALF * 64, 64).load(LW)  # [64, 8] words
+def _step(ws, s, j, srow, HALF: gl.constexpr, FMT: gl.constexpr, LW: gl.constexpr, A_L: gl.constexpr,
+          WIDE: gl.constexpr):
+    """Step j of stage s: this consumer's [64, 8] words (WIDE: its band's j-th block) decoded to the A fragment."""
+    if WIDE:
+        w = ws.index((s * (_R // 64) + HALF) * _SUB + j).load(LW)  # [64, 8] words
+    else:
+        w = ws.index(s * _SUB + j).slice(HALF * 64, 64).load(LW)
     return _a_fragment_natural(w, srow, FMT, LW, A_L)  # [64, 64] bf16
 
 
@@ -129,10 +140,11 @@ def _emit(acc, out_ptr, gs_ptr, M, N, tile, p, C, T, P, SMAX, HALF: gl.constexpr
 
 @gluon.jit
 def _consumer(xs, ws, ready, empty, s_ptr, gs_ptr, out_ptr, M, N, stride_sn, C, T, SMAX, HALF: gl.constexpr,
-              FMT: gl.constexpr, DIRECT: gl.constexpr):
+              FMT: gl.constexpr, DIRECT: gl.constexpr, WIDE: gl.constexpr, DIAG: gl.constexpr):
     """One warpgroup: rows ``HALF * 64 ..`` of each chunk's 128-row tile. Per K step: decode into the A registers
     while the previous step's wgmma runs, then wgmma; the stage freed after its fourth step; the tile's partial out
-    after its last chunk in this CTA."""
+    after its last chunk in this CTA. DIAG 1 (a diagnostic, wrong results by design): the ring's handshakes only --
+    wait for each stage and free it, no decode, no MMA, no store: the stream's own ceiling."""
     NT_: gl.constexpr = xs.type.shape[1]
     stages: gl.constexpr = xs.type.shape[0] // _SUB
     MMA: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, NT_, 16])
@@ -166,21 +178,22 @@ def _consumer(xs, ws, ready, empty, s_ptr, gs_ptr, out_ptr, M, N, stride_sn, C, 
         n2 = gl.load(sb + 2)
         n3 = gl.load(sb + 3)
         mbarrier.wait(ready.index(s), (it // stages) & 1)
-        i = s * _SUB
-        a0 = _step(ws, i, s0, HALF, FMT, LW, A_L)
-        acc = warpgroup_mma(a0, xs.index(i).permute((1, 0)), acc, is_async=True)  # [64, NT] += W x^T
-        a1 = _step(ws, i + 1, s1, HALF, FMT, LW, A_L)  # into other registers while that MMA runs
-        acc, a0 = warpgroup_mma_wait(0, deps=[acc, a0])
-        acc = warpgroup_mma(a1, xs.index(i + 1).permute((1, 0)), acc, is_async=True)
-        a2 = _step(ws, i + 2, s2, HALF, FMT, LW, A_L)
-        acc, a1 = warpgroup_mma_wait(0, deps=[acc, a1])
-        acc = warpgroup_mma(a2, xs.index(i + 2).permute((1, 0)), acc, is_async=True)
-        a3 = _step(ws, i + 3, s3, HALF, FMT, LW, A_L)
-        acc, a2 = warpgroup_mma_wait(0, deps=[acc, a2])
-        acc = warpgroup_mma(a3, xs.index(i + 3).permute((1, 0)), acc, is_async=True)
-        acc, a3 = warpgroup_mma_wait(0, deps=[acc, a3])
+        if DIAG == 0:
+            i = s * _SUB
+            a0 = _step(ws, s, 0, s0, HALF, FMT, LW, A_L, WIDE)
+            acc = warpgroup_mma(a0, xs.index(i).permute((1, 0)), acc, is_async=True)  # [64, NT] += W x^T
+            a1 = _step(ws, s, 1, s1, HALF, FMT, LW, A_L, WIDE)  # into other registers while that MMA runs
+            acc, a0 = warpgroup_mma_wait(0, deps=[acc, a0])
+            acc = warpgroup_mma(a1, xs.index(i + 1).permute((1, 0)), acc, is_async=True)
+            a2 = _step(ws, s, 2, s2, HALF, FMT, LW, A_L, WIDE)
+            acc, a1 = warpgroup_mma_wait(0, deps=[acc, a1])
+            acc = warpgroup_mma(a2, xs.index(i + 2).permute((1, 0)), acc, is_async=True)
+            a3 = _step(ws, s, 3, s3, HALF, FMT, LW, A_L, WIDE)
+            acc, a2 = warpgroup_mma_wait(0, deps=[acc, a2])
+            acc = warpgroup_mma(a3, xs.index(i + 3).permute((1, 0)), acc, is_async=True)
+            acc, a3 = warpgroup_mma_wait(0, deps=[acc, a3])
         mbarrier.arrive(empty.index(s), count=1)  # this consumer's reads of the stage are done
-        if ((c % C) == C - 1) | (c == c1 - 1):
+        if DIAG == 0 and (((c % C) == C - 1) | (c == c1 - 1)):
             _emit(acc, out_ptr, gs_ptr, M, N, c // C, p, C, T, P, SMAX, HALF, FMT, DIRECT)
             acc = gl.zeros([64, NT_], gl.float32, MMA)
 
@@ -188,13 +201,19 @@ def _consumer(xs, ws, ready, empty, s_ptr, gs_ptr, out_ptr, M, N, stride_sn, C, 
 @gluon.jit
 def _wgmma_stream_kernel(x_desc, w_desc, s_ptr, gs_ptr, out_ptr, M, N, KW, stride_sn, C, T, SMAX,
                          FMT: gl.constexpr, STAGES: gl.constexpr, BLOCKED: gl.constexpr, DIRECT: gl.constexpr,
-                         CR: gl.constexpr):
+                         CR: gl.constexpr, WIDE: gl.constexpr = False, DIAG: gl.constexpr = 0):
     """y [M, N] (or its partials [S, M, N]) = x [M, K] @ dequant(W)^T: x_desc over x (box [NT, 64]), w_desc over the
     words (box [128, 8], or [64, 8] per band when BLOCKED); CTA p walks chunks [p T / P, (p + 1) T / P) of the
     ``T = N / 128 * C`` (tile, K chunk) units."""
     NT_: gl.constexpr = x_desc.block_type.shape[0]
     xs = gl.allocate_shared_memory(gl.bfloat16, [STAGES * _SUB, NT_, _BKW * 8], x_desc.layout)
-    ws = gl.allocate_shared_memory(gl.int32, [STAGES * _SUB, _R, _BKW], w_desc.layout)
+    if WIDE:  # [stage, band, step] blocks [64, 8]; the loader writes a band's four as one [8, 256] box
+        ws = gl.allocate_shared_memory(gl.int32, [STAGES * (_R // 64) * _SUB, 64, _BKW],
+                                       gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=32, rank=2))
+        ws_wide = ws._reinterpret(gl.int32, [STAGES * (_R // 64), 8, 256], w_desc.layout)
+    else:
+        ws = gl.allocate_shared_memory(gl.int32, [STAGES * _SUB, _R, _BKW], w_desc.layout)
+        ws_wide = ws
     ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     for i in gl.static_range(STAGES):
@@ -202,9 +221,11 @@ def _wgmma_stream_kernel(x_desc, w_desc, s_ptr, gs_ptr, out_ptr, M, N, KW, strid
         mbarrier.init(empty.index(i), count=2)  # both consumers
     fence_async_shared()
     gl.warp_specialize([
-        (_consumer, (xs, ws, ready, empty, s_ptr, gs_ptr, out_ptr, M, N, stride_sn, C, T, SMAX, 0, FMT, DIRECT)),
-        (_consumer, (xs, ws, ready, empty, s_ptr, gs_ptr, out_ptr, M, N, stride_sn, C, T, SMAX, 1, FMT, DIRECT)),
-        (_loader, (x_desc, w_desc, xs, ws, ready, empty, KW, C, T, BLOCKED)),
+        (_consumer, (xs, ws, ready, empty, s_ptr, gs_ptr, out_ptr, M, N, stride_sn, C, T, SMAX, 0, FMT, DIRECT, WIDE,
+                     DIAG)),
+        (_consumer, (xs, ws, ready, empty, s_ptr, gs_ptr, out_ptr, M, N, stride_sn, C, T, SMAX, 1, FMT, DIRECT, WIDE,
+                     DIAG)),
+        (_loader, (x_desc, w_desc, xs, ws, ws_wide, ready, empty, KW, C, T, BLOCKED, WIDE)),
     ], [4, 1], [CR, 48])
 
 
@@ -235,10 +256,12 @@ def supported(x2: torch.Tensor, pw) -> bool:
 
 
 def launch_wgmma_stream(x2: torch.Tensor, pw, *, stages: int = DEFAULT_STAGES, ctas: int | None = None, epi=None,
-                        x_rows: int | None = None) -> torch.Tensor:
+                        x_rows: int | None = None, wide: bool = False, diag: int = 0) -> torch.Tensor:
     """y [M, N] bf16 = x2 [M, K] @ dequant(W)^T (+ ``epi``, a ``launch.Epilogue``, in the last pass); ``supported``
     must hold. ``ctas``: persistent CTAs (default: one an SM, at most one a chunk). ``x_rows``: x copied into a
-    zero-padded [x_rows, K] buffer first (a whole TMA box; default: the box's rows past M zero-filled by TMA)."""
+    zero-padded [x_rows, K] buffer first (a whole TMA box; default: the box's rows past M zero-filled by TMA).
+    ``wide`` (blocked words only): a band's four K steps as one 8 KB TMA box instead of four [64, 8] ones. ``diag=1``:
+    the ring's handshakes alone (a diagnostic: the output is garbage)."""
     if not supported(x2, pw):
         raise ValueError(f"launch_wgmma_stream: needs CUDA bf16 x [1..{MAX_M}, {pw.k}] on an sm_90 GPU and an NVFP4 / "
                          f"MXFP4 weight with K % {64 * SUB} == 0, N % {R} == 0 and aligned words and scales; got "
@@ -256,31 +279,38 @@ def launch_wgmma_stream(x2: torch.Tensor, pw, *, stages: int = DEFAULT_STAGES, c
     y = torch.empty((m, pw.n), device=x2.device, dtype=torch.bfloat16)
     out = y if smax == 1 else torch.empty((smax, m, pw.n), device=x2.device, dtype=torch.float32)
     x_desc = TensorDescriptor.from_tensor(xc, [nt, BKW * 8], _x_layout(nt))
-    w_desc = TensorDescriptor.from_tensor(pw.words.view(-1, 8), [64, 8], _w_layout()) if pw.blocked else \
-        TensorDescriptor.from_tensor(pw.words, [R, BKW], _w_layout())
+    if wide and not pw.blocked:
+        raise ValueError("launch_wgmma_stream: wide=True reads blocked words (quarl.quant.packed_layout)")
+    if wide:
+        w_desc = TensorDescriptor.from_tensor(pw.words.view(-1, 256), [8, 256], _w_layout())
+    elif pw.blocked:
+        w_desc = TensorDescriptor.from_tensor(pw.words.view(-1, 8), [64, 8], _w_layout())
+    else:
+        w_desc = TensorDescriptor.from_tensor(pw.words, [R, BKW], _w_layout())
     scale = pw.scale.view(torch.uint8) if pw.scale.dtype != torch.uint8 else pw.scale
     gs = pw.gscale if pw.gscale is not None else scale
     _wgmma_stream_kernel[(p,)](
         x_desc, w_desc, scale, gs, out, m, pw.n, pw.k // 8, scale.stride(0), chunks, t_all, smax,
-        FMT=pw.fmt, STAGES=stages, BLOCKED=pw.blocked, DIRECT=smax == 1, CR=232, num_warps=4,
+        FMT=pw.fmt, STAGES=stages, BLOCKED=pw.blocked, DIRECT=smax == 1, CR=232, WIDE=wide, DIAG=diag, num_warps=4,
     )
     return finish(out, y, smax, epi)
 
 
 def compile_sm90(fmt: int = FMT_NVFP4, *, nt: int = 8, stages: int = DEFAULT_STAGES, blocked: bool = False,
-                 direct: bool = False):
+                 direct: bool = False, wide: bool = False, diag: int = 0):
     """The kernel built for sm_90 on any machine (its TMA descriptors as ``launch_wgmma_stream`` builds them): the
     CPU tests' view of its registers, spills and shared memory."""
     from triton.backends.compiler import GPUTarget
     from triton.experimental.gluon._runtime import GluonASTSource
 
-    wbox = "[64, 8]" if blocked else f"[{R}, {BKW}]"
+    wbox = "[8, 256]" if wide else "[64, 8]" if blocked else f"[{R}, {BKW}]"
     sig = {"x_desc": f"tensordesc<bf16[{nt}, {BKW * 8}],{_x_layout(nt)!r}>",
            "w_desc": f"tensordesc<i32{wbox},{_w_layout()!r}>",
            "s_ptr": "*u8", "gs_ptr": "*fp32" if fmt == FMT_NVFP4 else "*u8",
            "out_ptr": "*bf16" if direct else "*fp32",
            "M": "i32", "N": "i32", "KW": "i32", "stride_sn": "i32", "C": "i32", "T": "i32", "SMAX": "i32"}
-    const = {"FMT": fmt, "STAGES": stages, "BLOCKED": blocked, "DIRECT": direct, "CR": 232}
+    const = {"FMT": fmt, "STAGES": stages, "BLOCKED": blocked or wide, "DIRECT": direct, "CR": 232, "WIDE": wide,
+             "DIAG": diag}
     sig.update({k: "constexpr" for k in const})
     attrs = {(i,): [["tt.divisibility", 16]] for i, (k, t) in enumerate(sig.items())
              if t != "constexpr" and not t.startswith("tensordesc") and k in ("s_ptr", "out_ptr", "N", "KW",

@@ -21,7 +21,8 @@ BENCH_KERNELS = Path(__file__).resolve().parents[2] / "benchmarks" / "kernels"
 @pytest.mark.parametrize("nt", [8, 16])
 @pytest.mark.parametrize("blocked", [False, True], ids=["rowmajor", "blocked"])
 @pytest.mark.parametrize("direct", [False, True], ids=["partials", "direct"])
-def test_builds_for_sm90(fmt, nt, blocked, direct):
+@pytest.mark.parametrize("wide", [False, True], ids=["steps", "wide"])
+def test_builds_for_sm90(fmt, nt, blocked, direct, wide):
     from quarl_kernels import wgmma_stream
 
     sys.path.insert(0, str(BENCH_KERNELS))
@@ -29,7 +30,8 @@ def test_builds_for_sm90(fmt, nt, blocked, direct):
         import compile_report as cr
     finally:
         sys.path.pop(0)
-    r = cr.report(wgmma_stream.compile_sm90(fmt, nt=nt, blocked=blocked, direct=direct), "wgmma_stream", None)
+    r = cr.report(wgmma_stream.compile_sm90(fmt, nt=nt, blocked=blocked, direct=direct,
+                                                              wide=wide and blocked), "wgmma_stream", None)
     assert r["stack"] == 0, f"ptxas spilled ({r['regs']} registers)"
     assert 0 < r["smem"] <= 227 * 1024, r["smem"]
     assert r["wgmma"] == 32, r

@@ -46,6 +46,8 @@ def test_matches_the_float_product_and_the_routed_kernel(spec, n, k, m):
     assert _rel(got, wo_gemm.wo_matmul(x, row).double()) < 5e-3
     # blocked words: the same kernel on the same values, so the same bits
     assert torch.equal(wgmma_stream.launch_wgmma_stream(x, blk), got)
+    # a band's four K steps as one TMA box: the same words in shared memory, so the same bits
+    assert torch.equal(wgmma_stream.launch_wgmma_stream(x, blk, wide=True), got)
     # a whole TMA box of x (zero rows past M) instead of TMA's zero fill: the same bits
     assert torch.equal(wgmma_stream.launch_wgmma_stream(x, row, x_rows=wgmma_stream.token_tile(m)), got)
 
