@@ -1,4 +1,4 @@
-"""The stream-K wgmma decode kernel (``quarl_kernels.wgmma_stream``) beside what ``wo_matmul`` runs at 1..16 rows.
+"""The stream-K wgmma decode kernel (``wgmma_stream.py``, an experiment) beside what ``wo_matmul`` runs at 1..16 rows.
 
     PYTHONPATH=.:kernels python benchmarks/kernels/bench_wgmma_stream.py --out DIR [--ms 1,2,4,8,16] [--repeats 3]
 
@@ -39,7 +39,7 @@ VARIANTS = "stream,stream-rm,stream-s3,stream-s6,stream-pad"
 def _variants(m: int, names: str):
     """(name, reads blocked words, fn(x, pw)) for ``routed`` and each of ``names``; the ``-hs`` ones are diagnostics
     (``diag=1``: the ring's handshakes alone, output garbage, not checked)."""
-    from quarl_kernels import wgmma_stream as ws
+    import wgmma_stream as ws
     from quarl_kernels import wo_gemm
 
     from quarl.quant import packed_layout

@@ -1,4 +1,4 @@
-"""The stream-K wgmma decode kernel (``quarl_kernels.wgmma_stream``) builds for sm_90 on a CPU in every form it
+"""The stream-K wgmma decode kernel (``benchmarks/kernels/wgmma_stream.py``, an experiment) builds for sm_90 on a CPU in every form it
 launches -- NVFP4 / MXFP4, 8- and 16-token tiles, words row-major / blocked, partials or the direct bf16 store: no
 spills, its ring inside the 227 KB of shared memory an H100 CTA may use, and 32 wgmma (two consumers, four K steps
 of four k16 MMAs); and ``slots`` (the partial slots a launch allocates) against a brute-force walk of the CTAs'
@@ -17,13 +17,26 @@ pytest.importorskip("triton.experimental.gluon", reason="the kernel is written i
 BENCH_KERNELS = Path(__file__).resolve().parents[2] / "benchmarks" / "kernels"
 
 
+def _stream():
+    """The experiment's module, from benchmarks/kernels."""
+    import sys
+    from pathlib import Path
+
+    path = str(Path(__file__).resolve().parents[2] / "benchmarks" / "kernels")
+    if path not in sys.path:
+        sys.path.insert(0, path)
+    import wgmma_stream
+
+    return wgmma_stream
+
+
 @pytest.mark.parametrize("fmt", [0, 1], ids=["nvfp4", "mxfp4"])
 @pytest.mark.parametrize("nt", [8, 16])
 @pytest.mark.parametrize("blocked", [False, True], ids=["rowmajor", "blocked"])
 @pytest.mark.parametrize("direct", [False, True], ids=["partials", "direct"])
 @pytest.mark.parametrize("wide", [False, True], ids=["steps", "wide"])
 def test_builds_for_sm90(fmt, nt, blocked, direct, wide):
-    from quarl_kernels import wgmma_stream
+    wgmma_stream = _stream()
 
     sys.path.insert(0, str(BENCH_KERNELS))
     try:
@@ -40,7 +53,7 @@ def test_builds_for_sm90(fmt, nt, blocked, direct, wide):
 @pytest.mark.parametrize(("tiles", "chunks", "ctas"), [(148, 14, 132), (28, 74, 132), (4, 14, 56), (8, 16, 8),
                                                        (8, 16, 3), (108, 20, 132), (1, 1, 1), (5, 3, 15)])
 def test_slots_match_a_walk_of_the_shares(tiles, chunks, ctas):
-    from quarl_kernels import wgmma_stream
+    wgmma_stream = _stream()
 
     t_all = tiles * chunks
     ctas = min(ctas, t_all)

@@ -1,4 +1,4 @@
-"""The stream-K wgmma decode kernel at 1..16 rows (``quarl_kernels.wgmma_stream``) on the GPU.
+"""The stream-K wgmma decode kernel at 1..16 rows (``benchmarks/kernels/wgmma_stream.py``, an experiment) on the GPU.
 
 Its output against the float64 product with the format's dequantized weight (the bf16 output's rounding, < 5e-3
 relative) and against the kernel ``wo_gemm.wo_matmul`` routes the same call to (fp32 sums in another order: < 5e-3),
@@ -19,6 +19,19 @@ pytestmark = [
 ]
 
 
+def _stream():
+    """The experiment's module, from benchmarks/kernels."""
+    import sys
+    from pathlib import Path
+
+    path = str(Path(__file__).resolve().parents[2] / "benchmarks" / "kernels")
+    if path not in sys.path:
+        sys.path.insert(0, path)
+    import wgmma_stream
+
+    return wgmma_stream
+
+
 def _weights(spec: str, n: int, k: int, seed: int = 0):
     from tests.kernels.gpu_weights import packed_weights
 
@@ -33,7 +46,9 @@ def _rel(y: torch.Tensor, ref: torch.Tensor) -> float:
 @pytest.mark.parametrize(("n", "k"), [(1024, 2048), (384, 3584), (18944, 3584), (3584, 18944)])
 @pytest.mark.parametrize("m", [1, 2, 3, 8, 9, 16])
 def test_matches_the_float_product_and_the_routed_kernel(spec, n, k, m):
-    from quarl_kernels import wgmma_stream, wo_gemm
+    from quarl_kernels import wo_gemm
+
+    wgmma_stream = _stream()
 
     q, row, blk = _weights(spec, n, k, seed=m + n)
     x = torch.randn(m, k, device="cuda").to(torch.bfloat16)
@@ -55,7 +70,7 @@ def test_matches_the_float_product_and_the_routed_kernel(spec, n, k, m):
 @pytest.mark.parametrize("spec", ["nvfp4", "mxfp4"])
 def test_stream_k_shares_agree(spec):
     """Tiles split over CTAs (partials, zeroed slots) vs one CTA a tile (direct bf16 store) vs a few CTAs."""
-    from quarl_kernels import wgmma_stream
+    wgmma_stream = _stream()
 
     n, k = 1024, 4096
     q, row, _ = _weights(spec, n, k, seed=3)
@@ -73,7 +88,7 @@ def test_stream_k_shares_agree(spec):
 
 @pytest.mark.parametrize("stages", [2, 3, 6])
 def test_ring_depths_agree(stages):
-    from quarl_kernels import wgmma_stream
+    wgmma_stream = _stream()
 
     _, row, _ = _weights("nvfp4", 640, 2048, seed=stages)
     x = torch.randn(4, 2048, device="cuda").to(torch.bfloat16)
@@ -84,7 +99,7 @@ def test_ring_depths_agree(stages):
 
 
 def test_epilogue_bias_and_lora():
-    from quarl_kernels import wgmma_stream
+    wgmma_stream = _stream()
     from quarl_kernels.launch import Epilogue
 
     n, k, r = 1536, 2048, 16
@@ -101,7 +116,7 @@ def test_epilogue_bias_and_lora():
 
 
 def test_rejects_what_it_cannot_run():
-    from quarl_kernels import wgmma_stream
+    wgmma_stream = _stream()
 
     _, row, _ = _weights("nvfp4", 1024, 2048)
     x = torch.randn(17, 2048, device="cuda").to(torch.bfloat16)

@@ -28,14 +28,27 @@ Numerics: the weight decoded exactly to bf16 (NVFP4 ``e2m1 * e4m3 * 2**-16`` wit
 fp32 accumulator, MXFP4 exact), fp32 accumulation -- the other decode kernels' values up to the order of fp32 sums.
 NVFP4 / MXFP4, K % 256 == 0, N % 128 == 0, words row-major or in ``quarl.quant.packed_layout``'s [64, 8] blocks.
 
-Status: an experiment (issue 17, session 23), not routed by ``wo_gemm``; ``benchmarks/kernels/bench_wgmma_stream.py``
-times it beside the kernels ``wo_matmul`` routes to.
+Measured (H100, session 23, ``benchmarks/gpu_session23.sh`` phases a-b; RESULTS "Issue 17, session 23"): correct
+(55 GPU tests), and **slower than the kernels ``wo_matmul`` routes to at every point**: ~29-34 us on every ~38 MB
+7B / 14B MLP weight at 1..16 rows, 40-45 % of the HBM copy rate, whatever the ring depth (3 / 4 / 6 stages), the
+word layout or the TMA box size -- against the one-row GEMV's 57-65 % and the ``mma.sync`` kernel's 45-60 %. Its
+consumers bind it: with the ring's handshakes alone (``diag=1``) the same launch streams at 65-68 % (69-72 % with
+``wide`` 8 KB boxes), against 80-81 % for a plain read of the bytes; the natural-order decode (~140 instructions a
+thread a K step: the quad transpose, eight scale conversions, the FP4 decode -- ~4.4 a weight, the whole issue budget
+at HBM speed) adds ~10 us. So neither side of this design reaches the issue's 80 %: kept here, not in the library,
+as the measured record (``bench_wgmma_stream.py`` runs it).
 """
 
 from __future__ import annotations
 
 import torch
 import triton
+from quarl_kernels.formats import FMT_MXFP4, FMT_NVFP4
+from quarl_kernels.launch import finish, num_sms
+from quarl_kernels.mixed_gemm import _a_fragment_natural
+from quarl_kernels.mma_decode import _word_layout
+from quarl_kernels.wgmma_decode import device_ok
+from quarl_kernels.wgmma_ring import _w_layout, _w_load, _x_layout
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (
@@ -46,13 +59,6 @@ from triton.experimental.gluon.language.nvidia.hopper import (
     warpgroup_mma_wait,
 )
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
-
-from quarl_kernels.formats import FMT_MXFP4, FMT_NVFP4
-from quarl_kernels.launch import finish, num_sms
-from quarl_kernels.mixed_gemm import _a_fragment_natural
-from quarl_kernels.mma_decode import _word_layout
-from quarl_kernels.wgmma_decode import device_ok
-from quarl_kernels.wgmma_ring import _w_layout, _w_load, _x_layout
 
 R = 128  # weight rows a tile: two consumers of 64 (wgmma m)
 BKW = 8  # packed words a K step (64 weights: one 128-byte x box)
