@@ -39,3 +39,8 @@ phase_end
 
 # ---------------------------------------------------------------------------------------------------------------
 # Record (calls of this session; device time from the tool's lease):
+#   a  commit 78fe9c8, 2026-11-27 ~05:56 UTC, one H100 80GB HBM3, 141 s (cold start; held 174 s, counted at 50 %):
+#      smoke ok; 55 GPU tests passed; bench: the kernel 0.66-0.96x the routed kernels everywhere (40-45 % of the copy
+#      rate on the ~38 MB weights, flat in M / stages / layout); cuBLAS 22-23 %; plain read 80-83 %. Budget left 1713 s.
+#   b  commit 84801ad, ~06:01 UTC, one H100 80GB HBM3, 105 s (cold start): 55 GPU tests passed (wide=True added);
+#      handshakes only 65-68 % (row-major boxes) / 69-72 % (8 KB boxes), the real kernel 42-45 %. Budget left 1628 s.
