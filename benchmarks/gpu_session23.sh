@@ -15,6 +15,10 @@
 #     43 % of the copy rate, whatever the ring depth or the layout). Memory side or decode side? The ring's handshakes
 #     alone (diag=1: the consumers only wait for and free each stage) and a band's four K steps as one 8 KB TMA box
 #     (wide=True, blocked words) beside the real kernel; its GPU tests (now with wide=True) first.
+#   phase c: DONE=<files> bash benchmarks/gpu_session23.sh c   (one GPU; <= 9.5 min a call, as many calls as it takes)
+#     every GPU test of the repository at the wave's final code (benchmarks/gpu_suite.py: the 20 files with the gpu
+#     marker, one pytest each, stopping before the call's limit; DONE lists the files earlier calls finished). Session
+#     21's attempt at the kernel suite in one call stopped at its 330 s limit at 30 %.
 set -u
 PHASE=${1:?phase}
 OUT=${OUT:?}
@@ -32,6 +36,11 @@ b)
     tests 200 tests/kernels/test_wgmma_stream_gpu.py
     bench "${BENCH_S:-240}" diag benchmarks/kernels/bench_wgmma_stream.py --ms 1,8,16 --repeats 2 \
         --variants stream,stream-wide,stream-hs,stream-wide-hs --shapes 18944x3584,3584x18944,3584x3584,13824x5120
+    ;;
+c)
+    mkdir -p "$OUT/suite"
+    timeout -k 5 "${SUITE_S:-560}" "$PY" benchmarks/gpu_suite.py --out "$OUT/suite" --budget-s $(( ${SUITE_S:-560} - 20 )) \
+        --done "${DONE:-}" 2>&1 | tee "$OUT/suite/run.log" | tail -n 60
     ;;
 *) echo "unknown phase $PHASE"; exit 2 ;;
 esac
