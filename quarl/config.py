@@ -11,6 +11,13 @@ as text for a str field given on the command line). Anything else raises
 ConfigError naming the dotted key, the expected type and, for unknown keys, the
 valid ones with a "did you mean". Validation that needs several fields belongs in
 the dataclass's ``__post_init__``; a ValueError from there becomes a ConfigError.
+
+Names from other tools. A root config may declare ``FOREIGN_NAMES`` (a ClassVar): knob names people bring from
+TRL / verl / PEFT (``num_generations``, ``rollout.n``, ``learning_rate``, ``kl_coef`` ...) mapped to quarl's key
+and a note of where the name comes from. An unknown key whose last part (or a key inside an unknown section, as in
+``actor.optim.lr``) is such a name gets that key in its error -- "quarl calls it rollout.group_size (verl
+actor_rollout_ref.rollout.n; TRL num_generations)" -- instead of a list of fields. They are hints only: quarl
+accepts its own names, one per parameter.
 """
 
 from __future__ import annotations
@@ -68,7 +75,62 @@ def build_config(cls: type[T], data: dict | None = None, overrides: typing.Itera
         if not sep or not key.strip():
             raise ConfigError(f"override {item!r} must look like key.sub=value")
         set_path(data, key.strip().split("."), _Raw(text))
+    _check_foreign_names(cls, data)
     return _build(cls, data, "")
+
+
+def _leaves(data: Any, path: list[str]) -> typing.Iterator[list[str]]:
+    """The key path of every value under ``data`` (a mapping of sections and values; ``path`` itself for a value)."""
+    if isinstance(data, _Raw):
+        data = data.value
+    if isinstance(data, dict) and data:
+        for k, v in data.items():
+            yield from _leaves(v, [*path, str(k)])
+    else:
+        yield path
+
+
+def _check_foreign_names(cls: type, data: dict) -> None:
+    """ConfigError naming quarl's key when an unknown key (or a key inside an unknown section) ends in one of
+    quarl's own dotted keys (``actor.optim.lr`` -> ``optim.lr``) or is a name ``cls.FOREIGN_NAMES`` knows from
+    another tool; silent otherwise (``_build`` reports the rest, with its "did you mean")."""
+    names = getattr(cls, "FOREIGN_NAMES", None) or {}
+    if not dataclasses.is_dataclass(cls):
+        return
+
+    def unknown(c: type, d: Any, path: list[str]) -> typing.Iterator[tuple[list[str], Any]]:
+        if not isinstance(d, dict) or not dataclasses.is_dataclass(c):
+            return
+        fields = {f.name: f for f in dataclasses.fields(c) if f.init}
+        hints = typing.get_type_hints(c)
+        for k, v in d.items():
+            if k not in fields:
+                yield [*path, str(k)], v
+            else:
+                sub = hints[k]
+                if dataclasses.is_dataclass(sub):
+                    yield from unknown(sub, v.value if isinstance(v, _Raw) else v, [*path, str(k)])
+
+    def valid(c: type, path: list[str]) -> typing.Iterator[str]:
+        hints = typing.get_type_hints(c)
+        for f in dataclasses.fields(c):
+            if f.init:
+                yield ".".join([*path, f.name])
+                if dataclasses.is_dataclass(hints[f.name]):
+                    yield from valid(hints[f.name], [*path, f.name])
+
+    keys = set(valid(cls, []))
+    for path, value in unknown(cls, data, []):
+        for leaf in _leaves(value, path):
+            # verl-style paths with quarl's own tail: actor_rollout_ref.rollout.temperature -> rollout.temperature
+            tail = next((".".join(leaf[i:]) for i in range(1, len(leaf)) if ".".join(leaf[i:]) in keys), None)
+            if tail is not None:
+                raise ConfigError(f"unknown config key {'.'.join(leaf)!r} for {cls.__name__}: did you mean {tail!r}?")
+            hit = names.get(leaf[-1])
+            if hit is not None:
+                key, origin = hit
+                raise ConfigError(f"unknown config key {'.'.join(leaf)!r} for {cls.__name__}: quarl calls it "
+                                  f"{key!r} ({origin}); set {key}=...")
 
 
 def read_yaml_mapping(path: str | Path) -> dict:

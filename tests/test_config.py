@@ -9,7 +9,7 @@ from typing import Literal
 
 import pytest
 
-from quarl.config import ConfigError, config_to_dict, dump_config, load_config
+from quarl.config import ConfigError, build_config, config_to_dict, dump_config, load_config
 
 
 class Mode(enum.Enum):
@@ -103,6 +103,65 @@ def test_unknown_keys_suggest_and_list_valid(tmp_path):
         load_config(Cfg, p)
     with pytest.raises(ConfigError, match="unknown config key 'zzz' for Cfg; valid keys"):
         load_config(Cfg, None, ["zzz=1"])
+
+
+def test_keys_under_an_unknown_section_that_end_in_a_quarl_key():
+    """verl-style dotted paths whose tail is one of quarl's keys name that key (any config, no table needed)."""
+    with pytest.raises(ConfigError, match=r"'actor.optim.lr' for Cfg: did you mean 'optim.lr'\?"):
+        load_config(Cfg, None, ["actor.optim.lr=1e-5"])
+    with pytest.raises(ConfigError, match=r"'trainer.steps' for Cfg: did you mean 'steps'\?"):
+        load_config(Cfg, None, ["trainer.steps=3"])
+
+
+@pytest.mark.parametrize(
+    ("override", "key", "origin"),
+    [
+        ("rollout.n=4", "rollout.group_size", "verl actor_rollout_ref.rollout.n"),
+        ("num_generations=4", "rollout.group_size", "TRL num_generations"),
+        ("optim.learning_rate=1e-6", "optim.lr", "TRL learning_rate"),
+        ("actor_rollout_ref.actor.ppo_epochs=2", "algo.updates_per_rollout", "verl actor.ppo_epochs"),
+        ("trainer.total_training_steps=3", "train.steps", "verl trainer.total_training_steps"),
+        ("algorithm.kl_ctrl.kl_coef=0.01", "algo.beta", "verl algorithm.kl_ctrl.kl_coef"),
+        ("lora.r=16", "policy.lora_r", "PEFT LoraConfig.r"),
+    ],
+)
+def test_rl_names_from_trl_verl_peft_point_at_quarls_key(override, key, origin):
+    from quarl.rl.config import RLConfig
+
+    with pytest.raises(ConfigError) as e:
+        build_config(RLConfig, None, [override])
+    msg = str(e.value)
+    assert f"quarl calls it {key!r}" in msg and origin in msg and f"set {key}=" in msg, msg
+
+
+def test_rl_foreign_names_point_at_real_keys_and_shadow_none():
+    """Every FOREIGN_NAMES target is an RLConfig key; no foreign name is a field name anywhere in RLConfig (quarl's
+    own names always win)."""
+    import dataclasses
+    import typing
+
+    from quarl.rl.config import RLConfig
+
+    def walk(c, path):
+        hints = typing.get_type_hints(c)
+        for f in dataclasses.fields(c):
+            yield [*path, f.name]
+            if dataclasses.is_dataclass(hints[f.name]):
+                yield from walk(hints[f.name], [*path, f.name])
+
+    paths = list(walk(RLConfig, []))
+    keys, leaves = {".".join(p) for p in paths}, {p[-1] for p in paths}
+    for name, (key, origin) in RLConfig.FOREIGN_NAMES.items():
+        assert all(k.strip() in keys for k in key.split("/")), (name, key)
+        assert name not in leaves, name
+        assert origin
+
+
+def test_a_valid_rl_override_is_untouched():
+    from quarl.rl.config import RLConfig
+
+    cfg = build_config(RLConfig, None, ["rollout.group_size=4", "optim.lr=2e-6"])
+    assert cfg.rollout.group_size == 4 and cfg.optim.lr == 2e-6
 
 
 @pytest.mark.parametrize(

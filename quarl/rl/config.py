@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import copy
 from dataclasses import dataclass, field
+from typing import ClassVar
 
 from quarl.engine.rollout import DEFAULT_MAX_NUM_BATCHED_TOKENS
 from quarl.quant.linear import DEFAULT_LORA_TARGETS
@@ -135,6 +136,52 @@ class RLConfig:
     reward: RewardConfig = field(default_factory=RewardConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
     precision: PrecisionConfig = field(default_factory=PrecisionConfig)  # training/rollout precision flow
+
+    # Knob names from TRL's GRPOConfig / verl's ppo_trainer.yaml / PEFT -> (quarl's key, where the name comes from):
+    # an unknown key ending in one of these gets quarl's key in its error (quarl.config._check_foreign_names).
+    FOREIGN_NAMES: ClassVar[dict[str, tuple[str, str]]] = {
+        "n": ("rollout.group_size", "verl actor_rollout_ref.rollout.n"),
+        "num_generations": ("rollout.group_size", "TRL num_generations"),
+        "response_length": ("rollout.max_new_tokens", "verl data.max_response_length"),
+        "max_response_length": ("rollout.max_new_tokens", "verl data.max_response_length"),
+        "max_completion_length": ("rollout.max_new_tokens", "TRL max_completion_length"),
+        "max_tokens": ("rollout.max_new_tokens", "vLLM SamplingParams.max_tokens"),
+        "prompt_length": ("rollout.max_prompt_tokens", "verl data.max_prompt_length"),
+        "max_prompt_length": ("rollout.max_prompt_tokens", "verl data.max_prompt_length; TRL max_prompt_length"),
+        "free_cache_engine": ("rollout.free_cache", "verl actor_rollout_ref.rollout.free_cache_engine"),
+        "learning_rate": ("optim.lr", "TRL learning_rate; verl actor_rollout_ref.actor.optim.lr"),
+        "lr_warmup_steps_ratio": ("optim.warmup_ratio", "verl actor.optim.lr_warmup_steps_ratio"),
+        "warmup_style": ("optim.schedule", "verl actor.optim.warmup_style"),
+        "lr_scheduler_type": ("optim.schedule", "TRL lr_scheduler_type"),
+        "grad_clip": ("optim.max_grad_norm", "verl actor.grad_clip"),
+        "ppo_micro_batch_size": ("optim.micro_batch_size", "verl actor.ppo_micro_batch_size"),
+        "ppo_micro_batch_size_per_gpu": ("optim.micro_batch_size", "verl actor.ppo_micro_batch_size_per_gpu"),
+        "per_device_train_batch_size": ("optim.micro_batch_size", "TRL per_device_train_batch_size"),
+        "clip_ratio": ("algo.eps_low", "verl actor.clip_ratio"),
+        "clip_ratio_low": ("algo.eps_low", "verl actor.clip_ratio_low"),
+        "epsilon": ("algo.eps_low", "TRL epsilon"),
+        "clip_ratio_high": ("algo.eps_high", "verl actor.clip_ratio_high"),
+        "epsilon_high": ("algo.eps_high", "TRL epsilon_high"),
+        "kl_loss_coef": ("algo.beta", "verl actor.kl_loss_coef"),
+        "kl_coef": ("algo.beta", "verl algorithm.kl_ctrl.kl_coef"),
+        "ppo_epochs": ("algo.updates_per_rollout", "verl actor.ppo_epochs"),
+        "num_iterations": ("algo.updates_per_rollout", "TRL num_iterations"),
+        "loss_agg_mode": ("algo.loss_agg", "verl actor.loss_agg_mode"),
+        "loss_type": ("algo.loss_agg / algo.scale_advantages", "TRL loss_type (grpo / bnpo / dr_grpo)"),
+        "lora_rank": ("policy.lora_r", "verl actor_rollout_ref.model.lora_rank"),
+        "r": ("policy.lora_r", "PEFT LoraConfig.r"),
+        "target_modules": ("policy.lora_targets", "PEFT LoraConfig.target_modules"),
+        "enable_gradient_checkpointing": ("policy.gradient_checkpointing",
+                                          "verl actor_rollout_ref.model.enable_gradient_checkpointing"),
+        "total_training_steps": ("train.steps", "verl trainer.total_training_steps"),
+        "max_steps": ("train.steps", "TRL max_steps"),
+        "total_epochs": ("train.epochs", "verl trainer.total_epochs"),
+        "num_train_epochs": ("train.epochs", "TRL num_train_epochs"),
+        "save_freq": ("train.checkpoint_every", "verl trainer.save_freq"),
+        "save_steps": ("train.checkpoint_every", "TRL save_steps"),
+        "train_batch_size": ("train.prompts_per_step", "verl data.train_batch_size (prompts a step)"),
+        "logging_steps": ("train.log_every", "TRL logging_steps"),
+    }
 
     def __post_init__(self) -> None:
         # Validate at construction (the resolved copy: algorithm defaults filled in), so `quarl compile`/`submit`
