@@ -92,8 +92,9 @@ def _leaves(data: Any, path: list[str]) -> typing.Iterator[list[str]]:
 
 def _check_foreign_names(cls: type, data: dict) -> None:
     """ConfigError naming quarl's key when an unknown key (or a key inside an unknown section) ends in one of
-    quarl's own dotted keys (``actor.optim.lr`` -> ``optim.lr``) or is a name ``cls.FOREIGN_NAMES`` knows from
-    another tool; silent otherwise (``_build`` reports the rest, with its "did you mean")."""
+    quarl's own dotted keys (``actor.optim.lr`` -> ``optim.lr``), is a field that only one section has
+    (``warmup_ratio`` -> ``optim.warmup_ratio``), or is a name ``cls.FOREIGN_NAMES`` knows from another tool;
+    silent otherwise (``_build`` reports the rest, with its "did you mean")."""
     names = getattr(cls, "FOREIGN_NAMES", None) or {}
     if not dataclasses.is_dataclass(cls):
         return
@@ -124,6 +125,9 @@ def _check_foreign_names(cls: type, data: dict) -> None:
         for leaf in _leaves(value, path):
             # verl-style paths with quarl's own tail: actor_rollout_ref.rollout.temperature -> rollout.temperature
             tail = next((".".join(leaf[i:]) for i in range(1, len(leaf)) if ".".join(leaf[i:]) in keys), None)
+            # a field named right in the wrong section, when only one section has it: warmup_ratio -> optim.warmup_ratio
+            owners = [k for k in keys if k.rsplit(".", 1)[-1] == leaf[-1]]
+            tail = tail or (owners[0] if len(owners) == 1 else None)
             if tail is not None:
                 raise ConfigError(f"unknown config key {'.'.join(leaf)!r} for {cls.__name__}: did you mean {tail!r}?")
             hit = names.get(leaf[-1])

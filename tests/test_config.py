@@ -134,13 +134,17 @@ def test_rl_names_from_trl_verl_peft_point_at_quarls_key(override, key, origin):
     assert f"quarl calls it {key!r}" in msg and origin in msg and f"set {key}=" in msg, msg
 
 
-def test_rl_foreign_names_point_at_real_keys_and_shadow_none():
-    """Every FOREIGN_NAMES target is an RLConfig key; no foreign name is a field name anywhere in RLConfig (quarl's
+@pytest.mark.parametrize("stage", ["rl", "distill", "kd"])
+def test_foreign_names_point_at_real_keys_and_shadow_none(stage):
+    """Every FOREIGN_NAMES target is a key of its config; no foreign name is a field name anywhere in it (quarl's
     own names always win)."""
     import dataclasses
     import typing
 
+    from quarl.distill.config import DistillConfig, KDColdStartConfig
     from quarl.rl.config import RLConfig
+
+    root = {"rl": RLConfig, "distill": DistillConfig, "kd": KDColdStartConfig}[stage]
 
     def walk(c, path):
         hints = typing.get_type_hints(c)
@@ -149,12 +153,24 @@ def test_rl_foreign_names_point_at_real_keys_and_shadow_none():
             if dataclasses.is_dataclass(hints[f.name]):
                 yield from walk(hints[f.name], [*path, f.name])
 
-    paths = list(walk(RLConfig, []))
+    paths = list(walk(root, []))
     keys, leaves = {".".join(p) for p in paths}, {p[-1] for p in paths}
-    for name, (key, origin) in RLConfig.FOREIGN_NAMES.items():
+    for name, (key, origin) in root.FOREIGN_NAMES.items():
         assert all(k.strip() in keys for k in key.split("/")), (name, key)
         assert name not in leaves, name
         assert origin
+
+
+def test_a_field_of_one_section_given_at_the_top_names_its_section():
+    from quarl.distill.config import DistillConfig
+
+    with pytest.raises(ConfigError, match=r"'warmup_ratio' for DistillConfig: did you mean 'optim.warmup_ratio'\?"):
+        build_config(DistillConfig, None, ["warmup_ratio=0.1"])
+    with pytest.raises(ConfigError, match=r"'gradient_accumulation_steps'.*quarl calls it 'optim.batch_size'"):
+        build_config(DistillConfig, None, ["gradient_accumulation_steps=4"])
+    # a name several sections have is left to the plain error (valid keys listed)
+    with pytest.raises(ConfigError, match=r"unknown config key 'dtype' for DistillConfig; valid keys"):
+        build_config(DistillConfig, None, ["dtype=bfloat16"])
 
 
 def test_a_valid_rl_override_is_untouched():

@@ -29,6 +29,7 @@ that names the field and the fix.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import ClassVar
 
 from quarl.quant.linear import DEFAULT_LORA_TARGETS
 
@@ -188,6 +189,30 @@ class DistillConfig:
     optim: OptimConfig = field(default_factory=OptimConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
+
+    # Knob names from TRL's GKD / SFT trainers, HF TrainingArguments and PEFT -> (quarl's key, where the name comes
+    # from): an unknown key ending in one of these gets quarl's key in its error (quarl.config._check_foreign_names).
+    FOREIGN_NAMES: ClassVar[dict[str, tuple[str, str]]] = {
+        "learning_rate": ("optim.lr", "HF TrainingArguments learning_rate"),
+        "per_device_train_batch_size": ("optim.micro_batch_size", "HF TrainingArguments per_device_train_batch_size"),
+        "gradient_accumulation_steps": ("optim.batch_size", ("HF gradient_accumulation_steps; quarl counts the "
+                                                             "sequences of an optimizer step")),
+        "lr_scheduler_type": ("optim.schedule", "HF TrainingArguments lr_scheduler_type"),
+        "max_steps": ("train.steps", "HF TrainingArguments max_steps"),
+        "num_train_epochs": ("train.epochs", "HF TrainingArguments num_train_epochs"),
+        "save_steps": ("train.checkpoint_every", "HF TrainingArguments save_steps"),
+        "eval_steps": ("eval.every", "HF TrainingArguments eval_steps"),
+        "max_seq_length": ("data.seq_len", "TRL SFTConfig max_seq_length"),
+        "max_length": ("data.seq_len", "TRL SFTConfig / GKDConfig max_length"),
+        "lmbda": ("data.source", ("TRL GKDConfig lmbda, the on-policy fraction; quarl: data.source=teacher "
+                                   "(the teacher's completions) or sft (the dataset's text)")),
+        "beta": ("loss.jsd_beta", "TRL GKDConfig beta, the generalized JSD's mixture weight (loss.objective=jsd)"),
+        "kd_loss": ("loss.objective", "ModelOpt / distillation recipes' loss name"),
+        "distill_loss": ("loss.objective", "ModelOpt / distillation recipes' loss name"),
+        "r": ("student.lora_r", "PEFT LoraConfig.r"),
+        "lora_rank": ("student.lora_r", "LoRA rank"),
+        "target_modules": ("student.lora_targets", "PEFT LoraConfig.target_modules"),
+    }
 
     def __post_init__(self) -> None:
         if self.loss.objective == "ce" and self.data.source in ("random",):
