@@ -19,6 +19,12 @@
 #     every GPU test of the repository at the wave's final code (benchmarks/gpu_suite.py: the 20 files with the gpu
 #     marker, one pytest each, stopping before the call's limit; DONE lists the files earlier calls finished). Session
 #     21's attempt at the kernel suite in one call stopped at its 330 s limit at 30 %.
+#   phase d: bash benchmarks/gpu_session23.sh d   (one GPU; ~3 min; carry .whl: bitsandbytes-0.50.2 manylinux wheel)
+#     QeRL's 8-bit AdamW on the GPU (the RL default optim.optimizer=adamw8bit fell back to torch AdamW on every GPU
+#     run so far: no bitsandbytes there). The wheel installed with --no-deps into /tmp/bnb; tests/train/
+#     test_optim_gpu.py (8-bit states, minimization, the checkpoint round trip bit for bit, the RL trainer on CUDA
+#     resuming to the identical step); then benchmarks/optim_8bit_gpu.py (state memory and step time, full-parameter
+#     and LoRA r32, 7B and 32B width).
 set -u
 PHASE=${1:?phase}
 OUT=${OUT:?}
@@ -41,6 +47,15 @@ c)
     mkdir -p "$OUT/suite"
     timeout -k 5 "${SUITE_S:-560}" "$PY" benchmarks/gpu_suite.py --out "$OUT/suite" --budget-s $(( ${SUITE_S:-560} - 20 )) \
         --done "${DONE:-}" 2>&1 | tee "$OUT/suite/run.log" | tail -n 60
+    ;;
+d)
+    "$PY" -m pip install -q --no-deps --no-index --target /tmp/bnb .whl/bitsandbytes-0.50.2-*.whl 2>&1 | tail -n 2
+    export PYTHONPATH=$PYTHONPATH:/tmp/bnb
+    "$PY" -c "import bitsandbytes as b, torch; print('bitsandbytes', b.__version__, 'torch', torch.__version__)" 2>&1 \
+        | tail -n 3
+    tests 240 tests/train/test_optim_gpu.py
+    bench 120 optim7b benchmarks/optim_8bit_gpu.py --shape Qwen2.5-7B --layers 4
+    bench 120 optim32b benchmarks/optim_8bit_gpu.py --shape Qwen2.5-32B --layers 2
     ;;
 *) echo "unknown phase $PHASE"; exit 2 ;;
 esac
