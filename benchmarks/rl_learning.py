@@ -81,6 +81,9 @@ DAPO = ["algo.algo=dapo"]
 # training-only switches: a policy-name suffix -> the environment of its training job (policy_spec, train_env)
 TRAIN_SWITCHES = {"-fp8dense": {"QUARL_KERNELS_DENSE_FP8": "1"},
                   "-plainrows": {"QUARL_ENGINE_COMPACT": "0", "QUARL_ENGINE_SHARE_PREFILL": "0"}}
+# optimizer suffix: every run here trains with torch AdamW (``optim.optimizer=adamw`` below) unless named -8bit:
+# bitsandbytes' 8-bit AdamW, QeRL's optimizer and the rl stage's default (needs bitsandbytes on the machine)
+OPTIM_8BIT = "-8bit"
 CURVE_KEYS = ("reward/mean", "reward/accuracy", "policy/entropy", "response/length_mean",
               "response/truncated_fraction", "grad_norm", "policy/clip_fraction", "aqn/sigma",
               "mismatch/abs_logprob_diff", "mismatch/max_abs_logprob_diff", "mismatch/kl",
@@ -89,16 +92,20 @@ CURVE_KEYS = ("reward/mean", "reward/accuracy", "policy/entropy", "response/leng
 
 
 def policy_spec(name: str) -> tuple[list[str], str | None]:
-    """``<policy>[-dapo][-fp8dense|-plainrows][@<lr>]`` -> (rl overrides, quant of its own base); ``@<lr>``
-    overrides --lr (``-fp8dense`` / ``-plainrows`` are environment switches of the training job, :func:`train_env`)."""
+    """``<policy>[-dapo][-fp8dense|-plainrows][-8bit][@<lr>]`` -> (rl overrides, quant of its own base); ``@<lr>``
+    overrides --lr (``-fp8dense`` / ``-plainrows`` are environment switches of the training job, :func:`train_env`;
+    ``-8bit`` trains with bitsandbytes' 8-bit AdamW instead of torch's)."""
     name, _, lr = name.partition("@")
+    eight = name.endswith(OPTIM_8BIT)
+    name = name.removesuffix(OPTIM_8BIT)
     for suffix in TRAIN_SWITCHES:
         name = name.removesuffix(suffix)
     base, dapo = (name[:-5], True) if name.endswith("-dapo") else (name, False)
     if base not in POLICIES:
         raise SystemExit(f"unknown policy {name!r}; known: {', '.join(POLICIES)} (each may end in -dapo)")
     ov, quant = POLICIES[base]
-    return ov + (DAPO if dapo else []) + ([f"optim.lr={float(lr)}"] if lr else []), quant
+    return (ov + (DAPO if dapo else []) + ([f"optim.lr={float(lr)}"] if lr else [])
+            + (["optim.optimizer=adamw8bit"] if eight else [])), quant
 
 
 def rl_overrides(args, name: str) -> list[str]:

@@ -21,3 +21,18 @@ def test_fp8dense_is_the_same_policy_with_a_training_switch():
 def test_unknown_policy_stops():
     with pytest.raises(SystemExit, match="unknown policy"):
         bench.policy_spec("nvfp4-lroa-fp8dense")
+
+
+def test_8bit_suffix_trains_the_same_policy_with_8bit_adamw():
+    ov, quant = bench.policy_spec("nvfp4-lora-8bit@2e-4")
+    base, _ = bench.policy_spec("nvfp4-lora@2e-4")
+    assert quant == "nvfp4" and ov == [*base, "optim.optimizer=adamw8bit"]
+    assert bench.train_env("nvfp4-lora-8bit") == {}
+
+    class Args:  # the run's own optimizer pin comes first, the policy's -8bit last (it wins)
+        steps = prompts_per_step = group_size = max_new_tokens = micro_batch = updates = lora_r = seed = 1
+        lr = warmup = train_seconds = 0.0
+        schedule, device, rl_set = "constant", "cuda", []
+
+    ov = bench.rl_overrides(Args, "nvfp4-lora-8bit")
+    assert ov.index("optim.optimizer=adamw") < ov.index("optim.optimizer=adamw8bit")
