@@ -16,14 +16,13 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import datetime
 import json
 import os
 import statistics
 
 import torch
-from bench_decode_bound import _activations, _rotating, write_outputs
-from bench_gemv import graph_us, hbm_copy_GBps
+from bench_decode_bound import _activations, _rotating, device_info, write_outputs
+from bench_gemv import graph_us
 
 SHAPES = ((18944, 3584), (3584, 18944), (13824, 5120), (5120, 13824), (3584, 3584))
 DENSE_TILES = ((32, 16), (64, 8), (64, 16), (32, 32), (64, 32))  # (rows, words) a program
@@ -159,11 +158,7 @@ def main() -> None:
     ap.add_argument("--check", action="store_true", help="no timing: each GEMV candidate's error on both layouts")
     ap.add_argument("--mma", action="store_true", help="the mma.sync kernel's candidates at 4 / 8 / 16 rows instead")
     args = ap.parse_args()
-    dev = torch.device("cuda")
-    info = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__,
-            "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
-            "hbm_copy_GBps": hbm_copy_GBps(), "repeats": args.repeats}
-    l2 = torch.cuda.get_device_properties(dev).L2_cache_size
+    info, l2 = device_info(args.repeats)
     rows = []
     for s in args.shapes.split(","):
         n, k = map(int, s.split("x"))

@@ -193,6 +193,15 @@ def table(info: dict, rows: list[dict]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def device_info(repeats: int, **extra) -> tuple[dict, int]:
+    """(the run's header -- GPU, torch, date, the measured HBM copy rate, repeats, ``extra`` -- and the L2 size)."""
+    dev = torch.device("cuda")
+    info = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__,
+            "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+            "hbm_copy_GBps": hbm_copy_GBps(), "repeats": repeats, **extra}
+    return info, torch.cuda.get_device_properties(dev).L2_cache_size
+
+
 def write_outputs(out: str, stem: str, info: dict, rows: list[dict], md: str | None) -> None:
     """``OUT/STEM.json`` ({info, rows}) and, with ``md``, ``OUT/STEM.md`` (also printed)."""
     os.makedirs(out, exist_ok=True)
@@ -219,11 +228,7 @@ def main() -> None:
         raise SystemExit("--diags must start with 0 (the real kernel: the reference)")
     from quarl_kernels import pdl
 
-    dev = torch.device("cuda")
-    info = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__,
-            "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
-            "hbm_copy_GBps": hbm_copy_GBps(), "pdl": pdl.mode(dev), "repeats": args.repeats}
-    l2 = torch.cuda.get_device_properties(dev).L2_cache_size
+    info, l2 = device_info(args.repeats, pdl=pdl.mode(torch.device("cuda")))
     rows = []
     for s in args.shapes.split(","):
         n, k = map(int, s.split("x"))

@@ -20,13 +20,12 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import datetime
 import os
 import statistics
 
 import torch
-from bench_decode_bound import _activations, _rotating, write_outputs
-from bench_gemv import graph_us, hbm_copy_GBps, read_ceiling_us
+from bench_decode_bound import _activations, _rotating, device_info, write_outputs
+from bench_gemv import graph_us, read_ceiling_us
 
 SHAPES = ((18944, 3584), (3584, 18944), (3584, 3584), (4608, 3584), (13824, 5120), (5120, 13824))
 MS = (1, 2, 4, 8, 16)
@@ -128,11 +127,7 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--variants", default=VARIANTS, help="besides routed; also stream-wide, stream-hs, stream-wide-hs")
     args = ap.parse_args()
-    dev = torch.device("cuda")
-    info = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__,
-            "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
-            "hbm_copy_GBps": hbm_copy_GBps(), "repeats": args.repeats}
-    l2 = torch.cuda.get_device_properties(dev).L2_cache_size
+    info, l2 = device_info(args.repeats)
     rows = []
     for s in args.shapes.split(","):
         n, k = map(int, s.split("x"))
