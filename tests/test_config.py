@@ -134,17 +134,18 @@ def test_rl_names_from_trl_verl_peft_point_at_quarls_key(override, key, origin):
     assert f"quarl calls it {key!r}" in msg and origin in msg and f"set {key}=" in msg, msg
 
 
-@pytest.mark.parametrize("stage", ["rl", "distill", "kd"])
+@pytest.mark.parametrize("stage", ["rl", "distill", "kd", "calibrate"])
 def test_foreign_names_point_at_real_keys_and_shadow_none(stage):
     """Every FOREIGN_NAMES target is a key of its config; no foreign name is a field name anywhere in it (quarl's
     own names always win)."""
     import dataclasses
     import typing
 
+    from quarl.calibrate.config import CalibrateConfig
     from quarl.distill.config import DistillConfig, KDColdStartConfig
     from quarl.rl.config import RLConfig
 
-    root = {"rl": RLConfig, "distill": DistillConfig, "kd": KDColdStartConfig}[stage]
+    root = {"rl": RLConfig, "distill": DistillConfig, "kd": KDColdStartConfig, "calibrate": CalibrateConfig}[stage]
 
     def walk(c, path):
         hints = typing.get_type_hints(c)
@@ -171,6 +172,15 @@ def test_a_field_of_one_section_given_at_the_top_names_its_section():
     # a name several sections have is left to the plain error (valid keys listed)
     with pytest.raises(ConfigError, match=r"unknown config key 'dtype' for DistillConfig; valid keys"):
         build_config(DistillConfig, None, ["dtype=bfloat16"])
+
+
+def test_calibrate_names_from_llm_compressor_and_gptq_point_at_quarls_key():
+    from quarl.calibrate.config import CalibrateConfig
+
+    with pytest.raises(ConfigError, match=r"'num_calibration_samples'.*quarl calls it 'data.num_samples'"):
+        build_config(CalibrateConfig, None, ["num_calibration_samples=64"])
+    with pytest.raises(ConfigError, match=r"'gptq.dampening_frac'.*quarl calls it 'gptq.percdamp'"):
+        build_config(CalibrateConfig, None, ["gptq.dampening_frac=0.05"])
 
 
 def test_a_valid_rl_override_is_untouched():

@@ -9,7 +9,7 @@ values are what the artifact records.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import ClassVar, Literal
 
 Method = Literal["rtn", "gptq", "awq", "awq+gptq"]
 Offload = Literal["auto", "none", "cpu"]
@@ -104,6 +104,25 @@ class CalibrateConfig:
     propagate_quantized: bool = True  # feed each block the outputs of the quantized blocks before it
     save_dtype: str | None = None  # dense tensors in the checkpoint (None: the compute dtype)
     max_shard_size: str = "5GB"
+
+    # Knob names from llm-compressor / AutoAWQ / GPTQModel -> (quarl's key, where the name comes from): an unknown key
+    # ending in one of these gets quarl's key in its error (quarl.config._check_foreign_names).
+    FOREIGN_NAMES: ClassVar[dict[str, tuple[str, str]]] = {
+        "num_calibration_samples": ("data.num_samples", "llm-compressor oneshot num_calibration_samples"),
+        "nsamples": ("data.num_samples", "GPTQ reference code nsamples"),
+        "max_seq_length": ("data.seq_len", "llm-compressor oneshot max_seq_length"),
+        "seqlen": ("data.seq_len", "GPTQ reference code seqlen"),
+        "dampening_frac": ("gptq.percdamp", "llm-compressor GPTQModifier dampening_frac"),
+        "damp_percent": ("gptq.percdamp", "GPTQModel / AutoGPTQ damp_percent"),
+        "actorder": ("gptq.act_order", "llm-compressor GPTQModifier actorder (quarl: static groups when true)"),
+        "desc_act": ("gptq.act_order", "GPTQModel / AutoGPTQ desc_act"),
+        "scheme": ("format", "llm-compressor QuantizationModifier scheme (e.g. NVFP4 -> format=nvfp4)"),
+        "ignore": ("recipe", "llm-compressor's ignore list: a quarl recipe's per-layer formats (bf16 = kept)"),
+        "sequential_targets": ("offload", "llm-compressor sequential onloading (quarl: offload=cpu, block by block)"),
+        "pipeline": ("offload", "llm-compressor oneshot pipeline=sequential (quarl: offload=cpu)"),
+        "group_size": ("format", "a format names its group size: int4-g128, w3g128, nvfp4 (16), mxfp4 (32)"),
+        "bits": ("format", "the format names its bits: nvfp4, mxfp4, int4-g128, w3g128 ..."),
+    }
 
     def __post_init__(self) -> None:
         # Checked here, at construction, so `quarl compile`/`submit` reject what the pod would.
