@@ -22,10 +22,10 @@ from quarl.cli.common import ConfigOpt, NoProgressOpt, OutputOpt, OverwriteOpt, 
 
 def calibrate(
     model: Annotated[
-        str,
+        str | None,
         typer.Option("--model", "-m", help="full-precision model: local dir | s3:// | HF id | default | tiny-llama"),
-    ],
-    output: OutputOpt,
+    ] = None,
+    output: OutputOpt = None,
     data: Annotated[
         str | None, typer.Option("--data", "-d", help="data-prep artifact URI (calibration prompts); or set data.path")
     ] = None,
@@ -45,7 +45,8 @@ def calibrate(
     run_stage("calibrate", config, overrides, print_config,
               lambda cfg: run_calibrate(cfg, model_uri=model, data_uri=data, recipe_uri=recipe, output_uri=output,
                                         overwrite=overwrite, progress=not no_progress),
-              show=lambda cfg: resolve_config(cfg, resolve_device(cfg.device)), summarize=_summary)
+              show=lambda cfg: resolve_config(cfg, resolve_device(cfg.device)), summarize=_summary,
+              needs={"--model": model, "--output": output})
 
 
 def _summary(result: dict) -> dict:

@@ -7,7 +7,11 @@ from typing import Annotated, Any
 
 import typer
 
-OutputOpt = Annotated[str, typer.Option("--output", "-o", help="artifact URI: local directory or s3://bucket/prefix")]
+# Not required by typer (default None): a stage checks it in ``run_stage(needs=...)`` after ``--print-config``, so
+# ``quarl <stage> --print-config`` shows the defaults without naming a model or an output.
+OutputOpt = Annotated[
+    str | None, typer.Option("--output", "-o", help="artifact URI: local directory or s3://bucket/prefix")
+]
 ConfigOpt = Annotated[
     str | None, typer.Option("--config", "-c", help="YAML file with the stage's config fields (see --print-config)")
 ]
@@ -19,13 +23,15 @@ PrintConfigOpt = Annotated[bool, typer.Option("--print-config", help="print the 
 
 def run_stage(stage: str, config: str | None, overrides: list[str] | None, print_config: bool,
               run: Callable[[Any], Any], *, errors: tuple[type[Exception], ...] = (),
-              show: Callable[[Any], Any] | None = None, summarize: Callable[[Any], Any] | None = None) -> None:
+              show: Callable[[Any], Any] | None = None, summarize: Callable[[Any], Any] | None = None,
+              needs: dict[str, Any] | None = None) -> None:
     """The body every stage command shares, written once.
 
     Loads the stage's config class (named by its spec, quarl/<area>/spec.py) from
     ``--config`` and ``--set`` (validated at construction), prints it for
     ``--print-config`` (``show`` may resolve it first), else calls ``run(cfg)`` and prints
-    the result (or ``summarize(result)``) as JSON. Expected failures -- a bad config,
+    the result (or ``summarize(result)``) as JSON. ``needs`` ({"--output": output, ...}): options a run
+    cannot do without, checked after ``--print-config`` (one error naming the missing ones). Expected failures -- a bad config,
     a missing or corrupt artifact, storage, a model or format error, plus ``errors`` --
     are one ``error:`` line on stderr and exit status 1; anything else is a bug and
     keeps its traceback.
@@ -49,6 +55,10 @@ def run_stage(stage: str, config: str | None, overrides: list[str] | None, print
 
             typer.echo(yaml.safe_dump(config_to_dict(show(cfg) if show else cfg), sort_keys=False))
             return
+        missing = [flag for flag, value in (needs or {}).items() if not value]
+        if missing:
+            raise ConfigError(f"quarl {stage.replace('_', '-')} needs {' and '.join(missing)} "
+                              f"(see quarl {stage.replace('_', '-')} --help)")
         result = run(cfg)
     except (ConfigError, ArtifactError, StorageError, ModelError, QuantError, *errors) as e:
         typer.echo(f"error: {e}", err=True)

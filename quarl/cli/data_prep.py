@@ -18,7 +18,7 @@ from quarl.cli.common import ConfigOpt, OutputOpt, OverwriteOpt, PrintConfigOpt,
 
 
 def data_prep(
-    output: OutputOpt,
+    output: OutputOpt = None,
     config: ConfigOpt = None,
     overrides: SetOpt = None,
     overwrite: OverwriteOpt = False,
@@ -29,7 +29,7 @@ def data_prep(
 
     run_stage("data_prep", config, overrides, print_config,
               lambda cfg: run_data_prep(cfg, output_uri=output, overwrite=overwrite),
-              errors=(DataValidationError, SourceError, TemplateError))
+              errors=(DataValidationError, SourceError, TemplateError), needs={"--output": output})
 
 
 def register(app: typer.Typer) -> None:

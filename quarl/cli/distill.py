@@ -16,7 +16,7 @@ from typing import Annotated
 
 import typer
 
-from quarl.cli.common import ConfigOpt, OverwriteOpt, PrintConfigOpt, SetOpt, run_stage
+from quarl.cli.common import ConfigOpt, OutputOpt, OverwriteOpt, PrintConfigOpt, SetOpt, run_stage
 
 StudentOpt = Annotated[str, typer.Option("--student", "-m", help="quantized student: a calibrate artifact, "
                                                                  "default, HF id, dir or s3://")]
@@ -24,15 +24,12 @@ TeacherOpt = Annotated[str | None, typer.Option("--teacher", help="full-precisio
                                                                   "student was calibrated from)")]
 DataOpt = Annotated[str | None, typer.Option("--data", "-d", help="dataset artifact URI (quarl data-prep), or a "
                                                                   "sequence set a distillation run generated")]
-OutputOpt = Annotated[str | None, typer.Option("--output", "-o", help="artifact URI: local directory or "
-                                                                      "s3://bucket/prefix")]
 
 
 def _command(stage: str):
     def command(config: ConfigOpt = None, overrides: SetOpt = None, student: StudentOpt = "default",
                 teacher: TeacherOpt = None, data: DataOpt = None, output: OutputOpt = None,
                 overwrite: OverwriteOpt = False, print_config: PrintConfigOpt = False) -> None:
-        from quarl.config import ConfigError
         from quarl.distill import run_distill, run_kd_coldstart
         from quarl.distill.student import PairingError
         from quarl.distill.trainer import DistillDivergedError
@@ -40,12 +37,11 @@ def _command(stage: str):
         fn = run_distill if stage == "distill" else run_kd_coldstart
 
         def run(cfg):
-            if not data or not output:
-                raise ConfigError(f"quarl {stage.replace('_', '-')} needs --data (a data-prep artifact) and --output")
             return fn(cfg, model_uri=student, data_uri=data, output_uri=output, teacher_uri=teacher,
                       overwrite=overwrite)
 
-        run_stage(stage, config, overrides, print_config, run, errors=(ValueError, PairingError, DistillDivergedError))
+        run_stage(stage, config, overrides, print_config, run, errors=(ValueError, PairingError, DistillDivergedError),
+                  needs={"--data": data, "--output": output})
 
     command.__doc__ = ("Quantization-aware distillation (QAD/QAT) of a quantized student from its full-precision "
                        "teacher." if stage == "distill" else

@@ -25,9 +25,9 @@ from quarl.cli.common import ConfigOpt, NoProgressOpt, OutputOpt, OverwriteOpt, 
 
 def eval_cmd(
     model: Annotated[
-        str, typer.Option("--model", "-m", help="model: local dir | s3:// | HF id | default | tiny-llama")
-    ],
-    output: OutputOpt,
+        str | None, typer.Option("--model", "-m", help="model: local dir | s3:// | HF id | default | tiny-llama")
+    ] = None,
+    output: OutputOpt = None,
     data: Annotated[
         list[str] | None,
         typer.Option("--data", "-d", help="benchmark data: name=URI, or a data-prep artifact URI (repeatable)"),
@@ -50,7 +50,8 @@ def eval_cmd(
               lambda cfg: run_eval(cfg, model_uri=model, data_uris=data, adapter_uri=adapter, output_uri=output,
                                    overwrite=overwrite, progress=not no_progress),
               errors=(EvalError,),
-              show=lambda cfg: dataclasses.replace(cfg, benchmarks=resolve_benchmarks(cfg, data)))
+              show=lambda cfg: dataclasses.replace(cfg, benchmarks=resolve_benchmarks(cfg, data)),
+              needs={"--model": model, "--output": output})
 
 
 def eval_compare(

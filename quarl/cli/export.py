@@ -21,9 +21,9 @@ from quarl.cli.common import ConfigOpt, OutputOpt, OverwriteOpt, PrintConfigOpt,
 
 def export(
     model: Annotated[
-        str, typer.Option("--model", "-m", help="quantized model: calibrate artifact | local dir | s3://")
-    ],
-    output: OutputOpt,
+        str | None, typer.Option("--model", "-m", help="quantized model: calibrate artifact | local dir | s3://")
+    ] = None,
+    output: OutputOpt = None,
     adapter: Annotated[
         str | None, typer.Option("--adapter", "-a", help="LoRA adapter: adapter artifact | PEFT dir | s3://")
     ] = None,
@@ -38,7 +38,7 @@ def export(
     run_stage("export", config, overrides, print_config,
               lambda cfg: run_export(cfg, model_uri=model, adapter_uri=adapter, output_uri=output,
                                      overwrite=overwrite),
-              summarize=lambda report: _summary(report, output))
+              summarize=lambda report: _summary(report, output), needs={"--model": model, "--output": output})
 
 
 def _summary(report: dict, output: str) -> dict:

@@ -22,7 +22,7 @@ from quarl.cli.common import ConfigOpt, NoProgressOpt, OutputOpt, OverwriteOpt, 
 
 
 def precision_search(
-    output: OutputOpt,
+    output: OutputOpt = None,
     model: Annotated[
         str, typer.Option("--model", "-m", help="full-precision model: local dir | s3:// | HF id | default | tiny-llama")
     ] = "default",
@@ -42,7 +42,7 @@ def precision_search(
     run_stage("precision_search", config, overrides, print_config,
               lambda cfg: run_precision_search(cfg, model_uri=model, data_uri=data, output_uri=output,
                                                overwrite=overwrite, progress=not no_progress),
-              errors=(ValueError,), summarize=_summary)
+              errors=(ValueError,), summarize=_summary, needs={"--output": output})
 
 
 def _summary(result: dict) -> dict:

@@ -17,13 +17,10 @@ from typing import Annotated
 
 import typer
 
-from quarl.cli.common import ConfigOpt, OverwriteOpt, PrintConfigOpt, SetOpt, run_stage
+from quarl.cli.common import ConfigOpt, OutputOpt, OverwriteOpt, PrintConfigOpt, SetOpt, run_stage
 
-# --data / --output are checked in the body (not required by typer) so --print-config works without them
+# --data / --output are checked by run_stage (not required by typer) so --print-config works without them
 DataOpt = Annotated[str | None, typer.Option("--data", "-d", help="dataset artifact URI written by `quarl data-prep`")]
-RLOutputOpt = Annotated[
-    str | None, typer.Option("--output", "-o", help="artifact URI: local directory or s3://bucket/prefix")
-]
 
 
 def rl(
@@ -33,7 +30,7 @@ def rl(
         "default"
     ),
     data: DataOpt = None,
-    output: RLOutputOpt = None,
+    output: OutputOpt = None,
     init_adapter: Annotated[
         str | None, typer.Option("--init-adapter", help="adapter artifact to start the LoRA from")
     ] = None,
@@ -41,17 +38,14 @@ def rl(
     print_config: PrintConfigOpt = False,
 ) -> None:
     """Reinforcement learning (GRPO/DAPO) of a quantized policy with LoRA and adaptive quantization noise."""
-    from quarl.config import ConfigError
     from quarl.rl import RLDivergedError, run_rl
 
     def run(cfg):
-        if not data or not output:
-            raise ConfigError("quarl rl needs --data (a data-prep artifact) and --output")
         return run_rl(cfg, model_uri=model, data_uri=data, output_uri=output, init_adapter_uri=init_adapter,
                       overwrite=overwrite)
 
     run_stage("rl", config, overrides, print_config, run, errors=(ValueError, RLDivergedError),
-              show=lambda cfg: cfg.resolved())
+              show=lambda cfg: cfg.resolved(), needs={"--data": data, "--output": output})
 
 
 def register(app: typer.Typer) -> None:
