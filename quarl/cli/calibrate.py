@@ -23,7 +23,8 @@ from quarl.cli.common import ConfigOpt, NoProgressOpt, OutputOpt, OverwriteOpt, 
 def calibrate(
     model: Annotated[
         str | None,
-        typer.Option("--model", "-m", help="full-precision model: local dir | s3:// | HF id | default | tiny-llama"),
+        typer.Option("--model", "-m",
+                     help="full-precision model: local dir | s3:// | HF id | default | tiny-llama (needed to run)"),
     ] = None,
     output: OutputOpt = None,
     data: Annotated[

@@ -10,7 +10,8 @@ import typer
 # Not required by typer (default None): a stage checks it in ``run_stage(needs=...)`` after ``--print-config``, so
 # ``quarl <stage> --print-config`` shows the defaults without naming a model or an output.
 OutputOpt = Annotated[
-    str | None, typer.Option("--output", "-o", help="artifact URI: local directory or s3://bucket/prefix")
+    str | None,
+    typer.Option("--output", "-o", help="artifact URI: local directory or s3://bucket/prefix (needed to run)"),
 ]
 ConfigOpt = Annotated[
     str | None, typer.Option("--config", "-c", help="YAML file with the stage's config fields (see --print-config)")
@@ -31,7 +32,8 @@ def run_stage(stage: str, config: str | None, overrides: list[str] | None, print
     ``--config`` and ``--set`` (validated at construction), prints it for
     ``--print-config`` (``show`` may resolve it first), else calls ``run(cfg)`` and prints
     the result (or ``summarize(result)``) as JSON. ``needs`` ({"--output": output, ...}): options a run
-    cannot do without, checked after ``--print-config`` (one error naming the missing ones). Expected failures -- a bad config,
+    cannot do without, checked after ``--print-config`` (one error naming the missing ones). Expected
+    failures -- a bad config,
     a missing or corrupt artifact, storage, a model or format error, plus ``errors`` --
     are one ``error:`` line on stderr and exit status 1; anything else is a bug and
     keeps its traceback.

@@ -23,7 +23,8 @@ StudentOpt = Annotated[str, typer.Option("--student", "-m", help="quantized stud
 TeacherOpt = Annotated[str | None, typer.Option("--teacher", help="full-precision teacher (default: the model the "
                                                                   "student was calibrated from)")]
 DataOpt = Annotated[str | None, typer.Option("--data", "-d", help="dataset artifact URI (quarl data-prep), or a "
-                                                                  "sequence set a distillation run generated")]
+                                                                  "sequence set a distillation run generated "
+                                                                  "(needed to run)")]
 
 
 def _command(stage: str):

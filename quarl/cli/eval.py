@@ -25,7 +25,8 @@ from quarl.cli.common import ConfigOpt, NoProgressOpt, OutputOpt, OverwriteOpt, 
 
 def eval_cmd(
     model: Annotated[
-        str | None, typer.Option("--model", "-m", help="model: local dir | s3:// | HF id | default | tiny-llama")
+        str | None,
+        typer.Option("--model", "-m", help="model: local dir | s3:// | HF id | default | tiny-llama (needed to run)"),
     ] = None,
     output: OutputOpt = None,
     data: Annotated[

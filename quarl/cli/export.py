@@ -21,7 +21,8 @@ from quarl.cli.common import ConfigOpt, OutputOpt, OverwriteOpt, PrintConfigOpt,
 
 def export(
     model: Annotated[
-        str | None, typer.Option("--model", "-m", help="quantized model: calibrate artifact | local dir | s3://")
+        str | None,
+        typer.Option("--model", "-m", help="quantized model: calibrate artifact | local dir | s3:// (needed to run)"),
     ] = None,
     output: OutputOpt = None,
     adapter: Annotated[

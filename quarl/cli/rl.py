@@ -20,7 +20,9 @@ import typer
 from quarl.cli.common import ConfigOpt, OutputOpt, OverwriteOpt, PrintConfigOpt, SetOpt, run_stage
 
 # --data / --output are checked by run_stage (not required by typer) so --print-config works without them
-DataOpt = Annotated[str | None, typer.Option("--data", "-d", help="dataset artifact URI written by `quarl data-prep`")]
+DataOpt = Annotated[
+    str | None, typer.Option("--data", "-d", help="dataset artifact URI written by `quarl data-prep` (needed to run)")
+]
 
 
 def rl(
