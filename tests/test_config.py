@@ -134,7 +134,7 @@ def test_rl_names_from_trl_verl_peft_point_at_quarls_key(override, key, origin):
     assert f"quarl calls it {key!r}" in msg and origin in msg and f"set {key}=" in msg, msg
 
 
-@pytest.mark.parametrize("stage", ["rl", "distill", "kd", "calibrate"])
+@pytest.mark.parametrize("stage", ["rl", "distill", "kd", "calibrate", "eval"])
 def test_foreign_names_point_at_real_keys_and_shadow_none(stage):
     """Every FOREIGN_NAMES target is a key of its config; no foreign name is a field name anywhere in it (quarl's
     own names always win)."""
@@ -143,9 +143,11 @@ def test_foreign_names_point_at_real_keys_and_shadow_none(stage):
 
     from quarl.calibrate.config import CalibrateConfig
     from quarl.distill.config import DistillConfig, KDColdStartConfig
+    from quarl.eval.config import EvalConfig
     from quarl.rl.config import RLConfig
 
-    root = {"rl": RLConfig, "distill": DistillConfig, "kd": KDColdStartConfig, "calibrate": CalibrateConfig}[stage]
+    root = {"rl": RLConfig, "distill": DistillConfig, "kd": KDColdStartConfig, "calibrate": CalibrateConfig,
+            "eval": EvalConfig}[stage]
 
     def walk(c, path):
         hints = typing.get_type_hints(c)

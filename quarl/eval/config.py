@@ -34,7 +34,7 @@ artifact (``split`` picks eval/train).
 from __future__ import annotations
 
 from dataclasses import dataclass, field, fields
-from typing import Any
+from typing import Any, ClassVar
 
 from quarl.rewards import RewardConfig
 
@@ -207,6 +207,21 @@ class EvalConfig:
     trust_remote_code: bool = False
     reward: RewardConfig = field(default_factory=RewardConfig)
     examples_in_report: int = 3  # problems shown verbatim per benchmark in report.md/html
+
+    # Knob names from lm-evaluation-harness / vLLM / HF generate -> (quarl's key, where the name comes from): an
+    # unknown key ending in one of these gets quarl's key in its error (quarl.config._check_foreign_names).
+    FOREIGN_NAMES: ClassVar[dict[str, tuple[str, str]]] = {
+        "tasks": ("benchmarks", "lm-eval --tasks; quarl: benchmarks=[gsm8k, math500, ...]"),
+        "limit": ("benchmarks", ("lm-eval --limit; quarl: a benchmark's max_problems, "
+                                "benchmarks=[{name: gsm8k, max_problems: 100}]")),
+        "max_gen_toks": ("sampling.max_new_tokens", "lm-eval gen_kwargs max_gen_toks"),
+        "max_tokens": ("sampling.max_new_tokens", "vLLM SamplingParams max_tokens"),
+        "num_return_sequences": ("sampling.n", "HF generate num_return_sequences (samples per problem, avg@n)"),
+        "repeats": ("sampling.n", "lm-eval repeats (samples per problem, avg@n)"),
+        "do_sample": ("sampling.greedy", "HF generate do_sample (do_sample=false is sampling.greedy=true)"),
+        "load_in_4bit": ("quant", "bitsandbytes loading; quarl quantizes with quant=nf4 / nvfp4 / int4-g128 ..."),
+        "quantization": ("quant", "vLLM quantization; quarl: quant=<format> (RTN) or a calibrated model"),
+    }
 
     def __post_init__(self) -> None:
         if isinstance(self.benchmarks, (str, dict, BenchmarkConfig)):
