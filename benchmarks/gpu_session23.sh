@@ -1,8 +1,21 @@
 #!/usr/bin/env bash
 # Session 23: issue 17's decode target (>= 80 % of HBM at 1..16 rows) -- a stream-K, TMA-fed, warp-specialized wgmma
-# decode kernel (kernels/quarl_kernels/wgmma_stream.py: session 22's register-A design cut for decode; a loader warp,
-# two consumer warpgroups decoding in x's natural k order, stages of four K steps, equal contiguous shares of the
-# weight's (tile, K chunk) units per CTA, partials summed in slot order by the usual last pass).
+# decode kernel (session 22's register-A design cut for decode; a loader warp, two consumer warpgroups decoding in x's
+# natural k order, stages of four K steps, equal contiguous shares of the weight's (tile, K chunk) units per CTA,
+# partials summed in slot order by the usual last pass). Phases a-b ran it as kernels/quarl_kernels/wgmma_stream.py;
+# it lost and moved to benchmarks/kernels/wgmma_stream.py after them (run a-b at commit 84801ad). Later phases: every
+# GPU test (c), 8-bit AdamW on the GPU (d-f).
+#
+# The ignored .whl/ folder the calls carry is made on the CPU host:
+#   .whl/bitsandbytes-0.50.2-*.whl   pip download bitsandbytes==0.50.2 --no-deps -d .whl
+#   .whl/bnb-site/bitsandbytes       that wheel installed (pip install --no-deps --target), every libbitsandbytes_*.so
+#                                    but cpu and cuda130 deleted (5 MB)
+#   .whl/small/                      pip download --no-deps gguf math-verify latex2sympy2_extended
+#                                    antlr4-python3-runtime==4.13.2 (quarl's pure-Python needs)
+#   .whl/s1, s2, s3/gguf.xz.part0..2 xz -6 of the embedded GGUF, split -b 40000000 -d -a 1 (40 + 40 + 10.5 MB)
+#   .whl/s3/data/builtin-l1          quarl data-prep --config quarl/recipes/data/default.yaml --set template=chat
+#                                    --set tokenizer=default --set 'sources=[{name: synthetic, num_samples: 2400,
+#                                    max_difficulty: 1}]' --set split.eval_size=400 --output .whl/s3/data/builtin-l1
 # Run from the repository root on the device machine; the record of what ran is at the end of this file.
 # The phases use benchmarks/gpu_phase_lib.sh's helpers.
 #
@@ -27,9 +40,8 @@
 #     and LoRA r32, 7B and 32B width).
 #   phase e1 (twice) / e2: three back-to-back calls (the machine stays warm between them; ~1 + 2 min)
 #     phase d's RL-trainer test needs the SmolLM2 tokenizer (the embedded default's GGUF, 98 MB: more than a call
-#     carries). e1 (carry .whl/s1, then .whl/s2): two 40 MB parts of the GGUF's xz into /tmp/stash (the tracked tree is 17 MB of
-#     the 64 MiB a call carries). e2 (carry .whl/s3 .whl/small
-#     .whl/bnb-site): the GGUF assembled and checked, quarl's pure-Python wheels installed (smollm2_site), bitsandbytes
+#     carries). e1 (carry .whl/s1, then .whl/s2): two 40 MB parts of the GGUF's xz into /tmp/stash (the tracked tree
+#     is 17 MB of the 64 MiB a call carries). e2 (carry .whl/s3 .whl/small .whl/bnb-site): the GGUF assembled and checked, quarl's pure-Python wheels installed (smollm2_site), bitsandbytes
 #     0.50.2's package with only its CPU and CUDA 13.0 libraries on PYTHONPATH; tests/train/test_optim_gpu.py.
 #   phase e1 (twice) / f: as e1 / e2, then the learning check instead of the tests (one GPU; ~5 min)
 #     the rl stage's default optimizer (8-bit AdamW) had never trained on a GPU; every learning run so far used torch
