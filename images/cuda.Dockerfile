@@ -56,7 +56,7 @@ COPY benchmarks/kernels/ ./benchmarks/kernels/
 COPY images/precompile_kernels.py ./images/
 # hadolint ignore=DL3013
 RUN pip install --no-cache-dir --constraint /opt/quarl/constraints.txt ".[gpu]" \
- && python -c "import quarl, quarl_kernels, quarl_components, triton, vllm; print('quarl', quarl.__version__)"
+ && python -c "import quarl, quarl_kernels, quarl_components, triton, vllm, bitsandbytes; print('quarl', quarl.__version__)"
 
 USER 1000:1000
 # No GPU at build time: Triton compiles for the sm_90a target explicitly.
