@@ -15,8 +15,8 @@ A operand -- and this module is that design cut for decode:
   At 1..16 rows the tensor cores are nearly idle; what counts is that a consumer thread spends its instructions on
   the decode alone (no address math, no load waits but its scale bytes, which it loads one stage ahead).
 * **Stages of four K steps**: a stage is 4 x ([128 rows, 8 words] + [NT, 64] x) -- 20-24 KB -- so a CTA's ring
-  holds ``STAGES`` x that in flight (80-96 KB at 4 stages: enough bytes in flight for HBM latency at one CTA an SM) and the
-  consumers meet the stage barriers once per 256 weights of a row.
+  holds ``STAGES`` x that in flight (80-96 KB at 4 stages: enough bytes in flight for HBM latency at one CTA an
+  SM) and the consumers meet the stage barriers once per 256 weights of a row.
 * **Stream-K**: the weight is a sequence of (128-row tile, 256-wide K chunk) units, tile-major; each persistent CTA
   takes a contiguous, equal share (``c0 = p T / P``), so no SM waits through a tail wave (148 row tiles of the 7B
   gate / up weight on 132 SMs would be 1.12 waves as whole tiles). A CTA writes its accumulator of each tile it
