@@ -63,15 +63,17 @@ from fp8_linear import stream_time, sync  # the FP8 benchmarks' timers
 SHAPES = {"Qwen2.5-7B": (3584, 18944, 28, 4, 152064, 28), "Qwen3-8B": (4096, 12288, 32, 8, 151936, 36),
           "Qwen2.5-32B": (5120, 27648, 40, 8, 152064, 64), "tiny": (256, 640, 4, 2, 1000, 4)}
 BASES = ("bf16", "jetrl", "jetrl-xtiles")
+GLUE_BACKEND = "inductor"
 PROMPT = 256  # prompt tokens per sequence under --loss rl (the rest is the completion)
 
 
-def parse_arm(arm: str) -> tuple[str, bool]:
-    """``jetrl-xtiles+deepgemm`` -> ("jetrl-xtiles", True); unknown names refused."""
+def parse_arm(arm: str) -> tuple[str, bool, bool]:
+    """``jetrl-xtiles+deepgemm+glue`` -> ("jetrl-xtiles", True, True); unknown names refused."""
     base, *mods = arm.split("+")
-    if base not in BASES or mods not in ([], ["deepgemm"]) or (mods and base == "bf16"):
-        raise SystemExit(f"unknown arm {arm!r}: a base ({', '.join(BASES)}), +deepgemm on the FP8 bases")
-    return base, bool(mods)
+    if base not in BASES or any(m not in ("deepgemm", "glue") for m in mods) or len(set(mods)) != len(mods) or (
+            "deepgemm" in mods and base == "bf16"):
+        raise SystemExit(f"unknown arm {arm!r}: a base ({', '.join(BASES)}) with +deepgemm (FP8 bases) and/or +glue")
+    return base, "deepgemm" in mods, "glue" in mods
 
 
 def build(shape: str, layers: int, device: str, seed: int = 0):
@@ -132,10 +134,14 @@ KERNEL_CLASSES = [
     ("fp8 quantize", ("_act_kernel", "_act_t_kernel", "_tile_kernel", "quant")),  # quarl_kernels.fp8_quant
     ("attention", ("flash", "fmha", "attention", "attn", "sdpa", "efficient")),
     ("gemm", ("gemm", "nvjet", "xmma", "cutlass", "wgmma", "sm90_", "splitk", "deep_gemm", "fp8_gemm")),
-    ("norm/rope/swiglu", ("rms", "norm", "rope", "rotary", "silu", "swiglu", "liger")),
+    # inductor's kernels (triton_poi_fused_..., triton_red_..., triton_per_...): the +glue arms' compiled glue
+    ("norm/rope/swiglu", ("rms", "norm", "rope", "rotary", "silu", "swiglu", "liger", "triton_")),
     ("optimizer", ("adam", "multi_tensor", "foreach")),
     ("softmax/loss", ("logsumexp", "softmax", "cross_entropy", "nll", "log_softmax", "gather", "scatter")),
 ]
+
+
+TOP_KERNELS = 40  # the longest kernels --profile keeps per arm
 
 
 def kernel_class(name: str, classes=KERNEL_CLASSES) -> str:
@@ -144,7 +150,7 @@ def kernel_class(name: str, classes=KERNEL_CLASSES) -> str:
 
 
 def profile_step(fn, device: str, kinds=KERNEL_CLASSES) -> dict:
-    """One step under torch.profiler: GPU ms per kernel class and the 12 longest kernels (ms per step)."""
+    """One step under torch.profiler: GPU ms per kernel class and the longest kernels (ms per step)."""
     act = torch.profiler.ProfilerActivity.CUDA if device == "cuda" else torch.profiler.ProfilerActivity.CPU
     sync(device)
     with torch.profiler.profile(activities=[act]) as prof:
@@ -161,7 +167,7 @@ def profile_step(fn, device: str, kinds=KERNEL_CLASSES) -> dict:
     for k, ms in by_kernel.items():
         c = kernel_class(k, kinds)
         classes[c] = classes.get(c, 0.0) + ms
-    top = sorted(by_kernel.items(), key=lambda kv: -kv[1])[:12]
+    top = sorted(by_kernel.items(), key=lambda kv: -kv[1])[:TOP_KERNELS]
     return {"classes": classes, "total_ms": sum(by_kernel.values()), "top": [[k[:120], ms] for k, ms in top]}
 
 
@@ -191,13 +197,23 @@ def measure(model, ids: torch.Tensor, loss: str, iters: int, device: str, profil
 
 def time_arm(shape: str, layers: int, arm: str, tokens: int, seq: int, iters: int, device: str,
              loss: str = "ce", profile: bool = False, accumulate: int = 1) -> dict:
-    base, deepgemm = parse_arm(arm)
-    with unittest.mock.patch.dict(os.environ, {"QUARL_FP8_GEMM": "deepgemm"} if deepgemm else {}):
-        model = build(shape, layers, device)
-        prepare(model, base)
-        model.train()
-        ids = torch.randint(0, SHAPES[shape][4], (max(tokens // seq, 1), seq), device=device)
-        return measure(model, ids, loss, iters, device, profile, accumulate=accumulate)
+    base, deepgemm, glue = parse_arm(arm)
+    from transformers.models.qwen2 import modeling_qwen2
+
+    rope = modeling_qwen2.apply_rotary_pos_emb  # +glue patches it process-wide: the next arm gets it back
+    try:
+        with unittest.mock.patch.dict(os.environ, {"QUARL_FP8_GEMM": "deepgemm"} if deepgemm else {}):
+            model = build(shape, layers, device)
+            prepare(model, base)
+            if glue:  # what policy.compile_glue does in the rl stage
+                from quarl.train.fused_glue import compile_glue
+
+                compile_glue(model, backend=GLUE_BACKEND if device == "cuda" else "aot_eager")
+            model.train()
+            ids = torch.randint(0, SHAPES[shape][4], (max(tokens // seq, 1), seq), device=device)
+            return measure(model, ids, loss, iters, device, profile, accumulate=accumulate)
+    finally:
+        modeling_qwen2.apply_rotary_pos_emb = rope
 
 
 def main() -> None:
@@ -235,14 +251,16 @@ def main() -> None:
            "shape": a.shape, "layers": a.layers, "tokens": a.tokens, "seq": seq, "loss": a.loss,
            "accumulate": a.accumulate, "rows": []}
     t0 = time.time()
-    # the stem (no decoder layer) has no projection to quantize: the same BF16 model in every arm, timed once
-    for arm, layers in [("bf16", 0), *((arm, a.layers) for arm in arms)]:
+    # the stem (no decoder layer) has no projection to quantize: the same BF16 model in every arm, timed once (and
+    # once with the compiled glue when an arm has it: its final norm)
+    stems = ["bf16"] + (["bf16+glue"] if any(parse_arm(x)[2] for x in arms) else [])
+    for arm, layers in [*((x, 0) for x in stems), *((arm, a.layers) for arm in arms)]:
         if time.time() - t0 > a.budget_s:
             res.setdefault("skipped", []).append(f"{arm} layers={layers}")
             continue
         try:
             row = {"arm": arm, "layers": layers, **time_arm(a.shape, layers, arm, a.tokens, seq, a.iters, a.device,
-                                                             a.loss, a.profile and layers > 0, a.accumulate)}
+                                                             a.loss, a.profile, a.accumulate)}
         except Exception as e:  # noqa: BLE001 - e.g. out of memory or DeepGEMM missing: keep the other arms
             row = {"arm": arm, "layers": layers, "error": f"{type(e).__name__}: {str(e)[:300]}"}
         record_row(res, row, out / "fp8_model_step.json", a.device, t0)
@@ -277,8 +295,9 @@ def render(res: dict) -> str:
     L = [title, "", head, "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
     vals: dict[str, dict] = {}
     for arm in dict.fromkeys(r["arm"] for r in res["rows"] if r["layers"]):
-        # the stem is BF16 in every arm (embedding, final norm, LM head, loss); session 10's +liger arms had their own
-        stem = by.get(("bf16+liger" if arm.endswith("+liger") else "bf16", 0), {})
+        # the stem is BF16 in every arm (embedding, final norm, LM head, loss); +glue arms have their own (the final
+        # norm is compiled too); session 10's +liger arms had theirs
+        stem = by.get((f"bf16+{arm.split('+')[-1]}" if arm.endswith(("+liger", "+glue")) else "bf16", 0), {})
         step = by.get((arm, res["layers"]), {})
         if "ms" not in step or "ms" not in stem:
             err = step.get("error") or stem.get("error") or "not run"
@@ -290,14 +309,21 @@ def render(res: dict) -> str:
         x = {k: f"{b[k] / v[k]:.2f}x" if b.get(k) and v[k] > 0 else "-" for k in v}
         L.append(f"| {arm} | {v['step']:.1f} | {x['step']} | {stem['ms']:.1f} | {per:.2f} | {x['per']} | {v['est']:.1f} | "
                  f"{x['est']} | {step.get('peak_gib', float('nan')):.1f} |")
-    prof = {r["arm"]: r["profile"] for r in res["rows"] if r.get("profile")}
+    prof = {(r["arm"], r["layers"]): r["profile"] for r in res["rows"] if r.get("profile")}
     if prof:
         cls = [c for c, _ in KERNEL_CLASSES] + ["other"]
-        L += ["", f"GPU ms of one {res['layers']}-layer step by kernel class (torch.profiler):", "",
+        L += ["", (f"GPU ms of one step by kernel class (torch.profiler; the stem has no decoder layer), and per "
+                   f"decoder layer = (step - stem) / {res['layers']}:"), "",
               "| arm | " + " | ".join(cls) + " | sum |", "|---|" + "---:|" * (len(cls) + 1)]
-        for arm, p in prof.items():
-            L.append(f"| {arm} | " + " | ".join(f"{p['classes'].get(c, 0.0):.1f}" for c in cls) +
-                     f" | {p['total_ms']:.1f} |")
+        for (arm, layers), p in prof.items():
+            L.append(f"| {arm}{' (stem)' if not layers else ''} | " +
+                     " | ".join(f"{p['classes'].get(c, 0.0):.1f}" for c in cls) + f" | {p['total_ms']:.1f} |")
+        for (arm, layers), p in prof.items():
+            stem = prof.get((f"bf16+{arm.split('+')[-1]}" if arm.endswith("+glue") else "bf16", 0))
+            if layers and stem:
+                per = {c: (p["classes"].get(c, 0.0) - stem["classes"].get(c, 0.0)) / layers for c in cls}
+                L.append(f"| {arm}, per layer | " + " | ".join(f"{per[c]:.2f}" for c in cls) +
+                         f" | {(p['total_ms'] - stem['total_ms']) / layers:.2f} |")
     return "\n".join(L)
 
 

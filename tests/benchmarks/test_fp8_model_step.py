@@ -46,9 +46,11 @@ def test_run_and_report(tmp_path, monkeypatch):
 
 
 def test_arm_names_are_checked():
-    assert bench.parse_arm("jetrl-xtiles+deepgemm") == ("jetrl-xtiles", True)
-    assert bench.parse_arm("bf16") == ("bf16", False)
-    for bad in ("bf16+deepgemm", "jetrl+deepgemm+deepgemm", "fp8", "jetrl+tiles", "jetrl+liger"):
+    assert bench.parse_arm("jetrl-xtiles+deepgemm") == ("jetrl-xtiles", True, False)
+    assert bench.parse_arm("bf16") == ("bf16", False, False)
+    assert bench.parse_arm("bf16+glue") == ("bf16", False, True)
+    assert bench.parse_arm("jetrl+deepgemm+glue") == ("jetrl", True, True)
+    for bad in ("bf16+deepgemm", "jetrl+deepgemm+deepgemm", "fp8", "jetrl+tiles", "jetrl+liger", "bf16+glue+glue"):
         with pytest.raises(SystemExit, match="unknown arm"):
             bench.parse_arm(bad)
 
@@ -71,15 +73,38 @@ def test_profile_classes_and_the_report():
     assert bench.kernel_class("_rms_norm_backward_kernel") == "norm/rope/swiglu"
     assert bench.kernel_class("multi_tensor_apply_kernel") == "optimizer"
     assert bench.kernel_class("elementwise_kernel") == "other"
+    assert bench.kernel_class("triton_red_fused__to_copy_add_mean_mul_pow_rsqrt_0") == "norm/rope/swiglu"
     prof = bench.profile_step(lambda: torch.ones(64, 64) @ torch.ones(64, 64), "cpu")
     assert prof["total_ms"] >= 0 and abs(sum(prof["classes"].values()) - prof["total_ms"]) < 1e-9 and prof["top"]
     res = {"shape": "tiny", "layers": 1, "tokens": 32, "seq": 16, "gpu": "cpu", "torch": "x", "loss": "rl",
-           "rows": [{"arm": "bf16", "layers": 0, "ms": 10.0}, {"arm": "bf16", "layers": 1, "ms": 30.0},
+           "rows": [{"arm": "bf16", "layers": 0, "ms": 10.0,
+                     "profile": {"classes": {"gemm": 4.0, "other": 5.0}, "total_ms": 9.0, "top": []}},
+                    {"arm": "bf16", "layers": 1, "ms": 30.0},
                     {"arm": "jetrl", "layers": 1, "ms": 20.0,
                      "profile": {"classes": {"gemm": 12.0, "other": 6.0}, "total_ms": 18.0, "top": []}}]}
     text = bench.render(res)
     assert "| jetrl | 20.0 | 1.50x | 10.0 | 10.00 | 2.00x | 50.0 | 1.80x |" in text
     assert "| jetrl | 0.0 | 0.0 | 12.0 | 0.0 | 0.0 | 0.0 | 6.0 | 18.0 |" in text  # fp8 quantize, attention, gemm, ...
+    assert "| bf16 (stem) | 0.0 | 0.0 | 4.0 | 0.0 | 0.0 | 0.0 | 5.0 | 9.0 |" in text
+    assert "| jetrl, per layer | 0.00 | 0.00 | 8.00 | 0.00 | 0.00 | 0.00 | 1.00 | 9.00 |" in text  # (step - stem) / 1
+
+
+def test_glue_arms_compile_the_glue_and_have_their_own_stem(tmp_path, monkeypatch):
+    from transformers.models.qwen2 import modeling_qwen2
+
+    original = modeling_qwen2.apply_rotary_pos_emb
+    monkeypatch.setattr(sys, "argv", ["fp8_model_step.py", "--device", "cpu", "--shape", "tiny", "--layers", "1",
+                                      "--tokens", "32", "--seq", "16", "--iters", "1", "--arms", "bf16,jetrl+glue",
+                                      "--out", str(tmp_path)])
+    try:
+        bench.main()
+        assert modeling_qwen2.apply_rotary_pos_emb is original  # restored after the +glue arm
+    finally:
+        modeling_qwen2.apply_rotary_pos_emb = original
+    res = json.loads((tmp_path / "fp8_model_step.json").read_text())
+    assert [(r["arm"], r["layers"]) for r in res["rows"]] == [("bf16", 0), ("bf16+glue", 0), ("bf16", 1),
+                                                               ("jetrl+glue", 1)]
+    assert all("ms" in r for r in res["rows"]), res["rows"]
 
 
 def test_accumulate_runs_n_micro_batches_per_optimizer_step(tmp_path, monkeypatch):

@@ -1,0 +1,109 @@
+"""The glue between a decoder layer's projections -- RMSNorm, RoPE, SwiGLU -- as ``torch.compile``d functions.
+
+Why. In a full-parameter training step everything but the projections and attention is memory-bound glue, and
+transformers' eager code runs it as many small kernels over the whole activation: an RMSNorm is an fp32 upcast,
+a square, a mean, an rsqrt, a multiply, a downcast and the weight's multiply forward (each a pass over
+``[B*T, H]``, the fp32 ones twice the bytes) and more backward; RoPE is ``rotate_half`` (two slices, a negation
+and a cat) and four elementwise ops for q and again for k; SwiGLU a SiLU and a multiply over ``[B*T, I]``. FP8
+GEMMs do not touch this time, so it also caps what Jet-RL's FP8 flow can gain on the whole step
+(benchmarks/RESULTS.md, Jet-RL). Compiled, each function becomes one or two Triton kernels forward and backward
+(inductor generates the backward from the same graph), with the eager code's math.
+
+What is patched, on the model instance: every module named ``*RMSNorm`` with a ``weight`` and an epsilon
+(decoder layers' two, the final one; Qwen3's q/k norms too), every MLP with ``gate_proj``/``up_proj``/
+``down_proj`` and a SiLU activation (the projections stay whatever they are: ``nn.Linear``, a ``QuantLinear`` on
+the FP8 flow, a frozen 4-bit base + LoRA), and the model family's module-level ``apply_rotary_pos_emb`` --
+process-wide, for every model of that family in the stage's process, as Liger-Kernel patches it. The functions
+are compiled once per process (``dynamic=None``: a second sequence length recompiles them shape-generic, so
+RL's varying batch shapes do not recompile every step).
+
+Numerics: the eager code rounds to bf16 after every op; a fused kernel keeps fp32 in registers and rounds once,
+so outputs differ by bf16 rounding (<= 1-2 ulp; ``tests/train/test_fused_glue*.py``).
+"""
+
+from __future__ import annotations
+
+import sys
+import types
+from functools import cache
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+__all__ = ["compile_glue", "rms_norm", "rope", "silu_mul"]
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """transformers' RMSNorm (Llama / Qwen2 / Qwen3): fp32 statistics, cast back before the weight."""
+    xf = x.float()  # [..., H]
+    y = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
+    return weight * y.to(x.dtype)
+
+
+def silu_mul(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+    """SwiGLU's elementwise part: SiLU(gate) * up, ``[..., I]``."""
+    return F.silu(gate) * up
+
+
+def _rotate_half(x: torch.Tensor) -> torch.Tensor:
+    x1, x2 = x.chunk(2, dim=-1)
+    return torch.cat((-x2, x1), dim=-1)
+
+
+def rope(q, k, cos, sin, unsqueeze_dim: int = 1):
+    """transformers' ``apply_rotary_pos_emb``: q ``[B, Hq, T, D]``, k ``[B, Hk, T, D]``, cos/sin ``[B, T, D]``."""
+    cos, sin = cos.unsqueeze(unsqueeze_dim), sin.unsqueeze(unsqueeze_dim)
+    return q * cos + _rotate_half(q) * sin, k * cos + _rotate_half(k) * sin
+
+
+@cache
+def _compiled(backend: str) -> types.SimpleNamespace:
+    """The three functions compiled once per process and backend (``inductor`` in a stage; tests use the
+    cheaper ``aot_eager`` to check the wiring and the autograd graph)."""
+    c = lambda f: torch.compile(f, backend=backend, dynamic=None, fullgraph=True)
+    return types.SimpleNamespace(rms_norm=c(rms_norm), silu_mul=c(silu_mul), rope=c(rope))
+
+
+def _is_silu(act) -> bool:
+    # transformers' ACT2FN["silu"] is its own SiLUActivation module, not nn.SiLU
+    return isinstance(act, nn.SiLU) or type(act).__name__ == "SiLUActivation"
+
+
+def _eps(m: nn.Module) -> float | None:
+    for name in ("variance_epsilon", "eps"):
+        v = getattr(m, name, None)
+        if isinstance(v, float):
+            return v
+    return None
+
+
+def compile_glue(model: nn.Module, key: str = "policy.compile_glue", backend: str = "inductor") -> dict:
+    """Patch ``model`` (a transformers causal LM) in place: its RMSNorms, SwiGLU MLPs and its family's RoPE run
+    the compiled functions. Returns what was patched, for the stage's report. Raises a ``ValueError`` naming
+    ``key`` and the fix when nothing in the model has the layout patched here."""
+    fns = _compiled(backend)
+    norms = mlps = 0
+    families: set[str] = set()
+    for m in model.modules():
+        cls = type(m)
+        if cls.__name__.endswith("RMSNorm") and isinstance(getattr(m, "weight", None), torch.Tensor) \
+                and _eps(m) is not None:
+            eps = _eps(m)
+            m.forward = types.MethodType(lambda self, x, _e=eps: fns.rms_norm(x, self.weight, _e), m)
+            norms += 1
+        elif all(hasattr(m, p) for p in ("gate_proj", "up_proj", "down_proj")) and _is_silu(getattr(m, "act_fn", None)):
+            m.forward = types.MethodType(
+                lambda self, x: self.down_proj(fns.silu_mul(self.gate_proj(x), self.up_proj(x))), m)
+            mlps += 1
+        mod = sys.modules.get(cls.__module__)
+        if cls.__name__.endswith("Attention") and callable(getattr(mod, "apply_rotary_pos_emb", None)):
+            if getattr(mod.apply_rotary_pos_emb, "_quarl_glue", None) != backend:
+                patched = lambda *a, **kw: fns.rope(*a, **kw)
+                patched._quarl_glue = backend
+                mod.apply_rotary_pos_emb = patched
+            families.add(cls.__module__)
+    if not (norms or mlps or families):
+        raise ValueError(f"{key}=true: no RMSNorm, SwiGLU MLP or RoPE attention found in this "
+                         f"{type(model).__name__} (a layout quarl.train.fused_glue does not know); set {key}=false")
+    return {"backend": backend, "rms_norms": norms, "swiglu_mlps": mlps, "rope_modules": sorted(families)}

@@ -1,0 +1,83 @@
+"""quarl.train.fused_glue on CPU: the functions are transformers' math, the patch reaches every RMSNorm, SwiGLU MLP
+and the family's RoPE, and a patched model computes what the eager one does, forward and backward (compiled with
+the cheap ``aot_eager`` backend here: the autograd graph torch.compile builds, without inductor's C++ build; the
+inductor kernels are checked on the GPU, tests/train/test_fused_glue_gpu.py)."""
+
+import pytest
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
+
+from quarl.train import fused_glue
+from quarl.train.fused_glue import compile_glue, rms_norm, rope, silu_mul
+
+
+def _pair(cls, cfg, dtype=torch.float32):
+    torch.manual_seed(0)
+    a = cls(cfg).to(dtype)
+    b = cls(cfg).to(dtype)
+    b.load_state_dict(a.state_dict())
+    return a, b
+
+
+def _qwen2():
+    return Qwen2Config(hidden_size=64, intermediate_size=160, num_attention_heads=4, num_key_value_heads=2,
+                       vocab_size=97, num_hidden_layers=2, tie_word_embeddings=False)
+
+
+def test_functions_are_transformers_math():
+    from transformers.models.qwen2 import modeling_qwen2 as m
+
+    torch.manual_seed(0)
+    norm = m.Qwen2RMSNorm(64, eps=1e-6)
+    norm.weight.data.normal_()
+    x = torch.randn(3, 5, 64, dtype=torch.bfloat16)
+    assert torch.equal(rms_norm(x, norm.weight.to(torch.bfloat16), 1e-6), norm.to(torch.bfloat16)(x))
+    g, u = torch.randn(2, 7, 32), torch.randn(2, 7, 32)
+    assert torch.equal(silu_mul(g, u), torch.nn.functional.silu(g) * u)
+    q, k = torch.randn(2, 4, 6, 16), torch.randn(2, 2, 6, 16)
+    cos, sin = torch.randn(2, 6, 16), torch.randn(2, 6, 16)
+    for ours, theirs in zip(rope(q, k, cos, sin), m.apply_rotary_pos_emb(q, k, cos, sin), strict=True):
+        assert torch.equal(ours, theirs)
+
+
+@pytest.mark.parametrize("family", ["qwen2", "llama"])
+def test_patched_model_matches_eager_forward_and_backward(family):
+    from transformers.models.llama import modeling_llama
+    from transformers.models.qwen2 import modeling_qwen2
+
+    mod = {"qwen2": modeling_qwen2, "llama": modeling_llama}[family]
+    original = mod.apply_rotary_pos_emb
+    cfg = _qwen2() if family == "qwen2" else LlamaConfig(
+        hidden_size=64, intermediate_size=160, num_attention_heads=4, num_key_value_heads=2, vocab_size=97,
+        num_hidden_layers=2, tie_word_embeddings=False)
+    a, b = _pair(Qwen2ForCausalLM if family == "qwen2" else LlamaForCausalLM, cfg)
+    ids = torch.randint(0, 97, (2, 12))
+    la = a(input_ids=ids).logits
+    la.square().mean().backward()
+    try:
+        report = compile_glue(b, backend="aot_eager")
+        assert report["rms_norms"] == 5 and report["swiglu_mlps"] == 2  # 2 per layer + the final norm; 1 MLP each
+        assert report["rope_modules"] == [mod.__name__] and mod.apply_rotary_pos_emb is not original
+        assert all("forward" in m.__dict__ for m in b.modules() if type(m).__name__.endswith(("RMSNorm", "MLP")))
+        for n in (12, 9):  # a second sequence length (RL's batches change shape) still matches
+            b.zero_grad()
+            ids_n = ids[:, :n]
+            lb = b(input_ids=ids_n).logits
+            lb.square().mean().backward()
+            if n == 12:
+                torch.testing.assert_close(lb, la, rtol=1e-5, atol=1e-5)
+                for (name, p), q in zip(a.named_parameters(), b.parameters(), strict=True):
+                    torch.testing.assert_close(q.grad, p.grad, rtol=1e-4, atol=1e-6, msg=name)
+        again = compile_glue(b, backend="aot_eager")  # idempotent: the RoPE patch is not wrapped twice
+        assert again["rms_norms"] == 5 and getattr(mod.apply_rotary_pos_emb, "_quarl_glue", None) == "aot_eager"
+    finally:
+        mod.apply_rotary_pos_emb = original  # process-wide: leave the other tests transformers' own
+
+
+def test_a_model_without_the_layout_is_refused_with_the_key():
+    with pytest.raises(ValueError, match=r"student.compile_glue=true: no RMSNorm.*set student.compile_glue=false"):
+        compile_glue(torch.nn.Sequential(torch.nn.Linear(4, 4)), key="student.compile_glue", backend="aot_eager")
+
+
+def test_compiled_once_per_backend():
+    assert fused_glue._compiled("aot_eager") is fused_glue._compiled("aot_eager")
