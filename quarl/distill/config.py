@@ -59,8 +59,12 @@ class StudentConfig:
     dtype: str = "auto"  # compute dtype: auto (bfloat16 on CUDA, float32 on CPU)
     train_embeddings: bool = False  # qat: also train norms/embeddings (QAD trains the quantized linears)
     gradient_checkpointing: bool = False
+    # RMSNorm / RoPE / SwiGLU as torch.compile'd kernels (quarl.train.fused_glue): auto (on CUDA) | true | false
+    compile_glue: str = "auto"
 
     def __post_init__(self) -> None:
+        _check(str(self.compile_glue).lower() in ("auto", "true", "false"),
+               f"student.compile_glue must be auto|true|false, got {self.compile_glue!r}")
         _check(self.mode in ("qat", "lora"), f"student.mode must be qat|lora, got {self.mode!r}")
         _check(self.scales in ("calibrated", "recompute"), f"student.scales must be calibrated|recompute, got "
                                                            f"{self.scales!r}")
@@ -194,6 +198,8 @@ class DistillConfig:
     # from): an unknown key ending in one of these gets quarl's key in its error (quarl.config._check_foreign_names).
     FOREIGN_NAMES: ClassVar[dict[str, tuple[str, str]]] = {
         "learning_rate": ("optim.lr", "HF TrainingArguments learning_rate"),
+        "use_liger_kernel": ("student.compile_glue", "HF TrainingArguments use_liger_kernel (fused RMSNorm / RoPE / "
+                                                     "SwiGLU)"),
         "per_device_train_batch_size": ("optim.micro_batch_size", "HF TrainingArguments per_device_train_batch_size"),
         "gradient_accumulation_steps": ("optim.batch_size", ("HF gradient_accumulation_steps; quarl counts the "
                                                              "sequences of an optimizer step")),

@@ -59,6 +59,7 @@ from quarl.train.distributed import Dist, current
 from quarl.train.fsdp import clip_grad_norm, decoder_hidden, shard_model
 from quarl.train.metrics import MetricsLogger, NullLogger, peak_memory_gb
 from quarl.train.optim import lr_at, make_optimizer
+from quarl.train.fused_glue import apply_compile_glue
 from quarl.train.policy import enable_gradient_checkpointing, resolve_device, resolve_dtype
 
 log = logging.getLogger(__name__)
@@ -109,6 +110,12 @@ class DistillTrainer:
         self.teacher = teacher.to(device=home, dtype=t_dtype).eval().requires_grad_(False)
         if cfg.student.gradient_checkpointing:
             enable_gradient_checkpointing(self.model)
+        glue = apply_compile_glue(self.model, cfg.student.compile_glue, self.device, "student.compile_glue",
+                                  dist.enabled)
+        if glue:  # the teacher's forward is glue too (no backward): the same compiled functions
+            self.student_report["compile_glue"] = glue
+            apply_compile_glue(self.teacher, cfg.student.compile_glue, self.device, "student.compile_glue",
+                                  dist.enabled)
         if self.sharded:
             shard_model(self.model, dist, self.device)
             shard_model(self.teacher, dist, self.device)

@@ -55,6 +55,8 @@ class PolicyConfig:
     lora_targets: list[str] = field(default_factory=lambda: list(DEFAULT_LORA_TARGETS))
     dtype: str = "auto"  # auto (bfloat16 on CUDA, float32 on CPU) | float32 | bfloat16
     gradient_checkpointing: bool = False
+    # RMSNorm / RoPE / SwiGLU as torch.compile'd kernels (quarl.train.fused_glue): auto (on CUDA) | true | false
+    compile_glue: str = "auto"
     # How the base is loaded (quarl.train.policy.resolve_load): dense (whole model in `dtype`, then quantized) |
     # stream (built layer by layer, each quantized as read: a 32B NVFP4 base fits one 80 GB GPU) |
     # auto (stream for a quantized lora base on CUDA, else dense). The policy is the same either way.
@@ -171,6 +173,8 @@ class RLConfig:
         "lora_rank": ("policy.lora_r", "verl actor_rollout_ref.model.lora_rank"),
         "r": ("policy.lora_r", "PEFT LoraConfig.r"),
         "target_modules": ("policy.lora_targets", "PEFT LoraConfig.target_modules"),
+        "use_liger_kernel": ("policy.compile_glue", "TRL use_liger_kernel (fused RMSNorm / RoPE / SwiGLU)"),
+        "use_liger": ("policy.compile_glue", "verl actor_rollout_ref.model.use_liger"),
         "enable_gradient_checkpointing": ("policy.gradient_checkpointing",
                                           "verl actor_rollout_ref.model.enable_gradient_checkpointing"),
         "total_training_steps": ("train.steps", "verl trainer.total_training_steps"),
@@ -220,6 +224,8 @@ class RLConfig:
         if p.mode == "full" and not full_qat and str(p.format).lower() not in ("bf16", "none", "full", "fp32", "fp16"):
             raise ValueError(f"policy.mode=full trains every weight in high precision; set policy.format=bf16 "
                              f"(got {p.format!r}), or use policy.mode=lora for a quantized base")
+        if str(p.compile_glue).lower() not in ("auto", "true", "false"):
+            raise ValueError(f"policy.compile_glue must be auto|true|false, got {p.compile_glue!r}")
         if p.load not in ("auto", "dense", "stream"):
             raise ValueError(f"policy.load must be auto|dense|stream, got {p.load!r}")
         if p.load == "stream" and (p.mode != "lora" or full_qat):

@@ -112,6 +112,7 @@ from quarl.rl.sampling import PromptSampler, ScoredBatch, dynamic_sample
 from quarl.train.checkpoint import CheckpointManager
 from quarl.train.distributed import Dist, current
 from quarl.train.fsdp import clip_grad_norm, gathered, shard_model
+from quarl.train.fused_glue import apply_compile_glue
 from quarl.train.metrics import MetricsLogger, NullLogger, peak_memory_gb
 from quarl.train.optim import lr_at, make_optimizer
 from quarl.train.policy import (
@@ -184,6 +185,11 @@ class RLTrainer:
             self.policy_report["init_adapter"] = str(init_adapter)
         if cfg.policy.gradient_checkpointing:
             enable_gradient_checkpointing(self.model)
+        # before the reference copy, sharding and the rollout replica's copy: each gets the compiled glue
+        glue = apply_compile_glue(self.model, cfg.policy.compile_glue, self.device, "policy.compile_glue",
+                                  dist.enabled)
+        if glue:
+            self.policy_report["compile_glue"] = glue
         cache_deq = str(cfg.rollout.cache_dequantized).lower()
         if cache_deq == "true" or (cache_deq == "auto" and self.device.type == "cpu"):
             for m in self.model.modules():

@@ -31,7 +31,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-__all__ = ["compile_glue", "rms_norm", "rope", "silu_mul"]
+__all__ = ["SETTINGS", "apply_compile_glue", "compile_glue", "rms_norm", "rope", "silu_mul"]
+
+BACKEND = "inductor"  # torch.compile's backend for the stages (tests set aot_eager: the same graph, no kernel build)
+SETTINGS = ("auto", "true", "false")  # policy.compile_glue / student.compile_glue: auto = on CUDA, off elsewhere
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -78,10 +81,11 @@ def _eps(m: nn.Module) -> float | None:
     return None
 
 
-def compile_glue(model: nn.Module, key: str = "policy.compile_glue", backend: str = "inductor") -> dict:
+def compile_glue(model: nn.Module, key: str = "policy.compile_glue", backend: str | None = None) -> dict:
     """Patch ``model`` (a transformers causal LM) in place: its RMSNorms, SwiGLU MLPs and its family's RoPE run
     the compiled functions. Returns what was patched, for the stage's report. Raises a ``ValueError`` naming
     ``key`` and the fix when nothing in the model has the layout patched here."""
+    backend = backend or BACKEND
     fns = _compiled(backend)
     norms = mlps = 0
     families: set[str] = set()
@@ -107,3 +111,24 @@ def compile_glue(model: nn.Module, key: str = "policy.compile_glue", backend: st
         raise ValueError(f"{key}=true: no RMSNorm, SwiGLU MLP or RoPE attention found in this "
                          f"{type(model).__name__} (a layout quarl.train.fused_glue does not know); set {key}=false")
     return {"backend": backend, "rms_norms": norms, "swiglu_mlps": mlps, "rope_modules": sorted(families)}
+
+
+def apply_compile_glue(model: nn.Module, setting: str, device: torch.device | str, key: str,
+                       distributed: bool = False) -> dict | None:
+    """The stages' knob (``policy.compile_glue``, ``student.compile_glue``): ``auto`` compiles the glue in a
+    one-process CUDA run (where a compiled step is measured faster: benchmarks/RESULTS.md, "The glue between the
+    projections") and leaves CPU runs eager (inductor would build C++ kernels there, for tiny models) and
+    ``torchrun`` runs too (FSDP2 swaps a sharded module's parameters around its forward; that path has not been
+    measured with compiled glue on several GPUs); ``true`` compiles it on any device; ``false`` never. Returns
+    :func:`compile_glue`'s report, or ``None`` when left eager."""
+    setting = str(setting).lower()
+    if setting not in SETTINGS:
+        raise ValueError(f"{key} must be one of {'|'.join(SETTINGS)}, got {setting!r}")
+    if setting == "false" or (setting == "auto" and (torch.device(device).type != "cuda" or distributed)):
+        return None
+    if setting == "auto":  # a model this does not know stays eager rather than failing the stage
+        try:
+            return compile_glue(model, key)
+        except ValueError:
+            return None
+    return compile_glue(model, key)

@@ -23,6 +23,13 @@ def test_unknown_policy_stops():
         bench.policy_spec("nvfp4-lroa-fp8dense")
 
 
+def test_eager_suffix_turns_the_compiled_glue_off():
+    base, quant = bench.policy_spec("nvfp4-lora@2e-4")
+    assert bench.policy_spec("nvfp4-lora-eager@2e-4") == ([*base, "policy.compile_glue=false"], quant)
+    assert bench.policy_spec("nvfp4-lora-8bit-eager")[0][-2:] == ["optim.optimizer=adamw8bit",
+                                                                  "policy.compile_glue=false"]
+
+
 def test_8bit_suffix_trains_the_same_policy_with_8bit_adamw():
     ov, quant = bench.policy_spec("nvfp4-lora-8bit@2e-4")
     base, _ = bench.policy_spec("nvfp4-lora@2e-4")

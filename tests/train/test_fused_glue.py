@@ -81,3 +81,53 @@ def test_a_model_without_the_layout_is_refused_with_the_key():
 
 def test_compiled_once_per_backend():
     assert fused_glue._compiled("aot_eager") is fused_glue._compiled("aot_eager")
+
+
+def test_the_knob_auto_true_false(monkeypatch):
+    from quarl.train.fused_glue import apply_compile_glue
+
+    _, b = _pair(Qwen2ForCausalLM, _qwen2())
+    assert apply_compile_glue(b, "auto", "cpu", "policy.compile_glue") is None  # eager on CPU
+    assert apply_compile_glue(b, "false", "cuda", "policy.compile_glue") is None
+    assert all("forward" not in m.__dict__ for m in b.modules())
+    with pytest.raises(ValueError, match="policy.compile_glue must be one of auto|true|false, got 'yes'"):
+        apply_compile_glue(b, "yes", "cpu", "policy.compile_glue")
+    # auto on CUDA: a layout it does not know stays eager instead of failing the stage; true says why it cannot
+    assert apply_compile_glue(torch.nn.Linear(4, 4), "auto", "cuda", "policy.compile_glue") is None
+    with pytest.raises(ValueError, match="policy.compile_glue=true: no RMSNorm"):
+        apply_compile_glue(torch.nn.Linear(4, 4), "true", "cpu", "policy.compile_glue")
+
+
+@pytest.mark.parametrize("value", ["maybe", "on"])
+def test_configs_reject_a_bad_setting_when_built(value):
+    from quarl.config import load_config
+    from quarl.distill.config import DistillConfig
+    from quarl.rl.config import RLConfig
+
+    with pytest.raises(ValueError, match="policy.compile_glue must be auto|true|false"):
+        load_config(RLConfig, None, [f"policy.compile_glue={value}"])
+    with pytest.raises(ValueError, match="student.compile_glue must be auto|true|false"):
+        load_config(DistillConfig, None, [f"student.compile_glue={value}"])
+
+
+def test_rl_trainer_compiles_the_glue_when_asked(tmp_path, monkeypatch):
+    """policy.compile_glue=true on CPU: the trainer reports what it patched and trains; the aot_eager backend
+    stands in for inductor (the same autograd graph, no C++ build)."""
+    from transformers.models.llama import modeling_llama
+
+    from quarl.rl.trainer import RLTrainer
+    from tests.rl.conftest import ANSWERS, PROMPTS, ParityReward, small_tiny_model, tiny_cfg
+
+    original = modeling_llama.apply_rotary_pos_emb
+    monkeypatch.setattr(fused_glue, "BACKEND", "aot_eager")
+    try:
+        model, tok = small_tiny_model()
+        cfg = tiny_cfg("policy.compile_glue=true", "train.steps=2")
+        t = RLTrainer(cfg, model, tok, PROMPTS, ANSWERS, tmp_path, reward_fn=ParityReward())
+        report = t.policy_report["compile_glue"]
+        assert report["rms_norms"] > 0 and report["swiglu_mlps"] > 0 and report["rope_modules"]
+        before = {n: p.detach().clone() for n, p in t.model.named_parameters() if p.requires_grad}
+        assert t.train()["end_step"] == 2
+        assert any(not torch.equal(p, before[n]) for n, p in t.model.named_parameters() if p.requires_grad)
+    finally:
+        modeling_llama.apply_rotary_pos_emb = original
