@@ -198,8 +198,7 @@ class DistillConfig:
     # from): an unknown key ending in one of these gets quarl's key in its error (quarl.config._check_foreign_names).
     FOREIGN_NAMES: ClassVar[dict[str, tuple[str, str]]] = {
         "learning_rate": ("optim.lr", "HF TrainingArguments learning_rate"),
-        "use_liger_kernel": ("student.compile_glue", "HF TrainingArguments use_liger_kernel (fused RMSNorm / RoPE / "
-                                                     "SwiGLU)"),
+        "use_liger_kernel": ("student.compile_glue", "HF TrainingArguments use_liger_kernel (fused norm/RoPE/SwiGLU)"),
         "per_device_train_batch_size": ("optim.micro_batch_size", "HF TrainingArguments per_device_train_batch_size"),
         "gradient_accumulation_steps": ("optim.batch_size", ("HF gradient_accumulation_steps; quarl counts the "
                                                              "sequences of an optimizer step")),
