@@ -57,9 +57,9 @@ from quarl.rl.sampling import PromptSampler
 from quarl.train.checkpoint import CheckpointManager
 from quarl.train.distributed import Dist, current
 from quarl.train.fsdp import clip_grad_norm, decoder_hidden, shard_model
+from quarl.train.fused_glue import apply_compile_glue
 from quarl.train.metrics import MetricsLogger, NullLogger, peak_memory_gb
 from quarl.train.optim import lr_at, make_optimizer
-from quarl.train.fused_glue import apply_compile_glue
 from quarl.train.policy import enable_gradient_checkpointing, resolve_device, resolve_dtype
 
 log = logging.getLogger(__name__)
