@@ -40,6 +40,18 @@ b)
     model_step "${M32_S:-150}" g32 --shape Qwen2.5-32B --layers 4 --tokens 8192 --loss rl --iters 5 \
         --arms bf16,bf16+glue,jetrl-xtiles,jetrl-xtiles+glue
     ;;
+c)  # the actor update at 32B width and 16k tokens, and phase a's 7B 8k point again (8 iterations)
+    model_step "${M32_S:-200}" g32_16k --shape Qwen2.5-32B --layers 4 --tokens 16384 --loss rl --iters 4 \
+        --arms bf16,bf16+glue,jetrl-xtiles,jetrl-xtiles+glue
+    model_step "${M8_S:-130}" g8b --shape Qwen2.5-7B --layers 4 --tokens 8192 --loss rl --iters 8 \
+        --arms bf16,bf16+glue,jetrl-xtiles,jetrl-xtiles+glue
+    ;;
+d)  # after b and f: with the glue compiled the rollout was 0.3-0.5 s slower -- the engine took the patched modules
+    # for foreign ones and left its own fused kernels; now it recognizes them. The glue and engine GPU tests, then
+    # the 7B GRPO step (glue compiled, the default) again
+    tests 300 tests/train/test_fused_glue_gpu.py tests/engine/test_engine_gpu.py
+    grpo "${GRPO_S:-150}" grpo_glue2
+    ;;
 e1)
     mkdir -p /tmp/stash && cp .whl/s*/gguf.xz.part* /tmp/stash/ && ls -la /tmp/stash
     ;;
@@ -62,8 +74,19 @@ phase_end
 
 # ---------------------------------------------------------------------------------------------------------------
 # Record (calls of this session; device time from the tool's lease):
-#   a  commit 48a630a, 2026-11-27 ~07:58 UTC, one H100 80GB HBM3, 125 s (cold start; held 156 s): fused-glue GPU
+#   a  commit 48a630a, 2026-11-27 ~07:37 UTC, one H100 80GB HBM3, 125 s (cold start; held 156 s): fused-glue GPU
 #      tests 2 passed; Qwen2.5-7B width, 4 layers, 28-layer estimate: 8k bf16 760.3, bf16+glue 650.7 (1.17x),
 #      jetrl-xtiles 647.5 (1.17x), jetrl-xtiles+glue 573.1 (1.33x); 16k 1456.9 / 1245.6 (1.17x) / 1215.3 (1.20x) /
 #      1007.3 (1.45x). Per layer at 8k: "other" 5.92 -> 0.95 ms, glue class 0.50 -> 1.15 ms; GEMMs 5-10 % slower with
 #      the glue compiled. Budget left 1643 s.
+#   b  commit eea1fa0, ~07:42-07:47 UTC, one H100 80GB HBM3, 298 s (cold start): fused-glue GPU
+#      tests 2 passed; 7B GRPO step (steady step 1) BF16+LoRA update 8.72 s glue / 10.51 eager, step 15.84 / 17.54;
+#      NVFP4+LoRA update 9.24 / 10.79, step 15.52 / 16.78 (rollout 5.72 / 5.40 and 4.83 / 4.32: slower with the glue,
+#      see d); Qwen2.5-32B width 8k, 64-layer estimate: bf16 3133.0, bf16+glue 2784.3, jetrl-xtiles 2444.8,
+#      jetrl-xtiles+glue 2123.0. Budget left 1282 s.
+#   e1, e1, f  ~07:47-07:53 UTC, back to back: the GGUF checked (sha256 OK); test_optim_gpu.py 3 passed (the RL
+#      trainer on CUDA with the glue compiled); learning check, 150 s each: nvfp4-lora (glue) +47.0 pts in 25 steps,
+#      nvfp4-lora-eager +55.5 in 29; train reward at steps 5-24 0.314 / 0.322; step 0 29.4 s / 16.2 s (compilation).
+#      Budget left 920 s.
+#   c  ~07:54 UTC (warm), 73 s: 32B width 16k: bf16 5988.5, bf16+glue 5391.4, jetrl-xtiles 4617.3, jetrl-xtiles+glue
+#      3982.3; 7B 8k again (8 iterations): 760.8 / 649.6 / 641.5 / 542.5. Budget left 819 s; machine given back.

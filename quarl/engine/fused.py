@@ -37,7 +37,8 @@ The fused path is taken only when all of these hold -- otherwise the call is
 * the module is the plain HF one: class ``LlamaRMSNorm`` / ``Qwen2RMSNorm`` /
   ``Qwen3RMSNorm`` (``LlamaMLP`` / ``Qwen2MLP`` / ``Qwen3MLP`` with a SiLU
   ``act_fn``) whose ``forward`` is transformers' own (not overridden on the
-  instance, not swapped by a hub kernel), with no forward hooks, a 1-D weight
+  instance -- except by ``quarl.train.fused_glue``, the same math compiled --, not
+  swapped by a hub kernel), with no forward hooks, a 1-D weight
   of the activation's dtype and a float ``variance_epsilon``. Anything else --
   a subclass, a wrapper, a hook, an fp32 weight under bf16 activations -- is
   called as a module.
@@ -63,6 +64,8 @@ import os
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+from quarl.train.fused_glue import is_glue_forward
 
 ENV = "QUARL_ENGINE_FUSED"
 ENV_DECODE_ATTN = "QUARL_ENGINE_DECODE_ATTN"
@@ -167,11 +170,12 @@ def _no_hooks(m: nn.Module) -> bool:
 
 
 def _plain_hf(m: nn.Module, names: tuple[str, ...]) -> bool:
-    """``m`` is transformers' own class of one of ``names``, running its own, unhooked forward."""
+    """``m`` is transformers' own class of one of ``names``, running its own, unhooked forward (or the same math
+    compiled by quarl.train.fused_glue for the trainer's backward: the engine's no-grad kernels stand in for it)."""
     cls = type(m)
     return (cls.__name__ in names and cls.__module__.startswith("transformers.models.")
-            and getattr(cls.forward, "__module__", None) == cls.__module__ and "forward" not in vars(m)
-            and _no_hooks(m))
+            and getattr(cls.forward, "__module__", None) == cls.__module__
+            and ("forward" not in vars(m) or is_glue_forward(vars(m)["forward"])) and _no_hooks(m))
 
 
 def norm_eligible(norm: nn.Module, x: torch.Tensor) -> bool:

@@ -31,7 +31,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-__all__ = ["SETTINGS", "apply_compile_glue", "compile_glue", "rms_norm", "rope", "silu_mul"]
+__all__ = ["SETTINGS", "apply_compile_glue", "compile_glue", "is_glue_forward", "rms_norm", "rope", "silu_mul"]
 
 BACKEND = "inductor"  # torch.compile's backend for the stages (tests set aot_eager: the same graph, no kernel build)
 SETTINGS = ("auto", "true", "false")  # policy.compile_glue / student.compile_glue: auto = on CUDA, off elsewhere
@@ -68,6 +68,24 @@ def _compiled(backend: str) -> types.SimpleNamespace:
     return types.SimpleNamespace(rms_norm=c(rms_norm), silu_mul=c(silu_mul), rope=c(rope))
 
 
+def _norm_forward(self, x: torch.Tensor) -> torch.Tensor:
+    return self._glue_fns.rms_norm(x, self.weight, self._glue_eps)
+
+
+def _mlp_forward(self, x: torch.Tensor) -> torch.Tensor:
+    return self.down_proj(self._glue_fns.silu_mul(self.gate_proj(x), self.up_proj(x)))
+
+
+# the rollout engine (quarl.engine.fused) runs its own no-grad kernels for a module whose forward is transformers'
+# own -- or one of these, the same math: it asks is_glue_forward
+_norm_forward.quarl_glue = _mlp_forward.quarl_glue = True
+
+
+def is_glue_forward(forward) -> bool:
+    """``forward`` (a module instance's own) is one :func:`compile_glue` bound: transformers' math, compiled."""
+    return getattr(getattr(forward, "__func__", forward), "quarl_glue", False) is True
+
+
 def _is_silu(act) -> bool:
     # transformers' ACT2FN["silu"] is its own SiLUActivation module, not nn.SiLU
     return isinstance(act, nn.SiLU) or type(act).__name__ == "SiLUActivation"
@@ -93,12 +111,12 @@ def compile_glue(model: nn.Module, key: str = "policy.compile_glue", backend: st
         cls = type(m)
         if cls.__name__.endswith("RMSNorm") and isinstance(getattr(m, "weight", None), torch.Tensor) \
                 and _eps(m) is not None:
-            eps = _eps(m)
-            m.forward = types.MethodType(lambda self, x, _e=eps: fns.rms_norm(x, self.weight, _e), m)
+            m._glue_fns, m._glue_eps = fns, _eps(m)
+            m.forward = types.MethodType(_norm_forward, m)
             norms += 1
         elif all(hasattr(m, p) for p in ("gate_proj", "up_proj", "down_proj")) and _is_silu(getattr(m, "act_fn", None)):
-            m.forward = types.MethodType(
-                lambda self, x: self.down_proj(fns.silu_mul(self.gate_proj(x), self.up_proj(x))), m)
+            m._glue_fns = fns
+            m.forward = types.MethodType(_mlp_forward, m)
             mlps += 1
         mod = sys.modules.get(cls.__module__)
         if cls.__name__.endswith("Attention") and callable(getattr(mod, "apply_rotary_pos_emb", None)):

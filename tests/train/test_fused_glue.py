@@ -11,6 +11,18 @@ from quarl.train import fused_glue
 from quarl.train.fused_glue import compile_glue, rms_norm, rope, silu_mul
 
 
+@pytest.fixture(autouse=True)
+def _transformers_rope_restored():
+    """compile_glue patches a family's module-level RoPE process-wide: every test here leaves transformers' own."""
+    from transformers.models.llama import modeling_llama
+    from transformers.models.qwen2 import modeling_qwen2
+
+    saved = {m: m.apply_rotary_pos_emb for m in (modeling_llama, modeling_qwen2)}
+    yield
+    for m, f in saved.items():
+        m.apply_rotary_pos_emb = f
+
+
 def _pair(cls, cfg, dtype=torch.float32):
     torch.manual_seed(0)
     a = cls(cfg).to(dtype)
@@ -131,3 +143,19 @@ def test_rl_trainer_compiles_the_glue_when_asked(tmp_path, monkeypatch):
         assert any(not torch.equal(p, before[n]) for n, p in t.model.named_parameters() if p.requires_grad)
     finally:
         modeling_llama.apply_rotary_pos_emb = original
+
+
+def test_the_rollout_engine_still_runs_its_own_kernels_on_a_patched_model():
+    """The engine's no-grad fused kernels stand in for a module running transformers' own forward; a module whose
+    forward compile_glue bound is the same math, so it stays eligible (a rollout must not lose its kernels to the
+    trainer's compiled glue) -- while any other instance-level forward still is not."""
+    from quarl.engine import fused
+
+    _, b = _pair(Qwen2ForCausalLM, _qwen2(), torch.bfloat16)
+    layer = b.model.layers[0]
+    x = torch.randn(2, 64, dtype=torch.bfloat16)
+    assert fused.norm_eligible(layer.input_layernorm, x) and fused.mlp_eligible(layer.mlp)
+    compile_glue(b, backend="aot_eager")
+    assert fused.norm_eligible(layer.input_layernorm, x) and fused.mlp_eligible(layer.mlp)
+    layer.mlp.forward = lambda h: h  # someone else's override: the module is called as a module
+    assert not fused.mlp_eligible(layer.mlp)

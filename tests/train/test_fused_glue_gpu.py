@@ -54,3 +54,34 @@ def test_inductor_glue_matches_eager(jetrl):
             assert cos > 0.995, (name, cos.item())
     finally:
         modeling_qwen2.apply_rotary_pos_emb = original
+
+
+def test_the_engine_rolls_out_a_glue_patched_model_with_its_own_kernels():
+    """The trainer's compiled glue must not take the rollout engine's fused no-grad kernels away: a bf16 model's
+    greedy rollout is the same tokens and log-probs before and after compile_glue, and the engine never calls the
+    compiled functions (their call counters stay at zero)."""
+    from transformers.models.qwen2 import modeling_qwen2
+
+    from quarl.engine import FastGenerator
+    from quarl.train import fused_glue
+    from tests.engine.conftest import PAD, make_model, prompts
+    from tests.engine.test_engine_gpu import greedy
+
+    original = modeling_qwen2.apply_rotary_pos_emb
+    model = make_model("qwen2", device="cuda", dtype=torch.bfloat16)
+    rows = prompts()
+    before = FastGenerator(model, PAD, kv_block=8).generate(rows, greedy(16), n=1)
+    try:
+        fused_glue.compile_glue(model)
+        calls = {"n": 0}
+        fns = model.model.layers[0].mlp._glue_fns
+        for name in ("rms_norm", "silu_mul"):
+            f = getattr(fns, name)
+            setattr(fns, name, lambda *a, _f=f, **kw: (calls.__setitem__("n", calls["n"] + 1), _f(*a, **kw))[1])
+        after = FastGenerator(model, PAD, kv_block=8).generate(rows, greedy(16), n=1)
+        assert calls["n"] == 0
+        assert torch.equal(after.completion_ids, before.completion_ids)
+        torch.testing.assert_close(after.logprobs, before.logprobs, atol=0, rtol=0)
+    finally:
+        modeling_qwen2.apply_rotary_pos_emb = original
+        fused_glue._compiled.cache_clear()  # the counters above wrapped the shared functions
