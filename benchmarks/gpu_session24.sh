@@ -79,7 +79,7 @@ phase_end
 #      jetrl-xtiles 647.5 (1.17x), jetrl-xtiles+glue 573.1 (1.33x); 16k 1456.9 / 1245.6 (1.17x) / 1215.3 (1.20x) /
 #      1007.3 (1.45x). Per layer at 8k: "other" 5.92 -> 0.95 ms, glue class 0.50 -> 1.15 ms; GEMMs 5-10 % slower with
 #      the glue compiled. Budget left 1643 s.
-#   b  commit eea1fa0, ~07:42-07:47 UTC, one H100 80GB HBM3, 298 s (cold start): fused-glue GPU
+#   b  commit eea1fa0, ~07:43-07:47 UTC, one H100 80GB HBM3, 298 s (cold start): fused-glue GPU
 #      tests 2 passed; 7B GRPO step (steady step 1) BF16+LoRA update 8.72 s glue / 10.51 eager, step 15.84 / 17.54;
 #      NVFP4+LoRA update 9.24 / 10.79, step 15.52 / 16.78 (rollout 5.72 / 5.40 and 4.83 / 4.32: slower with the glue,
 #      see d); Qwen2.5-32B width 8k, 64-layer estimate: bf16 3133.0, bf16+glue 2784.3, jetrl-xtiles 2444.8,
@@ -90,3 +90,13 @@ phase_end
 #      Budget left 920 s.
 #   c  ~07:54 UTC (warm), 73 s: 32B width 16k: bf16 5988.5, bf16+glue 5391.4, jetrl-xtiles 4617.3, jetrl-xtiles+glue
 #      3982.3; 7B 8k again (8 iterations): 760.8 / 649.6 / 641.5 / 542.5. Budget left 819 s; machine given back.
+#   d  commit e423050, ~07:58-08:01 UTC, one H100 80GB HBM3, 297 s (cold start): the glue and engine GPU tests 21
+#      passed (the engine rolls a glue-patched model out with its own kernels: same tokens and log-probs, the compiled
+#      functions never called); 7B GRPO step 1: BF16+LoRA rollout 5.37 s (eager in b 5.40), update 9.01, step 15.78;
+#      NVFP4+LoRA rollout 4.44 (b eager 4.32), update 11.12, step 17.00. Budget left 486 s.
+#   d2 (inline, warm, 103 s): TORCH_LOGS=recompiles and gpu_phase_lib.sh's `grpo 170 grpo_glue3`: 4 recompilations in
+#      the whole run (rms_norm 3 variants: requires_grad, no-grad; rope and silu_mul 2), no cache-limit fallback;
+#      BF16+LoRA update 8.71 / step 15.71, NVFP4+LoRA update 11.25 / step 17.11. Budget left 374 s.
+#   d3 (inline, warm, 169 s): `grpo 100 n_glue --formats nvfp4; grpo 100 n_eager --formats nvfp4 --set
+#      policy.compile_glue=false; grpo 100 n_glue2 --formats nvfp4`: NVFP4+LoRA step 1 update 9.88 / 10.92 / 10.38 s,
+#      step 15.63 / 16.94 / 16.04, log-prob pass 1.44 / 1.67 / 1.45. Budget left 182 s; machine given back.
