@@ -20,18 +20,23 @@ Arms (each on a fresh model from the same seed):
 * ``jetrl``: ``quantize_model`` with the rl stage's own full-parameter Jet-RL recipe (``quarl.rl.precision``:
   every projection a ``QuantLinear`` ``qat`` with a BF16 master weight and FP8 GEMMs forward and backward);
 * ``jetrl-xtiles``: the same with ``precision.fp8_wgrad=tiles`` (X^T in 128x128 tiles in WGrad);
-* ``+deepgemm`` on either FP8 arm (``jetrl+deepgemm``): ``QUARL_FP8_GEMM=deepgemm``.
+* ``+deepgemm`` on either FP8 arm (``jetrl+deepgemm``): ``QUARL_FP8_GEMM=deepgemm``;
+* ``+glue`` on any arm (``bf16+glue``, ``jetrl-xtiles+glue``): the rl stage's ``policy.compile_glue``
+  (``quarl.train.fused_glue``: transformers' RMSNorm / RoPE / SwiGLU as ``torch.compile``d kernels; inductor on
+  CUDA, ``aot_eager`` in a CPU dry run); such arms get a ``bf16+glue`` stem of their own (the final norm is glue).
 
 (Session 10 also timed ``+liger`` arms -- Liger-Kernel's RMSNorm, RoPE and SwiGLU patched in, commit 327c7e1 --
-and measured no gain: benchmarks/RESULTS.md, Jet-RL, "The whole actor update".)
+and measured no gain; its profile did not change either, so its kernels most likely never ran. Session 24's
+``+glue`` arms: the glue was a quarter of a 7B layer's step; RESULTS.md, "The glue between the projections".)
 
 ``--accumulate N``: N forward + backward micro-batches per optimizer step (gradient accumulation, as an RL actor
 update runs a mini-batch: verl's ``ppo_mini_batch_size`` over ``ppo_micro_batch_size``), times per micro-batch --
 the optimizer's share divided by N instead of paid every ``--tokens`` tokens (the default, N = 1, what sessions
 9-10 timed).
 
-``--profile``: one more step of each arm under ``torch.profiler``, its GPU time by kernel class (GEMMs, FP8
-quantizers, attention, norm/RoPE/SwiGLU, the optimizer, the rest) and its top kernels -- where the step goes.
+``--profile``: one more step of each arm (and of the stems) under ``torch.profiler``, its GPU time by kernel class
+(GEMMs, FP8 quantizers, attention, norm/RoPE/SwiGLU, the optimizer, the rest) and its 40 longest kernels; the report
+gives each class per decoder layer too, (step - stem) / layers -- where a layer's time goes.
 
 A 7B model with AdamW does not fit one GPU in full-parameter training, so the model has ``--layers`` decoder layers
 (default 4), and the model is also timed with no decoder layer at all (embedding, final norm, LM head, loss and their

