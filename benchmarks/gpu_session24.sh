@@ -20,6 +20,11 @@
 #     .whl/bnb-site; the SmolLM2 GGUF assembled on the machine) -- the RL trainer's GPU test (8-bit AdamW, resume to
 #     the identical step; the glue compiled now), then the learning check: nvfp4-lora (glue compiled, the default) vs
 #     nvfp4-lora-eager, same seed and settings, 150 s of training each.
+#   phase g: bash benchmarks/gpu_session24.sh g   (carry .dev/dg.tar.xz; one GPU; ~8 min) -- PREPARED, NOT RUN in
+#     session 24 (its device time was spent): the actor update with DeepGEMM's FP8 GEMMs and the compiled glue, 7B
+#     and 32B width at 16k tokens (sessions 9-15's best arm was X^T tiles + DeepGEMM). .dev/dg.tar.xz is made on the
+#     CPU host from the fetch tool's mirrors (no network on either machine): DeepGEMM 54e2261 with cutlass f3fde58's
+#     and fmt 553ec11's include/ (git archive), benchmarks/deepgemm_noregex.patch applied, tar cJf of .dg (1.3 MB).
 set -u
 PHASE=${1:?phase}
 OUT=${OUT:?}
@@ -51,6 +56,13 @@ d)  # after b and f: with the glue compiled the rollout was 0.3-0.5 s slower -- 
     # the 7B GRPO step (glue compiled, the default) again
     tests 300 tests/train/test_fused_glue_gpu.py tests/engine/test_engine_gpu.py
     grpo "${GRPO_S:-150}" grpo_glue2
+    ;;
+g)
+    deepgemm
+    model_step "${M7_S:-200}" dg7 --shape Qwen2.5-7B --layers 4 --tokens 16384 --loss rl --iters 5 \
+        --arms bf16,bf16+glue,jetrl-xtiles+deepgemm,jetrl-xtiles+deepgemm+glue
+    model_step "${M32_S:-230}" dg32 --shape Qwen2.5-32B --layers 4 --tokens 16384 --loss rl --iters 4 \
+        --arms bf16,bf16+glue,jetrl-xtiles+deepgemm,jetrl-xtiles+deepgemm+glue
     ;;
 e1)
     mkdir -p /tmp/stash && cp .whl/s*/gguf.xz.part* /tmp/stash/ && ls -la /tmp/stash
