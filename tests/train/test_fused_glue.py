@@ -159,3 +159,22 @@ def test_the_rollout_engine_still_runs_its_own_kernels_on_a_patched_model():
     assert fused.norm_eligible(layer.input_layernorm, x) and fused.mlp_eligible(layer.mlp)
     layer.mlp.forward = lambda h: h  # someone else's override: the module is called as a module
     assert not fused.mlp_eligible(layer.mlp)
+
+
+def test_a_deep_copy_runs_on_its_own_weights():
+    """The rl stage copies the patched policy (its reference model, the rollout replica): each copy's forwards are
+    bound to the copy, so changing the policy's weights leaves the copy's outputs alone."""
+    import copy
+
+    _, b = _pair(Qwen2ForCausalLM, _qwen2())
+    compile_glue(b, backend="aot_eager")
+    ref = copy.deepcopy(b)
+    norm, mlp = ref.model.layers[0].input_layernorm, ref.model.layers[0].mlp
+    assert norm.forward.__self__ is norm and mlp.forward.__self__ is mlp
+    ids = torch.randint(0, 97, (1, 6))
+    before = ref(input_ids=ids).logits
+    with torch.no_grad():
+        b.model.layers[0].input_layernorm.weight.mul_(2)
+        b.model.layers[0].mlp.up_proj.weight.mul_(2)
+    assert torch.equal(ref(input_ids=ids).logits, before)
+    assert not torch.allclose(b(input_ids=ids).logits, before)
