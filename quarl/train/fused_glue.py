@@ -136,8 +136,9 @@ def apply_compile_glue(model: nn.Module, setting: str, device: torch.device | st
     """The stages' knob (``policy.compile_glue``, ``student.compile_glue``): ``auto`` compiles the glue in a
     one-process CUDA run (where a compiled step is measured faster: benchmarks/RESULTS.md, "The glue between the
     projections") and leaves CPU runs eager (inductor would build C++ kernels there, for tiny models) and
-    ``torchrun`` runs too (FSDP2 swaps a sharded module's parameters around its forward; that path has not been
-    measured with compiled glue on several GPUs); ``true`` compiles it on any device; ``false`` never. Returns
+    ``torchrun`` runs too (FSDP2 swaps a sharded module's parameters around its forward: with ``true`` that path
+    matches one process on CPU, tests/train/test_distributed.py, but has not run on several GPUs); ``true``
+    compiles it on any device; ``false`` never. Returns
     :func:`compile_glue`'s report, or ``None`` when left eager."""
     setting = str(setting).lower()
     if setting not in SETTINGS:

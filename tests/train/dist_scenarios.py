@@ -136,6 +136,27 @@ def rl_full(d: Dist, out: Path) -> dict:
     return {"weights": _weights(tr.model), "metrics": metrics(out), "sharded": res["sharded"]}
 
 
+def rl_full_glue(d: Dist, out: Path) -> dict:
+    """:func:`rl_full` with ``policy.compile_glue=true``: the compiled RMSNorm / RoPE / SwiGLU under FSDP2, which
+    swaps a sharded module's parameters around its forward (``auto`` leaves torchrun runs eager until this is
+    measured on GPUs). torch.compile's ``aot_eager`` backend: dynamo's graphs and their autograd, no kernel build;
+    the backend and transformers' RoPE are put back after (the spawned ranks run every scenario in turn)."""
+    from transformers.models.llama import modeling_llama
+
+    from quarl.train import fused_glue
+
+    backend, rope = fused_glue.BACKEND, modeling_llama.apply_rotary_pos_emb
+    fused_glue.BACKEND = "aot_eager"
+    try:
+        tr = _rl(d, out, "policy.mode=full", "policy.format=bf16", "algo.beta=0.1", "train.steps=2", "optim.lr=1e-3",
+                 "algo.updates_per_rollout=1", "policy.gradient_checkpointing=true", "policy.compile_glue=true")
+        res = tr.train()
+        return {"weights": _weights(tr.model), "metrics": metrics(out), "sharded": res["sharded"],
+                "glue": tr.policy_report.get("compile_glue")}
+    finally:
+        fused_glue.BACKEND, modeling_llama.apply_rotary_pos_emb = backend, rope
+
+
 def rl_jetrl_full(d: Dist, out: Path) -> dict:
     """Jet-RL's full mode: FP8 GEMMs (QuantLinear QAT master weights through quarl.quant.fp8_linear) under FSDP2.
 
@@ -213,7 +234,7 @@ def stage_distill_qat(d: Dist, out: Path, *extra: str) -> dict:
 
 
 SCENARIOS = {"distill_lora": distill_lora, "distill_qat": distill_qat, "rl_lora": rl_lora, "rl_dapo": rl_dapo,
-             "rl_full": rl_full, "rl_jetrl_full": rl_jetrl_full, "rl_full_replica": rl_full_replica, "stage_rl_full": stage_rl_full, "stage_distill_qat": stage_distill_qat,
+             "rl_full": rl_full, "rl_full_glue": rl_full_glue, "rl_jetrl_full": rl_jetrl_full, "rl_full_replica": rl_full_replica, "stage_rl_full": stage_rl_full, "stage_distill_qat": stage_distill_qat,
              "stage_distill_lora": lambda d, out: stage_distill_qat(d, out, "student.mode=lora")}
 
 

@@ -118,6 +118,18 @@ def test_rl_full_parameters_fsdp2_matches_one_process(two, tmp_path):
     assert one["metrics"][1]["policy/kl_ref"] > 0  # the sharded reference model took part
 
 
+def test_rl_full_parameters_with_compiled_glue_under_fsdp2(two, tmp_path):
+    """policy.compile_glue=true under FSDP2: the sharded run equals one process, and both equal the eager-glue run
+    (aot_eager runs the same ATen ops: only the reduction order of the two-rank runs differs)."""
+    res = two["rl_full_glue"]
+    assert res["sharded"] and res["glue"]["rms_norms"] > 0 and res["glue"]["swiglu_mlps"] > 0
+    one = sc.rl_full_glue(SINGLE, tmp_path / "glue")
+    assert_metrics_close(one["metrics"], res["metrics"])
+    assert_weights_close(one["weights"], res["weights"])
+    eager = sc.rl_full(SINGLE, tmp_path / "eager")
+    assert_weights_close(one["weights"], eager["weights"])
+
+
 def test_rl_jetrl_fp8_full_parameters_fsdp2_matches_one_process(two, tmp_path):
     res = two["rl_jetrl_full"]
     assert res["sharded"] and res["fp8_layers"] == 14  # every projection of the 2 layers runs the FP8 linear
