@@ -9,10 +9,11 @@ GEMMs do not touch this time, so it also caps what Jet-RL's FP8 flow can gain on
 (benchmarks/RESULTS.md, Jet-RL). Compiled, each function becomes one or two Triton kernels forward and backward
 (inductor generates the backward from the same graph), with the eager code's math.
 
-What is patched, on the model instance: every module named ``*RMSNorm`` with a ``weight`` and an epsilon
-(decoder layers' two, the final one; Qwen3's q/k norms too), every MLP with ``gate_proj``/``up_proj``/
-``down_proj`` and a SiLU activation (the projections stay whatever they are: ``nn.Linear``, a ``QuantLinear`` on
-the FP8 flow, a frozen 4-bit base + LoRA), and the model family's module-level ``apply_rotary_pos_emb`` --
+What is patched, on the model instance, in the families whose math these functions are (``FAMILIES``: Llama,
+Mistral, Qwen2, Qwen3; anything else is left eager): every ``*RMSNorm`` (decoder layers' two, the final one;
+Qwen3's q/k norms too), every ``*MLP`` with ``gate_proj``/``up_proj``/``down_proj`` and a SiLU activation
+(the projections stay whatever they are: ``nn.Linear``, a ``QuantLinear`` on the FP8 flow, a frozen 4-bit base
++ LoRA), and the model family's module-level ``apply_rotary_pos_emb`` --
 process-wide, for every model of that family in the stage's process, as Liger-Kernel patches it. The functions
 are compiled once per process (``dynamic=None``: a second sequence length recompiles them shape-generic, so
 RL's varying batch shapes do not recompile every step).
@@ -31,10 +32,14 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-__all__ = ["SETTINGS", "apply_compile_glue", "compile_glue", "is_glue_forward", "rms_norm", "rope", "silu_mul"]
+__all__ = ["FAMILIES", "SETTINGS", "apply_compile_glue", "compile_glue", "is_glue_forward", "rms_norm", "rope", "silu_mul"]
 
 BACKEND = "inductor"  # torch.compile's backend for the stages (tests set aot_eager: the same graph, no kernel build)
 SETTINGS = ("auto", "true", "false")  # policy.compile_glue / student.compile_glue: auto = on CUDA, off elsewhere
+# transformers families whose RMSNorm, SiLU MLP and apply_rotary_pos_emb are exactly the functions below
+# (tests/train/test_fused_glue.py checks each against transformers' own). Others are left alone: Gemma's RMSNorm
+# scales by (1 + weight), Phi-3 rotates part of the head, GLM interleaves -- a name match would be silently wrong.
+FAMILIES = ("llama", "mistral", "qwen2", "qwen3")
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -64,7 +69,9 @@ def rope(q, k, cos, sin, unsqueeze_dim: int = 1):
 def _compiled(backend: str) -> types.SimpleNamespace:
     """The three functions compiled once per process and backend (``inductor`` in a stage; tests use the
     cheaper ``aot_eager`` to check the wiring and the autograd graph)."""
-    c = lambda f: torch.compile(f, backend=backend, dynamic=None, fullgraph=True)
+    # not fullgraph: past dynamo's recompile limit (8 variants of a function per process: grad mode, requires_grad,
+    # dtype, static vs dynamic shapes...) a new variant then runs eager, with dynamo's warning, instead of failing
+    c = lambda f: torch.compile(f, backend=backend, dynamic=None)
     return types.SimpleNamespace(rms_norm=c(rms_norm), silu_mul=c(silu_mul), rope=c(rope))
 
 
@@ -91,6 +98,16 @@ def _is_silu(act) -> bool:
     return isinstance(act, nn.SiLU) or type(act).__name__ == "SiLUActivation"
 
 
+def _own_family(cls: type) -> str | None:
+    """The :data:`FAMILIES` entry whose ``transformers.models.<family>.modeling_<family>`` defines ``cls`` and its
+    forward (a subclass elsewhere, or a forward swapped on the class, is not transformers' math any more)."""
+    parts = cls.__module__.split(".")
+    if (len(parts) == 4 and parts[:2] == ["transformers", "models"] and parts[2] in FAMILIES
+            and parts[3] == f"modeling_{parts[2]}" and getattr(cls.forward, "__module__", None) == cls.__module__):
+        return parts[2]
+    return None
+
+
 def _eps(m: nn.Module) -> float | None:
     for name in ("variance_epsilon", "eps"):
         v = getattr(m, name, None)
@@ -109,16 +126,19 @@ def compile_glue(model: nn.Module, key: str = "policy.compile_glue", backend: st
     families: set[str] = set()
     for m in model.modules():
         cls = type(m)
+        if _own_family(cls) is None:
+            continue
         if cls.__name__.endswith("RMSNorm") and isinstance(getattr(m, "weight", None), torch.Tensor) \
                 and _eps(m) is not None:
             m._glue_fns, m._glue_eps = fns, _eps(m)
             m.forward = types.MethodType(_norm_forward, m)
             norms += 1
-        elif all(hasattr(m, p) for p in ("gate_proj", "up_proj", "down_proj")) and _is_silu(getattr(m, "act_fn", None)):
+        elif cls.__name__.endswith("MLP") and all(hasattr(m, p) for p in ("gate_proj", "up_proj", "down_proj")) \
+                and _is_silu(getattr(m, "act_fn", None)):
             m._glue_fns = fns
             m.forward = types.MethodType(_mlp_forward, m)
             mlps += 1
-        mod = sys.modules.get(cls.__module__)
+        mod = sys.modules[cls.__module__]
         if cls.__name__.endswith("Attention") and callable(getattr(mod, "apply_rotary_pos_emb", None)):
             if getattr(mod.apply_rotary_pos_emb, "_quarl_glue", None) != backend:
                 patched = lambda *a, **kw: fns.rope(*a, **kw)
@@ -126,8 +146,8 @@ def compile_glue(model: nn.Module, key: str = "policy.compile_glue", backend: st
                 mod.apply_rotary_pos_emb = patched
             families.add(cls.__module__)
     if not (norms or mlps or families):
-        raise ValueError(f"{key}=true: no RMSNorm, SwiGLU MLP or RoPE attention found in this "
-                         f"{type(model).__name__} (a layout quarl.train.fused_glue does not know); set {key}=false")
+        raise ValueError(f"{key}=true: no RMSNorm, SwiGLU MLP or RoPE attention of a family it knows "
+                         f"({', '.join(FAMILIES)}) in this {type(model).__name__}; set {key}=false")
     return {"backend": backend, "rms_norms": norms, "swiglu_mlps": mlps, "rope_modules": sorted(families)}
 
 

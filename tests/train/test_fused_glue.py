@@ -5,7 +5,7 @@ inductor kernels are checked on the GPU, tests/train/test_fused_glue_gpu.py)."""
 
 import pytest
 import torch
-from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
+from transformers import Qwen2Config, Qwen2ForCausalLM
 
 from quarl.train import fused_glue
 from quarl.train.fused_glue import compile_glue, rms_norm, rope, silu_mul
@@ -14,10 +14,12 @@ from quarl.train.fused_glue import compile_glue, rms_norm, rope, silu_mul
 @pytest.fixture(autouse=True)
 def _transformers_rope_restored():
     """compile_glue patches a family's module-level RoPE process-wide: every test here leaves transformers' own."""
-    from transformers.models.llama import modeling_llama
-    from transformers.models.qwen2 import modeling_qwen2
+    import importlib
 
-    saved = {m: m.apply_rotary_pos_emb for m in (modeling_llama, modeling_qwen2)}
+    from quarl.train.fused_glue import FAMILIES
+
+    mods = [importlib.import_module(f"transformers.models.{f}.modeling_{f}") for f in (*FAMILIES, "gemma")]
+    saved = {m: m.apply_rotary_pos_emb for m in mods}
     yield
     for m, f in saved.items():
         m.apply_rotary_pos_emb = f
@@ -52,38 +54,61 @@ def test_functions_are_transformers_math():
         assert torch.equal(ours, theirs)
 
 
-@pytest.mark.parametrize("family", ["qwen2", "llama"])
-def test_patched_model_matches_eager_forward_and_backward(family):
-    from transformers.models.llama import modeling_llama
-    from transformers.models.qwen2 import modeling_qwen2
+def _family_model(family: str):
+    import transformers
 
-    mod = {"qwen2": modeling_qwen2, "llama": modeling_llama}[family]
-    original = mod.apply_rotary_pos_emb
-    cfg = _qwen2() if family == "qwen2" else LlamaConfig(
+    from quarl.train.fused_glue import FAMILIES
+
+    assert family in (*FAMILIES, "gemma")
+    prefix = {"llama": "Llama", "mistral": "Mistral", "qwen2": "Qwen2", "qwen3": "Qwen3", "gemma": "Gemma"}[family]
+    cfg = getattr(transformers, f"{prefix}Config")(
         hidden_size=64, intermediate_size=160, num_attention_heads=4, num_key_value_heads=2, vocab_size=97,
-        num_hidden_layers=2, tie_word_embeddings=False)
-    a, b = _pair(Qwen2ForCausalLM if family == "qwen2" else LlamaForCausalLM, cfg)
+        num_hidden_layers=2, head_dim=16, tie_word_embeddings=False, hidden_act="silu")
+    return _pair(getattr(transformers, f"{prefix}ForCausalLM"), cfg)
+
+
+@pytest.mark.parametrize("family,norms", [("qwen2", 5), ("llama", 5), ("mistral", 5), ("qwen3", 9)])
+def test_patched_model_matches_eager_forward_and_backward(family, norms):
+    """Every family in FAMILIES: transformers' own model and the patched one, forward and backward (Qwen3 has a q
+    and a k norm per layer besides the two)."""
+    import importlib
+
+    mod = importlib.import_module(f"transformers.models.{family}.modeling_{family}")
+    original = mod.apply_rotary_pos_emb
+    a, b = _family_model(family)
     ids = torch.randint(0, 97, (2, 12))
     la = a(input_ids=ids).logits
     la.square().mean().backward()
-    try:
-        report = compile_glue(b, backend="aot_eager")
-        assert report["rms_norms"] == 5 and report["swiglu_mlps"] == 2  # 2 per layer + the final norm; 1 MLP each
-        assert report["rope_modules"] == [mod.__name__] and mod.apply_rotary_pos_emb is not original
-        assert all("forward" in m.__dict__ for m in b.modules() if type(m).__name__.endswith(("RMSNorm", "MLP")))
-        for n in (12, 9):  # a second sequence length (RL's batches change shape) still matches
-            b.zero_grad()
-            ids_n = ids[:, :n]
-            lb = b(input_ids=ids_n).logits
-            lb.square().mean().backward()
-            if n == 12:
-                torch.testing.assert_close(lb, la, rtol=1e-5, atol=1e-5)
-                for (name, p), q in zip(a.named_parameters(), b.parameters(), strict=True):
-                    torch.testing.assert_close(q.grad, p.grad, rtol=1e-4, atol=1e-6, msg=name)
-        again = compile_glue(b, backend="aot_eager")  # idempotent: the RoPE patch is not wrapped twice
-        assert again["rms_norms"] == 5 and getattr(mod.apply_rotary_pos_emb, "_quarl_glue", None) == "aot_eager"
-    finally:
-        mod.apply_rotary_pos_emb = original  # process-wide: leave the other tests transformers' own
+    report = compile_glue(b, backend="aot_eager")
+    assert report["rms_norms"] == norms and report["swiglu_mlps"] == 2  # 1 MLP per layer
+    assert report["rope_modules"] == [mod.__name__] and mod.apply_rotary_pos_emb is not original
+    assert all("forward" in m.__dict__ for m in b.modules() if type(m).__name__.endswith(("RMSNorm", "MLP")))
+    for n in (12, 9):  # a second sequence length (RL's batches change shape) still runs
+        b.zero_grad()
+        lb = b(input_ids=ids[:, :n]).logits
+        lb.square().mean().backward()
+        if n == 12:
+            torch.testing.assert_close(lb, la, rtol=1e-5, atol=1e-5)
+            for (name, p), q in zip(a.named_parameters(), b.parameters(), strict=True):
+                torch.testing.assert_close(q.grad, p.grad, rtol=1e-4, atol=1e-6, msg=name)
+    again = compile_glue(b, backend="aot_eager")  # idempotent: the RoPE patch is not wrapped twice
+    assert again["rms_norms"] == norms and getattr(mod.apply_rotary_pos_emb, "_quarl_glue", None) == "aot_eager"
+
+
+def test_a_family_with_other_math_is_left_alone():
+    """Gemma's RMSNorm scales by (1 + weight): a name match would compute something else. It is not patched; asked
+    for explicitly, the knob says why; auto leaves it eager."""
+    from transformers.models.gemma import modeling_gemma
+
+    from quarl.train.fused_glue import apply_compile_glue
+
+    original = modeling_gemma.apply_rotary_pos_emb
+    _, b = _family_model("gemma")
+    with pytest.raises(ValueError, match="of a family it knows .*set policy.compile_glue=false"):
+        compile_glue(b, backend="aot_eager")
+    assert apply_compile_glue(b, "auto", "cuda", "policy.compile_glue") is None
+    assert modeling_gemma.apply_rotary_pos_emb is original
+    assert all("forward" not in m.__dict__ for m in b.modules())
 
 
 def test_a_model_without_the_layout_is_refused_with_the_key():
@@ -178,3 +203,20 @@ def test_a_deep_copy_runs_on_its_own_weights():
         b.model.layers[0].mlp.up_proj.weight.mul_(2)
     assert torch.equal(ref(input_ids=ids).logits, before)
     assert not torch.allclose(b(input_ids=ids).logits, before)
+
+
+def test_past_the_recompile_limit_a_variant_runs_eager_instead_of_failing():
+    """A stage process sees few variants of each function (grad mode, requires_grad, static vs dynamic shapes); one
+    that sees more than dynamo's limit must go on, eagerly, not stop the run."""
+    import torch._dynamo
+
+    torch._dynamo.reset()
+    fused_glue._compiled.cache_clear()
+    fns = fused_glue._compiled("aot_eager")
+    w = torch.randn(8)
+    with torch._dynamo.config.patch(recompile_limit=1):
+        for shape in [(8,), (2, 8), (2, 3, 8), (1, 2, 3, 8)]:  # a new rank each call: a recompile each
+            x = torch.randn(shape)
+            torch.testing.assert_close(fns.rms_norm(x, w, 1e-6), rms_norm(x, w, 1e-6))
+    torch._dynamo.reset()
+    fused_glue._compiled.cache_clear()
