@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 from typing import ClassVar
 
 from quarl.quant.linear import DEFAULT_LORA_TARGETS
+from quarl.train.fused_glue import check_setting as check_glue_setting
 
 OBJECTIVES = ("forward_kl", "reverse_kl", "jsd", "mse", "ce")
 SOURCES = ("sft", "teacher", "teacher_correct", "bos", "random", "tokens")
@@ -63,8 +64,7 @@ class StudentConfig:
     compile_glue: str = "auto"
 
     def __post_init__(self) -> None:
-        _check(str(self.compile_glue).lower() in ("auto", "true", "false"),
-               f"student.compile_glue must be auto|true|false, got {self.compile_glue!r}")
+        check_glue_setting(self.compile_glue, "student.compile_glue")
         _check(self.mode in ("qat", "lora"), f"student.mode must be qat|lora, got {self.mode!r}")
         _check(self.scales in ("calibrated", "recompute"), f"student.scales must be calibrated|recompute, got "
                                                            f"{self.scales!r}")

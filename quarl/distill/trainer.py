@@ -115,7 +115,7 @@ class DistillTrainer:
         if glue:  # the teacher's forward is glue too (no backward): the same compiled functions
             self.student_report["compile_glue"] = glue
             apply_compile_glue(self.teacher, cfg.student.compile_glue, self.device, "student.compile_glue",
-                                  dist.enabled)
+                               dist.enabled)
         if self.sharded:
             shard_model(self.model, dist, self.device)
             shard_model(self.teacher, dist, self.device)

@@ -37,6 +37,7 @@ from quarl.quant.linear import DEFAULT_LORA_TARGETS
 from quarl.rewards import RewardConfig
 from quarl.rl.aqn import AQNConfig
 from quarl.rl.precision import PrecisionConfig, policy_fields
+from quarl.train.fused_glue import check_setting as check_glue_setting
 
 ALGOS = ("grpo", "dapo")
 OVERLONG = ("none", "filter", "penalty")
@@ -224,8 +225,7 @@ class RLConfig:
         if p.mode == "full" and not full_qat and str(p.format).lower() not in ("bf16", "none", "full", "fp32", "fp16"):
             raise ValueError(f"policy.mode=full trains every weight in high precision; set policy.format=bf16 "
                              f"(got {p.format!r}), or use policy.mode=lora for a quantized base")
-        if str(p.compile_glue).lower() not in ("auto", "true", "false"):
-            raise ValueError(f"policy.compile_glue must be auto|true|false, got {p.compile_glue!r}")
+        check_glue_setting(p.compile_glue, "policy.compile_glue")
         if p.load not in ("auto", "dense", "stream"):
             raise ValueError(f"policy.load must be auto|dense|stream, got {p.load!r}")
         if p.load == "stream" and (p.mode != "lora" or full_qat):

@@ -7,6 +7,7 @@
     metrics     MetricsLogger (metrics.jsonl + TensorBoard), read_metrics
     distributed torchrun: init_distributed / distributed, Dist (shares of a batch, summed LoRA gradients)
     fsdp        FSDP2 for full-parameter training (shard_model, gathered rollouts), DCP sharded checkpoints
+    fused_glue  transformers' RMSNorm / RoPE / SwiGLU as torch.compile'd kernels (policy/student compile_glue)
 
 A trainer owns its loop and its losses; what is here carries no algorithm.
 """

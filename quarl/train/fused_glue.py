@@ -13,9 +13,8 @@ What is patched, on the model instance, in the families whose math these functio
 Mistral, Qwen2, Qwen3; anything else is left eager): every ``*RMSNorm`` (decoder layers' two, the final one;
 Qwen3's q/k norms too), every ``*MLP`` with ``gate_proj``/``up_proj``/``down_proj`` and a SiLU activation
 (the projections stay whatever they are: ``nn.Linear``, a ``QuantLinear`` on the FP8 flow, a frozen 4-bit base
-+ LoRA), and the model family's module-level ``apply_rotary_pos_emb`` --
-process-wide, for every model of that family in the stage's process, as Liger-Kernel patches it. The functions
-are compiled once per process (``dynamic=None``: a second sequence length recompiles them shape-generic, so
++ LoRA), and the model family's module-level ``apply_rotary_pos_emb`` -- process-wide, for every model of that
+family in the stage's process, as Liger-Kernel patches it. The functions are compiled once per process (``dynamic=None``: a second sequence length recompiles them shape-generic, so
 RL's varying batch shapes do not recompile every step).
 
 Numerics: the eager code rounds to bf16 after every op; a fused kernel keeps fp32 in registers and rounds once,
@@ -32,7 +31,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-__all__ = ["FAMILIES", "SETTINGS", "apply_compile_glue", "compile_glue", "is_glue_forward", "rms_norm", "rope", "silu_mul"]
+__all__ = ["FAMILIES", "SETTINGS", "apply_compile_glue", "check_setting", "compile_glue", "is_glue_forward", "rms_norm",
+           "rope", "silu_mul"]
 
 BACKEND = "inductor"  # torch.compile's backend for the stages (tests set aot_eager: the same graph, no kernel build)
 SETTINGS = ("auto", "true", "false")  # policy.compile_glue / student.compile_glue: auto = on CUDA, off elsewhere
@@ -40,6 +40,14 @@ SETTINGS = ("auto", "true", "false")  # policy.compile_glue / student.compile_gl
 # (tests/train/test_fused_glue.py checks each against transformers' own). Others are left alone: Gemma's RMSNorm
 # scales by (1 + weight), Phi-3 rotates part of the head, GLM interleaves -- a name match would be silently wrong.
 FAMILIES = ("llama", "mistral", "qwen2", "qwen3")
+
+
+def check_setting(value, key: str) -> str:
+    """``policy.compile_glue`` / ``student.compile_glue`` -> its normalized value; the configs call it when built."""
+    setting = str(value).lower()
+    if setting not in SETTINGS:
+        raise ValueError(f"{key} must be one of {', '.join(SETTINGS)}; got {value!r}")
+    return setting
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -160,9 +168,7 @@ def apply_compile_glue(model: nn.Module, setting: str, device: torch.device | st
     matches one process on CPU, tests/train/test_distributed.py, but has not run on several GPUs); ``true``
     compiles it on any device; ``false`` never. Returns
     :func:`compile_glue`'s report, or ``None`` when left eager."""
-    setting = str(setting).lower()
-    if setting not in SETTINGS:
-        raise ValueError(f"{key} must be one of {'|'.join(SETTINGS)}, got {setting!r}")
+    setting = check_setting(setting, key)
     if setting == "false" or (setting == "auto" and (torch.device(device).type != "cuda" or distributed)):
         return None
     if setting == "auto":  # a model this does not know stays eager rather than failing the stage
