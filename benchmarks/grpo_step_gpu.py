@@ -439,6 +439,7 @@ def run_format(fmt: str, args, work: Path) -> dict:
                 "rollout_tokens_per_s": r["rollout/tokens_per_s"], "response_len_mean": r["response/length_mean"],
                 "peak_gib": probe.peaks(r["step"]), "loss": r.get("loss"), "grad_norm": r.get("grad_norm"),
                 "mismatch_abs_logprob_diff": r.get("mismatch/abs_logprob_diff"),
+                "dequant_cache_held_gib": r.get("dequant_cache/held_gb"),
             })  # fmt: skip
     except Exception as e:  # noqa: BLE001 -- a failed format must not lose its numbers or the next format's
         traceback.print_exc()
@@ -466,15 +467,16 @@ def table(results: list[dict], args) -> str:
         + (f"; overrides: {' '.join(args.set)}" if args.set else "")
     )
     lines = [head, "",
-             "| format | step | rollout s | log-prob s | update s | step s | peak alloc GiB rollout / log-prob / update |",
-             "|---|---:|---:|---:|---:|---:|---|"]  # fmt: skip
+             ("| format | step | rollout s | log-prob s | update s | step s | peak alloc GiB rollout / log-prob / update "
+              "| base held GiB |"),
+             "|---|---:|---:|---:|---:|---:|---|---:|"]  # fmt: skip
     for r in results:
         for s in r["steps"]:
             pk = s["peak_gib"]
             lines.append(
                 f"| {r['format']} | {s['step']} | {s['rollout_s']:.2f} | {s['logprob_s']:.2f} | "
                 f"{s['update_s']:.2f} | {s['step_s']:.2f} | {f(pk.get('rollout'))} / "
-                f"{f(pk.get('logprob'))} / {f(pk.get('update'))} |"
+                f"{f(pk.get('logprob'))} / {f(pk.get('update'))} | {f(s.get('dequant_cache_held_gib'))} |"
             )
     lines += ["",
               ("| format | construction | build peak GiB | model GiB | policy GiB | max alloc GiB | max reserved GiB | "

@@ -16,10 +16,11 @@ and for debugging a kernel).
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import torch
@@ -120,3 +121,32 @@ def release_transients() -> None:
 
 def registered() -> dict[str, list[str]]:
     return {f: [k.name for k in ks] for f, ks in _KERNELS.items()}
+
+
+@contextlib.contextmanager
+def holding_dequantized(budget_bytes: int) -> Iterator[None]:
+    """Keep the BF16 weights the kernels' dense path decodes (training sizes, forward or backward, grad or not) for
+    the whole block, up to ``budget_bytes``, and drop them when it ends (``quarl_kernels.recent_weights.holding``):
+    a frozen base's weights decoded once per phase instead of once per call. A no-op where the kernels never loaded
+    (CPU: the reference path)."""
+    if not _loaded or budget_bytes <= 0:
+        yield
+        return
+    try:
+        from quarl_kernels import recent_weights
+    except ImportError:
+        yield
+        return
+    with recent_weights.holding(budget_bytes):
+        yield
+
+
+def held_bytes() -> int:
+    """Bytes :func:`holding_dequantized` keeps now (0 where the kernels never loaded)."""
+    if not _loaded:
+        return 0
+    try:
+        from quarl_kernels import recent_weights
+    except ImportError:
+        return 0
+    return recent_weights.held_bytes()

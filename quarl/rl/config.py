@@ -37,6 +37,7 @@ from quarl.quant.linear import DEFAULT_LORA_TARGETS
 from quarl.rewards import RewardConfig
 from quarl.rl.aqn import AQNConfig
 from quarl.rl.precision import PrecisionConfig, policy_fields
+from quarl.train.dequant_cache import check_setting as check_dequant_cache
 from quarl.train.fused_glue import check_setting as check_glue_setting
 
 ALGOS = ("grpo", "dapo")
@@ -107,6 +108,10 @@ class OptimConfig:
     warmup_ratio: float = 0.1
     micro_batch_size: int = 8  # rows per forward/backward (memory knob; does not change the math)
     logprob_chunk: int = 1024  # completion positions projected to the vocabulary at once (0 = all)
+    # the frozen quantized base's BF16 weights held through the log-prob pass and updates instead of decoded per call
+    # (quarl.train.dequant_cache): auto (CUDA, as much as the memory left after the measured working set holds) |
+    # true (the whole base) | false (decode per call: the smallest footprint)
+    dequant_cache: str = "auto"
 
 
 @dataclass
@@ -263,6 +268,7 @@ class RLConfig:
             raise ValueError(f"optim.schedule must be cosine|constant, got {o.schedule!r}")
         if len(o.betas) != 2:
             raise ValueError(f"optim.betas must be two numbers, got {o.betas!r}")
+        check_dequant_cache(o.dequant_cache, "optim.dequant_cache")
         if o.micro_batch_size < 1 or t.prompts_per_step < 1:
             raise ValueError("optim.micro_batch_size and train.prompts_per_step must be >= 1")
         if t.max_time_s < 0:

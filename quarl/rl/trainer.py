@@ -110,6 +110,7 @@ from quarl.rl.losses import group_advantages, overlong_penalty, policy_loss
 from quarl.rl.precision import Precision
 from quarl.rl.sampling import PromptSampler, ScoredBatch, dynamic_sample
 from quarl.train.checkpoint import CheckpointManager
+from quarl.train.dequant_cache import DequantCache
 from quarl.train.distributed import Dist, current
 from quarl.train.fsdp import clip_grad_norm, gathered, shard_model
 from quarl.train.fused_glue import apply_compile_glue
@@ -190,6 +191,7 @@ class RLTrainer:
                                   dist.enabled)
         if glue:
             self.policy_report["compile_glue"] = glue
+        self.dequant_cache = DequantCache(self.model, cfg.optim.dequant_cache, self.device)
         cache_deq = str(cfg.rollout.cache_dequantized).lower()
         if cache_deq == "true" or (cache_deq == "auto" and self.device.type == "cpu"):
             for m in self.model.modules():
@@ -416,6 +418,7 @@ class RLTrainer:
                 t0 = time.perf_counter()
                 if self.device.type == "cuda":
                     torch.cuda.reset_peak_memory_stats(self.device)
+                self.dequant_cache.peak_before = 0
                 lr = lr_at(step, self.total_steps, cfg.optim)
                 for g in self.optimizer.param_groups:
                     g["lr"] = lr
@@ -456,32 +459,36 @@ class RLTrainer:
                     n_tok = d.all_reduce(float(loss_mask.sum()))
                     n_seq = d.all_reduce(float((loss_mask.sum(1) > 0).sum()))
 
-                    # 2) log-probs that do not change during the updates (clean policy, no grad)
-                    need_old = a.updates_per_rollout > 1 and a.old_logprobs == "trainer"
-                    old_lp = ent = train_lp = None
-                    if need_old:
-                        old_lp, ent = self._no_grad_logprobs(self.model, r, with_entropy=True)
-                        train_lp = old_lp
-                    elif a.old_logprobs == "rollout":
-                        old_lp = r.logprobs
-                    ref_lp = None
-                    if a.beta > 0:
-                        if self.ref_model is not None:
-                            ref_lp, _ = self._no_grad_logprobs(self.ref_model, r, with_entropy=False)
-                        else:
-                            with lora_disabled(self.model):
-                                ref_lp, _ = self._no_grad_logprobs(self.model, r, with_entropy=False)
-                    t_lp = time.perf_counter() - t1
+                    # the frozen base decoded once for both phases when memory allows (optim.dequant_cache)
+                    with self.dequant_cache.phase():
+                        # 2) log-probs that do not change during the updates (clean policy, no grad)
+                        need_old = a.updates_per_rollout > 1 and a.old_logprobs == "trainer"
+                        old_lp = ent = train_lp = None
+                        if need_old:
+                            old_lp, ent = self._no_grad_logprobs(self.model, r, with_entropy=True)
+                            train_lp = old_lp
+                        elif a.old_logprobs == "rollout":
+                            old_lp = r.logprobs
+                        ref_lp = None
+                        if a.beta > 0:
+                            if self.ref_model is not None:
+                                ref_lp, _ = self._no_grad_logprobs(self.ref_model, r, with_entropy=False)
+                            else:
+                                with lora_disabled(self.model):
+                                    ref_lp, _ = self._no_grad_logprobs(self.model, r, with_entropy=False)
+                        t_lp = time.perf_counter() - t1
 
-                    # 3) mu policy updates on this batch
-                    t2 = time.perf_counter()
-                    if n_tok == 0:
-                        m["update/skipped"] = 1.0  # e.g. every answer truncated and overlong filtering on
-                    else:
-                        m.update(self._updates(step, r, adv, loss_mask, n_tok, n_seq, old_lp, ref_lp, train_lp, ent))
-                        m["update/skipped"] = 0.0
-                        dispatch.release_transients()  # the last layer's BF16 weights kept for its backward
+                        # 3) mu policy updates on this batch
+                        t2 = time.perf_counter()
+                        if n_tok == 0:
+                            m["update/skipped"] = 1.0  # e.g. every answer truncated and overlong filtering on
+                        else:
+                            m.update(self._updates(step, r, adv, loss_mask, n_tok, n_seq, old_lp, ref_lp, train_lp,
+                                                   ent))
+                            m["update/skipped"] = 0.0
+                            dispatch.release_transients()  # the last layer's BF16 weights kept for its backward
                     t_upd = time.perf_counter() - t2
+                    m.update(self.dequant_cache.last)
                     m["train/answers"] = int(d.all_reduce(len(r)))
                     m["train/loss_tokens"] = n_tok
 
@@ -489,7 +496,8 @@ class RLTrainer:
                 tokens = d.all_reduce(float(drawn.rollout.attention_mask.sum()))
                 m.update({"time/logprob_s": t_lp, "time/update_s": t_upd, "time/step_s": dt,
                           "throughput/tokens_per_s": tokens / max(dt, 1e-9),
-                          "memory/peak_gb": d.all_reduce(peak_memory_gb(self.device), "max"),
+                          "memory/peak_gb": d.all_reduce(max(peak_memory_gb(self.device),
+                                                             self.dequant_cache.peak_before / 2**30), "max"),
                           "data/epoch": self.sampler.epochs_done})
                 logger.log(step, m)
                 if main and cfg.train.sample_every and step % cfg.train.sample_every == 0:

@@ -184,3 +184,65 @@ def test_checkpointed_layers_decode_each_weight_twice_not_three_times(monkeypatc
     r.sum().backward()
     torch.testing.assert_close(x.grad, ref_x.grad)
     assert calls["n"] == decodes
+
+
+def test_holding_keeps_every_weight_made_grad_or_not_until_the_block_ends(monkeypatch):
+    """``holding(budget)``: a no-grad forward's weight is kept too (the log-prob pass), lookups hit for the whole
+    block whatever the LRU bound says, and the block's end drops them all."""
+    monkeypatch.setenv(rw.ENV, "0")  # the LRU keeps nothing: only holding can serve the second lookup
+    ps, make = [_packed(i) for i in range(3)], _Maker()
+    with rw.holding(10**6):
+        ws = [rw.get(p, make) for p in ps]  # no keeping(): as under no-grad
+        assert all(rw.get(p, make) is w for p, w in zip(ps, ws, strict=True)) and make.calls == 3
+        assert rw.held_bytes() == 3 * ws[0].nbytes
+    assert rw.held_bytes() == 0
+    rw.get(ps[0], make)
+    assert make.calls == 4
+
+
+def test_holding_stops_at_its_budget_and_the_rest_goes_through_the_lru(monkeypatch):
+    monkeypatch.setenv(rw.ENV, "1")
+    ps, make = [_packed(i) for i in range(3)], _Maker()
+    nbytes = torch.full((2, 2), 0.0).nbytes
+    with rw.holding(2 * nbytes):
+        for p in ps:
+            _get(p, make)
+        assert rw.held_bytes() == 2 * nbytes and rw.kept() == 1 and make.calls == 3  # two held, the third in the LRU
+        for p in ps:
+            rw.get(p, make)
+        assert make.calls == 3
+
+
+def test_holding_misses_after_a_write_and_rejects_nesting_and_negative_budgets():
+    p, make = _packed(), _Maker()
+    with rw.holding(10**6):
+        old = rw.get(p, make)
+        with torch.no_grad():
+            p[0].add_(1)
+        assert rw.get(p, make) is not old and make.calls == 2
+        with pytest.raises(RuntimeError, match="one phase at a time"), rw.holding(1):
+            pass
+    with pytest.raises(ValueError, match="negative"), rw.holding(-1):
+        pass
+
+
+def test_holding_zero_holds_nothing_and_release_drops_held_weights():
+    p, make = _packed(), _Maker()
+    with rw.holding(0):
+        rw.get(p, make)
+        assert rw.held_bytes() == 0
+    with rw.holding(10**6):
+        rw.get(p, make)
+        rw.release()
+        assert rw.held_bytes() == 0
+        rw.get(p, make)
+    assert make.calls == 3
+
+
+def test_dispatch_holding_dequantized_reaches_recent_weights(monkeypatch):
+    monkeypatch.setattr(dispatch, "_loaded", True)  # as after the first CUDA call
+    p, make = _packed(), _Maker()
+    with dispatch.holding_dequantized(10**6):
+        rw.get(p, make)
+        assert dispatch.held_bytes() == rw.held_bytes() > 0
+    assert dispatch.held_bytes() == 0

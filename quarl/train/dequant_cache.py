@@ -1,0 +1,103 @@
+"""A frozen quantized base's BF16 weights held through the trainer's log-prob pass and updates, when memory allows.
+
+Why. At training sizes the GPU kernels multiply a 4-bit base through a transient BF16 copy of each weight and cuBLAS
+(``quarl_kernels.dense``); the copy is made per call. A LoRA trainer's base never changes, yet one GRPO step makes
+every copy again for each micro-batch of its log-prob pass and of each of its ``mu`` updates (Qwen2.5-7B, 64 answers
+in micro-batches of 8, mu 2: about 40 decodes of each projection). Holding the copies for the phase makes the
+decode once per step and leaves cuBLAS BF16 on the same weights -- the BF16+LoRA step's GEMMs, bit for bit the
+values the per-call path would make. The price is memory: up to the base in BF16 for the phase (13 GiB at 7B), given
+back before the next rollout plans its KV cache.
+
+How much. ``optim.dequant_cache`` (one knob, checked when the config is built):
+
+* ``false``: every call decodes (the smallest footprint: QeRL's 32B-on-one-GPU case).
+* ``true``: the whole base is held (its BF16 size on top of the working set; may not fit -- the user's call).
+* ``auto`` (default): on CUDA only, and not in the first phase: that one measures the phase's working set (peak
+  minus what was allocated at its start, less what was held). Each later phase holds up to the free memory (device
+  free plus the caching allocator's reserved, unused bytes) less 1.25x that working set and a margin (1 GiB or 5 % of
+  the device, the larger), at most the base's BF16 size. What does not fit is decoded per call, as with ``false``.
+
+Nothing here changes what is computed: only whether a weight's BF16 copy is made again.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+
+import torch
+from torch import nn
+
+from quarl.quant import dispatch
+
+SETTINGS = ("auto", "true", "false")
+GIB = 2**30
+WORKING_SET_FACTOR = 1.25  # headroom over the measured working set (micro-batches differ in length)
+
+
+def check_setting(value, key: str = "optim.dequant_cache") -> str:
+    """The knob's normalized value; the config calls it when built, so ``compile`` rejects what a pod would."""
+    v = str(value).lower()
+    if v not in SETTINGS:
+        raise ValueError(f"{key} must be auto|true|false, got {value!r}: auto holds the frozen base's BF16 weights "
+                         f"through the log-prob pass and updates when memory allows, true always, false never")
+    return v
+
+
+def base_bf16_bytes(model: nn.Module) -> int:
+    """Bytes of the BF16 copies the kernels' dense path makes for ``model``'s frozen quantized projections."""
+    from quarl.quant.linear import QuantLinear
+
+    return sum(2 * m.out_features * m.in_features for m in model.modules()
+               if isinstance(m, QuantLinear) and m.mode == "frozen" and m.config is not None and not m.fp8_flow
+               and m._act_fn is None and dispatch.has_kernel(m.format_name))
+
+
+def auto_budget(need: int, avail: int, working_set: int | None, total: int) -> int:
+    """Bytes ``auto`` holds: 0 before a working set is known, else what the free memory leaves after 1.25x the
+    working set and the margin, clamped to [0, need]."""
+    if working_set is None or need <= 0:
+        return 0
+    margin = max(GIB, int(0.05 * total))
+    return int(max(0, min(need, avail - WORKING_SET_FACTOR * working_set - margin)))
+
+
+class DequantCache:
+    """``optim.dequant_cache`` for one trainer: :meth:`phase` wraps its log-prob pass and updates."""
+
+    def __init__(self, model: nn.Module, setting: str, device: torch.device):
+        self.setting, self.device = check_setting(setting), torch.device(device)
+        on = self.setting != "false" and self.device.type == "cuda"
+        self.need = base_bf16_bytes(model) if on else 0  # 0: nothing to hold (CPU, BF16 base, FP8 flow, off)
+        self.working_set: int | None = None
+        self.peak_before = 0  # the step's peak allocation before the phase (the phase resets the counter)
+        self.last: dict[str, float] = {}
+
+    @contextlib.contextmanager
+    def phase(self) -> Iterator[None]:
+        if self.need == 0:
+            yield
+            return
+        dev = self.device
+        if self.setting == "true":
+            budget = self.need
+        else:
+            free, total = torch.cuda.mem_get_info(dev)
+            avail = free + torch.cuda.memory_reserved(dev) - torch.cuda.memory_allocated(dev)
+            budget = auto_budget(self.need, avail, self.working_set, total)
+        start = torch.cuda.memory_allocated(dev)
+        self.peak_before = torch.cuda.max_memory_allocated(dev)
+        torch.cuda.reset_peak_memory_stats(dev)
+        held = 0
+        try:
+            with dispatch.holding_dequantized(budget):
+                yield
+                held = dispatch.held_bytes()
+        finally:
+            peak = torch.cuda.max_memory_allocated(dev)
+        self.working_set = max(0, peak - start - held)
+        self.last = {"dequant_cache/budget_gb": budget / GIB, "dequant_cache/held_gb": held / GIB,
+                     "dequant_cache/base_gb": self.need / GIB, "dequant_cache/working_set_gb": self.working_set / GIB}
+
+
+__all__ = ["SETTINGS", "DequantCache", "auto_budget", "base_bf16_bytes", "check_setting"]
