@@ -10,6 +10,16 @@
 #   phase a: bash benchmarks/gpu_session25.sh a   (one GPU; ~7 min)
 #     The held base's GPU test (bit-equal adapters, one decode a weight a phase) and the dense path's; the 7B GRPO step
 #     (3 steps: auto holds from step 1) for BF16+LoRA and NVFP4+LoRA, then NVFP4+LoRA with optim.dequant_cache=false.
+#   phase b: bash benchmarks/gpu_session25.sh b   (one GPU; ~8 min)
+#     After a (held: the update 1-2 % faster at micro-batch 8, 12 GiB more at its peak; the trainer's GPU test needs
+#     the embedded tokenizer, so a kernel-level test was added): the held-weights GPU tests; the 7B GRPO step at
+#     micro-batch 4 (16 micro-batches of 3072 rows: twice the decodes a step), BF16+LoRA and NVFP4+LoRA held, then
+#     NVFP4+LoRA not held.
+#   phase c: bash benchmarks/gpu_session25.sh c   (carry .dev/dg.tar.xz; one GPU; ~5 min)
+#     Issue 15 after session 24's phase g (DeepGEMM + glue: 1.33x at 7B, 1.45x at 32B width over BF16 + glue): where
+#     a 32B-width layer's time goes, profiled, BF16 + glue beside X^T tiles + DeepGEMM + glue at 16k tokens.
+#   phase e1 (twice) / f: as gpu_session24.sh's (carry .whl/s1, then .whl/s2; then .whl/s3 .whl/small .whl/bnb-site):
+#     the GGUF assembled on the machine, then the RL trainer's held-base GPU test (and the 8-bit AdamW trainer test).
 set -u
 PHASE=${1:?phase}
 OUT=${OUT:?}
@@ -20,6 +30,25 @@ a)
     tests 200 tests/train/test_dequant_cache_gpu.py tests/kernels/test_dense_gpu.py
     grpo "${GRPO_S:-210}" grpo_held --steps 3
     grpo "${GRPO2_S:-130}" grpo_nohold --formats nvfp4 --steps 3 --set optim.dequant_cache=false
+    ;;
+b)
+    tests 120 tests/train/test_dequant_cache_gpu.py tests/kernels/test_dense_gpu.py
+    grpo "${GRPO_S:-250}" grpo_mb4_held --micro-batch 4 --steps 3
+    grpo "${GRPO2_S:-160}" grpo_mb4_nohold --formats nvfp4 --micro-batch 4 --steps 3 --set optim.dequant_cache=false
+    ;;
+c)
+    deepgemm
+    model_step "${M32_S:-300}" p32 --shape Qwen2.5-32B --layers 4 --tokens 16384 --loss rl --profile --iters 3 \
+        --arms bf16+glue,jetrl-xtiles+deepgemm+glue
+    ;;
+e1)
+    mkdir -p /tmp/stash && cp .whl/s*/gguf.xz.part* /tmp/stash/ && ls -la /tmp/stash
+    ;;
+f)
+    smollm2_from_stash || exit 2
+    smollm2_site .whl/small || exit $?
+    export PYTHONPATH=$PYTHONPATH:$PWD/.whl/bnb-site
+    tests 240 tests/train/test_dequant_cache_gpu.py tests/train/test_optim_gpu.py
     ;;
 *) echo "unknown phase $PHASE"; exit 2 ;;
 esac

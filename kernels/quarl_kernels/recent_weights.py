@@ -139,11 +139,9 @@ def held_bytes() -> int:
 
 
 def release() -> None:
-    """Drop every kept weight, held ones included (their memory goes back to the caching allocator)."""
-    global _held_bytes
+    """Drop every weight the LRU keeps (their memory goes back to the caching allocator). Weights :func:`holding`
+    holds stay until its block ends: the trainer releases after each update, inside the phase it holds for."""
     _kept.clear()
-    _held.clear()
-    _held_bytes = 0
 
 
 def kept() -> int:

