@@ -18,6 +18,13 @@
 #   phase c: bash benchmarks/gpu_session25.sh c   (carry .dev/dg.tar.xz; one GPU; ~5 min)
 #     Issue 15 after session 24's phase g (DeepGEMM + glue: 1.33x at 7B, 1.45x at 32B width over BF16 + glue): where
 #     a 32B-width layer's time goes, profiled, BF16 + glue beside X^T tiles + DeepGEMM + glue at 16k tokens.
+#   phase d: bash benchmarks/gpu_session25.sh d   (one GPU; ~6 min)
+#     After b (at micro-batch 4 the NVFP4 update is 1.17-1.25x BF16's even held: the kernel path's host work per call,
+#     not the decode -- its log-prob pass is level with BF16's) the held weights are QuantLinear._held_w, multiplied
+#     by autograd's own matmul (the BF16 path's host cost). GPU tests; the 7B GRPO step at micro-batch 8: BF16+LoRA and
+#     NVFP4+LoRA (auto: held from step 1), then NVFP4+LoRA not held.
+#   phase e: bash benchmarks/gpu_session25.sh e   (one GPU; ~6 min) -- the same at micro-batch 4.
+#   phase c2: phase c again with the bf16 arm the benchmark requires (carry .dev/dg.tar.xz).
 #   phase e1 (twice) / f: as gpu_session24.sh's (carry .whl/s1, then .whl/s2; then .whl/s3 .whl/small .whl/bnb-site):
 #     the GGUF assembled on the machine, then the RL trainer's held-base GPU test (and the 8-bit AdamW trainer test).
 set -u
@@ -40,6 +47,20 @@ c)
     deepgemm
     model_step "${M32_S:-300}" p32 --shape Qwen2.5-32B --layers 4 --tokens 16384 --loss rl --profile --iters 3 \
         --arms bf16+glue,jetrl-xtiles+deepgemm+glue
+    ;;
+c2)
+    deepgemm
+    model_step "${M32_S:-330}" p32 --shape Qwen2.5-32B --layers 4 --tokens 16384 --loss rl --profile --iters 3 \
+        --arms bf16,bf16+glue,jetrl-xtiles+deepgemm+glue
+    ;;
+d)
+    tests 200 tests/train/test_dequant_cache_gpu.py tests/kernels/test_dense_gpu.py tests/engine/test_engine_gpu.py
+    grpo "${GRPO_S:-200}" grpo_mb8_held --steps 3
+    grpo "${GRPO2_S:-120}" grpo_mb8_nohold --formats nvfp4 --steps 3 --set optim.dequant_cache=false
+    ;;
+e)
+    grpo "${GRPO_S:-260}" grpo_mb4_held2 --micro-batch 4 --steps 3
+    grpo "${GRPO2_S:-160}" grpo_mb4_nohold2 --formats nvfp4 --micro-batch 4 --steps 3 --set optim.dequant_cache=false
     ;;
 e1)
     mkdir -p /tmp/stash && cp .whl/s*/gguf.xz.part* /tmp/stash/ && ls -la /tmp/stash

@@ -22,15 +22,6 @@ What is kept and when.
   new weight at an old address is never mistaken for the old one.
 * At most ``QUARL_KERNELS_DENSE_KEEP`` weights (default 7, 0 = off), least recently used out first;
   :func:`release` empties it (the RL trainer does after each update, before the next rollout).
-
-Held for a whole phase (:func:`holding`). A LoRA trainer's base never changes, yet one GRPO step decodes every
-weight afresh for each micro-batch of its log-prob pass and of each of its mu updates (7B, 8 micro-batches, mu 2:
-~40 decodes of each projection). With memory to spare, the trainer opens ``holding(budget)`` around the log-prob
-pass and the updates: inside, every weight made -- with or without grad -- is kept until the block ends, while the
-held bytes stay within ``budget`` (beyond it, the LRU above as usual). The GEMMs then run cuBLAS on the same BF16
-weights with no decode after the first (a hit is bit-equal to decoding again); the price is up to the BF16 base in
-memory for the phase (13 GiB at Qwen2.5-7B), given back when it ends, before the next rollout plans its KV cache.
-How big a budget the memory allows is the trainer's decision (``quarl.train.dequant_cache``).
 """
 
 from __future__ import annotations
@@ -46,11 +37,8 @@ DEFAULT_KEEP = 7  # one decoder layer's q, k, v, o, gate, up, down
 ENV = "QUARL_KERNELS_DENSE_KEEP"
 
 _kept: OrderedDict[tuple, tuple[tuple, torch.Tensor]] = OrderedDict()  # key -> (the packed tensors, the BF16 weight)
-_held: dict[tuple, tuple[tuple, torch.Tensor]] = {}  # the same, for the phase :func:`holding` spans
 stats = {"hits": 0, "misses": 0}
 _keeping = False
-_hold_budget = 0  # bytes :func:`holding` may keep; 0 = not holding
-_held_bytes = 0
 
 
 def capacity() -> int:
@@ -80,10 +68,6 @@ def get(packed: tuple, make: Callable[[], torch.Tensor]) -> torch.Tensor:
     if any(t is not None and t.is_inference() for t in packed):
         return make()
     key = _key(packed)
-    hit = _held.get(key)
-    if hit is not None:
-        stats["hits"] += 1
-        return hit[1]
     hit = _kept.get(key)
     if hit is not None:
         _kept.move_to_end(key)
@@ -91,11 +75,6 @@ def get(packed: tuple, make: Callable[[], torch.Tensor]) -> torch.Tensor:
         return hit[1]
     stats["misses"] += 1
     w = make()
-    global _held_bytes
-    if _hold_budget and _held_bytes + w.nbytes <= _hold_budget:
-        _held[key] = (packed, w)
-        _held_bytes += w.nbytes
-        return w
     cap = capacity()
     if cap > 0 and _keeping:
         _kept[key] = (packed, w)
@@ -115,32 +94,8 @@ def keeping(on: bool) -> Iterator[None]:
         _keeping = prev
 
 
-@contextlib.contextmanager
-def holding(budget_bytes: int) -> Iterator[None]:
-    """Inside, every weight :func:`get` makes is kept -- forward or backward, grad or not -- until the block ends,
-    while the held bytes stay within ``budget_bytes`` (0 = hold nothing); on exit they are dropped. Not nested."""
-    global _hold_budget, _held_bytes
-    if budget_bytes < 0:
-        raise ValueError(f"holding: budget_bytes={budget_bytes} is negative; 0 holds nothing")
-    if _hold_budget:
-        raise RuntimeError("holding() is already open: one phase at a time")
-    _hold_budget = int(budget_bytes)
-    try:
-        yield
-    finally:
-        _hold_budget = 0
-        _held.clear()
-        _held_bytes = 0
-
-
-def held_bytes() -> int:
-    """Bytes of the weights :func:`holding` keeps now."""
-    return _held_bytes
-
-
 def release() -> None:
-    """Drop every weight the LRU keeps (their memory goes back to the caching allocator). Weights :func:`holding`
-    holds stay until its block ends: the trainer releases after each update, inside the phase it holds for."""
+    """Drop every kept weight (their memory goes back to the caching allocator)."""
     _kept.clear()
 
 
@@ -149,4 +104,4 @@ def kept() -> int:
     return len(_kept)
 
 
-__all__ = ["DEFAULT_KEEP", "ENV", "capacity", "get", "held_bytes", "holding", "keeping", "kept", "release", "stats"]
+__all__ = ["DEFAULT_KEEP", "ENV", "capacity", "get", "keeping", "kept", "release", "stats"]

@@ -140,9 +140,19 @@ def forward_group(x: torch.Tensor, layers: list, a_w: torch.Tensor, bs: list, sc
     return [y.reshape(*x.shape[:-1], y.shape[-1]) for y in ys]
 
 
+def dense_weight(layer) -> torch.Tensor:
+    """``dispatch.Kernel.dense_weight``: the BF16 ``[N, K]`` copy the dense path (``dense.py``) decodes for this layer at
+    every large-M call, made once (a trainer holds it through a phase: ``quarl.train.dequant_cache``)."""
+    from quarl_kernels.dense import dequantize
+    from quarl_kernels.ops import _packed_weight, layer_args
+
+    return dequantize(_packed_weight(*layer_args(layer)))
+
+
 def kernel_specs() -> list[dict]:
     """The kernels for ``quarl.quant.dispatch.Kernel(**spec)``: name, format, fn, applies, priority, epilogue,
-    epilogue_a, group."""
+    epilogue_a, group, dense_weight."""
     return [{"name": f"triton-wo-{fmt}", "format": fmt, "fn": forward, "applies": applies, "priority": KERNEL_PRIORITY,
-             "epilogue": forward_epilogue, "epilogue_a": forward_epilogue_a, "group": forward_group}
+             "epilogue": forward_epilogue, "epilogue_a": forward_epilogue_a, "group": forward_group,
+             "dense_weight": dense_weight}
             for fmt in ("nvfp4", "mxfp4", "int")]

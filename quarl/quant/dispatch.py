@@ -16,11 +16,10 @@ and for debugging a kernel).
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import os
 import warnings
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -54,6 +53,7 @@ class Kernel:
     epilogue: EpilogueFn | None = None
     epilogue_a: EpilogueAFn | None = None
     group: GroupFn | None = None
+    dense_weight: Callable[[torch.nn.Module], torch.Tensor] | None = None  # layer -> its large-M path's BF16 [N, K]
 
 
 _KERNELS: dict[str, list[Kernel]] = {}
@@ -123,30 +123,15 @@ def registered() -> dict[str, list[str]]:
     return {f: [k.name for k in ks] for f, ks in _KERNELS.items()}
 
 
-@contextlib.contextmanager
-def holding_dequantized(budget_bytes: int) -> Iterator[None]:
-    """Keep the BF16 weights the kernels' dense path decodes (training sizes, forward or backward, grad or not) for
-    the whole block, up to ``budget_bytes``, and drop them when it ends (``quarl_kernels.recent_weights.holding``):
-    a frozen base's weights decoded once per phase instead of once per call. A no-op where the kernels never loaded
-    (CPU: the reference path)."""
-    if not _loaded or budget_bytes <= 0:
-        yield
-        return
-    try:
-        from quarl_kernels import recent_weights
-    except ImportError:
-        yield
-        return
-    with recent_weights.holding(budget_bytes):
-        yield
 
-
-def held_bytes() -> int:
-    """Bytes :func:`holding_dequantized` keeps now (0 where the kernels never loaded)."""
-    if not _loaded:
-        return 0
-    try:
-        from quarl_kernels import recent_weights
-    except ImportError:
-        return 0
-    return recent_weights.held_bytes()
+def dense_weight(layer: torch.nn.Module) -> torch.Tensor | None:
+    """The BF16 ``[N, K]`` weight the kernels' large-M path multiplies by for this frozen layer -- its own decode, bit
+    for bit (``quarl_kernels.dense``) -- or None where no kernel serves the layer (CPU, the reference path, another
+    format). What ``quarl.train.dequant_cache`` holds through a trainer's log-prob pass and updates."""
+    packed = getattr(layer, "weight_packed", None)
+    if packed is None or not packed.is_cuda:
+        return None
+    kernel = select(torch.empty(1, layer.in_features, device=packed.device, dtype=torch.bfloat16), layer)
+    if kernel is None or kernel.dense_weight is None:
+        return None
+    return kernel.dense_weight(layer)

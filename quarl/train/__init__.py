@@ -8,6 +8,8 @@
     distributed torchrun: init_distributed / distributed, Dist (shares of a batch, summed LoRA gradients)
     fsdp        FSDP2 for full-parameter training (shard_model, gathered rollouts), DCP sharded checkpoints
     fused_glue  transformers' RMSNorm / RoPE / SwiGLU as torch.compile'd kernels (policy/student compile_glue)
+    dequant_cache  a frozen quantized base's BF16 weights held through the log-prob pass and updates
+                (optim.dequant_cache: when memory allows)
 
 A trainer owns its loop and its losses; what is here carries no algorithm.
 """

@@ -3,10 +3,12 @@
 Why. At training sizes the GPU kernels multiply a 4-bit base through a transient BF16 copy of each weight and cuBLAS
 (``quarl_kernels.dense``); the copy is made per call. A LoRA trainer's base never changes, yet one GRPO step makes
 every copy again for each micro-batch of its log-prob pass and of each of its ``mu`` updates (Qwen2.5-7B, 64 answers
-in micro-batches of 8, mu 2: about 40 decodes of each projection). Holding the copies for the phase makes the
-decode once per step and leaves cuBLAS BF16 on the same weights -- the BF16+LoRA step's GEMMs, bit for bit the
-values the per-call path would make. The price is memory: up to the base in BF16 for the phase (13 GiB at 7B), given
-back before the next rollout plans its KV cache.
+in micro-batches of 8, mu 2: about 40 decodes of each projection), and each call pays the kernel path's host work
+(dispatch, a Python autograd function) -- the update is partly host-bound. Holding the copies for the phase
+(``QuantLinear._held_w``, made by the kernels' own decode, ``dispatch.dense_weight``) decodes once per step and
+turns each call into the matmul the dense path would run, under autograd's own matmul: the BF16+LoRA step's GEMMs
+and host path, on the values the per-call path makes. The price is memory: up to the base in BF16 for the phase
+(13 GiB at 7B), given back before the next rollout plans its KV cache.
 
 How much. ``optim.dequant_cache`` (one knob, checked when the config is built):
 
@@ -44,13 +46,19 @@ def check_setting(value, key: str = "optim.dequant_cache") -> str:
     return v
 
 
-def base_bf16_bytes(model: nn.Module) -> int:
-    """Bytes of the BF16 copies the kernels' dense path makes for ``model``'s frozen quantized projections."""
+def holdable(model: nn.Module) -> list[nn.Module]:
+    """``model``'s frozen quantized projections whose format has a GPU kernel (weight-only: no FP8 flow, no activation
+    quantizer), in model order: what the kernels' dense path decodes per call."""
     from quarl.quant.linear import QuantLinear
 
-    return sum(2 * m.out_features * m.in_features for m in model.modules()
-               if isinstance(m, QuantLinear) and m.mode == "frozen" and m.config is not None and not m.fp8_flow
-               and m._act_fn is None and dispatch.has_kernel(m.format_name))
+    return [m for m in model.modules()
+            if isinstance(m, QuantLinear) and m.mode == "frozen" and m.config is not None and not m.fp8_flow
+            and m._act_fn is None and dispatch.has_kernel(m.format_name)]
+
+
+def base_bf16_bytes(model: nn.Module) -> int:
+    """Bytes of the BF16 copies the kernels' dense path makes for ``model``'s frozen quantized projections."""
+    return sum(2 * m.out_features * m.in_features for m in holdable(model))
 
 
 def auto_budget(need: int, avail: int, working_set: int | None, total: int) -> int:
@@ -66,38 +74,58 @@ class DequantCache:
     """``optim.dequant_cache`` for one trainer: :meth:`phase` wraps its log-prob pass and updates."""
 
     def __init__(self, model: nn.Module, setting: str, device: torch.device):
-        self.setting, self.device = check_setting(setting), torch.device(device)
+        self.model, self.setting, self.device = model, check_setting(setting), torch.device(device)
         on = self.setting != "false" and self.device.type == "cuda"
         self.need = base_bf16_bytes(model) if on else 0  # 0: nothing to hold (CPU, BF16 base, FP8 flow, off)
         self.working_set: int | None = None
         self.peak_before = 0  # the step's peak allocation before the phase (the phase resets the counter)
         self.last: dict[str, float] = {}
 
+    # the device's memory counters (one place, so that a CPU test can stand in for them)
+    def _avail_total(self) -> tuple[int, int]:
+        free, total = torch.cuda.mem_get_info(self.device)
+        return free + torch.cuda.memory_reserved(self.device) - torch.cuda.memory_allocated(self.device), total
+
+    def _allocated(self) -> int:
+        return torch.cuda.memory_allocated(self.device)
+
+    def _take_peak(self) -> int:
+        """The peak allocation since the last call (or the step's start), and a fresh count from here."""
+        peak = torch.cuda.max_memory_allocated(self.device)
+        torch.cuda.reset_peak_memory_stats(self.device)
+        return peak
+
     @contextlib.contextmanager
     def phase(self) -> Iterator[None]:
         if self.need == 0:
             yield
             return
-        dev = self.device
         if self.setting == "true":
             budget = self.need
         else:
-            free, total = torch.cuda.mem_get_info(dev)
-            avail = free + torch.cuda.memory_reserved(dev) - torch.cuda.memory_allocated(dev)
+            avail, total = self._avail_total()
             budget = auto_budget(self.need, avail, self.working_set, total)
-        start = torch.cuda.memory_allocated(dev)
-        self.peak_before = torch.cuda.max_memory_allocated(dev)
-        torch.cuda.reset_peak_memory_stats(dev)
-        held = 0
+        start, self.peak_before = self._allocated(), self._take_peak()
+        held, layers = 0, []
         try:
-            with dispatch.holding_dequantized(budget):
-                yield
-                held = dispatch.held_bytes()
+            # in model order, each layer that still fits: with part of the budget, the rest decode per call
+            for m in holdable(self.model) if budget else ():
+                nbytes = 2 * m.out_features * m.in_features  # [N, K] bf16
+                if held + nbytes > budget:
+                    continue
+                w = dispatch.dense_weight(m)
+                if w is not None:
+                    m._held_w = w
+                    layers.append(m)
+                    held += nbytes
+            yield
         finally:
-            peak = torch.cuda.max_memory_allocated(dev)
+            for m in layers:
+                m._held_w = None
+            peak = self._take_peak()
         self.working_set = max(0, peak - start - held)
         self.last = {"dequant_cache/budget_gb": budget / GIB, "dequant_cache/held_gb": held / GIB,
                      "dequant_cache/base_gb": self.need / GIB, "dequant_cache/working_set_gb": self.working_set / GIB}
 
 
-__all__ = ["SETTINGS", "DequantCache", "auto_budget", "base_bf16_bytes", "check_setting"]
+__all__ = ["SETTINGS", "DequantCache", "auto_budget", "base_bf16_bytes", "check_setting", "holdable"]

@@ -9,7 +9,7 @@ import re
 import pytest
 import torch
 
-from quarl.train.dequant_cache import GIB, DequantCache, auto_budget, base_bf16_bytes, check_setting
+from quarl.train.dequant_cache import GIB, DequantCache, auto_budget, base_bf16_bytes, check_setting, holdable
 
 
 def test_setting_is_checked_and_the_rl_config_rejects_a_bad_one():
@@ -57,4 +57,84 @@ def test_bf16_bytes_count_frozen_quantized_projections_with_a_kernel(monkeypatch
     monkeypatch.setattr(dispatch, "has_kernel", lambda fmt: fmt == "nvfp4")
     assert base_bf16_bytes(model) == 2 * (32 * 64 + 16 * 32)
     monkeypatch.setattr(dispatch, "has_kernel", lambda fmt: False)  # no kernels: the reference path decodes nothing
-    assert base_bf16_bytes(model) == 0
+    assert base_bf16_bytes(model) == 0 and holdable(model) == []
+
+
+class _FakeDevice:
+    """The device's memory counters for a CPU run of :meth:`DequantCache.phase` (``auto`` sizes its budget by them)."""
+
+    def __init__(self, avail: int, total: int, peak: int):
+        self.avail, self.total, self.peak = avail, total, peak
+
+    def install(self, cache):
+        cache._avail_total = lambda: (self.avail, self.total)
+        cache._allocated = lambda: 0
+        cache._take_peak = lambda: self.peak
+
+
+def _lora_stack(monkeypatch):
+    """Three frozen NVFP4 projections with LoRA (fp32, CPU), the kernels stood in for by the reference decode."""
+    from torch import nn
+
+    from quarl.quant import LoRAConfig, QuantLinear, attach_lora, dispatch
+
+    torch.manual_seed(0)
+    model = nn.Sequential(QuantLinear.from_linear(nn.Linear(64, 128), "nvfp4"), nn.Tanh(),
+                          QuantLinear.from_linear(nn.Linear(128, 64), "nvfp4"), nn.Tanh(),
+                          QuantLinear.from_linear(nn.Linear(64, 64), "nvfp4"))
+    attach_lora(model, LoRAConfig(r=4, alpha=8, targets=["0", "2", "4"]))
+    for p in model.parameters():
+        if p.requires_grad:
+            p.data.normal_(0, 0.1)
+    monkeypatch.setattr(dispatch, "has_kernel", lambda fmt: True)
+    monkeypatch.setattr(dispatch, "dense_weight", lambda m: m.dequantized_weight(torch.float32).clone())
+    return model
+
+
+def _cache(model, setting, fake):
+    cache = DequantCache(model, setting, torch.device("cpu"))
+    cache.need = base_bf16_bytes(model)  # what __init__ computes on CUDA
+    fake.install(cache)
+    return cache
+
+
+def test_a_held_phase_computes_what_the_per_call_path_does(monkeypatch):
+    """Inside ``phase`` (setting true) every projection runs on its held weight: the outputs and the adapter
+    gradients equal the per-call path's; the base gets no gradient; leaving the phase gives every weight back."""
+    model = _lora_stack(monkeypatch)
+    x = torch.randn(5, 7, 64)
+
+    def run():
+        model.zero_grad(set_to_none=True)
+        y = model(x)
+        y.square().sum().backward()
+        return [y.detach()] + [p.grad.clone() for p in model.parameters() if p.requires_grad]
+
+    ref = run()
+    cache = _cache(model, "true", _FakeDevice(10**9, 10**9, 0))
+    with cache.phase():
+        assert all(m._held_w is not None for m in holdable(model))
+        got = run()
+    assert all(m._held_w is None for m in holdable(model))
+    for a, b in zip(ref, got, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-6)
+    assert cache.last["dequant_cache/held_gb"] * GIB == cache.need == 2 * (64 * 128 + 128 * 64 + 64 * 64)
+
+
+def test_auto_measures_first_then_holds_what_fits_in_model_order(monkeypatch):
+    """``auto``: the first phase holds nothing and measures its working set; the next holds, in model order, each
+    projection that still fits the budget (free memory - 1.25 x working set - margin)."""
+    model = _lora_stack(monkeypatch)
+    layers = holdable(model)
+    sizes = [2 * m.out_features * m.in_features for m in layers]  # bytes a projection holds (reported as bf16)
+    ws = 4 * GIB  # the phase's working set (peak - start)
+    fake = _FakeDevice(avail=0, total=8 * GIB, peak=ws)
+    cache = _cache(model, "auto", fake)
+    with cache.phase():
+        assert not any(m._held_w is not None for m in layers)
+    assert cache.working_set == ws and cache.last["dequant_cache/held_gb"] == 0
+    # room for the first and the last projection but not the second (margin 1 GiB on an 8 GiB device)
+    fake.avail = int(1.25 * ws) + GIB + sizes[0] + sizes[2]
+    with cache.phase():
+        assert [m._held_w is not None for m in layers] == [True, False, True]
+    assert cache.last["dequant_cache/budget_gb"] * GIB == sizes[0] + sizes[2]

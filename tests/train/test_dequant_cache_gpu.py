@@ -1,6 +1,5 @@
 """``optim.dequant_cache`` on the GPU: holding a frozen NVFP4 base's BF16 weights through a log-prob pass and the
-updates changes nothing that is computed, while the kernels' dense path decodes each weight once a phase instead of
-once a call. First on two checkpointed LoRA layers through ``registration.forward`` (no model files needed), then
+updates changes nothing that is computed, while each weight is decoded once a phase instead of once a call. First on two checkpointed LoRA layers through ``registration.forward`` (no model files needed), then
 the RL trainer itself: adapters after three steps bit-equal to a run that decodes every call.
 
 The tiny shapes are below the dense path's threshold; ``QUARL_KERNELS_DENSE_MIN_M`` sends them through it, as a 7B
@@ -22,19 +21,21 @@ pytestmark = [
 
 @pytest.mark.parametrize("spec", ["nvfp4", "int4-g128"])
 def test_held_weights_serve_every_micro_batch_bit_equal(spec, monkeypatch):
-    """A no-grad pass and two micro-batches of forward + checkpointed backward over two LoRA layers: inside
-    ``holding`` each weight is decoded once -- 2 decodes -- against 6 without (the no-grad pass decodes every call,
-    2 x 2; the first training forward's 2 stay in the default LRU, which holds these two layers for the rest); every
-    output and gradient is bit-equal."""
+    """A no-grad pass and two micro-batches of forward + checkpointed backward over two LoRA layers: with the base held
+    (``DequantCache.phase``, setting true) nothing is decoded inside the phase -- the weights were decoded once, by
+    the kernels' own decode, when it opened -- against 6 decodes without (the no-grad pass decodes every call, 2 x 2;
+    the first training forward's 2 stay in the default LRU for the rest); every output and gradient is bit-equal."""
     from quarl_kernels import recent_weights as rw
     from torch import nn
     from torch.utils.checkpoint import checkpoint
 
     from quarl.quant import LoRAConfig, QuantLinear, attach_lora, dispatch
+    from quarl.train.dequant_cache import DequantCache
 
     monkeypatch.setenv("QUARL_KERNELS_DENSE_MIN_M", "64")
+    dispatch.load_kernels()
 
-    def run(budget: int):
+    def run(setting: str):
         rw.release()
         torch.manual_seed(5)
         layers = nn.Sequential(*[QuantLinear.from_linear(nn.Linear(512, 512, bias=True), spec) for _ in range(2)])
@@ -44,9 +45,10 @@ def test_held_weights_serve_every_micro_batch_bit_equal(spec, monkeypatch):
             if p.requires_grad:
                 p.data.normal_(0, 0.05)
         xs = [torch.randn(96, 512, device="cuda", dtype=torch.bfloat16) for _ in range(2)]
-        before = rw.stats["misses"]
+        cache = DequantCache(layers, setting, torch.device("cuda"))
         outs = []
-        with dispatch.holding_dequantized(budget):
+        with cache.phase():
+            before = rw.stats["misses"]
             with torch.no_grad():  # the log-prob pass
                 outs += [layers(x) for x in xs]
             for x in xs:  # the update's micro-batches
@@ -55,18 +57,18 @@ def test_held_weights_serve_every_micro_batch_bit_equal(spec, monkeypatch):
                     h = checkpoint(lambda t, lay=lay: torch.tanh(lay(t)), h, use_reentrant=False)
                 h.float().square().sum().backward()
                 outs.append(h.detach())
-            held = dispatch.held_bytes()
+            decodes = rw.stats["misses"] - before
+            held = [lay._held_w is not None for lay in layers]
         grads = [p.grad for p in layers.parameters() if p.requires_grad]
-        return rw.stats["misses"] - before, held, outs + grads
+        assert all(lay._held_w is None for lay in layers)  # given back when the phase ends
+        return decodes, held, cache, outs + grads
 
-    dispatch.load_kernels()
-    d_off, held_off, r_off = run(0)
-    d_on, held_on, r_on = run(10**9)
-    assert (d_on, d_off) == (2, 6)
-    assert held_off == 0 and held_on == 2 * 2 * 512 * 512
+    d_off, held_off, c_off, r_off = run("false")
+    d_on, held_on, c_on, r_on = run("true")
+    assert (d_on, d_off) == (0, 6) and held_on == [True, True] and held_off == [False, False]
+    assert c_on.last["dequant_cache/held_gb"] * 2**30 == c_on.need == 2 * 2 * 512 * 512 and c_off.need == 0
     for a, b in zip(r_off, r_on, strict=True):
         assert torch.equal(a, b)
-    assert rw.held_bytes() == 0
 
 
 def test_held_base_changes_nothing_and_decodes_once_a_step(tmp_path, monkeypatch):
@@ -112,13 +114,13 @@ def test_held_base_changes_nothing_and_decodes_once_a_step(tmp_path, monkeypatch
         for n, p in tr.model.named_parameters():
             if p.requires_grad:
                 assert torch.equal(p, lora[n]), (n, (p - lora[n]).abs().max().item())
-    # every weight decoded once a phase when held, against at least once a forward without (a log-prob pass and two
-    # updates of two micro-batches each: 2 + 2 * 2 forwards; backwards the LRU does not serve decode again)
-    assert on[1] == [14] * 3 and all(n >= 6 * 14 for n in off[1]), (on[1], off[1])
-    assert auto[1] == [off[1][0], 14, 14], (auto[1], off[1])
+    # held: nothing decoded inside a phase (each weight was decoded once when it opened), against at least once a
+    # forward without (a log-prob pass and two updates of two micro-batches each: 2 + 2 * 2 forwards)
+    assert on[1] == [0] * 3 and all(n >= 6 * 14 for n in off[1]), (on[1], off[1])
+    assert auto[1] == [off[1][0], 0, 0], (auto[1], off[1])
     assert [r["dequant_cache/held_gb"] * 2**30 for r in on[2]] == [base] * 3
     assert "dequant_cache/held_gb" not in off[2][0]
     # auto: the first step measures its working set, the later ones hold the whole (tiny) base
     held = [r["dequant_cache/held_gb"] * 2**30 for r in auto[2]]
     assert held == [0, base, base] and auto[2][0]["dequant_cache/working_set_gb"] > 0
-    assert rw.held_bytes() == 0  # given back after each phase
+    assert all(m._held_w is None for m in projections)  # given back after each phase
