@@ -109,20 +109,15 @@ def test_checkpointed_layers_reuse_the_recompute_weight_bit_equal(spec, monkeypa
     from torch import nn
     from torch.utils.checkpoint import checkpoint
 
-    from quarl.quant import LoRAConfig, QuantLinear, attach_lora, dispatch
+    from quarl.quant import QuantLinear, dispatch
+    from tests.lora_stacks import lora_quant_stack
 
     monkeypatch.setenv("QUARL_KERNELS_DENSE_MIN_M", "64")
 
     def run(keep: str):
         monkeypatch.setenv(rw.ENV, keep)
         rw.release()
-        torch.manual_seed(5)
-        layers = nn.Sequential(*[QuantLinear.from_linear(nn.Linear(512, 512, bias=True), spec) for _ in range(2)])
-        attach_lora(layers, LoRAConfig(r=8, alpha=16, targets=["0", "1"]))
-        layers = layers.cuda().to(torch.bfloat16)
-        for p in layers.parameters():
-            if p.requires_grad:
-                p.data.normal_(0, 0.05)
+        layers = lora_quant_stack(spec)
         x = torch.randn(96, 512, device="cuda", dtype=torch.bfloat16, requires_grad=True)
         h = x
         before = dict(rw.stats)

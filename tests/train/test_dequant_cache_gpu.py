@@ -26,24 +26,18 @@ def test_held_weights_serve_every_micro_batch_bit_equal(spec, monkeypatch):
     the kernels' own decode, when it opened -- against 6 decodes without (the no-grad pass decodes every call, 2 x 2;
     the first training forward's 2 stay in the default LRU for the rest); every output and gradient is bit-equal."""
     from quarl_kernels import recent_weights as rw
-    from torch import nn
     from torch.utils.checkpoint import checkpoint
 
-    from quarl.quant import LoRAConfig, QuantLinear, attach_lora, dispatch
+    from quarl.quant import dispatch
     from quarl.train.dequant_cache import DequantCache
+    from tests.lora_stacks import lora_quant_stack
 
     monkeypatch.setenv("QUARL_KERNELS_DENSE_MIN_M", "64")
     dispatch.load_kernels()
 
     def run(setting: str):
         rw.release()
-        torch.manual_seed(5)
-        layers = nn.Sequential(*[QuantLinear.from_linear(nn.Linear(512, 512, bias=True), spec) for _ in range(2)])
-        attach_lora(layers, LoRAConfig(r=8, alpha=16, targets=["0", "1"]))
-        layers = layers.cuda().to(torch.bfloat16)
-        for p in layers.parameters():
-            if p.requires_grad:
-                p.data.normal_(0, 0.05)
+        layers = lora_quant_stack(spec)
         xs = [torch.randn(96, 512, device="cuda", dtype=torch.bfloat16) for _ in range(2)]
         cache = DequantCache(layers, setting, torch.device("cuda"))
         outs = []
