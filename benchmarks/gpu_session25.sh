@@ -20,11 +20,13 @@
 #     a 32B-width layer's time goes, profiled, BF16 + glue beside X^T tiles + DeepGEMM + glue at 16k tokens.
 #   phase d: bash benchmarks/gpu_session25.sh d   (one GPU; ~6 min)
 #     After b (at micro-batch 4 the NVFP4 update is 1.17-1.25x BF16's even held: the kernel path's host work per call,
-#     not the decode -- its log-prob pass is level with BF16's) the held weights are QuantLinear._held_w, multiplied
+#     not the decode -- its log-prob pass is level with BF16's) the held weights are QuantLinear._held, multiplied
 #     by autograd's own matmul (the BF16 path's host cost). GPU tests; the 7B GRPO step at micro-batch 8: BF16+LoRA and
 #     NVFP4+LoRA (auto: held from step 1), then NVFP4+LoRA not held.
 #   phase e: bash benchmarks/gpu_session25.sh e   (one GPU; ~6 min) -- the same at micro-batch 4.
 #   phase c2: phase c again with the bf16 arm the benchmark requires (carry .dev/dg.tar.xz).
+#   phase f3 (after e1 twice; carry .whl/s3 .whl/small .whl/bnb-site): a held weight serves only the calls the dense
+#     path takes; the trainer GPU tests (8-bit AdamW resume included) and the NVFP4 step at micro-batch 4 again.
 #   phase e1 (twice) / f: as gpu_session24.sh's (carry .whl/s1, then .whl/s2; then .whl/s3 .whl/small .whl/bnb-site):
 #     the GGUF assembled on the machine, then the RL trainer's held-base GPU test (and the 8-bit AdamW trainer test).
 set -u
@@ -70,6 +72,16 @@ f)
     smollm2_site .whl/small || exit $?
     export PYTHONPATH=$PYTHONPATH:$PWD/.whl/bnb-site
     tests 240 tests/train/test_dequant_cache_gpu.py tests/train/test_optim_gpu.py
+    ;;
+f3)  # after f2 (the 8-bit AdamW trainer test resumed to a different step: a fresh auto cache measures its first phase
+    # while the straight run held, and the held product rounded unlike the fused kernels at few rows): a held weight
+    # now serves only the calls the dense path would take (dispatch.HeldWeight.serves)
+    smollm2_from_stash || exit 2
+    smollm2_site .whl/small || exit $?
+    export PYTHONPATH=$PYTHONPATH:$PWD/.whl/bnb-site
+    tests 300 tests/train/test_dequant_cache_gpu.py tests/train/test_optim_gpu.py tests/kernels/test_dense_gpu.py \
+        tests/train/test_fused_glue_gpu.py
+    grpo "${GRPO_S:-150}" grpo_mb4_held3 --formats nvfp4 --micro-batch 4 --steps 3
     ;;
 *) echo "unknown phase $PHASE"; exit 2 ;;
 esac

@@ -119,6 +119,13 @@ def _weight(pw) -> torch.Tensor:
     return recent_weights.get((pw.words, pw.scale, pw.zero, pw.gscale), lambda: dequantize(pw))
 
 
+def plain_dense(x2: torch.Tensor, pw) -> bool:
+    """Whether :func:`dense_matmul` runs this call as ``x2 @ W_bf16^T`` on the decoded weight (not FP8 tiles, not
+    the register-A kernel) -- and :func:`dense_matmul_t` its backward as ``dy @ W_bf16`` -- when the dense path takes
+    it: a caller holding the decoded weight may run that product itself, bit for bit."""
+    return not dense_fp8.takes(x2.shape[0], pw) and not mixed_gemm.takes(x2, pw)
+
+
 def dense_matmul(x2: torch.Tensor, pw) -> torch.Tensor:
     """y [M, N] = x2 [M, K] @ dequant(W)^T through a transient BF16 weight and cuBLAS -- or, each when switched on,
     FP8 tiles and an FP8 GEMM, or the fused register-A kernel (``mixed_gemm.takes``: no transient)."""
@@ -136,4 +143,5 @@ def dense_matmul_t(dy2: torch.Tensor, pw) -> torch.Tensor:
     return dy2 @ _weight(pw)
 
 
-__all__ = ["DEFAULT_DENSE_MIN_M", "dense_matmul", "dense_matmul_t", "dense_min_m", "dequantize", "use_dense"]
+__all__ = ["DEFAULT_DENSE_MIN_M", "dense_matmul", "dense_matmul_t", "dense_min_m", "dequantize", "plain_dense",
+           "use_dense"]

@@ -149,10 +149,19 @@ def dense_weight(layer) -> torch.Tensor:
     return dequantize(_packed_weight(*layer_args(layer)))
 
 
+def dense_route(x: torch.Tensor, layer) -> bool:
+    """``dispatch.Kernel.dense_route``: whether :func:`forward` runs this call (and its backward) as the dense path's
+    plain BF16 product on :func:`dense_weight` (``wo_gemm.dense_route``)."""
+    from quarl_kernels.ops import _packed_weight, layer_args
+    from quarl_kernels.wo_gemm import dense_route as route
+
+    return route(x.reshape(-1, layer.in_features), _packed_weight(*layer_args(layer)))
+
+
 def kernel_specs() -> list[dict]:
     """The kernels for ``quarl.quant.dispatch.Kernel(**spec)``: name, format, fn, applies, priority, epilogue,
-    epilogue_a, group, dense_weight."""
+    epilogue_a, group, dense_weight, dense_route."""
     return [{"name": f"triton-wo-{fmt}", "format": fmt, "fn": forward, "applies": applies, "priority": KERNEL_PRIORITY,
              "epilogue": forward_epilogue, "epilogue_a": forward_epilogue_a, "group": forward_group,
-             "dense_weight": dense_weight}
+             "dense_weight": dense_weight, "dense_route": dense_route}
             for fmt in ("nvfp4", "mxfp4", "int")]

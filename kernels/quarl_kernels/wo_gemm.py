@@ -661,6 +661,16 @@ def _without_lora_a(x2: torch.Tensor, epi):
     return epi._replace(lora_a=None)
 
 
+def dense_route(x2: torch.Tensor, pw: PackedWeight) -> bool:
+    """Whether :func:`wo_matmul` runs this call as the dense path's plain BF16 product (``dense.plain_dense``): not
+    the TMA ring's rows, M >= ``dense.dense_min_m()``. Its backward then goes the same way (:func:`wo_matmul_t`)."""
+    m = x2.shape[0]
+    wr = _wgmma_ring() if m >= 17 else None
+    if wr is not None and wr.routed(x2, pw) is not None:
+        return False
+    return dense.use_dense(m) and dense.plain_dense(x2, pw)
+
+
 def wo_matmul_t(dy2: torch.Tensor, pw: PackedWeight, *, tune: bool | None = None) -> torch.Tensor:
     """dx [M, K] = dy2 [M, N] @ dequant(W) (large M: ``dense.py``, as in ``wo_matmul``)."""
     if dense.use_dense(dy2.shape[0]):
@@ -684,6 +694,7 @@ __all__ = [
     "Config",
     "PackedWeight",
     "default_config",
+    "dense_route",
     "launch_bwd",
     "launch_fwd",
     "wo_matmul",

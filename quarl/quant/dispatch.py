@@ -54,6 +54,7 @@ class Kernel:
     epilogue_a: EpilogueAFn | None = None
     group: GroupFn | None = None
     dense_weight: Callable[[torch.nn.Module], torch.Tensor] | None = None  # layer -> its large-M path's BF16 [N, K]
+    dense_route: Predicate | None = None  # (x, layer) -> whether fn runs x as dense_weight's plain BF16 product
 
 
 _KERNELS: dict[str, list[Kernel]] = {}
@@ -135,3 +136,28 @@ def dense_weight(layer: torch.nn.Module) -> torch.Tensor | None:
     if kernel is None or kernel.dense_weight is None:
         return None
     return kernel.dense_weight(layer)
+
+
+class HeldWeight:
+    """A frozen layer's :func:`dense_weight`, held for a trainer's phase (``quarl.train.dequant_cache``). It serves the
+    calls the kernels would run as their dense path's plain BF16 product (:meth:`serves`) -- the same GEMM on the
+    same values, so the same bits -- and no others: a call the fused kernels take rounds differently, and a run must
+    compute the same whether or not memory allowed holding (a resumed run decides afresh). Which calls those are
+    depends on M alone for a layer; the answer is kept per M."""
+
+    __slots__ = ("_routes", "weight")
+
+    def __init__(self, weight: torch.Tensor):
+        self.weight = weight  # [N, K]
+        self._routes: dict[int, bool] = {}
+
+    def serves(self, x: torch.Tensor, layer: torch.nn.Module) -> bool:
+        if x.dtype != self.weight.dtype:
+            return False
+        m = x.numel() // layer.in_features
+        hit = self._routes.get(m)
+        if hit is None:
+            kernel = select(x, layer)
+            hit = self._routes[m] = bool(kernel is not None and kernel.dense_route is not None
+                                         and kernel.dense_route(x, layer))
+        return hit

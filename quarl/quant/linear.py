@@ -108,7 +108,7 @@ class QuantLinear(nn.Module):
         self._act_fn = _act_quant(act_quant)
         self.cache_dequantized = False  # rollout on CPU: trade memory for speed
         self._wcache: torch.Tensor | None = None
-        self._held_w: torch.Tensor | None = None  # the base's BF16 [N, K] while a trainer holds it (dequant_cache)
+        self._held: dispatch.HeldWeight | None = None  # the base's BF16 [N, K] while a trainer holds it (dequant_cache)
         self.bias = nn.Parameter(torch.zeros(out_features, device=device, dtype=dtype), requires_grad=False) if bias else None
         self.lora_cfg = lora
         if lora is not None:
@@ -313,11 +313,11 @@ class QuantLinear(nn.Module):
             y = fp8_linear(x, self.weight, wgrad=self.fp8_wgrad) if self.mode == "qat" else fp8_linear(x, self.qtensor())
         else:
             xq = self._act_fn(x) if self._act_fn is not None else x
-            held = self._held_w
-            if held is not None and held.dtype == xq.dtype:
-                # held for a trainer's phase (quarl.train.dequant_cache): the kernels' large-M GEMM on the weight
+            held = self._held
+            if held is not None and held.serves(xq, self):
+                # held for a trainer's phase (quarl.train.dequant_cache): the kernels' dense-path GEMM on the weight
                 # they would decode, decoded once -- and autograd's own matmul, without the kernel path's host cost
-                y = (xq.reshape(-1, self.in_features) @ held.T).reshape(*xq.shape[:-1], self.out_features)
+                y = (xq.reshape(-1, self.in_features) @ held.weight.T).reshape(*xq.shape[:-1], self.out_features)
             elif (kernel := dispatch.select(xq, self) if self.mode == "frozen" else None) is not None:
                 y = kernel.fn(xq, self)
             else:  # reference path: the numerics oracle

@@ -5,9 +5,10 @@ Why. At training sizes the GPU kernels multiply a 4-bit base through a transient
 every copy again for each micro-batch of its log-prob pass and of each of its ``mu`` updates (Qwen2.5-7B, 64 answers
 in micro-batches of 8, mu 2: about 40 decodes of each projection), and each call pays the kernel path's host work
 (dispatch, a Python autograd function) -- the update is partly host-bound. Holding the copies for the phase
-(``QuantLinear._held_w``, made by the kernels' own decode, ``dispatch.dense_weight``) decodes once per step and
-turns each call into the matmul the dense path would run, under autograd's own matmul: the BF16+LoRA step's GEMMs
-and host path, on the values the per-call path makes. The price is memory: up to the base in BF16 for the phase
+(``QuantLinear._held``, made by the kernels' own decode, ``dispatch.dense_weight``) decodes once per step and
+turns each call the dense path would take into that same matmul, under autograd's own matmul: the BF16+LoRA step's
+GEMMs and host path, bit for bit the per-call path's values (a call the fused kernels take -- few rows -- stays
+theirs, ``dispatch.HeldWeight.serves``: a run computes the same held or not, and a resumed run is identical). The price is memory: up to the base in BF16 for the phase
 (13 GiB at 7B), given back before the next rollout plans its KV cache.
 
 How much. ``optim.dequant_cache`` (one knob, checked when the config is built):
@@ -115,13 +116,13 @@ class DequantCache:
                     continue
                 w = dispatch.dense_weight(m)
                 if w is not None:
-                    m._held_w = w
+                    m._held = dispatch.HeldWeight(w)
                     layers.append(m)
                     held += nbytes
             yield
         finally:
             for m in layers:
-                m._held_w = None
+                m._held = None
             peak = self._take_peak()
         self.working_set = max(0, peak - start - held)
         self.last = {"dequant_cache/budget_gb": budget / GIB, "dequant_cache/held_gb": held / GIB,

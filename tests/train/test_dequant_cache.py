@@ -88,6 +88,7 @@ def _lora_stack(monkeypatch):
             p.data.normal_(0, 0.1)
     monkeypatch.setattr(dispatch, "has_kernel", lambda fmt: True)
     monkeypatch.setattr(dispatch, "dense_weight", lambda m: m.dequantized_weight(torch.float32).clone())
+    monkeypatch.setattr(dispatch.HeldWeight, "serves", lambda self, x, layer: x.dtype == self.weight.dtype)
     return model
 
 
@@ -113,9 +114,9 @@ def test_a_held_phase_computes_what_the_per_call_path_does(monkeypatch):
     ref = run()
     cache = _cache(model, "true", _FakeDevice(10**9, 10**9, 0))
     with cache.phase():
-        assert all(m._held_w is not None for m in holdable(model))
+        assert all(m._held is not None for m in holdable(model))
         got = run()
-    assert all(m._held_w is None for m in holdable(model))
+    assert all(m._held is None for m in holdable(model))
     for a, b in zip(ref, got, strict=True):
         torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-6)
     assert cache.last["dequant_cache/held_gb"] * GIB == cache.need == 2 * (64 * 128 + 128 * 64 + 64 * 64)
@@ -131,10 +132,35 @@ def test_auto_measures_first_then_holds_what_fits_in_model_order(monkeypatch):
     fake = _FakeDevice(avail=0, total=8 * GIB, peak=ws)
     cache = _cache(model, "auto", fake)
     with cache.phase():
-        assert not any(m._held_w is not None for m in layers)
+        assert not any(m._held is not None for m in layers)
     assert cache.working_set == ws and cache.last["dequant_cache/held_gb"] == 0
     # room for the first and the last projection but not the second (margin 1 GiB on an 8 GiB device)
     fake.avail = int(1.25 * ws) + GIB + sizes[0] + sizes[2]
     with cache.phase():
-        assert [m._held_w is not None for m in layers] == [True, False, True]
+        assert [m._held is not None for m in layers] == [True, False, True]
     assert cache.last["dequant_cache/budget_gb"] * GIB == sizes[0] + sizes[2]
+
+
+def test_a_held_weight_serves_only_the_calls_the_dense_path_would_take(monkeypatch):
+    """``HeldWeight.serves``: the kernels' own route answers, once per M for a layer; a call in another dtype, or one
+    no kernel takes (the reference path), is never served -- so a run computes the same held or not."""
+    from types import SimpleNamespace
+
+    from torch import nn
+
+    from quarl.quant import QuantLinear, dispatch
+
+    layer = QuantLinear.from_linear(nn.Linear(64, 32), "nvfp4")
+    asked = []
+
+    def route(x, lay):
+        asked.append(x.shape[0])
+        return x.shape[0] >= 256
+
+    monkeypatch.setattr(dispatch, "select", lambda x, lay: SimpleNamespace(dense_route=route))
+    held = dispatch.HeldWeight(torch.zeros(32, 64))
+    assert held.serves(torch.zeros(512, 64), layer) and not held.serves(torch.zeros(8, 64), layer)
+    assert held.serves(torch.zeros(2, 256, 64), layer) and held.serves(torch.zeros(512, 64), layer)  # 512 rows again
+    assert asked == [512, 8] and not held.serves(torch.zeros(512, 64, dtype=torch.bfloat16), layer)
+    monkeypatch.setattr(dispatch, "select", lambda x, lay: None)
+    assert not dispatch.HeldWeight(torch.zeros(32, 64)).serves(torch.zeros(512, 64), layer)

@@ -24,7 +24,8 @@ def test_held_weights_serve_every_micro_batch_bit_equal(spec, monkeypatch):
     """A no-grad pass and two micro-batches of forward + checkpointed backward over two LoRA layers: with the base held
     (``DequantCache.phase``, setting true) nothing is decoded inside the phase -- the weights were decoded once, by
     the kernels' own decode, when it opened -- against 6 decodes without (the no-grad pass decodes every call, 2 x 2;
-    the first training forward's 2 stay in the default LRU for the rest); every output and gradient is bit-equal."""
+    the first training forward's 2 stay in the default LRU for the rest); every output and gradient is bit-equal --
+    a call below the dense path's rows included, which the held weight does not serve."""
     from quarl_kernels import recent_weights as rw
     from torch.utils.checkpoint import checkpoint
 
@@ -43,8 +44,8 @@ def test_held_weights_serve_every_micro_batch_bit_equal(spec, monkeypatch):
         outs = []
         with cache.phase():
             before = rw.stats["misses"]
-            with torch.no_grad():  # the log-prob pass
-                outs += [layers(x) for x in xs]
+            with torch.no_grad():  # the log-prob pass, and a call of 32 rows: the fused kernels', held or not
+                outs += [layers(x) for x in xs] + [layers(xs[0][:32])]
             for x in xs:  # the update's micro-batches
                 h = x.clone().requires_grad_(True)
                 for lay in layers:
@@ -52,9 +53,9 @@ def test_held_weights_serve_every_micro_batch_bit_equal(spec, monkeypatch):
                 h.float().square().sum().backward()
                 outs.append(h.detach())
             decodes = rw.stats["misses"] - before
-            held = [lay._held_w is not None for lay in layers]
+            held = [lay._held is not None for lay in layers]
         grads = [p.grad for p in layers.parameters() if p.requires_grad]
-        assert all(lay._held_w is None for lay in layers)  # given back when the phase ends
+        assert all(lay._held is None for lay in layers)  # given back when the phase ends
         return decodes, held, cache, outs + grads
 
     d_off, held_off, c_off, r_off = run("false")
@@ -117,4 +118,4 @@ def test_held_base_changes_nothing_and_decodes_once_a_step(tmp_path, monkeypatch
     # auto: the first step measures its working set, the later ones hold the whole (tiny) base
     held = [r["dequant_cache/held_gb"] * 2**30 for r in auto[2]]
     assert held == [0, base, base] and auto[2][0]["dequant_cache/working_set_gb"] > 0
-    assert all(m._held_w is None for m in projections)  # given back after each phase
+    assert all(m._held is None for m in projections)  # given back after each phase
