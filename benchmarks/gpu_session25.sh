@@ -27,6 +27,7 @@
 #   phase c2: phase c again with the bf16 arm the benchmark requires (carry .dev/dg.tar.xz).
 #   phase f3 (after e1 twice; carry .whl/s3 .whl/small .whl/bnb-site): a held weight serves only the calls the dense
 #     path takes; the trainer GPU tests (8-bit AdamW resume included) and the NVFP4 step at micro-batch 4 again.
+#   phase h: bash benchmarks/gpu_session25.sh h   (one GPU; ~7 min) -- phase e again on the final code.
 #   phase e1 (twice) / f: as gpu_session24.sh's (carry .whl/s1, then .whl/s2; then .whl/s3 .whl/small .whl/bnb-site):
 #     the GGUF assembled on the machine, then the RL trainer's held-base GPU test (and the 8-bit AdamW trainer test).
 set -u
@@ -82,6 +83,11 @@ f3)  # after f2 (the 8-bit AdamW trainer test resumed to a different step: a fre
     tests 300 tests/train/test_dequant_cache_gpu.py tests/train/test_optim_gpu.py tests/kernels/test_dense_gpu.py \
         tests/train/test_fused_glue_gpu.py
     grpo "${GRPO_S:-150}" grpo_mb4_held3 --formats nvfp4 --micro-batch 4 --steps 3
+    ;;
+h)  # f3's NVFP4 step at micro-batch 4 ran with 8-bit AdamW (bitsandbytes on the path there; torch AdamW in d / e):
+    # the final code at micro-batch 4, BF16+LoRA and NVFP4+LoRA held, then NVFP4+LoRA not held, torch AdamW as in e
+    grpo "${GRPO_S:-250}" grpo_mb4_held4 --micro-batch 4 --steps 3
+    grpo "${GRPO2_S:-160}" grpo_mb4_nohold4 --formats nvfp4 --micro-batch 4 --steps 3 --set optim.dequant_cache=false
     ;;
 *) echo "unknown phase $PHASE"; exit 2 ;;
 esac
