@@ -201,7 +201,7 @@ def _build(cls: type, data: Any, prefix: str) -> Any:
     try:
         return cls(**kwargs)
     except (ValueError, TypeError) as e:
-        raise ConfigError(f"invalid {where} ({cls.__name__}): {e}") from None
+        raise ConfigError(f"invalid {prefix or 'config'} ({cls.__name__}): {e}") from None
 
 
 def _type_name(tp: Any) -> str:

@@ -108,7 +108,7 @@ class QuantLinear(nn.Module):
         self._act_fn = _act_quant(act_quant)
         self.cache_dequantized = False  # rollout on CPU: trade memory for speed
         self._wcache: torch.Tensor | None = None
-        self._held: dispatch.HeldWeight | None = None  # the base's BF16 [N, K] while a trainer holds it (dequant_cache)
+        self._held: dispatch.HeldWeight | None = None  # BF16 [N, K] while a trainer holds the base (dequant_cache)
         self.bias = nn.Parameter(torch.zeros(out_features, device=device, dtype=dtype), requires_grad=False) if bias else None
         self.lora_cfg = lora
         if lora is not None:

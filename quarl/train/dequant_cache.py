@@ -8,8 +8,10 @@ in micro-batches of 8, mu 2: about 40 decodes of each projection), and each call
 (``QuantLinear._held``, made by the kernels' own decode, ``dispatch.dense_weight``) decodes once per step and
 turns each call the dense path would take into that same matmul, under autograd's own matmul: the BF16+LoRA step's
 GEMMs and host path, bit for bit the per-call path's values (a call the fused kernels take -- few rows -- stays
-theirs, ``dispatch.HeldWeight.serves``: a run computes the same held or not, and a resumed run is identical). The price is memory: up to the base in BF16 for the phase
-(13 GiB at 7B), given back before the next rollout plans its KV cache.
+theirs, ``dispatch.HeldWeight.serves``: a run computes the same held or not, and a resumed run is identical). The
+price is memory: up to the base in BF16 for the phase (12.15 GiB at Qwen2.5-7B), given back before the next rollout
+plans its KV cache. Measured (benchmarks/RESULTS.md "Issue 17, session 25"): the 7B NVFP4+LoRA update 1.2-1.8x
+faster at micro-batch 4, level at micro-batch 8.
 
 How much. ``optim.dequant_cache`` (one knob, checked when the config is built):
 
