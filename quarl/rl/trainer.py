@@ -459,8 +459,10 @@ class RLTrainer:
                     n_tok = d.all_reduce(float(loss_mask.sum()))
                     n_seq = d.all_reduce(float((loss_mask.sum(1) > 0).sum()))
 
-                    # the frozen base decoded once for both phases when memory allows (optim.dequant_cache)
-                    with self.dequant_cache.phase():
+                    # the frozen base decoded once for both phases when memory allows (optim.dequant_cache); the
+                    # working set it leaves room for scales with the largest micro-batch's tokens
+                    mb_tokens = min(cfg.optim.micro_batch_size, len(r)) * r.attention_mask.shape[1]
+                    with self.dequant_cache.phase(mb_tokens):
                         # 2) log-probs that do not change during the updates (clean policy, no grad)
                         need_old = a.updates_per_rollout > 1 and a.old_logprobs == "trainer"
                         old_lp = ent = train_lp = None

@@ -18,9 +18,11 @@ How much. ``optim.dequant_cache`` (one knob, checked when the config is built):
 * ``false``: every call decodes (the smallest footprint: QeRL's 32B-on-one-GPU case).
 * ``true``: the whole base is held (its BF16 size on top of the working set; may not fit -- the user's call).
 * ``auto`` (default): on CUDA only, and not in the first phase: that one measures the phase's working set (peak
-  minus what was allocated at its start, less what was held). Each later phase holds up to the free memory (device
-  free plus the caching allocator's reserved, unused bytes) less 1.25x that working set and a margin (1 GiB or 5 % of
-  the device, the larger), at most the base's BF16 size. What does not fit is decoded per call, as with ``false``.
+  minus what was allocated at its start, less what was held) and the tokens of its micro-batch. Each later phase
+  holds up to the free memory (device free plus the caching allocator's reserved, unused bytes) less 1.25x the working
+  set scaled to its own micro-batch's tokens (RL answers grow over a run; activations grow with them) and a margin
+  (1 GiB or 5 % of the device, the larger), at most the base's BF16 size. What does not fit is decoded per call, as
+  with ``false``.
 
 Nothing here changes what is computed: only whether a weight's BF16 copy is made again.
 """
@@ -81,6 +83,7 @@ class DequantCache:
         on = self.setting != "false" and self.device.type == "cuda"
         self.need = base_bf16_bytes(model) if on else 0  # 0: nothing to hold (CPU, BF16 base, FP8 flow, off)
         self.working_set: int | None = None
+        self.working_tokens = 0  # the micro-batch tokens the working set was measured at
         self.peak_before = 0  # the step's peak allocation before the phase (the phase resets the counter)
         self.last: dict[str, float] = {}
 
@@ -99,7 +102,9 @@ class DequantCache:
         return peak
 
     @contextlib.contextmanager
-    def phase(self) -> Iterator[None]:
+    def phase(self, tokens: int = 0) -> Iterator[None]:
+        """Hold the base for the block. ``tokens``: the phase's largest micro-batch (rows x padded length), which
+        the measured working set is scaled by (0: unscaled)."""
         if self.need == 0:
             yield
             return
@@ -107,7 +112,10 @@ class DequantCache:
             budget = self.need
         else:
             avail, total = self._avail_total()
-            budget = auto_budget(self.need, avail, self.working_set, total)
+            ws = self.working_set
+            if ws is not None and tokens and self.working_tokens:
+                ws = int(ws * max(1.0, tokens / self.working_tokens))  # never below what was measured
+            budget = auto_budget(self.need, avail, ws, total)
         start, self.peak_before = self._allocated(), self._take_peak()
         held, layers = 0, []
         try:
@@ -126,7 +134,7 @@ class DequantCache:
             for m in layers:
                 m._held = None
             peak = self._take_peak()
-        self.working_set = max(0, peak - start - held)
+        self.working_set, self.working_tokens = max(0, peak - start - held), tokens
         self.last = {"dequant_cache/budget_gb": budget / GIB, "dequant_cache/held_gb": held / GIB,
                      "dequant_cache/base_gb": self.need / GIB, "dequant_cache/working_set_gb": self.working_set / GIB}
 

@@ -164,3 +164,25 @@ def test_a_held_weight_serves_only_the_calls_the_dense_path_would_take(monkeypat
     assert asked == [512, 8] and not held.serves(torch.zeros(512, 64, dtype=torch.bfloat16), layer)
     monkeypatch.setattr(dispatch, "select", lambda x, lay: None)
     assert not dispatch.HeldWeight(torch.zeros(32, 64)).serves(torch.zeros(512, 64), layer)
+
+
+def test_auto_scales_the_working_set_to_the_phase_tokens(monkeypatch):
+    """RL answers grow over a run, and the update's activations with them: ``auto`` leaves room for the measured
+    working set times the new phase's micro-batch tokens over the measured one's (never less than measured)."""
+    model = _lora_stack(monkeypatch)
+    need = base_bf16_bytes(model)
+    ws = 4 * GIB
+    fake = _FakeDevice(avail=int(1.25 * ws) + GIB + need, total=8 * GIB, peak=ws)
+    cache = _cache(model, "auto", fake)
+    with cache.phase(tokens=1000):
+        pass
+    assert cache.working_tokens == 1000
+    with cache.phase(tokens=1000):  # the same answers: room for everything
+        pass
+    assert cache.last["dequant_cache/held_gb"] * GIB == need
+    with cache.phase(tokens=2000):  # twice the tokens: twice the working set, nothing fits
+        pass
+    assert cache.last["dequant_cache/held_gb"] == 0 and cache.last["dequant_cache/budget_gb"] == 0
+    with cache.phase(tokens=500):  # shorter: no less room than measured (held again: the base fits)
+        pass
+    assert cache.last["dequant_cache/held_gb"] * GIB == need
