@@ -27,6 +27,8 @@
 #   phase c2: phase c again with the bf16 arm the benchmark requires (carry .dev/dg.tar.xz).
 #   phase f3 (after e1 twice; carry .whl/s3 .whl/small .whl/bnb-site): a held weight serves only the calls the dense
 #     path takes; the trainer GPU tests (8-bit AdamW resume included) and the NVFP4 step at micro-batch 4 again.
+#   phase f4 (after e1 twice; carry .whl/s3 .whl/small .whl/bnb-site): the final code's trainer GPU tests and the 7B
+#     step at micro-batch 8.
 #   phase h: bash benchmarks/gpu_session25.sh h   (one GPU; ~7 min) -- phase e again on the final code.
 #   phase e1 (twice) / f: as gpu_session24.sh's (carry .whl/s1, then .whl/s2; then .whl/s3 .whl/small .whl/bnb-site):
 #     the GGUF assembled on the machine, then the RL trainer's held-base GPU test (and the 8-bit AdamW trainer test).
@@ -83,6 +85,14 @@ f3)  # after f2 (the 8-bit AdamW trainer test resumed to a different step: a fre
     tests 300 tests/train/test_dequant_cache_gpu.py tests/train/test_optim_gpu.py tests/kernels/test_dense_gpu.py \
         tests/train/test_fused_glue_gpu.py
     grpo "${GRPO_S:-150}" grpo_mb4_held3 --formats nvfp4 --micro-batch 4 --steps 3
+    ;;
+f4)  # the final code (the working set scaled to each phase's tokens): the trainer GPU tests with the embedded
+    # tokenizer (after e1 twice), then the 7B step at micro-batch 8 (torch AdamW, as in a / d)
+    smollm2_from_stash || exit 2
+    smollm2_site .whl/small || exit $?
+    export PYTHONPATH=$PYTHONPATH:$PWD/.whl/bnb-site
+    tests 240 tests/train/test_dequant_cache_gpu.py tests/train/test_optim_gpu.py
+    grpo "${GRPO_S:-230}" grpo_mb8_final --steps 3 --set optim.optimizer=adamw
     ;;
 h)  # f3's NVFP4 step at micro-batch 4 ran with 8-bit AdamW (bitsandbytes on the path there; torch AdamW in d / e):
     # the final code at micro-batch 4, BF16+LoRA and NVFP4+LoRA held, then NVFP4+LoRA not held, torch AdamW as in e
