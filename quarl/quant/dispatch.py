@@ -124,7 +124,6 @@ def registered() -> dict[str, list[str]]:
     return {f: [k.name for k in ks] for f, ks in _KERNELS.items()}
 
 
-
 def dense_weight(layer: torch.nn.Module) -> torch.Tensor | None:
     """The BF16 ``[N, K]`` weight the kernels' large-M path multiplies by for this frozen layer -- its own decode, bit
     for bit (``quarl_kernels.dense``) -- or None where no kernel serves the layer (CPU, the reference path, another
