@@ -12,6 +12,10 @@ them, so CPU-only installs never import Triton and the dependency points one way
 
 ``QUARL_KERNELS=reference`` forces the reference path everywhere (for A/B runs
 and for debugging a kernel).
+
+A trainer whose base is frozen may hold a layer's large-M BF16 weight for a phase
+(``dense_weight``, ``HeldWeight``: ``quarl.train.dequant_cache``); QuantLinear then runs
+the calls the kernels would send through their dense path as that product itself.
 """
 
 from __future__ import annotations
