@@ -94,6 +94,12 @@ f4)  # the final code (the working set scaled to each phase's tokens): the train
     tests 240 tests/train/test_dequant_cache_gpu.py tests/train/test_optim_gpu.py
     grpo "${GRPO_S:-230}" grpo_mb8_final --steps 3 --set optim.optimizer=adamw
     ;;
+f5)  # f4's trainer test failed in the test's own wrapper of DequantCache.phase (no tokens argument): fixed; the test
+    smollm2_from_stash || exit 2
+    smollm2_site .whl/small || exit $?
+    export PYTHONPATH=$PYTHONPATH:$PWD/.whl/bnb-site
+    tests 200 tests/train/test_dequant_cache_gpu.py
+    ;;
 h)  # f3's NVFP4 step at micro-batch 4 ran with 8-bit AdamW (bitsandbytes on the path there; torch AdamW in d / e):
     # the final code at micro-batch 4, BF16+LoRA and NVFP4+LoRA held, then NVFP4+LoRA not held, torch AdamW as in e
     grpo "${GRPO_S:-250}" grpo_mb4_held4 --micro-batch 4 --steps 3

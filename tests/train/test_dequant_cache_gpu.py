@@ -82,9 +82,9 @@ def test_held_base_changes_nothing_and_decodes_once_a_step(tmp_path, monkeypatch
         phase = cache.phase
 
         @contextlib.contextmanager
-        def counted():
+        def counted(*args, **kwargs):
             m0 = rw.stats["misses"]
-            with phase():
+            with phase(*args, **kwargs):
                 yield
             into.append(rw.stats["misses"] - m0)
         cache.phase = counted
