@@ -141,3 +141,9 @@ phase_end
 #   h  commit 547bc7b (code of 98e3fa0), ~09:47-09:52 UTC, one H100 (cold), 255 s: micro-batch 4, torch
 #      AdamW: BF16+LoRA update 10.56 / 9.98, step 17.48 / 16.82; NVFP4 held 11.98 / 11.95, 17.55 / 17.70; not held
 #      14.52 / 15.95, 20.18 / 21.75. Budget left 431 s; machine given back.
+#   e1, e1, f4  commit 0cbc53a (code of 3e18eb2: auto's working set scaled to each phase's tokens), ~10:02-10:06
+#      UTC, one H100 (cold): GPU tests 5 passed, 1 failed (the held-base trainer test's wrapper of DequantCache.phase
+#      took no tokens argument: the test's bug, fixed); micro-batch 8, torch AdamW: BF16+LoRA update 8.98 / 8.71, step
+#      15.73 / 15.64; NVFP4 held 8.90 / 8.69, 14.58 / 14.66 (12.15 GiB held, peak 22.7 GiB). Budget left 278 s.
+#   e1, e1, f5  commit abe1e6f (the fixed test), ~10:07-10:09 UTC, one H100 (cold): tests/train/test_dequant_cache_gpu.py 3 passed.
+#      Budget left 201 s; machine given back.
