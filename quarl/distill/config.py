@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 from typing import ClassVar
 
 from quarl.quant.linear import DEFAULT_LORA_TARGETS
+from quarl.train.dequant_cache import check_setting as check_dequant_cache
 from quarl.train.fused_glue import check_setting as check_glue_setting
 
 OBJECTIVES = ("forward_kl", "reverse_kl", "jsd", "mse", "ce")
@@ -136,8 +137,12 @@ class OptimConfig:
     warmup_ratio: float = 0.0
     batch_size: int = 8  # sequences per optimizer step
     micro_batch_size: int = 4  # sequences per forward/backward (memory knob; the step's math is the same)
+    # a LoRA student's frozen quantized base held in BF16 through each step instead of decoded per call
+    # (quarl.train.dequant_cache, as the rl stage's optim.dequant_cache): auto | true | false
+    dequant_cache: str = "auto"
 
     def __post_init__(self) -> None:
+        check_dequant_cache(self.dequant_cache, "optim.dequant_cache")
         _check(self.optimizer in ("adamw", "adamw8bit"), f"optim.optimizer must be adamw|adamw8bit, got "
                                                           f"{self.optimizer!r}")
         _check(self.lr > 0, f"optim.lr must be > 0, got {self.lr}")

@@ -55,6 +55,7 @@ from quarl.distill.losses import ChunkedLoss, chunked_loss, kl_terms
 from quarl.distill.student import build_student
 from quarl.rl.sampling import PromptSampler
 from quarl.train.checkpoint import CheckpointManager
+from quarl.train.dequant_cache import DequantCache
 from quarl.train.distributed import Dist, current
 from quarl.train.fsdp import clip_grad_norm, decoder_hidden, shard_model
 from quarl.train.fused_glue import apply_compile_glue
@@ -122,6 +123,8 @@ class DistillTrainer:
         elif dist.enabled:
             dist.broadcast_params([p for p in self.model.parameters() if p.requires_grad])
         self.params = [p for p in self.model.parameters() if p.requires_grad]
+        # a LoRA student's frozen 4-bit base decoded once a step when memory allows (a QAT student holds nothing)
+        self.dequant_cache = DequantCache(self.model, cfg.optim.dequant_cache, self.device)
         self.optimizer, self.optimizer_name = make_optimizer(self.params, cfg.optim, self.device)
         self.train_seqs, self.heldout = train, heldout
         o, t = cfg.optim, cfg.train
@@ -284,20 +287,22 @@ class DistillTrainer:
         self.model.train()
         self.optimizer.zero_grad(set_to_none=True)
         loss = kl = ce = 0.0
-        for rows_mb in self._micro_batches(rows, self.model):  # this rank's share (all rows on one process)
-            r = self.batch_loss(self.model, self.train_seqs, rows_mb or rows[:1], grad=True,
-                                with_teacher=self.uses_teacher)
-            part = r.loss_sum / n_tok  # the global count: rank shares add up to the batch loss
-            if not torch.isfinite(part):
-                raise DistillDivergedError(f"step {step}: the loss is {float(part.detach())}; the weights were not "
-                                           f"changed. Lower optim.lr. {self._last_good()}")
-            if rows_mb is None:  # a padding micro-batch (sharded model): the collectives, no contribution
-                part = part * 0.0
-            part.backward()
-            if rows_mb is not None:
-                loss += float(part.detach())
-                kl += r.kl_sum
-                ce += r.ce_sum
+        mb_tokens = min(cfg.optim.micro_batch_size, len(rows)) * mask.shape[1]
+        with self.dequant_cache.phase(mb_tokens):
+            for rows_mb in self._micro_batches(rows, self.model):  # this rank's share (all rows on one process)
+                r = self.batch_loss(self.model, self.train_seqs, rows_mb or rows[:1], grad=True,
+                                    with_teacher=self.uses_teacher)
+                part = r.loss_sum / n_tok  # the global count: rank shares add up to the batch loss
+                if not torch.isfinite(part):
+                    raise DistillDivergedError(f"step {step}: the loss is {float(part.detach())}; the weights were "
+                                               f"not changed. Lower optim.lr. {self._last_good()}")
+                if rows_mb is None:  # a padding micro-batch (sharded model): the collectives, no contribution
+                    part = part * 0.0
+                part.backward()
+                if rows_mb is not None:
+                    loss += float(part.detach())
+                    kl += r.kl_sum
+                    ce += r.ce_sum
         if self.dist.enabled:
             if not self.sharded:
                 self.dist.all_reduce_grads(self.params)  # FSDP2 reduce-scatters (sums) by itself
@@ -309,7 +314,7 @@ class DistillTrainer:
                                        f"optim.lr. {self._last_good()}")
         self.optimizer.step()
         return {"loss": loss, "train/kl": kl / n_tok, "train/ce": ce / n_tok, "grad_norm": gn, "lr": lr,
-                "train/tokens": n_tok, "data/epoch": self.sampler.epochs_done}
+                "train/tokens": n_tok, "data/epoch": self.sampler.epochs_done, **self.dequant_cache.last}
 
     # ----------------------------------------------------------------------- the loop
     def train(self, stop_after: int | None = None) -> dict:
@@ -329,10 +334,11 @@ class DistillTrainer:
                 t0 = time.perf_counter()
                 if self.device.type == "cuda":
                     torch.cuda.reset_peak_memory_stats(self.device)
+                self.dequant_cache.peak_before = 0
                 m = self.step(step)
                 m["time/step_s"] = time.perf_counter() - t0
                 self.timing["train_s"] += m["time/step_s"]
-                m["memory/peak_gb"] = peak_memory_gb(self.device)
+                m["memory/peak_gb"] = max(peak_memory_gb(self.device), self.dequant_cache.peak_before / 2**30)
                 done = step + 1
                 if cfg.eval.every and (done % cfg.eval.every == 0 or done == self.total_steps):
                     ev = self.evaluate()

@@ -153,3 +153,45 @@ def test_bad_pairing_is_refused():
     with pytest.raises(PairingError, match="tokenizers differ"):
         check_pairing(a, tok_a, c, tok_c)
     check_pairing(a, tok_a, c, tok_a)
+
+
+def test_a_lora_student_held_through_each_step_trains_as_decoded_per_call(tmp_path, monkeypatch):
+    """``optim.dequant_cache`` in the distill stage: a LoRA student's frozen base held through each step (the kernels
+    stood in for by the reference decode on CPU, the device's memory by fixed numbers) gives the adapters the per-call
+    run gives; every step logs what it held; a QAT student has nothing to hold."""
+    from quarl.quant import dispatch
+    from quarl.train.dequant_cache import DequantCache, base_bf16_bytes
+
+    monkeypatch.setattr(dispatch, "has_kernel", lambda fmt: True)
+    monkeypatch.setattr(dispatch, "dense_weight", lambda m: m.dequantized_weight(torch.float32).clone())
+    served = []
+
+    def serves(self, x, layer):
+        served.append(x.shape[0])
+        return x.dtype == self.weight.dtype
+
+    monkeypatch.setattr(dispatch.HeldWeight, "serves", serves)
+
+    def run(setting, out):
+        tr = _trainer(out, "train.steps=3", "student.mode=lora", "optim.lr=1e-3", f"optim.dequant_cache={setting}")
+        if setting != "false":  # what __init__ finds on CUDA, and the device's counters
+            tr.dequant_cache = DequantCache(tr.model, setting, torch.device("cpu"))
+            tr.dequant_cache.need = base_bf16_bytes(tr.model)
+            tr.dequant_cache._avail_total = lambda: (2**40, 2**40)
+            tr.dequant_cache._allocated = lambda: 0
+            tr.dequant_cache._take_peak = lambda: 0
+        tr.train()
+        rows = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
+        return _weights(tr.model), [r.get("dequant_cache/held_gb") for r in rows], tr
+
+    off, held_off, _ = run("false", tmp_path / "off")
+    assert not served
+    on, held_on, tr = run("true", tmp_path / "on")
+    assert served  # the held weights carried the student's projections
+    assert held_off == [None] * 3 and held_on == [tr.dequant_cache.need / 2**30] * 3 and tr.dequant_cache.need > 0
+    for k, v in off.items():
+        torch.testing.assert_close(on[k], v, rtol=1e-5, atol=1e-6)
+    qat = _trainer(tmp_path / "qat", "student.mode=qat")
+    assert base_bf16_bytes(qat.model) == 0  # a QAT student trains its weights: nothing frozen to hold
+    with pytest.raises(Exception, match="optim.dequant_cache must be auto"):
+        tiny_cfg("optim.dequant_cache=often")
