@@ -130,6 +130,13 @@ class DequantCache:
                     layers.append(m)
                     held += nbytes
             yield
+        except torch.OutOfMemoryError as e:
+            if not held:
+                raise
+            raise torch.OutOfMemoryError(
+                f"{e}\n\nThe device ran out of memory while {held / GIB:.2f} GiB of the frozen base were held in BF16 "
+                f"(optim.dequant_cache={self.setting}). Set optim.dequant_cache=false to decode per call instead "
+                f"(the smallest footprint), or lower optim.micro_batch_size; the checkpoint resumes either way.") from e
         finally:
             for m in layers:
                 m._held = None

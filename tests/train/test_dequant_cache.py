@@ -186,3 +186,18 @@ def test_auto_scales_the_working_set_to_the_phase_tokens(monkeypatch):
     with cache.phase(tokens=500):  # shorter: no less room than measured (held again: the base fits)
         pass
     assert cache.last["dequant_cache/held_gb"] * GIB == need
+
+
+def test_running_out_of_memory_while_holding_names_the_knob(monkeypatch):
+    """An out-of-memory error inside a phase that holds weights says how much was held and the fix; one in a phase
+    that holds nothing passes through unchanged; either way the weights are given back."""
+    model = _lora_stack(monkeypatch)
+    cache = _cache(model, "true", _FakeDevice(10**9, 10**9, 0))
+    with pytest.raises(torch.OutOfMemoryError, match=r"(?s)CUDA out of memory.*held in BF16 \(optim.dequant_cache=true"
+                       r"\)\. Set optim.dequant_cache=false"), cache.phase():
+        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+    assert all(m._held is None for m in holdable(model))
+    idle = _cache(model, "auto", _FakeDevice(10**9, 10**9, 0))  # first phase: measures, holds nothing
+    with pytest.raises(torch.OutOfMemoryError) as err, idle.phase():
+        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+    assert "dequant_cache" not in str(err.value)
