@@ -59,7 +59,7 @@ from quarl.train.dequant_cache import DequantCache
 from quarl.train.distributed import Dist, current
 from quarl.train.fsdp import clip_grad_norm, decoder_hidden, shard_model
 from quarl.train.fused_glue import apply_compile_glue
-from quarl.train.metrics import MetricsLogger, NullLogger, peak_memory_gb
+from quarl.train.metrics import MetricsLogger, NullLogger
 from quarl.train.optim import lr_at, make_optimizer
 from quarl.train.policy import enable_gradient_checkpointing, resolve_device, resolve_dtype
 
@@ -334,11 +334,11 @@ class DistillTrainer:
                 t0 = time.perf_counter()
                 if self.device.type == "cuda":
                     torch.cuda.reset_peak_memory_stats(self.device)
-                self.dequant_cache.peak_before = 0
+                self.dequant_cache.new_step()
                 m = self.step(step)
                 m["time/step_s"] = time.perf_counter() - t0
                 self.timing["train_s"] += m["time/step_s"]
-                m["memory/peak_gb"] = max(peak_memory_gb(self.device), self.dequant_cache.peak_before / 2**30)
+                m["memory/peak_gb"] = self.dequant_cache.step_peak_gb()
                 done = step + 1
                 if cfg.eval.every and (done % cfg.eval.every == 0 or done == self.total_steps):
                     ev = self.evaluate()

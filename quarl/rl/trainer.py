@@ -114,7 +114,7 @@ from quarl.train.dequant_cache import DequantCache
 from quarl.train.distributed import Dist, current
 from quarl.train.fsdp import clip_grad_norm, gathered, shard_model
 from quarl.train.fused_glue import apply_compile_glue
-from quarl.train.metrics import MetricsLogger, NullLogger, peak_memory_gb
+from quarl.train.metrics import MetricsLogger, NullLogger
 from quarl.train.optim import lr_at, make_optimizer
 from quarl.train.policy import (
     build_policy,
@@ -418,7 +418,7 @@ class RLTrainer:
                 t0 = time.perf_counter()
                 if self.device.type == "cuda":
                     torch.cuda.reset_peak_memory_stats(self.device)
-                self.dequant_cache.peak_before = 0
+                self.dequant_cache.new_step()
                 lr = lr_at(step, self.total_steps, cfg.optim)
                 for g in self.optimizer.param_groups:
                     g["lr"] = lr
@@ -498,8 +498,7 @@ class RLTrainer:
                 tokens = d.all_reduce(float(drawn.rollout.attention_mask.sum()))
                 m.update({"time/logprob_s": t_lp, "time/update_s": t_upd, "time/step_s": dt,
                           "throughput/tokens_per_s": tokens / max(dt, 1e-9),
-                          "memory/peak_gb": d.all_reduce(max(peak_memory_gb(self.device),
-                                                             self.dequant_cache.peak_before / 2**30), "max"),
+                          "memory/peak_gb": d.all_reduce(self.dequant_cache.step_peak_gb(), "max"),
                           "data/epoch": self.sampler.epochs_done})
                 logger.log(step, m)
                 if main and cfg.train.sample_every and step % cfg.train.sample_every == 0:

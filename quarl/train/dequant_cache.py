@@ -36,6 +36,7 @@ import torch
 from torch import nn
 
 from quarl.quant import dispatch
+from quarl.train.metrics import peak_memory_gb
 
 SETTINGS = ("auto", "true", "false")
 GIB = 2**30
@@ -86,6 +87,14 @@ class DequantCache:
         self.working_tokens = 0  # the micro-batch tokens the working set was measured at
         self.peak_before = 0  # the step's peak allocation before the phase (the phase resets the counter)
         self.last: dict[str, float] = {}
+
+    def new_step(self) -> None:
+        """A trainer's step begins (right after it resets the device's peak counter)."""
+        self.peak_before = 0
+
+    def step_peak_gb(self) -> float:
+        """The step's peak memory, GiB: the phase resets the device's counter, so the larger of the two spans."""
+        return max(peak_memory_gb(self.device), self.peak_before / GIB)
 
     # the device's memory counters (one place, so that a CPU test can stand in for them)
     def _avail_total(self) -> tuple[int, int]:
