@@ -159,27 +159,16 @@ def test_a_lora_student_held_through_each_step_trains_as_decoded_per_call(tmp_pa
     """``optim.dequant_cache`` in the distill stage: a LoRA student's frozen base held through each step (the kernels
     stood in for by the reference decode on CPU, the device's memory by fixed numbers) gives the adapters the per-call
     run gives; every step logs what it held; a QAT student has nothing to hold."""
-    from quarl.quant import dispatch
-    from quarl.train.dequant_cache import DequantCache, base_bf16_bytes
+    from quarl.train.dequant_cache import base_bf16_bytes
+    from tests.lora_stacks import FakeDeviceMemory, cpu_cache, stand_in_kernels
 
-    monkeypatch.setattr(dispatch, "has_kernel", lambda fmt: True)
-    monkeypatch.setattr(dispatch, "dense_weight", lambda m: m.dequantized_weight(torch.float32).clone())
     served = []
-
-    def serves(self, x, layer):
-        served.append(x.shape[0])
-        return x.dtype == self.weight.dtype
-
-    monkeypatch.setattr(dispatch.HeldWeight, "serves", serves)
+    stand_in_kernels(monkeypatch, served)
 
     def run(setting, out):
         tr = _trainer(out, "train.steps=3", "student.mode=lora", "optim.lr=1e-3", f"optim.dequant_cache={setting}")
         if setting != "false":  # what __init__ finds on CUDA, and the device's counters
-            tr.dequant_cache = DequantCache(tr.model, setting, torch.device("cpu"))
-            tr.dequant_cache.need = base_bf16_bytes(tr.model)
-            tr.dequant_cache._avail_total = lambda: (2**40, 2**40)
-            tr.dequant_cache._allocated = lambda: 0
-            tr.dequant_cache._take_peak = lambda: 0
+            tr.dequant_cache = cpu_cache(tr.model, setting, FakeDeviceMemory(2**40, 2**40, 0))
         tr.train()
         rows = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
         return _weights(tr.model), [r.get("dequant_cache/held_gb") for r in rows], tr

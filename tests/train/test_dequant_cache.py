@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from quarl.train.dequant_cache import GIB, DequantCache, auto_budget, base_bf16_bytes, check_setting, holdable
+from tests.lora_stacks import FakeDeviceMemory, cpu_cache, stand_in_kernels
 
 
 def test_setting_is_checked_and_the_rl_config_rejects_a_bad_one():
@@ -60,23 +61,11 @@ def test_bf16_bytes_count_frozen_quantized_projections_with_a_kernel(monkeypatch
     assert base_bf16_bytes(model) == 0 and holdable(model) == []
 
 
-class _FakeDevice:
-    """The device's memory counters for a CPU run of :meth:`DequantCache.phase` (``auto`` sizes its budget by them)."""
-
-    def __init__(self, avail: int, total: int, peak: int):
-        self.avail, self.total, self.peak = avail, total, peak
-
-    def install(self, cache):
-        cache._avail_total = lambda: (self.avail, self.total)
-        cache._allocated = lambda: 0
-        cache._take_peak = lambda: self.peak
-
-
 def _lora_stack(monkeypatch):
     """Three frozen NVFP4 projections with LoRA (fp32, CPU), the kernels stood in for by the reference decode."""
     from torch import nn
 
-    from quarl.quant import LoRAConfig, QuantLinear, attach_lora, dispatch
+    from quarl.quant import LoRAConfig, QuantLinear, attach_lora
 
     torch.manual_seed(0)
     model = nn.Sequential(QuantLinear.from_linear(nn.Linear(64, 128), "nvfp4"), nn.Tanh(),
@@ -86,17 +75,8 @@ def _lora_stack(monkeypatch):
     for p in model.parameters():
         if p.requires_grad:
             p.data.normal_(0, 0.1)
-    monkeypatch.setattr(dispatch, "has_kernel", lambda fmt: True)
-    monkeypatch.setattr(dispatch, "dense_weight", lambda m: m.dequantized_weight(torch.float32).clone())
-    monkeypatch.setattr(dispatch.HeldWeight, "serves", lambda self, x, layer: x.dtype == self.weight.dtype)
+    stand_in_kernels(monkeypatch)
     return model
-
-
-def _cache(model, setting, fake):
-    cache = DequantCache(model, setting, torch.device("cpu"))
-    cache.need = base_bf16_bytes(model)  # what __init__ computes on CUDA
-    fake.install(cache)
-    return cache
 
 
 def test_a_held_phase_computes_what_the_per_call_path_does(monkeypatch):
@@ -112,7 +92,7 @@ def test_a_held_phase_computes_what_the_per_call_path_does(monkeypatch):
         return [y.detach()] + [p.grad.clone() for p in model.parameters() if p.requires_grad]
 
     ref = run()
-    cache = _cache(model, "true", _FakeDevice(10**9, 10**9, 0))
+    cache = cpu_cache(model, "true", FakeDeviceMemory(10**9, 10**9, 0))
     with cache.phase():
         assert all(m._held is not None for m in holdable(model))
         got = run()
@@ -129,8 +109,8 @@ def test_auto_measures_first_then_holds_what_fits_in_model_order(monkeypatch):
     layers = holdable(model)
     sizes = [2 * m.out_features * m.in_features for m in layers]  # bytes a projection holds (reported as bf16)
     ws = 4 * GIB  # the phase's working set (peak - start)
-    fake = _FakeDevice(avail=0, total=8 * GIB, peak=ws)
-    cache = _cache(model, "auto", fake)
+    fake = FakeDeviceMemory(avail=0, total=8 * GIB, peak=ws)
+    cache = cpu_cache(model, "auto", fake)
     with cache.phase():
         assert not any(m._held is not None for m in layers)
     assert cache.working_set == ws and cache.last["dequant_cache/held_gb"] == 0
@@ -172,8 +152,8 @@ def test_auto_scales_the_working_set_to_the_phase_tokens(monkeypatch):
     model = _lora_stack(monkeypatch)
     need = base_bf16_bytes(model)
     ws = 4 * GIB
-    fake = _FakeDevice(avail=int(1.25 * ws) + GIB + need, total=8 * GIB, peak=ws)
-    cache = _cache(model, "auto", fake)
+    fake = FakeDeviceMemory(avail=int(1.25 * ws) + GIB + need, total=8 * GIB, peak=ws)
+    cache = cpu_cache(model, "auto", fake)
     with cache.phase(tokens=1000):
         pass
     assert cache.working_tokens == 1000
@@ -192,12 +172,12 @@ def test_running_out_of_memory_while_holding_names_the_knob(monkeypatch):
     """An out-of-memory error inside a phase that holds weights says how much was held and the fix; one in a phase
     that holds nothing passes through unchanged; either way the weights are given back."""
     model = _lora_stack(monkeypatch)
-    cache = _cache(model, "true", _FakeDevice(10**9, 10**9, 0))
+    cache = cpu_cache(model, "true", FakeDeviceMemory(10**9, 10**9, 0))
     with pytest.raises(torch.OutOfMemoryError, match=r"(?s)CUDA out of memory.*held in BF16 \(optim.dequant_cache=true"
                        r"\)\. Set optim.dequant_cache=false"), cache.phase():
         raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
     assert all(m._held is None for m in holdable(model))
-    idle = _cache(model, "auto", _FakeDevice(10**9, 10**9, 0))  # first phase: measures, holds nothing
+    idle = cpu_cache(model, "auto", FakeDeviceMemory(10**9, 10**9, 0))  # first phase: measures, holds nothing
     with pytest.raises(torch.OutOfMemoryError) as err, idle.phase():
         raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
     assert "dequant_cache" not in str(err.value)
