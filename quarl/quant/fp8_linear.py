@@ -66,6 +66,7 @@ import weakref
 
 import torch
 import torch.nn.functional as F
+from torch.optim.optimizer import register_optimizer_step_post_hook
 
 from quarl.quant.base import QTensor, QuantError
 from quarl.quant.formats.fp8 import (
@@ -507,11 +508,36 @@ class FP8LinearFunction(torch.autograd.Function):
         return (dx, dw, db, None, None, None, None, None)[:len(ctx.needs_input_grad)]  # memo / wgrad_tiles given or not
 
 
+# Optimizer steps that move no version counter. torch's fused AdamW (``_fused_adamw_``, ``fused=True``) and
+# bitsandbytes' 8-bit optimizers write the parameters in kernels of their own and leave ``_version`` where it
+# was, so a cache keyed on the version alone kept serving the tiles of the weights before the step: the FP8
+# forward of every later step ran on the first step's weights (found in session 26: ``fp8_model_step.py``'s
+# fused AdamW, the rl stage's default ``adamw8bit``). Every ``torch.optim.Optimizer`` -- bitsandbytes'
+# subclasses too -- runs the global post-step hooks, so one hook moving a counter marks "weights may have
+# changed" for all of them; the cache keys on (version, counter).
+_OPTIMIZER_STEPS = [0]
+
+
+def _count_step(_opt, _args, _kwargs) -> None:
+    _OPTIMIZER_STEPS[0] += 1
+
+
+register_optimizer_step_post_hook(_count_step)
+
+
+def weights_changed() -> None:
+    """Mark every master weight's FP8 tiles stale: for code that writes weights in place outside autograd's
+    version counting and outside a ``torch.optim`` optimizer's ``step`` (those are counted already)."""
+    _OPTIMIZER_STEPS[0] += 1
+
+
 def _master_tiles(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Master weight [N, K] -> (padded FP8 tiles [Np, Kp], scales): quantized once per optimizer
-    step (the weight's ``_version`` moves), however many micro-batches or decode steps use it."""
+    step (the weight's ``_version`` moves, or an optimizer stepped: see ``_OPTIMIZER_STEPS``), however many
+    micro-batches or decode steps use it."""
     hit = getattr(w, "_quarl_fp8", None)
-    if hit is not None and hit[0] == w._version and hit[1].device == w.device:
+    version = (w._version, _OPTIMIZER_STEPS[0])
+    if hit is not None and hit[0] == version and hit[1].device == w.device:
         return hit[1], hit[2]
     # [Np, Kp], [Np/128, Kp/128], and DGrad's transposed tiles [Kp, Np] when the kernel writes them
     qp, s, qt = _weight_tiles(w, transpose=w.requires_grad)
@@ -522,7 +548,7 @@ def _master_tiles(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         qp, s = hit[1], hit[2]
     if qt is not None:
         qp._quarl_t = (qp._version, qt)
-    w._quarl_fp8 = (w._version, qp, s)
+    w._quarl_fp8 = (version, qp, s)
     return qp, s
 
 
@@ -575,4 +601,5 @@ __all__ = [
     "gemm_backend",
     "quantize_input",
     "quantize_weight_128x128",
+    "weights_changed",
 ]

@@ -154,6 +154,62 @@ def test_weight_is_requantized_after_an_update():
     torch.testing.assert_close(fp8_linear(x, w), 2 * y0)
 
 
+class _DataWriter(torch.optim.Optimizer):
+    """An optimizer that writes its parameters through ``.data``, as bitsandbytes' 8-bit AdamW does (its
+    kernels take the storage): the parameter's version counter does not move."""
+
+    def __init__(self, params):
+        super().__init__(params, {})
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        for g in self.param_groups:
+            for p in g["params"]:
+                p.data.mul_(2.0)
+
+
+@pytest.mark.parametrize("make", [lambda p: torch.optim.AdamW(p, lr=0.5, fused=True), _DataWriter],
+                         ids=["fused-adamw", "data-writer"])
+def test_weight_is_requantized_after_a_step_that_moves_no_version(make):
+    """torch's fused AdamW and bitsandbytes' optimizers leave ``_version`` where it was: the FP8 tiles of the
+    weights before the step must not serve the next forward (session 26: they did)."""
+    torch.manual_seed(0)
+    w = torch.nn.Parameter(torch.randn(256, 256))
+    x = torch.randn(8, 256)
+    opt = make([w])
+    fp8_linear(x, w).sum().backward()
+    version = w._version
+    opt.step()
+    assert w._version == version  # the premise: this optimizer moved no version counter
+    assert torch.equal(fp8_linear(x, w), fp8_linear(x, w.detach().clone()))
+
+
+def test_weight_is_requantized_after_a_bitsandbytes_step():
+    """The rl stage's default optimizer (``optim.optimizer=adamw8bit``) with the FP8 flow: bitsandbytes' step runs
+    torch's optimizer hooks. Skipped where bitsandbytes is not installed (CI); the device runs carry it."""
+    bnb = pytest.importorskip("bitsandbytes")
+    dev = "cuda" if torch.cuda.is_available() else "cpu"
+    torch.manual_seed(0)
+    w = torch.nn.Parameter(torch.randn(4096, 256, device=dev))
+    x = torch.randn(8, 256, device=dev)
+    opt = bnb.optim.AdamW8bit([w], lr=0.1)
+    fp8_linear(x, w).sum().backward()
+    opt.step()
+    assert torch.equal(fp8_linear(x, w), fp8_linear(x, w.detach().clone()))
+
+
+def test_weights_changed_marks_tiles_stale():
+    from quarl.quant.fp8_linear import weights_changed
+
+    w = torch.nn.Parameter(torch.randn(128, 128))
+    x = torch.randn(4, 128)
+    y0 = fp8_linear(x, w)
+    w.data.mul_(2.0)  # outside autograd's version counting and outside an optimizer
+    assert torch.equal(fp8_linear(x, w), y0)  # not seen: what weights_changed() is for
+    weights_changed()
+    torch.testing.assert_close(fp8_linear(x, w), 2 * y0)
+
+
 def test_no_grad_forward_skips_the_wgrad_operand(monkeypatch):
     """Rollout with a master weight (full-parameter Jet-RL) under no_grad: no X^T quantization, same output."""
     from quarl.quant import fp8_linear as fl
