@@ -328,7 +328,7 @@ def tuned_entry(key: tuple, v: dict) -> dict:
     e = {"key": [str(x) for x in key], "best": list(v["best"]), "ms": {str(s): round(t, 4) for s, t in v["ms"].items()}}
     el = {torch.bfloat16: 2, torch.float16: 2, torch.float32: 4}.get(key[3] if key[0] == "act" else key[2])
     if key[0] == "act" and el:
-        _, rows, cols_g, _, extent, cols, _ = key
+        _, rows, cols_g, _, extent, cols, _, *_tiles = key  # (a trailing "tiles": X^T in 128x128 tiles)
         nbytes = extent * cols * (el + int(rows) + int(cols_g))
     elif key[0] == "tiles" and el:
         _, trans, _, n, k, _ = key

@@ -34,6 +34,15 @@ update runs a mini-batch: verl's ``ppo_mini_batch_size`` over ``ppo_micro_batch_
 the optimizer's share divided by N instead of paid every ``--tokens`` tokens (the default, N = 1, what sessions
 9-10 timed).
 
+The optimizer is torch's fused AdamW. Until session 26 the FP8 arms' master weights were *not* re-quantized after
+its step -- fused AdamW moves no version counter and the FP8 linear keyed its weight tiles on it -- so every FP8
+figure this script gave before then (sessions 9-25, RESULTS.md) left out the weight quantization of each step
+(at ``--accumulate 8``: one eighth of it). Fixed in ``quarl.quant.fp8_linear`` (an optimizer post-step hook); the
+figures from session 26 on include it.
+
+Each FP8 arm's row also keeps the fused quantizers' launch-setting choices (``tuned``: per operand class, the time
+and HBM rate of every candidate setting; ``quarl_kernels.fp8_quant.pick_setting``).
+
 ``--profile``: one more step of each arm (and of the stems) under ``torch.profiler``, its GPU time by kernel class
 (GEMMs, FP8 quantizers, attention, norm/RoPE/SwiGLU, the optimizer, the rest) and its 40 longest kernels; the report
 gives each class per decoder layer too, (step - stem) / layers -- where a layer's time goes.
@@ -200,6 +209,18 @@ def measure(model, ids: torch.Tensor, loss: str, iters: int, device: str, profil
     return out
 
 
+def tuned_table() -> list[dict]:
+    """The fused FP8 quantizers' launch-setting choices so far (``fp8_layer.tuned_entry``: each candidate's ms and
+    GB/s per operand class); [] without them."""
+    try:
+        from quarl_kernels import fp8_quant as fq
+    except ImportError:
+        return []
+    from fp8_layer import tuned_entry
+
+    return [tuned_entry(k, v) for k, v in fq.TUNED.items()]
+
+
 def time_arm(shape: str, layers: int, arm: str, tokens: int, seq: int, iters: int, device: str,
              loss: str = "ce", profile: bool = False, accumulate: int = 1) -> dict:
     base, deepgemm, glue = parse_arm(arm)
@@ -216,7 +237,10 @@ def time_arm(shape: str, layers: int, arm: str, tokens: int, seq: int, iters: in
                 compile_glue(model, backend=GLUE_BACKEND if device == "cuda" else "aot_eager")
             model.train()
             ids = torch.randint(0, SHAPES[shape][4], (max(tokens // seq, 1), seq), device=device)
-            return measure(model, ids, loss, iters, device, profile, accumulate=accumulate)
+            out = measure(model, ids, loss, iters, device, profile, accumulate=accumulate)
+            if base != "bf16" and device == "cuda":
+                out["tuned"] = tuned_table()
+            return out
     finally:
         modeling_qwen2.apply_rotary_pos_emb = rope
 

@@ -101,9 +101,15 @@ WARPS = 8
 # or wider at 8k / 16k tokens, 1.25-1.75x the best dual setting, and lost on the 512- / 1024-wide k/v ones
 # (RESULTS.md "Split quantizer settings"; docs/kernels.md). The winners had X^T tiles of 32-64 columns at 4-8 warps;
 # the last two (16 and 32 columns at 2 warps: more, smaller programs) were added after that run, not yet timed.
+# Entries with six fields (session 26) are one kernel again, its X^T pass walking the tile by [128 tokens, t_chunk
+# columns] chunks -- each transposed row stored as 128 contiguous bytes, as the split kernel's, but the chunk
+# re-read from L2 instead of HBM. Not yet timed when added. (A [128, 128] chunk at 16 warps was dropped: the sm_90
+# SASS check flagged a code store from a register not yet written, the W^T bug's pattern.)
 ACT_SETTINGS = ((SUB, WARPS), (32, 4), (64, 8), (64, 16), (128, 16), (64, 8, True), (32, 4, True),
                 (32, 4, False, 32, 4), (64, 8, False, 32, 4), (32, 4, False, 64, 8), (64, 8, False, 64, 8),
-                (64, 8, False, 128, 8), (32, 4, False, 16, 2), (32, 4, False, 32, 2))
+                (64, 8, False, 128, 8), (32, 4, False, 16, 2), (32, 4, False, 32, 2),
+                (32, 8, False, 0, 0, 32), (32, 4, False, 0, 0, 32), (32, 8, False, 0, 0, 64),
+                (64, 8, False, 0, 0, 64))
 TILE_SETTINGS = ((SUB, WARPS), (32, 4), (64, 8))
 TUNE_REPS = 3
 TUNE_MIN_ROWS = 1024
@@ -206,9 +212,14 @@ def _act_kernel(
     stride_qm, stride_sm, stride_sg, stride_qtk, stride_stk, stride_stg,
     ROWS: tl.constexpr, COLS: tl.constexpr, SCALE_RECIP: tl.constexpr,
     BLOCK_M: tl.constexpr, SUB: tl.constexpr, INTERPRET: tl.constexpr, PACK_T: tl.constexpr = False,
+    TILE: tl.constexpr = False, T_CHUNK: tl.constexpr = 0,
 ):
     # one program: rows [pid_m*BLOCK_M, +BLOCK_M) x columns [pid_k*128, +128) of x, in chunks of SUB
-    # rows (a whole 128x128 tile in registers spills); with COLS, BLOCK_M == 128 (one token group)
+    # rows (a whole 128x128 tile in registers spills); with COLS, BLOCK_M == 128 (one token group).
+    # TILE: X^T in 128x128 tiles, one scale for the program's whole tile (st[pid_k, pid_m]) instead of one per
+    # column. T_CHUNK > 0: X^T's pass walks the tile in [128 tokens, T_CHUNK columns] chunks (each transposed
+    # row 128 contiguous bytes) instead of [SUB tokens, 128 columns] ones (SUB-byte pieces per row); without
+    # TILE each chunk then holds whole token groups, so its columns' scales come from the chunk itself
     pid_m = tl.program_id(0)
     pid_k = tl.program_id(1)
     cols = (pid_k * 128 + tl.arange(0, 128)).to(tl.int64)  # [128]
@@ -225,10 +236,32 @@ def _act_kernel(
             r_ok = rows < RQ
             tl.store(q_ptr + rows[:, None] * stride_qm + cols[None, :], q, mask=r_ok[:, None] & c_ok[None, :])
             tl.store(s_ptr + rows * stride_sm + pid_k * stride_sg, s, mask=r_ok)
-        if COLS:
+        if COLS and (TILE or T_CHUNK == 0):
             colmax = tl.maximum(colmax, tl.max(tl.abs(x), axis=0))
-    if COLS:  # 1x128 groups along the tokens (128x1 of x): one scale per column of the tile
-        sc = _scale(colmax, SCALE_RECIP)  # [128]
+    if COLS and T_CHUNK > 0:  # second pass by column chunks (L2 hits): rows of 128 tokens, stored whole
+        rows = (pid_m * BLOCK_M + tl.arange(0, BLOCK_M)).to(tl.int64)  # [128]
+        if TILE:
+            s_tile = _scale(tl.max(colmax, axis=0), SCALE_RECIP)  # scalar: the tile's
+        for j in tl.range(0, 128 // T_CHUNK):
+            cc = (pid_k * 128 + j * T_CHUNK + tl.arange(0, T_CHUNK)).to(tl.int64)  # [TC]
+            x = tl.load(x_ptr + rows[:, None] * stride_xm + cc[None, :] * stride_xk,
+                        mask=(rows < M)[:, None] & (cc < K)[None, :], other=0.0).to(tl.float32)  # [128, TC]
+            if TILE:
+                qc = tl.trans(_codes(x, s_tile, INTERPRET))  # [TC, 128]
+            else:
+                sc = _scale(tl.max(tl.abs(x), axis=0), SCALE_RECIP)  # [TC]: whole token groups
+                qc = tl.trans(_codes(x, sc[None, :], INTERPRET))  # [TC, 128]
+                tl.store(st_ptr + cc * stride_stk + pid_m * stride_stg, sc, mask=cc < CQ)
+            tl.store(qt_ptr + cc[:, None] * stride_qtk + rows[None, :], qc,
+                     mask=(cc < CQ)[:, None] & (rows < RT)[None, :])
+        if TILE:
+            tl.store(st_ptr + pid_k * stride_stk + pid_m * stride_stg, s_tile)
+    elif COLS:  # 1x128 groups along the tokens (128x1 of x): one scale per column of the tile (TILE: the same
+        # tile scale for every column, as a vector so the passes below are the same code)
+        if TILE:
+            sc = tl.zeros([128], dtype=tl.float32) + _scale(tl.max(colmax, axis=0), SCALE_RECIP)  # [128]
+        else:
+            sc = _scale(colmax, SCALE_RECIP)  # [128]
         if PACK_T:  # the transposed codes as 32-bit words of 4 tokens each: qt_ptr is qt's int32 view
             # (stride_qtk in words). The codes of tokens 4j..4j+3 of a column are shifted into the bytes of
             # one word by a sum over a size-4 axis (disjoint bit fields: the sum is their OR), so the
@@ -252,14 +285,17 @@ def _act_kernel(
                 qc = tl.trans(_codes(x, sc[None, :], INTERPRET))  # [128 (K), SUB (tokens)]
                 tl.store(qt_ptr + cols[:, None] * stride_qtk + rows[None, :], qc,
                          mask=c_ok[:, None] & (rows < RT)[None, :])
-        tl.store(st_ptr + cols * stride_stk + pid_m * stride_stg, sc, mask=c_ok)
+        if TILE:
+            tl.store(st_ptr + pid_k * stride_stk + pid_m * stride_stg, tl.max(sc, axis=0))
+        else:
+            tl.store(st_ptr + cols * stride_stk + pid_m * stride_stg, sc, mask=c_ok)
 
 
 @triton.jit
 def _act_t_kernel(
     x_ptr, qt_ptr, st_ptr,
     M, K, stride_xm, stride_xk, CQ, RT, stride_qtk, stride_stk, stride_stg,
-    SCALE_RECIP: tl.constexpr, BLOCK_C: tl.constexpr, INTERPRET: tl.constexpr,
+    SCALE_RECIP: tl.constexpr, BLOCK_C: tl.constexpr, INTERPRET: tl.constexpr, TILE: tl.constexpr = False,
 ):
     # X^T alone, one pass: a program loads the [128 tokens, BLOCK_C columns] tile once (no second pass, no
     # row groups), reduces it along the tokens and stores its transposed codes. With the row groups in their
@@ -268,14 +304,32 @@ def _act_t_kernel(
     pid_m = tl.program_id(0)
     pid_c = tl.program_id(1)
     rows = (pid_m * 128 + tl.arange(0, 128)).to(tl.int64)  # [128]
-    cols = (pid_c * BLOCK_C + tl.arange(0, BLOCK_C)).to(tl.int64)  # [BC]
-    x = tl.load(x_ptr + rows[:, None] * stride_xm + cols[None, :] * stride_xk,
-                mask=(rows < M)[:, None] & (cols < K)[None, :], other=0.0).to(tl.float32)  # [128, BC]
-    sc = _scale(tl.max(tl.abs(x), axis=0), SCALE_RECIP)  # [BC]
-    qc = tl.trans(_codes(x, sc[None, :], INTERPRET))  # [BC, 128]
-    c_ok = cols < CQ
-    tl.store(qt_ptr + cols[:, None] * stride_qtk + rows[None, :], qc, mask=c_ok[:, None] & (rows < RT)[None, :])
-    tl.store(st_ptr + cols * stride_stk + pid_m * stride_stg, sc, mask=c_ok)
+    if TILE:  # X^T in 128x128 tiles: a program per tile (pid_c counts 128 columns), one scale for it, so an
+        # amax pass over its column chunks before the codes pass (L2 hits)
+        amax = tl.zeros([BLOCK_C], dtype=tl.float32)
+        for j in tl.range(0, 128 // BLOCK_C):
+            cols = (pid_c * 128 + j * BLOCK_C + tl.arange(0, BLOCK_C)).to(tl.int64)  # [BC]
+            x = tl.load(x_ptr + rows[:, None] * stride_xm + cols[None, :] * stride_xk,
+                        mask=(rows < M)[:, None] & (cols < K)[None, :], other=0.0).to(tl.float32)  # [128, BC]
+            amax = tl.maximum(amax, tl.max(tl.abs(x), axis=0))
+        s_tile = _scale(tl.max(amax, axis=0), SCALE_RECIP)  # scalar
+        for j in tl.range(0, 128 // BLOCK_C):
+            cols = (pid_c * 128 + j * BLOCK_C + tl.arange(0, BLOCK_C)).to(tl.int64)
+            x = tl.load(x_ptr + rows[:, None] * stride_xm + cols[None, :] * stride_xk,
+                        mask=(rows < M)[:, None] & (cols < K)[None, :], other=0.0).to(tl.float32)
+            qc = tl.trans(_codes(x, s_tile, INTERPRET))  # [BC, 128]
+            tl.store(qt_ptr + cols[:, None] * stride_qtk + rows[None, :], qc,
+                     mask=(cols < CQ)[:, None] & (rows < RT)[None, :])
+        tl.store(st_ptr + pid_c * stride_stk + pid_m * stride_stg, s_tile)
+    else:
+        cols = (pid_c * BLOCK_C + tl.arange(0, BLOCK_C)).to(tl.int64)  # [BC]
+        x = tl.load(x_ptr + rows[:, None] * stride_xm + cols[None, :] * stride_xk,
+                    mask=(rows < M)[:, None] & (cols < K)[None, :], other=0.0).to(tl.float32)  # [128, BC]
+        sc = _scale(tl.max(tl.abs(x), axis=0), SCALE_RECIP)  # [BC]
+        qc = tl.trans(_codes(x, sc[None, :], INTERPRET))  # [BC, 128]
+        c_ok = cols < CQ
+        tl.store(qt_ptr + cols[:, None] * stride_qtk + rows[None, :], qc, mask=c_ok[:, None] & (rows < RT)[None, :])
+        tl.store(st_ptr + cols * stride_stk + pid_m * stride_stg, sc, mask=c_ok)
 
 
 @triton.jit
@@ -322,21 +376,31 @@ def _outer_major(rows: int, groups: int, device) -> torch.Tensor:
     return torch.empty(groups, rows, device=device, dtype=torch.float32).t()
 
 
+def parse_setting(setting: tuple) -> tuple[int, int, bool, tuple[int, int] | None, int]:
+    """An :data:`ACT_SETTINGS` entry -> (sub, warps, pack, split or None, t_chunk): entries are ``(sub, warps)``,
+    ``(sub, warps, pack)``, ``(sub, warps, False, t_cols, t_warps)`` (split) or ``(sub, warps, False, 0, 0,
+    t_chunk)`` (one kernel, X^T's pass by column chunks)."""
+    sub, warps, pack, t_cols, t_warps, t_chunk = (*setting, False, 0, 0, 0)[:6]
+    return sub, warps, bool(pack), ((t_cols, t_warps) if t_cols else None), t_chunk
+
+
 def quantize_act(x: torch.Tensor, rows: int | None = None, cols: int | None = None, t_rows: int | None = None,
-                 *, row_groups: bool = True, sub: int | None = None, warps: int | None = None, pack: bool = False,
-                 split: tuple[int, int] | None = None):
+                 *, row_groups: bool = True, t_tiles: bool = False, sub: int | None = None, warps: int | None = None,
+                 pack: bool = False, split: tuple[int, int] | None = None, t_chunk: int = 0):
     """``x`` [M, K] (bf16 / fp16 / fp32, any strides) -> ``(q, s, qt, st)`` in one pass.
 
     * ``row_groups``: ``q`` [rows, cols] E4M3 row-major (1x128 groups along K) and ``s`` [rows, cols/128]
       fp32 M-major; ``rows`` >= M (default M; extra rows are zero codes), ``cols`` = K rounded up
       to 128 (default; a short last group padded with zeros).
     * ``t_rows`` (a multiple of 128, >= M): also ``qt`` [cols, t_rows] E4M3 row-major = the 1x128
-      quantization of x^T along the tokens, and ``st`` [cols, t_rows/128] fp32 stored ``cols``-major.
+      quantization of x^T along the tokens, and ``st`` [cols, t_rows/128] fp32 stored ``cols``-major;
+      with ``t_tiles``, x^T in 128x128 tiles instead (``fp8_wgrad=tiles``): ``st`` [cols/128, t_rows/128]
+      row-major, one scale per tile, equal to ``quantize_tiles`` of the zero-padded x, transposed.
 
     Entries not requested are None. Equal to ``quantize_act_1x128`` of the zero-padded ``x`` (and
     of its transpose) on the same device, bit for bit, whatever the launch setting: ``sub`` / ``warps`` /
-    ``pack`` (X^T stored as 4-token words) / ``split`` ((BLOCK_C, warps): X^T by its own kernel) given, else
-    chosen by shape (:func:`pick_setting`) on CUDA, else (SUB, WARPS).
+    ``pack`` (X^T stored as 4-token words) / ``split`` ((BLOCK_C, warps): X^T by its own kernel) / ``t_chunk``
+    (X^T's pass by column chunks) given, else chosen by shape (:func:`pick_setting`) on CUDA, else (SUB, WARPS).
     """
     if x.dim() != 2:
         raise ValueError(f"quantize_act: x must be 2-D [M, K], got {tuple(x.shape)}")
@@ -347,7 +411,8 @@ def quantize_act(x: torch.Tensor, rows: int | None = None, cols: int | None = No
         raise ValueError(f"quantize_act: cols={cols} must be a multiple of {GROUP} >= K={k}, rows={rows} >= M={m}")
     if t_rows is not None and (t_rows % GROUP or t_rows < m):
         raise ValueError(f"quantize_act: t_rows={t_rows} must be a multiple of {GROUP} >= M={m}")
-    q, s, qt, st = _act_outputs(x, rows, cols, t_rows, row_groups)
+    t_tiles = bool(t_tiles) and t_rows is not None
+    q, s, qt, st = _act_outputs(x, rows, cols, t_rows, row_groups, t_tiles)
     extent = max(rows if row_groups else 0, t_rows or 0)
     if extent == 0 or m == 0 or (q is None and qt is None):
         if q is not None:  # no tokens: zero codes, eps scales (what the reference gives for padding rows)
@@ -361,16 +426,23 @@ def quantize_act(x: torch.Tensor, rows: int | None = None, cols: int | None = No
         setting = (SUB, WARPS)
         if extent >= TUNE_MIN_ROWS and x.is_cuda:
             key = ("act", q is not None, t_rows is not None, x.dtype, triton.next_power_of_2(extent), cols,
-                   x.stride(1) == 1)
+                   x.stride(1) == 1) + (("tiles",) if t_tiles else ())
             cands = ACT_SETTINGS if t_rows is not None else tuple(st for st in ACT_SETTINGS if len(st) == 2)
-            setting = _setting(key, cands, x, lambda *c: _act_launch(x, q, s, qt, st, rows, cols, t_rows, *c))
-        sub, warps, pack, *rest = (*setting, False)[:5]
-        split = tuple(rest) if rest else None
-    _launch(_act_launch(x, q, s, qt, st, rows, cols, t_rows, sub, warps, pack, *(split or ())))
+            setting = _setting(key, cands, x, lambda *c: _act_launch(x, q, s, qt, st, rows, cols, t_rows,
+                                                                     *_flat(parse_setting(c)), t_tiles=t_tiles))
+        sub, warps, pack, split, t_chunk = parse_setting(setting)
+    _launch(_act_launch(x, q, s, qt, st, rows, cols, t_rows, sub, warps, pack, *(split or (0, 0)), t_chunk=t_chunk,
+                        t_tiles=t_tiles))
     return q, s, qt, st
 
 
-def _act_outputs(x, rows: int, cols: int, t_rows: int | None, row_groups: bool):
+def _flat(parsed: tuple) -> tuple:
+    """:func:`parse_setting`'s tuple -> :func:`_act_launch`'s positional (sub, warps, pack, t_cols, t_warps, t_chunk)."""
+    sub, warps, pack, split, t_chunk = parsed
+    return (sub, warps, pack, *(split or (0, 0)), t_chunk)
+
+
+def _act_outputs(x, rows: int, cols: int, t_rows: int | None, row_groups: bool, t_tiles: bool = False):
     dev = x.device
     q = s = qt = st = None
     if row_groups:
@@ -378,20 +450,24 @@ def _act_outputs(x, rows: int, cols: int, t_rows: int | None, row_groups: bool):
         s = _outer_major(rows, cols // GROUP, dev)
     if t_rows is not None:
         qt = torch.empty(cols, t_rows, device=dev, dtype=torch.float8_e4m3fn)
-        st = _outer_major(cols, t_rows // GROUP, dev)
+        st = (torch.empty(cols // GROUP, t_rows // GROUP, device=dev, dtype=torch.float32) if t_tiles  # tile scales
+              else _outer_major(cols, t_rows // GROUP, dev))
     return q, s, qt, st
 
 
 def _act_launch(x, q, s, qt, st, rows: int, cols: int, t_rows: int | None, sub: int, warps: int,
-                pack: bool = False, t_cols: int = 0, t_warps: int = 0) -> Launch | tuple[Launch, ...]:
+                pack: bool = False, t_cols: int = 0, t_warps: int = 0, t_chunk: int = 0,
+                t_tiles: bool = False) -> Launch | tuple[Launch, ...]:
     # a token group per program when the transpose is wanted; else short row blocks (decode: M <= 64).
-    # t_cols > 0 (a split setting, with X^T wanted): the row groups alone, then X^T by _act_t_kernel
+    # t_cols > 0 (a split setting, with X^T wanted): the row groups alone, then X^T by _act_t_kernel.
+    # t_chunk > 0: one kernel, X^T's pass by [128, t_chunk] column chunks. t_tiles: X^T in 128x128 tiles
     m, k = x.shape
     if t_cols and qt is not None:
         t_launch = Launch(
-            _act_t_kernel, (t_rows // GROUP, triton.cdiv(cols, t_cols)),
+            _act_t_kernel, (t_rows // GROUP, cols // GROUP if t_tiles else triton.cdiv(cols, t_cols)),
             (x, qt, st, m, k, x.stride(0), x.stride(1), cols, t_rows, qt.stride(0), st.stride(0), st.stride(1)),
-            {"SCALE_RECIP": x.is_cuda, "BLOCK_C": t_cols, "INTERPRET": _interpreting()}, t_warps or warps)
+            {"SCALE_RECIP": x.is_cuda, "BLOCK_C": t_cols, "INTERPRET": _interpreting(), "TILE": t_tiles},
+            t_warps or warps)
         if q is None:
             return (t_launch,)
         return (_act_launch(x, q, s, None, None, rows, cols, None, sub, warps), t_launch)
@@ -405,7 +481,8 @@ def _act_launch(x, q, s, qt, st, rows: int, cols: int, t_rows: int | None, sub: 
         (x, dq, ds, dqt, dst, m, k, x.stride(0), x.stride(1), rows, cols, t_rows or 0,
          dq.stride(0), ds.stride(0), ds.stride(1), dqt.stride(0), dst.stride(0), dst.stride(1)),
         {"ROWS": q is not None, "COLS": t_rows is not None, "SCALE_RECIP": x.is_cuda, "BLOCK_M": block_m,
-         "SUB": min(sub, block_m), "INTERPRET": _interpreting(), "PACK_T": pack},
+         "SUB": min(sub, block_m), "INTERPRET": _interpreting(), "PACK_T": pack,
+         "TILE": t_tiles and qt is not None, "T_CHUNK": t_chunk if qt is not None else 0},
         warps,
     )
 
@@ -449,4 +526,5 @@ def _tile_launch(w, q, qt, s, sub: int, warps: int) -> Launch:
     )
 
 
-__all__ = ["ACT_SETTINGS", "GROUP", "TILE_SETTINGS", "TUNED", "pick_setting", "quantize_act", "quantize_tiles"]
+__all__ = ["ACT_SETTINGS", "GROUP", "TILE_SETTINGS", "TUNED", "parse_setting", "pick_setting", "quantize_act",
+           "quantize_tiles"]

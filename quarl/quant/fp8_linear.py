@@ -185,6 +185,8 @@ def _x_tiles_t(x2: torch.Tensor, t_rows: int, cols: int) -> tuple[torch.Tensor, 
 def _quantize_x(x2: torch.Tensor, rows: int, cols: int, t_rows: int | None, t_tiles: bool):
     if t_rows is None or not t_tiles:
         return quantize_act_gemm(x2, rows, cols, t_rows)
+    if quant_backend(x2) == "triton":  # row groups and X^T's tiles from one launch setting, no unused codes
+        return _fused_module().quantize_act(x2, rows, cols, t_rows, t_tiles=True)
     q, s, _, _ = quantize_act_gemm(x2, rows, cols, None)
     return (q, s, *_x_tiles_t(x2, t_rows, cols))
 

@@ -93,7 +93,8 @@ def test_tile_quantizer_equals_eager(n, k, dtype):
                     reason="blockwise FP8 scaled_mm needs an SM90 GPU")
 @pytest.mark.parametrize("m,n,k,wdt", [(4096, 1536, 576, torch.bfloat16), (4096, 1536, 576, torch.float32),
                                         (300, 512, 640, torch.bfloat16), (2048, 18944, 3584, torch.bfloat16)])
-def test_fp8_linear_triton_quantizers_equal_eager(m, n, k, wdt):
+@pytest.mark.parametrize("wgrad", ["1x128", "tiles"])
+def test_fp8_linear_triton_quantizers_equal_eager(m, n, k, wdt, wgrad):
     """Forward, DGrad and WGrad on cuBLAS: Triton quantizers vs eager ones give the same bits (an fp32 master
     weight at SmolLM2's K = 576 too: full-parameter Jet-RL's DGrad reads the kernel's W^T tiles)."""
     torch.manual_seed(3)
@@ -106,7 +107,7 @@ def test_fp8_linear_triton_quantizers_equal_eager(m, n, k, wdt):
         try:
             assert quant_backend(x) == backend
             xx, ww = x.clone().requires_grad_(), w.clone().requires_grad_()
-            y = fp8_linear(xx, ww)
+            y = fp8_linear(xx, ww, wgrad=wgrad)
             y.backward(g)
             outs[backend] = (y, xx.grad, ww.grad)
         finally:
@@ -125,13 +126,16 @@ def test_every_launch_setting_gives_the_same_bits():
     mp, mt, kp = _round_up(4099, 4), _round_up(4099, 128), 3584
     rq, rs = quantize_act_1x128(_pad2(x, mp, kp))
     rqt, rst = quantize_act_1x128(_pad2(x, mt, kp).t())
+    tq, ts = _tiles_padded(_pad2(x, mt, kp))  # X^T's 128x128 tiles (fp8_wgrad=tiles) are these, transposed
     for setting in fq.ACT_SETTINGS:
-        sub, warps, pack, *split = (*setting, False)[:5]
-        split = tuple(split) or None
-        q, s, qt, st = fq.quantize_act(x, mp, kp, mt, sub=sub, warps=warps, pack=pack, split=split)
+        sub, warps, pack, split, t_chunk = fq.parse_setting(setting)
+        kw = {"sub": sub, "warps": warps, "pack": pack, "split": split, "t_chunk": t_chunk}
+        q, s, qt, st = fq.quantize_act(x, mp, kp, mt, **kw)
         assert same(q, rq) and same(qt, rqt) and torch.equal(s, rs) and torch.equal(st, rst), setting
-        _, _, qt, st = fq.quantize_act(x, mp, kp, mt, row_groups=False, sub=sub, warps=warps, pack=pack, split=split)
+        _, _, qt, st = fq.quantize_act(x, mp, kp, mt, row_groups=False, **kw)
         assert same(qt, rqt) and torch.equal(st, rst), setting
+        q, s, qt, st = fq.quantize_act(x, mp, kp, mt, t_tiles=True, **kw)
+        assert same(q, rq) and torch.equal(s, rs) and same(qt, tq.t()) and torch.equal(st, ts.t()), (setting, "tiles")
     for n, k, dt in ((1536, 576, torch.float32), (4096, 3584, torch.bfloat16)):
         w = (torch.randn(n, k, device="cuda") * 0.02).to(dt)
         rq, rs = _tiles_padded(_pad2(w, _round_up(n, 128), _round_up(k, 128)))

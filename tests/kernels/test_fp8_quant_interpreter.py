@@ -87,6 +87,11 @@ SCRIPT = textwrap.dedent("""
                 rqt, rst = quantize_act_1x128(_pad2(x, t_rows, kp).t())
                 assert qt.shape == (kp, t_rows) and st.shape == (kp, t_rows // 128) and st.stride() == (1, kp)
                 assert same(qt, rqt) and torch.equal(st, rst), (name, t_rows, "1x128 along tokens")
+                # X^T in 128x128 tiles (fp8_wgrad=tiles): the padded x's weight-format tiles, transposed
+                _, _, qt, st = fq.quantize_act(x, rows or m, kp, t_rows, row_groups=rows is not None, t_tiles=True)
+                rq, rs = quantize_weight_padded(_pad2(x, t_rows, kp))
+                assert qt.shape == (kp, t_rows) and st.shape == (kp // 128, t_rows // 128) and st.is_contiguous()
+                assert same(qt, rq.t()) and torch.equal(st, rs.t()), (name, t_rows, "128x128 tiles of x^T")
         print("act", name, "ok", round(time.time() - T0, 1))
     # the ties were ties and went to the even neighbour: some down, some up (not half-up, not half-down)
     row = torch.cat([torch.tensor([448.0]), mids])[None, :]  # [1, 127]: one group, scale exactly 1
@@ -119,13 +124,13 @@ SCRIPT = textwrap.dedent("""
     from quarl.quant.formats.fp8 import FP8Config
     from quarl.quant.fp8_linear import fp8_linear, quant_backend
 
-    def run(backend, x, w, b, g):
+    def run(backend, x, w, b, g, wgrad="1x128"):
         os.environ["QUARL_FP8_QUANT"] = backend
         assert quant_backend(x) == backend
         xx = x.clone().requires_grad_()
         ww = w.clone().requires_grad_() if not isinstance(w, QTensor) else w
         bb = b.clone().requires_grad_()
-        y = fp8_linear(xx, ww, bb)
+        y = fp8_linear(xx, ww, bb, wgrad=wgrad)
         y.backward(g)
         return y, xx.grad, ww.grad if not isinstance(w, QTensor) else None, bb.grad
 
@@ -134,9 +139,10 @@ SCRIPT = textwrap.dedent("""
         x = torch.randn(2, m, k).to(dt)  # 200 / 34 / 128 tokens: two token groups, one short, one full
         w = (torch.randn(n, k) * 0.05).to(dt)
         b, g = torch.randn(n).to(dt), torch.randn(2, m, n).to(dt)
-        outs = {be: run(be, x, w, b, g) for be in ("eager", "triton")}
-        for a, e in zip(outs["triton"], outs["eager"]):
-            assert a.dtype == e.dtype and torch.equal(a, e), (m, n, k, dt)
+        for wgrad in ("1x128", "tiles"):
+            outs = {be: run(be, x, w, b, g, wgrad) for be in ("eager", "triton")}
+            for a, e in zip(outs["triton"], outs["eager"]):
+                assert a.dtype == e.dtype and torch.equal(a, e), (m, n, k, dt, wgrad)
         qw, sw = quantize_weight_padded(w)
         frozen = QTensor(FP8Config("block"), (n, k), {"weight": qw[:n, :k].contiguous(), "weight_scale": sw})
         outs = {be: run(be, x, frozen, b, g) for be in ("eager", "triton")}
@@ -147,14 +153,19 @@ SCRIPT = textwrap.dedent("""
     # loops; warps do not exist in the interpreter: the sm_90 SASS test below covers them)
     x = (torch.randn(300, 640) * torch.logspace(-2, 2, 300)[:, None]).to(torch.bfloat16)
     ref = fq.quantize_act(x, 300, 640, 384, sub=fq.SUB, warps=fq.WARPS)
+    ref_t = fq.quantize_act(x, 300, 640, 384, t_tiles=True, sub=fq.SUB, warps=fq.WARPS)
     for setting in fq.ACT_SETTINGS:
-        sub, warps, pack, *split = (*setting, False)[:5]
-        split = tuple(split) or None
-        got = fq.quantize_act(x, 300, 640, 384, sub=sub, warps=warps, pack=pack, split=split)
+        sub, warps, pack, split, t_chunk = fq.parse_setting(setting)
+        kw = dict(sub=sub, warps=warps, pack=pack, split=split, t_chunk=t_chunk)
+        got = fq.quantize_act(x, 300, 640, 384, **kw)
         assert same(got[0], ref[0]) and same(got[2], ref[2]), setting
         assert torch.equal(got[1], ref[1]) and torch.equal(got[3], ref[3]), setting
-        got = fq.quantize_act(x, 300, 640, 384, row_groups=False, sub=sub, warps=warps, pack=pack, split=split)
+        got = fq.quantize_act(x, 300, 640, 384, row_groups=False, **kw)
         assert same(got[2], ref[2]) and torch.equal(got[3], ref[3]), setting
+        for rg in (True, False):  # X^T's tiles
+            got = fq.quantize_act(x, 300, 640, 384, row_groups=rg, t_tiles=True, **kw)
+            assert same(got[2], ref_t[2]) and torch.equal(got[3], ref_t[3]), (setting, "tiles")
+            assert not rg or (same(got[0], ref[0]) and torch.equal(got[1], ref[1])), (setting, "tiles")
     w = torch.randn(256, 384)
     ref = fq.quantize_tiles(w, True, sub=fq.SUB, warps=fq.WARPS)
     for sub, warps in fq.TILE_SETTINGS:
@@ -180,13 +191,16 @@ LAUNCHES = {  # name: (kind, dtype, shape, transpose / t_rows)
     "act fp32 300x640 K+T": ("act", "float32", (300, 640), True),
     "act bf16 4099x576 K": ("act", "bfloat16", (4099, 576), None),  # rows only (frozen base, decode)
     "act bf16 1000x18944 T": ("act", "bfloat16", (1000, 18944), "t-only"),  # dY^T only (no DGrad wanted)
+    "act bf16 8192x3584 K+Ttiles": ("act", "bfloat16", (8192, 3584), "tiles"),  # X, fp8_wgrad=tiles
 }
 # The other launch settings the kernels may choose at run time (quarl_kernels.fp8_quant.ACT_SETTINGS /
 # TILE_SETTINGS after the default; test_launch_settings_are_all_checked keeps these lists equal), compiled for
 # the launches that store transposed codes (the W^T bug's pattern): (rows per chunk, warps)
 ACT_SETTINGS = ((32, 8), (32, 4), (64, 8), (64, 16), (128, 16), (64, 8, True), (32, 4, True),
                 (32, 4, False, 32, 4), (64, 8, False, 32, 4), (32, 4, False, 64, 8), (64, 8, False, 64, 8),
-                (64, 8, False, 128, 8), (32, 4, False, 16, 2), (32, 4, False, 32, 2))
+                (64, 8, False, 128, 8), (32, 4, False, 16, 2), (32, 4, False, 32, 2),
+                (32, 8, False, 0, 0, 32), (32, 4, False, 0, 0, 32), (32, 8, False, 0, 0, 64),
+                (64, 8, False, 0, 0, 64))
 TILE_SETTINGS = ((32, 8), (32, 4), (64, 8))
 for _st in ACT_SETTINGS[1:]:
     LAUNCHES[f"act bf16 8192x3584 K+T {_st}"] = ("act", "bfloat16", (8192, 3584), True, _st)
@@ -194,6 +208,8 @@ for _st in ACT_SETTINGS[1:]:
     if len(_st) == 2:  # X^T packing or splitting changes nothing without X^T
         LAUNCHES[f"act bf16 4099x576 K {_st}"] = ("act", "bfloat16", (4099, 576), None, _st)
     LAUNCHES[f"act bf16 1000x18944 T {_st}"] = ("act", "bfloat16", (1000, 18944), "t-only", _st)
+    if len(_st) != 3:  # X^T's tiles (packing is not a candidate that changes anything new there)
+        LAUNCHES[f"act bf16 8192x3584 K+Ttiles {_st}"] = ("act", "bfloat16", (8192, 3584), "tiles", _st)
 for _st in TILE_SETTINGS[1:]:
     LAUNCHES[f"tiles fp32 1536x576 +T {_st}"] = ("tiles", "float32", (1536, 576), True, _st)
     LAUNCHES[f"tiles bf16 18944x3584 +T {_st}"] = ("tiles", "bfloat16", (18944, 3584), True, _st)
@@ -207,7 +223,7 @@ def _compiled(name: str):
     from tests.kernels.sm90_sass import compile_launch
 
     kind, dt, (m, k), t, *setting = LAUNCHES[name]
-    sub, warps, pack, *split = (*(setting[0] if setting else (fq.SUB, fq.WARPS)), False)[:5]
+    sub, warps, pack, split, t_chunk = fq.parse_setting(setting[0] if setting else (fq.SUB, fq.WARPS))
     x = torch.empty(m, k, dtype=getattr(torch, dt))
     if kind == "tiles":
         q, qt, s = fq._tile_outputs(x, t)
@@ -215,8 +231,9 @@ def _compiled(name: str):
     else:
         rows, cols = -(-m // 4) * 4, -(-k // 128) * 128
         t_rows = -(-m // 128) * 128 if t else None
-        launch = fq._act_launch(x, *fq._act_outputs(x, rows, cols, t_rows, t != "t-only"), rows, cols, t_rows,
-                                sub, warps, pack, *split)
+        tiles = t == "tiles"
+        launch = fq._act_launch(x, *fq._act_outputs(x, rows, cols, t_rows, t != "t-only", tiles), rows, cols, t_rows,
+                                sub, warps, pack, *(split or (0, 0)), t_chunk=t_chunk, t_tiles=tiles)
     launches = launch if isinstance(launch, tuple) and not isinstance(launch, fq.Launch) else (launch,)
     return [compile_launch(one, SCALE_RECIP=True, INTERPRET=False) for one in launches]  # a split setting: two
 

@@ -184,11 +184,13 @@ def test_weight_is_requantized_after_a_step_that_moves_no_version(make):
     assert torch.equal(fp8_linear(x, w), fp8_linear(x, w.detach().clone()))
 
 
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="bitsandbytes' optimizers run on CUDA in the rl stage")
 def test_weight_is_requantized_after_a_bitsandbytes_step():
     """The rl stage's default optimizer (``optim.optimizer=adamw8bit``) with the FP8 flow: bitsandbytes' step runs
     torch's optimizer hooks. Skipped where bitsandbytes is not installed (CI); the device runs carry it."""
     bnb = pytest.importorskip("bitsandbytes")
-    dev = "cuda" if torch.cuda.is_available() else "cpu"
+    dev = "cuda"
     torch.manual_seed(0)
     w = torch.nn.Parameter(torch.randn(4096, 256, device=dev))
     x = torch.randn(8, 256, device=dev)
