@@ -14,6 +14,13 @@
 #   phase b: bash benchmarks/gpu_session26.sh b   (carry .dev/dg.tar.xz; one GPU; ~7 min)
 #     The same at 7B width, then both widths with 8 micro-batches per optimizer step (--accumulate 8: an actor update's
 #     mini-batch, the weight quantization amortized as in a real run).
+#   phase c: bash benchmarks/gpu_session26.sh c   (carry .dev/dg.tar.xz .whl/bnb-site; one GPU; ~8 min)
+#     After a / b (the new one-kernel settings won only the narrow operands; split settings everywhere else, their X^T
+#     kernel ~65 % of HBM): split settings whose X^T kernel stores 4-token words. GPU tests again (every setting's bits);
+#     each operand's settings timed (benchmarks/kernels/fp8_quant_operands.py, with the pre-session-26 X^T tiles path);
+#     the 32B and 7B actor updates with 8 micro-batches per optimizer step.
+#   phase d: bash benchmarks/gpu_session26.sh d   (carry .dev/dg.tar.xz; one GPU; ~4 min) -- c's code, one micro-batch
+#     per optimizer step, 32B and 7B width.
 set -u
 PHASE=${1:?phase}
 OUT=${OUT:?}
@@ -36,9 +43,33 @@ b)
     model_step "${M7A_S:-150}" p7acc8 --shape Qwen2.5-7B --layers 4 --tokens 16384 --loss rl --iters 2 \
         --accumulate 8 --arms bf16,bf16+glue,jetrl-xtiles+deepgemm+glue
     ;;
+c)
+    deepgemm
+    export PYTHONPATH=$PYTHONPATH:$PWD/.whl/bnb-site
+    tests 200 tests/kernels/test_fp8_quant_gpu.py tests/quant/test_fp8_linear.py
+    bench 100 quant benchmarks/kernels/fp8_quant_operands.py
+    model_step "${M32A_S:-100}" p32acc8 --shape Qwen2.5-32B --layers 4 --tokens 16384 --loss rl --iters 2 \
+        --accumulate 8 --arms bf16,bf16+glue,jetrl-xtiles+deepgemm+glue
+    model_step "${M7A_S:-80}" p7acc8 --shape Qwen2.5-7B --layers 4 --tokens 16384 --loss rl --iters 2 \
+        --accumulate 8 --arms bf16,bf16+glue,jetrl-xtiles+deepgemm+glue
+    ;;
+d)
+    deepgemm
+    model_step "${M32_S:-150}" p32 --shape Qwen2.5-32B --layers 4 --tokens 16384 --loss rl --profile --iters 3 \
+        --arms bf16,bf16+glue,jetrl-xtiles+deepgemm+glue
+    model_step "${M7_S:-100}" p7 --shape Qwen2.5-7B --layers 4 --tokens 16384 --loss rl --profile --iters 3 \
+        --arms bf16,bf16+glue,jetrl-xtiles+deepgemm+glue
+    ;;
 *) echo "unknown phase $PHASE"; exit 2 ;;
 esac
 phase_end
 
 # ---------------------------------------------------------------------------------------------------------------
 # Record (calls of this session; device time from the tool's lease):
+#   a, b  commit a8feac6, 2026-11-27 ~10:53-11:03 UTC, one NVIDIA H200 (143771 MiB; a cold, b warm), 296 s + 174 s
+#      (held 513 s, budget left 1287 s; the H200 counted in full): a -- DeepGEMM built in 82 s; GPU tests 35 passed (the
+#      bitsandbytes re-quantization test included); 32B width, 16k tokens, one micro-batch per step, per layer: bf16
+#      91.33, bf16+glue 81.86, jetrl-xtiles+deepgemm+glue 55.41 ms (1.48x over bf16+glue), quantizers 5.65 ms a layer
+#      (_act_t_kernel 11.66, _act_kernel 7.35, _tile_kernel 3.60 ms over 4 layers). b -- 7B one micro-batch: bf16+glue
+#      40.77, FP8 28.54 (1.43x); 32B 8 micro-batches: 78.88 / 51.72 (1.53x); 7B 8 micro-batches: 39.13 / 27.24 (1.44x).
+#      The one-kernel column-chunk settings won only the 512- / 1024-wide dY operands.

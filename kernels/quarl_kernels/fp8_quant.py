@@ -103,13 +103,16 @@ WARPS = 8
 # the last two (16 and 32 columns at 2 warps: more, smaller programs) were added after that run, not yet timed.
 # Entries with six fields (session 26) are one kernel again, its X^T pass walking the tile by [128 tokens, t_chunk
 # columns] chunks -- each transposed row stored as 128 contiguous bytes, as the split kernel's, but the chunk
-# re-read from L2 instead of HBM. Not yet timed when added. (A [128, 128] chunk at 16 warps was dropped: the sm_90
+# re-read from L2 instead of HBM: on an H200 (session 26) they won only the 512- / 1024-wide operands, by 1-3 %.
+# Five-field entries with pack True (session 26): a split whose X^T kernel stores 4-token words (_t_store). Not yet timed
+# when added. (A [128, 128] chunk at 16 warps was dropped: the sm_90
 # SASS check flagged a code store from a register not yet written, the W^T bug's pattern.)
 ACT_SETTINGS = ((SUB, WARPS), (32, 4), (64, 8), (64, 16), (128, 16), (64, 8, True), (32, 4, True),
                 (32, 4, False, 32, 4), (64, 8, False, 32, 4), (32, 4, False, 64, 8), (64, 8, False, 64, 8),
                 (64, 8, False, 128, 8), (32, 4, False, 16, 2), (32, 4, False, 32, 2),
                 (32, 8, False, 0, 0, 32), (32, 4, False, 0, 0, 32), (32, 8, False, 0, 0, 64),
-                (64, 8, False, 0, 0, 64))
+                (64, 8, False, 0, 0, 64),
+                (32, 4, True, 16, 2), (32, 4, True, 32, 4), (32, 4, True, 64, 8), (64, 8, True, 64, 8))
 TILE_SETTINGS = ((SUB, WARPS), (32, 4), (64, 8))
 TUNE_REPS = 3
 TUNE_MIN_ROWS = 1024
@@ -292,44 +295,81 @@ def _act_kernel(
 
 
 @triton.jit
+def _t_load(x_ptr, pid_m, cols, M, K, stride_xm, stride_xk, PACK_T: tl.constexpr):
+    """x's token group ``pid_m`` at ``cols`` [BC], fp32: [128, BC], or with PACK_T [32, 4, BC] (token 4j + t at
+    [j, t]: the layout the packed store wants, built by the load itself rather than by a reshape)."""
+    if PACK_T:
+        rows = (pid_m * 128 + tl.arange(0, 32) * 4).to(tl.int64)[:, None, None] + tl.arange(0, 4)[None, :, None]
+        x = tl.load(x_ptr + rows * stride_xm + cols[None, None, :] * stride_xk,
+                    mask=(rows < M) & (cols < K)[None, None, :], other=0.0).to(tl.float32)  # [32, 4, BC]
+    else:
+        rows = (pid_m * 128 + tl.arange(0, 128)).to(tl.int64)
+        x = tl.load(x_ptr + rows[:, None] * stride_xm + cols[None, :] * stride_xk,
+                    mask=(rows < M)[:, None] & (cols < K)[None, :], other=0.0).to(tl.float32)  # [128, BC]
+    return x
+
+
+@triton.jit
+def _t_colmax(x, PACK_T: tl.constexpr):
+    """|x|'s max over the token group, per column: [BC]."""
+    if PACK_T:
+        m = tl.max(tl.max(tl.abs(x), axis=1), axis=0)
+    else:
+        m = tl.max(tl.abs(x), axis=0)
+    return m
+
+
+@triton.jit
+def _t_store(qt_ptr, x, sc, pid_m, cols, CQ, RT, stride_qtk, INTERPRET: tl.constexpr, PACK_T: tl.constexpr):
+    """The codes of x (:func:`_t_load`'s) with column scales ``sc`` [BC], stored transposed: qt[cols, tokens].
+    PACK_T: ``qt_ptr`` is qt's int32 view (``stride_qtk`` in words); the four codes of tokens 4j..4j+3 are shifted into
+    one word (disjoint bytes: the sum is their OR) before the transpose, so it moves [32, BC] words, not [128, BC]
+    bytes."""
+    if PACK_T:
+        c = _codes(x, sc[None, None, :], INTERPRET).to(tl.uint8, bitcast=True).to(tl.int32)  # [32, 4, BC]
+        words = tl.sum(c << (tl.arange(0, 4) * 8)[None, :, None], axis=1)  # [32, BC]
+        quad = tl.arange(0, 32)
+        tl.store(qt_ptr + cols[:, None] * stride_qtk + (pid_m * 32 + quad).to(tl.int64)[None, :], tl.trans(words),
+                 mask=(cols < CQ)[:, None] & (pid_m * 128 + quad * 4 < RT)[None, :])
+    else:
+        rows = (pid_m * 128 + tl.arange(0, 128)).to(tl.int64)
+        qc = tl.trans(_codes(x, sc[None, :], INTERPRET))  # [BC, 128]
+        tl.store(qt_ptr + cols[:, None] * stride_qtk + rows[None, :], qc, mask=(cols < CQ)[:, None] & (rows < RT)[None, :])
+
+
+@triton.jit
 def _act_t_kernel(
     x_ptr, qt_ptr, st_ptr,
     M, K, stride_xm, stride_xk, CQ, RT, stride_qtk, stride_stk, stride_stg,
     SCALE_RECIP: tl.constexpr, BLOCK_C: tl.constexpr, INTERPRET: tl.constexpr, TILE: tl.constexpr = False,
+    PACK_T: tl.constexpr = False,
 ):
     # X^T alone, one pass: a program loads the [128 tokens, BLOCK_C columns] tile once (no second pass, no
     # row groups), reduces it along the tokens and stores its transposed codes. With the row groups in their
     # own launch (_act_kernel, COLS=False) this reads x twice from HBM instead of once; a "split" launch
-    # setting (ACT_SETTINGS) is kept only where the two launches time faster than the dual kernel
+    # setting (ACT_SETTINGS) is kept only where the two launches time faster than the dual kernel.
+    # PACK_T (session 26): the transposed codes stored as 32-bit words of four tokens (_t_store)
     pid_m = tl.program_id(0)
     pid_c = tl.program_id(1)
-    rows = (pid_m * 128 + tl.arange(0, 128)).to(tl.int64)  # [128]
     if TILE:  # X^T in 128x128 tiles: a program per tile (pid_c counts 128 columns), one scale for it, so an
         # amax pass over its column chunks before the codes pass (L2 hits)
         amax = tl.zeros([BLOCK_C], dtype=tl.float32)
         for j in tl.range(0, 128 // BLOCK_C):
             cols = (pid_c * 128 + j * BLOCK_C + tl.arange(0, BLOCK_C)).to(tl.int64)  # [BC]
-            x = tl.load(x_ptr + rows[:, None] * stride_xm + cols[None, :] * stride_xk,
-                        mask=(rows < M)[:, None] & (cols < K)[None, :], other=0.0).to(tl.float32)  # [128, BC]
-            amax = tl.maximum(amax, tl.max(tl.abs(x), axis=0))
+            amax = tl.maximum(amax, _t_colmax(_t_load(x_ptr, pid_m, cols, M, K, stride_xm, stride_xk, PACK_T), PACK_T))
         s_tile = _scale(tl.max(amax, axis=0), SCALE_RECIP)  # scalar
+        sv = tl.zeros([BLOCK_C], dtype=tl.float32) + s_tile  # [BC], every column the tile's scale
         for j in tl.range(0, 128 // BLOCK_C):
             cols = (pid_c * 128 + j * BLOCK_C + tl.arange(0, BLOCK_C)).to(tl.int64)
-            x = tl.load(x_ptr + rows[:, None] * stride_xm + cols[None, :] * stride_xk,
-                        mask=(rows < M)[:, None] & (cols < K)[None, :], other=0.0).to(tl.float32)
-            qc = tl.trans(_codes(x, s_tile, INTERPRET))  # [BC, 128]
-            tl.store(qt_ptr + cols[:, None] * stride_qtk + rows[None, :], qc,
-                     mask=(cols < CQ)[:, None] & (rows < RT)[None, :])
+            x = _t_load(x_ptr, pid_m, cols, M, K, stride_xm, stride_xk, PACK_T)
+            _t_store(qt_ptr, x, sv, pid_m, cols, CQ, RT, stride_qtk, INTERPRET, PACK_T)
         tl.store(st_ptr + pid_c * stride_stk + pid_m * stride_stg, s_tile)
     else:
         cols = (pid_c * BLOCK_C + tl.arange(0, BLOCK_C)).to(tl.int64)  # [BC]
-        x = tl.load(x_ptr + rows[:, None] * stride_xm + cols[None, :] * stride_xk,
-                    mask=(rows < M)[:, None] & (cols < K)[None, :], other=0.0).to(tl.float32)  # [128, BC]
-        sc = _scale(tl.max(tl.abs(x), axis=0), SCALE_RECIP)  # [BC]
-        qc = tl.trans(_codes(x, sc[None, :], INTERPRET))  # [BC, 128]
-        c_ok = cols < CQ
-        tl.store(qt_ptr + cols[:, None] * stride_qtk + rows[None, :], qc, mask=c_ok[:, None] & (rows < RT)[None, :])
-        tl.store(st_ptr + cols * stride_stk + pid_m * stride_stg, sc, mask=c_ok)
+        x = _t_load(x_ptr, pid_m, cols, M, K, stride_xm, stride_xk, PACK_T)  # [128, BC] or [32, 4, BC]
+        sc = _scale(_t_colmax(x, PACK_T), SCALE_RECIP)  # [BC]
+        _t_store(qt_ptr, x, sc, pid_m, cols, CQ, RT, stride_qtk, INTERPRET, PACK_T)
+        tl.store(st_ptr + cols * stride_stk + pid_m * stride_stg, sc, mask=cols < CQ)
 
 
 @triton.jit
@@ -378,8 +418,8 @@ def _outer_major(rows: int, groups: int, device) -> torch.Tensor:
 
 def parse_setting(setting: tuple) -> tuple[int, int, bool, tuple[int, int] | None, int]:
     """An :data:`ACT_SETTINGS` entry -> (sub, warps, pack, split or None, t_chunk): entries are ``(sub, warps)``,
-    ``(sub, warps, pack)``, ``(sub, warps, False, t_cols, t_warps)`` (split) or ``(sub, warps, False, 0, 0,
-    t_chunk)`` (one kernel, X^T's pass by column chunks)."""
+    ``(sub, warps, pack)``, ``(sub, warps, pack, t_cols, t_warps)`` (split; pack: X^T's kernel stores 4-token
+    words) or ``(sub, warps, False, 0, 0, t_chunk)`` (one kernel, X^T's pass by column chunks)."""
     sub, warps, pack, t_cols, t_warps, t_chunk = (*setting, False, 0, 0, 0)[:6]
     return sub, warps, bool(pack), ((t_cols, t_warps) if t_cols else None), t_chunk
 
@@ -462,11 +502,13 @@ def _act_launch(x, q, s, qt, st, rows: int, cols: int, t_rows: int | None, sub: 
     # t_cols > 0 (a split setting, with X^T wanted): the row groups alone, then X^T by _act_t_kernel.
     # t_chunk > 0: one kernel, X^T's pass by [128, t_chunk] column chunks. t_tiles: X^T in 128x128 tiles
     m, k = x.shape
-    if t_cols and qt is not None:
+    if t_cols and qt is not None:  # pack: X^T's kernel stores 4-token words (its qt pointer the int32 view)
+        tq = qt.view(torch.int32) if pack else qt
         t_launch = Launch(
             _act_t_kernel, (t_rows // GROUP, cols // GROUP if t_tiles else triton.cdiv(cols, t_cols)),
-            (x, qt, st, m, k, x.stride(0), x.stride(1), cols, t_rows, qt.stride(0), st.stride(0), st.stride(1)),
-            {"SCALE_RECIP": x.is_cuda, "BLOCK_C": t_cols, "INTERPRET": _interpreting(), "TILE": t_tiles},
+            (x, tq, st, m, k, x.stride(0), x.stride(1), cols, t_rows, tq.stride(0), st.stride(0), st.stride(1)),
+            {"SCALE_RECIP": x.is_cuda, "BLOCK_C": t_cols, "INTERPRET": _interpreting(), "TILE": t_tiles,
+             "PACK_T": bool(pack)},
             t_warps or warps)
         if q is None:
             return (t_launch,)

@@ -1,0 +1,122 @@
+"""The fused FP8 quantizers on one decoder layer's operands, each launch setting timed (Jet-RL, issue 15).
+
+    PYTHONPATH=$PWD:$PWD/kernels python3 benchmarks/kernels/fp8_quant_operands.py --out $OUT/quant   # CUDA
+
+What a full-parameter FP8 step quantizes per decoder layer (``quarl.quant.fp8_linear`` with
+``precision.fp8_wgrad=tiles``): each distinct projection input X [T, K] in 1x128 groups along K plus X^T in
+128x128 tiles (q/k/v share one X, gate/up another), each output gradient dY [T, N] in 1x128 groups along N plus
+dY^T in 1x128 groups along the tokens, and each master weight W [N, K] in 128x128 tiles plus their transpose (once per
+optimizer step). Per operand this times every candidate launch setting of ``quarl_kernels.fp8_quant`` (the
+run-time choice's own timing, ``pick_setting``: CUDA events over 3 launches after a warm-up) and reports the best, with
+the rate of *useful* bytes (input read once, every code byte written once) and of the bytes the setting actually
+moves (a split setting reads the input twice). For X it also times the path ``fp8_wgrad=tiles`` took before session
+26: the row groups, then the weight kernel on X with its transpose (row-major tile codes written and unused).
+Shapes: the model's widths at ``--tokens`` tokens (Qwen2.5-7B / Qwen2.5-32B by default).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from datetime import UTC, datetime
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path[:0] = [str(ROOT), str(ROOT / "kernels")]
+
+WIDTHS = {"Qwen2.5-7B": (3584, 18944, 3584, 512), "Qwen2.5-32B": (5120, 27648, 5120, 1024)}  # hidden, inter, q, kv
+
+
+def operands(model: str) -> list[tuple[str, str, int]]:
+    """(name, kind, columns): X inputs, dY outputs, W weights of one layer (distinct shapes only, with their count)."""
+    h, inter, _, kv = WIDTHS[model]
+    return [("X [T, hidden] (q/k/v, o, gate/up inputs: 3 per layer)", "x", h), ("X [T, inter] (down's input)", "x", inter),
+            ("dY [T, hidden] (q, o, down)", "dy", h), ("dY [T, kv] (k, v)", "dy", kv), ("dY [T, inter] (gate, up)", "dy", inter),
+            ("W [inter, hidden] (gate, up; down transposed)", "w", (inter, h))]
+
+
+def cuda_ms(fn, reps: int = 5) -> float:
+    fn()
+    a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    a.record()
+    for _ in range(reps):
+        fn()
+    b.record()
+    b.synchronize()
+    return a.elapsed_time(b) / reps
+
+
+def moved_bytes(setting: tuple, numel: int, fq) -> int:
+    """Bytes a dual-activation setting moves: a split setting reads its bf16 input twice."""
+    _, _, _, split, _ = fq.parse_setting(setting)
+    return numel * (2 + 1 + 1 + (2 if split else 0))
+
+
+def bench(model: str, tokens: int) -> list[dict]:
+    from quarl_kernels import fp8_quant as fq
+
+    rows = []
+    for name, kind, cols in operands(model):
+        torch.manual_seed(0)
+        if kind == "w":
+            n, k = cols
+            w = torch.randn(n, k, device="cuda", dtype=torch.bfloat16) * 0.02
+            fq.TUNED.clear()  # each operand's choice timed afresh (and the only key below)
+            fq.quantize_tiles(w, transpose=True)
+            (key,) = fq.TUNED
+            ms = fq.TUNED[key]["ms"]
+            best = fq.TUNED[key]["best"]
+            useful = n * k * 4
+            rows.append({"operand": name, "shape": [n, k], "best": list(best), "ms": ms[best],
+                         "useful_GBps": useful / ms[best] / 1e6, "candidates": {str(s): t for s, t in ms.items()}})
+            print(json.dumps(rows[-1]), flush=True)
+            continue
+        x = torch.randn(tokens, cols, device="cuda", dtype=torch.bfloat16)
+        tiles = kind == "x"
+        fq.TUNED.clear()
+        fq.quantize_act(x, tokens, cols, tokens, t_tiles=tiles)
+        (key,) = fq.TUNED
+        ms, best = fq.TUNED[key]["ms"], fq.TUNED[key]["best"]
+        useful = x.numel() * 4
+        row = {"operand": name, "shape": [tokens, cols], "x_t": "128x128 tiles" if tiles else "1x128 along tokens",
+               "best": list(best), "ms": ms[best], "useful_GBps": useful / ms[best] / 1e6,
+               "moved_GBps": moved_bytes(best, x.numel(), fq) / ms[best] / 1e6,
+               "candidates": {str(s): t for s, t in sorted(ms.items(), key=lambda kv: kv[1])}}
+        if tiles:  # the path before session 26: row groups, then the weight kernel on X (+ its transpose)
+            fq.quantize_act(x, tokens, cols, None)  # tune the rows-only launch first
+            old = cuda_ms(lambda x=x, c=cols: (fq.quantize_act(x, tokens, c, None), fq.quantize_tiles(x, transpose=True)))
+            row.update(old_path_ms=old, speedup_over_old=old / ms[best])
+        rows.append(row)
+        print(json.dumps({k: v for k, v in row.items() if k != "candidates"}), flush=True)
+    return rows
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--models", default="Qwen2.5-7B,Qwen2.5-32B")
+    ap.add_argument("--tokens", type=int, default=16384)
+    ap.add_argument("--out", default="/tmp/fp8_quant_operands")
+    a = ap.parse_args()
+    if not torch.cuda.is_available():
+        raise SystemExit("needs a CUDA device (the launch settings are timed on it)")
+    out = Path(a.out)
+    out.mkdir(parents=True, exist_ok=True)
+    res = {"command": " ".join(sys.argv), "date": datetime.now(UTC).isoformat(timespec="seconds"),
+           "gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "tokens": a.tokens, "models": {}}
+    for model in a.models.split(","):
+        res["models"][model] = bench(model, a.tokens)
+        (out / "fp8_quant_operands.json").write_text(json.dumps(res, indent=1))
+    print("\n| model | operand | X^T | best setting | ms | useful GB/s | moved GB/s | before session 26 ms |")
+    print("|---|---|---|---|---:|---:|---:|---:|")
+    for model, rows in res["models"].items():
+        for r in rows:
+            print(f"| {model} | {r['operand']} | {r.get('x_t', 'W^T tiles')} | {tuple(r['best'])} | {r['ms']:.3f} | "
+                  f"{r['useful_GBps']:.0f} | {r.get('moved_GBps', r['useful_GBps']):.0f} | "
+                  f"{r.get('old_path_ms', float('nan')):.3f} |")
+
+
+if __name__ == "__main__":
+    main()
