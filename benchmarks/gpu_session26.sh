@@ -21,6 +21,10 @@
 #     the 32B and 7B actor updates with 8 micro-batches per optimizer step.
 #   phase d: bash benchmarks/gpu_session26.sh d   (carry .dev/dg.tar.xz; one GPU; ~4 min) -- c's code, one micro-batch
 #     per optimizer step, 32B and 7B width.
+#   phase e: bash benchmarks/gpu_session26.sh e   (carry .dev/dg.tar.xz .whl/bnb-site; one GPU; ~8 min)
+#     After c / d (4-token words won one operand of 24): split settings whose X^T kernel loads its tile through the
+#     transposed view (no tl.trans of its own). GPU tests; each operand's settings timed; the final code's 32B and 7B
+#     actor updates with 8 micro-batches per optimizer step (c's 32B run ran out of its time: 100 s was too little).
 set -u
 PHASE=${1:?phase}
 OUT=${OUT:?}
@@ -60,6 +64,16 @@ d)
     model_step "${M7_S:-100}" p7 --shape Qwen2.5-7B --layers 4 --tokens 16384 --loss rl --profile --iters 3 \
         --arms bf16,bf16+glue,jetrl-xtiles+deepgemm+glue
     ;;
+e)
+    deepgemm
+    export PYTHONPATH=$PYTHONPATH:$PWD/.whl/bnb-site
+    tests 200 tests/kernels/test_fp8_quant_gpu.py tests/quant/test_fp8_linear.py
+    bench 60 quant benchmarks/kernels/fp8_quant_operands.py
+    model_step "${M32A_S:-180}" p32acc8 --shape Qwen2.5-32B --layers 4 --tokens 16384 --loss rl --iters 2 \
+        --accumulate 8 --arms bf16,bf16+glue,jetrl-xtiles+deepgemm+glue
+    model_step "${M7A_S:-100}" p7acc8 --shape Qwen2.5-7B --layers 4 --tokens 16384 --loss rl --iters 2 \
+        --accumulate 8 --arms bf16,bf16+glue,jetrl-xtiles+deepgemm+glue
+    ;;
 *) echo "unknown phase $PHASE"; exit 2 ;;
 esac
 phase_end
@@ -73,3 +87,10 @@ phase_end
 #      (_act_t_kernel 11.66, _act_kernel 7.35, _tile_kernel 3.60 ms over 4 layers). b -- 7B one micro-batch: bf16+glue
 #      40.77, FP8 28.54 (1.43x); 32B 8 micro-batches: 78.88 / 51.72 (1.53x); 7B 8 micro-batches: 39.13 / 27.24 (1.44x).
 #      The one-kernel column-chunk settings won only the 512- / 1024-wide dY operands.
+#   c, d  commit 5d18b59, ~11:05-11:12 UTC, one H200 (c cold, d warm), 389 s + 58 s (budget left 794 s): c -- GPU
+#      tests 35 passed; operands (benchmarks/kernels/fp8_quant_operands.py): X^T tiles from the activation quantizer
+#      0.145 / 0.657 ms (7B X [16k, 3584] / [16k, 18944]) and 0.185 / 0.956 (32B [16k, 5120] / [16k, 27648]) against
+#      0.343 / 0.720 / 0.449 / 1.048 the pre-session-26 way; 4-token-word splits won one operand (32B dY [16k, 5120]);
+#      7B 8 micro-batches 39.06 / 27.21 (1.44x); the 32B 8-micro-batch run was cut at its 100 s (bf16 arms only). d --
+#      one micro-batch a step, profiled: 32B 77.99 / 53.55 ms a layer (1.46x over bf16+glue; quantizers 5.70 ms), 7B
+#      41.44 / 29.33 (1.41x; quantizers 3.91).

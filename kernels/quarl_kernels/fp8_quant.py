@@ -104,15 +104,17 @@ WARPS = 8
 # Entries with six fields (session 26) are one kernel again, its X^T pass walking the tile by [128 tokens, t_chunk
 # columns] chunks -- each transposed row stored as 128 contiguous bytes, as the split kernel's, but the chunk
 # re-read from L2 instead of HBM: on an H200 (session 26) they won only the 512- / 1024-wide operands, by 1-3 %.
-# Five-field entries with pack True (session 26): a split whose X^T kernel stores 4-token words (_t_store). Not yet timed
-# when added. (A [128, 128] chunk at 16 warps was dropped: the sm_90
+# Five-field entries with a third field True (session 26): a split whose X^T kernel stores 4-token words (_t_store): on an
+# H200 they won one operand of the 24 (32B dY [16k, 5120], by 1 %). With a third field 2: X^T's kernel loads its tile
+# through the transposed view and transposes nothing itself (_t_store). Not yet timed when added. (A [128, 128] chunk at 16 warps was dropped: the sm_90
 # SASS check flagged a code store from a register not yet written, the W^T bug's pattern.)
 ACT_SETTINGS = ((SUB, WARPS), (32, 4), (64, 8), (64, 16), (128, 16), (64, 8, True), (32, 4, True),
                 (32, 4, False, 32, 4), (64, 8, False, 32, 4), (32, 4, False, 64, 8), (64, 8, False, 64, 8),
                 (64, 8, False, 128, 8), (32, 4, False, 16, 2), (32, 4, False, 32, 2),
                 (32, 8, False, 0, 0, 32), (32, 4, False, 0, 0, 32), (32, 8, False, 0, 0, 64),
                 (64, 8, False, 0, 0, 64),
-                (32, 4, True, 16, 2), (32, 4, True, 32, 4), (32, 4, True, 64, 8), (64, 8, True, 64, 8))
+                (32, 4, True, 16, 2), (32, 4, True, 32, 4), (32, 4, True, 64, 8), (64, 8, True, 64, 8),
+                (32, 4, 2, 16, 2), (32, 4, 2, 32, 4), (32, 4, 2, 64, 8), (64, 8, 2, 64, 8))
 TILE_SETTINGS = ((SUB, WARPS), (32, 4), (64, 8))
 TUNE_REPS = 3
 TUNE_MIN_ROWS = 1024
@@ -295,13 +297,18 @@ def _act_kernel(
 
 
 @triton.jit
-def _t_load(x_ptr, pid_m, cols, M, K, stride_xm, stride_xk, PACK_T: tl.constexpr):
-    """x's token group ``pid_m`` at ``cols`` [BC], fp32: [128, BC], or with PACK_T [32, 4, BC] (token 4j + t at
-    [j, t]: the layout the packed store wants, built by the load itself rather than by a reshape)."""
-    if PACK_T:
+def _t_load(x_ptr, pid_m, cols, M, K, stride_xm, stride_xk, T_MODE: tl.constexpr):
+    """x's token group ``pid_m`` at ``cols`` [BC], fp32, laid out for X^T's store mode (:func:`_t_store`):
+    0 [128, BC]; 1 [32, 4, BC] (token 4j + t at [j, t]: built by the load itself, not by a reshape); 2 [BC, 128]
+    (loaded through the transposed view: the compiler places the layout change)."""
+    if T_MODE == 1:
         rows = (pid_m * 128 + tl.arange(0, 32) * 4).to(tl.int64)[:, None, None] + tl.arange(0, 4)[None, :, None]
         x = tl.load(x_ptr + rows * stride_xm + cols[None, None, :] * stride_xk,
                     mask=(rows < M) & (cols < K)[None, None, :], other=0.0).to(tl.float32)  # [32, 4, BC]
+    elif T_MODE == 2:
+        rows = (pid_m * 128 + tl.arange(0, 128)).to(tl.int64)
+        x = tl.load(x_ptr + cols[:, None] * stride_xk + rows[None, :] * stride_xm,
+                    mask=(cols < K)[:, None] & (rows < M)[None, :], other=0.0).to(tl.float32)  # [BC, 128]
     else:
         rows = (pid_m * 128 + tl.arange(0, 128)).to(tl.int64)
         x = tl.load(x_ptr + rows[:, None] * stride_xm + cols[None, :] * stride_xk,
@@ -310,29 +317,34 @@ def _t_load(x_ptr, pid_m, cols, M, K, stride_xm, stride_xk, PACK_T: tl.constexpr
 
 
 @triton.jit
-def _t_colmax(x, PACK_T: tl.constexpr):
+def _t_colmax(x, T_MODE: tl.constexpr):
     """|x|'s max over the token group, per column: [BC]."""
-    if PACK_T:
+    if T_MODE == 1:
         m = tl.max(tl.max(tl.abs(x), axis=1), axis=0)
+    elif T_MODE == 2:
+        m = tl.max(tl.abs(x), axis=1)
     else:
         m = tl.max(tl.abs(x), axis=0)
     return m
 
 
 @triton.jit
-def _t_store(qt_ptr, x, sc, pid_m, cols, CQ, RT, stride_qtk, INTERPRET: tl.constexpr, PACK_T: tl.constexpr):
+def _t_store(qt_ptr, x, sc, pid_m, cols, CQ, RT, stride_qtk, INTERPRET: tl.constexpr, T_MODE: tl.constexpr):
     """The codes of x (:func:`_t_load`'s) with column scales ``sc`` [BC], stored transposed: qt[cols, tokens].
-    PACK_T: ``qt_ptr`` is qt's int32 view (``stride_qtk`` in words); the four codes of tokens 4j..4j+3 are shifted into
-    one word (disjoint bytes: the sum is their OR) before the transpose, so it moves [32, BC] words, not [128, BC]
-    bytes."""
-    if PACK_T:
+    Mode 0: ``tl.trans`` of the byte codes. Mode 1: ``qt_ptr`` is qt's int32 view (``stride_qtk`` in words); the four
+    codes of tokens 4j..4j+3 are shifted into one word (disjoint bytes: the sum is their OR) before the transpose, so it
+    moves [32, BC] words, not [128, BC] bytes. Mode 2: x is already [BC, 128]: no transpose here."""
+    rows = (pid_m * 128 + tl.arange(0, 128)).to(tl.int64)
+    if T_MODE == 1:
         c = _codes(x, sc[None, None, :], INTERPRET).to(tl.uint8, bitcast=True).to(tl.int32)  # [32, 4, BC]
         words = tl.sum(c << (tl.arange(0, 4) * 8)[None, :, None], axis=1)  # [32, BC]
         quad = tl.arange(0, 32)
         tl.store(qt_ptr + cols[:, None] * stride_qtk + (pid_m * 32 + quad).to(tl.int64)[None, :], tl.trans(words),
                  mask=(cols < CQ)[:, None] & (pid_m * 128 + quad * 4 < RT)[None, :])
+    elif T_MODE == 2:
+        qc = _codes(x, sc[:, None], INTERPRET)  # [BC, 128]
+        tl.store(qt_ptr + cols[:, None] * stride_qtk + rows[None, :], qc, mask=(cols < CQ)[:, None] & (rows < RT)[None, :])
     else:
-        rows = (pid_m * 128 + tl.arange(0, 128)).to(tl.int64)
         qc = tl.trans(_codes(x, sc[None, :], INTERPRET))  # [BC, 128]
         tl.store(qt_ptr + cols[:, None] * stride_qtk + rows[None, :], qc, mask=(cols < CQ)[:, None] & (rows < RT)[None, :])
 
@@ -342,13 +354,13 @@ def _act_t_kernel(
     x_ptr, qt_ptr, st_ptr,
     M, K, stride_xm, stride_xk, CQ, RT, stride_qtk, stride_stk, stride_stg,
     SCALE_RECIP: tl.constexpr, BLOCK_C: tl.constexpr, INTERPRET: tl.constexpr, TILE: tl.constexpr = False,
-    PACK_T: tl.constexpr = False,
+    T_MODE: tl.constexpr = 0,
 ):
     # X^T alone, one pass: a program loads the [128 tokens, BLOCK_C columns] tile once (no second pass, no
     # row groups), reduces it along the tokens and stores its transposed codes. With the row groups in their
     # own launch (_act_kernel, COLS=False) this reads x twice from HBM instead of once; a "split" launch
     # setting (ACT_SETTINGS) is kept only where the two launches time faster than the dual kernel.
-    # PACK_T (session 26): the transposed codes stored as 32-bit words of four tokens (_t_store)
+    # T_MODE (session 26): how the transposed codes are made (_t_store): 0 bytes, 1 4-token words, 2 transposed load
     pid_m = tl.program_id(0)
     pid_c = tl.program_id(1)
     if TILE:  # X^T in 128x128 tiles: a program per tile (pid_c counts 128 columns), one scale for it, so an
@@ -356,19 +368,19 @@ def _act_t_kernel(
         amax = tl.zeros([BLOCK_C], dtype=tl.float32)
         for j in tl.range(0, 128 // BLOCK_C):
             cols = (pid_c * 128 + j * BLOCK_C + tl.arange(0, BLOCK_C)).to(tl.int64)  # [BC]
-            amax = tl.maximum(amax, _t_colmax(_t_load(x_ptr, pid_m, cols, M, K, stride_xm, stride_xk, PACK_T), PACK_T))
+            amax = tl.maximum(amax, _t_colmax(_t_load(x_ptr, pid_m, cols, M, K, stride_xm, stride_xk, T_MODE), T_MODE))
         s_tile = _scale(tl.max(amax, axis=0), SCALE_RECIP)  # scalar
         sv = tl.zeros([BLOCK_C], dtype=tl.float32) + s_tile  # [BC], every column the tile's scale
         for j in tl.range(0, 128 // BLOCK_C):
             cols = (pid_c * 128 + j * BLOCK_C + tl.arange(0, BLOCK_C)).to(tl.int64)
-            x = _t_load(x_ptr, pid_m, cols, M, K, stride_xm, stride_xk, PACK_T)
-            _t_store(qt_ptr, x, sv, pid_m, cols, CQ, RT, stride_qtk, INTERPRET, PACK_T)
+            x = _t_load(x_ptr, pid_m, cols, M, K, stride_xm, stride_xk, T_MODE)
+            _t_store(qt_ptr, x, sv, pid_m, cols, CQ, RT, stride_qtk, INTERPRET, T_MODE)
         tl.store(st_ptr + pid_c * stride_stk + pid_m * stride_stg, s_tile)
     else:
         cols = (pid_c * BLOCK_C + tl.arange(0, BLOCK_C)).to(tl.int64)  # [BC]
-        x = _t_load(x_ptr, pid_m, cols, M, K, stride_xm, stride_xk, PACK_T)  # [128, BC] or [32, 4, BC]
-        sc = _scale(_t_colmax(x, PACK_T), SCALE_RECIP)  # [BC]
-        _t_store(qt_ptr, x, sc, pid_m, cols, CQ, RT, stride_qtk, INTERPRET, PACK_T)
+        x = _t_load(x_ptr, pid_m, cols, M, K, stride_xm, stride_xk, T_MODE)
+        sc = _scale(_t_colmax(x, T_MODE), SCALE_RECIP)  # [BC]
+        _t_store(qt_ptr, x, sc, pid_m, cols, CQ, RT, stride_qtk, INTERPRET, T_MODE)
         tl.store(st_ptr + cols * stride_stk + pid_m * stride_stg, sc, mask=cols < CQ)
 
 
@@ -418,15 +430,16 @@ def _outer_major(rows: int, groups: int, device) -> torch.Tensor:
 
 def parse_setting(setting: tuple) -> tuple[int, int, bool, tuple[int, int] | None, int]:
     """An :data:`ACT_SETTINGS` entry -> (sub, warps, pack, split or None, t_chunk): entries are ``(sub, warps)``,
-    ``(sub, warps, pack)``, ``(sub, warps, pack, t_cols, t_warps)`` (split; pack: X^T's kernel stores 4-token
-    words) or ``(sub, warps, False, 0, 0, t_chunk)`` (one kernel, X^T's pass by column chunks)."""
+    ``(sub, warps, pack)``, ``(sub, warps, mode, t_cols, t_warps)`` (split; mode: how X^T's kernel transposes, 0 /
+    False bytes, 1 / True 4-token words, 2 a transposed load) or ``(sub, warps, False, 0, 0, t_chunk)`` (one kernel,
+    X^T's pass by column chunks). ``pack`` is returned as that int."""
     sub, warps, pack, t_cols, t_warps, t_chunk = (*setting, False, 0, 0, 0)[:6]
-    return sub, warps, bool(pack), ((t_cols, t_warps) if t_cols else None), t_chunk
+    return sub, warps, int(pack), ((t_cols, t_warps) if t_cols else None), t_chunk
 
 
 def quantize_act(x: torch.Tensor, rows: int | None = None, cols: int | None = None, t_rows: int | None = None,
                  *, row_groups: bool = True, t_tiles: bool = False, sub: int | None = None, warps: int | None = None,
-                 pack: bool = False, split: tuple[int, int] | None = None, t_chunk: int = 0):
+                 pack: bool | int = False, split: tuple[int, int] | None = None, t_chunk: int = 0):
     """``x`` [M, K] (bf16 / fp16 / fp32, any strides) -> ``(q, s, qt, st)`` in one pass.
 
     * ``row_groups``: ``q`` [rows, cols] E4M3 row-major (1x128 groups along K) and ``s`` [rows, cols/128]
@@ -502,13 +515,14 @@ def _act_launch(x, q, s, qt, st, rows: int, cols: int, t_rows: int | None, sub: 
     # t_cols > 0 (a split setting, with X^T wanted): the row groups alone, then X^T by _act_t_kernel.
     # t_chunk > 0: one kernel, X^T's pass by [128, t_chunk] column chunks. t_tiles: X^T in 128x128 tiles
     m, k = x.shape
-    if t_cols and qt is not None:  # pack: X^T's kernel stores 4-token words (its qt pointer the int32 view)
-        tq = qt.view(torch.int32) if pack else qt
+    if t_cols and qt is not None:  # pack: X^T's kernel's T_MODE (1: 4-token words through qt's int32 view;
+        # 2: the transposed load)
+        tq = qt.view(torch.int32) if int(pack) == 1 else qt
         t_launch = Launch(
             _act_t_kernel, (t_rows // GROUP, cols // GROUP if t_tiles else triton.cdiv(cols, t_cols)),
             (x, tq, st, m, k, x.stride(0), x.stride(1), cols, t_rows, tq.stride(0), st.stride(0), st.stride(1)),
             {"SCALE_RECIP": x.is_cuda, "BLOCK_C": t_cols, "INTERPRET": _interpreting(), "TILE": t_tiles,
-             "PACK_T": bool(pack)},
+             "T_MODE": int(pack)},
             t_warps or warps)
         if q is None:
             return (t_launch,)
