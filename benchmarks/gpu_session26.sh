@@ -92,5 +92,5 @@ phase_end
 #      0.145 / 0.657 ms (7B X [16k, 3584] / [16k, 18944]) and 0.185 / 0.956 (32B [16k, 5120] / [16k, 27648]) against
 #      0.343 / 0.720 / 0.449 / 1.048 the pre-session-26 way; 4-token-word splits won one operand (32B dY [16k, 5120]);
 #      7B 8 micro-batches 39.06 / 27.21 (1.44x); the 32B 8-micro-batch run was cut at its 100 s (bf16 arms only). d --
-#      one micro-batch a step, profiled: 32B 77.99 / 53.55 ms a layer (1.46x over bf16+glue; quantizers 5.70 ms), 7B
-#      41.44 / 29.33 (1.41x; quantizers 3.91).
+#      one micro-batch a step, profiled: 32B 81.56 / 54.61 ms a layer (1.49x over bf16+glue; quantizers 5.70 ms of
+#      it by the profile), 7B 41.44 / 29.50 (1.40x; quantizers 3.91).
