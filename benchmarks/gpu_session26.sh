@@ -94,3 +94,8 @@ phase_end
 #      7B 8 micro-batches 39.06 / 27.21 (1.44x); the 32B 8-micro-batch run was cut at its 100 s (bf16 arms only). d --
 #      one micro-batch a step, profiled: 32B 81.56 / 54.61 ms a layer (1.49x over bf16+glue; quantizers 5.70 ms of
 #      it by the profile), 7B 41.44 / 29.50 (1.40x; quantizers 3.91).
+#   e  commit 775f987, ~11:17-11:25 UTC, one H200 (cold), 454 s (budget left 303 s: too little for another cold start
+#      with DeepGEMM's build): GPU tests 35 passed; operands: the transposed-load splits won 4 of 12 (by 0.3-7 %); the
+#      old X^T-tiles path 0.172 / 0.721 (7B) and 0.205 / 1.047 (32B) ms against 0.135 / 0.657 and 0.185 / 0.956 now
+#      (phase c's 0.343 / 0.449 for the hidden-width old path did not repeat); 32B 8 micro-batches: bf16+glue 79.34,
+#      FP8 52.27 ms a layer (1.52x); 7B 8 micro-batches: 39.37 / 27.73 (1.42x).
