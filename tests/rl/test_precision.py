@@ -125,6 +125,27 @@ def test_jetrl_full_parameter_trains_master_weights(tmp_path):
     assert tr.policy_report["format"] == "fp8-block (qat)" and rows[-1]["grad_norm"] > 0
 
 
+def test_jetrl_full_parameter_forward_follows_a_fused_optimizer(tmp_path, monkeypatch):
+    """torch's fused AdamW -- like bitsandbytes' 8-bit AdamW, the stage's default optimizer on CUDA -- writes the master
+    weights without moving their version counter; the FP8 tiles the policy runs on after training must still be those
+    of its current weights (session 26: they were the first step's)."""
+    import quarl.rl.trainer as trainer_mod
+    from quarl.quant.fp8_linear import _master_tiles, quantize_weight_padded
+
+    def fused(params, cfg, device):
+        return torch.optim.AdamW(params, lr=cfg.lr, betas=tuple(cfg.betas), weight_decay=cfg.weight_decay,
+                                 fused=True), "adamw"
+
+    monkeypatch.setattr(trainer_mod, "make_optimizer", fused)
+    tr, _ = _run(tmp_path, "precision.mode=jetrl", "policy.mode=full", "train.steps=3", "optim.lr=1e-2")
+    qls = [m for m in tr.model.modules() if isinstance(m, QuantLinear)]
+    assert qls and all(getattr(m.weight, "_quarl_fp8", None) is not None for m in qls)  # the FP8 flow ran on them
+    for m in qls:
+        q, s = _master_tiles(m.weight)
+        rq, rs = quantize_weight_padded(m.weight.detach().clone())
+        assert torch.equal(q.view(torch.uint8), rq.view(torch.uint8)) and torch.equal(s, rs)
+
+
 def test_fp8_wgrad_tiles_reaches_the_master_weights(tmp_path):
     """``precision.fp8_wgrad=tiles`` (full-parameter jetrl) is written into the recipe and every QuantLinear's
     FP8 linear; it is refused where there is no FP8 weight gradient."""
