@@ -25,6 +25,12 @@
 #     After c / d (4-token words won one operand of 24): split settings whose X^T kernel loads its tile through the
 #     transposed view (no tl.trans of its own). GPU tests; each operand's settings timed; the final code's 32B and 7B
 #     actor updates with 8 micro-batches per optimizer step (c's 32B run ran out of its time: 100 s was too little).
+#   phase f: bash benchmarks/gpu_session26.sh f   (no carry; one GPU; ~3 min: the budget's last 300 s)
+#     After e (the wide operands still take split settings, two reads): the Gluon one-read kernel
+#     (quarl_kernels/fp8_quant_gluon.py, candidates ("gluon", 8 | 16)) -- every setting's bits on the GPU, then each
+#     operand's settings timed. No DeepGEMM, so no actor-update step: that is phase g, for the next session.
+#   phase g (prepared, not run this session): bash benchmarks/gpu_session26.sh g   (carry .dev/dg.tar.xz; ~6 min)
+#     -- the 32B and 7B actor updates with 8 micro-batches per optimizer step, and 32B with one, on the code after f.
 set -u
 PHASE=${1:?phase}
 OUT=${OUT:?}
@@ -73,6 +79,19 @@ e)
         --accumulate 8 --arms bf16,bf16+glue,jetrl-xtiles+deepgemm+glue
     model_step "${M7A_S:-100}" p7acc8 --shape Qwen2.5-7B --layers 4 --tokens 16384 --loss rl --iters 2 \
         --accumulate 8 --arms bf16,bf16+glue,jetrl-xtiles+deepgemm+glue
+    ;;
+f)
+    tests 170 tests/kernels/test_fp8_quant_gpu.py -k "every_launch_setting or act_quantizer_equals_eager"
+    bench 60 quant benchmarks/kernels/fp8_quant_operands.py
+    ;;
+g)
+    deepgemm
+    model_step "${M32A_S:-180}" p32acc8 --shape Qwen2.5-32B --layers 4 --tokens 16384 --loss rl --iters 2 \
+        --accumulate 8 --arms bf16,bf16+glue,jetrl-xtiles+deepgemm+glue
+    model_step "${M7A_S:-100}" p7acc8 --shape Qwen2.5-7B --layers 4 --tokens 16384 --loss rl --iters 2 \
+        --accumulate 8 --arms bf16,bf16+glue,jetrl-xtiles+deepgemm+glue
+    model_step "${M32_S:-110}" p32 --shape Qwen2.5-32B --layers 4 --tokens 16384 --loss rl --profile --iters 3 \
+        --arms bf16,bf16+glue,jetrl-xtiles+deepgemm+glue
     ;;
 *) echo "unknown phase $PHASE"; exit 2 ;;
 esac
