@@ -26,9 +26,10 @@
 #     transposed view (no tl.trans of its own). GPU tests; each operand's settings timed; the final code's 32B and 7B
 #     actor updates with 8 micro-batches per optimizer step (c's 32B run ran out of its time: 100 s was too little).
 #   phase f: bash benchmarks/gpu_session26.sh f   (no carry; one GPU; ~3 min: the budget's last 300 s)
-#     After e (the wide operands still take split settings, two reads): the Gluon one-read kernel
-#     (quarl_kernels/fp8_quant_gluon.py, candidates ("gluon", 8 | 16)) -- every setting's bits on the GPU, then each
-#     operand's settings timed. No DeepGEMM, so no actor-update step: that is phase g, for the next session.
+#     After e (the wide operands still take split settings, two reads): the Gluon one-read kernel (at 3a3911c in
+#     kernels/quarl_kernels/fp8_quant_gluon.py, candidates ("gluon", 8 | 16); after f moved to benchmarks/kernels/ and
+#     no longer a candidate) -- every setting's bits on the GPU, then each operand's settings timed. No DeepGEMM, so no
+#     actor-update step: that is phase g, for the next session.
 #   phase g (prepared, not run this session): bash benchmarks/gpu_session26.sh g   (carry .dev/dg.tar.xz; ~6 min)
 #     -- the 32B and 7B actor updates with 8 micro-batches per optimizer step, and 32B with one, on the code after f.
 set -u
@@ -118,3 +119,8 @@ phase_end
 #      old X^T-tiles path 0.172 / 0.721 (7B) and 0.205 / 1.047 (32B) ms against 0.135 / 0.657 and 0.185 / 0.956 now
 #      (phase c's 0.343 / 0.449 for the hidden-width old path did not repeat); 32B 8 micro-batches: bf16+glue 79.34,
 #      FP8 52.27 ms a layer (1.52x); 7B 8 micro-batches: 39.37 / 27.73 (1.42x).
+#   f  commit 3a3911c, ~11:38 UTC, one H200 (cold), 72 s (budget left 195 s: the session's device time is spent): the
+#      settings' GPU test 7 passed (the Gluon kernel's bits equal to eager, 1x128 and tiles); the Gluon kernel lost
+#      every operand, at about half the split settings' speed (32B dY [16k, 27648] 1.81 / 1.85 ms at 16 / 8 warps
+#      against 0.856; 32B X [16k, 27648] tiles 1.96 against 0.957; 7B dY [16k, 512] 0.050 against 0.049): moved to
+#      benchmarks/kernels/fp8_quant_gluon.py, not a candidate. Phase g not run.

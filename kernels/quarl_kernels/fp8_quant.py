@@ -109,18 +109,16 @@ WARPS = 8
 # Five-field entries with a third field True (session 26): a split whose X^T kernel stores 4-token words (_t_store): on an
 # H200 they won one operand of the 24 (32B dY [16k, 5120], by 1 %). With a third field 2: X^T's kernel loads its tile
 # through the transposed view and transposes nothing itself (_t_store): won 4 of 12 operands on an H200, by 0.3-7 %.
-# ("gluon", warps): fp8_quant_gluon's kernel, one read and no transpose at all (the layout chosen by hand: a thread
-# holds four consecutive tokens of its columns, i.e. X^T's 32-bit words); CUDA, X^T wanted, unit column stride (a
-# candidate whose launch raises is skipped by the run-time choice). Not yet timed when added.
-GLUON = "gluon"
+# A one-read kernel in Gluon with no transpose at all (benchmarks/kernels/fp8_quant_gluon.py: a thread holds four
+# consecutive tokens of its columns, X^T's 32-bit words) gave the same bits on an H200 but ran at half the split
+# settings' speed (one 128x128 tile in flight per SM at its register count; RESULTS.md "Session 26"): not a candidate.
 ACT_SETTINGS = ((SUB, WARPS), (32, 4), (64, 8), (64, 16), (128, 16), (64, 8, True), (32, 4, True),
                 (32, 4, False, 32, 4), (64, 8, False, 32, 4), (32, 4, False, 64, 8), (64, 8, False, 64, 8),
                 (64, 8, False, 128, 8), (32, 4, False, 16, 2), (32, 4, False, 32, 2),
                 (32, 8, False, 0, 0, 32), (32, 4, False, 0, 0, 32), (32, 8, False, 0, 0, 64),
                 (64, 8, False, 0, 0, 64),
                 (32, 4, True, 16, 2), (32, 4, True, 32, 4), (32, 4, True, 64, 8), (64, 8, True, 64, 8),
-                (32, 4, 2, 16, 2), (32, 4, 2, 32, 4), (32, 4, 2, 64, 8), (64, 8, 2, 64, 8),
-                (GLUON, 8), (GLUON, 16))
+                (32, 4, 2, 16, 2), (32, 4, 2, 32, 4), (32, 4, 2, 64, 8), (64, 8, 2, 64, 8))
 TILE_SETTINGS = ((SUB, WARPS), (32, 4), (64, 8))
 TUNE_REPS = 3
 TUNE_MIN_ROWS = 1024
@@ -434,18 +432,11 @@ def _outer_major(rows: int, groups: int, device) -> torch.Tensor:
     return torch.empty(groups, rows, device=device, dtype=torch.float32).t()
 
 
-def rows_only(setting: tuple) -> bool:
-    """Whether an :data:`ACT_SETTINGS` entry is a candidate without X^T (the row groups alone)."""
-    return len(setting) == 2 and setting[0] != GLUON
-
-
 def parse_setting(setting: tuple) -> tuple[int, int, bool, tuple[int, int] | None, int]:
     """An :data:`ACT_SETTINGS` entry -> (sub, warps, pack, split or None, t_chunk): entries are ``(sub, warps)``,
     ``(sub, warps, pack)``, ``(sub, warps, mode, t_cols, t_warps)`` (split; mode: how X^T's kernel transposes, 0 /
     False bytes, 1 / True 4-token words, 2 a transposed load) or ``(sub, warps, False, 0, 0, t_chunk)`` (one kernel,
     X^T's pass by column chunks). ``pack`` is returned as that int."""
-    if setting[0] == GLUON:  # ("gluon", warps): fp8_quant_gluon's one-read kernel
-        return GLUON, setting[1], 0, None, 0
     sub, warps, pack, t_cols, t_warps, t_chunk = (*setting, False, 0, 0, 0)[:6]
     return sub, warps, int(pack), ((t_cols, t_warps) if t_cols else None), t_chunk
 
@@ -493,7 +484,7 @@ def quantize_act(x: torch.Tensor, rows: int | None = None, cols: int | None = No
         if extent >= TUNE_MIN_ROWS and x.is_cuda:
             key = ("act", q is not None, t_rows is not None, x.dtype, triton.next_power_of_2(extent), cols,
                    x.stride(1) == 1) + (("tiles",) if t_tiles else ())
-            cands = ACT_SETTINGS if t_rows is not None else tuple(st for st in ACT_SETTINGS if rows_only(st))
+            cands = ACT_SETTINGS if t_rows is not None else tuple(st for st in ACT_SETTINGS if len(st) == 2)
             setting = _setting(key, cands, x, lambda *c: _act_launch(x, q, s, qt, st, rows, cols, t_rows,
                                                                      *_flat(parse_setting(c)), t_tiles=t_tiles))
         sub, warps, pack, split, t_chunk = parse_setting(setting)
@@ -528,13 +519,6 @@ def _act_launch(x, q, s, qt, st, rows: int, cols: int, t_rows: int | None, sub: 
     # t_cols > 0 (a split setting, with X^T wanted): the row groups alone, then X^T by _act_t_kernel.
     # t_chunk > 0: one kernel, X^T's pass by [128, t_chunk] column chunks. t_tiles: X^T in 128x128 tiles
     m, k = x.shape
-    if sub == GLUON:  # the Gluon one-read kernel (fp8_quant_gluon): both groupings, X^T wanted, unit column stride
-        if qt is None or not x.is_cuda or _interpreting() or (q is not None and rows > t_rows):
-            raise ValueError("the Gluon dual quantizer needs X^T, a CUDA tensor and rows <= t_rows")
-        from quarl_kernels import fp8_quant_gluon
-
-        grid, args, const = fp8_quant_gluon.launch_args(x, q, s, qt, st, rows, cols, t_rows, t_tiles)
-        return Launch(fp8_quant_gluon._dual_kernel, grid, args, {**const, "CPT": 128 // warps}, warps)
     if t_cols and qt is not None:  # pack: X^T's kernel's T_MODE (1: 4-token words through qt's int32 view;
         # 2: the transposed load)
         tq = qt.view(torch.int32) if int(pack) == 1 else qt

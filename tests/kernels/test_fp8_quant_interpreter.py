@@ -155,8 +155,6 @@ SCRIPT = textwrap.dedent("""
     ref = fq.quantize_act(x, 300, 640, 384, sub=fq.SUB, warps=fq.WARPS)
     ref_t = fq.quantize_act(x, 300, 640, 384, t_tiles=True, sub=fq.SUB, warps=fq.WARPS)
     for setting in fq.ACT_SETTINGS:
-        if setting[0] == fq.GLUON:  # Gluon does not run in the interpreter: built for sm_90 below, bits on the GPU
-            continue
         sub, warps, pack, split, t_chunk = fq.parse_setting(setting)
         kw = dict(sub=sub, warps=warps, pack=pack, split=split, t_chunk=t_chunk)
         got = fq.quantize_act(x, 300, 640, 384, **kw)
@@ -204,10 +202,9 @@ ACT_SETTINGS = ((32, 8), (32, 4), (64, 8), (64, 16), (128, 16), (64, 8, True), (
                 (32, 8, False, 0, 0, 32), (32, 4, False, 0, 0, 32), (32, 8, False, 0, 0, 64),
                 (64, 8, False, 0, 0, 64),
                 (32, 4, True, 16, 2), (32, 4, True, 32, 4), (32, 4, True, 64, 8), (64, 8, True, 64, 8),
-                (32, 4, 2, 16, 2), (32, 4, 2, 32, 4), (32, 4, 2, 64, 8), (64, 8, 2, 64, 8),
-                ("gluon", 8), ("gluon", 16))
+                (32, 4, 2, 16, 2), (32, 4, 2, 32, 4), (32, 4, 2, 64, 8), (64, 8, 2, 64, 8))
 TILE_SETTINGS = ((32, 8), (32, 4), (64, 8))
-for _st in (st for st in ACT_SETTINGS[1:] if st[0] != "gluon"):  # the Gluon kernel: test_gluon_dual_builds_for_sm90
+for _st in ACT_SETTINGS[1:]:
     LAUNCHES[f"act bf16 8192x3584 K+T {_st}"] = ("act", "bfloat16", (8192, 3584), True, _st)
     LAUNCHES[f"act fp32 300x640 K+T {_st}"] = ("act", "float32", (300, 640), True, _st)
     if len(_st) == 2:  # X^T packing or splitting changes nothing without X^T
@@ -243,32 +240,6 @@ def _compiled(name: str):
     return [compile_launch(one, SCALE_RECIP=True, INTERPRET=False) for one in launches]  # a split setting: two
 
 
-
-
-@needs_triton
-@pytest.mark.parametrize("tiles", [False, True], ids=["1x128", "tiles"])
-@pytest.mark.parametrize("rows", [True, False], ids=["rows", "t-only"])
-@pytest.mark.parametrize("warps", [8, 16])
-def test_gluon_dual_builds_for_sm90(tiles, rows, warps):
-    """The Gluon one-read kernel (``fp8_quant_gluon``, candidates ``("gluon", warps)``) builds for sm_90 without
-    spills, with exact division, the saturating RNE cast and 16-byte loads (its bits are checked on the GPU:
-    tests/kernels/test_fp8_quant_gpu.py iterates every launch setting)."""
-    pytest.importorskip("triton.experimental.gluon")
-    import sys
-
-    from quarl_kernels import fp8_quant_gluon
-
-    sys.path.insert(0, str(ROOT / "benchmarks" / "kernels"))
-    try:
-        import compile_report as cr
-    finally:
-        sys.path.pop(0)
-    k = fp8_quant_gluon.compile_sm90(tiles=tiles, rows=rows, warps=warps)
-    r = cr.report(k, "_dual_kernel", None)
-    assert r["stack"] == 0, f"ptxas spilled ({r['regs']} registers)"
-    ptx = k.asm["ptx"]
-    assert "div.rn.f32" in ptx and "div.full" not in ptx and "cvt.rn.satfinite.e4m3x2.f32" in ptx
-    assert "ld.global.v4.b32" in ptx  # each thread's columns of a token as one 16-byte load
 
 
 @needs_triton

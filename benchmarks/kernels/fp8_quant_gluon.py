@@ -17,11 +17,17 @@ transpose is needed at all:
   store is a word per (thread, column), and the 32 lanes of a warp write a column's 128 tokens as 128 contiguous
   bytes.
 
-Numerics are ``fp8_quant``'s, bit for bit (tested on the GPU over the same operands): scale = amax * fp32(1/448)
-(CUDA PyTorch's division by 448), eps for an all-zero group, codes = div_rn(x, scale) clamped to +-448 and cast RNE
-with saturation. Gluon kernels do not run in Triton's CPU interpreter, so CPU tests only build it for sm_90
-(registers, spills); ``fp8_quant`` offers it as a launch candidate (``("gluon", warps)``) where the input's columns
-are contiguous, and the run-time choice keeps it only where it times fastest.
+Numerics are ``fp8_quant``'s, bit for bit: scale = amax * fp32(1/448) (CUDA PyTorch's division by 448), eps for an
+all-zero group, codes = div_rn(x, scale) clamped to +-448 and cast RNE with saturation.
+
+**Measured and not kept** (session 26, H200, commit 3a3911c, where it was wired into ``fp8_quant``'s launch
+candidates as ``("gluon", 8 | 16)``): the same bits as the eager quantizers on every tested operand
+(``tests/kernels/test_fp8_quant_gpu.py``), but half the speed of the split settings on every wide operand (32B dY
+[16384, 27648]: 1.81 ms against 0.86; ~1 TB/s of useful bytes). At 8 warps it needs 168-195 registers a thread, at
+16 warps 96-111: one CTA, i.e. one 128x128 tile, in flight per SM, and nothing else to hide the load latency behind.
+A next version would keep several tiles in flight (a persistent program loading tile i+1 before storing tile i, or
+a TMA ring) -- RESULTS.md "Session 26". Gluon kernels do not run in Triton's CPU interpreter; the CPU test only
+builds it for sm_90 (``tests/kernels/test_fp8_quant_gluon_compile.py``).
 """
 
 from __future__ import annotations
