@@ -37,49 +37,46 @@ PHASE=${1:?phase}
 OUT=${OUT:?}
 source benchmarks/gpu_phase_lib.sh
 
+ARMS=bf16,bf16+glue,jetrl-xtiles+deepgemm+glue
+update() {  # SECONDS TAG SHAPE [ARGS...]: the actor update at 16k tokens, 4 layers, BF16 / BF16 + glue / FP8 (X^T tiles,
+    # DeepGEMM, glue) -> $OUT/model/TAG
+    local s=$1 tag=$2 shape=$3; shift 3
+    model_step "$s" "$tag" --shape "$shape" --layers 4 --tokens 16384 --loss rl --arms "$ARMS" "$@"
+}
+
+quantizers_then_updates() {  # BENCH_S UPDATE32_S UPDATE7_S: the quantizers' GPU tests (bitsandbytes on the path) and
+    # each operand's settings timed, then the 32B and 7B updates with 8 micro-batches per optimizer step
+    deepgemm
+    export PYTHONPATH=$PYTHONPATH:$PWD/.whl/bnb-site
+    tests 200 tests/kernels/test_fp8_quant_gpu.py tests/quant/test_fp8_linear.py
+    bench "$1" quant benchmarks/kernels/fp8_quant_operands.py
+    update "${M32A_S:-$2}" p32acc8 Qwen2.5-32B --iters 2 --accumulate 8
+    update "${M7A_S:-$3}" p7acc8 Qwen2.5-7B --iters 2 --accumulate 8
+}
+
 case $PHASE in
 a)
     deepgemm
     export PYTHONPATH=$PYTHONPATH:$PWD/.whl/bnb-site
     tests 150 tests/kernels/test_fp8_quant_gpu.py tests/quant/test_fp8_linear.py
-    model_step "${M32_S:-300}" p32 --shape Qwen2.5-32B --layers 4 --tokens 16384 --loss rl --profile --iters 3 \
-        --arms bf16,bf16+glue,jetrl-xtiles+deepgemm+glue
+    update "${M32_S:-300}" p32 Qwen2.5-32B --profile --iters 3
     ;;
 b)
     deepgemm
-    model_step "${M7_S:-150}" p7 --shape Qwen2.5-7B --layers 4 --tokens 16384 --loss rl --profile --iters 3 \
-        --arms bf16,bf16+glue,jetrl-xtiles+deepgemm+glue
-    model_step "${M32A_S:-220}" p32acc8 --shape Qwen2.5-32B --layers 4 --tokens 16384 --loss rl --iters 2 \
-        --accumulate 8 --arms bf16,bf16+glue,jetrl-xtiles+deepgemm+glue
-    model_step "${M7A_S:-150}" p7acc8 --shape Qwen2.5-7B --layers 4 --tokens 16384 --loss rl --iters 2 \
-        --accumulate 8 --arms bf16,bf16+glue,jetrl-xtiles+deepgemm+glue
+    update "${M7_S:-150}" p7 Qwen2.5-7B --profile --iters 3
+    update "${M32A_S:-220}" p32acc8 Qwen2.5-32B --iters 2 --accumulate 8
+    update "${M7A_S:-150}" p7acc8 Qwen2.5-7B --iters 2 --accumulate 8
     ;;
 c)
-    deepgemm
-    export PYTHONPATH=$PYTHONPATH:$PWD/.whl/bnb-site
-    tests 200 tests/kernels/test_fp8_quant_gpu.py tests/quant/test_fp8_linear.py
-    bench 100 quant benchmarks/kernels/fp8_quant_operands.py
-    model_step "${M32A_S:-100}" p32acc8 --shape Qwen2.5-32B --layers 4 --tokens 16384 --loss rl --iters 2 \
-        --accumulate 8 --arms bf16,bf16+glue,jetrl-xtiles+deepgemm+glue
-    model_step "${M7A_S:-80}" p7acc8 --shape Qwen2.5-7B --layers 4 --tokens 16384 --loss rl --iters 2 \
-        --accumulate 8 --arms bf16,bf16+glue,jetrl-xtiles+deepgemm+glue
+    quantizers_then_updates 100 100 80
     ;;
 d)
     deepgemm
-    model_step "${M32_S:-150}" p32 --shape Qwen2.5-32B --layers 4 --tokens 16384 --loss rl --profile --iters 3 \
-        --arms bf16,bf16+glue,jetrl-xtiles+deepgemm+glue
-    model_step "${M7_S:-100}" p7 --shape Qwen2.5-7B --layers 4 --tokens 16384 --loss rl --profile --iters 3 \
-        --arms bf16,bf16+glue,jetrl-xtiles+deepgemm+glue
+    update "${M32_S:-150}" p32 Qwen2.5-32B --profile --iters 3
+    update "${M7_S:-100}" p7 Qwen2.5-7B --profile --iters 3
     ;;
 e)
-    deepgemm
-    export PYTHONPATH=$PYTHONPATH:$PWD/.whl/bnb-site
-    tests 200 tests/kernels/test_fp8_quant_gpu.py tests/quant/test_fp8_linear.py
-    bench 60 quant benchmarks/kernels/fp8_quant_operands.py
-    model_step "${M32A_S:-180}" p32acc8 --shape Qwen2.5-32B --layers 4 --tokens 16384 --loss rl --iters 2 \
-        --accumulate 8 --arms bf16,bf16+glue,jetrl-xtiles+deepgemm+glue
-    model_step "${M7A_S:-100}" p7acc8 --shape Qwen2.5-7B --layers 4 --tokens 16384 --loss rl --iters 2 \
-        --accumulate 8 --arms bf16,bf16+glue,jetrl-xtiles+deepgemm+glue
+    quantizers_then_updates 60 180 100
     ;;
 f)
     tests 170 tests/kernels/test_fp8_quant_gpu.py -k "every_launch_setting or act_quantizer_equals_eager"
@@ -87,12 +84,9 @@ f)
     ;;
 g)
     deepgemm
-    model_step "${M32A_S:-180}" p32acc8 --shape Qwen2.5-32B --layers 4 --tokens 16384 --loss rl --iters 2 \
-        --accumulate 8 --arms bf16,bf16+glue,jetrl-xtiles+deepgemm+glue
-    model_step "${M7A_S:-100}" p7acc8 --shape Qwen2.5-7B --layers 4 --tokens 16384 --loss rl --iters 2 \
-        --accumulate 8 --arms bf16,bf16+glue,jetrl-xtiles+deepgemm+glue
-    model_step "${M32_S:-110}" p32 --shape Qwen2.5-32B --layers 4 --tokens 16384 --loss rl --profile --iters 3 \
-        --arms bf16,bf16+glue,jetrl-xtiles+deepgemm+glue
+    update "${M32A_S:-180}" p32acc8 Qwen2.5-32B --iters 2 --accumulate 8
+    update "${M7A_S:-100}" p7acc8 Qwen2.5-7B --iters 2 --accumulate 8
+    update "${M32_S:-110}" p32 Qwen2.5-32B --profile --iters 3
     ;;
 *) echo "unknown phase $PHASE"; exit 2 ;;
 esac
