@@ -85,6 +85,7 @@ from quarl.engine.model import DecoderRunner, DecodeState
 from quarl.engine.rollout import DEFAULT_MAX_NUM_BATCHED_TOKENS, Rollout, SamplingParams, left_pad
 from quarl.engine.sampling import check_generator, sample
 from quarl.quant import packed_layout
+from quarl.quant.fp8_linear import refresh_master_tiles
 
 COMPACT_ENV = "QUARL_ENGINE_COMPACT"
 SHARE_PREFILL_ENV = "QUARL_ENGINE_SHARE_PREFILL"
@@ -208,6 +209,8 @@ class FastGenerator:
         try:
             with _eval_mode(self.model):
                 self.runner.prepare_lora()  # this rollout's adapter weights (quarl.engine.lora)
+                # full-parameter FP8 (precision.mode=jetrl): master weights' tiles current before any graph replays them
+                refresh_master_tiles(self.model)
                 parts = [
                     self._generate_batch([rows[i] for i in order[s : s + bs]], params, generator)
                     for s in range(0, len(rows), bs)

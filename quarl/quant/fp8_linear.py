@@ -554,6 +554,22 @@ def _master_tiles(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return qp, s
 
 
+def refresh_master_tiles(module: torch.nn.Module) -> int:
+    """Re-quantize, in place, the FP8 tiles of every master weight of ``module`` whose weight changed since they were
+    made (an optimizer step, an in-place write); returns how many. A CUDA graph captured on the tiles (the fast
+    engine's decode step) reads them by address without running :func:`fp8_linear`, so the engine calls this before
+    each rollout: the graphs then never replay the weights of an earlier optimizer step, and a re-capture never
+    records the quantization itself. Weights never run through the FP8 linear have no tiles and are skipped."""
+    n = 0
+    with torch.no_grad():
+        for p in module.parameters():
+            hit = getattr(p, "_quarl_fp8", None)
+            if hit is not None and hit[0] != (p._version, _OPTIMIZER_STEPS[0]):
+                _master_tiles(p)
+                n += 1
+    return n
+
+
 def _frozen_tiles(qt: QTensor) -> tuple[torch.Tensor, torch.Tensor]:
     q, s = qt.tensors["weight"], qt.tensors["weight_scale"]
     hit = getattr(q, "_quarl_fp8", None)
@@ -603,5 +619,6 @@ __all__ = [
     "gemm_backend",
     "quantize_input",
     "quantize_weight_128x128",
+    "refresh_master_tiles",
     "weights_changed",
 ]

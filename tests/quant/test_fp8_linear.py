@@ -200,6 +200,29 @@ def test_weight_is_requantized_after_a_bitsandbytes_step():
     assert torch.equal(fp8_linear(x, w), fp8_linear(x, w.detach().clone()))
 
 
+def test_refresh_master_tiles_updates_in_place_what_changed():
+    """The engine calls refresh_master_tiles before a rollout: stale tiles are re-quantized into the same storage
+    (a captured CUDA graph reads them by address), fresh ones and weights without tiles are left alone."""
+    from quarl.quant.fp8_linear import _master_tiles, refresh_master_tiles
+
+    torch.manual_seed(0)
+    mod = torch.nn.Module()
+    mod.a = torch.nn.Parameter(torch.randn(256, 256))
+    mod.b = torch.nn.Parameter(torch.randn(128, 128))  # never through the FP8 linear: no tiles
+    fp8_linear(torch.randn(4, 256), mod.a)
+    q0, s0 = mod.a._quarl_fp8[1], mod.a._quarl_fp8[2]
+    addr = (q0.data_ptr(), s0.data_ptr())
+    assert refresh_master_tiles(mod) == 0  # fresh
+    mod.a.grad = torch.randn_like(mod.a)
+    torch.optim.AdamW([mod.a], lr=0.5, fused=True).step()  # moves no version counter
+    assert refresh_master_tiles(mod) == 1 and not hasattr(mod.b, "_quarl_fp8")
+    q, s = _master_tiles(mod.a)  # a cache hit now
+    rq, rs = quantize_weight_padded(mod.a.detach().clone())
+    assert torch.equal(q.view(torch.uint8), rq.view(torch.uint8)) and torch.equal(s, rs)
+    assert (q.data_ptr(), s.data_ptr()) == addr
+    assert refresh_master_tiles(mod) == 0
+
+
 def test_weights_changed_marks_tiles_stale():
     from quarl.quant.fp8_linear import weights_changed
 
