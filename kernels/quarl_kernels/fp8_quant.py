@@ -103,22 +103,21 @@ WARPS = 8
 # the last two (16 and 32 columns at 2 warps: more, smaller programs) were added after that run, not yet timed.
 # Entries with six fields (session 26) are one kernel again, its X^T pass walking the tile by [128 tokens, t_chunk
 # columns] chunks -- each transposed row stored as 128 contiguous bytes, as the split kernel's, but the chunk
-# re-read from L2 instead of HBM: on an H200 (session 26) they won only the 512- / 1024-wide operands, by 1-3 %.
-# (A [128, 128] chunk at 16 warps was dropped: the sm_90 SASS check flagged a code store from a register not yet
-# written, the W^T bug's pattern.)
-# Five-field entries with a third field True (session 26): a split whose X^T kernel stores 4-token words (_t_store): on an
-# H200 they won one operand of the 24 (32B dY [16k, 5120], by 1 %). With a third field 2: X^T's kernel loads its tile
-# through the transposed view and transposes nothing itself (_t_store): won 4 of 12 operands on an H200, by 0.3-7 %.
+# re-read from L2 instead of HBM: on an H200 (session 26) they won only the 512- / 1024-wide operands, by 1-3 %; the
+# two that did are kept (of four; a [128, 128] chunk at 16 warps was dropped before: the sm_90 SASS check flagged a
+# code store from a register not yet written, the W^T bug's pattern). Five-field entries with a third field 2 (session
+# 26): a split whose X^T kernel loads its tile through the transposed view and transposes nothing itself (_t_store):
+# they won 4 of 12 operands on an H200, by 0.3-7 %; the three that won are kept (of four). Splits whose X^T kernel
+# packed four tokens' codes into int32 words before the transpose won one operand of 24, by 1 %: removed, with
+# the code (RESULTS.md "Session 26").
 # A one-read kernel in Gluon with no transpose at all (benchmarks/kernels/fp8_quant_gluon.py: a thread holds four
 # consecutive tokens of its columns, X^T's 32-bit words) gave the same bits on an H200 but ran at half the split
 # settings' speed (one 128x128 tile in flight per SM at its register count; RESULTS.md "Session 26"): not a candidate.
 ACT_SETTINGS = ((SUB, WARPS), (32, 4), (64, 8), (64, 16), (128, 16), (64, 8, True), (32, 4, True),
                 (32, 4, False, 32, 4), (64, 8, False, 32, 4), (32, 4, False, 64, 8), (64, 8, False, 64, 8),
                 (64, 8, False, 128, 8), (32, 4, False, 16, 2), (32, 4, False, 32, 2),
-                (32, 8, False, 0, 0, 32), (32, 4, False, 0, 0, 32), (32, 8, False, 0, 0, 64),
-                (64, 8, False, 0, 0, 64),
-                (32, 4, True, 16, 2), (32, 4, True, 32, 4), (32, 4, True, 64, 8), (64, 8, True, 64, 8),
-                (32, 4, 2, 16, 2), (32, 4, 2, 32, 4), (32, 4, 2, 64, 8), (64, 8, 2, 64, 8))
+                (32, 4, False, 0, 0, 32), (64, 8, False, 0, 0, 64),
+                (32, 4, 2, 16, 2), (32, 4, 2, 64, 8), (64, 8, 2, 64, 8))
 TILE_SETTINGS = ((SUB, WARPS), (32, 4), (64, 8))
 TUNE_REPS = 3
 TUNE_MIN_ROWS = 1024
@@ -301,31 +300,23 @@ def _act_kernel(
 
 
 @triton.jit
-def _t_load(x_ptr, pid_m, cols, M, K, stride_xm, stride_xk, T_MODE: tl.constexpr):
-    """x's token group ``pid_m`` at ``cols`` [BC], fp32, laid out for X^T's store mode (:func:`_t_store`):
-    0 [128, BC]; 1 [32, 4, BC] (token 4j + t at [j, t]: built by the load itself, not by a reshape); 2 [BC, 128]
-    (loaded through the transposed view: the compiler places the layout change)."""
-    if T_MODE == 1:
-        rows = (pid_m * 128 + tl.arange(0, 32) * 4).to(tl.int64)[:, None, None] + tl.arange(0, 4)[None, :, None]
-        x = tl.load(x_ptr + rows * stride_xm + cols[None, None, :] * stride_xk,
-                    mask=(rows < M) & (cols < K)[None, None, :], other=0.0).to(tl.float32)  # [32, 4, BC]
-    elif T_MODE == 2:
-        rows = (pid_m * 128 + tl.arange(0, 128)).to(tl.int64)
+def _t_load(x_ptr, pid_m, cols, M, K, stride_xm, stride_xk, T_LOAD: tl.constexpr):
+    """x's token group ``pid_m`` at ``cols`` [BC], fp32: [128, BC], or with T_LOAD [BC, 128] (loaded through the
+    transposed view: the compiler places the layout change, :func:`_t_store` transposes nothing)."""
+    rows = (pid_m * 128 + tl.arange(0, 128)).to(tl.int64)
+    if T_LOAD:
         x = tl.load(x_ptr + cols[:, None] * stride_xk + rows[None, :] * stride_xm,
                     mask=(cols < K)[:, None] & (rows < M)[None, :], other=0.0).to(tl.float32)  # [BC, 128]
     else:
-        rows = (pid_m * 128 + tl.arange(0, 128)).to(tl.int64)
         x = tl.load(x_ptr + rows[:, None] * stride_xm + cols[None, :] * stride_xk,
                     mask=(rows < M)[:, None] & (cols < K)[None, :], other=0.0).to(tl.float32)  # [128, BC]
     return x
 
 
 @triton.jit
-def _t_colmax(x, T_MODE: tl.constexpr):
+def _t_colmax(x, T_LOAD: tl.constexpr):
     """|x|'s max over the token group, per column: [BC]."""
-    if T_MODE == 1:
-        m = tl.max(tl.max(tl.abs(x), axis=1), axis=0)
-    elif T_MODE == 2:
+    if T_LOAD:
         m = tl.max(tl.abs(x), axis=1)
     else:
         m = tl.max(tl.abs(x), axis=0)
@@ -333,24 +324,15 @@ def _t_colmax(x, T_MODE: tl.constexpr):
 
 
 @triton.jit
-def _t_store(qt_ptr, x, sc, pid_m, cols, CQ, RT, stride_qtk, INTERPRET: tl.constexpr, T_MODE: tl.constexpr):
-    """The codes of x (:func:`_t_load`'s) with column scales ``sc`` [BC], stored transposed: qt[cols, tokens].
-    Mode 0: ``tl.trans`` of the byte codes. Mode 1: ``qt_ptr`` is qt's int32 view (``stride_qtk`` in words); the four
-    codes of tokens 4j..4j+3 are shifted into one word (disjoint bytes: the sum is their OR) before the transpose, so it
-    moves [32, BC] words, not [128, BC] bytes. Mode 2: x is already [BC, 128]: no transpose here."""
+def _t_store(qt_ptr, x, sc, pid_m, cols, CQ, RT, stride_qtk, INTERPRET: tl.constexpr, T_LOAD: tl.constexpr):
+    """The codes of x (:func:`_t_load`'s) with column scales ``sc`` [BC], stored transposed: qt[cols, tokens]
+    (``tl.trans`` of the byte codes, or nothing to transpose with T_LOAD)."""
     rows = (pid_m * 128 + tl.arange(0, 128)).to(tl.int64)
-    if T_MODE == 1:
-        c = _codes(x, sc[None, None, :], INTERPRET).to(tl.uint8, bitcast=True).to(tl.int32)  # [32, 4, BC]
-        words = tl.sum(c << (tl.arange(0, 4) * 8)[None, :, None], axis=1)  # [32, BC]
-        quad = tl.arange(0, 32)
-        tl.store(qt_ptr + cols[:, None] * stride_qtk + (pid_m * 32 + quad).to(tl.int64)[None, :], tl.trans(words),
-                 mask=(cols < CQ)[:, None] & (pid_m * 128 + quad * 4 < RT)[None, :])
-    elif T_MODE == 2:
+    if T_LOAD:
         qc = _codes(x, sc[:, None], INTERPRET)  # [BC, 128]
-        tl.store(qt_ptr + cols[:, None] * stride_qtk + rows[None, :], qc, mask=(cols < CQ)[:, None] & (rows < RT)[None, :])
     else:
         qc = tl.trans(_codes(x, sc[None, :], INTERPRET))  # [BC, 128]
-        tl.store(qt_ptr + cols[:, None] * stride_qtk + rows[None, :], qc, mask=(cols < CQ)[:, None] & (rows < RT)[None, :])
+    tl.store(qt_ptr + cols[:, None] * stride_qtk + rows[None, :], qc, mask=(cols < CQ)[:, None] & (rows < RT)[None, :])
 
 
 @triton.jit
@@ -358,13 +340,13 @@ def _act_t_kernel(
     x_ptr, qt_ptr, st_ptr,
     M, K, stride_xm, stride_xk, CQ, RT, stride_qtk, stride_stk, stride_stg,
     SCALE_RECIP: tl.constexpr, BLOCK_C: tl.constexpr, INTERPRET: tl.constexpr, TILE: tl.constexpr = False,
-    T_MODE: tl.constexpr = 0,
+    T_LOAD: tl.constexpr = False,
 ):
     # X^T alone, one pass: a program loads the [128 tokens, BLOCK_C columns] tile once (no second pass, no
     # row groups), reduces it along the tokens and stores its transposed codes. With the row groups in their
     # own launch (_act_kernel, COLS=False) this reads x twice from HBM instead of once; a "split" launch
     # setting (ACT_SETTINGS) is kept only where the two launches time faster than the dual kernel.
-    # T_MODE (session 26): how the transposed codes are made (_t_store): 0 bytes, 1 4-token words, 2 transposed load
+    # T_LOAD (session 26): the tile loaded through the transposed view, no tl.trans of the codes (_t_store)
     pid_m = tl.program_id(0)
     pid_c = tl.program_id(1)
     if TILE:  # X^T in 128x128 tiles: a program per tile (pid_c counts 128 columns), one scale for it, so an
@@ -372,19 +354,19 @@ def _act_t_kernel(
         amax = tl.zeros([BLOCK_C], dtype=tl.float32)
         for j in tl.range(0, 128 // BLOCK_C):
             cols = (pid_c * 128 + j * BLOCK_C + tl.arange(0, BLOCK_C)).to(tl.int64)  # [BC]
-            amax = tl.maximum(amax, _t_colmax(_t_load(x_ptr, pid_m, cols, M, K, stride_xm, stride_xk, T_MODE), T_MODE))
+            amax = tl.maximum(amax, _t_colmax(_t_load(x_ptr, pid_m, cols, M, K, stride_xm, stride_xk, T_LOAD), T_LOAD))
         s_tile = _scale(tl.max(amax, axis=0), SCALE_RECIP)  # scalar
         sv = tl.zeros([BLOCK_C], dtype=tl.float32) + s_tile  # [BC], every column the tile's scale
         for j in tl.range(0, 128 // BLOCK_C):
             cols = (pid_c * 128 + j * BLOCK_C + tl.arange(0, BLOCK_C)).to(tl.int64)
-            x = _t_load(x_ptr, pid_m, cols, M, K, stride_xm, stride_xk, T_MODE)
-            _t_store(qt_ptr, x, sv, pid_m, cols, CQ, RT, stride_qtk, INTERPRET, T_MODE)
+            x = _t_load(x_ptr, pid_m, cols, M, K, stride_xm, stride_xk, T_LOAD)
+            _t_store(qt_ptr, x, sv, pid_m, cols, CQ, RT, stride_qtk, INTERPRET, T_LOAD)
         tl.store(st_ptr + pid_c * stride_stk + pid_m * stride_stg, s_tile)
     else:
         cols = (pid_c * BLOCK_C + tl.arange(0, BLOCK_C)).to(tl.int64)  # [BC]
-        x = _t_load(x_ptr, pid_m, cols, M, K, stride_xm, stride_xk, T_MODE)
-        sc = _scale(_t_colmax(x, T_MODE), SCALE_RECIP)  # [BC]
-        _t_store(qt_ptr, x, sc, pid_m, cols, CQ, RT, stride_qtk, INTERPRET, T_MODE)
+        x = _t_load(x_ptr, pid_m, cols, M, K, stride_xm, stride_xk, T_LOAD)
+        sc = _scale(_t_colmax(x, T_LOAD), SCALE_RECIP)  # [BC]
+        _t_store(qt_ptr, x, sc, pid_m, cols, CQ, RT, stride_qtk, INTERPRET, T_LOAD)
         tl.store(st_ptr + cols * stride_stk + pid_m * stride_stg, sc, mask=cols < CQ)
 
 
@@ -434,9 +416,9 @@ def _outer_major(rows: int, groups: int, device) -> torch.Tensor:
 
 def parse_setting(setting: tuple) -> tuple[int, int, bool, tuple[int, int] | None, int]:
     """An :data:`ACT_SETTINGS` entry -> (sub, warps, pack, split or None, t_chunk): entries are ``(sub, warps)``,
-    ``(sub, warps, pack)``, ``(sub, warps, mode, t_cols, t_warps)`` (split; mode: how X^T's kernel transposes, 0 /
-    False bytes, 1 / True 4-token words, 2 a transposed load) or ``(sub, warps, False, 0, 0, t_chunk)`` (one kernel,
-    X^T's pass by column chunks). ``pack`` is returned as that int."""
+    ``(sub, warps, pack)``, ``(sub, warps, mode, t_cols, t_warps)`` (split; mode 0 / False: X^T's kernel transposes
+    its codes, 2: it loads its tile through the transposed view) or ``(sub, warps, False, 0, 0, t_chunk)`` (one
+    kernel, X^T's pass by column chunks). ``pack`` is returned as an int."""
     sub, warps, pack, t_cols, t_warps, t_chunk = (*setting, False, 0, 0, 0)[:6]
     return sub, warps, int(pack), ((t_cols, t_warps) if t_cols else None), t_chunk
 
@@ -456,7 +438,8 @@ def quantize_act(x: torch.Tensor, rows: int | None = None, cols: int | None = No
 
     Entries not requested are None. Equal to ``quantize_act_1x128`` of the zero-padded ``x`` (and
     of its transpose) on the same device, bit for bit, whatever the launch setting: ``sub`` / ``warps`` /
-    ``pack`` (X^T stored as 4-token words) / ``split`` ((BLOCK_C, warps): X^T by its own kernel) / ``t_chunk``
+    ``pack`` (one kernel: X^T stored as 4-token words; a split: 2 for the transposed load) / ``split`` ((BLOCK_C,
+    warps): X^T by its own kernel) / ``t_chunk``
     (X^T's pass by column chunks) given, else chosen by shape (:func:`pick_setting`) on CUDA, else (SUB, WARPS).
     """
     if x.dim() != 2:
@@ -519,14 +502,15 @@ def _act_launch(x, q, s, qt, st, rows: int, cols: int, t_rows: int | None, sub: 
     # t_cols > 0 (a split setting, with X^T wanted): the row groups alone, then X^T by _act_t_kernel.
     # t_chunk > 0: one kernel, X^T's pass by [128, t_chunk] column chunks. t_tiles: X^T in 128x128 tiles
     m, k = x.shape
-    if t_cols and qt is not None:  # pack: X^T's kernel's T_MODE (1: 4-token words through qt's int32 view;
-        # 2: the transposed load)
-        tq = qt.view(torch.int32) if int(pack) == 1 else qt
+    if t_cols and qt is not None:  # pack 2: X^T's kernel loads through the transposed view (T_LOAD)
+        if pack not in (0, 2):
+            raise ValueError(f"a split setting's third field is 0 / False or 2 (transposed load), got {pack!r}")
+        tq = qt
         t_launch = Launch(
             _act_t_kernel, (t_rows // GROUP, cols // GROUP if t_tiles else triton.cdiv(cols, t_cols)),
             (x, tq, st, m, k, x.stride(0), x.stride(1), cols, t_rows, tq.stride(0), st.stride(0), st.stride(1)),
             {"SCALE_RECIP": x.is_cuda, "BLOCK_C": t_cols, "INTERPRET": _interpreting(), "TILE": t_tiles,
-             "T_MODE": int(pack)},
+             "T_LOAD": pack == 2},
             t_warps or warps)
         if q is None:
             return (t_launch,)
