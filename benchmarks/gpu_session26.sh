@@ -30,9 +30,10 @@
 #     kernels/quarl_kernels/fp8_quant_gluon.py, candidates ("gluon", 8 | 16); after f moved to benchmarks/kernels/ and
 #     no longer a candidate) -- every setting's bits on the GPU, then each operand's settings timed. No DeepGEMM, so no
 #     actor-update step: that is phase g, for the next session.
-#   phase g (prepared, not run this session): bash benchmarks/gpu_session26.sh g   (carry .dev/dg.tar.xz
-#     .whl/bnb-site; ~9 min) -- the final code's GPU tests (the pruned launch candidates, the engine's
-#     refresh_master_tiles), then the 32B and 7B actor updates with 8 micro-batches per optimizer step, and 32B with one.
+#   phases g, h (prepared, not run this session; back to back on one machine): bash benchmarks/gpu_session26.sh g
+#     (carry .dev/dg.tar.xz .whl/bnb-site; ~8 min) -- the final code's GPU tests (the pruned launch candidates, the
+#     engine's refresh_master_tiles), then the 32B actor update with 8 micro-batches per optimizer step; h (carry
+#     .dev/dg.tar.xz; ~5 min warm) -- 7B with 8 micro-batches, 32B and 7B with one, profiled.
 set -u
 PHASE=${1:?phase}
 OUT=${OUT:?}
@@ -88,8 +89,12 @@ g)
     export PYTHONPATH=$PYTHONPATH:$PWD/.whl/bnb-site
     tests 240 tests/kernels/test_fp8_quant_gpu.py tests/quant/test_fp8_linear.py tests/engine/test_engine_gpu.py
     update "${M32A_S:-180}" p32acc8 Qwen2.5-32B --iters 2 --accumulate 8
-    update "${M7A_S:-100}" p7acc8 Qwen2.5-7B --iters 2 --accumulate 8
+    ;;
+h)
+    deepgemm
+    update "${M7A_S:-120}" p7acc8 Qwen2.5-7B --iters 2 --accumulate 8
     update "${M32_S:-110}" p32 Qwen2.5-32B --profile --iters 3
+    update "${M7_S:-80}" p7 Qwen2.5-7B --profile --iters 3
     ;;
 *) echo "unknown phase $PHASE"; exit 2 ;;
 esac
