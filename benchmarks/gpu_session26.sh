@@ -33,7 +33,8 @@
 #   phases g, h (prepared, not run this session; back to back on one machine): bash benchmarks/gpu_session26.sh g
 #     (carry .dev/dg.tar.xz .whl/bnb-site; ~8 min) -- the final code's GPU tests (the pruned launch candidates, the
 #     engine's refresh_master_tiles), then the 32B actor update with 8 micro-batches per optimizer step; h (carry
-#     .dev/dg.tar.xz; ~5 min warm) -- 7B with 8 micro-batches, 32B and 7B with one, profiled.
+#     .dev/dg.tar.xz; ~6 min warm) -- each operand's settings beside the Gluon kernels (the persistent, prefetching one
+#     prepared after f: its bytes checked, then timed), 7B with 8 micro-batches, 32B and 7B with one, profiled.
 set -u
 PHASE=${1:?phase}
 OUT=${OUT:?}
@@ -92,6 +93,7 @@ g)
     ;;
 h)
     deepgemm
+    bench 90 quant_gluon benchmarks/kernels/fp8_quant_operands.py --gluon
     update "${M7A_S:-120}" p7acc8 Qwen2.5-7B --iters 2 --accumulate 8
     update "${M32_S:-110}" p32 Qwen2.5-32B --profile --iters 3
     update "${M7_S:-80}" p7 Qwen2.5-7B --profile --iters 3

@@ -26,8 +26,10 @@ candidates as ``("gluon", 8 | 16)``): the same bits as the eager quantizers on e
 [16384, 27648]: 1.81 ms against 0.86; ~1 TB/s of useful bytes). At 8 warps it needs 168-195 registers a thread, at
 16 warps 96-111: one CTA, i.e. one 128x128 tile, in flight per SM, and nothing else to hide the load latency behind.
 A next version would keep several tiles in flight (a persistent program loading tile i+1 before storing tile i, or
-a TMA ring) -- RESULTS.md "Session 26". Gluon kernels do not run in Triton's CPU interpreter; the CPU test only
-builds it for sm_90 (``tests/kernels/test_fp8_quant_gluon_compile.py``).
+a TMA ring) -- RESULTS.md "Session 26". The first of those is here, prepared and not yet run on a GPU:
+:func:`_dual_kernel_pf` (16 warps: 128 registers, no spills; two tiles in flight per SM), timed with its bytes
+checked by ``fp8_quant_operands.py --gluon`` (phase h of ``benchmarks/gpu_session26.sh``). Gluon kernels do not run
+in Triton's CPU interpreter; the CPU test only builds them for sm_90 (``tests/kernels/test_fp8_quant_gluon_compile.py``).
 """
 
 from __future__ import annotations
@@ -57,19 +59,26 @@ def _codes(x, s):
 
 
 @gluon.jit
-def _dual_kernel(
-    x_ptr, q_ptr, s_ptr, qt_ptr, st_ptr,
-    M, K, stride_xm, RQ, CQ, RT,
-    stride_qm, stride_sm, stride_sg, stride_qtk, stride_stk, stride_stg,
-    ROWS: gl.constexpr, TILE: gl.constexpr, CPT: gl.constexpr,
-):
-    # one program: tokens [pid_m*128, +128) x columns [pid_k*128, +128); qt_ptr is X^T's int32 view (stride in words)
-    L3: gl.constexpr = gl.BlockedLayout(size_per_thread=[1, 4, CPT], threads_per_warp=[32, 1, 1],
-                                        warps_per_cta=[1, 1, 128 // CPT], order=[2, 1, 0])
+def _load_tile(x_ptr, pid_m, pid_k, M, K, stride_xm, valid, L3: gl.constexpr):
+    """x's tile (pid_m, pid_k) as [32, 4, 128] in L3 (token 4j + t at [j, t]), in x's dtype; all zeros unless
+    ``valid``."""
+    LJT: gl.constexpr = gl.SliceLayout(2, L3)
+    LJC: gl.constexpr = gl.SliceLayout(1, L3)
+    j = gl.arange(0, 32, layout=gl.SliceLayout(1, LJT))
+    t = gl.arange(0, 4, layout=gl.SliceLayout(0, LJT))
+    c = gl.arange(0, 128, layout=gl.SliceLayout(0, LJC))
+    tok = gl.expand_dims(pid_m * 128 + gl.expand_dims(j, 1) * 4 + gl.expand_dims(t, 0), 2).to(gl.int64)  # [32, 4, 1]
+    col = gl.expand_dims(gl.expand_dims(pid_k * 128 + c, 0), 1).to(gl.int64)  # [1, 1, 128]
+    return gl.load(x_ptr + tok * stride_xm + col, mask=(tok < M) & (col < K) & valid, other=0.0)  # [32, 4, 128]
+
+
+@gluon.jit
+def _quant_tile(x_in, pid_m, pid_k, q_ptr, s_ptr, qt_ptr, st_ptr, RQ, CQ, RT,
+                stride_qm, stride_sm, stride_sg, stride_qtk, stride_stk, stride_stg,
+                ROWS: gl.constexpr, TILE: gl.constexpr, L3: gl.constexpr):
+    """Both groupings of one loaded tile (:func:`_load_tile`), stored."""
     LJT: gl.constexpr = gl.SliceLayout(2, L3)  # [32, 4]: a token per (j, t)
     LJC: gl.constexpr = gl.SliceLayout(1, L3)  # [32, 128]: a word of X^T per (j, column)
-    pid_m = gl.program_id(0)
-    pid_k = gl.program_id(1)
     j = gl.arange(0, 32, layout=gl.SliceLayout(1, LJT))
     t = gl.arange(0, 4, layout=gl.SliceLayout(0, LJT))
     c = gl.arange(0, 128, layout=gl.SliceLayout(0, LJC))
@@ -77,7 +86,7 @@ def _dual_kernel(
     tok = gl.expand_dims(tok2, 2).to(gl.int64)  # [32, 4, 1]
     col1 = pid_k * 128 + c  # [128]
     col = gl.expand_dims(gl.expand_dims(col1, 0), 1).to(gl.int64)  # [1, 1, 128]
-    x = gl.load(x_ptr + tok * stride_xm + col, mask=(tok < M) & (col < K), other=0.0).to(gl.float32)  # [32, 4, 128]
+    x = x_in.to(gl.float32)  # [32, 4, 128]
     ax = gl.abs(x)
     if ROWS:  # 1x128 groups along K
         rs = _scale(gl.max(ax, axis=2))  # [32, 4]
@@ -91,7 +100,7 @@ def _dual_kernel(
     else:
         sc = _scale(colmax)  # [128]
     ct = _codes(x, gl.expand_dims(gl.expand_dims(sc, 0), 1)).to(gl.uint8, bitcast=True).to(gl.int32)  # [32, 4, 128]
-    shift = gl.expand_dims(gl.expand_dims(gl.arange(0, 4, layout=gl.SliceLayout(0, LJT)) * 8, 0), 2)  # [1, 4, 1]
+    shift = gl.expand_dims(gl.expand_dims(t * 8, 0), 2)  # [1, 4, 1]
     words = gl.sum(ct << shift, axis=1)  # [32, 128]: tokens 4j..4j+3 of a column, disjoint bytes (sum == or)
     jw = gl.arange(0, 32, layout=gl.SliceLayout(1, LJC))
     quad = gl.expand_dims(pid_m * 32 + jw, 1).to(gl.int64)  # [32, 1]
@@ -101,6 +110,48 @@ def _dual_kernel(
         gl.store(st_ptr + pid_k * stride_stk + pid_m * stride_stg, s_tile)
     else:
         gl.store(st_ptr + col1.to(gl.int64) * stride_stk + pid_m * stride_stg, sc, mask=col1 < CQ)
+
+
+@gluon.jit
+def _dual_kernel(
+    x_ptr, q_ptr, s_ptr, qt_ptr, st_ptr,
+    M, K, stride_xm, RQ, CQ, RT,
+    stride_qm, stride_sm, stride_sg, stride_qtk, stride_stk, stride_stg,
+    ROWS: gl.constexpr, TILE: gl.constexpr, CPT: gl.constexpr,
+):
+    # one program: tokens [pid_m*128, +128) x columns [pid_k*128, +128); qt_ptr is X^T's int32 view (stride in words)
+    L3: gl.constexpr = gl.BlockedLayout(size_per_thread=[1, 4, CPT], threads_per_warp=[32, 1, 1],
+                                        warps_per_cta=[1, 1, 128 // CPT], order=[2, 1, 0])
+    pid_m = gl.program_id(0)
+    pid_k = gl.program_id(1)
+    x = _load_tile(x_ptr, pid_m, pid_k, M, K, stride_xm, True, L3)
+    _quant_tile(x, pid_m, pid_k, q_ptr, s_ptr, qt_ptr, st_ptr, RQ, CQ, RT, stride_qm, stride_sm, stride_sg,
+                stride_qtk, stride_stk, stride_stg, ROWS, TILE, L3)
+
+
+@gluon.jit
+def _dual_kernel_pf(
+    x_ptr, q_ptr, s_ptr, qt_ptr, st_ptr,
+    M, K, stride_xm, RQ, CQ, RT,
+    stride_qm, stride_sm, stride_sg, stride_qtk, stride_stk, stride_stg,
+    ROWS: gl.constexpr, TILE: gl.constexpr, CPT: gl.constexpr,
+):
+    # persistent (session 26, prepared, not yet run on a GPU): a program walks tiles pid, pid + programs, ... (columns
+    # fastest) and loads the next one before quantizing this one, so two tiles are in flight per program where
+    # _dual_kernel had one -- the load latency that bound it (RESULTS.md "Session 26")
+    L3: gl.constexpr = gl.BlockedLayout(size_per_thread=[1, 4, CPT], threads_per_warp=[32, 1, 1],
+                                        warps_per_cta=[1, 1, 128 // CPT], order=[2, 1, 0])
+    n_k = CQ // 128
+    total = (RT // 128) * n_k
+    pid = gl.program_id(0)
+    step = gl.num_programs(0)
+    x = _load_tile(x_ptr, pid // n_k, pid % n_k, M, K, stride_xm, pid < total, L3)
+    for tile in range(pid, total, step):
+        nxt = tile + step
+        x_next = _load_tile(x_ptr, nxt // n_k, nxt % n_k, M, K, stride_xm, nxt < total, L3)
+        _quant_tile(x, tile // n_k, tile % n_k, q_ptr, s_ptr, qt_ptr, st_ptr, RQ, CQ, RT, stride_qm, stride_sm,
+                    stride_sg, stride_qtk, stride_stk, stride_stg, ROWS, TILE, L3)
+        x = x_next
 
 
 def launch_args(x: torch.Tensor, q, s, qt, st, rows: int, cols: int, t_rows: int, tiles: bool):
@@ -116,7 +167,26 @@ def launch_args(x: torch.Tensor, q, s, qt, st, rows: int, cols: int, t_rows: int
     return (t_rows // 128, cols // 128), args, {"ROWS": q is not None, "TILE": tiles}
 
 
-def compile_sm90(tiles: bool = False, rows: bool = True, warps: int = 8):
+def quantize_dual(x: torch.Tensor, rows: int, cols: int, t_rows: int, *, tiles: bool = False, row_groups: bool = True,
+                  warps: int = 16, persistent: bool = False, programs: int | None = None):
+    """``fp8_quant.quantize_act(x, rows, cols, t_rows, row_groups=..., t_tiles=tiles)``'s outputs from these kernels
+    (CUDA, unit column stride): for the benchmark's side-by-side timing and bit check. ``persistent``: the
+    prefetching kernel on ``programs`` programs (default: one per SM)."""
+    from quarl_kernels import fp8_quant as fq
+
+    q, s, qt, st = fq._act_outputs(x, rows, cols, t_rows, row_groups, tiles)
+    grid, args, const = launch_args(x, q, s, qt, st, rows, cols, t_rows, tiles)
+    const["CPT"] = 128 // warps
+    if persistent:
+        n = grid[0] * grid[1]
+        sms = torch.cuda.get_device_properties(x.device).multi_processor_count
+        _dual_kernel_pf[(min(n, programs or sms),)](*args, **const, num_warps=warps)
+    else:
+        _dual_kernel[grid](*args, **const, num_warps=warps)
+    return q, s, qt, st
+
+
+def compile_sm90(tiles: bool = False, rows: bool = True, warps: int = 8, persistent: bool = False):
     """The kernel built for sm_90 on any machine (bf16 input): the CPU tests' view of its registers and spills."""
     import triton
     from triton.backends.compiler import GPUTarget
@@ -129,8 +199,9 @@ def compile_sm90(tiles: bool = False, rows: bool = True, warps: int = 8):
     sig.update({k: "constexpr" for k in const})
     attrs = {(i,): [["tt.divisibility", 16]] for i, (k, ty) in enumerate(sig.items())
              if ty != "constexpr"}  # as the launch specializes them at these shapes (multiples of 16)
-    src = GluonASTSource(fn=_dual_kernel, signature=sig, constexprs=const, attrs=attrs)
+    src = GluonASTSource(fn=_dual_kernel_pf if persistent else _dual_kernel, signature=sig, constexprs=const,
+                         attrs=attrs)
     return triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": warps})
 
 
-__all__ = ["compile_sm90", "launch_args"]
+__all__ = ["compile_sm90", "launch_args", "quantize_dual"]

@@ -12,6 +12,10 @@ the rate of *useful* bytes (input read once, every code byte written once) and o
 moves (a split setting reads the input twice). For X it also times the path ``fp8_wgrad=tiles`` took before session
 26: the row groups, then the weight kernel on X with its transpose (row-major tile codes written and unused).
 Shapes: the model's widths at ``--tokens`` tokens (Qwen2.5-7B / Qwen2.5-32B by default).
+
+``--gluon``: also the one-read Gluon kernels of ``benchmarks/kernels/fp8_quant_gluon.py`` on each X / dY operand (the
+one-tile-per-program kernel and the persistent one that prefetches its next tile, 16 warps), their outputs checked
+byte for byte against the library's before they are timed.
 """
 
 from __future__ import annotations
@@ -55,7 +59,22 @@ def moved_bytes(setting: tuple, numel: int, fq) -> int:
     return numel * (2 + 1 + 1 + (2 if split else 0))
 
 
-def bench(model: str, tokens: int) -> list[dict]:
+def gluon_rows(x: torch.Tensor, tokens: int, cols: int, tiles: bool, ref: tuple) -> dict:
+    """ms of the Gluon kernels on one operand (after checking their bytes against ``ref``, the library's outputs)."""
+    sys.path.insert(0, str(ROOT / "benchmarks" / "kernels"))
+    import fp8_quant_gluon as g
+
+    out = {}
+    for name, kw in (("gluon", {}), ("gluon-persistent", {"persistent": True})):
+        got = g.quantize_dual(x, tokens, cols, tokens, tiles=tiles, **kw)
+        same = all(torch.equal(a.view(torch.uint8) if a.dtype == torch.float8_e4m3fn else a,
+                               b.view(torch.uint8) if b.dtype == torch.float8_e4m3fn else b) for a, b in zip(got, ref))
+        out[f"{name}_same_bits"] = same
+        out[f"{name}_ms"] = cuda_ms(lambda kw=kw: g.quantize_dual(x, tokens, cols, tokens, tiles=tiles, **kw))
+    return out
+
+
+def bench(model: str, tokens: int, gluon: bool = False) -> list[dict]:
     from quarl_kernels import fp8_quant as fq
 
     rows = []
@@ -77,7 +96,7 @@ def bench(model: str, tokens: int) -> list[dict]:
         x = torch.randn(tokens, cols, device="cuda", dtype=torch.bfloat16)
         tiles = kind == "x"
         fq.TUNED.clear()
-        fq.quantize_act(x, tokens, cols, tokens, t_tiles=tiles)
+        ref = fq.quantize_act(x, tokens, cols, tokens, t_tiles=tiles)
         (key,) = fq.TUNED
         ms, best = fq.TUNED[key]["ms"], fq.TUNED[key]["best"]
         useful = x.numel() * 4
@@ -89,6 +108,8 @@ def bench(model: str, tokens: int) -> list[dict]:
             fq.quantize_act(x, tokens, cols, None)  # tune the rows-only launch first
             old = cuda_ms(lambda x=x, c=cols: (fq.quantize_act(x, tokens, c, None), fq.quantize_tiles(x, transpose=True)))
             row.update(old_path_ms=old, speedup_over_old=old / ms[best])
+        if gluon:
+            row.update(gluon_rows(x, tokens, cols, tiles, ref))
         rows.append(row)
         print(json.dumps({k: v for k, v in row.items() if k != "candidates"}), flush=True)
     return rows
@@ -99,6 +120,7 @@ def main() -> None:
     ap.add_argument("--models", default="Qwen2.5-7B,Qwen2.5-32B")
     ap.add_argument("--tokens", type=int, default=16384)
     ap.add_argument("--out", default="/tmp/fp8_quant_operands")
+    ap.add_argument("--gluon", action="store_true", help="also the Gluon one-read kernels (fp8_quant_gluon.py)")
     a = ap.parse_args()
     if not torch.cuda.is_available():
         raise SystemExit("needs a CUDA device (the launch settings are timed on it)")
@@ -107,15 +129,18 @@ def main() -> None:
     res = {"command": " ".join(sys.argv), "date": datetime.now(UTC).isoformat(timespec="seconds"),
            "gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "tokens": a.tokens, "models": {}}
     for model in a.models.split(","):
-        res["models"][model] = bench(model, a.tokens)
+        res["models"][model] = bench(model, a.tokens, a.gluon)
         (out / "fp8_quant_operands.json").write_text(json.dumps(res, indent=1))
-    print("\n| model | operand | X^T | best setting | ms | useful GB/s | moved GB/s | before session 26 ms |")
-    print("|---|---|---|---|---:|---:|---:|---:|")
+    print("\n| model | operand | X^T | best setting | ms | useful GB/s | moved GB/s | before session 26 ms | Gluon ms "
+          "(bits) | Gluon persistent ms (bits) |")
+    print("|---|---|---|---|---:|---:|---:|---:|---:|---:|")
+    nan = float("nan")
     for model, rows in res["models"].items():
         for r in rows:
             print(f"| {model} | {r['operand']} | {r.get('x_t', 'W^T tiles')} | {tuple(r['best'])} | {r['ms']:.3f} | "
                   f"{r['useful_GBps']:.0f} | {r.get('moved_GBps', r['useful_GBps']):.0f} | "
-                  f"{r.get('old_path_ms', float('nan')):.3f} |")
+                  f"{r.get('old_path_ms', nan):.3f} | {r.get('gluon_ms', nan):.3f} ({r.get('gluon_same_bits', '-')}) | "
+                  f"{r.get('gluon-persistent_ms', nan):.3f} ({r.get('gluon-persistent_same_bits', '-')}) |")
 
 
 if __name__ == "__main__":

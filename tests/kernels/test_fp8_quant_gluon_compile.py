@@ -1,6 +1,8 @@
-"""The Gluon one-read FP8 quantizer (``benchmarks/kernels/fp8_quant_gluon.py``, measured in session 26 and not kept:
-half the split settings' speed) still builds for sm_90 on a CPU in every form: no spills, exact division, the
-saturating RNE E4M3 cast and 16-byte loads. Its bits were checked on an H200 while it was a launch candidate.
+"""The Gluon one-read FP8 quantizers (``benchmarks/kernels/fp8_quant_gluon.py``: the one-tile kernel, measured in
+session 26 and not kept -- half the split settings' speed -- and the persistent one that prefetches its next tile,
+prepared and not yet run) build for sm_90 on a CPU in every form: no spills, exact division, the saturating RNE E4M3
+cast and 16-byte loads. The first one's bits were checked on an H200 while it was a launch candidate; the
+benchmark (``fp8_quant_operands.py --gluon``) checks both kernels' bytes before timing them.
 
 Skipped unless Triton with Gluon (>= 3.5) is importable (the CPU CI has no Triton).
 """
@@ -20,15 +22,16 @@ BENCH_KERNELS = Path(__file__).resolve().parents[2] / "benchmarks" / "kernels"
 @pytest.mark.parametrize("tiles", [False, True], ids=["1x128", "tiles"])
 @pytest.mark.parametrize("rows", [True, False], ids=["rows", "t-only"])
 @pytest.mark.parametrize("warps", [8, 16])
-def test_builds_for_sm90(tiles, rows, warps):
+@pytest.mark.parametrize("persistent", [False, True], ids=["tile", "persistent"])
+def test_builds_for_sm90(tiles, rows, warps, persistent):
     sys.path.insert(0, str(BENCH_KERNELS))
     try:
         import compile_report as cr
         import fp8_quant_gluon
     finally:
         sys.path.pop(0)
-    k = fp8_quant_gluon.compile_sm90(tiles=tiles, rows=rows, warps=warps)
-    r = cr.report(k, "_dual_kernel", None)
+    k = fp8_quant_gluon.compile_sm90(tiles=tiles, rows=rows, warps=warps, persistent=persistent)
+    r = cr.report(k, "_dual_kernel_pf" if persistent else "_dual_kernel", None)
     assert r["stack"] == 0, f"ptxas spilled ({r['regs']} registers)"
     ptx = k.asm["ptx"]
     assert "div.rn.f32" in ptx and "div.full" not in ptx and "cvt.rn.satfinite.e4m3x2.f32" in ptx
