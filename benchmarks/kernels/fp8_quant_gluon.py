@@ -27,7 +27,7 @@ candidates as ``("gluon", 8 | 16)``): the same bits as the eager quantizers on e
 16 warps 96-111: one CTA, i.e. one 128x128 tile, in flight per SM, and nothing else to hide the load latency behind.
 A next version would keep several tiles in flight (a persistent program loading tile i+1 before storing tile i, or
 a TMA ring) -- RESULTS.md "Session 26". The first of those is here, prepared and not yet run on a GPU:
-:func:`_dual_kernel_pf` (16 warps: 128 registers, no spills; two tiles in flight per SM), timed with its bytes
+``_dual_kernel(PERSISTENT=True)`` (16 warps: 128 registers, no spills; two tiles in flight per SM), timed with its bytes
 checked by ``fp8_quant_operands.py --gluon`` (phase h of ``benchmarks/gpu_session26.sh``). Gluon kernels do not run
 in Triton's CPU interpreter; the CPU test only builds them for sm_90 (``tests/kernels/test_fp8_quant_gluon_compile.py``).
 """
@@ -117,41 +117,32 @@ def _dual_kernel(
     x_ptr, q_ptr, s_ptr, qt_ptr, st_ptr,
     M, K, stride_xm, RQ, CQ, RT,
     stride_qm, stride_sm, stride_sg, stride_qtk, stride_stk, stride_stg,
-    ROWS: gl.constexpr, TILE: gl.constexpr, CPT: gl.constexpr,
+    ROWS: gl.constexpr, TILE: gl.constexpr, CPT: gl.constexpr, PERSISTENT: gl.constexpr = False,
 ):
-    # one program: tokens [pid_m*128, +128) x columns [pid_k*128, +128); qt_ptr is X^T's int32 view (stride in words)
+    # one program: tokens [pid_m*128, +128) x columns [pid_k*128, +128); qt_ptr is X^T's int32 view (stride in words).
+    # PERSISTENT (session 26, prepared, not yet run on a GPU): a program walks tiles pid, pid + programs, ... (columns
+    # fastest) and loads the next one before quantizing this one -- two tiles in flight per program where the
+    # one-tile form had one, the load latency that bound it (RESULTS.md "Session 26")
     L3: gl.constexpr = gl.BlockedLayout(size_per_thread=[1, 4, CPT], threads_per_warp=[32, 1, 1],
                                         warps_per_cta=[1, 1, 128 // CPT], order=[2, 1, 0])
-    pid_m = gl.program_id(0)
-    pid_k = gl.program_id(1)
-    x = _load_tile(x_ptr, pid_m, pid_k, M, K, stride_xm, True, L3)
-    _quant_tile(x, pid_m, pid_k, q_ptr, s_ptr, qt_ptr, st_ptr, RQ, CQ, RT, stride_qm, stride_sm, stride_sg,
-                stride_qtk, stride_stk, stride_stg, ROWS, TILE, L3)
-
-
-@gluon.jit
-def _dual_kernel_pf(
-    x_ptr, q_ptr, s_ptr, qt_ptr, st_ptr,
-    M, K, stride_xm, RQ, CQ, RT,
-    stride_qm, stride_sm, stride_sg, stride_qtk, stride_stk, stride_stg,
-    ROWS: gl.constexpr, TILE: gl.constexpr, CPT: gl.constexpr,
-):
-    # persistent (session 26, prepared, not yet run on a GPU): a program walks tiles pid, pid + programs, ... (columns
-    # fastest) and loads the next one before quantizing this one, so two tiles are in flight per program where
-    # _dual_kernel had one -- the load latency that bound it (RESULTS.md "Session 26")
-    L3: gl.constexpr = gl.BlockedLayout(size_per_thread=[1, 4, CPT], threads_per_warp=[32, 1, 1],
-                                        warps_per_cta=[1, 1, 128 // CPT], order=[2, 1, 0])
-    n_k = CQ // 128
-    total = (RT // 128) * n_k
-    pid = gl.program_id(0)
-    step = gl.num_programs(0)
-    x = _load_tile(x_ptr, pid // n_k, pid % n_k, M, K, stride_xm, pid < total, L3)
-    for tile in range(pid, total, step):
-        nxt = tile + step
-        x_next = _load_tile(x_ptr, nxt // n_k, nxt % n_k, M, K, stride_xm, nxt < total, L3)
-        _quant_tile(x, tile // n_k, tile % n_k, q_ptr, s_ptr, qt_ptr, st_ptr, RQ, CQ, RT, stride_qm, stride_sm,
-                    stride_sg, stride_qtk, stride_stk, stride_stg, ROWS, TILE, L3)
-        x = x_next
+    if PERSISTENT:
+        n_k = CQ // 128
+        total = (RT // 128) * n_k
+        pid = gl.program_id(0)
+        step = gl.num_programs(0)
+        x = _load_tile(x_ptr, pid // n_k, pid % n_k, M, K, stride_xm, pid < total, L3)
+        for tile in range(pid, total, step):
+            nxt = tile + step
+            x_next = _load_tile(x_ptr, nxt // n_k, nxt % n_k, M, K, stride_xm, nxt < total, L3)
+            _quant_tile(x, tile // n_k, tile % n_k, q_ptr, s_ptr, qt_ptr, st_ptr, RQ, CQ, RT, stride_qm, stride_sm,
+                        stride_sg, stride_qtk, stride_stk, stride_stg, ROWS, TILE, L3)
+            x = x_next
+    else:
+        pid_m = gl.program_id(0)
+        pid_k = gl.program_id(1)
+        x = _load_tile(x_ptr, pid_m, pid_k, M, K, stride_xm, True, L3)
+        _quant_tile(x, pid_m, pid_k, q_ptr, s_ptr, qt_ptr, st_ptr, RQ, CQ, RT, stride_qm, stride_sm, stride_sg,
+                    stride_qtk, stride_stk, stride_stg, ROWS, TILE, L3)
 
 
 def launch_args(x: torch.Tensor, q, s, qt, st, rows: int, cols: int, t_rows: int, tiles: bool):
@@ -178,11 +169,9 @@ def quantize_dual(x: torch.Tensor, rows: int, cols: int, t_rows: int, *, tiles: 
     grid, args, const = launch_args(x, q, s, qt, st, rows, cols, t_rows, tiles)
     const["CPT"] = 128 // warps
     if persistent:
-        n = grid[0] * grid[1]
         sms = torch.cuda.get_device_properties(x.device).multi_processor_count
-        _dual_kernel_pf[(min(n, programs or sms),)](*args, **const, num_warps=warps)
-    else:
-        _dual_kernel[grid](*args, **const, num_warps=warps)
+        grid = (min(grid[0] * grid[1], programs or sms),)
+    _dual_kernel[grid](*args, **const, PERSISTENT=persistent, num_warps=warps)
     return q, s, qt, st
 
 
@@ -195,12 +184,11 @@ def compile_sm90(tiles: bool = False, rows: bool = True, warps: int = 8, persist
     sig = {"x_ptr": "*bf16", "q_ptr": "*fp8e4nv", "s_ptr": "*fp32", "qt_ptr": "*i32", "st_ptr": "*fp32",
            "M": "i32", "K": "i32", "stride_xm": "i32", "RQ": "i32", "CQ": "i32", "RT": "i32", "stride_qm": "i32",
            "stride_sm": "i32", "stride_sg": "i32", "stride_qtk": "i32", "stride_stk": "i32", "stride_stg": "i32"}
-    const = {"ROWS": rows, "TILE": tiles, "CPT": 128 // warps}
+    const = {"ROWS": rows, "TILE": tiles, "CPT": 128 // warps, "PERSISTENT": persistent}
     sig.update({k: "constexpr" for k in const})
     attrs = {(i,): [["tt.divisibility", 16]] for i, (k, ty) in enumerate(sig.items())
              if ty != "constexpr"}  # as the launch specializes them at these shapes (multiples of 16)
-    src = GluonASTSource(fn=_dual_kernel_pf if persistent else _dual_kernel, signature=sig, constexprs=const,
-                         attrs=attrs)
+    src = GluonASTSource(fn=_dual_kernel, signature=sig, constexprs=const, attrs=attrs)
     return triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": warps})
 
 
