@@ -90,3 +90,18 @@ def pdl_chain_runs(monkeypatch, step, pws: list, rows: int) -> None:
         for a, b in zip(runs[flag][1], runs["0"][1], strict=True):
             assert torch.equal(a, b), flag
     assert not torch.equal(runs["0"][1][0], runs["0"][1][1])  # the replays saw their new inputs
+
+
+def bench_kernel_module(name: str):
+    """A module of ``benchmarks/kernels/`` (``compile_report``, the kept kernel experiments), imported without leaving
+    that folder on ``sys.path``."""
+    import importlib
+    import sys
+    from pathlib import Path
+
+    folder = str(Path(__file__).resolve().parents[2] / "benchmarks" / "kernels")
+    sys.path.insert(0, folder)
+    try:
+        return importlib.import_module(name)
+    finally:
+        sys.path.remove(folder)

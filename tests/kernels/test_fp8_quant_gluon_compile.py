@@ -9,14 +9,11 @@ Skipped unless Triton with Gluon (>= 3.5) is importable (the CPU CI has no Trito
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import pytest
 
-pytest.importorskip("triton.experimental.gluon", reason="the kernel is written in Gluon (Triton >= 3.5)")
+from tests.kernels.helpers import bench_kernel_module
 
-BENCH_KERNELS = Path(__file__).resolve().parents[2] / "benchmarks" / "kernels"
+pytest.importorskip("triton.experimental.gluon", reason="the kernel is written in Gluon (Triton >= 3.5)")
 
 
 @pytest.mark.parametrize("tiles", [False, True], ids=["1x128", "tiles"])
@@ -24,12 +21,7 @@ BENCH_KERNELS = Path(__file__).resolve().parents[2] / "benchmarks" / "kernels"
 @pytest.mark.parametrize("warps", [8, 16])
 @pytest.mark.parametrize("persistent", [False, True], ids=["tile", "persistent"])
 def test_builds_for_sm90(tiles, rows, warps, persistent):
-    sys.path.insert(0, str(BENCH_KERNELS))
-    try:
-        import compile_report as cr
-        import fp8_quant_gluon
-    finally:
-        sys.path.pop(0)
+    cr, fp8_quant_gluon = bench_kernel_module("compile_report"), bench_kernel_module("fp8_quant_gluon")
     k = fp8_quant_gluon.compile_sm90(tiles=tiles, rows=rows, warps=warps, persistent=persistent)
     r = cr.report(k, "_dual_kernel", None)
     assert r["stack"] == 0, f"ptxas spilled ({r['regs']} registers)"

@@ -9,14 +9,11 @@ Skipped unless Triton with Gluon (>= 3.5) is importable (the CPU CI has no Trito
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import pytest
 
-pytest.importorskip("triton.experimental.gluon", reason="the kernel is written in Gluon (Triton >= 3.5)")
+from tests.kernels.helpers import bench_kernel_module
 
-BENCH_KERNELS = Path(__file__).resolve().parents[2] / "benchmarks" / "kernels"
+pytest.importorskip("triton.experimental.gluon", reason="the kernel is written in Gluon (Triton >= 3.5)")
 
 
 @pytest.mark.parametrize("fmt", [0, 1], ids=["nvfp4", "mxfp4"])
@@ -26,11 +23,7 @@ BENCH_KERNELS = Path(__file__).resolve().parents[2] / "benchmarks" / "kernels"
 def test_builds_for_sm90(fmt, overlap, blocked, natural):
     from quarl_kernels import mixed_gemm
 
-    sys.path.insert(0, str(BENCH_KERNELS))
-    try:
-        import compile_report as cr
-    finally:
-        sys.path.pop(0)
+    cr = bench_kernel_module("compile_report")
     r = cr.report(mixed_gemm.compile_sm90(fmt, overlap=overlap, blocked=blocked, natural=natural), "mixed_gemm", None)
     assert r["stack"] == 0, f"ptxas spilled ({r['regs']} registers)"
     assert 0 < r["smem"] <= 227 * 1024, r["smem"]
