@@ -29,28 +29,24 @@ from pathlib import Path
 import torch
 
 ROOT = Path(__file__).resolve().parents[2]
-sys.path[:0] = [str(ROOT), str(ROOT / "kernels")]
+sys.path[:0] = [str(ROOT), str(ROOT / "kernels"), str(ROOT / "benchmarks")]  # (this folder is sys.path[0] already)
 
-WIDTHS = {"Qwen2.5-7B": (3584, 18944, 3584, 512), "Qwen2.5-32B": (5120, 27648, 5120, 1024)}  # hidden, inter, q, kv
+from fp8_linear import stream_time  # the FP8 benchmarks' timer
+
+WIDTHS = {"Qwen2.5-7B": (3584, 18944, 512), "Qwen2.5-32B": (5120, 27648, 1024)}  # hidden, intermediate, k / v out
 
 
 def operands(model: str) -> list[tuple[str, str, int]]:
     """(name, kind, columns): X inputs, dY outputs, W weights of one layer (distinct shapes only, with their count)."""
-    h, inter, _, kv = WIDTHS[model]
+    h, inter, kv = WIDTHS[model]
     return [("X [T, hidden] (q/k/v, o, gate/up inputs: 3 per layer)", "x", h), ("X [T, inter] (down's input)", "x", inter),
             ("dY [T, hidden] (q, o, down)", "dy", h), ("dY [T, kv] (k, v)", "dy", kv), ("dY [T, inter] (gate, up)", "dy", inter),
             ("W [inter, hidden] (gate, up; down transposed)", "w", (inter, h))]
 
 
-def cuda_ms(fn, reps: int = 5) -> float:
-    fn()
-    a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    a.record()
-    for _ in range(reps):
-        fn()
-    b.record()
-    b.synchronize()
-    return a.elapsed_time(b) / reps
+def cuda_ms(fn) -> float:
+    """Mean ms of 5 back-to-back calls after one warm-up (``fp8_linear.stream_time``)."""
+    return stream_time(fn, 5, "cuda", warmup=1)
 
 
 def moved_bytes(setting: tuple, numel: int, fq) -> int:
@@ -61,8 +57,7 @@ def moved_bytes(setting: tuple, numel: int, fq) -> int:
 
 def gluon_rows(x: torch.Tensor, tokens: int, cols: int, tiles: bool, ref: tuple) -> dict:
     """ms of the Gluon kernels on one operand (after checking their bytes against ``ref``, the library's outputs)."""
-    sys.path.insert(0, str(ROOT / "benchmarks" / "kernels"))
-    import fp8_quant_gluon as g
+    import fp8_quant_gluon as g  # beside this script
 
     out = {}
     for name, kw in (("gluon", {}), ("gluon-persistent", {"persistent": True})):

@@ -505,10 +505,9 @@ def _act_launch(x, q, s, qt, st, rows: int, cols: int, t_rows: int | None, sub: 
     if t_cols and qt is not None:  # pack 2: X^T's kernel loads through the transposed view (T_LOAD)
         if pack not in (0, 2):
             raise ValueError(f"a split setting's third field is 0 / False or 2 (transposed load), got {pack!r}")
-        tq = qt
         t_launch = Launch(
             _act_t_kernel, (t_rows // GROUP, cols // GROUP if t_tiles else triton.cdiv(cols, t_cols)),
-            (x, tq, st, m, k, x.stride(0), x.stride(1), cols, t_rows, tq.stride(0), st.stride(0), st.stride(1)),
+            (x, qt, st, m, k, x.stride(0), x.stride(1), cols, t_rows, qt.stride(0), st.stride(0), st.stride(1)),
             {"SCALE_RECIP": x.is_cuda, "BLOCK_C": t_cols, "INTERPRET": _interpreting(), "TILE": t_tiles,
              "T_LOAD": pack == 2},
             t_warps or warps)
