@@ -24,6 +24,9 @@ Arms (each on a fresh model from the same seed):
 * ``+glue`` on any arm (``bf16+glue``, ``jetrl-xtiles+glue``): the rl stage's ``policy.compile_glue``
   (``quarl.train.fused_glue``: transformers' RMSNorm / RoPE / SwiGLU as ``torch.compile``d kernels; inductor on
   CUDA, ``aot_eager`` in a CPU dry run); such arms get a ``bf16+glue`` stem of their own (the final norm is glue).
+  On an FP8 arm the glue also runs each MLP as one ``quarl.quant.fp8_swiglu`` function (SwiGLU inside the FP8
+  quantizers, session 27); ``+unfused`` (``jetrl-xtiles+deepgemm+glue+unfused``) keeps the three FP8 linears
+  (``QUARL_FP8_SWIGLU=0``), what every ``+glue`` FP8 figure before session 27 ran.
 
 (Session 10 also timed ``+liger`` arms -- Liger-Kernel's RMSNorm, RoPE and SwiGLU patched in, commit 327c7e1 --
 and measured no gain; its profile did not change either, so its kernels most likely never ran. Session 24's
@@ -77,6 +80,7 @@ from fp8_linear import stream_time, sync  # the FP8 benchmarks' timers
 SHAPES = {"Qwen2.5-7B": (3584, 18944, 28, 4, 152064, 28), "Qwen3-8B": (4096, 12288, 32, 8, 151936, 36),
           "Qwen2.5-32B": (5120, 27648, 40, 8, 152064, 64), "tiny": (256, 640, 4, 2, 1000, 4)}
 BASES = ("bf16", "jetrl", "jetrl-xtiles")
+MODS = ("deepgemm", "glue", "unfused")
 GLUE_BACKEND = "inductor"
 PROMPT = 256  # prompt tokens per sequence under --loss rl (the rest is the completion)
 
@@ -84,10 +88,18 @@ PROMPT = 256  # prompt tokens per sequence under --loss rl (the rest is the comp
 def parse_arm(arm: str) -> tuple[str, bool, bool]:
     """``jetrl-xtiles+deepgemm+glue`` -> ("jetrl-xtiles", True, True); unknown names refused."""
     base, *mods = arm.split("+")
-    if base not in BASES or any(m not in ("deepgemm", "glue") for m in mods) or len(set(mods)) != len(mods) or (
-            "deepgemm" in mods and base == "bf16"):
-        raise SystemExit(f"unknown arm {arm!r}: a base ({', '.join(BASES)}) with +deepgemm (FP8 bases) and/or +glue")
+    if base not in BASES or any(m not in MODS for m in mods) or len(set(mods)) != len(mods) or (
+            base == "bf16" and ("deepgemm" in mods or "unfused" in mods)) or ("unfused" in mods and "glue" not in mods):
+        raise SystemExit(f"unknown arm {arm!r}: a base ({', '.join(BASES)}) with +deepgemm (FP8 bases), +glue, "
+                         f"+unfused (FP8 bases with +glue)")
     return base, "deepgemm" in mods, "glue" in mods
+
+
+def arm_env(arm: str) -> dict:
+    """The environment an arm's modifiers set: +deepgemm -> QUARL_FP8_GEMM=deepgemm, +unfused -> QUARL_FP8_SWIGLU=0."""
+    mods = arm.split("+")[1:]
+    return {**({"QUARL_FP8_GEMM": "deepgemm"} if "deepgemm" in mods else {}),
+            **({"QUARL_FP8_SWIGLU": "0"} if "unfused" in mods else {})}
 
 
 def build(shape: str, layers: int, device: str, seed: int = 0):
@@ -145,6 +157,7 @@ def step_fn(model, opt, ids: torch.Tensor, loss: str = "ce", accumulate: int = 1
 # (attention before gemm: flash / cuDNN / CUTLASS attention kernels' names can contain "cutlass" or "sm90"; session
 # 10's tables had that order reversed and counted attention with the GEMMs)
 KERNEL_CLASSES = [
+    ("fp8 swiglu quantize", ("_swiglu_rows_kernel", "_swiglu_cols_kernel")),  # quarl_kernels.fp8_swiglu
     ("fp8 quantize", ("_act_kernel", "_act_t_kernel", "_tile_kernel", "quant")),  # quarl_kernels.fp8_quant
     ("attention", ("flash", "fmha", "attention", "attn", "sdpa", "efficient")),
     ("gemm", ("gemm", "nvjet", "xmma", "cutlass", "wgmma", "sm90_", "splitk", "deep_gemm", "fp8_gemm")),
@@ -223,12 +236,12 @@ def tuned_table() -> list[dict]:
 
 def time_arm(shape: str, layers: int, arm: str, tokens: int, seq: int, iters: int, device: str,
              loss: str = "ce", profile: bool = False, accumulate: int = 1) -> dict:
-    base, deepgemm, glue = parse_arm(arm)
+    base, _, glue = parse_arm(arm)
     from transformers.models.qwen2 import modeling_qwen2
 
     rope = modeling_qwen2.apply_rotary_pos_emb  # +glue patches it process-wide: the next arm gets it back
     try:
-        with unittest.mock.patch.dict(os.environ, {"QUARL_FP8_GEMM": "deepgemm"} if deepgemm else {}):
+        with unittest.mock.patch.dict(os.environ, arm_env(arm)):
             model = build(shape, layers, device)
             prepare(model, base)
             if glue:  # what policy.compile_glue does in the rl stage

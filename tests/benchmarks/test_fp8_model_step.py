@@ -50,7 +50,10 @@ def test_arm_names_are_checked():
     assert bench.parse_arm("bf16") == ("bf16", False, False)
     assert bench.parse_arm("bf16+glue") == ("bf16", False, True)
     assert bench.parse_arm("jetrl+deepgemm+glue") == ("jetrl", True, True)
-    for bad in ("bf16+deepgemm", "jetrl+deepgemm+deepgemm", "fp8", "jetrl+tiles", "jetrl+liger", "bf16+glue+glue"):
+    assert bench.parse_arm("jetrl-xtiles+deepgemm+glue+unfused") == ("jetrl-xtiles", True, True)
+    assert bench.arm_env("jetrl-xtiles+deepgemm+glue+unfused") == {"QUARL_FP8_GEMM": "deepgemm", "QUARL_FP8_SWIGLU": "0"}
+    for bad in ("bf16+deepgemm", "jetrl+deepgemm+deepgemm", "fp8", "jetrl+tiles", "jetrl+liger", "bf16+glue+glue",
+                "jetrl+unfused", "bf16+glue+unfused"):
         with pytest.raises(SystemExit, match="unknown arm"):
             bench.parse_arm(bad)
 
@@ -67,6 +70,7 @@ def test_rl_loss_is_the_rl_stage_logprobs_and_trains():
 
 def test_profile_classes_and_the_report():
     assert bench.kernel_class("_act_t_kernel") == "fp8 quantize"
+    assert bench.kernel_class("_swiglu_cols_kernel") == "fp8 swiglu quantize"  # not norm/rope/swiglu
     assert bench.kernel_class("nvjet_tst_128x256_64x4_1x2_h_bz_coopA_NNT") == "gemm"
     assert bench.kernel_class("flash_bwd_kernel") == "attention"
     assert bench.kernel_class("fmha_cutlassB_bf16_aligned_64x64_k128_sm80") == "attention"  # not a GEMM
@@ -84,9 +88,9 @@ def test_profile_classes_and_the_report():
                      "profile": {"classes": {"gemm": 12.0, "other": 6.0}, "total_ms": 18.0, "top": []}}]}
     text = bench.render(res)
     assert "| jetrl | 20.0 | 1.50x | 10.0 | 10.00 | 2.00x | 50.0 | 1.80x |" in text
-    assert "| jetrl | 0.0 | 0.0 | 12.0 | 0.0 | 0.0 | 0.0 | 6.0 | 18.0 |" in text  # fp8 quantize, attention, gemm, ...
-    assert "| bf16 (stem) | 0.0 | 0.0 | 4.0 | 0.0 | 0.0 | 0.0 | 5.0 | 9.0 |" in text
-    assert "| jetrl, per layer | 0.00 | 0.00 | 8.00 | 0.00 | 0.00 | 0.00 | 1.00 | 9.00 |" in text  # (step - stem) / 1
+    assert "| jetrl | 0.0 | 0.0 | 0.0 | 12.0 | 0.0 | 0.0 | 0.0 | 6.0 | 18.0 |" in text  # fp8 swiglu quantize, ...
+    assert "| bf16 (stem) | 0.0 | 0.0 | 0.0 | 4.0 | 0.0 | 0.0 | 0.0 | 5.0 | 9.0 |" in text
+    assert "| jetrl, per layer | 0.00 | 0.00 | 0.00 | 8.00 | 0.00 | 0.00 | 0.00 | 1.00 | 9.00 |" in text  # (step - stem) / 1
 
 
 def test_glue_arms_compile_the_glue_and_have_their_own_stem(tmp_path, monkeypatch):

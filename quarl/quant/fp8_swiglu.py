@@ -1,0 +1,192 @@
+"""Jet-RL's FP8 MLP with SwiGLU fused into the quantizers: ``down(silu(gate(x)) * up(x))`` as one autograd function.
+
+Why. In full-parameter Jet-RL every projection is an FP8 linear (:mod:`quarl.quant.fp8_linear`), and between the
+MLP's projections the glue writes ``h = silu(g) * u`` in BF16 for the down projection to quantize -- forward -- and
+SwiGLU's backward writes ``dg`` and ``du`` in BF16 for the gate and up projections to quantize. Those BF16 tensors
+exist only to be read back by a quantizer: at Qwen2.5-32B width and 16k tokens they are ~0.9 GB each. Here the
+quantizer's passes compute them from their inputs in registers (``quarl_kernels.fp8_swiglu``), so they are never
+written: ~2.7 GB a layer less HBM traffic (that module's docstring has the count).
+
+    forward    xq = Q(x)                       1x128 (+ X^T for the two WGrads)
+               g = xq Wg^T, u = xq Wu^T        FP8 GEMMs, BF16 out          [M, I] each, saved
+               hq = Q(silu(g) * u)             fused: h never in HBM      (+ h^T for down's WGrad)
+               y = hq Wd^T                     FP8 GEMM                     [M, H]
+    backward   dh = Q(dy) Wd                   DGrad of down                [M, I]
+               dWd = Q(dy)^T h^T               WGrad of down
+               dgq, duq = Q(SwiGLU'(dh, g, u)) fused, one read of dh, g, u (+ dg^T, du^T)
+               dx = dgq Wg + duq Wu            DGrads of gate and up
+               dWg = dgq^T X^T, dWu = duq^T X^T
+
+The GEMMs, their operands' layouts and the weights' tiles are :mod:`quarl.quant.fp8_linear`'s, so this is the same
+computation as the three FP8 linears with eager PyTorch's SwiGLU between them (``F.silu(g) * u`` and its autograd:
+the same roundings), the BF16 round trips left out -- ``tests/quant/test_fp8_swiglu.py`` checks it equal, bit for bit,
+on CPU. Without the Triton quantizers (CPU) the SwiGLU runs in PyTorch and the operands come from
+:mod:`quarl.quant.fp8_linear`'s quantizers: the same numbers, nothing saved.
+
+Where it runs: :mod:`quarl.train.fused_glue` (``policy.compile_glue``) patches a Llama / Qwen MLP's forward; when the
+MLP's three projections are full-parameter FP8 ``QuantLinear`` s (``precision.mode=jetrl``, no LoRA, no bias) that
+forward calls :func:`mlp_forward` instead of the compiled SwiGLU, with autograd and without (the trainer's no-grad
+log-prob pass must equal its training forward). ``QUARL_FP8_SWIGLU=0`` keeps the three separate FP8 linears.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from quarl.quant.fp8_linear import (
+    _fused_module,
+    _master_tiles,
+    _quantize_x,
+    _round_up,
+    _scales_t,
+    _transposed,
+    blockwise_gemm,
+    quant_backend,
+    quantize_act_gemm,
+    quantize_input,
+)
+
+BLOCK = 128
+
+
+def enabled() -> bool:
+    """``QUARL_FP8_SWIGLU`` unset or ``1``: fuse; ``0``: the three FP8 linears as they are."""
+    v = os.environ.get("QUARL_FP8_SWIGLU", "1").strip()
+    if v not in ("0", "1"):
+        raise ValueError(f"QUARL_FP8_SWIGLU={v!r}: use 1 (fuse SwiGLU into the FP8 quantizers) or 0 (do not)")
+    return v == "1"
+
+
+def _kernels():
+    from quarl_kernels import fp8_swiglu
+
+    return fp8_swiglu
+
+
+def silu_mul_grads(g: torch.Tensor, u: torch.Tensor, dh: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(dg, du)`` of ``h = F.silu(g) * u`` for the output gradient ``dh``, as eager PyTorch's autograd computes
+    them (the mul's backward, then ``silu_backward``)."""
+    du = dh * F.silu(g)
+    dg = torch.ops.aten.silu_backward(dh * u, g)
+    return dg, du
+
+
+def swiglu_operands(g, u, rows: int, cols: int, t_rows: int | None, t_tiles: bool):
+    """``h = F.silu(g) * u`` -> its GEMM operands ``(q, s, qt, st)`` (:func:`quarl.quant.fp8_linear.quantize_input`'s
+    layouts); on the Triton backend without writing ``h``."""
+    if quant_backend(g) == "triton" and _fused_module() is not None:
+        g, u = _unit_stride(g, u)
+        return _kernels().swiglu_operands(g, u, rows, cols, t_rows, t_tiles)
+    return _quantize_x(F.silu(g) * u, rows, cols, t_rows, t_tiles)
+
+
+def swiglu_grad_operands(dh, g, u, rows: int, cols: int, t_rows: int | None, row_groups: bool):
+    """SwiGLU's backward -> ``(dg's (q, s, qt, st), du's)``, the gate and up projections' dY operands
+    (:func:`quarl.quant.fp8_linear.quantize_act_gemm`'s layouts); on the Triton backend without writing dg, du."""
+    if quant_backend(dh) == "triton" and _fused_module() is not None:
+        dh, g, u = _unit_stride(dh, g, u)
+        return _kernels().swiglu_grad_operands(dh, g, u, rows, cols, t_rows, row_groups=row_groups)
+    dg, du = silu_mul_grads(g, u, dh)
+    return (quantize_act_gemm(dg, rows, cols, t_rows, row_groups=row_groups),
+            quantize_act_gemm(du, rows, cols, t_rows, row_groups=row_groups))
+
+
+def _unit_stride(*ts: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """The kernels take inputs of one layout with unit column stride: a GEMM output sliced to I columns (I not a
+    multiple of 128) is copied."""
+    if all(t.stride() == ts[0].stride() and t.stride(-1) == 1 for t in ts):
+        return ts
+    return tuple(t.contiguous() for t in ts)
+
+
+class FP8SwiGLUFunction(torch.autograd.Function):
+    """``down(silu(gate(x)) * up(x))`` with every GEMM in FP8 and SwiGLU inside the quantizers (module docstring).
+    ``x`` [..., H]; ``w_gate`` / ``w_up`` [I, H] and ``w_down`` [H, I] the master weights (None: no WGrad, e.g. under
+    no_grad); ``*q`` / ``*s`` their FP8 tiles padded to multiples of 128 (:func:`fp8_linear._master_tiles`);
+    ``wgrad_tiles``: X^T and h^T in 128x128 tiles for the WGrads (``precision.fp8_wgrad=tiles``)."""
+
+    @staticmethod
+    def forward(ctx, x, w_gate, w_up, w_down, gq, gs, uq, us, dq, ds, inter, out, wgrad_tiles=False):
+        # gq, uq [Ip, Hp], dq [Hp', Ip] (padded to multiples of 128); inter = I, out = H: the true widths
+        lead, hdim = x.shape[:-1], x.shape[-1]
+        x2 = x.reshape(-1, hdim)  # [M, H]
+        m = x2.shape[0]
+        mp = _round_up(m, 4) if x.is_cuda else m  # cuBLAS rows
+        mt = _round_up(m, BLOCK)  # WGrad's token groups
+        need_gu = ctx.needs_input_grad[1] or ctx.needs_input_grad[2]
+        need_d = ctx.needs_input_grad[3]
+        # xq [Mp, Hp], xs [Mp, Hp/128]; xtq, xts: X^T for the gate / up WGrads (1x128 along tokens, or tiles)
+        xq, xs, xtq, xts = quantize_input(x, x2, mp, gq.shape[1], mt if need_gu else None, False, wgrad_tiles)
+        g = blockwise_gemm(xq, xs, gq, gs, True, x.dtype)[:m, :inter]  # [M, I]
+        u = blockwise_gemm(xq, xs, uq, us, True, x.dtype)[:m, :inter]  # [M, I]
+        # h = silu(g) * u quantized, never written: hq [Mp, Ip] in 1x128 groups (down's A), htq / hts h^T (down's WGrad)
+        hq, hs, htq, hts = swiglu_operands(g, u, mp, dq.shape[1], mt if need_d else None, wgrad_tiles)
+        y = blockwise_gemm(hq, hs, dq, ds, True, x.dtype)[:m, :out]  # [M, H]
+        ctx.save_for_backward(g, u, xtq, xts, htq, hts, gq, gs, uq, us, dq, ds)
+        ctx.dims = (lead, m, mp, mt, hdim, inter, out)
+        ctx.w_dtypes = tuple(w.dtype if w is not None else None for w in (w_gate, w_up, w_down))
+        ctx.wgrad_tiles = wgrad_tiles
+        return y.reshape(*lead, out)
+
+    @staticmethod
+    def backward(ctx, dy):
+        g, u, xtq, xts, htq, hts, gq, gs, uq, us, dq, ds = ctx.saved_tensors
+        lead, m, mp, mt, hdim, i_cols, out = ctx.dims
+        need_x, need_g, need_u, need_d = ctx.needs_input_grad[:4]
+        dt, tiles = g.dtype, ctx.wgrad_tiles
+        dx = dwg = dwu = dwd = None
+        dy2 = dy.reshape(-1, dy.shape[-1])  # [M, H]
+        # dY in 1x128 groups along H (down's DGrad) and along the tokens (down's WGrad): dyq [Mp, Hp], dytq [Hp, Mt]
+        dyq, dys, dytq, dyts = quantize_act_gemm(dy2, mp, dq.shape[0], mt if need_d else None)
+        if need_d:  # dWd = dY^T h: [H, I]
+            dwd = blockwise_gemm(dytq, dyts, htq, hts, tiles, ctx.w_dtypes[2])[:out, :i_cols]
+        if need_x or need_g or need_u:
+            dh = blockwise_gemm(dyq, dys, _transposed(dq), _scales_t(ds), True, dt)[:m, :i_cols]  # [M, I]
+            (dgq, dgs, dgtq, dgts), (duq, dus, dutq, duts) = swiglu_grad_operands(
+                dh, g, u, mp, gq.shape[0], mt if (need_g or need_u) else None, need_x)
+            if need_x:  # dX = dg Wg + du Wu: [M, H]
+                dx = blockwise_gemm(dgq, dgs, _transposed(gq), _scales_t(gs), True, dt)[:m, :hdim]
+                dx = (dx + blockwise_gemm(duq, dus, _transposed(uq), _scales_t(us), True, dt)[:m, :hdim])
+                dx = dx.reshape(*lead, hdim)
+            if need_g:  # dWg = dg^T X: [I, H]
+                dwg = blockwise_gemm(dgtq, dgts, xtq, xts, tiles, ctx.w_dtypes[0])[:i_cols, :hdim]
+            if need_u:
+                dwu = blockwise_gemm(dutq, duts, xtq, xts, tiles, ctx.w_dtypes[1])[:i_cols, :hdim]
+        dws = tuple(w if w is None or w.is_contiguous() else w.contiguous() for w in (dwg, dwu, dwd))
+        return (dx, *dws) + (None,) * 9
+
+
+def fp8_swiglu(x: torch.Tensor, w_gate: torch.Tensor, w_up: torch.Tensor, w_down: torch.Tensor,
+               wgrad: str = "1x128") -> torch.Tensor:
+    """``F.linear(F.silu(F.linear(x, w_gate)) * F.linear(x, w_up), w_down)`` through FP8 GEMMs with SwiGLU fused
+    into the quantizers; differentiable in ``x`` and the three master weights [I, H], [I, H], [H, I]."""
+    gq, gs = _master_tiles(w_gate)
+    uq, us = _master_tiles(w_up)
+    dq, ds = _master_tiles(w_down)
+    # no autograd graph (the trainer's old log-probs, eval): no master weights, so no X^T / h^T for absent WGrads
+    ws = (w_gate, w_up, w_down) if torch.is_grad_enabled() else (None, None, None)
+    return FP8SwiGLUFunction.apply(x, *ws, gq, gs, uq, us, dq, ds, w_gate.shape[0], w_down.shape[0], wgrad == "tiles")
+
+
+def fusable(mlp: nn.Module) -> bool:
+    """Whether ``mlp``'s ``gate_proj`` / ``up_proj`` / ``down_proj`` are full-parameter FP8 ``QuantLinear`` s with
+    one X^T grouping, no LoRA and no bias (and ``QUARL_FP8_SWIGLU`` is not 0): :func:`mlp_forward` computes them."""
+    from quarl.quant.linear import QuantLinear
+
+    projs = [getattr(mlp, p, None) for p in ("gate_proj", "up_proj", "down_proj")]
+    return (all(isinstance(p, QuantLinear) and p.fp8_flow and p.mode == "qat" and p.lora_cfg is None
+                and p.bias is None for p in projs)
+            and len({p.fp8_wgrad for p in projs}) == 1 and enabled())
+
+
+def mlp_forward(mlp: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    """A :func:`fusable` MLP's forward: ``down_proj(silu(gate_proj(x)) * up_proj(x))`` as :func:`fp8_swiglu`."""
+    return fp8_swiglu(x, mlp.gate_proj.weight, mlp.up_proj.weight, mlp.down_proj.weight, mlp.down_proj.fp8_wgrad)
+
+
+__all__ = ["FP8SwiGLUFunction", "enabled", "fp8_swiglu", "fusable", "mlp_forward", "silu_mul_grads",
+           "swiglu_grad_operands", "swiglu_operands"]

@@ -1,0 +1,102 @@
+"""The fused SwiGLU + FP8 quantizers on CUDA (``quarl_kernels.fp8_swiglu``, ``quarl.quant.fp8_swiglu``).
+
+Against the eager reference on the same GPU -- PyTorch's ``F.silu(g) * u`` and its autograd in bf16, then the FP8
+linear's quantizers -- at 7B width: the kernels use PyTorch's CUDA arithmetic (libdevice ``expf``, correctly rounded
+divisions, ATen's fma-contracted ``silu_backward``), so every code and scale is expected equal; the assertion allows
+one code in 10^5 to differ (two compilers' ``expf`` are not promised to agree) and the test prints the count. Every
+launch setting gives the same bits as the default. The fused MLP against the three FP8 linears with eager SwiGLU
+(cuBLAS / the same GEMMs): equal wherever the operands are, so compared through the count of differing operands'
+effect -- relative error of the outputs and gradients below 1e-3 -- and the no-grad forward equal to the grad one.
+
+Run on a CUDA machine: ``pytest -q -m gpu tests/kernels/test_fp8_swiglu_gpu.py``.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+pytest.importorskip("triton", reason="the fused quantizers need Triton (CPU CI has none)")
+from quarl_kernels import fp8_swiglu as fs
+
+from quarl.quant.fp8_linear import _quantize_x, fp8_linear, quantize_act_gemm
+from quarl.quant.fp8_swiglu import fp8_swiglu, silu_mul_grads
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device"),
+]
+
+
+def ndiff(a, b) -> int:
+    if a.dtype == torch.float8_e4m3fn:
+        a, b = a.contiguous().view(torch.uint8), b.contiguous().view(torch.uint8)
+    return int((a != b).sum())
+
+
+def _inputs(m, i, seed=0):
+    torch.manual_seed(seed)
+    g = (torch.randn(m, i, device="cuda") * 3).to(torch.bfloat16)
+    u, dh = (torch.randn(m, i, device="cuda").to(torch.bfloat16) for _ in range(2))
+    return g, u, dh
+
+
+def _check(got, want, what):
+    n = sum(ndiff(a, b) for a, b in zip(got, want, strict=True) if a is not None)
+    total = sum(a.numel() for a in got if a is not None)
+    print(f"{what}: {n} of {total} differ")
+    assert n <= total * 1e-5, f"{what}: {n} of {total} codes / scales differ from the eager reference"
+
+
+@pytest.mark.parametrize("m,i", [(8192, 18944), (4099, 1536)])
+def test_operands_equal_the_eager_reference(m, i):
+    g, u, dh = _inputs(m, i)
+    rows, cols, t_rows = -(-m // 4) * 4, -(-i // 128) * 128, -(-m // 128) * 128
+    for tiles in (False, True):
+        _check(fs.swiglu_operands(g, u, rows, cols, t_rows, tiles),
+               _quantize_x(F.silu(g) * u, rows, cols, t_rows, tiles), f"h {m}x{i} tiles={tiles}")
+    dg, du = silu_mul_grads(g, u, dh)
+    got = fs.swiglu_grad_operands(dh, g, u, rows, cols, t_rows)
+    _check(got[0], quantize_act_gemm(dg, rows, cols, t_rows), f"dg {m}x{i}")
+    _check(got[1], quantize_act_gemm(du, rows, cols, t_rows), f"du {m}x{i}")
+
+
+def test_every_launch_setting_gives_the_same_bits():
+    g, u, dh = _inputs(4096, 3584, seed=1)
+    m, i = g.shape
+    ref_f = fs.swiglu_operands(g, u, m, i, m, True, setting=fs.ROW_SETTINGS[0], t_setting=fs.COL_SETTINGS[0])
+    ref_b = fs.swiglu_grad_operands(dh, g, u, m, i, m, setting=fs.ROW_SETTINGS[0], t_setting=fs.COL_SETTINGS[0])
+    for st in fs.ROW_SETTINGS:
+        for t_st in fs.COL_SETTINGS:
+            got = fs.swiglu_operands(g, u, m, i, m, True, setting=st, t_setting=t_st)
+            assert all(ndiff(a, b) == 0 for a, b in zip(got, ref_f, strict=True)), (st, t_st)
+            got = fs.swiglu_grad_operands(dh, g, u, m, i, m, setting=st, t_setting=t_st)
+            assert all(ndiff(a, b) == 0 for x, y in zip(got, ref_b, strict=True) for a, b in zip(x, y, strict=True))
+
+
+@pytest.mark.parametrize("wgrad", ["1x128", "tiles"])
+def test_fused_mlp_matches_three_fp8_linears(wgrad):
+    torch.manual_seed(2)
+    h, inter, m = 3584, 18944, 4096
+    ws = [(torch.randn(*s, device="cuda") * 0.02).to(torch.bfloat16).requires_grad_()
+          for s in ((inter, h), (inter, h), (h, inter))]
+    x = torch.randn(m, h, device="cuda").to(torch.bfloat16).requires_grad_()
+    dy = torch.randn(m, h, device="cuda").to(torch.bfloat16)
+
+    def run(fn):
+        for t in (x, *ws):
+            t.grad = None
+        y = fn()
+        y.backward(dy)
+        return [y.detach(), x.grad, *(w.grad for w in ws)]
+
+    got = run(lambda: fp8_swiglu(x, *ws, wgrad=wgrad))
+    want = run(lambda: fp8_linear(F.silu(fp8_linear(x, ws[0], wgrad=wgrad)) * fp8_linear(x, ws[1], wgrad=wgrad),
+                                  ws[2], wgrad=wgrad))
+    for name, a, b in zip(("y", "dx", "dWg", "dWu", "dWd"), got, want, strict=True):
+        rel = ((a.float() - b.float()).norm() / b.float().norm()).item()
+        print(f"{name} ({wgrad}): relative difference {rel:.2e}, equal {torch.equal(a, b)}")
+        assert rel < 1e-3, (name, rel)
+    with torch.no_grad():
+        assert torch.equal(fp8_swiglu(x, *ws, wgrad=wgrad), got[0])

@@ -1,0 +1,118 @@
+"""The fused SwiGLU + FP8 quantizers (``quarl_kernels.fp8_swiglu``) on CPU: through ``TRITON_INTERPRET=1``, bit for bit
+the eager reference (``F.silu(g) * u`` / its autograd, then the FP8 linear's PyTorch quantizers) -- every output,
+every launch setting, rows and columns not multiples of 128, bf16 and fp16, no tokens -- and the fused MLP
+(``quarl.quant.fp8_swiglu``) with the Triton quantizers equal to it with the eager ones; then every launch compiled
+for sm_90 on this CPU: correctly rounded divisions, no spills, no FP8 code stored from a register the loop has not
+written (``tests/kernels/sm90_sass.py``, the W^T bug's check). Skipped without Triton / NumPy < 2.3 (CPU CI)."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.kernels.interpreter import needs_interpreter, needs_triton, run_interpreted
+
+SCRIPT = """
+import os
+import torch
+import torch.nn.functional as F
+from quarl_kernels import fp8_swiglu as fs
+from quarl.quant.fp8_linear import _quantize_x, quantize_act_gemm
+from quarl.quant.fp8_swiglu import fp8_swiglu, silu_mul_grads
+
+def same(a, b):
+    if a is None or b is None:
+        return a is None and b is None
+    if a.dtype == torch.float8_e4m3fn:
+        a, b = a.contiguous().view(torch.uint8), b.contiguous().view(torch.uint8)
+    return a.shape == b.shape and torch.equal(a, b)
+
+def all_same(got, want):
+    return all(same(a, b) for a, b in zip(got, want, strict=True))
+
+torch.manual_seed(0)
+for m, i, dt in ((37, 320, torch.bfloat16), (130, 256, torch.bfloat16), (64, 384, torch.float16)):
+    g = (torch.randn(m, i) * 3).to(dt)
+    u, dh = torch.randn(m, i).to(dt), torch.randn(m, i).to(dt)
+    g[3, :128] = 0  # an all-zero group in h, dg and du
+    rows, cols, t_rows = m + (-m % 4), -(-i // 128) * 128, -(-m // 128) * 128
+    for tiles in (False, True):
+        want = _quantize_x(F.silu(g) * u, rows, cols, t_rows, tiles)
+        assert all_same(fs.swiglu_operands(g, u, rows, cols, t_rows, tiles), want), (m, i, tiles)
+        for st in fs.ROW_SETTINGS[1:]:
+            assert all_same(fs.swiglu_operands(g, u, rows, cols, None, tiles, setting=st), want[:2] + (None, None))
+        for st in fs.COL_SETTINGS[1:]:
+            got = fs.swiglu_operands(g, u, rows, cols, t_rows, tiles, row_groups=False, t_setting=st)
+            assert all_same(got, (None, None) + want[2:]), (m, i, tiles, st)
+    dg, du = silu_mul_grads(g, u, dh)
+    want = (quantize_act_gemm(dg, rows, cols, t_rows), quantize_act_gemm(du, rows, cols, t_rows))
+    got = fs.swiglu_grad_operands(dh, g, u, rows, cols, t_rows)
+    assert all_same(got[0], want[0]) and all_same(got[1], want[1]), (m, i)
+    for st, t_st in zip(fs.ROW_SETTINGS[1:], fs.COL_SETTINGS[1:]):
+        got = fs.swiglu_grad_operands(dh, g, u, rows, cols, t_rows, setting=st, t_setting=t_st)
+        assert all_same(got[0], want[0]) and all_same(got[1], want[1]), (st, t_st)
+    for t_st in fs.COL_SETTINGS[4:]:
+        got = fs.swiglu_grad_operands(dh, g, u, rows, cols, t_rows, row_groups=False, t_setting=t_st)
+        assert all_same(got[0], (None, None) + want[0][2:]) and all_same(got[1], (None, None) + want[1][2:])
+print("operands ok")
+
+empty = torch.zeros(0, 256, dtype=torch.bfloat16)
+q, s, qt, st = fs.swiglu_operands(empty, empty, 0, 256, 128)
+assert q.shape == (0, 256) and qt.shape == (256, 128) and not qt.view(torch.uint8).any()
+assert torch.all(st == torch.finfo(torch.float32).eps)
+
+# the fused MLP with the Triton quantizers == with the eager ones (the same operands, so the same GEMMs)
+def grads(backend, wgrad):
+    os.environ["QUARL_FP8_QUANT"] = backend
+    torch.manual_seed(1)
+    x = torch.randn(2, 37, 192).to(torch.bfloat16).requires_grad_()
+    ws = [(torch.randn(*s) * 0.05).to(torch.bfloat16).requires_grad_() for s in ((320, 192), (320, 192), (192, 320))]
+    y = fp8_swiglu(x, *ws, wgrad=wgrad)
+    y.backward(torch.randn_like(y))
+    return [y, x.grad, *(w.grad for w in ws)]
+
+for wgrad in ("1x128", "tiles"):
+    a, b = grads("triton", wgrad), grads("eager", wgrad)
+    assert all(torch.equal(p, q) for p, q in zip(a, b)), wgrad
+print("mlp ok")
+print("OK")
+"""
+
+
+@needs_interpreter
+def test_fp8_swiglu_under_triton_interpreter():
+    run_interpreted(SCRIPT, timeout=600)
+
+
+def _launches():
+    """Every launch setting of both kernels, forward (1x128 and tiles) and backward, at a 7B-width shape."""
+    import torch
+    from quarl_kernels import fp8_quant as fq
+    from quarl_kernels import fp8_swiglu as fs
+
+    g = torch.empty(8192, 18944, dtype=torch.bfloat16)
+    m, i = g.shape
+    for bwd in (False, True):
+        dh = g if bwd else None
+        one, two = fq._act_outputs(g, m, i, m, True, False), fq._act_outputs(g, m, i, m, True, False)
+        for st in fs.ROW_SETTINGS:
+            yield f"rows bwd={bwd} {st}", fs._row_launch(g, g, dh, ((one[0], one[1]), (two[0], two[1])), m, i, *st)
+        for tiles in (False,) if bwd else (False, True):
+            t = fq._act_outputs(g, m, i, m, False, tiles)
+            for st in fs.COL_SETTINGS:
+                yield (f"cols bwd={bwd} tiles={tiles} {st}",
+                       fs._col_launch(g, g, dh, ((t[2], t[3]), (two[2], two[3])), i, m, tiles, *st))
+
+
+@needs_triton
+def test_fp8_swiglu_kernels_compile_for_sm90():
+    from tests.kernels.sm90_sass import compile_launch, cuobjdump, stack_bytes, stale_code_stores
+
+    if cuobjdump() is None:
+        pytest.skip("the Triton wheel ships no cuobjdump")
+    for name, launch in _launches():
+        k, sass = compile_launch(launch, SCALE_RECIP=True, INTERPRET=False)
+        ptx = k.asm["ptx"]
+        assert "div.rn.f32" in ptx and "div.full" not in ptx, name  # correctly rounded, as PyTorch's kernels
+        assert "cvt.rn.satfinite.e4m3x2.f32" in ptx and "0f3B124925" in ptx, name  # RNE E4M3, fp32(1/448)
+        assert stack_bytes(k) == 0, f"{name}: ptxas spilled registers"
+        assert not stale_code_stores(sass), f"{name}: FP8 codes stored before they were written"

@@ -1,0 +1,142 @@
+"""quarl.quant.fp8_swiglu on CPU: the fused FP8 MLP is the three FP8 linears with eager SwiGLU between them, bit for bit
+(forward, the input's and the three weights' gradients, both X^T groupings, shapes not multiples of 128), with and
+without autograd; the fused glue routes a full-parameter Jet-RL MLP through it and nothing else; the switch refuses
+bad values. The Triton kernels' own checks: tests/kernels/test_fp8_swiglu_{interpreter,gpu}.py."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from quarl.quant import fp8_swiglu
+from quarl.quant.fp8_linear import fp8_linear
+from quarl.quant.fp8_swiglu import FP8SwiGLUFunction, silu_mul_grads
+from quarl.quant.fp8_swiglu import fp8_swiglu as fused
+
+
+def _weights(h: int, inter: int, seed: int = 0):
+    torch.manual_seed(seed)
+    mk = lambda n, k: (torch.randn(n, k) * 0.05).to(torch.bfloat16).requires_grad_()
+    return mk(inter, h), mk(inter, h), mk(h, inter)
+
+
+def _run(fn, x, ws, dy):
+    for t in (x, *ws):
+        t.grad = None
+    y = fn(x, *ws)
+    y.backward(dy)
+    return [y.detach(), x.grad, *(w.grad for w in ws)]
+
+
+@pytest.mark.parametrize("wgrad", ["1x128", "tiles"])
+@pytest.mark.parametrize("m,h,inter", [(37, 192, 320), (130, 128, 256), (5, 576, 1536)])
+def test_fused_mlp_is_three_fp8_linears_bit_for_bit(m, h, inter, wgrad):
+    ws = _weights(h, inter)
+    x = torch.randn(2, m, h).to(torch.bfloat16).requires_grad_()
+    dy = torch.randn(2, m, h).to(torch.bfloat16)
+
+    def unfused(x, wg, wu, wd):
+        return fp8_linear(F.silu(fp8_linear(x, wg, wgrad=wgrad)) * fp8_linear(x, wu, wgrad=wgrad), wd, wgrad=wgrad)
+
+    got = _run(lambda x, *w: fused(x, *w, wgrad=wgrad), x, ws, dy)
+    want = _run(unfused, x, ws, dy)
+    for name, a, b in zip(("y", "dx", "dWg", "dWu", "dWd"), got, want, strict=True):
+        assert a.shape == b.shape and torch.equal(a, b), (name, (a.float() - b.float()).abs().max())
+    with torch.no_grad():  # the trainer's old log-probs: the same forward bits without a graph
+        assert torch.equal(fused(x, *ws, wgrad=wgrad), got[0])
+
+
+def test_input_gradient_only_and_weights_only():
+    """A frozen input or frozen weights: only the gradients asked for, the same values as with all of them."""
+    ws = _weights(192, 320, seed=1)
+    x = torch.randn(9, 192).to(torch.bfloat16).requires_grad_()
+    dy = torch.randn(9, 192).to(torch.bfloat16)
+    full = _run(fused, x, ws, dy)
+    xd = x.detach()
+    for t in ws:
+        t.grad = None
+    fused(xd, *ws).backward(dy)
+    assert all(torch.equal(w.grad, f) for w, f in zip(ws, full[2:], strict=True))
+    frozen = [w.detach() for w in ws]
+    x.grad = None
+    fused(x, *frozen).backward(dy)
+    assert torch.equal(x.grad, full[1])
+
+
+def test_silu_mul_grads_is_autograd():
+    torch.manual_seed(0)
+    g, u, dh = (torch.randn(7, 33).to(torch.bfloat16) for _ in range(3))
+    g.requires_grad_(), u.requires_grad_()
+    (F.silu(g) * u).backward(dh)
+    dg, du = silu_mul_grads(g.detach(), u.detach(), dh)
+    assert torch.equal(dg, g.grad) and torch.equal(du, u.grad)
+
+
+def _jetrl_qwen2(lora: bool = False, seed: int = 0):
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    from quarl.quant import quantize_model
+    from quarl.rl.precision import _jetrl_recipe
+
+    cfg = Qwen2Config(hidden_size=64, intermediate_size=160, num_attention_heads=4, num_key_value_heads=2,
+                      vocab_size=97, num_hidden_layers=2, tie_word_embeddings=False)
+    torch.manual_seed(seed)
+    model = Qwen2ForCausalLM(cfg).to(torch.bfloat16)
+    quantize_model(model, _jetrl_recipe("lora" if lora else "full"))
+    return model
+
+
+@pytest.fixture
+def _glue_restored():
+    from transformers.models.qwen2 import modeling_qwen2
+
+    rope = modeling_qwen2.apply_rotary_pos_emb
+    yield
+    modeling_qwen2.apply_rotary_pos_emb = rope
+
+
+def _loss_and_grads(model, ids):
+    model.zero_grad(set_to_none=True)
+    loss = model(input_ids=ids, labels=ids).loss
+    loss.backward()
+    return loss.detach(), {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+
+
+@pytest.mark.usefixtures("_glue_restored")
+def test_compiled_glue_runs_a_jetrl_mlp_fused_and_equal(monkeypatch):
+    """policy.compile_glue on a full-parameter Jet-RL model: each MLP is one FP8SwiGLUFunction (counted), and the
+    loss and every gradient equal those of the unfused FP8 linears (QUARL_FP8_SWIGLU=0), bit for bit."""
+    from quarl.train.fused_glue import compile_glue
+
+    model = _jetrl_qwen2()
+    compile_glue(model, backend="aot_eager")
+    ids = torch.randint(0, 97, (2, 11))
+    calls = []
+    apply = FP8SwiGLUFunction.apply
+    monkeypatch.setattr(FP8SwiGLUFunction, "apply", lambda *a: calls.append(1) or apply(*a))
+    loss, grads = _loss_and_grads(model, ids)
+    assert len(calls) == 2  # one per decoder layer
+    monkeypatch.setenv("QUARL_FP8_SWIGLU", "0")
+    loss0, grads0 = _loss_and_grads(model, ids)
+    assert len(calls) == 2 and torch.equal(loss, loss0) and grads.keys() == grads0.keys()
+    assert all(torch.equal(grads[k], grads0[k]) for k in grads), [k for k in grads if not torch.equal(grads[k],
+                                                                                                      grads0[k])]
+
+
+@pytest.mark.usefixtures("_glue_restored")
+def test_lora_and_bf16_mlps_are_not_fused():
+    from quarl.train.fused_glue import compile_glue
+
+    lora = _jetrl_qwen2(lora=True)
+    compile_glue(lora, backend="aot_eager")
+    assert not any(fp8_swiglu.fusable(m) for m in lora.modules() if hasattr(m, "gate_proj"))
+    full = _jetrl_qwen2()
+    assert all(fp8_swiglu.fusable(m) for m in full.modules() if hasattr(m, "gate_proj"))
+    from transformers.models.qwen2.modeling_qwen2 import Qwen2MLP
+
+    assert not fp8_swiglu.fusable(Qwen2MLP(full.config))  # nn.Linear projections
+
+
+def test_switch_refuses_other_values(monkeypatch):
+    monkeypatch.setenv("QUARL_FP8_SWIGLU", "yes")
+    with pytest.raises(ValueError, match="QUARL_FP8_SWIGLU='yes'"):
+        fp8_swiglu.enabled()
