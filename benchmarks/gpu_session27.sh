@@ -6,10 +6,23 @@
 #   phase a: bash benchmarks/gpu_session27.sh a   (carry .dev/dg.tar.xz .whl/bnb-site; one GPU; ~6 min)
 #     DeepGEMM built; the quantizers', the FP8 linear's and the engine's GPU tests; each operand's settings timed beside
 #     the Gluon kernels (benchmarks/kernels/fp8_quant_operands.py --gluon: the persistent kernel's bytes checked first).
+#   phase b: bash benchmarks/gpu_session27.sh b   (carry .dev/dg.tar.xz; one GPU; ~8 min)
+#     After a (the persistent Gluon kernel: still ~2x slower than the split settings): SwiGLU inside the FP8 quantizers
+#     (quarl.quant.fp8_swiglu: h, dg, du never written in BF16). Its GPU tests (operands against eager PyTorch, every
+#     launch setting's bits, the fused MLP against three FP8 linears; the inductor glue on a Jet-RL model), then the 32B
+#     actor update with 8 micro-batches per optimizer step: bf16 / bf16+glue / FP8 fused / FP8 unfused.
+#   phase c: bash benchmarks/gpu_session27.sh c   (carry .dev/dg.tar.xz; right after b, warm; ~7 min)
+#     The same four arms at 7B width with 8 micro-batches, then both widths with one, profiled (where the time went).
 set -u
 PHASE=${1:?phase}
 OUT=${OUT:?}
 source benchmarks/gpu_phase_lib.sh
+
+ARMS=bf16,bf16+glue,jetrl-xtiles+deepgemm+glue,jetrl-xtiles+deepgemm+glue+unfused
+update() {  # SECONDS TAG SHAPE [ARGS...]: the actor update at 16k tokens, 4 layers -> $OUT/model/TAG
+    local s=$1 tag=$2 shape=$3; shift 3
+    model_step "$s" "$tag" --shape "$shape" --layers 4 --tokens 16384 --loss rl --arms "$ARMS" "$@"
+}
 
 case $PHASE in
 a)
@@ -17,6 +30,17 @@ a)
     export PYTHONPATH=$PYTHONPATH:$PWD/.whl/bnb-site
     tests 240 tests/kernels/test_fp8_quant_gpu.py tests/quant/test_fp8_linear.py tests/engine/test_engine_gpu.py
     bench 100 quant_gluon benchmarks/kernels/fp8_quant_operands.py --gluon
+    ;;
+b)
+    deepgemm
+    tests 170 tests/kernels/test_fp8_swiglu_gpu.py tests/train/test_fused_glue_gpu.py tests/quant/test_fp8_linear.py -s
+    update "${M32A_S:-270}" p32acc8 Qwen2.5-32B --iters 2 --accumulate 8
+    ;;
+c)
+    deepgemm
+    update "${M7A_S:-170}" p7acc8 Qwen2.5-7B --iters 2 --accumulate 8
+    update "${M32_S:-150}" p32 Qwen2.5-32B --profile --iters 2
+    update "${M7_S:-110}" p7 Qwen2.5-7B --profile --iters 2
     ;;
 *) echo "unknown phase $PHASE"; exit 2 ;;
 esac
