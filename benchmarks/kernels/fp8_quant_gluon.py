@@ -26,9 +26,11 @@ candidates as ``("gluon", 8 | 16)``): the same bits as the eager quantizers on e
 [16384, 27648]: 1.81 ms against 0.86; ~1 TB/s of useful bytes). At 8 warps it needs 168-195 registers a thread, at
 16 warps 96-111: one CTA, i.e. one 128x128 tile, in flight per SM, and nothing else to hide the load latency behind.
 A next version would keep several tiles in flight (a persistent program loading tile i+1 before storing tile i, or
-a TMA ring) -- RESULTS.md "Session 26". The first of those is here, prepared and not yet run on a GPU:
-``_dual_kernel(PERSISTENT=True)`` (16 warps: 128 registers, no spills; two tiles in flight per SM), timed with its bytes
-checked by ``fp8_quant_operands.py --gluon`` (phase h of ``benchmarks/gpu_session26.sh``). Gluon kernels do not run
+a TMA ring) -- RESULTS.md "Session 26". The first of those is here too: ``_dual_kernel(PERSISTENT=True)`` (16 warps:
+128 registers, no spills; two tiles in flight per SM). Measured in session 27 (H200, ``fp8_quant_operands.py --gluon``,
+phase a of ``benchmarks/gpu_session27.sh``): the same bits on all 10 operands, 3-22 % faster than the one-tile form on
+8 of them and still 1.96-2.1x slower than the split settings on every operand 3584 columns or wider (32B dY [16384, 27648]: 1.674 ms
+against 0.854) -- a second tile in flight is not enough; not kept as a candidate either. Gluon kernels do not run
 in Triton's CPU interpreter; the CPU test only builds them for sm_90 (``tests/kernels/test_fp8_quant_gluon_compile.py``).
 """
 

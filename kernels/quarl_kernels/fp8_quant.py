@@ -112,7 +112,8 @@ WARPS = 8
 # the code (RESULTS.md "Session 26").
 # A one-read kernel in Gluon with no transpose at all (benchmarks/kernels/fp8_quant_gluon.py: a thread holds four
 # consecutive tokens of its columns, X^T's 32-bit words) gave the same bits on an H200 but ran at half the split
-# settings' speed (one 128x128 tile in flight per SM at its register count; RESULTS.md "Session 26"): not a candidate.
+# settings' speed (one 128x128 tile in flight per SM at its register count; RESULTS.md "Session 26"): not a candidate;
+# its persistent form prefetching the next tile (session 27) was still ~2x slower on every wide operand.
 ACT_SETTINGS = ((SUB, WARPS), (32, 4), (64, 8), (64, 16), (128, 16), (64, 8, True), (32, 4, True),
                 (32, 4, False, 32, 4), (64, 8, False, 32, 4), (32, 4, False, 64, 8), (64, 8, False, 64, 8),
                 (64, 8, False, 128, 8), (32, 4, False, 16, 2), (32, 4, False, 32, 2),
