@@ -324,6 +324,14 @@ def write_report(text: str, path: Path) -> None:
     print(text)
 
 
+def stem_arm(arm: str) -> str:
+    """The stem an arm's per-layer time subtracts: ``bf16+glue`` for a +glue arm (its final norm is compiled too),
+    ``bf16+liger`` for session 10's +liger arms, else ``bf16``. (Until session 27 a ``+glue`` arm with a modifier after
+    ``+glue`` got the ``bf16`` stem.)"""
+    mods = arm.split("+")[1:]
+    return "bf16+glue" if "glue" in mods else "bf16+liger" if "liger" in mods else "bf16"
+
+
 def render(res: dict) -> str:
     """Per arm: step with the decoder layers, the stem, per layer, the whole-model estimate; x = BF16 / arm."""
     full_layers = SHAPES[res["shape"]][5]
@@ -339,7 +347,7 @@ def render(res: dict) -> str:
     for arm in dict.fromkeys(r["arm"] for r in res["rows"] if r["layers"]):
         # the stem is BF16 in every arm (embedding, final norm, LM head, loss); +glue arms have their own (the final
         # norm is compiled too); session 10's +liger arms had theirs
-        stem = by.get((f"bf16+{arm.split('+')[-1]}" if arm.endswith(("+liger", "+glue")) else "bf16", 0), {})
+        stem = by.get((stem_arm(arm), 0), {})
         step = by.get((arm, res["layers"]), {})
         if "ms" not in step or "ms" not in stem:
             err = step.get("error") or stem.get("error") or "not run"
@@ -361,7 +369,7 @@ def render(res: dict) -> str:
             L.append(f"| {arm}{' (stem)' if not layers else ''} | " +
                      " | ".join(f"{p['classes'].get(c, 0.0):.1f}" for c in cls) + f" | {p['total_ms']:.1f} |")
         for (arm, layers), p in prof.items():
-            stem = prof.get((f"bf16+{arm.split('+')[-1]}" if arm.endswith("+glue") else "bf16", 0))
+            stem = prof.get((stem_arm(arm), 0))
             if layers and stem:
                 per = {c: (p["classes"].get(c, 0.0) - stem["classes"].get(c, 0.0)) / layers for c in cls}
                 L.append(f"| {arm}, per layer | " + " | ".join(f"{per[c]:.2f}" for c in cls) +

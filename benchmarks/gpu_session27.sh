@@ -13,6 +13,13 @@
 #     actor update with 8 micro-batches per optimizer step: bf16 / bf16+glue / FP8 fused / FP8 unfused.
 #   phase c: bash benchmarks/gpu_session27.sh c   (carry .dev/dg.tar.xz; right after b, warm; ~7 min)
 #     The same four arms at 7B width with 8 micro-batches, then both widths with one, profiled (where the time went).
+#   phase d: bash benchmarks/gpu_session27.sh d   (carry .dev/dg.tar.xz; one GPU; ~7 min)
+#     After b / c (the fused arm was slower than the unfused one: its kernels at 1.3-3.0 TB/s, the backward's
+#     compute-bound on exact expf / div_rn, the transposed passes reducing again): the row pass stores the transposed
+#     operand's scales, the backward uses fast arithmetic. GPU tests again; 32B and 7B with 8 micro-batches, 4 arms.
+#   phase e: bash benchmarks/gpu_session27.sh e   (carry .dev/dg.tar.xz; right after d, warm; ~5 min)
+#     The 32B run with 8 micro-batches again (3 steps timed: how far the ratio moves between runs), then 7B with 8
+#     micro-batches, profiled.
 set -u
 PHASE=${1:?phase}
 OUT=${OUT:?}
@@ -41,6 +48,17 @@ c)
     update "${M7A_S:-170}" p7acc8 Qwen2.5-7B --iters 2 --accumulate 8
     update "${M32_S:-150}" p32 Qwen2.5-32B --profile --iters 2
     update "${M7_S:-110}" p7 Qwen2.5-7B --profile --iters 2
+    ;;
+d)
+    deepgemm
+    tests 130 tests/kernels/test_fp8_swiglu_gpu.py tests/train/test_fused_glue_gpu.py -s
+    update "${M32A_S:-200}" p32acc8 Qwen2.5-32B --iters 2 --accumulate 8
+    update "${M7A_S:-150}" p7acc8 Qwen2.5-7B --iters 2 --accumulate 8
+    ;;
+e)
+    deepgemm
+    update "${M32A_S:-200}" p32acc8r Qwen2.5-32B --iters 3 --accumulate 8
+    update "${M7A_S:-150}" p7acc8p Qwen2.5-7B --iters 2 --accumulate 8 --profile
     ;;
 *) echo "unknown phase $PHASE"; exit 2 ;;
 esac

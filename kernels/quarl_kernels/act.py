@@ -44,25 +44,6 @@ def silu_mul_values(g, u, dt: tl.constexpr, INTERPRET: tl.constexpr):
 
 
 @triton.jit
-def silu_mul_grads(g, u, dh, dt: tl.constexpr, INTERPRET: tl.constexpr):
-    """The gradients of ``silu(g) * u`` for fp32 values of ``dt`` numbers (``dh`` the output's), each rounded to
-    ``dt`` where eager PyTorch's autograd rounds: ``du = dh * silu(g)`` (the mul's backward, with ``silu(g)`` in
-    ``dt`` as the forward made it) and ``dg = silu_backward(dh * u, g)`` -- ATen's ``dy * s * (1 + g * (1 - s))``,
-    ``s = 1 / (1 + exp(-g))`` in fp32, on ``dy = dh * u`` rounded. Returns ``(dg, du)`` in ``dt``."""
-    if INTERPRET:
-        e = tl.exp(-g)
-    else:
-        e = libdevice.exp(-g)
-    act = round_to(tl.math.div_rn(g, 1.0 + e), dt, INTERPRET).to(tl.float32)  # F.silu(g) in the input dtype
-    du = round_to(dh * act, dt, INTERPRET)
-    dy = round_to(dh * u, dt, INTERPRET).to(tl.float32)
-    s = tl.math.div_rn(1.0, 1.0 + e)
-    # 1 + g * (1 - s) as one fma: what nvcc makes of ATen's CUDA expression (it contracts by default)
-    dg = round_to(dy * s * tl.fma(g, 1.0 - s, 1.0), dt, INTERPRET)
-    return dg, du
-
-
-@triton.jit
 def _silu_mul_kernel(g_ptr, u_ptr, o_ptr, n, BLOCK: tl.constexpr, INTERPRET: tl.constexpr,
                      PDL: tl.constexpr = 0):
     pdl.enter(PDL)

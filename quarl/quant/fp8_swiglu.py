@@ -17,11 +17,13 @@ written: ~2.7 GB a layer less HBM traffic (that module's docstring has the count
                dx = dgq Wg + duq Wu            DGrads of gate and up
                dWg = dgq^T X^T, dWu = duq^T X^T
 
-The GEMMs, their operands' layouts and the weights' tiles are :mod:`quarl.quant.fp8_linear`'s, so this is the same
-computation as the three FP8 linears with eager PyTorch's SwiGLU between them (``F.silu(g) * u`` and its autograd:
-the same roundings), the BF16 round trips left out -- ``tests/quant/test_fp8_swiglu.py`` checks it equal, bit for bit,
-on CPU. Without the Triton quantizers (CPU) the SwiGLU runs in PyTorch and the operands come from
-:mod:`quarl.quant.fp8_linear`'s quantizers: the same numbers, nothing saved.
+The GEMMs, their operands' layouts and the weights' tiles are :mod:`quarl.quant.fp8_linear`'s, so this is the
+computation of the three FP8 linears with eager PyTorch's SwiGLU between them (``F.silu(g) * u`` and its autograd),
+the BF16 round trips left out. Without the Triton quantizers (CPU) the SwiGLU runs in PyTorch and the operands come
+from :mod:`quarl.quant.fp8_linear`'s quantizers: the same numbers, bit for bit (``tests/quant/test_fp8_swiglu.py``),
+nothing saved. With them (CUDA) the forward is still the same bits (the rollout engine's too); the backward's kernel
+uses fast arithmetic, so a counted few of ``dg`` / ``du``'s codes are one step off the eager ones
+(``quarl_kernels.fp8_swiglu``).
 
 Where it runs: :mod:`quarl.train.fused_glue` (``policy.compile_glue``) patches a Llama / Qwen MLP's forward; when the
 MLP's three projections are full-parameter FP8 ``QuantLinear`` s (``precision.mode=jetrl``, no LoRA, no bias) that

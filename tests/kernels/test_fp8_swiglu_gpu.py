@@ -1,12 +1,13 @@
 """The fused SwiGLU + FP8 quantizers on CUDA (``quarl_kernels.fp8_swiglu``, ``quarl.quant.fp8_swiglu``).
 
 Against the eager reference on the same GPU -- PyTorch's ``F.silu(g) * u`` and its autograd in bf16, then the FP8
-linear's quantizers -- at 7B width: the kernels use PyTorch's CUDA arithmetic (libdevice ``expf``, correctly rounded
-divisions, ATen's fma-contracted ``silu_backward``), so every code and scale is expected equal; the assertion allows
-one code in 10^5 to differ (two compilers' ``expf`` are not promised to agree) and the test prints the count. Every
-launch setting gives the same bits as the default. The fused MLP against the three FP8 linears with eager SwiGLU
-(cuBLAS / the same GEMMs): equal wherever the operands are, so compared through the count of differing operands'
-effect -- relative error of the outputs and gradients below 1e-3 -- and the no-grad forward equal to the grad one.
+linear's quantizers -- at 7B width. The forward uses PyTorch's CUDA arithmetic (libdevice ``expf``, correctly rounded
+divisions), so every code and scale is expected equal (session 27: 0 of 3.1e8 differed); the assertion allows one in
+10^5 (two compilers' ``expf`` are not promised to agree). The backward's arithmetic is fast by design (``ex2.approx``,
+an approximate reciprocal, codes by a reciprocal scale): scales equal, codes equal but for at most 1e-3, each one step
+away; the counts are printed. Every launch setting gives the same bits as the default. The fused MLP against the
+three FP8 linears with eager SwiGLU (the same GEMMs): the forward equal, the gradients within 1e-3 relative, the
+no-grad forward equal to the grad one.
 
 Run on a CUDA machine: ``pytest -q -m gpu tests/kernels/test_fp8_swiglu_gpu.py``.
 """
@@ -42,11 +43,22 @@ def _inputs(m, i, seed=0):
     return g, u, dh
 
 
-def _check(got, want, what):
-    n = sum(ndiff(a, b) for a, b in zip(got, want, strict=True) if a is not None)
-    total = sum(a.numel() for a in got if a is not None)
-    print(f"{what}: {n} of {total} differ")
-    assert n <= total * 1e-5, f"{what}: {n} of {total} codes / scales differ from the eager reference"
+def _check(got, want, what, frac=1e-5):
+    n = total = 0
+    for a, b in zip(got, want, strict=True):
+        if a is None:
+            continue
+        if a.dtype != torch.float8_e4m3fn:
+            assert torch.equal(a, b), f"{what}: {ndiff(a, b)} scales differ"
+            continue
+        a, b = a.contiguous().view(torch.uint8).int(), b.contiguous().view(torch.uint8).int()
+        d = a != b
+        if d.any():  # one step apart: same sign, neighbouring magnitudes
+            assert bool(((a[d] & 0x80) == (b[d] & 0x80)).all()), what
+            assert int(((a[d] & 0x7F) - (b[d] & 0x7F)).abs().max()) <= 1, what
+        n, total = n + int(d.sum()), total + a.numel()
+    print(f"{what}: {n} of {total} codes differ")
+    assert n <= total * frac, f"{what}: {n} of {total} codes differ from the eager reference"
 
 
 @pytest.mark.parametrize("m,i", [(8192, 18944), (4099, 1536)])
@@ -58,8 +70,8 @@ def test_operands_equal_the_eager_reference(m, i):
                _quantize_x(F.silu(g) * u, rows, cols, t_rows, tiles), f"h {m}x{i} tiles={tiles}")
     dg, du = silu_mul_grads(g, u, dh)
     got = fs.swiglu_grad_operands(dh, g, u, rows, cols, t_rows)
-    _check(got[0], quantize_act_gemm(dg, rows, cols, t_rows), f"dg {m}x{i}")
-    _check(got[1], quantize_act_gemm(du, rows, cols, t_rows), f"du {m}x{i}")
+    _check(got[0], quantize_act_gemm(dg, rows, cols, t_rows), f"dg {m}x{i}", 1e-3)
+    _check(got[1], quantize_act_gemm(du, rows, cols, t_rows), f"du {m}x{i}", 1e-3)
 
 
 def test_every_launch_setting_gives_the_same_bits():
@@ -97,6 +109,6 @@ def test_fused_mlp_matches_three_fp8_linears(wgrad):
     for name, a, b in zip(("y", "dx", "dWg", "dWu", "dWd"), got, want, strict=True):
         rel = ((a.float() - b.float()).norm() / b.float().norm()).item()
         print(f"{name} ({wgrad}): relative difference {rel:.2e}, equal {torch.equal(a, b)}")
-        assert rel < 1e-3, (name, rel)
+        assert rel < 1e-3 and (name != "y" or torch.equal(a, b)), (name, rel)
     with torch.no_grad():
         assert torch.equal(fp8_swiglu(x, *ws, wgrad=wgrad), got[0])

@@ -1,7 +1,9 @@
-"""The fused SwiGLU + FP8 quantizers (``quarl_kernels.fp8_swiglu``) on CPU: through ``TRITON_INTERPRET=1``, bit for bit
+"""The fused SwiGLU + FP8 quantizers (``quarl_kernels.fp8_swiglu``) on CPU: through ``TRITON_INTERPRET=1``, against
 the eager reference (``F.silu(g) * u`` / its autograd, then the FP8 linear's PyTorch quantizers) -- every output,
-every launch setting, rows and columns not multiples of 128, bf16 and fp16, no tokens -- and the fused MLP
-(``quarl.quant.fp8_swiglu``) with the Triton quantizers equal to it with the eager ones; then every launch compiled
+rows and columns not multiples of 128, bf16 and fp16, no tokens: scales equal, codes equal but for a counted few one
+step apart (NumPy's ``exp`` here is not torch's; the backward's arithmetic is approximate by design) -- every launch
+setting the same bits as the default, and the fused MLP (``quarl.quant.fp8_swiglu``) with the Triton quantizers close
+to it with the eager ones; then every launch compiled
 for sm_90 on this CPU: correctly rounded divisions, no spills, no FP8 code stored from a register the loop has not
 written (``tests/kernels/sm90_sass.py``, the W^T bug's check). Skipped without Triton / NumPy < 2.3 (CPU CI)."""
 
@@ -29,6 +31,26 @@ def same(a, b):
 def all_same(got, want):
     return all(same(a, b) for a, b in zip(got, want, strict=True))
 
+def near(got, want, what, frac):
+    # codes: all but `frac` equal, and those one E4M3 step apart (same sign, neighbouring magnitudes); scales equal
+    # (the interpreter's exp is NumPy's, the reference's torch's: the last fp32 bit can differ, and then an element's
+    # BF16 / FP16 rounding; the backward's fast arithmetic more so)
+    n = total = 0
+    for a, b in zip(got, want, strict=True):
+        if a is None:
+            assert b is None, what
+            continue
+        if a.dtype != torch.float8_e4m3fn:
+            assert torch.equal(a, b), (what, "scales", int((a != b).sum()))
+            continue
+        a, b = a.contiguous().view(torch.uint8).int(), b.contiguous().view(torch.uint8).int()
+        d = a != b
+        assert bool(((a[d] & 0x80) == (b[d] & 0x80)).all() and ((a[d] & 0x7F) - (b[d] & 0x7F)).abs().max() <= 1
+                    if d.any() else True), what
+        n, total = n + int(d.sum()), total + a.numel()
+    print(what, n, "of", total, "codes differ")
+    assert n <= frac * total, (what, n, total)
+
 torch.manual_seed(0)
 for m, i, dt in ((37, 320, torch.bfloat16), (130, 256, torch.bfloat16), (64, 384, torch.float16)):
     g = (torch.randn(m, i) * 3).to(dt)
@@ -36,23 +58,24 @@ for m, i, dt in ((37, 320, torch.bfloat16), (130, 256, torch.bfloat16), (64, 384
     g[3, :128] = 0  # an all-zero group in h, dg and du
     rows, cols, t_rows = m + (-m % 4), -(-i // 128) * 128, -(-m // 128) * 128
     for tiles in (False, True):
-        want = _quantize_x(F.silu(g) * u, rows, cols, t_rows, tiles)
-        assert all_same(fs.swiglu_operands(g, u, rows, cols, t_rows, tiles), want), (m, i, tiles)
-        for st in fs.ROW_SETTINGS[1:]:
-            assert all_same(fs.swiglu_operands(g, u, rows, cols, None, tiles, setting=st), want[:2] + (None, None))
+        got = fs.swiglu_operands(g, u, rows, cols, t_rows, tiles)
+        near(got, _quantize_x(F.silu(g) * u, rows, cols, t_rows, tiles), f"h {m}x{i} {dt} tiles={tiles}", 1e-3)
+        for st in fs.ROW_SETTINGS[1:]:  # every setting: the same bits as the default
+            assert all_same(fs.swiglu_operands(g, u, rows, cols, t_rows, tiles, setting=st), got), (st, tiles)
         for st in fs.COL_SETTINGS[1:]:
-            got = fs.swiglu_operands(g, u, rows, cols, t_rows, tiles, row_groups=False, t_setting=st)
-            assert all_same(got, (None, None) + want[2:]), (m, i, tiles, st)
+            assert all_same(fs.swiglu_operands(g, u, rows, cols, t_rows, tiles, t_setting=st), got), (st, tiles)
+        assert all_same(fs.swiglu_operands(g, u, rows, cols, None, tiles), got[:2] + (None, None))
+        assert all_same(fs.swiglu_operands(g, u, rows, cols, t_rows, tiles, row_groups=False), (None, None) + got[2:])
     dg, du = silu_mul_grads(g, u, dh)
-    want = (quantize_act_gemm(dg, rows, cols, t_rows), quantize_act_gemm(du, rows, cols, t_rows))
     got = fs.swiglu_grad_operands(dh, g, u, rows, cols, t_rows)
-    assert all_same(got[0], want[0]) and all_same(got[1], want[1]), (m, i)
+    near(got[0], quantize_act_gemm(dg, rows, cols, t_rows), f"dg {m}x{i} {dt}", 2e-3)
+    near(got[1], quantize_act_gemm(du, rows, cols, t_rows), f"du {m}x{i} {dt}", 2e-3)
     for st, t_st in zip(fs.ROW_SETTINGS[1:], fs.COL_SETTINGS[1:]):
-        got = fs.swiglu_grad_operands(dh, g, u, rows, cols, t_rows, setting=st, t_setting=t_st)
-        assert all_same(got[0], want[0]) and all_same(got[1], want[1]), (st, t_st)
-    for t_st in fs.COL_SETTINGS[4:]:
-        got = fs.swiglu_grad_operands(dh, g, u, rows, cols, t_rows, row_groups=False, t_setting=t_st)
-        assert all_same(got[0], (None, None) + want[0][2:]) and all_same(got[1], (None, None) + want[1][2:])
+        other = fs.swiglu_grad_operands(dh, g, u, rows, cols, t_rows, setting=st, t_setting=t_st)
+        assert all_same(other[0], got[0]) and all_same(other[1], got[1]), (st, t_st)
+    for t_st in fs.COL_SETTINGS[3:]:
+        other = fs.swiglu_grad_operands(dh, g, u, rows, cols, t_rows, row_groups=False, t_setting=t_st)
+        assert all_same(other[0], (None, None) + got[0][2:]) and all_same(other[1], (None, None) + got[1][2:])
 print("operands ok")
 
 empty = torch.zeros(0, 256, dtype=torch.bfloat16)
@@ -60,7 +83,8 @@ q, s, qt, st = fs.swiglu_operands(empty, empty, 0, 256, 128)
 assert q.shape == (0, 256) and qt.shape == (256, 128) and not qt.view(torch.uint8).any()
 assert torch.all(st == torch.finfo(torch.float32).eps)
 
-# the fused MLP with the Triton quantizers == with the eager ones (the same operands, so the same GEMMs)
+# the fused MLP with the Triton quantizers against the eager ones: the forward within the interpreter's exp, the
+# gradients within the backward's fast arithmetic
 def grads(backend, wgrad):
     os.environ["QUARL_FP8_QUANT"] = backend
     torch.manual_seed(1)
@@ -71,8 +95,10 @@ def grads(backend, wgrad):
     return [y, x.grad, *(w.grad for w in ws)]
 
 for wgrad in ("1x128", "tiles"):
-    a, b = grads("triton", wgrad), grads("eager", wgrad)
-    assert all(torch.equal(p, q) for p, q in zip(a, b)), wgrad
+    for name, a, b in zip(("y", "dx", "dWg", "dWu", "dWd"), grads("triton", wgrad), grads("eager", wgrad)):
+        rel = ((a.float() - b.float()).norm() / b.float().norm()).item()
+        print(wgrad, name, "relative difference", rel)
+        assert rel < 1e-2, (wgrad, name, rel)
 print("mlp ok")
 print("OK")
 """
@@ -84,7 +110,8 @@ def test_fp8_swiglu_under_triton_interpreter():
 
 
 def _launches():
-    """Every launch setting of both kernels, forward (1x128 and tiles) and backward, at a 7B-width shape."""
+    """Every launch setting of both kernels, forward (X^T in 1x128 groups and in tiles) and backward, at a 7B-width
+    shape: the row pass with the transposed operand's scales, the transposed pass."""
     import torch
     from quarl_kernels import fp8_quant as fq
     from quarl_kernels import fp8_swiglu as fs
@@ -93,14 +120,15 @@ def _launches():
     m, i = g.shape
     for bwd in (False, True):
         dh = g if bwd else None
-        one, two = fq._act_outputs(g, m, i, m, True, False), fq._act_outputs(g, m, i, m, True, False)
-        for st in fs.ROW_SETTINGS:
-            yield f"rows bwd={bwd} {st}", fs._row_launch(g, g, dh, ((one[0], one[1]), (two[0], two[1])), m, i, *st)
         for tiles in (False,) if bwd else (False, True):
-            t = fq._act_outputs(g, m, i, m, False, tiles)
+            one = fq._act_outputs(g, m, i, m, True, tiles)
+            two = fq._act_outputs(g, m, i, m, True, False)
+            rows_out = ((one[0], one[1], one[3]), (two[0], two[1], two[3]))
+            for st in fs.ROW_SETTINGS:
+                yield f"rows bwd={bwd} tiles={tiles} {st}", fs._row_launch(g, g, dh, rows_out, m, i, m, tiles, *st)
             for st in fs.COL_SETTINGS:
                 yield (f"cols bwd={bwd} tiles={tiles} {st}",
-                       fs._col_launch(g, g, dh, ((t[2], t[3]), (two[2], two[3])), i, m, tiles, *st))
+                       fs._col_launch(g, g, dh, ((one[2], one[3]), (two[2], two[3])), i, m, tiles, *st))
 
 
 @needs_triton
@@ -110,9 +138,12 @@ def test_fp8_swiglu_kernels_compile_for_sm90():
     if cuobjdump() is None:
         pytest.skip("the Triton wheel ships no cuobjdump")
     for name, launch in _launches():
-        k, sass = compile_launch(launch, SCALE_RECIP=True, INTERPRET=False)
+        device = {k: v for k, v in (("SCALE_RECIP", True), ("INTERPRET", False)) if k in launch.kernel.arg_names}
+        k, sass = compile_launch(launch, **device)
         ptx = k.asm["ptx"]
-        assert "div.rn.f32" in ptx and "div.full" not in ptx, name  # correctly rounded, as PyTorch's kernels
-        assert "cvt.rn.satfinite.e4m3x2.f32" in ptx and "0f3B124925" in ptx, name  # RNE E4M3, fp32(1/448)
+        assert "div.rn.f32" in ptx, name  # the forward's silu and codes: correctly rounded, as PyTorch's kernels
+        assert ("div.full" in ptx) == ("bwd=True" in name), name  # the backward's fast reciprocal, only there
+        assert "cvt.rn.satfinite.e4m3x2.f32" in ptx, name  # RNE E4M3 with saturation
+        assert name.startswith("cols") or "0f3B124925" in ptx, name  # the scales: amax * fp32(1/448), as CUDA torch
         assert stack_bytes(k) == 0, f"{name}: ptxas spilled registers"
         assert not stale_code_stores(sass), f"{name}: FP8 codes stored before they were written"
