@@ -20,6 +20,10 @@
 #   phase e: bash benchmarks/gpu_session27.sh e   (carry .dev/dg.tar.xz; right after d, warm; ~5 min)
 #     The 32B run with 8 micro-batches again (3 steps timed: how far the ratio moves between runs), then 7B with 8
 #     micro-batches, profiled.
+#   phase f: bash benchmarks/gpu_session27.sh f   (no carry; one GPU; ~3 min: the budget's last ~320 s)
+#     After d (e not run: too little budget left; the fused arm still 1-2 % slower: its row pass 1.8-1.9x slower than
+#     b's, the column amax reduced across warps per chunk): the amax kept elementwise and reduced once, 16-warp row
+#     settings. The fused kernels' GPU tests, then fused vs unfused per MLP (benchmarks/kernels/fp8_swiglu_bench.py).
 set -u
 PHASE=${1:?phase}
 OUT=${OUT:?}
@@ -59,6 +63,10 @@ e)
     deepgemm
     update "${M32A_S:-200}" p32acc8r Qwen2.5-32B --iters 3 --accumulate 8
     update "${M7A_S:-150}" p7acc8p Qwen2.5-7B --iters 2 --accumulate 8 --profile
+    ;;
+f)
+    tests 80 tests/kernels/test_fp8_swiglu_gpu.py -s
+    bench 90 swiglu benchmarks/kernels/fp8_swiglu_bench.py
     ;;
 *) echo "unknown phase $PHASE"; exit 2 ;;
 esac

@@ -52,12 +52,11 @@ from quarl_kernels.rounding import FP8_MAX, round_to, round_to_fp8
 
 GROUP = fq.GROUP
 # (rows per chunk, warps) of the row pass; (columns per program, warps, transposed load) of the transposed pass.
-# The first of each is the default (no timing: CPU, decode-sized inputs, QUARL_FP8_TUNE=0). Session 27's first H200
-# run (row pass without the transposed operand's scales, blocks of SUB rows) took (16, 4) for every operand; with
-# the scales the row pass walks a whole token group, and more warps keep its registers down (sm_90: 64-94 at
-# (8, 4) / (32, 16) against 103-149 at (16, 4)). (16, 8) was dropped before any GPU run: the sm_90 SASS check flagged
-# its backward's code stores (the W^T bug's pattern, tests/kernels/test_fp8_swiglu_interpreter.py)
-ROW_SETTINGS = ((16, 4), (8, 4), (32, 8), (32, 16), (64, 8))
+# The first of each is the default (no timing: CPU, decode-sized inputs, QUARL_FP8_TUNE=0). On an H200 (session 27)
+# the first row pass (blocks of SUB rows, no transposed scales) took (16, 4) for every operand, and the second (whole
+# token groups, the column amax reduced across warps per chunk) (64, 8) -- at 1.8-1.9x the first one's time; the
+# amax is now kept elementwise and reduced once, and the 16-warp settings keep more loads in flight per SM
+ROW_SETTINGS = ((16, 4), (8, 4), (32, 8), (32, 16), (64, 8), (64, 16), (128, 16))
 COL_SETTINGS = ((32, 4, False), (64, 8, False), (16, 2, False), (32, 4, True), (64, 8, True), (16, 2, True))
 
 
@@ -149,8 +148,10 @@ def _swiglu_rows_kernel(
     cols = (pid_k * 128 + tl.arange(0, 128)).to(tl.int64)  # [128]
     c_in = cols < I
     c_ok = cols < CQ
-    amax_a = tl.zeros([128], dtype=tl.float32)
-    amax_b = tl.zeros([128], dtype=tl.float32)
+    # |values| maxed elementwise over the chunks, reduced over the rows once after the loop: a reduction along the
+    # rows per chunk crosses warps through shared memory (H200, session 27: the row pass 1.8-1.9x slower with it)
+    amax_a = tl.zeros([SUB, 128], dtype=tl.float32)
+    amax_b = tl.zeros([SUB, 128], dtype=tl.float32)
     for i in tl.range(0, BLOCK_M // SUB):
         rows = (pid_m * BLOCK_M + i * SUB + tl.arange(0, SUB)).to(tl.int64)  # [SUB]
         a, b = _values(g_ptr, u_ptr, dh_ptr, rows[:, None] * stride_m + cols[None, :],
@@ -163,13 +164,15 @@ def _swiglu_rows_kernel(
                 _store_rows(q2_ptr, s2_ptr, b, rows, cols, pid_k, r_ok, c_ok, stride_qm, stride_sm, stride_sg,
                             SCALE_RECIP, BWD, INTERPRET)
         if COLS > 0:
-            amax_a = tl.maximum(amax_a, tl.max(tl.abs(a), axis=0))
+            amax_a = tl.maximum(amax_a, tl.abs(a))
             if BWD:
-                amax_b = tl.maximum(amax_b, tl.max(tl.abs(b), axis=0))
+                amax_b = tl.maximum(amax_b, tl.abs(b))
     if COLS > 0:
-        _store_t_scales(st_ptr, amax_a, cols, c_ok, pid_k, pid_m, stride_stk, stride_stg, COLS, SCALE_RECIP)
+        _store_t_scales(st_ptr, tl.max(amax_a, axis=0), cols, c_ok, pid_k, pid_m, stride_stk, stride_stg, COLS,
+                        SCALE_RECIP)
         if BWD:
-            _store_t_scales(st2_ptr, amax_b, cols, c_ok, pid_k, pid_m, stride_stk, stride_stg, COLS, SCALE_RECIP)
+            _store_t_scales(st2_ptr, tl.max(amax_b, axis=0), cols, c_ok, pid_k, pid_m, stride_stk, stride_stg, COLS,
+                            SCALE_RECIP)
 
 
 @triton.jit

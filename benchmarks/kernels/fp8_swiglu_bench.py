@@ -1,0 +1,103 @@
+"""SwiGLU inside the FP8 quantizers against the glue + quantizer it replaces, per MLP of a layer (Jet-RL, issue 15).
+
+    PYTHONPATH=$PWD:$PWD/kernels python3 benchmarks/kernels/fp8_swiglu_bench.py --out $OUT/swiglu      # CUDA
+    TRITON_INTERPRET=1 python3 benchmarks/kernels/fp8_swiglu_bench.py --device cpu --tokens 256 --out /tmp/sw  # dry run
+
+At each model's intermediate width and ``--tokens`` tokens, BF16 inputs, X^T / h^T in 128x128 tiles
+(``precision.fp8_wgrad=tiles``):
+
+* forward, fused: ``quarl_kernels.fp8_swiglu.swiglu_operands(g, u)`` (its two passes: the row groups with the
+  tiles' scales, then h^T); unfused: the compiled glue's ``silu_mul`` (``quarl.train.fused_glue``, inductor: one
+  kernel) writing h, then ``fp8_quant.quantize_act(h, t_tiles=True)``;
+* backward, fused: ``swiglu_grad_operands(dh, g, u)`` (dg and du, 1x128 both ways); unfused: SwiGLU's gradients as
+  one compiled kernel (``quarl.quant.fp8_swiglu.silu_mul_grads`` through ``torch.compile``: reads dh, g, u, writes dg,
+  du -- the bytes of the glue's compiled backward) then ``quantize_act`` of dg and of du.
+
+Each kernel's launch settings are chosen first (the run-time choice, timed in ``tuned``), then each path is timed as
+a whole: ``stream_time`` (CUDA events, ``--iters`` calls after two warm-ups). The useful bytes (inputs read once,
+codes and scales written once) give each path's rate; the fused kernels read their inputs twice (two passes).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from datetime import UTC, datetime
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path[:0] = [str(ROOT), str(ROOT / "kernels"), str(ROOT / "benchmarks")]
+
+from fp8_linear import stream_time  # the FP8 benchmarks' timer
+
+INTERMEDIATE = {"Qwen2.5-7B": 18944, "Qwen2.5-32B": 27648}
+
+
+def paths(m: int, i: int, device: str):
+    """The four timed callables on fresh [m, i] BF16 inputs: fused / unfused, forward / backward."""
+    from quarl_kernels import fp8_quant as fq
+    from quarl_kernels import fp8_swiglu as fs
+
+    from quarl.quant.fp8_swiglu import silu_mul_grads
+    from quarl.train.fused_glue import _compiled
+
+    torch.manual_seed(0)
+    g, u, dh = ((torch.randn(m, i, device=device) * s).to(torch.bfloat16) for s in (3.0, 1.0, 1e-3))
+    backend = "inductor" if device == "cuda" else "aot_eager"
+    silu_mul = _compiled(backend).silu_mul
+    grads = torch.compile(silu_mul_grads, backend=backend, dynamic=False)
+    mt = -(-m // 128) * 128
+    return {
+        "forward fused": lambda: fs.swiglu_operands(g, u, m, i, mt, True),
+        "forward unfused": lambda: fq.quantize_act(silu_mul(g, u), m, i, mt, t_tiles=True),
+        "backward fused": lambda: fs.swiglu_grad_operands(dh, g, u, m, i, mt),
+        "backward unfused": lambda: [fq.quantize_act(t, m, i, mt) for t in grads(g, u, dh)],
+    }
+
+
+def useful_gb(name: str, m: int, i: int) -> float:
+    """Inputs read once, codes written once (scales are < 1 %): forward g, u -> h codes and h^T codes; backward dh, g,
+    u -> dg and du codes both ways."""
+    n = m * i
+    return (2 * 2 * n + 2 * n if name.startswith("forward") else 3 * 2 * n + 4 * n) / 1e9
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--models", default="Qwen2.5-7B,Qwen2.5-32B")
+    ap.add_argument("--tokens", type=int, default=16384)
+    ap.add_argument("--iters", type=int, default=10)
+    ap.add_argument("--device", default="cuda")
+    ap.add_argument("--out", required=True)
+    a = ap.parse_args()
+    from quarl_kernels import fp8_quant as fq
+
+    out = Path(a.out)
+    out.mkdir(parents=True, exist_ok=True)
+    gpu = torch.cuda.get_device_name() if a.device == "cuda" else "cpu"
+    rows = []
+    for model in a.models.split(","):
+        i = INTERMEDIATE[model]
+        fns = paths(a.tokens, i, a.device)
+        for name, fn in fns.items():
+            ms = stream_time(fn, a.iters, a.device)
+            rows.append({"model": model, "path": name, "ms": ms, "useful_gb_s": useful_gb(name, a.tokens, i) / ms * 1e3})
+            print(json.dumps(rows[-1]), flush=True)
+        del fns
+    title = (f"# SwiGLU + FP8 quantizers, {a.tokens} tokens, {gpu}, torch {torch.__version__}, "
+             f"{datetime.now(UTC):%Y-%m-%d %H:%M} UTC")
+    lines = [title, "", "| model | path | ms | useful GB/s |", "|---|---|---:|---:|"]
+    lines += [f"| {r['model']} | {r['path']} | {r['ms']:.3f} | {r['useful_gb_s']:.0f} |" for r in rows]
+    tuned = [{"key": [str(k) for k in key], "best": v["best"], "ms": {str(s): round(t, 4) for s, t in v["ms"].items()}}
+             for key, v in fq.TUNED.items()]
+    (out / "fp8_swiglu_bench.md").write_text("\n".join(lines) + "\n")
+    (out / "fp8_swiglu_bench.json").write_text(json.dumps({"gpu": gpu, "tokens": a.tokens, "rows": rows,
+                                                           "tuned": tuned}, indent=1))
+    print("\n".join(lines))
+
+
+if __name__ == "__main__":
+    main()
