@@ -24,8 +24,8 @@ Arms (each on a fresh model from the same seed):
 * ``+glue`` on any arm (``bf16+glue``, ``jetrl-xtiles+glue``): the rl stage's ``policy.compile_glue``
   (``quarl.train.fused_glue``: transformers' RMSNorm / RoPE / SwiGLU as ``torch.compile``d kernels; inductor on
   CUDA, ``aot_eager`` in a CPU dry run); such arms get a ``bf16+glue`` stem of their own (the final norm is glue).
-  On an FP8 arm the glue also runs each MLP as one ``quarl.quant.fp8_swiglu`` function (SwiGLU inside the FP8
-  quantizers, session 27); ``+unfused`` (``jetrl-xtiles+deepgemm+glue+unfused``) keeps the three FP8 linears
+  On an FP8 arm the glue also runs each MLP as one ``quarl.quant.fp8_swiglu`` function (SwiGLU's backward inside the
+  FP8 quantizers, session 27); ``+unfused`` (``jetrl-xtiles+deepgemm+glue+unfused``) keeps the three FP8 linears
   (``QUARL_FP8_SWIGLU=0``), what every ``+glue`` FP8 figure before session 27 ran.
 
 (Session 10 also timed ``+liger`` arms -- Liger-Kernel's RMSNorm, RoPE and SwiGLU patched in, commit 327c7e1 --

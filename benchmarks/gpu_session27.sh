@@ -24,6 +24,11 @@
 #     After d (e not run: too little budget left; the fused arm still 1-2 % slower: its row pass 1.8-1.9x slower than
 #     b's, the column amax reduced across warps per chunk): the amax kept elementwise and reduced once, 16-warp row
 #     settings. The fused kernels' GPU tests, then fused vs unfused per MLP (benchmarks/kernels/fp8_swiglu_bench.py).
+#   phases g, h (prepared, not run this session; back to back on one machine): after f (the fused backward 1.27x the
+#     glue + quantizer, the fused forward 0.84x: removed, the forward back to the glue's silu_mul + quantizer).
+#     g (carry .dev/dg.tar.xz; ~8 min): the final form's GPU tests (the kernels, the inductor glue on a Jet-RL model),
+#     then 32B and 7B with 8 micro-batches, 4 arms; h (carry .dev/dg.tar.xz; ~5 min warm): the 32B run again (3 steps
+#     timed: the spread between calls), then 7B with one micro-batch, profiled.
 set -u
 PHASE=${1:?phase}
 OUT=${OUT:?}
@@ -68,9 +73,36 @@ f)
     tests 80 tests/kernels/test_fp8_swiglu_gpu.py -s
     bench 90 swiglu benchmarks/kernels/fp8_swiglu_bench.py
     ;;
+g)
+    deepgemm
+    tests 150 tests/kernels/test_fp8_swiglu_gpu.py tests/train/test_fused_glue_gpu.py -s
+    update "${M32A_S:-200}" p32acc8 Qwen2.5-32B --iters 2 --accumulate 8
+    update "${M7A_S:-150}" p7acc8 Qwen2.5-7B --iters 2 --accumulate 8
+    ;;
+h)
+    deepgemm
+    update "${M32A_S:-200}" p32acc8r Qwen2.5-32B --iters 3 --accumulate 8
+    update "${M7_S:-120}" p7 Qwen2.5-7B --profile --iters 2
+    ;;
 *) echo "unknown phase $PHASE"; exit 2 ;;
 esac
 phase_end
 
 # ---------------------------------------------------------------------------------------------------------------
 # Record (calls of this session; device time from the tool's lease):
+#   a  commit f1fdb9c, 2026-11-27 ~12:27-12:32 UTC, one NVIDIA H200 (143771 MiB; cold), 338 s (held 378 s, budget
+#      left 1422 s): DeepGEMM built in 88 s; GPU tests: 51 passed, none failed, before the 240 s limit stopped the run
+#      in tests/engine/test_engine_gpu.py's 7B-shaped rollout tests; fp8_quant_operands.py --gluon: the persistent
+#      Gluon kernel the same bits on all 10 operands, ~2x slower than the split settings on every wide one.
+#   b, c  commit 9364a91 (fused version 1), ~12:38-12:44 UTC, one H200 (b cold, c warm), 385 s + 167 s (budget left
+#      812 s): b -- GPU tests 21 passed, 1 skipped (bitsandbytes not carried); 0 of 3.1e8 h / dg / du codes differ from
+#      eager; the fused MLP equal to three FP8 linears; 32B 8 micro-batches: bf16+glue 78.98, fused 53.41, unfused
+#      51.09 ms a layer (the report printed 50.44 for unfused: the bf16 stem, fixed in 7f1d9e3). c -- 7B 8
+#      micro-batches 38.44 / 28.64 / 26.82; one micro-batch, profiled: 32B 80.89 / 57.58 / 56.20, 7B 41.34 / 29.01 /
+#      29.34; the fused kernels 1.3-3.0 TB/s (their tuned tables).
+#   d  commit 7f1d9e3 (version 2), ~12:56-13:03 UTC, one H200 (cold), 448 s (budget left 323 s: e not run): GPU tests
+#      8 passed (dg / du: 2,341 of 6.2e8 codes one step off; gradients within 1.4e-5); 32B 8 micro-batches 78.19 /
+#      52.47 / 51.33, 7B 38.84 / 27.78 / 27.11 (the row pass 1.8-1.9x slower than version 1's: per-chunk amax).
+#   f  commit 3d653a8 (version 3), ~13:09-13:11 UTC, one H200 (cold), 116 s (budget left 170 s: spent): GPU tests 5
+#      passed; fp8_swiglu_bench.py: backward fused 1.524 / 2.203 ms against unfused 1.919 / 2.795 (7B / 32B), forward
+#      fused 1.315 / 1.904 against 1.094 / 1.600 (the forward fusion removed after this call). Phases g, h not run.

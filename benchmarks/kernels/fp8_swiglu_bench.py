@@ -1,21 +1,20 @@
-"""SwiGLU inside the FP8 quantizers against the glue + quantizer it replaces, per MLP of a layer (Jet-RL, issue 15).
+"""SwiGLU's backward inside the FP8 quantizers against the glue + quantizer it replaces, per MLP (Jet-RL, issue 15).
 
     PYTHONPATH=$PWD:$PWD/kernels python3 benchmarks/kernels/fp8_swiglu_bench.py --out $OUT/swiglu      # CUDA
-    TRITON_INTERPRET=1 python3 benchmarks/kernels/fp8_swiglu_bench.py --device cpu --tokens 256 --out /tmp/sw  # dry run
+    TRITON_INTERPRET=1 python3 benchmarks/kernels/fp8_swiglu_bench.py --device cpu --tokens 128 --out /tmp/sw  # dry run
 
-At each model's intermediate width and ``--tokens`` tokens, BF16 inputs, X^T / h^T in 128x128 tiles
-(``precision.fp8_wgrad=tiles``):
+At each model's intermediate width and ``--tokens`` tokens, BF16 inputs: fused, ``quarl_kernels.fp8_swiglu.
+swiglu_grad_operands(dh, g, u)`` (dg and du in 1x128 groups both ways, its two passes); unfused, SwiGLU's gradients as
+one compiled kernel (``quarl.quant.fp8_swiglu.silu_mul_grads`` through ``torch.compile``: reads dh, g, u, writes dg,
+du -- the bytes of the glue's compiled backward), then ``fp8_quant.quantize_act`` of dg and of du. Each kernel's launch
+settings are chosen first (the run-time choice, in ``tuned``), then each path is timed as a whole: ``stream_time``
+(CUDA events, ``--iters`` calls after two warm-ups). The useful bytes (dh, g, u read once, both gradients' codes
+written once both ways) give each path's rate; the fused passes read their inputs twice.
 
-* forward, fused: ``quarl_kernels.fp8_swiglu.swiglu_operands(g, u)`` (its two passes: the row groups with the
-  tiles' scales, then h^T); unfused: the compiled glue's ``silu_mul`` (``quarl.train.fused_glue``, inductor: one
-  kernel) writing h, then ``fp8_quant.quantize_act(h, t_tiles=True)``;
-* backward, fused: ``swiglu_grad_operands(dh, g, u)`` (dg and du, 1x128 both ways); unfused: SwiGLU's gradients as
-  one compiled kernel (``quarl.quant.fp8_swiglu.silu_mul_grads`` through ``torch.compile``: reads dh, g, u, writes dg,
-  du -- the bytes of the glue's compiled backward) then ``quantize_act`` of dg and of du.
-
-Each kernel's launch settings are chosen first (the run-time choice, timed in ``tuned``), then each path is timed as
-a whole: ``stream_time`` (CUDA events, ``--iters`` calls after two warm-ups). The useful bytes (inputs read once,
-codes and scales written once) give each path's rate; the fused kernels read their inputs twice (two passes).
+Session 27's first run of this script (commit 3d653a8, H200) also timed the *forward* fused the same way (h = silu(g)
+* u inside the down projection's quantizer) against the glue's compiled ``silu_mul`` + ``quantize_act(h,
+t_tiles=True)``: 1.315 / 1.094 ms (7B width) and 1.904 / 1.600 ms (32B width), fused slower; that kernel was removed
+(RESULTS.md "Session 27").
 """
 
 from __future__ import annotations
@@ -37,32 +36,25 @@ INTERMEDIATE = {"Qwen2.5-7B": 18944, "Qwen2.5-32B": 27648}
 
 
 def paths(m: int, i: int, device: str):
-    """The four timed callables on fresh [m, i] BF16 inputs: fused / unfused, forward / backward."""
+    """The two timed callables on fresh [m, i] BF16 inputs: fused / unfused."""
     from quarl_kernels import fp8_quant as fq
     from quarl_kernels import fp8_swiglu as fs
 
     from quarl.quant.fp8_swiglu import silu_mul_grads
-    from quarl.train.fused_glue import _compiled
 
     torch.manual_seed(0)
     g, u, dh = ((torch.randn(m, i, device=device) * s).to(torch.bfloat16) for s in (3.0, 1.0, 1e-3))
-    backend = "inductor" if device == "cuda" else "aot_eager"
-    silu_mul = _compiled(backend).silu_mul
-    grads = torch.compile(silu_mul_grads, backend=backend, dynamic=False)
+    grads = torch.compile(silu_mul_grads, backend="inductor" if device == "cuda" else "aot_eager", dynamic=False)
     mt = -(-m // 128) * 128
     return {
-        "forward fused": lambda: fs.swiglu_operands(g, u, m, i, mt, True),
-        "forward unfused": lambda: fq.quantize_act(silu_mul(g, u), m, i, mt, t_tiles=True),
         "backward fused": lambda: fs.swiglu_grad_operands(dh, g, u, m, i, mt),
         "backward unfused": lambda: [fq.quantize_act(t, m, i, mt) for t in grads(g, u, dh)],
     }
 
 
-def useful_gb(name: str, m: int, i: int) -> float:
-    """Inputs read once, codes written once (scales are < 1 %): forward g, u -> h codes and h^T codes; backward dh, g,
-    u -> dg and du codes both ways."""
-    n = m * i
-    return (2 * 2 * n + 2 * n if name.startswith("forward") else 3 * 2 * n + 4 * n) / 1e9
+def useful_gb(m: int, i: int) -> float:
+    """dh, g, u read once (2 bytes an element), dg and du's codes written once both ways (scales are < 1 %)."""
+    return (3 * 2 + 4) * m * i / 1e9
 
 
 def main() -> None:
@@ -84,10 +76,10 @@ def main() -> None:
         fns = paths(a.tokens, i, a.device)
         for name, fn in fns.items():
             ms = stream_time(fn, a.iters, a.device)
-            rows.append({"model": model, "path": name, "ms": ms, "useful_gb_s": useful_gb(name, a.tokens, i) / ms * 1e3})
+            rows.append({"model": model, "path": name, "ms": ms, "useful_gb_s": useful_gb(a.tokens, i) / ms * 1e3})
             print(json.dumps(rows[-1]), flush=True)
         del fns
-    title = (f"# SwiGLU + FP8 quantizers, {a.tokens} tokens, {gpu}, torch {torch.__version__}, "
+    title = (f"# SwiGLU's backward + FP8 quantizers, {a.tokens} tokens, {gpu}, torch {torch.__version__}, "
              f"{datetime.now(UTC):%Y-%m-%d %H:%M} UTC")
     lines = [title, "", "| model | path | ms | useful GB/s |", "|---|---|---:|---:|"]
     lines += [f"| {r['model']} | {r['path']} | {r['ms']:.3f} | {r['useful_gb_s']:.0f} |" for r in rows]

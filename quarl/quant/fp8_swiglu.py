@@ -1,34 +1,35 @@
-"""Jet-RL's FP8 MLP with SwiGLU fused into the quantizers: ``down(silu(gate(x)) * up(x))`` as one autograd function.
+"""Jet-RL's FP8 MLP with SwiGLU's backward fused into the quantizers: ``down(silu(gate(x)) * up(x))`` as one autograd
+function.
 
-Why. In full-parameter Jet-RL every projection is an FP8 linear (:mod:`quarl.quant.fp8_linear`), and between the
-MLP's projections the glue writes ``h = silu(g) * u`` in BF16 for the down projection to quantize -- forward -- and
-SwiGLU's backward writes ``dg`` and ``du`` in BF16 for the gate and up projections to quantize. Those BF16 tensors
-exist only to be read back by a quantizer: at Qwen2.5-32B width and 16k tokens they are ~0.9 GB each. Here the
-quantizer's passes compute them from their inputs in registers (``quarl_kernels.fp8_swiglu``), so they are never
-written: ~2.7 GB a layer less HBM traffic (that module's docstring has the count).
+Why. In full-parameter Jet-RL every projection is an FP8 linear (:mod:`quarl.quant.fp8_linear`). Backward, SwiGLU's
+gradients ``dg`` and ``du`` were written in BF16 by the glue only for the gate and up projections' quantizers to read
+them back, twice each: at Qwen2.5-32B width and 16k tokens ~0.9 GB apiece. Here the quantizer's passes compute both
+from ``dh, g, u`` in registers (``quarl_kernels.fp8_swiglu``): never written, ~2.7 GB a layer less HBM traffic, and
+the backward's peak memory lower. The forward stays as the three linears ran it: the glue's ``silu_mul`` writes ``h``
+and the down projection's quantizer reads it (fusing that too was measured slower: ``quarl_kernels.fp8_swiglu``).
 
     forward    xq = Q(x)                       1x128 (+ X^T for the two WGrads)
                g = xq Wg^T, u = xq Wu^T        FP8 GEMMs, BF16 out          [M, I] each, saved
-               hq = Q(silu(g) * u)             fused: h never in HBM      (+ h^T for down's WGrad)
+               hq = Q(silu_mul(g, u))          the glue's silu_mul, h freed once quantized (+ h^T for down's WGrad)
                y = hq Wd^T                     FP8 GEMM                     [M, H]
     backward   dh = Q(dy) Wd                   DGrad of down                [M, I]
                dWd = Q(dy)^T h^T               WGrad of down
-               dgq, duq = Q(SwiGLU'(dh, g, u)) fused, one read of dh, g, u (+ dg^T, du^T)
+               dgq, duq = Q(SwiGLU'(dh, g, u)) fused: one read of dh, g, u per pass (+ dg^T, du^T)
                dx = dgq Wg + duq Wu            DGrads of gate and up
                dWg = dgq^T X^T, dWu = duq^T X^T
 
-The GEMMs, their operands' layouts and the weights' tiles are :mod:`quarl.quant.fp8_linear`'s, so this is the
-computation of the three FP8 linears with eager PyTorch's SwiGLU between them (``F.silu(g) * u`` and its autograd),
-the BF16 round trips left out. Without the Triton quantizers (CPU) the SwiGLU runs in PyTorch and the operands come
-from :mod:`quarl.quant.fp8_linear`'s quantizers: the same numbers, bit for bit (``tests/quant/test_fp8_swiglu.py``),
-nothing saved. With them (CUDA) the forward is still the same bits (the rollout engine's too); the backward's kernel
-uses fast arithmetic, so a counted few of ``dg`` / ``du``'s codes are one step off the eager ones
-(``quarl_kernels.fp8_swiglu``).
+The GEMMs, their operands' layouts and the weights' tiles are :mod:`quarl.quant.fp8_linear`'s: this is the
+computation of the three FP8 linears with the glue's SwiGLU between them, the BF16 round trips of the backward left
+out. The forward is the same bits as the three linears (with the same ``silu_mul``). Without the Triton quantizers
+(CPU) the backward's SwiGLU runs in PyTorch (eager autograd's arithmetic) and its operands come from
+:mod:`quarl.quant.fp8_linear`'s quantizers: the same numbers as the three linears, bit for bit
+(``tests/quant/test_fp8_swiglu.py``), nothing saved. On CUDA the fused kernel keeps eager autograd's roundings with
+fast arithmetic: a counted few of ``dg`` / ``du``'s codes are one step off (``quarl_kernels.fp8_swiglu``).
 
 Where it runs: :mod:`quarl.train.fused_glue` (``policy.compile_glue``) patches a Llama / Qwen MLP's forward; when the
 MLP's three projections are full-parameter FP8 ``QuantLinear`` s (``precision.mode=jetrl``, no LoRA, no bias) that
-forward calls :func:`mlp_forward` instead of the compiled SwiGLU, with autograd and without (the trainer's no-grad
-log-prob pass must equal its training forward). ``QUARL_FP8_SWIGLU=0`` keeps the three separate FP8 linears.
+forward calls :func:`mlp_forward` (with the compiled ``silu_mul``) instead of the three linears, with autograd and
+without (the trainer's no-grad log-prob pass equals its training forward). ``QUARL_FP8_SWIGLU=0`` keeps the three.
 """
 
 from __future__ import annotations
@@ -42,7 +43,6 @@ from torch import nn
 from quarl.quant.fp8_linear import (
     _fused_module,
     _master_tiles,
-    _quantize_x,
     _round_up,
     _scales_t,
     _transposed,
@@ -69,21 +69,17 @@ def _kernels():
     return fp8_swiglu
 
 
+def silu_mul_eager(g: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+    """SwiGLU's forward as eager PyTorch computes it (``F.silu`` rounded to the input dtype, then the product)."""
+    return F.silu(g) * u
+
+
 def silu_mul_grads(g: torch.Tensor, u: torch.Tensor, dh: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """``(dg, du)`` of ``h = F.silu(g) * u`` for the output gradient ``dh``, as eager PyTorch's autograd computes
     them (the mul's backward, then ``silu_backward``)."""
     du = dh * F.silu(g)
     dg = torch.ops.aten.silu_backward(dh * u, g)
     return dg, du
-
-
-def swiglu_operands(g, u, rows: int, cols: int, t_rows: int | None, t_tiles: bool):
-    """``h = F.silu(g) * u`` -> its GEMM operands ``(q, s, qt, st)`` (:func:`quarl.quant.fp8_linear.quantize_input`'s
-    layouts); on the Triton backend without writing ``h``."""
-    if quant_backend(g) == "triton" and _fused_module() is not None:
-        g, u = _unit_stride(g, u)
-        return _kernels().swiglu_operands(g, u, rows, cols, t_rows, t_tiles)
-    return _quantize_x(F.silu(g) * u, rows, cols, t_rows, t_tiles)
 
 
 def swiglu_grad_operands(dh, g, u, rows: int, cols: int, t_rows: int | None, row_groups: bool):
@@ -109,10 +105,12 @@ class FP8SwiGLUFunction(torch.autograd.Function):
     """``down(silu(gate(x)) * up(x))`` with every GEMM in FP8 and SwiGLU inside the quantizers (module docstring).
     ``x`` [..., H]; ``w_gate`` / ``w_up`` [I, H] and ``w_down`` [H, I] the master weights (None: no WGrad, e.g. under
     no_grad); ``*q`` / ``*s`` their FP8 tiles padded to multiples of 128 (:func:`fp8_linear._master_tiles`);
-    ``wgrad_tiles``: X^T and h^T in 128x128 tiles for the WGrads (``precision.fp8_wgrad=tiles``)."""
+    ``wgrad_tiles``: X^T and h^T in 128x128 tiles for the WGrads (``precision.fp8_wgrad=tiles``); ``silu_mul``: the
+    forward's ``(g, u) -> silu(g) * u`` (the glue's compiled one; eager PyTorch's by default)."""
 
     @staticmethod
-    def forward(ctx, x, w_gate, w_up, w_down, gq, gs, uq, us, dq, ds, inter, out, wgrad_tiles=False):
+    def forward(ctx, x, w_gate, w_up, w_down, gq, gs, uq, us, dq, ds, inter, out, wgrad_tiles=False,
+                silu_mul=silu_mul_eager):
         # gq, uq [Ip, Hp], dq [Hp', Ip] (padded to multiples of 128); inter = I, out = H: the true widths
         lead, hdim = x.shape[:-1], x.shape[-1]
         x2 = x.reshape(-1, hdim)  # [M, H]
@@ -125,8 +123,9 @@ class FP8SwiGLUFunction(torch.autograd.Function):
         xq, xs, xtq, xts = quantize_input(x, x2, mp, gq.shape[1], mt if need_gu else None, False, wgrad_tiles)
         g = blockwise_gemm(xq, xs, gq, gs, True, x.dtype)[:m, :inter]  # [M, I]
         u = blockwise_gemm(xq, xs, uq, us, True, x.dtype)[:m, :inter]  # [M, I]
-        # h = silu(g) * u quantized, never written: hq [Mp, Ip] in 1x128 groups (down's A), htq / hts h^T (down's WGrad)
-        hq, hs, htq, hts = swiglu_operands(g, u, mp, dq.shape[1], mt if need_d else None, wgrad_tiles)
+        h = silu_mul(g, u)  # [M, I], the glue's; quantized (not saved): hq [Mp, Ip] 1x128, htq / hts h^T (down's WGrad)
+        hq, hs, htq, hts = quantize_input(h, h, mp, dq.shape[1], mt if need_d else None, False, wgrad_tiles)
+        del h
         y = blockwise_gemm(hq, hs, dq, ds, True, x.dtype)[:m, :out]  # [M, H]
         ctx.save_for_backward(g, u, xtq, xts, htq, hts, gq, gs, uq, us, dq, ds)
         ctx.dims = (lead, m, mp, mt, hdim, inter, out)
@@ -159,19 +158,21 @@ class FP8SwiGLUFunction(torch.autograd.Function):
             if need_u:
                 dwu = blockwise_gemm(dutq, duts, xtq, xts, tiles, ctx.w_dtypes[1])[:i_cols, :hdim]
         dws = tuple(w if w is None or w.is_contiguous() else w.contiguous() for w in (dwg, dwu, dwd))
-        return (dx, *dws) + (None,) * 9
+        return (dx, *dws) + (None,) * 10
 
 
 def fp8_swiglu(x: torch.Tensor, w_gate: torch.Tensor, w_up: torch.Tensor, w_down: torch.Tensor,
-               wgrad: str = "1x128") -> torch.Tensor:
-    """``F.linear(F.silu(F.linear(x, w_gate)) * F.linear(x, w_up), w_down)`` through FP8 GEMMs with SwiGLU fused
-    into the quantizers; differentiable in ``x`` and the three master weights [I, H], [I, H], [H, I]."""
+               wgrad: str = "1x128", silu_mul=None) -> torch.Tensor:
+    """``F.linear(silu_mul(F.linear(x, w_gate), F.linear(x, w_up)), w_down)`` through FP8 GEMMs with SwiGLU's backward
+    fused into the quantizers; differentiable in ``x`` and the three master weights [I, H], [I, H], [H, I].
+    ``silu_mul``: the forward's ``silu(g) * u`` (default eager PyTorch's ``F.silu(g) * u``)."""
     gq, gs = _master_tiles(w_gate)
     uq, us = _master_tiles(w_up)
     dq, ds = _master_tiles(w_down)
     # no autograd graph (the trainer's old log-probs, eval): no master weights, so no X^T / h^T for absent WGrads
     ws = (w_gate, w_up, w_down) if torch.is_grad_enabled() else (None, None, None)
-    return FP8SwiGLUFunction.apply(x, *ws, gq, gs, uq, us, dq, ds, w_gate.shape[0], w_down.shape[0], wgrad == "tiles")
+    return FP8SwiGLUFunction.apply(x, *ws, gq, gs, uq, us, dq, ds, w_gate.shape[0], w_down.shape[0], wgrad == "tiles",
+                                   silu_mul or silu_mul_eager)
 
 
 def fusable(mlp: nn.Module) -> bool:
@@ -185,10 +186,11 @@ def fusable(mlp: nn.Module) -> bool:
             and len({p.fp8_wgrad for p in projs}) == 1 and enabled())
 
 
-def mlp_forward(mlp: nn.Module, x: torch.Tensor) -> torch.Tensor:
-    """A :func:`fusable` MLP's forward: ``down_proj(silu(gate_proj(x)) * up_proj(x))`` as :func:`fp8_swiglu`."""
-    return fp8_swiglu(x, mlp.gate_proj.weight, mlp.up_proj.weight, mlp.down_proj.weight, mlp.down_proj.fp8_wgrad)
+def mlp_forward(mlp: nn.Module, x: torch.Tensor, silu_mul=None) -> torch.Tensor:
+    """A :func:`fusable` MLP's forward: ``down_proj(silu_mul(gate_proj(x), up_proj(x)))`` as :func:`fp8_swiglu`."""
+    return fp8_swiglu(x, mlp.gate_proj.weight, mlp.up_proj.weight, mlp.down_proj.weight, mlp.down_proj.fp8_wgrad,
+                      silu_mul)
 
 
-__all__ = ["FP8SwiGLUFunction", "enabled", "fp8_swiglu", "fusable", "mlp_forward", "silu_mul_grads",
-           "swiglu_grad_operands", "swiglu_operands"]
+__all__ = ["FP8SwiGLUFunction", "enabled", "fp8_swiglu", "fusable", "mlp_forward", "silu_mul_eager", "silu_mul_grads",
+           "swiglu_grad_operands"]

@@ -13,8 +13,8 @@ What is patched, on the model instance, in the families whose math these functio
 Mistral, Qwen2, Qwen3; anything else is left eager): every ``*RMSNorm`` (decoder layers' two, the final one;
 Qwen3's q/k norms too), every ``*MLP`` with ``gate_proj``/``up_proj``/``down_proj`` and a SiLU activation
 (the projections stay whatever they are: ``nn.Linear``, a ``QuantLinear`` on the FP8 flow, a frozen 4-bit base
-+ LoRA; three full-parameter FP8 projections run as one :mod:`quarl.quant.fp8_swiglu` function instead, SwiGLU
-inside their quantizers), and the model family's module-level ``apply_rotary_pos_emb`` -- process-wide, for every model of that
++ LoRA; three full-parameter FP8 projections run as one :mod:`quarl.quant.fp8_swiglu` function instead, SwiGLU's
+backward inside their quantizers), and the model family's module-level ``apply_rotary_pos_emb`` -- process-wide, for every model of that
 family in the stage's process, as Liger-Kernel patches it. The functions are compiled once per process (``dynamic=None``: a second sequence length recompiles them shape-generic, so
 RL's varying batch shapes do not recompile every step).
 
@@ -91,8 +91,8 @@ def _norm_forward(self, x: torch.Tensor) -> torch.Tensor:
 def _mlp_forward(self, x: torch.Tensor) -> torch.Tensor:
     from quarl.quant import fp8_swiglu
 
-    if fp8_swiglu.fusable(self):  # full-parameter Jet-RL: SwiGLU inside the FP8 quantizers, no BF16 h / dg / du
-        return fp8_swiglu.mlp_forward(self, x)
+    if fp8_swiglu.fusable(self):  # full-parameter Jet-RL: SwiGLU's backward inside the FP8 quantizers (no BF16 dg, du)
+        return fp8_swiglu.mlp_forward(self, x, self._glue_fns.silu_mul)
     return self.down_proj(self._glue_fns.silu_mul(self.gate_proj(x), self.up_proj(x)))
 
 

@@ -1,13 +1,11 @@
-"""The fused SwiGLU + FP8 quantizers on CUDA (``quarl_kernels.fp8_swiglu``, ``quarl.quant.fp8_swiglu``).
+"""SwiGLU's backward inside the FP8 quantizers on CUDA (``quarl_kernels.fp8_swiglu``, ``quarl.quant.fp8_swiglu``).
 
-Against the eager reference on the same GPU -- PyTorch's ``F.silu(g) * u`` and its autograd in bf16, then the FP8
-linear's quantizers -- at 7B width. The forward uses PyTorch's CUDA arithmetic (libdevice ``expf``, correctly rounded
-divisions), so every code and scale is expected equal (session 27: 0 of 3.1e8 differed); the assertion allows one in
-10^5 (two compilers' ``expf`` are not promised to agree). The backward's arithmetic is fast by design (``ex2.approx``,
-an approximate reciprocal, codes by a reciprocal scale): scales equal, codes equal but for at most 1e-3, each one step
-away; the counts are printed. Every launch setting gives the same bits as the default. The fused MLP against the
-three FP8 linears with eager SwiGLU (the same GEMMs): the forward equal, the gradients within 1e-3 relative, the
-no-grad forward equal to the grad one.
+Against the eager reference on the same GPU -- PyTorch's autograd of ``F.silu(g) * u`` in bf16, then the FP8 linear's
+quantizers -- at 7B width. The kernel's arithmetic is fast by design (``ex2.approx``, an approximate reciprocal, codes
+by a reciprocal scale): scales equal, codes equal but for at most 1e-3 of them, each one step away; the counts are
+printed (session 27, H200: 2.3e3 of 6.2e8). Every launch setting gives the same bits as the default. The fused MLP
+against the three FP8 linears with eager SwiGLU (the same GEMMs): the forward equal, the gradients within 1e-3
+relative, the no-grad forward equal to the grad one.
 
 Run on a CUDA machine: ``pytest -q -m gpu tests/kernels/test_fp8_swiglu_gpu.py``.
 """
@@ -21,7 +19,7 @@ import torch.nn.functional as F
 pytest.importorskip("triton", reason="the fused quantizers need Triton (CPU CI has none)")
 from quarl_kernels import fp8_swiglu as fs
 
-from quarl.quant.fp8_linear import _quantize_x, fp8_linear, quantize_act_gemm
+from quarl.quant.fp8_linear import fp8_linear, quantize_act_gemm
 from quarl.quant.fp8_swiglu import fp8_swiglu, silu_mul_grads
 
 pytestmark = [
@@ -43,7 +41,7 @@ def _inputs(m, i, seed=0):
     return g, u, dh
 
 
-def _check(got, want, what, frac=1e-5):
+def _check(got, want, what, frac):
     n = total = 0
     for a, b in zip(got, want, strict=True):
         if a is None:
@@ -62,12 +60,9 @@ def _check(got, want, what, frac=1e-5):
 
 
 @pytest.mark.parametrize("m,i", [(8192, 18944), (4099, 1536)])
-def test_operands_equal_the_eager_reference(m, i):
+def test_operands_match_the_eager_reference(m, i):
     g, u, dh = _inputs(m, i)
     rows, cols, t_rows = -(-m // 4) * 4, -(-i // 128) * 128, -(-m // 128) * 128
-    for tiles in (False, True):
-        _check(fs.swiglu_operands(g, u, rows, cols, t_rows, tiles),
-               _quantize_x(F.silu(g) * u, rows, cols, t_rows, tiles), f"h {m}x{i} tiles={tiles}")
     dg, du = silu_mul_grads(g, u, dh)
     got = fs.swiglu_grad_operands(dh, g, u, rows, cols, t_rows)
     _check(got[0], quantize_act_gemm(dg, rows, cols, t_rows), f"dg {m}x{i}", 1e-3)
@@ -77,14 +72,11 @@ def test_operands_equal_the_eager_reference(m, i):
 def test_every_launch_setting_gives_the_same_bits():
     g, u, dh = _inputs(4096, 3584, seed=1)
     m, i = g.shape
-    ref_f = fs.swiglu_operands(g, u, m, i, m, True, setting=fs.ROW_SETTINGS[0], t_setting=fs.COL_SETTINGS[0])
-    ref_b = fs.swiglu_grad_operands(dh, g, u, m, i, m, setting=fs.ROW_SETTINGS[0], t_setting=fs.COL_SETTINGS[0])
+    ref = fs.swiglu_grad_operands(dh, g, u, m, i, m, setting=fs.ROW_SETTINGS[0], t_setting=fs.COL_SETTINGS[0])
     for st in fs.ROW_SETTINGS:
         for t_st in fs.COL_SETTINGS:
-            got = fs.swiglu_operands(g, u, m, i, m, True, setting=st, t_setting=t_st)
-            assert all(ndiff(a, b) == 0 for a, b in zip(got, ref_f, strict=True)), (st, t_st)
             got = fs.swiglu_grad_operands(dh, g, u, m, i, m, setting=st, t_setting=t_st)
-            assert all(ndiff(a, b) == 0 for x, y in zip(got, ref_b, strict=True) for a, b in zip(x, y, strict=True))
+            assert all(ndiff(a, b) == 0 for x, y in zip(got, ref, strict=True) for a, b in zip(x, y, strict=True))
 
 
 @pytest.mark.parametrize("wgrad", ["1x128", "tiles"])

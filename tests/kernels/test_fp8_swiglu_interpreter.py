@@ -1,9 +1,9 @@
-"""The fused SwiGLU + FP8 quantizers (``quarl_kernels.fp8_swiglu``) on CPU: through ``TRITON_INTERPRET=1``, against
-the eager reference (``F.silu(g) * u`` / its autograd, then the FP8 linear's PyTorch quantizers) -- every output,
+"""SwiGLU's backward inside the FP8 quantizers (``quarl_kernels.fp8_swiglu``) on CPU: through ``TRITON_INTERPRET=1``,
+against the eager reference (``F.silu(g) * u``'s autograd, then the FP8 linear's PyTorch quantizers) -- every output,
 rows and columns not multiples of 128, bf16 and fp16, no tokens: scales equal, codes equal but for a counted few one
-step apart (NumPy's ``exp`` here is not torch's; the backward's arithmetic is approximate by design) -- every launch
-setting the same bits as the default, and the fused MLP (``quarl.quant.fp8_swiglu``) with the Triton quantizers close
-to it with the eager ones; then every launch compiled
+step apart (the kernel's arithmetic is approximate by design, and NumPy's ``exp`` here is not torch's) -- every launch
+setting the same bits as the default, and the fused MLP (``quarl.quant.fp8_swiglu``) with the Triton quantizers: the
+same forward as with the eager ones, gradients close; then every launch compiled
 for sm_90 on this CPU: correctly rounded divisions, no spills, no FP8 code stored from a register the loop has not
 written (``tests/kernels/sm90_sass.py``, the W^T bug's check). Skipped without Triton / NumPy < 2.3 (CPU CI)."""
 
@@ -18,7 +18,7 @@ import os
 import torch
 import torch.nn.functional as F
 from quarl_kernels import fp8_swiglu as fs
-from quarl.quant.fp8_linear import _quantize_x, quantize_act_gemm
+from quarl.quant.fp8_linear import quantize_act_gemm
 from quarl.quant.fp8_swiglu import fp8_swiglu, silu_mul_grads
 
 def same(a, b):
@@ -55,36 +55,32 @@ torch.manual_seed(0)
 for m, i, dt in ((37, 320, torch.bfloat16), (130, 256, torch.bfloat16), (64, 384, torch.float16)):
     g = (torch.randn(m, i) * 3).to(dt)
     u, dh = torch.randn(m, i).to(dt), torch.randn(m, i).to(dt)
-    g[3, :128] = 0  # an all-zero group in h, dg and du
+    g[3, :128] = 0  # an all-zero group in dg and du
     rows, cols, t_rows = m + (-m % 4), -(-i // 128) * 128, -(-m // 128) * 128
-    for tiles in (False, True):
-        got = fs.swiglu_operands(g, u, rows, cols, t_rows, tiles)
-        near(got, _quantize_x(F.silu(g) * u, rows, cols, t_rows, tiles), f"h {m}x{i} {dt} tiles={tiles}", 1e-3)
-        for st in fs.ROW_SETTINGS[1:]:  # every setting: the same bits as the default
-            assert all_same(fs.swiglu_operands(g, u, rows, cols, t_rows, tiles, setting=st), got), (st, tiles)
-        for st in fs.COL_SETTINGS[1:]:
-            assert all_same(fs.swiglu_operands(g, u, rows, cols, t_rows, tiles, t_setting=st), got), (st, tiles)
-        assert all_same(fs.swiglu_operands(g, u, rows, cols, None, tiles), got[:2] + (None, None))
-        assert all_same(fs.swiglu_operands(g, u, rows, cols, t_rows, tiles, row_groups=False), (None, None) + got[2:])
     dg, du = silu_mul_grads(g, u, dh)
     got = fs.swiglu_grad_operands(dh, g, u, rows, cols, t_rows)
     near(got[0], quantize_act_gemm(dg, rows, cols, t_rows), f"dg {m}x{i} {dt}", 2e-3)
     near(got[1], quantize_act_gemm(du, rows, cols, t_rows), f"du {m}x{i} {dt}", 2e-3)
-    for st, t_st in zip(fs.ROW_SETTINGS[1:], fs.COL_SETTINGS[1:]):
+    for st, t_st in zip(fs.ROW_SETTINGS[1:], fs.COL_SETTINGS[1:]):  # every setting: the default's bits
         other = fs.swiglu_grad_operands(dh, g, u, rows, cols, t_rows, setting=st, t_setting=t_st)
         assert all_same(other[0], got[0]) and all_same(other[1], got[1]), (st, t_st)
-    for t_st in fs.COL_SETTINGS[3:]:
+    for st in fs.ROW_SETTINGS[len(fs.COL_SETTINGS):]:
+        other = fs.swiglu_grad_operands(dh, g, u, rows, cols, t_rows, setting=st)
+        assert all_same(other[0], got[0]) and all_same(other[1], got[1]), st
+    for t_st in fs.COL_SETTINGS[3:]:  # the transposed operands alone (no DGrad wanted) / the row groups alone
         other = fs.swiglu_grad_operands(dh, g, u, rows, cols, t_rows, row_groups=False, t_setting=t_st)
         assert all_same(other[0], (None, None) + got[0][2:]) and all_same(other[1], (None, None) + got[1][2:])
+    other = fs.swiglu_grad_operands(dh, g, u, rows, cols, None)
+    assert all_same(other[0], got[0][:2] + (None, None)) and all_same(other[1], got[1][:2] + (None, None))
 print("operands ok")
 
 empty = torch.zeros(0, 256, dtype=torch.bfloat16)
-q, s, qt, st = fs.swiglu_operands(empty, empty, 0, 256, 128)
+(q, s, qt, st), _ = fs.swiglu_grad_operands(empty, empty, empty, 0, 256, 128)
 assert q.shape == (0, 256) and qt.shape == (256, 128) and not qt.view(torch.uint8).any()
 assert torch.all(st == torch.finfo(torch.float32).eps)
 
-# the fused MLP with the Triton quantizers against the eager ones: the forward within the interpreter's exp, the
-# gradients within the backward's fast arithmetic
+# the fused MLP with the Triton quantizers against the eager ones: the same forward, the gradients within the
+# backward's fast arithmetic
 def grads(backend, wgrad):
     os.environ["QUARL_FP8_QUANT"] = backend
     torch.manual_seed(1)
@@ -98,7 +94,7 @@ for wgrad in ("1x128", "tiles"):
     for name, a, b in zip(("y", "dx", "dWg", "dWu", "dWd"), grads("triton", wgrad), grads("eager", wgrad)):
         rel = ((a.float() - b.float()).norm() / b.float().norm()).item()
         print(wgrad, name, "relative difference", rel)
-        assert rel < 1e-2, (wgrad, name, rel)
+        assert rel < 1e-2 and (name != "y" or torch.equal(a, b)), (wgrad, name, rel)
 print("mlp ok")
 print("OK")
 """
@@ -110,25 +106,19 @@ def test_fp8_swiglu_under_triton_interpreter():
 
 
 def _launches():
-    """Every launch setting of both kernels, forward (X^T in 1x128 groups and in tiles) and backward, at a 7B-width
-    shape: the row pass with the transposed operand's scales, the transposed pass."""
+    """Every launch setting of both passes at a 7B-width shape: the row pass with the transposed operands' scales,
+    the transposed pass."""
     import torch
     from quarl_kernels import fp8_quant as fq
     from quarl_kernels import fp8_swiglu as fs
 
     g = torch.empty(8192, 18944, dtype=torch.bfloat16)
     m, i = g.shape
-    for bwd in (False, True):
-        dh = g if bwd else None
-        for tiles in (False,) if bwd else (False, True):
-            one = fq._act_outputs(g, m, i, m, True, tiles)
-            two = fq._act_outputs(g, m, i, m, True, False)
-            rows_out = ((one[0], one[1], one[3]), (two[0], two[1], two[3]))
-            for st in fs.ROW_SETTINGS:
-                yield f"rows bwd={bwd} tiles={tiles} {st}", fs._row_launch(g, g, dh, rows_out, m, i, m, tiles, *st)
-            for st in fs.COL_SETTINGS:
-                yield (f"cols bwd={bwd} tiles={tiles} {st}",
-                       fs._col_launch(g, g, dh, ((one[2], one[3]), (two[2], two[3])), i, m, tiles, *st))
+    one, two = fq._act_outputs(g, m, i, m, True), fq._act_outputs(g, m, i, m, True)
+    for st in fs.ROW_SETTINGS:
+        yield f"rows {st}", fs._row_launch(g, g, g, ((one[0], one[1], one[3]), (two[0], two[1], two[3])), m, i, m, *st)
+    for st in fs.COL_SETTINGS:
+        yield f"cols {st}", fs._col_launch(g, g, g, ((one[2], one[3]), (two[2], two[3])), i, m, *st)
 
 
 @needs_triton
@@ -141,8 +131,7 @@ def test_fp8_swiglu_kernels_compile_for_sm90():
         device = {k: v for k, v in (("SCALE_RECIP", True), ("INTERPRET", False)) if k in launch.kernel.arg_names}
         k, sass = compile_launch(launch, **device)
         ptx = k.asm["ptx"]
-        assert "div.rn.f32" in ptx, name  # the forward's silu and codes: correctly rounded, as PyTorch's kernels
-        assert ("div.full" in ptx) == ("bwd=True" in name), name  # the backward's fast reciprocal, only there
+        assert "div.full" in ptx and "ex2.approx" in ptx, name  # the fast reciprocal and exp (approximate by design)
         assert "cvt.rn.satfinite.e4m3x2.f32" in ptx, name  # RNE E4M3 with saturation
         assert name.startswith("cols") or "0f3B124925" in ptx, name  # the scales: amax * fp32(1/448), as CUDA torch
         assert stack_bytes(k) == 0, f"{name}: ptxas spilled registers"
