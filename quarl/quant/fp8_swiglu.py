@@ -102,11 +102,12 @@ def _unit_stride(*ts: torch.Tensor) -> tuple[torch.Tensor, ...]:
 
 
 class FP8SwiGLUFunction(torch.autograd.Function):
-    """``down(silu(gate(x)) * up(x))`` with every GEMM in FP8 and SwiGLU inside the quantizers (module docstring).
-    ``x`` [..., H]; ``w_gate`` / ``w_up`` [I, H] and ``w_down`` [H, I] the master weights (None: no WGrad, e.g. under
-    no_grad); ``*q`` / ``*s`` their FP8 tiles padded to multiples of 128 (:func:`fp8_linear._master_tiles`);
-    ``wgrad_tiles``: X^T and h^T in 128x128 tiles for the WGrads (``precision.fp8_wgrad=tiles``); ``silu_mul``: the
-    forward's ``(g, u) -> silu(g) * u`` (the glue's compiled one; eager PyTorch's by default)."""
+    """``down(silu(gate(x)) * up(x))`` with every GEMM in FP8 and SwiGLU's backward inside the quantizers (module
+    docstring). ``x`` [..., H]; ``w_gate`` / ``w_up`` [I, H] and ``w_down`` [H, I] the master weights (None: no
+    WGrad, e.g. under no_grad); ``*q`` / ``*s`` their FP8 tiles padded to multiples of 128
+    (:func:`fp8_linear._master_tiles`); ``wgrad_tiles``: X^T and h^T in 128x128 tiles for the WGrads
+    (``precision.fp8_wgrad=tiles``); ``silu_mul``: the forward's ``(g, u) -> silu(g) * u`` (the glue's compiled one;
+    eager PyTorch's by default)."""
 
     @staticmethod
     def forward(ctx, x, w_gate, w_up, w_down, gq, gs, uq, us, dq, ds, inter, out, wgrad_tiles=False,
