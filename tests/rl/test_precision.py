@@ -162,3 +162,34 @@ def test_fp8_wgrad_tiles_reaches_the_master_weights(tmp_path):
     tr, rows = _run(tmp_path, "precision.mode=jetrl", "policy.mode=full", "precision.fp8_wgrad=tiles")
     qls = [m for m in tr.model.modules() if isinstance(m, QuantLinear)]
     assert qls and all(m.fp8_wgrad == "tiles" and m.fp8_flow for m in qls) and rows[-1]["grad_norm"] > 0
+
+
+def test_jetrl_full_parameter_with_compiled_glue_runs_the_fused_mlp(tmp_path, monkeypatch):
+    """precision.mode=jetrl, policy.mode=full, policy.compile_glue=true: every MLP runs as one FP8SwiGLUFunction
+    (SwiGLU's backward inside the quantizers) in the rollout's log-probs and the updates, and on CPU the run is the
+    three FP8 linears' run, step for step (QUARL_FP8_SWIGLU=0: the same metrics, the same weights)."""
+    from transformers.models.llama import modeling_llama
+
+    from quarl.quant.fp8_swiglu import FP8SwiGLUFunction
+    from quarl.train import fused_glue
+
+    monkeypatch.setattr(fused_glue, "BACKEND", "aot_eager")  # inductor's graph without its C++ build
+    rope = modeling_llama.apply_rotary_pos_emb
+    calls = []
+    apply = FP8SwiGLUFunction.apply
+    monkeypatch.setattr(FP8SwiGLUFunction, "apply", lambda *a: calls.append(torch.is_grad_enabled()) or apply(*a))
+    try:
+        args = ("precision.mode=jetrl", "policy.mode=full", "policy.compile_glue=true")
+        fused, rows = _run(tmp_path / "fused", *args)
+        assert True in calls and False in calls  # training forwards and no-grad log-prob passes
+        n = len(calls)
+        monkeypatch.setenv("QUARL_FP8_SWIGLU", "0")
+        plain, rows0 = _run(tmp_path / "plain", *args)
+        assert len(calls) == n  # not called with the switch off
+    finally:
+        modeling_llama.apply_rotary_pos_emb = rope
+    keys = ("loss", "grad_norm", "reward/mean", "mismatch/abs_logprob_diff", "policy/entropy")
+    assert all(k in r for r in rows for k in keys)
+    assert [[r.get(k) for k in keys] for r in rows] == [[r.get(k) for k in keys] for r in rows0]
+    for (name, p), q in zip(fused.model.named_parameters(), plain.model.parameters(), strict=True):
+        assert torch.equal(p, q), name
