@@ -26,8 +26,9 @@
 #     settings. The fused kernels' GPU tests, then fused vs unfused per MLP (benchmarks/kernels/fp8_swiglu_bench.py).
 #   phases g, h (prepared, not run this session; back to back on one machine): after f (the fused backward 1.27x the
 #     glue + quantizer, the fused forward 0.84x: removed, the forward back to the glue's silu_mul + quantizer).
-#     g (carry .dev/dg.tar.xz; ~8 min): the final form's GPU tests (the kernels, the inductor glue on a Jet-RL model),
-#     then 32B and 7B with 8 micro-batches, 4 arms; h (carry .dev/dg.tar.xz; ~5 min warm): the 32B run again (3 steps
+#     g (carry .dev/dg.tar.xz; ~8 min): the final form's GPU tests (the kernels, the inductor glue on a Jet-RL model,
+#     the FP8 linear's bias add -- now the epilogue pass in place, added after f), then 32B and 7B with 8
+#     micro-batches, 4 arms; h (carry .dev/dg.tar.xz; ~5 min warm): the 32B run again (3 steps
 #     timed: the spread between calls), then 7B with one micro-batch, profiled.
 set -u
 PHASE=${1:?phase}
@@ -58,9 +59,10 @@ c)
     update "${M32_S:-150}" p32 Qwen2.5-32B --profile --iters 2
     update "${M7_S:-110}" p7 Qwen2.5-7B --profile --iters 2
     ;;
-d|g)  # g: d again on the final form (d ran with a 130 s test limit)
+d|g)  # g: d again on the final form (d ran with a 130 s test limit and without the bias test, added after f)
     deepgemm
-    tests 150 tests/kernels/test_fp8_swiglu_gpu.py tests/train/test_fused_glue_gpu.py -s
+    tests 150 tests/kernels/test_fp8_swiglu_gpu.py tests/train/test_fused_glue_gpu.py \
+        tests/quant/test_fp8_linear.py::test_gpu_bias_add_is_pytorchs -s
     update "${M32A_S:-200}" p32acc8 Qwen2.5-32B --iters 2 --accumulate 8
     update "${M7A_S:-150}" p7acc8 Qwen2.5-7B --iters 2 --accumulate 8
     ;;

@@ -275,6 +275,22 @@ def test_quantlinear_fp8_flow_qat_and_frozen_lora():
 
 
 @needs_sm90
+@pytest.mark.parametrize("m,n,bias_dtype", [(16384, 5120, torch.bfloat16), (4099, 512, torch.float32), (3, 640, None)])
+def test_gpu_bias_add_is_pytorchs(m, n, bias_dtype):
+    """add_bias on CUDA (the epilogue pass in place) gives PyTorch's ``y + bias.to(y.dtype)`` bit for bit; a
+    non-contiguous y takes PyTorch's add."""
+    from quarl.quant.fp8_linear import add_bias
+
+    torch.manual_seed(3)
+    y = torch.randn(m, n, device="cuda", dtype=torch.bfloat16)
+    b = torch.randn(n, device="cuda", dtype=bias_dtype or torch.bfloat16) * 4
+    want = y + b.to(y.dtype)
+    assert torch.equal(add_bias(y.clone(), b), want)
+    wide = torch.randn(m, n + 128, device="cuda", dtype=torch.bfloat16)
+    assert torch.equal(add_bias(wide[:, :n], b), wide[:, :n] + b.to(y.dtype))
+
+
+@needs_sm90
 @pytest.mark.parametrize("m,n,k", [(4096, 1536, 576), (300, 512, 640), (1024, 384, 1024)])
 def test_gpu_path_equals_emulated(m, n, k):
     """cuBLAS blockwise GEMMs (forward, DGrad, WGrad) == the emulated FP32 path up to summation order."""
