@@ -164,10 +164,12 @@ def test_fp8_wgrad_tiles_reaches_the_master_weights(tmp_path):
     assert qls and all(m.fp8_wgrad == "tiles" and m.fp8_flow for m in qls) and rows[-1]["grad_norm"] > 0
 
 
-def test_jetrl_full_parameter_with_compiled_glue_runs_the_fused_mlp(tmp_path, monkeypatch):
+@pytest.mark.parametrize("extra", [(), ("policy.gradient_checkpointing=true",)], ids=["plain", "checkpointing"])
+def test_jetrl_full_parameter_with_compiled_glue_runs_the_fused_mlp(tmp_path, monkeypatch, extra):
     """precision.mode=jetrl, policy.mode=full, policy.compile_glue=true: every MLP runs as one FP8SwiGLUFunction
-    (SwiGLU's backward inside the quantizers) in the rollout's log-probs and the updates, and on CPU the run is the
-    three FP8 linears' run, step for step (QUARL_FP8_SWIGLU=0: the same metrics, the same weights)."""
+    (SwiGLU's backward inside the quantizers) in the rollout's log-probs and the updates, also recomputed under
+    gradient checkpointing, and on CPU the run is the three FP8 linears' run, step for step (QUARL_FP8_SWIGLU=0: the
+    same metrics, the same weights)."""
     from transformers.models.llama import modeling_llama
 
     from quarl.quant.fp8_swiglu import FP8SwiGLUFunction
@@ -179,7 +181,7 @@ def test_jetrl_full_parameter_with_compiled_glue_runs_the_fused_mlp(tmp_path, mo
     apply = FP8SwiGLUFunction.apply
     monkeypatch.setattr(FP8SwiGLUFunction, "apply", lambda *a: calls.append(torch.is_grad_enabled()) or apply(*a))
     try:
-        args = ("precision.mode=jetrl", "policy.mode=full", "policy.compile_glue=true")
+        args = ("precision.mode=jetrl", "policy.mode=full", "policy.compile_glue=true", *extra)
         fused, rows = _run(tmp_path / "fused", *args)
         assert True in calls and False in calls  # training forwards and no-grad log-prob passes
         n = len(calls)
