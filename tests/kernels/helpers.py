@@ -1,5 +1,5 @@
 """Shared scaffolding of the GPU kernel tests: a quantized random weight, NaN-poisoned
-output memory, and the relative error against a float64 reference."""
+output memory, the relative error against a float64 reference, and FP8 operands compared code by code."""
 
 from __future__ import annotations
 
@@ -105,3 +105,26 @@ def bench_kernel_module(name: str):
         return importlib.import_module(name)
     finally:
         sys.path.remove(folder)
+
+
+def fp8_operands_near(got, want, what: str, frac: float) -> int:
+    """FP8 GEMM operands ``(q, s, qt, st)`` (None where absent) against a reference's: scales equal, codes equal but
+    for at most ``frac`` of them, each of those one E4M3 step away (same sign, neighbouring magnitudes). Prints and
+    returns how many codes differ."""
+    n = total = 0
+    for a, b in zip(got, want, strict=True):
+        assert (a is None) == (b is None), what
+        if a is None:
+            continue
+        if a.dtype != torch.float8_e4m3fn:
+            assert torch.equal(a, b), f"{what}: {int((a != b).sum())} scales differ"
+            continue
+        a, b = a.contiguous().view(torch.uint8).int(), b.contiguous().view(torch.uint8).int()
+        d = a != b
+        if d.any():
+            assert bool(((a[d] & 0x80) == (b[d] & 0x80)).all()), f"{what}: a code changed sign"
+            assert int(((a[d] & 0x7F) - (b[d] & 0x7F)).abs().max()) <= 1, f"{what}: a code more than one step off"
+        n, total = n + int(d.sum()), total + a.numel()
+    print(f"{what}: {n} of {total} codes differ")
+    assert n <= total * frac, f"{what}: {n} of {total} codes differ from the reference"
+    return n
