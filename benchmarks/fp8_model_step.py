@@ -46,6 +46,11 @@ figures from session 26 on include it.
 Each FP8 arm's row also keeps the fused quantizers' launch-setting choices (``tuned``: per operand class, the time
 and HBM rate of every candidate setting; ``quarl_kernels.fp8_quant.pick_setting``).
 
+``--repeat R``: the decoder-layer arms timed R times, in order, round after round (fresh models each time; the stems
+once): the table then gives each arm's median step, and a second table each round's per-layer ratio of every arm to
+``bf16`` and to ``bf16+glue`` -- arms timed minutes apart, on one GPU, as far as they move between rounds (session 27:
+~2 % between calls, as large as the margin to Jet-RL's 1.54x).
+
 ``--profile``: one more step of each arm (and of the stems) under ``torch.profiler``, its GPU time by kernel class
 (GEMMs, FP8 quantizers, attention, norm/RoPE/SwiGLU, the optimizer, the rest) and its 40 longest kernels; the report
 gives each class per decoder layer too, (step - stem) / layers -- where a layer's time goes.
@@ -270,6 +275,7 @@ def main() -> None:
     ap.add_argument("--accumulate", type=int, default=1,
                     help="micro-batches (of --tokens each) per optimizer step; times are per micro-batch")
     ap.add_argument("--iters", type=int, default=6)
+    ap.add_argument("--repeat", type=int, default=1, help="rounds of the decoder-layer arms (each round's ratios reported)")
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--budget-s", type=float, default=240.0)
     ap.add_argument("--out", default="/tmp/fp8_model_step")
@@ -280,6 +286,8 @@ def main() -> None:
         return
     if a.accumulate < 1:
         raise SystemExit(f"--accumulate {a.accumulate}: needs >= 1 micro-batch per optimizer step")
+    if a.repeat < 1:
+        raise SystemExit(f"--repeat {a.repeat}: needs >= 1 round")
     arms = a.arms.split(",")
     for x in arms:
         parse_arm(x)
@@ -291,20 +299,22 @@ def main() -> None:
     res = {"command": " ".join(sys.argv), "date": datetime.now(UTC).isoformat(timespec="seconds"),
            "gpu": torch.cuda.get_device_name() if a.device == "cuda" else "cpu", "torch": torch.__version__,
            "shape": a.shape, "layers": a.layers, "tokens": a.tokens, "seq": seq, "loss": a.loss,
-           "accumulate": a.accumulate, "rows": []}
+           "accumulate": a.accumulate, "repeat": a.repeat, "rows": []}
     t0 = time.time()
     # the stem (no decoder layer) has no projection to quantize: the same BF16 model in every arm, timed once (and
     # once with the compiled glue when an arm has it: its final norm)
     stems = ["bf16"] + (["bf16+glue"] if any(parse_arm(x)[2] for x in arms) else [])
-    for arm, layers in [*((x, 0) for x in stems), *((arm, a.layers) for arm in arms)]:
+    runs = [*((x, 0, 0) for x in stems), *((arm, a.layers, r) for r in range(a.repeat) for arm in arms)]
+    for arm, layers, rep in runs:
         if time.time() - t0 > a.budget_s:
-            res.setdefault("skipped", []).append(f"{arm} layers={layers}")
+            res.setdefault("skipped", []).append(f"{arm} layers={layers} round={rep}")
             continue
         try:
-            row = {"arm": arm, "layers": layers, **time_arm(a.shape, layers, arm, a.tokens, seq, a.iters, a.device,
-                                                             a.loss, a.profile, a.accumulate)}
+            row = {"arm": arm, "layers": layers, "round": rep,
+                   **time_arm(a.shape, layers, arm, a.tokens, seq, a.iters, a.device, a.loss,
+                              a.profile and rep == 0, a.accumulate)}
         except Exception as e:  # noqa: BLE001 - e.g. out of memory or DeepGEMM missing: keep the other arms
-            row = {"arm": arm, "layers": layers, "error": f"{type(e).__name__}: {str(e)[:300]}"}
+            row = {"arm": arm, "layers": layers, "round": rep, "error": f"{type(e).__name__}: {str(e)[:300]}"}
         record_row(res, row, out / "fp8_model_step.json", a.device, t0)
     write_report(render(res), out / "fp8_model_step.md")
 
@@ -332,14 +342,50 @@ def stem_arm(arm: str) -> str:
     return "bf16+glue" if "glue" in mods else "bf16+liger" if "liger" in mods else "bf16"
 
 
+def median_rows(rows: list[dict]) -> dict:
+    """(arm, layers) -> the row with the median ``ms`` of its rounds (the lower middle of an even count); a pair with
+    no timed round keeps its last row (its error)."""
+    out: dict = {}
+    for key in dict.fromkeys((r["arm"], r["layers"]) for r in rows):
+        same = [r for r in rows if (r["arm"], r["layers"]) == key]
+        timed = sorted((r for r in same if "ms" in r), key=lambda r: r["ms"])
+        out[key] = timed[(len(timed) - 1) // 2] if timed else same[-1]
+    return out
+
+
+def round_ratios(res: dict) -> list[str]:
+    """With several rounds: each round's per-layer ratio of every arm to ``bf16`` and ``bf16+glue`` (the stems'
+    one timing subtracted), as markdown lines; none for one round."""
+    layer_rows = [r for r in res["rows"] if r["layers"] and "ms" in r]
+    rounds = sorted({r.get("round", 0) for r in layer_rows})
+    if len(rounds) < 2:
+        return []
+    stems = {r["arm"]: r["ms"] for r in res["rows"] if not r["layers"] and "ms" in r}
+    per = {(r["arm"], r.get("round", 0)): (r["ms"] - stems[stem_arm(r["arm"])]) / res["layers"]
+           for r in layer_rows if stem_arm(r["arm"]) in stems}
+    bases = [b for b in ("bf16", "bf16+glue") if any(k[0] == b for k in per)]
+    L = ["", "Per decoder layer, each round (ms, and x = base / arm within the round):", "",
+         "| arm | " + " | ".join(f"round {r} ms" for r in rounds) + " | " +
+         " | ".join(f"x {b} (rounds)" for b in bases) + " |", "|---|" + "---:|" * (len(rounds) + len(bases))]
+    for arm in dict.fromkeys(r["arm"] for r in layer_rows):
+        ms = [per.get((arm, r)) for r in rounds]
+        xs = []
+        for b in bases:
+            got = [per[(b, r)] / per[(arm, r)] for r in rounds if per.get((b, r)) and per.get((arm, r))]
+            xs.append(", ".join(f"{x:.3f}" for x in got) or "-")
+        L.append(f"| {arm} | " + " | ".join("-" if v is None else f"{v:.2f}" for v in ms) + " | " + " | ".join(xs) + " |")
+    return L
+
+
 def render(res: dict) -> str:
     """Per arm: step with the decoder layers, the stem, per layer, the whole-model estimate; x = BF16 / arm."""
     full_layers = SHAPES[res["shape"]][5]
-    by = {(r["arm"], r["layers"]): r for r in res["rows"]}
+    by = median_rows(res["rows"])
     acc = res.get("accumulate", 1)
     title = (f"# actor update, {res['shape']} width, {res['layers']} decoder layers, {res['tokens']} tokens "
              f"({res['seq']} per sequence), loss {res.get('loss', 'ce')}, {res['gpu']}, torch {res['torch']}"
-             + (f"; {acc} micro-batches per optimizer step, ms per micro-batch" if acc > 1 else ""))
+             + (f"; {acc} micro-batches per optimizer step, ms per micro-batch" if acc > 1 else "")
+             + (f"; each arm's median of {res['repeat']} rounds" if res.get("repeat", 1) > 1 else ""))
     head = (f"| arm | step ms ({res['layers']} layers) | x | stem ms | per layer ms | x | {full_layers}-layer estimate ms "
             f"| x | peak GiB |")
     L = [title, "", head, "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
@@ -359,6 +405,7 @@ def render(res: dict) -> str:
         x = {k: f"{b[k] / v[k]:.2f}x" if b.get(k) and v[k] > 0 else "-" for k in v}
         L.append(f"| {arm} | {v['step']:.1f} | {x['step']} | {stem['ms']:.1f} | {per:.2f} | {x['per']} | {v['est']:.1f} | "
                  f"{x['est']} | {step.get('peak_gib', float('nan')):.1f} |")
+    L += round_ratios(res)
     prof = {(r["arm"], r["layers"]): r["profile"] for r in res["rows"] if r.get("profile")}
     if prof:
         cls = [c for c, _ in KERNEL_CLASSES] + ["other"]

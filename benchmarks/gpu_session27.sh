@@ -28,8 +28,9 @@
 #     glue + quantizer, the fused forward 0.84x: removed, the forward back to the glue's silu_mul + quantizer).
 #     g (carry .dev/dg.tar.xz; ~8 min): the final form's GPU tests (the kernels, the inductor glue on a Jet-RL model,
 #     the FP8 linear's bias add -- now the epilogue pass in place, added after f), then 32B and 7B with 8
-#     micro-batches, 4 arms; h (carry .dev/dg.tar.xz; ~5 min warm): the 32B run again (3 steps
-#     timed: the spread between calls), then 7B with one micro-batch, profiled.
+#     micro-batches, 4 arms; h (carry .dev/dg.tar.xz; ~9 min warm): 32B and 7B again, two rounds of the 4 arms
+#     each (fp8_model_step.py --repeat 2, added after f: each round's ratios, its arms minutes apart; the 7B second
+#     round only as far as its time goes).
 set -u
 PHASE=${1:?phase}
 OUT=${OUT:?}
@@ -77,8 +78,8 @@ f)
     ;;
 h)
     deepgemm
-    update "${M32A_S:-200}" p32acc8r Qwen2.5-32B --iters 3 --accumulate 8
-    update "${M7_S:-120}" p7 Qwen2.5-7B --profile --iters 2
+    update "${M32A_S:-400}" p32acc8r Qwen2.5-32B --iters 2 --accumulate 8 --repeat 2
+    update "${M7A_S:-150}" p7acc8r Qwen2.5-7B --iters 2 --accumulate 8 --repeat 2
     ;;
 *) echo "unknown phase $PHASE"; exit 2 ;;
 esac

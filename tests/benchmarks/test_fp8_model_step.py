@@ -132,3 +132,33 @@ def test_accumulate_runs_n_micro_batches_per_optimizer_step(tmp_path, monkeypatc
     res = json.loads((tmp_path / "fp8_model_step.json").read_text())
     assert res["accumulate"] == 2 and all("ms" in r for r in res["rows"])
     assert "2 micro-batches per optimizer step, ms per micro-batch" in (tmp_path / "fp8_model_step.md").read_text()
+
+
+def test_rounds_give_the_median_and_each_rounds_ratios(tmp_path, monkeypatch):
+    """--repeat: every decoder-layer arm timed once a round (stems once); the main table takes each arm's median, a
+    second one each round's per-layer ratios to the bf16 and bf16+glue bases."""
+    monkeypatch.setattr(sys, "argv", ["fp8_model_step.py", "--device", "cpu", "--shape", "tiny", "--layers", "1",
+                                      "--tokens", "32", "--seq", "16", "--iters", "1", "--arms", "bf16,jetrl",
+                                      "--repeat", "2", "--out", str(tmp_path)])
+    bench.main()
+    res = json.loads((tmp_path / "fp8_model_step.json").read_text())
+    assert [(r["arm"], r["layers"], r["round"]) for r in res["rows"]] == [
+        ("bf16", 0, 0), ("bf16", 1, 0), ("jetrl", 1, 0), ("bf16", 1, 1), ("jetrl", 1, 1)]
+    res["rows"] = [{"arm": "bf16", "layers": 0, "ms": 10.0}, {"arm": "bf16+glue", "layers": 0, "ms": 8.0},
+                   {"arm": "bf16", "layers": 1, "round": 0, "ms": 30.0},
+                   {"arm": "bf16+glue", "layers": 1, "round": 0, "ms": 24.0},
+                   {"arm": "jetrl+glue", "layers": 1, "round": 0, "ms": 20.0},
+                   {"arm": "bf16", "layers": 1, "round": 1, "ms": 34.0},
+                   {"arm": "bf16+glue", "layers": 1, "round": 1, "ms": 26.0},
+                   {"arm": "jetrl+glue", "layers": 1, "round": 1, "ms": 18.0},
+                   {"arm": "bf16", "layers": 1, "round": 2, "ms": 32.0},
+                   {"arm": "bf16+glue", "layers": 1, "round": 2, "error": "OutOfMemoryError"},
+                   {"arm": "jetrl+glue", "layers": 1, "round": 2, "ms": 19.0}]
+    res["repeat"] = 3
+    text = bench.render(res)
+    assert "each arm's median of 3 rounds" in text
+    assert "| bf16 | 32.0 | 1.00x | 10.0 | 22.00 | 1.00x |" in text  # median of 30 / 34 / 32
+    assert "| jetrl+glue | 19.0 |" in text and "| bf16+glue | 24.0 |" in text  # 20 / 18 / 19; the timed 24 / 26
+    # per layer: bf16 20 / 24 / 22, bf16+glue 16 / 18 / -, jetrl+glue 12 / 10 / 11
+    assert "| jetrl+glue | 12.00 | 10.00 | 11.00 | 1.667, 2.400, 2.000 | 1.333, 1.800 |" in text
+    assert "| bf16+glue | 16.00 | 18.00 | - | 1.250, 1.333 | 1.000, 1.000 |" in text
