@@ -26,9 +26,9 @@
 #     settings. The fused kernels' GPU tests, then fused vs unfused per MLP (benchmarks/kernels/fp8_swiglu_bench.py).
 #   phases g, h (prepared, not run this session; back to back on one machine): after f (the fused backward 1.27x the
 #     glue + quantizer, the fused forward 0.84x: removed, the forward back to the glue's silu_mul + quantizer).
-#     g (carry .dev/dg.tar.xz; ~8 min): the final form's GPU tests (the kernels, the inductor glue on a Jet-RL model,
-#     the FP8 linear's bias add -- now the epilogue pass in place, added after f), then 32B and 7B with 8
-#     micro-batches, 4 arms; h (carry .dev/dg.tar.xz; ~9 min warm): 32B and 7B again, two rounds of the 4 arms
+#     g (carry .dev/dg.tar.xz; ~8 min): the final form's GPU tests (the kernels, the inductor glue on a Jet-RL model;
+#     added after f: the FP8 linear's bias add as the epilogue pass in place, the master weights' tiles re-made in
+#     place), then 32B and 7B with 8 micro-batches, 4 arms; h (carry .dev/dg.tar.xz; ~9 min warm): 32B and 7B again, two rounds of the 4 arms
 #     each (fp8_model_step.py --repeat 2, added after f: each round's ratios, its arms minutes apart; the 7B second
 #     round only as far as its time goes).
 set -u
@@ -60,10 +60,11 @@ c)
     update "${M32_S:-150}" p32 Qwen2.5-32B --profile --iters 2
     update "${M7_S:-110}" p7 Qwen2.5-7B --profile --iters 2
     ;;
-d|g)  # g: d again on the final form (d ran with a 130 s test limit and without the bias test, added after f)
+d|g)  # g: d again on the final form (d ran with a 130 s test limit and without the last two tests, added after f)
     deepgemm
-    tests 150 tests/kernels/test_fp8_swiglu_gpu.py tests/train/test_fused_glue_gpu.py \
-        tests/quant/test_fp8_linear.py::test_gpu_bias_add_is_pytorchs -s
+    tests 170 tests/kernels/test_fp8_swiglu_gpu.py tests/train/test_fused_glue_gpu.py \
+        tests/quant/test_fp8_linear.py::test_gpu_bias_add_is_pytorchs \
+        tests/quant/test_fp8_linear.py::test_gpu_master_tiles_remade_in_place -s
     update "${M32A_S:-200}" p32acc8 Qwen2.5-32B --iters 2 --accumulate 8
     update "${M7A_S:-150}" p7acc8 Qwen2.5-7B --iters 2 --accumulate 8
     ;;

@@ -531,17 +531,20 @@ def _act_launch(x, q, s, qt, st, rows: int, cols: int, t_rows: int | None, sub: 
     )
 
 
-def quantize_tiles(w: torch.Tensor, transpose: bool = False, *, sub: int | None = None, warps: int | None = None):
+def quantize_tiles(w: torch.Tensor, transpose: bool = False, *, sub: int | None = None, warps: int | None = None,
+                   out: tuple | None = None):
     """``w`` [N, K] -> ``(q [Np, Kp], s [Np/128, Kp/128], qt [Kp, Np] or None)``: 128x128 tiles,
     zero-padded to multiples of 128; ``qt`` (``transpose``) is ``q.t().contiguous()`` written by the
     same kernel. Equal to ``quantize_weight_padded`` on the same device, bit for bit (any launch setting;
-    chosen as :func:`quantize_act`'s)."""
+    chosen as :func:`quantize_act`'s). ``out``: ``(q, s, qt)`` to write into instead of new tensors (a master
+    weight's tiles re-made in place after an optimizer step: ``quarl.quant.fp8_linear``); the kernel moves no
+    version counter, the caller does."""
     if w.dim() != 2:
         raise ValueError(f"quantize_tiles: w must be 2-D [N, K], got {tuple(w.shape)}")
     n, k = w.shape
     if n == 0 or k == 0:
         raise ValueError(f"quantize_tiles: empty weight {tuple(w.shape)}")
-    q, qt, s = _tile_outputs(w, transpose)
+    q, qt, s = _tile_outputs(w, transpose) if out is None else _checked_out(w, transpose, out)
     if sub is None or warps is None:
         sub, warps = SUB, WARPS
         if n >= TUNE_MIN_ROWS and w.is_cuda:
@@ -549,6 +552,19 @@ def quantize_tiles(w: torch.Tensor, transpose: bool = False, *, sub: int | None 
             sub, warps = _setting(key, TILE_SETTINGS, w, lambda b, wa: _tile_launch(w, q, qt, s, b, wa))
     _launch(_tile_launch(w, q, qt, s, sub, warps))
     return q, s, qt
+
+
+def _checked_out(w, transpose: bool, out: tuple):
+    """``out`` = (q, s, qt) for :func:`quantize_tiles`, checked against what it would allocate -> (q, qt, s)."""
+    q, s, qt = out
+    np_, kp = _round_up(w.shape[0], GROUP), _round_up(w.shape[1], GROUP)
+    ok = (q.shape == (np_, kp) and q.dtype == torch.float8_e4m3fn and q.is_contiguous() and q.device == w.device
+          and s.shape == (np_ // GROUP, kp // GROUP) and s.dtype == torch.float32 and s.is_contiguous()
+          and (qt is None) == (not transpose)
+          and (qt is None or (qt.shape == (kp, np_) and qt.dtype == torch.float8_e4m3fn and qt.is_contiguous())))
+    if not ok:
+        raise ValueError(f"quantize_tiles: out does not fit a {tuple(w.shape)} weight (transpose={transpose})")
+    return q, qt, s
 
 
 def _tile_outputs(w, transpose: bool):

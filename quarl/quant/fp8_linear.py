@@ -66,6 +66,7 @@ import weakref
 
 import torch
 import torch.nn.functional as F
+from torch.autograd.graph import increment_version
 from torch.optim.optimizer import register_optimizer_step_post_hook
 
 from quarl.quant.base import QTensor, QuantError
@@ -563,6 +564,9 @@ def _master_tiles(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     version = (w._version, _OPTIMIZER_STEPS[0])
     if hit is not None and hit[0] == version and hit[1].device == w.device:
         return hit[1], hit[2]
+    if hit is not None and (made := _tiles_in_place(w, hit[1], hit[2])) is not None:
+        w._quarl_fp8 = (version, *made)
+        return made
     # [Np, Kp], [Np/128, Kp/128], and DGrad's transposed tiles [Kp, Np] when the kernel writes them
     qp, s, qt = _weight_tiles(w, transpose=w.requires_grad)
     if hit is not None and hit[1].shape == qp.shape and hit[1].device == qp.device:
@@ -574,6 +578,30 @@ def _master_tiles(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         qp._quarl_t = (qp._version, qt)
     w._quarl_fp8 = (version, qp, s)
     return qp, s
+
+
+def _tiles_in_place(w: torch.Tensor, q: torch.Tensor, s: torch.Tensor):
+    """On the ``triton`` backend, a changed master weight's tiles re-made by the quantizer straight into their old
+    storage (and the transposed tiles into theirs) -> (q, s), else None. The copy of fresh tiles into the old ones
+    that :func:`_master_tiles` does otherwise was 0.24 ms of a 32B-width layer's step at one micro-batch per
+    optimizer step (H200, RESULTS.md "Session 26"). The kernel moves no version counter, so it is moved here: caches
+    keyed on it (the DGrad operand's transposed scales, :func:`_scales_t`) are re-made, and autograd still refuses a
+    backward whose saved tiles changed since its forward, as after the copy."""
+    if q.device != w.device or quant_backend(w) != "triton":
+        return None
+    old_t = getattr(q, "_quarl_t", None)
+    qt = old_t[1] if old_t is not None else None
+    transpose = w.requires_grad
+    if transpose and qt is None:
+        return None
+    try:
+        q, s, qt = _fused_module().quantize_tiles(w.detach(), transpose, out=(q, s, qt if transpose else None))
+    except ValueError:  # the shapes changed: fresh tiles
+        return None
+    increment_version([q, s, *([qt] if qt is not None else [])])
+    if qt is not None:
+        q._quarl_t = (q._version, qt)
+    return q, s
 
 
 def refresh_master_tiles(module: torch.nn.Module) -> int:

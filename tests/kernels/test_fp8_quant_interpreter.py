@@ -302,3 +302,48 @@ def test_fp8_quantizers_sass_no_stale_codes():
         pytest.skip("the Triton wheel ships no cuobjdump")
     found = {name: [bad for _, sass in _compiled(name) for bad in stale_code_stores(sass)] for name in LAUNCHES}
     assert not any(found.values()), {n: v for n, v in found.items() if v}
+
+
+IN_PLACE_SCRIPT = textwrap.dedent("""
+    import os
+    os.environ["QUARL_FP8_QUANT"] = "triton"
+    import torch
+    from quarl.quant import fp8_linear as fl
+
+    def same(a, b):
+        return torch.equal(a.contiguous().view(torch.uint8), b.contiguous().view(torch.uint8))
+
+    torch.manual_seed(0)
+    for grad in (True, False):
+        w = (torch.randn(300, 640) * 0.05).to(torch.bfloat16).requires_grad_(grad)
+        q, s = fl._master_tiles(w)
+        qt = q._quarl_t[1] if grad else None
+        st = fl._scales_t(s)
+        where = (q.data_ptr(), s.data_ptr(), qt.data_ptr() if grad else None)
+        with torch.no_grad():
+            w.data.mul_(-3.0)  # a write that moves no version counter, as a fused optimizer's
+        fl.weights_changed()
+        q2, s2 = fl._master_tiles(w)
+        assert (q2.data_ptr(), s2.data_ptr(), q2._quarl_t[1].data_ptr() if grad else None) == where  # in place
+        rq, rs = fl.quantize_weight_padded(w.detach().clone())  # fresh tensors
+        assert same(q2, rq) and torch.equal(s2, rs)
+        assert not torch.equal(st, rs.t()) and torch.equal(fl._scales_t(s2), rs.t())  # the transposed scales re-made
+        if grad:
+            assert same(fl._transposed(q2), rq.t())
+            x = torch.randn(8, 640).to(torch.bfloat16).requires_grad_()
+            y = fl.fp8_linear(x, w)
+            y.sum().backward()
+            w2 = w.detach().clone().requires_grad_()
+            x2 = x.detach().clone().requires_grad_()
+            y2 = fl.fp8_linear(x2, w2)
+            y2.sum().backward()
+            assert torch.equal(y, y2) and torch.equal(x.grad, x2.grad) and torch.equal(w.grad, w2.grad)
+    print("OK")
+""")
+
+
+def test_master_tiles_remade_in_place_under_triton_interpreter():
+    """A changed master weight's tiles (and transposed tiles) are re-quantized by the Triton kernel into their old
+    storage -- the same bits as fresh tiles, the DGrad operand's transposed scales re-made (their cache keys on the
+    version the kernel does not move by itself), forward and both gradients as with a fresh weight."""
+    run_interpreted(IN_PLACE_SCRIPT)

@@ -275,6 +275,28 @@ def test_quantlinear_fp8_flow_qat_and_frozen_lora():
 
 
 @needs_sm90
+def test_gpu_master_tiles_remade_in_place():
+    """On CUDA a changed master weight's tiles are re-quantized into their old storage (no copy): the same bits as
+    fresh tiles, the transposed tiles and scales current, and a fused AdamW step's weights are what the next forward
+    runs."""
+    from quarl.quant.fp8_linear import _master_tiles, _scales_t, _transposed
+
+    torch.manual_seed(4)
+    w = (torch.randn(1536, 576, device="cuda") * 0.05).to(torch.bfloat16).requires_grad_()
+    q, s = _master_tiles(w)
+    where = (q.data_ptr(), s.data_ptr(), _transposed(q).data_ptr())
+    _scales_t(s)
+    w.grad = torch.randn_like(w)
+    torch.optim.AdamW([w], lr=1e-2, fused=True).step()
+    q2, s2 = _master_tiles(w)
+    assert (q2.data_ptr(), s2.data_ptr(), _transposed(q2).data_ptr()) == where
+    rq, rs = quantize_weight_padded(w.detach().clone())
+    assert torch.equal(q2.view(torch.uint8), rq.view(torch.uint8)) and torch.equal(s2, rs)
+    assert torch.equal(_transposed(q2).view(torch.uint8), rq.t().contiguous().view(torch.uint8))
+    assert torch.equal(_scales_t(s2), rs.t())
+
+
+@needs_sm90
 @pytest.mark.parametrize("m,n,bias_dtype", [(16384, 5120, torch.bfloat16), (4099, 512, torch.float32), (3, 640, None)])
 def test_gpu_bias_add_is_pytorchs(m, n, bias_dtype):
     """add_bias on CUDA (the epilogue pass in place) gives PyTorch's ``y + bias.to(y.dtype)`` bit for bit; a
