@@ -25,8 +25,10 @@ Arms (each on a fresh model from the same seed):
   (``quarl.train.fused_glue``: transformers' RMSNorm / RoPE / SwiGLU as ``torch.compile``d kernels; inductor on
   CUDA, ``aot_eager`` in a CPU dry run); such arms get a ``bf16+glue`` stem of their own (the final norm is glue).
   On an FP8 arm the glue also runs each MLP as one ``quarl.quant.fp8_swiglu`` function (SwiGLU's backward inside the
-  FP8 quantizers, session 27); ``+unfused`` (``jetrl-xtiles+deepgemm+glue+unfused``) keeps the three FP8 linears
-  (``QUARL_FP8_SWIGLU=0``), what every ``+glue`` FP8 figure before session 27 ran.
+  FP8 quantizers, session 27) and each attention's q / k / v as one ``quarl.quant.fp8_stack`` GEMM each way (session
+  28); ``+nostack`` keeps q / k / v three FP8 linears (``QUARL_FP8_STACK=0``), ``+unfused``
+  (``jetrl-xtiles+deepgemm+glue+unfused``) both MLP and attention as separate FP8 linears (``QUARL_FP8_SWIGLU=0``
+  too), what every ``+glue`` FP8 figure before session 27 ran.
 
 (Session 10 also timed ``+liger`` arms -- Liger-Kernel's RMSNorm, RoPE and SwiGLU patched in, commit 327c7e1 --
 and measured no gain; its profile did not change either, so its kernels most likely never ran. Session 24's
@@ -85,7 +87,7 @@ from fp8_linear import stream_time, sync  # the FP8 benchmarks' timers
 SHAPES = {"Qwen2.5-7B": (3584, 18944, 28, 4, 152064, 28), "Qwen3-8B": (4096, 12288, 32, 8, 151936, 36),
           "Qwen2.5-32B": (5120, 27648, 40, 8, 152064, 64), "tiny": (256, 640, 4, 2, 1000, 4)}
 BASES = ("bf16", "jetrl", "jetrl-xtiles")
-MODS = ("deepgemm", "glue", "unfused")
+MODS = ("deepgemm", "glue", "unfused", "nostack")
 GLUE_BACKEND = "inductor"
 PROMPT = 256  # prompt tokens per sequence under --loss rl (the rest is the completion)
 
@@ -94,17 +96,20 @@ def parse_arm(arm: str) -> tuple[str, bool, bool]:
     """``jetrl-xtiles+deepgemm+glue`` -> ("jetrl-xtiles", True, True); unknown names refused."""
     base, *mods = arm.split("+")
     if base not in BASES or any(m not in MODS for m in mods) or len(set(mods)) != len(mods) or (
-            base == "bf16" and ("deepgemm" in mods or "unfused" in mods)) or ("unfused" in mods and "glue" not in mods):
+            base == "bf16" and ({"deepgemm", "unfused", "nostack"} & set(mods))) or (
+            {"unfused", "nostack"} & set(mods) and "glue" not in mods) or {"unfused", "nostack"} <= set(mods):
         raise SystemExit(f"unknown arm {arm!r}: a base ({', '.join(BASES)}) with +deepgemm (FP8 bases), +glue, "
-                         f"+unfused (FP8 bases with +glue)")
+                         f"+unfused or +nostack (FP8 bases with +glue)")
     return base, "deepgemm" in mods, "glue" in mods
 
 
 def arm_env(arm: str) -> dict:
-    """The environment an arm's modifiers set: +deepgemm -> QUARL_FP8_GEMM=deepgemm, +unfused -> QUARL_FP8_SWIGLU=0."""
+    """The environment an arm's modifiers set: +deepgemm -> QUARL_FP8_GEMM=deepgemm, +unfused -> QUARL_FP8_SWIGLU=0 and
+    QUARL_FP8_STACK=0, +nostack -> QUARL_FP8_STACK=0."""
     mods = arm.split("+")[1:]
     return {**({"QUARL_FP8_GEMM": "deepgemm"} if "deepgemm" in mods else {}),
-            **({"QUARL_FP8_SWIGLU": "0"} if "unfused" in mods else {})}
+            **({"QUARL_FP8_SWIGLU": "0"} if "unfused" in mods else {}),
+            **({"QUARL_FP8_STACK": "0"} if {"unfused", "nostack"} & set(mods) else {})}
 
 
 def build(shape: str, layers: int, device: str, seed: int = 0):

@@ -426,7 +426,8 @@ def parse_setting(setting: tuple) -> tuple[int, int, bool, tuple[int, int] | Non
 
 def quantize_act(x: torch.Tensor, rows: int | None = None, cols: int | None = None, t_rows: int | None = None,
                  *, row_groups: bool = True, t_tiles: bool = False, sub: int | None = None, warps: int | None = None,
-                 pack: bool | int = False, split: tuple[int, int] | None = None, t_chunk: int = 0):
+                 pack: bool | int = False, split: tuple[int, int] | None = None, t_chunk: int = 0,
+                 out: tuple | None = None):
     """``x`` [M, K] (bf16 / fp16 / fp32, any strides) -> ``(q, s, qt, st)`` in one pass.
 
     * ``row_groups``: ``q`` [rows, cols] E4M3 row-major (1x128 groups along K) and ``s`` [rows, cols/128]
@@ -436,6 +437,10 @@ def quantize_act(x: torch.Tensor, rows: int | None = None, cols: int | None = No
       quantization of x^T along the tokens, and ``st`` [cols, t_rows/128] fp32 stored ``cols``-major;
       with ``t_tiles``, x^T in 128x128 tiles instead (``fp8_wgrad=tiles``): ``st`` [cols/128, t_rows/128]
       row-major, one scale per tile, equal to ``quantize_tiles`` of the zero-padded x, transposed.
+
+    ``out``: ``(q, s, qt, st)`` to write into (None for an entry not requested): views of wider operands -- a column
+    block of ``q`` / ``s``, a row block of ``qt`` / ``st`` -- with the layouts above but any row stride (several
+    projections' dY quantized into one stacked operand: ``quarl.quant.fp8_stack``).
 
     Entries not requested are None. Equal to ``quantize_act_1x128`` of the zero-padded ``x`` (and
     of its transpose) on the same device, bit for bit, whatever the launch setting: ``sub`` / ``warps`` /
@@ -453,7 +458,8 @@ def quantize_act(x: torch.Tensor, rows: int | None = None, cols: int | None = No
     if t_rows is not None and (t_rows % GROUP or t_rows < m):
         raise ValueError(f"quantize_act: t_rows={t_rows} must be a multiple of {GROUP} >= M={m}")
     t_tiles = bool(t_tiles) and t_rows is not None
-    q, s, qt, st = _act_outputs(x, rows, cols, t_rows, row_groups, t_tiles)
+    q, s, qt, st = (_act_outputs(x, rows, cols, t_rows, row_groups, t_tiles) if out is None
+                    else _checked_act_out(x, rows, cols, t_rows, row_groups, t_tiles, out))
     extent = max(rows if row_groups else 0, t_rows or 0)
     if extent == 0 or m == 0 or (q is None and qt is None):
         if q is not None:  # no tokens: zero codes, eps scales (what the reference gives for padding rows)
@@ -493,6 +499,32 @@ def _act_outputs(x, rows: int, cols: int, t_rows: int | None, row_groups: bool, 
         qt = torch.empty(cols, t_rows, device=dev, dtype=torch.float8_e4m3fn)
         st = (torch.empty(cols // GROUP, t_rows // GROUP, device=dev, dtype=torch.float32) if t_tiles  # tile scales
               else _outer_major(cols, t_rows // GROUP, dev))
+    return q, s, qt, st
+
+
+def _checked_act_out(x, rows: int, cols: int, t_rows: int | None, row_groups: bool, t_tiles: bool, out: tuple):
+    """``out`` = (q, s, qt, st) for :func:`quantize_act`, checked against what it would allocate: the same shapes,
+    dtypes and device, unit stride along a code row (and, for the 1x128 scales, along the rows they are stored
+    by); any row stride."""
+    if len(out) != 4:
+        raise ValueError("quantize_act: out must be (q, s, qt, st)")
+    q, s, qt, st = out
+    want = (row_groups, row_groups, t_rows is not None, t_rows is not None)
+    if tuple(t is not None for t in out) != want:
+        raise ValueError(f"quantize_act: out gives {tuple(t is not None for t in out)}, the call wants {want}")
+
+    def fits(t, shape, dtype, unit_dim):
+        return t.shape == shape and t.dtype == dtype and t.device == x.device and t.stride(unit_dim) == 1
+
+    ok = not row_groups or (fits(q, (rows, cols), torch.float8_e4m3fn, 1)
+                            and fits(s, (rows, cols // GROUP), torch.float32, 0))
+    if t_rows is not None:
+        st_shape = (cols // GROUP, t_rows // GROUP) if t_tiles else (cols, t_rows // GROUP)
+        ok = ok and fits(qt, (cols, t_rows), torch.float8_e4m3fn, 1) and fits(st, st_shape, torch.float32,
+                                                                                1 if t_tiles else 0)
+    if not ok:
+        raise ValueError(f"quantize_act: out does not fit x {tuple(x.shape)} as rows={rows}, cols={cols}, "
+                         f"t_rows={t_rows}, t_tiles={t_tiles}")
     return q, s, qt, st
 
 
@@ -538,7 +570,9 @@ def quantize_tiles(w: torch.Tensor, transpose: bool = False, *, sub: int | None 
     same kernel. Equal to ``quantize_weight_padded`` on the same device, bit for bit (any launch setting;
     chosen as :func:`quantize_act`'s). ``out``: ``(q, s, qt)`` to write into instead of new tensors (a master
     weight's tiles re-made in place after an optimizer step: ``quarl.quant.fp8_linear``); the kernel moves no
-    version counter, the caller does."""
+    version counter, the caller does. The ``out`` tensors may be blocks of wider ones (unit stride along a row, any
+    row stride): a weight's tiles as a row block of stacked tiles, its transpose a column block
+    (``quarl.quant.fp8_stack``)."""
     if w.dim() != 2:
         raise ValueError(f"quantize_tiles: w must be 2-D [N, K], got {tuple(w.shape)}")
     n, k = w.shape
@@ -558,10 +592,10 @@ def _checked_out(w, transpose: bool, out: tuple):
     """``out`` = (q, s, qt) for :func:`quantize_tiles`, checked against what it would allocate -> (q, qt, s)."""
     q, s, qt = out
     np_, kp = _round_up(w.shape[0], GROUP), _round_up(w.shape[1], GROUP)
-    ok = (q.shape == (np_, kp) and q.dtype == torch.float8_e4m3fn and q.is_contiguous() and q.device == w.device
-          and s.shape == (np_ // GROUP, kp // GROUP) and s.dtype == torch.float32 and s.is_contiguous()
+    ok = (q.shape == (np_, kp) and q.dtype == torch.float8_e4m3fn and q.stride(1) == 1 and q.device == w.device
+          and s.shape == (np_ // GROUP, kp // GROUP) and s.dtype == torch.float32 and s.stride(1) == 1
           and (qt is None) == (not transpose)
-          and (qt is None or (qt.shape == (kp, np_) and qt.dtype == torch.float8_e4m3fn and qt.is_contiguous())))
+          and (qt is None or (qt.shape == (kp, np_) and qt.dtype == torch.float8_e4m3fn and qt.stride(1) == 1)))
     if not ok:
         raise ValueError(f"quantize_tiles: out does not fit a {tuple(w.shape)} weight (transpose={transpose})")
     return q, qt, s

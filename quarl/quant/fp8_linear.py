@@ -265,7 +265,8 @@ def _transposed(q: torch.Tensor) -> torch.Tensor:
     wrote beside them when it is current, else a transpose."""
     hit = getattr(q, "_quarl_t", None)
     if hit is not None and hit[0] == q._version:
-        return hit[1]
+        # a column block of stacked tiles (quarl.quant.fp8_stack) when the projection runs alone: copied
+        return hit[1] if hit[1].is_contiguous() else hit[1].contiguous()
     return q.t().contiguous()
 
 

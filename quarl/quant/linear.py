@@ -266,7 +266,11 @@ class QuantLinear(nn.Module):
         return (self.act_quant == "fp8-1x128" and c is not None and c.name == "fp8"
                 and getattr(c, "granularity", None) == "block" and getattr(c, "block_size", None) == 128)
 
+    _stack = None  # a quarl.quant.fp8_stack.StackGroup: q / k / v of one attention as one FP8 GEMM each way
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # x [..., K] -> [..., N]
+        if self._stack is not None and (y := self._stack.output(self, x)) is not None:
+            return y
         y = self.base_forward(x)
         if self.lora_cfg is not None:
             # LoRA sees the unquantized activation, as in QLoRA/QeRL: the adapter is BF16.
@@ -310,7 +314,10 @@ class QuantLinear(nn.Module):
         if self.fp8_flow:
             from quarl.quant.fp8_linear import fp8_linear
 
-            y = fp8_linear(x, self.weight, wgrad=self.fp8_wgrad) if self.mode == "qat" else fp8_linear(x, self.qtensor())
+            # the bias inside: on CUDA added in place by an epilogue pass (fp8_linear.add_bias), not a broadcast add
+            if self.mode == "qat":
+                return fp8_linear(x, self.weight, self.bias, wgrad=self.fp8_wgrad)
+            return fp8_linear(x, self.qtensor(), self.bias)
         else:
             xq = self._act_fn(x) if self._act_fn is not None else x
             held = self._held

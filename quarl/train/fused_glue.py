@@ -14,7 +14,8 @@ Mistral, Qwen2, Qwen3; anything else is left eager): every ``*RMSNorm`` (decoder
 Qwen3's q/k norms too), every ``*MLP`` with ``gate_proj``/``up_proj``/``down_proj`` and a SiLU activation
 (the projections stay whatever they are: ``nn.Linear``, a ``QuantLinear`` on the FP8 flow, a frozen 4-bit base
 + LoRA; three full-parameter FP8 projections run as one :mod:`quarl.quant.fp8_swiglu` function instead, SwiGLU's
-backward inside their quantizers), and the model family's module-level ``apply_rotary_pos_emb`` -- process-wide, for every model of that
+backward inside their quantizers), an attention's full-parameter FP8 q / k / v (one GEMM each way,
+:mod:`quarl.quant.fp8_stack`), and the model family's module-level ``apply_rotary_pos_emb`` -- process-wide, for every model of that
 family in the stage's process, as Liger-Kernel patches it. The functions are compiled once per process (``dynamic=None``: a second sequence length recompiles them shape-generic, so
 RL's varying batch shapes do not recompile every step).
 
@@ -135,7 +136,7 @@ def compile_glue(model: nn.Module, key: str = "policy.compile_glue", backend: st
     ``key`` and the fix when nothing in the model has the layout patched here."""
     backend = backend or BACKEND
     fns = _compiled(backend)
-    norms = mlps = 0
+    norms = mlps = stacks = 0
     families: set[str] = set()
     for m in model.modules():
         cls = type(m)
@@ -152,6 +153,10 @@ def compile_glue(model: nn.Module, key: str = "policy.compile_glue", backend: st
             m.forward = types.MethodType(_mlp_forward, m)
             mlps += 1
         mod = sys.modules[cls.__module__]
+        if cls.__name__.endswith("Attention") and all(hasattr(m, p) for p in ("q_proj", "k_proj", "v_proj")):
+            from quarl.quant import fp8_stack
+
+            stacks += fp8_stack.attach((m.q_proj, m.k_proj, m.v_proj))
         if cls.__name__.endswith("Attention") and callable(getattr(mod, "apply_rotary_pos_emb", None)):
             if getattr(mod.apply_rotary_pos_emb, "_quarl_glue", None) != backend:
                 patched = lambda *a, **kw: fns.rope(*a, **kw)
@@ -161,7 +166,10 @@ def compile_glue(model: nn.Module, key: str = "policy.compile_glue", backend: st
     if not (norms or mlps or families):
         raise ValueError(f"{key}=true: no RMSNorm, SwiGLU MLP or RoPE attention of a family it knows "
                          f"({', '.join(FAMILIES)}) in this {type(model).__name__}; set {key}=false")
-    return {"backend": backend, "rms_norms": norms, "swiglu_mlps": mlps, "rope_modules": sorted(families)}
+    report = {"backend": backend, "rms_norms": norms, "swiglu_mlps": mlps, "rope_modules": sorted(families)}
+    if stacks:
+        report["fp8_qkv_stacks"] = stacks
+    return report
 
 
 def apply_compile_glue(model: nn.Module, setting: str, device: torch.device | str, key: str,

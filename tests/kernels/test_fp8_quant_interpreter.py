@@ -347,3 +347,81 @@ def test_master_tiles_remade_in_place_under_triton_interpreter():
     storage -- the same bits as fresh tiles, the DGrad operand's transposed scales re-made (their cache keys on the
     version the kernel does not move by itself), forward and both gradients as with a fresh weight."""
     run_interpreted(IN_PLACE_SCRIPT)
+
+
+STACK_SCRIPT = textwrap.dedent("""
+    import os
+    os.environ["QUARL_FP8_QUANT"] = "triton"
+    import torch
+    from quarl_kernels import fp8_quant as fq
+    from quarl.quant import fp8_linear as fl, fp8_stack
+
+    def same(a, b):
+        return torch.equal(a.contiguous().view(torch.uint8), b.contiguous().view(torch.uint8))
+
+    torch.manual_seed(0)
+    # several operands quantized into the blocks of one stacked operand (out=): each block its own quantization
+    widths, m = (256, 128, 128), 37
+    mp, mt, n = 40, 128, sum(widths)
+    dys = [torch.randn(m, w).to(torch.bfloat16) for w in widths]
+    dys[1] = torch.randn(widths[1], m).to(torch.bfloat16).t()  # a strided input
+    for setting in ((fq.SUB, fq.WARPS), (32, 4, False, 32, 4), (64, 8, True), (32, 4, False, 0, 0, 32)):
+        for rows_too, t_rows in ((True, mt), (False, mt), (True, None)):
+            sub, warps, pack, split, t_chunk = fq.parse_setting(setting)
+            q = torch.empty(mp, n, dtype=torch.float8_e4m3fn) if rows_too else None
+            s = torch.empty(n // 128, mp).t() if rows_too else None
+            qt = torch.empty(n, mt, dtype=torch.float8_e4m3fn) if t_rows else None
+            st = torch.empty(mt // 128, n).t() if t_rows else None
+            a = 0
+            for dy, w in zip(dys, widths):
+                out = (q[:, a:a + w] if rows_too else None, s[:, a // 128:(a + w) // 128] if rows_too else None,
+                       qt[a:a + w] if t_rows else None, st[a:a + w] if t_rows else None)
+                fq.quantize_act(dy, mp, w, t_rows, row_groups=rows_too, sub=sub, warps=warps, pack=pack,
+                                split=split, t_chunk=t_chunk, out=out)
+                ref = fq.quantize_act(dy, mp, w, t_rows, row_groups=rows_too, sub=sub, warps=warps, pack=pack,
+                                      split=split, t_chunk=t_chunk)
+                for got, want in zip(out, ref):
+                    assert (got is None) == (want is None)
+                    if got is not None:
+                        assert (same(got, want) if got.dtype == torch.float8_e4m3fn else torch.equal(got, want)), \\
+                            (setting, rows_too, t_rows, w)
+                a += w
+    try:
+        fq.quantize_act(dys[0], mp, 256, mt, out=(q[:, :256], None, None, None))
+        raise AssertionError("an out without the wanted entries was taken")
+    except ValueError:
+        pass
+    # weights' tiles into row blocks of stacked tiles, their transposes into column blocks
+    ws = [(torch.randn(w, 320) * 0.05).to(torch.bfloat16) for w in widths]
+    sq = torch.empty(n, 384, dtype=torch.float8_e4m3fn)
+    ss = torch.empty(n // 128, 3)
+    sqt = torch.empty(384, n, dtype=torch.float8_e4m3fn)
+    a = 0
+    for w, nw in zip(ws, widths):
+        fq.quantize_tiles(w, True, out=(sq[a:a + nw], ss[a // 128:(a + nw) // 128], sqt[:, a:a + nw]))
+        rq, rs, rqt = fq.quantize_tiles(w, True)
+        assert same(sq[a:a + nw], rq) and torch.equal(ss[a // 128:(a + nw) // 128], rs) and same(sqt[:, a:a + nw], rqt)
+        a += nw
+    # the stacked projections with the Triton quantizers: the eager quantizers' results, bit for bit
+    x = torch.randn(2, 19, 320).to(torch.bfloat16).requires_grad_()
+    params = [(torch.randn(w, 320) * 0.05).to(torch.bfloat16).requires_grad_() for w in widths]
+    biases = [(torch.randn(w) * 0.1).to(torch.bfloat16).requires_grad_() for w in widths]
+    gys = [torch.randn(2, 19, w).to(torch.bfloat16) for w in widths]
+    results = []
+    for backend in ("triton", "eager"):
+        os.environ["QUARL_FP8_QUANT"] = backend
+        ps = [p.detach().clone().requires_grad_() for p in params + biases]
+        xx = x.detach().clone().requires_grad_()
+        outs = fp8_stack.fp8_stack(xx, ps[:3], ps[3:], "tiles")
+        torch.autograd.backward(outs, gys)
+        results.append([*(o.detach() for o in outs), xx.grad, *(p.grad for p in ps)])
+    assert all(torch.equal(a, b) for a, b in zip(*results))
+    print("OK")
+""")
+
+
+def test_stacked_operands_under_triton_interpreter():
+    """quantize_act / quantize_tiles writing into blocks of stacked operands (``out=``, any row stride: the q / k / v
+    dY and weight tiles of quarl.quant.fp8_stack) give each block its standalone quantization over the launch settings;
+    the stacked projections with the Triton quantizers equal them with the eager ones, forward and every gradient."""
+    run_interpreted(STACK_SCRIPT)

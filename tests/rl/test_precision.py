@@ -195,3 +195,51 @@ def test_jetrl_full_parameter_with_compiled_glue_runs_the_fused_mlp(tmp_path, mo
     assert [[r.get(k) for k in keys] for r in rows] == [[r.get(k) for k in keys] for r in rows0]
     for (name, p), q in zip(fused.model.named_parameters(), plain.model.parameters(), strict=True):
         assert torch.equal(p, q), name
+
+
+def test_jetrl_full_parameter_with_compiled_glue_stacks_qkv(tmp_path, monkeypatch):
+    """A model whose q / k / v widths are multiples of 128 (a Qwen2 of hidden 256, k / v 128 wide): with
+    policy.compile_glue every attention's q / k / v run as one FP8StackFunction in the no-grad log-prob passes and the
+    updates (the report counts them), and the run follows the three FP8 linears' (QUARL_FP8_STACK=0) within the input
+    gradient's rounding: the same rewards, losses and weights to a few parts in a thousand."""
+    from transformers import AutoModelForCausalLM
+    from transformers.models.qwen2 import modeling_qwen2
+
+    from quarl.models.tiny import tiny_config
+    from quarl.quant.fp8_stack import FP8StackFunction
+    from quarl.train import fused_glue
+
+    monkeypatch.setattr(fused_glue, "BACKEND", "aot_eager")
+    _, tok = small_tiny_model()
+    cfg = tiny_config("qwen2", vocab_size=2048, bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id,
+                      pad_token_id=tok.pad_token_id)
+    cfg.hidden_size, cfg.intermediate_size, cfg.head_dim = 256, 256, 64
+
+    def run(out):
+        torch.manual_seed(0)
+        model = AutoModelForCausalLM.from_config(cfg, dtype=torch.float32).eval()
+        c = tiny_cfg("algo.updates_per_rollout=1", "aqn.enabled=false", "train.steps=2", "precision.mode=jetrl",
+                     "policy.mode=full", "policy.compile_glue=true")
+        tr = RLTrainer(c, model, tok, PROMPTS, ANSWERS, out, reward_fn=ParityReward())
+        tr.train()
+        return tr, read_metrics(out / "metrics.jsonl")
+
+    rope = modeling_qwen2.apply_rotary_pos_emb
+    calls = []
+    apply = FP8StackFunction.apply
+    monkeypatch.setattr(FP8StackFunction, "apply", lambda *a: calls.append(torch.is_grad_enabled()) or apply(*a))
+    try:
+        stacked, rows = run(tmp_path / "stack")
+        assert stacked.policy_report["compile_glue"]["fp8_qkv_stacks"] == 2
+        assert True in calls and False in calls
+        n = len(calls)
+        monkeypatch.setenv("QUARL_FP8_STACK", "0")
+        plain, rows0 = run(tmp_path / "plain")
+        assert len(calls) == n
+    finally:
+        modeling_qwen2.apply_rotary_pos_emb = rope
+    assert [r["reward/mean"] for r in rows] == [r["reward/mean"] for r in rows0]
+    for r, r0 in zip(rows, rows0, strict=True):
+        assert r["loss"] == pytest.approx(r0["loss"], rel=1e-2, abs=1e-4)
+    for (name, p), q in zip(stacked.model.named_parameters(), plain.model.parameters(), strict=True):
+        assert ((p.float() - q.float()).norm() / q.float().norm()).item() < 5e-3, name
