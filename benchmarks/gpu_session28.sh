@@ -1,0 +1,47 @@
+#!/usr/bin/env bash
+# Session 28. Issue 15: session 27's final form (SwiGLU's backward inside the FP8 quantizers) measured end to end
+# (phase g of gpu_session27.sh, run at the start of this session), then an attention's q / k / v as one FP8 GEMM each
+# way (quarl.quant.fp8_stack) and the FP8 projections' bias added by the epilogue pass (QuantLinear had kept
+# PyTorch's broadcast add). Run from the repository root on the device machine; the record is at the end of this file.
+#
+#   phase a: bash benchmarks/gpu_session28.sh a   (carry .dev/dg.tar.xz; one GPU; ~7 min)
+#     DeepGEMM built; the stack's GPU tests (outputs and weight / bias gradients against the three FP8 linears, with
+#     cuBLAS and DeepGEMM, at Qwen2.5-7B's q / k / v widths) and the inductor glue on a Jet-RL model (now stacked);
+#     then the actor update at 32B and 7B width, 8 micro-batches per optimizer step: bf16, bf16+glue, FP8 (fused MLP
+#     + stacked q / k / v), FP8 +nostack (session 27's final form; g measured it beside session 26's +unfused).
+#   phase b: bash benchmarks/gpu_session28.sh b   (carry .dev/dg.tar.xz; right after a, warm; ~8 min)
+#     bf16+glue and the FP8 arm again, two rounds at each width (fp8_model_step.py --repeat 2): the ratio's spread.
+set -u
+PHASE=${1:?phase}
+OUT=${OUT:?}
+source benchmarks/gpu_phase_lib.sh
+
+FP8=jetrl-xtiles+deepgemm+glue
+update() {  # SECONDS TAG SHAPE ARMS [ARGS...]: the actor update at 16k tokens, 4 layers -> $OUT/model/TAG
+    local s=$1 tag=$2 shape=$3 arms=$4; shift 4
+    model_step "$s" "$tag" --shape "$shape" --layers 4 --tokens 16384 --loss rl --arms "$arms" "$@"
+}
+
+case $PHASE in
+a)
+    deepgemm
+    tests 110 tests/quant/test_fp8_stack_gpu.py tests/train/test_fused_glue_gpu.py::test_inductor_glue_matches_eager -s
+    update "${M32A_S:-200}" p32acc8 Qwen2.5-32B "bf16,bf16+glue,$FP8,$FP8+nostack" --iters 2 --accumulate 8
+    update "${M7A_S:-150}" p7acc8 Qwen2.5-7B "bf16,bf16+glue,$FP8,$FP8+nostack" --iters 2 --accumulate 8
+    ;;
+b)
+    deepgemm
+    update "${M32A_S:-260}" p32acc8r Qwen2.5-32B "bf16,bf16+glue,$FP8" --iters 2 --accumulate 8 --repeat 2
+    update "${M7A_S:-170}" p7acc8r Qwen2.5-7B "bf16,bf16+glue,$FP8" --iters 2 --accumulate 8 --repeat 2
+    ;;
+*) echo "unknown phase $PHASE"; exit 2 ;;
+esac
+phase_end
+
+# ---------------------------------------------------------------------------------------------------------------
+# Record (calls of this session; device time from the tool's lease):
+#   g of gpu_session27.sh  commit 993ba98, 2026-11-27 14:02-14:09 UTC, one NVIDIA H200 (143771 MiB; cold), 416 s
+#      (held 467 s, budget left 1330 s): DeepGEMM built in 86 s; GPU tests 12 passed (the fused SwiGLU kernels, the
+#      inductor glue on a Jet-RL model, the epilogue bias add, the master tiles re-made in place); 8 micro-batches,
+#      per layer: 32B bf16+glue 71.65, FP8 fused 46.43 (1.543x), unfused 46.69 (1.535x); 7B 35.33 / 24.29 (1.454x) /
+#      24.73 (1.429x). Every arm ~9 % faster than session 27's calls on another H200; the ratios as before.
