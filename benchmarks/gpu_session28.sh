@@ -9,8 +9,9 @@
 #     cuBLAS and DeepGEMM, at Qwen2.5-7B's q / k / v widths) and the inductor glue on a Jet-RL model (now stacked);
 #     then the actor update at 32B and 7B width, 8 micro-batches per optimizer step: bf16, bf16+glue, FP8 (fused MLP
 #     + stacked q / k / v), FP8 +nostack (session 27's final form; g measured it beside session 26's +unfused).
-#   phase b: bash benchmarks/gpu_session28.sh b   (carry .dev/dg.tar.xz; right after a, warm; ~8 min)
-#     bf16+glue and the FP8 arm again, two rounds at each width (fp8_model_step.py --repeat 2): the ratio's spread.
+#   phase b: bash benchmarks/gpu_session28.sh b   (carry .dev/dg.tar.xz; right after a, warm; ~9 min)
+#     Qwen3-8B width (the issue names Qwen2.5-7B / Qwen3-8B layer shapes) as a's four arms; then bf16+glue and the
+#     FP8 arm again, two rounds at 7B and 32B width (fp8_model_step.py --repeat 2): the ratio's spread.
 set -u
 PHASE=${1:?phase}
 OUT=${OUT:?}
@@ -31,8 +32,9 @@ a)
     ;;
 b)
     deepgemm
-    update "${M32A_S:-260}" p32acc8r Qwen2.5-32B "bf16,bf16+glue,$FP8" --iters 2 --accumulate 8 --repeat 2
+    update "${M8A_S:-130}" p8acc8 Qwen3-8B "bf16,bf16+glue,$FP8,$FP8+nostack" --iters 2 --accumulate 8
     update "${M7A_S:-170}" p7acc8r Qwen2.5-7B "bf16,bf16+glue,$FP8" --iters 2 --accumulate 8 --repeat 2
+    update "${M32A_S:-240}" p32acc8r Qwen2.5-32B "bf16,bf16+glue,$FP8" --iters 2 --accumulate 8 --repeat 2
     ;;
 *) echo "unknown phase $PHASE"; exit 2 ;;
 esac
