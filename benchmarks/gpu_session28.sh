@@ -9,9 +9,10 @@
 #     cuBLAS and DeepGEMM, at Qwen2.5-7B's q / k / v widths) and the inductor glue on a Jet-RL model (now stacked);
 #     then the actor update at 32B and 7B width, 8 micro-batches per optimizer step: bf16, bf16+glue, FP8 (fused MLP
 #     + stacked q / k / v), FP8 +nostack (session 27's final form; g measured it beside session 26's +unfused).
-#   phase b: bash benchmarks/gpu_session28.sh b   (carry .dev/dg.tar.xz; right after a, warm; ~9 min)
-#     Qwen3-8B width (the issue names Qwen2.5-7B / Qwen3-8B layer shapes) as a's four arms; then bf16+glue and the
-#     FP8 arm again, two rounds at 7B and 32B width (fp8_model_step.py --repeat 2): the ratio's spread.
+#   phase b: bash benchmarks/gpu_session28.sh b   (carry .dev/dg.tar.xz; right after a, warm; ~8 min)
+#     After a (the stack 0.45 ms a layer faster at 32B width, 0.28 ms slower at 7B: within the spread?): Qwen3-8B
+#     width (the issue names Qwen2.5-7B / Qwen3-8B layer shapes) as a's four arms; 7B with one micro-batch, profiled
+#     (where the stack's time goes); 7B's four arms twice more (fp8_model_step.py --repeat 2).
 set -u
 PHASE=${1:?phase}
 OUT=${OUT:?}
@@ -33,8 +34,8 @@ a)
 b)
     deepgemm
     update "${M8A_S:-130}" p8acc8 Qwen3-8B "bf16,bf16+glue,$FP8,$FP8+nostack" --iters 2 --accumulate 8
-    update "${M7A_S:-170}" p7acc8r Qwen2.5-7B "bf16,bf16+glue,$FP8" --iters 2 --accumulate 8 --repeat 2
-    update "${M32A_S:-240}" p32acc8r Qwen2.5-32B "bf16,bf16+glue,$FP8" --iters 2 --accumulate 8 --repeat 2
+    update "${M7P_S:-110}" p7prof Qwen2.5-7B "bf16,bf16+glue,$FP8,$FP8+nostack" --iters 2 --profile
+    update "${M7A_S:-200}" p7acc8r Qwen2.5-7B "bf16,bf16+glue,$FP8,$FP8+nostack" --iters 2 --accumulate 8 --repeat 2
     ;;
 *) echo "unknown phase $PHASE"; exit 2 ;;
 esac
