@@ -37,6 +37,13 @@ b)
     update "${M7P_S:-110}" p7prof Qwen2.5-7B "bf16,bf16+glue,$FP8,$FP8+nostack" --iters 2 --profile
     update "${M7A_S:-200}" p7acc8r Qwen2.5-7B "bf16,bf16+glue,$FP8,$FP8+nostack" --iters 2 --accumulate 8 --repeat 2
     ;;
+c)
+    deepgemm
+    update "${M8R_S:-120}" p8acc8r Qwen3-8B "bf16,bf16+glue,$FP8" --iters 2 --accumulate 8 --repeat 2
+    update "${M8K_S:-70}" p8acc8t8k Qwen3-8B "bf16,bf16+glue,$FP8" --iters 2 --accumulate 8 --tokens 8192
+    update "${M7K_S:-70}" p7acc8t8k Qwen2.5-7B "bf16,bf16+glue,$FP8" --iters 2 --accumulate 8 --tokens 8192
+    update "${M32R_S:-170}" p32acc8r Qwen2.5-32B "bf16,bf16+glue,$FP8" --iters 2 --accumulate 8 --repeat 2
+    ;;
 *) echo "unknown phase $PHASE"; exit 2 ;;
 esac
 phase_end
