@@ -44,6 +44,10 @@ c)
     update "${M7K_S:-70}" p7acc8t8k Qwen2.5-7B "bf16,bf16+glue,$FP8" --iters 2 --accumulate 8 --tokens 8192
     update "${M32R_S:-170}" p32acc8r Qwen2.5-32B "bf16,bf16+glue,$FP8" --iters 2 --accumulate 8 --repeat 2
     ;;
+d)
+    deepgemm
+    update "${M7A_S:-140}" p7acc8 Qwen2.5-7B "bf16,bf16+glue,$FP8,$FP8+nostack" --iters 2 --accumulate 8
+    ;;
 *) echo "unknown phase $PHASE"; exit 2 ;;
 esac
 phase_end

@@ -5,14 +5,16 @@ GEMMs. Qwen2.5-7B's k and v projections are 512 wide: their GEMMs (16k tokens x 
 FLOPs in DGrad and WGrad) fill too few 128x128 output tiles to keep 132 SMs busy and ran at ~500-590 TFLOP/s on an
 H200 against ~1200 for q's (benchmarks/RESULTS.md, "DeepGEMM beside cuBLAS"): FP8 bought them nothing. And autograd
 sums the three DGrads in BF16, two more passes over ``[M, H]``. Stacked, q, k and v are one GEMM of width
-``Nq + Nk + Nv`` forward, one DGrad reducing over that width, one WGrad.
+``Nq + Nk + Nv`` forward and one DGrad reducing over that width.
 
     forward   Y   = Q(X) [Wq; Wk; Wv]^T          one GEMM -> q, k, v: column blocks (views) of Y [M, Nq+Nk+Nv]
-    backward  dYs = [Q(dq) Q(dk) Q(dv)]          each quantized into its own columns of one stacked operand (and
-                                                 its rows of the stacked dY^T): a 1x128 group never straddles two
-                                                 projections, each width being a multiple of 128
+    backward  dYs = [Q(dq) Q(dk) Q(dv)]          each quantized into its own columns of one stacked operand (its
+                                                 dY^T on its own): a 1x128 group never straddles two projections,
+                                                 each width being a multiple of 128
               dX  = dYs [Wq; Wk; Wv]             one GEMM, the reduction over all three widths
-              [dWq; dWk; dWv] = dYs^T X^T        one GEMM, its row blocks the three weight gradients
+              dW_i = Q(dY_i)^T X^T               one GEMM per projection: stacked, the weight gradient's output
+                                                 tiles fell into one more wave (H200, 7B width: 2.73 against
+                                                 2.16 ms for the three apart; RESULTS.md "Session 28")
 
 The weights stay three parameters (the checkpoint's layout, the optimizer's, PEFT's). Their FP8 tiles live in one
 stacked buffer (:class:`Stack`: tiles ``[Nq+Nk+Nv, Kp]``, their transpose ``[Kp, Nq+Nk+Nv]``, scales): each master
@@ -129,27 +131,32 @@ def _stack_of(weights: tuple[torch.Tensor, ...]) -> Stack:
 # --------------------------------------------------------------------------- dY of several projections
 def _stacked_grad_operands(dys: list[torch.Tensor], mp: int, widths: tuple[int, ...], mt: int | None,
                            row_groups: bool):
-    """The projections' output gradients ``dys[i]`` [M, N_i] -> one stacked DGrad operand ``(q [Mp, N], s [Mp,
-    N/128])`` and WGrad operand ``(qt [N, Mt], st [N, Mt/128])`` (N = sum N_i): each quantized into its own block,
-    bit for bit its own quantization (:func:`quarl.quant.fp8_linear.quantize_act_gemm`)."""
+    """The projections' output gradients ``dys[i]`` [M, N_i] -> the stacked DGrad operand ``(q [Mp, N], s [Mp, N/128])``
+    (N = sum N_i; each gradient quantized into its own columns) and each projection's WGrad operand ``[(qt_i [N_i, Mt],
+    st_i [N_i, Mt/128])]``, bit for bit each one's own quantization (:func:`quarl.quant.fp8_linear.quantize_act_gemm`).
+    WGrad stays one GEMM per projection: stacked, its ``sum N_i`` output rows fell into one more wave of 128x256 tiles
+    (H200, Qwen2.5-7B width, 16k tokens: 2.73 ms against 2.16 for q, k and v apart)."""
     n = sum(widths)
     if quant_backend(dys[0]) == "triton":
         fq = _fused_module()
         dev = dys[0].device
         q = torch.empty(mp, n, device=dev, dtype=torch.float8_e4m3fn) if row_groups else None
         s = torch.empty(n // BLOCK, mp, device=dev, dtype=torch.float32).t() if row_groups else None  # M-major
-        qt = torch.empty(n, mt, device=dev, dtype=torch.float8_e4m3fn) if mt is not None else None
-        st = torch.empty(mt // BLOCK, n, device=dev, dtype=torch.float32).t() if mt is not None else None  # N-major
+        wgrad = []
         a = 0
         for dy, w in zip(dys, widths, strict=True):
-            out = (q[:, a:a + w] if row_groups else None, s[:, a // BLOCK:(a + w) // BLOCK] if row_groups else None,
-                   qt[a:a + w] if mt is not None else None, st[a:a + w] if mt is not None else None)
-            fq.quantize_act(dy, mp, w, mt, row_groups=row_groups, out=out)
+            qt = torch.empty(w, mt, device=dev, dtype=torch.float8_e4m3fn) if mt is not None else None
+            st = torch.empty(mt // BLOCK, w, device=dev, dtype=torch.float32).t() if mt is not None else None
+            fq.quantize_act(dy, mp, w, mt, row_groups=row_groups, out=(
+                q[:, a:a + w] if row_groups else None, s[:, a // BLOCK:(a + w) // BLOCK] if row_groups else None,
+                qt, st))
+            wgrad.append((qt, st))
             a += w
-        return q, s, qt, st
+        return q, s, wgrad
     parts = [quantize_act_gemm(dy, mp, w, mt, row_groups=row_groups) for dy, w in zip(dys, widths, strict=True)]
-    cat = lambda j, dim: torch.cat([p[j] for p in parts], dim) if parts[0][j] is not None else None
-    return cat(0, 1), cat(1, 1), cat(2, 0), cat(3, 0)
+    q = torch.cat([p[0] for p in parts], 1) if row_groups else None
+    s = torch.cat([p[1] for p in parts], 1) if row_groups else None
+    return q, s, [(p[2], p[3]) for p in parts]
 
 
 # --------------------------------------------------------------------------- autograd
@@ -192,24 +199,19 @@ class FP8StackFunction(torch.autograd.Function):
         need_w = [ctx.needs_input_grad[4 + i] for i in range(nw)]
         need_b = [ctx.needs_input_grad[4 + nw + i] for i in range(nw)]
         dy2 = [d.reshape(-1, n) for d, n in zip(dys, widths, strict=True)]  # [M, N_i]
-        # dYs [Mp, N] 1x128 along N (DGrad), dYs^T [N, Mt] 1x128 along the tokens (WGrad), N = sum N_i
-        dyq, dys_, dytq, dyts = _stacked_grad_operands(dy2, mp, widths, mt if any(need_w) else None, need_x)
+        # dYs [Mp, N] 1x128 along N (DGrad; N = sum N_i), and each dY_i^T [N_i, Mt] 1x128 along the tokens (WGrad)
+        dyq, dys_, dyt = _stacked_grad_operands(dy2, mp, widths, mt if any(need_w) else None, need_x)
         dx = None
         if need_x:  # dX = dYs [Wq; Wk; Wv]: [M, K], one reduction over N
             dx = blockwise_gemm(dyq, dys_, sqt, _scales_t(ss), True, x_dtype)[:m, :k].reshape(*lead, k)
         dws = [None] * nw
-        if any(need_w):  # [dWq; dWk; dWv] = dYs^T X: [N, K], written in the master weights' dtype
-            dw = blockwise_gemm(dytq, dyts, xtq, xts, ctx.wgrad_tiles, w_dtypes[0])[:, :k]
-            for i, (a, n) in enumerate(zip(_offsets(widths), widths, strict=True)):
-                if need_w[i]:
-                    dws[i] = dw[a:a + n].contiguous()
+        for i, (dytq, dyts) in enumerate(dyt):  # dW_i = dY_i^T X: [N_i, K], in the master weight's dtype
+            if need_w[i]:
+                dw = blockwise_gemm(dytq, dyts, xtq, xts, ctx.wgrad_tiles, w_dtypes[i])[:, :k]
+                dws[i] = dw if dw.is_contiguous() else dw.contiguous()
         dbs = [d.sum(0, dtype=torch.float32).to(b_dtypes[i]) if need_b[i] and b_dtypes[i] is not None else None
                for i, d in enumerate(dy2)]  # fp32 accumulation, as fp8_linear's bias gradient
         return (dx, None, None, None, *dws, *dbs)
-
-
-def _offsets(widths: tuple[int, ...]) -> tuple[int, ...]:
-    return tuple(sum(widths[:i]) for i in range(len(widths)))
 
 
 def fp8_stack(x: torch.Tensor, weights: tuple[torch.Tensor, ...], biases: tuple[torch.Tensor | None, ...] | None = None,
