@@ -67,6 +67,7 @@ embedding and the LM head). The memory that estimate would need is not claimed.
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import sys
@@ -250,6 +251,13 @@ def time_arm(shape: str, layers: int, arm: str, tokens: int, seq: int, iters: in
     from transformers.models.qwen2 import modeling_qwen2
 
     rope = modeling_qwen2.apply_rotary_pos_emb  # +glue patches it process-wide: the next arm gets it back
+    # The previous arm's model is garbage in reference cycles (a +glue module's forward is a method bound to itself; a
+    # stacked q / k / v group refers to its projections), which refcounting never frees: collected here, before this
+    # arm's peak is measured. Until session 28 it was not, and each arm's peak could include the arm before it (its
+    # master weights, gradients and FP8 tiles: ~3 GiB at 7B width, 4 layers).
+    gc.collect()
+    if device == "cuda":
+        torch.cuda.empty_cache()
     try:
         with unittest.mock.patch.dict(os.environ, arm_env(arm)):
             model = build(shape, layers, device)

@@ -165,3 +165,27 @@ def test_rounds_give_the_median_and_each_rounds_ratios(tmp_path, monkeypatch):
     # per layer: bf16 20 / 24 / 22, bf16+glue 16 / 18 / -, jetrl+glue 12 / 10 / 11
     assert "| jetrl+glue | 12.00 | 10.00 | 11.00 | 1.667, 2.400, 2.000 | 1.333, 1.800 |" in text
     assert "| bf16+glue | 16.00 | 18.00 | - | 1.250, 1.333 | 1.000, 1.000 |" in text
+
+
+def test_an_arms_model_is_gone_before_the_next_arm_is_measured(monkeypatch):
+    """A +glue FP8 arm's model lives in reference cycles (forwards bound to their modules, the q / k / v stack group):
+    time_arm collects it before the next arm, whose peak memory would otherwise include it (session 28: ~3 GiB at 7B
+    width, the later of two arms always the higher)."""
+    import gc
+    import weakref
+
+    refs = []
+    build = bench.build
+    monkeypatch.setattr(bench, "build", lambda *a, **kw: (m := build(*a, **kw), refs.append(weakref.ref(m)))[0])
+    collect = gc.collect
+    gc.disable()  # no automatic collection; and none during the first arm (dynamo collects when it compiles)
+    try:
+        with monkeypatch.context() as m:
+            m.setattr(gc, "collect", lambda *a: 0)
+            bench.time_arm("tiny", 1, "jetrl-xtiles+glue", 32, 32, 1, "cpu", "rl")
+        assert refs[0]() is not None  # in cycles: refcounting alone left it
+        assert gc.collect is collect
+        bench.time_arm("tiny", 1, "bf16", 32, 32, 1, "cpu", "rl")  # no compile here: time_arm itself collects it
+        assert refs[0]() is None
+    finally:
+        gc.enable()
