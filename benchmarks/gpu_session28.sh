@@ -59,3 +59,17 @@ phase_end
 #      inductor glue on a Jet-RL model, the epilogue bias add, the master tiles re-made in place); 8 micro-batches,
 #      per layer: 32B bf16+glue 71.65, FP8 fused 46.43 (1.543x), unfused 46.69 (1.535x); 7B 35.33 / 24.29 (1.454x) /
 #      24.73 (1.429x). Every arm ~9 % faster than session 27's calls on another H200; the ratios as before.
+#   a  commit ef9b39b (the stack's first version: WGrad stacked too), 14:11-14:18 UTC, one H200 (cold), 399 s (held
+#      902 s, budget left 897 s): DeepGEMM built in 70 s; GPU tests 6 passed (the stack equal to three FP8 linears on
+#      cuBLAS and DeepGEMM: outputs and weight / bias gradients bit for bit; the inductor glue on a Jet-RL model,
+#      stacked); per layer, bf16+glue / FP8 / FP8 +nostack: 32B 82.72 / 51.75 (1.598x) / 52.20 (1.585x); 7B 39.35 /
+#      27.20 (1.447x) / 26.92 (1.462x).
+#   b  commit 239da4c, 14:19-14:23, the same machine (warm), 222 s (budget left 641 s): Qwen3-8B 37.59 / 23.25 / 23.44
+#      (its bf16+glue arm slow: 1.08x the eager arm, 1.20x in c); 7B one micro-batch, profiled: 42.78 / 27.90 /
+#      29.47 (the stacked WGrad 2.73 ms against 2.16 for q, k, v apart: one more wave of tiles); 7B two rounds:
+#      39.81 / 27.00 / 27.28 and 39.68 / 26.98 / 27.16 (1.474x / 1.471x; without the stack 1.459x / 1.461x).
+#   c  commit b651ed3, 14:23-14:28, warm, 280 s (budget left 345 s): Qwen3-8B two rounds 34.32 / 23.20, 34.15 / 23.29
+#      (1.480x / 1.467x); 8k tokens: Qwen3-8B 17.19 / 12.26 (1.402x), 7B 20.28 / 13.96 (1.453x); 32B two rounds
+#      80.01 / 51.35, 80.26 / 51.20 (1.558x / 1.568x).
+#   d  commit 0f2cfbc (the WGrad one GEMM per projection), 14:29-14:33, one H200 (cold), 199 s (budget left 102 s,
+#      given back: 92 s): 7B 39.47 / 27.25 (1.448x) / 27.05 (1.459x). The device budget is spent.
