@@ -13,6 +13,9 @@
 #     After a (the stack 0.45 ms a layer faster at 32B width, 0.28 ms slower at 7B: within the spread?): Qwen3-8B
 #     width (the issue names Qwen2.5-7B / Qwen3-8B layer shapes) as a's four arms; 7B with one micro-batch, profiled
 #     (where the stack's time goes); 7B's four arms twice more (fp8_model_step.py --repeat 2).
+#   phases c, d: after b (see the record below). phase e (prepared, not run; carry .dev/dg.tar.xz; ~4 min): the
+#     GPU tests of the final stack (its weight gradients one GEMM per projection since d) and the rollout engine on a
+#     stacked Jet-RL model (written after d), with the FP8 linear's GPU tests.
 set -u
 PHASE=${1:?phase}
 OUT=${OUT:?}
@@ -47,6 +50,10 @@ c)
 d)
     deepgemm
     update "${M7A_S:-140}" p7acc8 Qwen2.5-7B "bf16,bf16+glue,$FP8,$FP8+nostack" --iters 2 --accumulate 8
+    ;;
+e)  # prepared, not run (the device budget was spent after d)
+    deepgemm
+    tests 200 tests/quant/test_fp8_stack_gpu.py tests/train/test_fused_glue_gpu.py tests/quant/test_fp8_linear.py -s
     ;;
 *) echo "unknown phase $PHASE"; exit 2 ;;
 esac

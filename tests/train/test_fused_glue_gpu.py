@@ -85,3 +85,54 @@ def test_the_engine_rolls_out_a_glue_patched_model_with_its_own_kernels():
     finally:
         modeling_qwen2.apply_rotary_pos_emb = original
         fused_glue._compiled.cache_clear()  # the counters above wrapped the shared functions
+
+
+def test_the_engine_rolls_out_a_stacked_jetrl_model(monkeypatch):
+    """A full-parameter Jet-RL model under the compiled glue runs its q / k / v as one FP8 GEMM (quarl.quant.fp8_stack)
+    in the trainer's forwards; the rollout engine's CUDA-graph decode reads the same stacked tiles through each
+    weight's own cache and never records their refresh. Greedy rollouts with the stack on and off are the same tokens
+    (the stacked forward is the separate projections' bits), before and after a fused optimizer step, and the tiles
+    after the step are the fresh quantization of the new weights."""
+    from transformers.models.qwen2 import modeling_qwen2
+
+    from quarl.engine import FastGenerator
+    from quarl.quant.fp8_linear import _master_tiles, quantize_weight_padded
+    from quarl.quant.fp8_stack import FP8StackFunction
+    from quarl.train import fused_glue
+    from tests.engine.conftest import PAD, prompts
+    from tests.engine.test_engine_gpu import greedy
+
+    original = modeling_qwen2.apply_rotary_pos_emb
+    rows = [[t % 1000 for t in r] for r in prompts()]
+    calls = []
+    apply = FP8StackFunction.apply
+    monkeypatch.setattr(FP8StackFunction, "apply", lambda *a: calls.append(1) or apply(*a))
+
+    def rollouts():
+        out = []
+        for stack in ("1", "0"):
+            monkeypatch.setenv("QUARL_FP8_STACK", stack)
+            out.append(FastGenerator(model, PAD, kv_block=8).generate(rows, greedy(12), n=1).completion_ids)
+        return out
+
+    try:
+        model = _model(jetrl=True)
+        assert fused_glue.compile_glue(model)["fp8_qkv_stacks"] == 2
+        on, off = rollouts()
+        assert torch.equal(on, off)
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-2, fused=True)
+        ids = torch.randint(0, 1000, (2, 32), device="cuda", generator=torch.Generator("cuda").manual_seed(0))
+        monkeypatch.setenv("QUARL_FP8_STACK", "1")
+        n = len(calls)
+        logits = model(input_ids=ids).logits
+        F.cross_entropy(logits[:, :-1].flatten(0, 1).float(), ids[:, 1:].flatten()).backward()
+        assert len(calls) > n  # the training forward ran stacked
+        opt.step()
+        on2, off2 = rollouts()
+        assert torch.equal(on2, off2)
+        for m in model.model.layers[0].self_attn.q_proj, model.model.layers[0].self_attn.v_proj:
+            q, s = _master_tiles(m.weight)
+            rq, rs = quantize_weight_padded(m.weight.detach().clone())
+            assert torch.equal(q.view(torch.uint8), rq.view(torch.uint8)) and torch.equal(s, rs)
+    finally:
+        modeling_qwen2.apply_rotary_pos_emb = original
