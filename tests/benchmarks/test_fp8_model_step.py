@@ -176,14 +176,21 @@ def test_an_arms_model_is_gone_before_the_next_arm_is_measured(monkeypatch):
 
     refs = []
     build = bench.build
-    monkeypatch.setattr(bench, "build", lambda *a, **kw: (m := build(*a, **kw), refs.append(weakref.ref(m)))[0])
+
+    def built(*a, **kw):  # the model, held in a cycle of its own as well (glue bindings alone depend on the run)
+        m = build(*a, **kw)
+        m._cycle = [m]
+        refs.append(weakref.ref(m))
+        return m
+
+    monkeypatch.setattr(bench, "build", built)
     collect = gc.collect
     gc.disable()  # no automatic collection; and none during the first arm (dynamo collects when it compiles)
     try:
         with monkeypatch.context() as m:
             m.setattr(gc, "collect", lambda *a: 0)
             bench.time_arm("tiny", 1, "jetrl-xtiles+glue", 32, 32, 1, "cpu", "rl")
-        assert refs[0]() is not None  # in cycles: refcounting alone left it
+        assert refs[0]() is not None  # in a cycle: refcounting alone left it
         assert gc.collect is collect
         bench.time_arm("tiny", 1, "bf16", 32, 32, 1, "cpu", "rl")  # no compile here: time_arm itself collects it
         assert refs[0]() is None
