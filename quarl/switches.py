@@ -85,6 +85,15 @@ _NAMES = list(SWITCHES)
 COMPUTE_SWITCHES = frozenset(_NAMES[_NAMES.index("QUARL_KERNELS"): _NAMES.index("QUARL_LOGPROB_KERNEL") + 1])
 
 
+def switch_on(name: str, on: str, off: str) -> bool:
+    """A ``0`` / ``1`` switch that defaults to on: ``name`` unset or ``1`` -> True, ``0`` -> False; anything else a
+    ``ValueError`` naming the variable and what each value does (``on`` / ``off``)."""
+    v = os.environ.get(name, "1").strip()
+    if v not in ("0", "1"):
+        raise ValueError(f"{name}={v!r}: use 1 ({on}) or 0 ({off})")
+    return v == "1"
+
+
 def compute_switches(environ: Mapping[str, str] | None = None) -> dict[str, str]:
     """The :data:`COMPUTE_SWITCHES` set in ``environ`` (default ``os.environ``), sorted by name."""
     env = os.environ if environ is None else environ

@@ -38,7 +38,6 @@ linears.
 from __future__ import annotations
 
 import copy
-import os
 import weakref
 
 import torch
@@ -57,16 +56,14 @@ from quarl.quant.fp8_linear import (
     quantize_act_gemm,
     quantize_input,
 )
+from quarl.switches import switch_on
 
 BLOCK = 128
 
 
 def enabled() -> bool:
     """``QUARL_FP8_STACK`` unset or ``1``: stack; ``0``: the projections as separate FP8 linears."""
-    v = os.environ.get("QUARL_FP8_STACK", "1").strip()
-    if v not in ("0", "1"):
-        raise ValueError(f"QUARL_FP8_STACK={v!r}: use 1 (q, k, v as one FP8 GEMM each way) or 0 (three linears)")
-    return v == "1"
+    return switch_on("QUARL_FP8_STACK", "q, k, v as one FP8 GEMM each way", "three linears")
 
 
 # --------------------------------------------------------------------------- the stacked tiles

@@ -34,8 +34,6 @@ without (the trainer's no-grad log-prob pass equals its training forward). ``QUA
 
 from __future__ import annotations
 
-import os
-
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -51,16 +49,14 @@ from quarl.quant.fp8_linear import (
     quantize_act_gemm,
     quantize_input,
 )
+from quarl.switches import switch_on
 
 BLOCK = 128
 
 
 def enabled() -> bool:
     """``QUARL_FP8_SWIGLU`` unset or ``1``: fuse; ``0``: the three FP8 linears as they are."""
-    v = os.environ.get("QUARL_FP8_SWIGLU", "1").strip()
-    if v not in ("0", "1"):
-        raise ValueError(f"QUARL_FP8_SWIGLU={v!r}: use 1 (fuse SwiGLU into the FP8 quantizers) or 0 (do not)")
-    return v == "1"
+    return switch_on("QUARL_FP8_SWIGLU", "fuse SwiGLU into the FP8 quantizers", "do not")
 
 
 def _kernels():

@@ -13,6 +13,7 @@ import torch
 from quarl.quant import fp8_stack
 from quarl.quant.fp8_linear import _master_tiles, fp8_linear
 from quarl.quant.fp8_stack import FP8StackFunction
+from tests.quant.jetrl_models import glue_restored, jetrl_qwen2, with_and_without  # noqa: F401 (a fixture)
 
 
 def _params(k: int, widths: tuple[int, ...], bias: bool, seed: int = 0):
@@ -105,38 +106,16 @@ def test_stacked_tiles_follow_the_weights_and_are_what_a_single_projection_reads
 
 
 def _qwen2(stack_ok: bool = True, seed: int = 0):
-    from transformers import Qwen2Config, Qwen2ForCausalLM
-
-    from quarl.quant import quantize_model
-    from quarl.rl.precision import _jetrl_recipe
-
     # q 256 wide, k / v 128: multiples of 128 (stackable); 192 / 96 are not
     heads, kv, dim = (4, 2, 64) if stack_ok else (4, 2, 48)
-    cfg = Qwen2Config(hidden_size=heads * dim, intermediate_size=384, num_attention_heads=heads,
-                      num_key_value_heads=kv, vocab_size=97, num_hidden_layers=2, tie_word_embeddings=False)
-    torch.manual_seed(seed)
-    model = Qwen2ForCausalLM(cfg).to(torch.bfloat16)
-    quantize_model(model, _jetrl_recipe("full"))
-    return model
+    return jetrl_qwen2(heads * dim, 384, heads, kv, seed=seed)
 
 
-@pytest.fixture
-def _glue_restored():
-    from transformers.models.qwen2 import modeling_qwen2
-
-    rope = modeling_qwen2.apply_rotary_pos_emb
-    yield
-    modeling_qwen2.apply_rotary_pos_emb = rope
 
 
-def _loss_and_grads(model, ids):
-    model.zero_grad(set_to_none=True)
-    loss = model(input_ids=ids, labels=ids).loss
-    loss.backward()
-    return loss.detach(), {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
 
 
-@pytest.mark.usefixtures("_glue_restored")
+@pytest.mark.usefixtures("glue_restored")
 def test_compiled_glue_stacks_a_jetrl_attention(monkeypatch):
     """policy.compile_glue on a full-parameter Jet-RL Qwen2: every attention's q / k / v is one FP8StackFunction
     (counted); the loss equals the three linears' (QUARL_FP8_STACK=0) bit for bit, and so does every weight's gradient
@@ -146,15 +125,9 @@ def test_compiled_glue_stacks_a_jetrl_attention(monkeypatch):
     model = _qwen2()
     report = compile_glue(model, backend="aot_eager")
     assert report["fp8_qkv_stacks"] == 2
-    ids = torch.randint(0, 97, (2, 11))
-    calls = []
-    apply = FP8StackFunction.apply
-    monkeypatch.setattr(FP8StackFunction, "apply", lambda *a: calls.append(1) or apply(*a))
-    loss, grads = _loss_and_grads(model, ids)
-    assert len(calls) == 2  # one per decoder layer
-    monkeypatch.setenv("QUARL_FP8_STACK", "0")
-    loss0, grads0 = _loss_and_grads(model, ids)
-    assert len(calls) == 2 and torch.equal(loss, loss0) and grads.keys() == grads0.keys()
+    loss, grads, loss0, grads0 = with_and_without(monkeypatch, model, FP8StackFunction, "QUARL_FP8_STACK",
+                                                  torch.randint(0, 97, (2, 11)))
+    assert torch.equal(loss, loss0)
     last = "model.layers.1."  # the last layer's projections and its MLP see the same dY bits in both runs
     for name in grads:
         if name.startswith(last) and "input_layernorm" not in name:
@@ -163,7 +136,7 @@ def test_compiled_glue_stacks_a_jetrl_attention(monkeypatch):
         assert rel < 0.05, (name, rel)
 
 
-@pytest.mark.usefixtures("_glue_restored")
+@pytest.mark.usefixtures("glue_restored")
 def test_not_stackable_attentions_stay_three_linears():
     from quarl.train.fused_glue import compile_glue
 
@@ -172,7 +145,7 @@ def test_not_stackable_attentions_stay_three_linears():
     assert all(m._stack is None for m in model.modules() if hasattr(m, "fp8_wgrad"))
 
 
-@pytest.mark.usefixtures("_glue_restored")
+@pytest.mark.usefixtures("glue_restored")
 def test_a_deep_copy_gets_its_own_group():
     from quarl.train.fused_glue import compile_glue
 

@@ -11,6 +11,7 @@ from quarl.quant import fp8_swiglu
 from quarl.quant.fp8_linear import fp8_linear
 from quarl.quant.fp8_swiglu import FP8SwiGLUFunction, silu_mul_grads
 from quarl.quant.fp8_swiglu import fp8_swiglu as fused
+from tests.quant.jetrl_models import glue_restored, jetrl_qwen2, with_and_without  # noqa: F401 (a fixture)
 
 
 def _weights(h: int, inter: int, seed: int = 0):
@@ -71,65 +72,29 @@ def test_silu_mul_grads_is_autograd():
     assert torch.equal(dg, g.grad) and torch.equal(du, u.grad)
 
 
-def _jetrl_qwen2(lora: bool = False, seed: int = 0):
-    from transformers import Qwen2Config, Qwen2ForCausalLM
-
-    from quarl.quant import quantize_model
-    from quarl.rl.precision import _jetrl_recipe
-
-    cfg = Qwen2Config(hidden_size=64, intermediate_size=160, num_attention_heads=4, num_key_value_heads=2,
-                      vocab_size=97, num_hidden_layers=2, tie_word_embeddings=False)
-    torch.manual_seed(seed)
-    model = Qwen2ForCausalLM(cfg).to(torch.bfloat16)
-    quantize_model(model, _jetrl_recipe("lora" if lora else "full"))
-    return model
-
-
-@pytest.fixture
-def _glue_restored():
-    from transformers.models.qwen2 import modeling_qwen2
-
-    rope = modeling_qwen2.apply_rotary_pos_emb
-    yield
-    modeling_qwen2.apply_rotary_pos_emb = rope
-
-
-def _loss_and_grads(model, ids):
-    model.zero_grad(set_to_none=True)
-    loss = model(input_ids=ids, labels=ids).loss
-    loss.backward()
-    return loss.detach(), {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
-
-
-@pytest.mark.usefixtures("_glue_restored")
+@pytest.mark.usefixtures("glue_restored")
 def test_compiled_glue_runs_a_jetrl_mlp_fused_and_equal(monkeypatch):
     """policy.compile_glue on a full-parameter Jet-RL model: each MLP is one FP8SwiGLUFunction (counted), and the
     loss and every gradient equal those of the unfused FP8 linears (QUARL_FP8_SWIGLU=0), bit for bit."""
     from quarl.train.fused_glue import compile_glue
 
-    model = _jetrl_qwen2()
+    model = jetrl_qwen2()
     compile_glue(model, backend="aot_eager")
-    ids = torch.randint(0, 97, (2, 11))
-    calls = []
-    apply = FP8SwiGLUFunction.apply
-    monkeypatch.setattr(FP8SwiGLUFunction, "apply", lambda *a: calls.append(1) or apply(*a))
-    loss, grads = _loss_and_grads(model, ids)
-    assert len(calls) == 2  # one per decoder layer
-    monkeypatch.setenv("QUARL_FP8_SWIGLU", "0")
-    loss0, grads0 = _loss_and_grads(model, ids)
-    assert len(calls) == 2 and torch.equal(loss, loss0) and grads.keys() == grads0.keys()
+    loss, grads, loss0, grads0 = with_and_without(monkeypatch, model, FP8SwiGLUFunction, "QUARL_FP8_SWIGLU",
+                                                  torch.randint(0, 97, (2, 11)))
+    assert torch.equal(loss, loss0)
     assert all(torch.equal(grads[k], grads0[k]) for k in grads), [k for k in grads if not torch.equal(grads[k],
                                                                                                       grads0[k])]
 
 
-@pytest.mark.usefixtures("_glue_restored")
+@pytest.mark.usefixtures("glue_restored")
 def test_lora_and_bf16_mlps_are_not_fused():
     from quarl.train.fused_glue import compile_glue
 
-    lora = _jetrl_qwen2(lora=True)
+    lora = jetrl_qwen2(lora=True)
     compile_glue(lora, backend="aot_eager")
     assert not any(fp8_swiglu.fusable(m) for m in lora.modules() if hasattr(m, "gate_proj"))
-    full = _jetrl_qwen2()
+    full = jetrl_qwen2()
     assert all(fp8_swiglu.fusable(m) for m in full.modules() if hasattr(m, "gate_proj"))
     from transformers.models.qwen2.modeling_qwen2 import Qwen2MLP
 
