@@ -25,7 +25,7 @@ Arms (each on a fresh model from the same seed):
   (``quarl.train.fused_glue``: transformers' RMSNorm / RoPE / SwiGLU as ``torch.compile``d kernels; inductor on
   CUDA, ``aot_eager`` in a CPU dry run); such arms get a ``bf16+glue`` stem of their own (the final norm is glue).
   On an FP8 arm the glue also runs each MLP as one ``quarl.quant.fp8_swiglu`` function (SwiGLU's backward inside the
-  FP8 quantizers, session 27) and each attention's q / k / v as one ``quarl.quant.fp8_stack`` GEMM each way (session
+  FP8 quantizers, session 27) and each attention's q / k / v as one ``quarl.quant.fp8_stack`` stacked GEMM (session
   28); ``+nostack`` keeps q / k / v three FP8 linears (``QUARL_FP8_STACK=0``), ``+unfused``
   (``jetrl-xtiles+deepgemm+glue+unfused``) both MLP and attention as separate FP8 linears (``QUARL_FP8_SWIGLU=0``
   too), what every ``+glue`` FP8 figure before session 27 ran.

@@ -1,4 +1,5 @@
-"""Full-parameter FP8 projections that read one input -- an attention's q, k and v -- as one GEMM each way.
+"""Full-parameter FP8 projections that read one input -- an attention's q, k and v -- as one GEMM forward and one
+DGrad.
 
 Why. In full-parameter Jet-RL every projection is an FP8 linear (:mod:`quarl.quant.fp8_linear`), each with its three
 GEMMs. Qwen2.5-7B's k and v projections are 512 wide: their GEMMs (16k tokens x 512 x 3584 forward, and the same
@@ -63,7 +64,7 @@ BLOCK = 128
 
 def enabled() -> bool:
     """``QUARL_FP8_STACK`` unset or ``1``: stack; ``0``: the projections as separate FP8 linears."""
-    return switch_on("QUARL_FP8_STACK", "q, k, v as one FP8 GEMM each way", "three linears")
+    return switch_on("QUARL_FP8_STACK", "q, k, v as one FP8 GEMM forward and one DGrad", "three linears")
 
 
 # --------------------------------------------------------------------------- the stacked tiles
@@ -131,7 +132,7 @@ def _stacked_grad_operands(dys: list[torch.Tensor], mp: int, widths: tuple[int, 
     """The projections' output gradients ``dys[i]`` [M, N_i] -> the stacked DGrad operand ``(q [Mp, N], s [Mp, N/128])``
     (N = sum N_i; each gradient quantized into its own columns) and each projection's WGrad operand ``[(qt_i [N_i, Mt],
     st_i [N_i, Mt/128])]``, bit for bit each one's own quantization (:func:`quarl.quant.fp8_linear.quantize_act_gemm`).
-    WGrad stays one GEMM per projection: stacked, its ``sum N_i`` output rows fell into one more wave of 128x256 tiles
+    WGrad stays one GEMM per projection: stacked, its ``sum N_i`` output rows fell into one more wave of 256x128 tiles
     (H200, Qwen2.5-7B width, 16k tokens: 2.73 ms against 2.16 for q, k and v apart)."""
     n = sum(widths)
     if quant_backend(dys[0]) == "triton":
@@ -158,9 +159,10 @@ def _stacked_grad_operands(dys: list[torch.Tensor], mp: int, widths: tuple[int, 
 
 # --------------------------------------------------------------------------- autograd
 class FP8StackFunction(torch.autograd.Function):
-    """``(x @ W_i^T + b_i for each i)`` with one FP8 GEMM each way (module docstring). ``x`` [..., K]; ``stack`` the
-    weights' :class:`Stack` (current); ``k`` the true in features; ``wgrad_tiles``: X^T in 128x128 tiles in WGrad;
-    ``params``: the master weights [N_i, K] (None: no WGrad, e.g. under no_grad), then the biases [N_i] or None."""
+    """``(x @ W_i^T + b_i for each i)`` with one FP8 GEMM forward and one DGrad (module docstring). ``x`` [..., K];
+    ``stack`` the weights' :class:`Stack` (current); ``k`` the true in features; ``wgrad_tiles``: X^T in 128x128
+    tiles in WGrad; ``params``: the master weights [N_i, K] (None: no WGrad, e.g. under no_grad), then the biases
+    [N_i] or None."""
 
     @staticmethod
     def forward(ctx, x, stack, k, wgrad_tiles, *params):
@@ -213,8 +215,9 @@ class FP8StackFunction(torch.autograd.Function):
 
 def fp8_stack(x: torch.Tensor, weights: tuple[torch.Tensor, ...], biases: tuple[torch.Tensor | None, ...] | None = None,
               wgrad: str = "1x128") -> tuple[torch.Tensor, ...]:
-    """``tuple(F.linear(x, w, b) for w, b in zip(weights, biases))`` through one FP8 GEMM each way (module docstring);
-    differentiable in ``x``, the master weights [N_i, K] and the biases. Every N_i must be a multiple of 128."""
+    """``tuple(F.linear(x, w, b) for w, b in zip(weights, biases))`` through one FP8 GEMM forward and one DGrad (module
+    docstring); differentiable in ``x``, the master weights [N_i, K] and the biases. Every N_i must be a multiple of
+    128."""
     if any(w.shape[0] % BLOCK for w in weights) or len({w.shape[1] for w in weights}) != 1 \
             or len({w.dtype for w in weights}) != 1:
         raise ValueError(f"fp8_stack: weights of one in-features, one dtype and out-features multiples of {BLOCK}; "

@@ -266,7 +266,7 @@ class QuantLinear(nn.Module):
         return (self.act_quant == "fp8-1x128" and c is not None and c.name == "fp8"
                 and getattr(c, "granularity", None) == "block" and getattr(c, "block_size", None) == 128)
 
-    _stack = None  # a quarl.quant.fp8_stack.StackGroup: q / k / v of one attention as one FP8 GEMM each way
+    _stack = None  # a quarl.quant.fp8_stack.StackGroup: q / k / v of one attention in one FP8 GEMM forward, one DGrad
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # x [..., K] -> [..., N]
         if self._stack is not None and (y := self._stack.output(self, x)) is not None:

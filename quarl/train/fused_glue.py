@@ -14,7 +14,7 @@ Mistral, Qwen2, Qwen3; anything else is left eager): every ``*RMSNorm`` (decoder
 Qwen3's q/k norms too), every ``*MLP`` with ``gate_proj``/``up_proj``/``down_proj`` and a SiLU activation
 (the projections stay whatever they are: ``nn.Linear``, a ``QuantLinear`` on the FP8 flow, a frozen 4-bit base
 + LoRA; three full-parameter FP8 projections run as one :mod:`quarl.quant.fp8_swiglu` function instead, SwiGLU's
-backward inside their quantizers), an attention's full-parameter FP8 q / k / v (one GEMM each way,
+backward inside their quantizers), an attention's full-parameter FP8 q / k / v (one stacked GEMM,
 :mod:`quarl.quant.fp8_stack`), and the model family's module-level ``apply_rotary_pos_emb`` -- process-wide, for every model of that
 family in the stage's process, as Liger-Kernel patches it. The functions are compiled once per process (``dynamic=None``: a second sequence length recompiles them shape-generic, so
 RL's varying batch shapes do not recompile every step).

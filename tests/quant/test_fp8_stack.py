@@ -1,9 +1,9 @@
-"""quarl.quant.fp8_stack on CPU: q, k, v as one FP8 GEMM each way. The outputs, the weights' and the biases' gradients
-are the three FP8 linears' bit for bit; the input's gradient is the FP32 sum rounded once (closer to the FP32
-reference of the same operands than the three rounded products added in BF16); the stacked tiles follow the weights
-through optimizer steps and are the bytes a single projection reads; the fused glue routes a full-parameter Jet-RL
-attention through it (and the whole model trains as with the switch off, within the DGrad's rounding); a deep copy
-gets its own group. The Triton ``out=`` paths: tests/kernels/test_fp8_quant_interpreter.py."""
+"""quarl.quant.fp8_stack on CPU: q, k, v as one FP8 GEMM forward and one DGrad. The outputs, the weights' and the
+biases' gradients are the three FP8 linears' bit for bit; the input's gradient is the FP32 sum rounded once (closer to
+the FP32 reference of the same operands than the three rounded products added in BF16); the stacked tiles follow the
+weights through optimizer steps and are the bytes a single projection reads; the fused glue routes a full-parameter
+Jet-RL attention through it (and the whole model trains as with the switch off, within the DGrad's rounding); a deep
+copy gets its own group. The Triton ``out=`` paths: tests/kernels/test_fp8_quant_interpreter.py."""
 
 import copy
 

@@ -1,7 +1,7 @@
-"""quarl.quant.fp8_stack on an SM90 GPU: q / k / v as one FP8 GEMM each way, with the Triton quantizers and each GEMM
-backend, against the three FP8 linears on the same GPU -- the outputs, the weights' and biases' gradients bit for bit
-(the same operands and reductions), the input's gradient within the DGrad's BF16 rounding of the FP32 reference --
-at Qwen2.5-7B's attention widths (3584 / 512 / 512) and a SmolLM2-sized odd token count."""
+"""quarl.quant.fp8_stack on an SM90 GPU: q / k / v as one FP8 GEMM forward and one DGrad, with the Triton quantizers
+and each GEMM backend, against the three FP8 linears on the same GPU -- the outputs, the weights' and biases'
+gradients bit for bit (the same operands and reductions), the input's gradient within the DGrad's BF16 rounding of
+the FP32 reference -- at Qwen2.5-7B's attention widths (3584 / 512 / 512) and a SmolLM2-sized odd token count."""
 
 import importlib.util
 
