@@ -95,7 +95,14 @@ class Stack:
             if self.made[i] == version:
                 continue
             q, s, qt = self.blocks(i)
-            if quant_backend(w) == "triton":  # straight into the blocks: one kernel, no copy
+            hit = getattr(w, "_quarl_fp8", None)
+            triton = quant_backend(w) == "triton"
+            if triton and hit is not None and hit[0] == version and hit[1].data_ptr() == q.data_ptr():
+                # already re-made into these blocks, transposed block included, by fp8_linear._master_tiles (the
+                # rollout engine's refresh_master_tiles after an optimizer step): not quantized a second time
+                self.made[i] = version
+                continue
+            if triton:  # straight into the blocks: one kernel, no copy
                 _fused_module().quantize_tiles(w.detach(), True, out=(q, s, qt))
             else:  # the PyTorch quantizers, then copied in (CPU: the same bits)
                 fq, fs, _ = _weight_tiles(w)

@@ -416,6 +416,28 @@ STACK_SCRIPT = textwrap.dedent("""
         torch.autograd.backward(outs, gys)
         results.append([*(o.detach() for o in outs), xx.grad, *(p.grad for p in ps)])
     assert all(torch.equal(a, b) for a, b in zip(*results))
+    # after an optimizer step the rollout engine's refresh re-makes the stacked weights' tiles in place, transposed
+    # blocks included: the stack's next call quantizes none of them again, and computes what fresh weights give
+    os.environ["QUARL_FP8_QUANT"] = "triton"
+    ps = [torch.nn.Parameter(p.detach().clone()) for p in params]
+    fp8_stack.fp8_stack(x, ps)
+    with torch.no_grad():
+        for p in ps:
+            p.data.mul_(-2.0)  # a write that moves no version counter, as a fused optimizer's
+    fl.weights_changed()
+    module = torch.nn.Module()
+    module.ws = torch.nn.ParameterList(ps)
+    assert fl.refresh_master_tiles(module) == 3
+    made = []
+    tiles = fq.quantize_tiles
+    fq.quantize_tiles = lambda *a, **kw: made.append(1) or tiles(*a, **kw)
+    try:
+        outs = fp8_stack.fp8_stack(x, ps)
+    finally:
+        fq.quantize_tiles = tiles
+    assert not made
+    fresh = [p.detach().clone().requires_grad_() for p in ps]
+    assert all(torch.equal(a, b) for a, b in zip(outs, fp8_stack.fp8_stack(x, fresh)))
     print("OK")
 """)
 
