@@ -10,6 +10,17 @@
 #     benchmarks/gpu_suite.py --gpus 4: the 25 files with the gpu marker, one pytest each, four at a time, each on its
 #     own GPU, longest first; DeepGEMM is built in the background meanwhile and its two files
 #     (test_fp8_linear.py, test_fp8_stack_gpu.py) wait for it (--late / --after).
+#   phase s: bash benchmarks/gpu_session29.sh s   (one GPU; carry .whl/s1, then again with .whl/s2: seconds each)
+#     the embedded GGUF's first two xz parts stashed in /tmp/stash on the warm machine.
+#   phase b: bash benchmarks/gpu_session29.sh b   (one GPU, warm after s twice; carry .whl/s3 .whl/small .whl/bnb-site;
+#            ~9 min)
+#     After a (888 passed; the 8-bit AdamW RL-trainer test failed and a held-base test skipped: both need the embedded
+#     SmolLM2's tokenizer, not installed on the 4-GPU machine): those two files with the GGUF assembled and checked;
+#     then issue 17's rollout table at the final code (7B / 14B, LoRA r32 on both sides, batch 1 / 8 / 64, 2048 new
+#     tokens; last run in session 22).
+#   phase c: bash benchmarks/gpu_session29.sh c   (one GPU, warm after b; ~5 min)
+#     issue 17's 7B GRPO step at the final code (NVFP4+LoRA against BF16+LoRA, micro-batch 8, the defaults: compiled
+#     glue, held base auto, 8-bit AdamW where bitsandbytes is present; last run in session 25 with torch AdamW).
 set -u
 PHASE=${1:?phase}
 OUT=${OUT:?}
@@ -27,6 +38,21 @@ a)
         --budget-s $(( ${SUITE_S:-550} - 15 )) --late tests/quant/test_fp8_linear.py,tests/quant/test_fp8_stack_gpu.py \
         --after /tmp/dg.ready 2>&1 | tee "$OUT/suite/run.log" | tail -n 60
     cat "$OUT/deepgemm.log"
+    ;;
+s)
+    mkdir -p /tmp/stash && cp .whl/s*/gguf.xz.part* /tmp/stash/ && ls -la /tmp/stash
+    ;;
+b)
+    smollm2_from_stash || exit 2
+    smollm2_site .whl/small || exit $?
+    export PYTHONPATH=$PYTHONPATH:$PWD/.whl/bnb-site
+    tests 150 tests/train/test_optim_gpu.py tests/train/test_dequant_cache_gpu.py
+    rollout_table "${TABLE_S:-470}" 7b,14b 1,8,64 table
+    ;;
+c)
+    export PYTHONPATH=$PYTHONPATH:$PWD/.whl/bnb-site
+    "$PY" -c "import bitsandbytes as b; print('bitsandbytes', b.__version__)" 2>&1 | tail -n 1
+    grpo "${GRPO_S:-280}" grpo --steps 3
     ;;
 *) echo "unknown phase $PHASE"; exit 2 ;;
 esac

