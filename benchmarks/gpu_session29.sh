@@ -18,8 +18,9 @@
 #     SmolLM2's tokenizer, not installed on the 4-GPU machine): those two files with the GGUF assembled and checked;
 #     then issue 17's rollout table at the final code (7B / 14B, LoRA r32 on both sides, batch 1 / 8 / 64, 2048 new
 #     tokens; last run in session 22).
-#   phase c: bash benchmarks/gpu_session29.sh c   (one GPU, warm after b; ~5 min)
-#     issue 17's 7B GRPO step at the final code (NVFP4+LoRA against BF16+LoRA, micro-batch 8, the defaults: compiled
+#   phase c: bash benchmarks/gpu_session29.sh c   (nvidia-h100-x1, cold; carry .whl/bnb-site; ~9 min)
+#     After b (on the H200 the 7B ratios were 2.42x / 2.02x / 1.17x, below session 22's 2.66x / 2.17x / 1.33x on an
+#     H100: the card or the code?): the 7B rollout table on an H100, as session 22 ran it; then issue 17's 7B GRPO step at the final code (NVFP4+LoRA against BF16+LoRA, micro-batch 8, the defaults: compiled
 #     glue, held base auto, 8-bit AdamW where bitsandbytes is present; last run in session 25 with torch AdamW).
 set -u
 PHASE=${1:?phase}
@@ -52,6 +53,7 @@ b)
 c)
     export PYTHONPATH=$PYTHONPATH:$PWD/.whl/bnb-site
     "$PY" -c "import bitsandbytes as b; print('bitsandbytes', b.__version__)" 2>&1 | tail -n 1
+    rollout_table "${TABLE_S:-230}" 7b 1,8,64 table7b
     grpo "${GRPO_S:-280}" grpo --steps 3
     ;;
 *) echo "unknown phase $PHASE"; exit 2 ;;
