@@ -22,6 +22,12 @@
 #     After b (on the H200 the 7B ratios were 2.42x / 2.02x / 1.17x, below session 22's 2.66x / 2.17x / 1.33x on an
 #     H100: the card or the code?): the 7B rollout table on an H100, as session 22 ran it; then issue 17's 7B GRPO step at the final code (NVFP4+LoRA against BF16+LoRA, micro-batch 8, the defaults: compiled
 #     glue, held base auto, 8-bit AdamW where bitsandbytes is present; last run in session 25 with torch AdamW).
+#   phase d: bash benchmarks/gpu_session29.sh d   (nvidia-h100-x1; ~7 min)
+#     Issue 15's FP8 rollout (Jet-RL: the training forward's quantizers and GEMMs at decode) with the activation
+#     quantized inside the decode GEMV (fp8_gemv's sa=None; QUARL_FP8_GEMV_QUANT=0 the quantizer's own launch, as
+#     before): its GPU tests (bit for bit the quantizer then the GEMV, in a CUDA graph through the linear), the FP8
+#     linear's, the engine on a stacked Jet-RL model; then the Qwen3-8B-shaped rollout, BF16 against FP8 with and
+#     without it, batch 1 / 8 / 64, 512 new tokens (session 10's figures: 1.26x / 1.22x / 1.01x on an H100).
 set -u
 PHASE=${1:?phase}
 OUT=${OUT:?}
@@ -55,6 +61,16 @@ c)
     "$PY" -c "import bitsandbytes as b; print('bitsandbytes', b.__version__)" 2>&1 | tail -n 1
     rollout_table "${TABLE_S:-230}" 7b 1,8,64 table7b
     grpo "${GRPO_S:-280}" grpo --steps 3
+    ;;
+d)
+    tests 200 tests/kernels/test_fp8_gemv_gpu.py tests/quant/test_fp8_linear.py \
+        tests/train/test_fused_glue_gpu.py::test_the_engine_rolls_out_a_stacked_jetrl_model
+    for r in $(seq 1 "${ROUNDS:-1}"); do
+        bench "${ROLL_S:-150}" "fp8roll$r" benchmarks/rollout.py --models 8b --variants bf16,fp8 --batches 1,8,64 \
+            --new-tokens 512 --hf-new-tokens 0 --budget-s $(( ${ROLL_S:-150} - 15 ))
+        QUARL_FP8_GEMV_QUANT=0 bench "${ROLL0_S:-100}" "fp8roll${r}_q0" benchmarks/rollout.py --models 8b --variants fp8 \
+            --batches 1,8,64 --new-tokens 512 --hf-new-tokens 0 --budget-s $(( ${ROLL0_S:-100} - 15 ))
+    done
     ;;
 *) echo "unknown phase $PHASE"; exit 2 ;;
 esac

@@ -85,3 +85,47 @@ def test_in_a_cuda_graph_and_through_the_linear(monkeypatch):
         torch.cuda.synchronize()
     assert calls
     assert _rel(out, ref.double()) < 2e-3  # both bf16: the GEMV and cuBLAS round differently at ~1e-3 of elements
+
+
+@pytest.mark.parametrize("n,k", SHAPES)
+@pytest.mark.parametrize("m", [1, 8, 16])
+def test_activation_quantized_inside_is_the_quantizer_then_the_gemv_bit_for_bit(m, n, k):
+    """``sa=None``: the GEMV quantizes x itself with the Triton quantizer's functions -- the same output bits as
+    ``quantize_act`` then the GEMV, on the device's own arithmetic (amax * fp32(1/448), div.rn, RNE to E4M3)."""
+    torch.manual_seed(1)
+    x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16) * 3
+    x[0, : k // 2] = 0.0  # all-zero 1x128 groups: the eps scale
+    b, sb = fl.quantize_weight_padded(torch.randn(n, k, device="cuda", dtype=torch.bfloat16) * 0.02)
+    a, sa, _, _ = fl.quantize_act_gemm(x, m, k)
+    for cfg in (g.default_config(m, n, k), g.Fp8GemvConfig(bn=128, stages=5, waves=1)):
+        for out_dtype in (torch.bfloat16, torch.float32):
+            assert torch.equal(g.fp8_gemv(x, None, b, sb, out_dtype, cfg), g.fp8_gemv(a, sa, b, sb, out_dtype, cfg))
+
+
+def test_rollout_projection_quantizes_inside_the_gemv_in_a_cuda_graph(monkeypatch):
+    """Through the FP8 linear at rollout (no_grad, a captured graph): no quantizer launch, the bits of
+    ``QUARL_FP8_GEMV_QUANT=0``'s quantizer + GEMV; a K that is not a multiple of 128 (SmolLM2's 576) included."""
+    from quarl_kernels import fp8_quant
+
+    for n, k in ((4096, 4096), (1536, 576)):
+        w = torch.randn(n, k, device="cuda", dtype=torch.bfloat16) * 0.02
+        bias = torch.randn(n, device="cuda", dtype=torch.bfloat16) * 0.1
+        x = torch.randn(4, k, device="cuda", dtype=torch.bfloat16)
+        monkeypatch.setenv("QUARL_FP8_GEMV_QUANT", "0")
+        with torch.no_grad():
+            ref = fl.fp8_linear(x, w, bias)
+        monkeypatch.setenv("QUARL_FP8_GEMV_QUANT", "1")
+        launches = []
+        real = fp8_quant.quantize_act
+        monkeypatch.setattr(fp8_quant, "quantize_act",
+                            lambda *a, _seen=launches, _real=real, **kw: _seen.append(1) or _real(*a, **kw))
+        with torch.no_grad():
+            fl.fp8_linear(x, w, bias)  # compile and cache the weight tiles off the capture
+            torch.cuda.synchronize()
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph):
+                out = fl.fp8_linear(x, w, bias)
+            graph.replay()
+            torch.cuda.synchronize()
+        assert not launches and torch.equal(out, ref), (n, k)
+        monkeypatch.setattr(fp8_quant, "quantize_act", real)
