@@ -15,15 +15,6 @@ cuBLAS and DeepGEMM compute, so results agree with them to FP32 summation order 
 ``cdiv(N, BN)`` programs do not fill the GPU the K blocks are split; each split writes FP32 partials ``[S, M, N]``
 that ``launch.finish`` sums in split order (deterministic) and rounds once.
 
-The activation quantized inside (``sa=None``: ``a`` is the BF16 activation ``[M, K]``). At decode the activation
-is a few rows, and its 1x128 quantizer (``fp8_quant.quantize_act``) is a launch of its own before every
-projection: 7 a layer at rollout (no memo under no_grad), 252 in a Qwen3-8B decode step, each a few microseconds
-of a step that the weights alone would fill in ~2.7 ms. With ``sa=None`` each program quantizes the x blocks it
-multiplies itself, with the quantizer's own functions (``fp8_quant._scale``, ``_codes``: amax / 448, a correctly
-rounded division, RNE to E4M3, zeros past K) -- the same codes and scales, so the same output bits as
-``quantize_act`` then this GEMV; the x blocks are re-quantized by every program of a K range (a few hundred
-flops each, against the 16 KB of weight it reads).
-
 Layouts are the FP8 linear's own: ``a [Mp, Kp]`` E4M3 with scales ``sa [Mp, Kp/128]`` (any strides),
 ``b [Np, Kp]`` E4M3 (row-major, K contiguous) with ``sb [Np/128, Kp/128]``; ``Kp`` a multiple of 128 (the linear
 pads). Under ``TRITON_INTERPRET=1`` the dot runs on the decoded fp32 values (the interpreter has no FP8 dot);
@@ -38,7 +29,6 @@ import torch
 import triton
 import triton.language as tl
 
-from quarl_kernels.fp8_quant import _codes, _scale
 from quarl_kernels.launch import finish, interpreting, num_sms
 
 __all__ = ["GEMV_CONFIGS", "Fp8GemvConfig", "default_config", "fp8_gemv", "split_for"]
@@ -70,11 +60,10 @@ def default_config(m: int, n: int, k: int) -> Fp8GemvConfig:
 
 
 @triton.jit
-def _fp8_gemv_kernel(a_ptr, sa_ptr, b_ptr, sb_ptr, out_ptr, M, N, KB, KB_PER_SPLIT, K_X,
+def _fp8_gemv_kernel(a_ptr, sa_ptr, b_ptr, sb_ptr, out_ptr, M, N, KB, KB_PER_SPLIT,
                      stride_am, stride_sam, stride_sak, stride_bn, stride_sbn, stride_sbk, stride_os, stride_om,
                      BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, STAGES: tl.constexpr,
-                     INTERPRET: tl.constexpr, QUANT_A: tl.constexpr = False, SCALE_RECIP: tl.constexpr = False):
-    # QUANT_A: a_ptr is the unquantized activation [M, K_X] (columns past K_X are the quantizer's zero padding)
+                     INTERPRET: tl.constexpr):
     pid_n = tl.program_id(0)
     pid_m = tl.program_id(1)
     pid_s = tl.program_id(2)
@@ -90,15 +79,9 @@ def _fp8_gemv_kernel(a_ptr, sa_ptr, b_ptr, sb_ptr, out_ptr, M, N, KB, KB_PER_SPL
     sb_rows = sb_ptr + (rn // BK) * stride_sbn  # [BN]: one weight scale row per 128 output rows
     acc = tl.zeros([BM, BN], dtype=tl.float32)
     for kb in tl.range(kb_lo, kb_hi, num_stages=STAGES):
-        if QUANT_A:  # quantize_act's 1x128 groups of this block, as it computes them (module docstring)
-            xa = tl.load(a_rows + kb * BK, mask=m_ok[:, None] & (kb * BK + rk < K_X)[None, :],
-                         other=0.0).to(tl.float32)  # [BM, BK]
-            sa = _scale(tl.max(tl.abs(xa), axis=1), SCALE_RECIP)  # [BM] fp32
-            a = _codes(xa, sa[:, None], INTERPRET)  # [BM, BK] e4m3
-        else:
-            a = tl.load(a_rows + kb * BK, mask=m_ok[:, None], other=0.0)  # [BM, BK] e4m3
-            sa = tl.load(sa_ptr + rm * stride_sam + kb * stride_sak, mask=m_ok, other=0.0)  # [BM] fp32
+        a = tl.load(a_rows + kb * BK, mask=m_ok[:, None], other=0.0)  # [BM, BK] e4m3
         b = tl.load(b_rows + kb * BK, mask=n_ok[:, None], other=0.0)  # [BN, BK] e4m3
+        sa = tl.load(sa_ptr + rm * stride_sam + kb * stride_sak, mask=m_ok, other=0.0)  # [BM] fp32
         sb = tl.load(sb_rows + kb * stride_sbk, mask=n_ok, other=0.0)  # [BN] fp32
         if INTERPRET:  # no FP8 dot in the interpreter; E4M3 products are exact in fp32
             d = tl.dot(a.to(tl.float32), tl.trans(b.to(tl.float32)), input_precision="ieee")
@@ -118,32 +101,19 @@ def split_for(cfg: Fp8GemvConfig, m: int, n: int, kb: int, sms: int) -> tuple[in
     return triton.cdiv(kb, per), per
 
 
-def fp8_gemv(a: torch.Tensor, sa: torch.Tensor | None, b: torch.Tensor, sb: torch.Tensor, out_dtype: torch.dtype,
+def fp8_gemv(a: torch.Tensor, sa: torch.Tensor, b: torch.Tensor, sb: torch.Tensor, out_dtype: torch.dtype,
              cfg: Fp8GemvConfig | None = None) -> torch.Tensor:
     """``a [M, K]`` E4M3 (1x128 scales ``sa [M, K/128]``) times ``b [N, K]`` E4M3 (128x128 tiles,
-    ``sb [ceil(N/128), K/128]``) transposed -> ``[M, N]`` in ``out_dtype``; K a multiple of 128.
-
-    ``sa=None``: ``a`` is the unquantized activation ``[M, Kx]`` (Kx <= K: the quantizer's zero padding
-    beyond it), quantized inside in 1x128 groups -- ``quantize_act``'s codes and scales, the same result."""
+    ``sb [ceil(N/128), K/128]``) transposed -> ``[M, N]`` in ``out_dtype``; K a multiple of 128."""
     m, k = a.shape
     n = b.shape[0]
-    quant_a = sa is None
-    kx = k
-    if quant_a:  # the weight's padded K; x's own columns stop at kx
-        kx, k = k, b.shape[1]
-        if kx > k or a.dtype not in (torch.bfloat16, torch.float16, torch.float32):
-            raise ValueError(f"fp8_gemv: an unquantized a [M, Kx] needs a float dtype and Kx <= the weight's K {k}, "
-                             f"got {tuple(a.shape)} {a.dtype}")
     if k % BK or b.shape[1] != k or b.stride(1) != 1 or a.stride(1) != 1:
         raise ValueError(f"fp8_gemv: a [M, K] and b [N, K] with K a multiple of {BK} and unit K strides, got "
                          f"{tuple(a.shape)} {a.stride()} / {tuple(b.shape)} {b.stride()}")
     kb = k // BK
-    if quant_a:
-        sa = a.new_empty((0, 0), dtype=torch.float32)  # not read
-    elif sa.shape != (m, kb):
-        raise ValueError(f"fp8_gemv: scales sa [{m}, {kb}], got {tuple(sa.shape)}")
-    if sb.shape[1] != kb or sb.shape[0] < triton.cdiv(n, BK):
-        raise ValueError(f"fp8_gemv: weight scales sb [>= {triton.cdiv(n, BK)}, {kb}], got {tuple(sb.shape)}")
+    if sa.shape != (m, kb) or sb.shape[1] != kb or sb.shape[0] < triton.cdiv(n, BK):
+        raise ValueError(f"fp8_gemv: scales sa [{m}, {kb}] and sb [>= {triton.cdiv(n, BK)}, {kb}], got "
+                         f"{tuple(sa.shape)} / {tuple(sb.shape)}")
     cfg = cfg or default_config(m, n, k)
     if BK % cfg.bn:
         raise ValueError(f"fp8_gemv: BN={cfg.bn} must divide {BK} (a program's rows share one weight scale row)")
@@ -154,9 +124,9 @@ def fp8_gemv(a: torch.Tensor, sa: torch.Tensor | None, b: torch.Tensor, sb: torc
     out = y if split == 1 else torch.empty((split, m, n), device=a.device, dtype=torch.float32)
     so, som = (0, y.stride(0)) if split == 1 else (out.stride(0), out.stride(1))
     _fp8_gemv_kernel[(triton.cdiv(n, cfg.bn), triton.cdiv(m, BM), split)](
-        a, sa, b, sb, out, m, n, kb, per, kx,
+        a, sa, b, sb, out, m, n, kb, per,
         a.stride(0), sa.stride(0), sa.stride(1), b.stride(0), sb.stride(0), sb.stride(1), so, som,
-        BM=BM, BN=cfg.bn, BK=BK, STAGES=cfg.stages, INTERPRET=interpreting(), QUANT_A=quant_a,
-        SCALE_RECIP=a.is_cuda, num_warps=cfg.warps, num_stages=cfg.stages,
+        BM=BM, BN=cfg.bn, BK=BK, STAGES=cfg.stages, INTERPRET=interpreting(),
+        num_warps=cfg.warps, num_stages=cfg.stages,
     )
     return finish(out, y, split)  # split partials summed in split order, rounded once

@@ -79,7 +79,6 @@ from quarl.quant.formats.fp8 import (
     dequantize_act_1x128,
     quantize_act_1x128,
 )
-from quarl.switches import switch_on
 
 BLOCK = 128
 _WCFG = FP8Config("block", BLOCK)
@@ -396,19 +395,6 @@ def _gemv_ok(a: torch.Tensor) -> bool:
     return on_device and _gemv_module() is not None
 
 
-def _gemv_quantizes(x2: torch.Tensor, memo: bool, need_w: bool) -> bool:
-    """Whether a forward quantizes X inside the decode GEMV (``fp8_gemv(x, None, ...)``) instead of by its own
-    launch: its rows take the GEMV, nothing else wants X's codes (no memo leaving them to the next projection, no
-    WGrad's X^T), and the quantizer would be the Triton one, whose functions the GEMV runs -- the same codes and
-    scales, so the same output bits (tests/kernels/test_fp8_gemv_interpreter.py, test_fp8_gemv_gpu.py). At rollout
-    (no_grad: no memo) that is every decode projection: one launch fewer each, 252 in a Qwen3-8B decode step.
-    ``QUARL_FP8_GEMV_QUANT=0``: the quantizer's own launch."""
-    if memo or need_w or x2.stride(-1) != 1 or not _gemv_ok(x2):
-        return False
-    return quant_backend(x2) == "triton" and switch_on("QUARL_FP8_GEMV_QUANT", "X quantized inside the decode GEMV",
-                                                         "X quantized by its own launch")
-
-
 def _note_fallback(msg: str) -> None:
     key = msg.split(":", 1)[0]
     if key not in CUBLAS_FALLBACKS:
@@ -511,13 +497,9 @@ class FP8LinearFunction(torch.autograd.Function):
         # X in 1x128 groups along K for this GEMM and, for WGrad, X^T in 1x128 groups along the tokens
         # (128x1 of X), saved in FP8: xq [Mp, Kp], xs [Mp, Kp/128], xtq [Kp, M128], xts [Kp, M128/128]
         # (wgrad_tiles: xtq, xts are X^T in 128x128 tiles, xts [Kp/128, M128/128])
-        if _gemv_quantizes(x2, memo, need_w):  # decode rows: X quantized inside the GEMV, the same bits
-            xtq = xts = None
-            y = _gemv_module().fp8_gemv(x2, None, wq, ws, x.dtype)[:, :n]  # [M, N]
-        else:
-            xq, xs, xtq, xts = quantize_input(x, x2, mp, kp, _round_up(m, BLOCK) if need_w else None, memo,
-                                              wgrad_tiles)
-            y = blockwise_gemm(xq, xs, wq, ws, True, x.dtype)[:m, :n]  # [M, N]
+        xq, xs, xtq, xts = quantize_input(x, x2, mp, kp, _round_up(m, BLOCK) if need_w else None, memo,
+                                          wgrad_tiles)
+        y = blockwise_gemm(xq, xs, wq, ws, True, x.dtype)[:m, :n]  # [M, N]
         if bias is not None:
             y = add_bias(y, bias)
         ctx.save_for_backward(wq, ws, xtq, xts)

@@ -1,9 +1,7 @@
 """The FP8 decode GEMM (``quarl_kernels.fp8_gemv``) on CPU through ``TRITON_INTERPRET=1``: against the FP8 linear's
 emulated blockwise GEMM (``quarl.quant.fp8_linear.blockwise_gemm`` on CPU: dequantize both operands, FP32 matmul)
 for decode and wider row counts, N not a multiple of the row block, split and unsplit K, strided activations and
-both output dtypes; bad operands are named. With the activation quantized inside (``sa=None``): bit for bit the
-Triton quantizer (``fp8_quant.quantize_act``) followed by the GEMV, also through the FP8 linear at rollout
-(no_grad) against ``QUARL_FP8_GEMV_QUANT=0``.
+both output dtypes; bad operands are named.
 
 Skipped unless Triton is importable and NumPy < 2.3 (see tests/kernels/interpreter.py).
 """
@@ -85,60 +83,6 @@ SCRIPT = textwrap.dedent("""
             fl._gemv_module().fp8_gemv = real
         assert bool(calls) == (rows <= 64), rows
         assert ((got - ref).norm() / ref.norm()).item() < 1e-6, rows
-    # the activation quantized inside the GEMV (sa=None): quantize_act's codes and scales, so the same bits --
-    # K not a multiple of 128 (zeros past it), an all-zero row (eps scale), rows past BM's first block, split K
-    from quarl_kernels.fp8_quant import quantize_act
-
-    for m, n, kx, cfg in [(1, 256, 576, g.Fp8GemvConfig()), (3, 300, 512, g.Fp8GemvConfig(bn=32, stages=3)),
-                          (17, 128, 200, g.Fp8GemvConfig(bn=128, waves=1)), (2, 256, 1024, g.Fp8GemvConfig())]:
-        for dtype in (torch.bfloat16, torch.float32):
-            x = (torch.randn(m, kx) * 3).to(dtype)
-            x[0, :] = 0.0 if m > 2 else x[0, :]
-            b, sb = quantize_weight_padded(torch.randn(n, kx) * 0.05)
-            q, s_, _, _ = quantize_act(x, m, b.shape[1])
-            for out_dtype in (torch.bfloat16, torch.float32):
-                ref = g.fp8_gemv(q, s_, b, sb, out_dtype, cfg)
-                got = g.fp8_gemv(x, None, b, sb, out_dtype, cfg)
-                assert torch.equal(got, ref), (m, n, kx, dtype, out_dtype, (got.float() - ref.float()).abs().max())
-    b, sb = quantize_weight_padded(torch.randn(128, 512) * 0.05)
-    try:
-        g.fp8_gemv(torch.randn(1, 700), None, b, sb, torch.float32)
-    except ValueError as e:
-        assert "Kx <= the weight's K" in str(e), str(e)
-    else:
-        raise AssertionError("an activation wider than the weight was accepted")
-    # through the FP8 linear at rollout (no_grad, no memo): the GEMV quantizes, no quantizer launch, the same bits
-    os.environ["QUARL_FP8_GEMV"] = "1"
-    os.environ["QUARL_FP8_QUANT"] = "triton"
-    from quarl_kernels import fp8_quant
-
-    w = torch.randn(300, 576) * 0.05
-    bias = torch.randn(300) * 0.1
-    for rows in (1, 5):
-        x = torch.randn(rows, 576).to(torch.bfloat16)
-        outs = {}
-        for flag in ("0", "1"):
-            os.environ["QUARL_FP8_GEMV_QUANT"] = flag
-            launches = []
-            real_q = fp8_quant.quantize_act
-            fp8_quant.quantize_act = lambda *a, **k: launches.append(1) or real_q(*a, **k)
-            try:
-                with torch.no_grad():
-                    outs[flag] = fl.fp8_linear(x, w.to(torch.bfloat16), bias.to(torch.bfloat16))
-            finally:
-                fp8_quant.quantize_act = real_q
-            assert bool(launches) == (flag == "0"), (flag, launches)
-        assert torch.equal(outs["0"], outs["1"]), rows
-    os.environ["QUARL_FP8_GEMV_QUANT"] = "2"
-    try:
-        with torch.no_grad():
-            fl.fp8_linear(x, w.to(torch.bfloat16))
-    except ValueError as e:
-        assert "QUARL_FP8_GEMV_QUANT='2'" in str(e)
-    else:
-        raise AssertionError("a bad QUARL_FP8_GEMV_QUANT was accepted")
-    for name in ("QUARL_FP8_GEMV_QUANT", "QUARL_FP8_QUANT"):
-        del os.environ[name]
     os.environ["QUARL_FP8_GEMV"] = "bogus"
     try:
         fl.gemv_rows()
@@ -173,13 +117,10 @@ def test_fp8_gemv_builds_for_sm90_pipelined_without_spills():
         m, n, k = 8, 4096, 4096
         a, b = torch.empty(m, k, dtype=torch.float8_e4m3fn), torch.empty(n, k, dtype=torch.float8_e4m3fn)
         sa, sb, out = torch.empty(m, k // 128), torch.empty(n // 128, k // 128), torch.empty(3, m, n)
-        for quant_a in (False, True):  # True: a is the bf16 activation, quantized inside
-            a_ = torch.empty(m, k, dtype=torch.bfloat16) if quant_a else a
-            la = Launch(g._fp8_gemv_kernel, None, (a_, sa, b, sb, out, m, n, k // 128, 11, k, a_.stride(0),
-                                                   sa.stride(0), sa.stride(1), b.stride(0), sb.stride(0),
-                                                   sb.stride(1), out.stride(0), out.stride(1)),
-                        {"BM": g.BM, "BN": cfg.bn, "BK": g.BK, "STAGES": cfg.stages, "INTERPRET": False,
-                         "QUANT_A": quant_a, "SCALE_RECIP": True}, cfg.warps)
-            kernel, sass = compile_launch(la)
-            assert "MMA" in sass and "LDGSTS" in sass, (cfg, quant_a)
-            assert stack_bytes(kernel) in (0, None), ("ptxas spilled registers", cfg, quant_a)
+        la = Launch(g._fp8_gemv_kernel, None, (a, sa, b, sb, out, m, n, k // 128, 11, a.stride(0), sa.stride(0),
+                                               sa.stride(1), b.stride(0), sb.stride(0), sb.stride(1), out.stride(0),
+                                               out.stride(1)),
+                    {"BM": g.BM, "BN": cfg.bn, "BK": g.BK, "STAGES": cfg.stages, "INTERPRET": False}, cfg.warps)
+        kernel, sass = compile_launch(la)
+        assert "MMA" in sass and "LDGSTS" in sass, cfg
+        assert stack_bytes(kernel) in (0, None), ("ptxas spilled registers", cfg)
