@@ -78,7 +78,7 @@ phase_end
 
 # ---------------------------------------------------------------------------------------------------------------
 # Record (calls of this session; device time from the tool's lease):
-#   a  commit 3ee3b3a, 2026-11-27 15:44-15:52 UTC, kind nvidia-h100-x4 given as 4 x NVIDIA H200 (cold), 475 s (held 517
+#   a  commit 3ee3b3a, 2026-11-27 15:43-15:51 UTC, kind nvidia-h100-x4 given as 4 x NVIDIA H200 (cold), 475 s (held 517
 #      s, budget left 1282 s): DeepGEMM ready at 87 s; 25 files, 888 passed, 1 failed, 2 skipped -- the failure
 #      (test_optim_gpu.py's RL-trainer test) and one skip (test_dequant_cache_gpu.py) lacked the embedded tokenizer.
 #   s  twice (carry .whl/s1, then .whl/s2), 15:52, one H200 (cold, then warm): the GGUF's parts 0-1 stashed.
@@ -88,7 +88,7 @@ phase_end
 #   c  commit 9805ffd, 16:00-16:06, one NVIDIA H100 80GB HBM3 (cold), 314 s (budget left 684 s): 7B table 8.51 / 3.15,
 #      8.92 / 4.01, 10.98 / 8.26 (2.70x / 2.22x / 1.33x); GRPO step (adamw8bit, glue, held base auto) steady steps
 #      BF16+LoRA 15.95 / 15.65 s, NVFP4+LoRA 14.82 / 14.40 s (0.929x / 0.920x). Machine given back.
-#   d  commit 566c38f, 16:52-16:56, one NVIDIA H100 80GB HBM3 (cold), 210 s (budget left 514 s): GPU tests 40 passed, 9
+#   d  commit 566c38f, 16:12-16:16, one NVIDIA H100 80GB HBM3 (cold), 210 s (budget left 514 s): GPU tests 40 passed, 9
 #      skipped (bitsandbytes / DeepGEMM not on this machine); Qwen3-8B rollout, 512 new tokens, step ms: BF16 7.02 /
 #      7.32 / 9.55; FP8 with x quantized inside the GEMV 17.44 / 12.89 / 9.49 (0.40x / 0.57x / 1.01x); FP8 with the
 #      quantizer's own launch (QUARL_FP8_GEMV_QUANT=0) 5.63 / 5.94 / 9.47 (1.25x / 1.23x / 1.01x). Reverted.
