@@ -28,6 +28,12 @@
 #     before): its GPU tests (bit for bit the quantizer then the GEMV, in a CUDA graph through the linear), the FP8
 #     linear's, the engine on a stacked Jet-RL model; then the Qwen3-8B-shaped rollout, BF16 against FP8 with and
 #     without it, batch 1 / 8 / 64, 512 new tokens (session 10's figures: 1.26x / 1.22x / 1.01x on an H100).
+#   phase e: bash benchmarks/gpu_session29.sh e   (nvidia-h100-x1; ~7 min)
+#     After d (2.2-3.1x slower: reverted): the FP8 decode chain's other cost, the gaps between its launches -- the
+#     1x128 quantizer (row groups) and the FP8 GEMV now launched with programmatic dependent launch (wait first; the
+#     GEMV signals after its K loop), as the NVFP4 decode kernels since session 16. GPU tests (the chain eager and
+#     replayed, PDL late / early / off bit-equal; the FP8 GEMV's, quantizers', linear's; the engine on a stacked
+#     Jet-RL model); then the Qwen3-8B rollout, BF16 against FP8 with PDL and without (QUARL_KERNELS_PDL=0).
 set -u
 PHASE=${1:?phase}
 OUT=${OUT:?}
@@ -69,6 +75,16 @@ d)
         bench "${ROLL_S:-150}" "fp8roll$r" benchmarks/rollout.py --models 8b --variants bf16,fp8 --batches 1,8,64 \
             --new-tokens 512 --hf-new-tokens 0 --budget-s $(( ${ROLL_S:-150} - 15 ))
         QUARL_FP8_GEMV_QUANT=0 bench "${ROLL0_S:-100}" "fp8roll${r}_q0" benchmarks/rollout.py --models 8b --variants fp8 \
+            --batches 1,8,64 --new-tokens 512 --hf-new-tokens 0 --budget-s $(( ${ROLL0_S:-100} - 15 ))
+    done
+    ;;
+e)
+    tests 200 tests/kernels/test_fp8_gemv_gpu.py tests/kernels/test_fp8_quant_gpu.py tests/quant/test_fp8_linear.py \
+        tests/train/test_fused_glue_gpu.py::test_the_engine_rolls_out_a_stacked_jetrl_model
+    for r in $(seq 1 "${ROUNDS:-1}"); do
+        bench "${ROLL_S:-150}" "pdlroll$r" benchmarks/rollout.py --models 8b --variants bf16,fp8 --batches 1,8,64 \
+            --new-tokens 512 --hf-new-tokens 0 --budget-s $(( ${ROLL_S:-150} - 15 ))
+        QUARL_KERNELS_PDL=0 bench "${ROLL0_S:-100}" "pdlroll${r}_off" benchmarks/rollout.py --models 8b --variants fp8 \
             --batches 1,8,64 --new-tokens 512 --hf-new-tokens 0 --budget-s $(( ${ROLL0_S:-100} - 15 ))
     done
     ;;

@@ -29,6 +29,7 @@ import torch
 import triton
 import triton.language as tl
 
+from quarl_kernels import pdl
 from quarl_kernels.launch import finish, interpreting, num_sms
 
 __all__ = ["GEMV_CONFIGS", "Fp8GemvConfig", "default_config", "fp8_gemv", "split_for"]
@@ -63,7 +64,8 @@ def default_config(m: int, n: int, k: int) -> Fp8GemvConfig:
 def _fp8_gemv_kernel(a_ptr, sa_ptr, b_ptr, sb_ptr, out_ptr, M, N, KB, KB_PER_SPLIT,
                      stride_am, stride_sam, stride_sak, stride_bn, stride_sbn, stride_sbk, stride_os, stride_om,
                      BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, STAGES: tl.constexpr,
-                     INTERPRET: tl.constexpr):
+                     INTERPRET: tl.constexpr, PDL: tl.constexpr = 0):
+    pdl.enter(PDL)  # PDL (pdl.py): wait for the quantizer that wrote a first; signal after the K loop
     pid_n = tl.program_id(0)
     pid_m = tl.program_id(1)
     pid_s = tl.program_id(2)
@@ -88,6 +90,7 @@ def _fp8_gemv_kernel(a_ptr, sa_ptr, b_ptr, sb_ptr, out_ptr, M, N, KB, KB_PER_SPL
         else:
             d = tl.dot(a, tl.trans(b))  # [BM, BN] fp32: this block's unscaled product
         acc += d * sa[:, None] * sb[None, :]
+    pdl.leave(PDL)  # the stores left: the next kernel may place its programs
     # split: fp32 partials [S, M, N]; unsplit: y itself, rounded once
     tl.store(out_ptr + pid_s * stride_os + rm[:, None] * stride_om + rn[None, :], acc.to(out_ptr.dtype.element_ty),
              mask=m_ok[:, None] & n_ok[None, :])
@@ -127,6 +130,6 @@ def fp8_gemv(a: torch.Tensor, sa: torch.Tensor, b: torch.Tensor, sb: torch.Tenso
         a, sa, b, sb, out, m, n, kb, per,
         a.stride(0), sa.stride(0), sa.stride(1), b.stride(0), sb.stride(0), sb.stride(1), so, som,
         BM=BM, BN=cfg.bn, BK=BK, STAGES=cfg.stages, INTERPRET=interpreting(),
-        num_warps=cfg.warps, num_stages=cfg.stages,
+        num_warps=cfg.warps, num_stages=cfg.stages, **pdl.kwargs(a.device),
     )
     return finish(out, y, split)  # split partials summed in split order, rounded once

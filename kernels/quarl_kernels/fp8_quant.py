@@ -63,6 +63,7 @@ import torch
 import triton
 import triton.language as tl
 
+from quarl_kernels import pdl
 from quarl_kernels.launch import interpreting as _interpreting
 from quarl_kernels.rounding import FP8_MAX, FP32_EPS, INV_FP8_MAX, round_to_fp8
 
@@ -142,7 +143,9 @@ class Launch(NamedTuple):
 
 def _launch(la: Launch | tuple[Launch, ...]) -> None:
     for one in (la if isinstance(la, tuple) and not isinstance(la, Launch) else (la,)):
-        one.kernel[one.grid](*one.args, **one.constexprs, num_warps=one.num_warps, enable_fp_fusion=False)
+        # a PDL constexpr comes with its launch attribute (pdl.kwargs: never one without the other)
+        one.kernel[one.grid](*one.args, **one.constexprs, num_warps=one.num_warps, enable_fp_fusion=False,
+                             launch_pdl=one.constexprs.get("PDL", pdl.OFF) != pdl.OFF)
 
 
 def tuning_on(t: torch.Tensor) -> bool:
@@ -221,8 +224,10 @@ def _act_kernel(
     stride_qm, stride_sm, stride_sg, stride_qtk, stride_stk, stride_stg,
     ROWS: tl.constexpr, COLS: tl.constexpr, SCALE_RECIP: tl.constexpr,
     BLOCK_M: tl.constexpr, SUB: tl.constexpr, INTERPRET: tl.constexpr, PACK_T: tl.constexpr = False,
-    TILE: tl.constexpr = False, T_CHUNK: tl.constexpr = 0,
+    TILE: tl.constexpr = False, T_CHUNK: tl.constexpr = 0, PDL: tl.constexpr = 0,
 ):
+    # PDL (pdl.py; the row groups alone, a decode step's quantizer): wait for the kernel that wrote x first
+    pdl.enter(PDL)
     # one program: rows [pid_m*BLOCK_M, +BLOCK_M) x columns [pid_k*128, +128) of x, in chunks of SUB
     # rows (a whole 128x128 tile in registers spills); with COLS, BLOCK_M == 128 (one token group).
     # TILE: X^T in 128x128 tiles, one scale for the program's whole tile (st[pid_k, pid_m]) instead of one per
@@ -558,7 +563,9 @@ def _act_launch(x, q, s, qt, st, rows: int, cols: int, t_rows: int | None, sub: 
          dq.stride(0), ds.stride(0), ds.stride(1), dqt.stride(0), dst.stride(0), dst.stride(1)),
         {"ROWS": q is not None, "COLS": t_rows is not None, "SCALE_RECIP": x.is_cuda, "BLOCK_M": block_m,
          "SUB": min(sub, block_m), "INTERPRET": _interpreting(), "PACK_T": pack,
-         "TILE": t_tiles and qt is not None, "T_CHUNK": t_chunk if qt is not None else 0},
+         "TILE": t_tiles and qt is not None, "T_CHUNK": t_chunk if qt is not None else 0,
+         # the row groups alone (every decode projection's X at rollout): chained to the kernels around it
+         "PDL": pdl.mode(x.device) if qt is None else pdl.OFF},
         warps,
     )
 

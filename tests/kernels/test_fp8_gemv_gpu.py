@@ -85,3 +85,44 @@ def test_in_a_cuda_graph_and_through_the_linear(monkeypatch):
         torch.cuda.synchronize()
     assert calls
     assert _rel(out, ref.double()) < 2e-3  # both bf16: the GEMV and cuBLAS round differently at ~1e-3 of elements
+
+
+def test_decode_chain_with_pdl_is_bit_equal_to_without_in_a_cuda_graph(monkeypatch):
+    """Three FP8 projections chained as at rollout (each output the next one's input; the 1x128 quantizer and the
+    GEMV launched with programmatic dependent launch since session 29): eager and replayed from a CUDA graph with
+    new inputs, the same bits with ``QUARL_KERNELS_PDL`` late (the default), early and 0."""
+    from quarl_kernels import pdl
+
+    gen = torch.Generator(device="cuda").manual_seed(2)
+    ws = [torch.randn(n, k, device="cuda", dtype=torch.bfloat16, generator=gen) * 0.02
+          for n, k in ((4096, 4096), (12288, 4096), (4096, 12288))]
+    xs = [torch.randn(4, 4096, device="cuda", dtype=torch.bfloat16, generator=gen) for _ in range(3)]
+
+    def chain(x):
+        for w in ws:
+            x = fl.fp8_linear(x, w)
+        return x
+
+    results = {}
+    for flag in ("0", "late", "early"):
+        monkeypatch.setenv(pdl.ENV, flag)
+        with torch.no_grad():
+            eager = [chain(x) for x in xs]
+            static = xs[0].clone()
+            chain(static)  # compile off the capture
+            torch.cuda.synchronize()
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph):
+                out = chain(static)
+            replayed = []
+            for x in xs:
+                static.copy_(x)
+                graph.replay()
+                replayed.append(out.clone())
+            torch.cuda.synchronize()
+        for e, r in zip(eager, replayed, strict=True):
+            assert torch.equal(e, r), flag
+        results[flag] = eager
+    for flag in ("late", "early"):
+        for a, b in zip(results[flag], results["0"], strict=True):
+            assert torch.equal(a, b), flag

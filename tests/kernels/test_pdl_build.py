@@ -143,3 +143,55 @@ def test_wgmma_ring_with_pdl_builds_for_sm90():
     tags = _ptx_order(ptx)
     _check_order(tags, pdl.LATE)
     assert ptx.index("griddepcontrol.wait") < ptx.index("cp.async.bulk.tensor")  # no TMA copy before the wait
+
+
+def test_fp8_decode_kernels_with_pdl_build_for_sm90():
+    """Jet-RL's decode chain at rollout (session 29): the 1x128 quantizer of X (row groups alone, what
+    ``quantize_act`` launches before each projection) and the FP8 GEMV, launched with PDL: the wait before any load
+    or store (the GEMV's cp.async copies counted as loads), the GEMV's signal after its K loop and before its store,
+    no spills. Launched for a CPU tensor, both leave PDL off."""
+    import torch
+    from quarl_kernels import fp8_gemv as g
+    from quarl_kernels import fp8_quant as fq
+    from quarl_kernels import pdl
+
+    from tests.kernels.sm90_sass import compile_launch, stack_bytes
+
+    def tags(ptx: str) -> list[str]:
+        out = []
+        for line in ptx.splitlines():
+            t = line.strip()
+            if t.startswith("griddepcontrol.launch_dependents"):
+                out.append("signal")
+            elif t.startswith("griddepcontrol.wait"):
+                out.append("wait")
+            elif "ld.global" in t or (t.startswith("cp.async.c") and "shared.global" in t):
+                out.append("load")
+            elif "st.global" in t:
+                out.append("store")
+        return out
+
+    m, k, n = 8, 4096, 4096
+    x = torch.empty(m, k, dtype=torch.bfloat16)
+    q, s = torch.empty(m, k, dtype=torch.float8_e4m3fn), torch.empty(m, k // 128)
+    la = fq._act_launch(x, q, s, None, None, m, k, None, fq.SUB, fq.WARPS)
+    assert la.constexprs["PDL"] == pdl.OFF
+    kq, _ = compile_launch(la._replace(constexprs=dict(la.constexprs, PDL=pdl.LATE)))
+    t = tags(kq.asm["ptx"])
+    assert t.count("wait") == 1 and t.index("wait") < min(t.index("load"), t.index("store")), t[:4]
+    assert stack_bytes(kq) in (0, None), "ptxas spilled registers (quantizer)"
+
+    cfg = g.default_config(m, n, k)
+    a, b = torch.empty(m, k, dtype=torch.float8_e4m3fn), torch.empty(n, k, dtype=torch.float8_e4m3fn)
+    sa, sb, out = torch.empty(m, k // 128), torch.empty(n // 128, k // 128), torch.empty(3, m, n)
+    args = (a, sa, b, sb, out, m, n, k // 128, 11, a.stride(0), sa.stride(0), sa.stride(1), b.stride(0), sb.stride(0),
+            sb.stride(1), out.stride(0), out.stride(1))
+    gl = fq.Launch(g._fp8_gemv_kernel, None, args, {"BM": g.BM, "BN": cfg.bn, "BK": g.BK, "STAGES": cfg.stages,
+                                                    "INTERPRET": False, "PDL": pdl.LATE}, cfg.warps)
+    kg, _ = compile_launch(gl)
+    t = tags(kg.asm["ptx"])
+    first = min(t.index("load"), t.index("store"))
+    assert t[:first] == ["wait"] and t.count("signal") == 1, t[:4]
+    sig = t.index("signal")
+    assert "load" in t[first:sig] and "store" in t[sig:] and "load" not in t[sig:], t
+    assert stack_bytes(kg) in (0, None), "ptxas spilled registers (GEMV)"
