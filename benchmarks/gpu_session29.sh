@@ -108,3 +108,10 @@ phase_end
 #      skipped (bitsandbytes / DeepGEMM not on this machine); Qwen3-8B rollout, 512 new tokens, step ms: BF16 7.02 /
 #      7.32 / 9.55; FP8 with x quantized inside the GEMV 17.44 / 12.89 / 9.49 (0.40x / 0.57x / 1.01x); FP8 with the
 #      quantizer's own launch (QUARL_FP8_GEMV_QUANT=0) 5.63 / 5.94 / 9.47 (1.25x / 1.23x / 1.01x). Reverted.
+#   e  commit 3495867, 16:21-16:25, one NVIDIA H100 80GB HBM3 (cold), 243 s (budget left 352 s): GPU tests 49 passed,
+#      9 skipped; Qwen3-8B rollout step ms: BF16 6.96 / 7.40 / 9.56, FP8 with PDL 5.44 / 5.74 / 9.38 (1.28x / 1.29x /
+#      1.02x), FP8 with QUARL_KERNELS_PDL=0 5.65 / 6.00 / 9.34.
+#   e2 inline on the same machine (warm), 16:25-16:28, 144 s (budget left 275 s): `QUARL_KERNELS_PDL=$f python3
+#      benchmarks/rollout.py --models 8b --variants fp8 --batches 1,8,64 --new-tokens 512 --hf-new-tokens 0` for f = 1,
+#      0, 1, then the BF16 arm: FP8 5.44 / 5.67 / 9.39, 5.63 / 5.77 / 9.35 (off), 5.43 / 5.71 / 9.39; BF16 7.04 / 7.37
+#      / 9.57. Machine given back.
