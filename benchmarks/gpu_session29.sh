@@ -34,6 +34,11 @@
 #     GEMV signals after its K loop), as the NVFP4 decode kernels since session 16. GPU tests (the chain eager and
 #     replayed, PDL late / early / off bit-equal; the FP8 GEMV's, quantizers', linear's; the engine on a stacked
 #     Jet-RL model); then the Qwen3-8B rollout, BF16 against FP8 with PDL and without (QUARL_KERNELS_PDL=0).
+#   phase f: bash benchmarks/gpu_session29.sh f   (nvidia-h100-x1; ~6 min)
+#     After e (PDL: 3.4 % off the FP8 step): q / k / v and gate / up quantize their shared input once in the engine
+#     (fp8_linear.shared_input; 4 quantizer launches a layer instead of 7). GPU tests (the engine's graph decode the
+#     same tokens and log-probs with and without it; the FP8 GEMV's and linear's); the Qwen3-8B rollout, BF16 and FP8,
+#     then FP8 with QUARL_FP8_MEMO=0 (every projection quantizing its own X) and FP8 again.
 set -u
 PHASE=${1:?phase}
 OUT=${OUT:?}
@@ -87,6 +92,15 @@ e)
         QUARL_KERNELS_PDL=0 bench "${ROLL0_S:-100}" "pdlroll${r}_off" benchmarks/rollout.py --models 8b --variants fp8 \
             --batches 1,8,64 --new-tokens 512 --hf-new-tokens 0 --budget-s $(( ${ROLL0_S:-100} - 15 ))
     done
+    ;;
+f)
+    tests 220 tests/train/test_fused_glue_gpu.py tests/kernels/test_fp8_gemv_gpu.py tests/quant/test_fp8_linear.py
+    bench "${ROLL_S:-150}" sharedroll benchmarks/rollout.py --models 8b --variants bf16,fp8 --batches 1,8,64 \
+        --new-tokens 512 --hf-new-tokens 0 --budget-s $(( ${ROLL_S:-150} - 15 ))
+    QUARL_FP8_MEMO=0 bench "${ROLL0_S:-100}" sharedroll_memo0 benchmarks/rollout.py --models 8b --variants fp8 \
+        --batches 1,8,64 --new-tokens 512 --hf-new-tokens 0 --budget-s $(( ${ROLL0_S:-100} - 15 ))
+    bench "${ROLL0_S:-100}" sharedroll2 benchmarks/rollout.py --models 8b --variants fp8 \
+        --batches 1,8,64 --new-tokens 512 --hf-new-tokens 0 --budget-s $(( ${ROLL0_S:-100} - 15 ))
     ;;
 *) echo "unknown phase $PHASE"; exit 2 ;;
 esac

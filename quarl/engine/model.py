@@ -73,6 +73,7 @@ from torch import nn
 from quarl.engine import fused as fz
 from quarl.engine import lora as lp
 from quarl.engine.fused import apply_rope  # noqa: F401  (the reference lives in fused.py; kept importable here)
+from quarl.quant.fp8_linear import shared_input
 
 SUPPORTED_MODEL_TYPES = ("llama", "qwen2", "qwen3")
 STATIC_ROPE_TYPES = ("default", "linear", "llama3", "yarn")
@@ -273,7 +274,11 @@ class DecoderRunner:
             q = g.qkv_rope_cache(x, cos, sin, *cache)
             if q is not None:
                 return q.view(B, L, self.n_heads, self.head_dim).transpose(1, 2), None, None
-        q, k, v = g(x) if g is not None else (attn.q_proj(x), attn.k_proj(x), attn.v_proj(x))
+        if g is not None:
+            q, k, v = g(x)
+        else:  # FP8 projections (Jet-RL, fp8-rollout): X quantized once for the three
+            with shared_input():
+                q, k, v = attn.q_proj(x), attn.k_proj(x), attn.v_proj(x)
         q = q.view(B, L, self.n_heads, self.head_dim)
         k = k.view(B, L, self.n_kv, self.head_dim)
         v = v.view(B, L, self.n_kv, self.head_dim)
@@ -295,7 +300,8 @@ class DecoderRunner:
         """``mlp(x)``: with packed gate/up adapters ``down(act(gate) * up)`` (HF's MLP, the same values)."""
         g = groups.get("gate_up")
         if g is None or not fz.mlp_eligible(mlp):
-            return fz.mlp(mlp, x, fused=fused)
+            with shared_input():  # FP8 gate / up: X quantized once for the two
+                return fz.mlp(mlp, x, fused=fused)
         act = g.gate_act(x)  # silu(gate) * up from the up projection's last pass (where it is fused)
         if act is None:
             gate, up = g(x)  # [.., I] each

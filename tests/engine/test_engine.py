@@ -265,3 +265,33 @@ def test_compiled_decode_step_matches_eager():
     compiled = FastGenerator(model, PAD, compile=True, compile_backend="aot_eager").generate(rows, greedy(5), n=1)
     assert torch.equal(compiled.completion_ids, eager.completion_ids)
     torch.testing.assert_close(compiled.logprobs, eager.logprobs, atol=1e-5, rtol=0)
+
+
+def test_fp8_projections_share_one_quantization_of_their_input(monkeypatch):
+    """Jet-RL's FP8 flow in the engine (session 29): q / k / v and gate / up quantize their shared input once
+    (``fp8_linear.shared_input`` around each group), so a decoder layer runs the 1x128 quantizer 4 times instead of
+    7 in every forward; the rollout is the same tokens and log-probs as with every projection quantizing on its own
+    (``QUARL_FP8_MEMO=0``), and no quantized operand outlives the step."""
+    from quarl.quant import fp8_linear as fl
+    from quarl.quant import quantize_model
+    from quarl.rl.precision import _jetrl_recipe
+
+    model = make_model("qwen2")
+    quantize_model(model, _jetrl_recipe("full"))
+    rows = prompts((5, 9))
+    calls = []
+    real = fl._quantize_x
+    monkeypatch.setattr(fl, "_quantize_x", lambda *a: calls.append(a[0].shape) or real(*a))
+    with torch.no_grad():
+        shared = FastGenerator(model, PAD).generate(rows, greedy(6), n=1)
+    layers = model.config.num_hidden_layers
+    forwards = 1 + 5  # the prefill and the decode steps after it (the first token comes from the prefill)
+    assert len(calls) == 4 * layers * forwards, len(calls)
+    assert fl._X_SLOT[0] is None
+    calls.clear()
+    monkeypatch.setenv("QUARL_FP8_MEMO", "0")
+    with torch.no_grad():
+        alone = FastGenerator(model, PAD).generate(rows, greedy(6), n=1)
+    assert len(calls) == 7 * layers * forwards, len(calls)
+    assert torch.equal(shared.completion_ids, alone.completion_ids)
+    assert torch.equal(shared.logprobs, alone.logprobs)

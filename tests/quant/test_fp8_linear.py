@@ -8,6 +8,7 @@ import torch
 import torch.nn.functional as F
 
 from quarl.quant import QuantLinear
+from quarl.quant import fp8_linear as fl
 from quarl.quant.base import QuantError
 from quarl.quant.formats import fp8
 from quarl.quant.formats.fp8 import FORMAT, FP8Config
@@ -637,3 +638,28 @@ def test_deepgemm_refusal_falls_back_to_cublas_once(monkeypatch):
         assert fl.blockwise_gemm(a, sa, b, sb, True, torch.bfloat16) == "cublas"
     assert fl.blockwise_gemm(a, sa, b, sb, True, torch.bfloat16) == "cublas" and len(calls) == 1
     assert fl.DEEPGEMM_FALLBACKS == {((8, 128), (16, 128)): "Assertion error: n % 64 == 0"}
+
+
+def test_shared_input_scope_quantizes_one_x_once_under_no_grad(monkeypatch):
+    """``shared_input``: under no_grad (rollout) the projections reading one unchanged X share its quantization
+    inside the scope -- one quantization instead of three, the same outputs -- an X changed in place inside the scope
+    is quantized again (its version counter), and nothing is memoized outside a scope or left behind by one."""
+    torch.manual_seed(0)
+    ws = [torch.randn(n, 256) * 0.05 for n in (128, 64, 64)]
+    x = torch.randn(3, 256)
+    calls = []
+    real = fl._quantize_x
+    monkeypatch.setattr(fl, "_quantize_x", lambda *a: calls.append(1) or real(*a))
+    with torch.no_grad():
+        alone = [fl.fp8_linear(x, w) for w in ws]
+        assert len(calls) == 3 and fl._X_SLOT[0] is None
+        with fl.shared_input():
+            shared = [fl.fp8_linear(x, w) for w in ws]
+            assert len(calls) == 4
+            x.mul_(2.0)
+            again = fl.fp8_linear(x, ws[0])
+            assert len(calls) == 5
+        assert fl._X_SLOT[0] is None
+    for a, b in zip(alone, shared, strict=True):
+        assert torch.equal(a, b)
+    assert not torch.equal(again, alone[0])

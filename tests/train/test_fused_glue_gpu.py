@@ -136,3 +136,25 @@ def test_the_engine_rolls_out_a_stacked_jetrl_model(monkeypatch):
             assert torch.equal(q.view(torch.uint8), rq.view(torch.uint8)) and torch.equal(s, rs)
     finally:
         modeling_qwen2.apply_rotary_pos_emb = original
+
+
+def test_the_engine_shares_one_fp8_quantization_per_projection_group_in_its_graphs(monkeypatch):
+    """The rollout engine's CUDA-graph decode of a Jet-RL model quantizes q / k / v's input once and gate / up's once
+    (``fp8_linear.shared_input``, session 29; the operands captured once and read by each GEMV): the same tokens and
+    log-probs as with every projection quantizing on its own (``QUARL_FP8_MEMO=0``), at 4 and 8 rows."""
+    from quarl.engine import FastGenerator
+    from quarl.engine.rollout import SamplingParams
+    from tests.engine.conftest import PAD, prompts
+
+    model = _model(jetrl=True)
+    rows = [[t % 1000 for t in r] for r in prompts()]
+    params = SamplingParams(temperature=0.8, top_p=0.95, max_new_tokens=16)
+    for n in (1, 2):
+        out = {}
+        for memo in ("1", "0"):
+            monkeypatch.setenv("QUARL_FP8_MEMO", memo)
+            gen = torch.Generator(device="cuda").manual_seed(3)
+            roll = FastGenerator(model, PAD, kv_block=8).generate(rows, params, n=n, generator=gen)
+            out[memo] = roll
+        assert torch.equal(out["1"].completion_ids, out["0"].completion_ids), n
+        assert torch.equal(out["1"].logprobs, out["0"].logprobs), n
