@@ -129,3 +129,6 @@ phase_end
 #      benchmarks/rollout.py --models 8b --variants fp8 --batches 1,8,64 --new-tokens 512 --hf-new-tokens 0` for f = 1,
 #      0, 1, then the BF16 arm: FP8 5.44 / 5.67 / 9.39, 5.63 / 5.77 / 9.35 (off), 5.43 / 5.71 / 9.39; BF16 7.04 / 7.37
 #      / 9.57. Machine given back.
+#   f  commit 34717cd, 16:31-16:35, one NVIDIA H100 80GB HBM3 (cold), 230 s (budget left 136 s): GPU tests 32 passed, 9
+#      skipped; Qwen3-8B rollout step ms: BF16 7.03 / 7.31 / 9.56; FP8 shared 5.15 / 5.40 / 9.10 (1.36x / 1.35x /
+#      1.05x); FP8 QUARL_FP8_MEMO=0 5.41 / 5.65 / 9.39; FP8 shared again 5.17 / 5.44 / 9.12. Machine given back.
