@@ -8,7 +8,7 @@ TORCH ?= torch==2.13.0
 RECIPE ?= qerl
 STAMP := $(VENV)/.installed
 
-.PHONY: install run test test-fast bench compile images lint clean
+.PHONY: install run test test-fast test-gpu bench compile images lint clean
 
 $(STAMP): pyproject.toml setup.py
 	test -d $(VENV) || $(PY) -m venv $(VENV)
@@ -31,6 +31,13 @@ test: $(STAMP)  ## the whole suite (CPU; GPU tests skip here and run through the
 
 test-fast: $(STAMP)
 	$(BIN)/python -m pytest -q -m "not slow" tests
+
+# The GPU tests, on a machine with GPUs and a CUDA build of torch (not this Makefile's CPU venv): PY=the python of
+# that environment. One pytest per test file, one file per GPU at a time (benchmarks/gpu_suite.py); logs and
+# suite.json in runs/gpu_suite.
+GPUS ?= $(shell nvidia-smi -L 2>/dev/null | wc -l)
+test-gpu:  ## every @pytest.mark.gpu test file, spread over the machine's GPUs
+	PYTHONPATH=$(CURDIR):$(CURDIR)/kernels $(PY) benchmarks/gpu_suite.py --gpus $(GPUS) --budget-s 7200 --out runs/gpu_suite
 
 compile: $(STAMP)  ## regenerate the committed pipeline and component YAML
 	$(BIN)/quarl compile --all

@@ -15,7 +15,7 @@ background job builds it); a worker with nothing else to run waits for it, and r
 leaves no time to wait (their DeepGEMM cases then skip, and the log says so).
 
 Writes ``DIR/suite.json`` (per file: rc, outcome counts, seconds, GPU) and ``DIR/<file>.log``, and prints one line a
-file plus the ``--done`` list for the next call.
+file plus the ``--done`` list for the next call; exits 1 when a file failed or was not run (``make test-gpu``).
 """
 
 from __future__ import annotations
@@ -134,7 +134,7 @@ def schedule(files: list[str], gpus: int, budget_s: float, run: Callable[[str, f
     return sorted(rows, key=lambda r: order[r["file"]])
 
 
-def main() -> None:
+def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
     ap.add_argument("--budget-s", type=float, default=520.0)
@@ -144,6 +144,9 @@ def main() -> None:
     ap.add_argument("--late", default="", help="comma-separated files that wait for --after")
     ap.add_argument("--after", default="", help="a path whose existence releases the --late files")
     args = ap.parse_args()
+    if args.gpus < 1:
+        raise SystemExit("gpu_suite: --gpus must be >= 1 (`make test-gpu` counts `nvidia-smi -L`, which listed no GPU "
+                         "here): run it on a GPU machine, or pass GPUS=N")
     os.makedirs(args.out, exist_ok=True)
     files = args.files.split(",") if args.files else gpu_test_files()
     done = {f for f in args.done.split(",") if f}
@@ -163,7 +166,13 @@ def main() -> None:
     print(f"totals: {total}")
     print(f"done ({len(done)} of {len(files)} files): {','.join(sorted(done))}")
     print(f"remaining: {','.join(remaining) or '-'}")
+    return exit_code(rows, remaining)
+
+
+def exit_code(rows: list[dict], remaining: list[str]) -> int:
+    """0 when every file ran and passed (pytest's rc 0), else 1: what `make test-gpu` hands a CI job."""
+    return 0 if not remaining and all(r["rc"] == 0 for r in rows) else 1
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

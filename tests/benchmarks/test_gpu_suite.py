@@ -91,3 +91,11 @@ def test_no_file_starts_in_the_budget_s_last_30_s():
 
 def test_counts_reads_pytests_summary_line():
     assert gpu_suite.counts("x\n3 passed, 1 skipped, 2 failed in 2.0s") == {"passed": 3, "skipped": 1, "failed": 2}
+
+
+def test_exit_code_fails_on_a_failure_or_a_file_not_run():
+    ok = {"file": "a.py", "rc": 0}
+    assert gpu_suite.exit_code([ok], []) == 0
+    assert gpu_suite.exit_code([ok, {"file": "b.py", "rc": 1}], []) == 1
+    assert gpu_suite.exit_code([ok, {"file": "b.py", "rc": "timeout"}], ["b.py"]) == 1
+    assert gpu_suite.exit_code([ok], ["c.py"]) == 1
