@@ -55,8 +55,9 @@ def test_needs_a_driver_that_captures_programmatic_launches(monkeypatch):
     assert isinstance(pdl.driver_version(), int)  # 0 on a machine without libcuda
 
 
-def _ptx_order(ptx: str) -> list[str]:
-    """The PTX's PDL instructions and global loads / stores, in text order, as short tags."""
+def _ptx_order(ptx: str, cp_async: bool = False) -> list[str]:
+    """The PTX's PDL instructions and global loads / stores, in text order, as short tags (``cp_async``: the
+    cp.async copies from global memory count as loads)."""
     tags = []
     for line in ptx.splitlines():
         t = line.strip()
@@ -64,7 +65,7 @@ def _ptx_order(ptx: str) -> list[str]:
             tags.append("signal")
         elif t.startswith("griddepcontrol.wait"):
             tags.append("wait")
-        elif "ld.global" in t:
+        elif "ld.global" in t or (cp_async and t.startswith("cp.async.c") and "shared.global" in t):
             tags.append("load")
         elif "st.global" in t:
             tags.append("store")
@@ -157,27 +158,13 @@ def test_fp8_decode_kernels_with_pdl_build_for_sm90():
 
     from tests.kernels.sm90_sass import compile_launch, stack_bytes
 
-    def tags(ptx: str) -> list[str]:
-        out = []
-        for line in ptx.splitlines():
-            t = line.strip()
-            if t.startswith("griddepcontrol.launch_dependents"):
-                out.append("signal")
-            elif t.startswith("griddepcontrol.wait"):
-                out.append("wait")
-            elif "ld.global" in t or (t.startswith("cp.async.c") and "shared.global" in t):
-                out.append("load")
-            elif "st.global" in t:
-                out.append("store")
-        return out
-
     m, k, n = 8, 4096, 4096
     x = torch.empty(m, k, dtype=torch.bfloat16)
     q, s = torch.empty(m, k, dtype=torch.float8_e4m3fn), torch.empty(m, k // 128)
     la = fq._act_launch(x, q, s, None, None, m, k, None, fq.SUB, fq.WARPS)
     assert la.constexprs["PDL"] == pdl.OFF
     kq, _ = compile_launch(la._replace(constexprs=dict(la.constexprs, PDL=pdl.LATE)))
-    t = tags(kq.asm["ptx"])
+    t = _ptx_order(kq.asm["ptx"], cp_async=True)
     assert t.count("wait") == 1 and t.index("wait") < min(t.index("load"), t.index("store")), t[:4]
     assert stack_bytes(kq) in (0, None), "ptxas spilled registers (quantizer)"
 
@@ -189,7 +176,7 @@ def test_fp8_decode_kernels_with_pdl_build_for_sm90():
     gl = fq.Launch(g._fp8_gemv_kernel, None, args, {"BM": g.BM, "BN": cfg.bn, "BK": g.BK, "STAGES": cfg.stages,
                                                     "INTERPRET": False, "PDL": pdl.LATE}, cfg.warps)
     kg, _ = compile_launch(gl)
-    t = tags(kg.asm["ptx"])
+    t = _ptx_order(kg.asm["ptx"], cp_async=True)
     first = min(t.index("load"), t.index("store"))
     assert t[:first] == ["wait"] and t.count("signal") == 1, t[:4]
     sig = t.index("signal")
