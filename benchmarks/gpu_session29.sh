@@ -39,6 +39,7 @@
 #     (fp8_linear.shared_input; 4 quantizer launches a layer instead of 7). GPU tests (the engine's graph decode the
 #     same tokens and log-probs with and without it; the FP8 GEMV's and linear's); the Qwen3-8B rollout, BF16 and FP8,
 #     then FP8 with QUARL_FP8_MEMO=0 (every projection quantizing its own X) and FP8 again.
+#   phase g (prepared, not run): bash benchmarks/gpu_session29.sh g   (nvidia-h200; ~7 min) -- see the phase.
 set -u
 PHASE=${1:?phase}
 OUT=${OUT:?}
@@ -101,6 +102,13 @@ f)
         --batches 1,8,64 --new-tokens 512 --hf-new-tokens 0 --budget-s $(( ${ROLL0_S:-100} - 15 ))
     bench "${ROLL0_S:-100}" sharedroll2 benchmarks/rollout.py --models 8b --variants fp8 \
         --batches 1,8,64 --new-tokens 512 --hf-new-tokens 0 --budget-s $(( ${ROLL0_S:-100} - 15 ))
+    ;;
+g)  # prepared, not run (the device budget was spent after f)
+    # Phase b found the H200's NVFP4+LoRA/BF16+LoRA ratios below the H100's (2.46x / 2.06x / 1.18x at 7B): is the
+    # one-row GEMV's long-row choice (config 7, tuned in the H100 engine, session 12) the wrong one on the H200, where
+    # the v7 sweep had config 0 everywhere? The 7B / 14B table at batch 1 / 8 with and without that H200 rule.
+    rollout_table "${TABLE_S:-200}" 7b,14b 1,8 table_g
+    QUARL_KERNELS_GEMV_DEFAULTS=h200 rollout_table "${TABLE_S:-200}" 7b,14b 1,8 table_g_h200 nvfp4+lora
     ;;
 *) echo "unknown phase $PHASE"; exit 2 ;;
 esac
