@@ -45,6 +45,11 @@ PHASE=${1:?phase}
 OUT=${OUT:?}
 source benchmarks/gpu_phase_lib.sh
 
+roll8b() {  # SECONDS DIR VARIANTS: the Qwen3-8B-shaped rollout (issue 15's FP8 case), batch 1 / 8 / 64, 512 new tokens
+    bench "$1" "$2" benchmarks/rollout.py --models 8b --variants "$3" --batches 1,8,64 --new-tokens 512 \
+        --hf-new-tokens 0 --budget-s $(( $1 - 15 ))
+}
+
 case $PHASE in
 a)
     export PYTHONPATH=$PYTHONPATH:/tmp/dg:$PWD/.whl/bnb-site
@@ -74,34 +79,27 @@ c)
     rollout_table "${TABLE_S:-230}" 7b 1,8,64 table7b
     grpo "${GRPO_S:-280}" grpo --steps 3
     ;;
-d)
+d)  # ran at 566c38f; QUARL_FP8_GEMV_QUANT left with the reverted code (phase e onwards: the current switches)
     tests 200 tests/kernels/test_fp8_gemv_gpu.py tests/quant/test_fp8_linear.py \
         tests/train/test_fused_glue_gpu.py::test_the_engine_rolls_out_a_stacked_jetrl_model
     for r in $(seq 1 "${ROUNDS:-1}"); do
-        bench "${ROLL_S:-150}" "fp8roll$r" benchmarks/rollout.py --models 8b --variants bf16,fp8 --batches 1,8,64 \
-            --new-tokens 512 --hf-new-tokens 0 --budget-s $(( ${ROLL_S:-150} - 15 ))
-        QUARL_FP8_GEMV_QUANT=0 bench "${ROLL0_S:-100}" "fp8roll${r}_q0" benchmarks/rollout.py --models 8b --variants fp8 \
-            --batches 1,8,64 --new-tokens 512 --hf-new-tokens 0 --budget-s $(( ${ROLL0_S:-100} - 15 ))
+        roll8b "${ROLL_S:-150}" "fp8roll$r" bf16,fp8
+        QUARL_FP8_GEMV_QUANT=0 roll8b "${ROLL0_S:-100}" "fp8roll${r}_q0" fp8
     done
     ;;
 e)
     tests 200 tests/kernels/test_fp8_gemv_gpu.py tests/kernels/test_fp8_quant_gpu.py tests/quant/test_fp8_linear.py \
         tests/train/test_fused_glue_gpu.py::test_the_engine_rolls_out_a_stacked_jetrl_model
     for r in $(seq 1 "${ROUNDS:-1}"); do
-        bench "${ROLL_S:-150}" "pdlroll$r" benchmarks/rollout.py --models 8b --variants bf16,fp8 --batches 1,8,64 \
-            --new-tokens 512 --hf-new-tokens 0 --budget-s $(( ${ROLL_S:-150} - 15 ))
-        QUARL_KERNELS_PDL=0 bench "${ROLL0_S:-100}" "pdlroll${r}_off" benchmarks/rollout.py --models 8b --variants fp8 \
-            --batches 1,8,64 --new-tokens 512 --hf-new-tokens 0 --budget-s $(( ${ROLL0_S:-100} - 15 ))
+        roll8b "${ROLL_S:-150}" "pdlroll$r" bf16,fp8
+        QUARL_KERNELS_PDL=0 roll8b "${ROLL0_S:-100}" "pdlroll${r}_off" fp8
     done
     ;;
 f)
     tests 220 tests/train/test_fused_glue_gpu.py tests/kernels/test_fp8_gemv_gpu.py tests/quant/test_fp8_linear.py
-    bench "${ROLL_S:-150}" sharedroll benchmarks/rollout.py --models 8b --variants bf16,fp8 --batches 1,8,64 \
-        --new-tokens 512 --hf-new-tokens 0 --budget-s $(( ${ROLL_S:-150} - 15 ))
-    QUARL_FP8_MEMO=0 bench "${ROLL0_S:-100}" sharedroll_memo0 benchmarks/rollout.py --models 8b --variants fp8 \
-        --batches 1,8,64 --new-tokens 512 --hf-new-tokens 0 --budget-s $(( ${ROLL0_S:-100} - 15 ))
-    bench "${ROLL0_S:-100}" sharedroll2 benchmarks/rollout.py --models 8b --variants fp8 \
-        --batches 1,8,64 --new-tokens 512 --hf-new-tokens 0 --budget-s $(( ${ROLL0_S:-100} - 15 ))
+    roll8b "${ROLL_S:-150}" sharedroll bf16,fp8
+    QUARL_FP8_MEMO=0 roll8b "${ROLL0_S:-100}" sharedroll_memo0 fp8
+    roll8b "${ROLL0_S:-100}" sharedroll2 fp8
     ;;
 g)  # prepared, not run (the device budget was spent after f)
     # Phase b found the H200's NVFP4+LoRA/BF16+LoRA ratios below the H100's (2.46x / 2.06x / 1.18x at 7B): is the
