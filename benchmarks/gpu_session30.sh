@@ -8,6 +8,13 @@
 #     (QUARL_KERNELS_GEMV_DEFAULTS=h200: config 0 on every FP4 weight at one row, where the default takes config 7 on
 #     long rows -- tuned in the H100 engine, session 12); then the 7B decode-step profile at batch 1 / 64, BF16+LoRA
 #     and NVFP4+LoRA, on the H200 (where the time goes at 64, the batch the H200 misses by 2 %).
+#   phase b: bash benchmarks/gpu_session30.sh b   (nvidia-h100-x1; carry .dev/dg.tar.xz .dev/old_quant; ~8 min)
+#     Jet-RL's FP8 quantizers without a division per element (quarl_kernels.group_div: the group's reciprocal once,
+#     div.rn's own fast path per element; 472 instead of 816 SASS instructions in the row pass): the GPU tests (the
+#     quotient against div.rn on every divisor significand and every dividend significand, the quantizers against
+#     eager on zeros / subnormals / extreme and infinite groups, and the existing bit-for-bit tests); then each
+#     7B operand's quantizer time and the 7B actor update, with this code and with session 29's fp8_quant.py
+#     (.dev/old_quant, copied over a copy of the tree in /tmp/old) in the same call.
 set -u
 PHASE=${1:?phase}
 OUT=${OUT:?}
@@ -18,6 +25,29 @@ a)
     rollout_table "${TABLE_S:-200}" 7b,14b 1,8 table
     QUARL_KERNELS_GEMV_DEFAULTS=h200 rollout_table "${TABLE_S:-150}" 7b,14b 1,8 table_h200 nvfp4+lora
     profile "${PROF_S:-200}" 7b bf16+lora,nvfp4+lora 1,64
+    ;;
+b)
+    rm -rf /tmp/old && mkdir -p /tmp/old && cp -r benchmarks kernels quarl /tmp/old/ && cp .dev/old_quant/fp8_quant.py /tmp/old/kernels/quarl_kernels/
+    (deepgemm > "$OUT/deepgemm.log" 2>&1) &
+    tests 170 tests/kernels/test_fp8_quant_gpu.py tests/kernels/test_fp8_gemv_gpu.py
+    for side in new old; do
+        root=$PWD; [ $side = old ] && root=/tmp/old
+        mkdir -p "$OUT/quant_$side"
+        (cd $root && PYTHONPATH=$root:$root/kernels timeout -k 5 100 "$PY" benchmarks/kernels/fp8_quant_operands.py \
+            --models Qwen2.5-7B --out "$OUT/quant_$side" > "$OUT/quant_$side/run.log" 2>&1)
+        echo "== operands ($side) rc=$? at $((SECONDS - T0)) s"; grep "^|" "$OUT/quant_$side/run.log" | head -n 16
+    done
+    wait
+    export PYTHONPATH=$PYTHONPATH:/tmp/dg
+    FP8=jetrl-xtiles+deepgemm+glue
+    for side in new old; do
+        root=$PWD; [ $side = old ] && root=/tmp/old
+        mkdir -p "$OUT/model"
+        (cd $root && PYTHONPATH=$root:$root/kernels:/tmp/dg timeout -k 5 "${M_S:-130}" "$PY" benchmarks/fp8_model_step.py \
+            --budget-s $(( ${M_S:-130} - 20 )) --out "$OUT/model/p7_$side" --shape Qwen2.5-7B --layers 4 --tokens 16384 \
+            --loss rl --arms "bf16+glue,$FP8" --iters 2 --accumulate 8 > "$OUT/model/p7_$side.log" 2>&1)
+        echo "== model step ($side) rc=$? at $((SECONDS - T0)) s"; sed -n '/^# actor update/,/^$/p' "$OUT/model/p7_$side.log"
+    done
     ;;
 *) echo "unknown phase $PHASE"; exit 2 ;;
 esac

@@ -63,7 +63,7 @@ import torch
 import triton
 import triton.language as tl
 
-from quarl_kernels import pdl
+from quarl_kernels import group_div, pdl
 from quarl_kernels.launch import interpreting as _interpreting
 from quarl_kernels.rounding import FP8_MAX, FP32_EPS, INV_FP8_MAX, round_to_fp8
 
@@ -210,9 +210,16 @@ def _scale(amax, SCALE_RECIP: tl.constexpr):
 
 @triton.jit
 def _codes(x, s, INTERPRET: tl.constexpr):
-    """fp32 x / s (correctly rounded), clamped to +-448, cast RNE to E4M3."""
-    q = tl.math.div_rn(x, s)
-    q = tl.clamp(q, -FP8_MAX, FP8_MAX, propagate_nan=tl.PropagateNan.ALL)
+    """fp32 x / s (correctly rounded), clamped to +-448, cast RNE to E4M3. ``s`` is the group's scale (from the
+    amax of the x it divides), given before its broadcast: on the GPU its reciprocal is made once per group and each
+    element pays div.rn's fast path without the reciprocal, its range check or its branch (``group_div``); the
+    clamp is the cast's own saturation (``satfinite``: |x / s| <= 448.0001 rounds to 448 either way, NaN stays
+    NaN). The interpreter divides (NumPy: the same correctly rounded quotient)."""
+    if INTERPRET:
+        q = tl.clamp(tl.math.div_rn(x, s), -FP8_MAX, FP8_MAX, propagate_nan=tl.PropagateNan.ALL)
+    else:
+        sn, y, m = group_div.divisor_parts(s)
+        q = group_div.quotient(x, sn, y, m)
     return round_to_fp8(q, INTERPRET)
 
 

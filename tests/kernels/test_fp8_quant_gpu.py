@@ -157,3 +157,109 @@ def test_launch_setting_is_chosen_by_shape_and_kept(monkeypatch):
     assert len(fq.TUNED) == len(keys) + 1
     rq, rs = quantize_act_1x128(x)
     assert same(q, rq) and torch.equal(s, rs)
+
+
+# ``group_div``: the quantizers' per-element quotient without a division (the reciprocal once per group, div.rn's
+# own fast path per element) against ``div.rn.f32`` itself, exhaustively over one operand's significands.
+import triton
+import triton.language as tl
+from quarl_kernels import group_div
+
+
+@triton.jit
+def _div_check_kernel(s_ptr, x_ptr, bad_ptr, NS, NX, BS: tl.constexpr, BX: tl.constexpr):
+    """Mismatches of group_div.quotient(x, s) against div_rn(x, s) over the [NS, NX] grid of pairs (x scaled by s
+    into the quantizers' domain |x| <= 448 s is the caller's: x here is given as the quotient's target)."""
+    i = tl.program_id(0) * BS + tl.arange(0, BS)
+    s = tl.load(s_ptr + i, mask=i < NS, other=1.0)
+    sn, y, m = group_div.divisor_parts(s[:, None])
+    bad = tl.zeros([BS, BX], dtype=tl.int32)
+    for j0 in range(0, NX, BX):
+        j = j0 + tl.arange(0, BX)
+        v = tl.load(x_ptr + j, mask=j < NX, other=0.0)
+        x = v[None, :] * s[:, None]  # RN(v s): a dividend whose quotient lies within an ulp of v
+        q = group_div.quotient(x, sn, y, m)
+        ref = tl.math.div_rn(x, s[:, None])
+        big = tl.abs(ref) >= 0.0009765625  # 2**-10: below, the E4M3 code is a signed zero (checked apart)
+        diff = q.to(tl.int32, bitcast=True) != ref.to(tl.int32, bitcast=True)
+        same_sign = (q.to(tl.int32, bitcast=True) < 0) == (ref.to(tl.int32, bitcast=True) < 0)
+        tiny_ok = (tl.abs(q) < 0.0009765625) & same_sign
+        bad += ((big & diff) | (~big & ~tiny_ok)).to(tl.int32)
+    tl.atomic_add(bad_ptr, tl.sum(tl.sum(bad, axis=1), axis=0))
+
+
+def _mismatches(s: torch.Tensor, v: torch.Tensor) -> int:
+    bad = torch.zeros(1, dtype=torch.int32, device="cuda")
+    _div_check_kernel[(triton.cdiv(s.numel(), 64),)](s, v, bad, s.numel(), v.numel(), BS=64, BX=256)
+    return int(bad.item())
+
+
+def _significands(lo: int, hi: int) -> torch.Tensor:
+    """fp32 values 1 + k * 2**-23 for k in [lo, hi)."""
+    return (torch.arange(lo, hi, device="cuda", dtype=torch.int32) | 0x3F800000).view(torch.float32)
+
+
+def _e4m3_boundaries() -> torch.Tensor:
+    """Every E4M3 code and rounding midpoint (both signs), each with the fp32 values 1..4 ulps either side."""
+    codes = torch.arange(0, 127, dtype=torch.uint8).view(torch.float8_e4m3fn).float()
+    v = torch.cat([codes, (codes[:-1] + codes[1:]) / 2]).cuda()
+    bits = v.view(torch.int32)
+    v = torch.cat([(bits + d).view(torch.float32) for d in range(-4, 5)] + [v])
+    v = v[(v >= 0) & (v <= 448)]
+    return torch.cat([v, -v])
+
+
+def test_group_div_equals_div_rn_on_every_divisor_significand():
+    """All 2**23 divisor significands, at three exponents, against every E4M3 rounding boundary +-4 ulps and 512
+    random quotients: the quotient equals div.rn's bit for bit (where the code can be non-zero)."""
+    torch.manual_seed(0)
+    v = torch.cat([_e4m3_boundaries(), (torch.rand(512, device="cuda") * 896 - 448)])
+    sig = _significands(0, 1 << 23)
+    for e in (-40.0, 0.0, 60.0):
+        assert _mismatches(sig * 2.0**e, v) == 0, f"divisor exponent {e}"
+
+
+def test_group_div_equals_div_rn_on_every_dividend_significand():
+    """All 2**23 quotient significands at every binade of the E4M3 range (2**-10 .. 256), against 64 divisors:
+    hard significands (1, 2 - ulp, 1 + ulp, ...) and random ones, over the fp32 range (subnormal scales included)."""
+    torch.manual_seed(1)
+    sig = _significands(0, 1 << 23)
+    v = torch.cat([sig * 2.0**e for e in range(-10, 9)])
+    v = torch.cat([v[v <= 448], -sig * 2.0**-3])
+    hard = torch.tensor([1.0, 1 + 2**-23, 2 - 2**-23, 1.5, 1.75 - 2**-22, 256 / 448], device="cuda")
+    s = torch.cat([hard * 2.0**e for e in (-140, -100, -20, 0, 30, 110)]
+                  + [torch.exp2(torch.rand(28, device="cuda") * 268 - 149)])
+    assert _mismatches(s.float(), v) == 0
+
+
+def test_quantizers_on_zeros_subnormals_extremes_and_nonfinite_groups():
+    """The quantizers against eager on groups that exercise every branch of the quotient: exact zeros of both
+    signs, subnormal inputs, groups whose amax is subnormal or ~1e38 (scales from ~1e-42 to ~1e36), an infinity
+    in a group (scale inf: finite values give +-0, the infinity NaN), and near-ties of every code (E4M3 midpoints
+    +-4 ulps times scales from 1e-30 to 1e30). (A NaN input is left out: the kernels' amax skips it -- PTX
+    ``max`` -- where PyTorch's propagates it; that difference predates this test.)"""
+    torch.manual_seed(2)
+    m, k = 512, 1024
+    x = torch.randn(m, k, device="cuda")
+    x[0] = 0.0
+    x[1] = -0.0
+    x[2, :64] = -0.0
+    x[3] *= 1e-40  # subnormal inputs, subnormal amax
+    x[4] *= 2.0**-126
+    x[5] *= 1e37
+    x[6, 5] = float("inf")
+    x[8, 300] = float("-inf")
+    mids = _e4m3_boundaries()
+    x[16:32] = mids[torch.randint(0, mids.numel(), (16, k), device="cuda")] * torch.logspace(-30, 30, 16, device="cuda")[:, None]
+    for dtype in (torch.float32, torch.bfloat16):
+        xd = x.to(dtype)
+        q, s, qt, st = fq.quantize_act(xd, m, k, m)
+        rq, rs = quantize_act_1x128(xd)
+        rqt, rst = quantize_act_1x128(xd.t())
+        assert torch.equal(s, rs) and torch.equal(st, rst)
+        assert same(q, rq), f"{dtype}: {ndiff(q, rq)} codes differ (1x128 along K)"
+        assert same(qt, rqt), f"{dtype}: {ndiff(qt, rqt)} codes differ (1x128 along tokens)"
+        w = xd[:256, :256]  # the weight quantizer's 128x128 tiles over the same rows
+        wq, ws, wqt = fq.quantize_tiles(w, transpose=True)
+        rwq, rws = _tiles_padded(w)
+        assert torch.equal(ws, rws) and same(wq, rwq) and same(wqt, rwq.t().contiguous()), f"{dtype}: weight tiles"

@@ -274,13 +274,15 @@ def test_pick_setting_takes_the_fastest_and_keeps_it():
 
 @needs_triton
 def test_fp8_quantizers_compile_for_sm90():
-    """The PTX has the exact division, the saturating RNE E4M3 cast and CUDA PyTorch's fp32(1/448); with the
-    launch's specializations (unit K stride, 16-divisible sizes) ptxas spills nothing."""
+    """The PTX has the saturating RNE E4M3 cast, CUDA PyTorch's fp32(1/448), and no division: the correctly rounded
+    quotient is ``group_div``'s (the reciprocal per group, div.rn's fast path per element; no approximate
+    ``div.full``); with the launch's specializations (unit K stride, 16-divisible sizes) ptxas spills nothing."""
     from tests.kernels.sm90_sass import cuobjdump
 
     for name, (k, _) in ((n, c) for n in LAUNCHES for c in _compiled(n)):
         ptx = k.asm["ptx"]
-        assert "div.rn.f32" in ptx and "div.full" not in ptx and "div.approx" not in ptx, name
+        assert "rcp.approx.ftz.f32" in ptx and "fma.rn.f32" in ptx, name
+        assert "div.rn.f32" not in ptx and "div.full" not in ptx and "div.approx" not in ptx, name
         assert "cvt.rn.satfinite.e4m3x2.f32" in ptx and "0f3B124925" in ptx, name  # fp32(1/448)
         if cuobjdump() is not None:  # ptxas' spill space
             with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
