@@ -20,6 +20,18 @@ PHASE=${1:?phase}
 OUT=${OUT:?}
 source benchmarks/gpu_phase_lib.sh
 
+model7() {  # SIDE...: the 7B actor update (bf16, bf16+glue, Jet-RL FP8) with this tree (new) or /tmp/old (old)
+    local FP8=jetrl-xtiles+deepgemm+glue i=0
+    for side in "$@"; do
+        i=$((i + 1)); root=$PWD; [ $side = old ] && root=/tmp/old
+        mkdir -p "$OUT/model"
+        (cd $root && PYTHONPATH=$root:$root/kernels:/tmp/dg timeout -k 5 "${M_S:-150}" "$PY" benchmarks/fp8_model_step.py \
+            --budget-s $(( ${M_S:-150} - 20 )) --out "$OUT/model/p7_$i$side" --shape Qwen2.5-7B --layers 4 --tokens 16384 \
+            --loss rl --arms "bf16,bf16+glue,$FP8" --iters 2 --accumulate 8 > "$OUT/model/p7_$i$side.log" 2>&1)
+        echo "== model step ($side) rc=$? at $((SECONDS - T0)) s"; sed -n '/^# actor update/,/^$/p' "$OUT/model/p7_$i$side.log"
+    done
+}
+
 case $PHASE in
 a)
     rollout_table "${TABLE_S:-200}" 7b,14b 1,8 table
@@ -38,16 +50,12 @@ b)
         echo "== operands ($side) rc=$? at $((SECONDS - T0)) s"; grep "^|" "$OUT/quant_$side/run.log" | head -n 16
     done
     wait
-    export PYTHONPATH=$PYTHONPATH:/tmp/dg
-    FP8=jetrl-xtiles+deepgemm+glue
-    for side in new old; do
-        root=$PWD; [ $side = old ] && root=/tmp/old
-        mkdir -p "$OUT/model"
-        (cd $root && PYTHONPATH=$root:$root/kernels:/tmp/dg timeout -k 5 "${M_S:-130}" "$PY" benchmarks/fp8_model_step.py \
-            --budget-s $(( ${M_S:-130} - 20 )) --out "$OUT/model/p7_$side" --shape Qwen2.5-7B --layers 4 --tokens 16384 \
-            --loss rl --arms "bf16+glue,$FP8" --iters 2 --accumulate 8 > "$OUT/model/p7_$side.log" 2>&1)
-        echo "== model step ($side) rc=$? at $((SECONDS - T0)) s"; sed -n '/^# actor update/,/^$/p' "$OUT/model/p7_$side.log"
-    done
+    model7 new old
+    ;;
+c)  # b's model steps (its arms lacked the bf16 arm the report divides by)
+    [ -d /tmp/old ] || { mkdir -p /tmp/old && cp -r benchmarks kernels quarl /tmp/old/ && cp .dev/old_quant/fp8_quant.py /tmp/old/kernels/quarl_kernels/; }
+    deepgemm
+    model7 new old new
     ;;
 *) echo "unknown phase $PHASE"; exit 2 ;;
 esac
