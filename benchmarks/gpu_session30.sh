@@ -63,3 +63,13 @@ phase_end
 
 # ---------------------------------------------------------------------------------------------------------------
 # Record (calls of this session; device time from the tool's lease):
+#   a  commit 88a0a37, 2026-11-27 17:12-17:17 UTC, kind nvidia-h200 given as one NVIDIA H100 80GB HBM3 (cold), 326 s
+#      (budget 1800 -> 1620 s, counted at 50 %): table BF16+LoRA / NVFP4+LoRA step ms 7B 8.37 / 3.11, 8.66 / 4.02; 14B
+#      15.03 / 5.58, 15.83 / 7.26; with QUARL_KERNELS_GEMV_DEFAULTS=h200 NVFP4+LoRA 3.17, 4.02, 5.82, 7.28 (slower on
+#      the H100); profile 7B step ms BF16+LoRA 8.42 / 11.04, NVFP4+LoRA 3.14 / 8.27 at batch 1 / 64.
+#   b  commit a414e09, 17:30-17:33, one NVIDIA H100 80GB HBM3 (cold), 161 s (budget left 1501 s): GPU tests 42 passed;
+#      7B operands, this code / session 29's quantizers (ms): X hidden 0.144 / 0.154, X inter 0.678 / 0.767, dY hidden
+#      0.131 / 0.151, dY kv 0.041 / 0.049, dY inter 0.637 / 0.728, W tiles 0.114 / 0.129; the model steps lacked the
+#      bf16 arm (rc 1 at once).
+#   c  commit ab4244e, 17:33-17:37, the same H100 (warm), 233 s (budget left 1373 s): 7B actor update per layer,
+#      bf16+glue / FP8: new 39.75 / 27.20 (1.461x), old 39.84 / 27.45 (1.451x), new 39.87 / 27.30 (1.460x).
