@@ -45,10 +45,13 @@ details make that exact rather than "close":
 * ``amax / 448.0`` with a Python-float divisor is a true division on CPU but ``amax *
   fp32(1/448)`` on CUDA (ATen's ``div_true_kernel_cuda`` multiplies by the reciprocal of a
   CPU scalar); ``SCALE_RECIP`` follows the device, as ``quarl_kernels.norm`` does;
-* ``x / scale`` is a correctly rounded division (``div_rn``) as PyTorch's eager CUDA and
-  CPU kernels compute it. Triton's and ``torch.compile``'s plain ``/`` is the approximate
+* ``x / scale`` is the correctly rounded quotient PyTorch's eager CUDA and CPU kernels
+  compute. Triton's and ``torch.compile``'s plain ``/`` is the approximate
   ``div.full.f32``, which is why the compiled quantizers differ from eager on near-ties
-  (2 of 14.7M activation bytes on the H100); these kernels do not.
+  (2 of 14.7M activation bytes on the H100); these kernels do not. On the GPU it is built
+  without a division per element (``group_div``: the group's reciprocal once, ``div.rn``'s
+  own fast path per element; session 30: 472 instead of 816 SASS instructions in the row
+  pass, the 7B operands 1.07-1.20x faster); the interpreter divides (``div_rn``).
 
 The FP8 cast is RNE with saturation on the GPU (``cvt.rn.satfinite.e4m3x2.f32``); under the
 interpreter :func:`quarl_kernels.rounding.round_to_fp8` rounds in software first.
@@ -111,6 +114,8 @@ WARPS = 8
 # they won 4 of 12 operands on an H200, by 0.3-7 %; the three that won are kept (of four). Splits whose X^T kernel
 # packed four tokens' codes into int32 words before the transpose won one operand of 24, by 1 %: removed, with
 # the code (RESULTS.md "Session 26").
+# Session 30 (H100): with the division per element gone (group_div), the one-read settings (T_CHUNK, and (128, 16))
+# won every 7B operand the splits had won -- those passes had been issue-bound as much as L1-bound.
 # A one-read kernel in Gluon with no transpose at all (benchmarks/kernels/fp8_quant_gluon.py: a thread holds four
 # consecutive tokens of its columns, X^T's 32-bit words) gave the same bits on an H200 but ran at half the split
 # settings' speed (one 128x128 tile in flight per SM at its register count; RESULTS.md "Session 26"): not a candidate;
