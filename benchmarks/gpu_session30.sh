@@ -15,10 +15,20 @@
 #     eager on zeros / subnormals / extreme and infinite groups, and the existing bit-for-bit tests); then each
 #     7B operand's quantizer time and the 7B actor update, with this code and with session 29's fp8_quant.py
 #     (.dev/old_quant, copied over a copy of the tree in /tmp/old) in the same call.
+#   phase d: bash benchmarks/gpu_session30.sh d   (nvidia-h100-x1; carry .dev/dg.tar.xz; ~8.5 min)
+#     Jet-RL's FP8 rollout at batch 64 is 1.05x BF16 (session 29): there the decode GEMMs are cuBLAS's blockwise
+#     kernels (the FP8 GEMV takes <= 16 rows), ~14 us a call even on the 4 MB k/v weight. The Qwen3-8B rollout with
+#     DeepGEMM for those GEMMs (QUARL_FP8_GEMM=deepgemm, the training flow's opt-in) against the default, then the
+#     Qwen3-8B actor update with this session's quantizers (session 28: 1.47-1.48x).
 set -u
 PHASE=${1:?phase}
 OUT=${OUT:?}
 source benchmarks/gpu_phase_lib.sh
+
+roll8b() {  # SECONDS DIR VARIANTS: the Qwen3-8B-shaped rollout (issue 15's FP8 case), batch 1 / 8 / 64, 512 new tokens
+    bench "$1" "$2" benchmarks/rollout.py --models 8b --variants "$3" --batches 1,8,64 --new-tokens 512 \
+        --hf-new-tokens 0 --budget-s $(( $1 - 15 ))
+}
 
 model7() {  # SIDE...: the 7B actor update (bf16, bf16+glue, Jet-RL FP8) with this tree (new) or /tmp/old (old)
     local FP8=jetrl-xtiles+deepgemm+glue i=0
@@ -56,6 +66,14 @@ c)  # b's model steps (its arms lacked the bf16 arm the report divides by)
     [ -d /tmp/old ] || { mkdir -p /tmp/old && cp -r benchmarks kernels quarl /tmp/old/ && cp .dev/old_quant/fp8_quant.py /tmp/old/kernels/quarl_kernels/; }
     deepgemm
     model7 new old new
+    ;;
+d)
+    deepgemm
+    export PYTHONPATH=$PYTHONPATH:/tmp/dg
+    QUARL_FP8_GEMM=deepgemm roll8b "${ROLL_S:-160}" dgroll bf16,fp8
+    roll8b "${ROLL0_S:-100}" cublasroll fp8
+    model_step "${M8_S:-150}" p8acc8 --shape Qwen3-8B --layers 4 --tokens 16384 --loss rl \
+        --arms bf16,bf16+glue,jetrl-xtiles+deepgemm+glue --iters 2 --accumulate 8
     ;;
 *) echo "unknown phase $PHASE"; exit 2 ;;
 esac
