@@ -67,17 +67,17 @@ NOSPLIT = "_nosplit"  # not an environment variable: the arm runs with the quant
 ARMS = {  # name: (linear, environment for the call)
     "bf16": (F.linear, {}),
     "fp8-main": (fp8_linear_v0.fp8_linear, {}),
-    "fp8": (fl.fp8_linear, {}),
-    "fp8-nomemo": (fl.fp8_linear, {"QUARL_FP8_MEMO": "0"}),
-    "fp8-notune": (fl.fp8_linear, {"QUARL_FP8_TUNE": "0"}),
+    "fp8": (fl.fp8_linear, {"QUARL_FP8_GEMM": "cublas"}),
+    "fp8-nomemo": (fl.fp8_linear, {"QUARL_FP8_MEMO": "0", "QUARL_FP8_GEMM": "cublas"}),
+    "fp8-notune": (fl.fp8_linear, {"QUARL_FP8_TUNE": "0", "QUARL_FP8_GEMM": "cublas"}),
     "fp8-deepgemm": (fl.fp8_linear, {"QUARL_FP8_GEMM": "deepgemm"}),  # the same quantizers, DeepGEMM's GEMMs
     # X^T in 128x128 tiles for WGrad (not Jet-RL's recipe: fp8_linear's module docstring)
-    "fp8-xtiles": (functools.partial(fl.fp8_linear, wgrad="tiles"), {}),
+    "fp8-xtiles": (functools.partial(fl.fp8_linear, wgrad="tiles"), {"QUARL_FP8_GEMM": "cublas"}),
     "fp8-deepgemm-xtiles": (functools.partial(fl.fp8_linear, wgrad="tiles"), {"QUARL_FP8_GEMM": "deepgemm"}),
     # the fused quantizers without their split launch settings (X^T by its own kernel): what those add
-    "fp8-nosplit": (fl.fp8_linear, {NOSPLIT: "1"}),
+    "fp8-nosplit": (fl.fp8_linear, {NOSPLIT: "1", "QUARL_FP8_GEMM": "cublas"}),
     "fp8-deepgemm-nosplit": (fl.fp8_linear, {"QUARL_FP8_GEMM": "deepgemm", NOSPLIT: "1"}),
-    "fp8-xtiles-nosplit": (functools.partial(fl.fp8_linear, wgrad="tiles"), {NOSPLIT: "1"}),
+    "fp8-xtiles-nosplit": (functools.partial(fl.fp8_linear, wgrad="tiles"), {NOSPLIT: "1", "QUARL_FP8_GEMM": "cublas"}),
 }
 PROJ = ("q", "k", "v", "o", "gate", "up", "down")
 # arms of the DeepGEMM / X^T-tiles / split-quantizer table

@@ -105,10 +105,11 @@ def parse_arm(arm: str) -> tuple[str, bool, bool]:
 
 
 def arm_env(arm: str) -> dict:
-    """The environment an arm's modifiers set: +deepgemm -> QUARL_FP8_GEMM=deepgemm, +unfused -> QUARL_FP8_SWIGLU=0 and
-    QUARL_FP8_STACK=0, +nostack -> QUARL_FP8_STACK=0."""
+    """The environment an arm's modifiers set: +deepgemm -> QUARL_FP8_GEMM=deepgemm (else cublas: the library's
+    default takes DeepGEMM wherever it imports), +unfused -> QUARL_FP8_SWIGLU=0 and QUARL_FP8_STACK=0, +nostack ->
+    QUARL_FP8_STACK=0."""
     mods = arm.split("+")[1:]
-    return {**({"QUARL_FP8_GEMM": "deepgemm"} if "deepgemm" in mods else {}),
+    return {"QUARL_FP8_GEMM": "deepgemm" if "deepgemm" in mods else "cublas",
             **({"QUARL_FP8_SWIGLU": "0"} if "unfused" in mods else {}),
             **({"QUARL_FP8_STACK": "0"} if {"unfused", "nostack"} & set(mods) else {})}
 

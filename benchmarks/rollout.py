@@ -379,10 +379,12 @@ def selected_kernel(model) -> str:
         return "cuBLAS (nn.Linear)"
     if layer.config is None:  # frozen high-precision base (bf16+lora): F.linear on its weight
         return "cuBLAS (frozen BF16 QuantLinear)"
-    if getattr(layer, "fp8_flow", False):  # Jet-RL: quarl.quant.fp8_linear (FP8 GEMV at decode rows, else cuBLAS)
-        from quarl.quant.fp8_linear import gemv_rows
+    if getattr(layer, "fp8_flow", False):  # Jet-RL: quarl.quant.fp8_linear (FP8 GEMV at decode rows, else DeepGEMM /
+        # cuBLAS)
+        from quarl.quant.fp8_linear import gemm_backend, gemv_rows
 
-        return f"FP8 flow (GEMV <= {gemv_rows()} rows)" if DEVICE == "cuda" else "FP8 flow (emulated)"
+        return (f"FP8 flow (GEMV <= {gemv_rows()} rows, else {gemm_backend()})" if DEVICE == "cuda"
+                else "FP8 flow (emulated)")
     x = torch.zeros(1, layer.in_features, device=DEVICE, dtype=torch.bfloat16)
     k = dispatch.select(x, layer)
     return k.name if k is not None else "reference (dequantize + matmul)"

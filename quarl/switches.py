@@ -63,7 +63,7 @@ SWITCHES: dict[str, str] = {
     # FP8 (Jet-RL) and the RL loss
     "QUARL_FP8_QUANT": "triton / compile / eager: the FP8 quantizers",
     "QUARL_FP8_COMPILE": "0 = the eager FP8 quantizers",
-    "QUARL_FP8_GEMM": "deepgemm / emulate: the FP8 training GEMMs",
+    "QUARL_FP8_GEMM": "auto (DeepGEMM where it imports) / cublas / deepgemm / emulate: the FP8 GEMMs",
     "QUARL_FP8_GEMV": "0 / 1: the FP8 decode GEMV",
     "QUARL_FP8_MEMO": "0 = no memo of the last forward's FP8 operands (training; the rollout engine's q/k/v and gate/up groups)",
     "QUARL_FP8_STACK": "0 = an attention's full-parameter FP8 q / k / v as three FP8 linears (not one stacked GEMM)",

@@ -32,12 +32,14 @@ groups or 128x128 tiles.
   X and dY in both groupings at once, codes and scales written in these layouts; bit-identical
   to the eager quantizers). ``QUARL_FP8_QUANT=compile`` / ``eager`` selects the PyTorch ones
   (see :func:`quant_backend`).
-* ``QUARL_FP8_GEMM=deepgemm`` (SM90, opt-in): DeepSeek's DeepGEMM kernel for the two GEMMs with
-  128x128 weight tiles (forward, DGrad, and WGrad with ``wgrad="tiles"``: ``fp8_gemm_nt``'s 1D2D
-  kernel, 1.11-1.25x cuBLAS's per layer on an H200, up to 1.6x on the small k/v GEMMs, bit-identical
-  outputs), cuBLAS for the 1x128 x 1x128 WGrad (DeepGEMM's 1D1D kernel was 0.89-1.04x cuBLAS's and
-  writes FP32). DeepGEMM is not on PyPI and compiles its kernels at run time with ``nvcc``;
-  it is an optional extra for images that build it (benchmarks/RESULTS.md "Jet-RL").
+* DeepGEMM (SM90, wherever ``deep_gemm`` imports; ``QUARL_FP8_GEMM=auto``, the default, or ``deepgemm``):
+  DeepSeek's kernel for the two GEMMs with 128x128 weight tiles (forward, DGrad, and WGrad with
+  ``wgrad="tiles"``: ``fp8_gemm_nt``'s 1D2D kernel, 1.11-1.25x cuBLAS's per layer on an H200, up to 1.6x on
+  the small k/v GEMMs, bit-identical outputs; the rollout's decode GEMMs above the GEMV's rows too: Jet-RL's
+  Qwen3-8B rollout at batch 64 1.29x BF16 against cuBLAS's 1.06x, session 30), cuBLAS for the 1x128 x 1x128
+  WGrad (DeepGEMM's 1D1D kernel was 0.89-1.04x cuBLAS's and writes FP32). DeepGEMM is not on PyPI and
+  compiles its kernels at run time with ``nvcc``; it is an optional extra for images that build it
+  (benchmarks/RESULTS.md "Jet-RL"). ``QUARL_FP8_GEMM=cublas`` keeps cuBLAS everywhere.
 * decode rows (``M <= FP8_GEMV_MAX_M`` rows, 128x128 weight tiles: rollout and eval) on CUDA: the FP8 GEMV
   (``quarl_kernels.fp8_gemv``), the same blockwise-scaled product streamed at weight-read speed where cuBLAS's
   kernels are tuned for large M. ``QUARL_FP8_GEMV=0`` keeps cuBLAS / DeepGEMM there, ``1`` takes the GEMV up to
@@ -322,13 +324,26 @@ def _pad2(x: torch.Tensor, rows: int, cols: int) -> torch.Tensor:
 GEMM_BACKENDS = ("auto", "cublas", "deepgemm", "emulate")
 
 
+@functools.cache
+def deepgemm_available() -> bool:
+    """Whether the ``deep_gemm`` package imports (built for this machine: it is not on PyPI)."""
+    try:
+        import deep_gemm  # noqa: F401
+    except Exception:  # noqa: BLE001 -- an ImportError, or a build for another torch / CUDA failing to load
+        return False
+    return True
+
+
 def gemm_backend() -> str:
-    """``QUARL_FP8_GEMM``: ``auto`` / ``cublas`` (cuBLAS on SM90, emulated elsewhere), ``deepgemm`` (DeepGEMM
-    on SM90) or ``emulate`` (FP32 everywhere); anything else is an error naming the variable."""
+    """``QUARL_FP8_GEMM``: ``auto`` (the default: DeepGEMM where it imports, else cuBLAS -- the same bits),
+    ``cublas`` (cuBLAS on SM90, emulated elsewhere), ``deepgemm`` (DeepGEMM on SM90; an error without it) or
+    ``emulate`` (FP32 everywhere); anything else is an error naming the variable."""
     mode = os.environ.get("QUARL_FP8_GEMM", "auto").strip().lower() or "auto"
     if mode not in GEMM_BACKENDS:
         raise QuantError(f"QUARL_FP8_GEMM={mode!r}: expected one of {', '.join(GEMM_BACKENDS)}")
-    return "cublas" if mode == "auto" else mode
+    if mode == "auto":
+        return "deepgemm" if deepgemm_available() else "cublas"
+    return mode
 
 
 def _cublas_ok(t: torch.Tensor) -> bool:

@@ -53,7 +53,7 @@ def test_arm_names_are_checked():
     assert bench.parse_arm("jetrl-xtiles+deepgemm+glue+unfused") == ("jetrl-xtiles", True, True)
     assert bench.arm_env("jetrl-xtiles+deepgemm+glue+unfused") == {"QUARL_FP8_GEMM": "deepgemm", "QUARL_FP8_SWIGLU": "0",
                                                                    "QUARL_FP8_STACK": "0"}
-    assert bench.arm_env("jetrl-xtiles+glue+nostack") == {"QUARL_FP8_STACK": "0"}
+    assert bench.arm_env("jetrl-xtiles+glue+nostack") == {"QUARL_FP8_GEMM": "cublas", "QUARL_FP8_STACK": "0"}
     for bad in ("bf16+deepgemm", "jetrl+deepgemm+deepgemm", "fp8", "jetrl+tiles", "jetrl+liger", "bf16+glue+glue",
                 "jetrl+unfused", "bf16+glue+unfused", "jetrl+nostack", "bf16+glue+nostack",
                 "jetrl+glue+unfused+nostack"):

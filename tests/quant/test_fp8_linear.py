@@ -505,10 +505,13 @@ def test_jetrl_model_quantizes_each_layer_input_once(monkeypatch):
 def test_gemm_backend_names_and_errors(monkeypatch):
     from quarl.quant import fp8_linear as fl
 
-    for raw, want in (("", "cublas"), ("auto", "cublas"), ("cuBLAS", "cublas"), (" deepgemm ", "deepgemm"),
-                      ("emulate", "emulate")):
-        monkeypatch.setenv("QUARL_FP8_GEMM", raw)
-        assert fl.gemm_backend() == want, raw
+    for have_dg in (False, True):  # auto: DeepGEMM where it imports (the same bits), else cuBLAS
+        monkeypatch.setattr(fl, "deepgemm_available", lambda have=have_dg: have)
+        auto = "deepgemm" if have_dg else "cublas"
+        for raw, want in (("", auto), ("auto", auto), ("cuBLAS", "cublas"), (" deepgemm ", "deepgemm"),
+                          ("emulate", "emulate")):
+            monkeypatch.setenv("QUARL_FP8_GEMM", raw)
+            assert fl.gemm_backend() == want, (raw, have_dg)
     monkeypatch.setenv("QUARL_FP8_GEMM", "cutlass")
     with pytest.raises(QuantError, match="QUARL_FP8_GEMM='cutlass'.*auto, cublas, deepgemm, emulate"):
         fl.gemm_backend()
@@ -520,12 +523,15 @@ def test_deepgemm_missing_is_a_clear_error(monkeypatch):
     from quarl.quant import fp8_linear as fl
 
     fl._deep_gemm.cache_clear()
+    fl.deepgemm_available.cache_clear()
     monkeypatch.setitem(sys.modules, "deep_gemm", None)  # import deep_gemm raises ImportError
     try:
+        assert not fl.deepgemm_available()  # so auto is cuBLAS
         with pytest.raises(QuantError, match="needs the deep_gemm package.*unset QUARL_FP8_GEMM"):
             fl._deep_gemm()
     finally:
         fl._deep_gemm.cache_clear()
+        fl.deepgemm_available.cache_clear()
 
 
 def test_deepgemm_off_hopper_is_the_emulated_gemm(monkeypatch):
