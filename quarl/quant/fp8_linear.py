@@ -335,7 +335,7 @@ def deepgemm_available() -> bool:
 
 
 def gemm_backend() -> str:
-    """``QUARL_FP8_GEMM``: ``auto`` (the default: DeepGEMM where it imports, else cuBLAS -- the same bits),
+    """``QUARL_FP8_GEMM``: ``auto`` (the default: DeepGEMM where it imports, else cuBLAS -- the same FP8 operands and FP32 block sums),
     ``cublas`` (cuBLAS on SM90, emulated elsewhere), ``deepgemm`` (DeepGEMM on SM90; an error without it) or
     ``emulate`` (FP32 everywhere); anything else is an error naming the variable."""
     mode = os.environ.get("QUARL_FP8_GEMM", "auto").strip().lower() or "auto"
