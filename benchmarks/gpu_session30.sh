@@ -91,3 +91,7 @@ phase_end
 #      bf16 arm (rc 1 at once).
 #   c  commit ab4244e, 17:33-17:37, the same H100 (warm), 233 s (budget left 1373 s): 7B actor update per layer,
 #      bf16+glue / FP8: new 39.75 / 27.20 (1.461x), old 39.84 / 27.45 (1.451x), new 39.87 / 27.30 (1.460x).
+#   d  commit c41b702, 17:39-17:45, one NVIDIA H100 80GB HBM3 (cold), 331 s (budget left 1173 s): DeepGEMM ready at 77
+#      s; Qwen3-8B rollout step ms with QUARL_FP8_GEMM=deepgemm: BF16 7.06 / 7.33 / 9.55, FP8 4.84 / 5.27 / 7.43 (1.46x /
+#      1.39x / 1.29x); FP8 on cuBLAS 4.85 / 5.29 / 9.04; Qwen3-8B actor update per layer bf16+glue 33.51, FP8 23.11
+#      (1.450x).
