@@ -20,6 +20,11 @@
 #     kernels (the FP8 GEMV takes <= 16 rows), ~14 us a call even on the 4 MB k/v weight. The Qwen3-8B rollout with
 #     DeepGEMM for those GEMMs (QUARL_FP8_GEMM=deepgemm, the training flow's opt-in) against the default, then the
 #     Qwen3-8B actor update with this session's quantizers (session 28: 1.47-1.48x).
+#   phase e: bash benchmarks/gpu_session30.sh e   (nvidia-h100-x1; carry .dev/dg.tar.xz; ~6 min)
+#     SwiGLU's backward quantizers as one merged launch (fp8_swiglu MERGED_SETTINGS: the row pass's program codes its
+#     own tile transposed too, dh / g / u re-read from L2 instead of by a second launch from HBM; chosen by time
+#     against the best pair): the GPU tests, fp8_swiglu_bench (7B width; fused with and without the merged launch),
+#     then the 7B actor update with the merged launch allowed and with QUARL_FP8_SWIGLU_MERGE=0.
 set -u
 PHASE=${1:?phase}
 OUT=${OUT:?}
@@ -74,6 +79,19 @@ d)
     roll8b "${ROLL0_S:-100}" cublasroll fp8
     model_step "${M8_S:-150}" p8acc8 --shape Qwen3-8B --layers 4 --tokens 16384 --loss rl \
         --arms bf16,bf16+glue,jetrl-xtiles+deepgemm+glue --iters 2 --accumulate 8
+    ;;
+e)
+    (deepgemm > "$OUT/deepgemm.log" 2>&1) &
+    tests 150 tests/kernels/test_fp8_swiglu_gpu.py
+    bench 100 swiglu benchmarks/kernels/fp8_swiglu_bench.py --models Qwen2.5-7B
+    wait
+    cat "$OUT/deepgemm.log"
+    export PYTHONPATH=$PYTHONPATH:/tmp/dg
+    FP8=jetrl-xtiles+deepgemm+glue
+    model_step "${M_S:-150}" p7merge --shape Qwen2.5-7B --layers 4 --tokens 16384 --loss rl --arms "bf16,bf16+glue,$FP8" \
+        --iters 2 --accumulate 8
+    QUARL_FP8_SWIGLU_MERGE=0 model_step "${M_S:-150}" p7pair --shape Qwen2.5-7B --layers 4 --tokens 16384 --loss rl \
+        --arms "bf16,bf16+glue,$FP8" --iters 2 --accumulate 8
     ;;
 *) echo "unknown phase $PHASE"; exit 2 ;;
 esac

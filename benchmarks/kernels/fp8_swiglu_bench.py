@@ -48,8 +48,20 @@ def paths(m: int, i: int, device: str):
     mt = -(-m // 128) * 128
     return {
         "backward fused": lambda: fs.swiglu_grad_operands(dh, g, u, m, i, mt),
+        "backward fused, two passes": lambda: _two_passes(fs, dh, g, u, m, i, mt),
         "backward unfused": lambda: [fq.quantize_act(t, m, i, mt) for t in grads(g, u, dh)],
     }
+
+
+def _two_passes(fs, dh, g, u, m: int, i: int, mt: int):
+    """The fused backward with its merged launch ruled out (``QUARL_FP8_SWIGLU_MERGE=0``: session 27's two passes)."""
+    import os
+
+    os.environ["QUARL_FP8_SWIGLU_MERGE"] = "0"
+    try:
+        return fs.swiglu_grad_operands(dh, g, u, m, i, mt)
+    finally:
+        os.environ.pop("QUARL_FP8_SWIGLU_MERGE")
 
 
 def useful_gb(m: int, i: int) -> float:

@@ -34,6 +34,8 @@ transposed load).
 
 from __future__ import annotations
 
+import os
+
 import torch
 import triton
 import triton.language as tl
@@ -50,6 +52,9 @@ GROUP = fq.GROUP
 # column amax across warps per chunk (instead of elementwise, once) was 1.8-1.9x slower
 ROW_SETTINGS = ((16, 4), (8, 4), (32, 8), (32, 16), (64, 8), (64, 16), (128, 16))
 COL_SETTINGS = ((32, 4, False), (64, 8, False), (16, 2, False), (32, 4, True), (64, 8, True), (16, 2, True))
+# (rows per chunk, warps, columns per transposed chunk) of the merged pass (session 30): the row pass's program then
+# codes its own tile transposed, re-reading dh, g, u from L2 -- one read of the three from HBM instead of two
+MERGED_SETTINGS = ((8, 4, 32), (16, 4, 32), (8, 4, 16), (16, 8, 64), (32, 8, 32))
 
 
 @triton.jit
@@ -93,14 +98,16 @@ def _store_rows(q_ptr, s_ptr, x, rows, cols, pid_k, r_ok, c_ok, stride_qm, strid
 
 @triton.jit
 def _swiglu_rows_kernel(
-    g_ptr, u_ptr, dh_ptr, q_ptr, s_ptr, q2_ptr, s2_ptr, st_ptr, st2_ptr,
-    M, I, stride_m, RQ, CQ, stride_qm, stride_sm, stride_sg, stride_stk, stride_stg,
+    g_ptr, u_ptr, dh_ptr, q_ptr, s_ptr, q2_ptr, s2_ptr, st_ptr, st2_ptr, qt_ptr, qt2_ptr,
+    M, I, stride_m, RQ, CQ, RT, stride_qm, stride_sm, stride_sg, stride_stk, stride_stg, stride_qtk,
     ROWS: tl.constexpr, COLS: tl.constexpr, SCALE_RECIP: tl.constexpr, BLOCK_M: tl.constexpr, SUB: tl.constexpr,
-    INTERPRET: tl.constexpr,
+    INTERPRET: tl.constexpr, T_CHUNK: tl.constexpr = 0,
 ):
     # one program: rows [pid_m*BLOCK_M, +BLOCK_M) x columns [pid_k*128, +128), in [SUB, 128] chunks. ROWS: dg's 1x128
     # codes and scales along I in q / s, du's in q2 / s2. COLS (then BLOCK_M = 128, a token group): also the scales
-    # of dg^T and du^T (one per column: 1x128 along the tokens) from the column amax of the same values
+    # of dg^T and du^T (one per column: 1x128 along the tokens) from the column amax of the same values. T_CHUNK > 0
+    # (session 30, with COLS): also dg^T / du^T's codes, the transposed pass's work done here on the same tile again
+    # by [128 tokens, T_CHUNK columns] chunks -- dh, g, u re-read from L2 rather than from HBM by a second launch
     pid_m = tl.program_id(0)
     pid_k = tl.program_id(1)
     cols = (pid_k * 128 + tl.arange(0, 128)).to(tl.int64)  # [128]
@@ -128,6 +135,15 @@ def _swiglu_rows_kernel(
                  mask=c_ok)
         tl.store(st2_ptr + cols * stride_stk + pid_m * stride_stg, _scale(tl.max(amax_u, axis=0), SCALE_RECIP),
                  mask=c_ok)
+    if COLS and T_CHUNK > 0:
+        tl.debug_barrier()  # the scales just stored, read back below by other threads of the program
+        rows = (pid_m * 128 + tl.arange(0, 128)).to(tl.int64)  # [128]: the token group
+        for j in tl.range(0, 128 // T_CHUNK):
+            cc = (pid_k * 128 + j * T_CHUNK + tl.arange(0, T_CHUNK)).to(tl.int64)  # [TC]
+            dg, du = _grads(g_ptr, u_ptr, dh_ptr, rows[:, None] * stride_m + cc[None, :],
+                            (rows < M)[:, None] & (cc < I)[None, :], INTERPRET)  # [128, TC] each
+            _t_store(qt_ptr, st_ptr, dg, pid_m, cc, CQ, RT, stride_qtk, stride_stk, stride_stg, INTERPRET, False)
+            _t_store(qt2_ptr, st2_ptr, du, pid_m, cc, CQ, RT, stride_qtk, stride_stk, stride_stg, INTERPRET, False)
 
 
 @triton.jit
@@ -181,19 +197,23 @@ def _check(tensors: tuple, rows: int, cols: int, t_rows: int | None) -> tuple[in
     return m, i
 
 
-def _row_launch(dh, g, u, outs, rows: int, cols: int, t_rows: int | None, sub: int, warps: int) -> fq.Launch:
+def _row_launch(dh, g, u, outs, rows: int, cols: int, t_rows: int | None, sub: int, warps: int,
+                qts: tuple | None = None, t_chunk: int = 0) -> fq.Launch:
+    """The row pass; with ``qts`` (dg^T's and du^T's code tensors) and ``t_chunk``, the merged pass that also stores
+    them (:func:`_swiglu_rows_kernel`'s ``T_CHUNK``)."""
     (q, s, st), (q2, s2, st2) = outs  # q / s None: no row groups; st None: no transposed operands
     m, i = g.shape
     extent = max(rows if q is not None else 0, t_rows or 0)
     block_m = 128 if t_rows is not None else min(sub, max(16, triton.next_power_of_2(extent)))
     dq, ds, dq2, ds2 = (q, s, q2, s2) if q is not None else (st, st, st2, st2)  # placeholders for unused pointers
     dst, dst2 = (st, st2) if st is not None else (ds, ds2)
+    qt, qt2 = qts if qts is not None else (dq, dq2)
     return fq.Launch(
         _swiglu_rows_kernel, (triton.cdiv(extent, block_m), cols // GROUP),
-        (g, u, dh, dq, ds, dq2, ds2, dst, dst2, m, i, g.stride(0), rows, cols,
-         dq.stride(0), ds.stride(0), ds.stride(1), dst.stride(0), dst.stride(1)),
+        (g, u, dh, dq, ds, dq2, ds2, dst, dst2, qt, qt2, m, i, g.stride(0), rows, cols, t_rows or 0,
+         dq.stride(0), ds.stride(0), ds.stride(1), dst.stride(0), dst.stride(1), qt.stride(0)),
         {"ROWS": q is not None, "COLS": t_rows is not None, "SCALE_RECIP": g.is_cuda, "BLOCK_M": block_m,
-         "SUB": min(sub, block_m), "INTERPRET": _interpreting()},
+         "SUB": min(sub, block_m), "INTERPRET": _interpreting(), "T_CHUNK": t_chunk if qts is not None else 0},
         warps)
 
 
@@ -209,12 +229,14 @@ def _col_launch(dh, g, u, outs, cols: int, t_rows: int, block_c: int, warps: int
 
 def swiglu_grad_operands(dh: torch.Tensor, g: torch.Tensor, u: torch.Tensor, rows: int, cols: int,
                          t_rows: int | None = None, *, row_groups: bool = True, setting: tuple | None = None,
-                         t_setting: tuple | None = None):
+                         t_setting: tuple | None = None, merged: tuple | None = None):
     """SwiGLU's backward (``dh``: the gradient of ``h = silu(g) * u``; the three [M, I], one dtype and strides, unit
     column stride) -> ``(dg's (q, s, qt, st), du's)``, ``fp8_quant.quantize_act``'s operands: with ``row_groups``
     1x128 groups along I ([rows, cols], DGrad's A), with ``t_rows`` along the tokens ([cols, t_rows], WGrad's A);
     entries not asked for are None. ``dg`` and ``du`` are never written. ``setting`` / ``t_setting``: an entry of
-    :data:`ROW_SETTINGS` / :data:`COL_SETTINGS`, else chosen by shape on CUDA."""
+    :data:`ROW_SETTINGS` / :data:`COL_SETTINGS`, else chosen by shape on CUDA; ``merged``: an entry of
+    :data:`MERGED_SETTINGS` (one launch for both passes; needs ``t_rows``), else on CUDA the merged launches are timed
+    against the chosen pair and the faster kept. Every setting gives the same bits."""
     m, _ = _check((dh, g, u), rows, cols, t_rows)
     if not row_groups and t_rows is None:
         raise ValueError("fp8_swiglu: nothing asked (row_groups=False and no t_rows)")
@@ -227,22 +249,44 @@ def swiglu_grad_operands(dh: torch.Tensor, g: torch.Tensor, u: torch.Tensor, row
                  else t.fill_(torch.finfo(torch.float32).eps))
         return one, two
     tune = g.is_cuda and max(rows, t_rows or 0) >= fq.TUNE_MIN_ROWS
-    # the row pass (row groups if asked, the transposed operands' scales if asked), then the transposed pass
+    # the row pass (row groups if asked, the transposed operands' scales if asked), then the transposed pass -- or
+    # both in one merged launch (MERGED_SETTINGS), where that times faster than the best pair
     outs = ((one[0], one[1], one[3]), (two[0], two[1], two[3]))
     make = lambda sub, warps: _row_launch(dh, g, u, outs, rows, cols, t_rows, sub, warps)
+    if merged is not None:
+        if t_rows is None:
+            raise ValueError("fp8_swiglu: a merged setting makes the transposed operands: give t_rows")
+        fq._launch(_row_launch(dh, g, u, outs, rows, cols, t_rows, *merged[:2], qts=(one[2], two[2]),
+                               t_chunk=merged[2]))
+        return one, two
+    size = (g.dtype, triton.next_power_of_2(max(rows, t_rows or 0)), cols)
     if setting is None:
-        key = ("swiglu-rows", row_groups, t_rows is not None, g.dtype,
-               triton.next_power_of_2(max(rows, t_rows or 0)), cols)
+        key = ("swiglu-rows", row_groups, t_rows is not None, *size)
         setting = fq._setting(key, ROW_SETTINGS, g, make) if tune else ROW_SETTINGS[0]
-    fq._launch(make(*setting))
-    if t_rows is not None:
-        outs = ((one[2], one[3]), (two[2], two[3]))
-        make = lambda bc, warps, tload: _col_launch(dh, g, u, outs, cols, t_rows, bc, warps, tload)
-        if t_setting is None:
-            key = ("swiglu-cols", g.dtype, triton.next_power_of_2(t_rows), cols)
-            t_setting = fq._setting(key, COL_SETTINGS, g, make) if tune else COL_SETTINGS[0]
-        fq._launch(make(*t_setting))
+    if t_rows is None:
+        fq._launch(make(*setting))
+        return one, two
+    t_outs = ((one[2], one[3]), (two[2], two[3]))
+    make_t = lambda bc, warps, tload: _col_launch(dh, g, u, t_outs, cols, t_rows, bc, warps, tload)
+    if t_setting is None:
+        key = ("swiglu-cols", g.dtype, triton.next_power_of_2(t_rows), cols)
+        t_setting = fq._setting(key, COL_SETTINGS, g, make_t) if tune else COL_SETTINGS[0]
+    pair = (make(*setting), make_t(*t_setting))
+    choice = ("pair",)
+    if tune and MERGED_SETTINGS and os.environ.get("QUARL_FP8_SWIGLU_MERGE", "1") != "0":
+        # the pair just chosen against the merged launches, timed the same way
+
+        def make_m(*st):
+            return pair if st == ("pair",) else _row_launch(dh, g, u, outs, rows, cols, t_rows, *st[:2],
+                                                             qts=(one[2], two[2]), t_chunk=st[2])
+
+        choice = fq._setting(("swiglu-merge", row_groups, *size, setting, t_setting),
+                             (("pair",), *MERGED_SETTINGS), g, make_m)
+        if choice != ("pair",):
+            fq._launch(make_m(*choice))
+            return one, two
+    fq._launch(pair)
     return one, two
 
 
-__all__ = ["COL_SETTINGS", "ROW_SETTINGS", "swiglu_grad_operands"]
+__all__ = ["COL_SETTINGS", "MERGED_SETTINGS", "ROW_SETTINGS", "swiglu_grad_operands"]

@@ -60,6 +60,9 @@ def test_every_launch_setting_gives_the_same_bits():
         for t_st in fs.COL_SETTINGS:
             got = fs.swiglu_grad_operands(dh, g, u, m, i, m, setting=st, t_setting=t_st)
             assert all(ndiff(a, b) == 0 for x, y in zip(got, ref, strict=True) for a, b in zip(x, y, strict=True))
+    for mg in fs.MERGED_SETTINGS:  # one launch for both passes (session 30)
+        got = fs.swiglu_grad_operands(dh, g, u, m, i, m, merged=mg)
+        assert all(ndiff(a, b) == 0 for x, y in zip(got, ref, strict=True) for a, b in zip(x, y, strict=True)), mg
 
 
 @pytest.mark.parametrize("wgrad", ["1x128", "tiles"])

@@ -49,6 +49,11 @@ for m, i, dt in ((37, 320, torch.bfloat16), (130, 256, torch.bfloat16), (64, 384
     for st in fs.ROW_SETTINGS[len(fs.COL_SETTINGS):]:
         other = fs.swiglu_grad_operands(dh, g, u, rows, cols, t_rows, setting=st)
         assert all_same(other[0], got[0]) and all_same(other[1], got[1]), st
+    for mg in fs.MERGED_SETTINGS:  # one launch for both passes (the tile re-read for its transposed codes)
+        other = fs.swiglu_grad_operands(dh, g, u, rows, cols, t_rows, merged=mg)
+        assert all_same(other[0], got[0]) and all_same(other[1], got[1]), mg
+    other = fs.swiglu_grad_operands(dh, g, u, rows, cols, t_rows, row_groups=False, merged=fs.MERGED_SETTINGS[0])
+    assert all_same(other[0], (None, None) + got[0][2:]) and all_same(other[1], (None, None) + got[1][2:])
     for t_st in fs.COL_SETTINGS[3:]:  # the transposed operands alone (no DGrad wanted) / the row groups alone
         other = fs.swiglu_grad_operands(dh, g, u, rows, cols, t_rows, row_groups=False, t_setting=t_st)
         assert all_same(other[0], (None, None) + got[0][2:]) and all_same(other[1], (None, None) + got[1][2:])
@@ -101,6 +106,9 @@ def _launches():
         yield f"rows {st}", fs._row_launch(g, g, g, ((one[0], one[1], one[3]), (two[0], two[1], two[3])), m, i, m, *st)
     for st in fs.COL_SETTINGS:
         yield f"cols {st}", fs._col_launch(g, g, g, ((one[2], one[3]), (two[2], two[3])), i, m, *st)
+    for st in fs.MERGED_SETTINGS:
+        yield f"merged {st}", fs._row_launch(g, g, g, ((one[0], one[1], one[3]), (two[0], two[1], two[3])), m, i, m,
+                                             *st[:2], qts=(one[2], two[2]), t_chunk=st[2])
 
 
 @needs_triton
