@@ -25,6 +25,13 @@
 #     own tile transposed too, dh / g / u re-read from L2 instead of by a second launch from HBM; chosen by time
 #     against the best pair): the GPU tests, fp8_swiglu_bench (7B width; fused with and without the merged launch),
 #     then the 7B actor update with the merged launch allowed and with QUARL_FP8_SWIGLU_MERGE=0.
+#   phase f: bash benchmarks/gpu_session30.sh f   (nvidia-h100-x1; carry .dev/dg.tar.xz; ~6.5 min)
+#     After e (the merged SwiGLU launch 1.756 ms against the pair's 1.845; more rows and warps did better): the
+#     larger merged candidates in fp8_swiglu_bench, then the 7B actor update merged / pair / merged (the spread).
+#   phase g: bash benchmarks/gpu_session30.sh g   (right after f, the machine warm: DeepGEMM built; ~9 min)
+#     Every FP8 GPU test with DeepGEMM importable, so QUARL_FP8_GEMM=auto (the new default) takes it: the quantizers,
+#     the FP8 linear (DeepGEMM against cuBLAS), the q / k / v stack, the fused SwiGLU, the compiled glue and the
+#     rollout engine on Jet-RL models, the FP8 GEMV.
 set -u
 PHASE=${1:?phase}
 OUT=${OUT:?}
@@ -92,6 +99,26 @@ e)
         --iters 2 --accumulate 8
     QUARL_FP8_SWIGLU_MERGE=0 model_step "${M_S:-150}" p7pair --shape Qwen2.5-7B --layers 4 --tokens 16384 --loss rl \
         --arms "bf16,bf16+glue,$FP8" --iters 2 --accumulate 8
+    ;;
+f)
+    deepgemm
+    export PYTHONPATH=$PYTHONPATH:/tmp/dg
+    bench 100 swiglu benchmarks/kernels/fp8_swiglu_bench.py --models Qwen2.5-7B
+    FP8=jetrl-xtiles+deepgemm+glue
+    for r in merge pair merge2; do
+        if [ $r = pair ]; then export QUARL_FP8_SWIGLU_MERGE=0; else unset QUARL_FP8_SWIGLU_MERGE; fi
+        model_step "${M_S:-130}" "p7$r" --shape Qwen2.5-7B --layers 4 --tokens 16384 --loss rl \
+            --arms "bf16,bf16+glue,$FP8" --iters 2 --accumulate 8
+    done
+    unset QUARL_FP8_SWIGLU_MERGE
+    ;;
+g)
+    deepgemm
+    export PYTHONPATH=$PYTHONPATH:/tmp/dg
+    "$PY" -c "from quarl.quant.fp8_linear import gemm_backend; print('QUARL_FP8_GEMM auto ->', gemm_backend())"
+    tests "${TESTS_S:-470}" tests/kernels/test_fp8_quant_gpu.py tests/quant/test_fp8_linear.py \
+        tests/quant/test_fp8_stack_gpu.py tests/kernels/test_fp8_swiglu_gpu.py tests/train/test_fused_glue_gpu.py \
+        tests/kernels/test_fp8_gemv_gpu.py
     ;;
 *) echo "unknown phase $PHASE"; exit 2 ;;
 esac
