@@ -140,3 +140,11 @@ phase_end
 #      s; Qwen3-8B rollout step ms with QUARL_FP8_GEMM=deepgemm: BF16 7.06 / 7.33 / 9.55, FP8 4.84 / 5.27 / 7.43 (1.46x /
 #      1.39x / 1.29x); FP8 on cuBLAS 4.85 / 5.29 / 9.04; Qwen3-8B actor update per layer bf16+glue 33.51, FP8 23.11
 #      (1.450x).
+#   e  commit 568489d, 17:49-17:54, one NVIDIA H100 80GB HBM3 (cold), 234 s (budget left 1024 s): fp8_swiglu GPU tests 5
+#      passed; 7B SwiGLU backward fused merged 1.785, two passes 1.860, unfused 2.307 ms; actor update per layer
+#      bf16+glue / FP8 merged 38.70 / 26.40, pair (QUARL_FP8_SWIGLU_MERGE=0) 38.61 / 26.86.
+#   f  commit d9701a1, 17:56-18:02, one NVIDIA H100 80GB HBM3 (cold), 353 s (budget left 794 s): merged 1.797, two
+#      passes 1.881, unfused 2.307 ms (best merged setting (32, 8, 32) again; the larger ones slower); actor update per
+#      layer merged 39.13 / 26.86, pair 38.98 / 26.79, merged 39.03 / 26.95.
+#   g  commit d9701a1, 18:02-18:07, the same H100 (warm), 309 s (budget left 636 s): QUARL_FP8_GEMM auto -> deepgemm;
+#      every FP8 GPU test file: 73 passed, 1 skipped (bitsandbytes), 0 failed.

@@ -53,11 +53,11 @@ GROUP = fq.GROUP
 ROW_SETTINGS = ((16, 4), (8, 4), (32, 8), (32, 16), (64, 8), (64, 16), (128, 16))
 COL_SETTINGS = ((32, 4, False), (64, 8, False), (16, 2, False), (32, 4, True), (64, 8, True), (16, 2, True))
 # (rows per chunk, warps, columns per transposed chunk) of the merged pass (session 30): the row pass's program then
-# codes its own tile transposed, re-reading dh, g, u from L2 -- one read of the three from HBM instead of two. First
-# H100 timing (7B width, 16k tokens; the pair 1.845 ms): (32, 8, 32) 1.756, (16, 4, 32) 1.958, (16, 8, 64) 1.966,
-# (8, 4, 32) 2.179, (8, 4, 16) 2.207 -- more rows and warps a program did better, so the two 8-row ones gave way to
-# larger ones (not yet timed when added)
-MERGED_SETTINGS = ((32, 8, 32), (16, 4, 32), (16, 8, 64), (32, 16, 32), (32, 8, 64), (64, 8, 32), (64, 16, 64))
+# codes its own tile transposed, re-reading dh, g, u from L2 -- one read of the three from HBM instead of two. H100,
+# 7B width, 16k tokens, two calls (the pair 1.845 / 1.847 ms): (32, 8, 32) 1.756 / 1.764, (32, 8, 64) 1.771,
+# (16, 4, 32) 1.958 / 1.963; slower and dropped: (16, 8, 64) 1.97, (8, 4, 32) 2.18, (8, 4, 16) 2.21, (64, 16, 64) 2.23,
+# (64, 8, 32) 2.34, (32, 16, 32) 2.42
+MERGED_SETTINGS = ((32, 8, 32), (32, 8, 64), (16, 4, 32))
 
 
 @triton.jit
