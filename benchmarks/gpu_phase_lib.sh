@@ -64,6 +64,11 @@ bench() {  # SECONDS DIR SCRIPT ARGS...: SCRIPT --out $OUT/DIR ARGS -> $OUT/DIR/
     grep -E "^\||^==|Error" "$OUT/$d/run.log" | head -n 90
 }
 
+roll8b() {  # SECONDS DIR VARIANTS: the Qwen3-8B-shaped rollout (issue 15's FP8 case), batch 1 / 8 / 64, 512 new tokens
+    bench "$1" "$2" benchmarks/rollout.py --models 8b --variants "$3" --batches 1,8,64 --new-tokens 512 \
+        --hf-new-tokens 0 --budget-s $(( $1 - 15 ))
+}
+
 GGUF_SHA=b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53  # SmolLM2-135M-Instruct.Q4_1.gguf
 
 smollm2_from_stash() {  # the embedded GGUF from its three xz parts: two stashed in /tmp/stash by earlier e1 calls

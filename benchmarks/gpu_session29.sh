@@ -45,11 +45,6 @@ PHASE=${1:?phase}
 OUT=${OUT:?}
 source benchmarks/gpu_phase_lib.sh
 
-roll8b() {  # SECONDS DIR VARIANTS: the Qwen3-8B-shaped rollout (issue 15's FP8 case), batch 1 / 8 / 64, 512 new tokens
-    bench "$1" "$2" benchmarks/rollout.py --models 8b --variants "$3" --batches 1,8,64 --new-tokens 512 \
-        --hf-new-tokens 0 --budget-s $(( $1 - 15 ))
-}
-
 case $PHASE in
 a)
     export PYTHONPATH=$PYTHONPATH:/tmp/dg:$PWD/.whl/bnb-site

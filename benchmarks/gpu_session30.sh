@@ -37,11 +37,6 @@ PHASE=${1:?phase}
 OUT=${OUT:?}
 source benchmarks/gpu_phase_lib.sh
 
-roll8b() {  # SECONDS DIR VARIANTS: the Qwen3-8B-shaped rollout (issue 15's FP8 case), batch 1 / 8 / 64, 512 new tokens
-    bench "$1" "$2" benchmarks/rollout.py --models 8b --variants "$3" --batches 1,8,64 --new-tokens 512 \
-        --hf-new-tokens 0 --budget-s $(( $1 - 15 ))
-}
-
 model7() {  # SIDE...: the 7B actor update (bf16, bf16+glue, Jet-RL FP8) with this tree (new) or /tmp/old (old)
     local FP8=jetrl-xtiles+deepgemm+glue i=0
     for side in "$@"; do
