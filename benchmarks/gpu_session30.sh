@@ -32,6 +32,9 @@
 #     Every FP8 GPU test with DeepGEMM importable, so QUARL_FP8_GEMM=auto (the new default) takes it: the quantizers,
 #     the FP8 linear (DeepGEMM against cuBLAS), the q / k / v stack, the fused SwiGLU, the compiled glue and the
 #     rollout engine on Jet-RL models, the FP8 GEMV.
+#   phase h: bash benchmarks/gpu_session30.sh h   (nvidia-h100-x1; carry .dev/dg.tar.xz; ~6.5 min)
+#     Jet-RL's actor update at Qwen2.5-32B width on an H100 with this session's code (beaten on an H200 in session
+#     28: 1.56-1.60x; on an H100 last measured in session 25, before sessions 26-30's changes).
 set -u
 PHASE=${1:?phase}
 OUT=${OUT:?}
@@ -114,6 +117,12 @@ g)
     tests "${TESTS_S:-470}" tests/kernels/test_fp8_quant_gpu.py tests/quant/test_fp8_linear.py \
         tests/quant/test_fp8_stack_gpu.py tests/kernels/test_fp8_swiglu_gpu.py tests/train/test_fused_glue_gpu.py \
         tests/kernels/test_fp8_gemv_gpu.py
+    ;;
+h)
+    deepgemm
+    export PYTHONPATH=$PYTHONPATH:/tmp/dg
+    model_step "${M32_S:-300}" p32 --shape Qwen2.5-32B --layers 4 --tokens 16384 --loss rl \
+        --arms "bf16,bf16+glue,jetrl-xtiles+deepgemm+glue" --iters 2 --accumulate 8 --repeat 2
     ;;
 *) echo "unknown phase $PHASE"; exit 2 ;;
 esac
