@@ -152,5 +152,5 @@ phase_end
 #      layer merged 39.13 / 26.86, pair 38.98 / 26.79, merged 39.03 / 26.95.
 #   g  commit d9701a1, 18:02-18:07, the same H100 (warm), 309 s (budget left 636 s): QUARL_FP8_GEMM auto -> deepgemm;
 #      every FP8 GPU test file: 73 passed, 1 skipped (bitsandbytes), 0 failed.
-#   h  commit 9b9e4d9, 18:15-18:20, one NVIDIA H100 80GB HBM3 (cold), 286 s (budget left 456 s): 32B actor update per
+#   h  commit 9b9e4d9, 18:09-18:14, one NVIDIA H100 80GB HBM3 (cold), 286 s (budget left 456 s): 32B actor update per
 #      layer, two rounds: bf16+glue 78.77 / 78.84, FP8 50.49 / 51.18 ms (1.560x / 1.540x).
