@@ -35,6 +35,9 @@
 #   phase h: bash benchmarks/gpu_session30.sh h   (nvidia-h100-x1; carry .dev/dg.tar.xz; ~6.5 min)
 #     Jet-RL's actor update at Qwen2.5-32B width on an H100 with this session's code (beaten on an H200 in session
 #     28: 1.56-1.60x; on an H100 last measured in session 25, before sessions 26-30's changes).
+#   phase i: bash benchmarks/gpu_session30.sh i   (nvidia-h100-x1; carry .dev/dg.tar.xz; ~4 min)
+#     Where a 7B FP8 layer's time goes now (one micro-batch, profiled; session 28's profile was on an H200 before
+#     this session's quantizers), for the next step on the 7B actor update.
 set -u
 PHASE=${1:?phase}
 OUT=${OUT:?}
@@ -123,6 +126,12 @@ h)
     export PYTHONPATH=$PYTHONPATH:/tmp/dg
     model_step "${M32_S:-300}" p32 --shape Qwen2.5-32B --layers 4 --tokens 16384 --loss rl \
         --arms "bf16,bf16+glue,jetrl-xtiles+deepgemm+glue" --iters 2 --accumulate 8 --repeat 2
+    ;;
+i)
+    deepgemm
+    export PYTHONPATH=$PYTHONPATH:/tmp/dg
+    model_step "${MP_S:-200}" p7prof --shape Qwen2.5-7B --layers 4 --tokens 16384 --loss rl \
+        --arms "bf16,bf16+glue,jetrl-xtiles+deepgemm+glue" --iters 2 --profile
     ;;
 *) echo "unknown phase $PHASE"; exit 2 ;;
 esac
