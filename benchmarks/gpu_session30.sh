@@ -163,3 +163,6 @@ phase_end
 #      every FP8 GPU test file: 73 passed, 1 skipped (bitsandbytes), 0 failed.
 #   h  commit 9b9e4d9, 18:09-18:14, one NVIDIA H100 80GB HBM3 (cold), 286 s (budget left 456 s): 32B actor update per
 #      layer, two rounds: bf16+glue 78.77 / 78.84, FP8 50.49 / 51.18 ms (1.560x / 1.540x).
+#   i  commit b984e73, 18:17-18:22, one NVIDIA H100 80GB HBM3 (cold), 238 s (budget left 280 s): 7B profile per layer,
+#      bf16+glue GEMMs 35.28 of 42.98 ms; FP8 GEMMs 18.85, SwiGLU quantizers 2.32, other quantizers 2.31, attention
+#      2.28, glue 1.47, optimizer 1.60, other 1.57 (30.40 ms).
