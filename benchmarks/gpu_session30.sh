@@ -38,6 +38,9 @@
 #   phase i: bash benchmarks/gpu_session30.sh i   (nvidia-h100-x1; carry .dev/dg.tar.xz; ~4 min)
 #     Where a 7B FP8 layer's time goes now (one micro-batch, profiled; session 28's profile was on an H200 before
 #     this session's quantizers), for the next step on the 7B actor update.
+#   phase j: bash benchmarks/gpu_session30.sh j   (nvidia-h100-x1; ~3 min)
+#     Four more one-read quantizer settings (fp8_quant.ACT_SETTINGS): every setting's bits on the GPU, then each 7B
+#     operand's best setting and time.
 set -u
 PHASE=${1:?phase}
 OUT=${OUT:?}
@@ -132,6 +135,10 @@ i)
     export PYTHONPATH=$PYTHONPATH:/tmp/dg
     model_step "${MP_S:-200}" p7prof --shape Qwen2.5-7B --layers 4 --tokens 16384 --loss rl \
         --arms "bf16,bf16+glue,jetrl-xtiles+deepgemm+glue" --iters 2 --profile
+    ;;
+j)
+    tests 120 tests/kernels/test_fp8_quant_gpu.py -k "every_launch_setting or act_quantizer_equals_eager"
+    bench 100 quant benchmarks/kernels/fp8_quant_operands.py --models Qwen2.5-7B
     ;;
 *) echo "unknown phase $PHASE"; exit 2 ;;
 esac

@@ -115,7 +115,9 @@ WARPS = 8
 # packed four tokens' codes into int32 words before the transpose won one operand of 24, by 1 %: removed, with
 # the code (RESULTS.md "Session 26").
 # Session 30 (H100): with the division per element gone (group_div), the one-read settings (T_CHUNK, and (128, 16))
-# won every 7B operand the splits had won -- those passes had been issue-bound as much as L1-bound.
+# won every 7B operand the splits had won -- those passes had been issue-bound as much as L1-bound. Four more
+# one-read entries were added then ((16 | 32 | 64, 4 | 8) rows / warps, 16- or 32-column X^T chunks); a (128, 16)
+# one with 64-column chunks spilled (ptxas) and was not.
 # A one-read kernel in Gluon with no transpose at all (benchmarks/kernels/fp8_quant_gluon.py: a thread holds four
 # consecutive tokens of its columns, X^T's 32-bit words) gave the same bits on an H200 but ran at half the split
 # settings' speed (one 128x128 tile in flight per SM at its register count; RESULTS.md "Session 26"): not a candidate;
@@ -124,6 +126,7 @@ ACT_SETTINGS = ((SUB, WARPS), (32, 4), (64, 8), (64, 16), (128, 16), (64, 8, Tru
                 (32, 4, False, 32, 4), (64, 8, False, 32, 4), (32, 4, False, 64, 8), (64, 8, False, 64, 8),
                 (64, 8, False, 128, 8), (32, 4, False, 16, 2), (32, 4, False, 32, 2),
                 (32, 4, False, 0, 0, 32), (64, 8, False, 0, 0, 64),
+                (16, 4, False, 0, 0, 32), (32, 8, False, 0, 0, 32), (64, 8, False, 0, 0, 32), (32, 4, False, 0, 0, 16),
                 (32, 4, 2, 16, 2), (32, 4, 2, 64, 8), (64, 8, 2, 64, 8))
 TILE_SETTINGS = ((SUB, WARPS), (32, 4), (64, 8))
 TUNE_REPS = 3
