@@ -173,5 +173,5 @@ phase_end
 #   i  commit b984e73, 18:17-18:22, one NVIDIA H100 80GB HBM3 (cold), 238 s (budget left 280 s): 7B profile per layer,
 #      bf16+glue GEMMs 35.28 of 42.98 ms; FP8 GEMMs 18.85, SwiGLU quantizers 2.32, other quantizers 2.31, attention
 #      2.28, glue 1.47, optimizer 1.60, other 1.57 (30.40 ms).
-#   j  commit 1a24788, 18:31-18:32, one NVIDIA H100 80GB HBM3 (cold), 65 s (budget left 211 s): GPU tests 7 passed; 7B
+#   j  commit 1a24788, 18:27-18:29, one NVIDIA H100 80GB HBM3 (cold), 65 s (budget left 211 s): GPU tests 7 passed; 7B
 #      operands ms: X hidden 0.145, X inter 0.678, dY hidden 0.126, dY kv 0.029, dY inter 0.622, W tiles 0.114.
