@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Session 30. Issue 17's rollout targets on the H200 (session 29: 2.46x / 2.06x / 1.18x at 7B, 2.37x / 2.02x at 14B
-# batch 1 / 8 -- below the H100's, where the targets are met). Run from the repository root on the device machine;
-# the record is at the end of this file.
+# batch 1 / 8 -- below the H100's, where the targets are met; phase a, given an H100), then issue 15 (Jet-RL): the
+# FP8 quantizers without a division per element, DeepGEMM in the rollout, the merged SwiGLU passes, the 7B / 8B / 32B
+# actor update and the 7B profile on an H100 (phases b-j). Run from the repository root on the device machine; the
+# record is at the end of this file.
 #
 #   phase a: bash benchmarks/gpu_session30.sh a   (nvidia-h200; ~9 min)
 #     Session 29's prepared phase g: the 7B / 14B table at batch 1 / 8 with and without the one-row GEMV's H200 rule
@@ -15,6 +17,8 @@
 #     eager on zeros / subnormals / extreme and infinite groups, and the existing bit-for-bit tests); then each
 #     7B operand's quantizer time and the 7B actor update, with this code and with session 29's fp8_quant.py
 #     (.dev/old_quant, copied over a copy of the tree in /tmp/old) in the same call.
+#   phase c: bash benchmarks/gpu_session30.sh c   (right after b, warm; ~4 min): b's 7B actor update again with the
+#     bf16 arm the report divides by (b's lacked it), this code / session 29's quantizers / this code.
 #   phase d: bash benchmarks/gpu_session30.sh d   (nvidia-h100-x1; carry .dev/dg.tar.xz; ~8.5 min)
 #     Jet-RL's FP8 rollout at batch 64 is 1.05x BF16 (session 29): there the decode GEMMs are cuBLAS's blockwise
 #     kernels (the FP8 GEMV takes <= 16 rows), ~14 us a call even on the 4 MB k/v weight. The Qwen3-8B rollout with
