@@ -27,10 +27,12 @@ result is ``t``, whose sign is ``x``'s. An infinite scale (an infinite input in 
 finite ``x`` then yields ``t = +-0`` (``x / inf``) and an infinite one NaN (``inf / inf``), as PyTorch; a NaN scale
 gives NaN everywhere, as PyTorch.
 
-Checked on the GPU against PyTorch's division bit for bit (``tests/kernels/test_fp8_quant_gpu.py``: every E4M3
-rounding boundary of every exponent, +-1..4 ulps around it, all 2**23 significands of x against hard divisors,
-zeros, subnormals, inf and NaN) and, for the algorithm with the reciprocal rounded or off by up to 2 ulps, on
-CPU in exact arithmetic (``tests/kernels/test_group_div.py``). Triton's CPU interpreter computes ``fma`` as a
+Checked on the GPU against ``div.rn.f32`` (what PyTorch's division computes) bit for bit
+(``tests/kernels/test_fp8_quant_gpu.py``: all 2**23 divisor significands at three exponents against every E4M3
+rounding boundary +-4 ulps, all 2**23 dividend significands at every binade of the E4M3 range against hard and
+random divisors; then the quantizers against eager PyTorch on zeros, subnormals, extreme and infinite groups), and
+the algorithm, with the correctly rounded reciprocal standing in for ``MUFU.RCP``, on CPU in exact arithmetic
+(``tests/kernels/test_group_div.py``). Triton's CPU interpreter computes ``fma`` as a
 rounded product plus a rounded sum and has no ``rcp.approx``, so under ``INTERPRET`` the quantizers keep
 ``div_rn`` (NumPy's division: the same correctly rounded quotient).
 """
