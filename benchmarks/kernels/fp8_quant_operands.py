@@ -13,6 +13,9 @@ moves (a split setting reads the input twice). For X it also times the path ``fp
 26: the row groups, then the weight kernel on X with its transpose (row-major tile codes written and unused).
 Shapes: the model's widths at ``--tokens`` tokens (Qwen2.5-7B / Qwen2.5-32B by default).
 
+A second table (session 30) splits each X / dY operand: the row groups alone, X^T alone, and a plain copy of the same
+useful bytes (x read, two bytes an element written) -- how far the best setting is from what the memory allows.
+
 ``--gluon``: also the one-read Gluon kernels of ``benchmarks/kernels/fp8_quant_gluon.py`` on each X / dY operand (the
 one-tile-per-program kernel and the persistent one that prefetches its next tile, 16 warps), their outputs checked
 byte for byte against the library's before they are timed.
@@ -105,6 +108,17 @@ def bench(model: str, tokens: int, gluon: bool = False) -> list[dict]:
             row.update(old_path_ms=old, speedup_over_old=old / ms[best])
         if gluon:
             row.update(gluon_rows(x, tokens, cols, tiles, ref))
+        # where the one-read kernels' time goes (session 30): the row groups alone (reads x, writes 1 byte an element),
+        # X^T alone, and a plain copy of the same useful bytes (x read, 2 bytes an element written) -- the rate the
+        # operand could reach
+        fq.quantize_act(x, tokens, cols, None)  # tune the rows-only launch first
+        row["rows_only_ms"] = cuda_ms(lambda x=x, c=cols: fq.quantize_act(x, tokens, c, None))
+        fq.quantize_act(x, tokens, cols, tokens, t_tiles=tiles, row_groups=False)
+        row["t_only_ms"] = cuda_ms(lambda x=x, c=cols: fq.quantize_act(x, tokens, c, tokens, t_tiles=tiles,
+                                                                      row_groups=False))
+        dst = torch.empty_like(x)  # x.numel() * 2 bytes written, as the codes of both groupings together
+        row["copy_ms"] = cuda_ms(lambda x=x, d=dst: d.copy_(x))
+        row["copy_GBps"] = useful / row["copy_ms"] / 1e6
         rows.append(row)
         print(json.dumps({k: v for k, v in row.items() if k != "candidates"}), flush=True)
     return rows
@@ -136,6 +150,14 @@ def main() -> None:
                   f"{r['useful_GBps']:.0f} | {r.get('moved_GBps', r['useful_GBps']):.0f} | "
                   f"{r.get('old_path_ms', nan):.3f} | {r.get('gluon_ms', nan):.3f} ({r.get('gluon_same_bits', '-')}) | "
                   f"{r.get('gluon-persistent_ms', nan):.3f} ({r.get('gluon-persistent_same_bits', '-')}) |")
+    print("\n| model | operand | both groupings ms | row groups alone ms | X^T alone ms | copy of the useful bytes ms | "
+          "copy GB/s |")
+    print("|---|---|---:|---:|---:|---:|---:|")
+    for model, rows in res["models"].items():
+        for r in rows:
+            if "copy_ms" in r:
+                print(f"| {model} | {r['operand']} | {r['ms']:.3f} | {r['rows_only_ms']:.3f} | {r['t_only_ms']:.3f} | "
+                      f"{r['copy_ms']:.3f} | {r['copy_GBps']:.0f} |")
 
 
 if __name__ == "__main__":
