@@ -114,8 +114,8 @@ def bench(model: str, tokens: int, gluon: bool = False) -> list[dict]:
         fq.quantize_act(x, tokens, cols, None)  # tune the rows-only launch first
         row["rows_only_ms"] = cuda_ms(lambda x=x, c=cols: fq.quantize_act(x, tokens, c, None))
         fq.quantize_act(x, tokens, cols, tokens, t_tiles=tiles, row_groups=False)
-        row["t_only_ms"] = cuda_ms(lambda x=x, c=cols: fq.quantize_act(x, tokens, c, tokens, t_tiles=tiles,
-                                                                      row_groups=False))
+        row["t_only_ms"] = cuda_ms(lambda x=x, c=cols, t=tiles: fq.quantize_act(x, tokens, c, tokens, t_tiles=t,
+                                                                                 row_groups=False))
         dst = torch.empty_like(x)  # x.numel() * 2 bytes written, as the codes of both groupings together
         row["copy_ms"] = cuda_ms(lambda x=x, d=dst: d.copy_(x))
         row["copy_GBps"] = useful / row["copy_ms"] / 1e6
