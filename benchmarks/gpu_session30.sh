@@ -45,7 +45,8 @@
 #   phase j: bash benchmarks/gpu_session30.sh j   (nvidia-h100-x1; ~3 min)
 #     Four more one-read quantizer settings (fp8_quant.ACT_SETTINGS): every setting's bits on the GPU, then each 7B
 #     operand's best setting and time.
-#   phase k: bash benchmarks/gpu_session30.sh k   (nvidia-h100-x1; ~2 min)
+#   phase k (prepared, not run: the device budget could not start another machine): bash benchmarks/gpu_session30.sh k
+#     (nvidia-h100-x1; ~2 min)
 #     Where the one-read quantizers' time goes (fp8_quant_operands.py's second table): each 7B X / dY operand's row
 #     groups alone, X^T alone, and a plain copy of the same useful bytes.
 set -u
@@ -147,7 +148,7 @@ j)
     tests 120 tests/kernels/test_fp8_quant_gpu.py -k "every_launch_setting or act_quantizer_equals_eager"
     bench 100 quant benchmarks/kernels/fp8_quant_operands.py --models Qwen2.5-7B
     ;;
-k)
+k)  # prepared, not run
     bench 120 quant benchmarks/kernels/fp8_quant_operands.py --models Qwen2.5-7B
     ;;
 *) echo "unknown phase $PHASE"; exit 2 ;;
