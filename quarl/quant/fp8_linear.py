@@ -326,18 +326,18 @@ GEMM_BACKENDS = ("auto", "cublas", "deepgemm", "emulate")
 
 @functools.cache
 def deepgemm_available() -> bool:
-    """Whether the ``deep_gemm`` package imports (built for this machine: it is not on PyPI)."""
+    """Whether :func:`_deep_gemm` gets the package (built for this machine: it is not on PyPI)."""
     try:
-        import deep_gemm  # noqa: F401
-    except Exception:  # noqa: BLE001 -- an ImportError, or a build for another torch / CUDA failing to load
+        _deep_gemm()
+    except Exception:  # noqa: BLE001 -- not installed (QuantError), or a build for another torch / CUDA failing to load
         return False
     return True
 
 
 def gemm_backend() -> str:
-    """``QUARL_FP8_GEMM``: ``auto`` (the default: DeepGEMM where it imports, else cuBLAS -- the same FP8 operands and FP32 block sums),
-    ``cublas`` (cuBLAS on SM90, emulated elsewhere), ``deepgemm`` (DeepGEMM on SM90; an error without it) or
-    ``emulate`` (FP32 everywhere); anything else is an error naming the variable."""
+    """``QUARL_FP8_GEMM``: ``auto`` (the default: DeepGEMM where it imports, else cuBLAS -- the same FP8 operands
+    and FP32 block sums), ``cublas`` (cuBLAS on SM90, emulated elsewhere), ``deepgemm`` (DeepGEMM on SM90; an error
+    without it) or ``emulate`` (FP32 everywhere); anything else is an error naming the variable."""
     mode = os.environ.get("QUARL_FP8_GEMM", "auto").strip().lower() or "auto"
     if mode not in GEMM_BACKENDS:
         raise QuantError(f"QUARL_FP8_GEMM={mode!r}: expected one of {', '.join(GEMM_BACKENDS)}")

@@ -29,7 +29,10 @@ from quarl.quant.fp8_linear import (
 )
 
 pytest.importorskip("triton", reason="the fused quantizers need Triton (CPU CI has none)")
+import triton  # after the skip, as the kernels below
+import triton.language as tl
 from quarl_kernels import fp8_quant as fq  # after the skip: it imports Triton
+from quarl_kernels import group_div
 
 pytestmark = [
     pytest.mark.gpu,
@@ -161,9 +164,6 @@ def test_launch_setting_is_chosen_by_shape_and_kept(monkeypatch):
 
 # ``group_div``: the quantizers' per-element quotient without a division (the reciprocal once per group, div.rn's
 # own fast path per element) against ``div.rn.f32`` itself, exhaustively over one operand's significands.
-import triton
-import triton.language as tl
-from quarl_kernels import group_div
 
 
 @triton.jit
