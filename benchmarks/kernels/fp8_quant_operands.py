@@ -54,7 +54,7 @@ def cuda_ms(fn) -> float:
 
 def moved_bytes(setting: tuple, numel: int, fq) -> int:
     """Bytes a dual-activation setting moves: a split setting reads its bf16 input twice."""
-    _, _, _, split, _ = fq.parse_setting(setting)
+    split = fq.parse_setting(setting)[3]
     return numel * (2 + 1 + 1 + (2 if split else 0))
 
 

@@ -97,6 +97,10 @@ def main() -> None:
     lines += [f"| {r['model']} | {r['path']} | {r['ms']:.3f} | {r['useful_gb_s']:.0f} |" for r in rows]
     tuned = [{"key": [str(k) for k in key], "best": v["best"], "ms": {str(s): round(t, 4) for s, t in v["ms"].items()}}
              for key, v in fq.TUNED.items()]
+    merges = [t for t in tuned if t["key"][0] == "swiglu-merge"]  # the merged launches against the pair, as timed
+    if merges:
+        lines += ["", "| merge choice: setting | ms |", "|---|---:|"]
+        lines += [f"| {st} | {ms:.3f} |" for t in merges for st, ms in sorted(t["ms"].items(), key=lambda kv: kv[1])]
     (out / "fp8_swiglu_bench.md").write_text("\n".join(lines) + "\n")
     (out / "fp8_swiglu_bench.json").write_text(json.dumps({"gpu": gpu, "tokens": a.tokens, "rows": rows,
                                                            "tuned": tuned}, indent=1))

@@ -131,8 +131,8 @@ def test_every_launch_setting_gives_the_same_bits():
     rqt, rst = quantize_act_1x128(_pad2(x, mt, kp).t())
     tq, ts = _tiles_padded(_pad2(x, mt, kp))  # X^T's 128x128 tiles (fp8_wgrad=tiles) are these, transposed
     for setting in fq.ACT_SETTINGS:
-        sub, warps, pack, split, t_chunk = fq.parse_setting(setting)
-        kw = {"sub": sub, "warps": warps, "pack": pack, "split": split, "t_chunk": t_chunk}
+        sub, warps, pack, split, t_chunk, stages = fq.parse_setting(setting)
+        kw = {"sub": sub, "warps": warps, "pack": pack, "split": split, "t_chunk": t_chunk, "stages": stages}
         q, s, qt, st = fq.quantize_act(x, mp, kp, mt, **kw)
         assert same(q, rq) and same(qt, rqt) and torch.equal(s, rs) and torch.equal(st, rst), setting
         _, _, qt, st = fq.quantize_act(x, mp, kp, mt, row_groups=False, **kw)

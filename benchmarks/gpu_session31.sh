@@ -1,0 +1,51 @@
+#!/usr/bin/env bash
+# Session 31. Issue 15 (Jet-RL): the 7B actor update's quantizers stream at ~60 % of the H100's copy rate with one
+# chunk of loads in flight a program (session 30's profile); here their loops software-pipelined (Triton's pipeliner,
+# cp.async into shared memory: fp8_quant's seven-field ACT_SETTINGS, fp8_swiglu's four-field MERGED_SETTINGS). Run
+# from the repository root on the device machine; the record is at the end of this file.
+#
+#   phase a: bash benchmarks/gpu_session31.sh a   (nvidia-h100-x1; carry .dev/dg.tar.xz; ~7 min)
+#     The GPU tests of both quantizers (every setting's bits against eager, the new pipelined ones included), then
+#     each 7B operand's candidates (fp8_quant_operands.py, with session 30's prepared second table: row groups alone,
+#     X^T alone, a plain copy of the useful bytes) and the fused SwiGLU backward (fp8_swiglu_bench.py); DeepGEMM
+#     built meanwhile for phase b.
+#   phase b: bash benchmarks/gpu_session31.sh b   (right after a, warm; carry .dev/dg.tar.xz .dev/old31; ~8 min)
+#     The 7B actor update with this code, with session 30's quantizers (.dev/old31: fp8_quant.py and fp8_swiglu.py
+#     of commit b17cc12, copied over a copy of the tree in /tmp/old), and with this code again.
+set -u
+PHASE=${1:?phase}
+OUT=${OUT:?}
+source benchmarks/gpu_phase_lib.sh
+
+model7() {  # SIDE...: the 7B actor update (bf16, bf16+glue, Jet-RL FP8) with this tree (new) or /tmp/old (old)
+    local FP8=jetrl-xtiles+deepgemm+glue i=0
+    for side in "$@"; do
+        i=$((i + 1)); root=$PWD; [ $side = old ] && root=/tmp/old
+        mkdir -p "$OUT/model"
+        (cd $root && PYTHONPATH=$root:$root/kernels:/tmp/dg timeout -k 5 "${M_S:-150}" "$PY" benchmarks/fp8_model_step.py \
+            --budget-s $(( ${M_S:-150} - 20 )) --out "$OUT/model/p7_$i$side" --shape Qwen2.5-7B --layers 4 --tokens 16384 \
+            --loss rl --arms "bf16,bf16+glue,$FP8" --iters 2 --accumulate 8 > "$OUT/model/p7_$i$side.log" 2>&1)
+        echo "== model step ($side) rc=$? at $((SECONDS - T0)) s"; sed -n '/^# actor update/,/^$/p' "$OUT/model/p7_$i$side.log"
+    done
+}
+
+case $PHASE in
+a)
+    (deepgemm > "$OUT/deepgemm.log" 2>&1) &
+    tests 200 tests/kernels/test_fp8_quant_gpu.py tests/kernels/test_fp8_swiglu_gpu.py
+    bench 120 quant benchmarks/kernels/fp8_quant_operands.py --models Qwen2.5-7B
+    bench 100 swiglu benchmarks/kernels/fp8_swiglu_bench.py --models Qwen2.5-7B
+    wait
+    cat "$OUT/deepgemm.log"
+    ;;
+b)
+    rm -rf /tmp/old && mkdir -p /tmp/old && cp -r benchmarks kernels quarl /tmp/old/ && cp .dev/old31/*.py /tmp/old/kernels/quarl_kernels/
+    [ -d /tmp/dg/deep_gemm ] || deepgemm
+    model7 new old new
+    ;;
+*) echo "unknown phase $PHASE"; exit 2 ;;
+esac
+phase_end
+
+# ---------------------------------------------------------------------------------------------------------------
+# Record (calls of this session; device time from the tool's lease):
