@@ -12,6 +12,10 @@
 #   phase b: bash benchmarks/gpu_session31.sh b   (right after a, warm; carry .dev/dg.tar.xz .dev/old31; ~8 min)
 #     The 7B actor update with this code, with session 30's quantizers (.dev/old31: fp8_quant.py and fp8_swiglu.py
 #     of commit b17cc12, copied over a copy of the tree in /tmp/old), and with this code again.
+#   phase c: bash benchmarks/gpu_session31.sh c   (nvidia-h100-x1; ~4 min)
+#     After a (the pipelined settings lost: 5 of 6 operands, every SwiGLU one): what bounds the one-read quantizers,
+#     under Nsight Compute (--set full, --clock-control none): benchmarks/kernels/profile_fp8_quant.py's six launches
+#     at the 7B width, 16k tokens.
 set -u
 PHASE=${1:?phase}
 OUT=${OUT:?}
@@ -42,6 +46,14 @@ b)
     rm -rf /tmp/old && mkdir -p /tmp/old && cp -r benchmarks kernels quarl /tmp/old/ && cp .dev/old31/*.py /tmp/old/kernels/quarl_kernels/
     [ -d /tmp/dg/deep_gemm ] || deepgemm
     model7 new old new
+    ;;
+c)
+    mkdir -p "$OUT/ncu"
+    timeout -k 5 "${NCU_S:-300}" ncu --clock-control none --kernel-name regex:"_act_kernel|_act_t_kernel|_swiglu_rows_kernel" \
+        --launch-skip 6 --launch-count 6 --set full --import-source no \
+        "$PY" benchmarks/kernels/profile_fp8_quant.py > "$OUT/ncu/ncu.txt" 2>&1
+    echo "== ncu rc=$? at $((SECONDS - T0)) s"
+    grep -E "^  _|launch:|Duration|DRAM Throughput|Compute \(SM\) Throughput|Issue Slots Busy|Executed Ipc A|Achieved Occupancy|Registers Per|L1/TEX Hit|Mem Pipes Busy|Executed Instructions  |No Eligible|Active Warps Per|Eligible Warps|Theoretical Occ|Block Limit Reg|Shared Memory Config|SM Frequency" "$OUT/ncu/ncu.txt" | head -n 150
     ;;
 *) echo "unknown phase $PHASE"; exit 2 ;;
 esac

@@ -1,11 +1,12 @@
 """The fused FP8 quantizers under Nsight Compute: what bounds them (run under ``ncu``; issue 15).
 
-    ncu --kernel-name regex:"_act_kernel|_tile_kernel" --section SpeedOfLight ... \
+    ncu --clock-control none --kernel-name regex:"_act_kernel|_act_t_kernel|_swiglu_rows_kernel" --set full \
         python3 benchmarks/kernels/profile_fp8_quant.py
 
-Launches, at the Qwen2.5-7B gate/up sizes (8192 tokens): the dual activation quantizer (1x128 row groups and
-X^T along the tokens) of dY [8192, 18944] at the (32, 8) and (64, 8) settings, the row-groups-only one, and the
-weight tiles + W^T of [18944, 3584]; each twice (ncu profiles every launch it is told to).
+Launches at the Qwen2.5-7B widths, 16384 tokens (session 31; session 7's version profiled 8192 tokens at the settings
+of then), one each after an unprofiled warm-up (``--launch-skip``: see ``benchmarks/gpu_session31.sh``): X [T, 18944]
+(down's input) in both groupings with X^T's 128x128 tiles at the two one-read settings that win it and dY [T, 18944]
+at its winner; that operand's row groups alone and X^T alone; and the merged SwiGLU backward pass.
 """
 import sys
 from pathlib import Path
@@ -14,16 +15,26 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "kernels"))
 from quarl_kernels import fp8_quant as fq
+from quarl_kernels import fp8_swiglu as fs
 
 torch.manual_seed(0)
-m, n, k = 8192, 18944, 3584
-dy = torch.randn(m, n, device="cuda", dtype=torch.bfloat16)
-w = torch.randn(n, k, device="cuda", dtype=torch.bfloat16) * 0.02
-for sub, warps in ((32, 8), (64, 8)):
-    for _ in range(2):
-        fq.quantize_act(dy, m, n, m, sub=sub, warps=warps)
-for _ in range(2):
-    fq.quantize_act(dy, m, n, None, sub=64, warps=8)
-    fq.quantize_tiles(w, True, sub=64, warps=8)
+m, n = 16384, 18944
+x = torch.randn(m, n, device="cuda", dtype=torch.bfloat16)
+g, u = torch.randn_like(x) * 3.0, torch.randn_like(x)
+LAUNCHES = [  # (label, callable); printed in launch order so ncu's kernel list can be read against it
+    ("X tiles (128, 16)", lambda: fq.quantize_act(x, m, n, m, t_tiles=True, sub=128, warps=16)),
+    ("X tiles (64, 8, T_CHUNK 32)", lambda: fq.quantize_act(x, m, n, m, t_tiles=True, sub=64, warps=8, t_chunk=32)),
+    ("dY 1x128 (64, 8, T_CHUNK 32)", lambda: fq.quantize_act(x, m, n, m, sub=64, warps=8, t_chunk=32)),
+    ("rows alone (64, 8)", lambda: fq.quantize_act(x, m, n, None, sub=64, warps=8)),
+    ("X^T 1x128 alone (64, 8, T_CHUNK 32)", lambda: fq.quantize_act(x, m, n, m, row_groups=False, sub=64, warps=8,
+                                                                     t_chunk=32)),
+    ("SwiGLU merged (32, 8, 32)", lambda: fs.swiglu_grad_operands(x * 1e-3, g, u, m, n, m, merged=(32, 8, 32))),
+]
+for _, fn in LAUNCHES:  # compile and warm (ncu skips these: --launch-skip len(LAUNCHES))
+    fn()
+torch.cuda.synchronize()
+for label, fn in LAUNCHES:
+    print("launch:", label, flush=True)
+    fn()
 torch.cuda.synchronize()
 print("done")
