@@ -16,6 +16,11 @@
 #     After a (the pipelined settings lost: 5 of 6 operands, every SwiGLU one): what bounds the one-read quantizers,
 #     under Nsight Compute (--set full, --clock-control none): benchmarks/kernels/profile_fp8_quant.py's six launches
 #     at the 7B width, 16k tokens.
+#   phase d: bash benchmarks/gpu_session31.sh d   (nvidia-h100-x1; ~4 min)
+#     After c (the Triton one-read kernels' X^T transpose: 5.7-5.9-way shared-memory bank conflicts on 75 % of its
+#     wavefronts; loads using half of each sector a request): quarl_kernels.fp8_quant_regs, a Gluon kernel whose
+#     transpose is a register renaming -- its GPU test against eager (every setting, both X^T forms, odd shapes,
+#     zeros / subnormals / 1e38 groups), then its time on each 7B operand beside the best Triton setting.
 set -u
 PHASE=${1:?phase}
 OUT=${OUT:?}
@@ -54,6 +59,10 @@ c)
         "$PY" benchmarks/kernels/profile_fp8_quant.py > "$OUT/ncu/ncu.txt" 2>&1
     echo "== ncu rc=$? at $((SECONDS - T0)) s"
     grep -E "^  _|launch:|Duration|DRAM Throughput|Compute \(SM\) Throughput|Issue Slots Busy|Executed Ipc A|Achieved Occupancy|Registers Per|L1/TEX Hit|Mem Pipes Busy|Executed Instructions  |No Eligible|Active Warps Per|Eligible Warps|Theoretical Occ|Block Limit Reg|Shared Memory Config|SM Frequency" "$OUT/ncu/ncu.txt" | head -n 150
+    ;;
+d)
+    tests 150 tests/kernels/test_fp8_quant_gpu.py -k "regs or every_launch"
+    bench 150 quant benchmarks/kernels/fp8_quant_operands.py --models Qwen2.5-7B --regs
     ;;
 *) echo "unknown phase $PHASE"; exit 2 ;;
 esac

@@ -18,7 +18,8 @@ useful bytes (x read, two bytes an element written) -- how far the best setting 
 
 ``--gluon``: also the one-read Gluon kernels of ``benchmarks/kernels/fp8_quant_gluon.py`` on each X / dY operand (the
 one-tile-per-program kernel and the persistent one that prefetches its next tile, 16 warps), their outputs checked
-byte for byte against the library's before they are timed.
+byte for byte against the library's before they are timed. ``--regs`` (session 31): the same for
+``quarl_kernels.fp8_quant_regs`` (X^T transposed by register order, Gluon) at each of its settings.
 """
 
 from __future__ import annotations
@@ -72,7 +73,25 @@ def gluon_rows(x: torch.Tensor, tokens: int, cols: int, tiles: bool, ref: tuple)
     return out
 
 
-def bench(model: str, tokens: int, gluon: bool = False) -> list[dict]:
+def regs_rows(x: torch.Tensor, tokens: int, cols: int, tiles: bool, ref: tuple) -> dict:
+    """ms of ``quarl_kernels.fp8_quant_regs`` (X^T by register order, Gluon) at each of its settings on one operand,
+    after checking its bytes against ``ref`` (the library's Triton outputs, equal to eager PyTorch's)."""
+    from quarl_kernels import fp8_quant as fq
+    from quarl_kernels import fp8_quant_regs as fr
+
+    out = {}
+    for tpt, warps in fr.SETTINGS:
+        got = fq._act_outputs(x, tokens, cols, tokens, True, tiles)
+        run = lambda got=got, tpt=tpt, warps=warps: fr.launch(x, *got, tokens, cols, tokens, tiles, tpt, warps)
+        run()
+        out[f"regs{tpt}_same_bits"] = all(
+            torch.equal(a.view(torch.uint8) if a.dtype == torch.float8_e4m3fn else a,
+                        b.view(torch.uint8) if b.dtype == torch.float8_e4m3fn else b) for a, b in zip(got, ref))
+        out[f"regs{tpt}_ms"] = cuda_ms(run)
+    return out
+
+
+def bench(model: str, tokens: int, gluon: bool = False, regs: bool = False) -> list[dict]:
     from quarl_kernels import fp8_quant as fq
 
     rows = []
@@ -108,6 +127,9 @@ def bench(model: str, tokens: int, gluon: bool = False) -> list[dict]:
             row.update(old_path_ms=old, speedup_over_old=old / ms[best])
         if gluon:
             row.update(gluon_rows(x, tokens, cols, tiles, ref))
+        if regs:
+            row.update(regs_rows(x, tokens, cols, tiles, ref))
+            print(json.dumps({k: v for k, v in row.items() if k.startswith("regs")}), flush=True)
         # where the one-read kernels' time goes (session 30): the row groups alone (reads x, writes 1 byte an element),
         # X^T alone, and a plain copy of the same useful bytes (x read, 2 bytes an element written) -- the rate the
         # operand could reach
@@ -129,6 +151,7 @@ def main() -> None:
     ap.add_argument("--tokens", type=int, default=16384)
     ap.add_argument("--out", default="/tmp/fp8_quant_operands")
     ap.add_argument("--gluon", action="store_true", help="also the Gluon one-read kernels (fp8_quant_gluon.py)")
+    ap.add_argument("--regs", action="store_true", help="also quarl_kernels.fp8_quant_regs (X^T by register order)")
     a = ap.parse_args()
     if not torch.cuda.is_available():
         raise SystemExit("needs a CUDA device (the launch settings are timed on it)")
@@ -137,7 +160,7 @@ def main() -> None:
     res = {"command": " ".join(sys.argv), "date": datetime.now(UTC).isoformat(timespec="seconds"),
            "gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "tokens": a.tokens, "models": {}}
     for model in a.models.split(","):
-        res["models"][model] = bench(model, a.tokens, a.gluon)
+        res["models"][model] = bench(model, a.tokens, a.gluon, a.regs)
         (out / "fp8_quant_operands.json").write_text(json.dumps(res, indent=1))
     print("\n| model | operand | X^T | best setting | ms | useful GB/s | moved GB/s | before session 26 ms | Gluon ms "
           "(bits) | Gluon persistent ms (bits) |")
@@ -157,6 +180,17 @@ def main() -> None:
             if "copy_ms" in r:
                 print(f"| {model} | {r['operand']} | {r['ms']:.3f} | {r['rows_only_ms']:.3f} | {r['t_only_ms']:.3f} | "
                       f"{r['copy_ms']:.3f} | {r['copy_GBps']:.0f} |")
+    if a.regs:
+        from quarl_kernels import fp8_quant_regs as fr
+
+        print("\n| model | operand | best Triton setting ms | " + " | ".join(
+            f"regs ({t} tokens, {w} warps) ms (bits)" for t, w in fr.SETTINGS) + " |")
+        print("|---|---|---:|" + "---:|" * len(fr.SETTINGS))
+        for model, rows in res["models"].items():
+            for r in rows:
+                if "copy_ms" in r:
+                    print(f"| {model} | {r['operand']} | {r['ms']:.3f} | " + " | ".join(
+                        f"{r[f'regs{t}_ms']:.3f} ({r[f'regs{t}_same_bits']})" for t, _ in fr.SETTINGS) + " |")
 
 
 if __name__ == "__main__":

@@ -120,6 +120,45 @@ def test_fp8_linear_triton_quantizers_equal_eager(m, n, k, wdt, wgrad):
         assert torch.equal(a, e), f"{name}: max |diff| {(a.float() - e.float()).abs().max().item()}"
 
 
+def _regs_case(m: int, k: int, dtype, special: bool):
+    x = torch.randn(m, k, device="cuda") * torch.logspace(-3, 3, m, device="cuda")[:, None]
+    if special:  # zero rows and columns, subnormal-scale and ~1e38 groups, signed zeros
+        x[:7] = 0.0
+        x[:, 130:140] = 0.0
+        x[7:20] *= 1e-39
+        x[20:25, :200] *= 1e35
+        x[25, :64] = -0.0
+    return x.to(dtype)
+
+
+@pytest.mark.parametrize("m,k,dtype,special", [(4099, 3584, torch.bfloat16, False), (300, 640, torch.float32, True),
+                                               (1000, 18944, torch.bfloat16, False), (257, 576, torch.bfloat16, True),
+                                               (64, 4096, torch.float16, False)])
+def test_regs_kernel_equals_eager(m, k, dtype, special):
+    """``fp8_quant_regs`` (X^T by register order, Gluon) gives the eager quantizers' bits at every setting: the row
+    groups, X^T in 1x128 groups along the tokens and in 128x128 tiles, with and without the row groups."""
+    pytest.importorskip("triton.experimental.gluon")
+    from quarl_kernels import fp8_quant_regs as fr
+
+    torch.manual_seed(5)
+    x = _regs_case(m, k, dtype, special)
+    mp, mt, kp = _round_up(m, 4), _round_up(m, 128), _round_up(k, 128)
+    rq, rs = quantize_act_1x128(_pad2(x, mp, kp))
+    rqt, rst = quantize_act_1x128(_pad2(x, mt, kp).t())
+    tq, ts = _tiles_padded(_pad2(x, mt, kp))
+    for tpt, warps in fr.SETTINGS:
+        for tiles in (False, True):
+            for rows in (True, False):
+                q, s, qt, st = fq._act_outputs(x, mp, kp, mt, rows, tiles)
+                fr.launch(x, q, s, qt, st, mp, kp, mt, tiles, tpt, warps)
+                where = (tpt, tiles, rows)
+                assert not rows or (same(q, rq) and torch.equal(s, rs)), (where, ndiff(q, rq))
+                if tiles:
+                    assert same(qt, tq.t()) and torch.equal(st, ts.t()), (where, ndiff(qt, tq.t()))
+                else:
+                    assert same(qt, rqt) and torch.equal(st, rst), (where, ndiff(qt, rqt))
+
+
 def test_every_launch_setting_gives_the_same_bits():
     """The run-time choice of (rows per chunk, warps[, X^T as 4-token words]) changes no bit: each candidate
     against the eager oracle, activations in both groupings (and X^T alone) and weight tiles with their transpose

@@ -1,0 +1,137 @@
+"""Both groupings of an FP8 activation operand from one read, X^T transposed by register order alone (Gluon; Jet-RL).
+
+``fp8_quant.quantize_act`` makes X (or dY) in 1x128 groups along K and X^T along the tokens (1x128 groups, or
+128x128 tiles for ``fp8_wgrad=tiles``). Its Triton kernels let the compiler place X^T's transpose: a layout change
+through shared memory. Under Nsight Compute (H100, session 31, X [16384, 18944] at the best one-read setting) that
+change has 5.7-5.9-way bank conflicts on 75 % of its shared-memory wavefronts, and the tile's loads use 16 of each
+32-byte sector per request. The kernels ran at 42-68 % of their issue slots and 48-60 % of DRAM bandwidth -- ~60 % of
+the copy rate.
+
+Here the layout is chosen by hand so that the transpose needs no data movement at all. A program quantizes one
+[128 tokens, 128 columns] tile; each thread holds ``TPT`` consecutive tokens x ``CPT`` consecutive columns, the 32
+lanes of a warp along the columns (32 x CPT = 128 when CPT = 4), the warps along the tokens::
+
+    LR = Blocked(size_per_thread [TPT, CPT], threads_per_warp [1, 32], warps [128 / TPT, 1], order [1, 0])
+    LT = the same, order [0, 1]
+
+* Loads (in LR, columns fastest): a warp reads a row's 128 columns as one contiguous 256-byte request per
+  instruction (CPT = 4: an 8-byte vector a thread); a thread issues all its TPT loads before any arithmetic.
+* 1x128 groups along K: a row's amax is within the thread (CPT) and across the warp's lanes (shuffles) -- no shared
+  memory; a thread stores its CPT codes of a row as one 4-byte word, a warp 128 contiguous bytes.
+* X^T: a column's amax (or the tile's) is within the thread (TPT tokens) and across the warps (the one reduction
+  through shared memory, 128 values a warp); the codes are converted to LT -- the same element-to-thread map in
+  another register order, so no instruction moves data between threads -- in which the TPT tokens of a column are a
+  thread's contiguous run: one TPT-byte store per (thread, column) into X^T's row.
+
+Numerics are ``fp8_quant``'s, bit for bit: ``scale = amax * fp32(1/448)`` (CUDA PyTorch's ``amax / 448``), eps for an
+all-zero group, codes ``RN(x / scale)`` by ``group_div`` (the group's reciprocal once, div.rn's fast path an element)
+cast RNE with saturation to E4M3. Gluon kernels do not run in Triton's CPU interpreter: the CPU tests compile them for
+sm_90 (registers, spills, the instructions above); the GPU test compares their bytes with eager PyTorch's.
+
+History: session 26's Gluon kernel (``benchmarks/kernels/fp8_quant_gluon.py``: four tokens a thread, X^T stored as
+32-bit words, ``div_rn`` per element) ran at half the split settings' speed (H200); this one differs in the per-element
+division (``group_div``, session 30), the load pattern (a row a warp instruction) and the run of tokens a thread
+holds (16 bytes of X^T a store).
+"""
+
+from __future__ import annotations
+
+import torch
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+
+from quarl_kernels import group_div
+from quarl_kernels.rounding import FP32_EPS, INV_FP8_MAX
+
+GROUP = 128
+# (tokens a thread, warps): TPT x 4 elements a thread; 128 / TPT warps cover the tile's 128 tokens
+SETTINGS = ((16, 8), (8, 16), (32, 4))
+
+
+@gluon.jit
+def _scale(amax):
+    s = amax * INV_FP8_MAX  # CUDA PyTorch: amax / 448.0 == amax * fp32(1/448)
+    return gl.where(s == 0.0, FP32_EPS, s)
+
+
+@gluon.jit
+def _codes(x, s):
+    """E4M3 codes of fp32 ``x`` with scale ``s`` (broadcastable): ``RN(x / s)`` cast with saturation."""
+    sn, y, m = group_div.divisor_parts(s)
+    return group_div.quotient(x, sn, y, m).to(gl.float8e4nv)  # cvt.rn.satfinite.e4m3x2.f32: the clamp to +-448
+
+
+@gluon.jit
+def _regs_kernel(
+    x_ptr, q_ptr, s_ptr, qt_ptr, st_ptr,
+    M, K, stride_xm, RQ, CQ, RT,
+    stride_qm, stride_sm, stride_sg, stride_qtk, stride_stk, stride_stg,
+    ROWS: gl.constexpr, TILE: gl.constexpr, TPT: gl.constexpr,
+):
+    # one program: tokens [pid_m*128, +128) x columns [pid_k*128, +128) of x
+    LR: gl.constexpr = gl.BlockedLayout([TPT, 4], [1, 32], [128 // TPT, 1], [1, 0])  # columns fastest: loads, q
+    LT: gl.constexpr = gl.BlockedLayout([TPT, 4], [1, 32], [128 // TPT, 1], [0, 1])  # tokens fastest: X^T's store
+    pid_m = gl.program_id(0)
+    pid_k = gl.program_id(1)
+    tok = pid_m * 128 + gl.arange(0, 128, layout=gl.SliceLayout(1, LR))  # [128]
+    col = pid_k * 128 + gl.arange(0, 128, layout=gl.SliceLayout(0, LR))  # [128]
+    t2 = gl.expand_dims(tok, 1).to(gl.int64)  # [128, 1]
+    c2 = gl.expand_dims(col, 0).to(gl.int64)  # [1, 128]
+    x = gl.load(x_ptr + t2 * stride_xm + c2, mask=(t2 < M) & (c2 < K), other=0.0).to(gl.float32)  # [128, 128]; 0 = pad
+    ax = gl.abs(x)
+    if ROWS:  # 1x128 groups along K: a row's amax within the warp
+        rs = _scale(gl.max(ax, axis=1))  # [128]
+        q = _codes(x, gl.expand_dims(rs, 1))
+        gl.store(q_ptr + t2 * stride_qm + c2, q, mask=(t2 < RQ) & (c2 < CQ))
+        gl.store(s_ptr + tok.to(gl.int64) * stride_sm + pid_k * stride_sg, rs, mask=tok < RQ)
+    cmax = gl.max(ax, axis=0)  # [128]: a column's amax over the token group (across the warps)
+    if TILE:  # X^T in 128x128 tiles: one scale
+        s_tile = _scale(gl.max(cmax, axis=0))
+        ct = _codes(x, s_tile)
+    else:
+        sc = _scale(cmax)  # [128]
+        ct = _codes(x, gl.expand_dims(sc, 0))
+    ct = gl.convert_layout(ct, LT)  # the same element-to-thread map: registers renamed, nothing moved
+    tokt = pid_m * 128 + gl.arange(0, 128, layout=gl.SliceLayout(1, LT))
+    colt = pid_k * 128 + gl.arange(0, 128, layout=gl.SliceLayout(0, LT))
+    tt = gl.expand_dims(tokt, 1).to(gl.int64)
+    ctt = gl.expand_dims(colt, 0).to(gl.int64)
+    gl.store(qt_ptr + ctt * stride_qtk + tt, ct, mask=(ctt < CQ) & (tt < RT))  # X^T[col, tok]: TPT bytes a run
+    if TILE:
+        gl.store(st_ptr + pid_k * stride_stk + pid_m * stride_stg, s_tile)
+    else:
+        gl.store(st_ptr + col.to(gl.int64) * stride_stk + pid_m * stride_stg, sc, mask=col < CQ)
+
+
+def launch(x: torch.Tensor, q, s, qt, st, rows: int, cols: int, t_rows: int, tiles: bool, tpt: int, warps: int):
+    """:func:`_regs_kernel` on ``fp8_quant.quantize_act``'s outputs (``q`` / ``s`` None: X^T alone); needs ``x`` with
+    unit column stride, ``qt`` given (t_rows a multiple of 128) and ``warps == 128 // tpt``."""
+    m, k = x.shape
+    if x.stride(1) != 1 or qt is None or t_rows % GROUP or warps * tpt != GROUP:
+        raise ValueError(f"fp8_quant_regs: needs x with unit column stride, X^T wanted and warps x tokens a thread = "
+                         f"128 (x strides {x.stride()}, t_rows {t_rows}, tpt {tpt}, warps {warps})")
+    dq, ds = (q, s) if q is not None else (qt, st)  # placeholders when the row groups are not wanted
+    _regs_kernel[(t_rows // GROUP, cols // GROUP)](
+        x, dq, ds, qt, st, m, k, x.stride(0), rows, cols, t_rows, dq.stride(0), ds.stride(0), ds.stride(1),
+        qt.stride(0), st.stride(0), st.stride(1), ROWS=q is not None, TILE=tiles, TPT=tpt, num_warps=warps)
+
+
+def compile_sm90(tiles: bool = False, rows: bool = True, tpt: int = 16):
+    """The kernel built for sm_90 on any machine (bf16 input, sizes divisible by 16 as at the 7B shapes): the CPU
+    tests' view of its registers, spills and instructions."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.experimental.gluon._runtime import GluonASTSource
+
+    sig = {"x_ptr": "*bf16", "q_ptr": "*fp8e4nv", "s_ptr": "*fp32", "qt_ptr": "*fp8e4nv", "st_ptr": "*fp32",
+           "M": "i32", "K": "i32", "stride_xm": "i32", "RQ": "i32", "CQ": "i32", "RT": "i32", "stride_qm": "i32",
+           "stride_sm": "i32", "stride_sg": "i32", "stride_qtk": "i32", "stride_stk": "i32", "stride_stg": "i32"}
+    const = {"ROWS": rows, "TILE": tiles, "TPT": tpt}
+    attrs = {(i,): [["tt.divisibility", 16]] for i, k in enumerate(sig)
+             if k not in ("stride_sm", "stride_sg", "stride_stk", "stride_stg")}  # the scales' strides: 1 or any
+    sig.update({k: "constexpr" for k in const})
+    src = GluonASTSource(fn=_regs_kernel, signature=sig, constexprs=const, attrs=attrs)
+    return triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": GROUP // tpt})
+
+
+__all__ = ["SETTINGS", "compile_sm90", "launch"]
