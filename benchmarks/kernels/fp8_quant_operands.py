@@ -80,14 +80,14 @@ def regs_rows(x: torch.Tensor, tokens: int, cols: int, tiles: bool, ref: tuple) 
     from quarl_kernels import fp8_quant_regs as fr
 
     out = {}
-    for tpt, warps in fr.SETTINGS:
+    for st in fr.SETTINGS:
         got = fq._act_outputs(x, tokens, cols, tokens, True, tiles)
-        run = lambda got=got, tpt=tpt, warps=warps: fr.launch(x, *got, tokens, cols, tokens, tiles, tpt, warps)
+        run = lambda got=got, st=st: fr.launch_setting(x, *got, tokens, cols, tokens, tiles, st)
         run()
-        out[f"regs{tpt}_same_bits"] = all(
+        out[f"regs{st}_same_bits"] = all(
             torch.equal(a.view(torch.uint8) if a.dtype == torch.float8_e4m3fn else a,
                         b.view(torch.uint8) if b.dtype == torch.float8_e4m3fn else b) for a, b in zip(got, ref))
-        out[f"regs{tpt}_ms"] = cuda_ms(run)
+        out[f"regs{st}_ms"] = cuda_ms(run)
     return out
 
 
@@ -184,13 +184,13 @@ def main() -> None:
         from quarl_kernels import fp8_quant_regs as fr
 
         print("\n| model | operand | best Triton setting ms | " + " | ".join(
-            f"regs ({t} tokens, {w} warps) ms (bits)" for t, w in fr.SETTINGS) + " |")
+            f"regs {st} ms (bits)" for st in fr.SETTINGS) + " |")
         print("|---|---|---:|" + "---:|" * len(fr.SETTINGS))
         for model, rows in res["models"].items():
             for r in rows:
                 if "copy_ms" in r:
                     print(f"| {model} | {r['operand']} | {r['ms']:.3f} | " + " | ".join(
-                        f"{r[f'regs{t}_ms']:.3f} ({r[f'regs{t}_same_bits']})" for t, _ in fr.SETTINGS) + " |")
+                        f"{r[f'regs{st}_ms']:.3f} ({r[f'regs{st}_same_bits']})" for st in fr.SETTINGS) + " |")
 
 
 if __name__ == "__main__":

@@ -146,12 +146,12 @@ def test_regs_kernel_equals_eager(m, k, dtype, special):
     rq, rs = quantize_act_1x128(_pad2(x, mp, kp))
     rqt, rst = quantize_act_1x128(_pad2(x, mt, kp).t())
     tq, ts = _tiles_padded(_pad2(x, mt, kp))
-    for tpt, warps in fr.SETTINGS:
+    for setting in fr.SETTINGS:
         for tiles in (False, True):
             for rows in (True, False):
                 q, s, qt, st = fq._act_outputs(x, mp, kp, mt, rows, tiles)
-                fr.launch(x, q, s, qt, st, mp, kp, mt, tiles, tpt, warps)
-                where = (tpt, tiles, rows)
+                fr.launch_setting(x, q, s, qt, st, mp, kp, mt, tiles, setting)
+                where = (setting, tiles, rows)
                 assert not rows or (same(q, rq) and torch.equal(s, rs)), (where, ndiff(q, rq))
                 if tiles:
                     assert same(qt, tq.t()) and torch.equal(st, ts.t()), (where, ndiff(qt, tq.t()))
