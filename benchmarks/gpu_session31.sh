@@ -21,6 +21,11 @@
 #     wavefronts; loads using half of each sector a request): quarl_kernels.fp8_quant_regs, a Gluon kernel whose
 #     transpose is a register renaming -- its GPU test against eager (every setting, both X^T forms, odd shapes,
 #     zeros / subnormals / 1e38 groups), then its time on each 7B operand beside the best Triton setting.
+#   phase e: bash benchmarks/gpu_session31.sh e   (nvidia-h100-x1; ~4 min)
+#     After d (the register-order kernel 2-6 % faster than the best Triton setting on 4 of 5 operands; its persistent
+#     forms slower): the MLP forward's h = silu(g) * u quantized in the same kernel from g and u (never written in
+#     BF16): its GPU test against eager, then fp8_swiglu_bench.py's forward rows (glue + quantizer vs fused) at 7B
+#     and 32B width.
 set -u
 PHASE=${1:?phase}
 OUT=${OUT:?}
@@ -63,6 +68,10 @@ c)
 d)
     tests 150 tests/kernels/test_fp8_quant_gpu.py -k "regs or every_launch"
     bench 150 quant benchmarks/kernels/fp8_quant_operands.py --models Qwen2.5-7B --regs
+    ;;
+e)
+    tests 200 tests/kernels/test_fp8_swiglu_gpu.py -k "forward_operand" tests/kernels/test_fp8_quant_gpu.py -k "regs or forward_operand"
+    bench 120 swiglu benchmarks/kernels/fp8_swiglu_bench.py --models Qwen2.5-7B,Qwen2.5-32B
     ;;
 *) echo "unknown phase $PHASE"; exit 2 ;;
 esac

@@ -14,7 +14,8 @@ written once both ways) give each path's rate; the fused passes read their input
 Session 27's first run of this script (commit 3d653a8, H200) also timed the *forward* fused the same way (h = silu(g)
 * u inside the down projection's quantizer) against the glue's compiled ``silu_mul`` + ``quantize_act(h,
 t_tiles=True)``: 1.315 / 1.094 ms (7B width) and 1.904 / 1.600 ms (32B width), fused slower; that kernel was removed
-(RESULTS.md "Session 27").
+(RESULTS.md "Session 27"). Session 31 times it again as ``quarl_kernels.fp8_quant_regs``' SWIGLU form (one read of g
+and u, h's codes in both groupings from registers, fast ``exp``): "forward fused" beside "forward: glue + quantizer".
 """
 
 from __future__ import annotations
@@ -40,13 +41,22 @@ def paths(m: int, i: int, device: str):
     from quarl_kernels import fp8_quant as fq
     from quarl_kernels import fp8_swiglu as fs
 
-    from quarl.quant.fp8_swiglu import silu_mul_grads
+    from quarl.quant.fp8_swiglu import silu_mul_eager, silu_mul_grads
 
     torch.manual_seed(0)
     g, u, dh = ((torch.randn(m, i, device=device) * s).to(torch.bfloat16) for s in (3.0, 1.0, 1e-3))
     grads = torch.compile(silu_mul_grads, backend="inductor" if device == "cuda" else "aot_eager", dynamic=False)
     mt = -(-m // 128) * 128
+    glue = torch.compile(silu_mul_eager, backend="inductor" if device == "cuda" else "aot_eager", dynamic=False)
+    fwd = {"forward: glue + quantizer (X^T tiles)": lambda: fq.quantize_act(glue(g, u), m, i, mt, t_tiles=True)}
+    if device == "cuda":
+        from quarl_kernels import fp8_quant_regs as fr
+
+        for st in fr.SWIGLU_SETTINGS:  # h never written (session 31)
+            outs = fq._act_outputs(g, m, i, mt, True, True)
+            fwd[f"forward fused {st}"] = lambda st=st, outs=outs: fr.launch_setting(g, *outs, m, i, mt, True, st, u=u)
     return {
+        **fwd,
         "backward fused": lambda: fs.swiglu_grad_operands(dh, g, u, m, i, mt),
         "backward fused, two passes": lambda: _two_passes(fs, dh, g, u, m, i, mt),
         "backward unfused": lambda: [fq.quantize_act(t, m, i, mt) for t in grads(g, u, dh)],
@@ -64,9 +74,10 @@ def _two_passes(fs, dh, g, u, m: int, i: int, mt: int):
         os.environ.pop("QUARL_FP8_SWIGLU_MERGE")
 
 
-def useful_gb(m: int, i: int) -> float:
-    """dh, g, u read once (2 bytes an element), dg and du's codes written once both ways (scales are < 1 %)."""
-    return (3 * 2 + 4) * m * i / 1e9
+def useful_gb(m: int, i: int, path: str = "backward") -> float:
+    """Backward: dh, g, u read once (2 bytes an element), dg and du's codes written once both ways (scales are < 1 %);
+    forward: g, u read once, h's codes written both ways."""
+    return ((2 * 2 + 2) if path.startswith("forward") else (3 * 2 + 4)) * m * i / 1e9
 
 
 def main() -> None:
@@ -88,7 +99,7 @@ def main() -> None:
         fns = paths(a.tokens, i, a.device)
         for name, fn in fns.items():
             ms = stream_time(fn, a.iters, a.device)
-            rows.append({"model": model, "path": name, "ms": ms, "useful_gb_s": useful_gb(a.tokens, i) / ms * 1e3})
+            rows.append({"model": model, "path": name, "ms": ms, "useful_gb_s": useful_gb(a.tokens, i, name) / ms * 1e3})
             print(json.dumps(rows[-1]), flush=True)
         del fns
     title = (f"# SwiGLU's backward + FP8 quantizers, {a.tokens} tokens, {gpu}, torch {torch.__version__}, "

@@ -48,6 +48,7 @@ GROUP = 128
 # TPT x 4 elements a thread; 128 / TPT warps cover the tile's 128 tokens.
 # (tokens a thread, warps[, persistent programs a multiprocessor[, tiles in the cp.async ring]])
 SETTINGS = ((16, 8), (8, 16), (32, 4), (16, 8, 1), (8, 16, 1), (16, 8, 1, 3), (8, 16, 1, 3), (16, 8, 1, 4))
+SWIGLU_SETTINGS = ((16, 8), (8, 16))  # the fused SwiGLU forward: one tile a program ((32, 4) spills)
 
 
 @gluon.jit
@@ -71,6 +72,18 @@ def _load(x_ptr, pid_m, pid_k, M, K, stride_xm, valid, LR: gl.constexpr):
     t2 = gl.expand_dims(tok, 1).to(gl.int64)  # [128, 1]
     c2 = gl.expand_dims(col, 0).to(gl.int64)  # [1, 128]
     return gl.load(x_ptr + t2 * stride_xm + c2, mask=(t2 < M) & (c2 < K) & valid, other=0.0)
+
+
+@gluon.jit
+def _silu_mul(g_in, u_in):
+    """SwiGLU's forward ``h = silu(g) * u`` in fp32 at eager PyTorch's roundings (``F.silu(g)`` rounded to the input
+    dtype, then the product rounded) with fast arithmetic -- ``exp`` as ``ex2.approx``, ``1 / (1 + e)`` approximate --
+    as ``fp8_swiglu``'s backward computes ``silu(g)``: a counted few ``h`` one ulp off eager's."""
+    dt: gl.constexpr = g_in.dtype
+    g = g_in.to(gl.float32)
+    s = 1.0 / (1.0 + gl.exp(-g))
+    act = (g * s).to(dt).to(gl.float32)
+    return (act * u_in.to(gl.float32)).to(dt).to(gl.float32)
 
 
 @gluon.jit
@@ -128,12 +141,14 @@ def _regs_kernel(
     M, K, stride_xm, RQ, CQ, RT,
     stride_qm, stride_sm, stride_sg, stride_qtk, stride_stk, stride_stg,
     ROWS: gl.constexpr, TILE: gl.constexpr, TPT: gl.constexpr, PERSISTENT: gl.constexpr = False,
-    STAGES: gl.constexpr = 0,
+    STAGES: gl.constexpr = 0, u_ptr=None, SWIGLU: gl.constexpr = False,
 ):
     # one program: the tile tokens [pid_m*128, +128) x columns [pid_k*128, +128) of x. PERSISTENT: a program walks
     # tiles pid, pid + programs, ... (columns fastest) and loads the next before quantizing this one: a tile's loads
     # in flight while the previous one is coded -- into registers, or with STAGES > 1 by cp.async into a ring of
-    # STAGES tiles in shared memory (STAGES - 1 tiles in flight, no registers held for them)
+    # STAGES tiles in shared memory (STAGES - 1 tiles in flight, no registers held for them). SWIGLU (one tile a
+    # program): x is the gate projection's output g, u_ptr the up projection's u (same strides), and the operand
+    # quantized is h = silu(g) * u -- never written in BF16 (the down projection's input, Jet-RL's MLP forward)
     LR: gl.constexpr = gl.BlockedLayout([TPT, 4], [1, 32], [128 // TPT, 1], [1, 0])  # columns fastest: loads, q
     LT: gl.constexpr = gl.BlockedLayout([TPT, 4], [1, 32], [128 // TPT, 1], [0, 1])  # tokens fastest: X^T's store
     if PERSISTENT and STAGES > 1:
@@ -169,17 +184,23 @@ def _regs_kernel(
         pid_m = gl.program_id(0)
         pid_k = gl.program_id(1)
         x = _load(x_ptr, pid_m, pid_k, M, K, stride_xm, True, LR)
+        if SWIGLU:  # padding: silu(0) * 0 = 0
+            x = _silu_mul(x, _load(u_ptr, pid_m, pid_k, M, K, stride_xm, True, LR))
         _quantize(x, pid_m, pid_k, q_ptr, s_ptr, qt_ptr, st_ptr, RQ, CQ, RT, stride_qm, stride_sm, stride_sg,
                   stride_qtk, stride_stk, stride_stg, ROWS, TILE, LR, LT)
 
 
 def launch(x: torch.Tensor, q, s, qt, st, rows: int, cols: int, t_rows: int, tiles: bool, tpt: int, warps: int,
-           per_sm: int = 0, stages: int = 0):
+           per_sm: int = 0, stages: int = 0, u: torch.Tensor | None = None):
     """:func:`_regs_kernel` on ``fp8_quant.quantize_act``'s outputs (``q`` / ``s`` None: X^T alone); needs ``x`` with
     unit column stride, ``qt`` given (t_rows a multiple of 128) and ``warps == 128 // tpt``. ``per_sm`` > 0: the
     persistent form, that many programs a multiprocessor; ``stages`` > 1: its prefetch by cp.async into a ring of that
-    many tiles in shared memory."""
+    many tiles in shared memory. ``u``: quantize ``silu(x) * u`` (x the gate projection's output; one tile a program,
+    u of x's shape, dtype and strides)."""
     m, k = x.shape
+    if u is not None and (u.shape != x.shape or u.dtype != x.dtype or u.stride() != x.stride() or per_sm):
+        raise ValueError(f"fp8_quant_regs: u must match x ({tuple(x.shape)}, {x.dtype}, strides {x.stride()}) and "
+                         f"the tile-a-program form, got {tuple(u.shape)}, {u.dtype}, {u.stride()}, per_sm={per_sm}")
     if x.stride(1) != 1 or qt is None or t_rows % GROUP or warps * tpt != GROUP:
         raise ValueError(f"fp8_quant_regs: needs x with unit column stride, X^T wanted and warps x tokens a thread = "
                          f"128 (x strides {x.stride()}, t_rows {t_rows}, tpt {tpt}, warps {warps})")
@@ -190,16 +211,18 @@ def launch(x: torch.Tensor, q, s, qt, st, rows: int, cols: int, t_rows: int, til
     _regs_kernel[grid](
         x, dq, ds, qt, st, m, k, x.stride(0), rows, cols, t_rows, dq.stride(0), ds.stride(0), ds.stride(1),
         qt.stride(0), st.stride(0), st.stride(1), ROWS=q is not None, TILE=tiles, TPT=tpt, PERSISTENT=per_sm > 0,
-        STAGES=stages, num_warps=warps)
+        STAGES=stages, u_ptr=u if u is not None else x, SWIGLU=u is not None, num_warps=warps)
 
 
-def launch_setting(x: torch.Tensor, q, s, qt, st, rows: int, cols: int, t_rows: int, tiles: bool, setting: tuple):
-    """:func:`launch` at a :data:`SETTINGS` entry."""
+def launch_setting(x: torch.Tensor, q, s, qt, st, rows: int, cols: int, t_rows: int, tiles: bool, setting: tuple,
+                   u: torch.Tensor | None = None):
+    """:func:`launch` at a :data:`SETTINGS` entry (with ``u``: an entry of :data:`SWIGLU_SETTINGS`)."""
     tpt, warps, per_sm, stages = (*setting, 0, 0)[:4]
-    launch(x, q, s, qt, st, rows, cols, t_rows, tiles, tpt, warps, per_sm, stages)
+    launch(x, q, s, qt, st, rows, cols, t_rows, tiles, tpt, warps, per_sm, stages, u)
 
 
-def compile_sm90(tiles: bool = False, rows: bool = True, tpt: int = 16, persistent: bool = False, stages: int = 0):
+def compile_sm90(tiles: bool = False, rows: bool = True, tpt: int = 16, persistent: bool = False, stages: int = 0,
+                 swiglu: bool = False):
     """The kernel built for sm_90 on any machine (bf16 input, sizes divisible by 16 as at the 7B shapes): the CPU
     tests' view of its registers, spills and instructions."""
     import triton
@@ -209,7 +232,8 @@ def compile_sm90(tiles: bool = False, rows: bool = True, tpt: int = 16, persiste
     sig = {"x_ptr": "*bf16", "q_ptr": "*fp8e4nv", "s_ptr": "*fp32", "qt_ptr": "*fp8e4nv", "st_ptr": "*fp32",
            "M": "i32", "K": "i32", "stride_xm": "i32", "RQ": "i32", "CQ": "i32", "RT": "i32", "stride_qm": "i32",
            "stride_sm": "i32", "stride_sg": "i32", "stride_qtk": "i32", "stride_stk": "i32", "stride_stg": "i32"}
-    const = {"ROWS": rows, "TILE": tiles, "TPT": tpt, "PERSISTENT": persistent, "STAGES": stages}
+    sig["u_ptr"] = "*bf16"
+    const = {"ROWS": rows, "TILE": tiles, "TPT": tpt, "PERSISTENT": persistent, "STAGES": stages, "SWIGLU": swiglu}
     attrs = {(i,): [["tt.divisibility", 16]] for i, k in enumerate(sig)
              if k not in ("stride_sm", "stride_sg", "stride_stk", "stride_stg")}  # the scales' strides: 1 or any
     sig.update({k: "constexpr" for k in const})
@@ -217,4 +241,4 @@ def compile_sm90(tiles: bool = False, rows: bool = True, tpt: int = 16, persiste
     return triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": GROUP // tpt})
 
 
-__all__ = ["SETTINGS", "compile_sm90", "launch", "launch_setting"]
+__all__ = ["SETTINGS", "SWIGLU_SETTINGS", "compile_sm90", "launch", "launch_setting"]

@@ -52,6 +52,25 @@ def test_operands_match_the_eager_reference(m, i):
     fp8_operands_near(got[1], quantize_act_gemm(du, rows, cols, t_rows), f"du {m}x{i}", 1e-3)
 
 
+@pytest.mark.parametrize("m,i", [(8192, 18944), (4099, 1536)])
+def test_forward_operand_matches_the_eager_reference(m, i):
+    """The down projection's input h = silu(g) * u quantized without being written (``fp8_quant_regs``' SWIGLU form,
+    session 31): against eager ``F.silu(g) * u`` quantized by the library, both X^T forms, every setting."""
+    pytest.importorskip("triton.experimental.gluon")
+    from quarl_kernels import fp8_quant as fq
+    from quarl_kernels import fp8_quant_regs as fr
+
+    g, u, _ = _inputs(m, i)
+    rows, cols, t_rows = -(-m // 4) * 4, -(-i // 128) * 128, -(-m // 128) * 128
+    h = F.silu(g) * u
+    for tiles in (True, False):
+        want = fq.quantize_act(h, rows, cols, t_rows, t_tiles=tiles)
+        for st in fr.SWIGLU_SETTINGS:
+            got = fq._act_outputs(g, rows, cols, t_rows, True, tiles)
+            fr.launch_setting(g, *got, rows, cols, t_rows, tiles, st, u=u)
+            fp8_operands_near(got, want, f"h {m}x{i} tiles={tiles} {st}", 1e-3)
+
+
 def test_every_launch_setting_gives_the_same_bits():
     g, u, dh = _inputs(4096, 3584, seed=1)
     m, i = g.shape
