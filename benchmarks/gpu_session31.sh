@@ -70,7 +70,7 @@ d)
     bench 150 quant benchmarks/kernels/fp8_quant_operands.py --models Qwen2.5-7B --regs
     ;;
 e)
-    tests 200 tests/kernels/test_fp8_swiglu_gpu.py -k "forward_operand" tests/kernels/test_fp8_quant_gpu.py -k "regs or forward_operand"
+    tests 200 tests/kernels/test_fp8_swiglu_gpu.py tests/kernels/test_fp8_quant_gpu.py -k "regs or forward_operand"
     bench 120 swiglu benchmarks/kernels/fp8_swiglu_bench.py --models Qwen2.5-7B,Qwen2.5-32B
     ;;
 *) echo "unknown phase $PHASE"; exit 2 ;;

@@ -39,16 +39,18 @@ from __future__ import annotations
 import torch
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
-from triton.experimental.gluon.language.nvidia.ampere import async_copy as cp
 
 from quarl_kernels import group_div
 from quarl_kernels.rounding import FP32_EPS, INV_FP8_MAX
 
 GROUP = 128
-# TPT x 4 elements a thread; 128 / TPT warps cover the tile's 128 tokens.
-# (tokens a thread, warps[, persistent programs a multiprocessor[, tiles in the cp.async ring]])
-SETTINGS = ((16, 8), (8, 16), (32, 4), (16, 8, 1), (8, 16, 1), (16, 8, 1, 3), (8, 16, 1, 3), (16, 8, 1, 4))
-SWIGLU_SETTINGS = ((16, 8), (8, 16))  # the fused SwiGLU forward: one tile a program ((32, 4) spills)
+# (tokens a thread, warps): TPT x 4 elements a thread, 128 / TPT warps cover the tile's 128 tokens. H100, session 31
+# (7B operands, 16k tokens): (16, 8) 2-6 % faster than the best Triton setting on 4 of 5 operands, (8, 16) 1.3-1.5x
+# and (32, 4) 1.07-1.35x slower than it. Persistent forms (one program a multiprocessor walking tiles, the next tile
+# prefetched into registers or by cp.async into a ring of 3-4 tiles in shared memory) were 1.1-1.7x slower than (16,
+# 8) at 161-255 registers, one program a multiprocessor (RESULTS.md "Session 31"); removed.
+SETTINGS = ((16, 8), (8, 16), (32, 4))
+SWIGLU_SETTINGS = ((16, 8), (8, 16))  # the fused SwiGLU forward ((32, 4) spills: 255 registers)
 
 
 @gluon.jit
@@ -84,20 +86,6 @@ def _silu_mul(g_in, u_in):
     s = 1.0 / (1.0 + gl.exp(-g))
     act = (g * s).to(dt).to(gl.float32)
     return (act * u_in.to(gl.float32)).to(dt).to(gl.float32)
-
-
-@gluon.jit
-def _copy(x_ptr, smem, tile, n_k, total, M, K, stride_xm, LR: gl.constexpr):
-    """cp.async of x's tile ``tile`` (columns fastest: (tile // n_k, tile % n_k)) into ``smem`` [128, 128], zeros past
-    x's edges and for ``tile >= total``; each thread copies exactly the elements it later reads (LR), so no barrier."""
-    pid_m = tile // n_k
-    pid_k = tile % n_k
-    tok = pid_m * 128 + gl.arange(0, 128, layout=gl.SliceLayout(1, LR))
-    col = pid_k * 128 + gl.arange(0, 128, layout=gl.SliceLayout(0, LR))
-    t2 = gl.expand_dims(tok, 1).to(gl.int64)
-    c2 = gl.expand_dims(col, 0).to(gl.int64)
-    cp.async_copy_global_to_shared(smem, x_ptr + t2 * stride_xm + c2, mask=(t2 < M) & (c2 < K) & (tile < total))
-    cp.commit_group()
 
 
 @gluon.jit
@@ -140,89 +128,48 @@ def _regs_kernel(
     x_ptr, q_ptr, s_ptr, qt_ptr, st_ptr,
     M, K, stride_xm, RQ, CQ, RT,
     stride_qm, stride_sm, stride_sg, stride_qtk, stride_stk, stride_stg,
-    ROWS: gl.constexpr, TILE: gl.constexpr, TPT: gl.constexpr, PERSISTENT: gl.constexpr = False,
-    STAGES: gl.constexpr = 0, u_ptr=None, SWIGLU: gl.constexpr = False,
+    ROWS: gl.constexpr, TILE: gl.constexpr, TPT: gl.constexpr, u_ptr=None, SWIGLU: gl.constexpr = False,
 ):
-    # one program: the tile tokens [pid_m*128, +128) x columns [pid_k*128, +128) of x. PERSISTENT: a program walks
-    # tiles pid, pid + programs, ... (columns fastest) and loads the next before quantizing this one: a tile's loads
-    # in flight while the previous one is coded -- into registers, or with STAGES > 1 by cp.async into a ring of
-    # STAGES tiles in shared memory (STAGES - 1 tiles in flight, no registers held for them). SWIGLU (one tile a
-    # program): x is the gate projection's output g, u_ptr the up projection's u (same strides), and the operand
-    # quantized is h = silu(g) * u -- never written in BF16 (the down projection's input, Jet-RL's MLP forward)
+    # one program: the tile tokens [pid_m*128, +128) x columns [pid_k*128, +128) of x. SWIGLU: x is the gate
+    # projection's output g, u_ptr the up projection's u (same strides), and the operand quantized is h = silu(g) * u
+    # -- never written in BF16 (the down projection's input, Jet-RL's MLP forward)
     LR: gl.constexpr = gl.BlockedLayout([TPT, 4], [1, 32], [128 // TPT, 1], [1, 0])  # columns fastest: loads, q
     LT: gl.constexpr = gl.BlockedLayout([TPT, 4], [1, 32], [128 // TPT, 1], [0, 1])  # tokens fastest: X^T's store
-    if PERSISTENT and STAGES > 1:
-        n_k = CQ // 128
-        total = (RT // 128) * n_k
-        pid = gl.program_id(0)
-        step = gl.num_programs(0)
-        ring = gl.allocate_shared_memory(x_ptr.dtype.element_ty, [STAGES, 128, 128],
-                                         gl.SwizzledSharedLayout(1, 1, 1, [1, 0]))
-        for i in gl.static_range(STAGES - 1):
-            _copy(x_ptr, ring.index(i), pid + i * step, n_k, total, M, K, stride_xm, LR)
-        for tile in range(pid, total, step):
-            it = (tile - pid) // step  # this program's iteration
-            _copy(x_ptr, ring.index((it + STAGES - 1) % STAGES), tile + (STAGES - 1) * step, n_k, total, M, K,
-                  stride_xm, LR)
-            cp.wait_group(STAGES - 1)  # this tile's copies (the thread's own: nothing to wait for from others)
-            x = ring.index(it % STAGES).load(LR)
-            _quantize(x, tile // n_k, tile % n_k, q_ptr, s_ptr, qt_ptr, st_ptr, RQ, CQ, RT, stride_qm, stride_sm,
-                      stride_sg, stride_qtk, stride_stk, stride_stg, ROWS, TILE, LR, LT)
-    elif PERSISTENT:
-        n_k = CQ // 128
-        total = (RT // 128) * n_k
-        pid = gl.program_id(0)
-        step = gl.num_programs(0)
-        x = _load(x_ptr, pid // n_k, pid % n_k, M, K, stride_xm, pid < total, LR)
-        for tile in range(pid, total, step):
-            nxt = tile + step
-            x_next = _load(x_ptr, nxt // n_k, nxt % n_k, M, K, stride_xm, nxt < total, LR)
-            _quantize(x, tile // n_k, tile % n_k, q_ptr, s_ptr, qt_ptr, st_ptr, RQ, CQ, RT, stride_qm, stride_sm,
-                      stride_sg, stride_qtk, stride_stk, stride_stg, ROWS, TILE, LR, LT)
-            x = x_next
-    else:
-        pid_m = gl.program_id(0)
-        pid_k = gl.program_id(1)
-        x = _load(x_ptr, pid_m, pid_k, M, K, stride_xm, True, LR)
-        if SWIGLU:  # padding: silu(0) * 0 = 0
-            x = _silu_mul(x, _load(u_ptr, pid_m, pid_k, M, K, stride_xm, True, LR))
-        _quantize(x, pid_m, pid_k, q_ptr, s_ptr, qt_ptr, st_ptr, RQ, CQ, RT, stride_qm, stride_sm, stride_sg,
-                  stride_qtk, stride_stk, stride_stg, ROWS, TILE, LR, LT)
+    pid_m = gl.program_id(0)
+    pid_k = gl.program_id(1)
+    x = _load(x_ptr, pid_m, pid_k, M, K, stride_xm, True, LR)
+    if SWIGLU:  # padding: silu(0) * 0 = 0
+        x = _silu_mul(x, _load(u_ptr, pid_m, pid_k, M, K, stride_xm, True, LR))
+    _quantize(x, pid_m, pid_k, q_ptr, s_ptr, qt_ptr, st_ptr, RQ, CQ, RT, stride_qm, stride_sm, stride_sg,
+              stride_qtk, stride_stk, stride_stg, ROWS, TILE, LR, LT)
 
 
 def launch(x: torch.Tensor, q, s, qt, st, rows: int, cols: int, t_rows: int, tiles: bool, tpt: int, warps: int,
-           per_sm: int = 0, stages: int = 0, u: torch.Tensor | None = None):
+           u: torch.Tensor | None = None):
     """:func:`_regs_kernel` on ``fp8_quant.quantize_act``'s outputs (``q`` / ``s`` None: X^T alone); needs ``x`` with
-    unit column stride, ``qt`` given (t_rows a multiple of 128) and ``warps == 128 // tpt``. ``per_sm`` > 0: the
-    persistent form, that many programs a multiprocessor; ``stages`` > 1: its prefetch by cp.async into a ring of that
-    many tiles in shared memory. ``u``: quantize ``silu(x) * u`` (x the gate projection's output; one tile a program,
-    u of x's shape, dtype and strides)."""
+    unit column stride, ``qt`` given (t_rows a multiple of 128) and ``warps == 128 // tpt``. ``u``: quantize
+    ``silu(x) * u`` (x the gate projection's output; u of x's shape, dtype and strides)."""
     m, k = x.shape
-    if u is not None and (u.shape != x.shape or u.dtype != x.dtype or u.stride() != x.stride() or per_sm):
-        raise ValueError(f"fp8_quant_regs: u must match x ({tuple(x.shape)}, {x.dtype}, strides {x.stride()}) and "
-                         f"the tile-a-program form, got {tuple(u.shape)}, {u.dtype}, {u.stride()}, per_sm={per_sm}")
+    if u is not None and (u.shape != x.shape or u.dtype != x.dtype or u.stride() != x.stride()):
+        raise ValueError(f"fp8_quant_regs: u must match x ({tuple(x.shape)}, {x.dtype}, strides {x.stride()}), got "
+                         f"{tuple(u.shape)}, {u.dtype}, {u.stride()}")
     if x.stride(1) != 1 or qt is None or t_rows % GROUP or warps * tpt != GROUP:
         raise ValueError(f"fp8_quant_regs: needs x with unit column stride, X^T wanted and warps x tokens a thread = "
                          f"128 (x strides {x.stride()}, t_rows {t_rows}, tpt {tpt}, warps {warps})")
     dq, ds = (q, s) if q is not None else (qt, st)  # placeholders when the row groups are not wanted
-    grid = (t_rows // GROUP, cols // GROUP)
-    if per_sm:
-        grid = (min(grid[0] * grid[1], per_sm * torch.cuda.get_device_properties(x.device).multi_processor_count),)
-    _regs_kernel[grid](
+    _regs_kernel[(t_rows // GROUP, cols // GROUP)](
         x, dq, ds, qt, st, m, k, x.stride(0), rows, cols, t_rows, dq.stride(0), ds.stride(0), ds.stride(1),
-        qt.stride(0), st.stride(0), st.stride(1), ROWS=q is not None, TILE=tiles, TPT=tpt, PERSISTENT=per_sm > 0,
-        STAGES=stages, u_ptr=u if u is not None else x, SWIGLU=u is not None, num_warps=warps)
+        qt.stride(0), st.stride(0), st.stride(1), ROWS=q is not None, TILE=tiles, TPT=tpt,
+        u_ptr=u if u is not None else x, SWIGLU=u is not None, num_warps=warps)
 
 
 def launch_setting(x: torch.Tensor, q, s, qt, st, rows: int, cols: int, t_rows: int, tiles: bool, setting: tuple,
                    u: torch.Tensor | None = None):
     """:func:`launch` at a :data:`SETTINGS` entry (with ``u``: an entry of :data:`SWIGLU_SETTINGS`)."""
-    tpt, warps, per_sm, stages = (*setting, 0, 0)[:4]
-    launch(x, q, s, qt, st, rows, cols, t_rows, tiles, tpt, warps, per_sm, stages, u)
+    launch(x, q, s, qt, st, rows, cols, t_rows, tiles, *setting, u=u)
 
 
-def compile_sm90(tiles: bool = False, rows: bool = True, tpt: int = 16, persistent: bool = False, stages: int = 0,
-                 swiglu: bool = False):
+def compile_sm90(tiles: bool = False, rows: bool = True, tpt: int = 16, swiglu: bool = False):
     """The kernel built for sm_90 on any machine (bf16 input, sizes divisible by 16 as at the 7B shapes): the CPU
     tests' view of its registers, spills and instructions."""
     import triton
@@ -233,7 +180,7 @@ def compile_sm90(tiles: bool = False, rows: bool = True, tpt: int = 16, persiste
            "M": "i32", "K": "i32", "stride_xm": "i32", "RQ": "i32", "CQ": "i32", "RT": "i32", "stride_qm": "i32",
            "stride_sm": "i32", "stride_sg": "i32", "stride_qtk": "i32", "stride_stk": "i32", "stride_stg": "i32"}
     sig["u_ptr"] = "*bf16"
-    const = {"ROWS": rows, "TILE": tiles, "TPT": tpt, "PERSISTENT": persistent, "STAGES": stages, "SWIGLU": swiglu}
+    const = {"ROWS": rows, "TILE": tiles, "TPT": tpt, "SWIGLU": swiglu}
     attrs = {(i,): [["tt.divisibility", 16]] for i, k in enumerate(sig)
              if k not in ("stride_sm", "stride_sg", "stride_stk", "stride_stg")}  # the scales' strides: 1 or any
     sig.update({k: "constexpr" for k in const})
