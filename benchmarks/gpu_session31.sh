@@ -26,6 +26,12 @@
 #     forms slower): the MLP forward's h = silu(g) * u quantized in the same kernel from g and u (never written in
 #     BF16): its GPU test against eager, then fp8_swiglu_bench.py's forward rows (glue + quantizer vs fused) at 7B
 #     and 32B width.
+#   phase f: bash benchmarks/gpu_session31.sh f   (nvidia-h100-x1; carry .dev/dg.tar.xz; ~4 min)
+#     After e (fused forward 0.84 ms against the glue + quantizer's 1.31 at 7B width, 1.21 / 1.89 at 32B): the fused
+#     forward wired into quarl.quant.fp8_swiglu (QUARL_FP8_SWIGLU_FWD=0 rules it out); the GPU tests of the fused MLP
+#     (both forward paths), the kernels and the compiled glue / engine on Jet-RL models; DeepGEMM built for g.
+#   phase g: bash benchmarks/gpu_session31.sh g   (right after f, warm; ~8 min)
+#     The 7B actor update with the fused forward, with QUARL_FP8_SWIGLU_FWD=0, and fused again.
 set -u
 PHASE=${1:?phase}
 OUT=${OUT:?}
@@ -72,6 +78,23 @@ d)
 e)
     tests 200 tests/kernels/test_fp8_swiglu_gpu.py tests/kernels/test_fp8_quant_gpu.py -k "regs or forward_operand"
     bench 120 swiglu benchmarks/kernels/fp8_swiglu_bench.py --models Qwen2.5-7B,Qwen2.5-32B
+    ;;
+f)
+    (deepgemm > "$OUT/deepgemm.log" 2>&1) &
+    tests 230 tests/kernels/test_fp8_swiglu_gpu.py tests/kernels/test_fp8_quant_gpu.py tests/kernels/test_fused_glue_gpu.py \
+        -k "swiglu or regs or glue or fused or stack"
+    wait
+    cat "$OUT/deepgemm.log"
+    ;;
+g)
+    [ -d /tmp/dg/deep_gemm ] || deepgemm
+    FP8=jetrl-xtiles+deepgemm+glue
+    export PYTHONPATH=$PYTHONPATH:/tmp/dg
+    for r in fused written fused2; do
+        [ $r = written ] && export QUARL_FP8_SWIGLU_FWD=0 || export QUARL_FP8_SWIGLU_FWD=1
+        model_step "${M_S:-150}" p7$r --shape Qwen2.5-7B --layers 4 --tokens 16384 --loss rl --arms "bf16,bf16+glue,$FP8" \
+            --iters 2 --accumulate 8
+    done
     ;;
 *) echo "unknown phase $PHASE"; exit 2 ;;
 esac

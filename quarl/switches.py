@@ -69,6 +69,7 @@ SWITCHES: dict[str, str] = {
     "QUARL_FP8_STACK": "0 = an attention's full-parameter FP8 q / k / v as three FP8 linears (not one stacked GEMM)",
     "QUARL_FP8_SWIGLU": "0 = a full-parameter FP8 MLP as three FP8 linears (not SwiGLU's backward in the quantizers)",
     "QUARL_FP8_SWIGLU_MERGE": "0 = SwiGLU's backward quantizers always as two passes (no merged launch)",
+    "QUARL_FP8_SWIGLU_FWD": "0 = the fused FP8 MLP's forward writes h = silu(g) * u, then quantizes it (not one kernel)",
     "QUARL_FP8_TUNE": "0 = the FP8 quantizers' default launch settings",
     "QUARL_LOGPROB_KERNEL": "0 = token log-probs through PyTorch ops",
     # benchmarks and tests

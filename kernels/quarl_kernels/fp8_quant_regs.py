@@ -37,6 +37,7 @@ holds (16 bytes of X^T a store).
 from __future__ import annotations
 
 import torch
+import triton
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 
@@ -46,11 +47,13 @@ from quarl_kernels.rounding import FP32_EPS, INV_FP8_MAX
 GROUP = 128
 # (tokens a thread, warps): TPT x 4 elements a thread, 128 / TPT warps cover the tile's 128 tokens. H100, session 31
 # (7B operands, 16k tokens): (16, 8) 2-6 % faster than the best Triton setting on 4 of 5 operands, (8, 16) 1.3-1.5x
-# and (32, 4) 1.07-1.35x slower than it. Persistent forms (one program a multiprocessor walking tiles, the next tile
-# prefetched into registers or by cp.async into a ring of 3-4 tiles in shared memory) were 1.1-1.7x slower than (16,
-# 8) at 161-255 registers, one program a multiprocessor (RESULTS.md "Session 31"); removed.
-SETTINGS = ((16, 8), (8, 16), (32, 4))
-SWIGLU_SETTINGS = ((16, 8), (8, 16))  # the fused SwiGLU forward ((32, 4) spills: 255 registers)
+# slower than it; (32, 4) 1.07-1.35x slower and spilling without X^T (255 registers): dropped. Persistent forms (one
+# program a multiprocessor walking tiles, the next tile prefetched into registers or by cp.async into a ring of 3-4
+# tiles in shared memory) were 1.1-1.7x slower than (16, 8) at 161-255 registers, one program a multiprocessor
+# (RESULTS.md "Session 31"); removed. The fused SwiGLU forward: (16, 8) 0.84 ms at 7B width against (8, 16)'s 1.08
+# (which spills 8 bytes with 1x128 X^T groups): (16, 8) alone.
+SETTINGS = ((16, 8), (8, 16))
+SWIGLU_SETTINGS = ((16, 8),)
 
 
 @gluon.jit
@@ -91,8 +94,8 @@ def _silu_mul(g_in, u_in):
 @gluon.jit
 def _quantize(xin, pid_m, pid_k, q_ptr, s_ptr, qt_ptr, st_ptr, RQ, CQ, RT,
               stride_qm, stride_sm, stride_sg, stride_qtk, stride_stk, stride_stg,
-              ROWS: gl.constexpr, TILE: gl.constexpr, LR: gl.constexpr, LT: gl.constexpr):
-    """Both groupings of one loaded tile (:func:`_load`), stored."""
+              ROWS: gl.constexpr, COLS: gl.constexpr, TILE: gl.constexpr, LR: gl.constexpr, LT: gl.constexpr):
+    """The row groups (ROWS) and X^T (COLS) of one loaded tile (:func:`_load`), stored."""
     tok = pid_m * 128 + gl.arange(0, 128, layout=gl.SliceLayout(1, LR))  # [128]
     col = pid_k * 128 + gl.arange(0, 128, layout=gl.SliceLayout(0, LR))  # [128]
     t2 = gl.expand_dims(tok, 1).to(gl.int64)
@@ -104,23 +107,24 @@ def _quantize(xin, pid_m, pid_k, q_ptr, s_ptr, qt_ptr, st_ptr, RQ, CQ, RT,
         q = _codes(x, gl.expand_dims(rs, 1))
         gl.store(q_ptr + t2 * stride_qm + c2, q, mask=(t2 < RQ) & (c2 < CQ))
         gl.store(s_ptr + tok.to(gl.int64) * stride_sm + pid_k * stride_sg, rs, mask=tok < RQ)
-    cmax = gl.max(ax, axis=0)  # [128]: a column's amax over the token group (across the warps)
-    if TILE:  # X^T in 128x128 tiles: one scale
-        s_tile = _scale(gl.max(cmax, axis=0))
-        ct = _codes(x, s_tile)
-    else:
-        sc = _scale(cmax)  # [128]
-        ct = _codes(x, gl.expand_dims(sc, 0))
-    ct = gl.convert_layout(ct, LT)  # the same element-to-thread map: registers renamed, nothing moved
-    tokt = pid_m * 128 + gl.arange(0, 128, layout=gl.SliceLayout(1, LT))
-    colt = pid_k * 128 + gl.arange(0, 128, layout=gl.SliceLayout(0, LT))
-    tt = gl.expand_dims(tokt, 1).to(gl.int64)
-    ctt = gl.expand_dims(colt, 0).to(gl.int64)
-    gl.store(qt_ptr + ctt * stride_qtk + tt, ct, mask=(ctt < CQ) & (tt < RT))  # X^T[col, tok]: TPT bytes a run
-    if TILE:
-        gl.store(st_ptr + pid_k * stride_stk + pid_m * stride_stg, s_tile)
-    else:
-        gl.store(st_ptr + col.to(gl.int64) * stride_stk + pid_m * stride_stg, sc, mask=col < CQ)
+    if COLS:
+        cmax = gl.max(ax, axis=0)  # [128]: a column's amax over the token group (across the warps)
+        if TILE:  # X^T in 128x128 tiles: one scale
+            s_tile = _scale(gl.max(cmax, axis=0))
+            ct = _codes(x, s_tile)
+        else:
+            sc = _scale(cmax)  # [128]
+            ct = _codes(x, gl.expand_dims(sc, 0))
+        ct = gl.convert_layout(ct, LT)  # the same element-to-thread map: registers renamed, nothing moved
+        tokt = pid_m * 128 + gl.arange(0, 128, layout=gl.SliceLayout(1, LT))
+        colt = pid_k * 128 + gl.arange(0, 128, layout=gl.SliceLayout(0, LT))
+        tt = gl.expand_dims(tokt, 1).to(gl.int64)
+        ctt = gl.expand_dims(colt, 0).to(gl.int64)
+        gl.store(qt_ptr + ctt * stride_qtk + tt, ct, mask=(ctt < CQ) & (tt < RT))  # X^T[col, tok]: TPT bytes a run
+        if TILE:
+            gl.store(st_ptr + pid_k * stride_stk + pid_m * stride_stg, s_tile)
+        else:
+            gl.store(st_ptr + col.to(gl.int64) * stride_stk + pid_m * stride_stg, sc, mask=col < CQ)
 
 
 @gluon.jit
@@ -129,10 +133,12 @@ def _regs_kernel(
     M, K, stride_xm, RQ, CQ, RT,
     stride_qm, stride_sm, stride_sg, stride_qtk, stride_stk, stride_stg,
     ROWS: gl.constexpr, TILE: gl.constexpr, TPT: gl.constexpr, u_ptr=None, SWIGLU: gl.constexpr = False,
+    COLS: gl.constexpr = True,
 ):
     # one program: the tile tokens [pid_m*128, +128) x columns [pid_k*128, +128) of x. SWIGLU: x is the gate
     # projection's output g, u_ptr the up projection's u (same strides), and the operand quantized is h = silu(g) * u
-    # -- never written in BF16 (the down projection's input, Jet-RL's MLP forward)
+    # -- never written in BF16 (the down projection's input, Jet-RL's MLP forward). COLS False: the row groups alone
+    # (a forward without autograd: no X^T for a weight gradient), RT then the rows to cover
     LR: gl.constexpr = gl.BlockedLayout([TPT, 4], [1, 32], [128 // TPT, 1], [1, 0])  # columns fastest: loads, q
     LT: gl.constexpr = gl.BlockedLayout([TPT, 4], [1, 32], [128 // TPT, 1], [0, 1])  # tokens fastest: X^T's store
     pid_m = gl.program_id(0)
@@ -141,26 +147,30 @@ def _regs_kernel(
     if SWIGLU:  # padding: silu(0) * 0 = 0
         x = _silu_mul(x, _load(u_ptr, pid_m, pid_k, M, K, stride_xm, True, LR))
     _quantize(x, pid_m, pid_k, q_ptr, s_ptr, qt_ptr, st_ptr, RQ, CQ, RT, stride_qm, stride_sm, stride_sg,
-              stride_qtk, stride_stk, stride_stg, ROWS, TILE, LR, LT)
+              stride_qtk, stride_stk, stride_stg, ROWS, COLS, TILE, LR, LT)
 
 
 def launch(x: torch.Tensor, q, s, qt, st, rows: int, cols: int, t_rows: int, tiles: bool, tpt: int, warps: int,
            u: torch.Tensor | None = None):
-    """:func:`_regs_kernel` on ``fp8_quant.quantize_act``'s outputs (``q`` / ``s`` None: X^T alone); needs ``x`` with
-    unit column stride, ``qt`` given (t_rows a multiple of 128) and ``warps == 128 // tpt``. ``u``: quantize
-    ``silu(x) * u`` (x the gate projection's output; u of x's shape, dtype and strides)."""
+    """:func:`_regs_kernel` on ``fp8_quant.quantize_act``'s outputs (``q`` / ``s`` None: X^T alone; ``qt`` / ``st``
+    None: the row groups alone, ``t_rows`` then None); needs ``x`` with unit column stride and ``warps == 128 //
+    tpt``. ``u``: quantize ``silu(x) * u`` (x the gate projection's output; u of x's shape, dtype and strides)."""
     m, k = x.shape
     if u is not None and (u.shape != x.shape or u.dtype != x.dtype or u.stride() != x.stride()):
         raise ValueError(f"fp8_quant_regs: u must match x ({tuple(x.shape)}, {x.dtype}, strides {x.stride()}), got "
                          f"{tuple(u.shape)}, {u.dtype}, {u.stride()}")
-    if x.stride(1) != 1 or qt is None or t_rows % GROUP or warps * tpt != GROUP:
-        raise ValueError(f"fp8_quant_regs: needs x with unit column stride, X^T wanted and warps x tokens a thread = "
-                         f"128 (x strides {x.stride()}, t_rows {t_rows}, tpt {tpt}, warps {warps})")
-    dq, ds = (q, s) if q is not None else (qt, st)  # placeholders when the row groups are not wanted
-    _regs_kernel[(t_rows // GROUP, cols // GROUP)](
-        x, dq, ds, qt, st, m, k, x.stride(0), rows, cols, t_rows, dq.stride(0), ds.stride(0), ds.stride(1),
-        qt.stride(0), st.stride(0), st.stride(1), ROWS=q is not None, TILE=tiles, TPT=tpt,
-        u_ptr=u if u is not None else x, SWIGLU=u is not None, num_warps=warps)
+    if (x.stride(1) != 1 or (qt is None) != (t_rows is None) or (q is None and qt is None) or (t_rows or 0) % GROUP
+            or warps * tpt != GROUP):
+        raise ValueError(f"fp8_quant_regs: needs x with unit column stride, t_rows a multiple of 128 with X^T (None "
+                         f"without), an output, and warps x tokens a thread = 128 (x strides {x.stride()}, t_rows "
+                         f"{t_rows}, X^T {qt is not None}, tpt {tpt}, warps {warps})")
+    dq, ds = (q, s) if q is not None else (qt, st)  # placeholders for the pointers a pass does not use
+    dqt, dst = (qt, st) if qt is not None else (q, s)
+    extent = t_rows if t_rows is not None else rows  # the tokens the programs cover
+    _regs_kernel[(triton.cdiv(extent, GROUP), cols // GROUP)](
+        x, dq, ds, dqt, dst, m, k, x.stride(0), rows, cols, extent, dq.stride(0), ds.stride(0), ds.stride(1),
+        dqt.stride(0), dst.stride(0), dst.stride(1), ROWS=q is not None, TILE=tiles and qt is not None, TPT=tpt,
+        u_ptr=u if u is not None else x, SWIGLU=u is not None, COLS=qt is not None, num_warps=warps)
 
 
 def launch_setting(x: torch.Tensor, q, s, qt, st, rows: int, cols: int, t_rows: int, tiles: bool, setting: tuple,
@@ -169,7 +179,7 @@ def launch_setting(x: torch.Tensor, q, s, qt, st, rows: int, cols: int, t_rows: 
     launch(x, q, s, qt, st, rows, cols, t_rows, tiles, *setting, u=u)
 
 
-def compile_sm90(tiles: bool = False, rows: bool = True, tpt: int = 16, swiglu: bool = False):
+def compile_sm90(tiles: bool = False, rows: bool = True, tpt: int = 16, swiglu: bool = False, cols: bool = True):
     """The kernel built for sm_90 on any machine (bf16 input, sizes divisible by 16 as at the 7B shapes): the CPU
     tests' view of its registers, spills and instructions."""
     import triton
@@ -180,7 +190,7 @@ def compile_sm90(tiles: bool = False, rows: bool = True, tpt: int = 16, swiglu: 
            "M": "i32", "K": "i32", "stride_xm": "i32", "RQ": "i32", "CQ": "i32", "RT": "i32", "stride_qm": "i32",
            "stride_sm": "i32", "stride_sg": "i32", "stride_qtk": "i32", "stride_stk": "i32", "stride_stg": "i32"}
     sig["u_ptr"] = "*bf16"
-    const = {"ROWS": rows, "TILE": tiles, "TPT": tpt, "SWIGLU": swiglu}
+    const = {"ROWS": rows, "TILE": tiles and cols, "TPT": tpt, "SWIGLU": swiglu, "COLS": cols}
     attrs = {(i,): [["tt.divisibility", 16]] for i, k in enumerate(sig)
              if k not in ("stride_sm", "stride_sg", "stride_stk", "stride_stg")}  # the scales' strides: 1 or any
     sig.update({k: "constexpr" for k in const})

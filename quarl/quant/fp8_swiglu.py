@@ -5,12 +5,14 @@ Why. In full-parameter Jet-RL every projection is an FP8 linear (:mod:`quarl.qua
 gradients ``dg`` and ``du`` were written in BF16 by the glue only for the gate and up projections' quantizers to read
 them back, twice each: at Qwen2.5-32B width and 16k tokens ~0.9 GB apiece. Here the quantizer's passes compute both
 from ``dh, g, u`` in registers (``quarl_kernels.fp8_swiglu``): never written, ~2.7 GB a layer less HBM traffic, and
-the backward's peak memory lower. The forward stays as the three linears ran it: the glue's ``silu_mul`` writes ``h``
-and the down projection's quantizer reads it (fusing that too was measured slower: ``quarl_kernels.fp8_swiglu``).
+the backward's peak memory lower. Forward, the down projection's input ``h = silu(g) * u`` is quantized straight from
+``g`` and ``u`` by one kernel on CUDA (``quarl_kernels.fp8_quant_regs``, session 31: h never written in BF16; H100,
+7B width, 16k tokens, 0.84 ms against 1.31 for the glue's ``silu_mul`` + the quantizer); elsewhere, or with
+``QUARL_FP8_SWIGLU_FWD=0``, the glue's ``silu_mul`` writes ``h`` and the quantizer reads it.
 
     forward    xq = Q(x)                       1x128 (+ X^T for the two WGrads)
                g = xq Wg^T, u = xq Wu^T        FP8 GEMMs, BF16 out          [M, I] each, saved
-               hq = Q(silu_mul(g, u))          the glue's silu_mul, h freed once quantized (+ h^T for down's WGrad)
+               hq = Q(silu(g) * u)             one kernel from g, u (or the glue's silu_mul, then Q) (+ h^T for down's WGrad)
                y = hq Wd^T                     FP8 GEMM                     [M, H]
     backward   dh = Q(dy) Wd                   DGrad of down                [M, I]
                dWd = Q(dy)^T h^T               WGrad of down
@@ -19,12 +21,13 @@ and the down projection's quantizer reads it (fusing that too was measured slowe
                dWg = dgq^T X^T, dWu = duq^T X^T
 
 The GEMMs, their operands' layouts and the weights' tiles are :mod:`quarl.quant.fp8_linear`'s: this is the
-computation of the three FP8 linears with the glue's SwiGLU between them, the BF16 round trips of the backward left
-out. The forward is the same bits as the three linears (with the same ``silu_mul``). Without the Triton quantizers
-(CPU) the backward's SwiGLU runs in PyTorch (eager autograd's arithmetic) and its operands come from
-:mod:`quarl.quant.fp8_linear`'s quantizers: the same numbers as the three linears, bit for bit
-(``tests/quant/test_fp8_swiglu.py``), nothing saved. On CUDA the fused kernel keeps eager autograd's roundings with
-fast arithmetic: a counted few of ``dg`` / ``du``'s codes are one step off (``quarl_kernels.fp8_swiglu``).
+computation of the three FP8 linears with the glue's SwiGLU between them, the BF16 round trips left out. Without the
+Triton quantizers (CPU) SwiGLU runs in PyTorch (eager autograd's arithmetic; the forward's ``silu_mul``) and its
+operands come from :mod:`quarl.quant.fp8_linear`'s quantizers: the same numbers as the three linears, bit for bit
+(``tests/quant/test_fp8_swiglu.py``), nothing saved. On CUDA the fused kernels keep eager PyTorch's roundings with
+fast arithmetic (``exp`` as ``ex2.approx``, an approximate reciprocal): a counted few of ``h``'s, ``dg``'s and
+``du``'s codes are one step off eager's (``tests/kernels/test_fp8_swiglu_gpu.py``: at most 1e-3 of them, scales
+equal); the no-grad forward computes ``h`` as the training forward does, so the two stay equal.
 
 Where it runs: :mod:`quarl.train.fused_glue` (``policy.compile_glue``) patches a Llama / Qwen MLP's forward; when the
 MLP's three projections are full-parameter FP8 ``QuantLinear`` s (``precision.mode=jetrl``, no LoRA, no bias) that
@@ -63,6 +66,39 @@ def _kernels():
     from quarl_kernels import fp8_swiglu
 
     return fp8_swiglu
+
+
+def forward_fused() -> bool:
+    """``QUARL_FP8_SWIGLU_FWD`` unset or ``1``: h = silu(g) * u quantized from g and u by one kernel where it runs."""
+    return switch_on("QUARL_FP8_SWIGLU_FWD", "quantize h = silu(g) * u from g and u in one kernel",
+                     "write h with the glue's silu_mul, then quantize it")
+
+
+def _regs_module():
+    """``quarl_kernels.fp8_quant_regs`` (Gluon), or None where it does not import (no Triton, or one without Gluon)."""
+    try:
+        from quarl_kernels import fp8_quant_regs
+    except Exception:  # noqa: BLE001 - any import failure means: the glue + quantizer path serves
+        return None
+    return fp8_quant_regs
+
+
+def swiglu_operand(g: torch.Tensor, u: torch.Tensor, silu_mul, rows: int, cols: int, t_rows: int | None,
+                   t_tiles: bool):
+    """The down projection's input operand: ``h = silu(g) * u`` [M, I] quantized -- ``quantize_input``'s ``(q, s, qt,
+    st)``, X^T when ``t_rows`` (in tiles with ``t_tiles``). On CUDA with the Triton quantizers, Gluon and
+    :func:`forward_fused`, from ``g`` and ``u`` by one kernel (h never written; ``silu_mul`` unused); else
+    ``silu_mul(g, u)`` then the quantizer."""
+    fr = _regs_module() if g.is_cuda and quant_backend(g) == "triton" and forward_fused() else None
+    fq = _fused_module() if fr is not None else None
+    if fq is not None:
+        g, u = _unit_stride(g, u)
+        tiles = t_tiles and t_rows is not None
+        out = fq._act_outputs(g, rows, cols, t_rows, True, tiles)
+        fr.launch_setting(g, *out, rows, cols, t_rows, tiles, fr.SWIGLU_SETTINGS[0], u=u)
+        return out
+    h = silu_mul(g, u)
+    return quantize_input(h, h, rows, cols, t_rows, False, t_tiles)
 
 
 def silu_mul_eager(g: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
@@ -120,9 +156,8 @@ class FP8SwiGLUFunction(torch.autograd.Function):
         xq, xs, xtq, xts = quantize_input(x, x2, mp, gq.shape[1], mt if need_gu else None, False, wgrad_tiles)
         g = blockwise_gemm(xq, xs, gq, gs, True, x.dtype)[:m, :inter]  # [M, I]
         u = blockwise_gemm(xq, xs, uq, us, True, x.dtype)[:m, :inter]  # [M, I]
-        h = silu_mul(g, u)  # [M, I], the glue's; quantized (not saved): hq [Mp, Ip] 1x128, htq / hts h^T (down's WGrad)
-        hq, hs, htq, hts = quantize_input(h, h, mp, dq.shape[1], mt if need_d else None, False, wgrad_tiles)
-        del h
+        # h = silu(g) * u quantized (never saved): hq [Mp, Ip] 1x128, htq / hts h^T (down's WGrad)
+        hq, hs, htq, hts = swiglu_operand(g, u, silu_mul, mp, dq.shape[1], mt if need_d else None, wgrad_tiles)
         y = blockwise_gemm(hq, hs, dq, ds, True, x.dtype)[:m, :out]  # [M, H]
         ctx.save_for_backward(g, u, xtq, xts, htq, hts, gq, gs, uq, us, dq, ds)
         ctx.dims = (lead, m, mp, mt, hdim, inter, out)
@@ -189,5 +224,5 @@ def mlp_forward(mlp: nn.Module, x: torch.Tensor, silu_mul=None) -> torch.Tensor:
                       silu_mul)
 
 
-__all__ = ["FP8SwiGLUFunction", "enabled", "fp8_swiglu", "fusable", "mlp_forward", "silu_mul_eager", "silu_mul_grads",
-           "swiglu_grad_operands"]
+__all__ = ["FP8SwiGLUFunction", "enabled", "forward_fused", "fp8_swiglu", "fusable", "mlp_forward", "silu_mul_eager",
+           "silu_mul_grads", "swiglu_grad_operands", "swiglu_operand"]

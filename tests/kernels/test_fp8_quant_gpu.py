@@ -157,6 +157,9 @@ def test_regs_kernel_equals_eager(m, k, dtype, special):
                     assert same(qt, tq.t()) and torch.equal(st, ts.t()), (where, ndiff(qt, tq.t()))
                 else:
                     assert same(qt, rqt) and torch.equal(st, rst), (where, ndiff(qt, rqt))
+        q, s, _, _ = fq._act_outputs(x, mp, kp, None, True, False)  # the row groups alone (a no-grad forward)
+        fr.launch_setting(x, q, s, None, None, mp, kp, None, False, setting)
+        assert same(q, rq) and torch.equal(s, rs), (setting, "rows alone", ndiff(q, rq))
 
 
 def test_every_launch_setting_gives_the_same_bits():
