@@ -81,8 +81,8 @@ e)
     ;;
 f)
     (deepgemm > "$OUT/deepgemm.log" 2>&1) &
-    tests 230 tests/kernels/test_fp8_swiglu_gpu.py tests/kernels/test_fp8_quant_gpu.py tests/kernels/test_fused_glue_gpu.py \
-        -k "swiglu or regs or glue or fused or stack"
+    tests 230 tests/kernels/test_fp8_swiglu_gpu.py tests/kernels/test_fp8_quant_gpu.py tests/train/test_fused_glue_gpu.py \
+        -k "swiglu or regs or glue or fused or stack or engine or jetrl"
     wait
     cat "$OUT/deepgemm.log"
     ;;
