@@ -32,6 +32,10 @@
 #     (both forward paths), the kernels and the compiled glue / engine on Jet-RL models; DeepGEMM built for g.
 #   phase g: bash benchmarks/gpu_session31.sh g   (right after f, warm; ~8 min)
 #     The 7B actor update with the fused forward, with QUARL_FP8_SWIGLU_FWD=0, and fused again.
+#   phase h: bash benchmarks/gpu_session31.sh h   (nvidia-h100-x1; carry .dev/dg.tar.xz; ~7 min)
+#     fp8_quant_regs as a run-time candidate of fp8_quant.quantize_act (("regs", tokens a thread, warps), where X^T is
+#     wanted): the GPU tests (the choice taking it, stacked out= blocks, every setting's bits), the 7B operands' table
+#     (which operands it wins), then the 7B actor update.
 set -u
 PHASE=${1:?phase}
 OUT=${OUT:?}
@@ -95,6 +99,15 @@ g)
         model_step "${M_S:-150}" p7$r --shape Qwen2.5-7B --layers 4 --tokens 16384 --loss rl --arms "bf16,bf16+glue,$FP8" \
             --iters 2 --accumulate 8
     done
+    ;;
+h)
+    (deepgemm > "$OUT/deepgemm.log" 2>&1) &
+    tests 150 tests/kernels/test_fp8_quant_gpu.py -k "regs or chosen or every_launch or equals_eager"
+    bench 100 quant benchmarks/kernels/fp8_quant_operands.py --models Qwen2.5-7B
+    wait
+    export PYTHONPATH=$PYTHONPATH:/tmp/dg
+    model_step "${M_S:-150}" p7regs --shape Qwen2.5-7B --layers 4 --tokens 16384 --loss rl \
+        --arms "bf16,bf16+glue,jetrl-xtiles+deepgemm+glue" --iters 2 --accumulate 8
     ;;
 *) echo "unknown phase $PHASE"; exit 2 ;;
 esac

@@ -118,10 +118,9 @@ WARPS = 8
 # won every 7B operand the splits had won -- those passes had been issue-bound as much as L1-bound. Four more
 # one-read entries were added then ((16 | 32 | 64, 4 | 8) rows / warps, 16- or 32-column X^T chunks); a (128, 16)
 # one with 64-column chunks spilled (ptxas) and was not.
-# Entries with seven fields (session 31) are one-read settings whose loops Triton's software pipeliner runs that many
-# stages deep (cp.async into shared memory: the next chunks' loads in flight while this one is coded); the H100
-# profile of session 30 had the one-read kernels at ~60 % of the copy rate with one chunk of loads in flight a program.
-# Compiled for sm_90 on CPU: 58-128 registers, 16-37 KB of shared memory, no spills.
+# Session 31 (H100): six one-read settings with their loops through Triton's software pipeliner (num_stages 3-4, cp.async
+# into shared memory) were slower than the best of these on 4 of 5 7B operands (X [T, 18944] 0.850 against 0.678 ms)
+# and were removed (RESULTS.md "Session 31").
 # A one-read kernel in Gluon with no transpose at all (benchmarks/kernels/fp8_quant_gluon.py: a thread holds four
 # consecutive tokens of its columns, X^T's 32-bit words) gave the same bits on an H200 but ran at half the split
 # settings' speed (one 128x128 tile in flight per SM at its register count; RESULTS.md "Session 26"): not a candidate;
@@ -131,10 +130,23 @@ ACT_SETTINGS = ((SUB, WARPS), (32, 4), (64, 8), (64, 16), (128, 16), (64, 8, Tru
                 (64, 8, False, 128, 8), (32, 4, False, 16, 2), (32, 4, False, 32, 2),
                 (32, 4, False, 0, 0, 32), (64, 8, False, 0, 0, 64),
                 (16, 4, False, 0, 0, 32), (32, 8, False, 0, 0, 32), (64, 8, False, 0, 0, 32), (32, 4, False, 0, 0, 16),
-                (32, 4, 2, 16, 2), (32, 4, 2, 64, 8), (64, 8, 2, 64, 8),
-                (64, 8, False, 0, 0, 32, 3), (32, 8, False, 0, 0, 32, 3), (32, 8, False, 0, 0, 32, 4),
-                (32, 4, False, 0, 0, 32, 3), (16, 4, False, 0, 0, 32, 4), (64, 16, False, 0, 0, 32, 3))
+                (32, 4, 2, 16, 2), (32, 4, 2, 64, 8), (64, 8, 2, 64, 8))
 TILE_SETTINGS = ((SUB, WARPS), (32, 4), (64, 8))
+# Session 31: where X^T is wanted on CUDA (unit column stride, Gluon importable), ``quarl_kernels.fp8_quant_regs``' one-read
+# kernel (X^T transposed by register order, no shared-memory transpose) is timed beside ACT_SETTINGS as ("regs", tokens a
+# thread, warps): H100, 7B operands, 16k tokens, 2-6 % faster than the best Triton setting on 4 of 5 operands.
+
+
+def regs_settings(x: torch.Tensor, t_rows: int | None) -> tuple:
+    """The ``("regs", tpt, warps)`` candidates for ``x`` (none on CPU, without X^T, with strided columns or without
+    Gluon)."""
+    if t_rows is None or not x.is_cuda or x.stride(1) != 1:
+        return ()
+    try:
+        from quarl_kernels import fp8_quant_regs
+    except Exception:  # noqa: BLE001 - no Gluon here: the Triton settings serve
+        return ()
+    return tuple(("regs", *st) for st in fp8_quant_regs.SETTINGS)
 TUNE_REPS = 3
 TUNE_MIN_ROWS = 1024
 TUNED: dict[tuple, dict] = {}  # key -> {"best": (sub, warps), "ms": {setting: ms}}
@@ -245,7 +257,7 @@ def _act_kernel(
     stride_qm, stride_sm, stride_sg, stride_qtk, stride_stk, stride_stg,
     ROWS: tl.constexpr, COLS: tl.constexpr, SCALE_RECIP: tl.constexpr,
     BLOCK_M: tl.constexpr, SUB: tl.constexpr, INTERPRET: tl.constexpr, PACK_T: tl.constexpr = False,
-    TILE: tl.constexpr = False, T_CHUNK: tl.constexpr = 0, PDL: tl.constexpr = 0, STAGES: tl.constexpr = 1,
+    TILE: tl.constexpr = False, T_CHUNK: tl.constexpr = 0, PDL: tl.constexpr = 0,
 ):
     # PDL (pdl.py; the row groups alone, a decode step's quantizer): wait for the kernel that wrote x first
     pdl.enter(PDL)
@@ -254,17 +266,14 @@ def _act_kernel(
     # TILE: X^T in 128x128 tiles, one scale for the program's whole tile (st[pid_k, pid_m]) instead of one per
     # column. T_CHUNK > 0: X^T's pass walks the tile in [128 tokens, T_CHUNK columns] chunks (each transposed
     # row 128 contiguous bytes) instead of [SUB tokens, 128 columns] ones (SUB-byte pieces per row); without
-    # TILE each chunk then holds whole token groups, so its columns' scales come from the chunk itself.
-    # STAGES > 1 (session 31): Triton's software pipeliner on the row and X^T loops -- the next chunks' loads
-    # issued (cp.async into shared memory) before this chunk is coded, so a program keeps more than one chunk of
-    # loads in flight (at one chunk a program the one-read kernels streamed at ~60 % of the H100's copy rate)
+    # TILE each chunk then holds whole token groups, so its columns' scales come from the chunk itself
     pid_m = tl.program_id(0)
     pid_k = tl.program_id(1)
     cols = (pid_k * 128 + tl.arange(0, 128)).to(tl.int64)  # [128]
     c_in = cols < K
     c_ok = cols < CQ
     colmax = tl.zeros([128], dtype=tl.float32)
-    for i in tl.range(0, BLOCK_M // SUB, num_stages=STAGES):
+    for i in tl.range(0, BLOCK_M // SUB):
         rows = (pid_m * BLOCK_M + i * SUB + tl.arange(0, SUB)).to(tl.int64)  # [SUB]
         x = tl.load(x_ptr + rows[:, None] * stride_xm + cols[None, :] * stride_xk,
                     mask=(rows < M)[:, None] & c_in[None, :], other=0.0).to(tl.float32)  # [SUB, 128]; 0 = padding
@@ -280,7 +289,7 @@ def _act_kernel(
         rows = (pid_m * BLOCK_M + tl.arange(0, BLOCK_M)).to(tl.int64)  # [128]
         if TILE:
             s_tile = _scale(tl.max(colmax, axis=0), SCALE_RECIP)  # scalar: the tile's
-        for j in tl.range(0, 128 // T_CHUNK, num_stages=STAGES):
+        for j in tl.range(0, 128 // T_CHUNK):
             cc = (pid_k * 128 + j * T_CHUNK + tl.arange(0, T_CHUNK)).to(tl.int64)  # [TC]
             x = tl.load(x_ptr + rows[:, None] * stride_xm + cc[None, :] * stride_xk,
                         mask=(rows < M)[:, None] & (cc < K)[None, :], other=0.0).to(tl.float32)  # [128, TC]
@@ -316,7 +325,7 @@ def _act_kernel(
                 tl.store(qt_ptr + cols[None, :] * stride_qtk + quad.to(tl.int64)[:, None], words,
                          mask=c_ok[None, :] & (quad * 4 < RT)[:, None])
         else:
-            for i in tl.range(0, BLOCK_M // SUB, num_stages=STAGES):  # second pass over the tile: an L2 hit
+            for i in tl.range(0, BLOCK_M // SUB):  # second pass over the tile: an L2 hit, not HBM
                 rows = (pid_m * BLOCK_M + i * SUB + tl.arange(0, SUB)).to(tl.int64)
                 x = tl.load(x_ptr + rows[:, None] * stride_xm + cols[None, :] * stride_xk,
                             mask=(rows < M)[:, None] & c_in[None, :], other=0.0).to(tl.float32)
@@ -444,20 +453,19 @@ def _outer_major(rows: int, groups: int, device) -> torch.Tensor:
     return torch.empty(groups, rows, device=device, dtype=torch.float32).t()
 
 
-def parse_setting(setting: tuple) -> tuple[int, int, int, tuple[int, int] | None, int, int]:
-    """An :data:`ACT_SETTINGS` entry -> (sub, warps, pack, split or None, t_chunk, stages): entries are ``(sub,
-    warps)``, ``(sub, warps, pack)``, ``(sub, warps, mode, t_cols, t_warps)`` (split; mode 0 / False: X^T's kernel
-    transposes its codes, 2: it loads its tile through the transposed view), ``(sub, warps, False, 0, 0, t_chunk)``
-    (one kernel, X^T's pass by column chunks) or that with a seventh field, ``stages`` (its loops software-pipelined
-    that deep; default 1: not pipelined). ``pack`` is returned as an int."""
-    sub, warps, pack, t_cols, t_warps, t_chunk, stages = (*setting, False, 0, 0, 0, 1)[:7]
-    return sub, warps, int(pack), ((t_cols, t_warps) if t_cols else None), t_chunk, stages
+def parse_setting(setting: tuple) -> tuple[int, int, bool, tuple[int, int] | None, int]:
+    """An :data:`ACT_SETTINGS` entry -> (sub, warps, pack, split or None, t_chunk): entries are ``(sub, warps)``,
+    ``(sub, warps, pack)``, ``(sub, warps, mode, t_cols, t_warps)`` (split; mode 0 / False: X^T's kernel transposes
+    its codes, 2: it loads its tile through the transposed view) or ``(sub, warps, False, 0, 0, t_chunk)`` (one
+    kernel, X^T's pass by column chunks). ``pack`` is returned as an int."""
+    sub, warps, pack, t_cols, t_warps, t_chunk = (*setting, False, 0, 0, 0)[:6]
+    return sub, warps, int(pack), ((t_cols, t_warps) if t_cols else None), t_chunk
 
 
 def quantize_act(x: torch.Tensor, rows: int | None = None, cols: int | None = None, t_rows: int | None = None,
                  *, row_groups: bool = True, t_tiles: bool = False, sub: int | None = None, warps: int | None = None,
                  pack: bool | int = False, split: tuple[int, int] | None = None, t_chunk: int = 0,
-                 stages: int = 1, out: tuple | None = None):
+                 out: tuple | None = None):
     """``x`` [M, K] (bf16 / fp16 / fp32, any strides) -> ``(q, s, qt, st)`` in one pass.
 
     * ``row_groups``: ``q`` [rows, cols] E4M3 row-major (1x128 groups along K) and ``s`` [rows, cols/128]
@@ -476,7 +484,7 @@ def quantize_act(x: torch.Tensor, rows: int | None = None, cols: int | None = No
     of its transpose) on the same device, bit for bit, whatever the launch setting: ``sub`` / ``warps`` /
     ``pack`` (one kernel: X^T stored as 4-token words; a split: 2 for the transposed load) / ``split`` ((BLOCK_C,
     warps): X^T by its own kernel) / ``t_chunk``
-    (X^T's pass by column chunks) / ``stages`` (the one kernel's loops pipelined) given, else chosen by shape (:func:`pick_setting`) on CUDA, else (SUB, WARPS).
+    (X^T's pass by column chunks) given, else chosen by shape (:func:`pick_setting`) on CUDA, else (SUB, WARPS).
     """
     if x.dim() != 2:
         raise ValueError(f"quantize_act: x must be 2-D [M, K], got {tuple(x.shape)}")
@@ -505,19 +513,30 @@ def quantize_act(x: torch.Tensor, rows: int | None = None, cols: int | None = No
             key = ("act", q is not None, t_rows is not None, x.dtype, triton.next_power_of_2(extent), cols,
                    x.stride(1) == 1) + (("tiles",) if t_tiles else ())
             cands = ACT_SETTINGS if t_rows is not None else tuple(st for st in ACT_SETTINGS if len(st) == 2)
-            setting = _setting(key, cands, x, lambda *c: _act_launch(x, q, s, qt, st, rows, cols, t_rows,
-                                                                     *_flat(parse_setting(c)), t_tiles=t_tiles))
-        sub, warps, pack, split, t_chunk, stages = parse_setting(setting)
+            setting = _setting(key, cands + regs_settings(x, t_rows), x,
+                               lambda *c: _any_launch(x, q, s, qt, st, rows, cols, t_rows, c, t_tiles))
+        if setting[0] == "regs":
+            _launch(_any_launch(x, q, s, qt, st, rows, cols, t_rows, setting, t_tiles))
+            return q, s, qt, st
+        sub, warps, pack, split, t_chunk = parse_setting(setting)
     _launch(_act_launch(x, q, s, qt, st, rows, cols, t_rows, sub, warps, pack, *(split or (0, 0)), t_chunk=t_chunk,
-                        t_tiles=t_tiles, stages=stages))
+                        t_tiles=t_tiles))
     return q, s, qt, st
 
 
+def _any_launch(x, q, s, qt, st, rows: int, cols: int, t_rows: int | None, setting: tuple, t_tiles: bool):
+    """The launch of an :data:`ACT_SETTINGS` entry or a ``("regs", tpt, warps)`` one (:func:`regs_settings`)."""
+    if setting[0] == "regs":
+        from quarl_kernels import fp8_quant_regs
+
+        return fp8_quant_regs.launch_spec(x, q, s, qt, st, rows, cols, t_rows, t_tiles, *setting[1:])
+    return _act_launch(x, q, s, qt, st, rows, cols, t_rows, *_flat(parse_setting(setting)), t_tiles=t_tiles)
+
+
 def _flat(parsed: tuple) -> tuple:
-    """:func:`parse_setting`'s tuple -> :func:`_act_launch`'s positional (sub, warps, pack, t_cols, t_warps, t_chunk,
-    stages)."""
-    sub, warps, pack, split, t_chunk, stages = parsed
-    return (sub, warps, pack, *(split or (0, 0)), t_chunk, stages)
+    """:func:`parse_setting`'s tuple -> :func:`_act_launch`'s positional (sub, warps, pack, t_cols, t_warps, t_chunk)."""
+    sub, warps, pack, split, t_chunk = parsed
+    return (sub, warps, pack, *(split or (0, 0)), t_chunk)
 
 
 def _act_outputs(x, rows: int, cols: int, t_rows: int | None, row_groups: bool, t_tiles: bool = False):
@@ -561,11 +580,10 @@ def _checked_act_out(x, rows: int, cols: int, t_rows: int | None, row_groups: bo
 
 def _act_launch(x, q, s, qt, st, rows: int, cols: int, t_rows: int | None, sub: int, warps: int,
                 pack: bool = False, t_cols: int = 0, t_warps: int = 0, t_chunk: int = 0,
-                stages: int = 1, t_tiles: bool = False) -> Launch | tuple[Launch, ...]:
+                t_tiles: bool = False) -> Launch | tuple[Launch, ...]:
     # a token group per program when the transpose is wanted; else short row blocks (decode: M <= 64).
     # t_cols > 0 (a split setting, with X^T wanted): the row groups alone, then X^T by _act_t_kernel.
-    # t_chunk > 0: one kernel, X^T's pass by [128, t_chunk] column chunks. t_tiles: X^T in 128x128 tiles.
-    # stages > 1: the one kernel's loops software-pipelined (a split's launches are not)
+    # t_chunk > 0: one kernel, X^T's pass by [128, t_chunk] column chunks. t_tiles: X^T in 128x128 tiles
     m, k = x.shape
     if t_cols and qt is not None:  # pack 2: X^T's kernel loads through the transposed view (T_LOAD)
         if pack not in (0, 2):
@@ -592,7 +610,7 @@ def _act_launch(x, q, s, qt, st, rows: int, cols: int, t_rows: int | None, sub: 
          "SUB": min(sub, block_m), "INTERPRET": _interpreting(), "PACK_T": pack,
          "TILE": t_tiles and qt is not None, "T_CHUNK": t_chunk if qt is not None else 0,
          # the row groups alone (every decode projection's X at rollout): chained to the kernels around it
-         "PDL": pdl.mode(x.device) if qt is None else pdl.OFF, "STAGES": stages},
+         "PDL": pdl.mode(x.device) if qt is None else pdl.OFF},
         warps,
     )
 
@@ -655,4 +673,4 @@ def _tile_launch(w, q, qt, s, sub: int, warps: int) -> Launch:
 
 
 __all__ = ["ACT_SETTINGS", "GROUP", "TILE_SETTINGS", "TUNED", "parse_setting", "pick_setting", "quantize_act",
-           "quantize_tiles"]
+           "quantize_tiles", "regs_settings"]

@@ -150,11 +150,12 @@ def _regs_kernel(
               stride_qtk, stride_stk, stride_stg, ROWS, COLS, TILE, LR, LT)
 
 
-def launch(x: torch.Tensor, q, s, qt, st, rows: int, cols: int, t_rows: int, tiles: bool, tpt: int, warps: int,
-           u: torch.Tensor | None = None):
-    """:func:`_regs_kernel` on ``fp8_quant.quantize_act``'s outputs (``q`` / ``s`` None: X^T alone; ``qt`` / ``st``
-    None: the row groups alone, ``t_rows`` then None); needs ``x`` with unit column stride and ``warps == 128 //
-    tpt``. ``u``: quantize ``silu(x) * u`` (x the gate projection's output; u of x's shape, dtype and strides)."""
+def launch_spec(x: torch.Tensor, q, s, qt, st, rows: int, cols: int, t_rows: int | None, tiles: bool, tpt: int,
+                warps: int, u: torch.Tensor | None = None):
+    """:func:`launch`'s launch as an ``fp8_quant.Launch`` (for ``fp8_quant.quantize_act``'s run-time choice, which
+    times it beside the Triton settings)."""
+    from quarl_kernels.fp8_quant import Launch
+
     m, k = x.shape
     if u is not None and (u.shape != x.shape or u.dtype != x.dtype or u.stride() != x.stride()):
         raise ValueError(f"fp8_quant_regs: u must match x ({tuple(x.shape)}, {x.dtype}, strides {x.stride()}), got "
@@ -167,10 +168,23 @@ def launch(x: torch.Tensor, q, s, qt, st, rows: int, cols: int, t_rows: int, til
     dq, ds = (q, s) if q is not None else (qt, st)  # placeholders for the pointers a pass does not use
     dqt, dst = (qt, st) if qt is not None else (q, s)
     extent = t_rows if t_rows is not None else rows  # the tokens the programs cover
-    _regs_kernel[(triton.cdiv(extent, GROUP), cols // GROUP)](
-        x, dq, ds, dqt, dst, m, k, x.stride(0), rows, cols, extent, dq.stride(0), ds.stride(0), ds.stride(1),
-        dqt.stride(0), dst.stride(0), dst.stride(1), ROWS=q is not None, TILE=tiles and qt is not None, TPT=tpt,
-        u_ptr=u if u is not None else x, SWIGLU=u is not None, COLS=qt is not None, num_warps=warps)
+    return Launch(
+        _regs_kernel, (triton.cdiv(extent, GROUP), cols // GROUP),
+        (x, dq, ds, dqt, dst, m, k, x.stride(0), rows, cols, extent, dq.stride(0), ds.stride(0), ds.stride(1),
+         dqt.stride(0), dst.stride(0), dst.stride(1)),
+        {"ROWS": q is not None, "TILE": tiles and qt is not None, "TPT": tpt, "u_ptr": u if u is not None else x,
+         "SWIGLU": u is not None, "COLS": qt is not None},
+        warps)
+
+
+def launch(x: torch.Tensor, q, s, qt, st, rows: int, cols: int, t_rows: int, tiles: bool, tpt: int, warps: int,
+           u: torch.Tensor | None = None):
+    """:func:`_regs_kernel` on ``fp8_quant.quantize_act``'s outputs (``q`` / ``s`` None: X^T alone; ``qt`` / ``st``
+    None: the row groups alone, ``t_rows`` then None); needs ``x`` with unit column stride and ``warps == 128 //
+    tpt``. ``u``: quantize ``silu(x) * u`` (x the gate projection's output; u of x's shape, dtype and strides)."""
+    from quarl_kernels.fp8_quant import _launch
+
+    _launch(launch_spec(x, q, s, qt, st, rows, cols, t_rows, tiles, tpt, warps, u))
 
 
 def launch_setting(x: torch.Tensor, q, s, qt, st, rows: int, cols: int, t_rows: int, tiles: bool, setting: tuple,
@@ -198,4 +212,4 @@ def compile_sm90(tiles: bool = False, rows: bool = True, tpt: int = 16, swiglu: 
     return triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": GROUP // tpt})
 
 
-__all__ = ["SETTINGS", "SWIGLU_SETTINGS", "compile_sm90", "launch", "launch_setting"]
+__all__ = ["SETTINGS", "SWIGLU_SETTINGS", "compile_sm90", "launch", "launch_setting", "launch_spec"]

@@ -57,10 +57,7 @@ COL_SETTINGS = ((32, 4, False), (64, 8, False), (16, 2, False), (32, 4, True), (
 # 7B width, 16k tokens, two calls (the pair 1.845 / 1.847 ms): (32, 8, 32) 1.756 / 1.764, (32, 8, 64) 1.771,
 # (16, 4, 32) 1.958 / 1.963; slower and dropped: (16, 8, 64) 1.97, (8, 4, 32) 2.18, (8, 4, 16) 2.21, (64, 16, 64) 2.23,
 # (64, 8, 32) 2.34, (32, 16, 32) 2.42
-# A fourth field (session 31): the merged pass's loops software-pipelined that many stages deep (Triton's pipeliner:
-# the next chunks' dh / g / u loads in flight, cp.async into shared memory, while this chunk is coded); the H100
-# profile of session 30 had the SwiGLU passes at ~58 % of the copy rate
-MERGED_SETTINGS = ((32, 8, 32), (32, 8, 64), (16, 4, 32), (32, 8, 32, 3), (16, 4, 32, 4), (32, 8, 64, 3))
+MERGED_SETTINGS = ((32, 8, 32), (32, 8, 64), (16, 4, 32))
 
 
 @triton.jit
@@ -107,14 +104,13 @@ def _swiglu_rows_kernel(
     g_ptr, u_ptr, dh_ptr, q_ptr, s_ptr, q2_ptr, s2_ptr, st_ptr, st2_ptr, qt_ptr, qt2_ptr,
     M, I, stride_m, RQ, CQ, RT, stride_qm, stride_sm, stride_sg, stride_stk, stride_stg, stride_qtk,
     ROWS: tl.constexpr, COLS: tl.constexpr, SCALE_RECIP: tl.constexpr, BLOCK_M: tl.constexpr, SUB: tl.constexpr,
-    INTERPRET: tl.constexpr, T_CHUNK: tl.constexpr = 0, STAGES: tl.constexpr = 1,
+    INTERPRET: tl.constexpr, T_CHUNK: tl.constexpr = 0,
 ):
     # one program: rows [pid_m*BLOCK_M, +BLOCK_M) x columns [pid_k*128, +128), in [SUB, 128] chunks. ROWS: dg's 1x128
     # codes and scales along I in q / s, du's in q2 / s2. COLS (then BLOCK_M = 128, a token group): also the scales
     # of dg^T and du^T (one per column: 1x128 along the tokens) from the column amax of the same values. T_CHUNK > 0
     # (session 30, with COLS): also dg^T / du^T's codes, the transposed pass's work done here on the same tile again
-    # by [128 tokens, T_CHUNK columns] chunks -- dh, g, u re-read from L2 rather than from HBM by a second launch.
-    # STAGES > 1: both loops software-pipelined (MERGED_SETTINGS' fourth field)
+    # by [128 tokens, T_CHUNK columns] chunks -- dh, g, u re-read from L2 rather than from HBM by a second launch
     pid_m = tl.program_id(0)
     pid_k = tl.program_id(1)
     cols = (pid_k * 128 + tl.arange(0, 128)).to(tl.int64)  # [128]
@@ -124,7 +120,7 @@ def _swiglu_rows_kernel(
     # the rows per chunk crosses warps through shared memory (H200: the row pass 1.8-1.9x slower with it)
     amax_g = tl.zeros([SUB, 128], dtype=tl.float32)
     amax_u = tl.zeros([SUB, 128], dtype=tl.float32)
-    for i in tl.range(0, BLOCK_M // SUB, num_stages=STAGES):
+    for i in tl.range(0, BLOCK_M // SUB):
         rows = (pid_m * BLOCK_M + i * SUB + tl.arange(0, SUB)).to(tl.int64)  # [SUB]
         dg, du = _grads(g_ptr, u_ptr, dh_ptr, rows[:, None] * stride_m + cols[None, :],
                         (rows < M)[:, None] & c_in[None, :], INTERPRET)  # [SUB, 128] each
@@ -145,7 +141,7 @@ def _swiglu_rows_kernel(
     if COLS and T_CHUNK > 0:
         tl.debug_barrier()  # the scales just stored, read back below by other threads of the program
         rows = (pid_m * 128 + tl.arange(0, 128)).to(tl.int64)  # [128]: the token group
-        for j in tl.range(0, 128 // T_CHUNK, num_stages=STAGES):
+        for j in tl.range(0, 128 // T_CHUNK):
             cc = (pid_k * 128 + j * T_CHUNK + tl.arange(0, T_CHUNK)).to(tl.int64)  # [TC]
             dg, du = _grads(g_ptr, u_ptr, dh_ptr, rows[:, None] * stride_m + cc[None, :],
                             (rows < M)[:, None] & (cc < I)[None, :], INTERPRET)  # [128, TC] each
@@ -205,9 +201,9 @@ def _check(tensors: tuple, rows: int, cols: int, t_rows: int | None) -> tuple[in
 
 
 def _row_launch(dh, g, u, outs, rows: int, cols: int, t_rows: int | None, sub: int, warps: int,
-                qts: tuple | None = None, t_chunk: int = 0, stages: int = 1) -> fq.Launch:
+                qts: tuple | None = None, t_chunk: int = 0) -> fq.Launch:
     """The row pass; with ``qts`` (dg^T's and du^T's code tensors) and ``t_chunk``, the merged pass that also stores
-    them (:func:`_swiglu_rows_kernel`'s ``T_CHUNK``), its loops ``stages`` deep (``STAGES``)."""
+    them (:func:`_swiglu_rows_kernel`'s ``T_CHUNK``)."""
     (q, s, st), (q2, s2, st2) = outs  # q / s None: no row groups; st None: no transposed operands
     m, i = g.shape
     extent = max(rows if q is not None else 0, t_rows or 0)
@@ -220,15 +216,8 @@ def _row_launch(dh, g, u, outs, rows: int, cols: int, t_rows: int | None, sub: i
         (g, u, dh, dq, ds, dq2, ds2, dst, dst2, qt, qt2, m, i, g.stride(0), rows, cols, t_rows or 0,
          dq.stride(0), ds.stride(0), ds.stride(1), dst.stride(0), dst.stride(1), qt.stride(0)),
         {"ROWS": q is not None, "COLS": t_rows is not None, "SCALE_RECIP": g.is_cuda, "BLOCK_M": block_m,
-         "SUB": min(sub, block_m), "INTERPRET": _interpreting(), "T_CHUNK": t_chunk if qts is not None else 0,
-         "STAGES": stages},
+         "SUB": min(sub, block_m), "INTERPRET": _interpreting(), "T_CHUNK": t_chunk if qts is not None else 0},
         warps)
-
-
-def merged_launch(dh, g, u, outs, rows: int, cols: int, t_rows: int, qts: tuple, setting: tuple) -> fq.Launch:
-    """The merged pass at a :data:`MERGED_SETTINGS` entry ``(rows per chunk, warps, X^T chunk columns[, stages])``."""
-    sub, warps, t_chunk, stages = (*setting, 1)[:4]
-    return _row_launch(dh, g, u, outs, rows, cols, t_rows, sub, warps, qts=qts, t_chunk=t_chunk, stages=stages)
 
 
 def _col_launch(dh, g, u, outs, cols: int, t_rows: int, block_c: int, warps: int, t_load: bool) -> fq.Launch:
@@ -270,7 +259,8 @@ def swiglu_grad_operands(dh: torch.Tensor, g: torch.Tensor, u: torch.Tensor, row
     if merged is not None:
         if t_rows is None:
             raise ValueError("fp8_swiglu: a merged setting makes the transposed operands: give t_rows")
-        fq._launch(merged_launch(dh, g, u, outs, rows, cols, t_rows, (one[2], two[2]), merged))
+        fq._launch(_row_launch(dh, g, u, outs, rows, cols, t_rows, *merged[:2], qts=(one[2], two[2]),
+                               t_chunk=merged[2]))
         return one, two
     size = (g.dtype, triton.next_power_of_2(max(rows, t_rows or 0)), cols)
     if setting is None:
@@ -290,7 +280,8 @@ def swiglu_grad_operands(dh: torch.Tensor, g: torch.Tensor, u: torch.Tensor, row
         # the pair just chosen against the merged launches, timed the same way
 
         def make_m(*st):
-            return pair if st == ("pair",) else merged_launch(dh, g, u, outs, rows, cols, t_rows, (one[2], two[2]), st)
+            return pair if st == ("pair",) else _row_launch(dh, g, u, outs, rows, cols, t_rows, *st[:2],
+                                                             qts=(one[2], two[2]), t_chunk=st[2])
 
         choice = fq._setting(("swiglu-merge", row_groups, *size, setting, t_setting),
                              (("pair",), *MERGED_SETTINGS), g, make_m)

@@ -131,6 +131,30 @@ def _regs_case(m: int, k: int, dtype, special: bool):
     return x.to(dtype)
 
 
+def test_the_run_time_choice_may_take_the_register_order_kernel(monkeypatch):
+    """quantize_act with the Gluon kernel as its only candidate besides the default: the eager quantizers' bits, and
+    into the blocks of a wider stacked operand (``out=``) too."""
+    pytest.importorskip("triton.experimental.gluon")
+    monkeypatch.setenv("QUARL_FP8_TUNE", "1")
+    monkeypatch.setattr(fq, "ACT_SETTINGS", (fq.ACT_SETTINGS[0],))
+    monkeypatch.setattr(fq, "pick_setting", lambda key, settings, make, timer=None: settings[-1])  # "regs"
+    monkeypatch.setattr(fq, "TUNED", {})
+    torch.manual_seed(6)
+    x = _regs_case(2000, 1536, torch.bfloat16, True)
+    mp, mt, kp = 2000, 2048, 1536
+    rq, rs = quantize_act_1x128(_pad2(x, mp, kp))
+    rqt, rst = quantize_act_1x128(_pad2(x, mt, kp).t())
+    q, s, qt, st = fq.quantize_act(x, mp, kp, mt)
+    assert same(q, rq) and torch.equal(s, rs) and same(qt, rqt) and torch.equal(st, rst)
+    wide_q = torch.zeros(mp, kp + 256, device="cuda", dtype=torch.float8_e4m3fn)
+    wide_s = torch.zeros((kp + 256) // 128, mp, device="cuda").t()
+    wide_qt = torch.zeros(kp + 256, mt, device="cuda", dtype=torch.float8_e4m3fn)
+    wide_st = torch.zeros(mt // 128, kp + 256, device="cuda").t()
+    out = (wide_q[:, 256:], wide_s[:, 2:], wide_qt[256:], wide_st[256:])
+    fq.quantize_act(x, mp, kp, mt, out=out)
+    assert same(out[0], rq) and torch.equal(out[1], rs) and same(out[2], rqt) and torch.equal(out[3], rst)
+
+
 @pytest.mark.parametrize("m,k,dtype,special", [(4099, 3584, torch.bfloat16, False), (300, 640, torch.float32, True),
                                                (1000, 18944, torch.bfloat16, False), (257, 576, torch.bfloat16, True),
                                                (64, 4096, torch.float16, False)])
@@ -173,8 +197,8 @@ def test_every_launch_setting_gives_the_same_bits():
     rqt, rst = quantize_act_1x128(_pad2(x, mt, kp).t())
     tq, ts = _tiles_padded(_pad2(x, mt, kp))  # X^T's 128x128 tiles (fp8_wgrad=tiles) are these, transposed
     for setting in fq.ACT_SETTINGS:
-        sub, warps, pack, split, t_chunk, stages = fq.parse_setting(setting)
-        kw = {"sub": sub, "warps": warps, "pack": pack, "split": split, "t_chunk": t_chunk, "stages": stages}
+        sub, warps, pack, split, t_chunk = fq.parse_setting(setting)
+        kw = {"sub": sub, "warps": warps, "pack": pack, "split": split, "t_chunk": t_chunk}
         q, s, qt, st = fq.quantize_act(x, mp, kp, mt, **kw)
         assert same(q, rq) and same(qt, rqt) and torch.equal(s, rs) and torch.equal(st, rst), setting
         _, _, qt, st = fq.quantize_act(x, mp, kp, mt, row_groups=False, **kw)
@@ -196,7 +220,9 @@ def test_launch_setting_is_chosen_by_shape_and_kept(monkeypatch):
     keys = set(fq.TUNED)
     q, s, _, _ = fq.quantize_act(x, 3000, 2560, 3072)
     new = [k for k in fq.TUNED if k not in keys]
-    assert len(new) == 1 and new[0][0] == "act" and fq.TUNED[new[0]]["best"] in fq.ACT_SETTINGS
+    assert len(new) == 1 and new[0][0] == "act"
+    assert fq.TUNED[new[0]]["best"] in fq.ACT_SETTINGS + fq.regs_settings(x, 3072)
+    assert set(fq.regs_settings(x, 3072)) <= set(fq.TUNED[new[0]]["ms"])  # the Gluon kernel timed too (session 31)
     assert len(fq.TUNED[new[0]]["ms"]) >= 1  # the candidates that ran, with their times
     fq.quantize_act(x[:2900], 2900, 2560, 2944)  # the same class (tokens rounded up to 4096): no new tuning
     assert len(fq.TUNED) == len(keys) + 1

@@ -155,8 +155,8 @@ SCRIPT = textwrap.dedent("""
     ref = fq.quantize_act(x, 300, 640, 384, sub=fq.SUB, warps=fq.WARPS)
     ref_t = fq.quantize_act(x, 300, 640, 384, t_tiles=True, sub=fq.SUB, warps=fq.WARPS)
     for setting in fq.ACT_SETTINGS:
-        sub, warps, pack, split, t_chunk, stages = fq.parse_setting(setting)
-        kw = dict(sub=sub, warps=warps, pack=pack, split=split, t_chunk=t_chunk, stages=stages)
+        sub, warps, pack, split, t_chunk = fq.parse_setting(setting)
+        kw = dict(sub=sub, warps=warps, pack=pack, split=split, t_chunk=t_chunk)
         got = fq.quantize_act(x, 300, 640, 384, **kw)
         assert same(got[0], ref[0]) and same(got[2], ref[2]), setting
         assert torch.equal(got[1], ref[1]) and torch.equal(got[3], ref[3]), setting
@@ -201,9 +201,7 @@ ACT_SETTINGS = ((32, 8), (32, 4), (64, 8), (64, 16), (128, 16), (64, 8, True), (
                 (64, 8, False, 128, 8), (32, 4, False, 16, 2), (32, 4, False, 32, 2),
                 (32, 4, False, 0, 0, 32), (64, 8, False, 0, 0, 64),
                 (16, 4, False, 0, 0, 32), (32, 8, False, 0, 0, 32), (64, 8, False, 0, 0, 32), (32, 4, False, 0, 0, 16),
-                (32, 4, 2, 16, 2), (32, 4, 2, 64, 8), (64, 8, 2, 64, 8),
-                (64, 8, False, 0, 0, 32, 3), (32, 8, False, 0, 0, 32, 3), (32, 8, False, 0, 0, 32, 4),
-                (32, 4, False, 0, 0, 32, 3), (16, 4, False, 0, 0, 32, 4), (64, 16, False, 0, 0, 32, 3))
+                (32, 4, 2, 16, 2), (32, 4, 2, 64, 8), (64, 8, 2, 64, 8))
 TILE_SETTINGS = ((32, 8), (32, 4), (64, 8))
 for _st in ACT_SETTINGS[1:]:
     LAUNCHES[f"act bf16 8192x3584 K+T {_st}"] = ("act", "bfloat16", (8192, 3584), True, _st)
@@ -226,7 +224,7 @@ def _compiled(name: str):
     from tests.kernels.sm90_sass import compile_launch
 
     kind, dt, (m, k), t, *setting = LAUNCHES[name]
-    sub, warps, pack, split, t_chunk, stages = fq.parse_setting(setting[0] if setting else (fq.SUB, fq.WARPS))
+    sub, warps, pack, split, t_chunk = fq.parse_setting(setting[0] if setting else (fq.SUB, fq.WARPS))
     x = torch.empty(m, k, dtype=getattr(torch, dt))
     if kind == "tiles":
         q, qt, s = fq._tile_outputs(x, t)
@@ -236,8 +234,7 @@ def _compiled(name: str):
         t_rows = -(-m // 128) * 128 if t else None
         tiles = t == "tiles"
         launch = fq._act_launch(x, *fq._act_outputs(x, rows, cols, t_rows, t != "t-only", tiles), rows, cols, t_rows,
-                                sub, warps, pack, *(split or (0, 0)), t_chunk=t_chunk, stages=stages,
-                                t_tiles=tiles)
+                                sub, warps, pack, *(split or (0, 0)), t_chunk=t_chunk, t_tiles=tiles)
     launches = launch if isinstance(launch, tuple) and not isinstance(launch, fq.Launch) else (launch,)
     return [compile_launch(one, SCALE_RECIP=True, INTERPRET=False) for one in launches]  # a split setting: two
 
@@ -373,7 +370,7 @@ STACK_SCRIPT = textwrap.dedent("""
     dys[1] = torch.randn(widths[1], m).to(torch.bfloat16).t()  # a strided input
     for setting in ((fq.SUB, fq.WARPS), (32, 4, False, 32, 4), (64, 8, True), (32, 4, False, 0, 0, 32)):
         for rows_too, t_rows in ((True, mt), (False, mt), (True, None)):
-            sub, warps, pack, split, t_chunk, stages = fq.parse_setting(setting)
+            sub, warps, pack, split, t_chunk = fq.parse_setting(setting)
             q = torch.empty(mp, n, dtype=torch.float8_e4m3fn) if rows_too else None
             s = torch.empty(n // 128, mp).t() if rows_too else None
             qt = torch.empty(n, mt, dtype=torch.float8_e4m3fn) if t_rows else None
@@ -383,9 +380,9 @@ STACK_SCRIPT = textwrap.dedent("""
                 out = (q[:, a:a + w] if rows_too else None, s[:, a // 128:(a + w) // 128] if rows_too else None,
                        qt[a:a + w] if t_rows else None, st[a:a + w] if t_rows else None)
                 fq.quantize_act(dy, mp, w, t_rows, row_groups=rows_too, sub=sub, warps=warps, pack=pack,
-                                split=split, t_chunk=t_chunk, stages=stages, out=out)
+                                split=split, t_chunk=t_chunk, out=out)
                 ref = fq.quantize_act(dy, mp, w, t_rows, row_groups=rows_too, sub=sub, warps=warps, pack=pack,
-                                      split=split, t_chunk=t_chunk, stages=stages)
+                                      split=split, t_chunk=t_chunk)
                 for got, want in zip(out, ref):
                     assert (got is None) == (want is None)
                     if got is not None:

@@ -107,8 +107,8 @@ def _launches():
     for st in fs.COL_SETTINGS:
         yield f"cols {st}", fs._col_launch(g, g, g, ((one[2], one[3]), (two[2], two[3])), i, m, *st)
     for st in fs.MERGED_SETTINGS:
-        yield f"merged {st}", fs.merged_launch(g, g, g, ((one[0], one[1], one[3]), (two[0], two[1], two[3])), m, i,
-                                               m, (one[2], two[2]), st)
+        yield f"merged {st}", fs._row_launch(g, g, g, ((one[0], one[1], one[3]), (two[0], two[1], two[3])), m, i, m,
+                                             *st[:2], qts=(one[2], two[2]), t_chunk=st[2])
 
 
 @needs_triton
