@@ -36,6 +36,10 @@
 #     fp8_quant_regs as a run-time candidate of fp8_quant.quantize_act (("regs", tokens a thread, warps), where X^T is
 #     wanted): the GPU tests (the choice taking it, stacked out= blocks, every setting's bits), the 7B operands' table
 #     (which operands it wins), then the 7B actor update.
+#   phase i: bash benchmarks/gpu_session31.sh i   (nvidia-h100-x1; carry .dev/dg.tar.xz; ~7 min)
+#     The Qwen3-8B actor update with this session's code (session 30: 1.45x), then the 7B one again.
+#   phase j: bash benchmarks/gpu_session31.sh j   (nvidia-h100-x1; carry .dev/dg.tar.xz; ~9 min)
+#     The Qwen2.5-32B actor update, two rounds (session 30: 1.56x / 1.54x).
 set -u
 PHASE=${1:?phase}
 OUT=${OUT:?}
@@ -108,6 +112,20 @@ h)
     export PYTHONPATH=$PYTHONPATH:/tmp/dg
     model_step "${M_S:-150}" p7regs --shape Qwen2.5-7B --layers 4 --tokens 16384 --loss rl \
         --arms "bf16,bf16+glue,jetrl-xtiles+deepgemm+glue" --iters 2 --accumulate 8
+    ;;
+i)
+    deepgemm
+    export PYTHONPATH=$PYTHONPATH:/tmp/dg
+    model_step "${M8_S:-170}" p8 --shape Qwen3-8B --layers 4 --tokens 16384 --loss rl \
+        --arms "bf16,bf16+glue,jetrl-xtiles+deepgemm+glue" --iters 2 --accumulate 8
+    model_step "${M_S:-150}" p7 --shape Qwen2.5-7B --layers 4 --tokens 16384 --loss rl \
+        --arms "bf16,bf16+glue,jetrl-xtiles+deepgemm+glue" --iters 2 --accumulate 8
+    ;;
+j)
+    deepgemm
+    export PYTHONPATH=$PYTHONPATH:/tmp/dg
+    model_step "${M32_S:-420}" p32 --shape Qwen2.5-32B --layers 4 --tokens 16384 --loss rl \
+        --arms "bf16,bf16+glue,jetrl-xtiles+deepgemm+glue" --iters 2 --accumulate 8 --repeat 2
     ;;
 *) echo "unknown phase $PHASE"; exit 2 ;;
 esac
