@@ -40,6 +40,10 @@
 #     The Qwen3-8B actor update with this session's code (session 30: 1.45x), then the 7B one again.
 #   phase j: bash benchmarks/gpu_session31.sh j   (nvidia-h100-x1; carry .dev/dg.tar.xz; ~9 min)
 #     The Qwen2.5-32B actor update, two rounds (session 30: 1.56x / 1.54x).
+#   phase k: bash benchmarks/gpu_session31.sh k   (nvidia-h100-x1; ~4 min)
+#     SwiGLU's backward pass in the register-order Gluon kernel (fp8_quant_regs._swiglu_bwd_kernel: dh, g, u read
+#     once, dg and du coded from registers, bit for bit fp8_swiglu's merged pass), a candidate of the merged choice:
+#     the GPU test (every setting's bits, rows / no rows, padded shape), then fp8_swiglu_bench's backward rows.
 set -u
 PHASE=${1:?phase}
 OUT=${OUT:?}
@@ -126,6 +130,10 @@ j)
     export PYTHONPATH=$PYTHONPATH:/tmp/dg
     model_step "${M32_S:-420}" p32 --shape Qwen2.5-32B --layers 4 --tokens 16384 --loss rl \
         --arms "bf16,bf16+glue,jetrl-xtiles+deepgemm+glue" --iters 2 --accumulate 8 --repeat 2
+    ;;
+k)
+    tests 150 tests/kernels/test_fp8_swiglu_gpu.py -k "every_launch or operands_match"
+    bench 100 swiglu benchmarks/kernels/fp8_swiglu_bench.py --models Qwen2.5-7B,Qwen2.5-32B
     ;;
 *) echo "unknown phase $PHASE"; exit 2 ;;
 esac

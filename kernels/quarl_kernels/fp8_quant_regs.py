@@ -54,6 +54,7 @@ GROUP = 128
 # (which spills 8 bytes with 1x128 X^T groups): (16, 8) alone.
 SETTINGS = ((16, 8), (8, 16))
 SWIGLU_SETTINGS = ((16, 8),)
+SWIGLU_BWD_SETTINGS = ((16, 8), (8, 16))  # SwiGLU's backward: ("regs", *setting) candidates of fp8_swiglu's choice
 
 
 @gluon.jit
@@ -80,6 +81,31 @@ def _load(x_ptr, pid_m, pid_k, M, K, stride_xm, valid, LR: gl.constexpr):
 
 
 @gluon.jit
+def _codes_by_recip(x, s):
+    """``fp8_swiglu``'s codes: ``x * RN(1 / s)`` cast with saturation (its clamp to +-448 before the cast changes no
+    code: the cast saturates, NaN stays NaN)."""
+    return (x * gl.div_rn(1.0, s)).to(gl.float8e4nv)
+
+
+@gluon.jit
+def _swiglu_grads(g_in, u_in, dh_in):
+    """``fp8_swiglu._grads``' arithmetic, operation for operation (the same bits): ``(dg, du)`` of ``h = silu(g) * u``
+    for the output gradient ``dh`` at eager autograd's roundings, ``exp`` as ``ex2.approx``, ``1 / (1 + e)``
+    approximate."""
+    dt: gl.constexpr = g_in.dtype
+    g = g_in.to(gl.float32)
+    u = u_in.to(gl.float32)
+    dh = dh_in.to(gl.float32)
+    e = gl.exp(-g)
+    s = 1.0 / (1.0 + e)
+    act = (g * s).to(dt).to(gl.float32)  # F.silu(g) in the input dtype
+    du = (dh * act).to(dt).to(gl.float32)
+    dy = (dh * u).to(dt).to(gl.float32)
+    dg = (dy * s * gl.fma(g, 1.0 - s, 1.0)).to(dt).to(gl.float32)
+    return dg, du
+
+
+@gluon.jit
 def _silu_mul(g_in, u_in):
     """SwiGLU's forward ``h = silu(g) * u`` in fp32 at eager PyTorch's roundings (``F.silu(g)`` rounded to the input
     dtype, then the product rounded) with fast arithmetic -- ``exp`` as ``ex2.approx``, ``1 / (1 + e)`` approximate --
@@ -94,8 +120,10 @@ def _silu_mul(g_in, u_in):
 @gluon.jit
 def _quantize(xin, pid_m, pid_k, q_ptr, s_ptr, qt_ptr, st_ptr, RQ, CQ, RT,
               stride_qm, stride_sm, stride_sg, stride_qtk, stride_stk, stride_stg,
-              ROWS: gl.constexpr, COLS: gl.constexpr, TILE: gl.constexpr, LR: gl.constexpr, LT: gl.constexpr):
-    """The row groups (ROWS) and X^T (COLS) of one loaded tile (:func:`_load`), stored."""
+              ROWS: gl.constexpr, COLS: gl.constexpr, TILE: gl.constexpr, LR: gl.constexpr, LT: gl.constexpr,
+              RECIP: gl.constexpr = False):
+    """The row groups (ROWS) and X^T (COLS) of one loaded tile (:func:`_load`), stored; RECIP: codes as ``x * RN(1 /
+    s)`` (``fp8_swiglu``'s) instead of the correctly rounded quotient."""
     tok = pid_m * 128 + gl.arange(0, 128, layout=gl.SliceLayout(1, LR))  # [128]
     col = pid_k * 128 + gl.arange(0, 128, layout=gl.SliceLayout(0, LR))  # [128]
     t2 = gl.expand_dims(tok, 1).to(gl.int64)
@@ -104,7 +132,10 @@ def _quantize(xin, pid_m, pid_k, q_ptr, s_ptr, qt_ptr, st_ptr, RQ, CQ, RT,
     ax = gl.abs(x)
     if ROWS:  # 1x128 groups along K: a row's amax within the warp
         rs = _scale(gl.max(ax, axis=1))  # [128]
-        q = _codes(x, gl.expand_dims(rs, 1))
+        if RECIP:
+            q = _codes_by_recip(x, gl.expand_dims(rs, 1))
+        else:
+            q = _codes(x, gl.expand_dims(rs, 1))
         gl.store(q_ptr + t2 * stride_qm + c2, q, mask=(t2 < RQ) & (c2 < CQ))
         gl.store(s_ptr + tok.to(gl.int64) * stride_sm + pid_k * stride_sg, rs, mask=tok < RQ)
     if COLS:
@@ -114,7 +145,10 @@ def _quantize(xin, pid_m, pid_k, q_ptr, s_ptr, qt_ptr, st_ptr, RQ, CQ, RT,
             ct = _codes(x, s_tile)
         else:
             sc = _scale(cmax)  # [128]
-            ct = _codes(x, gl.expand_dims(sc, 0))
+            if RECIP:
+                ct = _codes_by_recip(x, gl.expand_dims(sc, 0))
+            else:
+                ct = _codes(x, gl.expand_dims(sc, 0))
         ct = gl.convert_layout(ct, LT)  # the same element-to-thread map: registers renamed, nothing moved
         tokt = pid_m * 128 + gl.arange(0, 128, layout=gl.SliceLayout(1, LT))
         colt = pid_k * 128 + gl.arange(0, 128, layout=gl.SliceLayout(0, LT))
@@ -148,6 +182,53 @@ def _regs_kernel(
         x = _silu_mul(x, _load(u_ptr, pid_m, pid_k, M, K, stride_xm, True, LR))
     _quantize(x, pid_m, pid_k, q_ptr, s_ptr, qt_ptr, st_ptr, RQ, CQ, RT, stride_qm, stride_sm, stride_sg,
               stride_qtk, stride_stk, stride_stg, ROWS, COLS, TILE, LR, LT)
+
+
+@gluon.jit
+def _swiglu_bwd_kernel(
+    g_ptr, u_ptr, dh_ptr, q_ptr, s_ptr, qt_ptr, st_ptr, q2_ptr, s2_ptr, qt2_ptr, st2_ptr,
+    M, K, stride_m, RQ, CQ, RT,
+    stride_qm, stride_sm, stride_sg, stride_qtk, stride_stk, stride_stg,
+    ROWS: gl.constexpr, TPT: gl.constexpr,
+):
+    # SwiGLU's backward (``fp8_swiglu``'s merged pass, bit for bit): one [128 tokens, 128 columns] tile of dh, g, u
+    # read once; dg's and du's row groups (ROWS) and X^T in 1x128 groups along the tokens from registers, dg first
+    LR: gl.constexpr = gl.BlockedLayout([TPT, 4], [1, 32], [128 // TPT, 1], [1, 0])
+    LT: gl.constexpr = gl.BlockedLayout([TPT, 4], [1, 32], [128 // TPT, 1], [0, 1])
+    pid_m = gl.program_id(0)
+    pid_k = gl.program_id(1)
+    g = _load(g_ptr, pid_m, pid_k, M, K, stride_m, True, LR)
+    u = _load(u_ptr, pid_m, pid_k, M, K, stride_m, True, LR)
+    dh = _load(dh_ptr, pid_m, pid_k, M, K, stride_m, True, LR)
+    dg, du = _swiglu_grads(g, u, dh)  # padding: 0
+    _quantize(dg, pid_m, pid_k, q_ptr, s_ptr, qt_ptr, st_ptr, RQ, CQ, RT, stride_qm, stride_sm, stride_sg,
+              stride_qtk, stride_stk, stride_stg, ROWS, True, False, LR, LT, True)
+    _quantize(du, pid_m, pid_k, q2_ptr, s2_ptr, qt2_ptr, st2_ptr, RQ, CQ, RT, stride_qm, stride_sm, stride_sg,
+              stride_qtk, stride_stk, stride_stg, ROWS, True, False, LR, LT, True)
+
+
+def swiglu_bwd_spec(dh: torch.Tensor, g: torch.Tensor, u: torch.Tensor, one: tuple, two: tuple, rows: int, cols: int,
+                    t_rows: int, tpt: int, warps: int):
+    """The launch (``fp8_quant.Launch``) of :func:`_swiglu_bwd_kernel`: ``one`` / ``two`` are dg's / du's ``(q, s, qt,
+    st)`` as ``fp8_swiglu.swiglu_grad_operands`` allocates them (q / s None: no row groups); dh, g, u of one shape,
+    dtype and strides with unit column stride."""
+    from quarl_kernels.fp8_quant import Launch
+
+    m, k = g.shape
+    if (g.stride(1) != 1 or not (dh.stride() == g.stride() == u.stride()) or t_rows is None or t_rows % GROUP
+            or warps * tpt != GROUP):
+        raise ValueError(f"fp8_quant_regs: SwiGLU's backward needs dh, g, u of one layout with unit column stride, "
+                         f"t_rows a multiple of 128 and warps x tokens a thread = 128 (strides {g.stride()}, t_rows "
+                         f"{t_rows}, tpt {tpt}, warps {warps})")
+    (q, s, qt, st), (q2, s2, qt2, st2) = one, two
+    if q is None:  # placeholders for the row groups' pointers
+        q, s, q2, s2 = qt, st, qt2, st2
+    return Launch(
+        _swiglu_bwd_kernel, (t_rows // GROUP, cols // GROUP),
+        (g, u, dh, q, s, qt, st, q2, s2, qt2, st2, m, k, g.stride(0), rows, cols, t_rows, q.stride(0), s.stride(0),
+         s.stride(1), qt.stride(0), st.stride(0), st.stride(1)),
+        {"ROWS": one[0] is not None, "TPT": tpt},
+        warps)
 
 
 def launch_spec(x: torch.Tensor, q, s, qt, st, rows: int, cols: int, t_rows: int | None, tiles: bool, tpt: int,
@@ -212,4 +293,5 @@ def compile_sm90(tiles: bool = False, rows: bool = True, tpt: int = 16, swiglu: 
     return triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": GROUP // tpt})
 
 
-__all__ = ["SETTINGS", "SWIGLU_SETTINGS", "compile_sm90", "launch", "launch_setting", "launch_spec"]
+__all__ = ["SETTINGS", "SWIGLU_BWD_SETTINGS", "SWIGLU_SETTINGS", "compile_sm90", "launch", "launch_setting", "launch_spec",
+           "swiglu_bwd_spec"]

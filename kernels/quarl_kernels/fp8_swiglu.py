@@ -60,6 +60,19 @@ COL_SETTINGS = ((32, 4, False), (64, 8, False), (16, 2, False), (32, 4, True), (
 MERGED_SETTINGS = ((32, 8, 32), (32, 8, 64), (16, 4, 32))
 
 
+def regs_settings(g: torch.Tensor) -> tuple:
+    """``("regs", tokens a thread, warps)`` merged candidates (session 31): ``quarl_kernels.fp8_quant_regs``' Gluon
+    kernel for the same pass (dh, g, u read once, both gradients' codes from registers, X^T by register order, the
+    same bits); none on CPU or without Gluon."""
+    if not g.is_cuda:
+        return ()
+    try:
+        from quarl_kernels import fp8_quant_regs
+    except Exception:  # noqa: BLE001 - no Gluon here: the Triton passes serve
+        return ()
+    return tuple(("regs", *st) for st in fp8_quant_regs.SWIGLU_BWD_SETTINGS)
+
+
 @triton.jit
 def _grads(g_ptr, u_ptr, dh_ptr, offs, mask, INTERPRET: tl.constexpr):
     """``(dg, du)`` at ``offs``: the gradients of ``silu(g) * u`` for the output gradient ``dh``, fp32 values of the
@@ -238,7 +251,8 @@ def swiglu_grad_operands(dh: torch.Tensor, g: torch.Tensor, u: torch.Tensor, row
     1x128 groups along I ([rows, cols], DGrad's A), with ``t_rows`` along the tokens ([cols, t_rows], WGrad's A);
     entries not asked for are None. ``dg`` and ``du`` are never written. ``setting`` / ``t_setting``: an entry of
     :data:`ROW_SETTINGS` / :data:`COL_SETTINGS`, else chosen by shape on CUDA; ``merged``: an entry of
-    :data:`MERGED_SETTINGS` (one launch for both passes; needs ``t_rows``), else on CUDA the merged launches are timed
+    :data:`MERGED_SETTINGS` or of :func:`regs_settings` (one launch for both passes; needs ``t_rows``), else on CUDA the
+    merged launches are timed
     against the chosen pair and the faster kept. Every setting gives the same bits."""
     m, _ = _check((dh, g, u), rows, cols, t_rows)
     if not row_groups and t_rows is None:
@@ -256,11 +270,17 @@ def swiglu_grad_operands(dh: torch.Tensor, g: torch.Tensor, u: torch.Tensor, row
     # both in one merged launch (MERGED_SETTINGS), where that times faster than the best pair
     outs = ((one[0], one[1], one[3]), (two[0], two[1], two[3]))
     make = lambda sub, warps: _row_launch(dh, g, u, outs, rows, cols, t_rows, sub, warps)
+    def make_merged(*st):
+        if st[0] == "regs":
+            from quarl_kernels import fp8_quant_regs
+
+            return fp8_quant_regs.swiglu_bwd_spec(dh, g, u, one, two, rows, cols, t_rows, *st[1:])
+        return _row_launch(dh, g, u, outs, rows, cols, t_rows, *st[:2], qts=(one[2], two[2]), t_chunk=st[2])
+
     if merged is not None:
         if t_rows is None:
             raise ValueError("fp8_swiglu: a merged setting makes the transposed operands: give t_rows")
-        fq._launch(_row_launch(dh, g, u, outs, rows, cols, t_rows, *merged[:2], qts=(one[2], two[2]),
-                               t_chunk=merged[2]))
+        fq._launch(make_merged(*merged))
         return one, two
     size = (g.dtype, triton.next_power_of_2(max(rows, t_rows or 0)), cols)
     if setting is None:
@@ -280,11 +300,10 @@ def swiglu_grad_operands(dh: torch.Tensor, g: torch.Tensor, u: torch.Tensor, row
         # the pair just chosen against the merged launches, timed the same way
 
         def make_m(*st):
-            return pair if st == ("pair",) else _row_launch(dh, g, u, outs, rows, cols, t_rows, *st[:2],
-                                                             qts=(one[2], two[2]), t_chunk=st[2])
+            return pair if st == ("pair",) else make_merged(*st)
 
         choice = fq._setting(("swiglu-merge", row_groups, *size, setting, t_setting),
-                             (("pair",), *MERGED_SETTINGS), g, make_m)
+                             (("pair",), *MERGED_SETTINGS, *regs_settings(g)), g, make_m)
         if choice != ("pair",):
             fq._launch(make_m(*choice))
             return one, two
@@ -292,4 +311,4 @@ def swiglu_grad_operands(dh: torch.Tensor, g: torch.Tensor, u: torch.Tensor, row
     return one, two
 
 
-__all__ = ["COL_SETTINGS", "MERGED_SETTINGS", "ROW_SETTINGS", "swiglu_grad_operands"]
+__all__ = ["COL_SETTINGS", "MERGED_SETTINGS", "ROW_SETTINGS", "regs_settings", "swiglu_grad_operands"]

@@ -79,9 +79,18 @@ def test_every_launch_setting_gives_the_same_bits():
         for t_st in fs.COL_SETTINGS:
             got = fs.swiglu_grad_operands(dh, g, u, m, i, m, setting=st, t_setting=t_st)
             assert all(ndiff(a, b) == 0 for x, y in zip(got, ref, strict=True) for a, b in zip(x, y, strict=True))
-    for mg in fs.MERGED_SETTINGS:  # one launch for both passes (session 30)
+    for mg in fs.MERGED_SETTINGS + fs.regs_settings(g):  # one launch for both passes (sessions 30, 31)
         got = fs.swiglu_grad_operands(dh, g, u, m, i, m, merged=mg)
         assert all(ndiff(a, b) == 0 for x, y in zip(got, ref, strict=True) for a, b in zip(x, y, strict=True)), mg
+    # the Gluon pass (session 31) without the row groups, and at a shape with padded rows and columns
+    g2, u2, dh2 = _inputs(4099, 1536 + 64, seed=3)
+    rows, cols, t_rows = 4100, 1664, 4224
+    for rg in (True, False):
+        ref2 = fs.swiglu_grad_operands(dh2, g2, u2, rows, cols, t_rows, row_groups=rg, merged=fs.MERGED_SETTINGS[0])
+        for mg in fs.regs_settings(g2):
+            got = fs.swiglu_grad_operands(dh2, g2, u2, rows, cols, t_rows, row_groups=rg, merged=mg)
+            assert all(a is None and b is None or ndiff(a, b) == 0
+                       for x, y in zip(got, ref2, strict=True) for a, b in zip(x, y, strict=True)), (mg, rg)
 
 
 @pytest.mark.parametrize("fwd", ["1", "0"], ids=["h-fused", "h-written"])
