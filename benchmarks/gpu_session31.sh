@@ -44,6 +44,9 @@
 #     SwiGLU's backward pass in the register-order Gluon kernel (fp8_quant_regs._swiglu_bwd_kernel: dh, g, u read
 #     once, dg and du coded from registers, bit for bit fp8_swiglu's merged pass), a candidate of the merged choice:
 #     the GPU test (every setting's bits, rows / no rows, padded shape), then fp8_swiglu_bench's backward rows.
+#   phase l: bash benchmarks/gpu_session31.sh l   (nvidia-h100-x1; carry .dev/dg.tar.xz; ~6 min)
+#     After k (the Gluon backward pass 1.607 ms against the Triton merged pass's 1.771 at 7B width): the 7B and
+#     Qwen3-8B actor updates with everything of this session.
 set -u
 PHASE=${1:?phase}
 OUT=${OUT:?}
@@ -134,6 +137,14 @@ j)
 k)
     tests 150 tests/kernels/test_fp8_swiglu_gpu.py -k "every_launch or operands_match"
     bench 100 swiglu benchmarks/kernels/fp8_swiglu_bench.py --models Qwen2.5-7B,Qwen2.5-32B
+    ;;
+l)
+    deepgemm
+    export PYTHONPATH=$PYTHONPATH:/tmp/dg
+    model_step "${M_S:-140}" p7 --shape Qwen2.5-7B --layers 4 --tokens 16384 --loss rl \
+        --arms "bf16,bf16+glue,jetrl-xtiles+deepgemm+glue" --iters 2 --accumulate 8
+    model_step "${M8_S:-150}" p8 --shape Qwen3-8B --layers 4 --tokens 16384 --loss rl \
+        --arms "bf16,bf16+glue,jetrl-xtiles+deepgemm+glue" --iters 2 --accumulate 8
     ;;
 *) echo "unknown phase $PHASE"; exit 2 ;;
 esac
