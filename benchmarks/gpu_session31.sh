@@ -152,3 +152,30 @@ phase_end
 
 # ---------------------------------------------------------------------------------------------------------------
 # Record (calls of this session; device time from the tool's lease):
+#   a  commit b8a7b39, 2026-11-27 19:16-19:20 UTC, one NVIDIA H100 80GB HBM3 (cold), 219 s (budget 1800 -> 1672 s,
+#      counted at 50 %): GPU tests 29 passed (the pipelined settings' bits); 7B operands: the pipelined settings won
+#      none of the wide ones (X [T, 18944] best pipelined 0.850 against 0.678 ms); second table: X [T, 18944] both
+#      0.678, rows alone 0.351, X^T alone 0.419, copy 0.416; SwiGLU merged (32, 8, 32) 1.760, pipelined 2.07-2.16 ms.
+#   c  commit e9e6bd0, 19:21-19:22 UTC, H100 (cold), 34 s (-> 1621 s): ncu of the six launches (RESULTS "Session 31").
+#   d  commit 01f652c, 19:25-19:27 UTC, H100 (cold), 119 s (-> 1528 s): fp8_quant_regs' GPU test 6 passed; regs (16,
+#      8) 0.137 / 0.651 / 0.128 / 0.028 / 0.608 ms on the 7B X / X inter / dY / dY kv / dY inter operands.
+#   d  (again, persistent forms) commit cc0b134, 19:29-19:32 UTC, H100 (cold), 178 s (-> 1406 s): persistent forms
+#      0.795-1.124 ms on X [T, 18944] (plain (16, 8) 0.652); one GPU test failed: the 4-tile cp.async ring on fp32
+#      input asked 266 KB of shared memory (the forms were removed after).
+#   e  commit 0e7fd1a, 19:34-19:37 UTC, H100 (cold), 170 s (-> 1288 s): GPU tests 7 passed; forward fused (16, 8)
+#      0.840 / 1.214 ms against glue + quantizer 1.311 / 1.887 (7B / 32B width).
+#   f  commit e9b28b2, 19:39-19:42 UTC, H100 (cold), 153 s (-> 1177 s): 19 GPU tests passed (fused MLP both forward
+#      paths, kernels, compiled glue and engine on Jet-RL models).
+#   g  commit e9b28b2, 19:42-19:45 UTC, the same H100 (warm), 209 s (-> 1069 s): 7B actor update per layer bf16+glue /
+#      FP8 38.92 / 26.17 (1.487x) h fused, 39.11 / 27.10 (1.443x) QUARL_FP8_SWIGLU_FWD=0, 38.97 / 26.30 (1.482x).
+#   h  commit 4b8d2f1, 19:51-19:55 UTC, H100 (cold), 224 s (-> 924 s): GPU tests 17 passed; regs chosen on 4 of 5 7B
+#      operands (X inter 0.651, dY 0.121, dY inter 0.588 ms); 7B actor update 39.41 / 26.54 (1.485x).
+#   i  commit aa17590, 19:55-19:58 UTC, the same H100 (warm), 165 s (-> 825 s): Qwen3-8B 33.62 / 22.73 (1.479x); 7B
+#      39.16 / 26.84 (1.459x).
+#   j  commit aa17590, 19:58-20:01 UTC, the same H100 (warm), 176 s (-> 733 s): Qwen2.5-32B, two rounds, 78.53 /
+#      50.43 (1.557x), 78.84 / 50.42 (1.564x).
+#   k  commit 5681572, 20:03-20:05 UTC, H100 (cold; counted in full from here), 123 s (-> 557 s): GPU tests 3 passed
+#      (the Gluon backward pass's bits equal the Triton passes'); SwiGLU backward ('regs', 16, 8) 1.607 / 2.341 ms
+#      against the merged Triton pass's 1.771 / 2.580 (7B / 32B width); forward fused 0.849 / 1.223.
+#   l  commit e08745e, 20:05-20:10 UTC, the same H100 (warm), 324 s (-> 222 s; given back: 219 s): 7B 39.28 / 26.64
+#      (1.474x), Qwen3-8B 33.80 / 22.79 (1.483x). No budget left to start another machine.
