@@ -55,6 +55,9 @@ details make that exact rather than "close":
 
 The FP8 cast is RNE with saturation on the GPU (``cvt.rn.satfinite.e4m3x2.f32``); under the
 interpreter :func:`quarl_kernels.rounding.round_to_fp8` rounds in software first.
+
+On CUDA, where X^T is wanted, the run-time choice also times ``quarl_kernels.fp8_quant_regs`` (Gluon, session 31: the
+same bits, X^T transposed by register order instead of through shared memory; :func:`regs_settings`).
 """
 
 from __future__ import annotations
