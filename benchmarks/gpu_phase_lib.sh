@@ -55,6 +55,19 @@ model_step() {  # SECONDS TAG ARGS...: benchmarks/fp8_model_step.py -> $OUT/mode
     echo "== model step $tag rc=$? at $((SECONDS - T0)) s"; sed -n '/^# actor update/,$p' "$OUT/model/$tag.log"
 }
 
+model7() {  # SIDE...: the 7B actor update (bf16, bf16+glue, Jet-RL FP8; 16k tokens, 8 micro-batches) with this tree
+    # (new) or a copy of it with older files in /tmp/old (old); DeepGEMM from /tmp/dg (sessions 30-31)
+    local FP8=jetrl-xtiles+deepgemm+glue i=0
+    for side in "$@"; do
+        i=$((i + 1)); root=$PWD; [ $side = old ] && root=/tmp/old
+        mkdir -p "$OUT/model"
+        (cd $root && PYTHONPATH=$root:$root/kernels:/tmp/dg timeout -k 5 "${M_S:-150}" "$PY" benchmarks/fp8_model_step.py \
+            --budget-s $(( ${M_S:-150} - 20 )) --out "$OUT/model/p7_$i$side" --shape Qwen2.5-7B --layers 4 --tokens 16384 \
+            --loss rl --arms "bf16,bf16+glue,$FP8" --iters 2 --accumulate 8 > "$OUT/model/p7_$i$side.log" 2>&1)
+        echo "== model step ($side) rc=$? at $((SECONDS - T0)) s"; sed -n '/^# actor update/,/^$/p' "$OUT/model/p7_$i$side.log"
+    done
+}
+
 bench() {  # SECONDS DIR SCRIPT ARGS...: SCRIPT --out $OUT/DIR ARGS -> $OUT/DIR/run.log; its table rows shown
     local s=$1 d=$2 script=$3; shift 3
     mkdir -p "$OUT/$d"

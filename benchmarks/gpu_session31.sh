@@ -52,18 +52,6 @@ PHASE=${1:?phase}
 OUT=${OUT:?}
 source benchmarks/gpu_phase_lib.sh
 
-model7() {  # SIDE...: the 7B actor update (bf16, bf16+glue, Jet-RL FP8) with this tree (new) or /tmp/old (old)
-    local FP8=jetrl-xtiles+deepgemm+glue i=0
-    for side in "$@"; do
-        i=$((i + 1)); root=$PWD; [ $side = old ] && root=/tmp/old
-        mkdir -p "$OUT/model"
-        (cd $root && PYTHONPATH=$root:$root/kernels:/tmp/dg timeout -k 5 "${M_S:-150}" "$PY" benchmarks/fp8_model_step.py \
-            --budget-s $(( ${M_S:-150} - 20 )) --out "$OUT/model/p7_$i$side" --shape Qwen2.5-7B --layers 4 --tokens 16384 \
-            --loss rl --arms "bf16,bf16+glue,$FP8" --iters 2 --accumulate 8 > "$OUT/model/p7_$i$side.log" 2>&1)
-        echo "== model step ($side) rc=$? at $((SECONDS - T0)) s"; sed -n '/^# actor update/,/^$/p' "$OUT/model/p7_$i$side.log"
-    done
-}
-
 case $PHASE in
 a)
     (deepgemm > "$OUT/deepgemm.log" 2>&1) &

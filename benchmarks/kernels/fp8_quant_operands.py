@@ -16,10 +16,11 @@ Shapes: the model's widths at ``--tokens`` tokens (Qwen2.5-7B / Qwen2.5-32B by d
 A second table (session 30) splits each X / dY operand: the row groups alone, X^T alone, and a plain copy of the same
 useful bytes (x read, two bytes an element written) -- how far the best setting is from what the memory allows.
 
-``--gluon``: also the one-read Gluon kernels of ``benchmarks/kernels/fp8_quant_gluon.py`` on each X / dY operand (the
-one-tile-per-program kernel and the persistent one that prefetches its next tile, 16 warps), their outputs checked
-byte for byte against the library's before they are timed. ``--regs`` (session 31): the same for
-``quarl_kernels.fp8_quant_regs`` (X^T transposed by register order, Gluon) at each of its settings.
+``--regs`` (session 31): also ``quarl_kernels.fp8_quant_regs`` (X^T transposed by register order, Gluon) at each of
+its settings on each X / dY operand, its outputs checked byte for byte against the library's before they are timed
+(the library's own choice includes it since session 31: the best setting can be one of these). Sessions 26-27's
+``--gluon`` (an earlier Gluon kernel, ``benchmarks/kernels/fp8_quant_gluon.py``, measured and not kept: RESULTS.md
+"Session 26", "Session 27") was removed with that kernel in session 31.
 """
 
 from __future__ import annotations
@@ -59,20 +60,6 @@ def moved_bytes(setting: tuple, numel: int, fq) -> int:
     return numel * (2 + 1 + 1 + (2 if split else 0))
 
 
-def gluon_rows(x: torch.Tensor, tokens: int, cols: int, tiles: bool, ref: tuple) -> dict:
-    """ms of the Gluon kernels on one operand (after checking their bytes against ``ref``, the library's outputs)."""
-    import fp8_quant_gluon as g  # beside this script
-
-    out = {}
-    for name, kw in (("gluon", {}), ("gluon-persistent", {"persistent": True})):
-        got = g.quantize_dual(x, tokens, cols, tokens, tiles=tiles, **kw)
-        same = all(torch.equal(a.view(torch.uint8) if a.dtype == torch.float8_e4m3fn else a,
-                               b.view(torch.uint8) if b.dtype == torch.float8_e4m3fn else b) for a, b in zip(got, ref))
-        out[f"{name}_same_bits"] = same
-        out[f"{name}_ms"] = cuda_ms(lambda kw=kw: g.quantize_dual(x, tokens, cols, tokens, tiles=tiles, **kw))
-    return out
-
-
 def regs_rows(x: torch.Tensor, tokens: int, cols: int, tiles: bool, ref: tuple) -> dict:
     """ms of ``quarl_kernels.fp8_quant_regs`` (X^T by register order, Gluon) at each of its settings on one operand,
     after checking its bytes against ``ref`` (the library's Triton outputs, equal to eager PyTorch's)."""
@@ -91,7 +78,7 @@ def regs_rows(x: torch.Tensor, tokens: int, cols: int, tiles: bool, ref: tuple) 
     return out
 
 
-def bench(model: str, tokens: int, gluon: bool = False, regs: bool = False) -> list[dict]:
+def bench(model: str, tokens: int, regs: bool = False) -> list[dict]:
     from quarl_kernels import fp8_quant as fq
 
     rows = []
@@ -125,8 +112,6 @@ def bench(model: str, tokens: int, gluon: bool = False, regs: bool = False) -> l
         if tiles:  # the path before session 26: row groups, then the weight kernel on X (+ its transpose)
             old = cuda_ms(lambda x=x, c=cols: (fq.quantize_act(x, tokens, c, None), fq.quantize_tiles(x, transpose=True)))
             row.update(old_path_ms=old, speedup_over_old=old / ms[best])
-        if gluon:
-            row.update(gluon_rows(x, tokens, cols, tiles, ref))
         if regs:
             row.update(regs_rows(x, tokens, cols, tiles, ref))
             print(json.dumps({k: v for k, v in row.items() if k.startswith("regs")}), flush=True)
@@ -150,7 +135,6 @@ def main() -> None:
     ap.add_argument("--models", default="Qwen2.5-7B,Qwen2.5-32B")
     ap.add_argument("--tokens", type=int, default=16384)
     ap.add_argument("--out", default="/tmp/fp8_quant_operands")
-    ap.add_argument("--gluon", action="store_true", help="also the Gluon one-read kernels (fp8_quant_gluon.py)")
     ap.add_argument("--regs", action="store_true", help="also quarl_kernels.fp8_quant_regs (X^T by register order)")
     a = ap.parse_args()
     if not torch.cuda.is_available():
@@ -160,18 +144,16 @@ def main() -> None:
     res = {"command": " ".join(sys.argv), "date": datetime.now(UTC).isoformat(timespec="seconds"),
            "gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "tokens": a.tokens, "models": {}}
     for model in a.models.split(","):
-        res["models"][model] = bench(model, a.tokens, a.gluon, a.regs)
+        res["models"][model] = bench(model, a.tokens, a.regs)
         (out / "fp8_quant_operands.json").write_text(json.dumps(res, indent=1))
-    print("\n| model | operand | X^T | best setting | ms | useful GB/s | moved GB/s | before session 26 ms | Gluon ms "
-          "(bits) | Gluon persistent ms (bits) |")
-    print("|---|---|---|---|---:|---:|---:|---:|---:|---:|")
+    print("\n| model | operand | X^T | best setting | ms | useful GB/s | moved GB/s | before session 26 ms |")
+    print("|---|---|---|---|---:|---:|---:|---:|")
     nan = float("nan")
     for model, rows in res["models"].items():
         for r in rows:
             print(f"| {model} | {r['operand']} | {r.get('x_t', 'W^T tiles')} | {tuple(r['best'])} | {r['ms']:.3f} | "
                   f"{r['useful_GBps']:.0f} | {r.get('moved_GBps', r['useful_GBps']):.0f} | "
-                  f"{r.get('old_path_ms', nan):.3f} | {r.get('gluon_ms', nan):.3f} ({r.get('gluon_same_bits', '-')}) | "
-                  f"{r.get('gluon-persistent_ms', nan):.3f} ({r.get('gluon-persistent_same_bits', '-')}) |")
+                  f"{r.get('old_path_ms', nan):.3f} |")
     print("\n| model | operand | both groupings ms | row groups alone ms | X^T alone ms | copy of the useful bytes ms | "
           "copy GB/s |")
     print("|---|---|---:|---:|---:|---:|---:|")

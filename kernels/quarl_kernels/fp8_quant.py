@@ -124,9 +124,9 @@ WARPS = 8
 # Session 31 (H100): six one-read settings with their loops through Triton's software pipeliner (num_stages 3-4, cp.async
 # into shared memory) were slower than the best of these on 4 of 5 7B operands (X [T, 18944] 0.850 against 0.678 ms)
 # and were removed (RESULTS.md "Session 31").
-# A one-read kernel in Gluon with no transpose at all (benchmarks/kernels/fp8_quant_gluon.py: a thread holds four
-# consecutive tokens of its columns, X^T's 32-bit words) gave the same bits on an H200 but ran at half the split
-# settings' speed (one 128x128 tile in flight per SM at its register count; RESULTS.md "Session 26"): not a candidate;
+# A one-read kernel in Gluon with no transpose at all (benchmarks/kernels/fp8_quant_gluon.py, replaced in session 31 by
+# quarl_kernels.fp8_quant_regs: a thread held four consecutive tokens of its columns, X^T's 32-bit words) gave the
+# same bits on an H200 but ran at half the split settings' speed (one 128x128 tile in flight per SM at its register count; RESULTS.md "Session 26"): not a candidate;
 # its persistent form prefetching the next tile (session 27) was still ~2x slower on every wide operand.
 ACT_SETTINGS = ((SUB, WARPS), (32, 4), (64, 8), (64, 16), (128, 16), (64, 8, True), (32, 4, True),
                 (32, 4, False, 32, 4), (64, 8, False, 32, 4), (32, 4, False, 64, 8), (64, 8, False, 64, 8),

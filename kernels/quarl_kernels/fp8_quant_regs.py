@@ -28,10 +28,10 @@ all-zero group, codes ``RN(x / scale)`` by ``group_div`` (the group's reciprocal
 cast RNE with saturation to E4M3. Gluon kernels do not run in Triton's CPU interpreter: the CPU tests compile them for
 sm_90 (registers, spills, the instructions above); the GPU test compares their bytes with eager PyTorch's.
 
-History: session 26's Gluon kernel (``benchmarks/kernels/fp8_quant_gluon.py``: four tokens a thread, X^T stored as
-32-bit words, ``div_rn`` per element) ran at half the split settings' speed (H200); this one differs in the per-element
-division (``group_div``, session 30), the load pattern (a row a warp instruction) and the run of tokens a thread
-holds (16 bytes of X^T a store).
+History: session 26's Gluon kernel (``benchmarks/kernels/fp8_quant_gluon.py``, removed in session 31: four tokens a
+thread, X^T stored as 32-bit words, ``div_rn`` per element) ran at half the split settings' speed (H200); this one
+differs in the per-element division (``group_div``, session 30), the load pattern (a row a warp instruction) and the
+run of tokens a thread holds (16 bytes of X^T a store).
 """
 
 from __future__ import annotations
