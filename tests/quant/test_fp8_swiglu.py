@@ -105,3 +105,35 @@ def test_switch_refuses_other_values(monkeypatch):
     monkeypatch.setenv("QUARL_FP8_SWIGLU", "yes")
     with pytest.raises(ValueError, match="QUARL_FP8_SWIGLU='yes'"):
         fp8_swiglu.enabled()
+
+
+def test_forward_switch_refuses_other_values(monkeypatch):
+    monkeypatch.setenv("QUARL_FP8_SWIGLU_FWD", "on")
+    with pytest.raises(ValueError, match="QUARL_FP8_SWIGLU_FWD='on'"):
+        fp8_swiglu.forward_fused()
+
+
+@pytest.mark.parametrize("fwd", ["1", "0"])
+def test_swiglu_operand_on_cpu_is_silu_mul_then_the_quantizer(fwd, monkeypatch):
+    """Off CUDA (either switch value) the down projection's operand is the given silu_mul's h quantized -- the fused
+    Gluon kernel is a CUDA path (its bits against eager: tests/kernels/test_fp8_swiglu_gpu.py)."""
+    from quarl.quant.fp8_linear import quantize_input
+
+    monkeypatch.setenv("QUARL_FP8_SWIGLU_FWD", fwd)
+    torch.manual_seed(1)
+    g, u = (torch.randn(37, 320) * 3).to(torch.bfloat16), torch.randn(37, 320).to(torch.bfloat16)
+    calls = []
+
+    def silu_mul(a, b):
+        calls.append(1)
+        return F.silu(a) * b
+
+    for t_rows, tiles in ((None, False), (128, False), (128, True)):
+        got = fp8_swiglu.swiglu_operand(g, u, silu_mul, 37, 384, t_rows, tiles)
+        h = F.silu(g) * u
+        want = quantize_input(h, h, 37, 384, t_rows, False, tiles)
+        for a, b in zip(got, want, strict=True):
+            assert (a is None and b is None) or torch.equal(a.view(torch.uint8) if a.dtype == torch.float8_e4m3fn
+                                                            else a, b.view(torch.uint8) if b.dtype == torch.float8_e4m3fn
+                                                            else b)
+    assert len(calls) == 3
