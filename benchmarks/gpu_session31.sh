@@ -47,6 +47,11 @@
 #   phase l: bash benchmarks/gpu_session31.sh l   (nvidia-h100-x1; carry .dev/dg.tar.xz; ~6 min)
 #     After k (the Gluon backward pass 1.607 ms against the Triton merged pass's 1.771 at 7B width): the 7B and
 #     Qwen3-8B actor updates with everything of this session.
+#   phase m (prepared, not run: no device budget left): bash benchmarks/gpu_session31.sh m   (nvidia-h100-x1; carry
+#     .dev/dg.tar.xz; ~7 min) -- for the next step on the 7B actor update: the Gluon kernels under Nsight Compute
+#     (what limits them now: session 31's reading is too few loads in flight at two programs a multiprocessor), then
+#     where a 7B FP8 layer's time goes with this session's code (profiled, one micro-batch a step; session 30's
+#     profile for comparison).
 set -u
 PHASE=${1:?phase}
 OUT=${OUT:?}
@@ -133,6 +138,19 @@ l)
         --arms "bf16,bf16+glue,jetrl-xtiles+deepgemm+glue" --iters 2 --accumulate 8
     model_step "${M8_S:-150}" p8 --shape Qwen3-8B --layers 4 --tokens 16384 --loss rl \
         --arms "bf16,bf16+glue,jetrl-xtiles+deepgemm+glue" --iters 2 --accumulate 8
+    ;;
+m)  # prepared, not run (no device budget left)
+    mkdir -p "$OUT/ncu"
+    timeout -k 5 "${NCU_S:-240}" ncu --clock-control none --kernel-name regex:"_regs_kernel|_swiglu_bwd_kernel" \
+        --launch-skip 4 --launch-count 4 --set full --import-source no \
+        "$PY" benchmarks/kernels/profile_fp8_quant.py --regs > "$OUT/ncu/ncu.txt" 2>&1
+    echo "== ncu rc=$? at $((SECONDS - T0)) s"
+    grep -E "^  _|launch:|Duration|DRAM Throughput|Issue Slots Busy|Executed Instructions  |No Eligible|Achieved Occupancy|Registers Per|way bank" \
+        "$OUT/ncu/ncu.txt" | head -n 80
+    deepgemm
+    export PYTHONPATH=$PYTHONPATH:/tmp/dg
+    model_step "${M_S:-200}" p7prof --shape Qwen2.5-7B --layers 4 --tokens 16384 --loss rl \
+        --arms "bf16,bf16+glue,jetrl-xtiles+deepgemm+glue" --iters 2 --profile
     ;;
 *) echo "unknown phase $PHASE"; exit 2 ;;
 esac
