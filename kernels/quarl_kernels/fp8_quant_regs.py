@@ -23,6 +23,13 @@ lanes of a warp along the columns (32 x CPT = 128 when CPT = 4), the warps along
   another register order, so no instruction moves data between threads -- in which the TPT tokens of a column are a
   thread's contiguous run: one TPT-byte store per (thread, column) into X^T's row.
 
+Three uses of the design (each timed or switchable by its caller; RESULTS.md "Session 31"): a run-time candidate of
+``fp8_quant.quantize_act`` wherever X^T is wanted (:func:`launch_spec`; 2-6 % on 4 of 5 7B operands); the MLP
+forward's ``h = silu(g) * u`` quantized from g and u without writing h (``SWIGLU``, ``quarl.quant.fp8_swiglu``: 1.56x
+the glue + quantizer); SwiGLU's backward pass, dg and du from one read of dh, g, u (:func:`swiglu_bwd_spec`, a candidate
+of ``fp8_swiglu``'s merged choice, ~10 % faster than its Triton pass). What still holds them below the copy rate
+(~30 instructions an element, two 8-warp programs a multiprocessor at 118-128 registers) is the next step's question.
+
 Numerics are ``fp8_quant``'s, bit for bit: ``scale = amax * fp32(1/448)`` (CUDA PyTorch's ``amax / 448``), eps for an
 all-zero group, codes ``RN(x / scale)`` by ``group_div`` (the group's reciprocal once, div.rn's fast path an element)
 cast RNE with saturation to E4M3. Gluon kernels do not run in Triton's CPU interpreter: the CPU tests compile them for
