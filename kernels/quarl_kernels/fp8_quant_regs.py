@@ -48,8 +48,7 @@ import triton
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 
-from quarl_kernels import group_div
-from quarl_kernels.rounding import FP32_EPS, INV_FP8_MAX
+from quarl_kernels import fp8_quant, fp8_swiglu, group_div
 
 GROUP = 128
 # (tokens a thread, warps): TPT x 4 elements a thread, 128 / TPT warps cover the tile's 128 tokens. H100, session 31
@@ -66,8 +65,7 @@ SWIGLU_BWD_SETTINGS = ((16, 8), (8, 16))  # SwiGLU's backward: ("regs", *setting
 
 @gluon.jit
 def _scale(amax):
-    s = amax * INV_FP8_MAX  # CUDA PyTorch: amax / 448.0 == amax * fp32(1/448)
-    return gl.where(s == 0.0, FP32_EPS, s)
+    return fp8_quant._scale(amax, True)  # CUDA PyTorch's amax / 448.0 == amax * fp32(1/448); eps for 0
 
 
 @gluon.jit
@@ -92,24 +90,6 @@ def _codes_by_recip(x, s):
     """``fp8_swiglu``'s codes: ``x * RN(1 / s)`` cast with saturation (its clamp to +-448 before the cast changes no
     code: the cast saturates, NaN stays NaN)."""
     return (x * gl.div_rn(1.0, s)).to(gl.float8e4nv)
-
-
-@gluon.jit
-def _swiglu_grads(g_in, u_in, dh_in):
-    """``fp8_swiglu._grads``' arithmetic, operation for operation (the same bits): ``(dg, du)`` of ``h = silu(g) * u``
-    for the output gradient ``dh`` at eager autograd's roundings, ``exp`` as ``ex2.approx``, ``1 / (1 + e)``
-    approximate."""
-    dt: gl.constexpr = g_in.dtype
-    g = g_in.to(gl.float32)
-    u = u_in.to(gl.float32)
-    dh = dh_in.to(gl.float32)
-    e = gl.exp(-g)
-    s = 1.0 / (1.0 + e)
-    act = (g * s).to(dt).to(gl.float32)  # F.silu(g) in the input dtype
-    du = (dh * act).to(dt).to(gl.float32)
-    dy = (dh * u).to(dt).to(gl.float32)
-    dg = (dy * s * gl.fma(g, 1.0 - s, 1.0)).to(dt).to(gl.float32)
-    return dg, du
 
 
 @gluon.jit
@@ -207,7 +187,7 @@ def _swiglu_bwd_kernel(
     g = _load(g_ptr, pid_m, pid_k, M, K, stride_m, True, LR)
     u = _load(u_ptr, pid_m, pid_k, M, K, stride_m, True, LR)
     dh = _load(dh_ptr, pid_m, pid_k, M, K, stride_m, True, LR)
-    dg, du = _swiglu_grads(g, u, dh)  # padding: 0
+    dg, du = fp8_swiglu.grad_values(g, u, dh, False)  # the Triton passes' arithmetic (the same bits); padding: 0
     _quantize(dg, pid_m, pid_k, q_ptr, s_ptr, qt_ptr, st_ptr, RQ, CQ, RT, stride_qm, stride_sm, stride_sg,
               stride_qtk, stride_stk, stride_stg, ROWS, True, False, LR, LT, True)
     _quantize(du, pid_m, pid_k, q2_ptr, s2_ptr, qt2_ptr, st2_ptr, RQ, CQ, RT, stride_qm, stride_sm, stride_sg,
@@ -219,8 +199,6 @@ def swiglu_bwd_spec(dh: torch.Tensor, g: torch.Tensor, u: torch.Tensor, one: tup
     """The launch (``fp8_quant.Launch``) of :func:`_swiglu_bwd_kernel`: ``one`` / ``two`` are dg's / du's ``(q, s, qt,
     st)`` as ``fp8_swiglu.swiglu_grad_operands`` allocates them (q / s None: no row groups); dh, g, u of one shape,
     dtype and strides with unit column stride."""
-    from quarl_kernels.fp8_quant import Launch
-
     m, k = g.shape
     if (g.stride(1) != 1 or not (dh.stride() == g.stride() == u.stride()) or t_rows is None or t_rows % GROUP
             or warps * tpt != GROUP):
@@ -230,7 +208,7 @@ def swiglu_bwd_spec(dh: torch.Tensor, g: torch.Tensor, u: torch.Tensor, one: tup
     (q, s, qt, st), (q2, s2, qt2, st2) = one, two
     if q is None:  # placeholders for the row groups' pointers
         q, s, q2, s2 = qt, st, qt2, st2
-    return Launch(
+    return fp8_quant.Launch(
         _swiglu_bwd_kernel, (t_rows // GROUP, cols // GROUP),
         (g, u, dh, q, s, qt, st, q2, s2, qt2, st2, m, k, g.stride(0), rows, cols, t_rows, q.stride(0), s.stride(0),
          s.stride(1), qt.stride(0), st.stride(0), st.stride(1)),
@@ -242,8 +220,6 @@ def launch_spec(x: torch.Tensor, q, s, qt, st, rows: int, cols: int, t_rows: int
                 warps: int, u: torch.Tensor | None = None):
     """:func:`launch`'s launch as an ``fp8_quant.Launch`` (for ``fp8_quant.quantize_act``'s run-time choice, which
     times it beside the Triton settings)."""
-    from quarl_kernels.fp8_quant import Launch
-
     m, k = x.shape
     if u is not None and (u.shape != x.shape or u.dtype != x.dtype or u.stride() != x.stride()):
         raise ValueError(f"fp8_quant_regs: u must match x ({tuple(x.shape)}, {x.dtype}, strides {x.stride()}), got "
@@ -256,7 +232,7 @@ def launch_spec(x: torch.Tensor, q, s, qt, st, rows: int, cols: int, t_rows: int
     dq, ds = (q, s) if q is not None else (qt, st)  # placeholders for the pointers a pass does not use
     dqt, dst = (qt, st) if qt is not None else (q, s)
     extent = t_rows if t_rows is not None else rows  # the tokens the programs cover
-    return Launch(
+    return fp8_quant.Launch(
         _regs_kernel, (triton.cdiv(extent, GROUP), cols // GROUP),
         (x, dq, ds, dqt, dst, m, k, x.stride(0), rows, cols, extent, dq.stride(0), ds.stride(0), ds.stride(1),
          dqt.stride(0), dst.stride(0), dst.stride(1)),
@@ -270,9 +246,7 @@ def launch(x: torch.Tensor, q, s, qt, st, rows: int, cols: int, t_rows: int, til
     """:func:`_regs_kernel` on ``fp8_quant.quantize_act``'s outputs (``q`` / ``s`` None: X^T alone; ``qt`` / ``st``
     None: the row groups alone, ``t_rows`` then None); needs ``x`` with unit column stride and ``warps == 128 //
     tpt``. ``u``: quantize ``silu(x) * u`` (x the gate projection's output; u of x's shape, dtype and strides)."""
-    from quarl_kernels.fp8_quant import _launch
-
-    _launch(launch_spec(x, q, s, qt, st, rows, cols, t_rows, tiles, tpt, warps, u))
+    fp8_quant._launch(launch_spec(x, q, s, qt, st, rows, cols, t_rows, tiles, tpt, warps, u))
 
 
 def launch_setting(x: torch.Tensor, q, s, qt, st, rows: int, cols: int, t_rows: int, tiles: bool, setting: tuple,

@@ -80,10 +80,20 @@ def _grads(g_ptr, u_ptr, dh_ptr, offs, mask, INTERPRET: tl.constexpr):
     dtype, as the forward made it), ``dg = silu_backward(dh * u, g)``: ATen's ``dy * s * (1 + g * (1 - s))`` on ``dy
     = dh * u`` rounded, with the ``1 + g * (1 - s)`` as the fma nvcc makes of it -- in fast arithmetic: ``exp`` as
     ``ex2.approx``, ``s = 1 / (1 + e)`` approximate, ``silu(g) = g * s``. Masked elements (padding) give 0."""
-    dt: tl.constexpr = g_ptr.dtype.element_ty
-    g = tl.load(g_ptr + offs, mask=mask, other=0.0).to(tl.float32)
-    u = tl.load(u_ptr + offs, mask=mask, other=0.0).to(tl.float32)
-    dh = tl.load(dh_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+    g = tl.load(g_ptr + offs, mask=mask, other=0.0)
+    u = tl.load(u_ptr + offs, mask=mask, other=0.0)
+    dh = tl.load(dh_ptr + offs, mask=mask, other=0.0)
+    return grad_values(g, u, dh, INTERPRET)
+
+
+@triton.jit
+def grad_values(g_in, u_in, dh_in, INTERPRET: tl.constexpr):
+    """:func:`_grads`' arithmetic on loaded values (input dtype): ``(dg, du)`` in fp32. Also called from the Gluon
+    backward pass (``fp8_quant_regs``), so both give the same bits by construction."""
+    dt: tl.constexpr = g_in.dtype
+    g = g_in.to(tl.float32)
+    u = u_in.to(tl.float32)
+    dh = dh_in.to(tl.float32)
     e = tl.exp(-g)
     s = 1.0 / (1.0 + e)
     act = round_to(g * s, dt, INTERPRET).to(tl.float32)  # F.silu(g) in the input dtype
