@@ -62,6 +62,7 @@ same bits, X^T transposed by register order instead of through shared memory; :f
 
 from __future__ import annotations
 
+import functools
 import os
 from typing import NamedTuple
 
@@ -140,16 +141,23 @@ TILE_SETTINGS = ((SUB, WARPS), (32, 4), (64, 8))
 # thread, warps): H100, 7B operands, 16k tokens, 2-6 % faster than the best Triton setting on 4 of 5 operands.
 
 
+@functools.cache
+def regs_module():
+    """``quarl_kernels.fp8_quant_regs`` (Gluon), or None where it does not import; imported once (the quantizers'
+    launch path asks on every call)."""
+    try:
+        from quarl_kernels import fp8_quant_regs
+    except Exception:  # noqa: BLE001 - no Gluon here: the Triton kernels serve
+        return None
+    return fp8_quant_regs
+
+
 def regs_settings(x: torch.Tensor, t_rows: int | None) -> tuple:
     """The ``("regs", tpt, warps)`` candidates for ``x`` (none on CPU, without X^T, with strided columns or without
     Gluon)."""
-    if t_rows is None or not x.is_cuda or x.stride(1) != 1:
+    if t_rows is None or not x.is_cuda or x.stride(1) != 1 or regs_module() is None:
         return ()
-    try:
-        from quarl_kernels import fp8_quant_regs
-    except Exception:  # noqa: BLE001 - no Gluon here: the Triton settings serve
-        return ()
-    return tuple(("regs", *st) for st in fp8_quant_regs.SETTINGS)
+    return tuple(("regs", *st) for st in regs_module().SETTINGS)
 TUNE_REPS = 3
 TUNE_MIN_ROWS = 1024
 TUNED: dict[tuple, dict] = {}  # key -> {"best": (sub, warps), "ms": {setting: ms}}
@@ -530,9 +538,7 @@ def quantize_act(x: torch.Tensor, rows: int | None = None, cols: int | None = No
 def _any_launch(x, q, s, qt, st, rows: int, cols: int, t_rows: int | None, setting: tuple, t_tiles: bool):
     """The launch of an :data:`ACT_SETTINGS` entry or a ``("regs", tpt, warps)`` one (:func:`regs_settings`)."""
     if setting[0] == "regs":
-        from quarl_kernels import fp8_quant_regs
-
-        return fp8_quant_regs.launch_spec(x, q, s, qt, st, rows, cols, t_rows, t_tiles, *setting[1:])
+        return regs_module().launch_spec(x, q, s, qt, st, rows, cols, t_rows, t_tiles, *setting[1:])
     return _act_launch(x, q, s, qt, st, rows, cols, t_rows, *_flat(parse_setting(setting)), t_tiles=t_tiles)
 
 
@@ -676,4 +682,4 @@ def _tile_launch(w, q, qt, s, sub: int, warps: int) -> Launch:
 
 
 __all__ = ["ACT_SETTINGS", "GROUP", "TILE_SETTINGS", "TUNED", "parse_setting", "pick_setting", "quantize_act",
-           "quantize_tiles", "regs_settings"]
+           "quantize_tiles", "regs_module", "regs_settings"]

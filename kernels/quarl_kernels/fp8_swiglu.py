@@ -64,13 +64,8 @@ def regs_settings(g: torch.Tensor) -> tuple:
     """``("regs", tokens a thread, warps)`` merged candidates (session 31): ``quarl_kernels.fp8_quant_regs``' Gluon
     kernel for the same pass (dh, g, u read once, both gradients' codes from registers, X^T by register order, the
     same bits); none on CPU or without Gluon."""
-    if not g.is_cuda:
-        return ()
-    try:
-        from quarl_kernels import fp8_quant_regs
-    except Exception:  # noqa: BLE001 - no Gluon here: the Triton passes serve
-        return ()
-    return tuple(("regs", *st) for st in fp8_quant_regs.SWIGLU_BWD_SETTINGS)
+    fr = fq.regs_module() if g.is_cuda else None
+    return tuple(("regs", *st) for st in fr.SWIGLU_BWD_SETTINGS) if fr is not None else ()
 
 
 @triton.jit
@@ -282,9 +277,7 @@ def swiglu_grad_operands(dh: torch.Tensor, g: torch.Tensor, u: torch.Tensor, row
     make = lambda sub, warps: _row_launch(dh, g, u, outs, rows, cols, t_rows, sub, warps)
     def make_merged(*st):
         if st[0] == "regs":
-            from quarl_kernels import fp8_quant_regs
-
-            return fp8_quant_regs.swiglu_bwd_spec(dh, g, u, one, two, rows, cols, t_rows, *st[1:])
+            return fq.regs_module().swiglu_bwd_spec(dh, g, u, one, two, rows, cols, t_rows, *st[1:])
         return _row_launch(dh, g, u, outs, rows, cols, t_rows, *st[:2], qts=(one[2], two[2]), t_chunk=st[2])
 
     if merged is not None:

@@ -74,24 +74,15 @@ def forward_fused() -> bool:
                      "write h with the glue's silu_mul, then quantize it")
 
 
-def _regs_module():
-    """``quarl_kernels.fp8_quant_regs`` (Gluon), or None where it does not import (no Triton, or one without Gluon)."""
-    try:
-        from quarl_kernels import fp8_quant_regs
-    except Exception:  # noqa: BLE001 - any import failure means: the glue + quantizer path serves
-        return None
-    return fp8_quant_regs
-
-
 def swiglu_operand(g: torch.Tensor, u: torch.Tensor, silu_mul, rows: int, cols: int, t_rows: int | None,
                    t_tiles: bool):
     """The down projection's input operand: ``h = silu(g) * u`` [M, I] quantized -- ``quantize_input``'s ``(q, s, qt,
     st)``, X^T when ``t_rows`` (in tiles with ``t_tiles``). On CUDA with the Triton quantizers, Gluon and
     :func:`forward_fused`, from ``g`` and ``u`` by one kernel (h never written; ``silu_mul`` unused); else
     ``silu_mul(g, u)`` then the quantizer."""
-    fr = _regs_module() if g.is_cuda and quant_backend(g) == "triton" and forward_fused() else None
-    fq = _fused_module() if fr is not None else None
-    if fq is not None:
+    fq = _fused_module() if g.is_cuda and quant_backend(g) == "triton" and forward_fused() else None
+    fr = fq.regs_module() if fq is not None else None  # Gluon's kernels, where they import
+    if fr is not None:
         g, u = _unit_stride(g, u)
         tiles = t_tiles and t_rows is not None
         out = fq._act_outputs(g, rows, cols, t_rows, True, tiles)
