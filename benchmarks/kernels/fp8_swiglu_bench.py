@@ -99,7 +99,8 @@ def main() -> None:
         fns = paths(a.tokens, i, a.device)
         for name, fn in fns.items():
             ms = stream_time(fn, a.iters, a.device)
-            rows.append({"model": model, "path": name, "ms": ms, "useful_gb_s": useful_gb(a.tokens, i, name) / ms * 1e3})
+            gbs = useful_gb(a.tokens, i, name) / ms * 1e3
+            rows.append({"model": model, "path": name, "ms": ms, "useful_gb_s": gbs})
             print(json.dumps(rows[-1]), flush=True)
         del fns
     title = (f"# SwiGLU's backward + FP8 quantizers, {a.tokens} tokens, {gpu}, torch {torch.__version__}, "

@@ -122,13 +122,14 @@ WARPS = 8
 # won every 7B operand the splits had won -- those passes had been issue-bound as much as L1-bound. Four more
 # one-read entries were added then ((16 | 32 | 64, 4 | 8) rows / warps, 16- or 32-column X^T chunks); a (128, 16)
 # one with 64-column chunks spilled (ptxas) and was not.
-# Session 31 (H100): six one-read settings with their loops through Triton's software pipeliner (num_stages 3-4, cp.async
-# into shared memory) were slower than the best of these on 4 of 5 7B operands (X [T, 18944] 0.850 against 0.678 ms)
-# and were removed (RESULTS.md "Session 31").
+# Session 31 (H100): six one-read settings with their loops through Triton's software pipeliner (num_stages 3-4,
+# cp.async into shared memory) were slower than the best of these on 4 of 5 7B operands (X [T, 18944] 0.850 against
+# 0.678 ms) and were removed (RESULTS.md "Session 31").
 # A one-read kernel in Gluon with no transpose at all (benchmarks/kernels/fp8_quant_gluon.py, replaced in session 31 by
 # quarl_kernels.fp8_quant_regs: a thread held four consecutive tokens of its columns, X^T's 32-bit words) gave the
-# same bits on an H200 but ran at half the split settings' speed (one 128x128 tile in flight per SM at its register count; RESULTS.md "Session 26"): not a candidate;
-# its persistent form prefetching the next tile (session 27) was still ~2x slower on every wide operand.
+# same bits on an H200 but ran at half the split settings' speed (one 128x128 tile in flight per SM at its register
+# count; RESULTS.md "Session 26"): not a candidate; its persistent form prefetching the next tile (session 27) was
+# still ~2x slower on every wide operand.
 ACT_SETTINGS = ((SUB, WARPS), (32, 4), (64, 8), (64, 16), (128, 16), (64, 8, True), (32, 4, True),
                 (32, 4, False, 32, 4), (64, 8, False, 32, 4), (32, 4, False, 64, 8), (64, 8, False, 64, 8),
                 (64, 8, False, 128, 8), (32, 4, False, 16, 2), (32, 4, False, 32, 2),
@@ -136,9 +137,9 @@ ACT_SETTINGS = ((SUB, WARPS), (32, 4), (64, 8), (64, 16), (128, 16), (64, 8, Tru
                 (16, 4, False, 0, 0, 32), (32, 8, False, 0, 0, 32), (64, 8, False, 0, 0, 32), (32, 4, False, 0, 0, 16),
                 (32, 4, 2, 16, 2), (32, 4, 2, 64, 8), (64, 8, 2, 64, 8))
 TILE_SETTINGS = ((SUB, WARPS), (32, 4), (64, 8))
-# Session 31: where X^T is wanted on CUDA (unit column stride, Gluon importable), ``quarl_kernels.fp8_quant_regs``' one-read
-# kernel (X^T transposed by register order, no shared-memory transpose) is timed beside ACT_SETTINGS as ("regs", tokens a
-# thread, warps): H100, 7B operands, 16k tokens, 2-6 % faster than the best Triton setting on 4 of 5 operands.
+# Session 31: where X^T is wanted on CUDA, ``quarl_kernels.fp8_quant_regs`` (Gluon, X^T by register order) is timed
+# beside ACT_SETTINGS as ("regs", tokens a thread, warps) (:func:`regs_settings`): H100, 7B operands, 16k tokens,
+# 2-6 % faster than the best Triton setting on 4 of 5 operands.
 
 
 @functools.cache

@@ -274,5 +274,5 @@ def compile_sm90(tiles: bool = False, rows: bool = True, tpt: int = 16, swiglu: 
     return triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": GROUP // tpt})
 
 
-__all__ = ["SETTINGS", "SWIGLU_BWD_SETTINGS", "SWIGLU_SETTINGS", "compile_sm90", "launch", "launch_setting", "launch_spec",
-           "swiglu_bwd_spec"]
+__all__ = ["SETTINGS", "SWIGLU_BWD_SETTINGS", "SWIGLU_SETTINGS", "compile_sm90", "launch", "launch_setting",
+           "launch_spec", "swiglu_bwd_spec"]

@@ -12,7 +12,7 @@ the backward's peak memory lower. Forward, the down projection's input ``h = sil
 
     forward    xq = Q(x)                       1x128 (+ X^T for the two WGrads)
                g = xq Wg^T, u = xq Wu^T        FP8 GEMMs, BF16 out          [M, I] each, saved
-               hq = Q(silu(g) * u)             one kernel from g, u (or the glue's silu_mul, then Q) (+ h^T for down's WGrad)
+               hq = Q(silu(g) * u)             one kernel from g, u (or silu_mul, then Q); + h^T for down's WGrad
                y = hq Wd^T                     FP8 GEMM                     [M, H]
     backward   dh = Q(dy) Wd                   DGrad of down                [M, I]
                dWd = Q(dy)^T h^T               WGrad of down
