@@ -31,11 +31,11 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 SHAPES = {  # name -> (m, n, k); T substituted
-    "gate-up fwd, down dgrad": ("T", 18944, 3584),
-    "down fwd, gate-up dgrad": ("T", 3584, 18944),
-    "gate-up wgrad": (18944, 3584, "T"),
-    "down wgrad": (3584, 18944, "T"),
-    "o fwd / dgrad": ("T", 3584, 3584),
+    "gate-up-fwd+down-dgrad": ("T", 18944, 3584),
+    "down-fwd+gate-up-dgrad": ("T", 3584, 18944),
+    "gate-up-wgrad": (18944, 3584, "T"),
+    "down-wgrad": (3584, 18944, "T"),
+    "o-fwd+dgrad": ("T", 3584, 3584),
 }
 ENV = "DG_SM90_LAYOUTS"
 
