@@ -8,6 +8,15 @@
 #     DeepGEMM built with benchmarks/deepgemm_layouts.patch (DG_SM90_LAYOUTS names a layout per GEMM shape), every
 #     candidate layout of the 7B layer's five large GEMM shapes compiled in 16 processes, then timed against the
 #     heuristic's choice (benchmarks/kernels/deepgemm_layouts.py, two rounds; DG_PRINT_CONFIGS logs the heuristic's).
+#   phase b: bash benchmarks/gpu_session32.sh b   (nvidia-h100-x1; carry .dev/dg.tar.xz; ~7 min)
+#     After a (DeepGEMM's heuristic layout was the fastest, or level within the spread, on every shape): an MLP's
+#     gate and up as one stacked FP8 GEMM forward and one DGrad (quarl.quant.fp8_swiglu.stack_gate_up; the SwiGLU
+#     kernels take dh's own row stride and write dg / du into a stacked DGrad operand): the GPU tests of the fused
+#     MLP, the SwiGLU kernels (stacked layouts' bits), q / k / v stacks and the compiled glue / engine on Jet-RL
+#     models; then the 7B actor update with this code.
+#   phase c: bash benchmarks/gpu_session32.sh c   (right after b, warm; carry .dev/dg.tar.xz .dev/old32; ~6 min)
+#     The 7B actor update with session 31's quarl/quant/fp8_swiglu.py (.dev/old32: gate / up as two GEMMs, copied
+#     over a copy of the tree in /tmp/old), then with this code again.
 set -u
 PHASE=${1:?phase}
 OUT=${OUT:?}
@@ -28,6 +37,19 @@ a)
     DG_PRINT_CONFIGS=1 timeout -k 5 "${SWEEP_S:-150}" "$PY" benchmarks/kernels/deepgemm_layouts.py --out "$OUT/layouts" \
         > "$OUT/layouts/run.log" 2>&1
     echo "== sweep rc=$? at $((SECONDS - T0)) s"; grep -E "^GemmDesc|^\|" "$OUT/layouts/run.log" | cut -c1-400
+    ;;
+b)
+    (deepgemm > "$OUT/deepgemm.log" 2>&1) &
+    tests 260 tests/kernels/test_fp8_swiglu_gpu.py tests/quant/test_fp8_stack_gpu.py tests/train/test_fused_glue_gpu.py \
+        -k "swiglu or stack or glue or fused or engine or jetrl or setting or operand"
+    wait
+    cat "$OUT/deepgemm.log"
+    model7 new
+    ;;
+c)
+    rm -rf /tmp/old && mkdir -p /tmp/old && cp -r benchmarks kernels quarl /tmp/old/ && cp .dev/old32/fp8_swiglu.py /tmp/old/quarl/quant/
+    [ -d /tmp/dg/deep_gemm ] || deepgemm
+    model7 old new
     ;;
 esac
 phase_end

@@ -66,7 +66,8 @@ SWITCHES: dict[str, str] = {
     "QUARL_FP8_GEMM": "auto (DeepGEMM where it imports) / cublas / deepgemm / emulate: the FP8 GEMMs",
     "QUARL_FP8_GEMV": "0 / 1: the FP8 decode GEMV",
     "QUARL_FP8_MEMO": "0 = no memo of the last forward's FP8 operands (training; the rollout engine's q/k/v and gate/up groups)",
-    "QUARL_FP8_STACK": "0 = an attention's full-parameter FP8 q / k / v as three FP8 linears (not one stacked GEMM)",
+    "QUARL_FP8_STACK": "0 = an attention's full-parameter FP8 q / k / v as three FP8 linears, an MLP's gate / up as two"
+                       " GEMMs (not one stacked GEMM each)",
     "QUARL_FP8_SWIGLU": "0 = a full-parameter FP8 MLP as three FP8 linears (not SwiGLU's backward in the quantizers)",
     "QUARL_FP8_SWIGLU_MERGE": "0 = SwiGLU's backward quantizers always as two passes (no merged launch)",
     "QUARL_FP8_SWIGLU_FWD": "0 = the fused FP8 MLP's forward writes h = silu(g) * u, then quantizes it (not one kernel)",

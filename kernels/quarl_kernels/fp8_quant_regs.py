@@ -174,7 +174,7 @@ def _regs_kernel(
 @gluon.jit
 def _swiglu_bwd_kernel(
     g_ptr, u_ptr, dh_ptr, q_ptr, s_ptr, qt_ptr, st_ptr, q2_ptr, s2_ptr, qt2_ptr, st2_ptr,
-    M, K, stride_m, RQ, CQ, RT,
+    M, K, stride_m, stride_dm, RQ, CQ, RT,
     stride_qm, stride_sm, stride_sg, stride_qtk, stride_stk, stride_stg,
     ROWS: gl.constexpr, TPT: gl.constexpr,
 ):
@@ -186,7 +186,7 @@ def _swiglu_bwd_kernel(
     pid_k = gl.program_id(1)
     g = _load(g_ptr, pid_m, pid_k, M, K, stride_m, True, LR)
     u = _load(u_ptr, pid_m, pid_k, M, K, stride_m, True, LR)
-    dh = _load(dh_ptr, pid_m, pid_k, M, K, stride_m, True, LR)
+    dh = _load(dh_ptr, pid_m, pid_k, M, K, stride_dm, True, LR)
     dg, du = fp8_swiglu.grad_values(g, u, dh, False)  # the Triton passes' arithmetic (the same bits); padding: 0
     _quantize(dg, pid_m, pid_k, q_ptr, s_ptr, qt_ptr, st_ptr, RQ, CQ, RT, stride_qm, stride_sm, stride_sg,
               stride_qtk, stride_stk, stride_stg, ROWS, True, False, LR, LT, True)
@@ -198,20 +198,20 @@ def swiglu_bwd_spec(dh: torch.Tensor, g: torch.Tensor, u: torch.Tensor, one: tup
                     t_rows: int, tpt: int, warps: int):
     """The launch (``fp8_quant.Launch``) of :func:`_swiglu_bwd_kernel`: ``one`` / ``two`` are dg's / du's ``(q, s, qt,
     st)`` as ``fp8_swiglu.swiglu_grad_operands`` allocates them (q / s None: no row groups); dh, g, u of one shape,
-    dtype and strides with unit column stride."""
+    dtype with unit column stride, g and u of one row stride (dh its own)."""
     m, k = g.shape
-    if (g.stride(1) != 1 or not (dh.stride() == g.stride() == u.stride()) or t_rows is None or t_rows % GROUP
+    if (g.stride(1) != 1 or dh.stride(1) != 1 or g.stride() != u.stride() or t_rows is None or t_rows % GROUP
             or warps * tpt != GROUP):
-        raise ValueError(f"fp8_quant_regs: SwiGLU's backward needs dh, g, u of one layout with unit column stride, "
-                         f"t_rows a multiple of 128 and warps x tokens a thread = 128 (strides {g.stride()}, t_rows "
-                         f"{t_rows}, tpt {tpt}, warps {warps})")
+        raise ValueError(f"fp8_quant_regs: SwiGLU's backward needs dh, g, u with unit column stride, g and u of one "
+                         f"layout, t_rows a multiple of 128 and warps x tokens a thread = 128 (strides "
+                         f"{dh.stride()}, {g.stride()}, {u.stride()}, t_rows {t_rows}, tpt {tpt}, warps {warps})")
     (q, s, qt, st), (q2, s2, qt2, st2) = one, two
     if q is None:  # placeholders for the row groups' pointers
         q, s, q2, s2 = qt, st, qt2, st2
     return fp8_quant.Launch(
         _swiglu_bwd_kernel, (t_rows // GROUP, cols // GROUP),
-        (g, u, dh, q, s, qt, st, q2, s2, qt2, st2, m, k, g.stride(0), rows, cols, t_rows, q.stride(0), s.stride(0),
-         s.stride(1), qt.stride(0), st.stride(0), st.stride(1)),
+        (g, u, dh, q, s, qt, st, q2, s2, qt2, st2, m, k, g.stride(0), dh.stride(0), rows, cols, t_rows, q.stride(0),
+         s.stride(0), s.stride(1), qt.stride(0), st.stride(0), st.stride(1)),
         {"ROWS": one[0] is not None, "TPT": tpt},
         warps)
 

@@ -56,8 +56,9 @@ COL_SETTINGS = ((32, 4, False), (64, 8, False), (16, 2, False), (32, 4, True), (
 # codes its own tile transposed, re-reading dh, g, u from L2 -- one read of the three from HBM instead of two. H100,
 # 7B width, 16k tokens, two calls (the pair 1.845 / 1.847 ms): (32, 8, 32) 1.756 / 1.764, (32, 8, 64) 1.771,
 # (16, 4, 32) 1.958 / 1.963; slower and dropped: (16, 8, 64) 1.97, (8, 4, 32) 2.18, (8, 4, 16) 2.21, (64, 16, 64) 2.23,
-# (64, 8, 32) 2.34, (32, 16, 32) 2.42
-MERGED_SETTINGS = ((32, 8, 32), (32, 8, 64), (16, 4, 32))
+# (64, 8, 32) 2.34, (32, 16, 32) 2.42. (32, 8, 64) dropped in session 32: dh's own row stride (g and u the column
+# blocks of one stacked GEMM output) made it spill 8 bytes, and it never won
+MERGED_SETTINGS = ((32, 8, 32), (16, 4, 32))
 
 
 def regs_settings(g: torch.Tensor) -> tuple:
@@ -69,15 +70,15 @@ def regs_settings(g: torch.Tensor) -> tuple:
 
 
 @triton.jit
-def _grads(g_ptr, u_ptr, dh_ptr, offs, mask, INTERPRET: tl.constexpr):
-    """``(dg, du)`` at ``offs``: the gradients of ``silu(g) * u`` for the output gradient ``dh``, fp32 values of the
+def _grads(g_ptr, u_ptr, dh_ptr, offs, doffs, mask, INTERPRET: tl.constexpr):
+    """``(dg, du)`` at ``offs`` of g and u and ``doffs`` of dh: the gradients of ``silu(g) * u`` for the output gradient ``dh``, fp32 values of the
     input dtype, rounded where eager PyTorch's autograd rounds -- ``du = dh * silu(g)`` (``silu(g)`` in the input
     dtype, as the forward made it), ``dg = silu_backward(dh * u, g)``: ATen's ``dy * s * (1 + g * (1 - s))`` on ``dy
     = dh * u`` rounded, with the ``1 + g * (1 - s)`` as the fma nvcc makes of it -- in fast arithmetic: ``exp`` as
     ``ex2.approx``, ``s = 1 / (1 + e)`` approximate, ``silu(g) = g * s``. Masked elements (padding) give 0."""
     g = tl.load(g_ptr + offs, mask=mask, other=0.0)
     u = tl.load(u_ptr + offs, mask=mask, other=0.0)
-    dh = tl.load(dh_ptr + offs, mask=mask, other=0.0)
+    dh = tl.load(dh_ptr + doffs, mask=mask, other=0.0)
     return grad_values(g, u, dh, INTERPRET)
 
 
@@ -120,7 +121,7 @@ def _store_rows(q_ptr, s_ptr, x, rows, cols, pid_k, r_ok, c_ok, stride_qm, strid
 @triton.jit
 def _swiglu_rows_kernel(
     g_ptr, u_ptr, dh_ptr, q_ptr, s_ptr, q2_ptr, s2_ptr, st_ptr, st2_ptr, qt_ptr, qt2_ptr,
-    M, I, stride_m, RQ, CQ, RT, stride_qm, stride_sm, stride_sg, stride_stk, stride_stg, stride_qtk,
+    M, I, stride_m, stride_dm, RQ, CQ, RT, stride_qm, stride_sm, stride_sg, stride_stk, stride_stg, stride_qtk,
     ROWS: tl.constexpr, COLS: tl.constexpr, SCALE_RECIP: tl.constexpr, BLOCK_M: tl.constexpr, SUB: tl.constexpr,
     INTERPRET: tl.constexpr, T_CHUNK: tl.constexpr = 0,
 ):
@@ -141,7 +142,8 @@ def _swiglu_rows_kernel(
     for i in tl.range(0, BLOCK_M // SUB):
         rows = (pid_m * BLOCK_M + i * SUB + tl.arange(0, SUB)).to(tl.int64)  # [SUB]
         dg, du = _grads(g_ptr, u_ptr, dh_ptr, rows[:, None] * stride_m + cols[None, :],
-                        (rows < M)[:, None] & c_in[None, :], INTERPRET)  # [SUB, 128] each
+                        rows[:, None] * stride_dm + cols[None, :], (rows < M)[:, None] & c_in[None, :],
+                        INTERPRET)  # [SUB, 128] each
         if ROWS:
             r_ok = rows < RQ
             _store_rows(q_ptr, s_ptr, dg, rows, cols, pid_k, r_ok, c_ok, stride_qm, stride_sm, stride_sg, SCALE_RECIP,
@@ -162,7 +164,8 @@ def _swiglu_rows_kernel(
         for j in tl.range(0, 128 // T_CHUNK):
             cc = (pid_k * 128 + j * T_CHUNK + tl.arange(0, T_CHUNK)).to(tl.int64)  # [TC]
             dg, du = _grads(g_ptr, u_ptr, dh_ptr, rows[:, None] * stride_m + cc[None, :],
-                            (rows < M)[:, None] & (cc < I)[None, :], INTERPRET)  # [128, TC] each
+                            rows[:, None] * stride_dm + cc[None, :], (rows < M)[:, None] & (cc < I)[None, :],
+                            INTERPRET)  # [128, TC] each
             _t_store(qt_ptr, st_ptr, dg, pid_m, cc, CQ, RT, stride_qtk, stride_stk, stride_stg, INTERPRET, False)
             _t_store(qt2_ptr, st2_ptr, du, pid_m, cc, CQ, RT, stride_qtk, stride_stk, stride_stg, INTERPRET, False)
 
@@ -184,7 +187,7 @@ def _t_store(qt_ptr, st_ptr, x, pid_m, cols, CQ, RT, stride_qtk, stride_stk, str
 @triton.jit
 def _swiglu_cols_kernel(
     g_ptr, u_ptr, dh_ptr, qt_ptr, st_ptr, qt2_ptr, st2_ptr,
-    M, I, stride_m, CQ, RT, stride_qtk, stride_stk, stride_stg,
+    M, I, stride_m, stride_dm, CQ, RT, stride_qtk, stride_stk, stride_stg,
     BLOCK_C: tl.constexpr, INTERPRET: tl.constexpr, T_LOAD: tl.constexpr,
 ):
     # dg^T and du^T: a program recomputes [128 tokens, BLOCK_C columns] of dg and du (T_LOAD: loaded through the
@@ -195,27 +198,45 @@ def _swiglu_cols_kernel(
     rows = (pid_m * 128 + tl.arange(0, 128)).to(tl.int64)  # [128]
     if T_LOAD:
         offs = cols[:, None] + rows[None, :] * stride_m
+        doffs = cols[:, None] + rows[None, :] * stride_dm
         mask = (cols < I)[:, None] & (rows < M)[None, :]
     else:
         offs = rows[:, None] * stride_m + cols[None, :]
+        doffs = rows[:, None] * stride_dm + cols[None, :]
         mask = (rows < M)[:, None] & (cols < I)[None, :]
-    dg, du = _grads(g_ptr, u_ptr, dh_ptr, offs, mask, INTERPRET)
+    dg, du = _grads(g_ptr, u_ptr, dh_ptr, offs, doffs, mask, INTERPRET)
     _t_store(qt_ptr, st_ptr, dg, pid_m, cols, CQ, RT, stride_qtk, stride_stk, stride_stg, INTERPRET, T_LOAD)
     _t_store(qt2_ptr, st2_ptr, du, pid_m, cols, CQ, RT, stride_qtk, stride_stk, stride_stg, INTERPRET, T_LOAD)
 
 
 def _check(tensors: tuple, rows: int, cols: int, t_rows: int | None) -> tuple[int, int]:
+    """``tensors`` = (dh, g, u): 2-D, one shape and dtype, unit column stride; g and u of one row stride (column
+    blocks of one stacked GEMM output, or two tensors), dh's its own."""
     m, i = tensors[0].shape
     for t in tensors:
-        if t.dim() != 2 or t.shape != (m, i) or t.stride() != tensors[0].stride() or t.dtype != tensors[0].dtype:
-            raise ValueError(f"fp8_swiglu: inputs must be 2-D of one shape, strides and dtype, got "
+        if t.dim() != 2 or t.shape != (m, i) or t.dtype != tensors[0].dtype or (i and t.stride(1) != 1):
+            raise ValueError(f"fp8_swiglu: inputs must be 2-D of one shape and dtype with unit column stride, got "
                              f"{[(tuple(x.shape), x.stride(), x.dtype) for x in tensors]}")
-    if i and tensors[0].stride(1) != 1:
-        raise ValueError(f"fp8_swiglu: inputs need unit column stride, got strides {tensors[0].stride()}")
+    if tensors[1].stride() != tensors[2].stride():
+        raise ValueError(f"fp8_swiglu: g and u must have one layout, got strides {tensors[1].stride()} and "
+                         f"{tensors[2].stride()}")
     if cols % GROUP or cols < i or rows < m or (t_rows is not None and (t_rows % GROUP or t_rows < m)):
         raise ValueError(f"fp8_swiglu: rows={rows} >= M={m}, cols={cols} a multiple of {GROUP} >= I={i}, t_rows="
                          f"{t_rows} a multiple of {GROUP} >= M")
     return m, i
+
+
+def _checked_out(out: tuple, g: torch.Tensor, rows: int, cols: int, t_rows: int | None, row_groups: bool):
+    """``out`` = (dg's (q, s, qt, st), du's): each checked as ``fp8_quant.quantize_act``'s ``out``, and each pair one
+    layout (the kernels take one set of output strides for both)."""
+    if len(out) != 2:
+        raise ValueError("fp8_swiglu: out must be (dg's (q, s, qt, st), du's)")
+    one, two = (fq._checked_act_out(g, rows, cols, t_rows, row_groups, False, o) for o in out)
+    for a, b in zip(one, two, strict=True):
+        if a is not None and a.stride() != b.stride():
+            raise ValueError(f"fp8_swiglu: dg's and du's outputs need one layout, got strides {a.stride()} and "
+                             f"{b.stride()}")
+    return one, two
 
 
 def _row_launch(dh, g, u, outs, rows: int, cols: int, t_rows: int | None, sub: int, warps: int,
@@ -231,7 +252,7 @@ def _row_launch(dh, g, u, outs, rows: int, cols: int, t_rows: int | None, sub: i
     qt, qt2 = qts if qts is not None else (dq, dq2)
     return fq.Launch(
         _swiglu_rows_kernel, (triton.cdiv(extent, block_m), cols // GROUP),
-        (g, u, dh, dq, ds, dq2, ds2, dst, dst2, qt, qt2, m, i, g.stride(0), rows, cols, t_rows or 0,
+        (g, u, dh, dq, ds, dq2, ds2, dst, dst2, qt, qt2, m, i, g.stride(0), dh.stride(0), rows, cols, t_rows or 0,
          dq.stride(0), ds.stride(0), ds.stride(1), dst.stride(0), dst.stride(1), qt.stride(0)),
         {"ROWS": q is not None, "COLS": t_rows is not None, "SCALE_RECIP": g.is_cuda, "BLOCK_M": block_m,
          "SUB": min(sub, block_m), "INTERPRET": _interpreting(), "T_CHUNK": t_chunk if qts is not None else 0},
@@ -243,16 +264,19 @@ def _col_launch(dh, g, u, outs, cols: int, t_rows: int, block_c: int, warps: int
     m, i = g.shape
     return fq.Launch(
         _swiglu_cols_kernel, (t_rows // GROUP, triton.cdiv(cols, block_c)),
-        (g, u, dh, qt, st, qt2, st2, m, i, g.stride(0), cols, t_rows, qt.stride(0), st.stride(0), st.stride(1)),
+        (g, u, dh, qt, st, qt2, st2, m, i, g.stride(0), dh.stride(0), cols, t_rows, qt.stride(0), st.stride(0),
+         st.stride(1)),
         {"BLOCK_C": block_c, "INTERPRET": _interpreting(), "T_LOAD": bool(t_load)},
         warps)
 
 
 def swiglu_grad_operands(dh: torch.Tensor, g: torch.Tensor, u: torch.Tensor, rows: int, cols: int,
                          t_rows: int | None = None, *, row_groups: bool = True, setting: tuple | None = None,
-                         t_setting: tuple | None = None, merged: tuple | None = None):
-    """SwiGLU's backward (``dh``: the gradient of ``h = silu(g) * u``; the three [M, I], one dtype and strides, unit
-    column stride) -> ``(dg's (q, s, qt, st), du's)``, ``fp8_quant.quantize_act``'s operands: with ``row_groups``
+                         t_setting: tuple | None = None, merged: tuple | None = None, out: tuple | None = None):
+    """SwiGLU's backward (``dh``: the gradient of ``h = silu(g) * u``; the three [M, I] of one dtype with unit column
+    stride, g and u of one row stride) -> ``(dg's (q, s, qt, st), du's)``, ``fp8_quant.quantize_act``'s operands
+    (``out``: ``(one, two)``, those eight tensors given -- e.g. dg's and du's row groups as the column blocks of one
+    stacked DGrad operand; the same shapes, dtypes, and for each pair of dg / du tensors one layout): with ``row_groups``
     1x128 groups along I ([rows, cols], DGrad's A), with ``t_rows`` along the tokens ([cols, t_rows], WGrad's A);
     entries not asked for are None. ``dg`` and ``du`` are never written. ``setting`` / ``t_setting``: an entry of
     :data:`ROW_SETTINGS` / :data:`COL_SETTINGS`, else chosen by shape on CUDA; ``merged``: an entry of
@@ -262,8 +286,11 @@ def swiglu_grad_operands(dh: torch.Tensor, g: torch.Tensor, u: torch.Tensor, row
     m, _ = _check((dh, g, u), rows, cols, t_rows)
     if not row_groups and t_rows is None:
         raise ValueError("fp8_swiglu: nothing asked (row_groups=False and no t_rows)")
-    one = fq._act_outputs(g, rows, cols, t_rows, row_groups)  # dg's (q, s, qt, st), None where not asked
-    two = fq._act_outputs(g, rows, cols, t_rows, row_groups)  # du's
+    if out is None:
+        one = fq._act_outputs(g, rows, cols, t_rows, row_groups)  # dg's (q, s, qt, st), None where not asked
+        two = fq._act_outputs(g, rows, cols, t_rows, row_groups)  # du's
+    else:
+        one, two = _checked_out(out, g, rows, cols, t_rows, row_groups)
     if m == 0:  # no tokens: zero codes, eps scales (the reference's padding)
         for t in (*one, *two):
             if t is not None:

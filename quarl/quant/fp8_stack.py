@@ -63,8 +63,10 @@ BLOCK = 128
 
 
 def enabled() -> bool:
-    """``QUARL_FP8_STACK`` unset or ``1``: stack; ``0``: the projections as separate FP8 linears."""
-    return switch_on("QUARL_FP8_STACK", "q, k, v as one FP8 GEMM forward and one DGrad", "three linears")
+    """``QUARL_FP8_STACK`` unset or ``1``: stack (q / k / v here; gate / up in :mod:`quarl.quant.fp8_swiglu`); ``0``:
+    the projections as separate FP8 GEMMs."""
+    return switch_on("QUARL_FP8_STACK", "q, k, v (and gate, up) as one FP8 GEMM forward and one DGrad",
+                     "separate GEMMs")
 
 
 # --------------------------------------------------------------------------- the stacked tiles

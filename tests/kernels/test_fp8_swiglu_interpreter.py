@@ -61,6 +61,30 @@ for m, i, dt in ((37, 320, torch.bfloat16), (130, 256, torch.bfloat16), (64, 384
     assert all_same(other[0], got[0][:2] + (None, None)) and all_same(other[1], got[1][:2] + (None, None))
 print("operands ok")
 
+# g and u as the column blocks of one stacked GEMM output (row stride 2I), dh of its own layout, dg's and du's row
+# groups into the column blocks of one stacked DGrad operand (out=): the bits of the separate contiguous tensors
+from quarl_kernels import fp8_quant as fq
+m, i = 130, 256
+gu = torch.randn(m, 2 * i).to(torch.bfloat16)
+g2, u2 = gu[:, :i], gu[:, i:]
+dh2 = torch.randn(m, i).to(torch.bfloat16)
+rows, cols, t_rows = 132, 256, 256
+ref = fs.swiglu_grad_operands(dh2, g2.contiguous(), u2.contiguous(), rows, cols, t_rows)
+for kw in ({}, {"merged": fs.MERGED_SETTINGS[0]}, {"setting": fs.ROW_SETTINGS[1], "t_setting": fs.COL_SETTINGS[3]}):
+    q = torch.empty(rows, 2 * cols, dtype=torch.float8_e4m3fn)
+    sc = torch.empty(2 * cols // 128, rows).t()
+    t1, t2 = (fq._act_outputs(g2, rows, cols, t_rows, False) for _ in range(2))
+    out = ((q[:, :cols], sc[:, :2], *t1[2:]), (q[:, cols:], sc[:, 2:], *t2[2:]))
+    got = fs.swiglu_grad_operands(dh2, g2, u2, rows, cols, t_rows, out=out, **kw)
+    assert all_same(got[0], ref[0]) and all_same(got[1], ref[1]), kw
+    assert same(q[:, :cols], ref[0][0]) and same(q[:, cols:], ref[1][0]) and torch.equal(sc, torch.cat([ref[0][1], ref[1][1]], 1))
+try:
+    fs.swiglu_grad_operands(dh2, g2, u2.contiguous(), rows, cols, t_rows)
+    raise AssertionError("g and u of two layouts accepted")
+except ValueError as e:
+    assert "one layout" in str(e)
+print("stacked ok")
+
 empty = torch.zeros(0, 256, dtype=torch.bfloat16)
 (q, s, qt, st), _ = fs.swiglu_grad_operands(empty, empty, empty, 0, 256, 128)
 assert q.shape == (0, 256) and qt.shape == (256, 128) and not qt.view(torch.uint8).any()
@@ -68,19 +92,20 @@ assert torch.all(st == torch.finfo(torch.float32).eps)
 
 # the fused MLP with the Triton quantizers against the eager ones: the same forward, the gradients within the
 # backward's fast arithmetic
-def grads(backend, wgrad):
+def grads(backend, wgrad, inter):
     os.environ["QUARL_FP8_QUANT"] = backend
     torch.manual_seed(1)
     x = torch.randn(2, 37, 192).to(torch.bfloat16).requires_grad_()
-    ws = [(torch.randn(*s) * 0.05).to(torch.bfloat16).requires_grad_() for s in ((320, 192), (320, 192), (192, 320))]
+    ws = [(torch.randn(*s) * 0.05).to(torch.bfloat16).requires_grad_()
+          for s in ((inter, 192), (inter, 192), (192, inter))]
     y = fp8_swiglu(x, *ws, wgrad=wgrad)
     y.backward(torch.randn_like(y))
     return [y, x.grad, *(w.grad for w in ws)]
 
-for wgrad in ("1x128", "tiles"):
-    for name, a, b in zip(("y", "dx", "dWg", "dWu", "dWd"), grads("triton", wgrad), grads("eager", wgrad)):
+for wgrad, inter in (("1x128", 320), ("tiles", 320), ("tiles", 256)):  # 256: gate / up stacked
+    for name, a, b in zip(("y", "dx", "dWg", "dWu", "dWd"), grads("triton", wgrad, inter), grads("eager", wgrad, inter)):
         rel = ((a.float() - b.float()).norm() / b.float().norm()).item()
-        print(wgrad, name, "relative difference", rel)
+        print(wgrad, inter, name, "relative difference", rel)
         assert rel < 1e-2 and (name != "y" or torch.equal(a, b)), (wgrad, name, rel)
 print("mlp ok")
 print("OK")

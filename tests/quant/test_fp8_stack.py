@@ -2,8 +2,9 @@
 biases' gradients are the three FP8 linears' bit for bit; the input's gradient is the FP32 sum rounded once (closer to
 the FP32 reference of the same operands than the three rounded products added in BF16); the stacked tiles follow the
 weights through optimizer steps and are the bytes a single projection reads; the fused glue routes a full-parameter
-Jet-RL attention through it (and the whole model trains as with the switch off, within the DGrad's rounding); a deep
-copy gets its own group. The Triton ``out=`` paths: tests/kernels/test_fp8_quant_interpreter.py."""
+Jet-RL attention through it (and the whole model trains as with the switch off, within the DGrad's rounding), and an
+MLP's gate and up stacked the same way (quarl.quant.fp8_swiglu); a deep copy gets its own group. The Triton ``out=``
+paths: tests/kernels/test_fp8_quant_interpreter.py."""
 
 import copy
 
@@ -13,7 +14,7 @@ import torch
 from quarl.quant import fp8_stack
 from quarl.quant.fp8_linear import _master_tiles, fp8_linear
 from quarl.quant.fp8_stack import FP8StackFunction
-from tests.quant.jetrl_models import glue_restored, jetrl_qwen2, with_and_without  # noqa: F401 (a fixture)
+from tests.quant.jetrl_models import glue_restored, jetrl_qwen2, loss_and_grads, with_and_without  # noqa: F401 (a fixture)
 
 
 def _params(k: int, widths: tuple[int, ...], bias: bool, seed: int = 0):
@@ -105,10 +106,11 @@ def test_stacked_tiles_follow_the_weights_and_are_what_a_single_projection_reads
             assert torch.equal(fp8_linear(x, w, bs[i]), outs[i])
 
 
-def _qwen2(stack_ok: bool = True, seed: int = 0):
-    # q 256 wide, k / v 128: multiples of 128 (stackable); 192 / 96 are not
+def _qwen2(stack_ok: bool = True, seed: int = 0, inter: int = 320):
+    # q 256 wide, k / v 128: multiples of 128 (stackable); 192 / 96 are not. The MLP's gate / up stack where inter is
+    # a multiple of 128 (quarl.quant.fp8_swiglu.stack_gate_up): not at 320
     heads, kv, dim = (4, 2, 64) if stack_ok else (4, 2, 48)
-    return jetrl_qwen2(heads * dim, 384, heads, kv, seed=seed)
+    return jetrl_qwen2(heads * dim, inter, heads, kv, seed=seed)
 
 
 
@@ -131,6 +133,38 @@ def test_compiled_glue_stacks_a_jetrl_attention(monkeypatch):
     last = "model.layers.1."  # the last layer's projections and its MLP see the same dY bits in both runs
     for name in grads:
         if name.startswith(last) and "input_layernorm" not in name:
+            assert torch.equal(grads[name], grads0[name]), name
+        rel = (grads[name].float() - grads0[name].float()).norm() / grads0[name].float().norm().clamp_min(1e-12)
+        assert rel < 0.05, (name, rel)
+
+
+@pytest.mark.usefixtures("glue_restored")
+def test_compiled_glue_stacks_a_jetrl_mlps_gate_and_up(monkeypatch):
+    """The MLP's gate and up as one stacked GEMM (an intermediate width a multiple of 128; q / k / v not stackable
+    here): the loss equals the two GEMMs' (QUARL_FP8_STACK=0) bit for bit, and so does every weight's gradient but the
+    ones upstream of a gate / up DGrad (the last layer's MLP sees the same dY bits in both runs)."""
+    from quarl.quant.fp8_swiglu import FP8SwiGLUFunction
+    from quarl.train.fused_glue import compile_glue
+
+    model = _qwen2(stack_ok=False, inter=384)
+    compile_glue(model, backend="aot_eager")
+    stacked = []
+    real = FP8SwiGLUFunction.apply
+
+    def spy(*a):
+        stacked.append(a[-1] is not None)  # gu: the gate / up tiles stacked
+        return real(*a)
+
+    monkeypatch.setattr(FP8SwiGLUFunction, "apply", spy)
+    ids = torch.randint(0, 97, (2, 11))
+    loss, grads = loss_and_grads(model, ids)
+    monkeypatch.setenv("QUARL_FP8_STACK", "0")
+    loss0, grads0 = loss_and_grads(model, ids)
+    assert stacked == [True, True, False, False]  # two MLPs stacked with the switch on, none with it off
+    assert torch.equal(loss, loss0)
+    last = "model.layers.1.mlp."
+    for name in grads:
+        if name.startswith(last):
             assert torch.equal(grads[name], grads0[name]), name
         rel = (grads[name].float() - grads0[name].float()).norm() / grads0[name].float().norm().clamp_min(1e-12)
         assert rel < 0.05, (name, rel)
