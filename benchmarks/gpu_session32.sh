@@ -17,6 +17,10 @@
 #   phase c: bash benchmarks/gpu_session32.sh c   (right after b, warm; carry .dev/dg.tar.xz .dev/old32; ~6 min)
 #     The 7B actor update with session 31's quarl/quant/fp8_swiglu.py (.dev/old32: gate / up as two GEMMs, copied
 #     over a copy of the tree in /tmp/old), then with this code again.
+#   phase d: bash benchmarks/gpu_session32.sh d   (nvidia-h100-x1; carry .dev/dg.tar.xz; ~4 min)
+#     After b, c (the 7B actor update 26.42 / 26.76 ms a layer stacked against 26.67 with two GEMMs: inside the
+#     spread): the fused MLP alone, stacked against two GEMMs in alternating rounds at the 7B, 8B and 32B widths
+#     (benchmarks/kernels/fp8_mlp_stack_bench.py); the fused-MLP GPU test with the stacked DGrad's tolerance.
 set -u
 PHASE=${1:?phase}
 OUT=${OUT:?}
@@ -50,6 +54,14 @@ c)
     rm -rf /tmp/old && mkdir -p /tmp/old && cp -r benchmarks kernels quarl /tmp/old/ && cp .dev/old32/fp8_swiglu.py /tmp/old/quarl/quant/
     [ -d /tmp/dg/deep_gemm ] || deepgemm
     model7 old new
+    ;;
+d)
+    (deepgemm > "$OUT/deepgemm.log" 2>&1) &
+    tests 150 tests/kernels/test_fp8_swiglu_gpu.py -k fused_mlp
+    wait
+    cat "$OUT/deepgemm.log"
+    export PYTHONPATH=$PYTHONPATH:/tmp/dg
+    bench 150 mlp_stack benchmarks/kernels/fp8_mlp_stack_bench.py --models Qwen2.5-7B,Qwen3-8B,Qwen2.5-32B
     ;;
 esac
 phase_end

@@ -126,8 +126,10 @@ def test_stacked_gate_up_layouts_give_the_same_bits():
 def test_fused_mlp_matches_three_fp8_linears(wgrad, fwd, stack, monkeypatch):
     """With h written by eager SwiGLU (QUARL_FP8_SWIGLU_FWD=0) and gate / up as two GEMMs (QUARL_FP8_STACK=0) the
     forward is the three linears' bits; with h quantized from g and u (fast exp), or gate / up as one stacked GEMM
-    (the GEMM library's bits at width 2I need not be its bits at I; printed), the output within 1e-3 relative. Either
-    way the no-grad forward equals the grad one."""
+    (the GEMM library's bits at width 2I need not be its bits at I; printed), the output within 1e-3 relative. The
+    gradients within 1e-3, but dX of the stacked DGrad -- one FP32 sum over 2I rounded to BF16 once, not two rounded
+    products added in BF16 -- within 5e-3 (BF16's half ulp is 2e-3; H100, session 32: 2.9e-3; the CPU test checks
+    that it is the nearer of the two to the FP32 value). Either way the no-grad forward equals the grad one."""
     monkeypatch.setenv("QUARL_FP8_SWIGLU_FWD", fwd)
     monkeypatch.setenv("QUARL_FP8_STACK", stack)
     torch.manual_seed(2)
@@ -150,6 +152,7 @@ def test_fused_mlp_matches_three_fp8_linears(wgrad, fwd, stack, monkeypatch):
     for name, a, b in zip(("y", "dx", "dWg", "dWu", "dWd"), got, want, strict=True):
         rel = ((a.float() - b.float()).norm() / b.float().norm()).item()
         print(f"{name} ({wgrad}): relative difference {rel:.2e}, equal {torch.equal(a, b)}")
-        assert rel < 1e-3 and (name != "y" or fwd == "1" or stack == "1" or torch.equal(a, b)), (name, rel)
+        tol = 5e-3 if name == "dx" and stack == "1" else 1e-3
+        assert rel < tol and (name != "y" or fwd == "1" or stack == "1" or torch.equal(a, b)), (name, rel)
     with torch.no_grad():
         assert torch.equal(fp8_swiglu(x, *ws, wgrad=wgrad), got[0])

@@ -1,0 +1,104 @@
+"""The fused FP8 MLP with gate and up as one stacked GEMM against two, forward and backward (Jet-RL, issue 15).
+
+    PYTHONPATH=$PWD:$PWD/kernels:/tmp/dg python3 benchmarks/kernels/fp8_mlp_stack_bench.py --out $OUT/mlp_stack
+
+``quarl.quant.fp8_swiglu.fp8_swiglu`` at a model's width (BF16 master weights, X^T in 128x128 tiles as the rl stage's
+Jet-RL recipe), timed with ``QUARL_FP8_STACK=1`` (gate / up one GEMM forward and one DGrad, no BF16 add of the two
+DGrads) and ``=0`` (two of each) in alternating rounds on the same inputs: each round times ``--iters`` forward +
+backward calls per mode with CUDA events, the medians of the rounds are reported. The whole actor update moves by
+~0.7 ms a layer between runs of one code (RESULTS.md "Session 31"), more than this change should save; this isolates it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+from datetime import UTC, datetime
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path[:0] = [str(ROOT), str(ROOT / "kernels")]
+
+WIDTHS = {"Qwen2.5-7B": (3584, 18944), "Qwen3-8B": (4096, 12288), "Qwen2.5-32B": (5120, 27648)}
+
+
+def time_model(model: str, tokens: int, iters: int, rounds: int) -> dict:
+    """One width: forward + backward and forward alone, stacked and two GEMMs, ms per call (median of rounds)."""
+    from quarl.quant.fp8_swiglu import fp8_swiglu
+
+    h, inter = WIDTHS[model]
+    torch.manual_seed(0)
+    ws = [(torch.randn(*s, device="cuda") * 0.02).to(torch.bfloat16).requires_grad_()
+          for s in ((inter, h), (inter, h), (h, inter))]
+    x = torch.randn(tokens, h, device="cuda").to(torch.bfloat16).requires_grad_()
+    dy = torch.randn(tokens, h, device="cuda").to(torch.bfloat16)
+
+    def step(backward: bool = True):
+        y = fp8_swiglu(x, *ws, wgrad="tiles")
+        if backward:
+            y.backward(dy)
+            for t in (x, *ws):
+                t.grad = None
+
+    times = {("1", True): [], ("0", True): [], ("1", False): [], ("0", False): []}
+    for mode in ("1", "0"):  # warm: the quantizers' launch choice, the GEMMs' JIT
+        os.environ["QUARL_FP8_STACK"] = mode
+        for _ in range(3):
+            step()
+    torch.cuda.synchronize()
+    for _ in range(rounds):
+        for (mode, bwd), got in times.items():
+            os.environ["QUARL_FP8_STACK"] = mode
+            s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            with torch.set_grad_enabled(bwd):
+                s.record()
+                for _ in range(iters):
+                    step(bwd)
+                e.record()
+            torch.cuda.synchronize()
+            got.append(s.elapsed_time(e) / iters)
+    return {"model": model, "h": h, "inter": inter,
+            **{f"{'stacked' if m == '1' else 'two'} {'fwd+bwd' if b else 'fwd'} ms": statistics.median(t)
+               for (m, b), t in times.items()},
+            "rounds": {f"{m},{b}": t for (m, b), t in times.items()}}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--models", default="Qwen2.5-7B")
+    ap.add_argument("--tokens", type=int, default=16384)
+    ap.add_argument("--iters", type=int, default=10)
+    ap.add_argument("--rounds", type=int, default=6)
+    ap.add_argument("--out", required=True)
+    a = ap.parse_args()
+    from quarl.quant import fp8_linear
+
+    res = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "tokens": a.tokens,
+           "gemm": fp8_linear.gemm_backend(), "date": datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC"), "rows": []}
+    for model in a.models.split(","):
+        row = time_model(model, a.tokens, a.iters, a.rounds)
+        print(json.dumps({k: v for k, v in row.items() if k != "rounds"}), flush=True)
+        res["rows"].append(row)
+        torch.cuda.empty_cache()
+    out = Path(a.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "fp8_mlp_stack.json").write_text(json.dumps(res, indent=1))
+    title = (f"# fused FP8 MLP, gate / up stacked vs two GEMMs, {res['gpu']}, {a.tokens} tokens, GEMMs {res['gemm']}, "
+             f"{res['date']}")
+    L = [title, "", "| model | H x I | two fwd+bwd ms | stacked fwd+bwd ms | x | two fwd ms | stacked fwd ms |",
+         "|---|---|---:|---:|---:|---:|---:|"]
+    for r in res["rows"]:
+        t, st = r["two fwd+bwd ms"], r["stacked fwd+bwd ms"]
+        L.append(f"| {r['model']} | {r['h']} x {r['inter']} | {t:.3f} | {st:.3f} | {t / st:.3f}x | "
+                 f"{r['two fwd ms']:.3f} | {r['stacked fwd ms']:.3f} |")
+    (out / "fp8_mlp_stack.md").write_text("\n".join(L) + "\n")
+    print("\n".join(L))
+
+
+if __name__ == "__main__":
+    main()
