@@ -4,7 +4,8 @@
 
 ``quarl.quant.fp8_swiglu.fp8_swiglu`` at a model's width (BF16 master weights, X^T in 128x128 tiles as the rl stage's
 Jet-RL recipe), timed with ``QUARL_FP8_STACK=1`` (gate / up one GEMM forward and one DGrad, no BF16 add of the two
-DGrads) and ``=0`` (two of each) in alternating rounds on the same inputs: each round times ``--iters`` forward +
+DGrads) and ``=0`` (two of each, on copies of the weights: a stacked weight's tile cache is a block of the stack, its
+transposed tiles a strided column block) in alternating rounds on the same inputs: each round times ``--iters`` forward +
 backward calls per mode with CUDA events, the medians of the rounds are reported. The whole actor update moves by
 ~0.7 ms a layer between runs of one code (RESULTS.md "Session 31"), more than this change should save; this isolates it.
 """
@@ -35,14 +36,18 @@ def time_model(model: str, tokens: int, iters: int, rounds: int) -> dict:
     torch.manual_seed(0)
     ws = [(torch.randn(*s, device="cuda") * 0.02).to(torch.bfloat16).requires_grad_()
           for s in ((inter, h), (inter, h), (h, inter))]
+    # two GEMMs on copies of their own: once stacked, a weight's tile cache is a block of the stack (its transposed
+    # tiles a column block, row stride 2I), which is not what an unstacked run reads
+    ws2 = [w.detach().clone().requires_grad_() for w in ws]
     x = torch.randn(tokens, h, device="cuda").to(torch.bfloat16).requires_grad_()
     dy = torch.randn(tokens, h, device="cuda").to(torch.bfloat16)
 
     def step(backward: bool = True):
-        y = fp8_swiglu(x, *ws, wgrad="tiles")
+        w = ws if os.environ["QUARL_FP8_STACK"] == "1" else ws2
+        y = fp8_swiglu(x, *w, wgrad="tiles")
         if backward:
             y.backward(dy)
-            for t in (x, *ws):
+            for t in (x, *w):
                 t.grad = None
 
     times = {("1", True): [], ("0", True): [], ("1", False): [], ("0", False): []}
