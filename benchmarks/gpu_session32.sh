@@ -21,6 +21,9 @@
 #     After b, c (the 7B actor update 26.42 / 26.76 ms a layer stacked against 26.67 with two GEMMs: inside the
 #     spread): the fused MLP alone, stacked against two GEMMs in alternating rounds at the 7B, 8B and 32B widths
 #     (benchmarks/kernels/fp8_mlp_stack_bench.py); the fused-MLP GPU test with the stacked DGrad's tolerance.
+#   phase e: bash benchmarks/gpu_session32.sh e   (nvidia-h100-x1; carry .dev/dg.tar.xz; ~6 min)
+#     After d (the MLP alone, fair form: stacked level with two GEMMs at 7B / 8B width, 1.046x at 32B): the Qwen2.5-32B
+#     actor update with this code, two rounds (session 31: 1.557x / 1.564x), then the 7B one.
 set -u
 PHASE=${1:?phase}
 OUT=${OUT:?}
@@ -62,6 +65,13 @@ d)
     cat "$OUT/deepgemm.log"
     export PYTHONPATH=$PYTHONPATH:/tmp/dg
     bench 150 mlp_stack benchmarks/kernels/fp8_mlp_stack_bench.py --models Qwen2.5-7B,Qwen3-8B,Qwen2.5-32B
+    ;;
+e)
+    deepgemm
+    export PYTHONPATH=$PYTHONPATH:/tmp/dg
+    model_step "${M32_S:-300}" p32 --shape Qwen2.5-32B --layers 4 --tokens 16384 --loss rl \
+        --arms "bf16,bf16+glue,jetrl-xtiles+deepgemm+glue" --iters 2 --accumulate 8 --repeat 2
+    model7 new
     ;;
 esac
 phase_end
