@@ -24,6 +24,9 @@
 #   phase e: bash benchmarks/gpu_session32.sh e   (nvidia-h100-x1; carry .dev/dg.tar.xz; ~6 min)
 #     After d (the MLP alone, fair form: stacked level with two GEMMs at 7B / 8B width, 1.046x at 32B): the Qwen2.5-32B
 #     actor update with this code, two rounds (session 31: 1.557x / 1.564x), then the 7B one.
+#   phase f: bash benchmarks/gpu_session32.sh f   (right after e, warm; carry .dev/dg.tar.xz; ~6 min)
+#     Session 31's prepared phase m with this code: the Gluon quantizers under Nsight Compute (what limits them now),
+#     then where a 7B FP8 layer's time goes (profiled, one micro-batch a step).
 set -u
 PHASE=${1:?phase}
 OUT=${OUT:?}
@@ -72,6 +75,19 @@ e)
     model_step "${M32_S:-300}" p32 --shape Qwen2.5-32B --layers 4 --tokens 16384 --loss rl \
         --arms "bf16,bf16+glue,jetrl-xtiles+deepgemm+glue" --iters 2 --accumulate 8 --repeat 2
     model7 new
+    ;;
+f)
+    mkdir -p "$OUT/ncu"
+    timeout -k 5 "${NCU_S:-150}" ncu --clock-control none --kernel-name regex:"_regs_kernel|_swiglu_bwd_kernel" \
+        --launch-skip 4 --launch-count 4 --set full --import-source no \
+        "$PY" benchmarks/kernels/profile_fp8_quant.py --regs > "$OUT/ncu/ncu.txt" 2>&1
+    echo "== ncu rc=$? at $((SECONDS - T0)) s"
+    grep -E "^  _|launch:|Duration|DRAM Throughput|Issue Slots Busy|Executed Instructions  |No Eligible|Achieved Occupancy|Registers Per|way bank" \
+        "$OUT/ncu/ncu.txt" | head -n 80
+    [ -d /tmp/dg/deep_gemm ] || deepgemm
+    export PYTHONPATH=$PYTHONPATH:/tmp/dg
+    model_step "${M_S:-190}" p7prof --shape Qwen2.5-7B --layers 4 --tokens 16384 --loss rl \
+        --arms "bf16,bf16+glue,jetrl-xtiles+deepgemm+glue" --iters 2 --profile
     ;;
 esac
 phase_end
