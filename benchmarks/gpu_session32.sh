@@ -91,3 +91,24 @@ f)
     ;;
 esac
 phase_end
+
+# ---------------------------------------------------------------------------------------------------------------
+# Record (calls of this session; device time from the tool's lease; one NVIDIA H100 80GB HBM3 each, driver 580.159.04):
+#   a  commit 79a36b7, 2026-11-27 21:05-21:07 UTC (cold), 132 s held (budget 1800 -> 1667 s): DeepGEMM built with
+#      the layout patch (84 s); the sweep failed at once (KeyError: shape names with commas split by --shapes).
+#   a  commit ccec3db, 21:07-21:08 UTC (warm), 80 s (-> 1575 s): 135 layouts compiled in 63 s (0 refused); the
+#      heuristic's (256, 128, 1, 2) fastest or level within the spread (+-5 % between rounds) on every shape.
+#   b  commit 3a12431, 21:24-21:30 UTC (cold), 345 s (-> 1157 s): GPU tests 17 passed, 4 failed (the stacked MLP's dX
+#      2.86e-3 from the three linears' against a 1e-3 tolerance: one BF16 rounding of the FP32 sum, the tolerance
+#      then set to 5e-3); 7B actor update bf16+glue / FP8 39.37 / 26.42 ms a layer (1.490x).
+#   c  commit 3a12431, 21:30-21:32 UTC (warm), 122 s (-> 1023 s): 7B, session 31's fp8_swiglu.py (two GEMMs)
+#      39.39 / 26.67 (1.477x), then this code 39.26 / 26.76 (1.467x).
+#   d  commit 9496a78, 21:33-21:36 UTC (cold), 197 s (-> 758 s): the fused-MLP GPU test 8 passed; fp8_mlp_stack_bench
+#      in its first form (the two-GEMM mode read the stacked weights' strided transposed blocks): not a fair baseline.
+#   d  (the bench alone, `bench 150 mlp_stack ...` through gpu_phase_lib.sh) commit ebab18c, 21:36-21:37 UTC (warm),
+#      24 s (-> 716 s): the MLP fwd+bwd two GEMMs / stacked 19.07 / 19.18 ms (7B), 14.08 / 14.05 (8B), 38.89 / 37.18
+#      (32B).
+#   e  commit 6f36d2a, 21:37-21:42 UTC (warm), 253 s (-> 448 s): Qwen2.5-32B 79.39 / 50.53 (1.571x), 79.56 / 50.87
+#      (1.564x); 7B 39.47 / 26.67 (1.480x).
+#   f  commit 28207c6, 21:42-21:43 UTC (warm), 64 s (-> 366 s; given back: 348 s): ncu of the Gluon kernels; the 7B
+#      profile (one micro-batch a step).
