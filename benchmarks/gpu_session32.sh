@@ -27,6 +27,9 @@
 #   phase f: bash benchmarks/gpu_session32.sh f   (right after e, warm; carry .dev/dg.tar.xz; ~6 min)
 #     Session 31's prepared phase m with this code: the Gluon quantizers under Nsight Compute (what limits them now),
 #     then where a 7B FP8 layer's time goes (profiled, one micro-batch a step).
+#   phase g: bash benchmarks/gpu_session32.sh g   (nvidia-h100-x1; carry .dev/dg.tar.xz; ~4 min)
+#     The stacked MLP's and the q / k / v stacks' GPU tests with DeepGEMM built first (in b and d the tests ran
+#     beside its build, on cuBLAS).
 set -u
 PHASE=${1:?phase}
 OUT=${OUT:?}
@@ -88,6 +91,11 @@ f)
     export PYTHONPATH=$PYTHONPATH:/tmp/dg
     model_step "${M_S:-190}" p7prof --shape Qwen2.5-7B --layers 4 --tokens 16384 --loss rl \
         --arms "bf16,bf16+glue,jetrl-xtiles+deepgemm+glue" --iters 2 --profile
+    ;;
+g)
+    deepgemm
+    export PYTHONPATH=$PYTHONPATH:/tmp/dg
+    tests 150 tests/kernels/test_fp8_swiglu_gpu.py tests/quant/test_fp8_stack_gpu.py -k "fused_mlp or stack"
     ;;
 esac
 phase_end
