@@ -120,3 +120,5 @@ phase_end
 #      (1.564x); 7B 39.47 / 26.67 (1.480x).
 #   f  commit 28207c6, 21:42-21:43 UTC (warm), 64 s (-> 366 s; given back: 348 s): ncu of the Gluon kernels; the 7B
 #      profile (one micro-batch a step).
+#   g  commit 3207fa7, 21:44-21:48 UTC (cold; counted at 67 %), 227 s (-> 159 s; given back: 157 s): with DeepGEMM
+#      built first, the fused-MLP (stacked and two GEMMs) and q / k / v stack GPU tests: 13 passed, 0 skipped.
