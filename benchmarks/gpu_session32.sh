@@ -30,6 +30,10 @@
 #   phase g: bash benchmarks/gpu_session32.sh g   (nvidia-h100-x1; carry .dev/dg.tar.xz; ~4 min)
 #     The stacked MLP's and the q / k / v stacks' GPU tests with DeepGEMM built first (in b and d the tests ran
 #     beside its build, on cuBLAS).
+#   phase h (prepared, not run: no device budget left): bash benchmarks/gpu_session32.sh h   (nvidia-h100-x1; carry
+#     .dev/dg.tar.xz; ~9 min) -- the down DGrad with SwiGLU's backward in its epilogue (quarl_kernels.fp8_dgrad_swiglu,
+#     QUARL_FP8_SWIGLU_DGRAD=1, opt-in; CPU: bit-exact under the interpreter, no spills for sm_90): its GPU tests, the
+#     MLP alone with it on and off (7B and 32B width), then the 7B actor update off, on, off.
 set -u
 PHASE=${1:?phase}
 OUT=${OUT:?}
@@ -96,6 +100,20 @@ g)
     deepgemm
     export PYTHONPATH=$PYTHONPATH:/tmp/dg
     tests 150 tests/kernels/test_fp8_swiglu_gpu.py tests/quant/test_fp8_stack_gpu.py -k "fused_mlp or stack"
+    ;;
+h)
+    (deepgemm > "$OUT/deepgemm.log" 2>&1) &
+    tests 200 tests/kernels/test_fp8_dgrad_swiglu_gpu.py
+    wait
+    cat "$OUT/deepgemm.log"
+    export PYTHONPATH=$PYTHONPATH:/tmp/dg
+    bench 120 mlp_dgrad benchmarks/kernels/fp8_mlp_stack_bench.py --models Qwen2.5-7B,Qwen2.5-32B \
+        --switch QUARL_FP8_SWIGLU_DGRAD
+    for r in off on off2; do
+        [ $r = on ] && export QUARL_FP8_SWIGLU_DGRAD=1 || export QUARL_FP8_SWIGLU_DGRAD=0
+        model_step "${M_S:-150}" p7$r --shape Qwen2.5-7B --layers 4 --tokens 16384 --loss rl \
+            --arms "bf16,bf16+glue,jetrl-xtiles+deepgemm+glue" --iters 2 --accumulate 8
+    done
     ;;
 esac
 phase_end

@@ -71,6 +71,8 @@ SWITCHES: dict[str, str] = {
     "QUARL_FP8_SWIGLU": "0 = a full-parameter FP8 MLP as three FP8 linears (not SwiGLU's backward in the quantizers)",
     "QUARL_FP8_SWIGLU_MERGE": "0 = SwiGLU's backward quantizers always as two passes (no merged launch)",
     "QUARL_FP8_SWIGLU_FWD": "0 = the fused FP8 MLP's forward writes h = silu(g) * u, then quantizes it (not one kernel)",
+    "QUARL_FP8_SWIGLU_DGRAD": "1 = the fused FP8 MLP's down DGrad with SwiGLU's backward in its epilogue (opt-in, "
+                              "not yet measured)",
     "QUARL_FP8_TUNE": "0 = the FP8 quantizers' default launch settings",
     "QUARL_LOGPROB_KERNEL": "0 = token log-probs through PyTorch ops",
     # benchmarks and tests
@@ -88,10 +90,10 @@ _NAMES = list(SWITCHES)
 COMPUTE_SWITCHES = frozenset(_NAMES[_NAMES.index("QUARL_KERNELS"): _NAMES.index("QUARL_LOGPROB_KERNEL") + 1])
 
 
-def switch_on(name: str, on: str, off: str) -> bool:
-    """A ``0`` / ``1`` switch that defaults to on: ``name`` unset or ``1`` -> True, ``0`` -> False; anything else a
-    ``ValueError`` naming the variable and what each value does (``on`` / ``off``)."""
-    v = os.environ.get(name, "1").strip()
+def switch_on(name: str, on: str, off: str, default: str = "1") -> bool:
+    """A ``0`` / ``1`` switch, on by default (``default="0"``: off): ``name`` unset -> ``default``, ``1`` -> True,
+    ``0`` -> False; anything else a ``ValueError`` naming the variable and what each value does (``on`` / ``off``)."""
+    v = os.environ.get(name, default).strip()
     if v not in ("0", "1"):
         raise ValueError(f"{name}={v!r}: use 1 ({on}) or 0 ({off})")
     return v == "1"

@@ -1,6 +1,9 @@
-"""The fused FP8 MLP with gate and up as one stacked GEMM against two, forward and backward (Jet-RL, issue 15).
+"""The fused FP8 MLP with one of its switches on against off, forward and backward (Jet-RL, issue 15): by default
+gate and up as one stacked GEMM against two.
 
     PYTHONPATH=$PWD:$PWD/kernels:/tmp/dg python3 benchmarks/kernels/fp8_mlp_stack_bench.py --out $OUT/mlp_stack
+    ... --switch QUARL_FP8_SWIGLU_DGRAD   # the down DGrad with SwiGLU's backward in its epilogue, against the DGrad
+                                          # GEMM and the quantizer pass (session 32, opt-in)
 
 ``quarl.quant.fp8_swiglu.fp8_swiglu`` at a model's width (BF16 master weights, X^T in 128x128 tiles as the rl stage's
 Jet-RL recipe), timed with ``QUARL_FP8_STACK=1`` (gate / up one GEMM forward and one DGrad, no BF16 add of the two
@@ -28,22 +31,23 @@ sys.path[:0] = [str(ROOT), str(ROOT / "kernels")]
 WIDTHS = {"Qwen2.5-7B": (3584, 18944), "Qwen3-8B": (4096, 12288), "Qwen2.5-32B": (5120, 27648)}
 
 
-def time_model(model: str, tokens: int, iters: int, rounds: int) -> dict:
-    """One width: forward + backward and forward alone, stacked and two GEMMs, ms per call (median of rounds)."""
+def time_model(model: str, tokens: int, iters: int, rounds: int, switch: str = "QUARL_FP8_STACK") -> dict:
+    """One width: forward + backward and forward alone with ``switch`` at 1 and at 0, ms per call (median of
+    rounds)."""
     from quarl.quant.fp8_swiglu import fp8_swiglu
 
     h, inter = WIDTHS[model]
     torch.manual_seed(0)
     ws = [(torch.randn(*s, device="cuda") * 0.02).to(torch.bfloat16).requires_grad_()
           for s in ((inter, h), (inter, h), (h, inter))]
-    # two GEMMs on copies of their own: once stacked, a weight's tile cache is a block of the stack (its transposed
-    # tiles a column block, row stride 2I), which is not what an unstacked run reads
+    # the switch's off side on copies of the weights: once stacked, a weight's tile cache is a block of the stack (its
+    # transposed tiles a column block, row stride 2I), which is not what an unstacked run reads
     ws2 = [w.detach().clone().requires_grad_() for w in ws]
     x = torch.randn(tokens, h, device="cuda").to(torch.bfloat16).requires_grad_()
     dy = torch.randn(tokens, h, device="cuda").to(torch.bfloat16)
 
     def step(backward: bool = True):
-        w = ws if os.environ["QUARL_FP8_STACK"] == "1" else ws2
+        w = ws if os.environ[switch] == "1" else ws2
         y = fp8_swiglu(x, *w, wgrad="tiles")
         if backward:
             y.backward(dy)
@@ -52,13 +56,13 @@ def time_model(model: str, tokens: int, iters: int, rounds: int) -> dict:
 
     times = {("1", True): [], ("0", True): [], ("1", False): [], ("0", False): []}
     for mode in ("1", "0"):  # warm: the quantizers' launch choice, the GEMMs' JIT
-        os.environ["QUARL_FP8_STACK"] = mode
+        os.environ[switch] = mode
         for _ in range(3):
             step()
     torch.cuda.synchronize()
     for _ in range(rounds):
         for (mode, bwd), got in times.items():
-            os.environ["QUARL_FP8_STACK"] = mode
+            os.environ[switch] = mode
             s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             with torch.set_grad_enabled(bwd):
                 s.record()
@@ -67,8 +71,8 @@ def time_model(model: str, tokens: int, iters: int, rounds: int) -> dict:
                 e.record()
             torch.cuda.synchronize()
             got.append(s.elapsed_time(e) / iters)
-    return {"model": model, "h": h, "inter": inter,
-            **{f"{'stacked' if m == '1' else 'two'} {'fwd+bwd' if b else 'fwd'} ms": statistics.median(t)
+    return {"model": model, "h": h, "inter": inter, "switch": switch,
+            **{f"{'on' if m == '1' else 'off'} {'fwd+bwd' if b else 'fwd'} ms": statistics.median(t)
                for (m, b), t in times.items()},
             "rounds": {f"{m},{b}": t for (m, b), t in times.items()}}
 
@@ -79,6 +83,7 @@ def main() -> None:
     ap.add_argument("--tokens", type=int, default=16384)
     ap.add_argument("--iters", type=int, default=10)
     ap.add_argument("--rounds", type=int, default=6)
+    ap.add_argument("--switch", default="QUARL_FP8_STACK", choices=("QUARL_FP8_STACK", "QUARL_FP8_SWIGLU_DGRAD"))
     ap.add_argument("--out", required=True)
     a = ap.parse_args()
     from quarl.quant import fp8_linear
@@ -86,21 +91,21 @@ def main() -> None:
     res = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "tokens": a.tokens,
            "gemm": fp8_linear.gemm_backend(), "date": datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC"), "rows": []}
     for model in a.models.split(","):
-        row = time_model(model, a.tokens, a.iters, a.rounds)
+        row = time_model(model, a.tokens, a.iters, a.rounds, a.switch)
         print(json.dumps({k: v for k, v in row.items() if k != "rounds"}), flush=True)
         res["rows"].append(row)
         torch.cuda.empty_cache()
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "fp8_mlp_stack.json").write_text(json.dumps(res, indent=1))
-    title = (f"# fused FP8 MLP, gate / up stacked vs two GEMMs, {res['gpu']}, {a.tokens} tokens, GEMMs {res['gemm']}, "
+    title = (f"# fused FP8 MLP, {a.switch}=1 vs 0, {res['gpu']}, {a.tokens} tokens, GEMMs {res['gemm']}, "
              f"{res['date']}")
-    L = [title, "", "| model | H x I | two fwd+bwd ms | stacked fwd+bwd ms | x | two fwd ms | stacked fwd ms |",
+    L = [title, "", "| model | H x I | off fwd+bwd ms | on fwd+bwd ms | x | off fwd ms | on fwd ms |",
          "|---|---|---:|---:|---:|---:|---:|"]
     for r in res["rows"]:
-        t, st = r["two fwd+bwd ms"], r["stacked fwd+bwd ms"]
+        t, st = r["off fwd+bwd ms"], r["on fwd+bwd ms"]
         L.append(f"| {r['model']} | {r['h']} x {r['inter']} | {t:.3f} | {st:.3f} | {t / st:.3f}x | "
-                 f"{r['two fwd ms']:.3f} | {r['stacked fwd ms']:.3f} |")
+                 f"{r['off fwd ms']:.3f} | {r['on fwd ms']:.3f} |")
     (out / "fp8_mlp_stack.md").write_text("\n".join(L) + "\n")
     print("\n".join(L))
 

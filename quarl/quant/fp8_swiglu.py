@@ -112,6 +112,40 @@ def silu_mul_grads(g: torch.Tensor, u: torch.Tensor, dh: torch.Tensor) -> tuple[
     return dg, du
 
 
+def dgrad_fused(dy: torch.Tensor) -> bool:
+    """``QUARL_FP8_SWIGLU_DGRAD=1`` (opt-in, session 32: not yet measured on a GPU), on the Triton backend: the down
+    projection's DGrad and SwiGLU's backward as one kernel (``quarl_kernels.fp8_dgrad_swiglu``: dh never written)."""
+    return (switch_on("QUARL_FP8_SWIGLU_DGRAD", "the down DGrad with SwiGLU's backward in its epilogue",
+                      "the DGrad GEMM, then SwiGLU's backward pass", default="0")
+            and quant_backend(dy) == "triton" and _fused_module() is not None)
+
+
+def _stacked_outputs(g, rows: int, cols: int, t_rows: int | None):
+    """dg's and du's ``(q, s, qt, st)`` with their row groups the column blocks of one stacked DGrad operand ``(q [rows,
+    2 cols], s [rows, 2 cols / 128])``: -> ``(out, both)``."""
+    fq = _fused_module()
+    q = torch.empty(rows, 2 * cols, device=g.device, dtype=torch.float8_e4m3fn)
+    sc = fq._outer_major(rows, 2 * cols // BLOCK, g.device)  # [rows, 2 cols / 128], M-major
+    t1, t2 = (fq._act_outputs(g, rows, cols, t_rows, False) for _ in range(2))  # dg^T's, du^T's
+    c = cols // BLOCK
+    return ((q[:, :cols], sc[:, :c], *t1[2:]), (q[:, cols:], sc[:, c:], *t2[2:])), (q, sc)
+
+
+def dgrad_swiglu_operands(dyq, dys, wdt, wdts, g, u, rows: int, cols: int, t_rows: int | None, row_groups: bool,
+                          stacked: bool = False):
+    """:func:`swiglu_grad_operands` for ``dh = dY Wd`` computed in the same kernel (:func:`dgrad_fused`): ``dyq`` /
+    ``dys`` dY's 1x128 operand, ``wdt`` / ``wdts`` the down weight's transposed tiles [Ip, Hp] and their scales."""
+    g, u = _unit_stride(g, u)
+    out = both = None
+    if stacked and row_groups:
+        out, both = _stacked_outputs(g, rows, cols, t_rows)
+    from quarl_kernels import fp8_dgrad_swiglu
+
+    one, two = fp8_dgrad_swiglu.dgrad_swiglu_operands(dyq, dys, wdt, wdts, g, u, rows, cols, t_rows,
+                                                      row_groups=row_groups, out=out)
+    return one, two, both
+
+
 def swiglu_grad_operands(dh, g, u, rows: int, cols: int, t_rows: int | None, row_groups: bool, stacked: bool = False):
     """SwiGLU's backward -> ``(dg's (q, s, qt, st), du's, both)``, the gate and up projections' dY operands
     (:func:`quarl.quant.fp8_linear.quantize_act_gemm`'s layouts); on the Triton backend without writing dg, du.
@@ -119,17 +153,11 @@ def swiglu_grad_operands(dh, g, u, rows: int, cols: int, t_rows: int | None, row
     ``(q [rows, 2 cols], s [rows, 2 cols / 128])`` -- written in place there by the kernels -- else ``both`` is None."""
     both = None
     if quant_backend(dh) == "triton" and _fused_module() is not None:
-        fq = _fused_module()
         dh = dh if dh.stride(-1) == 1 else dh.contiguous()
         g, u = _unit_stride(g, u)
         out = None
         if stacked and row_groups:
-            q = torch.empty(rows, 2 * cols, device=g.device, dtype=torch.float8_e4m3fn)
-            sc = fq._outer_major(rows, 2 * cols // BLOCK, g.device)  # [rows, 2 cols / 128], M-major
-            t1, t2 = (fq._act_outputs(g, rows, cols, t_rows, False) for _ in range(2))  # dg^T's, du^T's
-            c = cols // BLOCK
-            out = ((q[:, :cols], sc[:, :c], *t1[2:]), (q[:, cols:], sc[:, c:], *t2[2:]))
-            both = (q, sc)
+            out, both = _stacked_outputs(g, rows, cols, t_rows)
         return (*_kernels().swiglu_grad_operands(dh, g, u, rows, cols, t_rows, row_groups=row_groups, out=out), both)
     dg, du = silu_mul_grads(g, u, dh)
     one = quantize_act_gemm(dg, rows, cols, t_rows, row_groups=row_groups)
@@ -199,9 +227,15 @@ class FP8SwiGLUFunction(torch.autograd.Function):
         if need_d:  # dWd = dY^T h: [H, I]
             dwd = blockwise_gemm(dytq, dyts, htq, hts, tiles, ctx.w_dtypes[2])[:out, :i_cols]
         if need_x or need_g or need_u:
-            dh = blockwise_gemm(dyq, dys, _transposed(dq), _scales_t(ds), True, dt)[:m, :i_cols]  # [M, I]
-            (dgq, dgs, dgtq, dgts), (duq, dus, dutq, duts), both = swiglu_grad_operands(
-                dh, g, u, mp, gq.shape[0], mt if (need_g or need_u) else None, need_x, stacked=gu_s is not None)
+            t_rows = mt if (need_g or need_u) else None
+            if dgrad_fused(dy2):  # dh = dY Wd in the kernel that quantizes dg and du: never written
+                (dgq, dgs, dgtq, dgts), (duq, dus, dutq, duts), both = dgrad_swiglu_operands(
+                    dyq, dys, _transposed(dq), _scales_t(ds), g, u, mp, gq.shape[0], t_rows, need_x,
+                    stacked=gu_s is not None)
+            else:
+                dh = blockwise_gemm(dyq, dys, _transposed(dq), _scales_t(ds), True, dt)[:m, :i_cols]  # [M, I]
+                (dgq, dgs, dgtq, dgts), (duq, dus, dutq, duts), both = swiglu_grad_operands(
+                    dh, g, u, mp, gq.shape[0], t_rows, need_x, stacked=gu_s is not None)
             if need_x and both is not None:  # dX = [dg du] [Wg; Wu]: [M, H], one reduction over 2I in FP32
                 dx = blockwise_gemm(both[0], both[1], gu_qt, _scales_t(gu_s), True, dt)[:m, :hdim]
                 dx = dx.reshape(*lead, hdim)
