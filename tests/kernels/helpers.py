@@ -128,3 +128,39 @@ def fp8_operands_near(got, want, what: str, frac: float) -> int:
     print(f"{what}: {n} of {total} codes differ")
     assert n <= total * frac, f"{what}: {n} of {total} codes differ from the reference"
     return n
+
+
+def ndiff(a, b) -> int:
+    """How many elements of ``a`` differ from ``b`` (FP8 codes compared as bytes; None against None is 0, a shape
+    mismatch or None against a tensor counts as 1)."""
+    if a is None or b is None:
+        return 0 if a is None and b is None else 1
+    if a.shape != b.shape:
+        return 1
+    if a.dtype == torch.float8_e4m3fn:
+        a, b = a.contiguous().view(torch.uint8), b.contiguous().view(torch.uint8)
+    return int((a != b).sum())
+
+
+def operands_same(got, want) -> bool:
+    """Two tuples of FP8 GEMM operands ``(q, s, qt, st)`` (None where absent), bit for bit."""
+    return all(ndiff(a, b) == 0 for a, b in zip(got, want, strict=True))
+
+
+def mlp_inputs(h: int = 3584, inter: int = 18944, m: int = 4096, seed: int = 2):
+    """A 7B-width MLP's BF16 master weights (gate, up [I, H], down [H, I]), input x [M, H] and output gradient, on
+    CUDA: ``(ws, x, dy)``."""
+    torch.manual_seed(seed)
+    ws = [(torch.randn(*s, device="cuda") * 0.02).to(torch.bfloat16).requires_grad_()
+          for s in ((inter, h), (inter, h), (h, inter))]
+    x = torch.randn(m, h, device="cuda").to(torch.bfloat16).requires_grad_()
+    return ws, x, torch.randn(m, h, device="cuda").to(torch.bfloat16)
+
+
+def mlp_grads(fn, x, ws, dy) -> list:
+    """``[y, dx, dWg, dWu, dWd]`` of ``y = fn()`` backward from ``dy`` (the gradients cleared first)."""
+    for t in (x, *ws):
+        t.grad = None
+    y = fn()
+    y.backward(dy)
+    return [y.detach(), x.grad, *(w.grad for w in ws)]

@@ -20,19 +20,12 @@ from quarl_kernels import fp8_quant as fq
 from quarl_kernels import fp8_swiglu as fs
 
 from quarl.quant.fp8_swiglu import fp8_swiglu
+from tests.kernels.helpers import mlp_grads, mlp_inputs, ndiff
 
 pytestmark = [
     pytest.mark.gpu,
     pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device"),
 ]
-
-
-def ndiff(a, b) -> int:
-    if a is None or b is None:
-        return 0 if a is None and b is None else 1
-    if a.dtype == torch.float8_e4m3fn:
-        a, b = a.contiguous().view(torch.uint8), b.contiguous().view(torch.uint8)
-    return int((a != b).sum()) if a.shape == b.shape else 1
 
 
 @pytest.mark.parametrize("m,k,n", [(4099, 3584, 1600), (8192, 3584, 18944)])
@@ -71,20 +64,11 @@ def test_exact_operands_give_the_quantizer_pass_bits(m, k, n):
 
 @pytest.mark.parametrize("wgrad", ["1x128", "tiles"])
 def test_fused_mlp_with_the_fused_dgrad(wgrad, monkeypatch):
-    torch.manual_seed(2)
-    h, inter, m = 3584, 18944, 4096
-    ws = [(torch.randn(*s, device="cuda") * 0.02).to(torch.bfloat16).requires_grad_()
-          for s in ((inter, h), (inter, h), (h, inter))]
-    x = torch.randn(m, h, device="cuda").to(torch.bfloat16).requires_grad_()
-    dy = torch.randn(m, h, device="cuda").to(torch.bfloat16)
+    ws, x, dy = mlp_inputs()
 
     def run(switch):
         monkeypatch.setenv("QUARL_FP8_SWIGLU_DGRAD", switch)
-        for t in (x, *ws):
-            t.grad = None
-        y = fp8_swiglu(x, *ws, wgrad=wgrad)
-        y.backward(dy)
-        return [y.detach(), x.grad, *(w.grad for w in ws)]
+        return mlp_grads(lambda: fp8_swiglu(x, *ws, wgrad=wgrad), x, ws, dy)
 
     got, want = run("1"), run("0")
     for name, a, b in zip(("y", "dx", "dWg", "dWu", "dWd"), got, want, strict=True):

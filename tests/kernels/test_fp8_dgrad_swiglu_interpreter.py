@@ -17,16 +17,10 @@ import torch
 from quarl_kernels import fp8_dgrad_swiglu as fd
 from quarl_kernels import fp8_quant as fq
 from quarl_kernels import fp8_swiglu as fs
+from tests.kernels.helpers import ndiff, operands_same as all_same
 
 def same(a, b):
-    if a is None or b is None:
-        return a is None and b is None
-    if a.dtype == torch.float8_e4m3fn:
-        a, b = a.contiguous().view(torch.uint8), b.contiguous().view(torch.uint8)
-    return a.shape == b.shape and torch.equal(a, b)
-
-def all_same(got, want):
-    return all(same(a, b) for a, b in zip(got, want, strict=True))
+    return ndiff(a, b) == 0
 
 torch.manual_seed(0)
 m, k, n = 200, 256, 320  # tokens, H (the DGrad's K), I (its N): I padded to 384, tokens to 204 / 256

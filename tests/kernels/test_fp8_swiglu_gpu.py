@@ -21,18 +21,12 @@ from quarl_kernels import fp8_swiglu as fs
 
 from quarl.quant.fp8_linear import fp8_linear, quantize_act_gemm
 from quarl.quant.fp8_swiglu import fp8_swiglu, silu_mul_grads
-from tests.kernels.helpers import fp8_operands_near
+from tests.kernels.helpers import fp8_operands_near, mlp_grads, mlp_inputs, ndiff
 
 pytestmark = [
     pytest.mark.gpu,
     pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device"),
 ]
-
-
-def ndiff(a, b) -> int:
-    if a.dtype == torch.float8_e4m3fn:
-        a, b = a.contiguous().view(torch.uint8), b.contiguous().view(torch.uint8)
-    return int((a != b).sum())
 
 
 def _inputs(m, i, seed=0):
@@ -132,23 +126,10 @@ def test_fused_mlp_matches_three_fp8_linears(wgrad, fwd, stack, monkeypatch):
     that it is the nearer of the two to the FP32 value). Either way the no-grad forward equals the grad one."""
     monkeypatch.setenv("QUARL_FP8_SWIGLU_FWD", fwd)
     monkeypatch.setenv("QUARL_FP8_STACK", stack)
-    torch.manual_seed(2)
-    h, inter, m = 3584, 18944, 4096
-    ws = [(torch.randn(*s, device="cuda") * 0.02).to(torch.bfloat16).requires_grad_()
-          for s in ((inter, h), (inter, h), (h, inter))]
-    x = torch.randn(m, h, device="cuda").to(torch.bfloat16).requires_grad_()
-    dy = torch.randn(m, h, device="cuda").to(torch.bfloat16)
-
-    def run(fn):
-        for t in (x, *ws):
-            t.grad = None
-        y = fn()
-        y.backward(dy)
-        return [y.detach(), x.grad, *(w.grad for w in ws)]
-
-    got = run(lambda: fp8_swiglu(x, *ws, wgrad=wgrad))
-    want = run(lambda: fp8_linear(F.silu(fp8_linear(x, ws[0], wgrad=wgrad)) * fp8_linear(x, ws[1], wgrad=wgrad),
-                                  ws[2], wgrad=wgrad))
+    ws, x, dy = mlp_inputs()
+    got = mlp_grads(lambda: fp8_swiglu(x, *ws, wgrad=wgrad), x, ws, dy)
+    want = mlp_grads(lambda: fp8_linear(F.silu(fp8_linear(x, ws[0], wgrad=wgrad)) * fp8_linear(x, ws[1], wgrad=wgrad),
+                                        ws[2], wgrad=wgrad), x, ws, dy)
     for name, a, b in zip(("y", "dx", "dWg", "dWu", "dWd"), got, want, strict=True):
         rel = ((a.float() - b.float()).norm() / b.float().norm()).item()
         print(f"{name} ({wgrad}): relative difference {rel:.2e}, equal {torch.equal(a, b)}")

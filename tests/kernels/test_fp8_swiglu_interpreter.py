@@ -22,16 +22,10 @@ from quarl.quant.fp8_linear import quantize_act_gemm
 from quarl.quant.fp8_swiglu import fp8_swiglu, silu_mul_grads
 from tests.kernels.helpers import fp8_operands_near  # codes one step off at most: NumPy's exp here is not torch's,
 # and the kernel's arithmetic is approximate by design
+from tests.kernels.helpers import ndiff, operands_same as all_same
 
 def same(a, b):
-    if a is None or b is None:
-        return a is None and b is None
-    if a.dtype == torch.float8_e4m3fn:
-        a, b = a.contiguous().view(torch.uint8), b.contiguous().view(torch.uint8)
-    return a.shape == b.shape and torch.equal(a, b)
-
-def all_same(got, want):
-    return all(same(a, b) for a, b in zip(got, want, strict=True))
+    return ndiff(a, b) == 0
 
 torch.manual_seed(0)
 for m, i, dt in ((37, 320, torch.bfloat16), (130, 256, torch.bfloat16), (64, 384, torch.float16)):
