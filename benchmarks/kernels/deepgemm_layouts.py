@@ -137,14 +137,16 @@ def main() -> None:
     out.mkdir(parents=True, exist_ok=True)
     (out / "deepgemm_layouts.json").write_text(json.dumps(res, indent=1))
     L = [f"# DeepGEMM SM90 1D2D layouts, {res['gpu']}, torch {res['torch']}, {a.tokens} tokens, {res['date']}", "",
-         "| shape (m, n, k) | round | heuristic ms | best layout (bm, bn, cm, cn) | best ms | x | TFLOP/s heur. / best |",
+         ("| shape (m, n, k) | round | heuristic ms | best layout (bm, bn, cm, cn) | best ms | x "
+          "| TFLOP/s heur. / best |"),
          "|---|---:|---:|---|---:|---:|---|"]
     for r in res["rows"]:
         m, n, k = r["mnk"]
         tf = 2 * m * n * k / 1e9
         b = r["ms"].get(r["best"]) if r["best"] else None
         L.append(f"| {r['shape']} ({m}, {n}, {k}) | {r['round']} | {r['heuristic']:.3f} | {r['best']} | "
-                 + (f"{b:.3f} | {r['heuristic'] / b:.3f}x | {tf / r['heuristic']:.0f} / {tf / b:.0f} |" if b else "- | - | - |"))
+                 + (f"{b:.3f} | {r['heuristic'] / b:.3f}x | {tf / r['heuristic']:.0f} / {tf / b:.0f} |" if b
+                    else "- | - | - |"))
     (out / "deepgemm_layouts.md").write_text("\n".join(L) + "\n")
     print("\n".join(L))
 

@@ -8,9 +8,10 @@ gate and up as one stacked GEMM against two.
 ``quarl.quant.fp8_swiglu.fp8_swiglu`` at a model's width (BF16 master weights, X^T in 128x128 tiles as the rl stage's
 Jet-RL recipe), timed with ``QUARL_FP8_STACK=1`` (gate / up one GEMM forward and one DGrad, no BF16 add of the two
 DGrads) and ``=0`` (two of each, on copies of the weights: a stacked weight's tile cache is a block of the stack, its
-transposed tiles a strided column block) in alternating rounds on the same inputs: each round times ``--iters`` forward +
-backward calls per mode with CUDA events, the medians of the rounds are reported. The whole actor update moves by
-~0.7 ms a layer between runs of one code (RESULTS.md "Session 31"), more than this change should save; this isolates it.
+transposed tiles a strided column block) in alternating rounds on the same inputs: each round times ``--iters``
+forward + backward calls per mode with CUDA events, the medians of the rounds are reported. The whole actor update
+moves by ~0.7 ms a layer between runs of one code (RESULTS.md "Session 31"), more than such a change should save;
+this isolates it.
 """
 
 from __future__ import annotations

@@ -71,11 +71,12 @@ def regs_settings(g: torch.Tensor) -> tuple:
 
 @triton.jit
 def _grads(g_ptr, u_ptr, dh_ptr, offs, doffs, mask, INTERPRET: tl.constexpr):
-    """``(dg, du)`` at ``offs`` of g and u and ``doffs`` of dh: the gradients of ``silu(g) * u`` for the output gradient ``dh``, fp32 values of the
-    input dtype, rounded where eager PyTorch's autograd rounds -- ``du = dh * silu(g)`` (``silu(g)`` in the input
-    dtype, as the forward made it), ``dg = silu_backward(dh * u, g)``: ATen's ``dy * s * (1 + g * (1 - s))`` on ``dy
-    = dh * u`` rounded, with the ``1 + g * (1 - s)`` as the fma nvcc makes of it -- in fast arithmetic: ``exp`` as
-    ``ex2.approx``, ``s = 1 / (1 + e)`` approximate, ``silu(g) = g * s``. Masked elements (padding) give 0."""
+    """``(dg, du)`` at ``offs`` of g and u and ``doffs`` of dh: the gradients of ``silu(g) * u`` for the output
+    gradient ``dh``, fp32 values of the input dtype, rounded where eager PyTorch's autograd rounds -- ``du = dh *
+    silu(g)`` (``silu(g)`` in the input dtype, as the forward made it), ``dg = silu_backward(dh * u, g)``: ATen's
+    ``dy * s * (1 + g * (1 - s))`` on ``dy = dh * u`` rounded, with the ``1 + g * (1 - s)`` as the fma nvcc makes of
+    it -- in fast arithmetic: ``exp`` as ``ex2.approx``, ``s = 1 / (1 + e)`` approximate, ``silu(g) = g * s``. Masked
+    elements (padding) give 0."""
     g = tl.load(g_ptr + offs, mask=mask, other=0.0)
     u = tl.load(u_ptr + offs, mask=mask, other=0.0)
     dh = tl.load(dh_ptr + doffs, mask=mask, other=0.0)
@@ -276,7 +277,8 @@ def swiglu_grad_operands(dh: torch.Tensor, g: torch.Tensor, u: torch.Tensor, row
     """SwiGLU's backward (``dh``: the gradient of ``h = silu(g) * u``; the three [M, I] of one dtype with unit column
     stride, g and u of one row stride) -> ``(dg's (q, s, qt, st), du's)``, ``fp8_quant.quantize_act``'s operands
     (``out``: ``(one, two)``, those eight tensors given -- e.g. dg's and du's row groups as the column blocks of one
-    stacked DGrad operand; the same shapes, dtypes, and for each pair of dg / du tensors one layout): with ``row_groups``
+    stacked DGrad operand; the same shapes, dtypes, and for each pair of dg / du tensors one layout): with
+    ``row_groups``
     1x128 groups along I ([rows, cols], DGrad's A), with ``t_rows`` along the tokens ([cols, t_rows], WGrad's A);
     entries not asked for are None. ``dg`` and ``du`` are never written. ``setting`` / ``t_setting``: an entry of
     :data:`ROW_SETTINGS` / :data:`COL_SETTINGS`, else chosen by shape on CUDA; ``merged``: an entry of

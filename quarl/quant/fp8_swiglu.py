@@ -27,7 +27,9 @@ run as one GEMM forward and one DGrad (session 32, as :mod:`quarl.quant.fp8_stac
 :class:`~quarl.quant.fp8_stack.Stack`) where :func:`stack_gate_up` allows -- an intermediate width that is a multiple
 of 128, ``QUARL_FP8_STACK`` not 0, no CUDA graph being captured: autograd's BF16 sum of the two DGrads (a pass over
 ``[M, H]``) is gone, and dX is the FP32 sum over 2I rounded once (closer to exact than two rounded products added in
-BF16; not their bits). The two WGrads stay apart. Without the
+BF16; not their bits). The two WGrads stay apart. Opt-in, not yet measured on a GPU: ``QUARL_FP8_SWIGLU_DGRAD=1``
+computes down's DGrad inside the kernel that codes dg and du (``quarl_kernels.fp8_dgrad_swiglu``: dh never
+written). Without the
 Triton quantizers (CPU) SwiGLU runs in PyTorch (eager autograd's arithmetic; the forward's ``silu_mul``) and its
 operands come from :mod:`quarl.quant.fp8_linear`'s quantizers: the same numbers as the three linears, bit for bit
 (``tests/quant/test_fp8_swiglu.py``), nothing saved. On CUDA the fused kernels keep eager PyTorch's roundings with
@@ -42,6 +44,8 @@ without (the trainer's no-grad log-prob pass equals its training forward). ``QUA
 """
 
 from __future__ import annotations
+
+import functools
 
 import torch
 import torch.nn.functional as F
@@ -69,10 +73,18 @@ def enabled() -> bool:
     return switch_on("QUARL_FP8_SWIGLU", "fuse SwiGLU into the FP8 quantizers", "do not")
 
 
+@functools.cache
 def _kernels():
     from quarl_kernels import fp8_swiglu
 
     return fp8_swiglu
+
+
+@functools.cache
+def _dgrad_kernels():
+    from quarl_kernels import fp8_dgrad_swiglu
+
+    return fp8_dgrad_swiglu
 
 
 def forward_fused() -> bool:
@@ -139,9 +151,7 @@ def dgrad_swiglu_operands(dyq, dys, wdt, wdts, g, u, rows: int, cols: int, t_row
     out = both = None
     if stacked and row_groups:
         out, both = _stacked_outputs(g, rows, cols, t_rows)
-    from quarl_kernels import fp8_dgrad_swiglu
-
-    one, two = fp8_dgrad_swiglu.dgrad_swiglu_operands(dyq, dys, wdt, wdts, g, u, rows, cols, t_rows,
+    one, two = _dgrad_kernels().dgrad_swiglu_operands(dyq, dys, wdt, wdts, g, u, rows, cols, t_rows,
                                                       row_groups=row_groups, out=out)
     return one, two, both
 

@@ -2,9 +2,9 @@
 through ``TRITON_INTERPRET=1`` against the GEMM then ``fp8_swiglu``'s quantizer pass on the same dh -- operands built
 so that every FP32 sum is exact (small-integer codes, power-of-two scales), whatever the summation order, so the two
 must agree bit for bit: padded rows and columns, both groupings, the row groups alone, the transposed ones alone, out=
-into a stacked operand, every setting, no tokens; the fused MLP with QUARL_FP8_SWIGLU_DGRAD=1 against 0 (the same forward,
-gradients within dh's summation order); then every launch setting compiled for sm_90 on this CPU: wgmma, no spills, no
-FP8 code stored from a register the loop has not written. Skipped without Triton / NumPy < 2.3."""
+into a stacked operand, every setting, no tokens; the fused MLP with QUARL_FP8_SWIGLU_DGRAD=1 against 0 (the same
+forward, gradients within dh's summation order); then every launch setting compiled for sm_90 on this CPU: wgmma, no
+spills, no FP8 code stored from a register the loop has not written. Skipped without Triton / NumPy < 2.3."""
 
 from __future__ import annotations
 

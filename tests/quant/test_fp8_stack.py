@@ -14,7 +14,12 @@ import torch
 from quarl.quant import fp8_stack
 from quarl.quant.fp8_linear import _master_tiles, fp8_linear
 from quarl.quant.fp8_stack import FP8StackFunction
-from tests.quant.jetrl_models import glue_restored, jetrl_qwen2, loss_and_grads, with_and_without  # noqa: F401 (a fixture)
+from tests.quant.jetrl_models import (  # noqa: F401 (glue_restored: a fixture)
+    glue_restored,
+    jetrl_qwen2,
+    loss_and_grads,
+    with_and_without,
+)
 
 
 def _params(k: int, widths: tuple[int, ...], bias: bool, seed: int = 0):

@@ -1,8 +1,9 @@
 """quarl.quant.fp8_swiglu on CPU: the fused FP8 MLP is the three FP8 linears with eager SwiGLU between them, bit for bit
 (forward, the input's and the three weights' gradients, both X^T groupings, shapes not multiples of 128), with and
-without autograd -- but for the input's gradient where gate and up are one stacked GEMM (intermediate widths multiples of
-128), one FP32 sum rounded once instead of two rounded products added in BF16: at least as near the FP32 value; the fused glue routes a full-parameter Jet-RL MLP through it and nothing else; the switch refuses
-bad values. The Triton kernels' own checks: tests/kernels/test_fp8_swiglu_{interpreter,gpu}.py."""
+without autograd -- but for the input's gradient where gate and up are one stacked GEMM (intermediate widths
+multiples of 128), one FP32 sum rounded once instead of two rounded products added in BF16: at least as near the FP32
+value; the fused glue routes a full-parameter Jet-RL MLP through it and nothing else; the switches refuse bad values.
+The Triton kernels' own checks: tests/kernels/test_fp8_swiglu_{interpreter,gpu}.py."""
 
 import pytest
 import torch
