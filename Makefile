@@ -46,8 +46,8 @@ lint: $(STAMP)
 	$(BIN)/ruff check quarl tests components pipelines kernels benchmarks
 	$(BIN)/hadolint images/*.Dockerfile
 
-bench: $(STAMP)  ## CPU benchmarks (GPU ones run through the device tool, see benchmarks/README.md)
-	$(BIN)/python -m benchmarks.run_cpu
+bench: $(STAMP)  ## CPU benchmarks: the quick one, or BENCH="name ..." (--list: all); GPU ones: benchmarks/README.md
+	$(BIN)/python -m benchmarks.run_cpu $(BENCH)
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache runs
