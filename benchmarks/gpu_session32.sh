@@ -33,7 +33,8 @@
 #   phase h (prepared, not run: no device budget left): bash benchmarks/gpu_session32.sh h   (nvidia-h100-x1; carry
 #     .dev/dg.tar.xz; ~9 min) -- the down DGrad with SwiGLU's backward in its epilogue (quarl_kernels.fp8_dgrad_swiglu,
 #     QUARL_FP8_SWIGLU_DGRAD=1, opt-in; CPU: bit-exact under the interpreter, no spills for sm_90): its GPU tests, the
-#     MLP alone with it on and off (7B and 32B width), then the 7B actor update off, on, off.
+#     kernel against DeepGEMM's DGrad + the SwiGLU pass and its parts alone (fp8_dgrad_swiglu_bench.py), the MLP alone
+#     with it on and off (7B and 32B width), then the 7B actor update off, on, off.
 set -u
 PHASE=${1:?phase}
 OUT=${OUT:?}
@@ -107,6 +108,7 @@ h)
     wait
     cat "$OUT/deepgemm.log"
     export PYTHONPATH=$PYTHONPATH:/tmp/dg
+    bench 150 dgrad benchmarks/kernels/fp8_dgrad_swiglu_bench.py --models Qwen2.5-7B,Qwen2.5-32B
     bench 120 mlp_dgrad benchmarks/kernels/fp8_mlp_stack_bench.py --models Qwen2.5-7B,Qwen2.5-32B \
         --switch QUARL_FP8_SWIGLU_DGRAD
     for r in off on off2; do

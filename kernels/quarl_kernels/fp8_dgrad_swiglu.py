@@ -121,7 +121,7 @@ def _dgrad_swiglu_kernel(
     M, N, K, MA, stride_am, stride_sam, stride_sak, stride_bn, stride_sbn, stride_sbk, stride_gm,
     RQ, CQ, RT, stride_qm, stride_sm, stride_sg, stride_qtk, stride_stk, stride_stg,
     ROWS: tl.constexpr, COLS: tl.constexpr, GROUP_M: tl.constexpr, STAGES: tl.constexpr,
-    SCALE_RECIP: tl.constexpr, INTERPRET: tl.constexpr,
+    SCALE_RECIP: tl.constexpr, INTERPRET: tl.constexpr, DH_ONLY: tl.constexpr = False,
 ):
     # programs over [RT / 128 token tiles] x [CQ / 128 column tiles], GROUP_M token tiles side by side (they share
     # Wd^T's column tile in L2)
@@ -146,6 +146,10 @@ def _dgrad_swiglu_kernel(
         sb = tl.load(sb_ptr + pid_n * stride_sbn + kb * stride_sbk)  # the tile's scale
         part = tl.dot(a, tl.trans(b))  # [128 tokens, 128 columns], exact products, FP32 sums
         acc = tl.fma(part, (sa * sb)[:, None], acc)
+    if DH_ONLY:  # the GEMM alone, dh stored in g's dtype at q_ptr (:func:`dgrad_only`: to time the two parts apart)
+        tl.store(q_ptr + rows[:, None] * stride_qm + cols[None, :], round_to(acc, q_ptr.dtype.element_ty, INTERPRET),
+                 mask=(rows < M)[:, None] & (cols < N)[None, :])
+        return
     # the epilogue in four [128, 32] column chunks (a whole [128, 128] dg and du beside dh and g spilled registers):
     # pass 1 codes each chunk's column groups and gathers the row amax, pass 2 recomputes dg, du and codes the rows
     dh = round_to(acc, g_ptr.dtype.element_ty, INTERPRET)  # the GEMM's output dtype, nearest even
@@ -239,4 +243,26 @@ def dgrad_swiglu_operands(a, sa, b, sb, g, u, rows: int, cols: int, t_rows: int 
     return one, two
 
 
-__all__ = ["SETTINGS", "dgrad_swiglu_operands", "launch_spec"]
+def dgrad_only_spec(a, sa, b, sb, dh: torch.Tensor, setting: tuple | None = None) -> fq.Launch:
+    """The launch of the kernel's GEMM alone into ``dh`` [m, n] (:func:`dgrad_only`)."""
+    m, n = dh.shape
+    cols = _round(n)
+    stages, warps, group_m = setting or SETTINGS[0]
+    return fq.Launch(
+        _dgrad_swiglu_kernel, ((_round(m) // GROUP) * (cols // GROUP),),
+        (a, sa, b, sb, dh, dh, dh, sa, dh, sa, dh, sa, dh, sa, m, n, a.shape[1], a.shape[0], a.stride(0), sa.stride(0),
+         sa.stride(1), b.stride(0), sb.stride(0), sb.stride(1), n, m, cols, _round(m), dh.stride(0), 1, 1, 1, 1, 1),
+        {"ROWS": False, "COLS": False, "GROUP_M": group_m, "STAGES": stages, "SCALE_RECIP": a.is_cuda,
+         "INTERPRET": _interpreting(), "DH_ONLY": True},
+        warps)
+
+
+def dgrad_only(a, sa, b, sb, m: int, n: int, dtype=torch.bfloat16, setting: tuple | None = None) -> torch.Tensor:
+    """The kernel's GEMM alone: ``dh = a b^T`` [m, n] in ``dtype`` (the layouts of :func:`dgrad_swiglu_operands`) -- its
+    K loop and rounding without the epilogue, for benchmarks and tests that time or check the two parts apart."""
+    dh = torch.empty(m, n, device=a.device, dtype=dtype)
+    fq._launch(dgrad_only_spec(a, sa, b, sb, dh, setting))
+    return dh
+
+
+__all__ = ["SETTINGS", "dgrad_only", "dgrad_only_spec", "dgrad_swiglu_operands", "launch_spec"]

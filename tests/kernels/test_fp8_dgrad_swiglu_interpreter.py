@@ -37,6 +37,7 @@ g, u = gu[:, :n], gu[:, n:]  # column blocks of one stacked GEMM output, as the 
 deq_a = (a.float().view(mp, k // 128, 128) * sa[:, :, None]).view(mp, k)
 deq_b = (b.float().view(cols // 128, 128, k // 128, 128) * sb[:, None, :, None]).view(cols, k)
 dh = (deq_a @ deq_b.t())[:m, :n].to(torch.bfloat16)
+assert torch.equal(fd.dgrad_only(a, sa, b, sb, m, n), dh)  # the GEMM part alone: the exact dh, rounded once
 for kw in ({}, {"row_groups": False}):
     want = fs.swiglu_grad_operands(dh, g, u, mp, cols, t_rows, **kw)
     for st in fd.SETTINGS:
@@ -110,6 +111,7 @@ def _launches():
     one, two = fq._act_outputs(g, m, n, m, True), fq._act_outputs(g, m, n, m, True)
     for st in fd.SETTINGS:
         yield f"{st}", fd.launch_spec(a, sa, b, sb, g, u, one, two, m, n, m, st)
+    yield "the GEMM alone", fd.dgrad_only_spec(a, sa, b, sb, torch.empty(m, n, dtype=torch.bfloat16))
 
 
 @needs_triton
@@ -122,6 +124,6 @@ def test_dgrad_swiglu_compiles_for_sm90():
         k, sass = compile_launch(launch, SCALE_RECIP=True, INTERPRET=False)
         print(name, "registers", registers(k), "stack", stack_bytes(k))
         assert "wgmma" in k.asm["ptx"], f"{name}: no Hopper tensor-core MMA"
-        assert "cvt.rn.satfinite.e4m3x2.f32" in k.asm["ptx"], name
+        assert name == "the GEMM alone" or "cvt.rn.satfinite.e4m3x2.f32" in k.asm["ptx"], name
         assert stack_bytes(k) == 0, f"{name}: ptxas spilled registers"
         assert not stale_code_stores(sass), f"{name}: FP8 codes stored before they were written"
