@@ -146,7 +146,7 @@ def _dgrad_swiglu_kernel(
         sb = tl.load(sb_ptr + pid_n * stride_sbn + kb * stride_sbk)  # the tile's scale
         part = tl.dot(a, tl.trans(b))  # [128 tokens, 128 columns], exact products, FP32 sums
         acc = tl.fma(part, (sa * sb)[:, None], acc)
-    if DH_ONLY:  # the GEMM alone, dh stored in g's dtype at q_ptr (:func:`dgrad_only`: to time the two parts apart)
+    if DH_ONLY:  # the GEMM alone, dh stored at q_ptr in its dtype (:func:`dgrad_only`: to time the parts apart)
         tl.store(q_ptr + rows[:, None] * stride_qm + cols[None, :], round_to(acc, q_ptr.dtype.element_ty, INTERPRET),
                  mask=(rows < M)[:, None] & (cols < N)[None, :])
         return
@@ -200,6 +200,8 @@ def launch_spec(a, sa, b, sb, g, u, one: tuple, two: tuple, rows: int, cols: int
                          f"{u.stride()}, cols {cols})")
     if one[0] is None and t_rows is None:
         raise ValueError("fp8_dgrad_swiglu: nothing asked (no row groups and no t_rows)")
+    if rows < m or (t_rows is not None and (t_rows % GROUP or t_rows < rows)):
+        raise ValueError(f"fp8_dgrad_swiglu: rows={rows} >= M={m} and t_rows={t_rows} a multiple of {GROUP} >= rows")
     extent = t_rows if t_rows is not None else _round(rows)
     q, s, qt, st = one
     q2, s2, qt2, st2 = two
