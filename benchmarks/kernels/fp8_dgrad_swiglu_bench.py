@@ -2,6 +2,8 @@
 would replace: DeepGEMM's DGrad writing dh, then SwiGLU's backward pass (Jet-RL, issue 15, session 32).
 
     PYTHONPATH=$PWD:$PWD/kernels:/tmp/dg python3 benchmarks/kernels/fp8_dgrad_swiglu_bench.py --out $OUT/dgrad
+    TRITON_INTERPRET=1 python3 benchmarks/kernels/fp8_dgrad_swiglu_bench.py --device cpu --models tiny --tokens 256 \
+        --iters 1 --out /tmp/dgrad                                                          # a dry run of the script
 
 At each model's width and ``--tokens`` tokens, on the operands the fused MLP's backward passes (dY in 1x128 groups,
 the down weight's transposed 128x128 tiles, g and u the column blocks of one stacked [T, 2I] output; dg's and du's
@@ -27,10 +29,10 @@ sys.path[:0] = [str(ROOT), str(ROOT / "kernels"), str(ROOT / "benchmarks")]
 
 from fp8_linear import stream_time  # the FP8 benchmarks' timer
 
-WIDTHS = {"Qwen2.5-7B": (3584, 18944), "Qwen3-8B": (4096, 12288), "Qwen2.5-32B": (5120, 27648)}
+WIDTHS = {"Qwen2.5-7B": (3584, 18944), "Qwen3-8B": (4096, 12288), "Qwen2.5-32B": (5120, 27648), "tiny": (256, 384)}
 
 
-def paths(tokens: int, h: int, inter: int) -> dict:
+def paths(tokens: int, h: int, inter: int, device: str = "cuda") -> dict:
     """The timed callables on fresh operands of one width."""
     from quarl_kernels import fp8_dgrad_swiglu as fd
 
@@ -38,9 +40,9 @@ def paths(tokens: int, h: int, inter: int) -> dict:
     from quarl.quant import fp8_swiglu as fsw
 
     torch.manual_seed(0)
-    dy = torch.randn(tokens, h, device="cuda").to(torch.bfloat16)
-    wd = (torch.randn(h, inter, device="cuda") * 0.02).to(torch.bfloat16)
-    gu = (torch.randn(tokens, 2 * inter, device="cuda") * 2).to(torch.bfloat16)
+    dy = torch.randn(tokens, h, device=device).to(torch.bfloat16)
+    wd = (torch.randn(h, inter, device=device) * 0.02).to(torch.bfloat16)
+    gu = (torch.randn(tokens, 2 * inter, device=device) * 2).to(torch.bfloat16)
     g, u = gu[:, :inter], gu[:, inter:]
     mt = -(-tokens // 128) * 128
     dq, ds = fl._master_tiles(wd)
@@ -71,17 +73,23 @@ def main() -> None:
     ap.add_argument("--models", default="Qwen2.5-7B,Qwen2.5-32B")
     ap.add_argument("--tokens", type=int, default=16384)
     ap.add_argument("--iters", type=int, default=10)
+    ap.add_argument("--device", default="cuda", help="cuda, or cpu under TRITON_INTERPRET=1 (a dry run)")
     ap.add_argument("--out", required=True)
     a = ap.parse_args()
+    if a.device == "cpu":
+        import os
+
+        os.environ.setdefault("QUARL_FP8_QUANT", "triton")  # the Triton quantizers, interpreted
     from quarl.quant import fp8_linear
 
-    res = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "tokens": a.tokens,
+    res = {"gpu": torch.cuda.get_device_name() if a.device == "cuda" else "cpu (interpreter)", "torch": torch.__version__,
+           "tokens": a.tokens,
            "gemm": fp8_linear.gemm_backend(), "date": datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC"), "rows": []}
     for model in a.models.split(","):
         h, inter = WIDTHS[model]
-        for name, fn in paths(a.tokens, h, inter).items():
+        for name, fn in paths(a.tokens, h, inter, a.device).items():
             try:
-                ms = stream_time(fn, a.iters, "cuda")
+                ms = stream_time(fn, a.iters, a.device)
             except Exception as e:  # noqa: BLE001 -- a setting that fails to compile or launch is reported, not fatal
                 ms, err = None, f"{type(e).__name__}: {str(e).splitlines()[0][:160] if str(e) else ''}"
             else:
@@ -89,7 +97,8 @@ def main() -> None:
             row = {"model": model, "path": name, "ms": ms, "error": err}
             print(json.dumps(row), flush=True)
             res["rows"].append(row)
-        torch.cuda.empty_cache()
+        if a.device == "cuda":
+            torch.cuda.empty_cache()
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "fp8_dgrad_swiglu.json").write_text(json.dumps(res, indent=1))
