@@ -21,8 +21,9 @@ import os
 import statistics
 
 import torch
-from bench_decode_bound import _activations, _rotating, device_info, write_outputs
+from bench_decode_bound import _activations, _rotating, device_info
 from bench_gemv import graph_us
+from outputs import write_outputs
 
 SHAPES = ((18944, 3584), (3584, 18944), (13824, 5120), (5120, 13824), (3584, 3584))
 DENSE_TILES = ((32, 16), (64, 8), (64, 16), (32, 32), (64, 32))  # (rows, words) a program

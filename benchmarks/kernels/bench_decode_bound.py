@@ -31,13 +31,13 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import datetime
-import json
 import os
 import statistics
 
 import torch
 from bench_gemv import _quantized, graph_us, hbm_copy_GBps, read_ceiling_us
 from bench_wo_gemm import _copies
+from outputs import write_outputs
 
 SHAPES = ((18944, 3584), (3584, 18944), (3584, 3584), (13824, 5120), (5120, 13824))  # 7B gate/up, down, q/o; 14B
 MS = (1, 4, 8, 16)
@@ -200,17 +200,6 @@ def device_info(repeats: int, **extra) -> tuple[dict, int]:
             "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
             "hbm_copy_GBps": hbm_copy_GBps(), "repeats": repeats, **extra}
     return info, torch.cuda.get_device_properties(dev).L2_cache_size
-
-
-def write_outputs(out: str, stem: str, info: dict, rows: list[dict], md: str | None) -> None:
-    """``OUT/STEM.json`` ({info, rows}) and, with ``md``, ``OUT/STEM.md`` (also printed)."""
-    os.makedirs(out, exist_ok=True)
-    with open(os.path.join(out, f"{stem}.json"), "w") as f:
-        json.dump({"info": info, "rows": rows}, f, indent=1)
-    if md is not None:
-        with open(os.path.join(out, f"{stem}.md"), "w") as f:
-            f.write(md)
-        print(md)
 
 
 def main() -> None:

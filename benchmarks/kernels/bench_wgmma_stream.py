@@ -24,8 +24,9 @@ import os
 import statistics
 
 import torch
-from bench_decode_bound import _activations, _rotating, device_info, write_outputs
+from bench_decode_bound import _activations, _rotating, device_info
 from bench_gemv import graph_us, read_ceiling_us
+from outputs import write_outputs
 
 SHAPES = ((18944, 3584), (3584, 18944), (3584, 3584), (4608, 3584), (13824, 5120), (5120, 13824))
 MS = (1, 2, 4, 8, 16)

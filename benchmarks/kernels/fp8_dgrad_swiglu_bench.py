@@ -25,9 +25,10 @@ from pathlib import Path
 import torch
 
 ROOT = Path(__file__).resolve().parents[2]
-sys.path[:0] = [str(ROOT), str(ROOT / "kernels"), str(ROOT / "benchmarks")]
+sys.path[:0] = [str(ROOT), str(ROOT / "kernels"), str(ROOT / "benchmarks"), str(ROOT / "benchmarks" / "kernels")]
 
 from fp8_linear import stream_time  # the FP8 benchmarks' timer
+from outputs import write_outputs
 
 WIDTHS = {"Qwen2.5-7B": (3584, 18944), "Qwen3-8B": (4096, 12288), "Qwen2.5-32B": (5120, 27648), "tiny": (256, 384)}
 
@@ -82,9 +83,10 @@ def main() -> None:
         os.environ.setdefault("QUARL_FP8_QUANT", "triton")  # the Triton quantizers, interpreted
     from quarl.quant import fp8_linear
 
-    res = {"gpu": torch.cuda.get_device_name() if a.device == "cuda" else "cpu (interpreter)", "torch": torch.__version__,
-           "tokens": a.tokens,
-           "gemm": fp8_linear.gemm_backend(), "date": datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC"), "rows": []}
+    info = {"gpu": torch.cuda.get_device_name() if a.device == "cuda" else "cpu (interpreter)",
+            "torch": torch.__version__, "tokens": a.tokens, "gemm": fp8_linear.gemm_backend(),
+            "date": datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC")}
+    rows = []
     for model in a.models.split(","):
         h, inter = WIDTHS[model]
         for name, fn in paths(a.tokens, h, inter, a.device).items():
@@ -96,19 +98,15 @@ def main() -> None:
                 err = None
             row = {"model": model, "path": name, "ms": ms, "error": err}
             print(json.dumps(row), flush=True)
-            res["rows"].append(row)
+            rows.append(row)
         if a.device == "cuda":
             torch.cuda.empty_cache()
-    out = Path(a.out)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "fp8_dgrad_swiglu.json").write_text(json.dumps(res, indent=1))
-    title = (f"# the down DGrad + SwiGLU's backward, two kernels vs fused, {res['gpu']}, {a.tokens} tokens, GEMMs "
-             f"{res['gemm']}, {res['date']}")
+    title = (f"# the down DGrad + SwiGLU's backward, two kernels vs fused, {info['gpu']}, {a.tokens} tokens, GEMMs "
+             f"{info['gemm']}, {info['date']}")
     L = [title, "", "| model | path | ms |", "|---|---|---:|"]
     L += [f"| {r['model']} | {r['path']} | {r['ms']:.3f} |" if r["ms"] is not None
-          else f"| {r['model']} | {r['path']} | {r['error']} |" for r in res["rows"]]
-    (out / "fp8_dgrad_swiglu.md").write_text("\n".join(L) + "\n")
-    print("\n".join(L))
+          else f"| {r['model']} | {r['path']} | {r['error']} |" for r in rows]
+    write_outputs(a.out, "fp8_dgrad_swiglu", info, rows, "\n".join(L) + "\n")
 
 
 if __name__ == "__main__":

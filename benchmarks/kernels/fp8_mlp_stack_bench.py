@@ -27,7 +27,9 @@ from pathlib import Path
 import torch
 
 ROOT = Path(__file__).resolve().parents[2]
-sys.path[:0] = [str(ROOT), str(ROOT / "kernels")]
+sys.path[:0] = [str(ROOT), str(ROOT / "kernels"), str(ROOT / "benchmarks" / "kernels")]
+
+from outputs import write_outputs
 
 WIDTHS = {"Qwen2.5-7B": (3584, 18944), "Qwen3-8B": (4096, 12288), "Qwen2.5-32B": (5120, 27648)}
 
@@ -89,26 +91,23 @@ def main() -> None:
     a = ap.parse_args()
     from quarl.quant import fp8_linear
 
-    res = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "tokens": a.tokens,
-           "gemm": fp8_linear.gemm_backend(), "date": datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC"), "rows": []}
+    info = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "tokens": a.tokens,
+            "gemm": fp8_linear.gemm_backend(), "date": datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC")}
+    rows = []
     for model in a.models.split(","):
         row = time_model(model, a.tokens, a.iters, a.rounds, a.switch)
         print(json.dumps({k: v for k, v in row.items() if k != "rounds"}), flush=True)
-        res["rows"].append(row)
+        rows.append(row)
         torch.cuda.empty_cache()
-    out = Path(a.out)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "fp8_mlp_stack.json").write_text(json.dumps(res, indent=1))
-    title = (f"# fused FP8 MLP, {a.switch}=1 vs 0, {res['gpu']}, {a.tokens} tokens, GEMMs {res['gemm']}, "
-             f"{res['date']}")
+    title = (f"# fused FP8 MLP, {a.switch}=1 vs 0, {info['gpu']}, {a.tokens} tokens, GEMMs {info['gemm']}, "
+             f"{info['date']}")
     L = [title, "", "| model | H x I | off fwd+bwd ms | on fwd+bwd ms | x | off fwd ms | on fwd ms |",
          "|---|---|---:|---:|---:|---:|---:|"]
-    for r in res["rows"]:
+    for r in rows:
         t, st = r["off fwd+bwd ms"], r["on fwd+bwd ms"]
         L.append(f"| {r['model']} | {r['h']} x {r['inter']} | {t:.3f} | {st:.3f} | {t / st:.3f}x | "
                  f"{r['off fwd ms']:.3f} | {r['on fwd ms']:.3f} |")
-    (out / "fp8_mlp_stack.md").write_text("\n".join(L) + "\n")
-    print("\n".join(L))
+    write_outputs(a.out, "fp8_mlp_stack", info, rows, "\n".join(L) + "\n")
 
 
 if __name__ == "__main__":
