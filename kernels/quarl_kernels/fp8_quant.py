@@ -153,10 +153,16 @@ def regs_module():
     return fp8_quant_regs
 
 
+def regs_wanted() -> bool:
+    """Whether the Gluon register-order kernels are candidates: they import, and ``QUARL_FP8_REGS`` is not ``0`` (the
+    Triton settings alone: an A/B of the choice inside a model, where the tuner's isolated timing can mislead)."""
+    return os.environ.get("QUARL_FP8_REGS", "1") != "0" and regs_module() is not None
+
+
 def regs_settings(x: torch.Tensor, t_rows: int | None) -> tuple:
     """The ``("regs", tpt, warps)`` candidates for ``x`` (none on CPU, without X^T, with strided columns or without
     Gluon)."""
-    if t_rows is None or not x.is_cuda or x.stride(1) != 1 or regs_module() is None:
+    if t_rows is None or not x.is_cuda or x.stride(1) != 1 or not regs_wanted():
         return ()
     return tuple(("regs", *st) for st in regs_module().SETTINGS)
 TUNE_REPS = 3
@@ -188,7 +194,7 @@ def _launch(la: Launch | tuple[Launch, ...]) -> None:
 
 def tuning_on(t: torch.Tensor) -> bool:
     """Whether a launch on ``t``'s device may time candidate settings now."""
-    return (t.is_cuda and os.environ.get("QUARL_FP8_TUNE", "1") != "0"
+    return (t.is_cuda and tune_mode() != "0"
             and not torch.cuda.is_current_stream_capturing())
 
 
@@ -215,7 +221,7 @@ def pick_setting(key: tuple, settings: tuple, make, timer=None) -> tuple[int, in
 def _setting(key: tuple, settings: tuple, t: torch.Tensor, make) -> tuple[int, int]:
     """The chosen setting for ``key`` (also inside a CUDA-graph capture), else a new choice when timing is
     allowed now, else the default (not remembered: a later eager launch still tunes)."""
-    if os.environ.get("QUARL_FP8_TUNE", "1") == "0":
+    if tune_mode() == "0":
         return settings[0]
     hit = TUNED.get(key)
     if hit is not None:
@@ -223,8 +229,48 @@ def _setting(key: tuple, settings: tuple, t: torch.Tensor, make) -> tuple[int, i
     return pick_setting(key, settings, make) if tuning_on(t) else settings[0]
 
 
+def tune_mode() -> str:
+    """``QUARL_FP8_TUNE``: ``1`` (time candidates back to back), ``hot`` (each timed run right after a large BF16 GEMM
+    on the same stream: :func:`_hot_ms`), ``0`` (no timing: the default setting)."""
+    mode = os.environ.get("QUARL_FP8_TUNE", "1").strip().lower() or "1"
+    if mode not in ("0", "1", "hot"):
+        raise ValueError(f"QUARL_FP8_TUNE={mode!r}: use 1 (time the launch settings), hot (time them right after a "
+                         "large GEMM, as inside a training step) or 0 (the default settings)")
+    return mode
+
+
+_LOAD: dict = {}  # device -> (a, b) of the hot timer's GEMM
+
+
+def _hot_ms(la: Launch, run=None) -> float:
+    """ms of one ``run(la)`` as inside a training step: each of TUNE_REPS runs timed (CUDA events around it alone)
+    right after two [4096, 8192] x [8192, 8192] BF16 GEMMs (~0.55 TFLOP each). Why: in the FP8 actor update the
+    quantizers run between tensor-core GEMMs at the H100's power limit, at a lower SM clock than a loop of one
+    quantizer sees; a latency-bound candidate slows with the clock, a bandwidth-bound one much less (session 32's
+    profile: SwiGLU's backward pass 2.40 ms a layer in the model, 1.72 in the tuner's loop)."""
+    run = run or _launch
+    dev = torch.cuda.current_device()
+    if dev not in _LOAD:
+        _LOAD[dev] = (torch.ones(4096, 8192, device="cuda", dtype=torch.bfloat16),
+                      torch.ones(8192, 8192, device="cuda", dtype=torch.bfloat16))
+    a_in, b_in = _LOAD[dev]
+    run(la)  # compile (or load from Triton's cache) and warm
+    ev = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(TUNE_REPS)]
+    for a, b in ev:
+        torch.mm(a_in, b_in)
+        torch.mm(a_in, b_in)
+        a.record()
+        run(la)
+        b.record()
+    ev[-1][1].synchronize()
+    return sum(a.elapsed_time(b) for a, b in ev) / TUNE_REPS
+
+
 def _cuda_ms(la: Launch, run=None) -> float:
-    """ms of one ``run(la)`` (default :func:`_launch`) by CUDA events over TUNE_REPS runs after a warm-up one."""
+    """ms of one ``run(la)`` (default :func:`_launch`) by CUDA events over TUNE_REPS runs after a warm-up one
+    (``QUARL_FP8_TUNE=hot``: :func:`_hot_ms`)."""
+    if tune_mode() == "hot":
+        return _hot_ms(la, run)
     run = run or _launch
     run(la)  # compile (or load from Triton's cache) and warm
     a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -683,4 +729,4 @@ def _tile_launch(w, q, qt, s, sub: int, warps: int) -> Launch:
 
 
 __all__ = ["ACT_SETTINGS", "GROUP", "TILE_SETTINGS", "TUNED", "parse_setting", "pick_setting", "quantize_act",
-           "quantize_tiles", "regs_module", "regs_settings"]
+           "quantize_tiles", "regs_module", "regs_settings", "regs_wanted"]

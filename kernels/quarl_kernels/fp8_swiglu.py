@@ -65,7 +65,7 @@ def regs_settings(g: torch.Tensor) -> tuple:
     """``("regs", tokens a thread, warps)`` merged candidates (session 31): ``quarl_kernels.fp8_quant_regs``' Gluon
     kernel for the same pass (dh, g, u read once, both gradients' codes from registers, X^T by register order, the
     same bits); none on CPU or without Gluon."""
-    fr = fq.regs_module() if g.is_cuda else None
+    fr = fq.regs_module() if g.is_cuda and fq.regs_wanted() else None
     return tuple(("regs", *st) for st in fr.SWIGLU_BWD_SETTINGS) if fr is not None else ()
 
 

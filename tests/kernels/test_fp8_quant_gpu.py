@@ -230,6 +230,22 @@ def test_launch_setting_is_chosen_by_shape_and_kept(monkeypatch):
     assert same(q, rq) and torch.equal(s, rs)
 
 
+def test_hot_timing_chooses_among_the_same_candidates(monkeypatch):
+    """QUARL_FP8_TUNE=hot: every candidate timed (each run after the load GEMMs), a positive time each, and the
+    choice gives the eager bits like any setting."""
+    monkeypatch.setenv("QUARL_FP8_TUNE", "hot")
+    monkeypatch.setattr(fq, "TUNED", {})
+    torch.manual_seed(7)
+    x = torch.randn(3000, 2560, device="cuda", dtype=torch.bfloat16)
+    q, s, qt, st = fq.quantize_act(x, 3000, 2560, 3072)
+    (key,) = fq.TUNED
+    ms = fq.TUNED[key]["ms"]
+    assert set(ms) == set(fq.ACT_SETTINGS + fq.regs_settings(x, 3072)) and min(ms.values()) > 0
+    rq, rs = quantize_act_1x128(x)
+    rqt, rst = quantize_act_1x128(_pad2(x, 3072, 2560).t())
+    assert same(q, rq) and torch.equal(s, rs) and same(qt, rqt) and torch.equal(st, rst)
+
+
 # ``group_div``: the quantizers' per-element quotient without a division (the reciprocal once per group, div.rn's
 # own fast path per element) against ``div.rn.f32`` itself, exhaustively over one operand's significands.
 

@@ -251,6 +251,18 @@ def test_launch_settings_are_all_checked():
 
 
 @needs_triton
+def test_tune_mode_names_a_bad_value(monkeypatch):
+    from quarl_kernels import fp8_quant as fq
+
+    for v, mode in (("", "1"), ("1", "1"), ("HOT", "hot"), ("0", "0")):
+        monkeypatch.setenv("QUARL_FP8_TUNE", v)
+        assert fq.tune_mode() == mode
+    monkeypatch.setenv("QUARL_FP8_TUNE", "warm")
+    with pytest.raises(ValueError, match="QUARL_FP8_TUNE='warm'.*hot"):
+        fq.tune_mode()
+
+
+@needs_triton
 def test_pick_setting_takes_the_fastest_and_keeps_it():
     from quarl_kernels import fp8_quant as fq
 
