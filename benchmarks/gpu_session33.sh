@@ -31,7 +31,7 @@ b)
     nvidia-smi --query-gpu=timestamp,clocks.sm,clocks.mem,power.draw,temperature.gpu,clocks_throttle_reasons.active \
         --format=csv,noheader -lms 100 > "$OUT/clocks.csv" 2>&1 &
     SMI=$!
-    (deepgemm > "$OUT/deepgemm.log" 2>&1) &
+    ([ -d /tmp/dg/deep_gemm ] || deepgemm > "$OUT/deepgemm.log" 2>&1) &
     DG=$!
     tests 150 tests/kernels/test_fp8_quant_gpu.py -k "hot or chosen"
     wait $DG
@@ -40,12 +40,12 @@ b)
     for cfg in default QUARL_FP8_TUNE=hot QUARL_FP8_SWIGLU_MERGE=0 QUARL_FP8_REGS=0; do
         mark "profile $cfg"
         ( [ $cfg != default ] && export "$cfg"; model_step "${P_S:-80}" "prof_${cfg#QUARL_FP8_}" --shape Qwen2.5-7B \
-            --layers 4 --tokens 16384 --loss rl --arms "bf16+glue,jetrl-xtiles+deepgemm+glue" --iters 2 --profile )
+            --layers 4 --tokens 16384 --loss rl --arms "bf16,bf16+glue,jetrl-xtiles+deepgemm+glue" --iters 2 --profile )
     done
     for cfg in default QUARL_FP8_TUNE=hot; do
         mark "update $cfg"
         ( [ $cfg != default ] && export "$cfg"; model_step "${M_S:-120}" "p7_${cfg#QUARL_FP8_}" --shape Qwen2.5-7B \
-            --layers 4 --tokens 16384 --loss rl --arms "bf16+glue,jetrl-xtiles+deepgemm+glue" --iters 2 --accumulate 8 )
+            --layers 4 --tokens 16384 --loss rl --arms "bf16,bf16+glue,jetrl-xtiles+deepgemm+glue" --iters 2 --accumulate 8 )
     done
     mark end
     kill $SMI
