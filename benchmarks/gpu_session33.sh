@@ -13,6 +13,12 @@
 #     micro-batch) with the launch settings chosen four ways -- timed back to back (default), timed right after large
 #     GEMMs (QUARL_FP8_TUNE=hot), the two-pass SwiGLU backward (QUARL_FP8_SWIGLU_MERGE=0), no Gluon candidates
 #     (QUARL_FP8_REGS=0); then the actor update (8 micro-batches) with the default and the hot choice.
+#   phase c: bash benchmarks/gpu_session33.sh c   (nvidia-h100-x1; carry .dev/dg.tar.xz; ~9 min)
+#     After b (the step holds the H100 at its 700 W cap, SM clock p50 ~1.45 GHz; the quantizers' back-to-back choice
+#     there is not the in-step one: SwiGLU's two passes 1.98 ms a layer in the step against the register-order
+#     kernel's 2.28; "hot" timing, two GEMMs before each run, changed nothing and was replaced): the in-situ choice
+#     (QUARL_FP8_TUNE=situ: the fastest four timed again inside the step): its GPU tests, then the 7B actor update
+#     alternating default / situ twice, and once with the two passes forced (QUARL_FP8_SWIGLU_MERGE=0).
 set -u
 PHASE=${1:?phase}
 OUT=${OUT:?}
@@ -46,6 +52,24 @@ b)
         mark "update $cfg"
         ( [ $cfg != default ] && export "$cfg"; model_step "${M_S:-120}" "p7_${cfg#QUARL_FP8_}" --shape Qwen2.5-7B \
             --layers 4 --tokens 16384 --loss rl --arms "bf16,bf16+glue,jetrl-xtiles+deepgemm+glue" --iters 2 --accumulate 8 )
+    done
+    mark end
+    kill $SMI
+    ;;
+c)
+    nvidia-smi --query-gpu=timestamp,clocks.sm,clocks.mem,power.draw,temperature.gpu,clocks_throttle_reasons.active \
+        --format=csv,noheader -lms 100 > "$OUT/clocks.csv" 2>&1 &
+    SMI=$!
+    ([ -d /tmp/dg/deep_gemm ] || deepgemm > "$OUT/deepgemm.log" 2>&1) &
+    DG=$!
+    tests 200 tests/kernels/test_fp8_quant_gpu.py tests/kernels/test_fp8_swiglu_gpu.py -k "situ or chosen or merged or choice"
+    wait $DG
+    export PYTHONPATH=$PYTHONPATH:/tmp/dg
+    for cfg in default QUARL_FP8_TUNE=situ default2 QUARL_FP8_TUNE=situ QUARL_FP8_SWIGLU_MERGE=0; do
+        mark "update $cfg"
+        ( [ ${cfg#default} = $cfg ] && export "$cfg"; model_step "${M_S:-110}" "p7_${cfg#QUARL_FP8_}_$SECONDS" \
+            --shape Qwen2.5-7B --layers 4 --tokens 16384 --loss rl --arms "bf16,bf16+glue,jetrl-xtiles+deepgemm+glue" \
+            --iters 2 --accumulate 8 )
     done
     mark end
     kill $SMI

@@ -230,47 +230,84 @@ def _setting(key: tuple, settings: tuple, t: torch.Tensor, make) -> tuple[int, i
 
 
 def tune_mode() -> str:
-    """``QUARL_FP8_TUNE``: ``1`` (time candidates back to back), ``hot`` (each timed run right after a large BF16 GEMM
-    on the same stream: :func:`_hot_ms`), ``0`` (no timing: the default setting)."""
+    """``QUARL_FP8_TUNE``: ``1`` (candidates timed back to back, the fastest kept), ``situ`` (then the fastest few
+    timed again where they run -- :class:`_Trial`), ``0`` (no timing: the default setting)."""
     mode = os.environ.get("QUARL_FP8_TUNE", "1").strip().lower() or "1"
-    if mode not in ("0", "1", "hot"):
-        raise ValueError(f"QUARL_FP8_TUNE={mode!r}: use 1 (time the launch settings), hot (time them right after a "
-                         "large GEMM, as inside a training step) or 0 (the default settings)")
+    if mode not in ("0", "1", "situ"):
+        raise ValueError(f"QUARL_FP8_TUNE={mode!r}: use 1 (time the launch settings back to back), situ (then time "
+                         "the fastest few again inside the run that uses them) or 0 (the default settings)")
     return mode
 
 
-_LOAD: dict = {}  # device -> (a, b) of the hot timer's GEMM
+SITU_FINALISTS = 4  # the fastest few of the back-to-back timing, timed again in situ
+SITU_SAMPLES = 4  # in-situ runs of each finalist (their median decides)
+_TRIALS: dict = {}  # key -> the in-situ trial under way
 
 
-def _hot_ms(la: Launch, run=None) -> float:
-    """ms of one ``run(la)`` as inside a training step: each of TUNE_REPS runs timed (CUDA events around it alone)
-    right after two [4096, 8192] x [8192, 8192] BF16 GEMMs (~0.55 TFLOP each). Why: in the FP8 actor update the
-    quantizers run between tensor-core GEMMs at the H100's power limit, at a lower SM clock than a loop of one
-    quantizer sees; a latency-bound candidate slows with the clock, a bandwidth-bound one much less (session 32's
-    profile: SwiGLU's backward pass 2.40 ms a layer in the model, 1.72 in the tuner's loop)."""
-    run = run or _launch
-    dev = torch.cuda.current_device()
-    if dev not in _LOAD:
-        _LOAD[dev] = (torch.ones(4096, 8192, device="cuda", dtype=torch.bfloat16),
-                      torch.ones(8192, 8192, device="cuda", dtype=torch.bfloat16))
-    a_in, b_in = _LOAD[dev]
-    run(la)  # compile (or load from Triton's cache) and warm
-    ev = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(TUNE_REPS)]
-    for a, b in ev:
-        torch.mm(a_in, b_in)
-        torch.mm(a_in, b_in)
+class _Trial:
+    """One key's in-situ choice: the finalists launched in turn where the caller runs them (a training step's
+    quantizer calls), each timed by CUDA events around its own launch and read back without a sync once they have
+    run; after SITU_SAMPLES each, the median decides and ``TUNED[key]`` keeps it (``situ_ms`` beside the
+    back-to-back ``ms``). Why: in the FP8 actor update the quantizers run between FP8 GEMMs that hold the H100 at its
+    power limit, its SM clock ~1.35-1.45 GHz against ~1.98 in a loop of one kernel (session 33, nvidia-smi at
+    100 ms); a latency-bound candidate slows with the clock, a bandwidth-bound one much less, so the back-to-back
+    order can invert (SwiGLU's backward: the register-order kernel 1.72 ms against the two passes' 1.82 back to back,
+    2.28 against 1.98 a layer in the step's profile). Every setting writes the same bits: which one ran never shows
+    in the result."""
+
+    def __init__(self, key: tuple, finalists: tuple):
+        self.key, self.order = key, finalists
+        self.samples: dict = {f: [] for f in finalists}
+        self.pending: list = []
+        self.turn = 0
+
+    def _harvest(self) -> None:
+        keep = []
+        for st, a, b in self.pending:
+            if b.query():
+                self.samples[st].append(a.elapsed_time(b))
+            else:
+                keep.append((st, a, b))
+        self.pending = keep
+
+    def run(self, make) -> tuple:
+        self._harvest()
+        if all(len(v) >= SITU_SAMPLES for v in self.samples.values()):
+            ms = {f: sorted(v)[len(v) // 2] for f, v in self.samples.items()}
+            best = min(ms, key=ms.get)
+            TUNED[self.key].update(best=best, situ_ms=ms)
+            del _TRIALS[self.key]
+            _launch(make(*best))
+            return best
+        st = self.order[self.turn % len(self.order)]
+        self.turn += 1
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         a.record()
-        run(la)
+        _launch(make(*st))
         b.record()
-    ev[-1][1].synchronize()
-    return sum(a.elapsed_time(b) for a, b in ev) / TUNE_REPS
+        self.pending.append((st, a, b))
+        return st
+
+
+def run_setting(key: tuple, settings: tuple, t: torch.Tensor, make) -> tuple:
+    """Launch ``make(*setting)`` at ``key``'s chosen setting (:func:`_setting`) and return the setting; with
+    ``QUARL_FP8_TUNE=situ`` the back-to-back choice is followed by an in-situ trial of its fastest few
+    (:class:`_Trial`), which these launches run until it decides."""
+    st = _setting(key, settings, t, make)
+    trial = _TRIALS.get(key)
+    if trial is None and tune_mode() == "situ" and tuning_on(t) and "situ_ms" not in TUNED.get(key, {}):
+        ms = TUNED.get(key, {}).get("ms", {})
+        finalists = tuple(sorted(ms, key=ms.get)[:SITU_FINALISTS])
+        if len(finalists) > 1:
+            trial = _TRIALS[key] = _Trial(key, finalists)
+    if trial is None or not tuning_on(t):
+        _launch(make(*st))
+        return st
+    return trial.run(make)
 
 
 def _cuda_ms(la: Launch, run=None) -> float:
-    """ms of one ``run(la)`` (default :func:`_launch`) by CUDA events over TUNE_REPS runs after a warm-up one
-    (``QUARL_FP8_TUNE=hot``: :func:`_hot_ms`)."""
-    if tune_mode() == "hot":
-        return _hot_ms(la, run)
+    """ms of one ``run(la)`` (default :func:`_launch`) by CUDA events over TUNE_REPS runs after a warm-up one."""
     run = run or _launch
     run(la)  # compile (or load from Triton's cache) and warm
     a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -571,10 +608,8 @@ def quantize_act(x: torch.Tensor, rows: int | None = None, cols: int | None = No
             key = ("act", q is not None, t_rows is not None, x.dtype, triton.next_power_of_2(extent), cols,
                    x.stride(1) == 1) + (("tiles",) if t_tiles else ())
             cands = ACT_SETTINGS if t_rows is not None else tuple(st for st in ACT_SETTINGS if len(st) == 2)
-            setting = _setting(key, cands + regs_settings(x, t_rows), x,
-                               lambda *c: _any_launch(x, q, s, qt, st, rows, cols, t_rows, c, t_tiles))
-        if setting[0] == "regs":
-            _launch(_any_launch(x, q, s, qt, st, rows, cols, t_rows, setting, t_tiles))
+            run_setting(key, cands + regs_settings(x, t_rows), x,
+                        lambda *c: _any_launch(x, q, s, qt, st, rows, cols, t_rows, c, t_tiles))
             return q, s, qt, st
         sub, warps, pack, split, t_chunk = parse_setting(setting)
     _launch(_act_launch(x, q, s, qt, st, rows, cols, t_rows, sub, warps, pack, *(split or (0, 0)), t_chunk=t_chunk,
@@ -729,4 +764,4 @@ def _tile_launch(w, q, qt, s, sub: int, warps: int) -> Launch:
 
 
 __all__ = ["ACT_SETTINGS", "GROUP", "TILE_SETTINGS", "TUNED", "parse_setting", "pick_setting", "quantize_act",
-           "quantize_tiles", "regs_module", "regs_settings", "regs_wanted"]
+           "quantize_tiles", "regs_module", "regs_settings", "regs_wanted", "run_setting", "tune_mode"]

@@ -327,18 +327,15 @@ def swiglu_grad_operands(dh: torch.Tensor, g: torch.Tensor, u: torch.Tensor, row
         key = ("swiglu-cols", g.dtype, triton.next_power_of_2(t_rows), cols)
         t_setting = fq._setting(key, COL_SETTINGS, g, make_t) if tune else COL_SETTINGS[0]
     pair = (make(*setting), make_t(*t_setting))
-    choice = ("pair",)
     if tune and MERGED_SETTINGS and os.environ.get("QUARL_FP8_SWIGLU_MERGE", "1") != "0":
         # the pair just chosen against the merged launches, timed the same way
 
         def make_m(*st):
             return pair if st == ("pair",) else make_merged(*st)
 
-        choice = fq._setting(("swiglu-merge", row_groups, *size, setting, t_setting),
-                             (("pair",), *MERGED_SETTINGS, *regs_settings(g)), g, make_m)
-        if choice != ("pair",):
-            fq._launch(make_m(*choice))
-            return one, two
+        fq.run_setting(("swiglu-merge", row_groups, *size, setting, t_setting),
+                       (("pair",), *MERGED_SETTINGS, *regs_settings(g)), g, make_m)
+        return one, two
     fq._launch(pair)
     return one, two
 

@@ -230,20 +230,24 @@ def test_launch_setting_is_chosen_by_shape_and_kept(monkeypatch):
     assert same(q, rq) and torch.equal(s, rs)
 
 
-def test_hot_timing_chooses_among_the_same_candidates(monkeypatch):
-    """QUARL_FP8_TUNE=hot: every candidate timed (each run after the load GEMMs), a positive time each, and the
-    choice gives the eager bits like any setting."""
-    monkeypatch.setenv("QUARL_FP8_TUNE", "hot")
+def test_in_situ_choice_runs_the_finalists_and_keeps_the_bits(monkeypatch):
+    """QUARL_FP8_TUNE=situ on the GPU: the calls that run the in-situ trial (finalists in turn) and those after it
+    give the eager bits; the trial ends with one of its finalists kept and its times recorded."""
+    monkeypatch.setenv("QUARL_FP8_TUNE", "situ")
     monkeypatch.setattr(fq, "TUNED", {})
+    monkeypatch.setattr(fq, "_TRIALS", {})
     torch.manual_seed(7)
     x = torch.randn(3000, 2560, device="cuda", dtype=torch.bfloat16)
-    q, s, qt, st = fq.quantize_act(x, 3000, 2560, 3072)
-    (key,) = fq.TUNED
-    ms = fq.TUNED[key]["ms"]
-    assert set(ms) == set(fq.ACT_SETTINGS + fq.regs_settings(x, 3072)) and min(ms.values()) > 0
     rq, rs = quantize_act_1x128(x)
     rqt, rst = quantize_act_1x128(_pad2(x, 3072, 2560).t())
-    assert same(q, rq) and torch.equal(s, rs) and same(qt, rqt) and torch.equal(st, rst)
+    for i in range(fq.SITU_FINALISTS * fq.SITU_SAMPLES + 3):
+        q, s, qt, st = fq.quantize_act(x, 3000, 2560, 3072)
+        torch.cuda.synchronize()  # each trial launch has run before the next call looks at its events
+        assert same(q, rq) and torch.equal(s, rs) and same(qt, rqt) and torch.equal(st, rst), i
+    (key,) = fq.TUNED
+    hit = fq.TUNED[key]
+    assert not fq._TRIALS and len(hit["situ_ms"]) == fq.SITU_FINALISTS and hit["best"] in hit["situ_ms"]
+    assert set(hit["situ_ms"]) <= set(hit["ms"]) and min(hit["situ_ms"].values()) > 0
 
 
 # ``group_div``: the quantizers' per-element quotient without a division (the reciprocal once per group, div.rn's

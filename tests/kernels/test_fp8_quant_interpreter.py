@@ -254,12 +254,62 @@ def test_launch_settings_are_all_checked():
 def test_tune_mode_names_a_bad_value(monkeypatch):
     from quarl_kernels import fp8_quant as fq
 
-    for v, mode in (("", "1"), ("1", "1"), ("HOT", "hot"), ("0", "0")):
+    for v, mode in (("", "1"), ("1", "1"), ("Situ", "situ"), ("0", "0")):
         monkeypatch.setenv("QUARL_FP8_TUNE", v)
         assert fq.tune_mode() == mode
     monkeypatch.setenv("QUARL_FP8_TUNE", "warm")
-    with pytest.raises(ValueError, match="QUARL_FP8_TUNE='warm'.*hot"):
+    with pytest.raises(ValueError, match="QUARL_FP8_TUNE='warm'.*situ"):
         fq.tune_mode()
+
+
+@needs_triton
+def test_in_situ_trial_times_the_fastest_few_where_they_run(monkeypatch):
+    """QUARL_FP8_TUNE=situ: the back-to-back timing picks the finalists (its fastest SITU_FINALISTS), the caller's
+    launches then run them in turn, each timed alone (here: fake events whose time is the setting's in-situ cost),
+    and the median of SITU_SAMPLES each decides -- here against the back-to-back order."""
+    import torch
+
+    from quarl_kernels import fp8_quant as fq
+
+    cold = {(1,): 1.0, (2,): 1.1, (3,): 1.2, (4,): 1.3, (5,): 1.4}  # back to back: (1,) fastest
+    hot = {(1,): 2.0, (2,): 1.5, (3,): 1.9, (4,): 1.6}  # in situ: (2,) fastest; (5,) is no finalist
+    launched, now = [], [0.0]
+
+    class Event:
+        def __init__(self, enable_timing=False):
+            self.t = None
+
+        def record(self):
+            self.t = now[0]
+
+        def query(self):
+            return True
+
+        def elapsed_time(self, end):
+            return end.t - self.t
+
+    def launch(la):
+        launched.append(la)
+        now[0] += hot.get(la, 0.0)
+
+    monkeypatch.setenv("QUARL_FP8_TUNE", "situ")
+    monkeypatch.setattr(fq, "TUNED", {})
+    monkeypatch.setattr(fq, "_TRIALS", {})
+    monkeypatch.setattr(fq, "tuning_on", lambda t: True)
+    monkeypatch.setattr(fq, "_cuda_ms", lambda la, run=None: cold[la])
+    monkeypatch.setattr(fq, "_launch", launch)
+    monkeypatch.setattr(torch.cuda, "Event", Event)
+    key, settings, make = ("situ-test",), tuple(cold), lambda *st: st
+    n = fq.SITU_FINALISTS * fq.SITU_SAMPLES
+    runs = [fq.run_setting(key, settings, None, make) for _ in range(n)]
+    assert runs == [(1,), (2,), (3,), (4,)] * fq.SITU_SAMPLES  # the finalists in turn, (5,) never
+    assert key in fq._TRIALS and "situ_ms" not in fq.TUNED[key]
+    assert fq.run_setting(key, settings, None, make) == (2,)  # the trial decides on the next call
+    assert fq.TUNED[key]["best"] == (2,) and fq.TUNED[key]["situ_ms"] == pytest.approx(hot)
+    assert fq.TUNED[key]["ms"] == cold and key not in fq._TRIALS
+    assert fq.run_setting(key, settings, None, make) == (2,) and launched[-1] == (2,)
+    monkeypatch.setenv("QUARL_FP8_TUNE", "1")  # back to back alone: no trial
+    assert fq.run_setting(("cold-test",), settings, None, make) == (1,) and not fq._TRIALS
 
 
 @needs_triton
