@@ -268,7 +268,6 @@ def test_in_situ_trial_times_the_fastest_few_where_they_run(monkeypatch):
     launches then run them in turn, each timed alone (here: fake events whose time is the setting's in-situ cost),
     and the median of SITU_SAMPLES each decides -- here against the back-to-back order."""
     import torch
-
     from quarl_kernels import fp8_quant as fq
 
     cold = {(1,): 1.0, (2,): 1.1, (3,): 1.2, (4,): 1.3, (5,): 1.4}  # back to back: (1,) fastest
