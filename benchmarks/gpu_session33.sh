@@ -19,6 +19,11 @@
 #     kernel's 2.28; "hot" timing, two GEMMs before each run, changed nothing and was replaced): the in-situ choice
 #     (QUARL_FP8_TUNE=situ: the fastest four timed again inside the step): its GPU tests, then the 7B actor update
 #     alternating default / situ twice, and once with the two passes forced (QUARL_FP8_SWIGLU_MERGE=0).
+#   phase d: bash benchmarks/gpu_session33.sh d   (nvidia-h100-x1; carry .dev/dg.tar.xz; ~8 min)
+#     After c (situ: 26.48 / 26.09 ms a layer against the back-to-back choice's 26.58, SwiGLU's two passes kept in
+#     the step), with the in-situ choice the default, its rounds shuffled and the fused DGrad removed: the fused-MLP
+#     and quantizer GPU tests, then the 7B and the 32B actor updates with QUARL_FP8_TUNE=1 (back to back) and the
+#     default (situ).
 set -u
 PHASE=${1:?phase}
 OUT=${OUT:?}
@@ -74,8 +79,40 @@ c)
     mark end
     kill $SMI
     ;;
+d)
+    ([ -d /tmp/dg/deep_gemm ] || deepgemm > "$OUT/deepgemm.log" 2>&1) &
+    DG=$!
+    tests 150 tests/kernels/test_fp8_quant_gpu.py tests/kernels/test_fp8_swiglu_gpu.py -k "situ or chosen or fused_mlp"
+    wait $DG
+    export PYTHONPATH=$PYTHONPATH:/tmp/dg
+    ARMS="bf16,bf16+glue,jetrl-xtiles+deepgemm+glue"
+    (export QUARL_FP8_TUNE=1; model_step 150 p7_tune1 --shape Qwen2.5-7B --layers 4 --tokens 16384 --loss rl \
+        --arms $ARMS --iters 2 --accumulate 8)
+    model_step 110 p7_situ --shape Qwen2.5-7B --layers 4 --tokens 16384 --loss rl --arms $ARMS --iters 2 --accumulate 8
+    model_step 150 p32_situ --shape Qwen2.5-32B --layers 4 --tokens 16384 --loss rl --arms $ARMS --iters 2 --accumulate 8
+    (export QUARL_FP8_TUNE=1; model_step 150 p32_tune1 --shape Qwen2.5-32B --layers 4 --tokens 16384 --loss rl \
+        --arms $ARMS --iters 2 --accumulate 8)
+    ;;
 esac
 phase_end
 
 # ---------------------------------------------------------------------------------------------------------------
 # Record (calls of this session; device time from the tool's lease):
+#   a  commit f32f858, 2026-11-27 22:48-22:57 UTC (cold), 488 s run (budget 1800 -> 1537 s; the machine counted at 50 %):
+#      fused-DGrad GPU tests 4 passed; the kernel against DeepGEMM's DGrad + SwiGLU's backward pass (7B width, 16k
+#      tokens) 6.03 ms at its best setting (3, 16, 8), 11.9-12.2 at the others, against 3.29 (DeepGEMM 1.57 + the pass
+#      2.02); its Triton GEMM alone 2.75; 32B width 10.23 against 5.92; the MLP fwd+bwd 0.701x (7B) / 0.710x (32B) with
+#      it on; the 7B actor update 26.41 / 33.95 / 26.65 ms a layer off / on / off (bf16+glue 39.28-39.48).
+#   b  commit 3ec658c, 23:00-23:02 UTC (warm), 132 s (-> 1410 s): GPU tests 2 passed; every model step refused at once
+#      (fp8_model_step needs the bf16 arm: the arms list fixed, commit 6d58eb8).
+#   b  commit 6d58eb8, 23:02-23:08 UTC (warm), 357 s (-> 1165 s; counted at 67 %): the first profile timed out at 80 s
+#      (cold Triton cache); profiles (one micro-batch; noisy: the GEMM class moved 17.98-19.05 ms a layer between runs)
+#      with hot timing / QUARL_FP8_SWIGLU_MERGE=0 / QUARL_FP8_REGS=0: SwiGLU's backward 2.28 / 1.98 / 2.22 ms a layer;
+#      the actor update default 26.58, hot 26.66 ms a layer (hot chose what back-to-back timing chose). nvidia-smi over
+#      the updates: SM clock p10 / p50 / p90 1350 / 1440-1455 / 1755-1905 MHz at 694-702 W (throttle reason 0x4, the
+#      software power cap); the one-micro-batch profiles p50 1650-1860 MHz.
+#   c  commit 955e396, 23:10-23:18 UTC (cold, counted in full from here), 443 s (-> 655 s): GPU tests 3 passed; the
+#      first update (default) timed out at 110 s (cold Triton cache; the `[ ${cfg#default} = $cfg ]` test errs for
+#      "default", harmlessly: nothing exported); situ 26.48, default 26.58, situ 26.09, QUARL_FP8_SWIGLU_MERGE=0 26.24
+#      ms a layer (bf16+glue 39.12-39.25); situ kept SwiGLU's two passes (in situ 1.88 ms against the register-order
+#      kernel's 2.05-2.11 and Triton's merged 1.97-1.99).
