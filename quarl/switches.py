@@ -74,7 +74,7 @@ SWITCHES: dict[str, str] = {
     "QUARL_FP8_SWIGLU_DGRAD": "1 = the fused FP8 MLP's down DGrad with SwiGLU's backward in its epilogue (opt-in, "
                               "not yet measured)",
     "QUARL_FP8_REGS": "0 = no Gluon register-order FP8 quantizers among the timed candidates (Triton settings alone)",
-    "QUARL_FP8_TUNE": "0 = the FP8 quantizers' default launch settings; situ = the fastest few timed again inside the run",
+    "QUARL_FP8_TUNE": "situ (default) = the FP8 quantizers' fastest few launch settings timed again inside the run; 1 = back to back only; 0 = the default settings",
     "QUARL_LOGPROB_KERNEL": "0 = token log-probs through PyTorch ops",
     # benchmarks and tests
     "QUARL_GSM8K": "benchmarks: the GSM8K directory",

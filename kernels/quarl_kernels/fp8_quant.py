@@ -64,6 +64,7 @@ from __future__ import annotations
 
 import functools
 import os
+import random
 from typing import NamedTuple
 
 import torch
@@ -230,9 +231,10 @@ def _setting(key: tuple, settings: tuple, t: torch.Tensor, make) -> tuple[int, i
 
 
 def tune_mode() -> str:
-    """``QUARL_FP8_TUNE``: ``1`` (candidates timed back to back, the fastest kept), ``situ`` (then the fastest few
-    timed again where they run -- :class:`_Trial`), ``0`` (no timing: the default setting)."""
-    mode = os.environ.get("QUARL_FP8_TUNE", "1").strip().lower() or "1"
+    """``QUARL_FP8_TUNE``: ``situ`` (the default: candidates timed back to back, then the fastest few timed again where
+    they run -- :class:`_Trial`), ``1`` (back to back alone, the fastest kept), ``0`` (no timing: the default
+    setting)."""
+    mode = os.environ.get("QUARL_FP8_TUNE", "situ").strip().lower() or "situ"
     if mode not in ("0", "1", "situ"):
         raise ValueError(f"QUARL_FP8_TUNE={mode!r}: use 1 (time the launch settings back to back), situ (then time "
                          "the fastest few again inside the run that uses them) or 0 (the default settings)")
@@ -256,10 +258,11 @@ class _Trial:
     in the result."""
 
     def __init__(self, key: tuple, finalists: tuple):
-        self.key, self.order = key, finalists
+        self.key, self.finalists = key, finalists
         self.samples: dict = {f: [] for f in finalists}
         self.pending: list = []
-        self.turn = 0
+        self.order: list = []  # the finalists' turns: a fresh shuffled round whenever one runs out
+        self.rng = random.Random(0)
 
     def _harvest(self) -> None:
         keep = []
@@ -279,8 +282,11 @@ class _Trial:
             del _TRIALS[self.key]
             _launch(make(*best))
             return best
-        st = self.order[self.turn % len(self.order)]
-        self.turn += 1
+        if not self.order:
+            # rounds in shuffled order: one key serves several call sites of a step (X of q / k / v, of o, of the
+            # MLP), and a fixed rotation whose period divides theirs would time each finalist at one site only
+            self.order = self.rng.sample(self.finalists, len(self.finalists))
+        st = self.order.pop()
         a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         a.record()
         _launch(make(*st))
