@@ -34,6 +34,7 @@ transposed load).
 
 from __future__ import annotations
 
+import functools
 import os
 
 import torch
@@ -61,12 +62,27 @@ COL_SETTINGS = ((32, 4, False), (64, 8, False), (16, 2, False), (32, 4, True), (
 MERGED_SETTINGS = ((32, 8, 32), (16, 4, 32))
 
 
+@functools.cache
+def staged_module():
+    """``quarl_kernels.fp8_swiglu_staged`` (Gluon, session 33), or None where it does not import; imported once."""
+    try:
+        from quarl_kernels import fp8_swiglu_staged
+    except Exception:  # noqa: BLE001 - no Gluon here: the Triton passes serve
+        return None
+    return fp8_swiglu_staged
+
+
 def regs_settings(g: torch.Tensor) -> tuple:
-    """``("regs", tokens a thread, warps)`` merged candidates (session 31): ``quarl_kernels.fp8_quant_regs``' Gluon
-    kernel for the same pass (dh, g, u read once, both gradients' codes from registers, X^T by register order, the
-    same bits); none on CPU or without Gluon."""
-    fr = fq.regs_module() if g.is_cuda and fq.regs_wanted() else None
-    return tuple(("regs", *st) for st in fr.SWIGLU_BWD_SETTINGS) if fr is not None else ()
+    """The Gluon merged candidates (none on CPU, without Gluon or with ``QUARL_FP8_REGS=0``): ``("regs", tokens a
+    thread, warps)`` -- ``quarl_kernels.fp8_quant_regs``' kernel for the same pass (session 31: dh, g, u read once,
+    both gradients' codes from registers, X^T by register order) -- and ``("staged", tokens a row chunk, warps)``,
+    ``quarl_kernels.fp8_swiglu_staged`` (session 33: the tile's dg / du staged in shared memory, ~120 registers).
+    All give the same bits."""
+    if not (g.is_cuda and fq.regs_wanted()):
+        return ()
+    fr, stg = fq.regs_module(), staged_module()
+    return (tuple(("regs", *st) for st in fr.SWIGLU_BWD_SETTINGS)
+            + (tuple(("staged", *st) for st in stg.SETTINGS) if stg is not None else ()))
 
 
 @triton.jit
@@ -307,6 +323,8 @@ def swiglu_grad_operands(dh: torch.Tensor, g: torch.Tensor, u: torch.Tensor, row
     def make_merged(*st):
         if st[0] == "regs":
             return fq.regs_module().swiglu_bwd_spec(dh, g, u, one, two, rows, cols, t_rows, *st[1:])
+        if st[0] == "staged":
+            return staged_module().spec(dh, g, u, one, two, rows, cols, t_rows, *st[1:])
         return _row_launch(dh, g, u, outs, rows, cols, t_rows, *st[:2], qts=(one[2], two[2]), t_chunk=st[2])
 
     if merged is not None:

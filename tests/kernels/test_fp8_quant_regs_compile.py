@@ -40,3 +40,35 @@ def test_builds_for_sm90(form):
         assert "ld.global.v2.b32" in ptx, form  # 4 bf16 columns of a row a load
         if tpt == 16 and kw.get("cols", True):
             assert "st.global.v4.b32" in ptx, form  # 16 tokens of a column: one 16-byte store into X^T's row
+
+
+@pytest.mark.parametrize("rows", [True, False], ids=["with-row-groups", "x-t-alone"])
+def test_staged_swiglu_backward_builds_for_sm90(rows):
+    """``quarl_kernels.fp8_swiglu_staged`` (session 33): at every setting no spills, at most 128 registers (two 8-warp
+    programs a multiprocessor -- the point of staging dg / du in shared memory; the register-order kernel takes 255),
+    64 KB of shared memory (dg's and du's BF16 tile; the amax reduction reuses it), the SwiGLU backward's codes by
+    the group's reciprocal cast with saturation, and X^T as 16-byte runs of a column's tokens."""
+    from quarl_kernels import fp8_swiglu_staged as stg
+
+    from tests.kernels.sm90_sass import registers, stack_bytes
+
+    for r, _ in stg.SETTINGS:
+        k = stg.compile_sm90(r, rows)
+        ptx = k.asm["ptx"]
+        assert stack_bytes(k) in (0, None), f"R={r}: ptxas spilled"
+        assert registers(k) is None or registers(k) <= 128, (r, registers(k))
+        assert k.metadata.shared <= 64 * 1024, (r, k.metadata.shared)
+        assert "cvt.rn.satfinite.e4m3x2.f32" in ptx and "st.global.v4.b32" in ptx, r
+        assert ("st.shared" in ptx) and ("ld.shared" in ptx), r
+
+
+def test_staged_spec_names_what_it_cannot_launch():
+    import torch
+    from quarl_kernels import fp8_swiglu_staged as stg
+
+    g = u = dh = torch.zeros(256, 256, dtype=torch.bfloat16)
+    outs = tuple(torch.zeros(1) for _ in range(4))
+    with pytest.raises(ValueError, match="8 warps"):
+        stg.spec(dh, g, u, outs, outs, 256, 256, 256, 16, 4)
+    with pytest.raises(ValueError, match="t_rows 200"):
+        stg.spec(dh, g, u, outs, outs, 256, 256, 200, 16, 8)

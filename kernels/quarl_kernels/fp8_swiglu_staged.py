@@ -1,0 +1,151 @@
+"""SwiGLU's backward quantizers with the tile staged in shared memory: one read of dh, g, u, few registers (Gluon).
+
+``fp8_swiglu``'s job -- from ``dh, g, u`` [M, I] (BF16) make dg's and du's FP8 operands in 1x128 groups along I (the
+gate / up DGrad's A) and along the tokens (their WGrad's A), dg and du never written in BF16 -- done by a third
+design. Why another: session 33 measured the FP8 actor update at the H100's 700 W power cap, the SM clock at ~1.45
+GHz (p50) against the ~1.98 GHz of a loop of one kernel. The register-order kernel (``fp8_quant_regs.
+swiglu_bwd_spec``) holds a whole [128, 128] tile of five tensors in registers (255 registers, one program of 8 warps
+a multiprocessor): latency-bound, it slows with the clock (1.72 ms back to back, 2.05-2.28 ms in the step at 7B width,
+16k tokens); the two Triton passes (row groups, then the transposed pass: each reads dh, g, u) stay bandwidth-bound
+(1.82 / 1.88 ms) but read the inputs twice. The bytes of one read: 6 MI in + 4 MI of codes = 3.1 GB at 7B width,
+~1.15 ms at 2.7 TB/s.
+
+Here a program (8 warps) owns one [128 tokens, 128 columns] tile and works in two phases:
+
+1. **Row chunks** (``R`` tokens at a time, ``R / 8`` rows a warp): load dh, g, u of the chunk, compute dg and du
+   (``fp8_swiglu.grad_values``: eager PyTorch's roundings, the same bits as both other designs), code each row's
+   1x128 group at once (the row is complete in the chunk: its amax is within a warp) and store it, and write dg and du
+   -- BF16 values already, exactly -- into a [128, 128] BF16 buffer each in shared memory (64 KB a program).
+2. **X^T from shared memory**: after a barrier, each buffer is read back in the register-order kernel's layout
+   (``fp8_quant_regs._quantize`` with ``ROWS=False``: a column's amax over the tile's tokens, the codes transposed by
+   register order, 16-byte runs of tokens stored into X^T's rows) -- one tensor at a time, so ~128 registers.
+
+At ~128 registers and 64 KB of shared memory, two programs share a multiprocessor (16 warps, against one program of 8
+in the register-order kernel), and phase 1's loads need few registers. Numerics: the row codes are ``_codes_by_recip``
+of the same fp32 values; phase 2 reads dg / du back as the BF16 they were rounded to -- every code and scale equals
+the register-order kernel's and the Triton passes' (GPU test ``test_every_launch_setting_gives_the_same_bits``; CPU:
+compiled for sm_90, registers and spills, ``tests/kernels/test_fp8_quant_regs_compile.py``). Gluon kernels do not run
+in Triton's CPU interpreter.
+
+A candidate of ``fp8_swiglu``'s merged choice as ``("staged", R, warps)`` (:data:`SETTINGS`), timed in the step by
+the in-situ choice (``QUARL_FP8_TUNE=situ``).
+"""
+
+from __future__ import annotations
+
+import torch
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+
+from quarl_kernels import fp8_quant, fp8_swiglu
+from quarl_kernels.fp8_quant_regs import _codes_by_recip, _quantize, _scale
+
+GROUP = 128
+# (tokens a row chunk, warps). Not yet measured on a GPU (session 33: written after the device budget's last call
+# was planned); 8 warps only -- phase 2's layout puts 16 tokens a thread over 8 warps (4 warps would hold 128 fp32
+# values a thread and spill)
+SETTINGS = ((16, 8), (32, 8))
+
+
+@gluon.jit
+def _chunk_rows(dh_ptr, g_ptr, u_ptr, q_ptr, s_ptr, q2_ptr, s2_ptr, buf_g, buf_u, row0, pid_k, M, K, stride_m,
+                stride_dm, RQ, CQ, stride_qm, stride_sm, stride_sg, ROWS: gl.constexpr, R: gl.constexpr,
+                LC: gl.constexpr):
+    """Phase 1 for tokens [row0, row0 + R) of the tile: dg / du, their row groups stored (ROWS), and both written to
+    the shared buffers' rows [row0 - tile start, + R) (``buf_g`` / ``buf_u``: those rows' views)."""
+    tok = row0 + gl.arange(0, R, layout=gl.SliceLayout(1, LC))  # [R]
+    col = pid_k * 128 + gl.arange(0, 128, layout=gl.SliceLayout(0, LC))  # [128]
+    t2 = gl.expand_dims(tok, 1).to(gl.int64)  # [R, 1]
+    c2 = gl.expand_dims(col, 0).to(gl.int64)  # [1, 128]
+    ok = (t2 < M) & (c2 < K)
+    g = gl.load(g_ptr + t2 * stride_m + c2, mask=ok, other=0.0)
+    u = gl.load(u_ptr + t2 * stride_m + c2, mask=ok, other=0.0)
+    dh = gl.load(dh_ptr + t2 * stride_dm + c2, mask=ok, other=0.0)
+    dg, du = fp8_swiglu.grad_values(g, u, dh, False)  # [R, 128] fp32 of BF16 values; padding: 0
+    if ROWS:  # 1x128 groups along I: a row's amax within its warp
+        st_ok = (t2 < RQ) & (c2 < CQ)
+        rs = _scale(gl.max(gl.abs(dg), axis=1))  # [R]
+        gl.store(q_ptr + t2 * stride_qm + c2, _codes_by_recip(dg, gl.expand_dims(rs, 1)), mask=st_ok)
+        gl.store(s_ptr + tok.to(gl.int64) * stride_sm + pid_k * stride_sg, rs, mask=tok < RQ)
+        rs2 = _scale(gl.max(gl.abs(du), axis=1))
+        gl.store(q2_ptr + t2 * stride_qm + c2, _codes_by_recip(du, gl.expand_dims(rs2, 1)), mask=st_ok)
+        gl.store(s2_ptr + tok.to(gl.int64) * stride_sm + pid_k * stride_sg, rs2, mask=tok < RQ)
+    buf_g.store(dg.to(gl.bfloat16))  # exact: dg is a BF16 value
+    buf_u.store(du.to(gl.bfloat16))
+
+
+@gluon.jit
+def _staged_kernel(
+    g_ptr, u_ptr, dh_ptr, q_ptr, s_ptr, qt_ptr, st_ptr, q2_ptr, s2_ptr, qt2_ptr, st2_ptr,
+    M, K, stride_m, stride_dm, RQ, CQ, RT,
+    stride_qm, stride_sm, stride_sg, stride_qtk, stride_stk, stride_stg,
+    ROWS: gl.constexpr, R: gl.constexpr,
+):
+    # one program: the tile tokens [pid_m*128, +128) x columns [pid_k*128, +128); 8 warps
+    W: gl.constexpr = gl.num_warps()
+    LC: gl.constexpr = gl.BlockedLayout([R // W, 4], [1, 32], [W, 1], [1, 0])  # a row chunk, columns fastest
+    LR: gl.constexpr = gl.BlockedLayout([128 // W, 4], [1, 32], [W, 1], [1, 0])  # the tile, as fp8_quant_regs
+    LT: gl.constexpr = gl.BlockedLayout([128 // W, 4], [1, 32], [W, 1], [0, 1])  # X^T's store order
+    SL: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [1, 0])  # a warp touches 256 contiguous bytes of a row
+    pid_m = gl.program_id(0)
+    pid_k = gl.program_id(1)
+    buf_g = gl.allocate_shared_memory(gl.bfloat16, [128, 128], SL)
+    buf_u = gl.allocate_shared_memory(gl.bfloat16, [128, 128], SL)
+    for c in gl.static_range(128 // R):
+        _chunk_rows(dh_ptr, g_ptr, u_ptr, q_ptr, s_ptr, q2_ptr, s2_ptr, buf_g.slice(c * R, R), buf_u.slice(c * R, R),
+                    pid_m * 128 + c * R, pid_k, M, K, stride_m, stride_dm, RQ, CQ, stride_qm, stride_sm, stride_sg,
+                    ROWS, R, LC)
+    gl.thread_barrier()
+    # phase 2: X^T of dg, then of du, from shared memory (the row groups are done: ROWS False here)
+    _quantize(buf_g.load(LR), pid_m, pid_k, q_ptr, s_ptr, qt_ptr, st_ptr, RQ, CQ, RT, stride_qm, stride_sm,
+              stride_sg, stride_qtk, stride_stk, stride_stg, False, True, False, LR, LT, True)
+    _quantize(buf_u.load(LR), pid_m, pid_k, q2_ptr, s2_ptr, qt2_ptr, st2_ptr, RQ, CQ, RT, stride_qm, stride_sm,
+              stride_sg, stride_qtk, stride_stk, stride_stg, False, True, False, LR, LT, True)
+
+
+def spec(dh: torch.Tensor, g: torch.Tensor, u: torch.Tensor, one: tuple, two: tuple, rows: int, cols: int,
+         t_rows: int, r: int, warps: int) -> fp8_quant.Launch:
+    """The launch (``fp8_quant.Launch``) of :func:`_staged_kernel` on ``fp8_swiglu.swiglu_grad_operands``' outputs
+    (``one`` / ``two``: dg's / du's ``(q, s, qt, st)``; q / s None: no row groups): dh, g, u of one shape and dtype
+    with unit column stride, g and u of one row stride (dh its own)."""
+    m, k = g.shape
+    if (g.stride(1) != 1 or dh.stride(1) != 1 or g.stride() != u.stride() or t_rows is None or t_rows % GROUP
+            or GROUP % r or r % warps or warps != 8):
+        raise ValueError(f"fp8_swiglu_staged: needs dh, g, u with unit column stride, g and u of one layout, t_rows a "
+                         f"multiple of 128, 8 warps and a row chunk dividing 128 in multiples of them (strides "
+                         f"{dh.stride()}, {g.stride()}, {u.stride()}, t_rows {t_rows}, chunk {r}, warps {warps})")
+    (q, s, qt, st), (q2, s2, qt2, st2) = one, two
+    rows_too = q is not None
+    if not rows_too:  # placeholders for the row groups' pointers
+        q, s, q2, s2 = qt, st, qt2, st2
+    return fp8_quant.Launch(
+        _staged_kernel, (t_rows // GROUP, cols // GROUP),
+        (g, u, dh, q, s, qt, st, q2, s2, qt2, st2, m, k, g.stride(0), dh.stride(0), rows, cols, t_rows, q.stride(0),
+         s.stride(0), s.stride(1), qt.stride(0), st.stride(0), st.stride(1)),
+        {"ROWS": rows_too, "R": r},
+        warps)
+
+
+def compile_sm90(r: int = 16, rows: bool = True):
+    """The kernel built for sm_90 on any machine (bf16 inputs, sizes divisible by 16 as at the 7B shapes): the CPU
+    tests' view of its registers, spills and shared memory."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.experimental.gluon._runtime import GluonASTSource
+
+    sig = {"g_ptr": "*bf16", "u_ptr": "*bf16", "dh_ptr": "*bf16"}
+    for p in ("", "2"):
+        sig.update({f"q{p}_ptr": "*fp8e4nv", f"s{p}_ptr": "*fp32", f"qt{p}_ptr": "*fp8e4nv", f"st{p}_ptr": "*fp32"})
+    order = ("g_ptr", "u_ptr", "dh_ptr", "q_ptr", "s_ptr", "qt_ptr", "st_ptr", "q2_ptr", "s2_ptr", "qt2_ptr", "st2_ptr")
+    sig = {k: sig[k] for k in order}
+    sig.update({k: "i32" for k in ("M", "K", "stride_m", "stride_dm", "RQ", "CQ", "RT", "stride_qm", "stride_sm",
+                                   "stride_sg", "stride_qtk", "stride_stk", "stride_stg")})
+    attrs = {(i,): [["tt.divisibility", 16]] for i, k in enumerate(sig)
+             if k not in ("stride_sm", "stride_sg", "stride_stk", "stride_stg")}  # the scales' strides: 1 or any
+    const = {"ROWS": rows, "R": r}
+    sig.update({k: "constexpr" for k in const})
+    src = GluonASTSource(fn=_staged_kernel, signature=sig, constexprs=const, attrs=attrs)
+    return triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": 8})
+
+
+__all__ = ["SETTINGS", "compile_sm90", "spec"]
