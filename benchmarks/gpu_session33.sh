@@ -21,9 +21,11 @@
 #     alternating default / situ twice, and once with the two passes forced (QUARL_FP8_SWIGLU_MERGE=0).
 #   phase d: bash benchmarks/gpu_session33.sh d   (nvidia-h100-x1; carry .dev/dg.tar.xz; ~8 min)
 #     After c (situ: 26.48 / 26.09 ms a layer against the back-to-back choice's 26.58, SwiGLU's two passes kept in
-#     the step), with the in-situ choice the default, its rounds shuffled and the fused DGrad removed: the fused-MLP
-#     and quantizer GPU tests, then the 7B and the 32B actor updates with QUARL_FP8_TUNE=1 (back to back) and the
-#     default (situ).
+#     the step), with the in-situ choice the default, its rounds shuffled, the fused DGrad removed, and a new merged
+#     candidate for SwiGLU's backward (quarl_kernels.fp8_swiglu_staged: dg / du staged in shared memory, ~120
+#     registers, two programs a multiprocessor; never run on a GPU before): the SwiGLU kernels' bit tests (every
+#     launch kind, the stacked layouts), the fused-MLP and quantizer GPU tests, then the 7B and the 32B actor updates
+#     with QUARL_FP8_TUNE=1 (back to back) and the default (situ); each run's JSON keeps every candidate's times.
 set -u
 PHASE=${1:?phase}
 OUT=${OUT:?}
@@ -82,7 +84,8 @@ c)
 d)
     ([ -d /tmp/dg/deep_gemm ] || deepgemm > "$OUT/deepgemm.log" 2>&1) &
     DG=$!
-    tests 150 tests/kernels/test_fp8_quant_gpu.py tests/kernels/test_fp8_swiglu_gpu.py -k "situ or chosen or fused_mlp"
+    tests 170 tests/kernels/test_fp8_quant_gpu.py tests/kernels/test_fp8_swiglu_gpu.py \
+        -k "situ or chosen or fused_mlp or same_bits"
     wait $DG
     export PYTHONPATH=$PYTHONPATH:/tmp/dg
     ARMS="bf16,bf16+glue,jetrl-xtiles+deepgemm+glue"
