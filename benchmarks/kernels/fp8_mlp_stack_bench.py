@@ -2,8 +2,6 @@
 gate and up as one stacked GEMM against two.
 
     PYTHONPATH=$PWD:$PWD/kernels:/tmp/dg python3 benchmarks/kernels/fp8_mlp_stack_bench.py --out $OUT/mlp_stack
-    ... --switch QUARL_FP8_SWIGLU_DGRAD   # the down DGrad with SwiGLU's backward in its epilogue, against the DGrad
-                                          # GEMM and the quantizer pass (session 32, opt-in)
 
 ``quarl.quant.fp8_swiglu.fp8_swiglu`` at a model's width (BF16 master weights, X^T in 128x128 tiles as the rl stage's
 Jet-RL recipe), timed with ``QUARL_FP8_STACK=1`` (gate / up one GEMM forward and one DGrad, no BF16 add of the two
@@ -86,7 +84,7 @@ def main() -> None:
     ap.add_argument("--tokens", type=int, default=16384)
     ap.add_argument("--iters", type=int, default=10)
     ap.add_argument("--rounds", type=int, default=6)
-    ap.add_argument("--switch", default="QUARL_FP8_STACK", choices=("QUARL_FP8_STACK", "QUARL_FP8_SWIGLU_DGRAD"))
+    ap.add_argument("--switch", default="QUARL_FP8_STACK", choices=("QUARL_FP8_STACK",))
     ap.add_argument("--out", required=True)
     a = ap.parse_args()
     from quarl.quant import fp8_linear

@@ -27,15 +27,14 @@ run as one GEMM forward and one DGrad (session 32, as :mod:`quarl.quant.fp8_stac
 :class:`~quarl.quant.fp8_stack.Stack`) where :func:`stack_gate_up` allows -- an intermediate width that is a multiple
 of 128, ``QUARL_FP8_STACK`` not 0, no CUDA graph being captured: autograd's BF16 sum of the two DGrads (a pass over
 ``[M, H]``) is gone, and dX is the FP32 sum over 2I rounded once (closer to exact than two rounded products added in
-BF16; not their bits). The two WGrads stay apart. Opt-in, not yet measured on a GPU: ``QUARL_FP8_SWIGLU_DGRAD=1``
-computes down's DGrad inside the kernel that codes dg and du (``quarl_kernels.fp8_dgrad_swiglu``: dh never
-written). Without the
-Triton quantizers (CPU) SwiGLU runs in PyTorch (eager autograd's arithmetic; the forward's ``silu_mul``) and its
-operands come from :mod:`quarl.quant.fp8_linear`'s quantizers: the same numbers as the three linears, bit for bit
-(``tests/quant/test_fp8_swiglu.py``), nothing saved. On CUDA the fused kernels keep eager PyTorch's roundings with
-fast arithmetic (``exp`` as ``ex2.approx``, an approximate reciprocal): a counted few of ``h``'s, ``dg``'s and
-``du``'s codes are one step off eager's (``tests/kernels/test_fp8_swiglu_gpu.py``: at most 1e-3 of them, scales
-equal); the no-grad forward computes ``h`` as the training forward does, so the two stay equal.
+BF16; not their bits). The two WGrads stay apart. Session 32's fused down-DGrad kernel (SwiGLU's backward in its
+epilogue) was measured in session 33 and removed: 1.8x slower than DeepGEMM's DGrad + the pass at 7B width (RESULTS.md
+"Session 33"). Without the Triton quantizers (CPU) SwiGLU runs in PyTorch (eager autograd's arithmetic; the forward's
+``silu_mul``) and its operands come from :mod:`quarl.quant.fp8_linear`'s quantizers: the same numbers as the three
+linears, bit for bit (``tests/quant/test_fp8_swiglu.py``), nothing saved. On CUDA the fused kernels keep eager PyTorch's
+roundings with fast arithmetic (``exp`` as ``ex2.approx``, an approximate reciprocal): a counted few of ``h``'s,
+``dg``'s and ``du``'s codes are one step off eager's (``tests/kernels/test_fp8_swiglu_gpu.py``: at most 1e-3 of them,
+scales equal); the no-grad forward computes ``h`` as the training forward does, so the two stay equal.
 
 Where it runs: :mod:`quarl.train.fused_glue` (``policy.compile_glue``) patches a Llama / Qwen MLP's forward; when the
 MLP's three projections are full-parameter FP8 ``QuantLinear`` s (``precision.mode=jetrl``, no LoRA, no bias) that
@@ -80,13 +79,6 @@ def _kernels():
     return fp8_swiglu
 
 
-@functools.cache
-def _dgrad_kernels():
-    from quarl_kernels import fp8_dgrad_swiglu
-
-    return fp8_dgrad_swiglu
-
-
 def forward_fused() -> bool:
     """``QUARL_FP8_SWIGLU_FWD`` unset or ``1``: h = silu(g) * u quantized from g and u by one kernel where it runs."""
     return switch_on("QUARL_FP8_SWIGLU_FWD", "quantize h = silu(g) * u from g and u in one kernel",
@@ -124,14 +116,6 @@ def silu_mul_grads(g: torch.Tensor, u: torch.Tensor, dh: torch.Tensor) -> tuple[
     return dg, du
 
 
-def dgrad_fused(dy: torch.Tensor) -> bool:
-    """``QUARL_FP8_SWIGLU_DGRAD=1`` (opt-in, session 32: not yet measured on a GPU), on the Triton backend: the down
-    projection's DGrad and SwiGLU's backward as one kernel (``quarl_kernels.fp8_dgrad_swiglu``: dh never written)."""
-    return (switch_on("QUARL_FP8_SWIGLU_DGRAD", "the down DGrad with SwiGLU's backward in its epilogue",
-                      "the DGrad GEMM, then SwiGLU's backward pass", default="0")
-            and quant_backend(dy) == "triton" and _fused_module() is not None)
-
-
 def _stacked_outputs(g, rows: int, cols: int, t_rows: int | None):
     """dg's and du's ``(q, s, qt, st)`` with their row groups the column blocks of one stacked DGrad operand ``(q [rows,
     2 cols], s [rows, 2 cols / 128])``: -> ``(out, both)``."""
@@ -141,19 +125,6 @@ def _stacked_outputs(g, rows: int, cols: int, t_rows: int | None):
     t1, t2 = (fq._act_outputs(g, rows, cols, t_rows, False) for _ in range(2))  # dg^T's, du^T's
     c = cols // BLOCK
     return ((q[:, :cols], sc[:, :c], *t1[2:]), (q[:, cols:], sc[:, c:], *t2[2:])), (q, sc)
-
-
-def dgrad_swiglu_operands(dyq, dys, wdt, wdts, g, u, rows: int, cols: int, t_rows: int | None, row_groups: bool,
-                          stacked: bool = False):
-    """:func:`swiglu_grad_operands` for ``dh = dY Wd`` computed in the same kernel (:func:`dgrad_fused`): ``dyq`` /
-    ``dys`` dY's 1x128 operand, ``wdt`` / ``wdts`` the down weight's transposed tiles [Ip, Hp] and their scales."""
-    g, u = _unit_stride(g, u)
-    out = both = None
-    if stacked and row_groups:
-        out, both = _stacked_outputs(g, rows, cols, t_rows)
-    one, two = _dgrad_kernels().dgrad_swiglu_operands(dyq, dys, wdt, wdts, g, u, rows, cols, t_rows,
-                                                      row_groups=row_groups, out=out)
-    return one, two, both
 
 
 def swiglu_grad_operands(dh, g, u, rows: int, cols: int, t_rows: int | None, row_groups: bool, stacked: bool = False):
@@ -237,15 +208,9 @@ class FP8SwiGLUFunction(torch.autograd.Function):
         if need_d:  # dWd = dY^T h: [H, I]
             dwd = blockwise_gemm(dytq, dyts, htq, hts, tiles, ctx.w_dtypes[2])[:out, :i_cols]
         if need_x or need_g or need_u:
-            t_rows = mt if (need_g or need_u) else None
-            if dgrad_fused(dy2):  # dh = dY Wd in the kernel that quantizes dg and du: never written
-                (dgq, dgs, dgtq, dgts), (duq, dus, dutq, duts), both = dgrad_swiglu_operands(
-                    dyq, dys, _transposed(dq), _scales_t(ds), g, u, mp, gq.shape[0], t_rows, need_x,
-                    stacked=gu_s is not None)
-            else:
-                dh = blockwise_gemm(dyq, dys, _transposed(dq), _scales_t(ds), True, dt)[:m, :i_cols]  # [M, I]
-                (dgq, dgs, dgtq, dgts), (duq, dus, dutq, duts), both = swiglu_grad_operands(
-                    dh, g, u, mp, gq.shape[0], t_rows, need_x, stacked=gu_s is not None)
+            dh = blockwise_gemm(dyq, dys, _transposed(dq), _scales_t(ds), True, dt)[:m, :i_cols]  # [M, I]
+            (dgq, dgs, dgtq, dgts), (duq, dus, dutq, duts), both = swiglu_grad_operands(
+                dh, g, u, mp, gq.shape[0], mt if (need_g or need_u) else None, need_x, stacked=gu_s is not None)
             if need_x and both is not None:  # dX = [dg du] [Wg; Wu]: [M, H], one reduction over 2I in FP32
                 dx = blockwise_gemm(both[0], both[1], gu_qt, _scales_t(gu_s), True, dt)[:m, :hdim]
                 dx = dx.reshape(*lead, hdim)

@@ -140,26 +140,6 @@ def test_switch_refuses_other_values(monkeypatch):
         fp8_swiglu.enabled()
 
 
-def test_dgrad_switch_is_off_by_default_refuses_other_values_and_leaves_cpu_alone(monkeypatch):
-    """QUARL_FP8_SWIGLU_DGRAD (opt-in): off unset; a bad value names the variable; on the eager quantizers (CPU) it
-    changes nothing (the fused kernel is Triton's: tests/kernels/test_fp8_dgrad_swiglu_interpreter.py)."""
-    x = torch.randn(7, 128).to(torch.bfloat16)
-    monkeypatch.delenv("QUARL_FP8_SWIGLU_DGRAD", raising=False)
-    assert not fp8_swiglu.dgrad_fused(x)
-    monkeypatch.setenv("QUARL_FP8_SWIGLU_DGRAD", "yes")
-    with pytest.raises(ValueError, match="QUARL_FP8_SWIGLU_DGRAD='yes'"):
-        fp8_swiglu.dgrad_fused(x)
-    ws = _weights(128, 256, seed=3)
-    xg = x.clone().requires_grad_()
-    dy = torch.randn(7, 128).to(torch.bfloat16)
-    monkeypatch.setenv("QUARL_FP8_SWIGLU_DGRAD", "1")
-    assert not fp8_swiglu.dgrad_fused(x)  # no Triton quantizers here
-    on = _run(fused, xg, ws, dy)
-    monkeypatch.setenv("QUARL_FP8_SWIGLU_DGRAD", "0")
-    off = _run(fused, xg, ws, dy)
-    assert all(torch.equal(a, b) for a, b in zip(on, off, strict=True))
-
-
 def test_forward_switch_refuses_other_values(monkeypatch):
     monkeypatch.setenv("QUARL_FP8_SWIGLU_FWD", "on")
     with pytest.raises(ValueError, match="QUARL_FP8_SWIGLU_FWD='on'"):
