@@ -25,7 +25,8 @@
 #     candidate for SwiGLU's backward (quarl_kernels.fp8_swiglu_staged: dg / du staged in shared memory, ~120
 #     registers, two programs a multiprocessor; never run on a GPU before): the SwiGLU kernels' bit tests (every
 #     launch kind, the stacked layouts), the fused-MLP and quantizer GPU tests, then the 7B and the 32B actor updates
-#     with QUARL_FP8_TUNE=1 (back to back) and the default (situ); each run's JSON keeps every candidate's times.
+#     (7B: the default (situ), then QUARL_FP8_TUNE=1, back to back; 32B: situ -- the budget's last ~600 s); each
+#     run's JSON keeps every candidate's times.
 set -u
 PHASE=${1:?phase}
 OUT=${OUT:?}
@@ -89,12 +90,10 @@ d)
     wait $DG
     export PYTHONPATH=$PYTHONPATH:/tmp/dg
     ARMS="bf16,bf16+glue,jetrl-xtiles+deepgemm+glue"
-    (export QUARL_FP8_TUNE=1; model_step 150 p7_tune1 --shape Qwen2.5-7B --layers 4 --tokens 16384 --loss rl \
+    model_step 150 p7_situ --shape Qwen2.5-7B --layers 4 --tokens 16384 --loss rl --arms $ARMS --iters 2 --accumulate 8
+    (export QUARL_FP8_TUNE=1; model_step 100 p7_tune1 --shape Qwen2.5-7B --layers 4 --tokens 16384 --loss rl \
         --arms $ARMS --iters 2 --accumulate 8)
-    model_step 110 p7_situ --shape Qwen2.5-7B --layers 4 --tokens 16384 --loss rl --arms $ARMS --iters 2 --accumulate 8
     model_step 150 p32_situ --shape Qwen2.5-32B --layers 4 --tokens 16384 --loss rl --arms $ARMS --iters 2 --accumulate 8
-    (export QUARL_FP8_TUNE=1; model_step 150 p32_tune1 --shape Qwen2.5-32B --layers 4 --tokens 16384 --loss rl \
-        --arms $ARMS --iters 2 --accumulate 8)
     ;;
 esac
 phase_end
