@@ -28,7 +28,9 @@ compiled for sm_90, registers and spills, ``tests/kernels/test_fp8_quant_regs_co
 in Triton's CPU interpreter.
 
 A candidate of ``fp8_swiglu``'s merged choice as ``("staged", R, warps)`` (:data:`SETTINGS`), timed in the step by
-the in-situ choice (``QUARL_FP8_TUNE=situ``).
+the in-situ choice (``QUARL_FP8_TUNE=situ``). Measured (H100, session 33): the fastest SwiGLU backward both back to
+back and in the step, 1.54 / 1.79 ms at 7B width against the best other kernel's 1.71 / 1.88 -- still ~1.5x the
+~1.15 ms its bytes take at 2.7 TB/s.
 """
 
 from __future__ import annotations
@@ -41,10 +43,12 @@ from quarl_kernels import fp8_quant, fp8_swiglu
 from quarl_kernels.fp8_quant_regs import _codes_by_recip, _quantize, _scale
 
 GROUP = 128
-# (tokens a row chunk, warps). Not yet measured on a GPU (session 33: written after the device budget's last call
-# was planned); 8 warps only -- phase 2's layout puts 16 tokens a thread over 8 warps (4 warps would hold 128 fp32
-# values a thread and spill)
-SETTINGS = ((16, 8), (32, 8))
+# (tokens a row chunk, warps); 8 warps only -- phase 2's layout puts 16 tokens a thread over 8 warps (4 warps would
+# hold 128 fp32 values a thread and spill). H100, session 33 phase d, 16k tokens, ms back to back / in the 7B step:
+# (32, 8) 1.537-1.540 / 1.79, (16, 8) 1.704-1.710 / 2.01 -- against the register-order kernel's 1.706-1.714 / 2.06,
+# Triton's merged pass 1.723-1.729 / 1.96 and the two passes' 1.816-1.817 / 1.88 (phase c); at 32B width (32, 8)
+# 2.222 / 2.63 against 2.484 / 3.05 (register order) and 2.645 (two passes, back to back)
+SETTINGS = ((32, 8), (16, 8))
 
 
 @gluon.jit

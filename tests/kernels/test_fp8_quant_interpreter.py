@@ -254,7 +254,9 @@ def test_launch_settings_are_all_checked():
 def test_tune_mode_names_a_bad_value(monkeypatch):
     from quarl_kernels import fp8_quant as fq
 
-    for v, mode in (("", "1"), ("1", "1"), ("Situ", "situ"), ("0", "0")):
+    monkeypatch.delenv("QUARL_FP8_TUNE", raising=False)
+    assert fq.tune_mode() == "situ"  # the default
+    for v, mode in (("", "situ"), ("1", "1"), ("Situ", "situ"), ("0", "0")):
         monkeypatch.setenv("QUARL_FP8_TUNE", v)
         assert fq.tune_mode() == mode
     monkeypatch.setenv("QUARL_FP8_TUNE", "warm")
@@ -309,6 +311,9 @@ def test_in_situ_trial_times_the_fastest_few_where_they_run(monkeypatch):
     assert fq.TUNED[key]["best"] == (2,) and fq.TUNED[key]["situ_ms"] == pytest.approx(hot)
     assert fq.TUNED[key]["ms"] == cold and key not in fq._TRIALS
     assert fq.run_setting(key, settings, None, make) == (2,) and launched[-1] == (2,)
+    monkeypatch.setattr(fq, "_cuda_ms", lambda la, run=None: cold[la] * fq.SITU_MIN_MS / 2)
+    assert fq.run_setting(("short-test",), settings, None, make) == (1,) and not fq._TRIALS  # too short to trial
+    monkeypatch.setattr(fq, "_cuda_ms", lambda la, run=None: cold[la])
     monkeypatch.setenv("QUARL_FP8_TUNE", "1")  # back to back alone: no trial
     assert fq.run_setting(("cold-test",), settings, None, make) == (1,) and not fq._TRIALS
 
