@@ -118,3 +118,8 @@ phase_end
 #      "default", harmlessly: nothing exported); situ 26.48, default 26.58, situ 26.09, QUARL_FP8_SWIGLU_MERGE=0 26.24
 #      ms a layer (bf16+glue 39.12-39.25); situ kept SwiGLU's two passes (in situ 1.88 ms against the register-order
 #      kernel's 2.05-2.11 and Triton's merged 1.97-1.99).
+#   d  commit 91ca63a, 23:22-23:29 UTC (cold), 389 s (-> 198 s; given back: 182 s):
+#      GPU tests 13 passed (the staged kernel's bits in every launch kind, padded, stacked; the in-situ choice; the
+#      fused MLP); 7B actor update situ 26.90 (bf16+glue 39.73, 1.477x), back to back 26.13 (39.49, 1.511x); 32B situ
+#      50.25 (79.15, 1.575x). SwiGLU's backward: the staged kernel (32, 8) chosen both ways -- 1.537-1.540 ms back to
+#      back (register order 1.706-1.714, two passes 1.816), 1.79 in the step (register order 2.06); 32B 2.222 / 2.63.
