@@ -155,8 +155,8 @@ def regs_module():
 
 
 def regs_wanted() -> bool:
-    """Whether the Gluon register-order kernels are candidates: they import, and ``QUARL_FP8_REGS`` is not ``0`` (the
-    Triton settings alone: an A/B of the choice inside a model, where the tuner's isolated timing can mislead)."""
+    """Whether the Gluon kernels (register-order, and SwiGLU's staged backward) are candidates: they import, and
+    ``QUARL_FP8_REGS`` is not ``0`` (the Triton settings alone: an A/B of the choice inside a model)."""
     return os.environ.get("QUARL_FP8_REGS", "1") != "0" and regs_module() is not None
 
 
