@@ -27,6 +27,12 @@
 #     launch kind, the stacked layouts), the fused-MLP and quantizer GPU tests, then the 7B and the 32B actor updates
 #     (7B: the default (situ), then QUARL_FP8_TUNE=1, back to back; 32B: situ -- the budget's last ~600 s); each
 #     run's JSON keeps every candidate's times.
+#   phase e (prepared, not run: no device budget left): bash benchmarks/gpu_session33.sh e   (nvidia-h100-x1; carry
+#     .dev/dg.tar.xz; ~8 min) -- the staged kernel's UNTESTED_SETTINGS (X^T by 64-column chunks of the shared tile:
+#     71 registers at (16, 8, 64), three programs a multiprocessor; compiled on CPU only): their bits (the SwiGLU GPU
+#     tests run them), every one-launch candidate alone at 7B / 32B width (fp8_swiglu_bench.py), then the 7B actor
+#     update in three rounds (--repeat 3: the run-to-run spread this session was ~0.8 ms a layer). If they pass and
+#     win, move them into SETTINGS.
 set -u
 PHASE=${1:?phase}
 OUT=${OUT:?}
@@ -94,6 +100,16 @@ d)
     (export QUARL_FP8_TUNE=1; model_step 100 p7_tune1 --shape Qwen2.5-7B --layers 4 --tokens 16384 --loss rl \
         --arms $ARMS --iters 2 --accumulate 8)
     model_step 150 p32_situ --shape Qwen2.5-32B --layers 4 --tokens 16384 --loss rl --arms $ARMS --iters 2 --accumulate 8
+    ;;
+e)
+    ([ -d /tmp/dg/deep_gemm ] || deepgemm > "$OUT/deepgemm.log" 2>&1) &
+    DG=$!
+    tests 170 tests/kernels/test_fp8_swiglu_gpu.py -k "same_bits or fused_mlp"
+    wait $DG
+    export PYTHONPATH=$PYTHONPATH:/tmp/dg
+    bench 120 swiglu benchmarks/kernels/fp8_swiglu_bench.py --models Qwen2.5-7B,Qwen2.5-32B
+    model_step 280 p7_r3 --shape Qwen2.5-7B --layers 4 --tokens 16384 --loss rl \
+        --arms "bf16,bf16+glue,jetrl-xtiles+deepgemm+glue" --iters 2 --accumulate 8 --repeat 3
     ;;
 esac
 phase_end

@@ -55,8 +55,15 @@ def paths(m: int, i: int, device: str):
         for st in fr.SWIGLU_SETTINGS:  # h never written (session 31)
             outs = fq._act_outputs(g, m, i, mt, True, True)
             fwd[f"forward fused {st}"] = lambda st=st, outs=outs: fr.launch_setting(g, *outs, m, i, mt, True, st, u=u)
+    merged = {}
+    if device == "cuda":  # each one-launch candidate alone, the staged kernel's untested settings too (session 33)
+        stg = fs.staged_module()
+        extra = tuple(("staged", *st) for st in stg.UNTESTED_SETTINGS) if stg is not None else ()
+        for mg in fs.MERGED_SETTINGS + fs.regs_settings(g) + extra:
+            merged[f"backward merged {mg}"] = lambda mg=mg: fs.swiglu_grad_operands(dh, g, u, m, i, mt, merged=mg)
     return {
         **fwd,
+        **merged,
         "backward fused": lambda: fs.swiglu_grad_operands(dh, g, u, m, i, mt),
         "backward fused, two passes": lambda: _two_passes(fs, dh, g, u, m, i, mt),
         "backward unfused": lambda: [fq.quantize_act(t, m, i, mt) for t in grads(g, u, dh)],

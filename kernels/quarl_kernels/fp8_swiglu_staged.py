@@ -49,6 +49,11 @@ GROUP = 128
 # Triton's merged pass 1.723-1.729 / 1.96 and the two passes' 1.816-1.817 / 1.88 (phase c); at 32B width (32, 8)
 # 2.222 / 2.63 against 2.484 / 3.05 (register order) and 2.645 (two passes, back to back)
 SETTINGS = ((32, 8), (16, 8))
+# (tokens a row chunk, warps, X^T's columns a step): phase 2 by column chunks of the shared tile, so it holds 16 x 2
+# values a thread instead of 16 x 4 -- 71 registers at (16, 8, 64) (sm_90, CPU compile): three programs a
+# multiprocessor (198 KB of shared memory) instead of two. Session 33: compiled, never run on a GPU. Not timed by the
+# run-time choice until the GPU test has checked their bits (test_fp8_swiglu_gpu.py runs them)
+UNTESTED_SETTINGS = ((16, 8, 64), (32, 8, 64))
 
 
 @gluon.jit
@@ -79,11 +84,27 @@ def _chunk_rows(dh_ptr, g_ptr, u_ptr, q_ptr, s_ptr, q2_ptr, s2_ptr, buf_g, buf_u
 
 
 @gluon.jit
+def _xt_chunk(x_in, pid_m, col0, qt_ptr, st_ptr, CQ, RT, stride_qtk, stride_stk, stride_stg, LH: gl.constexpr,
+              LHT: gl.constexpr, NC: gl.constexpr):
+    """X^T of ``x_in`` [128 tokens, NC columns from col0] in LH: a column's amax over the tile's tokens, codes by the
+    reciprocal, stored transposed through LHT (the same element-to-thread map, tokens fastest) -- ``fp8_quant_regs.
+    _quantize``'s X^T branch on a column chunk."""
+    x = x_in.to(gl.float32)
+    sc = _scale(gl.max(gl.abs(x), axis=0))  # [NC]
+    ct = gl.convert_layout(_codes_by_recip(x, gl.expand_dims(sc, 0)), LHT)  # registers renamed, nothing moved
+    tt = gl.expand_dims(pid_m * 128 + gl.arange(0, 128, layout=gl.SliceLayout(1, LHT)), 1).to(gl.int64)  # [128, 1]
+    ctt = gl.expand_dims(col0 + gl.arange(0, NC, layout=gl.SliceLayout(0, LHT)), 0).to(gl.int64)  # [1, NC]
+    gl.store(qt_ptr + ctt * stride_qtk + tt, ct, mask=(ctt < CQ) & (tt < RT))
+    col = col0 + gl.arange(0, NC, layout=gl.SliceLayout(0, LH))
+    gl.store(st_ptr + col.to(gl.int64) * stride_stk + pid_m * stride_stg, sc, mask=col < CQ)
+
+
+@gluon.jit
 def _staged_kernel(
     g_ptr, u_ptr, dh_ptr, q_ptr, s_ptr, qt_ptr, st_ptr, q2_ptr, s2_ptr, qt2_ptr, st2_ptr,
     M, K, stride_m, stride_dm, RQ, CQ, RT,
     stride_qm, stride_sm, stride_sg, stride_qtk, stride_stk, stride_stg,
-    ROWS: gl.constexpr, R: gl.constexpr,
+    ROWS: gl.constexpr, R: gl.constexpr, NC: gl.constexpr = 128,
 ):
     # one program: the tile tokens [pid_m*128, +128) x columns [pid_k*128, +128); 8 warps
     W: gl.constexpr = gl.num_warps()
@@ -101,23 +122,34 @@ def _staged_kernel(
                     ROWS, R, LC)
     gl.thread_barrier()
     # phase 2: X^T of dg, then of du, from shared memory (the row groups are done: ROWS False here)
-    _quantize(buf_g.load(LR), pid_m, pid_k, q_ptr, s_ptr, qt_ptr, st_ptr, RQ, CQ, RT, stride_qm, stride_sm,
-              stride_sg, stride_qtk, stride_stk, stride_stg, False, True, False, LR, LT, True)
-    _quantize(buf_u.load(LR), pid_m, pid_k, q2_ptr, s2_ptr, qt2_ptr, st2_ptr, RQ, CQ, RT, stride_qm, stride_sm,
-              stride_sg, stride_qtk, stride_stk, stride_stg, False, True, False, LR, LT, True)
+    if NC == 128:
+        _quantize(buf_g.load(LR), pid_m, pid_k, q_ptr, s_ptr, qt_ptr, st_ptr, RQ, CQ, RT, stride_qm, stride_sm,
+                  stride_sg, stride_qtk, stride_stk, stride_stg, False, True, False, LR, LT, True)
+        _quantize(buf_u.load(LR), pid_m, pid_k, q2_ptr, s2_ptr, qt2_ptr, st2_ptr, RQ, CQ, RT, stride_qm, stride_sm,
+                  stride_sg, stride_qtk, stride_stk, stride_stg, False, True, False, LR, LT, True)
+    else:  # by column chunks: fewer registers (UNTESTED_SETTINGS)
+        LH: gl.constexpr = gl.BlockedLayout([128 // W, NC // 32], [1, 32], [W, 1], [1, 0])
+        LHT: gl.constexpr = gl.BlockedLayout([128 // W, NC // 32], [1, 32], [W, 1], [0, 1])
+        for h in gl.static_range(128 // NC):
+            c0 = pid_k * 128 + h * NC
+            _xt_chunk(buf_g.slice(h * NC, NC, dim=1).load(LH), pid_m, c0, qt_ptr, st_ptr, CQ, RT, stride_qtk,
+                      stride_stk, stride_stg, LH, LHT, NC)
+            _xt_chunk(buf_u.slice(h * NC, NC, dim=1).load(LH), pid_m, c0, qt2_ptr, st2_ptr, CQ, RT, stride_qtk,
+                      stride_stk, stride_stg, LH, LHT, NC)
 
 
 def spec(dh: torch.Tensor, g: torch.Tensor, u: torch.Tensor, one: tuple, two: tuple, rows: int, cols: int,
-         t_rows: int, r: int, warps: int) -> fp8_quant.Launch:
+         t_rows: int, r: int, warps: int, nc: int = 128) -> fp8_quant.Launch:
     """The launch (``fp8_quant.Launch``) of :func:`_staged_kernel` on ``fp8_swiglu.swiglu_grad_operands``' outputs
     (``one`` / ``two``: dg's / du's ``(q, s, qt, st)``; q / s None: no row groups): dh, g, u of one shape and dtype
     with unit column stride, g and u of one row stride (dh its own)."""
     m, k = g.shape
     if (g.stride(1) != 1 or dh.stride(1) != 1 or g.stride() != u.stride() or t_rows is None or t_rows % GROUP
-            or GROUP % r or r % warps or warps != 8):
+            or GROUP % r or r % warps or warps != 8 or nc not in (32, 64, 128)):
         raise ValueError(f"fp8_swiglu_staged: needs dh, g, u with unit column stride, g and u of one layout, t_rows a "
-                         f"multiple of 128, 8 warps and a row chunk dividing 128 in multiples of them (strides "
-                         f"{dh.stride()}, {g.stride()}, {u.stride()}, t_rows {t_rows}, chunk {r}, warps {warps})")
+                         f"multiple of 128, 8 warps, a row chunk dividing 128 in multiples of them and X^T's "
+                         f"column chunk 32, 64 or 128 (strides {dh.stride()}, {g.stride()}, {u.stride()}, t_rows "
+                         f"{t_rows}, chunk {r}, warps {warps}, columns {nc})")
     (q, s, qt, st), (q2, s2, qt2, st2) = one, two
     rows_too = q is not None
     if not rows_too:  # placeholders for the row groups' pointers
@@ -126,11 +158,11 @@ def spec(dh: torch.Tensor, g: torch.Tensor, u: torch.Tensor, one: tuple, two: tu
         _staged_kernel, (t_rows // GROUP, cols // GROUP),
         (g, u, dh, q, s, qt, st, q2, s2, qt2, st2, m, k, g.stride(0), dh.stride(0), rows, cols, t_rows, q.stride(0),
          s.stride(0), s.stride(1), qt.stride(0), st.stride(0), st.stride(1)),
-        {"ROWS": rows_too, "R": r},
+        {"ROWS": rows_too, "R": r, "NC": nc},
         warps)
 
 
-def compile_sm90(r: int = 16, rows: bool = True):
+def compile_sm90(r: int = 16, rows: bool = True, nc: int = 128):
     """The kernel built for sm_90 on any machine (bf16 inputs, sizes divisible by 16 as at the 7B shapes): the CPU
     tests' view of its registers, spills and shared memory."""
     import triton
@@ -146,10 +178,10 @@ def compile_sm90(r: int = 16, rows: bool = True):
                                    "stride_sg", "stride_qtk", "stride_stk", "stride_stg")})
     attrs = {(i,): [["tt.divisibility", 16]] for i, k in enumerate(sig)
              if k not in ("stride_sm", "stride_sg", "stride_stk", "stride_stg")}  # the scales' strides: 1 or any
-    const = {"ROWS": rows, "R": r}
+    const = {"ROWS": rows, "R": r, "NC": nc}
     sig.update({k: "constexpr" for k in const})
     src = GluonASTSource(fn=_staged_kernel, signature=sig, constexprs=const, attrs=attrs)
     return triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": 8})
 
 
-__all__ = ["SETTINGS", "compile_sm90", "spec"]
+__all__ = ["SETTINGS", "UNTESTED_SETTINGS", "compile_sm90", "spec"]

@@ -65,6 +65,13 @@ def test_forward_operand_matches_the_eager_reference(m, i):
             fp8_operands_near(got, want, f"h {m}x{i} tiles={tiles} {st}", 1e-3)
 
 
+def _untested_staged() -> tuple:
+    """``fp8_swiglu_staged.UNTESTED_SETTINGS`` as merged candidates: checked here before the run-time choice may
+    take them."""
+    stg = fs.staged_module()
+    return tuple(("staged", *st) for st in stg.UNTESTED_SETTINGS) if stg is not None else ()
+
+
 def test_every_launch_setting_gives_the_same_bits():
     g, u, dh = _inputs(4096, 3584, seed=1)
     m, i = g.shape
@@ -73,7 +80,7 @@ def test_every_launch_setting_gives_the_same_bits():
         for t_st in fs.COL_SETTINGS:
             got = fs.swiglu_grad_operands(dh, g, u, m, i, m, setting=st, t_setting=t_st)
             assert all(ndiff(a, b) == 0 for x, y in zip(got, ref, strict=True) for a, b in zip(x, y, strict=True))
-    for mg in fs.MERGED_SETTINGS + fs.regs_settings(g):  # one launch for both passes (sessions 30, 31)
+    for mg in fs.MERGED_SETTINGS + fs.regs_settings(g) + _untested_staged():  # one launch for both passes
         got = fs.swiglu_grad_operands(dh, g, u, m, i, m, merged=mg)
         assert all(ndiff(a, b) == 0 for x, y in zip(got, ref, strict=True) for a, b in zip(x, y, strict=True)), mg
     # the Gluon pass (session 31) without the row groups, and at a shape with padded rows and columns
@@ -81,7 +88,7 @@ def test_every_launch_setting_gives_the_same_bits():
     rows, cols, t_rows = 4100, 1664, 4224
     for rg in (True, False):
         ref2 = fs.swiglu_grad_operands(dh2, g2, u2, rows, cols, t_rows, row_groups=rg, merged=fs.MERGED_SETTINGS[0])
-        for mg in fs.regs_settings(g2):
+        for mg in fs.regs_settings(g2) + _untested_staged():
             got = fs.swiglu_grad_operands(dh2, g2, u2, rows, cols, t_rows, row_groups=rg, merged=mg)
             assert all(a is None and b is None or ndiff(a, b) == 0
                        for x, y in zip(got, ref2, strict=True) for a, b in zip(x, y, strict=True)), (mg, rg)
@@ -102,7 +109,7 @@ def test_stacked_gate_up_layouts_give_the_same_bits():
     ref = fs.swiglu_grad_operands(dh, g.contiguous(), u.contiguous(), rows, cols, t_rows,
                                   setting=fs.ROW_SETTINGS[0], t_setting=fs.COL_SETTINGS[0])
     kinds = [{"setting": fs.ROW_SETTINGS[0], "t_setting": fs.COL_SETTINGS[4]}]
-    kinds += [{"merged": mg} for mg in fs.MERGED_SETTINGS + fs.regs_settings(g)]
+    kinds += [{"merged": mg} for mg in fs.MERGED_SETTINGS + fs.regs_settings(g) + _untested_staged()]
     for kw in kinds:
         q = torch.empty(rows, 2 * cols, device="cuda", dtype=torch.float8_e4m3fn)
         sc = fq._outer_major(rows, 2 * cols // 128, g.device)
