@@ -18,12 +18,14 @@ Here a program (8 warps) owns one [128 tokens, 128 columns] tile and works in tw
    -- BF16 values already, exactly -- into a [128, 128] BF16 buffer each in shared memory (64 KB a program).
 2. **X^T from shared memory**: after a barrier, each buffer is read back in the register-order kernel's layout
    (``fp8_quant_regs._quantize`` with ``ROWS=False``: a column's amax over the tile's tokens, the codes transposed by
-   register order, 16-byte runs of tokens stored into X^T's rows) -- one tensor at a time, so ~128 registers.
+   register order, 16-byte runs of tokens stored into X^T's rows) -- one tensor at a time, so ~128 registers; or by
+   ``NC``-column chunks of the buffer (:data:`UNTESTED_SETTINGS`: fewer registers, not yet run on a GPU).
 
 At ~128 registers and 64 KB of shared memory, two programs share a multiprocessor (16 warps, against one program of 8
 in the register-order kernel), and phase 1's loads need few registers. Numerics: the row codes are ``_codes_by_recip``
 of the same fp32 values; phase 2 reads dg / du back as the BF16 they were rounded to -- every code and scale equals
-the register-order kernel's and the Triton passes' (GPU test ``test_every_launch_setting_gives_the_same_bits``; CPU:
+the register-order kernel's and the Triton passes' (GPU test ``test_every_launch_setting_gives_the_same_bits``,
+passed on an H100 for :data:`SETTINGS` in session 33, also at padded shapes and into stacked operands; CPU:
 compiled for sm_90, registers and spills, ``tests/kernels/test_fp8_quant_regs_compile.py``). Gluon kernels do not run
 in Triton's CPU interpreter.
 
