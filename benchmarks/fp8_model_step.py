@@ -170,7 +170,8 @@ def step_fn(model, opt, ids: torch.Tensor, loss: str = "ce", accumulate: int = 1
 # 10's tables had that order reversed and counted attention with the GEMMs)
 # (session 32: the Gluon kernels of quarl_kernels.fp8_quant_regs were counted as glue / other in its first profile)
 KERNEL_CLASSES = [
-    ("fp8 swiglu quantize", ("_swiglu_rows_kernel", "_swiglu_cols_kernel", "_swiglu_bwd_kernel")),  # fp8_swiglu, regs
+    ("fp8 swiglu quantize", ("_swiglu_rows_kernel", "_swiglu_cols_kernel", "_swiglu_bwd_kernel",
+                             "_staged_kernel")),  # fp8_swiglu, regs, staged
     ("fp8 quantize", ("_act_kernel", "_act_t_kernel", "_tile_kernel", "_regs_kernel", "quant")),  # fp8_quant, regs
     ("attention", ("flash", "fmha", "attention", "attn", "sdpa", "efficient")),
     ("gemm", ("gemm", "nvjet", "xmma", "cutlass", "wgmma", "sm90_", "splitk", "deep_gemm", "fp8_gemm")),

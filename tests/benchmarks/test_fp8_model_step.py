@@ -74,6 +74,7 @@ def test_rl_loss_is_the_rl_stage_logprobs_and_trains():
 def test_profile_classes_and_the_report():
     assert bench.kernel_class("_act_t_kernel") == "fp8 quantize"
     assert bench.kernel_class("_swiglu_cols_kernel") == "fp8 swiglu quantize"  # not norm/rope/swiglu
+    assert bench.kernel_class("_staged_kernel") == "fp8 swiglu quantize"  # fp8_swiglu_staged (session 33)
     assert bench.kernel_class("nvjet_tst_128x256_64x4_1x2_h_bz_coopA_NNT") == "gemm"
     assert bench.kernel_class("flash_bwd_kernel") == "attention"
     assert bench.kernel_class("fmha_cutlassB_bf16_aligned_64x64_k128_sm80") == "attention"  # not a GEMM
