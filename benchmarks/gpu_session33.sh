@@ -29,10 +29,11 @@
 #     run's JSON keeps every candidate's times.
 #   phase e (prepared, not run: no device budget left): bash benchmarks/gpu_session33.sh e   (nvidia-h100-x1; carry
 #     .dev/dg.tar.xz; ~8 min) -- the staged kernel's UNTESTED_SETTINGS (X^T by 64-column chunks of the shared tile:
-#     71 registers at (16, 8, 64), three programs a multiprocessor; compiled on CPU only): their bits (the SwiGLU GPU
-#     tests run them), every one-launch candidate alone at 7B / 32B width (fp8_swiglu_bench.py), then the 7B actor
-#     update in three rounds (--repeat 3: the run-to-run spread this session was ~0.8 ms a layer). If they pass and
-#     win, move them into SETTINGS.
+#     71 registers at (16, 8, 64), three programs a multiprocessor; compiled on CPU only) and its forward form (h =
+#     silu(g) * u staged the same way, 42-70 registers, four programs a multiprocessor; not wired into the model):
+#     their bits (the SwiGLU GPU tests run them), every one-launch candidate alone and both forward forms at 7B / 32B
+#     width (fp8_swiglu_bench.py), then the 7B actor update in three rounds (--repeat 3: the run-to-run spread this
+#     session was ~0.8 ms a layer). If they pass and win, move them into SETTINGS / wire the forward's choice.
 set -u
 PHASE=${1:?phase}
 OUT=${OUT:?}
@@ -104,7 +105,7 @@ d)
 e)
     ([ -d /tmp/dg/deep_gemm ] || deepgemm > "$OUT/deepgemm.log" 2>&1) &
     DG=$!
-    tests 170 tests/kernels/test_fp8_swiglu_gpu.py -k "same_bits or fused_mlp"
+    tests 170 tests/kernels/test_fp8_swiglu_gpu.py -k "same_bits or fused_mlp or staged"
     wait $DG
     export PYTHONPATH=$PYTHONPATH:/tmp/dg
     bench 120 swiglu benchmarks/kernels/fp8_swiglu_bench.py --models Qwen2.5-7B,Qwen2.5-32B

@@ -55,6 +55,11 @@ def paths(m: int, i: int, device: str):
         for st in fr.SWIGLU_SETTINGS:  # h never written (session 31)
             outs = fq._act_outputs(g, m, i, mt, True, True)
             fwd[f"forward fused {st}"] = lambda st=st, outs=outs: fr.launch_setting(g, *outs, m, i, mt, True, st, u=u)
+        stg = fs.staged_module()
+        for st in stg.FWD_UNTESTED_SETTINGS if stg is not None else ():  # staged in shared memory (session 33)
+            outs = fq._act_outputs(g, m, i, mt, True, True)
+            fwd[f"forward staged {st}"] = lambda st=st, outs=outs: fq._launch(
+                stg.fwd_spec(g, u, *outs, m, i, mt, True, *st))
     merged = {}
     if device == "cuda":  # each one-launch candidate alone, the staged kernel's untested settings too (session 33)
         stg = fs.staged_module()

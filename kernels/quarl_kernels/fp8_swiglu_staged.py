@@ -29,6 +29,11 @@ passed on an H100 for :data:`SETTINGS` in session 33, also at padded shapes and 
 compiled for sm_90, registers and spills, ``tests/kernels/test_fp8_quant_regs_compile.py``). Gluon kernels do not run
 in Triton's CPU interpreter.
 
+The forward's operand ``h = silu(g) * u`` staged the same way (:func:`fwd_spec`, :data:`FWD_UNTESTED_SETTINGS`:
+42-70 registers, 32-34 KB of shared memory, four programs a multiprocessor against the register-order SWIGLU form's
+two) is prepared, compiled for sm_90 and run by the GPU bit test and ``fp8_swiglu_bench.py``, not yet used by
+``quarl.quant.fp8_swiglu``.
+
 A candidate of ``fp8_swiglu``'s merged choice as ``("staged", R, warps)`` (:data:`SETTINGS`), timed in the step by
 the in-situ choice (``QUARL_FP8_TUNE=situ``). Measured (H100, session 33): the fastest SwiGLU backward both back to
 back and in the step, 1.54 / 1.79 ms at 7B width against the best other kernel's 1.71 / 1.88 -- still ~1.5x the
@@ -42,7 +47,7 @@ from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 
 from quarl_kernels import fp8_quant, fp8_swiglu
-from quarl_kernels.fp8_quant_regs import _codes_by_recip, _quantize, _scale
+from quarl_kernels.fp8_quant_regs import _codes, _codes_by_recip, _quantize, _scale, _silu_mul
 
 GROUP = 128
 # (tokens a row chunk, warps); 8 warps only -- phase 2's layout puts 16 tokens a thread over 8 warps (4 warps would
@@ -87,18 +92,25 @@ def _chunk_rows(dh_ptr, g_ptr, u_ptr, q_ptr, s_ptr, q2_ptr, s2_ptr, buf_g, buf_u
 
 @gluon.jit
 def _xt_chunk(x_in, pid_m, col0, qt_ptr, st_ptr, CQ, RT, stride_qtk, stride_stk, stride_stg, LH: gl.constexpr,
-              LHT: gl.constexpr, NC: gl.constexpr):
-    """X^T of ``x_in`` [128 tokens, NC columns from col0] in LH: a column's amax over the tile's tokens, codes by the
-    reciprocal, stored transposed through LHT (the same element-to-thread map, tokens fastest) -- ``fp8_quant_regs.
-    _quantize``'s X^T branch on a column chunk."""
+              LHT: gl.constexpr, NC: gl.constexpr, RECIP: gl.constexpr = True, s_tile=None):
+    """X^T of ``x_in`` [128 tokens, NC columns from col0] in LH, stored transposed through LHT (the same
+    element-to-thread map, tokens fastest) -- ``fp8_quant_regs._quantize``'s X^T branch on a column chunk: a column's
+    amax over the tile's tokens (its scale stored), or with ``s_tile`` the tile's one scale (stored by the caller);
+    codes by the reciprocal (RECIP, SwiGLU's backward) or the correctly rounded quotient (the forward's h)."""
     x = x_in.to(gl.float32)
-    sc = _scale(gl.max(gl.abs(x), axis=0))  # [NC]
-    ct = gl.convert_layout(_codes_by_recip(x, gl.expand_dims(sc, 0)), LHT)  # registers renamed, nothing moved
+    if s_tile is None:
+        sc = _scale(gl.max(gl.abs(x), axis=0))  # [NC]
+        sb = gl.expand_dims(sc, 0)
+    else:
+        sb = s_tile
+    q = _codes_by_recip(x, sb) if RECIP else _codes(x, sb)
+    ct = gl.convert_layout(q, LHT)  # registers renamed, nothing moved
     tt = gl.expand_dims(pid_m * 128 + gl.arange(0, 128, layout=gl.SliceLayout(1, LHT)), 1).to(gl.int64)  # [128, 1]
     ctt = gl.expand_dims(col0 + gl.arange(0, NC, layout=gl.SliceLayout(0, LHT)), 0).to(gl.int64)  # [1, NC]
     gl.store(qt_ptr + ctt * stride_qtk + tt, ct, mask=(ctt < CQ) & (tt < RT))
-    col = col0 + gl.arange(0, NC, layout=gl.SliceLayout(0, LH))
-    gl.store(st_ptr + col.to(gl.int64) * stride_stk + pid_m * stride_stg, sc, mask=col < CQ)
+    if s_tile is None:
+        col = col0 + gl.arange(0, NC, layout=gl.SliceLayout(0, LH))
+        gl.store(st_ptr + col.to(gl.int64) * stride_stk + pid_m * stride_stg, sc, mask=col < CQ)
 
 
 @gluon.jit
@@ -138,6 +150,77 @@ def _staged_kernel(
                       stride_stk, stride_stg, LH, LHT, NC)
             _xt_chunk(buf_u.slice(h * NC, NC, dim=1).load(LH), pid_m, c0, qt2_ptr, st2_ptr, CQ, RT, stride_qtk,
                       stride_stk, stride_stg, LH, LHT, NC)
+
+
+@gluon.jit
+def _staged_fwd_kernel(
+    g_ptr, u_ptr, q_ptr, s_ptr, qt_ptr, st_ptr,
+    M, K, stride_m, RQ, CQ, RT,
+    stride_qm, stride_sm, stride_sg, stride_qtk, stride_stk, stride_stg,
+    ROWS: gl.constexpr, TILE: gl.constexpr, R: gl.constexpr, NC: gl.constexpr,
+):
+    # SwiGLU's forward operand staged the same way (prepared in session 33, never run on a GPU; not wired into
+    # quarl.quant.fp8_swiglu): h = silu(g) * u by row chunks -- its row groups (ROWS) coded at once, h (BF16 values)
+    # into shared memory, with TILE the tile's amax accumulated elementwise -- then X^T by NC-column chunks from
+    # shared memory: fp8_quant_regs' SWIGLU form's bits (codes as the correctly rounded quotient)
+    W: gl.constexpr = gl.num_warps()
+    LC: gl.constexpr = gl.BlockedLayout([R // W, 4], [1, 32], [W, 1], [1, 0])
+    LH: gl.constexpr = gl.BlockedLayout([128 // W, NC // 32], [1, 32], [W, 1], [1, 0])
+    LHT: gl.constexpr = gl.BlockedLayout([128 // W, NC // 32], [1, 32], [W, 1], [0, 1])
+    SL: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [1, 0])
+    pid_m = gl.program_id(0)
+    pid_k = gl.program_id(1)
+    buf = gl.allocate_shared_memory(gl.bfloat16, [128, 128], SL)
+    col = pid_k * 128 + gl.arange(0, 128, layout=gl.SliceLayout(0, LC))
+    c2 = gl.expand_dims(col, 0).to(gl.int64)  # [1, 128]
+    amax = gl.zeros([R, 128], gl.float32, LC)  # TILE: the tile's |h|, elementwise over the chunks
+    for c in gl.static_range(128 // R):
+        tok = pid_m * 128 + c * R + gl.arange(0, R, layout=gl.SliceLayout(1, LC))  # [R]
+        t2 = gl.expand_dims(tok, 1).to(gl.int64)  # [R, 1]
+        ok = (t2 < M) & (c2 < K)
+        h = _silu_mul(gl.load(g_ptr + t2 * stride_m + c2, mask=ok, other=0.0),
+                      gl.load(u_ptr + t2 * stride_m + c2, mask=ok, other=0.0))  # [R, 128] fp32; padding: 0
+        if ROWS:
+            rs = _scale(gl.max(gl.abs(h), axis=1))  # [R]
+            gl.store(q_ptr + t2 * stride_qm + c2, _codes(h, gl.expand_dims(rs, 1)), mask=(t2 < RQ) & (c2 < CQ))
+            gl.store(s_ptr + tok.to(gl.int64) * stride_sm + pid_k * stride_sg, rs, mask=tok < RQ)
+        if TILE:
+            amax = gl.maximum(amax, gl.abs(h))
+        buf.slice(c * R, R).store(h.to(gl.bfloat16))  # exact: h is a BF16 value
+    gl.thread_barrier()
+    if TILE:
+        s_tile = _scale(gl.max(gl.max(amax, axis=1), axis=0))
+        for h in gl.static_range(128 // NC):
+            _xt_chunk(buf.slice(h * NC, NC, dim=1).load(LH), pid_m, pid_k * 128 + h * NC, qt_ptr, st_ptr, CQ, RT,
+                      stride_qtk, stride_stk, stride_stg, LH, LHT, NC, False, s_tile)
+        gl.store(st_ptr + pid_k * stride_stk + pid_m * stride_stg, s_tile)
+    else:
+        for h in gl.static_range(128 // NC):
+            _xt_chunk(buf.slice(h * NC, NC, dim=1).load(LH), pid_m, pid_k * 128 + h * NC, qt_ptr, st_ptr, CQ, RT,
+                      stride_qtk, stride_stk, stride_stg, LH, LHT, NC, False)
+
+
+def fwd_spec(g: torch.Tensor, u: torch.Tensor, q, s, qt, st, rows: int, cols: int, t_rows: int, tiles: bool, r: int,
+             warps: int, nc: int) -> fp8_quant.Launch:
+    """The launch of :func:`_staged_fwd_kernel` on ``fp8_quant.quantize_act``'s outputs for ``h = silu(g) * u``
+    (``q`` / ``s`` None: X^T alone), as ``fp8_quant_regs.launch_spec`` with ``u`` (g and u of one layout, unit column
+    stride; ``t_rows`` a multiple of 128; ``tiles``: X^T in 128x128 tiles)."""
+    if (g.stride(1) != 1 or g.stride() != u.stride() or g.shape != u.shape or t_rows is None or t_rows % GROUP
+            or GROUP % r or r % warps or warps != 8 or nc not in (32, 64, 128) or qt is None):
+        raise ValueError(f"fp8_swiglu_staged: the forward needs g and u of one layout with unit column stride, X^T "
+                         f"with t_rows a multiple of 128, 8 warps, a row chunk dividing 128 in multiples of them and "
+                         f"X^T's column chunk 32, 64 or 128 (strides {g.stride()}, {u.stride()}, t_rows {t_rows}, "
+                         f"chunk {r}, warps {warps}, columns {nc})")
+    m, k = g.shape
+    rows_too = q is not None
+    if not rows_too:
+        q, s = qt, st
+    return fp8_quant.Launch(
+        _staged_fwd_kernel, (t_rows // GROUP, cols // GROUP),
+        (g, u, q, s, qt, st, m, k, g.stride(0), rows, cols, t_rows, q.stride(0), s.stride(0), s.stride(1),
+         qt.stride(0), st.stride(0), st.stride(1)),
+        {"ROWS": rows_too, "TILE": bool(tiles), "R": r, "NC": nc},
+        warps)
 
 
 def spec(dh: torch.Tensor, g: torch.Tensor, u: torch.Tensor, one: tuple, two: tuple, rows: int, cols: int,
@@ -186,4 +269,26 @@ def compile_sm90(r: int = 16, rows: bool = True, nc: int = 128):
     return triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": 8})
 
 
-__all__ = ["SETTINGS", "UNTESTED_SETTINGS", "compile_sm90", "spec"]
+def compile_fwd_sm90(r: int = 16, nc: int = 64, tiles: bool = True, rows: bool = True):
+    """:func:`_staged_fwd_kernel` built for sm_90 on any machine (the CPU tests' registers, spills, shared memory)."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.experimental.gluon._runtime import GluonASTSource
+
+    sig = {"g_ptr": "*bf16", "u_ptr": "*bf16", "q_ptr": "*fp8e4nv", "s_ptr": "*fp32", "qt_ptr": "*fp8e4nv",
+           "st_ptr": "*fp32"}
+    sig.update({k: "i32" for k in ("M", "K", "stride_m", "RQ", "CQ", "RT", "stride_qm", "stride_sm", "stride_sg",
+                                   "stride_qtk", "stride_stk", "stride_stg")})
+    attrs = {(i,): [["tt.divisibility", 16]] for i, k in enumerate(sig)
+             if k not in ("stride_sm", "stride_sg", "stride_stk", "stride_stg")}
+    const = {"ROWS": rows, "TILE": tiles, "R": r, "NC": nc}
+    sig.update({k: "constexpr" for k in const})
+    src = GluonASTSource(fn=_staged_fwd_kernel, signature=sig, constexprs=const, attrs=attrs)
+    return triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": 8})
+
+
+# (tokens a row chunk, warps, X^T's columns a step) of the forward form: compiled on CPU only (session 33)
+FWD_UNTESTED_SETTINGS = ((16, 8, 64), (32, 8, 64))
+
+__all__ = ["FWD_UNTESTED_SETTINGS", "SETTINGS", "UNTESTED_SETTINGS", "compile_fwd_sm90", "compile_sm90", "fwd_spec",
+           "spec"]

@@ -77,3 +77,22 @@ def test_staged_spec_names_what_it_cannot_launch():
         stg.spec(dh, g, u, outs, outs, 256, 256, 200, 16, 8)
     with pytest.raises(ValueError, match="columns 48"):
         stg.spec(dh, g, u, outs, outs, 256, 256, 256, 16, 8, 48)
+
+
+@pytest.mark.parametrize("tiles", [True, False], ids=["x-t-tiles", "x-t-1x128"])
+def test_staged_swiglu_forward_builds_for_sm90(tiles):
+    """The staged kernel's forward form (h = silu(g) * u; prepared in session 33, compiled only): no spills, at most
+    72 registers (three or more 8-warp programs a multiprocessor; the register-order SWIGLU form takes 120-128), at
+    most 34 KB of shared memory, the correctly rounded quotient by ``group_div`` (no division), 16-byte X^T runs."""
+    from quarl_kernels import fp8_swiglu_staged as stg
+
+    from tests.kernels.sm90_sass import registers, stack_bytes
+
+    for r, _, nc in stg.FWD_UNTESTED_SETTINGS:
+        for rows in (True, False):
+            k = stg.compile_fwd_sm90(r, nc, tiles, rows)
+            ptx = k.asm["ptx"]
+            assert stack_bytes(k) in (0, None), (r, nc, rows)
+            assert registers(k) is None or registers(k) <= 72, (r, nc, rows, registers(k))
+            assert k.metadata.shared <= 34 * 1024, (r, nc, rows, k.metadata.shared)
+            assert "rcp.approx.ftz.f32" in ptx and "div.rn" not in ptx and "st.global.v4.b32" in ptx, (r, nc, rows)

@@ -65,6 +65,28 @@ def test_forward_operand_matches_the_eager_reference(m, i):
             fp8_operands_near(got, want, f"h {m}x{i} tiles={tiles} {st}", 1e-3)
 
 
+@pytest.mark.parametrize("m,i", [(8192, 18944), (4099, 1600)])
+def test_staged_forward_gives_the_register_order_kernels_bits(m, i):
+    """``fp8_swiglu_staged``'s forward form (session 33, FWD_UNTESTED_SETTINGS): h's operands equal to the
+    register-order SWIGLU launch's, byte for byte, with and without the row groups, both X^T forms, padded shapes."""
+    pytest.importorskip("triton.experimental.gluon")
+    from quarl_kernels import fp8_quant as fq
+    from quarl_kernels import fp8_quant_regs as fr
+
+    stg = fs.staged_module()
+    g, u, _ = _inputs(m, i, seed=5)
+    rows, cols, t_rows = -(-m // 4) * 4, -(-i // 128) * 128, -(-m // 128) * 128
+    for tiles in (True, False):
+        for rg in (True, False):
+            want = fq._act_outputs(g, rows, cols, t_rows, rg, tiles)
+            fr.launch_setting(g, *want, rows, cols, t_rows, tiles, fr.SWIGLU_SETTINGS[0], u=u)
+            for st in stg.FWD_UNTESTED_SETTINGS:
+                got = fq._act_outputs(g, rows, cols, t_rows, rg, tiles)
+                fq._launch(stg.fwd_spec(g, u, *got, rows, cols, t_rows, tiles, *st))
+                assert all(a is None and b is None or ndiff(a, b) == 0
+                           for a, b in zip(got, want, strict=True)), (m, i, tiles, rg, st)
+
+
 def _untested_staged() -> tuple:
     """``fp8_swiglu_staged.UNTESTED_SETTINGS`` as merged candidates: checked here before the run-time choice may
     take them."""
