@@ -190,13 +190,13 @@ def _staged_fwd_kernel(
     gl.thread_barrier()
     if TILE:
         s_tile = _scale(gl.max(gl.max(amax, axis=1), axis=0))
-        for h in gl.static_range(128 // NC):
-            _xt_chunk(buf.slice(h * NC, NC, dim=1).load(LH), pid_m, pid_k * 128 + h * NC, qt_ptr, st_ptr, CQ, RT,
+        for j in gl.static_range(128 // NC):  # X^T's column chunks
+            _xt_chunk(buf.slice(j * NC, NC, dim=1).load(LH), pid_m, pid_k * 128 + j * NC, qt_ptr, st_ptr, CQ, RT,
                       stride_qtk, stride_stk, stride_stg, LH, LHT, NC, False, s_tile)
         gl.store(st_ptr + pid_k * stride_stk + pid_m * stride_stg, s_tile)
     else:
-        for h in gl.static_range(128 // NC):
-            _xt_chunk(buf.slice(h * NC, NC, dim=1).load(LH), pid_m, pid_k * 128 + h * NC, qt_ptr, st_ptr, CQ, RT,
+        for j in gl.static_range(128 // NC):  # X^T's column chunks
+            _xt_chunk(buf.slice(j * NC, NC, dim=1).load(LH), pid_m, pid_k * 128 + j * NC, qt_ptr, st_ptr, CQ, RT,
                       stride_qtk, stride_stk, stride_stg, LH, LHT, NC, False)
 
 
