@@ -89,10 +89,10 @@ _NAMES = list(SWITCHES)
 COMPUTE_SWITCHES = frozenset(_NAMES[_NAMES.index("QUARL_KERNELS"): _NAMES.index("QUARL_LOGPROB_KERNEL") + 1])
 
 
-def switch_on(name: str, on: str, off: str, default: str = "1") -> bool:
-    """A ``0`` / ``1`` switch, on by default (``default="0"``: off): ``name`` unset -> ``default``, ``1`` -> True,
-    ``0`` -> False; anything else a ``ValueError`` naming the variable and what each value does (``on`` / ``off``)."""
-    v = os.environ.get(name, default).strip()
+def switch_on(name: str, on: str, off: str) -> bool:
+    """A ``0`` / ``1`` switch that defaults to on: ``name`` unset or ``1`` -> True, ``0`` -> False; anything else a
+    ``ValueError`` naming the variable and what each value does (``on`` / ``off``)."""
+    v = os.environ.get(name, "1").strip()
     if v not in ("0", "1"):
         raise ValueError(f"{name}={v!r}: use 1 ({on}) or 0 ({off})")
     return v == "1"
