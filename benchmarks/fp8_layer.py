@@ -326,7 +326,7 @@ def tuned_entry(key: tuple, v: dict) -> dict:
     read (the input) + written (codes; scales ignored) over time. Activation keys carry the token count
     rounded up to a power of two (the benchmark's are powers of two: exact)."""
     e = {"key": [str(x) for x in key], "best": list(v["best"]), "ms": {str(s): round(t, 4) for s, t in v["ms"].items()}}
-    if "situ_ms" in v:  # QUARL_FP8_TUNE=situ: the finalists' in-situ medians
+    if v.get("situ_ms"):  # QUARL_FP8_TUNE=situ: the finalists' in-situ medians ({}: no trial for this key)
         e["situ_ms"] = {str(s): round(t, 4) for s, t in v["situ_ms"].items()}
     el = {torch.bfloat16: 2, torch.float16: 2, torch.float32: 4}.get(key[3] if key[0] == "act" else key[2])
     if key[0] == "act" and el:

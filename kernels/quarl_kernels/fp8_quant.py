@@ -305,12 +305,15 @@ def run_setting(key: tuple, settings: tuple, t: torch.Tensor, make) -> tuple:
     ``QUARL_FP8_TUNE=situ`` the back-to-back choice is followed by an in-situ trial of its fastest few
     (:class:`_Trial`), which these launches run until it decides."""
     st = _setting(key, settings, t, make)
-    trial = _TRIALS.get(key)
-    if trial is None and tune_mode() == "situ" and tuning_on(t) and "situ_ms" not in TUNED.get(key, {}):
-        ms = TUNED.get(key, {}).get("ms", {})
+    trial, hit = _TRIALS.get(key), TUNED.get(key)
+    if trial is None and hit is not None and "situ_ms" not in hit and tune_mode() == "situ" and tuning_on(t):
+        # once per key: a trial, or none ever (situ_ms {}: a key too short or with one candidate)
+        ms = hit["ms"]
         finalists = tuple(sorted(ms, key=ms.get)[:SITU_FINALISTS])
         if len(finalists) > 1 and ms[finalists[0]] >= SITU_MIN_MS:
             trial = _TRIALS[key] = _Trial(key, finalists)
+        else:
+            hit["situ_ms"] = {}
     if trial is None or not tuning_on(t):
         _launch(make(*st))
         return st
