@@ -172,7 +172,8 @@ def step_fn(model, opt, ids: torch.Tensor, loss: str = "ce", accumulate: int = 1
 KERNEL_CLASSES = [
     ("fp8 swiglu quantize", ("_swiglu_rows_kernel", "_swiglu_cols_kernel", "_swiglu_bwd_kernel",
                              "_staged_kernel")),  # fp8_swiglu, regs, staged
-    ("fp8 quantize", ("_act_kernel", "_act_t_kernel", "_tile_kernel", "_regs_kernel", "quant")),  # fp8_quant, regs
+    # fp8_quant, regs (with the forward's h from g, u: regs' SWIGLU form or, session 34, the staged forward form)
+    ("fp8 quantize", ("_act_kernel", "_act_t_kernel", "_tile_kernel", "_regs_kernel", "_staged_fwd_kernel", "quant")),
     ("attention", ("flash", "fmha", "attention", "attn", "sdpa", "efficient")),
     ("gemm", ("gemm", "nvjet", "xmma", "cutlass", "wgmma", "sm90_", "splitk", "deep_gemm", "fp8_gemm")),
     # inductor's kernels (triton_poi_fused_..., triton_red_..., triton_per_...): the +glue arms' compiled glue

@@ -7,6 +7,10 @@
 #     Session 33's prepared phase e, as written there: the staged SwiGLU kernel's UNTESTED_SETTINGS (X^T by 64-column
 #     chunks) and its forward form -- their GPU bit tests, every one-launch SwiGLU candidate and both forward forms at
 #     7B / 32B width (fp8_swiglu_bench.py), then the 7B actor update in three rounds (--repeat 3).
+#   phase b: bash benchmarks/gpu_session34.sh b   (nvidia-h100-x1; carry .dev/dg.tar.xz; ~8 min)
+#     After a (bits equal; the column-chunk backward (16, 8, 64) 1.398 ms against (32, 8)'s 1.566; the staged forward
+#     0.830 against 0.847): both in the run-time choice (SETTINGS / FWD_SETTINGS, swiglu_forward_operand). Their GPU
+#     tests, the 7B actor update in three rounds, then one profiled update (8 micro-batches) by kernel class.
 set -u
 PHASE=${1:?phase}
 OUT=${OUT:?}
@@ -19,6 +23,18 @@ esac
 source benchmarks/gpu_phase_lib.sh
 
 case $PHASE in
+b)
+    ([ -d /tmp/dg/deep_gemm ] || deepgemm > "$OUT/deepgemm.log" 2>&1) &
+    DG=$!
+    tests 170 tests/kernels/test_fp8_swiglu_gpu.py -k "same_bits or fused_mlp or staged or forward"
+    wait $DG
+    export PYTHONPATH=$PYTHONPATH:/tmp/dg
+    ARMS="bf16,bf16+glue,jetrl-xtiles+deepgemm+glue"
+    model_step 280 p7_r3 --shape Qwen2.5-7B --layers 4 --tokens 16384 --loss rl --arms $ARMS --iters 2 --accumulate 8 \
+        --repeat 3
+    model_step 150 p7_prof --shape Qwen2.5-7B --layers 4 --tokens 16384 --loss rl --arms $ARMS --iters 1 --accumulate 8 \
+        --profile
+    ;;
 esac
 phase_end
 

@@ -56,15 +56,13 @@ def paths(m: int, i: int, device: str):
             outs = fq._act_outputs(g, m, i, mt, True, True)
             fwd[f"forward fused {st}"] = lambda st=st, outs=outs: fr.launch_setting(g, *outs, m, i, mt, True, st, u=u)
         stg = fs.staged_module()
-        for st in stg.FWD_UNTESTED_SETTINGS if stg is not None else ():  # staged in shared memory (session 33)
+        for st in stg.FWD_SETTINGS if stg is not None else ():  # staged in shared memory (session 33)
             outs = fq._act_outputs(g, m, i, mt, True, True)
             fwd[f"forward staged {st}"] = lambda st=st, outs=outs: fq._launch(
                 stg.fwd_spec(g, u, *outs, m, i, mt, True, *st))
     merged = {}
-    if device == "cuda":  # each one-launch candidate alone, the staged kernel's untested settings too (session 33)
-        stg = fs.staged_module()
-        extra = tuple(("staged", *st) for st in stg.UNTESTED_SETTINGS) if stg is not None else ()
-        for mg in fs.MERGED_SETTINGS + fs.regs_settings(g) + extra:
+    if device == "cuda":  # each one-launch candidate alone
+        for mg in fs.MERGED_SETTINGS + fs.regs_settings(g):
             merged[f"backward merged {mg}"] = lambda mg=mg: fs.swiglu_grad_operands(dh, g, u, m, i, mt, merged=mg)
     return {
         **fwd,

@@ -85,6 +85,40 @@ def regs_settings(g: torch.Tensor) -> tuple:
             + (tuple(("staged", *st) for st in stg.SETTINGS) if stg is not None else ()))
 
 
+def forward_settings(g: torch.Tensor, t_rows: int | None) -> tuple:
+    """The candidates for the forward's operand ``h = silu(g) * u`` (:func:`swiglu_forward_operand`):
+    ``fp8_quant_regs``' SWIGLU form ``("regs", tokens a thread, warps)`` -- the default, the only one without X^T or
+    with ``QUARL_FP8_REGS=0`` -- and, with X^T, ``fp8_swiglu_staged``'s forward form ``("staged", tokens a row chunk,
+    warps, X^T's columns a step)``. All give the same bits."""
+    fr, stg = fq.regs_module(), staged_module()
+    regs = tuple(("regs", *st) for st in fr.SWIGLU_SETTINGS)
+    if t_rows is None or stg is None or not (g.is_cuda and fq.regs_wanted()):
+        return regs
+    return regs + tuple(("staged", *st) for st in stg.FWD_SETTINGS)
+
+
+def swiglu_forward_operand(g: torch.Tensor, u: torch.Tensor, out: tuple, rows: int, cols: int, t_rows: int | None,
+                           tiles: bool, setting: tuple | None = None) -> tuple:
+    """The down projection's input operand ``h = silu(g) * u`` (g, u [M, I] of one layout, unit column stride) quantized
+    from g and u into ``out`` = ``fp8_quant._act_outputs``' ``(q, s, qt, st)`` -- h never written. ``setting``: an
+    entry of :func:`forward_settings`, else on CUDA chosen by time (``fp8_quant.run_setting``: back to back, then in
+    situ) from 1024 tokens on; returns the setting launched. Needs Gluon (``fp8_quant.regs_module()``)."""
+    fr = fq.regs_module()
+
+    def make(*st):
+        if st[0] == "staged":
+            return staged_module().fwd_spec(g, u, *out, rows, cols, t_rows, tiles, *st[1:])
+        return fr.launch_spec(g, *out, rows, cols, t_rows, tiles, *st[1:], u=u)
+
+    cands = forward_settings(g, t_rows)
+    if setting is None and len(cands) > 1 and g.is_cuda and max(rows, t_rows or 0) >= fq.TUNE_MIN_ROWS:
+        key = ("swiglu-fwd", out[0] is not None, tiles, g.dtype, triton.next_power_of_2(max(rows, t_rows)), cols)
+        return fq.run_setting(key, cands, g, make)
+    setting = setting or cands[0]
+    fq._launch(make(*setting))
+    return setting
+
+
 @triton.jit
 def _grads(g_ptr, u_ptr, dh_ptr, offs, doffs, mask, INTERPRET: tl.constexpr):
     """``(dg, du)`` at ``offs`` of g and u and ``doffs`` of dh: the gradients of ``silu(g) * u`` for the output
@@ -358,4 +392,5 @@ def swiglu_grad_operands(dh: torch.Tensor, g: torch.Tensor, u: torch.Tensor, row
     return one, two
 
 
-__all__ = ["COL_SETTINGS", "MERGED_SETTINGS", "ROW_SETTINGS", "regs_settings", "swiglu_grad_operands"]
+__all__ = ["COL_SETTINGS", "MERGED_SETTINGS", "ROW_SETTINGS", "forward_settings", "regs_settings",
+           "swiglu_forward_operand", "swiglu_grad_operands"]

@@ -19,25 +19,27 @@ Here a program (8 warps) owns one [128 tokens, 128 columns] tile and works in tw
 2. **X^T from shared memory**: after a barrier, each buffer is read back in the register-order kernel's layout
    (``fp8_quant_regs._quantize`` with ``ROWS=False``: a column's amax over the tile's tokens, the codes transposed by
    register order, 16-byte runs of tokens stored into X^T's rows) -- one tensor at a time, so ~128 registers; or by
-   ``NC``-column chunks of the buffer (:data:`UNTESTED_SETTINGS`: fewer registers, not yet run on a GPU).
+   ``NC``-column chunks of the buffer (the three-field :data:`SETTINGS`: 71 registers at NC = 64, three programs a
+   multiprocessor; the fastest of all, session 34).
 
 At ~128 registers and 64 KB of shared memory, two programs share a multiprocessor (16 warps, against one program of 8
 in the register-order kernel), and phase 1's loads need few registers. Numerics: the row codes are ``_codes_by_recip``
 of the same fp32 values; phase 2 reads dg / du back as the BF16 they were rounded to -- every code and scale equals
 the register-order kernel's and the Triton passes' (GPU test ``test_every_launch_setting_gives_the_same_bits``,
-passed on an H100 for :data:`SETTINGS` in session 33, also at padded shapes and into stacked operands; CPU:
+passed on an H100 in session 33 for the whole-tile settings, in session 34 for the column-chunk ones, also at padded
+shapes and into stacked operands; CPU:
 compiled for sm_90, registers and spills, ``tests/kernels/test_fp8_quant_regs_compile.py``). Gluon kernels do not run
 in Triton's CPU interpreter.
 
-The forward's operand ``h = silu(g) * u`` staged the same way (:func:`fwd_spec`, :data:`FWD_UNTESTED_SETTINGS`:
-42-70 registers, 32-34 KB of shared memory, four programs a multiprocessor against the register-order SWIGLU form's
-two) is prepared, compiled for sm_90 and run by the GPU bit test and ``fp8_swiglu_bench.py``, not yet used by
-``quarl.quant.fp8_swiglu``.
+The forward's operand ``h = silu(g) * u`` staged the same way (:func:`fwd_spec`, :data:`FWD_SETTINGS`: 42-70
+registers, 32-34 KB of shared memory, four programs a multiprocessor against the register-order SWIGLU form's two):
+bit-equal to the register-order form on an H100 (session 34), a candidate of ``fp8_swiglu.swiglu_forward_operand``'s
+choice beside it.
 
-A candidate of ``fp8_swiglu``'s merged choice as ``("staged", R, warps)`` (:data:`SETTINGS`), timed in the step by
-the in-situ choice (``QUARL_FP8_TUNE=situ``). Measured (H100, session 33): the fastest SwiGLU backward both back to
-back and in the step, 1.54 / 1.79 ms at 7B width against the best other kernel's 1.71 / 1.88 -- still ~1.5x the
-~1.15 ms its bytes take at 2.7 TB/s.
+A candidate of ``fp8_swiglu``'s merged choice as ``("staged", R, warps[, NC])`` (:data:`SETTINGS`), timed in the step
+by the in-situ choice (``QUARL_FP8_TUNE=situ``). Measured (H100, 7B width, 16k tokens, back to back): session 33's
+whole-tile (32, 8) 1.54 ms (1.79 in the step) against the best other kernel's 1.71 / 1.88; session 34's column chunks
+(16, 8, 64) 1.40 ms (32B width 2.03 against 2.27) -- still ~1.2x the ~1.15 ms its bytes take at 2.7 TB/s.
 """
 
 from __future__ import annotations
@@ -50,17 +52,17 @@ from quarl_kernels import fp8_quant, fp8_swiglu
 from quarl_kernels.fp8_quant_regs import _codes, _codes_by_recip, _quantize, _scale, _silu_mul
 
 GROUP = 128
-# (tokens a row chunk, warps); 8 warps only -- phase 2's layout puts 16 tokens a thread over 8 warps (4 warps would
+# (tokens a row chunk, warps[, X^T's columns a step]); 8 warps only -- phase 2's layout puts 16 tokens a thread over 8 warps (4 warps would
 # hold 128 fp32 values a thread and spill). H100, session 33 phase d, 16k tokens, ms back to back / in the 7B step:
 # (32, 8) 1.537-1.540 / 1.79, (16, 8) 1.704-1.710 / 2.01 -- against the register-order kernel's 1.706-1.714 / 2.06,
 # Triton's merged pass 1.723-1.729 / 1.96 and the two passes' 1.816-1.817 / 1.88 (phase c); at 32B width (32, 8)
-# 2.222 / 2.63 against 2.484 / 3.05 (register order) and 2.645 (two passes, back to back)
-SETTINGS = ((32, 8), (16, 8))
-# (tokens a row chunk, warps, X^T's columns a step): phase 2 by column chunks of the shared tile, so it holds 16 x 2
-# values a thread instead of 16 x 4 -- 71 registers at (16, 8, 64) (sm_90, CPU compile): three programs a
-# multiprocessor (198 KB of shared memory) instead of two. Session 33: compiled, never run on a GPU. Not timed by the
-# run-time choice until the GPU test has checked their bits (test_fp8_swiglu_gpu.py runs them)
-UNTESTED_SETTINGS = ((16, 8, 64), (32, 8, 64))
+# 2.222 / 2.63 against 2.484 / 3.05 (register order) and 2.645 (two passes, back to back).
+# Three fields: phase 2 by column chunks of the shared tile, so it holds 16 x 2 values a thread instead of 16 x 4 -- 71
+# registers at (16, 8, 64) (sm_90, CPU compile): three programs a multiprocessor (198 KB of shared memory) instead of
+# two. Session 34 (H100, phase a; its bits checked first by test_fp8_swiglu_gpu.py): 7B width (16, 8, 64) 1.398 ms,
+# (32, 8, 64) 1.482, against (32, 8) 1.566 and (16, 8) 1.751 in the same run; 32B width 2.026 / 2.132 / 2.271 / 2.525.
+# (16, 8) was last everywhere and is dropped (session 33 history)
+SETTINGS = ((16, 8, 64), (32, 8, 64), (32, 8))
 
 
 @gluon.jit
@@ -141,7 +143,7 @@ def _staged_kernel(
                   stride_sg, stride_qtk, stride_stk, stride_stg, False, True, False, LR, LT, True)
         _quantize(buf_u.load(LR), pid_m, pid_k, q2_ptr, s2_ptr, qt2_ptr, st2_ptr, RQ, CQ, RT, stride_qm, stride_sm,
                   stride_sg, stride_qtk, stride_stk, stride_stg, False, True, False, LR, LT, True)
-    else:  # by column chunks: fewer registers (UNTESTED_SETTINGS)
+    else:  # by column chunks: fewer registers (the three-field SETTINGS)
         LH: gl.constexpr = gl.BlockedLayout([128 // W, NC // 32], [1, 32], [W, 1], [1, 0])
         LHT: gl.constexpr = gl.BlockedLayout([128 // W, NC // 32], [1, 32], [W, 1], [0, 1])
         for h in gl.static_range(128 // NC):
@@ -159,8 +161,8 @@ def _staged_fwd_kernel(
     stride_qm, stride_sm, stride_sg, stride_qtk, stride_stk, stride_stg,
     ROWS: gl.constexpr, TILE: gl.constexpr, R: gl.constexpr, NC: gl.constexpr,
 ):
-    # SwiGLU's forward operand staged the same way (prepared in session 33, never run on a GPU; not wired into
-    # quarl.quant.fp8_swiglu): h = silu(g) * u by row chunks -- its row groups (ROWS) coded at once, h (BF16 values)
+    # SwiGLU's forward operand staged the same way (session 33; bit-equal on an H100 in session 34; a candidate of
+    # fp8_swiglu.swiglu_forward_operand): h = silu(g) * u by row chunks -- its row groups (ROWS) coded at once, h (BF16 values)
     # into shared memory, with TILE the tile's amax accumulated elementwise -- then X^T by NC-column chunks from
     # shared memory: fp8_quant_regs' SWIGLU form's bits (codes as the correctly rounded quotient)
     W: gl.constexpr = gl.num_warps()
@@ -287,8 +289,11 @@ def compile_fwd_sm90(r: int = 16, nc: int = 64, tiles: bool = True, rows: bool =
     return triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": 8})
 
 
-# (tokens a row chunk, warps, X^T's columns a step) of the forward form: compiled on CPU only (session 33)
-FWD_UNTESTED_SETTINGS = ((16, 8, 64), (32, 8, 64))
+# (tokens a row chunk, warps, X^T's columns a step) of the forward form. H100, session 34 phase a, 16k tokens, back to
+# back: 7B width (16, 8, 64) 0.830 ms, (32, 8, 64) 0.865, against the register-order SWIGLU form's 0.847; 32B width
+# 1.216 / 1.258 against 1.226 -- level back to back; four programs a multiprocessor against two, so they are timed in
+# the step too (the in-situ choice: the capped clock slows a latency-bound kernel more)
+FWD_SETTINGS = ((16, 8, 64), (32, 8, 64))
 
-__all__ = ["FWD_UNTESTED_SETTINGS", "SETTINGS", "UNTESTED_SETTINGS", "compile_fwd_sm90", "compile_sm90", "fwd_spec",
+__all__ = ["FWD_SETTINGS", "SETTINGS", "compile_fwd_sm90", "compile_sm90", "fwd_spec",
            "spec"]

@@ -7,7 +7,8 @@ them back, twice each: at Qwen2.5-32B width and 16k tokens ~0.9 GB apiece. Here 
 from ``dh, g, u`` in registers (``quarl_kernels.fp8_swiglu``): never written, ~2.7 GB a layer less HBM traffic, and
 the backward's peak memory lower. Forward, the down projection's input ``h = silu(g) * u`` is quantized straight from
 ``g`` and ``u`` by one kernel on CUDA (``quarl_kernels.fp8_quant_regs``, session 31: h never written in BF16; H100,
-7B width, 16k tokens, 0.84 ms against 1.31 for the glue's ``silu_mul`` + the quantizer); elsewhere, or with
+7B width, 16k tokens, 0.84 ms against 1.31 for the glue's ``silu_mul`` + the quantizer; where X^T is made, session 34's
+staged form is timed beside it: ``quarl_kernels.fp8_swiglu.swiglu_forward_operand``, the same bits); elsewhere, or with
 ``QUARL_FP8_SWIGLU_FWD=0``, the glue's ``silu_mul`` writes ``h`` and the quantizer reads it.
 
     forward    xq = Q(x)                       1x128 (+ X^T for the two WGrads)
@@ -97,7 +98,7 @@ def swiglu_operand(g: torch.Tensor, u: torch.Tensor, silu_mul, rows: int, cols: 
         g, u = _unit_stride(g, u)
         tiles = t_tiles and t_rows is not None
         out = fq._act_outputs(g, rows, cols, t_rows, True, tiles)
-        fr.launch_setting(g, *out, rows, cols, t_rows, tiles, fr.SWIGLU_SETTINGS[0], u=u)
+        _kernels().swiglu_forward_operand(g, u, out, rows, cols, t_rows, tiles)
         return out
     h = silu_mul(g, u)
     return quantize_input(h, h, rows, cols, t_rows, False, t_tiles)
