@@ -108,8 +108,9 @@ def cuda_time(fn, iters: int, warmup: int = 3) -> float:
     return statistics.median(ts)
 
 
-def stream_time(fn, iters: int, device: str, warmup: int = 2) -> float:
-    """Mean ms per call of ``iters`` calls launched back to back (host runs ahead of the GPU)."""
+def stream_time(fn, iters: int, device: str, warmup: int = 2, meter=None) -> float:
+    """Mean ms per call of ``iters`` calls launched back to back (host runs ahead of the GPU); ``meter``
+    (``gpu_energy.EnergyMeter``, CUDA) started and stopped around the same span."""
     for _ in range(warmup):
         fn()
     sync(device)
@@ -119,11 +120,15 @@ def stream_time(fn, iters: int, device: str, warmup: int = 2) -> float:
             fn()
         return (time.perf_counter() - t) * 1e3 / iters
     a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    if meter is not None:
+        meter.start()
     a.record()
     for _ in range(iters):
         fn()
     b.record()
     torch.cuda.synchronize()
+    if meter is not None:
+        meter.stop()
     return a.elapsed_time(b) / iters
 
 

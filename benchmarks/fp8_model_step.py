@@ -83,6 +83,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT), str(ROOT / "kernels"), str(ROOT / "benchmarks")]
 
 from fp8_linear import stream_time, sync  # the FP8 benchmarks' timers
+from gpu_energy import EnergyMeter  # joules and SM clock beside the ms (session 34: every arm at the power cap)
 
 # hidden, intermediate, heads, kv heads, vocab, layers of the real model (for the estimate)
 SHAPES = {"Qwen2.5-7B": (3584, 18944, 28, 4, 152064, 28), "Qwen3-8B": (4096, 12288, 32, 8, 151936, 36),
@@ -223,9 +224,12 @@ def measure(model, ids: torch.Tensor, loss: str, iters: int, device: str, profil
     fn = step_fn(model, opt, ids, loss, accumulate)
     if device == "cuda":
         torch.cuda.reset_peak_memory_stats()
-    out = {"ms": stream_time(fn, iters, device, warmup=2) / accumulate, "tokens": ids.numel()}
+    meter = EnergyMeter(torch.cuda.current_device()) if device == "cuda" else None
+    out = {"ms": stream_time(fn, iters, device, warmup=2, meter=meter) / accumulate, "tokens": ids.numel()}
     if device == "cuda":
         out["peak_gib"] = torch.cuda.max_memory_allocated() / 2**30
+    if meter is not None and meter.joules is not None:  # per micro-batch, as ms
+        out.update(joules=meter.joules / (iters * accumulate), watts=meter.joules / meter.seconds, sm_mhz=meter.sm_mhz)
     if profile:
         out["profile"] = prof = profile_step(fn, device, kinds)
         prof["classes"] = {c: ms / accumulate for c, ms in prof["classes"].items()}
@@ -394,6 +398,26 @@ def round_ratios(res: dict) -> list[str]:
     return L
 
 
+def energy_lines(res: dict, by: dict) -> list[str]:
+    """Joules per micro-batch per decoder layer (the stem's subtracted, as the ms), mean watts and SM clock of each
+    arm's median-ms round, from NVML (:class:`gpu_energy.EnergyMeter`); none without them. At a power cap the J ratio
+    is what the ms ratio follows."""
+    stems = {a: r for (a, n), r in by.items() if not n and "joules" in r}
+    rows = [(a, r) for (a, n), r in by.items() if n and "joules" in r and stem_arm(a) in stems]
+    if not rows:
+        return []
+    per = {a: (r["joules"] - stems[stem_arm(a)]["joules"]) / res["layers"] for a, r in rows}
+    bases = [b for b in ("bf16", "bf16+glue") if b in per]
+    L = ["", "Energy (NVML, the median-ms round; J per micro-batch; per layer = (step - stem) / layers):", "",
+         "| arm | J per layer | " + " | ".join(f"x {b} (J)" for b in bases) + " | mean W | mean SM MHz |",
+         "|---|---:|" + "---:|" * len(bases) + "---:|---:|"]
+    for a, r in rows:
+        mhz = f"{r['sm_mhz']:.0f}" if r.get("sm_mhz") else "-"
+        L.append(f"| {a} | {per[a]:.3f} | " + " | ".join(f"{per[b] / per[a]:.3f}x" for b in bases)
+                 + f" | {r['watts']:.0f} | {mhz} |")
+    return L
+
+
 def render(res: dict) -> str:
     """Per arm: step with the decoder layers, the stem, per layer, the whole-model estimate; x = BF16 / arm."""
     full_layers = SHAPES[res["shape"]][5]
@@ -423,6 +447,7 @@ def render(res: dict) -> str:
         L.append(f"| {arm} | {v['step']:.1f} | {x['step']} | {stem['ms']:.1f} | {per:.2f} | {x['per']} | {v['est']:.1f} | "
                  f"{x['est']} | {step.get('peak_gib', float('nan')):.1f} |")
     L += round_ratios(res)
+    L += energy_lines(res, by)
     prof = {(r["arm"], r["layers"]): r["profile"] for r in res["rows"] if r.get("profile")}
     if prof:
         cls = [c for c, _ in KERNEL_CLASSES] + ["other"]

@@ -11,6 +11,12 @@
 #     After a (bits equal; the column-chunk backward (16, 8, 64) 1.398 ms against (32, 8)'s 1.566; the staged forward
 #     0.830 against 0.847): both in the run-time choice (SETTINGS / FWD_SETTINGS, swiglu_forward_operand). Their GPU
 #     tests, the 7B actor update in three rounds, then one profiled update (8 micro-batches) by kernel class.
+#   phase c: bash benchmarks/gpu_session34.sh c   (nvidia-h100-x1; carry .dev/dg.tar.xz; ~8 min)
+#     After b (in situ the staged kernels saved ~0.4 ms a layer by their own events -- backward 1.50 against 1.79,
+#     forward 0.93 against 1.06 -- and the update did not move: 26.58-27.14 ms a layer): is the step bound by energy
+#     at the power cap? The update with NVML's joules and SM clock per arm (gpu_energy.py), two rounds and a profile,
+#     then the same with QUARL_FP8_TUNE=0 (every quantizer at its default setting: slower kernels, the same bytes) --
+#     if the quantizers' profiled time grows by more than the step does, their time is not what bounds it.
 set -u
 PHASE=${1:?phase}
 OUT=${OUT:?}
@@ -34,6 +40,21 @@ b)
         --repeat 3
     model_step 150 p7_prof --shape Qwen2.5-7B --layers 4 --tokens 16384 --loss rl --arms $ARMS --iters 1 --accumulate 8 \
         --profile
+    ;;
+c)
+    ([ -d /tmp/dg/deep_gemm ] || deepgemm > "$OUT/deepgemm.log" 2>&1) &
+    DG=$!
+    nvidia-smi --query-gpu=timestamp,clocks.sm,power.draw,clocks_throttle_reasons.active --format=csv,noheader \
+        -lms 200 > "$OUT/clocks.csv" 2>&1 &
+    SMI=$!
+    wait $DG
+    export PYTHONPATH=$PYTHONPATH:/tmp/dg
+    ARMS="bf16,bf16+glue,jetrl-xtiles+deepgemm+glue"
+    model_step 220 p7_situ --shape Qwen2.5-7B --layers 4 --tokens 16384 --loss rl --arms $ARMS --iters 2 \
+        --accumulate 8 --repeat 2 --profile
+    (export QUARL_FP8_TUNE=0; model_step 200 p7_tune0 --shape Qwen2.5-7B --layers 4 --tokens 16384 --loss rl \
+        --arms $ARMS --iters 2 --accumulate 8 --repeat 2 --profile)
+    kill $SMI
     ;;
 esac
 phase_end

@@ -168,6 +168,30 @@ def test_rounds_give_the_median_and_each_rounds_ratios(tmp_path, monkeypatch):
     assert "| bf16+glue | 16.00 | 18.00 | - | 1.250, 1.333 | 1.000, 1.000 |" in text
 
 
+def test_energy_table_is_joules_per_layer_against_the_bases():
+    """With NVML's joules on the rows (CUDA): J per micro-batch per layer = (arm - its stem) / layers, the ratios to
+    bf16 and bf16+glue, mean W and SM clock; no table when no row has joules (CPU: the meter reads None)."""
+    res = {"shape": "tiny", "layers": 2, "tokens": 32, "seq": 16, "loss": "rl", "gpu": "g", "torch": "t",
+           "rows": [{"arm": "bf16", "layers": 0, "ms": 10.0, "joules": 5.0, "watts": 500.0, "sm_mhz": 1900.0},
+                    {"arm": "bf16+glue", "layers": 0, "ms": 9.0, "joules": 4.0, "watts": 450.0, "sm_mhz": None},
+                    {"arm": "bf16", "layers": 2, "ms": 50.0, "joules": 35.0, "watts": 700.0, "sm_mhz": 1400.0},
+                    {"arm": "bf16+glue", "layers": 2, "ms": 40.0, "joules": 28.0, "watts": 700.0, "sm_mhz": 1450.0},
+                    {"arm": "jetrl+glue", "layers": 2, "ms": 30.0, "joules": 20.0, "watts": 690.0, "sm_mhz": 1500.0}]}
+    text = bench.render(res)
+    # per layer J: bf16 (35 - 5) / 2 = 15, bf16+glue (28 - 4) / 2 = 12, jetrl+glue (20 - 4) / 2 = 8
+    assert "| jetrl+glue | 8.000 | 1.875x | 1.500x | 690 | 1500 |" in text
+    assert "| bf16 | 15.000 | 1.000x | 0.800x | 700 | 1400 |" in text
+    for r in res["rows"]:
+        r.pop("joules")
+    assert "Energy (NVML" not in bench.render(res)
+    from gpu_energy import EnergyMeter
+
+    m = EnergyMeter()  # no NVML on a CPU machine (or no CUDA device): every reading None, start / stop harmless
+    m.start()
+    m.stop()
+    assert m.lib is not None or m.joules is None and m.sm_mhz is None
+
+
 def test_an_arms_model_is_gone_before_the_next_arm_is_measured(monkeypatch):
     """A +glue FP8 arm's model lives in reference cycles (forwards bound to their modules, the q / k / v stack group):
     time_arm collects it before the next arm, whose peak memory would otherwise include it (session 28: ~3 GiB at 7B

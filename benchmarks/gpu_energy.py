@@ -1,0 +1,81 @@
+"""The GPU's energy and SM clock over a timed span, from NVML (through ctypes: no pynvml needed).
+
+Why (session 34): the FP8 actor update runs at the H100's 700 W power cap -- and so do the BF16 arms (session 33's
+nvidia-smi log: all three at 692-700 W, SM clock ~1.4-1.5 GHz). Under the cap a kernel made faster without drawing
+less energy lends its time to the others' lower clock, so an in-step kernel gain need not show in the step. The
+meter puts joules and the mean SM clock beside each arm's milliseconds: J per layer is the measure such a step is
+bound by.
+
+``nvmlDeviceGetTotalEnergyConsumption`` counts mJ since the driver loaded (Volta and later); the clock is sampled
+every ``period_s`` by a thread. The device is found by the CUDA device's PCI bus id (CUDA and NVML number devices
+differently). Where NVML or the counter is missing (CPU runs, other drivers) the meter reads ``None``.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import threading
+import time
+
+NVML_CLOCK_SM = 1
+
+
+class EnergyMeter:
+    """``start()`` / ``stop()`` around a span (after a device sync each); then ``joules``, ``seconds`` and
+    ``sm_mhz`` (the mean of the sampled SM clock), each None where NVML gave nothing."""
+
+    def __init__(self, device_index: int = 0, period_s: float = 0.05):
+        self.lib = self.handle = None
+        self.period_s = period_s
+        self.joules = self.seconds = self.sm_mhz = None
+        try:
+            import torch
+
+            lib = ctypes.CDLL("libnvidia-ml.so.1")
+            if lib.nvmlInit_v2() != 0:
+                return
+            bus = torch.cuda.get_device_properties(device_index).pci_bus_id  # e.g. "0000:1a:00.0"
+            handle = ctypes.c_void_p()
+            if lib.nvmlDeviceGetHandleByPciBusId_v2(bus.encode(), ctypes.byref(handle)) != 0:
+                return
+            self.lib, self.handle = lib, handle
+        except (OSError, AttributeError, RuntimeError, AssertionError):
+            return
+
+    def _energy_mj(self) -> int | None:
+        v = ctypes.c_ulonglong()
+        ok = self.lib is not None and self.lib.nvmlDeviceGetTotalEnergyConsumption(self.handle, ctypes.byref(v)) == 0
+        return v.value if ok else None
+
+    def _sm_clock(self) -> int | None:
+        v = ctypes.c_uint()
+        ok = self.lib.nvmlDeviceGetClockInfo(self.handle, NVML_CLOCK_SM, ctypes.byref(v)) == 0
+        return v.value if ok else None
+
+    def _sample(self) -> None:
+        while not self._done.wait(self.period_s):
+            c = self._sm_clock()
+            if c is not None:
+                self._clocks.append(c)
+
+    def start(self) -> None:
+        self.joules = self.seconds = self.sm_mhz = None
+        if self.lib is None:
+            return
+        self._clocks: list[int] = []
+        self._done = threading.Event()
+        self._thread = threading.Thread(target=self._sample, daemon=True)
+        self._e0, self._t0 = self._energy_mj(), time.perf_counter()
+        self._thread.start()
+
+    def stop(self) -> None:
+        if self.lib is None:
+            return
+        e1, t1 = self._energy_mj(), time.perf_counter()
+        self._done.set()
+        self._thread.join()
+        self.seconds = t1 - self._t0
+        if e1 is not None and self._e0 is not None:
+            self.joules = (e1 - self._e0) / 1e3
+        if self._clocks:
+            self.sm_mhz = sum(self._clocks) / len(self._clocks)
