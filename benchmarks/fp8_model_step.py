@@ -230,6 +230,8 @@ def measure(model, ids: torch.Tensor, loss: str, iters: int, device: str, profil
         out["peak_gib"] = torch.cuda.max_memory_allocated() / 2**30
     if meter is not None and meter.joules is not None:  # per micro-batch, as ms
         out.update(joules=meter.joules / (iters * accumulate), watts=meter.joules / meter.seconds, sm_mhz=meter.sm_mhz)
+    elif meter is not None:
+        out["energy"] = meter.why or "no reading"
     if profile:
         out["profile"] = prof = profile_step(fn, device, kinds)
         prof["classes"] = {c: ms / accumulate for c, ms in prof["classes"].items()}

@@ -7,8 +7,9 @@ meter puts joules and the mean SM clock beside each arm's milliseconds: J per la
 bound by.
 
 ``nvmlDeviceGetTotalEnergyConsumption`` counts mJ since the driver loaded (Volta and later); the clock is sampled
-every ``period_s`` by a thread. The device is found by the CUDA device's PCI bus id (CUDA and NVML number devices
-differently). Where NVML or the counter is missing (CPU runs, other drivers) the meter reads ``None``.
+every ``period_s`` by a thread. The device is found by the CUDA device's UUID (CUDA and NVML number devices
+differently). Where NVML or the counter is missing (CPU runs, other drivers) the meter reads ``None`` and ``why`` says
+what failed (session 34's first GPU run read nothing, silently: it asked torch for a PCI bus id string it has not).
 """
 
 from __future__ import annotations
@@ -28,19 +29,24 @@ class EnergyMeter:
         self.lib = self.handle = None
         self.period_s = period_s
         self.joules = self.seconds = self.sm_mhz = None
+        self.why = None
         try:
             import torch
 
             lib = ctypes.CDLL("libnvidia-ml.so.1")
-            if lib.nvmlInit_v2() != 0:
+            if (rc := lib.nvmlInit_v2()) != 0:
+                self.why = f"nvmlInit_v2 returned {rc}"
                 return
-            bus = torch.cuda.get_device_properties(device_index).pci_bus_id  # e.g. "0000:1a:00.0"
+            uuid = f"GPU-{torch.cuda.get_device_properties(device_index).uuid}"
             handle = ctypes.c_void_p()
-            if lib.nvmlDeviceGetHandleByPciBusId_v2(bus.encode(), ctypes.byref(handle)) != 0:
+            if (rc := lib.nvmlDeviceGetHandleByUUID(uuid.encode(), ctypes.byref(handle))) != 0:
+                self.why = f"nvmlDeviceGetHandleByUUID({uuid}) returned {rc}"
                 return
             self.lib, self.handle = lib, handle
-        except (OSError, AttributeError, RuntimeError, AssertionError):
-            return
+            if self._energy_mj() is None:
+                self.lib, self.why = None, "nvmlDeviceGetTotalEnergyConsumption failed (not supported here?)"
+        except (OSError, AttributeError, RuntimeError, AssertionError) as e:
+            self.why = f"{type(e).__name__}: {e}"
 
     def _energy_mj(self) -> int | None:
         v = ctypes.c_ulonglong()

@@ -17,6 +17,10 @@
 #     at the power cap? The update with NVML's joules and SM clock per arm (gpu_energy.py), two rounds and a profile,
 #     then the same with QUARL_FP8_TUNE=0 (every quantizer at its default setting: slower kernels, the same bytes) --
 #     if the quantizers' profiled time grows by more than the step does, their time is not what bounds it.
+#   phase d: bash benchmarks/gpu_session34.sh d   (nvidia-h100-x1; carry .dev/dg.tar.xz; ~8 min)
+#     After c (no: the quantizers' +1.44 ms a layer at the default settings moved the step +1.38 ms; the meter read
+#     nothing -- torch has no PCI bus id string: by UUID now, and a failure named in the JSON): the 7B update in three
+#     rounds with the meter, then the Qwen3-8B one (the issue's other shape; 1.48x in session 31) in two.
 set -u
 PHASE=${1:?phase}
 OUT=${OUT:?}
@@ -55,6 +59,17 @@ c)
     (export QUARL_FP8_TUNE=0; model_step 200 p7_tune0 --shape Qwen2.5-7B --layers 4 --tokens 16384 --loss rl \
         --arms $ARMS --iters 2 --accumulate 8 --repeat 2 --profile)
     kill $SMI
+    ;;
+d)
+    ([ -d /tmp/dg/deep_gemm ] || deepgemm > "$OUT/deepgemm.log" 2>&1) &
+    DG=$!
+    wait $DG
+    export PYTHONPATH=$PYTHONPATH:/tmp/dg
+    ARMS="bf16,bf16+glue,jetrl-xtiles+deepgemm+glue"
+    model_step 220 p7_r3 --shape Qwen2.5-7B --layers 4 --tokens 16384 --loss rl --arms $ARMS --iters 2 --accumulate 8 \
+        --repeat 3
+    model_step 170 q8_r2 --shape Qwen3-8B --layers 4 --tokens 16384 --loss rl --arms $ARMS --iters 2 --accumulate 8 \
+        --repeat 2
     ;;
 esac
 phase_end
