@@ -76,3 +76,23 @@ phase_end
 
 # ---------------------------------------------------------------------------------------------------------------
 # Record (calls of this session; device time from the tool's lease):
+#   a  commit f26e29a, 2026-11-28 00:26-00:32 UTC (cold), 337 s run (budget 1800 -> 1428 s): SwiGLU GPU tests 12
+#      passed (the column-chunk backward settings and the staged forward bit-equal, every launch kind, padded and
+#      stacked); fp8_swiglu_bench (16k tokens, back to back, ms): backward staged (16, 8, 64) 1.398 / (32, 8, 64) 1.482
+#      / (32, 8) 1.566 / (16, 8) 1.751, register order 1.719, two passes 1.855 (7B width); 2.026 / 2.132 / 2.271 / 2.525
+#      / 2.519 / 2.698 (32B); forward staged (16, 8, 64) 0.830 / (32, 8, 64) 0.865 against register order 0.847 (7B),
+#      1.216 / 1.258 / 1.226 (32B); the 7B update (staged (32, 8) chosen, the new settings not yet candidates) 26.39 /
+#      26.58 / 26.63 ms a layer against bf16+glue 39.51 / 39.41 / 39.47 (1.497 / 1.483 / 1.482x).
+#   b  commit f992def, 00:35-00:41 UTC (cold), 347 s (-> 1018 s; the copy's `git log` printed the previous session's
+#      head, its files were this commit's: the new tests ran): GPU tests 14 passed; 7B update 26.58 / 26.69 / 27.14
+#      against 39.92 / 39.71 / 40.29 (1.502 / 1.488 / 1.485x); in situ the backward (16, 8, 64) 1.50 ms against (32, 8)
+#      1.79, the forward staged 0.93 against register order 1.06; profile (8 micro-batches): SwiGLU backward 1.60, other
+#      quantizers 2.07, GEMMs 18.04 ms a layer.
+#   c  commit a8a7f88, 00:43-00:49 UTC (cold), 326 s (-> 628 s): 7B update in situ 25.90 / 26.18 against 39.10 / 39.25
+#      (1.510 / 1.499x), QUARL_FP8_TUNE=0 27.28 / 27.44 against 39.41 / 39.54 (1.445 / 1.441x); profiled quantizers
+#      3.53 -> 4.97 ms a layer, the step +1.38 ms: the quantizers' time is the step's, 1:1 (not energy-bound). The
+#      NVML meter read nothing (torch gives no PCI bus id string; fixed: by UUID).
+#   d  commit 43b26db, 00:50-00:59 UTC (cold), 492 s (-> 72 s; given back: 66 s): DeepGEMM's build took 118 s, so
+#      the 7B update ran one FP8 round before its timeout: 25.60 against 38.89 / 38.60 (1.519x in its round);
+#      Qwen3-8B 22.37 / 22.72 against 33.39 / 33.40 (1.493 / 1.470x). NVML: every arm at 692-706 W mean; J a layer
+#      7B bf16+glue 27.70, FP8 17.75 (1.561x); Qwen3-8B 23.93 / 16.47 (1.453x).
