@@ -22,10 +22,10 @@ PyTorch's exact ``expf`` and three correctly rounded divisions an element the pa
 27: 2.1 and 1.3 TB/s). So a counted few codes (H200, 7B width: 2.3e3 of 6.2e8) are one step off the quantization of
 eager PyTorch's ``dg`` / ``du``; scales equal (``tests/kernels/test_fp8_swiglu_*``).
 
-Why only the backward: the forward was fused the same way (``h = silu(g) * u`` inside the down projection's quantizer,
-session 27, commit 3d653a8) and measured 0.84x the compiled glue + quantizer it replaced (H200, 32B width: 1.90 against
-1.60 ms; the glue's inductor kernel streams at ~4 TB/s, the fused passes paid PyTorch-exact ``expf`` / ``div_rn``
-twice): the forward's h is written once, in BF16, by the glue (``quarl.quant.fp8_swiglu``).
+The forward's ``h = silu(g) * u``: fused the same way in Triton (session 27, commit 3d653a8) it measured 0.84x the
+compiled glue + quantizer it replaced (H200, 32B width: 1.90 against 1.60 ms; PyTorch-exact ``expf`` / ``div_rn`` paid
+twice) and was dropped; it is quantized from g and u by Gluon kernels instead -- ``fp8_quant_regs``' SWIGLU form
+(session 31) or ``fp8_swiglu_staged``'s forward form (session 34), chosen by time in :func:`swiglu_forward_operand`.
 
 Launch settings are chosen by time per shape class as ``fp8_quant``'s (``fp8_quant.pick_setting``; every setting
 gives the same bits): the row pass by (rows per chunk, warps), the transposed pass by (columns per program, warps,

@@ -96,3 +96,22 @@ def test_staged_swiglu_forward_builds_for_sm90(tiles):
             assert registers(k) is None or registers(k) <= 72, (r, nc, rows, registers(k))
             assert k.metadata.shared <= 34 * 1024, (r, nc, rows, k.metadata.shared)
             assert "rcp.approx.ftz.f32" in ptx and "div.rn" not in ptx and "st.global.v4.b32" in ptx, (r, nc, rows)
+
+
+def test_forward_candidates_are_the_staged_forms_only_where_x_t_is_made_on_cuda(monkeypatch):
+    """``fp8_swiglu.forward_settings`` (session 34): the register-order SWIGLU form first (the default, and the only one
+    without X^T -- rollout -- off CUDA, or with ``QUARL_FP8_REGS=0``), then ``fp8_swiglu_staged.FWD_SETTINGS``."""
+    import torch
+    from quarl_kernels import fp8_quant_regs as fr
+    from quarl_kernels import fp8_swiglu as fs
+    from quarl_kernels import fp8_swiglu_staged as stg
+
+    class OnCuda:  # what forward_settings asks of g
+        is_cuda = True
+
+    regs = tuple(("regs", *st) for st in fr.SWIGLU_SETTINGS)
+    assert fs.forward_settings(OnCuda(), 4096) == regs + tuple(("staged", *st) for st in stg.FWD_SETTINGS)
+    assert fs.forward_settings(OnCuda(), None) == regs
+    assert fs.forward_settings(torch.zeros(1), 4096) == regs
+    monkeypatch.setenv("QUARL_FP8_REGS", "0")
+    assert fs.forward_settings(OnCuda(), 4096) == regs
