@@ -402,8 +402,8 @@ def round_ratios(res: dict) -> list[str]:
 
 def energy_lines(res: dict, by: dict) -> list[str]:
     """Joules per micro-batch per decoder layer (the stem's subtracted, as the ms), mean watts and SM clock of each
-    arm's median-ms round, from NVML (:class:`gpu_energy.EnergyMeter`); none without them. At a power cap the J ratio
-    is what the ms ratio follows."""
+    arm's median-ms round, from NVML (:class:`gpu_energy.EnergyMeter`); none without them. Every arm of the 7B / 8B
+    updates ran at the H100's 700 W cap (session 34), so the J ratio stays near the ms ratio, not equal to it."""
     stems = {a: r for (a, n), r in by.items() if not n and "joules" in r}
     rows = [(a, r) for (a, n), r in by.items() if n and "joules" in r and stem_arm(a) in stems]
     if not rows:

@@ -1,10 +1,10 @@
 """The GPU's energy and SM clock over a timed span, from NVML (through ctypes: no pynvml needed).
 
 Why (session 34): the FP8 actor update runs at the H100's 700 W power cap -- and so do the BF16 arms (session 33's
-nvidia-smi log: all three at 692-700 W, SM clock ~1.4-1.5 GHz). Under the cap a kernel made faster without drawing
-less energy lends its time to the others' lower clock, so an in-step kernel gain need not show in the step. The
-meter puts joules and the mean SM clock beside each arm's milliseconds: J per layer is the measure such a step is
-bound by.
+nvidia-smi log: all three at 692-700 W, SM clock ~1.4-1.5 GHz). Were the step bound by energy there, a kernel made
+faster without drawing less energy would only lend its time to the others' lower clock. Tested in session 34 and not
+so (slower quantizer settings with the same bytes cost the step their whole time, RESULTS.md "Session 34"); the meter
+stays as the second measure beside each arm's milliseconds -- joules per layer, mean watts and SM clock.
 
 ``nvmlDeviceGetTotalEnergyConsumption`` counts mJ since the driver loaded (Volta and later); the clock is sampled
 every ``period_s`` by a thread. The device is found by the CUDA device's UUID (CUDA and NVML number devices

@@ -52,11 +52,11 @@ from quarl_kernels import fp8_quant, fp8_swiglu
 from quarl_kernels.fp8_quant_regs import _codes, _codes_by_recip, _quantize, _scale, _silu_mul
 
 GROUP = 128
-# (tokens a row chunk, warps[, X^T's columns a step]); 8 warps only -- phase 2's layout puts 16 tokens a thread over 8 warps (4 warps would
-# hold 128 fp32 values a thread and spill). H100, session 33 phase d, 16k tokens, ms back to back / in the 7B step:
-# (32, 8) 1.537-1.540 / 1.79, (16, 8) 1.704-1.710 / 2.01 -- against the register-order kernel's 1.706-1.714 / 2.06,
-# Triton's merged pass 1.723-1.729 / 1.96 and the two passes' 1.816-1.817 / 1.88 (phase c); at 32B width (32, 8)
-# 2.222 / 2.63 against 2.484 / 3.05 (register order) and 2.645 (two passes, back to back).
+# (tokens a row chunk, warps[, X^T's columns a step]); 8 warps only -- phase 2's layout puts 16 tokens a thread over 8
+# warps (4 warps would hold 128 fp32 values a thread and spill). H100, session 33 phase d, 16k tokens, ms back to back
+# / in the 7B step: (32, 8) 1.537-1.540 / 1.79, (16, 8) 1.704-1.710 / 2.01 -- against the register-order kernel's
+# 1.706-1.714 / 2.06, Triton's merged pass 1.723-1.729 / 1.96 and the two passes' 1.816-1.817 / 1.88 (phase c); at 32B
+# width (32, 8) 2.222 / 2.63 against 2.484 / 3.05 (register order) and 2.645 (two passes, back to back).
 # Three fields: phase 2 by column chunks of the shared tile, so it holds 16 x 2 values a thread instead of 16 x 4 -- 71
 # registers at (16, 8, 64) (sm_90, CPU compile): three programs a multiprocessor (198 KB of shared memory) instead of
 # two. Session 34 (H100, phase a; its bits checked first by test_fp8_swiglu_gpu.py): 7B width (16, 8, 64) 1.398 ms,
@@ -162,8 +162,8 @@ def _staged_fwd_kernel(
     ROWS: gl.constexpr, TILE: gl.constexpr, R: gl.constexpr, NC: gl.constexpr,
 ):
     # SwiGLU's forward operand staged the same way (session 33; bit-equal on an H100 in session 34; a candidate of
-    # fp8_swiglu.swiglu_forward_operand): h = silu(g) * u by row chunks -- its row groups (ROWS) coded at once, h (BF16 values)
-    # into shared memory, with TILE the tile's amax accumulated elementwise -- then X^T by NC-column chunks from
+    # fp8_swiglu.swiglu_forward_operand): h = silu(g) * u by row chunks -- its row groups (ROWS) coded at once, h (BF16
+    # values) into shared memory, with TILE the tile's amax accumulated elementwise -- then X^T by NC-column chunks from
     # shared memory: fp8_quant_regs' SWIGLU form's bits (codes as the correctly rounded quotient)
     W: gl.constexpr = gl.num_warps()
     LC: gl.constexpr = gl.BlockedLayout([R // W, 4], [1, 32], [W, 1], [1, 0])

@@ -81,7 +81,7 @@ def test_staged_spec_names_what_it_cannot_launch():
 
 @pytest.mark.parametrize("tiles", [True, False], ids=["x-t-tiles", "x-t-1x128"])
 def test_staged_swiglu_forward_builds_for_sm90(tiles):
-    """The staged kernel's forward form (h = silu(g) * u; session 33, GPU bits checked in session 34): no spills, at most
+    """The staged kernel's forward form (h = silu(g) * u; session 33, GPU bits in session 34): no spills, at most
     72 registers (three or more 8-warp programs a multiprocessor; the register-order SWIGLU form takes 120-128), at
     most 34 KB of shared memory, the correctly rounded quotient by ``group_div`` (no division), 16-byte X^T runs."""
     from quarl_kernels import fp8_swiglu_staged as stg
