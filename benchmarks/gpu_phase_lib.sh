@@ -38,13 +38,34 @@ grpo() {  # SECONDS DIR [ARGS...]: the 7B GRPO step (benchmarks/grpo_step_gpu.py
     echo "== 7B GRPO step ($d) rc=$? at $((SECONDS - T0)) s"; grep -A 6 "^| format | step" "$OUT/$d/run.log"
 }
 
-deepgemm() {  # DeepGEMM (carry .dev/dg.tar.xz) built on the machine, on PYTHONPATH (gpu_session7.sh's setup_deepgemm)
+deepgemm() {  # DeepGEMM (carry .dev/dg.tar.xz) built on the machine, on PYTHONPATH (gpu_session7.sh's setup_deepgemm);
+    # with .dev/dg_built.tar.xz carried too (pack_deepgemm's archive from an earlier call: the build and its JIT cache)
+    # unpacked instead, when it imports here -- the build took 85-118 s of every call (session 34)
+    if [ -f .dev/dg_built.tar.xz ] && ! ls /tmp/dg/deep_gemm/_C*.so > /dev/null 2>&1; then
+        tar xJf .dev/dg_built.tar.xz -C / \
+            && (cd /tmp && PYTHONPATH=/tmp/dg "$PY" -c "import deep_gemm" > /dev/null 2>&1) \
+            && echo "== DeepGEMM unpacked from .dev/dg_built.tar.xz at $((SECONDS - T0)) s" \
+            || { echo "== .dev/dg_built.tar.xz does not import here: building"; rm -rf /tmp/dg /root/.deep_gemm; }
+    fi
     [ -d .dg/DeepGEMM ] || tar xJf .dev/dg.tar.xz
     local keep_phase=$PHASE keep_t0=$T0  # gpu_session7.sh's library sets PHASE and T0 for itself
     source benchmarks/gpu_session7.sh lib > /dev/null
     setup_deepgemm > /dev/null 2>&1
     PHASE=$keep_phase T0=$keep_t0
     echo "== DeepGEMM ready at $((SECONDS - T0)) s: $(ls /tmp/dg/deep_gemm/_C*.so 2>&1 | head -1)"
+}
+
+pack_deepgemm() {  # the built DeepGEMM and its JIT cache -> $OUT/dg_built.tar.xz (<= 16 MiB, the largest file the
+    # device tool returns), to copy into .dev/ and carry in later calls (deepgemm unpacks it)
+    tar cJf "$OUT/dg_built.tar.xz" -C / --exclude "tmp/dg/build/temp*" --exclude "*.o" tmp/dg root/.deep_gemm \
+        2> /dev/null
+    local kb
+    kb=$(du -k "$OUT/dg_built.tar.xz" | cut -f1)
+    if [ "$kb" -gt 16000 ]; then
+        echo "== DeepGEMM archive $kb KB: over the 16 MiB a file may come back; dropped"; rm -f "$OUT/dg_built.tar.xz"
+    else
+        echo "== DeepGEMM archive $kb KB at $((SECONDS - T0)) s"
+    fi
 }
 
 model_step() {  # SECONDS TAG ARGS...: benchmarks/fp8_model_step.py -> $OUT/model/TAG (Jet-RL's actor update)
@@ -117,8 +138,10 @@ learn() {  # SECONDS ARGS...: benchmarks/rl_learning.py (ARGS name --work /tmp/l
         --exclude=tensorboard -C /tmp/learn . 2>/dev/null
 }
 
-phase_end() {  # one archive of the phase's outputs
-    tar czf "$OUT/phase-$PHASE.tar.gz" -C "$OUT" --exclude "phase-$PHASE.tar.gz" --exclude gpu.txt . 2>/dev/null
-    find "$OUT" -mindepth 1 -maxdepth 1 ! -name "phase-$PHASE.tar.gz" ! -name gpu.txt -exec rm -rf {} +
+phase_end() {  # one archive of the phase's outputs (pack_deepgemm's archive kept beside it)
+    tar czf "$OUT/phase-$PHASE.tar.gz" -C "$OUT" --exclude "phase-$PHASE.tar.gz" --exclude gpu.txt \
+        --exclude dg_built.tar.xz . 2>/dev/null
+    find "$OUT" -mindepth 1 -maxdepth 1 ! -name "phase-$PHASE.tar.gz" ! -name gpu.txt ! -name dg_built.tar.xz \
+        -exec rm -rf {} +
     echo "phase $PHASE done at $((SECONDS - T0)) s"
 }
