@@ -21,6 +21,13 @@
 #     After c (no: the quantizers' +1.44 ms a layer at the default settings moved the step +1.38 ms; the meter read
 #     nothing -- torch has no PCI bus id string: by UUID now, and a failure named in the JSON): the 7B update in three
 #     rounds with the meter, then the Qwen3-8B one (the issue's other shape; 1.48x in session 31) in two.
+#   phase e (prepared, not run: no device budget left): bash benchmarks/gpu_session34.sh e   (nvidia-h100-x1; carry
+#     .dev/dg.tar.xz; ~6 min) -- the staged kernel's plain-activation form (fp8_swiglu_staged.ACT_UNTESTED_SETTINGS,
+#     fwd_spec with u None; 48-80 registers, compiled on CPU only): its bits (test_fp8_quant_gpu.py), every X / dY
+#     operand of a 7B layer timed beside the library's choice and the register-order kernel (fp8_quant_operands.py
+#     --regs --staged), and DeepGEMM's build packed for later calls (pack_deepgemm: copy $OUT's dg_built.tar.xz into
+#     .dev/ and carry it). If the form passes and wins, add it to fp8_quant.regs_settings (bf16 inputs) and time the
+#     update.
 set -u
 PHASE=${1:?phase}
 OUT=${OUT:?}
@@ -70,6 +77,16 @@ d)
         --repeat 3
     model_step 170 q8_r2 --shape Qwen3-8B --layers 4 --tokens 16384 --loss rl --arms $ARMS --iters 2 --accumulate 8 \
         --repeat 2
+    ;;
+e)
+    ([ -d /tmp/dg/deep_gemm ] || deepgemm > "$OUT/deepgemm.log" 2>&1) &
+    DG=$!
+    tests 150 tests/kernels/test_fp8_quant_gpu.py tests/kernels/test_fp8_swiglu_gpu.py \
+        -k "staged or regs_kernel or same_bits"
+    wait $DG  # (the build's nvcc processes would share the host with the timed launches)
+    cat "$OUT/deepgemm.log"
+    bench 120 quant benchmarks/kernels/fp8_quant_operands.py --models Qwen2.5-7B --regs --staged
+    pack_deepgemm
     ;;
 esac
 phase_end

@@ -18,7 +18,9 @@ useful bytes (x read, two bytes an element written) -- how far the best setting 
 
 ``--regs`` (session 31): also ``quarl_kernels.fp8_quant_regs`` (X^T transposed by register order, Gluon) at each of
 its settings on each X / dY operand, its outputs checked byte for byte against the library's before they are timed
-(the library's own choice includes it since session 31: the best setting can be one of these). Sessions 26-27's
+(the library's own choice includes it since session 31: the best setting can be one of these). ``--staged`` (session
+34): the same for ``quarl_kernels.fp8_swiglu_staged``'s plain-activation form (the tile staged in shared memory, X^T by
+column chunks; ``ACT_UNTESTED_SETTINGS``, not yet in the library's choice). Sessions 26-27's
 ``--gluon`` (an earlier Gluon kernel, ``benchmarks/kernels/fp8_quant_gluon.py``, measured and not kept: RESULTS.md
 "Session 26", "Session 27") was removed with that kernel in session 31.
 """
@@ -60,25 +62,40 @@ def moved_bytes(setting: tuple, numel: int, fq) -> int:
     return numel * (2 + 1 + 1 + (2 if split else 0))
 
 
-def regs_rows(x: torch.Tensor, tokens: int, cols: int, tiles: bool, ref: tuple) -> dict:
-    """ms of ``quarl_kernels.fp8_quant_regs`` (X^T by register order, Gluon) at each of its settings on one operand,
-    after checking its bytes against ``ref`` (the library's Triton outputs, equal to eager PyTorch's)."""
+def gluon_kernels() -> dict:
+    """The Gluon kernels ``--regs`` / ``--staged`` time: name -> (settings, launch(x, outputs, tokens, cols, tiles,
+    setting)) -- ``fp8_quant_regs`` (X^T by register order, session 31) and ``fp8_swiglu_staged``'s plain-activation
+    form (the tile staged in shared memory, session 34: ``ACT_UNTESTED_SETTINGS``, not yet in the library's choice)."""
     from quarl_kernels import fp8_quant as fq
     from quarl_kernels import fp8_quant_regs as fr
+    from quarl_kernels import fp8_swiglu_staged as stg
 
+    return {
+        "regs": (fr.SETTINGS, lambda x, got, t, c, tiles, st: fr.launch_setting(x, *got, t, c, t, tiles, st)),
+        "staged": (stg.ACT_UNTESTED_SETTINGS,
+                   lambda x, got, t, c, tiles, st: fq._launch(stg.fwd_spec(x, None, *got, t, c, t, tiles, *st))),
+    }
+
+
+def gluon_rows(x: torch.Tensor, tokens: int, cols: int, tiles: bool, ref: tuple, name: str) -> dict:
+    """ms of the Gluon kernel ``name`` (:func:`gluon_kernels`) at each of its settings on one operand, after checking
+    its bytes against ``ref`` (the library's outputs, equal to eager PyTorch's)."""
+    from quarl_kernels import fp8_quant as fq
+
+    settings, launch = gluon_kernels()[name]
     out = {}
-    for st in fr.SETTINGS:
+    for st in settings:
         got = fq._act_outputs(x, tokens, cols, tokens, True, tiles)
-        run = lambda got=got, st=st: fr.launch_setting(x, *got, tokens, cols, tokens, tiles, st)
+        run = lambda got=got, st=st: launch(x, got, tokens, cols, tiles, st)
         run()
-        out[f"regs{st}_same_bits"] = all(
+        out[f"{name}{st}_same_bits"] = all(
             torch.equal(a.view(torch.uint8) if a.dtype == torch.float8_e4m3fn else a,
                         b.view(torch.uint8) if b.dtype == torch.float8_e4m3fn else b) for a, b in zip(got, ref))
-        out[f"regs{st}_ms"] = cuda_ms(run)
+        out[f"{name}{st}_ms"] = cuda_ms(run)
     return out
 
 
-def bench(model: str, tokens: int, regs: bool = False) -> list[dict]:
+def bench(model: str, tokens: int, gluon: tuple = ()) -> list[dict]:
     from quarl_kernels import fp8_quant as fq
 
     rows = []
@@ -112,9 +129,9 @@ def bench(model: str, tokens: int, regs: bool = False) -> list[dict]:
         if tiles:  # the path before session 26: row groups, then the weight kernel on X (+ its transpose)
             old = cuda_ms(lambda x=x, c=cols: (fq.quantize_act(x, tokens, c, None), fq.quantize_tiles(x, transpose=True)))
             row.update(old_path_ms=old, speedup_over_old=old / ms[best])
-        if regs:
-            row.update(regs_rows(x, tokens, cols, tiles, ref))
-            print(json.dumps({k: v for k, v in row.items() if k.startswith("regs")}), flush=True)
+        for name in gluon:
+            row.update(gluon_rows(x, tokens, cols, tiles, ref, name))
+            print(json.dumps({k: v for k, v in row.items() if k.startswith(name)}), flush=True)
         # where the one-read kernels' time goes (session 30): the row groups alone (reads x, writes 1 byte an element),
         # X^T alone, and a plain copy of the same useful bytes (x read, 2 bytes an element written) -- the rate the
         # operand could reach
@@ -136,15 +153,18 @@ def main() -> None:
     ap.add_argument("--tokens", type=int, default=16384)
     ap.add_argument("--out", default="/tmp/fp8_quant_operands")
     ap.add_argument("--regs", action="store_true", help="also quarl_kernels.fp8_quant_regs (X^T by register order)")
+    ap.add_argument("--staged", action="store_true",
+                    help="also fp8_swiglu_staged's plain-activation form (the tile staged in shared memory)")
     a = ap.parse_args()
     if not torch.cuda.is_available():
         raise SystemExit("needs a CUDA device (the launch settings are timed on it)")
+    gluon = tuple(n for n, on in (("regs", a.regs), ("staged", a.staged)) if on)
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
     res = {"command": " ".join(sys.argv), "date": datetime.now(UTC).isoformat(timespec="seconds"),
            "gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "tokens": a.tokens, "models": {}}
     for model in a.models.split(","):
-        res["models"][model] = bench(model, a.tokens, a.regs)
+        res["models"][model] = bench(model, a.tokens, gluon)
         (out / "fp8_quant_operands.json").write_text(json.dumps(res, indent=1))
     print("\n| model | operand | X^T | best setting | ms | useful GB/s | moved GB/s | before session 26 ms |")
     print("|---|---|---|---|---:|---:|---:|---:|")
@@ -162,17 +182,16 @@ def main() -> None:
             if "copy_ms" in r:
                 print(f"| {model} | {r['operand']} | {r['ms']:.3f} | {r['rows_only_ms']:.3f} | {r['t_only_ms']:.3f} | "
                       f"{r['copy_ms']:.3f} | {r['copy_GBps']:.0f} |")
-    if a.regs:
-        from quarl_kernels import fp8_quant_regs as fr
-
-        print("\n| model | operand | best Triton setting ms | " + " | ".join(
-            f"regs {st} ms (bits)" for st in fr.SETTINGS) + " |")
-        print("|---|---|---:|" + "---:|" * len(fr.SETTINGS))
+    if gluon:
+        cols = [(n, st) for n in gluon for st in gluon_kernels()[n][0]]
+        print("\n| model | operand | the library's choice ms | " + " | ".join(
+            f"{n} {st} ms (bits)" for n, st in cols) + " |")
+        print("|---|---|---:|" + "---:|" * len(cols))
         for model, rows in res["models"].items():
             for r in rows:
                 if "copy_ms" in r:
                     print(f"| {model} | {r['operand']} | {r['ms']:.3f} | " + " | ".join(
-                        f"{r[f'regs{st}_ms']:.3f} ({r[f'regs{st}_same_bits']})" for st in fr.SETTINGS) + " |")
+                        f"{r[f'{n}{st}_ms']:.3f} ({r[f'{n}{st}_same_bits']})" for n, st in cols) + " |")
 
 
 if __name__ == "__main__":

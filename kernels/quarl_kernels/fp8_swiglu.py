@@ -76,23 +76,24 @@ def regs_settings(g: torch.Tensor) -> tuple:
     """The Gluon merged candidates (none on CPU, without Gluon or with ``QUARL_FP8_REGS=0``): ``("regs", tokens a
     thread, warps)`` -- ``quarl_kernels.fp8_quant_regs``' kernel for the same pass (session 31: dh, g, u read once,
     both gradients' codes from registers, X^T by register order) -- and ``("staged", tokens a row chunk, warps)``,
-    ``quarl_kernels.fp8_swiglu_staged`` (session 33: the tile's dg / du staged in shared memory, ~120 registers).
-    All give the same bits."""
+    ``quarl_kernels.fp8_swiglu_staged`` (session 33: the tile's dg / du staged in shared memory, ~120 registers; BF16
+    inputs only). All give the same bits."""
     if not (g.is_cuda and fq.regs_wanted()):
         return ()
     fr, stg = fq.regs_module(), staged_module()
+    staged = stg is not None and g.dtype == torch.bfloat16
     return (tuple(("regs", *st) for st in fr.SWIGLU_BWD_SETTINGS)
-            + (tuple(("staged", *st) for st in stg.SETTINGS) if stg is not None else ()))
+            + (tuple(("staged", *st) for st in stg.SETTINGS) if staged else ()))
 
 
 def forward_settings(g: torch.Tensor, t_rows: int | None) -> tuple:
     """The candidates for the forward's operand ``h = silu(g) * u`` (:func:`swiglu_forward_operand`):
     ``fp8_quant_regs``' SWIGLU form ``("regs", tokens a thread, warps)`` -- the default, the only one without X^T or
-    with ``QUARL_FP8_REGS=0`` -- and, with X^T, ``fp8_swiglu_staged``'s forward form ``("staged", tokens a row chunk,
-    warps, X^T's columns a step)``. All give the same bits."""
+    with ``QUARL_FP8_REGS=0`` -- and, with X^T and BF16 inputs, ``fp8_swiglu_staged``'s forward form ``("staged",
+    tokens a row chunk, warps, X^T's columns a step)``. All give the same bits."""
     fr, stg = fq.regs_module(), staged_module()
     regs = tuple(("regs", *st) for st in fr.SWIGLU_SETTINGS)
-    if t_rows is None or stg is None or not (g.is_cuda and fq.regs_wanted()):
+    if t_rows is None or stg is None or g.dtype != torch.bfloat16 or not (g.is_cuda and fq.regs_wanted()):
         return regs
     return regs + tuple(("staged", *st) for st in stg.FWD_SETTINGS)
 

@@ -186,6 +186,40 @@ def test_regs_kernel_equals_eager(m, k, dtype, special):
         assert same(q, rq) and torch.equal(s, rs), (setting, "rows alone", ndiff(q, rq))
 
 
+@pytest.mark.parametrize("m,k,special,strided", [(4099, 3584, False, False), (1000, 18944, False, False),
+                                                 (257, 576, True, False), (2048, 512, False, True)])
+def test_staged_activation_form_equals_eager(m, k, special, strided):
+    """``fp8_swiglu_staged``'s plain-activation form (session 34, ``ACT_UNTESTED_SETTINGS``; ``fwd_spec`` with ``u``
+    None): the eager quantizers' bits at every setting -- the row groups, X^T in 1x128 groups along the tokens and in
+    128x128 tiles, with and without the row groups; BF16 (what it stages), padded shapes, zero / tiny / huge groups, and
+    a column block of a wider tensor (stacked q / k / v's outputs). Until this passes on a GPU the form is not a
+    candidate of ``quantize_act``'s choice."""
+    pytest.importorskip("triton.experimental.gluon")
+    from quarl_kernels import fp8_swiglu_staged as stg
+
+    torch.manual_seed(6)
+    x = _regs_case(m, k + 256 if strided else k, torch.bfloat16, special)
+    x = x[:, 256:] if strided else x  # row stride k + 256, unit column stride
+    mp, mt, kp = _round_up(m, 4), _round_up(m, 128), _round_up(k, 128)
+    rq, rs = quantize_act_1x128(_pad2(x, mp, kp))
+    rqt, rst = quantize_act_1x128(_pad2(x, mt, kp).t())
+    tq, ts = _tiles_padded(_pad2(x, mt, kp))
+    for setting in stg.ACT_UNTESTED_SETTINGS:
+        for tiles in (False, True):
+            for rows in (True, False):
+                q, s, qt, st = fq._act_outputs(x, mp, kp, mt, rows, tiles)
+                fq._launch(stg.fwd_spec(x, None, q, s, qt, st, mp, kp, mt, tiles, *setting))
+                where = (setting, tiles, rows)
+                assert not rows or (same(q, rq) and torch.equal(s, rs)), (where, ndiff(q, rq))
+                if tiles:
+                    assert same(qt, tq.t()) and torch.equal(st, ts.t()), (where, ndiff(qt, tq.t()))
+                else:
+                    assert same(qt, rqt) and torch.equal(st, rst), (where, ndiff(qt, rqt))
+    with pytest.raises(ValueError, match="BF16"):
+        fq._launch(stg.fwd_spec(x.float(), None, *fq._act_outputs(x, mp, kp, mt, True, False), mp, kp, mt, False,
+                                *stg.ACT_UNTESTED_SETTINGS[0]))
+
+
 def test_every_launch_setting_gives_the_same_bits():
     """The run-time choice of (rows per chunk, warps[, X^T as 4-token words]) changes no bit: each candidate
     against the eager oracle, activations in both groupings (and X^T alone) and weight tiles with their transpose

@@ -81,21 +81,25 @@ def test_staged_spec_names_what_it_cannot_launch():
 
 @pytest.mark.parametrize("tiles", [True, False], ids=["x-t-tiles", "x-t-1x128"])
 def test_staged_swiglu_forward_builds_for_sm90(tiles):
-    """The staged kernel's forward form (h = silu(g) * u; session 33, GPU bits in session 34): no spills, at most
-    72 registers (three or more 8-warp programs a multiprocessor; the register-order SWIGLU form takes 120-128), at
-    most 34 KB of shared memory, the correctly rounded quotient by ``group_div`` (no division), 16-byte X^T runs."""
+    """The staged kernel's forward form (h = silu(g) * u; session 33, GPU bits in session 34) and its plain-activation
+    form (``SWIGLU=False``, session 34, ``ACT_UNTESTED_SETTINGS``): no spills, at most 72 / 80 registers (three or more
+    8-warp programs a multiprocessor; the register-order forms take 120-128), at most 34 KB of shared memory, the
+    correctly rounded quotient by ``group_div`` (no division), 16-byte X^T runs; SiLU's ``ex2`` in the SwiGLU form
+    alone."""
     from quarl_kernels import fp8_swiglu_staged as stg
 
     from tests.kernels.sm90_sass import registers, stack_bytes
 
-    for r, _, nc in stg.FWD_SETTINGS:
-        for rows in (True, False):
-            k = stg.compile_fwd_sm90(r, nc, tiles, rows)
-            ptx = k.asm["ptx"]
-            assert stack_bytes(k) in (0, None), (r, nc, rows)
-            assert registers(k) is None or registers(k) <= 72, (r, nc, rows, registers(k))
-            assert k.metadata.shared <= 34 * 1024, (r, nc, rows, k.metadata.shared)
-            assert "rcp.approx.ftz.f32" in ptx and "div.rn" not in ptx and "st.global.v4.b32" in ptx, (r, nc, rows)
+    for swiglu, settings, most in ((True, stg.FWD_SETTINGS, 72), (False, stg.ACT_UNTESTED_SETTINGS, 80)):
+        for r, _, nc in settings:
+            for rows in (True, False):
+                k = stg.compile_fwd_sm90(r, nc, tiles, rows, swiglu)
+                ptx, where = k.asm["ptx"], (swiglu, r, nc, rows)
+                assert stack_bytes(k) in (0, None), where
+                assert registers(k) is None or registers(k) <= most, (where, registers(k))
+                assert k.metadata.shared <= 34 * 1024, (where, k.metadata.shared)
+                assert "rcp.approx.ftz.f32" in ptx and "div.rn" not in ptx and "st.global.v4.b32" in ptx, where
+                assert ("ex2.approx" in ptx) == swiglu, where
 
 
 def test_forward_candidates_are_the_staged_forms_only_where_x_t_is_made_on_cuda(monkeypatch):
@@ -108,10 +112,14 @@ def test_forward_candidates_are_the_staged_forms_only_where_x_t_is_made_on_cuda(
 
     class OnCuda:  # what forward_settings asks of g
         is_cuda = True
+        dtype = torch.bfloat16
 
     regs = tuple(("regs", *st) for st in fr.SWIGLU_SETTINGS)
     assert fs.forward_settings(OnCuda(), 4096) == regs + tuple(("staged", *st) for st in stg.FWD_SETTINGS)
     assert fs.forward_settings(OnCuda(), None) == regs
     assert fs.forward_settings(torch.zeros(1), 4096) == regs
+    half = OnCuda()
+    half.dtype = torch.float16  # staged as BF16: exact for BF16 values alone
+    assert fs.forward_settings(half, 4096) == regs
     monkeypatch.setenv("QUARL_FP8_REGS", "0")
     assert fs.forward_settings(OnCuda(), 4096) == regs
