@@ -131,6 +131,29 @@ def _regs_case(m: int, k: int, dtype, special: bool):
     return x.to(dtype)
 
 
+def _assert_every_setting_equals_eager(x: torch.Tensor, settings: tuple, launch) -> tuple:
+    """A Gluon activation kernel (``launch(setting, (q, s, qt, st), mp, kp, mt, tiles)`` on ``fq._act_outputs``' outputs)
+    at each of ``settings`` gives the eager quantizers' bits: the row groups, X^T in 1x128 groups along the tokens and
+    in 128x128 tiles, with and without the row groups. -> ``(mp, kp, rq, rs)``: the padded sizes, the eager row groups."""
+    m, k = x.shape
+    mp, mt, kp = _round_up(m, 4), _round_up(m, 128), _round_up(k, 128)
+    rq, rs = quantize_act_1x128(_pad2(x, mp, kp))
+    rqt, rst = quantize_act_1x128(_pad2(x, mt, kp).t())
+    tq, ts = _tiles_padded(_pad2(x, mt, kp))
+    for setting in settings:
+        for tiles in (False, True):
+            for rows in (True, False):
+                q, s, qt, st = fq._act_outputs(x, mp, kp, mt, rows, tiles)
+                launch(setting, (q, s, qt, st), mp, kp, mt, tiles)
+                where = (setting, tiles, rows)
+                assert not rows or (same(q, rq) and torch.equal(s, rs)), (where, ndiff(q, rq))
+                if tiles:
+                    assert same(qt, tq.t()) and torch.equal(st, ts.t()), (where, ndiff(qt, tq.t()))
+                else:
+                    assert same(qt, rqt) and torch.equal(st, rst), (where, ndiff(qt, rqt))
+    return mp, kp, rq, rs
+
+
 def test_the_run_time_choice_may_take_the_register_order_kernel(monkeypatch):
     """quantize_act with the Gluon kernel as its only candidate besides the default: the eager quantizers' bits, and
     into the blocks of a wider stacked operand (``out=``) too."""
@@ -166,21 +189,9 @@ def test_regs_kernel_equals_eager(m, k, dtype, special):
 
     torch.manual_seed(5)
     x = _regs_case(m, k, dtype, special)
-    mp, mt, kp = _round_up(m, 4), _round_up(m, 128), _round_up(k, 128)
-    rq, rs = quantize_act_1x128(_pad2(x, mp, kp))
-    rqt, rst = quantize_act_1x128(_pad2(x, mt, kp).t())
-    tq, ts = _tiles_padded(_pad2(x, mt, kp))
+    mp, kp, rq, rs = _assert_every_setting_equals_eager(
+        x, fr.SETTINGS, lambda st, out, mp, kp, mt, tiles: fr.launch_setting(x, *out, mp, kp, mt, tiles, st))
     for setting in fr.SETTINGS:
-        for tiles in (False, True):
-            for rows in (True, False):
-                q, s, qt, st = fq._act_outputs(x, mp, kp, mt, rows, tiles)
-                fr.launch_setting(x, q, s, qt, st, mp, kp, mt, tiles, setting)
-                where = (setting, tiles, rows)
-                assert not rows or (same(q, rq) and torch.equal(s, rs)), (where, ndiff(q, rq))
-                if tiles:
-                    assert same(qt, tq.t()) and torch.equal(st, ts.t()), (where, ndiff(qt, tq.t()))
-                else:
-                    assert same(qt, rqt) and torch.equal(st, rst), (where, ndiff(qt, rqt))
         q, s, _, _ = fq._act_outputs(x, mp, kp, None, True, False)  # the row groups alone (a no-grad forward)
         fr.launch_setting(x, q, s, None, None, mp, kp, None, False, setting)
         assert same(q, rq) and torch.equal(s, rs), (setting, "rows alone", ndiff(q, rq))
@@ -200,21 +211,10 @@ def test_staged_activation_form_equals_eager(m, k, special, strided):
     torch.manual_seed(6)
     x = _regs_case(m, k + 256 if strided else k, torch.bfloat16, special)
     x = x[:, 256:] if strided else x  # row stride k + 256, unit column stride
-    mp, mt, kp = _round_up(m, 4), _round_up(m, 128), _round_up(k, 128)
-    rq, rs = quantize_act_1x128(_pad2(x, mp, kp))
-    rqt, rst = quantize_act_1x128(_pad2(x, mt, kp).t())
-    tq, ts = _tiles_padded(_pad2(x, mt, kp))
-    for setting in stg.ACT_UNTESTED_SETTINGS:
-        for tiles in (False, True):
-            for rows in (True, False):
-                q, s, qt, st = fq._act_outputs(x, mp, kp, mt, rows, tiles)
-                fq._launch(stg.fwd_spec(x, None, q, s, qt, st, mp, kp, mt, tiles, *setting))
-                where = (setting, tiles, rows)
-                assert not rows or (same(q, rq) and torch.equal(s, rs)), (where, ndiff(q, rq))
-                if tiles:
-                    assert same(qt, tq.t()) and torch.equal(st, ts.t()), (where, ndiff(qt, tq.t()))
-                else:
-                    assert same(qt, rqt) and torch.equal(st, rst), (where, ndiff(qt, rqt))
+    mp, kp, _, _ = _assert_every_setting_equals_eager(
+        x, stg.ACT_UNTESTED_SETTINGS,
+        lambda st, out, mp, kp, mt, tiles: fq._launch(stg.fwd_spec(x, None, *out, mp, kp, mt, tiles, *st)))
+    mt = _round_up(m, 128)
     with pytest.raises(ValueError, match="BF16"):
         fq._launch(stg.fwd_spec(x.float(), None, *fq._act_outputs(x, mp, kp, mt, True, False), mp, kp, mt, False,
                                 *stg.ACT_UNTESTED_SETTINGS[0]))
