@@ -22,12 +22,13 @@
 #     nothing -- torch has no PCI bus id string: by UUID now, and a failure named in the JSON): the 7B update in three
 #     rounds with the meter, then the Qwen3-8B one (the other shape; 1.48x in session 31) in two.
 #   phase e (prepared, not run: no device budget left): bash benchmarks/gpu_session34.sh e   (nvidia-h100-x1; carry
-#     .dev/dg.tar.xz; ~6 min) -- the staged kernel's plain-activation form (fp8_swiglu_staged.ACT_UNTESTED_SETTINGS,
+#     .dev/dg.tar.xz; ~8 min) -- the staged kernel's plain-activation form (fp8_swiglu_staged.ACT_UNTESTED_SETTINGS,
 #     fwd_spec with u None; 48-80 registers, compiled on CPU only): its bits (test_fp8_quant_gpu.py), every X / dY
 #     operand of a 7B layer timed beside the library's choice and the register-order kernel (fp8_quant_operands.py
 #     --regs --staged), and DeepGEMM's build packed for later calls (pack_deepgemm: copy $OUT's dg_built.tar.xz into
-#     .dev/ and carry it). If the form passes and wins, add it to fp8_quant.regs_settings (bf16 inputs) and time the
-#     update.
+#     .dev/ and carry it), then one profiled 7B update whose report now lists the copies / adds / fills by input shape
+#     (0.56 / 1.6 ms a layer in both arms; where from?). If the form passes and wins, add it to
+#     fp8_quant.regs_settings (bf16 inputs) and time the update.
 set -u
 PHASE=${1:?phase}
 OUT=${OUT:?}
@@ -87,6 +88,9 @@ e)
     cat "$OUT/deepgemm.log"
     bench 120 quant benchmarks/kernels/fp8_quant_operands.py --models Qwen2.5-7B --regs --staged
     pack_deepgemm
+    export PYTHONPATH=$PYTHONPATH:/tmp/dg
+    model_step 160 p7_prof --shape Qwen2.5-7B --layers 4 --tokens 16384 --loss rl \
+        --arms "bf16,bf16+glue,jetrl-xtiles+deepgemm+glue" --iters 1 --accumulate 8 --profile
     ;;
 esac
 phase_end

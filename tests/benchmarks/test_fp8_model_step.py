@@ -82,15 +82,20 @@ def test_profile_classes_and_the_report():
     assert bench.kernel_class("multi_tensor_apply_kernel") == "optimizer"
     assert bench.kernel_class("elementwise_kernel") == "other"
     assert bench.kernel_class("triton_red_fused__to_copy_add_mean_mul_pow_rsqrt_0") == "norm/rope/swiglu"
-    prof = bench.profile_step(lambda: torch.ones(64, 64) @ torch.ones(64, 64), "cpu")
+    prof = bench.profile_step(lambda: (torch.ones(64, 64) @ torch.ones(64, 64)).t().contiguous() + 1, "cpu")
     assert prof["total_ms"] >= 0 and abs(sum(prof["classes"].values()) - prof["total_ms"]) < 1e-9 and prof["top"]
+    ops = {o[0]: o for o in prof["ops"]}  # the layout ops by input shape: name, shapes, calls, ms
+    assert "aten::add" in ops and ops["aten::add"][1] == "[[64, 64], [], []]" and ops["aten::add"][2] == 1, ops
+    assert "aten::copy_" in ops and "aten::mm" not in ops
     res = {"shape": "tiny", "layers": 1, "tokens": 32, "seq": 16, "gpu": "cpu", "torch": "x", "loss": "rl",
            "rows": [{"arm": "bf16", "layers": 0, "ms": 10.0,
                      "profile": {"classes": {"gemm": 4.0, "other": 5.0}, "total_ms": 9.0, "top": []}},
                     {"arm": "bf16", "layers": 1, "ms": 30.0},
                     {"arm": "jetrl", "layers": 1, "ms": 20.0,
-                     "profile": {"classes": {"gemm": 12.0, "other": 6.0}, "total_ms": 18.0, "top": []}}]}
+                     "profile": {"classes": {"gemm": 12.0, "other": 6.0}, "total_ms": 18.0, "top": [],
+                                 "ops": [["aten::copy_", "[[8, 4, 16, 2]]", 2.0, 0.25]]}}]}
     text = bench.render(res)
+    assert "| jetrl | aten::copy_ | [[8, 4, 16, 2]] | 2 | 0.250 |" in text
     assert "| jetrl | 20.0 | 1.50x | 10.0 | 10.00 | 2.00x | 50.0 | 1.80x |" in text
     assert "| jetrl | 0.0 | 0.0 | 0.0 | 12.0 | 0.0 | 0.0 | 0.0 | 6.0 | 18.0 |" in text  # fp8 swiglu quantize, ...
     assert "| bf16 (stem) | 0.0 | 0.0 | 0.0 | 4.0 | 0.0 | 0.0 | 0.0 | 5.0 | 9.0 |" in text
