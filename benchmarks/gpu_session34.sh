@@ -87,10 +87,10 @@ e)
     wait $DG  # (the build's nvcc processes would share the host with the timed launches)
     cat "$OUT/deepgemm.log"
     bench 120 quant benchmarks/kernels/fp8_quant_operands.py --models Qwen2.5-7B --regs --staged
-    pack_deepgemm
     export PYTHONPATH=$PYTHONPATH:/tmp/dg
     model_step 160 p7_prof --shape Qwen2.5-7B --layers 4 --tokens 16384 --loss rl \
         --arms "bf16,bf16+glue,jetrl-xtiles+deepgemm+glue" --iters 1 --accumulate 8 --profile
+    pack_deepgemm  # after a model step: its JIT cache then holds the 7B shapes' kernels too
     ;;
 esac
 phase_end
