@@ -61,7 +61,7 @@ GROUP = 128
 # registers at (16, 8, 64) (sm_90, CPU compile): three programs a multiprocessor (198 KB of shared memory) instead of
 # two. Session 34 (H100, phase a; its bits checked first by test_fp8_swiglu_gpu.py): 7B width (16, 8, 64) 1.398 ms,
 # (32, 8, 64) 1.482, against (32, 8) 1.566 and (16, 8) 1.751 in the same run; 32B width 2.026 / 2.132 / 2.271 / 2.525.
-# (16, 8) was last everywhere and is dropped (session 33 history)
+# (16, 8), the slowest staged setting in every run, is dropped (session 33 history)
 SETTINGS = ((16, 8, 64), (32, 8, 64), (32, 8))
 
 
