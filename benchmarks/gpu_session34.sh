@@ -27,8 +27,8 @@
 #     operand of a 7B layer timed beside the library's choice and the register-order kernel (fp8_quant_operands.py
 #     --regs --staged), and DeepGEMM's build packed for later calls (pack_deepgemm: copy $OUT's dg_built.tar.xz into
 #     .dev/ and carry it), then one profiled 7B update whose report now lists the copies / adds / fills by input shape
-#     (0.56 / 1.6 ms a layer in both arms; where from?). If the form passes and wins, add it to
-#     fp8_quant.regs_settings (bf16 inputs) and time the update.
+#     (0.56 / 1.6 ms a layer in both arms; where from?) -- with the staged form among the activation quantizers'
+#     candidates (QUARL_FP8_STAGED_ACT=1) when its bit test passed. If it passes and wins, make it a default candidate.
 set -u
 PHASE=${1:?phase}
 OUT=${OUT:?}
@@ -88,6 +88,9 @@ e)
     cat "$OUT/deepgemm.log"
     bench 120 quant benchmarks/kernels/fp8_quant_operands.py --models Qwen2.5-7B --regs --staged
     export PYTHONPATH=$PYTHONPATH:/tmp/dg
+    if grep -q " passed" "$OUT/tests/pytest.log" && ! grep -qE "failed|error" "$OUT/tests/pytest.log"; then
+        export QUARL_FP8_STAGED_ACT=1  # the form's bits held: a candidate of the update's activation quantizers
+    fi
     model_step 160 p7_prof --shape Qwen2.5-7B --layers 4 --tokens 16384 --loss rl \
         --arms "bf16,bf16+glue,jetrl-xtiles+deepgemm+glue" --iters 1 --accumulate 8 --profile
     pack_deepgemm  # after a model step: its JIT cache then holds the 7B shapes' kernels too

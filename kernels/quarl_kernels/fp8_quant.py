@@ -160,12 +160,27 @@ def regs_wanted() -> bool:
     return os.environ.get("QUARL_FP8_REGS", "1") != "0" and regs_module() is not None
 
 
+@functools.cache
+def staged_module():
+    """``quarl_kernels.fp8_swiglu_staged`` (Gluon: the tile staged in shared memory, sessions 33-34), or None where it
+    does not import; imported once, on first use (it imports this module)."""
+    try:
+        from quarl_kernels import fp8_swiglu_staged
+    except Exception:  # noqa: BLE001 - no Gluon here: the other kernels serve
+        return None
+    return fp8_swiglu_staged
+
+
 def regs_settings(x: torch.Tensor, t_rows: int | None) -> tuple:
-    """The ``("regs", tpt, warps)`` candidates for ``x`` (none on CPU, without X^T, with strided columns or without
-    Gluon)."""
+    """The Gluon candidates for ``x`` (none on CPU, without X^T, with strided columns or without Gluon):
+    ``("regs", tpt, warps)``, and with ``QUARL_FP8_STAGED_ACT=1`` on BF16 ``x`` also ``("staged", R, warps, NC)`` --
+    ``fp8_swiglu_staged``'s plain-activation form, opt-in until its GPU bit test has passed (session 34: compiled on
+    CPU only)."""
     if t_rows is None or not x.is_cuda or x.stride(1) != 1 or not regs_wanted():
         return ()
-    return tuple(("regs", *st) for st in regs_module().SETTINGS)
+    regs = tuple(("regs", *st) for st in regs_module().SETTINGS)
+    stg = staged_module() if os.environ.get("QUARL_FP8_STAGED_ACT", "0") == "1" and x.dtype == torch.bfloat16 else None
+    return regs + (tuple(("staged", *st) for st in stg.ACT_UNTESTED_SETTINGS) if stg is not None else ())
 TUNE_REPS = 3
 TUNE_MIN_ROWS = 1024
 TUNED: dict[tuple, dict] = {}  # key -> {"best": (sub, warps), "ms": {setting: ms}}
@@ -632,9 +647,11 @@ def quantize_act(x: torch.Tensor, rows: int | None = None, cols: int | None = No
 
 
 def _any_launch(x, q, s, qt, st, rows: int, cols: int, t_rows: int | None, setting: tuple, t_tiles: bool):
-    """The launch of an :data:`ACT_SETTINGS` entry or a ``("regs", tpt, warps)`` one (:func:`regs_settings`)."""
+    """The launch of an :data:`ACT_SETTINGS` entry or a Gluon one (:func:`regs_settings`)."""
     if setting[0] == "regs":
         return regs_module().launch_spec(x, q, s, qt, st, rows, cols, t_rows, t_tiles, *setting[1:])
+    if setting[0] == "staged":
+        return staged_module().fwd_spec(x, None, q, s, qt, st, rows, cols, t_rows, t_tiles, *setting[1:])
     return _act_launch(x, q, s, qt, st, rows, cols, t_rows, *_flat(parse_setting(setting)), t_tiles=t_tiles)
 
 

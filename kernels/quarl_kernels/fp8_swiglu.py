@@ -34,7 +34,6 @@ transposed load).
 
 from __future__ import annotations
 
-import functools
 import os
 
 import torch
@@ -62,14 +61,7 @@ COL_SETTINGS = ((32, 4, False), (64, 8, False), (16, 2, False), (32, 4, True), (
 MERGED_SETTINGS = ((32, 8, 32), (16, 4, 32))
 
 
-@functools.cache
-def staged_module():
-    """``quarl_kernels.fp8_swiglu_staged`` (Gluon, session 33), or None where it does not import; imported once."""
-    try:
-        from quarl_kernels import fp8_swiglu_staged
-    except Exception:  # noqa: BLE001 - no Gluon here: the Triton passes serve
-        return None
-    return fp8_swiglu_staged
+staged_module = fq.staged_module  # quarl_kernels.fp8_swiglu_staged (Gluon, session 33), or None
 
 
 def regs_settings(g: torch.Tensor) -> tuple:

@@ -123,3 +123,30 @@ def test_forward_candidates_are_the_staged_forms_only_where_x_t_is_made_on_cuda(
     assert fs.forward_settings(half, 4096) == regs
     monkeypatch.setenv("QUARL_FP8_REGS", "0")
     assert fs.forward_settings(OnCuda(), 4096) == regs
+
+
+def test_the_staged_activation_form_is_a_candidate_only_when_asked(monkeypatch):
+    """``fp8_quant.regs_settings`` (session 34): the register-order settings; ``fp8_swiglu_staged``'s plain-activation
+    form added only with ``QUARL_FP8_STAGED_ACT=1`` (opt-in until its GPU bit test has passed) and only for BF16."""
+    import torch
+    from quarl_kernels import fp8_quant as fq
+    from quarl_kernels import fp8_quant_regs as fr
+    from quarl_kernels import fp8_swiglu_staged as stg
+
+    class OnCuda:  # what regs_settings asks of x
+        is_cuda = True
+        dtype = torch.bfloat16
+
+        @staticmethod
+        def stride(dim):
+            return 1
+
+    regs = tuple(("regs", *st) for st in fr.SETTINGS)
+    monkeypatch.delenv("QUARL_FP8_STAGED_ACT", raising=False)
+    assert fq.regs_settings(OnCuda(), 4096) == regs
+    monkeypatch.setenv("QUARL_FP8_STAGED_ACT", "1")
+    assert fq.regs_settings(OnCuda(), 4096) == regs + tuple(("staged", *st) for st in stg.ACT_UNTESTED_SETTINGS)
+    assert fq.regs_settings(OnCuda(), None) == ()  # no X^T: none of the Gluon kernels
+    half = OnCuda()
+    half.dtype = torch.float16
+    assert fq.regs_settings(half, 4096) == regs
