@@ -6,6 +6,12 @@
 #   phase a: bash benchmarks/gpu_session35.sh a   (nvidia-h100-x1; carry .dev/dg.tar.xz; ~8 min)
 #     Session 34's prepared phase e, as written there: the staged plain-activation quantizer's GPU bits and times, one
 #     profiled 7B update (with QUARL_FP8_STAGED_ACT=1 when the bits held), DeepGEMM's build packed for later calls.
+#   phase b: bash benchmarks/gpu_session35.sh b   (nvidia-h100-x1; carry .dev/dg.tar.xz .dev/dg_built.tar.xz; ~8 min)
+#     After a (the staged activation form bit-equal, now a default candidate): the staged kernels' TMA forms (the tile
+#     read by one TMA copy per input: the whole tile in flight, where the load form has one row chunk; compiled on CPU
+#     only). Their GPU bit tests (every staged / TMA setting, padded and strided), the X / dY operands and SwiGLU's
+#     kernels timed with them (QUARL_FP8_TMA=1), then -- if the bits held -- the 7B update in two rounds with the TMA
+#     forms among the candidates (their in-situ times in the report's tuned table).
 set -u
 PHASE=${1:?phase}
 OUT=${OUT:?}
@@ -17,7 +23,33 @@ a)
 esac
 source benchmarks/gpu_phase_lib.sh
 
+case $PHASE in
+b)
+    ([ -d /tmp/dg/deep_gemm ] || deepgemm > "$OUT/deepgemm.log" 2>&1) &
+    DG=$!
+    tests 170 tests/kernels/test_fp8_quant_gpu.py tests/kernels/test_fp8_swiglu_gpu.py \
+        -k "staged or regs_kernel or same_bits or fused_mlp"
+    wait $DG
+    cat "$OUT/deepgemm.log"
+    export QUARL_FP8_TMA=1
+    bench 80 quant benchmarks/kernels/fp8_quant_operands.py --models Qwen2.5-7B --regs --staged --tma
+    bench 70 swiglu benchmarks/kernels/fp8_swiglu_bench.py --models Qwen2.5-7B
+    export PYTHONPATH=$PYTHONPATH:/tmp/dg
+    ARMS="bf16,bf16+glue,jetrl-xtiles+deepgemm+glue"
+    if grep -q " passed" "$OUT/tests/pytest.log" && ! grep -qE "failed|error" "$OUT/tests/pytest.log"; then
+        model_step 190 p7_r2 --shape Qwen2.5-7B --layers 4 --tokens 16384 --loss rl --arms $ARMS --iters 2 \
+            --accumulate 8 --repeat 2
+    fi
+    ;;
+esac
 phase_end
 
 # ---------------------------------------------------------------------------------------------------------------
 # Record (calls of this session; device time from the tool's lease):
+#   a  commit dee8493, 2026-11-28 02:17-02:24 UTC (cold), 356 s run (budget 1800 -> 1402 s): GPU tests 14 passed (the
+#      staged activation form bit-equal at every setting, padded and strided); X / dY operands (7B, 16k tokens, back to
+#      back, ms): staged (32, 8, 64) 0.133 / 0.607 for X [T, 3584] / [T, 18944] against the library's 0.145 / 0.651,
+#      0.144 / 0.616 for dY against 0.140 / 0.588; the 7B update (staged form a candidate) 25.77 ms a layer against
+#      bf16+glue 38.86 (1.508x), quantizers 3.54 ms a layer in the profile (SwiGLU backward 1.53). Copies: 0.78 ms a
+#      micro-batch each for [8, 28, 2048, 128] and [8, 2048, 28, 128] (one a layer each, both arms). DeepGEMM packed
+#      (5996 KB).

@@ -20,7 +20,8 @@ useful bytes (x read, two bytes an element written) -- how far the best setting 
 its settings on each X / dY operand, its outputs checked byte for byte against the library's before they are timed
 (the library's own choice includes it since session 31: the best setting can be one of these). ``--staged`` (session
 34): the same for ``quarl_kernels.fp8_swiglu_staged``'s plain-activation form (the tile staged in shared memory, X^T by
-column chunks; ``ACT_UNTESTED_SETTINGS``, not yet in the library's choice). Sessions 26-27's
+column chunks; ``ACT_SETTINGS``, in the library's choice since session 35) and ``--tma`` (session 35) its TMA form
+(the tile read by one TMA copy: ``TMA_SETTINGS``, a candidate only with ``QUARL_FP8_TMA=1`` until its GPU test passes). Sessions 26-27's
 ``--gluon`` (an earlier Gluon kernel, ``benchmarks/kernels/fp8_quant_gluon.py``, measured and not kept: RESULTS.md
 "Session 26", "Session 27") was removed with that kernel in session 31.
 """
@@ -65,14 +66,16 @@ def moved_bytes(setting: tuple, numel: int, fq) -> int:
 def gluon_kernels() -> dict:
     """The Gluon kernels ``--regs`` / ``--staged`` time: name -> (settings, launch(x, outputs, tokens, cols, tiles,
     setting)) -- ``fp8_quant_regs`` (X^T by register order, session 31) and ``fp8_swiglu_staged``'s plain-activation
-    form (the tile staged in shared memory, session 34: ``ACT_UNTESTED_SETTINGS``, not yet in the library's choice)."""
+    form (the tile staged in shared memory, session 34: ``ACT_SETTINGS``) and its TMA form (session 35)."""
     from quarl_kernels import fp8_quant as fq
     from quarl_kernels import fp8_quant_regs as fr
     from quarl_kernels import fp8_swiglu_staged as stg
 
     return {
         "regs": (fr.SETTINGS, lambda x, got, t, c, tiles, st: fr.launch_setting(x, *got, t, c, t, tiles, st)),
-        "staged": (stg.ACT_UNTESTED_SETTINGS,
+        "tma": (stg.TMA_SETTINGS, lambda x, got, t, c, tiles, st: fq._launch(
+            stg.fwd_spec(x, None, *got, t, c, t, tiles, *st, tma=True))),
+        "staged": (stg.ACT_SETTINGS,
                    lambda x, got, t, c, tiles, st: fq._launch(stg.fwd_spec(x, None, *got, t, c, t, tiles, *st))),
     }
 
@@ -153,12 +156,13 @@ def main() -> None:
     ap.add_argument("--tokens", type=int, default=16384)
     ap.add_argument("--out", default="/tmp/fp8_quant_operands")
     ap.add_argument("--regs", action="store_true", help="also quarl_kernels.fp8_quant_regs (X^T by register order)")
+    ap.add_argument("--tma", action="store_true", help="also the staged form's TMA form (the tile by one TMA copy)")
     ap.add_argument("--staged", action="store_true",
                     help="also fp8_swiglu_staged's plain-activation form (the tile staged in shared memory)")
     a = ap.parse_args()
     if not torch.cuda.is_available():
         raise SystemExit("needs a CUDA device (the launch settings are timed on it)")
-    gluon = tuple(n for n, on in (("regs", a.regs), ("staged", a.staged)) if on)
+    gluon = tuple(n for n, on in (("regs", a.regs), ("staged", a.staged), ("tma", a.tma)) if on)
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
     res = {"command": " ".join(sys.argv), "date": datetime.now(UTC).isoformat(timespec="seconds"),

@@ -56,10 +56,11 @@ def paths(m: int, i: int, device: str):
             outs = fq._act_outputs(g, m, i, mt, True, True)
             fwd[f"forward fused {st}"] = lambda st=st, outs=outs: fr.launch_setting(g, *outs, m, i, mt, True, st, u=u)
         stg = fs.staged_module()
-        for st in stg.FWD_SETTINGS if stg is not None else ():  # staged in shared memory (session 33)
+        # staged in shared memory (session 33), and its TMA form (session 35) with QUARL_FP8_TMA=1
+        for st in fq.staged_settings(g, stg.FWD_SETTINGS) if stg is not None else ():
             outs = fq._act_outputs(g, m, i, mt, True, True)
-            fwd[f"forward staged {st}"] = lambda st=st, outs=outs: fq._launch(
-                stg.fwd_spec(g, u, *outs, m, i, mt, True, *st))
+            fwd[f"forward {st[0]} {st[1:]}"] = lambda st=st, outs=outs: fq._launch(
+                stg.fwd_spec(g, u, *outs, m, i, mt, True, *st[1:], tma=st[0] == "tma"))
     merged = {}
     if device == "cuda":  # each one-launch candidate alone
         for mg in fs.MERGED_SETTINGS + fs.regs_settings(g):

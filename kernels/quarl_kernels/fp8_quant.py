@@ -171,16 +171,31 @@ def staged_module():
     return fp8_swiglu_staged
 
 
+def tma_wanted() -> bool:
+    """Whether the staged kernels' TMA forms (``("tma", R, warps, NC)``, ``fp8_swiglu_staged.TMA_SETTINGS``) are
+    candidates: ``QUARL_FP8_TMA=1`` (opt-in until their GPU bit tests have passed; session 35: compiled on CPU)."""
+    return os.environ.get("QUARL_FP8_TMA", "0") == "1"
+
+
+def staged_settings(x: torch.Tensor, settings: tuple) -> tuple:
+    """``fp8_swiglu_staged``'s candidates for BF16 ``x``: ``("staged", *s)`` for each of ``settings``, then the TMA
+    forms when :func:`tma_wanted`; () for other dtypes (the tile is staged as BF16) or without the module."""
+    stg = staged_module()
+    if stg is None or x.dtype != torch.bfloat16:
+        return ()
+    return (tuple(("staged", *st) for st in settings)
+            + (tuple(("tma", *st) for st in stg.TMA_SETTINGS) if tma_wanted() else ()))
+
+
 def regs_settings(x: torch.Tensor, t_rows: int | None) -> tuple:
     """The Gluon candidates for ``x`` (none on CPU, without X^T, with strided columns or without Gluon):
-    ``("regs", tpt, warps)``, and with ``QUARL_FP8_STAGED_ACT=1`` on BF16 ``x`` also ``("staged", R, warps, NC)`` --
-    ``fp8_swiglu_staged``'s plain-activation form, opt-in until its GPU bit test has passed (session 34: compiled on
-    CPU only)."""
+    ``("regs", tpt, warps)`` and, on BF16 ``x``, ``fp8_swiglu_staged``'s plain-activation form ``("staged", R, warps,
+    NC)`` (bit-equal on an H100, session 35) -- and its TMA form with ``QUARL_FP8_TMA=1`` (:func:`staged_settings`)."""
     if t_rows is None or not x.is_cuda or x.stride(1) != 1 or not regs_wanted():
         return ()
     regs = tuple(("regs", *st) for st in regs_module().SETTINGS)
-    stg = staged_module() if os.environ.get("QUARL_FP8_STAGED_ACT", "0") == "1" and x.dtype == torch.bfloat16 else None
-    return regs + (tuple(("staged", *st) for st in stg.ACT_UNTESTED_SETTINGS) if stg is not None else ())
+    stg = staged_module()
+    return regs + (staged_settings(x, stg.ACT_SETTINGS) if stg is not None else ())
 TUNE_REPS = 3
 TUNE_MIN_ROWS = 1024
 TUNED: dict[tuple, dict] = {}  # key -> {"best": (sub, warps), "ms": {setting: ms}}
@@ -650,8 +665,9 @@ def _any_launch(x, q, s, qt, st, rows: int, cols: int, t_rows: int | None, setti
     """The launch of an :data:`ACT_SETTINGS` entry or a Gluon one (:func:`regs_settings`)."""
     if setting[0] == "regs":
         return regs_module().launch_spec(x, q, s, qt, st, rows, cols, t_rows, t_tiles, *setting[1:])
-    if setting[0] == "staged":
-        return staged_module().fwd_spec(x, None, q, s, qt, st, rows, cols, t_rows, t_tiles, *setting[1:])
+    if setting[0] in ("staged", "tma"):
+        return staged_module().fwd_spec(x, None, q, s, qt, st, rows, cols, t_rows, t_tiles, *setting[1:],
+                                        tma=setting[0] == "tma")
     return _act_launch(x, q, s, qt, st, rows, cols, t_rows, *_flat(parse_setting(setting)), t_tiles=t_tiles)
 
 

@@ -69,25 +69,26 @@ def regs_settings(g: torch.Tensor) -> tuple:
     thread, warps)`` -- ``quarl_kernels.fp8_quant_regs``' kernel for the same pass (session 31: dh, g, u read once,
     both gradients' codes from registers, X^T by register order) -- and ``("staged", tokens a row chunk, warps)``,
     ``quarl_kernels.fp8_swiglu_staged`` (session 33: the tile's dg / du staged in shared memory, ~120 registers; BF16
-    inputs only). All give the same bits."""
+    inputs only; its TMA form ``("tma", ...)`` with ``QUARL_FP8_TMA=1``: ``fp8_quant.staged_settings``). All give the
+    same bits."""
     if not (g.is_cuda and fq.regs_wanted()):
         return ()
     fr, stg = fq.regs_module(), staged_module()
-    staged = stg is not None and g.dtype == torch.bfloat16
     return (tuple(("regs", *st) for st in fr.SWIGLU_BWD_SETTINGS)
-            + (tuple(("staged", *st) for st in stg.SETTINGS) if staged else ()))
+            + (fq.staged_settings(g, stg.SETTINGS) if stg is not None else ()))
 
 
 def forward_settings(g: torch.Tensor, t_rows: int | None) -> tuple:
     """The candidates for the forward's operand ``h = silu(g) * u`` (:func:`swiglu_forward_operand`):
     ``fp8_quant_regs``' SWIGLU form ``("regs", tokens a thread, warps)`` -- the default, the only one without X^T or
     with ``QUARL_FP8_REGS=0`` -- and, with X^T and BF16 inputs, ``fp8_swiglu_staged``'s forward form ``("staged",
-    tokens a row chunk, warps, X^T's columns a step)``. All give the same bits."""
+    tokens a row chunk, warps, X^T's columns a step)`` (and its TMA form with ``QUARL_FP8_TMA=1``). All give the same
+    bits."""
     fr, stg = fq.regs_module(), staged_module()
     regs = tuple(("regs", *st) for st in fr.SWIGLU_SETTINGS)
     if t_rows is None or stg is None or g.dtype != torch.bfloat16 or not (g.is_cuda and fq.regs_wanted()):
         return regs
-    return regs + tuple(("staged", *st) for st in stg.FWD_SETTINGS)
+    return regs + fq.staged_settings(g, stg.FWD_SETTINGS)
 
 
 def swiglu_forward_operand(g: torch.Tensor, u: torch.Tensor, out: tuple, rows: int, cols: int, t_rows: int | None,
@@ -99,8 +100,8 @@ def swiglu_forward_operand(g: torch.Tensor, u: torch.Tensor, out: tuple, rows: i
     fr = fq.regs_module()
 
     def make(*st):
-        if st[0] == "staged":
-            return staged_module().fwd_spec(g, u, *out, rows, cols, t_rows, tiles, *st[1:])
+        if st[0] in ("staged", "tma"):
+            return staged_module().fwd_spec(g, u, *out, rows, cols, t_rows, tiles, *st[1:], tma=st[0] == "tma")
         return fr.launch_spec(g, *out, rows, cols, t_rows, tiles, *st[1:], u=u)
 
     cands = forward_settings(g, t_rows)
@@ -350,8 +351,8 @@ def swiglu_grad_operands(dh: torch.Tensor, g: torch.Tensor, u: torch.Tensor, row
     def make_merged(*st):
         if st[0] == "regs":
             return fq.regs_module().swiglu_bwd_spec(dh, g, u, one, two, rows, cols, t_rows, *st[1:])
-        if st[0] == "staged":
-            return staged_module().spec(dh, g, u, one, two, rows, cols, t_rows, *st[1:])
+        if st[0] in ("staged", "tma"):
+            return staged_module().spec(dh, g, u, one, two, rows, cols, t_rows, *st[1:], tma=st[0] == "tma")
         return _row_launch(dh, g, u, outs, rows, cols, t_rows, *st[:2], qts=(one[2], two[2]), t_chunk=st[2])
 
     if merged is not None:

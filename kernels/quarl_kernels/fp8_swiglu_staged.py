@@ -47,6 +47,7 @@ from __future__ import annotations
 import torch
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma
 
 from quarl_kernels import fp8_quant, fp8_swiglu
 from quarl_kernels.fp8_quant_regs import _codes, _codes_by_recip, _quantize, _scale, _silu_mul
@@ -66,19 +67,25 @@ SETTINGS = ((16, 8, 64), (32, 8, 64), (32, 8))
 
 
 @gluon.jit
-def _chunk_rows(dh_ptr, g_ptr, u_ptr, q_ptr, s_ptr, q2_ptr, s2_ptr, buf_g, buf_u, row0, pid_k, M, K, stride_m,
-                stride_dm, RQ, CQ, stride_qm, stride_sm, stride_sg, ROWS: gl.constexpr, R: gl.constexpr,
-                LC: gl.constexpr):
+def _chunk_rows(dh_ptr, g_ptr, u_ptr, q_ptr, s_ptr, q2_ptr, s2_ptr, buf_g, buf_u, buf_dh, row0, pid_k, M, K,
+                stride_m, stride_dm, RQ, CQ, stride_qm, stride_sm, stride_sg, ROWS: gl.constexpr, R: gl.constexpr,
+                LC: gl.constexpr, TMA: gl.constexpr = False):
     """Phase 1 for tokens [row0, row0 + R) of the tile: dg / du, their row groups stored (ROWS), and both written to
-    the shared buffers' rows [row0 - tile start, + R) (``buf_g`` / ``buf_u``: those rows' views)."""
+    the shared buffers' rows [row0 - tile start, + R) (``buf_g`` / ``buf_u``: those rows' views). TMA: g, u, dh are
+    already there (``buf_dh`` too; dg / du then overwrite g / u, each element by the thread that read it)."""
     tok = row0 + gl.arange(0, R, layout=gl.SliceLayout(1, LC))  # [R]
     col = pid_k * 128 + gl.arange(0, 128, layout=gl.SliceLayout(0, LC))  # [128]
     t2 = gl.expand_dims(tok, 1).to(gl.int64)  # [R, 1]
     c2 = gl.expand_dims(col, 0).to(gl.int64)  # [1, 128]
-    ok = (t2 < M) & (c2 < K)
-    g = gl.load(g_ptr + t2 * stride_m + c2, mask=ok, other=0.0)
-    u = gl.load(u_ptr + t2 * stride_m + c2, mask=ok, other=0.0)
-    dh = gl.load(dh_ptr + t2 * stride_dm + c2, mask=ok, other=0.0)
+    if TMA:
+        g = buf_g.load(LC)
+        u = buf_u.load(LC)
+        dh = buf_dh.load(LC)
+    else:
+        ok = (t2 < M) & (c2 < K)
+        g = gl.load(g_ptr + t2 * stride_m + c2, mask=ok, other=0.0)
+        u = gl.load(u_ptr + t2 * stride_m + c2, mask=ok, other=0.0)
+        dh = gl.load(dh_ptr + t2 * stride_dm + c2, mask=ok, other=0.0)
     dg, du = fp8_swiglu.grad_values(g, u, dh, False)  # [R, 128] fp32 of BF16 values; padding: 0
     if ROWS:  # 1x128 groups along I: a row's amax within its warp
         st_ok = (t2 < RQ) & (c2 < CQ)
@@ -90,6 +97,16 @@ def _chunk_rows(dh_ptr, g_ptr, u_ptr, q_ptr, s_ptr, q2_ptr, s2_ptr, buf_g, buf_u
         gl.store(s2_ptr + tok.to(gl.int64) * stride_sm + pid_k * stride_sg, rs2, mask=tok < RQ)
     buf_g.store(dg.to(gl.bfloat16))  # exact: dg is a BF16 value
     buf_u.store(du.to(gl.bfloat16))
+
+
+@gluon.jit
+def _tma_tile(desc, bar, pid_m, pid_k):
+    """Shared memory for the [128, 128] tile (tokens pid_m, columns pid_k) of ``desc``'s tensor, its TMA copy issued
+    on ``bar`` (the caller expects the bytes and waits). The descriptor's layout is the unswizzled NVMMA one: the same
+    bytes as the kernels' ``SwizzledSharedLayout(1, 1, 1, [1, 0])``, so the caller reinterprets it as that."""
+    buf = gl.allocate_shared_memory(desc.dtype, desc.block_type.shape, desc.layout)
+    tma.async_copy_global_to_shared(desc, [pid_m * 128, pid_k * 128], bar, buf)
+    return buf
 
 
 @gluon.jit
@@ -120,9 +137,10 @@ def _staged_kernel(
     g_ptr, u_ptr, dh_ptr, q_ptr, s_ptr, qt_ptr, st_ptr, q2_ptr, s2_ptr, qt2_ptr, st2_ptr,
     M, K, stride_m, stride_dm, RQ, CQ, RT,
     stride_qm, stride_sm, stride_sg, stride_qtk, stride_stk, stride_stg,
-    ROWS: gl.constexpr, R: gl.constexpr, NC: gl.constexpr = 128,
+    ROWS: gl.constexpr, R: gl.constexpr, NC: gl.constexpr = 128, TMA: gl.constexpr = False,
 ):
-    # one program: the tile tokens [pid_m*128, +128) x columns [pid_k*128, +128); 8 warps
+    # one program: the tile tokens [pid_m*128, +128) x columns [pid_k*128, +128); 8 warps. TMA: g_ptr, u_ptr, dh_ptr
+    # are tensor descriptors, the three tiles copied at once (96 KB of shared memory: two programs a multiprocessor)
     W: gl.constexpr = gl.num_warps()
     LC: gl.constexpr = gl.BlockedLayout([R // W, 4], [1, 32], [W, 1], [1, 0])  # a row chunk, columns fastest
     LR: gl.constexpr = gl.BlockedLayout([128 // W, 4], [1, 32], [W, 1], [1, 0])  # the tile, as fp8_quant_regs
@@ -130,12 +148,23 @@ def _staged_kernel(
     SL: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [1, 0])  # a warp touches 256 contiguous bytes of a row
     pid_m = gl.program_id(0)
     pid_k = gl.program_id(1)
-    buf_g = gl.allocate_shared_memory(gl.bfloat16, [128, 128], SL)
-    buf_u = gl.allocate_shared_memory(gl.bfloat16, [128, 128], SL)
+    if TMA:
+        bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+        mbarrier.init(bar, count=1)
+        mbarrier.expect(bar, 3 * 128 * 128 * 2)
+        buf_g = _tma_tile(g_ptr, bar, pid_m, pid_k)._reinterpret(gl.bfloat16, [128, 128], SL)
+        buf_u = _tma_tile(u_ptr, bar, pid_m, pid_k)._reinterpret(gl.bfloat16, [128, 128], SL)
+        buf_dh = _tma_tile(dh_ptr, bar, pid_m, pid_k)._reinterpret(gl.bfloat16, [128, 128], SL)
+        mbarrier.wait(bar, 0)
+        mbarrier.invalidate(bar)
+    else:
+        buf_g = gl.allocate_shared_memory(gl.bfloat16, [128, 128], SL)
+        buf_u = gl.allocate_shared_memory(gl.bfloat16, [128, 128], SL)
+        buf_dh = buf_g  # unused
     for c in gl.static_range(128 // R):
         _chunk_rows(dh_ptr, g_ptr, u_ptr, q_ptr, s_ptr, q2_ptr, s2_ptr, buf_g.slice(c * R, R), buf_u.slice(c * R, R),
-                    pid_m * 128 + c * R, pid_k, M, K, stride_m, stride_dm, RQ, CQ, stride_qm, stride_sm, stride_sg,
-                    ROWS, R, LC)
+                    buf_dh.slice(c * R, R), pid_m * 128 + c * R, pid_k, M, K, stride_m, stride_dm, RQ, CQ, stride_qm,
+                    stride_sm, stride_sg, ROWS, R, LC, TMA)
     gl.thread_barrier()
     # phase 2: X^T of dg, then of du, from shared memory (the row groups are done: ROWS False here)
     if NC == 128:
@@ -160,13 +189,14 @@ def _staged_fwd_kernel(
     M, K, stride_m, RQ, CQ, RT,
     stride_qm, stride_sm, stride_sg, stride_qtk, stride_stk, stride_stg,
     ROWS: gl.constexpr, TILE: gl.constexpr, R: gl.constexpr, NC: gl.constexpr, SWIGLU: gl.constexpr = True,
+    TMA: gl.constexpr = False,
 ):
     # SwiGLU's forward operand staged the same way (session 33; bit-equal on an H100 in session 34; a candidate of
     # fp8_swiglu.swiglu_forward_operand): h = silu(g) * u by row chunks -- its row groups (ROWS) coded at once, h (BF16
     # values) into shared memory, with TILE the tile's amax accumulated elementwise -- then X^T by NC-column chunks from
     # shared memory: fp8_quant_regs' SWIGLU form's bits (codes as the correctly rounded quotient). SWIGLU False: any
-    # BF16 activation x (g_ptr; u_ptr unused) staged the same way -- fp8_quant_regs' plain form's bits (session 34,
-    # ACT_UNTESTED_SETTINGS: compiled on CPU only)
+    # BF16 activation x (g_ptr; u_ptr unused) staged the same way -- fp8_quant_regs' plain form's bits (session 35,
+    # H100: ACT_SETTINGS)
     W: gl.constexpr = gl.num_warps()
     LC: gl.constexpr = gl.BlockedLayout([R // W, 4], [1, 32], [W, 1], [1, 0])
     LH: gl.constexpr = gl.BlockedLayout([128 // W, NC // 32], [1, 32], [W, 1], [1, 0])
@@ -174,7 +204,18 @@ def _staged_fwd_kernel(
     SL: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [1, 0])
     pid_m = gl.program_id(0)
     pid_k = gl.program_id(1)
-    buf = gl.allocate_shared_memory(gl.bfloat16, [128, 128], SL)
+    if TMA:  # g_ptr / u_ptr are tensor descriptors: the whole tile in flight at once, zeros past M and K
+        bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+        mbarrier.init(bar, count=1)
+        mbarrier.expect(bar, (2 if SWIGLU else 1) * 128 * 128 * 2)
+        buf = _tma_tile(g_ptr, bar, pid_m, pid_k)
+        if SWIGLU:
+            buf_u = _tma_tile(u_ptr, bar, pid_m, pid_k)._reinterpret(gl.bfloat16, [128, 128], SL)
+        mbarrier.wait(bar, 0)
+        mbarrier.invalidate(bar)
+        buf = buf._reinterpret(gl.bfloat16, [128, 128], SL)
+    else:
+        buf = gl.allocate_shared_memory(gl.bfloat16, [128, 128], SL)
     col = pid_k * 128 + gl.arange(0, 128, layout=gl.SliceLayout(0, LC))
     c2 = gl.expand_dims(col, 0).to(gl.int64)  # [1, 128]
     amax = gl.zeros([R, 128], gl.float32, LC)  # TILE: the tile's |h|, elementwise over the chunks
@@ -182,7 +223,12 @@ def _staged_fwd_kernel(
         tok = pid_m * 128 + c * R + gl.arange(0, R, layout=gl.SliceLayout(1, LC))  # [R]
         t2 = gl.expand_dims(tok, 1).to(gl.int64)  # [R, 1]
         ok = (t2 < M) & (c2 < K)
-        if SWIGLU:
+        if TMA:
+            if SWIGLU:
+                h = _silu_mul(buf.slice(c * R, R).load(LC), buf_u.slice(c * R, R).load(LC))  # [R, 128] fp32
+            else:
+                h = buf.slice(c * R, R).load(LC).to(gl.float32)
+        elif SWIGLU:
             h = _silu_mul(gl.load(g_ptr + t2 * stride_m + c2, mask=ok, other=0.0),
                           gl.load(u_ptr + t2 * stride_m + c2, mask=ok, other=0.0))  # [R, 128] fp32; padding: 0
         else:
@@ -193,7 +239,8 @@ def _staged_fwd_kernel(
             gl.store(s_ptr + tok.to(gl.int64) * stride_sm + pid_k * stride_sg, rs, mask=tok < RQ)
         if TILE:
             amax = gl.maximum(amax, gl.abs(h))
-        buf.slice(c * R, R).store(h.to(gl.bfloat16))  # exact: h is a BF16 value
+        if SWIGLU or not TMA:  # (TMA put x itself there already; h over g's own rows: this thread read them)
+            buf.slice(c * R, R).store(h.to(gl.bfloat16))  # exact: h is a BF16 value
     gl.thread_barrier()
     if TILE:
         s_tile = _scale(gl.max(gl.max(amax, axis=1), axis=0))
@@ -207,12 +254,32 @@ def _staged_fwd_kernel(
                       stride_qtk, stride_stk, stride_stg, LH, LHT, NC, False)
 
 
+# The TMA tile: [128, 128] BF16 unswizzled (the kernels' row-major shared tile). A TMA box may be 256 elements wide
+# without a swizzle; with one, at most the swizzle's 128 bytes
+TMA_LAYOUT = gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=16, rank=2)
+
+
+def tma_ok(*ts: torch.Tensor) -> bool:
+    """Whether TMA can read these [M, K] BF16 tensors by 128 x 128 boxes: 16-byte aligned bases and row strides,
+    unit column stride (``cuTensorMapEncodeTiled``'s rules)."""
+    return all(t.dtype == torch.bfloat16 and t.stride(1) == 1 and t.data_ptr() % 16 == 0 and (t.stride(0) * 2) % 16 == 0
+               for t in ts)
+
+
+def _desc(t: torch.Tensor):
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
+    return TensorDescriptor(t, list(t.shape), list(t.stride()), [GROUP, GROUP], TMA_LAYOUT)
+
+
 def fwd_spec(g: torch.Tensor, u: torch.Tensor | None, q, s, qt, st, rows: int, cols: int, t_rows: int, tiles: bool,
-             r: int, warps: int, nc: int) -> fp8_quant.Launch:
+             r: int, warps: int, nc: int, tma: bool = False) -> fp8_quant.Launch:
     """The launch of :func:`_staged_fwd_kernel` on ``fp8_quant.quantize_act``'s outputs for ``h = silu(g) * u`` -- or,
-    with ``u`` None, for the activation ``g`` itself (:data:`ACT_UNTESTED_SETTINGS`) -- (``q`` / ``s`` None: X^T
+    with ``u`` None, for the activation ``g`` itself (:data:`ACT_SETTINGS`) -- (``q`` / ``s`` None: X^T
     alone), as ``fp8_quant_regs.launch_spec`` (BF16, g and u of one layout, unit column stride; ``t_rows`` a multiple
-    of 128; ``tiles``: X^T in 128x128 tiles). BF16 only: the tile is staged as BF16, exact for BF16 values alone."""
+    of 128; ``tiles``: X^T in 128x128 tiles). BF16 only: the tile is staged as BF16, exact for BF16 values alone.
+    ``tma``: the tile read by one TMA copy (:data:`TMA_SETTINGS`) where :func:`tma_ok` allows, else by loads (the same
+    bits either way)."""
     if (g.dtype != torch.bfloat16 or g.stride(1) != 1 or u is not None and (g.stride() != u.stride()
             or g.shape != u.shape or u.dtype != g.dtype) or t_rows is None or t_rows % GROUP
             or GROUP % r or r % warps or warps != 8 or nc not in (32, 64, 128) or qt is None):
@@ -224,20 +291,25 @@ def fwd_spec(g: torch.Tensor, u: torch.Tensor | None, q, s, qt, st, rows: int, c
     rows_too = q is not None
     if not rows_too:
         q, s = qt, st
+    a, b = g, u if u is not None else g
+    tma = tma and tma_ok(a, b)
+    if tma:
+        a, b = _desc(a), _desc(b)
     return fp8_quant.Launch(
         _staged_fwd_kernel, (t_rows // GROUP, cols // GROUP),
-        (g, u if u is not None else g, q, s, qt, st, m, k, g.stride(0), rows, cols, t_rows, q.stride(0), s.stride(0),
+        (a, b, q, s, qt, st, m, k, g.stride(0), rows, cols, t_rows, q.stride(0), s.stride(0),
          s.stride(1), qt.stride(0), st.stride(0), st.stride(1)),
-        {"ROWS": rows_too, "TILE": bool(tiles), "R": r, "NC": nc, "SWIGLU": u is not None},
+        {"ROWS": rows_too, "TILE": bool(tiles), "R": r, "NC": nc, "SWIGLU": u is not None, "TMA": tma},
         warps)
 
 
 def spec(dh: torch.Tensor, g: torch.Tensor, u: torch.Tensor, one: tuple, two: tuple, rows: int, cols: int,
-         t_rows: int, r: int, warps: int, nc: int = 128) -> fp8_quant.Launch:
+         t_rows: int, r: int, warps: int, nc: int = 128, tma: bool = False) -> fp8_quant.Launch:
     """The launch (``fp8_quant.Launch``) of :func:`_staged_kernel` on ``fp8_swiglu.swiglu_grad_operands``' outputs
     (``one`` / ``two``: dg's / du's ``(q, s, qt, st)``; q / s None: no row groups): dh, g, u of one shape and dtype
     with unit column stride, g and u of one row stride (dh its own). BF16 only: dg / du are staged as BF16, exact for
-    the BF16 values they are rounded to and for no other input dtype's."""
+    the BF16 values they are rounded to and for no other input dtype's. ``tma``: the three tiles read by TMA copies
+    (:data:`TMA_SETTINGS`) where :func:`tma_ok` allows, else by loads (the same bits)."""
     m, k = g.shape
     if ({dh.dtype, g.dtype, u.dtype} != {torch.bfloat16} or g.stride(1) != 1 or dh.stride(1) != 1
             or g.stride() != u.stride() or t_rows is None or t_rows % GROUP or GROUP % r or r % warps or warps != 8
@@ -250,49 +322,56 @@ def spec(dh: torch.Tensor, g: torch.Tensor, u: torch.Tensor, one: tuple, two: tu
     rows_too = q is not None
     if not rows_too:  # placeholders for the row groups' pointers
         q, s, q2, s2 = qt, st, qt2, st2
+    srcs = (g, u, dh)
+    tma = tma and tma_ok(*srcs)
+    if tma:
+        srcs = tuple(_desc(t) for t in srcs)
     return fp8_quant.Launch(
         _staged_kernel, (t_rows // GROUP, cols // GROUP),
-        (g, u, dh, q, s, qt, st, q2, s2, qt2, st2, m, k, g.stride(0), dh.stride(0), rows, cols, t_rows, q.stride(0),
+        (*srcs, q, s, qt, st, q2, s2, qt2, st2, m, k, g.stride(0), dh.stride(0), rows, cols, t_rows, q.stride(0),
          s.stride(0), s.stride(1), qt.stride(0), st.stride(0), st.stride(1)),
-        {"ROWS": rows_too, "R": r, "NC": nc},
+        {"ROWS": rows_too, "R": r, "NC": nc, "TMA": tma},
         warps)
 
 
-def compile_sm90(r: int = 16, rows: bool = True, nc: int = 128):
+def compile_sm90(r: int = 16, rows: bool = True, nc: int = 128, tma: bool = False):
     """The kernel built for sm_90 on any machine (bf16 inputs, sizes divisible by 16 as at the 7B shapes): the CPU
     tests' view of its registers, spills and shared memory."""
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.experimental.gluon._runtime import GluonASTSource
 
-    sig = {"g_ptr": "*bf16", "u_ptr": "*bf16", "dh_ptr": "*bf16"}
+    src_t = f"tensordesc<bf16[{GROUP}, {GROUP}],{TMA_LAYOUT!r}>" if tma else "*bf16"
+    sig = {"g_ptr": src_t, "u_ptr": src_t, "dh_ptr": src_t}
     for p in ("", "2"):
         sig.update({f"q{p}_ptr": "*fp8e4nv", f"s{p}_ptr": "*fp32", f"qt{p}_ptr": "*fp8e4nv", f"st{p}_ptr": "*fp32"})
     order = ("g_ptr", "u_ptr", "dh_ptr", "q_ptr", "s_ptr", "qt_ptr", "st_ptr", "q2_ptr", "s2_ptr", "qt2_ptr", "st2_ptr")
     sig = {k: sig[k] for k in order}
     sig.update({k: "i32" for k in ("M", "K", "stride_m", "stride_dm", "RQ", "CQ", "RT", "stride_qm", "stride_sm",
                                    "stride_sg", "stride_qtk", "stride_stk", "stride_stg")})
-    attrs = {(i,): [["tt.divisibility", 16]] for i, k in enumerate(sig)
-             if k not in ("stride_sm", "stride_sg", "stride_stk", "stride_stg")}  # the scales' strides: 1 or any
-    const = {"ROWS": rows, "R": r, "NC": nc}
+    attrs = {(i,): [["tt.divisibility", 16]] for i, k in enumerate(sig)  # the scales' strides: 1 or any
+             if k not in ("stride_sm", "stride_sg", "stride_stk", "stride_stg") and not (tma and i < 3)}
+    const = {"ROWS": rows, "R": r, "NC": nc, "TMA": tma}
     sig.update({k: "constexpr" for k in const})
     src = GluonASTSource(fn=_staged_kernel, signature=sig, constexprs=const, attrs=attrs)
     return triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": 8})
 
 
-def compile_fwd_sm90(r: int = 16, nc: int = 64, tiles: bool = True, rows: bool = True, swiglu: bool = True):
+def compile_fwd_sm90(r: int = 16, nc: int = 64, tiles: bool = True, rows: bool = True, swiglu: bool = True,
+                     tma: bool = False):
     """:func:`_staged_fwd_kernel` built for sm_90 on any machine (the CPU tests' registers, spills, shared memory)."""
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.experimental.gluon._runtime import GluonASTSource
 
-    sig = {"g_ptr": "*bf16", "u_ptr": "*bf16", "q_ptr": "*fp8e4nv", "s_ptr": "*fp32", "qt_ptr": "*fp8e4nv",
+    src_t = f"tensordesc<bf16[{GROUP}, {GROUP}],{TMA_LAYOUT!r}>" if tma else "*bf16"
+    sig = {"g_ptr": src_t, "u_ptr": src_t, "q_ptr": "*fp8e4nv", "s_ptr": "*fp32", "qt_ptr": "*fp8e4nv",
            "st_ptr": "*fp32"}
     sig.update({k: "i32" for k in ("M", "K", "stride_m", "RQ", "CQ", "RT", "stride_qm", "stride_sm", "stride_sg",
                                    "stride_qtk", "stride_stk", "stride_stg")})
     attrs = {(i,): [["tt.divisibility", 16]] for i, k in enumerate(sig)
-             if k not in ("stride_sm", "stride_sg", "stride_stk", "stride_stg")}
-    const = {"ROWS": rows, "TILE": tiles, "R": r, "NC": nc, "SWIGLU": swiglu}
+             if k not in ("stride_sm", "stride_sg", "stride_stk", "stride_stg") and not (tma and k in ("g_ptr", "u_ptr"))}
+    const = {"ROWS": rows, "TILE": tiles, "R": r, "NC": nc, "SWIGLU": swiglu, "TMA": tma}
     sig.update({k: "constexpr" for k in const})
     src = GluonASTSource(fn=_staged_fwd_kernel, signature=sig, constexprs=const, attrs=attrs)
     return triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": 8})
@@ -304,10 +383,18 @@ def compile_fwd_sm90(r: int = 16, nc: int = 64, tiles: bool = True, rows: bool =
 # the step too (the in-situ choice: the capped clock slows a latency-bound kernel more)
 FWD_SETTINGS = ((16, 8, 64), (32, 8, 64))
 # The same form for a plain BF16 activation (X and dY of the projections; ``fwd_spec`` with ``u`` None), a candidate of
-# fp8_quant.quantize_act's choice beside the register-order kernel once the GPU test (test_fp8_quant_gpu.py) has checked
-# its bits. Session 34: compiled on CPU only. Why it may help: the staged forward streamed g and u at ~2.2 TB/s (0.83
-# ms at 7B width) where the activation quantizers reach 1.7-1.8 (0.13-0.14 ms for a [16k, 3584] operand)
-ACT_UNTESTED_SETTINGS = ((16, 8, 64), (32, 8, 64))
+# fp8_quant.quantize_act's choice beside the register-order kernel. Session 35 (H100, 7B width, 16k tokens, back to
+# back; bits equal to the eager quantizers' in test_fp8_quant_gpu.py): (32, 8, 64) 0.133 ms for X [T, 3584] against the
+# library's previous choice 0.145, 0.607 against 0.651 for [T, 18944]; slower for dY (0.144 / 0.616 against 0.140 /
+# 0.588): the in-situ choice keeps what wins per operand
+ACT_SETTINGS = ((16, 8, 64), (32, 8, 64))
+# ``("tma", R, warps, NC)``: the three forms (backward, forward h, plain activation) with the tile read by one TMA copy
+# per input (``tma=True``) instead of row-chunk loads -- the whole tile's bytes in flight at once (32 / 64 / 96 KB a
+# program), where the load form has one R-row chunk in flight per program and none during phase 2. Why: the staged
+# activation form streams at ~1.8 TB/s (0.133 ms for 235 MB) where a copy of the same bytes reaches 2.8. Session 35:
+# compiled on CPU (no spills; 63-80 registers forward, 72-98 backward); candidates only with QUARL_FP8_TMA=1 until
+# their GPU bit tests have passed
+TMA_SETTINGS = ((16, 8, 64), (32, 8, 64))
 
-__all__ = ["ACT_UNTESTED_SETTINGS", "FWD_SETTINGS", "SETTINGS", "compile_fwd_sm90", "compile_sm90", "fwd_spec",
-           "spec"]
+__all__ = ["ACT_SETTINGS", "FWD_SETTINGS", "SETTINGS", "TMA_LAYOUT", "TMA_SETTINGS", "compile_fwd_sm90", "compile_sm90",
+           "fwd_spec", "spec", "tma_ok"]

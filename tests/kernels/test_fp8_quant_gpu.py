@@ -200,24 +200,26 @@ def test_regs_kernel_equals_eager(m, k, dtype, special):
 @pytest.mark.parametrize("m,k,special,strided", [(4099, 3584, False, False), (1000, 18944, False, False),
                                                  (257, 576, True, False), (2048, 512, False, True)])
 def test_staged_activation_form_equals_eager(m, k, special, strided):
-    """``fp8_swiglu_staged``'s plain-activation form (session 34, ``ACT_UNTESTED_SETTINGS``; ``fwd_spec`` with ``u``
-    None): the eager quantizers' bits at every setting -- the row groups, X^T in 1x128 groups along the tokens and in
-    128x128 tiles, with and without the row groups; BF16 (what it stages), padded shapes, zero / tiny / huge groups, and
-    a column block of a wider tensor (stacked q / k / v's outputs). Until this passes on a GPU the form is not a
-    candidate of ``quantize_act``'s choice."""
+    """``fp8_swiglu_staged``'s plain-activation form (``ACT_SETTINGS``; ``fwd_spec`` with ``u`` None; passed on an
+    H100 in session 35) and its TMA form (``TMA_SETTINGS``, session 35): the eager quantizers' bits at every setting --
+    the row groups, X^T in 1x128 groups along the tokens and in 128x128 tiles, with and without the row groups; BF16
+    (what it stages), padded shapes (TMA's zero fill), zero / tiny / huge groups, and a column block of a wider tensor
+    (stacked q / k / v's outputs)."""
     pytest.importorskip("triton.experimental.gluon")
     from quarl_kernels import fp8_swiglu_staged as stg
 
     torch.manual_seed(6)
     x = _regs_case(m, k + 256 if strided else k, torch.bfloat16, special)
     x = x[:, 256:] if strided else x  # row stride k + 256, unit column stride
+    forms = (*(("staged", *st) for st in stg.ACT_SETTINGS), *(("tma", *st) for st in stg.TMA_SETTINGS))
     mp, kp, _, _ = _assert_every_setting_equals_eager(
-        x, stg.ACT_UNTESTED_SETTINGS,
-        lambda st, out, mp, kp, mt, tiles: fq._launch(stg.fwd_spec(x, None, *out, mp, kp, mt, tiles, *st)))
+        x, forms, lambda st, out, mp, kp, mt, tiles: fq._launch(
+            stg.fwd_spec(x, None, *out, mp, kp, mt, tiles, *st[1:], tma=st[0] == "tma")))
+    assert stg.tma_ok(x)  # each case here is one TMA reads: the TMA form is not the load form again
     mt = _round_up(m, 128)
     with pytest.raises(ValueError, match="BF16"):
         fq._launch(stg.fwd_spec(x.float(), None, *fq._act_outputs(x, mp, kp, mt, True, False), mp, kp, mt, False,
-                                *stg.ACT_UNTESTED_SETTINGS[0]))
+                                *stg.ACT_SETTINGS[0]))
 
 
 def test_every_launch_setting_gives_the_same_bits():

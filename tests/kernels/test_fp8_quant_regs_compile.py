@@ -82,7 +82,7 @@ def test_staged_spec_names_what_it_cannot_launch():
 @pytest.mark.parametrize("tiles", [True, False], ids=["x-t-tiles", "x-t-1x128"])
 def test_staged_swiglu_forward_builds_for_sm90(tiles):
     """The staged kernel's forward form (h = silu(g) * u; session 33, GPU bits in session 34) and its plain-activation
-    form (``SWIGLU=False``, session 34, ``ACT_UNTESTED_SETTINGS``): no spills, at most 72 / 80 registers (three or more
+    form (``SWIGLU=False``, session 34, ``ACT_SETTINGS``): no spills, at most 72 / 80 registers (three or more
     8-warp programs a multiprocessor; the register-order forms take 120-128), at most 34 KB of shared memory, the
     correctly rounded quotient by ``group_div`` (no division), 16-byte X^T runs; SiLU's ``ex2`` in the SwiGLU form
     alone."""
@@ -90,7 +90,7 @@ def test_staged_swiglu_forward_builds_for_sm90(tiles):
 
     from tests.kernels.sm90_sass import registers, stack_bytes
 
-    for swiglu, settings, most in ((True, stg.FWD_SETTINGS, 72), (False, stg.ACT_UNTESTED_SETTINGS, 80)):
+    for swiglu, settings, most in ((True, stg.FWD_SETTINGS, 72), (False, stg.ACT_SETTINGS, 80)):
         for r, _, nc in settings:
             for rows in (True, False):
                 k = stg.compile_fwd_sm90(r, nc, tiles, rows, swiglu)
@@ -125,12 +125,14 @@ def test_forward_candidates_are_the_staged_forms_only_where_x_t_is_made_on_cuda(
     assert fs.forward_settings(OnCuda(), 4096) == regs
 
 
-def test_the_staged_activation_form_is_a_candidate_only_when_asked(monkeypatch):
-    """``fp8_quant.regs_settings`` (session 34): the register-order settings; ``fp8_swiglu_staged``'s plain-activation
-    form added only with ``QUARL_FP8_STAGED_ACT=1`` (opt-in until its GPU bit test has passed) and only for BF16."""
+def test_the_staged_forms_are_candidates_and_their_tma_forms_only_when_asked(monkeypatch):
+    """``fp8_quant.regs_settings``: the register-order settings, then ``fp8_swiglu_staged``'s plain-activation form
+    (bit-equal on an H100 in session 35) for BF16 alone; the TMA forms only with ``QUARL_FP8_TMA=1`` (opt-in until
+    their GPU bit tests pass) -- the same rule in SwiGLU's backward and forward candidates."""
     import torch
     from quarl_kernels import fp8_quant as fq
     from quarl_kernels import fp8_quant_regs as fr
+    from quarl_kernels import fp8_swiglu as fs
     from quarl_kernels import fp8_swiglu_staged as stg
 
     class OnCuda:  # what regs_settings asks of x
@@ -142,11 +144,71 @@ def test_the_staged_activation_form_is_a_candidate_only_when_asked(monkeypatch):
             return 1
 
     regs = tuple(("regs", *st) for st in fr.SETTINGS)
-    monkeypatch.delenv("QUARL_FP8_STAGED_ACT", raising=False)
-    assert fq.regs_settings(OnCuda(), 4096) == regs
-    monkeypatch.setenv("QUARL_FP8_STAGED_ACT", "1")
-    assert fq.regs_settings(OnCuda(), 4096) == regs + tuple(("staged", *st) for st in stg.ACT_UNTESTED_SETTINGS)
+    staged = tuple(("staged", *st) for st in stg.ACT_SETTINGS)
+    tma = tuple(("tma", *st) for st in stg.TMA_SETTINGS)
+    monkeypatch.delenv("QUARL_FP8_TMA", raising=False)
+    assert fq.regs_settings(OnCuda(), 4096) == regs + staged
+    assert not any(st[0] == "tma" for st in fs.regs_settings(OnCuda()) + fs.forward_settings(OnCuda(), 4096))
+    monkeypatch.setenv("QUARL_FP8_TMA", "1")
+    assert fq.regs_settings(OnCuda(), 4096) == regs + staged + tma
+    assert fs.regs_settings(OnCuda())[-len(tma):] == tma and fs.forward_settings(OnCuda(), 4096)[-len(tma):] == tma
     assert fq.regs_settings(OnCuda(), None) == ()  # no X^T: none of the Gluon kernels
     half = OnCuda()
-    half.dtype = torch.float16
+    half.dtype = torch.float16  # staged as BF16: exact for BF16 values alone
     assert fq.regs_settings(half, 4096) == regs
+    assert not any(st[0] in ("staged", "tma") for st in fs.regs_settings(half) + fs.forward_settings(half, 4096))
+
+
+@pytest.mark.parametrize("swiglu", [True, False], ids=["h", "plain"])
+def test_tma_forward_forms_build_for_sm90(swiglu):
+    """The forward kernel's TMA form (session 35; ``tma=True``): one ``UTMALDG`` per input tile (one TMA copy, g and u
+    two), no global loads of the inputs (the only ``ld.global`` left would be an input's), the tile read from shared
+    memory, no spills, at most 80 registers, the tiles' 32 / 64 KB of shared memory (+ the barrier)."""
+    from quarl_kernels import fp8_swiglu_staged as stg
+
+    from tests.kernels.sm90_sass import registers, sass_of, stack_bytes
+
+    for r, _, nc in stg.TMA_SETTINGS:
+        k = stg.compile_fwd_sm90(r, nc, True, True, swiglu, tma=True)
+        where = (swiglu, r, nc)
+        assert stack_bytes(k) in (0, None), where
+        assert registers(k) is None or registers(k) <= 80, (where, registers(k))
+        assert k.metadata.shared <= (2 if swiglu else 1) * 32 * 1024 + 64, (where, k.metadata.shared)
+        assert "ld.global" not in k.asm["ptx"], where
+        if registers(k) is not None:  # cuobjdump present: the SASS too
+            assert sass_of(k).count("UTMALDG") == (2 if swiglu else 1), where
+
+
+def test_tma_backward_form_builds_for_sm90():
+    """SwiGLU's staged backward with its three tiles (dh, g, u) by TMA (session 35): three ``UTMALDG``, no global loads,
+    no spills, at most 128 registers, 96 KB of shared memory (+ the barrier): two 8-warp programs a multiprocessor."""
+    from quarl_kernels import fp8_swiglu_staged as stg
+
+    from tests.kernels.sm90_sass import registers, sass_of, stack_bytes
+
+    for r, _, nc in stg.TMA_SETTINGS:
+        k = stg.compile_sm90(r, True, nc, tma=True)
+        assert stack_bytes(k) in (0, None), (r, nc)
+        assert registers(k) is None or registers(k) <= 128, (r, nc, registers(k))
+        assert k.metadata.shared <= 96 * 1024 + 64, (r, nc, k.metadata.shared)
+        assert "ld.global" not in k.asm["ptx"], (r, nc)
+        if registers(k) is not None:
+            assert sass_of(k).count("UTMALDG") == 3, (r, nc)
+
+
+def test_tma_specs_fall_back_to_loads_where_tma_cannot_read():
+    """``tma=True`` on tensors TMA cannot read by 128 x 128 boxes (a row stride of 600 bytes: not a multiple of 16) gives
+    the load form's launch -- the same bits, no failed launch; aligned ones get descriptors."""
+    import torch
+    from quarl_kernels import fp8_swiglu_staged as stg
+
+    odd = torch.zeros(256, 300, dtype=torch.bfloat16)[:, :256]  # row stride 300 elements = 600 bytes
+    ok = torch.zeros(256, 256, dtype=torch.bfloat16)
+    assert not stg.tma_ok(odd) and stg.tma_ok(ok)
+    outs = (None, None, torch.zeros(256, 256), torch.zeros(2, 2))
+    assert stg.fwd_spec(odd, None, *outs, 256, 256, 256, True, 16, 8, 64, tma=True).constexprs["TMA"] is False
+    la = stg.fwd_spec(ok, None, *outs, 256, 256, 256, True, 16, 8, 64, tma=True)
+    assert la.constexprs["TMA"] is True and type(la.args[0]).__name__ == "TensorDescriptor"
+    two = (torch.zeros(2, 2),) * 4
+    assert stg.spec(odd, odd, odd, two, two, 256, 256, 256, 16, 8, 64, tma=True).constexprs["TMA"] is False
+    assert stg.spec(ok, ok, ok, two, two, 256, 256, 256, 16, 8, 64, tma=True).constexprs["TMA"] is True

@@ -29,6 +29,12 @@ pytestmark = [
 ]
 
 
+@pytest.fixture(autouse=True)
+def _tma_forms(monkeypatch):
+    """The staged kernels' TMA forms (session 35, ``QUARL_FP8_TMA=1``) among every candidate list these tests walk."""
+    monkeypatch.setenv("QUARL_FP8_TMA", "1")
+
+
 def _inputs(m, i, seed=0):
     torch.manual_seed(seed)
     g = (torch.randn(m, i, device="cuda") * 3).to(torch.bfloat16)
@@ -67,9 +73,10 @@ def test_forward_operand_matches_the_eager_reference(m, i):
 
 @pytest.mark.parametrize("m,i", [(8192, 18944), (4099, 1600)])
 def test_staged_forward_gives_the_register_order_kernels_bits(m, i):
-    """``fp8_swiglu_staged``'s forward form (session 33; passed on an H100 in session 34) and the forward's run-time
-    choice (``fp8_swiglu.swiglu_forward_operand``, every candidate and the chosen one): h's operands equal to the
-    register-order SWIGLU launch's, byte for byte, with and without the row groups, both X^T forms, padded shapes."""
+    """``fp8_swiglu_staged``'s forward form (session 33; passed on an H100 in session 34), its TMA form (session 35) and
+    the forward's run-time choice (``fp8_swiglu.swiglu_forward_operand``, every candidate and the chosen one): h's
+    operands equal to the register-order SWIGLU launch's, byte for byte, with and without the row groups, both X^T
+    forms, padded shapes (TMA's zero fill past the edges)."""
     pytest.importorskip("triton.experimental.gluon")
     from quarl_kernels import fp8_quant as fq
     from quarl_kernels import fp8_quant_regs as fr
@@ -81,19 +88,23 @@ def test_staged_forward_gives_the_register_order_kernels_bits(m, i):
         for rg in (True, False):
             want = fq._act_outputs(g, rows, cols, t_rows, rg, tiles)
             fr.launch_setting(g, *want, rows, cols, t_rows, tiles, fr.SWIGLU_SETTINGS[0], u=u)
-            assert {("staged", *st) for st in stg.FWD_SETTINGS} < set(fs.forward_settings(g, t_rows))
-            for st in (*stg.FWD_SETTINGS, None):
+            forms = (*(("staged", *st) for st in stg.FWD_SETTINGS), *(("tma", *st) for st in stg.TMA_SETTINGS))
+            assert set(forms) < set(fs.forward_settings(g, t_rows))
+            for st in (*forms, None):
                 got = fq._act_outputs(g, rows, cols, t_rows, rg, tiles)
                 if st is None:  # the run-time choice (timed: every candidate writes these outputs)
                     st = fs.swiglu_forward_operand(g, u, got, rows, cols, t_rows, tiles)
                 else:
-                    fq._launch(stg.fwd_spec(g, u, *got, rows, cols, t_rows, tiles, *st))
+                    fq._launch(stg.fwd_spec(g, u, *got, rows, cols, t_rows, tiles, *st[1:], tma=st[0] == "tma"))
                 assert all(a is None and b is None or ndiff(a, b) == 0
                            for a, b in zip(got, want, strict=True)), (m, i, tiles, rg, st)
 
 
 def test_every_launch_setting_gives_the_same_bits():
+    """Every candidate of SwiGLU's backward quantizers -- the two passes, the merged Triton pass, the Gluon kernels
+    (register order, staged, the staged TMA form) -- the same bits, with and without the row groups, padded shapes."""
     g, u, dh = _inputs(4096, 3584, seed=1)
+    assert any(st[0] == "tma" for st in fs.regs_settings(g))
     m, i = g.shape
     ref = fs.swiglu_grad_operands(dh, g, u, m, i, m, setting=fs.ROW_SETTINGS[0], t_setting=fs.COL_SETTINGS[0])
     for st in fs.ROW_SETTINGS:
