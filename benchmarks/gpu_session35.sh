@@ -46,7 +46,7 @@ phase_end
 
 # ---------------------------------------------------------------------------------------------------------------
 # Record (calls of this session; device time from the tool's lease):
-#   a  commit dee8493, 2026-11-28 02:17-02:24 UTC (cold), 356 s run (budget 1800 -> 1402 s): GPU tests 14 passed (the
+#   a  commit dee8493, 2026-11-28 ~02:11-02:18 UTC (cold), 356 s run (budget 1800 -> 1402 s): GPU tests 14 passed (the
 #      staged activation form bit-equal at every setting, padded and strided); X / dY operands (7B, 16k tokens, back to
 #      back, ms): staged (32, 8, 64) 0.133 / 0.607 for X [T, 3584] / [T, 18944] against the library's 0.145 / 0.651,
 #      0.144 / 0.616 for dY against 0.140 / 0.588; the 7B update (staged form a candidate) 25.77 ms a layer against
