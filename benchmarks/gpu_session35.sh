@@ -12,6 +12,12 @@
 #     only). Their GPU bit tests (every staged / TMA setting, padded and strided), the X / dY operands and SwiGLU's
 #     kernels timed with them (QUARL_FP8_TMA=1), then -- if the bits held -- the 7B update in two rounds with the TMA
 #     forms among the candidates (their in-situ times in the report's tuned table).
+#   phase c: bash benchmarks/gpu_session35.sh c   (nvidia-h100-x1; carry .dev/dg.tar.xz .dev/dg_built.tar.xz; ~8 min)
+#     After b (every TMA form's bytes equal the library's in the operand bench; back to back the TMA forms took 0.73 ms
+#     for SwiGLU's forward h against the staged 0.84, 1.29 for its backward against 1.40, 0.126 against 0.132 for X /
+#     dY [T, 3584]; the GPU tests ran out of time after 13 passed, before the stacked gate / up and fused-MLP ones):
+#     those remaining GPU tests (verbose), then -- if they pass -- the 7B update in three rounds with the TMA forms
+#     among the candidates (QUARL_FP8_TMA=1).
 set -u
 PHASE=${1:?phase}
 OUT=${OUT:?}
@@ -41,6 +47,19 @@ b)
             --accumulate 8 --repeat 2
     fi
     ;;
+c)
+    ([ -d /tmp/dg/deep_gemm ] || deepgemm > "$OUT/deepgemm.log" 2>&1) &
+    DG=$!
+    export QUARL_FP8_TMA=1
+    tests 170 tests/kernels/test_fp8_swiglu_gpu.py -v -k "stacked or fused_mlp or staged_forward"
+    wait $DG
+    cat "$OUT/deepgemm.log"
+    export PYTHONPATH=$PYTHONPATH:/tmp/dg
+    if grep -q " passed" "$OUT/tests/pytest.log" && ! grep -qE "failed|error" "$OUT/tests/pytest.log"; then
+        model_step 260 p7_r3 --shape Qwen2.5-7B --layers 4 --tokens 16384 --loss rl \
+            --arms "bf16,bf16+glue,jetrl-xtiles+deepgemm+glue" --iters 2 --accumulate 8 --repeat 3
+    fi
+    ;;
 esac
 phase_end
 
@@ -53,3 +72,12 @@ phase_end
 #      bf16+glue 38.86 (1.508x), quantizers 3.54 ms a layer in the profile (SwiGLU backward 1.53). Copies: 0.78 ms a
 #      micro-batch each for [8, 28, 2048, 128] and [8, 2048, 28, 128] (one a layer each, both arms). DeepGEMM packed
 #      (5996 KB).
+#   b  commit 513fdd2, ~02:27-02:33 UTC (cold), 297 s (-> 1041 s; DeepGEMM unpacked from the packed build in 9 s):
+#      GPU tests stopped by their 170 s limit after 13 passed, none failed (the Gluon kernels compiled afresh on a
+#      cold machine); fp8_quant_operands (7B, 16k tokens, ms back to back; every TMA form's bytes equal the library's):
+#      TMA (16 / 32, 8, 64) 0.127 / 0.126 for X [T, 3584] against staged 0.141 / 0.132 and regs 0.145; 0.550 / 0.555
+#      for X [T, 18944] against 0.649 / 0.612; dY [T, 3584] 0.126 / 0.126 against regs 0.130; dY [T, 18944] 0.531 /
+#      0.531 against regs 0.599; dY [T, 512] 0.138 / 0.143 against regs 0.050 (slower). fp8_swiglu_bench (7B width):
+#      forward h TMA 0.778 / 0.732 against staged 0.842 / 0.873 and register order 0.844; backward TMA 1.301 / 1.287
+#      against staged (16, 8, 64) 1.402; then stopped by its 70 s limit (the 32B rows not reached). The update was not
+#      run (the tests had not all passed).
