@@ -224,7 +224,26 @@ def profile_step(fn, device: str, kinds=KERNEL_CLASSES) -> dict:
             ops.append([a.key, str(a.input_shapes)[:100], a.count, us / 1e3])
     ops = sorted(ops, key=lambda o: -o[3])[:TOP_OPS]
     return {"classes": classes, "total_ms": sum(by_kernel.values()), "top": [[k[:120], ms] for k, ms in top],
-            "ops": ops}
+            "ops": ops, "copy_sites": copy_sites(prof.events())}
+
+
+def copy_sites(events) -> list:
+    """Where the 4-D copies come from (session 35: one [B, H, T, D] and one [B, T, H, D] copy a layer in every arm,
+    0.2 ms each at 7B width): ``[shape, the ATen ops (or autograd nodes) above it, calls]`` for each ``aten::copy_``
+    of a 4-D tensor, by its chain of CPU parents (backward copies sit under the autograd node that made them)."""
+    sites: dict[tuple, int] = {}
+    for e in events:
+        shapes = getattr(e, "input_shapes", None) or []
+        if e.name != "aten::copy_" or e.device_type == torch.autograd.DeviceType.CUDA or not shapes \
+                or len(shapes[0]) != 4:
+            continue
+        chain, p = [], e.cpu_parent
+        while p is not None and len(chain) < 6:
+            chain.append(p.name)
+            p = p.cpu_parent
+        key = (str(shapes[0]), " < ".join(chain))
+        sites[key] = sites.get(key, 0) + 1
+    return [[shape, chain, n] for (shape, chain), n in sorted(sites.items(), key=lambda kv: -kv[1])][:TOP_OPS]
 
 
 def measure(model, ids: torch.Tensor, loss: str, iters: int, device: str, profile: bool = False,
@@ -485,6 +504,11 @@ def render(res: dict) -> str:
                        "profiled step with its stem):"), "", "| arm | op | input shapes | calls | ms |",
                   "|---|---|---|---:|---:|"]
             L += [f"| {arm} | {k} | {shapes} | {n:g} | {ms:.3f} |" for arm, (k, shapes, n, ms) in ops]
+        sites = [(arm, s) for (arm, layers), p in prof.items() if layers for s in p.get("copy_sites", [])]
+        if sites:
+            L += ["", ("4-D copies by caller (the ATen ops / autograd nodes above each, innermost first; calls in the "
+                       "profiled step):"), "", "| arm | shape | callers | calls |", "|---|---|---|---:|"]
+            L += [f"| {arm} | {shape} | {chain} | {n} |" for arm, (shape, chain, n) in sites]
     return "\n".join(L)
 
 

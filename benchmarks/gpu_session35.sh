@@ -18,6 +18,10 @@
 #     dY [T, 3584]; the GPU tests ran out of time after 13 passed, before the stacked gate / up and fused-MLP ones):
 #     those remaining GPU tests (verbose), then -- if they pass -- the 7B update in three rounds with the TMA forms
 #     among the candidates (QUARL_FP8_TMA=1).
+#   phase d: bash benchmarks/gpu_session35.sh d   (nvidia-h100-x1; carry .dev/dg.tar.xz .dev/dg_built.tar.xz; ~8 min)
+#     After c (11 GPU tests passed: the TMA forms are default candidates now; the update 25.77-26.27 ms a layer against
+#     39.19-39.29, 1.49-1.53x): the 7B update in three rounds and one profiled step whose report now names the 4-D
+#     copies' callers (one [B, H, T, D] and one [B, T, H, D] copy a layer, 0.2 ms each, in every arm: where from?).
 set -u
 PHASE=${1:?phase}
 OUT=${OUT:?}
@@ -60,6 +64,14 @@ c)
             --arms "bf16,bf16+glue,jetrl-xtiles+deepgemm+glue" --iters 2 --accumulate 8 --repeat 3
     fi
     ;;
+d)
+    ([ -d /tmp/dg/deep_gemm ] || deepgemm > "$OUT/deepgemm.log" 2>&1) &
+    DG=$!
+    wait $DG
+    export PYTHONPATH=$PYTHONPATH:/tmp/dg
+    model_step 300 p7_r3 --shape Qwen2.5-7B --layers 4 --tokens 16384 --loss rl \
+        --arms "bf16,bf16+glue,jetrl-xtiles+deepgemm+glue" --iters 2 --accumulate 8 --repeat 3 --profile
+    ;;
 esac
 phase_end
 
@@ -81,3 +93,8 @@ phase_end
 #      forward h TMA 0.778 / 0.732 against staged 0.842 / 0.873 and register order 0.844; backward TMA 1.301 / 1.287
 #      against staged (16, 8, 64) 1.402; then stopped by its 70 s limit (the 32B rows not reached). The update was not
 #      run (the tests had not all passed).
+#   c  commit ba0bac2, ~02:38-02:41 UTC (warm: b's machine, its Triton cache and DeepGEMM), 161 s (-> 846 s): GPU tests
+#      11 passed (stacked gate / up, the fused MLP at every switch, the staged forward incl. its TMA form); the 7B update
+#      with the TMA forms among the candidates: 26.27 / 25.78 / 25.77 ms a layer against bf16+glue 39.19 / 39.22 / 39.29
+#      (1.492 / 1.521 / 1.525x); the in-situ choice took TMA (32, 8, 64) for SwiGLU's forward (0.845 ms in situ against
+#      the staged 0.949) and backward (1.478 against 1.505), and for X / dY [T, 3584].

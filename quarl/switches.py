@@ -72,8 +72,8 @@ SWITCHES: dict[str, str] = {
     "QUARL_FP8_SWIGLU_MERGE": "0 = SwiGLU's backward quantizers always as two passes (no merged launch)",
     "QUARL_FP8_SWIGLU_FWD": "0 = the fused FP8 MLP's forward writes h = silu(g) * u, then quantizes it (not one kernel)",
     "QUARL_FP8_REGS": "0 = no Gluon FP8 quantizers (register-order, staged) among the timed candidates (Triton alone)",
-    "QUARL_FP8_TMA": "1 = the staged Gluon quantizers' TMA forms (the tile read by one TMA copy) among the timed"
-                     " candidates (opt-in until their GPU bit tests pass)",
+    "QUARL_FP8_TMA": "0 = not the staged Gluon quantizers' TMA forms (the tile read by one TMA copy) among the timed"
+                     " candidates",
     "QUARL_FP8_TUNE": "situ (default) = the FP8 quantizers' fastest few launch settings timed again inside the run; 1 = back to back only; 0 = the default settings",
     "QUARL_LOGPROB_KERNEL": "0 = token log-probs through PyTorch ops",
     # benchmarks and tests

@@ -21,7 +21,7 @@ its settings on each X / dY operand, its outputs checked byte for byte against t
 (the library's own choice includes it since session 31: the best setting can be one of these). ``--staged`` (session
 34): the same for ``quarl_kernels.fp8_swiglu_staged``'s plain-activation form (the tile staged in shared memory, X^T by
 column chunks; ``ACT_SETTINGS``, in the library's choice since session 35) and ``--tma`` (session 35) its TMA form
-(the tile read by one TMA copy: ``TMA_SETTINGS``, a candidate only with ``QUARL_FP8_TMA=1`` until its GPU test passes). Sessions 26-27's
+(the tile read by one TMA copy: ``TMA_SETTINGS``, in the library's choice since session 35). Sessions 26-27's
 ``--gluon`` (an earlier Gluon kernel, ``benchmarks/kernels/fp8_quant_gluon.py``, measured and not kept: RESULTS.md
 "Session 26", "Session 27") was removed with that kernel in session 31.
 """

@@ -56,7 +56,7 @@ def paths(m: int, i: int, device: str):
             outs = fq._act_outputs(g, m, i, mt, True, True)
             fwd[f"forward fused {st}"] = lambda st=st, outs=outs: fr.launch_setting(g, *outs, m, i, mt, True, st, u=u)
         stg = fs.staged_module()
-        # staged in shared memory (session 33), and its TMA form (session 35) with QUARL_FP8_TMA=1
+        # staged in shared memory (session 33), and its TMA form (session 35)
         for st in fq.staged_settings(g, stg.FWD_SETTINGS) if stg is not None else ():
             outs = fq._act_outputs(g, m, i, mt, True, True)
             fwd[f"forward {st[0]} {st[1:]}"] = lambda st=st, outs=outs: fq._launch(

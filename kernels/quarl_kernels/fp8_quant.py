@@ -172,9 +172,9 @@ def staged_module():
 
 
 def tma_wanted() -> bool:
-    """Whether the staged kernels' TMA forms (``("tma", R, warps, NC)``, ``fp8_swiglu_staged.TMA_SETTINGS``) are
-    candidates: ``QUARL_FP8_TMA=1`` (opt-in until their GPU bit tests have passed; session 35: compiled on CPU)."""
-    return os.environ.get("QUARL_FP8_TMA", "0") == "1"
+    """Whether the staged kernels' TMA forms (``("tma", R, warps, NC)``, ``fp8_swiglu_staged.TMA_SETTINGS``; bit-equal
+    on an H100, session 35) are candidates: unless ``QUARL_FP8_TMA=0`` (an A/B of the choice inside a model)."""
+    return os.environ.get("QUARL_FP8_TMA", "1") != "0"
 
 
 def staged_settings(x: torch.Tensor, settings: tuple) -> tuple:
@@ -190,7 +190,7 @@ def staged_settings(x: torch.Tensor, settings: tuple) -> tuple:
 def regs_settings(x: torch.Tensor, t_rows: int | None) -> tuple:
     """The Gluon candidates for ``x`` (none on CPU, without X^T, with strided columns or without Gluon):
     ``("regs", tpt, warps)`` and, on BF16 ``x``, ``fp8_swiglu_staged``'s plain-activation form ``("staged", R, warps,
-    NC)`` (bit-equal on an H100, session 35) -- and its TMA form with ``QUARL_FP8_TMA=1`` (:func:`staged_settings`)."""
+    NC)`` (bit-equal on an H100, session 35) and its TMA form (unless ``QUARL_FP8_TMA=0``: :func:`staged_settings`)."""
     if t_rows is None or not x.is_cuda or x.stride(1) != 1 or not regs_wanted():
         return ()
     regs = tuple(("regs", *st) for st in regs_module().SETTINGS)

@@ -69,7 +69,7 @@ def regs_settings(g: torch.Tensor) -> tuple:
     thread, warps)`` -- ``quarl_kernels.fp8_quant_regs``' kernel for the same pass (session 31: dh, g, u read once,
     both gradients' codes from registers, X^T by register order) -- and ``("staged", tokens a row chunk, warps)``,
     ``quarl_kernels.fp8_swiglu_staged`` (session 33: the tile's dg / du staged in shared memory, ~120 registers; BF16
-    inputs only; its TMA form ``("tma", ...)`` with ``QUARL_FP8_TMA=1``: ``fp8_quant.staged_settings``). All give the
+    inputs only; its TMA form ``("tma", ...)`` too: ``fp8_quant.staged_settings``). All give the
     same bits."""
     if not (g.is_cuda and fq.regs_wanted()):
         return ()
@@ -82,7 +82,7 @@ def forward_settings(g: torch.Tensor, t_rows: int | None) -> tuple:
     """The candidates for the forward's operand ``h = silu(g) * u`` (:func:`swiglu_forward_operand`):
     ``fp8_quant_regs``' SWIGLU form ``("regs", tokens a thread, warps)`` -- the default, the only one without X^T or
     with ``QUARL_FP8_REGS=0`` -- and, with X^T and BF16 inputs, ``fp8_swiglu_staged``'s forward form ``("staged",
-    tokens a row chunk, warps, X^T's columns a step)`` (and its TMA form with ``QUARL_FP8_TMA=1``). All give the same
+    tokens a row chunk, warps, X^T's columns a step)`` (and its TMA form). All give the same
     bits."""
     fr, stg = fq.regs_module(), staged_module()
     regs = tuple(("regs", *st) for st in fr.SWIGLU_SETTINGS)

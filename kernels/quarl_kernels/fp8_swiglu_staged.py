@@ -36,6 +36,13 @@ registers, 32-34 KB of shared memory, four programs a multiprocessor against the
 bit-equal to the register-order form on an H100 (session 34), a candidate of ``fp8_swiglu.swiglu_forward_operand``'s
 choice beside it.
 
+**TMA forms** (session 35, ``("tma", R, warps, NC)``, :data:`TMA_SETTINGS`): the same kernels with each input tile
+copied into shared memory by one TMA copy (``tma=True``: host-side tensor descriptors, an mbarrier; zeros past the
+tensor's edges, as the masked loads gave) and phase 1 reading its row chunks from there -- the whole tile's bytes in
+flight at once, where the load form has one chunk in flight a program and none during phase 2. Bit-equal on an H100;
+~0.1 ms faster for each SwiGLU kernel at 7B width (numbers at :data:`TMA_SETTINGS`). Tensors TMA cannot read (16-byte
+alignment, :func:`tma_ok`) get the load form.
+
 A candidate of ``fp8_swiglu``'s merged choice as ``("staged", R, warps[, NC])`` (:data:`SETTINGS`), timed in the step
 by the in-situ choice (``QUARL_FP8_TUNE=situ``). Measured (H100, 7B width, 16k tokens, back to back): session 33's
 whole-tile (32, 8) 1.54 ms (1.79 in the step) against the best other kernel's 1.71 / 1.88; session 34's column chunks
@@ -391,9 +398,11 @@ ACT_SETTINGS = ((16, 8, 64), (32, 8, 64))
 # ``("tma", R, warps, NC)``: the three forms (backward, forward h, plain activation) with the tile read by one TMA copy
 # per input (``tma=True``) instead of row-chunk loads -- the whole tile's bytes in flight at once (32 / 64 / 96 KB a
 # program), where the load form has one R-row chunk in flight per program and none during phase 2. Why: the staged
-# activation form streams at ~1.8 TB/s (0.133 ms for 235 MB) where a copy of the same bytes reaches 2.8. Session 35:
-# compiled on CPU (no spills; 63-80 registers forward, 72-98 backward); candidates only with QUARL_FP8_TMA=1 until
-# their GPU bit tests have passed
+# activation form streams at ~1.8 TB/s (0.133 ms for 235 MB) where a copy of the same bytes reaches 2.8. Session 35
+# (H100, 7B width, 16k tokens; bit-equal in every GPU test): back to back, SwiGLU's forward h 0.73 ms against the load
+# form's 0.84, its backward 1.29 against 1.40, X / dY [T, 3584] 0.126 against 0.132; in the step (the in-situ choice)
+# 0.85 against 0.95 and 1.48 against 1.51. Candidates unless QUARL_FP8_TMA=0; (32, 8, 64) won everywhere but dY
+# [T, 512] (k / v: 64 programs of one column tile each, the register-order kernel's 0.04 ms there)
 TMA_SETTINGS = ((16, 8, 64), (32, 8, 64))
 
 __all__ = ["ACT_SETTINGS", "FWD_SETTINGS", "SETTINGS", "TMA_LAYOUT", "TMA_SETTINGS", "compile_fwd_sm90", "compile_sm90",

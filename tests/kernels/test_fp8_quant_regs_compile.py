@@ -104,7 +104,8 @@ def test_staged_swiglu_forward_builds_for_sm90(tiles):
 
 def test_forward_candidates_are_the_staged_forms_only_where_x_t_is_made_on_cuda(monkeypatch):
     """``fp8_swiglu.forward_settings`` (session 34): the register-order SWIGLU form first (the default, and the only one
-    without X^T -- rollout -- off CUDA, or with ``QUARL_FP8_REGS=0``), then ``fp8_swiglu_staged.FWD_SETTINGS``."""
+    without X^T -- rollout -- off CUDA, or with ``QUARL_FP8_REGS=0``), then ``fp8_swiglu_staged.FWD_SETTINGS``, then
+    their TMA forms (session 35)."""
     import torch
     from quarl_kernels import fp8_quant_regs as fr
     from quarl_kernels import fp8_swiglu as fs
@@ -115,7 +116,9 @@ def test_forward_candidates_are_the_staged_forms_only_where_x_t_is_made_on_cuda(
         dtype = torch.bfloat16
 
     regs = tuple(("regs", *st) for st in fr.SWIGLU_SETTINGS)
-    assert fs.forward_settings(OnCuda(), 4096) == regs + tuple(("staged", *st) for st in stg.FWD_SETTINGS)
+    monkeypatch.delenv("QUARL_FP8_TMA", raising=False)
+    assert fs.forward_settings(OnCuda(), 4096) == (regs + tuple(("staged", *st) for st in stg.FWD_SETTINGS)
+                                                   + tuple(("tma", *st) for st in stg.TMA_SETTINGS))
     assert fs.forward_settings(OnCuda(), None) == regs
     assert fs.forward_settings(torch.zeros(1), 4096) == regs
     half = OnCuda()
@@ -125,10 +128,10 @@ def test_forward_candidates_are_the_staged_forms_only_where_x_t_is_made_on_cuda(
     assert fs.forward_settings(OnCuda(), 4096) == regs
 
 
-def test_the_staged_forms_are_candidates_and_their_tma_forms_only_when_asked(monkeypatch):
+def test_the_staged_forms_and_their_tma_forms_are_candidates_for_bf16(monkeypatch):
     """``fp8_quant.regs_settings``: the register-order settings, then ``fp8_swiglu_staged``'s plain-activation form
-    (bit-equal on an H100 in session 35) for BF16 alone; the TMA forms only with ``QUARL_FP8_TMA=1`` (opt-in until
-    their GPU bit tests pass) -- the same rule in SwiGLU's backward and forward candidates."""
+    (bit-equal on an H100 in session 35) and its TMA forms for BF16 alone; no TMA forms with ``QUARL_FP8_TMA=0`` -- the
+    same rule in SwiGLU's backward and forward candidates."""
     import torch
     from quarl_kernels import fp8_quant as fq
     from quarl_kernels import fp8_quant_regs as fr
@@ -146,10 +149,10 @@ def test_the_staged_forms_are_candidates_and_their_tma_forms_only_when_asked(mon
     regs = tuple(("regs", *st) for st in fr.SETTINGS)
     staged = tuple(("staged", *st) for st in stg.ACT_SETTINGS)
     tma = tuple(("tma", *st) for st in stg.TMA_SETTINGS)
-    monkeypatch.delenv("QUARL_FP8_TMA", raising=False)
+    monkeypatch.setenv("QUARL_FP8_TMA", "0")
     assert fq.regs_settings(OnCuda(), 4096) == regs + staged
     assert not any(st[0] == "tma" for st in fs.regs_settings(OnCuda()) + fs.forward_settings(OnCuda(), 4096))
-    monkeypatch.setenv("QUARL_FP8_TMA", "1")
+    monkeypatch.delenv("QUARL_FP8_TMA", raising=False)
     assert fq.regs_settings(OnCuda(), 4096) == regs + staged + tma
     assert fs.regs_settings(OnCuda())[-len(tma):] == tma and fs.forward_settings(OnCuda(), 4096)[-len(tma):] == tma
     assert fq.regs_settings(OnCuda(), None) == ()  # no X^T: none of the Gluon kernels

@@ -31,8 +31,9 @@ pytestmark = [
 
 @pytest.fixture(autouse=True)
 def _tma_forms(monkeypatch):
-    """The staged kernels' TMA forms (session 35, ``QUARL_FP8_TMA=1``) among every candidate list these tests walk."""
-    monkeypatch.setenv("QUARL_FP8_TMA", "1")
+    """The staged kernels' TMA forms (session 35; the default) among every candidate list these tests walk, whatever the
+    environment says."""
+    monkeypatch.delenv("QUARL_FP8_TMA", raising=False)
 
 
 def _inputs(m, i, seed=0):
