@@ -22,6 +22,12 @@
 #     After c (11 GPU tests passed: the TMA forms are default candidates now; the update 25.77-26.27 ms a layer against
 #     39.19-39.29, 1.49-1.53x): the 7B update in three rounds and one profiled step whose report now names the 4-D
 #     copies' callers (one [B, H, T, D] and one [B, T, H, D] copy a layer, 0.2 ms each, in every arm: where from?).
+#   phase e: bash benchmarks/gpu_session35.sh e   (nvidia-h100-x1; carry .dev/dg.tar.xz .dev/dg_built.tar.xz; ~8 min)
+#     After d (the copies are the compiled RoPE's backward -- AOTAutograd's contiguous tangent, then the q / k view's
+#     backward reshaping a head-major gradient -- in both glue arms; the update 1.510-1.515x, the FP8 arm's GEMMs
+#     slower by 0.47 ms a layer at 696 W against a's 674 W: power-bound): the RoPE now computed token-major
+#     (fused_glue.rope_by_tokens). The glue's GPU tests, the 7B update in three rounds with a profile (the copies
+#     gone?), then the Qwen3-8B one in two.
 set -u
 PHASE=${1:?phase}
 OUT=${OUT:?}
@@ -72,6 +78,18 @@ d)
     model_step 300 p7_r3 --shape Qwen2.5-7B --layers 4 --tokens 16384 --loss rl \
         --arms "bf16,bf16+glue,jetrl-xtiles+deepgemm+glue" --iters 2 --accumulate 8 --repeat 3 --profile
     ;;
+e)
+    ([ -d /tmp/dg/deep_gemm ] || deepgemm > "$OUT/deepgemm.log" 2>&1) &
+    DG=$!
+    tests 70 tests/train/test_fused_glue_gpu.py
+    wait $DG
+    export PYTHONPATH=$PYTHONPATH:/tmp/dg
+    ARMS="bf16,bf16+glue,jetrl-xtiles+deepgemm+glue"
+    model_step 230 p7_r3 --shape Qwen2.5-7B --layers 4 --tokens 16384 --loss rl --arms $ARMS --iters 2 --accumulate 8 \
+        --repeat 3 --profile
+    model_step 150 q8_r2 --shape Qwen3-8B --layers 4 --tokens 16384 --loss rl --arms $ARMS --iters 2 --accumulate 8 \
+        --repeat 2
+    ;;
 esac
 phase_end
 
@@ -98,3 +116,9 @@ phase_end
 #      with the TMA forms among the candidates: 26.27 / 25.78 / 25.77 ms a layer against bf16+glue 39.19 / 39.22 / 39.29
 #      (1.492 / 1.521 / 1.525x); the in-situ choice took TMA (32, 8, 64) for SwiGLU's forward (0.845 ms in situ against
 #      the staged 0.949) and backward (1.478 against 1.505), and for X / dY [T, 3584].
+#   d  commit 1eba37e, ~02:39-02:43 UTC (cold), 197 s (-> 583 s): the 7B update with the TMA forms as default
+#      candidates: 25.87 / 25.63 / 25.81 ms a layer against bf16+glue 39.07 / 38.83 / 38.97 (1.510 / 1.515 / 1.510x);
+#      profile: quantizers 3.35 ms a layer (a: 3.54), GEMMs 17.58 (a: 17.11) at 696 W / 1427 MHz mean (a: 674 W /
+#      1442 MHz) -- the time the quantizers gave back went to the power cap; J a layer 17.49 against 26.30 (1.503x).
+#      The 4-D copies' callers: aten::contiguous under the compiled RoPE's backward ([B, H, T, D] of q's and k's
+#      gradients) and aten::reshape under the q / k view's backward ([B, T, H, D]), in both glue arms.

@@ -10,7 +10,7 @@ import torch
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
 from quarl.train import fused_glue
-from quarl.train.fused_glue import compile_glue, rms_norm, rope, silu_mul
+from quarl.train.fused_glue import compile_glue, rms_norm, rope, rope_by_tokens, silu_mul
 
 
 @pytest.fixture(autouse=True)
@@ -54,6 +54,45 @@ def test_functions_are_transformers_math():
     cos, sin = torch.randn(2, 6, 16), torch.randn(2, 6, 16)
     for ours, theirs in zip(rope(q, k, cos, sin), m.apply_rotary_pos_emb(q, k, cos, sin), strict=True):
         assert torch.equal(ours, theirs)
+
+
+@pytest.mark.parametrize("backend", ["eager", "aot_eager"])
+def test_rope_by_tokens_keeps_the_projections_memory_order(backend):
+    """The installed RoPE (:func:`rope_by_tokens`, session 35): transformers' values and gradients, and -- its point --
+    q's output and q's gradient in the token-major order the projection wrote ([B, T, H, D] memory), so neither SDPA
+    (cuDNN lays its output and gradients out like q) nor the projection's ``view`` backward copies a layer's q / k. The
+    head-major function returns q's gradient [B, H, T, D]-contiguous: the copy it made on an H100 at 7B width."""
+    from transformers.models.qwen2 import modeling_qwen2 as m
+
+    from quarl.train.fused_glue import _compiled
+
+    torch.manual_seed(1)
+    b, t, hq, hk, d = 2, 6, 4, 2, 16
+    xq = torch.randn(b, t, hq * d, requires_grad=True)  # the projections' outputs, token-major
+    xk = torch.randn(b, t, hk * d, requires_grad=True)
+    cos, sin = torch.randn(b, t, d), torch.randn(b, t, d)
+    gq = torch.randn(b, t, hq, d).transpose(1, 2)  # SDPA's gradients, in q's (token-major) memory order
+    gk = torch.randn(b, t, hk, d).transpose(1, 2)
+    heads = lambda x, h: x.view(b, t, h, d).transpose(1, 2)  # transformers' q / k: [B, H, T, D] views
+    core = {} if backend == "eager" else {"core": _compiled(backend).rope}
+    ours = rope_by_tokens(heads(xq, hq), heads(xk, hk), cos, sin, **core)
+    gx_ours = torch.autograd.grad(ours, (xq, xk), (gq, gk))
+    theirs = m.apply_rotary_pos_emb(heads(xq, hq), heads(xk, hk), cos, sin)
+    gx_theirs = torch.autograd.grad(theirs, (xq, xk), (gq, gk))
+    for a, c in zip((*ours, *gx_ours), (*theirs, *gx_theirs), strict=True):
+        torch.testing.assert_close(a, c, rtol=0, atol=1e-6)
+    assert ours[0].transpose(1, 2).is_contiguous() and ours[1].transpose(1, 2).is_contiguous()
+    # the gradient reaching the projections: token-major, so their view's backward is a view too
+    qt = heads(xq, hq).detach().requires_grad_()
+    grad_heads = torch.autograd.grad(rope_by_tokens(qt, heads(xk, hk), cos, sin, **core)[0], qt, gq)[0]
+    assert grad_heads.transpose(1, 2).is_contiguous()
+    old = torch.autograd.grad(rope(qt, heads(xk, hk).detach(), cos, sin)[0], qt, gq)[0]
+    assert not old.transpose(1, 2).is_contiguous()  # what the head-major function gave (the copy it cost)
+    # another layout (cos [T, D] broadcast, or unsqueeze_dim=2) is transformers' function as it was
+    q4 = torch.randn(b, t, hq, d)
+    k4 = torch.randn(b, t, hk, d)
+    for a, c in zip(rope_by_tokens(q4, k4, cos, sin, 2), m.apply_rotary_pos_emb(q4, k4, cos, sin, 2), strict=True):
+        assert torch.equal(a, c)
 
 
 def _family_model(family: str):
