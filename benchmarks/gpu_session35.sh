@@ -122,3 +122,9 @@ phase_end
 #      1442 MHz) -- the time the quantizers gave back went to the power cap; J a layer 17.49 against 26.30 (1.503x).
 #      The 4-D copies' callers: aten::contiguous under the compiled RoPE's backward ([B, H, T, D] of q's and k's
 #      gradients) and aten::reshape under the q / k view's backward ([B, T, H, D]), in both glue arms.
+#   e  commit cdc7bcf, ~02:45-02:52 UTC (cold), 428 s (-> 84 s; given back: 67 s): glue GPU tests 5 passed (in 67.5 s;
+#      the helper's 70 s limit then stopped pytest's exit); the 7B update 26.23 / 26.28 / 26.58 ms a layer against
+#      bf16+glue 39.40 / 39.38 / 39.71 (1.502 / 1.499 / 1.494x; the bf16 arm, unchanged, 47.40 against d's 46.73: a
+#      slower machine); the RoPE's 4-D copies gone from both glue arms ("other" 4.48 -> 4.05 ms a layer in bf16+glue,
+#      2.50 -> 2.06 in FP8), the GEMMs slower by 0.51 / 0.27 ms (all arms at 695-707 W); Qwen3-8B 22.23 against 33.69 /
+#      33.37 (1.515x; one FP8 round before the budget), J a layer 15.19 against 23.89 (1.573x).
