@@ -83,7 +83,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT), str(ROOT / "kernels"), str(ROOT / "benchmarks")]
 
 from fp8_linear import stream_time, sync  # the FP8 benchmarks' timers
-from gpu_energy import EnergyMeter  # joules and SM clock beside the ms (session 34: every arm at the power cap)
+from gpu_energy import EnergyMeter  # joules and SM clock beside the ms (sessions 34-35: every arm at the power cap)
 
 # hidden, intermediate, heads, kv heads, vocab, layers of the real model (for the estimate)
 SHAPES = {"Qwen2.5-7B": (3584, 18944, 28, 4, 152064, 28), "Qwen3-8B": (4096, 12288, 32, 8, 151936, 36),

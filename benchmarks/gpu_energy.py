@@ -2,9 +2,11 @@
 
 Why (session 34): the FP8 actor update runs at the H100's 700 W power cap -- and so do the BF16 arms (session 33's
 nvidia-smi log: all three at 692-700 W, SM clock ~1.4-1.5 GHz). Were the step bound by energy there, a kernel made
-faster without drawing less energy would only lend its time to the others' lower clock. Tested in session 34 and not
-so (slower quantizer settings with the same bytes cost the step their whole time, RESULTS.md "Session 34"); the meter
-stays as the second measure beside each arm's milliseconds -- joules per layer, mean watts and SM clock.
+faster without drawing less energy would only lend its time to the others' lower clock. Session 34 made the quantizers
+slower (the same bytes) and the step lost their whole time -- the GPU then averaged ~674 W, below the cap; session 35
+made them and the RoPE's copies faster (-0.6 ms a 7B layer alone) and the step did not move: the FP8 arm's power rose
+to ~696 W and its GEMMs slowed by 0.47 ms (RESULTS.md "Session 35"). At the cap the J ratio is the ms ratio's bound;
+the meter stays as the second measure beside each arm's milliseconds -- joules per layer, mean watts and SM clock.
 
 ``nvmlDeviceGetTotalEnergyConsumption`` counts mJ since the driver loaded (Volta and later); the clock is sampled
 every ``period_s`` by a thread. The device is found by the CUDA device's UUID (CUDA and NVML number devices
