@@ -28,6 +28,12 @@
 #     slower by 0.47 ms a layer at 696 W against a's 674 W: power-bound): the RoPE now computed token-major
 #     (fused_glue.rope_by_tokens). The glue's GPU tests, the 7B update in three rounds with a profile (the copies
 #     gone?), then the Qwen3-8B one in two.
+#   phase f (prepared, not run: no device budget left): bash benchmarks/gpu_session35.sh f   (nvidia-h100-x1; carry
+#     .dev/dg.tar.xz .dev/dg_built.tar.xz; ~8 min) -- after e (the copies gone, the update no faster: at the 700 W cap
+#     the time saved went to the GEMMs' clock; the J ratio bounds the ms ratio): DeepGEMM's layouts by joules a call
+#     (deepgemm_layouts.py --energy-s 0.5: every candidate of the 7B layer's five large shapes, compiled in 16
+#     processes, then timed and metered over 0.5 s of back-to-back calls, two rounds). If a layout takes >= ~3 % fewer
+#     joules on the big shapes at a level speed, name it per shape (DG_SM90_LAYOUTS) and time the update with it.
 set -u
 PHASE=${1:?phase}
 OUT=${OUT:?}
@@ -89,6 +95,21 @@ e)
         --repeat 3 --profile
     model_step 150 q8_r2 --shape Qwen3-8B --layers 4 --tokens 16384 --loss rl --arms $ARMS --iters 2 --accumulate 8 \
         --repeat 2
+    ;;
+f)
+    ([ -d /tmp/dg/deep_gemm ] || deepgemm > "$OUT/deepgemm.log" 2>&1) &
+    wait
+    cat "$OUT/deepgemm.log" 2> /dev/null
+    export PYTHONPATH=$PYTHONPATH:/tmp/dg
+    mkdir -p "$OUT/layouts"
+    for i in $(seq 0 15); do
+        timeout -k 5 150 "$PY" benchmarks/kernels/deepgemm_layouts.py --warm $i/16 > "$OUT/layouts/warm$i.log" 2>&1 &
+    done
+    wait
+    echo "== layouts compiled at $((SECONDS - T0)) s: $(cat "$OUT"/layouts/warm*.log | grep -c ' s$') ok"
+    timeout -k 5 330 "$PY" benchmarks/kernels/deepgemm_layouts.py --out "$OUT/layouts" --energy-s 0.5 \
+        > "$OUT/layouts/run.log" 2>&1
+    echo "== sweep rc=$? at $((SECONDS - T0)) s"; grep -E "^\|" "$OUT/layouts/run.log" | cut -c1-300
     ;;
 esac
 phase_end

@@ -9,6 +9,11 @@ names the layout; a layout that is not one of the heuristic's candidates raises)
 
     --warm i/n     compile shard i of n of the candidates (JIT; run n processes in parallel first)
     (default)      time them: two rounds, each shape's heuristic layout and every candidate, ms median of --reps
+    --energy-s S   also the joules a call takes (NVML over >= S seconds of back-to-back calls, ``gpu_energy``), and
+                   the layout with the fewest. Why (session 35): the FP8 actor update runs at the H100's 700 W cap,
+                   where the step's time follows its energy -- kernels made faster without drawing less energy gave
+                   their time to the GEMMs' lower clock -- so the layout to want there is the one with the fewest
+                   joules per GEMM, which session 32's timing at full clock did not ask.
 
 Shapes (m, n, k) of one Qwen2.5-7B layer at --tokens T (forward Y = X W^T; DGrad dX = dY W; WGrad dW = dY^T X with
 X^T in 128x128 tiles): the gate / up forward and down DGrad (T, 18944, 3584); the down forward and gate / up DGrad
@@ -85,6 +90,19 @@ def time_ms(ops, layout, shape, reps: int) -> float:
     return statistics.median(s.elapsed_time(e) for s, e in ev)
 
 
+def joules_per_call(meter, ops, layout, shape, ms: float, seconds: float) -> tuple[float | None, float | None]:
+    """(J, mean SM MHz) of one call of ``layout`` on ``shape``: ``meter`` (``gpu_energy.EnergyMeter``) around
+    ``seconds`` of back-to-back calls (``ms`` each, as timed); (None, None) where the meter reads nothing."""
+    n = max(1, round(seconds * 1e3 / ms))
+    torch.cuda.synchronize()
+    meter.start()
+    for _ in range(n):
+        call(ops, layout, shape)
+    torch.cuda.synchronize()
+    meter.stop()
+    return (None if meter.joules is None else meter.joules / n), meter.sm_mhz
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--tokens", type=int, default=16384)
@@ -92,6 +110,7 @@ def main() -> None:
     ap.add_argument("--warm", default="", help="i/n: compile shard i of n of the candidates, then exit")
     ap.add_argument("--reps", type=int, default=20)
     ap.add_argument("--out", default="deepgemm_layouts")
+    ap.add_argument("--energy-s", type=float, default=0.0, help="also J a call over >= this many seconds (0: off)")
     a = ap.parse_args()
     names = [s for s in a.shapes.split(",") if s]
     shapes = {nm: tuple(a.tokens if v == "T" else v for v in SHAPES[nm]) for nm in names}
@@ -109,14 +128,28 @@ def main() -> None:
                 print(f"warm {nm} {c}: refused ({str(e).splitlines()[0][:120]})", flush=True)
         return
     res = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "tokens": a.tokens, "reps": a.reps,
-           "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "rows": []}
+           "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "energy_s": a.energy_s, "rows": []}
+    meter = None
+    if a.energy_s > 0:
+        sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+        from gpu_energy import EnergyMeter
+
+        meter = EnergyMeter(torch.cuda.current_device())
+        if meter.lib is None:
+            raise SystemExit(f"--energy-s: NVML reads nothing here ({meter.why})")
     for rnd in range(2):
         for nm, shape in shapes.items():
             ops = operands(*shape)
             row = {"round": rnd, "shape": nm, "mnk": shape, "heuristic": time_ms(ops, None, shape, a.reps), "ms": {}}
+            if meter is not None:
+                row["j"], row["mhz"] = {}, {}
+                row["heuristic_j"], _ = joules_per_call(meter, ops, None, shape, row["heuristic"], a.energy_s)
             for c in cands:
                 try:
                     row["ms"][str(c)] = time_ms(ops, c, shape, a.reps)
+                    if meter is not None:
+                        row["j"][str(c)], row["mhz"][str(c)] = joules_per_call(meter, ops, c, shape, row["ms"][str(c)],
+                                                                               a.energy_s)
                 except RuntimeError as e:
                     row["ms"][str(c)] = None
                     row.setdefault("refused", []).append(str(c))
@@ -124,6 +157,9 @@ def main() -> None:
             os.environ.pop(ENV, None)
             ok = {c: t for c, t in row["ms"].items() if t is not None}
             row["best"] = min(ok, key=ok.get) if ok else None
+            if meter is not None:
+                oj = {c: j for c, j in row["j"].items() if j is not None}
+                row["fewest_j"] = min(oj, key=oj.get) if oj else None
             m, n, k = shape
             tf = 2 * m * n * k / 1e9
             print(json.dumps({"round": rnd, "shape": nm, "heuristic_ms": round(row["heuristic"], 4),
@@ -147,6 +183,17 @@ def main() -> None:
         L.append(f"| {r['shape']} ({m}, {n}, {k}) | {r['round']} | {r['heuristic']:.3f} | {r['best']} | "
                  + (f"{b:.3f} | {r['heuristic'] / b:.3f}x | {tf / r['heuristic']:.0f} / {tf / b:.0f} |" if b
                     else "- | - | - |"))
+    if meter is not None:
+        L += ["", f"Joules a call (NVML over >= {a.energy_s:g} s of back-to-back calls; the cap's regime):", "",
+              "| shape | round | heuristic mJ | fewest-J layout | its mJ | its ms | x (J) | its SM MHz |",
+              "|---|---:|---:|---|---:|---:|---:|---:|"]
+        for r in res["rows"]:
+            f, hj = r.get("fewest_j"), r.get("heuristic_j")
+            if f is None or hj is None:
+                L.append(f"| {r['shape']} | {r['round']} | - | - | - | - | - | - |")
+                continue
+            L.append(f"| {r['shape']} | {r['round']} | {hj * 1e3:.1f} | {f} | {r['j'][f] * 1e3:.1f} | "
+                     f"{r['ms'][f]:.3f} | {hj / r['j'][f]:.3f}x | {r['mhz'][f] or 0:.0f} |")
     (out / "deepgemm_layouts.md").write_text("\n".join(L) + "\n")
     print("\n".join(L))
 
