@@ -34,6 +34,10 @@
 #     (deepgemm_layouts.py --energy-s 0.5: every candidate of the 7B layer's five large shapes, compiled in 16
 #     processes, then timed and metered over 0.5 s of back-to-back calls, two rounds). If a layout takes >= ~3 % fewer
 #     joules on the big shapes at a level speed, name it per shape (DG_SM90_LAYOUTS) and time the update with it.
+#   phase g (prepared, not run): bash benchmarks/gpu_session35.sh g   (nvidia-h100-x1; carry .dev/dg.tar.xz
+#     .dev/dg_built.tar.xz; ~7 min) -- the same question of cuBLAS's blockwise FP8 kernels (slower than DeepGEMM's
+#     at full clock, sessions 28-30; their joules never measured): the 7B update in three rounds with the cuBLAS FP8
+#     arm beside DeepGEMM's, J per layer per arm.
 set -u
 PHASE=${1:?phase}
 OUT=${OUT:?}
@@ -110,6 +114,13 @@ f)
     timeout -k 5 330 "$PY" benchmarks/kernels/deepgemm_layouts.py --out "$OUT/layouts" --energy-s 0.5 \
         > "$OUT/layouts/run.log" 2>&1
     echo "== sweep rc=$? at $((SECONDS - T0)) s"; grep -E "^\|" "$OUT/layouts/run.log" | cut -c1-300
+    ;;
+g)
+    ([ -d /tmp/dg/deep_gemm ] || deepgemm > "$OUT/deepgemm.log" 2>&1) &
+    wait
+    export PYTHONPATH=$PYTHONPATH:/tmp/dg
+    model_step 330 p7_cublas --shape Qwen2.5-7B --layers 4 --tokens 16384 --loss rl \
+        --arms "bf16,bf16+glue,jetrl-xtiles+deepgemm+glue,jetrl-xtiles+glue" --iters 2 --accumulate 8 --repeat 3
     ;;
 esac
 phase_end
