@@ -300,8 +300,8 @@ def fwd_spec(g: torch.Tensor, u: torch.Tensor | None, q, s, qt, st, rows: int, c
         q, s = qt, st
     a, b = g, u if u is not None else g
     tma = tma and tma_ok(a, b)
-    if tma:
-        a, b = _desc(a), _desc(b)
+    if tma:  # (one descriptor serves both arguments of the plain form)
+        a, b = (_desc(a), _desc(b)) if u is not None else (_desc(a),) * 2
     return fp8_quant.Launch(
         _staged_fwd_kernel, (t_rows // GROUP, cols // GROUP),
         (a, b, q, s, qt, st, m, k, g.stride(0), rows, cols, t_rows, q.stride(0), s.stride(0),

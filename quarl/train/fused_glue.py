@@ -75,16 +75,11 @@ def rope(q, k, cos, sin, unsqueeze_dim: int = 1):
     return q * cos + _rotate_half(q) * sin, k * cos + _rotate_half(k) * sin
 
 
-def _rope_token_major(qt, kt, cos, sin):
-    """RoPE on qt ``[B, T, Hq, D]``, kt ``[B, T, Hk, D]`` with cos / sin ``[B, T, 1, D]`` (what
-    :func:`rope_by_tokens` compiles: its inputs, outputs and their gradients all token-major)."""
-    return qt * cos + _rotate_half(qt) * sin, kt * cos + _rotate_half(kt) * sin
-
-
-def rope_by_tokens(q, k, cos, sin, unsqueeze_dim: int = 1, core=_rope_token_major):
+def rope_by_tokens(q, k, cos, sin, unsqueeze_dim: int = 1, core=rope):
     """:func:`rope` computed on the token-major tensors the projections wrote: q ``[B, Hq, T, D]`` (the heads a view
     of ``[B, T, Hq, D]``, as transformers makes it), results in that memory order too -- the same values. ``core``:
-    :func:`_rope_token_major` or its compiled form (the transposes stay outside the graph).
+    :func:`rope` or its compiled form, called on the ``[B, T, H, D]`` tensors with ``unsqueeze_dim=2`` (the transposes
+    stay outside the graph).
 
     Why (session 35, an H100 profile at 7B width): compiled on the head-major view, the RoPE's backward made its
     incoming gradient contiguous ``[B, H, T, D]`` (AOTAutograd's tangent) and returned a head-major gradient that the
@@ -93,7 +88,7 @@ def rope_by_tokens(q, k, cos, sin, unsqueeze_dim: int = 1, core=_rope_token_majo
     cuDNN kernel, which lays its output and gradients out like q, gets token-major q / k as well."""
     if unsqueeze_dim != 1 or q.dim() != 4 or cos.dim() != 3:  # another layout: the head-major function
         return rope(q, k, cos, sin, unsqueeze_dim)
-    qt, kt = core(q.transpose(1, 2), k.transpose(1, 2), cos.unsqueeze(2), sin.unsqueeze(2))  # [B, T, H, D]
+    qt, kt = core(q.transpose(1, 2), k.transpose(1, 2), cos, sin, 2)  # [B, T, H, D]
     return qt.transpose(1, 2), kt.transpose(1, 2)
 
 
@@ -104,7 +99,7 @@ def _compiled(backend: str) -> types.SimpleNamespace:
     # not fullgraph: past dynamo's recompile limit (8 variants of a function per process: grad mode, requires_grad,
     # dtype, static vs dynamic shapes...) a new variant then runs eager, with dynamo's warning, instead of failing
     c = lambda f: torch.compile(f, backend=backend, dynamic=None)
-    return types.SimpleNamespace(rms_norm=c(rms_norm), silu_mul=c(silu_mul), rope=c(_rope_token_major))
+    return types.SimpleNamespace(rms_norm=c(rms_norm), silu_mul=c(silu_mul), rope=c(rope))
 
 
 def _rope_patched(fns):
