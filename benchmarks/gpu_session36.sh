@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# Session 36. Issue 17's rollout rows on the H200 (session 29: 2.46x / 1.18x at 7B batch 1 / 64, 2.37x at 14B batch
+# 1 -- the targets 2.5x / 1.2x met on the H100 only) and issue 15's 7B actor update (1.49-1.53x on the H100, where
+# the 700 W cap binds; 1.54x the target). Run from the repository root on the device machine; the record is at the
+# end of this file.
+#
+#   phase a: bash benchmarks/gpu_session36.sh a   (no kind: the tool gives an H100 or an H200; carry .dev/dg.tar.xz
+#     .dev/dg_built.tar.xz; ~8 min). On an H200: issue 17's table at batch 1 / 64 (7B, 14B), the NVFP4 engine at batch
+#     1 with the v7 sweep's H200 rule (QUARL_KERNELS_GEMV_DEFAULTS=h200: config 0 on every weight at one row -- never
+#     measured on an H200: session 30's call for it was given an H100), and the one-row GEMV's work-split sweep
+#     (bench_decode_bound.py --gemv-sweep). On an H100: session 35's prepared phase f (DeepGEMM's layouts by joules).
+set -u
+PHASE=${1:?phase}
+OUT=${OUT:?}
+source benchmarks/gpu_phase_lib.sh
+GPU=$(tail -n +2 "$OUT/gpu.txt" | head -1)
+
+case $PHASE in
+a)
+    if [[ $GPU != *H200* ]]; then
+        echo "== not an H200: session 35's phase f"
+        exec bash benchmarks/gpu_session35.sh f
+    fi
+    rollout_table 260 7b,14b 1,64 table
+    QUARL_KERNELS_GEMV_DEFAULTS=h200 rollout_table 110 7b,14b 1 table_h200 nvfp4+lora
+    bench 120 sweep benchmarks/kernels/bench_decode_bound.py --gemv-sweep --repeats 3
+    ;;
+*) echo "unknown phase $PHASE"; exit 2 ;;
+esac
+phase_end
+
+# ---------------------------------------------------------------------------------------------------------------
+# Record (calls of this session; device time from the tool's lease):
