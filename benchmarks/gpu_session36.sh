@@ -9,6 +9,9 @@
 #     1 with the v7 sweep's H200 rule (QUARL_KERNELS_GEMV_DEFAULTS=h200: config 0 on every weight at one row -- never
 #     measured on an H200: session 30's call for it was given an H100), and the one-row GEMV's work-split sweep
 #     (bench_decode_bound.py --gemv-sweep). On an H100: session 35's prepared phase f (DeepGEMM's layouts by joules).
+#   phase b: bash benchmarks/gpu_session36.sh b   (a's H200, warm; carry .dev/dg.tar.xz .dev/dg_built.tar.xz; ~7 min)
+#     Issue 15 on the H200 at this code (last measured there in session 28, before the staged / TMA quantizers and the
+#     token-major RoPE): the 7B actor update in three rounds, Qwen3-8B's in two.
 set -u
 PHASE=${1:?phase}
 OUT=${OUT:?}
@@ -24,6 +27,15 @@ a)
     rollout_table 260 7b,14b 1,64 table
     QUARL_KERNELS_GEMV_DEFAULTS=h200 rollout_table 110 7b,14b 1 table_h200 nvfp4+lora
     bench 120 sweep benchmarks/kernels/bench_decode_bound.py --gemv-sweep --repeats 3
+    ;;
+b)
+    deepgemm
+    export PYTHONPATH=$PYTHONPATH:/tmp/dg
+    ARMS="bf16,bf16+glue,jetrl-xtiles+deepgemm+glue"
+    model_step 230 p7_r3 --shape Qwen2.5-7B --layers 4 --tokens 16384 --loss rl --arms $ARMS --iters 2 --accumulate 8 \
+        --repeat 3
+    model_step 160 q8_r2 --shape Qwen3-8B --layers 4 --tokens 16384 --loss rl --arms $ARMS --iters 2 --accumulate 8 \
+        --repeat 2
     ;;
 *) echo "unknown phase $PHASE"; exit 2 ;;
 esac
