@@ -12,6 +12,10 @@
 #   phase b: bash benchmarks/gpu_session36.sh b   (a's H200, warm; carry .dev/dg.tar.xz .dev/dg_built.tar.xz; ~7 min)
 #     Issue 15 on the H200 at this code (last measured there in session 28, before the staged / TMA quantizers and the
 #     token-major RoPE): the 7B actor update in three rounds, Qwen3-8B's in two.
+#   phase c: bash benchmarks/gpu_session36.sh c   (no kind; ~6 min) -- after a (on the H200 the one-row GEMV's best
+#     config differs from the H100's by shape: config 7 fastest on 7B's gate / up (K = 3584, where the rule gives 0)
+#     and config 0 on 14B's gate / up (K = 5120, where it gives 7)): the rollout at batch 1 (7B, 14B; NVFP4+LoRA, 2048
+#     new tokens) with those shapes' configs named per run (QUARL_KERNELS_GEMV_M1, new), beside the rule's.
 set -u
 PHASE=${1:?phase}
 OUT=${OUT:?}
@@ -36,6 +40,16 @@ b)
         --repeat 3
     model_step 160 q8_r2 --shape Qwen3-8B --layers 4 --tokens 16384 --loss rl --arms $ARMS --iters 2 --accumulate 8 \
         --repeat 2
+    ;;
+c)
+    rollout_table 90 7b 1 c7_auto
+    for e in 18944x3584:7 18944x3584:7,3584x3584:7; do
+        QUARL_KERNELS_GEMV_M1=$e rollout_table 60 7b 1 "c7_${e//[:,]/_}" nvfp4+lora
+    done
+    rollout_table 100 14b 1 c14_auto
+    for e in 13824x5120:0 13824x5120:0,5120x5120:0; do
+        QUARL_KERNELS_GEMV_M1=$e rollout_table 70 14b 1 "c14_${e//[:,]/_}" nvfp4+lora
+    done
     ;;
 *) echo "unknown phase $PHASE"; exit 2 ;;
 esac

@@ -488,6 +488,41 @@ def h200_defaults() -> bool:
     if v not in ("auto", "", "h200"):
         raise ValueError(f"{DEFAULTS_ENV}={v!r}: use auto (the default) or h200 (config 0 at one row everywhere)")
     return v == "h200"
+
+
+M1_ENV = "QUARL_KERNELS_GEMV_M1"  # "NxK:i,...": GEMV_CONFIGS[i] at one row for an N x K weight (or a group's first)
+
+
+def m1_overrides() -> dict[tuple[int, int], int]:
+    """``QUARL_KERNELS_GEMV_M1``, parsed: {(N, K): index into ``GEMV_CONFIGS``} for FP4 weights at one row, before
+    the rules of :func:`default_gemv_config` (a group launch goes by its first weight's shape). The best config of a
+    shape differs by GPU (the H200 sweep of session 36 against the H100's of session 12), so this lets a run name it
+    per shape without a code change."""
+    return _parse_m1(os.environ.get(M1_ENV, ""))
+
+
+_M1_PARSED: dict[str, dict[tuple[int, int], int]] = {}
+
+
+def _parse_m1(v: str) -> dict[tuple[int, int], int]:
+    hit = _M1_PARSED.get(v)
+    if hit is not None:
+        return hit
+    out = {}
+    for item in filter(None, (t.strip() for t in v.split(","))):
+        try:
+            shape, idx = item.split(":")
+            n, k = (int(t) for t in shape.lower().split("x"))
+            i = int(idx)
+        except ValueError:
+            raise ValueError(f"{M1_ENV}: {item!r} is not NxK:i (e.g. 18944x3584:7); separate entries with commas") \
+                from None
+        if not 0 <= i < len(GEMV_CONFIGS) or n <= 0 or k <= 0:
+            raise ValueError(f"{M1_ENV}: {item!r}: N and K must be positive and the config an index of GEMV_CONFIGS "
+                             f"(0..{len(GEMV_CONFIGS) - 1})")
+        out[(n, k)] = i
+    _M1_PARSED[v] = out
+    return out
 # Largest M that wo_matmul sends to the GEMV. Measured (H200, v6): the GEMV wins every
 # Qwen2.5-7B layer at M = 1..3; at M = 4 the tensor-core decode tile is as fast or
 # faster (one FFMA per weight and token caps the CUDA cores), at M >= 8 it is 2-5x faster.
@@ -517,10 +552,13 @@ def default_gemv_config(fmt: int, m: int, n: int, k: int) -> GemvConfig:
     within 0-13% of the best candidate at every measured point, at M = 2..4 within
     0-15% on the large layers (up to 31% on the 3584x3584 and 512x3584 ones). Since session 12, config 7 at M = 1
     on large FP4 weights with long rows (K >= 4096; measured in the engine on an H100), unless
-    ``QUARL_KERNELS_GEMV_DEFAULTS=h200``."""
+    ``QUARL_KERNELS_GEMV_DEFAULTS=h200``; a shape named in ``QUARL_KERNELS_GEMV_M1`` takes its named config."""
     if m == 1:
         if fmt == FMT_INT4:
             return GEMV_CONFIGS[1]
+        named = m1_overrides().get((n, k))
+        if named is not None:
+            return GEMV_CONFIGS[named]
         return GEMV_CONFIGS[7 if k >= LONG_K and n * k >= LARGE_WEIGHTS and not h200_defaults() else 0]
     return GEMV_CONFIGS[2] if m <= 4 else GEMV_CONFIGS[6]
 

@@ -151,3 +151,25 @@ def test_gemv_defaults_switch(monkeypatch):
     monkeypatch.setenv(gemv.DEFAULTS_ENV, "fast")
     with pytest.raises(ValueError, match="auto .* or h200"):
         gemv.default_gemv_config(0, 1, 3584, 18944)
+
+
+@needs_triton
+def test_gemv_m1_names_a_config_per_shape(monkeypatch):
+    """``QUARL_KERNELS_GEMV_M1=NxK:i,...`` names the one-row config of FP4 weights of that shape (over both rules),
+    leaves other shapes, INT4 and M > 1 alone; malformed entries and configs out of range are refused with the fix."""
+    import pytest
+    from quarl_kernels import gemv
+
+    G = gemv.GEMV_CONFIGS
+    monkeypatch.delenv(gemv.DEFAULTS_ENV, raising=False)
+    monkeypatch.setenv(gemv.M1_ENV, " 18944x3584:7, 13824X5120:0 ")
+    assert gemv.m1_overrides() == {(18944, 3584): 7, (13824, 5120): 0}
+    assert gemv.default_gemv_config(0, 1, 18944, 3584) is G[7]  # the rule's K < 4096 would give 0
+    assert gemv.default_gemv_config(1, 1, 13824, 5120) is G[0]  # the rule's long rows would give 7
+    assert gemv.default_gemv_config(0, 1, 3584, 18944) is G[7] and gemv.default_gemv_config(0, 1, 3584, 3584) is G[0]
+    assert gemv.default_gemv_config(2, 1, 18944, 3584) is G[1] and gemv.default_gemv_config(0, 2, 18944, 3584) is G[2]
+    for bad, match in (("18944x3584", "NxK:i"), ("18944:7", "NxK:i"), ("axb:1", "NxK:i"),
+                       ("18944x3584:8", "0..7"), ("0x3584:7", "positive")):
+        monkeypatch.setenv(gemv.M1_ENV, bad)
+        with pytest.raises(ValueError, match=match):
+            gemv.default_gemv_config(0, 1, 1, 1)
