@@ -16,6 +16,10 @@
 #     config differs from the H100's by shape: config 7 fastest on 7B's gate / up (K = 3584, where the rule gives 0)
 #     and config 0 on 14B's gate / up (K = 5120, where it gives 7)): the rollout at batch 1 (7B, 14B; NVFP4+LoRA, 2048
 #     new tokens) with those shapes' configs named per run (QUARL_KERNELS_GEMV_M1, new), beside the rule's.
+#   phase d: bash benchmarks/gpu_session36.sh d   (no kind; carry .dev/dg.tar.xz .dev/dg_built.tar.xz; ~8 min) --
+#     session 35's prepared phase f cut to the budget left (the four large shapes, 0.3 s of calls a layout): DeepGEMM's
+#     layouts by joules a call; then `deepgemm_layouts.py --pick` names, per shape, the fewest-joules layout that saves
+#     >= 2 % of the heuristic's joules at <= 1 % more time, and the 7B update runs with it (2 rounds).
 set -u
 PHASE=${1:?phase}
 OUT=${OUT:?}
@@ -50,6 +54,27 @@ c)
     for e in 13824x5120:0 13824x5120:0,5120x5120:0; do
         QUARL_KERNELS_GEMV_M1=$e rollout_table 70 14b 1 "c14_${e//[:,]/_}" nvfp4+lora
     done
+    ;;
+d)
+    deepgemm
+    export PYTHONPATH=$PYTHONPATH:/tmp/dg
+    SH=gate-up-fwd+down-dgrad,down-fwd+gate-up-dgrad,gate-up-wgrad,down-wgrad
+    mkdir -p "$OUT/layouts"
+    for i in $(seq 0 15); do
+        timeout -k 5 130 "$PY" benchmarks/kernels/deepgemm_layouts.py --shapes $SH --warm $i/16 \
+            > "$OUT/layouts/warm$i.log" 2>&1 &
+    done
+    wait
+    echo "== layouts compiled at $((SECONDS - T0)) s: $(cat "$OUT"/layouts/warm*.log | grep -c ' s$') ok"
+    timeout -k 5 190 "$PY" benchmarks/kernels/deepgemm_layouts.py --shapes $SH --out "$OUT/layouts" --energy-s 0.3 \
+        --reps 10 > "$OUT/layouts/run.log" 2>&1
+    echo "== sweep rc=$? at $((SECONDS - T0)) s"; grep -E "^\|" "$OUT/layouts/run.log" | cut -c1-200
+    L=$("$PY" benchmarks/kernels/deepgemm_layouts.py --pick "$OUT/layouts/deepgemm_layouts.json" 2>&1 | tail -1)
+    echo "== picked DG_SM90_LAYOUTS=$L"
+    if [[ -n $L && $L != *rror* ]]; then
+        DG_SM90_LAYOUTS=$L model_step 170 p7_layouts --shape Qwen2.5-7B --layers 4 --tokens 16384 --loss rl \
+            --arms "bf16,bf16+glue,jetrl-xtiles+deepgemm+glue" --iters 2 --accumulate 8 --repeat 2
+    fi
     ;;
 *) echo "unknown phase $PHASE"; exit 2 ;;
 esac

@@ -9,6 +9,7 @@ names the layout; a layout that is not one of the heuristic's candidates raises)
 
     --warm i/n     compile shard i of n of the candidates (JIT; run n processes in parallel first)
     (default)      time them: two rounds, each shape's heuristic layout and every candidate, ms median of --reps
+    --pick FILE    print DG_SM90_LAYOUTS for a sweep's JSON: per shape, the fewest-joules layout at a level speed
     --energy-s S   also the joules a call takes (NVML over >= S seconds of back-to-back calls, ``gpu_energy``), and
                    the layout with the fewest. Why (session 35): the FP8 actor update runs at the H100's 700 W cap,
                    where the step's time follows its energy -- kernels made faster without drawing less energy gave
@@ -103,6 +104,33 @@ def joules_per_call(meter, ops, layout, shape, ms: float, seconds: float) -> tup
     return (None if meter.joules is None else meter.joules / n), meter.sm_mhz
 
 
+def pick(res: dict, max_slower: float = 1.01, max_joules: float = 0.98) -> str:
+    """``DG_SM90_LAYOUTS`` naming, per shape of a sweep with joules (``res``: this script's JSON), the layout with the
+    fewest joules a call over its rounds (mean) when that is <= ``max_joules`` x the heuristic's and its time <=
+    ``max_slower`` x the heuristic's (level speed); shapes where none qualifies keep the heuristic's (not named)."""
+    by: dict[str, list[dict]] = {}
+    for r in res["rows"]:
+        by.setdefault(r["shape"], []).append(r)
+    out = []
+    for rows in by.values():
+        if any(r.get("heuristic_j") is None for r in rows):
+            continue
+        hj = statistics.mean(r["heuristic_j"] for r in rows)
+        hms = statistics.mean(r["heuristic"] for r in rows)
+        mean = {}
+        for c in rows[0]["ms"]:
+            js = [r.get("j", {}).get(c) for r in rows]
+            ms = [r["ms"].get(c) for r in rows]
+            if None not in js and None not in ms:
+                mean[c] = (statistics.mean(js), statistics.mean(ms))
+        ok = {c: jm for c, jm in mean.items() if jm[0] <= max_joules * hj and jm[1] <= max_slower * hms}
+        if ok:
+            best = min(ok, key=lambda c: ok[c][0])
+            m, n, k = rows[0]["mnk"]
+            out.append(f"{m}:{n}:{k}=" + ",".join(t.strip() for t in best.strip("()").split(",")))
+    return ";".join(out)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--tokens", type=int, default=16384)
@@ -111,7 +139,11 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=20)
     ap.add_argument("--out", default="deepgemm_layouts")
     ap.add_argument("--energy-s", type=float, default=0.0, help="also J a call over >= this many seconds (0: off)")
+    ap.add_argument("--pick", default="", help="a sweep's deepgemm_layouts.json: print DG_SM90_LAYOUTS (pick())")
     a = ap.parse_args()
+    if a.pick:
+        print(pick(json.loads(Path(a.pick).read_text())))
+        return
     names = [s for s in a.shapes.split(",") if s]
     shapes = {nm: tuple(a.tokens if v == "T" else v for v in SHAPES[nm]) for nm in names}
     cands = candidates()
