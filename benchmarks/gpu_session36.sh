@@ -20,6 +20,8 @@
 #     session 35's prepared phase f cut to the budget left (the four large shapes, 0.3 s of calls a layout): DeepGEMM's
 #     layouts by joules a call; then `deepgemm_layouts.py --pick` names, per shape, the fewest-joules layout that saves
 #     >= 2 % of the heuristic's joules at <= 1 % more time, and the 7B update runs with it (2 rounds).
+#   phase e: bash benchmarks/gpu_session36.sh e   (d's H200, warm; ~3.5 min) -- the 7B update again in three rounds
+#     at this code (the heuristic's layouts), to widen b's sample on this card.
 set -u
 PHASE=${1:?phase}
 OUT=${OUT:?}
@@ -75,6 +77,12 @@ d)
         DG_SM90_LAYOUTS=$L model_step 170 p7_layouts --shape Qwen2.5-7B --layers 4 --tokens 16384 --loss rl \
             --arms "bf16,bf16+glue,jetrl-xtiles+deepgemm+glue" --iters 2 --accumulate 8 --repeat 2
     fi
+    ;;
+e)
+    deepgemm
+    export PYTHONPATH=$PYTHONPATH:/tmp/dg
+    model_step 200 p7_r3 --shape Qwen2.5-7B --layers 4 --tokens 16384 --loss rl \
+        --arms "bf16,bf16+glue,jetrl-xtiles+deepgemm+glue" --iters 2 --accumulate 8 --repeat 3
     ;;
 *) echo "unknown phase $PHASE"; exit 2 ;;
 esac
