@@ -22,6 +22,8 @@
 #     >= 2 % of the heuristic's joules at <= 1 % more time, and the 7B update runs with it (2 rounds).
 #   phase e: bash benchmarks/gpu_session36.sh e   (d's H200, warm; ~3.5 min) -- the 7B update again in three rounds
 #     at this code (the heuristic's layouts), to widen b's sample on this card.
+#   phase f: bash benchmarks/gpu_session36.sh f   (e's H200, warm; ~2 min) -- the same with d's picked layouts named,
+#     on the same warm machine as e (d's 1.538 / 1.553x came from another call).
 set -u
 PHASE=${1:?phase}
 OUT=${OUT:?}
@@ -82,6 +84,13 @@ e)
     deepgemm
     export PYTHONPATH=$PYTHONPATH:/tmp/dg
     model_step 200 p7_r3 --shape Qwen2.5-7B --layers 4 --tokens 16384 --loss rl \
+        --arms "bf16,bf16+glue,jetrl-xtiles+deepgemm+glue" --iters 2 --accumulate 8 --repeat 3
+    ;;
+f)
+    deepgemm
+    export PYTHONPATH=$PYTHONPATH:/tmp/dg
+    DG_SM90_LAYOUTS="16384:18944:3584=256,128,1,2;16384:3584:18944=256,128,1,2;3584:18944:16384=128,192,1,1" \
+        model_step 150 p7_layouts_r3 --shape Qwen2.5-7B --layers 4 --tokens 16384 --loss rl \
         --arms "bf16,bf16+glue,jetrl-xtiles+deepgemm+glue" --iters 2 --accumulate 8 --repeat 3
     ;;
 *) echo "unknown phase $PHASE"; exit 2 ;;
