@@ -99,3 +99,21 @@ phase_end
 
 # ---------------------------------------------------------------------------------------------------------------
 # Record (calls of this session; device time from the tool's lease):
+#   a  commit a5c973c, 2026-11-28 03:29-03:35 UTC, no kind -> one NVIDIA H200 (cold), 335 s (budget 1800 -> 1315 s):
+#      table step ms BF16+LoRA / NVFP4+LoRA 7B 7.06 / 2.84, 8.67 / 7.36 (2.49x / 1.18x), 14B 12.40 / 5.27, 16.88 (1564
+#      new tokens: the budget's cut) / 14.91 (2.35x / 1.13x); with QUARL_KERNELS_GEMV_DEFAULTS=h200 NVFP4+LoRA 2.91 /
+#      5.28 at batch 1; the one-row GEMV sweep: config 7 faster than 0 on 7B's weights, config 0 on 14B's gate / up.
+#   b  commit a8588f9, 03:37-03:43 UTC, one H200 (cold), 338 s (-> 909 s; given back: 906): 7B update 25.63 / 25.23 /
+#      25.26 ms a layer against bf16+glue 39.14 / 39.11 / 38.84 (1.527 / 1.550 / 1.538x); Qwen3-8B 21.89 / 22.00
+#      against 33.17 / 33.19 (1.515 / 1.508x).
+#   c  commit 36c2f5a, 03:45-03:49 UTC, one H200 (cold), 231 s (-> 643 s; given back: 641): NVFP4+LoRA batch 1, step ms
+#      (BF16+LoRA 6.99 / 12.41): 7B 2.87 by the rule, 2.95 (18944x3584:7), 2.96 (+3584x3584:7); 14B 5.25 by the rule,
+#      5.23 (13824x5120:0), 5.28 (+5120x5120:0).
+#   d  commit ba6b1d6, 03:50-03:55 UTC, one H200 (cold), 293 s (-> 313 s): 108 layouts compiled in 49 s; the sweep's
+#      joules noise (the heuristic's layout 1154 / 1565 mJ in its two rounds); picked
+#      16384:18944:3584=256,128,1,2;16384:3584:18944=256,128,1,2;3584:18944:16384=128,192,1,1; the 7B update with them
+#      24.91 / 25.09 against 38.59 / 38.68 (1.538 / 1.553x).
+#   e  commit 709ac81, 03:55-03:57 UTC, d's H200 (warm), 105 s (-> 193 s): 7B update (heuristic layouts) 25.30 / 25.54 /
+#      25.30 against 38.47 / 38.57 / 38.48 (1.520 / 1.510 / 1.521x).
+#   f  commit 9701a21, 03:57-03:59 UTC, e's H200 (warm), 108 s (-> 72 s; given back: 69): with d's picks 25.54 / 24.98 /
+#      25.00 against 38.25 / 38.39 / 38.38 (1.498 / 1.537 / 1.535x): within the spread, not kept.
