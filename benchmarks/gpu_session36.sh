@@ -24,6 +24,11 @@
 #     at this code (the heuristic's layouts), to widen b's sample on this card.
 #   phase f: bash benchmarks/gpu_session36.sh f   (e's H200, warm; ~2 min) -- the same with d's picked layouts named,
 #     on the same warm machine as e (d's 1.538 / 1.553x came from another call).
+#   phase g (prepared, not run: no device budget left): bash benchmarks/gpu_session36.sh g   (no kind; ~7 min) --
+#     the one-row GEMV with its first weight tile loaded before its PDL wait (QUARL_KERNELS_GEMV_W_EARLY=1, new; built
+#     and checked on CPU only): the PDL chain tests (bit-equal to plain launches), then the rollout at batch 1
+#     (NVFP4+LoRA, 7B twice alternating, 14B once) with and without it. If it is faster by more than the plain runs'
+#     spread, make it the default (and run the engine's GPU tests with it).
 set -u
 PHASE=${1:?phase}
 OUT=${OUT:?}
@@ -92,6 +97,17 @@ f)
     DG_SM90_LAYOUTS="16384:18944:3584=256,128,1,2;16384:3584:18944=256,128,1,2;3584:18944:16384=128,192,1,1" \
         model_step 150 p7_layouts_r3 --shape Qwen2.5-7B --layers 4 --tokens 16384 --loss rl \
         --arms "bf16,bf16+glue,jetrl-xtiles+deepgemm+glue" --iters 2 --accumulate 8 --repeat 3
+    ;;
+g)
+    tests 150 tests/kernels/test_gemv_gpu.py -k "pdl_chain"
+    if grep -q " passed" "$OUT/tests/pytest.log" && ! grep -qE "failed|error" "$OUT/tests/pytest.log"; then
+        rollout_table 90 7b 1 g7_plain
+        QUARL_KERNELS_GEMV_W_EARLY=1 rollout_table 60 7b 1 g7_early nvfp4+lora
+        rollout_table 60 7b 1 g7_plain2 nvfp4+lora
+        QUARL_KERNELS_GEMV_W_EARLY=1 rollout_table 60 7b 1 g7_early2 nvfp4+lora
+        rollout_table 100 14b 1 g14_plain
+        QUARL_KERNELS_GEMV_W_EARLY=1 rollout_table 70 14b 1 g14_early nvfp4+lora
+    fi
     ;;
 *) echo "unknown phase $PHASE"; exit 2 ;;
 esac

@@ -252,7 +252,7 @@ def _gemv_kernel(
     EVEN_K: tl.constexpr, ZW: tl.constexpr, HAS_LA: tl.constexpr = False,
     LA_BR: tl.constexpr = 4, LA_BK: tl.constexpr = 512, NW: tl.constexpr = 1,
     PDL: tl.constexpr = 0, DIAG: tl.constexpr = 0,
-    BLOCKED: tl.constexpr = False,
+    BLOCKED: tl.constexpr = False, W_EARLY: tl.constexpr = False,
 ):
     """y[M, N] (or fp32 split partials [S, M, N]) = x[M, K] @ W[N, K]^T for small M.
 
@@ -266,13 +266,19 @@ def _gemv_kernel(
     then weight 2's, each into its own partials -- one launch instead of NW.
     PDL (``pdl.py``): wait for the kernel before (which wrote x) first; signal after the K loop. DIAG (a diagnostic,
     ``GemvConfig.diag``): 1 the decode replaced by a bitcast, 2 the math too (wrong results by design). BLOCKED: the
-    words (of every weight of the launch) in ``quarl.quant.packed_layout``'s [64, 8] blocks."""
-    pdl.enter(PDL)
+    words (of every weight of the launch) in ``quarl.quant.packed_layout``'s [64, 8] blocks. W_EARLY (without
+    cp.async stages): a weight program loads its first weight tile *before* the PDL wait (``_gemv_tiles``); no
+    kernel of a decode step writes weights, and the wait still precedes every read of x and every store."""
+    EARLY: tl.constexpr = W_EARLY and STAGES <= 1
+    if not EARLY:
+        pdl.enter(PDL)
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
     if HAS_LA:
         if pid_n < LA_PROGS:
             if pid_k == 0:
+                if EARLY:
+                    pdl.enter(PDL)  # the A programs read x
                 lora_a_program(pid_n, xb_ptr, la_w_ptr, la_out_ptr, KW * 8, LA_R, LA_PER, stride_xm * 2,
                                la_stride_wr, la_s_out, la_m_out, M, LA_BR, LA_BK)
         else:
@@ -280,13 +286,13 @@ def _gemv_kernel(
                           stride_xm, stride_wn, stride_sn, stride_zn, stride_sn_u, stride_zn_u, stride_os, stride_om,
                           wp1_ptr, s1_ptr, gs1_ptr, out1_ptr, N1, T0, so1, som1,
                           wp2_ptr, s2_ptr, gs2_ptr, out2_ptr, N2, T1, so2, som2,
-                          M, FMT, GROUP, HAS_ZP, USE_ASM, BN, BKW, VEC, PREFETCH, STAGES, EVEN_K, ZW, NW, PDL, DIAG, BLOCKED)
+                          M, FMT, GROUP, HAS_ZP, USE_ASM, BN, BKW, VEC, PREFETCH, STAGES, EVEN_K, ZW, NW, PDL, DIAG, BLOCKED, W_EARLY)
     else:
         _gemv_weights(pid_n, pid_k, x_ptr, wp_ptr, s_ptr, z_ptr, gs_ptr, out_ptr, N, KW, KW_PER_SPLIT,
                       stride_xm, stride_wn, stride_sn, stride_zn, stride_sn_u, stride_zn_u, stride_os, stride_om,
                       wp1_ptr, s1_ptr, gs1_ptr, out1_ptr, N1, T0, so1, som1,
                       wp2_ptr, s2_ptr, gs2_ptr, out2_ptr, N2, T1, so2, som2,
-                      M, FMT, GROUP, HAS_ZP, USE_ASM, BN, BKW, VEC, PREFETCH, STAGES, EVEN_K, ZW, NW, PDL, DIAG, BLOCKED)
+                      M, FMT, GROUP, HAS_ZP, USE_ASM, BN, BKW, VEC, PREFETCH, STAGES, EVEN_K, ZW, NW, PDL, DIAG, BLOCKED, W_EARLY)
 
 
 @triton.jit
@@ -298,26 +304,94 @@ def _gemv_weights(
     M: tl.constexpr, FMT: tl.constexpr, GROUP: tl.constexpr, HAS_ZP: tl.constexpr, USE_ASM: tl.constexpr,
     BN: tl.constexpr, BKW: tl.constexpr, VEC: tl.constexpr, PREFETCH: tl.constexpr, STAGES: tl.constexpr,
     EVEN_K: tl.constexpr, ZW: tl.constexpr, NW: tl.constexpr, PDL: tl.constexpr, DIAG: tl.constexpr = 0,
-    BLOCKED: tl.constexpr = False,
+    BLOCKED: tl.constexpr = False, W_EARLY: tl.constexpr = False,
 ):
     """Weight tile ``t`` of the launch: weight 0's tiles, then (NW >= 2) weight 1's, then (NW == 3) weight 2's."""
     if NW == 1:
         _gemv_tiles(t, pid_k, x_ptr, wp_ptr, s_ptr, z_ptr, gs_ptr, out_ptr, N, KW, KW_PER_SPLIT,
                     stride_xm, stride_wn, stride_sn, stride_zn, stride_sn_u, stride_zn_u, stride_os, stride_om,
-                    M, FMT, GROUP, HAS_ZP, USE_ASM, BN, BKW, VEC, PREFETCH, STAGES, EVEN_K, ZW, PDL, DIAG, BLOCKED)
+                    M, FMT, GROUP, HAS_ZP, USE_ASM, BN, BKW, VEC, PREFETCH, STAGES, EVEN_K, ZW, PDL, DIAG, BLOCKED, W_EARLY)
     else:
         if t < T0:
             _gemv_tiles(t, pid_k, x_ptr, wp_ptr, s_ptr, z_ptr, gs_ptr, out_ptr, N, KW, KW_PER_SPLIT,
                         stride_xm, stride_wn, stride_sn, stride_zn, stride_sn_u, stride_zn_u, stride_os, stride_om,
-                        M, FMT, GROUP, HAS_ZP, USE_ASM, BN, BKW, VEC, PREFETCH, STAGES, EVEN_K, ZW, PDL, DIAG, BLOCKED)
+                        M, FMT, GROUP, HAS_ZP, USE_ASM, BN, BKW, VEC, PREFETCH, STAGES, EVEN_K, ZW, PDL, DIAG, BLOCKED, W_EARLY)
         elif NW == 2 or t < T0 + T1:
             _gemv_tiles(t - T0, pid_k, x_ptr, wp1_ptr, s1_ptr, s1_ptr, gs1_ptr, out1_ptr, N1, KW, KW_PER_SPLIT,
                         stride_xm, stride_wn, stride_sn, stride_zn, stride_sn_u, stride_zn_u, so1, som1,
-                        M, FMT, GROUP, HAS_ZP, USE_ASM, BN, BKW, VEC, PREFETCH, STAGES, EVEN_K, ZW, PDL, DIAG, BLOCKED)
+                        M, FMT, GROUP, HAS_ZP, USE_ASM, BN, BKW, VEC, PREFETCH, STAGES, EVEN_K, ZW, PDL, DIAG, BLOCKED, W_EARLY)
         else:
             _gemv_tiles(t - T0 - T1, pid_k, x_ptr, wp2_ptr, s2_ptr, s2_ptr, gs2_ptr, out2_ptr, N2, KW, KW_PER_SPLIT,
                         stride_xm, stride_wn, stride_sn, stride_zn, stride_sn_u, stride_zn_u, so2, som2,
-                        M, FMT, GROUP, HAS_ZP, USE_ASM, BN, BKW, VEC, PREFETCH, STAGES, EVEN_K, ZW, PDL, DIAG, BLOCKED)
+                        M, FMT, GROUP, HAS_ZP, USE_ASM, BN, BKW, VEC, PREFETCH, STAGES, EVEN_K, ZW, PDL, DIAG, BLOCKED, W_EARLY)
+
+
+@triton.jit
+def _x_step(x_ptr, offs_kw, kw_hi, stride_xm, M: tl.constexpr, EVEN_K: tl.constexpr):
+    """x of one K step for each of the M tokens: 4 int32 bf16 pairs per word [BKW] (masked past ``kw_hi``)."""
+    xs = ()
+    for m in tl.static_range(M):
+        xr = x_ptr + m * stride_xm + offs_kw * 4  # [BKW] pointers to pair 0 of each word
+        if EVEN_K:
+            xs = xs + ((tl.load(xr), tl.load(xr + 1), tl.load(xr + 2), tl.load(xr + 3)),)
+        else:
+            k_ok = offs_kw < kw_hi
+            xs = xs + ((tl.load(xr, mask=k_ok, other=0), tl.load(xr + 1, mask=k_ok, other=0),
+                        tl.load(xr + 2, mask=k_ok, other=0), tl.load(xr + 3, mask=k_ok, other=0)),)
+    return xs
+
+
+@triton.jit
+def _fma_step(accs, xs, w, sg, zg, M: tl.constexpr, FMT: tl.constexpr, USE_ASM: tl.constexpr, BN: tl.constexpr,
+              BKW: tl.constexpr, NG: tl.constexpr, ONE_GROUP: tl.constexpr, DIAG: tl.constexpr):
+    """One K step of :func:`_gemv_tiles`: the tile's words ``w`` [BN, BKW] decoded with their group values (``sg``,
+    ``zg``) and accumulated against ``xs`` into each token's ``accs`` [BN, BKW] fp32."""
+    # per-group values -> per word [BN, BKW] (a register broadcast)
+    if FMT == 0:  # NVFP4: S = e4m3 * 2**110 (exact in bf16: the fp32's low half is 0)
+        sv = (sg.to(tl.uint8).to(tl.float8e4nv, bitcast=True).to(tl.float32) * 1.298074214633707e33)
+        sv = sv.to(tl.int32, bitcast=True)
+    elif FMT == 1:  # MXFP4: S = 2**(e - 17) from the E8M0 byte
+        sv = (tl.minimum(sg, 144) + 110) << 23
+    else:  # INT4: Z = -(136 + zero) (zero: the int8 byte, sign-extended)
+        sv = (-136.0 - zg.to(tl.float32)).to(tl.int32, bitcast=True)
+    if ONE_GROUP:
+        sw = tl.broadcast_to(sv[:, None], (BN, BKW))
+        scw = tl.broadcast_to(sg[:, None], (BN, BKW))
+    else:
+        sw = tl.broadcast_to(sv[:, :, None], (BN, NG, BKW // NG)).reshape(BN, BKW)
+        scw = tl.broadcast_to(sg[:, :, None], (BN, NG, BKW // NG)).reshape(BN, BKW)
+    if (DIAG & 3) == 1:  # diagnostic: no decode (the words as floats), the FFMAs and loads as they are
+        d0 = (w ^ sw).to(tl.float32, bitcast=True)  # the scale bytes still loaded
+        d1, d2, d3, d4, d5, d6, d7 = d0, d0, d0, d0, d0, d0, d0
+    elif FMT == 2:
+        d0, d1, d2, d3, d4, d5, d6, d7 = _decode_int4_fp32(w, sw, USE_ASM)
+    else:
+        d0, d1, d2, d3, d4, d5, d6, d7 = _decode_fp4_fp32(w, sw, USE_ASM)
+    new = ()
+    for m in tl.static_range(M):
+        x01, x23, x45, x67 = xs[m]  # [BKW] i32 bf16 pairs -> fp32 (low half = even element)
+        # FP4 weights carry their scale: FFMA straight into the accumulator. INT4: a per-word
+        # partial first (starts with an FMUL), then one FFMA by the fp32 group scale.
+        if FMT == 2:
+            p = d0 * (x01 << 16).to(tl.float32, bitcast=True)[None, :]
+        else:
+            p = accs[m] + d0 * (x01 << 16).to(tl.float32, bitcast=True)[None, :]
+        p += d1 * (x01 & -65536).to(tl.float32, bitcast=True)[None, :]
+        p += d2 * (x23 << 16).to(tl.float32, bitcast=True)[None, :]
+        p += d3 * (x23 & -65536).to(tl.float32, bitcast=True)[None, :]
+        p += d4 * (x45 << 16).to(tl.float32, bitcast=True)[None, :]
+        p += d5 * (x45 & -65536).to(tl.float32, bitcast=True)[None, :]
+        p += d6 * (x67 << 16).to(tl.float32, bitcast=True)[None, :]
+        p += d7 * (x67 & -65536).to(tl.float32, bitcast=True)[None, :]
+        if FMT == 2:
+            new = new + (accs[m] + scw * p,)
+        else:
+            new = new + (p,)
+    if (DIAG & 3) == 2:  # diagnostic: the loads alone (one add per word keeps them), no decode, no x, no FFMAs
+        new = ()
+        for m in tl.static_range(M):
+            new = new + (accs[m] + (w ^ sw).to(tl.float32, bitcast=True),)
+    return new
 
 
 @triton.jit
@@ -328,9 +402,11 @@ def _gemv_tiles(
     M: tl.constexpr, FMT: tl.constexpr, GROUP: tl.constexpr, HAS_ZP: tl.constexpr, USE_ASM: tl.constexpr,
     BN: tl.constexpr, BKW: tl.constexpr, VEC: tl.constexpr, PREFETCH: tl.constexpr, STAGES: tl.constexpr,
     EVEN_K: tl.constexpr, ZW: tl.constexpr, PDL: tl.constexpr = 0, DIAG: tl.constexpr = 0,
-    BLOCKED: tl.constexpr = False,
+    BLOCKED: tl.constexpr = False, W_EARLY: tl.constexpr = False,
 ):
-    """One program's weight tile of :func:`_gemv_kernel`: output rows ``pid_n * BN + [0, BN)``, K split ``pid_k``."""
+    """One program's weight tile of :func:`_gemv_kernel`: output rows ``pid_n * BN + [0, BN)``, K split ``pid_k``.
+    ``W_EARLY`` (no cp.async stages): the first tile's weights are loaded before the PDL wait, its step peeled off
+    the loop (the same operations in the same order: the same bits)."""
     WPG: tl.constexpr = GROUP // 8  # words per scale group
     ONE_GROUP: tl.constexpr = BKW <= WPG  # the tile lies inside one group
     NG: tl.constexpr = 1 if ONE_GROUP else BKW // WPG  # groups per tile (tiles start on a group boundary)
@@ -359,21 +435,23 @@ def _gemv_tiles(
     for m in tl.static_range(M):
         accs = accs + (tl.zeros((BN, BKW), dtype=tl.float32),)
     kw_last = kw_lo + ((kw_hi - kw_lo - 1) // BKW) * BKW  # start of the split's last tile
+    EARLY: tl.constexpr = W_EARLY and STAGES <= 1
+    kw_first = kw_lo
     if PREFETCH:
         nxt = _load_tile(wp_ptr, s_ptr, z_ptr, rows, kw_lo, kw_hi, ar, ag, stride_wn, stride_sn, stride_zn,
                          FMT, WPG, ONE_GROUP, HAS_ZP, EVEN_K, ZW, BLOCKED, VEC)
-    for kw0 in tl.range(kw_lo, kw_hi, BKW, num_stages=STAGES):
-        offs_kw = kw0 + ar  # [BKW]
+        if EARLY:
+            pdl.enter(PDL)
+    elif EARLY:  # the first step peeled: its weights in flight while the kernel before finishes
+        w, sg, zg = _load_tile(wp_ptr, s_ptr, z_ptr, rows, kw_lo, kw_hi, ar, ag, stride_wn, stride_sn, stride_zn,
+                               FMT, WPG, ONE_GROUP, HAS_ZP, EVEN_K, ZW, BLOCKED, VEC)
+        pdl.enter(PDL)
+        xs = _x_step(x_ptr, kw_lo + ar, kw_hi, stride_xm, M, EVEN_K)
+        accs = _fma_step(accs, xs, w, sg, zg, M, FMT, USE_ASM, BN, BKW, NG, ONE_GROUP, DIAG)
+        kw_first = kw_lo + BKW
+    for kw0 in tl.range(kw_first, kw_hi, BKW, num_stages=STAGES):
         # x first (L1/L2 hits, independent of the decode below): 4 bf16 pairs per word and token
-        xs = ()
-        for m in tl.static_range(M):
-            xr = x_ptr + m * stride_xm + offs_kw * 4  # [BKW] pointers to pair 0 of each word
-            if EVEN_K:
-                xs = xs + ((tl.load(xr), tl.load(xr + 1), tl.load(xr + 2), tl.load(xr + 3)),)
-            else:
-                k_ok = offs_kw < kw_hi
-                xs = xs + ((tl.load(xr, mask=k_ok, other=0), tl.load(xr + 1, mask=k_ok, other=0),
-                            tl.load(xr + 2, mask=k_ok, other=0), tl.load(xr + 3, mask=k_ok, other=0)),)
+        xs = _x_step(x_ptr, kw0 + ar, kw_hi, stride_xm, M, EVEN_K)
         if PREFETCH:  # the next tile (the last one again at the end: in bounds, unused)
             w, sg, zg = nxt
             nxt = _load_tile(wp_ptr, s_ptr, z_ptr, rows, min(kw0 + BKW, kw_last), kw_hi, ar, ag,
@@ -382,52 +460,7 @@ def _gemv_tiles(
         else:
             w, sg, zg = _load_tile(wp_ptr, s_ptr, z_ptr, rows, kw0, kw_hi, ar, ag, stride_wn, stride_sn, stride_zn,
                                    FMT, WPG, ONE_GROUP, HAS_ZP, EVEN_K, ZW, BLOCKED, VEC)
-        # per-group values -> per word [BN, BKW] (a register broadcast)
-        if FMT == 0:  # NVFP4: S = e4m3 * 2**110 (exact in bf16: the fp32's low half is 0)
-            sv = (sg.to(tl.uint8).to(tl.float8e4nv, bitcast=True).to(tl.float32) * 1.298074214633707e33)
-            sv = sv.to(tl.int32, bitcast=True)
-        elif FMT == 1:  # MXFP4: S = 2**(e - 17) from the E8M0 byte
-            sv = (tl.minimum(sg, 144) + 110) << 23
-        else:  # INT4: Z = -(136 + zero) (zero: the int8 byte, sign-extended)
-            sv = (-136.0 - zg.to(tl.float32)).to(tl.int32, bitcast=True)
-        if ONE_GROUP:
-            sw = tl.broadcast_to(sv[:, None], (BN, BKW))
-            scw = tl.broadcast_to(sg[:, None], (BN, BKW))
-        else:
-            sw = tl.broadcast_to(sv[:, :, None], (BN, NG, BKW // NG)).reshape(BN, BKW)
-            scw = tl.broadcast_to(sg[:, :, None], (BN, NG, BKW // NG)).reshape(BN, BKW)
-        if (DIAG & 3) == 1:  # diagnostic: no decode (the words as floats), the FFMAs and loads as they are
-            d0 = (w ^ sw).to(tl.float32, bitcast=True)  # the scale bytes still loaded
-            d1, d2, d3, d4, d5, d6, d7 = d0, d0, d0, d0, d0, d0, d0
-        elif FMT == 2:
-            d0, d1, d2, d3, d4, d5, d6, d7 = _decode_int4_fp32(w, sw, USE_ASM)
-        else:
-            d0, d1, d2, d3, d4, d5, d6, d7 = _decode_fp4_fp32(w, sw, USE_ASM)
-        new = ()
-        for m in tl.static_range(M):
-            x01, x23, x45, x67 = xs[m]  # [BKW] i32 bf16 pairs -> fp32 (low half = even element)
-            # FP4 weights carry their scale: FFMA straight into the accumulator. INT4: a per-word
-            # partial first (starts with an FMUL), then one FFMA by the fp32 group scale.
-            if FMT == 2:
-                p = d0 * (x01 << 16).to(tl.float32, bitcast=True)[None, :]
-            else:
-                p = accs[m] + d0 * (x01 << 16).to(tl.float32, bitcast=True)[None, :]
-            p += d1 * (x01 & -65536).to(tl.float32, bitcast=True)[None, :]
-            p += d2 * (x23 << 16).to(tl.float32, bitcast=True)[None, :]
-            p += d3 * (x23 & -65536).to(tl.float32, bitcast=True)[None, :]
-            p += d4 * (x45 << 16).to(tl.float32, bitcast=True)[None, :]
-            p += d5 * (x45 & -65536).to(tl.float32, bitcast=True)[None, :]
-            p += d6 * (x67 << 16).to(tl.float32, bitcast=True)[None, :]
-            p += d7 * (x67 & -65536).to(tl.float32, bitcast=True)[None, :]
-            if FMT == 2:
-                new = new + (accs[m] + scw * p,)
-            else:
-                new = new + (p,)
-        if (DIAG & 3) == 2:  # diagnostic: the loads alone (one add per word keeps them), no decode, no x, no FFMAs
-            new = ()
-            for m in tl.static_range(M):
-                new = new + (accs[m] + (w ^ sw).to(tl.float32, bitcast=True),)
-        accs = new
+        accs = _fma_step(accs, xs, w, sg, zg, M, FMT, USE_ASM, BN, BKW, NG, ONE_GROUP, DIAG)
 
     pdl.leave(PDL)  # the sums and stores left: the next kernel may place its programs
     if FMT == 0:
@@ -488,6 +521,21 @@ def h200_defaults() -> bool:
     if v not in ("auto", "", "h200"):
         raise ValueError(f"{DEFAULTS_ENV}={v!r}: use auto (the default) or h200 (config 0 at one row everywhere)")
     return v == "h200"
+
+
+W_EARLY_ENV = "QUARL_KERNELS_GEMV_W_EARLY"  # 1: each program's first weight tile loaded before its PDL wait
+
+
+def w_early() -> bool:
+    """``QUARL_KERNELS_GEMV_W_EARLY=1`` (opt-in, not yet measured): a GEMV program issues its first weight tile's
+    loads before the PDL wait (``_gemv_tiles``), so that those bytes stream while the kernel before finishes. Why it
+    may pay where session 16's L2 prefetch of a program's whole slice did not: a read launched with its loads ahead
+    of the wait reached 85 % of the copy rate against 78 % plainly (``bench_gemv.py --read-ceiling``), and one tile a
+    program is the loads the program issues first anyway -- nothing queues ahead of them. Only with PDL on."""
+    v = os.environ.get(W_EARLY_ENV, "0").strip()
+    if v not in ("0", "1", ""):
+        raise ValueError(f"{W_EARLY_ENV}={v!r}: set it to 1 (first weight tile before the PDL wait) or 0 (the default)")
+    return v == "1"
 
 
 M1_ENV = "QUARL_KERNELS_GEMV_M1"  # "NxK:i,...": GEMV_CONFIGS[i] at one row for an N x K weight (or a group's first)
@@ -661,6 +709,7 @@ def gemv_launch(x2: torch.Tensor, pw, cfg: GemvConfig, *, use_asm: bool = True, 
              "STAGES": cfg.stages, "EVEN_K": kw % bkw == 0, "ZW": zw, "HAS_LA": la is not None, "LA_BR": lora_a.BR,
              "LA_BK": lora_a.BK, "NW": 1 + len(more), "PDL": pdl.mode(x2.device), "DIAG": cfg.diag,
              "BLOCKED": pw.blocked}
+    const["W_EARLY"] = const["PDL"] != pdl.OFF and w_early()
     grid = (la_progs + sum(tiles), split)  # the A programs first: scheduled in the first wave
     return GemvLaunch(_gemv_kernel, grid, args, const, cfg.warps, cfg.stages, out, y, split, tuple(rest))
 
