@@ -29,6 +29,10 @@
 #     and checked on CPU only): the PDL chain tests (bit-equal to plain launches), then the rollout at batch 1
 #     (NVFP4+LoRA, 7B twice alternating, 14B once) with and without it. If it is faster by more than the plain runs'
 #     spread, make it the default (and run the engine's GPU tests with it).
+#   phase h (prepared, not run): bash benchmarks/gpu_session36.sh h   (no kind; ~7 min) -- the same question for the
+#     TMA ring at 17..64 rows (QUARL_KERNELS_RING_W_EARLY=1: the ring's first weight copies and the scales before the
+#     PDL wait; built and checked on CPU only): its chain and repeat tests, then the 7B rollout at batch 64
+#     (NVFP4+LoRA) alternating without / with it, twice.
 set -u
 PHASE=${1:?phase}
 OUT=${OUT:?}
@@ -99,7 +103,7 @@ f)
         --arms "bf16,bf16+glue,jetrl-xtiles+deepgemm+glue" --iters 2 --accumulate 8 --repeat 3
     ;;
 g)
-    tests 150 tests/kernels/test_gemv_gpu.py -k "pdl_chain"
+    tests 170 tests/kernels/test_gemv_gpu.py tests/kernels/test_wgmma_ring_gpu.py -k "pdl_chain"
     if grep -q " passed" "$OUT/tests/pytest.log" && ! grep -qE "failed|error" "$OUT/tests/pytest.log"; then
         rollout_table 90 7b 1 g7_plain
         QUARL_KERNELS_GEMV_W_EARLY=1 rollout_table 60 7b 1 g7_early nvfp4+lora
@@ -107,6 +111,15 @@ g)
         QUARL_KERNELS_GEMV_W_EARLY=1 rollout_table 60 7b 1 g7_early2 nvfp4+lora
         rollout_table 100 14b 1 g14_plain
         QUARL_KERNELS_GEMV_W_EARLY=1 rollout_table 70 14b 1 g14_early nvfp4+lora
+    fi
+    ;;
+h)
+    tests 120 tests/kernels/test_wgmma_ring_gpu.py -k "pdl_chain or bit_identical"
+    if grep -q " passed" "$OUT/tests/pytest.log" && ! grep -qE "failed|error" "$OUT/tests/pytest.log"; then
+        rollout_table 100 7b 64 h7_plain
+        QUARL_KERNELS_RING_W_EARLY=1 rollout_table 70 7b 64 h7_early nvfp4+lora
+        rollout_table 70 7b 64 h7_plain2 nvfp4+lora
+        QUARL_KERNELS_RING_W_EARLY=1 rollout_table 70 7b 64 h7_early2 nvfp4+lora
     fi
     ;;
 *) echo "unknown phase $PHASE"; exit 2 ;;

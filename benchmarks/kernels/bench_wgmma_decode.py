@@ -77,9 +77,10 @@ def compile_wgmma_decode(fmt: int, cfg, nt: int, split: bool = True, even_k: boo
 
 
 def compile_wgmma_ring(fmt: int, cfg, nt: int, smax: int = 32, split: bool = True, pdl: int = 0,
-                       blocked: bool = False):
+                       blocked: bool = False, w_early: bool | None = None):
     """``wgmma_ring._wgmma_ring_kernel`` compiled for sm_90 (no GPU), its TMA descriptors as the launcher builds them
-    (``blocked``: one [64, 8] box of the blocked words per 64-row band)."""
+    (``blocked``: one [64, 8] box of the blocked words per 64-row band; ``w_early``: the ``W_EARLY`` constexpr, left
+    at its default when None)."""
     import triton
     from quarl_kernels import wgmma_ring as wr
     from triton.backends.compiler import GPUTarget
@@ -92,6 +93,8 @@ def compile_wgmma_ring(fmt: int, cfg, nt: int, smax: int = 32, split: bool = Tru
         sig[k] = "i32"
     const = {"FMT": fmt, "GROUP": GROUP[fmt], "R": cfg.rows, "BKW": cfg.bkw, "NT": nt, "STAGES": cfg.stages,
              "SMAX": smax, "MMA_INFLIGHT": cfg.inflight, "W": cfg.warps, "PDL": pdl, "BLOCKED": blocked}
+    if w_early is not None:
+        const["W_EARLY"] = w_early
     sig.update({k: "constexpr" for k in const})
     odd = ("M", "G", "TILES_PER_SPLIT")
     attrs = {(i,): [["tt.divisibility", 16]] for i, (k, t) in enumerate(sig.items())

@@ -62,6 +62,7 @@ NVFP4+LoRA decode step 8.45 vs 10.27 ms (BF16+LoRA 10.94).
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
 import torch
@@ -119,6 +120,7 @@ def _wgmma_ring_kernel(
     W: gl.constexpr,  # warps: 4 (one warpgroup) or 8 (two, an m64 row tile each, sharing the x stages)
     PDL: gl.constexpr = 0,  # pdl.py: wait for the kernel before first; signal after the K loop
     BLOCKED: gl.constexpr = False,  # words in [64, 8] blocks (quarl.quant.packed_layout), w_desc over [-1, 8]
+    W_EARLY: gl.constexpr = False,  # the ring's first weight copies and the scales before the PDL wait, x's after
 ):
     """y[M, N] (or fp32 split partials [S, M, N]) = x[M, K] @ W[N, K]^T, one warpgroup.
 
@@ -139,7 +141,8 @@ def _wgmma_ring_kernel(
     SS2: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, order=[1, 0])  # the same bytes, indexed per step
     STEP_BYTES: gl.constexpr = NT * BK * 2 + R * BKW * 4
 
-    pdl_gluon.enter(PDL)
+    if not W_EARLY:
+        pdl_gluon.enter(PDL)
     pid_n = gl.program_id(0)
     pid_k = gl.program_id(1)
     tok0 = gl.program_id(2) * NT  # one token tile below 65 rows; wide tiles (128 / 256) tile larger M
@@ -156,8 +159,10 @@ def _wgmma_ring_kernel(
     # the ring's first STAGES - 1 steps, in flight while the scales load
     for i in gl.static_range(STAGES - 1):
         ok = i < nsteps
-        mbarrier.expect(bars.index(i), STEP_BYTES, pred=ok)
-        tma.async_copy_global_to_shared(x_desc, [tok0, (kw_lo + i * BKW) * 8], bars.index(i), xs.index(i), pred=ok)
+        mbarrier.expect(bars.index(i), STEP_BYTES, pred=ok)  # x's and the words' bytes, however they are issued
+        if not W_EARLY:
+            tma.async_copy_global_to_shared(x_desc, [tok0, (kw_lo + i * BKW) * 8], bars.index(i), xs.index(i),
+                                            pred=ok)
         _w_load(w_desc, row0, kw_lo + i * BKW, KW, bars.index(i), ws.index(i), ok, R, BLOCKED)
 
     # group scales of the whole K range -> shared [SMAX, R, NG] (step, row, group slot)
@@ -175,6 +180,11 @@ def _wgmma_ring_kernel(
     sc = gl.load(s_ptr + rows * stride_sn + gi, mask=s_ok, other=0)  # [SMAX, R, NG] u8
     ss = gl.allocate_shared_memory(gl.uint8, [SMAX, R, NG], SS3, sc)._reinterpret(gl.uint8, [SMAX, R, NG], SS2)
     gl.thread_barrier()
+    if W_EARLY:  # weights and scales are written by no kernel of a decode step (pdl.py); x is: after the wait
+        pdl_gluon.enter(PDL)
+        for i in gl.static_range(STAGES - 1):
+            tma.async_copy_global_to_shared(x_desc, [tok0, (kw_lo + i * BKW) * 8], bars.index(i), xs.index(i),
+                                            pred=i < nsteps)
 
     acc = gl.zeros([R, NT], gl.float32, MMA)
     for s in range(nsteps):
@@ -293,6 +303,20 @@ WIDE_CONFIGS = (
 )
 
 
+W_EARLY_ENV = "QUARL_KERNELS_RING_W_EARLY"  # 1: the ring's first weight copies and scales before the PDL wait
+
+
+def w_early(device) -> bool:
+    """``QUARL_KERNELS_RING_W_EARLY=1`` (opt-in, not yet measured), with PDL on: a program issues the ring's first
+    ``STAGES - 1`` weight copies and loads its scales before its PDL wait, x's copies after (the GEMV's
+    ``QUARL_KERNELS_GEMV_W_EARLY`` for 17..64 rows: the bytes that do not depend on the kernel before stream while
+    it finishes)."""
+    v = os.environ.get(W_EARLY_ENV, "0").strip()
+    if v not in ("0", "1", ""):
+        raise ValueError(f"{W_EARLY_ENV}={v!r}: set it to 1 (weights before the PDL wait) or 0 (the default)")
+    return v == "1" and pdl.on(device)
+
+
 def enabled() -> bool:
     """``QUARL_KERNELS_WGMMA_RING`` (on unless 0 / off)."""
     return env_flag(ENV, True)
@@ -403,7 +427,7 @@ def launch_wgmma_ring(x2: torch.Tensor, pw, cfg: WgmmaRingConfig, epi=None, xp: 
         m, pw.n, kw, ops.scale.shape[1], per,
         ops.scale.stride(0), *ops.out_strides,
         FMT=pw.fmt, GROUP=pw.group, R=cfg.rows, BKW=cfg.bkw, NT=nt, STAGES=cfg.stages, SMAX=triton.next_power_of_2(per),
-        MMA_INFLIGHT=cfg.inflight, W=cfg.warps, BLOCKED=pw.blocked,
+        MMA_INFLIGHT=cfg.inflight, W=cfg.warps, BLOCKED=pw.blocked, W_EARLY=w_early(x2.device),
         num_warps=cfg.warps, **pdl.kwargs(x2.device),
     )
     return finish_splits(ops, split, epi)

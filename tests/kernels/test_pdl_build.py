@@ -146,6 +146,62 @@ def test_wgmma_ring_with_pdl_builds_for_sm90():
     assert ptx.index("griddepcontrol.wait") < ptx.index("cp.async.bulk.tensor")  # no TMA copy before the wait
 
 
+def _x_copies_before_the_wait(ptx: str) -> tuple[int, int]:
+    """(TMA copies before the PDL wait, those of them through x's descriptor -- the kernel's first parameter, taken
+    by address and converted: ``mov`` / ``cvta`` -- by a forward walk over the PTX before the wait)."""
+    import re
+
+    head = ptx[:ptx.index("griddepcontrol.wait")]
+    xregs: set[str] = set()
+    copies = from_x = 0
+    for line in head.splitlines():
+        t = line.strip()
+        regs = re.findall(r"%rd\d+", t)
+        if re.match(r"mov\.b64\s+%rd\d+, _\w+_param_0;", t) or (
+                t.startswith(("cvta", "mov")) and len(regs) >= 2 and regs[1] in xregs):
+            xregs.add(regs[0])
+        elif "cp.async.bulk.tensor" in t:
+            copies += 1
+            desc = re.search(r"\], \[(%rd\d+),", t)
+            from_x += bool(desc and desc.group(1) in xregs)
+    return copies, from_x
+
+
+def test_wgmma_ring_with_weights_before_the_wait_builds_for_sm90():
+    """``QUARL_KERNELS_RING_W_EARLY=1`` (session 36): the ring's first weight copies and its scale loads before the
+    PDL wait, x's copies after; no store before it; no spills, registers as without. With it off the SASS is the
+    kernel's as before (no other change). The walk finds x's copies when there is no wait (so it can fail)."""
+    import sys
+    from pathlib import Path
+
+    pytest.importorskip("triton.experimental.gluon")
+    from quarl_kernels import pdl, wgmma_ring
+    from quarl_kernels.formats import FMT_NVFP4
+
+    from tests.kernels.sm90_sass import registers, sass_of, stack_bytes
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks" / "kernels"))
+    try:
+        from bench_wgmma_decode import compile_wgmma_ring
+    finally:
+        sys.path.pop(0)
+    for m, n, k, blocked in ((64, 18944, 3584, True), (32, 3584, 3584, False)):
+        cfg = wgmma_ring.default_config(m, n, k)
+        nt = cfg.tile(m)
+        plain = compile_wgmma_ring(FMT_NVFP4, cfg, nt, pdl=pdl.LATE, blocked=blocked)
+        off = compile_wgmma_ring(FMT_NVFP4, cfg, nt, pdl=pdl.LATE, blocked=blocked, w_early=False)
+        early = compile_wgmma_ring(FMT_NVFP4, cfg, nt, pdl=pdl.LATE, blocked=blocked, w_early=True)
+        assert sass_of(off) == sass_of(plain)
+        ptx = early.asm["ptx"]
+        copies, from_x = _x_copies_before_the_wait(ptx)
+        assert copies >= 1 and from_x == 0, (m, n, k, copies, from_x)
+        assert "st.global" not in ptx[:ptx.index("griddepcontrol.wait")]
+        assert ptx.count("griddepcontrol.wait") == 1
+        assert stack_bytes(early) in (0, None) and registers(early) == registers(plain), (m, n, k)
+        no_wait = compile_wgmma_ring(FMT_NVFP4, cfg, nt, pdl=pdl.OFF, blocked=blocked).asm["ptx"]
+        assert _x_copies_before_the_wait(no_wait + "\ngriddepcontrol.wait;")[1] >= 1  # the walk sees x's copies
+
+
 def test_fp8_decode_kernels_with_pdl_build_for_sm90():
     """Jet-RL's decode chain at rollout (session 29): the 1x128 quantizer of X (row groups alone, what
     ``quantize_act`` launches before each projection) and the FP8 GEMV, launched with PDL: the wait before any load

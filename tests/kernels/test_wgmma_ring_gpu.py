@@ -16,7 +16,7 @@ import pytest
 import torch
 from quarl_kernels.ops import _packed_weight
 
-from tests.kernels.helpers import poison, qweight, rel, replayed
+from tests.kernels.helpers import pdl_chain_runs, poison, qweight, rel, replayed
 
 pytest.importorskip("triton", reason="the GPU kernels need Triton (CPU CI has none)")
 pytest.importorskip("triton.experimental.gluon", reason="wgmma_ring is written in Gluon (Triton >= 3.5)")
@@ -155,3 +155,23 @@ def test_repeated_launches_are_bit_identical(n, k, m, cfg):
     # and every element near the float64 product (a corrupted K step moves single outputs, not the norm)
     ref = x.double() @ w.T
     assert ((y0.double() - ref).abs().max() / ref.abs().max()).item() < 1e-2
+
+
+def test_pdl_chain_with_weights_before_the_wait(monkeypatch):
+    """``QUARL_KERNELS_RING_W_EARLY=1`` (the ring's first weight copies and the scales before the PDL wait, x's after;
+    session 36): RMSNorm -> ring -> last pass chained at 64 rows, PDL late / early / off, eager and from a CUDA graph
+    with new inputs -- bit-equal, so no program read x or wrote before the kernel before had finished."""
+    monkeypatch.setenv(wgmma_ring.W_EARLY_ENV, "1")
+    from quarl_kernels import pdl
+
+    if not pdl.on(torch.device("cuda")):
+        pytest.skip("PDL needs sm_90+ and a CUDA 12.3 driver")
+    assert wgmma_ring.w_early(torch.device("cuda"))
+    torch.manual_seed(4)
+    pws = [_packed_weight(*qweight("nvfp4", 3584, 3584)[0]) for _ in range(6)]
+    cfg = wgmma_ring.default_config(64, 3584, 3584)
+
+    def step(x, pw, epi):
+        return wgmma_ring.launch_wgmma_ring(x, pw, cfg, epi=epi)
+
+    pdl_chain_runs(monkeypatch, step, pws, rows=64)
