@@ -69,9 +69,7 @@ under ``TRITON_INTERPRET=1``.
 
 from __future__ import annotations
 
-import os
 import typing
-from dataclasses import dataclass
 
 import torch
 import triton
@@ -79,6 +77,27 @@ import triton.language as tl
 
 from quarl_kernels import lora_a, pdl
 from quarl_kernels.formats import FMT_INT4, FMT_MXFP4, FMT_NVFP4
+
+# The configs, their rules and switches (re-exported: callers name them as gemv.*)
+from quarl_kernels.gemv_config import (  # noqa: F401
+    DEFAULTS_ENV,
+    GEMV_CONFIGS,
+    GEMV_GROUP_MAX_M,
+    GEMV_LIMIT_M,
+    GEMV_MAX_M,
+    LARGE_WEIGHTS,
+    LONG_K,
+    M1_ENV,
+    W_EARLY_ENV,
+    GemvConfig,
+    _gemv_split,
+    default_gemv_config,
+    effective_tile,
+    gemv_supported,
+    h200_defaults,
+    m1_overrides,
+    w_early,
+)
 from quarl_kernels.group_pass import finish_group
 from quarl_kernels.launch import finish, interpreting, num_sms
 from quarl_kernels.lora_a import lora_a_program
@@ -475,159 +494,6 @@ def _gemv_tiles(
 
 
 # ---------------------------------------------------------------------------
-@dataclass(frozen=True)
-class GemvConfig:
-    bn: int  # output rows per program
-    bkw: int  # K step in 32-bit words (8 weights each)
-    vec: int  # consecutive words of a row per thread (4 = 16-byte loads)
-    warps: int
-    prefetch: bool = True  # register double buffer (only without stages)
-    waves: int = 4  # split K until cdiv(N, bn) * split >= waves * SMs
-    stages: int = 1  # > 1: cp.async pipeline of that depth (tl.range num_stages)
-    # DIAGNOSTIC (session 19; benchmarks/kernels/bench_decode_bound.py, never set elsewhere): 1 the decode replaced by
-    # a bitcast, 2 also no FFMAs and no x (wrong results by design)
-    diag: int = 0
-
-    def __str__(self) -> str:
-        pre = f"s{self.stages}" if self.stages > 1 else "p" if self.prefetch else ""
-        dg = f"D{self.diag}" if self.diag else ""
-        return f"gemv-BN{self.bn}xBK{self.bkw * 8}v{self.vec}w{self.warps}{pre}W{self.waves}{dg}"
-
-
-# Candidates: the configs that won at least one (format, shape, M) point of the H200
-# sweep (docs/kernels.md v6, benchmarks/kernels/runs/v6_gemv_h200.json). Tile [BN, BKW]
-# words per K step over 32 * warps threads, VEC consecutive words of a row per thread.
-GEMV_CONFIGS = (
-    GemvConfig(64, 32, 4, 4, prefetch=False),  # 0: FP4 at M = 1 (96 registers, 5 programs / SM)
-    GemvConfig(16, 128, 4, 4, stages=3),  # 1: INT4 at M = 1; a warp reads 512 contiguous bytes of a row
-    GemvConfig(64, 32, 4, 4, stages=3),  # 2: M = 2..4, cp.async pipeline 3 deep
-    GemvConfig(32, 64, 4, 4, stages=3),  # 3
-    GemvConfig(128, 32, 4, 4, stages=3, waves=2),  # 4: 32 words / thread
-    GemvConfig(64, 32, 4, 4),  # 5: register prefetch
-    GemvConfig(32, 32, 2, 4),  # 6: M > 4: 8 words / thread, 8-byte loads (x: 8 * 2 * M registers)
-    # 7: 32 rows, 512-code K steps: at M = 1 on large weights with long rows (K >= 4096: 7B down, every 14B weight)
-    # (the H100 sweep of session 12; in the engine's step 14B 6.234 -> 6.055 ms, 7B's down 0.610 -> 0.579 ms, while
-    # on K = 3584 rows, 7B's gate/up group, it was slower: RESULTS "Issue 17, session 12")
-    GemvConfig(32, 64, 4, 4, prefetch=False),
-)
-DEFAULTS_ENV = "QUARL_KERNELS_GEMV_DEFAULTS"  # "h200": config 0 at M = 1 everywhere (the H200 sweep's, v7)
-LONG_K, LARGE_WEIGHTS = 4096, 20 << 20  # FP4 weights with K >= this and N * K >= that take config 7 at M = 1
-
-
-def h200_defaults() -> bool:
-    """``QUARL_KERNELS_GEMV_DEFAULTS=h200``: config 0 for every FP4 weight at M = 1 (the H200 sweep's choice, v7;
-    the before of session 12's config 7 on long rows)."""
-    v = os.environ.get(DEFAULTS_ENV, "auto").strip().lower()
-    if v not in ("auto", "", "h200"):
-        raise ValueError(f"{DEFAULTS_ENV}={v!r}: use auto (the default) or h200 (config 0 at one row everywhere)")
-    return v == "h200"
-
-
-W_EARLY_ENV = "QUARL_KERNELS_GEMV_W_EARLY"  # 1: each program's first weight tile loaded before its PDL wait
-
-
-def w_early() -> bool:
-    """``QUARL_KERNELS_GEMV_W_EARLY=1`` (opt-in, not yet measured): a GEMV program issues its first weight tile's
-    loads before the PDL wait (``_gemv_tiles``), so that those bytes stream while the kernel before finishes. Why it
-    may pay where session 16's L2 prefetch of a program's whole slice did not: a read launched with its loads ahead
-    of the wait reached 85 % of the copy rate against 78 % plainly (``bench_gemv.py --read-ceiling``), and one tile a
-    program is the loads the program issues first anyway -- nothing queues ahead of them. Only with PDL on."""
-    v = os.environ.get(W_EARLY_ENV, "0").strip()
-    if v not in ("0", "1", ""):
-        raise ValueError(f"{W_EARLY_ENV}={v!r}: set it to 1 (first weight tile before the PDL wait) or 0 (the default)")
-    return v == "1"
-
-
-M1_ENV = "QUARL_KERNELS_GEMV_M1"  # "NxK:i,...": GEMV_CONFIGS[i] at one row for an N x K weight (or a group's first)
-
-
-def m1_overrides() -> dict[tuple[int, int], int]:
-    """``QUARL_KERNELS_GEMV_M1``, parsed: {(N, K): index into ``GEMV_CONFIGS``} for FP4 weights at one row, before
-    the rules of :func:`default_gemv_config` (a group launch goes by its first weight's shape). The best config of a
-    shape differs by GPU (the H200 sweep of session 36 against the H100's of session 12), so this lets a run name it
-    per shape without a code change."""
-    return _parse_m1(os.environ.get(M1_ENV, ""))
-
-
-_M1_PARSED: dict[str, dict[tuple[int, int], int]] = {}
-
-
-def _parse_m1(v: str) -> dict[tuple[int, int], int]:
-    hit = _M1_PARSED.get(v)
-    if hit is not None:
-        return hit
-    out = {}
-    for item in filter(None, (t.strip() for t in v.split(","))):
-        try:
-            shape, idx = item.split(":")
-            n, k = (int(t) for t in shape.lower().split("x"))
-            i = int(idx)
-        except ValueError:
-            raise ValueError(f"{M1_ENV}: {item!r} is not NxK:i (e.g. 18944x3584:7); separate entries with commas") \
-                from None
-        if not 0 <= i < len(GEMV_CONFIGS) or n <= 0 or k <= 0:
-            raise ValueError(f"{M1_ENV}: {item!r}: N and K must be positive and the config an index of GEMV_CONFIGS "
-                             f"(0..{len(GEMV_CONFIGS) - 1})")
-        out[(n, k)] = i
-    _M1_PARSED[v] = out
-    return out
-# Largest M that wo_matmul sends to the GEMV. Measured (H200, v6): the GEMV wins every
-# Qwen2.5-7B layer at M = 1..3; at M = 4 the tensor-core decode tile is as fast or
-# faster (one FFMA per weight and token caps the CUDA cores), at M >= 8 it is 2-5x faster.
-GEMV_MAX_M = 3
-GEMV_GROUP_MAX_M = 1  # one launch for a group's weights where the GEMV is the default route (wo_gemm: M = 1)
-GEMV_LIMIT_M = 16  # hard limit: the token loop is unrolled, x registers grow as 8 * VEC * M
-
-
-def effective_tile(cfg: GemvConfig, group: int) -> tuple[int, int, int]:
-    """(BN, BKW, VEC) that ``cfg`` runs with for a scale group of ``group`` weights.
-
-    A thread's words must cover whole groups (VEC % WPG == 0) or a tile must lie in
-    one group (BKW <= WPG), so that group values broadcast to words in registers:
-    small groups raise VEC to WPG (<= 4), large ones (INT4 g128: 16 words) cut the
-    K step to one group."""
-    wpg = group // 8
-    bn, bkw, vec = cfg.bn, cfg.bkw, cfg.vec
-    if cfg.stages > 1 or bkw <= wpg or vec % wpg == 0:  # cp.async: tiles reach registers via smem
-        return bn, bkw, vec
-    if wpg <= 4:
-        return bn, bkw, wpg
-    return bn, wpg, vec  # the [BN] group vector loads in the row layout only while BN < threads
-
-
-def default_gemv_config(fmt: int, m: int, n: int, k: int) -> GemvConfig:
-    """The measured choice per format and M (H200 sweep, docs/kernels.md v7): at M = 1
-    within 0-13% of the best candidate at every measured point, at M = 2..4 within
-    0-15% on the large layers (up to 31% on the 3584x3584 and 512x3584 ones). Since session 12, config 7 at M = 1
-    on large FP4 weights with long rows (K >= 4096; measured in the engine on an H100), unless
-    ``QUARL_KERNELS_GEMV_DEFAULTS=h200``; a shape named in ``QUARL_KERNELS_GEMV_M1`` takes its named config."""
-    if m == 1:
-        if fmt == FMT_INT4:
-            return GEMV_CONFIGS[1]
-        named = m1_overrides().get((n, k))
-        if named is not None:
-            return GEMV_CONFIGS[named]
-        return GEMV_CONFIGS[7 if k >= LONG_K and n * k >= LARGE_WEIGHTS and not h200_defaults() else 0]
-    return GEMV_CONFIGS[2] if m <= 4 else GEMV_CONFIGS[6]
-
-
-def gemv_supported(x2: torch.Tensor, pw) -> bool:
-    """True when ``wo_gemm.wo_matmul`` should run the GEMV for this call: 1 <= M <=
-    ``GEMV_MAX_M``, bf16 activations, and a group of 8 * 2**i weights."""
-    wpg = pw.group // 8
-    return (1 <= x2.shape[0] <= GEMV_MAX_M and x2.dtype == torch.bfloat16 and pw.group % 8 == 0
-            and wpg & (wpg - 1) == 0)
-
-
-def _gemv_split(cfg: GemvConfig, n: int, kw: int, sms: int) -> tuple[int, int]:
-    """(split count, words per split): about ``waves * sms`` programs, >= 1 K step each."""
-    tiles = triton.cdiv(n, cfg.bn)
-    k_steps = triton.cdiv(kw, cfg.bkw)
-    split = max(1, min(64, triton.cdiv(cfg.waves * sms, tiles), k_steps))
-    per = triton.cdiv(k_steps, split) * cfg.bkw
-    return triton.cdiv(kw, per), per
-
-
 class GemvLaunch(typing.NamedTuple):
     """One GEMV launch as :func:`launch_gemv` makes it (the sm_90 build tests compile exactly these arguments)."""
 
