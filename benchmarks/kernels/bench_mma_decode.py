@@ -42,12 +42,14 @@ NAMES = {FMT_NVFP4: "nvfp4", FMT_MXFP4: "mxfp4", FMT_INT4: "int4"}
 
 # ---------------------------------------------------------------------------
 def compile_mma_decode(fmt: int, cfg: mma_decode.MmaDecodeConfig, nt: int, split: bool = True, even_k: bool = True,
-                       lora_a: bool = False, nw: int = 1, pdl: int = 0, blocked: bool = False):
+                       lora_a: bool = False, nw: int = 1, pdl: int = 0, blocked: bool = False,
+                       w_early: bool | None = None):
     """``_mma_decode_kernel`` compiled for sm_90 as ``launch_mma_decode`` specializes it at
     the Qwen2.5-7B shapes (word / FP4-scale strides divisible by 16, INT4 scale strides
     K/128 not), without a GPU; ``lora_a``: with a LoRA group's A programs (``HAS_LA``); ``nw``: the tiles of that
     many weights in the launch (a group's q/k/v); ``pdl``: the ``PDL`` mode (``quarl_kernels.pdl``); ``blocked``: the
-    words in ``quarl.quant.packed_layout``'s [64, 8] blocks."""
+    words in ``quarl.quant.packed_layout``'s [64, 8] blocks; ``w_early``: the ``W_EARLY`` constexpr (None: its
+    default)."""
     from triton.backends.compiler import GPUTarget
     from triton.experimental.gluon._runtime import GluonASTSource
 
@@ -66,6 +68,8 @@ def compile_mma_decode(fmt: int, cfg: mma_decode.MmaDecodeConfig, nt: int, split
     const = {"FMT": fmt, "GROUP": GROUP[fmt], "HAS_ZP": fmt == FMT_INT4, "R": cfg.rows, "BKW": cfg.bkw, "NT": nt,
              "W": cfg.warps, "PREFETCH": cfg.prefetch, "EVEN_K": even_k, "XS": cfg.xsmem, "HAS_LA": lora_a,
              "LA_V": mma_decode.LORA_A_V, "NW": nw, "PDL": pdl, "DIAG": cfg.diag, "BLOCKED": blocked}
+    if w_early is not None:
+        const["W_EARLY"] = w_early
     sig.update({k: "constexpr" for k in const})
     odd = ("M", "TILES_PER_SPLIT", "LA_R", "LA_PROGS", "T0", "T1") + (("stride_sn", "stride_zn") if fmt == FMT_INT4
                                                                        else ())

@@ -84,6 +84,7 @@ callers keep ``wo_gemm`` / the reference otherwise.
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
 import torch
@@ -340,6 +341,33 @@ def _lora_a_rows(pid, x_ptr, w_ptr, out_ptr, M, K, R, K_PER_SPLIT, stride_xm, st
 
 
 @gluon.jit
+def _x_operand(x_ptr, x_off, xw, kw0, kw_hi, EVEN_K: gl.constexpr, NT: gl.constexpr, BK: gl.constexpr,
+               J: gl.constexpr, B_L: gl.constexpr):
+    """The MMA's B operand [BK, NT] of the step at word ``kw0``: x^T loaded, permuted like the weight tile."""
+    xt = _x_step(x_ptr, x_off, xw, kw0, kw_hi, EVEN_K)  # [NT, BKW, 8]
+    # [NT, 4 (t), J (j), 2 (h), 4 (i)] -> [NT, J, 4, 4, 2]: logical k = 32 j + 8 t + 2 i + h
+    xt = gl.permute(gl.reshape(xt, [NT, 4, J, 2, 4]), [0, 2, 1, 4, 3])
+    return gl.convert_layout(gl.permute(gl.reshape(xt, [NT, BK]), [1, 0]), B_L)  # [BK, NT]
+
+
+@gluon.jit
+def _mma_step(acc, b, w, sg, zg, FMT: gl.constexpr, HAS_ZP: gl.constexpr, LW: gl.constexpr, R: gl.constexpr,
+              BKW: gl.constexpr, WT: gl.constexpr, J: gl.constexpr, BK: gl.constexpr, A_L: gl.constexpr,
+              DIAG: gl.constexpr):
+    """One K step: the words ``w`` decoded with their group values into the A operand, ``acc += a @ b``."""
+    if (DIAG & 3) == 1:  # diagnostic: one conversion instead of the decode (wrong results), the rest the same
+        pz = (w ^ _per_word(sg.to(gl.int32), LW, R, BKW, WT)).to(gl.bfloat16)  # the scale bytes still loaded
+        p0, p1, p2, p3, p4, p5, p6, p7 = pz, pz, pz, pz, pz, pz, pz, pz
+    else:
+        p0, p1, p2, p3, p4, p5, p6, p7 = _decode_step(w, sg, zg, FMT, HAS_ZP, LW, R, BKW, WT)
+    # [R, BKW, a, b, c] = p[a + 2b + 4c] -> [R, BKW, 8] in pair order (e = a + 2b + 4c)
+    q = gl.join(gl.join(gl.join(p0, p1), gl.join(p2, p3)), gl.join(gl.join(p4, p5), gl.join(p6, p7)))
+    q = gl.reshape(gl.permute(q, [0, 1, 4, 3, 2]), [R, 4, J, 8])  # real word = J t + j
+    a = gl.convert_layout(gl.reshape(gl.permute(q, [0, 2, 1, 3]), [R, BK]), A_L)  # logical k = 32 j + 8 t + e
+    return mma_v2(a, b, acc)
+
+
+@gluon.jit
 def _mma_decode_kernel(
     x_ptr, wp_ptr, s_ptr, z_ptr, gs_ptr, out_ptr,
     M, N, KW, TILES_PER_SPLIT,
@@ -351,7 +379,7 @@ def _mma_decode_kernel(
     R: gl.constexpr, BKW: gl.constexpr, NT: gl.constexpr, W: gl.constexpr,
     PREFETCH: gl.constexpr, EVEN_K: gl.constexpr, XS: gl.constexpr = False,
     HAS_LA: gl.constexpr = False, LA_V: gl.constexpr = 8, NW: gl.constexpr = 1,
-    PDL: gl.constexpr = 0, DIAG: gl.constexpr = 0, BLOCKED: gl.constexpr = False,
+    PDL: gl.constexpr = 0, DIAG: gl.constexpr = 0, BLOCKED: gl.constexpr = False, W_EARLY: gl.constexpr = False,
 ):
     """y[M, N] (or fp32 split partials [S, M, N]) = x[M, K] @ W[N, K]^T, M <= NT.
 
@@ -364,13 +392,19 @@ def _mma_decode_kernel(
     gate/up: :func:`launch_mma_decode_group`), weight 0's ``T0`` tiles, then weight 1's ``T1``, then weight 2's.
     PDL (``pdl.py``, ``pdl_gluon.py``): wait for the kernel before (which wrote x) first; signal after the K loop.
     DIAG (a diagnostic, ``MmaDecodeConfig.diag``): 1 the decode replaced by a conversion (wrong results by design).
-    BLOCKED: every weight's words in ``quarl.quant.packed_layout``'s [64, 8] blocks."""
-    pdl_gluon.enter(PDL)
+    BLOCKED: every weight's words in ``quarl.quant.packed_layout``'s [64, 8] blocks. W_EARLY (x not staged through
+    shared memory): a weight program loads its first step's words and scales before the PDL wait
+    (:func:`_mma_decode_tiles`; weights are written by no kernel of a decode step), x after it."""
+    EARLY: gl.constexpr = W_EARLY and not XS
+    if not EARLY:
+        pdl_gluon.enter(PDL)
     pid_n = gl.program_id(0)
     pid_k = gl.program_id(1)
     if HAS_LA:
         if pid_n < LA_PROGS:
             if pid_k == 0:
+                if EARLY:
+                    pdl_gluon.enter(PDL)  # the A programs read x
                 _lora_a_rows(pid_n, x_ptr, la_w_ptr, la_out_ptr, M, KW * 8, LA_R, LA_PER, stride_xm, la_stride_wr,
                              la_s_out, la_m_out, NT, W, LA_V)
         else:
@@ -378,13 +412,13 @@ def _mma_decode_kernel(
                                 TILES_PER_SPLIT, stride_xm, stride_wn, stride_sn, stride_zn, stride_os, stride_om,
                                 wp1_ptr, s1_ptr, gs1_ptr, out1_ptr, N1, T0, so1, som1,
                                 wp2_ptr, s2_ptr, gs2_ptr, out2_ptr, N2, T1, so2, som2,
-                                FMT, GROUP, HAS_ZP, R, BKW, NT, W, PREFETCH, EVEN_K, XS, NW, PDL, DIAG, BLOCKED)
+                                FMT, GROUP, HAS_ZP, R, BKW, NT, W, PREFETCH, EVEN_K, XS, NW, PDL, DIAG, BLOCKED, W_EARLY)
     else:
         _mma_decode_weights(pid_n, pid_k, x_ptr, wp_ptr, s_ptr, z_ptr, gs_ptr, out_ptr, M, N, KW,
                             TILES_PER_SPLIT, stride_xm, stride_wn, stride_sn, stride_zn, stride_os, stride_om,
                             wp1_ptr, s1_ptr, gs1_ptr, out1_ptr, N1, T0, so1, som1,
                             wp2_ptr, s2_ptr, gs2_ptr, out2_ptr, N2, T1, so2, som2,
-                            FMT, GROUP, HAS_ZP, R, BKW, NT, W, PREFETCH, EVEN_K, XS, NW, PDL, DIAG, BLOCKED)
+                            FMT, GROUP, HAS_ZP, R, BKW, NT, W, PREFETCH, EVEN_K, XS, NW, PDL, DIAG, BLOCKED, W_EARLY)
 
 
 @gluon.jit
@@ -396,26 +430,26 @@ def _mma_decode_weights(
     FMT: gl.constexpr, GROUP: gl.constexpr, HAS_ZP: gl.constexpr,
     R: gl.constexpr, BKW: gl.constexpr, NT: gl.constexpr, W: gl.constexpr,
     PREFETCH: gl.constexpr, EVEN_K: gl.constexpr, XS: gl.constexpr, NW: gl.constexpr, PDL: gl.constexpr,
-    DIAG: gl.constexpr = 0, BLOCKED: gl.constexpr = False,
+    DIAG: gl.constexpr = 0, BLOCKED: gl.constexpr = False, W_EARLY: gl.constexpr = False,
 ):
     """Weight tile ``t`` of the launch: weight 0's tiles, then (NW >= 2) weight 1's, then (NW == 3) weight 2's."""
     if NW == 1:
         _mma_decode_tiles(t, pid_k, x_ptr, wp_ptr, s_ptr, z_ptr, gs_ptr, out_ptr, M, N, KW, TILES_PER_SPLIT,
                           stride_xm, stride_wn, stride_sn, stride_zn, stride_os, stride_om,
-                          FMT, GROUP, HAS_ZP, R, BKW, NT, W, PREFETCH, EVEN_K, XS, PDL, DIAG, BLOCKED)
+                          FMT, GROUP, HAS_ZP, R, BKW, NT, W, PREFETCH, EVEN_K, XS, PDL, DIAG, BLOCKED, W_EARLY)
     else:
         if t < T0:
             _mma_decode_tiles(t, pid_k, x_ptr, wp_ptr, s_ptr, z_ptr, gs_ptr, out_ptr, M, N, KW, TILES_PER_SPLIT,
                               stride_xm, stride_wn, stride_sn, stride_zn, stride_os, stride_om,
-                              FMT, GROUP, HAS_ZP, R, BKW, NT, W, PREFETCH, EVEN_K, XS, PDL, DIAG, BLOCKED)
+                              FMT, GROUP, HAS_ZP, R, BKW, NT, W, PREFETCH, EVEN_K, XS, PDL, DIAG, BLOCKED, W_EARLY)
         elif NW == 2 or t < T0 + T1:
             _mma_decode_tiles(t - T0, pid_k, x_ptr, wp1_ptr, s1_ptr, s1_ptr, gs1_ptr, out1_ptr, M, N1, KW,
                               TILES_PER_SPLIT, stride_xm, stride_wn, stride_sn, stride_zn, so1, som1,
-                              FMT, GROUP, HAS_ZP, R, BKW, NT, W, PREFETCH, EVEN_K, XS, PDL, DIAG, BLOCKED)
+                              FMT, GROUP, HAS_ZP, R, BKW, NT, W, PREFETCH, EVEN_K, XS, PDL, DIAG, BLOCKED, W_EARLY)
         else:
             _mma_decode_tiles(t - T0 - T1, pid_k, x_ptr, wp2_ptr, s2_ptr, s2_ptr, gs2_ptr, out2_ptr, M, N2, KW,
                               TILES_PER_SPLIT, stride_xm, stride_wn, stride_sn, stride_zn, so2, som2,
-                              FMT, GROUP, HAS_ZP, R, BKW, NT, W, PREFETCH, EVEN_K, XS, PDL, DIAG, BLOCKED)
+                              FMT, GROUP, HAS_ZP, R, BKW, NT, W, PREFETCH, EVEN_K, XS, PDL, DIAG, BLOCKED, W_EARLY)
 
 
 @gluon.jit
@@ -426,9 +460,11 @@ def _mma_decode_tiles(
     FMT: gl.constexpr, GROUP: gl.constexpr, HAS_ZP: gl.constexpr,
     R: gl.constexpr, BKW: gl.constexpr, NT: gl.constexpr, W: gl.constexpr,
     PREFETCH: gl.constexpr, EVEN_K: gl.constexpr, XS: gl.constexpr, PDL: gl.constexpr = 0,
-    DIAG: gl.constexpr = 0, BLOCKED: gl.constexpr = False,
+    DIAG: gl.constexpr = 0, BLOCKED: gl.constexpr = False, W_EARLY: gl.constexpr = False,
 ):
-    """One program's weight tile of :func:`_mma_decode_kernel`."""
+    """One program's weight tile of :func:`_mma_decode_kernel`. ``W_EARLY`` (not XS): the first step's words and
+    scales loaded before the PDL wait -- with PREFETCH its first load already is; without, that step is peeled off
+    the loop (:func:`_mma_step`, the same operations in the same order: the same bits)."""
     BK: gl.constexpr = BKW * 8
     J: gl.constexpr = BKW // 4
     WPG: gl.constexpr = GROUP // 8  # words per scale group
@@ -460,15 +496,26 @@ def _mma_decode_tiles(
 
     acc = gl.zeros([R, NT], gl.float32, MMA)
     kw_last = kw_lo + ((kw_hi - kw_lo - 1) // BKW) * BKW  # start of the split's last step
+    EARLY: gl.constexpr = W_EARLY and not XS
+    kw_first = kw_lo
     if PREFETCH:
         nxt = _load_step(wp_ptr, s_ptr, z_ptr, rows_w, offs_w, rows_g, offs_g, kw_lo, kw_hi,
                          stride_wn, stride_sn, stride_zn, FMT, WPG, WT, HAS_ZP, EVEN_K, BLOCKED)
+        if EARLY:
+            pdl_gluon.enter(PDL)
+    elif EARLY:  # the first step peeled: its words in flight while the kernel before finishes
+        w, sg, zg = _load_step(wp_ptr, s_ptr, z_ptr, rows_w, offs_w, rows_g, offs_g, kw_lo, kw_hi,
+                               stride_wn, stride_sn, stride_zn, FMT, WPG, WT, HAS_ZP, EVEN_K, BLOCKED)
+        pdl_gluon.enter(PDL)
+        b = _x_operand(x_ptr, x_off, xw, kw_lo, kw_hi, EVEN_K, NT, BK, J, B_L)
+        acc = _mma_step(acc, b, w, sg, zg, FMT, HAS_ZP, LW, R, BKW, WT, J, BK, A_L, DIAG)
+        kw_first = kw_lo + BKW
     if XS:  # double buffer [2, NT, BK] of B fragments (_xfrag_layout order), step 0's now
         gl.static_assert(J == 2, "XS: the B register pairing is that of 8-word steps")
         # 16-byte chunk c of token n at c ^ (n % 2): tokens g, g + 1 of a quarter warp hit other banks
         xs = gl.allocate_shared_memory(gl.bfloat16, [2, NT, BK], gl.SwizzledSharedLayout(8, 1, 2, [1, 0]))
         xs.index(0).store(_x_frag(_x_step(x_ptr, x_off, xw, kw_lo, kw_hi, EVEN_K), NT, J))
-    for kw0 in range(kw_lo, kw_hi, BKW):
+    for kw0 in range(kw_first, kw_hi, BKW):
         if XS:
             # one barrier per step: buffer s % 2 was written by all warps before it (step s - 1),
             # and every warp finished reading buffer (s + 1) % 2 (step s - 1) before it is rewritten
@@ -476,12 +523,8 @@ def _mma_decode_tiles(
             buf = ((kw0 - kw_lo) // BKW) % 2
             b = gl.convert_layout(_x_unfrag(xs.index(buf).load(_xfrag_layout(NT, BKW, W)), NT, J, BK), B_L)
             xg = _x_step(x_ptr, x_off, xw, gl.minimum(kw0 + BKW, kw_last), kw_hi, EVEN_K)  # next step's share
-        else:
-            # x^T step first (L1/L2 hits), permuted like the weight tile
-            xt = _x_step(x_ptr, x_off, xw, kw0, kw_hi, EVEN_K)  # [NT, BKW, 8]
-            # [NT, 4 (t), J (j), 2 (h), 4 (i)] -> [NT, J, 4, 4, 2]: logical k = 32 j + 8 t + 2 i + h
-            xt = gl.permute(gl.reshape(xt, [NT, 4, J, 2, 4]), [0, 2, 1, 4, 3])
-            b = gl.convert_layout(gl.permute(gl.reshape(xt, [NT, BK]), [1, 0]), B_L)  # [BK, NT]
+        else:  # x^T step first (L1/L2 hits), permuted like the weight tile
+            b = _x_operand(x_ptr, x_off, xw, kw0, kw_hi, EVEN_K, NT, BK, J, B_L)
 
         if PREFETCH:  # this step's raw loads were issued one step ago; issue the next one's
             w, sg, zg = nxt
@@ -491,16 +534,7 @@ def _mma_decode_tiles(
         else:
             w, sg, zg = _load_step(wp_ptr, s_ptr, z_ptr, rows_w, offs_w, rows_g, offs_g, kw0, kw_hi,
                                    stride_wn, stride_sn, stride_zn, FMT, WPG, WT, HAS_ZP, EVEN_K, BLOCKED)
-        if (DIAG & 3) == 1:  # diagnostic: one conversion instead of the decode (wrong results), the rest the same
-            pz = (w ^ _per_word(sg.to(gl.int32), LW, R, BKW, WT)).to(gl.bfloat16)  # the scale bytes still loaded
-            p0, p1, p2, p3, p4, p5, p6, p7 = pz, pz, pz, pz, pz, pz, pz, pz
-        else:
-            p0, p1, p2, p3, p4, p5, p6, p7 = _decode_step(w, sg, zg, FMT, HAS_ZP, LW, R, BKW, WT)
-        # [R, BKW, a, b, c] = p[a + 2b + 4c] -> [R, BKW, 8] in pair order (e = a + 2b + 4c)
-        q = gl.join(gl.join(gl.join(p0, p1), gl.join(p2, p3)), gl.join(gl.join(p4, p5), gl.join(p6, p7)))
-        q = gl.reshape(gl.permute(q, [0, 1, 4, 3, 2]), [R, 4, J, 8])  # real word = J t + j
-        a = gl.convert_layout(gl.reshape(gl.permute(q, [0, 2, 1, 3]), [R, BK]), A_L)  # logical k = 32 j + 8 t + e
-        acc = mma_v2(a, b, acc)
+        acc = _mma_step(acc, b, w, sg, zg, FMT, HAS_ZP, LW, R, BKW, WT, J, BK, A_L, DIAG)
         if XS:  # the next step's activations, after this step's MMAs are issued
             xs.index(1 - buf).store(_x_frag(xg, NT, J))
 
@@ -569,6 +603,19 @@ _DEFAULTS = {32: 11, 64: 11}  # H200 bench (docs/kernels.md v10): best geo-mean 
 # (H200, M = 32/64: 1.10x / 1.37x geo-mean on the 7B MLP layers, 0.79x / 0.85x on the
 # 3584x3584 and 512x3584 ones), so ``wo_matmul`` uses it there only.
 LARGE_M_MIN_WEIGHTS = 20 << 20
+
+
+W_EARLY_ENV = "QUARL_KERNELS_MMA_W_EARLY"  # 1: each program's first step of words before its PDL wait
+
+
+def w_early(device) -> bool:
+    """``QUARL_KERNELS_MMA_W_EARLY=1`` (opt-in, not yet measured), with PDL on: a program loads its first K step's
+    words and scales before its PDL wait, x after (the one-row GEMV's ``QUARL_KERNELS_GEMV_W_EARLY`` at 2..16 rows;
+    configs that stage x through shared memory keep the wait first)."""
+    v = os.environ.get(W_EARLY_ENV, "0").strip()
+    if v not in ("0", "1", ""):
+        raise ValueError(f"{W_EARLY_ENV}={v!r}: set it to 1 (first words before the PDL wait) or 0 (the default)")
+    return v == "1" and pdl.on(device)
 
 
 def preferred(m: int, n: int, k: int) -> bool:
@@ -696,7 +743,7 @@ def _launch(x2: torch.Tensor, pws: list, cfg: MmaDecodeConfig, epi):
         R=cfg.rows, BKW=cfg.bkw, NT=nt, W=cfg.warps,
         PREFETCH=cfg.prefetch, EVEN_K=kw % cfg.bkw == 0, XS=cfg.xsmem,
         HAS_LA=la is not None, LA_V=LORA_A_V, NW=len(pws), DIAG=cfg.diag, BLOCKED=pw.blocked,
-        num_warps=cfg.warps, **pdl.kwargs(x2.device),
+        W_EARLY=w_early(x2.device), num_warps=cfg.warps, **pdl.kwargs(x2.device),
     )
     return ops, split, epi
 

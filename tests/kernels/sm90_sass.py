@@ -187,3 +187,57 @@ def stale_code_stores(sass: str) -> list[tuple[str, str]]:
                 (stale.add if s else stale.discard)(r)
                 defined.add(r)
     return bad
+
+
+_PTX_LINE = re.compile(r"^\s*(@%p\d+\s+)?([a-z][\w.]*)\s+(.*?);")
+
+
+def loads_before_wait(ptx: str) -> tuple[list[str], list[str]]:
+    """(the global loads before a kernel's first PDL wait -- the whole kernel when it has none --, those of them
+    whose address derives from the kernel's first parameter, x's pointer), by a forward walk over that PTX: a
+    register is x's if an instruction writes it from x's parameter or from a register that is. For the kernels that
+    load some weights before their wait (``QUARL_KERNELS_*_W_EARLY``): none of those loads may read x."""
+    head = ptx[:ptx.index("griddepcontrol.wait")] if "griddepcontrol.wait" in ptx else ptx
+    tainted: set[str] = set()
+    loads, from_x = [], []
+    for line in head.splitlines():
+        m = _PTX_LINE.match(line)
+        if not m:
+            continue
+        op, rest = m.group(2), m.group(3)
+        regs = re.findall(r"%[a-z]+\d+", rest)
+        if op.startswith("ld.param") and re.search(r"_param_0\]", rest):
+            tainted.add(regs[0])
+        elif op.startswith("ld.global"):
+            loads.append(line.strip())
+            addr = re.search(r"\[\s*(%[a-z]+\d+)", rest)
+            if addr and addr.group(1) in tainted:
+                from_x.append(line.strip())
+        elif regs and any(r in tainted for r in regs[1:]):
+            tainted.add(regs[0])
+    return loads, from_x
+
+
+def tma_copies_before_wait(ptx: str) -> tuple[int, int]:
+    """(TMA copies before the first PDL wait, those of them through x's descriptor -- the first parameter, taken by
+    address and converted with ``mov`` / ``cvta``)."""
+    head = ptx[:ptx.index("griddepcontrol.wait")] if "griddepcontrol.wait" in ptx else ptx
+    xregs: set[str] = set()
+    copies = from_x = 0
+    for line in head.splitlines():
+        t = line.strip()
+        regs = re.findall(r"%rd\d+", t)
+        if re.match(r"mov\.b64\s+%rd\d+, _\w+_param_0;", t) or (
+                t.startswith(("cvta", "mov")) and len(regs) >= 2 and regs[1] in xregs):
+            xregs.add(regs[0])
+        elif "cp.async.bulk.tensor" in t:
+            copies += 1
+            desc = re.search(r"\], \[(%rd\d+),", t)
+            from_x += bool(desc and desc.group(1) in xregs)
+    return copies, from_x
+
+
+def ctas_per_sm(regs: int | None, warps: int) -> int | None:
+    """CTAs of ``warps`` warps an SM holds by registers (65536 a SM, allocated per warp in units of 256, i.e. a
+    thread's count rounded up to 8); None when the count is unknown."""
+    return None if regs is None else 65536 // (-(-regs // 8) * 8 * 32 * warps)

@@ -11,7 +11,6 @@ no spills, no fewer CTAs per SM. The chained launches' bits on a GPU: ``test_gem
 
 from __future__ import annotations
 
-import re
 import textwrap
 
 import pytest
@@ -98,42 +97,13 @@ def test_switch(monkeypatch):
         gemv.w_early()
 
 
-_LINE = re.compile(r"^\s*(@%p\d+\s+)?([a-z][\w.]*)\s+(.*?);")
-
-
-def _early_loads(ptx: str) -> tuple[list[str], list[str]]:
-    """(the global loads before the PDL wait, those of them whose address derives from x's pointer -- the kernel's
-    first parameter), by a forward walk over the PTX before the wait: a register is x's if an instruction writes it
-    from x's parameter or from a register that is."""
-    head = ptx[:ptx.index("griddepcontrol.wait")] if "griddepcontrol.wait" in ptx else ptx
-    tainted: set[str] = set()
-    loads, from_x = [], []
-    for line in head.splitlines():
-        m = _LINE.match(line)
-        if not m:
-            continue
-        op, rest = m.group(2), m.group(3)
-        regs = re.findall(r"%[a-z]+\d+", rest)
-        if op.startswith("ld.param") and re.search(r"_param_0\]", rest):
-            tainted.add(regs[0])
-            continue
-        if op.startswith("ld.global"):
-            loads.append(line.strip())
-            addr = re.search(r"\[\s*(%[a-z]+\d+)", rest)
-            if addr and addr.group(1) in tainted:
-                from_x.append(line.strip())
-        elif regs and any(r in tainted for r in regs[1:]):
-            tainted.add(regs[0])
-    return loads, from_x
-
-
 @needs_triton
 def test_sm90_build_loads_only_weights_before_the_wait():
     import torch
     from quarl_kernels import gemv, pdl
     from quarl_kernels.wo_gemm import PackedWeight
 
-    from tests.kernels.sm90_sass import compile_launch, registers, sass_of, stack_bytes
+    from tests.kernels.sm90_sass import compile_launch, ctas_per_sm, loads_before_wait, registers, sass_of, stack_bytes
 
     for n, k in ((18944, 3584), (3584, 18944)):  # 7B gate / up (config 0), down (config 7)
         pw = PackedWeight(0, 16, n, k, torch.empty(n, k // 8, dtype=torch.int32),
@@ -144,18 +114,17 @@ def test_sm90_build_loads_only_weights_before_the_wait():
         early, _ = compile_launch(la._replace(constexprs=dict(la.constexprs, PDL=pdl.LATE, W_EARLY=True)))
         assert sass_of(same) == sass_of(plain)  # off: the kernel as it was
         off, _ = compile_launch(la._replace(constexprs=dict(la.constexprs, PDL=pdl.OFF, W_EARLY=False)))
-        assert len(_early_loads(off.asm["ptx"])[1]) >= 4  # no wait: the walk finds x's loads in the whole kernel
+        assert len(loads_before_wait(off.asm["ptx"])[1]) >= 4  # no wait: the walk finds x's loads in the whole kernel
         ptx = early.asm["ptx"]
         assert ptx.count("griddepcontrol.wait") == 1
-        loads, from_x = _early_loads(ptx)
+        loads, from_x = loads_before_wait(ptx)
         assert loads and not from_x, (n, k, from_x[:3])
         head = ptx[:ptx.index("griddepcontrol.wait")]
         assert "st.global" not in head
         assert ptx.index("griddepcontrol.wait") < ptx.index("griddepcontrol.launch_dependents")
         assert stack_bytes(early) in (0, None), ("ptxas spilled registers", n, k)
         r0, r1 = registers(plain), registers(early)
-        per_sm = 65536 // (32 * la.num_warps)
-        assert r1 is None or per_sm // r1 >= per_sm // r0, (n, k, r0, r1)  # no fewer CTAs per SM
+        assert r1 is None or ctas_per_sm(r1, la.num_warps) >= ctas_per_sm(r0, la.num_warps), (n, k, r0, r1)
 
 
 @needs_triton
@@ -166,7 +135,7 @@ def test_sm90_group_builds_keep_their_ctas_per_sm():
     from quarl_kernels import gemv, pdl
     from quarl_kernels.wo_gemm import PackedWeight
 
-    from tests.kernels.sm90_sass import compile_launch, registers, stack_bytes
+    from tests.kernels.sm90_sass import compile_launch, ctas_per_sm, registers, stack_bytes
 
     def pw(n, k):
         return PackedWeight(0, 16, n, k, torch.empty(n, k // 8, dtype=torch.int32),
@@ -181,5 +150,4 @@ def test_sm90_group_builds_keep_their_ctas_per_sm():
         assert early.asm["ptx"].count("griddepcontrol.wait") == len(ns)
         assert stack_bytes(early) in (0, None), ("ptxas spilled registers", ns)
         r0, r1 = registers(plain), registers(early)
-        per_sm = 65536 // (32 * la.num_warps)
-        assert r1 is None or per_sm // r1 >= per_sm // r0, (ns, r0, r1)
+        assert r1 is None or ctas_per_sm(r1, la.num_warps) >= ctas_per_sm(r0, la.num_warps), (ns, r0, r1)

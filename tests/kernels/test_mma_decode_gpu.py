@@ -181,3 +181,22 @@ def test_pdl_chain_equals_plain_launches_in_a_graph(monkeypatch, m):
         return mma_decode.launch_mma_decode(x, pw, mma_decode.default_config(x.shape[0], pw.n), epi=epi)
 
     pdl_chain_runs(monkeypatch, step, pws, rows=m)
+
+
+@pytest.mark.parametrize("m,n", [(8, 3584), (13, 3584), (8, 512)])
+def test_pdl_chain_with_weights_before_the_wait(monkeypatch, m, n):
+    """``QUARL_KERNELS_MMA_W_EARLY=1`` (the first step's words before the PDL wait; config 4 peels it, config 1
+    prefetches it; session 36): chained launches bit-equal to plain ones, eager and from a CUDA graph."""
+    from quarl_kernels import pdl
+
+    if not pdl.on(torch.device("cuda")):
+        pytest.skip("PDL needs sm_90+")
+    monkeypatch.setenv(mma_decode.W_EARLY_ENV, "1")
+    assert mma_decode.w_early(torch.device("cuda"))
+    torch.manual_seed(m + n)
+    pws = [_packed_weight(*_qweight("nvfp4", n, n)[0]) for _ in range(6)]
+
+    def step(x, pw, epi):
+        return mma_decode.launch_mma_decode(x, pw, mma_decode.default_config(x.shape[0], pw.n), epi=epi)
+
+    pdl_chain_runs(monkeypatch, step, pws, rows=m)

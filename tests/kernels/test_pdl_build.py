@@ -146,27 +146,6 @@ def test_wgmma_ring_with_pdl_builds_for_sm90():
     assert ptx.index("griddepcontrol.wait") < ptx.index("cp.async.bulk.tensor")  # no TMA copy before the wait
 
 
-def _x_copies_before_the_wait(ptx: str) -> tuple[int, int]:
-    """(TMA copies before the PDL wait, those of them through x's descriptor -- the kernel's first parameter, taken
-    by address and converted: ``mov`` / ``cvta`` -- by a forward walk over the PTX before the wait)."""
-    import re
-
-    head = ptx[:ptx.index("griddepcontrol.wait")]
-    xregs: set[str] = set()
-    copies = from_x = 0
-    for line in head.splitlines():
-        t = line.strip()
-        regs = re.findall(r"%rd\d+", t)
-        if re.match(r"mov\.b64\s+%rd\d+, _\w+_param_0;", t) or (
-                t.startswith(("cvta", "mov")) and len(regs) >= 2 and regs[1] in xregs):
-            xregs.add(regs[0])
-        elif "cp.async.bulk.tensor" in t:
-            copies += 1
-            desc = re.search(r"\], \[(%rd\d+),", t)
-            from_x += bool(desc and desc.group(1) in xregs)
-    return copies, from_x
-
-
 def test_wgmma_ring_with_weights_before_the_wait_builds_for_sm90():
     """``QUARL_KERNELS_RING_W_EARLY=1`` (session 36): the ring's first weight copies and its scale loads before the
     PDL wait, x's copies after; no store before it; no spills, registers as without. With it off the SASS is the
@@ -178,7 +157,7 @@ def test_wgmma_ring_with_weights_before_the_wait_builds_for_sm90():
     from quarl_kernels import pdl, wgmma_ring
     from quarl_kernels.formats import FMT_NVFP4
 
-    from tests.kernels.sm90_sass import registers, sass_of, stack_bytes
+    from tests.kernels.sm90_sass import registers, sass_of, stack_bytes, tma_copies_before_wait
 
     sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks" / "kernels"))
     try:
@@ -193,13 +172,44 @@ def test_wgmma_ring_with_weights_before_the_wait_builds_for_sm90():
         early = compile_wgmma_ring(FMT_NVFP4, cfg, nt, pdl=pdl.LATE, blocked=blocked, w_early=True)
         assert sass_of(off) == sass_of(plain)
         ptx = early.asm["ptx"]
-        copies, from_x = _x_copies_before_the_wait(ptx)
+        copies, from_x = tma_copies_before_wait(ptx)
         assert copies >= 1 and from_x == 0, (m, n, k, copies, from_x)
         assert "st.global" not in ptx[:ptx.index("griddepcontrol.wait")]
         assert ptx.count("griddepcontrol.wait") == 1
         assert stack_bytes(early) in (0, None) and registers(early) == registers(plain), (m, n, k)
         no_wait = compile_wgmma_ring(FMT_NVFP4, cfg, nt, pdl=pdl.OFF, blocked=blocked).asm["ptx"]
-        assert _x_copies_before_the_wait(no_wait + "\ngriddepcontrol.wait;")[1] >= 1  # the walk sees x's copies
+        assert tma_copies_before_wait(no_wait + "\ngriddepcontrol.wait;")[1] >= 1  # the walk sees x's copies
+
+
+def test_mma_decode_with_weights_before_the_wait_builds_for_sm90():
+    """``QUARL_KERNELS_MMA_W_EARLY=1`` (session 36): the mma.sync kernel's first step of words and scales before the
+    PDL wait (config 4 peels that step off its loop; config 1, with the register prefetch, already loads it first),
+    x after; no store before the wait; no spills, no fewer CTAs per SM (registers rounded as the SM allocates them).
+    Off: config 4's SASS is the kernel's before at 8 rows."""
+    pytest.importorskip("triton.experimental.gluon")
+    from quarl_kernels import mma_decode, pdl
+    from quarl_kernels.formats import FMT_NVFP4
+
+    from tests.kernels.sm90_sass import bench_module, ctas_per_sm, loads_before_wait, registers, sass_of, stack_bytes
+
+    compile_mma_decode = bench_module("bench_mma_decode").compile_mma_decode
+    for n in (18944, 512):  # config 4 (no prefetch), config 1 (prefetch)
+        cfg = mma_decode.default_config(8, n)
+        plain = compile_mma_decode(FMT_NVFP4, cfg, 8, pdl=pdl.LATE, blocked=True)
+        early = compile_mma_decode(FMT_NVFP4, cfg, 8, pdl=pdl.LATE, blocked=True, w_early=True)
+        ptx = early.asm["ptx"]
+        assert ptx.count("griddepcontrol.wait") == 1
+        loads, from_x = loads_before_wait(ptx)
+        assert loads and not from_x, (str(cfg), from_x[:3])
+        assert "st.global" not in ptx[:ptx.index("griddepcontrol.wait")]
+        assert stack_bytes(early) in (0, None), str(cfg)
+        r0, r1 = registers(plain), registers(early)
+        assert r1 is None or ctas_per_sm(r1, cfg.warps) >= ctas_per_sm(r0, cfg.warps), (str(cfg), r0, r1)
+        off = compile_mma_decode(FMT_NVFP4, cfg, 8, pdl=pdl.OFF, blocked=True)
+        assert len(loads_before_wait(off.asm["ptx"])[1]) >= 1  # no wait: the walk finds x's loads
+    cfg = mma_decode.default_config(8, 18944)
+    assert sass_of(compile_mma_decode(FMT_NVFP4, cfg, 8, pdl=pdl.LATE, blocked=True, w_early=False)) == \
+        sass_of(compile_mma_decode(FMT_NVFP4, cfg, 8, pdl=pdl.LATE, blocked=True))
 
 
 def test_fp8_decode_kernels_with_pdl_build_for_sm90():
