@@ -27,11 +27,12 @@
 #   phase g (prepared, not run: no device budget left): bash benchmarks/gpu_session36.sh g   (no kind; ~8 min) --
 #     the decode kernels with their first weights loaded before the PDL wait (new, opt-in, built and checked on CPU
 #     only: QUARL_KERNELS_GEMV_W_EARLY / _MMA_W_EARLY / _RING_W_EARLY): the PDL chain tests of the three kernels
-#     (bit-equal to plain launches with each switch), then the rollout at batch 1 (NVFP4+LoRA, 7B twice alternating
-#     without / with the GEMV's switch, 14B once). If it is faster by more than the plain runs' spread, make it the
-#     default (and run the engine's GPU tests with it).
-#   phase h (prepared, not run): bash benchmarks/gpu_session36.sh h   (no kind; ~6 min; after g's tests passed) --
-#     the same at batch 8 and 64 (the mma.sync kernel and the TMA ring with their switches), 7B, alternating twice.
+#     (bit-equal to plain launches with each switch), then the 7B rollout at batch 1 (NVFP4+LoRA) alternating twice
+#     without / with the GEMV's switch. If it is faster by more than the plain runs' spread, make it the default (and
+#     run the engine's GPU tests with it).
+#   phase h (prepared, not run): bash benchmarks/gpu_session36.sh h   (no kind; ~9 min; after g's tests passed) --
+#     the 14B rollout at batch 1 without / with the GEMV's switch, then the 7B one at batch 8 and 64 (the mma.sync
+#     kernel and the TMA ring with their switches) alternating twice.
 set -u
 PHASE=${1:?phase}
 OUT=${OUT:?}
@@ -102,19 +103,19 @@ f)
         --arms "bf16,bf16+glue,jetrl-xtiles+deepgemm+glue" --iters 2 --accumulate 8 --repeat 3
     ;;
 g)
-    tests 200 tests/kernels/test_gemv_gpu.py tests/kernels/test_mma_decode_gpu.py tests/kernels/test_wgmma_ring_gpu.py \
+    tests 180 tests/kernels/test_gemv_gpu.py tests/kernels/test_mma_decode_gpu.py tests/kernels/test_wgmma_ring_gpu.py \
         -k "pdl_chain"
     if grep -q " passed" "$OUT/tests/pytest.log" && ! grep -qE "failed|error" "$OUT/tests/pytest.log"; then
         rollout_table 90 7b 1 g7_plain
         QUARL_KERNELS_GEMV_W_EARLY=1 rollout_table 60 7b 1 g7_early nvfp4+lora
         rollout_table 60 7b 1 g7_plain2 nvfp4+lora
         QUARL_KERNELS_GEMV_W_EARLY=1 rollout_table 60 7b 1 g7_early2 nvfp4+lora
-        rollout_table 100 14b 1 g14_plain
-        QUARL_KERNELS_GEMV_W_EARLY=1 rollout_table 70 14b 1 g14_early nvfp4+lora
     fi
     ;;
 h)  # after g's tests passed
-    rollout_table 90 7b 8,64 h7_plain
+    rollout_table 100 14b 1 h14_plain
+    QUARL_KERNELS_GEMV_W_EARLY=1 rollout_table 70 14b 1 h14_early nvfp4+lora
+    rollout_table 100 7b 8,64 h7_plain
     QUARL_KERNELS_MMA_W_EARLY=1 QUARL_KERNELS_RING_W_EARLY=1 rollout_table 80 7b 8,64 h7_early nvfp4+lora
     rollout_table 80 7b 8,64 h7_plain2 nvfp4+lora
     QUARL_KERNELS_MMA_W_EARLY=1 QUARL_KERNELS_RING_W_EARLY=1 rollout_table 80 7b 8,64 h7_early2 nvfp4+lora
