@@ -79,6 +79,7 @@ def test_first_tile_before_the_wait_gives_the_same_bits():
 
 @needs_triton
 def test_switch(monkeypatch):
+    """Opt-in, only with PDL (so never under the interpreter or on CPU tensors), and refused by name otherwise."""
     import torch
     from quarl_kernels import gemv, pdl
     from quarl_kernels.wo_gemm import PackedWeight
@@ -92,9 +93,35 @@ def test_switch(monkeypatch):
     assert gemv.w_early()
     la = gemv.gemv_launch(x, pw, gemv.GEMV_CONFIGS[0])
     assert la.constexprs["PDL"] == pdl.OFF and la.constexprs["W_EARLY"] is False  # CPU tensors: no PDL, no switch
+    monkeypatch.setattr(pdl, "mode", lambda device: pdl.LATE)  # as on an H100: the switch reaches the kernel
+    assert gemv.gemv_launch(x, pw, gemv.GEMV_CONFIGS[0]).constexprs["W_EARLY"] is True
+    monkeypatch.setenv(gemv.W_EARLY_ENV, "0")
+    assert gemv.gemv_launch(x, pw, gemv.GEMV_CONFIGS[0]).constexprs["W_EARLY"] is False
     monkeypatch.setenv(gemv.W_EARLY_ENV, "yes")
     with pytest.raises(ValueError, match="QUARL_KERNELS_GEMV_W_EARLY='yes'.*1.*0"):
         gemv.w_early()
+
+
+@needs_triton
+def test_mma_and_ring_switches(monkeypatch):
+    """The mma.sync kernel's and the TMA ring's switches: off unless 1, on only where PDL is, refused by name."""
+    pytest.importorskip("triton.experimental.gluon")
+    import torch
+    from quarl_kernels import mma_decode, pdl, wgmma_ring
+
+    cuda = torch.device("cuda", 0)
+    for mod, env in ((mma_decode, "QUARL_KERNELS_MMA_W_EARLY"), (wgmma_ring, "QUARL_KERNELS_RING_W_EARLY")):
+        assert mod.W_EARLY_ENV == env
+        monkeypatch.setattr(pdl, "on", lambda device: True)
+        monkeypatch.delenv(env, raising=False)
+        assert not mod.w_early(cuda)
+        monkeypatch.setenv(env, "1")
+        assert mod.w_early(cuda)
+        monkeypatch.setattr(pdl, "on", lambda device: False)  # no PDL: nothing to move ahead of
+        assert not mod.w_early(cuda)
+        monkeypatch.setenv(env, "on")
+        with pytest.raises(ValueError, match=f"{env}='on'"):
+            mod.w_early(cuda)
 
 
 @needs_triton
