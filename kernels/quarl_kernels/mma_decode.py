@@ -102,10 +102,10 @@ from quarl_kernels.mma_decode_config import (  # noqa: F401  re-exported: caller
     MMA_DECODE_CONFIGS,
     W_EARLY_ENV,
     MmaDecodeConfig,
-    _split,
     candidate_configs,
     default_config,
     preferred,
+    split_for,
     token_tile,
     w_early,
 )
@@ -613,7 +613,7 @@ def _launch(x2: torch.Tensor, pws: list, cfg: MmaDecodeConfig, epi):
     m = x2.shape[0]
     kw = pw.k // 8
     tiles = [triton.cdiv(p.n, cfg.rows) for p in pws]
-    split, per = _split(cfg, sum(tiles) * cfg.rows, kw, num_sms(x2.device))
+    split, per = split_for(cfg, sum(tiles) * cfg.rows, kw, num_sms(x2.device))
     ops = [decode_operands(x2, p, split, int4=p.fmt == FMT_INT4) for p in pws]
     la = epi.lora_a if epi is not None else None  # a LoRA group's x @ A^T, computed by programs of this launch
     nt = token_tile(m)

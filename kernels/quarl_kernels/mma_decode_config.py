@@ -115,8 +115,9 @@ def default_config(m: int, n: int) -> MmaDecodeConfig:
     return MMA_DECODE_CONFIGS[_DEFAULTS[nt]]
 
 
-def _split(cfg: MmaDecodeConfig, n: int, kw: int, sms: int) -> tuple[int, int]:
-    """(split count, K steps per split): about ``waves * sms`` CTAs, >= 1 step each."""
+def split_for(cfg, n: int, kw: int, sms: int) -> tuple[int, int]:
+    """(split count, K steps per split) of a decode launch of ``cfg`` (any config with ``rows``, ``bkw`` and
+    ``waves``: this kernel's and ``wgmma_decode``'s): about ``waves * sms`` CTAs, >= 1 step each."""
     tiles = triton.cdiv(n, cfg.rows)
     steps = triton.cdiv(kw, cfg.bkw)
     split = max(1, min(64, triton.cdiv(cfg.waves * sms, tiles), steps))
@@ -126,5 +127,5 @@ def _split(cfg: MmaDecodeConfig, n: int, kw: int, sms: int) -> tuple[int, int]:
 
 __all__ = [
     "LARGE_M_MIN_WEIGHTS", "MAX_M", "MIN_M", "MMA_DECODE_CONFIGS", "W_EARLY_ENV", "MmaDecodeConfig",
-    "candidate_configs", "default_config", "preferred", "token_tile", "w_early",
+    "candidate_configs", "default_config", "preferred", "split_for", "token_tile", "w_early",
 ]

@@ -94,6 +94,7 @@ from quarl_kernels.mma_decode import (
     _word_layout,
     _x_step,
 )
+from quarl_kernels.mma_decode_config import split_for  # the same rule: about waves * SMs CTAs
 
 MIN_M = 17  # below, mma_decode's n8 / n16 tiles waste no MMA work
 MAX_M = 64
@@ -354,15 +355,6 @@ def wgmma_decode_supported(x2: torch.Tensor, pw) -> bool:
     return (x2.is_cuda and x2.dtype == torch.bfloat16 and x2.dim() == 2 and MIN_M <= x2.shape[0] <= MAX_M
             and x2.shape[1] == pw.k and pw.fmt in (FMT_NVFP4, FMT_MXFP4, FMT_INT4)
             and pw.group % 8 == 0 and wpg & (wpg - 1) == 0 and pw.k % 8 == 0 and device_ok(x2.device))
-
-
-def split_for(cfg: WgmmaDecodeConfig, n: int, kw: int, sms: int) -> tuple[int, int]:
-    """(split count, K steps per split): about ``waves * sms`` CTAs, >= 1 step each."""
-    tiles = triton.cdiv(n, cfg.rows)
-    steps = triton.cdiv(kw, cfg.bkw)
-    split = max(1, min(64, triton.cdiv(cfg.waves * sms, tiles), steps))
-    per = triton.cdiv(steps, split)
-    return triton.cdiv(steps, per), per
 
 
 def launch_wgmma_decode(x2: torch.Tensor, pw, cfg: WgmmaDecodeConfig, epi=None) -> torch.Tensor:
