@@ -16,6 +16,7 @@ from dataclasses import dataclass
 import torch
 import triton
 
+from quarl_kernels.env import env_flag
 from quarl_kernels.formats import FMT_INT4
 
 
@@ -76,10 +77,7 @@ def w_early() -> bool:
     may pay where session 16's L2 prefetch of a program's whole slice did not: a read launched with its loads ahead
     of the wait reached 85 % of the copy rate against 78 % plainly (``bench_gemv.py --read-ceiling``), and one tile a
     program is the loads the program issues first anyway -- nothing queues ahead of them. Only with PDL on."""
-    v = os.environ.get(W_EARLY_ENV, "0").strip()
-    if v not in ("0", "1", ""):
-        raise ValueError(f"{W_EARLY_ENV}={v!r}: set it to 1 (first weight tile before the PDL wait) or 0 (the default)")
-    return v == "1"
+    return env_flag(W_EARLY_ENV, False)
 
 
 M1_ENV = "QUARL_KERNELS_GEMV_M1"  # "NxK:i,...": GEMV_CONFIGS[i] at one row for an N x K weight (or a group's first)

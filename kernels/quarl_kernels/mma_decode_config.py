@@ -6,12 +6,12 @@ name, so callers go on naming them ``mma_decode.*``.
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 
 import triton
 
 from quarl_kernels import pdl
+from quarl_kernels.env import env_flag
 
 MIN_M = 1
 MAX_M = 64  # token tiles of 8, 16, 32, 64 (1, 2, 4, 8 n8 MMA tiles)
@@ -78,10 +78,7 @@ def w_early(device) -> bool:
     """``QUARL_KERNELS_MMA_W_EARLY=1`` (opt-in, not yet measured), with PDL on: a program loads its first K step's
     words and scales before its PDL wait, x after (the one-row GEMV's ``QUARL_KERNELS_GEMV_W_EARLY`` at 2..16 rows;
     configs that stage x through shared memory keep the wait first)."""
-    v = os.environ.get(W_EARLY_ENV, "0").strip()
-    if v not in ("0", "1", ""):
-        raise ValueError(f"{W_EARLY_ENV}={v!r}: set it to 1 (first words before the PDL wait) or 0 (the default)")
-    return v == "1" and pdl.on(device)
+    return env_flag(W_EARLY_ENV, False) and pdl.on(device)
 
 
 def preferred(m: int, n: int, k: int) -> bool:

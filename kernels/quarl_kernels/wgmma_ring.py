@@ -62,7 +62,6 @@ NVFP4+LoRA decode step 8.45 vs 10.27 ms (BF16+LoRA 10.94).
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 
 import torch
@@ -311,10 +310,7 @@ def w_early(device) -> bool:
     ``STAGES - 1`` weight copies and loads its scales before its PDL wait, x's copies after (the GEMV's
     ``QUARL_KERNELS_GEMV_W_EARLY`` for 17..64 rows: the bytes that do not depend on the kernel before stream while
     it finishes)."""
-    v = os.environ.get(W_EARLY_ENV, "0").strip()
-    if v not in ("0", "1", ""):
-        raise ValueError(f"{W_EARLY_ENV}={v!r}: set it to 1 (weights before the PDL wait) or 0 (the default)")
-    return v == "1" and pdl.on(device)
+    return env_flag(W_EARLY_ENV, False) and pdl.on(device)
 
 
 def enabled() -> bool:
