@@ -1,0 +1,21 @@
+#!/usr/bin/env bash
+# Session 37. Session 36's prepared phases first: the three decode kernels with their first weights loaded before the
+# PDL wait (QUARL_KERNELS_GEMV_W_EARLY / _MMA_W_EARLY / _RING_W_EARLY, opt-in, CPU-checked only) -- their PDL chain
+# tests on the GPU, then the rollout with and without them. Run from the repository root on the device machine; the
+# record is at the end of this file.
+#
+#   phase a: bash benchmarks/gpu_session37.sh a   (no kind; ~8 min) -- session 36's phase g: the PDL chain tests of the
+#     three kernels, then the 7B rollout at batch 1 (NVFP4+LoRA) alternating twice without / with the GEMV's switch.
+#   phase b: bash benchmarks/gpu_session37.sh b   (a's machine, warm; ~9 min; after a's tests passed) -- session 36's
+#     phase h: 14B batch 1 without / with the GEMV's switch; 7B batch 8 and 64 alternating twice without / with the
+#     mma.sync kernel's and the TMA ring's switches.
+set -u
+PHASE=${1:?phase}
+case $PHASE in
+a) exec bash benchmarks/gpu_session36.sh g ;;
+b) exec bash benchmarks/gpu_session36.sh h ;;
+*) echo "unknown phase $PHASE"; exit 2 ;;
+esac
+
+# ---------------------------------------------------------------------------------------------------------------
+# Record (calls of this session; device time from the tool's lease):
