@@ -13,7 +13,13 @@ set -u
 PHASE=${1:?phase}
 case $PHASE in
 a) exec bash benchmarks/gpu_session36.sh g ;;
-b) exec bash benchmarks/gpu_session36.sh h ;;
+b)  # a's GEMV switch was slower (3.04 / 3.06 ms against 2.87 / 2.86): 14B's run of it dropped; batch 8 / 64 only
+    OUT=${OUT:?}; source benchmarks/gpu_phase_lib.sh
+    rollout_table 100 7b 8,64 h7_plain
+    QUARL_KERNELS_MMA_W_EARLY=1 QUARL_KERNELS_RING_W_EARLY=1 rollout_table 80 7b 8,64 h7_early nvfp4+lora
+    rollout_table 80 7b 8,64 h7_plain2 nvfp4+lora
+    QUARL_KERNELS_MMA_W_EARLY=1 QUARL_KERNELS_RING_W_EARLY=1 rollout_table 80 7b 8,64 h7_early2 nvfp4+lora
+    phase_end ;;
 *) echo "unknown phase $PHASE"; exit 2 ;;
 esac
 
