@@ -9,6 +9,9 @@
 #   phase b: bash benchmarks/gpu_session37.sh b   (a's machine, warm; ~9 min; after a's tests passed) -- session 36's
 #     phase h: 14B batch 1 without / with the GEMV's switch; 7B batch 8 and 64 alternating twice without / with the
 #     mma.sync kernel's and the TMA ring's switches.
+#   phase c: bash benchmarks/gpu_session37.sh c   (no kind; ~9 min) -- b's batch-8 gain made the mma.sync kernel's
+#     switch the default (QUARL_KERNELS_MMA_W_EARLY, on unless 0): its GPU tests and the engine's with it on, then
+#     14B batch 8 and 7B batch 16 alternating off / on.
 set -u
 PHASE=${1:?phase}
 case $PHASE in
@@ -19,6 +22,19 @@ b)  # a's GEMV switch was slower (3.04 / 3.06 ms against 2.87 / 2.86): 14B's run
     QUARL_KERNELS_MMA_W_EARLY=1 QUARL_KERNELS_RING_W_EARLY=1 rollout_table 80 7b 8,64 h7_early nvfp4+lora
     rollout_table 80 7b 8,64 h7_plain2 nvfp4+lora
     QUARL_KERNELS_MMA_W_EARLY=1 QUARL_KERNELS_RING_W_EARLY=1 rollout_table 80 7b 8,64 h7_early2 nvfp4+lora
+    phase_end ;;
+c)
+    OUT=${OUT:?}; source benchmarks/gpu_phase_lib.sh
+    tests 200 tests/kernels/test_mma_decode_gpu.py tests/engine/test_engine_gpu.py
+    rollout_table 110 14b 8 c14_off_bf16 bf16+lora
+    for r in 1 2; do
+        QUARL_KERNELS_MMA_W_EARLY=0 rollout_table 60 14b 8 c14_off$r nvfp4+lora
+        rollout_table 60 14b 8 c14_on$r nvfp4+lora
+    done
+    for r in 1 2; do
+        QUARL_KERNELS_MMA_W_EARLY=0 rollout_table 45 7b 16 c7_off$r nvfp4+lora
+        rollout_table 45 7b 16 c7_on$r nvfp4+lora
+    done
     phase_end ;;
 *) echo "unknown phase $PHASE"; exit 2 ;;
 esac

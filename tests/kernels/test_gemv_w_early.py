@@ -104,16 +104,20 @@ def test_switch(monkeypatch):
 
 @needs_triton
 def test_mma_and_ring_switches(monkeypatch):
-    """The mma.sync kernel's and the TMA ring's switches: off unless 1, on only where PDL is, refused by name."""
+    """The mma.sync kernel's and the TMA ring's switches: the mma.sync one on unless 0 (session 37's batch-8 rows),
+    the ring's off unless 1; either on only where PDL is, refused by name."""
     pytest.importorskip("triton.experimental.gluon")
     import torch
     from quarl_kernels import mma_decode, pdl, wgmma_ring
 
     cuda = torch.device("cuda", 0)
-    for mod, env in ((mma_decode, "QUARL_KERNELS_MMA_W_EARLY"), (wgmma_ring, "QUARL_KERNELS_RING_W_EARLY")):
+    for mod, env, default in ((mma_decode, "QUARL_KERNELS_MMA_W_EARLY", True),
+                              (wgmma_ring, "QUARL_KERNELS_RING_W_EARLY", False)):
         assert mod.W_EARLY_ENV == env
         monkeypatch.setattr(pdl, "on", lambda device: True)
         monkeypatch.delenv(env, raising=False)
+        assert mod.w_early(cuda) is default
+        monkeypatch.setenv(env, "0")
         assert not mod.w_early(cuda)
         monkeypatch.setenv(env, "1")
         assert mod.w_early(cuda)
