@@ -12,6 +12,9 @@
 #   phase c: bash benchmarks/gpu_session37.sh c   (no kind; ~9 min) -- b's batch-8 gain made the mma.sync kernel's
 #     switch the default (QUARL_KERNELS_MMA_W_EARLY, on unless 0): its GPU tests and the engine's with it on, then
 #     14B batch 8 and 7B batch 16 alternating off / on.
+#   phase d: bash benchmarks/gpu_session37.sh d   (no kind; ~9 min) -- c's engine tests were cut by their 200 s and
+#     its 7B batch-16 runs by their budget: the 7B table at batch 1 / 8 / 16 / 64 at this code (the new default), the
+#     NVFP4 side at batch 16 off / on / off again, then the engine's GPU tests.
 set -u
 PHASE=${1:?phase}
 case $PHASE in
@@ -35,6 +38,14 @@ c)
         QUARL_KERNELS_MMA_W_EARLY=0 rollout_table 45 7b 16 c7_off$r nvfp4+lora
         rollout_table 45 7b 16 c7_on$r nvfp4+lora
     done
+    phase_end ;;
+d)
+    OUT=${OUT:?}; source benchmarks/gpu_phase_lib.sh
+    rollout_table 230 7b 1,8,16,64 d7_table
+    QUARL_KERNELS_MMA_W_EARLY=0 rollout_table 60 7b 16 d7_off1 nvfp4+lora
+    rollout_table 60 7b 16 d7_on2 nvfp4+lora
+    QUARL_KERNELS_MMA_W_EARLY=0 rollout_table 60 7b 16 d7_off2 nvfp4+lora
+    tests 140 tests/engine/test_engine_gpu.py
     phase_end ;;
 *) echo "unknown phase $PHASE"; exit 2 ;;
 esac
