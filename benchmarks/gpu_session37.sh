@@ -52,3 +52,16 @@ esac
 
 # ---------------------------------------------------------------------------------------------------------------
 # Record (calls of this session; device time from the tool's lease):
+#   a  commit 16a3e9c, 2026-11-28 05:07:18-05:07:39 UTC, no kind -> one NVIDIA H200 (cold), 57 s held (budget 1800 ->
+#      1743 s): the GEMV's new PDL chain test failed on its own shape (18944 x 3584 chains an output of 18944 into a
+#      GEMV of K 3584: the test's bug, not the kernel's); the other 10 passed.
+#   a  commit d7e15e8 (the test on 5120 x 5120), 05:07:49-05:10:03 UTC, warm, -> 1597 s: 11 passed; 7B NVFP4+LoRA batch 1
+#      step ms (BF16+LoRA 7.07): plain 2.87, GEMV_W_EARLY 3.04, plain 2.86, GEMV_W_EARLY 3.06 -- slower, not kept.
+#   b  commit d3c8987, 05:10:16-05:13:55 UTC, warm, -> 1367 s (given back: 1363): 7B batch 8 / 64 step ms (BF16+LoRA
+#      7.41 / 8.47): plain 3.60 / 7.25, MMA+RING_W_EARLY 3.50 / 7.38, plain 3.60 / 7.36, early 3.48 / 7.38.
+#   c  commit c27a3c6 (MMA_W_EARLY on by default), 05:15:33-05:23:21 UTC, cold, -> 860 s (given back: 858): the
+#      mma.sync GPU tests and the engine's with it on: no failure in the 172 that ran before the 200 s limit; 14B batch 8
+#      step ms (BF16+LoRA 13.09): MMA_W_EARLY=0 6.51, on 6.32, =0 6.47, on 6.33; 7B batch 16: not run (its 25 s budget).
+#   d  commit 7b36a56, 05:24:55-05:31:36 UTC, cold, -> 418 s (given back: 414): 7B table in one run, BF16+LoRA /
+#      NVFP4+LoRA step ms: batch 1 7.04 / 2.86 (2.46x), 8 7.41 / 3.49 (2.12x), 16 7.72 / 4.54 (1.70x), 64 8.67 / 7.36
+#      (1.18x); batch 16 MMA_W_EARLY=0 4.54, on 4.54, =0 4.55 (level); the engine's GPU tests: 18 passed.
