@@ -306,7 +306,8 @@ W_EARLY_ENV = "QUARL_KERNELS_RING_W_EARLY"  # 1: the ring's first weight copies 
 
 
 def w_early(device) -> bool:
-    """``QUARL_KERNELS_RING_W_EARLY=1`` (opt-in, not yet measured), with PDL on: a program issues the ring's first
+    """``QUARL_KERNELS_RING_W_EARLY=1`` (opt-in; no gain in session 37: the 7B NVFP4+LoRA step at batch 64 on an
+    H200 7.38 / 7.38 ms against 7.25 / 7.36 without), with PDL on: a program issues the ring's first
     ``STAGES - 1`` weight copies and loads its scales before its PDL wait, x's copies after (the GEMV's
     ``QUARL_KERNELS_GEMV_W_EARLY`` for 17..64 rows: the bytes that do not depend on the kernel before stream while
     it finishes)."""
