@@ -15,6 +15,9 @@
 #   phase d: bash benchmarks/gpu_session37.sh d   (no kind; ~9 min) -- c's engine tests were cut by their 200 s and
 #     its 7B batch-16 runs by their budget: the 7B table at batch 1 / 8 / 16 / 64 at this code (the new default), the
 #     NVFP4 side at batch 16 off / on / off again, then the engine's GPU tests.
+#   phase e: bash benchmarks/gpu_session37.sh e   (kind nvidia-h100-x1; ~6 min) -- the new default was chosen on an
+#     H200; issue 17's targets were set and met (session 29) on an H100: the 7B table at batch 1 / 8 / 64 at this code
+#     there, then the NVFP4 side at batch 8 with the mma.sync switch off and on again.
 set -u
 PHASE=${1:?phase}
 case $PHASE in
@@ -46,6 +49,12 @@ d)
     rollout_table 60 7b 16 d7_on2 nvfp4+lora
     QUARL_KERNELS_MMA_W_EARLY=0 rollout_table 60 7b 16 d7_off2 nvfp4+lora
     tests 140 tests/engine/test_engine_gpu.py
+    phase_end ;;
+e)
+    OUT=${OUT:?}; source benchmarks/gpu_phase_lib.sh
+    rollout_table 200 7b 1,8,64 e7_table
+    QUARL_KERNELS_MMA_W_EARLY=0 rollout_table 55 7b 8 e7_off nvfp4+lora
+    rollout_table 55 7b 8 e7_on nvfp4+lora
     phase_end ;;
 *) echo "unknown phase $PHASE"; exit 2 ;;
 esac
