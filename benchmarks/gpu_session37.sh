@@ -74,3 +74,6 @@ esac
 #   d  commit 7b36a56, 05:24:55-05:31:36 UTC, cold, -> 418 s (given back: 414): 7B table in one run, BF16+LoRA /
 #      NVFP4+LoRA step ms: batch 1 7.04 / 2.86 (2.46x), 8 7.41 / 3.49 (2.12x), 16 7.72 / 4.54 (1.70x), 64 8.67 / 7.36
 #      (1.18x); batch 16 MMA_W_EARLY=0 4.54, on 4.54, =0 4.55 (level); the engine's GPU tests: 18 passed.
+#   e  commit 432b90f, 05:33:34-05:37:10 UTC, kind nvidia-h100-x1 -> one NVIDIA H100 80GB HBM3 (cold), -> 164 s (given
+#      back: 163): 7B table in one run, BF16+LoRA / NVFP4+LoRA step ms: batch 1 8.49 (2030 new tokens: its budget
+#      share) / 3.12 (2.72x), 8 8.91 / 3.94 (2.26x), 64 10.96 / 8.24 (1.33x); batch 8 MMA_W_EARLY=0 3.99, on 3.91.
