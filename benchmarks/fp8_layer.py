@@ -58,6 +58,7 @@ import fp8_linear_v0  # main's FP8 linear (frozen copy)
 from fp8_linear import stream_time as stream_ms  # the FP8 linear benchmark's timer
 from fp8_linear import sync
 
+from quarl.quant import fp8_gemm
 from quarl.quant import fp8_linear as fl
 
 # (hidden, intermediate, q out, kv out)
@@ -462,7 +463,7 @@ def main() -> None:
         res["wall_s"] = time.time() - budget.t0
         fq = fl._fused_module() if triton_version else None
         res["tuned"] = [tuned_entry(k, v) for k, v in (fq.TUNED.items() if fq is not None else ())]
-        res["scale_layout"] = {str(k): v for k, v in fl.SCALE_LAYOUT.items()}
+        res["scale_layout"] = {str(k): v for k, v in fp8_gemm.SCALE_LAYOUT.items()}
         res["cublas_fallbacks"] = dict(fl.CUBLAS_FALLBACKS) | dict(fp8_linear_v0.CUBLAS_FALLBACKS)
         (out / "fp8_layer.json").write_text(json.dumps(res, indent=1))
 

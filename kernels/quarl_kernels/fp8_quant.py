@@ -33,11 +33,11 @@ bug"); ``tests/kernels/test_fp8_quant_interpreter.py`` checks every variant's SA
 
 Scale layouts. A scale of a 1x128 operand is stored *outer-major* (storage
 ``[groups, rows]``, returned as the ``[rows, groups]`` view with strides ``(1, rows)``):
-M-major for ``scaled_mm``'s A operand, which is what ``fp8_linear.blockwise_gemm`` passes
+M-major for ``scaled_mm``'s A operand, which is what ``quarl.quant.fp8_gemm.blockwise_gemm`` passes
 (no copy there). Tile scales are ``[Np/128, Kp/128]`` row-major, as the weight format's.
 
 Numerics: bit for bit the reference ``quarl.quant.formats.fp8.quantize_act_1x128`` /
-``quarl.quant.fp8_linear.quantize_weight_padded`` run eagerly on the same device (tested on
+``quarl.quant.fp8_operands.quantize_weight_padded`` run eagerly on the same device (tested on
 CPU through ``TRITON_INTERPRET=1`` and on CUDA): ``scale = amax / 448`` (float32 eps for an
 all-zero group), ``q = clamp(x / scale, +-448)`` cast round-to-nearest-even to E4M3. Two
 details make that exact rather than "close":

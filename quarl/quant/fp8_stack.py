@@ -45,14 +45,13 @@ import torch
 from torch import nn
 from torch.autograd.graph import increment_version
 
-from quarl.quant.fp8_linear import (
-    _OPTIMIZER_STEPS,
+from quarl.quant.fp8_gemm import add_bias, blockwise_gemm
+from quarl.quant.fp8_linear import _OPTIMIZER_STEPS
+from quarl.quant.fp8_operands import (
     _fused_module,
     _round_up,
     _scales_t,
     _weight_tiles,
-    add_bias,
-    blockwise_gemm,
     quant_backend,
     quantize_act_gemm,
     quantize_input,
@@ -121,7 +120,7 @@ class Stack:
             increment_version([self.q, self.s, self.qt])
             for i in range(len(weights)):
                 q, _, qt = self.blocks(i)
-                q._quarl_t = (q._version, qt)  # DGrad of a single projection: this block (fp8_linear._transposed)
+                q._quarl_t = (q._version, qt)  # DGrad of a single projection: this block (fp8_operands._transposed)
 
 
 def _stack_of(weights: tuple[torch.Tensor, ...]) -> Stack:
@@ -140,7 +139,7 @@ def _stacked_grad_operands(dys: list[torch.Tensor], mp: int, widths: tuple[int, 
                            row_groups: bool):
     """The projections' output gradients ``dys[i]`` [M, N_i] -> the stacked DGrad operand ``(q [Mp, N], s [Mp, N/128])``
     (N = sum N_i; each gradient quantized into its own columns) and each projection's WGrad operand ``[(qt_i [N_i, Mt],
-    st_i [N_i, Mt/128])]``, bit for bit each one's own quantization (:func:`quarl.quant.fp8_linear.quantize_act_gemm`).
+    st_i [N_i, Mt/128])]``, bit for bit each one's own quantization (:func:`quarl.quant.fp8_operands.quantize_act_gemm`).
     WGrad stays one GEMM per projection: stacked, its ``sum N_i`` output rows fell into one more wave of 256x128 tiles
     (H200, Qwen2.5-7B width, 16k tokens: 2.73 ms against 2.16 for q, k and v apart)."""
     n = sum(widths)

@@ -52,13 +52,13 @@ import torch.nn.functional as F
 from torch import nn
 
 from quarl.quant import fp8_stack
-from quarl.quant.fp8_linear import (
+from quarl.quant.fp8_gemm import blockwise_gemm
+from quarl.quant.fp8_linear import _master_tiles
+from quarl.quant.fp8_operands import (
     _fused_module,
-    _master_tiles,
     _round_up,
     _scales_t,
     _transposed,
-    blockwise_gemm,
     quant_backend,
     quantize_act_gemm,
     quantize_input,
@@ -130,7 +130,7 @@ def _stacked_outputs(g, rows: int, cols: int, t_rows: int | None):
 
 def swiglu_grad_operands(dh, g, u, rows: int, cols: int, t_rows: int | None, row_groups: bool, stacked: bool = False):
     """SwiGLU's backward -> ``(dg's (q, s, qt, st), du's, both)``, the gate and up projections' dY operands
-    (:func:`quarl.quant.fp8_linear.quantize_act_gemm`'s layouts); on the Triton backend without writing dg, du.
+    (:func:`quarl.quant.fp8_operands.quantize_act_gemm`'s layouts); on the Triton backend without writing dg, du.
     ``stacked`` (with ``row_groups``): dg's and du's row groups are the column blocks of one DGrad operand ``both`` =
     ``(q [rows, 2 cols], s [rows, 2 cols / 128])`` -- written in place there by the kernels -- else ``both`` is None."""
     both = None

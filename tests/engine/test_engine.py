@@ -273,7 +273,7 @@ def test_fp8_projections_share_one_quantization_of_their_input(monkeypatch):
     7 in every forward; the rollout is the same tokens and log-probs as with every projection quantizing on its own
     (``QUARL_FP8_MEMO=0``), and no quantized operand outlives the step."""
     from quarl.quant import fp8_linear as fl
-    from quarl.quant import quantize_model
+    from quarl.quant import fp8_operands, quantize_model
     from quarl.rl.precision import _jetrl_recipe
 
     model = make_model("qwen2")
@@ -281,7 +281,7 @@ def test_fp8_projections_share_one_quantization_of_their_input(monkeypatch):
     rows = prompts((5, 9))
     calls = []
     real = fl._quantize_x
-    monkeypatch.setattr(fl, "_quantize_x", lambda *a: calls.append(a[0].shape) or real(*a))
+    monkeypatch.setattr(fp8_operands, "_quantize_x", lambda *a: calls.append(a[0].shape) or real(*a))
     with torch.no_grad():
         shared = FastGenerator(model, PAD).generate(rows, greedy(6), n=1)
     layers = model.config.num_hidden_layers

@@ -15,7 +15,8 @@ from tests.kernels.interpreter import needs_interpreter, needs_triton, run_inter
 SCRIPT = textwrap.dedent("""
     import torch
     from quarl_kernels import fp8_gemv as g
-    from quarl.quant.fp8_linear import _quant_1x128, blockwise_gemm, quantize_weight_padded
+    from quarl.quant.fp8_gemm import blockwise_gemm
+    from quarl.quant.fp8_operands import _quant_1x128, quantize_weight_padded
 
     torch.manual_seed(0)
     cases = [(1, 256, 512, g.Fp8GemvConfig()), (5, 300, 256, g.Fp8GemvConfig(bn=32, stages=3)),

@@ -72,7 +72,8 @@ def test_stack_is_the_separate_linears(m, k, widths, bias, wgrad):
 def _dx_reference(ws, dys, k):
     """sum_i dY_i W_i in FP32 over the FP8 operands the GEMMs see (dY in 1x128 groups, W in 128x128 tiles)."""
     from quarl.quant.formats.fp8 import dequantize_act_1x128
-    from quarl.quant.fp8_linear import _dequant_tiles, quantize_act_gemm
+    from quarl.quant.fp8_gemm import _dequant_tiles
+    from quarl.quant.fp8_operands import quantize_act_gemm
 
     total = 0
     for w, dy in zip(ws, dys, strict=True):

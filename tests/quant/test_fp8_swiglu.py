@@ -61,7 +61,9 @@ def _dx_reference(x, ws, dy):
     """dg Wg + du Wu in FP32 over the FP8 operands the DGrads see (dg, du in 1x128 groups, W in 128x128 tiles), dg and
     du as the three FP8 linears' backward makes them (eager SwiGLU's autograd on dh = down's DGrad)."""
     from quarl.quant.formats.fp8 import dequantize_act_1x128
-    from quarl.quant.fp8_linear import _dequant_tiles, _master_tiles, quantize_act_gemm
+    from quarl.quant.fp8_gemm import _dequant_tiles
+    from quarl.quant.fp8_linear import _master_tiles
+    from quarl.quant.fp8_operands import quantize_act_gemm
 
     wg, wu, wd = (w.detach() for w in ws)
     h, inter = wg.shape[1], wg.shape[0]
