@@ -18,6 +18,13 @@
 #   phase e: bash benchmarks/gpu_session37.sh e   (kind nvidia-h100-x1; ~6 min) -- the new default was chosen on an
 #     H200; issue 17's targets were set and met (session 29) on an H100: the 7B table at batch 1 / 8 / 64 at this code
 #     there, then the NVFP4 side at batch 8 with the mma.sync switch off and on again.
+#   phase f (prepared, not run: no device budget left): bash benchmarks/gpu_session37.sh f   (no kind; carry
+#     .dev/dg.tar.xz .dev/dg_built.tar.xz; ~8 min) -- after fp8_linear.py's split into fp8_operands.py / fp8_gemm.py
+#     (names re-exported; the tests' monkeypatches moved to the module that calls them): every FP8 GPU test file, with
+#     DeepGEMM, then the 7B actor update in two rounds (the split must not move it: 1.51-1.55x on the H200).
+#   phase g (prepared, not run): bash benchmarks/gpu_session37.sh g   (no kind; ~5 min) -- the GEMV's early tile
+#     without the peel: config 5 (register prefetch: QUARL_KERNELS_GEMV_W_EARLY only moves its wait after the first
+#     tile's loads) on every 7B weight shape at one row, without / with the switch, against the rule's configs 0 / 7.
 set -u
 PHASE=${1:?phase}
 case $PHASE in
@@ -55,6 +62,25 @@ e)
     rollout_table 200 7b 1,8,64 e7_table
     QUARL_KERNELS_MMA_W_EARLY=0 rollout_table 55 7b 8 e7_off nvfp4+lora
     rollout_table 55 7b 8 e7_on nvfp4+lora
+    phase_end ;;
+f)
+    OUT=${OUT:?}; source benchmarks/gpu_phase_lib.sh
+    deepgemm
+    export PYTHONPATH=$PYTHONPATH:/tmp/dg
+    tests 300 tests/quant/test_fp8_linear.py tests/quant/test_fp8_gemm.py tests/quant/test_fp8_operands.py \
+        tests/quant/test_fp8_stack_gpu.py tests/kernels/test_fp8_gemv_gpu.py tests/kernels/test_fp8_quant_gpu.py \
+        tests/kernels/test_fp8_swiglu_gpu.py tests/train/test_fused_glue_gpu.py
+    model_step 180 p7_r2 --shape Qwen2.5-7B --layers 4 --tokens 16384 --loss rl \
+        --arms "bf16,bf16+glue,jetrl-xtiles+deepgemm+glue" --iters 2 --accumulate 8 --repeat 2
+    phase_end ;;
+g)
+    OUT=${OUT:?}; source benchmarks/gpu_phase_lib.sh
+    C5=18944x3584:5,3584x3584:5,3584x18944:5
+    rollout_table 90 7b 1 g7_rule
+    QUARL_KERNELS_GEMV_M1=$C5 rollout_table 60 7b 1 g7_c5 nvfp4+lora
+    QUARL_KERNELS_GEMV_M1=$C5 QUARL_KERNELS_GEMV_W_EARLY=1 rollout_table 60 7b 1 g7_c5_early nvfp4+lora
+    rollout_table 60 7b 1 g7_rule2 nvfp4+lora
+    QUARL_KERNELS_GEMV_M1=$C5 QUARL_KERNELS_GEMV_W_EARLY=1 rollout_table 60 7b 1 g7_c5_early2 nvfp4+lora
     phase_end ;;
 *) echo "unknown phase $PHASE"; exit 2 ;;
 esac
