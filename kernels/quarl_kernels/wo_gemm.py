@@ -1,430 +1,50 @@
-"""Weight-only 4-bit GEMMs for Hopper: ``y = x @ W^T`` and ``dx = dy @ W``.
+"""Weight-only 4-bit GEMMs: which kernel runs a ``y = x @ W^T`` (or ``dx = dy @ W``) call, by rows and weight.
 
-Hopper has FP8 but no FP4 tensor cores, so NVFP4 / MXFP4 / INT4 weights are
-dequantized in registers (``dequant.load_dequant_tile``) and multiplied on the
-BF16 tensor cores; the weight is read once per output tile from its packed
-layout and never exists as a BF16 copy in memory.
+``wo_matmul`` routes by M (its docstring has the rule): 1 row the CUDA-core GEMV (``gemv.py``), 2..64 the Gluon
+decode kernels (``mma_decode.py``, ``wgmma_ring.py``, ``wgmma_decode.py``), large M the dense path (``dense.py``: a
+transient BF16 weight for cuBLAS), and anything they do not take the Triton tensor-core kernels
+(``wo_tensorcore.py``). ``wo_matmul_group`` runs a LoRA group's weights that read one x (q / k / v, gate / up) as one
+launch where a kernel can. The Gluon kernels are optional: a Triton without Gluon, or one that fails to build
+them, turns each off for the process with one warning and the next route serves.
 
-Kernels
-  ``_fwd_kernel``  y[M, N] = x[M, K] @ W[N, K]^T. One kernel for both regimes:
-      * decode (M <= 64): one M tile covers all rows (BM = 16/32/64), so each
-        weight byte is read exactly once; the winning configs swap the operands
-        (acc^T = W x^T: the weight tile feeds wgmma's M=64 side, the tokens its
-        N side, so M=1 wastes no tensor-core work).
-      * prefill / training (M > 64): tiled MMA with 128- or 256-row token tiles,
-        grouped-M launch order for L2 reuse of the weight tiles.
-      (``wo_matmul`` sends M <= ``gemv.GEMV_MAX_M`` to the CUDA-core GEMV in
-      ``gemv.py`` instead: faster there, docs/kernels.md v6; and M >= ``dense_min_m()``
-      to ``dense.py``, a transient BF16 weight for cuBLAS, docs/kernels.md v8.)
-      Whenever the tile grid is under two waves, split-K spreads the work over
-      every SM: partials go to an fp32 workspace [S, M, N] and a tiny
-      ``launch.splitk_reduce_kernel`` sums them in a fixed order (deterministic,
-      unlike atomics).
-  ``_bwd_kernel``  dx[M, K] = dy[M, N] @ W[N, K], for LoRA training through the
-      frozen base: the same tile decode, reduction over N, no weight gradient.
-
-Cost model (the "two numbers", per call): bytes = K*N*bits/8 (+ scales) +
-2*M*K + 2*M*N, flops = 2*M*N*K. At M <= 64 the weight bytes dominate (memory
-bound: time ~ bytes / HBM bandwidth); at M >= 1024 the BF16 tensor-core rate
-does (compute bound), and the in-register decode (~2 integer ops per weight
-per M tile) is the overhead to hide behind the MMAs -- which is why prefill
-tiles are 128-256 rows tall. docs/kernels.md has the measured numbers (H200:
-GEMV ~2x cuBLAS BF16 at M=1, this kernel 0.4-0.6x at M=2048, hence the dense
-path there) and what limits them.
-
-Config choice: ``default_config`` encodes the measured winners per regime (M,
-weight size); ``tune=True`` (or ``QUARL_KERNELS_TUNE=1``) instead times every
-candidate in ``DECODE_CONFIGS`` / ``PREFILL_CONFIGS`` / ``BWD_CONFIGS`` once per
-(format, M bucket, N, K) and keeps the fastest, in memory and in a JSON file per
-GPU model and Triton version (``QUARL_KERNELS_CACHE``), so a later process starts
-tuned. Each candidate costs one Triton compile, so the tables hold only configs
-that won somewhere.
+Config choice: each route's measured default (``default_config``, ``gemv.default_gemv_config``, ...), or with
+``tune=True`` / ``QUARL_KERNELS_TUNE=1`` the fastest candidate, timed once and cached on disk (``tuning.py``).
 """
 
 from __future__ import annotations
 
 import importlib
-import json
 import os
 import warnings
-from dataclasses import dataclass
 
 import torch
 import triton
-import triton.language as tl
 
 from quarl_kernels import dense, gemv, lora_a
-from quarl_kernels.dequant import FMT_INT4, FMT_NVFP4, FP4_ACC_FACTOR, load_dequant_tile, pair_order_rows
 from quarl_kernels.group_pass import rope_after
 from quarl_kernels.launch import each_in_group
 from quarl_kernels.launch import env_flag as _env_flag
 from quarl_kernels.launch import finish as _finish
 from quarl_kernels.launch import interpreting as _interpreting
-from quarl_kernels.launch import num_sms as _num_sms
-
-
-# ---------------------------------------------------------------------------
-@triton.jit
-def _fwd_kernel(
-    x_ptr, wp_ptr, s_ptr, z_ptr, gs_ptr, out_ptr,
-    M, N, KW, KW_PER_SPLIT,
-    stride_xm, stride_xk, stride_wn, stride_sn, stride_zn,
-    stride_os, stride_om, stride_on,
-    FMT: tl.constexpr, GROUP: tl.constexpr, HAS_ZP: tl.constexpr, USE_ASM: tl.constexpr, PAIR_ORDER: tl.constexpr,
-    BYTES32: tl.constexpr, SWAP_AB: tl.constexpr,
-    BM: tl.constexpr, BN: tl.constexpr, BKW: tl.constexpr, GROUP_M: tl.constexpr, INTERPRET: tl.constexpr,
-    BLOCKED: tl.constexpr = False,
-):
-    BK: tl.constexpr = BKW * 8
-    pid = tl.program_id(0)
-    pid_k = tl.program_id(1)
-    num_pid_m = tl.cdiv(M, BM)
-    num_pid_n = tl.cdiv(N, BN)
-    # grouped ordering: GROUP_M consecutive M tiles share each weight tile in L2
-    num_in_group = GROUP_M * num_pid_n
-    first_m = (pid // num_in_group) * GROUP_M
-    group_rows = min(num_pid_m - first_m, GROUP_M)
-    pid_m = first_m + (pid % num_in_group) % group_rows
-    pid_n = (pid % num_in_group) // group_rows
-
-    offs_m = pid_m * BM + tl.arange(0, BM)  # [BM]
-    offs_n = pid_n * BN + tl.arange(0, BN)  # [BN]
-    kw_lo = pid_k * KW_PER_SPLIT
-    kw_hi = min(kw_lo + KW_PER_SPLIT, KW)
-    x_rows = x_ptr + offs_m.to(tl.int64)[:, None] * stride_xm  # [BM, 1]
-    m_ok = offs_m[:, None] < M  # [BM, 1]
-    n_ok = offs_n[:, None] < N  # [BN, 1]
-
-    # The dequantized tile must be the MMA's B operand: Triton stores it to shared
-    # memory once per K step (one barrier) and wgmma / mma.sync read it there. As the
-    # A operand (SWAP_AB, acc^T = W @ x^T) Triton 3.6 keeps it in registers and
-    # converts it k16 slice by k16 slice, a barrier and a wgmma wait each (v2 notes).
-    if SWAP_AB:
-        acc = tl.zeros((BN, BM), dtype=tl.float32)
-    else:
-        acc = tl.zeros((BM, BN), dtype=tl.float32)
-    for kw0 in range(kw_lo, kw_hi, BKW):
-        offs_kw = kw0 + tl.arange(0, BKW)  # [BKW] words
-        offs_k = kw0 * 8 + tl.arange(0, BK)  # [BK] elements
-        x = tl.load(x_rows + offs_k[None, :] * stride_xk, mask=m_ok & (offs_k[None, :] < kw_hi * 8), other=0.0)
-        if PAIR_ORDER:
-            x = tl.trans(pair_order_rows(tl.trans(x)))  # [BM, BK], columns in the weight tile's order
-        w = load_dequant_tile(
-            wp_ptr, s_ptr, z_ptr, offs_n, offs_kw, n_ok, kw_hi,
-            stride_wn, stride_sn, stride_zn, FMT, GROUP, HAS_ZP, USE_ASM, PAIR_ORDER, BYTES32, BLOCKED,
-        )  # [BN, BK] bf16
-        if INTERPRET:  # the CPU interpreter multiplies raw bf16 bits; its fp32 dot is right
-            x = x.to(tl.float32)
-            w = w.to(tl.float32)
-        if SWAP_AB:
-            acc = tl.dot(w, tl.trans(x), acc)  # [BN, BM]
-        else:
-            acc = tl.dot(x, tl.trans(w), acc)  # [BM, BN] fp32
-    if SWAP_AB:
-        acc = tl.trans(acc)  # [BM, BN]
-
-    if FMT == 0:
-        acc = acc * (65536.0 / tl.load(gs_ptr).to(tl.float32))
-    elif FMT == 1:
-        acc = acc * 65536.0
-    # y [M, N] in x's dtype, or (split-K) fp32 partials [S, M, N]: the pointer type decides
-    out = out_ptr + pid_k * stride_os + offs_m.to(tl.int64)[:, None] * stride_om + offs_n[None, :] * stride_on
-    tl.store(out, acc.to(out_ptr.dtype.element_ty), mask=m_ok & (offs_n[None, :] < N))
-
-
-@triton.jit
-def _bwd_kernel(
-    dy_ptr, wp_ptr, s_ptr, z_ptr, gs_ptr, dx_ptr,
-    M, N, KW,
-    stride_dym, stride_dyn, stride_wn, stride_sn, stride_zn,
-    stride_dxm, stride_dxk,
-    FMT: tl.constexpr, GROUP: tl.constexpr, HAS_ZP: tl.constexpr, USE_ASM: tl.constexpr, PAIR_ORDER: tl.constexpr,
-    BYTES32: tl.constexpr,
-    BM: tl.constexpr, BN: tl.constexpr, BKW: tl.constexpr, GROUP_M: tl.constexpr, INTERPRET: tl.constexpr,
-    BLOCKED: tl.constexpr = False,
-):
-    """dx[M, K] = dy[M, N] @ W[N, K]: tiles of dx over (M, K), loop over N. With
-    PAIR_ORDER the accumulator's columns come in the weight tile's pair order and
-    the epilogue stores them through permuted column offsets."""
-    BK: tl.constexpr = BKW * 8
-    pid = tl.program_id(0)
-    num_pid_m = tl.cdiv(M, BM)
-    num_pid_k = tl.cdiv(KW, BKW)
-    num_in_group = GROUP_M * num_pid_k
-    first_m = (pid // num_in_group) * GROUP_M
-    group_rows = min(num_pid_m - first_m, GROUP_M)
-    pid_m = first_m + (pid % num_in_group) % group_rows
-    pid_k = (pid % num_in_group) // group_rows
-
-    offs_m = pid_m * BM + tl.arange(0, BM)  # [BM]
-    offs_kw = pid_k * BKW + tl.arange(0, BKW)  # [BKW]
-    offs_k = pid_k * BK + tl.arange(0, BK)  # [BK]
-    dy_rows = dy_ptr + offs_m.to(tl.int64)[:, None] * stride_dym
-    m_ok = offs_m[:, None] < M
-
-    acc = tl.zeros((BM, BK), dtype=tl.float32)
-    for n0 in range(0, N, BN):
-        offs_n = n0 + tl.arange(0, BN)  # [BN]
-        dy = tl.load(dy_rows + offs_n[None, :] * stride_dyn, mask=m_ok & (offs_n[None, :] < N), other=0.0)
-        w = load_dequant_tile(
-            wp_ptr, s_ptr, z_ptr, offs_n, offs_kw, offs_n[:, None] < N, KW,
-            stride_wn, stride_sn, stride_zn, FMT, GROUP, HAS_ZP, USE_ASM, PAIR_ORDER, BYTES32, BLOCKED,
-        )  # [BN, BK] bf16
-        if INTERPRET:
-            acc = tl.dot(dy.to(tl.float32), w.to(tl.float32), acc)
-        else:
-            acc = tl.dot(dy, w, acc)  # [BM, BK] fp32
-
-    if FMT == 0:
-        acc = acc * (65536.0 / tl.load(gs_ptr).to(tl.float32))
-    elif FMT == 1:
-        acc = acc * 65536.0
-    if PAIR_ORDER:  # column 8w + 2j + h of the tile holds k = 8w + j + 4h
-        c = offs_k % 8
-        offs_k = offs_k - c + c // 2 + (c % 2) * 4
-    dx = dx_ptr + offs_m.to(tl.int64)[:, None] * stride_dxm + offs_k[None, :] * stride_dxk
-    tl.store(dx, acc.to(dx_ptr.dtype.element_ty), mask=m_ok & (offs_k[None, :] < KW * 8))
-
-
-# ---------------------------------------------------------------------------
-@dataclass(frozen=True)
-class Config:
-    bm: int
-    bn: int
-    bkw: int  # K tile in 32-bit words (8 weights each)
-    warps: int
-    stages: int
-    group_m: int = 8
-    swap: bool = False  # forward only: dequantized tile as the MMA's A operand (acc^T = W @ x^T)
-    pair: bool = False  # forward only: pair-order weight tile, x columns permuted to match
-
-    def __str__(self) -> str:
-        tag = ("-swap" if self.swap else "") + ("-pair" if self.pair else "")
-        return f"BM{self.bm}xBN{self.bn}xBK{self.bkw * 8}w{self.warps}s{self.stages}{tag}"
-
-
-# Decode: BM is set to cover M; BN x BK sizes the weight tile each CTA streams.
-# Candidates: the configs that won at least one (format, shape, M) point on the H200
-# (docs/kernels.md v3/v4 has the full sweep, including the ones dropped here).
-# ``default_config`` picks among them by M and shape; ``tune=True`` times them all.
-DECODE_CONFIGS = (
-    Config(16, 128, 16, 4, 4, swap=True),  # M <= 4
-    Config(16, 64, 32, 4, 4, swap=True),  # M <= 16
-    Config(16, 64, 16, 4, 6, swap=True),  # M <= 64
+from quarl_kernels.tuning import choose as _choose
+from quarl_kernels.wo_tensorcore import (  # noqa: F401 -- re-exported: callers name them as wo_gemm.*
+    BWD_CONFIGS,
+    DECODE_CONFIGS,
+    DECODE_MAX_M,
+    FMT_INT4,
+    FMT_NVFP4,
+    FP4_ACC_FACTOR,
+    PREFILL_CONFIGS,
+    Config,
+    PackedWeight,
+    _bwd_kernel,
+    _decode_bm,
+    _fwd_kernel,
+    _m_bucket,
+    default_config,
+    launch_bwd,
+    launch_fwd,
 )
-PREFILL_CONFIGS = (
-    Config(128, 128, 8, 8, 4),  # M > 256, small weights
-    Config(128, 128, 8, 8, 4, swap=True),  # 64 < M <= 256
-    Config(256, 128, 8, 8, 3, swap=True),  # M >= 1024, N * K >= 32M
-)
-BWD_CONFIGS = (
-    Config(128, 64, 16, 8, 3),  # fastest at every measured shape (M = 2048)
-    Config(128, 128, 16, 8, 3),
-)
-DECODE_MAX_M = 64
-
-
-@dataclass(frozen=True)
-class PackedWeight:
-    """The raw tensors of one packed [N, K] weight, as the kernels read them."""
-
-    fmt: int
-    group: int
-    n: int
-    k: int
-    words: torch.Tensor  # int32 [N, K/8]
-    scale: torch.Tensor  # [N, G] fp32/bf16 (INT4); FP4: uint8 bytes [N, G] or their int32 view [N, G/4]
-    zero: torch.Tensor | None  # INT4 asymmetric: int8 bytes [N, G] or int32 view [N, G/4]; else None
-    gscale: torch.Tensor | None  # fp32 [1] (NVFP4) or None
-    bytes32: bool = False  # byte tensors above are passed as int32 views (pipelinable loads)
-    # ``words`` hold the blocked layout (``quarl.quant.packed_layout``: [64, 8]-word blocks, the [N, KW] view's
-    # stride(0) still KW); every kernel reading words takes it as its BLOCKED constexpr
-    blocked: bool = False
-
-
-def _decode_bm(m: int) -> int:
-    return max(16, triton.next_power_of_2(m))
-
-
-def _split_k(cfg: Config, m: int, n: int, kw: int, sms: int) -> tuple[int, int]:
-    """(split count, words per split): enough CTAs for ~2 waves, >= 2 K tiles each."""
-    tiles = triton.cdiv(m, cfg.bm) * triton.cdiv(n, cfg.bn)
-    if tiles >= 2 * sms:
-        return 1, kw
-    k_tiles = triton.cdiv(kw, cfg.bkw)
-    split = max(1, min(16, triton.cdiv(2 * sms, tiles), k_tiles // 2))
-    per = triton.cdiv(k_tiles, split) * cfg.bkw
-    return triton.cdiv(kw, per), per
-
-
-def launch_fwd(
-    x2: torch.Tensor, pw: PackedWeight, cfg: Config, *, use_asm: bool = True, pair_order: bool | None = None,
-    swap_ab: bool | None = None, epi=None,
-) -> torch.Tensor:
-    """y [M, N] = x2 [M, K] @ W^T with an explicit config (no tuning); ``pair_order`` /
-    ``swap_ab`` override the config's ``pair`` / ``swap`` (see docs/kernels.md)."""
-    pair_order = cfg.pair if pair_order is None else pair_order
-    swap_ab = cfg.swap if swap_ab is None else swap_ab
-    m = x2.shape[0]
-    kw = pw.k // 8
-    y = torch.empty((m, pw.n), device=x2.device, dtype=x2.dtype)
-    if m == 0:
-        return y
-    if m <= DECODE_MAX_M:  # one M tile: every weight byte is read once
-        cfg = Config(max(cfg.bm, _decode_bm(m)), cfg.bn, cfg.bkw, cfg.warps, cfg.stages, 1, cfg.swap, cfg.pair)
-    split, per = _split_k(cfg, m, pw.n, kw, _num_sms(x2.device))
-    out = y if split == 1 else torch.empty((split, m, pw.n), device=x2.device, dtype=torch.float32)
-    so, sm_, sn = (0, y.stride(0), y.stride(1)) if split == 1 else out.stride()
-    z = pw.zero if pw.zero is not None else pw.scale
-    gs = pw.gscale if pw.gscale is not None else pw.scale
-    grid = (triton.cdiv(m, cfg.bm) * triton.cdiv(pw.n, cfg.bn), split)
-    _fwd_kernel[grid](
-        x2, pw.words, pw.scale, z, gs, out,
-        m, pw.n, kw, per,
-        x2.stride(0), x2.stride(1), pw.words.stride(0), pw.scale.stride(0), z.stride(0),
-        so, sm_, sn,
-        FMT=pw.fmt, GROUP=pw.group, HAS_ZP=pw.zero is not None, USE_ASM=use_asm, PAIR_ORDER=pair_order,
-        BYTES32=pw.bytes32, SWAP_AB=swap_ab,
-        BM=cfg.bm, BN=cfg.bn, BKW=cfg.bkw, GROUP_M=cfg.group_m, INTERPRET=_interpreting(), BLOCKED=pw.blocked,
-        num_warps=cfg.warps, num_stages=cfg.stages,
-    )
-    return _finish(out, y, split, epi)
-
-
-def launch_bwd(
-    dy2: torch.Tensor, pw: PackedWeight, cfg: Config, *, use_asm: bool = True, pair_order: bool = False
-) -> torch.Tensor:
-    """dx [M, K] = dy2 [M, N] @ W with an explicit config."""
-    m = dy2.shape[0]
-    kw = pw.k // 8
-    dx = torch.empty((m, pw.k), device=dy2.device, dtype=dy2.dtype)
-    if m == 0:
-        return dx
-    bm = min(cfg.bm, _decode_bm(m))
-    z = pw.zero if pw.zero is not None else pw.scale
-    gs = pw.gscale if pw.gscale is not None else pw.scale
-    grid = (triton.cdiv(m, bm) * triton.cdiv(kw, cfg.bkw),)
-    _bwd_kernel[grid](
-        dy2, pw.words, pw.scale, z, gs, dx,
-        m, pw.n, kw,
-        dy2.stride(0), dy2.stride(1), pw.words.stride(0), pw.scale.stride(0), z.stride(0),
-        dx.stride(0), dx.stride(1),
-        FMT=pw.fmt, GROUP=pw.group, HAS_ZP=pw.zero is not None, USE_ASM=use_asm, PAIR_ORDER=pair_order,
-        BYTES32=pw.bytes32,
-        BM=bm, BN=cfg.bn, BKW=cfg.bkw, GROUP_M=cfg.group_m, INTERPRET=_interpreting(), BLOCKED=pw.blocked,
-        num_warps=cfg.warps if bm >= 64 else 4, num_stages=cfg.stages,
-    )
-    return dx
-
-
-# ---------------------------------------------------------------------------
-# Tiny autotuner: candidates are timed once per key, the winner is cached in memory
-# and on disk (JSON, keyed by GPU name and Triton version, so a tuned config is never
-# reused on another device or compiler). ``QUARL_KERNELS_CACHE`` names the file
-# (default ~/.cache/quarl/kernel_configs.json; "" or "off" keeps it in memory only).
-_CHOICE: dict[tuple, Config] = {}
-_DISK: dict[str, str] | None = None
-
-
-def _cache_path() -> str | None:
-    raw = os.environ.get("QUARL_KERNELS_CACHE")
-    if raw is not None and raw.strip().lower() in ("", "off", "0", "none"):
-        return None
-    return raw or os.path.join(os.path.expanduser("~"), ".cache", "quarl", "kernel_configs.json")
-
-
-def _disk_key(full: tuple) -> str:
-    dev = full[-1] if isinstance(full[-1], int) else 0
-    name = torch.cuda.get_device_name(dev) if torch.cuda.is_available() else "cpu"
-    return "|".join([name, triton.__version__, *map(str, full[:-1])])
-
-
-def _disk_load() -> dict[str, str]:
-    global _DISK
-    if _DISK is None:
-        _DISK = {}
-        path = _cache_path()
-        if path and os.path.exists(path):
-            try:
-                with open(path) as f:
-                    _DISK = {str(k): str(v) for k, v in json.load(f).items()}
-            except (OSError, ValueError) as e:  # a corrupt cache must not stop a run: re-tune
-                warnings.warn(f"ignoring unreadable kernel config cache {path} ({e}); delete it to silence this",
-                              stacklevel=3)
-    return _DISK
-
-
-def _disk_store(key: str, cfg) -> None:
-    disk = _disk_load()
-    disk[key] = str(cfg)
-    path = _cache_path()
-    if not path:
-        return
-    try:
-        os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
-        tmp = f"{path}.{os.getpid()}.tmp"
-        with open(tmp, "w") as f:
-            json.dump(disk, f, indent=1, sort_keys=True)
-        os.replace(tmp, path)  # atomic: concurrent writers never leave a torn file
-    except OSError as e:
-        warnings.warn(f"could not write kernel config cache {path} ({e}); set QUARL_KERNELS_CACHE to a writable "
-                      f"file or 'off'", stacklevel=3)
-
-
-def _tuning_enabled(tune: bool | None) -> bool:
-    if tune is not None:
-        return tune
-    return os.environ.get("QUARL_KERNELS_TUNE", "0") == "1"
-
-
-def _time_ms(fn, reps: int = 20) -> float:
-    fn()
-    torch.cuda.synchronize()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(reps):
-        fn()
-    end.record()
-    torch.cuda.synchronize()
-    return start.elapsed_time(end) / reps
-
-
-def _m_bucket(m: int) -> int:
-    return _decode_bm(m) if m <= DECODE_MAX_M else min(triton.next_power_of_2(m), 4096)
-
-
-def default_config(kind: str, m: int, n: int, k: int) -> Config:
-    """The measured winner for this regime (H200 sweep, docs/kernels.md)."""
-    if kind == "bwd":
-        return BWD_CONFIGS[0]
-    if m <= DECODE_MAX_M:
-        return DECODE_CONFIGS[0 if m <= 4 else 1 if m <= 16 else 2]
-    if m >= 1024 and n * k >= (32 << 20):
-        return PREFILL_CONFIGS[2]
-    return PREFILL_CONFIGS[1 if m <= 256 else 0]
-
-
-def _choose(kind: str, key: tuple, candidates: tuple[Config, ...], run, tune: bool | None,
-            default: Config) -> Config:
-    full = (kind,) + key
-    cfg = _CHOICE.get(full)
-    if cfg is not None:
-        return cfg
-    if not _tuning_enabled(tune):
-        return default
-    dkey = _disk_key(full)
-    saved = _disk_load().get(dkey)
-    hit = next((c for c in candidates if str(c) == saved), None)
-    if hit is not None:  # tuned before on this GPU and Triton version
-        _CHOICE[full] = hit
-        return hit
-    if torch.cuda.is_current_stream_capturing():  # no timing inside a graph capture
-        return default
-    best = min(candidates, key=lambda c: _time_ms(lambda: run(c)))
-    _CHOICE[full] = best
-    _disk_store(dkey, best)
-    return best
-
 
 _DENSE_OOM_WARNED = False
 

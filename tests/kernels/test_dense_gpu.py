@@ -22,7 +22,7 @@ from quarl_kernels.ops import _packed_weight
 from quarl.quant import get_format, make_config
 
 pytest.importorskip("triton", reason="the GPU kernels need Triton (CPU CI has none)")
-from quarl_kernels import dense, wo_gemm  # after the skip: they import Triton
+from quarl_kernels import dense, tuning, wo_gemm  # after the skip: they import Triton
 
 pytestmark = [
     pytest.mark.gpu,
@@ -154,8 +154,8 @@ def test_tuned_configs_persist_to_disk_and_are_reused(tmp_path, monkeypatch):
     clearing the in-memory choice) reads the winner back from the JSON cache."""
     cache = tmp_path / "kc.json"
     monkeypatch.setenv("QUARL_KERNELS_CACHE", str(cache))
-    monkeypatch.setattr(wo_gemm, "_CHOICE", {})
-    monkeypatch.setattr(wo_gemm, "_DISK", None)
+    monkeypatch.setattr(tuning, "_CHOICE", {})
+    monkeypatch.setattr(tuning, "_DISK", None)
     args, q = _q("nvfp4", 512, 1024)
     pw = _packed_weight(*args)
     x = torch.randn(12, 1024, device="cuda").to(torch.bfloat16)
@@ -164,9 +164,9 @@ def test_tuned_configs_persist_to_disk_and_are_reused(tmp_path, monkeypatch):
 
     saved = json.loads(cache.read_text())
     assert len(saved) == 1 and torch.cuda.get_device_name(0) in next(iter(saved))
-    monkeypatch.setattr(wo_gemm, "_CHOICE", {})
-    monkeypatch.setattr(wo_gemm, "_DISK", None)
-    monkeypatch.setattr(wo_gemm, "_time_ms", lambda fn, reps=20: (_ for _ in ()).throw(AssertionError("re-timed")))
+    monkeypatch.setattr(tuning, "_CHOICE", {})
+    monkeypatch.setattr(tuning, "_DISK", None)
+    monkeypatch.setattr(tuning, "_time_ms", lambda fn, reps=20: (_ for _ in ()).throw(AssertionError("re-timed")))
     y = wo_gemm.wo_matmul(x, pw, tune=True)  # from the file: no timing
     ref = x.double() @ q.dequantize(torch.float64).T
     assert ((y.double() - ref).norm() / ref.norm()).item() < 5e-3
