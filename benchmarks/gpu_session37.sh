@@ -25,6 +25,9 @@
 #   phase g (prepared, not run): bash benchmarks/gpu_session37.sh g   (no kind; ~5 min) -- the GEMV's early tile
 #     without the peel: config 5 (register prefetch: QUARL_KERNELS_GEMV_W_EARLY only moves its wait after the first
 #     tile's loads) on every 7B weight shape at one row, without / with the switch, against the rule's configs 0 / 7.
+#   phase h (prepared, not run): bash benchmarks/gpu_session37.sh h   (no kind; ~6 min) -- after wo_gemm.py's split
+#     into wo_tensorcore.py / tuning.py: the GPU tests of the routes and the tensor-core kernels (the disk-cached
+#     tuning test now patches tuning's state), then the engine's.
 set -u
 PHASE=${1:?phase}
 case $PHASE in
@@ -81,6 +84,11 @@ g)
     QUARL_KERNELS_GEMV_M1=$C5 QUARL_KERNELS_GEMV_W_EARLY=1 rollout_table 60 7b 1 g7_c5_early nvfp4+lora
     rollout_table 60 7b 1 g7_rule2 nvfp4+lora
     QUARL_KERNELS_GEMV_M1=$C5 QUARL_KERNELS_GEMV_W_EARLY=1 rollout_table 60 7b 1 g7_c5_early2 nvfp4+lora
+    phase_end ;;
+h)
+    OUT=${OUT:?}; source benchmarks/gpu_phase_lib.sh
+    tests 330 tests/kernels/test_dense_gpu.py tests/kernels/test_wo_gemm_gpu.py tests/kernels/test_epilogue_gpu.py \
+        tests/kernels/test_wgmma_decode_gpu.py tests/engine/test_engine_gpu.py
     phase_end ;;
 *) echo "unknown phase $PHASE"; exit 2 ;;
 esac
