@@ -46,7 +46,7 @@ import triton
 from quarl_kernels.formats import FMT_MXFP4, FMT_NVFP4
 from quarl_kernels.launch import finish, num_sms
 from quarl_kernels.mixed_gemm import _a_fragment_natural
-from quarl_kernels.mma_decode import _word_layout
+from quarl_kernels.mma_decode_step import _word_layout
 from quarl_kernels.wgmma_decode import device_ok
 from quarl_kernels.wgmma_ring import _w_layout, _w_load, _x_layout
 from triton.experimental import gluon

@@ -36,7 +36,7 @@ CUTLASS's mixed-input Hopper GEMMs do:
   per K step into a ring of ``STAGES``;
 * a decoder warpgroup turns each step's words (and their scale bytes: read from global memory one step ahead in v1,
   staged into the stage by the loader warp with ``ssmem``) into
-  the BF16 weight tile ``[BN, BK]`` (``mma_decode._decode_step``'s PTX, codes put back in natural k order) and stores
+  the BF16 weight tile ``[BN, BK]`` (``mma_decode_step._decode_step``'s PTX, codes put back in natural k order) and stores
   it into a second ring in the NVMMA layout wgmma reads;
 * the default warpgroup issues ``wgmma(x [BM, BK], W^T [BK, BN])`` from shared memory, one group in flight, and
   releases each step's buffers when its MMA is done.
@@ -54,7 +54,7 @@ import sys
 
 import torch
 import triton
-from quarl_kernels.mma_decode import _decode_step, _group_layout, _word_layout
+from quarl_kernels.mma_decode_step import _decode_step, _group_layout, _word_layout
 from quarl_kernels.wgmma_ring import _w_layout, _x_layout  # the ring's TMA layouts: the same x and word boxes
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl

@@ -52,7 +52,7 @@ from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 from quarl_kernels.dequant import _fp4_asm
 from quarl_kernels.formats import FMT_MXFP4, FMT_NVFP4
 from quarl_kernels.launch import env_flag, env_int, num_sms
-from quarl_kernels.mma_decode import _group_layout, _word_layout
+from quarl_kernels.mma_decode_step import _group_layout, _word_layout
 from quarl_kernels.ring_x import permute_x, tile_rows
 from quarl_kernels.wgmma_decode import a_fragment, device_ok
 from quarl_kernels.wgmma_ring import _w_layout, _w_load, _x_layout

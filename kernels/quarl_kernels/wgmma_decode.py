@@ -86,7 +86,8 @@ from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared,
 from quarl_kernels import pdl, pdl_gluon
 from quarl_kernels.formats import FMT_INT4, FMT_MXFP4, FMT_NVFP4
 from quarl_kernels.launch import decode_operands, env_flag, finish_splits, num_sms
-from quarl_kernels.mma_decode import (
+from quarl_kernels.mma_decode_config import split_for  # the same rule: about waves * SMs CTAs
+from quarl_kernels.mma_decode_step import (
     _decode_step,
     _group_layout,
     _load_step,
@@ -94,7 +95,6 @@ from quarl_kernels.mma_decode import (
     _word_layout,
     _x_step,
 )
-from quarl_kernels.mma_decode_config import split_for  # the same rule: about waves * SMs CTAs
 
 MIN_M = 17  # below, mma_decode's n8 / n16 tiles waste no MMA work
 MAX_M = 64

@@ -80,7 +80,7 @@ from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 from quarl_kernels import pdl, pdl_gluon
 from quarl_kernels.formats import FMT_MXFP4, FMT_NVFP4
 from quarl_kernels.launch import decode_operands, env_flag, env_int, finish_splits, num_sms
-from quarl_kernels.mma_decode import _group_layout, _word_layout
+from quarl_kernels.mma_decode_step import _group_layout, _word_layout
 from quarl_kernels.ring_x import permute_x, permute_x_reference, tile_rows
 from quarl_kernels.wgmma_decode import LARGE_MIN_WEIGHTS, MAX_M, MIN_M, a_fragment, device_ok, token_tile
 
