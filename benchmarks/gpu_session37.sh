@@ -28,6 +28,9 @@
 #   phase h (prepared, not run): bash benchmarks/gpu_session37.sh h   (no kind; ~6 min) -- after wo_gemm.py's split
 #     into wo_tensorcore.py / tuning.py: the GPU tests of the routes and the tensor-core kernels (the disk-cached
 #     tuning test now patches tuning's state), then the engine's.
+#   phase i (prepared, not run): bash benchmarks/gpu_session37.sh i   (no kind; ~4 min) -- where the H200's batch-1
+#     step goes now (7B 2.46x, 14B 2.35x against the 2.5x target): the decode-step profile of NVFP4+LoRA at batch 1,
+#     7B and 14B (kernels, launch gaps, attention, sampling, LoRA, lm_head), last taken on an H100.
 set -u
 PHASE=${1:?phase}
 case $PHASE in
@@ -89,6 +92,10 @@ h)
     OUT=${OUT:?}; source benchmarks/gpu_phase_lib.sh
     tests 330 tests/kernels/test_dense_gpu.py tests/kernels/test_wo_gemm_gpu.py tests/kernels/test_epilogue_gpu.py \
         tests/kernels/test_wgmma_decode_gpu.py tests/engine/test_engine_gpu.py
+    phase_end ;;
+i)
+    OUT=${OUT:?}; source benchmarks/gpu_phase_lib.sh
+    profile 220 7b,14b nvfp4+lora 1
     phase_end ;;
 *) echo "unknown phase $PHASE"; exit 2 ;;
 esac
