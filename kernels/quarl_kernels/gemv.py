@@ -291,6 +291,10 @@ class GemvLaunch(typing.NamedTuple):
     y: torch.Tensor  # [M, N]
     split: int
     rest: tuple = ()  # (out, y) of the group's other weights (launch_gemv_group)
+    # Triton's FP contraction (FFMA from a multiply and an add), on as at any default launch: the sm_90 build tests
+    # compile with it too (``tests/kernels/sm90_sass.compile_launch``) -- it changes the registers (the one-row
+    # configs: 96 with it, 119 without)
+    fp_fusion: bool = True
 
 
 def gemv_launch(x2: torch.Tensor, pw, cfg: GemvConfig, *, use_asm: bool = True, epi=None,
@@ -373,7 +377,7 @@ def launch_gemv(x2: torch.Tensor, pw, cfg: GemvConfig, *, use_asm: bool = True, 
     launch (``lora_a.lora_a_program``), ahead of the weight tiles."""
     la = gemv_launch(x2, pw, cfg, use_asm=use_asm, epi=epi)
     la.kernel[la.grid](*la.args, **la.constexprs, num_warps=la.num_warps, num_stages=la.num_stages,
-                       launch_pdl=la.constexprs["PDL"] != pdl.OFF)
+                       enable_fp_fusion=la.fp_fusion, launch_pdl=la.constexprs["PDL"] != pdl.OFF)
     return finish(la.out, la.y, la.split, epi)  # split partials summed (+ bias / LoRA epilogue)
 
 
@@ -385,7 +389,7 @@ def launch_gemv_group(x2: torch.Tensor, pws: list, cfg: GemvConfig, epis: list, 
     RoPE and K/V write there too, ``[q_rot]`` returned). ``gate_act``: the second weight's pass writes ``silu(y_0) * y_1`` (``launch.Epilogue.gate``)."""
     la = gemv_launch(x2, pws[0], cfg, use_asm=use_asm, epi=epis[0], more=tuple(pws[1:]))
     la.kernel[la.grid](*la.args, **la.constexprs, num_warps=la.num_warps, num_stages=la.num_stages,
-                       launch_pdl=la.constexprs["PDL"] != pdl.OFF)
+                       enable_fp_fusion=la.fp_fusion, launch_pdl=la.constexprs["PDL"] != pdl.OFF)
     return finish_group([(la.out, la.y), *la.rest], la.split, epis, gate_act, rope)
 
 

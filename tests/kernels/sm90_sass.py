@@ -84,16 +84,20 @@ def bench_module(name: str):
         sys.path.pop(0)
 
 
-def compile_launch(launch, num_warps: int | None = None, fp_fusion: bool = False, **overrides):
-    """``launch`` (``quarl_kernels.fp8_quant.Launch``) -> (compiled kernel, SASS text) for sm_90.
-    ``overrides`` replace constexprs that follow the device (``SCALE_RECIP=True`` as on CUDA,
-    ``INTERPRET=False``); the runtime arguments are specialized as Triton does at launch. ``fp_fusion``:
-    Triton's ``enable_fp_fusion`` (on by default at a real launch; off here unless asked)."""
+def compile_launch(launch, num_warps: int | None = None, fp_fusion: bool | None = None, **overrides):
+    """``launch`` (``quarl_kernels.fp8_quant.Launch``, ``gemv.GemvLaunch``, ...) -> (compiled kernel, SASS text) for
+    sm_90. ``overrides`` replace constexprs that follow the device (``SCALE_RECIP=True`` as on CUDA,
+    ``INTERPRET=False``); the runtime arguments are specialized as Triton does at launch. ``fp_fusion``: Triton's
+    ``enable_fp_fusion``; None: the launch's own (``launch.fp_fusion``, e.g. a GEMV launch's, on as at a default
+    launch), else off (the FP8 quantizers launch with it off). It matters: the one-row GEMV has 96 registers with it
+    and 119 without (session 37 found the early-weights check had compared the builds without it)."""
     import triton
     from triton._C.libtriton import native_specialize_impl
     from triton.backends.compiler import BaseBackend, GPUTarget
     from triton.compiler import ASTSource
 
+    if fp_fusion is None:
+        fp_fusion = getattr(launch, "fp_fusion", False)
     fn = launch.kernel
     names = list(fn.arg_names)
     const = dict(launch.constexprs, **overrides)
@@ -235,6 +239,14 @@ def tma_copies_before_wait(ptx: str) -> tuple[int, int]:
             desc = re.search(r"\], \[(%rd\d+),", t)
             from_x += bool(desc and desc.group(1) in xregs)
     return copies, from_x
+
+
+def loop_spills(sass: str) -> int:
+    """Local-memory stores and loads (``STL`` / ``LDL``: ptxas's spills) inside a loop of ``sass`` -- the ones that
+    cost every K step; a few outside the loops (a value kept across them) cost a program once."""
+    ins = parse(sass)
+    spans = loops(ins)
+    return sum(1 for i, op, _ in ins if op.startswith(("STL", "LDL")) and any(a <= i <= b for a, b in spans))
 
 
 def ctas_per_sm(regs: int | None, warps: int) -> int | None:

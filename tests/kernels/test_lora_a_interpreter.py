@@ -91,14 +91,15 @@ def test_engine_and_kernels_agree_on_the_rows_it_serves():
 
 @needs_triton
 def test_gemv_with_lora_a_builds_for_sm90_without_spills():
-    """The 7B decode launches with the A programs, built for Hopper on a CPU: no spills, and no more registers than
-    the launch without them needs (or 128: then still 4 programs of 128 threads per SM)."""
+    """The 7B decode launches with the A programs, built for Hopper on a CPU as launched (FP contraction on): no
+    spills, and no fewer programs per SM by registers than the launch without them (or <= 128 registers: still 4
+    programs of 128 threads per SM). At 3 rows both builds take 228-230 registers (2 programs per SM)."""
     import torch
     from quarl_kernels import gemv, lora_a
     from quarl_kernels.launch import Epilogue
     from quarl_kernels.wo_gemm import PackedWeight
 
-    from tests.kernels.sm90_sass import compile_launch, registers, stack_bytes
+    from tests.kernels.sm90_sass import compile_launch, ctas_per_sm, registers, stack_bytes
 
     for m, n, k, gr in ((1, 3584, 3584, 96), (1, 3584, 18944, 32), (3, 37888 // 2, 3584, 64)):
         words = torch.empty(n, k // 8, dtype=torch.int32)
@@ -114,4 +115,5 @@ def test_gemv_with_lora_a_builds_for_sm90_without_spills():
         assert stack_bytes(k1) in (0, None), ("ptxas spilled registers", m, n, k)
         r0, r1 = registers(k0), registers(k1)
         print("registers", m, n, k, r0, r1)
-        assert r1 is None or r1 <= max(r0, 128), (m, n, k, r0, r1)
+        assert r1 is None or r1 <= 128 or ctas_per_sm(r1, plain.num_warps) >= ctas_per_sm(r0, plain.num_warps), \
+            (m, n, k, r0, r1)
