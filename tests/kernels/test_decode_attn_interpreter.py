@@ -142,7 +142,7 @@ def test_decode_attention_compiles_for_sm90():
             _, todo = da.launches(q, kc[:, :, :L], vc[:, :, :L], valid[:, :L], D ** -0.5, splits=splits)
             assert len(todo) == (1 if splits == 1 else 2)
             for la in todo:
-                k, _ = compile_launch(la, INTERPRET=False)
+                k, _ = compile_launch(la, fp_fusion=True, INTERPRET=False)  # as launched: FP contraction on
                 if la.kernel is da._decode_attn_kernel:
                     ptx = k.asm["ptx"]
                     assert "mma.sync" in ptx and "ex2.approx" in ptx and "cp.async" in ptx, (B, HK, G, D, splits)

@@ -167,6 +167,6 @@ def test_epilogue_builds_for_sm90_without_spills():
                                               a.stride(0) if parts else 0, y, y.stride(0)),
                     {"SPLIT_K": split, "HAS_BIAS": True, "R": r, "RP": rp, "BM": bm, "BN": bn, "DOT": dot,
                      "INTERPRET": False, "A_PARTS": bool(parts), "SA": max(parts, 1), "HAS_GATE": gate}, 4)
-        k, sass = compile_launch(la)
+        k, sass = compile_launch(la, fp_fusion=True)  # as launch.finish launches it: FP contraction on
         assert ("HMMA" in sass) == dot, (m, n, r)
         assert stack_bytes(k) in (0, None), ("ptxas spilled registers", m, n, split, r)

@@ -135,7 +135,7 @@ def test_group_pass_builds_for_sm90_without_spills():
             rc = group_pass.RopeCache(cs, cs, *kv, torch.zeros(1, dtype=torch.long))
         assert group_pass._group_pass_ok(pairs, split, epis, gate_act, rc)
         la = group_pass.group_pass_launch(pairs, split, epis, gate_act, rc)
-        k, _ = compile_launch(la, INTERPRET=False)
+        k, _ = compile_launch(la, fp_fusion=True, INTERPRET=False)  # as launched: FP contraction on
         assert stack_bytes(k) in (0, None), ("ptxas spilled registers", ns, rope)
 
 
