@@ -73,8 +73,8 @@ W_EARLY_ENV = "QUARL_KERNELS_GEMV_W_EARLY"  # 1: each program's first weight til
 
 def w_early() -> bool:
     """``QUARL_KERNELS_GEMV_W_EARLY=1`` (opt-in; measured slower in session 37: the 7B NVFP4+LoRA step at batch 1 on
-    an H200 3.04 / 3.06 ms against 2.87 / 2.86 without -- the peeled first step costs the loop more than it saves): a
-    GEMV program issues its first weight tile's
+    an H200 3.04 / 3.06 ms against 2.87 / 2.86 without -- the first tile held in registers across the wait takes the
+    one-row configs from 96 registers to 124-128, 4 programs an SM instead of 5): a GEMV program issues its first weight tile's
     loads before the PDL wait (``_gemv_tiles``), so that those bytes stream while the kernel before finishes. Why it
     may pay where session 16's L2 prefetch of a program's whole slice did not: a read launched with its loads ahead
     of the wait reached 85 % of the copy rate against 78 % plainly (``bench_gemv.py --read-ceiling``), and one tile a
