@@ -31,6 +31,9 @@
 #   phase i (prepared, not run): bash benchmarks/gpu_session37.sh i   (no kind; ~4 min) -- where the H200's batch-1
 #     step goes now (7B 2.46x, 14B 2.35x against the 2.5x target): the decode-step profile of NVFP4+LoRA at batch 1,
 #     7B and 14B (kernels, launch gaps, attention, sampling, LoRA, lm_head), last taken on an H100.
+#   phase j (prepared, not run): bash benchmarks/gpu_session37.sh j   (no kind; ~10 min) -- after gemv.py's and
+#     mma_decode.py's K steps moved into gemv_step.py / mma_decode_step.py (sm_90 SASS byte-identical on CPU) and the
+#     GEMV launch passing its FP contraction explicitly (the default's value): the decode kernels' GPU tests.
 set -u
 PHASE=${1:?phase}
 case $PHASE in
@@ -96,6 +99,11 @@ h)
 i)
     OUT=${OUT:?}; source benchmarks/gpu_phase_lib.sh
     profile 220 7b,14b nvfp4+lora 1
+    phase_end ;;
+j)
+    OUT=${OUT:?}; source benchmarks/gpu_phase_lib.sh
+    tests 560 tests/kernels/test_gemv_gpu.py tests/kernels/test_mma_decode_gpu.py tests/kernels/test_wgmma_ring_gpu.py \
+        tests/kernels/test_wgmma_decode_gpu.py
     phase_end ;;
 *) echo "unknown phase $PHASE"; exit 2 ;;
 esac
