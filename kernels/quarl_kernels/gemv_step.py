@@ -72,15 +72,21 @@ def _e2m1_value(code):
 
 
 @triton.jit
+def _ptx_fp32x8(ASM: tl.constexpr, w, b):
+    """One of the decodes above (``ASM``: $0..$7 out, $8 the word, $9 the scale / zero bits) -> its 8 fp32 values."""
+    d = tl.inline_asm_elementwise(ASM, "=r,=r,=r,=r,=r,=r,=r,=r,r,r", [w, b], dtype=(tl.int32,) * 8, is_pure=True,
+                                  pack=1)
+    return (d[0].to(tl.float32, bitcast=True), d[1].to(tl.float32, bitcast=True),
+            d[2].to(tl.float32, bitcast=True), d[3].to(tl.float32, bitcast=True),
+            d[4].to(tl.float32, bitcast=True), d[5].to(tl.float32, bitcast=True),
+            d[6].to(tl.float32, bitcast=True), d[7].to(tl.float32, bitcast=True))
+
+
+@triton.jit
 def _decode_fp4_fp32(w, s_bits, USE_ASM: tl.constexpr):
     """int32 words [..] and S bits [..] (fp32 ``scale * 2**110``) -> 8 fp32 ``e2m1 * scale * 2**-16``."""
     if USE_ASM:
-        d = tl.inline_asm_elementwise(FP4_GEMV_ASM, "=r,=r,=r,=r,=r,=r,=r,=r,r,r", [w, s_bits],
-                                      dtype=(tl.int32,) * 8, is_pure=True, pack=1)
-        return (d[0].to(tl.float32, bitcast=True), d[1].to(tl.float32, bitcast=True),
-                d[2].to(tl.float32, bitcast=True), d[3].to(tl.float32, bitcast=True),
-                d[4].to(tl.float32, bitcast=True), d[5].to(tl.float32, bitcast=True),
-                d[6].to(tl.float32, bitcast=True), d[7].to(tl.float32, bitcast=True))
+        return _ptx_fp32x8(FP4_GEMV_ASM, w, s_bits)
     else:
         s = s_bits.to(tl.float32, bitcast=True) * 1.1754943508222875e-38  # * 2**-126: scale * 2**-16, exact
         return (_e2m1_value(w & 15) * s, _e2m1_value((w >> 4) & 15) * s,
@@ -93,12 +99,7 @@ def _decode_fp4_fp32(w, s_bits, USE_ASM: tl.constexpr):
 def _decode_int4_fp32(w, z_bits, USE_ASM: tl.constexpr):
     """int32 words [..] and Z bits [..] (fp32 ``-(136 + zero)``) -> 8 fp32 ``u - 8 - zero``."""
     if USE_ASM:
-        d = tl.inline_asm_elementwise(INT4_GEMV_ASM, "=r,=r,=r,=r,=r,=r,=r,=r,r,r", [w, z_bits],
-                                      dtype=(tl.int32,) * 8, is_pure=True, pack=1)
-        return (d[0].to(tl.float32, bitcast=True), d[1].to(tl.float32, bitcast=True),
-                d[2].to(tl.float32, bitcast=True), d[3].to(tl.float32, bitcast=True),
-                d[4].to(tl.float32, bitcast=True), d[5].to(tl.float32, bitcast=True),
-                d[6].to(tl.float32, bitcast=True), d[7].to(tl.float32, bitcast=True))
+        return _ptx_fp32x8(INT4_GEMV_ASM, w, z_bits)
     else:
         z = z_bits.to(tl.float32, bitcast=True) + 128.0
         return (((w & 15).to(tl.float32) + z), (((w >> 4) & 15).to(tl.float32) + z),
