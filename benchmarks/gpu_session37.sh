@@ -22,9 +22,10 @@
 #     .dev/dg.tar.xz .dev/dg_built.tar.xz; ~8 min) -- after fp8_linear.py's split into fp8_operands.py / fp8_gemm.py
 #     (names re-exported; the tests' monkeypatches moved to the module that calls them): every FP8 GPU test file, with
 #     DeepGEMM, then the 7B actor update in two rounds (the split must not move it: 1.51-1.55x on the H200).
-#   phase g (prepared, not run): bash benchmarks/gpu_session37.sh g   (no kind; ~5 min) -- the GEMV's early tile
-#     without the peel: config 5 (register prefetch: QUARL_KERNELS_GEMV_W_EARLY only moves its wait after the first
-#     tile's loads) on every 7B weight shape at one row, without / with the switch, against the rule's configs 0 / 7.
+#   phase g (prepared, not run): bash benchmarks/gpu_session37.sh g   (no kind; ~6 min) -- the GEMV's first tile
+#     ahead of the wait without losing a program an SM: QUARL_KERNELS_GEMV_W_EARLY=l2 (its lines prefetched to L2, 96
+#     registers as plain) against the rule, alternating twice; then config 5 (register prefetch: =1 only moves its
+#     wait, 128 registers either way) without / with =1 on every 7B weight shape at one row.
 #   phase h (prepared, not run): bash benchmarks/gpu_session37.sh h   (no kind; ~6 min) -- after wo_gemm.py's split
 #     into wo_tensorcore.py / tuning.py: the GPU tests of the routes and the tensor-core kernels (the disk-cached
 #     tuning test now patches tuning's state), then the engine's.
@@ -85,7 +86,11 @@ f)
 g)
     OUT=${OUT:?}; source benchmarks/gpu_phase_lib.sh
     C5=18944x3584:5,3584x3584:5,3584x18944:5
+    tests 90 tests/kernels/test_gemv_gpu.py -k "weights_before_the_wait"
     rollout_table 90 7b 1 g7_rule
+    QUARL_KERNELS_GEMV_W_EARLY=l2 rollout_table 60 7b 1 g7_l2 nvfp4+lora
+    rollout_table 60 7b 1 g7_rule_b nvfp4+lora
+    QUARL_KERNELS_GEMV_W_EARLY=l2 rollout_table 60 7b 1 g7_l2_b nvfp4+lora
     QUARL_KERNELS_GEMV_M1=$C5 rollout_table 60 7b 1 g7_c5 nvfp4+lora
     QUARL_KERNELS_GEMV_M1=$C5 QUARL_KERNELS_GEMV_W_EARLY=1 rollout_table 60 7b 1 g7_c5_early nvfp4+lora
     rollout_table 60 7b 1 g7_rule2 nvfp4+lora

@@ -47,7 +47,8 @@ SWITCHES: dict[str, str] = {
     "QUARL_KERNELS_WGMMA_RING": "0 = no TMA-ring decode kernel",
     "QUARL_KERNELS_RING_WIDE_MAX_M": "most rows the ring's wide token tiles take; 0 = none",
     "QUARL_KERNELS_GEMV_DEFAULTS": "h200 = the one-row GEMV's config 0 everywhere",
-    "QUARL_KERNELS_GEMV_W_EARLY": "1 = a one-row GEMV program loads its first weight tile before its PDL wait (opt-in: slower)",
+    "QUARL_KERNELS_GEMV_W_EARLY": "1 = a one-row GEMV program loads its first weight tile before its PDL wait (opt-in: slower); l2 = "
+                                  "prefetches its lines to L2 instead (opt-in, not yet measured)",
     "QUARL_KERNELS_MMA_W_EARLY": "0 = the mma.sync decode kernel's first words after its PDL wait, not before",
     "QUARL_KERNELS_RING_W_EARLY": "1 = the TMA ring's first weight copies and scales before its PDL wait (opt-in)",
     "QUARL_KERNELS_GEMV_M1": "NxK:i,... = the one-row GEMV's config i (GEMV_CONFIGS) for N x K FP4 weights",

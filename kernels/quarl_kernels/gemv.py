@@ -89,6 +89,7 @@ from quarl_kernels.gemv_config import (  # noqa: F401
     GEMV_GROUP_MAX_M,
     GEMV_LIMIT_M,
     GEMV_MAX_M,
+    L2_FIRST,
     LARGE_WEIGHTS,
     LONG_K,
     M1_ENV,
@@ -102,7 +103,7 @@ from quarl_kernels.gemv_config import (  # noqa: F401
     m1_overrides,
     w_early,
 )
-from quarl_kernels.gemv_step import _fma_step, _load_tile, _x_step
+from quarl_kernels.gemv_step import _fma_step, _l2_first_tile, _load_tile, _x_step
 from quarl_kernels.group_pass import finish_group
 from quarl_kernels.launch import finish, interpreting, num_sms
 from quarl_kernels.lora_a import lora_a_program
@@ -137,16 +138,19 @@ def _gemv_kernel(
     ``GemvConfig.diag``): 1 the decode replaced by a bitcast, 2 the math too (wrong results by design). BLOCKED: the
     words (of every weight of the launch) in ``quarl.quant.packed_layout``'s [64, 8] blocks. W_EARLY (without
     cp.async stages): a weight program loads its first weight tile *before* the PDL wait (``_gemv_tiles``); no
-    kernel of a decode step writes weights, and the wait still precedes every read of x and every store."""
-    EARLY: tl.constexpr = W_EARLY and STAGES <= 1
-    if not EARLY:
+    kernel of a decode step writes weights, and the wait still precedes every read of x and every store. W_EARLY == 2
+    (``QUARL_KERNELS_GEMV_W_EARLY=l2``, row-major words): the first tile's lines prefetched to L2 before the wait
+    instead -- no registers held across it."""
+    EARLY: tl.constexpr = W_EARLY == 1 and STAGES <= 1
+    L2_TILE: tl.constexpr = W_EARLY == 2 and USE_ASM and not BLOCKED  # gemv_config.L2_FIRST; see _gemv_tiles
+    if not (EARLY or L2_TILE):
         pdl.enter(PDL)
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
     if HAS_LA:
         if pid_n < LA_PROGS:
             if pid_k == 0:
-                if EARLY:
+                if EARLY or L2_TILE:
                     pdl.enter(PDL)  # the A programs read x
                 lora_a_program(pid_n, xb_ptr, la_w_ptr, la_out_ptr, KW * 8, LA_R, LA_PER, stride_xm * 2,
                                la_stride_wr, la_s_out, la_m_out, M, LA_BR, LA_BK)
@@ -208,6 +212,7 @@ def _gemv_tiles(
     BLOCKED: tl.constexpr = False, W_EARLY: tl.constexpr = False,
 ):
     """One program's weight tile of :func:`_gemv_kernel`: output rows ``pid_n * BN + [0, BN)``, K split ``pid_k``.
+    ``W_EARLY == 2``: the first tile's lines prefetched to L2 before the wait (:func:`gemv_step._l2_first_tile`).
     ``W_EARLY`` (no cp.async stages): the first tile's weights are loaded before the PDL wait, its step peeled off
     the loop (the same operations in the same order: the same bits)."""
     WPG: tl.constexpr = GROUP // 8  # words per scale group
@@ -238,7 +243,11 @@ def _gemv_tiles(
     for m in tl.static_range(M):
         accs = accs + (tl.zeros((BN, BKW), dtype=tl.float32),)
     kw_last = kw_lo + ((kw_hi - kw_lo - 1) // BKW) * BKW  # start of the split's last tile
-    EARLY: tl.constexpr = W_EARLY and STAGES <= 1
+    EARLY: tl.constexpr = W_EARLY == 1 and STAGES <= 1
+    L2_TILE: tl.constexpr = W_EARLY == 2 and USE_ASM and not BLOCKED  # gemv_config.L2_FIRST
+    if L2_TILE:  # the first tile's lines on their way into L2 while the kernel before finishes; nothing held
+        _l2_first_tile(wp_ptr, rows, kw_lo, KW, stride_wn, BKW)
+        pdl.enter(PDL)
     kw_first = kw_lo
     if PREFETCH:
         nxt = _load_tile(wp_ptr, s_ptr, z_ptr, rows, kw_lo, kw_hi, ar, ag, stride_wn, stride_sn, stride_zn,

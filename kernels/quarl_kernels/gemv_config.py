@@ -69,16 +69,23 @@ def h200_defaults() -> bool:
 
 
 W_EARLY_ENV = "QUARL_KERNELS_GEMV_W_EARLY"  # 1: each program's first weight tile loaded before its PDL wait
+L2_FIRST = 2  # QUARL_KERNELS_GEMV_W_EARLY=l2: that tile's lines prefetched to L2 instead (the W_EARLY constexpr's value)
 
 
-def w_early() -> bool:
+def w_early() -> bool | int:
     """``QUARL_KERNELS_GEMV_W_EARLY=1`` (opt-in; measured slower in session 37: the 7B NVFP4+LoRA step at batch 1 on
     an H200 3.04 / 3.06 ms against 2.87 / 2.86 without -- the first tile held in registers across the wait takes the
     one-row configs from 96 registers to 124-128, 4 programs an SM instead of 5): a GEMV program issues its first weight tile's
     loads before the PDL wait (``_gemv_tiles``), so that those bytes stream while the kernel before finishes. Why it
     may pay where session 16's L2 prefetch of a program's whole slice did not: a read launched with its loads ahead
     of the wait reached 85 % of the copy rate against 78 % plainly (``bench_gemv.py --read-ceiling``), and one tile a
-    program is the loads the program issues first anyway -- nothing queues ahead of them. Only with PDL on."""
+    program is the loads the program issues first anyway -- nothing queues ahead of them. Only with PDL on.
+    ``l2`` (-> :data:`L2_FIRST`; session 37, not yet measured): the same tile's lines *prefetched to L2* before the
+    wait instead (``prefetch.global.L2``): nothing held in registers, the programs an SM as without the switch
+    (row-major words: the one-row layout; blocked launches keep the plain order)."""
+    raw = os.environ.get(W_EARLY_ENV)
+    if raw is not None and raw.strip().lower() == "l2":
+        return L2_FIRST
     return env_flag(W_EARLY_ENV, False)
 
 
@@ -173,7 +180,21 @@ def _gemv_split(cfg: GemvConfig, n: int, kw: int, sms: int) -> tuple[int, int]:
 
 
 __all__ = [
-    "DEFAULTS_ENV", "GEMV_CONFIGS", "GEMV_GROUP_MAX_M", "GEMV_LIMIT_M", "GEMV_MAX_M", "LARGE_WEIGHTS", "LONG_K", "M1_ENV",
-    "W_EARLY_ENV", "GemvConfig", "default_gemv_config", "effective_tile", "gemv_supported", "h200_defaults",
-    "m1_overrides", "w_early",
+    "DEFAULTS_ENV",
+    "GEMV_CONFIGS",
+    "GEMV_GROUP_MAX_M",
+    "GEMV_LIMIT_M",
+    "GEMV_MAX_M",
+    "L2_FIRST",
+    "LARGE_WEIGHTS",
+    "LONG_K",
+    "M1_ENV",
+    "W_EARLY_ENV",
+    "GemvConfig",
+    "default_gemv_config",
+    "effective_tile",
+    "gemv_supported",
+    "h200_defaults",
+    "m1_overrides",
+    "w_early",
 ]

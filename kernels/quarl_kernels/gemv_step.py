@@ -233,3 +233,17 @@ def _fma_step(accs, xs, w, sg, zg, M: tl.constexpr, FMT: tl.constexpr, USE_ASM: 
         for m in tl.static_range(M):
             new = new + (accs[m] + (w ^ sw).to(tl.float32, bitcast=True),)
     return new
+
+
+@triton.jit
+def _l2_first_tile(wp_ptr, rows, kw0, KW, stride_wn, BKW: tl.constexpr):
+    """``prefetch.global.L2`` of the 128-byte lines of a tile's words (row-major: a row's BKW words from ``kw0``, one
+    line per 32): the bytes a program reads first start for L2 while it waits on the kernel before, with no register
+    held across the wait (what ``QUARL_KERNELS_GEMV_W_EARLY=1``'s loads cost: a program an SM). A hint: no fault, no
+    result; clamped inside the rows (``rows`` are already < N). The scale bytes (an eighth as many) are not
+    prefetched: their pointers cost the registers that keep the programs an SM."""
+    NL: tl.constexpr = max(BKW // 32, 1)  # lines per row
+    wl = wp_ptr + rows * stride_wn + kw0  # [BN] each row's first word of the tile
+    for j in tl.static_range(NL):
+        tl.inline_asm_elementwise("prefetch.global.L2 [$1];\n mov.u32 $0, 0;", "=r,l",
+                                  [wl + tl.minimum(j * 32, KW - 1 - kw0)], dtype=tl.int32, is_pure=False, pack=1)

@@ -159,18 +159,20 @@ def test_pdl_chain_equals_plain_launches_in_a_graph(monkeypatch, n, k):
     pdl_chain_runs(monkeypatch, step, pws, rows=1)
 
 
+@pytest.mark.parametrize("mode", ["1", "l2"])
 @pytest.mark.parametrize("n,k", [(3584, 3584), (5120, 5120)])
-def test_pdl_chain_with_weights_before_the_wait(monkeypatch, n, k):
-    """``QUARL_KERNELS_GEMV_W_EARLY=1`` (each program's first weight tile loaded before its PDL wait, session 36): the
-    chain of RMSNorm -> GEMV -> last pass, late / early / off, eager and from a CUDA graph -- bit-equal to plain
-    launches, so no program read x or wrote before the kernel before had finished."""
+def test_pdl_chain_with_weights_before_the_wait(monkeypatch, n, k, mode):
+    """``QUARL_KERNELS_GEMV_W_EARLY=1`` (each program's first weight tile loaded before its PDL wait, session 36) and
+    ``=l2`` (its lines prefetched to L2 there instead, session 37): the chain of RMSNorm -> GEMV -> last pass, late /
+    early / off, eager and from a CUDA graph -- bit-equal to plain launches, so no program read x or wrote before the
+    kernel before had finished."""
     pws = [_packed_weight(*_qweight("nvfp4", n, k)[0]) for _ in range(8)]
-    monkeypatch.setenv(gemv.W_EARLY_ENV, "1")
+    monkeypatch.setenv(gemv.W_EARLY_ENV, mode)
     la = gemv.gemv_launch(torch.zeros(1, k, device="cuda", dtype=torch.bfloat16), pws[0],
                           gemv.default_gemv_config(pws[0].fmt, 1, n, k))
     if not la.constexprs["PDL"]:
         pytest.skip("PDL needs sm_90+")
-    assert la.constexprs["W_EARLY"]
+    assert la.constexprs["W_EARLY"] == (gemv.L2_FIRST if mode == "l2" else True)
 
     def step(x, pw, epi):
         return gemv.launch_gemv(x, pw, gemv.default_gemv_config(pw.fmt, 1, pw.n, pw.k), epi=epi)

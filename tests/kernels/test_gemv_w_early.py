@@ -188,3 +188,46 @@ def test_sm90_group_builds_wait_once_per_weight():
         assert loop_spills(sass_early) == 0, ("ptxas spilled registers in a K loop", ns)
         print("registers", ns, registers(plain), registers(early), "CTAs / SM",  # as the single launch's: one fewer
               ctas_per_sm(registers(plain), la.num_warps), ctas_per_sm(registers(early), la.num_warps))
+
+
+@needs_triton
+def test_l2_mode_prefetches_the_first_tile_and_holds_no_registers(monkeypatch):
+    """``QUARL_KERNELS_GEMV_W_EARLY=l2`` (session 37): the first tile's lines prefetched to L2 before the PDL wait,
+    built for sm_90 as launched -- prefetches and no load before the wait (nothing read, so nothing of x), no store,
+    no spills, the same programs per SM as without the switch (what ``=1``'s loads cost: one); blocked words keep the
+    plain order (the wait first, no prefetch)."""
+    import dataclasses
+
+    import torch
+    from quarl_kernels import gemv, pdl
+    from quarl_kernels.wo_gemm import PackedWeight
+
+    from tests.kernels.sm90_sass import compile_launch, ctas_per_sm, loads_before_wait, registers, stack_bytes
+
+    monkeypatch.setenv(gemv.W_EARLY_ENV, "l2")
+    assert gemv.w_early() == gemv.L2_FIRST == 2
+    monkeypatch.setattr(pdl, "mode", lambda device: pdl.LATE)  # as on an H100: the switch reaches the kernel
+    for n, k in ((18944, 3584), (3584, 18944)):  # 7B gate / up (config 0: one line a row), down (config 7: two)
+        pw = PackedWeight(0, 16, n, k, torch.empty(n, k // 8, dtype=torch.int32),
+                          torch.empty(n, k // 16, dtype=torch.uint8), None, torch.ones(1))
+        cfg = gemv.default_gemv_config(0, 1, n, k)
+        la = gemv.gemv_launch(torch.empty(1, k, dtype=torch.bfloat16), pw, cfg)
+        assert la.constexprs["W_EARLY"] == 2
+        plain, _ = compile_launch(la._replace(constexprs=dict(la.constexprs, W_EARLY=False)))
+        l2, _ = compile_launch(la)
+        ptx = l2.asm["ptx"]
+        wait = ptx.index("griddepcontrol.wait")
+        head = ptx[:wait]
+        assert "prefetch.global.L2" in head and "ld.global" not in head and "st.global" not in head, (n, k)
+        assert not loads_before_wait(ptx)[1]
+        assert ptx.count("griddepcontrol.wait") == 1 and wait < ptx.index("griddepcontrol.launch_dependents")
+        assert stack_bytes(l2) in (0, None), ("ptxas spilled registers", n, k)
+        r0, r1 = registers(plain), registers(l2)
+        print("registers", n, k, str(cfg), r0, r1)
+        assert r1 is None or ctas_per_sm(r1, la.num_warps) == ctas_per_sm(r0, la.num_warps), (n, k, r0, r1)
+        group = gemv.gemv_launch(torch.empty(1, k, dtype=torch.bfloat16), pw, cfg, more=(pw,))  # gate / up
+        gk, _ = compile_launch(group)
+        assert gk.asm["ptx"].count("griddepcontrol.wait") == 2 and stack_bytes(gk) in (0, 8, None)  # one per weight
+        blocked = gemv.gemv_launch(torch.empty(1, k, dtype=torch.bfloat16), dataclasses.replace(pw, blocked=True), cfg)
+        bptx = compile_launch(blocked)[0].asm["ptx"]
+        assert "prefetch" not in bptx and bptx.index("griddepcontrol.wait") < bptx.index("ld.global")
