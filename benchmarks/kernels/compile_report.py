@@ -21,7 +21,7 @@ import subprocess
 import tempfile
 
 import triton
-from quarl_kernels import wo_gemm
+from quarl_kernels import wo_gemm, wo_tensorcore
 from quarl_kernels.dequant import FMT_INT4, FMT_MXFP4, FMT_NVFP4
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
@@ -60,7 +60,7 @@ def compile_fwd(fmt: int, cfg: wo_gemm.Config, split: int, use_asm: bool, pair: 
     const.update(stride_xk=1, stride_on=1)
     sig.update({k: "constexpr" for k in ("stride_xk", "stride_on")})
     odd = ("M", "stride_sn", "stride_zn")  # K/64, K/128, K/512 words per row: 56, 28, 7 at K = 3584
-    src = ASTSource(fn=wo_gemm._fwd_kernel, signature=sig, constexprs=const, attrs=_div16(sig, odd))
+    src = ASTSource(fn=wo_tensorcore._fwd_kernel, signature=sig, constexprs=const, attrs=_div16(sig, odd))
     return triton.compile(src, target=GPUTarget("cuda", 90, 32),
                           options={"num_warps": cfg.warps, "num_stages": cfg.stages})
 
@@ -77,7 +77,7 @@ def compile_bwd(fmt: int, cfg: wo_gemm.Config, use_asm: bool, pair: bool = True)
              "BYTES32": True, "stride_dyn": 1, "stride_dxk": 1}
     sig.update({k: "constexpr" for k in const})
     odd = ("M", "stride_sn", "stride_zn")
-    src = ASTSource(fn=wo_gemm._bwd_kernel, signature=sig, constexprs=const, attrs=_div16(sig, odd))
+    src = ASTSource(fn=wo_tensorcore._bwd_kernel, signature=sig, constexprs=const, attrs=_div16(sig, odd))
     return triton.compile(src, target=GPUTarget("cuda", 90, 32),
                           options={"num_warps": cfg.warps, "num_stages": cfg.stages})
 

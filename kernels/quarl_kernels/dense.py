@@ -2,7 +2,7 @@
 
 Why this exists. At prefill / training sizes (M >= ~1k tokens) a weight-only
 GEMM is compute-bound: the BF16 tensor cores, not HBM, set the time. The fused
-kernel (``wo_gemm._fwd_kernel``) must then hide ~2 integer ops per weight per
+kernel (``wo_tensorcore._fwd_kernel``) must then hide ~2 integer ops per weight per
 M tile plus a shared-memory store of the decoded tile behind the wgmma issue,
 and in Triton 3.6 it does not (0.4-0.6x cuBLAS at M = 2048 on the H200,
 docs/kernels.md). Decoding the weight *once* into a BF16 buffer costs one pass

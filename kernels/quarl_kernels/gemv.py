@@ -2,7 +2,7 @@
 
 Why a second forward kernel. At small M the product is memory-bound (0.53-0.56
 bytes per weight against 2*M flops), so the job is to stream the packed weight at
-HBM speed. The tensor-core path (``wo_gemm._fwd_kernel``) pays for moving every
+HBM speed. The tensor-core path (``wo_tensorcore._fwd_kernel``) pays for moving every
 dequantized tile into the MMA (Triton 3.6 converts the register tile k16 slice by
 k16 slice, a barrier and a wgmma wait each: docs/kernels.md, v1-v5) and stays at
 ~28% of HBM bandwidth. Here there is no MMA: each program owns ``BN`` output rows

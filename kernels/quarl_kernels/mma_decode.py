@@ -1,7 +1,7 @@
 """Decode GEMM on register-operand tensor cores: ``y = x @ W^T`` for M = 2..64 tokens (Gluon).
 
 Why. At decode sizes the product is memory-bound: the job is to stream the packed
-4-bit weight at HBM speed. The Triton tensor-core path (``wo_gemm._fwd_kernel``)
+4-bit weight at HBM speed. The Triton tensor-core path (``wo_tensorcore._fwd_kernel``)
 moves every dequantized tile through shared memory with barriers before the MMA
 and reaches ~25% of HBM at M = 8 (docs/kernels.md, "Where the remaining time
 goes", path (2)); the CUDA-core GEMV (``gemv.py``) pays one FFMA per weight and

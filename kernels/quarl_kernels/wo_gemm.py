@@ -27,7 +27,9 @@ from quarl_kernels.launch import env_flag as _env_flag
 from quarl_kernels.launch import finish as _finish
 from quarl_kernels.launch import interpreting as _interpreting
 from quarl_kernels.tuning import choose as _choose
-from quarl_kernels.wo_tensorcore import (  # noqa: F401 -- re-exported: callers name them as wo_gemm.*
+
+# the tensor-core kernels and their configs; the public names re-exported (callers name them as wo_gemm.*)
+from quarl_kernels.wo_tensorcore import (
     BWD_CONFIGS,
     DECODE_CONFIGS,
     DECODE_MAX_M,
@@ -37,9 +39,7 @@ from quarl_kernels.wo_tensorcore import (  # noqa: F401 -- re-exported: callers 
     PREFILL_CONFIGS,
     Config,
     PackedWeight,
-    _bwd_kernel,
     _decode_bm,
-    _fwd_kernel,
     _m_bucket,
     default_config,
     launch_bwd,
