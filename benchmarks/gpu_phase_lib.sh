@@ -9,10 +9,12 @@ export PYTHONPATH=$PWD:$PWD/kernels${PYTHONPATH:+:$PYTHONPATH}
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv > "$OUT/gpu.txt" 2>&1
 echo "phase $PHASE: $(tail -n +2 "$OUT/gpu.txt" | head -1)"
 
-tests() {  # SECONDS FILE... [pytest args]: GPU tests -> $OUT/tests/pytest.log
-    local s=$1; shift
+tests() {  # SECONDS FILE... [pytest args]: GPU tests -> $OUT/tests/pytest.log; TESTS_V=1: one line a test (its
+    # name and outcome as it finishes -- a run cut by its time limit then says which tests ran, session 38)
+    local s=$1 v=-q; shift
+    [ "${TESTS_V:-0}" = 1 ] && v=-v
     mkdir -p "$OUT/tests"
-    timeout -k 5 "$s" "$PY" -m pytest -q -rfEs -m gpu -p no:cacheprovider "$@" > "$OUT/tests/pytest.log" 2>&1
+    timeout -k 5 "$s" "$PY" -m pytest $v -rfEs -m gpu -p no:cacheprovider "$@" > "$OUT/tests/pytest.log" 2>&1
     echo "== GPU tests rc=$? at $((SECONDS - T0)) s"; grep -E "^E |passed|failed|FAILED|ERROR" "$OUT/tests/pytest.log" | tail -n 20
 }
 
