@@ -80,7 +80,8 @@ def w_early() -> bool | int:
     may pay where session 16's L2 prefetch of a program's whole slice did not: a read launched with its loads ahead
     of the wait reached 85 % of the copy rate against 78 % plainly (``bench_gemv.py --read-ceiling``), and one tile a
     program is the loads the program issues first anyway -- nothing queues ahead of them. Only with PDL on.
-    ``l2`` (-> :data:`L2_FIRST`; session 37, not yet measured): the same tile's lines *prefetched to L2* before the
+    ``l2`` (-> :data:`L2_FIRST`; session 37; measured in session 38: no gain, 2.90 / 2.91 ms against 2.84-2.88 at 7B
+    batch 1 on an H200): the same tile's lines *prefetched to L2* before the
     wait instead (``prefetch.global.L2``): nothing held in registers, the programs an SM as without the switch
     (row-major words: the one-row layout; blocked launches keep the plain order)."""
     raw = os.environ.get(W_EARLY_ENV)
