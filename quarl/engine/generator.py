@@ -35,7 +35,9 @@ CUDA graphs and the loop. Design, after gpt-fast:
   no compile step, the same HF modules; ``fused=False`` keeps PyTorch.
   With them, the decode step's attention is a flash-decoding kernel
   (``decode_attn=None``: ``$QUARL_ENGINE_DECODE_ATTN``, default on; ``False``
-  keeps SDPA for it alone).
+  keeps SDPA for it alone); ``$QUARL_ENGINE_FUSED_SAMPLE=1`` (opt-in) makes the
+  sampler at top-p 1 / greedy two Triton kernels after the same noise draw
+  (:mod:`quarl.engine.sampling`).
 * **packed adapters** (``lora_pack=None``: ``$QUARL_ENGINE_LORA_PACK``, default on): the LoRA
   branches of q/k/v and of gate/up share one A GEMM per layer, and every adapter is read from
   a copy in the activation dtype refreshed at the start of each call (:mod:`quarl.engine.lora`);
@@ -318,6 +320,7 @@ class FastGenerator:
         pad = torch.full((N,), self.pad_id, dtype=torch.long, device=dev)
         rows_at = None  # with compaction: rows_at[j] = the row (of N) that state row j decodes; None = identity
         n = N  # state rows in use: every row until the first compaction
+        fused_sample = self.runner.fused_on()  # the Triton sampler (quarl.engine.sampling) with the fused kernels
         for t in range(T):
             if t:
                 L = min(S, _round_up(P + t, self.kv_block)) if graphs else P + t  # slots [0, P + t) are live
@@ -326,7 +329,8 @@ class FastGenerator:
                 st.slot.add_(1)
                 st.pos.add_(1)
             # the noise of all N rows is drawn, whatever n is: a compacted batch samples what the full one would
-            tok, lp = sample(logits, params.temperature, params.top_p, generator, rows_of=rows_at, all_rows=N)  # [n]
+            tok, lp = sample(logits, params.temperature, params.top_p, generator, rows_of=rows_at, all_rows=N,
+                             fused=fused_sample)  # [n]
             idx = slice(None) if rows_at is None else rows_at
             live = ~done[idx]  # [n]
             tokens[idx, t] = torch.where(live, tok, pad[:n])

@@ -23,11 +23,22 @@ a decode loop can enqueue step after step without waiting for the GPU:
 * **log-probs** are ``log_softmax(logits / T)`` at the chosen token, *before*
   top-p truncation: the quantity the trainer recomputes (see
   :mod:`quarl.engine.rollout`).
+* **fused** (``fused=True``, which the fast engine passes when its fused kernels
+  are on, and ``QUARL_ENGINE_FUSED_SAMPLE=1``: opt-in, checked on CPU only -- under
+  the interpreter and built for sm_90 -- until its GPU tests and timings have run,
+  ``benchmarks/gpu_session38.sh g``): at top-p 1 and greedy the
+  same draw runs as two Triton kernels (:mod:`quarl_kernels.sampler`) after the
+  same ``torch.rand`` -- the same noise, the same generator state after it, the
+  same tokens where libdevice's ``logf`` is CUDA's (tested on the GPU), log-probs
+  equal to fp32 rounding -- instead of about a dozen PyTorch kernels over the
+  ``[B, V]`` logits. Top-p < 1 keeps the PyTorch path (the sort).
 """
 
 from __future__ import annotations
 
 import torch
+
+FUSED_ENV = "QUARL_ENGINE_FUSED_SAMPLE"
 
 # Below this, the nucleus is the argmax for any vocabulary under 1e6 tokens
 # (the top token's probability is >= 1/V > top_p).
@@ -64,6 +75,27 @@ def check_generator(generator: torch.Generator | None, device: torch.device) -> 
         )
 
 
+_KERNEL = None  # quarl_kernels.sampler once imported; False when it cannot be
+# Test seam: take the fused path on CPU logits too (the kernels under TRITON_INTERPRET=1). Never set in production.
+_FORCE_KERNEL = False
+
+
+def fused_sampler():
+    """``quarl_kernels.sampler``, or None (``QUARL_ENGINE_FUSED_SAMPLE`` not 1, or no Triton / kernels package)."""
+    global _KERNEL
+    from quarl.engine.fused import _switch
+
+    if not _switch(None, FUSED_ENV, "the fused sampler", "PyTorch's ops", default=False):  # opt-in until measured
+        return None
+    if _KERNEL is None:
+        try:
+            from quarl_kernels import sampler
+        except Exception:  # noqa: BLE001 - no Triton or no kernels package: PyTorch's ops serve
+            sampler = False
+        _KERNEL = sampler
+    return _KERNEL or None
+
+
 def sample(
     logits: torch.Tensor,
     temperature: float,
@@ -72,17 +104,29 @@ def sample(
     *,
     rows_of: torch.Tensor | None = None,
     all_rows: int | None = None,
+    fused: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """``[B, V]`` logits -> (``[B]`` token ids, ``[B]`` fp32 log-probs under ``softmax(logits / T)``).
 
     ``rows_of`` (``[B]`` long) / ``all_rows``: the logits are rows ``rows_of`` of a batch of ``all_rows`` (an engine
     batch with its finished rows compacted away); the noise is drawn for all ``all_rows`` rows and these rows'
-    taken, so the generator's stream -- and every row's sample -- is what the full batch would have had."""
+    taken, so the generator's stream -- and every row's sample -- is what the full batch would have had.
+    ``fused``: the Triton sampler on CUDA logits at top-p 1 or greedy (module docstring); elsewhere ignored."""
     if temperature <= 0:
         raise ValueError(f"temperature must be > 0, got {temperature}; use top_p < {GREEDY_TOP_P} for greedy")
+    greedy = top_p < GREEDY_TOP_P
+    if fused and (logits.is_cuda or _FORCE_KERNEL) and (greedy or top_p >= 1.0):
+        kernel = fused_sampler()
+        if kernel is not None:
+            u = None
+            if not greedy:  # the very draw gumbel_noise makes: the same u and generator state after it
+                rows = all_rows if rows_of is not None else logits.shape[0]
+                u = torch.rand((rows, logits.shape[1]), device=logits.device, dtype=torch.float32,
+                               generator=generator)
+            return kernel.gumbel_sample(logits, temperature, u, rows_of if not greedy else None)
     scaled = logits.float() / temperature  # [B, V]
     logp = torch.log_softmax(scaled, dim=-1)  # [B, V]
-    if top_p < GREEDY_TOP_P:
+    if greedy:
         tok = scaled.argmax(dim=-1)  # [B]
     else:
         filtered = top_p_mask(scaled, top_p)

@@ -3,11 +3,14 @@ follow the (truncated) distribution, greedy is the argmax, log-probs are pre-tru
 
 from __future__ import annotations
 
+import textwrap
+
 import pytest
 import torch
 
 from quarl.engine.rollout import top_p_filter
 from quarl.engine.sampling import GREEDY_TOP_P, check_generator, gumbel_noise, sample, top_p_mask
+from tests.kernels.interpreter import needs_interpreter, run_interpreted
 
 
 def _brute_force_nucleus(probs: torch.Tensor, top_p: float) -> set[int]:
@@ -91,3 +94,55 @@ def test_bad_arguments():
     check_generator(torch.Generator(), torch.device("cpu"))
     with pytest.raises(ValueError, match="torch.Generator is on cpu but the model runs on cuda"):
         check_generator(torch.Generator(), torch.device("cuda", 0))
+
+
+FUSED_SCRIPT = textwrap.dedent("""
+    import os
+    import torch
+    from quarl.engine import sampling
+
+    os.environ["QUARL_ENGINE_FUSED_SAMPLE"] = "1"  # opt-in
+    sampling._FORCE_KERNEL = True  # the Triton sampler on CPU logits, under the interpreter
+    g = torch.Generator().manual_seed(0)
+    for rows, vocab, compact in ((1, 3000, False), (6, 5000, False), (4, 2500, True)):
+        logits = torch.randn(rows, vocab, generator=g) * 3
+        kw = dict(rows_of=torch.tensor([5, 0, 2, 3])[:rows], all_rows=7) if compact else {}
+        for top_p in (1.0, sampling.GREEDY_TOP_P / 2):
+            ga, gb = torch.Generator().manual_seed(7), torch.Generator().manual_seed(7)
+            tok, lp = sampling.sample(logits, 1.0, top_p, ga, fused=True, **kw)
+            rtok, rlp = sampling.sample(logits, 1.0, top_p, gb, fused=False, **kw)
+            assert torch.equal(tok, rtok), (rows, vocab, top_p, tok, rtok)
+            assert (lp - rlp).abs().max().item() < 1e-5
+            assert torch.equal(ga.get_state(), gb.get_state())  # the same draw: the stream goes on alike
+    # top-p < 1 keeps PyTorch's path (the sort): the same call either way
+    ga, gb = torch.Generator().manual_seed(3), torch.Generator().manual_seed(3)
+    assert torch.equal(sampling.sample(logits, 1.0, 0.9, ga, fused=True)[0],
+                       sampling.sample(logits, 1.0, 0.9, gb)[0])
+    print("OK")
+""")
+
+
+@needs_interpreter
+def test_fused_sampler_draws_what_the_pytorch_path_draws():
+    """``sample(fused=True)`` (the Triton kernels, here under the interpreter) gives the tokens of the PyTorch path
+    from the same generator, log-probs to fp32 rounding, and leaves the generator where that path leaves it."""
+    run_interpreted(FUSED_SCRIPT)
+
+
+def test_fused_flag_is_ignored_on_cpu_logits():
+    logits = torch.randn(3, 50)
+    a = sample(logits, 0.8, 1.0, torch.Generator().manual_seed(2), fused=True)
+    b = sample(logits, 0.8, 1.0, torch.Generator().manual_seed(2))
+    assert torch.equal(a[0], b[0]) and torch.equal(a[1], b[1])
+
+
+def test_fused_sampler_is_opt_in(monkeypatch):
+    from quarl.engine import sampling
+
+    monkeypatch.delenv(sampling.FUSED_ENV, raising=False)
+    assert sampling.fused_sampler() is None
+    monkeypatch.setenv(sampling.FUSED_ENV, "0")
+    assert sampling.fused_sampler() is None
+    monkeypatch.setenv(sampling.FUSED_ENV, "maybe")
+    with pytest.raises(ValueError, match="QUARL_ENGINE_FUSED_SAMPLE"):
+        sampling.fused_sampler()

@@ -1,0 +1,44 @@
+"""The fused sampler's two kernels build for sm_90 on a CPU (Triton's compiler and ptxas from its wheel, no GPU), as
+a launch at Qwen2.5's vocabulary builds them (without FP contraction: ``x + g`` must round the product first, as
+``sample`` does): a jit function may read only constexpr globals -- which the interpreter does not check (the noise's
+clamp first read a plain float) --, and neither kernel spills."""
+
+from __future__ import annotations
+
+import types
+
+import pytest
+import torch
+
+pytest.importorskip("triton", reason="needs Triton (CPU CI has none)")
+from quarl_kernels import sampler
+
+from tests.kernels.sm90_sass import compile_launch, stack_bytes
+
+
+def _partial(noise: bool):
+    B, V = 8, 152064
+    S, split = sampler.splits(B, V, 132)
+    x, u = torch.empty(B, V), torch.empty(B, V)
+    part, idx, rows = torch.empty(B * S * 3), torch.empty(B * S, dtype=torch.int32), torch.empty(B, dtype=torch.long)
+    return types.SimpleNamespace(
+        kernel=sampler._partial_kernel, num_warps=4,
+        args=[x, V, u, V, rows, part, idx, V, split, 1.0],
+        constexprs={"BLOCK": sampler.BLOCK, "NOISE": noise, "HAS_ROWS": False, "INTERPRET": False})
+
+
+@pytest.mark.parametrize("noise", [True, False])
+def test_partial_kernel_builds(noise):
+    k, _ = compile_launch(_partial(noise), fp_fusion=False)
+    assert stack_bytes(k) in (0, None)
+
+
+def test_combine_kernel_builds():
+    B, S = 8, 9
+    launch = types.SimpleNamespace(
+        kernel=sampler._combine_kernel, num_warps=1,
+        args=[torch.empty(B, 152064), 152064, torch.empty(B * S * 3), torch.empty(B * S, dtype=torch.int32),
+              torch.empty(B, dtype=torch.long), torch.empty(B), S, 1.0],
+        constexprs={"BLOCK_S": 16, "INTERPRET": False})
+    k, _ = compile_launch(launch, fp_fusion=False)
+    assert stack_bytes(k) in (0, None)
