@@ -21,6 +21,13 @@
 #   phase f (prepared, not run): bash benchmarks/gpu_session38.sh f   (no kind; ~4 min) -- session 37's phase i: the
 #     decode-step profile of NVFP4+LoRA at batch 1 on the H200, 7B and 14B (last taken on an H100), to see where the
 #     1.6 % that the 2.5x target lacks at 7B would come from.
+#   phase g (prepared, not run): bash benchmarks/gpu_session38.sh g   (no kind; ~9 min) -- the fused sampler
+#     (QUARL_ENGINE_FUSED_SAMPLE=1, opt-in, CPU-checked only: quarl_kernels.sampler): its GPU tests (the tokens of
+#     PyTorch's path bit for bit at Qwen2.5's vocabulary) and the engine's with it on, its timing alone
+#     (bench_sampler.py: ~12 PyTorch kernels against two, batch 1 / 8 / 64 / 256), then the 7B table at batch 1 / 64,
+#     both engines, without / with it.
+#   phase h (prepared, not run): bash benchmarks/gpu_session38.sh h   (g's machine, warm; ~8 min) -- the same table
+#     with / without again (the other order), then the decode-step profile at batch 1 / 64 with :fusedsample.
 set -u
 PHASE=${1:?phase}
 case $PHASE in
@@ -54,6 +61,23 @@ e)
     pack_deepgemm
     phase_end ;;
 f) exec bash benchmarks/gpu_session37.sh i ;;
+g)
+    OUT=${OUT:?}; source benchmarks/gpu_phase_lib.sh
+    TESTS_V=1 tests 110 tests/kernels/test_sampler_gpu.py
+    mv "$OUT/tests" "$OUT/tests_sampler"
+    TESTS_V=1 QUARL_ENGINE_FUSED_SAMPLE=1 tests 100 tests/engine/test_engine_gpu.py
+    mkdir -p "$OUT/sampler"
+    timeout -k 5 60 "$PY" benchmarks/kernels/bench_sampler.py --out "$OUT/sampler" > "$OUT/sampler/run.log" 2>&1
+    echo "== sampler bench rc=$? at $((SECONDS - T0)) s"; tail -n 8 "$OUT/sampler/run.log"
+    rollout_table 120 7b 1,64 g7_off
+    QUARL_ENGINE_FUSED_SAMPLE=1 rollout_table 120 7b 1,64 g7_on
+    phase_end ;;
+h)
+    OUT=${OUT:?}; source benchmarks/gpu_phase_lib.sh
+    QUARL_ENGINE_FUSED_SAMPLE=1 rollout_table 120 7b 1,64 h7_on
+    rollout_table 120 7b 1,64 h7_off
+    profile 200 7b nvfp4+lora,nvfp4+lora:fusedsample 1,64
+    phase_end ;;
 *) echo "unknown phase $PHASE"; exit 2 ;;
 esac
 

@@ -30,6 +30,8 @@ before session 16; ``quarl_kernels/pdl.py``) and ``:earlypdl`` ``=early`` (every
 after its K loop); ``:rowmajor`` sets ``QUARL_KERNELS_BLOCKED=0`` (the engine keeps the packed words row-major, as
 before session 21, not in ``quarl.quant.packed_layout``'s [64, 8] blocks from two rows a step); ``:nowgrules`` turns off
 ``wgmma_decode``'s two NVFP4 rules for 14B-sized k / v and q / o (:func:`wgmma_rules_off`: before session 19);
+``:fusedsample`` sets ``QUARL_ENGINE_FUSED_SAMPLE=1`` (the sampler as two Triton kernels, ``quarl_kernels.sampler``:
+opt-in since session 38; the ``sampling`` row is then those kernels and the noise draw);
 modifiers combine (``nvfp4+lora32:noepi:sdpa``). With the epilogue on, a projection's ``gemm:*`` row includes its
 bias and LoRA B (they run in its kernels); ``lora`` is then the A GEMMs alone.
 
@@ -111,7 +113,7 @@ def decode_loop(eng, st, n_rows: int, batch: int, steps: int, gen, graphs: bool,
         logits = st.logits[:N]
         st.slot.add_(1)
         st.pos.add_(1)
-        tok, lp = G.sample(logits, 1.0, 1.0, gen)  # temperature 1, top-p 1, as benchmarks/rollout.py
+        tok, lp = G.sample(logits, 1.0, 1.0, gen, fused=eng.runner.fused_on())  # T 1, top-p 1: benchmarks/rollout.py
         live = ~out["done"]
         col = t % out["tokens"].shape[1]
         out["tokens"][:, col] = torch.where(live, tok, out["pad"])
@@ -451,6 +453,7 @@ MODIFIERS = {  # ':name' -> the engine switch (env, value) it sets for the cell:
     "nowide": ("QUARL_KERNELS_RING_WIDE_MAX_M", "0"),  # 65+ rows: no wide ring tiles (Triton / dense, before s15)
     "rowmajor": ("QUARL_KERNELS_BLOCKED", "0"),  # packed words row-major, not in [64, 8] blocks (before s21)
     "nowgrules": None,  # wgmma_decode's NVFP4 rules for 14B-sized k / v and q / o off (before s19): wgmma_rules_off()
+    "fusedsample": ("QUARL_ENGINE_FUSED_SAMPLE", "1"),  # the Triton sampler (opt-in, session 38), not PyTorch's ops
 }
 
 
