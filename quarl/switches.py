@@ -48,7 +48,7 @@ SWITCHES: dict[str, str] = {
     "QUARL_KERNELS_RING_WIDE_MAX_M": "most rows the ring's wide token tiles take; 0 = none",
     "QUARL_KERNELS_GEMV_DEFAULTS": "h200 = the one-row GEMV's config 0 everywhere",
     "QUARL_KERNELS_GEMV_W_EARLY": "1 = a one-row GEMV program loads its first weight tile before its PDL wait (opt-in: slower); l2 = "
-                                  "prefetches its lines to L2 instead (opt-in, not yet measured)",
+                                  "prefetches its lines to L2 instead (opt-in: no gain, session 38)",
     "QUARL_KERNELS_MMA_W_EARLY": "0 = the mma.sync decode kernel's first words after its PDL wait, not before",
     "QUARL_KERNELS_RING_W_EARLY": "1 = the TMA ring's first weight copies and scales before its PDL wait (opt-in)",
     "QUARL_KERNELS_GEMV_M1": "NxK:i,... = the one-row GEMV's config i (GEMV_CONFIGS) for N x K FP4 weights",
@@ -59,6 +59,7 @@ SWITCHES: dict[str, str] = {
     # the rollout engine
     "QUARL_ENGINE_FUSED": "0 = no fused norm / RoPE / SiLU kernels",
     "QUARL_ENGINE_DECODE_ATTN": "0 = decode attention through SDPA",
+    "QUARL_ENGINE_FUSED_SAMPLE": "1 = the sampler at top-p 1 / greedy as two Triton kernels (opt-in, not yet measured)",
     "QUARL_ENGINE_LORA_PACK": "0 = LoRA adapters not packed per group",
     "QUARL_ENGINE_COMPACT": "0 = finished rows keep decoding (inertly) until the whole batch stops",
     "QUARL_ENGINE_SHARE_PREFILL": "0 = each of a prompt's n samples prefilled on its own",
