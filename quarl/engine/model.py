@@ -316,9 +316,10 @@ class DecoderRunner:
         return fz.rms_norm(norm, delta, residual=h, fused=fused)
 
     def _logits(self, h: torch.Tensor, pending: torch.Tensor | None, fused: bool) -> torch.Tensor:
-        """``h, pending [B, hidden]`` -> ``[B, V]`` fp32: the last residual add, final norm, LM head."""
+        """``h, pending [B, hidden]`` -> ``[B, V]`` in the LM head's dtype: the last residual add, final norm, LM
+        head. The callers widen it to fp32 (exactly) where they store it."""
         x, _ = self._add_norm(self.norm, h, pending, fused)
-        return self.lm_head(x).float()
+        return self.lm_head(x)
 
     # --- prefill --------------------------------------------------------------------
     def prefill(self, st: DecodeState, ids: torch.Tensor, mask: torch.Tensor, row0: int = 0) -> torch.Tensor:
@@ -351,7 +352,7 @@ class DecoderRunner:
             o = self._proj(groups, "o", attn.o_proj, o.transpose(1, 2).reshape(N, P, self.n_heads * self.head_dim))
             x, h = self._add_norm(layer.post_attention_layernorm, h, o, fused)  # h = h + o; x = norm(h)
             pending = self._mlp(layer.mlp, x, fused, groups)
-        return self._logits(h[:, -1], None if pending is None else pending[:, -1], fused)  # the last position only
+        return self._logits(h[:, -1], None if pending is None else pending[:, -1], fused).float()  # the last position
 
     # --- decode -----------------------------------------------------------------------
     def decode(self, st: DecodeState, batch: int, kv_len: int) -> None:
@@ -381,4 +382,5 @@ class DecoderRunner:
             o = self._proj(groups, "o", attn.o_proj, o.reshape(B, 1, self.n_heads * D))  # [B, 1, hidden]
             x, h = self._add_norm(layer.post_attention_layernorm, h, o, fused)  # h = h + o; x = norm(h)
             pending = self._mlp(layer.mlp, x, fused, groups)
+        # copy_ widens the LM head's bf16 to fp32 itself: a .float() first was one more [B, V] fp32 pass a step
         st.logits[:B].copy_(self._logits(h[:, 0], None if pending is None else pending[:, 0], fused))
