@@ -25,7 +25,8 @@
 #     (QUARL_ENGINE_FUSED_SAMPLE=1, opt-in, CPU-checked only: quarl_kernels.sampler): its GPU tests (the tokens of
 #     PyTorch's path bit for bit at Qwen2.5's vocabulary) and the engine's with it on, its timing alone
 #     (bench_sampler.py: ~12 PyTorch kernels against two, batch 1 / 8 / 64 / 256), then the 7B table at batch 1 / 64,
-#     both engines, without / with it.
+#     both engines, without / with it. The engine's GPU tests here also check session 38's other engine change (the
+#     decode step's logits widened to fp32 by their copy into the state, no .float() pass first).
 #   phase h (prepared, not run): bash benchmarks/gpu_session38.sh h   (g's machine, warm; ~8 min) -- the same table
 #     with / without again (the other order), then the decode-step profile at batch 1 / 64 with :fusedsample.
 set -u
