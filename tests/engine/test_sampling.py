@@ -146,3 +146,46 @@ def test_fused_sampler_is_opt_in(monkeypatch):
     monkeypatch.setenv(sampling.FUSED_ENV, "maybe")
     with pytest.raises(ValueError, match="QUARL_ENGINE_FUSED_SAMPLE"):
         sampling.fused_sampler()
+
+
+ENGINE_SCRIPT = textwrap.dedent("""
+    import os
+    import torch
+    from quarl.engine import FastGenerator, fused as fz, sampling
+    from quarl.engine.rollout import SamplingParams
+    from tests.engine.conftest import PAD, VOCAB, make_model, prompts
+
+    fz._FORCE_OPS = True  # the engine's fused wiring on CPU (the ops run their references)
+    sampling._FORCE_KERNEL = True  # and the Triton sampler under the interpreter
+    from quarl_kernels import sampler
+    calls, kernel = [], sampler.gumbel_sample
+    sampler.gumbel_sample = lambda *a, **k: calls.append(k.get("rows_of", a[3] if len(a) > 3 else None)) or kernel(*a, **k)
+    model = make_model("qwen2")
+    rows = prompts((4, 9, 6))
+    stop = list(range(3, 3 + VOCAB // 12))  # rows end at scattered lengths: the batch compacts (rows_of)
+    params = SamplingParams(temperature=1.0, top_p=1.0, max_new_tokens=30, stop_token_ids=stop)
+    out = {}
+    for flag in ("1", "0"):
+        os.environ["QUARL_ENGINE_FUSED_SAMPLE"] = flag
+        eng = FastGenerator(model, PAD, sync_every=2)
+        n_before = len(calls)
+        out[flag] = eng.generate(rows, params, n=4, generator=torch.Generator().manual_seed(3))
+        assert eng.last_stats.get("compactions", 0) >= 1, eng.last_stats
+        ran = calls[n_before:]
+        if flag == "1":  # every step through the kernels, some on a compacted batch (rows_of given)
+            assert len(ran) >= 10 and any(r is not None for r in ran), len(ran)
+        else:
+            assert not ran
+    a, b = out["1"], out["0"]
+    for f in ("completion_ids", "completion_mask", "truncated"):
+        assert torch.equal(getattr(a, f), getattr(b, f)), f
+    assert (a.logprobs - b.logprobs).abs().max().item() < 1e-5
+    print("OK")
+""")
+
+
+@needs_interpreter
+def test_engine_rollout_is_the_same_with_the_fused_sampler():
+    """A compacting FastGenerator rollout (the sampler's ``rows_of`` path) with the Triton sampler (under the
+    interpreter) is the rollout of PyTorch's sampler from the same seed."""
+    run_interpreted(ENGINE_SCRIPT)
