@@ -22,13 +22,17 @@
 #     decode-step profile of NVFP4+LoRA at batch 1 on the H200, 7B and 14B (last taken on an H100), to see where the
 #     1.6 % that the 2.5x target lacks at 7B would come from.
 #   phase g (prepared, not run): bash benchmarks/gpu_session38.sh g   (no kind; ~9 min) -- the fused sampler
-#     (QUARL_ENGINE_FUSED_SAMPLE=1, opt-in, CPU-checked only: quarl_kernels.sampler): its GPU tests (the tokens of
-#     PyTorch's path bit for bit at Qwen2.5's vocabulary) and the engine's with it on, its timing alone
-#     (bench_sampler.py: ~12 PyTorch kernels against two, batch 1 / 8 / 64 / 256), then the 7B table at batch 1 / 64,
-#     both engines, without / with it. The engine's GPU tests here also check session 38's other engine change (the
+#     (QUARL_ENGINE_FUSED_SAMPLE=1, opt-in, CPU-checked only: quarl_kernels.sampler for top-p 1 / greedy,
+#     quarl_kernels.nucleus below top-p 1): its GPU tests (the tokens of PyTorch's path at Qwen2.5's vocabulary) and
+#     the engine's with it on, its timing alone (bench_sampler.py: ~12 PyTorch kernels against two at top-p 1, the
+#     sort against the nucleus kernel at T 0.6 / top-p 0.95; batch 1 / 8 / 64 / 256), then the 7B table at batch
+#     1 / 64, both engines, without / with it. The engine's GPU tests here also check session 38's other engine change (the
 #     decode step's logits widened to fp32 by their copy into the state, no .float() pass first).
-#   phase h (prepared, not run): bash benchmarks/gpu_session38.sh h   (g's machine, warm; ~8 min) -- the same table
-#     with / without again (the other order), then the decode-step profile at batch 1 / 64 with :fusedsample.
+#   phase h (prepared, not run): bash benchmarks/gpu_session38.sh h   (g's machine, warm; ~9 min) -- the same table
+#     with / without again (the other order), then the eval recipes' sampling (T 0.6, top-p 0.95) at 7B batch 64,
+#     both engines, without / with it (the sort against the nucleus kernel in the rollout).
+#   phase i (prepared, not run): bash benchmarks/gpu_session38.sh i   (warm; ~4 min) -- the decode-step profile at
+#     batch 1 / 64 without / with :fusedsample.
 set -u
 PHASE=${1:?phase}
 case $PHASE in
@@ -64,7 +68,7 @@ e)
 f) exec bash benchmarks/gpu_session37.sh i ;;
 g)
     OUT=${OUT:?}; source benchmarks/gpu_phase_lib.sh
-    TESTS_V=1 tests 110 tests/kernels/test_sampler_gpu.py
+    TESTS_V=1 tests 150 tests/kernels/test_sampler_gpu.py tests/kernels/test_nucleus_gpu.py
     mv "$OUT/tests" "$OUT/tests_sampler"
     TESTS_V=1 QUARL_ENGINE_FUSED_SAMPLE=1 tests 100 tests/engine/test_engine_gpu.py
     mkdir -p "$OUT/sampler"
@@ -77,6 +81,17 @@ h)
     OUT=${OUT:?}; source benchmarks/gpu_phase_lib.sh
     QUARL_ENGINE_FUSED_SAMPLE=1 rollout_table 120 7b 1,64 h7_on
     rollout_table 120 7b 1,64 h7_off
+    for side in 0 1; do
+        mkdir -p "$OUT/h7_eval$side"
+        QUARL_ENGINE_FUSED_SAMPLE=$side timeout -k 5 130 "$PY" benchmarks/rollout.py --models 7b \
+            --variants bf16+lora,nvfp4+lora --batches 64 --hf-new-tokens 0 --temperature 0.6 --top-p 0.95 \
+            --budget-s 110 --out "$OUT/h7_eval$side" > "$OUT/h7_eval$side/run.log" 2>&1
+        echo "== eval sampling, fused sample $side: rc=$? at $((SECONDS - T0)) s"
+        grep -A 4 "^| model" "$OUT/h7_eval$side/run.log" | head -n 6
+    done
+    phase_end ;;
+i)
+    OUT=${OUT:?}; source benchmarks/gpu_phase_lib.sh
     profile 200 7b nvfp4+lora,nvfp4+lora:fusedsample 1,64
     phase_end ;;
 *) echo "unknown phase $PHASE"; exit 2 ;;

@@ -15,7 +15,8 @@ What is measured, per (model, variant, batch):
   (the JSON records which kernel the dispatcher picked, or "reference");
   ``nvfp4+lora`` adds QeRL's rank-32 adapter (computed every step);
 * ``FastGenerator`` (CUDA graphs pre-captured with ``warmup``) samples
-  ``new_tokens`` tokens per row at temperature 1, top-p 1, with no stop token,
+  ``new_tokens`` tokens per row at temperature 1, top-p 1 (``--temperature`` / ``--top-p``: the eval
+  recipes' 0.6 / 0.95, where the sampler sorts), with no stop token,
   from random prompts of ``prompt`` tokens; reported are the prefill time
   (a ``max_new_tokens=1`` call), **decode tokens/s** = rows x (new - 1) /
   (total - prefill) and end-to-end tokens/s including the prefill;
@@ -217,7 +218,8 @@ class Budget:
         return self.deadline - time.perf_counter()
 
 
-def engine_cell(model, batch: int, prompt: int, new_tokens: int, share_s: float) -> dict:
+def engine_cell(model, batch: int, prompt: int, new_tokens: int, share_s: float, temperature: float = 1.0,
+                top_p: float = 1.0) -> dict:
     from quarl.engine import FastGenerator
     from quarl.engine.rollout import SamplingParams
 
@@ -226,7 +228,7 @@ def engine_cell(model, batch: int, prompt: int, new_tokens: int, share_s: float)
     gen = torch.Generator(DEVICE).manual_seed(0)
 
     def params(n):
-        return SamplingParams(temperature=1.0, top_p=1.0, max_new_tokens=n, stop_token_ids=[])
+        return SamplingParams(temperature=temperature, top_p=top_p, max_new_tokens=n, stop_token_ids=[])
 
     if DEVICE == "cuda":
         torch.cuda.reset_peak_memory_stats()
@@ -442,9 +444,12 @@ def run(args) -> dict:
             share = budget.left() / max(cells_left, 1)
             cells_left -= 1
             cell = {**meta, "engine": engine, "batch": b, "prompt": args.prompt}
+            if (args.temperature, args.top_p) != (1.0, 1.0):  # not the table's sampling: say so in the cell
+                cell |= {"temperature": args.temperature, "top_p": args.top_p}
             try:
                 if engine == "engine":
-                    cell.update(engine_cell(model, b, args.prompt, args.new_tokens, share))
+                    cell.update(engine_cell(model, b, args.prompt, args.new_tokens, share, args.temperature,
+                                            args.top_p))
                 else:
                     cell.update(hf_cell(model, b, args.prompt, args.hf_new_tokens, share))
             except Exception as e:  # noqa: BLE001 - record and go on: one failure must not lose the run
@@ -503,6 +508,9 @@ def main(argv=None):
     ap.add_argument("--new-tokens", type=int, default=2048)
     ap.add_argument("--variants", default="bf16,nvfp4,mxfp4,nvfp4+lora")
     ap.add_argument("--hf-new-tokens", type=int, default=256)
+    ap.add_argument("--temperature", type=float, default=1.0, help="the engine's sampling (the table's: 1)")
+    ap.add_argument("--top-p", type=float, default=1.0,
+                    help="the engine's nucleus (the table's: 1; the eval recipes sample at 0.6 / 0.95)")
     ap.add_argument("--budget-s", type=float, default=540.0)
     ap.add_argument("--out", default=os.environ.get("OUT", "benchmarks/results"))
     ap.add_argument("--device", default="cuda", help="cuda, or cpu for a smoke test with --models tiny")

@@ -9,8 +9,8 @@ At each batch size (``--rows``), fp32 logits over ``--vocab`` words (Qwen2.5's 1
 noise draw included -- timed as a whole in one CUDA graph replayed ``--iters`` times (the engine calls it eagerly,
 after its graphed step; the graph takes the host out of the figure), median of ``--repeats`` replays, the two paths
 alternating (the default CUDA generator in the graphs). Before timing, each path's tokens are checked equal to the
-other's from the same generator seed. Beside them, PyTorch's path at the eval recipes' T 0.6 and top-p 0.95 (its
-``[B, V]`` sort; the kernels serve top-p 1 and greedy only): what a fused nucleus would have to beat.
+other's from the same generator seed. Beside them, the eval recipes' T 0.6 and top-p 0.95: PyTorch's path (its
+``[B, V]`` sort) against the nucleus kernel (``quarl_kernels.nucleus``), tokens checked equal first.
 Writes ``sampler.json`` and ``sampler.md`` under ``--out``.
 """
 
@@ -79,7 +79,10 @@ def main() -> None:
         toks = {name: sampling.sample(logits, 1.0, 1.0, gens[name], fused=name == "fused")[0]
                 for name in ("fused", "pytorch")}
         same = bool(torch.equal(toks["fused"], toks["pytorch"]))
-        row = {"rows": rows, "vocab": a.vocab, "same_tokens": same}
+        ga, gb = torch.Generator(dev).manual_seed(0), torch.Generator(dev).manual_seed(0)
+        same_p = bool(torch.equal(sampling.sample(logits, 0.6, 0.95, ga, fused=True)[0],
+                                  sampling.sample(logits, 0.6, 0.95, gb, fused=False)[0]))
+        row = {"rows": rows, "vocab": a.vocab, "same_tokens": same, "same_tokens_top_p": same_p}
         if dev.type == "cuda":
             # the default generator in the graphs: CUDA graphs capture its draws without a registration step
             replays = {name: graphed(lambda n=name, x=logits: sampling.sample(x, 1.0, 1.0, None, fused=n == "fused"),
@@ -90,14 +93,15 @@ def main() -> None:
                     times[name].append(time_us(replay, a.iters))
             row |= {f"{name}_us": round(statistics.median(t), 2) for name, t in times.items()}
             row["speedup"] = round(row["pytorch_us"] / row["fused_us"], 2)
-            # the eval recipes' settings (T 0.6, top-p 0.95): PyTorch's path with its sort, which the kernels do
-            # not cover -- what a fused top-p would have to beat
-            try:
-                nucleus = graphed(lambda x=logits: sampling.sample(x, 0.6, 0.95, None, fused=True), a.iters)
-                row["pytorch_top_p_us"] = round(statistics.median(time_us(nucleus, a.iters)
-                                                                  for _ in range(a.repeats)), 2)
-            except RuntimeError as e:  # a sort that does not capture: say so, keep the table
-                row["pytorch_top_p_us"] = f"not captured: {str(e).splitlines()[0][:80]}"
+            # the eval recipes' settings (T 0.6, top-p 0.95): PyTorch's path with its sort against the nucleus kernel
+            for name in ("fused", "pytorch"):
+                try:
+                    replay = graphed(lambda n=name, x=logits: sampling.sample(x, 0.6, 0.95, None, fused=n == "fused"),
+                                     a.iters)
+                    row[f"{name}_top_p_us"] = round(statistics.median(time_us(replay, a.iters)
+                                                                      for _ in range(a.repeats)), 2)
+                except RuntimeError as e:  # a sort that does not capture: say so, keep the table
+                    row[f"{name}_top_p_us"] = f"not captured: {str(e).splitlines()[0][:80]}"
         results.append(row)
         print(json.dumps(row), flush=True)
     gpu = torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu (interpreter)"
@@ -106,11 +110,13 @@ def main() -> None:
     (out / "sampler.json").write_text(json.dumps({"meta": meta, "results": results}, indent=1))
     title = (f"sampler, {gpu}, vocab {a.vocab}, T 1, top-p 1 (us a call, median of {a.repeats} graph replays of "
              f"{a.iters} calls)")
-    lines = [title, "", "| rows | PyTorch ops | fused | x | same tokens | PyTorch at T 0.6, top-p 0.95 (sort) |",
-             "|---:|---:|---:|---:|---|---:|"]
+    head = ("| rows | PyTorch ops | fused | x | same tokens | T 0.6, top-p 0.95: PyTorch (sort) | nucleus kernel | "
+            "same tokens |")
+    lines = [title, "", head, "|---:|---:|---:|---:|---|---:|---:|---|"]
     for r in results:
         lines.append(f"| {r['rows']} | {r.get('pytorch_us', '-')} | {r.get('fused_us', '-')} | "
-                     f"{r.get('speedup', '-')} | {r['same_tokens']} | {r.get('pytorch_top_p_us', '-')} |")
+                     f"{r.get('speedup', '-')} | {r['same_tokens']} | {r.get('pytorch_top_p_us', '-')} | "
+                     f"{r.get('fused_top_p_us', '-')} | {r.get('same_tokens_top_p', '-')} |")
     (out / "sampler.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
 

@@ -38,7 +38,7 @@ import triton
 import triton.language as tl
 from triton.language.extra import libdevice
 
-__all__ = ["BLOCK", "gumbel_sample", "splits"]
+__all__ = ["BLOCK", "gumbel_sample", "prepare", "splits"]
 
 BLOCK = 1024  # vocabulary entries a program step: 4 KB of fp32 logits (and 4 KB of noise) a row
 PROGRAMS_PER_SM = 4  # the partial grid's target size: enough programs in flight to stream at batch 1
@@ -145,6 +145,31 @@ def _cuda_sms(index: int) -> int:
     return torch.cuda.get_device_properties(index).multi_processor_count
 
 
+def interpreting() -> bool:
+    return os.environ.get("TRITON_INTERPRET", "0") == "1"
+
+
+def prepare(logits: torch.Tensor, temperature: float, u: torch.Tensor | None, rows_of: torch.Tensor | None):
+    """The checks and buffers of a sampling launch: (logits with a contiguous last axis, ``[B]`` int64 tokens and
+    fp32 log-probs to fill, ``fp32(1/T)``, ``rows_of`` as int64 or a stand-in pointer)."""
+    if temperature <= 0:
+        raise ValueError(f"temperature must be > 0, got {temperature}")
+    B, V = logits.shape
+    if logits.stride(1) != 1:
+        logits = logits.contiguous()
+    if u is not None:
+        if u.dtype != torch.float32 or u.shape[1] != V or u.stride(1) != 1:
+            raise ValueError(f"u must be a [R, {V}] fp32 tensor with a contiguous last axis, got {tuple(u.shape)} "
+                             f"{u.dtype}")
+        if rows_of is None and u.shape[0] < B:
+            raise ValueError(f"u has {u.shape[0]} rows for {B} logits rows; pass rows_of to pick them")
+    tok = torch.empty(B, dtype=torch.long, device=logits.device)
+    logp = torch.empty(B, dtype=torch.float32, device=logits.device)
+    inv_t = float(np.float32(1.0) / np.float32(temperature))  # what PyTorch's CUDA division by a scalar multiplies by
+    rows = rows_of.to(torch.int64) if rows_of is not None else tok  # any pointer when unused
+    return logits, tok, logp, inv_t, rows
+
+
 def gumbel_sample(logits: torch.Tensor, temperature: float, u: torch.Tensor | None = None,
                   rows_of: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """``logits [B, V]`` -> (``[B]`` int64 tokens, ``[B]`` fp32 log-probs under ``softmax(logits / T)``).
@@ -153,29 +178,14 @@ def gumbel_sample(logits: torch.Tensor, temperature: float, u: torch.Tensor | No
     ``softmax(logits / T)``; ``None``: greedy, ``argmax(logits * (1/T))``. ``rows_of [B]`` (int): row ``b``'s noise
     is ``u[rows_of[b]]`` (a compacted batch, ``R`` the full one's rows); else ``u[b]``. The vocabulary axis of
     ``logits`` and ``u`` must be contiguous."""
-    if temperature <= 0:
-        raise ValueError(f"temperature must be > 0, got {temperature}")
+    logits, tok, logp, inv_t, rows = prepare(logits, temperature, u, rows_of)
     B, V = logits.shape
-    if logits.stride(1) != 1:
-        logits = logits.contiguous()
-    noise = u is not None
-    if noise:
-        if u.dtype != torch.float32 or u.shape[1] != V or u.stride(1) != 1:
-            raise ValueError(f"u must be a [R, {V}] fp32 tensor with a contiguous last axis, got {tuple(u.shape)} "
-                             f"{u.dtype}")
-        if rows_of is None and u.shape[0] < B:
-            raise ValueError(f"u has {u.shape[0]} rows for {B} logits rows; pass rows_of to pick them")
-    dev = logits.device
-    tok = torch.empty(B, dtype=torch.long, device=dev)
-    logp = torch.empty(B, dtype=torch.float32, device=dev)
     if B == 0:
         return tok, logp
+    noise, dev, interpret = u is not None, logits.device, interpreting()
     S, split = splits(B, V, _sm_count(dev))
     part = torch.empty(B * S * 3, dtype=torch.float32, device=dev)
     idx = torch.empty(B * S, dtype=torch.int32, device=dev)
-    inv_t = float(np.float32(1.0) / np.float32(temperature))  # what PyTorch's CUDA division by a scalar multiplies by
-    interpret = os.environ.get("TRITON_INTERPRET", "0") == "1"
-    rows = rows_of.to(torch.int64) if rows_of is not None else tok  # any pointer when unused
     _partial_kernel[(B, S)](
         logits, logits.stride(0), u if noise else logits, u.stride(0) if noise else 0, rows, part, idx, V, split,
         inv_t, BLOCK=BLOCK, NOISE=noise, HAS_ROWS=rows_of is not None, INTERPRET=interpret,

@@ -36,7 +36,7 @@ CUDA graphs and the loop. Design, after gpt-fast:
   With them, the decode step's attention is a flash-decoding kernel
   (``decode_attn=None``: ``$QUARL_ENGINE_DECODE_ATTN``, default on; ``False``
   keeps SDPA for it alone); ``$QUARL_ENGINE_FUSED_SAMPLE=1`` (opt-in) makes the
-  sampler at top-p 1 / greedy two Triton kernels after the same noise draw
+  sampler Triton kernels after the same noise draw, below top-p 1 without a sort
   (:mod:`quarl.engine.sampling`).
 * **packed adapters** (``lora_pack=None``: ``$QUARL_ENGINE_LORA_PACK``, default on): the LoRA
   branches of q/k/v and of gate/up share one A GEMM per layer, and every adapter is read from

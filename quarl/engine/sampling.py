@@ -31,7 +31,11 @@ a decode loop can enqueue step after step without waiting for the GPU:
   same ``torch.rand`` -- the same noise, the same generator state after it, the
   same tokens where libdevice's ``logf`` is CUDA's (tested on the GPU), log-probs
   equal to fp32 rounding -- instead of about a dozen PyTorch kernels over the
-  ``[B, V]`` logits. Top-p < 1 keeps the PyTorch path (the sort).
+  ``[B, V]`` logits; below top-p 1 one kernel a row finds the nucleus without the
+  sort (:mod:`quarl_kernels.nucleus`: a radix search of the smallest kept logit,
+  weighted by probability) and draws in it -- the same nucleus as
+  :func:`top_p_mask` except where tokens tie at its edge (all of them kept) or
+  its mass is within fp32 rounding of ``top_p``.
 """
 
 from __future__ import annotations
@@ -75,13 +79,14 @@ def check_generator(generator: torch.Generator | None, device: torch.device) -> 
         )
 
 
-_KERNEL = None  # quarl_kernels.sampler once imported; False when it cannot be
+_KERNEL = None  # (quarl_kernels.sampler, quarl_kernels.nucleus) once imported; False when they cannot be
 # Test seam: take the fused path on CPU logits too (the kernels under TRITON_INTERPRET=1). Never set in production.
 _FORCE_KERNEL = False
 
 
 def fused_sampler():
-    """``quarl_kernels.sampler``, or None (``QUARL_ENGINE_FUSED_SAMPLE`` not 1, or no Triton / kernels package)."""
+    """``(quarl_kernels.sampler, quarl_kernels.nucleus)``, or None (``QUARL_ENGINE_FUSED_SAMPLE`` not 1, or no
+    Triton / kernels package)."""
     global _KERNEL
     from quarl.engine.fused import _switch
 
@@ -89,10 +94,11 @@ def fused_sampler():
         return None
     if _KERNEL is None:
         try:
-            from quarl_kernels import sampler
+            from quarl_kernels import nucleus, sampler
         except Exception:  # noqa: BLE001 - no Triton or no kernels package: PyTorch's ops serve
-            sampler = False
-        _KERNEL = sampler
+            _KERNEL = False
+        else:
+            _KERNEL = (sampler, nucleus)
     return _KERNEL or None
 
 
@@ -115,15 +121,17 @@ def sample(
     if temperature <= 0:
         raise ValueError(f"temperature must be > 0, got {temperature}; use top_p < {GREEDY_TOP_P} for greedy")
     greedy = top_p < GREEDY_TOP_P
-    if fused and (logits.is_cuda or _FORCE_KERNEL) and (greedy or top_p >= 1.0):
-        kernel = fused_sampler()
-        if kernel is not None:
-            u = None
-            if not greedy:  # the very draw gumbel_noise makes: the same u and generator state after it
-                rows = all_rows if rows_of is not None else logits.shape[0]
-                u = torch.rand((rows, logits.shape[1]), device=logits.device, dtype=torch.float32,
-                               generator=generator)
-            return kernel.gumbel_sample(logits, temperature, u, rows_of if not greedy else None)
+    kernels = fused_sampler() if fused and (logits.is_cuda or _FORCE_KERNEL) else None
+    if kernels is not None:
+        sampler, nucleus = kernels
+        if greedy:
+            return sampler.gumbel_sample(logits, temperature)
+        # the very draw gumbel_noise makes: the same u and generator state after it
+        rows = all_rows if rows_of is not None else logits.shape[0]
+        u = torch.rand((rows, logits.shape[1]), device=logits.device, dtype=torch.float32, generator=generator)
+        if top_p >= 1.0:
+            return sampler.gumbel_sample(logits, temperature, u, rows_of)
+        return nucleus.nucleus_sample(logits, temperature, top_p, u, rows_of)
     scaled = logits.float() / temperature  # [B, V]
     logp = torch.log_softmax(scaled, dim=-1)  # [B, V]
     if greedy:

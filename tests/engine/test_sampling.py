@@ -114,10 +114,12 @@ FUSED_SCRIPT = textwrap.dedent("""
             assert torch.equal(tok, rtok), (rows, vocab, top_p, tok, rtok)
             assert (lp - rlp).abs().max().item() < 1e-5
             assert torch.equal(ga.get_state(), gb.get_state())  # the same draw: the stream goes on alike
-    # top-p < 1 keeps PyTorch's path (the sort): the same call either way
-    ga, gb = torch.Generator().manual_seed(3), torch.Generator().manual_seed(3)
-    assert torch.equal(sampling.sample(logits, 1.0, 0.9, ga, fused=True)[0],
-                       sampling.sample(logits, 1.0, 0.9, gb)[0])
+    # top-p < 1: the nucleus kernel, the sort's nucleus on these (untied) logits -- the same draws
+    for kw in ({}, dict(rows_of=torch.tensor([5, 0, 2, 3])[:logits.shape[0]], all_rows=7)):
+        ga, gb = torch.Generator().manual_seed(3), torch.Generator().manual_seed(3)
+        a, b = sampling.sample(logits, 1.0, 0.9, ga, fused=True, **kw), sampling.sample(logits, 1.0, 0.9, gb, **kw)
+        assert torch.equal(a[0], b[0]) and (a[1] - b[1]).abs().max().item() < 1e-5
+        assert torch.equal(ga.get_state(), gb.get_state())
     print("OK")
 """)
 
@@ -153,33 +155,40 @@ ENGINE_SCRIPT = textwrap.dedent("""
     import torch
     from quarl.engine import FastGenerator, fused as fz, sampling
     from quarl.engine.rollout import SamplingParams
+    from quarl_kernels import nucleus, sampler
     from tests.engine.conftest import PAD, VOCAB, make_model, prompts
 
     fz._FORCE_OPS = True  # the engine's fused wiring on CPU (the ops run their references)
     sampling._FORCE_KERNEL = True  # and the Triton sampler under the interpreter
-    from quarl_kernels import sampler
-    calls, kernel = [], sampler.gumbel_sample
-    sampler.gumbel_sample = lambda *a, **k: calls.append(k.get("rows_of", a[3] if len(a) > 3 else None)) or kernel(*a, **k)
+    calls = []
+
+    def counted(fn, rows_at):  # record each launch's rows_of (None: the full batch)
+        return lambda *a, **k: calls.append(k.get("rows_of", a[rows_at] if len(a) > rows_at else None)) or fn(*a, **k)
+
+    sampler.gumbel_sample = counted(sampler.gumbel_sample, 3)
+    nucleus.nucleus_sample = counted(nucleus.nucleus_sample, 4)
     model = make_model("qwen2")
     rows = prompts((4, 9, 6))
     stop = list(range(3, 3 + VOCAB // 12))  # rows end at scattered lengths: the batch compacts (rows_of)
-    params = SamplingParams(temperature=1.0, top_p=1.0, max_new_tokens=30, stop_token_ids=stop)
-    out = {}
-    for flag in ("1", "0"):
-        os.environ["QUARL_ENGINE_FUSED_SAMPLE"] = flag
-        eng = FastGenerator(model, PAD, sync_every=2)
-        n_before = len(calls)
-        out[flag] = eng.generate(rows, params, n=4, generator=torch.Generator().manual_seed(3))
-        assert eng.last_stats.get("compactions", 0) >= 1, eng.last_stats
-        ran = calls[n_before:]
-        if flag == "1":  # every step through the kernels, some on a compacted batch (rows_of given)
-            assert len(ran) >= 10 and any(r is not None for r in ran), len(ran)
-        else:
-            assert not ran
-    a, b = out["1"], out["0"]
-    for f in ("completion_ids", "completion_mask", "truncated"):
-        assert torch.equal(getattr(a, f), getattr(b, f)), f
-    assert (a.logprobs - b.logprobs).abs().max().item() < 1e-5
+    for top_p in (1.0, 0.9):
+        params = SamplingParams(temperature=1.0, top_p=top_p, max_new_tokens=30, stop_token_ids=stop)
+        out = {}
+        for flag in ("1", "0"):
+            os.environ["QUARL_ENGINE_FUSED_SAMPLE"] = flag
+            eng = FastGenerator(model, PAD, sync_every=2)
+            n_before = len(calls)
+            out[flag] = eng.generate(rows, params, n=4, generator=torch.Generator().manual_seed(3))
+            assert eng.last_stats.get("compactions", 0) >= 1, eng.last_stats
+            ran = calls[n_before:]
+            if flag == "1":  # every step through the kernels, some on a compacted batch (rows_of given)
+                assert len(ran) >= 10 and any(r is not None for r in ran), len(ran)
+            else:
+                assert not ran
+        a, b = out["1"], out["0"]
+        for f in ("completion_ids", "completion_mask", "truncated"):
+            assert torch.equal(getattr(a, f), getattr(b, f)), (top_p, f)
+        assert (a.logprobs - b.logprobs).abs().max().item() < 1e-5
+        print("top_p", top_p, "steps", len(calls))
     print("OK")
 """)
 
@@ -187,5 +196,5 @@ ENGINE_SCRIPT = textwrap.dedent("""
 @needs_interpreter
 def test_engine_rollout_is_the_same_with_the_fused_sampler():
     """A compacting FastGenerator rollout (the sampler's ``rows_of`` path) with the Triton sampler (under the
-    interpreter) is the rollout of PyTorch's sampler from the same seed."""
+    interpreter), at top-p 1 and 0.9 (the nucleus kernel), is the rollout of PyTorch's sampler from the same seed."""
     run_interpreted(ENGINE_SCRIPT)

@@ -1,4 +1,4 @@
-"""The fused sampler's two kernels build for sm_90 on a CPU (Triton's compiler and ptxas from its wheel, no GPU), as
+"""The fused sampler's kernels (its two for top-p 1 and greedy, the nucleus one) build for sm_90 on a CPU (Triton's compiler and ptxas from its wheel, no GPU), as
 a launch at Qwen2.5's vocabulary builds them (without FP contraction: ``x + g`` must round the product first, as
 ``sample`` does): a jit function may read only constexpr globals -- which the interpreter does not check (the noise's
 clamp first read a plain float) --, and neither kernel spills."""
@@ -40,5 +40,18 @@ def test_combine_kernel_builds():
         args=[torch.empty(B, 152064), 152064, torch.empty(B * S * 3), torch.empty(B * S, dtype=torch.int32),
               torch.empty(B, dtype=torch.long), torch.empty(B), S, 1.0],
         constexprs={"BLOCK_S": 16, "INTERPRET": False})
+    k, _ = compile_launch(launch, fp_fusion=False)
+    assert stack_bytes(k) in (0, None)
+
+
+def test_nucleus_kernel_builds():
+    from quarl_kernels import nucleus
+
+    B, V = 64, 152064
+    launch = types.SimpleNamespace(
+        kernel=nucleus._nucleus_kernel, num_warps=8,
+        args=[torch.empty(B, V), V, torch.empty(B, V), V, torch.empty(B, dtype=torch.long),
+              torch.empty(B, dtype=torch.long), torch.empty(B), V, 1.0, 0.95],
+        constexprs={"BLOCK": nucleus.BLOCK, "HAS_ROWS": False, "INTERPRET": False})
     k, _ = compile_launch(launch, fp_fusion=False)
     assert stack_bytes(k) in (0, None)
