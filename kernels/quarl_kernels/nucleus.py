@@ -10,16 +10,22 @@ probability first reaches ``top_p``: the nucleus is then every token with a logi
 
 How, per row (one program, ``BLOCK`` entries a step, the row read 10 times -- from L2 after the first):
 
-  1. ``lse`` of ``x = logit * fp32(1/T)`` (running max and sum, as :mod:`quarl_kernels.sampler`).
+  1. The max ``m`` of ``x = logit * fp32(1/T)`` and ``total = sum exp(x - m)`` (``lse = m + log(total)``).
   2. Eight rounds of a radix search on ``key(x)``, the fp32 bits mapped so that unsigned order is float order, four
-     bits a round from the top: over the tokens whose key matches the digits chosen so far, the probability mass
-     ``exp(x - lse)`` per value of the next digit (16 sums); walking the digits from 15 down, the first whose mass,
-     with the mass of every larger key, reaches ``top_p`` is chosen and the mass above it carried on. After the
-     eighth round the chosen digits are ``key(tau)``. (Should rounding leave the whole row's mass short of
-     ``top_p``, the smallest digit with mass is taken: every token is kept, as the sort keeps them.) Blocks with no
-     matching token skip the sums, so the rounds after the first two touch few tokens.
+     bits a round from the top: over the tokens whose key matches the digits chosen so far, the weight ``exp(x -
+     m)`` per value of the next digit (16 sums); walking the digits from 15 down, the first whose weight, with the
+     weight of every larger key, reaches ``top_p * total`` is chosen and the weight above it carried on. After the
+     eighth round the chosen digits are ``key(tau)``. (Should rounding leave the whole row short of the target, the
+     smallest digit with weight is taken: every token is kept, as the sort keeps them.) Past the first two rounds
+     (sign and exponent bits) steps with no matching token skip the sums.
   3. ``argmax(x + g(u))`` over the tokens with ``key >= key(tau)`` -- the first index on ties -- and
-     ``logp = x[token] - lse``, with ``g`` the noise of :mod:`quarl_kernels.sampler`.
+     ``logp = x[token] - lse``, with ``g`` the noise of :mod:`quarl_kernels.sampler`; steps with no kept token (most:
+     a nucleus is small) skip their noise.
+
+Each pass keeps per-position partials over its steps and reduces across the program once at its end, and the radix
+steps work on ``[BLOCK, 1]`` columns from the load on, so that the broadcast against the 16 digits stays in
+registers: sm_90 build, 129-163 instructions a radix step of 512 tokens a thread-row (270 with a reduction a step
+and a ``[BLOCK]`` vector, which went through shared memory), 80 registers, no spills.
 
 What it equals. The nucleus of ``top_p_mask`` when no two tokens tie at ``tau``: the sort keeps the tokens before the
 crossing one and it, i.e. the logits ``> tau`` and one token at ``tau``. With ties at ``tau`` (bf16 logits make them
@@ -27,7 +33,9 @@ real) the sort's choice among them is its (unstable) order; here all of them are
 probability levels whose mass reaches ``top_p``, one deterministic rule. And the mass sums are fp32 in another
 order than ``torch.cumsum``, so a row whose crossing mass is within fp32 rounding of ``top_p`` may keep one token
 more or less. Given the same nucleus, the token is the PyTorch path's (the same ``u``, the same noise arithmetic),
-and the log-prob is equal to fp32 rounding. Tested on CPU under ``TRITON_INTERPRET=1`` against ``top_p_mask``
+and the log-prob is equal to fp32 rounding. (The masses and ``lse`` use Triton's fast ``exp``, ``ex2.approx``: they need
+to be right to fp32 rounding, not bit for bit, and libdevice's ``expf`` cost ~20 instructions a token a pass more --
+sm_90 build, session 38; the noise keeps libdevice's ``logf``, the bits of PyTorch's.) Tested on CPU under ``TRITON_INTERPRET=1`` against ``top_p_mask``
 (tests/kernels/test_nucleus_interpreter.py) and on the GPU against ``sample`` (tests/kernels/test_nucleus_gpu.py).
 """
 
@@ -37,7 +45,7 @@ import torch
 import triton
 import triton.language as tl
 
-from quarl_kernels.sampler import _TINY, _exp, _log, interpreting, prepare
+from quarl_kernels.sampler import _TINY, _log, interpreting, prepare
 
 __all__ = ["BLOCK", "nucleus_sample"]
 
@@ -63,18 +71,29 @@ def _nucleus_kernel(x_ptr, stride_x, u_ptr, stride_u, rows_ptr, tok_ptr, logp_pt
         u_row = u_ptr + row.to(tl.int64) * stride_u
     offs = tl.arange(0, BLOCK)
     digits = tl.arange(0, 16)
+    offs2 = tl.arange(0, BLOCK)[:, None]  # [BLOCK, 1]
+    digits2 = digits[None, :]  # [1, 16]
 
-    # 1. lse of the scaled row
-    m = tl.full((), float("-inf"), tl.float32)
-    l = tl.zeros((), tl.float32)
+    # Every pass keeps per-lane partials (a lane: one of the BLOCK positions) and reduces across the program once,
+    # after its loop: a reduction every step cost more than the step's own work (sm_90 build: 270 instructions a
+    # radix step of 2 tokens a thread with the [BLOCK, 16] sums reduced every step).
+
+    # 1. lse of the scaled row: a running max and sum a lane
+    m_l = tl.full((BLOCK,), float("-inf"), tl.float32)
+    l_l = tl.zeros((BLOCK,), tl.float32)
     for v0 in range(0, V, BLOCK):
         ok = v0 + offs < V
         x = tl.load(x_row + v0 + offs, mask=ok, other=float("-inf")).to(tl.float32) * inv_t  # [BLOCK]
-        m_new = tl.maximum(m, tl.max(x, axis=0))
-        alpha = tl.where(m_new == float("-inf"), 0.0, _exp(m - m_new, INTERPRET))
-        l = l * alpha + tl.sum(tl.where(x > float("-inf"), _exp(x - m_new, INTERPRET), 0.0), axis=0)
-        m = m_new
-    lse = m + _log(l, INTERPRET)
+        m_new = tl.maximum(m_l, x)
+        l_l = tl.where(m_new == float("-inf"), 0.0, l_l * tl.exp(m_l - m_new) + tl.exp(x - m_new))
+        m_l = m_new
+    m = tl.max(m_l, axis=0)
+    total = tl.sum(tl.where(m_l == float("-inf"), 0.0, l_l * tl.exp(m_l - m)), axis=0)  # sum exp(x - m)
+    lse = m + _log(total, INTERPRET)
+    # the rounds weigh tokens by exp(x - m) against top_p * total, not by exp(x - lse) against top_p: lse carries
+    # its own rounding (half an ulp of ~10: 5e-7 relative on every mass), enough to move the edge by a token at top-p
+    # 0.999 where the sort's softmax (x - max, then a division) did not (the CPU test's case)
+    target = top_p * total
 
     # 2. key(tau), four bits a round from the top
     prefix = tl.zeros((), tl.uint32)  # the digits chosen so far
@@ -82,17 +101,21 @@ def _nucleus_kernel(x_ptr, stride_x, u_ptr, stride_u, rows_ptr, tok_ptr, logp_pt
     above = tl.zeros((), tl.float32)  # the mass of every key above the prefix's range
     for r in tl.static_range(8):
         shift = 28 - 4 * r  # r is a compile-time int: so is shift
-        mass = tl.zeros((16,), tl.float32)
+        acc = tl.zeros((BLOCK, 16), tl.float32)  # a lane's mass by digit
         for v0 in range(0, V, BLOCK):
-            ok = v0 + offs < V
-            x = tl.load(x_row + v0 + offs, mask=ok, other=float("-inf")).to(tl.float32) * inv_t
+            # [BLOCK, 1] from the load on: the broadcast against the 16 digits stays in registers (a [BLOCK] vector
+            # broadcast took a shared-memory round trip and barriers a step)
+            ok = v0 + offs2 < V
+            x = tl.load(x_row + v0 + offs2, mask=ok, other=float("-inf")).to(tl.float32) * inv_t  # [BLOCK, 1]
             key = _sort_key(x)
             match = ok & ((key & known) == prefix)
-            if tl.max(match.to(tl.int32), axis=0) > 0:
-                p = tl.where(match, _exp(x - lse, INTERPRET), 0.0)  # [BLOCK]
+            # past the first two rounds (sign and exponent bits) few steps hold a match: skip the sums there
+            if r < 2 or tl.max(tl.max(match.to(tl.int32), axis=1), axis=0) > 0:
+                p = tl.where(match, tl.exp(x - m), 0.0)  # [BLOCK, 1]
                 d = ((key >> shift) & 15).to(tl.int32)
-                mass += tl.sum(tl.where(d[:, None] == digits[None, :], p[:, None], 0.0), axis=0)  # [16]
-        reach = above + tl.cumsum(mass, axis=0, reverse=True) >= top_p  # [16]: this digit and every larger one
+                acc += tl.where(d == digits2, p, 0.0)  # [BLOCK, 16]
+        mass = tl.sum(acc, axis=0)  # [16]
+        reach = above + tl.cumsum(mass, axis=0, reverse=True) >= target  # [16]: this digit and every larger one
         best = tl.max(tl.where(reach, digits, -1), axis=0)
         lowest = tl.min(tl.where(mass > 0.0, digits, 16), axis=0)
         chosen = tl.where(best >= 0, best, tl.where(lowest < 16, lowest, 0))  # none reaches: keep everything
@@ -100,19 +123,22 @@ def _nucleus_kernel(x_ptr, stride_x, u_ptr, stride_u, rows_ptr, tok_ptr, logp_pt
         prefix = prefix | (chosen.to(tl.uint32) << shift)
         known = known | (tl.full((), 15, tl.uint32) << shift)
 
-    # 3. the Gumbel-max token among the keys >= key(tau)
-    best_v = tl.full((), float("-inf"), tl.float32)
-    best_i = tl.zeros((), tl.int32)
+    # 3. the Gumbel-max token among the keys >= key(tau): a lane's first best, then the first index of the best
+    best_v = tl.full((BLOCK,), float("-inf"), tl.float32)
+    best_k = tl.zeros((BLOCK,), tl.int32)
     for v0 in range(0, V, BLOCK):
         k = v0 + offs
         ok = k < V
         x = tl.load(x_row + k, mask=ok, other=float("-inf")).to(tl.float32) * inv_t
-        u = tl.maximum(tl.load(u_row + k, mask=ok, other=1.0), _TINY)
-        y = tl.where(ok & (_sort_key(x) >= prefix), x + -_log(-_log(u, INTERPRET), INTERPRET), float("-inf"))
-        y_max, y_arg = tl.max(y, axis=0, return_indices=True, return_indices_tie_break_left=True)
-        better = y_max > best_v
-        best_i = tl.where(better, v0 + y_arg, best_i)
-        best_v = tl.where(better, y_max, best_v)
+        kept = ok & (_sort_key(x) >= prefix)
+        if tl.max(kept.to(tl.int32), axis=0) > 0:  # a nucleus is small: most steps hold none, skip their noise
+            u = tl.maximum(tl.load(u_row + k, mask=kept, other=1.0), _TINY)
+            y = tl.where(kept, x + -_log(-_log(u, INTERPRET), INTERPRET), float("-inf"))
+            better = y > best_v  # strict: a lane keeps its earliest index on ties
+            best_k = tl.where(better, k, best_k)
+            best_v = tl.where(better, y, best_v)
+    top = tl.max(best_v, axis=0)
+    best_i = tl.min(tl.where(best_v == top, best_k, 2147483647), axis=0)  # torch.argmax: the first index
     x_tok = tl.load(x_row + best_i).to(tl.float32) * inv_t
     tl.store(tok_ptr + row, best_i.to(tl.int64))
     tl.store(logp_ptr + row, x_tok - lse)

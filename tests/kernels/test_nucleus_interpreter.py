@@ -1,6 +1,7 @@
 """The sort-free nucleus sampler (``quarl_kernels.nucleus``) on CPU through ``TRITON_INTERPRET=1``: its nucleus is
 ``top_p_mask``'s to the token -- probed at the boundary with noise that makes one chosen token win if and only if it
-is kept --, its random draws are the PyTorch path's (the same noise, NumPy's logs standing in for libdevice's), a
+is kept, wherever the edge's mass is more than 1e-7 from ``top_p`` (at top-p 0.999 a first version, weighing tokens
+by ``exp(x - lse)``, kept a token whose mass before it was 0.9990006: lse's own rounding) --, its random draws are the PyTorch path's (the same noise, NumPy's logs standing in for libdevice's), a
 compacted batch reads its noise rows, top-p 1 keeps every token, bad input is refused.
 
 Skipped unless Triton is importable and NumPy < 2.3 (see tests/kernels/interpreter.py)."""
@@ -36,8 +37,12 @@ SCRIPT = textwrap.dedent("""
             xs = scaled(x, T)[r]
             last_in = int(torch.where(kept[r], xs, float("inf")).argmin())  # the nucleus's smallest logit
             first_out = int(torch.where(kept[r], -float("inf"), xs).argmax()) if not kept[r].all() else None
+            probs = torch.softmax(xs.double(), -1)
             for j in (last_in, first_out):
                 if j is None:
+                    continue
+                before = probs[probs > probs[j]].sum().item()  # the mass strictly before j, in float64
+                if abs(before - top_p) < 1e-7:  # within fp32 rounding of the edge: either answer is the rule
                     continue
                 u = torch.full((1, v), 0.5)
                 u[0, j] = 1.0 - 2.0 ** -24  # g = 16.6 against 0.37 everywhere else
