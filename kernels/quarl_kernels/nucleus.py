@@ -24,7 +24,7 @@ How, per row (one program, ``BLOCK`` entries a step, the row read 10 times -- fr
 
 Each pass keeps per-position partials over its steps and reduces across the program once at its end, and the radix
 steps work on ``[BLOCK, 1]`` columns from the load on, so that the broadcast against the 16 digits stays in
-registers: sm_90 build, 129-163 instructions a radix step of 512 tokens a thread-row (270 with a reduction a step
+registers: sm_90 build, 129-163 instructions a thread per radix step of 512 tokens (270 with a reduction a step
 and a ``[BLOCK]`` vector, which went through shared memory), 80 registers, no spills.
 
 What it equals. The nucleus of ``top_p_mask`` when no two tokens tie at ``tau``: the sort keeps the tokens before the
