@@ -6,7 +6,7 @@ negations of the Gumbel noise, the add, the argmax, the gather -- most of them a
 row: 0.059 ms of a 7B batch-1 decode step and 0.316 ms at batch 64 (H100, benchmarks/RESULTS.md, session 30's
 profile), as much as the whole BF16 LM head at 64 rows. Here the noise is still drawn by ``torch.rand`` from the
 caller's generator (the same call ``sample`` makes: the same ``u``, the same generator state after it), and
-everything else is two kernels:
+everything else is two kernels (below top-p 1, :mod:`quarl_kernels.nucleus` instead):
 
   partial  grid ``(B, S)``: program ``(r, s)`` streams its slice of row ``r``'s vocabulary in ``BLOCK`` pieces,
            ``x = logit * (1/T)`` in fp32, and keeps the running max ``m``, the sum ``l = sum exp(x - m)``
