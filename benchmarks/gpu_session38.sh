@@ -33,6 +33,8 @@
 #     both engines, without / with it (the sort against the nucleus kernel in the rollout).
 #   phase i (prepared, not run): bash benchmarks/gpu_session38.sh i   (warm; ~4 min) -- the decode-step profile at
 #     batch 1 / 64 without / with :fusedsample.
+#   Order for the next session's ~30 device minutes: g, h (new code: its tests and whether it pays), then e (the tests
+#   the splits' calls did not reach, and issue 15's figure after fp8_linear's split); f / i only with time left.
 set -u
 PHASE=${1:?phase}
 case $PHASE in
