@@ -40,6 +40,8 @@ a decode loop can enqueue step after step without waiting for the GPU:
 
 from __future__ import annotations
 
+import warnings
+
 import torch
 
 FUSED_ENV = "QUARL_ENGINE_FUSED_SAMPLE"
@@ -95,7 +97,9 @@ def fused_sampler():
     if _KERNEL is None:
         try:
             from quarl_kernels import nucleus, sampler
-        except Exception:  # noqa: BLE001 - no Triton or no kernels package: PyTorch's ops serve
+        except Exception as e:  # noqa: BLE001 - no Triton or no kernels package: PyTorch's ops serve
+            warnings.warn(f"{FUSED_ENV}=1 but quarl_kernels' sampler does not import ({type(e).__name__}: {e}); "
+                          f"sampling with PyTorch's ops", stacklevel=2)
             _KERNEL = False
         else:
             _KERNEL = (sampler, nucleus)

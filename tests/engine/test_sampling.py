@@ -198,3 +198,23 @@ def test_engine_rollout_is_the_same_with_the_fused_sampler():
     """A compacting FastGenerator rollout (the sampler's ``rows_of`` path) with the Triton sampler (under the
     interpreter), at top-p 1 and 0.9 (the nucleus kernel), is the rollout of PyTorch's sampler from the same seed."""
     run_interpreted(ENGINE_SCRIPT)
+
+
+def test_fused_sampler_without_its_kernels_warns_once_and_falls_back(monkeypatch):
+    import builtins
+
+    from quarl.engine import sampling
+
+    real_import = builtins.__import__
+
+    def no_kernels(name, *a, **k):
+        if name.startswith("quarl_kernels"):
+            raise ImportError("no quarl_kernels here")
+        return real_import(name, *a, **k)
+
+    monkeypatch.setenv(sampling.FUSED_ENV, "1")
+    monkeypatch.setattr(sampling, "_KERNEL", None)
+    monkeypatch.setattr(builtins, "__import__", no_kernels)
+    with pytest.warns(UserWarning, match="QUARL_ENGINE_FUSED_SAMPLE=1 but quarl_kernels' sampler does not import"):
+        assert sampling.fused_sampler() is None
+    assert sampling.fused_sampler() is None  # decided once: no second warning, PyTorch's path
