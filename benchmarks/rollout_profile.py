@@ -113,7 +113,8 @@ def decode_loop(eng, st, n_rows: int, batch: int, steps: int, gen, graphs: bool,
         logits = st.logits[:N]
         st.slot.add_(1)
         st.pos.add_(1)
-        tok, lp = G.sample(logits, 1.0, 1.0, gen, fused=eng.runner.fused_on())  # T 1, top-p 1: benchmarks/rollout.py
+        fused = eng.runner.fused_on() and G.fused_sampler() is not None  # as generate decides it
+        tok, lp = G.sample(logits, 1.0, 1.0, gen, fused=fused)  # T 1, top-p 1: benchmarks/rollout.py
         live = ~out["done"]
         col = t % out["tokens"].shape[1]
         out["tokens"][:, col] = torch.where(live, tok, out["pad"])

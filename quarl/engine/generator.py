@@ -85,7 +85,7 @@ from quarl.engine import memory
 from quarl.engine.fused import _switch
 from quarl.engine.model import DecoderRunner, DecodeState
 from quarl.engine.rollout import DEFAULT_MAX_NUM_BATCHED_TOKENS, Rollout, SamplingParams, left_pad
-from quarl.engine.sampling import check_generator, sample
+from quarl.engine.sampling import check_generator, fused_sampler, sample
 from quarl.quant import packed_layout
 from quarl.quant.fp8_linear import refresh_master_tiles
 
@@ -320,7 +320,9 @@ class FastGenerator:
         pad = torch.full((N,), self.pad_id, dtype=torch.long, device=dev)
         rows_at = None  # with compaction: rows_at[j] = the row (of N) that state row j decodes; None = identity
         n = N  # state rows in use: every row until the first compaction
-        fused_sample = self.runner.fused_on()  # the Triton sampler (quarl.engine.sampling) with the fused kernels
+        # the Triton sampler (quarl.engine.sampling): with the fused kernels, when its switch is on -- decided here,
+        # once a call, not for every token
+        fused_sample = self.runner.fused_on() and fused_sampler() is not None
         for t in range(T):
             if t:
                 L = min(S, _round_up(P + t, self.kv_block)) if graphs else P + t  # slots [0, P + t) are live

@@ -24,7 +24,7 @@ a decode loop can enqueue step after step without waiting for the GPU:
   top-p truncation: the quantity the trainer recomputes (see
   :mod:`quarl.engine.rollout`).
 * **fused** (``fused=True``, which the fast engine passes when its fused kernels
-  are on, and ``QUARL_ENGINE_FUSED_SAMPLE=1``: opt-in, checked on CPU only -- under
+  are on and ``QUARL_ENGINE_FUSED_SAMPLE=1`` -- read once a ``generate`` call: opt-in, checked on CPU only -- under
   the interpreter and built for sm_90 -- until its GPU tests and timings have run,
   ``benchmarks/gpu_session38.sh g``): at top-p 1 and greedy the
   same draw runs as two Triton kernels (:mod:`quarl_kernels.sampler`) after the
@@ -88,12 +88,18 @@ _FORCE_KERNEL = False
 
 def fused_sampler():
     """``(quarl_kernels.sampler, quarl_kernels.nucleus)``, or None (``QUARL_ENGINE_FUSED_SAMPLE`` not 1, or no
-    Triton / kernels package)."""
-    global _KERNEL
+    Triton / kernels package). Read once per ``generate`` call by the engine, which passes the answer as ``sample``'s
+    ``fused``: the switch is not read again for every token."""
     from quarl.engine.fused import _switch
 
     if not _switch(None, FUSED_ENV, "the fused sampler", "PyTorch's ops", default=False):  # opt-in until measured
         return None
+    return _kernels()
+
+
+def _kernels():
+    """The kernel modules, imported once (a warning and None when they cannot be)."""
+    global _KERNEL
     if _KERNEL is None:
         try:
             from quarl_kernels import nucleus, sampler
@@ -121,11 +127,12 @@ def sample(
     ``rows_of`` (``[B]`` long) / ``all_rows``: the logits are rows ``rows_of`` of a batch of ``all_rows`` (an engine
     batch with its finished rows compacted away); the noise is drawn for all ``all_rows`` rows and these rows'
     taken, so the generator's stream -- and every row's sample -- is what the full batch would have had.
-    ``fused``: the Triton sampler on CUDA logits at top-p 1 or greedy (module docstring); elsewhere ignored."""
+    ``fused``: the Triton kernels on CUDA logits (module docstring; the caller decides, e.g. ``fused_sampler() is not
+    None``); elsewhere ignored."""
     if temperature <= 0:
         raise ValueError(f"temperature must be > 0, got {temperature}; use top_p < {GREEDY_TOP_P} for greedy")
     greedy = top_p < GREEDY_TOP_P
-    kernels = fused_sampler() if fused and (logits.is_cuda or _FORCE_KERNEL) else None
+    kernels = _kernels() if fused and (logits.is_cuda or _FORCE_KERNEL) else None
     if kernels is not None:
         sampler, nucleus = kernels
         if greedy:
