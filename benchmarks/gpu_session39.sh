@@ -7,6 +7,9 @@
 #   phase h: bash benchmarks/gpu_session39.sh h   (g's machine, warm; ~9 min) -- session 38's phase h.
 #   phase e: bash benchmarks/gpu_session39.sh e   (warm after h; carry .dev/dg.tar.xz; ~9 min) -- session 38's phase e
 #     reordered: the 7B actor update first, the engine's tests with the fused sampler on, the ring's last.
+#   phase j: bash benchmarks/gpu_session39.sh j   (no kind; ~7 min) -- the nucleus kernel split over many programs a
+#     row: its GPU tests, the bench, the engine's last two tests with the fused sampler on, the eval sampling (T 0.6,
+#     top-p 0.95) at 7B batch 1 / 64 without / with it, the 7B table with it.
 set -u
 PHASE=${1:?phase}
 case $PHASE in
@@ -25,6 +28,31 @@ e)  # session 38's e, reordered so that the 7B update (issue 15's figure) comes 
     mv "$OUT/tests" "$OUT/tests_fp8"
     tests $(( 560 - SECONDS + T0 )) tests/kernels/test_wgmma_ring_gpu.py
     mv "$OUT/tests" "$OUT/tests_ring"
+    phase_end ;;
+j)  # the nucleus kernel split over many programs a row (after g's bench: one program a row was ~1 ms a call at
+    # 1-64 rows, slower than the sort below ~45 rows): its GPU tests and the sampler's, the bench, the engine's last
+    # two GPU tests with the fused sampler on, the 7B table with it on, the eval sampling at batch 1 / 64 off / on
+    OUT=${OUT:?}; source benchmarks/gpu_phase_lib.sh
+    TESTS_V=1 tests 90 tests/kernels/test_nucleus_gpu.py tests/kernels/test_sampler_gpu.py
+    mv "$OUT/tests" "$OUT/tests_sampler"
+    if ! grep -q " passed" "$OUT/tests_sampler/pytest.log" || grep -qE " failed| error" "$OUT/tests_sampler/pytest.log"; then
+        echo "== the sampler's GPU tests did not all pass: no timing"; grep -E "FAILED|Error" "$OUT/tests_sampler/pytest.log" \
+            | head -n 20; phase_end; exit 0
+    fi
+    mkdir -p "$OUT/sampler"
+    timeout -k 5 60 "$PY" benchmarks/kernels/bench_sampler.py --out "$OUT/sampler" > "$OUT/sampler/run.log" 2>&1
+    echo "== sampler bench rc=$? at $((SECONDS - T0)) s"; tail -n 8 "$OUT/sampler/run.log"
+    TESTS_V=1 QUARL_ENGINE_FUSED_SAMPLE=1 tests 70 tests/engine/test_engine_gpu.py -k "reproducible and (64 or 128)"
+    mv "$OUT/tests" "$OUT/tests_engine"
+    for side in 0 1; do
+        mkdir -p "$OUT/j7_eval$side"
+        QUARL_ENGINE_FUSED_SAMPLE=$side timeout -k 5 75 "$PY" benchmarks/rollout.py --models 7b \
+            --variants nvfp4+lora --batches 1,64 --hf-new-tokens 0 --temperature 0.6 --top-p 0.95 \
+            --budget-s 60 --out "$OUT/j7_eval$side" > "$OUT/j7_eval$side/run.log" 2>&1
+        echo "== eval sampling, fused sample $side: rc=$? at $((SECONDS - T0)) s"
+        grep -A 4 "^| model" "$OUT/j7_eval$side/run.log" | head -n 6
+    done
+    QUARL_ENGINE_FUSED_SAMPLE=1 rollout_table $(( 430 - SECONDS + T0 )) 7b 1,64 j7_on
     phase_end ;;
 *) echo "unknown phase $PHASE"; exit 2 ;;
 esac

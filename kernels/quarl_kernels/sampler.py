@@ -38,7 +38,7 @@ import triton
 import triton.language as tl
 from triton.language.extra import libdevice
 
-__all__ = ["BLOCK", "gumbel_sample", "prepare", "splits"]
+__all__ = ["BLOCK", "gumbel_sample", "prepare", "sm_count", "splits"]
 
 BLOCK = 1024  # vocabulary entries a program step: 4 KB of fp32 logits (and 4 KB of noise) a row
 PROGRAMS_PER_SM = 4  # the partial grid's target size: enough programs in flight to stream at batch 1
@@ -126,15 +126,15 @@ def _combine_kernel(x_ptr, stride_x, part_ptr, idx_ptr, tok_ptr, logp_ptr, S, in
     tl.store(logp_ptr + row, x_tok - (M + _log(L, INTERPRET)))
 
 
-def splits(rows: int, vocab: int, sms: int) -> tuple[int, int]:
-    """``(S, SPLIT)``: the partial grid's splits of a row and the entries of each (a multiple of ``BLOCK``) --
-    about ``PROGRAMS_PER_SM`` programs an SM over all rows, never a split of less than one ``BLOCK``."""
-    s = max(1, min(triton.cdiv(PROGRAMS_PER_SM * sms, max(rows, 1)), triton.cdiv(vocab, BLOCK)))
-    split = triton.cdiv(triton.cdiv(vocab, s), BLOCK) * BLOCK
+def splits(rows: int, vocab: int, sms: int, block: int = BLOCK, per_sm: int = PROGRAMS_PER_SM) -> tuple[int, int]:
+    """``(S, SPLIT)``: the partial grid's splits of a row and the entries of each (a multiple of ``block``) --
+    about ``per_sm`` programs an SM over all rows, never a split of less than one ``block``."""
+    s = max(1, min(triton.cdiv(per_sm * sms, max(rows, 1)), triton.cdiv(vocab, block)))
+    split = triton.cdiv(triton.cdiv(vocab, s), block) * block
     return triton.cdiv(vocab, split), split
 
 
-def _sm_count(device: torch.device) -> int:
+def sm_count(device: torch.device) -> int:
     if device.type != "cuda":
         return 4  # the interpreter: a few splits, so the tests cover the combine
     return _cuda_sms(device.index if device.index is not None else torch.cuda.current_device())
@@ -183,7 +183,7 @@ def gumbel_sample(logits: torch.Tensor, temperature: float, u: torch.Tensor | No
     if B == 0:
         return tok, logp
     noise, dev, interpret = u is not None, logits.device, interpreting()
-    S, split = splits(B, V, _sm_count(dev))
+    S, split = splits(B, V, sm_count(dev))
     part = torch.empty(B * S * 3, dtype=torch.float32, device=dev)
     idx = torch.empty(B * S, dtype=torch.int32, device=dev)
     _partial_kernel[(B, S)](

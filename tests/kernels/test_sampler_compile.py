@@ -1,7 +1,7 @@
-"""The fused sampler's kernels (its two for top-p 1 and greedy, the nucleus one) build for sm_90 on a CPU (Triton's compiler and ptxas from its wheel, no GPU), as
+"""The fused sampler's kernels (its two for top-p 1 and greedy, the nucleus's lse, round and draw kernels) build for sm_90 on a CPU (Triton's compiler and ptxas from its wheel, no GPU), as
 a launch at Qwen2.5's vocabulary builds them (without FP contraction: ``x + g`` must round the product first, as
 ``sample`` does): a jit function may read only constexpr globals -- which the interpreter does not check (the noise's
-clamp first read a plain float) --, and neither kernel spills."""
+clamp first read a plain float) --, and no kernel spills."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import types
 import pytest
 import torch
 
-pytest.importorskip("triton", reason="needs Triton (CPU CI has none)")
+triton = pytest.importorskip("triton", reason="needs Triton (CPU CI has none)")
 from quarl_kernels import sampler
 
 from tests.kernels.sm90_sass import compile_launch, stack_bytes
@@ -44,14 +44,25 @@ def test_combine_kernel_builds():
     assert stack_bytes(k) in (0, None)
 
 
-def test_nucleus_kernel_builds():
+@pytest.mark.parametrize("which", ["lse", "round0", "round2", "round7", "draw"])
+def test_nucleus_kernels_build(which):
     from quarl_kernels import nucleus
 
     B, V = 64, 152064
-    launch = types.SimpleNamespace(
-        kernel=nucleus._nucleus_kernel, num_warps=8,
-        args=[torch.empty(B, V), V, torch.empty(B, V), V, torch.empty(B, dtype=torch.long),
-              torch.empty(B, dtype=torch.long), torch.empty(B), V, 1.0, 0.95],
-        constexprs={"BLOCK": nucleus.BLOCK, "HAS_ROWS": False, "INTERPRET": False})
-    k, _ = compile_launch(launch, fp_fusion=False)
-    assert stack_bytes(k) in (0, None)
+    S, split = sampler.splits(B, V, 132, nucleus.BLOCK, nucleus.PROGRAMS_PER_SM)
+    x, part, mass = torch.empty(B, V), torch.empty(B * S * 3), torch.empty(B * nucleus.ROUNDS * S * 16)
+    st, pre = torch.empty(B * (nucleus.ROUNDS + 1) * 3), torch.empty(B * (nucleus.ROUNDS + 1), dtype=torch.int32)
+    block_s = max(triton.next_power_of_2(S), 2)
+    if which == "lse":
+        kernel, args, constexprs = nucleus._lse_kernel, [x, V, part, V, split, 1.0], {"BLOCK": nucleus.BLOCK}
+    elif which == "draw":
+        kernel = nucleus._draw_kernel
+        args = [x, V, torch.empty(B, V), V, torch.empty(B, dtype=torch.long), part, torch.empty(B * S, dtype=torch.int32),
+                mass, st, pre, V, split, 1.0, 0.95]
+        constexprs = {"BLOCK": nucleus.BLOCK, "BLOCK_S": block_s, "HAS_ROWS": False, "INTERPRET": False}
+    else:
+        kernel, args = nucleus._round_kernel, [x, V, part, mass, st, pre, V, split, 1.0, 0.95]
+        constexprs = {"R": int(which[-1]), "BLOCK": nucleus.BLOCK, "BLOCK_S": block_s}
+    k, _ = compile_launch(types.SimpleNamespace(kernel=kernel, num_warps=8, args=args, constexprs=constexprs),
+                          fp_fusion=False)
+    assert stack_bytes(k) in (0, None)  # no spills
