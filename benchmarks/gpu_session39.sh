@@ -59,3 +59,21 @@ esac
 
 # ---------------------------------------------------------------------------------------------------------------
 # Record (calls of this session; device time from the tool's lease; raw under results/gpu_2026-11-28/s39/):
+#   g  commit 4472306, 2026-11-28 ~09:38-09:44 UTC, no kind -> one NVIDIA H200 (cold), 366 s held (budget 1800 ->
+#      1433 s): sampler GPU tests 29 passed; engine GPU tests with QUARL_ENGINE_FUSED_SAMPLE=1 cut by 100 s at 15 of 18,
+#      15 passed; bench_sampler (fused 9.07 / 17.43 / 79.96 / 248.54 us against PyTorch 59.27 / 74.71 / 246.54 /
+#      842.88 at 1 / 8 / 64 / 256 rows; nucleus, one program a row, 999 / 1105 / 1242 / 1965 against the sort's 174 /
+#      498 / 1546 / 5161); 7B table off (b1 7.12 / 2.86, b64 8.56 / 6.73: short runs, 1212-1712 tokens) then on (b1
+#      7.07 / 2.80 = 2.525x, b64 8.50 / 6.90 = 1.232x).
+#   h  commit 4472306, ~09:45-09:50 UTC, cold again (g's machine had gone idle), -> 1058 s: on (b1 7.02 / 2.81 =
+#      2.498x, b64 8.52 / 6.89 = 1.237x), off (7.08 / 2.86 = 2.476x, 8.69 / 7.07 = 1.229x); eval T 0.6 / top-p 0.95
+#      b64: off 10.00 / 8.65, on 9.95 / 8.62 ms.
+#   e  commit 227d67e (carry .dev/dg.tar.xz), ~09:52-10:00 UTC, cold (the first try was refused: the machine was being
+#      given back) -> 492 s: DeepGEMM built in 72 s; the 7B update cut by its 150 s before the FP8 arm (BF16 rows
+#      only); engine tests (fused sample on) cut at 16 of 18, 16 passed; FP8 quant / SwiGLU / glue cut at 33 passed;
+#      the ring's file 66 passed.
+#   j  commit c5eaf19 (the split nucleus), ~10:05-10:10 UTC, cold -> 106 s (given back: 103): sampler + nucleus GPU
+#      tests 29 passed; bench (top-p 1: 9.09 / 17.31 / 81.27 / 249.38 against 60.07 / 74.99 / 249.57 / 843.41; nucleus
+#      split 46.02 / 80.32 / 393.91 / 1707.50 against the sort's 175.85 / 498.39 / 1565.05 / 5211.82); engine
+#      reproducible[64] passed, [128] cut by 70 s; eval NVFP4 b1 / b64: off 3.00 / 8.66, on 2.85 / 7.59 ms; 7B table
+#      on: b1 6.98 / 2.78 = 2.511x, b64 8.49 / 6.88 = 1.234x.
