@@ -30,8 +30,9 @@ before session 16; ``quarl_kernels/pdl.py``) and ``:earlypdl`` ``=early`` (every
 after its K loop); ``:rowmajor`` sets ``QUARL_KERNELS_BLOCKED=0`` (the engine keeps the packed words row-major, as
 before session 21, not in ``quarl.quant.packed_layout``'s [64, 8] blocks from two rows a step); ``:nowgrules`` turns off
 ``wgmma_decode``'s two NVFP4 rules for 14B-sized k / v and q / o (:func:`wgmma_rules_off`: before session 19);
-``:fusedsample`` sets ``QUARL_ENGINE_FUSED_SAMPLE=1`` (the sampler as two Triton kernels, ``quarl_kernels.sampler``:
-opt-in since session 38; the ``sampling`` row is then those kernels and the noise draw);
+``:fusedsample`` sets ``QUARL_ENGINE_FUSED_SAMPLE=1`` (the sampler as Triton kernels, ``quarl_kernels.sampler`` /
+``nucleus``: the default since session 39; the ``sampling`` row is those kernels and the noise draw) and
+``:torchsample`` ``=0`` (PyTorch's ops, the sort below top-p 1: before session 39);
 modifiers combine (``nvfp4+lora32:noepi:sdpa``). With the epilogue on, a projection's ``gemm:*`` row includes its
 bias and LoRA B (they run in its kernels); ``lora`` is then the A GEMMs alone.
 
@@ -454,7 +455,8 @@ MODIFIERS = {  # ':name' -> the engine switch (env, value) it sets for the cell:
     "nowide": ("QUARL_KERNELS_RING_WIDE_MAX_M", "0"),  # 65+ rows: no wide ring tiles (Triton / dense, before s15)
     "rowmajor": ("QUARL_KERNELS_BLOCKED", "0"),  # packed words row-major, not in [64, 8] blocks (before s21)
     "nowgrules": None,  # wgmma_decode's NVFP4 rules for 14B-sized k / v and q / o off (before s19): wgmma_rules_off()
-    "fusedsample": ("QUARL_ENGINE_FUSED_SAMPLE", "1"),  # the Triton sampler (opt-in, session 38), not PyTorch's ops
+    "fusedsample": ("QUARL_ENGINE_FUSED_SAMPLE", "1"),  # the Triton sampler (the default since session 39)
+    "torchsample": ("QUARL_ENGINE_FUSED_SAMPLE", "0"),  # ... PyTorch's ops instead (before session 39)
 }
 
 

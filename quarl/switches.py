@@ -59,7 +59,7 @@ SWITCHES: dict[str, str] = {
     # the rollout engine
     "QUARL_ENGINE_FUSED": "0 = no fused norm / RoPE / SiLU kernels",
     "QUARL_ENGINE_DECODE_ATTN": "0 = decode attention through SDPA",
-    "QUARL_ENGINE_FUSED_SAMPLE": "1 = the sampler as Triton kernels, top-p < 1 without a sort (opt-in, not yet measured)",
+    "QUARL_ENGINE_FUSED_SAMPLE": "0 = the sampler as PyTorch ops (sort for top-p < 1), not the Triton kernels",
     "QUARL_ENGINE_LORA_PACK": "0 = LoRA adapters not packed per group",
     "QUARL_ENGINE_COMPACT": "0 = finished rows keep decoding (inertly) until the whole batch stops",
     "QUARL_ENGINE_SHARE_PREFILL": "0 = each of a prompt's n samples prefilled on its own",

@@ -35,9 +35,9 @@ CUDA graphs and the loop. Design, after gpt-fast:
   no compile step, the same HF modules; ``fused=False`` keeps PyTorch.
   With them, the decode step's attention is a flash-decoding kernel
   (``decode_attn=None``: ``$QUARL_ENGINE_DECODE_ATTN``, default on; ``False``
-  keeps SDPA for it alone); ``$QUARL_ENGINE_FUSED_SAMPLE=1`` (opt-in) makes the
-  sampler Triton kernels after the same noise draw, below top-p 1 without a sort
-  (:mod:`quarl.engine.sampling`).
+  keeps SDPA for it alone), and the sampler is Triton kernels after the same noise
+  draw, below top-p 1 without a sort (``$QUARL_ENGINE_FUSED_SAMPLE``, default on;
+  0 keeps PyTorch's ops: :mod:`quarl.engine.sampling`).
 * **packed adapters** (``lora_pack=None``: ``$QUARL_ENGINE_LORA_PACK``, default on): the LoRA
   branches of q/k/v and of gate/up share one A GEMM per layer, and every adapter is read from
   a copy in the activation dtype refreshed at the start of each call (:mod:`quarl.engine.lora`);

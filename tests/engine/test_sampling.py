@@ -101,7 +101,7 @@ FUSED_SCRIPT = textwrap.dedent("""
     import torch
     from quarl.engine import sampling
 
-    os.environ["QUARL_ENGINE_FUSED_SAMPLE"] = "1"  # opt-in
+    os.environ["QUARL_ENGINE_FUSED_SAMPLE"] = "1"
     sampling._FORCE_KERNEL = True  # the Triton sampler on CPU logits, under the interpreter
     g = torch.Generator().manual_seed(0)
     for rows, vocab, compact in ((1, 3000, False), (6, 5000, False), (4, 2500, True)):
@@ -138,11 +138,15 @@ def test_fused_flag_is_ignored_on_cpu_logits():
     assert torch.equal(a[0], b[0]) and torch.equal(a[1], b[1])
 
 
-def test_fused_sampler_is_opt_in(monkeypatch):
+def test_fused_sampler_is_on_by_default(monkeypatch):
     from quarl.engine import sampling
 
+    kernels = (object(), object())  # stands for the imported kernel modules (CPU CI has no Triton)
+    monkeypatch.setattr(sampling, "_KERNEL", kernels)
     monkeypatch.delenv(sampling.FUSED_ENV, raising=False)
-    assert sampling.fused_sampler() is None
+    assert sampling.fused_sampler() is kernels
+    monkeypatch.setenv(sampling.FUSED_ENV, "auto")
+    assert sampling.fused_sampler() is kernels
     monkeypatch.setenv(sampling.FUSED_ENV, "0")
     assert sampling.fused_sampler() is None
     monkeypatch.setenv(sampling.FUSED_ENV, "maybe")
@@ -218,3 +222,24 @@ def test_fused_sampler_without_its_kernels_warns_once_and_falls_back(monkeypatch
     with pytest.warns(UserWarning, match="QUARL_ENGINE_FUSED_SAMPLE=1 but quarl_kernels' sampler does not import"):
         assert sampling.fused_sampler() is None
     assert sampling.fused_sampler() is None  # decided once: no second warning, PyTorch's path
+
+
+def test_fused_sampler_by_default_without_its_kernels_falls_back_silently(monkeypatch):
+    import builtins
+    import warnings
+
+    from quarl.engine import sampling
+
+    real_import = builtins.__import__
+
+    def no_kernels(name, *a, **k):
+        if name.startswith("quarl_kernels"):
+            raise ImportError("no quarl_kernels here")
+        return real_import(name, *a, **k)
+
+    monkeypatch.delenv(sampling.FUSED_ENV, raising=False)
+    monkeypatch.setattr(sampling, "_KERNEL", None)
+    monkeypatch.setattr(builtins, "__import__", no_kernels)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # the default asked for nothing by name: no warning
+        assert sampling.fused_sampler() is None

@@ -20,7 +20,7 @@ V = 152064
 
 
 @pytest.fixture(autouse=True)
-def _opt_in(monkeypatch):
+def _switched_on(monkeypatch):  # whatever the caller's environment says
     monkeypatch.setenv(sampling.FUSED_ENV, "1")
 
 
