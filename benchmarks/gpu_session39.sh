@@ -10,6 +10,14 @@
 #   phase j: bash benchmarks/gpu_session39.sh j   (no kind; ~7 min) -- the nucleus kernel split over many programs a
 #     row: its GPU tests, the bench, the engine's last two tests with the fused sampler on, the eval sampling (T 0.6,
 #     top-p 0.95) at 7B batch 1 / 64 without / with it, the 7B table with it.
+#   phase k (prepared, not run: no device budget left): bash benchmarks/gpu_session39.sh k   (no kind; ~9 min) -- the
+#     14B rollout table at batch 1 / 8 / 64 on the H200 with the sampler's kernels (now the default; session 36's 14B
+#     figures, 2.35x / 1.13x, were without them), the 14B batch-1 decode-step profile with / without them (the H200
+#     has no batch-1 profile yet), and the engine's last GPU test with them (the 128-row seeded rollout).
+#   phase l (prepared, not run): bash benchmarks/gpu_session39.sh l   (no kind; carry .dev/dg.tar.xz; ~10 min) --
+#     issue 15's 7B actor update in two rounds with the time e lacked (290 s), then the FP8 quantizer / SwiGLU /
+#     fused-glue GPU tests (e's were cut at 33 passed).
+#   Order for the next session: k, l.
 set -u
 PHASE=${1:?phase}
 case $PHASE in
@@ -53,6 +61,22 @@ j)  # the nucleus kernel split over many programs a row (after g's bench: one pr
         grep -A 4 "^| model" "$OUT/j7_eval$side/run.log" | head -n 6
     done
     QUARL_ENGINE_FUSED_SAMPLE=1 rollout_table $(( 430 - SECONDS + T0 )) 7b 1,64 j7_on
+    phase_end ;;
+k)  # prepared: the 14B targets on the H200 with the sampler's kernels on (the default), and where its batch-1 step goes
+    OUT=${OUT:?}; source benchmarks/gpu_phase_lib.sh
+    rollout_table 230 14b 1,8,64 k14
+    profile 200 14b nvfp4+lora,nvfp4+lora:torchsample 1
+    TESTS_V=1 tests 120 tests/engine/test_engine_gpu.py -k "reproducible and 128"
+    phase_end ;;
+l)  # prepared: issue 15's 7B actor update after session 37's fp8_linear split (e's was cut), then the FP8 GPU tests
+    # e did not reach
+    OUT=${OUT:?}; source benchmarks/gpu_phase_lib.sh
+    deepgemm
+    export PYTHONPATH=$PYTHONPATH:/tmp/dg TESTS_V=1
+    model_step 290 p7_r2 --shape Qwen2.5-7B --layers 4 --tokens 16384 --loss rl \
+        --arms "bf16,bf16+glue,jetrl-xtiles+deepgemm+glue" --iters 2 --accumulate 8 --repeat 2
+    tests $(( 560 - SECONDS + T0 )) tests/kernels/test_fp8_quant_gpu.py tests/kernels/test_fp8_swiglu_gpu.py \
+        tests/train/test_fused_glue_gpu.py
     phase_end ;;
 *) echo "unknown phase $PHASE"; exit 2 ;;
 esac
