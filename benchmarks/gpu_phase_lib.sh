@@ -18,6 +18,12 @@ tests() {  # SECONDS FILE... [pytest args]: GPU tests -> $OUT/tests/pytest.log; 
     echo "== GPU tests rc=$? at $((SECONDS - T0)) s"; grep -E "^E |passed|failed|FAILED|ERROR" "$OUT/tests/pytest.log" | tail -n 20
 }
 
+tests_passed() {  # DIR: true when $OUT/DIR/pytest.log has passes and no failure; else says so and lists the failures
+    if grep -q " passed" "$OUT/$1/pytest.log" && ! grep -qE " failed| error" "$OUT/$1/pytest.log"; then return 0; fi
+    echo "== the GPU tests in $1 did not all pass: no timing"; grep -E "FAILED|Error" "$OUT/$1/pytest.log" | head -n 20
+    return 1
+}
+
 profile() {  # SECONDS MODELS VARIANTS BATCHES: the decode-step profile -> $OUT/profile
     mkdir -p "$OUT/profile"
     timeout -k 5 "$1" "$PY" benchmarks/rollout_profile.py --models "$2" --variants "$3" --batches "$4" \

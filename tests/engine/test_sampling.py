@@ -204,42 +204,39 @@ def test_engine_rollout_is_the_same_with_the_fused_sampler():
     run_interpreted(ENGINE_SCRIPT)
 
 
-def test_fused_sampler_without_its_kernels_warns_once_and_falls_back(monkeypatch):
+@pytest.fixture
+def no_kernels(monkeypatch):
+    """``quarl_kernels`` cannot be imported, and the sampler has not tried yet."""
     import builtins
 
     from quarl.engine import sampling
 
     real_import = builtins.__import__
 
-    def no_kernels(name, *a, **k):
+    def fake_import(name, *a, **k):
         if name.startswith("quarl_kernels"):
             raise ImportError("no quarl_kernels here")
         return real_import(name, *a, **k)
 
-    monkeypatch.setenv(sampling.FUSED_ENV, "1")
     monkeypatch.setattr(sampling, "_KERNEL", None)
-    monkeypatch.setattr(builtins, "__import__", no_kernels)
+    monkeypatch.setattr(builtins, "__import__", fake_import)
+
+
+def test_fused_sampler_without_its_kernels_warns_once_and_falls_back(monkeypatch, no_kernels):
+    from quarl.engine import sampling
+
+    monkeypatch.setenv(sampling.FUSED_ENV, "1")
     with pytest.warns(UserWarning, match="QUARL_ENGINE_FUSED_SAMPLE=1 but quarl_kernels' sampler does not import"):
         assert sampling.fused_sampler() is None
     assert sampling.fused_sampler() is None  # decided once: no second warning, PyTorch's path
 
 
-def test_fused_sampler_by_default_without_its_kernels_falls_back_silently(monkeypatch):
-    import builtins
+def test_fused_sampler_by_default_without_its_kernels_falls_back_silently(monkeypatch, no_kernels):
     import warnings
 
     from quarl.engine import sampling
 
-    real_import = builtins.__import__
-
-    def no_kernels(name, *a, **k):
-        if name.startswith("quarl_kernels"):
-            raise ImportError("no quarl_kernels here")
-        return real_import(name, *a, **k)
-
     monkeypatch.delenv(sampling.FUSED_ENV, raising=False)
-    monkeypatch.setattr(sampling, "_KERNEL", None)
-    monkeypatch.setattr(builtins, "__import__", no_kernels)
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # the default asked for nothing by name: no warning
         assert sampling.fused_sampler() is None
