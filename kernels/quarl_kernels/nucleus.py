@@ -31,10 +31,11 @@ at 1 to 64 rows -- a row's ten passes at one SM's instruction rate (the 16 digit
 against the sort's 0.17 ms at one row; the splits put every SM on a row: 46 / 80 / 394 / 1708 us at 1 / 8 / 64 /
 256 rows against the sort's 176 / 498 / 1565 / 5212, the same tokens (phase j, ``benchmarks/kernels/bench_sampler.py``).
 The state a launch hands the next (a row's ``m``, ``total``, the mass above the chosen digits, the digits) is
-recomputed by every program from the same numbers in the same order and stored by the first: the launches stay independent of program order. A pass keeps
-per-lane partials over its steps and reduces across the program once at its end, and the radix steps work on
-``[BLOCK, 1]`` columns from the load on, so that the broadcast against the 16 digits stays in registers (sm_90
-build, session 38: 129-163 instructions a thread per radix step of 512 tokens, 270 with a reduction a step).
+recomputed by every program from the same numbers in the same order and stored by the first: the launches stay
+independent of program order. A pass keeps per-lane partials over its steps and reduces across the program once at
+its end, and the radix steps work on ``[BLOCK, 1]`` columns from the load on, so that the broadcast against the 16
+digits stays in registers (sm_90 build, session 38: 129-163 instructions a thread per radix step of 512 tokens, 270
+with a reduction a step).
 
 What it equals. The nucleus of ``top_p_mask`` when no two tokens tie at ``tau``: the sort keeps the tokens before the
 crossing one and it, i.e. the logits ``> tau`` and one token at ``tau``. With ties at ``tau`` (bf16 logits make them
