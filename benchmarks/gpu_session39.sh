@@ -12,8 +12,9 @@
 #     top-p 0.95) at 7B batch 1 / 64 without / with it, the 7B table with it.
 #   phase k (prepared, not run: no device budget left): bash benchmarks/gpu_session39.sh k   (no kind; ~9 min) -- the
 #     14B rollout table at batch 1 / 8 / 64 on the H200 with the sampler's kernels (now the default; session 36's 14B
-#     figures, 2.35x / 1.13x, were without them), the 14B batch-1 decode-step profile with / without them (the H200
-#     has no batch-1 profile yet), and the engine's last GPU test (the 128-row seeded rollout) without / with them.
+#     figures, 2.35x / 1.13x at batch 1 / 64, were without them), the H200's first 14B decode-step profile of both
+#     engines at batch 1 / 64 (where the 0.29 ms that 2.5x needs at batch 1, and the 0.84 ms for 1.2x at 64, could
+#     come from), and the engine's last GPU test with the default (the 128-row seeded rollout).
 #   phase l (prepared, not run): bash benchmarks/gpu_session39.sh l   (no kind; carry .dev/dg.tar.xz; ~10 min) --
 #     issue 15's 7B actor update in two rounds with the time e lacked (290 s), then the 23 FP8 GPU tests not yet
 #     reached (SwiGLU's 16, fused glue's 5, the FP8 quantizers' last two; e's run was cut at fp8_quant's 34th).
@@ -59,13 +60,11 @@ j)  # the nucleus kernel split over many programs a row (after g's bench: one pr
     done
     QUARL_ENGINE_FUSED_SAMPLE=1 rollout_table $(( 430 - SECONDS + T0 )) 7b 1,64 j7_on
     phase_end ;;
-k)  # prepared: the 14B targets on the H200 with the sampler's kernels on (the default), and where its batch-1 step goes
+k)  # prepared: the 14B targets on the H200 with the sampler's kernels on (the default), and where its steps go
     OUT=${OUT:?}; source benchmarks/gpu_phase_lib.sh
-    rollout_table 230 14b 1,8,64 k14
-    profile 200 14b nvfp4+lora,nvfp4+lora:torchsample 1
-    TESTS_V=1 QUARL_ENGINE_FUSED_SAMPLE=0 tests 120 tests/engine/test_engine_gpu.py -k "reproducible and 128"
-    mv "$OUT/tests" "$OUT/tests_engine_torch"
-    TESTS_V=1 tests 120 tests/engine/test_engine_gpu.py -k "reproducible and 128"
+    rollout_table 210 14b 1,8,64 k14
+    profile 210 14b bf16+lora,nvfp4+lora 1,64
+    TESTS_V=1 tests $(( 560 - SECONDS + T0 )) tests/engine/test_engine_gpu.py -k "reproducible and 128"
     phase_end ;;
 l)  # prepared: issue 15's 7B actor update after session 37's fp8_linear split (e's was cut), then the FP8 GPU tests
     # e did not reach
