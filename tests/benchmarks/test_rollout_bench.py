@@ -28,3 +28,13 @@ def test_fp8_variant_is_jetrl_and_runs(tmp_path, monkeypatch):
     cells = {c["variant"]: c for c in json.loads((tmp_path / "rollout.json").read_text())["cells"]}
     assert cells["fp8"]["kernel"] == "FP8 flow (emulated)" and cells["fp8"]["new_tokens"] == 64
     assert cells["bf16"]["step_ms"] > 0 and cells["fp8"]["step_ms"] > 0
+
+
+def test_a_cell_cut_short_by_its_time_share_says_so():
+    cell = {"model": "7b", "variant": "nvfp4+lora", "engine": "engine", "batch": 64, "kernel": "k", "new_tokens": 1212,
+            "step_ms": 6.73}
+    full = dict(cell, new_tokens=2048)
+    hf = dict(cell, engine="hf", new_tokens=100)  # HF generate's tokens are sized to its share by design
+    md = bench.table({"args": {"new_tokens": 2048}, "cells": [cell, full, hf]}).splitlines()
+    assert "short: 1212 of 2048 new tokens" in md[2]
+    assert "short" not in md[3] and "short" not in md[4]
