@@ -11,10 +11,10 @@
 #     row: its GPU tests, the bench, the engine's last two tests with the fused sampler on, the eval sampling (T 0.6,
 #     top-p 0.95) at 7B batch 1 / 64 without / with it, the 7B table with it.
 #   phase k (prepared, not run: no device budget left): bash benchmarks/gpu_session39.sh k   (no kind; ~9 min) -- the
-#     14B rollout table at batch 1 / 8 / 64 on the H200 with the sampler's kernels (now the default; session 36's 14B
-#     figures, 2.35x / 1.13x at batch 1 / 64, were without them), the H200's first 14B decode-step profile of both
-#     engines at batch 1 / 64 (where the 0.29 ms that 2.5x needs at batch 1, and the 0.84 ms for 1.2x at 64, could
-#     come from), and the engine's last GPU test with the default (the 128-row seeded rollout).
+#     14B rollout table at batch 1 / 64 on the H200 with the sampler's kernels (now the default; session 36's 14B
+#     figures, 2.35x / 1.13x, were without them), the H200's first 14B NVFP4+LoRA decode-step profile at batch 1 / 64
+#     (where the 0.29 ms that 2.5x needs at batch 1, and the 0.84 ms for 1.2x at 64, could come from), and the
+#     engine's last GPU test with the default (the 128-row seeded rollout).
 #   phase l (prepared, not run): bash benchmarks/gpu_session39.sh l   (no kind; carry .dev/dg.tar.xz; ~10 min) --
 #     issue 15's 7B actor update in two rounds with the time e lacked (290 s), then the 23 FP8 GPU tests not yet
 #     reached (SwiGLU's 16, fused glue's 5, the FP8 quantizers' last two; e's run was cut at fp8_quant's 34th).
@@ -62,8 +62,8 @@ j)  # the nucleus kernel split over many programs a row (after g's bench: one pr
     phase_end ;;
 k)  # prepared: the 14B targets on the H200 with the sampler's kernels on (the default), and where its steps go
     OUT=${OUT:?}; source benchmarks/gpu_phase_lib.sh
-    rollout_table 210 14b 1,8,64 k14
-    profile 210 14b bf16+lora,nvfp4+lora 1,64
+    rollout_table 260 14b 1,64 k14  # session 36's 260 s for 8 cells cut 14B BF16 at batch 64 short: 4 cells here
+    profile 200 14b nvfp4+lora 1,64
     TESTS_V=1 tests $(( 560 - SECONDS + T0 )) tests/engine/test_engine_gpu.py -k "reproducible and 128"
     phase_end ;;
 l)  # prepared: issue 15's 7B actor update after session 37's fp8_linear split (e's was cut), then the FP8 GPU tests
