@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -34,3 +35,11 @@ def run_interpreted(script: str, timeout: int = 300) -> str:
                        timeout=timeout, check=False, cwd=ROOT)
     assert r.returncode == 0 and r.stdout.rstrip().endswith("OK"), r.stdout + r.stderr[-3000:]
     return r.stdout
+
+
+def expect_value_errors(cases) -> None:
+    """Each ``(call, text)``: ``call()`` raises a ValueError whose message holds ``text`` -- the interpreted scripts'
+    bad-input checks (they import this from the repository root)."""
+    for call, text in cases:
+        with pytest.raises(ValueError, match=re.escape(text)):
+            call()

@@ -8,34 +8,16 @@ from __future__ import annotations
 import pytest
 import torch
 
-pytest.importorskip("triton", reason="the GPU kernels need Triton (CPU CI has none)")
 from quarl.engine import sampling
+from tests.kernels.sampler_gpu import MARKS, V, assert_same_draws, switched_on  # noqa: F401 - switched_on: an autouse fixture
 
-pytestmark = [
-    pytest.mark.gpu,
-    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device"),
-]
-
-V = 152064
-
-
-@pytest.fixture(autouse=True)
-def _switched_on(monkeypatch):  # whatever the caller's environment says
-    monkeypatch.setenv(sampling.FUSED_ENV, "1")
+pytestmark = MARKS
 
 
 @pytest.mark.parametrize("rows", [1, 64, 300])
 @pytest.mark.parametrize(("temperature", "top_p"), [(0.6, 0.95), (1.0, 0.9), (1.0, 0.5)])
 def test_same_tokens_as_the_sort(rows, temperature, top_p):
-    g = torch.Generator("cuda").manual_seed(rows)
-    logits = torch.randn(rows, V, device="cuda", generator=g) * 4
-    ga, gb = torch.Generator("cuda").manual_seed(1), torch.Generator("cuda").manual_seed(1)
-    for _ in range(2):
-        tok, lp = sampling.sample(logits, temperature, top_p, ga, fused=True)
-        rtok, rlp = sampling.sample(logits, temperature, top_p, gb, fused=False)
-        assert torch.equal(tok, rtok), (tok != rtok).sum().item()
-        assert ((lp - rlp).abs() / (1 + rlp.abs())).max().item() < 1e-5
-    assert torch.equal(ga.get_state(), gb.get_state())
+    assert_same_draws(rows, temperature, top_p, steps=2)
 
 
 def test_compacted_rows_take_their_noise_rows():

@@ -9,20 +9,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-pytest.importorskip("triton", reason="the GPU kernels need Triton (CPU CI has none)")
 from quarl.engine import sampling
+from tests.kernels.sampler_gpu import MARKS, V, assert_same_draws, switched_on  # noqa: F401 - switched_on: an autouse fixture
 
-pytestmark = [
-    pytest.mark.gpu,
-    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device"),
-]
-
-V = 152064
-
-
-@pytest.fixture(autouse=True)
-def _switched_on(monkeypatch):  # whatever the caller's environment says
-    monkeypatch.setenv(sampling.FUSED_ENV, "1")
+pytestmark = MARKS
 
 
 @pytest.mark.parametrize("rows", [1, 8, 64, 300])
@@ -30,15 +20,7 @@ def _switched_on(monkeypatch):  # whatever the caller's environment says
 @pytest.mark.parametrize("top_p", [1.0, sampling.GREEDY_TOP_P / 2])
 def test_same_tokens_as_pytorch(rows, temperature, top_p):
     assert sampling.fused_sampler() is not None
-    g = torch.Generator("cuda").manual_seed(rows)
-    logits = torch.randn(rows, V, device="cuda", generator=g) * 4  # fp32, as the engine's st.logits
-    ga, gb = torch.Generator("cuda").manual_seed(1), torch.Generator("cuda").manual_seed(1)
-    for _ in range(3):  # three steps: the generators must stay in step
-        tok, lp = sampling.sample(logits, temperature, top_p, ga, fused=True)
-        rtok, rlp = sampling.sample(logits, temperature, top_p, gb, fused=False)
-        assert torch.equal(tok, rtok), (tok != rtok).sum().item()
-        assert ((lp - rlp).abs() / (1 + rlp.abs())).max().item() < 1e-5
-    assert torch.equal(ga.get_state(), gb.get_state())
+    assert_same_draws(rows, temperature, top_p, steps=3)  # three steps: the generators must stay in step
 
 
 def test_compacted_rows_take_their_noise_rows():
