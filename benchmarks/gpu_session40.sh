@@ -5,11 +5,22 @@
 #
 #   phase k: bash benchmarks/gpu_session40.sh k   (no kind; ~9 min) -- session 39's phase k.
 #   phase l: bash benchmarks/gpu_session40.sh l   (no kind; carry .dev/dg.tar.xz; ~10 min) -- session 39's phase l.
+#   phase m: bash benchmarks/gpu_session40.sh m   (no kind; ~4 min) -- the 14B batch-1 step by kernel name (k's profile
+#     left 53 % of it unattributed: the one-row group launches), with the groups split into one launch a weight
+#     (:nogroup, each projection attributed) and the BF16 step beside it; the 7B step the same way.
 set -u
 PHASE=${1:?phase}
 case $PHASE in
 k) exec bash benchmarks/gpu_session39.sh k ;;
 l) exec bash benchmarks/gpu_session39.sh l ;;
+m)  # where the 14B batch-1 step goes, kernel by kernel (2.38x in k; 2.5x needs 4.94 ms against 5.19)
+    OUT=${OUT:?}; source benchmarks/gpu_phase_lib.sh
+    profile 150 14b "nvfp4+lora,nvfp4+lora:nogroup,bf16+lora" 1
+    mv "$OUT/profile" "$OUT/profile14"
+    profile 90 7b "nvfp4+lora,bf16+lora" 1
+    mv "$OUT/profile" "$OUT/profile7"
+    for d in profile14 profile7; do sed -n '/kernels by time/,$p' "$OUT/$d/run.log" | head -n 80; done
+    phase_end ;;
 *) echo "unknown phase $PHASE"; exit 2 ;;
 esac
 

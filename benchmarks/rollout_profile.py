@@ -47,7 +47,8 @@ steps``; the default 1024 is about the mean context of the issue's 2048-token ro
 2. **graphed kernels** -- the same loop under ``torch.profiler`` (CUPTI records the kernels
    inside the CUDA graphs): GPU time per step summed over every kernel/memcpy/memset, and the
    kernel count. ``step ms - kernel ms`` is time the GPU sat idle: launch gaps between graph
-   replays and the eager sampling kernels, host work, syncs.
+   replays and the eager sampling kernels, host work, syncs. The step's kernels are listed by name too
+   (the top 16 by time, launches a step): what the categories below are made of.
 3. **attributed kernels** -- the loop once more *without* graphs, every projection, the LM
    head and the embedding wrapped in ``record_function`` by forward hooks (and LoRA's branch
    from its ``lora_dropout`` call on), the step and the sampler too; each kernel is charged to
@@ -57,7 +58,8 @@ steps``; the default 1024 is about the mean context of the issue's 2048-token ro
    mask index_fill), ``other_glue`` (the rest of the step: cos/sin gather, reshapes that copy,
    the final logits cast; its top kernel names are listed), ``sampling``, ``loop`` (the token
    bookkeeping between steps), ``unattributed`` (GPU activity no CPU op claimed: the check
-   that the attribution is complete). Kernel durations do not depend on how they were launched, so
+   that the attribution is complete; the names of those kernels are listed with other_glue's --
+   a LoRA group's one-row launches are, as Python-launched Triton kernels outside a custom op). Kernel durations do not depend on how they were launched, so
    these are the graphed step's kernels, split by what launched them; the eager sum is printed
    beside the graphed sum as the check.
 
@@ -319,15 +321,35 @@ def _device_events(prof):
     return [e for e in prof.events() if e.device_type == DeviceType.CUDA and not e.name.startswith(TAGS)]
 
 
+def by_name(events, steps: int, top: int = 16, minus: dict | None = None) -> dict:
+    """``{kernel name: {"us": us per step, "n": launches per step}}`` of device ``events`` (objects with ``.name`` and
+    ``.time_range.elapsed_us()``), the ``top`` by time; ``minus`` (the same form, totals over the run): the kernels
+    some CPU op already claimed, taken off name by name first -- what is left is the GPU work nobody claimed."""
+    us, n = collections.Counter(), collections.Counter()
+    for e in events:
+        name = e.name[:90]
+        us[name] += e.time_range.elapsed_us()
+        n[name] += 1
+    for name, v in (minus or {}).items():
+        us[name] -= v["us"]
+        n[name] -= v["n"]
+    keep = [k for k, v in us.most_common() if n[k] > 0 and v > 0][:top]
+    return {k: {"us": us[k] / steps, "n": n[k] / steps} for k in keep}
+
+
 def attribute(prof, cuda: bool) -> tuple[dict, dict, dict]:
     """(us per category, kernel count per category, top kernel names of other_glue)."""
     us, count = collections.Counter(), collections.Counter()
     other = collections.Counter()
+    claimed: dict = collections.defaultdict(lambda: {"us": 0.0, "n": 0})  # kernel name -> what CPU ops claimed
     for e in prof.events():
         if e.device_type != DeviceType.CPU:
             continue
         if cuda:
             items = [(k.name, k.duration) for k in e.kernels]
+            for name, dur in items:
+                claimed[name[:90]]["us"] += dur
+                claimed[name[:90]]["n"] += 1
         elif not e.cpu_children and not e.name.startswith(TAGS):
             items = [(e.name, e.self_cpu_time_total)]  # CPU dry run: leaf ops stand in for kernels
         else:
@@ -344,7 +366,9 @@ def attribute(prof, cuda: bool) -> tuple[dict, dict, dict]:
         dev = _device_events(prof)
         us["unattributed"] = max(0.0, sum(e.time_range.elapsed_us() for e in dev) - sum(us.values()))
         count["unattributed"] = max(0, len(dev) - sum(count.values()))
-    return dict(us), dict(count), dict(other.most_common(8))
+        unclaimed = by_name(dev, 1, 8, minus=claimed)  # totals over the run; the caller divides by the steps
+        other.update({f"(unattributed) | {k}": v["us"] for k, v in unclaimed.items()})
+    return dict(us), dict(count), dict(other.most_common(12))
 
 
 def _sync():
@@ -397,6 +421,7 @@ def profile_cell(model, batch: int, prompt: int, steps: int, prof_steps: int, ch
     dev = _device_events(prof)
     out["graphed_kernel_ms"] = sum(e.time_range.elapsed_us() for e in dev) / prof_steps / 1e3
     out["graphed_kernels_per_step"] = len(dev) / prof_steps
+    out["graphed_by_name"] = by_name(dev, prof_steps)  # what the step's kernels are, by time
     out["idle_ms"] = out["step_ms"] - out["graphed_kernel_ms"]
     del prof, dev
 
@@ -412,7 +437,7 @@ def profile_cell(model, batch: int, prompt: int, steps: int, prof_steps: int, ch
     out["attributed_ms"] = {c: us.get(c, 0.0) / prof_steps / 1e3 for c in CATEGORIES}
     out["attributed_kernels_per_step"] = {c: count.get(c, 0) / prof_steps for c in CATEGORIES}
     out["attributed_kernel_ms"] = sum(out["attributed_ms"].values())
-    out["other_glue_top_us"] = {k: v / prof_steps for k, v in other.items()}
+    out["other_glue_top_us"] = {k: v / prof_steps for k, v in other.items()}  # with the unattributed kernels' names
     out["prof_steps"] = prof_steps
     out["context"] = [prompt + 2, carry["t"] + prompt]
     eng.release()
@@ -600,6 +625,15 @@ def tables(res: dict) -> str:
         lines.append("| LoRA kernels per step (attributed) | " + " | ".join(
             f"{c['attributed_kernels_per_step']['lora']:.0f}" for c in cs) + " |")
         out.append("\n".join(lines) + "\n")
+        for c in cs:  # the graphed step's kernels by name: what the categories above are made of
+            top = c.get("graphed_by_name") or {}
+            if top:
+                out.append(f"batch {c['batch']}, graphed kernels by time (us a step, launches a step):\n" + "\n".join(
+                    f"  {v['us']:8.1f} us {v['n']:6.1f}x  {k}" for k, v in top.items()) + "\n")
+            glue = c.get("other_glue_top_us") or {}
+            if glue:
+                out.append(f"batch {c['batch']}, other_glue / unattributed kernels (us a step):\n" + "\n".join(
+                    f"  {v:8.1f} us  {k}" for k, v in glue.items()) + "\n")
     checks = res.get("checks", {})
     if checks:
         out.append("rollout log-prob vs trainer forward (|delta|, batch 8, 64 tokens):\n" + "\n".join(

@@ -34,3 +34,23 @@ def test_rowmajor_switches_the_blocked_layout_off():
     from quarl.quant import packed_layout
 
     assert bench.parse_variant("nvfp4+lora32:rowmajor")[3] == ((packed_layout.ENV, "0"),)
+
+
+class _Ev:
+    """A device event as ``by_name`` reads it."""
+
+    def __init__(self, name, us):
+        self.name = name
+        self.time_range = type("T", (), {"elapsed_us": lambda _self, us=us: us})()
+
+
+def test_kernels_by_name_per_step_and_what_no_op_claimed():
+    """The graphed step's kernels by name (us and launches a step, the top by time), and the unattributed ones: the
+    device events minus the kernels CPU ops claimed, name by name."""
+    evs = [_Ev("_gemv_kernel", 10.0)] * 4 + [_Ev("epilogue_kernel", 2.0)] * 4 + [_Ev("norm", 1.0)] * 2
+    top = bench.by_name(evs, steps=2)
+    assert list(top) == ["_gemv_kernel", "epilogue_kernel", "norm"]
+    assert top["_gemv_kernel"] == {"us": 20.0, "n": 2.0} and top["norm"] == {"us": 1.0, "n": 1.0}
+    assert list(bench.by_name(evs, steps=2, top=1)) == ["_gemv_kernel"]
+    left = bench.by_name(evs, 1, minus={"_gemv_kernel": {"us": 20.0, "n": 2}, "norm": {"us": 2.0, "n": 2}})
+    assert left == {"_gemv_kernel": {"us": 20.0, "n": 2.0}, "epilogue_kernel": {"us": 8.0, "n": 4.0}}
