@@ -8,6 +8,9 @@
 #   phase m: bash benchmarks/gpu_session40.sh m   (no kind; ~4 min) -- the 14B batch-1 step by kernel name (k's profile
 #     left 53 % of it unattributed: the one-row group launches), with the groups split into one launch a weight
 #     (:nogroup, each projection attributed) and the BF16 step beside it; the 7B step the same way.
+#   phase n: bash benchmarks/gpu_session40.sh n   (no kind; ~6 min) -- the profile's generate check in its new form (two
+#     multi-token calls differenced: m's read 2.33 ms against a 4.97-ms loop) at 14B / 7B batch 1, then the 14B
+#     batch-1 row twice more (k: 2.38x).
 set -u
 PHASE=${1:?phase}
 case $PHASE in
@@ -20,6 +23,16 @@ m)  # where the 14B batch-1 step goes, kernel by kernel (2.38x in k; 2.5x needs 
     profile 90 7b "nvfp4+lora,bf16+lora" 1
     mv "$OUT/profile" "$OUT/profile7"
     for d in profile14 profile7; do sed -n '/kernels by time/,$p' "$OUT/$d/run.log" | head -n 80; done
+    phase_end ;;
+n)  # the generate check's new form on the GPU, and the 14B batch-1 row again
+    OUT=${OUT:?}; source benchmarks/gpu_phase_lib.sh
+    profile 75 14b nvfp4+lora 1
+    mv "$OUT/profile" "$OUT/profile14"
+    profile 60 7b nvfp4+lora 1
+    mv "$OUT/profile" "$OUT/profile7"
+    grep -h "generate\` (check)\|\*\*step ms" "$OUT"/profile*/run.log
+    rollout_table 130 14b 1 n14a
+    rollout_table 130 14b 1 n14b
     phase_end ;;
 *) echo "unknown phase $PHASE"; exit 2 ;;
 esac

@@ -42,8 +42,8 @@ steps``; the default 1024 is about the mean context of the issue's 2048-token ro
 
 1. **step ms** -- ``steps`` decode tokens through the engine exactly as ``generate`` runs them
    (graph replay of the step, on-device sampling, the token bookkeeping), wall clock with a
-   sync at both ends, no profiler. Also the real ``generate`` call is timed once (``n`` and 1
-   new tokens, prefill subtracted) as a check that the loop below is the engine's loop.
+   sync at both ends, no profiler. Also the real ``generate`` is timed (``n`` and ``n // 4`` new
+   tokens, the faster of two calls each, the difference) as a check that the loop below is the engine's loop.
 2. **graphed kernels** -- the same loop under ``torch.profiler`` (CUPTI records the kernels
    inside the CUDA graphs): GPU time per step summed over every kernel/memcpy/memset, and the
    kernel count. ``step ms - kernel ms`` is time the GPU sat idle: launch gaps between graph
@@ -380,6 +380,25 @@ def _activities():
     return [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if R.DEVICE == "cuda" else [])
 
 
+def generate_check(eng, rows, n: int, gen) -> dict:
+    """The real ``generate``'s step: ``(t(n) - t(n0)) / (n - n0)`` tokens with ``n0 = n // 4`` (at least 2), each
+    length the faster of two timed calls after a warm-up. Session 40's first form, ``(t(n) - t(1)) / (n - 1)`` from one
+    call each, read 2.33 and 3.06 ms against a 4.97-ms loop (14B batch 1) while the rollout table's generate ran
+    5.19: a one-token call is not a prefill plus nothing."""
+    from quarl.engine.rollout import SamplingParams
+
+    def timed(k: int) -> float:
+        return min(R._sync_time(lambda: eng.generate(rows, SamplingParams(1.0, 1.0, k, []), 1, gen))[1]
+                   for _ in range(2))
+
+    n0 = max(2, n // 4)
+    if n <= n0:
+        raise ValueError(f"--check-tokens {n}: needs at least {n0 + 1} (two lengths to difference)")
+    eng.generate(rows, SamplingParams(1.0, 1.0, n0, []), 1, gen)
+    t0, tn = timed(n0), timed(n)
+    return {"generate_step_ms": (tn - t0) / (n - n0) * 1e3, "generate_tokens": [n0, n], "generate_s": [t0, tn]}
+
+
 def profile_cell(model, batch: int, prompt: int, steps: int, prof_steps: int, check_tokens: int,
                  lora_pack: bool, out: dict) -> dict:
     """Fills ``out`` view by view (a failure in a later view keeps the earlier ones)."""
@@ -394,13 +413,8 @@ def profile_cell(model, batch: int, prompt: int, steps: int, prof_steps: int, ch
     total = 2 + steps + 2 * prof_steps + 4  # decode steps the loop takes after generate's first two (+ margin)
     eng = FastGenerator(model, R.PAD, kv_block=256, sync_every=64, lora_pack=lora_pack)
     eng.warmup(batch, prompt, max(total, check_tokens) + 2)  # one cache and graph set for every call below
-    if check_tokens:  # the real generate, timed once (its own prefill subtracted): the loop must match it
-        eng.generate(rows, SamplingParams(1.0, 1.0, 1, []), 1, gen)
-        _, t1 = R._sync_time(lambda: eng.generate(rows, SamplingParams(1.0, 1.0, 1, []), 1, gen))
-        _, tn = R._sync_time(lambda: eng.generate(rows, SamplingParams(1.0, 1.0, check_tokens, []), 1, gen))
-        out["generate_step_ms"] = (tn - t1) / (check_tokens - 1) * 1e3
-        out["generate_tokens"] = check_tokens
-        out["prefill_s"] = t1
+    if check_tokens:  # the real generate (its prefill subtracted): the loop must match it
+        out.update(generate_check(eng, rows, check_tokens, gen))
 
     # 1. step ms, graphed, no profiler
     st, carry = start_loop(eng, rows, total, gen)

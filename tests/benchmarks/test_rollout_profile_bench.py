@@ -54,3 +54,28 @@ def test_kernels_by_name_per_step_and_what_no_op_claimed():
     assert list(bench.by_name(evs, steps=2, top=1)) == ["_gemv_kernel"]
     left = bench.by_name(evs, 1, minus={"_gemv_kernel": {"us": 20.0, "n": 2}, "norm": {"us": 2.0, "n": 2}})
     assert left == {"_gemv_kernel": {"us": 20.0, "n": 2.0}, "epilogue_kernel": {"us": 8.0, "n": 4.0}}
+
+
+def test_generate_check_differences_two_multi_token_calls(monkeypatch):
+    """The real generate's step is the difference of two token counts (n // 4 and n), the faster of two calls each:
+    a slow first call of a length (here +1 s) does not reach it, and neither does the prefill."""
+    seen = []
+
+    class Eng:
+        def generate(self, rows, params, n, gen):
+            seen.append(params.max_new_tokens)
+            return params.max_new_tokens
+
+    calls = {}
+
+    def fake_time(fn):
+        k = fn()
+        calls[k] = calls.get(k, 0) + 1
+        return k, 0.25 + 0.005 * (k - 1) + (1.0 if calls[k] == 1 else 0.0)  # prefill, 5 ms a token, slow first
+
+    monkeypatch.setattr(bench.R, "_sync_time", fake_time)
+    out = bench.generate_check(Eng(), [[1, 2]], 33, None)
+    assert out["generate_tokens"] == [8, 33] and abs(out["generate_step_ms"] - 5.0) < 1e-9
+    assert seen == [8, 8, 8, 33, 33]  # a warm-up of the short length, then two calls of each
+    with pytest.raises(ValueError, match="--check-tokens 2"):
+        bench.generate_check(Eng(), [[1]], 2, None)
