@@ -404,7 +404,6 @@ def profile_cell(model, batch: int, prompt: int, steps: int, prof_steps: int, ch
     """Fills ``out`` view by view (a failure in a later view keeps the earlier ones)."""
     from quarl.engine import FastGenerator
     from quarl.engine import generator as G
-    from quarl.engine.rollout import SamplingParams
 
     rows = R._prompts(batch, prompt, model.config.vocab_size)
     gen = torch.Generator(R.DEVICE).manual_seed(0)
