@@ -57,8 +57,8 @@ def test_kernels_by_name_per_step_and_what_no_op_claimed():
 
 
 def test_generate_check_differences_two_multi_token_calls(monkeypatch):
-    """The real generate's step is the difference of two token counts (n // 4 and n), the faster of two calls each:
-    a slow first call of a length (here +1 s) does not reach it, and neither does the prefill."""
+    """The real generate's step is the difference of two token counts (n // 4 and n), the fastest of the calls of
+    each: a slow call of a length (here the first, +1 s) does not reach it, and neither does the prefill."""
     seen = []
 
     class Eng:
@@ -74,7 +74,7 @@ def test_generate_check_differences_two_multi_token_calls(monkeypatch):
         return k, 0.25 + 0.005 * (k - 1) + (1.0 if calls[k] == 1 else 0.0)  # prefill, 5 ms a token, slow first
 
     monkeypatch.setattr(bench.R, "_sync_time", fake_time)
-    out = bench.generate_check(Eng(), [[1, 2]], 33, None)
+    out = bench.generate_check(Eng(), [[1, 2]], 33, None, calls=2)
     assert out["generate_tokens"] == [8, 33] and abs(out["generate_step_ms"] - 5.0) < 1e-9
     assert seen == [8, 8, 8, 33, 33]  # a warm-up of the short length, then two calls of each
     with pytest.raises(ValueError, match="--check-tokens 2"):
