@@ -39,3 +39,15 @@ esac
 
 # ---------------------------------------------------------------------------------------------------------------
 # Record (calls of this session; device time from the tool's lease; raw under results/gpu_2026-11-28/s40/):
+#   k  commit 673ab0f, 2026-11-28 ~11:00-11:05 UTC, no kind -> one NVIDIA H200 (cold), 295 s held (budget 1800 ->
+#      1505 s): 14B table with the sampler's kernels b1 12.354 / 5.192 = 2.379x, b64 17.231 / 14.234 = 1.211x (all
+#      2048 tokens); 14B NVFP4+LoRA profile b1 4.975 / b64 14.406 ms (b1: 53 % "unattributed", the group launches);
+#      engine GPU test reproducible[128] passed.
+#   l  commit 673ab0f (carry .dev/dg.tar.xz), ~11:05-11:12 UTC, warm after k -> 1059 s: DeepGEMM built in 65 s; 7B
+#      actor update per layer bf16 44.83 / 44.88, bf16+glue 38.49 / 38.16, FP8 24.91 / 25.07 ms (x bf16+glue 1.545 /
+#      1.522); the 23 FP8 GPU tests not reached since session 37: 23 passed.
+#   m  commit 0d4fc72, ~11:14-11:17 UTC, cold -> 852 s: profiles by kernel name, 14B b1 nvfp4+lora (4.974 ms; GEMV
+#      3597 us in 192 launches), :nogroup (5.802), bf16+lora (12.372); 7B nvfp4+lora (2.679), bf16+lora (7.011).
+#   n  commit 0a4da3a, ~11:19-11:23 UTC, cold -> 559 s: the generate check's second form read -2.119 ms (14B) / 3.258
+#      (7B) against 4.972 / 2.680-ms loops (the 14B prefill swings ~0.1 s a call; third form committed after);
+#      14B b1 rows 12.352 / 5.168 = 2.390x, 12.345 / 5.184 = 2.381x.
