@@ -11,6 +11,10 @@
 #   phase n: bash benchmarks/gpu_session40.sh n   (no kind; ~6 min) -- the profile's generate check in its new form (two
 #     multi-token calls differenced: m's read 2.33 ms against a 4.97-ms loop) at 14B / 7B batch 1, then the 14B
 #     batch-1 row twice more (k: 2.38x).
+#   phase o: bash benchmarks/gpu_session40.sh o   (no kind; ~6 min) -- the one-row GEMV's K split in whole waves
+#     (benchmarks/gemv_split_step.py): the 14B gate/up group launch runs 1.7 waves of the 528 programs an H200 holds at
+#     its 108 registers; the 14B batch-1 step under five splits / configs of it and of q/k/v, alternating three rounds,
+#     7B as the control, then the 14B batch-1 row with the fastest.
 set -u
 PHASE=${1:?phase}
 case $PHASE in
@@ -33,6 +37,29 @@ n)  # the generate check's new form on the GPU, and the 14B batch-1 row again
     grep -h "generate\` (check)\|\*\*step ms" "$OUT"/profile*/run.log
     rollout_table 130 14b 1 n14a
     rollout_table 130 14b 1 n14b
+    phase_end ;;
+o)  # whole waves for the one-row GEMV's launches (14B gate/up: 1.7 waves by the rule)
+    OUT=${OUT:?}; source benchmarks/gpu_phase_lib.sh
+    S=QUARL_KERNELS_GEMV_SPLIT M1=QUARL_KERNELS_GEMV_M1
+    mkdir -p "$OUT/split14" "$OUT/split7"
+    timeout -k 5 170 "$PY" benchmarks/gemv_split_step.py --model 14b --out "$OUT/split14" --budget-s 130 \
+        --settings "rule=;gu2=$S=27648x5120:2;gu3=$S=27648x5120:3;c0=$M1=13824x5120:0;c0s3=$M1=13824x5120:0|$S=27648x5120:3;qkv2=$S=7168x5120:2" \
+        > "$OUT/split14/run.log" 2>&1
+    echo "== 14B splits rc=$? at $((SECONDS - T0)) s"; grep -A 9 "^| setting" "$OUT/split14/run.log"
+    timeout -k 5 60 "$PY" benchmarks/gemv_split_step.py --model 7b --out "$OUT/split7" --budget-s 40 \
+        --settings "rule=;gu2=$S=37888x3584:2" > "$OUT/split7/run.log" 2>&1
+    echo "== 7B splits rc=$? at $((SECONDS - T0)) s"; grep -A 4 "^| setting" "$OUT/split7/run.log"
+    best=$("$PY" - "$OUT/split14/gemv_split_step.json" <<'PYEOF'
+import json, statistics, sys
+r = json.load(open(sys.argv[1]))
+med = {k: statistics.median(v) for k, v in r["ms"].items() if v}
+k = min(med, key=med.get)
+print(" ".join(f"{n}={v}" for n, v in r["settings"][k].items()))
+PYEOF
+)
+    echo "== the 14B batch-1 row with the fastest setting: ${best:-(the defaults)}"
+    [ -n "$best" ] && export $best
+    rollout_table 150 14b 1 o14
     phase_end ;;
 *) echo "unknown phase $PHASE"; exit 2 ;;
 esac

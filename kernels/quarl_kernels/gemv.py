@@ -93,6 +93,7 @@ from quarl_kernels.gemv_config import (  # noqa: F401
     LARGE_WEIGHTS,
     LONG_K,
     M1_ENV,
+    SPLIT_ENV,
     W_EARLY_ENV,
     GemvConfig,
     _gemv_split,
@@ -101,6 +102,7 @@ from quarl_kernels.gemv_config import (  # noqa: F401
     gemv_supported,
     h200_defaults,
     m1_overrides,
+    split_overrides,
     w_early,
 )
 from quarl_kernels.gemv_step import _fma_step, _l2_first_tile, _load_tile, _x_step
@@ -338,7 +340,8 @@ def gemv_launch(x2: torch.Tensor, pw, cfg: GemvConfig, *, use_asm: bool = True, 
                          f"8-word blocks; got blocked {[p.blocked for p in (pw, *more)]}, {bkw}-word steps")
     cfg = GemvConfig(bn, bkw, vec, cfg.warps, cfg.prefetch and cfg.stages <= 1, cfg.waves, cfg.stages, cfg.diag)
     tiles = [triton.cdiv(p.n, cfg.bn) for p in (pw, *more)]
-    split, per = _gemv_split(cfg, sum(tiles) * cfg.bn, kw, num_sms(x2.device))  # one split for the whole group
+    named = split_overrides().get((sum(p.n for p in (pw, *more)), k)) if m == 1 else None  # SPLIT_ENV
+    split, per = _gemv_split(cfg, sum(tiles) * cfg.bn, kw, num_sms(x2.device), named)  # one split for the group
 
     def buffers(n):
         y = torch.empty((m, n), device=x2.device, dtype=x2.dtype)

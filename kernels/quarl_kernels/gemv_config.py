@@ -101,11 +101,18 @@ def m1_overrides() -> dict[tuple[int, int], int]:
     return _parse_m1(os.environ.get(M1_ENV, ""))
 
 
-_M1_PARSED: dict[str, dict[tuple[int, int], int]] = {}
+_PARSED: dict[str, dict[tuple[int, int], int]] = {}
 
 
 def _parse_m1(v: str) -> dict[tuple[int, int], int]:
-    hit = _M1_PARSED.get(v)
+    return _parse_shapes(M1_ENV, v, "18944x3584:7", lambda i: 0 <= i < len(GEMV_CONFIGS),
+                         f"the config an index of GEMV_CONFIGS (0..{len(GEMV_CONFIGS) - 1})")
+
+
+def _parse_shapes(env: str, v: str, example: str, ok, what: str) -> dict[tuple[int, int], int]:
+    """``"NxK:i,..."`` -> {(N, K): i} (cached per value); a malformed entry is an error naming the form and ``what``
+    ``i`` must be."""
+    hit = _PARSED.get(env + "=" + v)
     if hit is not None:
         return hit
     out = {}
@@ -115,14 +122,26 @@ def _parse_m1(v: str) -> dict[tuple[int, int], int]:
             n, k = (int(t) for t in shape.lower().split("x"))
             i = int(idx)
         except ValueError:
-            raise ValueError(f"{M1_ENV}: {item!r} is not NxK:i (e.g. 18944x3584:7); separate entries with commas") \
+            raise ValueError(f"{env}: {item!r} is not NxK:i (e.g. {example}); separate entries with commas") \
                 from None
-        if not 0 <= i < len(GEMV_CONFIGS) or n <= 0 or k <= 0:
-            raise ValueError(f"{M1_ENV}: {item!r}: N and K must be positive and the config an index of GEMV_CONFIGS "
-                             f"(0..{len(GEMV_CONFIGS) - 1})")
+        if not ok(i) or n <= 0 or k <= 0:
+            raise ValueError(f"{env}: {item!r}: N and K must be positive and {what}")
         out[(n, k)] = i
-    _M1_PARSED[v] = out
+    _PARSED[env + "=" + v] = out
     return out
+
+
+SPLIT_ENV = "QUARL_KERNELS_GEMV_SPLIT"  # "NxK:s,...": a one-row launch of N rows in all (a group's summed) split s ways
+
+
+def split_overrides() -> dict[tuple[int, int], int]:
+    """``QUARL_KERNELS_GEMV_SPLIT``, parsed: {(N, K): K splits} for one-row FP4 launches, N the launch's rows in all
+    (a q/k/v or gate/up group's weights summed; K of 5120: 14B's q/k/v group 7168, gate/up 27648), instead of
+    :func:`_gemv_split`'s rule (about ``waves`` x SMs programs). The experiment's knob (session 40): that rule puts
+    the 14B gate/up group launch at 1.7 waves of the programs an H200 holds (896 programs, 108 registers: 4 an SM),
+    the 7B one at 0.92; whether a split to whole waves pays is measured with this, not assumed."""
+    return _parse_shapes(SPLIT_ENV, os.environ.get(SPLIT_ENV, ""), "27648x5120:3", lambda s: 1 <= s <= 64,
+                         "the split count 1..64")
 # Largest M that wo_matmul sends to the GEMV. Measured (H200, v6): the GEMV wins every
 # Qwen2.5-7B layer at M = 1..3; at M = 4 the tensor-core decode tile is as fast or
 # faster (one FFMA per weight and token caps the CUDA cores), at M >= 8 it is 2-5x faster.
@@ -171,11 +190,14 @@ def gemv_supported(x2: torch.Tensor, pw) -> bool:
             and wpg & (wpg - 1) == 0)
 
 
-def _gemv_split(cfg: GemvConfig, n: int, kw: int, sms: int) -> tuple[int, int]:
-    """(split count, words per split): about ``waves * sms`` programs, >= 1 K step each."""
+def _gemv_split(cfg: GemvConfig, n: int, kw: int, sms: int, split: int | None = None) -> tuple[int, int]:
+    """(split count, words per split): about ``waves * sms`` programs, >= 1 K step each; ``split``: that many ways
+    instead (at most one a K step; the count returned can be lower where the steps do not divide evenly)."""
     tiles = triton.cdiv(n, cfg.bn)
     k_steps = triton.cdiv(kw, cfg.bkw)
-    split = max(1, min(64, triton.cdiv(cfg.waves * sms, tiles), k_steps))
+    if split is None:
+        split = triton.cdiv(cfg.waves * sms, tiles)
+    split = max(1, min(64, split, k_steps))
     per = triton.cdiv(k_steps, split) * cfg.bkw
     return triton.cdiv(kw, per), per
 
@@ -190,6 +212,7 @@ __all__ = [
     "LARGE_WEIGHTS",
     "LONG_K",
     "M1_ENV",
+    "SPLIT_ENV",
     "W_EARLY_ENV",
     "GemvConfig",
     "default_gemv_config",
@@ -197,5 +220,6 @@ __all__ = [
     "gemv_supported",
     "h200_defaults",
     "m1_overrides",
+    "split_overrides",
     "w_early",
 ]

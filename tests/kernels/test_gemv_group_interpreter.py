@@ -176,3 +176,38 @@ def test_gemv_m1_names_a_config_per_shape(monkeypatch):
         monkeypatch.setenv(gemv.M1_ENV, bad)
         with pytest.raises(ValueError, match=match):
             gemv.default_gemv_config(0, 1, 1, 1)
+
+
+def test_gemv_split_names_a_launchs_k_split(monkeypatch):
+    """``QUARL_KERNELS_GEMV_SPLIT=NxK:s,...`` (session 40's experiment) splits a one-row launch of N rows in all -- a
+    group's weights summed -- s ways over K instead of the waves rule, at most one way a K step; other shapes and
+    M > 1 keep the rule; malformed entries and counts out of 1..64 are refused with the fix."""
+    import pytest
+    import torch
+    from quarl_kernels import gemv
+    from quarl_kernels.wo_gemm import PackedWeight
+
+    def pw(n, k):
+        return PackedWeight(0, 16, n, k, torch.empty(n, k // 8, dtype=torch.int32),
+                            torch.empty(n, k // 16, dtype=torch.uint8), None, torch.ones(1))
+
+    x = torch.empty(1, 5120, dtype=torch.bfloat16)
+    cfg = gemv.GEMV_CONFIGS[7]  # 32 rows, 64-word K steps: 10 steps at K = 5120
+
+    def split(n0, n1, xx=x):
+        la = gemv.gemv_launch(xx, pw(n0, 5120), cfg, more=(pw(n1, 5120),))
+        return la.split, la.args[8], la.grid  # (split, words per split, grid)
+
+    monkeypatch.delenv(gemv.SPLIT_ENV, raising=False)
+    assert split(13824, 13824)[0] == 1  # the rule: 864 tiles already pass 4 waves of 132 SMs
+    rule = split(13824, 1024)
+    monkeypatch.setenv(gemv.SPLIT_ENV, "27648x5120:3, 7168x5120:64")
+    assert gemv.split_overrides() == {(27648, 5120): 3, (7168, 5120): 64}
+    assert split(13824, 13824) == (3, 256, (864, 3))  # 4 + 4 + 2 steps of 64 words
+    assert split(5120, 2048)[:2] == (10, 64)  # 64 asked, one way a K step at most
+    assert split(13824, 1024) == rule  # another N in all: the rule
+    assert split(13824, 13824, torch.empty(2, 5120, dtype=torch.bfloat16))[0] == 1  # two rows: the rule
+    for bad, match in (("27648x5120", "NxK:i"), ("27648x5120:0", "1..64"), ("27648x5120:65", "1..64")):
+        monkeypatch.setenv(gemv.SPLIT_ENV, bad)
+        with pytest.raises(ValueError, match=match):
+            split(13824, 13824)
