@@ -87,8 +87,9 @@ def table(res: dict) -> str:
     labels = list(res["settings"])
     med = {k: statistics.median(res["ms"][k]) for k in labels if res["ms"].get(k)}
     base = med.get(labels[0])
-    lines = [f"# {res['model']} {res['recipe']}, batch {res['batch']}, context {res['prompt']}.., {res['steps']} steps "
-             f"a timing, {res['gpu']}, {res['date']}", "",
+    head = (f"# {res['model']} {res['recipe']}, batch {res['batch']}, context {res['prompt']}.., {res['steps']} steps "
+            f"a timing, {res['gpu']}, {res['date']}")
+    lines = [head, "",
              "| setting | env | step ms (rounds) | median | x first |", "|---|---|---|---:|---:|"]
     for k in labels:
         env = " ".join(f"{n}={v}" for n, v in res["settings"][k].items()) or "(defaults)"
