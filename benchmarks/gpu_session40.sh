@@ -15,6 +15,9 @@
 #     (benchmarks/gemv_split_step.py): the 14B gate/up group launch runs 1.7 waves of the 528 programs an H200 holds at
 #     its 108 registers; the 14B batch-1 step under five splits / configs of it and of q/k/v, alternating three rounds,
 #     7B as the control, then the 14B batch-1 row with the fastest.
+#   phase p: bash benchmarks/gpu_session40.sh p   (no kind; ~5 min) -- the whole-waves split as the default
+#     (gemv_config.whole_waves_split: 14B / 32B gate/up group 3 ways, nothing else moves): the 14B step without / with
+#     it after a throwaway engine, the 14B batch-1 row, the GEMV group GPU tests.
 set -u
 PHASE=${1:?phase}
 case $PHASE in
@@ -60,6 +63,15 @@ PYEOF
     echo "== the 14B batch-1 row with the fastest setting: ${best:-(the defaults)}"
     [ -n "$best" ] && export $best
     rollout_table 150 14b 1 o14
+    phase_end ;;
+p)  # the whole-waves split, default now: the 14B step off / on, the 14B batch-1 row, the group launches' GPU tests
+    OUT=${OUT:?}; source benchmarks/gpu_phase_lib.sh
+    mkdir -p "$OUT/ww14"
+    timeout -k 5 100 "$PY" benchmarks/gemv_split_step.py --model 14b --out "$OUT/ww14" --budget-s 70 \
+        --settings "off=QUARL_KERNELS_GEMV_WHOLE_WAVES=0;on=" > "$OUT/ww14/run.log" 2>&1
+    echo "== 14B whole waves off / on rc=$? at $((SECONDS - T0)) s"; grep -A 4 "^| setting" "$OUT/ww14/run.log"
+    rollout_table 120 14b 1 p14
+    TESTS_V=1 tests $(( 280 - SECONDS + T0 )) tests/kernels/test_epilogue_gpu.py -k "group_launch_matches"
     phase_end ;;
 *) echo "unknown phase $PHASE"; exit 2 ;;
 esac

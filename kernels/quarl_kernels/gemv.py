@@ -93,8 +93,11 @@ from quarl_kernels.gemv_config import (  # noqa: F401
     LARGE_WEIGHTS,
     LONG_K,
     M1_ENV,
+    MAX_WAVE_SPLIT,
+    SLOTS_PER_SM,
     SPLIT_ENV,
     W_EARLY_ENV,
+    WHOLE_WAVES_ENV,
     GemvConfig,
     _gemv_split,
     default_gemv_config,
@@ -104,6 +107,7 @@ from quarl_kernels.gemv_config import (  # noqa: F401
     m1_overrides,
     split_overrides,
     w_early,
+    whole_waves_split,
 )
 from quarl_kernels.gemv_step import _fma_step, _l2_first_tile, _load_tile, _x_step
 from quarl_kernels.group_pass import finish_group
@@ -340,8 +344,11 @@ def gemv_launch(x2: torch.Tensor, pw, cfg: GemvConfig, *, use_asm: bool = True, 
                          f"8-word blocks; got blocked {[p.blocked for p in (pw, *more)]}, {bkw}-word steps")
     cfg = GemvConfig(bn, bkw, vec, cfg.warps, cfg.prefetch and cfg.stages <= 1, cfg.waves, cfg.stages, cfg.diag)
     tiles = [triton.cdiv(p.n, cfg.bn) for p in (pw, *more)]
+    la = epi.lora_a if epi is not None else None  # a LoRA group's x @ A^T, computed by programs of this launch
+    la_progs = lora_a.programs(la.w.shape[0], k, m) if la is not None else 0
     named = split_overrides().get((sum(p.n for p in (pw, *more)), k)) if m == 1 else None  # SPLIT_ENV
-    split, per = _gemv_split(cfg, sum(tiles) * cfg.bn, kw, num_sms(x2.device), named)  # one split for the group
+    split, per = _gemv_split(cfg, sum(tiles) * cfg.bn, kw, num_sms(x2.device), named, la_progs,
+                             whole_waves=m == 1 and pw.fmt != FMT_INT4)  # one split for the whole group
 
     def buffers(n):
         y = torch.empty((m, n), device=x2.device, dtype=x2.dtype)
@@ -349,14 +356,12 @@ def gemv_launch(x2: torch.Tensor, pw, cfg: GemvConfig, *, use_asm: bool = True, 
         return y, out, (0, y.stride(0)) if split == 1 else (out.stride(0), out.stride(1))
 
     y, out, (so, som) = buffers(pw.n)
-    la = epi.lora_a if epi is not None else None  # a LoRA group's x @ A^T, computed by programs of this launch
     if la is not None:
         la.check(m, k)
-        la_progs = lora_a.programs(la.w.shape[0], k, m)
         la_args = (x2c, la.w, la.out, la.w.shape[0], lora_a.k_per_split(k, m), la_progs, la.w.stride(0),
                    la.out.stride(0), la.out.stride(1))
     else:
-        la_progs, la_args = 0, (x32, x32, x32, 0, 0, 0, 0, 0, 0)
+        la_args = (x32, x32, x32, 0, 0, 0, 0, 0, 0)
     rest, w_args = [], []
     for j in range(2):  # the group's other weights (or placeholders that no program reads)
         if j < len(more):

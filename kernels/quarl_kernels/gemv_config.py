@@ -190,16 +190,56 @@ def gemv_supported(x2: torch.Tensor, pw) -> bool:
             and wpg & (wpg - 1) == 0)
 
 
-def _gemv_split(cfg: GemvConfig, n: int, kw: int, sms: int, split: int | None = None) -> tuple[int, int]:
-    """(split count, words per split): about ``waves * sms`` programs, >= 1 K step each; ``split``: that many ways
-    instead (at most one a K step; the count returned can be lower where the steps do not divide evenly)."""
+WHOLE_WAVES_ENV = "QUARL_KERNELS_GEMV_WHOLE_WAVES"  # 0: no K split for launches past a wave (before session 40)
+SLOTS_PER_SM = 4  # one-row GEMV programs an SM holds at the group launches' 96-108 registers (128 threads: 5 / 4)
+MAX_WAVE_SPLIT = 8
+
+
+def _split_count(k_steps: int, split: int) -> tuple[int, int]:
+    """(splits, K steps per split) when ``k_steps`` are cut ``split`` ways (the last split may be shorter, and the
+    count lower than asked where the steps do not divide evenly)."""
+    per = triton.cdiv(k_steps, max(1, min(64, split, k_steps)))
+    return triton.cdiv(k_steps, per), per
+
+
+def whole_waves_split(tiles: int, extra: int, k_steps: int, sms: int) -> int:
+    """K splits for a launch of ``tiles`` weight tiles (+ ``extra`` programs of split 0 only: the LoRA-A ones) that
+    already passes a wave of ``SLOTS_PER_SM * sms`` programs unsplit: the fewest ways in 1..``MAX_WAVE_SPLIT`` whose
+    programs leave at most 5 % of their waves' program slots idle (else the least idle); 1 up to 1.25 waves.
+
+    Why (session 40, H200, RESULTS): unsplit, the 14B gate/up group launch is 864 tiles + 32 A programs -- 1.7 waves
+    of the 528 an H200 holds at its 108 registers, the last 0.7 with SMs idle; split 3 ways (2624 programs, 4.97
+    waves) the 14B NVFP4+LoRA decode step at batch 1 was 4.90 ms against 5.15 (2 ways: 4.95), the rollout 2.52x BF16
+    against 2.38-2.39x. Launches under a wave are the rule's (``waves``) as before: splitting 14B's q/k/v group to
+    fewer programs was slower, and the 7B gate/up group (0.92 of a wave) took the same time split 2 ways."""
+    slots = SLOTS_PER_SM * sms
+    if tiles + extra <= 1.25 * slots:
+        return 1
+
+    def idle(s: int) -> float:
+        n, _ = _split_count(k_steps, s)
+        waves = (tiles * n + extra) / slots
+        return (triton.cdiv(tiles * n + extra, slots) - waves) / triton.cdiv(tiles * n + extra, slots)
+
+    ways = range(1, min(MAX_WAVE_SPLIT, k_steps) + 1)
+    return next((s for s in ways if idle(s) <= 0.05), min(ways, key=lambda s: (round(idle(s), 3), s)))
+
+
+def _gemv_split(cfg: GemvConfig, n: int, kw: int, sms: int, split: int | None = None,
+                extra: int = 0, whole_waves: bool = False) -> tuple[int, int]:
+    """(split count, words per split): about ``waves * sms`` programs, >= 1 K step each -- and, with ``whole_waves``
+    (one-row FP4 launches: where it was measured), where that leaves a launch unsplit past a wave,
+    :func:`whole_waves_split` (``QUARL_KERNELS_GEMV_WHOLE_WAVES=0``: not); ``extra``: the launch's split-0-only
+    programs. ``split``: that many ways instead (at most one a K step; the count returned can be lower where the steps
+    do not divide evenly)."""
     tiles = triton.cdiv(n, cfg.bn)
     k_steps = triton.cdiv(kw, cfg.bkw)
     if split is None:
         split = triton.cdiv(cfg.waves * sms, tiles)
-    split = max(1, min(64, split, k_steps))
-    per = triton.cdiv(k_steps, split) * cfg.bkw
-    return triton.cdiv(kw, per), per
+        if split == 1 and whole_waves and env_flag(WHOLE_WAVES_ENV, True):
+            split = whole_waves_split(tiles, extra, k_steps, sms)
+    count, per = _split_count(k_steps, split)
+    return count, per * cfg.bkw
 
 
 __all__ = [
@@ -212,7 +252,10 @@ __all__ = [
     "LARGE_WEIGHTS",
     "LONG_K",
     "M1_ENV",
+    "MAX_WAVE_SPLIT",
+    "SLOTS_PER_SM",
     "SPLIT_ENV",
+    "WHOLE_WAVES_ENV",
     "W_EARLY_ENV",
     "GemvConfig",
     "default_gemv_config",
@@ -222,4 +265,5 @@ __all__ = [
     "m1_overrides",
     "split_overrides",
     "w_early",
+    "whole_waves_split",
 ]

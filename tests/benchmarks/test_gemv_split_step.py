@@ -24,5 +24,6 @@ def test_dry_run_on_cpu_writes_each_setting_each_round(tmp_path):
                        "--settings", "rule=;nopdl=QUARL_KERNELS_PDL=0", "--out", str(tmp_path)]) == 0
     res = json.loads((tmp_path / "gemv_split_step.json").read_text())
     assert [len(res["ms"][k]) for k in ("rule", "nopdl")] == [2, 2] and all(v > 0 for v in res["ms"]["rule"])
+    assert len(res["warm_ms"]) == 1  # the throwaway first engine
     md = (tmp_path / "gemv_split_step.md").read_text()
     assert "| rule | `(defaults)` |" in md and "| nopdl | `QUARL_KERNELS_PDL=0` |" in md and "1.000" in md

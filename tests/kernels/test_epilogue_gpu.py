@@ -201,17 +201,18 @@ def test_packed_group_takes_the_partials_route_in_a_cuda_graph(monkeypatch, rows
 
 
 @pytest.mark.parametrize("m", [1, 8, 13])
-@pytest.mark.parametrize("ns,gate_act", [((3584, 512, 512), False), ((18944, 18944), True)])
-def test_group_launch_matches_one_launch_per_weight(ns, gate_act, m, monkeypatch):
+@pytest.mark.parametrize("ns,gate_act,k", [((3584, 512, 512), False, 3584), ((18944, 18944), True, 3584),
+                                          ((13824, 13824), True, 5120)])
+def test_group_launch_matches_one_launch_per_weight(ns, gate_act, k, m, monkeypatch):
     """A LoRA group's weights and its A programs in one launch (``wo_gemm.wo_matmul_group``: the GEMV at one row, the
     mma.sync kernel at 8 and 13), then the group's last passes (one launch): within fp32 summation order (the group splits K for all its
     tiles together) of one launch per weight and of the float64 product; with ``gate_act`` the second output is
-    ``silu(y_0) * y_1``."""
+    ``silu(y_0) * y_1``. The 14B gate/up group at one row is the launch ``gemv.whole_waves_split`` splits 3 ways."""
     from quarl_kernels import gemv, lora_a, mma_decode
     from quarl_kernels.act import silu_mul
 
     torch.manual_seed(sum(ns) + m)
-    k, r = 3584, 32
+    r = 32
     ws = [qweight("nvfp4", n, k) for n in ns]
     pws = [_packed_weight(*args) for args, _ in ws]
     x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
@@ -227,6 +228,10 @@ def test_group_launch_matches_one_launch_per_weight(ns, gate_act, m, monkeypatch
         return [Epilogue(bias[j], la.out[..., j * r:(j + 1) * r], bs[j], 0.5, lora_a=la if j == 0 else None)
                 for j in range(len(ns))]
 
+    if m == 1 and k == 5120 and gemv.num_sms(x.device) == 132:  # H100 / H200: split 3 ways over K
+        launch = gemv.gemv_launch(x, pws[0], gemv.default_gemv_config(0, 1, ns[0], k), epi=epis()[0],
+                                  more=tuple(pws[1:]))
+        assert launch.split == 3, launch.split
     ys = wo_gemm.wo_matmul_group(x, pws, epis(), gate_act=gate_act)
     e = epis()
     one = [wo_gemm.wo_matmul(x, pws[0], epi=e[0])]

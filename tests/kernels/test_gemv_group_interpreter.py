@@ -199,7 +199,8 @@ def test_gemv_split_names_a_launchs_k_split(monkeypatch):
         return la.split, la.args[8], la.grid  # (split, words per split, grid)
 
     monkeypatch.delenv(gemv.SPLIT_ENV, raising=False)
-    assert split(13824, 13824)[0] == 1  # the rule: 864 tiles already pass 4 waves of 132 SMs
+    monkeypatch.setenv(gemv.WHOLE_WAVES_ENV, "0")
+    assert split(13824, 13824)[0] == 1  # the waves rule: 864 tiles already pass 4 x 132 programs
     rule = split(13824, 1024)
     monkeypatch.setenv(gemv.SPLIT_ENV, "27648x5120:3, 7168x5120:64")
     assert gemv.split_overrides() == {(27648, 5120): 3, (7168, 5120): 64}
@@ -211,3 +212,42 @@ def test_gemv_split_names_a_launchs_k_split(monkeypatch):
         monkeypatch.setenv(gemv.SPLIT_ENV, bad)
         with pytest.raises(ValueError, match=match):
             split(13824, 13824)
+
+
+def test_a_launch_past_a_wave_is_split_to_whole_waves(monkeypatch):
+    """Session 40's rule: a one-row launch the waves rule leaves unsplit past 1.25 waves of ``SLOTS_PER_SM`` programs
+    an SM is split the fewest ways that leave <= 5 % of its waves' slots idle -- the 14B (and 32B) gate/up group
+    launches 3 ways on 132 SMs; every 7B launch, 14B's q/k/v, o and down keep their splits; ``=0`` turns it off."""
+    import torch
+    from quarl_kernels import gemv, lora_a
+    from quarl_kernels.launch import Epilogue
+    from quarl_kernels.wo_gemm import PackedWeight
+
+    def pw(n, k):
+        return PackedWeight(0, 16, n, k, torch.empty(n, k // 8, dtype=torch.int32),
+                            torch.empty(n, k // 16, dtype=torch.uint8), None, torch.ones(1))
+
+    def launch(ns, k, a_rows):
+        x = torch.empty(1, k, dtype=torch.bfloat16)
+        la = lora_a.new_partials(x, torch.empty(a_rows, k, dtype=torch.bfloat16))
+        epi = Epilogue(None, la.out[..., :32], torch.empty(ns[0], 32, dtype=torch.bfloat16), 1.0, lora_a=la)
+        cfg = gemv.default_gemv_config(0, 1, ns[0], k)
+        return gemv.gemv_launch(x, pw(ns[0], k), cfg, epi=epi, more=tuple(pw(n, k) for n in ns[1:]))
+
+    launches = {"7B q/k/v": ((3584, 512, 512), 3584, 96, 7), "7B o": ((3584,), 3584, 32, 7),
+                "7B gate/up": ((18944, 18944), 3584, 64, 1), "7B down": ((3584,), 18944, 32, 5),
+                "14B q/k/v": ((5120, 1024, 1024), 5120, 96, 3), "14B o": ((5120,), 5120, 32, 4),
+                "14B gate/up": ((13824, 13824), 5120, 64, 3), "14B down": ((5120,), 13824, 32, 4),
+                "32B gate/up": ((27648, 27648), 5120, 64, 3)}
+    monkeypatch.delenv(gemv.SPLIT_ENV, raising=False)
+    monkeypatch.delenv(gemv.WHOLE_WAVES_ENV, raising=False)
+    got = {name: launch(ns, k, a).split for name, (ns, k, a, _) in launches.items()}
+    assert got == {name: want for name, (*_, want) in launches.items()}
+    monkeypatch.setenv(gemv.WHOLE_WAVES_ENV, "0")
+    assert launch((13824, 13824), 5120, 64).split == 1 and launch((27648, 27648), 5120, 64).split == 1
+    # the rule itself: under 1.25 waves unsplit; the idle share of the waves' slots decides past that
+    slots = gemv.SLOTS_PER_SM * 132
+    assert gemv.whole_waves_split(int(1.2 * slots), 0, 10, 132) == 1
+    assert gemv.whole_waves_split(2 * slots, 0, 10, 132) == 1  # two whole waves already
+    assert gemv.whole_waves_split(864, 32, 10, 132) == 3  # 896 -> 2624 programs: 4.97 waves
+    assert gemv.whole_waves_split(864, 32, 1, 132) == 1  # one K step: nothing to split
