@@ -90,3 +90,10 @@ esac
 #   n  commit 0a4da3a, ~11:19-11:23 UTC, cold -> 559 s: the generate check's second form read -2.119 ms (14B) / 3.258
 #      (7B) against 4.972 / 2.680-ms loops (the 14B prefill swings ~0.1 s a call; third form committed after);
 #      14B b1 rows 12.352 / 5.168 = 2.390x, 12.345 / 5.184 = 2.381x.
+#   o  commit a547fcf, ~11:28-11:31 UTC, cold -> 347 s: gemv_split_step 14B (rule 4.971* / 5.145 / 5.149, gate/up 2
+#      ways 4.946, 3 ways 4.897, config 0 5.125, config 0 + 3 ways 4.949, q/k/v 2 ways 5.242; * the process's first
+#      engine), 7B (rule 2.690* / 2.791 / 2.793, gate/up 2 ways 2.790); the 14B b1 row with gate/up 3 ways: 12.41 /
+#      4.92 = 2.52x.
+#   p  commit fab8e95 (the whole-waves split the default), ~11:35-11:38 UTC, cold -> 122 s (given back: 118): 14B
+#      off 5.144 / on 4.894 ms (throwaway first engine 4.705); 14B b1 row 12.427 / 4.920 = 2.526x; the group launch
+#      GPU tests with the 14B gate/up group: 9 passed.
