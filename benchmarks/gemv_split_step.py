@@ -39,6 +39,7 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import rollout as R
 import rollout_profile as RP
+from gpu_energy import EnergyMeter  # the SM clock and watts of each timing (the first-engine question)
 
 
 def parse_settings(spec: str) -> dict[str, dict[str, str]]:
@@ -63,8 +64,9 @@ def parse_settings(spec: str) -> dict[str, dict[str, str]]:
 
 
 @torch.no_grad()
-def step_ms(model, batch: int, prompt: int, steps: int, env: dict[str, str]) -> float:
-    """ms per decode step of a fresh engine built and run under ``env`` (its graphs captured under it)."""
+def step_ms(model, batch: int, prompt: int, steps: int, env: dict[str, str], meter=None) -> dict:
+    """``{"ms": per decode step, "sm_mhz", "watts"}`` of a fresh engine built and run under ``env`` (its graphs
+    captured under it); the clock and power from ``meter`` (an ``EnergyMeter``; None on CPU)."""
     from quarl.engine import FastGenerator
     from quarl.engine import generator as G
 
@@ -77,12 +79,17 @@ def step_ms(model, batch: int, prompt: int, steps: int, env: dict[str, str]) -> 
         b = G._pow2(batch) if graphs else batch
         RP.decode_loop(eng, st, batch, b, 2, gen, graphs, carry)  # warm: the replayed graph's first runs
         RP._sync()
+        if meter is not None:
+            meter.start()
         t = time.perf_counter()
         RP.decode_loop(eng, st, batch, b, steps, gen, graphs, carry)
         RP._sync()
         ms = (time.perf_counter() - t) / steps * 1e3
+        if meter is not None:
+            meter.stop()
         eng.release()
-    return ms
+    watts = meter.joules / meter.seconds if meter is not None and meter.joules is not None else None
+    return {"ms": ms, "sm_mhz": meter.sm_mhz if meter is not None else None, "watts": watts}
 
 
 def table(res: dict) -> str:
@@ -92,7 +99,7 @@ def table(res: dict) -> str:
     head = (f"# {res['model']} {res['recipe']}, batch {res['batch']}, context {res['prompt']}.., {res['steps']} steps "
             f"a timing, {res['gpu']}, {res['date']}")
     lines = [head, "",
-             "| setting | env | step ms (rounds) | median | x first |", "|---|---|---|---:|---:|"]
+             "| setting | env | step ms (rounds) | median | x first | SM MHz (rounds) |", "|---|---|---|---:|---:|---|"]
     for k in labels:
         env = " ".join(f"{n}={v}" for n, v in res["settings"][k].items()) or "(defaults)"
         ms = res["ms"].get(k, [])
@@ -100,7 +107,12 @@ def table(res: dict) -> str:
             lines.append(f"| {k} | {env} | (not run) | | |")
             continue
         x = f"{base / med[k]:.3f}" if base else "-"
-        lines.append(f"| {k} | `{env}` | {' / '.join(f'{v:.3f}' for v in ms)} | {med[k]:.3f} | {x} |")
+        mhz = " / ".join(f"{c[0]:.0f}" if c[0] else "-" for c in res.get("clock", {}).get(k, [])) or "-"
+        lines.append(f"| {k} | `{env}` | {' / '.join(f'{v:.3f}' for v in ms)} | {med[k]:.3f} | {x} | {mhz} |")
+    warm = [f"{ms:.3f} ms" + (f" at {c[0]:.0f} MHz" if c[0] else "")
+            for ms, c in zip(res.get("warm_ms", []), res.get("warm_clock", []))]
+    if warm:
+        lines.append(f"\nthrowaway first engine(s), defaults: {', '.join(warm)}")
     return "\n".join(lines) + "\n"
 
 
@@ -145,15 +157,19 @@ def main(argv=None) -> int:
     res = {"model": args.model, "recipe": args.recipe, "batch": args.batch, "prompt": args.prompt, "steps": args.steps,
            "gpu": env.get("gpu"), "date": env.get("date"), "env": env, "settings": settings,
            "ms": {k: [] for k in settings}, "command": " ".join(sys.argv)}
-    res["warm_ms"] = [step_ms(model, args.batch, args.prompt, args.steps, {}) for _ in range(args.warm_engines)]
+    meter = EnergyMeter(torch.cuda.current_device()) if R.DEVICE == "cuda" else None
+    warm = [step_ms(model, args.batch, args.prompt, args.steps, {}, meter) for _ in range(args.warm_engines)]
+    res["warm_ms"], res["warm_clock"] = [w["ms"] for w in warm], [(w["sm_mhz"], w["watts"]) for w in warm]
+    res["clock"] = {k: [] for k in settings}  # (mean SM MHz, mean W) of each timing
     for r in range(args.rounds):
         if r and time.perf_counter() - t0 > args.budget_s:
             res["note"] = f"stopped after {r} rounds (--budget-s {args.budget_s:.0f})"
             break
         for label, e in settings.items():
-            ms = step_ms(model, args.batch, args.prompt, args.steps, e)
-            res["ms"][label].append(ms)
-            print(json.dumps({"round": r, "setting": label, "step_ms": round(ms, 4)}), flush=True)
+            got = step_ms(model, args.batch, args.prompt, args.steps, e, meter)
+            res["ms"][label].append(got["ms"])
+            res["clock"][label].append((got["sm_mhz"], got["watts"]))
+            print(json.dumps({"round": r, "setting": label, **got}), flush=True)
             (out / "gemv_split_step.json").write_text(json.dumps(res, indent=1, default=str))
     md = table(res)
     (out / "gemv_split_step.md").write_text(md)

@@ -18,6 +18,10 @@
 #   phase p: bash benchmarks/gpu_session40.sh p   (no kind; ~5 min) -- the whole-waves split as the default
 #     (gemv_config.whole_waves_split: 14B / 32B gate/up group 3 ways, nothing else moves): the 14B step without / with
 #     it after a throwaway engine, the 14B batch-1 row, the GEMV group GPU tests.
+#   phase q (prepared, not run: no device time left): bash benchmarks/gpu_session40.sh q   (no kind; ~6 min) -- why a
+#     process's first engine decodes 2-4 % faster: gemv_split_step (now logging each timing's SM clock and watts)
+#     with no throwaway engine, the same setting five times; then the 7B / 14B batch-1 rows with the NVFP4 engine
+#     built first (rollout.py builds BF16 first: does its BF16 cell gain from going first?).
 set -u
 PHASE=${1:?phase}
 case $PHASE in
@@ -72,6 +76,15 @@ p)  # the whole-waves split, default now: the 14B step off / on, the 14B batch-1
     echo "== 14B whole waves off / on rc=$? at $((SECONDS - T0)) s"; grep -A 4 "^| setting" "$OUT/ww14/run.log"
     rollout_table 120 14b 1 p14
     TESTS_V=1 tests $(( 280 - SECONDS + T0 )) tests/kernels/test_epilogue_gpu.py -k "group_launch_matches"
+    phase_end ;;
+q)  # prepared: the first-engine effect -- the clock of each timing, and the rollout rows in the other order
+    OUT=${OUT:?}; source benchmarks/gpu_phase_lib.sh
+    mkdir -p "$OUT/first14"
+    timeout -k 5 90 "$PY" benchmarks/gemv_split_step.py --model 14b --out "$OUT/first14" --budget-s 60 \
+        --warm-engines 0 --rounds 5 --settings "a=" > "$OUT/first14/run.log" 2>&1
+    echo "== 14B, five engines in a row rc=$? at $((SECONDS - T0)) s"; grep -A 4 "^| setting" "$OUT/first14/run.log"
+    rollout_table 150 14b 1 q14 nvfp4+lora,bf16+lora
+    rollout_table 100 7b 1 q7 nvfp4+lora,bf16+lora
     phase_end ;;
 *) echo "unknown phase $PHASE"; exit 2 ;;
 esac

@@ -52,6 +52,9 @@ SWITCHES: dict[str, str] = {
     "QUARL_KERNELS_MMA_W_EARLY": "0 = the mma.sync decode kernel's first words after its PDL wait, not before",
     "QUARL_KERNELS_RING_W_EARLY": "1 = the TMA ring's first weight copies and scales before its PDL wait (opt-in)",
     "QUARL_KERNELS_GEMV_M1": "NxK:i,... = the one-row GEMV's config i (GEMV_CONFIGS) for N x K FP4 weights",
+    "QUARL_KERNELS_GEMV_WHOLE_WAVES": "0 = a one-row GEMV launch past a wave stays unsplit (the default splits it to "
+                                      "whole waves: the 14B / 32B gate/up group 3 ways, session 40)",
+    "QUARL_KERNELS_GEMV_SPLIT": "NxK:s,... = a one-row GEMV launch of N rows in all (a group's summed) and K split s ways",
     "QUARL_KERNELS_PDL": "late / early / 0: programmatic dependent launch of the decode step's kernels",
     "QUARL_GEMV_GROUP": "0 = a one-row q/k/v or gate/up group as one GEMV launch per weight",
     "QUARL_MMA_GROUP": "0 = a 2..16-row group's weights as one mma.sync launch each",

@@ -178,6 +178,7 @@ def test_gemv_m1_names_a_config_per_shape(monkeypatch):
             gemv.default_gemv_config(0, 1, 1, 1)
 
 
+@needs_triton
 def test_gemv_split_names_a_launchs_k_split(monkeypatch):
     """``QUARL_KERNELS_GEMV_SPLIT=NxK:s,...`` (session 40's experiment) splits a one-row launch of N rows in all -- a
     group's weights summed -- s ways over K instead of the waves rule, at most one way a K step; other shapes and
@@ -214,6 +215,7 @@ def test_gemv_split_names_a_launchs_k_split(monkeypatch):
             split(13824, 13824)
 
 
+@needs_triton
 def test_a_launch_past_a_wave_is_split_to_whole_waves(monkeypatch):
     """Session 40's rule: a one-row launch the waves rule leaves unsplit past 1.25 waves of ``SLOTS_PER_SM`` programs
     an SM is split the fewest ways that leave <= 5 % of its waves' slots idle -- the 14B (and 32B) gate/up group
