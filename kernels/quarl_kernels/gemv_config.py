@@ -5,7 +5,9 @@ Why a module of its own: the kernel (``gemv.py``) is the same on every GPU, its 
 (docs/kernels.md v6-v7) chose config 0 at one row, the H100's (session 12) config 7 on long rows, and on the H200 again
 (session 36) the isolated ranking and the engine's step disagreed. The rules and the switches that name a config per
 run (``QUARL_KERNELS_GEMV_DEFAULTS``, ``QUARL_KERNELS_GEMV_M1``) or change what a program does first
-(``QUARL_KERNELS_GEMV_W_EARLY``) live here, where a reader looks for "what runs"; ``gemv.py`` re-exports every name.
+(``QUARL_KERNELS_GEMV_W_EARLY``) live here, where a reader looks for "what runs", with the K split a launch gets
+(:func:`_gemv_split`; since session 40 split to whole waves past one, :func:`whole_waves_split`,
+``QUARL_KERNELS_GEMV_WHOLE_WAVES`` / ``QUARL_KERNELS_GEMV_SPLIT``); ``gemv.py`` re-exports every name.
 """
 
 from __future__ import annotations
@@ -142,6 +144,8 @@ def split_overrides() -> dict[tuple[int, int], int]:
     the 7B one at 0.92; whether a split to whole waves pays is measured with this, not assumed."""
     return _parse_shapes(SPLIT_ENV, os.environ.get(SPLIT_ENV, ""), "27648x5120:3", lambda s: 1 <= s <= 64,
                          "the split count 1..64")
+
+
 # Largest M that wo_matmul sends to the GEMV. Measured (H200, v6): the GEMV wins every
 # Qwen2.5-7B layer at M = 1..3; at M = 4 the tensor-core decode tile is as fast or
 # faster (one FFMA per weight and token caps the CUDA cores), at M >= 8 it is 2-5x faster.
@@ -216,10 +220,9 @@ def whole_waves_split(tiles: int, extra: int, k_steps: int, sms: int) -> int:
     if tiles + extra <= 1.25 * slots:
         return 1
 
-    def idle(s: int) -> float:
-        n, _ = _split_count(k_steps, s)
-        waves = (tiles * n + extra) / slots
-        return (triton.cdiv(tiles * n + extra, slots) - waves) / triton.cdiv(tiles * n + extra, slots)
+    def idle(s: int) -> float:  # the share of the launch's waves' program slots left idle, split s ways
+        programs = tiles * _split_count(k_steps, s)[0] + extra
+        return 1 - programs / (triton.cdiv(programs, slots) * slots)
 
     ways = range(1, min(MAX_WAVE_SPLIT, k_steps) + 1)
     return next((s for s in ways if idle(s) <= 0.05), min(ways, key=lambda s: (round(idle(s), 3), s)))
