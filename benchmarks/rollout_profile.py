@@ -59,9 +59,9 @@ steps``; the default 1024 is about the mean context of the issue's 2048-token ro
    the final logits cast; its top kernel names are listed), ``sampling``, ``loop`` (the token
    bookkeeping between steps), ``unattributed`` (GPU activity no CPU op claimed: the check
    that the attribution is complete; the names of those kernels are listed with other_glue's --
-   a LoRA group's one-row launches are, as Python-launched Triton kernels outside a custom op). Kernel durations do not depend on how they were launched, so
-   these are the graphed step's kernels, split by what launched them; the eager sum is printed
-   beside the graphed sum as the check.
+   a LoRA group's one-row launches are, as Python-launched Triton kernels outside a custom op).
+   Kernel durations do not depend on how they were launched, so these are the graphed step's
+   kernels, split by what launched them; the eager sum is printed beside the graphed sum as the check.
 
 Device time is scarce: ``--budget-s`` bounds the run (cells that would not fit are skipped and
 listed), and ``DIR/profile.json`` is rewritten after every cell. The summary tables come last.
