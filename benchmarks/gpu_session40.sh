@@ -22,6 +22,11 @@
 #     process's first engine decodes 2-4 % faster: gemv_split_step (now logging each timing's SM clock and watts)
 #     with no throwaway engine, the same setting five times; then the 7B / 14B batch-1 rows with the NVFP4 engine
 #     built first (rollout.py builds BF16 first: does its BF16 cell gain from going first?).
+#   phase r (prepared, not run): bash benchmarks/gpu_session40.sh r   (no kind; ~4 min) -- whole waves without LoRA:
+#     plain NVFP4 14B at batch 1 launches gate and up one weight each, 432 tiles split 2 ways by the rule: 864
+#     programs, 1.31 waves at 5 an SM (96 registers) -- the rule's split > 1, so whole_waves_split does not touch it;
+#     session 19's isolated timings fit (config 7, 1.31 waves: 23.4 us; config 0, 0.98 wave: 20.9 us). The step
+#     under the rule, 3 ways (1.96 waves), config 0 (the rule's 3 ways: 0.98 wave).
 set -u
 PHASE=${1:?phase}
 case $PHASE in
@@ -85,6 +90,14 @@ q)  # prepared: the first-engine effect -- the clock of each timing, and the rol
     echo "== 14B, five engines in a row rc=$? at $((SECONDS - T0)) s"; grep -A 4 "^| setting" "$OUT/first14/run.log"
     rollout_table 150 14b 1 q14 nvfp4+lora,bf16+lora
     rollout_table 100 7b 1 q7 nvfp4+lora,bf16+lora
+    phase_end ;;
+r)  # prepared: whole waves for the plain NVFP4 (no LoRA) 14B gate / up launches
+    OUT=${OUT:?}; source benchmarks/gpu_phase_lib.sh
+    S=QUARL_KERNELS_GEMV_SPLIT M1=QUARL_KERNELS_GEMV_M1
+    mkdir -p "$OUT/plain14"
+    timeout -k 5 150 "$PY" benchmarks/gemv_split_step.py --model 14b --recipe nvfp4 --out "$OUT/plain14" \
+        --budget-s 110 --settings "rule=;gu3=$S=13824x5120:3;c0=$M1=13824x5120:0" > "$OUT/plain14/run.log" 2>&1
+    echo "== plain NVFP4 14B rc=$? at $((SECONDS - T0)) s"; grep -A 6 "^| setting" "$OUT/plain14/run.log"
     phase_end ;;
 *) echo "unknown phase $PHASE"; exit 2 ;;
 esac
