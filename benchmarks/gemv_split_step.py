@@ -117,8 +117,6 @@ def table(res: dict) -> str:
 
 
 def main(argv=None) -> int:
-    from quarl.quant import quantize_model
-
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--model", default="14b", help="7b, 14b (benchmarks/rollout.py's shapes), or tiny (--device cpu)")
     ap.add_argument("--recipe", default="nvfp4+lora", help="a recipe of benchmarks/rollout.py")
@@ -145,14 +143,7 @@ def main(argv=None) -> int:
     t0 = time.perf_counter()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    model = R.build_model(R.qwen25_config(args.model))
-    if R.RECIPES[args.recipe] is not None:
-        quantize_model(model, R.RECIPES[args.recipe])
-    with torch.no_grad(), torch.random.fork_rng(devices=[]):
-        torch.manual_seed(0)
-        for n, p in model.named_parameters():
-            if n.endswith("lora_B"):
-                p.normal_(0, 0.02)  # a trained adapter is not zero (as rollout_profile.py)
+    model = RP.build_model(args.model, args.recipe)
     env = R.environment()
     res = {"model": args.model, "recipe": args.recipe, "batch": args.batch, "prompt": args.prompt, "steps": args.steps,
            "gpu": env.get("gpu"), "date": env.get("date"), "env": env, "settings": settings,

@@ -206,6 +206,12 @@ def _sync_time(fn):
     return out, time.perf_counter() - t
 
 
+def fastest_s(fn, calls: int) -> float:
+    """Seconds of the fastest of ``calls`` timed calls of ``fn`` (a slow call -- an allocator stall, a swing of the
+    14B prefill -- only ever adds time)."""
+    return min(_sync_time(fn)[1] for _ in range(calls))
+
+
 def _prompts(batch: int, length: int, vocab: int, seed: int = 0) -> list[list[int]]:
     g = torch.Generator().manual_seed(seed)
     return torch.randint(1, vocab, (batch, length), generator=g).tolist()
@@ -241,7 +247,7 @@ def engine_cell(model, batch: int, prompt: int, new_tokens: int, share_s: float,
     eng.generate(rows, params(1), 1, gen)  # first prefill of this shape (kernel compiles, allocator)
     # the fastest of PREFILL_CALLS: one call swung by up to 0.15 s at 14B batch 1 (session 40: 0.21-0.36 s), which
     # over 2047 tokens moves the step by up to 0.07 ms; a slow prefill inside the timed call still counts against it
-    prefill_s = min(_sync_time(lambda: eng.generate(rows, params(1), 1, gen))[1] for _ in range(PREFILL_CALLS))
+    prefill_s = fastest_s(lambda: eng.generate(rows, params(1), 1, gen), PREFILL_CALLS)
     probe_n = 33
     _, probe_s = _sync_time(lambda: eng.generate(rows, params(probe_n), 1, gen))
     step_s = max(probe_s - prefill_s, 1e-6) / (probe_n - 1)

@@ -389,8 +389,7 @@ def generate_check(eng, rows, n: int, gen, calls: int = 3) -> dict:
     from quarl.engine.rollout import SamplingParams
 
     def timed(k: int) -> float:
-        return min(R._sync_time(lambda: eng.generate(rows, SamplingParams(1.0, 1.0, k, []), 1, gen))[1]
-                   for _ in range(calls))
+        return R.fastest_s(lambda: eng.generate(rows, SamplingParams(1.0, 1.0, k, []), 1, gen), calls)
 
     n0 = max(2, n // 4)
     if n <= n0:
@@ -531,9 +530,26 @@ def switches(pairs: tuple[tuple[str, str], ...]):
 
 
 # --- the run ---------------------------------------------------------------------------------------
-def run(args) -> dict:
+def build_model(mname: str, recipe: str, fp32: bool = False):
+    """``benchmarks/rollout.py``'s model ``mname`` quantized by ``recipe``, its LoRA B drawn (a trained adapter is not
+    zero: the GEMMs do not care, the values do) and, with ``fp32``, the adapter in fp32 (the trainer's,
+    ``quarl.train.policy``). Also ``gemv_split_step.py``'s model."""
     from quarl.quant import quantize_model
 
+    model = R.build_model(R.qwen25_config(mname))
+    if R.RECIPES[recipe] is not None:
+        quantize_model(model, R.RECIPES[recipe])
+    with torch.no_grad(), torch.random.fork_rng(devices=[]):
+        torch.manual_seed(0)
+        for n, p in model.named_parameters():
+            if n.endswith("lora_B"):
+                p.normal_(0, 0.02)
+            if fp32 and ("lora_A" in n or "lora_B" in n):
+                p.data = p.data.float()
+    return model
+
+
+def run(args) -> dict:
     out_dir = Path(args.out)
     out_dir.mkdir(parents=True, exist_ok=True)
     path = out_dir / "profile.json"
@@ -560,16 +576,7 @@ def run(args) -> dict:
             if R.DEVICE == "cuda":
                 torch.cuda.empty_cache()
             t = time.perf_counter()
-            model = R.build_model(R.qwen25_config(mname))
-            if R.RECIPES[recipe] is not None:
-                quantize_model(model, R.RECIPES[recipe])
-            with torch.no_grad(), torch.random.fork_rng(devices=[]):
-                torch.manual_seed(0)
-                for n, p in model.named_parameters():
-                    if n.endswith("lora_B"):
-                        p.normal_(0, 0.02)  # a trained adapter is not zero (the GEMMs do not care; the values do)
-                    if fp32 and ("lora_A" in n or "lora_B" in n):
-                        p.data = p.data.float()  # the trainer's fp32 adapter (quarl.train.policy)
+            model = build_model(mname, recipe, fp32)
             _sync()
             built, build_s = (mname, recipe, fp32), time.perf_counter() - t
         meta = {"model": mname, "variant": variant, "kernel": R.selected_kernel(model), "build_quantize_s": build_s,
